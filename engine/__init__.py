@@ -1,0 +1,7 @@
+"""The engine: scheduler, KV block pool, tokenizer, and the ``LLM`` API."""
+
+from engine.llm import LLM
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

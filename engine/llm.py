@@ -1,0 +1,78 @@
+"""``LLM``: the in-process API, with vLLM's names."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+class LLM:
+    """``LLM(model="tiny", tensor_parallel_size=2, device="cpu", ...)``.
+
+    Keyword arguments are those of ``EngineConfig``. Use as a context
+    manager, or call ``shutdown()``: it stops every worker process.
+    """
+
+    def __init__(self, model: str = "tiny", **kwargs):
+        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | dict | Sequence[str | dict],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of ``prompts``."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        engine = self.engine
+        # Validate all before adding any, so a bad prompt schedules nothing.
+        token_ids = [engine.tokenize(p) for p in prompts]
+        for ids, params in zip(token_ids, sampling_params):
+            engine.validate(ids, params)
+        outputs: dict[str, RequestOutput] = {}
+        order = []
+        for prompt, ids, params in zip(prompts, token_ids, sampling_params):
+            request = engine.add_request({"prompt_token_ids": ids}, params)
+            text = prompt if isinstance(prompt, str) else prompt.get("prompt")
+            outputs[request.req_id] = RequestOutput(
+                request.req_id, text, ids, [CompletionOutput(0, "", [])]
+            )
+            order.append(request.req_id)
+        with tqdm(total=len(order), desc="generate", disable=not use_tqdm) as bar:
+            while engine.has_unfinished_requests():
+                for delta in engine.step():
+                    completion = outputs[delta.req_id].outputs[0]
+                    completion.token_ids.extend(delta.new_token_ids)
+                    if delta.finished:
+                        completion.finish_reason = delta.finish_reason
+                        outputs[delta.req_id].finished = True
+                        bar.update(1)
+        for req_id in order:
+            completion = outputs[req_id].outputs[0]
+            completion.text = engine.tokenizer.decode(completion.token_ids)
+        return [outputs[r] for r in order]
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

@@ -1,0 +1,133 @@
+"""The engine: scheduler + KV block pool + an executor, one step at a time.
+
+One step (``step``): schedule, send the plan to the workers, wait for the
+output rank's reply, append tokens, check stops. Requests are validated
+before anything is scheduled; an invalid one raises ``ValueError`` and
+leaves the engine as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+from engine.config import EngineConfig
+from engine.model_info import ModelInfo
+from engine.outputs import RequestOutputDelta
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.tiny_model import ensure_tiny_model
+from engine.tokenizer import Tokenizer
+from executor.base import Executor
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_dir(model: str) -> str:
+    return ensure_tiny_model() if model == "tiny" else model
+
+
+def make_executor(config: EngineConfig, device: str) -> Executor:
+    if config.resolved_executor == "uni":
+        from executor.uniproc import UniprocExecutor
+
+        return UniprocExecutor(device)
+    from executor.multiproc import MultiprocExecutor
+
+    return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
+                             config.master_port)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_dir = resolve_model_dir(config.model)
+        self.model_info = ModelInfo.from_dir(self.model_dir)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.max_model_len = config.max_model_len or self.model_info.max_position_embeddings
+        self.device = config.resolved_device
+        self.executor = make_executor(config, self.device)
+        try:
+            self.num_blocks = self.executor.initialize(
+                self._runner_config(), config.num_gpu_blocks_override
+            )
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=config.block_size,
+            num_blocks=self.num_blocks,
+        ))
+        self.request_ids = itertools.count()
+        logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
+                    config.tensor_parallel_size, self.device, self.num_blocks)
+
+    def _runner_config(self) -> dict:
+        c = self.config
+        return dict(
+            model=self.model_dir, device=self.device, dtype=c.dtype, block_size=c.block_size,
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+            max_model_len=self.max_model_len, seed=c.seed, enforce_eager=c.enforce_eager,
+            attention_backend=c.attention_backend, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+        )
+
+    # ---- requests ------------------------------------------------------
+    def tokenize(self, prompt: str | dict) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
+            return [int(t) for t in prompt["prompt_token_ids"]]
+        if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
+            return self.tokenizer.encode(prompt["prompt"])
+        raise ValueError(
+            "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+        )
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_info.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{total} exceeds max_model_len {self.max_model_len}"
+            )
+
+    def add_request(self, prompt: str | dict, params: SamplingParams,
+                    req_id: str | None = None, priority: int = 0) -> Request:
+        prompt_token_ids = self.tokenize(prompt)
+        self.validate(prompt_token_ids, params)
+        if params.stop_token_ids:
+            params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids))
+        request = Request(
+            req_id if req_id is not None else str(next(self.request_ids)),
+            prompt_token_ids, params, eos_token_id=self.model_info.eos_token_ids,
+            priority=priority,
+        )
+        self.scheduler.add_request(request)
+        return request
+
+    def abort(self, req_ids: list[str]) -> None:
+        self.scheduler.abort_requests(req_ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step ------------------------------------------------------
+    def step(self) -> list[RequestOutputDelta]:
+        plan = self.scheduler.schedule()
+        output = self.executor.execute_model(plan).result()
+        return self.scheduler.update_from_output(plan, output)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

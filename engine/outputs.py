@@ -1,0 +1,65 @@
+"""What the engine hands back: per-step deltas and vLLM-shaped results.
+
+``RequestOutputDelta`` is what ``Scheduler.update_from_output`` returns for
+each request that got tokens or finished in a step. ``CompletionOutput`` and
+``RequestOutput`` carry vLLM's names so user code can switch engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One candidate token's log-probability and rank (1 = most likely)."""
+
+    logprob: float
+    rank: int | None = None
+
+
+# Per generated token: candidate token id -> Logprob (the sampled token is
+# always among the keys, next to the requested top-N).
+TokenLogprobs = dict[int, Logprob]
+
+
+@dataclass(frozen=True)
+class RequestOutputDelta:
+    """New tokens of one request in one step.
+
+    ``new_token_ids`` may be empty when the request finished without a new
+    token (abort). ``finish_reason`` is "stop", "length", "abort" or None, and
+    is set exactly when ``finished`` is. ``logprobs`` has one entry per new
+    token when the request asked for logprobs and the runner sent them.
+    """
+
+    req_id: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request (vLLM's name and fields)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's prompt and its outputs so far (vLLM's name and fields)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False

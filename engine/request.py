@@ -1,0 +1,112 @@
+"""One generation request as the scheduler tracks it.
+
+Invariants: ``all_token_ids == prompt_token_ids + output_token_ids``;
+``0 <= num_computed_tokens <= num_tokens`` (tokens whose KV is written or
+scheduled to be written); a finished request never changes again.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Iterable
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+def _eos_set(eos_token_id: int | Iterable[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset((eos_token_id,))
+    return frozenset(int(t) for t in eos_token_id)
+
+
+class Request:
+    """A prompt, its sampling parameters and what has been generated so far.
+
+    ``eos_token_id`` may be one id, a set of ids (models with several end
+    tokens) or None; ``eos_token_ids`` is always the frozenset form.
+    ``num_output_placeholders`` counts tokens sampled on the device but not
+    yet appended (async scheduling); it is 0 when scheduling is synchronous.
+    """
+
+    def __init__(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | Iterable[int] | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.eos_token_ids = _eos_set(eos_token_id)
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.output_token_ids: list[int] = []
+        self._all_token_ids = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by output (a view: do not mutate)."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """One of "stop", "length", "abort"; None while unfinished."""
+        return _FINISH_REASONS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.req_id!r}, status={self.status.name}, "
+            f"prompt={self.num_prompt_tokens}, output={len(self.output_token_ids)}, "
+            f"computed={self.num_computed_tokens})"
+        )

@@ -1,0 +1,363 @@
+"""The scheduler: which requests run in the next step, and how many tokens.
+
+One token budget per step (``max_num_batched_tokens``). Running requests
+come first, in policy order; each gets the tokens it still lacks, capped by
+what is left of the budget (so a long prefill is chunked over steps). Then
+waiting requests are admitted in policy order while budget, ``max_num_seqs``
+and free KV blocks allow. When a running request cannot get blocks, the
+lowest-ranked running request not yet scheduled this step is preempted by
+recompute: its blocks are freed, it returns to the front of the waiting
+queue and later comes back to the runner as a new request whose prefill is
+prompt + the tokens generated so far. A step that preempts admits no
+waiting request.
+
+Invariants of every ``SchedulerOutput``: ``total_num_scheduled_tokens <=
+max_num_batched_tokens``; at most ``max_num_seqs`` requests are running; no
+request is scheduled past ``max_model_len``; no request id is both in
+``finished_req_ids`` and scheduled, nor both preempted and scheduled.
+``finished_req_ids`` may name requests the runner never saw (aborted while
+waiting); the runner ignores those.
+
+``num_computed_tokens`` advances when tokens are scheduled, as in vLLM, so
+the next ``schedule`` may run before ``update_from_output`` (async
+scheduling: a running request would then count one placeholder token in
+``Request.num_output_placeholders``; not wired up yet).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
+from engine.request import Request, RequestStatus
+from ipc.messages import (
+    CachedRequestData,
+    Logprobs,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of one engine. ``policy``: "fcfs" (arrival order) or
+    "priority" (lower ``Request.priority`` first, then arrival)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
+            )
+
+
+@dataclass
+class _StepPlan:
+    """What one ``schedule`` call has decided so far."""
+
+    budget: int
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_ids: list[str] = field(default_factory=list)
+    cached_new_blocks: list[list[list[int]]] = field(default_factory=list)
+    cached_computed: list[int] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    scheduled: list[Request] = field(default_factory=list)
+
+    def take(self, request: Request, num_tokens: int) -> None:
+        self.budget -= num_tokens
+        self.num_scheduled[request.req_id] = num_tokens
+        self.scheduled.append(request)
+
+
+class Scheduler:
+    """Owns the requests and the KV blocks; plans steps, absorbs results."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []  # in policy order, front first
+        self.running: list[Request] = []
+        self._finished_ids: set[str] = set()  # to report in the next SchedulerOutput
+        self._keys: dict[str, tuple] = {}
+        self._seq = itertools.count()
+        self.step_id = 0
+        self.num_preemptions = 0
+
+    # -- requests in and out ------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; ``ValueError`` if it can never run here."""
+        self._validate(request)
+        seq = next(self._seq)
+        if self.config.policy == "priority":
+            self._keys[request.req_id] = (request.priority, request.arrival_time, seq)
+        else:
+            self._keys[request.req_id] = (request.arrival_time, seq)
+        request.status = RequestStatus.WAITING
+        self.requests[request.req_id] = request
+        self._enqueue(request, front=False)
+
+    def _validate(self, request: Request) -> None:
+        cfg = self.config
+        rid = request.req_id
+        if rid in self.requests or rid in self._finished_ids:
+            raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
+        prompt = request.prompt_token_ids
+        if not prompt:
+            raise ValueError(f"request {rid!r}: the prompt is empty")
+        if len(prompt) >= cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt has {len(prompt)} tokens, max_model_len is "
+                f"{cfg.max_model_len}; the prompt must be shorter to leave room for output"
+            )
+        max_len = min(len(prompt) + request.max_tokens, cfg.max_model_len)
+        blocks = -(-(max_len - 1) // cfg.block_size)
+        if blocks > cfg.num_blocks:
+            raise ValueError(
+                f"request {rid!r}: prompt ({len(prompt)} tokens) + max_tokens "
+                f"({request.max_tokens}) may need {blocks} KV blocks of {cfg.block_size} "
+                f"tokens, but the cache has only {cfg.num_blocks}; lower max_tokens or "
+                f"give the cache more blocks"
+            )
+
+    def abort_requests(self, req_ids: str | Iterable[str]) -> None:
+        """Finish running or waiting requests as "abort" and free their
+        blocks; unknown or already finished ids are ignored."""
+        if isinstance(req_ids, str):
+            req_ids = (req_ids,)
+        for rid in req_ids:
+            request = self.requests.get(rid)
+            if request is not None:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_running_reqs(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting_reqs(self) -> int:
+        return len(self.waiting)
+
+    # -- one step -------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step; see the module docstring for the rules."""
+        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        self.running.sort(key=lambda r: self._keys[r.req_id])
+        self._schedule_running(plan)
+        if not plan.preempted:
+            self._schedule_waiting(plan)
+        for request in plan.scheduled:
+            request.num_computed_tokens += plan.num_scheduled[request.req_id]
+        out = SchedulerOutput(
+            step_id=self.step_id,
+            scheduled_new_reqs=plan.new_reqs,
+            scheduled_cached_reqs=CachedRequestData(
+                req_ids=plan.cached_ids,
+                new_block_ids=plan.cached_new_blocks,
+                num_computed_tokens=plan.cached_computed,
+            ),
+            num_scheduled_tokens=plan.num_scheduled,
+            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
+            finished_req_ids=sorted(self._finished_ids),
+            preempted_req_ids=plan.preempted,
+        )
+        self._finished_ids.clear()
+        self.step_id += 1
+        return out
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        wanted = request.num_tokens + request.num_output_placeholders
+        room = self.config.max_model_len - request.num_computed_tokens
+        return min(wanted - request.num_computed_tokens, budget, room)
+
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        i = 0
+        while i < len(self.running) and plan.budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, plan.budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            if new_blocks is None:
+                return  # request itself was preempted: it was the last one
+            plan.take(request, num_new)
+            plan.cached_ids.append(request.req_id)
+            plan.cached_new_blocks.append([new_blocks])
+            plan.cached_computed.append(request.num_computed_tokens)
+            i += 1
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, plan: _StepPlan
+    ) -> list[int] | None:
+        """Blocks for ``num_new`` more tokens, preempting from the back of
+        ``running`` (lowest rank, not yet scheduled) until they fit. None if
+        ``request`` itself had to go."""
+        while True:
+            new_blocks = self.kv.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running.pop()
+            self._preempt(victim)
+            plan.preempted.append(victim.req_id)
+            if victim is request:
+                return None
+
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit, plan.budget)
+            if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+                return
+            self.waiting.pop(0)
+            request.num_computed_tokens = num_hit
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            plan.take(request, num_new)
+            plan.new_reqs.append(
+                NewRequestData(
+                    req_id=request.req_id,
+                    prompt_token_ids=list(request.prompt_token_ids),
+                    prefill_token_ids=list(request.all_token_ids),
+                    sampling=request.sampling_params.to_options(),
+                    block_ids=[self.kv.get_block_ids(request.req_id)],
+                    num_computed_tokens=num_hit,
+                    max_tokens=request.max_tokens,
+                )
+            )
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._enqueue(request, front=True)
+
+    def _enqueue(self, request: Request, front: bool) -> None:
+        """fcfs: append, or put a preempted request at the very front;
+        priority: insert by (priority, arrival) either way."""
+        if self.config.policy == "priority":
+            keys = [self._keys[r.req_id] for r in self.waiting]
+            self.waiting.insert(bisect.bisect(keys, self._keys[request.req_id]), request)
+        elif front:
+            self.waiting.insert(0, request)
+        else:
+            self.waiting.append(request)
+
+    # -- results ----------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[RequestOutputDelta]:
+        """Append each request's sampled tokens, stop it at the first token
+        that meets a stop condition (later ones are dropped), free finished
+        requests' blocks. One delta per request that got tokens."""
+        if runner_output.step_id != scheduler_output.step_id:
+            raise ValueError(
+                f"runner output of step {runner_output.step_id} does not answer "
+                f"step {scheduler_output.step_id}"
+            )
+        deltas = []
+        rows = _logprob_rows(runner_output.logprobs)
+        for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+            token_rows = [next(rows, None) for _ in sampled]
+            request = self.requests.get(req_id)
+            if request is None or not sampled:
+                continue  # finished or aborted meanwhile, or a prefill chunk
+            deltas.append(self._append_tokens(request, sampled, token_rows))
+        return deltas
+
+    def _append_tokens(
+        self, request: Request, sampled: list[int], token_rows: list[tuple | None]
+    ) -> RequestOutputDelta:
+        new_ids: list[int] = []
+        status = None
+        for token in sampled:
+            request.append_output_token(token)
+            new_ids.append(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                break
+        if status is not None:
+            self._finish(request, status)
+        logprobs = None
+        if request.sampling_params.logprobs is not None and None not in token_rows:
+            logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
+        return RequestOutputDelta(
+            request.req_id, new_ids, status is not None, request.finish_reason, logprobs
+        )
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        """A sampled stop token wins over a length limit met by the same token."""
+        params = request.sampling_params
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if not params.ignore_eos and token in request.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = status
+        del self.requests[request.req_id]
+        del self._keys[request.req_id]
+        self._finished_ids.add(request.req_id)
+
+
+def _logprob_rows(logprobs: Logprobs | None) -> Iterator[tuple]:
+    """One row per sampled token, in the order of the runner output's
+    requests and their tokens: (top ids, top logprobs, sampled logprob,
+    sampled rank). Empty when the runner sent no logprobs."""
+    if logprobs is None:
+        return iter(())
+    return zip(
+        logprobs.top_token_ids,
+        logprobs.top_logprobs,
+        logprobs.sampled_logprobs,
+        logprobs.sampled_ranks,
+    )
+
+
+def _token_logprobs(token: int, row: tuple) -> TokenLogprobs:
+    top_ids, top_lps, sampled_lp, sampled_rank = row
+    out = {t: Logprob(lp, rank) for rank, (t, lp) in enumerate(zip(top_ids, top_lps), start=1)}
+    out[token] = Logprob(sampled_lp, sampled_rank)
+    return out

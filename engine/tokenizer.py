@@ -1,0 +1,122 @@
+"""Text <-> token ids, from a model directory's ``tokenizer.json``.
+
+BOS: when ``tokenizer_config.json`` has ``add_bos_token``, that flag alone
+decides (the tokenizer's own post-processor is bypassed, so BOS is never
+doubled). When the key is absent, ``tokenizer.json``'s post-processor
+decides, as in Hugging Face (a plain byte-level tokenizer adds nothing).
+``decode`` skips special tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import tokenizers
+
+# Tokens of prompt context the incremental detokenizer starts from: enough
+# for decoders that drop a leading space on the first token they see.
+_CONTEXT_TOKENS = 5
+
+
+def _token_text(entry: Any) -> str | None:
+    """tokenizer_config.json stores special tokens as a string or as an
+    AddedToken dict with a "content" field."""
+    if isinstance(entry, dict):
+        return entry.get("content")
+    return entry if isinstance(entry, str) else None
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` plus the BOS/EOS facts the engine needs."""
+
+    def __init__(
+        self,
+        hf_tokenizer: tokenizers.Tokenizer,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        add_bos_token: bool | None = None,
+    ) -> None:
+        self.hf = hf_tokenizer
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.add_bos_token = add_bos_token
+        self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+        if add_bos_token and bos_token_id is None:
+            raise ValueError("add_bos_token is set but the tokenizer has no bos_token")
+
+    @classmethod
+    def from_dir(cls, model_dir: str) -> Tokenizer:
+        path = os.path.join(model_dir, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"no tokenizer.json in {model_dir!r}: tprun needs a Hugging Face fast "
+                f"tokenizer file (save one with tokenizer.save_pretrained)"
+            )
+        hf = tokenizers.Tokenizer.from_file(path)
+        config = _read_json(os.path.join(model_dir, "tokenizer_config.json"))
+        special = _read_json(os.path.join(model_dir, "special_tokens_map.json"))
+
+        def token_id(name: str) -> int | None:
+            text = _token_text(config.get(name)) or _token_text(special.get(name))
+            return None if text is None else hf.token_to_id(text)
+
+        add_bos = config.get("add_bos_token")
+        return cls(
+            hf,
+            bos_token_id=token_id("bos_token"),
+            eos_token_id=token_id("eos_token"),
+            add_bos_token=None if add_bos is None else bool(add_bos),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        if self.add_bos_token is None:
+            return self.hf.encode(text, add_special_tokens=True).ids
+        ids = self.hf.encode(text, add_special_tokens=False).ids
+        if self.add_bos_token:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=True)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text pieces, never splitting a
+    multi-byte character: a piece is released only once the text decoded so
+    far does not end in U+FFFD (an incomplete UTF-8 sequence).
+
+    Keeps a window ``[prefix_offset, read_offset)`` of already released
+    tokens before the unreleased ones and decodes only the window, so each
+    step costs O(window), not O(output). The concatenated pieces equal
+    ``tokenizer.decode(output ids)`` for byte-level tokenizers.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self._ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        self.output_text = ""
+
+    def feed(self, token_ids: list[int]) -> str:
+        """Add new tokens; return the text they complete (may be "")."""
+        self._ids.extend(token_ids)
+        decode = self.tokenizer.decode
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
+        new_text = decode(self._ids[self._prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        piece = new_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self.output_text += piece
+        return piece

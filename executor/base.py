@@ -1,0 +1,46 @@
+"""The executor interface the engine drives."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Protocol
+
+from ipc.messages import ModelRunnerOutput, SchedulerOutput
+
+
+class WorkerFailure(RuntimeError):
+    """A worker died or failed a step; the message names the rank."""
+
+
+class OutputFuture(Protocol):
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput: ...
+
+
+class Executor(ABC):
+    world_size: int
+
+    @abstractmethod
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None,
+                       timeout: float = 300.0) -> list[Any]:
+        """Run a control method on every rank; results in rank order."""
+
+    @abstractmethod
+    def execute_model(self, plan: SchedulerOutput) -> OutputFuture:
+        """Send one step; the future resolves to the output rank's reply."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop every worker; leave no process or socket behind."""
+
+    def initialize(self, runner_config: dict[str, Any], num_blocks_override: int | None) -> int:
+        """Load the model on every rank and size the KV cache; returns the
+        number of blocks (the minimum over ranks, unless overridden)."""
+        self.collective_rpc("load_model", {"config": runner_config}, timeout=600)
+        if num_blocks_override is not None:
+            num_blocks = num_blocks_override
+        else:
+            num_blocks = min(self.collective_rpc("determine_num_blocks", timeout=600))
+        if num_blocks < 1:
+            raise RuntimeError("no memory is left for the KV cache")
+        self.collective_rpc("init_kv_cache", {"num_blocks": num_blocks}, timeout=600)
+        return num_blocks

@@ -1,0 +1,145 @@
+"""The broadcast channel (PUB -> SUB) and the reply channel (PUSH -> PULL).
+
+The executor binds both; workers connect. A message is encoded once and the
+same bytes go to every subscriber. Malformed bytes are logged and dropped by
+the receiver, which keeps serving. ZeroMQ sockets are not thread-safe: each
+thread that sends owns its own ``ReplySender``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import msgspec
+import zmq
+
+from ipc.messages import Broadcast, Hello, Reply, Sync
+from ipc.serde import decode_broadcast, decode_reply, encode
+
+# Bound on one message; a larger one is refused by ZeroMQ itself (dropped).
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+def _restrict_ipc_file(endpoint: str) -> None:
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint[len("ipc://") :], 0o600)
+
+
+class BroadcastPublisher:
+    """Executor side of the broadcast channel."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.socket = ctx.socket(zmq.PUB)
+        self.socket.setsockopt(zmq.SNDHWM, 0)  # never drop a step
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        _restrict_ipc_file(endpoint)
+
+    def publish(self, message: msgspec.Struct) -> None:
+        self.socket.send(encode(message), copy=False)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class BroadcastSubscriber:
+    """Worker side of the broadcast channel."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.socket = ctx.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.connect(endpoint)
+
+    def recv(self, timeout_ms: int | None = None) -> Broadcast | None:
+        """The next well-formed message, or None on timeout."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.socket.poll(wait):
+                return None
+            message = decode_broadcast(self.socket.recv(copy=False).bytes)
+            if message is not None:
+                return message
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class ReplyReceiver:
+    """Executor side of the reply channel."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.socket = ctx.socket(zmq.PULL)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        _restrict_ipc_file(endpoint)
+
+    def recv(self, timeout_ms: int) -> Reply | None:
+        """The next well-formed reply, or None on timeout."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.socket.poll(wait):
+                return None
+            message = decode_reply(self.socket.recv(copy=False).bytes)
+            if message is not None:
+                return message
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class ReplySender:
+    """Worker side of the reply channel (one per sending thread)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str):
+        self.socket = ctx.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.connect(endpoint)
+
+    def send(self, message: msgspec.Struct) -> None:
+        self.socket.send(encode(message), copy=False)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def wait_for_subscribers(
+    publisher: BroadcastPublisher,
+    receiver: ReplyReceiver,
+    world_size: int,
+    timeout_s: float,
+    check_alive=lambda: None,
+) -> dict[int, int]:
+    """Start-up handshake: publish ``Sync`` until every rank acknowledges it.
+
+    A rank that answers a ``Sync`` is subscribed, so no later broadcast can
+    be lost to a late joiner. Returns {rank: pid}. ``check_alive`` may raise
+    to abort early (a worker died). Raises TimeoutError naming missing ranks.
+    """
+    deadline = time.monotonic() + timeout_s
+    pids: dict[int, int] = {}
+    synced: set[int] = set()
+    sync_id = 0
+    while len(synced) < world_size:
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(world_size)) - synced)
+            raise TimeoutError(f"workers of ranks {missing} did not connect within {timeout_s}s")
+        check_alive()
+        sync_id += 1
+        publisher.publish(Sync(sync_id=sync_id))
+        end = time.monotonic() + 0.05
+        while (left := end - time.monotonic()) > 0:
+            reply = receiver.recv(timeout_ms=int(left * 1000) + 1)
+            if isinstance(reply, Hello):
+                pids[reply.rank] = reply.pid
+                if reply.sync_id > 0:
+                    synced.add(reply.rank)
+    return pids

@@ -1,0 +1,149 @@
+"""Every message that crosses a socket, as msgspec Structs.
+
+Broadcast (executor -> every worker): ``SchedulerOutput`` for a step, or a
+``ControlCall``. Replies (worker -> executor): ``ModelRunnerOutput`` from the
+output rank only, ``ControlReply`` from every rank, ``WorkerError`` from any
+rank whose step failed. Engine endpoint (client <-> engine): ``ClientRequest``
+and friends live in ``ipc.engine_messages``.
+
+All unions are tagged (``tag=True``) so a decoder knows the type from the
+bytes alone; nothing here is ever pickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What the runner needs of a request's sampling parameters.
+
+    ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
+    ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
+    depend only on (seed, position). ``logprobs`` asks for that many top
+    logprobs per sampled token (None: none).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
+
+
+class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
+    """A request that is new to the runner (or resumed after preemption).
+
+    ``prefill_token_ids`` holds every token the runner must feed before it
+    samples: the prompt, plus the tokens already generated when a preempted
+    request comes back. ``block_ids[g]`` are its KV blocks in cache group g.
+    ``num_computed_tokens`` are already in the KV cache (prefix cache hits).
+    """
+
+    req_id: str
+    prompt_token_ids: list[int]
+    prefill_token_ids: list[int]
+    sampling: SamplingOptions
+    block_ids: list[list[int]]
+    num_computed_tokens: int
+    max_tokens: int
+
+
+class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
+    """Requests the runner already holds, in parallel lists.
+
+    ``new_block_ids[i][g]`` are blocks appended to request i's table in
+    group g (empty lists when none). ``num_computed_tokens[i]`` is the count
+    before this step's tokens.
+    """
+
+    req_ids: list[str] = []
+    new_block_ids: list[list[list[int]]] = []
+    num_computed_tokens: list[int] = []
+
+
+class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The plan of one step, broadcast to every rank."""
+
+    step_id: int
+    scheduled_new_reqs: list[NewRequestData] = []
+    scheduled_cached_reqs: CachedRequestData = CachedRequestData()
+    num_scheduled_tokens: dict[str, int] = {}
+    total_num_scheduled_tokens: int = 0
+    finished_req_ids: list[str] = []
+    preempted_req_ids: list[str] = []
+
+
+class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """Per sampled token: the top-N token ids and logprobs, the sampled
+    token's own logprob and its rank (1 = most likely)."""
+
+    top_token_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    sampled_logprobs: list[float]
+    sampled_ranks: list[int]
+
+
+class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The output rank's reply to one step.
+
+    ``sampled_token_ids[i]`` belongs to ``req_ids[i]``; it is empty for a
+    request whose prefill chunk did not reach the end of its prompt.
+    """
+
+    step_id: int
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: Logprobs | None = None
+
+
+class ControlCall(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """An RPC that every rank executes and answers (load, profile, ...)."""
+
+    call_id: int
+    method: str
+    kwargs: dict[str, Any] = {}
+
+
+class ControlReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """One rank's answer to a ``ControlCall``; ``error`` set on failure."""
+
+    call_id: int
+    rank: int
+    result: Any = None
+    error: str | None = None
+
+
+class WorkerError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A rank failed a step: which rank, which step, the traceback text."""
+
+    rank: int
+    step_id: int
+    error: str
+
+
+class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Start-up handshake: a worker announces itself, then acknowledges
+    each ``Sync`` it receives on the broadcast channel."""
+
+    rank: int
+    pid: int
+    sync_id: int = -1
+
+
+class Sync(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Published by the executor until every rank has answered with a
+    ``Hello`` carrying this ``sync_id``: then no broadcast can be lost to
+    a subscriber that joined late."""
+
+    sync_id: int
+
+
+Broadcast = SchedulerOutput | ControlCall | Sync
+Reply = ModelRunnerOutput | ControlReply | WorkerError | Hello

@@ -1,0 +1,38 @@
+"""Encoders and decoders for the two channels; msgspec msgpack, never pickle."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from ipc.messages import Broadcast, Reply
+
+logger = logging.getLogger(__name__)
+
+_encoder = msgspec.msgpack.Encoder()
+_broadcast_decoder = msgspec.msgpack.Decoder(Broadcast)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    """Encode any message of ``ipc.messages`` to bytes."""
+    return _encoder.encode(message)
+
+
+def decode_broadcast(data: bytes) -> Broadcast | None:
+    """Decode a broadcast message, or log and return None if malformed."""
+    try:
+        return _broadcast_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        logger.warning("dropped malformed broadcast message (%d bytes): %s", len(data), e)
+        return None
+
+
+def decode_reply(data: bytes) -> Reply | None:
+    """Decode a reply message, or log and return None if malformed."""
+    try:
+        return _reply_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        logger.warning("dropped malformed reply message (%d bytes): %s", len(data), e)
+        return None

@@ -1,0 +1,7 @@
+"""``python -m launch`` is ``tprun``."""
+
+import sys
+
+from launch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,34 @@
+"""Per-step attention metadata, built by the runner, read by every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """One step's view of the batch, in batch order (decodes first).
+
+    Device tensors (persistent buffers, sliced):
+      query_start_loc [num_reqs + 1] int32: token offsets; non-decreasing.
+      seq_lens [num_reqs] int32: computed tokens + this step's tokens.
+      block_tables [num_reqs, max_num_blocks] int32: KV blocks of each row.
+      slot_mapping [num_tokens] int64: cache slot of each token, -1 = skip.
+    Host copies (exact, known without a device sync):
+      query_start_loc_cpu, seq_lens_cpu, and the maxima.
+    ``num_decodes`` leading rows have exactly one query token.
+    """
+
+    num_reqs: int
+    num_tokens: int
+    num_decodes: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens_cpu: torch.Tensor

@@ -1,0 +1,49 @@
+"""Choosing an attention backend by name."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+import torch
+
+from runner.attention.metadata import AttentionMetadata
+
+# name -> (module, class); every backend but the reference is imported lazily.
+BACKENDS = {
+    "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
+    "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
+    "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
+}
+
+
+class AttentionBackend(Protocol):
+    """Writes k/v at attn.slot_mapping (slot -1 skipped), then causal paged attention.
+
+    q [T, Hq, D], k and v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
+    -> [T, Hq, D]; rows past attn.num_tokens are zeros.
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, attn: AttentionMetadata,
+                scale: float) -> torch.Tensor: ...
+
+
+def default_backend_name(device: torch.device) -> str:
+    """"triton" on CUDA, "torch" elsewhere."""
+    return "triton" if torch.device(device).type == "cuda" else "torch"
+
+
+def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
+    """An instance of backend ``name`` (None: the device's default)."""
+    name = name or default_backend_name(device)
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
+    module_name, class_name = BACKENDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RuntimeError(
+            f"attention backend {name!r} is unavailable: cannot import {module_name} ({e})"
+        ) from e
+    return getattr(module, class_name)()

@@ -1,0 +1,171 @@
+"""Triton paged-attention backend: the default on GPU.
+
+One forward = one KV-write launch (triton_kv_write.py) + one unified attention
+launch over the whole mixed batch (triton_unified.py), or, for small decode
+batches with long contexts, the split-KV variant + a merge launch
+(triton_split_merge.py).
+
+Host synchronisation: none. Grids and tile choices come from host ints only
+(tensor shapes and AttentionMetadata's num_reqs / max_query_len / max_seq_len);
+sequence lengths, block tables and query offsets are read on the device. For a
+pure-decode batch of a given padded size every grid is fixed, so forward() can be
+captured in a CUDA graph and replayed with other seq_lens and block tables. The
+split choice is the one heuristic input that depends on max_seq_len; while a
+CUDA graph is being captured it assumes long contexts (short ones stay correct,
+their surplus splits are simply empty).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+from runner.attention.metadata import AttentionMetadata
+from runner.attention.triton_kv_write import write_kv_cache
+from runner.attention.triton_split_merge import merge_splits
+from runner.attention.triton_unified import launch_paged_attention
+
+MAX_SPLITS = 32
+MIN_KEYS_PER_SPLIT = 256
+MAX_SPLIT_QUERY_LEN = 8
+DEFAULT_NUM_SMS = 132
+
+
+def choose_num_splits(
+    num_reqs: int,
+    num_kv_heads: int,
+    max_query_len: int,
+    max_seq_len: int,
+    num_sms: int,
+    max_splits: int = MAX_SPLITS,
+) -> int:
+    """Number of KV splits (1 = no split) for a batch, from host ints only.
+
+    Splitting pays when the plain grid (about num_reqs * num_kv_heads programs)
+    leaves SMs idle and each split still has a long run of keys: aim at two
+    programs per SM, at least MIN_KEYS_PER_SPLIT keys per split. Batches with
+    prefill chunks (max_query_len > MAX_SPLIT_QUERY_LEN) are never split.
+    """
+    if num_reqs <= 0 or max_query_len > MAX_SPLIT_QUERY_LEN:
+        return 1
+    programs = num_reqs * num_kv_heads
+    if programs >= num_sms:
+        return 1
+    by_occupancy = triton.cdiv(2 * num_sms, programs)
+    by_length = max_seq_len // MIN_KEYS_PER_SPLIT
+    splits = min(max_splits, by_occupancy, by_length)
+    return splits if splits >= 2 else 1
+
+
+def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
+    """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
+
+    Decode-like batches use the smallest tensor-core tile that holds the heads of
+    a KV group; batches with prefill chunks use 64 rows to reuse each K/V tile.
+    """
+    rows = nqpk * max(1, min(max_query_len, 64))
+    block_m = min(64, max(16, triton.next_power_of_2(rows)))
+    block_m = max(block_m, triton.next_power_of_2(nqpk))
+    tile_n = 64 if head_dim <= 128 else 32
+    num_warps = 4 if block_m <= 64 else 8
+    return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class TritonAttentionBackend:
+    """Paged causal attention with GQA over a mixed batch, written in Triton.
+
+    num_splits: None chooses per batch with choose_num_splits(); an int forces
+    that many KV splits (1 never splits) for every batch, e.g. for tests or for
+    a fixed CUDA-graph configuration.
+    """
+
+    def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS) -> None:
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        if max_splits < 1:
+            raise ValueError(f"max_splits must be >= 1, got {max_splits}")
+        self.num_splits = num_splits
+        self.max_splits = max_splits
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Write k, v into kv_cache at attn.slot_mapping, then attend; returns [T, Hq, D].
+
+        q [T, Hq, D], k and v [T, Hkv, D] (last dim contiguous, any token stride),
+        kv_cache [2, num_blocks, block_size, Hkv, D]. Query head h reads KV head
+        h // (Hq // Hkv). Tokens not owned by any of the num_reqs rows (padding)
+        and rows with seq_len 0 produce zeros.
+        """
+        _check_inputs(q, k, v, kv_cache)
+        write_kv_cache(k, v, kv_cache, attn.slot_mapping)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        num_tokens, num_q_heads, head_dim = q.shape
+        if num_tokens == 0:
+            return out
+        num_kv_heads = kv_cache.shape[3]
+        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
+        num_splits = self._num_splits(attn, num_kv_heads, q.device)
+        args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc)
+        if num_splits == 1:
+            launch_paged_attention(*args, attn.num_reqs, scale, out, None, **config)
+            return out
+        part_shape = (num_tokens, num_q_heads, num_splits)
+        f32 = {"dtype": torch.float32, "device": q.device}
+        partials = (
+            torch.empty((*part_shape, head_dim), **f32),
+            torch.empty(part_shape, **f32),
+            torch.empty(part_shape, **f32),
+        )
+        launch_paged_attention(*args, attn.num_reqs, scale, out, partials, **config)
+        merge_splits(out, *partials)
+        return out
+
+    def _num_splits(self, attn: AttentionMetadata, num_kv_heads: int, device) -> int:
+        if self.num_splits is not None:
+            return self.num_splits
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        max_seq_len = 1 << 30 if capturing else attn.max_seq_len
+        return choose_num_splits(
+            attn.num_reqs,
+            num_kv_heads,
+            attn.max_query_len,
+            max_seq_len,
+            _num_sms(device),
+            self.max_splits,
+        )
+
+
+def _check_inputs(q, k, v, kv_cache) -> None:
+    """Raise ValueError on shapes or dtypes the kernels do not handle."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or kv_cache.dim() != 5:
+        raise ValueError("expected q, k, v [T, H, D] and kv_cache [2, blocks, block, Hkv, D]")
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    if kv_cache.shape[0] != 2 or kv_cache.shape[4] != head_dim:
+        raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit head_dim {head_dim}")
+    if k.shape != v.shape or k.shape[1:] != (num_kv_heads, head_dim) or k.shape[0] != q.shape[0]:
+        raise ValueError(f"k/v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q/kv_cache")
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(f"{num_q_heads} query heads not a multiple of {num_kv_heads} KV heads")
+    if not (q.dtype == k.dtype == v.dtype == kv_cache.dtype):
+        raise ValueError("q, k, v and kv_cache must share one dtype")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"unsupported dtype {q.dtype}")
+    if any(t.stride(-1) != 1 for t in (q, k, v, kv_cache)):
+        raise ValueError("the last dim of q, k, v and kv_cache must be contiguous")

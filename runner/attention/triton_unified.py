@@ -1,0 +1,257 @@
+"""Unified paged-attention Triton kernel: decodes and prefill chunks in one launch.
+
+Work split. The grid is (num_q_blocks, num_kv_heads[, num_splits]). A q-block is up
+to BLOCK_Q consecutive query tokens of one batch row; its program processes those
+tokens for all NQPK query heads that share one KV head (GQA packing), so its tile
+has BLOCK_M = BLOCK_Q * NQPK rows (padded) and a one-token decode still fills a
+tensor-core tile with its heads. Row r of the batch owns the q-blocks
+  start(r) .. start(r + 1) - 1,   start(r) = query_start_loc[r] // BLOCK_Q + r,
+which is strictly increasing and gives every row at least ceil(q_len / BLOCK_Q)
+blocks. A pseudo-row num_reqs covers the padding tokens
+query_start_loc[num_reqs] .. num_tokens - 1 with no keys, so they come out as
+zeros. Hence num_q_blocks = num_tokens // BLOCK_Q + num_reqs + 1 suffices, a
+number fixed by host ints; programs past their row's last token exit at once.
+
+Causality. Query token j of a row with q_len tokens and seq_len keys sits at
+position seq_len - q_len + j and sees keys at positions <= its own. Keys are read
+TILE_N at a time through the row's block table (key p lives in block
+block_table[r, p // BLOCK_SIZE] at offset p % BLOCK_SIZE), so the tile size is
+independent of the page size. The loop runs to the row's seq_len read on the
+device: nothing depends on sequence lengths on the host.
+
+Softmax. Online softmax in float32 with base-2 exponentials (the scale is folded
+with log2(e)). Rows that see no key keep m = -inf, l = 0 and produce 0, not NaN.
+
+Split-KV (flash decoding). With SPLIT, split s handles an equal share of the
+q-block's key tiles and stores its unnormalised accumulator, running max m and
+sum l; triton_split_merge.py combines the splits. Empty splits store m = -inf.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
+    """Largest r in [0, num_reqs] with query_start_loc[r] // BLOCK_Q + r <= q_block."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_reqs + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        lo = tl.where(start <= q_block, mid, lo)
+        hi = tl.where(start <= q_block, hi, mid)
+    return lo
+
+
+@triton.jit
+def _attend_tiles(
+    q,
+    acc,
+    m_i,
+    l_i,
+    q_pos,
+    tile_lo,
+    tile_hi,
+    kv_end,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_table_row_ptr,
+    kv_head_offset,
+    stride_c_block,
+    stride_c_slot,
+    qk_scale,
+    head_dim,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i)."""
+    dims = tl.arange(0, DIM_PAD)
+    dim_mask = dims < head_dim
+    for tile in range(tile_lo, tile_hi):
+        key_pos = tile * TILE_N + tl.arange(0, TILE_N)
+        key_mask = key_pos < kv_end
+        block = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0)
+        key_off = block.to(tl.int64) * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
+        key_off = key_off + kv_head_offset
+
+        k_t = tl.load(
+            key_cache_ptr + key_off[None, :] + dims[:, None],
+            mask=key_mask[None, :] & dim_mask[:, None],
+            other=0.0,
+        )
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
+        visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v = tl.load(
+            value_cache_ptr + key_off[:, None] + dims[None, :],
+            mask=key_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
+def _paged_attention_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    q_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    qk_scale,
+    num_reqs,
+    num_tokens,
+    num_q_heads,
+    head_dim,
+    stride_q_tok,
+    stride_q_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_bt,
+    stride_c_block,
+    stride_c_slot,
+    stride_c_head,
+    NQPK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    row = _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
+    is_req = row < num_reqs
+    q_first = tl.load(query_start_loc_ptr + row)
+    q_stop = tl.load(query_start_loc_ptr + row + 1, mask=is_req, other=num_tokens)
+    q_len = q_stop - q_first
+    local = q_block - (q_first // BLOCK_Q + row)
+    if local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + row, mask=is_req, other=0)
+    context_len = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    tok = local * BLOCK_Q + offs_m // NQPK
+    head = kv_head * NQPK + offs_m % NQPK
+    row_mask = (offs_m // NQPK < BLOCK_Q) & (tok < q_len)
+    q_pos = context_len + tok
+    dims = tl.arange(0, DIM_PAD)
+    dim_mask = dims < head_dim
+    io_mask = row_mask[:, None] & dim_mask[None, :]
+
+    tok64 = (q_first + tok).to(tl.int64)
+    q_off = tok64[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
+
+    # Keys this q-block may see: up to its last token's position, inclusive.
+    last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
+    kv_end = tl.maximum(context_len + last_tok, 0)
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    if SPLIT:
+        split = tl.program_id(2)
+        per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = tl.minimum(split * per_split, num_tiles)
+        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+    else:
+        tile_lo = 0
+        tile_hi = num_tiles
+
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tile_lo, tile_hi, kv_end,
+        key_cache_ptr, value_cache_ptr, block_tables_ptr + row.to(tl.int64) * stride_bt,
+        kv_head * stride_c_head, stride_c_block, stride_c_slot, qk_scale, head_dim,
+        BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+    )
+
+    if SPLIT:
+        part = (tok64 * num_q_heads + head) * NUM_SPLITS + split
+        tl.store(part_max_ptr + part, m_i, mask=row_mask)
+        tl.store(part_sum_ptr + part, l_i, mask=row_mask)
+        tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=io_mask)
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def num_q_blocks(num_tokens: int, num_reqs: int, block_q: int) -> int:
+    """Grid size along q-blocks: enough for every row plus the padding tail."""
+    return num_tokens // block_q + num_reqs + 1
+
+
+def launch_paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_reqs: int,
+    scale: float,
+    out: torch.Tensor,
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    *,
+    block_m: int,
+    tile_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> None:
+    """Run the kernel over all q.shape[0] tokens.
+
+    Without partials it writes the normalised result into out [T, Hq, D]. With
+    partials (acc [T, Hq, S, D] f32, max [T, Hq, S] f32, sum [T, Hq, S] f32)
+    it runs S = acc.shape[2] splits and writes those instead; out is untouched.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    num_kv_heads = key_cache.shape[2]
+    nqpk = num_q_heads // num_kv_heads
+    block_q = block_m // nqpk
+    num_splits = 1 if partials is None else partials[0].shape[2]
+    grid = (num_q_blocks(num_tokens, num_reqs, block_q), num_kv_heads, num_splits)
+    part_acc, part_max, part_sum = partials if partials is not None else (out, out, out)
+    _paged_attention_kernel[grid](
+        out, part_acc, part_max, part_sum,
+        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        scale * LOG2_E, num_reqs, num_tokens, num_q_heads, head_dim,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        NQPK=nqpk,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        BLOCK_SIZE=key_cache.shape[1],
+        TILE_N=tile_n,
+        DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        NUM_SPLITS=num_splits,
+        SPLIT=partials is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )

@@ -1,0 +1,61 @@
+"""Rotary position embedding (half-split "neox" layout), with Llama 3 scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from runner.model_config import Llama3RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float,
+                        scaling: Llama3RopeScaling | None) -> torch.Tensor:
+    """The head_dim / 2 rotation frequencies, float32."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    return inv_freq if scaling is None else llama3_scale(inv_freq, scaling)
+
+
+def llama3_scale(inv_freq: torch.Tensor, s: Llama3RopeScaling) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths divided by ``factor``, short kept,
+    the band between interpolated linearly in ``old_len / wavelength``.
+    """
+    old_len = s.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    long_wave = wavelength > old_len / s.low_freq_factor
+    short_wave = wavelength < old_len / s.high_freq_factor
+    smooth = (old_len / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    mid = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    scaled = torch.where(long_wave, inv_freq / s.factor, mid)
+    return torch.where(short_wave, inv_freq, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k by their positions: x * cos + rotate_half(x) * sin.
+
+    cos/sin are cached in float32 for positions 0 .. max_positions - 1; the
+    rotation runs in float32 and casts back to the input dtype.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: Llama3RopeScaling | None) -> None:
+        super().__init__()
+        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; q [T, Hq, D], k [T, Hk, D] -> rotated (q, k)."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype)

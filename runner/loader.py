@@ -1,0 +1,100 @@
+"""Loading safetensors checkpoints into a model's tensor-parallel shards.
+
+Each rank reads only its slices (``safe_open(...).get_slice``), casts them to
+the model's dtype and copies them into place. Works for a single
+``model.safetensors`` and for sharded checkpoints with
+``model.safetensors.index.json``; bf16, fp16 and fp32 tensors.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import torch
+from safetensors import safe_open
+
+from runner.layers import WeightSlice
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+# Checkpoint tensors that carry nothing the model needs.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def checkpoint_files(model_dir: str) -> list[str]:
+    """The safetensors files of ``model_dir``, in a fixed order."""
+    index = os.path.join(model_dir, INDEX_FILE)
+    if os.path.isfile(index):
+        with open(index) as f:
+            names = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, name) for name in names]
+    single = os.path.join(model_dir, SINGLE_FILE)
+    if os.path.isfile(single):
+        return [single]
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no safetensors checkpoint in {model_dir!r}")
+    return files
+
+
+def load_weights(model: torch.nn.Module, model_dir: str) -> None:
+    """Fill every parameter named by ``model.weight_slices()`` from ``model_dir``.
+
+    Raises ValueError if a tensor is missing or its shape does not fit the
+    model. Tensors the model does not use are skipped.
+    """
+    plan: dict[str, WeightSlice] = model.weight_slices()
+    loaded: set[str] = set()
+    for path in checkpoint_files(model_dir):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if name in plan:
+                    _copy_slice(f.get_slice(name), plan[name], name)
+                    loaded.add(name)
+    missing = sorted(set(plan) - loaded)
+    if missing:
+        shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint in {model_dir!r} lacks {len(missing)} tensors: {shown}")
+
+
+def _copy_slice(source, where: WeightSlice, name: str) -> None:
+    """Read ``where``'s rows of one checkpoint tensor and copy them into the parameter."""
+    shape = list(source.get_shape())
+    dest = where.destination()
+    expected = list(dest.shape)
+    expected[where.dim] = shape[where.dim] if where.dim < len(shape) else -1
+    if shape != expected or where.src_start + where.length > shape[where.dim]:
+        raise ValueError(
+            f"checkpoint tensor {name!r} has shape {tuple(shape)}; the model needs rows "
+            f"{where.src_start}..{where.src_start + where.length} along dim {where.dim} "
+            f"of a tensor shaped like {tuple(dest.shape)}"
+        )
+    index = [slice(None)] * len(shape)
+    index[where.dim] = slice(where.src_start, where.src_start + where.length)
+    dest.copy_(source[tuple(index)])
+
+
+def fill_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights for benchmarks, generated on the parameters' device.
+
+    Matrices get N(0, 1 / fan_in) so activations keep unit scale; norm
+    weights are 1; biases 0; embedding rows N(0, 1). Every rank draws its
+    own shard, so the weights are not those of any single-device model.
+    """
+    seen: set[int] = set()
+    for name, param in model.named_parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        generator = torch.Generator(device=param.device).manual_seed(seed + len(seen))
+        if name.endswith("bias"):
+            param.data.zero_()
+        elif param.dim() == 1:
+            param.data.fill_(1.0)
+        else:
+            std = 1.0 if "embed" in name else param.shape[1] ** -0.5
+            sample = torch.randn(param.shape, generator=generator, device=param.device)
+            param.data.copy_(sample * std)

@@ -1,0 +1,205 @@
+"""The slot-based model runner (Model Runner V2 design).
+
+Per step: ``execute_model`` applies the plan to the persistent state
+(finish and free in sorted order, add, update, staged writes), sorts the
+batch, copies ``idx_mapping`` and ``query_start_loc`` to the device, builds
+every other input there, and queues the forward pass. ``sample_tokens``
+queues logits, sampling and the copy to the host and returns an
+``AsyncOutput``. Neither call waits for the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ipc.messages import SchedulerOutput
+from runner.async_output import AsyncOutput
+from runner.attention.metadata import AttentionMetadata
+from runner.block_table import BlockTables
+from runner.config import RunnerConfig
+from runner.distributed import TensorParallelGroup
+from runner.input_batch import BatchPlan, InputBuffers, plan_batch
+from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
+from runner.kernels.prefill_inputs import prepare_prefill_inputs
+from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
+from runner.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block, resolve_dtype
+from runner.models import build_model
+from runner.sampler import SamplingStates, sample
+from runner.states import RequestState
+
+
+@dataclass
+class _PendingStep:
+    """What ``execute_model`` leaves for ``sample_tokens``."""
+
+    step_id: int
+    plan: BatchPlan
+    hidden_states: torch.Tensor | None
+    logits_indices: torch.Tensor | None
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
+        self.config = config
+        self.device = device
+        self.tp = tp
+        self.model = build_model(
+            config.model, resolve_dtype(config), device, tp, config.attention_backend
+        )
+        self.dtype = next(self.model.parameters()).dtype
+        n = config.max_num_seqs
+        self.req_states = RequestState(n, config.max_model_len, device)
+        self.sampling = SamplingStates(n, device, config.seed)
+        self.block_tables = BlockTables(
+            config.block_size,
+            n,
+            config.max_num_blocks_per_req,
+            config.max_num_batched_tokens,
+            device,
+        )
+        self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_blocks = 0
+        self.pending: _PendingStep | None = None
+
+    # ---- KV cache -------------------------------------------------------
+    def bytes_per_block(self) -> int:
+        return kv_cache_bytes_per_block(self.model, self.config.block_size, self.dtype)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = allocate_kv_caches(
+            self.model, num_blocks, self.config.block_size, self.dtype, self.device
+        )
+        self.num_blocks = num_blocks
+
+    # ---- applying the plan ---------------------------------------------
+    def _update_states(self, plan: SchedulerOutput) -> None:
+        # Finished and preempted requests leave alike, in sorted order, so
+        # every rank frees (and later reuses) the same slots.
+        for req_id in sorted(set(plan.finished_req_ids) | set(plan.preempted_req_ids)):
+            if req_id in self.req_states.req_id_to_index:
+                self.req_states.remove_request(req_id)
+        for new in plan.scheduled_new_reqs:
+            self._check_blocks(new.req_id, new.block_ids)
+            slot = self.req_states.add_request(new)
+            self.sampling.add_request(slot, new.sampling)
+            self.block_tables.add_request(slot, new.block_ids[0])
+        cached = plan.scheduled_cached_reqs
+        for req_id, blocks, computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            slot = self.req_states.req_id_to_index.get(req_id)
+            if slot is None:
+                raise ValueError(f"step {plan.step_id}: unknown request {req_id!r}")
+            self._check_blocks(req_id, blocks)
+            self.req_states.set_num_computed_tokens(slot, computed)
+            self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
+        self.req_states.apply_staged_writes()
+        self.sampling.apply_staged_writes()
+        self.block_tables.apply_staged_writes()
+
+    def _check_blocks(self, req_id: str, block_ids: list[list[int]]) -> None:
+        for group in block_ids:
+            for b in group:
+                if not 0 <= b < self.num_blocks:
+                    raise ValueError(
+                        f"request {req_id!r}: block id {b} outside the cache (0..{self.num_blocks - 1})"
+                    )
+
+    def _check_plan(self, plan: SchedulerOutput) -> None:
+        total = sum(plan.num_scheduled_tokens.values())
+        if total != plan.total_num_scheduled_tokens:
+            raise ValueError(f"step {plan.step_id}: token counts do not add up")
+        if total > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"step {plan.step_id}: {total} tokens exceed max_num_batched_tokens "
+                f"{self.config.max_num_batched_tokens}"
+            )
+        for req_id, n in plan.num_scheduled_tokens.items():
+            if req_id not in self.req_states.req_id_to_index or n < 1:
+                raise ValueError(f"step {plan.step_id}: bad scheduled request {req_id!r} ({n})")
+            slot = self.req_states.req_id_to_index[req_id]
+            if self.req_states.num_computed_tokens_np[slot] + n > self.config.max_model_len:
+                raise ValueError(f"step {plan.step_id}: request {req_id!r} passes max_model_len")
+
+    # ---- the step -------------------------------------------------------
+    def execute_model(self, plan: SchedulerOutput) -> None:
+        """Apply the plan and queue the forward pass; never waits."""
+        self._update_states(plan)
+        self._check_plan(plan)
+        batch = plan_batch(
+            plan.num_scheduled_tokens,
+            self.req_states.req_id_to_index,
+            self.req_states.num_computed_tokens_np,
+            self.req_states.prefill_len_np,
+        )
+        if batch.num_tokens == 0:
+            self.pending = _PendingStep(plan.step_id, batch, None, None)
+            return
+        input_ids, positions, attn, logits_indices = self._prepare_inputs(batch)
+        hidden = self.model(input_ids, positions, self.kv_caches, attn)
+        self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices)
+
+    def _prepare_inputs(self, batch: BatchPlan):
+        buf, states = self.buffers, self.req_states
+        n, t = batch.num_reqs, batch.num_tokens
+        buf.copier.copy(batch.idx_mapping_np, buf.idx_mapping)
+        buf.copier.copy(batch.query_start_loc_np, buf.query_start_loc)
+        idx_mapping = buf.idx_mapping[:n]
+        qsl = buf.query_start_loc[: batch.num_reqs_padded + 1]
+        computed = states.num_computed_tokens.gpu
+        prefill_len = states.prefill_len.gpu
+        if batch.has_prefill:
+            prepare_prefill_inputs(
+                buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
+            )
+        prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
+        logits_indices = combine_sampled_and_draft_tokens(
+            buf.input_ids, idx_mapping, states.last_sampled_tokens, qsl, buf.seq_lens,
+            prefill_len, None, None, buf.logits_indices, n, n,
+        )  # fmt: skip
+        block_tables = self.block_tables.gather(idx_mapping, n, batch.num_reqs_padded)
+        slot_mapping = self.block_tables.compute_slot_mapping(
+            idx_mapping, qsl, buf.positions, n, t, batch.num_tokens_padded
+        )
+        attn = AttentionMetadata(
+            num_reqs=n,
+            num_tokens=t,
+            num_decodes=batch.num_decodes,
+            max_query_len=int(batch.num_scheduled_np.max()),
+            max_seq_len=int(batch.seq_lens_np.max()),
+            query_start_loc=qsl,
+            seq_lens=buf.seq_lens[: batch.num_reqs_padded],
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
+            query_start_loc_cpu=torch.from_numpy(batch.query_start_loc_np),
+            seq_lens_cpu=torch.from_numpy(batch.seq_lens_np),
+        )
+        t_pad = batch.num_tokens_padded
+        return buf.input_ids[:t_pad], buf.positions[:t_pad], attn, logits_indices
+
+    def sample_tokens(self) -> AsyncOutput:
+        """Queue logits, sampling and the copy to the host; never waits."""
+        step, self.pending = self.pending, None
+        if step is None:
+            raise RuntimeError("sample_tokens called without execute_model")
+        batch = step.plan
+        if step.hidden_states is None:
+            empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+            return AsyncOutput(step.step_id, [], batch.sample_mask_np, empty, self.copy_stream)
+        logits = self.model.compute_logits(step.hidden_states[step.logits_indices])
+        idx_mapping = self.buffers.idx_mapping[: batch.num_reqs].long()
+        temperature = self.sampling.temperature.gpu[idx_mapping]
+        seeds = self.sampling.seeds.gpu[idx_mapping]
+        positions = self.buffers.positions[step.logits_indices] + 1
+        all_greedy = bool(np.all(self.sampling.temperature_np[batch.idx_mapping_np] == 0))
+        sampled = sample(logits.float(), temperature, seeds, positions, all_greedy)
+        output = AsyncOutput(
+            step.step_id, batch.req_ids, batch.sample_mask_np, sampled, self.copy_stream
+        )
+        self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, sampled)
+        return output

@@ -1,0 +1,78 @@
+"""The Llama-family causal language model over a paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runner.attention.metadata import AttentionMetadata
+from runner.attention.selector import AttentionBackend
+from runner.distributed import TensorParallelGroup
+from runner.layers import (
+    ParallelLMHead,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabParallelEmbedding,
+    WeightSlice,
+)
+from runner.layers.linear import kv_head_range
+from runner.model_config import ModelConfig
+from runner.models.llama import LlamaDecoderLayer
+
+
+class CausalLM(nn.Module):
+    """embed -> decoder layers -> final norm; ``compute_logits`` applies the LM head.
+
+    Every rank holds its shard of the weights and returns the same hidden
+    states and the same full-vocabulary logits.
+    """
+
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup, backend: AttentionBackend,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.config = config
+        self.tp = tp
+        self.dtype = dtype
+        self.num_kv_heads = kv_head_range(config.num_key_value_heads, tp)[1]
+        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                 config.rope_theta, config.rope_scaling)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp,
+                                                   dtype)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, tp, rotary, backend, dtype)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.lm_head = ParallelLMHead(self.embed_tokens, config.tie_word_embeddings)
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's cache on this rank: (2, num_blocks, block_size, kv heads, head_dim)."""
+        return (2, num_blocks, block_size, self.num_kv_heads, self.config.head_dim)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, kv_cache, attn)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> float32 logits [N, vocab_size], identical on every rank."""
+        return self.lm_head(hidden)
+
+    def weight_slices(self) -> dict[str, WeightSlice]:
+        """Checkpoint tensor name (Hugging Face naming) -> where it lands on this rank.
+
+        Names of shards that hold only vocabulary padding are absent.
+        """
+        slices: dict[str, WeightSlice] = {"model.norm.weight": WeightSlice.whole(self.norm.weight)}
+        embed = self.embed_tokens.weight_slices()
+        if embed is not None:
+            slices["model.embed_tokens.weight"] = embed
+        head = self.lm_head.weight_slices()
+        if head is not None and not self.config.tie_word_embeddings:
+            slices["lm_head.weight"] = head
+        for i, layer in enumerate(self.layers):
+            slices.update(layer.weight_slices(f"model.layers.{i}"))
+        return slices

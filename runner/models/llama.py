@@ -1,0 +1,123 @@
+"""One Llama-family decoder layer: attention and gated MLP, tensor-parallel.
+
+Covers Llama 2/3, Mistral, Qwen2 (qkv bias) and Qwen3 (per-head q/k norm).
+The tensor-parallel layers do the sharding; the arithmetic here is the
+single-device model's, applied to this rank's heads and columns.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runner.attention.metadata import AttentionMetadata
+from runner.attention.selector import AttentionBackend
+from runner.distributed import TensorParallelGroup
+from runner.layers import (
+    ColumnParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    WeightSlice,
+)
+from runner.model_config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    """qkv projection -> (q/k norm) -> rope -> paged attention -> o projection."""
+
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
+                 backend: AttentionBackend, dtype: torch.dtype) -> None:
+        super().__init__()
+        c = config
+        self.head_dim = c.head_dim
+        self.scale = c.head_dim ** -0.5
+        self.qkv_proj = ColumnParallelLinear.qkv(
+            c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, tp,
+            c.qkv_bias, dtype)
+        self.q_size = self.qkv_proj.parts["q"].size
+        self.kv_size = self.qkv_proj.parts["k"].size
+        self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, tp,
+                                        c.o_bias, dtype)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
+        self.rotary = rotary
+        self.backend = backend
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.unflatten(-1, (-1, self.head_dim))
+        k = k.unflatten(-1, (-1, self.head_dim))
+        v = v.unflatten(-1, (-1, self.head_dim))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
+        return self.o_proj(out.flatten(-2))
+
+    def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
+        slices: dict[str, WeightSlice] = {}
+        for part in ("q", "k", "v"):
+            weight, bias = self.qkv_proj.weight_slices(part)
+            slices[f"{prefix}.{part}_proj.weight"] = weight
+            if bias is not None:
+                slices[f"{prefix}.{part}_proj.bias"] = bias
+        weight, bias = self.o_proj.weight_slices()
+        slices[f"{prefix}.o_proj.weight"] = weight
+        if bias is not None:
+            slices[f"{prefix}.o_proj.bias"] = bias
+        if self.q_norm is not None:
+            slices[f"{prefix}.q_norm.weight"] = WeightSlice.whole(self.q_norm.weight)
+            slices[f"{prefix}.k_norm.weight"] = WeightSlice.whole(self.k_norm.weight)
+        return slices
+
+
+class LlamaMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), gate and up fused into one column-parallel matmul."""
+
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup, dtype: torch.dtype) -> None:
+        super().__init__()
+        n = config.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear.split_evenly(
+            config.hidden_size, {"gate": n, "up": n}, tp, False, dtype)
+        self.down_proj = RowParallelLinear(n, config.hidden_size, tp, False, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+    def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
+        return {
+            f"{prefix}.gate_proj.weight": self.gate_up_proj.weight_slices("gate")[0],
+            f"{prefix}.up_proj.weight": self.gate_up_proj.weight_slices("up")[0],
+            f"{prefix}.down_proj.weight": self.down_proj.weight_slices()[0],
+        }
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
+                 backend: AttentionBackend, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = LlamaAttention(config, tp, rotary, backend, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = LlamaMLP(config, tp, dtype)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
+        slices = {
+            f"{prefix}.input_layernorm.weight": WeightSlice.whole(self.input_layernorm.weight),
+            f"{prefix}.post_attention_layernorm.weight":
+                WeightSlice.whole(self.post_attention_layernorm.weight),
+        }
+        slices.update(self.self_attn.weight_slices(f"{prefix}.self_attn"))
+        slices.update(self.mlp.weight_slices(f"{prefix}.mlp"))
+        return slices

@@ -1,0 +1,169 @@
+"""StagedWriteTensor: host-staged writes to a device tensor, applied in one launch.
+
+Request states change on the host (new request: its prompt and lengths; new
+KV blocks: block-table entries), but the tensors they change live on the
+device. Writing each change with its own tiny copy would cost a launch per
+change. Instead the writes are staged on the host and apply_write() packs them
+into flat arrays (rows, starts, cu_lens, values), copies those to the device
+with non_blocking=True from pinned memory, and applies them all with one
+kernel launch (the torch reference on CPU).
+
+Invariants:
+- Writes apply in staging order: where two staged writes hit the same
+  element, the later one wins (pack_writes resolves overlaps on the host, so
+  the device writes are disjoint and their order does not matter).
+- Nothing here waits for the device. The pinned source buffers of each apply
+  are fresh; they are kept alive, with a CUDA event recorded after the copy,
+  until event.query() reports the copy done. So no non_blocking copy ever reads
+  a pinned buffer that has been freed or reused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from runner.kernels.staged_writes import apply_staged_writes
+from runner.uva import device_visible_tensor, numpy_dtype
+
+
+@dataclass(frozen=True)
+class PackedWrites:
+    """Disjoint writes: values[cu_lens[j]:cu_lens[j+1]] go to row rows[j] from column starts[j]."""
+
+    rows: np.ndarray
+    starts: np.ndarray
+    cu_lens: np.ndarray
+    values: np.ndarray
+
+
+def _merge_row(writes: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """One row's writes (staging order) as disjoint segments; later writes win."""
+    if len(writes) == 1:
+        return writes
+    order = sorted(range(len(writes)), key=lambda w: writes[w][0])
+    cluster_of = [0] * len(writes)
+    bounds: list[list[int]] = []  # [start, end) of each cluster of touching writes
+    for w in order:
+        start, end = writes[w][0], writes[w][0] + len(writes[w][1])
+        if bounds and start <= bounds[-1][1]:
+            bounds[-1][1] = max(bounds[-1][1], end)
+        else:
+            bounds.append([start, end])
+        cluster_of[w] = len(bounds) - 1
+    dtype = writes[0][1].dtype
+    merged = [np.empty(end - start, dtype=dtype) for start, end in bounds]
+    for w, (start, values) in enumerate(writes):  # staging order: later overwrites
+        c = cluster_of[w]
+        offset = start - bounds[c][0]
+        merged[c][offset : offset + len(values)] = values
+    return [(start, values) for (start, _), values in zip(bounds, merged)]
+
+
+def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) -> PackedWrites:
+    """Pack (row, start, values) writes, in staging order, into disjoint flat arrays."""
+    by_row: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for row, start, values in writes:
+        if len(values) > 0:
+            by_row.setdefault(row, []).append((start, values))
+    rows, starts, chunks = [], [], []
+    for row, row_writes in by_row.items():
+        for start, values in _merge_row(row_writes):
+            rows.append(row)
+            starts.append(start)
+            chunks.append(values)
+    cu_lens = np.zeros(len(chunks) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in chunks], out=cu_lens[1:])
+    values = np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
+    return PackedWrites(
+        rows=np.asarray(rows, dtype=np.int64),
+        starts=np.asarray(starts, dtype=np.int64),
+        cu_lens=cu_lens,
+        values=values.astype(dtype, copy=False),
+    )
+
+
+class StagedWriteTensor:
+    """A device tensor (``.gpu``) whose updates are staged on the host.
+
+    shape is (rows,) or (rows, cols). With uva=True on CUDA, ``.gpu`` is a
+    device view of pinned host memory (see runner.uva); on a CPU device it is
+    a plain CPU tensor. Starts zero-filled.
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        uva: bool = False,
+    ) -> None:
+        if len(shape) not in (1, 2) or any(n <= 0 for n in shape):
+            raise ValueError(f"shape must be (rows,) or (rows, cols) of positive sizes: {shape}")
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.np_dtype = numpy_dtype(dtype)
+        self.gpu = device_visible_tensor(self.shape, dtype, self.device, uva)
+        self._as_2d = self.gpu if self.gpu.dim() == 2 else self.gpu.view(-1, 1)
+        self._writes: list[tuple[int, int, np.ndarray]] = []
+        self._in_flight: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = deque()
+
+    def stage_write(self, row: int, start: int, values: Sequence[int] | np.ndarray) -> None:
+        """Stage gpu[row, start : start + len(values)] = values (2-D tensors)."""
+        if len(self.shape) != 2:
+            raise ValueError("stage_write needs a 2-D tensor; use stage_write_elem")
+        array = np.array(values, dtype=self.np_dtype).reshape(-1)  # a copy: caller may reuse
+        self._check(row, start, len(array))
+        self._writes.append((row, start, array))
+
+    def stage_write_elem(self, row: int, value: int | float) -> None:
+        """Stage gpu[row] = value (1-D) or gpu[row, 0] = value (2-D)."""
+        self._check(row, 0, 1)
+        self._writes.append((row, 0, np.array([value], dtype=self.np_dtype)))
+
+    def _check(self, row: int, start: int, length: int) -> None:
+        cols = self._as_2d.shape[1]
+        if not 0 <= row < self.shape[0]:
+            raise ValueError(f"row {row} outside [0, {self.shape[0]})")
+        if start < 0 or start + length > cols:
+            raise ValueError(f"columns [{start}, {start + length}) outside [0, {cols})")
+
+    @property
+    def num_staged(self) -> int:
+        """Number of writes staged since the last apply_write()."""
+        return len(self._writes)
+
+    def apply_write(self) -> None:
+        """Apply all staged writes, in staging order, with one launch; never waits."""
+        if not self._writes:
+            return
+        packed = pack_writes(self._writes, self.np_dtype)
+        self._writes = []
+        meta = np.concatenate([packed.rows, packed.starts, packed.cu_lens])
+        if self.device.type != "cuda":
+            self._apply(torch.from_numpy(meta), torch.from_numpy(packed.values))
+            return
+        self._release_finished()
+        host_meta = torch.from_numpy(meta).pin_memory()
+        host_values = torch.from_numpy(packed.values).pin_memory()
+        dev_meta = host_meta.to(self.device, non_blocking=True)
+        dev_values = host_values.to(self.device, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._in_flight.append((done, host_meta, host_values))
+        self._apply(dev_meta, dev_values)
+
+    def _apply(self, meta: torch.Tensor, values: torch.Tensor) -> None:
+        n = (meta.shape[0] - 1) // 3
+        rows, starts, cu_lens = meta[:n], meta[n : 2 * n], meta[2 * n :]
+        apply_staged_writes(self._as_2d, rows, starts, cu_lens, values)
+
+    def _release_finished(self) -> None:
+        """Drop pinned buffers whose copies have finished (event.query(): no wait)."""
+        while self._in_flight and self._in_flight[0][0].query():
+            self._in_flight.popleft()

@@ -1,0 +1,84 @@
+"""Persistent per-request state: one row (slot) per request, kept between steps.
+
+Invariants:
+- ``free_indices`` starts as ``[0 .. max_num_reqs-1]``; ``add_request`` pops
+  the last, ``remove_request`` appends. The first request gets slot
+  ``max_num_reqs - 1``; the slot freed last is reused first.
+- Host arrays (``*_np``) are the source of truth for what the host must know
+  (prompt and prefill lengths); device copies are updated only by staged
+  writes applied once per step, never by a blocking copy.
+- ``last_sampled_tokens`` lives on the device only: the next step's decode
+  input is read from it, so the host need not have seen the token yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ipc.messages import NewRequestData
+from runner.staged_write import StagedWriteTensor
+
+
+class RequestState:
+    def __init__(self, max_num_reqs: int, max_model_len: int, device: torch.device):
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.device = device
+        self.free_indices: list[int] = list(range(max_num_reqs))
+        self.req_id_to_index: dict[str, int] = {}
+        self.index_to_req_id: dict[int, str] = {}
+
+        # Prompt tokens (and, after preemption, earlier outputs) of every slot.
+        # max_num_reqs x max_model_len int32 can be gigabytes: pinned host
+        # memory read by the kernels through UVA where the device allows it.
+        self.all_token_ids = StagedWriteTensor(
+            (max_num_reqs, max_model_len), torch.int32, device, uva=True
+        )
+        self.prompt_len_np = np.zeros(max_num_reqs, dtype=np.int32)
+        self.prefill_len_np = np.zeros(max_num_reqs, dtype=np.int32)
+        self.prefill_len = StagedWriteTensor((max_num_reqs,), torch.int32, device)
+        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed_tokens = StagedWriteTensor((max_num_reqs,), torch.int32, device)
+        self.last_sampled_tokens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_id_to_index)
+
+    def add_request(self, new: NewRequestData) -> int:
+        """Give the request a slot and stage its tokens and lengths."""
+        if new.req_id in self.req_id_to_index:
+            raise ValueError(f"request {new.req_id!r} is already in the runner")
+        if not self.free_indices:
+            raise ValueError(f"no free slot for request {new.req_id!r} (max_num_seqs reached)")
+        prefill_len = len(new.prefill_token_ids)
+        if not 0 < prefill_len <= self.max_model_len:
+            raise ValueError(f"request {new.req_id!r} has {prefill_len} prefill tokens")
+        if len(new.prompt_token_ids) > prefill_len:
+            raise ValueError(f"request {new.req_id!r}: prompt longer than its prefill tokens")
+        slot = self.free_indices.pop()
+        self.req_id_to_index[new.req_id] = slot
+        self.index_to_req_id[slot] = new.req_id
+        self.prompt_len_np[slot] = len(new.prompt_token_ids)
+        self.prefill_len_np[slot] = prefill_len
+        self.prefill_len.stage_write_elem(slot, prefill_len)
+        self.all_token_ids.stage_write(slot, 0, new.prefill_token_ids)
+        self.set_num_computed_tokens(slot, new.num_computed_tokens)
+        return slot
+
+    def set_num_computed_tokens(self, slot: int, num_computed_tokens: int) -> None:
+        self.num_computed_tokens_np[slot] = num_computed_tokens
+        self.num_computed_tokens.stage_write_elem(slot, num_computed_tokens)
+
+    def remove_request(self, req_id: str) -> int:
+        """Free the request's slot; raises KeyError for an unknown id."""
+        slot = self.req_id_to_index.pop(req_id)
+        del self.index_to_req_id[slot]
+        self.free_indices.append(slot)
+        return slot
+
+    def apply_staged_writes(self) -> None:
+        self.all_token_ids.apply_write()
+        self.prefill_len.apply_write()
+        self.num_computed_tokens.apply_write()

@@ -1,0 +1,105 @@
+"""One TP rank's worker: a device, a process group and a runner.
+
+The same object serves the daemon (``worker.daemon``) and the in-process
+``UniprocExecutor``. Control methods are the only names a ``ControlCall``
+may invoke; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from ipc.messages import SchedulerOutput
+from runner.config import RunnerConfig
+from runner.distributed import TensorParallelGroup
+from runner.model_runner import ModelRunner
+from worker.env import TorchrunEnv
+
+logger = logging.getLogger(__name__)
+
+CONTROL_METHODS = ("load_model", "determine_num_blocks", "init_kv_cache", "health")
+
+
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' asked for, but CUDA is not available")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
+    """NCCL on GPU, gloo on CPU; nothing at world size 1."""
+    if env.world_size == 1 or dist.is_initialized():
+        return
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=datetime.timedelta(seconds=600),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+class Worker:
+    def __init__(self, env: TorchrunEnv, device_kind: str):
+        self.env = env
+        self.device = pick_device(device_kind, env.local_rank)
+        init_process_group(env, self.device)
+        self.tp = TensorParallelGroup.from_default_group()
+        self.runner: ModelRunner | None = None
+
+    @property
+    def is_output_rank(self) -> bool:
+        return self.env.rank == 0
+
+    def call(self, method: str, kwargs: dict):
+        if method not in CONTROL_METHODS:
+            raise ValueError(f"unknown control method {method!r}")
+        return getattr(self, method)(**kwargs)
+
+    def load_model(self, config: dict) -> dict:
+        runner_config = msgspec.convert(config, RunnerConfig)
+        torch.manual_seed(runner_config.seed)
+        self.runner = ModelRunner(runner_config, self.device, self.tp)
+        return {"bytes_per_block": self.runner.bytes_per_block()}
+
+    def determine_num_blocks(self) -> int:
+        """Blocks that fit this rank's budget (the executor takes the minimum)."""
+        runner = self._runner()
+        per_block = runner.bytes_per_block()
+        if self.device.type == "cpu":
+            return runner.config.kv_cache_memory_bytes // per_block
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        budget = int(total * runner.config.gpu_memory_utilization) - used
+        activation_reserve = runner.config.max_num_batched_tokens * 64 * 1024
+        return max(0, (budget - activation_reserve) // per_block)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        self._runner().init_kv_cache(num_blocks)
+
+    def health(self) -> dict:
+        return {"rank": self.env.rank, "device": str(self.device)}
+
+    def execute(self, plan: SchedulerOutput):
+        """Run one step; returns the AsyncOutput (the caller decides who waits)."""
+        runner = self._runner()
+        runner.execute_model(plan)
+        return runner.sample_tokens()
+
+    def _runner(self) -> ModelRunner:
+        if self.runner is None:
+            raise RuntimeError("the model is not loaded (call load_model first)")
+        return self.runner
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
