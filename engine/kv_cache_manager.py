@@ -7,11 +7,14 @@ until ``free`` returns them all.
 
 Prefix caching (when enabled): the content of full block ``i`` of a request
 is named by a chained hash ``h_i = sha256(h_{i-1} || tokens of block i)``,
-so equal hashes mean equal token prefixes. Full blocks are registered in the
-pool once their tokens are scheduled; a new request's leading full blocks
-that match are reused (``get_computed_blocks``) and their tokens are not
-computed again. At least one token is always left to compute, so the
-runner has a position to sample from.
+so equal hashes mean equal token prefixes. A full block is registered in
+the pool only once the step that writes it has been sent and a later call
+sees it (the request's next ``allocate_slots``, or its ``free``): the runner
+executes steps in order, so a block is never hit before its KV is written,
+whatever the runner's attention reads within a step. A new request's
+leading full blocks that match are reused (``get_computed_blocks``) and
+their tokens are not computed again. At least one token is always left to
+compute, so the runner has a position to sample from.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ class KVCacheManager:
         nothing, when too few blocks are free.
         """
         blocks = self.req_to_blocks.get(request.req_id, [])
+        if self.enable_prefix_caching:
+            self._register_full_blocks(request, blocks, request.num_computed_tokens)
         num_hit_tokens = len(new_computed_blocks) * self.block_size
         total = request.num_computed_tokens + num_hit_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - len(blocks) - len(new_computed_blocks)
@@ -97,14 +102,16 @@ class KVCacheManager:
         new_blocks = self.pool.allocate(max(num_needed, 0))
         blocks = blocks + list(new_computed_blocks) + new_blocks
         self.req_to_blocks[request.req_id] = blocks
-        if self.enable_prefix_caching:
-            self._register_full_blocks(request, blocks, min(total, request.num_tokens))
         return new_blocks
 
     def free(self, request: Request) -> None:
         """Return every block of the request (last block first, so a later
-        eviction takes a prefix's tail before its head)."""
+        eviction takes a prefix's tail before its head). Call it before
+        resetting the request's ``num_computed_tokens``: the full blocks it
+        covers stay cached."""
         blocks = self.req_to_blocks.pop(request.req_id, [])
+        if self.enable_prefix_caching:
+            self._register_full_blocks(request, blocks, request.num_computed_tokens)
         self.pool.free(reversed(blocks))
         self._req_hashes.pop(request.req_id, None)
         self._num_registered.pop(request.req_id, None)

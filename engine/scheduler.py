@@ -6,10 +6,14 @@ what is left of the budget (so a long prefill is chunked over steps). Then
 waiting requests are admitted in policy order while budget, ``max_num_seqs``
 and free KV blocks allow. When a running request cannot get blocks, the
 lowest-ranked running request not yet scheduled this step is preempted by
-recompute: its blocks are freed, it returns to the front of the waiting
-queue and later comes back to the runner as a new request whose prefill is
-prompt + the tokens generated so far. A step that preempts admits no
-waiting request.
+recompute: its blocks are freed, it returns to the waiting queue, which is
+kept in policy order (under fcfs it goes ahead of every request that
+arrived after it: the front, in practice), and later comes back to the
+runner as a new request whose prefill is prompt + the tokens generated so
+far. A step that preempts admits no waiting request. Preemption always
+takes the lowest-ranked request, so the highest-ranked one always
+progresses; ``add_request`` rejects a request that could not finish even
+with the whole cache to itself, so no request is preempted forever.
 
 Invariants of every ``SchedulerOutput``: ``total_num_scheduled_tokens <=
 max_num_batched_tokens``; at most ``max_num_seqs`` requests are running; no
@@ -92,6 +96,39 @@ class _StepPlan:
         self.scheduled.append(request)
 
 
+class _WaitingQueue:
+    """Requests kept sorted by their policy key (stable for equal keys)."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple] = []
+        self._reqs: list[Request] = []
+
+    def push(self, request: Request, key: tuple) -> None:
+        i = bisect.bisect(self._keys, key)
+        self._keys.insert(i, key)
+        self._reqs.insert(i, request)
+
+    def peek(self) -> Request:
+        return self._reqs[0]
+
+    def pop_front(self) -> Request:
+        self._keys.pop(0)
+        return self._reqs.pop(0)
+
+    def remove(self, request: Request) -> bool:
+        for i, r in enumerate(self._reqs):
+            if r is request:
+                del self._keys[i], self._reqs[i]
+                return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __iter__(self):
+        return iter(self._reqs)
+
+
 class Scheduler:
     """Owns the requests and the KV blocks; plans steps, absorbs results."""
 
@@ -99,7 +136,7 @@ class Scheduler:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []  # in policy order, front first
+        self.waiting = _WaitingQueue()
         self.running: list[Request] = []
         self._finished_ids: set[str] = set()  # to report in the next SchedulerOutput
         self._keys: dict[str, tuple] = {}
@@ -119,7 +156,7 @@ class Scheduler:
             self._keys[request.req_id] = (request.arrival_time, seq)
         request.status = RequestStatus.WAITING
         self.requests[request.req_id] = request
-        self._enqueue(request, front=False)
+        self.waiting.push(request, self._keys[request.req_id])
 
     def _validate(self, request: Request) -> None:
         cfg = self.config
@@ -233,12 +270,12 @@ class Scheduler:
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, plan.budget)
             if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
-            self.waiting.pop(0)
+            self.waiting.pop_front()
             request.num_computed_tokens = num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -261,18 +298,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self._enqueue(request, front=True)
-
-    def _enqueue(self, request: Request, front: bool) -> None:
-        """fcfs: append, or put a preempted request at the very front;
-        priority: insert by (priority, arrival) either way."""
-        if self.config.policy == "priority":
-            keys = [self._keys[r.req_id] for r in self.waiting]
-            self.waiting.insert(bisect.bisect(keys, self._keys[request.req_id]), request)
-        elif front:
-            self.waiting.insert(0, request)
-        else:
-            self.waiting.append(request)
+        self.waiting.push(request, self._keys[request.req_id])
 
     # -- results ----------------------------------------------------------------
 
@@ -331,9 +357,9 @@ class Scheduler:
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        if request in self.running:
+        if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        elif request in self.waiting:
+        else:
             self.waiting.remove(request)
         self.kv.free(request)
         request.status = status

@@ -7,7 +7,8 @@ loader as any checkpoint, and in transformers too.
 
 Vocabulary: id b (0..255) is the byte b, written as its GPT-2 byte-level
 symbol; <s>=256, </s>=257, <pad>=258; ids 259..319 are padding (their LM-head
-rows are zero). Encoding prepends <s>. Weights are float32, drawn from a
+rows are zero). Encoding prepends <s>; the literal strings "<s>", "</s>" and
+"<pad>" in a text encode as those special tokens, as in Llama tokenizers. Weights are float32, drawn from a
 fixed seed and scaled so the logits spread with a std of about 2.
 """
 

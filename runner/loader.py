@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import zlib
 
 import torch
 from safetensors import safe_open
@@ -62,39 +63,38 @@ def load_weights(model: torch.nn.Module, model_dir: str) -> None:
 
 def _copy_slice(source, where: WeightSlice, name: str) -> None:
     """Read ``where``'s rows of one checkpoint tensor and copy them into the parameter."""
-    shape = list(source.get_shape())
-    dest = where.destination()
-    expected = list(dest.shape)
-    expected[where.dim] = shape[where.dim] if where.dim < len(shape) else -1
-    if shape != expected or where.src_start + where.length > shape[where.dim]:
+    shape = tuple(source.get_shape())
+    if shape != where.source_shape():
         raise ValueError(
-            f"checkpoint tensor {name!r} has shape {tuple(shape)}; the model needs rows "
-            f"{where.src_start}..{where.src_start + where.length} along dim {where.dim} "
-            f"of a tensor shaped like {tuple(dest.shape)}"
+            f"checkpoint tensor {name!r} has shape {shape}; the model config implies "
+            f"{where.source_shape()}"
         )
     index = [slice(None)] * len(shape)
     index[where.dim] = slice(where.src_start, where.src_start + where.length)
-    dest.copy_(source[tuple(index)])
+    where.destination().copy_(source[tuple(index)])
 
 
 def fill_random_weights(model: torch.nn.Module, seed: int = 0) -> None:
     """Random weights for benchmarks, generated on the parameters' device.
 
-    Matrices get N(0, 1 / fan_in) so activations keep unit scale; norm
-    weights are 1; biases 0; embedding rows N(0, 1). Every rank draws its
-    own shard, so the weights are not those of any single-device model.
+    Each checkpoint tensor is drawn whole from a generator seeded by its name,
+    then sliced like a loaded one, so every tensor-parallel size gives shards
+    of the same model. Matrices are N(0, 1 / fan_in), so activations keep unit
+    scale; embedding rows N(0, 1); norm weights 1; biases 0. Padding rows of
+    the vocabulary stay zero.
     """
-    seen: set[int] = set()
-    for name, param in model.named_parameters():
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        generator = torch.Generator(device=param.device).manual_seed(seed + len(seen))
+    for name, where in model.weight_slices().items():
+        shape = where.source_shape()
+        dest = where.destination()
         if name.endswith("bias"):
-            param.data.zero_()
-        elif param.dim() == 1:
-            param.data.fill_(1.0)
+            dest.zero_()
+        elif len(shape) == 1:
+            dest.fill_(1.0)
         else:
-            std = 1.0 if "embed" in name else param.shape[1] ** -0.5
-            sample = torch.randn(param.shape, generator=generator, device=param.device)
-            param.data.copy_(sample * std)
+            generator = torch.Generator(device=dest.device)
+            generator.manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.randn(shape, generator=generator, device=dest.device, dtype=dest.dtype)
+            std = 1.0 if "embed_tokens" in name else shape[1] ** -0.5
+            index = [slice(None)] * len(shape)
+            index[where.dim] = slice(where.src_start, where.src_start + where.length)
+            dest.copy_(full[tuple(index)] * std)

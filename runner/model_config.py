@@ -92,6 +92,23 @@ class ModelConfig:
         if self.dtype not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {self.dtype}")
 
+    def check_tensor_parallel(self, tp_size: int) -> None:
+        """ValueError unless heads and MLP columns split evenly over ``tp_size`` ranks.
+
+        Fewer kv heads than ranks is allowed when tp_size is a multiple of them
+        (each rank then holds one replicated kv head).
+        """
+        if self.num_attention_heads % tp_size:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not "
+                             f"divisible by tensor-parallel size {tp_size}")
+        kv = self.num_key_value_heads
+        if (kv >= tp_size and kv % tp_size) or (kv < tp_size and tp_size % kv):
+            raise ValueError(f"num_key_value_heads ({kv}) and tensor-parallel size {tp_size} "
+                             "must divide one another")
+        if self.intermediate_size % tp_size:
+            raise ValueError(f"intermediate_size ({self.intermediate_size}) is not divisible "
+                             f"by tensor-parallel size {tp_size}")
+
     @property
     def eos_token_id(self) -> int | None:
         """The first end-of-sequence id, or None."""

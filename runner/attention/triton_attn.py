@@ -73,7 +73,7 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
     return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return DEFAULT_NUM_SMS

@@ -25,7 +25,7 @@ def _merge_splits_kernel(
     head_dim,
     stride_o_tok,
     stride_o_head,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
     SPLITS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
 ):
@@ -33,9 +33,9 @@ def _merge_splits_kernel(
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, DIM_PAD)
-    split_mask = splits < NUM_SPLITS
+    split_mask = splits < num_splits
     dim_mask = dims < head_dim
-    base = (tok * num_q_heads + head) * NUM_SPLITS
+    base = (tok * num_q_heads + head) * num_splits
 
     m = tl.load(part_max_ptr + base + splits, mask=split_mask, other=float("-inf"))
     l_s = tl.load(part_sum_ptr + base + splits, mask=split_mask, other=0.0)
@@ -74,7 +74,7 @@ def merge_splits(
         head_dim,
         out.stride(0),
         out.stride(1),
-        NUM_SPLITS=num_splits,
+        num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         DIM_PAD=triton.next_power_of_2(head_dim),
     )

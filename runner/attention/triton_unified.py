@@ -132,13 +132,13 @@ def _paged_attention_kernel(
     stride_c_block,
     stride_c_slot,
     stride_c_head,
+    num_splits,
     NQPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -174,7 +174,7 @@ def _paged_attention_kernel(
     num_tiles = tl.cdiv(kv_end, TILE_N)
     if SPLIT:
         split = tl.program_id(2)
-        per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        per_split = tl.cdiv(num_tiles, num_splits)
         tile_lo = tl.minimum(split * per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
     else:
@@ -192,7 +192,7 @@ def _paged_attention_kernel(
     )
 
     if SPLIT:
-        part = (tok64 * num_q_heads + head) * NUM_SPLITS + split
+        part = (tok64 * num_q_heads + head) * num_splits + split
         tl.store(part_max_ptr + part, m_i, mask=row_mask)
         tl.store(part_sum_ptr + part, l_i, mask=row_mask)
         tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=io_mask)
@@ -242,14 +242,13 @@ def launch_paged_attention(
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         scale * LOG2_E, num_reqs, num_tokens, num_q_heads, head_dim,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_splits,
         NQPK=nqpk,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
         BLOCK_SIZE=key_cache.shape[1],
         TILE_N=tile_n,
         DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        NUM_SPLITS=num_splits,
         SPLIT=partials is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,

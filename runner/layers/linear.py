@@ -20,11 +20,13 @@ from runner.layers.weight_slice import WeightSlice
 
 @dataclass(frozen=True)
 class OutputPart:
-    """Rows ``src_start .. src_start + size`` of checkpoint tensor ``name`` held here."""
+    """Rows ``src_start .. src_start + size`` of checkpoint tensor ``name`` (``full_size``
+    rows in all) held here."""
 
     name: str
     src_start: int
     size: int
+    full_size: int
 
 
 def _even_split(total: int, tp: TensorParallelGroup, what: str) -> tuple[int, int]:
@@ -64,7 +66,7 @@ class ColumnParallelLinear(nn.Module):
         parts = []
         for name, total in outputs.items():
             start, size = _even_split(total, tp, f"output {name!r}")
-            parts.append(OutputPart(name, start, size))
+            parts.append(OutputPart(name, start, size, total))
         return cls(in_features, parts, bias, dtype)
 
     @classmethod
@@ -78,17 +80,19 @@ class ColumnParallelLinear(nn.Module):
         """
         q_start, q_heads = _even_split(num_heads, tp, "num_attention_heads")
         kv_start, kv_heads = kv_head_range(num_kv_heads, tp)
-        parts = [OutputPart("q", q_start * head_dim, q_heads * head_dim)]
+        parts = [OutputPart("q", q_start * head_dim, q_heads * head_dim, num_heads * head_dim)]
         for name in ("k", "v"):
-            parts.append(OutputPart(name, kv_start * head_dim, kv_heads * head_dim))
+            parts.append(OutputPart(name, kv_start * head_dim, kv_heads * head_dim,
+                                    num_kv_heads * head_dim))
         return cls(hidden_size, parts, bias, dtype)
 
     def weight_slices(self, part: str) -> tuple[WeightSlice, WeightSlice | None]:
         """(weight, bias) slices filled by checkpoint tensor ``part``."""
         p = self.parts[part]
         dst = self.offsets[part]
-        weight = WeightSlice(self.weight, 0, p.src_start, p.size, dst)
-        bias = None if self.bias is None else WeightSlice(self.bias, 0, p.src_start, p.size, dst)
+        weight = WeightSlice(self.weight, 0, p.src_start, p.size, p.full_size, dst)
+        bias = (None if self.bias is None
+                else WeightSlice(self.bias, 0, p.src_start, p.size, p.full_size, dst))
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -118,6 +122,7 @@ class RowParallelLinear(nn.Module):
                  bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.tp = tp
+        self.in_features = in_features
         self.in_start, in_local = _even_split(in_features, tp, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, in_local, dtype=dtype),
                                    requires_grad=False)
@@ -126,7 +131,7 @@ class RowParallelLinear(nn.Module):
 
     def weight_slices(self) -> tuple[WeightSlice, WeightSlice | None]:
         """(weight, bias): the weight by input columns, the bias whole."""
-        weight = WeightSlice(self.weight, 1, self.in_start, self.weight.shape[1])
+        weight = WeightSlice(self.weight, 1, self.in_start, self.weight.shape[1], self.in_features)
         bias = None if self.bias is None else WeightSlice.whole(self.bias)
         return weight, bias
 

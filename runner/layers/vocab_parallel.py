@@ -40,7 +40,8 @@ class VocabParallelEmbedding(nn.Module):
     def weight_slices(self) -> WeightSlice | None:
         """This rank's real rows of the checkpoint table, or None if it holds only padding."""
         length = min(self.vocab_end, self.vocab_size) - self.vocab_start
-        return WeightSlice(self.weight, 0, self.vocab_start, length) if length > 0 else None
+        return (WeightSlice(self.weight, 0, self.vocab_start, length, self.vocab_size)
+                if length > 0 else None)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -68,7 +69,8 @@ class ParallelLMHead(nn.Module):
 
     def weight_slices(self) -> WeightSlice | None:
         length = min(self.vocab_end, self.vocab_size) - self.vocab_start
-        return WeightSlice(self.weight, 0, self.vocab_start, length) if length > 0 else None
+        return (WeightSlice(self.weight, 0, self.vocab_start, length, self.vocab_size)
+                if length > 0 else None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, vocab_size]."""

@@ -30,6 +30,7 @@ class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, backend: AttentionBackend,
                  dtype: torch.dtype) -> None:
         super().__init__()
+        config.check_tensor_parallel(tp.size)
         self.config = config
         self.tp = tp
         self.dtype = dtype

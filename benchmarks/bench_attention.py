@@ -1,0 +1,245 @@
+"""Benchmark the Triton paged-attention backend against torch SDPA.
+
+    python benchmarks/bench_attention.py [--out benchmarks/results/attention.json]
+    python benchmarks/bench_attention.py --smoke      # tiny shapes; runs on CPU too
+
+Shapes (CUDA): Llama-3-8B heads (32 query heads, 8 KV heads, head dim 128), bf16,
+block size 16. Decode: batch x context with one query token per request; prefill:
+batch x prompt tokens, causal, empty cache. Our time is one full forward() (KV
+write of the step's tokens + attention) with the split count the backend's
+heuristic picks for the real max_seq_len; for decode the no-split time is
+reported too. Both sides are timed as CUDA-graph replays (do_bench_cudagraph),
+so host launch overhead is left out of both.
+
+SDPA baseline, on dense contiguous K/V of the same values:
+  decode: q [B, Hkv, Hq/Hkv, D] against K/V [B, Hkv, L, D], no mask; the query
+    heads of a KV group sit in the query-length axis, which is exact for a
+    single query token at the last position and needs no K/V expansion;
+  prefill: q, K, V [B, Hq, L, D] with is_causal=True (K/V repeated per query
+    head beforehand, outside the timing).
+Every case also checks our output against SDPA's (max_abs_err).
+
+Prints a table, then, last, one JSON object with all results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+if "--smoke" in sys.argv and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from runner.attention.metadata import AttentionMetadata  # noqa: E402
+from runner.attention.triton_attn import (  # noqa: E402
+    TritonAttentionBackend,
+    choose_num_splits,
+    tile_config,
+)
+
+
+def make_metadata(query_lens, seq_lens, block_tables, slot_mapping) -> AttentionMetadata:
+    device = block_tables.device
+    starts = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    starts[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    return AttentionMetadata(
+        num_reqs=len(query_lens),
+        num_tokens=int(starts[-1]),
+        num_decodes=sum(1 for n in query_lens if n == 1),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        query_start_loc=starts.to(device),
+        seq_lens=seq.to(device),
+        block_tables=block_tables,
+        slot_mapping=slot_mapping,
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=seq,
+    )
+
+
+def paged_case(batch, context, q_len, heads, block_size, dtype, device):
+    """Random paged cache holding `context` keys per request in shuffled blocks.
+
+    Returns (q, k, v, kv_cache, attn, dense_k, dense_v) where dense_* are the
+    [B, Hkv, L, D] contiguous copies of each request's cached keys/values, taken
+    after the step's own k/v are written (so both sides see the same values).
+    """
+    num_q_heads, num_kv_heads, head_dim = heads
+    blocks_per_req = triton.cdiv(context, block_size)
+    num_blocks = batch * blocks_per_req
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim,
+                           dtype=dtype, device=device)
+    block_tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_req)
+    block_tables = block_tables.to(torch.int32)
+    positions = torch.arange(context - q_len, context, device=device)
+    slots = block_tables[:, positions // block_size].long() * block_size + positions % block_size
+    tokens = batch * q_len
+    q = torch.randn(tokens, num_q_heads, head_dim, dtype=dtype, device=device)
+    k = torch.randn(tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+    v = torch.randn(tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+    attn = make_metadata([q_len] * batch, [context] * batch, block_tables, slots.reshape(-1))
+    return q, k, v, kv_cache, attn
+
+
+def dense_kv(kv_cache, block_tables, context, which):
+    """[B, Hkv, L, D] contiguous copy of each request's cached keys (0) or values (1)."""
+    batch = block_tables.shape[0]
+    _, _, block_size, num_kv_heads, head_dim = kv_cache.shape
+    dense = torch.empty(batch, num_kv_heads, context, head_dim,
+                        dtype=kv_cache.dtype, device=kv_cache.device)
+    for b in range(batch):
+        pages = kv_cache[which, block_tables[b].long()].reshape(-1, num_kv_heads, head_dim)
+        dense[b] = pages[:context].transpose(0, 1)
+    return dense
+
+
+def time_ms(fn, device, reps):
+    if device == "cuda":
+        return triton.testing.do_bench_cudagraph(fn, rep=reps)
+    fn()
+    start = time.perf_counter()
+    for _ in range(3):
+        fn()
+    return (time.perf_counter() - start) / 3 * 1e3
+
+
+def bench_decode(batch, context, heads, block_size, dtype, device, reps):
+    num_q_heads, num_kv_heads, head_dim = heads
+    q, k, v, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
+    scale = head_dim**-0.5
+    splits = choose_num_splits(batch, num_kv_heads, 1, context, _num_sms(device))
+    backend = TritonAttentionBackend(num_splits=splits)
+    out = backend.forward(q, k, v, kv_cache, attn, scale)
+    dense_k = dense_kv(kv_cache, attn.block_tables, context, 0)
+    dense_v = dense_kv(kv_cache, attn.block_tables, context, 1)
+    group = num_q_heads // num_kv_heads
+    q_sdpa = q.view(batch, num_kv_heads, group, head_dim)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q_sdpa, dense_k, dense_v, scale=scale
+        )
+
+    err = (out.float() - sdpa().reshape(out.shape).float()).abs().max().item()
+    ms = time_ms(lambda: backend.forward(q, k, v, kv_cache, attn, scale), device, reps)
+    ms_plain = ms
+    if splits > 1:
+        plain = TritonAttentionBackend(num_splits=1)
+        ms_plain = time_ms(lambda: plain.forward(q, k, v, kv_cache, attn, scale), device, reps)
+    sdpa_ms = time_ms(sdpa, device, reps)
+    return {"num_splits": splits, "ms": ms, "ms_nosplit": ms_plain, "sdpa_ms": sdpa_ms,
+            "max_abs_err": err}
+
+
+def bench_prefill(batch, length, heads, block_size, dtype, device, reps):
+    num_q_heads, num_kv_heads, head_dim = heads
+    q, k, v, kv_cache, attn = paged_case(batch, length, length, heads, block_size, dtype, device)
+    scale = head_dim**-0.5
+    backend = TritonAttentionBackend()
+    out = backend.forward(q, k, v, kv_cache, attn, scale)
+    group = num_q_heads // num_kv_heads
+
+    def per_head(x, repeat):
+        x = x.view(batch, length, -1, head_dim).transpose(1, 2)
+        return x.repeat_interleave(repeat, dim=1).contiguous()
+
+    q_sdpa, k_sdpa, v_sdpa = per_head(q, 1), per_head(k, group), per_head(v, group)
+
+    def sdpa():
+        return torch.nn.functional.scaled_dot_product_attention(
+            q_sdpa, k_sdpa, v_sdpa, is_causal=True, scale=scale
+        )
+
+    want = sdpa().transpose(1, 2).reshape(out.shape)
+    err = (out.float() - want.float()).abs().max().item()
+    ms = time_ms(lambda: backend.forward(q, k, v, kv_cache, attn, scale), device, reps)
+    sdpa_ms = time_ms(sdpa, device, reps)
+    return {"num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms, "max_abs_err": err}
+
+
+def _num_sms(device) -> int:
+    if device != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def fits(batch, context, heads, block_size, dtype, device) -> bool:
+    """Paged cache + dense SDPA copies, with headroom, must fit in free memory."""
+    if device != "cuda":
+        return True
+    _, num_kv_heads, head_dim = heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    cache = 2 * batch * triton.cdiv(context, block_size) * block_size * num_kv_heads * head_dim
+    need = 2.3 * cache * itemsize
+    free, _ = torch.cuda.mem_get_info()
+    return need < free
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument("--out", help="also write the JSON results to this path")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=50, help="ms of replays per timing (CUDA)")
+    args = parser.parse_args()
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.smoke:
+        parser.error("without CUDA only --smoke runs")
+    if args.smoke:
+        heads, dtype = (4, 2, 64), torch.float32 if device == "cpu" else torch.bfloat16
+        decode = [(1, 64), (2, 600)]
+        prefill = [(1, 64), (2, 32)]
+    else:
+        heads, dtype = (32, 8, 128), torch.bfloat16
+        decode = [(b, c) for b in (1, 8, 32, 128, 256) for c in (512, 2048, 8192, 32768)]
+        prefill = [(1, 4096), (4, 1024), (1, 8192)]
+
+    results = []
+    header = f"{'case':<8}{'shape':>14}{'splits':>8}{'ms':>10}{'nosplit':>10}"
+    print(header + f"{'sdpa_ms':>10}{'ratio':>8}{'err':>10}")
+    cases = [("decode", b, c, bench_decode) for b, c in decode]
+    cases += [("prefill", b, c, bench_prefill) for b, c in prefill]
+    for name, batch, length, fn in cases:
+        shape = f"{batch}x{length}"
+        if not fits(batch, length, heads, args.block_size, dtype, device):
+            print(f"{name:<8}{shape:>14}  skipped: does not fit in free memory")
+            continue
+        row = fn(batch, length, heads, args.block_size, dtype, device, args.reps)
+        row = {"name": name, "shape": shape, **row, "ratio": row["ms"] / row["sdpa_ms"]}
+        results.append(row)
+        print(f"{name:<8}{shape:>14}{row['num_splits']:>8}{row['ms']:>10.4f}"
+              f"{row.get('ms_nosplit', row['ms']):>10.4f}{row['sdpa_ms']:>10.4f}"
+              f"{row['ratio']:>8.2f}{row['max_abs_err']:>10.2e}")
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    report = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter)",
+        "dtype": str(dtype).removeprefix("torch."),
+        "heads": {"num_q_heads": heads[0], "num_kv_heads": heads[1], "head_dim": heads[2]},
+        "block_size": args.block_size,
+        "tile_config_decode": tile_config(1, heads[0] // heads[1], heads[2]),
+        "tile_config_prefill": tile_config(4096, heads[0] // heads[1], heads[2]),
+        "results": results,
+    }
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Process helpers for tests: run tprun in its own session, find leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (read from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def run_tprun(args: list[str], timeout: float, env: dict | None = None):
+    """Run ``python -m launch ARGS`` in a new session; returns (result, leftover pids).
+
+    Leftovers are processes of that session still alive 5 s after tprun
+    exits; they are killed before returning, so a failing test leaves none.
+    """
+    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    proc = subprocess.Popen([sys.executable, "-m", "launch", *args], cwd=ROOT, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    deadline = time.monotonic() + 5
+    while session_pids(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftovers = session_pids(proc.pid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers

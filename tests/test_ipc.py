@@ -1,0 +1,105 @@
+"""Messages, channels and the start-up handshake (no model)."""
+
+import os
+import threading
+
+import pytest
+import zmq
+
+from ipc.channels import (BroadcastPublisher, BroadcastSubscriber, ReplyReceiver, ReplySender,
+                          wait_for_subscribers)
+from ipc.endpoints import Endpoints
+from ipc.messages import (CachedRequestData, Hello, ModelRunnerOutput, NewRequestData,
+                          SamplingOptions, SchedulerOutput, Sync)
+from ipc.serde import decode_broadcast, decode_reply, encode
+
+
+def _plan() -> SchedulerOutput:
+    new = NewRequestData(req_id="a", prompt_token_ids=[1, 2], prefill_token_ids=[1, 2, 3],
+                         sampling=SamplingOptions(temperature=0.5, seed=7), block_ids=[[4]],
+                         num_computed_tokens=0, max_tokens=5)
+    cached = CachedRequestData(req_ids=["b"], new_block_ids=[[[9]]], num_computed_tokens=[17])
+    return SchedulerOutput(step_id=3, scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+                           num_scheduled_tokens={"a": 3, "b": 1}, total_num_scheduled_tokens=4,
+                           finished_req_ids=["c"], preempted_req_ids=["d"])
+
+
+def test_round_trip_is_exact():
+    plan = _plan()
+    assert decode_broadcast(encode(plan)) == plan
+    out = ModelRunnerOutput(step_id=3, req_ids=["a", "b"], sampled_token_ids=[[5], []])
+    assert decode_reply(encode(out)) == out
+
+
+@pytest.mark.parametrize("junk", [b"", b"\x00\x01garbage", b"\x81\xa4type\xa3Foo",
+                                  encode(Hello(rank=0, pid=1))])
+def test_malformed_or_wrong_type_is_dropped(junk):
+    assert decode_broadcast(junk) is None
+
+
+def test_endpoints_are_private():
+    endpoints = Endpoints.create()
+    try:
+        assert os.stat(endpoints.directory).st_mode & 0o777 == 0o700
+        assert endpoints.broadcast.startswith("ipc://")
+    finally:
+        endpoints.cleanup()
+    assert not os.path.exists(endpoints.directory)
+
+
+@pytest.mark.timeout(30)
+def test_handshake_then_no_message_lost_and_junk_skipped():
+    endpoints = Endpoints.create()
+    ctx = zmq.Context()
+    pub = BroadcastPublisher(ctx, endpoints.broadcast)
+    pull = ReplyReceiver(ctx, endpoints.reply)
+    received: dict[int, list] = {0: [], 1: []}
+
+    def fake_worker(rank: int) -> None:
+        sub = BroadcastSubscriber(ctx, endpoints.broadcast)
+        push = ReplySender(ctx, endpoints.reply)
+        push.send(Hello(rank=rank, pid=os.getpid()))
+        while True:
+            msg = sub.recv(timeout_ms=5000)
+            if isinstance(msg, Sync):
+                push.send(Hello(rank=rank, pid=os.getpid(), sync_id=msg.sync_id))
+            elif isinstance(msg, SchedulerOutput):
+                received[rank].append(msg.step_id)
+                if msg.step_id == 9:
+                    break
+        sub.close()
+        push.close()
+
+    threads = [threading.Thread(target=fake_worker, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    try:
+        pids = wait_for_subscribers(pub, pull, 2, timeout_s=10)
+        assert set(pids) == {0, 1}
+        for step in range(10):
+            pub.socket.send(b"\xc1 not msgpack")  # junk between steps is skipped
+            pub.publish(SchedulerOutput(step_id=step))
+        for t in threads:
+            t.join(timeout=10)
+        assert received == {0: list(range(10)), 1: list(range(10))}
+    finally:
+        pub.close()
+        pull.close()
+        ctx.term()
+        endpoints.cleanup()
+
+
+@pytest.mark.timeout(10)
+def test_handshake_times_out_naming_missing_ranks():
+    endpoints = Endpoints.create()
+    ctx = zmq.Context()
+    pub = BroadcastPublisher(ctx, endpoints.broadcast)
+    pull = ReplyReceiver(ctx, endpoints.reply)
+    try:
+        with pytest.raises(TimeoutError, match=r"\[0, 1\]"):
+            wait_for_subscribers(pub, pull, 2, timeout_s=0.5)
+    finally:
+        pub.close()
+        pull.close()
+        ctx.term()
+        endpoints.cleanup()

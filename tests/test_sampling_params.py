@@ -1,0 +1,80 @@
+"""SamplingParams: validation messages, normalisation, IPC conversion."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+
+from engine.sampling_params import SamplingParams
+from ipc.messages import SamplingOptions
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(temperature=-0.1), "temperature must be >= 0"),
+        (dict(temperature="hot"), "temperature must be a number"),
+        (dict(temperature=float("nan")), "temperature must be a number"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-2), "top_k must be >= 0"),
+        (dict(top_k=2.0), "top_k must be an int"),
+        (dict(min_p=-0.5), r"min_p must be in \[0, 1\]"),
+        (dict(min_p=1.01), r"min_p must be in \[0, 1\]"),
+        (dict(max_tokens=0), "max_tokens must be an int >= 1"),
+        (dict(max_tokens=3.0), "max_tokens must be an int >= 1"),
+        (dict(seed=1.5), "seed must be an int or None"),
+        (dict(seed=True), "seed must be an int or None"),
+        (dict(logprobs=-1), "logprobs must be None or an int >= 0"),
+        (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+        (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\]"),
+        (dict(frequency_penalty=-3), r"frequency_penalty must be in \[-2, 2\]"),
+        (dict(stop_token_ids=[1, -2]), "stop_token_ids must be non-negative ints"),
+        (dict(stop_token_ids="12"), "stop_token_ids must be a list of ints"),
+        (dict(stop_token_ids=5), "stop_token_ids must be a list of ints"),
+        (dict(ignore_eos="yes"), "ignore_eos must be a bool"),
+    ],
+)
+def test_invalid_values_raise_clear_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
+
+
+def test_edges_are_accepted():
+    p = SamplingParams(
+        temperature=0, top_p=1, top_k=0, min_p=1.0, max_tokens=1, seed=0, logprobs=0,
+        presence_penalty=-2, frequency_penalty=2, repetition_penalty=0.01,
+    )  # fmt: skip
+    assert p.temperature == 0 and p.min_p == 1.0
+
+
+def test_normalisation():
+    p = SamplingParams(top_k=-1, stop_token_ids=[3, 4])
+    assert p.top_k == 0
+    assert p.stop_token_ids == (3, 4)
+    assert hash(p) == hash(SamplingParams(top_k=0, stop_token_ids=(3, 4)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.temperature = 0.5
+
+
+def test_unknown_keyword():
+    with pytest.raises(TypeError):
+        SamplingParams(temprature=0.0)
+    with pytest.raises(ValueError, match="unknown sampling parameter.*n, temprature"):
+        SamplingParams.from_dict({"temprature": 0.0, "n": 2, "max_tokens": 3})
+    assert SamplingParams.from_dict({"max_tokens": 3, "top_k": -1}) == SamplingParams(max_tokens=3)
+
+
+def test_to_options_round_trips_through_msgspec():
+    p = SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=7, logprobs=2,
+        repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=-0.5,
+    )  # fmt: skip
+    opts = p.to_options()
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(opts), type=SamplingOptions)
+    assert decoded == opts
+    for f in msgspec.structs.fields(SamplingOptions):
+        assert getattr(opts, f.name) == getattr(p, f.name), f.name
+    assert SamplingParams().to_options() == SamplingOptions()

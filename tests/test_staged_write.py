@@ -1,0 +1,203 @@
+"""StagedWriteTensor, the packed-write kernel, and UVA views.
+
+Oracle: the same writes applied one by one, in staging order, to Python lists.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from runner.kernels.staged_writes import apply_staged_writes_ref, apply_staged_writes_triton
+from runner.staged_write import StagedWriteTensor, pack_writes
+
+ROWS, COLS = 6, 40
+
+
+def random_writes(rng: random.Random, count: int) -> list[tuple[int, int, list[int]]]:
+    """Interleaved writes; few rows and short rows, so many overlap or touch."""
+    writes = []
+    for _ in range(count):
+        row = rng.randrange(ROWS)
+        length = rng.choice([0, 1, 1, 2, 5, 12, COLS])
+        start = rng.randint(0, COLS - length)
+        writes.append((row, start, [rng.randrange(-1000, 1000) for _ in range(length)]))
+    return writes
+
+
+def apply_one_by_one(table: list[list[int]], writes) -> None:
+    for row, start, values in writes:
+        table[row][start : start + len(values)] = values
+
+
+def test_pack_writes_gives_disjoint_segments_with_later_writes_winning() -> None:
+    rng = random.Random(0)
+    for _ in range(30):
+        writes = random_writes(rng, rng.randint(1, 60))
+        packed = pack_writes([(r, s, np.array(v, dtype=np.int32)) for r, s, v in writes], np.int32)
+        covered = set()
+        table = [[0] * COLS for _ in range(ROWS)]
+        for j, (row, start) in enumerate(zip(packed.rows, packed.starts)):
+            values = packed.values[packed.cu_lens[j] : packed.cu_lens[j + 1]]
+            cells = {(int(row), int(start) + k) for k in range(len(values))}
+            assert not cells & covered, "packed writes overlap"
+            covered |= cells
+            table[row][start : start + len(values)] = values.tolist()
+        expected = [[0] * COLS for _ in range(ROWS)]
+        apply_one_by_one(expected, writes)
+        assert table == expected
+        assert covered == {(r, s + k) for r, s, v in writes for k in range(len(v))}
+        assert packed.values.dtype == np.int32 and packed.cu_lens[-1] == len(packed.values)
+
+
+@pytest.mark.parametrize("apply", [apply_staged_writes_ref, apply_staged_writes_triton])
+def test_packed_writes_kernel_matches_one_by_one(apply) -> None:
+    rng = random.Random(1)
+    cuda = apply is apply_staged_writes_triton and torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"  # Triton runs interpreted on CPU tensors without a GPU
+    dst = torch.full((ROWS, COLS), -777, dtype=torch.int64, device=device)
+    expected = [[-777] * COLS for _ in range(ROWS)]
+    for _ in range(12):
+        writes = random_writes(rng, rng.randint(0, 40))
+        packed = pack_writes([(r, s, np.array(v, dtype=np.int64)) for r, s, v in writes], np.int64)
+        arrays = (packed.rows, packed.starts, packed.cu_lens, packed.values)
+        apply(dst, *(torch.from_numpy(a).to(device) for a in arrays))
+        apply_one_by_one(expected, writes)
+        assert dst.tolist() == expected
+
+
+def test_staged_write_tensor_2d_applies_in_staging_order() -> None:
+    rng = random.Random(2)
+    t = StagedWriteTensor((ROWS, COLS), torch.int32, "cpu")
+    assert t.gpu.tolist() == [[0] * COLS for _ in range(ROWS)]
+    expected = [[0] * COLS for _ in range(ROWS)]
+    for _ in range(10):
+        staged = []
+        for row, start, values in random_writes(rng, rng.randint(0, 50)):
+            if rng.random() < 0.2:
+                t.stage_write_elem(row, values[0] if values else 5)
+                staged.append((row, 0, [values[0] if values else 5]))
+            else:
+                t.stage_write(row, start, np.array(values) if rng.random() < 0.5 else values)
+                staged.append((row, start, values))
+        assert t.num_staged == len(staged)
+        before = t.gpu.clone()
+        apply_one_by_one(expected, staged)
+        assert torch.equal(t.gpu, before), "stage_* must not touch the tensor"
+        t.apply_write()
+        assert t.num_staged == 0
+        assert t.gpu.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_staged_write_tensor_1d_elements(dtype: torch.dtype) -> None:
+    rng = random.Random(3)
+    t = StagedWriteTensor((17,), dtype, "cpu")
+    expected = [0] * 17
+    for _ in range(5):
+        for _ in range(rng.randint(0, 30)):
+            row, value = rng.randrange(17), rng.randrange(-50, 50)
+            t.stage_write_elem(row, value)
+            expected[row] = value
+        t.apply_write()
+        assert t.gpu.tolist() == expected
+
+
+def test_staged_values_are_copied_at_staging() -> None:
+    t = StagedWriteTensor((2, 4), torch.int32, "cpu")
+    values = np.array([1, 2, 3], dtype=np.int32)
+    t.stage_write(1, 1, values)
+    values[:] = 9
+    t.apply_write()
+    assert t.gpu.tolist() == [[0, 0, 0, 0], [0, 1, 2, 3]]
+
+
+def test_bad_writes_raise_value_error() -> None:
+    t2 = StagedWriteTensor((2, 4), torch.int32, "cpu")
+    t1 = StagedWriteTensor((3,), torch.int32, "cpu")
+    with pytest.raises(ValueError, match="row"):
+        t2.stage_write(2, 0, [1])
+    with pytest.raises(ValueError, match="columns"):
+        t2.stage_write(0, 2, [1, 2, 3])
+    with pytest.raises(ValueError, match="columns"):
+        t2.stage_write(0, -1, [1])
+    with pytest.raises(ValueError, match="2-D"):
+        t1.stage_write(0, 0, [1])
+    with pytest.raises(ValueError, match="row"):
+        t1.stage_write_elem(-1, 1)
+    with pytest.raises(ValueError, match="shape"):
+        StagedWriteTensor((2, 3, 4), torch.int32, "cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        StagedWriteTensor((2,), torch.bfloat16, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("uva", [False, True])
+def test_staged_write_tensor_on_cuda(uva: bool) -> None:
+    rng = random.Random(4)
+    t = StagedWriteTensor((ROWS, COLS), torch.int32, "cuda", uva=uva)
+    assert t.gpu.is_cuda
+    expected = [[0] * COLS for _ in range(ROWS)]
+    torch.cuda.set_sync_debug_mode("error")  # staging and applying must never wait
+    try:
+        for _ in range(20):
+            writes = random_writes(rng, rng.randint(0, 40))
+            for row, start, values in writes:
+                t.stage_write(row, start, values)
+            apply_one_by_one(expected, writes)
+            t.apply_write()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert t.gpu.tolist() == expected
+    t.apply_write()  # nothing staged: a no-op that still releases finished buffers
+    t.stage_write(0, 0, [1])
+    t.apply_write()
+    assert len(t._in_flight) <= 2, "pinned buffers of finished copies must be released"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("uva", [False, True])
+def test_staged_write_tensor_1d_float_on_cuda(uva: bool) -> None:
+    rng = random.Random(5)
+    t = StagedWriteTensor((33,), torch.float32, "cuda", uva=uva)
+    expected = [0.0] * 33
+    for _ in range(10):
+        for _ in range(rng.randint(0, 40)):
+            row, value = rng.randrange(33), rng.randrange(-64, 64) / 4
+            t.stage_write_elem(row, value)
+            expected[row] = value
+        t.apply_write()
+    assert t.gpu.cpu().tolist() == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_uva_view_kernels_see_host_writes_and_host_sees_kernel_writes() -> None:
+    from runner.kernels.prefill_inputs import prepare_prefill_inputs_triton
+    from runner.uva import is_uva_available, make_uva_tensor
+
+    assert is_uva_available()
+    table = make_uva_tensor((4, 64), torch.int32)
+    assert table.gpu.is_cuda and table.gpu.data_ptr() == table.cpu.data_ptr()
+    table.cpu[2, :10] = torch.arange(100, 110, dtype=torch.int32)  # a host write
+    input_ids = torch.full((16,), -777, dtype=torch.int32, device="cuda")
+    i32 = dict(dtype=torch.int32, device="cuda")
+    prepare_prefill_inputs_triton(
+        input_ids,
+        torch.tensor([2], **i32),
+        torch.tensor([0, 10], **i32),
+        table.gpu,
+        torch.tensor([0, 0, 10, 0], **i32),
+        torch.zeros(4, **i32),
+        1,
+    )
+    assert input_ids.cpu().tolist() == list(range(100, 110)) + [-777] * 6
+    table.gpu[3].fill_(7)  # a device write into host memory
+    torch.cuda.synchronize()
+    assert table.cpu[3].tolist() == [7] * 64
