@@ -52,7 +52,10 @@ POLICIES = ("fcfs", "priority")
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Limits of one engine. ``policy``: "fcfs" (arrival order) or
-    "priority" (lower ``Request.priority`` first, then arrival)."""
+    "priority" (lower ``Request.priority`` first, then arrival).
+    ``enable_prefix_caching``: reuse KV blocks of equal token prefixes (see
+    ``engine.kv_cache_manager``); hits reach the runner as
+    ``NewRequestData.num_computed_tokens``."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -60,7 +63,7 @@ class SchedulerConfig:
     block_size: int
     num_blocks: int
     policy: str = "fcfs"
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):

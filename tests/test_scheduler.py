@@ -150,7 +150,12 @@ def drive(sched: Scheduler, runner: FakeRunner, max_steps: int = 5000):
 
 def config(**kw) -> SchedulerConfig:
     base = dict(
-        max_num_seqs=8, max_num_batched_tokens=64, max_model_len=64, block_size=4, num_blocks=64
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        block_size=4,
+        num_blocks=64,
+        enable_prefix_caching=False,
     )
     base.update(kw)
     return SchedulerConfig(**base)
@@ -191,8 +196,9 @@ def expected(requests, cfg, next_token=hash_token):
 PROMPTS = [[(7 * i + j) % VOCAB for j in range(5 + 3 * i)] for i in range(6)]
 
 
-def test_chunked_prefill_respects_budget():
-    cfg = config(max_num_batched_tokens=6)
+@pytest.mark.parametrize("prefix", [False, True])
+def test_chunked_prefill_respects_budget(prefix):
+    cfg = config(max_num_batched_tokens=6, enable_prefix_caching=prefix)
     reqs = make_requests(PROMPTS, SamplingParams(max_tokens=5))
     results, outs, _, runner = run(cfg, reqs)
     assert results == expected(reqs, cfg)
@@ -200,17 +206,19 @@ def test_chunked_prefill_respects_budget():
     assert max(o.total_num_scheduled_tokens for o in outs) == 6
 
 
-def test_max_num_seqs_respected():
-    cfg = config(max_num_seqs=2)
+@pytest.mark.parametrize("prefix", [False, True])
+def test_max_num_seqs_respected(prefix):
+    cfg = config(max_num_seqs=2, enable_prefix_caching=prefix)
     reqs = make_requests(PROMPTS, SamplingParams(max_tokens=4))
     results, _, _, runner = run(cfg, reqs)
     assert results == expected(reqs, cfg)
     assert runner.max_live == 2
 
 
-def test_preemption_with_few_blocks_matches_plenty():
+@pytest.mark.parametrize("prefix", [False, True])
+def test_preemption_with_few_blocks_matches_plenty(prefix):
     params = SamplingParams(max_tokens=12)
-    small = config(num_blocks=8, max_model_len=32)
+    small = config(num_blocks=8, max_model_len=32, enable_prefix_caching=prefix)
     results, outs, sched, _ = run(small, make_requests(PROMPTS[:4], params))
     assert sched.num_preemptions > 0
     assert any(o.preempted_req_ids for o in outs)
@@ -363,6 +371,13 @@ def test_duplicate_request_id_rejected():
     sched.add_request(Request("x", [1], SamplingParams()))
     with pytest.raises(ValueError, match="already in use"):
         sched.add_request(Request("x", [2], SamplingParams()))
+
+
+def test_config_defaults():
+    cfg = SchedulerConfig(
+        max_num_seqs=1, max_num_batched_tokens=1, max_model_len=2, block_size=1, num_blocks=1
+    )
+    assert cfg.policy == "fcfs" and cfg.enable_prefix_caching is True
 
 
 @pytest.mark.parametrize(
