@@ -1,8 +1,14 @@
-"""AsyncOutput: a step's sampled tokens, on their way to the host.
+"""AsyncOutput: a step's sampled tokens (and logprobs), on their way to the host.
 
-On CUDA the copy runs on a side stream that first waits for the main
-stream, copies into pinned memory and records an event. ``get_output()``
-waits on that event: the only wait on the device in the whole step.
+On CUDA the copies run on a side stream that first waits for the main
+stream, copy into pinned memory and record an event. ``get_output()`` waits
+on that event: the only wait on the device in the whole step.
+
+The reply's ``logprobs`` is None when no request of the batch asked for
+logprobs. Otherwise it has one row per sampled token, in the order of
+``req_ids`` (rows of requests that sampled nothing are skipped, as their
+token is); a request that asked for N top logprobs gets N top entries, one
+that asked for none gets empty top lists (the engine ignores its row).
 """
 
 from __future__ import annotations
@@ -10,7 +16,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ipc.messages import ModelRunnerOutput
+from ipc.messages import Logprobs, ModelRunnerOutput
+from runner.sampler import SamplerOutput
+
+
+def _to_host(tensors: tuple[torch.Tensor, ...], copy_stream: torch.cuda.Stream | None):
+    """Start copying ``tensors`` to the host; returns (host tensors, event or None)."""
+    if copy_stream is None:
+        return tuple(t.clone() for t in tensors), None
+    main_stream = torch.cuda.current_stream()
+    host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+    with torch.cuda.stream(copy_stream):
+        copy_stream.wait_stream(main_stream)
+        for src, dst in zip(tensors, host):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(copy_stream)
+        event = torch.cuda.Event(blocking=True)
+        event.record(copy_stream)
+    return host, event
 
 
 class AsyncOutput:
@@ -19,34 +42,41 @@ class AsyncOutput:
         step_id: int,
         req_ids: list[str],
         sample_mask: np.ndarray,
-        sampled_token_ids: torch.Tensor,
+        sampler_output: SamplerOutput,
         copy_stream: torch.cuda.Stream | None,
     ):
         self.step_id = step_id
         self.req_ids = req_ids
         self.sample_mask = sample_mask
-        self.copy_event: torch.cuda.Event | None = None
-        if copy_stream is None:
-            self.host_tokens = sampled_token_ids.clone()
-            return
-        main_stream = torch.cuda.current_stream()
-        self.host_tokens = torch.empty(
-            sampled_token_ids.shape, dtype=sampled_token_ids.dtype, pin_memory=True
-        )
-        with torch.cuda.stream(copy_stream):
-            copy_stream.wait_stream(main_stream)
-            self.host_tokens.copy_(sampled_token_ids, non_blocking=True)
-            sampled_token_ids.record_stream(copy_stream)
-            self.copy_event = torch.cuda.Event(blocking=True)
-            self.copy_event.record(copy_stream)
+        self.num_logprobs = sampler_output.num_logprobs
+        tensors = (sampler_output.sampled_token_ids,)
+        if sampler_output.logprobs is not None:
+            tensors += sampler_output.logprobs.tensors()
+        self.host_tensors, self.copy_event = _to_host(tensors, copy_stream)
 
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy, then build the reply (empty lists for rows
         whose prefill chunk did not reach the end of the prefill)."""
         if self.copy_event is not None:
             self.copy_event.synchronize()
-        tokens = self.host_tokens.tolist()
+        tokens = self.host_tensors[0].tolist()
         sampled = [[t] if keep else [] for t, keep in zip(tokens, self.sample_mask)]
         return ModelRunnerOutput(
-            step_id=self.step_id, req_ids=self.req_ids, sampled_token_ids=sampled
+            step_id=self.step_id,
+            req_ids=self.req_ids,
+            sampled_token_ids=sampled,
+            logprobs=self._logprobs(),
+        )
+
+    def _logprobs(self) -> Logprobs | None:
+        if len(self.host_tensors) == 1:
+            return None
+        top_ids, top_lps, sampled_lps, ranks = (t.tolist() for t in self.host_tensors[1:])
+        rows = [i for i, keep in enumerate(self.sample_mask) if keep]
+        counts = [max(int(self.num_logprobs[i]), 0) for i in rows]
+        return Logprobs(
+            top_token_ids=[top_ids[i][:n] for i, n in zip(rows, counts)],
+            top_logprobs=[top_lps[i][:n] for i, n in zip(rows, counts)],
+            sampled_logprobs=[sampled_lps[i] for i in rows],
+            sampled_ranks=[ranks[i] for i in rows],
         )

@@ -17,6 +17,8 @@ class RunnerConfig:
     ``max_model_len`` sizes ``all_token_ids`` and the block tables.
     ``kv_cache_memory_bytes`` bounds the KV cache on CPU;
     ``gpu_memory_utilization`` is the share of the GPU the worker may use.
+    ``load_format="dummy"`` fills random weights instead of reading the
+    checkpoint (only config.json is needed): for benchmarks of real shapes.
     """
 
     model: str
@@ -31,6 +33,7 @@ class RunnerConfig:
     attention_backend: str | None = None
     kv_cache_memory_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.9
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in _DEVICES:
@@ -42,6 +45,8 @@ class RunnerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

@@ -20,13 +20,20 @@ from runner.async_output import AsyncOutput
 from runner.attention.metadata import AttentionMetadata
 from runner.block_table import BlockTables
 from runner.config import RunnerConfig
+from runner.cuda_graphs import CudaGraphManager, capture_sizes
 from runner.distributed import TensorParallelGroup
 from runner.input_batch import BatchPlan, InputBuffers, plan_batch
 from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
 from runner.kernels.prefill_inputs import prepare_prefill_inputs
 from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
-from runner.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block, resolve_dtype
-from runner.models import build_model
+from runner.kv_cache import (
+    allocate_kv_caches,
+    kv_cache_bytes_per_block,
+    profile_peak_memory,
+    resolve_dtype,
+)
+from runner.model_config import ModelConfig
+from runner.models import build_model, build_model_from_config
 from runner.sampler import SamplingStates, sample
 from runner.states import RequestState
 
@@ -41,14 +48,21 @@ class _PendingStep:
     logits_indices: torch.Tensor | None
 
 
+def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
+    dtype = resolve_dtype(config)
+    if config.load_format == "dummy":
+        model_config = ModelConfig.from_dir(config.model)
+        return build_model_from_config(model_config, dtype, device, tp, config.attention_backend,
+                                       init="random", seed=config.seed)
+    return build_model(config.model, dtype, device, tp, config.attention_backend)
+
+
 class ModelRunner:
     def __init__(self, config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
         self.config = config
         self.device = device
         self.tp = tp
-        self.model = build_model(
-            config.model, resolve_dtype(config), device, tp, config.attention_backend
-        )
+        self.model = _load_model(config, device, tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)
@@ -65,16 +79,60 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
+        use_graphs = device.type == "cuda" and not config.enforce_eager
+        sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
+        self.graphs = CudaGraphManager(sizes)
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
         return kv_cache_bytes_per_block(self.model, self.config.block_size, self.dtype)
 
+    def determine_num_blocks(self) -> int:
+        """Blocks that fit this rank's budget (the executor takes the minimum).
+
+        CPU: ``kv_cache_memory_bytes``. CUDA: ``gpu_memory_utilization`` of the
+        device, minus memory others hold, minus this process's peak during a
+        profile run of a full token budget (weights included).
+        """
+        per_block = self.bytes_per_block()
+        if self.device.type != "cuda":
+            return self.config.kv_cache_memory_bytes // per_block
+        peak = profile_peak_memory(self.model, self.config, self.dtype, self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        held_by_others = (total - free) - torch.cuda.memory_reserved(self.device)
+        graph_reserve = 256 << 20 if self.graphs.sizes else 0
+        budget = int(total * self.config.gpu_memory_utilization)
+        budget -= held_by_others + peak + graph_reserve
+        return max(0, budget // per_block)
+
     def init_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the cache, then capture the decode graphs (they read it)."""
         self.kv_caches = allocate_kv_caches(
             self.model, num_blocks, self.config.block_size, self.dtype, self.device
         )
         self.num_blocks = num_blocks
+        if self.graphs.sizes:
+            self.graphs.capture(self._graph_forward, show_progress=self.tp.rank == 0)
+
+    @torch.no_grad()
+    def _graph_forward(self, size: int) -> torch.Tensor:
+        """The forward pass of a uniform decode batch of ``size`` padded
+        requests, reading only the persistent buffers (what a graph captures)."""
+        buf = self.buffers
+        buf.query_start_loc[: size + 1].copy_(torch.arange(size + 1, device=self.device))
+        buf.seq_lens[:size].fill_(1)
+        self.block_tables.batch_block_table[:size].zero_()
+        self.block_tables.slot_mapping[:size].fill_(-1)
+        attn = AttentionMetadata(
+            num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
+            max_seq_len=self.config.max_model_len,
+            query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
+            block_tables=self.block_tables.batch_block_table[:size],
+            slot_mapping=self.block_tables.slot_mapping[:size],
+            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.ones(size, dtype=torch.int32),
+        )
+        return self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
 
     # ---- applying the plan ---------------------------------------------
     def _update_states(self, plan: SchedulerOutput) -> None:
@@ -127,22 +185,37 @@ class ModelRunner:
                 raise ValueError(f"step {plan.step_id}: request {req_id!r} passes max_model_len")
 
     # ---- the step -------------------------------------------------------
+    @torch.no_grad()
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
         self._update_states(plan)
         self._check_plan(plan)
+        graph_size = self._graph_size(plan)
         batch = plan_batch(
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
             self.req_states.prefill_len_np,
+            num_reqs_padded=graph_size,
+            num_tokens_padded=graph_size,
         )
         if batch.num_tokens == 0:
             self.pending = _PendingStep(plan.step_id, batch, None, None)
             return
         input_ids, positions, attn, logits_indices = self._prepare_inputs(batch)
-        hidden = self.model(input_ids, positions, self.kv_caches, attn)
+        if graph_size is not None:
+            hidden = self.graphs.replay(graph_size)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, attn)
         self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices)
+
+    def _graph_size(self, plan: SchedulerOutput) -> int | None:
+        """The captured size to pad a one-token-per-request batch to, or None
+        (eager) for mixed batches and batches larger than every graph."""
+        counts = plan.num_scheduled_tokens
+        if not counts or not self.graphs.graphs or any(n != 1 for n in counts.values()):
+            return None
+        return self.graphs.padded_size(len(counts))
 
     def _prepare_inputs(self, batch: BatchPlan):
         buf, states = self.buffers, self.req_states
@@ -182,6 +255,7 @@ class ModelRunner:
         t_pad = batch.num_tokens_padded
         return buf.input_ids[:t_pad], buf.positions[:t_pad], attn, logits_indices
 
+    @torch.no_grad()
     def sample_tokens(self) -> AsyncOutput:
         """Queue logits, sampling and the copy to the host; never waits."""
         step, self.pending = self.pending, None

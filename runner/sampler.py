@@ -1,80 +1,132 @@
-"""Sampling on the device, without a host sync.
+"""The sampler: every batch row sampled on the device, without a host sync.
 
-Per-slot sampling parameters live in persistent tensors written by staged
-writes when a request is added; each step gathers them by the batch's slot
-numbers. Random draws are stateless: the noise of a request at a position is
-a hash of (seed, position, token id), so a seeded request draws the same
-tokens alone or in any batch, and every TP rank draws the same token without
-talking to the others. Unseeded requests get a seed from the runner's own
-generator when they are added.
+One call, for logits [N, V] of a batch whose row i belongs to slot
+``idx_mapping[i]``:
+
+1. penalties (repetition over prompt + output, presence and frequency over
+   output; ``runner.sampling.penalties``);
+2. greedy rows (temperature 0) take the argmax of the penalised logits;
+3. the other rows divide by their temperature, then min-p, top-k, top-p
+   (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
+   of (seed, position, token id) (``runner.sampling.noise``);
+4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``);
+5. each real sample adds to its slot's output-token counts (penalties).
+
+Rows never influence each other: a seeded request draws the same tokens
+alone or in any batch, and every tensor-parallel rank draws the same token.
+Flags such as "any row uses top-k" come from host mirrors of the per-slot
+parameters (``runner.sampling.states``), never from the device; a filter no
+row needs is skipped.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ipc.messages import SamplingOptions
-from runner.staged_write import StagedWriteTensor
-
-_MASK63 = (1 << 63) - 1
-
-
-class SamplingStates:
-    """Sampling parameters of every slot (temperature 0 = greedy)."""
-
-    def __init__(self, max_num_reqs: int, device: torch.device, seed: int):
-        self.temperature = StagedWriteTensor((max_num_reqs,), torch.float32, device)
-        self.seeds = StagedWriteTensor((max_num_reqs,), torch.int64, device)
-        self.temperature_np = np.zeros(max_num_reqs, dtype=np.float32)
-        self.rng = np.random.default_rng(seed)
-
-    def add_request(self, slot: int, options: SamplingOptions) -> None:
-        seed = options.seed if options.seed is not None else int(self.rng.integers(0, 2**62))
-        self.temperature_np[slot] = options.temperature
-        self.temperature.stage_write_elem(slot, options.temperature)
-        self.seeds.stage_write_elem(slot, seed & _MASK63)
-
-    def apply_staged_writes(self) -> None:
-        self.temperature.apply_write()
-        self.seeds.apply_write()
+from runner.sampling.filters import apply_min_p, apply_top_k_top_p
+from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
+from runner.sampling.noise import gumbel_argmax, token_keys
+from runner.sampling.penalties import PenaltyState
+from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """A 64-bit integer hash (splitmix64 finaliser) on int64, wrapping."""
-    x = x ^ ((x >> 30) & 0x3FFFFFFFF)
-    x = x * -4658895280553007687  # 0xBF58476D1CE4E5B9 as int64
-    x = x ^ ((x >> 27) & 0x1FFFFFFFFF)
-    x = x * -7723592293110705685  # 0x94D049BB133111EB as int64
-    x = x ^ ((x >> 31) & 0x1FFFFFFFF)
-    return x
+@dataclass(frozen=True)
+class SamplerOutput:
+    """Device tensors of one batch, and what the host needs to read them.
 
-
-def uniform_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Uniform (0, 1) float32 noise [N, vocab], a function of (seed, position) only."""
-    base = _mix(seeds * 1_000_003 + positions)  # [N]
-    token = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    bits = _mix(base[:, None] ^ (token[None, :] * 0x1E3779B97F4A7C15))
-    mantissa = (bits >> 40) & 0xFFFFFF  # 24 random bits
-    return (mantissa.to(torch.float32) + 0.5) / float(1 << 24)
-
-
-def sample(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    all_greedy: bool,
-) -> torch.Tensor:
-    """Token ids [N] int64: argmax where temperature == 0, else Gumbel-max.
-
-    ``logits`` [N, V] float32; ``temperature``, ``seeds``, ``positions`` [N]
-    gathered for the rows. ``all_greedy`` (known on the host) skips the noise.
+    ``num_logprobs[i]`` (host) is how many top logprobs row i's request
+    asked for, ``NO_LOGPROBS`` (-1) for none; ``logprobs`` is None when no
+    row asked.
     """
-    greedy = logits.argmax(dim=-1)
-    if all_greedy:
-        return greedy
-    temp = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    gumbel = -torch.log(-torch.log(uniform_noise(seeds, positions, logits.shape[-1])))
-    sampled = (logits / temp[:, None] + gumbel).argmax(dim=-1)
-    return torch.where(temperature > 0, sampled, greedy)
+
+    sampled_token_ids: torch.Tensor  # [N] int64
+    logprobs: LogprobsTensors | None
+    num_logprobs: np.ndarray  # [N] int32
+
+    @staticmethod
+    def empty(device: torch.device) -> SamplerOutput:
+        tokens = torch.zeros(0, dtype=torch.int64, device=device)
+        return SamplerOutput(tokens, None, np.zeros(0, dtype=np.int32))
+
+
+class Sampler:
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int):
+        self.vocab_size = vocab_size
+        self.states = SamplingStates(max_num_reqs, device, seed)
+        self.penalties = PenaltyState(max_num_reqs, vocab_size, device)
+        self.token_keys = token_keys(vocab_size, device)
+
+    def add_request(
+        self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int
+    ) -> None:
+        """Stage a new request's parameters; its prefill tokens past ``prompt_len``
+        (outputs before a preemption) count as output tokens for penalties."""
+        self.states.add_request(slot, options)
+        if self.states.uses_penalty(slot):
+            self.penalties.add_request(slot, prompt_len, prefill_len)
+
+    def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
+        """Apply staged parameters and build penalty rows from ``all_token_ids``
+        (the runner's device table of prefill tokens, already written)."""
+        self.states.apply_staged_writes()
+        self.penalties.apply_staged_writes(all_token_ids)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        positions: torch.Tensor,
+        sample_mask: torch.Tensor,
+    ) -> SamplerOutput:
+        """Sample one token per row.
+
+        ``logits`` [N, V]; ``idx_mapping`` [N] slots (device) and
+        ``idx_mapping_np`` (host, same values); ``positions`` [N] position
+        of the token being sampled; ``sample_mask`` [N] bool (device), False
+        for a prefill chunk that stops short of its prompt (its token is
+        discarded and must not count as output).
+        """
+        idx = idx_mapping.to(torch.int64)
+        flags = self.states.flags(idx_mapping_np)
+        params = self.states.gather(idx)
+        raw = logits.to(torch.float32)
+        processed = raw
+        if flags.any_penalty:
+            processed = self.penalties.apply(
+                raw, idx, params.repetition, params.presence, params.frequency
+            )
+        sampled = self._draw(processed, params, positions, flags)
+        if flags.any_penalty:
+            self.penalties.record_sampled(idx, sampled, sample_mask)
+        logprobs = None
+        if flags.max_logprobs != NO_LOGPROBS:
+            logprobs = compute_logprobs(raw, sampled, flags.max_logprobs)
+        return SamplerOutput(sampled, logprobs, self.states.num_logprobs_np[idx_mapping_np])
+
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        params: BatchParams,
+        positions: torch.Tensor,
+        flags: BatchFlags,
+    ) -> torch.Tensor:
+        """Greedy argmax where temperature == 0, filtered Gumbel-max elsewhere."""
+        greedy = logits.argmax(dim=-1)
+        if flags.all_greedy:
+            return greedy
+        is_greedy = params.temperature == 0.0
+        temperature = torch.where(is_greedy, 1.0, params.temperature)
+        scaled = logits / temperature[:, None]
+        if flags.any_min_p:
+            scaled = apply_min_p(scaled, params.min_p)
+        if flags.max_top_k > 0 or flags.any_top_p:
+            scaled = apply_top_k_top_p(
+                scaled, params.top_k, params.top_p, flags.max_top_k, flags.any_top_p
+            )
+        drawn = gumbel_argmax(scaled, params.seeds, positions, self.token_keys)
+        return torch.where(is_greedy, greedy, drawn)

@@ -144,6 +144,8 @@ class StagedWriteTensor:
             return
         packed = pack_writes(self._writes, self.np_dtype)
         self._writes = []
+        if len(packed.rows) == 0:  # only empty writes were staged
+            return
         meta = np.concatenate([packed.rows, packed.starts, packed.cu_lens])
         if self.device.type != "cuda":
             self._apply(torch.from_numpy(meta), torch.from_numpy(packed.values))

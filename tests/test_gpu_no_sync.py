@@ -59,7 +59,6 @@ def test_mixed_steps_never_sync(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     results = [o.get_output() for o in outputs]
-    assert results[0].sampled_token_ids[0] == [] or results[0].req_ids[0] == "B"
     by_step = [dict(zip(r.req_ids, r.sampled_token_ids)) for r in results]
     assert by_step[0]["A"] == [] and len(by_step[0]["B"]) == 1
     assert len(by_step[1]["A"]) == 1 and len(by_step[2]["A"]) == 1

@@ -6,11 +6,23 @@ import threading
 import pytest
 import zmq
 
-from ipc.channels import (BroadcastPublisher, BroadcastSubscriber, ReplyReceiver, ReplySender,
-                          wait_for_subscribers)
+from ipc.channels import (
+    BroadcastPublisher,
+    BroadcastSubscriber,
+    ReplyReceiver,
+    ReplySender,
+    wait_for_subscribers,
+)
 from ipc.endpoints import Endpoints
-from ipc.messages import (CachedRequestData, Hello, ModelRunnerOutput, NewRequestData,
-                          SamplingOptions, SchedulerOutput, Sync)
+from ipc.messages import (
+    CachedRequestData,
+    Hello,
+    ModelRunnerOutput,
+    NewRequestData,
+    SamplingOptions,
+    SchedulerOutput,
+    Sync,
+)
 from ipc.serde import decode_broadcast, decode_reply, encode
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.tiny_model import ensure_tiny_model
-from ipc.messages import (CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput)
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner

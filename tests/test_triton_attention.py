@@ -81,7 +81,7 @@ def make_batch(
         return torch.randn(*shape, generator=gen).to(dtype)
 
     if fused_qkv:
-        qkv = rand(total, (num_q_heads + 2 * num_kv_heads) * head_dim)
+        qkv = rand(total, (num_q_heads + 2 * num_kv_heads) * head_dim).to(DEVICE)
         kv_width = num_kv_heads * head_dim
         q, k, v = qkv.split([num_q_heads * head_dim, kv_width, kv_width], dim=1)
         q = q.view(total, num_q_heads, head_dim)
@@ -167,8 +167,9 @@ def run_and_check(batch: Batch, backend: TritonAttentionBackend, atol: float, rt
 
 # A mixed batch in runner order: decodes, a short extend with a cached prefix,
 # a chunked prefill with a prefix crossing blocks, a fresh prompt, then padding.
-MIXED_QUERY_LENS = [1, 1, 1, 3, 11, 20, 0]
-MIXED_SEQ_LENS = [5, 33, 70, 40, 50, 20, 0]
+# Seq len 63 puts a query one key before a 64-key tile boundary.
+MIXED_QUERY_LENS = [1, 1, 1, 1, 3, 11, 20, 0]
+MIXED_SEQ_LENS = [5, 33, 63, 70, 40, 50, 20, 0]
 
 
 @pytest.mark.parametrize(
@@ -179,6 +180,7 @@ MIXED_SEQ_LENS = [5, 33, 70, 40, 50, 20, 0]
         (16, 128, 8, 1),  # GQA 8
         (32, 64, 8, 2),  # GQA 4, two KV heads
         (8, 32, 6, 2),  # GQA 3 (not a power of two), block size 8
+        (16, 48, 4, 2),  # head dim padded to 64 inside the kernels
     ],
 )
 def test_mixed_batch_matches_oracle(block_size, head_dim, num_q_heads, num_kv_heads):
@@ -200,7 +202,7 @@ def test_mixed_batch_matches_oracle(block_size, head_dim, num_q_heads, num_kv_he
 @pytest.mark.parametrize("decode_only", [True, False])
 def test_split_kv_matches_oracle(num_splits, decode_only):
     if decode_only:
-        query_lens, seq_lens = [1, 1, 1, 1, 0], [3, 40, 97, 130, 0]
+        query_lens, seq_lens = [1, 1, 1, 1, 0], [3, 40, 127, 130, 0]
     else:
         query_lens, seq_lens = MIXED_QUERY_LENS, MIXED_SEQ_LENS
     batch = make_batch(

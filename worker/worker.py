@@ -73,15 +73,7 @@ class Worker:
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit this rank's budget (the executor takes the minimum)."""
-        runner = self._runner()
-        per_block = runner.bytes_per_block()
-        if self.device.type == "cpu":
-            return runner.config.kv_cache_memory_bytes // per_block
-        free, total = torch.cuda.mem_get_info(self.device)
-        used = total - free
-        budget = int(total * runner.config.gpu_memory_utilization) - used
-        activation_reserve = runner.config.max_num_batched_tokens * 64 * 1024
-        return max(0, (budget - activation_reserve) // per_block)
+        return self._runner().determine_num_blocks()
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self._runner().init_kv_cache(num_blocks)

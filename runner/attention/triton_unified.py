@@ -50,6 +50,20 @@ def _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(ptrs, key_mask, dim_mask, MASK_KEYS: tl.constexpr, MASK_DIMS: tl.constexpr):
+    """Load ptrs with zeros where key_mask (if MASK_KEYS) or dim_mask (if MASK_DIMS) fail."""
+    if MASK_KEYS and MASK_DIMS:
+        tile = tl.load(ptrs, mask=key_mask & dim_mask, other=0.0)
+    elif MASK_KEYS:
+        tile = tl.load(ptrs, mask=key_mask, other=0.0)
+    elif MASK_DIMS:
+        tile = tl.load(ptrs, mask=dim_mask, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
 def _attend_tiles(
     q,
     acc,
@@ -66,42 +80,46 @@ def _attend_tiles(
     stride_c_block,
     stride_c_slot,
     qk_scale,
-    head_dim,
+    HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
-    """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i)."""
+    """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
+
+    With MASKED false the caller guarantees that every key of these tiles is below
+    kv_end and visible to every row, so no causal or bounds mask is applied.
+    """
     dims = tl.arange(0, DIM_PAD)
-    dim_mask = dims < head_dim
+    dim_mask = dims < HEAD_DIM
+    MASK_DIMS: tl.constexpr = DIM_PAD != HEAD_DIM
     for tile in range(tile_lo, tile_hi):
         key_pos = tile * TILE_N + tl.arange(0, TILE_N)
         key_mask = key_pos < kv_end
-        block = tl.load(block_table_row_ptr + key_pos // BLOCK_SIZE, mask=key_mask, other=0)
+        block = _load_tile(block_table_row_ptr + key_pos // BLOCK_SIZE, key_mask, key_mask,
+                           MASKED, False)
         key_off = block.to(tl.int64) * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
         key_off = key_off + kv_head_offset
 
-        k_t = tl.load(
-            key_cache_ptr + key_off[None, :] + dims[:, None],
-            mask=key_mask[None, :] & dim_mask[:, None],
-            other=0.0,
-        )
+        k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
+                         dim_mask[:, None], MASKED, MASK_DIMS)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
-        visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-
+        if MASKED:
+            visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MASKED:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_safe = m_new
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v = tl.load(
-            value_cache_ptr + key_off[:, None] + dims[None, :],
-            mask=key_mask[:, None] & dim_mask[None, :],
-            other=0.0,
-        )
+        v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
+                       dim_mask[None, :], MASKED, MASK_DIMS)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -123,7 +141,6 @@ def _paged_attention_kernel(
     num_reqs,
     num_tokens,
     num_q_heads,
-    head_dim,
     stride_q_tok,
     stride_q_head,
     stride_o_tok,
@@ -133,6 +150,7 @@ def _paged_attention_kernel(
     stride_c_slot,
     stride_c_head,
     num_splits,
+    HEAD_DIM: tl.constexpr,
     NQPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -161,7 +179,7 @@ def _paged_attention_kernel(
     row_mask = (offs_m // NQPK < BLOCK_Q) & (tok < q_len)
     q_pos = context_len + tok
     dims = tl.arange(0, DIM_PAD)
-    dim_mask = dims < head_dim
+    dim_mask = dims < HEAD_DIM
     io_mask = row_mask[:, None] & dim_mask[None, :]
 
     tok64 = (q_first + tok).to(tl.int64)
@@ -181,21 +199,30 @@ def _paged_attention_kernel(
         tile_lo = 0
         tile_hi = num_tiles
 
+    # Leading tiles whose keys all precede the q-block's first token need no mask.
+    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
+
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    table_row = block_tables_ptr + row.to(tl.int64) * stride_bt
+    kv_head_offset = kv_head * stride_c_head
     acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tile_lo, tile_hi, kv_end,
-        key_cache_ptr, value_cache_ptr, block_tables_ptr + row.to(tl.int64) * stride_bt,
-        kv_head * stride_c_head, stride_c_block, stride_c_slot, qk_scale, head_dim,
-        BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION, False,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION, True,
     )
 
     if SPLIT:
         part = (tok64 * num_q_heads + head) * num_splits + split
         tl.store(part_max_ptr + part, m_i, mask=row_mask)
         tl.store(part_sum_ptr + part, l_i, mask=row_mask)
-        tl.store(part_acc_ptr + part[:, None] * head_dim + dims[None, :], acc, mask=io_mask)
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
@@ -240,9 +267,10 @@ def launch_paged_attention(
     _paged_attention_kernel[grid](
         out, part_acc, part_max, part_sum,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
-        scale * LOG2_E, num_reqs, num_tokens, num_q_heads, head_dim,
+        scale * LOG2_E, num_reqs, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_splits,
+        HEAD_DIM=head_dim,
         NQPK=nqpk,
         BLOCK_M=block_m,
         BLOCK_Q=block_q,

@@ -1,0 +1,220 @@
+"""Decode step time against the bandwidth floor, and device idle between steps.
+
+    python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 128 256 --contexts 512 4096
+
+Drives the ModelRunner directly (no engine, no IPC) on real shapes with
+random bf16 weights (``load_format="dummy"``). Requests enter with their
+context already counted as computed (the KV values are whatever the cache
+holds: the timing does not depend on them), then decode ``--steps`` steps.
+
+Floor of a step = (weight bytes + KV bytes read) / copy bandwidth, the copy
+bandwidth measured in the same run (bytes read + written by a large
+device-to-device copy). ``--idle`` also measures, with the torch profiler,
+how long the GPU sits idle between decode steps when the host waits for
+each step's output before sending the next ("sync") and when it keeps one
+step in flight ("async", what async scheduling does). Prints a JSON summary
+last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.shapes import write_shape  # noqa: E402
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
+from runner.config import RunnerConfig  # noqa: E402
+from runner.distributed import TensorParallelGroup  # noqa: E402
+from runner.model_runner import ModelRunner  # noqa: E402
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30) -> float:
+    """Bytes per second moved (read + write) by a device-to-device copy."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / 10
+    del src, dst
+    return 2 * nbytes / seconds
+
+
+class DecodeDriver:
+    """Feeds hand-made SchedulerOutputs to a runner: N requests decoding."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.step_id = 0
+        self.computed: dict[str, int] = {}
+        self.next_block = 0
+
+    def _plan(self, **kwargs) -> SchedulerOutput:
+        self.step_id += 1
+        return SchedulerOutput(step_id=self.step_id, **kwargs)
+
+    def start(self, batch: int, context: int, max_steps: int) -> None:
+        """Add ``batch`` requests whose ``context`` tokens count as computed;
+        the first step feeds their last context token."""
+        block = self.runner.config.block_size
+        blocks_per_req = -(-(context + max_steps + 1) // block)
+        new = []
+        for i in range(batch):
+            blocks = list(range(i * blocks_per_req, (i + 1) * blocks_per_req))
+            new.append(NewRequestData(
+                req_id=f"r{i}", prompt_token_ids=[1] * context, prefill_token_ids=[1] * context,
+                sampling=SamplingOptions(temperature=0.0), block_ids=[blocks],
+                num_computed_tokens=context - 1, max_tokens=max_steps + 1))
+            self.computed[f"r{i}"] = context - 1
+        self.pending_new = new
+
+    def step_plan(self) -> SchedulerOutput:
+        ids = list(self.computed)
+        if self.pending_new:
+            new, self.pending_new = self.pending_new, []
+            plan = self._plan(scheduled_new_reqs=new, num_scheduled_tokens=dict.fromkeys(ids, 1),
+                              total_num_scheduled_tokens=len(ids))
+        else:
+            cached = CachedRequestData(req_ids=ids, new_block_ids=[[[]] for _ in ids],
+                                       num_computed_tokens=[self.computed[r] for r in ids])
+            plan = self._plan(scheduled_cached_reqs=cached,
+                              num_scheduled_tokens=dict.fromkeys(ids, 1),
+                              total_num_scheduled_tokens=len(ids))
+        for r in ids:
+            self.computed[r] += 1
+        return plan
+
+    def finish(self) -> None:
+        plan = self._plan(finished_req_ids=list(self.computed))
+        self.computed = {}
+        self.runner.execute_model(plan)
+        self.runner.sample_tokens().get_output()
+
+    def run(self, steps: int, overlap: bool) -> float:
+        """Run ``steps`` decode steps; returns wall seconds per step.
+
+        overlap=False: wait for each step's output before the next (no async
+        scheduling). overlap=True: keep one step in flight.
+        """
+        in_flight = None
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.runner.execute_model(self.step_plan())
+            output = self.runner.sample_tokens()
+            if not overlap:
+                output.get_output()
+            elif in_flight is not None:
+                in_flight.get_output()
+            in_flight = output
+        if in_flight is not None:
+            in_flight.get_output()
+        return (time.perf_counter() - start) / steps
+
+
+def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
+    """Share of the profiled span during which no kernel or copy runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        driver.run(steps, overlap)
+    intervals = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    if not intervals:
+        return {"idle_fraction": None}
+    busy, (cur_start, cur_end) = 0, intervals[0]
+    for s, e in intervals[1:]:
+        if s > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    busy += cur_end - cur_start
+    span = intervals[-1][1] - intervals[0][0]
+    return {"idle_fraction": round(1 - busy / span, 4), "span_us": span}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8b", choices=("1b", "8b"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--idle", action="store_true", help="also measure GPU idle time")
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    device = torch.device("cuda", 0)
+    bandwidth = copy_bandwidth(device)
+    model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
+    max_len = max(args.contexts) + args.steps + 64
+    config = RunnerConfig(model=model_dir, device="cuda", dtype="bfloat16", block_size=16,
+                          max_num_seqs=max(args.batches), max_model_len=max_len,
+                          max_num_batched_tokens=max(2048, max(args.batches)),
+                          load_format="dummy", enforce_eager=args.enforce_eager)
+    runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
+    num_blocks = runner.determine_num_blocks()
+    start = time.perf_counter()
+    runner.init_kv_cache(num_blocks)
+    init_s = time.perf_counter() - start
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    kv_per_token = runner.bytes_per_block() // config.block_size
+
+    results = []
+    for context in args.contexts:
+        for batch in args.batches:
+            blocks_needed = batch * -(-(context + 2 * args.steps + 16) // config.block_size)
+            row = {"shape": args.shape, "batch": batch, "context": context}
+            if blocks_needed > num_blocks:
+                row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
+                results.append(row)
+                continue
+            driver = DecodeDriver(runner)
+            driver.start(batch, context, 2 * args.steps + 8)
+            driver.run(5, overlap=True)  # warm-up
+            times = [driver.run(args.steps, overlap=True) for _ in range(1)]
+            step_s = statistics.median(times)
+            floor_s = (weight_bytes + batch * context * kv_per_token) / bandwidth
+            row.update(step_ms=round(step_s * 1e3, 4), floor_ms=round(floor_s * 1e3, 4),
+                       ratio_to_floor=round(step_s / floor_s, 3),
+                       tokens_per_s=round(batch / step_s, 1))
+            if args.idle:
+                row["idle_sync"] = gpu_idle_fraction(driver, 10, overlap=False)
+                row["idle_async"] = gpu_idle_fraction(driver, 10, overlap=True)
+            driver.finish()
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+    summary = {
+        "benchmark": "decode_step", "shape": args.shape, "device": torch.cuda.get_device_name(),
+        "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),
+        "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
+        "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
+        "date": time.strftime("%Y-%m-%d"), "results": results,
+    }
+    text = json.dumps(summary)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

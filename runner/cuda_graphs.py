@@ -1,0 +1,69 @@
+"""FULL CUDA graphs for uniform decode batches.
+
+At start-up, after the KV cache exists, one graph is captured per capture
+size (a ladder 1, 2, 4, 8, 16, 24, ... up to ``max_num_seqs``), each reading
+the runner's persistent input buffers, so a replay takes no arguments. A
+decode batch of ``n`` requests runs as the graph of the smallest capture size
+``>= n``: the padded rows get seq_len 0 and their tokens slot -1 (the input
+kernels write both). Mixed and larger batches run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """The ladder of batch sizes to capture, ascending, capped by both limits."""
+    ladder = [1, 2, 4, 8] + list(range(16, 257, 8)) + list(range(272, 1025, 16))
+    limit = min(max_num_seqs, max_num_batched_tokens)
+    sizes = [s for s in ladder if s <= limit]
+    if limit not in sizes and limit <= ladder[-1]:
+        sizes.append(limit)
+    return sizes
+
+
+class CudaGraphManager:
+    """Captured decode graphs by padded batch size; their outputs are views
+    into memory of the graphs' shared pool, valid until the next replay."""
+
+    def __init__(self, sizes: list[int]):
+        self.sizes = sorted(sizes)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    def padded_size(self, num_reqs: int) -> int | None:
+        """The smallest captured size that holds ``num_reqs``, or None."""
+        for size in self.sizes:
+            if size >= num_reqs and size in self.graphs:
+                return size
+        return None
+
+    def capture(self, forward: Callable[[int], torch.Tensor], show_progress: bool) -> None:
+        """Capture ``forward(size)`` for every size, largest first (so the
+        smaller graphs reuse the largest one's memory pool)."""
+        start = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()
+        for size in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs",
+                         disable=not show_progress):
+            forward(size)  # warm-up: compiles kernels, settles allocations
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                output = forward(size)
+            self.graphs[size] = (graph, output)
+        torch.cuda.synchronize()
+        logger.info("captured %d CUDA graphs in %.2f s", len(self.graphs),
+                    time.perf_counter() - start)
+
+    def replay(self, size: int) -> torch.Tensor:
+        graph, output = self.graphs[size]
+        graph.replay()
+        return output

@@ -1,0 +1,105 @@
+"""Stateless Gumbel noise: a pure function of (seed, position, token id).
+
+With all arithmetic on unsigned 64-bit integers modulo 2**64 and ``mix`` the
+splitmix64 finaliser, the uniform draw of token ``t`` for a request with
+seed ``s`` sampling the token at position ``p`` is::
+
+    row  = mix(mix(s) + p * ROW_MUL)
+    bits = mix(row ^ mix((t + 1) * TOKEN_MUL))
+    u    = ((bits >> 41) + 0.5) / 2**23        # top 23 bits
+
+so ``0 < u < 1`` holds exactly in float32 (both ``2**-24`` and
+``1 - 2**-24`` are representable), and the Gumbel noise ``-log(-log(u))`` is
+always finite. Nothing else enters: a seeded request draws the same tokens
+alone or in any batch, at any row, and every tensor-parallel rank draws the
+same token without talking to the others.
+
+Torch has no unsigned 64-bit arithmetic on every device, so the hash runs on
+int64 (two's complement wraps the same way) with right shifts masked to act
+as logical shifts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROW_MUL = 0x9E3779B97F4A7C15
+TOKEN_MUL = 0xD1B54A32D192ED03
+_MIX_MUL1 = 0xBF58476D1CE4E5B9
+_MIX_MUL2 = 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+UNIFORM_BITS = 23
+
+
+def _signed(value: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_xor_(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x ^= x >>> shift (logical shift), in place."""
+    high = x >> shift
+    high &= (1 << (64 - shift)) - 1
+    x ^= high
+    return x
+
+
+def mix_(x: torch.Tensor) -> torch.Tensor:
+    """The splitmix64 finaliser on an int64 tensor, in place (wrapping)."""
+    _shift_xor_(x, 30)
+    x *= _signed(_MIX_MUL1)
+    _shift_xor_(x, 27)
+    x *= _signed(_MIX_MUL2)
+    return _shift_xor_(x, 31)
+
+
+def mix_int(x: int) -> int:
+    """The same finaliser on a Python int (the unsigned reference)."""
+    x &= _MASK64
+    x ^= x >> 30
+    x = (x * _MIX_MUL1) & _MASK64
+    x ^= x >> 27
+    x = (x * _MIX_MUL2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: mix(mix(seed) + position * ROW_MUL) per row."""
+    key = mix_(seeds.to(torch.int64).clone())
+    key += positions.to(torch.int64) * _signed(ROW_MUL)
+    return mix_(key)
+
+
+def token_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """int64 [vocab_size]: mix((t + 1) * TOKEN_MUL) per token id t."""
+    tokens = torch.arange(1, vocab_size + 1, device=device, dtype=torch.int64)
+    return mix_(tokens * _signed(TOKEN_MUL))
+
+
+def uniform_noise(
+    seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """float32 [N, V] uniforms in (0, 1); ``tokens`` is ``token_keys(V, device)``."""
+    bits = row_keys(seeds, positions)[:, None] ^ tokens[None, :]
+    mix_(bits)
+    bits >>= 64 - UNIFORM_BITS
+    bits &= (1 << UNIFORM_BITS) - 1
+    u = bits.to(torch.float32)
+    u += 0.5
+    u *= 2.0**-UNIFORM_BITS
+    return u
+
+
+def gumbel_argmax(
+    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """int64 [N]: argmax over t of logits[i, t] + Gumbel noise(seed_i, position_i, t).
+
+    ``logits`` [N, V] float32, already divided by the temperature and with
+    filtered tokens at -inf (they never win: the noise is finite). This draws
+    token t with probability softmax(logits[i])[t].
+    """
+    noise = uniform_noise(seeds, positions, tokens)
+    noise.log_().neg_().log_().neg_()  # -log(-log(u))
+    noise += logits
+    return noise.argmax(dim=-1)

@@ -1,0 +1,86 @@
+"""Repetition, presence and frequency penalties (vLLM semantics), on the device.
+
+For a row with repetition penalty r, presence penalty a and frequency
+penalty f, and a token t that occurs c_t times among the request's output
+tokens so far:
+
+- if t occurs in the prompt or the output (c_t > 0), its logit l is
+  divided by r when l > 0 and multiplied by r otherwise;
+- then l -= f * c_t + a * [c_t > 0] (output tokens only).
+
+State per slot, on the device: ``prompt_mask`` bool [max_num_reqs, vocab]
+(token occurs in the prompt) and ``output_counts`` int32 [max_num_reqs,
+vocab]. Memory: 5 bytes per (slot, token), e.g. 256 slots x 128,256 tokens
+= 164 MB, 1024 x 151,936 = 778 MB; allocated once, so the KV-cache sizing
+(which measures free memory after the runner is built) accounts for it.
+
+Invariants:
+- The rows of a slot whose request uses a penalty are rebuilt on the device
+  when the request is added: prompt presence from its prompt tokens, counts
+  from the tokens it generated before a preemption (prefill tokens past the
+  prompt). They are read from the runner's ``all_token_ids`` table, which
+  already holds the prefill tokens, so nothing is copied from the host.
+- After each step whose batch has a penalised row, every row whose sample
+  is real (the ``sample_mask``) adds one to the count of its sampled token.
+  Rows of slots without penalties may hold stale counts: their parameters
+  (r = 1, a = f = 0) make those counts irrelevant.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PenaltyState:
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device):
+        self.vocab_size = vocab_size
+        self.prompt_mask = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool, device=device)
+        self.output_counts = torch.zeros(
+            max_num_reqs, vocab_size, dtype=torch.int32, device=device
+        )
+        self._pending: list[tuple[int, int, int]] = []  # (slot, prompt_len, prefill_len)
+
+    def add_request(self, slot: int, prompt_len: int, prefill_len: int) -> None:
+        """Stage a rebuild of the slot's rows (for a request that uses a penalty)."""
+        if not 0 <= prompt_len <= prefill_len:
+            raise ValueError(f"prompt_len {prompt_len} outside [0, prefill_len {prefill_len}]")
+        self._pending = [p for p in self._pending if p[0] != slot]
+        self._pending.append((slot, prompt_len, prefill_len))
+
+    def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
+        """Rebuild the staged slots' rows from ``all_token_ids`` [slots, max_len]
+        (on the device, already holding the prefill tokens); never waits."""
+        for slot, prompt_len, prefill_len in self._pending:
+            tokens = all_token_ids[slot, :prefill_len].to(torch.int64)
+            self.prompt_mask[slot].zero_()
+            self.prompt_mask[slot].index_fill_(0, tokens[:prompt_len], True)
+            counts = self.output_counts[slot]
+            counts.zero_()
+            outputs = tokens[prompt_len:]
+            counts.index_add_(0, outputs, torch.ones_like(outputs, dtype=counts.dtype))
+        self._pending = []
+
+    def apply(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        repetition: torch.Tensor,
+        presence: torch.Tensor,
+        frequency: torch.Tensor,
+    ) -> torch.Tensor:
+        """Penalised float32 logits [N, V] (a new tensor); parameters [N] per row."""
+        counts = self.output_counts[idx_mapping]
+        in_output = counts > 0
+        seen = self.prompt_mask[idx_mapping] | in_output
+        scale = torch.where(seen, repetition[:, None], 1.0)
+        out = torch.where(logits > 0, logits / scale, logits * scale)
+        out -= frequency[:, None] * counts
+        out -= presence[:, None] * in_output
+        return out
+
+    def record_sampled(
+        self, idx_mapping: torch.Tensor, sampled: torch.Tensor, sample_mask: torch.Tensor
+    ) -> None:
+        """Count each real sample (``sample_mask`` [N] bool) as an output token."""
+        ones = sample_mask.to(self.output_counts.dtype)
+        self.output_counts.index_put_((idx_mapping, sampled), ones, accumulate=True)

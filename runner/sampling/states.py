@@ -1,0 +1,158 @@
+"""Per-slot sampling parameters: device tables written by staged writes, host mirrors.
+
+Every slot's float parameters sit in one row of a [max_num_reqs, 6] float32
+table (columns below), so one staged write adds a request and one gather
+reads a batch. ``top_k`` (int32) and ``seed`` (int64) have their own tables.
+The host mirrors (``*_np``) hold the same values; the sampler reads them to
+skip work no row of a batch needs, never the device tables.
+
+Invariants:
+- A greedy slot (temperature 0; vLLM treats temperature < 1e-5 as greedy)
+  stores top_k 0, top_p 1 and min_p 0: its filters are off, so they never
+  make a batch run a filter. Its penalties stay: greedy picks the argmax
+  of the penalised logits.
+- ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs.
+- Unseeded requests get a seed from the sampler's own generator when they
+  are added; every rank adds the same requests in the same order, so every
+  rank draws the same seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ipc.messages import SamplingOptions
+from runner.staged_write import StagedWriteTensor
+
+GREEDY_EPS = 1e-5
+NO_LOGPROBS = -1
+
+# Columns of the float table.
+TEMPERATURE, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(6)
+_NUM_FLOATS = 6
+_SEED_MASK = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    """One batch's parameters on the device, [N] each, gathered by slot."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    repetition: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    top_k: torch.Tensor
+    seeds: torch.Tensor
+
+
+@dataclass(frozen=True)
+class BatchFlags:
+    """What a batch needs, from the host mirrors (no device read)."""
+
+    all_greedy: bool
+    any_penalty: bool
+    any_min_p: bool
+    any_top_p: bool
+    max_top_k: int  # 0: no row uses top-k
+    max_logprobs: int  # NO_LOGPROBS: no row asked
+
+
+class SamplingStates:
+    def __init__(self, max_num_reqs: int, device: torch.device, seed: int):
+        self.floats = StagedWriteTensor((max_num_reqs, _NUM_FLOATS), torch.float32, device)
+        self.top_k = StagedWriteTensor((max_num_reqs,), torch.int32, device)
+        self.seeds = StagedWriteTensor((max_num_reqs,), torch.int64, device)
+        self.floats_np = np.zeros((max_num_reqs, _NUM_FLOATS), dtype=np.float32)
+        self.floats_np[:, REPETITION] = 1.0
+        self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_logprobs_np = np.full(max_num_reqs, NO_LOGPROBS, dtype=np.int32)
+        self.rng = np.random.default_rng(seed)
+
+    def add_request(self, slot: int, options: SamplingOptions) -> None:
+        """Stage the slot's parameters (applied by ``apply_staged_writes``)."""
+        _check(options)
+        row = _float_row(options)
+        greedy = row[TEMPERATURE] == 0.0
+        top_k = 0 if greedy else max(options.top_k, 0)
+        seed = options.seed if options.seed is not None else int(self.rng.integers(0, 2**62))
+        self.floats_np[slot] = row
+        self.top_k_np[slot] = top_k
+        self.num_logprobs_np[slot] = NO_LOGPROBS if options.logprobs is None else options.logprobs
+        self.floats.stage_write(slot, 0, row)
+        self.top_k.stage_write_elem(slot, top_k)
+        self.seeds.stage_write_elem(slot, seed & _SEED_MASK)
+
+    def uses_penalty(self, slot: int) -> bool:
+        row = self.floats_np[slot]
+        return bool(row[REPETITION] != 1.0 or row[PRESENCE] != 0.0 or row[FREQUENCY] != 0.0)
+
+    def apply_staged_writes(self) -> None:
+        self.floats.apply_write()
+        self.top_k.apply_write()
+        self.seeds.apply_write()
+
+    def gather(self, idx_mapping: torch.Tensor) -> BatchParams:
+        """Device parameters of the batch's slots (``idx_mapping`` int64 [N])."""
+        f = self.floats.gpu[idx_mapping]
+        return BatchParams(
+            temperature=f[:, TEMPERATURE],
+            top_p=f[:, TOP_P],
+            min_p=f[:, MIN_P],
+            repetition=f[:, REPETITION],
+            presence=f[:, PRESENCE],
+            frequency=f[:, FREQUENCY],
+            top_k=self.top_k.gpu[idx_mapping],
+            seeds=self.seeds.gpu[idx_mapping],
+        )
+
+    def flags(self, idx_mapping_np: np.ndarray) -> BatchFlags:
+        f = self.floats_np[idx_mapping_np]
+        top_k = self.top_k_np[idx_mapping_np]
+        logprobs = self.num_logprobs_np[idx_mapping_np]
+        return BatchFlags(
+            all_greedy=bool(np.all(f[:, TEMPERATURE] == 0.0)),
+            any_penalty=bool(
+                np.any(f[:, REPETITION] != 1.0)
+                or np.any(f[:, PRESENCE] != 0.0)
+                or np.any(f[:, FREQUENCY] != 0.0)
+            ),
+            any_min_p=bool(np.any(f[:, MIN_P] > 0.0)),
+            any_top_p=bool(np.any(f[:, TOP_P] < 1.0)),
+            max_top_k=int(top_k.max(initial=0)),
+            max_logprobs=int(logprobs.max(initial=NO_LOGPROBS)),
+        )
+
+
+def _float_row(options: SamplingOptions) -> np.ndarray:
+    """The float table row of one request; greedy rows have their filters off."""
+    row = np.zeros(_NUM_FLOATS, dtype=np.float32)
+    greedy = options.temperature < GREEDY_EPS
+    row[TEMPERATURE] = 0.0 if greedy else options.temperature
+    row[TOP_P] = 1.0 if greedy else options.top_p
+    row[MIN_P] = 0.0 if greedy else options.min_p
+    row[REPETITION] = options.repetition_penalty
+    row[PRESENCE] = options.presence_penalty
+    row[FREQUENCY] = options.frequency_penalty
+    return row
+
+
+def _check(options: SamplingOptions) -> None:
+    """ValueError for parameters the sampler cannot honour (the engine checks first)."""
+    problems = []
+    if not options.temperature >= 0:
+        problems.append(f"temperature {options.temperature} < 0")
+    if not 0 < options.top_p <= 1:
+        problems.append(f"top_p {options.top_p} outside (0, 1]")
+    if not 0 <= options.min_p <= 1:
+        problems.append(f"min_p {options.min_p} outside [0, 1]")
+    if not options.repetition_penalty > 0:
+        problems.append(f"repetition_penalty {options.repetition_penalty} <= 0")
+    if options.logprobs is not None and options.logprobs < 0:
+        problems.append(f"logprobs {options.logprobs} < 0")
+    if problems:
+        raise ValueError("bad sampling options: " + "; ".join(problems))
