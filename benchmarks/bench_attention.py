@@ -46,6 +46,8 @@ from runner.attention.triton_attn import (  # noqa: E402
     choose_num_splits,
     tile_config,
 )
+from runner.attention.triton_split_merge import merge_splits  # noqa: E402
+from runner.attention.triton_unified import launch_paged_attention  # noqa: E402
 
 
 def make_metadata(query_lens, seq_lens, block_tables, slot_mapping) -> AttentionMetadata:
@@ -168,6 +170,64 @@ def bench_prefill(batch, length, heads, block_size, dtype, device, reps):
     return {"num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms, "max_abs_err": err}
 
 
+def attention_only(q, kv_cache, attn, num_splits, config):
+    """A closure running just the attention launches (no KV write) with a fixed config."""
+    out = torch.empty_like(q)
+    shape = (*q.shape[:2], num_splits)
+    partials = None
+    if num_splits > 1:
+        f32 = {"dtype": torch.float32, "device": q.device}
+        partials = (torch.empty(*shape, q.shape[2], **f32), torch.empty(shape, **f32),
+                    torch.empty(shape, **f32))
+
+    def run():
+        launch_paged_attention(q, kv_cache, attn.block_tables, attn.seq_lens,
+                               attn.query_start_loc, attn.num_reqs, 0.1, out, partials, **config)
+        if partials is not None:
+            merge_splits(out, *partials)
+
+    return run
+
+
+def sweep(heads, block_size, dtype, device, smoke):
+    """Time tile configs and split counts; returns rows {name, shape, config, ms}."""
+    nqpk = heads[0] // heads[1]
+    if smoke:
+        decode, prefill, splits, tiles = [(1, 256)], [(1, 64)], [1, 2], [(64, 32, 4, 2)]
+    else:
+        decode = [(1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 8192), (32, 32768),
+                  (128, 8192)]
+        prefill = [(1, 4096), (4, 1024)]
+        splits = [1, 2, 4, 8, 16, 32, 64]
+        tiles = [(bm, tn, w, st) for bm in (64, 128) for tn in (64, 128) for w in (4, 8)
+                 for st in (2, 3)]
+    rows = []
+    for batch, context in decode:
+        q, _, _, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
+        for tile_n in (64, 128) if not smoke else (32,):
+            for stages in (2, 3) if not smoke else (2,):
+                config = {**tile_config(1, nqpk, heads[2]), "tile_n": tile_n,
+                          "num_stages": stages}
+                for n in splits:
+                    ms = time_ms(attention_only(q, kv_cache, attn, n, config), device, 20)
+                    rows.append({"name": "decode", "shape": f"{batch}x{context}",
+                                 "config": {**config, "num_splits": n}, "ms": ms})
+        del q, kv_cache, attn
+    for batch, length in prefill:
+        q, _, _, kv_cache, attn = paged_case(batch, length, length, heads, block_size, dtype,
+                                             device)
+        for block_m, tile_n, warps, stages in tiles:
+            config = {"block_m": block_m, "tile_n": tile_n, "num_warps": warps,
+                      "num_stages": stages}
+            ms = time_ms(attention_only(q, kv_cache, attn, 1, config), device, 20)
+            rows.append({"name": "prefill", "shape": f"{batch}x{length}", "config": config,
+                         "ms": ms})
+    for shape in dict.fromkeys((r["name"], r["shape"]) for r in rows):
+        best = min((r for r in rows if (r["name"], r["shape"]) == shape), key=lambda r: r["ms"])
+        print(f"sweep best {shape[0]} {shape[1]}: {best['ms']:.4f} ms {best['config']}")
+    return rows
+
+
 def _num_sms(device) -> int:
     if device != "cuda":
         return 132
@@ -192,6 +252,7 @@ def main() -> None:
     parser.add_argument("--out", help="also write the JSON results to this path")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50, help="ms of replays per timing (CUDA)")
+    parser.add_argument("--sweep", action="store_true", help="also sweep tile configs / splits")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -234,6 +295,8 @@ def main() -> None:
         "tile_config_prefill": tile_config(4096, heads[0] // heads[1], heads[2]),
         "results": results,
     }
+    if args.sweep:
+        report["sweep"] = sweep(heads, args.block_size, dtype, device, args.smoke)
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -15,6 +15,12 @@ class EngineConfig:
     takes the model's ``max_position_embeddings``. ``executor`` is "mp"
     (worker daemons) or "uni" (in process, TP=1 only); None picks "uni" at
     TP=1 and "mp" above.
+
+    ``async_scheduling`` (vLLM's name): schedule and send step N+1 before
+    step N's output arrives (at most two steps in flight); outputs are the
+    same either way. ``enable_prefix_caching``: reuse KV blocks of equal
+    prompt prefixes. ``disable_log_stats``: no periodic stats line (the
+    serving loop logs one every ``log_stats_interval_s`` seconds otherwise).
     """
 
     model: str = "tiny"
@@ -34,6 +40,10 @@ class EngineConfig:
     executor: str | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    async_scheduling: bool = True
+    enable_prefix_caching: bool = True
+    disable_log_stats: bool = True
+    log_stats_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -51,6 +61,13 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError("num_gpu_blocks_override must be >= 1")
+        for name in ("async_scheduling", "enable_prefix_caching", "disable_log_stats"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not self.log_stats_interval_s > 0:
+            raise ValueError(
+                f"log_stats_interval_s must be > 0, got {self.log_stats_interval_s}"
+            )
 
     @property
     def resolved_device(self) -> str:

@@ -22,10 +22,26 @@ request is scheduled past ``max_model_len``; no request id is both in
 ``finished_req_ids`` may name requests the runner never saw (aborted while
 waiting); the runner ignores those.
 
-``num_computed_tokens`` advances when tokens are scheduled, as in vLLM, so
-the next ``schedule`` may run before ``update_from_output`` (async
-scheduling: a running request would then count one placeholder token in
-``Request.num_output_placeholders``; not wired up yet).
+Async scheduling. ``num_computed_tokens`` advances when tokens are
+scheduled, as in vLLM, so step N+1 may be scheduled before step N's output
+is absorbed. A step that will sample a token for a request counts one
+placeholder in ``Request.num_output_placeholders`` until its output
+arrives; the next step feeds that token at position ``num_tokens +
+placeholders - 1`` and the runner reads it from the device. The scheduler
+does not know which mode the engine runs: synchronous scheduling is just
+``update_from_output`` before every ``schedule``. The rules that keep both
+modes equal:
+
+- at most one step is unabsorbed when ``schedule`` runs (the engine keeps
+  at most two in flight), so a running request then has
+  ``num_computed_tokens <= num_tokens``: every token the KV cache manager
+  hashes is known;
+- a request whose pending placeholders already reach ``max_tokens`` or
+  ``max_model_len`` is not scheduled again: the output never overshoots;
+- each step remembers which request incarnation it scheduled; its output
+  for a request that finished (eos, stop, length, abort) or was preempted
+  since is discarded, so a request is reported finished once, and a
+  preempted request comes back with prompt + the outputs known then.
 """
 
 from __future__ import annotations
@@ -92,11 +108,24 @@ class _StepPlan:
     cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
+    num_prompt_tokens: int = 0
 
     def take(self, request: Request, num_tokens: int) -> None:
         self.budget -= num_tokens
         self.num_scheduled[request.req_id] = num_tokens
         self.scheduled.append(request)
+        start = request.num_computed_tokens
+        self.num_prompt_tokens += max(0, min(start + num_tokens, request.num_prompt_tokens) - start)
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A request as one step scheduled it: the object, its incarnation
+    (``num_preemptions`` then) and whether the step samples a token for it."""
+
+    request: Request
+    incarnation: int
+    samples: bool
 
 
 class _WaitingQueue:
@@ -144,8 +173,10 @@ class Scheduler:
         self._finished_ids: set[str] = set()  # to report in the next SchedulerOutput
         self._keys: dict[str, tuple] = {}
         self._seq = itertools.count()
+        self._in_flight: dict[int, dict[str, _InFlight]] = {}  # step id -> its requests
         self.step_id = 0
         self.num_preemptions = 0
+        self.num_prompt_tokens = 0  # prompt tokens scheduled, all steps (stats)
 
     # -- requests in and out ------------------------------------------------
 
@@ -214,8 +245,8 @@ class Scheduler:
         self._schedule_running(plan)
         if not plan.preempted:
             self._schedule_waiting(plan)
-        for request in plan.scheduled:
-            request.num_computed_tokens += plan.num_scheduled[request.req_id]
+        self._in_flight[self.step_id] = self._advance(plan)
+        self.num_prompt_tokens += plan.num_prompt_tokens
         out = SchedulerOutput(
             step_id=self.step_id,
             scheduled_new_reqs=plan.new_reqs,
@@ -233,10 +264,38 @@ class Scheduler:
         self.step_id += 1
         return out
 
+    def _advance(self, plan: _StepPlan) -> dict[str, _InFlight]:
+        """Move each scheduled request's ``num_computed_tokens`` past this
+        step's tokens; a request whose tokens reach its end gets a placeholder
+        for the token the step samples."""
+        in_flight = {}
+        for request in plan.scheduled:
+            request.num_computed_tokens += plan.num_scheduled[request.req_id]
+            samples = (
+                request.num_computed_tokens
+                >= request.num_tokens + request.num_output_placeholders
+            )
+            request.num_output_placeholders += samples
+            in_flight[request.req_id] = _InFlight(request, request.num_preemptions, samples)
+        return in_flight
+
     def _num_new_tokens(self, request: Request, budget: int) -> int:
+        if self._ends_by_length(request):
+            return 0
         wanted = request.num_tokens + request.num_output_placeholders
         room = self.config.max_model_len - request.num_computed_tokens
         return min(wanted - request.num_computed_tokens, budget, room)
+
+    def _ends_by_length(self, request: Request) -> bool:
+        """The tokens known plus those in flight reach ``max_tokens`` or
+        ``max_model_len``: one more step would sample past the end."""
+        pending = request.num_output_placeholders
+        if pending == 0:
+            return False
+        return (
+            len(request.output_token_ids) + pending >= request.max_tokens
+            or request.num_tokens + pending >= self.config.max_model_len
+        )
 
     def _schedule_running(self, plan: _StepPlan) -> None:
         i = 0
@@ -295,10 +354,19 @@ class Scheduler:
                 )
             )
 
-    def _preempt(self, request: Request) -> None:
+    def _free_blocks(self, request: Request) -> None:
+        # The KV cache manager caches the full blocks below
+        # num_computed_tokens by their tokens; a placeholder's is not known.
+        request.num_computed_tokens = min(request.num_computed_tokens, request.num_tokens)
         self.kv.free(request)
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and queue it again; a token in flight
+        for it is discarded when its step's output arrives."""
+        self._free_blocks(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push(request, self._keys[request.req_id])
@@ -310,21 +378,36 @@ class Scheduler:
     ) -> list[RequestOutputDelta]:
         """Append each request's sampled tokens, stop it at the first token
         that meets a stop condition (later ones are dropped), free finished
-        requests' blocks. One delta per request that got tokens."""
-        if runner_output.step_id != scheduler_output.step_id:
+        requests' blocks. One delta per request that got tokens. Tokens of
+        requests that finished or were preempted after the step was
+        scheduled are discarded. Steps are absorbed in order, each once."""
+        step_id = scheduler_output.step_id
+        if runner_output.step_id != step_id:
             raise ValueError(
-                f"runner output of step {runner_output.step_id} does not answer "
-                f"step {scheduler_output.step_id}"
+                f"runner output of step {runner_output.step_id} does not answer step {step_id}"
             )
+        in_flight = self._in_flight.pop(step_id, None)
+        if in_flight is None:
+            raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
         rows = _logprob_rows(runner_output.logprobs)
         for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
             token_rows = [next(rows, None) for _ in sampled]
-            request = self.requests.get(req_id)
-            if request is None or not sampled:
-                continue  # finished or aborted meanwhile, or a prefill chunk
-            deltas.append(self._append_tokens(request, sampled, token_rows))
+            entry = in_flight.get(req_id)
+            if entry is None or not self._is_live(entry):
+                continue  # finished, aborted or preempted meanwhile
+            request = entry.request
+            request.num_output_placeholders -= entry.samples
+            if sampled:  # empty for a prefill chunk
+                deltas.append(self._append_tokens(request, sampled, token_rows))
         return deltas
+
+    def _is_live(self, entry: _InFlight) -> bool:
+        request = entry.request
+        return (
+            self.requests.get(request.req_id) is request
+            and request.num_preemptions == entry.incarnation
+        )
 
     def _append_tokens(
         self, request: Request, sampled: list[int], token_rows: list[tuple | None]
@@ -364,7 +447,7 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self.kv.free(request)
+        self._free_blocks(request)
         request.status = status
         del self.requests[request.req_id]
         del self._keys[request.req_id]

@@ -12,6 +12,11 @@ class WorkerFailure(RuntimeError):
     """A worker died or failed a step; the message names the rank."""
 
 
+class StepRejected(ValueError):
+    """Every rank rejected a step's plan before applying any of it; the
+    workers keep serving."""
+
+
 class OutputFuture(Protocol):
     def result(self, timeout: float | None = None) -> ModelRunnerOutput: ...
 

@@ -5,6 +5,9 @@ a PULL socket (replies). A reader thread owns the PULL socket: it resolves
 step futures from the output rank's replies and control futures once every
 rank has answered, and it watches the worker processes: a dead worker fails
 every pending future at once with an error naming its rank and exit code.
+Every rank sends a heartbeat twice a second with the last step it started
+and finished: a step still pending after ``step_timeout_s`` fails with an
+error naming the ranks that have not finished it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,21 @@ from typing import Any
 
 import zmq
 
-from executor.base import Executor, WorkerFailure
+from executor.base import Executor, StepRejected, WorkerFailure
 from ipc.channels import BroadcastPublisher, ReplyReceiver, wait_for_subscribers
 from ipc.endpoints import Endpoints
-from ipc.messages import ControlCall, ControlReply, ModelRunnerOutput, SchedulerOutput, WorkerError
+from ipc.messages import (
+    ControlCall,
+    ControlReply,
+    Heartbeat,
+    ModelRunnerOutput,
+    SchedulerOutput,
+    WorkerError,
+)
 
 logger = logging.getLogger(__name__)
 
+SILENT_AFTER_S = 2.0  # heartbeats come every 0.5 s
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -40,8 +51,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class MultiprocExecutor(Executor):
     def __init__(self, world_size: int, device: str, master_addr: str = "127.0.0.1",
-                 master_port: int | None = None, start_timeout_s: float = 120.0):
+                 master_port: int | None = None, start_timeout_s: float = 120.0,
+                 step_timeout_s: float = 300.0):
         self.world_size = world_size
+        self.step_timeout_s = step_timeout_s
+        self.step_sent_at: dict[int, float] = {}
+        self.heartbeats: dict[int, Heartbeat] = {}
+        self.heartbeat_at: dict[int, float] = {}
         self.endpoints = Endpoints.create()
         self.ctx = zmq.Context()
         self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
@@ -68,6 +84,7 @@ class MultiprocExecutor(Executor):
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size),
                    LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        env["TPRUN_PARENT_PID"] = str(os.getpid())
         cmd = [sys.executable, "-m", "worker", "--broadcast", self.endpoints.broadcast,
                "--reply", self.endpoints.reply, "--device", device]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
@@ -90,6 +107,7 @@ class MultiprocExecutor(Executor):
             futures = list(self.step_futures.values())
             futures += [f for f, _ in self.control_futures.values()]
             self.step_futures.clear()
+            self.step_sent_at.clear()
             self.control_futures.clear()
         for future in futures:
             if not future.done():
@@ -99,25 +117,67 @@ class MultiprocExecutor(Executor):
     def _read_replies(self) -> None:
         while not self.closing:
             reply = self.receiver.recv(timeout_ms=100)
-            if reply is None:
-                if not self.closing and (failure := self._dead_worker()) is not None:
+            if reply is None or isinstance(reply, Heartbeat):
+                if reply is not None:
+                    self.heartbeats[reply.rank] = reply
+                    self.heartbeat_at[reply.rank] = time.monotonic()
+                failure = None if self.closing else self._dead_worker() or self._stuck_step()
+                if failure is not None:
                     logger.error("%s", failure)
                     self._fail_all(failure)
                     return
-                continue
-            if isinstance(reply, ModelRunnerOutput):
-                with self.lock:
-                    future = self.step_futures.pop(reply.step_id, None)
-                if future is not None:
-                    future.set_result(reply)
+            elif isinstance(reply, ModelRunnerOutput):
+                self._resolve_step(reply.step_id, result=reply)
             elif isinstance(reply, ControlReply):
                 self._on_control_reply(reply)
+            elif isinstance(reply, WorkerError) and not reply.fatal:
+                self._resolve_step(reply.step_id, error=StepRejected(
+                    f"step {reply.step_id} rejected by rank {reply.rank}: {reply.error}"))
             elif isinstance(reply, WorkerError):
-                failure = WorkerFailure(
+                failure = self._dead_worker_soon() or WorkerFailure(
                     f"worker rank {reply.rank} failed step {reply.step_id}:\n{reply.error}"
                 )
                 logger.error("%s", failure)
                 self._fail_all(failure)
+
+    def _dead_worker_soon(self, wait_s: float = 0.5) -> WorkerFailure | None:
+        """A rank's step often fails because a peer died under a collective:
+        name the dead peer, if one shows up within ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if (failure := self._dead_worker()) is not None:
+                return failure
+            time.sleep(0.02)
+        return None
+
+    def _resolve_step(self, step_id: int, result=None, error: Exception | None = None) -> None:
+        with self.lock:
+            future = self.step_futures.pop(step_id, None)
+            self.step_sent_at.pop(step_id, None)
+        if future is None:
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def _stuck_step(self) -> WorkerFailure | None:
+        """A failure naming the ranks behind on the oldest overdue step."""
+        with self.lock:
+            if not self.step_sent_at:
+                return None
+            step_id, sent = min(self.step_sent_at.items())
+        waited = time.monotonic() - sent
+        if waited < self.step_timeout_s:
+            return None
+        now = time.monotonic()
+        behind = [r for r in range(self.world_size)
+                  if r not in self.heartbeats or self.heartbeats[r].step_finished < step_id]
+        silent = [r for r in range(self.world_size)
+                  if now - self.heartbeat_at.get(r, sent) > SILENT_AFTER_S]
+        return WorkerFailure(
+            f"step {step_id} did not complete within {self.step_timeout_s:g}s: ranks {behind} "
+            f"have not finished it; ranks {silent} sent no heartbeat for {SILENT_AFTER_S:g}s")
 
     def _on_control_reply(self, reply: ControlReply) -> None:
         with self.lock:
@@ -155,6 +215,8 @@ class MultiprocExecutor(Executor):
     def execute_model(self, plan: SchedulerOutput) -> Future:
         future: Future = Future()
         self._register(self.step_futures, plan.step_id, future)
+        with self.lock:
+            self.step_sent_at[plan.step_id] = time.monotonic()
         self.publisher.publish(plan)
         return future
 
@@ -164,6 +226,11 @@ class MultiprocExecutor(Executor):
         self.closing = True
         if getattr(self, "reader", None) is not None:
             self.reader.join(timeout=2)
+        if self.failure is not None:
+            # A failed group may sit in a collective forever: do not wait.
+            for proc in self.procs:
+                if proc.poll() is None:
+                    proc.kill()
         try:
             self.publisher.publish(ControlCall(call_id=-1, method="shutdown"))
         except zmq.ZMQError:

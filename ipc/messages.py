@@ -121,11 +121,26 @@ class ControlReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class WorkerError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """A rank failed a step: which rank, which step, the traceback text."""
+    """A rank failed a step: which rank, which step, the traceback text.
+
+    ``fatal=False`` means the plan was rejected before anything changed
+    (every rank rejects it alike) and the worker keeps serving; otherwise
+    the rank's state is unknown and the executor must stop.
+    """
 
     rank: int
     step_id: int
     error: str
+    fatal: bool = True
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Sent by every rank twice a second: the last step it started and the
+    last it finished queueing, so a stuck step can name the stuck ranks."""
+
+    rank: int
+    step_started: int
+    step_finished: int
 
 
 class Hello(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -146,4 +161,4 @@ class Sync(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 Broadcast = SchedulerOutput | ControlCall | Sync
-Reply = ModelRunnerOutput | ControlReply | WorkerError | Hello
+Reply = ModelRunnerOutput | ControlReply | WorkerError | Hello | Heartbeat

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ipc.messages import SchedulerOutput
@@ -34,7 +33,8 @@ from runner.kv_cache import (
 )
 from runner.model_config import ModelConfig
 from runner.models import build_model, build_model_from_config
-from runner.sampler import SamplingStates, sample
+from runner.plan_check import check_plan
+from runner.sampler import Sampler, SamplerOutput
 from runner.states import RequestState
 
 
@@ -66,7 +66,7 @@ class ModelRunner:
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)
-        self.sampling = SamplingStates(n, device, config.seed)
+        self.sampling = Sampler(n, self.model.config.vocab_size, device, config.seed)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -142,54 +142,29 @@ class ModelRunner:
             if req_id in self.req_states.req_id_to_index:
                 self.req_states.remove_request(req_id)
         for new in plan.scheduled_new_reqs:
-            self._check_blocks(new.req_id, new.block_ids)
             slot = self.req_states.add_request(new)
-            self.sampling.add_request(slot, new.sampling)
+            self.sampling.add_request(
+                slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
+            )
             self.block_tables.add_request(slot, new.block_ids[0])
         cached = plan.scheduled_cached_reqs
         for req_id, blocks, computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
-            slot = self.req_states.req_id_to_index.get(req_id)
-            if slot is None:
-                raise ValueError(f"step {plan.step_id}: unknown request {req_id!r}")
-            self._check_blocks(req_id, blocks)
+            slot = self.req_states.req_id_to_index[req_id]
             self.req_states.set_num_computed_tokens(slot, computed)
             self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
         self.req_states.apply_staged_writes()
-        self.sampling.apply_staged_writes()
+        self.sampling.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
-
-    def _check_blocks(self, req_id: str, block_ids: list[list[int]]) -> None:
-        for group in block_ids:
-            for b in group:
-                if not 0 <= b < self.num_blocks:
-                    raise ValueError(
-                        f"request {req_id!r}: block id {b} outside the cache (0..{self.num_blocks - 1})"
-                    )
-
-    def _check_plan(self, plan: SchedulerOutput) -> None:
-        total = sum(plan.num_scheduled_tokens.values())
-        if total != plan.total_num_scheduled_tokens:
-            raise ValueError(f"step {plan.step_id}: token counts do not add up")
-        if total > self.config.max_num_batched_tokens:
-            raise ValueError(
-                f"step {plan.step_id}: {total} tokens exceed max_num_batched_tokens "
-                f"{self.config.max_num_batched_tokens}"
-            )
-        for req_id, n in plan.num_scheduled_tokens.items():
-            if req_id not in self.req_states.req_id_to_index or n < 1:
-                raise ValueError(f"step {plan.step_id}: bad scheduled request {req_id!r} ({n})")
-            slot = self.req_states.req_id_to_index[req_id]
-            if self.req_states.num_computed_tokens_np[slot] + n > self.config.max_model_len:
-                raise ValueError(f"step {plan.step_id}: request {req_id!r} passes max_model_len")
 
     # ---- the step -------------------------------------------------------
     @torch.no_grad()
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
+        check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
+                   self.config.max_num_batched_tokens)
         self._update_states(plan)
-        self._check_plan(plan)
         graph_size = self._graph_size(plan)
         batch = plan_batch(
             plan.num_scheduled_tokens,
@@ -263,17 +238,16 @@ class ModelRunner:
             raise RuntimeError("sample_tokens called without execute_model")
         batch = step.plan
         if step.hidden_states is None:
-            empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+            empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, [], batch.sample_mask_np, empty, self.copy_stream)
         logits = self.model.compute_logits(step.hidden_states[step.logits_indices])
         idx_mapping = self.buffers.idx_mapping[: batch.num_reqs].long()
-        temperature = self.sampling.temperature.gpu[idx_mapping]
-        seeds = self.sampling.seeds.gpu[idx_mapping]
-        positions = self.buffers.positions[step.logits_indices] + 1
-        all_greedy = bool(np.all(self.sampling.temperature_np[batch.idx_mapping_np] == 0))
-        sampled = sample(logits.float(), temperature, seeds, positions, all_greedy)
+        positions = self.buffers.positions[step.logits_indices] + 1  # of the sampled token
+        prefill_len = self.req_states.prefill_len.gpu[idx_mapping]
+        sample_mask = self.buffers.seq_lens[: batch.num_reqs] >= prefill_len
+        out = self.sampling(logits, idx_mapping, batch.idx_mapping_np, positions, sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.req_ids, batch.sample_mask_np, sampled, self.copy_stream
+            step.step_id, batch.req_ids, batch.sample_mask_np, out, self.copy_stream
         )
-        self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, sampled)
+        self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output

@@ -19,7 +19,9 @@ import zmq
 
 from ipc.channels import BroadcastSubscriber, ReplySender
 from ipc.messages import ControlCall, ControlReply, Hello, SchedulerOutput, Sync, WorkerError
+from runner.plan_check import InvalidPlanError
 from worker.env import TorchrunEnv
+from worker.heartbeat import HeartbeatThread
 from worker.output_thread import OutputCopyThread
 from worker.worker import Worker
 
@@ -27,14 +29,14 @@ logger = logging.getLogger("tprun.worker")
 
 
 def serve(worker: Worker, subscriber: BroadcastSubscriber, sender: ReplySender,
-          output: OutputCopyThread | None, parent_pid: int) -> None:
+          output: OutputCopyThread | None, heartbeat: HeartbeatThread, parent_pid: int) -> None:
     rank = worker.env.rank
     while True:
         message = subscriber.recv(timeout_ms=1000)
         if message is None:
             if os.getppid() != parent_pid:
                 logger.error("rank %d: parent process is gone, exiting", rank)
-                return
+                os._exit(1)  # nobody to reply to: skip a cleanup that could block
             continue
         if isinstance(message, Sync):
             sender.send(Hello(rank=rank, pid=os.getpid(), sync_id=message.sync_id))
@@ -49,13 +51,20 @@ def serve(worker: Worker, subscriber: BroadcastSubscriber, sender: ReplySender,
                 error = traceback.format_exc()
                 sender.send(ControlReply(call_id=message.call_id, rank=rank, error=error))
         elif isinstance(message, SchedulerOutput):
+            heartbeat.step_started = message.step_id
             try:
                 async_output = worker.execute(message)
+            except InvalidPlanError as e:  # nothing applied; every rank agrees
+                logger.error("rank %d: rejected step %d: %s", rank, message.step_id, e)
+                sender.send(WorkerError(rank=rank, step_id=message.step_id, error=str(e),
+                                        fatal=False))
+                continue
             except Exception:
                 error = traceback.format_exc()
                 logger.error("rank %d: step %d failed:\n%s", rank, message.step_id, error)
                 sender.send(WorkerError(rank=rank, step_id=message.step_id, error=error))
                 continue
+            heartbeat.step_finished = message.step_id
             if output is not None:
                 output.put(async_output)
 
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    parent_pid = os.getppid()
+    parent_pid = int(os.environ.get("TPRUN_PARENT_PID", os.getppid()))
     env = TorchrunEnv.from_environ()
     ctx = zmq.Context()
     subscriber = BroadcastSubscriber(ctx, args.broadcast)
@@ -76,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     sender.send(Hello(rank=env.rank, pid=os.getpid()))
     worker = Worker(env, args.device)
     output = OutputCopyThread(ReplySender(ctx, args.reply), env.rank) if worker.is_output_rank else None
+    heartbeat = HeartbeatThread(ctx, args.reply, env.rank)
     try:
-        serve(worker, subscriber, sender, output, parent_pid)
+        serve(worker, subscriber, sender, output, heartbeat, parent_pid)
     finally:
+        heartbeat.stop()
         if output is not None:
             output.stop()
         worker.shutdown()

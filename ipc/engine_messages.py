@@ -1,0 +1,126 @@
+"""Messages between engine clients and ``tprun serve``, as msgspec Structs.
+
+The server binds a ROUTER socket; each client connects a DEALER, so every
+answer goes to the client that asked. Client -> server: ``GenerateRequest``,
+``AbortRequest``, ``StatsRequest``. Server -> client: ``RequestAccepted``,
+``Outputs`` (the new tokens of that client's requests in one engine step),
+``RequestError``, ``EngineStats``.
+
+Request ids are the client's own; they need only be unique among that
+client's live requests. All unions are tagged; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Generate for one prompt: give exactly one of ``prompt`` (text) and
+    ``prompt_token_ids``. ``sampling_params`` holds ``SamplingParams``
+    fields by name; missing ones take their defaults."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling_params: dict[str, Any] = {}
+
+
+class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Stop a request; it is answered with a last ``Delta`` whose
+    ``finish_reason`` is "abort". Unknown or finished ids are ignored."""
+
+    request_id: str
+
+
+class StatsRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Ask for an ``EngineStats`` snapshot (also a health check)."""
+
+
+class RequestAccepted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The request passed validation and is queued; its prompt's ids."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+
+
+class Delta(msgspec.Struct, frozen=True, kw_only=True):
+    """New tokens of one request, and the text they complete. ``finish_reason``
+    ("stop", "length", "abort") is set exactly when ``finished`` is."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+
+
+class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """One engine step's deltas for one client's requests."""
+
+    deltas: list[Delta]
+
+
+class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A request was refused (nothing of it was scheduled). ``request_id``
+    is None when the message was too malformed to name one."""
+
+    request_id: str | None
+    error: str
+
+
+class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A snapshot of the engine: its queues, its KV blocks, its counters
+    since start (tokens, steps, preemptions, prefix-cache lookups)."""
+
+    num_running: int
+    num_waiting: int
+    num_blocks: int
+    num_free_blocks: int
+    kv_usage: float
+    prefix_hit_rate: float
+    num_preemptions: int
+    num_steps: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_scheduled_tokens: int
+
+
+ClientMessage = GenerateRequest | AbortRequest | StatsRequest
+ServerMessage = RequestAccepted | Outputs | RequestError | EngineStats
+
+_encoder = msgspec.msgpack.Encoder()
+_client_decoder = msgspec.msgpack.Decoder(ClientMessage)
+_server_decoder = msgspec.msgpack.Decoder(ServerMessage)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_client_message(data: bytes) -> ClientMessage:
+    """Raises ``ValueError`` naming what is wrong with malformed bytes."""
+    try:
+        return _client_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"malformed request: {e}") from None
+
+
+def decode_server_message(data: bytes) -> ServerMessage:
+    try:
+        return _server_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"malformed reply from the engine: {e}") from None
+
+
+def request_id_of(data: bytes) -> str | None:
+    """The ``request_id`` field of a message that failed to decode, if its
+    bytes are a msgpack map holding a string there."""
+    try:
+        raw = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    value = raw.get("request_id") if isinstance(raw, dict) else None
+    return value if isinstance(value, str) else None
