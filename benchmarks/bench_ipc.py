@@ -439,7 +439,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--iters", type=int, default=2000, help="measured round trips per mode")
     parser.add_argument("--warmup", type=int, default=200, help="left-out round trips per mode")
-    parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per mode")
+    parser.add_argument("--rounds", type=int, default=10, help="alternating blocks per mode")
     parser.add_argument("--transport", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"],
                         help="ipc:// (what tprun uses) and/or tcp://127.0.0.1 loopback")
     parser.add_argument("--num-reqs", type=int, default=256)

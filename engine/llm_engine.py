@@ -1,9 +1,10 @@
 """The engine: scheduler + KV block pool + an executor, one step at a time.
 
 One step (``step``): schedule, send the plan to the workers, wait for the
-output rank's reply, append tokens, check stops. Requests are validated
-before anything is scheduled; an invalid one raises ``ValueError`` and
-leaves the engine as it was.
+output rank's reply, append tokens, check stops. With async scheduling the
+engine sends the next step before it waits for the previous one's reply
+(see ``step``). Requests are validated before anything is scheduled; an
+invalid one raises ``ValueError`` and leaves the engine as it was.
 """
 
 from __future__ import annotations
@@ -12,15 +13,20 @@ import dataclasses
 import itertools
 import logging
 
+from dataclasses import dataclass
+
 from engine.config import EngineConfig
 from engine.model_info import ModelInfo
 from engine.outputs import RequestOutputDelta
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
+from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import Tokenizer
-from executor.base import Executor
+from executor.base import Executor, OutputFuture
+from ipc.engine_messages import EngineStats
+from ipc.messages import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +44,14 @@ def make_executor(config: EngineConfig, device: str) -> Executor:
 
     return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
                              config.master_port)
+
+
+@dataclass(frozen=True)
+class _SentStep:
+    """A step sent to the workers whose output is not absorbed yet."""
+
+    plan: SchedulerOutput
+    future: OutputFuture
 
 
 class LLMEngine:
@@ -62,8 +76,15 @@ class LLMEngine:
             max_model_len=self.max_model_len,
             block_size=config.block_size,
             num_blocks=self.num_blocks,
+            enable_prefix_caching=config.enable_prefix_caching,
         ))
         self.request_ids = itertools.count()
+        self.in_flight: _SentStep | None = None  # async scheduling only
+        self.counters = StepCounters()
+        self.stats_logger = None
+        if not config.disable_log_stats:
+            self.stats_logger = StatsLogger(self.get_stats, self._prefix_counts,
+                                            config.log_stats_interval_s)
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
 
@@ -117,17 +138,59 @@ class LLMEngine:
         self.scheduler.add_request(request)
         return request
 
-    def abort(self, req_ids: list[str]) -> None:
-        self.scheduler.abort_requests(req_ids)
+    def abort(self, req_ids: list[str]) -> list[RequestOutputDelta]:
+        """Finish the requests as "abort" and free their blocks; a token in
+        flight for them is discarded. Unknown or finished ids are ignored.
+        Returns one (last) delta per request aborted."""
+        live = [r for r in req_ids if r in self.scheduler.requests]
+        self.scheduler.abort_requests(live)
+        return [RequestOutputDelta(r, [], True, "abort") for r in live]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests queued or running, or a step whose output is pending."""
+        return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     # ---- the step ------------------------------------------------------
     def step(self) -> list[RequestOutputDelta]:
+        """One turn of the engine loop; returns the deltas of one step.
+
+        Synchronous: schedule step N, send it, wait for its output, absorb it.
+        Async (``async_scheduling``): schedule and send step N+1, then wait
+        for step N's output and absorb it, so the workers compute N+1 while
+        the host absorbs N and later schedules N+2. At most two steps are in
+        flight; a decode in N+1 reads its input token, sampled by N, on the
+        device. The first call after idling returns no deltas.
+        """
+        sent = self._send() if self.scheduler.has_unfinished_requests() else None
+        if self.config.async_scheduling:
+            sent, self.in_flight = self.in_flight, sent
+        deltas = self._absorb(sent)
+        self.maybe_log_stats()
+        return deltas
+
+    def _send(self) -> _SentStep:
         plan = self.scheduler.schedule()
-        output = self.executor.execute_model(plan).result()
-        return self.scheduler.update_from_output(plan, output)
+        return _SentStep(plan, self.executor.execute_model(plan))
+
+    def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
+        if sent is None:
+            return []
+        deltas = self.scheduler.update_from_output(sent.plan, sent.future.result())
+        num_generated = sum(len(d.new_token_ids) for d in deltas)
+        self.counters.on_step(sent.plan.total_num_scheduled_tokens, num_generated)
+        return deltas
+
+    # ---- stats ---------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        return snapshot(self.scheduler, self.counters)
+
+    def _prefix_counts(self) -> tuple[int, int]:
+        return self.scheduler.kv.prefix_hits, self.scheduler.kv.prefix_queries
+
+    def maybe_log_stats(self) -> None:
+        """Log the stats line if its interval has passed (and logging is on)."""
+        if self.stats_logger is not None:
+            self.stats_logger.maybe_log()
 
     def shutdown(self) -> None:
         self.executor.shutdown()

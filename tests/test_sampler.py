@@ -387,6 +387,15 @@ def test_reused_slot_starts_with_clean_penalty_rows():
     assert sampler.penalties.output_counts[4].nonzero().flatten().tolist() == [10]
 
 
+def test_bad_options_are_rejected_before_anything_is_staged():
+    sampler = Sampler(4, 10, CPU, 0)
+    for bad in (opts(top_p=0.0), opts(temperature=-1.0), opts(min_p=1.5),
+                opts(repetition_penalty=0.0), opts(logprobs=-2)):
+        with pytest.raises(ValueError, match="bad sampling options"):
+            sampler.add_request(1, bad, 1, 1)
+    assert sampler.states.floats.num_staged == 0 and not sampler.penalties._pending
+
+
 # ---- logprobs -----------------------------------------------------------------
 
 LOGPROB_REQS = {

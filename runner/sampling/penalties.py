@@ -35,9 +35,7 @@ class PenaltyState:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device):
         self.vocab_size = vocab_size
         self.prompt_mask = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool, device=device)
-        self.output_counts = torch.zeros(
-            max_num_reqs, vocab_size, dtype=torch.int32, device=device
-        )
+        self.output_counts = torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32, device=device)
         self._pending: list[tuple[int, int, int]] = []  # (slot, prompt_len, prefill_len)
 
     def add_request(self, slot: int, prompt_len: int, prefill_len: int) -> None:

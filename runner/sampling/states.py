@@ -75,7 +75,9 @@ class SamplingStates:
 
     def add_request(self, slot: int, options: SamplingOptions) -> None:
         """Stage the slot's parameters (applied by ``apply_staged_writes``)."""
-        _check(options)
+        problem = sampling_options_error(options)
+        if problem is not None:
+            raise ValueError(f"bad sampling options: {problem}")
         row = _float_row(options)
         greedy = row[TEMPERATURE] == 0.0
         top_k = 0 if greedy else max(options.top_k, 0)
@@ -141,8 +143,9 @@ def _float_row(options: SamplingOptions) -> np.ndarray:
     return row
 
 
-def _check(options: SamplingOptions) -> None:
-    """ValueError for parameters the sampler cannot honour (the engine checks first)."""
+def sampling_options_error(options: SamplingOptions) -> str | None:
+    """What the sampler cannot honour in ``options`` (None: nothing); the
+    engine validates first, so this only guards against a bad plan."""
     problems = []
     if not options.temperature >= 0:
         problems.append(f"temperature {options.temperature} < 0")
@@ -154,5 +157,4 @@ def _check(options: SamplingOptions) -> None:
         problems.append(f"repetition_penalty {options.repetition_penalty} <= 0")
     if options.logprobs is not None and options.logprobs < 0:
         problems.append(f"logprobs {options.logprobs} < 0")
-    if problems:
-        raise ValueError("bad sampling options: " + "; ".join(problems))
+    return "; ".join(problems) if problems else None
