@@ -193,6 +193,7 @@ class Cluster:
 
     def __init__(self, tp: int, transport: str, num_reqs: int, start_timeout_s: float):
         self.tp = tp
+        self.raw_synced = False
         self.call_ids = 0
         self.procs: list[subprocess.Popen] = []
         self.endpoints = Endpoints.create()
@@ -269,8 +270,12 @@ class Cluster:
     # ---- mode switches -----------------------------------------------------
     def to_bare(self) -> None:
         self._control("bare")
-        # Raw subscriptions: publish SYNC until every rank acknowledged one,
-        # then a barrier that flushes the surplus SYNC acknowledgements.
+        if not self.raw_synced:
+            self._raw_handshake()
+        self._raw_barrier(BARRIER)  # also flushes surplus SYNC acknowledgements
+
+    def _raw_handshake(self) -> None:
+        """Publish SYNC until every rank acknowledged one (raw subscriptions up)."""
         synced: set[int] = set()
         deadline = time.monotonic() + REPLY_TIMEOUT_MS / 1000
         while len(synced) < self.tp:
@@ -278,11 +283,11 @@ class Cluster:
                 raise TimeoutError(f"raw subscribers {sorted(set(range(self.tp)) - synced)}")
             self.raise_if_dead()
             self.pub.send(SYNC)
-            while self.pull.poll(50):
-                ack = self.pull.recv()
-                if ack[1:] == SYNC:
+            end = time.monotonic() + 0.05
+            while len(synced) < self.tp and (left := end - time.monotonic()) > 0:
+                if self.pull.poll(int(left * 1000) + 1) and (ack := self.pull.recv())[1:] == SYNC:
                     synced.add(ack[0])
-        self._raw_barrier(BARRIER)
+        self.raw_synced = True
 
     def to_ipc(self) -> None:
         self._raw_barrier(TO_IPC)
@@ -439,7 +444,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--iters", type=int, default=2000, help="measured round trips per mode")
     parser.add_argument("--warmup", type=int, default=200, help="left-out round trips per mode")
-    parser.add_argument("--rounds", type=int, default=10, help="alternating blocks per mode")
+    parser.add_argument("--rounds", type=int, default=20, help="alternating blocks per mode")
     parser.add_argument("--transport", nargs="+", choices=("ipc", "tcp"), default=["ipc", "tcp"],
                         help="ipc:// (what tprun uses) and/or tcp://127.0.0.1 loopback")
     parser.add_argument("--num-reqs", type=int, default=256)

@@ -37,6 +37,8 @@ class EngineConfig:
     attention_backend: str | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int = 1 << 30
+    load_format: str = "auto"
+    step_timeout_s: float = 300.0
     executor: str | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None

@@ -22,6 +22,12 @@ class LLM:
     def __init__(self, model: str = "tiny", **kwargs):
         self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        return llm
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 

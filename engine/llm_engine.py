@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -43,7 +42,7 @@ def make_executor(config: EngineConfig, device: str) -> Executor:
     from executor.multiproc import MultiprocExecutor
 
     return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
-                             config.master_port)
+                             config.master_port, step_timeout_s=config.step_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class LLMEngine:
             max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
             max_model_len=self.max_model_len, seed=c.seed, enforce_eager=c.enforce_eager,
             attention_backend=c.attention_backend, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization,
+            gpu_memory_utilization=c.gpu_memory_utilization, load_format=c.load_format,
         )
 
     # ---- requests ------------------------------------------------------

@@ -1,6 +1,8 @@
 """``tprun``: torchrun's flags, then a subcommand that does the work.
 
     tprun --nproc-per-node 2 generate --model tiny --prompt "Hello" --json
+    tprun --nproc-per-node 2 serve --model tiny --endpoint-file /tmp/ep
+    tprun --nproc-per-node 2 bench --model tiny --num-prompts 64 --json
 
 The tprun process is the executor process (engine + executor); it starts
 one worker daemon per rank with the environment torchrun would set.
@@ -12,6 +14,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
@@ -29,6 +32,27 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                        default=True, help="send step N+1 before step N's output arrives "
+                        "(--no-async-scheduling: one step at a time)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=True)
+
+
+def _engine_config(args, **overrides):
+    from engine.config import EngineConfig
+
+    kwargs = dict(
+        model=args.model, tensor_parallel_size=args.nproc_per_node, device=args.device,
+        dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager, num_gpu_blocks_override=args.num_gpu_blocks_override,
+        seed=args.seed, executor="mp", master_addr=args.master_addr,
+        master_port=args.master_port, async_scheduling=args.async_scheduling,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+    kwargs.update(overrides)
+    return EngineConfig(**kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +74,38 @@ def build_parser() -> argparse.ArgumentParser:
                      help="per-request sampling seed (default: from --seed)")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
+    _serve_parser(sub)
+    _bench_parser(sub)
     return parser
+
+
+def _serve_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="serve the engine to clients over ZeroMQ")
+    _engine_args(serve)
+    serve.add_argument("--port", type=int, default=None,
+                       help="listen on tcp://127.0.0.1:PORT (0: any free port) instead of an "
+                       "ipc:// socket in a private directory")
+    serve.add_argument("--endpoint-file", default=None,
+                       help="write the endpoint address to this file once the engine is ready")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="no periodic stats line")
+    serve.add_argument("--log-stats-interval", type=float, default=10.0,
+                       help="seconds between stats lines")
+
+
+def _bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="throughput and latency (in-process engine)")
+    _engine_args(bench)
+    bench.add_argument("--num-prompts", type=int, default=64)
+    bench.add_argument("--input-len", type=int, default=128, help="random prompt length")
+    bench.add_argument("--output-len", type=int, default=64, help="output tokens per request")
+    bench.add_argument("--dataset", default=None,
+                       help='JSONL file, one {"prompt": ...} or {"prompt_token_ids": [...]} '
+                       '(optional "max_tokens") per line')
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--no-warmup", action="store_true")
+    bench.add_argument("--json", action="store_true",
+                       help="print the summary as one JSON object (last line of stdout)")
 
 
 def _prompts(args) -> list:
@@ -69,12 +124,7 @@ def run_generate(args) -> int:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.sampling_seed, ignore_eos=args.ignore_eos)
     prompts = _prompts(args)
-    with LLM(model=args.model, tensor_parallel_size=args.nproc_per_node, device=args.device,
-             dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-             max_num_batched_tokens=args.max_num_batched_tokens,
-             max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-             num_gpu_blocks_override=args.num_gpu_blocks_override, seed=args.seed,
-             executor="mp", master_addr=args.master_addr, master_port=args.master_port) as llm:
+    with LLM.from_config(_engine_config(args)) as llm:
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
     for i, out in enumerate(outputs):
         completion = out.outputs[0]
@@ -88,6 +138,55 @@ def run_generate(args) -> int:
     return 0
 
 
+def run_serve(args) -> int:
+    """Start the engine, then serve it until SIGINT or SIGTERM."""
+    from engine.llm_engine import LLMEngine
+    from engine.server import Endpoint, EngineServer
+
+    config = _engine_config(args, disable_log_stats=args.disable_log_stats,
+                            log_stats_interval_s=args.log_stats_interval)
+    if not args.disable_log_stats:
+        logging.getLogger("tprun.stats").setLevel(logging.INFO)
+    endpoint = Endpoint.create(args.port)  # checks --port before the workers start
+    engine = LLMEngine(config)
+    try:
+        server = EngineServer(engine, endpoint, args.endpoint_file)
+    except BaseException:
+        engine.shutdown()
+        endpoint.cleanup()
+        raise
+    previous = {sig: signal.signal(sig, lambda *_: server.stop())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    print(f"tprun serve: engine endpoint {server.address}", flush=True)
+    try:
+        server.serve()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.close()
+        engine.shutdown()
+    return 0
+
+
+def run_bench(args) -> int:
+    from engine.bench import BenchConfig, format_summary, run_bench
+    from engine.llm_engine import LLMEngine
+
+    bench = BenchConfig(num_prompts=args.num_prompts, input_len=args.input_len,
+                        output_len=args.output_len, dataset=args.dataset, seed=args.seed,
+                        temperature=args.temperature, warmup=not args.no_warmup)
+    engine = LLMEngine(_engine_config(args))
+    try:
+        summary = run_bench(engine, bench)
+    finally:
+        engine.shutdown()
+    print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
+    return 0
+
+
+COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
@@ -95,12 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     from executor.base import WorkerFailure
 
     try:
-        if args.command == "generate":
-            return run_generate(args)
-    except (ValueError, WorkerFailure, TimeoutError) as e:
+        return COMMANDS[args.command](args)
+    except (ValueError, OSError, WorkerFailure, TimeoutError) as e:
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1
-    return 2
 
 
 if __name__ == "__main__":

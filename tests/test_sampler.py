@@ -453,6 +453,18 @@ def test_no_logprobs_when_no_row_asks():
     assert reply.logprobs is None and len(reply.sampled_token_ids) == 3
 
 
+def test_logprobs_zero_gives_only_the_sampled_token():
+    sampler = make_sampler({1: (opts(temperature=1.0, seed=3, logprobs=0), [1], [])}, 20)
+    logits = torch.randn(2, 20)
+    out = run(sampler, logits, [1, 1], [4, 5])
+    reply = AsyncOutput(0, ["a", "b"], np.ones(2, bool), out, None).get_output()
+    assert reply.logprobs.top_token_ids == [[], []]
+    for j in range(2):
+        token = reply.sampled_token_ids[j][0]
+        want = torch.log_softmax(logits[j].double(), -1)[token].item()
+        assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
+
+
 # ---- CUDA: no host sync, same tokens as the CPU ----------------------------------
 
 @pytest.mark.gpu

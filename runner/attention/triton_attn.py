@@ -63,12 +63,16 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
     """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
 
     Decode-like batches use the smallest tensor-core tile that holds the heads of
-    a KV group; batches with prefill chunks use 64 rows to reuse each K/V tile.
+    a KV group and long key tiles (memory-bound: fewer, larger loads); batches with
+    prefill chunks use 64 rows to reuse each K/V tile. Measured on an H200 with
+    Llama-3-8B heads (benchmarks/bench_attention.py --sweep).
     """
     rows = nqpk * max(1, min(max_query_len, 64))
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     block_m = max(block_m, triton.next_power_of_2(nqpk))
-    tile_n = 64 if head_dim <= 128 else 32
+    tile_n = 128 if max_query_len <= MAX_SPLIT_QUERY_LEN else 64
+    if head_dim > 128:
+        tile_n //= 2
     num_warps = 4 if block_m <= 64 else 8
     return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
 

@@ -160,7 +160,8 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    q_block = tl.program_id(0)
+    # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
+    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     row = _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
     is_req = row < num_reqs
@@ -200,7 +201,7 @@ def _paged_attention_kernel(
         tile_hi = num_tiles
 
     # Leading tiles whose keys all precede the q-block's first token need no mask.
-    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
+    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 2) // TILE_N, 0), num_tiles)
 
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -1,0 +1,147 @@
+"""End-to-end throughput and inter-token latency against HF transformers.
+
+    python benchmarks/bench_e2e.py --shape 8b --num-requests 256 --input-len 512 --output-len 256
+
+Both run on the same GPU in the same process, HF first (then freed): HF
+``generate`` (eager, dynamic cache, greedy) over the same random prompts in
+batches of ``--hf-batch``; tprun through the in-process engine (TP=1, CUDA
+graphs, async scheduling) on all requests at once, and again with only
+``--hf-batch`` requests so the two can be compared at the same batch size.
+Weights are random bf16 of the real shape. Prints a JSON summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.shapes import hf_config, write_shape  # noqa: E402
+
+
+def random_prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1000, 100000, (n, length), generator=g).tolist()
+
+
+def run_hf(shape: str, prompts: list[list[int]], output_len: int, batch: int) -> dict:
+    import transformers
+
+    config = hf_config(shape)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM._from_config(config, torch_dtype=torch.bfloat16)
+    model.eval()
+    step_times, total_tokens = [], 0
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        ids = torch.tensor(prompts[i: i + batch], device="cuda")
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                           pad_token_id=0)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len,
+                                 do_sample=False, pad_token_id=0)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+        total_tokens += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        step_times.append(((t2 - t1) - (t1 - t0)) / (output_len - 1))
+    elapsed = time.perf_counter() - start
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"batch": batch, "requests": len(prompts), "output_tokens": total_tokens,
+            "elapsed_s": round(elapsed, 3), "output_tokens_per_s": round(total_tokens / elapsed, 1),
+            "decode_step_ms": round(statistics.median(step_times) * 1e3, 3)}
+
+
+def run_tprun(model_dir: str, prompts: list[list[int]], output_len: int, max_num_seqs: int,
+              async_scheduling: bool) -> dict:
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    llm = LLM(model=model_dir, load_format="dummy", device="cuda", dtype="bfloat16",
+              max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
+              max_model_len=len(prompts[0]) + output_len + 16, async_scheduling=async_scheduling,
+              enable_prefix_caching=False)
+    try:
+        engine = llm.engine
+        engine.add_request({"prompt_token_ids": prompts[0][:16]},
+                           SamplingParams(temperature=0.0, max_tokens=4))
+        while engine.has_unfinished_requests():  # warm-up
+            engine.step()
+        arrival, times = {}, {}
+        start = time.perf_counter()
+        for p in prompts:
+            req = engine.add_request({"prompt_token_ids": p}, params)
+            arrival[req.req_id] = start
+            times[req.req_id] = []
+        while engine.has_unfinished_requests():
+            for delta in engine.step():
+                now = time.perf_counter()
+                times[delta.req_id].extend([now] * len(delta.new_token_ids))
+        elapsed = time.perf_counter() - start
+    finally:
+        llm.shutdown()
+    ttft = [t[0] - arrival[r] for r, t in times.items() if t]
+    itl = [b - a for t in times.values() for a, b in zip(t, t[1:]) if b > a]
+    total = sum(len(t) for t in times.values())
+    pct = lambda xs, q: round(statistics.quantiles(xs, n=100)[q - 1] * 1e3, 3)  # noqa: E731
+    return {"requests": len(prompts), "max_num_seqs": max_num_seqs,
+            "async_scheduling": async_scheduling, "output_tokens": total,
+            "elapsed_s": round(elapsed, 3), "output_tokens_per_s": round(total / elapsed, 1),
+            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
+            "itl_ms_mean": round(statistics.mean(itl) * 1e3, 3), "itl_ms_p50": pct(itl, 50),
+            "itl_ms_p99": pct(itl, 99)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8b", choices=("1b", "8b"))
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--hf-batch", type=int, default=32)
+    parser.add_argument("--hf-requests", type=int, default=32,
+                        help="requests HF runs (in batches of --hf-batch)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    prompts = random_prompts(args.num_requests, args.input_len)
+    model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
+    hf = run_hf(args.shape, prompts[: args.hf_requests], args.output_len, args.hf_batch)
+    print(json.dumps({"hf": hf}), flush=True)
+    ours_batch = run_tprun(model_dir, prompts[: args.hf_batch], args.output_len,
+                           args.hf_batch, async_scheduling=True)
+    print(json.dumps({"tprun_same_batch": ours_batch}), flush=True)
+    ours_all = run_tprun(model_dir, prompts, args.output_len, args.num_requests,
+                         async_scheduling=True)
+    print(json.dumps({"tprun_all": ours_all}), flush=True)
+    summary = {
+        "benchmark": "e2e", "shape": args.shape, "device": torch.cuda.get_device_name(),
+        "input_len": args.input_len, "output_len": args.output_len, "hf": hf,
+        "tprun_same_batch": ours_batch, "tprun_all": ours_all,
+        "throughput_ratio_same_batch": round(
+            ours_batch["output_tokens_per_s"] / hf["output_tokens_per_s"], 2),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    text = json.dumps(summary)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the H200 device machine: install the carried wheels, then run one stage.
+#   bash benchmarks/run_h200.sh tests|bench-small|bench-8b
+# Logs and JSON summaries go to $OUT (the device tool brings them back).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TPRUN_CACHE=/tmp/tprun-cache
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+case "${1:-tests}" in
+  tests)
+    timeout 420 python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest_gpu.log"
+    ;;
+  bench-small)
+    timeout 200 python3 benchmarks/bench_attention.py --out "$OUT/attention.json" 2>&1 | tail -60 | tee "$OUT/attention.log"
+    timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
+      --contexts 512 4096 --idle --out "$OUT/decode_1b.json" 2>&1 | tee "$OUT/decode_1b.log"
+    ;;
+  bench-8b)
+    timeout 280 python3 benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 256 \
+      --contexts 512 4096 --idle --out "$OUT/decode_8b.json" 2>&1 | tee "$OUT/decode_8b.log"
+    timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log"
+    ;;
+esac

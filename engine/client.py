@@ -1,0 +1,216 @@
+"""``EngineClient``: drive a ``tprun serve`` engine over its ZeroMQ endpoint.
+
+    with EngineClient("ipc:///tmp/tprun-serve-abc/engine") as client:
+        rid = client.submit("Hello", SamplingParams(max_tokens=8))
+        for delta in client.stream(rid):
+            print(delta.token_ids, delta.text, delta.finish_reason)
+        outs = client.generate(["a", {"prompt_token_ids": [1, 2]}])  # blocking
+
+One DEALER socket per client; the server answers each client only about
+its own requests, so any number of clients may share one engine. A client
+is not thread-safe: give each thread its own. Messages for every request
+are read as they come and queued per request, so streams may be consumed
+in any order. A refused request raises ``ValueError`` with the server's
+message; an engine that stays silent for ``timeout_s`` raises
+``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+from tqdm import tqdm
+
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.sampling_params import SamplingParams
+from ipc.engine_messages import (
+    AbortRequest,
+    Delta,
+    EngineStats,
+    GenerateRequest,
+    Outputs,
+    RequestAccepted,
+    RequestError,
+    StatsRequest,
+    decode_server_message,
+    encode,
+)
+
+
+def read_endpoint_file(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        endpoint = f.read().strip()
+    if not endpoint.startswith(("ipc://", "tcp://")):
+        raise ValueError(f"{path} does not hold an ipc:// or tcp:// endpoint")
+    return endpoint
+
+
+def _params_dict(params: SamplingParams | dict | None) -> dict:
+    if params is None:
+        return {}
+    if isinstance(params, SamplingParams):
+        return dataclasses.asdict(params)
+    return dict(params)
+
+
+@dataclass
+class _Stream:
+    """What has arrived for one request and is not consumed yet."""
+
+    items: deque[Delta | RequestError] = field(default_factory=deque)
+    prompt_token_ids: list[int] | None = None
+
+
+class EngineClient:
+    """``endpoint`` is an ``ipc://`` or ``tcp://`` address, or the path of
+    the file ``tprun serve --endpoint-file`` wrote."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 300.0):
+        if "://" not in endpoint:
+            endpoint = read_endpoint_file(endpoint)
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.ctx = zmq.Context()
+        self.socket = self.ctx.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.connect(endpoint)
+        self._streams: dict[str, _Stream] = {}
+        self._stats: deque[EngineStats] = deque()
+        self._ids = itertools.count()
+
+    # ---- requests ----------------------------------------------------------
+    def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
+               request_id: str | None = None) -> str:
+        """Send one request; returns its id. ``prompt`` is text,
+        ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``;
+        ``sampling_params`` a ``SamplingParams`` or a dict of its fields."""
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use by this client")
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        if not isinstance(prompt, dict) or set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+            raise ValueError(
+                "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+            )
+        message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
+                                  prompt_token_ids=prompt.get("prompt_token_ids"),
+                                  sampling_params=_params_dict(sampling_params))
+        self.socket.send(encode(message))
+        self._streams[request_id] = _Stream()
+        return request_id
+
+    def stream(self, request_id: str) -> Iterator[Delta]:
+        """The request's deltas as they come, the last one ``finished``.
+        Raises ``ValueError`` if the engine refused the request."""
+        if request_id not in self._streams:
+            raise KeyError(f"no live request {request_id!r} on this client")
+        items = self._streams[request_id].items
+        while True:
+            while not items:
+                self._receive()
+            item = items.popleft()
+            if isinstance(item, RequestError):
+                self._forget(request_id)
+                raise ValueError(f"request {request_id!r} refused: {item.error}")
+            if item.finished:
+                self._forget(request_id)
+            yield item
+            if item.finished:
+                return
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to stop the request; its stream ends with a delta
+        whose ``finish_reason`` is "abort" (unless it finished first)."""
+        self.socket.send(encode(AbortRequest(request_id=request_id)))
+
+    def generate(self, prompts: str | dict | Sequence[str | dict],
+                 sampling_params: SamplingParams | dict | Sequence | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of ``prompts``.
+        If one is refused, the others are aborted and ``ValueError`` raised."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one sampling_params, or one per prompt")
+        ids = [self.submit(p, sp) for p, sp in zip(prompts, sampling_params)]
+        outputs = []
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+            for i, (prompt, rid) in enumerate(zip(prompts, ids)):
+                try:
+                    outputs.append(self._collect(prompt, rid))
+                except BaseException:
+                    self._abandon(ids[i + 1:])
+                    raise
+                bar.update(1)
+        return outputs
+
+    def _collect(self, prompt: str | dict, request_id: str) -> RequestOutput:
+        completion = CompletionOutput(0, "", [])
+        entry = self._streams[request_id]
+        for delta in self.stream(request_id):
+            completion.token_ids.extend(delta.token_ids)
+            completion.text += delta.text
+            completion.finish_reason = delta.finish_reason
+        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
+        prompt_ids = entry.prompt_token_ids or []
+        return RequestOutput(request_id, text, prompt_ids, [completion], finished=True)
+
+    def _abandon(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            if rid in self._streams:
+                self.abort(rid)
+                self._forget(rid)
+
+    # ---- engine state ------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """The engine's queues, KV blocks and counters (a health check too)."""
+        self.socket.send(encode(StatsRequest()))
+        while not self._stats:
+            self._receive()
+        return self._stats.popleft()
+
+    # ---- plumbing ----------------------------------------------------------
+    def _receive(self) -> None:
+        """Wait for one message and queue it where it belongs."""
+        if not self.socket.poll(int(self.timeout_s * 1000)):
+            raise TimeoutError(f"no answer from the engine at {self.endpoint} "
+                               f"within {self.timeout_s} s")
+        message = decode_server_message(self.socket.recv())
+        if isinstance(message, Outputs):
+            for delta in message.deltas:
+                if (entry := self._streams.get(delta.request_id)) is not None:
+                    entry.items.append(delta)
+        elif isinstance(message, RequestAccepted):
+            if (entry := self._streams.get(message.request_id)) is not None:
+                entry.prompt_token_ids = message.prompt_token_ids
+        elif isinstance(message, RequestError):
+            if message.request_id is None:
+                raise ValueError(f"the engine could not read a message: {message.error}")
+            if (entry := self._streams.get(message.request_id)) is not None:
+                entry.items.append(message)
+        elif isinstance(message, EngineStats):
+            self._stats.append(message)
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    def close(self) -> None:
+        self.socket.close()
+        self.ctx.term()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
