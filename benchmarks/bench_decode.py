@@ -150,6 +150,22 @@ def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
     return {"idle_fraction": round(1 - busy / span, 4), "span_us": span}
 
 
+def profile_host(runner: ModelRunner, context: int) -> None:
+    """cProfile of 50 batch-1 decode steps with one step in flight."""
+    import cProfile
+    import pstats
+
+    driver = DecodeDriver(runner)
+    driver.start(1, context, 80)
+    driver.run(5, overlap=True)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    driver.run(50, overlap=True)
+    profiler.disable()
+    driver.finish()
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="8b", choices=("1b", "8b"))
@@ -158,6 +174,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--idle", action="store_true", help="also measure GPU idle time")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--profile-host", action="store_true",
+                        help="also print a cProfile of the host side of 50 batch-1 steps")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -202,6 +220,8 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), flush=True)
 
+    if args.profile_host:
+        profile_host(runner, min(args.contexts))
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": torch.cuda.get_device_name(),
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),

@@ -21,7 +21,7 @@ case "${1:-tests}" in
     ;;
   bench-8b)
     timeout 280 python3 benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 256 \
-      --contexts 512 4096 --idle --out "$OUT/decode_8b.json" 2>&1 | tee "$OUT/decode_8b.log"
+      --contexts 512 4096 --idle --profile-host --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2> "$OUT/decode_8b.err"; tail -3 "$OUT/decode_8b.log"
     timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log"
     ;;
 esac

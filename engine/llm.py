@@ -65,6 +65,8 @@ class LLM:
                 for delta in engine.step():
                     completion = outputs[delta.req_id].outputs[0]
                     completion.token_ids.extend(delta.new_token_ids)
+                    if delta.logprobs is not None:
+                        completion.logprobs = (completion.logprobs or []) + delta.logprobs
                     if delta.finished:
                         completion.finish_reason = delta.finish_reason
                         outputs[delta.req_id].finished = True

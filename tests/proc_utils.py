@@ -11,6 +11,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pythonpath() -> str:
+    """ROOT first, then whatever PYTHONPATH the tests run with."""
+    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+
 def session_pids(sid: int) -> list[int]:
     """Live processes of session ``sid`` (read from /proc)."""
     pids = []
@@ -34,7 +39,7 @@ def run_tprun(args: list[str], timeout: float, env: dict | None = None):
     Leftovers are processes of that session still alive 5 s after tprun
     exits; they are killed before returning, so a failing test leaves none.
     """
-    full_env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
+    full_env = dict(os.environ, PYTHONPATH=pythonpath(), **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "launch", *args], cwd=ROOT, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

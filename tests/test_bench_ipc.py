@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.proc_utils import ROOT, session_pids
+from tests.proc_utils import ROOT, pythonpath, session_pids
 
 BENCH = os.path.join(ROOT, "benchmarks", "bench_ipc.py")
 STATS = {"median", "p90", "p99", "mean", "n"}
@@ -19,7 +19,7 @@ STATS = {"median", "p90", "p99", "mean", "n"}
 
 def run_bench(args: list[str], timeout: float):
     """Run the benchmark in its own session; returns (result, leftover pids)."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.Popen([sys.executable, BENCH, *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

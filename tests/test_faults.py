@@ -15,7 +15,7 @@ from engine.tiny_model import ensure_tiny_model
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
-from tests.proc_utils import ROOT, session_pids
+from tests.proc_utils import ROOT, pythonpath, session_pids
 
 
 def _alive(pid: int) -> bool:
@@ -123,7 +123,7 @@ def test_stuck_step_reports_the_stuck_rank(tiny_dir):
 
 @pytest.mark.timeout(90)
 def test_parent_killed_workers_exit(tiny_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, TPRUN_CACHE=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", "--nproc-per-node", "2", "generate", "--model", tiny_dir,
          "--device", "cpu", "--max-tokens", "3000", "--ignore-eos"],
@@ -146,7 +146,7 @@ def test_parent_killed_workers_exit(tiny_dir, tmp_path):
 
 @pytest.mark.timeout(90)
 def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, TPRUN_CACHE=str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", "--nproc-per-node", "2", "generate", "--model", tiny_dir,
          "--device", "cpu", "--max-tokens", "3000", "--ignore-eos"],

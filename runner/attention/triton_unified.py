@@ -50,6 +50,19 @@ def _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _locate_q_block(query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q: tl.constexpr):
+    """(row, first token, query length, index of the q-block within its row).
+
+    Row num_reqs is the padding tail: tokens query_start_loc[num_reqs] .. num_tokens-1.
+    """
+    row = _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
+    q_first = tl.load(query_start_loc_ptr + row)
+    q_stop = tl.load(query_start_loc_ptr + row + 1, mask=row < num_reqs, other=num_tokens)
+    local = q_block - (q_first // BLOCK_Q + row)
+    return row, q_first, q_stop - q_first, local
+
+
+@triton.jit
 def _load_tile(ptrs, key_mask, dim_mask, MASK_KEYS: tl.constexpr, MASK_DIMS: tl.constexpr):
     """Load ptrs with zeros where key_mask (if MASK_KEYS) or dim_mask (if MASK_DIMS) fail."""
     if MASK_KEYS and MASK_DIMS:
@@ -163,16 +176,12 @@ def _paged_attention_kernel(
     # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    row = _find_row(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
-    is_req = row < num_reqs
-    q_first = tl.load(query_start_loc_ptr + row)
-    q_stop = tl.load(query_start_loc_ptr + row + 1, mask=is_req, other=num_tokens)
-    q_len = q_stop - q_first
-    local = q_block - (q_first // BLOCK_Q + row)
+    row, q_first, q_len, local = _locate_q_block(
+        query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q
+    )
     if local * BLOCK_Q >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + row, mask=is_req, other=0)
-    context_len = seq_len - q_len
+    context_len = tl.load(seq_lens_ptr + row, mask=row < num_reqs, other=0) - q_len
 
     offs_m = tl.arange(0, BLOCK_M)
     tok = local * BLOCK_Q + offs_m // NQPK
@@ -191,17 +200,15 @@ def _paged_attention_kernel(
     last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
     kv_end = tl.maximum(context_len + last_tok, 0)
     num_tiles = tl.cdiv(kv_end, TILE_N)
+    tile_lo = 0
+    tile_hi = num_tiles
     if SPLIT:
-        split = tl.program_id(2)
         per_split = tl.cdiv(num_tiles, num_splits)
-        tile_lo = tl.minimum(split * per_split, num_tiles)
+        tile_lo = tl.minimum(tl.program_id(2) * per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
-    else:
-        tile_lo = 0
-        tile_hi = num_tiles
 
     # Leading tiles whose keys all precede the q-block's first token need no mask.
-    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 2) // TILE_N, 0), num_tiles)
+    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
 
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -220,7 +227,7 @@ def _paged_attention_kernel(
     )
 
     if SPLIT:
-        part = (tok64 * num_q_heads + head) * num_splits + split
+        part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
         tl.store(part_max_ptr + part, m_i, mask=row_mask)
         tl.store(part_sum_ptr + part, l_i, mask=row_mask)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)

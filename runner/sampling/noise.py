@@ -14,14 +14,21 @@ always finite. Nothing else enters: a seeded request draws the same tokens
 alone or in any batch, at any row, and every tensor-parallel rank draws the
 same token without talking to the others.
 
-Torch has no unsigned 64-bit arithmetic on every device, so the hash runs on
-int64 (two's complement wraps the same way) with right shifts masked to act
-as logical shifts.
+Two implementations of the draw, bit-identical in the hash: the torch
+reference (CPU; it materialises [N, V] int64 temporaries) and, on CUDA, a
+Triton kernel that hashes, adds the noise and reduces the argmax per vocab
+block in registers. Torch lacks unsigned 64-bit arithmetic on some devices,
+so the reference hashes int64 (two's complement wraps alike) with right
+shifts masked to act as logical shifts; the kernel uses uint64.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from runner.kernels.dispatch import on_cuda
 
 ROW_MUL = 0x9E3779B97F4A7C15
 TOKEN_MUL = 0xD1B54A32D192ED03
@@ -90,6 +97,73 @@ def uniform_noise(
     return u
 
 
+def gumbel_argmax_ref(
+    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """Torch reference of ``gumbel_argmax``."""
+    noise = uniform_noise(seeds, positions, tokens)
+    noise.log_().neg_().log_().neg_()  # -log(-log(u))
+    noise += logits
+    return noise.argmax(dim=-1)
+
+
+@triton.jit
+def _mix(x):
+    """splitmix64 finaliser on uint64 (logical shifts, wrapping products)."""
+    x = x ^ (x >> 30)
+    x = x * 0xBF58476D1CE4E5B9
+    x = x ^ (x >> 27)
+    x = x * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(
+    logits_ptr,
+    logits_stride,
+    row_keys_ptr,
+    block_max_ptr,
+    block_arg_ptr,
+    num_blocks,
+    vocab_size,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    tokens = block * BLOCK + tl.arange(0, BLOCK)
+    inside = tokens < vocab_size
+    logits = tl.load(logits_ptr + row * logits_stride + tokens, mask=inside, other=0.0)
+    key = tl.load(row_keys_ptr + row).to(tl.uint64, bitcast=True)
+    token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
+    bits = _mix(key ^ token_key)
+    u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+    score = tl.where(inside, logits + -tl.log(-tl.log(u)), float("-inf"))
+    best, arg = tl.max(score, axis=0, return_indices=True)
+    tl.store(block_max_ptr + row * num_blocks + block, best)
+    tl.store(block_arg_ptr + row * num_blocks + block, block * BLOCK + arg)
+
+
+def gumbel_argmax_triton(
+    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
+    """Triton version: one program per (row, vocab block), then an argmax over blocks.
+    (``tokens`` is unused: the kernel hashes token ids itself.)"""
+    logits = logits.contiguous()
+    n, vocab_size = logits.shape
+    block = 1024
+    num_blocks = triton.cdiv(vocab_size, block)
+    keys = row_keys(seeds, positions)
+    block_max = torch.empty(n, num_blocks, dtype=torch.float32, device=logits.device)
+    block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
+    if n > 0:
+        _gumbel_argmax_kernel[(n, num_blocks)](
+            logits, logits.stride(0), keys, block_max, block_arg, num_blocks, vocab_size,
+            BLOCK=block,
+        )  # fmt: skip
+    best_block = block_max.argmax(dim=-1, keepdim=True)
+    return block_arg.gather(1, best_block)[:, 0]
+
+
 def gumbel_argmax(
     logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
 ) -> torch.Tensor:
@@ -97,9 +171,9 @@ def gumbel_argmax(
 
     ``logits`` [N, V] float32, already divided by the temperature and with
     filtered tokens at -inf (they never win: the noise is finite). This draws
-    token t with probability softmax(logits[i])[t].
+    token t with probability softmax(logits[i])[t]. ``tokens`` is
+    ``token_keys(V, device)`` (read by the torch reference only). Triton on
+    CUDA, torch elsewhere.
     """
-    noise = uniform_noise(seeds, positions, tokens)
-    noise.log_().neg_().log_().neg_()  # -log(-log(u))
-    noise += logits
-    return noise.argmax(dim=-1)
+    impl = gumbel_argmax_triton if on_cuda(logits) else gumbel_argmax_ref
+    return impl(logits, seeds, positions, tokens)
