@@ -46,13 +46,20 @@ class CudaGraphManager:
                 return size
         return None
 
-    def capture(self, forward: Callable[[int], torch.Tensor], show_progress: bool) -> None:
+    def capture(self, fill_inputs: Callable[[int], None],
+                forward: Callable[[int], torch.Tensor], show_progress: bool) -> None:
         """Capture ``forward(size)`` for every size, largest first (so the
-        smaller graphs reuse the largest one's memory pool)."""
+        smaller graphs reuse the largest one's memory pool).
+
+        ``fill_inputs(size)`` puts harmless values in the input buffers first;
+        it runs outside the capture, so replays never reset the inputs that a
+        step prepared. ``forward`` must only read the input buffers.
+        """
         start = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         for size in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs",
                          disable=not show_progress):
+            fill_inputs(size)
             forward(size)  # warm-up: compiles kernels, settles allocations
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()

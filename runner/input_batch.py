@@ -49,9 +49,20 @@ class InputBuffers:
         self.logits_indices = torch.zeros(
             max_num_batched_tokens, dtype=torch.int64, device=device
         )
-        self.idx_mapping = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
+        # idx_mapping and query_start_loc share one buffer: one copy a step.
+        self.step_meta = torch.zeros(2 * max_num_reqs + 1, dtype=torch.int32, device=device)
+        self.idx_mapping = self.step_meta[:max_num_reqs]
+        self.query_start_loc = self.step_meta[max_num_reqs:]
+        self.step_meta_np = np.zeros(2 * max_num_reqs + 1, dtype=np.int32)
         self.copier = HostToDeviceCopier(device)
+
+    def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray) -> None:
+        """The step's only host-to-device input copy (non-blocking on CUDA)."""
+        n, m = len(idx_mapping_np), len(query_start_loc_np)
+        meta = self.step_meta_np
+        meta[:n] = idx_mapping_np
+        meta[self.max_num_reqs : self.max_num_reqs + m] = query_start_loc_np
+        self.copier.copy(meta[: self.max_num_reqs + m], self.step_meta)
 
 
 @dataclass(frozen=True)

@@ -112,17 +112,25 @@ class ModelRunner:
         )
         self.num_blocks = num_blocks
         if self.graphs.sizes:
-            self.graphs.capture(self._graph_forward, show_progress=self.tp.rank == 0)
+            self.graphs.capture(self._fill_graph_inputs, self._graph_forward,
+                                show_progress=self.tp.rank == 0)
 
-    @torch.no_grad()
-    def _graph_forward(self, size: int) -> torch.Tensor:
-        """The forward pass of a uniform decode batch of ``size`` padded
-        requests, reading only the persistent buffers (what a graph captures)."""
+    def _fill_graph_inputs(self, size: int) -> None:
+        """Harmless inputs for warming up and capturing a graph: one token per
+        request, no KV written. Runs before capture, never inside a graph: a
+        replay must read the inputs the step prepared, not reset them."""
         buf = self.buffers
         buf.query_start_loc[: size + 1].copy_(torch.arange(size + 1, device=self.device))
         buf.seq_lens[:size].fill_(1)
         self.block_tables.batch_block_table[:size].zero_()
         self.block_tables.slot_mapping[:size].fill_(-1)
+
+    @torch.no_grad()
+    def _graph_forward(self, size: int) -> torch.Tensor:
+        """The forward pass of a uniform decode batch of ``size`` padded
+        requests, reading only the persistent buffers (what a graph captures:
+        nothing here may write an input buffer)."""
+        buf = self.buffers
         attn = AttentionMetadata(
             num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
             max_seq_len=self.config.max_model_len,
@@ -152,7 +160,8 @@ class ModelRunner:
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             slot = self.req_states.req_id_to_index[req_id]
-            self.req_states.set_num_computed_tokens(slot, computed)
+            if computed != self.req_states.num_computed_tokens_np[slot]:
+                self.req_states.set_num_computed_tokens(slot, computed)
             self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
         self.req_states.apply_staged_writes()
         self.sampling.apply_staged_writes(self.req_states.all_token_ids.gpu)
@@ -178,6 +187,12 @@ class ModelRunner:
             self.pending = _PendingStep(plan.step_id, batch, None, None)
             return
         input_ids, positions, attn, logits_indices = self._prepare_inputs(batch)
+        # The step's tokens count as computed from now on, on both sides:
+        # the device copies seq_lens (no staged write needed next step).
+        idx_long = self.buffers.idx_mapping[: batch.num_reqs].long()
+        self.req_states.num_computed_tokens.gpu.index_copy_(
+            0, idx_long, self.buffers.seq_lens[: batch.num_reqs])
+        self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
         if graph_size is not None:
             hidden = self.graphs.replay(graph_size)
         else:
@@ -195,8 +210,7 @@ class ModelRunner:
     def _prepare_inputs(self, batch: BatchPlan):
         buf, states = self.buffers, self.req_states
         n, t = batch.num_reqs, batch.num_tokens
-        buf.copier.copy(batch.idx_mapping_np, buf.idx_mapping)
-        buf.copier.copy(batch.query_start_loc_np, buf.query_start_loc)
+        buf.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np)
         idx_mapping = buf.idx_mapping[:n]
         qsl = buf.query_start_loc[: batch.num_reqs_padded + 1]
         computed = states.num_computed_tokens.gpu
