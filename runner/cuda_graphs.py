@@ -34,9 +34,14 @@ class CudaGraphManager:
     """Captured decode graphs by padded batch size; their outputs are views
     into memory of the graphs' shared pool, valid until the next replay."""
 
-    def __init__(self, sizes: list[int]):
+    def __init__(self, sizes: list[int], emulate: bool = False):
+        """``emulate=True`` captures nothing and "replays" by running the
+        forward pass eagerly: the same padded decode path, on any device, so
+        CPU tests can check it against eager steps."""
         self.sizes = sorted(sizes)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.emulate = emulate
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor | None]] = {}
+        self.forward: Callable[[int], torch.Tensor] | None = None
         self.pool = None
 
     def padded_size(self, num_reqs: int) -> int | None:
@@ -55,6 +60,10 @@ class CudaGraphManager:
         it runs outside the capture, so replays never reset the inputs that a
         step prepared. ``forward`` must only read the input buffers.
         """
+        if self.emulate:
+            self.forward = forward
+            self.graphs = dict.fromkeys(self.sizes, (None, None))
+            return
         start = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         for size in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs",
@@ -71,6 +80,8 @@ class CudaGraphManager:
                     time.perf_counter() - start)
 
     def replay(self, size: int) -> torch.Tensor:
+        if self.emulate:
+            return self.forward(size)
         graph, output = self.graphs[size]
         graph.replay()
         return output

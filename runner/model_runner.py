@@ -131,14 +131,18 @@ class ModelRunner:
         requests, reading only the persistent buffers (what a graph captures:
         nothing here may write an input buffer)."""
         buf = self.buffers
+        on_cpu = self.device.type == "cpu"
         attn = AttentionMetadata(
             num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
             max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
             block_tables=self.block_tables.batch_block_table[:size],
             slot_mapping=self.block_tables.slot_mapping[:size],
-            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32),
-            seq_lens_cpu=torch.ones(size, dtype=torch.int32),
+            # Host copies are read only by the CPU reference backend (emulated
+            # graphs): there the buffers themselves are host memory.
+            query_start_loc_cpu=buf.query_start_loc[: size + 1] if on_cpu
+            else torch.arange(size + 1, dtype=torch.int32),
+            seq_lens_cpu=buf.seq_lens[:size] if on_cpu else torch.ones(size, dtype=torch.int32),
         )
         return self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
 
