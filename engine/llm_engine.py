@@ -99,12 +99,14 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
+        if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
+            prompt = prompt["prompt"]
         if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
             return [int(t) for t in prompt["prompt_token_ids"]]
-        if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
-            return self.tokenizer.encode(prompt["prompt"])
         raise ValueError(
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
         )

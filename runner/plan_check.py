@@ -9,6 +9,7 @@ crash while the others wait in an all-reduce.
 from __future__ import annotations
 
 from ipc.messages import SchedulerOutput
+from runner.sampling.states import sampling_options_error
 
 
 class InvalidPlanError(ValueError):
@@ -46,6 +47,8 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {new.req_id!r} has {prefill} prefill tokens")
         if not 0 <= new.num_computed_tokens <= prefill:
             fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
+        if (problem := sampling_options_error(new.sampling)) is not None:
+            fail(f"request {new.req_id!r}: {problem}")
         held = _check_block_ids(fail, new.req_id, new.block_ids, num_blocks, 0, max_blocks)
         after[new.req_id] = (new.num_computed_tokens, held, prefill)
     cached = plan.scheduled_cached_reqs

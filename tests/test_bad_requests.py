@@ -1,0 +1,56 @@
+"""Invalid requests: a ValueError that says what is wrong, raised before
+anything is scheduled; the engine keeps serving the others."""
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    import os
+
+    os.environ.setdefault("TPRUN_CACHE", str(tmp_path_factory.mktemp("cache")))
+    with LLM(model="tiny", device="cpu", max_model_len=128) as llm:
+        yield llm
+
+
+GOOD = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.mark.parametrize("prompt,params,message", [
+    ("", GOOD, "prompt is empty"),
+    ({"prompt_token_ids": []}, GOOD, "prompt is empty"),
+    ({"prompt_token_ids": [1, 5000]}, GOOD, "outside the vocabulary"),
+    ({"prompt_token_ids": [-1]}, GOOD, "outside the vocabulary"),
+    ({"prompt_token_ids": list(range(1, 120))}, SamplingParams(max_tokens=20),
+     "exceeds max_model_len 128"),
+    ({"prompt_tokens": [1]}, GOOD, "a prompt is"),
+])
+@pytest.mark.timeout(60)
+def test_bad_prompt_is_rejected_and_engine_keeps_serving(llm, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["fine", prompt], params)
+    assert not llm.engine.has_unfinished_requests()  # nothing was scheduled
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], GOOD)
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-3), "top_k"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(min_p=2.0), "min_p"),
+])
+def test_invalid_sampling_params_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_unknown_sampling_field_is_named():
+    with pytest.raises(ValueError, match="tempurature"):
+        SamplingParams.from_dict({"tempurature": 0.5})
+    with pytest.raises(TypeError):
+        SamplingParams(tempurature=0.5)
