@@ -11,8 +11,8 @@ its own requests, so any number of clients may share one engine. A client
 is not thread-safe: give each thread its own. Messages for every request
 are read as they come and queued per request, so streams may be consumed
 in any order. A refused request raises ``ValueError`` with the server's
-message; an engine that stays silent for ``timeout_s`` raises
-``TimeoutError``.
+message; an engine that stopped raises ``EngineStoppedError``; one that
+stays silent for ``timeout_s`` raises ``TimeoutError``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ipc.engine_messages import (
     AbortRequest,
     Delta,
     EngineStats,
+    EngineStopped,
     GenerateRequest,
     Outputs,
     RequestAccepted,
@@ -40,6 +41,11 @@ from ipc.engine_messages import (
     decode_server_message,
     encode,
 )
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine stopped (shut down, or a worker died) with requests of
+    this client still running."""
 
 
 def read_endpoint_file(path: str) -> str:
@@ -84,6 +90,7 @@ class EngineClient:
         self._streams: dict[str, _Stream] = {}
         self._stats: deque[EngineStats] = deque()
         self._ids = itertools.count()
+        self._stopped: str | None = None  # why the engine stopped, once it says so
 
     # ---- requests ----------------------------------------------------------
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
@@ -143,16 +150,18 @@ class EngineClient:
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one sampling_params, or one per prompt")
-        ids = [self.submit(p, sp) for p, sp in zip(prompts, sampling_params)]
+        ids: list[str] = []
         outputs = []
-        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
-            for i, (prompt, rid) in enumerate(zip(prompts, ids)):
-                try:
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                ids.append(self.submit(prompt, params))
+            with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+                for prompt, rid in zip(prompts, ids):
                     outputs.append(self._collect(prompt, rid))
-                except BaseException:
-                    self._abandon(ids[i + 1:])
-                    raise
-                bar.update(1)
+                    bar.update(1)
+        except BaseException:
+            self._abandon(ids[len(outputs):])
+            raise
         return outputs
 
     def _collect(self, prompt: str | dict, request_id: str) -> RequestOutput:
@@ -169,7 +178,8 @@ class EngineClient:
     def _abandon(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             if rid in self._streams:
-                self.abort(rid)
+                if self._stopped is None:
+                    self.abort(rid)
                 self._forget(rid)
 
     # ---- engine state ------------------------------------------------------
@@ -183,6 +193,8 @@ class EngineClient:
     # ---- plumbing ----------------------------------------------------------
     def _receive(self) -> None:
         """Wait for one message and queue it where it belongs."""
+        if self._stopped is not None:
+            raise EngineStoppedError(self._stopped)
         if not self.socket.poll(int(self.timeout_s * 1000)):
             raise TimeoutError(f"no answer from the engine at {self.endpoint} "
                                f"within {self.timeout_s} s")
@@ -201,6 +213,9 @@ class EngineClient:
                 entry.items.append(message)
         elif isinstance(message, EngineStats):
             self._stats.append(message)
+        elif isinstance(message, EngineStopped):
+            self._stopped = message.reason
+            raise EngineStoppedError(message.reason)
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

@@ -9,7 +9,8 @@ runs in this thread only.
 Invariants: each client's requests are answered to that client only (the
 ROUTER routes by the client's identity); a request gets exactly one last
 delta (finished, with its reason) unless it was refused, in which case it
-gets one ``RequestError`` and nothing was scheduled; an invalid or
+gets one ``RequestError`` and nothing was scheduled, or the engine stopped
+first, in which case its client gets ``EngineStopped``; an invalid or
 malformed message never stops the loop. Request ids are per client; the
 engine sees ids of its own. A client that is gone (the ROUTER cannot route
 to it) has its requests aborted.
@@ -39,6 +40,7 @@ from engine.tokenizer import IncrementalDetokenizer
 from ipc.engine_messages import (
     AbortRequest,
     Delta,
+    EngineStopped,
     GenerateRequest,
     Outputs,
     RequestAccepted,
@@ -132,14 +134,20 @@ class EngineServer:
 
     # ---- the loop --------------------------------------------------------
     def serve(self) -> None:
-        """Run until ``stop()``; exceptions of the engine (a dead worker) end it."""
-        while not self.stopping:
-            busy = self.engine.has_unfinished_requests()
-            self._receive(timeout_ms=0 if busy else _IDLE_POLL_MS)
-            if self.engine.has_unfinished_requests():
-                self._send_deltas(self.engine.step())
-            else:
-                self.engine.maybe_log_stats()
+        """Run until ``stop()``; an exception of the engine (a dead worker)
+        ends it too. Either way, clients with live requests are told."""
+        try:
+            while not self.stopping:
+                busy = self.engine.has_unfinished_requests()
+                self._receive(timeout_ms=0 if busy else _IDLE_POLL_MS)
+                if self.engine.has_unfinished_requests():
+                    self._send_deltas(self.engine.step())
+                else:
+                    self.engine.maybe_log_stats()
+        except BaseException as e:
+            self._announce_stop(f"the engine failed: {e}")
+            raise
+        self._announce_stop("the engine is shutting down")
 
     def stop(self) -> None:
         """Ask the loop to end after its current turn (signal-handler safe)."""
@@ -197,8 +205,11 @@ class EngineServer:
             params = SamplingParams.from_dict(message.sampling_params)
             engine_id = str(next(self.next_id))
             request = self.engine.add_request(prompt, params, req_id=engine_id)
-        except (ValueError, TypeError) as e:
-            self._reply(identity, RequestError(request_id=message.request_id, error=str(e)))
+        except Exception as e:
+            if not isinstance(e, (ValueError, TypeError)):
+                logger.exception("request %r refused", message.request_id)
+            error = str(e) or type(e).__name__
+            self._reply(identity, RequestError(request_id=message.request_id, error=error))
             return
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
         self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
@@ -241,6 +252,12 @@ class EngineServer:
             if e.errno != errno.EHOSTUNREACH:
                 raise
             self._drop_client(identity)
+
+    def _announce_stop(self, reason: str) -> None:
+        for identity in {route.identity for route in self.routes.values()}:
+            self._reply(identity, EngineStopped(reason=reason))
+        self.routes.clear()
+        self.engine_ids.clear()
 
     def _drop_client(self, identity: bytes) -> None:
         gone = [eid for eid, route in self.routes.items() if route.identity == identity]

@@ -26,6 +26,28 @@ def _restrict_ipc_file(endpoint: str) -> None:
         os.chmod(endpoint[len("ipc://") :], 0o600)
 
 
+def _recv_decoded(socket: zmq.Socket, timeout_ms: int | None, decode):
+    """Receive until a message decodes or ``timeout_ms`` passes (None: wait).
+
+    Uses the socket's receive timeout rather than a poll before each
+    receive: one system call less on the hot path.
+    """
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while True:
+        wait = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        if socket.getsockopt(zmq.RCVTIMEO) != wait:
+            socket.setsockopt(zmq.RCVTIMEO, wait)
+        try:
+            data = socket.recv(copy=True)
+        except zmq.Again:
+            return None
+        message = decode(data)
+        if message is not None:
+            return message
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+
+
 class BroadcastPublisher:
     """Executor side of the broadcast channel."""
 
@@ -56,14 +78,7 @@ class BroadcastSubscriber:
 
     def recv(self, timeout_ms: int | None = None) -> Broadcast | None:
         """The next well-formed message, or None on timeout."""
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.socket.poll(wait):
-                return None
-            message = decode_broadcast(self.socket.recv(copy=False).bytes)
-            if message is not None:
-                return message
+        return _recv_decoded(self.socket, timeout_ms, decode_broadcast)
 
     def close(self) -> None:
         self.socket.close()
@@ -82,14 +97,7 @@ class ReplyReceiver:
 
     def recv(self, timeout_ms: int) -> Reply | None:
         """The next well-formed reply, or None on timeout."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            wait = max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.socket.poll(wait):
-                return None
-            message = decode_reply(self.socket.recv(copy=False).bytes)
-            if message is not None:
-                return message
+        return _recv_decoded(self.socket, timeout_ms, decode_reply)
 
     def close(self) -> None:
         self.socket.close()

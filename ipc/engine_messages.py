@@ -4,7 +4,8 @@ The server binds a ROUTER socket; each client connects a DEALER, so every
 answer goes to the client that asked. Client -> server: ``GenerateRequest``,
 ``AbortRequest``, ``StatsRequest``. Server -> client: ``RequestAccepted``,
 ``Outputs`` (the new tokens of that client's requests in one engine step),
-``RequestError``, ``EngineStats``.
+``RequestError``, ``EngineStats``, and ``EngineStopped`` to every client
+with live requests when the engine stops (shut down, or a worker died).
 
 Request ids are the client's own; they need only be unique among that
 client's live requests. All unions are tagged; nothing is ever pickled.
@@ -71,6 +72,12 @@ class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     error: str
 
 
+class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The engine stopped; none of this client's live requests will finish."""
+
+    reason: str
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot of the engine: its queues, its KV blocks, its counters
     since start (tokens, steps, preemptions, prefix-cache lookups)."""
@@ -89,7 +96,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 ClientMessage = GenerateRequest | AbortRequest | StatsRequest
-ServerMessage = RequestAccepted | Outputs | RequestError | EngineStats
+ServerMessage = RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
 
 _encoder = msgspec.msgpack.Encoder()
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)

@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from engine import LLM, SamplingParams
-from engine.client import EngineClient
+from engine.client import EngineClient, EngineStoppedError
 from ipc.engine_messages import (
     GenerateRequest,
     RequestAccepted,
@@ -262,7 +262,7 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server):
 
 
 @pytest.mark.timeout(90)
-def test_tcp_port_tp1(tmp_path):
+def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
     proc, endpoint = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",
                                   "--device", "cpu", "--port", "0", "--no-async-scheduling",
                                   "--log-stats-interval", "0.2")
@@ -271,7 +271,16 @@ def test_tcp_port_tp1(tmp_path):
         with EngineClient(endpoint, timeout_s=60) as client:
             out = client.generate({"prompt_token_ids": [7, 8, 9]},
                                   SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
-            time.sleep(0.5)  # let a stats interval pass while the engine is idle
+            time.sleep(0.5)  # let a stats interval pass
+            rid = client.submit({"prompt_token_ids": [1, 2]},
+                                {"max_tokens": 4000, "ignore_eos": True})
+            stream = client.stream(rid)
+            next(stream)
+            proc.send_signal(signal.SIGTERM)  # the engine stops with rid running
+            with pytest.raises(EngineStoppedError, match="shutting down"):
+                list(stream)
+            with pytest.raises(EngineStoppedError):
+                client.stats()
     finally:
         code, output, leftovers = stop_server(proc)
     assert out[0].outputs[0].token_ids == reference([{"prompt_token_ids": [7, 8, 9]}], 5)[0]
