@@ -161,10 +161,10 @@ def run_serve(args) -> int:
     try:
         server.serve()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         server.close()
         engine.shutdown()
+        for sig, handler in previous.items():  # a second signal during shutdown is ignored
+            signal.signal(sig, handler)
     return 0
 
 
