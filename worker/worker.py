@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 
 import msgspec
 import torch
@@ -25,12 +26,16 @@ logger = logging.getLogger(__name__)
 CONTROL_METHODS = ("load_model", "determine_num_blocks", "init_kv_cache", "health")
 
 
-def pick_device(kind: str, local_rank: int) -> torch.device:
+def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.device:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' asked for, but CUDA is not available")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
+    # One share of the cores per local rank: ranks that oversubscribe the
+    # cores spin in each other's OpenMP barriers.
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
     return torch.device("cpu")
 
 
@@ -51,7 +56,7 @@ def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
 class Worker:
     def __init__(self, env: TorchrunEnv, device_kind: str):
         self.env = env
-        self.device = pick_device(device_kind, env.local_rank)
+        self.device = pick_device(device_kind, env.local_rank, env.local_world_size)
         init_process_group(env, self.device)
         self.tp = TensorParallelGroup.from_default_group()
         self.runner: ModelRunner | None = None
