@@ -32,10 +32,12 @@ def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.
             raise RuntimeError("device 'cuda' asked for, but CUDA is not available")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
-    # One share of the cores per local rank: ranks that oversubscribe the
-    # cores spin in each other's OpenMP barriers.
+    # One share of the cores per local rank, less one core for the engine and
+    # the socket threads: oversubscribed ranks spin in OpenMP barriers (on a
+    # 2-core machine, 2 threads made the tiny model 25x slower than 1).
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world_size)))
+        share = (os.cpu_count() or 1) // max(1, local_world_size) - 1
+        torch.set_num_threads(max(1, share))
     return torch.device("cpu")
 
 
