@@ -251,11 +251,11 @@ def test_random_workloads_async_equals_sync(
 
     def make():
         reqs = make_requests(prompts, params, eos=7, priorities=[i % 3 for i in range(len(prompts))])
-        sched = Scheduler(cfg)
+        scratch = Scheduler(cfg)  # keeps the requests this config can run at all
         accepted = []
         for r in reqs:
             try:
-                sched._validate(r)
+                scratch.add_request(r)
                 accepted.append(r)
             except ValueError as e:
                 assert "KV blocks" in str(e)
