@@ -33,16 +33,15 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def run_tprun(args: list[str], timeout: float, env: dict | None = None):
-    """Run ``python -m launch ARGS`` in a new session; returns (result, leftover pids).
+def run_in_session(cmd: list[str], timeout: float, env: dict | None = None):
+    """Run ``cmd`` in a new session; returns (result, leftover pids).
 
-    Leftovers are processes of that session still alive 5 s after tprun
-    exits; they are killed before returning, so a failing test leaves none.
+    Leftovers are processes of that session still alive 5 s after it exits;
+    they are killed before returning, so a failing test leaves none.
     """
     full_env = dict(os.environ, PYTHONPATH=pythonpath(), **(env or {}))
-    proc = subprocess.Popen([sys.executable, "-m", "launch", *args], cwd=ROOT, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -59,3 +58,8 @@ def run_tprun(args: list[str], timeout: float, env: dict | None = None):
         except ProcessLookupError:
             pass
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers
+
+
+def run_tprun(args: list[str], timeout: float, env: dict | None = None):
+    """``python -m launch ARGS`` through ``run_in_session``."""
+    return run_in_session([sys.executable, "-m", "launch", *args], timeout, env)

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.proc_utils import ROOT, pythonpath, session_pids
+from tests.proc_utils import ROOT, run_in_session
 
 BENCH = os.path.join(ROOT, "benchmarks", "bench_ipc.py")
 STATS = {"median", "p90", "p99", "mean", "n"}
@@ -19,26 +16,7 @@ STATS = {"median", "p90", "p99", "mean", "n"}
 
 def run_bench(args: list[str], timeout: float):
     """Run the benchmark in its own session; returns (result, leftover pids)."""
-    env = dict(os.environ, PYTHONPATH=pythonpath())
-    proc = subprocess.Popen([sys.executable, BENCH, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    deadline = time.monotonic() + 5
-    while session_pids(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leftovers = session_pids(proc.pid)
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers
+    return run_in_session([sys.executable, BENCH, *args], timeout)
 
 
 @pytest.mark.timeout(60)

@@ -121,48 +121,47 @@ def test_stuck_step_reports_the_stuck_rank(tiny_dir):
     assert _wait_gone(pids, 5.0) == []
 
 
-@pytest.mark.timeout(90)
-def test_parent_killed_workers_exit(tiny_dir, tmp_path):
+def _start_long_generate(tiny_dir, tmp_path, stderr):
+    """tprun generating for a long time at TP=2, in its own session; returns
+    the process once both workers exist, and the worker pids."""
     env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", "--nproc-per-node", "2", "generate", "--model", tiny_dir,
          "--device", "cpu", "--max-tokens", "3000", "--ignore-eos"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(session_pids(proc.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # let it generate
+    return proc, sorted(p for p in session_pids(proc.pid) if p != proc.pid)
+
+
+def _kill_session(sid: int) -> None:
+    for pid in session_pids(sid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(90)
+def test_parent_killed_workers_exit(tiny_dir, tmp_path):
+    proc, workers = _start_long_generate(tiny_dir, tmp_path, subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while len(session_pids(proc.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        workers = [p for p in session_pids(proc.pid) if p != proc.pid]
         assert len(workers) == 2
-        time.sleep(2.0)  # let it generate
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert _wait_gone(workers, 5.0) == []
     finally:
-        for pid in session_pids(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        _kill_session(proc.pid)
 
 
 @pytest.mark.timeout(90)
 def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
-    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", "--nproc-per-node", "2", "generate", "--model", tiny_dir,
-         "--device", "cpu", "--max-tokens", "3000", "--ignore-eos"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
+    proc, workers = _start_long_generate(tiny_dir, tmp_path, subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while len(session_pids(proc.pid)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(2.0)
-        workers = sorted(p for p in session_pids(proc.pid) if p != proc.pid)
         os.kill(workers[-1], signal.SIGKILL)
         _, err = proc.communicate(timeout=10)
         assert proc.returncode != 0
         assert "worker rank" in err and "exited with code -9" in err
         assert _wait_gone(workers, 5.0) == []
     finally:
-        for pid in session_pids(proc.pid):
-            os.kill(pid, signal.SIGKILL)
+        _kill_session(proc.pid)
