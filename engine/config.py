@@ -14,7 +14,9 @@ class EngineConfig:
     ``device="auto"`` picks CUDA when available. ``max_model_len=None``
     takes the model's ``max_position_embeddings``. ``executor`` is "mp"
     (worker daemons) or "uni" (in process, TP=1 only); None picks "uni" at
-    TP=1 and "mp" above.
+    TP=1 and "mp" above, or "mp" when ``attach_workers_dir`` is set: then the
+    executor binds its endpoints in that private directory and waits for
+    workers started elsewhere (e.g. by torchrun) instead of spawning them.
 
     ``async_scheduling`` (vLLM's name): schedule and send step N+1 before
     step N's output arrives (at most two steps in flight); outputs are the
@@ -40,6 +42,7 @@ class EngineConfig:
     load_format: str = "auto"
     step_timeout_s: float = 300.0
     executor: str | None = None
+    attach_workers_dir: str | None = None
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     async_scheduling: bool = True
@@ -54,6 +57,8 @@ class EngineConfig:
             raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
         if self.executor not in (None, "mp", "uni"):
             raise ValueError(f"executor must be 'mp' or 'uni', got {self.executor!r}")
+        if self.executor == "uni" and self.attach_workers_dir is not None:
+            raise ValueError("attach_workers_dir needs executor 'mp'")
         if self.executor == "uni" and self.tensor_parallel_size != 1:
             raise ValueError("executor 'uni' runs TP=1 only")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -83,4 +88,6 @@ class EngineConfig:
     def resolved_executor(self) -> str:
         if self.executor is not None:
             return self.executor
+        if self.attach_workers_dir is not None:
+            return "mp"
         return "uni" if self.tensor_parallel_size == 1 else "mp"

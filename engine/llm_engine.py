@@ -42,7 +42,8 @@ def make_executor(config: EngineConfig, device: str) -> Executor:
     from executor.multiproc import MultiprocExecutor
 
     return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
-                             config.master_port, step_timeout_s=config.step_timeout_s)
+                             config.master_port, step_timeout_s=config.step_timeout_s,
+                             attach_dir=config.attach_workers_dir)
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,19 @@ def free_port(host: str = "127.0.0.1") -> int:
 class MultiprocExecutor(Executor):
     def __init__(self, world_size: int, device: str, master_addr: str = "127.0.0.1",
                  master_port: int | None = None, start_timeout_s: float = 120.0,
-                 step_timeout_s: float = 300.0):
+                 step_timeout_s: float = 300.0, attach_dir: str | None = None):
+        """Spawn one worker daemon per rank, or, with ``attach_dir``, bind the
+        endpoints there and wait for workers started elsewhere (torchrun:
+        ``torchrun --nproc-per-node N -m worker --broadcast ipc://DIR/broadcast
+        --reply ipc://DIR/reply``). Attached workers are watched through their
+        heartbeats only: one silent for ``SILENT_AFTER_S`` fails the executor."""
         self.world_size = world_size
+        self.attached = attach_dir is not None
         self.step_timeout_s = step_timeout_s
         self.step_sent_at: dict[int, float] = {}
         self.heartbeats: dict[int, Heartbeat] = {}
         self.heartbeat_at: dict[int, float] = {}
-        self.endpoints = Endpoints.create()
+        self.endpoints = Endpoints.create(attach_dir)
         self.ctx = zmq.Context()
         self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
         self.receiver = ReplyReceiver(self.ctx, self.endpoints.reply)
@@ -69,7 +75,8 @@ class MultiprocExecutor(Executor):
         self.failure: WorkerFailure | None = None
         self.closing = False
         port = master_port or free_port(master_addr)
-        self.procs = [self._spawn(r, device, master_addr, port) for r in range(world_size)]
+        self.procs = [] if self.attached else [
+            self._spawn(r, device, master_addr, port) for r in range(world_size)]
         try:
             wait_for_subscribers(self.publisher, self.receiver, world_size,
                                  start_timeout_s, self._raise_if_dead)
@@ -95,6 +102,13 @@ class MultiprocExecutor(Executor):
             code = proc.poll()
             if code is not None:
                 return WorkerFailure(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+        if self.attached and self.heartbeat_at:
+            now = time.monotonic()
+            for rank in range(self.world_size):
+                silent = now - self.heartbeat_at.get(rank, now)
+                if silent > SILENT_AFTER_S:
+                    return WorkerFailure(f"attached worker rank {rank} sent no heartbeat "
+                                         f"for {silent:.1f}s")
         return None
 
     def _raise_if_dead(self) -> None:
