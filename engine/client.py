@@ -13,12 +13,20 @@ are read as they come and queued per request, so streams may be consumed
 in any order. A refused request raises ``ValueError`` with the server's
 message; an engine that stopped raises ``EngineStoppedError``; one that
 stays silent for ``timeout_s`` raises ``TimeoutError``.
+
+Every message is sealed with the launch's secret (``ipc.auth``), which the
+client finds (``find_secret``) in the key file ``tprun serve`` wrote next
+to the endpoint file or the ipc:// socket, or is given. A reply without a
+valid MAC, or one that does not decode, is dropped, counted
+(``num_dropped_replies``) and logged; it never reaches a stream.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +36,14 @@ from tqdm import tqdm
 
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
+from ipc.auth import (
+    Authenticator,
+    AuthError,
+    RefusalLog,
+    check_secret,
+    read_key_file,
+    sibling_key_file,
+)
 from ipc.engine_messages import (
     AbortRequest,
     Delta,
@@ -37,10 +53,13 @@ from ipc.engine_messages import (
     Outputs,
     RequestAccepted,
     RequestError,
+    ServerMessage,
     StatsRequest,
     decode_server_message,
     encode,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class EngineStoppedError(RuntimeError):
@@ -54,6 +73,24 @@ def read_endpoint_file(path: str) -> str:
     if not endpoint.startswith(("ipc://", "tcp://")):
         raise ValueError(f"{path} does not hold an ipc:// or tcp:// endpoint")
     return endpoint
+
+
+def find_secret(endpoint: str, secret: bytes | None = None,
+                key_file: str | None = None) -> bytes:
+    """The secret for ``endpoint`` (an address, or an endpoint file's path):
+    ``secret`` if given, else the key in ``key_file``, else the key file
+    ``tprun serve`` wrote next to the endpoint file or the ipc:// socket.
+    Raises ``ValueError`` saying where it looked."""
+    if secret is not None:
+        return check_secret(secret)
+    if key_file is not None:
+        return read_key_file(key_file)
+    if "://" not in endpoint:
+        return read_key_file(sibling_key_file(endpoint))
+    if endpoint.startswith("ipc://"):
+        return read_key_file(sibling_key_file(endpoint[len("ipc://"):]))
+    raise ValueError(f"no key for {endpoint}: pass key_file= (the key file tprun serve "
+                     f"printed at start), secret=, or the endpoint file's path")
 
 
 def _params_dict(params: SamplingParams | dict | None) -> dict:
@@ -74,13 +111,18 @@ class _Stream:
 
 class EngineClient:
     """``endpoint`` is an ``ipc://`` or ``tcp://`` address, or the path of
-    the file ``tprun serve --endpoint-file`` wrote."""
+    the file ``tprun serve --endpoint-file`` wrote; ``secret`` or
+    ``key_file`` give the key where ``find_secret`` cannot find it."""
 
-    def __init__(self, endpoint: str, timeout_s: float = 300.0):
+    def __init__(self, endpoint: str, timeout_s: float = 300.0, *,
+                 secret: bytes | None = None, key_file: str | None = None):
+        self.auth = Authenticator.for_client(find_secret(endpoint, secret, key_file))
         if "://" not in endpoint:
             endpoint = read_endpoint_file(endpoint)
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.dropped = RefusalLog(logger, "a reply from the engine")
+        self.num_unrouted_deltas = 0  # deltas of requests this client does not hold
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -111,7 +153,7 @@ class EngineClient:
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params))
-        self.socket.send(encode(message))
+        self._send(message)
         self._streams[request_id] = _Stream()
         return request_id
 
@@ -137,7 +179,7 @@ class EngineClient:
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop the request; its stream ends with a delta
         whose ``finish_reason`` is "abort" (unless it finished first)."""
-        self.socket.send(encode(AbortRequest(request_id=request_id)))
+        self._send(AbortRequest(request_id=request_id))
 
     def generate(self, prompts: str | dict | Sequence[str | dict],
                  sampling_params: SamplingParams | dict | Sequence | None = None,
@@ -185,24 +227,52 @@ class EngineClient:
     # ---- engine state ------------------------------------------------------
     def stats(self) -> EngineStats:
         """The engine's queues, KV blocks and counters (a health check too)."""
-        self.socket.send(encode(StatsRequest()))
+        self._send(StatsRequest())
         while not self._stats:
             self._receive()
         return self._stats.popleft()
 
+    @property
+    def num_dropped_replies(self) -> int:
+        """Replies dropped for a bad MAC or bytes that did not decode."""
+        return self.dropped.count
+
     # ---- plumbing ----------------------------------------------------------
+    def _send(self, message) -> None:
+        self.socket.send_multipart(self.auth.seal(encode(message)))
+
     def _receive(self) -> None:
-        """Wait for one message and queue it where it belongs."""
+        """Wait for one valid message and queue it where it belongs."""
         if self._stopped is not None:
             raise EngineStoppedError(self._stopped)
-        if not self.socket.poll(int(self.timeout_s * 1000)):
-            raise TimeoutError(f"no answer from the engine at {self.endpoint} "
-                               f"within {self.timeout_s} s")
-        message = decode_server_message(self.socket.recv())
+        deadline = time.monotonic() + self.timeout_s
+        message = None
+        while message is None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self.socket.poll(left_ms):
+                raise TimeoutError(
+                    f"no answer from the engine at {self.endpoint} within {self.timeout_s} s "
+                    f"(an engine with another key drops this client's messages unanswered)")
+            message = self._open(self.socket.recv_multipart())
+        self._dispatch(message)
+
+    def _open(self, frames: list[bytes]) -> ServerMessage | None:
+        """The message in ``frames``, or None (dropped, counted, logged)."""
+        try:
+            return decode_server_message(self.auth.unseal(frames))
+        except AuthError as e:
+            self.dropped.refuse(str(e))
+        except ValueError as e:
+            self.dropped.refuse(f"a valid MAC, but {e}")
+        return None
+
+    def _dispatch(self, message: ServerMessage) -> None:
         if isinstance(message, Outputs):
             for delta in message.deltas:
                 if (entry := self._streams.get(delta.request_id)) is not None:
                     entry.items.append(delta)
+                else:
+                    self.num_unrouted_deltas += 1
         elif isinstance(message, RequestAccepted):
             if (entry := self._streams.get(message.request_id)) is not None:
                 entry.prompt_token_ids = message.prompt_token_ids

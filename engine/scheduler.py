@@ -104,7 +104,7 @@ class _StepPlan:
     num_scheduled: dict[str, int] = field(default_factory=dict)
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
-    cached_new_blocks: list[list[list[int]]] = field(default_factory=list)
+    cached_new_blocks: list[list[list[int]] | None] = field(default_factory=list)
     cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
@@ -310,7 +310,7 @@ class Scheduler:
                 return  # request itself was preempted: it was the last one
             plan.take(request, num_new)
             plan.cached_ids.append(request.req_id)
-            plan.cached_new_blocks.append([new_blocks])
+            plan.cached_new_blocks.append([new_blocks] if new_blocks else None)
             plan.cached_computed.append(request.num_computed_tokens)
             i += 1
 

@@ -1,27 +1,36 @@
 """The serving loop: one ``LLMEngine`` behind a ZeroMQ ROUTER socket.
 
 Clients (``engine.client.EngineClient``) connect DEALER sockets and speak
-``ipc.engine_messages``. The loop alternates between reading every waiting
-client message (without blocking while the engine has work) and one engine
-step, whose deltas go back to the client that owns each request. The engine
-runs in this thread only.
+``ipc.engine_messages``, each message sealed with the launch's secret
+(``ipc.auth``: frames ``[mac, payload]``, HMAC-SHA256). The loop alternates
+between reading every waiting client message (without blocking while the
+engine has work) and one engine step, whose deltas go back to the client
+that owns each request. The engine runs in this thread only.
 
-Invariants: each client's requests are answered to that client only (the
-ROUTER routes by the client's identity); a request gets exactly one last
-delta (finished, with its reason) unless it was refused, in which case it
-gets one ``RequestError`` and nothing was scheduled, or the engine stopped
-first, in which case its client gets ``EngineStopped``; an invalid or
-malformed message never stops the loop. Request ids are per client; the
-engine sees ids of its own. A client that is gone (the ROUTER cannot route
-to it) has its requests aborted.
+Invariants: a message without a valid MAC is never decoded and never
+answered: it is dropped, counted (``EngineStats.num_refused_messages``) and
+logged (throttled). Each client's requests are answered to that client only
+(the ROUTER routes by the client's identity); a request gets exactly one
+last delta (finished, with its reason) unless it was refused, in which case
+it gets one ``RequestError`` and nothing was scheduled, or the engine
+stopped first, in which case its client gets ``EngineStopped``; an invalid,
+malformed or unauthenticated message never stops the loop. Request ids are
+per client; the engine sees ids of its own. A client that is gone (the
+ROUTER cannot route to it) has its requests aborted. A frame above
+``MAX_MESSAGE_BYTES`` makes ZeroMQ cut that connection before the server
+sees it; the cut is logged (INFO) like any closed connection.
 
-The endpoint is ``ipc://`` in a fresh directory only the owner can enter
-(the socket file is 0600), or ``tcp://127.0.0.1:PORT``.
+The endpoint is ``ipc://DIR/engine`` in a fresh directory only the owner can
+enter (the socket file is 0600), or ``tcp://127.0.0.1:PORT``, or, only when
+asked for by name, ``tcp://HOST:PORT``. The secret is written (hex, mode
+0600) to ``DIR/engine.key`` (a private directory is made for tcp:// too)
+and, given an endpoint file ``F``, to ``F.key``; ``close`` removes them all.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import itertools
 import logging
 import os
@@ -32,11 +41,20 @@ from dataclasses import dataclass, field
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import IncrementalDetokenizer
+from ipc.auth import (
+    Authenticator,
+    AuthError,
+    RefusalLog,
+    new_secret,
+    sibling_key_file,
+    write_key_file,
+)
 from ipc.engine_messages import (
     AbortRequest,
     Delta,
@@ -54,31 +72,69 @@ from ipc.engine_messages import (
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+DEFAULT_HOST = "127.0.0.1"
 _IDLE_POLL_MS = 100
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses (127.0.0.0/8, ::1) and "localhost"."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where the server listens; ``directory`` (ipc only) is removed by ``cleanup``."""
+    """Where the server listens, and its private directory (mode 0700),
+    which holds the key file (and, for ipc://, the socket); ``cleanup``
+    removes the directory."""
 
     address: str
-    directory: str | None = None
+    directory: str
 
     @classmethod
-    def create(cls, port: int | None = None) -> Endpoint:
-        """``tcp://127.0.0.1:PORT`` (port 0: any free port, resolved at bind),
-        or an ipc:// socket in a new mode-0700 directory."""
-        if port is not None:
-            if not 0 <= port < 65536:
-                raise ValueError(f"--port must be in [0, 65535], got {port}")
-            return cls(f"tcp://127.0.0.1:{port or '*'}")
-        directory = tempfile.mkdtemp(prefix="tprun-serve-")
+    def create(cls, port: int | None = None, host: str | None = None) -> Endpoint:
+        """An ipc:// socket in a new private directory; or, given ``port``
+        or ``host``, ``tcp://HOST:PORT`` (host 127.0.0.1 unless named; port 0
+        or none: any free port, resolved at bind)."""
+        if port is not None and not 0 <= port < 65536:
+            raise ValueError(f"--port must be in [0, 65535], got {port}")
+        if host is not None and not host.strip():
+            raise ValueError("--host must name an address")
+        directory = tempfile.mkdtemp(prefix="tprun-serve-")  # mkdtemp makes it 0700
         os.chmod(directory, 0o700)
-        return cls(f"ipc://{directory}/engine", directory)
+        if port is None and host is None:
+            return cls(f"ipc://{directory}/engine", directory)
+        host = host or DEFAULT_HOST
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 address
+        return cls(f"tcp://{host}:{port or '*'}", directory)
+
+    @property
+    def host(self) -> str | None:
+        """The tcp:// host (None for ipc://)."""
+        if not self.address.startswith("tcp://"):
+            return None
+        return self.address[len("tcp://"):].rsplit(":", 1)[0]
+
+    @property
+    def key_file(self) -> str:
+        return sibling_key_file(os.path.join(self.directory, "engine"))
 
     def cleanup(self) -> None:
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def exposure_warning(endpoint: Endpoint) -> str | None:
+    """The warning to give when ``endpoint`` listens beyond this host's loopback."""
+    host = endpoint.host
+    if host is None or is_loopback(host):
+        return None
+    return (f"the engine endpoint listens on {host}, not loopback: any host that can "
+            f"reach it may connect. Messages are authenticated (HMAC with the key in "
+            f"the key file) but not encrypted; prompts and outputs cross the network "
+            f"in the clear.")
 
 
 def write_endpoint_file(path: str, address: str) -> None:
@@ -102,14 +158,24 @@ class _Route:
 
 
 class EngineServer:
-    """Binds ``endpoint`` (and writes its address to ``endpoint_file``);
-    ``close()`` removes both. ``address`` is the bound address (the real
-    port when ``Endpoint.create(0)`` asked for any)."""
+    """Binds ``endpoint``, writes the key files, then the endpoint file
+    (so a client that sees the endpoint file finds its key); ``close()``
+    removes them all. ``address`` is the bound address (the real port when
+    any port was asked for); ``key_file`` the key file to tell users about.
+    ``secret`` defaults to a new random one."""
 
-    def __init__(self, engine: LLMEngine, endpoint: Endpoint, endpoint_file: str | None = None):
+    def __init__(self, engine: LLMEngine, endpoint: Endpoint, endpoint_file: str | None = None,
+                 secret: bytes | None = None):
         self.engine = engine
         self.endpoint = endpoint
         self.endpoint_file = endpoint_file
+        secret = new_secret() if secret is None else secret
+        self.auth = Authenticator.for_server(secret)
+        self.refusals = RefusalLog(logger, "a client message")
+        self.key_files = [endpoint.key_file]
+        if endpoint_file:
+            self.key_files.append(sibling_key_file(endpoint_file))
+        self.key_file = self.key_files[-1]
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable: raise, don't drop
@@ -117,11 +183,18 @@ class EngineServer:
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IPV6, 1)
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
         try:
             self.socket.bind(endpoint.address)
             self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
             if self.address.startswith("ipc://"):
                 os.chmod(self.address[len("ipc://"):], 0o600)
+            for path in self.key_files:
+                write_key_file(path, secret)
             if endpoint_file:
                 write_endpoint_file(endpoint_file, self.address)
         except BaseException:
@@ -154,36 +227,50 @@ class EngineServer:
         self.stopping = True
 
     def close(self) -> None:
-        """Close the socket; remove the endpoint's directory and file."""
+        """Close the sockets; remove the endpoint's directory, the endpoint
+        file and the key files."""
+        self.socket.disable_monitor()
+        self.monitor.close()
         self.socket.close()
         self.ctx.term()
         self.endpoint.cleanup()
-        if self.endpoint_file:
-            try:
-                os.remove(self.endpoint_file)
-            except FileNotFoundError:
-                pass
+        for path in [self.endpoint_file, *self.key_files]:
+            if path:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
 
     # ---- client messages ---------------------------------------------------
     def _receive(self, timeout_ms: int) -> None:
-        if not self.socket.poll(timeout_ms):
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.monitor in ready:
+            self._log_disconnects()
+        if self.socket not in ready:
             return
         while True:
             try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                identity, *frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            identity, data = frames[0], frames[-1]
-            if len(frames) != 2:
-                self._reply(identity, RequestError(request_id=None, error=(
-                    f"expected one message frame, got {len(frames) - 1}")))
+            try:
+                data = self.auth.unseal(frames)
+            except AuthError as e:
+                self.refusals.refuse(str(e))
                 continue
             self._handle(identity, data)
+
+    def _log_disconnects(self) -> None:
+        while self.monitor.poll(0):
+            recv_monitor_message(self.monitor)
+            logger.info("a client connection closed (closed by the client, or cut by ZeroMQ "
+                        "for a frame over %d bytes)", MAX_MESSAGE_BYTES)
 
     def _handle(self, identity: bytes, data: bytes) -> None:
         try:
             message = decode_client_message(data)
         except ValueError as e:
+            logger.warning("%s (from an authenticated client; answered)", e)
             self._reply(identity, RequestError(request_id=request_id_of(data), error=str(e)))
             return
         if isinstance(message, GenerateRequest):
@@ -193,7 +280,8 @@ class EngineServer:
             if engine_id is not None:
                 self._send_deltas(self.engine.abort([engine_id]))
         elif isinstance(message, StatsRequest):
-            self._reply(identity, self.engine.get_stats())
+            self._reply(identity, msgspec.structs.replace(
+                self.engine.get_stats(), num_refused_messages=self.refusals.count))
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)
@@ -247,7 +335,7 @@ class EngineServer:
 
     def _reply(self, identity: bytes, message: msgspec.Struct) -> None:
         try:
-            self.socket.send_multipart([identity, encode(message)])
+            self.socket.send_multipart([identity, *self.auth.seal(encode(message))])
         except zmq.ZMQError as e:
             if e.errno != errno.EHOSTUNREACH:
                 raise

@@ -9,6 +9,8 @@ with live requests when the engine stops (shut down, or a worker died).
 
 Request ids are the client's own; they need only be unique among that
 client's live requests. All unions are tagged; nothing is ever pickled.
+On the socket each message is sealed with the launch's secret
+(``ipc.auth``: frames ``[mac, payload]``); these are the payloads.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot of the engine: its queues, its KV blocks, its counters
-    since start (tokens, steps, preemptions, prefix-cache lookups)."""
+    since start (tokens, steps, preemptions, prefix-cache lookups).
+    ``num_refused_messages``: client messages the server dropped unread
+    for want of a valid MAC (0 from an engine that has no server)."""
 
     num_running: int
     num_waiting: int
@@ -93,6 +97,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_prompt_tokens: int
     num_generation_tokens: int
     num_scheduled_tokens: int
+    num_refused_messages: int = 0
 
 
 ClientMessage = GenerateRequest | AbortRequest | StatsRequest

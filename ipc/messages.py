@@ -59,12 +59,13 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     """Requests the runner already holds, in parallel lists.
 
     ``new_block_ids[i][g]`` are blocks appended to request i's table in
-    group g (empty lists when none). ``num_computed_tokens[i]`` is the count
-    before this step's tokens.
+    group g; ``None`` when request i gets no new block (most decode steps:
+    a None decodes far faster than nested empty lists).
+    ``num_computed_tokens[i]`` is the count before this step's tokens.
     """
 
     req_ids: list[str] = []
-    new_block_ids: list[list[list[int]]] = []
+    new_block_ids: list[list[list[int]] | None] = []
     num_computed_tokens: list[int] = []
 
 

@@ -19,6 +19,8 @@ import sys
 
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
 
+logger = logging.getLogger("tprun.serve")
+
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' or a HF model directory")
@@ -79,14 +81,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SERVE_HELP = """\
+Serve the engine to clients (engine.client.EngineClient) over ZeroMQ.
+
+Where it listens: by default an ipc:// socket in a new private directory
+(mode 0700); --port P: tcp://127.0.0.1:P; --host ADDR [--port P]:
+tcp://ADDR:P, with a warning unless ADDR is loopback.
+
+Every message must carry an HMAC-SHA256 made with a secret generated at each
+start. The secret is written (hex, mode 0600) to engine.key in the private
+directory (next to the ipc:// socket) and, with --endpoint-file F, to F.key;
+the start-up line names the key file, and shutdown removes it. EngineClient
+finds the key itself given F or the ipc:// address; for a tcp:// address
+pass key_file=. Messages without a valid MAC are dropped and logged.
+"""
+
+
 def _serve_parser(sub) -> None:
-    serve = sub.add_parser("serve", help="serve the engine to clients over ZeroMQ")
+    serve = sub.add_parser("serve", help="serve the engine to clients over ZeroMQ",
+                           description=SERVE_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     _engine_args(serve)
     serve.add_argument("--port", type=int, default=None,
                        help="listen on tcp://127.0.0.1:PORT (0: any free port) instead of an "
                        "ipc:// socket in a private directory")
+    serve.add_argument("--host", default=None,
+                       help="listen on tcp://HOST:PORT (PORT from --port, else any free one); "
+                       "an address other than loopback draws a warning")
     serve.add_argument("--endpoint-file", default=None,
-                       help="write the endpoint address to this file once the engine is ready")
+                       help="write the endpoint address to this file once the engine is ready, "
+                       "and the key to this file + '.key'")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats line")
     serve.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -139,16 +163,24 @@ def run_generate(args) -> int:
 
 
 def run_serve(args) -> int:
-    """Start the engine, then serve it until SIGINT or SIGTERM."""
+    """Start the engine, then serve it until SIGINT or SIGTERM (either one:
+    a clean stop, exit code 0, sockets and files removed)."""
     from engine.llm_engine import LLMEngine
-    from engine.server import Endpoint, EngineServer
+    from engine.server import Endpoint, EngineServer, exposure_warning
 
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
                             log_stats_interval_s=args.log_stats_interval)
     if not args.disable_log_stats:
         logging.getLogger("tprun.stats").setLevel(logging.INFO)
-    endpoint = Endpoint.create(args.port)  # checks --port before the workers start
-    engine = LLMEngine(config)
+    endpoint = Endpoint.create(args.port, args.host)  # checks them before the workers start
+    if (warning := exposure_warning(endpoint)) is not None:
+        print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+        logger.warning("%s", warning)
+    try:
+        engine = LLMEngine(config)
+    except BaseException:
+        endpoint.cleanup()
+        raise
     try:
         server = EngineServer(engine, endpoint, args.endpoint_file)
     except BaseException:
@@ -157,7 +189,9 @@ def run_serve(args) -> int:
         raise
     previous = {sig: signal.signal(sig, lambda *_: server.stop())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    print(f"tprun serve: engine endpoint {server.address}", flush=True)
+    print(f"tprun serve: engine endpoint {server.address} (key file {server.key_file})",
+          flush=True)
+    logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
     try:
         server.serve()
     finally:
@@ -187,12 +221,19 @@ def run_bench(args) -> int:
 COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
 
 
+def _exit_on_signal(signum, _frame) -> None:
+    """SIGTERM as an exception, so ``finally`` blocks and context managers
+    run: workers are shut down and socket directories removed."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from executor.base import WorkerFailure
 
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # serve replaces it once it serves
     try:
         return COMMANDS[args.command](args)
     except (ValueError, OSError, WorkerFailure, TimeoutError) as e:

@@ -84,9 +84,10 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
 
 
-def _check_block_ids(fail, req_id: str, block_ids: list[list[int]], num_blocks: int,
+def _check_block_ids(fail, req_id: str, block_ids: list[list[int]] | None, num_blocks: int,
                      held: int, max_blocks_per_req: int) -> int:
     """Check a request's new block ids; returns the blocks it holds after."""
+    block_ids = block_ids or []
     if len(block_ids) > 1:
         fail(f"request {req_id!r}: {len(block_ids)} KV cache groups, the runner has 1")
     group = block_ids[0] if block_ids else []

@@ -73,7 +73,7 @@ class FakeRunner:
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             assert self.reqs[rid].computed == computed
-            self.reqs[rid].blocks += blocks[0]
+            self.reqs[rid].blocks += blocks[0] if blocks else []
         self.max_live = max(self.max_live, len(self.reqs))
         self.check_blocks_exclusive(out)
         req_ids, sampled = [], []
