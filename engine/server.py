@@ -183,7 +183,8 @@ class EngineServer:
         self.socket.setsockopt(zmq.RCVHWM, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.IPV6, 1)
+        if endpoint.address.startswith("tcp://["):
+            self.socket.setsockopt(zmq.IPV6, 1)  # else LAST_ENDPOINT reads [::ffff:127.0.0.1]
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)

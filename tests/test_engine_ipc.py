@@ -3,7 +3,9 @@
 Every answer is checked against an independent reference: the same prompts
 through the in-process ``LLM`` (greedy). The server is started once for
 the module in its own session; its shutdown (SIGTERM: exit code 0, no
-process, socket or endpoint file left) is checked when the module ends.
+process, socket, endpoint file or key file left) is checked when the module
+ends. Every message is sealed with the launch's key (``ipc.auth``); the
+tests that speak raw ZeroMQ read it from the key file.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
+import stat
 import threading
 import time
 
@@ -22,6 +23,7 @@ import zmq
 
 from engine import LLM, SamplingParams
 from engine.client import EngineClient, EngineStoppedError
+from ipc.auth import Authenticator, read_key_file
 from ipc.engine_messages import (
     GenerateRequest,
     RequestAccepted,
@@ -29,62 +31,31 @@ from ipc.engine_messages import (
     decode_server_message,
     encode,
 )
-from tests.proc_utils import ROOT, session_pids
+from tests.serve_utils import start_server, stop_server
 
 MAX_TOKENS = 4
 
 
-def start_server(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
-    """Start ``tprun ... serve`` in its own session; wait for its endpoint file."""
-    endpoint_file = str(tmp_path / "endpoint")
-    env = dict(os.environ, PYTHONPATH=ROOT, TPRUN_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", *args, "--endpoint-file", endpoint_file],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 90
-    while not os.path.exists(endpoint_file):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(proc)
-            pytest.fail(f"tprun serve did not start:\n{proc.stderr.read()}")
-        time.sleep(0.1)
-    with open(endpoint_file) as f:
-        return proc, f.read().strip()
-
-
-def stop_server(proc: subprocess.Popen) -> tuple[int, str, list[int]]:
-    """SIGTERM the server; returns (exit code, stdout + stderr, leftover
-    pids). Any process of its session still alive after 10 s is killed."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        out, err = proc.communicate(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-    out += err
-    deadline = time.monotonic() + 10
-    while session_pids(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leftovers = session_pids(proc.pid)
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
-    return proc.returncode, out, leftovers
+def assert_cleaned_up(served, endpoint: str) -> None:
+    """No endpoint file, key file, or private directory left."""
+    assert not os.path.exists(served.endpoint_file)
+    assert not os.path.exists(served.key_file)
+    if endpoint.startswith("ipc://"):
+        assert not os.path.exists(os.path.dirname(endpoint[len("ipc://"):]))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("serve")
-    proc, endpoint = start_server(tmp_path, "--nproc-per-node", "2", "serve", "--model",
-                                  "tiny", "--device", "cpu", "--disable-log-stats")
-    yield endpoint, str(tmp_path / "endpoint")
-    code, out, leftovers = stop_server(proc)
+    served = start_server(tmp_path, "--nproc-per-node", "2", "serve", "--model",
+                          "tiny", "--device", "cpu", "--disable-log-stats")
+    endpoint = served.endpoint
+    yield endpoint, served.endpoint_file
+    code, out, leftovers = stop_server(served)
     assert code == 0, out
-    assert f"engine endpoint {endpoint}" in out
+    assert f"engine endpoint {endpoint} (key file {served.key_file})" in out
     assert leftovers == []
-    assert not os.path.exists(tmp_path / "endpoint")
-    assert not os.path.exists(os.path.dirname(endpoint[len("ipc://"):]))
+    assert_cleaned_up(served, endpoint)
 
 
 def make_prompts(n: int, seed: int) -> list[dict]:
@@ -197,18 +168,20 @@ def test_abort_frees_blocks(server):
 
 
 def raw_exchange(endpoint: str, payloads: list[bytes]) -> list:
-    """Send raw frames on a DEALER socket; return the decoded replies."""
+    """Send payloads, sealed with the server's key (found next to the ipc
+    socket), on a raw DEALER socket; return the decoded replies."""
+    auth = Authenticator.for_client(read_key_file(endpoint[len("ipc://"):] + ".key"))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     try:
         for payload in payloads:
-            sock.send(payload)
+            sock.send_multipart(auth.seal(payload))
         replies = []
         while len(replies) < len(payloads):
             assert sock.poll(30_000), "the engine did not answer"
-            replies.append(decode_server_message(sock.recv()))
+            replies.append(decode_server_message(auth.unseal(sock.recv_multipart())))
         return replies
     finally:
         sock.close()
@@ -263,12 +236,16 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server):
 
 @pytest.mark.timeout(90)
 def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
-    proc, endpoint = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",
-                                  "--device", "cpu", "--port", "0", "--no-async-scheduling",
-                                  "--log-stats-interval", "0.2")
+    served = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",
+                          "--device", "cpu", "--port", "0", "--no-async-scheduling",
+                          "--log-stats-interval", "0.2")
+    endpoint = served.endpoint
     try:
-        assert endpoint.startswith("tcp://127.0.0.1:")
-        with EngineClient(endpoint, timeout_s=60) as client:
+        assert endpoint.startswith("tcp://127.0.0.1:")  # loopback unless --host says otherwise
+        assert stat.S_IMODE(os.stat(served.key_file).st_mode) == 0o600
+        with pytest.raises(ValueError, match="no key for tcp://"):
+            EngineClient(endpoint)  # a tcp:// address names no key file
+        with EngineClient(endpoint, timeout_s=60, key_file=served.key_file) as client:
             out = client.generate({"prompt_token_ids": [7, 8, 9]},
                                   SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
             time.sleep(0.5)  # let a stats interval pass
@@ -276,13 +253,38 @@ def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
                                 {"max_tokens": 4000, "ignore_eos": True})
             stream = client.stream(rid)
             next(stream)
-            proc.send_signal(signal.SIGTERM)  # the engine stops with rid running
+            served.proc.send_signal(signal.SIGTERM)  # the engine stops with rid running
             with pytest.raises(EngineStoppedError, match="shutting down"):
                 list(stream)
             with pytest.raises(EngineStoppedError):
                 client.stats()
     finally:
-        code, output, leftovers = stop_server(proc)
+        code, output, leftovers = stop_server(served)
     assert out[0].outputs[0].token_ids == reference([{"prompt_token_ids": [7, 8, 9]}], 5)[0]
     assert code == 0 and leftovers == []
     assert "Avg generation throughput" in output
+    assert "warning" not in output.lower()
+    assert_cleaned_up(served, endpoint)
+
+
+@pytest.mark.timeout(90)
+def test_sigint_stops_like_sigterm(tmp_path):
+    served = start_server(tmp_path, "--nproc-per-node", "2", "serve", "--model", "tiny",
+                          "--device", "cpu", "--disable-log-stats")
+    endpoint = served.endpoint
+    try:
+        assert len(served.pids()) == 3  # the server and two workers
+        with EngineClient(endpoint, timeout_s=60) as client:
+            rid = client.submit({"prompt_token_ids": [1, 2]},
+                                {"max_tokens": 4000, "ignore_eos": True})
+            stream = client.stream(rid)
+            next(stream)
+            served.proc.send_signal(signal.SIGINT)
+            with pytest.raises(EngineStoppedError, match="shutting down"):
+                list(stream)
+    finally:
+        code, output, leftovers = stop_server(served, signal.SIGINT)
+    assert code == 0, output
+    assert leftovers == []
+    assert "Traceback" not in output
+    assert_cleaned_up(served, endpoint)
