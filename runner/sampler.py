@@ -93,6 +93,10 @@ class Sampler:
         """
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
+        if flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS:
+            # The common case needs no per-slot parameter: one argmax.
+            return SamplerOutput(logits.argmax(dim=-1), None,
+                                 self.states.num_logprobs_np[idx_mapping_np])
         params = self.states.gather(idx)
         raw = logits.to(torch.float32)
         processed = raw
