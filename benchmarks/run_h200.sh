@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
 #   bash benchmarks/run_h200.sh tests|bench-small|bench-8b
+# tests: the whole suite on the GPU (about 5 min); bench-small: prepare_inputs,
+# attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -15,6 +17,7 @@ case "${1:-tests}" in
     timeout 420 python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest_gpu.log"
     ;;
   bench-small)
+    timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
     timeout 200 python3 benchmarks/bench_attention.py --out "$OUT/attention.json" 2>&1 | tail -60 | tee "$OUT/attention.log"
     timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
       --contexts 512 4096 --idle --out "$OUT/decode_1b.json" 2>&1 | tee "$OUT/decode_1b.log"

@@ -181,7 +181,7 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable: raise, don't drop
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        pass
         self.socket.setsockopt(zmq.LINGER, 0)
         if endpoint.address.startswith("tcp://["):
             self.socket.setsockopt(zmq.IPV6, 1)  # else LAST_ENDPOINT reads [::ffff:127.0.0.1]
