@@ -54,6 +54,8 @@ def time_prepare(runner: ModelRunner, scheduled: dict[str, int], iters: int) -> 
         t0 = time.perf_counter()
         batch = plan_batch(scheduled, states.req_id_to_index, states.num_computed_tokens_np,
                            states.prefill_len_np)
+        runner.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
+                                      states.pad_slot)
         runner._prepare_inputs(batch)
         host.append(time.perf_counter() - t0)
         if on_cuda:

@@ -26,10 +26,11 @@ class BlockTables:
     ):
         self.block_size = block_size
         self.max_num_blocks_per_req = max_num_blocks_per_req
+        # One extra row for the padding slot (see runner.states): always zero.
         self.block_table = StagedWriteTensor(
-            (max_num_reqs, max_num_blocks_per_req), torch.int32, device
+            (max_num_reqs + 1, max_num_blocks_per_req), torch.int32, device
         )
-        self.num_blocks_np = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_blocks_np = np.zeros(max_num_reqs + 1, dtype=np.int32)
         self.batch_block_table = torch.zeros(
             max_num_reqs, max_num_blocks_per_req, dtype=torch.int32, device=device
         )

@@ -56,11 +56,17 @@ class InputBuffers:
         self.step_meta_np = np.zeros(2 * max_num_reqs + 1, dtype=np.int32)
         self.copier = HostToDeviceCopier(device)
 
-    def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray) -> None:
-        """The step's only host-to-device input copy (non-blocking on CUDA)."""
+    def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
+                       pad_slot: int) -> None:
+        """The step's only host-to-device input copy (non-blocking on CUDA).
+
+        Rows past the batch, up to ``len(query_start_loc_np) - 1`` (the padded
+        count), map to ``pad_slot``.
+        """
         n, m = len(idx_mapping_np), len(query_start_loc_np)
         meta = self.step_meta_np
         meta[:n] = idx_mapping_np
+        meta[n : m - 1] = pad_slot
         meta[self.max_num_reqs : self.max_num_reqs + m] = query_start_loc_np
         self.copier.copy(meta[: self.max_num_reqs + m], self.step_meta)
 

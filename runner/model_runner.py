@@ -120,28 +120,28 @@ class ModelRunner:
                                 show_progress=self.tp.rank == 0)
 
     def _fill_graph_inputs(self, size: int) -> None:
-        """Harmless inputs for warming up and capturing a graph: one token per
-        request, no KV written. Runs before capture, never inside a graph: a
-        replay must read the inputs the step prepared, not reset them."""
+        """Harmless step inputs for warming up and capturing a graph: every
+        row maps to the padding slot and has no token, so nothing is written
+        to the KV cache. Runs before capture, never inside a graph."""
         buf = self.buffers
-        buf.query_start_loc[: size + 1].copy_(torch.arange(size + 1, device=self.device))
-        buf.seq_lens[:size].fill_(1)
-        self.block_tables.batch_block_table[:size].zero_()
-        self.block_tables.slot_mapping[:size].fill_(-1)
+        buf.idx_mapping[:size].fill_(self.req_states.pad_slot)
+        buf.query_start_loc[: size + 1].zero_()
 
     @torch.no_grad()
     def _graph_forward(self, size: int) -> torch.Tensor:
-        """The forward pass of a uniform decode batch of ``size`` padded
-        requests, reading only the persistent buffers (what a graph captures:
-        nothing here may write an input buffer)."""
+        """One step of ``size`` padded one-token rows, from the step's only
+        copied inputs (``idx_mapping``, ``query_start_loc``) to the hidden
+        states: the input kernels and the model, all in the graph. Rows past
+        the batch map to the padding slot (seq_len 0, no KV write)."""
         buf = self.buffers
+        self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
+        block_tables, slot_mapping = self._build_inputs(size, size, size, size, True)
         on_cpu = self.device.type == "cpu"
         attn = AttentionMetadata(
             num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
             max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
-            block_tables=self.block_tables.batch_block_table[:size],
-            slot_mapping=self.block_tables.slot_mapping[:size],
+            block_tables=block_tables, slot_mapping=slot_mapping,
             # Host copies are read only by the CPU reference backend (emulated
             # graphs): there the buffers themselves are host memory.
             query_start_loc_cpu=buf.query_start_loc[: size + 1] if on_cpu
@@ -194,17 +194,20 @@ class ModelRunner:
         if batch.num_tokens == 0:
             self.pending = _PendingStep(plan.step_id, batch, None, None)
             return
-        input_ids, positions, attn, logits_indices = self._prepare_inputs(batch)
+        self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
+                                    self.req_states.pad_slot)
+        if graph_size is not None:
+            hidden = self.graphs.replay(graph_size)
+        else:
+            input_ids, positions, attn = self._prepare_inputs(batch)
+            hidden = self.model(input_ids, positions, self.kv_caches, attn)
+        logits_indices = self.buffers.logits_indices[: batch.num_reqs]
         # The step's tokens count as computed from now on, on both sides:
         # the device copies seq_lens (no staged write needed next step).
         idx_long = self.buffers.idx_mapping[: batch.num_reqs].long()
         self.req_states.num_computed_tokens.gpu.index_copy_(
             0, idx_long, self.buffers.seq_lens[: batch.num_reqs])
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        if graph_size is not None:
-            hidden = self.graphs.replay(graph_size)
-        else:
-            hidden = self.model(input_ids, positions, self.kv_caches, attn)
         self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices)
 
     def _graph_size(self, plan: SchedulerOutput) -> int | None:
@@ -215,34 +218,45 @@ class ModelRunner:
             return None
         return self.graphs.padded_size(len(counts))
 
-    def _prepare_inputs(self, batch: BatchPlan):
+    def _build_inputs(self, n: int, t: int, n_padded: int, t_padded: int,
+                      has_prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input kernels over batch rows ``[0, n)`` and tokens ``[0, t)``:
+        input_ids, positions, seq_lens (0 for rows ``>= n``), logits_indices,
+        the batch's block-table rows (``n_padded``) and slot mapping (-1 for
+        tokens ``[t, t_padded)``). Reads only persistent buffers."""
         buf, states = self.buffers, self.req_states
-        n, t = batch.num_reqs, batch.num_tokens
-        buf.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np)
         idx_mapping = buf.idx_mapping[:n]
-        qsl = buf.query_start_loc[: batch.num_reqs_padded + 1]
+        qsl = buf.query_start_loc[: n_padded + 1]
         computed = states.num_computed_tokens.gpu
         prefill_len = states.prefill_len.gpu
-        if batch.has_prefill:
+        if has_prefill:
             prepare_prefill_inputs(
                 buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
             )
         prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
-        logits_indices = combine_sampled_and_draft_tokens(
+        combine_sampled_and_draft_tokens(
             buf.input_ids, idx_mapping, states.last_sampled_tokens, qsl, buf.seq_lens,
             prefill_len, None, None, buf.logits_indices, n, n,
         )  # fmt: skip
-        block_tables = self.block_tables.gather(idx_mapping, n, batch.num_reqs_padded)
+        block_tables = self.block_tables.gather(idx_mapping, n, n_padded)
         slot_mapping = self.block_tables.compute_slot_mapping(
-            idx_mapping, qsl, buf.positions, n, t, batch.num_tokens_padded
+            idx_mapping, qsl, buf.positions, n, t, t_padded
         )
+        return block_tables, slot_mapping
+
+    def _prepare_inputs(self, batch: BatchPlan):
+        """Eager step inputs: the input kernels and the attention metadata."""
+        buf = self.buffers
+        n, t = batch.num_reqs, batch.num_tokens
+        block_tables, slot_mapping = self._build_inputs(
+            n, t, batch.num_reqs_padded, batch.num_tokens_padded, batch.has_prefill)
         attn = AttentionMetadata(
             num_reqs=n,
             num_tokens=t,
             num_decodes=batch.num_decodes,
             max_query_len=int(batch.num_scheduled_np.max()),
             max_seq_len=int(batch.seq_lens_np.max()),
-            query_start_loc=qsl,
+            query_start_loc=buf.query_start_loc[: batch.num_reqs_padded + 1],
             seq_lens=buf.seq_lens[: batch.num_reqs_padded],
             block_tables=block_tables,
             slot_mapping=slot_mapping,
@@ -250,7 +264,7 @@ class ModelRunner:
             seq_lens_cpu=torch.from_numpy(batch.seq_lens_np),
         )
         t_pad = batch.num_tokens_padded
-        return buf.input_ids[:t_pad], buf.positions[:t_pad], attn, logits_indices
+        return buf.input_ids[:t_pad], buf.positions[:t_pad], attn
 
     @torch.no_grad()
     def sample_tokens(self) -> AsyncOutput:

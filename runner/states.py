@@ -9,6 +9,10 @@ Invariants:
   writes applied once per step, never by a blocking copy.
 - ``last_sampled_tokens`` lives on the device only: the next step's decode
   input is read from it, so the host need not have seen the token yet.
+- Every per-slot tensor has one extra row, ``pad_slot = max_num_reqs``,
+  never given to a request: its lengths stay 0 and its block-table row
+  stays zero, so a padded batch row mapped to it has seq_len 0 and writes
+  no KV (CUDA graphs run padded batches).
 """
 
 from __future__ import annotations
@@ -28,19 +32,21 @@ class RequestState:
         self.free_indices: list[int] = list(range(max_num_reqs))
         self.req_id_to_index: dict[str, int] = {}
         self.index_to_req_id: dict[int, str] = {}
+        self.pad_slot = max_num_reqs
+        rows = max_num_reqs + 1
 
         # Prompt tokens (and, after preemption, earlier outputs) of every slot.
         # max_num_reqs x max_model_len int32 can be gigabytes: pinned host
         # memory read by the kernels through UVA where the device allows it.
         self.all_token_ids = StagedWriteTensor(
-            (max_num_reqs, max_model_len), torch.int32, device, uva=True
+            (rows, max_model_len), torch.int32, device, uva=True
         )
-        self.prompt_len_np = np.zeros(max_num_reqs, dtype=np.int32)
-        self.prefill_len_np = np.zeros(max_num_reqs, dtype=np.int32)
-        self.prefill_len = StagedWriteTensor((max_num_reqs,), torch.int32, device)
-        self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)
-        self.num_computed_tokens = StagedWriteTensor((max_num_reqs,), torch.int32, device)
-        self.last_sampled_tokens = torch.zeros(max_num_reqs, dtype=torch.int64, device=device)
+        self.prompt_len_np = np.zeros(rows, dtype=np.int32)
+        self.prefill_len_np = np.zeros(rows, dtype=np.int32)
+        self.prefill_len = StagedWriteTensor((rows,), torch.int32, device)
+        self.num_computed_tokens_np = np.zeros(rows, dtype=np.int32)
+        self.num_computed_tokens = StagedWriteTensor((rows,), torch.int32, device)
+        self.last_sampled_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
 
     @property
     def num_reqs(self) -> int:

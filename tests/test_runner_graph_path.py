@@ -37,17 +37,20 @@ def test_padded_graph_path_equals_eager(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_graph_forward_reads_but_never_writes_inputs(tmp_path):
+def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
     runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
-    buf, tables = runner.buffers, runner.block_tables
-    inputs = [buf.input_ids[:4], buf.positions[:4], buf.query_start_loc[:5], buf.seq_lens[:4],
-              tables.batch_block_table[:4], tables.slot_mapping[:4]]
-    buf.query_start_loc[:5] = torch.tensor([0, 1, 2, 3, 4])
-    buf.seq_lens[:4] = torch.tensor([3, 5, 2, 1])
-    buf.positions[:4] = torch.tensor([2, 4, 1, 0])
-    tables.batch_block_table[:4, 0] = torch.tensor([3, 4, 5, 6])
-    tables.slot_mapping[:4] = torch.tensor([50, 68, 81, 96])
-    before = [t.clone() for t in inputs]
+    prompts = [list(range(1, 20)), [5, 6, 7]]
+    _run(runner, prompts, steps=1)  # two decoding requests, padded to 2 rows
+    buf, states = runner.buffers, runner.req_states
+    slots = [states.req_id_to_index[r] for r in ("r0", "r1")]
+    buf.idx_mapping[:4] = torch.tensor(slots + [states.pad_slot] * 2, dtype=torch.int32)
+    buf.query_start_loc[:5] = torch.tensor([0, 1, 2, 2, 2], dtype=torch.int32)
+    copied = [buf.idx_mapping[:4].clone(), buf.query_start_loc[:5].clone()]
+    buf.seq_lens.fill_(-5)  # derived buffers: the graph must rebuild them
+    runner.block_tables.slot_mapping.fill_(-7)
     runner._graph_forward(4)
-    for old, new in zip(before, inputs):
-        assert torch.equal(old, new)
+    assert torch.equal(buf.idx_mapping[:4], copied[0])
+    assert torch.equal(buf.query_start_loc[:5], copied[1])
+    computed = states.num_computed_tokens.gpu[slots]
+    assert buf.seq_lens[:4].tolist() == (computed + 1).tolist() + [0, 0]
+    assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]

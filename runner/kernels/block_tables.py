@@ -148,7 +148,12 @@ def compute_slot_mappings_ref(
     num_tokens: int,
     num_tokens_padded: int,
 ) -> torch.Tensor:
-    """Torch reference: fixed shapes (num_tokens is host-known), no sync."""
+    """Torch reference: fixed shapes (num_tokens is host-known), no sync.
+
+    Tokens below num_tokens that belong to no row (at or past
+    query_start_loc[num_reqs]) are left as they are, as the Triton kernel
+    leaves them: a CUDA graph fills them with -1 first.
+    """
     _check_slots(
         idx_mapping,
         query_start_loc,
@@ -161,11 +166,13 @@ def compute_slot_mappings_ref(
     slot_mapping[num_tokens:num_tokens_padded] = PAD_SLOT_ID
     if num_tokens == 0:
         return slot_mapping[:num_tokens_padded]
-    rows = token_rows(query_start_loc, num_reqs, num_tokens).clamp(max=num_reqs - 1)
-    req_slots = idx_mapping[:num_reqs].to(torch.int64)[rows]
-    pos = positions[:num_tokens].to(torch.int64)
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_a_row = rows < num_reqs
+    req_slots = idx_mapping[:num_reqs].to(torch.int64)[rows.clamp(max=num_reqs - 1)]
+    pos = torch.where(in_a_row, positions[:num_tokens].to(torch.int64), 0)
     blocks = block_table[req_slots, pos // block_size].to(torch.int64)
-    slot_mapping[:num_tokens] = (blocks * block_size + pos % block_size).to(slot_mapping.dtype)
+    slots = (blocks * block_size + pos % block_size).to(slot_mapping.dtype)
+    slot_mapping[:num_tokens] = torch.where(in_a_row, slots, slot_mapping[:num_tokens])
     return slot_mapping[:num_tokens_padded]
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import check_num_reqs, next_power_of_2, on_cuda
+from runner.kernels.dispatch import check_num_reqs, next_power_of_2, on_cuda, token_rows
 
 
 def _check(
@@ -91,15 +91,32 @@ def combine_sampled_and_draft_tokens_ref(
     idx = query_start_loc.to(torch.int64)[rows + 1] - 1 - num_drafts + k
     out.copy_(idx)
 
+    _write_decode_tokens(input_ids, idx_mapping, last_sampled_tokens, query_start_loc,
+                         seq_lens, prefill_len, draft_tokens, cu, num_reqs)
+    return out
+
+
+def _write_decode_tokens(input_ids, idx_mapping, last_sampled_tokens, query_start_loc,
+                         seq_lens, prefill_len, draft_tokens, cu, num_reqs: int) -> None:
+    """Per token, not per row: a row with no tokens (padding) shares its
+    ``end - 1`` with the row before it, and must not overwrite that row's
+    token. Token t gets a value iff its row decodes and t is among the row's
+    last 1 + d tokens."""
+    num_tokens = input_ids.shape[0]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_batch = rows < num_reqs
+    rows = rows.clamp(max=num_reqs - 1)
     slots = idx_mapping.to(torch.int64)[rows]
+    end = query_start_loc.to(torch.int64)[rows + 1]
+    num_drafts = cu[rows + 1] - cu[rows] - 1
+    k = torch.arange(num_tokens, device=input_ids.device) - (end - 1 - num_drafts)
     decoding = seq_lens.to(torch.int64)[rows] > prefill_len.to(torch.int64)[slots]
     values = _first_column(last_sampled_tokens)[slots]
     if draft_tokens is not None and draft_tokens.shape[1] > 0:
-        drafts = draft_tokens[slots, (k - 1).clamp(min=0)]
+        drafts = draft_tokens[slots, (k - 1).clamp(0, draft_tokens.shape[1] - 1)]
         values = torch.where(k == 0, values, drafts)
-    new = torch.where(decoding, values.to(input_ids.dtype), input_ids[idx])
-    input_ids.index_copy_(0, idx, new)
-    return out
+    write = in_batch & decoding & (k >= 0)
+    input_ids.copy_(torch.where(write, values.to(input_ids.dtype), input_ids))
 
 
 @triton.jit
