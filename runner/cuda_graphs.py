@@ -1,11 +1,13 @@
 """FULL CUDA graphs for uniform decode batches.
 
 At start-up, after the KV cache exists, one graph is captured per capture
-size (a ladder 1, 2, 4, 8, 16, 24, ... up to ``max_num_seqs``), each reading
-the runner's persistent input buffers, so a replay takes no arguments. A
-decode batch of ``n`` requests runs as the graph of the smallest capture size
-``>= n``: the padded rows get seq_len 0 and their tokens slot -1 (the input
-kernels write both). Mixed and larger batches run eagerly.
+size (a ladder 1, 2, 4, 8, 16, 24, ... up to ``max_num_seqs``). Each holds
+the input kernels and the model, reading only persistent buffers, so a
+replay takes no arguments: the host copies ``idx_mapping`` and
+``query_start_loc`` and replays. A decode batch of ``n`` requests runs as the
+graph of the smallest capture size ``>= n``; its padded rows map to the
+padding slot, so they get seq_len 0 and their tokens slot -1. Mixed and
+larger batches run eagerly.
 """
 
 from __future__ import annotations
