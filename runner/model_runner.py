@@ -46,6 +46,7 @@ class _PendingStep:
     plan: BatchPlan
     hidden_states: torch.Tensor | None
     logits_indices: torch.Tensor | None
+    idx_mapping: torch.Tensor | None = None  # int64 slots of the batch rows
 
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
@@ -208,7 +209,7 @@ class ModelRunner:
         self.req_states.num_computed_tokens.gpu.index_copy_(
             0, idx_long, self.buffers.seq_lens[: batch.num_reqs])
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices)
+        self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices, idx_long)
 
     def _graph_size(self, plan: SchedulerOutput) -> int | None:
         """The captured size to pad a one-token-per-request batch to, or None
@@ -277,7 +278,7 @@ class ModelRunner:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, [], batch.sample_mask_np, empty, self.copy_stream)
         logits = self.model.compute_logits(step.hidden_states[step.logits_indices])
-        idx_mapping = self.buffers.idx_mapping[: batch.num_reqs].long()
+        idx_mapping = step.idx_mapping
         positions = self.buffers.positions[step.logits_indices] + 1  # of the sampled token
         prefill_len = self.req_states.prefill_len.gpu[idx_mapping]
         sample_mask = self.buffers.seq_lens[: batch.num_reqs] >= prefill_len
