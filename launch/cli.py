@@ -39,6 +39,13 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
                         "(--no-async-scheduling: one step at a time)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=True)
+    parser.add_argument("--attach-workers", metavar="DIR", default=None,
+                        help="do not spawn workers: bind ipc://DIR/broadcast and ipc://DIR/reply "
+                        "(DIR private to you) and wait for workers started elsewhere, e.g. "
+                        "torchrun --nproc-per-node N -m worker --broadcast ipc://DIR/broadcast "
+                        "--reply ipc://DIR/reply")
+    parser.add_argument("--step-timeout", type=float, default=300.0,
+                        help="seconds a step may take before the engine names the stuck ranks")
 
 
 def _engine_config(args, **overrides):
@@ -52,6 +59,7 @@ def _engine_config(args, **overrides):
         seed=args.seed, executor="mp", master_addr=args.master_addr,
         master_port=args.master_port, async_scheduling=args.async_scheduling,
         enable_prefix_caching=args.enable_prefix_caching,
+        attach_workers_dir=args.attach_workers, step_timeout_s=args.step_timeout,
     )
     kwargs.update(overrides)
     return EngineConfig(**kwargs)
