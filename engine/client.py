@@ -45,6 +45,7 @@ from ipc.auth import (
     sibling_key_file,
 )
 from ipc.engine_messages import (
+    MAX_MESSAGE_BYTES,
     AbortRequest,
     Delta,
     EngineStats,
@@ -122,12 +123,15 @@ class EngineClient:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.dropped = RefusalLog(logger, "a reply from the engine")
-        self.num_unrouted_deltas = 0  # deltas of requests this client does not hold
+        # Deltas for no live request of this client: of requests it abandoned
+        # (generate() that raised), or a second end of one (which is a bug).
+        self.num_unrouted_deltas = 0
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.socket.connect(endpoint)
         self._streams: dict[str, _Stream] = {}
         self._stats: deque[EngineStats] = deque()

@@ -34,6 +34,7 @@ import ipaddress
 import itertools
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -56,6 +57,7 @@ from ipc.auth import (
     write_key_file,
 )
 from ipc.engine_messages import (
+    MAX_MESSAGE_BYTES,
     AbortRequest,
     Delta,
     EngineStopped,
@@ -71,7 +73,6 @@ from ipc.engine_messages import (
 
 logger = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_HOST = "127.0.0.1"
 _IDLE_POLL_MS = 100
 
@@ -82,6 +83,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+        return True
+    except ValueError:
+        return host == "*" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", host) is not None
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,9 @@ class Endpoint:
         or none: any free port, resolved at bind)."""
         if port is not None and not 0 <= port < 65536:
             raise ValueError(f"--port must be in [0, 65535], got {port}")
-        if host is not None and not host.strip():
-            raise ValueError("--host must name an address")
+        if host is not None and not _valid_host(host):
+            raise ValueError(f"--host must be an IP address, '*', or an interface or host "
+                             f"name, got {host!r}")
         directory = tempfile.mkdtemp(prefix="tprun-serve-")  # mkdtemp makes it 0700
         os.chmod(directory, 0o700)
         if port is None and host is None:
@@ -131,7 +141,7 @@ def exposure_warning(endpoint: Endpoint) -> str | None:
     host = endpoint.host
     if host is None or is_loopback(host):
         return None
-    return (f"the engine endpoint listens on {host}, not loopback: any host that can "
+    return (f"the engine endpoint listens on {host}, not a loopback address: any host that can "
             f"reach it may connect. Messages are authenticated (HMAC with the key in "
             f"the key file) but not encrypted; prompts and outputs cross the network "
             f"in the clear.")
@@ -181,16 +191,19 @@ class EngineServer:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable: raise, don't drop
         self.socket.setsockopt(zmq.SNDHWM, 0)
         self.socket.setsockopt(zmq.RCVHWM, 0)
-        pass
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         self.socket.setsockopt(zmq.LINGER, 0)
         if endpoint.address.startswith("tcp://["):
-            self.socket.setsockopt(zmq.IPV6, 1)  # else LAST_ENDPOINT reads [::ffff:127.0.0.1]
+            self.socket.setsockopt(zmq.IPV6, 1)  # IPv6 hosts only: IPv4 would read ::ffff:
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
         try:
-            self.socket.bind(endpoint.address)
+            try:
+                self.socket.bind(endpoint.address)
+            except zmq.ZMQError as e:
+                raise OSError(f"cannot listen on {endpoint.address}: {e}") from None
             self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
             if self.address.startswith("ipc://"):
                 os.chmod(self.address[len("ipc://"):], 0o600)

@@ -19,6 +19,10 @@ from typing import Any
 
 import msgspec
 
+# Both ends set it as the socket's MAXMSGSIZE: ZeroMQ cuts a connection
+# that sends a larger frame before the application sees any of it.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Generate for one prompt: give exactly one of ``prompt`` (text) and

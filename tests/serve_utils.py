@@ -2,11 +2,14 @@
 
 The output goes to a file, not a pipe, so a server that logs a lot (the
 fuzz tests make it) can never block on a full pipe. ``stop_server`` leaves
-no process of the session behind, whatever happened.
+no process of the session behind, whatever happened; and a server whose
+test process dies without stopping it (killed by a timeout) gets SIGTERM
+from the kernel (the parent-death signal), so it shuts down cleanly too.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -17,6 +20,13 @@ from dataclasses import dataclass
 import pytest
 
 from tests.proc_utils import ROOT, pythonpath, session_pids
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process exits."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass
@@ -53,7 +63,7 @@ def start_server(tmp_path, *args: str, env: dict | None = None,
         proc = subprocess.Popen(
             [sys.executable, "-m", "launch", *args, "--endpoint-file", endpoint_file],
             cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_term_with_parent,
         )
     served = Served(proc, "", endpoint_file, log_path)
     deadline = time.monotonic() + timeout_s

@@ -168,6 +168,9 @@ def test_default_endpoints_are_private_or_loopback():
     assert not os.path.exists(ipc.directory) and not os.path.exists(tcp.directory)
     with pytest.raises(ValueError, match="--port"):
         Endpoint.create(port=70000)
+    for bad in ["", "0.0.0.0:80", "tcp://x", "a b", "-x"]:
+        with pytest.raises(ValueError, match="--host must be"):
+            Endpoint.create(host=bad)
 
 
 @pytest.mark.parametrize("host,exposed", [
@@ -183,7 +186,7 @@ def test_hosts_beyond_loopback_draw_a_warning(host, exposed):
         endpoint.cleanup()
     assert (warning is not None) == exposed
     if exposed:
-        assert "not loopback" in warning and "not encrypted" in warning
+        assert "not a loopback address" in warning and "not encrypted" in warning
     if host == "::1":
         assert endpoint.address == "tcp://[::1]:5555"
 

@@ -1,10 +1,14 @@
 """``python -m worker``: start one worker daemon (see worker.daemon)."""
 
+import signal
 import sys
 
 from worker.parent_death import die_with_parent_from_env
 
 die_with_parent_from_env()  # before the heavy imports below
+# Ctrl-C in a terminal reaches the whole process group: the executor decides
+# when workers stop (a shutdown call, or its own death), not the keyboard.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 from worker.daemon import main  # noqa: E402
 
