@@ -181,7 +181,7 @@ class ModelRunner:
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
         check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
-                   self.config.max_num_batched_tokens)
+                   self.config.max_num_batched_tokens, self.model.config.vocab_size)
         self._update_states(plan)
         graph_size = self._graph_size(plan)
         batch = plan_batch(

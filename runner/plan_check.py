@@ -17,7 +17,7 @@ class InvalidPlanError(ValueError):
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
-               max_num_batched_tokens: int) -> None:
+               max_num_batched_tokens: int, vocab_size: int) -> None:
     """Raise ``InvalidPlanError`` naming the first problem found.
 
     ``states`` is the runner's RequestState, ``block_tables`` its
@@ -45,6 +45,9 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
         prefill = len(new.prefill_token_ids)
         if not 0 < prefill <= max_len or len(new.prompt_token_ids) > prefill:
             fail(f"request {new.req_id!r} has {prefill} prefill tokens")
+        if min(new.prefill_token_ids) < 0 or max(new.prefill_token_ids) >= vocab_size:
+            # At TP > 1 such an id would embed as zeros on every rank: silent.
+            fail(f"request {new.req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
         if not 0 <= new.num_computed_tokens <= prefill:
             fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
         if (problem := sampling_options_error(new.sampling)) is not None:

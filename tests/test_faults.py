@@ -91,14 +91,19 @@ def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
             req_id="b", prompt_token_ids=[1], prefill_token_ids=[1], sampling=SamplingOptions(),
             block_ids=[[999]], num_computed_tokens=0, max_tokens=2)],
             num_scheduled_tokens={"b": 1}, total_num_scheduled_tokens=1)
+        bad_token = SchedulerOutput(step_id=4, scheduled_new_reqs=[NewRequestData(
+            req_id="t", prompt_token_ids=[1, 99999], prefill_token_ids=[1, 99999],
+            sampling=SamplingOptions(), block_ids=[[0]], num_computed_tokens=0, max_tokens=2)],
+            num_scheduled_tokens={"t": 2}, total_num_scheduled_tokens=2)
         for plan, pattern in [(unknown, "unknown request 'ghost'"),
+                              (bad_token, "outside the vocabulary"),
                               (freed_twice, "freed twice"),
                               (over_budget, "exceed max_num_batched_tokens 64"),
                               (block_out, "block id 999 outside the cache")]:
             with pytest.raises(StepRejected, match=pattern) as info:
                 executor.execute_model(plan).result(timeout=30)
             assert "rank" in str(info.value)
-        out = executor.execute_model(_new_plan(4)).result(timeout=30)
+        out = executor.execute_model(_new_plan(5)).result(timeout=30)
         assert out.req_ids == ["a"] and len(out.sampled_token_ids[0]) == 1
     finally:
         executor.shutdown()
@@ -165,3 +170,21 @@ def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
         assert _wait_gone(workers, 5.0) == []
     finally:
         _kill_session(proc.pid)
+
+
+@pytest.mark.timeout(90)
+def test_exception_in_a_step_is_reported_with_rank_and_traceback(tiny_dir, monkeypatch):
+    # Rank 1 raises in step 3 while rank 0 goes on into its all-reduce.
+    monkeypatch.setenv("TPRUN_INJECT_STEP_FAULT", "1:3")
+    llm = LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu")
+    pids = [p.pid for p in llm.engine.executor.procs]
+    params = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure) as info:
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], params)
+    message = str(info.value)
+    assert "worker rank 1 failed step 3" in message
+    assert "Traceback" in message and "InjectedFault" in message
+    assert time.monotonic() - start < 10
+    llm.shutdown()
+    assert _wait_gone(pids, 5.0) == []

@@ -21,6 +21,7 @@ from ipc.channels import BroadcastSubscriber, ReplySender
 from ipc.messages import ControlCall, ControlReply, Hello, SchedulerOutput, Sync, WorkerError
 from runner.plan_check import InvalidPlanError
 from worker.env import TorchrunEnv
+from worker.fault_injection import FaultInjector
 from worker.heartbeat import HeartbeatThread
 from worker.output_thread import OutputCopyThread
 from worker.worker import Worker
@@ -31,6 +32,7 @@ logger = logging.getLogger("tprun.worker")
 def serve(worker: Worker, subscriber: BroadcastSubscriber, sender: ReplySender,
           output: OutputCopyThread | None, heartbeat: HeartbeatThread, parent_pid: int) -> None:
     rank = worker.env.rank
+    faults = FaultInjector(rank)
     while True:
         message = subscriber.recv(timeout_ms=1000)
         if message is None:
@@ -53,6 +55,7 @@ def serve(worker: Worker, subscriber: BroadcastSubscriber, sender: ReplySender,
         elif isinstance(message, SchedulerOutput):
             heartbeat.step_started = message.step_id
             try:
+                faults.maybe_fail(message.step_id)
                 async_output = worker.execute(message)
             except InvalidPlanError as e:  # nothing applied; every rank agrees
                 logger.error("rank %d: rejected step %d: %s", rank, message.step_id, e)
