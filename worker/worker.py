@@ -47,7 +47,9 @@ def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
         return
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        # env:// reads MASTER_ADDR/PORT (and joins torchrun's own store when
+        # torchrun started this process).
+        init_method="env://",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=600),
