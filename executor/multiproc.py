@@ -40,6 +40,8 @@ from ipc.messages import (
 logger = logging.getLogger(__name__)
 
 SILENT_AFTER_S = 2.0  # heartbeats come every 0.5 s
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -92,6 +94,8 @@ class MultiprocExecutor(Executor):
                    LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         env["TPRUN_PARENT_PID"] = str(os.getpid())
+        for name in NO_MULTICAST:  # NVLink multicast stays off on shared hosts
+            env.setdefault(name, NO_MULTICAST[name])
         cmd = [sys.executable, "-m", "worker", "--broadcast", self.endpoints.broadcast,
                "--reply", self.endpoints.reply, "--device", device]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
