@@ -48,16 +48,23 @@ def run_in_session(cmd: list[str], timeout: float, env: dict | None = None):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    deadline = time.monotonic() + 5
-    while session_pids(proc.pid) and time.monotonic() < deadline:
+    leftovers = reap_session(proc.pid, grace_s=5)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers
+
+
+def reap_session(sid: int, grace_s: float) -> list[int]:
+    """Processes of session ``sid`` still alive ``grace_s`` after its leader
+    exited; they are killed before returning, so a failing test leaves none."""
+    deadline = time.monotonic() + grace_s
+    while session_pids(sid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    leftovers = session_pids(proc.pid)
+    leftovers = session_pids(sid)
     for pid in leftovers:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers
+    return leftovers
 
 
 def run_tprun(args: list[str], timeout: float, env: dict | None = None):

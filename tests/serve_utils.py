@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.proc_utils import ROOT, pythonpath, session_pids
+from tests.proc_utils import ROOT, pythonpath, reap_session, session_pids
 
 _PR_SET_PDEATHSIG = 1
 
@@ -88,15 +88,7 @@ def stop_server(served: Served, sig: int = signal.SIGTERM) -> tuple[int, str, li
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    deadline = time.monotonic() + 10
-    while session_pids(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leftovers = session_pids(proc.pid)
-    for pid in leftovers:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    leftovers = reap_session(proc.pid, grace_s=10)
     return proc.returncode, served.output(), leftovers
 
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.proc_utils import ROOT, pythonpath, session_pids
+from tests.proc_utils import ROOT, pythonpath, reap_session, session_pids
 
 
 def _socket_dirs(tmpdir: str) -> list[str]:
@@ -51,12 +51,7 @@ def test_sigterm_mid_generation_removes_the_socket_directory(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-    deadline = time.monotonic() + 10
-    while session_pids(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    leftovers = session_pids(proc.pid)
-    for pid in leftovers:
-        os.kill(pid, signal.SIGKILL)
+    leftovers = reap_session(proc.pid, grace_s=10)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert leftovers == []
     assert _socket_dirs(str(tmpdir)) == [], "the socket directory was left behind"
