@@ -7,7 +7,7 @@ import torch
 
 from engine.tiny_model import ensure_tiny_model
 from runner.cuda_graphs import CudaGraphManager
-from tests.test_gpu_graphs import _run
+from tests.runner_steps import run_prefill_then_decode as _run
 
 
 def _runner(model_dir, graphs: bool):

@@ -1,0 +1,38 @@
+"""Driving a ModelRunner directly with hand-made plans (runner tests)."""
+
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+
+
+def run_prefill_then_decode(runner, prompts, steps):
+    """Prefill every prompt in one step, then decode ``steps`` steps; returns
+    the tokens and the seq_lens the device held at each decode step."""
+    ids = [f"r{i}" for i in range(len(prompts))]
+    blocks, start = [], 0
+    for p in prompts:
+        n = -(-(len(p) + steps + 1) // 16)
+        blocks.append(list(range(start, start + n)))
+        start += n
+    new = [NewRequestData(req_id=r, prompt_token_ids=p, prefill_token_ids=p,
+                          sampling=SamplingOptions(temperature=0.0), block_ids=[b],
+                          num_computed_tokens=0, max_tokens=steps + 1)
+           for r, p, b in zip(ids, prompts, blocks)]
+    runner.execute_model(SchedulerOutput(
+        step_id=0, scheduled_new_reqs=new, num_scheduled_tokens={r: len(p) for r, p in
+                                                                 zip(ids, prompts)},
+        total_num_scheduled_tokens=sum(map(len, prompts))))
+    out = runner.sample_tokens().get_output()
+    tokens = {r: list(t) for r, t in zip(out.req_ids, out.sampled_token_ids)}
+    computed = {r: len(p) for r, p in zip(ids, prompts)}
+    seq_lens = []
+    for step in range(1, steps + 1):
+        cached = CachedRequestData(req_ids=ids, new_block_ids=[[[]] for _ in ids],
+                                   num_computed_tokens=[computed[r] for r in ids])
+        runner.execute_model(SchedulerOutput(
+            step_id=step, scheduled_cached_reqs=cached, num_scheduled_tokens=dict.fromkeys(ids, 1),
+            total_num_scheduled_tokens=len(ids)))
+        out = runner.sample_tokens().get_output()
+        seq_lens.append(runner.buffers.seq_lens[: len(ids)].tolist())
+        for r, t in zip(out.req_ids, out.sampled_token_ids):
+            tokens[r] += t
+            computed[r] += 1
+    return tokens, seq_lens
