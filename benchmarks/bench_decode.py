@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.shapes import write_shape  # noqa: E402
+from benchmarks.summary import emit_summary  # noqa: E402
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
 from runner.config import RunnerConfig  # noqa: E402
 from runner.distributed import TensorParallelGroup  # noqa: E402
@@ -229,11 +230,7 @@ def main() -> None:
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }
-    text = json.dumps(summary)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_summary(summary, args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.shapes import hf_config, write_shape  # noqa: E402
+from benchmarks.summary import emit_summary  # noqa: E402
 
 
 def random_prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -136,11 +137,7 @@ def main() -> None:
             ours_batch["output_tokens_per_s"] / hf["output_tokens_per_s"], 2),
         "date": time.strftime("%Y-%m-%d"),
     }
-    text = json.dumps(summary)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    emit_summary(summary, args.out)
 
 
 if __name__ == "__main__":

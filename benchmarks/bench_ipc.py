@@ -30,7 +30,6 @@ Prints a table, then, last, one JSON object with all results.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -45,6 +44,7 @@ import zmq
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.summary import emit_summary  # noqa: E402
 from ipc.channels import (  # noqa: E402
     BroadcastPublisher,
     BroadcastSubscriber,
@@ -481,11 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                    "met": {t: ratio <= TARGET_RATIO for t, ratio in at_target.items()}},
     }
     print_table(summary)
-    line = json.dumps(summary)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(line + "\n")
-    print(line)
+    emit_summary(summary, args.out)
     return 0
 
 

@@ -19,7 +19,6 @@ from collections import defaultdict
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
 from engine.request import Request
@@ -33,6 +32,7 @@ from tests.test_scheduler import (
     expected,
     make_requests,
 )
+from tests.workloads import RANDOM_WORKLOAD
 
 
 class AsyncFakeRunner(FakeRunner):
@@ -232,15 +232,7 @@ def test_each_step_is_absorbed_once():
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=14), min_size=1, max_size=7),
-    st.integers(1, 12),
-    st.integers(1, 16),
-    st.integers(6, 20),
-    st.integers(1, 4),
-    st.booleans(),
-    st.sampled_from(["fcfs", "priority"]),
-)
+@given(*RANDOM_WORKLOAD)
 def test_random_workloads_async_equals_sync(
     prompts, max_tokens, budget, num_blocks, max_seqs, prefix, policy
 ):

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from engine.outputs import Logprob
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from ipc.messages import Logprobs, ModelRunnerOutput, SchedulerOutput
+from tests.workloads import RANDOM_WORKLOAD
 
 VOCAB = 50
 
@@ -440,15 +440,7 @@ def test_prefix_cache_hits_skip_prefill():
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=14), min_size=1, max_size=7),
-    st.integers(1, 12),
-    st.integers(1, 16),
-    st.integers(6, 20),
-    st.integers(1, 4),
-    st.booleans(),
-    st.sampled_from(["fcfs", "priority"]),
-)
+@given(*RANDOM_WORKLOAD)
 def test_random_workloads_match_reference(
     prompts, max_tokens, budget, num_blocks, max_seqs, prefix, policy
 ):
