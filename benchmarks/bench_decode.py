@@ -167,6 +167,20 @@ def profile_host(runner: ModelRunner, context: int) -> None:
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
+def kernel_table(runner: ModelRunner, batch: int, context: int) -> None:
+    """Device time by kernel over 10 decode steps (torch profiler), to stderr."""
+    from torch.profiler import ProfilerActivity, profile
+
+    driver = DecodeDriver(runner)
+    driver.start(batch, context, 40)
+    driver.run(5, overlap=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        driver.run(10, overlap=True)
+    driver.finish()
+    print(f"kernels, batch {batch}, context {context}, 10 steps:", file=sys.stderr)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="8b", choices=("1b", "8b"))
@@ -177,6 +191,8 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--profile-host", action="store_true",
                         help="also print a cProfile of the host side of 50 batch-1 steps")
+    parser.add_argument("--kernel-table", action="store_true",
+                        help="also print device time by kernel for batches 1 and the largest")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -223,6 +239,9 @@ def main() -> None:
 
     if args.profile_host:
         profile_host(runner, min(args.contexts))
+    if args.kernel_table:
+        for batch in sorted({1, min(64, max(args.batches))}):
+            kernel_table(runner, batch, min(args.contexts))
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": torch.cuda.get_device_name(),
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
-#   bash benchmarks/run_h200.sh tests|bench-small|bench-8b
+#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b)
 # tests: the whole suite on the GPU (about 5 min); bench-small: prepare_inputs,
 # attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
@@ -12,9 +12,21 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
-case "${1:-tests}" in
+for stage in "${@:-tests}"; do
+case "$stage" in
   tests)
     timeout 420 python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest_gpu.log"
+    ;;
+  gpu-tests)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_layer_kernels.py \
+      tests/test_model_parity.py -k "cuda or Triton or triton or rms or rotary or silu" \
+      2>&1 | tail -5 | tee "$OUT/pytest_gpu_kernels.log"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py \
+      tests/test_gpu_no_sync.py tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
+      tests/test_runner_graph_path.py 2>&1 | tail -5 | tee -a "$OUT/pytest_gpu_kernels.log"
+    ;;
+  prepare)
+    timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
     ;;
   bench-small)
     timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
@@ -22,9 +34,14 @@ case "${1:-tests}" in
     timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
       --contexts 512 4096 --idle --out "$OUT/decode_1b.json" 2>&1 | tee "$OUT/decode_1b.log"
     ;;
+  bench-1b)
+    timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
+      --contexts 512 4096 --idle --out "$OUT/decode_1b.json" 2>&1 | tee "$OUT/decode_1b.log" | tail -1
+    ;;
   bench-8b)
     timeout 280 python3 benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 256 \
-      --contexts 512 4096 --idle --profile-host --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2> "$OUT/decode_8b.err"; tail -3 "$OUT/decode_8b.log"
+      --contexts 512 4096 --idle --profile-host --kernel-table --out "$OUT/decode_8b.json" > "$OUT/decode_8b.log" 2> "$OUT/decode_8b.err"; tail -3 "$OUT/decode_8b.log"
     timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 | tee "$OUT/e2e_8b.log"
     ;;
 esac
+done

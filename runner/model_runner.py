@@ -39,14 +39,29 @@ from runner.states import RequestState
 
 
 @dataclass
+@dataclass(frozen=True)
+class StepTensors:
+    """Device tensors of one forward pass that sampling reads, one row per
+    batch row: all computed on the device (inside the graph on decode)."""
+
+    idx_mapping: torch.Tensor  # int64 slots of the batch rows
+    logits: torch.Tensor  # float32 [rows, vocab]
+    positions: torch.Tensor  # position of the token each row samples
+    sample_mask: torch.Tensor  # bool: the row is past its prompt and samples
+
+    def head(self, n: int) -> StepTensors:
+        """The first ``n`` rows (a padded graph step's real rows)."""
+        return StepTensors(self.idx_mapping[:n], self.logits[:n], self.positions[:n],
+                           self.sample_mask[:n])
+
+
+@dataclass
 class _PendingStep:
     """What ``execute_model`` leaves for ``sample_tokens``."""
 
     step_id: int
     plan: BatchPlan
-    hidden_states: torch.Tensor | None
-    logits_indices: torch.Tensor | None
-    idx_mapping: torch.Tensor | None = None  # int64 slots of the batch rows
+    tensors: StepTensors | None
 
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
@@ -101,7 +116,9 @@ class ModelRunner:
         peak = profile_peak_memory(self.model, self.config, self.dtype, self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         held_by_others = (total - free) - torch.cuda.memory_reserved(self.device)
-        graph_reserve = 256 << 20 if self.graphs.sizes else 0
+        # Graphs hold their largest batch's activations and float32 logits.
+        graph_logits = 6 * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
+        graph_reserve = (256 << 20) + graph_logits if self.graphs.sizes else 0
         # Filters, penalties and logprobs hold about ten float32 copies of the
         # batch's logits at their peak (measured on the H200: 1.25 GiB at 256
         # rows x 128k vocabulary); the profile run does not sample.
@@ -129,11 +146,12 @@ class ModelRunner:
         buf.query_start_loc[: size + 1].zero_()
 
     @torch.no_grad()
-    def _graph_forward(self, size: int) -> torch.Tensor:
+    def _graph_forward(self, size: int) -> StepTensors:
         """One step of ``size`` padded one-token rows, from the step's only
-        copied inputs (``idx_mapping``, ``query_start_loc``) to the hidden
-        states: the input kernels and the model, all in the graph. Rows past
-        the batch map to the padding slot (seq_len 0, no KV write)."""
+        copied inputs (``idx_mapping``, ``query_start_loc``) to the sampler's
+        inputs: the input kernels, the model and the logits, all in the graph.
+        Rows past the batch map to the padding slot (seq_len 0, no KV write;
+        their seq_len 0 is what the padding slot's count already is)."""
         buf = self.buffers
         self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
         block_tables, slot_mapping = self._build_inputs(size, size, size, size, True)
@@ -149,7 +167,8 @@ class ModelRunner:
             else torch.arange(size + 1, dtype=torch.int32),
             seq_lens_cpu=buf.seq_lens[:size] if on_cpu else torch.ones(size, dtype=torch.int32),
         )
-        return self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
+        hidden = self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
+        return self._after_forward(hidden, size, one_token_rows=True)
 
     # ---- applying the plan ---------------------------------------------
     def _update_states(self, plan: SchedulerOutput) -> None:
@@ -193,23 +212,35 @@ class ModelRunner:
             num_tokens_padded=graph_size,
         )
         if batch.num_tokens == 0:
-            self.pending = _PendingStep(plan.step_id, batch, None, None)
+            self.pending = _PendingStep(plan.step_id, batch, None)
             return
         self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                     self.req_states.pad_slot)
         if graph_size is not None:
-            hidden = self.graphs.replay(graph_size)
+            tensors = self.graphs.replay(graph_size).head(batch.num_reqs)
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
-        logits_indices = self.buffers.logits_indices[: batch.num_reqs]
-        # The step's tokens count as computed from now on, on both sides:
-        # the device copies seq_lens (no staged write needed next step).
-        idx_long = self.buffers.idx_mapping[: batch.num_reqs].long()
-        self.req_states.num_computed_tokens.gpu.index_copy_(
-            0, idx_long, self.buffers.seq_lens[: batch.num_reqs])
+            tensors = self._after_forward(hidden, batch.num_reqs, one_token_rows=False)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        self.pending = _PendingStep(plan.step_id, batch, hidden, logits_indices, idx_long)
+        self.pending = _PendingStep(plan.step_id, batch, tensors)
+
+    def _after_forward(self, hidden: torch.Tensor, n: int, one_token_rows: bool) -> StepTensors:
+        """Device work between the model and the sampler for batch rows
+        ``[0, n)``: logits of each row's last token, and the step's tokens
+        counted as computed on the device (seq_lens copied into the slots, so
+        no staged write is needed next step). With ``one_token_rows`` (decode
+        graphs) row i's token is token i and no gather is needed."""
+        buf = self.buffers
+        idx = buf.idx_mapping[:n].long()
+        self.req_states.num_computed_tokens.gpu.index_copy_(0, idx, buf.seq_lens[:n])
+        if one_token_rows:
+            last_hidden, positions = hidden[:n], buf.positions[:n] + 1
+        else:
+            rows = buf.logits_indices[:n]
+            last_hidden, positions = hidden[rows], buf.positions[rows] + 1
+        sample_mask = buf.seq_lens[:n] >= self.req_states.prefill_len.gpu[idx]
+        return StepTensors(idx, self.model.compute_logits(last_hidden), positions, sample_mask)
 
     def _graph_size(self, plan: SchedulerOutput) -> int | None:
         """The captured size to pad a one-token-per-request batch to, or None
@@ -274,15 +305,12 @@ class ModelRunner:
         if step is None:
             raise RuntimeError("sample_tokens called without execute_model")
         batch = step.plan
-        if step.hidden_states is None:
+        if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, [], batch.sample_mask_np, empty, self.copy_stream)
-        logits = self.model.compute_logits(step.hidden_states[step.logits_indices])
-        idx_mapping = step.idx_mapping
-        positions = self.buffers.positions[step.logits_indices] + 1  # of the sampled token
-        prefill_len = self.req_states.prefill_len.gpu[idx_mapping]
-        sample_mask = self.buffers.seq_lens[: batch.num_reqs] >= prefill_len
-        out = self.sampling(logits, idx_mapping, batch.idx_mapping_np, positions, sample_mask)
+        t = step.tensors
+        idx_mapping = t.idx_mapping
+        out = self.sampling(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
             step.step_id, batch.req_ids, batch.sample_mask_np, out, self.copy_stream
         )

@@ -11,6 +11,7 @@ from runner.kernels import prefill_inputs as pf
 from runner.kernels import sampled_tokens as st
 
 PAD = 8  # the padding slot: lengths 0, block-table row 0
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _state():
@@ -27,15 +28,16 @@ def _state():
 
 @pytest.mark.parametrize("variant", ["ref", "triton"])
 def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
-    prefill_len, computed, all_tokens, last, table = _state()
+    device = TRITON_DEVICE if variant == "triton" else "cpu"
+    prefill_len, computed, all_tokens, last, table = (t.to(device) for t in _state())
     size = 5  # 3 real rows, 2 padded
-    idx = torch.tensor([3, 5, 1, PAD, PAD], dtype=torch.int32)
-    qsl = torch.tensor([0, 1, 2, 3, 3, 3], dtype=torch.int32)
-    input_ids = torch.full((8,), -777, dtype=torch.int32)
-    positions = torch.full((8,), 0, dtype=torch.int64)
-    seq_lens = torch.full((6,), -777, dtype=torch.int32)
-    logits = torch.full((8,), -777, dtype=torch.int64)
-    slots = torch.full((8,), -1, dtype=torch.int64)
+    idx = torch.tensor([3, 5, 1, PAD, PAD], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 2, 3, 3, 3], dtype=torch.int32, device=device)
+    input_ids = torch.full((8,), -777, dtype=torch.int32, device=device)
+    positions = torch.full((8,), 0, dtype=torch.int64, device=device)
+    seq_lens = torch.full((6,), -777, dtype=torch.int32, device=device)
+    logits = torch.full((8,), -777, dtype=torch.int64, device=device)
+    slots = torch.full((8,), -1, dtype=torch.int64, device=device)
     getattr(pf, f"prepare_prefill_inputs_{variant}")(
         input_ids, idx, qsl, all_tokens, prefill_len, computed, size)
     getattr(ps, f"prepare_pos_seq_lens_{variant}")(idx, qsl, computed, positions, seq_lens, size)

@@ -70,7 +70,8 @@ def block_tables(block_size: int) -> tuple[torch.Tensor, int]:
     return perm[: 2 * per_req].view(2, per_req).to(torch.int32), num_blocks
 
 
-def step_metadata(chunks, table: torch.Tensor, block_size: int, pad: int) -> AttentionMetadata:
+def step_metadata(chunks, table: torch.Tensor, block_size: int, pad: int,
+                  device: torch.device) -> AttentionMetadata:
     """Metadata of one step; ``pad`` extra tokens (slot -1) follow the real ones."""
     lens = [end - start for _, start, end in chunks]
     qsl = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
@@ -85,26 +86,27 @@ def step_metadata(chunks, table: torch.Tensor, block_size: int, pad: int) -> Att
         num_reqs=len(chunks), num_tokens=int(qsl[-1]),
         num_decodes=len(chunks) if max(lens) == 1 else 0,
         max_query_len=max(lens), max_seq_len=int(seq_lens.max()),
-        query_start_loc=qsl, seq_lens=seq_lens, block_tables=rows,
-        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start_loc=qsl.to(device), seq_lens=seq_lens.to(device),
+        block_tables=rows.to(device), slot_mapping=torch.tensor(slots, device=device),
         query_start_loc_cpu=qsl.clone(), seq_lens_cpu=seq_lens.clone())
 
 
 @torch.inference_mode()
-def run_scenario(model, block_size: int) -> list[torch.Tensor]:
+def run_scenario(model, block_size: int, device: str = "cpu") -> list[torch.Tensor]:
     """Logits of every position of each request, computed step by step through the cache."""
     seqs = sequences(model.config.vocab_size)
     table, num_blocks = block_tables(block_size)
-    caches = [torch.full(model.kv_cache_shape(num_blocks, block_size), float("nan"))
+    caches = [torch.full(model.kv_cache_shape(num_blocks, block_size), float("nan"), device=device)
               for _ in range(model.config.num_hidden_layers)]
     out: list[list[torch.Tensor]] = [[], []]
     for step, chunks in enumerate(CHUNKS):
         pad = NUM_PAD if step == PADDED_STEP else 0
-        attn = step_metadata(chunks, table, block_size, pad)
+        attn = step_metadata(chunks, table, block_size, pad, device)
         ids = [seqs[r][p] for r, s, e in chunks for p in range(s, e)] + [0] * pad
         pos = [p for _, s, e in chunks for p in range(s, e)] + [0] * pad
-        hidden = model(torch.tensor(ids, dtype=torch.int32), torch.tensor(pos), caches, attn)
-        logits = model.compute_logits(hidden[: attn.num_tokens])
+        hidden = model(torch.tensor(ids, dtype=torch.int32, device=device),
+                       torch.tensor(pos, device=device), caches, attn)
+        logits = model.compute_logits(hidden[: attn.num_tokens]).cpu()
         for i, (req, _, _) in enumerate(chunks):
             out[req].append(logits[attn.query_start_loc_cpu[i]:attn.query_start_loc_cpu[i + 1]])
     return [torch.cat(chunks) for chunks in out]
@@ -145,10 +147,10 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[str, list[torch.Tensor]]]:
     return {name: (str(root / name), save_hf_model(name, str(root / name))) for name in CONFIGS}
 
 
-def check_close(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> None:
+def check_close(ours: list[torch.Tensor], reference: list[torch.Tensor], tol: float = 1e-4) -> None:
     for got, want in zip(ours, reference, strict=True):
         assert got.shape == want.shape
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
@@ -158,6 +160,18 @@ def test_tp1_matches_hf(checkpoints, name, block_size):
     model_dir, reference = checkpoints[name]
     model = build_model(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
     check_close(run_scenario(model, block_size), reference)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cuda_triton_path_matches_hf(checkpoints, name):
+    # On CUDA the Triton kernels run: attention, KV write, fused add+norm,
+    # rotary, SiLU-and-multiply. float32, so HF's CPU logits stay the oracle.
+    model_dir, reference = checkpoints[name]
+    cuda = torch.device("cuda")
+    model = build_model(model_dir, torch.float32, cuda, TensorParallelGroup())
+    for block_size in BLOCK_SIZES:
+        check_close(run_scenario(model, block_size, cuda), reference, tol=1e-3)
 
 
 def _free_port() -> int:

@@ -48,9 +48,12 @@ def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
     copied = [buf.idx_mapping[:4].clone(), buf.query_start_loc[:5].clone()]
     buf.seq_lens.fill_(-5)  # derived buffers: the graph must rebuild them
     runner.block_tables.slot_mapping.fill_(-7)
+    computed = states.num_computed_tokens.gpu[slots].clone()
     runner._graph_forward(4)
     assert torch.equal(buf.idx_mapping[:4], copied[0])
     assert torch.equal(buf.query_start_loc[:5], copied[1])
-    computed = states.num_computed_tokens.gpu[slots]
     assert buf.seq_lens[:4].tolist() == (computed + 1).tolist() + [0, 0]
+    # The graph also counts the step's token as computed, in the slots only.
+    assert states.num_computed_tokens.gpu[slots].tolist() == (computed + 1).tolist()
+    assert states.num_computed_tokens.gpu[states.pad_slot].item() == 0
     assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]

@@ -30,6 +30,7 @@ from runner.sampling.noise import (
 )
 
 CPU = torch.device("cpu")
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MAX_LEN = 64
 
 
@@ -125,7 +126,8 @@ def test_noise_matches_pure_python_hash():
 
 
 def test_triton_gumbel_kernel_matches_the_torch_reference():
-    # On CPU the kernel runs under the Triton interpreter (see conftest).
+    # On CPU the kernel runs under the Triton interpreter (see conftest);
+    # with CUDA it runs compiled on the GPU.
     gen = torch.Generator().manual_seed(4)
     seeds = torch.tensor([0, 1, 5, 2**62 + 3, 2**63 - 1, 77, 12, 13])
     positions = torch.tensor([0, 1, 2, 3, 100000, 7, 7, 7])
@@ -133,7 +135,9 @@ def test_triton_gumbel_kernel_matches_the_torch_reference():
         logits = 2 * torch.randn(8, vocab, generator=gen)
         logits[:, ::3] = float("-inf")
         want = gumbel_argmax_ref(logits, seeds, positions, token_keys(vocab, CPU))
-        got = gumbel_argmax_triton(logits, seeds, positions, token_keys(vocab, CPU))
+        dev = TRITON_DEVICE
+        got = gumbel_argmax_triton(logits.to(dev), seeds.to(dev), positions.to(dev),
+                                   token_keys(vocab, dev)).cpu()
         assert torch.equal(got, want)
         assert bool(torch.isfinite(logits.gather(1, got[:, None])).all())
 

@@ -1,9 +1,16 @@
-"""Root-mean-square layer norm, computed in float32 as Hugging Face Llama does."""
+"""Root-mean-square layer norm, computed in float32 as Hugging Face Llama does.
+
+On CUDA one Triton kernel does the work (``triton_rms_norm.py``), fused with
+the residual add that precedes every norm inside the decoder; elsewhere the
+torch code below runs, and is the kernel's test oracle.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from runner.layers.triton_rms_norm import rms_norm_triton
 
 
 class RMSNorm(nn.Module):
@@ -18,7 +25,23 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x), or with ``residual``: (norm(x + residual), x + residual).
+
+        The second form is the decoder's "add then norm": the sum is the next
+        residual. On CUDA it is written into ``residual``'s storage.
+        """
+        if x.is_cuda:
+            out = rms_norm_triton(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
+        if residual is None:
+            return rms_norm_ref(x, self.weight, self.eps)
+        summed = x + residual
+        return rms_norm_ref(summed, self.weight, self.eps), summed
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Torch reference: float32 normalization, rounded, then times weight."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)

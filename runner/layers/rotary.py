@@ -7,6 +7,7 @@ import math
 import torch
 from torch import nn
 
+from runner.layers.triton_rotary import rotary_triton
 from runner.model_config import Llama3RopeScaling
 
 
@@ -49,10 +50,21 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, Hq, D], k [T, Hk, D] -> rotated (q, k)."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        """positions [T]; q [T, Hq, D], k [T, Hk, D] -> rotated (q, k).
+
+        One Triton launch on CUDA; the torch code (the oracle) elsewhere."""
+        if q.is_cuda:
+            return rotary_triton(positions, q, k, self.cos, self.sin)
+        return rotary_ref(positions, q, k, self.cos, self.sin)
+
+
+def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+               sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of the rotation, same signature as ``rotary_triton``."""
+    cos = cos_cache[positions].unsqueeze(1)
+    sin = sin_cache[positions].unsqueeze(1)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -54,9 +54,11 @@ class CausalLM(nn.Module):
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, attn)
-        return self.norm(x)
+            x, residual = layer(positions, x, residual, kv_cache, attn)
+        normed, _ = self.norm(x, residual)
+        return normed
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab_size], identical on every rank."""

@@ -21,6 +21,7 @@ from runner.layers import (
     RowParallelLinear,
     WeightSlice,
 )
+from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.model_config import ModelConfig
 
 
@@ -85,8 +86,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp, False, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         return {
@@ -96,8 +96,22 @@ class LlamaMLP(nn.Module):
         }
 
 
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused [T, 2I] projection (one Triton launch on CUDA)."""
+    if gate_up.is_cuda:
+        return silu_mul_triton(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    The residual stream is passed alongside the block's output so that each
+    add fuses into the norm after it: ``forward`` takes (h, residual) and
+    returns (h', residual') with h' + residual' the block's output. The first
+    layer gets ``residual=None``; the model's final norm does the last add.
+    """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
                  backend: AttentionBackend, dtype: torch.dtype) -> None:
@@ -107,10 +121,16 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, tp, dtype)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
-                attn: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+                kv_cache: torch.Tensor,
+                attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(positions, h, kv_cache, attn)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         slices = {
