@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
-#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b)
+#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc)
 # tests: the whole suite on the GPU (about 5 min); bench-small: prepare_inputs,
 # attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
@@ -24,6 +24,12 @@ case "$stage" in
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py \
       tests/test_gpu_no_sync.py tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
       tests/test_runner_graph_path.py 2>&1 | tail -5 | tee -a "$OUT/pytest_gpu_kernels.log"
+    ;;
+  e2e)
+    timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$OUT/e2e_8b.log" | tail -1
+    ;;
+  ipc)
+    timeout 240 python3 benchmarks/bench_ipc.py --out "$OUT/ipc.json" 2>&1 | tee "$OUT/ipc.log" | tail -30
     ;;
   prepare)
     timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
