@@ -79,9 +79,12 @@ def run_tprun(model_dir: str, prompts: list[list[int]], output_len: int, max_num
               enable_prefix_caching=False)
     try:
         engine = llm.engine
-        engine.add_request({"prompt_token_ids": prompts[0][:16]},
-                           SamplingParams(temperature=0.0, max_tokens=4))
-        while engine.has_unfinished_requests():  # warm-up
+        # Warm-up with a full batch of full-length prompts, so that every
+        # kernel variant the timed run needs (prefill tiles, attention splits)
+        # is compiled before the clock starts.
+        for p in prompts[:max_num_seqs]:
+            engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.0, max_tokens=4))
+        while engine.has_unfinished_requests():
             engine.step()
         arrival, times = {}, {}
         start = time.perf_counter()
