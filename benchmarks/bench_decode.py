@@ -9,11 +9,13 @@ holds: the timing does not depend on them), then decode ``--steps`` steps.
 
 Floor of a step = (weight bytes + KV bytes read) / copy bandwidth, the copy
 bandwidth measured in the same run (bytes read + written by a large
-device-to-device copy). ``--idle`` also measures, with the torch profiler,
-how long the GPU sits idle between decode steps when the host waits for
-each step's output before sending the next ("sync") and when it keeps one
-step in flight ("async", what async scheduling does). Prints a JSON summary
-last.
+device-to-device copy). ``--idle`` also measures how long the GPU sits idle
+when the host waits for each step's output before sending the next ("sync")
+and when it keeps one step in flight ("async", what async scheduling does),
+two ways: ``between_steps_*`` from CUDA events at each step's start and end
+(the device waiting for the host between steps), ``idle_*`` from the torch
+profiler (every gap, including the launch gaps between kernels inside a
+step). Prints a JSON summary last.
 """
 
 from __future__ import annotations
@@ -127,8 +129,39 @@ class DecodeDriver:
         return (time.perf_counter() - start) / steps
 
 
+def idle_between_steps(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
+    """Device idle between consecutive steps, from CUDA events on the main
+    stream: one recorded before a step's first device work (its input copy),
+    one after its last (sampling). The stream passes step N+1's start marker
+    right after step N's end marker when the host queued it in time; the gap
+    between them is the time the device waited for the host."""
+    runner, marks = driver.runner, []
+    in_flight = None
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner.execute_model(driver.step_plan())
+        output = runner.sample_tokens()
+        end.record()
+        marks.append((start, end))
+        if not overlap:
+            output.get_output()
+        elif in_flight is not None:
+            in_flight.get_output()
+        in_flight = output
+    if in_flight is not None:
+        in_flight.get_output()
+    torch.cuda.synchronize()
+    gaps = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(steps - 1)]
+    span = marks[0][0].elapsed_time(marks[-1][0])
+    return {"idle_fraction": round(sum(gaps) / span, 4),
+            "gap_us_median": round(statistics.median(gaps) * 1e3, 1)}
+
+
 def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
-    """Share of the profiled span during which no kernel or copy runs."""
+    """Share of the profiled span during which no kernel or copy runs: the
+    gaps between steps plus the launch gaps between the kernels inside each
+    step (a graph replay still leaves about a microsecond between kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -215,14 +248,14 @@ def main() -> None:
     results = []
     for context in args.contexts:
         for batch in args.batches:
-            blocks_needed = batch * -(-(context + 2 * args.steps + 16) // config.block_size)
+            blocks_needed = batch * -(-(context + 2 * args.steps + 36) // config.block_size)
             row = {"shape": args.shape, "batch": batch, "context": context}
             if blocks_needed > num_blocks:
                 row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
                 results.append(row)
                 continue
             driver = DecodeDriver(runner)
-            driver.start(batch, context, 2 * args.steps + 8)
+            driver.start(batch, context, 2 * args.steps + 28)
             driver.run(5, overlap=True)  # warm-up
             times = [driver.run(args.steps, overlap=True) for _ in range(1)]
             step_s = statistics.median(times)
@@ -233,6 +266,8 @@ def main() -> None:
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, 10, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, 10, overlap=True)
+                row["between_steps_sync"] = idle_between_steps(driver, 10, overlap=False)
+                row["between_steps_async"] = idle_between_steps(driver, 10, overlap=True)
             driver.finish()
             results.append(row)
             print(json.dumps(row), flush=True)
