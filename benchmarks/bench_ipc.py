@@ -90,19 +90,19 @@ def make_plan(num_reqs: int, step_id: int = 0) -> SchedulerOutput:
                            total_num_scheduled_tokens=num_reqs)
 
 
-def sampled_tokens(num_reqs: int) -> list[list[int]]:
+def sampled_tokens(num_reqs: int) -> list[int]:
     rng = random.Random(1)
-    return [[rng.randrange(128_256)] for _ in range(num_reqs)]
+    return [rng.randrange(128_256) for _ in range(num_reqs)]
 
 
-def make_reply(plan: SchedulerOutput, sampled: list[list[int]]) -> ModelRunnerOutput:
-    return ModelRunnerOutput(step_id=plan.step_id, req_ids=plan.scheduled_cached_reqs.req_ids,
-                             sampled_token_ids=sampled)
+def make_reply(plan: SchedulerOutput, sampled: list[int]) -> ModelRunnerOutput:
+    """One token per request, in the plan's order (the decode-step reply)."""
+    return ModelRunnerOutput(step_id=plan.step_id, sampled_token_ids=sampled)
 
 
 # ---- the worker process -----------------------------------------------------
 def serve_ipc(rank: int, subscriber: BroadcastSubscriber, sender: ReplySender,
-              sampled: list[list[int]], parent_pid: int) -> str:
+              sampled: list[int], parent_pid: int) -> str:
     """What a worker daemon does with the broadcast; returns the next mode."""
     while True:
         message = subscriber.recv(timeout_ms=POLL_MS)

@@ -391,7 +391,12 @@ class Scheduler:
             raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
         rows = _logprob_rows(runner_output.logprobs)
-        for req_id, sampled in zip(runner_output.req_ids, runner_output.sampled_token_ids):
+        plan_req_ids = scheduler_output.num_scheduled_tokens
+        sampled_rows = runner_output.rows()
+        if len(sampled_rows) != len(plan_req_ids):
+            raise ValueError(f"runner output of step {step_id} has {len(sampled_rows)} rows "
+                             f"for {len(plan_req_ids)} scheduled requests")
+        for req_id, sampled in zip(plan_req_ids, sampled_rows):
             token_rows = [next(rows, None) for _ in sampled]
             entry = in_flight.get(req_id)
             if entry is None or not self._is_live(entry):

@@ -92,16 +92,33 @@ class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The output rank's reply to one step.
+    """The output rank's reply to one step, in the plan's order: row i answers
+    the i-th request of the step's ``num_scheduled_tokens``.
 
-    ``sampled_token_ids[i]`` belongs to ``req_ids[i]``; it is empty for a
-    request whose prefill chunk did not reach the end of its prompt.
+    Flat, because a decode step's reply is on every step's path: row i's
+    tokens are the next ``num_sampled[i]`` entries of ``sampled_token_ids``;
+    ``num_sampled`` None means one token per row (the usual decode step). A
+    row samples nothing when its prefill chunk stops short of its prompt.
+    ``logprobs`` has one row per sampled token, in the same order.
     """
 
     step_id: int
-    req_ids: list[str]
-    sampled_token_ids: list[list[int]]
+    sampled_token_ids: list[int]
+    num_sampled: list[int] | None = None
     logprobs: Logprobs | None = None
+
+    def rows(self) -> list[list[int]]:
+        """Each row's tokens, in plan order."""
+        tokens = self.sampled_token_ids
+        if self.num_sampled is None:
+            return [[t] for t in tokens]
+        rows, start = [], 0
+        for n in self.num_sampled:
+            rows.append(tokens[start: start + n])
+            start += n
+        if start != len(tokens):
+            raise ValueError(f"num_sampled adds up to {start}, not {len(tokens)} tokens")
+        return rows
 
 
 class ControlCall(msgspec.Struct, frozen=True, kw_only=True, tag=True):

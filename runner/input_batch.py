@@ -82,6 +82,7 @@ class BatchPlan:
     """
 
     req_ids: list[str]
+    plan_order: np.ndarray  # batch row i is the plan_order[i]-th request of the plan
     idx_mapping_np: np.ndarray
     num_scheduled_np: np.ndarray
     query_start_loc_np: np.ndarray
@@ -103,11 +104,18 @@ def plan_batch(
     num_reqs_padded: int | None = None,
     num_tokens_padded: int | None = None,
 ) -> BatchPlan:
-    """Sort the scheduled requests and compute every host-side count."""
-    req_ids = sort_batch_req_ids(num_scheduled_tokens, {}, decode_query_len=1)
-    num_reqs = len(req_ids)
+    """Sort the scheduled requests and compute every host-side count.
+
+    The order is ``sort_batch_req_ids``'s (no drafts here), computed with one
+    stable numpy sort: decodes first, then the rest by token count.
+    """
+    plan_req_ids = list(num_scheduled_tokens)
+    num_reqs = len(plan_req_ids)
+    counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
+    plan_order = np.argsort(np.where(counts == 1, -1, counts), kind="stable")
+    req_ids = [plan_req_ids[i] for i in plan_order]
     idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)
-    num_scheduled_np = np.array([num_scheduled_tokens[r] for r in req_ids], dtype=np.int32)
+    num_scheduled_np = counts[plan_order]
     num_tokens = int(num_scheduled_np.sum())
     num_reqs_padded = num_reqs if num_reqs_padded is None else num_reqs_padded
     num_tokens_padded = num_tokens if num_tokens_padded is None else num_tokens_padded
@@ -119,6 +127,7 @@ def plan_batch(
     prefill = prefill_len_np[idx_mapping_np]
     return BatchPlan(
         req_ids=req_ids,
+        plan_order=plan_order,
         idx_mapping_np=idx_mapping_np,
         num_scheduled_np=num_scheduled_np,
         query_start_loc_np=query_start_loc_np,

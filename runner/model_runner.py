@@ -307,12 +307,13 @@ class ModelRunner:
         batch = step.plan
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
-            return AsyncOutput(step.step_id, [], batch.sample_mask_np, empty, self.copy_stream)
+            return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
+                               self.copy_stream)
         t = step.tensors
         idx_mapping = t.idx_mapping
         out = self.sampling(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.req_ids, batch.sample_mask_np, out, self.copy_stream
+            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.copy_stream
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output

@@ -21,7 +21,7 @@ def run_prefill_then_decode(runner, prompts, steps):
                                                                  zip(ids, prompts)},
         total_num_scheduled_tokens=sum(map(len, prompts))))
     out = runner.sample_tokens().get_output()
-    tokens = {r: list(t) for r, t in zip(out.req_ids, out.sampled_token_ids)}
+    tokens = dict(zip(ids, out.rows()))  # reply rows follow the plan's order
     computed = {r: len(p) for r, p in zip(ids, prompts)}
     seq_lens = []
     for step in range(1, steps + 1):
@@ -32,7 +32,7 @@ def run_prefill_then_decode(runner, prompts, steps):
             total_num_scheduled_tokens=len(ids)))
         out = runner.sample_tokens().get_output()
         seq_lens.append(runner.buffers.seq_lens[: len(ids)].tolist())
-        for r, t in zip(out.req_ids, out.sampled_token_ids):
+        for r, t in zip(ids, out.rows()):
             tokens[r] += t
             computed[r] += 1
     return tokens, seq_lens

@@ -59,6 +59,6 @@ def test_mixed_steps_never_sync(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     results = [o.get_output() for o in outputs]
-    by_step = [dict(zip(r.req_ids, r.sampled_token_ids)) for r in results]
+    by_step = [dict(zip(p.num_scheduled_tokens, r.rows())) for p, r in zip(plans, results)]
     assert by_step[0]["A"] == [] and len(by_step[0]["B"]) == 1
     assert len(by_step[1]["A"]) == 1 and len(by_step[2]["A"]) == 1

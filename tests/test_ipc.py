@@ -39,8 +39,16 @@ def _plan() -> SchedulerOutput:
 def test_round_trip_is_exact():
     plan = _plan()
     assert decode_broadcast(encode(plan)) == plan
-    out = ModelRunnerOutput(step_id=3, req_ids=["a", "b"], sampled_token_ids=[[5], []])
+    out = ModelRunnerOutput(step_id=3, sampled_token_ids=[5], num_sampled=[1, 0])
     assert decode_reply(encode(out)) == out
+    assert out.rows() == [[5], []]
+    decode = ModelRunnerOutput(step_id=4, sampled_token_ids=[5, 6])
+    assert decode_reply(encode(decode)).rows() == [[5], [6]]
+
+
+def test_reply_rows_reject_counts_that_do_not_add_up():
+    with pytest.raises(ValueError, match="adds up to 3"):
+        ModelRunnerOutput(step_id=1, sampled_token_ids=[5, 6], num_sampled=[1, 2]).rows()
 
 
 @pytest.mark.parametrize("junk", [b"", b"\x00\x01garbage", b"\x81\xa4type\xa3Foo",

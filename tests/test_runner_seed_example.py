@@ -84,3 +84,15 @@ def test_worked_example():
     rows = tables.gather(idx, 3, 4)
     assert rows[0, :3].tolist() == [5, 9, 13] and rows[3].abs().sum().item() == 0
     assert np.array_equal(plan.sample_mask_np, [True, True, True])
+
+
+def test_plan_batch_orders_like_sort_batch_req_ids_and_maps_back_to_the_plan():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        n = int(rng.integers(0, 12))
+        counts = {f"r{i}": int(c) for i, c in enumerate(rng.choice([1, 1, 1, 2, 3, 7, 16], n))}
+        slots = {r: i for i, r in enumerate(counts)}
+        zeros = np.zeros(n + 1, dtype=np.int32)
+        plan = plan_batch(counts, slots, zeros, zeros)
+        assert plan.req_ids == sort_batch_req_ids(counts, {}, decode_query_len=1)
+        assert [list(counts)[i] for i in plan.plan_order] == plan.req_ids

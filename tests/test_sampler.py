@@ -440,15 +440,33 @@ def _logprob_step(vocab=50, mask=(True, True, False, True, True, True)):
     slots = [4, 0, 2, 1, 3, 2]
     logits = 2 * torch.randn(len(slots), vocab, generator=gen)
     out = run(sampler, logits, slots, [9, 3, 4, 5, 6, 7], list(mask))
-    reply = AsyncOutput(11, [f"r{i}" for i in range(len(slots))], np.array(mask), out,
-                        None).get_output()
+    reply = AsyncOutput(11, PLAN_ORDER, np.array(mask), out, None).get_output()
     return slots, logits, reply
+
+
+# Batch row i answers the PLAN_ORDER[i]-th request of the plan; the reply
+# lists rows in plan order, so batch row of plan row p is BATCH_ROW[p].
+PLAN_ORDER = np.array([2, 0, 5, 1, 4, 3])
+BATCH_ROW = np.argsort(PLAN_ORDER)
+
+
+def _sampled_batch_rows(reply) -> list[int]:
+    """Batch rows of the reply's logprob rows, in reply order."""
+    return [int(BATCH_ROW[p]) for p, row in enumerate(reply.rows()) if row]
+
+
+def test_reply_is_in_plan_order_and_skips_unsampled_rows():
+    _, _, reply = _logprob_step()
+    rows = reply.rows()
+    assert [len(r) for r in rows] == [1, 1, 1, 1, 1, 0]  # batch row 2 is plan row 5
+    assert reply.num_sampled == [1, 1, 1, 1, 1, 0]
 
 
 def test_logprobs_are_raw_and_follow_the_sampled_rows():
     slots, logits, reply = _logprob_step()
     lp = reply.logprobs
-    rows = [i for i, keep in enumerate(reply.sampled_token_ids) if keep]
+    rows = _sampled_batch_rows(reply)
+    tokens = [row[0] for row in reply.rows() if row]
     assert len(lp.sampled_logprobs) == len(rows) == 5
     ranks = []
     for j, i in enumerate(rows):
@@ -457,7 +475,7 @@ def test_logprobs_are_raw_and_follow_the_sampled_rows():
         order = torch.argsort(want, descending=True)[:asked]
         assert lp.top_token_ids[j] == order.tolist()
         np.testing.assert_allclose(lp.top_logprobs[j], want[order].numpy(), atol=1e-5)
-        token = reply.sampled_token_ids[i][0]
+        token = tokens[j]
         assert lp.sampled_logprobs[j] == pytest.approx(want[token].item(), abs=1e-5)
         assert lp.sampled_ranks[j] == 1 + int((logits[i] > logits[i, token]).sum())
         ranks.append(lp.sampled_ranks[j])
@@ -466,27 +484,28 @@ def test_logprobs_are_raw_and_follow_the_sampled_rows():
 
 def test_greedy_logprob_row_has_rank_one():
     slots, _, reply = _logprob_step()
-    j = [i for i, k in enumerate(reply.sampled_token_ids) if k].index(slots.index(0))
+    j = _sampled_batch_rows(reply).index(slots.index(0))
     assert reply.logprobs.sampled_ranks[j] == 1
-    assert reply.logprobs.top_token_ids[j][0] == reply.sampled_token_ids[slots.index(0)][0]
+    assert reply.logprobs.top_token_ids[j][0] == reply.sampled_token_ids[j]
 
 
 def test_no_logprobs_when_no_row_asks():
     sampler = make_sampler({1: (opts(temperature=0.5, seed=1), [1], [])}, 20)
     out = run(sampler, torch.randn(3, 20), [1, 1, 1], [1, 2, 3])
     assert out.logprobs is None
-    reply = AsyncOutput(0, ["a", "b", "c"], np.ones(3, bool), out, None).get_output()
+    reply = AsyncOutput(0, np.arange(3), np.ones(3, bool), out, None).get_output()
     assert reply.logprobs is None and len(reply.sampled_token_ids) == 3
+    assert reply.num_sampled is None
 
 
 def test_logprobs_zero_gives_only_the_sampled_token():
     sampler = make_sampler({1: (opts(temperature=1.0, seed=3, logprobs=0), [1], [])}, 20)
     logits = torch.randn(2, 20)
     out = run(sampler, logits, [1, 1], [4, 5])
-    reply = AsyncOutput(0, ["a", "b"], np.ones(2, bool), out, None).get_output()
+    reply = AsyncOutput(0, np.arange(2), np.ones(2, bool), out, None).get_output()
     assert reply.logprobs.top_token_ids == [[], []]
     for j in range(2):
-        token = reply.sampled_token_ids[j][0]
+        token = reply.sampled_token_ids[j]
         want = torch.log_softmax(logits[j].double(), -1)[token].item()
         assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
 

@@ -76,11 +76,10 @@ class FakeRunner:
             self.reqs[rid].blocks += blocks[0] if blocks else []
         self.max_live = max(self.max_live, len(self.reqs))
         self.check_blocks_exclusive(out)
-        req_ids, sampled = [], []
-        for rid, n in out.num_scheduled_tokens.items():
-            req_ids.append(rid)
-            sampled.append(self.run_request(self.reqs[rid], n))
-        return ModelRunnerOutput(step_id=out.step_id, req_ids=req_ids, sampled_token_ids=sampled)
+        sampled = [self.run_request(self.reqs[rid], n)
+                   for rid, n in out.num_scheduled_tokens.items()]
+        return ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=sum(sampled, []),
+                                 num_sampled=[len(s) for s in sampled])
 
     def run_request(self, r: _RunnerReq, n: int) -> list[int]:
         assert 0 < n and r.computed + n <= len(r.tokens)
@@ -401,8 +400,17 @@ def test_step_mismatch_raises():
     out = sched.schedule()
     with pytest.raises(ValueError, match="step"):
         sched.update_from_output(
-            out, ModelRunnerOutput(step_id=5, req_ids=["x"], sampled_token_ids=[[1]])
+            out, ModelRunnerOutput(step_id=5, sampled_token_ids=[1])
         )
+
+
+def test_reply_row_count_mismatch_raises():
+    sched = Scheduler(config())
+    sched.add_request(Request("x", [1], SamplingParams()))
+    sched.add_request(Request("y", [2], SamplingParams()))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="1 rows for 2 scheduled requests"):
+        sched.update_from_output(out, ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[1]))
 
 
 def test_logprobs_follow_sampled_tokens():
@@ -416,9 +424,8 @@ def test_logprobs_follow_sampled_tokens():
         sampled_logprobs=[-0.5, -0.2],
         sampled_ranks=[2, 1],
     )
-    runner_out = ModelRunnerOutput(
-        step_id=out.step_id, req_ids=["a", "b"], sampled_token_ids=[[9], [8]], logprobs=logprobs
-    )
+    assert list(out.num_scheduled_tokens) == ["a", "b"]  # the reply's row order
+    runner_out = ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[9, 8], logprobs=logprobs)
     deltas = {d.req_id: d for d in sched.update_from_output(out, runner_out)}
     assert deltas["a"].logprobs == [{7: Logprob(-0.1, 1), 9: Logprob(-0.5, 2)}]
     assert deltas["a"].finish_reason == "length"

@@ -73,7 +73,7 @@ def test_live_workers_and_executor_survive_garbage(tmp_path, monkeypatch):
             if step == 2:
                 rogue.send(b"x" * (2 << 20))  # oversized: ZeroMQ drops it (and the peer)
             out = executor.execute_model(_plan(step, f"r{step}")).result(timeout=30)
-            tokens.append(out.sampled_token_ids[0])
+            tokens.append(out.rows()[0])
         # The same prompt each time: the same greedy token each time.
         assert all(len(t) == 1 for t in tokens) and len({t[0] for t in tokens}) == 1
         assert all(p.poll() is None for p in executor.procs)
