@@ -49,7 +49,8 @@ class ModelConfig:
     ``qkv_bias`` adds biases to q/k/v projections, ``o_bias`` to the output
     projection, ``qk_norm`` applies per-head RMSNorm to q and k before rope
     (Qwen3). ``dtype`` is the checkpoint's dtype ("auto" resolves to it).
-    ``sliding_window`` is not implemented: ``max_model_len`` stops below it.
+    ``sliding_window`` W (when set) limits the layers in ``sliding_layers``
+    to the last W keys: query position q sees keys k with q - W < k <= q.
     """
 
     architecture: str
@@ -72,6 +73,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -91,6 +93,17 @@ class ModelConfig:
             )
         if self.dtype not in _DTYPES.values():
             raise ValueError(f"unsupported dtype {self.dtype}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        if self.sliding_layers and self.sliding_window is None:
+            raise ValueError("sliding_layers given without a sliding_window")
+        if any(not 0 <= i < self.num_hidden_layers for i in self.sliding_layers):
+            raise ValueError(f"sliding_layers {self.sliding_layers} outside "
+                             f"0 .. {self.num_hidden_layers - 1}")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer``, or None (full attention)."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     def check_tensor_parallel(self, tp_size: int) -> None:
         """ValueError unless heads and MLP columns split evenly over ``tp_size`` ranks.
@@ -113,13 +126,6 @@ class ModelConfig:
     def eos_token_id(self) -> int | None:
         """The first end-of-sequence id, or None."""
         return self.eos_token_ids[0] if self.eos_token_ids else None
-
-    @property
-    def max_model_len(self) -> int:
-        """Longest sequence this model computes exactly."""
-        if self.sliding_window is None:
-            return self.max_position_embeddings
-        return min(self.max_position_embeddings, self.sliding_window)
 
     @classmethod
     def from_dir(cls, model_dir: str) -> ModelConfig:
@@ -163,7 +169,7 @@ class ModelConfig:
             dtype=_dtype(hf),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=_eos_ids(hf.get("eos_token_id")),
-            sliding_window=_sliding_window(hf, arch),
+            **_sliding(hf, arch),
         )
 
 
@@ -212,8 +218,20 @@ def _eos_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _sliding_window(hf: dict, arch: str) -> int | None:
+def _sliding(hf: dict, arch: str) -> dict:
+    """``sliding_window`` and ``sliding_layers`` as transformers reads them:
+    ``layer_types`` when the config lists them; else Qwen2/3 slide from layer
+    ``max_window_layers`` on (only with ``use_sliding_window``), Mistral on
+    every layer, Llama never."""
     window = hf.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not hf.get("use_sliding_window"):
-        return None
-    return int(window) if window else None
+    qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+    if not window or arch == "LlamaForCausalLM" or (qwen and not hf.get("use_sliding_window")):
+        return {}
+    num_layers = hf["num_hidden_layers"]
+    if hf.get("layer_types"):
+        layers = [i for i, kind in enumerate(hf["layer_types"]) if kind == "sliding_attention"]
+    elif qwen:
+        layers = list(range(hf.get("max_window_layers", 28), num_layers))
+    else:
+        layers = list(range(num_layers))
+    return {"sliding_window": int(window), "sliding_layers": tuple(layers)} if layers else {}

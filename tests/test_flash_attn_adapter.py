@@ -5,6 +5,7 @@ that computes varlen paged causal attention from exactly those arguments."""
 import sys
 import types
 
+import pytest
 import torch
 
 from runner.attention.metadata import AttentionMetadata
@@ -12,8 +13,10 @@ from runner.attention.torch_ref import TorchAttentionBackend
 
 
 def _standin_varlen(q, k_cache, v_cache, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, causal, block_table):
-    assert causal and q.dim() == 3
+                    max_seqlen_k, softmax_scale, causal, block_table, window_size=(-1, -1)):
+    # flash-attn's documented window: query i sees keys in [i - left, i + right],
+    # -1 meaning unbounded.
+    assert causal and q.dim() == 3 and window_size[1] in (-1, 0)
     block = k_cache.shape[1]
     out = torch.empty_like(q)
     for i in range(block_table.shape[0]):
@@ -27,12 +30,17 @@ def _standin_varlen(q, k_cache, v_cache, *, cu_seqlens_q, cu_seqlens_k, max_seql
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
         scores = torch.einsum("qhd,khd->hqk", q[qs:qe], keys) * softmax_scale
         q_pos = torch.arange(klen - (qe - qs), klen)[:, None]  # bottom-right aligned
-        scores = scores.masked_fill(torch.arange(klen)[None, :] > q_pos, float("-inf"))
+        k_pos = torch.arange(klen)[None, :]
+        hidden = k_pos > q_pos
+        if window_size[0] >= 0:
+            hidden |= k_pos < q_pos - window_size[0]
+        scores = scores.masked_fill(hidden, float("-inf"))
         out[qs:qe] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
     return out
 
 
-def test_adapter_matches_reference(monkeypatch):
+@pytest.mark.parametrize("window", [None, 7])
+def test_adapter_matches_reference(monkeypatch, window):
     monkeypatch.setitem(sys.modules, "flash_attn",
                         types.SimpleNamespace(flash_attn_varlen_func=_standin_varlen))
     from runner.attention.flash_attn_backend import FlashAttentionBackend
@@ -55,10 +63,10 @@ def test_adapter_matches_reference(monkeypatch):
         seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32))
     q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
     cache = torch.randn(2, 64, block, hkv, d)
-    want = TorchAttentionBackend().forward(q, k, v, cache.clone(), attn, 0.2)
+    want = TorchAttentionBackend().forward(q, k, v, cache.clone(), attn, 0.2, window)
     monkeypatch.setattr("runner.attention.flash_attn_backend.write_kv_cache",
                         _torch_kv_write)
-    got = FlashAttentionBackend().forward(q, k, v, cache.clone(), attn, 0.2)
+    got = FlashAttentionBackend().forward(q, k, v, cache.clone(), attn, 0.2, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

@@ -171,6 +171,24 @@ def test_rope_parameters_of_either_version():
         ModelConfig.from_hf_dict({**HF_CONFIG, "rope_scaling": {"rope_type": "yarn"}})
 
 
+def test_sliding_window_layers_as_transformers_reads_them():
+    layers = HF_CONFIG["num_hidden_layers"]
+    mistral = {**HF_CONFIG, "architectures": ["MistralForCausalLM"], "sliding_window": 16}
+    assert ModelConfig.from_hf_dict(mistral).sliding_layers == tuple(range(layers))
+    qwen = {**HF_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16,
+            "max_window_layers": 1}
+    assert ModelConfig.from_hf_dict(qwen).sliding_window is None  # no use_sliding_window
+    config = ModelConfig.from_hf_dict({**qwen, "use_sliding_window": True})
+    assert config.sliding_layers == tuple(range(1, layers))
+    assert config.layer_window(0) is None and config.layer_window(1) == 16
+    listed = {**mistral, "layer_types": ["full_attention"] * (layers - 1) + ["sliding_attention"]}
+    assert ModelConfig.from_hf_dict(listed).sliding_layers == (layers - 1,)
+    llama = {**HF_CONFIG, "sliding_window": 16}
+    assert ModelConfig.from_hf_dict(llama).sliding_window is None
+    with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+        ModelConfig.from_hf_dict({**mistral, "sliding_window": -3})
+
+
 def test_uneven_tensor_parallel_split_is_rejected():
     config = ModelConfig.from_hf_dict(HF_CONFIG)
     with pytest.raises(ValueError, match="num_attention_heads"):

@@ -48,8 +48,14 @@ CONFIGS = {
                        dict(num_key_value_heads=1, vocab_size=131, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM",
                 dict(num_key_value_heads=2, vocab_size=160, sliding_window=None)),
+    "mistral_window": ("MistralConfig", "MistralForCausalLM",
+                       dict(num_key_value_heads=2, vocab_size=163, sliding_window=8)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
               dict(num_key_value_heads=2, vocab_size=177, tie_word_embeddings=False)),
+    # Layer 0 attends fully, layer 1 through a window of 6 (max_window_layers=1).
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM",
+                     dict(num_key_value_heads=2, vocab_size=171, use_sliding_window=True,
+                          sliding_window=6, max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",
               dict(num_key_value_heads=2, vocab_size=140, head_dim=32)),
 }
@@ -160,6 +166,26 @@ def test_tp1_matches_hf(checkpoints, name, block_size):
     model_dir, reference = checkpoints[name]
     model = build_model(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
     check_close(run_scenario(model, block_size), reference)
+
+
+@pytest.mark.parametrize("name", ["mistral_window", "qwen2_window"])
+def test_the_window_changes_the_logits(checkpoints, name, tmp_path):
+    # Guards the two window configs above: the same weights without the
+    # window give other logits, so their parity checks the window itself.
+    import json
+    import shutil
+
+    model_dir, reference = checkpoints[name]
+    shutil.copytree(model_dir, tmp_path / "full")
+    config_path = tmp_path / "full" / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(sliding_window=None, layer_types=None, use_sliding_window=False)
+    config_path.write_text(json.dumps(config))
+    model = build_model(str(tmp_path / "full"), torch.float32, torch.device("cpu"),
+                        TensorParallelGroup())
+    assert model.config.sliding_window is None
+    full = run_scenario(model, BLOCK_SIZES[0])
+    assert not torch.allclose(full[0], reference[0], rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

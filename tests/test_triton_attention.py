@@ -128,8 +128,10 @@ def expected_cache(batch: Batch) -> torch.Tensor:
     return cache
 
 
-def dense_reference(batch: Batch, cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal softmax attention per request in float32; padding tokens give zeros."""
+def dense_reference(batch: Batch, cache: torch.Tensor, scale: float,
+                    window: int | None = None) -> torch.Tensor:
+    """Causal softmax attention per request in float32; padding tokens give zeros.
+    With ``window`` W, position q also hides keys at positions <= q - W."""
     q = batch.q.float()
     out = torch.zeros_like(q)
     group = q.shape[1] // cache.shape[3]
@@ -147,17 +149,22 @@ def dense_reference(batch: Batch, cache: torch.Tensor, scale: float) -> torch.Te
         query = q[start : start + q_len]
         logits = torch.einsum("thd,khd->htk", query, keys) * scale
         q_pos = torch.arange(s_len - q_len, s_len, device=q.device)
-        logits = logits.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = pos[None, None, :] > q_pos[None, :, None]
+        if window is not None:
+            hidden = hidden | (pos[None, None, :] <= q_pos[None, :, None] - window)
+        logits = logits.masked_fill(hidden, float("-inf"))
         out[start : start + q_len] = torch.einsum("htk,khd->thd", logits.softmax(-1), values)
         start += q_len
     return out
 
 
-def run_and_check(batch: Batch, backend: TritonAttentionBackend, atol: float, rtol: float = 0):
+def run_and_check(batch: Batch, backend: TritonAttentionBackend, atol: float, rtol: float = 0,
+                  window: int | None = None):
     scale = batch.q.shape[-1] ** -0.5
     want_cache = expected_cache(batch)
-    want = dense_reference(batch, want_cache, scale)
-    out = backend.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, scale)
+    want = dense_reference(batch, want_cache, scale, window)
+    out = backend.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, scale,
+                          sliding_window=window)
     assert out.shape == batch.q.shape and out.dtype == batch.q.dtype
     assert torch.isfinite(out).all()
     assert torch.equal(batch.kv_cache, want_cache)
@@ -211,6 +218,32 @@ def test_split_kv_matches_oracle(num_splits, decode_only):
     )
     out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4)
     assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+# Long enough rows that a window skips whole key tiles (64 and 128 keys).
+WINDOW_QUERY_LENS = [1, 1, 1, 5, 40, 0]
+WINDOW_SEQ_LENS = [9, 150, 300, 140, 260, 0]
+
+
+@pytest.mark.parametrize("window", [1, 6, 64, 100, 1000])
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+def test_sliding_window_matches_oracle(window, num_splits):
+    batch = make_batch(
+        window + 11, WINDOW_QUERY_LENS, WINDOW_SEQ_LENS, num_pad_tokens=2, block_size=16,
+        head_dim=64, num_q_heads=4, num_kv_heads=2,
+    )
+    out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4,
+                        window=window)
+    assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+@pytest.mark.parametrize("window", [1, 6, 100])
+def test_torch_reference_sliding_window_matches_oracle(window):
+    from runner.attention.torch_ref import TorchAttentionBackend
+
+    batch = make_batch(window, WINDOW_QUERY_LENS, WINDOW_SEQ_LENS, num_pad_tokens=2,
+                       block_size=16, head_dim=32, num_q_heads=4, num_kv_heads=2)
+    run_and_check(batch, TorchAttentionBackend(), atol=1e-5, window=window)
 
 
 def test_split_and_plain_paths_agree():

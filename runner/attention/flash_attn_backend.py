@@ -30,7 +30,8 @@ class FlashAttentionBackend:
         self.varlen = flash_attn_varlen_func
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: torch.Tensor, attn: AttentionMetadata, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor:
         write_kv_cache(k, v, kv_cache, attn.slot_mapping)
         out = torch.zeros_like(q)
         n, t = attn.num_reqs, attn.num_tokens
@@ -43,5 +44,7 @@ class FlashAttentionBackend:
             cu_seqlens_q=attn.query_start_loc[: n + 1], cu_seqlens_k=cu_seqlens_k,
             max_seqlen_q=attn.max_query_len, max_seqlen_k=attn.max_seq_len,
             softmax_scale=scale, causal=True, block_table=attn.block_tables[:n],
+            # flash-attn's window (left, right) counts keys beside the query's own.
+            window_size=(-1, -1) if sliding_window is None else (sliding_window - 1, 0),
         )
         return out

@@ -21,12 +21,13 @@ class AttentionBackend(Protocol):
     """Writes k/v at attn.slot_mapping (slot -1 skipped), then causal paged attention.
 
     q [T, Hq, D], k and v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
-    -> [T, Hq, D]; rows past attn.num_tokens are zeros.
+    -> [T, Hq, D]; rows past attn.num_tokens are zeros. With ``sliding_window``
+    W, query position q sees keys at positions k with q - W < k <= q.
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, attn: AttentionMetadata,
-                scale: float) -> torch.Tensor: ...
+                kv_cache: torch.Tensor, attn: AttentionMetadata, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor: ...
 
 
 def default_backend_name(device: torch.device) -> str:

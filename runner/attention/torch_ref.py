@@ -19,10 +19,12 @@ class TorchAttentionBackend:
     keys at positions <= its own. Position p lives in block
     block_tables[i, p // block_size] at offset p % block_size. Query head h
     reads kv head h // (Hq // Hkv). Output rows past the real tokens stay 0.
+    With ``sliding_window`` W it sees only keys at positions > its own - W.
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: torch.Tensor, attn: AttentionMetadata, scale: float) -> torch.Tensor:
+                kv_cache: torch.Tensor, attn: AttentionMetadata, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor:
         write_kv(k, v, kv_cache, attn.slot_mapping)
         out = torch.zeros_like(q)
         starts = attn.query_start_loc_cpu.tolist()
@@ -31,7 +33,7 @@ class TorchAttentionBackend:
             start, end = starts[i], starts[i + 1]
             if end > start:
                 keys, values = _gather_request_kv(kv_cache, attn.block_tables[i], seq_lens[i])
-                out[start:end] = _attend(q[start:end], keys, values, scale)
+                out[start:end] = _attend(q[start:end], keys, values, scale, sliding_window)
         return out
 
 
@@ -47,7 +49,7 @@ def _gather_request_kv(kv_cache: torch.Tensor, block_row: torch.Tensor,
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            scale: float) -> torch.Tensor:
+            scale: float, sliding_window: int | None) -> torch.Tensor:
     """q [n, Hq, D] for the last n positions of keys/values [S, Hkv, D] -> [n, Hq, D]."""
     n, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = keys.shape
@@ -57,6 +59,9 @@ def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * scale
     q_pos = torch.arange(seq_len - n, seq_len, device=q.device).unsqueeze(1)
     k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    hidden = k_pos > q_pos
+    if sliding_window is not None:
+        hidden |= k_pos <= q_pos - sliding_window
+    scores = scores.masked_fill(hidden, float("-inf"))
     probs = scores.softmax(dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)

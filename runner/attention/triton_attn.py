@@ -108,13 +108,15 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         attn: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         """Write k, v into kv_cache at attn.slot_mapping, then attend; returns [T, Hq, D].
 
         q [T, Hq, D], k and v [T, Hkv, D] (last dim contiguous, any token stride),
         kv_cache [2, num_blocks, block_size, Hkv, D]. Query head h reads KV head
         h // (Hq // Hkv). Tokens not owned by any of the num_reqs rows (padding)
-        and rows with seq_len 0 produce zeros.
+        and rows with seq_len 0 produce zeros. With ``sliding_window`` W a query
+        at position q sees keys k > q - W only.
         """
         _check_inputs(q, k, v, kv_cache)
         write_kv_cache(k, v, kv_cache, attn.slot_mapping)
@@ -124,7 +126,8 @@ class TritonAttentionBackend:
             return out
         num_kv_heads = kv_cache.shape[3]
         config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
-        num_splits = self._num_splits(attn, num_kv_heads, q.device)
+        config["sliding_window"] = sliding_window
+        num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
         args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc)
         if num_splits == 1:
             launch_paged_attention(*args, attn.num_reqs, scale, out, None, **config)
@@ -140,11 +143,14 @@ class TritonAttentionBackend:
         merge_splits(out, *partials)
         return out
 
-    def _num_splits(self, attn: AttentionMetadata, num_kv_heads: int, device) -> int:
+    def _num_splits(self, attn: AttentionMetadata, num_kv_heads: int, device,
+                    sliding_window: int | None) -> int:
         if self.num_splits is not None:
             return self.num_splits
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         max_seq_len = 1 << 30 if capturing else attn.max_seq_len
+        if sliding_window is not None:  # no query sees more keys than the window
+            max_seq_len = min(max_seq_len, sliding_window)
         return choose_num_splits(
             attn.num_reqs,
             num_kv_heads,

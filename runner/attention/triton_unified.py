@@ -17,7 +17,10 @@ position seq_len - q_len + j and sees keys at positions <= its own. Keys are rea
 TILE_N at a time through the row's block table (key p lives in block
 block_table[r, p // BLOCK_SIZE] at offset p % BLOCK_SIZE), so the tile size is
 independent of the page size. The loop runs to the row's seq_len read on the
-device: nothing depends on sequence lengths on the host.
+device: nothing depends on sequence lengths on the host. With a sliding
+window W (SLIDING) a query at position q sees only keys k > q - W: the loop
+starts at the tile of the q-block's first visible key, and every tile is
+masked.
 
 Softmax. Online softmax in float32 with base-2 exponentials (the scale is folded
 with log2(e)). Rows that see no key keep m = -inf, l = 0 and produce 0, not NaN.
@@ -93,12 +96,14 @@ def _attend_tiles(
     stride_c_block,
     stride_c_slot,
     qk_scale,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
 
@@ -121,6 +126,8 @@ def _attend_tiles(
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
+            if SLIDING:
+                visible = visible & (key_pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         if MASKED:
@@ -163,6 +170,7 @@ def _paged_attention_kernel(
     stride_c_slot,
     stride_c_head,
     num_splits,
+    window,
     HEAD_DIM: tl.constexpr,
     NQPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -172,6 +180,7 @@ def _paged_attention_kernel(
     DIM_PAD: tl.constexpr,
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -200,15 +209,23 @@ def _paged_attention_kernel(
     last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
     kv_end = tl.maximum(context_len + last_tok, 0)
     num_tiles = tl.cdiv(kv_end, TILE_N)
-    tile_lo = 0
+    first_tile = 0
+    if SLIDING:
+        # The first key any token of the q-block sees.
+        first_key = tl.maximum(context_len + local * BLOCK_Q - window + 1, 0)
+        first_tile = tl.minimum(first_key // TILE_N, num_tiles)
+    tile_lo = first_tile
     tile_hi = num_tiles
     if SPLIT:
-        per_split = tl.cdiv(num_tiles, num_splits)
-        tile_lo = tl.minimum(tl.program_id(2) * per_split, num_tiles)
+        per_split = tl.cdiv(num_tiles - first_tile, num_splits)
+        tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
 
-    # Leading tiles whose keys all precede the q-block's first token need no mask.
+    # Leading tiles whose keys all precede the q-block's first token need no
+    # mask (without a window: with one, every tile is masked).
     num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
+    if SLIDING:
+        num_full = first_tile
 
     acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -218,12 +235,14 @@ def _paged_attention_kernel(
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION, False,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        False, SLIDING,
     )
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION, True,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        True, SLIDING,
     )
 
     if SPLIT:
@@ -253,6 +272,7 @@ def launch_paged_attention(
     out: torch.Tensor,
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     *,
+    sliding_window: int | None = None,
     block_m: int,
     tile_n: int,
     num_warps: int,
@@ -263,6 +283,7 @@ def launch_paged_attention(
     Without partials it writes the normalised result into out [T, Hq, D]. With
     partials (acc [T, Hq, S, D] f32, max [T, Hq, S] f32, sum [T, Hq, S] f32)
     it runs S = acc.shape[2] splits and writes those instead; out is untouched.
+    ``sliding_window`` W limits each query at position q to keys k > q - W.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     key_cache, value_cache = kv_cache[0], kv_cache[1]
@@ -278,6 +299,7 @@ def launch_paged_attention(
         scale * LOG2_E, num_reqs, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_splits,
+        sliding_window or 0,
         HEAD_DIM=head_dim,
         NQPK=nqpk,
         BLOCK_M=block_m,
@@ -287,6 +309,7 @@ def launch_paged_attention(
         DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         SPLIT=partials is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SLIDING=sliding_window is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -40,8 +40,8 @@ class CausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp,
                                                    dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, tp, rotary, backend, dtype)
-            for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, tp, rotary, backend, dtype, layer)
+            for layer in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = ParallelLMHead(self.embed_tokens, config.tie_word_embeddings)

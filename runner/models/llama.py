@@ -29,9 +29,11 @@ class LlamaAttention(nn.Module):
     """qkv projection -> (q/k norm) -> rope -> paged attention -> o projection."""
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
-                 backend: AttentionBackend, dtype: torch.dtype) -> None:
+                 backend: AttentionBackend, dtype: torch.dtype,
+                 sliding_window: int | None = None) -> None:
         super().__init__()
         c = config
+        self.sliding_window = sliding_window
         self.head_dim = c.head_dim
         self.scale = c.head_dim ** -0.5
         self.qkv_proj = ColumnParallelLinear.qkv(
@@ -55,7 +57,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale)
+        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale,
+                                   sliding_window=self.sliding_window)
         return self.o_proj(out.flatten(-2))
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
@@ -114,10 +117,11 @@ class LlamaDecoderLayer(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
-                 backend: AttentionBackend, dtype: torch.dtype) -> None:
+                 backend: AttentionBackend, dtype: torch.dtype, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(config, tp, rotary, backend, dtype)
+        self.self_attn = LlamaAttention(config, tp, rotary, backend, dtype,
+                                        config.layer_window(layer))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(config, tp, dtype)
 
