@@ -1,6 +1,7 @@
 """Decode step time against the bandwidth floor, and device idle between steps.
 
     python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 128 256 --contexts 512 4096
+    torchrun --nproc-per-node 2 benchmarks/bench_decode.py --shape 8b ...   (TP=2, NCCL)
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
 random bf16 weights (``load_format="dummy"``). Requests enter with their
@@ -16,6 +17,11 @@ two ways: ``between_steps_*`` from CUDA events at each step's start and end
 (the device waiting for the host between steps), ``idle_*`` from the torch
 profiler (every gap, including the launch gaps between kernels inside a
 step). Prints a JSON summary last.
+
+Under torchrun (WORLD_SIZE > 1) every rank drives its own shard with the same
+plans, as the worker daemons do, and the model's NCCL all-reduces keep them in
+step; the floor is then this rank's shard (weights + KV) over its bandwidth.
+Rank 0 prints.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -200,7 +207,7 @@ def profile_host(runner: ModelRunner, context: int) -> None:
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
-def kernel_table(runner: ModelRunner, batch: int, context: int) -> None:
+def kernel_table(runner: ModelRunner, batch: int, context: int, show: bool = True) -> None:
     """Device time by kernel over 10 decode steps (torch profiler), to stderr."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -210,8 +217,32 @@ def kernel_table(runner: ModelRunner, batch: int, context: int) -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         driver.run(10, overlap=True)
     driver.finish()
-    print(f"kernels, batch {batch}, context {context}, 10 steps:", file=sys.stderr)
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), file=sys.stderr)
+    if show:
+        print(f"kernels, batch {batch}, context {context}, 10 steps:", file=sys.stderr)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25),
+              file=sys.stderr)
+
+
+def init_device() -> torch.device:
+    """This rank's GPU; under torchrun also the NCCL process group (NVLink
+    multicast off, as tprun's workers have it)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+            os.environ.setdefault(name, "0" if name == "NCCL_NVLS_ENABLE" else "1")
+        dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def agreed_num_blocks(num_blocks: int, device: torch.device) -> int:
+    """The minimum over the ranks, as the executor takes it."""
+    if not dist.is_initialized():
+        return num_blocks
+    value = torch.tensor([num_blocks], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
 
 
 def main() -> None:
@@ -229,7 +260,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    device = torch.device("cuda", 0)
+    device = init_device()
+    rank = dist.get_rank() if dist.is_initialized() else 0
     bandwidth = copy_bandwidth(device)
     model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
     max_len = max(args.contexts) + args.steps + 64
@@ -238,7 +270,7 @@ def main() -> None:
                           max_num_batched_tokens=max(2048, max(args.batches)),
                           load_format="dummy", enforce_eager=args.enforce_eager)
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
-    num_blocks = runner.determine_num_blocks()
+    num_blocks = agreed_num_blocks(runner.determine_num_blocks(), device)
     start = time.perf_counter()
     runner.init_kv_cache(num_blocks)
     init_s = time.perf_counter() - start
@@ -270,21 +302,26 @@ def main() -> None:
                 row["between_steps_async"] = idle_between_steps(driver, 10, overlap=True)
             driver.finish()
             results.append(row)
-            print(json.dumps(row), flush=True)
+            if rank == 0:
+                print(json.dumps(row), flush=True)
 
-    if args.profile_host:
+    if args.profile_host and not dist.is_initialized():  # one rank alone: peers would wait
         profile_host(runner, min(args.contexts))
     if args.kernel_table:
         for batch in sorted({1, min(64, max(args.batches))}):
-            kernel_table(runner, batch, min(args.contexts))
+            kernel_table(runner, batch, min(args.contexts), show=rank == 0)
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": torch.cuda.get_device_name(),
+        "tp": dist.get_world_size() if dist.is_initialized() else 1,
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }
-    emit_summary(summary, args.out)
+    if rank == 0:
+        emit_summary(summary, args.out)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

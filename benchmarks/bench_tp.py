@@ -1,0 +1,145 @@
+"""Tensor parallelism: TP=N against TP=1 on the same weights, and its speed.
+
+    python benchmarks/bench_tp.py --shape 8b --tp 1 2 4 8            (GPUs, NCCL)
+    python benchmarks/bench_tp.py --shape tiny --device cpu --tp 1 2  (CPU, gloo)
+
+For each N, ``LLM(tensor_parallel_size=N, load_format="dummy")`` starts the
+worker daemons as ``tprun --nproc-per-node N`` would. Random weights are drawn
+whole per tensor from a seed and sliced per rank (runner/loader.py), so every
+N runs the same model. Two runs per N:
+
+- agreement: greedy decoding of fixed prompts with the sampled token's
+  logprob; against TP=1, the index of the first differing token of each
+  prompt (None: none differ) and the largest logprob difference over the
+  tokens before it. bf16 sums in another order, so late divergence after a
+  near tie is expected; early divergence is a bug.
+- speed: ``--batch`` requests of ``--input-len`` random tokens decode
+  ``--output-len`` tokens each: output tokens/s and inter-token latency.
+
+Prints one JSON line per N, then a JSON summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.shapes import write_shape  # noqa: E402
+from benchmarks.summary import emit_summary  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
+
+
+def model_dir_for(shape: str) -> str:
+    if shape == "tiny":
+        from engine.tiny_model import ensure_tiny_model
+
+        return ensure_tiny_model(tempfile.mkdtemp(prefix="tprun-tiny-"))
+    return write_shape(shape, tempfile.mkdtemp(prefix="tprun-shape-"))
+
+
+def agreement_prompts(vocab: int, count: int = 8, length: int = 24) -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(count)]
+
+
+def greedy_with_logprobs(llm: LLM, prompts: list[list[int]], max_tokens: int):
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    result = []
+    for out in outs:
+        completion = out.outputs[0]
+        lps = [entry[token].logprob for token, entry in zip(completion.token_ids,
+                                                            completion.logprobs)]
+        result.append((completion.token_ids, lps))
+    return result
+
+
+def compare(reference, other) -> dict:
+    """First differing token per prompt and the largest logprob gap before it."""
+    first_diff, max_gap = [], 0.0
+    for (ref_tokens, ref_lps), (tokens, lps) in zip(reference, other, strict=True):
+        diff = next((i for i, (a, b) in enumerate(zip(ref_tokens, tokens)) if a != b), None)
+        first_diff.append(diff)
+        upto = len(ref_tokens) if diff is None else diff
+        gaps = [abs(a - b) for a, b in zip(ref_lps[:upto], lps[:upto])]
+        max_gap = max([max_gap, *gaps])
+    return {"first_differing_token": first_diff, "max_logprob_gap": float(f"{max_gap:.3g}")}
+
+
+def decode_speed(llm: LLM, vocab: int, batch: int, input_len: int, output_len: int) -> dict:
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, vocab) for _ in range(input_len)] for _ in range(batch)]
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for p in prompts:  # warm-up: the same shapes as the timed run
+        engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.0, max_tokens=4))
+    while engine.has_unfinished_requests():
+        engine.step()
+    times: dict[str, list[float]] = {}
+    start = time.perf_counter()
+    for p in prompts:
+        times[engine.add_request({"prompt_token_ids": p}, params).req_id] = []
+    while engine.has_unfinished_requests():
+        for delta in engine.step():
+            times[delta.req_id].extend([time.perf_counter()] * len(delta.new_token_ids))
+    elapsed = time.perf_counter() - start
+    itl = [b - a for t in times.values() for a, b in zip(t, t[1:]) if b > a]
+    total = sum(len(t) for t in times.values())
+    return {"batch": batch, "output_tokens": total, "elapsed_s": round(elapsed, 3),
+            "output_tokens_per_s": round(total / elapsed, 1),
+            "itl_ms_median": round(statistics.median(itl) * 1e3, 3) if itl else None}
+
+
+def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
+    llm = LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
+              load_format="dummy", max_num_seqs=max(args.batch, len(prompts)),
+              max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False)
+    try:
+        vocab = llm.engine.model_info.vocab_size
+        greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
+        speed = decode_speed(llm, vocab, args.batch, args.input_len, args.output_len)
+    finally:
+        llm.shutdown()
+    return greedy, speed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", default="8b", choices=("tiny", "1b", "8b"))
+    parser.add_argument("--tp", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--agree-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.tp[0] != 1:
+        parser.error("the first --tp must be 1: the others are compared with it")
+
+    model_dir = model_dir_for(args.shape)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        prompts = agreement_prompts(json.load(f)["vocab_size"])
+    results, reference = [], None
+    for tp in args.tp:
+        greedy, speed = run_tp(model_dir, tp, args, prompts)
+        reference = reference or greedy
+        row = {"tp": tp, **compare(reference, greedy), "speed": speed}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    emit_summary({"benchmark": "tp", "shape": args.shape, "device": args.device,
+                  "dtype": args.dtype, "date": time.strftime("%Y-%m-%d"), "results": results},
+                 args.out)
+
+
+if __name__ == "__main__":
+    main()

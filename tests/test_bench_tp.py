@@ -1,0 +1,28 @@
+"""benchmarks/bench_tp.py on CPU: TP=2 over gloo decodes what TP=1 decodes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.timeout(180)
+def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
+    out = tmp_path / "tp.json"
+    subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_tp.py"), "--shape", "tiny",
+         "--device", "cpu", "--dtype", "float32", "--tp", "1", "2", "--batch", "2",
+         "--input-len", "16", "--output-len", "8", "--agree-tokens", "12", "--out", str(out)],
+        check=True, timeout=170, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True)
+    summary = json.loads(out.read_text())
+    tp1, tp2 = summary["results"]
+    assert tp1["first_differing_token"] == [None] * 8 and tp1["max_logprob_gap"] == 0
+    # float32 sums in another order: the same greedy tokens, logprobs within 1e-4.
+    assert tp2["first_differing_token"] == [None] * 8
+    assert 0 < tp2["max_logprob_gap"] < 1e-4
+    assert tp2["speed"]["output_tokens"] == 16
