@@ -42,7 +42,7 @@ case "$stage" in
       [ "$n" -gt 1 ] || continue
       timeout 240 torchrun --nproc-per-node "$n" benchmarks/bench_decode.py --shape 8b \
         --batches 1 8 32 64 128 --contexts 512 4096 --kernel-table --out "$OUT/decode_8b_tp$n.json" \
-        > "$OUT/decode_8b_tp$n.log" 2>&1; tail -1 "$OUT/decode_8b_tp$n.log" | cut -c1-300
+        >> "$OUT/decode_8b_tp.log" 2>&1; tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
     done
     ;;
   prepare)
