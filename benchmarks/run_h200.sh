@@ -23,7 +23,8 @@ case "$stage" in
       2>&1 | tail -5 | tee "$OUT/pytest_gpu_kernels.log"
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py \
       tests/test_gpu_no_sync.py tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
-      tests/test_runner_graph_path.py 2>&1 | tail -5 | tee -a "$OUT/pytest_gpu_kernels.log"
+      tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py \
+      2>&1 | tail -5 | tee -a "$OUT/pytest_gpu_kernels.log"
     ;;
   e2e)
     timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$OUT/e2e_8b.log" | tail -1
