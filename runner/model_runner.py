@@ -38,7 +38,6 @@ from runner.sampler import Sampler, SamplerOutput
 from runner.states import RequestState
 
 
-@dataclass
 @dataclass(frozen=True)
 class StepTensors:
     """Device tensors of one forward pass that sampling reads, one row per
