@@ -30,14 +30,17 @@ def hf_llama_dir(tmp_path_factory):
         model.lm_head.weight.mul_(20.0)
     path = tmp_path_factory.mktemp("llama")
     model.save_pretrained(path)
-    expected = []
+    expected, logprobs = [], []
     with torch.no_grad():
         for prompt in PROMPTS:
             out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
             expected.append(out[0, len(prompt):].tolist())
+            # Log-softmax at every position that predicts a generated token.
+            logits = model(out[:, :-1]).logits[0, len(prompt) - 1:]
+            logprobs.append(torch.log_softmax(logits.double(), dim=-1))
     _write_byte_tokenizer(path)
-    return str(path), expected
+    return str(path), expected, logprobs
 
 
 def _write_byte_tokenizer(path) -> None:
@@ -49,7 +52,7 @@ def _write_byte_tokenizer(path) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_greedy_tokens_match_transformers(hf_llama_dir, tp):
-    path, expected = hf_llama_dir
+    path, expected, _ = hf_llama_dir
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     with LLM(model=path, tensor_parallel_size=tp, device="cpu", max_num_batched_tokens=16,
              block_size=16, max_num_seqs=8) as llm:
@@ -57,3 +60,24 @@ def test_greedy_tokens_match_transformers(hf_llama_dir, tp):
     got = [o.outputs[0].token_ids for o in outs]
     assert got == expected
     assert all(o.outputs[0].finish_reason == "length" for o in outs)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logprobs_match_transformers(hf_llama_dir, tp):
+    # Through the worker daemons' flat replies, with chunked prefill (rows that
+    # sample nothing) in the same steps as decodes.
+    path, expected, hf_logprobs = hf_llama_dir
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    with LLM(model=path, tensor_parallel_size=tp, device="cpu", max_num_batched_tokens=16,
+             block_size=16, max_num_seqs=8) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    for out, tokens, want in zip(outs, expected, hf_logprobs, strict=True):
+        completion = out.outputs[0]
+        assert completion.token_ids == tokens
+        assert len(completion.logprobs) == MAX_TOKENS
+        for step, (token, entry) in enumerate(zip(tokens, completion.logprobs)):
+            top2 = torch.topk(want[step], 2).indices.tolist()
+            assert set(entry) == set(top2) | {token}
+            for token_id, logprob in entry.items():
+                assert logprob.logprob == pytest.approx(want[step, token_id].item(), abs=1e-4)
