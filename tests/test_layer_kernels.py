@@ -1,15 +1,16 @@
-"""The Triton layer kernels (RMSNorm with fused residual add, rotary,
-SiLU-and-multiply) against their torch references. On CPU they run under the
+"""The Triton layer kernels (RMSNorm with fused residual add, rotary, rotary
+with the KV-cache write, SiLU-and-multiply) against their torch references. On CPU they run under the
 Triton interpreter (see conftest); with CUDA they run compiled on the GPU."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from runner.attention.kv_write import write_kv
 from runner.layers.rms_norm import rms_norm_ref
 from runner.layers.rotary import RotaryEmbedding, rotary_ref
 from runner.layers.triton_rms_norm import rms_norm_triton
-from runner.layers.triton_rotary import rotary_triton
+from runner.layers.triton_rotary import rotary_triton, rotary_write_kv_triton
 from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.model_config import Llama3RopeScaling
 
@@ -91,3 +92,38 @@ def test_silu_mul_matches_reference(dtype, tokens, inter):
     gate, up = x.chunk(2, dim=-1)
     got = silu_mul_triton(x.to(DEVICE)).cpu()
     torch.testing.assert_close(got, F.silu(gate) * up, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,hq,hk,block", [(64, 4, 1, 16), (128, 8, 8, 8), (96, 6, 2, 4)])
+def test_rotary_write_kv_matches_rotary_then_kv_write(dtype, head_dim, hq, hk, block):
+    rope = RotaryEmbedding(head_dim, 256, 10000.0, None)
+    gen = torch.Generator().manual_seed(head_dim * hq + block)
+    tokens, num_blocks = 9, 12
+    qkv = torch.randn(tokens + 2, (hq + 2 * hk) * head_dim, generator=gen).to(dtype)
+    heads = qkv.unflatten(-1, (hq + 2 * hk, head_dim))
+    q, k, v = heads[:, :hq], heads[:, hq: hq + hk], heads[:, hq + hk:]
+    positions = torch.randint(0, 256, (tokens + 2,), generator=gen)
+    # Shuffled slots, one padding token (-1); the last two tokens have no
+    # slot_mapping entry at all (a padded graph batch) and store nothing.
+    slots = torch.randperm(num_blocks * block, generator=gen)[:tokens]
+    slots[4] = -1
+    cache = torch.randn(2, num_blocks, block, hk, head_dim, generator=gen).to(dtype)
+
+    want_q, want_k = rotary_ref(positions, q, k, rope.cos, rope.sin)
+    want_cache = cache.clone()
+    write_kv(want_k[:tokens], v[:tokens], want_cache, slots)
+
+    got_cache = cache.clone().to(DEVICE)
+    qkv_dev = qkv.clone().to(DEVICE)
+    heads_dev = qkv_dev.unflatten(-1, (hq + 2 * hk, head_dim))
+    got_q = rotary_write_kv_triton(
+        positions.to(DEVICE), heads_dev[:, :hq], heads_dev[:, hq: hq + hk],
+        heads_dev[:, hq + hk:], rope.cos.to(DEVICE), rope.sin.to(DEVICE), got_cache,
+        slots.to(DEVICE))
+    torch.testing.assert_close(got_q.cpu(), want_q, **_tol(dtype))
+    torch.testing.assert_close(got_cache.cpu(), want_cache, **_tol(dtype))
+    untouched = torch.ones(num_blocks * block, dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    flat = got_cache.cpu().flatten(1, 2)
+    assert torch.equal(flat[:, untouched], cache.flatten(1, 2)[:, untouched])

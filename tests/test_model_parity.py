@@ -168,6 +168,17 @@ def test_tp1_matches_hf(checkpoints, name, block_size):
     check_close(run_scenario(model, block_size), reference)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3", "mistral_window", "qwen2_window"])
+def test_triton_backend_matches_hf(checkpoints, name):
+    # The Triton attention backend (the interpreter on CPU): the model stores
+    # k and v from its rotary kernel and the backend only attends.
+    model_dir, reference = checkpoints[name]
+    model = build_model(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup(),
+                        "triton")
+    assert model.layers[0].self_attn.fused_kv_write
+    check_close(run_scenario(model, BLOCK_SIZES[0]), reference)
+
+
 @pytest.mark.parametrize("name", ["mistral_window", "qwen2_window"])
 def test_the_window_changes_the_logits(checkpoints, name, tmp_path):
     # Guards the two window configs above: the same weights without the

@@ -30,6 +30,13 @@ class AttentionBackend(Protocol):
                 sliding_window: int | None = None) -> torch.Tensor: ...
 
 
+def attends_to_written_kv(backend: AttentionBackend) -> bool:
+    """Whether ``backend`` offers ``attend(q, kv_cache, attn, scale,
+    sliding_window)``: attention over keys and values the model has already
+    stored, so the model can fuse the KV write into its rotary kernel."""
+    return callable(getattr(backend, "attend", None))
+
+
 def default_backend_name(device: torch.device) -> str:
     """"triton" on CUDA, "torch" elsewhere."""
     return "triton" if torch.device(device).type == "cuda" else "torch"

@@ -120,6 +120,19 @@ class TritonAttentionBackend:
         """
         _check_inputs(q, k, v, kv_cache)
         write_kv_cache(k, v, kv_cache, attn.slot_mapping)
+        return self.attend(q, kv_cache, attn, scale, sliding_window)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        """``forward`` for keys and values the caller already stored at
+        attn.slot_mapping (the model's rotary kernel does, in the same launch)."""
+        _check_query(q, kv_cache)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         num_tokens, num_q_heads, head_dim = q.shape
         if num_tokens == 0:
@@ -163,19 +176,31 @@ class TritonAttentionBackend:
 
 def _check_inputs(q, k, v, kv_cache) -> None:
     """Raise ValueError on shapes or dtypes the kernels do not handle."""
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or kv_cache.dim() != 5:
-        raise ValueError("expected q, k, v [T, H, D] and kv_cache [2, blocks, block, Hkv, D]")
+    if k.dim() != 3 or v.dim() != 3:
+        raise ValueError("expected k, v [T, Hkv, D]")
+    _check_query(q, kv_cache)
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    if k.shape != v.shape or k.shape[1:] != (num_kv_heads, head_dim) or k.shape[0] != q.shape[0]:
+        raise ValueError(f"k/v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q/kv_cache")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError("q, k, v and kv_cache must share one dtype")
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("the last dim of q, k, v and kv_cache must be contiguous")
+
+
+def _check_query(q, kv_cache) -> None:
+    """The checks of ``_check_inputs`` that concern q and the cache alone."""
+    if q.dim() != 3 or kv_cache.dim() != 5:
+        raise ValueError("expected q [T, H, D] and kv_cache [2, blocks, block, Hkv, D]")
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = kv_cache.shape[3]
     if kv_cache.shape[0] != 2 or kv_cache.shape[4] != head_dim:
         raise ValueError(f"kv_cache shape {tuple(kv_cache.shape)} does not fit head_dim {head_dim}")
-    if k.shape != v.shape or k.shape[1:] != (num_kv_heads, head_dim) or k.shape[0] != q.shape[0]:
-        raise ValueError(f"k/v shapes {tuple(k.shape)}, {tuple(v.shape)} do not fit q/kv_cache")
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(f"{num_q_heads} query heads not a multiple of {num_kv_heads} KV heads")
-    if not (q.dtype == k.dtype == v.dtype == kv_cache.dtype):
+    if q.dtype != kv_cache.dtype:
         raise ValueError("q, k, v and kv_cache must share one dtype")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"unsupported dtype {q.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k, v, kv_cache)):
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("the last dim of q, k, v and kv_cache must be contiguous")

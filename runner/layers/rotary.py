@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from runner.layers.triton_rotary import rotary_triton
+from runner.layers.triton_rotary import rotary_triton, rotary_write_kv_triton
 from runner.model_config import Llama3RopeScaling
 
 
@@ -56,6 +56,15 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda:
             return rotary_triton(positions, q, k, self.cos, self.sin)
         return rotary_ref(positions, q, k, self.cos, self.sin)
+
+    def rotate_and_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Rotated q; rotated k and v stored in ``kv_cache`` at ``slot_mapping``
+        (slot -1 skipped). One Triton launch (the interpreter on CPU): for the
+        Triton attention backend, which then only attends."""
+        return rotary_write_kv_triton(positions, q, k, v, self.cos, self.sin, kv_cache,
+                                      slot_mapping)
 
 
 def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,

@@ -2,8 +2,12 @@
 
 Same arithmetic as ``rotary._rotate`` (half-split layout, float32, rounded
 to the input dtype): out1 = x1 cos - x2 sin, out2 = x2 cos + x1 sin.
-q and k may be strided views (slices of the fused qkv output); the results
-are new contiguous tensors.
+q and k may be strided views (slices of the fused qkv output).
+
+Two entry points: ``rotary_triton`` returns new contiguous q and k;
+``rotary_write_kv_triton`` returns q and stores the rotated k, and v, straight
+into the paged KV cache at the token's slot (slot -1: not stored), which
+saves the attention backend's separate KV-write launch.
 """
 
 from __future__ import annotations
@@ -14,20 +18,31 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(src_ptr, dst_ptr, token, src_token_stride, src_head_stride, num_heads,
-                  cos, sin, HALF: tl.constexpr, HALF_BLOCK: tl.constexpr,
-                  HEADS_BLOCK: tl.constexpr):
+def _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF: tl.constexpr,
+                  HALF_BLOCK: tl.constexpr):
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF_BLOCK)[None, :]
+    cos = tl.load(cos_ptr + pos * HALF + dims, mask=dims < HALF, other=0.0)
+    sin = tl.load(sin_ptr + pos * HALF + dims, mask=dims < HALF, other=0.0)
+    return cos, sin
+
+
+@triton.jit
+def _rotate_heads(src, dst, src_head_stride, dst_head_stride, num_heads, cos, sin, store,
+                  HALF: tl.constexpr, HALF_BLOCK: tl.constexpr, HEADS_BLOCK: tl.constexpr):
+    """Rotate heads 0 .. num_heads - 1 at ``src`` (one token) into ``dst``."""
     heads = tl.arange(0, HEADS_BLOCK)[:, None]
     dims = tl.arange(0, HALF_BLOCK)[None, :]
     mask = (heads < num_heads) & (dims < HALF)
-    src = src_ptr + token * src_token_stride + heads * src_head_stride + dims
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(src + heads * src_head_stride + dims, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + heads * src_head_stride + HALF + dims, mask=mask, other=0.0)
+    x2 = x2.to(tl.float32)
     out1 = x1 * cos - x2 * sin
     out2 = x2 * cos + x1 * sin
-    dst = dst_ptr + token * num_heads * 2 * HALF + heads * 2 * HALF + dims
-    tl.store(dst, out1.to(dst_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + HALF, out2.to(dst_ptr.dtype.element_ty), mask=mask)
+    out = dst + heads * dst_head_stride + dims
+    store_mask = tl.where(store, mask, False)  # (a scalar & block mask breaks the interpreter)
+    tl.store(out, out1.to(dst.dtype.element_ty), mask=store_mask)
+    tl.store(out + HALF, out2.to(dst.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -38,32 +53,90 @@ def _rotary_kernel(
     K_HEADS_BLOCK: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + token).to(tl.int64)
-    dims = tl.arange(0, HALF_BLOCK)[None, :]
-    cos = tl.load(cos_ptr + pos * HALF + dims, mask=dims < HALF, other=0.0)
-    sin = tl.load(sin_ptr + pos * HALF + dims, mask=dims < HALF, other=0.0)
-    _rotate_heads(q_ptr, q_out_ptr, token, q_token_stride, q_head_stride, num_q_heads,
-                  cos, sin, HALF, HALF_BLOCK, Q_HEADS_BLOCK)
-    _rotate_heads(k_ptr, k_out_ptr, token, k_token_stride, k_head_stride, num_k_heads,
-                  cos, sin, HALF, HALF_BLOCK, K_HEADS_BLOCK)
+    cos, sin = _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF, HALF_BLOCK)
+    _rotate_heads(q_ptr + token * q_token_stride, q_out_ptr + token * num_q_heads * 2 * HALF,
+                  q_head_stride, 2 * HALF, num_q_heads, cos, sin, token >= 0,
+                  HALF, HALF_BLOCK, Q_HEADS_BLOCK)
+    _rotate_heads(k_ptr + token * k_token_stride, k_out_ptr + token * num_k_heads * 2 * HALF,
+                  k_head_stride, 2 * HALF, num_k_heads, cos, sin, token >= 0,
+                  HALF, HALF_BLOCK, K_HEADS_BLOCK)
+
+
+@triton.jit
+def _rotary_write_kv_kernel(
+    positions_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, q_out_ptr,
+    key_cache_ptr, value_cache_ptr, slot_mapping_ptr, num_slots,
+    q_token_stride, q_head_stride, k_token_stride, k_head_stride, v_token_stride,
+    v_head_stride, stride_c_block, stride_c_slot, stride_c_head, num_q_heads, num_k_heads,
+    BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr, HALF_BLOCK: tl.constexpr,
+    Q_HEADS_BLOCK: tl.constexpr, K_HEADS_BLOCK: tl.constexpr, DIM_BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cos, sin = _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF, HALF_BLOCK)
+    _rotate_heads(q_ptr + token * q_token_stride, q_out_ptr + token * num_q_heads * 2 * HALF,
+                  q_head_stride, 2 * HALF, num_q_heads, cos, sin, token >= 0,
+                  HALF, HALF_BLOCK, Q_HEADS_BLOCK)
+    slot = tl.load(slot_mapping_ptr + token, mask=token < num_slots, other=-1).to(tl.int64)
+    store = slot >= 0
+    slot = tl.maximum(slot, 0)
+    cache_off = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
+    _rotate_heads(k_ptr + token * k_token_stride, key_cache_ptr + cache_off, k_head_stride,
+                  stride_c_head, num_k_heads, cos, sin, store, HALF, HALF_BLOCK, K_HEADS_BLOCK)
+    heads = tl.arange(0, K_HEADS_BLOCK)[:, None]
+    dims = tl.arange(0, DIM_BLOCK)[None, :]
+    mask = tl.where(store, (heads < num_k_heads) & (dims < 2 * HALF), False)
+    value = tl.load(v_ptr + token * v_token_stride + heads * v_head_stride + dims, mask=mask)
+    tl.store(value_cache_ptr + cache_off + heads * stride_c_head + dims,
+             value.to(value_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or q.shape[-1] % 2:
+        raise ValueError("rotary kernels need an even head_dim of unit stride")
+
+
+def _head_blocks(q: torch.Tensor, k: torch.Tensor) -> dict[str, int]:
+    half = q.shape[-1] // 2
+    return dict(HALF=half, HALF_BLOCK=triton.next_power_of_2(half),
+                Q_HEADS_BLOCK=triton.next_power_of_2(q.shape[1]),
+                K_HEADS_BLOCK=triton.next_power_of_2(k.shape[1]))
 
 
 def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T]; q [T, Hq, D], k [T, Hk, D] (unit stride in D);
     cos, sin [max_positions, D / 2] float32, contiguous -> rotated (q, k)."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    half = head_dim // 2
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or head_dim % 2:
-        raise ValueError("rotary_triton needs an even head_dim of unit stride")
+    _check_heads(q, k)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if num_tokens == 0:
+    if q.shape[0] == 0:
         return q_out, k_out
-    _rotary_kernel[(num_tokens,)](
+    _rotary_kernel[(q.shape[0],)](
         positions, cos, sin, q, k, q_out, k_out,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), num_q_heads, k.shape[1],
-        HALF=half, HALF_BLOCK=triton.next_power_of_2(half), Q_HEADS_BLOCK=triton.next_power_of_2(num_q_heads),
-        K_HEADS_BLOCK=triton.next_power_of_2(k.shape[1]), num_warps=4,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1],
+        **_head_blocks(q, k), num_warps=4,
     )
     return q_out, k_out
+
+
+def rotary_write_kv_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Rotate q (returned, contiguous) and k; store rotated k and v of token t
+    at cache slot slot_mapping[t] (kv_cache [2, blocks, block_size, Hk, D]);
+    tokens with slot -1, or past the end of slot_mapping, store nothing."""
+    _check_heads(q, k)
+    if v.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("rotary_write_kv_triton needs unit-stride head dims")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.shape[0] == 0:
+        return q_out
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    _rotary_write_kv_kernel[(q.shape[0],)](
+        positions, cos, sin, q, k, v, q_out, key_cache, value_cache, slot_mapping,
+        slot_mapping.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        q.shape[1], k.shape[1], BLOCK_SIZE=key_cache.shape[1],
+        DIM_BLOCK=triton.next_power_of_2(q.shape[-1]), **_head_blocks(q, k), num_warps=4,
+    )
+    return q_out

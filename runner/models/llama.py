@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.attention.metadata import AttentionMetadata
-from runner.attention.selector import AttentionBackend
+from runner.attention.selector import AttentionBackend, attends_to_written_kv
 from runner.distributed import TensorParallelGroup
 from runner.layers import (
     ColumnParallelLinear,
@@ -47,6 +47,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
         self.backend = backend
+        self.fused_kv_write = attends_to_written_kv(backend)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
@@ -56,9 +57,13 @@ class LlamaAttention(nn.Module):
         v = v.unflatten(-1, (-1, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v, kv_cache, attn, self.scale,
-                                   sliding_window=self.sliding_window)
+        if self.fused_kv_write:
+            q = self.rotary.rotate_and_cache(positions, q, k, v, kv_cache, attn.slot_mapping)
+            out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window)
+        else:
+            q, k = self.rotary(positions, q, k)
+            out = self.backend.forward(q, k, v, kv_cache, attn, self.scale,
+                                       sliding_window=self.sliding_window)
         return self.o_proj(out.flatten(-2))
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
