@@ -397,3 +397,31 @@ def test_decode_cuda_graph_replay(num_splits):
         torch.cuda.synchronize()
         assert torch.equal(cache, want_cache)
         torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_merge_ignores_the_accumulators_of_empty_splits():
+    # Empty splits leave their accumulator unwritten: NaN there must not leak.
+    from runner.attention.triton_split_merge import merge_splits
+
+    gen = torch.Generator().manual_seed(2)
+    tokens, heads, splits, dim = 3, 2, 4, 16
+    acc = torch.randn(tokens, heads, splits, dim, generator=gen)
+    m = torch.randn(tokens, heads, splits, generator=gen)
+    l_sum = torch.rand(tokens, heads, splits, generator=gen) + 0.5
+    m[:, :, 2:] = float("-inf")  # splits 2 and 3 empty everywhere
+    m[2] = float("-inf")  # token 2 saw no key at all
+    l_sum[m == float("-inf")] = 0.0
+    acc[m == float("-inf")] = float("nan")
+    w = torch.exp2(m - m.amax(-1, keepdim=True).clamp(min=-1e30).nan_to_num(0.0))
+    w = torch.where(m == float("-inf"), 0.0, w)
+    total = (w * l_sum).sum(-1, keepdim=True)
+    want = (torch.where(w[..., None] > 0, acc, 0.0) * w[..., None]).sum(-2)
+    want = want / torch.where(total > 0, total, 1.0)
+    out = torch.full((tokens, heads, dim), 7.0)
+    dev = lambda t: t.to(DEVICE)  # noqa: E731
+    got = dev(out)
+    merge_splits(got, dev(acc), dev(m), dev(l_sum))
+    got = got.cpu()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got[2] == 0).all()

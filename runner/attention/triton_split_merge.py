@@ -4,8 +4,9 @@ For one (token, query head), split s left an unnormalised accumulator acc_s, the
 running max m_s (base-2 logits) and the sum l_s of exp2(logit - m_s). With
 M = max_s m_s and w_s = exp2(m_s - M), the attention output is
     sum_s w_s * acc_s / sum_s w_s * l_s.
-Empty splits carry m_s = -inf and weigh nothing; a token with no key at all
-(padding) gets zeros, never NaN.
+Empty splits carry m_s = -inf and weigh nothing: their acc_s is never read
+(an empty split does not write it); a token with no key at all (padding) gets
+zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ def _merge_splits_kernel(
     total = tl.sum(w * l_s, axis=0)
 
     acc_off = (base + splits)[:, None] * head_dim + dims[None, :]
-    acc = tl.load(
-        part_acc_ptr + acc_off, mask=split_mask[:, None] & dim_mask[None, :], other=0.0
-    )
+    has_keys = split_mask & (m > float("-inf"))
+    acc = tl.load(part_acc_ptr + acc_off, mask=has_keys[:, None] & dim_mask[None, :], other=0.0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0.0, total, 1.0)
     o_off = tok * stride_o_tok + head * stride_o_head + dims
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=dim_mask)

@@ -27,7 +27,8 @@ with log2(e)). Rows that see no key keep m = -inf, l = 0 and produce 0, not NaN.
 
 Split-KV (flash decoding). With SPLIT, split s handles an equal share of the
 q-block's key tiles and stores its unnormalised accumulator, running max m and
-sum l; triton_split_merge.py combines the splits. Empty splits store m = -inf.
+sum l; triton_split_merge.py combines the splits. Empty splits store only
+m = -inf and l = 0, and exit before loading q.
 """
 
 from __future__ import annotations
@@ -202,8 +203,6 @@ def _paged_attention_kernel(
     io_mask = row_mask[:, None] & dim_mask[None, :]
 
     tok64 = (q_first + tok).to(tl.int64)
-    q_off = tok64[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
 
     # Keys this q-block may see: up to its last token's position, inclusive.
     last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
@@ -220,6 +219,17 @@ def _paged_attention_kernel(
         per_split = tl.cdiv(num_tiles - first_tile, num_splits)
         tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+        if tile_lo >= tile_hi:
+            # An empty split (short context, graph captured for long ones):
+            # weight zero in the merge, which then skips its accumulator.
+            part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
+            tl.store(part_max_ptr + part, tl.full([BLOCK_M], float("-inf"), tl.float32),
+                     mask=row_mask)
+            tl.store(part_sum_ptr + part, tl.zeros([BLOCK_M], tl.float32), mask=row_mask)
+            return
+
+    q_off = tok64[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :]
+    q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
 
     # Leading tiles whose keys all precede the q-block's first token need no
     # mask (without a window: with one, every tile is masked).
