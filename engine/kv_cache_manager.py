@@ -92,6 +92,8 @@ class KVCacheManager:
         num_hit_tokens = len(new_computed_blocks) * self.block_size
         total = request.num_computed_tokens + num_hit_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - len(blocks) - len(new_computed_blocks)
+        if num_needed <= 0 and not new_computed_blocks and blocks:
+            return []  # most decode steps: the last block still has room
         revived = sum(self.pool.ref_cnt[b] == 0 for b in new_computed_blocks)
         if num_needed > self.pool.num_free_blocks - revived:
             return None
