@@ -81,3 +81,36 @@ def test_logprobs_match_transformers(hf_llama_dir, tp):
             assert set(entry) == set(top2) | {token}
             for token_id, logprob in entry.items():
                 assert logprob.logprob == pytest.approx(want[step, token_id].item(), abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def hf_mistral_window_dir(tmp_path_factory):
+    """A small random Mistral whose sliding window (8) is shorter than every
+    prompt but one, float32."""
+    config = transformers.MistralConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6, sliding_window=8, bos_token_id=0, eos_token_id=255,
+    )
+    torch.manual_seed(1)
+    model = transformers.MistralForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    path = tmp_path_factory.mktemp("mistral")
+    model.save_pretrained(path)
+    with torch.no_grad():
+        expected = [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                   eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                    for p in PROMPTS]
+    _write_byte_tokenizer(path)
+    return str(path), expected
+
+
+@pytest.mark.timeout(180)
+def test_sliding_window_model_matches_transformers(hf_mistral_window_dir):
+    path, expected = hf_mistral_window_dir
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    with LLM(model=path, tensor_parallel_size=2, device="cpu", max_num_batched_tokens=16,
+             block_size=16, max_num_seqs=8) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [o.outputs[0].token_ids for o in outs] == expected
