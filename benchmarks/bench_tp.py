@@ -14,7 +14,11 @@ N runs the same model. Two runs per N:
   tokens before it. bf16 sums in another order, so late divergence after a
   near tie is expected; early divergence is a bug.
 - speed: ``--batch`` requests of ``--input-len`` random tokens decode
-  ``--output-len`` tokens each: output tokens/s and inter-token latency.
+  ``--output-len`` tokens each: output tokens/s and inter-token latency,
+  with async scheduling on and off. Off, each step's inter-token latency is
+  the device step plus the host's round trip (schedule, broadcast, reply,
+  update); set beside ``bench_decode.py``'s step time under torchrun (the
+  device step alone, NCCL all-reduces included) it gives the breakdown.
 
 Prints one JSON line per N, then a JSON summary last.
 """
@@ -98,16 +102,26 @@ def decode_speed(llm: LLM, vocab: int, batch: int, input_len: int, output_len: i
             "itl_ms_median": round(statistics.median(itl) * 1e3, 3) if itl else None}
 
 
+def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling: bool) -> LLM:
+    return LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
+               load_format="dummy", max_num_seqs=max_num_seqs,
+               max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False,
+               async_scheduling=async_scheduling)
+
+
 def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
-    llm = LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
-              load_format="dummy", max_num_seqs=max(args.batch, len(prompts)),
-              max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False)
-    try:
-        vocab = llm.engine.model_info.vocab_size
-        greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
-        speed = decode_speed(llm, vocab, args.batch, args.input_len, args.output_len)
-    finally:
-        llm.shutdown()
+    """Greedy agreement run and speed with async scheduling on, then off."""
+    speed = {}
+    for async_scheduling in (True, False):
+        llm = make_llm(model_dir, tp, args, max(args.batch, len(prompts)), async_scheduling)
+        try:
+            vocab = llm.engine.model_info.vocab_size
+            if async_scheduling:
+                greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
+            key = "async" if async_scheduling else "sync"
+            speed[key] = decode_speed(llm, vocab, args.batch, args.input_len, args.output_len)
+        finally:
+            llm.shutdown()
     return greedy, speed
 
 

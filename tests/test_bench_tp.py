@@ -25,4 +25,5 @@ def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     # float32 sums in another order: the same greedy tokens, logprobs within 1e-4.
     assert tp2["first_differing_token"] == [None] * 8
     assert 0 < tp2["max_logprob_gap"] < 1e-4
-    assert tp2["speed"]["output_tokens"] == 16
+    assert tp2["speed"]["async"]["output_tokens"] == 16
+    assert tp2["speed"]["sync"]["output_tokens"] == 16
