@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
-#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, tp)
+#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, tp, tp-decode)
 # tests: the whole suite on the GPU (about 8 min: run it alone in one call); bench-small: prepare_inputs,
 # attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
@@ -32,19 +32,24 @@ case "$stage" in
   ipc)
     timeout 240 python3 benchmarks/bench_ipc.py --out "$OUT/ipc.json" 2>&1 | tee "$OUT/ipc.log" | tail -30
     ;;
-  tp)
-    # Several GPUs (issue 8): agreement and speed at every TP size the host has,
-    # then the decode step per rank under torchrun (NCCL all-reduce in the step).
+  tp|tp-decode)
+    # Several GPUs (issue 8). tp: agreement and speed (async on/off) at every TP
+    # size the host has (about 6 min at 8B on 8 GPUs); tp-decode: the decode step
+    # per rank under torchrun, NCCL all-reduce inside, with a kernel table.
     gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
     sizes=$(for n in 1 2 4 8; do [ "$n" -le "$gpus" ] && echo -n "$n "; done)
-    timeout 400 python3 benchmarks/bench_tp.py --shape 8b --tp $sizes --out "$OUT/tp_8b.json" \
-      2>&1 | grep -v "capturing CUDA" | tee "$OUT/tp_8b.log" | tail -1
-    for n in $sizes; do
-      [ "$n" -gt 1 ] || continue
-      timeout 240 torchrun --nproc-per-node "$n" benchmarks/bench_decode.py --shape 8b \
-        --batches 1 8 32 64 128 --contexts 512 4096 --kernel-table --out "$OUT/decode_8b_tp$n.json" \
-        >> "$OUT/decode_8b_tp.log" 2>&1; tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
-    done
+    if [ "$stage" = tp ]; then
+      timeout 560 python3 benchmarks/bench_tp.py --shape 8b --tp $sizes --output-len 64 \
+        --out "$OUT/tp_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$OUT/tp_8b.log" | tail -1
+    else
+      for n in $sizes; do
+        [ "$n" -gt 1 ] || continue
+        timeout 180 torchrun --nproc-per-node "$n" benchmarks/bench_decode.py --shape 8b \
+          --batches 1 8 32 64 128 --contexts 512 4096 --kernel-table \
+          --out "$OUT/decode_8b_tp$n.json" >> "$OUT/decode_8b_tp.log" 2>&1
+        tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
+      done
+    fi
     ;;
   prepare)
     timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
