@@ -44,7 +44,7 @@ case "$stage" in
     else
       for n in $sizes; do
         [ "$n" -gt 1 ] || continue
-        timeout 180 torchrun --nproc-per-node "$n" benchmarks/bench_decode.py --shape 8b \
+        timeout 180 python3 -m torch.distributed.run --nproc-per-node "$n" benchmarks/bench_decode.py --shape 8b \
           --batches 1 8 32 64 128 --contexts 512 4096 --kernel-table \
           --out "$OUT/decode_8b_tp$n.json" >> "$OUT/decode_8b_tp.log" 2>&1
         tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
