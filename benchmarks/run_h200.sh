@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
-#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, tp, tp-decode)
+#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, gemv, tp, tp-decode)
 # tests: the whole suite on the GPU (about 8 min: run it alone in one call); bench-small: prepare_inputs,
 # attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
@@ -50,6 +50,9 @@ case "$stage" in
         tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
       done
     fi
+    ;;
+  gemv)
+    timeout 200 python3 benchmarks/bench_gemv.py --out "$OUT/gemv.json" 2>&1 | tee "$OUT/gemv.log" | tail -14
     ;;
   prepare)
     timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log"
