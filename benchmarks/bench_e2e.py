@@ -7,7 +7,9 @@ Both run on the same GPU in the same process, HF first (then freed): HF
 batches of ``--hf-batch``; tprun through the in-process engine (TP=1, CUDA
 graphs, async scheduling) on all requests at once, and again with only
 ``--hf-batch`` requests so the two can be compared at the same batch size.
-Weights are random bf16 of the real shape. Prints a JSON summary last.
+HF also runs one request alone (its batch-1 step time, for comparison with
+other measurements of HF on this GPU). Weights are random bf16 of the real
+shape. Prints a JSON summary last.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ def main() -> None:
     model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
     hf = run_hf(args.shape, prompts[: args.hf_requests], args.output_len, args.hf_batch)
     print(json.dumps({"hf": hf}), flush=True)
+    hf_batch1 = run_hf(args.shape, prompts[:1], args.output_len, 1)
+    print(json.dumps({"hf_batch1": hf_batch1}), flush=True)
     ours_batch = run_tprun(model_dir, prompts[: args.hf_batch], args.output_len,
                            args.hf_batch, async_scheduling=True)
     print(json.dumps({"tprun_same_batch": ours_batch}), flush=True)
@@ -136,6 +140,7 @@ def main() -> None:
     summary = {
         "benchmark": "e2e", "shape": args.shape, "device": torch.cuda.get_device_name(),
         "input_len": args.input_len, "output_len": args.output_len, "hf": hf,
+        "hf_batch1": hf_batch1,
         "tprun_same_batch": ours_batch, "tprun_all": ours_all,
         "throughput_ratio_same_batch": round(
             ours_batch["output_tokens_per_s"] / hf["output_tokens_per_s"], 2),
