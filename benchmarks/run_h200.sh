@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the H200 device machine: install the carried wheels, then run one stage.
-#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, gemv, tp, tp-decode)
-# tests: the whole suite on the GPU (about 8 min: run it alone in one call); bench-small: prepare_inputs,
+#   bash benchmarks/run_h200.sh STAGE...   (STAGE: tests, tests-1, tests-2, gpu-tests, prepare, bench-small, bench-1b, bench-8b, e2e, ipc, gemv, tp, tp-decode)
+# tests: the whole suite on the GPU (about 8 min: run it alone in one call, or as tests-1 and
+# tests-2, about 4 min each); bench-small: prepare_inputs,
 # attention, 1B decode (about 4 min); bench-8b: 8B decode, end to end (about 3 min).
 # Logs and JSON summaries go to $OUT (the device tool brings them back).
 set -u
@@ -16,6 +17,12 @@ for stage in "${@:-tests}"; do
 case "$stage" in
   tests)
     timeout 570 python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 | tee "$OUT/pytest_gpu.log"
+    ;;
+  tests-1|tests-2)
+    # The whole suite in two halves (by file name), each well inside one call.
+    if [ "$stage" = tests-1 ]; then files=$(ls tests/test_[a-l]*.py); else files=$(ls tests/test_[m-z]*.py); fi
+    timeout 400 python3 -m pytest -q -p no:cacheprovider --durations=10 $files 2>&1 \
+      | tee "$OUT/pytest_gpu_$stage.log" | tail -25
     ;;
   gpu-tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_layer_kernels.py \
