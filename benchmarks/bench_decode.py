@@ -115,17 +115,25 @@ class DecodeDriver:
         self.runner.execute_model(plan)
         self.runner.sample_tokens().get_output()
 
-    def run(self, steps: int, overlap: bool) -> float:
+    def run(self, steps: int, overlap: bool, marks: list | None = None) -> float:
         """Run ``steps`` decode steps; returns wall seconds per step.
 
         overlap=False: wait for each step's output before the next (no async
-        scheduling). overlap=True: keep one step in flight.
+        scheduling). overlap=True: keep one step in flight. ``marks`` gets a
+        (start, end) pair of CUDA events per step, recorded around its device
+        work (input copy ... sampling).
         """
         in_flight = None
         start = time.perf_counter()
         for _ in range(steps):
+            if marks is not None:
+                marks.append((torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True)))
+                marks[-1][0].record()
             self.runner.execute_model(self.step_plan())
             output = self.runner.sample_tokens()
+            if marks is not None:
+                marks[-1][1].record()
             if not overlap:
                 output.get_output()
             elif in_flight is not None:
@@ -142,22 +150,8 @@ def idle_between_steps(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
     one after its last (sampling). The stream passes step N+1's start marker
     right after step N's end marker when the host queued it in time; the gap
     between them is the time the device waited for the host."""
-    runner, marks = driver.runner, []
-    in_flight = None
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner.execute_model(driver.step_plan())
-        output = runner.sample_tokens()
-        end.record()
-        marks.append((start, end))
-        if not overlap:
-            output.get_output()
-        elif in_flight is not None:
-            in_flight.get_output()
-        in_flight = output
-    if in_flight is not None:
-        in_flight.get_output()
+    marks: list = []
+    driver.run(steps, overlap, marks)
     torch.cuda.synchronize()
     gaps = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(steps - 1)]
     span = marks[0][0].elapsed_time(marks[-1][0])
