@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from tests.hf_models import save_with_greedy_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,28 +26,17 @@ def hf_llama_dir(tmp_path_factory):
         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=255,
     )
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # spread the logits so greedy is never a near-tie
-        model.lm_head.weight.mul_(20.0)
+    model = transformers.LlamaForCausalLM(config)
     path = tmp_path_factory.mktemp("llama")
-    model.save_pretrained(path)
-    expected, logprobs = [], []
+    expected = save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
+    logprobs = []
     with torch.no_grad():
-        for prompt in PROMPTS:
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-            expected.append(out[0, len(prompt):].tolist())
+        for prompt, tokens in zip(PROMPTS, expected):
             # Log-softmax at every position that predicts a generated token.
-            logits = model(out[:, :-1]).logits[0, len(prompt) - 1:]
+            sequence = torch.tensor([prompt + tokens[:-1]])
+            logits = model(sequence).logits[0, len(prompt) - 1:]
             logprobs.append(torch.log_softmax(logits.double(), dim=-1))
-    _write_byte_tokenizer(path)
     return str(path), expected, logprobs
-
-
-def _write_byte_tokenizer(path) -> None:
-    from engine.tiny_model import build_tokenizer
-
-    build_tokenizer().save(str(path / "tokenizer.json"))
 
 
 @pytest.mark.timeout(180)
@@ -93,17 +83,9 @@ def hf_mistral_window_dir(tmp_path_factory):
         rms_norm_eps=1e-6, sliding_window=8, bos_token_id=0, eos_token_id=255,
     )
     torch.manual_seed(1)
-    model = transformers.MistralForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
+    model = transformers.MistralForCausalLM(config)
     path = tmp_path_factory.mktemp("mistral")
-    model.save_pretrained(path)
-    with torch.no_grad():
-        expected = [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                   eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
-                    for p in PROMPTS]
-    _write_byte_tokenizer(path)
-    return str(path), expected
+    return str(path), save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
 
 
 @pytest.mark.timeout(180)

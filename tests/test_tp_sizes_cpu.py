@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from tests.hf_models import save_with_greedy_reference
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,21 +21,9 @@ def model_and_expected(tmp_path_factory):
         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
         tie_word_embeddings=False, bos_token_id=0, eos_token_id=127)
     torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
+    model = transformers.LlamaForCausalLM(config)
     path = tmp_path_factory.mktemp("llama8h")
-    model.save_pretrained(path)
-    from engine.tiny_model import build_tokenizer
-
-    build_tokenizer().save(str(path / "tokenizer.json"))
-    expected = []
-    with torch.no_grad():
-        for p in PROMPTS:
-            out = model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-            expected.append(out[0, len(p):].tolist())
-    return str(path), expected
+    return str(path), save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
 
 
 @pytest.mark.timeout(240)
