@@ -27,6 +27,7 @@ from engine.tiny_model import ensure_tiny_model
 from tests.test_scheduler import (
     PROMPTS,
     FakeRunner,
+    admit,
     config,
     drive,
     expected,
@@ -243,15 +244,7 @@ def test_random_workloads_async_equals_sync(
 
     def make():
         reqs = make_requests(prompts, params, eos=7, priorities=[i % 3 for i in range(len(prompts))])
-        scratch = Scheduler(cfg)  # keeps the requests this config can run at all
-        accepted = []
-        for r in reqs:
-            try:
-                scratch.add_request(r)
-                accepted.append(r)
-            except ValueError as e:
-                assert "KV blocks" in str(e)
-        return accepted
+        return admit(Scheduler(cfg), reqs)  # the requests this config can run at all
 
     (sync, _, _), (asy, _, _) = run_both(cfg, make)
     assert asy == sync == expected(make(), cfg)

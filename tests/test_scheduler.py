@@ -174,6 +174,19 @@ def make_requests(prompts, params, eos=None, priorities=None):
     ]
 
 
+def admit(sched: Scheduler, requests: list[Request]) -> list[Request]:
+    """Add each request; those the config can never run (too few KV blocks
+    in all) are rejected with a ValueError and left out of the result."""
+    accepted = []
+    for r in requests:
+        try:
+            sched.add_request(r)
+            accepted.append(r)
+        except ValueError as e:
+            assert "KV blocks" in str(e)
+    return accepted
+
+
 def run(cfg, requests, next_token=hash_token):
     sched = Scheduler(cfg)
     for r in requests:
@@ -464,12 +477,6 @@ def test_random_workloads_match_reference(
     params = SamplingParams(max_tokens=max_tokens)
     reqs = make_requests(prompts, params, eos=7, priorities=[i % 3 for i in range(len(prompts))])
     sched = Scheduler(cfg)
-    accepted = []
-    for r in reqs:
-        try:
-            sched.add_request(r)
-            accepted.append(r)
-        except ValueError as e:
-            assert "KV blocks" in str(e)
+    accepted = admit(sched, reqs)
     results, _ = drive(sched, FakeRunner(cfg))
     assert results == expected(accepted, cfg)
