@@ -1,6 +1,31 @@
 """Driving a ModelRunner directly with hand-made plans (runner tests)."""
 
+import torch
+
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+
+
+def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
+                emulate_graphs: bool = False, **config):
+    """A ModelRunner of ``model_dir`` on ``device`` with a KV cache of
+    ``num_blocks`` blocks; RunnerConfig fields in ``config`` override the
+    defaults (block size 16, 8 sequences, 256 batched tokens, length 512).
+    ``emulate_graphs`` replays the padded decode path eagerly (sizes 1-8),
+    so CPU tests reach what CUDA graphs run."""
+    from runner.config import RunnerConfig
+    from runner.cuda_graphs import CudaGraphManager
+    from runner.distributed import TensorParallelGroup
+    from runner.model_runner import ModelRunner
+
+    settings = dict(block_size=16, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
+    settings.update(config)
+    runner = ModelRunner(RunnerConfig(model=model_dir, device=device, **settings),
+                         torch.device("cuda", 0) if device == "cuda" else torch.device(device),
+                         TensorParallelGroup.from_default_group())
+    if emulate_graphs:
+        runner.graphs = CudaGraphManager([1, 2, 4, 8], emulate=True)
+    runner.init_kv_cache(num_blocks)
+    return runner
 
 
 def run_prefill_then_decode(runner, prompts, steps):

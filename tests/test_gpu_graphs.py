@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.runner_steps import make_runner
 from tests.runner_steps import run_prefill_then_decode as _run
 
 pytestmark = [
@@ -12,16 +13,7 @@ pytestmark = [
 
 
 def _runner(model_dir, enforce_eager):
-    from runner.config import RunnerConfig
-    from runner.distributed import TensorParallelGroup
-    from runner.model_runner import ModelRunner
-
-    config = RunnerConfig(model=model_dir, device="cuda", block_size=16, max_num_seqs=8,
-                          max_num_batched_tokens=256, max_model_len=512,
-                          enforce_eager=enforce_eager)
-    runner = ModelRunner(config, torch.device("cuda", 0), TensorParallelGroup.from_default_group())
-    runner.init_kv_cache(128)
-    return runner
+    return make_runner(model_dir, "cuda", enforce_eager=enforce_eager)
 
 
 @pytest.mark.timeout(300)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from tests.runner_steps import make_runner
 
 pytestmark = [
     pytest.mark.gpu,
@@ -12,15 +13,7 @@ pytestmark = [
 
 
 def _runner(model_dir):
-    from runner.config import RunnerConfig
-    from runner.distributed import TensorParallelGroup
-    from runner.model_runner import ModelRunner
-
-    config = RunnerConfig(model=model_dir, device="cuda", block_size=16, max_num_seqs=8,
-                          max_num_batched_tokens=256, max_model_len=512, enforce_eager=True)
-    runner = ModelRunner(config, torch.device("cuda", 0), TensorParallelGroup.from_default_group())
-    runner.init_kv_cache(128)
-    return runner
+    return make_runner(model_dir, "cuda", enforce_eager=True)
 
 
 def _new(req_id, prompt, blocks, temperature):

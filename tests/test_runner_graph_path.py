@@ -6,22 +6,12 @@ import pytest
 import torch
 
 from engine.tiny_model import ensure_tiny_model
-from runner.cuda_graphs import CudaGraphManager
+from tests.runner_steps import make_runner
 from tests.runner_steps import run_prefill_then_decode as _run
 
 
 def _runner(model_dir, graphs: bool):
-    from runner.config import RunnerConfig
-    from runner.distributed import TensorParallelGroup
-    from runner.model_runner import ModelRunner
-
-    config = RunnerConfig(model=model_dir, block_size=16, max_num_seqs=8,
-                          max_num_batched_tokens=256, max_model_len=512)
-    runner = ModelRunner(config, torch.device("cpu"), TensorParallelGroup.from_default_group())
-    if graphs:
-        runner.graphs = CudaGraphManager([1, 2, 4, 8], emulate=True)
-    runner.init_kv_cache(128)
-    return runner
+    return make_runner(model_dir, emulate_graphs=graphs)
 
 
 @pytest.mark.timeout(120)

@@ -1,13 +1,10 @@
 """Slot reuse: a new request in a freed slot sees none of the old request's state."""
 
 import pytest
-import torch
 
 from engine.tiny_model import ensure_tiny_model
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
-from runner.config import RunnerConfig
-from runner.distributed import TensorParallelGroup
-from runner.model_runner import ModelRunner
+from tests.runner_steps import make_runner
 
 BLOCK = 4
 
@@ -17,12 +14,9 @@ def tiny_dir(tmp_path_factory):
     return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))
 
 
-def _runner(model_dir: str) -> ModelRunner:
-    config = RunnerConfig(model=model_dir, block_size=BLOCK, max_num_seqs=4,
-                          max_num_batched_tokens=64, max_model_len=64)
-    runner = ModelRunner(config, torch.device("cpu"), TensorParallelGroup.from_default_group())
-    runner.init_kv_cache(64)
-    return runner
+def _runner(model_dir: str):
+    return make_runner(model_dir, num_blocks=64, block_size=BLOCK, max_num_seqs=4,
+                       max_num_batched_tokens=64, max_model_len=64)
 
 
 def _new(req_id, prompt, blocks):
