@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from benchmarks.bench_gemv import skinny_matmul
+from tests.kernel_device import KERNEL_DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = KERNEL_DEVICE
 # The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from runner.kernels import block_tables, pos_seq_lens, prefill_inputs, sampled_tokens
+from tests.kernel_device import KERNEL_DEVICE
 
 POISON = -777
 # Triton kernels run compiled on CUDA tensors where there is a GPU, else interpreted on CPU.
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_DEVICE = KERNEL_DEVICE
 
 IMPLS = {
     "ref": dict(

@@ -9,9 +9,10 @@ from runner.kernels import block_tables as bt
 from runner.kernels import pos_seq_lens as ps
 from runner.kernels import prefill_inputs as pf
 from runner.kernels import sampled_tokens as st
+from tests.kernel_device import KERNEL_DEVICE
 
 PAD = 8  # the padding slot: lengths 0, block-table row 0
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_DEVICE = KERNEL_DEVICE
 
 
 def _state():

@@ -13,8 +13,9 @@ from runner.layers.triton_rms_norm import rms_norm_triton
 from runner.layers.triton_rotary import rotary_triton, rotary_write_kv_triton
 from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.model_config import Llama3RopeScaling
+from tests.kernel_device import KERNEL_DEVICE
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DEVICE = KERNEL_DEVICE
 DTYPES = [torch.float32, torch.bfloat16]
 
 

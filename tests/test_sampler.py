@@ -28,9 +28,10 @@ from runner.sampling.noise import (
     token_keys,
     uniform_noise,
 )
+from tests.kernel_device import KERNEL_DEVICE
 
 CPU = torch.device("cpu")
-TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TRITON_DEVICE = KERNEL_DEVICE
 MAX_LEN = 64
 
 

@@ -22,9 +22,10 @@ from runner.attention.triton_attn import (
     tile_config,
 )
 from runner.attention.triton_kv_write import write_kv_cache
+from tests.kernel_device import KERNEL_DEVICE
 
 CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
+DEVICE = KERNEL_DEVICE
 
 
 @dataclass
