@@ -139,11 +139,11 @@ class TritonAttentionBackend:
             return out
         num_kv_heads = kv_cache.shape[3]
         config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
-        config["sliding_window"] = sliding_window
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
-        args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc)
+        args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc,
+                attn.num_reqs, scale, out)
         if num_splits == 1:
-            launch_paged_attention(*args, attn.num_reqs, scale, out, None, **config)
+            launch_paged_attention(*args, None, sliding_window=sliding_window, **config)
             return out
         part_shape = (num_tokens, num_q_heads, num_splits)
         f32 = {"dtype": torch.float32, "device": q.device}
@@ -152,7 +152,7 @@ class TritonAttentionBackend:
             torch.empty(part_shape, **f32),
             torch.empty(part_shape, **f32),
         )
-        launch_paged_attention(*args, attn.num_reqs, scale, out, partials, **config)
+        launch_paged_attention(*args, partials, sliding_window=sliding_window, **config)
         merge_splits(out, *partials)
         return out
 
