@@ -14,23 +14,25 @@ import torch
 from runner.host_copy import HostToDeviceCopier
 
 
+def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
+                decode_query_len: int) -> np.ndarray:
+    """Row indices in batch order: rows with drafts, then decodes (exactly
+    ``decode_query_len`` tokens), then the rest by token count; ties keep
+    their order (a stable sort). Attention backends rely on decode-like rows
+    leading the batch."""
+    return np.lexsort((num_tokens, num_tokens != decode_query_len, ~has_drafts))
+
+
 def sort_batch_req_ids(
     num_tokens_per_req: dict[str, int],
     draft_tokens: dict[str, list[int]],
     decode_query_len: int,
 ) -> list[str]:
-    """Batch order: requests with drafts, then decodes, then the rest by size.
-
-    Key ``(no drafts, token count != decode_query_len, token count)``;
-    ``sorted`` is stable, so equal keys keep the dict's order. Attention
-    backends rely on decode-like rows leading the batch.
-    """
-
-    def key(req_id: str):
-        num = num_tokens_per_req[req_id]
-        return (not draft_tokens.get(req_id), num != decode_query_len, num)
-
-    return sorted(num_tokens_per_req, key=key)
+    """The request ids of ``num_tokens_per_req`` in ``batch_order``."""
+    req_ids = list(num_tokens_per_req)
+    counts = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=len(req_ids))
+    drafts = np.array([bool(draft_tokens.get(r)) for r in req_ids], dtype=bool)
+    return [req_ids[i] for i in batch_order(counts, drafts, decode_query_len)]
 
 
 class InputBuffers:
@@ -104,15 +106,12 @@ def plan_batch(
     num_reqs_padded: int | None = None,
     num_tokens_padded: int | None = None,
 ) -> BatchPlan:
-    """Sort the scheduled requests and compute every host-side count.
-
-    The order is ``sort_batch_req_ids``'s (no drafts here), computed with one
-    stable numpy sort: decodes first, then the rest by token count.
-    """
+    """Sort the scheduled requests (``batch_order``; no drafts here) and
+    compute every host-side count."""
     plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
     counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
-    plan_order = np.argsort(np.where(counts == 1, -1, counts), kind="stable")
+    plan_order = batch_order(counts, np.zeros(num_reqs, dtype=bool), decode_query_len=1)
     req_ids = [plan_req_ids[i] for i in plan_order]
     idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)
     num_scheduled_np = counts[plan_order]
