@@ -75,7 +75,6 @@ def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_ca
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
