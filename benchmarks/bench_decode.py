@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.shapes import write_shape  # noqa: E402
 from benchmarks.summary import emit_summary  # noqa: E402
+from executor.multiproc import NO_MULTICAST  # noqa: E402
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
 from runner.config import RunnerConfig  # noqa: E402
 from runner.distributed import TensorParallelGroup  # noqa: E402
@@ -224,8 +225,8 @@ def init_device() -> torch.device:
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-            os.environ.setdefault(name, "0" if name == "NCCL_NVLS_ENABLE" else "1")
+        for name, value in NO_MULTICAST.items():
+            os.environ.setdefault(name, value)
         dist.init_process_group("nccl", device_id=device)
     return device
 
