@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.engine_timing import timed_generation  # noqa: E402
 from benchmarks.shapes import hf_config, write_shape  # noqa: E402
 from benchmarks.summary import emit_summary  # noqa: E402
 
@@ -72,45 +73,18 @@ def run_hf(shape: str, prompts: list[list[int]], output_len: int, batch: int) ->
 
 def run_tprun(model_dir: str, prompts: list[list[int]], output_len: int, max_num_seqs: int,
               async_scheduling: bool) -> dict:
-    from engine import LLM, SamplingParams
+    from engine import LLM
 
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     llm = LLM(model=model_dir, load_format="dummy", device="cuda", dtype="bfloat16",
               max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
               max_model_len=len(prompts[0]) + output_len + 16, async_scheduling=async_scheduling,
               enable_prefix_caching=False)
     try:
-        engine = llm.engine
-        # Warm-up with a full batch of full-length prompts, so that every
-        # kernel variant the timed run needs (prefill tiles, attention splits)
-        # is compiled before the clock starts.
-        for p in prompts[:max_num_seqs]:
-            engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.0, max_tokens=4))
-        while engine.has_unfinished_requests():
-            engine.step()
-        arrival, times = {}, {}
-        start = time.perf_counter()
-        for p in prompts:
-            req = engine.add_request({"prompt_token_ids": p}, params)
-            arrival[req.req_id] = start
-            times[req.req_id] = []
-        while engine.has_unfinished_requests():
-            for delta in engine.step():
-                now = time.perf_counter()
-                times[delta.req_id].extend([now] * len(delta.new_token_ids))
-        elapsed = time.perf_counter() - start
+        timing = timed_generation(llm.engine, prompts, output_len, warmup_count=max_num_seqs)
     finally:
         llm.shutdown()
-    ttft = [t[0] - arrival[r] for r, t in times.items() if t]
-    itl = [b - a for t in times.values() for a, b in zip(t, t[1:]) if b > a]
-    total = sum(len(t) for t in times.values())
-    pct = lambda xs, q: round(statistics.quantiles(xs, n=100)[q - 1] * 1e3, 3)  # noqa: E731
     return {"requests": len(prompts), "max_num_seqs": max_num_seqs,
-            "async_scheduling": async_scheduling, "output_tokens": total,
-            "elapsed_s": round(elapsed, 3), "output_tokens_per_s": round(total / elapsed, 1),
-            "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
-            "itl_ms_mean": round(statistics.mean(itl) * 1e3, 3), "itl_ms_p50": pct(itl, 50),
-            "itl_ms_p99": pct(itl, 99)}
+            "async_scheduling": async_scheduling, **timing}
 
 
 def main() -> None:

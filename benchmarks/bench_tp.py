@@ -29,13 +29,13 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.engine_timing import timed_generation  # noqa: E402
 from benchmarks.shapes import write_shape  # noqa: E402
 from benchmarks.summary import emit_summary  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
@@ -81,25 +81,7 @@ def compare(reference, other) -> dict:
 def decode_speed(llm: LLM, vocab: int, batch: int, input_len: int, output_len: int) -> dict:
     rng = random.Random(3)
     prompts = [[rng.randrange(3, vocab) for _ in range(input_len)] for _ in range(batch)]
-    engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    for p in prompts:  # warm-up: the same shapes as the timed run
-        engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.0, max_tokens=4))
-    while engine.has_unfinished_requests():
-        engine.step()
-    times: dict[str, list[float]] = {}
-    start = time.perf_counter()
-    for p in prompts:
-        times[engine.add_request({"prompt_token_ids": p}, params).req_id] = []
-    while engine.has_unfinished_requests():
-        for delta in engine.step():
-            times[delta.req_id].extend([time.perf_counter()] * len(delta.new_token_ids))
-    elapsed = time.perf_counter() - start
-    itl = [b - a for t in times.values() for a, b in zip(t, t[1:]) if b > a]
-    total = sum(len(t) for t in times.values())
-    return {"batch": batch, "output_tokens": total, "elapsed_s": round(elapsed, 3),
-            "output_tokens_per_s": round(total / elapsed, 1),
-            "itl_ms_median": round(statistics.median(itl) * 1e3, 3) if itl else None}
+    return {"batch": batch, **timed_generation(llm.engine, prompts, output_len, batch)}
 
 
 def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling: bool) -> LLM:
