@@ -536,11 +536,12 @@ def test_cuda_sampler_never_syncs_and_matches_cpu():
         torch.cuda.set_sync_debug_mode("error")
         try:
             out = gpu(*args)
-            pending = AsyncOutput(step, list("abcdef"), np.array(mask), out, stream)
+            pending = AsyncOutput(step, np.arange(6), np.array(mask), out, stream)
         finally:
             torch.cuda.set_sync_debug_mode(0)
         reply = pending.get_output()
         assert torch.equal(out.sampled_token_ids.cpu(), want.sampled_token_ids)
+        assert reply.sampled_token_ids == want.sampled_token_ids[torch.tensor(mask)].tolist()
         assert reply.logprobs is not None
         np.testing.assert_allclose(reply.logprobs.sampled_logprobs,
                                    want.logprobs.sampled_logprobs[torch.tensor(mask)], atol=1e-4)
