@@ -1,15 +1,17 @@
-"""Skinny GEMMs (decode projections) : cuBLAS against a Triton GEMV candidate.
+"""Skinny GEMMs (decode projections): cuBLAS against runner's Triton skinny matmul.
 
-    python benchmarks/bench_gemv.py [--rows 1 4 8]
+    python benchmarks/bench_gemv.py [--rows 1 4 8] [--shapes 8b 1b]
 
-At batch 1 the 8B shape's qkv and o_proj GEMMs read their weights at
-3.1-3.2 TB/s through cuBLAS (plus a split-K reduce launch), against the
-4.3 TB/s a device copy moves (benchmarks/results/decode_8b.json, kernel
-table). This measures, per projection of the Llama-3.1-8B shape and per row
-count M, the time of ``x @ w.T`` by cuBLAS and by ``skinny_matmul`` below
-over a few tile configurations, as bandwidth (weight bytes / time). Not used
-by the runner: it decides whether a Triton GEMV is worth wiring into the
-linear layers for small batches. Prints a JSON summary last.
+At batch 1-8 each projection reads its weight once; the question is how close
+to the copy bandwidth each implementation gets. Per projection of the
+Llama-3.1-8B and Llama-3.2-1B shapes (TP=1) and per row count M, this times
+``x @ w.T`` through cuBLAS and through ``runner.layers.triton_skinny_matmul``
+(the config the runner picks, and the best of a small sweep), as weight bytes
+over time. ``down+silu`` is the MLP's tail: cuBLAS time includes the separate
+SiLU-and-multiply launch, the Triton kernel fuses it. The runner uses the
+skinny kernel for o_proj and down (rows <= 8); this shows whether it should.
+Each timing is a CUDA graph of 200 calls cycling through enough weight copies
+that none is read from L2. Prints a JSON summary last.
 """
 
 from __future__ import annotations
@@ -22,55 +24,28 @@ import sys
 import time
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.summary import emit_summary  # noqa: E402
+from runner.layers.triton_silu_mul import silu_mul_triton  # noqa: E402
+from runner.layers.triton_skinny_matmul import choose_block_n, skinny_matmul  # noqa: E402
 
-# (name, out features N, in features K) of the Llama-3.1-8B projections at TP=1.
-PROJECTIONS = [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096),
-               ("down", 4096, 14336)]
-CONFIGS = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w)
-           for n, k, w in itertools.product((8, 16, 32), (256, 512), (4, 8))]
-
-
-@triton.jit
-def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
-                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N output columns, all M rows."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.arange(0, M_PAD)
-    acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
-                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
-                    mask=(cols[:, None] < N) & (ks[None, :] < K), other=0.0)
-        acc += tl.dot(x, tl.trans(w))
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
-
-
-def skinny_matmul(x: torch.Tensor, w: torch.Tensor, BLOCK_N: int = 16, BLOCK_K: int = 256,
-                  num_warps: int = 4) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T for small M (rows padded to 16 for the tensor cores)."""
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    _skinny_matmul_kernel[(triton.cdiv(n, BLOCK_N),)](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        M_PAD=max(16, triton.next_power_of_2(m)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=num_warps)
-    return out
+# (name, out features N, in features K) of the projections at TP=1.
+PROJECTIONS = {
+    "8b": [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096),
+           ("down+silu", 4096, 14336)],
+    "1b": [("qkv", 3072, 2048), ("o_proj", 2048, 2048), ("gate_up", 16384, 2048),
+           ("down+silu", 2048, 8192)],
+}
+SWEEP = [dict(block_n=n, block_k=k, num_warps=w)
+         for n, k, w in itertools.product((8, 16, 32), (256, 512), (4, 8))]
 
 
 def time_ms(fn, weights: list[torch.Tensor], iters: int = 200) -> float:
     """Mean time of ``fn(w)`` over a CUDA graph of ``iters`` calls (no launch
     gaps from the host), cycling through ``weights`` so that no call finds its
-    matrix in the L2 cache (50 MB: the 8B's o_proj would fit)."""
+    matrix in the L2 cache."""
     fn(weights[0])
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -85,33 +60,48 @@ def time_ms(fn, weights: list[torch.Tensor], iters: int = 200) -> float:
     return (time.perf_counter() - start) * 1e3 / iters
 
 
+def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
+    silu = name.endswith("+silu")
+    copies = max(2, -(-(512 << 20) // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    x = torch.randn(m, 2 * k if silu else k, device="cuda", dtype=torch.bfloat16)
+    if silu:
+        def cublas(w):
+            return silu_mul_triton(x) @ w.T
+    else:
+        def cublas(w):
+            return x @ w.T
+    want = cublas(weights[0]).float()
+    timings = {}
+    for config in [{}] + SWEEP:
+        got = skinny_matmul(x, weights[0], silu_mul=silu, **config)
+        if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1):
+            raise RuntimeError(f"skinny_matmul {config} disagrees with cuBLAS on {name}")
+        timings[json.dumps(config)] = time_ms(
+            lambda w: skinny_matmul(x, w, silu_mul=silu, **config), weights)  # noqa: B023
+    best_config = min(timings, key=timings.get)
+    cublas_ms, chosen_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best_config]
+    weight_bytes = n * k * 2
+    return {"shape": shape, "projection": name, "rows": m, "weight_MB": round(weight_bytes / 1e6, 1),
+            "cublas_us": round(cublas_ms * 1e3, 2), "triton_us": round(chosen_ms * 1e3, 2),
+            "triton_best_us": round(best_ms * 1e3, 2),
+            "cublas_TBps": round(weight_bytes / cublas_ms / 1e9, 2),
+            "triton_TBps": round(weight_bytes / chosen_ms / 1e9, 2),
+            "chosen_block_n": choose_block_n(n, x.device), "best": json.loads(best_config)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     results = []
-    for (name, n, k), m in itertools.product(PROJECTIONS, args.rows):
-        copies = max(2, -(-(512 << 20) // (n * k * 2)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-        w = weights[0]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        want = x @ w.T
-        cublas = time_ms(lambda w: x @ w.T, weights)  # noqa: B023
-        best = None
-        for config in CONFIGS:
-            got = skinny_matmul(x, w, **config)
-            if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-1):
-                raise RuntimeError(f"skinny_matmul {config} disagrees with cuBLAS on {name}")
-            ms = time_ms(lambda w: skinny_matmul(x, w, **config), weights)  # noqa: B023
-            if best is None or ms < best[0]:
-                best = (ms, config)
-        row = {"projection": name, "rows": m, "weight_MB": round(w.numel() * 2 / 1e6, 1),
-               "cublas_us": round(cublas * 1e3, 2), "triton_us": round(best[0] * 1e3, 2),
-               "cublas_TBps": round(w.numel() * 2 / cublas / 1e9, 2),
-               "triton_TBps": round(w.numel() * 2 / best[0] / 1e9, 2), "best": best[1]}
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    for shape in args.shapes:
+        for (name, n, k), m in itertools.product(PROJECTIONS[shape], args.rows):
+            row = measure(shape, name, n, k, m)
+            results.append(row)
+            print(json.dumps(row), flush=True)
     emit_summary({"benchmark": "gemv", "device": torch.cuda.get_device_name(),
                   "date": time.strftime("%Y-%m-%d"), "results": results}, args.out)
 

@@ -40,7 +40,8 @@ run_stage() {
         -k "cuda or Triton or triton or rms or rotary or silu"
       pytest_files pytest_gpu_kernels.log tests/test_gpu_graphs.py tests/test_gpu_no_sync.py \
         tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
-        tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py
+        tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py \
+        tests/test_skinny_matmul.py
       ;;
     prepare)
       timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log" ;;
@@ -64,7 +65,7 @@ run_stage() {
       timeout 240 python3 benchmarks/bench_ipc.py --out "$OUT/ipc.json" 2>&1 \
         | tee "$OUT/ipc.log" | tail -30 ;;
     gemv)
-      timeout 200 python3 benchmarks/bench_gemv.py --out "$OUT/gemv.json" 2>&1 \
+      timeout 280 python3 benchmarks/bench_gemv.py --rows 1 8 --out "$OUT/gemv.json" 2>&1 \
         | tee "$OUT/gemv.log" | tail -14 ;;
     tp)  # agreement with TP=1 and speed, async scheduling on and off
       timeout 560 python3 benchmarks/bench_tp.py --shape 8b --tp $(tp_sizes) --output-len 64 \
