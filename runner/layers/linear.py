@@ -15,8 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.distributed import TensorParallelGroup
-from runner.layers.triton_silu_mul import silu_mul_triton
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
 from runner.layers.weight_slice import WeightSlice
 
 
@@ -138,24 +136,5 @@ class RowParallelLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        local = skinny_matmul(x, self.weight) if uses_skinny_matmul(x) else F.linear(x, self.weight)
-        return self._reduce(local)
-
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """forward(silu(gate) * up) of a fused [T, 2 * in_local] gate|up
-        projection; for decode batches on CUDA one launch does both."""
-        if uses_skinny_matmul(gate_up):
-            return self._reduce(skinny_matmul(gate_up, self.weight, silu_mul=True))
-        return self.forward(silu_and_mul(gate_up))
-
-    def _reduce(self, local: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(local)
+        y = self.tp.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a fused [T, 2I] projection (one Triton launch on CUDA)."""
-    if gate_up.is_cuda:
-        return silu_mul_triton(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up

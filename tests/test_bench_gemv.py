@@ -1,12 +1,12 @@
-"""runner/layers/triton_skinny_matmul.py against torch: the plain product and
-the fused SiLU-and-multiply input (the interpreter on CPU, compiled with CUDA),
-and the row-parallel layer that dispatches to it."""
+"""The Triton skinny matmul of benchmarks/bench_gemv.py against torch: the plain
+product and the fused SiLU-and-multiply input (the interpreter on CPU, compiled
+with CUDA), so the benchmark times a kernel that computes the right thing."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
+from benchmarks.bench_gemv import skinny_matmul
 from tests.kernel_device import KERNEL_DEVICE
 
 DEVICE = KERNEL_DEVICE
@@ -52,33 +52,3 @@ def test_rejects_shapes_it_cannot_take():
     with pytest.raises(ValueError, match="gate\\|up"):
         skinny_matmul(torch.zeros(2, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE),
                       silu_mul=True)
-
-
-def test_dispatch_only_for_small_half_precision_cuda_batches():
-    assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.bfloat16))  # CPU
-    if torch.cuda.is_available():
-        cuda = torch.device("cuda")
-        assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda))
-        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda))
-        assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 8, 9])
-def test_row_parallel_layer_on_cuda_matches_cpu_layer(rows):
-    """o_proj / down as the model calls them: the skinny path (rows <= 8)
-    and cuBLAS (9 rows) agree with the CPU layer in bf16."""
-    from runner.distributed import TensorParallelGroup
-    from runner.layers import RowParallelLinear
-
-    gen = torch.Generator().manual_seed(rows)
-    layer = RowParallelLinear(256, 96, TensorParallelGroup(), False, torch.bfloat16)
-    layer.weight.data.copy_(torch.randn(96, 256, generator=gen))
-    x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
-    gate_up = torch.randn(rows, 512, generator=gen).to(torch.bfloat16)
-    want, want_mlp = layer(x).double(), layer.forward_silu_mul(gate_up).double()
-    layer.cuda()
-    got, got_mlp = layer(x.cuda()).cpu().double(), layer.forward_silu_mul(gate_up.cuda()).cpu().double()
-    torch.testing.assert_close(got, want, rtol=0.03, atol=0.15)
-    torch.testing.assert_close(got_mlp, want_mlp, rtol=0.03, atol=0.15)
