@@ -29,7 +29,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
-from runner.sampling.noise import gumbel_argmax, token_keys
+from runner.sampling.noise import greedy_argmax, gumbel_argmax, token_keys
 from runner.sampling.penalties import PenaltyState
 from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
 
@@ -95,7 +95,7 @@ class Sampler:
         flags = self.states.flags(idx_mapping_np)
         if flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS:
             # The common case needs no per-slot parameter: one argmax.
-            return SamplerOutput(logits.argmax(dim=-1), None,
+            return SamplerOutput(greedy_argmax(logits), None,
                                  self.states.num_logprobs_np[idx_mapping_np])
         params = self.states.gather(idx)
         raw = logits.to(torch.float32)
@@ -120,7 +120,7 @@ class Sampler:
         flags: BatchFlags,
     ) -> torch.Tensor:
         """Greedy argmax where temperature == 0, filtered Gumbel-max elsewhere."""
-        greedy = logits.argmax(dim=-1)
+        greedy = greedy_argmax(logits)
         if flags.all_greedy:
             return greedy
         is_greedy = params.temperature == 0.0

@@ -22,6 +22,7 @@ from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
     TOKEN_MUL,
+    greedy_argmax_triton,
     gumbel_argmax_ref,
     gumbel_argmax_triton,
     mix_int,
@@ -141,6 +142,22 @@ def test_triton_gumbel_kernel_matches_the_torch_reference():
                                    token_keys(vocab, dev)).cpu()
         assert torch.equal(got, want)
         assert bool(torch.isfinite(logits.gather(1, got[:, None])).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [37, 2048, 5000])
+def test_triton_greedy_argmax_matches_torch_first_index_on_ties(dtype, vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(6, vocab, generator=gen).to(dtype)
+    logits[1, :] = 0.0  # all tied: token 0
+    logits[2, ::2] = float("-inf")
+    top = logits[3].max()
+    logits[3, [vocab - 1, vocab // 2, 5]] = top + 1  # tie across blocks: the first
+    logits[4, :] = float("-inf")  # nothing allowed: token 0, as torch says
+    got = greedy_argmax_triton(logits.to(TRITON_DEVICE)).cpu()
+    want = logits.argmax(dim=-1)
+    assert torch.equal(got, want)
+    assert got[1] == 0 and got[3] == 5
 
 
 def test_chi2_helper_known_values():
