@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from runner.attention.metadata import AttentionMetadata
 from runner.distributed import TensorParallelGroup
 from runner.models import build_model
+from tests.kernel_device import KERNEL_DEVICE
 
 PROMPT_LENS = (37, 21)
 DECODE_STEPS = 3
@@ -170,13 +171,14 @@ def test_tp1_matches_hf(checkpoints, name, block_size):
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "mistral_window", "qwen2_window"])
 def test_triton_backend_matches_hf(checkpoints, name):
-    # The Triton attention backend (the interpreter on CPU): the model stores
-    # k and v from its rotary kernel and the backend only attends.
+    # The Triton attention backend (the interpreter on CPU, compiled with
+    # CUDA): the model stores k and v from its rotary kernel and the backend
+    # only attends.
     model_dir, reference = checkpoints[name]
-    model = build_model(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup(),
-                        "triton")
+    model = build_model(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(), "triton")
     assert model.layers[0].self_attn.fused_kv_write
-    check_close(run_scenario(model, BLOCK_SIZES[0]), reference)
+    tol = {} if KERNEL_DEVICE.type == "cpu" else {"tol": 1e-3}  # as the CUDA test below
+    check_close(run_scenario(model, BLOCK_SIZES[0], KERNEL_DEVICE), reference, **tol)
 
 
 @pytest.mark.parametrize("name", ["mistral_window", "qwen2_window"])
