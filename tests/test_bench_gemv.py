@@ -12,7 +12,7 @@ from tests.kernel_device import KERNEL_DEVICE
 DEVICE = KERNEL_DEVICE
 # The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
-SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 512)]
+SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 256)]
 
 
 def _tol(dtype):

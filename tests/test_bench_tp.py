@@ -2,23 +2,23 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.proc_utils import ROOT, run_in_session
 
 
 @pytest.mark.timeout(180)
 def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     out = tmp_path / "tp.json"
-    subprocess.run(
+    result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_tp.py"), "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--tp", "1", "2", "--batch", "2",
          "--input-len", "16", "--output-len", "8", "--agree-tokens", "12", "--out", str(out)],
-        check=True, timeout=170, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-        capture_output=True)
+        timeout=170)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert leftovers == []
     summary = json.loads(out.read_text())
     tp1, tp2 = summary["results"]
     assert tp1["first_differing_token"] == [None] * 8 and tp1["max_logprob_gap"] == 0
