@@ -24,8 +24,8 @@ def _load(directory: str, name: str) -> dict | None:
         return json.loads(f.read().strip().splitlines()[-1])
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
+def _pct(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{100 * value:.{digits}f}%"
 
 
 def decode_rows(summary: dict, label: str) -> list[str]:
@@ -47,7 +47,7 @@ def decode_rows(summary: dict, label: str) -> list[str]:
         between = first.get("between_steps_async", {}).get("idle_fraction")
         profiled = first.get("idle_async", {}).get("idle_fraction")
         lines.append(f"| {label} | {batch} | " + " | ".join(cells)
-                     + f" | {_pct(between)} / {_pct(profiled)} |")
+                     + f" | {_pct(between, 2)} / {_pct(profiled)} |")
     return lines
 
 
