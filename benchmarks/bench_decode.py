@@ -45,6 +45,7 @@ from executor.multiproc import NO_MULTICAST  # noqa: E402
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
 from runner.config import RunnerConfig  # noqa: E402
 from runner.distributed import TensorParallelGroup  # noqa: E402
+from runner.layers import triton_skinny_matmul  # noqa: E402
 from runner.model_runner import ModelRunner  # noqa: E402
 
 
@@ -252,8 +253,13 @@ def main() -> None:
                         help="also print a cProfile of the host side of 50 batch-1 steps")
     parser.add_argument("--kernel-table", action="store_true",
                         help="also print device time by kernel for batches 1 and the largest")
+    parser.add_argument("--cublas-only", action="store_true",
+                        help="row-parallel projections through cuBLAS at every batch size "
+                             "(no skinny Triton matmul), to compare")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.cublas_only:
+        triton_skinny_matmul.SKINNY_MAX_ROWS = 0
 
     device = init_device()
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -311,6 +317,7 @@ def main() -> None:
         "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
+        "skinny_max_rows": triton_skinny_matmul.SKINNY_MAX_ROWS,
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }
     if rank == 0:

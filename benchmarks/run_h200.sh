@@ -41,7 +41,7 @@ run_stage() {
       pytest_files pytest_gpu_kernels.log tests/test_gpu_graphs.py tests/test_gpu_no_sync.py \
         tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
         tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py \
-        tests/test_bench_gemv.py
+        tests/test_skinny_matmul.py
       ;;
     prepare)
       timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log" ;;

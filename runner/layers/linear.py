@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.distributed import TensorParallelGroup
+from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
 from runner.layers.weight_slice import WeightSlice
 
 
@@ -136,5 +137,8 @@ class RowParallelLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        """Decode batches on CUDA (at most 8 rows) take the one-pass skinny
+        kernel: cuBLAS splits K for these shapes and reduces in a second launch."""
+        local = skinny_matmul(x, self.weight) if uses_skinny_matmul(x) else F.linear(x, self.weight)
+        y = self.tp.all_reduce(local)
         return y if self.bias is None else y + self.bias

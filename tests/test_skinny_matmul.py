@@ -1,12 +1,12 @@
-"""The Triton skinny matmul of benchmarks/bench_gemv.py against torch: the plain
-product and the fused SiLU-and-multiply input (the interpreter on CPU, compiled
-with CUDA), so the benchmark times a kernel that computes the right thing."""
+"""runner/layers/triton_skinny_matmul.py against torch: the plain product and
+the fused SiLU-and-multiply input (the interpreter on CPU, compiled with CUDA),
+and the row-parallel layer that takes it for decode batches on CUDA."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_gemv import skinny_matmul
+from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
 from tests.kernel_device import KERNEL_DEVICE
 
 DEVICE = KERNEL_DEVICE
@@ -52,3 +52,31 @@ def test_rejects_shapes_it_cannot_take():
     with pytest.raises(ValueError, match="gate\\|up"):
         skinny_matmul(torch.zeros(2, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE),
                       silu_mul=True)
+
+
+def test_dispatch_only_for_small_half_precision_cuda_batches():
+    assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.bfloat16))  # CPU
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda))
+        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda))
+        assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_row_parallel_layer_on_cuda_matches_float64(rows):
+    """o_proj / down as the model calls them, in bf16: the skinny path (rows
+    <= 8) and cuBLAS (9 rows) both match the float64 product."""
+    from runner.distributed import TensorParallelGroup
+    from runner.layers import RowParallelLinear
+
+    gen = torch.Generator().manual_seed(rows)
+    layer = RowParallelLinear(2048, 96, TensorParallelGroup(), False, torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(96, 2048, generator=gen) / 2048 ** 0.5)
+    x = torch.randn(rows, 2048, generator=gen).to(torch.bfloat16)
+    want = x.double() @ layer.weight.double().T
+    got = layer.cuda()(x.cuda()).cpu().double()
+    assert uses_skinny_matmul(x.cuda()) == (rows <= 8)
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)

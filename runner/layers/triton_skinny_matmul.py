@@ -1,0 +1,105 @@
+"""Triton matmul for a few rows (decode batches): out = x @ w.T in one pass over w.
+
+At batch 1-8 a projection is a matrix-vector product bound by reading the
+weight once. For the row-parallel projections (o_proj, down) cuBLAS splits K
+and launches a second kernel to reduce the splits; this kernel gives each
+program BLOCK_N output columns and the whole of K, so there is one launch and
+no partial sums in memory. Rows are padded to 16 for the tensor cores.
+
+``RowParallelLinear`` uses it on CUDA for half-precision inputs of at most
+SKINNY_MAX_ROWS rows (``uses_skinny_matmul``); set SKINNY_MAX_ROWS to 0 to
+keep cuBLAS everywhere (``bench_decode.py --cublas-only`` does, to compare).
+``silu_mul`` (the input is a fused gate|up projection and the kernel computes
+silu(gate) * up while loading it) exists for benchmarks/bench_gemv.py: on the
+H200 it made down 5x slower (the computed operand stalls the pipelined weight
+loads), so the MLP keeps its separate SiLU kernel. Rounding of that path
+matches triton_silu_mul.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+SKINNY_MAX_ROWS = 8
+SKINNY_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
+                          SILU_MUL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, n] = sum_k a[m, k] w[n, k] for BLOCK_N columns and every row, where
+    a = x, or a = silu(x[:, :K]) * x[:, K:] with SILU_MUL."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, M_PAD)
+    row_mask = rows < M
+    col_mask = cols < N
+    acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x_mask = row_mask[:, None] & (ks[None, :] < K)
+        x_off = rows[:, None] * stride_x + ks[None, :]
+        a = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        if SILU_MUL:
+            gate = a.to(tl.float32)
+            up = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
+            a = (silu * up).to(x_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
+                    mask=col_mask[:, None] & (ks[None, :] < K), other=0.0)
+        acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_block_n(n: int, device: torch.device) -> int:
+    """Widest column block (32, 16 or 8) that still gives about one program
+    per SM; narrower blocks only for small N (e.g. the 1B shape's 2048)."""
+    if device.type != "cuda":
+        return 16
+    busy = 3 * _num_sms(device.index or 0) // 4
+    for block_n in (32, 16):
+        if triton.cdiv(n, block_n) >= busy:
+            return block_n
+    return 8
+
+
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False,
+                  block_n: int | None = None, block_k: int = 512,
+                  num_warps: int = 4) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T for M <= 16 rows; with ``silu_mul`` x is [M, 2K]
+    (gate then up) and the product uses silu(gate) * up. Unit last strides."""
+    m = x.shape[0]
+    n, k = w.shape
+    if m > 16:
+        raise ValueError(f"skinny_matmul takes at most 16 rows, got {m}")
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}"
+                         f"{' (gate|up: 2K)' if silu_mul else ''}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("skinny_matmul needs unit last strides")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    block_n = block_n or choose_block_n(n, x.device)
+    _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        SILU_MUL=silu_mul, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out
+
+
+def uses_skinny_matmul(x: torch.Tensor) -> bool:
+    """Whether a row-parallel projection of ``x`` takes the skinny kernel: CUDA,
+    half precision, at most SKINNY_MAX_ROWS rows, unit last stride."""
+    return (x.is_cuda and x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
+            and x.stride(-1) == 1)
