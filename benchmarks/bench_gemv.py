@@ -7,16 +7,16 @@ to the copy bandwidth each implementation gets. Per projection of the
 Llama-3.1-8B and Llama-3.2-1B shapes (TP=1) and per row count M, this times
 ``x @ w.T`` through cuBLAS and through ``runner.layers.triton_skinny_matmul``
 (one program per BLOCK_N output columns over the whole of K: no split-K
-reduce launch), at the block width ``choose_block_n`` picks and at the best of
-a small sweep, as weight bytes over time. ``down+silu`` is the MLP's tail with
+reduce launch), at its default tile and at the best of a small sweep, as weight bytes over time. ``down+silu`` is the MLP's tail with
 SiLU fused into the kernel's input load; cuBLAS's time there includes the
 separate SiLU-and-multiply launch. Each timing is a CUDA graph of 200 calls
 cycling through enough weight copies that none is read from L2. Prints a
 JSON summary last.
 
-The runner takes the skinny kernel for o_proj and down (rows <= 8) and keeps
-cuBLAS for qkv and gate_up; the fused SiLU input is not used (5x slower on
-the H200). results/gemv.json has the figures.
+The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
+outputs are wide (``runner_uses_triton``: the 8B shape's, not the 1B's) and
+keeps cuBLAS for qkv and gate_up; the fused SiLU input is not used (5x slower
+on the H200). results/gemv.json has the figures.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.summary import emit_summary  # noqa: E402
 from runner.layers.triton_silu_mul import silu_mul_triton  # noqa: E402
-from runner.layers.triton_skinny_matmul import choose_block_n, skinny_matmul  # noqa: E402
+from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul  # noqa: E402
 
 # (name, out features N, in features K) of the projections at TP=1.
 PROJECTIONS = {
@@ -85,14 +85,15 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
         timings[json.dumps(config)] = time_ms(
             lambda w: skinny_matmul(x, w, silu_mul=silu, **config), weights)  # noqa: B023
     best_config = min(timings, key=timings.get)
-    cublas_ms, chosen_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best_config]
+    cublas_ms, default_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best_config]
     weight_bytes = n * k * 2
     return {"shape": shape, "projection": name, "rows": m, "weight_MB": round(weight_bytes / 1e6, 1),
-            "cublas_us": round(cublas_ms * 1e3, 2), "triton_us": round(chosen_ms * 1e3, 2),
+            "cublas_us": round(cublas_ms * 1e3, 2), "triton_us": round(default_ms * 1e3, 2),
             "triton_best_us": round(best_ms * 1e3, 2),
             "cublas_TBps": round(weight_bytes / cublas_ms / 1e9, 2),
-            "triton_TBps": round(weight_bytes / chosen_ms / 1e9, 2),
-            "chosen_block_n": choose_block_n(n, x.device), "best": json.loads(best_config)}
+            "triton_TBps": round(weight_bytes / default_ms / 1e9, 2),
+            "runner_uses_triton": uses_skinny_matmul(x[:, :k], weights[0]) and not silu,
+            "best": json.loads(best_config)}
 
 
 def main() -> None:

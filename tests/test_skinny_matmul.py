@@ -54,29 +54,35 @@ def test_rejects_shapes_it_cannot_take():
                       silu_mul=True)
 
 
-def test_dispatch_only_for_small_half_precision_cuda_batches():
-    assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.bfloat16))  # CPU
+def test_dispatch_only_for_small_half_precision_cuda_batches_with_wide_outputs():
+    wide = torch.zeros(4096, 8, dtype=torch.bfloat16)
+    assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.bfloat16), wide)  # CPU
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
-        assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda))
-        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda))
-        assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda))
+        wide, narrow = wide.to(cuda), torch.zeros(256, 8, dtype=torch.bfloat16, device=cuda)
+        assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert not uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), narrow)
+        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda),
+                                      wide.float())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [1, 8, 9])
 def test_row_parallel_layer_on_cuda_matches_float64(rows):
-    """o_proj / down as the model calls them, in bf16: the skinny path (rows
-    <= 8) and cuBLAS (9 rows) both match the float64 product."""
+    """o_proj / down as the model calls them, in bf16, 4096 outputs (the 8B
+    shape's): the skinny path (rows <= 8) and cuBLAS (9 rows) both match the
+    float64 product."""
     from runner.distributed import TensorParallelGroup
     from runner.layers import RowParallelLinear
 
     gen = torch.Generator().manual_seed(rows)
-    layer = RowParallelLinear(2048, 96, TensorParallelGroup(), False, torch.bfloat16)
-    layer.weight.data.copy_(torch.randn(96, 2048, generator=gen) / 2048 ** 0.5)
-    x = torch.randn(rows, 2048, generator=gen).to(torch.bfloat16)
+    layer = RowParallelLinear(1024, 4096, TensorParallelGroup(), False, torch.bfloat16)
+    layer.weight.data.copy_(torch.randn(4096, 1024, generator=gen) / 1024 ** 0.5)
+    x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)
     want = x.double() @ layer.weight.double().T
-    got = layer.cuda()(x.cuda()).cpu().double()
-    assert uses_skinny_matmul(x.cuda()) == (rows <= 8)
+    layer.cuda()
+    assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 8)
+    got = layer(x.cuda()).cpu().double()
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)

@@ -137,8 +137,10 @@ class RowParallelLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode batches on CUDA (at most 8 rows) take the one-pass skinny
-        kernel: cuBLAS splits K for these shapes and reduces in a second launch."""
-        local = skinny_matmul(x, self.weight) if uses_skinny_matmul(x) else F.linear(x, self.weight)
+        """Decode batches on CUDA (at most 8 rows, wide outputs) take the
+        one-pass skinny kernel: cuBLAS splits K for these shapes and reduces in
+        a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
+        skinny = uses_skinny_matmul(x, self.weight)
+        local = skinny_matmul(x, self.weight) if skinny else F.linear(x, self.weight)
         y = self.tp.all_reduce(local)
         return y if self.bias is None else y + self.bias
