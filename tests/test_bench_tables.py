@@ -20,6 +20,6 @@ def test_tables_from_results(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"),
                           "--results", str(tmp_path)], capture_output=True, text=True,
                          check=True, timeout=60).stdout
-    assert "| 8B | 1 | 4.93 (1.31) | 5.12 (1.33) | 0.0% / 6.0% |" in out
+    assert "| 8B | 1 | 4.93 (1.31) | 5.12 (1.33) | 0.03% / 6.0% |" in out
     assert "| 8B | 256 | 12.09 (1.56) | does not fit | - / - |" in out
     assert "<!-- decode_1b.json: not found -->" in out
