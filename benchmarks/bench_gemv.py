@@ -7,16 +7,17 @@ to the copy bandwidth each implementation gets. Per projection of the
 Llama-3.1-8B and Llama-3.2-1B shapes (TP=1) and per row count M, this times
 ``x @ w.T`` through cuBLAS and through ``runner.layers.triton_skinny_matmul``
 (one program per BLOCK_N output columns over the whole of K: no split-K
-reduce launch), at its default tile and at the best of a small sweep, as weight bytes over time. ``down+silu`` is the MLP's tail with
-SiLU fused into the kernel's input load; cuBLAS's time there includes the
-separate SiLU-and-multiply launch. Each timing is a CUDA graph of 200 calls
-cycling through enough weight copies that none is read from L2. Prints a
-JSON summary last.
+reduce launch), at its default tile and at the best of a small sweep, as
+weight bytes over time. Each timing is a CUDA graph of 200 calls cycling
+through enough weight copies that none is read from L2. Prints a JSON
+summary last.
 
 The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
 outputs are wide (``runner_uses_triton``: the 8B shape's, not the 1B's) and
-keeps cuBLAS for qkv and gate_up; the fused SiLU input is not used (5x slower
-on the H200). results/gemv.json has the figures.
+keeps cuBLAS for qkv and gate_up. results/gemv.json has the figures; its
+``down+silu`` rows come from a version of this script (commit d66ff89 and
+before) that also timed SiLU fused into the kernel's input load: 5x slower
+than cuBLAS + the SiLU kernel, so that mode was dropped.
 """
 
 from __future__ import annotations
@@ -33,15 +34,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.summary import emit_summary  # noqa: E402
-from runner.layers.triton_silu_mul import silu_mul_triton  # noqa: E402
 from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul  # noqa: E402
 
 # (name, out features N, in features K) of the projections at TP=1.
 PROJECTIONS = {
     "8b": [("qkv", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up", 28672, 4096),
-           ("down", 4096, 14336), ("down+silu", 4096, 14336)],
+           ("down", 4096, 14336)],
     "1b": [("qkv", 3072, 2048), ("o_proj", 2048, 2048), ("gate_up", 16384, 2048),
-           ("down", 2048, 8192), ("down+silu", 2048, 8192)],
+           ("down", 2048, 8192)],
 }
 SWEEP = [dict(block_n=n, block_k=k, num_warps=w)
          for n, k, w in itertools.product((8, 16, 32), (256, 512), (4, 8))]
@@ -66,24 +66,21 @@ def time_ms(fn, weights: list[torch.Tensor], iters: int = 200) -> float:
 
 
 def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
-    silu = name.endswith("+silu")
     copies = max(2, -(-(512 << 20) // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    x = torch.randn(m, 2 * k if silu else k, device="cuda", dtype=torch.bfloat16)
-    if silu:
-        def cublas(w):
-            return silu_mul_triton(x) @ w.T
-    else:
-        def cublas(w):
-            return x @ w.T
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+    def cublas(w):
+        return x @ w.T
+
     want = cublas(weights[0]).float()
     timings = {}
     for config in [{}] + SWEEP:
-        got = skinny_matmul(x, weights[0], silu_mul=silu, **config)
+        got = skinny_matmul(x, weights[0], **config)
         if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1):
             raise RuntimeError(f"skinny_matmul {config} disagrees with cuBLAS on {name}")
         timings[json.dumps(config)] = time_ms(
-            lambda w: skinny_matmul(x, w, silu_mul=silu, **config), weights)  # noqa: B023
+            lambda w: skinny_matmul(x, w, **config), weights)  # noqa: B023
     best_config = min(timings, key=timings.get)
     cublas_ms, default_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best_config]
     weight_bytes = n * k * 2
@@ -92,7 +89,7 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
             "triton_best_us": round(best_ms * 1e3, 2),
             "cublas_TBps": round(weight_bytes / cublas_ms / 1e9, 2),
             "triton_TBps": round(weight_bytes / default_ms / 1e9, 2),
-            "runner_uses_triton": uses_skinny_matmul(x[:, :k], weights[0]) and not silu,
+            "runner_uses_triton": uses_skinny_matmul(x, weights[0]),
             "best": json.loads(best_config)}
 
 

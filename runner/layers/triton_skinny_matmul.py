@@ -12,12 +12,10 @@ SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``bench_decode.py --cublas-only`` does, to compare). On the H200 (same run,
 CUDA graphs): 8B decode step at batch 1 4.60 ms against 4.74 with cuBLAS, at
 batch 8 4.77 against 4.89; the 1B shape's 2048-wide outputs stay on cuBLAS,
-which was faster there.
-``silu_mul`` (the input is a fused gate|up projection and the kernel computes
-silu(gate) * up while loading it) exists for benchmarks/bench_gemv.py: on the
-H200 it made down 5x slower (the computed operand stalls the pipelined weight
-loads), so the MLP keeps its separate SiLU kernel. Rounding of that path
-matches triton_silu_mul.py.
+which was faster there. Computing silu(gate) * up while loading the input
+(fusing the MLP's SiLU launch) was tried and made down 5x slower on the H200:
+a computed dot operand stalls the pipelined weight loads
+(benchmarks/results/gemv.json, ``down+silu``).
 """
 
 from __future__ import annotations
@@ -35,10 +33,9 @@ SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 
 @triton.jit
 def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
-                          SILU_MUL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[m, n] = sum_k a[m, k] w[n, k] for BLOCK_N columns and every row, where
-    a = x, or a = silu(x[:, :K]) * x[:, K:] with SILU_MUL."""
+                          DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N columns and every row."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
@@ -46,14 +43,8 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, st
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        x_mask = row_mask[:, None] & (ks[None, :] < K)
-        x_off = rows[:, None] * stride_x + ks[None, :]
-        a = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
-        if SILU_MUL:
-            gate = a.to(tl.float32)
-            up = tl.load(x_ptr + x_off + K, mask=x_mask, other=0.0).to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
-            a = (silu * up).to(x_ptr.dtype.element_ty)
+        a = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=row_mask[:, None] & (ks[None, :] < K), other=0.0)
         w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
                     mask=col_mask[:, None] & (ks[None, :] < K), other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
@@ -66,18 +57,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def skinny_matmul(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False,
-                  block_n: int = BLOCK_N, block_k: int = 512,
-                  num_warps: int = 4) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T for M <= 16 rows; with ``silu_mul`` x is [M, 2K]
-    (gate then up) and the product uses silu(gate) * up. Unit last strides."""
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
+                  block_k: int = 512, num_warps: int = 4) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T for M <= 16 rows. Unit last strides."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
         raise ValueError(f"skinny_matmul takes at most 16 rows, got {m}")
-    if x.shape[1] != (2 * k if silu_mul else k):
-        raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}"
-                         f"{' (gate|up: 2K)' if silu_mul else ''}")
+    if x.shape[1] != k:
+        raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
         raise ValueError("skinny_matmul needs unit last strides")
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -85,8 +73,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, silu_mul: bool = False,
         return out
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        SILU_MUL=silu_mul, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
     return out
 
 

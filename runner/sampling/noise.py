@@ -160,6 +160,7 @@ def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -
     block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
     if n > 0:
         _block_argmax_kernel[(n, num_blocks)](
+            # Without noise the keys pointer is never read; logits stands in for it.
             logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
             num_blocks, vocab_size, BLOCK=block, GUMBEL=keys is not None,
         )  # fmt: skip
