@@ -44,8 +44,12 @@ class Tokenizer:
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
         add_bos_token: bool | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.hf = hf_tokenizer
+        # A Jinja2 template (transformers' convention) that renders a list of
+        # chat messages into a prompt; None when the model ships none.
+        self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.add_bos_token = add_bos_token
@@ -75,6 +79,7 @@ class Tokenizer:
             bos_token_id=token_id("bos_token"),
             eos_token_id=token_id("eos_token"),
             add_bos_token=None if add_bos is None else bool(add_bos),
+            chat_template=config.get("chat_template"),
         )
 
     def encode(self, text: str) -> list[int]:
@@ -87,6 +92,11 @@ class Tokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int | None) -> str | None:
+        """The text of one token id (special tokens included), e.g. for a
+        chat template's ``bos_token`` / ``eos_token`` variables."""
+        return None if token_id is None else self.hf.id_to_token(token_id)
 
 
 class IncrementalDetokenizer:
