@@ -256,6 +256,8 @@ def main() -> None:
     parser.add_argument("--cublas-only", action="store_true",
                         help="row-parallel projections through cuBLAS at every batch size "
                              "(no skinny Triton matmul), to compare")
+    parser.add_argument("--disable-custom-all-reduce", action="store_true",
+                        help="NCCL for every all-reduce (TP > 1), to compare")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.cublas_only:
@@ -269,7 +271,8 @@ def main() -> None:
     config = RunnerConfig(model=model_dir, device="cuda", dtype="bfloat16", block_size=16,
                           max_num_seqs=max(args.batches), max_model_len=max_len,
                           max_num_batched_tokens=max(2048, max(args.batches)),
-                          load_format="dummy", enforce_eager=args.enforce_eager)
+                          load_format="dummy", enforce_eager=args.enforce_eager,
+                          disable_custom_all_reduce=args.disable_custom_all_reduce)
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
     num_blocks = agreed_num_blocks(runner.determine_num_blocks(), device)
     start = time.perf_counter()
@@ -318,6 +321,7 @@ def main() -> None:
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "skinny_max_rows": triton_skinny_matmul.SKINNY_MAX_ROWS,
+        "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }
     if rank == 0:

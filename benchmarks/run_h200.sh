@@ -78,6 +78,23 @@ run_stage() {
           --kernel-table --out "$OUT/decode_8b_tp$n.json" >> "$OUT/decode_8b_tp.log" 2>&1
         tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
       done ;;
+    tp-tests)  # the custom all-reduce on two GPUs, against NCCL
+      pytest_files pytest_gpu_tp.log tests/test_custom_all_reduce.py ;;
+    allreduce)  # all-reduce alone, custom against NCCL, inside CUDA graphs
+      timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 \
+        benchmarks/bench_allreduce.py --out "$OUT/allreduce_tp2.json" > "$OUT/allreduce.log" 2>&1
+      tail -16 "$OUT/allreduce.log" | cut -c1-200 ;;
+    tp-decode-ab)  # decode step of TP=1, TP=2 (custom all-reduce) and TP=2 (NCCL), one run
+      local shape=${TP_SHAPE:-8b}
+      timeout 200 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 128 \
+        --contexts 512 4096 --out "$OUT/decode_${shape}_tp1.json" > "$OUT/tp_decode.log" 2>&1
+      tail -1 "$OUT/tp_decode.log" | cut -c1-300
+      for flag in "" --disable-custom-all-reduce; do
+        timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 \
+          benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 128 --contexts 512 4096 \
+          --kernel-table $flag --out "$OUT/decode_${shape}_tp2${flag:+_nccl}.json" >> "$OUT/tp_decode.log" 2>&1
+        tail -1 "$OUT/tp_decode.log" | cut -c1-300
+      done ;;
     *) echo "unknown stage $1" >&2; return 1 ;;
   esac
 }
