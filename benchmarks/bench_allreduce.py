@@ -55,6 +55,38 @@ def graph_time_us(fn, calls: int, replays: int) -> float:
     return statistics.median(times)
 
 
+def measure(peer: PeerBuffers, rows: int, g: torch.Generator, calls: int, replays: int) -> dict:
+    """One message size: NCCL (alone and followed by the norm) and, where it
+    takes the message, the one-shot kernel (alone and fused with the norm)."""
+    device = g.device
+    x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16, generator=g)
+    residual = torch.randn_like(x)
+    weight = torch.randn(HIDDEN, device=device, dtype=torch.bfloat16, generator=g)
+    row = dict(bytes=x.numel() * x.element_size(), rows=rows, tp=dist.get_world_size())
+    scratch = x.clone()
+
+    def nccl():
+        scratch.copy_(x)
+        dist.all_reduce(scratch)
+
+    def nccl_norm():
+        nccl()
+        rms_norm_triton(scratch, weight, 1e-5, residual)
+
+    row["nccl_us"] = graph_time_us(nccl, calls, replays)
+    row["nccl_norm_us"] = graph_time_us(nccl_norm, calls, replays)
+    if peer.takes(x):
+        want = x.clone()
+        dist.all_reduce(want)
+        got = peer.all_reduce(x)
+        torch.cuda.synchronize()
+        row["checked_equal_to_nccl"] = bool(torch.equal(got, want))
+        row["custom_us"] = graph_time_us(lambda: peer.all_reduce(x), calls, replays)
+        row["fused_norm_us"] = graph_time_us(
+            lambda: peer.all_reduce_add_rms_norm(x, residual, weight, 1e-5), calls, replays)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=20)
@@ -67,37 +99,11 @@ def main() -> None:
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", device_id=device)
     peer = PeerBuffers.create(device)
-    world = dist.get_world_size()
     rows_list = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     results = []
     g = torch.Generator(device=device).manual_seed(rank)
     for rows in rows_list:
-        x = torch.randn(rows, HIDDEN, device=device, dtype=torch.bfloat16, generator=g)
-        residual = torch.randn_like(x)
-        weight = torch.randn(HIDDEN, device=device, dtype=torch.bfloat16, generator=g)
-        row = dict(bytes=x.numel() * x.element_size(), rows=rows, tp=world)
-        scratch = x.clone()
-
-        def nccl():
-            scratch.copy_(x)
-            dist.all_reduce(scratch)
-
-        def nccl_norm():
-            nccl()
-            rms_norm_triton(scratch, weight, 1e-5, residual)
-
-        row["nccl_us"] = graph_time_us(nccl, args.calls, args.replays)
-        row["nccl_norm_us"] = graph_time_us(nccl_norm, args.calls, args.replays)
-        if peer.takes(x):
-            want = x.clone()
-            dist.all_reduce(want)
-            got = peer.all_reduce(x)
-            torch.cuda.synchronize()
-            row["checked_equal_to_nccl"] = bool(torch.equal(got, want))
-            row["custom_us"] = graph_time_us(lambda: peer.all_reduce(x), args.calls, args.replays)
-            row["fused_norm_us"] = graph_time_us(
-                lambda: peer.all_reduce_add_rms_norm(x, residual, weight, 1e-5),
-                args.calls, args.replays)
+        row = measure(peer, rows, g, args.calls, args.replays)
         results.append(row)
         if rank == 0:
             print(row, flush=True)
