@@ -5,11 +5,13 @@ ring all-reduce through NCCL spends most of its time on protocol for such
 messages. Here every rank owns one buffer in torch's symmetric memory (mapped
 into every peer's address space once, at start-up), and one kernel launch:
 
-1. copies this rank's rows into its own buffer,
-2. tells every peer "row r of epoch e is written" (a flag in the peer's
+1. pushes this rank's rows into its slot of every rank's buffer (stores over
+   NVLink: one one-way trip, where pulling a peer's rows would take two),
+2. tells every peer "my rows of call e are there" (a flag in the peer's
    buffer, stored with release semantics at system scope) and waits until
    every peer said the same to it (acquire),
-3. reads the rows of every rank **in rank order** and sums them in float32,
+3. reads every rank's slot from its own buffer **in rank order** and sums
+   them in float32,
    so every rank rounds the same sum the same way: the ranks' results are
    equal bit for bit (each rank samples from its own logits, so a one-ulp
    difference would let the ranks' token streams diverge),
@@ -18,15 +20,16 @@ into every peer's address space once, at start-up), and one kernel launch:
 
 Invariants that make one barrier per call enough:
 
-- Each program owns one row and keeps its own epoch counter in device memory
-  (``epochs[row]``), incremented by the kernel itself, so a captured CUDA
-  graph replays correctly. Every rank runs the same launches with the same
-  grid (the ranks execute the same plan), so row r's epochs agree.
+- The epoch counts calls and lives in device memory, advanced by the kernel
+  itself, so a captured CUDA graph replays correctly. Every rank runs the
+  same launches with the same grid (the ranks execute the same plan), and
+  program p's rows are the same on every rank, so a barrier per program is
+  enough: it waits only for the peers' programs p, which pushed its rows.
 - Flags only grow; a waiter accepts ``flag >= epoch`` (a fast peer may have
   signalled the next epoch already).
-- Data is double-buffered by epoch parity: a peer can write epoch e+1 while
-  this rank still reads epoch e, but not epoch e+2, because that needs this
-  rank's signal for e+1, which it sends only after it finished reading e.
+- Data is double-buffered by epoch parity: a peer can push call e+1 while
+  this rank still reads call e, but not call e+2, because that needs this
+  rank's signal for e+1, which it sends only after its call e finished.
 
 Messages the buffer cannot hold, tensors off CUDA and groups the symmetric
 memory cannot map fall back to NCCL (``TensorParallelGroup`` decides).
@@ -39,10 +42,10 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-# Rows one call may carry (one program each); flags take 8 bytes per row and rank.
-MAX_ROWS = 512
-# Bytes of one epoch parity's data region: the largest message the one-shot
-# path takes. Above it NCCL's bandwidth-optimal algorithms win.
+# Programs of one call; each owns rows pid, pid + programs, ... and one flag per rank.
+MAX_PROGRAMS = 32
+# Bytes of one rank's message: the largest the one-shot path takes. Above it
+# NCCL's bandwidth-optimal algorithms win.
 MAX_BYTES = 1 << 20
 
 _FLAG_ALIGN = 256
@@ -57,95 +60,113 @@ def _peer(buffer_ptrs, rank, ty: tl.constexpr):
 @triton.jit
 def _all_reduce_rows_kernel(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, out_ptr, out_stride,
-    buffer_ptrs, epochs_ptr, rank, n_cols, eps, data_offset, parity_stride,
-    WORLD: tl.constexpr, FUSE_NORM: tl.constexpr, BLOCK: tl.constexpr,
+    buffer_ptrs, epochs_ptr, rank, n_rows, n_cols, eps, data_offset, rank_stride,
+    WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, FUSE_NORM: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = x_ptr.dtype.element_ty
 
-    epoch = tl.load(epochs_ptr + row) + 1
-    tl.store(epochs_ptr + row, epoch)
-    slot = data_offset + (epoch % 2) * parity_stride + row.to(tl.int64) * n_cols
+    # Every call advances all MAX_PROGRAMS counters once (program pid those
+    # congruent to it), so they stay equal: the epoch counts calls, whatever
+    # the grid, and its parity picks the data half of this call.
+    epoch = tl.load(epochs_ptr + pid) + 1
+    for j in range(pid, MAX_PROGRAMS, programs):
+        tl.store(epochs_ptr + j, epoch)
+    parity_base = data_offset + (epoch % 2) * WORLD * rank_stride
 
-    # 1. this rank's row into its own buffer
-    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask)
-    tl.store(_peer(buffer_ptrs, rank, dtype) + slot + cols, x, mask=mask)
+    # 1. push this rank's rows into slot ``rank`` of every rank's buffer
+    for row in range(pid, n_rows, programs):
+        x = tl.load(x_ptr + row * x_stride + cols, mask=mask)
+        at = parity_base + rank * rank_stride + row * n_cols + cols
+        for p in tl.static_range(WORLD):
+            tl.store(_peer(buffer_ptrs, p, dtype) + at, x, mask=mask)
     tl.debug_barrier()
 
     # 2. signal every peer, then wait for every peer's signal
-    flag = row * WORLD + rank
     for p in tl.static_range(WORLD):
-        tl.atomic_xchg(_peer(buffer_ptrs, p, tl.int64) + flag, epoch, sem="release", scope="sys")
-    own_flags = _peer(buffer_ptrs, rank, tl.int64) + row * WORLD
+        tl.atomic_xchg(_peer(buffer_ptrs, p, tl.int64) + pid * WORLD + rank, epoch,
+                       sem="release", scope="sys")
+    own_flags = _peer(buffer_ptrs, rank, tl.int64) + pid * WORLD
     for p in tl.static_range(WORLD):
-        seen = tl.atomic_add(own_flags + p, 0, sem="acquire", scope="sys")
+        seen = tl.load(own_flags + p, volatile=True)
         while seen < epoch:
-            seen = tl.atomic_add(own_flags + p, 0, sem="acquire", scope="sys")
+            seen = tl.load(own_flags + p, volatile=True)
+        tl.atomic_add(own_flags + p, 0, sem="acquire", scope="sys")
     tl.debug_barrier()
 
-    # 3. sum every rank's row, in rank order, in float32
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in tl.static_range(WORLD):
-        part = tl.load(_peer(buffer_ptrs, p, dtype) + slot + cols, mask=mask, other=0.0,
-                       cache_modifier=".cg")
-        acc += part.to(tl.float32)
-    total = acc.to(dtype)
+    # 3. sum every rank's row from this rank's own buffer, in rank order, in float32
+    own = _peer(buffer_ptrs, rank, dtype)
+    for row in range(pid, n_rows, programs):
+        offset = row * n_cols
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            part = tl.load(own + parity_base + p * rank_stride + offset + cols, mask=mask,
+                           other=0.0, cache_modifier=".cg")
+            acc += part.to(tl.float32)
+        total = acc.to(dtype)
 
-    # 4. optionally: residual add and RMSNorm (numerics of rms_norm.py)
-    if FUSE_NORM:
-        r_ptrs = residual_ptr + row.to(tl.int64) * residual_stride + cols
-        r = tl.load(r_ptrs, mask=mask, other=0.0)
-        total = (total.to(tl.float32) + r.to(tl.float32)).to(dtype)
-        tl.store(r_ptrs, total, mask=mask)
-        hf = total.to(tl.float32)
-        mean_sq = tl.sum(hf * hf, axis=0) / n_cols
-        normed = (hf * tl.rsqrt(mean_sq + eps)).to(dtype)
-        w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-        total = (w.to(tl.float32) * normed.to(tl.float32)).to(dtype)
-    tl.store(out_ptr + row.to(tl.int64) * out_stride + cols, total, mask=mask)
+        # 4. optionally: residual add and RMSNorm (numerics of rms_norm.py)
+        if FUSE_NORM:
+            r_ptrs = residual_ptr + row * residual_stride + cols
+            r = tl.load(r_ptrs, mask=mask, other=0.0)
+            total = (total.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            tl.store(r_ptrs, total, mask=mask)
+            hf = total.to(tl.float32)
+            mean_sq = tl.sum(hf * hf, axis=0) / n_cols
+            normed = (hf * tl.rsqrt(mean_sq + eps)).to(dtype)
+            w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+            total = (w.to(tl.float32) * normed.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + row * out_stride + cols, total, mask=mask)
 
 
 class PeerBuffers:
-    """Each rank's symmetric buffer, laid out as [flags | data parity 0 | data parity 1].
+    """Each rank's symmetric buffer: [flags | parity 0: one slot per rank | parity 1: same].
 
-    ``pointers[p]`` is rank p's buffer base as seen from this process; the
-    flags region holds one int64 per (row, signalling rank). Built over CUDA
-    symmetric memory by :meth:`create`; tests build it over plain tensors.
+    ``pointers[p]`` is rank p's buffer base as seen from this process. The
+    flags region holds one int64 per (program, signalling rank); slot q of a
+    parity holds rank q's message of that call. Built over CUDA symmetric
+    memory by :meth:`create`; tests build it over plain tensors.
     """
 
     def __init__(self, pointers: torch.Tensor, rank: int, world: int,
-                 max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES) -> None:
+                 max_bytes: int = MAX_BYTES, max_programs: int = MAX_PROGRAMS) -> None:
         self.pointers = pointers
         self.rank = rank
         self.world = world
-        self.max_rows = max_rows
         self.max_bytes = max_bytes
-        self.flag_bytes = layout_flag_bytes(max_rows, world)
-        self.epochs = torch.zeros(max_rows, dtype=torch.int64, device=pointers.device)
+        self.max_programs = max_programs
+        self.flag_bytes = layout_flag_bytes(max_programs, world)
+        self.epochs = torch.zeros(max_programs, dtype=torch.int64, device=pointers.device)
+
+    @staticmethod
+    def buffer_bytes(world: int, max_bytes: int = MAX_BYTES,
+                     max_programs: int = MAX_PROGRAMS) -> int:
+        return layout_flag_bytes(max_programs, world) + 2 * world * max_bytes
 
     @classmethod
-    def create(cls, device: torch.device, max_rows: int = MAX_ROWS,
-               max_bytes: int = MAX_BYTES) -> PeerBuffers:
+    def create(cls, device: torch.device, max_bytes: int = MAX_BYTES) -> PeerBuffers:
         """Allocate and exchange the buffers of the default group (a collective)."""
         import torch.distributed._symmetric_memory as symm_mem
 
         rank, world = dist.get_rank(), dist.get_world_size()
-        flag_bytes = layout_flag_bytes(max_rows, world)
-        buffer = symm_mem.empty(flag_bytes + 2 * max_bytes, dtype=torch.uint8, device=device)
+        buffer = symm_mem.empty(cls.buffer_bytes(world, max_bytes), dtype=torch.uint8,
+                                device=device)
         buffer.zero_()
         handle = symm_mem.rendezvous(buffer, dist.group.WORLD.group_name)
         pointers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         torch.cuda.synchronize(device)
         dist.barrier()
-        peer = cls(pointers, rank, world, max_rows, max_bytes)
+        peer = cls(pointers, rank, world, max_bytes)
         peer._keep_alive = (buffer, handle)
         return peer
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` (rows x hidden, unit column stride) fits the one-shot path."""
-        return (x.dim() == 2 and x.stride(-1) == 1 and 0 < x.shape[0] <= self.max_rows
+        return (x.dim() == 2 and x.stride(-1) == 1 and x.shape[0] > 0
                 and x.numel() * x.element_size() <= self.max_bytes
                 and self.flag_bytes % x.element_size() == 0)
 
@@ -167,17 +188,17 @@ class PeerBuffers:
         size = x.element_size()
         fuse = residual is not None
         block = triton.next_power_of_2(n_cols)
-        _all_reduce_rows_kernel[(rows,)](
+        _all_reduce_rows_kernel[(min(rows, self.max_programs),)](
             x, x.stride(0), residual if fuse else x, residual.stride(0) if fuse else 0,
             weight if fuse else x, out, out.stride(0),
-            self.pointers, self.epochs, self.rank, n_cols, eps,
+            self.pointers, self.epochs, self.rank, rows, n_cols, eps,
             self.flag_bytes // size, self.max_bytes // size,
-            WORLD=self.world, FUSE_NORM=fuse, BLOCK=block,
+            WORLD=self.world, MAX_PROGRAMS=self.max_programs, FUSE_NORM=fuse, BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
 
 
-def layout_flag_bytes(max_rows: int, world: int) -> int:
-    """Bytes of the flags region: one int64 per (row, rank), aligned for any data type."""
-    raw = max_rows * world * 8
+def layout_flag_bytes(max_programs: int, world: int) -> int:
+    """Bytes of the flags region: one int64 per (program, rank), aligned for any data type."""
+    raw = max_programs * world * 8
     return (raw + _FLAG_ALIGN - 1) // _FLAG_ALIGN * _FLAG_ALIGN
