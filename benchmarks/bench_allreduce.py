@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks.summary import emit_summary  # noqa: E402
-from runner.custom_all_reduce import MAX_BYTES, MAX_ROWS, PeerBuffers  # noqa: E402
+from runner.custom_all_reduce import MAX_BYTES, MAX_PROGRAMS, PeerBuffers  # noqa: E402
 from runner.layers.triton_rms_norm import rms_norm_triton  # noqa: E402
 
 HIDDEN = 4096
@@ -109,7 +109,7 @@ def main() -> None:
             print(row, flush=True)
     if rank == 0:
         emit_summary(dict(benchmark="allreduce", gpu=torch.cuda.get_device_name(device),
-                          torch=torch.__version__, hidden=HIDDEN, max_rows=MAX_ROWS,
+                          torch=torch.__version__, hidden=HIDDEN, max_programs=MAX_PROGRAMS,
                           max_bytes=MAX_BYTES, calls_per_graph=args.calls, rows=results),
                      args.out)
     dist.barrier()
