@@ -6,11 +6,12 @@ messages. Here every rank owns one buffer in torch's symmetric memory (mapped
 into every peer's address space once, at start-up), and one kernel launch:
 
 1. pushes this rank's rows into its slot of every rank's buffer (stores over
-   NVLink: one one-way trip; no flags, no fences),
-2. polls its own buffer until every element of every slot is no longer the
-   "empty" pattern (all-ones bits: a NaN; a message value with that pattern
-   is sent as the canonical NaN instead, so it stays a NaN),
-3. sums the slots **in rank order** in float32, and empties them again,
+   NVLink: one one-way trip, where pulling a peer's rows would take two),
+2. tells every peer "my rows of call e are there" (a flag in the peer's
+   buffer, stored with release semantics at system scope) and waits until
+   every peer said the same to it (acquire),
+3. reads every rank's slot from its own buffer **in rank order** and sums
+   them in float32,
    so every rank rounds the same sum the same way: the ranks' results are
    equal bit for bit (each rank samples from its own logits, so a one-ulp
    difference would let the ranks' token streams diverge),
@@ -22,12 +23,13 @@ Invariants that make one barrier per call enough:
 - The epoch counts calls and lives in device memory, advanced by the kernel
   itself, so a captured CUDA graph replays correctly. Every rank runs the
   same launches with the same grid (the ranks execute the same plan), and
-  program p's rows are the same on every rank.
+  program p's rows are the same on every rank, so a barrier per program is
+  enough: it waits only for the peers' programs p, which pushed its rows.
+- Flags only grow; a waiter accepts ``flag >= epoch`` (a fast peer may have
+  signalled the next epoch already).
 - Data is double-buffered by epoch parity: a peer can push call e+1 while
-  this rank still reads call e, but not call e+2: the peer's call e+1 waits
-  for this rank's push of e+1, which starts only after this rank's call e
-  (its reads and its emptying of the slots) finished.
-- Offsets are 32-bit: a message is at most MAX_BYTES.
+  this rank still reads call e, but not call e+2, because that needs this
+  rank's signal for e+1, which it sends only after its call e finished.
 
 Messages the buffer cannot hold, tensors off CUDA and groups the symmetric
 memory cannot map fall back to NCCL (``TensorParallelGroup`` decides).
@@ -46,8 +48,7 @@ MAX_PROGRAMS = 32
 # NCCL's bandwidth-optimal algorithms win.
 MAX_BYTES = 1 << 20
 
-# The byte an empty slot is filled with: all-ones is a NaN in every float type.
-EMPTY_BYTE = 0xFF
+_FLAG_ALIGN = 256
 
 
 @triton.jit
@@ -59,56 +60,56 @@ def _peer(buffer_ptrs, rank, ty: tl.constexpr):
 @triton.jit
 def _all_reduce_rows_kernel(
     x_ptr, x_stride, residual_ptr, residual_stride, weight_ptr, out_ptr, out_stride,
-    buffer_ptrs, epochs_ptr, rank, n_rows, n_cols, eps, rank_stride,
+    buffer_ptrs, epochs_ptr, rank, n_rows, n_cols, eps, data_offset, rank_stride,
     WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, FUSE_NORM: tl.constexpr,
-    BITS: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = x_ptr.dtype.element_ty
-    bits_ty = tl.int16 if BITS == 16 else tl.int32
 
     # Every call advances all MAX_PROGRAMS counters once (program pid those
     # congruent to it), so they stay equal: the epoch counts calls, whatever
-    # the grid, and its parity picks the half of the buffer this call uses.
+    # the grid, and its parity picks the data half of this call.
     epoch = tl.load(epochs_ptr + pid) + 1
     for j in range(pid, MAX_PROGRAMS, programs):
         tl.store(epochs_ptr + j, epoch)
-    half = (epoch % 2) * WORLD * rank_stride
+    parity_base = data_offset + (epoch % 2) * WORLD * rank_stride
 
-    # 1. push this rank's rows into slot ``rank`` of every rank's buffer; a
-    #    value that happens to be the "empty" pattern travels as another NaN
+    # 1. push this rank's rows into slot ``rank`` of every rank's buffer
     for row in range(pid, n_rows, programs):
         x = tl.load(x_ptr + row * x_stride + cols, mask=mask)
-        x_bits = x.to(bits_ty, bitcast=True)
-        x = tl.where(x_bits == -1, float("nan"), x).to(dtype)
-        at = half + rank * rank_stride + row * n_cols + cols
+        at = parity_base + rank * rank_stride + row * n_cols + cols
         for p in tl.static_range(WORLD):
             tl.store(_peer(buffer_ptrs, p, dtype) + at, x, mask=mask)
+    tl.debug_barrier()
 
-    # 2. for each row, wait until every slot is filled, sum in rank order in
-    #    float32, and empty the slots again for the call after next
+    # 2. signal every peer, then wait for every peer's signal
+    for p in tl.static_range(WORLD):
+        tl.atomic_xchg(_peer(buffer_ptrs, p, tl.int64) + pid * WORLD + rank, epoch,
+                       sem="release", scope="sys")
+    own_flags = _peer(buffer_ptrs, rank, tl.int64) + pid * WORLD
+    for p in tl.static_range(WORLD):
+        seen = tl.load(own_flags + p, volatile=True)
+        while seen < epoch:
+            seen = tl.load(own_flags + p, volatile=True)
+        tl.atomic_add(own_flags + p, 0, sem="acquire", scope="sys")
+    tl.debug_barrier()
+
+    # 3. sum every rank's row from this rank's own buffer, in rank order, in float32
     own = _peer(buffer_ptrs, rank, dtype)
-    own_bits = _peer(buffer_ptrs, rank, bits_ty)
     for row in range(pid, n_rows, programs):
-        offset = half + row * n_cols + cols
+        offset = row * n_cols
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for p in tl.static_range(WORLD):
-            ptrs = own + p * rank_stride + offset
-            part = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-            empty = tl.sum(((part.to(bits_ty, bitcast=True) == -1) & mask).to(tl.int32), axis=0)
-            while empty > 0:
-                part = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
-                empty = tl.sum(((part.to(bits_ty, bitcast=True) == -1) & mask).to(tl.int32),
-                               axis=0)
+            part = tl.load(own + parity_base + p * rank_stride + offset + cols, mask=mask,
+                           other=0.0, cache_modifier=".cg")
             acc += part.to(tl.float32)
-        for p in tl.static_range(WORLD):
-            tl.store(own_bits + p * rank_stride + offset, tl.full([BLOCK], -1, bits_ty), mask=mask)
         total = acc.to(dtype)
 
-        # 3. optionally: residual add and RMSNorm (numerics of rms_norm.py)
+        # 4. optionally: residual add and RMSNorm (numerics of rms_norm.py)
         if FUSE_NORM:
             r_ptrs = residual_ptr + row * residual_stride + cols
             r = tl.load(r_ptrs, mask=mask, other=0.0)
@@ -123,11 +124,11 @@ def _all_reduce_rows_kernel(
 
 
 class PeerBuffers:
-    """Each rank's symmetric buffer: [half 0: one slot per rank | half 1: same].
+    """Each rank's symmetric buffer: [flags | parity 0: one slot per rank | parity 1: same].
 
-    ``pointers[p]`` is rank p's buffer base as seen from this process; slot q
-    of a half holds rank q's message of a call. An empty slot holds all-ones
-    bytes (a NaN pattern no message carries). Built over CUDA symmetric
+    ``pointers[p]`` is rank p's buffer base as seen from this process. The
+    flags region holds one int64 per (program, signalling rank); slot q of a
+    parity holds rank q's message of that call. Built over CUDA symmetric
     memory by :meth:`create`; tests build it over plain tensors.
     """
 
@@ -138,11 +139,13 @@ class PeerBuffers:
         self.world = world
         self.max_bytes = max_bytes
         self.max_programs = max_programs
+        self.flag_bytes = layout_flag_bytes(max_programs, world)
         self.epochs = torch.zeros(max_programs, dtype=torch.int64, device=pointers.device)
 
     @staticmethod
-    def buffer_bytes(world: int, max_bytes: int = MAX_BYTES) -> int:
-        return 2 * world * max_bytes
+    def buffer_bytes(world: int, max_bytes: int = MAX_BYTES,
+                     max_programs: int = MAX_PROGRAMS) -> int:
+        return layout_flag_bytes(max_programs, world) + 2 * world * max_bytes
 
     @classmethod
     def create(cls, device: torch.device, max_bytes: int = MAX_BYTES) -> PeerBuffers:
@@ -152,7 +155,7 @@ class PeerBuffers:
         rank, world = dist.get_rank(), dist.get_world_size()
         buffer = symm_mem.empty(cls.buffer_bytes(world, max_bytes), dtype=torch.uint8,
                                 device=device)
-        buffer.fill_(EMPTY_BYTE)
+        buffer.zero_()
         handle = symm_mem.rendezvous(buffer, dist.group.WORLD.group_name)
         pointers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         torch.cuda.synchronize(device)
@@ -165,7 +168,7 @@ class PeerBuffers:
         """Whether ``x`` (rows x hidden, unit column stride) fits the one-shot path."""
         return (x.dim() == 2 and x.stride(-1) == 1 and x.shape[0] > 0
                 and x.numel() * x.element_size() <= self.max_bytes
-                and x.dtype in (torch.bfloat16, torch.float16, torch.float32))
+                and self.flag_bytes % x.element_size() == 0)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The rank-ordered sum of every rank's ``x``, as a new tensor."""
@@ -182,13 +185,20 @@ class PeerBuffers:
 
     def _launch(self, x, out, residual, weight, eps) -> None:
         rows, n_cols = x.shape
+        size = x.element_size()
         fuse = residual is not None
         block = triton.next_power_of_2(n_cols)
         _all_reduce_rows_kernel[(min(rows, self.max_programs),)](
             x, x.stride(0), residual if fuse else x, residual.stride(0) if fuse else 0,
             weight if fuse else x, out, out.stride(0),
             self.pointers, self.epochs, self.rank, rows, n_cols, eps,
-            self.max_bytes // x.element_size(),
-            WORLD=self.world, MAX_PROGRAMS=self.max_programs, FUSE_NORM=fuse,
-            BITS=8 * x.element_size(), BLOCK=block, num_warps=min(16, max(1, block // 256)),
+            self.flag_bytes // size, self.max_bytes // size,
+            WORLD=self.world, MAX_PROGRAMS=self.max_programs, FUSE_NORM=fuse, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
         )
+
+
+def layout_flag_bytes(max_programs: int, world: int) -> int:
+    """Bytes of the flags region: one int64 per (program, rank), aligned for any data type."""
+    raw = max_programs * world * 8
+    return (raw + _FLAG_ALIGN - 1) // _FLAG_ALIGN * _FLAG_ALIGN
