@@ -14,6 +14,8 @@ BACKENDS = {
     "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
+    # Triton, with prompts that have no cached prefix sent to torch's FlashAttention.
+    "triton_flash_prefill": ("runner.attention.flash_prefill", "FlashPrefillBackend"),
 }
 
 

@@ -1,0 +1,108 @@
+"""The flash prefill path (runner/attention/flash_prefill.py) against the float32 oracle.
+
+Which batches it takes is decided from host ints alone, tested here on any
+device. The per-prompt SDPA kernel and the K/V read-back run on CPU as well;
+torch's ``varlen_attn`` is CUDA-only, so its numerics are tested on the GPU.
+Batches the path does not take must still match the oracle (Triton kernels).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from runner.attention import flash_prefill
+from runner.attention.flash_prefill import (
+    FlashPrefillBackend,
+    default_prefill_kernel,
+    gather_step_kv,
+    is_fresh_prefill,
+    varlen_attn_function,
+)
+from runner.attention.selector import get_attention_backend
+from runner.attention.triton_kv_write import write_kv_cache
+from tests.test_triton_attention import (
+    MIXED_QUERY_LENS,
+    MIXED_SEQ_LENS,
+    make_batch,
+    run_and_check,
+)
+
+CUDA = torch.cuda.is_available()
+FRESH_LENS = [5, 16, 33, 1]  # a one-token prompt too, and a block boundary
+
+
+def test_fresh_prefill_is_told_apart_from_host_ints():
+    fresh = make_batch(1, FRESH_LENS, FRESH_LENS, num_pad_tokens=3)
+    assert is_fresh_prefill(fresh.attn, None)
+    assert not is_fresh_prefill(fresh.attn, sliding_window=8)
+    with_prefix = make_batch(2, [5, 16], [5, 40])
+    assert not is_fresh_prefill(with_prefix.attn, None)
+    with_decode = make_batch(3, [1, 16], [9, 16])
+    assert not is_fresh_prefill(with_decode.attn, None)
+    single_tokens = make_batch(4, [1, 1], [1, 1])  # decode-shaped: the Triton kernel's
+    assert not is_fresh_prefill(single_tokens.attn, None)
+    assert not is_fresh_prefill(make_batch(5, MIXED_QUERY_LENS, MIXED_SEQ_LENS).attn, None)
+
+
+def test_step_kv_is_read_back_from_its_slots():
+    batch = make_batch(6, FRESH_LENS, FRESH_LENS, num_pad_tokens=2, num_kv_heads=2)
+    write_kv_cache(batch.k, batch.v, batch.kv_cache, batch.attn.slot_mapping)
+    n = batch.attn.num_tokens
+    k, v = gather_step_kv(batch.kv_cache, batch.attn.slot_mapping, n)
+    assert torch.equal(k, batch.k[:n]) and torch.equal(v, batch.v[:n])
+
+
+@pytest.mark.parametrize("num_q_heads,num_kv_heads,fused_qkv", [(4, 4, False), (8, 2, False),
+                                                                (6, 2, True)])
+def test_sdpa_path_matches_oracle(monkeypatch, num_q_heads, num_kv_heads, fused_qkv):
+    calls = []
+    real = flash_prefill.sdpa_prefill
+    monkeypatch.setattr(flash_prefill, "sdpa_prefill", lambda *a: calls.append(1) or real(*a))
+    batch = make_batch(7, FRESH_LENS, FRESH_LENS, num_pad_tokens=4, head_dim=32,
+                       num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, fused_qkv=fused_qkv)
+    out = run_and_check(batch, FlashPrefillBackend(prefill_kernel="sdpa"), atol=1e-4)
+    assert calls == [1]
+    assert (out[batch.attn.num_tokens:] == 0).all()
+
+
+def test_other_batches_take_the_triton_kernels(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("not a fresh prefill: the SDPA path must not run")
+
+    monkeypatch.setattr(flash_prefill, "sdpa_prefill", refuse)
+    backend = FlashPrefillBackend(prefill_kernel="sdpa")
+    batch = make_batch(8, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=5, head_dim=32,
+                       num_q_heads=4, num_kv_heads=2)
+    run_and_check(batch, backend, atol=1e-4)
+    window = make_batch(9, [20, 7], [20, 7], head_dim=32, num_q_heads=4, num_kv_heads=2)
+    run_and_check(window, backend, atol=1e-4, window=6)
+
+
+def test_selection_and_choices():
+    backend = get_attention_backend("triton_flash_prefill", torch.device("cpu"))
+    assert isinstance(backend, FlashPrefillBackend)
+    assert default_prefill_kernel(torch.device("cpu")) == "triton"
+    with pytest.raises(ValueError, match="prefill_kernel"):
+        FlashPrefillBackend(prefill_kernel="flash")
+    found = varlen_attn_function()
+    if found is not None:  # the keywords we pass are this torch's
+        params = inspect.signature(found.fn).parameters
+        assert set(found.causal) <= set(params)
+        assert found.takes_scale == ("scale" in params)
+        assert found.takes_gqa == ("enable_gqa" in params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="torch's flash kernels need CUDA")
+@pytest.mark.parametrize("kernel", ["varlen", "sdpa"])
+def test_flash_kernels_on_gpu_match_oracle(kernel):
+    if kernel == "varlen" and varlen_attn_function() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    lens = [37, 300, 1000, 1]
+    batch = make_batch(10, lens, lens, num_pad_tokens=13, block_size=16, head_dim=128,
+                       num_q_heads=32, num_kv_heads=8, dtype=torch.bfloat16)
+    out = run_and_check(batch, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)
+    assert (out[batch.attn.num_tokens:] == 0).all()
