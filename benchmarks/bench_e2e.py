@@ -159,7 +159,7 @@ def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int) -
     tokens = ttft["prompts"] * ttft["prompt_len"]
     floor_s = floor.prefill_flop_floor_s(params, tokens, tflops)
     return {"matmul_tflops": float(f"{tflops:.4g}"), "matmul_n": matmul_n,
-            "non_embedding_params": params, "prefill_floor_s": round(floor_s, 4),
+            "non_embedding_params": params, "prefill_floor_s": float(f"{floor_s:.4g}"),
             "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3)}
 
 
