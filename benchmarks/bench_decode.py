@@ -244,13 +244,17 @@ PEER_WARMUP = 5
 
 
 def time_peer(peer: PeerDecoder, batch: int, context: int, steps: int,
-              device: torch.device) -> float:
+              device: torch.device) -> tuple[float, int]:
     """Seconds per greedy decode step of the compiled peer at ``batch`` rows
     whose ``context`` tokens are cached, a step in flight as tprun has it (no
-    wait between steps). Each row compiles and captures afresh: the static
-    cache is sized to the row (``context`` + the steps), as a static-cache
-    decoder sizes it to its longest request."""
+    wait between steps), and the number of graphs inductor ran without CUDA
+    graphs (0 when the whole step replays a graph). Each row compiles and
+    captures afresh: the static cache is sized to the row (``context`` + the
+    steps), as a static-cache decoder sizes it to its longest request."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     peer.set_cache(batch, context + PEER_WARMUP + steps + 1)
     step = compile_step("reduce-overhead")
     tokens = torch.ones(batch, 1, dtype=torch.long, device=device)
@@ -269,21 +273,21 @@ def time_peer(peer: PeerDecoder, batch: int, context: int, steps: int,
         start = time.perf_counter()
         run(steps)
         floor.synchronize(device)
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, counters["inductor"]["cudagraph_skips"]
 
 
 def peer_fields(peer: PeerDecoder, batch: int, context: int, steps: int, device: torch.device,
                 step_s: float, floor_ms: float) -> dict:
     """The peer's step time for one row, its ratio to the floor and tprun's to it."""
     try:
-        peer_s = time_peer(peer, batch, context, steps, device)
+        peer_s, skips = time_peer(peer, batch, context, steps, device)
     except torch.OutOfMemoryError:
         peer.set_cache(1, 16)
         torch.cuda.empty_cache()
         return {"peer_skipped": "out of memory"}
     return {"peer_step_ms": round(peer_s * 1e3, 4),
             "peer_ratio_to_floor": round(peer_s * 1e3 / floor_ms, 3),
-            "tprun_to_peer": round(step_s / peer_s, 3)}
+            "tprun_to_peer": round(step_s / peer_s, 3), "peer_cudagraph_skips": skips}
 
 
 def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDecoder:
