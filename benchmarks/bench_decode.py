@@ -250,12 +250,13 @@ def time_peer(peer: PeerDecoder, batch: int, context: int, steps: int,
     wait between steps), and the number of graphs inductor ran without CUDA
     graphs (0 when the whole step replays a graph). Each row compiles and
     captures afresh: the static cache is sized to the row (``context`` + the
-    steps), as a static-cache decoder sizes it to its longest request."""
+    steps, rounded up to 64 for aligned attention masks), as a static-cache
+    decoder sizes it to its longest request."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    peer.set_cache(batch, context + PEER_WARMUP + steps + 1)
+    peer.set_cache(batch, -(-(context + PEER_WARMUP + steps + 1) // 64) * 64)
     step = compile_step("reduce-overhead")
     tokens = torch.ones(batch, 1, dtype=torch.long, device=device)
     pos = torch.tensor([context - 1], device=device)
@@ -328,6 +329,9 @@ def main() -> None:
                         help="row-parallel projections through cuBLAS at every batch size "
                              "(no skinny Triton matmul), to compare")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of --out's earlier run of this shape that this "
+                             "run does not repeat (to split a long sweep over several runs)")
     args = parser.parse_args()
     check_args(parser, args)
     if args.cublas_only:
@@ -373,7 +377,7 @@ def main() -> None:
             row.update(step_ms=round(step_s * 1e3, 4),
                        **floor.decode_floor(weights, kv_per_token, batch, context, bandwidth))
             row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
-                       tokens_per_s=round(batch / step_s, 1))
+                       floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1))
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, 10, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, 10, overlap=True)
@@ -407,10 +411,25 @@ def main() -> None:
         summary["peer"] = {"model": "benchmarks/peer_decoder.py", "torch": torch.__version__,
                            "compile": {"mode": "reduce-overhead", "fullgraph": True,
                                        "dynamic": False}}
+    if args.append and args.out:
+        summary["results"] = earlier_rows(args.out, args.shape, results) + results
     if rank == 0:
         emit_summary(summary, args.out)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def earlier_rows(path: str, shape: str, results: list[dict]) -> list[dict]:
+    """Rows of the summary at ``path`` for ``shape`` whose (batch, context)
+    ``results`` does not have; none when there is no such file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        earlier = json.loads(f.read().strip().splitlines()[-1])
+    if earlier.get("shape") != shape:
+        raise SystemExit(f"{path} holds shape {earlier.get('shape')!r}, not {shape!r}")
+    done = {(r["batch"], r["context"]) for r in results}
+    return [r for r in earlier["results"] if (r["batch"], r["context"]) not in done]
 
 
 FLOOR_METHOD = ("bytes read per step (weights except the embedding table, one embedding row "

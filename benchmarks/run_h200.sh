@@ -9,8 +9,9 @@
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ipc (1), gemv (2)
 #   tp (6), tp-decode (3): several GPUs (issue 8)
-#   floor-peer (about 25) = peer-8b + peer-1b (decode against the floor and the
-#     torch.compile peer, batches 1 8 32 64, contexts 512 4096; about 8 each)
+#   floor-peer (about 30) = peer-8b + peer-1b (decode against the floor and the
+#     torch.compile peer, batches 1 8 32 64, contexts 512 4096: two runs of up
+#     to 10 minutes each, the peer compiling once per row)
 #     + attention-ab (prefill attention, Triton against torch's flash kernels; 2)
 #     + e2e (3)
 #     + e2e-flash (the TTFT with the triton_flash_prefill backend; 2)
@@ -91,12 +92,16 @@ run_stage() {
         tail -1 "$LOGS/decode_8b_tp.log" | cut -c1-300
       done ;;
     floor-peer) for s in peer-8b peer-1b attention-ab e2e e2e-flash; do run_stage $s; done ;;
-    peer-8b | peer-1b)  # decode against the honest floor and the torch.compile peer
-      local shape=${1#peer-}
-      timeout 590 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 \
-        --contexts 512 4096 --peer --idle --out "$RESULTS/decode_$shape.json" \
-        > "$LOGS/decode_$shape.log" 2>&1
-      tail -1 "$LOGS/decode_$shape.log" | cut -c1-400 ;;
+    peer-8b | peer-1b)  # decode against the honest floor and the torch.compile peer,
+      # one run per context (the peer compiles once per row), merged into one summary
+      local shape=${1#peer-} append=""
+      for ctx in 512 4096; do
+        timeout 590 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 \
+          --contexts $ctx --peer --idle --out "$RESULTS/decode_$shape.json" $append \
+          >> "$LOGS/decode_$shape.log" 2>&1
+        append=--append
+        tail -1 "$LOGS/decode_$shape.log" | cut -c1-400
+      done ;;
     attention-ab)  # prefill attention: Triton against the flash prefill path, SDPA beside
       timeout 300 python3 benchmarks/bench_attention.py --prefill-only --backend both \
         --out "$RESULTS/attention_prefill.json" 2>&1 | tee "$LOGS/attention_prefill.log" \

@@ -19,31 +19,46 @@ NON_EMBEDDING_PARAMS = 2 * LAYER_PARAMS + 128 + 512 * 128
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 
 
-@pytest.mark.timeout(600)
-def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
-    out = tmp_path / "decode.json"
+def run_bench(out, *args: str):
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_decode.py"), "--shape", "tiny",
-         "--device", "cpu", "--dtype", "float32", "--batches", "2", "--contexts", "24",
-         "--steps", "3", "--peer", "--bandwidth-mib", "16", "--out", str(out)], timeout=580)
+         "--device", "cpu", "--dtype", "float32", "--batches", "2", "--steps", "3",
+         "--bandwidth-mib", "16", "--out", str(out), *args], timeout=380)
     assert result.returncode == 0, result.stderr[-3000:]
     assert leftovers == []
     summary = json.loads(out.read_text())
     assert summary == json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def check_floor(row: dict) -> None:
+    """The floor from the shape's dimensions: weights without the embedding
+    table, one row of it per request, the batch's KV."""
+    read = 4 * NON_EMBEDDING_PARAMS + 2 * 128 * 4 + 2 * row["context"] * KV_BYTES_PER_TOKEN
+    assert row["floor_GB"] == pytest.approx(read / 1e9, abs=1e-3)
+    assert row["floor_ms"] == pytest.approx(read / (row["floor_GBps"] * 1e6), rel=2e-3)
+    assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
+
+
+@pytest.mark.timeout(800)
+def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
+    out = tmp_path / "decode.json"
+    summary = run_bench(out, "--contexts", "24", "--peer")
     bandwidth = summary["bandwidth"]
     assert bandwidth["used"] in ("read_sum", "copy") and bandwidth["read_triton_GBps"] is None
     assert bandwidth["used_GBps"] == max(bandwidth["read_sum_GBps"], bandwidth["copy_GBps"])
     assert summary["peer"]["compile"] == {"mode": "reduce-overhead", "fullgraph": True,
                                           "dynamic": False}
-    rows = summary["results"]
-    assert [(r["batch"], r["context"]) for r in rows] == [(2, 24)]
-    for row in rows:
-        read = 4 * NON_EMBEDDING_PARAMS + 2 * 128 * 4 + 2 * row["context"] * KV_BYTES_PER_TOKEN
-        assert row["floor_GB"] == pytest.approx(read / 1e9, abs=1e-3)
-        assert row["floor_ms"] == pytest.approx(read / (bandwidth["used_GBps"] * 1e6), rel=2e-3)
-        assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
-        assert row["peer_step_ms"] > 0
-        assert row["tprun_to_peer"] == pytest.approx(row["step_ms"] / row["peer_step_ms"],
-                                                     rel=1e-2)
-        assert row["peer_ratio_to_floor"] == pytest.approx(
-            row["peer_step_ms"] / row["floor_ms"], rel=1e-2)
+    (row,) = summary["results"]
+    assert (row["batch"], row["context"], row["floor_GBps"]) == (2, 24, bandwidth["used_GBps"])
+    check_floor(row)
+    assert row["peer_step_ms"] > 0
+    assert row["tprun_to_peer"] == pytest.approx(row["step_ms"] / row["peer_step_ms"], rel=1e-2)
+    assert row["peer_ratio_to_floor"] == pytest.approx(row["peer_step_ms"] / row["floor_ms"],
+                                                       rel=1e-2)
+    # A second run of another context, appended: both rows, each with its own floor.
+    merged = run_bench(out, "--contexts", "40", "--append")
+    first, second = merged["results"]
+    assert first == row
+    assert (second["context"], "peer_step_ms" in second) == (40, False)
+    check_floor(second)
