@@ -62,3 +62,22 @@ def test_bandwidth_names_the_best_kernel():
     assert all(v > 0 for v in measured.values())
     assert bw["used"] in measured and measured[bw["used"]] == max(measured.values())
     assert bw["used_GBps"] == measured[bw["used"]]
+
+
+@pytest.mark.parametrize("config", [(64, 4, 1), (128, 2, 2)])
+def test_triton_read_kernel_sums_every_element(config):
+    """The read-only bandwidth kernel loads each element once: program i's
+    partial sum is the plain torch sum of its slice (tail masked)."""
+    from benchmarks import triton_read
+    from tests.kernel_device import KERNEL_DEVICE
+
+    block, loads, _ = config
+    src = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    src = src.to(KERNEL_DEVICE)
+    partial = triton_read.partial_sums(src, config)
+    triton_read.read_all(src, partial, config)
+    per_program = block * loads
+    padded = torch.zeros(partial.numel() * per_program, dtype=torch.float32)
+    padded[: src.numel()] = src.float().cpu()
+    want = padded.view(-1, per_program).sum(dim=1)
+    torch.testing.assert_close(partial.cpu(), want, atol=1e-3, rtol=1e-4)
