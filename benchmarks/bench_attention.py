@@ -193,7 +193,7 @@ def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps,
     for name in backends:
         backend = prefill_backend(name)
         ms = time_ms(lambda b=backend: b.forward(q, k, v, kv_cache, attn, scale), device, reps)
-        path = "triton" if name == "triton" else backend.kernel_for(q, attn, scale, None)
+        path = "triton" if name == "triton" else backend.kernel_for(q, attn, scale, None)[0]
         rows.append({"backend": name, "path": path,
                      "num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms,
                      "max_abs_err": (outs[name].float() - want).abs().max().item()})

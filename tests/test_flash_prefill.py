@@ -17,8 +17,9 @@ from runner.attention import flash_prefill
 from runner.attention.flash_prefill import (
     FlashPrefillBackend,
     default_prefill_kernel,
+    fresh_suffix_start,
     gather_step_kv,
-    is_fresh_prefill,
+    leading_rows,
     varlen_attn_function,
 )
 from runner.attention.selector import get_attention_backend
@@ -34,17 +35,28 @@ CUDA = torch.cuda.is_available()
 FRESH_LENS = [5, 16, 33, 1]  # a one-token prompt too, and a block boundary
 
 
-def test_fresh_prefill_is_told_apart_from_host_ints():
+def test_fresh_prompt_suffix_is_found_from_host_ints():
     fresh = make_batch(1, FRESH_LENS, FRESH_LENS, num_pad_tokens=3)
-    assert is_fresh_prefill(fresh.attn, None)
-    assert not is_fresh_prefill(fresh.attn, sliding_window=8)
-    with_prefix = make_batch(2, [5, 16], [5, 40])
-    assert not is_fresh_prefill(with_prefix.attn, None)
-    with_decode = make_batch(3, [1, 16], [9, 16])
-    assert not is_fresh_prefill(with_decode.attn, None)
+    assert fresh_suffix_start(fresh.attn, None) == 0
+    assert fresh_suffix_start(fresh.attn, sliding_window=8) is None
+    last_has_prefix = make_batch(2, [5, 16], [5, 40])
+    assert fresh_suffix_start(last_has_prefix.attn, None) is None
+    after_a_decode = make_batch(3, [1, 16], [9, 16])
+    assert fresh_suffix_start(after_a_decode.attn, None) == 1
     single_tokens = make_batch(4, [1, 1], [1, 1])  # decode-shaped: the Triton kernel's
-    assert not is_fresh_prefill(single_tokens.attn, None)
-    assert not is_fresh_prefill(make_batch(5, MIXED_QUERY_LENS, MIXED_SEQ_LENS).attn, None)
+    assert fresh_suffix_start(single_tokens.attn, None) is None
+    mixed = make_batch(5, MIXED_QUERY_LENS, MIXED_SEQ_LENS)  # a fresh prompt, then padding
+    assert fresh_suffix_start(mixed.attn, None) == 6
+
+
+def test_leading_rows_metadata():
+    mixed = make_batch(6, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=2)
+    head = leading_rows(mixed.attn, 5)
+    assert (head.num_reqs, head.num_tokens, head.num_decodes) == (5, 7, 4)
+    assert (head.max_query_len, head.max_seq_len) == (3, 70)
+    assert head.query_start_loc_cpu.tolist() == [0, 1, 2, 3, 4, 7]
+    assert torch.equal(head.block_tables, mixed.attn.block_tables[:5])
+    assert torch.equal(head.slot_mapping, mixed.attn.slot_mapping[:7])
 
 
 def test_step_kv_is_read_back_from_its_slots():
@@ -68,16 +80,29 @@ def test_sdpa_path_matches_oracle(monkeypatch, num_q_heads, num_kv_heads, fused_
     assert (out[batch.attn.num_tokens:] == 0).all()
 
 
+def test_mixed_batch_splits_between_triton_and_sdpa(monkeypatch):
+    """Decodes and extends through Triton, the trailing fresh prompt through SDPA."""
+    calls = []
+    real = flash_prefill.sdpa_prefill
+    monkeypatch.setattr(flash_prefill, "sdpa_prefill",
+                        lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
+    batch = make_batch(8, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=5, head_dim=32,
+                       num_q_heads=4, num_kv_heads=2)
+    out = run_and_check(batch, FlashPrefillBackend(prefill_kernel="sdpa"), atol=1e-4)
+    assert calls == [20]  # the fresh prompt's tokens only
+    assert (out[batch.attn.num_tokens:] == 0).all()
+
+
 def test_other_batches_take_the_triton_kernels(monkeypatch):
     def refuse(*args):
-        raise AssertionError("not a fresh prefill: the SDPA path must not run")
+        raise AssertionError("no fresh prompt suffix: the SDPA path must not run")
 
     monkeypatch.setattr(flash_prefill, "sdpa_prefill", refuse)
     backend = FlashPrefillBackend(prefill_kernel="sdpa")
-    batch = make_batch(8, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=5, head_dim=32,
-                       num_q_heads=4, num_kv_heads=2)
-    run_and_check(batch, backend, atol=1e-4)
-    window = make_batch(9, [20, 7], [20, 7], head_dim=32, num_q_heads=4, num_kv_heads=2)
+    prefix = make_batch(9, [1, 5, 16], [7, 5, 40], num_pad_tokens=2, head_dim=32,
+                        num_q_heads=4, num_kv_heads=2)
+    run_and_check(prefix, backend, atol=1e-4)
+    window = make_batch(10, [20, 7], [20, 7], head_dim=32, num_q_heads=4, num_kv_heads=2)
     run_and_check(window, backend, atol=1e-4, window=6)
 
 
@@ -101,8 +126,14 @@ def test_selection_and_choices():
 def test_flash_kernels_on_gpu_match_oracle(kernel):
     if kernel == "varlen" and varlen_attn_function() is None:
         pytest.skip("this torch has no torch.nn.attention.varlen")
+    shape = {"block_size": 16, "head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8,
+             "dtype": torch.bfloat16}
     lens = [37, 300, 1000, 1]
-    batch = make_batch(10, lens, lens, num_pad_tokens=13, block_size=16, head_dim=128,
-                       num_q_heads=32, num_kv_heads=8, dtype=torch.bfloat16)
-    out = run_and_check(batch, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)
-    assert (out[batch.attn.num_tokens:] == 0).all()
+    fresh = make_batch(11, lens, lens, num_pad_tokens=13, **shape)
+    out = run_and_check(fresh, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)
+    assert (out[fresh.attn.num_tokens:] == 0).all()
+    # Decodes and a chunk after a cached prefix first, then fresh prompts.
+    mixed = make_batch(12, [1, 1, 300, 37, 1000], [17, 900, 4396, 37, 1000],
+                       num_pad_tokens=7, **shape)
+    out = run_and_check(mixed, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)
+    assert (out[mixed.attn.num_tokens:] == 0).all()

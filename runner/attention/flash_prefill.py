@@ -1,13 +1,16 @@
 """Prefill attention through torch's FlashAttention, the Triton backend otherwise.
 
-A batch whose every row is a prompt with no cached prefix (query length =
-sequence length: nothing before it in the cache) needs no paged reads: its
-keys and values are exactly the step's own tokens. On CUDA such a batch goes
-to ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention inside torch) in
-one launch over the packed tokens, or, where that module is missing, to
-``scaled_dot_product_attention`` once per prompt (its flash kernel for bf16
-causal). Everything else (decodes, chunks after a cached prefix, sliding
-windows, CUDA-graph capture) takes the Triton kernels unchanged.
+A prompt with no cached prefix (query length = sequence length: nothing
+before it in the cache) needs no paged reads: its keys and values are
+exactly the step's own tokens. The runner orders a batch decodes first,
+then short extends, then long prefills, so such prompts form a suffix of
+the rows. On CUDA that suffix goes to ``torch.nn.attention.varlen.varlen_attn``
+(FlashAttention inside torch) in one launch over its packed tokens, or,
+where that module is missing, to ``scaled_dot_product_attention`` once per
+prompt (its flash kernel for bf16 causal); the rows before it (decodes,
+chunks after a cached prefix) take the Triton kernels as a batch of their
+own. Batches without such a suffix, sliding windows and decode batches
+(CUDA-graph capture among them) take the Triton kernels unchanged.
 
 The step's K/V are gathered from the cache at ``slot_mapping`` (the model's
 rotary kernel has already written them there), a copy of T x Hkv x D per
@@ -69,14 +72,34 @@ def default_prefill_kernel(device: torch.device) -> str:
     return "varlen" if varlen_attn_function() is not None else "sdpa"
 
 
-def is_fresh_prefill(attn: AttentionMetadata, sliding_window: int | None) -> bool:
-    """Whether every row is a whole prompt with nothing cached before it
-    (query length == sequence length), from host ints only."""
+def fresh_suffix_start(attn: AttentionMetadata, sliding_window: int | None) -> int | None:
+    """First row of the longest suffix of rows that are whole prompts with
+    nothing cached before them (query length == sequence length), when that
+    suffix holds a prompt of more than one token; else None. Host ints only."""
     n = attn.num_reqs
     if n == 0 or sliding_window is not None or attn.max_query_len <= 1:
-        return False
+        return None
     starts = attn.query_start_loc_cpu[: n + 1]
-    return bool(torch.equal(starts[1:] - starts[:-1], attn.seq_lens_cpu[:n]))
+    query_lens = starts[1:] - starts[:-1]
+    fresh = (query_lens == attn.seq_lens_cpu[:n]).tolist()
+    first = n
+    while first > 0 and fresh[first - 1]:
+        first -= 1
+    if first == n or int(query_lens[first:].max()) <= 1:
+        return None
+    return first
+
+
+def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
+    """The metadata of the batch's first ``rows`` rows alone."""
+    starts, seq_lens = attn.query_start_loc_cpu[: rows + 1], attn.seq_lens_cpu[:rows]
+    num_tokens = int(starts[-1])
+    return AttentionMetadata(
+        num_reqs=rows, num_tokens=num_tokens, num_decodes=min(attn.num_decodes, rows),
+        max_query_len=int((starts[1:] - starts[:-1]).max()), max_seq_len=int(seq_lens.max()),
+        query_start_loc=attn.query_start_loc[: rows + 1], seq_lens=attn.seq_lens[:rows],
+        block_tables=attn.block_tables[:rows], slot_mapping=attn.slot_mapping[:num_tokens],
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
 
 
 def gather_step_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
@@ -119,36 +142,45 @@ class FlashPrefillBackend(TritonAttentionBackend):
 
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
                scale: float, sliding_window: int | None = None) -> torch.Tensor:
-        kernel = self.kernel_for(q, attn, scale, sliding_window)
+        kernel, first = self.kernel_for(q, attn, scale, sliding_window)
         if kernel == "triton":
             return super().attend(q, kv_cache, attn, scale, sliding_window)
-        num_tokens = attn.num_tokens
-        k, v = gather_step_kv(kv_cache, attn.slot_mapping, num_tokens)
+        starts = attn.query_start_loc_cpu[: attn.num_reqs + 1]
+        begin, end = int(starts[first]), attn.num_tokens
         out = torch.empty_like(q)
-        out[num_tokens:].zero_()
+        out[end:].zero_()
+        if first > 0:
+            out[:begin] = super().attend(q[:begin], kv_cache, leading_rows(attn, first), scale,
+                                         sliding_window)
+        k, v = gather_step_kv(kv_cache, attn.slot_mapping[begin:end], end - begin)
         if kernel == "sdpa":
-            starts = attn.query_start_loc_cpu[: attn.num_reqs + 1].tolist()
-            sdpa_prefill(q, k, v, starts, scale, out)
-        else:
-            query = q[:num_tokens].contiguous()
-            out[:num_tokens] = run_varlen(varlen_attn_function(), query, k, v, attn, scale)
+            sdpa_prefill(q[begin:end], k, v, (starts[first:] - begin).tolist(), scale,
+                         out[begin:end])
+            return out
+        cu_seq = attn.query_start_loc[first: attn.num_reqs + 1] - begin
+        max_len = int((starts[first + 1:] - starts[first:-1]).max())
+        out[begin:end] = run_varlen(varlen_attn_function(), q[begin:end].contiguous(), k, v,
+                                    cu_seq, max_len, scale)
         return out
 
     def kernel_for(self, q: torch.Tensor, attn: AttentionMetadata, scale: float,
-                   sliding_window: int | None) -> str:
-        """The kernel this batch takes: "varlen", "sdpa" or "triton"."""
+                   sliding_window: int | None) -> tuple[str, int]:
+        """The kernel for the batch's fresh-prompt rows ("varlen", "sdpa" or,
+        for the whole batch, "triton") and the first of those rows."""
         kernel = self.prefill_kernel or default_prefill_kernel(q.device)
-        if kernel == "triton" or not is_fresh_prefill(attn, sliding_window):
-            return "triton"
+        first = fresh_suffix_start(attn, sliding_window)
+        if kernel == "triton" or first is None:
+            return "triton", attn.num_reqs
         if kernel == "varlen" and not varlen_attn_function().takes_scale:
             default_scale = q.shape[-1] ** -0.5
-            return "varlen" if abs(scale - default_scale) < 1e-12 else "sdpa"
-        return kernel
+            kernel = "varlen" if abs(scale - default_scale) < 1e-12 else "sdpa"
+        return kernel, first
 
 
 def run_varlen(varlen: VarlenAttn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               attn: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One causal ``varlen_attn`` over the packed prompts (cu_seq = query_start_loc)."""
+               cu_seq: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
+    """One causal ``varlen_attn`` over packed prompts (queries and keys share
+    ``cu_seq``, token offsets from 0)."""
     kwargs = dict(varlen.causal)
     if varlen.takes_scale:
         kwargs["scale"] = scale
@@ -157,5 +189,4 @@ def run_varlen(varlen: VarlenAttn, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         kwargs["enable_gqa"] = True
     elif group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    cu_seq = attn.query_start_loc[: attn.num_reqs + 1]
-    return varlen.fn(q, k, v, cu_seq, cu_seq, attn.max_query_len, attn.max_query_len, **kwargs)
+    return varlen.fn(q, k, v, cu_seq, cu_seq, max_len, max_len, **kwargs)
