@@ -9,9 +9,9 @@ block size 16. Decode: batch x context with one query token per request; prefill
 batch x prompt tokens, causal, empty cache, and one prompt after a cached prefix
 of 4096 tokens (chunked prefill, prefix caching). Prefill rows are timed for
 ``--backend``: "triton" (the Triton kernels) and "triton_flash_prefill"
-(runner/attention/flash_prefill.py: prompts without a cached prefix through
-torch's FlashAttention, the rest through Triton; its "path" field names the
-kernel that ran). Our time is one full forward() (KV
+(runner/attention/flash_prefill.py: prefill rows through torch's
+FlashAttention over K/V gathered from the cache, decodes through Triton; its
+"path" field names the kernel that ran). Our time is one full forward() (KV
 write of the step's tokens + attention) with the split count the backend's
 heuristic picks for the real max_seq_len; for decode the no-split time is
 reported too. Both sides are timed as CUDA-graph replays (do_bench_cudagraph),

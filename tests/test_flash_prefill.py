@@ -1,9 +1,9 @@
 """The flash prefill path (runner/attention/flash_prefill.py) against the float32 oracle.
 
-Which batches it takes is decided from host ints alone, tested here on any
-device. The per-prompt SDPA kernel and the K/V read-back run on CPU as well;
+Which rows it takes is decided from host ints alone, tested here on any
+device. The per-row SDPA kernel and the K/V gather run on CPU as well;
 torch's ``varlen_attn`` is CUDA-only, so its numerics are tested on the GPU.
-Batches the path does not take must still match the oracle (Triton kernels).
+Rows the path does not take must still match the oracle (Triton kernels).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from runner.attention import flash_prefill
 from runner.attention.flash_prefill import (
     FlashPrefillBackend,
     default_prefill_kernel,
-    fresh_suffix_start,
-    gather_step_kv,
+    gather_rows_kv,
     leading_rows,
+    prefill_suffix_start,
     varlen_attn_function,
 )
 from runner.attention.selector import get_attention_backend
@@ -35,18 +35,20 @@ CUDA = torch.cuda.is_available()
 FRESH_LENS = [5, 16, 33, 1]  # a one-token prompt too, and a block boundary
 
 
-def test_fresh_prompt_suffix_is_found_from_host_ints():
-    fresh = make_batch(1, FRESH_LENS, FRESH_LENS, num_pad_tokens=3)
-    assert fresh_suffix_start(fresh.attn, None) == 0
-    assert fresh_suffix_start(fresh.attn, sliding_window=8) is None
-    last_has_prefix = make_batch(2, [5, 16], [5, 40])
-    assert fresh_suffix_start(last_has_prefix.attn, None) is None
+def test_prefill_suffix_is_found_from_host_ints():
+    last_is_one_token = make_batch(1, FRESH_LENS, FRESH_LENS, num_pad_tokens=3)
+    assert prefill_suffix_start(last_is_one_token.attn, None) is None  # ends the suffix
+    fresh = make_batch(1, [5, 16, 33], [5, 16, 33])
+    assert prefill_suffix_start(fresh.attn, None) == 0
+    assert prefill_suffix_start(fresh.attn, sliding_window=8) is None
+    with_prefix = make_batch(2, [5, 16], [5, 40])
+    assert prefill_suffix_start(with_prefix.attn, None) == 0
     after_a_decode = make_batch(3, [1, 16], [9, 16])
-    assert fresh_suffix_start(after_a_decode.attn, None) == 1
-    single_tokens = make_batch(4, [1, 1], [1, 1])  # decode-shaped: the Triton kernel's
-    assert fresh_suffix_start(single_tokens.attn, None) is None
-    mixed = make_batch(5, MIXED_QUERY_LENS, MIXED_SEQ_LENS)  # a fresh prompt, then padding
-    assert fresh_suffix_start(mixed.attn, None) == 6
+    assert prefill_suffix_start(after_a_decode.attn, None) == 1
+    decodes = make_batch(4, [1, 1], [1, 30])
+    assert prefill_suffix_start(decodes.attn, None) is None
+    mixed = make_batch(5, MIXED_QUERY_LENS, MIXED_SEQ_LENS)  # 4 decodes, then 3, 11, 20, pad
+    assert prefill_suffix_start(mixed.attn, None) == 4
 
 
 def test_leading_rows_metadata():
@@ -59,12 +61,18 @@ def test_leading_rows_metadata():
     assert torch.equal(head.slot_mapping, mixed.attn.slot_mapping[:7])
 
 
-def test_step_kv_is_read_back_from_its_slots():
-    batch = make_batch(6, FRESH_LENS, FRESH_LENS, num_pad_tokens=2, num_kv_heads=2)
+def test_rows_kv_gathered_through_block_tables():
+    batch = make_batch(6, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=2, num_kv_heads=2)
     write_kv_cache(batch.k, batch.v, batch.kv_cache, batch.attn.slot_mapping)
-    n = batch.attn.num_tokens
-    k, v = gather_step_kv(batch.kv_cache, batch.attn.slot_mapping, n)
-    assert torch.equal(k, batch.k[:n]) and torch.equal(v, batch.v[:n])
+    k, v, cu_seq_k = gather_rows_kv(batch.kv_cache, batch.attn, 4)
+    assert cu_seq_k.tolist() == [0, 40, 90, 110, 110]
+    block_size = batch.kv_cache.shape[2]
+    for row, (start, end) in zip(range(4, 8), zip(cu_seq_k.tolist(), cu_seq_k.tolist()[1:])):
+        for pos in range(end - start):
+            block = int(batch.attn.block_tables[row, pos // block_size])
+            for which, got in ((0, k), (1, v)):
+                want = batch.kv_cache[which, block, pos % block_size]
+                assert torch.equal(got[start + pos], want)
 
 
 @pytest.mark.parametrize("num_q_heads,num_kv_heads,fused_qkv", [(4, 4, False), (8, 2, False),
@@ -73,7 +81,8 @@ def test_sdpa_path_matches_oracle(monkeypatch, num_q_heads, num_kv_heads, fused_
     calls = []
     real = flash_prefill.sdpa_prefill
     monkeypatch.setattr(flash_prefill, "sdpa_prefill", lambda *a: calls.append(1) or real(*a))
-    batch = make_batch(7, FRESH_LENS, FRESH_LENS, num_pad_tokens=4, head_dim=32,
+    lens = [5, 16, 33, 2]
+    batch = make_batch(7, lens, lens, num_pad_tokens=4, head_dim=32,
                        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, fused_qkv=fused_qkv)
     out = run_and_check(batch, FlashPrefillBackend(prefill_kernel="sdpa"), atol=1e-4)
     assert calls == [1]
@@ -81,7 +90,8 @@ def test_sdpa_path_matches_oracle(monkeypatch, num_q_heads, num_kv_heads, fused_
 
 
 def test_mixed_batch_splits_between_triton_and_sdpa(monkeypatch):
-    """Decodes and extends through Triton, the trailing fresh prompt through SDPA."""
+    """Decodes through Triton; the extends after cached prefixes and the fresh
+    prompt through SDPA (bottom-right causal)."""
     calls = []
     real = flash_prefill.sdpa_prefill
     monkeypatch.setattr(flash_prefill, "sdpa_prefill",
@@ -89,19 +99,19 @@ def test_mixed_batch_splits_between_triton_and_sdpa(monkeypatch):
     batch = make_batch(8, MIXED_QUERY_LENS, MIXED_SEQ_LENS, num_pad_tokens=5, head_dim=32,
                        num_q_heads=4, num_kv_heads=2)
     out = run_and_check(batch, FlashPrefillBackend(prefill_kernel="sdpa"), atol=1e-4)
-    assert calls == [20]  # the fresh prompt's tokens only
+    assert calls == [3 + 11 + 20]  # the decodes' tokens are not in it
     assert (out[batch.attn.num_tokens:] == 0).all()
 
 
 def test_other_batches_take_the_triton_kernels(monkeypatch):
     def refuse(*args):
-        raise AssertionError("no fresh prompt suffix: the SDPA path must not run")
+        raise AssertionError("no prefill rows, or a window: the SDPA path must not run")
 
     monkeypatch.setattr(flash_prefill, "sdpa_prefill", refuse)
     backend = FlashPrefillBackend(prefill_kernel="sdpa")
-    prefix = make_batch(9, [1, 5, 16], [7, 5, 40], num_pad_tokens=2, head_dim=32,
-                        num_q_heads=4, num_kv_heads=2)
-    run_and_check(prefix, backend, atol=1e-4)
+    decodes = make_batch(9, [1, 1, 1], [7, 5, 40], num_pad_tokens=2, head_dim=32,
+                         num_q_heads=4, num_kv_heads=2)
+    run_and_check(decodes, backend, atol=1e-4)
     window = make_batch(10, [20, 7], [20, 7], head_dim=32, num_q_heads=4, num_kv_heads=2)
     run_and_check(window, backend, atol=1e-4, window=6)
 
@@ -132,7 +142,7 @@ def test_flash_kernels_on_gpu_match_oracle(kernel):
     fresh = make_batch(11, lens, lens, num_pad_tokens=13, **shape)
     out = run_and_check(fresh, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)
     assert (out[fresh.attn.num_tokens:] == 0).all()
-    # Decodes and a chunk after a cached prefix first, then fresh prompts.
+    # Decodes, then a chunk after a 4096-token cached prefix, then fresh prompts.
     mixed = make_batch(12, [1, 1, 300, 37, 1000], [17, 900, 4396, 37, 1000],
                        num_pad_tokens=7, **shape)
     out = run_and_check(mixed, FlashPrefillBackend(prefill_kernel=kernel), atol=2e-2, rtol=2e-2)

@@ -1,23 +1,24 @@
 """Prefill attention through torch's FlashAttention, the Triton backend otherwise.
 
-A prompt with no cached prefix (query length = sequence length: nothing
-before it in the cache) needs no paged reads: its keys and values are
-exactly the step's own tokens. The runner orders a batch decodes first,
-then short extends, then long prefills, so such prompts form a suffix of
-the rows. On CUDA that suffix goes to ``torch.nn.attention.varlen.varlen_attn``
-(FlashAttention inside torch) in one launch over its packed tokens, or,
-where that module is missing, to ``scaled_dot_product_attention`` once per
-prompt (its flash kernel for bf16 causal); the rows before it (decodes,
-chunks after a cached prefix) take the Triton kernels as a batch of their
-own. Batches without such a suffix, sliding windows and decode batches
-(CUDA-graph capture among them) take the Triton kernels unchanged.
+The runner orders a batch decodes first, then extends and prefills by token
+count, so the rows with more than one query token form a suffix. On CUDA
+that suffix goes to ``torch.nn.attention.varlen.varlen_attn``
+(FlashAttention inside torch) in one launch, or, where that module is
+missing, to ``scaled_dot_product_attention`` once per row; the decode rows
+before it take the Triton kernels as a batch of their own. Decode batches
+(CUDA-graph capture among them) and sliding windows take the Triton
+kernels unchanged.
 
-The step's K/V are gathered from the cache at ``slot_mapping`` (the model's
-rotary kernel has already written them there), a copy of T x Hkv x D per
-tensor, small beside the attention of T queries over T keys.
+The flash kernels read contiguous K/V, not the paged cache (torch's paged
+variant wants pages of 256 tokens or more), so each suffix row's keys and
+values, cached prefix included, are gathered from the cache through its
+block table first: a copy of seq_len x Hkv x D per tensor, small beside the
+attention of its queries over those keys. Causal masks align bottom-right:
+query j of a row sits at position seq_len - query_len + j.
 
-Host synchronisation: none. The choice reads the host copies of the
-metadata only (``query_start_loc_cpu``, ``seq_lens_cpu``).
+Host synchronisation: none. The choice and every size read the host copies
+of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``); the gather
+indices are built on the device.
 """
 
 from __future__ import annotations
@@ -72,22 +73,19 @@ def default_prefill_kernel(device: torch.device) -> str:
     return "varlen" if varlen_attn_function() is not None else "sdpa"
 
 
-def fresh_suffix_start(attn: AttentionMetadata, sliding_window: int | None) -> int | None:
-    """First row of the longest suffix of rows that are whole prompts with
-    nothing cached before them (query length == sequence length), when that
-    suffix holds a prompt of more than one token; else None. Host ints only."""
+def prefill_suffix_start(attn: AttentionMetadata, sliding_window: int | None) -> int | None:
+    """First row of the batch's trailing rows that are not decodes (more than
+    one query token, or none: padding), when one of them has more than one
+    query token; else None. Host ints only."""
     n = attn.num_reqs
     if n == 0 or sliding_window is not None or attn.max_query_len <= 1:
         return None
     starts = attn.query_start_loc_cpu[: n + 1]
-    query_lens = starts[1:] - starts[:-1]
-    fresh = (query_lens == attn.seq_lens_cpu[:n]).tolist()
+    query_lens = (starts[1:] - starts[:-1]).tolist()
     first = n
-    while first > 0 and fresh[first - 1]:
+    while first > 0 and query_lens[first - 1] != 1:
         first -= 1
-    if first == n or int(query_lens[first:].max()) <= 1:
-        return None
-    return first
+    return first if max(query_lens[first:], default=0) > 1 else None
 
 
 def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
@@ -102,29 +100,48 @@ def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
         query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
 
 
-def gather_step_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                   num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's keys and values [num_tokens, Hkv, D], read back from the cache."""
+def gather_rows_kv(kv_cache: torch.Tensor, attn: AttentionMetadata,
+                   first: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys and values of positions 0 .. seq_len - 1 of rows ``first`` .. the
+    last, packed row after row ([sum of seq_lens, Hkv, D] each), and their
+    offsets cu_seq_k [rows + 1] (int32, on the device)."""
+    n, block_size = attn.num_reqs, kv_cache.shape[2]
+    seq_lens = attn.seq_lens[first:n]
+    total = int(attn.seq_lens_cpu[first:n].sum())
+    cu_seq_k = F.pad(torch.cumsum(seq_lens, 0, dtype=torch.int32), (1, 0))
+    device = kv_cache.device
+    rows = torch.repeat_interleave(torch.arange(n - first, device=device), seq_lens,
+                                   output_size=total)
+    positions = torch.arange(total, device=device) - cu_seq_k[rows]
+    blocks = attn.block_tables[first:n][rows, positions // block_size].long()
+    slots = blocks * block_size + positions % block_size
     flat = kv_cache.flatten(1, 2)  # [2, blocks * block_size, Hkv, D]
-    slots = slot_mapping[:num_tokens]
-    return flat[0].index_select(0, slots), flat[1].index_select(0, slots)
+    return flat[0].index_select(0, slots), flat[1].index_select(0, slots), cu_seq_k
 
 
-def sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int],
-                 scale: float, out: torch.Tensor) -> None:
-    """Causal attention of each prompt over its own tokens, one SDPA call each
-    (K/V heads shared by query groups through ``enable_gqa``)."""
-    for start, end in zip(starts, starts[1:]):
-        if end == start:
+def sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_starts: list[int],
+                 key_starts: list[int], scale: float, out: torch.Tensor) -> None:
+    """Causal attention of each row's queries over its keys (bottom-right
+    aligned), one SDPA call per row (K/V heads shared by query groups through
+    ``enable_gqa``)."""
+    rows = zip(query_starts, query_starts[1:], key_starts, key_starts[1:])
+    for q_start, q_end, k_start, k_end in rows:
+        q_len, k_len = q_end - q_start, k_end - k_start
+        if q_len == 0:
             continue
-        qi, ki, vi = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale,
-                                            enable_gqa=True)
-        out[start:end] = oi[0].transpose(0, 1)
+        qi = q[q_start:q_end].transpose(0, 1).unsqueeze(0)
+        ki, vi = (x[k_start:k_end].transpose(0, 1).unsqueeze(0) for x in (k, v))
+        mask = None
+        if q_len != k_len:
+            mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)
+            mask = mask.tril(diagonal=k_len - q_len)
+        oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, is_causal=mask is None,
+                                            scale=scale, enable_gqa=True)
+        out[q_start:q_end] = oi[0].transpose(0, 1)
 
 
 class FlashPrefillBackend(TritonAttentionBackend):
-    """The Triton backend with fresh prefills sent to torch's flash kernels.
+    """The Triton backend with a batch's prefill rows sent to torch's flash kernels.
 
     prefill_kernel: "varlen", "sdpa" or "triton" (never leave the Triton
     kernels); None picks ``default_prefill_kernel`` for the query's device.
@@ -145,30 +162,33 @@ class FlashPrefillBackend(TritonAttentionBackend):
         kernel, first = self.kernel_for(q, attn, scale, sliding_window)
         if kernel == "triton":
             return super().attend(q, kv_cache, attn, scale, sliding_window)
-        starts = attn.query_start_loc_cpu[: attn.num_reqs + 1]
+        n = attn.num_reqs
+        starts = attn.query_start_loc_cpu[: n + 1]
         begin, end = int(starts[first]), attn.num_tokens
         out = torch.empty_like(q)
         out[end:].zero_()
         if first > 0:
             out[:begin] = super().attend(q[:begin], kv_cache, leading_rows(attn, first), scale,
                                          sliding_window)
-        k, v = gather_step_kv(kv_cache, attn.slot_mapping[begin:end], end - begin)
+        k, v, cu_seq_k = gather_rows_kv(kv_cache, attn, first)
         if kernel == "sdpa":
-            sdpa_prefill(q[begin:end], k, v, (starts[first:] - begin).tolist(), scale,
-                         out[begin:end])
+            key_starts = F.pad(attn.seq_lens_cpu[first:n].cumsum(0), (1, 0)).tolist()
+            sdpa_prefill(q[begin:end], k, v, (starts[first:] - begin).tolist(), key_starts,
+                         scale, out[begin:end])
             return out
-        cu_seq = attn.query_start_loc[first: attn.num_reqs + 1] - begin
-        max_len = int((starts[first + 1:] - starts[first:-1]).max())
+        cu_seq_q = attn.query_start_loc[first: n + 1] - begin
+        max_q = int((starts[first + 1:] - starts[first:-1]).max())
+        max_k = int(attn.seq_lens_cpu[first:n].max())
         out[begin:end] = run_varlen(varlen_attn_function(), q[begin:end].contiguous(), k, v,
-                                    cu_seq, max_len, scale)
+                                    (cu_seq_q, cu_seq_k), (max_q, max_k), scale)
         return out
 
     def kernel_for(self, q: torch.Tensor, attn: AttentionMetadata, scale: float,
                    sliding_window: int | None) -> tuple[str, int]:
-        """The kernel for the batch's fresh-prompt rows ("varlen", "sdpa" or,
-        for the whole batch, "triton") and the first of those rows."""
+        """The kernel for the batch's trailing prefill rows ("varlen", "sdpa"
+        or, for the whole batch, "triton") and the first of those rows."""
         kernel = self.prefill_kernel or default_prefill_kernel(q.device)
-        first = fresh_suffix_start(attn, sliding_window)
+        first = prefill_suffix_start(attn, sliding_window)
         if kernel == "triton" or first is None:
             return "triton", attn.num_reqs
         if kernel == "varlen" and not varlen_attn_function().takes_scale:
@@ -178,9 +198,10 @@ class FlashPrefillBackend(TritonAttentionBackend):
 
 
 def run_varlen(varlen: VarlenAttn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               cu_seq: torch.Tensor, max_len: int, scale: float) -> torch.Tensor:
-    """One causal ``varlen_attn`` over packed prompts (queries and keys share
-    ``cu_seq``, token offsets from 0)."""
+               cu_seq: tuple[torch.Tensor, torch.Tensor], max_len: tuple[int, int],
+               scale: float) -> torch.Tensor:
+    """One causal ``varlen_attn`` over packed rows: queries at offsets
+    ``cu_seq[0]``, keys at ``cu_seq[1]`` (from 0), longest ``max_len``."""
     kwargs = dict(varlen.causal)
     if varlen.takes_scale:
         kwargs["scale"] = scale
@@ -189,4 +210,4 @@ def run_varlen(varlen: VarlenAttn, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         kwargs["enable_gqa"] = True
     elif group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return varlen.fn(q, k, v, cu_seq, cu_seq, max_len, max_len, **kwargs)
+    return varlen.fn(q, k, v, *cu_seq, *max_len, **kwargs)
