@@ -24,6 +24,10 @@ from runner.attention.flash_prefill import (
 )
 from runner.attention.selector import get_attention_backend
 from runner.attention.triton_kv_write import write_kv_cache
+from runner.distributed import TensorParallelGroup
+from runner.models import build_model
+from tests.kernel_device import KERNEL_DEVICE
+from tests.test_model_parity import check_close, run_scenario, save_hf_model
 from tests.test_triton_attention import (
     MIXED_QUERY_LENS,
     MIXED_SEQ_LENS,
@@ -123,11 +127,42 @@ def test_selection_and_choices():
     with pytest.raises(ValueError, match="prefill_kernel"):
         FlashPrefillBackend(prefill_kernel="flash")
     found = varlen_attn_function()
+    if found is not None:  # FlashAttention is half precision: float32 takes SDPA
+        batch = make_batch(11, [5, 9], [5, 9])
+        backend = FlashPrefillBackend(prefill_kernel="varlen")
+        scale = batch.q.shape[-1] ** -0.5
+        assert backend.kernel_for(batch.q, batch.attn, scale, None) == ("sdpa", 0)
+        assert backend.kernel_for(batch.q.bfloat16(), batch.attn, scale, None) == ("varlen", 0)
     if found is not None:  # the keywords we pass are this torch's
         params = inspect.signature(found.fn).parameters
         assert set(found.causal) <= set(params)
         assert found.takes_scale == ("scale" in params)
         assert found.takes_gqa == ("enable_gqa" in params)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, tuple[str, list[torch.Tensor]]]:
+    root = tmp_path_factory.mktemp("flash_prefill_parity")
+    return {name: (str(root / name), save_hf_model(name, str(root / name)))
+            for name in ("llama", "llama3_tied", "qwen3")}
+
+
+@pytest.mark.parametrize("name", ["llama", "llama3_tied", "qwen3"])
+def test_model_with_flash_prefill_matches_hf(checkpoints, name, monkeypatch):
+    """The whole model with the backend, against HF's logits: fresh prompts,
+    chunks after a cached prefix (with padding tokens), then decodes."""
+    calls = []
+    real = flash_prefill.sdpa_prefill
+    monkeypatch.setattr(flash_prefill, "sdpa_prefill", lambda *a: calls.append(1) or real(*a))
+    model_dir, reference = checkpoints[name]
+    model = build_model(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(),
+                        "triton_flash_prefill")
+    for layer in model.layers:  # float32: the SDPA kernel (FlashAttention is half precision)
+        assert layer.self_attn.fused_kv_write
+        layer.self_attn.backend.prefill_kernel = "sdpa"
+    tol = 1e-4 if KERNEL_DEVICE.type == "cpu" else 1e-3
+    check_close(run_scenario(model, 16, KERNEL_DEVICE), reference, tol=tol)
+    assert len(calls) == 2 * model.config.num_hidden_layers  # both prefill steps
 
 
 @pytest.mark.gpu

@@ -191,6 +191,8 @@ class FlashPrefillBackend(TritonAttentionBackend):
         first = prefill_suffix_start(attn, sliding_window)
         if kernel == "triton" or first is None:
             return "triton", attn.num_reqs
+        if kernel == "varlen" and q.dtype not in (torch.float16, torch.bfloat16):
+            kernel = "sdpa"  # FlashAttention computes in half precision only
         if kernel == "varlen" and not varlen_attn_function().takes_scale:
             default_scale = q.shape[-1] ** -0.5
             kernel = "varlen" if abs(scale - default_scale) < 1e-12 else "sdpa"
