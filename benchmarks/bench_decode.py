@@ -336,11 +336,15 @@ def main() -> None:
     check_args(parser, args)
     if args.cublas_only:
         triton_skinny_matmul.SKINNY_MAX_ROWS = 0
+    with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
+        run_benchmark(args, write_shape(args.shape, shape_dir))
 
+
+def run_benchmark(args, model_dir: str) -> None:
+    """Every row of the sweep, then the summary (rank 0 prints it)."""
     device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
-    model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
     max_len = max(args.contexts) + args.steps + 64
     config = RunnerConfig(model=model_dir, device=args.device, dtype=args.dtype, block_size=16,
                           max_num_seqs=max(args.batches), max_model_len=max_len,

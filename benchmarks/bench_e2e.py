@@ -185,12 +185,18 @@ def main() -> None:
                         help="size of the square matmul that measures TFLOP/s")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
+        summary = run_benchmark(args, write_shape(args.shape, shape_dir))
+    emit_summary(summary, args.out)
+
+
+def run_benchmark(args, model_dir: str) -> dict:
+    """HF, tprun at HF's batch and all at once, then the TTFT; the summary."""
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
-
     prompts = random_prompts(args.num_requests, args.input_len,
                              shape_config(args.shape)["vocab_size"])
-    model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
     hf = run_hf(args.shape, prompts[: args.hf_requests], args.output_len, args.hf_batch,
                 device, dtype)
     print(json.dumps({"hf": hf}), flush=True)
@@ -213,7 +219,7 @@ def main() -> None:
             ours_batch["output_tokens_per_s"] / hf["output_tokens_per_s"], 2),
         "ttft": ttft, "date": time.strftime("%Y-%m-%d"),
     }
-    emit_summary(summary, args.out)
+    return summary
 
 
 def device_name(device: torch.device) -> str:

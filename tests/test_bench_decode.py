@@ -20,10 +20,12 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 
 
 def run_bench(out, *args: str):
+    """One run on CPU; compiled code is cached beside ``out``, not in /tmp."""
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_decode.py"), "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--batches", "2", "--steps", "3",
-         "--bandwidth-mib", "16", "--out", str(out), *args], timeout=380)
+         "--bandwidth-mib", "16", "--out", str(out), *args], timeout=380,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(out.parent / "inductor")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert leftovers == []
     summary = json.loads(out.read_text())

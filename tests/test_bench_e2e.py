@@ -24,7 +24,7 @@ def test_e2e_summary_fields(tmp_path):
          "--device", "cpu", "--dtype", "float32", "--num-requests", "4", "--input-len", "16",
          "--output-len", "4", "--hf-batch", "2", "--hf-requests", "2", "--ttft-prompts", "2",
          "--ttft-len", "40", "--ttft-rounds", "1", "--matmul-n", "256", "--out", str(out)],
-        timeout=380)
+        timeout=380, env={"TPRUN_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert leftovers == []
     s = json.loads(out.read_text())

@@ -67,7 +67,8 @@ def test_llama3_frequencies_match_hf():
 
 
 @pytest.mark.timeout(600)
-def test_compiled_step_matches_eager_step():
+def test_compiled_step_matches_eager_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     prompt = torch.randint(3, 512, (3, 7), generator=torch.Generator().manual_seed(2))
     _, peer = hf_and_peer(False, max_len=24, batch=3)
     eager = generate(peer, greedy_step, prompt, NEW_TOKENS)
