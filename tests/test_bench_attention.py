@@ -26,8 +26,9 @@ def test_prefill_rows_of_both_backends(tmp_path):
     shapes = ["1x64", "2x32", "1x32+48 cached"]
     assert [(r["shape"], r["backend"]) for r in rows] == [
         (s, b) for s in shapes for b in ("triton", "triton_flash_prefill")]
+    tol = 1e-4 if report["dtype"] == "float32" else 3e-2  # bf16 when CUDA runs it
     for row in rows:
-        assert row["name"] == "prefill" and row["max_abs_err"] < 1e-4
+        assert row["name"] == "prefill" and row["max_abs_err"] < tol
         assert row["ratio"] == pytest.approx(row["ms"] / row["sdpa_ms"])
         if report["device"].startswith("cpu"):
             assert row["path"] == "triton"  # torch's flash kernels are CUDA-only
