@@ -2,7 +2,7 @@
 # Run the test suite and the benchmarks on an H200 host, by stage.
 #   bash benchmarks/run_h200.sh STAGE...
 # Stages (minutes, roughly):
-#   tests (8) = tests-1 + tests-2 (4 each): the whole suite on the GPU
+#   tests = tests-1 + tests-2 (about 5 minutes each): the whole suite on the GPU
 #   gpu-tests (2): the tests that exercise CUDA
 #   prepare (0.5), attention (3), bench-1b (1), bench-8b (1.5): prepare_inputs,
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$LOGS/gp
 
 pytest_files() {  # $1 log name, then pytest arguments
   local log=$1; shift
-  timeout 400 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
+  timeout 560 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
     | tee -a "$LOGS/$log" | tail -25
 }
 
