@@ -3,8 +3,9 @@
     python benchmarks/bench_tp.py --shape 8b --tp 1 2 4 8            (GPUs, NCCL)
     python benchmarks/bench_tp.py --shape tiny --device cpu --tp 1 2  (CPU, gloo)
 
-For each N, ``LLM(tensor_parallel_size=N, load_format="dummy")`` starts the
-worker daemons as ``tprun --nproc-per-node N`` would. Random weights are drawn
+For each N, ``LLM(tensor_parallel_size=N, executor="mp", load_format="dummy")``
+starts the worker daemons as ``tprun --nproc-per-node N`` would: TP=1 too runs
+in a worker daemon, so every size pays the same broadcast and reply. Random weights are drawn
 whole per tensor from a seed and sliced per rank (runner/loader.py), so every
 N runs the same model. Two runs per N:
 
@@ -86,7 +87,7 @@ def decode_speed(llm: LLM, vocab: int, batch: int, input_len: int, output_len: i
 
 def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling: bool) -> LLM:
     return LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
-               load_format="dummy", max_num_seqs=max_num_seqs,
+               executor="mp", load_format="dummy", max_num_seqs=max_num_seqs,
                max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False,
                async_scheduling=async_scheduling)
 
