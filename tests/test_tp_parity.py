@@ -2,13 +2,15 @@
 
 A fixed batch (two prompts prefilled in one step, then decode steps fed
 fixed tokens, so every size sees the same inputs) runs through the paged
-model on each rank (tests/multi_rank.py: gloo on the CPU, NCCL on GPUs).
-Checks: the ranks' logits are equal bit for bit (each rank samples from its
-own logits, so ranks that differ by one rounding diverge); in float32 TP=2's
-logits are within 1e-3 of TP=1's, relative to the largest logit; in
-bfloat16 TP=2's error against the float32 TP=1 logits is no larger than
-1.25x TP=1 bfloat16's own (a wrong reduction order or a lost term shows as
-a larger error; a different rounding order alone does not).
+model on each rank (tests/multi_rank.py: gloo on the CPU, NCCL on GPUs,
+where TP=2 runs with the custom all-reduce over peer buffers, as the runner
+builds its group, and without). Checks: the ranks' logits are equal bit for
+bit (each rank samples from its own logits, so ranks that differ by one
+rounding diverge); in float32 TP=2's logits are within 1e-3 of TP=1's,
+relative to the largest logit; in bfloat16 TP=2's error against the float32
+TP=1 logits is no larger than 1.25x TP=1 bfloat16's own (a lost term or a
+reduction rounded too early shows as a larger error; another order of the
+same sums does not).
 """
 
 from __future__ import annotations
@@ -66,16 +68,20 @@ def _metadata(chunks: list[tuple[int, int, int]], device: torch.device) -> Atten
 
 
 @torch.inference_mode()
-def scenario_logits(rank: RankInfo, model_dir: str, dtypes: list[str]) -> dict[str, torch.Tensor]:
+def scenario_logits(rank: RankInfo, model_dir: str, dtypes: list[str],
+                    custom_all_reduce: bool = False) -> dict[str, torch.Tensor]:
     """Rank function: for each dtype, float32 logits of every position of the
-    fixed batch, the model loaded in that dtype."""
-    return {dtype: _logits(rank, model_dir, dtype) for dtype in dtypes}
+    fixed batch, the model loaded in that dtype. ``custom_all_reduce``: the
+    group carries peer buffers, as the runner's does (CUDA only; elsewhere
+    the group is unchanged)."""
+    tp = rank.tp.with_peer_buffers(rank.device) if custom_all_reduce else rank.tp
+    return {dtype: _logits(rank, tp, model_dir, dtype) for dtype in dtypes}
 
 
-def _logits(rank: RankInfo, model_dir: str, dtype: str) -> torch.Tensor:
+def _logits(rank: RankInfo, tp, model_dir: str, dtype: str) -> torch.Tensor:
     from runner.models import build_model
 
-    model = build_model(model_dir, DTYPES[dtype], rank.device, rank.tp)
+    model = build_model(model_dir, DTYPES[dtype], rank.device, tp)
     gen = torch.Generator().manual_seed(11)
     seqs = [torch.randint(0, model.config.vocab_size, (n + DECODE_STEPS,), generator=gen)
             for n in PROMPT_LENS]
@@ -104,14 +110,16 @@ def rms_error(got: torch.Tensor, reference: torch.Tensor) -> float:
     return float((got - reference).pow(2).mean().sqrt())
 
 
-def run_sizes(model_dir: str, backend: str, timeout_s: float = 180.0) -> dict:
+def run_sizes(model_dir: str, backend: str, timeout_s: float = 180.0,
+              custom_all_reduce: bool = False) -> dict:
     """{size: {dtype: rank 0's logits}} at TP=1 and TP=2; asserts that the
     ranks of each size agree bit for bit."""
     out = {}
     for size in (1, 2):
-        results = run_on_ranks(scenario_logits, size,
-                               {"model_dir": model_dir, "dtypes": list(DTYPES)},
-                               backend=backend, timeout_s=timeout_s)
+        kwargs = {"model_dir": model_dir, "dtypes": list(DTYPES),
+                  "custom_all_reduce": custom_all_reduce}
+        results = run_on_ranks(scenario_logits, size, kwargs, backend=backend,
+                               timeout_s=timeout_s)
         assert_ranks_bitwise_equal(results)
         out[size] = results[0]
     return out
@@ -155,9 +163,13 @@ needs_two_gpus = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def nccl_logits(tmp_path_factory) -> dict:
-    model_dir = save_checkpoint(tmp_path_factory.mktemp("tp_wide"), WIDE)
-    return run_sizes(model_dir, "nccl", timeout_s=300)
+def wide_checkpoint(tmp_path_factory) -> str:
+    return save_checkpoint(tmp_path_factory.mktemp("tp_wide"), WIDE)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["custom_all_reduce", "nccl_only"])
+def nccl_logits(request, wide_checkpoint) -> dict:
+    return run_sizes(wide_checkpoint, "nccl", timeout_s=300, custom_all_reduce=request.param)
 
 
 @pytest.mark.gpu

@@ -135,8 +135,11 @@ class Worker:
         The runner owns every tensor of the rank (weights, KV cache, CUDA
         graphs and their pool, staged and pinned buffers, sampler state):
         once it is dropped and collected, the device memory is free even when
-        the process lives on (the in-process executor). Idempotent.
+        the process lives on (the in-process executor). The runner goes
+        first: its peer buffers (symmetric memory) were exchanged through the
+        process group and are released while the group still exists.
+        Idempotent.
         """
         self.runner = None
-        destroy_process_group()
         release_device_memory(self.device)
+        destroy_process_group()
