@@ -48,8 +48,8 @@ class TorchrunEnv:
         }
 
 
-# NVLink multicast (NVLS) stays off in every process tprun starts, on shared
-# hosts as on others: NCCL, torch's symmetric memory and NVSHMEM each have a switch.
+# NVLink multicast (NVLS) stays off in every process tprun starts; NCCL,
+# torch's symmetric memory and NVSHMEM each have their own switch for it.
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                 "NVSHMEM_DISABLE_NVLS": "1"}
 
