@@ -82,3 +82,20 @@ def test_multicast_off_in_every_process(monkeypatch):
         for proc in llm.engine.executor.procs:
             env = process_environ(proc.pid)
             assert {n: env.get(n) for n in NO_MULTICAST} == NO_MULTICAST
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.timeout(180)
+def test_the_executor_holds_the_store_until_the_workers_exit():
+    with LLM(model="tiny", tensor_parallel_size=2, device="cpu", max_num_seqs=4,
+             kv_cache_memory_bytes=4 << 20) as llm:
+        executor = llm.engine.executor
+        store = executor.store
+        for proc in executor.procs:
+            env = process_environ(proc.pid)
+            assert env["MASTER_PORT"] == str(store.port)
+            assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        store.set("probe", "1")  # the workers' group met here
+        assert store.num_keys() > 1
+    assert [proc.returncode for proc in executor.procs] == [0, 0]
+    assert executor.store is None
