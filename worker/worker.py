@@ -141,5 +141,7 @@ class Worker:
         Idempotent.
         """
         self.runner = None
-        release_device_memory(self.device)
-        destroy_process_group()
+        try:
+            release_device_memory(self.device)
+        finally:  # a device in an error state still leaves the group
+            destroy_process_group()
