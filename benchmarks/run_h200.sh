@@ -99,12 +99,12 @@ run_stage() {
       tail -16 "$LOGS/allreduce.log" | cut -c1-200 ;;
     tp-decode-ab)  # decode step of TP=1, TP=2 (custom all-reduce) and TP=2 (NCCL), one run
       local shape=${TP_SHAPE:-8b}
-      timeout 200 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 128 \
+      timeout 200 python3 benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} \
         --contexts 512 4096 --out "$RESULTS/tp_ab_${shape}_tp1.json" > "$LOGS/tp_decode.log" 2>&1
       tail -1 "$LOGS/tp_decode.log" | cut -c1-300
       for flag in "" --disable-custom-all-reduce; do
         timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 \
-          benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 128 --contexts 512 4096 \
+          benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} --contexts 512 4096 \
           --kernel-table $flag --out "$RESULTS/tp_ab_${shape}_tp2${flag:+_nccl}.json" >> "$LOGS/tp_decode.log" 2>&1
         tail -1 "$LOGS/tp_decode.log" | cut -c1-300
       done ;;
