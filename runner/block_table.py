@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runner.kernels.block_tables import compute_slot_mappings, gather_block_tables
+from runner.ops import device_ops
 from runner.staged_write import StagedWriteTensor
 
 
@@ -24,6 +24,7 @@ class BlockTables:
         max_num_batched_tokens: int,
         device: torch.device,
     ):
+        self.ops = device_ops(device)
         self.block_size = block_size
         self.max_num_blocks_per_req = max_num_blocks_per_req
         # One extra row for the padding slot (see runner.states): always zero.
@@ -59,7 +60,7 @@ class BlockTables:
 
     def gather(self, idx_mapping: torch.Tensor, num_reqs: int, num_reqs_padded: int):
         """Rows of the batch's slots, in batch order; padded rows zeroed."""
-        return gather_block_tables(
+        return self.ops.gather_block_tables(
             self.block_table.gpu, idx_mapping, self.batch_block_table, num_reqs, num_reqs_padded
         )
 
@@ -73,7 +74,7 @@ class BlockTables:
         num_tokens_padded: int,
     ) -> torch.Tensor:
         """block * block_size + offset for each token; -1 for padding."""
-        return compute_slot_mappings(
+        return self.ops.compute_slot_mappings(
             self.block_table.gpu,
             idx_mapping,
             query_start_loc,

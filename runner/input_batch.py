@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runner.host_copy import HostToDeviceCopier
+from runner.ops import device_ops
 
 
 def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
@@ -56,7 +56,7 @@ class InputBuffers:
         self.idx_mapping = self.step_meta[:max_num_reqs]
         self.query_start_loc = self.step_meta[max_num_reqs:]
         self.step_meta_np = np.zeros(2 * max_num_reqs + 1, dtype=np.int32)
-        self.copier = HostToDeviceCopier(device)
+        self.transfer = device_ops(device).new_transfer()
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int) -> None:
@@ -70,7 +70,7 @@ class InputBuffers:
         meta[:n] = idx_mapping_np
         meta[n : m - 1] = pad_slot
         meta[self.max_num_reqs : self.max_num_reqs + m] = query_start_loc_np
-        self.copier.copy(meta[: self.max_num_reqs + m], self.step_meta)
+        self.transfer.copy_into(meta[: self.max_num_reqs + m], self.step_meta)
 
 
 @dataclass(frozen=True)

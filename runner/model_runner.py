@@ -22,9 +22,6 @@ from runner.config import RunnerConfig
 from runner.cuda_graphs import CudaGraphManager, capture_sizes
 from runner.distributed import TensorParallelGroup
 from runner.input_batch import BatchPlan, InputBuffers, plan_batch
-from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
-from runner.kernels.prefill_inputs import prepare_prefill_inputs
-from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
 from runner.kv_cache import (
     allocate_kv_caches,
     kv_cache_bytes_per_block,
@@ -33,6 +30,7 @@ from runner.kv_cache import (
 )
 from runner.model_config import ModelConfig
 from runner.models import build_model, build_model_from_config
+from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.sampler import Sampler, SamplerOutput
 from runner.states import RequestState
@@ -76,6 +74,7 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
         self.config = config
         self.device = device
+        self.ops = device_ops(device)
         self.tp = tp
         self.model = _load_model(config, device, tp)
         self.dtype = next(self.model.parameters()).dtype
@@ -90,11 +89,11 @@ class ModelRunner:
             device,
         )
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.output_transfer = self.ops.new_transfer()
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
-        use_graphs = device.type == "cuda" and not config.enforce_eager
+        use_graphs = self.ops.cuda_graphs and not config.enforce_eager
         sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
         self.graphs = CudaGraphManager(sizes)
 
@@ -110,7 +109,7 @@ class ModelRunner:
         profile run of a full token budget (weights included).
         """
         per_block = self.bytes_per_block()
-        if self.device.type != "cuda":
+        if not self.ops.kv_budget_from_free_memory:
             return self.config.kv_cache_memory_bytes // per_block
         peak = profile_peak_memory(self.model, self.config, self.dtype, self.device)
         free, total = torch.cuda.mem_get_info(self.device)
@@ -154,17 +153,18 @@ class ModelRunner:
         buf = self.buffers
         self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
         block_tables, slot_mapping = self._build_inputs(size, size, size, size, True)
-        on_cpu = self.device.type == "cpu"
+        # Host copies are read only by the CPU reference backend (emulated
+        # graphs): there the buffers themselves are host memory.
+        host_buffers = self.ops.shares_host_memory
         attn = AttentionMetadata(
             num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
             max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
             block_tables=block_tables, slot_mapping=slot_mapping,
-            # Host copies are read only by the CPU reference backend (emulated
-            # graphs): there the buffers themselves are host memory.
-            query_start_loc_cpu=buf.query_start_loc[: size + 1] if on_cpu
+            query_start_loc_cpu=buf.query_start_loc[: size + 1] if host_buffers
             else torch.arange(size + 1, dtype=torch.int32),
-            seq_lens_cpu=buf.seq_lens[:size] if on_cpu else torch.ones(size, dtype=torch.int32),
+            seq_lens_cpu=buf.seq_lens[:size] if host_buffers
+            else torch.ones(size, dtype=torch.int32),
         )
         hidden = self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
         return self._after_forward(hidden, size, one_token_rows=True)
@@ -261,11 +261,11 @@ class ModelRunner:
         computed = states.num_computed_tokens.gpu
         prefill_len = states.prefill_len.gpu
         if has_prefill:
-            prepare_prefill_inputs(
+            self.ops.prepare_prefill_inputs(
                 buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
             )
-        prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
-        combine_sampled_and_draft_tokens(
+        self.ops.prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
+        self.ops.combine_sampled_and_draft_tokens(
             buf.input_ids, idx_mapping, states.last_sampled_tokens, qsl, buf.seq_lens,
             prefill_len, None, None, buf.logits_indices, n, n,
         )  # fmt: skip
@@ -307,12 +307,12 @@ class ModelRunner:
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
-                               self.copy_stream)
+                               self.output_transfer)
         t = step.tensors
         idx_mapping = t.idx_mapping
         out = self.sampling(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.copy_stream
+            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output

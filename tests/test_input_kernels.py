@@ -15,35 +15,30 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from runner.kernels import block_tables, pos_seq_lens, prefill_inputs, sampled_tokens
+from runner.ops import device_ops, torch_ops, triton_ops
 from tests.kernel_device import KERNEL_DEVICE
 
 POISON = -777
 # Triton kernels run compiled on CUDA tensors where there is a GPU, else interpreted on CPU.
 TRITON_DEVICE = KERNEL_DEVICE
 
+
+def builders(ops) -> dict:
+    """The five input builders of one DeviceOps, each behind its size checks."""
+    return dict(
+        prefill=ops.prepare_prefill_inputs,
+        pos=ops.prepare_pos_seq_lens,
+        combine=ops.combine_sampled_and_draft_tokens,
+        gather=ops.gather_block_tables,
+        slots=ops.compute_slot_mappings,
+    )
+
+
 IMPLS = {
-    "ref": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs_ref,
-        pos=pos_seq_lens.prepare_pos_seq_lens_ref,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens_ref,
-        gather=block_tables.gather_block_tables_ref,
-        slots=block_tables.compute_slot_mappings_ref,
-    ),
-    "triton": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs_triton,
-        pos=pos_seq_lens.prepare_pos_seq_lens_triton,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens_triton,
-        gather=block_tables.gather_block_tables_triton,
-        slots=block_tables.compute_slot_mappings_triton,
-    ),
-    "public": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs,
-        pos=pos_seq_lens.prepare_pos_seq_lens,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens,
-        gather=block_tables.gather_block_tables,
-        slots=block_tables.compute_slot_mappings,
-    ),
+    "ref": builders(torch_ops(torch.device("cpu"))),
+    "triton": builders(triton_ops(TRITON_DEVICE)),
+    # What the runner gets for a device (below: the CPU; on CUDA, test_random_batches_on_cuda).
+    "public": builders(device_ops(torch.device("cpu"))),
 }
 
 
@@ -399,4 +394,5 @@ def test_random_batches_on_cuda(num_spec: int | None, block_size: int) -> None:
     for case in range(8):
         num_reqs, num_tokens = random_sizes(rng, case)
         batch = make_batch(rng, block_size, num_spec, num_reqs, num_tokens)
-        check(batch, run_step(batch, IMPLS["public"], last_2d=case % 2 == 1, device="cuda"))
+        public = builders(device_ops(torch.device("cuda")))
+        check(batch, run_step(batch, public, last_2d=case % 2 == 1, device="cuda"))

@@ -6,8 +6,7 @@ import torch
 from ipc.messages import NewRequestData, SamplingOptions
 from runner.block_table import BlockTables
 from runner.input_batch import plan_batch, sort_batch_req_ids
-from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
-from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
+from runner.ops import device_ops
 from runner.states import RequestState
 
 MAX_REQS, MAX_LEN, BLOCK = 1024, 128, 16
@@ -63,7 +62,8 @@ def test_worked_example():
     qsl = torch.from_numpy(plan.query_start_loc_np)
     positions = torch.full((64,), -1, dtype=torch.int64)
     seq_lens = torch.full((8,), -1, dtype=torch.int32)
-    prepare_pos_seq_lens(idx, qsl, states.num_computed_tokens.gpu, positions, seq_lens, 3)
+    ops = device_ops(device)
+    ops.prepare_pos_seq_lens(idx, qsl, states.num_computed_tokens.gpu, positions, seq_lens, 3)
     assert positions[:8].tolist() == [40, 17, 0, 1, 2, 3, 4, 5]
     assert seq_lens[:3].tolist() == [41, 18, 6]
     assert seq_lens[3:].tolist() == [0] * 5  # padded rows
@@ -71,7 +71,7 @@ def test_worked_example():
     input_ids = torch.full((64,), -1, dtype=torch.int32)
     input_ids[2:8] = torch.tensor([7, 8, 9, 10, 11, 12], dtype=torch.int32)
     logits_out = torch.full((64,), -1, dtype=torch.int64)
-    logits_indices = combine_sampled_and_draft_tokens(
+    logits_indices = ops.combine_sampled_and_draft_tokens(
         input_ids, idx, states.last_sampled_tokens, qsl, seq_lens, states.prefill_len.gpu,
         None, None, logits_out, 3, 3)
     assert logits_indices.tolist() == [0, 1, 7]

@@ -19,6 +19,7 @@ from ipc.messages import SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
+from runner.ops import device_ops
 from worker.env import TorchrunEnv
 
 logger = logging.getLogger(__name__)
@@ -42,18 +43,20 @@ def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.
 
 
 def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
-    """NCCL on GPU, gloo on CPU; nothing at world size 1."""
+    """The device's backend (NCCL on GPU, gloo on CPU: ``runner.ops``);
+    nothing at world size 1."""
     if env.world_size == 1 or dist.is_initialized():
         return
+    backend = device_ops(device).dist_backend
     dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
+        backend=backend,
         # env:// reads MASTER_ADDR/PORT (and joins torchrun's own store when
         # torchrun started this process).
         init_method="env://",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=600),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if backend == "nccl" else None,
     )
 
 

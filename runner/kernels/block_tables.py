@@ -15,18 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import check_num_reqs, on_cuda, token_rows
+from runner.kernels.dispatch import check_num_reqs, token_rows
 
 PAD_SLOT_ID = -1
 
 
-def _check_gather(
+def check_gather_block_tables(
     block_table: torch.Tensor,
     idx_mapping: torch.Tensor,
     out: torch.Tensor,
     num_reqs: int,
     num_reqs_padded: int,
 ) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
     if not 0 <= num_reqs <= min(num_reqs_padded, idx_mapping.shape[0]):
         raise ValueError(
             f"need 0 <= num_reqs ({num_reqs}) <= num_reqs_padded ({num_reqs_padded}) and"
@@ -36,6 +37,8 @@ def _check_gather(
         raise ValueError(f"num_reqs_padded={num_reqs_padded} exceeds out rows {out.shape[0]}")
     if out.shape[1] != block_table.shape[1]:
         raise ValueError(f"out has {out.shape[1]} columns, block_table has {block_table.shape[1]}")
+    if block_table.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("block_table and out rows must be contiguous")
 
 
 def gather_block_tables_ref(
@@ -46,7 +49,6 @@ def gather_block_tables_ref(
     num_reqs_padded: int,
 ) -> torch.Tensor:
     """Torch reference."""
-    _check_gather(block_table, idx_mapping, out, num_reqs, num_reqs_padded)
     out[:num_reqs] = block_table[idx_mapping[:num_reqs].to(torch.int64)]
     out[num_reqs:num_reqs_padded].zero_()
     return out[:num_reqs_padded]
@@ -87,9 +89,6 @@ def gather_block_tables_triton(
     num_reqs_padded: int,
 ) -> torch.Tensor:
     """Triton version: one program per (padded) batch row."""
-    _check_gather(block_table, idx_mapping, out, num_reqs, num_reqs_padded)
-    if block_table.stride(1) != 1 or out.stride(1) != 1:
-        raise ValueError("block_table and out rows must be contiguous")
     if num_reqs_padded > 0:
         _gather_block_tables_kernel[(num_reqs_padded,)](
             block_table,
@@ -104,27 +103,18 @@ def gather_block_tables_triton(
     return out[:num_reqs_padded]
 
 
-def gather_block_tables(
+def check_compute_slot_mappings(
     block_table: torch.Tensor,
     idx_mapping: torch.Tensor,
-    out: torch.Tensor,
-    num_reqs: int,
-    num_reqs_padded: int,
-) -> torch.Tensor:
-    """Gather the batch's block-table rows (Triton on CUDA, torch elsewhere)."""
-    impl = gather_block_tables_triton if on_cuda(out) else gather_block_tables_ref
-    return impl(block_table, idx_mapping, out, num_reqs, num_reqs_padded)
-
-
-def _check_slots(
-    idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
     block_size: int,
     slot_mapping: torch.Tensor,
     num_reqs: int,
     num_tokens: int,
     num_tokens_padded: int,
 ) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
@@ -135,6 +125,8 @@ def _check_slots(
         )
     if num_reqs == 0 and num_tokens > 0:
         raise ValueError(f"num_tokens={num_tokens} with an empty batch")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table rows must be contiguous")
 
 
 def compute_slot_mappings_ref(
@@ -154,15 +146,6 @@ def compute_slot_mappings_ref(
     query_start_loc[num_reqs]) are left as they are, as the Triton kernel
     leaves them: a CUDA graph fills them with -1 first.
     """
-    _check_slots(
-        idx_mapping,
-        query_start_loc,
-        block_size,
-        slot_mapping,
-        num_reqs,
-        num_tokens,
-        num_tokens_padded,
-    )
     slot_mapping[num_tokens:num_tokens_padded] = PAD_SLOT_ID
     if num_tokens == 0:
         return slot_mapping[:num_tokens_padded]
@@ -222,17 +205,6 @@ def compute_slot_mappings_triton(
     num_tokens_padded: int,
 ) -> torch.Tensor:
     """Triton version: one program per batch row, plus one for the padding."""
-    _check_slots(
-        idx_mapping,
-        query_start_loc,
-        block_size,
-        slot_mapping,
-        num_reqs,
-        num_tokens,
-        num_tokens_padded,
-    )
-    if block_table.stride(1) != 1:
-        raise ValueError("block_table rows must be contiguous")
     _slot_mappings_kernel[(num_reqs + 1,)](
         block_table,
         block_table.stride(0),
@@ -247,29 +219,3 @@ def compute_slot_mappings_triton(
         BLOCK=1024,
     )
     return slot_mapping[:num_tokens_padded]
-
-
-def compute_slot_mappings(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-    slot_mapping: torch.Tensor,
-    num_reqs: int,
-    num_tokens: int,
-    num_tokens_padded: int,
-) -> torch.Tensor:
-    """KV-cache slot of every token, -1 for padding (Triton on CUDA, torch elsewhere)."""
-    impl = compute_slot_mappings_triton if on_cuda(slot_mapping) else compute_slot_mappings_ref
-    return impl(
-        block_table,
-        idx_mapping,
-        query_start_loc,
-        positions,
-        block_size,
-        slot_mapping,
-        num_reqs,
-        num_tokens,
-        num_tokens_padded,
-    )

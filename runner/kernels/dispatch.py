@@ -1,19 +1,8 @@
-"""Choosing between a Triton kernel and its torch reference.
-
-Every kernel module in this package offers three functions with one
-signature: ``<name>_ref`` (plain torch), ``<name>_triton`` (Triton launch) and
-the public ``<name>``, which runs the Triton kernel when the data lives on a
-CUDA device and the torch reference otherwise (CPU runs, tests).
-"""
+"""Helpers the input kernels share (sizes, token rows)."""
 
 from __future__ import annotations
 
 import torch
-
-
-def on_cuda(tensor: torch.Tensor) -> bool:
-    """True when ``tensor`` lives on a CUDA device (so Triton should run)."""
-    return tensor.device.type == "cuda"
 
 
 def next_power_of_2(n: int) -> int:

@@ -14,12 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import check_num_reqs, on_cuda, token_rows
+from runner.kernels.dispatch import check_num_reqs, token_rows
 
 
-def _check(
-    idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_reqs: int
+def check_pos_seq_lens(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    positions: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_reqs: int,
 ) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_reqs > seq_lens.shape[0]:
         raise ValueError(f"num_reqs={num_reqs} exceeds seq_lens size {seq_lens.shape[0]}")
@@ -34,7 +40,6 @@ def prepare_pos_seq_lens_ref(
     num_reqs: int,
 ) -> None:
     """Torch reference: fixed shapes, no sync."""
-    _check(idx_mapping, query_start_loc, seq_lens, num_reqs)
     seq_lens[num_reqs:].zero_()
     if num_reqs == 0:
         return
@@ -91,7 +96,6 @@ def prepare_pos_seq_lens_triton(
     num_reqs: int,
 ) -> None:
     """Triton version: one program per batch row, plus one for the padding."""
-    _check(idx_mapping, query_start_loc, seq_lens, num_reqs)
     _pos_seq_lens_kernel[(num_reqs + 1,)](
         idx_mapping,
         query_start_loc,
@@ -102,16 +106,3 @@ def prepare_pos_seq_lens_triton(
         seq_lens.shape[0],
         BLOCK=1024,
     )
-
-
-def prepare_pos_seq_lens(
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: int,
-) -> None:
-    """Write positions and seq_lens (Triton on CUDA, torch elsewhere)."""
-    impl = prepare_pos_seq_lens_triton if on_cuda(positions) else prepare_pos_seq_lens_ref
-    impl(idx_mapping, query_start_loc, num_computed_tokens, positions, seq_lens, num_reqs)

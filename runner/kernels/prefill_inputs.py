@@ -14,7 +14,22 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import check_num_reqs, on_cuda, token_rows
+from runner.kernels.dispatch import check_num_reqs, token_rows
+
+
+def check_prefill_inputs(
+    input_ids: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    all_token_ids: torch.Tensor,
+    prefill_len: torch.Tensor,
+    num_computed_tokens: torch.Tensor,
+    num_reqs: int,
+) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
+    if all_token_ids.stride(1) != 1:
+        raise ValueError("all_token_ids rows must be contiguous")
 
 
 def prepare_prefill_inputs_ref(
@@ -27,7 +42,6 @@ def prepare_prefill_inputs_ref(
     num_reqs: int,
 ) -> None:
     """Torch reference: fixed shapes over the whole input_ids buffer, no sync."""
-    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_reqs == 0:
         return
     num_tokens = input_ids.shape[0]
@@ -81,11 +95,8 @@ def prepare_prefill_inputs_triton(
     num_reqs: int,
 ) -> None:
     """Triton version: one program per batch row."""
-    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_reqs == 0:
         return
-    if all_token_ids.stride(1) != 1:
-        raise ValueError("all_token_ids rows must be contiguous")
     _prefill_inputs_kernel[(num_reqs,)](
         input_ids,
         idx_mapping,
@@ -95,26 +106,4 @@ def prepare_prefill_inputs_triton(
         prefill_len,
         num_computed_tokens,
         BLOCK=1024,
-    )
-
-
-def prepare_prefill_inputs(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    all_token_ids: torch.Tensor,
-    prefill_len: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    num_reqs: int,
-) -> None:
-    """Write prompt tokens into input_ids (Triton on CUDA, torch elsewhere)."""
-    impl = prepare_prefill_inputs_triton if on_cuda(input_ids) else prepare_prefill_inputs_ref
-    impl(
-        input_ids,
-        idx_mapping,
-        query_start_loc,
-        all_token_ids,
-        prefill_len,
-        num_computed_tokens,
-        num_reqs,
     )

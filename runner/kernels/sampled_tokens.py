@@ -21,18 +21,23 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import check_num_reqs, next_power_of_2, on_cuda, token_rows
+from runner.kernels.dispatch import check_num_reqs, next_power_of_2, token_rows
 
 
-def _check(
+def check_combine_sampled_and_draft_tokens(
+    input_ids: torch.Tensor,
     idx_mapping: torch.Tensor,
+    last_sampled_tokens: torch.Tensor,
     query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    prefill_len: torch.Tensor,
     draft_tokens: torch.Tensor | None,
     cu_num_logits: torch.Tensor | None,
     logits_indices_out: torch.Tensor,
     num_reqs: int,
     num_logits: int,
 ) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_logits > logits_indices_out.shape[0]:
         raise ValueError(
@@ -67,15 +72,6 @@ def combine_sampled_and_draft_tokens_ref(
     num_logits: int,
 ) -> torch.Tensor:
     """Torch reference: fixed shapes (num_logits is host-known), no sync."""
-    _check(
-        idx_mapping,
-        query_start_loc,
-        draft_tokens,
-        cu_num_logits,
-        logits_indices_out,
-        num_reqs,
-        num_logits,
-    )
     out = logits_indices_out[:num_logits]
     if num_reqs == 0:
         return out
@@ -178,15 +174,6 @@ def combine_sampled_and_draft_tokens_triton(
     num_logits: int,
 ) -> torch.Tensor:
     """Triton version: one program per batch row."""
-    _check(
-        idx_mapping,
-        query_start_loc,
-        draft_tokens,
-        cu_num_logits,
-        logits_indices_out,
-        num_reqs,
-        num_logits,
-    )
     out = logits_indices_out[:num_logits]
     if num_reqs == 0:
         return out
@@ -208,37 +195,3 @@ def combine_sampled_and_draft_tokens_triton(
         BLOCK=max(2, next_power_of_2(max_drafts + 1)),
     )
     return out
-
-
-def combine_sampled_and_draft_tokens(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    last_sampled_tokens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    prefill_len: torch.Tensor,
-    draft_tokens: torch.Tensor | None,
-    cu_num_logits: torch.Tensor | None,
-    logits_indices_out: torch.Tensor,
-    num_reqs: int,
-    num_logits: int,
-) -> torch.Tensor:
-    """Fill decode inputs and return logits_indices (Triton on CUDA, torch elsewhere)."""
-    impl = (
-        combine_sampled_and_draft_tokens_triton
-        if on_cuda(input_ids)
-        else combine_sampled_and_draft_tokens_ref
-    )
-    return impl(
-        input_ids,
-        idx_mapping,
-        last_sampled_tokens,
-        query_start_loc,
-        seq_lens,
-        prefill_len,
-        draft_tokens,
-        cu_num_logits,
-        logits_indices_out,
-        num_reqs,
-        num_logits,
-    )

@@ -13,10 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.kernels.dispatch import on_cuda
 
-
-def _check(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cu_lens: torch.Tensor):
+def check_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                        cu_lens: torch.Tensor, values: torch.Tensor) -> None:
+    """Raise ValueError unless the packed writes fit ``dst`` (both versions)."""
     if dst.dim() != 2 or dst.stride(1) != 1:
         raise ValueError(f"dst must be 2-D with contiguous rows, got shape {tuple(dst.shape)}")
     if rows.shape[0] != starts.shape[0] or cu_lens.shape[0] != rows.shape[0] + 1:
@@ -31,7 +31,6 @@ def apply_staged_writes_ref(
     values: torch.Tensor,
 ) -> None:
     """Torch reference: one scatter over all written elements, no sync."""
-    _check(dst, rows, starts, cu_lens)
     num_values = values.shape[0]
     if rows.shape[0] == 0 or num_values == 0:
         return
@@ -71,21 +70,8 @@ def apply_staged_writes_triton(
     values: torch.Tensor,
 ) -> None:
     """Triton version: one program per write, all in one launch."""
-    _check(dst, rows, starts, cu_lens)
     if rows.shape[0] == 0:
         return
     _staged_writes_kernel[(rows.shape[0],)](
         dst, dst.stride(0), rows, starts, cu_lens, values, BLOCK=1024
     )
-
-
-def apply_staged_writes(
-    dst: torch.Tensor,
-    rows: torch.Tensor,
-    starts: torch.Tensor,
-    cu_lens: torch.Tensor,
-    values: torch.Tensor,
-) -> None:
-    """Apply packed writes to dst (Triton on CUDA, torch elsewhere)."""
-    impl = apply_staged_writes_triton if on_cuda(dst) else apply_staged_writes_ref
-    impl(dst, rows, starts, cu_lens, values)

@@ -18,7 +18,7 @@ Two implementations of the draw, bit-identical in the hash: the torch
 reference (CPU; it materialises [N, V] int64 temporaries) and, on CUDA, a
 Triton kernel that hashes, adds the noise and reduces the argmax per vocab
 block in registers. Without the noise the same kernel is the greedy argmax
-on CUDA (``greedy_argmax``). Torch lacks unsigned 64-bit arithmetic on some devices,
+on CUDA (``greedy_argmax_triton``). Torch lacks unsigned 64-bit arithmetic on some devices,
 so the reference hashes int64 (two's complement wraps alike) with right
 shifts masked to act as logical shifts; the kernel uses uint64.
 """
@@ -28,8 +28,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from runner.kernels.dispatch import on_cuda
 
 ROW_MUL = 0x9E3779B97F4A7C15
 TOKEN_MUL = 0xD1B54A32D192ED03
@@ -98,10 +96,21 @@ def uniform_noise(
     return u
 
 
+def greedy_argmax_ref(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties."""
+    return logits.argmax(dim=-1)
+
+
 def gumbel_argmax_ref(
     logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
 ) -> torch.Tensor:
-    """Torch reference of ``gumbel_argmax``."""
+    """int64 [N]: argmax over t of logits[i, t] + Gumbel noise(seed_i, position_i, t).
+
+    ``logits`` [N, V] float32, already divided by the temperature and with
+    filtered tokens at -inf (they never win: the noise is finite). This draws
+    token t with probability softmax(logits[i])[t]. ``tokens`` is
+    ``token_keys(V, device)`` (read by the torch reference only).
+    """
     noise = uniform_noise(seeds, positions, tokens)
     noise.log_().neg_().log_().neg_()  # -log(-log(u))
     noise += logits
@@ -171,7 +180,7 @@ def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -
 def gumbel_argmax_triton(
     logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
 ) -> torch.Tensor:
-    """Triton version: hash, add the noise and reduce per vocab block in registers.
+    """``gumbel_argmax_ref`` in Triton: hash, add the noise and reduce per vocab block in registers.
     (``tokens`` is unused: the kernel hashes token ids itself.)"""
     return _block_argmax(logits, row_keys(seeds, positions), block=1024)
 
@@ -180,24 +189,3 @@ def greedy_argmax_triton(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(dim=-1)`` in blocks of 2048 tokens: torch reduces a row
     in one thread block (27 us for one 128k-token row on an H200)."""
     return _block_argmax(logits, None, block=2048)
-
-
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties. Triton on
-    CUDA, torch elsewhere."""
-    return greedy_argmax_triton(logits) if on_cuda(logits) else logits.argmax(dim=-1)
-
-
-def gumbel_argmax(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
-) -> torch.Tensor:
-    """int64 [N]: argmax over t of logits[i, t] + Gumbel noise(seed_i, position_i, t).
-
-    ``logits`` [N, V] float32, already divided by the temperature and with
-    filtered tokens at -inf (they never win: the noise is finite). This draws
-    token t with probability softmax(logits[i])[t]. ``tokens`` is
-    ``token_keys(V, device)`` (read by the torch reference only). Triton on
-    CUDA, torch elsewhere.
-    """
-    impl = gumbel_argmax_triton if on_cuda(logits) else gumbel_argmax_ref
-    return impl(logits, seeds, positions, tokens)

@@ -1,0 +1,174 @@
+"""The device seam: every operation whose implementation depends on the device.
+
+``device_ops(device)`` picks, once per device, a frozen ``DeviceOps``: the
+Triton kernels and the pinned, asynchronous transfers on CUDA
+(``triton_ops``), the torch references and plain copies elsewhere
+(``torch_ops``). The runner, its layers and its buffers look their
+operations up here when they are built and never ask again which device
+they run on; this module is the only place that does.
+
+Each kernel exists twice, a torch reference beside the data it writes and a
+Triton launch in the ``triton_*`` module next to it, with one signature.
+Where a kernel's inputs can be wrong, one ``check_*`` function beside the
+reference validates them, and both versions run behind it (``_checked``).
+Triton modules are imported only when ``triton_ops`` is built, so the CPU
+path never imports Triton; tests build ``triton_ops`` for a CPU device to
+run the kernels under the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from runner.transfer import HostTransfer, PinnedTransfer
+
+# Streaming multiprocessors assumed where there are none to ask (Triton's
+# interpreter on CPU): an H100/H200's count.
+DEFAULT_NUM_SMS = 132
+
+
+@dataclass(frozen=True)
+class DeviceOps:
+    """The operations of one device. Kernel signatures are those of the torch
+    references named in each comment."""
+
+    # runner/input_batch.py and runner/block_table.py: the step's inputs.
+    prepare_prefill_inputs: Callable[..., None]  # prepare_prefill_inputs_ref
+    prepare_pos_seq_lens: Callable[..., None]  # prepare_pos_seq_lens_ref
+    combine_sampled_and_draft_tokens: Callable[..., torch.Tensor]
+    gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
+    compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
+    # runner/staged_write.py
+    apply_staged_writes: Callable[..., None]  # apply_staged_writes_ref
+    # runner/layers/
+    rms_norm: Callable[..., torch.Tensor]  # rms_norm_ref
+    fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
+    row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
+    # runner/sampling/noise.py
+    greedy_argmax: Callable[[torch.Tensor], torch.Tensor]  # greedy_argmax_ref
+    gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
+    # Host/device transfer (runner/transfer.py): a new, independent one per call.
+    new_transfer: Callable[[], HostTransfer]
+    # What the device offers.
+    attention_backend: str  # the default attention backend's name
+    dist_backend: str  # torch.distributed backend of the tensor-parallel group
+    cuda_graphs: bool  # decode steps can be captured and replayed
+    kv_budget_from_free_memory: bool  # else kv_cache_memory_bytes sizes the cache
+    shares_host_memory: bool  # device tensors are host memory (their own host copy)
+
+
+def _checked(check: Callable[..., None], impl: Callable):
+    """``impl`` behind its inputs' check (same arguments)."""
+
+    @functools.wraps(impl)
+    def run(*args, **kwargs):
+        check(*args, **kwargs)
+        return impl(*args, **kwargs)
+
+    return run
+
+
+def _input_kernels(impl: str) -> dict[str, Callable]:
+    """The step-input and staged-write kernels, ``impl`` "ref" or "triton",
+    each behind its check."""
+    from runner.kernels import block_tables, pos_seq_lens, prefill_inputs, sampled_tokens
+    from runner.kernels import staged_writes
+
+    pairs = {
+        "prepare_prefill_inputs": (prefill_inputs, "check_prefill_inputs"),
+        "prepare_pos_seq_lens": (pos_seq_lens, "check_pos_seq_lens"),
+        "combine_sampled_and_draft_tokens": (sampled_tokens,
+                                             "check_combine_sampled_and_draft_tokens"),
+        "gather_block_tables": (block_tables, "check_gather_block_tables"),
+        "compute_slot_mappings": (block_tables, "check_compute_slot_mappings"),
+        "apply_staged_writes": (staged_writes, "check_staged_writes"),
+    }
+    return {name: _checked(getattr(module, check), getattr(module, f"{name}_{impl}"))
+            for name, (module, check) in pairs.items()}
+
+
+def torch_ops(device: torch.device) -> DeviceOps:
+    """Torch references and synchronous copies (a CPU device)."""
+    import torch.nn.functional as F
+
+    from runner.layers.activation import silu_and_mul_ref
+    from runner.layers.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
+    from runner.layers.rotary import rotary_ref
+    from runner.sampling.noise import greedy_argmax_ref, gumbel_argmax_ref
+
+    return DeviceOps(
+        **_input_kernels("ref"),
+        rms_norm=rms_norm_ref,
+        fused_add_rms_norm=fused_add_rms_norm_ref,
+        rotary=rotary_ref,
+        silu_and_mul=silu_and_mul_ref,
+        row_parallel_matmul=F.linear,
+        greedy_argmax=greedy_argmax_ref,
+        gumbel_argmax=gumbel_argmax_ref,
+        new_transfer=functools.partial(HostTransfer, device),
+        attention_backend="torch",
+        dist_backend="gloo",
+        cuda_graphs=False,
+        kv_budget_from_free_memory=False,
+        shares_host_memory=True,
+    )
+
+
+def triton_ops(device: torch.device) -> DeviceOps:
+    """Triton kernels and pinned, asynchronous transfers (a CUDA device).
+
+    Built for a CPU device (tests), the kernels run under Triton's
+    interpreter; transfers and device facts are then still CUDA's.
+    """
+    from runner.layers.triton_rms_norm import fused_add_rms_norm_triton, rms_norm_triton
+    from runner.layers.triton_rotary import rotary_triton
+    from runner.layers.triton_silu_mul import silu_mul_triton
+    from runner.layers.triton_skinny_matmul import row_parallel_matmul
+    from runner.sampling.noise import greedy_argmax_triton, gumbel_argmax_triton
+
+    return DeviceOps(
+        **_input_kernels("triton"),
+        rms_norm=rms_norm_triton,
+        fused_add_rms_norm=fused_add_rms_norm_triton,
+        rotary=rotary_triton,
+        silu_and_mul=silu_mul_triton,
+        row_parallel_matmul=row_parallel_matmul,
+        greedy_argmax=greedy_argmax_triton,
+        gumbel_argmax=gumbel_argmax_triton,
+        new_transfer=functools.partial(PinnedTransfer, device),
+        attention_backend="triton",
+        dist_backend="nccl",
+        cuda_graphs=True,
+        kv_budget_from_free_memory=True,
+        shares_host_memory=False,
+    )
+
+
+@functools.cache
+def device_ops(device: torch.device | str) -> DeviceOps:
+    """The operations for ``device``: Triton on CUDA, torch references elsewhere."""
+    device = torch.device(device)
+    return triton_ops(device) if device.type == "cuda" else torch_ops(device)
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; DEFAULT_NUM_SMS elsewhere."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return _cuda_num_sms(device.index)
+
+
+@functools.cache
+def _cuda_num_sms(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def is_capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph capture is running on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
