@@ -265,10 +265,8 @@ class ModelRunner:
                 buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
             )
         self.ops.prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
-        self.ops.combine_sampled_and_draft_tokens(
-            buf.input_ids, idx_mapping, states.last_sampled_tokens, qsl, buf.seq_lens,
-            prefill_len, None, None, buf.logits_indices, n, n,
-        )  # fmt: skip
+        self.ops.combine_sampled_tokens(buf.input_ids, idx_mapping, states.last_sampled_tokens,
+                                        qsl, buf.seq_lens, prefill_len, buf.logits_indices, n)
         block_tables = self.block_tables.gather(idx_mapping, n, n_padded)
         slot_mapping = self.block_tables.compute_slot_mapping(
             idx_mapping, qsl, buf.positions, n, t, t_padded

@@ -19,6 +19,7 @@ run the kernels under the interpreter.
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ class DeviceOps:
     # runner/input_batch.py and runner/block_table.py: the step's inputs.
     prepare_prefill_inputs: Callable[..., None]  # prepare_prefill_inputs_ref
     prepare_pos_seq_lens: Callable[..., None]  # prepare_pos_seq_lens_ref
-    combine_sampled_and_draft_tokens: Callable[..., torch.Tensor]
+    combine_sampled_tokens: Callable[..., torch.Tensor]  # combine_sampled_tokens_ref
     gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
     compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
     # runner/staged_write.py
@@ -74,23 +75,26 @@ def _checked(check: Callable[..., None], impl: Callable):
     return run
 
 
+# name -> (module of the torch reference and its check, module of the Triton version)
+_INPUT_KERNELS = {
+    "prepare_prefill_inputs": ("runner.input_batch", "runner.triton_input_batch"),
+    "prepare_pos_seq_lens": ("runner.input_batch", "runner.triton_input_batch"),
+    "combine_sampled_tokens": ("runner.input_batch", "runner.triton_input_batch"),
+    "gather_block_tables": ("runner.block_table", "runner.triton_block_table"),
+    "compute_slot_mappings": ("runner.block_table", "runner.triton_block_table"),
+    "apply_staged_writes": ("runner.staged_write", "runner.triton_staged_write"),
+}
+
+
 def _input_kernels(impl: str) -> dict[str, Callable]:
     """The step-input and staged-write kernels, ``impl`` "ref" or "triton",
-    each behind its check."""
-    from runner.kernels import block_tables, pos_seq_lens, prefill_inputs, sampled_tokens
-    from runner.kernels import staged_writes
-
-    pairs = {
-        "prepare_prefill_inputs": (prefill_inputs, "check_prefill_inputs"),
-        "prepare_pos_seq_lens": (pos_seq_lens, "check_pos_seq_lens"),
-        "combine_sampled_and_draft_tokens": (sampled_tokens,
-                                             "check_combine_sampled_and_draft_tokens"),
-        "gather_block_tables": (block_tables, "check_gather_block_tables"),
-        "compute_slot_mappings": (block_tables, "check_compute_slot_mappings"),
-        "apply_staged_writes": (staged_writes, "check_staged_writes"),
-    }
-    return {name: _checked(getattr(module, check), getattr(module, f"{name}_{impl}"))
-            for name, (module, check) in pairs.items()}
+    each behind ``check_<name>`` from its reference's module."""
+    kernels = {}
+    for name, (ref_module, triton_module) in _INPUT_KERNELS.items():
+        ref = importlib.import_module(ref_module)
+        module = ref if impl == "ref" else importlib.import_module(triton_module)
+        kernels[name] = _checked(getattr(ref, f"check_{name}"), getattr(module, f"{name}_{impl}"))
+    return kernels
 
 
 def torch_ops(device: torch.device) -> DeviceOps:
@@ -130,7 +134,7 @@ def triton_ops(device: torch.device) -> DeviceOps:
     from runner.layers.triton_rotary import rotary_triton
     from runner.layers.triton_silu_mul import silu_mul_triton
     from runner.layers.triton_skinny_matmul import row_parallel_matmul
-    from runner.sampling.noise import greedy_argmax_triton, gumbel_argmax_triton
+    from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_triton
 
     return DeviceOps(
         **_input_kernels("triton"),

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from ipc.messages import SamplingOptions
+from runner.ops import device_ops
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
-from runner.ops import device_ops
 from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
 from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates

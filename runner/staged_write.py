@@ -84,6 +84,39 @@ def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) 
     )
 
 
+def check_apply_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                        cu_lens: torch.Tensor, values: torch.Tensor) -> None:
+    """Raise ValueError unless the packed writes fit ``dst``.
+
+    Write j puts values[cu_lens[j] : cu_lens[j+1]] into dst[rows[j], starts[j] : ...].
+    The writes must not overlap (pack_writes resolves overlaps on the host, so
+    the order in which they apply does not matter). rows, starts and cu_lens
+    are int64; values has dst's dtype; dst is 2-D with contiguous rows (a 1-D
+    tensor is passed as a [n, 1] view).
+    """
+    if dst.dim() != 2 or dst.stride(1) != 1:
+        raise ValueError(f"dst must be 2-D with contiguous rows, got shape {tuple(dst.shape)}")
+    if rows.shape[0] != starts.shape[0] or cu_lens.shape[0] != rows.shape[0] + 1:
+        raise ValueError("rows, starts need n entries and cu_lens n + 1")
+
+
+def apply_staged_writes_ref(
+    dst: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    cu_lens: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """Torch reference: one scatter over all written elements, no sync."""
+    num_values = values.shape[0]
+    if rows.shape[0] == 0 or num_values == 0:
+        return
+    j = torch.arange(num_values, device=dst.device, dtype=torch.int64)
+    write = torch.searchsorted(cu_lens[1:], j, right=True)
+    cols = starts[write] + (j - cu_lens[write])
+    dst[rows[write], cols] = values
+
+
 class StagedWriteTensor:
     """A device tensor (``.gpu``) whose updates are staged on the host.
 

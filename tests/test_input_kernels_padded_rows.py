@@ -40,8 +40,7 @@ def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
     ops.prepare_prefill_inputs(
         input_ids, idx, qsl, all_tokens, prefill_len, computed, size)
     ops.prepare_pos_seq_lens(idx, qsl, computed, positions, seq_lens, size)
-    ops.combine_sampled_and_draft_tokens(
-        input_ids, idx, last, qsl, seq_lens, prefill_len, None, None, logits, size, size)
+    ops.combine_sampled_tokens(input_ids, idx, last, qsl, seq_lens, prefill_len, logits, size)
     ops.compute_slot_mappings(
         table, idx, qsl, positions, 16, slots, size, size, size)
     # The padded rows end where row 2 ends: they must not clobber its token.

@@ -71,9 +71,9 @@ def test_worked_example():
     input_ids = torch.full((64,), -1, dtype=torch.int32)
     input_ids[2:8] = torch.tensor([7, 8, 9, 10, 11, 12], dtype=torch.int32)
     logits_out = torch.full((64,), -1, dtype=torch.int64)
-    logits_indices = ops.combine_sampled_and_draft_tokens(
+    logits_indices = ops.combine_sampled_tokens(
         input_ids, idx, states.last_sampled_tokens, qsl, seq_lens, states.prefill_len.gpu,
-        None, None, logits_out, 3, 3)
+        logits_out, 3)
     assert logits_indices.tolist() == [0, 1, 7]
     assert input_ids[:2].tolist() == [4242, 4343]
 

@@ -22,13 +22,12 @@ from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
     TOKEN_MUL,
-    greedy_argmax_triton,
     gumbel_argmax_ref,
-    gumbel_argmax_triton,
     mix_int,
     token_keys,
     uniform_noise,
 )
+from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_triton
 from runner.transfer import HostTransfer, PinnedTransfer
 from tests.kernel_device import KERNEL_DEVICE
 

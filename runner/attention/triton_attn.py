@@ -17,7 +17,6 @@ their surplus splits are simply empty).
 
 from __future__ import annotations
 
-
 import torch
 import triton
 
