@@ -39,7 +39,7 @@ class BlockTables:
         self.ops = device_ops(device)
         self.block_size = block_size
         self.max_num_blocks_per_req = max_num_blocks_per_req
-        # One extra row for the padding slot (see runner.states): always zero.
+        # One extra row for the padding slot (see runner.request_state): always zero.
         self.block_table = StagedWriteTensor(
             (max_num_reqs + 1, max_num_blocks_per_req), torch.int32, device
         )
@@ -99,13 +99,8 @@ class BlockTables:
         )
 
 
-def check_gather_block_tables(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    out: torch.Tensor,
-    num_reqs: int,
-    num_reqs_padded: int,
-) -> None:
+def check_gather_block_tables(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                              out: torch.Tensor, num_reqs: int, num_reqs_padded: int) -> None:
     """Raise ValueError unless the sizes fit (both versions)."""
     if not 0 <= num_reqs <= min(num_reqs_padded, idx_mapping.shape[0]):
         raise ValueError(
@@ -120,30 +115,18 @@ def check_gather_block_tables(
         raise ValueError("block_table and out rows must be contiguous")
 
 
-def gather_block_tables_ref(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    out: torch.Tensor,
-    num_reqs: int,
-    num_reqs_padded: int,
-) -> torch.Tensor:
+def gather_block_tables_ref(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                            out: torch.Tensor, num_reqs: int, num_reqs_padded: int) -> torch.Tensor:
     """Torch reference."""
     out[:num_reqs] = block_table[idx_mapping[:num_reqs].to(torch.int64)]
     out[num_reqs:num_reqs_padded].zero_()
     return out[:num_reqs_padded]
 
 
-def check_compute_slot_mappings(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-    slot_mapping: torch.Tensor,
-    num_reqs: int,
-    num_tokens: int,
-    num_tokens_padded: int,
-) -> None:
+def check_compute_slot_mappings(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                                query_start_loc: torch.Tensor, block_size: int,
+                                slot_mapping: torch.Tensor, num_reqs: int, num_tokens: int,
+                                num_tokens_padded: int) -> None:
     """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if block_size <= 0:
@@ -159,17 +142,10 @@ def check_compute_slot_mappings(
         raise ValueError("block_table rows must be contiguous")
 
 
-def compute_slot_mappings_ref(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-    slot_mapping: torch.Tensor,
-    num_reqs: int,
-    num_tokens: int,
-    num_tokens_padded: int,
-) -> torch.Tensor:
+def compute_slot_mappings_ref(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                              query_start_loc: torch.Tensor, positions: torch.Tensor,
+                              block_size: int, slot_mapping: torch.Tensor, num_reqs: int,
+                              num_tokens: int, num_tokens_padded: int) -> torch.Tensor:
     """Torch reference: fixed shapes (num_tokens is host-known), no sync.
 
     Tokens below num_tokens that belong to no row (at or past

@@ -43,11 +43,8 @@ def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
     return np.lexsort((num_tokens, num_tokens != decode_query_len, ~has_drafts))
 
 
-def sort_batch_req_ids(
-    num_tokens_per_req: dict[str, int],
-    draft_tokens: dict[str, list[int]],
-    decode_query_len: int,
-) -> list[str]:
+def sort_batch_req_ids(num_tokens_per_req: dict[str, int], draft_tokens: dict[str, list[int]],
+                       decode_query_len: int) -> list[str]:
     """The request ids of ``num_tokens_per_req`` in ``batch_order``."""
     req_ids = list(num_tokens_per_req)
     counts = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=len(req_ids))
@@ -94,7 +91,7 @@ class InputBuffers:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class InputBatch:
     """The host's view of one step's batch, computed without the device.
 
     ``idx_mapping_np[i]`` is the slot of batch row ``i``;
@@ -118,14 +115,10 @@ class BatchPlan:
     has_prefill: bool
 
 
-def plan_batch(
-    num_scheduled_tokens: dict[str, int],
-    req_id_to_index: dict[str, int],
-    num_computed_np: np.ndarray,
-    prefill_len_np: np.ndarray,
-    num_reqs_padded: int | None = None,
-    num_tokens_padded: int | None = None,
-) -> BatchPlan:
+def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict[str, int],
+                     num_computed_np: np.ndarray, prefill_len_np: np.ndarray,
+                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None
+                     ) -> InputBatch:
     """Sort the scheduled requests (``batch_order``; no drafts here) and
     compute every host-side count."""
     plan_req_ids = list(num_scheduled_tokens)
@@ -144,7 +137,7 @@ def plan_batch(
     computed = num_computed_np[idx_mapping_np]
     seq_lens_np = computed + num_scheduled_np
     prefill = prefill_len_np[idx_mapping_np]
-    return BatchPlan(
+    return InputBatch(
         req_ids=req_ids,
         plan_order=plan_order,
         idx_mapping_np=idx_mapping_np,
@@ -188,30 +181,18 @@ def token_rows(query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) ->
     return torch.searchsorted(ends, tokens, right=True)
 
 
-def check_prepare_prefill_inputs(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    all_token_ids: torch.Tensor,
-    prefill_len: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def check_prepare_prefill_inputs(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                 all_token_ids: torch.Tensor, num_reqs: int) -> None:
     """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if all_token_ids.stride(1) != 1:
         raise ValueError("all_token_ids rows must be contiguous")
 
 
-def prepare_prefill_inputs_ref(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    all_token_ids: torch.Tensor,
-    prefill_len: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def prepare_prefill_inputs_ref(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                               query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
+                               prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                               num_reqs: int) -> None:
     """Torch reference: fixed shapes over the whole input_ids buffer, no sync."""
     if num_reqs == 0:
         return
@@ -229,28 +210,17 @@ def prepare_prefill_inputs_ref(
     input_ids.copy_(torch.where(write, prompt, input_ids))
 
 
-def check_prepare_pos_seq_lens(
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def check_prepare_pos_seq_lens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                               seq_lens: torch.Tensor, num_reqs: int) -> None:
     """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_reqs > seq_lens.shape[0]:
         raise ValueError(f"num_reqs={num_reqs} exceeds seq_lens size {seq_lens.shape[0]}")
 
 
-def prepare_pos_seq_lens_ref(
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def prepare_pos_seq_lens_ref(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                             num_computed_tokens: torch.Tensor, positions: torch.Tensor,
+                             seq_lens: torch.Tensor, num_reqs: int) -> None:
     """Torch reference: fixed shapes, no sync."""
     seq_lens[num_reqs:].zero_()
     if num_reqs == 0:
@@ -268,16 +238,8 @@ def prepare_pos_seq_lens_ref(
     positions.copy_(torch.where(in_batch, pos.to(positions.dtype), positions))
 
 
-def check_combine_sampled_tokens(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    last_sampled_tokens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    prefill_len: torch.Tensor,
-    logits_indices_out: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def check_combine_sampled_tokens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                 logits_indices_out: torch.Tensor, num_reqs: int) -> None:
     """Raise ValueError unless the sizes fit (both versions)."""
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
     if num_reqs > logits_indices_out.shape[0]:
@@ -286,16 +248,10 @@ def check_combine_sampled_tokens(
         )
 
 
-def combine_sampled_tokens_ref(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    last_sampled_tokens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    prefill_len: torch.Tensor,
-    logits_indices_out: torch.Tensor,
-    num_reqs: int,
-) -> torch.Tensor:
+def combine_sampled_tokens_ref(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                               last_sampled_tokens: torch.Tensor, query_start_loc: torch.Tensor,
+                               seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                               logits_indices_out: torch.Tensor, num_reqs: int) -> torch.Tensor:
     """Torch reference: fixed shapes, no sync. Per token, not per row: a row
     with no tokens (padding) shares its ``end - 1`` with the row before it,
     and must not overwrite that row's token; token t gets a value iff its row

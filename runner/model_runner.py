@@ -21,7 +21,7 @@ from runner.block_table import BlockTables
 from runner.config import RunnerConfig
 from runner.cuda_graphs import CudaGraphManager, capture_sizes
 from runner.distributed import TensorParallelGroup
-from runner.input_batch import BatchPlan, InputBuffers, plan_batch
+from runner.input_batch import InputBatch, InputBuffers, make_input_batch
 from runner.kv_cache import (
     allocate_kv_caches,
     kv_cache_bytes_per_block,
@@ -32,8 +32,8 @@ from runner.model_config import ModelConfig
 from runner.models import build_model, build_model_from_config
 from runner.ops import device_ops
 from runner.plan_check import check_plan
+from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
-from runner.states import RequestState
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class _PendingStep:
     """What ``execute_model`` leaves for ``sample_tokens``."""
 
     step_id: int
-    plan: BatchPlan
+    batch: InputBatch
     tensors: StepTensors | None
 
 
@@ -80,7 +80,7 @@ class ModelRunner:
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)
-        self.sampling = Sampler(n, self.model.config.vocab_size, device, config.seed)
+        self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -152,7 +152,9 @@ class ModelRunner:
         their seq_len 0 is what the padding slot's count already is)."""
         buf = self.buffers
         self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
-        block_tables, slot_mapping = self._build_inputs(size, size, size, size, True)
+        block_tables, slot_mapping = self._build_inputs(
+            num_reqs=size, num_tokens=size, num_reqs_padded=size, num_tokens_padded=size,
+            has_prefill=True)
         # Host copies are read only by the CPU reference backend (emulated
         # graphs): there the buffers themselves are host memory.
         host_buffers = self.ops.shares_host_memory
@@ -178,7 +180,7 @@ class ModelRunner:
                 self.req_states.remove_request(req_id)
         for new in plan.scheduled_new_reqs:
             slot = self.req_states.add_request(new)
-            self.sampling.add_request(
+            self.sampler.add_request(
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
             )
             self.block_tables.add_request(slot, new.block_ids[0])
@@ -191,7 +193,7 @@ class ModelRunner:
                 self.req_states.set_num_computed_tokens(slot, computed)
             self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
         self.req_states.apply_staged_writes()
-        self.sampling.apply_staged_writes(self.req_states.all_token_ids.gpu)
+        self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
 
     # ---- the step -------------------------------------------------------
@@ -202,7 +204,7 @@ class ModelRunner:
                    self.config.max_num_batched_tokens, self.model.config.vocab_size)
         self._update_states(plan)
         graph_size = self._graph_size(plan)
-        batch = plan_batch(
+        batch = make_input_batch(
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
@@ -249,12 +251,15 @@ class ModelRunner:
             return None
         return self.graphs.padded_size(len(counts))
 
-    def _build_inputs(self, n: int, t: int, n_padded: int, t_padded: int,
+    def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
+                      num_tokens_padded: int,
                       has_prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The input kernels over batch rows ``[0, n)`` and tokens ``[0, t)``:
-        input_ids, positions, seq_lens (0 for rows ``>= n``), logits_indices,
-        the batch's block-table rows (``n_padded``) and slot mapping (-1 for
-        tokens ``[t, t_padded)``). Reads only persistent buffers."""
+        """The input kernels over batch rows ``[0, num_reqs)`` and tokens
+        ``[0, num_tokens)``: input_ids, positions, seq_lens (0 for rows
+        ``>= num_reqs``), logits_indices, the batch's block-table rows
+        (``num_reqs_padded``) and slot mapping (-1 for tokens
+        ``[num_tokens, num_tokens_padded)``). Reads only persistent buffers."""
+        n, t, n_padded, t_padded = num_reqs, num_tokens, num_reqs_padded, num_tokens_padded
         buf, states = self.buffers, self.req_states
         idx_mapping = buf.idx_mapping[:n]
         qsl = buf.query_start_loc[: n_padded + 1]
@@ -273,12 +278,13 @@ class ModelRunner:
         )
         return block_tables, slot_mapping
 
-    def _prepare_inputs(self, batch: BatchPlan):
+    def _prepare_inputs(self, batch: InputBatch):
         """Eager step inputs: the input kernels and the attention metadata."""
         buf = self.buffers
         n, t = batch.num_reqs, batch.num_tokens
         block_tables, slot_mapping = self._build_inputs(
-            n, t, batch.num_reqs_padded, batch.num_tokens_padded, batch.has_prefill)
+            num_reqs=n, num_tokens=t, num_reqs_padded=batch.num_reqs_padded,
+            num_tokens_padded=batch.num_tokens_padded, has_prefill=batch.has_prefill)
         attn = AttentionMetadata(
             num_reqs=n,
             num_tokens=t,
@@ -301,14 +307,14 @@ class ModelRunner:
         step, self.pending = self.pending, None
         if step is None:
             raise RuntimeError("sample_tokens called without execute_model")
-        batch = step.plan
+        batch = step.batch
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
                                self.output_transfer)
         t = step.tensors
         idx_mapping = t.idx_mapping
-        out = self.sampling(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
+        out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
             step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer
         )

@@ -9,8 +9,8 @@ they run on; this module is the only place that does.
 
 Each kernel exists twice, a torch reference beside the data it writes and a
 Triton launch in the ``triton_*`` module next to it, with one signature.
-Where a kernel's inputs can be wrong, one ``check_*`` function beside the
-reference validates them, and both versions run behind it (``_checked``).
+Where a kernel's inputs can be wrong, one ``check_<name>`` function beside
+the reference validates them, and both versions run behind it (``_checked``).
 Triton modules are imported only when ``triton_ops`` is built, so the CPU
 path never imports Triton; tests build ``triton_ops`` for a CPU device to
 run the kernels under the interpreter.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,12 +66,15 @@ class DeviceOps:
 
 
 def _checked(check: Callable[..., None], impl: Callable):
-    """``impl`` behind its inputs' check (same arguments)."""
+    """``impl`` behind ``check``, which takes a subset of ``impl``'s
+    parameters by name. The kernels are called with positional arguments."""
+    names = list(inspect.signature(impl).parameters)
+    picks = [names.index(name) for name in inspect.signature(check).parameters]
 
     @functools.wraps(impl)
-    def run(*args, **kwargs):
-        check(*args, **kwargs)
-        return impl(*args, **kwargs)
+    def run(*args):
+        check(*[args[i] for i in picks])
+        return impl(*args)
 
     return run
 

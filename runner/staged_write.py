@@ -85,7 +85,7 @@ def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) 
 
 
 def check_apply_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
-                        cu_lens: torch.Tensor, values: torch.Tensor) -> None:
+                              cu_lens: torch.Tensor) -> None:
     """Raise ValueError unless the packed writes fit ``dst``.
 
     Write j puts values[cu_lens[j] : cu_lens[j+1]] into dst[rows[j], starts[j] : ...].
@@ -100,13 +100,8 @@ def check_apply_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: tor
         raise ValueError("rows, starts need n entries and cu_lens n + 1")
 
 
-def apply_staged_writes_ref(
-    dst: torch.Tensor,
-    rows: torch.Tensor,
-    starts: torch.Tensor,
-    cu_lens: torch.Tensor,
-    values: torch.Tensor,
-) -> None:
+def apply_staged_writes_ref(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                            cu_lens: torch.Tensor, values: torch.Tensor) -> None:
     """Torch reference: one scatter over all written elements, no sync."""
     num_values = values.shape[0]
     if rows.shape[0] == 0 or num_values == 0:

@@ -35,13 +35,9 @@ def _gather_block_tables_kernel(
             tl.store(dst + k, zero, mask=k < num_cols)
 
 
-def gather_block_tables_triton(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    out: torch.Tensor,
-    num_reqs: int,
-    num_reqs_padded: int,
-) -> torch.Tensor:
+def gather_block_tables_triton(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                               out: torch.Tensor, num_reqs: int, num_reqs_padded: int
+                               ) -> torch.Tensor:
     """``gather_block_tables_ref``: one program per (padded) batch row."""
     if num_reqs_padded > 0:
         _gather_block_tables_kernel[(num_reqs_padded,)](
@@ -91,17 +87,10 @@ def _slot_mappings_kernel(
             tl.store(slot_mapping_ptr + t, block * block_size + pos % block_size, mask=mask)
 
 
-def compute_slot_mappings_triton(
-    block_table: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    positions: torch.Tensor,
-    block_size: int,
-    slot_mapping: torch.Tensor,
-    num_reqs: int,
-    num_tokens: int,
-    num_tokens_padded: int,
-) -> torch.Tensor:
+def compute_slot_mappings_triton(block_table: torch.Tensor, idx_mapping: torch.Tensor,
+                                 query_start_loc: torch.Tensor, positions: torch.Tensor,
+                                 block_size: int, slot_mapping: torch.Tensor, num_reqs: int,
+                                 num_tokens: int, num_tokens_padded: int) -> torch.Tensor:
     """``compute_slot_mappings_ref``: one program per batch row, plus one for the padding."""
     _slot_mappings_kernel[(num_reqs + 1,)](
         block_table,

@@ -35,15 +35,10 @@ def _prefill_inputs_kernel(
         tl.store(input_ids_ptr + start + k, token, mask=mask)
 
 
-def prepare_prefill_inputs_triton(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    all_token_ids: torch.Tensor,
-    prefill_len: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def prepare_prefill_inputs_triton(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                                  query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
+                                  prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                                  num_reqs: int) -> None:
     """``prepare_prefill_inputs_ref``: one program per batch row."""
     if num_reqs == 0:
         return
@@ -90,14 +85,9 @@ def _pos_seq_lens_kernel(
             tl.store(positions_ptr + start + k, pos, mask=k < count)
 
 
-def prepare_pos_seq_lens_triton(
-    idx_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    num_computed_tokens: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: int,
-) -> None:
+def prepare_pos_seq_lens_triton(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                num_computed_tokens: torch.Tensor, positions: torch.Tensor,
+                                seq_lens: torch.Tensor, num_reqs: int) -> None:
     """``prepare_pos_seq_lens_ref``: one program per batch row, plus one for the padding."""
     _pos_seq_lens_kernel[(num_reqs + 1,)](
         idx_mapping,
@@ -139,16 +129,10 @@ def _combine_kernel(
     tl.store(input_ids_ptr + idx, value, mask=mask & decoding)
 
 
-def combine_sampled_tokens_triton(
-    input_ids: torch.Tensor,
-    idx_mapping: torch.Tensor,
-    last_sampled_tokens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    prefill_len: torch.Tensor,
-    logits_indices_out: torch.Tensor,
-    num_reqs: int,
-) -> torch.Tensor:
+def combine_sampled_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                                  last_sampled_tokens: torch.Tensor, query_start_loc: torch.Tensor,
+                                  seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                                  logits_indices_out: torch.Tensor, num_reqs: int) -> torch.Tensor:
     """``combine_sampled_tokens_ref``: one program per batch row."""
     out = logits_indices_out[:num_reqs]
     if num_reqs == 0:

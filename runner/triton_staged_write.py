@@ -30,13 +30,8 @@ def _staged_writes_kernel(
         tl.store(dst + k, tl.load(values_ptr + first + k, mask=mask), mask=mask)
 
 
-def apply_staged_writes_triton(
-    dst: torch.Tensor,
-    rows: torch.Tensor,
-    starts: torch.Tensor,
-    cu_lens: torch.Tensor,
-    values: torch.Tensor,
-) -> None:
+def apply_staged_writes_triton(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                               cu_lens: torch.Tensor, values: torch.Tensor) -> None:
     """One program per write, all in one launch."""
     if rows.shape[0] == 0:
         return

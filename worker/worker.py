@@ -60,13 +60,23 @@ def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
     )
 
 
+class NoModel:
+    """The worker's runner until ``load_model``: every step or cache call is
+    refused with the reason, so ``Worker.runner`` is always a usable object."""
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError("the model is not loaded (call load_model first)")
+
+    determine_num_blocks = init_kv_cache = execute_model = sample_tokens = _refuse
+
+
 class Worker:
     def __init__(self, env: TorchrunEnv, device_kind: str):
         self.env = env
         self.device = pick_device(device_kind, env.local_rank, env.local_world_size)
         init_process_group(env, self.device)
         self.tp = TensorParallelGroup.from_default_group()
-        self.runner: ModelRunner | None = None
+        self.runner: ModelRunner | NoModel = NoModel()
 
     @property
     def is_output_rank(self) -> bool:
@@ -85,24 +95,18 @@ class Worker:
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit this rank's budget (the executor takes the minimum)."""
-        return self._runner().determine_num_blocks()
+        return self.runner.determine_num_blocks()
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        self._runner().init_kv_cache(num_blocks)
+        self.runner.init_kv_cache(num_blocks)
 
     def health(self) -> dict:
         return {"rank": self.env.rank, "device": str(self.device)}
 
     def execute(self, plan: SchedulerOutput):
         """Run one step; returns the AsyncOutput (the caller decides who waits)."""
-        runner = self._runner()
-        runner.execute_model(plan)
-        return runner.sample_tokens()
-
-    def _runner(self) -> ModelRunner:
-        if self.runner is None:
-            raise RuntimeError("the model is not loaded (call load_model first)")
-        return self.runner
+        self.runner.execute_model(plan)
+        return self.runner.sample_tokens()
 
     def shutdown(self) -> None:
         if dist.is_initialized():
