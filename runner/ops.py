@@ -36,7 +36,7 @@ DEFAULT_NUM_SMS = 132
 @dataclass(frozen=True)
 class DeviceOps:
     """The operations of one device. Kernel signatures are those of the torch
-    references named in each comment."""
+    references named in each comment (``_KERNELS`` lists both versions)."""
 
     # runner/input_batch.py and runner/block_table.py: the step's inputs.
     prepare_prefill_inputs: Callable[..., None]  # prepare_prefill_inputs_ref
@@ -79,53 +79,61 @@ def _checked(check: Callable[..., None], impl: Callable):
     return run
 
 
-# name -> (module of the torch reference and its check, module of the Triton version)
-_INPUT_KERNELS = {
-    "prepare_prefill_inputs": ("runner.input_batch", "runner.triton_input_batch"),
-    "prepare_pos_seq_lens": ("runner.input_batch", "runner.triton_input_batch"),
-    "combine_sampled_tokens": ("runner.input_batch", "runner.triton_input_batch"),
-    "gather_block_tables": ("runner.block_table", "runner.triton_block_table"),
-    "compute_slot_mappings": ("runner.block_table", "runner.triton_block_table"),
-    "apply_staged_writes": ("runner.staged_write", "runner.triton_staged_write"),
+# DeviceOps field -> (torch reference, Triton version), as "module:function".
+_KERNELS = {
+    "prepare_prefill_inputs": ("runner.input_batch:prepare_prefill_inputs_ref",
+                               "runner.triton_input_batch:prepare_prefill_inputs_triton"),
+    "prepare_pos_seq_lens": ("runner.input_batch:prepare_pos_seq_lens_ref",
+                             "runner.triton_input_batch:prepare_pos_seq_lens_triton"),
+    "combine_sampled_tokens": ("runner.input_batch:combine_sampled_tokens_ref",
+                               "runner.triton_input_batch:combine_sampled_tokens_triton"),
+    "gather_block_tables": ("runner.block_table:gather_block_tables_ref",
+                            "runner.triton_block_table:gather_block_tables_triton"),
+    "compute_slot_mappings": ("runner.block_table:compute_slot_mappings_ref",
+                              "runner.triton_block_table:compute_slot_mappings_triton"),
+    "apply_staged_writes": ("runner.staged_write:apply_staged_writes_ref",
+                            "runner.triton_staged_write:apply_staged_writes_triton"),
+    "rms_norm": ("runner.layers.rms_norm:rms_norm_ref",
+                 "runner.layers.triton_rms_norm:rms_norm_triton"),
+    "fused_add_rms_norm": ("runner.layers.rms_norm:fused_add_rms_norm_ref",
+                           "runner.layers.triton_rms_norm:fused_add_rms_norm_triton"),
+    "rotary": ("runner.layers.rotary:rotary_ref", "runner.layers.triton_rotary:rotary_triton"),
+    "silu_and_mul": ("runner.layers.activation:silu_and_mul_ref",
+                     "runner.layers.triton_silu_mul:silu_mul_triton"),
+    "row_parallel_matmul": ("torch.nn.functional:linear",
+                            "runner.layers.triton_skinny_matmul:row_parallel_matmul"),
+    "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",
+                      "runner.sampling.triton_noise:greedy_argmax_triton"),
+    "gumbel_argmax": ("runner.sampling.noise:gumbel_argmax_ref",
+                      "runner.sampling.triton_noise:gumbel_argmax_triton"),
+}
+# Kernels whose inputs can be wrong: field -> their check, beside the reference.
+_CHECKS = {
+    name: f"{_KERNELS[name][0].split(':')[0]}:check_{name}"
+    for name in ("prepare_prefill_inputs", "prepare_pos_seq_lens", "combine_sampled_tokens",
+                 "gather_block_tables", "compute_slot_mappings", "apply_staged_writes")
 }
 
 
-def _input_kernels(impl: str) -> dict[str, Callable]:
-    """The step-input and staged-write kernels, ``impl`` "ref" or "triton",
-    each behind ``check_<name>`` from its reference's module."""
-    kernels = {}
-    for name, (ref_module, triton_module) in _INPUT_KERNELS.items():
-        ref = importlib.import_module(ref_module)
-        module = ref if impl == "ref" else importlib.import_module(triton_module)
-        kernels[name] = _checked(getattr(ref, f"check_{name}"), getattr(module, f"{name}_{impl}"))
+def _load(path: str) -> Callable:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _kernels(version: int) -> dict[str, Callable]:
+    """Every kernel field: version 0 the torch references, 1 the Triton
+    versions; each checked kernel behind its check."""
+    kernels = {name: _load(paths[version]) for name, paths in _KERNELS.items()}
+    for name, check in _CHECKS.items():
+        kernels[name] = _checked(_load(check), kernels[name])
     return kernels
 
 
 def torch_ops(device: torch.device) -> DeviceOps:
     """Torch references and synchronous copies (a CPU device)."""
-    import torch.nn.functional as F
-
-    from runner.layers.activation import silu_and_mul_ref
-    from runner.layers.rms_norm import fused_add_rms_norm_ref, rms_norm_ref
-    from runner.layers.rotary import rotary_ref
-    from runner.sampling.noise import greedy_argmax_ref, gumbel_argmax_ref
-
-    return DeviceOps(
-        **_input_kernels("ref"),
-        rms_norm=rms_norm_ref,
-        fused_add_rms_norm=fused_add_rms_norm_ref,
-        rotary=rotary_ref,
-        silu_and_mul=silu_and_mul_ref,
-        row_parallel_matmul=F.linear,
-        greedy_argmax=greedy_argmax_ref,
-        gumbel_argmax=gumbel_argmax_ref,
-        new_transfer=functools.partial(HostTransfer, device),
-        attention_backend="torch",
-        dist_backend="gloo",
-        cuda_graphs=False,
-        kv_budget_from_free_memory=False,
-        shares_host_memory=True,
-    )
+    return DeviceOps(**_kernels(0), new_transfer=functools.partial(HostTransfer, device),
+                     attention_backend="torch", dist_backend="gloo", cuda_graphs=False,
+                     kv_budget_from_free_memory=False, shares_host_memory=True)
 
 
 def triton_ops(device: torch.device) -> DeviceOps:
@@ -134,28 +142,9 @@ def triton_ops(device: torch.device) -> DeviceOps:
     Built for a CPU device (tests), the kernels run under Triton's
     interpreter; transfers and device facts are then still CUDA's.
     """
-    from runner.layers.triton_rms_norm import fused_add_rms_norm_triton, rms_norm_triton
-    from runner.layers.triton_rotary import rotary_triton
-    from runner.layers.triton_silu_mul import silu_mul_triton
-    from runner.layers.triton_skinny_matmul import row_parallel_matmul
-    from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_triton
-
-    return DeviceOps(
-        **_input_kernels("triton"),
-        rms_norm=rms_norm_triton,
-        fused_add_rms_norm=fused_add_rms_norm_triton,
-        rotary=rotary_triton,
-        silu_and_mul=silu_mul_triton,
-        row_parallel_matmul=row_parallel_matmul,
-        greedy_argmax=greedy_argmax_triton,
-        gumbel_argmax=gumbel_argmax_triton,
-        new_transfer=functools.partial(PinnedTransfer, device),
-        attention_backend="triton",
-        dist_backend="nccl",
-        cuda_graphs=True,
-        kv_budget_from_free_memory=True,
-        shares_host_memory=False,
-    )
+    return DeviceOps(**_kernels(1), new_transfer=functools.partial(PinnedTransfer, device),
+                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True,
+                     kv_budget_from_free_memory=True, shares_host_memory=False)
 
 
 @functools.cache
