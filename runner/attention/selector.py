@@ -12,6 +12,7 @@ from runner.attention.metadata import AttentionMetadata
 # name -> (module, class); every backend but the reference is imported lazily.
 BACKENDS = {
     "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
+    "sdpa": ("runner.attention.torch_sdpa", "TorchSDPABackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
 }
@@ -38,8 +39,9 @@ def attends_to_written_kv(backend: AttentionBackend) -> bool:
 
 
 def default_backend_name(device: torch.device) -> str:
-    """"triton" on CUDA, "torch" elsewhere."""
-    return "triton" if torch.device(device).type == "cuda" else "torch"
+    """"triton" on CUDA, "sdpa" elsewhere ("torch" is the reference the others
+    are tested against)."""
+    return "triton" if torch.device(device).type == "cuda" else "sdpa"
 
 
 def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
