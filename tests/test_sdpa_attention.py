@@ -61,3 +61,16 @@ def test_sdpa_bfloat16_close_to_reference():
     got = TorchSDPABackend().forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, 0.2)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_layers_of_one_step_share_its_plan_and_a_new_step_gets_its_own():
+    backend, reference = TorchSDPABackend(), TorchAttentionBackend()
+    first = make_batch(11, [1, 1, 5], [9, 20, 5], num_q_heads=4, num_kv_heads=2, head_dim=32)
+    second = make_batch(12, [1, 3], [30, 3], num_q_heads=4, num_kv_heads=2, head_dim=32)
+    for batch in (first, first, second):  # two layers of one step, then the next step
+        layer_cache = batch.kv_cache.clone()
+        ref_cache = batch.kv_cache.clone()
+        want = reference.forward(batch.q, batch.k, batch.v, ref_cache, batch.attn, 0.25)
+        got = backend.forward(batch.q, batch.k, batch.v, layer_cache, batch.attn, 0.25)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(layer_cache, ref_cache)
