@@ -35,6 +35,8 @@ class EngineConfig:
     max_model_len: int | None = None
     num_gpu_blocks_override: int | None = None
     enforce_eager: bool = False
+    # NCCL for every all-reduce instead of the one-shot kernel over peer memory.
+    disable_custom_all_reduce: bool = False
     seed: int = 0
     attention_backend: str | None = None
     gpu_memory_utilization: float = 0.9

@@ -99,6 +99,7 @@ class LLMEngine:
             model=self.model_dir, device=self.device, dtype=c.dtype, block_size=c.block_size,
             max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
             max_model_len=self.max_model_len, seed=c.seed, enforce_eager=c.enforce_eager,
+            disable_custom_all_reduce=c.disable_custom_all_reduce,
             attention_backend=c.attention_backend, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             gpu_memory_utilization=c.gpu_memory_utilization, load_format=c.load_format,
         )
@@ -200,4 +201,7 @@ class LLMEngine:
             self.stats_logger.maybe_log()
 
     def shutdown(self) -> None:
+        """Stop the executor; a step still in flight is dropped first, so no
+        output of it keeps device memory alive."""
+        self.in_flight = None
         self.executor.shutdown()

@@ -30,6 +30,7 @@ class RunnerConfig:
     max_model_len: int = 4096
     seed: int = 0
     enforce_eager: bool = False
+    disable_custom_all_reduce: bool = False
     attention_backend: str | None = None
     kv_cache_memory_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.9

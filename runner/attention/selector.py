@@ -15,6 +15,8 @@ BACKENDS = {
     "sdpa": ("runner.attention.torch_sdpa", "TorchSDPABackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
+    # Triton for decodes, torch's FlashAttention for a batch's prefill rows.
+    "triton_flash_prefill": ("runner.attention.flash_prefill", "FlashPrefillBackend"),
 }
 
 
