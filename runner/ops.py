@@ -132,7 +132,7 @@ def _kernels(version: int) -> dict[str, Callable]:
 def torch_ops(device: torch.device) -> DeviceOps:
     """Torch references and synchronous copies (a CPU device)."""
     return DeviceOps(**_kernels(0), new_transfer=functools.partial(HostTransfer, device),
-                     attention_backend="torch", dist_backend="gloo", cuda_graphs=False,
+                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False,
                      kv_budget_from_free_memory=False, shares_host_memory=True)
 
 

@@ -13,6 +13,7 @@ from runner.ops import device_ops
 # name -> (module, class); every backend but the reference is imported lazily.
 BACKENDS = {
     "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
+    "sdpa": ("runner.attention.torch_sdpa", "TorchSDPABackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
     # Triton for decodes, torch's FlashAttention for a batch's prefill rows.
