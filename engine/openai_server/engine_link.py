@@ -65,7 +65,6 @@ class EngineLink:
         self.ids = itertools.count()
         self.ctx: zmq.asyncio.Context | None = None
         self.socket: zmq.asyncio.Socket | None = None
-        self.sender: zmq.Socket | None = None
         self.reader: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -76,8 +75,8 @@ class EngineLink:
                               (zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)):
             self.socket.setsockopt(option, value)
         self.socket.connect(self.endpoint)
-        self.sender = zmq.Socket.shadow(self.socket.underlying)  # sends without awaiting
         self.reader = asyncio.create_task(self._read())
+        self.reader.add_done_callback(self._reader_ended)
 
     async def close(self) -> None:
         if self.reader is not None:
@@ -128,7 +127,16 @@ class EngineLink:
 
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
-        self.sender.send_multipart(self.auth.seal(encode(message)))
+        """Send now, without awaiting: with an unbounded send queue the
+        socket sends at once and returns a finished future (a send on a
+        shadow socket would instead hide the socket's readiness from the
+        reader, whose wake-ups the asyncio socket manages)."""
+        self.socket.send_multipart(self.auth.seal(encode(message)))
+
+    def _reader_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("the engine link stopped reading", exc_info=task.exception())
+            self._die(f"the engine link failed: {task.exception()!r}")
 
     async def _read(self) -> None:
         while True:

@@ -81,7 +81,7 @@ class _Logprobs:
             return None
         out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
                                              self.offset)
-        self.offset += sum(len(t) for t in out["tokens"])
+        self.offset += len(event.text)
         return out
 
 
