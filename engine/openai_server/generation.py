@@ -149,12 +149,10 @@ class Generation:
         now = time.monotonic()
         if choice.last_token_time is None:
             self.metrics.ttft.observe(now - self.arrival_time)
-            num_tokens -= 1
-            gap = 0.0
         else:
             gap = (now - choice.last_token_time) / num_tokens
-        for _ in range(num_tokens):
-            self.metrics.itl.observe(gap)
+            for _ in range(num_tokens):
+                self.metrics.itl.observe(gap)
         choice.last_token_time = now
 
     def abort_unfinished(self) -> None:
