@@ -49,7 +49,6 @@ class _Choice:
     num_tokens: int = 0
     last_token_time: float | None = None
     finished: bool = False
-    accepted: bool = False
 
 
 @dataclass
@@ -89,7 +88,6 @@ class Generation:
                 raise ValueError(item.error)
             if isinstance(item, RequestAccepted):
                 choice = self.choices[item.request_id]
-                choice.accepted = True
                 choice.num_prompt_tokens = len(item.prompt_token_ids)
                 waiting -= 1
             else:

@@ -24,6 +24,7 @@ class HttpServer:
                                 access_log=False, backlog=4096)
         self.server = uvicorn.Server(config)
         self.host = host
+        self.asked_port = port
         self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -31,8 +32,8 @@ class HttpServer:
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self.thread.is_alive():
-                raise OSError(f"the HTTP server could not start on {self.host} "
-                              f"(see the log above)")
+                raise OSError(f"the HTTP server could not start on {self.host}:"
+                              f"{self.asked_port} (the reason is logged above)")
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"the HTTP server did not start within {timeout_s} s")
