@@ -1,4 +1,4 @@
-"""``tprun serve --http-port`` on CPU with ``tiny``, driven by the official
+"""``tprun --nproc-per-node 2 serve --http-port`` on CPU with ``tiny``, driven by the official
 ``openai`` client, curl and plain HTTP; greedy answers checked against
 ``LLM.generate`` in this process, chat prompts against transformers'
 ``apply_chat_template``."""
@@ -27,7 +27,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http")
-    served = start_http(tmp, "--nproc-per-node", "1", "serve", "--model", "tiny", "--device",
+    served = start_http(tmp, "--nproc-per-node", "2", "serve", "--model", "tiny", "--device",
                         "cpu", "--disable-log-stats", env={"TPRUN_API_KEY": KEY})
     served.model_dir = str(tmp / "cache" / TINY_NAME)
     yield served
