@@ -254,6 +254,8 @@ def test_api_key_is_required(server, client):
     ({"n": 0}, "n must be in"),
     ({"prompt": [400, 1]}, "outside the vocabulary"),
     ({"max_tokens": "many"}, "max_tokens"),
+    ({"suffix": "!"}, "suffix is not supported"),
+    ({"logit_bias": {"65": 5}}, "logit_bias is not supported"),
 ])
 def test_bad_requests_are_400(server, client, fields, message):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, **fields}

@@ -10,7 +10,7 @@ serving code; ``error_body`` is the one error shape every route uses.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,19 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    logit_bias: dict[str, float] | None = None
+
+    # Fields OpenAI defines that change the answer but this server does not
+    # implement: a request that sets one is refused rather than answered
+    # as if it had not.
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias",)
+
+    def check_supported(self) -> None:
+        """``ValueError`` naming the first unsupported field that is set."""
+        for name in self.UNSUPPORTED:
+            if getattr(self, name, None):
+                raise ValueError(f"{name} is not supported by this server")
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -54,6 +67,15 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "echo", "suffix")
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported by this server (set n instead)")
 
 
 class ChatMessage(BaseModel):
@@ -75,6 +97,15 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools")
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ValueError("response_format other than text is not supported by this server")
 
 
 ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]

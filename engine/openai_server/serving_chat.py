@@ -51,6 +51,7 @@ def _num_top(request: ChatCompletionRequest) -> int | None:
 async def create_chat_completion(state: ServerState, request: ChatCompletionRequest,
                                  raw: Request) -> Response:
     state.check_model(request.model)
+    request.check_supported()
     prompt = chat_prompt(state, request)
     max_tokens = request.max_completion_tokens or request.max_tokens
     if max_tokens is None:

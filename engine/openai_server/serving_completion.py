@@ -48,8 +48,7 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
 async def create_completion(state: ServerState, request: CompletionRequest,
                             raw: Request) -> Response:
     state.check_model(request.model)
-    if request.echo:
-        raise ValueError("echo is not supported")
+    request.check_supported()
     prompts = completion_prompts(state, request.prompt)
     max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
     params = choice_params(request, max_tokens, request.logprobs)
