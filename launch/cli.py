@@ -103,6 +103,11 @@ directory (next to the ipc:// socket) and, with --endpoint-file F, to F.key;
 the start-up line names the key file, and shutdown removes it. EngineClient
 finds the key itself given F or the ipc:// address; for a tcp:// address
 pass key_file=. Messages without a valid MAC are dropped and logged.
+
+With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
+/v1/chat/completions, /v1/models, /health, /metrics) on --host (default
+127.0.0.1), as one more client of the engine endpoint; --api-key (or
+$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'.
 """
 
 
