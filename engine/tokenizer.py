@@ -114,6 +114,10 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = ()) -> None:
         self.tokenizer = tokenizer
         self._ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
+        if tokenizer.decode(self._ids).endswith("\ufffd"):
+            # The prompt ends inside a character (a token-id prompt): the
+            # output's first bytes would complete it and vanish into it.
+            self._ids = []
         self._num_context = len(self._ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)

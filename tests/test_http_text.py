@@ -71,10 +71,12 @@ _token_ids = st.one_of(st.integers(0x80, 0xF4), st.integers(0, 258), st.sampled_
 
 
 @settings(max_examples=300, deadline=None)
-@given(prompt=st.text(max_size=6), output=st.lists(_token_ids, max_size=40),
-       cuts=st.lists(st.integers(1, 4), max_size=40))
+@given(prompt=st.one_of(st.text(max_size=6), st.lists(_token_ids, min_size=1, max_size=8)),
+       output=st.lists(_token_ids, max_size=40), cuts=st.lists(st.integers(1, 4), max_size=40))
 def test_incremental_detokenizer_equals_full_decode(tokenizer, prompt, output, cuts):
-    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode(prompt))
+    """Text prompts, and token-id prompts that may end inside a character."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    detok = IncrementalDetokenizer(tokenizer, ids)
     full = tokenizer.decode(output)
     shown, start = "", 0
     for size in [*cuts, len(output)]:
