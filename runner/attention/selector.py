@@ -43,7 +43,7 @@ def attends_to_written_kv(backend: AttentionBackend) -> bool:
 
 def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
     """An instance of backend ``name`` (None: the device's default, "triton"
-    on CUDA and "torch" elsewhere: ``runner.ops``)."""
+    on CUDA and "sdpa" elsewhere: ``runner.ops``)."""
     name = name or device_ops(device).attention_backend
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
