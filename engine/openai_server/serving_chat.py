@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from engine.openai_server.chat_template import message_text, render_chat
 from engine.openai_server.engine_link import EngineDeadError
@@ -23,7 +23,7 @@ from engine.openai_server.generation import ChoiceEvent, Generation
 from engine.openai_server.protocol import ChatCompletionRequest, error_body
 from engine.openai_server.sampling import choice_params, default_max_tokens
 from engine.openai_server.state import ServerState
-from engine.openai_server.streaming import DONE, EventStream, cancel_on_disconnect, sse
+from engine.openai_server.streaming import DONE, respond, sse
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
@@ -60,13 +60,9 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, request.stop_strings())
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
-    if request.stream:
-        return EventStream(_stream(state, request, generation, response_id), generation)
-    try:
-        body = await cancel_on_disconnect(raw, _collect(state, request, generation, response_id))
-    finally:
-        generation.abort_unfinished()
-    return JSONResponse(body)
+    return await respond(raw, generation, request.stream,
+                         lambda: _stream(state, request, generation, response_id),
+                         lambda: _collect(state, request, generation, response_id))
 
 
 def _head(state: ServerState, response_id: str, obj: str) -> dict:

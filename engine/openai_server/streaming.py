@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from engine.openai_server.generation import Generation
@@ -67,3 +67,16 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     if not finished:
         raise ClientDisconnected()
     return task.result()
+
+
+async def respond(raw: Request, generation, stream: bool,
+                  events: Callable[[], AsyncIterator[str]],
+                  body: Callable[[], Awaitable[dict]]) -> Response:
+    """The answer of a started generation: its server-sent events, or its whole
+    JSON body; either way a client that leaves aborts what is still running."""
+    if stream:
+        return EventStream(events(), generation)
+    try:
+        return JSONResponse(await cancel_on_disconnect(raw, body()))
+    finally:
+        generation.abort_unfinished()
