@@ -45,6 +45,19 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def module_command(module: str) -> list[str]:
+    """``python -m MODULE`` without the current folder on the import path:
+    a ``worker.py`` (or ``engine.py``, ...) in the caller's folder must not
+    replace the package. ``-P`` (Python 3.11+) leaves the folder out;
+    before it, the ``''`` entry that ``-c`` puts first is removed by hand.
+    PYTHONPATH keeps its meaning either way."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    code = ("import runpy, sys; del sys.path[0]; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -96,7 +109,7 @@ class MultiprocExecutor(Executor):
         env["TPRUN_PARENT_PID"] = str(os.getpid())
         for name in NO_MULTICAST:  # NVLink multicast stays off on shared hosts
             env.setdefault(name, NO_MULTICAST[name])
-        cmd = [sys.executable, "-m", "worker", "--broadcast", self.endpoints.broadcast,
+        cmd = [*module_command("worker"), "--broadcast", self.endpoints.broadcast,
                "--reply", self.endpoints.reply, "--device", device]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
