@@ -193,7 +193,7 @@ def run_serve(args) -> int:
         raise
     previous = {sig: signal.signal(sig, lambda *_: server.stop())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    print(f"tprun serve: engine endpoint {server.address} (key file {server.key_file})",
+    print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
     try:

@@ -1,0 +1,50 @@
+"""The README's commands work when pasted.
+
+Each test takes a block from README.md as written and runs it with bash,
+changing only what a test must: ``tprun`` and ``python`` become this
+interpreter's, and paths under /tmp move to the test's own folder (so
+nothing is left in /tmp).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+
+import pytest
+
+from tests.proc_utils import ROOT, run_in_session
+
+
+def readme_block(containing: str) -> str:
+    """The ```bash block of README.md that contains ``containing``."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+    matches = [b for b in blocks if containing in b]
+    assert len(matches) == 1, f"{len(matches)} README blocks contain {containing!r}"
+    return matches[0]
+
+
+def localize(block: str, tmp_path) -> str:
+    python = shlex.quote(sys.executable)
+    block = block.replace("/tmp/", f"{tmp_path}/")
+    block = re.sub(r"^tprun ", f"{python} -m launch ", block, flags=re.M)
+    block = re.sub(r"^torchrun ", f"{python} -m torch.distributed.run ", block, flags=re.M)
+    block = re.sub(r"&& tprun ", f"&& {python} -m launch ", block)
+    return re.sub(r"^python ", f"{python} ", block, flags=re.M)
+
+
+@pytest.mark.timeout(240)
+def test_serve_example_works_when_pasted(tmp_path):
+    block = readme_block("serve --model tiny")
+    script = localize(block, tmp_path) + "wait\n"
+    result, leftovers = run_in_session(["bash", "-c", script], timeout=220,
+                                       env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("tprun serve: ready: engine endpoint ipc://"), result.stdout
+    assert len(lines) >= 2 and "Traceback" not in result.stderr, result.stderr
+    assert leftovers == []
+    assert not (tmp_path / "tprun.endpoint").exists()
