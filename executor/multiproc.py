@@ -92,6 +92,11 @@ class MultiprocExecutor(Executor):
         port = master_port or free_port(master_addr)
         self.procs = [] if self.attached else [
             self._spawn(r, device, master_addr, port) for r in range(world_size)]
+        if self.attached:  # someone must start them: say where, and how
+            print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
+                  f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
+                  f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply})",
+                  file=sys.stderr, flush=True)
         try:
             wait_for_subscribers(self.publisher, self.receiver, world_size,
                                  start_timeout_s, self._raise_if_dead)

@@ -48,3 +48,18 @@ def test_serve_example_works_when_pasted(tmp_path):
     assert len(lines) >= 2 and "Traceback" not in result.stderr, result.stderr
     assert leftovers == []
     assert not (tmp_path / "tprun.endpoint").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_attach_example_runs_twice_as_written(tmp_path):
+    """The torchrun example reuses its socket folder; tprun says what it waits for."""
+    script = localize(readme_block("--attach-workers"), tmp_path)
+    for _ in range(2):
+        result, leftovers = run_in_session(["bash", "-c", script], timeout=140,
+                                           env={"TPRUN_CACHE": str(tmp_path / "cache")})
+        assert result.returncode == 0, result.stderr
+        assert f"tprun: waiting for 2 workers at {tmp_path}/tp" in result.stderr
+        assert result.stdout.count("->") == 2, result.stdout  # one line per default prompt
+        assert leftovers == []
+        assert list((tmp_path / "tp").iterdir()) == []
