@@ -20,12 +20,12 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
 
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import merge_splits
 from runner.attention.triton_unified import launch_paged_attention
+from runner.triton_import import triton
 
 MAX_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256

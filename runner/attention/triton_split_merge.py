@@ -12,8 +12,8 @@ zeros, never NaN.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from runner.triton_import import tl, triton
 
 
 @triton.jit

@@ -12,10 +12,9 @@ goes to slot block_table[idx_mapping[i], p // block_size] * block_size
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from runner.kernels.dispatch import check_num_reqs, on_cuda, token_rows
+from runner.triton_import import tl, triton
 
 PAD_SLOT_ID = -1
 

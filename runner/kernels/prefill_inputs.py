@@ -11,10 +11,9 @@ host memory: the kernel then reads the prompt straight from host memory.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from runner.kernels.dispatch import check_num_reqs, on_cuda, token_rows
+from runner.triton_import import tl, triton
 
 
 def prepare_prefill_inputs_ref(

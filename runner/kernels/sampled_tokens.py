@@ -18,10 +18,9 @@ last_sampled_tokens may be [max_num_reqs] or [max_num_reqs, 1] (column 0 is read
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from runner.kernels.dispatch import check_num_reqs, next_power_of_2, on_cuda, token_rows
+from runner.triton_import import tl, triton
 
 
 def _check(

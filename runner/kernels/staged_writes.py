@@ -10,10 +10,9 @@ contiguous rows (a 1-D tensor is passed as a [n, 1] view).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from runner.kernels.dispatch import on_cuda
+from runner.triton_import import tl, triton
 
 
 def _check(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor, cu_lens: torch.Tensor):

@@ -10,8 +10,8 @@ squares differs, so results agree to float32 rounding.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from runner.triton_import import tl, triton
 
 
 @triton.jit

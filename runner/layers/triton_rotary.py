@@ -13,8 +13,8 @@ saves the attention backend's separate KV-write launch.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from runner.triton_import import tl, triton
 
 
 @triton.jit

@@ -8,8 +8,8 @@ which is rounded again.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from runner.triton_import import tl, triton
 
 
 @triton.jit

@@ -23,8 +23,8 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
+
+from runner.triton_import import tl, triton
 
 SKINNY_MAX_ROWS = 8
 BLOCK_N = 32

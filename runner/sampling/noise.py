@@ -26,10 +26,9 @@ shifts masked to act as logical shifts; the kernel uses uint64.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from runner.kernels.dispatch import on_cuda
+from runner.triton_import import tl, triton
 
 ROW_MUL = 0x9E3779B97F4A7C15
 TOKEN_MUL = 0xD1B54A32D192ED03
