@@ -63,3 +63,24 @@ def test_attach_example_runs_twice_as_written(tmp_path):
         assert result.stdout.count("->") == 2, result.stdout  # one line per default prompt
         assert leftovers == []
         assert list((tmp_path / "tp").iterdir()) == []
+
+
+def test_client_names_the_missing_server_after_its_timeout(tmp_path):
+    from engine.client import EngineClient
+
+    path = str(tmp_path / "endpoint")
+    with pytest.raises(TimeoutError, match=r"no endpoint file .* `tprun serve --endpoint-file"):
+        EngineClient(path, ready_timeout_s=0.3)
+
+
+def test_docs_point_nowhere_outside_the_repository():
+    """Every relative path the README and docs/ name resolves inside the repository."""
+    pages = [os.path.join(ROOT, "README.md")]
+    pages += [os.path.join(ROOT, "docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))]
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for ref in re.findall(r"(?:\.\./)+[\w./-]+", text):
+            target = os.path.realpath(os.path.join(os.path.dirname(page), ref))
+            assert target.startswith(ROOT + os.sep), f"{page} points outside: {ref}"
+    assert os.path.exists(os.path.join(ROOT, "docs", "design.md"))
