@@ -59,6 +59,7 @@ def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, l
     return proc, out, err, reap_session(proc.pid, grace_s=10)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sigterm_mid_generation_removes_the_socket_directory(tmp_path):
     proc, out, err, leftovers = _generate_then_signal(
@@ -69,6 +70,7 @@ def test_sigterm_mid_generation_removes_the_socket_directory(tmp_path):
     assert out == ""  # nothing half-printed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ctrl_c_is_one_line_and_exit_code_130(tmp_path):
     proc, out, err, leftovers = _generate_then_signal(

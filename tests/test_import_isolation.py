@@ -37,6 +37,7 @@ def _tprun() -> list[str]:
     return [script] if os.path.exists(script) else module_command("launch")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_tprun_from_a_folder_with_decoy_modules(tmp_path):
     (tmp_path / "decoys").mkdir()

@@ -36,6 +36,7 @@ def localize(block: str, tmp_path) -> str:
     return re.sub(r"^python ", f"{python} ", block, flags=re.M)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_serve_example_works_when_pasted(tmp_path):
     block = readme_block("serve --model tiny")
