@@ -1,11 +1,17 @@
 """Benchmark the Triton paged-attention backend against torch SDPA.
 
     python benchmarks/bench_attention.py [--out benchmarks/results/attention.json]
+    python benchmarks/bench_attention.py --prefill-only --backend both
     python benchmarks/bench_attention.py --smoke      # tiny shapes; runs on CPU too
 
 Shapes (CUDA): Llama-3-8B heads (32 query heads, 8 KV heads, head dim 128), bf16,
 block size 16. Decode: batch x context with one query token per request; prefill:
-batch x prompt tokens, causal, empty cache. Our time is one full forward() (KV
+batch x prompt tokens, causal, empty cache, and one prompt after a cached prefix
+of 4096 tokens (chunked prefill, prefix caching). Prefill rows are timed for
+``--backend``: "triton" (the Triton kernels) and "triton_flash_prefill"
+(runner/attention/flash_prefill.py: prefill rows through torch's
+FlashAttention over K/V gathered from the cache, decodes through Triton; its
+"path" field names the kernel that ran). Our time is one full forward() (KV
 write of the step's tokens + attention) with the split count the backend's
 heuristic picks for the real max_seq_len; for decode the no-split time is
 reported too. Both sides are timed as CUDA-graph replays (do_bench_cudagraph),
@@ -15,8 +21,8 @@ SDPA baseline, on dense contiguous K/V of the same values:
   decode: q [B, Hkv, Hq/Hkv, D] against K/V [B, Hkv, L, D], no mask; the query
     heads of a KV group sit in the query-length axis, which is exact for a
     single query token at the last position and needs no K/V expansion;
-  prefill: q, K, V [B, Hq, L, D] with is_causal=True (K/V repeated per query
-    head beforehand, outside the timing).
+  prefill: q [B, Hq, L, D], K/V [B, Hq, P + L, D] (repeated per query head
+    beforehand, outside the timing), causal (bottom-right aligned when P > 0).
 Every case also checks our output against SDPA's (max_abs_err).
 
 Prints a table, then, last, one JSON object with all results.
@@ -37,9 +43,14 @@ if "--smoke" in sys.argv and not torch.cuda.is_available():
 
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
+from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from runner.attention.flash_prefill import (  # noqa: E402
+    FlashPrefillBackend,
+    default_prefill_kernel,
+)
 from runner.attention.metadata import AttentionMetadata  # noqa: E402
 from runner.attention.triton_attn import (  # noqa: E402
     TritonAttentionBackend,
@@ -144,30 +155,49 @@ def bench_decode(batch, context, heads, block_size, dtype, device, reps):
             "max_abs_err": err}
 
 
-def bench_prefill(batch, length, heads, block_size, dtype, device, reps):
+PREFILL_BACKENDS = ("triton", "triton_flash_prefill")
+
+
+def prefill_backend(name: str):
+    """The backend a prefill row times: plain Triton, or Triton with fresh
+    prompts sent to torch's FlashAttention (runner/attention/flash_prefill.py)."""
+    if name == "triton":
+        return TritonAttentionBackend()
+    return FlashPrefillBackend()
+
+
+def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps, backends):
+    """Causal prefill of ``length`` tokens per request after ``prefix`` cached
+    ones; one row per backend, each against SDPA on dense K/V (bottom-right
+    causal mask when there is a prefix)."""
     num_q_heads, num_kv_heads, head_dim = heads
-    q, k, v, kv_cache, attn = paged_case(batch, length, length, heads, block_size, dtype, device)
+    context = prefix + length
+    q, k, v, kv_cache, attn = paged_case(batch, context, length, heads, block_size, dtype,
+                                         device)
     scale = head_dim**-0.5
-    backend = TritonAttentionBackend()
-    out = backend.forward(q, k, v, kv_cache, attn, scale)
+    outs = {name: prefill_backend(name).forward(q, k, v, kv_cache, attn, scale)
+            for name in backends}
     group = num_q_heads // num_kv_heads
-
-    def per_head(x, repeat):
-        x = x.view(batch, length, -1, head_dim).transpose(1, 2)
-        return x.repeat_interleave(repeat, dim=1).contiguous()
-
-    q_sdpa, k_sdpa, v_sdpa = per_head(q, 1), per_head(k, group), per_head(v, group)
+    q_sdpa = q.view(batch, length, num_q_heads, head_dim).transpose(1, 2).contiguous()
+    k_sdpa, v_sdpa = (dense_kv(kv_cache, attn.block_tables, context, which)
+                      .repeat_interleave(group, dim=1) for which in (0, 1))
+    mask = causal_lower_right(length, context) if prefix else None
 
     def sdpa():
         return torch.nn.functional.scaled_dot_product_attention(
-            q_sdpa, k_sdpa, v_sdpa, is_causal=True, scale=scale
-        )
+            q_sdpa, k_sdpa, v_sdpa, attn_mask=mask, is_causal=mask is None, scale=scale)
 
-    want = sdpa().transpose(1, 2).reshape(out.shape)
-    err = (out.float() - want.float()).abs().max().item()
-    ms = time_ms(lambda: backend.forward(q, k, v, kv_cache, attn, scale), device, reps)
+    want = sdpa().transpose(1, 2).reshape(q.shape).float()
     sdpa_ms = time_ms(sdpa, device, reps)
-    return {"num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms, "max_abs_err": err}
+    rows = []
+    for name in backends:
+        backend = prefill_backend(name)
+        ms = time_ms(lambda b=backend: b.forward(q, k, v, kv_cache, attn, scale), device, reps)
+        path = "triton" if name == "triton" else backend.kernel_for(q, attn, scale, None)[0]
+        rows.append({"backend": name, "path": path,
+                     "num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms,
+                     "max_abs_err": (outs[name].float() - want).abs().max().item()})
+    return rows
 
 
 def attention_only(q, kv_cache, attn, num_splits, config):
@@ -253,6 +283,9 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50, help="ms of replays per timing (CUDA)")
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs / splits")
+    parser.add_argument("--backend", default="both", choices=(*PREFILL_BACKENDS, "both"),
+                        help="backend of the prefill rows (both: one row each)")
+    parser.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -261,28 +294,35 @@ def main() -> None:
     if args.smoke:
         heads, dtype = (4, 2, 64), torch.float32 if device == "cpu" else torch.bfloat16
         decode = [(1, 64), (2, 600)]
-        prefill = [(1, 64), (2, 32)]
+        prefill = [(1, 64, 0), (2, 32, 0), (1, 32, 48)]
     else:
         heads, dtype = (32, 8, 128), torch.bfloat16
         decode = [(b, c) for b in (1, 8, 32, 128, 256) for c in (512, 2048, 8192, 32768)]
-        prefill = [(1, 4096), (4, 1024), (1, 8192)]
+        prefill = [(1, 4096, 0), (4, 1024, 0), (1, 8192, 0), (1, 4096, 4096)]
 
+    backends = PREFILL_BACKENDS if args.backend == "both" else (args.backend,)
     results = []
-    header = f"{'case':<8}{'shape':>14}{'splits':>8}{'ms':>10}{'nosplit':>10}"
+    header = f"{'case':<8}{'shape':>16}{'backend':>22}{'splits':>8}{'ms':>10}{'nosplit':>10}"
     print(header + f"{'sdpa_ms':>10}{'ratio':>8}{'err':>10}")
-    cases = [("decode", b, c, bench_decode) for b, c in decode]
-    cases += [("prefill", b, c, bench_prefill) for b, c in prefill]
-    for name, batch, length, fn in cases:
-        shape = f"{batch}x{length}"
-        if not fits(batch, length, heads, args.block_size, dtype, device):
-            print(f"{name:<8}{shape:>14}  skipped: does not fit in free memory")
+    cases = [] if args.prefill_only else [("decode", b, c, 0) for b, c in decode]
+    cases += [("prefill", b, n, p) for b, n, p in prefill]
+    for name, batch, length, prefix in cases:
+        shape = f"{batch}x{length}" + (f"+{prefix} cached" if prefix else "")
+        if not fits(batch, prefix + length, heads, args.block_size, dtype, device):
+            print(f"{name:<8}{shape:>16}  skipped: does not fit in free memory")
             continue
-        row = fn(batch, length, heads, args.block_size, dtype, device, args.reps)
-        row = {"name": name, "shape": shape, **row, "ratio": row["ms"] / row["sdpa_ms"]}
-        results.append(row)
-        print(f"{name:<8}{shape:>14}{row['num_splits']:>8}{row['ms']:>10.4f}"
-              f"{row.get('ms_nosplit', row['ms']):>10.4f}{row['sdpa_ms']:>10.4f}"
-              f"{row['ratio']:>8.2f}{row['max_abs_err']:>10.2e}")
+        if name == "decode":
+            rows = [{"backend": "triton", **bench_decode(batch, length, heads, args.block_size,
+                                                         dtype, device, args.reps)}]
+        else:
+            rows = bench_prefill(batch, length, prefix, heads, args.block_size, dtype, device,
+                                 args.reps, backends)
+        for row in rows:
+            row = {"name": name, "shape": shape, **row, "ratio": row["ms"] / row["sdpa_ms"]}
+            results.append(row)
+            print(f"{name:<8}{shape:>16}{row['backend']:>22}{row['num_splits']:>8}"
+                  f"{row['ms']:>10.4f}{row.get('ms_nosplit', row['ms']):>10.4f}"
+                  f"{row['sdpa_ms']:>10.4f}{row['ratio']:>8.2f}{row['max_abs_err']:>10.2e}")
         if device == "cuda":
             torch.cuda.empty_cache()
 
@@ -293,6 +333,8 @@ def main() -> None:
         "block_size": args.block_size,
         "tile_config_decode": tile_config(1, heads[0] // heads[1], heads[2]),
         "tile_config_prefill": tile_config(4096, heads[0] // heads[1], heads[2]),
+        "torch": torch.__version__,
+        "flash_prefill_kernel": default_prefill_kernel(torch.device(device)),
         "results": results,
     }
     if args.sweep:

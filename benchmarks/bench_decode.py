@@ -1,16 +1,26 @@
-"""Decode step time against the bandwidth floor, and device idle between steps.
+"""Decode step time against the bandwidth floor (and a torch.compile peer), and device idle.
 
     python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 128 256 --contexts 512 4096
+    python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 --contexts 512 4096 --peer
     torchrun --nproc-per-node 2 benchmarks/bench_decode.py --shape 8b ...   (TP=2, NCCL)
+    python benchmarks/bench_decode.py --shape tiny --device cpu --dtype float32 --peer ...
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
-random bf16 weights (``load_format="dummy"``). Requests enter with their
+random weights (``load_format="dummy"``). Requests enter with their
 context already counted as computed (the KV values are whatever the cache
 holds: the timing does not depend on them), then decode ``--steps`` steps.
 
-Floor of a step = (weight bytes + KV bytes read) / copy bandwidth, the copy
-bandwidth measured in the same run (bytes read + written by a large
-device-to-device copy). ``--idle`` also measures how long the GPU sits idle
+Floor of a step (benchmarks/floor.py): the bytes a step must read (every
+weight once but the embedding table, of which one row per token, plus the
+KV of the batch) over the best streaming bandwidth of a read-only kernel or
+a copy, all measured in the same run; the JSON names the kernel used.
+
+``--peer`` also times, in the same process and for every (batch, context)
+row, the torch.compile'd decoder of benchmarks/peer_decoder.py (same shape,
+random weights, static KV cache of the row's batch, CUDA graphs): each row
+then holds both step times and their ratio (tprun / peer).
+
+``--idle`` also measures how long the GPU sits idle
 when the host waits for each step's output before sending the next ("sync")
 and when it keeps one step in flight ("async", what async scheduling does),
 two ways: ``between_steps_*`` from CUDA events at each step's start and end
@@ -39,7 +49,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.shapes import write_shape  # noqa: E402
+from benchmarks import floor  # noqa: E402
+from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step  # noqa: E402
+from benchmarks.shapes import SHAPES, shape_config, write_shape  # noqa: E402
 from benchmarks.summary import emit_summary  # noqa: E402
 from executor.multiproc import NO_MULTICAST  # noqa: E402
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
@@ -47,24 +59,6 @@ from runner.config import RunnerConfig  # noqa: E402
 from runner.distributed import TensorParallelGroup  # noqa: E402
 from runner.layers import triton_skinny_matmul  # noqa: E402
 from runner.model_runner import ModelRunner  # noqa: E402
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30) -> float:
-    """Bytes per second moved (read + write) by a device-to-device copy."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / 10
-    del src, dst
-    return 2 * nbytes / seconds
 
 
 class DecodeDriver:
@@ -219,13 +213,18 @@ def kernel_table(runner: ModelRunner, batch: int, context: int, show: bool = Tru
               file=sys.stderr)
 
 
-def init_device() -> torch.device:
-    """This rank's GPU; under torchrun also the NCCL process group (NVLink
-    multicast off, as tprun's workers have it)."""
+def init_device(kind: str) -> torch.device:
+    """This rank's device; under torchrun also the process group (NCCL with
+    NVLink multicast off, as tprun's workers have it; gloo on CPU)."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if kind == "cpu":
+        if distributed:
+            dist.init_process_group("gloo")
+        return torch.device("cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank)
     torch.cuda.set_device(device)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if distributed:
         for name, value in NO_MULTICAST.items():
             os.environ.setdefault(name, value)
         dist.init_process_group("nccl", device_id=device)
@@ -241,12 +240,85 @@ def agreed_num_blocks(num_blocks: int, device: torch.device) -> int:
     return int(value.item())
 
 
+PEER_WARMUP = 5
+
+
+def time_peer(peer: PeerDecoder, batch: int, context: int, steps: int,
+              device: torch.device) -> tuple[float, int]:
+    """Seconds per greedy decode step of the compiled peer at ``batch`` rows
+    whose ``context`` tokens are cached, a step in flight as tprun has it (no
+    wait between steps), and the number of graphs inductor ran without CUDA
+    graphs (0 when the whole step replays a graph). Each row compiles and
+    captures afresh: the static cache is sized to the row (``context`` + the
+    steps, rounded up to 64 for aligned attention masks), as a static-cache
+    decoder sizes it to its longest request."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    peer.set_cache(batch, -(-(context + PEER_WARMUP + steps + 1) // 64) * 64)
+    step = compile_step("reduce-overhead")
+    tokens = torch.ones(batch, 1, dtype=torch.long, device=device)
+    pos = torch.tensor([context - 1], device=device)
+
+    def run(n: int) -> None:
+        nonlocal tokens
+        for _ in range(n):
+            torch.compiler.cudagraph_mark_step_begin()
+            tokens = step(peer, tokens, pos).clone()
+            pos.add_(1)
+
+    with torch.no_grad():
+        run(PEER_WARMUP)  # compile, warm up, capture
+        floor.synchronize(device)
+        start = time.perf_counter()
+        run(steps)
+        floor.synchronize(device)
+    return (time.perf_counter() - start) / steps, counters["inductor"]["cudagraph_skips"]
+
+
+def peer_fields(peer: PeerDecoder, batch: int, context: int, steps: int, device: torch.device,
+                step_s: float, floor_ms: float) -> dict:
+    """The peer's step time for one row, its ratio to the floor and tprun's to it."""
+    try:
+        peer_s, skips = time_peer(peer, batch, context, steps, device)
+    except torch.OutOfMemoryError:
+        peer.set_cache(1, 16)
+        torch.cuda.empty_cache()
+        return {"peer_skipped": "out of memory"}
+    return {"peer_step_ms": round(peer_s * 1e3, 4),
+            "peer_ratio_to_floor": round(peer_s * 1e3 / floor_ms, 3),
+            "tprun_to_peer": round(step_s / peer_s, 3), "peer_cudagraph_skips": skips}
+
+
+def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDecoder:
+    return PeerDecoder(PeerConfig.from_dict(shape_config(shape)), 1, 16, dtype, device)
+
+
+def check_args(parser: argparse.ArgumentParser, args) -> None:
+    if args.device == "cpu" and (args.idle or args.kernel_table):
+        parser.error("--idle and --kernel-table need CUDA")
+    if args.peer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        parser.error("--peer runs one device: not under torchrun")
+
+
+def blocks_for(batch: int, context: int, steps: int, block_size: int) -> int:
+    """KV blocks a row's requests take (context, warm-up and timed steps)."""
+    return batch * -(-(context + 2 * steps + 36) // block_size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shape", default="8b", choices=("1b", "8b"))
+    parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--peer", action="store_true",
+                        help="also time the torch.compile'd peer decoder on every row")
+    parser.add_argument("--bandwidth-mib", type=int, default=4096,
+                        help="buffer the bandwidth kernels stream over")
     parser.add_argument("--idle", action="store_true", help="also measure GPU idle time")
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--profile-host", action="store_true",
@@ -256,32 +328,48 @@ def main() -> None:
     parser.add_argument("--cublas-only", action="store_true",
                         help="row-parallel projections through cuBLAS at every batch size "
                              "(no skinny Triton matmul), to compare")
+    parser.add_argument("--disable-custom-all-reduce", action="store_true",
+                        help="NCCL for every all-reduce (TP > 1), to compare")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of --out's earlier run of this shape that this "
+                             "run does not repeat (to split a long sweep over several runs)")
     args = parser.parse_args()
+    check_args(parser, args)
     if args.cublas_only:
         triton_skinny_matmul.SKINNY_MAX_ROWS = 0
+    with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
+        run_benchmark(args, write_shape(args.shape, shape_dir))
 
-    device = init_device()
+
+def run_benchmark(args, model_dir: str) -> None:
+    """Every row of the sweep, then the summary (rank 0 prints it)."""
+    device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    bandwidth = copy_bandwidth(device)
-    model_dir = write_shape(args.shape, tempfile.mkdtemp(prefix="tprun-shape-"))
+    bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
     max_len = max(args.contexts) + args.steps + 64
-    config = RunnerConfig(model=model_dir, device="cuda", dtype="bfloat16", block_size=16,
+    config = RunnerConfig(model=model_dir, device=args.device, dtype=args.dtype, block_size=16,
                           max_num_seqs=max(args.batches), max_model_len=max_len,
                           max_num_batched_tokens=max(2048, max(args.batches)),
-                          load_format="dummy", enforce_eager=args.enforce_eager)
+                          load_format="dummy", enforce_eager=args.enforce_eager,
+                          disable_custom_all_reduce=args.disable_custom_all_reduce)
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
-    num_blocks = agreed_num_blocks(runner.determine_num_blocks(), device)
+    # Only the blocks the largest row takes, so the peer has room beside them.
+    needed = max(blocks_for(b, c, args.steps, config.block_size)
+                 for b in args.batches for c in args.contexts)
+    num_blocks = agreed_num_blocks(min(runner.determine_num_blocks(), needed), device)
     start = time.perf_counter()
     runner.init_kv_cache(num_blocks)
     init_s = time.perf_counter() - start
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    model = runner.model
+    params = list(model.parameters())
     kv_per_token = runner.bytes_per_block() // config.block_size
+    peer = build_peer(args.shape, runner.dtype, device) if args.peer else None
 
     results = []
     for context in args.contexts:
         for batch in args.batches:
-            blocks_needed = batch * -(-(context + 2 * args.steps + 36) // config.block_size)
+            blocks_needed = blocks_for(batch, context, args.steps, config.block_size)
             row = {"shape": args.shape, "batch": batch, "context": context}
             if blocks_needed > num_blocks:
                 row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
@@ -290,18 +378,22 @@ def main() -> None:
             driver = DecodeDriver(runner)
             driver.start(batch, context, 2 * args.steps + 28)
             driver.run(5, overlap=True)  # warm-up
-            times = [driver.run(args.steps, overlap=True) for _ in range(1)]
-            step_s = statistics.median(times)
-            floor_s = (weight_bytes + batch * context * kv_per_token) / bandwidth
-            row.update(step_ms=round(step_s * 1e3, 4), floor_ms=round(floor_s * 1e3, 4),
-                       ratio_to_floor=round(step_s / floor_s, 3),
-                       tokens_per_s=round(batch / step_s, 1))
+            step_s = driver.run(args.steps, overlap=True)
+            weights = floor.decode_weight_bytes(params, model.embed_tokens.weight,
+                                                model.lm_head.weight, batch)
+            row.update(step_ms=round(step_s * 1e3, 4),
+                       **floor.decode_floor(weights, kv_per_token, batch, context, bandwidth))
+            row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
+                       floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1))
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, 10, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, 10, overlap=True)
                 row["between_steps_sync"] = idle_between_steps(driver, 10, overlap=False)
                 row["between_steps_async"] = idle_between_steps(driver, 10, overlap=True)
             driver.finish()
+            if peer is not None:
+                row.update(peer_fields(peer, batch, context, args.steps, device, step_s,
+                                       row["floor_ms"]))
             results.append(row)
             if rank == 0:
                 print(json.dumps(row), flush=True)
@@ -312,18 +404,48 @@ def main() -> None:
         for batch in sorted({1, min(64, max(args.batches))}):
             kernel_table(runner, batch, min(args.contexts), show=rank == 0)
     summary = {
-        "benchmark": "decode_step", "shape": args.shape, "device": torch.cuda.get_device_name(),
-        "tp": dist.get_world_size() if dist.is_initialized() else 1,
-        "copy_bandwidth_GBps": round(bandwidth / 1e9, 1), "weight_GB": round(weight_bytes / 1e9, 3),
+        "benchmark": "decode_step", "shape": args.shape, "device": device_name(device),
+        "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
+        "bandwidth": bandwidth, "floor": FLOOR_METHOD,
+        "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
+        "kv_bytes_per_token": kv_per_token,
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "skinny_max_rows": triton_skinny_matmul.SKINNY_MAX_ROWS,
+        "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }
+    if peer is not None:
+        summary["peer"] = {"model": "benchmarks/peer_decoder.py", "torch": torch.__version__,
+                           "compile": {"mode": "reduce-overhead", "fullgraph": True,
+                                       "dynamic": False}}
+    if args.append and args.out:
+        summary["results"] = earlier_rows(args.out, args.shape, results) + results
     if rank == 0:
         emit_summary(summary, args.out)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def earlier_rows(path: str, shape: str, results: list[dict]) -> list[dict]:
+    """Rows of the summary at ``path`` for ``shape`` whose (batch, context)
+    ``results`` does not have; none when there is no such file."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        earlier = json.loads(f.read().strip().splitlines()[-1])
+    if earlier.get("shape") != shape:
+        raise SystemExit(f"{path} holds shape {earlier.get('shape')!r}, not {shape!r}")
+    done = {(r["batch"], r["context"]) for r in results}
+    return [r for r in earlier["results"] if (r["batch"], r["context"]) not in done]
+
+
+FLOOR_METHOD = ("bytes read per step (weights except the embedding table, one embedding row "
+                "per token, KV of the batch) / bandwidth['used_GBps']")
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":

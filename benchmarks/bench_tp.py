@@ -3,8 +3,9 @@
     python benchmarks/bench_tp.py --shape 8b --tp 1 2 4 8            (GPUs, NCCL)
     python benchmarks/bench_tp.py --shape tiny --device cpu --tp 1 2  (CPU, gloo)
 
-For each N, ``LLM(tensor_parallel_size=N, load_format="dummy")`` starts the
-worker daemons as ``tprun --nproc-per-node N`` would. Random weights are drawn
+For each N, ``LLM(tensor_parallel_size=N, executor="mp", load_format="dummy")``
+starts the worker daemons as ``tprun --nproc-per-node N`` would: TP=1 too runs
+in a worker daemon, so every size pays the same broadcast and reply. Random weights are drawn
 whole per tensor from a seed and sliced per rank (runner/loader.py), so every
 N runs the same model. Two runs per N:
 
@@ -41,12 +42,12 @@ from benchmarks.summary import emit_summary  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 
-def model_dir_for(shape: str) -> str:
+def model_dir_for(shape: str, directory: str) -> str:
     if shape == "tiny":
         from engine.tiny_model import ensure_tiny_model
 
-        return ensure_tiny_model(tempfile.mkdtemp(prefix="tprun-tiny-"))
-    return write_shape(shape, tempfile.mkdtemp(prefix="tprun-shape-"))
+        return ensure_tiny_model(directory)
+    return write_shape(shape, directory)
 
 
 def agreement_prompts(vocab: int, count: int = 8, length: int = 24) -> list[list[int]]:
@@ -86,7 +87,7 @@ def decode_speed(llm: LLM, vocab: int, batch: int, input_len: int, output_len: i
 
 def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling: bool) -> LLM:
     return LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
-               load_format="dummy", max_num_seqs=max_num_seqs,
+               executor="mp", load_format="dummy", max_num_seqs=max_num_seqs,
                max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False,
                async_scheduling=async_scheduling)
 
@@ -107,6 +108,20 @@ def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
     return greedy, speed
 
 
+def run_sizes(args, model_dir: str) -> list[dict]:
+    """One row per TP size, each compared with the first (TP=1)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        prompts = agreement_prompts(json.load(f)["vocab_size"])
+    results, reference = [], None
+    for tp in args.tp:
+        greedy, speed = run_tp(model_dir, tp, args, prompts)
+        reference = reference or greedy
+        row = {"tp": tp, **compare(reference, greedy), "speed": speed}
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="8b", choices=("tiny", "1b", "8b"))
@@ -122,16 +137,8 @@ def main() -> None:
     if args.tp[0] != 1:
         parser.error("the first --tp must be 1: the others are compared with it")
 
-    model_dir = model_dir_for(args.shape)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        prompts = agreement_prompts(json.load(f)["vocab_size"])
-    results, reference = [], None
-    for tp in args.tp:
-        greedy, speed = run_tp(model_dir, tp, args, prompts)
-        reference = reference or greedy
-        row = {"tp": tp, **compare(reference, greedy), "speed": speed}
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    with tempfile.TemporaryDirectory(prefix="tprun-shape-") as directory:
+        results = run_sizes(args, model_dir_for(args.shape, directory))
     emit_summary({"benchmark": "tp", "shape": args.shape, "device": args.device,
                   "dtype": args.dtype, "date": time.strftime("%Y-%m-%d"), "results": results},
                  args.out)

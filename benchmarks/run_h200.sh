@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# On the H200 device machine: install the carried wheels, then run stages.
+# Run the test suite and the benchmarks on an H200 host, by stage.
 #   bash benchmarks/run_h200.sh STAGE...
 # Stages (minutes, roughly):
-#   tests (8: alone in one call) = tests-1 + tests-2 (4 each): the whole suite on the GPU
+#   tests = tests-1 + tests-2 (about 5 minutes each): the whole suite on the GPU
 #   gpu-tests (2): the tests that exercise CUDA
 #   prepare (0.5), attention (3), bench-1b (1), bench-8b (1.5): prepare_inputs,
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
-#   e2e (1.5), ipc (1), gemv (2)
-#   tp (6), tp-decode (3): several GPUs (issue 8)
-# Logs and JSON summaries go to $OUT (the device tool brings back 8 files at most).
+#   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
+#   ipc (1), gemv (2)
+#   tp (6), tp-decode (3), tp-tests (1), allreduce (1), tp-decode-ab (5): two or more GPUs
+#   floor-peer (about 30) = peer-8b + peer-1b (decode against the floor and the
+#     torch.compile peer, batches 1 8 32 64, contexts 512 4096: two runs of up
+#     to 10 minutes each, the peer compiling once per row)
+#     + attention-ab (prefill attention, Triton against torch's flash kernels; 2)
+#     + e2e (3)
+#     + e2e-flash (the TTFT with the triton_flash_prefill backend; 2)
+# Wheels in .whl/, if any, are installed first (for hosts without the project's
+# dependencies). JSON summaries go to $RESULTS (default benchmarks/results),
+# logs to $LOGS (default logs/, outside results/).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TPRUN_CACHE=/tmp/tprun-cache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+RESULTS=${RESULTS:-benchmarks/results}
+LOGS=${LOGS:-logs}
+mkdir -p "$RESULTS" "$LOGS"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$LOGS/gpu.txt"
 
 pytest_files() {  # $1 log name, then pytest arguments
   local log=$1; shift
-  timeout 400 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
-    | tee -a "$OUT/$log" | tail -25
+  timeout 560 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
+    | tee -a "$LOGS/$log" | tail -25
 }
 
 tp_sizes() {  # 1 2 4 8, as many as the host has GPUs
@@ -41,43 +53,81 @@ run_stage() {
       pytest_files pytest_gpu_kernels.log tests/test_gpu_graphs.py tests/test_gpu_no_sync.py \
         tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
         tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py \
-        tests/test_skinny_matmul.py
+        tests/test_skinny_matmul.py tests/test_flash_prefill.py
       ;;
     prepare)
-      timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$OUT/prepare_inputs.log" ;;
+      timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
     attention)
-      timeout 200 python3 benchmarks/bench_attention.py --out "$OUT/attention.json" 2>&1 \
-        | tail -60 | tee "$OUT/attention.log" ;;
+      timeout 200 python3 benchmarks/bench_attention.py --out "$RESULTS/attention.json" 2>&1 \
+        | tail -60 | tee "$LOGS/attention.log" ;;
     bench-small) run_stage prepare; run_stage attention; run_stage bench-1b ;;
     bench-1b)
       timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
-        --contexts 512 4096 --idle --out "$OUT/decode_1b.json" 2>&1 \
-        | tee "$OUT/decode_1b.log" | tail -1 ;;
+        --contexts 512 4096 --idle --out "$RESULTS/decode_1b.json" 2>&1 \
+        | tee "$LOGS/decode_1b.log" | tail -1 ;;
     bench-8b)
       timeout 280 python3 benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 256 \
-        --contexts 512 4096 --idle --profile-host --kernel-table --out "$OUT/decode_8b.json" \
-        > "$OUT/decode_8b.log" 2> "$OUT/decode_8b.err"
-      tail -3 "$OUT/decode_8b.log" ;;
-    e2e)
-      timeout 280 python3 benchmarks/bench_e2e.py --shape 8b --out "$OUT/e2e_8b.json" 2>&1 \
-        | grep -v "capturing CUDA" | tee "$OUT/e2e_8b.log" | tail -1 ;;
+        --contexts 512 4096 --idle --profile-host --kernel-table --out "$RESULTS/decode_8b.json" \
+        > "$LOGS/decode_8b.log" 2> "$LOGS/decode_8b.err"
+      tail -3 "$LOGS/decode_8b.log" ;;
+    e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
+      timeout 590 python3 benchmarks/bench_e2e.py --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
+        | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"
+      tail -1 "$LOGS/e2e_8b.log" | cut -c1-400 ;;
     ipc)
-      timeout 240 python3 benchmarks/bench_ipc.py --out "$OUT/ipc.json" 2>&1 \
-        | tee "$OUT/ipc.log" | tail -30 ;;
+      timeout 240 python3 benchmarks/bench_ipc.py --out "$RESULTS/ipc.json" 2>&1 \
+        | tee "$LOGS/ipc.log" | tail -30 ;;
     gemv)
-      timeout 280 python3 benchmarks/bench_gemv.py --rows 1 8 --out "$OUT/gemv.json" 2>&1 \
-        | tee "$OUT/gemv.log" | tail -14 ;;
+      timeout 280 python3 benchmarks/bench_gemv.py --rows 1 8 --out "$RESULTS/gemv.json" 2>&1 \
+        | tee "$LOGS/gemv.log" | tail -14 ;;
     tp)  # agreement with TP=1 and speed, async scheduling on and off
       timeout 560 python3 benchmarks/bench_tp.py --shape 8b --tp $(tp_sizes) --output-len 64 \
-        --out "$OUT/tp_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$OUT/tp_8b.log" | tail -1 ;;
+        --out "$RESULTS/tp_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$LOGS/tp_8b.log" | tail -1 ;;
     tp-decode)  # the decode step per rank, NCCL all-reduce inside, with a kernel table
       for n in $(tp_sizes); do
         [ "$n" -gt 1 ] || continue
         timeout 180 python3 -m torch.distributed.run --nproc-per-node "$n" \
           benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 --contexts 512 4096 \
-          --kernel-table --out "$OUT/decode_8b_tp$n.json" >> "$OUT/decode_8b_tp.log" 2>&1
-        tail -1 "$OUT/decode_8b_tp.log" | cut -c1-300
+          --kernel-table --out "$RESULTS/decode_8b_tp$n.json" >> "$LOGS/decode_8b_tp.log" 2>&1
+        tail -1 "$LOGS/decode_8b_tp.log" | cut -c1-300
       done ;;
+    tp-tests)  # the custom all-reduce on two GPUs, against NCCL
+      pytest_files pytest_gpu_tp.log tests/test_custom_all_reduce.py tests/test_tp_parity*.py ;;
+    allreduce)  # all-reduce alone, custom against NCCL, inside CUDA graphs
+      timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 \
+        benchmarks/bench_allreduce.py --out "$RESULTS/allreduce_tp2.json" > "$LOGS/allreduce.log" 2>&1
+      tail -16 "$LOGS/allreduce.log" | cut -c1-200 ;;
+    tp-decode-ab)  # decode step of TP=1, TP=2 (custom all-reduce) and TP=2 (NCCL), one run
+      local shape=${TP_SHAPE:-8b}
+      timeout 200 python3 benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} \
+        --contexts 512 4096 --out "$RESULTS/tp_ab_${shape}_tp1.json" > "$LOGS/tp_decode.log" 2>&1
+      tail -1 "$LOGS/tp_decode.log" | cut -c1-300
+      for flag in "" --disable-custom-all-reduce; do
+        timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 \
+          benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} --contexts 512 4096 \
+          --kernel-table $flag --out "$RESULTS/tp_ab_${shape}_tp2${flag:+_nccl}.json" >> "$LOGS/tp_decode.log" 2>&1
+        tail -1 "$LOGS/tp_decode.log" | cut -c1-300
+      done ;;
+    floor-peer) for s in peer-8b peer-1b attention-ab e2e e2e-flash; do run_stage $s; done ;;
+    peer-8b | peer-1b)  # decode against the honest floor and the torch.compile peer,
+      # one run per context (the peer compiles once per row), merged into one summary
+      local shape=${1#peer-} append=""
+      for ctx in 512 4096; do
+        timeout 590 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 \
+          --contexts $ctx --peer --idle --out "$RESULTS/decode_$shape.json" $append \
+          >> "$LOGS/decode_$shape.log" 2>&1
+        append=--append
+        tail -1 "$LOGS/decode_$shape.log" | cut -c1-400
+      done ;;
+    attention-ab)  # prefill attention: Triton against the flash prefill path, SDPA beside
+      timeout 300 python3 benchmarks/bench_attention.py --prefill-only --backend both \
+        --out "$RESULTS/attention_prefill.json" 2>&1 | tee "$LOGS/attention_prefill.log" \
+        | head -12 ;;
+    e2e-flash)  # the same, TTFT through triton_flash_prefill (HF part shortened)
+      timeout 590 python3 benchmarks/bench_e2e.py --shape 8b --num-requests 32 --output-len 32 \
+        --attention-backend triton_flash_prefill --out "$RESULTS/e2e_8b_flash_prefill.json" \
+        2>&1 | grep -v "capturing CUDA" > "$LOGS/e2e_8b_flash_prefill.log"
+      tail -1 "$LOGS/e2e_8b_flash_prefill.log" | cut -c1-400 ;;
     *) echo "unknown stage $1" >&2; return 1 ;;
   esac
 }

@@ -60,6 +60,8 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
                                                "fits in memory")
     enforce_eager: bool = _opt(False, "no CUDA graphs")
+    disable_custom_all_reduce: bool = _opt(False, "NCCL for every all-reduce instead of the "
+                                           "one-shot kernel over peer memory")
     seed: int = _opt(0, "seed of the weights of dummy models and of unseeded sampling")
     attention_backend: str | None = _opt(None, "default: 'triton' on CUDA, 'torch' elsewhere",
                                          choices=ATTENTION_BACKENDS)
@@ -180,7 +182,9 @@ class EngineConfig:
             block_size=self.block_size, max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.resolved_max_model_len(info), seed=self.seed,
-            enforce_eager=self.enforce_eager, attention_backend=self.attention_backend,
+            enforce_eager=self.enforce_eager,
+            disable_custom_all_reduce=self.disable_custom_all_reduce,
+            attention_backend=self.attention_backend,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
         )
@@ -197,7 +201,8 @@ class EngineConfig:
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
                   "max_num_batched_tokens", "kv_cache_memory_bytes")
 _OPTIONAL_POSITIVE_INTS = ("max_model_len", "num_gpu_blocks_override", "master_port")
-_BOOLS = ("enforce_eager", "async_scheduling", "enable_prefix_caching", "disable_log_stats")
+_BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
+          "enable_prefix_caching", "disable_log_stats")
 
 
 def _check_ints(c: EngineConfig) -> None:

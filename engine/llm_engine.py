@@ -174,4 +174,7 @@ class LLMEngine:
             self.stats_logger.maybe_log()
 
     def shutdown(self) -> None:
+        """Stop the executor; a step still in flight is dropped first, so no
+        output of it keeps device memory alive."""
+        self.in_flight = None
         self.executor.shutdown()

@@ -26,6 +26,7 @@ from typing import Any
 import zmq
 
 from executor.base import Executor, StepRejected, WorkerFailure
+from executor.rendezvous import AGENT_STORE_ENV, host_store
 from ipc.channels import BroadcastPublisher, ReplyReceiver, wait_for_subscribers
 from ipc.endpoints import Endpoints
 from ipc.messages import (
@@ -36,12 +37,13 @@ from ipc.messages import (
     SchedulerOutput,
     WorkerError,
 )
+from worker.env import NO_MULTICAST, disable_multicast
+
+__all__ = ["NO_MULTICAST", "MultiprocExecutor", "free_port"]
 
 logger = logging.getLogger(__name__)
 
 SILENT_AFTER_S = 2.0  # heartbeats come every 0.5 s
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                "NVSHMEM_DISABLE_NVLS": "1"}
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -79,6 +81,11 @@ class MultiprocExecutor(Executor):
         self.step_sent_at: dict[int, float] = {}
         self.heartbeats: dict[int, Heartbeat] = {}
         self.heartbeat_at: dict[int, float] = {}
+        # Spawned ranks meet through a store this process holds (see
+        # executor/rendezvous.py); torchrun's agent holds it for attached ones.
+        self.store = None
+        if not self.attached and world_size > 1:
+            self.store = host_store(master_addr, master_port or 0)
         self.endpoints = Endpoints.create(attach_dir)
         self.ctx = zmq.Context()
         self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
@@ -89,7 +96,7 @@ class MultiprocExecutor(Executor):
         self.call_ids = itertools.count()
         self.failure: WorkerFailure | None = None
         self.closing = False
-        port = master_port or free_port(master_addr)
+        port = self.store.port if self.store is not None else master_port or free_port(master_addr)
         self.procs = [] if self.attached else [
             self._spawn(r, device, master_addr, port) for r in range(world_size)]
         if self.attached:  # someone must start them: say where, and how
@@ -112,8 +119,9 @@ class MultiprocExecutor(Executor):
                    LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         env["TPRUN_PARENT_PID"] = str(os.getpid())
-        for name in NO_MULTICAST:  # NVLink multicast stays off on shared hosts
-            env.setdefault(name, NO_MULTICAST[name])
+        disable_multicast(env)
+        if self.store is not None:
+            env.update(AGENT_STORE_ENV)
         cmd = [*module_command("worker"), "--broadcast", self.endpoints.broadcast,
                "--reply", self.endpoints.reply, "--device", device]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
@@ -278,6 +286,7 @@ class MultiprocExecutor(Executor):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self.store = None  # every rank has left the process group: let it go
         self.publisher.close()
         self.receiver.close()
         self.ctx.term()

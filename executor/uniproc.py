@@ -38,4 +38,5 @@ class UniprocExecutor(Executor):
         return _AsyncOutputFuture(self.worker.execute(plan))
 
     def shutdown(self) -> None:
+        """Frees the worker's device memory in this process (Worker.shutdown)."""
         self.worker.shutdown()

@@ -32,7 +32,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     per-step input buffers; ``max_model_len`` sizes ``all_token_ids`` and the
     block tables; ``block_size`` is a power of two. ``kv_cache_memory_bytes``
     bounds the KV cache on CPU; ``gpu_memory_utilization`` is the share of
-    the GPU the worker may use. ``load_format="dummy"`` fills random weights
+    the GPU the worker may use. ``disable_custom_all_reduce``: NCCL for
+    every all-reduce instead of the one-shot kernel over peer memory.
+    ``load_format="dummy"`` fills random weights
     instead of reading the checkpoint (only config.json is needed).
     """
 
@@ -45,6 +47,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int = 4096
     seed: int = 0
     enforce_eager: bool = False
+    disable_custom_all_reduce: bool = False
     attention_backend: str | None = None
     kv_cache_memory_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.9

@@ -4,11 +4,17 @@ Every collective of the model goes through one ``TensorParallelGroup``: the
 layers call ``all_reduce`` (row-parallel outputs, vocab-parallel embedding)
 and ``all_gather`` (vocab-parallel logits). At size 1 both are free and no
 process group is needed, so the same model code runs in a single process.
+
+On CUDA the group may carry ``PeerBuffers`` (custom_all_reduce.py): the
+one-shot all-reduce over peer memory for the messages it can hold, fused with
+the residual add and RMSNorm where the decoder asks for that
+(``all_reduce_add_rms_norm``); everything else goes through NCCL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -24,6 +30,7 @@ class TensorParallelGroup:
 
     rank: int = 0
     size: int = 1
+    peer: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -38,11 +45,44 @@ class TensorParallelGroup:
             return cls(rank=dist.get_rank(), size=dist.get_world_size())
         return cls()
 
+    def with_peer_buffers(self, device: torch.device) -> TensorParallelGroup:
+        """This group plus the one-shot all-reduce over peer memory (a collective).
+
+        Only for CUDA groups of more than one rank whose GPUs can map each
+        other's memory; otherwise the group itself, and NCCL does every reduction.
+        """
+        if self.size == 1 or device.type != "cuda":
+            return self
+        from runner.custom_all_reduce import PeerBuffers
+
+        return TensorParallelGroup(self.rank, self.size, PeerBuffers.create(device))
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum ``x`` over the ranks, in place; returns ``x``."""
-        if self.size > 1:
-            dist.all_reduce(x)
+        """Sum ``x`` over the ranks; returns the sum (``x`` itself on the NCCL path)."""
+        if self.size == 1:
+            return x
+        rows = x.reshape(-1, x.shape[-1])
+        if self.peer is not None and self.peer.takes(rows):
+            return self.peer.all_reduce(rows).view(x.shape)
+        dist.all_reduce(x)
         return x
+
+    def all_reduce_add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor,
+        add_rms_norm: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        weight: torch.Tensor, eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(sum(x) + residual), sum(x) + residual) for a rank's partial ``x``.
+
+        One launch where the peer buffers take ``x``; else all_reduce, then
+        ``add_rms_norm`` (the norm's own add-then-norm).
+        """
+        rows = x.reshape(-1, x.shape[-1])
+        if self.size > 1 and self.peer is not None and self.peer.takes(rows):
+            out, res = self.peer.all_reduce_add_rms_norm(
+                rows, residual.view(rows.shape), weight, eps)
+            return out.view(x.shape), residual
+        return add_rms_norm(self.all_reduce(x), residual)
 
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``x`` along ``dim``, in rank order."""

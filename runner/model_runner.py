@@ -76,8 +76,8 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
         self.config = config
         self.device = device
-        self.tp = tp
-        self.model = _load_model(config, device, tp)
+        self.tp = tp.with_peer_buffers(device) if not config.disable_custom_all_reduce else tp
+        self.model = _load_model(config, device, self.tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)

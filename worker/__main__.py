@@ -1,5 +1,7 @@
 """``python -m worker``: start one worker daemon (see worker.daemon)."""
 
+import logging
+import os
 import signal
 import sys
 
@@ -12,4 +14,11 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 from worker.daemon import main  # noqa: E402
 
-sys.exit(main())
+code = main()
+# main() closed everything the daemon owns (sockets, process group, device
+# memory). The interpreter's own teardown after torch can take seconds, long
+# enough for the executor to give up waiting and kill the worker: skip it.
+logging.shutdown()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)

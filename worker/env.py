@@ -46,3 +46,19 @@ class TorchrunEnv:
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+
+
+# NVLink multicast (NVLS) stays off in every process tprun starts; NCCL,
+# torch's symmetric memory and NVSHMEM each have their own switch for it.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def disable_multicast(environ=os.environ) -> None:
+    """Set the NO_MULTICAST variables where ``environ`` does not set them.
+
+    Called before the process group (NCCL communicators) or any symmetric
+    memory exists, which is when these libraries read them.
+    """
+    for name, value in NO_MULTICAST.items():
+        environ.setdefault(name, value)

@@ -8,6 +8,7 @@ may invoke; anything else is refused.
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import os
 
@@ -18,7 +19,7 @@ from ipc.messages import SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
-from worker.env import TorchrunEnv
+from worker.env import TorchrunEnv, disable_multicast
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,35 @@ def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
     )
 
 
+def destroy_process_group() -> None:
+    """Leave the process group: a barrier, then this rank destroys its group.
+
+    The barrier keeps a rank from tearing its group down while a peer may
+    still be inside a collective with it. The store the group met through
+    belongs to the executor (or torchrun's agent) and outlives every rank's
+    group, so no rank's watchdog finds it gone (executor/rendezvous.py).
+    """
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    except Exception as e:  # a peer already gone: nothing left to wait for
+        logger.warning("barrier before leaving the process group failed: %s", e)
+    dist.destroy_process_group()
+
+
+def release_device_memory(device: torch.device) -> None:
+    """Collect unreachable objects (reference cycles hold tensors too), then
+    hand the caching allocator's free blocks back to the device."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
 class Worker:
     def __init__(self, env: TorchrunEnv, device_kind: str):
+        disable_multicast()  # before NCCL or symmetric memory read them
         self.env = env
         self.device = pick_device(device_kind, env.local_rank, env.local_world_size)
         init_process_group(env, self.device)
@@ -104,5 +132,18 @@ class Worker:
         return self.runner
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Free this rank's memory, then leave the process group.
+
+        The runner owns every tensor of the rank (weights, KV cache, CUDA
+        graphs and their pool, staged and pinned buffers, sampler state):
+        once it is dropped and collected, the device memory is free even when
+        the process lives on (the in-process executor). The runner goes
+        first: its peer buffers (symmetric memory) were exchanged through the
+        process group and are released while the group still exists.
+        Idempotent.
+        """
+        self.runner = None
+        try:
+            release_device_memory(self.device)
+        finally:  # a device in an error state still leaves the group
+            destroy_process_group()

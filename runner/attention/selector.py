@@ -14,6 +14,8 @@ BACKENDS = {
     "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
+    # Triton for decodes, torch's FlashAttention for a batch's prefill rows.
+    "triton_flash_prefill": ("runner.attention.flash_prefill", "FlashPrefillBackend"),
 }
 
 

@@ -120,9 +120,12 @@ class RowParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallelGroup,
-                 bias: bool, dtype: torch.dtype) -> None:
+                 bias: bool, dtype: torch.dtype, reduce_output: bool = True) -> None:
         super().__init__()
         self.tp = tp
+        # False: forward returns this rank's partial sum (bias added on rank 0
+        # only) and the next layer reduces it (the decoder's fused norm).
+        self.reduce_output = reduce_output
         self.in_features = in_features
         self.in_start, in_local = _even_split(in_features, tp, "input features")
         self.weight = nn.Parameter(torch.empty(out_features, in_local, dtype=dtype),
@@ -142,5 +145,7 @@ class RowParallelLinear(nn.Module):
         a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
         skinny = uses_skinny_matmul(x, self.weight)
         local = skinny_matmul(x, self.weight) if skinny else F.linear(x, self.weight)
+        if not self.reduce_output:
+            return local if self.bias is None or self.tp.rank else local + self.bias
         y = self.tp.all_reduce(local)
         return y if self.bias is None else y + self.bias

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from runner.distributed import TensorParallelGroup
 from runner.layers.triton_rms_norm import rms_norm_triton
 
 
@@ -20,17 +21,28 @@ class RMSNorm(nn.Module):
     before the weight multiplies it.
     """
 
-    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, size: int, eps: float, dtype: torch.dtype,
+                 reduce_over: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.eps = eps
+        # Set for norms that follow a row-parallel layer whose reduction was
+        # deferred: with a residual, x is this rank's partial sum.
+        self.reduce_over = reduce_over
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x), or with ``residual``: (norm(x + residual), x + residual).
 
         The second form is the decoder's "add then norm": the sum is the next
-        residual. On CUDA it is written into ``residual``'s storage.
+        residual. On CUDA it is written into ``residual``'s storage. With
+        ``reduce_over`` and a residual, ``x`` is summed over the ranks first.
         """
+        if residual is not None and self.reduce_over is not None and self.reduce_over.size > 1:
+            return self.reduce_over.all_reduce_add_rms_norm(
+                x, residual, self._add_norm, self.weight, self.eps)
+        return self._add_norm(x, residual)
+
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.is_cuda:
             out = rms_norm_triton(x, self.weight, self.eps, residual)
             return out if residual is None else (out, residual)

@@ -43,7 +43,7 @@ class CausalLM(nn.Module):
             LlamaDecoderLayer(config, tp, rotary, backend, dtype, layer)
             for layer in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, tp)
         self.lm_head = ParallelLMHead(self.embed_tokens, config.tie_word_embeddings)
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:

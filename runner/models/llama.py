@@ -42,7 +42,7 @@ class LlamaAttention(nn.Module):
         self.q_size = self.qkv_proj.parts["q"].size
         self.kv_size = self.qkv_proj.parts["k"].size
         self.o_proj = RowParallelLinear(c.num_attention_heads * c.head_dim, c.hidden_size, tp,
-                                        c.o_bias, dtype)
+                                        c.o_bias, dtype, reduce_output=False)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype) if c.qk_norm else None
         self.rotary = rotary
@@ -91,7 +91,8 @@ class LlamaMLP(nn.Module):
         n = config.intermediate_size
         self.gate_up_proj = ColumnParallelLinear.split_evenly(
             config.hidden_size, {"gate": n, "up": n}, tp, False, dtype)
-        self.down_proj = RowParallelLinear(n, config.hidden_size, tp, False, dtype)
+        self.down_proj = RowParallelLinear(n, config.hidden_size, tp, False, dtype,
+                                           reduce_output=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -119,15 +120,20 @@ class LlamaDecoderLayer(nn.Module):
     add fuses into the norm after it: ``forward`` takes (h, residual) and
     returns (h', residual') with h' + residual' the block's output. The first
     layer gets ``residual=None``; the model's final norm does the last add.
+
+    Under tensor parallelism the o and down projections return each rank's
+    partial sum: h' is summed over the ranks by the norm that adds it to the
+    residual (one fused all-reduce + add + norm where the message is small).
     """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
                  backend: AttentionBackend, dtype: torch.dtype, layer: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, tp)
         self.self_attn = LlamaAttention(config, tp, rotary, backend, dtype,
                                         config.layer_window(layer))
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype,
+                                                tp)
         self.mlp = LlamaMLP(config, tp, dtype)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,

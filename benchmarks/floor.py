@@ -1,0 +1,154 @@
+"""The floors every benchmark compares with, measured in the run that uses them.
+
+Decode floor of a step = bytes a step must read / the device's best streaming
+bandwidth. Bytes: every weight once, except the embedding table, of which a
+step reads one row per token (a table tied to the LM head is read whole as
+the head, so it stays counted once), plus the KV of the batch (K and V of
+every context token of every request, every layer, in the cache's dtype).
+Bandwidth: the best of three kernels over a buffer far larger than any cache,
+each timed here: a torch reduction (``x.sum()``, read only), a Triton kernel
+that loads every element and keeps one float per program (read only; CUDA
+only) and a device copy (read + write bytes). The JSON names the one used.
+
+Prefill floor = 2 x non-embedding parameters x prompt tokens / the bf16
+matmul throughput of one large ``torch.matmul`` timed here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_per_call(fn: Callable[[], object], device: torch.device, iters: int = 10,
+                  warmup: int = 3) -> float:
+    """Seconds per call of ``fn``: the mean over ``iters`` back-to-back calls
+    after ``warmup`` (CUDA events on GPU, the wall clock elsewhere)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end) / 1000 / iters
+    start_s = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start_s) / iters
+
+
+def _triton_read_bandwidth(src: torch.Tensor) -> float:
+    """Bytes per second read by a Triton kernel that loads every element once
+    (the best of a few tile configurations)."""
+    from benchmarks import triton_read
+
+    best = 0.0
+    for config in triton_read.CONFIGS:
+        partial = triton_read.partial_sums(src, config)
+        seconds = time_per_call(lambda p=partial, c=config: triton_read.read_all(src, p, c),
+                                src.device)
+        best = max(best, src.numel() * src.element_size() / seconds)
+    return best
+
+
+def measure_bandwidth(device: torch.device, nbytes: int = 4 << 30) -> dict:
+    """Streaming bandwidths in GB/s over a buffer of ``nbytes`` (bf16), and the best.
+
+    Returns {"read_sum_GBps", "read_triton_GBps" (None off CUDA), "copy_GBps",
+    "used": the best one's name, "used_GBps"}. The copy counts bytes read +
+    written, the reads bytes read.
+    """
+    src = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    found = {"read_sum": nbytes / time_per_call(lambda: src.sum(), device),
+             "read_triton": None}
+    if device.type == "cuda":
+        found["read_triton"] = _triton_read_bandwidth(src)
+    dst = torch.empty_like(src)
+    found["copy"] = 2 * nbytes / time_per_call(lambda: dst.copy_(src), device)
+    used = max((k for k, v in found.items() if v is not None), key=lambda k: found[k])
+    result = {f"{k}_GBps": None if v is None else round(v / 1e9, 1) for k, v in found.items()}
+    return {**result, "used": used, "used_GBps": round(found[used] / 1e9, 1)}
+
+
+def unique_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each storage once (a tied LM head is the embedding's own tensor)."""
+    seen, out = set(), []
+    for t in tensors:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out.append(t)
+    return out
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def decode_weight_bytes(params: Iterable[torch.Tensor], embedding: torch.Tensor,
+                        lm_head: torch.Tensor, batch: int) -> int:
+    """Weight bytes a decode step of ``batch`` tokens reads.
+
+    Every parameter once, but an untied embedding table only as ``batch`` rows
+    (a step looks up one row per token); a tied one is the LM head's weight and
+    is read whole. ``embedding`` [vocab(/tp), hidden] and ``lm_head`` are the
+    tensors in ``params``.
+    """
+    total = sum(nbytes(t) for t in unique_tensors(params))
+    if embedding.data_ptr() == lm_head.data_ptr():
+        return total
+    row = embedding.shape[-1] * embedding.element_size()
+    return total - nbytes(embedding) + min(batch, embedding.shape[0]) * row
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype) -> int:
+    """K and V of one token over all layers, in the cache's dtype."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def decode_floor(weight_bytes: int, kv_per_token: int, batch: int, context: int,
+                 bandwidth: dict) -> dict:
+    """{"floor_ms", "floor_GB"} of a decode step of ``batch`` requests of
+    ``context`` tokens each, at ``bandwidth["used_GBps"]``."""
+    total = weight_bytes + batch * context * kv_per_token
+    return {"floor_ms": round(total / (bandwidth["used_GBps"] * 1e9) * 1e3, 4),
+            "floor_GB": round(total / 1e9, 3)}
+
+
+def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16) -> float:
+    """Dense matmul throughput (TFLOP/s) of an n x n x n ``torch.matmul``."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    out = torch.empty(n, n, dtype=dtype, device=device)
+    iters = 20 if device.type == "cuda" else 2
+    seconds = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters)
+    return 2 * n**3 / seconds / 1e12
+
+
+def non_embedding_params(config: dict) -> int:
+    """Parameters of a Llama config.json but the embedding table (an untied LM
+    head counts: its matmul is one of the model's)."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q = config["num_attention_heads"] * head_dim
+    kv = config["num_key_value_heads"] * head_dim
+    layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + 2 * hidden
+    head = 0 if config.get("tie_word_embeddings") else config["vocab_size"] * hidden
+    return config["num_hidden_layers"] * layer + hidden + head
+
+
+def prefill_flop_floor_s(non_embedding_params: int, tokens: int, tflops: float) -> float:
+    """Seconds for 2 x parameters x tokens matmul FLOPs at ``tflops`` (attention
+    FLOPs left out: the floor is the weights' share alone)."""
+    return 2 * non_embedding_params * tokens / (tflops * 1e12)
