@@ -40,7 +40,9 @@ print(json.dumps([o.outputs[0].token_ids for o in outs]))
 
 @pytest.mark.timeout(120)
 def test_cpu_generation_without_triton_matches(tmp_path, monkeypatch):
-    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path))
+    # A CPU-only machine: no CUDA device visible, no interpreter asked for.
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path),
+               CUDA_VISIBLE_DEVICES="")
     env.pop("TRITON_INTERPRET", None)
     child = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=100)
