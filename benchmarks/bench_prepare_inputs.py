@@ -5,7 +5,7 @@
 Two batches on the embedded tiny model (the model's size does not matter
 here): a 256-request decode batch, and a mixed batch of 64 decodes plus four
 256-token prefill chunks. Reports, in microseconds (median of ``--iters``),
-the host time of ``plan_batch`` + ``_prepare_inputs`` and the device time of
+the host time of ``make_input_batch`` + ``_prepare_inputs`` and the device time of
 the same work (CUDA events). Prints a JSON summary last.
 """
 
@@ -27,7 +27,7 @@ from engine.tiny_model import ensure_tiny_model  # noqa: E402
 from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
 from runner.config import RunnerConfig  # noqa: E402
 from runner.distributed import TensorParallelGroup  # noqa: E402
-from runner.input_batch import plan_batch  # noqa: E402
+from runner.input_batch import make_input_batch  # noqa: E402
 from runner.model_runner import ModelRunner  # noqa: E402
 
 
@@ -52,7 +52,7 @@ def time_prepare(runner: ModelRunner, scheduled: dict[str, int], iters: int) -> 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        batch = plan_batch(scheduled, states.req_id_to_index, states.num_computed_tokens_np,
+        batch = make_input_batch(scheduled, states.req_id_to_index, states.num_computed_tokens_np,
                            states.prefill_len_np)
         runner.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                       states.pad_slot)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import zmq
 from tqdm import tqdm
 
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sampling_params import SamplingParams
 from ipc.auth import (
     Authenticator,
@@ -235,6 +235,10 @@ class EngineClient:
             completion.token_ids.extend(delta.token_ids)
             completion.text += delta.text
             completion.finish_reason = delta.finish_reason
+            if delta.logprobs is not None:
+                completion.logprobs = (completion.logprobs or []) + [
+                    {e.token_id: Logprob(e.logprob, e.rank) for e in token}
+                    for token in delta.logprobs]
         text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         prompt_ids = entry.prompt_token_ids or []
         return RequestOutput(request_id, text, prompt_ids, [completion], finished=True)

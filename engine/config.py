@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-ATTENTION_BACKENDS = ("torch", "triton", "flash_attn")
+ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
@@ -46,8 +46,9 @@ class EngineConfig:
     """``executor`` None picks "uni" (in process) at TP=1 and "mp" (worker
     daemons) above, or "mp" when ``attach_workers_dir`` is set."""
 
-    model: str = _opt("tiny", "'tiny' or a local model directory (a Hugging Face hub id needs "
-                      "a local download first)")
+    model: str = _opt("tiny", "'tiny', a local model directory or a .gguf file "
+                      "(pkg:PACKAGE/FILE for one inside an installed package); a Hugging Face "
+                      "hub id needs a local download first")
     tensor_parallel_size: int = _opt(1, "tensor-parallel ranks", cli=False)
     device: str = _opt("auto", "'auto' picks CUDA when available", choices=DEVICES)
     dtype: str = _opt("auto", "weights and activations; 'auto' takes the checkpoint's",
@@ -63,7 +64,7 @@ class EngineConfig:
     disable_custom_all_reduce: bool = _opt(False, "NCCL for every all-reduce instead of the "
                                            "one-shot kernel over peer memory")
     seed: int = _opt(0, "seed of the weights of dummy models and of unseeded sampling")
-    attention_backend: str | None = _opt(None, "default: 'triton' on CUDA, 'torch' elsewhere",
+    attention_backend: str | None = _opt(None, "default: 'triton' on CUDA, 'sdpa' elsewhere",
                                          choices=ATTENTION_BACKENDS)
     gpu_memory_utilization: float = _opt(0.9, "share of each GPU's memory a worker may use")
     kv_cache_memory_bytes: int = _opt(1 << 30, "KV cache bytes per worker on CPU")

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.gguf_model import resolve_gguf
 from engine.model_info import ModelInfo
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
@@ -31,7 +32,11 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model_dir(model: str) -> str:
-    return ensure_tiny_model() if model == "tiny" else model
+    """The directory the engine and workers read: ``tiny``'s, a GGUF file's
+    converted one (engine/gguf_model.py), or ``model`` itself."""
+    if model == "tiny":
+        return ensure_tiny_model()
+    return resolve_gguf(model) or model
 
 
 def make_executor(config: EngineConfig, device: str) -> Executor:

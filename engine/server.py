@@ -37,7 +37,7 @@ import os
 import re
 import shutil
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -66,6 +66,7 @@ from ipc.engine_messages import (
     RequestAccepted,
     RequestError,
     StatsRequest,
+    TokenLogprob,
     decode_client_message,
     encode,
     request_id_of,
@@ -164,7 +165,6 @@ class _Route:
     identity: bytes
     request_id: str
     detokenizer: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
 
 
 class EngineServer:
@@ -334,14 +334,15 @@ class EngineServer:
             self._reply(identity, Outputs(deltas=items))
 
     def _delta(self, route: _Route, d: RequestOutputDelta) -> Delta:
-        route.token_ids += d.new_token_ids
         text = route.detokenizer.feed(d.new_token_ids)
         if d.finished:  # release what the detokenizer held back (an incomplete character)
-            sent = route.detokenizer.output_text
-            full = self.engine.tokenizer.decode(route.token_ids)
-            text += full[len(sent):] if full.startswith(sent) else ""
+            text += route.detokenizer.finish()
+        logprobs = None
+        if d.logprobs is not None:
+            logprobs = [[TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
+                        for token in d.logprobs]
         return Delta(request_id=route.request_id, token_ids=list(d.new_token_ids), text=text,
-                     finished=d.finished, finish_reason=d.finish_reason)
+                     finished=d.finished, finish_reason=d.finish_reason, logprobs=logprobs)
 
     def _forget(self, engine_id: str) -> None:
         route = self.routes.pop(engine_id)

@@ -9,7 +9,8 @@ Vocabulary: id b (0..255) is the byte b, written as its GPT-2 byte-level
 symbol; <s>=256, </s>=257, <pad>=258; ids 259..319 are padding (their LM-head
 rows are zero). Encoding prepends <s>; the literal strings "<s>", "</s>" and
 "<pad>" in a text encode as those special tokens, as in Llama tokenizers. Weights are float32, drawn from a
-fixed seed and scaled so the logits spread with a std of about 2.
+fixed seed and scaled so the logits spread with a std of about 2. The tokenizer config carries a
+small chat template (``CHAT_TEMPLATE``), so chat requests work against ``tiny`` too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import torch
 from safetensors.torch import save_file
 
-TINY_VERSION = 1
+TINY_VERSION = 2
 TINY_NAME = f"tiny-v{TINY_VERSION}"
 SEED = 20240601
 
@@ -160,6 +161,21 @@ def build_tokenizer():
     return tok
 
 
+# A small chat template in transformers' convention: each message as
+# "<|role|>\n" + content + eos, BOS first, the assistant's header last when a
+# reply is wanted; unknown roles are refused.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role: ' + message['role']) }}"
+    "{% endif %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
 def _write_tokenizer_configs(out_dir: str) -> None:
     special = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
     tokenizer_config = {
@@ -168,6 +184,7 @@ def _write_tokenizer_configs(out_dir: str) -> None:
         "add_bos_token": True,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
         **special,
     }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:

@@ -106,16 +106,32 @@ class IncrementalDetokenizer:
 
     Keeps a window ``[prefix_offset, read_offset)`` of already released
     tokens before the unreleased ones and decodes only the window, so each
-    step costs O(window), not O(output). The concatenated pieces equal
-    ``tokenizer.decode(output ids)`` for byte-level tokenizers.
+    step costs O(window), not O(output). The concatenated pieces, ``finish()``
+    included, equal ``tokenizer.decode(output ids)`` for byte-level
+    tokenizers.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = ()) -> None:
         self.tokenizer = tokenizer
         self._ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
+        if tokenizer.decode(self._ids).endswith("\ufffd"):
+            # The prompt ends inside a character (a token-id prompt): the
+            # output's first bytes would complete it and vanish into it.
+            self._ids = []
+        self._num_context = len(self._ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self.output_text = ""
+
+    def finish(self) -> str:
+        """The text held back so far (an incomplete character at the end
+        of a finished output), so that ``output_text`` becomes the full
+        decode of the output ids; "" when the full decode does not extend
+        what was released."""
+        full = self.tokenizer.decode(self._ids[self._num_context :])
+        rest = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
+        self.output_text += rest
+        return rest
 
     def feed(self, token_ids: list[int]) -> str:
         """Add new tokens; return the text they complete (may be "")."""

@@ -53,15 +53,27 @@ class RequestAccepted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     prompt_token_ids: list[int]
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One candidate token's log-probability and rank (1 = most likely)."""
+
+    token_id: int
+    logprob: float
+    rank: int | None = None
+
+
 class Delta(msgspec.Struct, frozen=True, kw_only=True):
     """New tokens of one request, and the text they complete. ``finish_reason``
-    ("stop", "length", "abort") is set exactly when ``finished`` is."""
+    ("stop", "length", "abort") is set exactly when ``finished`` is.
+    ``logprobs``, for a request that asked for them, has one list per new
+    token: the top-N candidates in rank order, then the sampled token when
+    it is not among them."""
 
     request_id: str
     token_ids: list[int]
     text: str
     finished: bool
     finish_reason: str | None = None
+    logprobs: list[list[TokenLogprob]] | None = None
 
 
 class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):

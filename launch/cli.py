@@ -2,6 +2,7 @@
 
     tprun --nproc-per-node 2 generate --model tiny --prompt "Hello" --json
     tprun --nproc-per-node 2 serve --model tiny --endpoint-file /tmp/ep
+    tprun --nproc-per-node 2 serve --model tiny --http-port 8000   # + OpenAI HTTP API
     tprun --nproc-per-node 2 bench --model tiny --num-prompts 64 --json
 
 The tprun process is the executor process (engine + executor); it starts
@@ -98,6 +99,11 @@ directory (next to the ipc:// socket) and, with --endpoint-file F, to F.key;
 the start-up line names the key file, and shutdown removes it. EngineClient
 finds the key itself given F or the ipc:// address; for a tcp:// address
 pass key_file=. Messages without a valid MAC are dropped and logged.
+
+With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
+/v1/chat/completions, /v1/models, /health, /metrics) on --host (default
+127.0.0.1), as one more client of the engine endpoint; --api-key (or
+$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'.
 """
 
 
@@ -119,6 +125,13 @@ def _serve_parser(sub) -> None:
                        help="no periodic stats line")
     serve.add_argument("--log-stats-interval", type=float, default=10.0,
                        help="seconds between stats lines")
+    serve.add_argument("--http-port", type=int, default=None,
+                       help="also serve the OpenAI API over HTTP on this port (0: any free "
+                       "one), on --host (default 127.0.0.1); the engine endpoint then stays "
+                       "an ipc:// socket (or tcp://127.0.0.1:PORT with --port)")
+    serve.add_argument("--api-key", default=None,
+                       help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
+                       "routes (default: $TPRUN_API_KEY, else no key)")
 
 
 def _bench_parser(sub) -> None:
@@ -171,12 +184,16 @@ def run_serve(args) -> int:
     a clean stop, exit code 0, sockets and files removed)."""
     from engine.llm_engine import LLMEngine
     from engine.server import Endpoint, EngineServer, exposure_warning
+    from ipc.auth import new_secret
 
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
                             log_stats_interval_s=args.log_stats_interval)
     if not args.disable_log_stats:
         logging.getLogger("tprun.stats").setLevel(logging.INFO)
-    endpoint = Endpoint.create(args.port, args.host)  # checks them before the workers start
+    http = args.http_port is not None
+    _check_http_args(args)
+    # With --http-port, --host is the HTTP server's; the engine endpoint stays local.
+    endpoint = Endpoint.create(args.port, None if http else args.host)  # checked before workers
     if (warning := exposure_warning(endpoint)) is not None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
         logger.warning("%s", warning)
@@ -185,8 +202,16 @@ def run_serve(args) -> int:
     except BaseException:
         endpoint.cleanup()
         raise
+    secret = new_secret()
+    http_server = None
     try:
-        server = EngineServer(engine, endpoint, args.endpoint_file)
+        server = EngineServer(engine, endpoint, args.endpoint_file, secret=secret)
+        try:
+            if http:
+                http_server = _start_http(args, engine, server.address, secret)
+        except BaseException:
+            server.close()
+            raise
     except BaseException:
         engine.shutdown()
         endpoint.cleanup()
@@ -196,14 +221,45 @@ def run_serve(args) -> int:
     print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
+    if http_server is not None:
+        print(f"tprun serve: OpenAI-compatible HTTP server ready on {http_server.url} "
+              f"(model {args.model!r})", flush=True)
     try:
         server.serve()
     finally:
+        if http_server is not None:
+            http_server.stop()
         server.close()
         engine.shutdown()
         for sig, handler in previous.items():  # a second signal during shutdown is ignored
             signal.signal(sig, handler)
     return 0
+
+
+def _check_http_args(args) -> None:
+    """--http-port's companions, checked before any process starts."""
+    if args.http_port is None:
+        if args.api_key is not None:
+            raise ValueError("--api-key needs --http-port")
+        return
+    if not 0 <= args.http_port < 65536:
+        raise ValueError(f"--http-port must be in [0, 65535], got {args.http_port}")
+    args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
+    args.host = args.host or "127.0.0.1"
+    from engine.server import is_loopback
+
+    if not is_loopback(args.host):
+        warning = (f"the HTTP server listens on {args.host}, beyond this machine"
+                   + ("" if args.api_key else ", with no API key: anyone who reaches it "
+                      "may use the engine"))
+        print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _start_http(args, engine, address: str, secret: bytes):
+    from engine.openai_server.http_server import start_http_server
+
+    return start_http_server(address, secret, engine.tokenizer, args.model,
+                             engine.max_model_len, args.host, args.http_port, args.api_key)
 
 
 def run_bench(args) -> int:

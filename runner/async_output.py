@@ -1,8 +1,8 @@
 """AsyncOutput: a step's sampled tokens (and logprobs), on their way to the host.
 
-On CUDA the copies run on a side stream that first waits for the main
-stream, copy into pinned memory and record an event. ``get_output()`` waits
-on that event: the only wait on the device in the whole step.
+The copies start at once (``HostTransfer.to_host``: on CUDA a side stream
+into pinned memory, with an event). ``get_output()`` waits on that copy:
+the only wait on the device in the whole step.
 
 The reply lists rows in the plan's order (``plan_order`` maps batch rows
 back to it), flat (see ``ModelRunnerOutput``). Its ``logprobs`` is None when
@@ -16,26 +16,10 @@ ignores its row).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ipc.messages import Logprobs, ModelRunnerOutput
 from runner.sampler import SamplerOutput
-
-
-def _to_host(tensors: tuple[torch.Tensor, ...], copy_stream: torch.cuda.Stream | None):
-    """Start copying ``tensors`` to the host; returns (host tensors, event or None)."""
-    if copy_stream is None:
-        return tuple(t.clone() for t in tensors), None
-    main_stream = torch.cuda.current_stream()
-    host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
-    with torch.cuda.stream(copy_stream):
-        copy_stream.wait_stream(main_stream)
-        for src, dst in zip(tensors, host):
-            dst.copy_(src, non_blocking=True)
-            src.record_stream(copy_stream)
-        event = torch.cuda.Event(blocking=True)
-        event.record(copy_stream)
-    return host, event
+from runner.transfer import HostTransfer
 
 
 class AsyncOutput:
@@ -45,7 +29,7 @@ class AsyncOutput:
         plan_order: np.ndarray,
         sample_mask: np.ndarray,
         sampler_output: SamplerOutput,
-        copy_stream: torch.cuda.Stream | None,
+        transfer: HostTransfer,
     ):
         """``plan_order[i]``: the plan index of batch row i; ``sample_mask[i]``:
         batch row i keeps its token."""
@@ -56,12 +40,11 @@ class AsyncOutput:
         tensors = (sampler_output.sampled_token_ids,)
         if sampler_output.logprobs is not None:
             tensors += sampler_output.logprobs.tensors()
-        self.host_tensors, self.copy_event = _to_host(tensors, copy_stream)
+        self.host_tensors, self.copy_done = transfer.to_host(tensors)
 
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy, then build the reply in plan order."""
-        if self.copy_event is not None:
-            self.copy_event.synchronize()
+        self.copy_done.synchronize()
         tokens = np.empty(len(self.plan_order), dtype=np.int64)
         tokens[self.plan_order] = self.host_tensors[0].numpy()
         keep = np.empty(len(self.plan_order), dtype=bool)

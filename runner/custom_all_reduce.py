@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 # Programs of one call; each owns rows pid, pid + programs, ... and one flag per rank.
 MAX_PROGRAMS = 32

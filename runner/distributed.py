@@ -51,7 +51,9 @@ class TensorParallelGroup:
         Only for CUDA groups of more than one rank whose GPUs can map each
         other's memory; otherwise the group itself, and NCCL does every reduction.
         """
-        if self.size == 1 or device.type != "cuda":
+        from runner.ops import device_ops
+
+        if self.size == 1 or device_ops(device).dist_backend != "nccl":
             return self
         from runner.custom_all_reduce import PeerBuffers
 

@@ -1,7 +1,27 @@
 """One step's batch: its order, its persistent input buffers, its inputs.
 
 Only ``idx_mapping`` and ``query_start_loc`` go from host to device each
-step; every other input is built on the device from slot numbers.
+step; every other input is built on the device from slot numbers by the
+kernels at the end of this file, which write ``InputBuffers`` (torch
+references; their Triton versions are in triton_input_batch.py). For batch
+row i, slot s = idx_mapping[i], query tokens t = qsl[i] .. qsl[i+1]-1 at
+positions p = num_computed_tokens[s] + (t - qsl[i]):
+
+- prepare_prefill_inputs: where p < prefill_len[s], input_ids[t] =
+  all_token_ids[s, p]; every other entry of input_ids is left as it was.
+  all_token_ids may be a UVA view of pinned host memory: the kernel then
+  reads the prompt straight from host memory.
+- prepare_pos_seq_lens: positions[t] = p and seq_lens[i] =
+  num_computed_tokens[s] + (qsl[i+1] - qsl[i]). Padded rows num_reqs <= i <
+  seq_lens.shape[0] get seq_lens[i] = 0 (CUDA graphs replay over padded
+  rows, and attention must see them as empty). Positions past qsl[num_reqs]
+  are left as they were.
+- combine_sampled_tokens: logits_indices[i] = qsl[i+1] - 1 (the last token of
+  every row, prefill rows included), and, only if seq_lens[i] > prefill_len[s]
+  (the row decodes; seq_lens was written by prepare_pos_seq_lens earlier in the
+  step), input_ids[qsl[i+1] - 1] = last_sampled_tokens[s]. This is how a
+  decode gets its input token without the host ever seeing it.
+  last_sampled_tokens may be [max_num_reqs] or [max_num_reqs, 1] (column 0).
 """
 
 from __future__ import annotations
@@ -11,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runner.host_copy import HostToDeviceCopier
+from runner.ops import device_ops
 
 
 def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
@@ -23,11 +43,8 @@ def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
     return np.lexsort((num_tokens, num_tokens != decode_query_len, ~has_drafts))
 
 
-def sort_batch_req_ids(
-    num_tokens_per_req: dict[str, int],
-    draft_tokens: dict[str, list[int]],
-    decode_query_len: int,
-) -> list[str]:
+def sort_batch_req_ids(num_tokens_per_req: dict[str, int], draft_tokens: dict[str, list[int]],
+                       decode_query_len: int) -> list[str]:
     """The request ids of ``num_tokens_per_req`` in ``batch_order``."""
     req_ids = list(num_tokens_per_req)
     counts = np.fromiter(num_tokens_per_req.values(), dtype=np.int64, count=len(req_ids))
@@ -56,7 +73,7 @@ class InputBuffers:
         self.idx_mapping = self.step_meta[:max_num_reqs]
         self.query_start_loc = self.step_meta[max_num_reqs:]
         self.step_meta_np = np.zeros(2 * max_num_reqs + 1, dtype=np.int32)
-        self.copier = HostToDeviceCopier(device)
+        self.transfer = device_ops(device).new_transfer()
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int) -> None:
@@ -70,11 +87,11 @@ class InputBuffers:
         meta[:n] = idx_mapping_np
         meta[n : m - 1] = pad_slot
         meta[self.max_num_reqs : self.max_num_reqs + m] = query_start_loc_np
-        self.copier.copy(meta[: self.max_num_reqs + m], self.step_meta)
+        self.transfer.copy_into(meta[: self.max_num_reqs + m], self.step_meta)
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class InputBatch:
     """The host's view of one step's batch, computed without the device.
 
     ``idx_mapping_np[i]`` is the slot of batch row ``i``;
@@ -98,14 +115,10 @@ class BatchPlan:
     has_prefill: bool
 
 
-def plan_batch(
-    num_scheduled_tokens: dict[str, int],
-    req_id_to_index: dict[str, int],
-    num_computed_np: np.ndarray,
-    prefill_len_np: np.ndarray,
-    num_reqs_padded: int | None = None,
-    num_tokens_padded: int | None = None,
-) -> BatchPlan:
+def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict[str, int],
+                     num_computed_np: np.ndarray, prefill_len_np: np.ndarray,
+                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None
+                     ) -> InputBatch:
     """Sort the scheduled requests (``batch_order``; no drafts here) and
     compute every host-side count."""
     plan_req_ids = list(num_scheduled_tokens)
@@ -124,7 +137,7 @@ def plan_batch(
     computed = num_computed_np[idx_mapping_np]
     seq_lens_np = computed + num_scheduled_np
     prefill = prefill_len_np[idx_mapping_np]
-    return BatchPlan(
+    return InputBatch(
         req_ids=req_ids,
         plan_order=plan_order,
         idx_mapping_np=idx_mapping_np,
@@ -139,3 +152,124 @@ def plan_batch(
         num_decodes=int(np.sum(num_scheduled_np == 1)),
         has_prefill=bool(np.any(computed < prefill)),
     )
+
+
+# ---- the input kernels (torch references) -------------------------------
+
+
+def check_num_reqs(num_reqs: int, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor) -> None:
+    """Raise ValueError unless the host-known batch size fits the device buffers."""
+    if num_reqs < 0 or num_reqs > idx_mapping.shape[0]:
+        raise ValueError(
+            f"num_reqs={num_reqs} outside [0, {idx_mapping.shape[0]}] (idx_mapping size)"
+        )
+    if query_start_loc.shape[0] < num_reqs + 1:
+        raise ValueError(
+            f"query_start_loc has {query_start_loc.shape[0]} entries, needs num_reqs + 1 ="
+            f" {num_reqs + 1}"
+        )
+
+
+def token_rows(query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) -> torch.Tensor:
+    """Batch row of each token 0 .. num_tokens-1 (int64, on the device of query_start_loc).
+
+    Row i owns tokens query_start_loc[i] .. query_start_loc[i+1]-1. A token at or
+    past query_start_loc[num_reqs] gets row num_reqs (no row). Fixed shape, no sync.
+    """
+    ends = query_start_loc[1 : num_reqs + 1].to(torch.int64)
+    tokens = torch.arange(num_tokens, device=query_start_loc.device, dtype=torch.int64)
+    return torch.searchsorted(ends, tokens, right=True)
+
+
+def check_prepare_prefill_inputs(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                 all_token_ids: torch.Tensor, num_reqs: int) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
+    if all_token_ids.stride(1) != 1:
+        raise ValueError("all_token_ids rows must be contiguous")
+
+
+def prepare_prefill_inputs_ref(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                               query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
+                               prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                               num_reqs: int) -> None:
+    """Torch reference: fixed shapes over the whole input_ids buffer, no sync."""
+    if num_reqs == 0:
+        return
+    num_tokens = input_ids.shape[0]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_batch = rows < num_reqs
+    rows = rows.clamp(max=num_reqs - 1)
+    slots = idx_mapping[:num_reqs].to(torch.int64)[rows]
+    starts = query_start_loc[:num_reqs].to(torch.int64)[rows]
+    tokens = torch.arange(num_tokens, device=input_ids.device, dtype=torch.int64)
+    pos = num_computed_tokens.to(torch.int64)[slots] + (tokens - starts)
+    write = in_batch & (pos < prefill_len.to(torch.int64)[slots])
+    pos = pos.clamp(0, all_token_ids.shape[1] - 1)
+    prompt = all_token_ids[slots, pos].to(input_ids.dtype)
+    input_ids.copy_(torch.where(write, prompt, input_ids))
+
+
+def check_prepare_pos_seq_lens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                               seq_lens: torch.Tensor, num_reqs: int) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
+    if num_reqs > seq_lens.shape[0]:
+        raise ValueError(f"num_reqs={num_reqs} exceeds seq_lens size {seq_lens.shape[0]}")
+
+
+def prepare_pos_seq_lens_ref(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                             num_computed_tokens: torch.Tensor, positions: torch.Tensor,
+                             seq_lens: torch.Tensor, num_reqs: int) -> None:
+    """Torch reference: fixed shapes, no sync."""
+    seq_lens[num_reqs:].zero_()
+    if num_reqs == 0:
+        return
+    qsl = query_start_loc[: num_reqs + 1].to(torch.int64)
+    computed = num_computed_tokens.to(torch.int64)[idx_mapping[:num_reqs].to(torch.int64)]
+    seq_lens[:num_reqs] = (computed + qsl[1:] - qsl[:-1]).to(seq_lens.dtype)
+
+    num_tokens = positions.shape[0]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_batch = rows < num_reqs
+    rows = rows.clamp(max=num_reqs - 1)
+    tokens = torch.arange(num_tokens, device=positions.device, dtype=torch.int64)
+    pos = computed[rows] + tokens - qsl[rows]
+    positions.copy_(torch.where(in_batch, pos.to(positions.dtype), positions))
+
+
+def check_combine_sampled_tokens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                 logits_indices_out: torch.Tensor, num_reqs: int) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
+    if num_reqs > logits_indices_out.shape[0]:
+        raise ValueError(
+            f"num_reqs={num_reqs} exceeds logits_indices_out size {logits_indices_out.shape[0]}"
+        )
+
+
+def combine_sampled_tokens_ref(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                               last_sampled_tokens: torch.Tensor, query_start_loc: torch.Tensor,
+                               seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                               logits_indices_out: torch.Tensor, num_reqs: int) -> torch.Tensor:
+    """Torch reference: fixed shapes, no sync. Per token, not per row: a row
+    with no tokens (padding) shares its ``end - 1`` with the row before it,
+    and must not overwrite that row's token; token t gets a value iff its row
+    decodes and t is the row's last token."""
+    out = logits_indices_out[:num_reqs]
+    if num_reqs == 0:
+        return out
+    qsl = query_start_loc.to(torch.int64)
+    out.copy_(qsl[1 : num_reqs + 1] - 1)
+    num_tokens = input_ids.shape[0]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_batch = rows < num_reqs
+    rows = rows.clamp(max=num_reqs - 1)
+    slots = idx_mapping.to(torch.int64)[rows]
+    last = torch.arange(num_tokens, device=input_ids.device) == qsl[rows + 1] - 1
+    decoding = seq_lens.to(torch.int64)[rows] > prefill_len.to(torch.int64)[slots]
+    first_column = last_sampled_tokens if last_sampled_tokens.dim() == 1 else (
+        last_sampled_tokens[:, 0])
+    values = first_column[slots].to(input_ids.dtype)
+    input_ids.copy_(torch.where(in_batch & decoding & last, values, input_ids))
+    return out

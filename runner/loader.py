@@ -3,7 +3,9 @@
 Each rank reads only its slices (``safe_open(...).get_slice``), casts them to
 the model's dtype and copies them into place. Works for a single
 ``model.safetensors`` and for sharded checkpoints with
-``model.safetensors.index.json``; bf16, fp16 and fp32 tensors.
+``model.safetensors.index.json``; bf16, fp16 and fp32 tensors. A directory
+with a ``model.gguf`` (engine/gguf_model.py writes one for a GGUF file) is
+read by runner/gguf_loader.py instead.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import zlib
 import torch
 from safetensors import safe_open
 
+from runner.gguf_loader import load_gguf_weights
 from runner.layers import WeightSlice
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+GGUF_FILE = "model.gguf"
 
 # Checkpoint tensors that carry nothing the model needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -47,6 +51,10 @@ def load_weights(model: torch.nn.Module, model_dir: str) -> None:
     Raises ValueError if a tensor is missing or its shape does not fit the
     model. Tensors the model does not use are skipped.
     """
+    gguf_path = os.path.join(model_dir, GGUF_FILE)
+    if os.path.exists(gguf_path):
+        load_gguf_weights(model, gguf_path)
+        return
     plan: dict[str, WeightSlice] = model.weight_slices()
     loaded: set[str] = set()
     for path in checkpoint_files(model_dir):

@@ -21,10 +21,7 @@ from runner.block_table import BlockTables
 from runner.config import RunnerConfig
 from runner.cuda_graphs import CudaGraphManager, capture_sizes
 from runner.distributed import TensorParallelGroup
-from runner.input_batch import BatchPlan, InputBuffers, plan_batch
-from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
-from runner.kernels.prefill_inputs import prepare_prefill_inputs
-from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
+from runner.input_batch import InputBatch, InputBuffers, make_input_batch
 from runner.kv_cache import (
     allocate_kv_caches,
     kv_cache_bytes_per_block,
@@ -33,9 +30,10 @@ from runner.kv_cache import (
 )
 from runner.model_config import ModelConfig
 from runner.models import build_model, build_model_from_config
+from runner.ops import device_ops
 from runner.plan_check import check_plan
+from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
-from runner.states import RequestState
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,7 @@ class _PendingStep:
     """What ``execute_model`` leaves for ``sample_tokens``."""
 
     step_id: int
-    plan: BatchPlan
+    batch: InputBatch
     tensors: StepTensors | None
 
 
@@ -76,12 +74,13 @@ class ModelRunner:
     def __init__(self, config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
         self.config = config
         self.device = device
+        self.ops = device_ops(device)
         self.tp = tp.with_peer_buffers(device) if not config.disable_custom_all_reduce else tp
         self.model = _load_model(config, device, self.tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)
-        self.sampling = Sampler(n, self.model.config.vocab_size, device, config.seed)
+        self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -90,11 +89,11 @@ class ModelRunner:
             device,
         )
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
-        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.output_transfer = self.ops.new_transfer()
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
-        use_graphs = device.type == "cuda" and not config.enforce_eager
+        use_graphs = self.ops.cuda_graphs and not config.enforce_eager
         sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
         self.graphs = CudaGraphManager(sizes)
 
@@ -110,7 +109,7 @@ class ModelRunner:
         profile run of a full token budget (weights included).
         """
         per_block = self.bytes_per_block()
-        if self.device.type != "cuda":
+        if not self.ops.kv_budget_from_free_memory:
             return self.config.kv_cache_memory_bytes // per_block
         peak = profile_peak_memory(self.model, self.config, self.dtype, self.device)
         free, total = torch.cuda.mem_get_info(self.device)
@@ -153,18 +152,21 @@ class ModelRunner:
         their seq_len 0 is what the padding slot's count already is)."""
         buf = self.buffers
         self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
-        block_tables, slot_mapping = self._build_inputs(size, size, size, size, True)
-        on_cpu = self.device.type == "cpu"
+        block_tables, slot_mapping = self._build_inputs(
+            num_reqs=size, num_tokens=size, num_reqs_padded=size, num_tokens_padded=size,
+            has_prefill=True)
+        # Host copies are read only by the CPU reference backend (emulated
+        # graphs): there the buffers themselves are host memory.
+        host_buffers = self.ops.shares_host_memory
         attn = AttentionMetadata(
             num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
             max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
             block_tables=block_tables, slot_mapping=slot_mapping,
-            # Host copies are read only by the CPU reference backend (emulated
-            # graphs): there the buffers themselves are host memory.
-            query_start_loc_cpu=buf.query_start_loc[: size + 1] if on_cpu
+            query_start_loc_cpu=buf.query_start_loc[: size + 1] if host_buffers
             else torch.arange(size + 1, dtype=torch.int32),
-            seq_lens_cpu=buf.seq_lens[:size] if on_cpu else torch.ones(size, dtype=torch.int32),
+            seq_lens_cpu=buf.seq_lens[:size] if host_buffers
+            else torch.ones(size, dtype=torch.int32),
         )
         hidden = self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
         return self._after_forward(hidden, size, one_token_rows=True)
@@ -178,7 +180,7 @@ class ModelRunner:
                 self.req_states.remove_request(req_id)
         for new in plan.scheduled_new_reqs:
             slot = self.req_states.add_request(new)
-            self.sampling.add_request(
+            self.sampler.add_request(
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
             )
             self.block_tables.add_request(slot, new.block_ids[0])
@@ -191,7 +193,7 @@ class ModelRunner:
                 self.req_states.set_num_computed_tokens(slot, computed)
             self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
         self.req_states.apply_staged_writes()
-        self.sampling.apply_staged_writes(self.req_states.all_token_ids.gpu)
+        self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
 
     # ---- the step -------------------------------------------------------
@@ -202,7 +204,7 @@ class ModelRunner:
                    self.config.max_num_batched_tokens, self.model.config.vocab_size)
         self._update_states(plan)
         graph_size = self._graph_size(plan)
-        batch = plan_batch(
+        batch = make_input_batch(
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
@@ -249,38 +251,40 @@ class ModelRunner:
             return None
         return self.graphs.padded_size(len(counts))
 
-    def _build_inputs(self, n: int, t: int, n_padded: int, t_padded: int,
+    def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
+                      num_tokens_padded: int,
                       has_prefill: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """The input kernels over batch rows ``[0, n)`` and tokens ``[0, t)``:
-        input_ids, positions, seq_lens (0 for rows ``>= n``), logits_indices,
-        the batch's block-table rows (``n_padded``) and slot mapping (-1 for
-        tokens ``[t, t_padded)``). Reads only persistent buffers."""
+        """The input kernels over batch rows ``[0, num_reqs)`` and tokens
+        ``[0, num_tokens)``: input_ids, positions, seq_lens (0 for rows
+        ``>= num_reqs``), logits_indices, the batch's block-table rows
+        (``num_reqs_padded``) and slot mapping (-1 for tokens
+        ``[num_tokens, num_tokens_padded)``). Reads only persistent buffers."""
+        n, t, n_padded, t_padded = num_reqs, num_tokens, num_reqs_padded, num_tokens_padded
         buf, states = self.buffers, self.req_states
         idx_mapping = buf.idx_mapping[:n]
         qsl = buf.query_start_loc[: n_padded + 1]
         computed = states.num_computed_tokens.gpu
         prefill_len = states.prefill_len.gpu
         if has_prefill:
-            prepare_prefill_inputs(
+            self.ops.prepare_prefill_inputs(
                 buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
             )
-        prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
-        combine_sampled_and_draft_tokens(
-            buf.input_ids, idx_mapping, states.last_sampled_tokens, qsl, buf.seq_lens,
-            prefill_len, None, None, buf.logits_indices, n, n,
-        )  # fmt: skip
+        self.ops.prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
+        self.ops.combine_sampled_tokens(buf.input_ids, idx_mapping, states.last_sampled_tokens,
+                                        qsl, buf.seq_lens, prefill_len, buf.logits_indices, n)
         block_tables = self.block_tables.gather(idx_mapping, n, n_padded)
         slot_mapping = self.block_tables.compute_slot_mapping(
             idx_mapping, qsl, buf.positions, n, t, t_padded
         )
         return block_tables, slot_mapping
 
-    def _prepare_inputs(self, batch: BatchPlan):
+    def _prepare_inputs(self, batch: InputBatch):
         """Eager step inputs: the input kernels and the attention metadata."""
         buf = self.buffers
         n, t = batch.num_reqs, batch.num_tokens
         block_tables, slot_mapping = self._build_inputs(
-            n, t, batch.num_reqs_padded, batch.num_tokens_padded, batch.has_prefill)
+            num_reqs=n, num_tokens=t, num_reqs_padded=batch.num_reqs_padded,
+            num_tokens_padded=batch.num_tokens_padded, has_prefill=batch.has_prefill)
         attn = AttentionMetadata(
             num_reqs=n,
             num_tokens=t,
@@ -303,16 +307,16 @@ class ModelRunner:
         step, self.pending = self.pending, None
         if step is None:
             raise RuntimeError("sample_tokens called without execute_model")
-        batch = step.plan
+        batch = step.batch
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
-                               self.copy_stream)
+                               self.output_transfer)
         t = step.tensors
         idx_mapping = t.idx_mapping
-        out = self.sampling(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
+        out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.copy_stream
+            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from ipc.messages import SamplingOptions
+from runner.ops import device_ops
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
-from runner.sampling.noise import greedy_argmax, gumbel_argmax, token_keys
+from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
 from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
 
@@ -56,6 +57,7 @@ class SamplerOutput:
 class Sampler:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int):
         self.vocab_size = vocab_size
+        self.ops = device_ops(device)
         self.states = SamplingStates(max_num_reqs, device, seed)
         self.penalties = PenaltyState(max_num_reqs, vocab_size, device)
         self.token_keys = token_keys(vocab_size, device)
@@ -95,7 +97,7 @@ class Sampler:
         flags = self.states.flags(idx_mapping_np)
         if flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS:
             # The common case needs no per-slot parameter: one argmax.
-            return SamplerOutput(greedy_argmax(logits), None,
+            return SamplerOutput(self.ops.greedy_argmax(logits), None,
                                  self.states.num_logprobs_np[idx_mapping_np])
         params = self.states.gather(idx)
         raw = logits.to(torch.float32)
@@ -120,7 +122,7 @@ class Sampler:
         flags: BatchFlags,
     ) -> torch.Tensor:
         """Greedy argmax where temperature == 0, filtered Gumbel-max elsewhere."""
-        greedy = greedy_argmax(logits)
+        greedy = self.ops.greedy_argmax(logits)
         if flags.all_greedy:
             return greedy
         is_greedy = params.temperature == 0.0
@@ -132,5 +134,5 @@ class Sampler:
             scaled = apply_top_k_top_p(
                 scaled, params.top_k, params.top_p, flags.max_top_k, flags.any_top_p
             )
-        drawn = gumbel_argmax(scaled, params.seeds, positions, self.token_keys)
+        drawn = self.ops.gumbel_argmax(scaled, params.seeds, positions, self.token_keys)
         return torch.where(is_greedy, greedy, drawn)

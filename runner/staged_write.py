@@ -4,31 +4,28 @@ Request states change on the host (new request: its prompt and lengths; new
 KV blocks: block-table entries), but the tensors they change live on the
 device. Writing each change with its own tiny copy would cost a launch per
 change. Instead the writes are staged on the host and apply_write() packs them
-into flat arrays (rows, starts, cu_lens, values), copies those to the device
-with non_blocking=True from pinned memory, and applies them all with one
-kernel launch (the torch reference on CPU).
+into flat arrays (rows, starts, cu_lens, values), uploads those
+(``runner.transfer``: non_blocking from pinned memory on CUDA), and applies
+them all with one kernel launch (the torch reference on CPU).
 
 Invariants:
 - Writes apply in staging order: where two staged writes hit the same
   element, the later one wins (pack_writes resolves overlaps on the host, so
   the device writes are disjoint and their order does not matter).
-- Nothing here waits for the device. The pinned source buffers of each apply
-  are fresh; they are kept alive, with a CUDA event recorded after the copy,
-  until event.query() reports the copy done. So no non_blocking copy ever reads
-  a pinned buffer that has been freed or reused.
+- Nothing here waits for the device (the upload keeps its pinned sources
+  alive until their copy is done; see ``runner.transfer``).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from runner.kernels.staged_writes import apply_staged_writes
-from runner.uva import device_visible_tensor, numpy_dtype
+from runner.ops import device_ops
+from runner.transfer import numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -87,12 +84,40 @@ def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) 
     )
 
 
+def check_apply_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                              cu_lens: torch.Tensor) -> None:
+    """Raise ValueError unless the packed writes fit ``dst``.
+
+    Write j puts values[cu_lens[j] : cu_lens[j+1]] into dst[rows[j], starts[j] : ...].
+    The writes must not overlap (pack_writes resolves overlaps on the host, so
+    the order in which they apply does not matter). rows, starts and cu_lens
+    are int64; values has dst's dtype; dst is 2-D with contiguous rows (a 1-D
+    tensor is passed as a [n, 1] view).
+    """
+    if dst.dim() != 2 or dst.stride(1) != 1:
+        raise ValueError(f"dst must be 2-D with contiguous rows, got shape {tuple(dst.shape)}")
+    if rows.shape[0] != starts.shape[0] or cu_lens.shape[0] != rows.shape[0] + 1:
+        raise ValueError("rows, starts need n entries and cu_lens n + 1")
+
+
+def apply_staged_writes_ref(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+                            cu_lens: torch.Tensor, values: torch.Tensor) -> None:
+    """Torch reference: one scatter over all written elements, no sync."""
+    num_values = values.shape[0]
+    if rows.shape[0] == 0 or num_values == 0:
+        return
+    j = torch.arange(num_values, device=dst.device, dtype=torch.int64)
+    write = torch.searchsorted(cu_lens[1:], j, right=True)
+    cols = starts[write] + (j - cu_lens[write])
+    dst[rows[write], cols] = values
+
+
 class StagedWriteTensor:
     """A device tensor (``.gpu``) whose updates are staged on the host.
 
     shape is (rows,) or (rows, cols). With uva=True on CUDA, ``.gpu`` is a
-    device view of pinned host memory (see runner.uva); on a CPU device it is
-    a plain CPU tensor. Starts zero-filled.
+    device view of pinned host memory (see runner.transfer); on a CPU device it
+    is a plain CPU tensor. Starts zero-filled.
     """
 
     def __init__(
@@ -106,12 +131,13 @@ class StagedWriteTensor:
             raise ValueError(f"shape must be (rows,) or (rows, cols) of positive sizes: {shape}")
         self.shape = tuple(shape)
         self.dtype = dtype
-        self.device = torch.device(device)
         self.np_dtype = numpy_dtype(dtype)
-        self.gpu = device_visible_tensor(self.shape, dtype, self.device, uva)
+        ops = device_ops(device)
+        self._apply = ops.apply_staged_writes
+        self.transfer = ops.new_transfer()
+        self.gpu = self.transfer.device_tensor(self.shape, dtype, uva)
         self._as_2d = self.gpu if self.gpu.dim() == 2 else self.gpu.view(-1, 1)
         self._writes: list[tuple[int, int, np.ndarray]] = []
-        self._in_flight: deque[tuple[torch.cuda.Event, torch.Tensor, torch.Tensor]] = deque()
 
     def stage_write(self, row: int, start: int, values: Sequence[int] | np.ndarray) -> None:
         """Stage gpu[row, start : start + len(values)] = values (2-D tensors)."""
@@ -147,25 +173,7 @@ class StagedWriteTensor:
         if len(packed.rows) == 0:  # only empty writes were staged
             return
         meta = np.concatenate([packed.rows, packed.starts, packed.cu_lens])
-        if self.device.type != "cuda":
-            self._apply(torch.from_numpy(meta), torch.from_numpy(packed.values))
-            return
-        self._release_finished()
-        host_meta = torch.from_numpy(meta).pin_memory()
-        host_values = torch.from_numpy(packed.values).pin_memory()
-        dev_meta = host_meta.to(self.device, non_blocking=True)
-        dev_values = host_values.to(self.device, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._in_flight.append((done, host_meta, host_values))
-        self._apply(dev_meta, dev_values)
-
-    def _apply(self, meta: torch.Tensor, values: torch.Tensor) -> None:
-        n = (meta.shape[0] - 1) // 3
+        meta, values = self.transfer.upload(meta, packed.values)
+        n = len(packed.rows)
         rows, starts, cu_lens = meta[:n], meta[n : 2 * n], meta[2 * n :]
-        apply_staged_writes(self._as_2d, rows, starts, cu_lens, values)
-
-    def _release_finished(self) -> None:
-        """Drop pinned buffers whose copies have finished (event.query(): no wait)."""
-        while self._in_flight and self._in_flight[0][0].query():
-            self._in_flight.popleft()
+        self._apply(self._as_2d, rows, starts, cu_lens, values)

@@ -117,6 +117,22 @@ def test_generate_helper_and_text_prompts(server):
 
 
 @pytest.mark.timeout(90)
+def test_logprobs_cross_the_endpoint(server):
+    endpoint, _ = server
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3)
+    with LLM(model="tiny", device="cpu") as llm:
+        want = llm.generate(["Hello, my name is"], params)[0].outputs[0]
+    with EngineClient(endpoint, timeout_s=60) as client:
+        got = client.generate(["Hello, my name is"], params)[0].outputs[0]
+    assert got.token_ids == want.token_ids and len(got.logprobs) == 5
+    for g, w in zip(got.logprobs, want.logprobs):
+        assert list(g) == list(w)  # same candidates, in the same order
+        for token_id, lp in w.items():
+            assert g[token_id].rank == lp.rank
+            assert g[token_id].logprob == pytest.approx(lp.logprob, abs=1e-5)
+
+
+@pytest.mark.timeout(90)
 def test_two_clients_at_once_get_only_their_own(server):
     endpoint, _ = server
     prompt_sets = [make_prompts(30, seed=2), make_prompts(30, seed=3)]

@@ -15,35 +15,30 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from runner.kernels import block_tables, pos_seq_lens, prefill_inputs, sampled_tokens
+from runner.ops import device_ops, torch_ops, triton_ops
 from tests.kernel_device import KERNEL_DEVICE
 
 POISON = -777
 # Triton kernels run compiled on CUDA tensors where there is a GPU, else interpreted on CPU.
 TRITON_DEVICE = KERNEL_DEVICE
 
+
+def builders(ops) -> dict:
+    """The five input builders of one DeviceOps, each behind its size checks."""
+    return dict(
+        prefill=ops.prepare_prefill_inputs,
+        pos=ops.prepare_pos_seq_lens,
+        combine=ops.combine_sampled_tokens,
+        gather=ops.gather_block_tables,
+        slots=ops.compute_slot_mappings,
+    )
+
+
 IMPLS = {
-    "ref": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs_ref,
-        pos=pos_seq_lens.prepare_pos_seq_lens_ref,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens_ref,
-        gather=block_tables.gather_block_tables_ref,
-        slots=block_tables.compute_slot_mappings_ref,
-    ),
-    "triton": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs_triton,
-        pos=pos_seq_lens.prepare_pos_seq_lens_triton,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens_triton,
-        gather=block_tables.gather_block_tables_triton,
-        slots=block_tables.compute_slot_mappings_triton,
-    ),
-    "public": dict(
-        prefill=prefill_inputs.prepare_prefill_inputs,
-        pos=pos_seq_lens.prepare_pos_seq_lens,
-        combine=sampled_tokens.combine_sampled_and_draft_tokens,
-        gather=block_tables.gather_block_tables,
-        slots=block_tables.compute_slot_mappings,
-    ),
+    "ref": builders(torch_ops(torch.device("cpu"))),
+    "triton": builders(triton_ops(TRITON_DEVICE)),
+    # What the runner gets for a device (below: the CPU; on CUDA, test_random_batches_on_cuda).
+    "public": builders(device_ops(torch.device("cpu"))),
 }
 
 
@@ -57,11 +52,9 @@ class Batch:
     prefill_len: list[int]
     num_computed: list[int]
     last_sampled: list[int]
-    draft_tokens: list[list[int]] | None
     table: list[list[int]]
     slots: list[int]  # batch row -> slot
     query_lens: list[int]
-    num_drafts: list[int]
     num_reqs_padded: int
     num_tokens_padded: int
 
@@ -84,13 +77,6 @@ class Batch:
             qsl.append(qsl[-1] + n)
         return qsl + [qsl[-1]] * (self.max_num_reqs - self.num_reqs)
 
-    @property
-    def cu_num_logits(self) -> list[int]:
-        cu = [0]
-        for d in self.num_drafts:
-            cu.append(cu[-1] + 1 + d)
-        return cu + [cu[-1]] * (self.max_num_reqs - self.num_reqs)
-
 
 def split(rng: random.Random, total: int, parts: int) -> list[int]:
     """A random composition of total into parts positive integers."""
@@ -103,14 +89,13 @@ def split(rng: random.Random, total: int, parts: int) -> list[int]:
 def make_batch(
     rng: random.Random,
     block_size: int,
-    num_spec: int | None,
     num_reqs: int,
     num_tokens: int,
     max_num_reqs: int = 16,
     max_model_len: int = 96,
     max_num_batched_tokens: int = 64,
 ) -> Batch:
-    """A batch of decodes (with up to num_spec drafts), prefill chunks and mixed rows."""
+    """A batch of decodes, prefill chunks and mixed rows."""
     m, length = max_num_reqs, max_model_len
     blocks = -(-length // block_size)
     batch = Batch(
@@ -120,21 +105,15 @@ def make_batch(
         prefill_len=[rng.randrange(0, length) for _ in range(m)],  # garbage in unused slots
         num_computed=[rng.randrange(0, length) for _ in range(m)],
         last_sampled=[rng.randrange(1, 50000) for _ in range(m)],
-        draft_tokens=None
-        if num_spec is None
-        else [[rng.randrange(1, 50000) for _ in range(num_spec)] for _ in range(m)],
         table=[[rng.randrange(0, 4096) for _ in range(blocks)] for _ in range(m)],
         slots=rng.sample(range(m), num_reqs),
         query_lens=split(rng, num_tokens, num_reqs),
-        num_drafts=[],
         num_reqs_padded=rng.randint(num_reqs, m),
         num_tokens_padded=rng.randint(num_tokens, max_num_batched_tokens),
     )
     for slot, n in zip(batch.slots, batch.query_lens):
         kind = rng.choice(["decode", "prefill", "mixed"])
-        d = 0
-        if kind == "decode" and n - 1 <= (num_spec or 0):
-            d = n - 1
+        if kind == "decode" and n == 1:
             prefill = rng.randint(1, length - n)
             computed = rng.randint(prefill, length - n)
         elif kind == "mixed" and n >= 2:  # a chunk that runs past the prefill end
@@ -145,7 +124,6 @@ def make_batch(
             prefill = rng.randint(computed + n, length)
         batch.prefill_len[slot] = prefill
         batch.num_computed[slot] = computed
-        batch.num_drafts.append(d)
     return batch
 
 
@@ -172,7 +150,7 @@ def oracle(b: Batch) -> Expected:
         slot_mapping=[POISON] * t_max,
     )
     qsl = b.query_start_loc
-    for i, (s, n, d) in enumerate(zip(b.slots, b.query_lens, b.num_drafts)):
+    for i, (s, n) in enumerate(zip(b.slots, b.query_lens)):
         computed, prefill, end = b.num_computed[s], b.prefill_len[s], qsl[i + 1]
         exp.seq_lens[i] = computed + n
         for k in range(n):
@@ -183,10 +161,8 @@ def oracle(b: Batch) -> Expected:
             blk = b.table[s][p // b.block_size]
             exp.slot_mapping[t] = blk * b.block_size + p % b.block_size
         if computed + n > prefill:
-            drafts = b.draft_tokens[s][:d] if d else []
-            for k, token in enumerate([b.last_sampled[s]] + drafts):
-                exp.input_ids[end - 1 - d + k] = token
-        exp.logits_indices += list(range(end - 1 - d, end))
+            exp.input_ids[end - 1] = b.last_sampled[s]
+        exp.logits_indices.append(end - 1)
         exp.block_tables[i] = list(b.table[s])
     for i in range(b.num_reqs, b.num_reqs_padded):
         exp.block_tables[i] = [0] * cols
@@ -221,8 +197,6 @@ def _run_step(b: Batch, impl: dict, last_2d: bool) -> dict[str, torch.Tensor]:
         computed=torch.tensor(b.num_computed, dtype=i32),
         table=torch.tensor(b.table, dtype=i32),
         all_token_ids=torch.tensor(b.all_token_ids, dtype=i32),
-        drafts=None if b.draft_tokens is None else torch.tensor(b.draft_tokens, dtype=i64),
-        cu=None if b.draft_tokens is None else torch.tensor(b.cu_num_logits, dtype=i32),
     )
     out = dict(
         input_ids=torch.full((t_max,), POISON, dtype=i32),
@@ -263,7 +237,7 @@ def _build(b: Batch, impl: dict, inp: dict, out: dict) -> None:
     impl["pos"](idx, qsl, inp["computed"], out["positions"], out["seq_lens"], n)
     out["logits_view"] = impl["combine"](
         out["input_ids"], idx, inp["last"], qsl, out["seq_lens"], inp["prefill_len"],
-        inp["drafts"], inp["cu"], out["logits"], n, n + sum(b.num_drafts),
+        out["logits"], n,
     )  # fmt: skip
     out["tables_view"] = impl["gather"](table, idx, out["block_tables"], n, b.num_reqs_padded)
     out["slots_view"] = impl["slots"](
@@ -299,33 +273,32 @@ def random_sizes(rng: random.Random, case: int, m: int = 16, t_max: int = 64) ->
 
 
 @pytest.mark.parametrize("impl", ["ref", "triton", "public"])
-@pytest.mark.parametrize("num_spec", [None, 3])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_random_batches_match_oracle(impl: str, num_spec: int | None, block_size: int) -> None:
-    rng = random.Random(1000 * block_size + (num_spec or 0))
+def test_random_batches_match_oracle(impl: str, block_size: int) -> None:
+    rng = random.Random(1000 * block_size)
     for case in range(8):
         num_reqs, num_tokens = random_sizes(rng, case)
-        batch = make_batch(rng, block_size, num_spec, num_reqs, num_tokens)
+        batch = make_batch(rng, block_size, num_reqs, num_tokens)
         device = TRITON_DEVICE if impl == "triton" else "cpu"
         check(batch, run_step(batch, IMPLS[impl], last_2d=case % 2 == 1, device=device))
 
 
 def test_random_batches_exercise_every_row_kind() -> None:
-    """Guard for the test above: its batches hold decodes with drafts, chunks and mixed rows."""
+    """Guard for the test above: its batches hold decodes, chunks and mixed rows."""
     rng = random.Random(7)
     seen = set()
     for case in range(40):
         num_reqs, num_tokens = random_sizes(rng, case)
-        b = make_batch(rng, 16, 3, num_reqs, num_tokens)
-        for s, n, d in zip(b.slots, b.query_lens, b.num_drafts):
+        b = make_batch(rng, 16, num_reqs, num_tokens)
+        for s, n in zip(b.slots, b.query_lens):
             computed, prefill = b.num_computed[s], b.prefill_len[s]
             if computed >= prefill:
-                seen.add("decode_draft" if d else "decode")
+                seen.add("decode")
             elif computed + n > prefill:
                 seen.add("mixed")
             else:
                 seen.add("last_chunk" if computed + n == prefill else "chunk")
-    assert seen == {"decode", "decode_draft", "mixed", "chunk", "last_chunk"}
+    assert seen == {"decode", "mixed", "chunk", "last_chunk"}
 
 
 @pytest.mark.parametrize("impl", ["ref", "triton"])
@@ -341,11 +314,9 @@ def test_seed_worked_example(impl: str) -> None:
         prefill_len=[0] * m,
         num_computed=[0] * m,
         last_sampled=[rng.randrange(1, 50000) for _ in range(m)],
-        draft_tokens=None,
         table=[[rng.randrange(0, 4096) for _ in range(length // bs)] for _ in range(m)],
         slots=[1023, 1022, 1021],
         query_lens=[1, 1, 6],
-        num_drafts=[0, 0, 0],
         num_reqs_padded=4,
         num_tokens_padded=8,
     )
@@ -376,10 +347,8 @@ def test_host_sizes_are_validated(impl: str) -> None:
     ids = torch.zeros(8, dtype=torch.int32)
     with pytest.raises(ValueError, match="num_reqs"):
         f["pos"](idx, qsl, idx, torch.zeros(8, dtype=torch.int64), idx.clone(), 5)
-    with pytest.raises(ValueError, match="num_logits"):
-        f["combine"](ids, idx, ids.long(), qsl, idx, idx, None, None, ids.long(), 2, 3)
-    with pytest.raises(ValueError, match="cu_num_logits"):
-        f["combine"](ids, idx, ids.long(), qsl, idx, idx, ids.view(4, 2), None, ids.long(), 2, 3)
+    with pytest.raises(ValueError, match="logits_indices_out"):
+        f["combine"](ids, idx, ids.long(), qsl, idx, idx, ids.long()[:1], 2)
     with pytest.raises(ValueError, match="num_tokens"):
         slot_mapping = torch.zeros(8, dtype=torch.int64)
         f["slots"](idx.view(4, 1), idx, qsl, ids.long(), 16, slot_mapping, 1, 4, 9)
@@ -391,12 +360,12 @@ def test_host_sizes_are_validated(impl: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("num_spec", [None, 3])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_random_batches_on_cuda(num_spec: int | None, block_size: int) -> None:
+def test_random_batches_on_cuda(block_size: int) -> None:
     """The public builders on CUDA tensors (compiled Triton kernels) against the oracle."""
-    rng = random.Random(1000 * block_size + (num_spec or 0))
+    rng = random.Random(1000 * block_size)
     for case in range(8):
         num_reqs, num_tokens = random_sizes(rng, case)
-        batch = make_batch(rng, block_size, num_spec, num_reqs, num_tokens)
-        check(batch, run_step(batch, IMPLS["public"], last_2d=case % 2 == 1, device="cuda"))
+        batch = make_batch(rng, block_size, num_reqs, num_tokens)
+        public = builders(device_ops(torch.device("cuda")))
+        check(batch, run_step(batch, public, last_2d=case % 2 == 1, device="cuda"))

@@ -5,10 +5,7 @@ and the torch references must leave the real rows' inputs intact."""
 import pytest
 import torch
 
-from runner.kernels import block_tables as bt
-from runner.kernels import pos_seq_lens as ps
-from runner.kernels import prefill_inputs as pf
-from runner.kernels import sampled_tokens as st
+from runner.ops import torch_ops, triton_ops
 from tests.kernel_device import KERNEL_DEVICE
 
 PAD = 8  # the padding slot: lengths 0, block-table row 0
@@ -30,6 +27,7 @@ def _state():
 @pytest.mark.parametrize("variant", ["ref", "triton"])
 def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
     device = TRITON_DEVICE if variant == "triton" else "cpu"
+    ops = triton_ops(TRITON_DEVICE) if variant == "triton" else torch_ops(torch.device("cpu"))
     prefill_len, computed, all_tokens, last, table = (t.to(device) for t in _state())
     size = 5  # 3 real rows, 2 padded
     idx = torch.tensor([3, 5, 1, PAD, PAD], dtype=torch.int32, device=device)
@@ -39,12 +37,11 @@ def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
     seq_lens = torch.full((6,), -777, dtype=torch.int32, device=device)
     logits = torch.full((8,), -777, dtype=torch.int64, device=device)
     slots = torch.full((8,), -1, dtype=torch.int64, device=device)
-    getattr(pf, f"prepare_prefill_inputs_{variant}")(
+    ops.prepare_prefill_inputs(
         input_ids, idx, qsl, all_tokens, prefill_len, computed, size)
-    getattr(ps, f"prepare_pos_seq_lens_{variant}")(idx, qsl, computed, positions, seq_lens, size)
-    getattr(st, f"combine_sampled_and_draft_tokens_{variant}")(
-        input_ids, idx, last, qsl, seq_lens, prefill_len, None, None, logits, size, size)
-    getattr(bt, f"compute_slot_mappings_{variant}")(
+    ops.prepare_pos_seq_lens(idx, qsl, computed, positions, seq_lens, size)
+    ops.combine_sampled_tokens(input_ids, idx, last, qsl, seq_lens, prefill_len, logits, size)
+    ops.compute_slot_mappings(
         table, idx, qsl, positions, 16, slots, size, size, size)
     # The padded rows end where row 2 ends: they must not clobber its token.
     assert input_ids[:3].tolist() == [103, 105, 101]

@@ -5,10 +5,9 @@ import torch
 
 from ipc.messages import NewRequestData, SamplingOptions
 from runner.block_table import BlockTables
-from runner.input_batch import plan_batch, sort_batch_req_ids
-from runner.kernels.pos_seq_lens import prepare_pos_seq_lens
-from runner.kernels.sampled_tokens import combine_sampled_and_draft_tokens
-from runner.states import RequestState
+from runner.input_batch import make_input_batch, sort_batch_req_ids
+from runner.ops import device_ops
+from runner.request_state import RequestState
 
 MAX_REQS, MAX_LEN, BLOCK = 1024, 128, 16
 
@@ -53,17 +52,18 @@ def test_worked_example():
     states.last_sampled_tokens[r1] = 4242
     states.last_sampled_tokens[r2] = 4343
 
-    plan = plan_batch({"R3": 6, "R1": 1, "R2": 1}, states.req_id_to_index,
-                      states.num_computed_tokens_np, states.prefill_len_np, num_reqs_padded=4)
-    assert plan.req_ids == ["R1", "R2", "R3"]
-    assert plan.idx_mapping_np.tolist() == [1023, 1022, 1021]
-    assert plan.query_start_loc_np.tolist() == [0, 1, 2, 8, 8]  # padding repeats 8
+    batch = make_input_batch({"R3": 6, "R1": 1, "R2": 1}, states.req_id_to_index,
+                             states.num_computed_tokens_np, states.prefill_len_np, num_reqs_padded=4)
+    assert batch.req_ids == ["R1", "R2", "R3"]
+    assert batch.idx_mapping_np.tolist() == [1023, 1022, 1021]
+    assert batch.query_start_loc_np.tolist() == [0, 1, 2, 8, 8]  # padding repeats 8
 
-    idx = torch.from_numpy(plan.idx_mapping_np)
-    qsl = torch.from_numpy(plan.query_start_loc_np)
+    idx = torch.from_numpy(batch.idx_mapping_np)
+    qsl = torch.from_numpy(batch.query_start_loc_np)
     positions = torch.full((64,), -1, dtype=torch.int64)
     seq_lens = torch.full((8,), -1, dtype=torch.int32)
-    prepare_pos_seq_lens(idx, qsl, states.num_computed_tokens.gpu, positions, seq_lens, 3)
+    ops = device_ops(device)
+    ops.prepare_pos_seq_lens(idx, qsl, states.num_computed_tokens.gpu, positions, seq_lens, 3)
     assert positions[:8].tolist() == [40, 17, 0, 1, 2, 3, 4, 5]
     assert seq_lens[:3].tolist() == [41, 18, 6]
     assert seq_lens[3:].tolist() == [0] * 5  # padded rows
@@ -71,9 +71,9 @@ def test_worked_example():
     input_ids = torch.full((64,), -1, dtype=torch.int32)
     input_ids[2:8] = torch.tensor([7, 8, 9, 10, 11, 12], dtype=torch.int32)
     logits_out = torch.full((64,), -1, dtype=torch.int64)
-    logits_indices = combine_sampled_and_draft_tokens(
+    logits_indices = ops.combine_sampled_tokens(
         input_ids, idx, states.last_sampled_tokens, qsl, seq_lens, states.prefill_len.gpu,
-        None, None, logits_out, 3, 3)
+        logits_out, 3)
     assert logits_indices.tolist() == [0, 1, 7]
     assert input_ids[:2].tolist() == [4242, 4343]
 
@@ -83,17 +83,17 @@ def test_worked_example():
     assert slots[8:10].tolist() == [-1, -1]
     rows = tables.gather(idx, 3, 4)
     assert rows[0, :3].tolist() == [5, 9, 13] and rows[3].abs().sum().item() == 0
-    assert np.array_equal(plan.sample_mask_np, [True, True, True])
+    assert np.array_equal(batch.sample_mask_np, [True, True, True])
 
 
-def test_plan_batch_orders_decodes_first_and_maps_back_to_the_plan():
+def test_input_batch_orders_decodes_first_and_maps_back_to_the_plan():
     rng = np.random.default_rng(5)
     for _ in range(200):
         n = int(rng.integers(0, 12))
         counts = {f"r{i}": int(c) for i, c in enumerate(rng.choice([1, 1, 1, 2, 3, 7, 16], n))}
         slots = {r: i for i, r in enumerate(counts)}
         zeros = np.zeros(n + 1, dtype=np.int32)
-        plan = plan_batch(counts, slots, zeros, zeros)
+        batch = make_input_batch(counts, slots, zeros, zeros)
         # The seed's key, with Python's stable sort as the oracle.
-        assert plan.req_ids == sorted(counts, key=lambda r: (counts[r] != 1, counts[r]))
-        assert [list(counts)[i] for i in plan.plan_order] == plan.req_ids
+        assert batch.req_ids == sorted(counts, key=lambda r: (counts[r] != 1, counts[r]))
+        assert [list(counts)[i] for i in batch.plan_order] == batch.req_ids

@@ -22,13 +22,13 @@ from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
     TOKEN_MUL,
-    greedy_argmax_triton,
     gumbel_argmax_ref,
-    gumbel_argmax_triton,
     mix_int,
     token_keys,
     uniform_noise,
 )
+from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_triton
+from runner.transfer import HostTransfer, PinnedTransfer
 from tests.kernel_device import KERNEL_DEVICE
 
 CPU = torch.device("cpu")
@@ -458,7 +458,7 @@ def _logprob_step(vocab=50, mask=(True, True, False, True, True, True)):
     slots = [4, 0, 2, 1, 3, 2]
     logits = 2 * torch.randn(len(slots), vocab, generator=gen)
     out = run(sampler, logits, slots, [9, 3, 4, 5, 6, 7], list(mask))
-    reply = AsyncOutput(11, PLAN_ORDER, np.array(mask), out, None).get_output()
+    reply = AsyncOutput(11, PLAN_ORDER, np.array(mask), out, HostTransfer(CPU)).get_output()
     return slots, logits, reply
 
 
@@ -511,7 +511,7 @@ def test_no_logprobs_when_no_row_asks():
     sampler = make_sampler({1: (opts(temperature=0.5, seed=1), [1], [])}, 20)
     out = run(sampler, torch.randn(3, 20), [1, 1, 1], [1, 2, 3])
     assert out.logprobs is None
-    reply = AsyncOutput(0, np.arange(3), np.ones(3, bool), out, None).get_output()
+    reply = AsyncOutput(0, np.arange(3), np.ones(3, bool), out, HostTransfer(CPU)).get_output()
     assert reply.logprobs is None and len(reply.sampled_token_ids) == 3
     assert reply.num_sampled is None
 
@@ -520,7 +520,7 @@ def test_logprobs_zero_gives_only_the_sampled_token():
     sampler = make_sampler({1: (opts(temperature=1.0, seed=3, logprobs=0), [1], [])}, 20)
     logits = torch.randn(2, 20)
     out = run(sampler, logits, [1, 1], [4, 5])
-    reply = AsyncOutput(0, np.arange(2), np.ones(2, bool), out, None).get_output()
+    reply = AsyncOutput(0, np.arange(2), np.ones(2, bool), out, HostTransfer(CPU)).get_output()
     assert reply.logprobs.top_token_ids == [[], []]
     for j in range(2):
         token = reply.sampled_token_ids[j]
@@ -541,7 +541,7 @@ def test_cuda_sampler_never_syncs_and_matches_cpu():
     gpu, cpu = make_sampler(requests, vocab, device=cuda), make_sampler(requests, vocab)
     gen = torch.Generator().manual_seed(2)
     slots, mask = [5, 0, 1, 2, 3, 4], [True, True, False, True, True, True]
-    stream = torch.cuda.Stream()
+    transfer = PinnedTransfer(cuda)
     idx_np = np.asarray(slots, dtype=np.int32)
     for step in range(4):
         logits = 4 * torch.randn(6, vocab, generator=gen)
@@ -553,7 +553,7 @@ def test_cuda_sampler_never_syncs_and_matches_cpu():
         torch.cuda.set_sync_debug_mode("error")
         try:
             out = gpu(*args)
-            pending = AsyncOutput(step, np.arange(6), np.array(mask), out, stream)
+            pending = AsyncOutput(step, np.arange(6), np.array(mask), out, transfer)
         finally:
             torch.cuda.set_sync_debug_mode(0)
         reply = pending.get_output()

@@ -39,8 +39,12 @@ def test_rejects_shapes_it_cannot_take():
 
 
 def test_dispatch_only_for_small_half_precision_cuda_batches_with_wide_outputs():
+    import torch.nn.functional as F
+
+    from runner.ops import device_ops
+
     wide = torch.zeros(4096, 8, dtype=torch.bfloat16)
-    assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.bfloat16), wide)  # CPU
+    assert device_ops(torch.device("cpu")).row_parallel_matmul is F.linear  # CPU: never skinny
     if torch.cuda.is_available():
         cuda = torch.device("cuda")
         wide, narrow = wide.to(cuda), torch.zeros(256, 8, dtype=torch.bfloat16, device=cuda)
@@ -62,11 +66,12 @@ def test_row_parallel_layer_on_cuda_matches_float64(rows):
     from runner.layers import RowParallelLinear
 
     gen = torch.Generator().manual_seed(rows)
-    layer = RowParallelLinear(1024, 4096, TensorParallelGroup(), False, torch.bfloat16)
-    layer.weight.data.copy_(torch.randn(4096, 1024, generator=gen) / 1024 ** 0.5)
+    with torch.device("cuda"):  # as the model is built: its device picks the layer's ops
+        layer = RowParallelLinear(1024, 4096, TensorParallelGroup(), False, torch.bfloat16)
+    weight = torch.randn(4096, 1024, generator=gen) / 1024 ** 0.5
+    layer.weight.data.copy_(weight)
     x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)
-    want = x.double() @ layer.weight.double().T
-    layer.cuda()
+    want = x.double() @ layer.weight.cpu().double().T
     assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 8)
     got = layer(x.cuda()).cpu().double()
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)

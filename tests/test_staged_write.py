@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.kernels.staged_writes import apply_staged_writes_ref, apply_staged_writes_triton
+from runner.ops import torch_ops, triton_ops
 from runner.staged_write import StagedWriteTensor, pack_writes
 
 ROWS, COLS = 6, 40
@@ -53,11 +53,13 @@ def test_pack_writes_gives_disjoint_segments_with_later_writes_winning() -> None
         assert packed.values.dtype == np.int32 and packed.cu_lens[-1] == len(packed.values)
 
 
-@pytest.mark.parametrize("apply", [apply_staged_writes_ref, apply_staged_writes_triton])
-def test_packed_writes_kernel_matches_one_by_one(apply) -> None:
+@pytest.mark.parametrize("impl", ["ref", "triton"])
+def test_packed_writes_kernel_matches_one_by_one(impl) -> None:
     rng = random.Random(1)
-    cuda = apply is apply_staged_writes_triton and torch.cuda.is_available()
+    cuda = impl == "triton" and torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"  # Triton runs interpreted on CPU tensors without a GPU
+    make_ops = triton_ops if impl == "triton" else torch_ops
+    apply = make_ops(torch.device(device)).apply_staged_writes
     dst = torch.full((ROWS, COLS), -777, dtype=torch.int64, device=device)
     expected = [[-777] * COLS for _ in range(ROWS)]
     for _ in range(12):
@@ -157,7 +159,7 @@ def test_staged_write_tensor_on_cuda(uva: bool) -> None:
     t.apply_write()  # nothing staged: a no-op that still releases finished buffers
     t.stage_write(0, 0, [1])
     t.apply_write()
-    assert len(t._in_flight) <= 2, "pinned buffers of finished copies must be released"
+    assert len(t.transfer.in_flight) <= 2, "pinned buffers of finished copies must be released"
 
 
 @pytest.mark.gpu
@@ -179,8 +181,7 @@ def test_staged_write_tensor_1d_float_on_cuda(uva: bool) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_uva_view_kernels_see_host_writes_and_host_sees_kernel_writes() -> None:
-    from runner.kernels.prefill_inputs import prepare_prefill_inputs_triton
-    from runner.uva import is_uva_available, make_uva_tensor
+    from runner.transfer import is_uva_available, make_uva_tensor
 
     assert is_uva_available()
     table = make_uva_tensor((4, 64), torch.int32)
@@ -188,7 +189,7 @@ def test_uva_view_kernels_see_host_writes_and_host_sees_kernel_writes() -> None:
     table.cpu[2, :10] = torch.arange(100, 110, dtype=torch.int32)  # a host write
     input_ids = torch.full((16,), -777, dtype=torch.int32, device="cuda")
     i32 = dict(dtype=torch.int32, device="cuda")
-    prepare_prefill_inputs_triton(
+    triton_ops(torch.device("cuda")).prepare_prefill_inputs(
         input_ids,
         torch.tensor([2], **i32),
         torch.tensor([0, 10], **i32),

@@ -19,6 +19,7 @@ from ipc.messages import SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
+from runner.ops import device_ops
 from worker.env import TorchrunEnv, disable_multicast
 
 logger = logging.getLogger(__name__)
@@ -42,18 +43,20 @@ def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.
 
 
 def init_process_group(env: TorchrunEnv, device: torch.device) -> None:
-    """NCCL on GPU, gloo on CPU; nothing at world size 1."""
+    """The device's backend (NCCL on GPU, gloo on CPU: ``runner.ops``);
+    nothing at world size 1."""
     if env.world_size == 1 or dist.is_initialized():
         return
+    backend = device_ops(device).dist_backend
     dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
+        backend=backend,
         # env:// reads MASTER_ADDR/PORT (and joins torchrun's own store when
         # torchrun started this process).
         init_method="env://",
         rank=env.rank,
         world_size=env.world_size,
         timeout=datetime.timedelta(seconds=600),
-        device_id=device if device.type == "cuda" else None,
+        device_id=device if backend == "nccl" else None,
     )
 
 
@@ -78,9 +81,19 @@ def release_device_memory(device: torch.device) -> None:
     """Collect unreachable objects (reference cycles hold tensors too), then
     hand the caching allocator's free blocks back to the device."""
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+class NoModel:
+    """The worker's runner until ``load_model``: every step or cache call is
+    refused with the reason, so ``Worker.runner`` is always a usable object."""
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError("the model is not loaded (call load_model first)")
+
+    determine_num_blocks = init_kv_cache = execute_model = sample_tokens = _refuse
 
 
 class Worker:
@@ -90,7 +103,7 @@ class Worker:
         self.device = pick_device(device_kind, env.local_rank, env.local_world_size)
         init_process_group(env, self.device)
         self.tp = TensorParallelGroup.from_default_group()
-        self.runner: ModelRunner | None = None
+        self.runner: ModelRunner | NoModel = NoModel()
 
     @property
     def is_output_rank(self) -> bool:
@@ -112,24 +125,18 @@ class Worker:
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit this rank's budget (the executor takes the minimum)."""
-        return self._runner().determine_num_blocks()
+        return self.runner.determine_num_blocks()
 
     def init_kv_cache(self, num_blocks: int) -> None:
-        self._runner().init_kv_cache(num_blocks)
+        self.runner.init_kv_cache(num_blocks)
 
     def health(self) -> dict:
         return {"rank": self.env.rank, "device": str(self.device)}
 
     def execute(self, plan: SchedulerOutput):
         """Run one step; returns the AsyncOutput (the caller decides who waits)."""
-        runner = self._runner()
-        runner.execute_model(plan)
-        return runner.sample_tokens()
-
-    def _runner(self) -> ModelRunner:
-        if self.runner is None:
-            raise RuntimeError("the model is not loaded (call load_model first)")
-        return self.runner
+        self.runner.execute_model(plan)
+        return self.runner.sample_tokens()
 
     def shutdown(self) -> None:
         """Free this rank's memory, then leave the process group.

@@ -8,10 +8,12 @@ from typing import Protocol
 import torch
 
 from runner.attention.metadata import AttentionMetadata
+from runner.ops import device_ops
 
 # name -> (module, class); every backend but the reference is imported lazily.
 BACKENDS = {
     "torch": ("runner.attention.torch_ref", "TorchAttentionBackend"),
+    "sdpa": ("runner.attention.torch_sdpa", "TorchSDPABackend"),
     "triton": ("runner.attention.triton_attn", "TritonAttentionBackend"),
     "flash_attn": ("runner.attention.flash_attn_backend", "FlashAttentionBackend"),
     # Triton for decodes, torch's FlashAttention for a batch's prefill rows.
@@ -39,14 +41,10 @@ def attends_to_written_kv(backend: AttentionBackend) -> bool:
     return callable(getattr(backend, "attend", None))
 
 
-def default_backend_name(device: torch.device) -> str:
-    """"triton" on CUDA, "torch" elsewhere."""
-    return "triton" if torch.device(device).type == "cuda" else "torch"
-
-
 def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
-    """An instance of backend ``name`` (None: the device's default)."""
-    name = name or default_backend_name(device)
+    """An instance of backend ``name`` (None: the device's default, "triton"
+    on CUDA and "sdpa" elsewhere: ``runner.ops``)."""
+    name = name or device_ops(device).attention_backend
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)}")
     module_name, class_name = BACKENDS[name]

@@ -17,20 +17,18 @@ their surplus splits are simply empty).
 
 from __future__ import annotations
 
-import functools
-
 import torch
+import triton
 
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import merge_splits
 from runner.attention.triton_unified import launch_paged_attention
-from runner.triton_import import triton
+from runner.ops import is_capturing, num_sms
 
 MAX_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLIT_QUERY_LEN = 8
-DEFAULT_NUM_SMS = 132
 
 
 def choose_num_splits(
@@ -75,13 +73,6 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
         tile_n //= 2
     num_warps = 4 if block_m <= 64 else 8
     return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class TritonAttentionBackend:
@@ -160,8 +151,7 @@ class TritonAttentionBackend:
                     sliding_window: int | None) -> int:
         if self.num_splits is not None:
             return self.num_splits
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        max_seq_len = 1 << 30 if capturing else attn.max_seq_len
+        max_seq_len = 1 << 30 if is_capturing(device) else attn.max_seq_len
         if sliding_window is not None:  # no query sees more keys than the window
             max_seq_len = min(max_seq_len, sliding_window)
         return choose_num_splits(
@@ -169,7 +159,7 @@ class TritonAttentionBackend:
             num_kv_heads,
             attn.max_query_len,
             max_seq_len,
-            _num_sms(device),
+            num_sms(device),
             self.max_splits,
         )
 

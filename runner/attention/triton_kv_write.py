@@ -10,8 +10,8 @@ padded batch, so the launch depends only on host shapes (CUDA-graph safe).
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 
 @triton.jit

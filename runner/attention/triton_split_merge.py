@@ -12,8 +12,8 @@ zeros, never NaN.
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 
 @triton.jit

@@ -34,8 +34,8 @@ m = -inf and l = 0, and exit before loading q.
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 LOG2_E = 1.4426950408889634
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runner.distributed import TensorParallelGroup
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
 from runner.layers.weight_slice import WeightSlice
+from runner.ops import device_ops
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ class RowParallelLinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
                      if bias else None)
+        self.ops = device_ops(self.weight.device)
 
     def weight_slices(self) -> tuple[WeightSlice, WeightSlice | None]:
         """(weight, bias): the weight by input columns, the bias whole."""
@@ -143,8 +144,7 @@ class RowParallelLinear(nn.Module):
         """Decode batches on CUDA (at most 8 rows, wide outputs) take the
         one-pass skinny kernel: cuBLAS splits K for these shapes and reduces in
         a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
-        skinny = uses_skinny_matmul(x, self.weight)
-        local = skinny_matmul(x, self.weight) if skinny else F.linear(x, self.weight)
+        local = self.ops.row_parallel_matmul(x, self.weight)
         if not self.reduce_output:
             return local if self.bias is None or self.tp.rank else local + self.bias
         y = self.tp.all_reduce(local)

@@ -1,8 +1,9 @@
 """Root-mean-square layer norm, computed in float32 as Hugging Face Llama does.
 
-On CUDA one Triton kernel does the work (``triton_rms_norm.py``), fused with
-the residual add that precedes every norm inside the decoder; elsewhere the
-torch code below runs, and is the kernel's test oracle.
+The device's operations (``runner.ops``) do the work: on CUDA one Triton
+kernel (``triton_rms_norm.py``), fused with the residual add that precedes
+every norm inside the decoder; elsewhere the torch code below, which is also
+the kernel's test oracle.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from runner.distributed import TensorParallelGroup
-from runner.layers.triton_rms_norm import rms_norm_triton
+from runner.ops import device_ops
 
 
 class RMSNorm(nn.Module):
@@ -29,6 +30,7 @@ class RMSNorm(nn.Module):
         # deferred: with a residual, x is this rank's partial sum.
         self.reduce_over = reduce_over
         self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+        self.ops = device_ops(self.weight.device)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x), or with ``residual``: (norm(x + residual), x + residual).
@@ -43,13 +45,9 @@ class RMSNorm(nn.Module):
         return self._add_norm(x, residual)
 
     def _add_norm(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if x.is_cuda:
-            out = rms_norm_triton(x, self.weight, self.eps, residual)
-            return out if residual is None else (out, residual)
         if residual is None:
-            return rms_norm_ref(x, self.weight, self.eps)
-        summed = x + residual
-        return rms_norm_ref(summed, self.weight, self.eps), summed
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -57,3 +55,10 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); the sum is a new tensor."""
+    summed = x + residual
+    return rms_norm_ref(summed, weight, eps), summed

@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from runner.layers.triton_rotary import rotary_triton, rotary_write_kv_triton
 from runner.model_config import Llama3RopeScaling
+from runner.ops import device_ops
 
 
 def inverse_frequencies(head_dim: int, theta: float,
@@ -47,15 +47,14 @@ class RotaryEmbedding(nn.Module):
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self.ops = device_ops(self.cos.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q [T, Hq, D], k [T, Hk, D] -> rotated (q, k).
 
         One Triton launch on CUDA; the torch code (the oracle) elsewhere."""
-        if q.is_cuda:
-            return rotary_triton(positions, q, k, self.cos, self.sin)
-        return rotary_ref(positions, q, k, self.cos, self.sin)
+        return self.ops.rotary(positions, q, k, self.cos, self.sin)
 
     def rotate_and_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: torch.Tensor,
@@ -63,6 +62,8 @@ class RotaryEmbedding(nn.Module):
         """Rotated q; rotated k and v stored in ``kv_cache`` at ``slot_mapping``
         (slot -1 skipped). One Triton launch (the interpreter on CPU): for the
         Triton attention backend, which then only attends."""
+        from runner.layers.triton_rotary import rotary_write_kv_triton  # with that backend only
+
         return rotary_write_kv_triton(positions, q, k, v, self.cos, self.sin, kv_cache,
                                       slot_mapping)
 

@@ -10,8 +10,8 @@ squares differs, so results agree to float32 rounding.
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 
 @triton.jit
@@ -58,3 +58,9 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
     )
     return out.view(x.shape)
+
+
+def fused_add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual) with the sum written into ``residual``."""
+    return rms_norm_triton(x, weight, eps, residual), residual

@@ -13,8 +13,8 @@ saves the attention backend's separate KV-write launch.
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 
 @triton.jit

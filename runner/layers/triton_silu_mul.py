@@ -8,8 +8,8 @@ which is rounded again.
 from __future__ import annotations
 
 import torch
-
-from runner.triton_import import tl, triton
+import triton
+import triton.language as tl
 
 
 @triton.jit

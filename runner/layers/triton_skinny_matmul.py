@@ -6,7 +6,8 @@ and launches a second kernel to reduce the splits; this kernel gives each
 program BLOCK_N output columns and the whole of K, so there is one launch and
 no partial sums in memory. Rows are padded to 16 for the tensor cores.
 
-``RowParallelLinear`` uses it on CUDA for half-precision inputs of at most
+``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
+``row_parallel_matmul`` there) for half-precision inputs of at most
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``uses_skinny_matmul``); set SKINNY_MAX_ROWS to 0 to keep cuBLAS everywhere
 (``bench_decode.py --cublas-only`` does, to compare). On the H200 (same run,
@@ -23,8 +24,9 @@ from __future__ import annotations
 import functools
 
 import torch
-
-from runner.triton_import import tl, triton
+import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 SKINNY_MAX_ROWS = 8
 BLOCK_N = 32
@@ -79,11 +81,19 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
 
 def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` (a row-parallel projection) takes the skinny
-    kernel: CUDA, half precision, at most SKINNY_MAX_ROWS rows, unit last
+    kernel (asked on CUDA only): half precision, at most SKINNY_MAX_ROWS rows, unit last
     strides, and enough output columns for a BLOCK_N-wide program on about
     every SM. Measured on the H200: with 4096 columns (8B: o_proj, down) it
     beats cuBLAS + split-K reduce; with 2048 (1B) cuBLAS wins."""
-    if not (x.is_cuda and x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
+    if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
             and x.stride(-1) == 1 and weight.stride(-1) == 1):
         return False
     return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * _num_sms(x.device.index or 0) // 4
+
+
+def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` on CUDA: the skinny kernel where ``uses_skinny_matmul``
+    says it wins, cuBLAS (``F.linear``) elsewhere."""
+    if uses_skinny_matmul(x, weight):
+        return skinny_matmul(x, weight)
+    return F.linear(x, weight)

@@ -8,7 +8,6 @@ single-device model's, applied to this rank's heads and columns.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from runner.attention.metadata import AttentionMetadata
@@ -21,8 +20,8 @@ from runner.layers import (
     RowParallelLinear,
     WeightSlice,
 )
-from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.model_config import ModelConfig
+from runner.ops import device_ops
 
 
 class LlamaAttention(nn.Module):
@@ -93,9 +92,10 @@ class LlamaMLP(nn.Module):
             config.hidden_size, {"gate": n, "up": n}, tp, False, dtype)
         self.down_proj = RowParallelLinear(n, config.hidden_size, tp, False, dtype,
                                            reduce_output=False)
+        self.ops = device_ops(self.gate_up_proj.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         return {
@@ -103,14 +103,6 @@ class LlamaMLP(nn.Module):
             f"{prefix}.up_proj.weight": self.gate_up_proj.weight_slices("up")[0],
             f"{prefix}.down_proj.weight": self.down_proj.weight_slices()[0],
         }
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a fused [T, 2I] projection (one Triton launch on CUDA)."""
-    if gate_up.is_cuda:
-        return silu_mul_triton(gate_up)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 class LlamaDecoderLayer(nn.Module):

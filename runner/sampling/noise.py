@@ -15,10 +15,10 @@ alone or in any batch, at any row, and every tensor-parallel rank draws the
 same token without talking to the others.
 
 Two implementations of the draw, bit-identical in the hash: the torch
-reference (CPU; it materialises [N, V] int64 temporaries) and, on CUDA, a
-Triton kernel that hashes, adds the noise and reduces the argmax per vocab
-block in registers. Without the noise the same kernel is the greedy argmax
-on CUDA (``greedy_argmax``). Torch lacks unsigned 64-bit arithmetic on some devices,
+reference here (CPU; it materialises [N, V] int64 temporaries) and, on CUDA,
+a Triton kernel (``triton_noise.py``) that hashes, adds the noise and reduces
+the argmax per vocab block in registers. Without the noise the same kernel is
+the greedy argmax on CUDA (``greedy_argmax_triton``). Torch lacks unsigned 64-bit arithmetic on some devices,
 so the reference hashes int64 (two's complement wraps alike) with right
 shifts masked to act as logical shifts; the kernel uses uint64.
 """
@@ -26,9 +26,6 @@ shifts masked to act as logical shifts; the kernel uses uint64.
 from __future__ import annotations
 
 import torch
-
-from runner.kernels.dispatch import on_cuda
-from runner.triton_import import tl, triton
 
 ROW_MUL = 0x9E3779B97F4A7C15
 TOKEN_MUL = 0xD1B54A32D192ED03
@@ -97,97 +94,12 @@ def uniform_noise(
     return u
 
 
+def greedy_argmax_ref(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties."""
+    return logits.argmax(dim=-1)
+
+
 def gumbel_argmax_ref(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
-) -> torch.Tensor:
-    """Torch reference of ``gumbel_argmax``."""
-    noise = uniform_noise(seeds, positions, tokens)
-    noise.log_().neg_().log_().neg_()  # -log(-log(u))
-    noise += logits
-    return noise.argmax(dim=-1)
-
-
-@triton.jit
-def _mix(x):
-    """splitmix64 finaliser on uint64 (logical shifts, wrapping products)."""
-    x = x ^ (x >> 30)
-    x = x * 0xBF58476D1CE4E5B9
-    x = x ^ (x >> 27)
-    x = x * 0x94D049BB133111EB
-    return x ^ (x >> 31)
-
-
-@triton.jit
-def _block_argmax_kernel(
-    logits_ptr,
-    logits_stride,
-    row_keys_ptr,
-    block_max_ptr,
-    block_arg_ptr,
-    num_blocks,
-    vocab_size,
-    BLOCK: tl.constexpr,
-    GUMBEL: tl.constexpr,
-):
-    """Per (row, vocab block): the max of logits (+ Gumbel noise with GUMBEL)
-    and the first token that reaches it."""
-    row = tl.program_id(0)
-    block = tl.program_id(1)
-    tokens = block * BLOCK + tl.arange(0, BLOCK)
-    inside = tokens < vocab_size
-    score = tl.load(logits_ptr + row * logits_stride + tokens, mask=inside,
-                    other=float("-inf")).to(tl.float32)
-    if GUMBEL:
-        key = tl.load(row_keys_ptr + row).to(tl.uint64, bitcast=True)
-        token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
-        bits = _mix(key ^ token_key)
-        u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
-        score = tl.where(inside, score + -tl.log(-tl.log(u)), float("-inf"))
-    best, arg = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
-    tl.store(block_max_ptr + row * num_blocks + block, best)
-    tl.store(block_arg_ptr + row * num_blocks + block, block * BLOCK + arg)
-
-
-def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -> torch.Tensor:
-    """Argmax per row in two stages: one program per (row, vocab block), then
-    torch's argmax over the blocks' maxima (the first block wins a tie, so the
-    first token does overall, as with ``torch.argmax``)."""
-    logits = logits.contiguous()
-    n, vocab_size = logits.shape
-    num_blocks = triton.cdiv(vocab_size, block)
-    block_max = torch.empty(n, num_blocks, dtype=torch.float32, device=logits.device)
-    block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
-    if n > 0:
-        _block_argmax_kernel[(n, num_blocks)](
-            # Without noise the keys pointer is never read; logits stands in for it.
-            logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
-            num_blocks, vocab_size, BLOCK=block, GUMBEL=keys is not None,
-        )  # fmt: skip
-    best_block = block_max.argmax(dim=-1, keepdim=True)
-    return block_arg.gather(1, best_block)[:, 0]
-
-
-def gumbel_argmax_triton(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
-) -> torch.Tensor:
-    """Triton version: hash, add the noise and reduce per vocab block in registers.
-    (``tokens`` is unused: the kernel hashes token ids itself.)"""
-    return _block_argmax(logits, row_keys(seeds, positions), block=1024)
-
-
-def greedy_argmax_triton(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` in blocks of 2048 tokens: torch reduces a row
-    in one thread block (27 us for one 128k-token row on an H200)."""
-    return _block_argmax(logits, None, block=2048)
-
-
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties. Triton on
-    CUDA, torch elsewhere."""
-    return greedy_argmax_triton(logits) if on_cuda(logits) else logits.argmax(dim=-1)
-
-
-def gumbel_argmax(
     logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
 ) -> torch.Tensor:
     """int64 [N]: argmax over t of logits[i, t] + Gumbel noise(seed_i, position_i, t).
@@ -195,8 +107,9 @@ def gumbel_argmax(
     ``logits`` [N, V] float32, already divided by the temperature and with
     filtered tokens at -inf (they never win: the noise is finite). This draws
     token t with probability softmax(logits[i])[t]. ``tokens`` is
-    ``token_keys(V, device)`` (read by the torch reference only). Triton on
-    CUDA, torch elsewhere.
+    ``token_keys(V, device)`` (read by the torch reference only).
     """
-    impl = gumbel_argmax_triton if on_cuda(logits) else gumbel_argmax_ref
-    return impl(logits, seeds, positions, tokens)
+    noise = uniform_noise(seeds, positions, tokens)
+    noise.log_().neg_().log_().neg_()  # -log(-log(u))
+    noise += logits
+    return noise.argmax(dim=-1)

@@ -1,0 +1,84 @@
+"""A chat's prompt: the model's chat template rendered with jinja2, as
+transformers renders it.
+
+The template runs in jinja2's immutable sandbox (a template cannot reach
+Python objects' internals or change its inputs) with ``trim_blocks`` and
+``lstrip_blocks``, the ``raise_exception`` function, a ``tojson`` filter
+that keeps non-ASCII characters, and ``strftime_now``. Variables:
+``messages`` (dicts with "role" and "content" as text), ``add_generation_prompt``,
+``bos_token`` and ``eos_token`` (the tokens' text), plus any
+``chat_template_kwargs``. A template error or ``raise_exception`` becomes
+``ChatTemplateError`` (a ``ValueError``: the request was bad).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the messages, or could not be rendered."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def compile_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
+
+
+def message_text(content: str | list[dict] | None) -> str:
+    """A message's content as text: the "text" parts of a list, joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def render_chat(template: str | None, messages: list[dict], *, add_generation_prompt: bool,
+                bos_token: str | None, eos_token: str | None,
+                extra: dict[str, Any] | None = None) -> str:
+    """The prompt text for ``messages`` (each with "role" and text "content")."""
+    if template is None:
+        raise ChatTemplateError("the model has no chat template: use /v1/completions")
+    if not messages:
+        raise ChatTemplateError("messages must not be empty")
+    variables = dict(extra or {})
+    variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
+                     bos_token=bos_token or "", eos_token=eos_token or "")
+    try:
+        return compile_template(template).render(**variables)
+    except ChatTemplateError:
+        raise
+    except Exception as e:  # the template's own code failed (jinja2 or Python error)
+        raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None

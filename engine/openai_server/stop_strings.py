@@ -1,0 +1,59 @@
+"""Stop strings, matched on the text as it is released, piece by piece.
+
+``StopStringMatcher.feed`` takes each new piece of text and returns the
+part that is safe to show: text that cannot be the start of a stop string.
+It holds back the longest tail of the unreleased text that is a proper
+prefix of some stop string, so a stop string split across pieces (or
+tokens) is still found, and none of it is ever shown. Once a stop string
+is found, the text before it is released, the rest is dropped and
+``stopped`` is set; ``flush`` releases the held-back tail when the output
+ends without one.
+
+Invariant: the concatenation of everything ``feed`` and ``flush`` return
+equals the full text cut before the earliest occurrence of any stop string
+(the whole text when there is none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopStringMatcher:
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(not s for s in stops):
+            raise ValueError("a stop string must not be empty")
+        self.stops = tuple(stops)
+        self.pending = ""  # received, not released: a possible stop-string start
+        self.stopped: str | None = None  # the stop string found
+
+    def feed(self, piece: str) -> str:
+        """Add ``piece``; return the text now safe to release."""
+        if self.stopped is not None or not piece:
+            return ""
+        if not self.stops:
+            return piece
+        text = self.pending + piece
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            index, self.stopped = min(found)
+            self.pending = ""
+            return text[:index]
+        keep = self._held_tail(text)
+        self.pending = text[len(text) - keep:] if keep else ""
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, once no more text will come."""
+        text, self.pending = self.pending, ""
+        return "" if self.stopped is not None else text
+
+    def _held_tail(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that a stop string starts with."""
+        longest = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(text)), longest, -1):
+                if text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

@@ -1,0 +1,171 @@
+"""The device seam: every operation whose implementation depends on the device.
+
+``device_ops(device)`` picks, once per device, a frozen ``DeviceOps``: the
+Triton kernels and the pinned, asynchronous transfers on CUDA
+(``triton_ops``), the torch references and plain copies elsewhere
+(``torch_ops``). The runner, its layers and its buffers look their
+operations up here when they are built and never ask again which device
+they run on; this module is the only place that does.
+
+Each kernel exists twice, a torch reference beside the data it writes and a
+Triton launch in the ``triton_*`` module next to it, with one signature.
+Where a kernel's inputs can be wrong, one ``check_<name>`` function beside
+the reference validates them, and both versions run behind it (``_checked``).
+Triton modules are imported only when ``triton_ops`` is built, so the CPU
+path never imports Triton; tests build ``triton_ops`` for a CPU device to
+run the kernels under the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from runner.transfer import HostTransfer, PinnedTransfer
+
+# Streaming multiprocessors assumed where there are none to ask (Triton's
+# interpreter on CPU): an H100/H200's count.
+DEFAULT_NUM_SMS = 132
+
+
+@dataclass(frozen=True)
+class DeviceOps:
+    """The operations of one device. Kernel signatures are those of the torch
+    references named in each comment (``_KERNELS`` lists both versions)."""
+
+    # runner/input_batch.py and runner/block_table.py: the step's inputs.
+    prepare_prefill_inputs: Callable[..., None]  # prepare_prefill_inputs_ref
+    prepare_pos_seq_lens: Callable[..., None]  # prepare_pos_seq_lens_ref
+    combine_sampled_tokens: Callable[..., torch.Tensor]  # combine_sampled_tokens_ref
+    gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
+    compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
+    # runner/staged_write.py
+    apply_staged_writes: Callable[..., None]  # apply_staged_writes_ref
+    # runner/layers/
+    rms_norm: Callable[..., torch.Tensor]  # rms_norm_ref
+    fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
+    row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
+    # runner/sampling/noise.py
+    greedy_argmax: Callable[[torch.Tensor], torch.Tensor]  # greedy_argmax_ref
+    gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
+    # Host/device transfer (runner/transfer.py): a new, independent one per call.
+    new_transfer: Callable[[], HostTransfer]
+    # What the device offers.
+    attention_backend: str  # the default attention backend's name
+    dist_backend: str  # torch.distributed backend of the tensor-parallel group
+    cuda_graphs: bool  # decode steps can be captured and replayed
+    kv_budget_from_free_memory: bool  # else kv_cache_memory_bytes sizes the cache
+    shares_host_memory: bool  # device tensors are host memory (their own host copy)
+
+
+def _checked(check: Callable[..., None], impl: Callable):
+    """``impl`` behind ``check``, which takes a subset of ``impl``'s
+    parameters by name. The kernels are called with positional arguments."""
+    names = list(inspect.signature(impl).parameters)
+    picks = [names.index(name) for name in inspect.signature(check).parameters]
+
+    @functools.wraps(impl)
+    def run(*args):
+        check(*[args[i] for i in picks])
+        return impl(*args)
+
+    return run
+
+
+# DeviceOps field -> (torch reference, Triton version), as "module:function".
+_KERNELS = {
+    "prepare_prefill_inputs": ("runner.input_batch:prepare_prefill_inputs_ref",
+                               "runner.triton_input_batch:prepare_prefill_inputs_triton"),
+    "prepare_pos_seq_lens": ("runner.input_batch:prepare_pos_seq_lens_ref",
+                             "runner.triton_input_batch:prepare_pos_seq_lens_triton"),
+    "combine_sampled_tokens": ("runner.input_batch:combine_sampled_tokens_ref",
+                               "runner.triton_input_batch:combine_sampled_tokens_triton"),
+    "gather_block_tables": ("runner.block_table:gather_block_tables_ref",
+                            "runner.triton_block_table:gather_block_tables_triton"),
+    "compute_slot_mappings": ("runner.block_table:compute_slot_mappings_ref",
+                              "runner.triton_block_table:compute_slot_mappings_triton"),
+    "apply_staged_writes": ("runner.staged_write:apply_staged_writes_ref",
+                            "runner.triton_staged_write:apply_staged_writes_triton"),
+    "rms_norm": ("runner.layers.rms_norm:rms_norm_ref",
+                 "runner.layers.triton_rms_norm:rms_norm_triton"),
+    "fused_add_rms_norm": ("runner.layers.rms_norm:fused_add_rms_norm_ref",
+                           "runner.layers.triton_rms_norm:fused_add_rms_norm_triton"),
+    "rotary": ("runner.layers.rotary:rotary_ref", "runner.layers.triton_rotary:rotary_triton"),
+    "silu_and_mul": ("runner.layers.activation:silu_and_mul_ref",
+                     "runner.layers.triton_silu_mul:silu_mul_triton"),
+    "row_parallel_matmul": ("torch.nn.functional:linear",
+                            "runner.layers.triton_skinny_matmul:row_parallel_matmul"),
+    "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",
+                      "runner.sampling.triton_noise:greedy_argmax_triton"),
+    "gumbel_argmax": ("runner.sampling.noise:gumbel_argmax_ref",
+                      "runner.sampling.triton_noise:gumbel_argmax_triton"),
+}
+# Kernels whose inputs can be wrong: field -> their check, beside the reference.
+_CHECKS = {
+    name: f"{_KERNELS[name][0].split(':')[0]}:check_{name}"
+    for name in ("prepare_prefill_inputs", "prepare_pos_seq_lens", "combine_sampled_tokens",
+                 "gather_block_tables", "compute_slot_mappings", "apply_staged_writes")
+}
+
+
+def _load(path: str) -> Callable:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _kernels(version: int) -> dict[str, Callable]:
+    """Every kernel field: version 0 the torch references, 1 the Triton
+    versions; each checked kernel behind its check."""
+    kernels = {name: _load(paths[version]) for name, paths in _KERNELS.items()}
+    for name, check in _CHECKS.items():
+        kernels[name] = _checked(_load(check), kernels[name])
+    return kernels
+
+
+def torch_ops(device: torch.device) -> DeviceOps:
+    """Torch references and synchronous copies (a CPU device)."""
+    return DeviceOps(**_kernels(0), new_transfer=functools.partial(HostTransfer, device),
+                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False,
+                     kv_budget_from_free_memory=False, shares_host_memory=True)
+
+
+def triton_ops(device: torch.device) -> DeviceOps:
+    """Triton kernels and pinned, asynchronous transfers (a CUDA device).
+
+    Built for a CPU device (tests), the kernels run under Triton's
+    interpreter; transfers and device facts are then still CUDA's.
+    """
+    return DeviceOps(**_kernels(1), new_transfer=functools.partial(PinnedTransfer, device),
+                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True,
+                     kv_budget_from_free_memory=True, shares_host_memory=False)
+
+
+@functools.cache
+def device_ops(device: torch.device | str) -> DeviceOps:
+    """The operations for ``device``: Triton on CUDA, torch references elsewhere."""
+    device = torch.device(device)
+    return triton_ops(device) if device.type == "cuda" else torch_ops(device)
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; DEFAULT_NUM_SMS elsewhere."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return _cuda_num_sms(device.index)
+
+
+@functools.cache
+def _cuda_num_sms(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def is_capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph capture is running on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,209 @@
+"""Host/device transfer: pinned staging, UVA views and asynchronous copies.
+
+Every path that moves data between the host and the runner's device goes
+through a ``HostTransfer`` (synchronous copies, for a CPU device) or a
+``PinnedTransfer`` (CUDA); ``runner.ops`` picks the class once from the
+device. Nothing here waits for the device on the CUDA path:
+
+- ``copy_into`` (the step's one input copy) goes through a ring of pinned
+  staging buffers with ``non_blocking=True``. A buffer must not be rewritten
+  before the copy that reads it has run, so each remembers an event recorded
+  after its copy. The host runs at most a couple of steps ahead of the device
+  (the engine keeps at most two steps in flight), so with a ring of
+  ``RING_SIZE`` the event has always passed when a buffer comes round again;
+  ``event.synchronize()`` is a guard that never waits in practice.
+- ``upload`` (staged writes) copies fresh pinned buffers; they are kept
+  alive, with an event recorded after the copy, until ``event.query()``
+  reports the copy done, so no copy reads a buffer freed or reused.
+- ``to_host`` (sampled tokens) copies on a side stream that first waits for
+  the main stream, into pinned memory, and records an event; waiting on that
+  event is the only wait on the device in a step.
+- ``device_tensor(..., uva=True)`` is a device view of pinned host memory
+  (below), so a large table lives on the host and kernels read it over the bus.
+
+UVA without a compiled extension: with unified virtual addressing (every
+64-bit CUDA platform), memory from cudaHostAlloc, which PyTorch's pinned
+allocator uses, is mapped into the device address space at the same address.
+So the pinned tensor's data_ptr() is a valid device pointer; an object that
+exposes it through ``__cuda_array_interface__`` is wrapped with
+torch.as_tensor into a CUDA tensor that aliases the host tensor. The view
+holds a reference to that object, and the object to the host tensor, so the
+pinned memory lives as long as either tensor does. Why: the persistent
+all_token_ids table is max_num_seqs x max_model_len int32, for example
+1024 x 131072 x 4 B = 512 MiB, far too much device memory for data that a
+step touches only a few rows of.
+
+Caveat: if PYTORCH_CUDA_ALLOC_CONF sets pinned_use_cuda_host_register, pinned
+memory is malloc + cudaHostRegister, and the device address equals the host
+address only where the device reports canUseHostPointerForRegisteredMem (true
+on current Linux x86-64 and Grace systems). The GPU test in
+tests/test_staged_write.py checks that a kernel sees host writes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+RING_SIZE = 8
+STAGING_BYTES = 1 << 16
+
+
+def is_uva_available() -> bool:
+    """True when a CUDA device is present and pinned memory can be allocated."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        torch.empty(1, pin_memory=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype matching a torch dtype; ValueError when numpy has none."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError as exc:
+        raise ValueError(f"dtype {dtype} has no numpy equivalent") from exc
+
+
+class _DeviceArray:
+    """Exposes a pinned host tensor's memory as a CUDA array (interface v3)."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host = host
+        self.__cuda_array_interface__ = {
+            "shape": tuple(host.shape),
+            "typestr": numpy_dtype(host.dtype).str,
+            "data": (host.data_ptr(), False),
+            "strides": None,
+            "version": 3,
+        }
+
+
+@dataclass(frozen=True)
+class UvaTensor:
+    """One block of pinned host memory seen twice: ``cpu`` (host) and ``gpu`` (device view).
+
+    Writes through either are visible through the other once ordered: host
+    writes before a kernel launch are seen by it; kernel writes are seen by the
+    host after the stream is synchronized.
+    """
+
+    cpu: torch.Tensor
+    gpu: torch.Tensor
+
+
+def make_uva_tensor(shape: tuple[int, ...], dtype: torch.dtype,
+                    index: int | None = None) -> UvaTensor:
+    """Zero-filled pinned host tensor plus a view of it on CUDA device ``index``
+    (None: the current device)."""
+    if not is_uva_available():
+        raise ValueError("UVA is not available (no CUDA device or no pinned memory)")
+    index = torch.cuda.current_device() if index is None else index
+    host = torch.zeros(shape, dtype=dtype, pin_memory=True)
+    view = torch.as_tensor(_DeviceArray(host), device=torch.device("cuda", index))
+    if view.data_ptr() != host.data_ptr():
+        raise RuntimeError("the CUDA view of pinned memory is a copy, not an alias")
+    return UvaTensor(cpu=host, gpu=view)
+
+
+class CopyDone:
+    """A finished copy: ``synchronize()`` returns at once."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+class HostTransfer:
+    """Transfers for a device that shares the host's memory: plain copies."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def device_tensor(self, shape: tuple[int, ...], dtype: torch.dtype,
+                      uva: bool = False) -> torch.Tensor:
+        """A zero-filled tensor kernels on the device can use (``uva`` asks for
+        pinned host memory seen by the device, where the device has it)."""
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def copy_into(self, src: np.ndarray, dst: torch.Tensor) -> None:
+        """Copy ``src`` into the first ``len(src)`` elements of ``dst``."""
+        dst[: src.shape[0]].copy_(torch.from_numpy(src))
+
+    def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """Fresh arrays as device tensors (the arrays are not reused)."""
+        return tuple(torch.from_numpy(a) for a in arrays)
+
+    def to_host(self, tensors: tuple[torch.Tensor, ...]):
+        """Start copying ``tensors`` to the host: (host tensors, a CopyDone-like
+        object whose ``synchronize()`` waits for the copy)."""
+        return tuple(t.clone() for t in tensors), CopyDone()
+
+
+class PinnedTransfer(HostTransfer):
+    """Transfers for a CUDA device: pinned staging, UVA and asynchronous copies.
+
+    The staging ring and the copy stream are made on first use, so an
+    instance that only uploads holds no ring.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self.next = 0
+        self.in_flight: deque[tuple[torch.cuda.Event, tuple[torch.Tensor, ...]]] = deque()
+        self.copy_stream: torch.cuda.Stream | None = None
+
+    def device_tensor(self, shape: tuple[int, ...], dtype: torch.dtype,
+                      uva: bool = False) -> torch.Tensor:
+        """With uva=True where UVA works: the CUDA view of pinned host memory.
+        Otherwise ordinary device memory, the fallback that always works."""
+        if uva and is_uva_available():
+            return make_uva_tensor(shape, dtype, self.device.index).gpu
+        return super().device_tensor(shape, dtype)
+
+    def copy_into(self, src: np.ndarray, dst: torch.Tensor) -> None:
+        if not self.ring:
+            self.ring = [(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True), None)
+                         for _ in range(RING_SIZE)]
+        if src.nbytes > STAGING_BYTES:
+            raise ValueError(f"host copy of {src.nbytes} bytes exceeds the staging buffer")
+        buf, event = self.ring[self.next]
+        if event is not None:
+            event.synchronize()  # see module docstring: has always passed
+        staged = buf[: src.nbytes].view(dst.dtype)
+        staged.numpy()[:] = src
+        dst[: src.shape[0]].copy_(staged, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.ring[self.next] = (buf, event)
+        self.next = (self.next + 1) % RING_SIZE
+
+    def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+        while self.in_flight and self.in_flight[0][0].query():  # no wait
+            self.in_flight.popleft()
+        host = tuple(torch.from_numpy(a).pin_memory() for a in arrays)
+        dev = tuple(h.to(self.device, non_blocking=True) for h in host)
+        done = torch.cuda.Event()
+        done.record()
+        self.in_flight.append((done, host))
+        return dev
+
+    def to_host(self, tensors: tuple[torch.Tensor, ...]):
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(self.device)
+        main_stream = torch.cuda.current_stream()
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors)
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_stream(main_stream)
+            for src, dst in zip(tensors, host):
+                dst.copy_(src, non_blocking=True)
+                src.record_stream(self.copy_stream)
+            event = torch.cuda.Event(blocking=True)
+            event.record(self.copy_stream)
+        return host, event

@@ -1,0 +1,151 @@
+"""The step-input kernels of runner/input_batch.py in Triton, with the same
+signatures as their torch references there."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _prefill_inputs_kernel(
+    input_ids_ptr,
+    idx_mapping_ptr,
+    query_start_loc_ptr,
+    all_token_ids_ptr,
+    all_token_ids_stride,
+    prefill_len_ptr,
+    num_computed_tokens_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    start = tl.load(query_start_loc_ptr + row)
+    end = tl.load(query_start_loc_ptr + row + 1)
+    computed = tl.load(num_computed_tokens_ptr + slot)
+    prefill = tl.load(prefill_len_ptr + slot)
+    # Tokens of this row still inside the prefill; <= 0 for a decode.
+    count = tl.minimum(end - start, prefill - computed)
+    src = all_token_ids_ptr + slot * all_token_ids_stride + computed
+    for off in range(0, count, BLOCK):
+        k = off + tl.arange(0, BLOCK)
+        mask = k < count
+        token = tl.load(src + k, mask=mask)
+        tl.store(input_ids_ptr + start + k, token, mask=mask)
+
+
+def prepare_prefill_inputs_triton(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                                  query_start_loc: torch.Tensor, all_token_ids: torch.Tensor,
+                                  prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                                  num_reqs: int) -> None:
+    """``prepare_prefill_inputs_ref``: one program per batch row."""
+    if num_reqs == 0:
+        return
+    _prefill_inputs_kernel[(num_reqs,)](
+        input_ids,
+        idx_mapping,
+        query_start_loc,
+        all_token_ids,
+        all_token_ids.stride(0),
+        prefill_len,
+        num_computed_tokens,
+        BLOCK=1024,
+    )
+
+
+@triton.jit
+def _pos_seq_lens_kernel(
+    idx_mapping_ptr,
+    query_start_loc_ptr,
+    num_computed_tokens_ptr,
+    positions_ptr,
+    seq_lens_ptr,
+    num_reqs,
+    num_seq_lens,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if row == num_reqs:
+        # The last program zeroes the padded rows.
+        for off in range(num_reqs, num_seq_lens, BLOCK):
+            k = off + tl.arange(0, BLOCK)
+            zero = tl.zeros([BLOCK], dtype=seq_lens_ptr.dtype.element_ty)
+            tl.store(seq_lens_ptr + k, zero, mask=k < num_seq_lens)
+    else:
+        slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+        start = tl.load(query_start_loc_ptr + row)
+        end = tl.load(query_start_loc_ptr + row + 1)
+        computed = tl.load(num_computed_tokens_ptr + slot)
+        count = end - start
+        tl.store(seq_lens_ptr + row, computed + count)
+        for off in range(0, count, BLOCK):
+            k = off + tl.arange(0, BLOCK)
+            pos = (computed + k).to(tl.int64)
+            tl.store(positions_ptr + start + k, pos, mask=k < count)
+
+
+def prepare_pos_seq_lens_triton(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                                num_computed_tokens: torch.Tensor, positions: torch.Tensor,
+                                seq_lens: torch.Tensor, num_reqs: int) -> None:
+    """``prepare_pos_seq_lens_ref``: one program per batch row, plus one for the padding."""
+    _pos_seq_lens_kernel[(num_reqs + 1,)](
+        idx_mapping,
+        query_start_loc,
+        num_computed_tokens,
+        positions,
+        seq_lens,
+        num_reqs,
+        seq_lens.shape[0],
+        BLOCK=1024,
+    )
+
+
+@triton.jit
+def _combine_kernel(
+    input_ids_ptr,
+    idx_mapping_ptr,
+    last_sampled_ptr,
+    last_sampled_stride,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    prefill_len_ptr,
+    logits_indices_ptr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    end = tl.load(query_start_loc_ptr + row + 1).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    mask = k == 0
+    idx = end - 1 + k
+    tl.store(logits_indices_ptr + row.to(tl.int64) + k, idx, mask=mask)
+
+    # Compared as a block (not a scalar) so the store mask stays boolean everywhere.
+    seq_len = tl.load(seq_lens_ptr + row) + tl.zeros([BLOCK], dtype=tl.int32)
+    decoding = seq_len > tl.load(prefill_len_ptr + slot)
+    last = tl.load(last_sampled_ptr + slot * last_sampled_stride).to(tl.int64)
+    value = (tl.zeros([BLOCK], dtype=tl.int64) + last).to(input_ids_ptr.dtype.element_ty)
+    tl.store(input_ids_ptr + idx, value, mask=mask & decoding)
+
+
+def combine_sampled_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                                  last_sampled_tokens: torch.Tensor, query_start_loc: torch.Tensor,
+                                  seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                                  logits_indices_out: torch.Tensor, num_reqs: int) -> torch.Tensor:
+    """``combine_sampled_tokens_ref``: one program per batch row."""
+    out = logits_indices_out[:num_reqs]
+    if num_reqs == 0:
+        return out
+    _combine_kernel[(num_reqs,)](
+        input_ids,
+        idx_mapping,
+        last_sampled_tokens,
+        last_sampled_tokens.stride(0),
+        query_start_loc,
+        seq_lens,
+        prefill_len,
+        logits_indices_out,
+        BLOCK=2,
+    )
+    return out
