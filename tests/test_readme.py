@@ -39,7 +39,7 @@ def localize(block: str, tmp_path) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_serve_example_works_when_pasted(tmp_path):
-    block = readme_block("serve --model tiny")
+    block = readme_block("--endpoint-file /tmp/tprun.endpoint &")
     script = localize(block, tmp_path) + "wait\n"
     result, leftovers = run_in_session(["bash", "-c", script], timeout=220,
                                        env={"TPRUN_CACHE": str(tmp_path / "cache")})
