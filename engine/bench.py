@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
 from engine.llm_engine import LLMEngine
+from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
 
 
@@ -124,7 +124,7 @@ def run_requests(engine: LLMEngine, requests: list[BenchRequest], temperature: f
     start = time.perf_counter()
     timings = _submit(engine, requests, temperature, seed, id_prefix)
     max_kv_usage = 0.0
-    with tqdm(total=len(requests), desc="bench", unit="req", disable=not progress) as bar:
+    with RequestProgress(len(requests), "bench", progress) as bar:
         while engine.has_unfinished_requests():
             deltas = engine.step()
             now = time.perf_counter()
@@ -132,7 +132,8 @@ def run_requests(engine: LLMEngine, requests: list[BenchRequest], temperature: f
             for d in deltas:
                 if d.new_token_ids:
                     timings[d.req_id].arrivals.append((now, len(d.new_token_ids)))
-                bar.update(d.finished)
+            bar.advance(sum(d.finished for d in deltas),
+                        sum(len(d.new_token_ids) for d in deltas))
     return timings, time.perf_counter() - start, max_kv_usage
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -66,6 +67,18 @@ logger = logging.getLogger(__name__)
 class EngineStoppedError(RuntimeError):
     """The engine stopped (shut down, or a worker died) with requests of
     this client still running."""
+
+
+def wait_for_endpoint_file(path: str, timeout_s: float) -> None:
+    """Wait until ``tprun serve`` has written its endpoint file (it does
+    once the engine is ready, after the key file); ``TimeoutError`` after
+    ``timeout_s`` seconds without it."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no endpoint file at {path} after {timeout_s:g} s: is "
+                               f"`tprun serve --endpoint-file {path}` running?")
+        time.sleep(0.1)
 
 
 def read_endpoint_file(path: str) -> str:
@@ -112,11 +125,16 @@ class _Stream:
 
 class EngineClient:
     """``endpoint`` is an ``ipc://`` or ``tcp://`` address, or the path of
-    the file ``tprun serve --endpoint-file`` wrote; ``secret`` or
-    ``key_file`` give the key where ``find_secret`` cannot find it."""
+    the file ``tprun serve --endpoint-file`` writes once the engine is ready
+    (the client waits up to ``ready_timeout_s`` for it, so a client started
+    with the server works); ``secret`` or ``key_file`` give the key where
+    ``find_secret`` cannot find it."""
 
     def __init__(self, endpoint: str, timeout_s: float = 300.0, *,
-                 secret: bytes | None = None, key_file: str | None = None):
+                 secret: bytes | None = None, key_file: str | None = None,
+                 ready_timeout_s: float = 300.0):
+        if "://" not in endpoint:
+            wait_for_endpoint_file(endpoint, ready_timeout_s)
         self.auth = Authenticator.for_client(find_secret(endpoint, secret, key_file))
         if "://" not in endpoint:
             endpoint = read_endpoint_file(endpoint)

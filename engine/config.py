@@ -1,83 +1,157 @@
-"""The engine's configuration: vLLM's names, validated on construction."""
+"""The engine's configuration: vLLM's names, the one owner of every rule.
+
+``EngineConfig`` is what ``LLM(...)`` and the CLI accept (the CLI's engine
+options are generated from its fields and their help texts). It checks every
+rule the arguments alone decide on construction, and every rule the model's
+config.json and the machine decide in ``check_model`` / ``check_machine``,
+which the engine calls before any worker starts. The runner and the
+scheduler receive typed, frozen projections built here (``runner_config``,
+``scheduler_config``), which carry no rules of their own.
+
+Adding a setting: one field below (default, help text) plus its use; the
+CLI option follows from the field.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-_DEVICES = ("auto", "cpu", "cuda")
+from ipc.config import SUPPORTED_ARCHITECTURES, RunnerConfig, SchedulerConfig
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work with these arguments, this model or this
+    machine; raised before any worker starts (the CLI exits with code 2)."""
+
+
+def _opt(default, help: str, **cli):
+    """A field with its CLI help text. ``cli`` may name ``flag`` (another
+    option name), ``metavar``, ``choices``, or ``cli=False`` (no option: the
+    CLI sets it from elsewhere)."""
+    return field(default=default, metadata={"help": help, **cli})
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What ``LLM(...)`` and the CLI accept.
+    """``executor`` None picks "uni" (in process) at TP=1 and "mp" (worker
+    daemons) above, or "mp" when ``attach_workers_dir`` is set."""
 
-    ``device="auto"`` picks CUDA when available. ``max_model_len=None``
-    takes the model's ``max_position_embeddings``. ``executor`` is "mp"
-    (worker daemons) or "uni" (in process, TP=1 only); None picks "uni" at
-    TP=1 and "mp" above, or "mp" when ``attach_workers_dir`` is set: then the
-    executor binds its endpoints in that private directory and waits for
-    workers started elsewhere (e.g. by torchrun) instead of spawning them.
-
-    ``async_scheduling`` (vLLM's name): schedule and send step N+1 before
-    step N's output arrives (at most two steps in flight); outputs are the
-    same either way. ``enable_prefix_caching``: reuse KV blocks of equal
-    prompt prefixes. ``disable_log_stats``: no periodic stats line (the
-    serving loop logs one every ``log_stats_interval_s`` seconds otherwise).
-    """
-
-    model: str = "tiny"
-    tensor_parallel_size: int = 1
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    num_gpu_blocks_override: int | None = None
-    enforce_eager: bool = False
-    # NCCL for every all-reduce instead of the one-shot kernel over peer memory.
-    disable_custom_all_reduce: bool = False
-    seed: int = 0
-    attention_backend: str | None = None
-    gpu_memory_utilization: float = 0.9
-    kv_cache_memory_bytes: int = 1 << 30
-    load_format: str = "auto"
-    step_timeout_s: float = 300.0
-    executor: str | None = None
-    attach_workers_dir: str | None = None
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    async_scheduling: bool = True
-    enable_prefix_caching: bool = True
-    disable_log_stats: bool = True
-    log_stats_interval_s: float = 10.0
+    model: str = _opt("tiny", "'tiny', a local model directory or a .gguf file "
+                      "(pkg:PACKAGE/FILE for one inside an installed package); a Hugging Face "
+                      "hub id needs a local download first")
+    tensor_parallel_size: int = _opt(1, "tensor-parallel ranks", cli=False)
+    device: str = _opt("auto", "'auto' picks CUDA when available", choices=DEVICES)
+    dtype: str = _opt("auto", "weights and activations; 'auto' takes the checkpoint's",
+                      choices=DTYPES)
+    block_size: int = _opt(16, "tokens per KV cache block (a power of two)")
+    max_num_seqs: int = _opt(256, "requests in one step at most")
+    max_num_batched_tokens: int = _opt(2048, "tokens in one step at most")
+    max_model_len: int | None = _opt(None, "prompt + output tokens per request at most "
+                                     "(default: the model's max_position_embeddings)")
+    num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
+                                               "fits in memory")
+    enforce_eager: bool = _opt(False, "no CUDA graphs")
+    disable_custom_all_reduce: bool = _opt(False, "NCCL for every all-reduce instead of the "
+                                           "one-shot kernel over peer memory")
+    seed: int = _opt(0, "seed of the weights of dummy models and of unseeded sampling")
+    attention_backend: str | None = _opt(None, "default: 'triton' on CUDA, 'sdpa' elsewhere",
+                                         choices=ATTENTION_BACKENDS)
+    gpu_memory_utilization: float = _opt(0.9, "share of each GPU's memory a worker may use")
+    kv_cache_memory_bytes: int = _opt(1 << 30, "KV cache bytes per worker on CPU")
+    load_format: str = _opt("auto", "'dummy': random weights of the model's shapes",
+                            choices=("auto", "dummy"))
+    step_timeout_s: float = _opt(300.0, "seconds a step may take before the engine names "
+                                 "the stuck ranks", flag="--step-timeout",
+                                 metavar="SECONDS")
+    executor: str | None = _opt(None, "'mp' (worker daemons) or 'uni' (in process, TP=1)",
+                                choices=("mp", "uni"), cli=False)
+    attach_workers_dir: str | None = _opt(
+        None, "do not spawn workers: bind ipc://DIR/broadcast and ipc://DIR/reply (DIR private "
+        "to you, created if missing) and wait for workers started elsewhere, e.g. torchrun "
+        "--nproc-per-node N -m worker --broadcast ipc://DIR/broadcast --reply ipc://DIR/reply",
+        flag="--attach-workers", metavar="DIR")
+    master_addr: str = _opt("127.0.0.1", "the process group's rendezvous address", cli=False)
+    master_port: int | None = _opt(None, "the rendezvous port (default: a free one)", cli=False)
+    async_scheduling: bool = _opt(True, "send step N+1 before step N's output arrives "
+                                  "(--no-async-scheduling: one step at a time)")
+    enable_prefix_caching: bool = _opt(True, "reuse KV blocks of equal prompt prefixes")
+    scheduling_policy: str = _opt("fcfs", "'fcfs': arrival order; 'priority': lower "
+                                  "request priority first, then arrival",
+                                  choices=SCHEDULING_POLICIES)
+    disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
+    log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.device not in _DEVICES:
-            raise ValueError(f"device must be one of {_DEVICES}, got {self.device!r}")
-        if self.executor not in (None, "mp", "uni"):
-            raise ValueError(f"executor must be 'mp' or 'uni', got {self.executor!r}")
+        """Every rule the arguments alone decide."""
+        _check_ints(self)
+        _check_choices(self)
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2 (a prompt token and an output "
+                              f"token), got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("gpu_memory_utilization must be in (0, 1], got "
+                              f"{self.gpu_memory_utilization}")
+        for name in ("step_timeout_s", "log_stats_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(f"master_port must be in 1..65535, got {self.master_port}")
         if self.executor == "uni" and self.attach_workers_dir is not None:
-            raise ValueError("attach_workers_dir needs executor 'mp'")
+            raise ConfigError("attach_workers_dir needs executor 'mp'")
         if self.executor == "uni" and self.tensor_parallel_size != 1:
-            raise ValueError("executor 'uni' runs TP=1 only")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            raise ValueError("num_gpu_blocks_override must be >= 1")
-        for name in ("async_scheduling", "enable_prefix_caching", "disable_log_stats"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not self.log_stats_interval_s > 0:
-            raise ValueError(
-                f"log_stats_interval_s must be > 0, got {self.log_stats_interval_s}"
-            )
+            raise ConfigError("executor 'uni' runs TP=1 only")
+        if not self.model:
+            raise ConfigError("model must name 'tiny' or a local model directory")
 
+    # ---- rules of the model and the machine ------------------------------
+    def check_model(self, info: ModelInfo) -> None:
+        """Every rule the model's config decides: a supported architecture,
+        heads and MLP columns that split over the ranks, a length."""
+        tp = self.tensor_parallel_size
+        arch = info.architectures[0] if info.architectures else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ConfigError(f"{self.model}: unsupported architecture {arch!r} "
+                              f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        heads, kv = info.num_attention_heads, info.num_key_value_heads
+        if heads is not None and heads % tp:
+            raise ConfigError(f"{self.model} has {heads} attention heads, which do not divide "
+                              f"by the tensor-parallel size {tp}")
+        if kv is not None and ((kv >= tp and kv % tp) or (kv < tp and tp % kv)):
+            raise ConfigError(f"{self.model} has {kv} KV heads; they and the tensor-parallel "
+                              f"size {tp} must divide one another")
+        if info.intermediate_size is not None and info.intermediate_size % tp:
+            raise ConfigError(f"{self.model}'s intermediate_size {info.intermediate_size} does "
+                              f"not divide by the tensor-parallel size {tp}")
+        self.resolved_max_model_len(info)
+
+    def check_machine(self) -> None:
+        """Every rule the machine decides: CUDA present and enough devices
+        for the ranks this host spawns."""
+        if self.device != "cuda":
+            return
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda, but CUDA is not available on this machine "
+                              "(use --device cpu)")
+        count = torch.cuda.device_count()
+        if self.attach_workers_dir is None and self.tensor_parallel_size > count:
+            raise ConfigError(f"tensor-parallel size {self.tensor_parallel_size} needs as many "
+                              f"CUDA devices; this machine has {count}")
+
+    # ---- resolved values and projections ---------------------------------
     @property
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -93,3 +167,71 @@ class EngineConfig:
         if self.attach_workers_dir is not None:
             return "mp"
         return "uni" if self.tensor_parallel_size == 1 else "mp"
+
+    def resolved_max_model_len(self, info: ModelInfo) -> int:
+        if self.max_model_len is not None:
+            return self.max_model_len
+        length = info.max_position_embeddings
+        if not isinstance(length, int) or length < 2:
+            raise ConfigError(f"{self.model}'s config gives no usable max_position_embeddings "
+                              f"({length!r}); set max_model_len")
+        return length
+
+    def runner_config(self, model_dir: str, info: ModelInfo) -> RunnerConfig:
+        return RunnerConfig(
+            model=model_dir, device=self.resolved_device, dtype=self.dtype,
+            block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.resolved_max_model_len(info), seed=self.seed,
+            enforce_eager=self.enforce_eager,
+            disable_custom_all_reduce=self.disable_custom_all_reduce,
+            attention_backend=self.attention_backend,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
+        )
+
+    def scheduler_config(self, info: ModelInfo, num_blocks: int) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.resolved_max_model_len(info), block_size=self.block_size,
+            num_blocks=num_blocks, policy=self.scheduling_policy,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+
+
+_POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
+                  "max_num_batched_tokens", "kv_cache_memory_bytes")
+_OPTIONAL_POSITIVE_INTS = ("max_model_len", "num_gpu_blocks_override", "master_port")
+_BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
+          "enable_prefix_caching", "disable_log_stats")
+
+
+def _check_ints(c: EngineConfig) -> None:
+    for name in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
+        value = getattr(c, name)
+        if value is None and name in _OPTIONAL_POSITIVE_INTS:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+    if not isinstance(c.seed, int) or isinstance(c.seed, bool):
+        raise ConfigError(f"seed must be an int, got {c.seed!r}")
+    for name in _BOOLS:
+        if not isinstance(getattr(c, name), bool):
+            raise ConfigError(f"{name} must be a bool, got {getattr(c, name)!r}")
+
+
+def _check_choices(c: EngineConfig) -> None:
+    """Each field whose metadata lists choices holds one of them (or None
+    where None is the default)."""
+    for f in fields(c):
+        choices, value = f.metadata.get("choices"), getattr(c, f.name)
+        if choices is None or value in choices or (value is None and f.default is None):
+            continue
+        raise ConfigError(f"{f.name} must be one of {choices}, got {value!r}")
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """'org/name' that is not a path on this machine."""
+    parts = model.split("/")
+    return (len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+            and not os.path.exists(model))

@@ -38,8 +38,6 @@ class KVCacheManager:
     """One KV cache group of ``num_blocks`` blocks of ``block_size`` tokens."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)

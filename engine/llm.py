@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tqdm import tqdm
+import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
 
 
@@ -20,13 +21,23 @@ class LLM:
     """
 
     def __init__(self, model: str = "tiny", **kwargs):
-        self.engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._start(EngineConfig(model=model, **kwargs))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
         llm = cls.__new__(cls)
-        llm.engine = LLMEngine(config)
+        llm._start(config)
         return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        # A worker in this process (TP=1) sizes torch's thread pool for
+        # itself; the caller's setting comes back at shutdown.
+        self._caller_num_threads = torch.get_num_threads()
+        try:
+            self.engine = LLMEngine(config)
+        except BaseException:
+            torch.set_num_threads(self._caller_num_threads)
+            raise
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -60,9 +71,10 @@ class LLM:
                 request.req_id, text, ids, [CompletionOutput(0, "", [])]
             )
             order.append(request.req_id)
-        with tqdm(total=len(order), desc="generate", disable=not use_tqdm) as bar:
+        with RequestProgress(len(order), "generate", use_tqdm) as progress:
             while engine.has_unfinished_requests():
-                for delta in engine.step():
+                deltas = engine.step()
+                for delta in deltas:
                     completion = outputs[delta.req_id].outputs[0]
                     completion.token_ids.extend(delta.new_token_ids)
                     if delta.logprobs is not None:
@@ -70,14 +82,19 @@ class LLM:
                     if delta.finished:
                         completion.finish_reason = delta.finish_reason
                         outputs[delta.req_id].finished = True
-                        bar.update(1)
+                progress.advance(sum(d.finished for d in deltas),
+                                 sum(len(d.new_token_ids) for d in deltas))
         for req_id in order:
             completion = outputs[req_id].outputs[0]
             completion.text = engine.tokenizer.decode(completion.token_ids)
         return [outputs[r] for r in order]
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Stop the workers and give the caller back its torch thread count."""
+        try:
+            self.engine.shutdown()
+        finally:
+            torch.set_num_threads(self._caller_num_threads)
 
     def __enter__(self) -> LLM:
         return self

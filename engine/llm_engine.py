@@ -18,9 +18,9 @@ from engine.config import EngineConfig
 from engine.gguf_model import resolve_gguf
 from engine.model_info import ModelInfo
 from engine.outputs import RequestOutputDelta
-from engine.request import Request
+from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import Tokenizer
@@ -61,28 +61,26 @@ class _SentStep:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig):
+        """Checks every rule of the model and the machine (``EngineConfig``)
+        before the executor starts a worker."""
         self.config = config
         self.model_dir = resolve_model_dir(config.model)
         self.model_info = ModelInfo.from_dir(self.model_dir)
+        config.check_model(self.model_info)
+        config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.max_model_len = config.max_model_len or self.model_info.max_position_embeddings
+        self.max_model_len = config.resolved_max_model_len(self.model_info)
         self.device = config.resolved_device
+        runner_config = config.runner_config(self.model_dir, self.model_info)
         self.executor = make_executor(config, self.device)
         try:
             self.num_blocks = self.executor.initialize(
-                self._runner_config(), config.num_gpu_blocks_override
+                runner_config, config.num_gpu_blocks_override
             )
         except BaseException:
             self.executor.shutdown()
             raise
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            block_size=config.block_size,
-            num_blocks=self.num_blocks,
-            enable_prefix_caching=config.enable_prefix_caching,
-        ))
+        self.scheduler = Scheduler(config.scheduler_config(self.model_info, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.counters = StepCounters()
@@ -93,25 +91,14 @@ class LLMEngine:
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
 
-    def _runner_config(self) -> dict:
-        c = self.config
-        return dict(
-            model=self.model_dir, device=self.device, dtype=c.dtype, block_size=c.block_size,
-            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
-            max_model_len=self.max_model_len, seed=c.seed, enforce_eager=c.enforce_eager,
-            disable_custom_all_reduce=c.disable_custom_all_reduce,
-            attention_backend=c.attention_backend, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-            gpu_memory_utilization=c.gpu_memory_utilization, load_format=c.load_format,
-        )
-
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
+        """The prompt's token ids (an empty text gives none, which
+        ``validate`` refuses)."""
         if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(prompt) if prompt else []
         if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
             return [int(t) for t in prompt["prompt_token_ids"]]
         raise ValueError(
@@ -119,18 +106,9 @@ class LLMEngine:
         )
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_info.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_token_ids)} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{total} exceeds max_model_len {self.max_model_len}"
-            )
+        """``check_request`` with this engine's limits and vocabulary."""
+        check_request(prompt_token_ids, params.max_tokens, self.scheduler.config,
+                      self.model_info.vocab_size, allow_truncation=False)
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:

@@ -12,14 +12,31 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from engine.config import ConfigError, looks_like_hub_id
+
 
 def _load(path: str, required: bool) -> dict[str, Any]:
     if not os.path.isfile(path):
         if required:
-            raise FileNotFoundError(f"missing {path}: not a Hugging Face model directory")
+            raise ConfigError(f"missing {path}: not a Hugging Face model directory")
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path}: {e}") from e
+
+
+def _check_exists(model_dir: str) -> None:
+    """A clear word for a path that is not there, with a hint for hub ids."""
+    if os.path.exists(model_dir):
+        return
+    hint = ""
+    if looks_like_hub_id(model_dir):
+        hint = (f"; {model_dir!r} looks like a Hugging Face hub id, and tprun reads local "
+                f"files only: download it first (huggingface-cli download {model_dir} "
+                f"--local-dir DIR) and pass --model DIR")
+    raise ConfigError(f"model {model_dir!r} is not a local directory{hint}")
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -38,9 +55,13 @@ class ModelInfo:
     architectures: tuple[str, ...]
     dtype: str | None
     bos_token_id: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    intermediate_size: int | None = None
 
     @classmethod
     def from_dir(cls, model_dir: str) -> ModelInfo:
+        _check_exists(model_dir)
         config = _load(os.path.join(model_dir, "config.json"), required=True)
         generation = _load(os.path.join(model_dir, "generation_config.json"), required=False)
         # Multimodal wrappers keep the language model's fields in text_config.
@@ -51,7 +72,7 @@ class ModelInfo:
 
         vocab_size = field("vocab_size")
         if not isinstance(vocab_size, int):
-            raise ValueError(f"{model_dir}/config.json has no integer vocab_size")
+            raise ConfigError(f"{model_dir}/config.json has no integer vocab_size")
         eos: list[int] = []
         for source in (field("eos_token_id"), generation.get("eos_token_id")):
             eos += [t for t in _as_ids(source) if t not in eos]
@@ -65,4 +86,12 @@ class ModelInfo:
             architectures=tuple(config.get("architectures") or ()),
             dtype=field("torch_dtype") or field("dtype"),
             bos_token_id=bos if isinstance(bos, int) else None,
+            num_attention_heads=_int_or_none(field("num_attention_heads")),
+            num_key_value_heads=_int_or_none(field("num_key_value_heads")
+                                             or field("num_attention_heads")),
+            intermediate_size=_int_or_none(field("intermediate_size")),
         )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and value > 0 else None

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from engine.sampling_params import SamplingParams
+from ipc.config import SchedulerConfig
 
 
 class RequestStatus(enum.Enum):
@@ -110,3 +111,37 @@ class Request:
             f"prompt={self.num_prompt_tokens}, output={len(self.output_token_ids)}, "
             f"computed={self.num_computed_tokens})"
         )
+
+
+def check_request(prompt_token_ids: list[int], max_tokens: int, limits: SchedulerConfig,
+                  vocab_size: int | None = None, allow_truncation: bool = True) -> None:
+    """The one place that decides whether a request can run; ``ValueError``
+    names the first rule it breaks, and nothing has changed.
+
+    Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given); a
+    prompt shorter than ``max_model_len`` (room for one output token); with
+    ``allow_truncation=False`` (requests from users) prompt + ``max_tokens``
+    within ``max_model_len``, else the output stops at ``max_model_len``;
+    and enough KV blocks in the whole cache for the longest it may grow.
+    """
+    n = len(prompt_token_ids)
+    if not n:
+        raise ValueError("the prompt is empty")
+    if vocab_size is not None:
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if not allow_truncation and n + max_tokens > limits.max_model_len:
+        raise ValueError(f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} "
+                         f"exceeds max_model_len {limits.max_model_len}")
+    if n >= limits.max_model_len:
+        raise ValueError(f"prompt has {n} tokens, max_model_len is {limits.max_model_len}; "
+                         "the prompt must be shorter to leave room for output")
+    max_len = min(n + max_tokens, limits.max_model_len)
+    blocks = -(-(max_len - 1) // limits.block_size)
+    if blocks > limits.num_blocks:
+        raise ValueError(
+            f"prompt ({n} tokens) + max_tokens ({max_tokens}) may need {blocks} KV blocks of "
+            f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
+            "max_tokens or give the cache more blocks")

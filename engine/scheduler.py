@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, check_request
+from ipc.config import SchedulerConfig
 from ipc.messages import (
     CachedRequestData,
     Logprobs,
@@ -61,39 +62,6 @@ from ipc.messages import (
     NewRequestData,
     SchedulerOutput,
 )
-
-POLICIES = ("fcfs", "priority")
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Limits of one engine. ``policy``: "fcfs" (arrival order) or
-    "priority" (lower ``Request.priority`` first, then arrival).
-    ``enable_prefix_caching``: reuse KV blocks of equal token prefixes (see
-    ``engine.kv_cache_manager``); hits reach the runner as
-    ``NewRequestData.num_computed_tokens``."""
-
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    block_size: int
-    num_blocks: int
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.max_model_len, int) or self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be an int >= 2, got {self.max_model_len!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(
-                f"enable_prefix_caching must be a bool, got {self.enable_prefix_caching!r}"
-            )
 
 
 @dataclass
@@ -193,27 +161,13 @@ class Scheduler:
         self.waiting.push(request, self._keys[request.req_id])
 
     def _validate(self, request: Request) -> None:
-        cfg = self.config
         rid = request.req_id
         if rid in self.requests or rid in self._finished_ids:
             raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
-        prompt = request.prompt_token_ids
-        if not prompt:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
-        if len(prompt) >= cfg.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt has {len(prompt)} tokens, max_model_len is "
-                f"{cfg.max_model_len}; the prompt must be shorter to leave room for output"
-            )
-        max_len = min(len(prompt) + request.max_tokens, cfg.max_model_len)
-        blocks = -(-(max_len - 1) // cfg.block_size)
-        if blocks > cfg.num_blocks:
-            raise ValueError(
-                f"request {rid!r}: prompt ({len(prompt)} tokens) + max_tokens "
-                f"({request.max_tokens}) may need {blocks} KV blocks of {cfg.block_size} "
-                f"tokens, but the cache has only {cfg.num_blocks}; lower max_tokens or "
-                f"give the cache more blocks"
-            )
+        try:
+            check_request(request.prompt_token_ids, request.max_tokens, self.config)
+        except ValueError as e:
+            raise ValueError(f"request {rid!r}: {e}") from None
 
     def abort_requests(self, req_ids: str | Iterable[str]) -> None:
         """Finish running or waiting requests as "abort" and free their

@@ -36,7 +36,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -56,6 +55,7 @@ from ipc.auth import (
     sibling_key_file,
     write_key_file,
 )
+from ipc.endpoints import private_directory
 from ipc.engine_messages import (
     MAX_MESSAGE_BYTES,
     AbortRequest,
@@ -113,7 +113,7 @@ class Endpoint:
         if host is not None and not _valid_host(host):
             raise ValueError(f"--host must be an IP address, '*', or an interface or host "
                              f"name, got {host!r}")
-        directory = tempfile.mkdtemp(prefix="tprun-serve-")  # mkdtemp makes it 0700
+        directory = private_directory("serve-")
         os.chmod(directory, 0o700)
         if port is None and host is None:
             return cls(f"ipc://{directory}/engine", directory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
+from ipc.config import RunnerConfig
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
 
 
@@ -37,7 +38,7 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop every worker; leave no process or socket behind."""
 
-    def initialize(self, runner_config: dict[str, Any], num_blocks_override: int | None) -> int:
+    def initialize(self, runner_config: RunnerConfig, num_blocks_override: int | None) -> int:
         """Load the model on every rank and size the KV cache; returns the
         number of blocks (the minimum over ranks, unless overridden)."""
         self.collective_rpc("load_model", {"config": runner_config}, timeout=600)

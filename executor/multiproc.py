@@ -47,6 +47,19 @@ SILENT_AFTER_S = 2.0  # heartbeats come every 0.5 s
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def module_command(module: str) -> list[str]:
+    """``python -m MODULE`` without the current folder on the import path:
+    a ``worker.py`` (or ``engine.py``, ...) in the caller's folder must not
+    replace the package. ``-P`` (Python 3.11+) leaves the folder out;
+    before it, the ``''`` entry that ``-c`` puts first is removed by hand.
+    PYTHONPATH keeps its meaning either way."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    code = ("import runpy, sys; del sys.path[0]; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code]
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -86,6 +99,11 @@ class MultiprocExecutor(Executor):
         port = self.store.port if self.store is not None else master_port or free_port(master_addr)
         self.procs = [] if self.attached else [
             self._spawn(r, device, master_addr, port) for r in range(world_size)]
+        if self.attached:  # someone must start them: say where, and how
+            print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
+                  f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
+                  f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply})",
+                  file=sys.stderr, flush=True)
         try:
             wait_for_subscribers(self.publisher, self.receiver, world_size,
                                  start_timeout_s, self._raise_if_dead)
@@ -104,7 +122,7 @@ class MultiprocExecutor(Executor):
         disable_multicast(env)
         if self.store is not None:
             env.update(AGENT_STORE_ENV)
-        cmd = [sys.executable, "-m", "worker", "--broadcast", self.endpoints.broadcast,
+        cmd = [*module_command("worker"), "--broadcast", self.endpoints.broadcast,
                "--reply", self.endpoints.reply, "--device", device]
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 

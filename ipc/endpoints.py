@@ -3,8 +3,56 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import tempfile
 from dataclasses import dataclass
+
+# tprun-PID-XXXXXXXX and tprun-serve-PID-XXXXXXXX: PID is the launch that owns it.
+_PRIVATE_DIR = re.compile(r"tprun-(?:serve-)?(\d+)-[^-]+")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_directories() -> list[str]:
+    """Remove the private directories of launches that are gone (killed
+    before their cleanup ran): only this user's, only those whose owner pid
+    is dead. Returns the paths removed."""
+    root = tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        match = _PRIVATE_DIR.fullmatch(name)
+        path = os.path.join(root, name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def private_directory(kind: str = "") -> str:
+    """A new directory (mode 0700) in the temp folder named after this
+    process (``tprun-{kind}{pid}-XXXXXXXX``), so a later launch can tell it
+    is stale once this process is gone; stale ones are removed first."""
+    remove_stale_directories()
+    return tempfile.mkdtemp(prefix=f"tprun-{kind}{os.getpid()}-")  # mkdtemp makes it 0700
 
 
 @dataclass(frozen=True)
@@ -27,7 +75,7 @@ class Endpoints:
         elsewhere, e.g. by torchrun, that are told where to connect."""
         owns_directory = directory is None
         if directory is None:
-            directory = tempfile.mkdtemp(prefix="tprun-")  # mkdtemp makes it 0700
+            directory = private_directory()
         else:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             if os.stat(directory).st_mode & 0o077:

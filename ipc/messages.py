@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from ipc.config import ControlArg
+
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     """What the runner needs of a request's sampling parameters.
@@ -122,11 +124,14 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class ControlCall(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """An RPC that every rank executes and answers (load, profile, ...)."""
+    """An RPC that every rank executes and answers (load, profile, ...).
+
+    ``kwargs`` values are typed (``ControlArg``): ``load_model``'s
+    ``RunnerConfig`` arrives as a ``RunnerConfig``, not as a dict."""
 
     call_id: int
     method: str
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, ControlArg] = {}
 
 
 class ControlReply(msgspec.Struct, frozen=True, kw_only=True, tag=True):

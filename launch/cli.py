@@ -12,6 +12,7 @@ one worker daemon per rank with the environment torchrun would set.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -23,45 +24,40 @@ DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
 logger = logging.getLogger("tprun.serve")
 
 
+_TYPES = {"int": int, "float": float, "str": str}
+
+
 def _engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="'tiny' or a HF model directory")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--dtype", default="auto",
-                        choices=("auto", "float32", "float16", "bfloat16"))
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    parser.add_argument("--enforce-eager", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                        default=True, help="send step N+1 before step N's output arrives "
-                        "(--no-async-scheduling: one step at a time)")
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=True)
-    parser.add_argument("--attach-workers", metavar="DIR", default=None,
-                        help="do not spawn workers: bind ipc://DIR/broadcast and ipc://DIR/reply "
-                        "(DIR private to you) and wait for workers started elsewhere, e.g. "
-                        "torchrun --nproc-per-node N -m worker --broadcast ipc://DIR/broadcast "
-                        "--reply ipc://DIR/reply")
-    parser.add_argument("--step-timeout", type=float, default=300.0,
-                        help="seconds a step may take before the engine names the stuck ranks")
+    """One option per ``EngineConfig`` field (its name in kebab case, or the
+    flag its metadata names), with the field's default and help text."""
+    from engine.config import EngineConfig
+
+    for f in dataclasses.fields(EngineConfig):
+        meta = f.metadata
+        if meta.get("cli") is False:
+            continue
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        base = str(f.type).split("|")[0].strip()
+        kwargs = dict(dest=f.name, default=f.default, help=meta["help"])
+        if base == "bool":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _TYPES[base]
+            for key in ("choices", "metavar"):
+                if key in meta:
+                    kwargs[key] = meta[key]
+        parser.add_argument(flag, **kwargs)
 
 
 def _engine_config(args, **overrides):
+    """The ``EngineConfig`` of the parsed options; the top-level torchrun
+    flags give the TP size and the rendezvous address."""
     from engine.config import EngineConfig
 
-    kwargs = dict(
-        model=args.model, tensor_parallel_size=args.nproc_per_node, device=args.device,
-        dtype=args.dtype, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager, num_gpu_blocks_override=args.num_gpu_blocks_override,
-        seed=args.seed, executor="mp", master_addr=args.master_addr,
-        master_port=args.master_port, async_scheduling=args.async_scheduling,
-        enable_prefix_caching=args.enable_prefix_caching,
-        attach_workers_dir=args.attach_workers, step_timeout_s=args.step_timeout,
-    )
+    kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+              if f.metadata.get("cli") is not False}
+    kwargs.update(tensor_parallel_size=args.nproc_per_node, executor="mp",
+                  master_addr=args.master_addr, master_port=args.master_port)
     kwargs.update(overrides)
     return EngineConfig(**kwargs)
 
@@ -222,7 +218,7 @@ def run_serve(args) -> int:
         raise
     previous = {sig: signal.signal(sig, lambda *_: server.stop())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
-    print(f"tprun serve: engine endpoint {server.address} (key file {server.key_file})",
+    print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
     if http_server is not None:
@@ -291,18 +287,50 @@ def _exit_on_signal(signum, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
+_TOP_LEVEL_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--master-addr", "--master_addr",
+                    "--master-port", "--master_port")
+
+
+def _misplaced_flag(argv: list[str]) -> str | None:
+    """A torchrun flag given after the subcommand, as a one-line hint."""
+    command = next((i for i, a in enumerate(argv) if a in COMMANDS), None)
+    if command is None:
+        return None
+    for arg in argv[command + 1:]:
+        name = arg.split("=", 1)[0]
+        if name in _TOP_LEVEL_FLAGS:
+            return (f"{name} is a tprun option, not a {argv[command]} option: put it before "
+                    f"the subcommand (tprun {name} N {argv[command]} ...)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done; 1 a failure at run time (a bad request, a worker
+    that failed); 2 the arguments, the model's config or the machine rule the
+    run out before any worker starts (one ``tprun: error:`` line, as argparse
+    does); 130 Ctrl-C (workers stopped, nothing left behind)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if (hint := _misplaced_flag(argv)) is not None:
+        print(f"tprun: error: {hint}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from engine.config import ConfigError
     from executor.base import WorkerFailure
 
     signal.signal(signal.SIGTERM, _exit_on_signal)  # serve replaces it once it serves
     try:
         return COMMANDS[args.command](args)
+    except ConfigError as e:
+        print(f"tprun: error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, OSError, WorkerFailure, TimeoutError) as e:
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("tprun: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -8,12 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+from ipc.config import SUPPORTED_ARCHITECTURES
 
 _DTYPES = {
     "float32": torch.float32,

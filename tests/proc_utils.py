@@ -33,14 +33,15 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def run_in_session(cmd: list[str], timeout: float, env: dict | None = None):
+def run_in_session(cmd: list[str], timeout: float, env: dict | None = None,
+                   cwd: str = ROOT):
     """Run ``cmd`` in a new session; returns (result, leftover pids).
 
     Leftovers are processes of that session still alive 5 s after it exits;
     they are killed before returning, so a failing test leaves none.
     """
     full_env = dict(os.environ, PYTHONPATH=pythonpath(), **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

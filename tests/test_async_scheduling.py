@@ -329,6 +329,7 @@ def test_llm_async_on_and_off_same_tokens_tp1(tiny_with_eos):
     assert sync_stats.num_preemptions > 0 and async_stats.num_preemptions > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_llm_async_on_and_off_same_tokens_tp2(tiny_with_eos):
     sync, _, params = generate(tiny_with_eos, False, tensor_parallel_size=2, executor="mp")

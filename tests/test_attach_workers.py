@@ -13,6 +13,7 @@ from tests.proc_utils import ROOT, pythonpath
 from worker.env import TorchrunEnv
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchrun_style_workers_attach_and_match_spawned(tmp_path):
     tiny = ensure_tiny_model(str(tmp_path / "cache"))

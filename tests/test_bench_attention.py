@@ -13,6 +13,7 @@ import pytest
 from tests.proc_utils import ROOT, run_in_session
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_prefill_rows_of_both_backends(tmp_path):
     out = tmp_path / "attention.json"

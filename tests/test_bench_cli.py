@@ -40,6 +40,7 @@ def check_summary(s: dict, num_requests: int, input_tokens: int, output_tokens: 
         assert 0 < p["mean"] <= duration * 1000
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_json_random_prompts_tp1(tmp_path):
     result = run_bench(tmp_path, "--nproc-per-node", "1", "bench", "--model", "tiny",
@@ -54,6 +55,7 @@ def test_bench_json_random_prompts_tp1(tmp_path):
     assert "bench" in result.stderr and "6/6" in result.stderr  # the progress bar
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_bench_dataset_tp2_sync_and_table(tmp_path):
     dataset = tmp_path / "prompts.jsonl"
@@ -77,6 +79,7 @@ def test_bench_dataset_tp2_sync_and_table(tmp_path):
     assert summary["engine"]["tensor_parallel_size"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_bad_dataset_line_is_a_clear_error(tmp_path):
     dataset = tmp_path / "bad.jsonl"

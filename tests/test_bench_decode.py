@@ -42,6 +42,7 @@ def check_floor(row: dict) -> None:
     assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(800)
 def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
     out = tmp_path / "decode.json"

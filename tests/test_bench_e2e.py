@@ -16,6 +16,7 @@ from tests.proc_utils import ROOT, run_in_session
 NON_EMBEDDING_PARAMS = 2 * 147_712 + 128 + 512 * 128
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_e2e_summary_fields(tmp_path):
     out = tmp_path / "e2e.json"

@@ -9,6 +9,7 @@ import pytest
 from tests.proc_utils import ROOT, run_in_session
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     out = tmp_path / "tp.json"

@@ -7,6 +7,7 @@ import pytest
 from tests.proc_utils import run_tprun
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_generate_json_tp2_one_object_per_prompt(tmp_path):
     result, leftovers = run_tprun(
@@ -28,6 +29,7 @@ def test_generate_json_tp2_one_object_per_prompt(tmp_path):
     assert leftovers == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_generate_tp1_and_tp2_agree(tmp_path):
     outputs = []
@@ -43,6 +45,7 @@ def test_generate_tp1_and_tp2_agree(tmp_path):
     assert outputs[0] == outputs[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_bad_prompt_token_ids_is_a_clear_error(tmp_path):
     result, leftovers = run_tprun(

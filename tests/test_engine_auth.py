@@ -201,6 +201,7 @@ def test_serve_help_says_where_the_key_is():
     assert "--endpoint-file F, to F.key" in text
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_serve_on_all_interfaces_warns_and_refuses_unsigned_messages(tmp_path):
     served = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",

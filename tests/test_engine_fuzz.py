@@ -154,6 +154,7 @@ def _truncate(frames: list[bytes], data: st.DataObject) -> list[bytes]:
     return [mac, payload[:cut]] if payload else [mac[:cut]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_unauthenticated_messages_are_refused_unanswered(served, secret, peer):
     _, start = peer.replies_until_stats()
@@ -181,6 +182,7 @@ def signed_garbage() -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=300), truncated, st.sampled_from(WRONG_TYPES))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_signed_garbage_gets_one_error_and_the_engine_keeps_serving(served, peer):
     @settings(max_examples=100, deadline=None, database=None,
@@ -202,6 +204,7 @@ def _lines(served, text: str) -> int:
     return served.output().count(text)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_oversized_frames_are_cut_and_logged(served, secret, peer):
     @settings(max_examples=3, deadline=None, database=None, phases=[Phase.generate],
@@ -229,6 +232,7 @@ def test_oversized_frames_are_cut_and_logged(served, secret, peer):
     check()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_refusals_add_up_in_the_log_and_real_clients_get_right_answers(served, peer):
     time.sleep(1.1)  # a new logging second: the next refusal is logged with the tally

@@ -33,6 +33,8 @@ from ipc.engine_messages import (
 )
 from tests.serve_utils import start_server, stop_server
 
+pytestmark = pytest.mark.slow  # every test starts a server with worker daemons
+
 MAX_TOKENS = 4
 
 

@@ -53,6 +53,7 @@ def _new_plan(step_id: int, req_id: str = "a") -> SchedulerOutput:
                            num_scheduled_tokens={req_id: 3}, total_num_scheduled_tokens=3)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_worker_killed_mid_run_fails_fast_naming_rank(tiny_dir):
     llm = LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu", max_model_len=4096)
@@ -73,6 +74,7 @@ def test_worker_killed_mid_run_fails_fast_naming_rank(tiny_dir):
     assert _wait_gone(pids, 5.0) == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
     executor = _executor(tiny_dir)
@@ -109,6 +111,7 @@ def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
         executor.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_stuck_step_reports_the_stuck_rank(tiny_dir):
     executor = _executor(tiny_dir, step_timeout_s=2.0)
@@ -159,6 +162,7 @@ def test_parent_killed_workers_exit(tiny_dir, tmp_path):
         _kill_session(proc.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
     proc, workers = _start_long_generate(tiny_dir, tmp_path, subprocess.PIPE)
@@ -172,6 +176,7 @@ def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
         _kill_session(proc.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_exception_in_a_step_is_reported_with_rank_and_traceback(tiny_dir, monkeypatch):
     # Rank 1 raises in step 3 while rank 0 goes on into its all-reduce.

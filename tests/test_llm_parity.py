@@ -40,7 +40,7 @@ def hf_llama_dir(tmp_path_factory):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_greedy_tokens_match_transformers(hf_llama_dir, tp):
     path, expected, _ = hf_llama_dir
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -53,7 +53,7 @@ def test_greedy_tokens_match_transformers(hf_llama_dir, tp):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_logprobs_match_transformers(hf_llama_dir, tp):
     # Through the worker daemons' flat replies, with chunked prefill (rows that
     # sample nothing) in the same steps as decodes.
@@ -88,6 +88,7 @@ def hf_mistral_window_dir(tmp_path_factory):
     return str(path), save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sliding_window_model_matches_transformers(hf_mistral_window_dir):
     path, expected = hf_mistral_window_dir

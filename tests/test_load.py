@@ -61,6 +61,7 @@ def run_window(client: EngineClient, prompts, params, indices, results: dict) ->
         results[i] = list(client.stream(rid))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_2000_requests_tp2_match_in_process_and_memory_stays_flat(tmp_path):
     prompts, params = make_load(NUM_REQUESTS, SEED)

@@ -169,6 +169,7 @@ def test_tp1_matches_hf(checkpoints, name, block_size):
     check_close(run_scenario(model, block_size), reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama", "qwen3", "mistral_window", "qwen2_window"])
 def test_triton_backend_matches_hf(checkpoints, name):
     # The Triton attention backend (the interpreter on CPU, compiled with
@@ -242,6 +243,7 @@ def tp2_results(checkpoints, tmp_path_factory) -> list[dict]:
     return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tp2_matches_hf(checkpoints, tp2_results, name):

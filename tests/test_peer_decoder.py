@@ -66,6 +66,7 @@ def test_llama3_frequencies_match_hf():
     assert not torch.allclose(plain, want)  # the scaling changes some frequencies
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_compiled_step_matches_eager_step(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))

@@ -392,21 +392,6 @@ def test_config_defaults():
     assert cfg.policy == "fcfs" and cfg.enable_prefix_caching is True
 
 
-@pytest.mark.parametrize(
-    "kw, match",
-    [
-        (dict(max_num_seqs=0), "max_num_seqs"),
-        (dict(block_size=-1), "block_size"),
-        (dict(max_model_len=1), "max_model_len"),
-        (dict(policy="lifo"), "policy"),
-        (dict(num_blocks=2.5), "num_blocks"),
-    ],
-)
-def test_invalid_config(kw, match):
-    with pytest.raises(ValueError, match=match):
-        config(**kw)
-
-
 def test_step_mismatch_raises():
     sched = Scheduler(config())
     sched.add_request(Request("x", [1], SamplingParams()))

@@ -51,6 +51,7 @@ def _plan(step_id: int, req_id: str) -> SchedulerOutput:
                            finished_req_ids=[f"r{step_id - 1}"] if step_id else [])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_live_workers_and_executor_survive_garbage(tmp_path, monkeypatch):
     monkeypatch.setattr(channels, "MAX_MESSAGE_BYTES", 1 << 20)

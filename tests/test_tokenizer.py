@@ -9,6 +9,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from engine.config import ConfigError
 from engine.model_info import ModelInfo
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -140,7 +141,7 @@ def test_model_info(tmp_path):
 
 
 def test_model_info_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(ConfigError, match="config.json"):  # a ValueError: before any worker
         ModelInfo.from_dir(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="vocab_size"):

@@ -145,6 +145,7 @@ def gloo_logits(tmp_path_factory) -> dict:
     return run_sizes(model_dir, "gloo")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tp2_float32_logits_match_tp1_gloo(gloo_logits):
     assert gloo_logits[1]["float32"].shape == (sum(PROMPT_LENS) + 2 * DECODE_STEPS,

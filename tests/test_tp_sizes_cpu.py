@@ -26,6 +26,7 @@ def model_and_expected(tmp_path_factory):
     return str(path), save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("tp", [4, 8])
 def test_greedy_tokens_match_hf_at_tp(model_and_expected, tp):

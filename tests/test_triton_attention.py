@@ -207,7 +207,7 @@ def test_mixed_batch_matches_oracle(block_size, head_dim, num_q_heads, num_kv_he
 
 
 @pytest.mark.parametrize("num_splits", [2, 5])
-@pytest.mark.parametrize("decode_only", [True, False])
+@pytest.mark.parametrize("decode_only", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_split_kv_matches_oracle(num_splits, decode_only):
     if decode_only:
         query_lens, seq_lens = [1, 1, 1, 1, 0], [3, 40, 127, 130, 0]
@@ -227,7 +227,7 @@ WINDOW_SEQ_LENS = [9, 150, 300, 140, 260, 0]
 
 
 @pytest.mark.parametrize("window", [1, 6, 64, 100, 1000])
-@pytest.mark.parametrize("num_splits", [1, 3, None])
+@pytest.mark.parametrize("num_splits", [1, pytest.param(3, marks=pytest.mark.slow), None])
 def test_sliding_window_matches_oracle(window, num_splits):
     batch = make_batch(
         window + 11, WINDOW_QUERY_LENS, WINDOW_SEQ_LENS, num_pad_tokens=2, block_size=16,

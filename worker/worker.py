@@ -12,7 +12,6 @@ import gc
 import logging
 import os
 
-import msgspec
 import torch
 import torch.distributed as dist
 
@@ -115,10 +114,13 @@ class Worker:
             raise ValueError(f"unknown control method {method!r}")
         return getattr(self, method)(**kwargs)
 
-    def load_model(self, config: dict) -> dict:
-        runner_config = msgspec.convert(config, RunnerConfig)
-        torch.manual_seed(runner_config.seed)
-        self.runner = ModelRunner(runner_config, self.device, self.tp)
+    def load_model(self, config: RunnerConfig) -> dict:
+        """Build the runner from the engine's ``RunnerConfig`` (checked by
+        ``EngineConfig``; it arrives typed, decoded by the broadcast channel)."""
+        if not isinstance(config, RunnerConfig):
+            raise TypeError(f"load_model needs a RunnerConfig, got {type(config).__name__}")
+        torch.manual_seed(config.seed)
+        self.runner = ModelRunner(config, self.device, self.tp)
         return {"bytes_per_block": self.runner.bytes_per_block()}
 
     def determine_num_blocks(self) -> int:

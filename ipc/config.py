@@ -1,0 +1,80 @@
+"""The typed, frozen projections of ``engine.config.EngineConfig``.
+
+``EngineConfig`` is the one owner of configuration: it validates every rule
+before any process starts and builds these with its methods
+(``runner_config``, ``scheduler_config``). They live here because both sides
+import them (the engine builds them, the runner and the scheduler read them)
+and the runner imports no package but ipc. They carry no rules of their own:
+a value here was checked by ``EngineConfig`` (or by a test or benchmark that
+builds one directly and takes that responsibility). ``RunnerConfig`` crosses
+the socket inside ``ControlCall`` as itself, so a worker receives it typed.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a worker needs to build its runner.
+
+    ``model`` is a local directory (or file) the worker can read; ``device``
+    is "cpu" or "cuda" (resolved); ``dtype`` is "auto" (the checkpoint's) or
+    a torch dtype name. ``max_num_seqs`` is the number of request slots (rows
+    of every persistent tensor); ``max_num_batched_tokens`` sizes the
+    per-step input buffers; ``max_model_len`` sizes ``all_token_ids`` and the
+    block tables; ``block_size`` is a power of two. ``kv_cache_memory_bytes``
+    bounds the KV cache on CPU; ``gpu_memory_utilization`` is the share of
+    the GPU the worker may use. ``disable_custom_all_reduce``: NCCL for
+    every all-reduce instead of the one-shot kernel over peer memory.
+    ``load_format="dummy"`` fills random weights
+    instead of reading the checkpoint (only config.json is needed).
+    """
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    seed: int = 0
+    enforce_eager: bool = False
+    disable_custom_all_reduce: bool = False
+    attention_backend: str | None = None
+    kv_cache_memory_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.9
+    load_format: str = "auto"
+
+    @property
+    def max_num_blocks_per_req(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The scheduler's limits. ``num_blocks`` is what the workers reported
+    (the minimum over ranks). ``policy``: "fcfs" (arrival order) or
+    "priority" (lower ``Request.priority`` first, then arrival).
+    ``enable_prefix_caching``: reuse KV blocks of equal token prefixes;
+    hits reach the runner as ``NewRequestData.num_computed_tokens``.
+    ``max_model_len`` >= 2 (a prompt must leave room for one token)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = True
+
+
+# The values a ``ControlCall`` argument may take: a union msgspec decodes
+# without guessing (one structured type, the rest scalars and lists).
+ControlArg = RunnerConfig | int | float | str | bool | list | None
