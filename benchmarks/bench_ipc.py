@@ -1,6 +1,6 @@
 """Benchmark tprun's IPC round trip against bare pyzmq with the same bytes.
 
-    python benchmarks/bench_ipc.py [--tp 1 2 4 8] [--iters N] [--out FILE]
+    python -m benchmarks.bench_ipc [--tp 1 2 4 8] [--iters N] [--out FILE]
                                    [--transport ipc tcp] [--warmup W] [--rounds R]
 
 For each transport and TP size N it starts N worker processes (no model) and
@@ -41,19 +41,16 @@ import time
 import msgspec
 import zmq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks.summary import emit_summary  # noqa: E402
-from ipc.channels import (  # noqa: E402
+from benchmarks.common import emit_summary
+from ipc.channels import (
     BroadcastPublisher,
     BroadcastSubscriber,
     ReplyReceiver,
     ReplySender,
     wait_for_subscribers,
 )
-from ipc.endpoints import Endpoints  # noqa: E402
-from ipc.messages import (  # noqa: E402
+from ipc.endpoints import Endpoints
+from ipc.messages import (
     CachedRequestData,
     ControlCall,
     ControlReply,
@@ -62,8 +59,9 @@ from ipc.messages import (  # noqa: E402
     SchedulerOutput,
     Sync,
 )
-from ipc.serde import decode_broadcast, decode_reply, encode  # noqa: E402
+from ipc.serde import decode_broadcast, decode_reply, encode
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_SIZE = 16
 TARGET_TP = 8
 TARGET_RATIO = 1.2
