@@ -32,6 +32,7 @@ Prints a table, then, last, one JSON object with all results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import random
@@ -335,6 +336,9 @@ class Cluster:
             for socket in self.sockets:
                 socket.close()
             self.ctx.term()
+            for name in ("raw-broadcast", "raw-reply"):  # Endpoints knows only its own two
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.endpoints.directory, name))
             self.endpoints.cleanup()
 
 
