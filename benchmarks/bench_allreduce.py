@@ -1,6 +1,6 @@
 """All-reduce alone: the one-shot kernel over peer memory against NCCL.
 
-    python -m torch.distributed.run --nproc-per-node 2 benchmarks/bench_allreduce.py \
+    python -m torch.distributed.run --nproc-per-node 2 -m benchmarks.bench_allreduce \
         --out benchmarks/results/allreduce_tp2.json
 
 bf16 messages of 8 KB to 32 MB (rows of 4096 values), each timed inside a
@@ -15,18 +15,14 @@ checked against NCCL's sum first. Rank 0 prints and writes the JSON.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from benchmarks.summary import emit_summary  # noqa: E402
-from runner.custom_all_reduce import MAX_BYTES, MAX_PROGRAMS, PeerBuffers  # noqa: E402
-from runner.layers.triton_rms_norm import rms_norm_triton  # noqa: E402
+from benchmarks.common import emit_summary, init_device
+from runner.custom_all_reduce import MAX_BYTES, MAX_PROGRAMS, PeerBuffers
+from runner.layers.triton_rms_norm import rms_norm_triton
 
 HIDDEN = 4096
 
@@ -94,10 +90,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", device_id=device)
+    device = init_device("cuda")
+    rank = device.index
     peer = PeerBuffers.create(device)
     rows_list = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     results = []

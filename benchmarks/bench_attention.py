@@ -1,8 +1,8 @@
 """Benchmark the Triton paged-attention backend against torch SDPA.
 
-    python benchmarks/bench_attention.py [--out benchmarks/results/attention.json]
-    python benchmarks/bench_attention.py --prefill-only --backend both
-    python benchmarks/bench_attention.py --smoke      # tiny shapes; runs on CPU too
+    python -m benchmarks.bench_attention [--out benchmarks/results/attention.json]
+    python -m benchmarks.bench_attention --prefill-only --backend both
+    python -m benchmarks.bench_attention --smoke      # tiny shapes; runs on CPU too
 
 Shapes (CUDA): Llama-3-8B heads (32 query heads, 8 KV heads, head dim 128), bf16,
 block size 16. Decode: batch x context with one query token per request; prefill:
@@ -31,7 +31,6 @@ Prints a table, then, last, one JSON object with all results.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -45,8 +44,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 from torch.nn.attention.bias import causal_lower_right  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from benchmarks.common import emit_summary  # noqa: E402
 from runner.attention.flash_prefill import (  # noqa: E402
     FlashPrefillBackend,
     default_prefill_kernel,
@@ -339,11 +337,7 @@ def main() -> None:
     }
     if args.sweep:
         report["sweep"] = sweep(heads, args.block_size, dtype, device, args.smoke)
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-    print(json.dumps(report))
+    emit_summary(report, args.out)
 
 
 if __name__ == "__main__":

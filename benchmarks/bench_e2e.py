@@ -1,7 +1,7 @@
 """End-to-end throughput and inter-token latency against HF transformers; prefill TTFT.
 
-    python benchmarks/bench_e2e.py --shape 8b --num-requests 256 --input-len 512 --output-len 256
-    python benchmarks/bench_e2e.py --shape tiny --device cpu --dtype float32 ...   (smoke test)
+    python -m benchmarks.bench_e2e --shape 8b --num-requests 256 --input-len 512 --output-len 256
+    python -m benchmarks.bench_e2e --shape tiny --device cpu --dtype float32 ...   (smoke test)
 
 Both run on the same GPU in the same process, HF first (then freed): HF
 ``generate`` (eager, dynamic cache, greedy) over the same random prompts in
@@ -31,20 +31,15 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import floor  # noqa: E402
-from benchmarks.engine_timing import timed_generation  # noqa: E402
-from benchmarks.shapes import SHAPES, hf_config, shape_config, write_shape  # noqa: E402
-from benchmarks.summary import emit_summary  # noqa: E402
+from benchmarks import floor
+from benchmarks.common import device_name, emit_summary, synchronize, timed_generation
+from benchmarks.shapes import SHAPES, hf_config, shape_config, write_shape
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
@@ -63,7 +58,7 @@ def run_hf(shape: str, prompts: list[list[int]], output_len: int, batch: int,
         model = transformers.LlamaForCausalLM._from_config(
             config, dtype=dtype, attn_implementation="sdpa")
     model.eval()
-    sync = lambda: floor.synchronize(device)  # noqa: E731
+    sync = lambda: synchronize(device)  # noqa: E731
     step_times, total_tokens, elapsed = [], 0, 0.0
     for i in range(0, len(prompts), batch):
         ids = torch.tensor(prompts[i: i + batch], device=device)
@@ -220,10 +215,6 @@ def run_benchmark(args, model_dir: str) -> dict:
         "ttft": ttft, "date": time.strftime("%Y-%m-%d"),
     }
     return summary
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Skinny GEMMs (decode projections): cuBLAS against runner's Triton skinny matmul.
 
-    python benchmarks/bench_gemv.py [--rows 1 8] [--shapes 8b 1b]
+    python -m benchmarks.bench_gemv [--rows 1 8] [--shapes 8b 1b]
 
 At batch 1-8 each projection reads its weight once; the question is how close
 to the copy bandwidth each implementation gets. Per projection of the
@@ -25,16 +25,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.summary import emit_summary  # noqa: E402
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul  # noqa: E402
+from benchmarks.common import emit_summary
+from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
 
 # (name, out features N, in features K) of the projections at TP=1.
 PROJECTIONS = {

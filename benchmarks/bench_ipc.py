@@ -1,6 +1,6 @@
 """Benchmark tprun's IPC round trip against bare pyzmq with the same bytes.
 
-    python benchmarks/bench_ipc.py [--tp 1 2 4 8] [--iters N] [--out FILE]
+    python -m benchmarks.bench_ipc [--tp 1 2 4 8] [--iters N] [--out FILE]
                                    [--transport ipc tcp] [--warmup W] [--rounds R]
 
 For each transport and TP size N it starts N worker processes (no model) and
@@ -15,8 +15,10 @@ times one step's round trip as the executor sees it:
 
 The plan is a decode step of 256 cached requests ("req-<n>", one token each, a
 new KV block for those crossing a block boundary); step_id changes every
-iteration. Workers start as subprocesses and go through the real handshake
-(wait_for_subscribers). Both modes use the same processes, in alternating
+iteration. Workers start as the executor starts its worker daemons
+(executor/multiproc.py: ``spawn_worker`` with the same environment, here
+running ``python -m benchmarks.bench_ipc --worker``) and go through the real
+handshake (wait_for_subscribers). Both modes use the same processes, in alternating
 blocks, so drift on a busy host falls on both alike; warm-up iterations are
 left out. The rank 0 reply is sent from the worker's main loop (the real
 daemon hands it to a copy thread; that hand-off is not measured here).
@@ -30,6 +32,7 @@ Prints a table, then, last, one JSON object with all results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import random
@@ -41,19 +44,17 @@ import time
 import msgspec
 import zmq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from benchmarks.summary import emit_summary  # noqa: E402
-from ipc.channels import (  # noqa: E402
+from benchmarks.common import emit_summary
+from executor.multiproc import exited_worker, spawn_worker, stop_workers, worker_environ
+from ipc.channels import (
     BroadcastPublisher,
     BroadcastSubscriber,
     ReplyReceiver,
     ReplySender,
     wait_for_subscribers,
 )
-from ipc.endpoints import Endpoints  # noqa: E402
-from ipc.messages import (  # noqa: E402
+from ipc.endpoints import Endpoints
+from ipc.messages import (
     CachedRequestData,
     ControlCall,
     ControlReply,
@@ -62,7 +63,9 @@ from ipc.messages import (  # noqa: E402
     SchedulerOutput,
     Sync,
 )
-from ipc.serde import decode_broadcast, decode_reply, encode  # noqa: E402
+from ipc.serde import decode_broadcast, decode_reply, encode
+from worker.env import TorchrunEnv
+from worker.parent_death import die_with_parent_from_env
 
 BLOCK_SIZE = 16
 TARGET_TP = 8
@@ -143,13 +146,16 @@ def serve_bare(rank: int, sub: zmq.Socket, push: zmq.Socket, reply_bytes: bytes,
 
 
 def worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="bench_ipc.py --worker")
-    parser.add_argument("--rank", type=int, required=True)
+    """One worker, started by ``Cluster`` with the executor's worker
+    environment: its rank is RANK, and it dies with the benchmark."""
+    die_with_parent_from_env()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_ipc --worker")
     parser.add_argument("--num-reqs", type=int, required=True)
     parser.add_argument("--endpoints", nargs=4, required=True,
                         metavar=("BROADCAST", "REPLY", "RAW_PUB", "RAW_PULL"))
     args = parser.parse_args(argv)
     broadcast, reply, raw_pub, raw_pull = args.endpoints
+    rank = TorchrunEnv.from_environ().rank
     parent_pid = os.getppid()
     sampled = sampled_tokens(args.num_reqs)
     reply_bytes = encode(make_reply(make_plan(args.num_reqs), sampled))
@@ -166,14 +172,14 @@ def worker_main(argv: list[str]) -> int:
     push.setsockopt(zmq.SNDHWM, 0)
     push.setsockopt(zmq.LINGER, 1000)
     push.connect(raw_pull)
-    sender.send(Hello(rank=args.rank, pid=os.getpid()))
+    sender.send(Hello(rank=rank, pid=os.getpid()))
     mode = "ipc"
     try:
         while mode != "quit":
             if mode == "ipc":
-                mode = serve_ipc(args.rank, subscriber, sender, sampled, parent_pid)
+                mode = serve_ipc(rank, subscriber, sender, sampled, parent_pid)
             else:
-                mode = serve_bare(args.rank, sub, push, reply_bytes, parent_pid)
+                mode = serve_bare(rank, sub, push, reply_bytes, parent_pid)
     finally:
         for socket in (subscriber, sender, sub, push):
             socket.close()
@@ -233,16 +239,13 @@ class Cluster:
     def _spawn(self, rank: int, num_reqs: int) -> subprocess.Popen:
         addresses = [s.getsockopt(zmq.LAST_ENDPOINT).decode() for s in
                      (self.publisher.socket, self.receiver.socket, self.pub, self.pull)]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(rank),
-               "--num-reqs", str(num_reqs), "--endpoints", *addresses]
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        env = worker_environ(rank, self.tp, "127.0.0.1", 0)  # no process group: no port
+        return spawn_worker("benchmarks.bench_ipc", ["--worker", "--num-reqs", str(num_reqs),
+                                                     "--endpoints", *addresses], env)
 
     def raise_if_dead(self) -> None:
-        for rank, proc in enumerate(self.procs):
-            if (code := proc.poll()) is not None:
-                raise RuntimeError(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+        if (failure := exited_worker(self.procs)) is not None:
+            raise failure
 
     # ---- one round trip each ----------------------------------------------
     def ipc_round_trip(self, plan: SchedulerOutput) -> int:
@@ -329,26 +332,14 @@ class Cluster:
         except zmq.ZMQError:
             pass
         finally:
-            stop_processes(self.procs, grace_s=5.0)
+            stop_workers(self.procs, timeout_s=5.0)
             for socket in self.sockets:
                 socket.close()
             self.ctx.term()
+            for name in ("raw-broadcast", "raw-reply"):  # Endpoints knows only its own two
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.endpoints.directory, name))
             self.endpoints.cleanup()
-
-
-def stop_processes(procs: list[subprocess.Popen], grace_s: float) -> None:
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # ---- measurement ------------------------------------------------------------

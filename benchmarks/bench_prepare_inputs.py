@@ -1,6 +1,6 @@
 """Time of prepare_inputs: the step's host-to-device copy and input kernels.
 
-    python benchmarks/bench_prepare_inputs.py [--device cuda] [--iters 200]
+    python -m benchmarks.bench_prepare_inputs [--device cuda] [--iters 200]
 
 Two batches on the embedded tiny model (the model's size does not matter
 here): a 256-request decode batch, and a mixed batch of 64 decodes plus four
@@ -15,20 +15,18 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from engine.tiny_model import ensure_tiny_model  # noqa: E402
-from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput  # noqa: E402
-from runner.config import RunnerConfig  # noqa: E402
-from runner.distributed import TensorParallelGroup  # noqa: E402
-from runner.input_batch import make_input_batch  # noqa: E402
-from runner.model_runner import ModelRunner  # noqa: E402
+from benchmarks.common import emit_summary
+from engine.tiny_model import ensure_tiny_model
+from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput
+from runner.config import RunnerConfig
+from runner.distributed import TensorParallelGroup
+from runner.input_batch import make_input_batch
+from runner.model_runner import ModelRunner
 
 
 def _add_requests(runner: ModelRunner, prompts: dict[str, int], computed: dict[str, int]):
@@ -89,8 +87,8 @@ def main() -> None:
     results.append(dict(batch="mixed-64d-4x256p", **time_prepare(runner, mixed, args.iters)))
     for row in results:
         print(json.dumps(row))
-    print(json.dumps({"benchmark": "prepare_inputs", "device": str(device),
-                      "date": time.strftime("%Y-%m-%d"), "results": results}))
+    emit_summary({"benchmark": "prepare_inputs", "device": str(device),
+                  "date": time.strftime("%Y-%m-%d"), "results": results}, None)
 
 
 if __name__ == "__main__":

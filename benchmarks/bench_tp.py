@@ -1,7 +1,7 @@
 """Tensor parallelism: TP=N against TP=1 on the same weights, and its speed.
 
-    python benchmarks/bench_tp.py --shape 8b --tp 1 2 4 8            (GPUs, NCCL)
-    python benchmarks/bench_tp.py --shape tiny --device cpu --tp 1 2  (CPU, gloo)
+    python -m benchmarks.bench_tp --shape 8b --tp 1 2 4 8            (GPUs, NCCL)
+    python -m benchmarks.bench_tp --shape tiny --device cpu --tp 1 2  (CPU, gloo)
 
 For each N, ``LLM(tensor_parallel_size=N, executor="mp", load_format="dummy")``
 starts the worker daemons as ``tprun --nproc-per-node N`` would: TP=1 too runs
@@ -30,16 +30,12 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.engine_timing import timed_generation  # noqa: E402
-from benchmarks.shapes import write_shape  # noqa: E402
-from benchmarks.summary import emit_summary  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
+from benchmarks.common import emit_summary, timed_generation
+from benchmarks.shapes import write_shape
+from engine import LLM, SamplingParams
 
 
 def model_dir_for(shape: str, directory: str) -> str:

@@ -16,36 +16,11 @@ matmul throughput of one large ``torch.matmul`` timed here.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_per_call(fn: Callable[[], object], device: torch.device, iters: int = 10,
-                  warmup: int = 3) -> float:
-    """Seconds per call of ``fn``: the mean over ``iters`` back-to-back calls
-    after ``warmup`` (CUDA events on GPU, the wall clock elsewhere)."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1000 / iters
-    start_s = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return (time.perf_counter() - start_s) / iters
+from benchmarks.common import time_per_call
 
 
 def _triton_read_bandwidth(src: torch.Tensor) -> float:

@@ -1,6 +1,6 @@
 """A torch.compile'd Llama decoder: the peer tprun's decode step is timed against.
 
-    python benchmarks/bench_decode.py --shape 8b --peer ...
+    python -m benchmarks.bench_decode --shape 8b --peer ...
 
 Written from torch's public API only, after gpt-fast's recipe: plain modules,
 fused qkv and gate/up projections, a static KV cache per layer

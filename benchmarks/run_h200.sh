@@ -56,38 +56,38 @@ run_stage() {
         tests/test_skinny_matmul.py tests/test_flash_prefill.py
       ;;
     prepare)
-      timeout 60 python3 benchmarks/bench_prepare_inputs.py 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
+      timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
     attention)
-      timeout 200 python3 benchmarks/bench_attention.py --out "$RESULTS/attention.json" 2>&1 \
+      timeout 200 python3 -m benchmarks.bench_attention --out "$RESULTS/attention.json" 2>&1 \
         | tail -60 | tee "$LOGS/attention.log" ;;
     bench-small) run_stage prepare; run_stage attention; run_stage bench-1b ;;
     bench-1b)
-      timeout 240 python3 benchmarks/bench_decode.py --shape 1b --batches 1 8 32 128 256 \
+      timeout 240 python3 -m benchmarks.bench_decode --shape 1b --batches 1 8 32 128 256 \
         --contexts 512 4096 --idle --out "$RESULTS/decode_1b.json" 2>&1 \
         | tee "$LOGS/decode_1b.log" | tail -1 ;;
     bench-8b)
-      timeout 280 python3 benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 256 \
+      timeout 280 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 128 256 \
         --contexts 512 4096 --idle --profile-host --kernel-table --out "$RESULTS/decode_8b.json" \
         > "$LOGS/decode_8b.log" 2> "$LOGS/decode_8b.err"
       tail -3 "$LOGS/decode_8b.log" ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
-      timeout 590 python3 benchmarks/bench_e2e.py --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
+      timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
         | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"
       tail -1 "$LOGS/e2e_8b.log" | cut -c1-400 ;;
     ipc)
-      timeout 240 python3 benchmarks/bench_ipc.py --out "$RESULTS/ipc.json" 2>&1 \
+      timeout 240 python3 -m benchmarks.bench_ipc --out "$RESULTS/ipc.json" 2>&1 \
         | tee "$LOGS/ipc.log" | tail -30 ;;
     gemv)
-      timeout 280 python3 benchmarks/bench_gemv.py --rows 1 8 --out "$RESULTS/gemv.json" 2>&1 \
+      timeout 280 python3 -m benchmarks.bench_gemv --rows 1 8 --out "$RESULTS/gemv.json" 2>&1 \
         | tee "$LOGS/gemv.log" | tail -14 ;;
     tp)  # agreement with TP=1 and speed, async scheduling on and off
-      timeout 560 python3 benchmarks/bench_tp.py --shape 8b --tp $(tp_sizes) --output-len 64 \
+      timeout 560 python3 -m benchmarks.bench_tp --shape 8b --tp $(tp_sizes) --output-len 64 \
         --out "$RESULTS/tp_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$LOGS/tp_8b.log" | tail -1 ;;
     tp-decode)  # the decode step per rank, NCCL all-reduce inside, with a kernel table
       for n in $(tp_sizes); do
         [ "$n" -gt 1 ] || continue
         timeout 180 python3 -m torch.distributed.run --nproc-per-node "$n" \
-          benchmarks/bench_decode.py --shape 8b --batches 1 8 32 64 128 --contexts 512 4096 \
+          -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 128 --contexts 512 4096 \
           --kernel-table --out "$RESULTS/decode_8b_tp$n.json" >> "$LOGS/decode_8b_tp.log" 2>&1
         tail -1 "$LOGS/decode_8b_tp.log" | cut -c1-300
       done ;;
@@ -95,16 +95,16 @@ run_stage() {
       pytest_files pytest_gpu_tp.log tests/test_custom_all_reduce.py tests/test_tp_parity*.py ;;
     allreduce)  # all-reduce alone, custom against NCCL, inside CUDA graphs
       timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 \
-        benchmarks/bench_allreduce.py --out "$RESULTS/allreduce_tp2.json" > "$LOGS/allreduce.log" 2>&1
+        -m benchmarks.bench_allreduce --out "$RESULTS/allreduce_tp2.json" > "$LOGS/allreduce.log" 2>&1
       tail -16 "$LOGS/allreduce.log" | cut -c1-200 ;;
     tp-decode-ab)  # decode step of TP=1, TP=2 (custom all-reduce) and TP=2 (NCCL), one run
       local shape=${TP_SHAPE:-8b}
-      timeout 200 python3 benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} \
+      timeout 200 python3 -m benchmarks.bench_decode --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} \
         --contexts 512 4096 --out "$RESULTS/tp_ab_${shape}_tp1.json" > "$LOGS/tp_decode.log" 2>&1
       tail -1 "$LOGS/tp_decode.log" | cut -c1-300
       for flag in "" --disable-custom-all-reduce; do
         timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 \
-          benchmarks/bench_decode.py --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} --contexts 512 4096 \
+          -m benchmarks.bench_decode --shape "$shape" --batches ${TP_BATCHES:-1 8 32 64 128} --contexts 512 4096 \
           --kernel-table $flag --out "$RESULTS/tp_ab_${shape}_tp2${flag:+_nccl}.json" >> "$LOGS/tp_decode.log" 2>&1
         tail -1 "$LOGS/tp_decode.log" | cut -c1-300
       done ;;
@@ -113,18 +113,18 @@ run_stage() {
       # one run per context (the peer compiles once per row), merged into one summary
       local shape=${1#peer-} append=""
       for ctx in 512 4096; do
-        timeout 590 python3 benchmarks/bench_decode.py --shape "$shape" --batches 1 8 32 64 \
+        timeout 590 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 32 64 \
           --contexts $ctx --peer --idle --out "$RESULTS/decode_$shape.json" $append \
           >> "$LOGS/decode_$shape.log" 2>&1
         append=--append
         tail -1 "$LOGS/decode_$shape.log" | cut -c1-400
       done ;;
     attention-ab)  # prefill attention: Triton against the flash prefill path, SDPA beside
-      timeout 300 python3 benchmarks/bench_attention.py --prefill-only --backend both \
+      timeout 300 python3 -m benchmarks.bench_attention --prefill-only --backend both \
         --out "$RESULTS/attention_prefill.json" 2>&1 | tee "$LOGS/attention_prefill.log" \
         | head -12 ;;
     e2e-flash)  # the same, TTFT through triton_flash_prefill (HF part shortened)
-      timeout 590 python3 benchmarks/bench_e2e.py --shape 8b --num-requests 32 --output-len 32 \
+      timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --num-requests 32 --output-len 32 \
         --attention-backend triton_flash_prefill --out "$RESULTS/e2e_8b_flash_prefill.json" \
         2>&1 | grep -v "capturing CUDA" > "$LOGS/e2e_8b_flash_prefill.log"
       tail -1 "$LOGS/e2e_8b_flash_prefill.log" | cut -c1-400 ;;

@@ -1,6 +1,6 @@
 """Markdown tables for the README from the benchmarks' JSON summaries.
 
-    python benchmarks/tables.py [--results benchmarks/results]
+    python -m benchmarks.tables [--results benchmarks/results]
 
 Reads ``decode_8b.json``, ``decode_1b.json``, ``e2e_8b.json``,
 ``attention_prefill.json`` and ``ipc.json`` when present and prints the

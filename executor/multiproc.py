@@ -39,7 +39,8 @@ from ipc.messages import (
 )
 from worker.env import NO_MULTICAST, disable_multicast
 
-__all__ = ["NO_MULTICAST", "MultiprocExecutor", "free_port"]
+__all__ = ["NO_MULTICAST", "MultiprocExecutor", "exited_worker", "free_port", "spawn_worker",
+           "stop_workers", "worker_environ"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,47 @@ def module_command(module: str) -> list[str]:
     code = ("import runpy, sys; del sys.path[0]; "
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     return [sys.executable, "-c", code]
+
+
+def worker_environ(rank: int, world_size: int, master_addr: str,
+                   master_port: int) -> dict[str, str]:
+    """This process's environment plus what a spawned worker reads: torchrun's
+    variables for ``rank``, the project first on PYTHONPATH (the worker
+    imports this checkout), ``TPRUN_PARENT_PID`` (the worker dies with this
+    process, see worker/parent_death.py) and NVLink multicast off."""
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+               MASTER_PORT=str(master_port))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+    env["TPRUN_PARENT_PID"] = str(os.getpid())
+    disable_multicast(env)
+    return env
+
+
+def spawn_worker(module: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """``python -m MODULE ARGS`` (see ``module_command``) with ``env``, stdin closed."""
+    return subprocess.Popen([*module_command(module), *args], env=env, stdin=subprocess.DEVNULL)
+
+
+def exited_worker(procs: list[subprocess.Popen]) -> WorkerFailure | None:
+    """A failure naming the first worker (by rank) that has exited, if any."""
+    for rank, proc in enumerate(procs):
+        code = proc.poll()
+        if code is not None:
+            return WorkerFailure(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+    return None
+
+
+def stop_workers(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` in all for the workers to exit; kill the rest."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,24 +156,16 @@ class MultiprocExecutor(Executor):
         self.reader.start()
 
     def _spawn(self, rank: int, device: str, addr: str, port: int) -> subprocess.Popen:
-        env = dict(os.environ)
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size),
-                   LOCAL_WORLD_SIZE=str(self.world_size), MASTER_ADDR=addr, MASTER_PORT=str(port))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
-        env["TPRUN_PARENT_PID"] = str(os.getpid())
-        disable_multicast(env)
+        env = worker_environ(rank, self.world_size, addr, port)
         if self.store is not None:
             env.update(AGENT_STORE_ENV)
-        cmd = [*module_command("worker"), "--broadcast", self.endpoints.broadcast,
-               "--reply", self.endpoints.reply, "--device", device]
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        return spawn_worker("worker", ["--broadcast", self.endpoints.broadcast,
+                                       "--reply", self.endpoints.reply, "--device", device], env)
 
     # ---- failure detection ---------------------------------------------
     def _dead_worker(self) -> WorkerFailure | None:
-        for rank, proc in enumerate(self.procs):
-            code = proc.poll()
-            if code is not None:
-                return WorkerFailure(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+        if (failure := exited_worker(self.procs)) is not None:
+            return failure
         if self.attached and self.heartbeat_at:
             now = time.monotonic()
             for rank in range(self.world_size):
@@ -279,13 +313,7 @@ class MultiprocExecutor(Executor):
             self.publisher.publish(ControlCall(call_id=-1, method="shutdown"))
         except zmq.ZMQError:
             pass
-        deadline = time.monotonic() + 5
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_workers(self.procs, timeout_s=5)
         self.store = None  # every rank has left the process group: let it go
         self.publisher.close()
         self.receiver.close()
