@@ -1,6 +1,6 @@
 """Async scheduling: step N+1 is scheduled before step N's output is absorbed.
 
-Scheduler level: the fake runner of test_scheduler (which, like the real
+Scheduler level: the scheduler tests' fake runner (which, like the real
 runner, feeds a decode the token it sampled itself) runs each step as soon
 as it is scheduled; the driver absorbs step N only after scheduling N+1.
 Outputs must equal the plain reference loop and the synchronous driver.
@@ -24,7 +24,7 @@ from engine import LLM, SamplingParams
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.tiny_model import ensure_tiny_model
-from tests.engine.test_scheduler import (
+from tests.helpers.fake_runner import (
     PROMPTS,
     FakeRunner,
     admit,

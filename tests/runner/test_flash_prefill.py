@@ -26,14 +26,14 @@ from runner.attention.selector import get_attention_backend
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.distributed import TensorParallelGroup
 from runner.models import build_model
-from tests.helpers.kernel_device import KERNEL_DEVICE
-from tests.runner.test_model_parity import check_close, run_scenario, save_hf_model
-from tests.runner.test_triton_attention import (
+from tests.helpers.attention_oracle import (
     MIXED_QUERY_LENS,
     MIXED_SEQ_LENS,
     make_batch,
     run_and_check,
 )
+from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.model_parity import check_close, run_scenario, save_hf_model
 
 CUDA = torch.cuda.is_available()
 FRESH_LENS = [5, 16, 33, 1]  # a one-token prompt too, and a block boundary

@@ -12,7 +12,7 @@ import torch
 
 from runner.attention.torch_ref import TorchAttentionBackend
 from runner.attention.torch_sdpa import TorchSDPABackend
-from tests.runner.test_triton_attention import make_batch
+from tests.helpers.attention_oracle import make_batch
 
 CASES = [
     # (query_lens, seq_lens): decode rows lead, as the runner orders them

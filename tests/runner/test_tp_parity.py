@@ -35,8 +35,8 @@ WIDE = dict(vocab_size=8000, hidden_size=1024, intermediate_size=2816, num_hidde
 
 
 def save_checkpoint(path, shape: dict, seed: int = 5) -> str:
-    """A random float32 Llama with logits of std about 2 (tests/runner/test_model_parity.py)."""
-    from tests.runner.test_model_parity import randomize
+    """A random float32 Llama with logits of std about 2 (tests/helpers/model_parity.py)."""
+    from tests.helpers.model_parity import randomize
 
     config = transformers.LlamaConfig(**shape, max_position_embeddings=256, rms_norm_eps=1e-5,
                                       tie_word_embeddings=False)
