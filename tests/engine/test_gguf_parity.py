@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.helpers.gguf_reference import SMOLLM2, hf_model, hf_tokenizer, smollm2_path
 
 pytest.importorskip("transformers")
 
@@ -23,10 +22,9 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def reference():
+def reference(smollm2_hf_tokenizer, smollm2_hf_model):
     """(prompt ids, greedy continuations) from transformers."""
-    path = smollm2_path()
-    tokenizer, model = hf_tokenizer(path), hf_model(path)
+    tokenizer, model = smollm2_hf_tokenizer, smollm2_hf_model
     prompt_ids = [tokenizer(p).input_ids for p in PROMPTS]
     with torch.no_grad():
         outputs = [model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
@@ -38,10 +36,10 @@ def reference():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("tp", [1, 3])
-def test_greedy_tokens_match_transformers_gguf(reference, tp):
+def test_greedy_tokens_match_transformers_gguf(reference, smollm2, tp):
     prompt_ids, expected = reference
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    with LLM(model=SMOLLM2, tensor_parallel_size=tp, device="cpu", dtype="float32",
+    with LLM(model=smollm2, tensor_parallel_size=tp, device="cpu", dtype="float32",
              max_num_seqs=4, max_model_len=512) as llm:
         outs = llm.generate(PROMPTS, params)
     assert [o.prompt_token_ids for o in outs] == prompt_ids

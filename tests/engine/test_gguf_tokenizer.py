@@ -7,7 +7,6 @@ import pytest
 
 from engine.gguf_model import resolve_gguf
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from tests.helpers.gguf_reference import SMOLLM2, hf_tokenizer, smollm2_path
 
 pytest.importorskip("transformers")
 
@@ -25,9 +24,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizers():
-    hf = hf_tokenizer(smollm2_path())
-    ours = Tokenizer.from_dir(resolve_gguf(SMOLLM2))
+def tokenizers(smollm2, smollm2_hf_tokenizer):
+    hf = smollm2_hf_tokenizer
+    ours = Tokenizer.from_dir(resolve_gguf(smollm2))
     return ours, hf
 
 

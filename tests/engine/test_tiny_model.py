@@ -6,7 +6,6 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,11 +15,6 @@ from engine.tiny_model import BOS, EOS, PAD, TINY_NAME, ensure_tiny_model
 from runner.attention.metadata import AttentionMetadata
 from runner.distributed import TensorParallelGroup
 from runner.models import build_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))
 
 
 def digest(model_dir: str) -> dict[str, str]:

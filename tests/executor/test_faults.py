@@ -11,7 +11,6 @@ import time
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.tiny_model import ensure_tiny_model
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
@@ -31,11 +30,6 @@ def _wait_gone(pids, timeout: float) -> list[int]:
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
     return [p for p in pids if _alive(p)]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))
 
 
 def _executor(tiny_dir, step_timeout_s=300.0) -> MultiprocExecutor:

@@ -2,16 +2,10 @@
 
 import pytest
 
-from engine.tiny_model import ensure_tiny_model
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from tests.helpers.runner_steps import make_runner
 
 BLOCK = 4
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))
 
 
 def _runner(model_dir: str):
