@@ -45,15 +45,16 @@ tp_sizes() {  # 1 2 4 8, as many as the host has GPUs
 run_stage() {
   case "$1" in
     tests) run_stage tests-1; run_stage tests-2 ;;
-    tests-1) pytest_files pytest_gpu.log $(ls tests/test_[a-l]*.py) ;;
-    tests-2) pytest_files pytest_gpu.log $(ls tests/test_[m-z]*.py) ;;
+    tests-1) pytest_files pytest_gpu.log tests/runner tests/benchmarks ;;
+    tests-2) pytest_files pytest_gpu.log tests/engine tests/executor tests/ipc tests/launch tests/test_*.py ;;
     gpu-tests)
-      pytest_files pytest_gpu_kernels.log tests/test_layer_kernels.py tests/test_model_parity.py \
+      pytest_files pytest_gpu_kernels.log tests/runner/test_layer_kernels.py tests/runner/test_model_parity.py \
         -k "cuda or Triton or triton or rms or rotary or silu"
-      pytest_files pytest_gpu_kernels.log tests/test_gpu_graphs.py tests/test_gpu_no_sync.py \
-        tests/test_sampler.py tests/test_input_kernels_padded_rows.py \
-        tests/test_runner_graph_path.py tests/test_runner_slot_reuse.py tests/test_triton_attention.py \
-        tests/test_skinny_matmul.py tests/test_flash_prefill.py
+      pytest_files pytest_gpu_kernels.log tests/runner/test_gpu_graphs.py tests/runner/test_gpu_no_sync.py \
+        tests/runner/test_sampler.py tests/runner/test_input_kernels_padded_rows.py \
+        tests/runner/test_runner_graph_path.py tests/runner/test_runner_slot_reuse.py \
+        tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
+        tests/runner/test_flash_prefill.py
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
@@ -92,7 +93,7 @@ run_stage() {
         tail -1 "$LOGS/decode_8b_tp.log" | cut -c1-300
       done ;;
     tp-tests)  # the custom all-reduce on two GPUs, against NCCL
-      pytest_files pytest_gpu_tp.log tests/test_custom_all_reduce.py tests/test_tp_parity*.py ;;
+      pytest_files pytest_gpu_tp.log tests/runner/test_custom_all_reduce.py tests/runner/test_tp_parity*.py ;;
     allreduce)  # all-reduce alone, custom against NCCL, inside CUDA graphs
       timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 \
         -m benchmarks.bench_allreduce --out "$RESULTS/allreduce_tp2.json" > "$LOGS/allreduce.log" 2>&1

@@ -1,4 +1,4 @@
-"""Shared test set-up.
+"""Shared test set-up and the fixtures of every folder.
 
 Without CUDA, Triton kernels run under the interpreter: TRITON_INTERPRET must
 be set before any kernel module is imported, so it is set here, first.
@@ -51,3 +51,11 @@ def pytest_unconfigure(config):
     root = config.stash.get(_TMP_ROOT, None)
     if root is not None:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    """The embedded ``tiny`` model, written into a fresh cache of the module."""
+    from engine.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))

@@ -1,4 +1,4 @@
-"""The multi-rank harness (tests/multi_rank.py) on the CPU: results come back
+"""The multi-rank harness (tests/helpers/multi_rank.py) on the CPU: results come back
 per rank, a failing rank's error comes back, one flipped bit is caught."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.multi_rank import RankInfo, assert_ranks_bitwise_equal, run_on_ranks
+from tests.helpers.multi_rank import RankInfo, assert_ranks_bitwise_equal, run_on_ranks
 
 
 def reduce_rank_values(rank: RankInfo, scale: float) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.proc_utils import ROOT, run_in_session
+from tests.helpers.proc_utils import ROOT, run_in_session
 
 
 def readme_block(containing: str) -> str:

@@ -1,0 +1,67 @@
+"""benchmarks/bench_decode.py on CPU (tiny shape, float32): tprun and the
+torch.compile peer timed on every row, the floor recomputed here from the
+shape's dimensions."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.helpers.proc_utils import ROOT, run_in_session
+
+# The tiny shape (benchmarks/shapes.py), float32: hidden 128, intermediate 256,
+# 2 layers, 4 query heads, 2 KV heads of 32, vocabulary 512, untied head.
+LAYER_PARAMS = 128 * (128 + 2 * 64) + 128 * 128 + 3 * 128 * 256 + 2 * 128
+NON_EMBEDDING_PARAMS = 2 * LAYER_PARAMS + 128 + 512 * 128
+KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
+
+
+def run_bench(out, *args: str):
+    """One run on CPU; compiled code is cached beside ``out``, not in /tmp."""
+    result, leftovers = run_in_session(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_decode.py"), "--shape", "tiny",
+         "--device", "cpu", "--dtype", "float32", "--batches", "2", "--steps", "3",
+         "--bandwidth-mib", "16", "--out", str(out), *args], timeout=380,
+        env={"TORCHINDUCTOR_CACHE_DIR": str(out.parent / "inductor")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert leftovers == []
+    summary = json.loads(out.read_text())
+    assert summary == json.loads(result.stdout.strip().splitlines()[-1])
+    return summary
+
+
+def check_floor(row: dict) -> None:
+    """The floor from the shape's dimensions: weights without the embedding
+    table, one row of it per request, the batch's KV."""
+    read = 4 * NON_EMBEDDING_PARAMS + 2 * 128 * 4 + 2 * row["context"] * KV_BYTES_PER_TOKEN
+    assert row["floor_GB"] == pytest.approx(read / 1e9, abs=1e-3)
+    assert row["floor_ms"] == pytest.approx(read / (row["floor_GBps"] * 1e6), rel=2e-3)
+    assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(800)
+def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
+    out = tmp_path / "decode.json"
+    summary = run_bench(out, "--contexts", "24", "--peer")
+    bandwidth = summary["bandwidth"]
+    assert bandwidth["used"] in ("read_sum", "copy") and bandwidth["read_triton_GBps"] is None
+    assert bandwidth["used_GBps"] == max(bandwidth["read_sum_GBps"], bandwidth["copy_GBps"])
+    assert summary["peer"]["compile"] == {"mode": "reduce-overhead", "fullgraph": True,
+                                          "dynamic": False}
+    (row,) = summary["results"]
+    assert (row["batch"], row["context"], row["floor_GBps"]) == (2, 24, bandwidth["used_GBps"])
+    check_floor(row)
+    assert row["peer_step_ms"] > 0
+    assert row["tprun_to_peer"] == pytest.approx(row["step_ms"] / row["peer_step_ms"], rel=1e-2)
+    assert row["peer_ratio_to_floor"] == pytest.approx(row["peer_step_ms"] / row["floor_ms"],
+                                                       rel=1e-2)
+    # A second run of another context, appended: both rows, each with its own floor.
+    merged = run_bench(out, "--contexts", "40", "--append")
+    first, second = merged["results"]
+    assert first == row
+    assert (second["context"], "peer_step_ms" in second) == (40, False)
+    check_floor(second)

@@ -1,0 +1,41 @@
+"""benchmarks/bench_e2e.py on CPU (tiny shape): HF's host-bound verdict follows
+its two step times, and the TTFT sits beside the prefill FLOP floor recomputed
+here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.helpers.proc_utils import ROOT, run_in_session
+
+# The tiny shape: 2 layers of 147,712 parameters, the final norm, an untied head.
+NON_EMBEDDING_PARAMS = 2 * 147_712 + 128 + 512 * 128
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_e2e_summary_fields(tmp_path):
+    out = tmp_path / "e2e.json"
+    result, leftovers = run_in_session(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
+         "--device", "cpu", "--dtype", "float32", "--num-requests", "4", "--input-len", "16",
+         "--output-len", "4", "--hf-batch", "2", "--hf-requests", "2", "--ttft-prompts", "2",
+         "--ttft-len", "40", "--ttft-rounds", "1", "--matmul-n", "256", "--out", str(out)],
+        timeout=380, env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert leftovers == []
+    s = json.loads(out.read_text())
+    big, one = s["hf"]["decode_step_ms"], s["hf_batch1"]["decode_step_ms"]
+    assert s["hf_host_bound"] == (abs(big / one - 1) <= 0.2)
+    assert f"{big:.1f} ms at batch 2" in s["hf_host_bound_reason"]
+    assert s["tprun_all"]["output_tokens"] == 4 * 4
+    ttft = s["ttft"]
+    assert ttft["prompts"] == 2 and ttft["prompt_len"] == 40 and len(ttft["rounds_s"]) == 1
+    assert ttft["non_embedding_params"] == NON_EMBEDDING_PARAMS
+    floor_s = 2 * NON_EMBEDDING_PARAMS * 80 / (ttft["matmul_tflops"] * 1e12)
+    assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
+    assert ttft["ttft_ratio_to_floor"] == pytest.approx(ttft["ttft_all_s"] / floor_s, rel=2e-2)

@@ -1,0 +1,83 @@
+"""benchmarks/floor.py: bytes and FLOPs counted against HF's own model of the shape,
+and the bandwidth measurement's fields."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from benchmarks import floor
+from benchmarks.shapes import SHAPES, hf_config, shape_config
+
+
+def hf_model(tied: bool):
+    config = hf_config("tiny")
+    config.tie_word_embeddings = tied
+    return transformers.LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decode_weight_bytes_count_one_embedding_row_per_token(tied):
+    model = hf_model(tied)
+    embed, head = model.model.embed_tokens.weight, model.lm_head.weight
+    all_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # dedups tied
+    row = embed.shape[1] * embed.element_size()
+    got = floor.decode_weight_bytes(model.parameters(), embed, head, batch=3)
+    if tied:  # the table is the LM head: read whole
+        assert got == all_bytes
+    else:
+        assert got == all_bytes - embed.numel() * embed.element_size() + 3 * row
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_non_embedding_params_match_hf(shape):
+    config = {**shape_config(shape), "num_hidden_layers": 1, "vocab_size": 1000}
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "dtype")}
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
+    total = sum(p.numel() for p in model.parameters())
+    assert floor.non_embedding_params(config) == total - model.model.embed_tokens.weight.numel()
+
+
+def test_eight_b_prefill_floor():
+    """2 x 7.505e9 non-embedding parameters x 32 x 2048 tokens at 793 TFLOP/s."""
+    params = floor.non_embedding_params(shape_config("8b"))
+    assert params == 7_504_924_672
+    assert floor.prefill_flop_floor_s(params, 32 * 2048, 793.0) == pytest.approx(1.2405, abs=1e-4)
+
+
+def test_decode_floor_and_kv_bytes():
+    kv = floor.kv_bytes_per_token(32, 8, 128, torch.bfloat16)
+    assert kv == 2 * 32 * 8 * 128 * 2
+    got = floor.decode_floor(10**9, kv, batch=4, context=1000, bandwidth={"used_GBps": 2000.0})
+    total = 10**9 + 4 * 1000 * kv
+    assert got == {"floor_ms": round(total / 2e12 * 1e3, 4), "floor_GB": round(total / 1e9, 3)}
+
+
+def test_bandwidth_names_the_best_kernel():
+    bw = floor.measure_bandwidth(torch.device("cpu"), nbytes=8 << 20)
+    assert bw["read_triton_GBps"] is None  # CUDA only
+    measured = {k: bw[f"{k}_GBps"] for k in ("read_sum", "copy")}
+    assert all(v > 0 for v in measured.values())
+    assert bw["used"] in measured and measured[bw["used"]] == max(measured.values())
+    assert bw["used_GBps"] == measured[bw["used"]]
+
+
+@pytest.mark.parametrize("config", [(64, 4, 1), (128, 2, 2)])
+def test_triton_read_kernel_sums_every_element(config):
+    """The read-only bandwidth kernel loads each element once: program i's
+    partial sum is the plain torch sum of its slice (tail masked)."""
+    from benchmarks import triton_read
+    from tests.helpers.kernel_device import KERNEL_DEVICE
+
+    block, loads, _ = config
+    src = torch.randn(1000, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    src = src.to(KERNEL_DEVICE)
+    partial = triton_read.partial_sums(src, config)
+    triton_read.read_all(src, partial, config)
+    per_program = block * loads
+    padded = torch.zeros(partial.numel() * per_program, dtype=torch.float32)
+    padded[: src.numel()] = src.float().cpu()
+    want = padded.view(-1, per_program).sum(dim=1)
+    torch.testing.assert_close(partial.cpu(), want, atol=1e-3, rtol=1e-4)

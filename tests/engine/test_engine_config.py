@@ -1,0 +1,159 @@
+"""``EngineConfig`` owns every rule: bad settings fail before any worker starts.
+
+Each case is checked where a user meets it: ``LLM(...)`` raises
+``ValueError`` (``ConfigError``) without spawning a worker, and the CLI
+prints one ``tprun: error:`` line and exits with code 2, leaving nothing.
+The projections the runner and scheduler receive are built by the config
+and cross the socket typed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import executor.multiproc
+import executor.uniproc
+from engine import LLM
+from engine.config import ConfigError, EngineConfig
+from ipc.config import RunnerConfig
+from ipc.messages import ControlCall
+from ipc.serde import decode_broadcast, encode
+from launch.cli import _engine_config, build_parser
+from tests.helpers.proc_utils import run_tprun
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fail the test if an executor is ever started."""
+    started = []
+
+    def refuse(self, *args, **kwargs):
+        started.append(type(self).__name__)
+        raise AssertionError("an executor started although the config is bad")
+
+    monkeypatch.setattr(executor.multiproc.MultiprocExecutor, "__init__", refuse)
+    monkeypatch.setattr(executor.uniproc.UniprocExecutor, "__init__", refuse)
+    return started
+
+
+def _model_dir(tmp_path, **overrides) -> str:
+    """A config.json-only model directory (what the checks read)."""
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 256, "hidden_size": 576,
+              "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "num_hidden_layers": 2, "max_position_embeddings": 2048}
+    config.update(overrides)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(block_size=12), "block_size must be a power of two"),
+    (dict(block_size=0), "block_size must be an int >= 1"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(max_num_batched_tokens=2.5), "max_num_batched_tokens"),
+    (dict(max_model_len=1), "max_model_len must be >= 2"),
+    (dict(dtype="int8"), "dtype must be one of"),
+    (dict(device="tpu"), "device must be one of"),
+    (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
+    (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization"),
+    (dict(executor="uni", tensor_parallel_size=2), "TP=1 only"),
+    (dict(master_port=70000), "master_port"),
+    (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool"),
+])
+def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(model="tiny", **kwargs)
+    assert no_workers == []
+
+
+@pytest.mark.parametrize("overrides, tp, match", [
+    ({}, 2, "9 attention heads, which do not divide by the tensor-parallel size 2"),
+    ({"num_attention_heads": 8, "num_key_value_heads": 3}, 2, "3 KV heads"),
+    ({"architectures": ["GPT2LMHeadModel"]}, 1, "unsupported architecture 'GPT2LMHeadModel'"),
+    ({"max_position_embeddings": None}, 1, "set max_model_len"),
+])
+def test_model_rules_raise_before_any_worker(no_workers, tmp_path, overrides, tp, match):
+    model = _model_dir(tmp_path, **overrides)
+    with pytest.raises(ConfigError, match=match):
+        LLM(model=model, tensor_parallel_size=tp, device="cpu")
+    assert no_workers == []
+
+
+def test_missing_model_and_hub_id_get_a_hint(no_workers, tmp_path):
+    with pytest.raises(ConfigError, match="looks like a Hugging Face hub id.*--local-dir"):
+        LLM(model="HuggingFaceTB/SmolLM2-135M")
+    with pytest.raises(ConfigError, match="missing .*config.json"):
+        LLM(model=str(tmp_path))
+    assert no_workers == []
+
+
+def test_cuda_without_cuda_is_a_config_error(no_workers, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        LLM(model="tiny", device="cuda")
+    assert no_workers == []
+
+
+def test_projections_come_from_the_config(tmp_path):
+    from engine.model_info import ModelInfo
+
+    config = EngineConfig(model="m", block_size=32, max_num_seqs=4, scheduling_policy="priority",
+                          enable_prefix_caching=False)
+    info = ModelInfo.from_dir(_model_dir(tmp_path, num_attention_heads=8))
+    runner = config.runner_config("/models/m", info)
+    assert (runner.model, runner.block_size, runner.max_num_seqs, runner.max_model_len) == (
+        "/models/m", 32, 4, 2048)
+    scheduler = config.scheduler_config(info, num_blocks=7)
+    assert (scheduler.policy, scheduler.num_blocks, scheduler.enable_prefix_caching) == (
+        "priority", 7, False)
+
+
+def test_runner_config_crosses_the_socket_typed():
+    config = RunnerConfig(model="/m", block_size=32, max_model_len=100, attention_backend=None)
+    message = decode_broadcast(encode(ControlCall(call_id=3, method="load_model",
+                                                  kwargs={"config": config})))
+    assert isinstance(message.kwargs["config"], RunnerConfig)
+    assert message.kwargs["config"] == config
+
+
+def test_cli_options_are_the_config_fields():
+    args = build_parser().parse_args(
+        ["--nproc-per-node", "2", "generate", "--block-size", "32", "--scheduling-policy",
+         "priority", "--no-enable-prefix-caching", "--attach-workers", "/tmp/x",
+         "--step-timeout", "5", "--max-model-len", "64"])
+    config = _engine_config(args)
+    assert config == EngineConfig(
+        model="tiny", tensor_parallel_size=2, block_size=32, scheduling_policy="priority",
+        enable_prefix_caching=False, attach_workers_dir="/tmp/x", step_timeout_s=5.0,
+        max_model_len=64, executor="mp")
+
+
+def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
+    with LLM(model="tiny", device="cpu", scheduling_policy="priority",
+             kv_cache_memory_bytes=1 << 22) as llm:
+        assert llm.engine.scheduler.config.policy == "priority"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, message", [
+    (["--nproc-per-node", "2", "generate", "--block-size", "12"],
+     "block_size must be a power of two, got 12"),
+    (["--nproc-per-node", "3", "generate", "--device", "cpu"],
+     "tiny has 4 attention heads, which do not divide by the tensor-parallel size 3"),
+    (["generate", "--device", "cuda"], "CUDA is not available"),
+    (["generate", "--model", "HuggingFaceTB/SmolLM2-135M"], "huggingface-cli download"),
+    (["generate", "--nproc-per-node", "2"], "put it before the subcommand"),
+])
+def test_cli_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
+    env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    result, leftovers = run_tprun(args, timeout=100, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("tprun: error: ")
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert leftovers == []

@@ -1,0 +1,291 @@
+"""Scheduler tests against a fake runner that keeps its own state.
+
+The fake runner (tests/helpers/fake_runner.py) plays the runner's side of
+the protocol: it holds the requests it was sent, a simulated paged KV cache
+(slot -> token written there) and checks, before every sample, that the
+request's KV blocks hold exactly its tokens. Its next token is a function of
+the whole sequence, so a wrong prefill, a lost token or a bad block table
+changes the outputs, which are compared with a plain loop that knows nothing
+of scheduling.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from engine.outputs import Logprob
+from engine.request import Request, RequestStatus
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from ipc.messages import Logprobs, ModelRunnerOutput
+from tests.helpers.fake_runner import (
+    PROMPTS,
+    FakeRunner,
+    admit,
+    config,
+    drive,
+    expected,
+    make_requests,
+    run,
+)
+from tests.helpers.workloads import RANDOM_WORKLOAD
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_chunked_prefill_respects_budget(prefix):
+    cfg = config(max_num_batched_tokens=6, enable_prefix_caching=prefix)
+    reqs = make_requests(PROMPTS, SamplingParams(max_tokens=5))
+    results, outs, _, runner = run(cfg, reqs)
+    assert results == expected(reqs, cfg)
+    assert runner.chunked_steps > 0
+    assert max(o.total_num_scheduled_tokens for o in outs) == 6
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_max_num_seqs_respected(prefix):
+    cfg = config(max_num_seqs=2, enable_prefix_caching=prefix)
+    reqs = make_requests(PROMPTS, SamplingParams(max_tokens=4))
+    results, _, _, runner = run(cfg, reqs)
+    assert results == expected(reqs, cfg)
+    assert runner.max_live == 2
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_preemption_with_few_blocks_matches_plenty(prefix):
+    params = SamplingParams(max_tokens=12)
+    small = config(num_blocks=8, max_model_len=32, enable_prefix_caching=prefix)
+    results, outs, sched, _ = run(small, make_requests(PROMPTS[:4], params))
+    assert sched.num_preemptions > 0
+    assert any(o.preempted_req_ids for o in outs)
+    plenty = config(num_blocks=256, max_model_len=32)
+    results_plenty, outs_plenty, sched_plenty, _ = run(plenty, make_requests(PROMPTS[:4], params))
+    assert sched_plenty.num_preemptions == 0
+    assert results == results_plenty == expected(make_requests(PROMPTS[:4], params), small)
+
+
+def test_resumed_request_is_new_with_generated_tokens():
+    params = SamplingParams(max_tokens=12)
+    cfg = config(num_blocks=8, max_model_len=32)
+    reqs = make_requests(PROMPTS[:4], params)
+    sched = Scheduler(cfg)
+    for r in reqs:
+        sched.add_request(r)
+    runner = FakeRunner(cfg)
+    preempted: set[str] = set()
+    resumed = []
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        for new in out.scheduled_new_reqs:
+            if new.req_id in preempted:
+                resumed.append(new)
+                assert new.max_tokens == 12
+                assert len(new.prefill_token_ids) > len(new.prompt_token_ids)
+        preempted |= set(out.preempted_req_ids)
+        for rid in out.preempted_req_ids:
+            assert sched.requests[rid].status == RequestStatus.PREEMPTED
+            assert sched.requests[rid].num_computed_tokens == 0
+        sched.update_from_output(out, runner.execute(out))
+    assert resumed
+
+
+@pytest.mark.parametrize(
+    "kw, eos, want_tokens, want_reason",
+    [
+        (dict(max_tokens=20), 6, [3, 4, 5, 6], "stop"),
+        (dict(max_tokens=20), {9, 5}, [3, 4, 5], "stop"),
+        (dict(max_tokens=5, ignore_eos=True), 5, [3, 4, 5, 6, 7], "length"),
+        (dict(max_tokens=20, stop_token_ids=[5]), None, [3, 4, 5], "stop"),
+        (dict(max_tokens=20, stop_token_ids=[5], ignore_eos=True), 4, [3, 4, 5], "stop"),
+        (dict(max_tokens=2), 6, [3, 4], "length"),
+        (dict(max_tokens=4), 6, [3, 4, 5, 6], "stop"),
+        (dict(max_tokens=20), None, [3, 4, 5, 6, 7], "length"),  # max_model_len 8
+    ],
+)
+def test_stop_conditions(kw, eos, want_tokens, want_reason):
+    def position(tokens):
+        return len(tokens)
+
+    cfg = config(max_model_len=8)
+    req = Request("a", [40, 41, 42], SamplingParams(**kw), eos_token_id=eos)
+    results, _, _, _ = run(cfg, [req], next_token=position)
+    assert results == {"a": (want_tokens, want_reason)}
+
+
+def test_abort_waiting_and_running_frees_blocks():
+    cfg = config(max_num_seqs=1)
+    reqs = make_requests(PROMPTS[:3], SamplingParams(max_tokens=30))
+    sched = Scheduler(cfg)
+    for r in reqs:
+        sched.add_request(r)
+    runner = FakeRunner(cfg)
+    out = sched.schedule()
+    assert list(out.num_scheduled_tokens) == ["r0"]
+    sched.update_from_output(out, runner.execute(out))
+    assert sched.kv.pool.num_free_blocks < cfg.num_blocks
+    sched.abort_requests(["r0", "r1", "unknown"])
+    assert reqs[0].finish_reason == reqs[1].finish_reason == "abort"
+    assert sched.kv.pool.num_free_blocks == cfg.num_blocks
+    sched.kv.pool.check_invariants()
+    out = sched.schedule()
+    assert sorted(out.finished_req_ids) == ["r0", "r1"]
+    assert list(out.num_scheduled_tokens) == ["r2"]
+    sched.abort_requests("r2")
+    assert not sched.has_unfinished_requests()
+    assert sched.kv.pool.num_free_blocks == cfg.num_blocks
+    assert sched.schedule().finished_req_ids == ["r2"]
+    assert sched.schedule().finished_req_ids == []
+
+
+def test_abort_after_schedule_drops_that_steps_tokens():
+    cfg = config()
+    sched = Scheduler(cfg)
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=5)))
+    out = sched.schedule()
+    runner_out = FakeRunner(cfg).execute(out)
+    sched.abort_requests("a")
+    assert sched.update_from_output(out, runner_out) == []
+
+
+@pytest.mark.parametrize(
+    "policy, priorities, want_order",
+    [
+        ("priority", [3, 1, 2, 1], ["r1", "r3", "r2", "r0"]),
+        ("fcfs", [3, 1, 2, 1], ["r0", "r1", "r2", "r3"]),
+    ],
+)
+def test_policy_order(policy, priorities, want_order):
+    cfg = config(max_num_seqs=1, policy=policy)
+    reqs = make_requests(PROMPTS[:4], SamplingParams(max_tokens=3), priorities=priorities)
+    results, outs, _, _ = run(cfg, reversed(reqs))  # add order must not matter
+    assert results == expected(reqs, cfg)
+    order = [n.req_id for o in outs for n in o.scheduled_new_reqs]
+    assert order == want_order
+
+
+def test_priority_preempts_lowest_priority_first():
+    cfg = config(num_blocks=6, max_num_batched_tokens=64, policy="priority", max_model_len=24)
+    params = SamplingParams(max_tokens=12)
+    prompts = [[1, 2, 3, 4, 5]] * 3
+    reqs = make_requests(prompts, params, priorities=[2, 0, 1])
+    results, outs, _, _ = run(cfg, reqs)
+    preempted = [rid for o in outs for rid in o.preempted_req_ids]
+    assert preempted and preempted[0] == "r0"
+    assert "r1" not in preempted
+    assert results == expected(reqs, cfg)
+
+
+@pytest.mark.parametrize(
+    "prompt, max_tokens, match",
+    [
+        ([], 4, "prompt is empty"),
+        (list(range(16)), 4, "max_model_len is 16"),
+        (list(range(10)), 8, "may need 4 KV blocks"),
+        (list(range(13)), 1, "may need 4 KV blocks"),
+    ],
+)
+def test_invalid_requests_rejected(prompt, max_tokens, match):
+    sched = Scheduler(config(max_model_len=16, num_blocks=3))
+    with pytest.raises(ValueError, match=match):
+        sched.add_request(Request("x", prompt, SamplingParams(max_tokens=max_tokens)))
+    assert not sched.has_unfinished_requests()
+
+
+def test_request_that_just_fits_is_accepted_and_completes():
+    cfg = config(max_model_len=13, num_blocks=3)  # 12 KV tokens at most: 3 blocks
+    reqs = [
+        Request("a", list(range(12)), SamplingParams(max_tokens=1)),
+        Request("b", list(range(5)), SamplingParams(max_tokens=50)),
+    ]
+    results, _, _, _ = run(cfg, reqs)
+    assert results == expected(reqs, cfg)
+    assert results["b"][1] == "length" and len(results["b"][0]) == 8
+
+
+def test_duplicate_request_id_rejected():
+    sched = Scheduler(config())
+    sched.add_request(Request("x", [1], SamplingParams()))
+    with pytest.raises(ValueError, match="already in use"):
+        sched.add_request(Request("x", [2], SamplingParams()))
+
+
+def test_config_defaults():
+    cfg = SchedulerConfig(
+        max_num_seqs=1, max_num_batched_tokens=1, max_model_len=2, block_size=1, num_blocks=1
+    )
+    assert cfg.policy == "fcfs" and cfg.enable_prefix_caching is True
+
+
+def test_step_mismatch_raises():
+    sched = Scheduler(config())
+    sched.add_request(Request("x", [1], SamplingParams()))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="step"):
+        sched.update_from_output(
+            out, ModelRunnerOutput(step_id=5, sampled_token_ids=[1])
+        )
+
+
+def test_reply_row_count_mismatch_raises():
+    sched = Scheduler(config())
+    sched.add_request(Request("x", [1], SamplingParams()))
+    sched.add_request(Request("y", [2], SamplingParams()))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="1 rows for 2 scheduled requests"):
+        sched.update_from_output(out, ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[1]))
+
+
+def test_logprobs_follow_sampled_tokens():
+    sched = Scheduler(config())
+    sched.add_request(Request("a", [1, 2], SamplingParams(logprobs=1, max_tokens=1)))
+    sched.add_request(Request("b", [3], SamplingParams(max_tokens=4)))
+    out = sched.schedule()
+    logprobs = Logprobs(
+        top_token_ids=[[7], [8]],
+        top_logprobs=[[-0.1], [-0.2]],
+        sampled_logprobs=[-0.5, -0.2],
+        sampled_ranks=[2, 1],
+    )
+    assert list(out.num_scheduled_tokens) == ["a", "b"]  # the reply's row order
+    runner_out = ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[9, 8], logprobs=logprobs)
+    deltas = {d.req_id: d for d in sched.update_from_output(out, runner_out)}
+    assert deltas["a"].logprobs == [{7: Logprob(-0.1, 1), 9: Logprob(-0.5, 2)}]
+    assert deltas["a"].finish_reason == "length"
+    assert deltas["b"].logprobs is None
+
+
+def test_prefix_cache_hits_skip_prefill():
+    cfg = config(enable_prefix_caching=True, max_num_seqs=1)
+    shared = list(range(10, 22))  # 3 full blocks of 4
+    prompts = [shared + [1, 2, 3], shared + [4, 5], shared]
+    reqs = make_requests(prompts, SamplingParams(max_tokens=3))
+    results, outs, sched, _ = run(cfg, reqs)
+    assert results == expected(reqs, cfg)
+    computed = {n.req_id: n.num_computed_tokens for o in outs for n in o.scheduled_new_reqs}
+    # r2's prompt is exactly the shared blocks: its last block is left to compute.
+    assert computed == {"r0": 0, "r1": 12, "r2": 8}
+    assert sched.kv.prefix_queries == 15 + 14 + 12
+    assert sched.kv.prefix_hits == 20
+
+
+@settings(max_examples=40, deadline=None)
+@given(*RANDOM_WORKLOAD)
+def test_random_workloads_match_reference(
+    prompts, max_tokens, budget, num_blocks, max_seqs, prefix, policy
+):
+    cfg = config(
+        max_num_batched_tokens=budget,
+        num_blocks=num_blocks,
+        max_num_seqs=max_seqs,
+        max_model_len=24,
+        enable_prefix_caching=prefix,
+        policy=policy,
+        block_size=2,
+    )
+    prompts = [p for p in prompts if len(p) < cfg.max_model_len]
+    params = SamplingParams(max_tokens=max_tokens)
+    reqs = make_requests(prompts, params, eos=7, priorities=[i % 3 for i in range(len(prompts))])
+    sched = Scheduler(cfg)
+    accepted = admit(sched, reqs)
+    results, _ = drive(sched, FakeRunner(cfg))
+    assert results == expected(accepted, cfg)

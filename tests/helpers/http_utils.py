@@ -1,0 +1,85 @@
+"""``tprun serve --http-port 0`` for tests: its URL, read from the ready line.
+
+The server runs in its own session with its output in a file (as in
+``tests.helpers.serve_utils``); ``stop_http`` leaves no process of it behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.helpers.proc_utils import ROOT, pythonpath
+from tests.helpers.serve_utils import Served, _term_with_parent, stop_server
+
+_READY = re.compile(r"HTTP server ready on (http://\S+)")
+
+
+@dataclass
+class HttpServed:
+    served: Served
+    url: str
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.served.proc
+
+    def output(self) -> str:
+        return self.served.output()
+
+
+def start_http(tmp_path, *args: str, env: dict | None = None,
+               timeout_s: float = 120) -> HttpServed:
+    """Start ``python -m launch ARGS serve ... --http-port 0`` (ARGS holds the
+    subcommand); wait for its ready line."""
+    log_path = str(tmp_path / "serve.log")
+    full_env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path / "cache"),
+                    **(env or {}))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "launch", *args, "--http-port", "0"], cwd=ROOT,
+            env=full_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_term_with_parent)
+    served = Served(proc, "", "", log_path)
+    deadline = time.monotonic() + timeout_s
+    while (match := _READY.search(served.output())) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(served)
+            pytest.fail(f"tprun serve --http-port did not start:\n{served.output()}")
+        time.sleep(0.1)
+    return HttpServed(served, match.group(1))
+
+
+def stop_http(server: HttpServed) -> tuple[int, str, list[int]]:
+    """SIGTERM; returns (exit code, output, leftover pids)."""
+    return stop_server(server.served)
+
+
+def metric(url: str, name: str) -> float:
+    """One sample's value from ``GET /metrics`` (summed over labels)."""
+    page = httpx.get(f"{url}/metrics", timeout=30).text
+    total, seen = 0.0, False
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == name:
+                total, seen = total + sample.value, True
+    if not seen:
+        raise KeyError(f"no sample {name} in /metrics:\n{page}")
+    return total
+
+
+def wait_for_metric(url: str, name: str, predicate, timeout_s: float = 30) -> float:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = metric(url, name)
+        if predicate(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)

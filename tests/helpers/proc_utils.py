@@ -1,0 +1,74 @@
+"""Process helpers for tests: run tprun in its own session, find leftovers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+# The repository root (this file is tests/helpers/proc_utils.py).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pythonpath() -> str:
+    """ROOT first, then whatever PYTHONPATH the tests run with."""
+    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (read from /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def run_in_session(cmd: list[str], timeout: float, env: dict | None = None,
+                   cwd: str = ROOT):
+    """Run ``cmd`` in a new session; returns (result, leftover pids).
+
+    Leftovers are processes of that session still alive 5 s after it exits;
+    they are killed before returning, so a failing test leaves none.
+    """
+    full_env = dict(os.environ, PYTHONPATH=pythonpath(), **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    leftovers = reap_session(proc.pid, grace_s=5)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), leftovers
+
+
+def reap_session(sid: int, grace_s: float) -> list[int]:
+    """Processes of session ``sid`` still alive ``grace_s`` after its leader
+    exited; they are killed before returning, so a failing test leaves none."""
+    deadline = time.monotonic() + grace_s
+    while session_pids(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftovers = session_pids(sid)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
+
+
+def run_tprun(args: list[str], timeout: float, env: dict | None = None):
+    """``python -m launch ARGS`` through ``run_in_session``."""
+    return run_in_session([sys.executable, "-m", "launch", *args], timeout, env)

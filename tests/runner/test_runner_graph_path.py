@@ -1,0 +1,49 @@
+"""The padded decode path that CUDA graphs replay, emulated on CPU: it must
+give the tokens of eager steps, and a replay must read (never reset) the
+inputs each step prepares."""
+
+import pytest
+import torch
+
+from engine.tiny_model import ensure_tiny_model
+from tests.helpers.runner_steps import make_runner
+from tests.helpers.runner_steps import run_prefill_then_decode as _run
+
+
+def _runner(model_dir, graphs: bool):
+    return make_runner(model_dir, emulate_graphs=graphs)
+
+
+@pytest.mark.timeout(120)
+def test_padded_graph_path_equals_eager(tmp_path):
+    model_dir = ensure_tiny_model(str(tmp_path))
+    prompts = [list(range(1, 41)), list(range(50, 120)), [7, 8, 9, 10, 11]]
+    graphs = _runner(model_dir, graphs=True)
+    got, seq_lens = _run(graphs, prompts, steps=8)  # 3 requests padded to 4
+    want, _ = _run(_runner(model_dir, graphs=False), prompts, steps=8)
+    assert got == want
+    for step, lens in enumerate(seq_lens, start=1):
+        assert sorted(lens) == sorted(len(p) + step for p in prompts)
+
+
+@pytest.mark.timeout(60)
+def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
+    runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
+    prompts = [list(range(1, 20)), [5, 6, 7]]
+    _run(runner, prompts, steps=1)  # two decoding requests, padded to 2 rows
+    buf, states = runner.buffers, runner.req_states
+    slots = [states.req_id_to_index[r] for r in ("r0", "r1")]
+    buf.idx_mapping[:4] = torch.tensor(slots + [states.pad_slot] * 2, dtype=torch.int32)
+    buf.query_start_loc[:5] = torch.tensor([0, 1, 2, 2, 2], dtype=torch.int32)
+    copied = [buf.idx_mapping[:4].clone(), buf.query_start_loc[:5].clone()]
+    buf.seq_lens.fill_(-5)  # derived buffers: the graph must rebuild them
+    runner.block_tables.slot_mapping.fill_(-7)
+    computed = states.num_computed_tokens.gpu[slots].clone()
+    runner._graph_forward(4)
+    assert torch.equal(buf.idx_mapping[:4], copied[0])
+    assert torch.equal(buf.query_start_loc[:5], copied[1])
+    assert buf.seq_lens[:4].tolist() == (computed + 1).tolist() + [0, 0]
+    # The graph also counts the step's token as computed, in the slots only.
+    assert states.num_computed_tokens.gpu[slots].tolist() == (computed + 1).tolist()
+    assert states.num_computed_tokens.gpu[states.pad_slot].item() == 0
+    assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]

@@ -1,0 +1,84 @@
+"""Slot reuse: a new request in a freed slot sees none of the old request's state."""
+
+import pytest
+
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from tests.helpers.runner_steps import make_runner
+
+BLOCK = 4
+
+
+def _runner(model_dir: str):
+    return make_runner(model_dir, num_blocks=64, block_size=BLOCK, max_num_seqs=4,
+                       max_num_batched_tokens=64, max_model_len=64)
+
+
+def _new(req_id, prompt, blocks):
+    return NewRequestData(req_id=req_id, prompt_token_ids=prompt, prefill_token_ids=prompt,
+                          sampling=SamplingOptions(temperature=0.0), block_ids=[blocks],
+                          num_computed_tokens=0, max_tokens=16)
+
+
+def _step(runner, step_id, new=(), cached=None, scheduled=None, finished=()):
+    plan = SchedulerOutput(
+        step_id=step_id, scheduled_new_reqs=list(new),
+        scheduled_cached_reqs=cached or CachedRequestData(),
+        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+        finished_req_ids=list(finished))
+    runner.execute_model(plan)
+    return runner.sample_tokens().get_output()
+
+
+def _decode(runner, step_id, req_id, computed, new_blocks=()):
+    cached = CachedRequestData(req_ids=[req_id], new_block_ids=[[list(new_blocks)]],
+                               num_computed_tokens=[computed])
+    out = _step(runner, step_id, cached=cached, scheduled={req_id: 1})
+    return out.rows()[0]
+
+
+def _generate_alone(runner, prompt, blocks, n, start_step=0):
+    out = _step(runner, start_step, new=[_new("B", prompt, blocks)], scheduled={"B": len(prompt)})
+    tokens = out.rows()[0]
+    for i in range(1, n):
+        tokens += _decode(runner, start_step + i, "B", len(prompt) + i - 1)
+    return tokens
+
+
+@pytest.mark.timeout(120)
+def test_freed_slot_is_reused_without_leaks(tiny_dir):
+    prompt_b = [10, 20, 30, 40, 50]
+    expected = _generate_alone(_runner(tiny_dir), prompt_b, [7, 8, 9], 5)
+
+    runner = _runner(tiny_dir)
+    prompt_a = list(range(100, 140))  # 40 tokens over 10 blocks
+    out = _step(runner, 0, new=[_new("A", prompt_a, list(range(10, 20)))], scheduled={"A": 40})
+    assert len(out.sampled_token_ids) == 1 and out.num_sampled is None
+    slot_a = runner.req_states.req_id_to_index["A"]
+    for i in range(3):
+        _decode(runner, 1 + i, "A", 40 + i, new_blocks=[20] if i == 0 else [])
+    # A finishes in the same step that B arrives: B must get A's slot.
+    out = _step(runner, 4, new=[_new("B", prompt_b, [7, 8, 9])], scheduled={"B": 5},
+                finished=["A"])
+    assert runner.req_states.req_id_to_index["B"] == slot_a
+    tokens = out.rows()[0]
+    for i in range(1, 5):
+        tokens += _decode(runner, 4 + i, "B", 5 + i - 1)
+    assert tokens == expected
+
+
+@pytest.mark.timeout(120)
+def test_reply_rows_follow_the_plan_not_the_batch_order(tiny_dir):
+    # The plan lists a new prefill before a decode; the runner's batch puts the
+    # decode first. The reply must still answer in the plan's order.
+    prompt_a, prompt_b = [3, 1, 4, 1, 5, 9], [2, 7, 1, 8, 2]
+    alone_a = _generate_alone(_runner(tiny_dir), prompt_a, [1, 2, 3], 2)
+    alone_b = _generate_alone(_runner(tiny_dir), prompt_b, [4, 5], 1)
+    assert alone_b != alone_a[1:2]  # else the order would not show
+
+    runner = _runner(tiny_dir)
+    first = _step(runner, 0, new=[_new("A", prompt_a, [1, 2, 3])], scheduled={"A": 6})
+    cached = CachedRequestData(req_ids=["A"], new_block_ids=[None], num_computed_tokens=[6])
+    out = _step(runner, 1, new=[_new("B", prompt_b, [4, 5])], cached=cached,
+                scheduled={"B": 5, "A": 1})
+    assert first.rows() == [alone_a[:1]]
+    assert out.rows() == [alone_b, alone_a[1:2]]

@@ -1,0 +1,77 @@
+"""runner/layers/triton_skinny_matmul.py against torch (the interpreter on CPU,
+compiled with CUDA), and the row-parallel layer that takes it for decode
+batches on CUDA."""
+
+import pytest
+import torch
+
+from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
+from tests.helpers.kernel_device import KERNEL_DEVICE
+
+DEVICE = KERNEL_DEVICE
+# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 256)]
+
+
+def _tol(dtype):
+    # bf16: the output's rounding over k terms.
+    return 1e-3 if dtype == torch.float32 else 0.15
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,block_n,block_k", SHAPES)
+def test_skinny_matmul_matches_torch(dtype, m, n, k, block_n, block_k):
+    gen = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    got = skinny_matmul(x.to(DEVICE), w.to(DEVICE), block_n=block_n, block_k=block_k).cpu()
+    want = x.double() @ w.double().T
+    torch.testing.assert_close(got.double(), want, rtol=_tol(dtype), atol=_tol(dtype))
+
+
+def test_rejects_shapes_it_cannot_take():
+    x = torch.zeros(17, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        skinny_matmul(x, torch.zeros(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="does not fit weight"):
+        skinny_matmul(torch.zeros(2, 16, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
+
+
+def test_dispatch_only_for_small_half_precision_cuda_batches_with_wide_outputs():
+    import torch.nn.functional as F
+
+    from runner.ops import device_ops
+
+    wide = torch.zeros(4096, 8, dtype=torch.bfloat16)
+    assert device_ops(torch.device("cpu")).row_parallel_matmul is F.linear  # CPU: never skinny
+    if torch.cuda.is_available():
+        cuda = torch.device("cuda")
+        wide, narrow = wide.to(cuda), torch.zeros(256, 8, dtype=torch.bfloat16, device=cuda)
+        assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert not uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), narrow)
+        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda),
+                                      wide.float())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_row_parallel_layer_on_cuda_matches_float64(rows):
+    """o_proj / down as the model calls them, in bf16, 4096 outputs (the 8B
+    shape's): the skinny path (rows <= 8) and cuBLAS (9 rows) both match the
+    float64 product."""
+    from runner.distributed import TensorParallelGroup
+    from runner.layers import RowParallelLinear
+
+    gen = torch.Generator().manual_seed(rows)
+    with torch.device("cuda"):  # as the model is built: its device picks the layer's ops
+        layer = RowParallelLinear(1024, 4096, TensorParallelGroup(), False, torch.bfloat16)
+    weight = torch.randn(4096, 1024, generator=gen) / 1024 ** 0.5
+    layer.weight.data.copy_(weight)
+    x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)
+    want = x.double() @ layer.weight.cpu().double().T
+    assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 8)
+    got = layer(x.cuda()).cpu().double()
+    torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)
