@@ -10,7 +10,7 @@ captured graph serves every step), greedy argmax inside the compiled step,
 
 Numerics follow HF's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE
 with Llama-3 frequency scaling, SiLU MLP), so ``load_hf_state_dict`` gives the
-same logits as HF on the same weights (tests/test_peer_decoder.py).
+same logits as HF on the same weights (tests/benchmarks/test_peer_decoder.py).
 
 Invariants: one call takes tokens [B, T] at positions ``input_pos`` [T], the
 same positions for every row; it writes their K/V at cache index = position

@@ -37,7 +37,7 @@ Caveat: if PYTORCH_CUDA_ALLOC_CONF sets pinned_use_cuda_host_register, pinned
 memory is malloc + cudaHostRegister, and the device address equals the host
 address only where the device reports canUseHostPointerForRegisteredMem (true
 on current Linux x86-64 and Grace systems). The GPU test in
-tests/test_staged_write.py checks that a kernel sees host writes.
+tests/runner/test_staged_write.py checks that a kernel sees host writes.
 """
 
 from __future__ import annotations
