@@ -65,8 +65,8 @@ from ipc.messages import (
 
 
 @dataclass
-class _StepPlan:
-    """What one ``schedule`` call has decided so far."""
+class _StepDraft:
+    """What one ``schedule`` call has decided so far: the plan it returns, in the making."""
 
     budget: int
     num_scheduled: dict[str, int] = field(default_factory=dict)
@@ -194,37 +194,37 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step; see the module docstring for the rules."""
-        plan = _StepPlan(budget=self.config.max_num_batched_tokens)
+        draft = _StepDraft(budget=self.config.max_num_batched_tokens)
         self.running.sort(key=lambda r: self._keys[r.req_id])
-        self._schedule_running(plan)
-        if not plan.preempted:
-            self._schedule_waiting(plan)
-        self._in_flight[self.step_id] = self._advance(plan)
-        self.num_prompt_tokens += plan.num_prompt_tokens
+        self._schedule_running(draft)
+        if not draft.preempted:
+            self._schedule_waiting(draft)
+        self._in_flight[self.step_id] = self._advance(draft)
+        self.num_prompt_tokens += draft.num_prompt_tokens
         out = SchedulerOutput(
             step_id=self.step_id,
-            scheduled_new_reqs=plan.new_reqs,
+            scheduled_new_reqs=draft.new_reqs,
             scheduled_cached_reqs=CachedRequestData(
-                req_ids=plan.cached_ids,
-                new_block_ids=plan.cached_new_blocks,
-                num_computed_tokens=plan.cached_computed,
+                req_ids=draft.cached_ids,
+                new_block_ids=draft.cached_new_blocks,
+                num_computed_tokens=draft.cached_computed,
             ),
-            num_scheduled_tokens=plan.num_scheduled,
-            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
+            num_scheduled_tokens=draft.num_scheduled,
+            total_num_scheduled_tokens=sum(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
-            preempted_req_ids=plan.preempted,
+            preempted_req_ids=draft.preempted,
         )
         self._finished_ids.clear()
         self.step_id += 1
         return out
 
-    def _advance(self, plan: _StepPlan) -> dict[str, _InFlight]:
+    def _advance(self, draft: _StepDraft) -> dict[str, _InFlight]:
         """Move each scheduled request's ``num_computed_tokens`` past this
         step's tokens; a request whose tokens reach its end gets a placeholder
         for the token the step samples."""
         in_flight = {}
-        for request in plan.scheduled:
-            request.num_computed_tokens += plan.num_scheduled[request.req_id]
+        for request in draft.scheduled:
+            request.num_computed_tokens += draft.num_scheduled[request.req_id]
             samples = (
                 request.num_computed_tokens
                 >= request.num_tokens + request.num_output_placeholders
@@ -251,25 +251,25 @@ class Scheduler:
             or request.num_tokens + pending >= self.config.max_model_len
         )
 
-    def _schedule_running(self, plan: _StepPlan) -> None:
+    def _schedule_running(self, draft: _StepDraft) -> None:
         i = 0
-        while i < len(self.running) and plan.budget > 0:
+        while i < len(self.running) and draft.budget > 0:
             request = self.running[i]
-            num_new = self._num_new_tokens(request, plan.budget)
+            num_new = self._num_new_tokens(request, draft.budget)
             if num_new <= 0:
                 i += 1
                 continue
-            new_blocks = self._allocate_or_preempt(request, num_new, plan)
+            new_blocks = self._allocate_or_preempt(request, num_new, draft)
             if new_blocks is None:
                 return  # request itself was preempted: it was the last one
-            plan.take(request, num_new)
-            plan.cached_ids.append(request.req_id)
-            plan.cached_new_blocks.append([new_blocks] if new_blocks else None)
-            plan.cached_computed.append(request.num_computed_tokens)
+            draft.take(request, num_new)
+            draft.cached_ids.append(request.req_id)
+            draft.cached_new_blocks.append([new_blocks] if new_blocks else None)
+            draft.cached_computed.append(request.num_computed_tokens)
             i += 1
 
     def _allocate_or_preempt(
-        self, request: Request, num_new: int, plan: _StepPlan
+        self, request: Request, num_new: int, draft: _StepDraft
     ) -> list[int] | None:
         """Blocks for ``num_new`` more tokens, preempting from the back of
         ``running`` (lowest rank, not yet scheduled) until they fit. None if
@@ -280,23 +280,23 @@ class Scheduler:
                 return new_blocks
             victim = self.running.pop()
             self._preempt(victim)
-            plan.preempted.append(victim.req_id)
+            draft.preempted.append(victim.req_id)
             if victim is request:
                 return None
 
-    def _schedule_waiting(self, plan: _StepPlan) -> None:
-        while self.waiting and plan.budget > 0 and len(self.running) < self.config.max_num_seqs:
+    def _schedule_waiting(self, draft: _StepDraft) -> None:
+        while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - num_hit, plan.budget)
+            num_new = min(request.num_tokens - num_hit, draft.budget)
             if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self.waiting.pop_front()
             request.num_computed_tokens = num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            plan.take(request, num_new)
-            plan.new_reqs.append(
+            draft.take(request, num_new)
+            draft.new_reqs.append(
                 NewRequestData(
                     req_id=request.req_id,
                     prompt_token_ids=list(request.prompt_token_ids),
