@@ -48,8 +48,11 @@ class TensorParallelGroup:
     def with_peer_buffers(self, device: torch.device) -> TensorParallelGroup:
         """This group plus the one-shot all-reduce over peer memory (a collective).
 
-        Only for CUDA groups of more than one rank whose GPUs can map each
-        other's memory; otherwise the group itself, and NCCL does every reduction.
+        Only for CUDA groups of more than one rank, otherwise the group itself
+        (NCCL or gloo does every reduction). The GPUs must be able to map each
+        other's memory (NVLink or PCIe peer access): where they cannot, the
+        symmetric-memory rendezvous fails and ``disable_custom_all_reduce``
+        is the way out.
         """
         from runner.ops import device_ops
 
