@@ -135,8 +135,8 @@ class Generation:
             reason = "stop"
             self.link.abort(request_id)
         elif delta.finished:
-            text += choice.matcher.flush()
-            reason = delta.finish_reason
+            text += choice.matcher.flush()  # may end at a stop string it held back
+            reason = "stop" if choice.matcher.stopped is not None else delta.finish_reason
             self.link.forget(request_id)
         choice.finished = reason is not None
         return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason)

@@ -18,12 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.openai_server.chat_template import message_text, render_chat
-from engine.openai_server.engine_link import EngineDeadError
 from engine.openai_server.generation import ChoiceEvent, Generation
-from engine.openai_server.protocol import ChatCompletionRequest, error_body
+from engine.openai_server.protocol import ChatCompletionRequest
 from engine.openai_server.sampling import choice_params, default_max_tokens
 from engine.openai_server.state import ServerState
-from engine.openai_server.streaming import DONE, respond, sse
+from engine.openai_server.streaming import event_lines, respond
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
@@ -93,29 +92,25 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
             "usage": generation.usage()}
 
 
-async def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                  response_id: str) -> AsyncIterator[str]:
-    num_top = _num_top(request)
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
+def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
+            response_id: str) -> AsyncIterator[str]:
     head = _head(state, response_id, "chat.completion.chunk")
-    extra = {"usage": None} if include_usage else {}
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    return event_lines(_chunks(state, request, generation, head), head, generation, include_usage)
+
+
+async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
+                  head: dict) -> AsyncIterator[dict]:
+    num_top = _num_top(request)
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                   "logprobs": None, "finish_reason": None}
-        yield sse({**head, "choices": [choice], **extra})
-    try:
-        async for event in generation.events():
-            lp = _logprobs(state, event, num_top)
-            if not event.text and lp is None and event.finish_reason is None:
-                continue  # tokens whose text is held back (an incomplete character)
-            choice = {"index": event.index, "delta": {"content": event.text} if event.text else {},
-                      "logprobs": {"content": lp} if lp is not None else None,
-                      "finish_reason": event.finish_reason}
-            yield sse({**head, "choices": [choice], **extra})
-    except EngineDeadError as e:
-        yield sse(error_body(f"the engine stopped: {e}", "service_unavailable", code=503))
-        yield DONE
-        return
-    if include_usage:
-        yield sse({**head, "choices": [], "usage": generation.usage()})
-    yield DONE
+        yield {**head, "choices": [choice]}
+    async for event in generation.events():
+        lp = _logprobs(state, event, num_top)
+        if not event.text and lp is None and event.finish_reason is None:
+            continue  # tokens whose text is held back (an incomplete character)
+        choice = {"index": event.index, "delta": {"content": event.text} if event.text else {},
+                  "logprobs": {"content": lp} if lp is not None else None,
+                  "finish_reason": event.finish_reason}
+        yield {**head, "choices": [choice]}

@@ -16,12 +16,11 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.openai_server.engine_link import EngineDeadError
 from engine.openai_server.generation import ChoiceEvent, Generation
-from engine.openai_server.protocol import CompletionRequest, error_body
+from engine.openai_server.protocol import CompletionRequest
 from engine.openai_server.sampling import choice_params
 from engine.openai_server.state import ServerState
-from engine.openai_server.streaming import DONE, respond, sse
+from engine.openai_server.streaming import event_lines, respond
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -108,26 +107,20 @@ def _extend(into: dict | None, part: dict) -> dict:
     return into
 
 
-async def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
-                  response_id: str) -> AsyncIterator[str]:
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    logprobs = [_Logprobs(state, request.logprobs) for _ in range(len(generation.choices))]
+def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
+            response_id: str) -> AsyncIterator[str]:
     head = _head(state, response_id)
-    try:
-        async for event in generation.events():
-            lp = logprobs[event.index].of(event)
-            if not event.text and lp is None and event.finish_reason is None:
-                continue  # tokens whose text is held back (an incomplete character)
-            choice = {"index": event.index, "text": event.text, "logprobs": lp,
-                      "finish_reason": event.finish_reason}
-            chunk = {**head, "choices": [choice]}
-            if include_usage:
-                chunk["usage"] = None
-            yield sse(chunk)
-    except EngineDeadError as e:
-        yield sse(error_body(f"the engine stopped: {e}", "service_unavailable", code=503))
-        yield DONE
-        return
-    if include_usage:
-        yield sse({**head, "choices": [], "usage": generation.usage()})
-    yield DONE
+    include_usage = request.stream_options is not None and request.stream_options.include_usage
+    return event_lines(_chunks(state, request, generation, head), head, generation, include_usage)
+
+
+async def _chunks(state: ServerState, request: CompletionRequest, generation: Generation,
+                  head: dict) -> AsyncIterator[dict]:
+    logprobs = [_Logprobs(state, request.logprobs) for _ in range(len(generation.choices))]
+    async for event in generation.events():
+        lp = logprobs[event.index].of(event)
+        if not event.text and lp is None and event.finish_reason is None:
+            continue  # tokens whose text is held back (an incomplete character)
+        choice = {"index": event.index, "text": event.text, "logprobs": lp,
+                  "finish_reason": event.finish_reason}
+        yield {**head, "choices": [choice]}

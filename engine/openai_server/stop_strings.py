@@ -34,19 +34,32 @@ class StopStringMatcher:
         if not self.stops:
             return piece
         text = self.pending + piece
-        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
-        if found:
-            index, self.stopped = min(found)
+        held = len(text) - self._held_tail(text)  # where a stop string may still begin
+        found = self._earliest(text)
+        if found is not None and found[0] <= held:
+            index, self.stopped = found
             self.pending = ""
             return text[:index]
-        keep = self._held_tail(text)
-        self.pending = text[len(text) - keep:] if keep else ""
-        return text[: len(text) - keep]
+        # A stop string found after ``held`` may yet lose to a longer one
+        # that begins at ``held``: hold everything from there.
+        self.pending = text[held:]
+        return text[:held]
 
     def flush(self) -> str:
-        """The held-back text, once no more text will come."""
+        """The held-back text, cut before a stop string it holds, once no more text will come."""
         text, self.pending = self.pending, ""
-        return "" if self.stopped is not None else text
+        if self.stopped is not None:
+            return ""
+        found = self._earliest(text)
+        if found is None:
+            return text
+        index, self.stopped = found
+        return text[:index]
+
+    def _earliest(self, text: str) -> tuple[int, str] | None:
+        """(index, stop string) of the earliest stop string in ``text``, if any."""
+        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        return min(found) if found else None
 
     def _held_tail(self, text: str) -> int:
         """Length of the longest tail of ``text`` that a stop string starts with."""

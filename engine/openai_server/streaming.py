@@ -19,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from engine.openai_server.engine_link import EngineDeadError
 from engine.openai_server.generation import Generation
+from engine.openai_server.protocol import error_body
 
 T = TypeVar("T")
 
@@ -80,3 +82,21 @@ async def respond(raw: Request, generation, stream: bool,
         return JSONResponse(await cancel_on_disconnect(raw, body()))
     finally:
         generation.abort_unfinished()
+
+
+async def event_lines(chunks: AsyncIterator[dict], head: dict, generation: Generation,
+                      include_usage: bool) -> AsyncIterator[str]:
+    """An answer's ``chunks`` as server-sent events, then (when asked) the usage
+    chunk, then ``[DONE]``. With ``include_usage`` every chunk carries
+    ``"usage": null``, as OpenAI's do; an engine that stops mid-answer ends the
+    stream with an error event."""
+    try:
+        async for chunk in chunks:
+            yield sse({**chunk, "usage": None} if include_usage else chunk)
+    except EngineDeadError as e:
+        yield sse(error_body(f"the engine stopped: {e}", "service_unavailable", code=503))
+        yield DONE
+        return
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": generation.usage()})
+    yield DONE

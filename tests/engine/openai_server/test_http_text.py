@@ -100,3 +100,10 @@ def test_detokenizer_holds_a_split_character_back(tokenizer):
     assert detok.feed(euro[2:]) == "€"
     assert detok.feed(euro[:2]) == ""
     assert detok.finish() == tokenizer.decode(euro[:2]) == "\ufffd"
+
+
+def test_a_stop_string_waits_for_a_longer_one_that_begins_earlier():
+    # "a" is complete in "ba", but "baa" may still begin at 0: nothing is released yet
+    assert _run_matcher(["ba", "a"], ["a", "baa"]) == (["", "", ""], "baa")
+    # the output ends after "ba": "baa" never came, so "a" cuts it
+    assert _run_matcher(["ba"], ["a", "baa"]) == (["", "b"], "a")
