@@ -133,8 +133,11 @@ class PeerBuffers:
     """
 
     def __init__(self, pointers: torch.Tensor, rank: int, world: int,
-                 max_bytes: int = MAX_BYTES, max_programs: int = MAX_PROGRAMS) -> None:
+                 max_bytes: int = MAX_BYTES, max_programs: int = MAX_PROGRAMS,
+                 owner: object = None) -> None:
         self.pointers = pointers
+        # What keeps the buffers mapped (the symmetric-memory tensor and handle).
+        self.owner = owner
         self.rank = rank
         self.world = world
         self.max_bytes = max_bytes
@@ -160,9 +163,7 @@ class PeerBuffers:
         pointers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
         torch.cuda.synchronize(device)
         dist.barrier()
-        peer = cls(pointers, rank, world, max_bytes)
-        peer._keep_alive = (buffer, handle)
-        return peer
+        return cls(pointers, rank, world, max_bytes, owner=(buffer, handle))
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether ``x`` (rows x hidden, unit column stride) fits the one-shot path."""

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from runner.custom_all_reduce import PeerBuffers
 
 
 @dataclass(frozen=True)
@@ -30,7 +34,7 @@ class TensorParallelGroup:
 
     rank: int = 0
     size: int = 1
-    peer: object | None = field(default=None, compare=False, repr=False)
+    peer: PeerBuffers | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.size < 1:
