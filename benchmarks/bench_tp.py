@@ -14,9 +14,9 @@ N runs the same model. Two runs per N:
   prompt (None: none differ) and the largest logprob difference over the
   tokens before it. bf16 sums in another order, so late divergence after a
   near tie is expected; early divergence is a bug.
-- speed: ``--batch`` requests of ``--input-len`` random tokens decode
-  ``--output-len`` tokens each: output tokens/s and inter-token latency,
-  with async scheduling on and off. Off, each step's inter-token latency is
+- speed: for each ``--batch`` B, B requests of ``--input-len`` random tokens
+  decode ``--output-len`` tokens each: output tokens/s and inter-token
+  latency, with async scheduling on and off (``speed[mode][B]``). Off, each step's inter-token latency is
   the device step plus the host's round trip (schedule, broadcast, reply,
   update); set beside ``bench_decode.py``'s step time under torchrun (the
   device step alone, NCCL all-reduces included) it gives the breakdown.
@@ -92,13 +92,15 @@ def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
     """Greedy agreement run and speed with async scheduling on, then off."""
     speed = {}
     for async_scheduling in (True, False):
-        llm = make_llm(model_dir, tp, args, max(args.batch, len(prompts)), async_scheduling)
+        llm = make_llm(model_dir, tp, args, max(*args.batch, len(prompts)), async_scheduling)
         try:
             vocab = llm.engine.model_info.vocab_size
             if async_scheduling:
                 greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
             key = "async" if async_scheduling else "sync"
-            speed[key] = decode_speed(llm, vocab, args.batch, args.input_len, args.output_len)
+            speed[key] = {str(batch): decode_speed(llm, vocab, batch, args.input_len,
+                                                   args.output_len)
+                          for batch in args.batch}
         finally:
             llm.shutdown()
     return greedy, speed
@@ -125,9 +127,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--agree-tokens", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.tp[0] != 1:

@@ -82,7 +82,7 @@ run_stage() {
       timeout 280 python3 -m benchmarks.bench_gemv --rows 1 8 --out "$RESULTS/gemv.json" 2>&1 \
         | tee "$LOGS/gemv.log" | tail -14 ;;
     tp)  # agreement with TP=1 and speed, async scheduling on and off
-      timeout 560 python3 -m benchmarks.bench_tp --shape 8b --tp $(tp_sizes) --output-len 64 \
+      timeout 560 python3 -m benchmarks.bench_tp --shape 8b --tp $(tp_sizes) --batch 32 256 --output-len 256 \
         --out "$RESULTS/tp_8b.json" 2>&1 | grep -v "capturing CUDA" | tee "$LOGS/tp_8b.log" | tail -1 ;;
     tp-decode)  # the decode step per rank, NCCL all-reduce inside, with a kernel table
       for n in $(tp_sizes); do

@@ -17,7 +17,7 @@ def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     scratch.mkdir()
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_tp.py"), "--shape", "tiny",
-         "--device", "cpu", "--dtype", "float32", "--tp", "1", "2", "--batch", "2",
+         "--device", "cpu", "--dtype", "float32", "--tp", "1", "2", "--batch", "2", "3",
          "--input-len", "16", "--output-len", "8", "--agree-tokens", "12", "--out", str(out)],
         timeout=170, env={"TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -29,5 +29,6 @@ def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     # float32 sums in another order: the same greedy tokens, logprobs within 1e-4.
     assert tp2["first_differing_token"] == [None] * 8
     assert 0 < tp2["max_logprob_gap"] < 1e-4
-    assert tp2["speed"]["async"]["output_tokens"] == 16
-    assert tp2["speed"]["sync"]["output_tokens"] == 16
+    for mode in ("async", "sync"):
+        assert tp2["speed"][mode]["2"]["output_tokens"] == 16
+        assert tp2["speed"][mode]["3"]["output_tokens"] == 24
