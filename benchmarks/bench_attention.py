@@ -157,11 +157,14 @@ PREFILL_BACKENDS = ("triton", "triton_flash_prefill")
 
 
 def prefill_backend(name: str):
-    """The backend a prefill row times: plain Triton, or Triton with fresh
-    prompts sent to torch's FlashAttention (runner/attention/flash_prefill.py)."""
+    """The backend a prefill row times: plain Triton, or Triton with prefill
+    rows sent to torch's flash kernels (runner/attention/flash_prefill.py):
+    ``triton_flash_prefill`` with the kernel it picks on this torch, or
+    ``triton_flash_prefill:KERNEL`` (varlen, sdpa) with that one."""
     if name == "triton":
         return TritonAttentionBackend()
-    return FlashPrefillBackend()
+    _, _, kernel = name.partition(":")
+    return FlashPrefillBackend(prefill_kernel=kernel or None)
 
 
 def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps, backends):
@@ -284,6 +287,9 @@ def main() -> None:
     parser.add_argument("--backend", default="both", choices=(*PREFILL_BACKENDS, "both"),
                         help="backend of the prefill rows (both: one row each)")
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
+    parser.add_argument("--prefill-kernels", nargs="+", choices=("varlen", "sdpa"),
+                        help="time triton_flash_prefill once per kernel named here "
+                             "(default: once, with the kernel it picks)")
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -299,8 +305,11 @@ def main() -> None:
         prefill = [(1, 4096, 0), (4, 1024, 0), (1, 8192, 0), (1, 4096, 4096)]
 
     backends = PREFILL_BACKENDS if args.backend == "both" else (args.backend,)
+    if args.prefill_kernels and "triton_flash_prefill" in backends:
+        backends = [b for b in backends if b != "triton_flash_prefill"]
+        backends += [f"triton_flash_prefill:{kernel}" for kernel in args.prefill_kernels]
     results = []
-    header = f"{'case':<8}{'shape':>16}{'backend':>22}{'splits':>8}{'ms':>10}{'nosplit':>10}"
+    header = f"{'case':<8}{'shape':>16}{'backend':>29}{'splits':>8}{'ms':>10}{'nosplit':>10}"
     print(header + f"{'sdpa_ms':>10}{'ratio':>8}{'err':>10}")
     cases = [] if args.prefill_only else [("decode", b, c, 0) for b, c in decode]
     cases += [("prefill", b, n, p) for b, n, p in prefill]
@@ -318,7 +327,7 @@ def main() -> None:
         for row in rows:
             row = {"name": name, "shape": shape, **row, "ratio": row["ms"] / row["sdpa_ms"]}
             results.append(row)
-            print(f"{name:<8}{shape:>16}{row['backend']:>22}{row['num_splits']:>8}"
+            print(f"{name:<8}{shape:>16}{row['backend']:>29}{row['num_splits']:>8}"
                   f"{row['ms']:>10.4f}{row.get('ms_nosplit', row['ms']):>10.4f}"
                   f"{row['sdpa_ms']:>10.4f}{row['ratio']:>8.2f}{row['max_abs_err']:>10.2e}")
         if device == "cuda":
