@@ -2,11 +2,12 @@
 
     python -m benchmarks.tables [--results benchmarks/results]
 
-Reads ``decode_8b.json``, ``decode_1b.json``, ``e2e_8b.json``,
-``attention_prefill.json`` and ``ipc.json`` when present and prints the
-README's "Measured" tables, so a rerun of the benchmarks is pasted, not
-retyped. Files that are missing are skipped with a note. Decode rows timed
-with ``--peer`` get the torch.compile peer's step beside tprun's.
+Reads ``decode_8b.json``, ``decode_1b.json``, ``tp_ab_{8b,1b}_*.json``,
+``tp_8b.json``, ``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json``
+when present and prints the README's "Measured" tables, so a rerun of the
+benchmarks is pasted, not retyped. Files that are missing are skipped with a
+note. Decode rows timed with ``--peer`` get the torch.compile peer's step
+beside tprun's.
 """
 
 from __future__ import annotations
@@ -96,6 +97,76 @@ def decode_table(directory: str) -> None:
     print("\n".join(rows) + "\n")
 
 
+TP_DECODE_RUNS = ("tp1", "tp2", "tp2_nccl")
+
+
+def _by_batch_context(summary: dict) -> dict[tuple[int, int], dict]:
+    return {(row["batch"], row["context"]): row for row in summary["results"]}
+
+
+def tp_decode_table(directory: str, shape: str) -> None:
+    """The decode step at TP=1, TP=2 with the custom all-reduce and TP=2 with
+    NCCL (``tp_ab_{shape}_{tp1,tp2,tp2_nccl}.json``, stage ``tp-decode-ab``),
+    rows by context then batch. The x floor and the speed-up (TP=1's step over
+    TP=2's with the custom all-reduce) are taken from the unrounded steps."""
+    runs = [_load(directory, f"tp_ab_{shape}_{run}.json") for run in TP_DECODE_RUNS]
+    if any(run is None for run in runs):
+        return
+    tp1, custom, nccl = (_by_batch_context(run) for run in runs)
+    note = _floor_note(shape, runs[1])
+    if note:
+        print(f"TP=2 per rank, {note}\n")
+    print(f"| {shape.upper()}, batch x ctx | TP=1 | TP=2, custom all-reduce (x floor) "
+          "| TP=2, NCCL | speed-up TP=2 / TP=1 |")
+    print("| --- | --- | --- | --- | --- |")
+    for batch, context in sorted(tp1, key=lambda key: (key[1], key[0])):
+        one, two, other = (rows.get((batch, context)) for rows in (tp1, custom, nccl))
+        if two is None or other is None:
+            continue
+        print(f"| {batch} x {context} | {one['step_ms']:.2f} "
+              f"| {two['step_ms']:.2f} ({two['step_ms'] / two['floor_ms']:.2f}) | {other['step_ms']:.2f} "
+              f"| {one['step_ms'] / two['step_ms']:.2f}x |")
+    print()
+
+
+def _first_differing(tokens: list[int | None]) -> str:
+    return ", ".join("none" if index is None else str(index) for index in tokens)
+
+
+def tp_e2e_table(directory: str, shape: str = "8b") -> None:
+    """End to end through ``LLM`` at TP=1 and each larger size
+    (``tp_{shape}.json``, ``bench_tp.py``): async scheduling's throughput,
+    ITL and TTFT side by side, sync's throughput in the last column, then
+    each size's agreement with TP=1."""
+    summary = _load(directory, f"tp_{shape}.json")
+    if summary is None:
+        return
+    by_tp = {row["tp"]: row for row in summary["results"]}
+    base = by_tp.get(1)
+    if base is None:
+        print(f"<!-- tp_{shape}.json: no TP=1 run -->\n")
+        return
+    for tp, row in sorted(by_tp.items()):
+        if tp == 1:
+            continue
+        print(f"| {shape.upper()}, requests | TP=1 tok/s | TP={tp} tok/s | speed-up "
+              f"| ITL p50 TP=1 / TP={tp} | TTFT p50 TP=1 / TP={tp} "
+              f"| sync: TP=1 / TP={tp} tok/s (speed-up) |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for batch in sorted(base["speed"]["async"], key=int):
+            one, many = base["speed"]["async"][batch], row["speed"]["async"][batch]
+            sync_one, sync_many = base["speed"]["sync"][batch], row["speed"]["sync"][batch]
+            print(f"| {batch} | {one['output_tokens_per_s']:.1f} | {many['output_tokens_per_s']:.1f} "
+                  f"| {many['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x "
+                  f"| {one['itl_ms_p50']:.1f} / {many['itl_ms_p50']:.1f} ms "
+                  f"| {one['ttft_ms_p50']:.0f} / {many['ttft_ms_p50']:.0f} ms "
+                  f"| {sync_one['output_tokens_per_s']:.1f} / {sync_many['output_tokens_per_s']:.1f}"
+                  f" ({sync_many['output_tokens_per_s'] / sync_one['output_tokens_per_s']:.2f}x) |")
+        print(f"\nTP={tp} against TP=1, first differing greedy token per prompt: "
+              f"{_first_differing(row['first_differing_token'])}; largest logprob gap before "
+              f"it {row['max_logprob_gap']:.3f} ({summary.get('date', '')})\n")
+
+
 def e2e_table(directory: str) -> None:
     summary = _load(directory, "e2e_8b.json")
     if summary is None:
@@ -162,6 +233,9 @@ def main() -> None:
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
     decode_table(args.results)
+    tp_decode_table(args.results, "8b")
+    tp_decode_table(args.results, "1b")
+    tp_e2e_table(args.results, "8b")
     e2e_table(args.results)
     ttft_table(args.results)
     attention_prefill_table(args.results)

@@ -68,3 +68,71 @@ def test_tables_with_peer_floor_ttft_and_prefill(tmp_path):
     assert "HF host-bound: True (HF decode step 70.0 ms at batch 32" in out
     assert "| 1.630 s | 32 x 2048 | 1.240 s | 1.31 | 793 TFLOP/s |" in out
     assert "| 1x4096 | 1.000 | 1.460 (1.46, triton) | 0.980 (0.98, varlen) |" in out
+
+
+def _decode_run(rows: list[tuple[int, int, float, float]], used_gbps: float) -> dict:
+    bandwidth = {"read_sum_GBps": 4000.0, "read_triton_GBps": used_gbps, "copy_GBps": 4200.0,
+                 "used": "read_triton", "used_GBps": used_gbps}
+    return {"bandwidth": bandwidth, "date": "2026-12-02", "results": [
+        {"batch": b, "context": c, "step_ms": step, "floor_ms": floor,
+         "ratio_to_floor": round(step / floor, 3)} for b, c, step, floor in rows]}
+
+
+def test_tp_decode_table(tmp_path, capsys):
+    """Rows by context then batch; x floor and speed-up from the unrounded steps;
+    a row one of the runs lacks is left out; a missing run prints no table."""
+    from benchmarks import tables
+
+    runs = {
+        "tp1": [(8, 512, 4.9434, 3.5), (1, 512, 4.0, 3.0), (1, 4096, 5.0, 3.2)],
+        "tp2": [(1, 4096, 3.125, 1.6), (8, 512, 3.4869, 1.7308), (1, 512, 2.5, 1.0)],
+        "tp2_nccl": [(1, 512, 2.8, 1.0), (8, 512, 3.7889, 1.73)],
+    }
+    for run, rows in runs.items():
+        summary = _decode_run(rows, 4491.3 if run == "tp2" else 4400.0)
+        (tmp_path / f"tp_ab_7b_{run}.json").write_text(json.dumps(summary) + "\n")
+    tables.tp_decode_table(str(tmp_path), "7b")
+    tables.tp_decode_table(str(tmp_path), "9b")
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert lines == [
+        "| 7B, batch x ctx | TP=1 | TP=2, custom all-reduce (x floor) | TP=2, NCCL "
+        "| speed-up TP=2 / TP=1 |",
+        "| --- | --- | --- | --- | --- |",
+        "| 1 x 512 | 4.00 | 2.50 (2.50) | 2.80 | 1.60x |",
+        # 3.4869 / 1.7308 = 2.0146 and 4.9434 / 3.4869 = 1.4177, not the rounded cells' quotients
+        "| 8 x 512 | 4.94 | 3.49 (2.01) | 3.79 | 1.42x |",
+    ]
+    assert "TP=2 per rank, 7B: floor at 4491 GB/s (read_triton;" in out
+    assert "<!-- tp_ab_9b_tp1.json: not found -->" in out
+    assert "9B, batch x ctx" not in out
+
+
+def _speed(tok_s: float, itl: float, ttft: float) -> dict:
+    return {"output_tokens_per_s": tok_s, "itl_ms_p50": itl, "ttft_ms_p50": ttft}
+
+
+def test_tp_e2e_table(tmp_path, capsys):
+    """Async figures side by side, sync throughput last, batches in numeric
+    order, then the agreement line of the larger size."""
+    from benchmarks import tables
+
+    one = {"tp": 1, "first_differing_token": [None, None], "max_logprob_gap": 0.0, "speed": {
+        "async": {"256": _speed(2000.0, 14.0, 1700.0), "32": _speed(1000.0, 6.0, 200.0)},
+        "sync": {"256": _speed(1600.0, 18.0, 1800.0), "32": _speed(800.0, 8.0, 250.0)}}}
+    two = {"tp": 2, "first_differing_token": [3, None], "max_logprob_gap": 0.0123, "speed": {
+        "async": {"256": _speed(2300.0, 10.0, 1750.0), "32": _speed(1500.0, 4.04, 150.4)},
+        "sync": {"256": _speed(2000.0, 15.0, 1650.0), "32": _speed(1000.0, 6.0, 230.0)}}}
+    summary = {"benchmark": "tp", "date": "2026-12-02", "results": [one, two]}
+    (tmp_path / "tp_7b.json").write_text(json.dumps(summary) + "\n")
+    tables.tp_e2e_table(str(tmp_path), "7b")
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    assert lines[2:] == [
+        "| 32 | 1000.0 | 1500.0 | 1.50x | 6.0 / 4.0 ms | 200 / 150 ms | 800.0 / 1000.0 (1.25x) |",
+        "| 256 | 2000.0 | 2300.0 | 1.15x | 14.0 / 10.0 ms | 1700 / 1750 ms "
+        "| 1600.0 / 2000.0 (1.25x) |",
+    ]
+    assert lines[0].startswith("| 7B, requests | TP=1 tok/s | TP=2 tok/s | speed-up |")
+    assert ("TP=2 against TP=1, first differing greedy token per prompt: 3, none; "
+            "largest logprob gap before it 0.012 (2026-12-02)") in out
