@@ -220,8 +220,9 @@ def attention_only(q, kv_cache, attn, num_splits, config):
     return run
 
 
-def sweep(heads, block_size, dtype, device, smoke):
-    """Time tile configs and split counts; returns rows {name, shape, config, ms}."""
+def sweep(heads, block_size, dtype, device, smoke, with_decode=True):
+    """Time tile configs and split counts (decode rows only ``with_decode``);
+    returns rows {name, shape, config, ms}."""
     nqpk = heads[0] // heads[1]
     if smoke:
         decode, prefill, splits, tiles = [(1, 256)], [(1, 64)], [1, 2], [(64, 32, 4, 2)]
@@ -231,7 +232,9 @@ def sweep(heads, block_size, dtype, device, smoke):
         prefill = [(1, 4096), (4, 1024)]
         splits = [1, 2, 4, 8, 16, 32, 64]
         tiles = [(bm, tn, w, st) for bm in (64, 128) for tn in (64, 128) for w in (4, 8)
-                 for st in (2, 3)]
+                 for st in (2, 3, 4)]
+    if not with_decode:
+        decode = []
     rows = []
     for batch, context in decode:
         q, _, _, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
@@ -250,7 +253,11 @@ def sweep(heads, block_size, dtype, device, smoke):
         for block_m, tile_n, warps, stages in tiles:
             config = {"block_m": block_m, "tile_n": tile_n, "num_warps": warps,
                       "num_stages": stages}
-            ms = time_ms(attention_only(q, kv_cache, attn, 1, config), device, 20)
+            try:
+                ms = time_ms(attention_only(q, kv_cache, attn, 1, config), device, 20)
+            except triton.runtime.errors.OutOfResources as e:  # shared memory, registers
+                print(f"sweep prefill {batch}x{length} {config}: {e}")
+                continue
             rows.append({"name": "prefill", "shape": f"{batch}x{length}", "config": config,
                          "ms": ms})
     for shape in dict.fromkeys((r["name"], r["shape"]) for r in rows):
@@ -286,7 +293,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs / splits")
     parser.add_argument("--backend", default="both", choices=(*PREFILL_BACKENDS, "both"),
                         help="backend of the prefill rows (both: one row each)")
-    parser.add_argument("--prefill-only", action="store_true", help="skip the decode rows")
+    parser.add_argument("--prefill-only", action="store_true",
+                        help="skip the decode rows (of the sweep too)")
     parser.add_argument("--prefill-kernels", nargs="+", choices=("varlen", "sdpa"),
                         help="time triton_flash_prefill once per kernel named here "
                              "(default: once, with the kernel it picks)")
@@ -345,7 +353,8 @@ def main() -> None:
         "results": results,
     }
     if args.sweep:
-        report["sweep"] = sweep(heads, args.block_size, dtype, device, args.smoke)
+        report["sweep"] = sweep(heads, args.block_size, dtype, device, args.smoke,
+                                with_decode=not args.prefill_only)
     emit_summary(report, args.out)
 
 

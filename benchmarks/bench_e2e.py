@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -117,17 +118,19 @@ def hf_host_bound(hf: dict, hf_batch1: dict) -> dict:
                                     f"{one:.1f} ms at batch 1 (x{ratio:.2f}): {pace}"}
 
 
-def time_to_first_token(model_dir: str, args) -> dict:
+def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
     """All ``--ttft-prompts`` prompts added at once with max_tokens=1 (after an
-    identical warm-up round); seconds until the last one has its token."""
+    identical warm-up round); seconds until the last one has its token.
+    ``llm_options`` go to ``LLM`` (bench_tp passes its TP size and executor)."""
     from engine import LLM, SamplingParams
 
-    vocab = shape_config(args.shape)["vocab_size"]
+    with open(os.path.join(model_dir, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
     prompts = random_prompts(args.ttft_prompts, args.ttft_len, vocab, seed=1)
     llm = LLM(model=model_dir, load_format="dummy", device=args.device, dtype=args.dtype,
               max_num_seqs=args.ttft_prompts, max_num_batched_tokens=args.ttft_batched_tokens,
               max_model_len=args.ttft_len + 16, enable_prefix_caching=False,
-              attention_backend=args.attention_backend)
+              attention_backend=args.attention_backend, **llm_options)
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     rounds = []
     try:

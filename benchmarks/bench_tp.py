@@ -12,14 +12,22 @@ N runs the same model. Two runs per N:
 - agreement: greedy decoding of fixed prompts with the sampled token's
   logprob; against TP=1, the index of the first differing token of each
   prompt (None: none differ) and the largest logprob difference over the
-  tokens before it. bf16 sums in another order, so late divergence after a
-  near tie is expected; early divergence is a bug.
+  tokens before it. bf16 sums in another order, and random weights give
+  nearly flat logits, so a near tie may flip even the first token: this
+  row cannot tell a tie from a bug. tests/runner/test_tp_parity.py can
+  (float32 logits within 1e-3 of TP=1's; bf16 error against a float32
+  reference no larger than TP=1's own).
 - speed: for each ``--batch`` B, B requests of ``--input-len`` random tokens
   decode ``--output-len`` tokens each: output tokens/s and inter-token
   latency, with async scheduling on and off (``speed[mode][B]``). Off, each step's inter-token latency is
   the device step plus the host's round trip (schedule, broadcast, reply,
   update); set beside ``bench_decode.py``'s step time under torchrun (the
   device step alone, NCCL all-reduces included) it gives the breakdown.
+
+With ``--ttft-prompts`` P (default 32) each N also times the first token of
+P prompts of ``--ttft-len`` tokens added at once (bench_e2e's
+time_to_first_token, ``max_num_batched_tokens=--ttft-batched-tokens``): the
+prefill alone, which the speed rows mix with decoding.
 
 Prints one JSON line per N, then a JSON summary last.
 """
@@ -33,6 +41,7 @@ import random
 import tempfile
 import time
 
+from benchmarks.bench_e2e import time_to_first_token
 from benchmarks.common import emit_summary, timed_generation
 from benchmarks.shapes import write_shape
 from engine import LLM, SamplingParams
@@ -85,7 +94,7 @@ def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling:
     return LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
                executor="mp", load_format="dummy", max_num_seqs=max_num_seqs,
                max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False,
-               async_scheduling=async_scheduling)
+               async_scheduling=async_scheduling, attention_backend=args.attention_backend)
 
 
 def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
@@ -106,6 +115,12 @@ def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
     return greedy, speed
 
 
+def prefill_time(model_dir: str, tp: int, args) -> dict:
+    """bench_e2e's time to first token of ``--ttft-prompts`` prompts of
+    ``--ttft-len`` tokens at this TP size (through worker daemons)."""
+    return time_to_first_token(model_dir, args, tensor_parallel_size=tp, executor="mp")
+
+
 def run_sizes(args, model_dir: str) -> list[dict]:
     """One row per TP size, each compared with the first (TP=1)."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -115,6 +130,8 @@ def run_sizes(args, model_dir: str) -> list[dict]:
         greedy, speed = run_tp(model_dir, tp, args, prompts)
         reference = reference or greedy
         row = {"tp": tp, **compare(reference, greedy), "speed": speed}
+        if args.ttft_prompts:
+            row["ttft"] = prefill_time(model_dir, tp, args)
         results.append(row)
         print(json.dumps(row), flush=True)
     return results
@@ -130,6 +147,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--ttft-prompts", type=int, default=32,
+                        help="prompts of the time-to-first-token run (0: none)")
+    parser.add_argument("--ttft-len", type=int, default=2048)
+    parser.add_argument("--ttft-rounds", type=int, default=2)
+    parser.add_argument("--ttft-batched-tokens", type=int, default=8192,
+                        help="max_num_batched_tokens of the time-to-first-token run")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.tp[0] != 1:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.tables [--results benchmarks/results]
 
-Reads ``decode_8b.json``, ``decode_1b.json``, ``tp_ab_{8b,1b}_*.json``,
+Reads ``decode_8b.json``, ``decode_1b.json`` (and their ``_full`` runs), ``tp_ab_{8b,1b}_*.json``,
 ``tp_8b.json``, ``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json``
 when present and prints the README's "Measured" tables, so a rerun of the
 benchmarks is pasted, not retyped. Files that are missing are skipped with a
@@ -74,8 +74,10 @@ def _floor_note(shape: str, summary: dict) -> str | None:
             f"{bw['copy_GBps']}), {summary.get('date', '')}")
 
 
-def decode_table(directory: str) -> None:
-    summaries = {shape: _load(directory, f"decode_{shape}.json") for shape in ("8b", "1b")}
+def decode_table(directory: str, suffix: str = "") -> None:
+    """``decode_{8b,1b}{suffix}.json``: one row per shape and batch."""
+    summaries = {shape: _load(directory, f"decode_{shape}{suffix}.json")
+                 for shape in ("8b", "1b")}
     summaries = {shape: s for shape, s in summaries.items() if s is not None}
     if not summaries:
         return
@@ -233,6 +235,7 @@ def main() -> None:
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args()
     decode_table(args.results)
+    decode_table(args.results, "_full")
     tp_decode_table(args.results, "8b")
     tp_decode_table(args.results, "1b")
     tp_e2e_table(args.results, "8b")

@@ -18,7 +18,8 @@ def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_tp.py"), "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--tp", "1", "2", "--batch", "2", "3",
-         "--input-len", "16", "--output-len", "8", "--agree-tokens", "12", "--out", str(out)],
+         "--input-len", "16", "--output-len", "8", "--agree-tokens", "12",
+         "--ttft-prompts", "3", "--ttft-len", "20", "--ttft-rounds", "1", "--out", str(out)],
         timeout=170, env={"TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stderr[-3000:]
     assert leftovers == []
@@ -29,6 +30,9 @@ def test_tp2_agrees_with_tp1_on_cpu(tmp_path):
     # float32 sums in another order: the same greedy tokens, logprobs within 1e-4.
     assert tp2["first_differing_token"] == [None] * 8
     assert 0 < tp2["max_logprob_gap"] < 1e-4
+    for row in (tp1, tp2):  # three prompts of 20 tokens, one round after the warm-up
+        assert row["ttft"]["prompts"] == 3 and len(row["ttft"]["rounds_s"]) == 1
+        assert row["ttft"]["ttft_all_s"] > 0
     for mode in ("async", "sync"):
         assert tp2["speed"][mode]["2"]["output_tokens"] == 16
         assert tp2["speed"][mode]["3"]["output_tokens"] == 24
