@@ -94,17 +94,20 @@ def make_llm(model_dir: str, tp: int, args, max_num_seqs: int, async_scheduling:
     return LLM(model=model_dir, tensor_parallel_size=tp, device=args.device, dtype=args.dtype,
                executor="mp", load_format="dummy", max_num_seqs=max_num_seqs,
                max_model_len=args.input_len + args.output_len + 64, enable_prefix_caching=False,
-               async_scheduling=async_scheduling, attention_backend=args.attention_backend)
+               async_scheduling=async_scheduling, attention_backend=args.attention_backend,
+               **({"max_num_batched_tokens": args.max_num_batched_tokens}
+                  if args.max_num_batched_tokens else {}))
 
 
 def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
-    """Greedy agreement run and speed with async scheduling on, then off."""
-    speed = {}
-    for async_scheduling in (True, False):
+    """Greedy agreement run (in the first LLM) and speed for each of
+    ``--scheduling`` (async scheduling on, off)."""
+    speed, greedy = {}, None
+    for async_scheduling in (mode == "async" for mode in args.scheduling):
         llm = make_llm(model_dir, tp, args, max(*args.batch, len(prompts)), async_scheduling)
         try:
             vocab = llm.engine.model_info.vocab_size
-            if async_scheduling:
+            if greedy is None:
                 greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
             key = "async" if async_scheduling else "sync"
             speed[key] = {str(batch): decode_speed(llm, vocab, batch, args.input_len,
@@ -148,6 +151,11 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="the engine's token budget per step in the speed runs "
+                             "(default: the engine's)")
+    parser.add_argument("--scheduling", nargs="+", choices=("async", "sync"),
+                        default=["async", "sync"], help="speed runs with async scheduling on, off")
     parser.add_argument("--ttft-prompts", type=int, default=32,
                         help="prompts of the time-to-first-token run (0: none)")
     parser.add_argument("--ttft-len", type=int, default=2048)
