@@ -3,7 +3,7 @@
     python -m benchmarks.tables [--results benchmarks/results]
 
 Reads ``decode_8b.json``, ``decode_1b.json`` (and their ``_full`` runs), ``tp_ab_{8b,1b}_*.json``,
-``tp_8b.json``, ``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json``
+``tp_8b.json``, ``tp_8b_budget8192.json``, ``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json``
 when present and prints the README's "Measured" tables, so a rerun of the
 benchmarks is pasted, not retyped. Files that are missing are skipped with a
 note. Decode rows timed with ``--peer`` get the torch.compile peer's step
@@ -135,12 +135,20 @@ def _first_differing(tokens: list[int | None]) -> str:
     return ", ".join("none" if index is None else str(index) for index in tokens)
 
 
-def tp_e2e_table(directory: str, shape: str = "8b") -> None:
+def _sync_cell(one: dict | None, many: dict | None) -> str:
+    if one is None or many is None:
+        return "-"
+    return (f"{one['output_tokens_per_s']:.1f} / {many['output_tokens_per_s']:.1f}"
+            f" ({many['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x)")
+
+
+def tp_e2e_table(directory: str, shape: str = "8b", suffix: str = "") -> None:
     """End to end through ``LLM`` at TP=1 and each larger size
-    (``tp_{shape}.json``, ``bench_tp.py``): async scheduling's throughput,
-    ITL and TTFT side by side, sync's throughput in the last column, then
-    each size's agreement with TP=1."""
-    summary = _load(directory, f"tp_{shape}.json")
+    (``tp_{shape}{suffix}.json``, ``bench_tp.py``): async scheduling's
+    throughput, ITL and TTFT side by side, sync's throughput in the last
+    column ("-" when not run), then each size's agreement with TP=1 and,
+    when timed, the time to first token of the prefill-only run."""
+    summary = _load(directory, f"tp_{shape}{suffix}.json")
     if summary is None:
         return
     by_tp = {row["tp"]: row for row in summary["results"]}
@@ -157,16 +165,22 @@ def tp_e2e_table(directory: str, shape: str = "8b") -> None:
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for batch in sorted(base["speed"]["async"], key=int):
             one, many = base["speed"]["async"][batch], row["speed"]["async"][batch]
-            sync_one, sync_many = base["speed"]["sync"][batch], row["speed"]["sync"][batch]
+            sync_one = base["speed"].get("sync", {}).get(batch)
+            sync_many = row["speed"].get("sync", {}).get(batch)
             print(f"| {batch} | {one['output_tokens_per_s']:.1f} | {many['output_tokens_per_s']:.1f} "
                   f"| {many['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x "
                   f"| {one['itl_ms_p50']:.1f} / {many['itl_ms_p50']:.1f} ms "
                   f"| {one['ttft_ms_p50']:.0f} / {many['ttft_ms_p50']:.0f} ms "
-                  f"| {sync_one['output_tokens_per_s']:.1f} / {sync_many['output_tokens_per_s']:.1f}"
-                  f" ({sync_many['output_tokens_per_s'] / sync_one['output_tokens_per_s']:.2f}x) |")
+                  f"| {_sync_cell(sync_one, sync_many)} |")
         print(f"\nTP={tp} against TP=1, first differing greedy token per prompt: "
               f"{_first_differing(row['first_differing_token'])}; largest logprob gap before "
               f"it {row['max_logprob_gap']:.3f} ({summary.get('date', '')})\n")
+        if "ttft" in base and "ttft" in row:
+            one, many = base["ttft"]["ttft_all_s"], row["ttft"]["ttft_all_s"]
+            print(f"Time to first token, {row['ttft']['prompts']} prompts x "
+                  f"{row['ttft']['prompt_len']} tokens at once "
+                  f"(max_num_batched_tokens {row['ttft']['max_num_batched_tokens']}): "
+                  f"TP=1 {one:.3f} s, TP={tp} {many:.3f} s ({one / many:.2f}x)\n")
 
 
 def e2e_table(directory: str) -> None:
@@ -239,6 +253,7 @@ def main() -> None:
     tp_decode_table(args.results, "8b")
     tp_decode_table(args.results, "1b")
     tp_e2e_table(args.results, "8b")
+    tp_e2e_table(args.results, "8b", "_budget8192")
     e2e_table(args.results)
     ttft_table(args.results)
     attention_prefill_table(args.results)
