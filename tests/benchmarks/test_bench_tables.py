@@ -136,3 +136,24 @@ def test_tp_e2e_table(tmp_path, capsys):
     assert lines[0].startswith("| 7B, requests | TP=1 tok/s | TP=2 tok/s | speed-up |")
     assert ("TP=2 against TP=1, first differing greedy token per prompt: 3, none; "
             "largest logprob gap before it 0.012 (2026-12-02)") in out
+
+
+def test_tp_e2e_table_async_only_with_ttft(tmp_path, capsys):
+    """A run without sync rows prints "-" there; the prefill-alone TTFT line
+    gives both sizes and their ratio."""
+    from benchmarks import tables
+
+    ttft = {"prompts": 4, "prompt_len": 64, "max_num_batched_tokens": 256}
+    one = {"tp": 1, "first_differing_token": [None], "max_logprob_gap": 0.0,
+           "speed": {"async": {"8": _speed(100.0, 5.0, 50.0)}},
+           "ttft": {**ttft, "ttft_all_s": 1.5}}
+    two = {"tp": 2, "first_differing_token": [None], "max_logprob_gap": 0.0,
+           "speed": {"async": {"8": _speed(180.0, 3.0, 30.0)}},
+           "ttft": {**ttft, "ttft_all_s": 0.6}}
+    summary = {"benchmark": "tp", "date": "2026-12-02", "results": [one, two]}
+    (tmp_path / "tp_7b_small.json").write_text(json.dumps(summary) + "\n")
+    tables.tp_e2e_table(str(tmp_path), "7b", "_small")
+    out = capsys.readouterr().out
+    assert "| 8 | 100.0 | 180.0 | 1.80x | 5.0 / 3.0 ms | 50 / 30 ms | - |" in out
+    assert ("Time to first token, 4 prompts x 64 tokens at once (max_num_batched_tokens 256): "
+            "TP=1 1.500 s, TP=2 0.600 s (2.50x)") in out
