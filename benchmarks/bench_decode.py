@@ -37,6 +37,7 @@ Rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -54,7 +55,7 @@ from benchmarks.shapes import SHAPES, shape_config, write_shape
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
-from runner.layers import triton_skinny_matmul
+from runner.layers.linear import RowParallelLinear
 from runner.model_runner import ModelRunner
 
 
@@ -315,10 +316,18 @@ def main() -> None:
                              "run does not repeat (to split a long sweep over several runs)")
     args = parser.parse_args()
     check_args(parser, args)
-    if args.cublas_only:
-        triton_skinny_matmul.SKINNY_MAX_ROWS = 0
     with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
         run_benchmark(args, write_shape(args.shape, shape_dir))
+
+
+def use_cublas_for_row_parallel(model: torch.nn.Module) -> None:
+    """Every row-parallel projection of ``model`` through ``F.linear``
+    (cuBLAS) instead of the device's choice, for ``--cublas-only``: the
+    layers' own ops, replaced, so nothing global changes."""
+    for module in model.modules():
+        if isinstance(module, RowParallelLinear):
+            module.ops = dataclasses.replace(module.ops,
+                                             row_parallel_matmul=torch.nn.functional.linear)
 
 
 def run_benchmark(args, model_dir: str) -> None:
@@ -333,6 +342,8 @@ def run_benchmark(args, model_dir: str) -> None:
                           load_format="dummy", enforce_eager=args.enforce_eager,
                           disable_custom_all_reduce=args.disable_custom_all_reduce)
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
+    if args.cublas_only:  # before the decode graphs are captured
+        use_cublas_for_row_parallel(runner.model)
     # Only the blocks the largest row takes, so the peer has room beside them.
     needed = max(blocks_for(b, c, args.steps, config.block_size)
                  for b in args.batches for c in args.contexts)
@@ -390,7 +401,7 @@ def run_benchmark(args, model_dir: str) -> None:
         "kv_bytes_per_token": kv_per_token,
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
-        "skinny_max_rows": triton_skinny_matmul.SKINNY_MAX_ROWS,
+        "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
         "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }

@@ -9,8 +9,8 @@ no partial sums in memory. Rows are padded to 16 for the tensor cores.
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
-(``uses_skinny_matmul``); set SKINNY_MAX_ROWS to 0 to keep cuBLAS everywhere
-(``bench_decode.py --cublas-only`` does, to compare). On the H200 (same run,
+(``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
+``F.linear`` instead, to compare. On the H200 (same run,
 CUDA graphs): 8B decode step at batch 1 4.60 ms against 4.74 with cuBLAS, at
 batch 8 4.77 against 4.89; the 1B shape's 2048-wide outputs stay on cuBLAS,
 which was faster there. Computing silu(gate) * up while loading the input

@@ -4,11 +4,13 @@ shape's dimensions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 
 import pytest
+import torch
 
 from tests.helpers.proc_utils import ROOT, run_in_session
 
@@ -65,3 +67,27 @@ def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
     assert first == row
     assert (second["context"], "peer_step_ms" in second) == (40, False)
     check_floor(second)
+
+
+def test_cublas_only_replaces_the_layers_ops_not_the_devices():
+    """--cublas-only gives each row-parallel layer F.linear and leaves every
+    other op, and the device's shared DeviceOps, as they were."""
+    import torch.nn.functional as F
+
+    from benchmarks.bench_decode import use_cublas_for_row_parallel
+    from runner.distributed import TensorParallelGroup
+    from runner.layers.linear import RowParallelLinear
+    from runner.ops import device_ops
+
+    tp = TensorParallelGroup(rank=0, size=1, peer=None)
+    model = torch.nn.Sequential(RowParallelLinear(8, 4, tp, False, torch.float32),
+                                RowParallelLinear(4, 8, tp, False, torch.float32))
+    shared = device_ops(torch.device("cpu"))
+    sentinel = object()
+    for layer in model:  # a stand-in for the device's own choice, to see it replaced
+        layer.ops = dataclasses.replace(layer.ops, row_parallel_matmul=sentinel)
+    use_cublas_for_row_parallel(model)
+    for layer in model:
+        assert layer.ops.row_parallel_matmul is F.linear
+        assert layer.ops.rms_norm is shared.rms_norm
+    assert device_ops(torch.device("cpu")) is shared
