@@ -31,8 +31,10 @@ def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, l
     returns (process, stdout, stderr, leftover pids)."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir(exist_ok=True)
+    # PYTHONFAULTHANDLER: a launch that hangs after the signal is sent SIGABRT
+    # below and prints every thread's stack, so the failure says where it sat.
     env = dict(os.environ, PYTHONPATH=pythonpath(), TMPDIR=str(tmpdir),
-               TPRUN_CACHE=str(tmp_path / "cache"))
+               TPRUN_CACHE=str(tmp_path / "cache"), PYTHONFAULTHANDLER="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "launch", "--nproc-per-node", "2", "generate", "--model", "tiny",
          "--device", "cpu", "--prompt-token-ids", "1,2,3", "--max-tokens", "3000",
@@ -51,7 +53,12 @@ def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, l
         time.sleep(1.0)  # into the generation
         assert proc.poll() is None, "finished before the signal: raise --max-tokens"
         send(proc)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints the stacks
+            out, err = proc.communicate(timeout=10)
+            pytest.fail(f"tprun did not exit within 30 s of the signal; its stacks:\n{err}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
