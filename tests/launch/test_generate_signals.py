@@ -41,6 +41,9 @@ def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, l
          "--ignore-eos", "--json"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
+        # As from a terminal: a parent started in the background passes SIGINT
+        # down ignored, and Python then installs no KeyboardInterrupt handler.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 90
