@@ -45,6 +45,7 @@ from benchmarks.bench_e2e import time_to_first_token
 from benchmarks.common import emit_summary, timed_generation
 from benchmarks.shapes import write_shape
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 
 
 def model_dir_for(shape: str, directory: str) -> str:
@@ -169,8 +170,12 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="tprun-shape-") as directory:
         results = run_sizes(args, model_dir_for(args.shape, directory))
+    budget = EngineConfig(device=args.device,
+                          max_num_batched_tokens=args.max_num_batched_tokens)
     emit_summary({"benchmark": "tp", "shape": args.shape, "device": args.device,
-                  "dtype": args.dtype, "date": time.strftime("%Y-%m-%d"), "results": results},
+                  "dtype": args.dtype, "date": time.strftime("%Y-%m-%d"),
+                  "max_num_batched_tokens": budget.resolved_max_num_batched_tokens,
+                  "results": results},
                  args.out)
 
 

@@ -55,7 +55,8 @@ class EngineConfig:
                       choices=DTYPES)
     block_size: int = _opt(16, "tokens per KV cache block (a power of two)")
     max_num_seqs: int = _opt(256, "requests in one step at most")
-    max_num_batched_tokens: int = _opt(2048, "tokens in one step at most")
+    max_num_batched_tokens: int | None = _opt(None, "tokens in one step at most (default: "
+                                              "8192 on CUDA, 2048 elsewhere)")
     max_model_len: int | None = _opt(None, "prompt + output tokens per request at most "
                                      "(default: the model's max_position_embeddings)")
     num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
@@ -168,6 +169,16 @@ class EngineConfig:
             return "mp"
         return "uni" if self.tensor_parallel_size == 1 else "mp"
 
+    @property
+    def resolved_max_num_batched_tokens(self) -> int:
+        """The step's token budget. On CUDA 8192 (as vLLM's default for GPUs):
+        an eager prefill step has a host cost (the Python and kernel launches
+        of every layer) that a 2048-token step no longer hides behind its
+        device time once tensor parallelism splits that work; 2048 elsewhere."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 8192 if self.resolved_device == "cuda" else 2048
+
     def resolved_max_model_len(self, info: ModelInfo) -> int:
         if self.max_model_len is not None:
             return self.max_model_len
@@ -181,7 +192,7 @@ class EngineConfig:
         return RunnerConfig(
             model=model_dir, device=self.resolved_device, dtype=self.dtype,
             block_size=self.block_size, max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
             max_model_len=self.resolved_max_model_len(info), seed=self.seed,
             enforce_eager=self.enforce_eager,
             disable_custom_all_reduce=self.disable_custom_all_reduce,
@@ -192,7 +203,8 @@ class EngineConfig:
 
     def scheduler_config(self, info: ModelInfo, num_blocks: int) -> SchedulerConfig:
         return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
             max_model_len=self.resolved_max_model_len(info), block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
             enable_prefix_caching=self.enable_prefix_caching,
@@ -200,8 +212,9 @@ class EngineConfig:
 
 
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
-                  "max_num_batched_tokens", "kv_cache_memory_bytes")
-_OPTIONAL_POSITIVE_INTS = ("max_model_len", "num_gpu_blocks_override", "master_port")
+                  "kv_cache_memory_bytes")
+_OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override",
+                           "master_port")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
           "enable_prefix_caching", "disable_log_stats")
 

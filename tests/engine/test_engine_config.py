@@ -112,6 +112,19 @@ def test_projections_come_from_the_config(tmp_path):
         "priority", 7, False)
 
 
+@pytest.mark.parametrize("device, given, budget", [
+    ("cpu", None, 2048), ("cuda", None, 8192), ("cuda", 512, 512), ("cpu", 4096, 4096)])
+def test_token_budget_default_follows_the_device(tmp_path, device, given, budget):
+    """max_num_batched_tokens left unset is 8192 on CUDA and 2048 elsewhere;
+    both projections carry the resolved value, a given one unchanged."""
+    from engine.model_info import ModelInfo
+
+    config = EngineConfig(model="m", device=device, max_num_batched_tokens=given)
+    info = ModelInfo.from_dir(_model_dir(tmp_path))
+    assert config.runner_config("/models/m", info).max_num_batched_tokens == budget
+    assert config.scheduler_config(info, num_blocks=7).max_num_batched_tokens == budget
+
+
 def test_runner_config_crosses_the_socket_typed():
     config = RunnerConfig(model="/m", block_size=32, max_model_len=100, attention_backend=None)
     message = decode_broadcast(encode(ControlCall(call_id=3, method="load_model",
