@@ -150,6 +150,17 @@ class PeerBuffers:
                      max_programs: int = MAX_PROGRAMS) -> int:
         return layout_flag_bytes(max_programs, world) + 2 * world * max_bytes
 
+    @staticmethod
+    def reachable(device: torch.device) -> bool:
+        """Whether this rank's GPU can map the memory of every other rank's
+        (NVLink or PCIe peer access), which the buffers need (a collective)."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        mine = torch.tensor([index], dtype=torch.int64, device=device)
+        everyone = torch.empty(dist.get_world_size(), dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(everyone, mine)
+        return all(torch.cuda.can_device_access_peer(index, other)
+                   for other in everyone.tolist() if other != index)
+
     @classmethod
     def create(cls, device: torch.device, max_bytes: int = MAX_BYTES) -> PeerBuffers:
         """Allocate and exchange the buffers of the default group (a collective)."""

@@ -13,6 +13,7 @@ the residual add and RMSNorm where the decoder asks for that
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +23,16 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from runner.custom_all_reduce import PeerBuffers
+
+logger = logging.getLogger(__name__)
+
+
+def every_rank_agrees(ok: bool, device: torch.device) -> bool:
+    """Whether ``ok`` holds on every rank of the default group (a collective:
+    every rank calls it and all get the same answer)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 @dataclass(frozen=True)
@@ -54,9 +65,9 @@ class TensorParallelGroup:
 
         Only for CUDA groups of more than one rank, otherwise the group itself
         (NCCL or gloo does every reduction). The GPUs must be able to map each
-        other's memory (NVLink or PCIe peer access): where they cannot, the
-        symmetric-memory rendezvous fails and ``disable_custom_all_reduce``
-        is the way out.
+        other's memory (NVLink or PCIe peer access); where one rank's cannot,
+        every rank keeps NCCL for every all-reduce (they decide together, so
+        no rank waits in a rendezvous the others skipped).
         """
         from runner.ops import device_ops
 
@@ -64,6 +75,10 @@ class TensorParallelGroup:
             return self
         from runner.custom_all_reduce import PeerBuffers
 
+        if not every_rank_agrees(PeerBuffers.reachable(device), device):
+            logger.warning("rank %d: a GPU of the group cannot map its peers' memory: "
+                           "NCCL for every all-reduce", self.rank)
+            return self
         return TensorParallelGroup(self.rank, self.size, PeerBuffers.create(device))
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
