@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.helpers.hf_models import save_with_greedy_reference
+from tests.helpers.hf_models import save_with_greedy_reference, small_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,13 +20,8 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def hf_llama_dir(tmp_path_factory):
     """A small random Llama with GQA, float32, saved with save_pretrained."""
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=255,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
+    model = small_llama(0, 256, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512, rms_norm_eps=1e-6)
     path = tmp_path_factory.mktemp("llama")
     expected = save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
     logprobs = []

@@ -3,10 +3,9 @@ HF transformers' at every size (8 query heads, 2 KV heads: at TP 4 and 8 the
 KV heads are replicated)."""
 
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
-from tests.helpers.hf_models import save_with_greedy_reference
+from tests.helpers.hf_models import save_with_greedy_reference, small_llama
 
 transformers = pytest.importorskip("transformers")
 
@@ -16,12 +15,8 @@ MAX_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def model_and_expected(tmp_path_factory):
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=127)
-    torch.manual_seed(1)
-    model = transformers.LlamaForCausalLM(config)
+    model = small_llama(1, 128, num_attention_heads=8, num_key_value_heads=2,
+                        max_position_embeddings=256)
     path = tmp_path_factory.mktemp("llama8h")
     return str(path), save_with_greedy_reference(model, path, PROMPTS, MAX_TOKENS)
 

@@ -4,6 +4,19 @@ continuations as the reference (end-to-end parity tests)."""
 import torch
 
 
+def small_llama(seed: int, vocab_size: int, **fields):
+    """A random float32 HF LlamaForCausalLM of two layers, hidden size 64
+    (MLP 128), untied head, bos 0 and eos the last token id; ``fields``
+    set the heads and anything else of the config."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=vocab_size - 1, **fields)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config)
+
+
 def save_with_greedy_reference(model, path, prompts: list[list[int]],
                                max_tokens: int) -> list[list[int]]:
     """Spread ``model``'s logits (its lm_head times 20, so greedy never meets a
