@@ -19,9 +19,9 @@ N runs the same model. Two runs per N:
   reference no larger than TP=1's own).
 - speed: for each ``--batch`` B, B requests of ``--input-len`` random tokens
   decode ``--output-len`` tokens each: output tokens/s and inter-token
-  latency, with async scheduling on and off (``speed[mode][B]``). Off, each step's inter-token latency is
-  the device step plus the host's round trip (schedule, broadcast, reply,
-  update); set beside ``bench_decode.py``'s step time under torchrun (the
+  latency, with async scheduling on and off (``speed[mode][B]``). Off,
+  each step's inter-token latency is the device step plus the host's round
+  trip (schedule, broadcast, reply, update); set beside ``bench_decode.py``'s step time under torchrun (the
   device step alone, NCCL all-reduces included) it gives the breakdown.
 
 With ``--ttft-prompts`` P (default 32) each N also times the first token of
@@ -119,12 +119,6 @@ def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
     return greedy, speed
 
 
-def prefill_time(model_dir: str, tp: int, args) -> dict:
-    """bench_e2e's time to first token of ``--ttft-prompts`` prompts of
-    ``--ttft-len`` tokens at this TP size (through worker daemons)."""
-    return time_to_first_token(model_dir, args, tensor_parallel_size=tp, executor="mp")
-
-
 def run_sizes(args, model_dir: str) -> list[dict]:
     """One row per TP size, each compared with the first (TP=1)."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -135,7 +129,8 @@ def run_sizes(args, model_dir: str) -> list[dict]:
         reference = reference or greedy
         row = {"tp": tp, **compare(reference, greedy), "speed": speed}
         if args.ttft_prompts:
-            row["ttft"] = prefill_time(model_dir, tp, args)
+            row["ttft"] = time_to_first_token(model_dir, args, tensor_parallel_size=tp,
+                                              executor="mp")
         results.append(row)
         print(json.dumps(row), flush=True)
     return results
