@@ -40,7 +40,10 @@ def check_floor(row: dict) -> None:
     table, one row of it per request, the batch's KV."""
     read = 4 * NON_EMBEDDING_PARAMS + 2 * 128 * 4 + 2 * row["context"] * KV_BYTES_PER_TOKEN
     assert row["floor_GB"] == pytest.approx(read / 1e9, abs=1e-3)
-    assert row["floor_ms"] == pytest.approx(read / (row["floor_GBps"] * 1e6), rel=2e-3)
+    # floor_ms is written to 4 decimals: on CPU it is a few hundredths of a
+    # millisecond, so the rounding alone can exceed a relative tolerance.
+    assert row["floor_ms"] == pytest.approx(read / (row["floor_GBps"] * 1e6), rel=2e-3,
+                                            abs=5e-5)
     assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
 
 
