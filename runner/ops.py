@@ -61,6 +61,7 @@ class DeviceOps:
     attention_backend: str  # the default attention backend's name
     dist_backend: str  # torch.distributed backend of the tensor-parallel group
     cuda_graphs: bool  # decode steps can be captured and replayed
+    flash_kernels: bool  # torch's fused attention kernels (varlen_attn, flash SDPA) run here
     kv_budget_from_free_memory: bool  # else kv_cache_memory_bytes sizes the cache
     shares_host_memory: bool  # device tensors are host memory (their own host copy)
 
@@ -132,7 +133,7 @@ def _kernels(version: int) -> dict[str, Callable]:
 def torch_ops(device: torch.device) -> DeviceOps:
     """Torch references and synchronous copies (a CPU device)."""
     return DeviceOps(**_kernels(0), new_transfer=functools.partial(HostTransfer, device),
-                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False,
+                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False, flash_kernels=False,
                      kv_budget_from_free_memory=False, shares_host_memory=True)
 
 
@@ -143,7 +144,7 @@ def triton_ops(device: torch.device) -> DeviceOps:
     interpreter; transfers and device facts are then still CUDA's.
     """
     return DeviceOps(**_kernels(1), new_transfer=functools.partial(PinnedTransfer, device),
-                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True,
+                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True, flash_kernels=True,
                      kv_budget_from_free_memory=True, shares_host_memory=False)
 
 

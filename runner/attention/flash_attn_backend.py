@@ -1,9 +1,8 @@
 """flash-attn as an optional attention backend (``--attention-backend flash_attn``).
 
-Used only when the ``flash_attn`` package imports; it cannot be installed on
-our machines, so this adapter is checked in CI against a stand-in module that
-computes the same function from the same arguments, never against the real
-package. flash-attn 2 needs a KV block size that is a multiple of 256 for a
+Used only when asked for and the ``flash_attn`` package imports. The
+adapter is tested against a stand-in module that computes the same function
+from the same arguments, not against the real package. flash-attn 2 needs a KV block size that is a multiple of 256 for a
 paged cache; the Triton backend has no such limit and is the GPU default.
 """
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.triton_attn import MAX_SPLITS, TritonAttentionBackend
+from runner.ops import device_ops
 
 PREFILL_KERNELS = ("varlen", "sdpa", "triton")
 
@@ -66,9 +67,10 @@ def varlen_attn_function() -> VarlenAttn | None:
 
 
 def default_prefill_kernel(device: torch.device) -> str:
-    """"varlen" on CUDA where torch has it, else "sdpa" on CUDA, "triton" elsewhere
-    (on CPU the Triton kernels run under the interpreter, as the backend's do)."""
-    if torch.device(device).type != "cuda":
+    """"varlen" where torch's fused kernels run (``DeviceOps.flash_kernels``)
+    and this torch has it, else "sdpa" there, "triton" elsewhere (on CPU the
+    Triton kernels run under the interpreter, as the backend's do)."""
+    if not device_ops(device).flash_kernels:
         return "triton"
     return "varlen" if varlen_attn_function() is not None else "sdpa"
 

@@ -14,7 +14,7 @@ from runner.input_batch import prepare_prefill_inputs_ref
 from runner.ops import device_ops
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEVICE_CHECK = re.compile(r"on_cuda|is_cuda|device\.type")
+DEVICE_CHECK = re.compile(r"on_cuda|is_cuda|device\.type|\)\.type\b")
 
 
 def test_only_the_seam_asks_for_the_device_type():
