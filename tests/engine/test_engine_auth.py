@@ -217,7 +217,7 @@ def test_serve_on_all_interfaces_warns_and_refuses_unsigned_messages(tmp_path):
         local = f"tcp://127.0.0.1:{port}"
         ctx = zmq.Context()
         rogue = ctx.socket(zmq.DEALER)
-        rogue.setsockopt(zmq.LINGER, 0)
+        rogue.setsockopt(zmq.LINGER, 5000)  # both messages leave before the close
         rogue.connect(local)
         try:
             rogue.send(encode(StatsRequest()))  # unsigned

@@ -129,7 +129,7 @@ def test_logprobs_cross_the_endpoint(server):
         assert list(g) == list(w)  # same candidates, in the same order
         for token_id, lp in w.items():
             assert g[token_id].rank == lp.rank
-            assert g[token_id].logprob == pytest.approx(lp.logprob, abs=1e-5)
+            assert g[token_id].logprob == pytest.approx(lp.logprob, abs=1e-4)  # TP=2 vs TP=1
 
 
 @pytest.mark.timeout(90)

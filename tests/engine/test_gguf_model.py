@@ -7,12 +7,11 @@ import json
 import os
 
 import pytest
+import transformers  # the oracle: a test dependency, never skipped
 
 from engine.gguf_model import ensure_gguf_model, package_file, resolve_gguf
 from engine.llm_engine import resolve_model_dir
 from runner.model_config import ModelConfig
-
-transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.timeout(300)

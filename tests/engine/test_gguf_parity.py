@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # noqa: F401  (the oracle: a test dependency, never skipped)
 
 from engine import LLM, SamplingParams
-
-pytest.importorskip("transformers")
 
 PROMPTS = [
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "

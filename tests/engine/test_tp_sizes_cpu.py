@@ -7,8 +7,6 @@ import pytest
 from engine import LLM, SamplingParams
 from tests.helpers.hf_models import save_with_greedy_reference, small_llama
 
-transformers = pytest.importorskip("transformers")
-
 PROMPTS = [[3, 14, 15, 92, 65], list(range(40, 77))]
 MAX_TOKENS = 6
 

@@ -9,6 +9,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.tiny_model import ensure_tiny_model
+from executor.multiproc import free_port
 from tests.helpers.proc_utils import ROOT, pythonpath
 from worker.env import TorchrunEnv
 
@@ -25,9 +26,10 @@ def test_torchrun_style_workers_attach_and_match_spawned(tmp_path):
         want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
     workers = []
+    port = free_port()  # one store for both ranks
     for rank in range(2):
         env = TorchrunEnv(rank=rank, local_rank=rank, world_size=2, local_world_size=2,
-                          master_addr="127.0.0.1", master_port=29611 + os.getpid() % 300)
+                          master_addr="127.0.0.1", master_port=port)
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "worker", "--broadcast", f"ipc://{sock_dir}/broadcast",
              "--reply", f"ipc://{sock_dir}/reply", "--device", "cpu"],

@@ -63,7 +63,7 @@ def test_worker_killed_mid_run_fails_fast_naming_rank(tiny_dir):
     params = SamplingParams(temperature=0.0, max_tokens=3000, ignore_eos=True)
     with pytest.raises(WorkerFailure, match=r"worker rank 1 .*exited with code -9"):
         llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 4, params)
-    assert time.monotonic() - killed_at[0] < 2.0
+    assert time.monotonic() - killed_at[0] < 5.0  # not the 300 s step timeout
     llm.shutdown()
     assert _wait_gone(pids, 5.0) == []
 
@@ -113,7 +113,8 @@ def test_stuck_step_reports_the_stuck_rank(tiny_dir):
     try:
         os.kill(pids[1], signal.SIGSTOP)
         start = time.monotonic()
-        with pytest.raises(WorkerFailure, match=r"ranks \[1\] sent no heartbeat") as info:
+        # A starved rank 0 may be named beside rank 1 on a loaded machine.
+        with pytest.raises(WorkerFailure, match=r"ranks \[(0, )?1\] sent no heartbeat") as info:
             executor.execute_model(_new_plan(0)).result(timeout=30)
         assert "did not complete within 2s" in str(info.value)
         assert time.monotonic() - start < 6
@@ -161,8 +162,11 @@ def test_parent_killed_workers_exit(tiny_dir, tmp_path):
 def test_tprun_exits_nonzero_when_a_worker_dies(tiny_dir, tmp_path):
     proc, workers = _start_long_generate(tiny_dir, tmp_path, subprocess.PIPE)
     try:
+        assert len(workers) == 2
         os.kill(workers[-1], signal.SIGKILL)
-        _, err = proc.communicate(timeout=10)
+        # Generous: on a slow machine the kill can land before the ranks have
+        # met, and the launch then also waits out the survivor's shutdown.
+        _, err = proc.communicate(timeout=30)
         assert proc.returncode != 0
         assert "worker rank" in err and "exited with code -9" in err
         assert _wait_gone(workers, 5.0) == []

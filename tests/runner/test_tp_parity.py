@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # the oracle: a test dependency, never skipped
 
 from runner.attention.metadata import AttentionMetadata
 from tests.helpers.multi_rank import RankInfo, assert_ranks_bitwise_equal, run_on_ranks
-
-transformers = pytest.importorskip("transformers")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PROMPT_LENS = (37, 21)

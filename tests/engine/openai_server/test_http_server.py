@@ -157,7 +157,7 @@ def test_completion_logprobs(client, reference):
     assert len(lp.token_logprobs) == len(ref.token_ids) == 8
     for got, token, candidates, top in zip(lp.token_logprobs, ref.token_ids, ref.logprobs,
                                            lp.top_logprobs):
-        assert got == pytest.approx(candidates[token].logprob, abs=1e-5)
+        assert got == pytest.approx(candidates[token].logprob, abs=1e-4)
         assert 1 <= len(top) <= 2
         assert max(top.values()) == pytest.approx(got, abs=1e-5)  # greedy: the top one
 
