@@ -150,20 +150,34 @@ def _bench_parser(sub) -> None:
 
 
 def _prompts(args) -> list:
+    from engine.config import ConfigError
+
     prompts: list = list(args.prompt)
     for text in args.prompt_token_ids:
         try:
             prompts.append({"prompt_token_ids": [int(t) for t in text.split(",") if t.strip()]})
         except ValueError as e:
-            raise SystemExit(f"--prompt-token-ids must be comma-separated integers: {e}") from e
+            raise ConfigError(f"--prompt-token-ids must be comma-separated integers: {e}") from e
     return prompts or list(DEFAULT_PROMPTS)
 
 
-def run_generate(args) -> int:
-    from engine import LLM, SamplingParams
+def _sampling_params(args):
+    """The command line's sampling options; a bad one is an argument error
+    (exit code 2), found before any worker starts."""
+    from engine import SamplingParams
+    from engine.config import ConfigError
 
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                            seed=args.sampling_seed, ignore_eos=args.ignore_eos)
+    try:
+        return SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                              seed=args.sampling_seed, ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
+def run_generate(args) -> int:
+    from engine import LLM
+
+    params = _sampling_params(args)
     prompts = _prompts(args)
     with LLM.from_config(_engine_config(args)) as llm:
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)

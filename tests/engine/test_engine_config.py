@@ -161,6 +161,9 @@ def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
     (["generate", "--device", "cuda"], "CUDA is not available"),
     (["generate", "--model", "HuggingFaceTB/SmolLM2-135M"], "huggingface-cli download"),
     (["generate", "--nproc-per-node", "2"], "put it before the subcommand"),
+    (["generate", "--device", "cpu", "--max-tokens", "0"], "max_tokens must be an int >= 1"),
+    (["generate", "--device", "cpu", "--prompt-token-ids", "1,x"],
+     "--prompt-token-ids must be comma-separated integers"),
 ])
 def test_cli_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
