@@ -19,6 +19,7 @@ A short warm-up request runs first and is not counted.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -51,6 +52,8 @@ class BenchConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.dataset is not None and not os.path.isfile(self.dataset):
+            raise ValueError(f"dataset {self.dataset!r} is not a file")
 
 
 @dataclass(frozen=True)

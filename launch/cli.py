@@ -161,23 +161,23 @@ def _prompts(args) -> list:
     return prompts or list(DEFAULT_PROMPTS)
 
 
-def _sampling_params(args):
-    """The command line's sampling options; a bad one is an argument error
-    (exit code 2), found before any worker starts."""
-    from engine import SamplingParams
+def _from_arguments(make, **options):
+    """``make(**options)`` for options taken from the command line: a value it
+    rejects is an argument error (exit code 2), found before any worker starts."""
     from engine.config import ConfigError
 
     try:
-        return SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                              seed=args.sampling_seed, ignore_eos=args.ignore_eos)
+        return make(**options)
     except ValueError as e:
         raise ConfigError(str(e)) from e
 
 
 def run_generate(args) -> int:
-    from engine import LLM
+    from engine import LLM, SamplingParams
 
-    params = _sampling_params(args)
+    params = _from_arguments(SamplingParams, temperature=args.temperature,
+                             max_tokens=args.max_tokens, seed=args.sampling_seed,
+                             ignore_eos=args.ignore_eos)
     prompts = _prompts(args)
     with LLM.from_config(_engine_config(args)) as llm:
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
@@ -252,12 +252,14 @@ def run_serve(args) -> int:
 
 def _check_http_args(args) -> None:
     """--http-port's companions, checked before any process starts."""
+    from engine.config import ConfigError
+
     if args.http_port is None:
         if args.api_key is not None:
-            raise ValueError("--api-key needs --http-port")
+            raise ConfigError("--api-key needs --http-port")
         return
     if not 0 <= args.http_port < 65536:
-        raise ValueError(f"--http-port must be in [0, 65535], got {args.http_port}")
+        raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
     args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
     args.host = args.host or "127.0.0.1"
     from engine.server import is_loopback
@@ -280,9 +282,9 @@ def run_bench(args) -> int:
     from engine.bench import BenchConfig, format_summary, run_bench
     from engine.llm_engine import LLMEngine
 
-    bench = BenchConfig(num_prompts=args.num_prompts, input_len=args.input_len,
-                        output_len=args.output_len, dataset=args.dataset, seed=args.seed,
-                        temperature=args.temperature, warmup=not args.no_warmup)
+    bench = _from_arguments(BenchConfig, num_prompts=args.num_prompts, input_len=args.input_len,
+                            output_len=args.output_len, dataset=args.dataset, seed=args.seed,
+                            temperature=args.temperature, warmup=not args.no_warmup)
     engine = LLMEngine(_engine_config(args))
     try:
         summary = run_bench(engine, bench)

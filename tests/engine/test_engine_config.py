@@ -164,6 +164,11 @@ def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
     (["generate", "--device", "cpu", "--max-tokens", "0"], "max_tokens must be an int >= 1"),
     (["generate", "--device", "cpu", "--prompt-token-ids", "1,x"],
      "--prompt-token-ids must be comma-separated integers"),
+    (["bench", "--device", "cpu", "--num-prompts", "0"], "num_prompts must be an int >= 1"),
+    (["bench", "--device", "cpu", "--dataset", "missing.jsonl"],
+     "dataset 'missing.jsonl' is not a file"),
+    (["serve", "--device", "cpu", "--http-port", "70000"], "--http-port must be in [0, 65535]"),
+    (["serve", "--device", "cpu", "--api-key", "k"], "--api-key needs --http-port"),
 ])
 def test_cli_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
