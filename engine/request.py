@@ -113,6 +113,14 @@ class Request:
         )
 
 
+class ContextLengthError(ValueError):
+    """The prompt, or the prompt plus ``max_tokens``, does not fit the model's
+    context (``max_model_len``). ``code`` is OpenAI's name for the error,
+    which clients look for to shorten a conversation."""
+
+    code = "context_length_exceeded"
+
+
 def check_request(prompt_token_ids: list[int], max_tokens: int, limits: SchedulerConfig,
                   vocab_size: int | None = None, allow_truncation: bool = True) -> None:
     """The one place that decides whether a request can run; ``ValueError``
@@ -133,11 +141,13 @@ def check_request(prompt_token_ids: list[int], max_tokens: int, limits: Schedule
             raise ValueError(
                 f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     if not allow_truncation and n + max_tokens > limits.max_model_len:
-        raise ValueError(f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} "
-                         f"exceeds max_model_len {limits.max_model_len}")
+        raise ContextLengthError(
+            f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
+            f"max_model_len {limits.max_model_len}, this model's maximum context length")
     if n >= limits.max_model_len:
-        raise ValueError(f"prompt has {n} tokens, max_model_len is {limits.max_model_len}; "
-                         "the prompt must be shorter to leave room for output")
+        raise ContextLengthError(
+            f"prompt has {n} tokens, max_model_len is {limits.max_model_len} (this model's "
+            "maximum context length); the prompt must be shorter to leave room for output")
     max_len = min(n + max_tokens, limits.max_model_len)
     blocks = -(-(max_len - 1) // limits.block_size)
     if blocks > limits.num_blocks:

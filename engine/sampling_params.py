@@ -6,6 +6,8 @@ otherwise): ``temperature >= 0`` (0 is greedy); ``0 < top_p <= 1``;
 ``0 <= min_p <= 1``; ``max_tokens >= 1``; ``repetition_penalty > 0``;
 ``-2 <= presence_penalty, frequency_penalty <= 2``; ``logprobs`` is None or
 ``>= 0``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
+Every int fits a signed 64-bit integer, the type the messages to the engine
+and the workers carry.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from typing import Any
 
 from ipc.messages import SamplingOptions
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int (not a bool) that fits a signed 64-bit integer."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and _INT64_MIN <= value <= _INT64_MAX)
 
 
 def _is_number(value: Any) -> bool:
@@ -59,14 +65,14 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not _is_int(self.top_k):
-            raise ValueError(f"top_k must be an int, got {self.top_k!r}")
+            raise ValueError(f"top_k must be a 64-bit int, got {self.top_k!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be >= 0 (0 or -1 = disabled), got {self.top_k}")
         _require_number("min_p", self.min_p)
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+            raise ValueError(f"seed must be None or a 64-bit int, got {self.seed!r}")
 
     def _check_limits(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

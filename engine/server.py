@@ -311,7 +311,8 @@ class EngineServer:
             if not isinstance(e, (ValueError, TypeError)):
                 logger.exception("request %r refused", message.request_id)
             error = str(e) or type(e).__name__
-            self._reply(identity, RequestError(request_id=message.request_id, error=error))
+            self._reply(identity, RequestError(request_id=message.request_id, error=error,
+                                               code=getattr(e, "code", None)))
             return
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
         self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)

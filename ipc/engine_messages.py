@@ -88,6 +88,7 @@ class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
     request_id: str | None
     error: str
+    code: str | None = None  # OpenAI's error code where one applies ("context_length_exceeded")
 
 
 class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -6,12 +6,17 @@ Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 Bearer KEY`` (compared in constant time), else 401. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
-a bad request (the engine's own validation message), 401 without the key,
-413 for a body too large, 503 once the engine has stopped.
+a bad request (the engine's own validation message; code
+``context_length_exceeded`` when the prompt does not fit), 401 without the
+key, 404 for a model this server does not serve, 413 for a body too large,
+500 for a failure of the server itself (logged, its text not sent), 503 once
+the engine has stopped (the reason's first line; the rest is logged by the
+engine).
 """
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -32,6 +37,8 @@ from engine.tokenizer import Tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
+logger = logging.getLogger(__name__)
+
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
                    param: str | None = None, code: str | int | None = None) -> JSONResponse:
@@ -43,13 +50,21 @@ async def _answer(work) -> Response:
     try:
         return await work
     except UnknownModelError as e:
-        return error_response(400, str(e), param="model", code="model_not_found")
+        return error_response(404, str(e), param="model", code="model_not_found")
     except ValueError as e:
-        return error_response(400, str(e))
+        return error_response(400, str(e), code=getattr(e, "code", None))
     except EngineDeadError as e:
-        return error_response(503, f"the engine stopped: {e}", "service_unavailable", code=503)
+        return engine_stopped_response(e)
     except ClientDisconnected:
         return Response(status_code=499)
+    except Exception:
+        logger.exception("a request failed inside the server")
+        return error_response(500, "the server failed to handle this request", "server_error",
+                              code=500)
+
+
+def engine_stopped_response(e: EngineDeadError) -> JSONResponse:
+    return error_response(503, e.client_message(), "service_unavailable", code=503)
 
 
 def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_model_len: int,
@@ -89,7 +104,7 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
         try:
             await link.stats()
         except EngineDeadError as e:
-            return error_response(503, str(e), "service_unavailable", code=503)
+            return engine_stopped_response(e)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -97,7 +112,7 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
         try:
             stats = await link.stats()
         except EngineDeadError as e:
-            return error_response(503, str(e), "service_unavailable", code=503)
+            return engine_stopped_response(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
     guarded = BodySizeLimit(app, max_body_bytes)
@@ -109,8 +124,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid_body(_request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
+        loc = list(first.get("loc", ()))
+        if loc[:1] == ["body"]:
+            loc = loc[1:]
+        # A field path starts with a field's name; a bare number is where in
+        # the body the JSON broke, not a field.
+        where = ".".join(str(p) for p in loc) if loc and isinstance(loc[0], str) else ""
+        message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":
+            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', '?')})"
         return error_response(400, message, param=where or None)
 
     @app.exception_handler(HTTPException)

@@ -45,6 +45,12 @@ logger = logging.getLogger(__name__)
 class EngineDeadError(RuntimeError):
     """The engine stopped or does not answer; HTTP 503."""
 
+    def client_message(self) -> str:
+        """What a client is told: the first line of the reason (a worker's
+        traceback stays in the engine's log)."""
+        reason = str(self).splitlines()[0] if str(self) else "no reason given"
+        return f"the engine stopped: {reason}"
+
 
 @dataclass(frozen=True)
 class EngineDead:

@@ -28,6 +28,15 @@ from engine.openai_server.stop_strings import StopStringMatcher
 from ipc.engine_messages import Delta, RequestAccepted, RequestError, TokenLogprob
 
 
+class RequestRefused(ValueError):
+    """The engine refused a request (HTTP 400); ``code`` is OpenAI's error
+    code for the reason, where it has one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass
 class ChoiceEvent:
     """New text (and the tokens behind it) of one choice; ``finish_reason``
@@ -85,7 +94,7 @@ class Generation:
             if isinstance(item, RequestError):
                 self.choices[item.request_id].finished = True
                 self.link.forget(item.request_id)
-                raise ValueError(item.error)
+                raise RequestRefused(item.error, item.code)
             if isinstance(item, RequestAccepted):
                 choice = self.choices[item.request_id]
                 choice.num_prompt_tokens = len(item.prompt_token_ids)

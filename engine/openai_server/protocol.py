@@ -10,9 +10,13 @@ serving code; ``error_body`` is the one error shape every route uses.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Integers travel to the engine as signed 64-bit values: a larger one is a
+# bad request (400 naming the field), not a failure to encode it.
+Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
 class StreamOptions(BaseModel):
@@ -25,16 +29,16 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: Int64 | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int64] | None = None
     ignore_eos: bool = False
-    n: int = 1
+    n: Int64 = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -49,10 +53,13 @@ class SamplingFields(BaseModel):
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias",)
 
     def check_supported(self) -> None:
-        """``ValueError`` naming the first unsupported field that is set."""
+        """``ValueError`` naming the first unsupported field that is set, or
+        a field that only makes sense with another."""
         for name in self.UNSUPPORTED:
             if getattr(self, name, None):
                 raise ValueError(f"{name} is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options needs stream: true")
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -64,11 +71,11 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions: ``prompt`` is a text, a list of texts, a list
     of token ids, or a list of lists of token ids."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[Int64] | list[list[Int64]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int64 | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "echo", "suffix")
 
@@ -92,7 +99,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True

@@ -33,9 +33,13 @@ def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None
         raise ValueError("a stop string must not be empty")
     out = []
     for i in range(request.n):
-        seed = None if request.seed is None else request.seed + i
-        out.append(dict(params, seed=seed))
+        out.append(dict(params, seed=None if request.seed is None else _seed_of(request.seed, i)))
     return out
+
+
+def _seed_of(seed: int, choice: int) -> int:
+    """seed + choice, wrapped into the signed 64-bit range seeds live in."""
+    return (seed + choice + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def default_max_tokens(max_model_len: int, num_prompt_tokens: int) -> int:

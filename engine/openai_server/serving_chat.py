@@ -10,6 +10,7 @@ the older ``max_tokens``) defaults to what the context has left.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -51,8 +52,9 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                  raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
-    prompt = chat_prompt(state, request)
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
+    max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
+                  else request.max_tokens)
     if max_tokens is None:
         max_tokens = default_max_tokens(state.max_model_len, len(prompt))
     params = choice_params(request, max_tokens, _num_top(request))

@@ -9,6 +9,7 @@ default ``max_tokens`` is 16, as in OpenAI's API.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +49,9 @@ async def create_completion(state: ServerState, request: CompletionRequest,
                             raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
-    prompts = completion_prompts(state, request.prompt)
+    # Tokenizing a long text takes a while: off the event loop, so other
+    # requests and streams go on meanwhile.
+    prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
     max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
     params = choice_params(request, max_tokens, request.logprobs)
     generation = Generation(state.link, state.metrics)

@@ -94,7 +94,7 @@ async def event_lines(chunks: AsyncIterator[dict], head: dict, generation: Gener
         async for chunk in chunks:
             yield sse({**chunk, "usage": None} if include_usage else chunk)
     except EngineDeadError as e:
-        yield sse(error_body(f"the engine stopped: {e}", "service_unavailable", code=503))
+        yield sse(error_body(e.client_message(), "service_unavailable", code=503))
         yield DONE
         return
     if include_usage:

@@ -42,7 +42,9 @@ def _top_p_threshold(desc: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """[N] threshold of top-p from all values sorted descending ([N, V])."""
     probs = desc.softmax(dim=-1)
     mass_above = F.pad(probs[:, :-1].cumsum(dim=-1), (1, 0))  # exclusive cumsum
-    num_kept = (mass_above < top_p[:, None]).sum(dim=-1)  # >= 1: mass_above[:, 0] = 0
+    # The largest value is always kept: mass_above[:, 0] = 0, and a top_p that
+    # rounds to 0 in float32 keeps one value rather than none.
+    num_kept = (mass_above < top_p[:, None]).sum(dim=-1).clamp(min=1)
     threshold = desc.gather(1, (num_kept - 1)[:, None])[:, 0]
     return torch.where(top_p < 1.0, threshold, _NEG_INF)
 

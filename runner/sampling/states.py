@@ -34,6 +34,7 @@ NO_LOGPROBS = -1
 TEMPERATURE, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(6)
 _NUM_FLOATS = 6
 _SEED_MASK = (1 << 63) - 1
+_INT32_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,14 @@ class SamplingStates:
             raise ValueError(f"bad sampling options: {problem}")
         row = _float_row(options)
         greedy = row[TEMPERATURE] == 0.0
-        top_k = 0 if greedy else max(options.top_k, 0)
+        # A top_k beyond the vocabulary keeps every value, as does one beyond
+        # int32 (the table's type): the filter clamps k to the row's width.
+        top_k = 0 if greedy else min(max(options.top_k, 0), _INT32_MAX)
         seed = options.seed if options.seed is not None else int(self.rng.integers(0, 2**62))
         self.floats_np[slot] = row
         self.top_k_np[slot] = top_k
-        self.num_logprobs_np[slot] = NO_LOGPROBS if options.logprobs is None else options.logprobs
+        self.num_logprobs_np[slot] = (NO_LOGPROBS if options.logprobs is None
+                                      else min(options.logprobs, _INT32_MAX))  # clamped to V later
         self.floats.stage_write(slot, 0, row)
         self.top_k.stage_write_elem(slot, top_k)
         self.seeds.stage_write_elem(slot, seed & _SEED_MASK)

@@ -20,13 +20,18 @@ from ipc.messages import SamplingOptions
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(top_k=-2), "top_k must be >= 0"),
-        (dict(top_k=2.0), "top_k must be an int"),
+        (dict(top_k=2.0), "top_k must be a 64-bit int"),
+        (dict(top_k=2**63), "top_k must be a 64-bit int"),
         (dict(min_p=-0.5), r"min_p must be in \[0, 1\]"),
         (dict(min_p=1.01), r"min_p must be in \[0, 1\]"),
         (dict(max_tokens=0), "max_tokens must be an int >= 1"),
         (dict(max_tokens=3.0), "max_tokens must be an int >= 1"),
-        (dict(seed=1.5), "seed must be an int or None"),
-        (dict(seed=True), "seed must be an int or None"),
+        (dict(seed=1.5), "seed must be None or a 64-bit int"),
+        (dict(seed=True), "seed must be None or a 64-bit int"),
+        (dict(seed=-(2**63) - 1), "seed must be None or a 64-bit int"),
+        (dict(max_tokens=2**64), "max_tokens must be an int >= 1"),
+        (dict(logprobs=2**63), "logprobs must be None or an int >= 0"),
+        (dict(stop_token_ids=[2**70]), "stop_token_ids must be non-negative ints"),
         (dict(logprobs=-1), "logprobs must be None or an int >= 0"),
         (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
         (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\]"),
@@ -48,6 +53,11 @@ def test_edges_are_accepted():
         presence_penalty=-2, frequency_penalty=2, repetition_penalty=0.01,
     )  # fmt: skip
     assert p.temperature == 0 and p.min_p == 1.0
+    # The 64-bit extremes pass, and the messages that carry them encode.
+    big = SamplingParams(top_k=2**63 - 1, seed=-(2**63), max_tokens=2**63 - 1,
+                         stop_token_ids=[2**63 - 1], logprobs=2**63 - 1)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(big.to_options()),
+                                  type=SamplingOptions) == big.to_options()
 
 
 def test_normalisation():

@@ -349,6 +349,28 @@ def test_greedy_rows_in_a_mixed_batch_are_the_argmax():
     assert not torch.equal(tokens[sampled], logits[sampled].argmax(-1))
 
 
+def test_extreme_filters_are_honoured_not_fatal():
+    """top_p that rounds to 0 in float32 keeps the largest value (the argmax);
+    a top_k beyond the vocabulary, even beyond int32, filters nothing; a
+    logprobs count beyond the vocabulary returns the whole vocabulary."""
+    vocab = 60
+    requests = {
+        0: (opts(temperature=1.0, top_p=1e-50, seed=3), [1], []),
+        1: (opts(temperature=1.0, top_k=2**40, seed=4, logprobs=2**40), [1], []),
+        2: (opts(temperature=1.0, top_k=0, seed=4), [1], []),
+    }
+    sampler = make_sampler(requests, vocab)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, vocab, generator=gen)
+    out = run(sampler, logits, [0, 1, 2], [7, 7, 7])
+    assert out.sampled_token_ids[0] == logits[0].argmax()
+    # Same seed and position, same logits: the unfiltered draw.
+    sampler_same = make_sampler({1: requests[2]}, vocab)
+    plain = run(sampler_same, logits[1:2], [1], [7]).sampled_token_ids
+    assert out.sampled_token_ids[1] == plain[0]
+    assert out.logprobs.top_logprobs.shape[-1] == vocab
+
+
 # ---- penalties ----------------------------------------------------------------
 
 def reference_penalties(row, prompt, outputs, rep, pres, freq):

@@ -246,7 +246,6 @@ def test_api_key_is_required(server, client):
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"model": "gpt-4"}, "not served here"),
     ({"prompt": ""}, "the prompt is empty"),
     ({"max_tokens": 5000}, "exceeds max_model_len 4096"),
     ({"temperature": -1}, "temperature must be >= 0"),
@@ -256,6 +255,10 @@ def test_api_key_is_required(server, client):
     ({"max_tokens": "many"}, "max_tokens"),
     ({"suffix": "!"}, "suffix is not supported"),
     ({"logit_bias": {"65": 5}}, "logit_bias is not supported"),
+    ({"seed": 2**70}, "seed"),  # beyond the 64 bits a seed travels in
+    ({"prompt": [2**70]}, "prompt"),
+    ({"max_tokens": 2**64}, "max_tokens"),
+    ({"stream_options": {"include_usage": True}}, "stream_options needs stream: true"),
 ])
 def test_bad_requests_are_400(server, client, fields, message):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, **fields}
@@ -264,6 +267,44 @@ def test_bad_requests_are_400(server, client, fields, message):
     assert message in _error(response, 400)["message"]
     with pytest.raises(openai.BadRequestError, match=message.split("(")[0]):
         client.completions.create(**body)
+
+
+def test_unknown_model_is_404_and_a_long_prompt_says_so(server, client):
+    with pytest.raises(openai.NotFoundError, match="not served here") as info:
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError, match="maximum context length") as info:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5000)
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_malformed_bodies_are_400_without_server_internals(server):
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    url = f"{server.url}/v1/completions"
+    for content in ('{"model": "tiny", "prompt": ', "[1, 2]", ""):
+        error = _error(httpx.post(url, content=content, headers=headers, timeout=60), 400)
+        assert "Traceback" not in error["message"] and ".py" not in error["message"]
+        assert error["param"] is None, error
+    error = _error(httpx.post(url, content='{"model": "tiny", "prompt": ', headers=headers,
+                              timeout=60), 400)
+    assert error["message"].startswith("the body is not valid JSON")
+
+
+def test_extreme_sampling_values_are_served_and_the_engine_lives(server, client):
+    """top_k beyond int32 filters nothing, a top_p that rounds to 0 keeps the
+    most likely token: both answered, as vLLM does, and the engine goes on."""
+    want = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4,
+                                     temperature=0).choices[0].text
+    for extra in ({"top_k": 2**31}, {"top_k": 2**62}):
+        resp = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=3,
+                                         temperature=0.7, seed=1, extra_body=extra)
+        assert resp.usage.completion_tokens == 3
+    tiny_p = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4,
+                                       temperature=1.0, top_p=1e-50, seed=2)
+    assert tiny_p.choices[0].text == want  # only the argmax is left: greedy
+    last = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=4,
+                                     temperature=0, n=2, seed=2**63 - 1)
+    assert [c.text for c in last.choices] == [want, want]
 
 
 def test_body_size_limit_is_413(server):
