@@ -138,12 +138,15 @@ def _float_row(options: SamplingOptions) -> np.ndarray:
     """The float table row of one request; greedy rows have their filters off."""
     row = np.zeros(_NUM_FLOATS, dtype=np.float32)
     greedy = options.temperature < GREEDY_EPS
-    row[TEMPERATURE] = 0.0 if greedy else options.temperature
-    row[TOP_P] = 1.0 if greedy else options.top_p
-    row[MIN_P] = 0.0 if greedy else options.min_p
-    row[REPETITION] = options.repetition_penalty
-    row[PRESENCE] = options.presence_penalty
-    row[FREQUENCY] = options.frequency_penalty
+    # A value beyond float32 becomes inf, which still means what it says (an
+    # infinite temperature samples uniformly): no warning for it.
+    with np.errstate(over="ignore"):
+        row[TEMPERATURE] = 0.0 if greedy else options.temperature
+        row[TOP_P] = 1.0 if greedy else options.top_p
+        row[MIN_P] = 0.0 if greedy else options.min_p
+        row[REPETITION] = options.repetition_penalty
+        row[PRESENCE] = options.presence_penalty
+        row[FREQUENCY] = options.frequency_penalty
     return row
 
 
