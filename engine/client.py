@@ -164,6 +164,8 @@ class EngineClient:
         ``sampling_params`` a ``SamplingParams`` or a dict of its fields."""
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {request_id!r}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use by this client")
         if isinstance(prompt, str):
@@ -265,7 +267,11 @@ class EngineClient:
 
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
-        self.socket.send_multipart(self.auth.seal(encode(message)))
+        payload = encode(message)
+        if len(payload) > MAX_MESSAGE_BYTES:  # the engine's socket would drop it unseen
+            raise ValueError(f"the request is {len(payload)} bytes; the engine takes at most "
+                             f"{MAX_MESSAGE_BYTES} per message")
+        self.socket.send_multipart(self.auth.seal(payload))
 
     def _receive(self) -> None:
         """Wait for one valid message and queue it where it belongs."""

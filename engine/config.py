@@ -180,9 +180,16 @@ class EngineConfig:
         return 8192 if self.resolved_device == "cuda" else 2048
 
     def resolved_max_model_len(self, info: ModelInfo) -> int:
-        if self.max_model_len is not None:
-            return self.max_model_len
+        """``max_model_len``, else the model's ``max_position_embeddings``.
+        Longer than the model's positions is refused (as vLLM does): its
+        rotary tables end there, and a longer prompt would fail mid-step."""
         length = info.max_position_embeddings
+        if self.max_model_len is not None:
+            if isinstance(length, int) and self.max_model_len > length:
+                raise ConfigError(f"max_model_len {self.max_model_len} is longer than "
+                                  f"{self.model}'s {length} positions "
+                                  "(max_position_embeddings)")
+            return self.max_model_len
         if not isinstance(length, int) or length < 2:
             raise ConfigError(f"{self.model}'s config gives no usable max_position_embeddings "
                               f"({length!r}); set max_model_len")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -17,7 +19,8 @@ class LLM:
     """``LLM(model="tiny", tensor_parallel_size=2, device="cpu", ...)``.
 
     Keyword arguments are those of ``EngineConfig``. Use as a context
-    manager, or call ``shutdown()``: it stops every worker process.
+    manager, or call ``shutdown()``: it stops every worker process (as
+    does the garbage collector, once nothing refers to the ``LLM``).
     """
 
     def __init__(self, model: str = "tiny", **kwargs):
@@ -38,6 +41,9 @@ class LLM:
         except BaseException:
             torch.set_num_threads(self._caller_num_threads)
             raise
+        self._closed = False
+        # Holds the engine, not the LLM, so the LLM itself can be collected.
+        self._finalizer = weakref.finalize(self, self.engine.shutdown)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -48,13 +54,24 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in the order of ``prompts``."""
+        """Run every prompt to completion; outputs in the order of ``prompts``.
+
+        If the call is interrupted (Ctrl-C, an exception from a callback),
+        its unfinished requests are aborted before the exception goes on, so
+        the next call starts from an idle engine.
+        """
+        if self._closed:
+            raise RuntimeError("this LLM has been shut down")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        if (isinstance(sampling_params, (str, dict))
+                or not all(isinstance(p, SamplingParams) for p in sampling_params)):
+            raise ValueError("sampling_params is a SamplingParams or a list of them, "
+                             f"got {type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
         engine = self.engine
@@ -71,9 +88,25 @@ class LLM:
                 request.req_id, text, ids, [CompletionOutput(0, "", [])]
             )
             order.append(request.req_id)
-        with RequestProgress(len(order), "generate", use_tqdm) as progress:
+        try:
+            self._run_to_completion(outputs, use_tqdm)
+        except BaseException:
+            unfinished = [r for r in order if not outputs[r].finished]
+            with contextlib.suppress(Exception):  # an engine that died stays dead
+                engine.abort(unfinished)
+            raise
+        for req_id in order:
+            completion = outputs[req_id].outputs[0]
+            completion.text = engine.tokenizer.decode(completion.token_ids)
+        return [outputs[r] for r in order]
+
+    def _run_to_completion(self, outputs: dict[str, RequestOutput], use_tqdm: bool) -> None:
+        """Step until the engine is idle, adding each delta to its output."""
+        engine = self.engine
+        with RequestProgress(len(outputs), "generate", use_tqdm) as progress:
             while engine.has_unfinished_requests():
-                deltas = engine.step()
+                # Deltas of an earlier, interrupted call's requests are not ours.
+                deltas = [d for d in engine.step() if d.req_id in outputs]
                 for delta in deltas:
                     completion = outputs[delta.req_id].outputs[0]
                     completion.token_ids.extend(delta.new_token_ids)
@@ -84,15 +117,12 @@ class LLM:
                         outputs[delta.req_id].finished = True
                 progress.advance(sum(d.finished for d in deltas),
                                  sum(len(d.new_token_ids) for d in deltas))
-        for req_id in order:
-            completion = outputs[req_id].outputs[0]
-            completion.text = engine.tokenizer.decode(completion.token_ids)
-        return [outputs[r] for r in order]
 
     def shutdown(self) -> None:
         """Stop the workers and give the caller back its torch thread count."""
+        self._closed = True
         try:
-            self.engine.shutdown()
+            self._finalizer()
         finally:
             torch.set_num_threads(self._caller_num_threads)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import operator
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -100,7 +101,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt) if prompt else []
         if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
-            return [int(t) for t in prompt["prompt_token_ids"]]
+            return _token_ids(prompt["prompt_token_ids"])
         raise ValueError(
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
         )
@@ -183,3 +184,20 @@ class LLMEngine:
         output of it keeps device memory alive."""
         self.in_flight = None
         self.executor.shutdown()
+
+
+def _token_ids(ids) -> list[int]:
+    """``prompt_token_ids`` as a list of ints: a sequence of integers (numpy's
+    too), never a string, and no bools or floats (``int()`` would quietly
+    turn "123" into [1, 2, 3] and 2.5 into 2)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"prompt_token_ids must be a list of ints, got {type(ids).__name__}")
+    out = []
+    for t in ids:
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            out.append(operator.index(t))
+        except TypeError:
+            raise ValueError(f"prompt_token_ids must be ints, got {t!r}") from None
+    return out

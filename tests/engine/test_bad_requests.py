@@ -26,6 +26,11 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     ({"prompt_token_ids": list(range(1, 120))}, SamplingParams(max_tokens=20),
      "exceeds max_model_len 128"),
     ({"prompt_tokens": [1]}, GOOD, "a prompt is"),
+    ({"prompt_token_ids": "123"}, GOOD, "prompt_token_ids must be a list of ints"),
+    ({"prompt_token_ids": 5}, GOOD, "prompt_token_ids must be a list of ints"),
+    ({"prompt_token_ids": [1.9, 2]}, GOOD, "prompt_token_ids must be ints, got 1.9"),
+    ({"prompt_token_ids": [True]}, GOOD, "prompt_token_ids must be ints, got True"),
+    ({"prompt_token_ids": [[1, 2]]}, GOOD, r"prompt_token_ids must be ints, got \[1, 2\]"),
 ])
 @pytest.mark.timeout(60)
 def test_bad_prompt_is_rejected_and_engine_keeps_serving(llm, prompt, params, message):

@@ -81,6 +81,14 @@ def test_model_rules_raise_before_any_worker(no_workers, tmp_path, overrides, tp
     assert no_workers == []
 
 
+def test_max_model_len_beyond_the_models_positions_is_refused(no_workers, tmp_path):
+    """As vLLM: the rotary tables end at max_position_embeddings (2048 here)."""
+    model = _model_dir(tmp_path, num_attention_heads=8)
+    with pytest.raises(ConfigError, match="max_model_len 4096 is longer than .* 2048 positions"):
+        LLM(model=model, device="cpu", max_model_len=4096)
+    assert no_workers == []
+
+
 def test_missing_model_and_hub_id_get_a_hint(no_workers, tmp_path):
     with pytest.raises(ConfigError, match="looks like a Hugging Face hub id.*--local-dir"):
         LLM(model="HuggingFaceTB/SmolLM2-135M")

@@ -241,6 +241,10 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server):
     with EngineClient(endpoint, timeout_s=60) as client:
         with pytest.raises(ValueError, match="outside the vocabulary"):
             client.generate([{"prompt_token_ids": [3, 4]}, {"prompt_token_ids": [99999]}])
+        with pytest.raises(ValueError, match="request_id must be a string"):
+            client.submit("a", request_id=5)
+        with pytest.raises(ValueError, match="the engine takes at most"):
+            client.submit({"prompt_token_ids": [300] * (23 << 20)})  # 3 bytes each: 72 MB
         out = client.generate({"prompt_token_ids": [3, 4]}, {"max_tokens": 3, "ignore_eos": True})
         assert len(out[0].outputs[0].token_ids) == 3
         # The raw socket that sent "dup" is gone: its request was aborted
