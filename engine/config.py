@@ -86,6 +86,8 @@ class EngineConfig:
     async_scheduling: bool = _opt(True, "send step N+1 before step N's output arrives "
                                   "(--no-async-scheduling: one step at a time)")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of equal prompt prefixes")
+    max_logprobs: int = _opt(20, "top logprobs per token a request may ask for at most "
+                             "(-1: no limit; 20 is OpenAI's)")
     scheduling_policy: str = _opt("fcfs", "'fcfs': arrival order; 'priority': lower "
                                   "request priority first, then arrival",
                                   choices=SCHEDULING_POLICIES)
@@ -107,6 +109,9 @@ class EngineConfig:
         for name in ("step_timeout_s", "log_stats_interval_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if (not isinstance(self.max_logprobs, int) or isinstance(self.max_logprobs, bool)
+                or self.max_logprobs < -1):
+            raise ConfigError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ConfigError(f"master_port must be in 1..65535, got {self.master_port}")
         if self.executor == "uni" and self.attach_workers_dir is not None:

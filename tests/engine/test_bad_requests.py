@@ -31,6 +31,7 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     ({"prompt_token_ids": [1.9, 2]}, GOOD, "prompt_token_ids must be ints, got 1.9"),
     ({"prompt_token_ids": [True]}, GOOD, "prompt_token_ids must be ints, got True"),
     ({"prompt_token_ids": [[1, 2]]}, GOOD, r"prompt_token_ids must be ints, got \[1, 2\]"),
+    ("hi", SamplingParams(max_tokens=2, logprobs=21), "logprobs 21 is more than max_logprobs 20"),
 ])
 @pytest.mark.timeout(60)
 def test_bad_prompt_is_rejected_and_engine_keeps_serving(llm, prompt, params, message):

@@ -61,6 +61,7 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(executor="uni", tensor_parallel_size=2), "TP=1 only"),
     (dict(master_port=70000), "master_port"),
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool"),
+    (dict(max_logprobs=-2), "max_logprobs must be an int >= -1"),
 ])
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
