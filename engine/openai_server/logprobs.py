@@ -9,6 +9,7 @@ characters never share a name; ``bytes`` is the token's raw bytes.
 
 from __future__ import annotations
 
+import codecs
 import re
 from functools import lru_cache
 
@@ -54,9 +55,14 @@ class LogprobsFormatter:
     def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
                    num_top: int, text_offset: int) -> dict:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
-        for consecutive tokens whose text starts at ``text_offset`` (a
-        token that is part of a character adds nothing to the offset)."""
+        for consecutive tokens whose text starts at ``text_offset``. The
+        offsets follow the bytes through an incremental UTF-8 decoder: a
+        token that begins a character a later one completes adds nothing, so
+        a character split over tokens is counted once, where it ends. Bytes
+        that form no character count as U+FFFD (as the text shows them) from
+        the token that proves them invalid on."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for token_id, entries in zip(token_ids, logprobs):
             logprob, top = self._split(token_id, entries, num_top)
             text, data = self.label(token_id)
@@ -64,7 +70,7 @@ class LogprobsFormatter:
             out["token_logprobs"].append(logprob)
             out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
             out["text_offset"].append(text_offset)
-            text_offset += len(data.decode("utf-8", errors="ignore"))
+            text_offset += len(decoder.decode(data))
         return out
 
     def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from engine.openai_server.stop_strings import StopStringMatcher
 from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from ipc.engine_messages import TokenLogprob
 
 
 def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
@@ -107,3 +108,15 @@ def test_a_stop_string_waits_for_a_longer_one_that_begins_earlier():
     assert _run_matcher(["ba", "a"], ["a", "baa"]) == (["", "", ""], "baa")
     # the output ends after "ba": "baa" never came, so "a" cuts it
     assert _run_matcher(["ba"], ["a", "baa"]) == (["", "b"], "a")
+
+
+def test_text_offsets_follow_whole_characters(tokenizer):
+    """The tiny tokenizer's ids are bytes. "€" (E2 82 AC) over three tokens,
+    then "]", then "é" (C3 A9) over two, then "a": the text "€]éa" starts at
+    10, so, hand-worked, € and its parts at 10, ] at 11, é at 12, a at 13."""
+    from engine.openai_server.logprobs import LogprobsFormatter
+
+    ids = [0xE2, 0x82, 0xAC, ord("]"), 0xC3, 0xA9, ord("a")]
+    entries = [[TokenLogprob(token_id=t, logprob=-1.0, rank=1)] for t in ids]
+    out = LogprobsFormatter(tokenizer).completion(ids, entries, num_top=1, text_offset=10)
+    assert out["text_offset"] == [10, 10, 10, 11, 12, 12, 13]
