@@ -21,8 +21,9 @@ N runs the same model. Two runs per N:
   decode ``--output-len`` tokens each: output tokens/s and inter-token
   latency, with async scheduling on and off (``speed[mode][B]``). Off,
   each step's inter-token latency is the device step plus the host's round
-  trip (schedule, broadcast, reply, update); set beside ``bench_decode.py``'s step time under torchrun (the
-  device step alone, NCCL all-reduces included) it gives the breakdown.
+  trip (schedule, broadcast, reply, update); set beside ``bench_decode.py``'s
+  step time under torchrun (the device step alone, all-reduces included) it
+  gives the breakdown.
 
 With ``--ttft-prompts`` P (default 32) each N also times the first token of
 P prompts of ``--ttft-len`` tokens added at once (bench_e2e's

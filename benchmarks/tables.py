@@ -2,9 +2,10 @@
 
     python -m benchmarks.tables [--results benchmarks/results]
 
-Reads ``decode_8b.json``, ``decode_1b.json`` (and their ``_full`` runs), ``tp_ab_{8b,1b}_*.json``,
-``tp_8b.json``, ``tp_8b_budget8192.json``, ``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json``
-when present and prints the README's "Measured" tables, so a rerun of the
+Reads ``decode_8b.json``, ``decode_1b.json`` (and their ``_full`` runs),
+``tp_ab_{8b,1b}_*.json``, ``tp_8b.json``, ``tp_8b_budget8192.json``,
+``e2e_8b.json``, ``attention_prefill.json`` and ``ipc.json`` when present
+and prints the README's "Measured" tables, so a rerun of the
 benchmarks is pasted, not retyped. Files that are missing are skipped with a
 note. Decode rows timed with ``--peer`` get the torch.compile peer's step
 beside tprun's.
@@ -126,7 +127,8 @@ def tp_decode_table(directory: str, shape: str) -> None:
         if two is None or other is None:
             continue
         print(f"| {batch} x {context} | {one['step_ms']:.2f} "
-              f"| {two['step_ms']:.2f} ({two['step_ms'] / two['floor_ms']:.2f}) | {other['step_ms']:.2f} "
+              f"| {two['step_ms']:.2f} ({two['step_ms'] / two['floor_ms']:.2f}) "
+              f"| {other['step_ms']:.2f} "
               f"| {one['step_ms'] / two['step_ms']:.2f}x |")
     print()
 
@@ -167,7 +169,8 @@ def tp_e2e_table(directory: str, shape: str = "8b", suffix: str = "") -> None:
             one, many = base["speed"]["async"][batch], row["speed"]["async"][batch]
             sync_one = base["speed"].get("sync", {}).get(batch)
             sync_many = row["speed"].get("sync", {}).get(batch)
-            print(f"| {batch} | {one['output_tokens_per_s']:.1f} | {many['output_tokens_per_s']:.1f} "
+            print(f"| {batch} | {one['output_tokens_per_s']:.1f} "
+                  f"| {many['output_tokens_per_s']:.1f} "
                   f"| {many['output_tokens_per_s'] / one['output_tokens_per_s']:.2f}x "
                   f"| {one['itl_ms_p50']:.1f} / {many['itl_ms_p50']:.1f} ms "
                   f"| {one['ttft_ms_p50']:.0f} / {many['ttft_ms_p50']:.0f} ms "

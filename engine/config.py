@@ -219,7 +219,7 @@ class EngineConfig:
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
             max_model_len=self.resolved_max_model_len(info), block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
-            enable_prefix_caching=self.enable_prefix_caching,
+            enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
         )
 
 

@@ -41,8 +41,8 @@ class LLM:
         except BaseException:
             torch.set_num_threads(self._caller_num_threads)
             raise
-        self._closed = False
-        # Holds the engine, not the LLM, so the LLM itself can be collected.
+        # Holds the engine, not the LLM, so the LLM itself can be collected;
+        # dead once the engine is shut down.
         self._finalizer = weakref.finalize(self, self.engine.shutdown)
 
     def get_tokenizer(self):
@@ -60,7 +60,7 @@ class LLM:
         its unfinished requests are aborted before the exception goes on, so
         the next call starts from an idle engine.
         """
-        if self._closed:
+        if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -68,8 +68,7 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
-        if (isinstance(sampling_params, (str, dict))
-                or not all(isinstance(p, SamplingParams) for p in sampling_params)):
+        if not all(isinstance(p, SamplingParams) for p in sampling_params):
             raise ValueError("sampling_params is a SamplingParams or a list of them, "
                              f"got {type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
@@ -120,7 +119,6 @@ class LLM:
 
     def shutdown(self) -> None:
         """Stop the workers and give the caller back its torch thread count."""
-        self._closed = True
         try:
             self._finalizer()
         finally:

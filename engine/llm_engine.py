@@ -107,13 +107,9 @@ class LLMEngine:
         )
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """``check_request`` with this engine's limits and vocabulary, and
-        the ``max_logprobs`` limit."""
-        check_request(prompt_token_ids, params.max_tokens, self.scheduler.config,
+        """``check_request`` with this engine's limits and vocabulary."""
+        check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_info.vocab_size, allow_truncation=False)
-        limit = self.config.max_logprobs
-        if params.logprobs is not None and limit != -1 and params.logprobs > limit:
-            raise ValueError(f"logprobs {params.logprobs} is more than max_logprobs {limit}")
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:

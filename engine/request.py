@@ -121,7 +121,7 @@ class ContextLengthError(ValueError):
     code = "context_length_exceeded"
 
 
-def check_request(prompt_token_ids: list[int], max_tokens: int, limits: SchedulerConfig,
+def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: SchedulerConfig,
                   vocab_size: int | None = None, allow_truncation: bool = True) -> None:
     """The one place that decides whether a request can run; ``ValueError``
     names the first rule it breaks, and nothing has changed.
@@ -130,9 +130,10 @@ def check_request(prompt_token_ids: list[int], max_tokens: int, limits: Schedule
     prompt shorter than ``max_model_len`` (room for one output token); with
     ``allow_truncation=False`` (requests from users) prompt + ``max_tokens``
     within ``max_model_len``, else the output stops at ``max_model_len``;
-    and enough KV blocks in the whole cache for the longest it may grow.
+    and enough KV blocks in the whole cache for the longest it may grow; at
+    most ``max_logprobs`` top logprobs per token.
     """
-    n = len(prompt_token_ids)
+    n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
         raise ValueError("the prompt is empty")
     if vocab_size is not None:
@@ -155,3 +156,6 @@ def check_request(prompt_token_ids: list[int], max_tokens: int, limits: Schedule
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) may need {blocks} KV blocks of "
             f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
             "max_tokens or give the cache more blocks")
+    if params.logprobs is not None and -1 < limits.max_logprobs < params.logprobs:
+        raise ValueError(f"logprobs {params.logprobs} is more than max_logprobs "
+                         f"{limits.max_logprobs}")

@@ -165,7 +165,7 @@ class Scheduler:
         if rid in self.requests or rid in self._finished_ids:
             raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
         try:
-            check_request(request.prompt_token_ids, request.max_tokens, self.config)
+            check_request(request.prompt_token_ids, request.sampling_params, self.config)
         except ValueError as e:
             raise ValueError(f"request {rid!r}: {e}") from None
 

@@ -64,7 +64,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     "priority" (lower ``Request.priority`` first, then arrival).
     ``enable_prefix_caching``: reuse KV blocks of equal token prefixes;
     hits reach the runner as ``NewRequestData.num_computed_tokens``.
-    ``max_model_len`` >= 2 (a prompt must leave room for one token)."""
+    ``max_model_len`` >= 2 (a prompt must leave room for one token).
+    ``max_logprobs``: top logprobs per token a request may ask for (-1: any)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -73,6 +74,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_blocks: int
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
+    max_logprobs: int = -1
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

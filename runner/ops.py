@@ -133,7 +133,8 @@ def _kernels(version: int) -> dict[str, Callable]:
 def torch_ops(device: torch.device) -> DeviceOps:
     """Torch references and synchronous copies (a CPU device)."""
     return DeviceOps(**_kernels(0), new_transfer=functools.partial(HostTransfer, device),
-                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False, flash_kernels=False,
+                     attention_backend="sdpa", dist_backend="gloo", cuda_graphs=False,
+                     flash_kernels=False,
                      kv_budget_from_free_memory=False, shares_host_memory=True)
 
 
@@ -144,7 +145,8 @@ def triton_ops(device: torch.device) -> DeviceOps:
     interpreter; transfers and device facts are then still CUDA's.
     """
     return DeviceOps(**_kernels(1), new_transfer=functools.partial(PinnedTransfer, device),
-                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True, flash_kernels=True,
+                     attention_backend="triton", dist_backend="nccl", cuda_graphs=True,
+                     flash_kernels=True,
                      kv_budget_from_free_memory=True, shares_host_memory=False)
 
 

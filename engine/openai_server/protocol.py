@@ -14,8 +14,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Integers travel to the engine as signed 64-bit values: a larger one is a
-# bad request (400 naming the field), not a failure to encode it.
+# Prompt token ids travel to the engine as signed 64-bit values: a larger one
+# is a bad request (400 naming the field), not a failure to encode it. The
+# sampling fields' ints are bounded by SamplingParams, which checks them first.
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 
@@ -29,16 +30,16 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: Int64 | None = None
+    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: Int64 | None = None
+    top_k: int | None = None
     min_p: float | None = None
-    seed: Int64 | None = None
+    seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[Int64] | None = None
+    stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    n: Int64 = 1
+    n: int = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -61,6 +62,11 @@ class SamplingFields(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
 
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -75,7 +81,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
-    best_of: Int64 | None = None
+    best_of: int | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "echo", "suffix")
 
@@ -99,7 +105,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage]
-    max_completion_tokens: Int64 | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True

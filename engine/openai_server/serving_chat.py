@@ -97,8 +97,8 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
             response_id: str) -> AsyncIterator[str]:
     head = _head(state, response_id, "chat.completion.chunk")
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    return event_lines(_chunks(state, request, generation, head), head, generation, include_usage)
+    return event_lines(_chunks(state, request, generation, head), head, generation,
+                       request.include_usage)
 
 
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,

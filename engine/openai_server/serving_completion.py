@@ -113,8 +113,8 @@ def _extend(into: dict | None, part: dict) -> dict:
 def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
             response_id: str) -> AsyncIterator[str]:
     head = _head(state, response_id)
-    include_usage = request.stream_options is not None and request.stream_options.include_usage
-    return event_lines(_chunks(state, request, generation, head), head, generation, include_usage)
+    return event_lines(_chunks(state, request, generation, head), head, generation,
+                       request.include_usage)
 
 
 async def _chunks(state: ServerState, request: CompletionRequest, generation: Generation,

@@ -2,8 +2,9 @@
 
 Used only when asked for and the ``flash_attn`` package imports. The
 adapter is tested against a stand-in module that computes the same function
-from the same arguments, not against the real package. flash-attn 2 needs a KV block size that is a multiple of 256 for a
-paged cache; the Triton backend has no such limit and is the GPU default.
+from the same arguments, not against the real package. flash-attn 2 needs a
+KV block size that is a multiple of 256 for a paged cache; the Triton
+backend has no such limit and is the GPU default.
 """
 
 from __future__ import annotations
