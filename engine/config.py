@@ -14,11 +14,19 @@ CLI option follows from the field.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from ipc.config import SUPPORTED_ARCHITECTURES, RunnerConfig, SchedulerConfig
+from ipc.config import (
+    MAX_SPECULATIVE_TOKENS,
+    SPECULATIVE_METHODS,
+    SUPPORTED_ARCHITECTURES,
+    RunnerConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 
 if TYPE_CHECKING:
     from engine.model_info import ModelInfo
@@ -91,6 +99,12 @@ class EngineConfig:
     scheduling_policy: str = _opt("fcfs", "'fcfs': arrival order; 'priority': lower "
                                   "request priority first, then arrival",
                                   choices=SCHEDULING_POLICIES)
+    speculative_config: dict | str | None = _opt(
+        None, "speculative decoding, as vLLM spells it (a JSON object on the command line): "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2} or {"method": "draft_model", "model": PATH, '
+        f'"num_speculative_tokens": 3}}; num_speculative_tokens <= {MAX_SPECULATIVE_TOKENS}. '
+        "Off by default", metavar="JSON")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
@@ -120,6 +134,18 @@ class EngineConfig:
             raise ConfigError("executor 'uni' runs TP=1 only")
         if not self.model:
             raise ConfigError("model must name 'tiny' or a local model directory")
+        spec = self.speculative
+        if spec is not None and self.resolved_device == "cuda" and self.attention_backend in (
+                "torch", "sdpa"):
+            raise ConfigError(f"speculative decoding on CUDA needs the 'triton' or 'flash_attn' "
+                              f"attention backend, not {self.attention_backend!r} (it reads "
+                              "exact sequence lengths on the host, which drafts in flight "
+                              "leave unknown)")
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """``speculative_config`` checked and resolved (None: off)."""
+        return parse_speculative_config(self.speculative_config)
 
     # ---- rules of the model and the machine ------------------------------
     def check_model(self, info: ModelInfo) -> None:
@@ -211,6 +237,7 @@ class EngineConfig:
             attention_backend=self.attention_backend,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
+            speculative=self.speculative,
         )
 
     def scheduler_config(self, info: ModelInfo, num_blocks: int) -> SchedulerConfig:
@@ -220,6 +247,8 @@ class EngineConfig:
             max_model_len=self.resolved_max_model_len(info), block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
             enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
+            num_speculative_tokens=0 if self.speculative is None
+            else self.speculative.num_speculative_tokens,
         )
 
 
@@ -260,3 +289,81 @@ def looks_like_hub_id(model: str) -> bool:
     parts = model.split("/")
     return (len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
             and not os.path.exists(model))
+
+
+# vLLM's default n-gram sizes when neither bound is given.
+DEFAULT_PROMPT_LOOKUP = 5
+_SPEC_KEYS = {
+    "ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
+    "draft_model": {"method", "num_speculative_tokens", "model"},
+}
+
+
+def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | None:
+    """``speculative_config`` (a dict, or its JSON text from the command
+    line) as a ``SpeculativeConfig``; ConfigError for anything else: an
+    unknown method or key, ``num_speculative_tokens`` outside
+    ``1 .. MAX_SPECULATIVE_TOKENS``, n-gram bounds below 1 or above that
+    limit or ``prompt_lookup_min > prompt_lookup_max``, a draft model that
+    does not exist. As vLLM: one missing n-gram bound takes the other's
+    value, both missing take ``DEFAULT_PROMPT_LOOKUP``."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"speculative_config must be an object, got {value!r}")
+    method = value.get("method")
+    if method not in SPECULATIVE_METHODS:
+        raise ConfigError(f"speculative_config method must be one of {SPECULATIVE_METHODS}, "
+                          f"got {method!r}")
+    unknown = sorted(set(value) - _SPEC_KEYS[method])
+    if unknown:
+        raise ConfigError(f"speculative_config: unknown key(s) {unknown} for method {method!r} "
+                          f"(allowed: {sorted(_SPEC_KEYS[method])})")
+    k = _spec_int(value, "num_speculative_tokens", None)
+    if method == "ngram":
+        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
+        lo = hi if lo is None else lo
+        hi = lo if hi is None else hi
+        both = {"prompt_lookup_min": lo, "prompt_lookup_max": hi}
+        lo = _spec_int(both, "prompt_lookup_min", DEFAULT_PROMPT_LOOKUP)
+        hi = _spec_int(both, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP)
+        if lo > hi:
+            raise ConfigError(f"speculative_config: prompt_lookup_min {lo} > "
+                              f"prompt_lookup_max {hi}")
+        return SpeculativeConfig(method=method, num_speculative_tokens=k,
+                                 prompt_lookup_max=hi, prompt_lookup_min=lo)
+    model = value.get("model")
+    if not isinstance(model, str) or not model:
+        raise ConfigError("speculative_config: method 'draft_model' needs a 'model' "
+                          "('tiny', a model directory or a .gguf file)")
+    if model != "tiny" and not _model_exists(model):
+        raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model)
+
+
+def _spec_int(value: dict, name: str, default: int | None) -> int:
+    """``value[name]``, an int in ``1 .. MAX_SPECULATIVE_TOKENS``."""
+    got = value.get(name, default)
+    if got is None:
+        raise ConfigError(f"speculative_config needs {name}")
+    if not isinstance(got, int) or isinstance(got, bool) or not 1 <= got <= (
+            MAX_SPECULATIVE_TOKENS):
+        raise ConfigError(f"speculative_config: {name} must be an int in "
+                          f"1..{MAX_SPECULATIVE_TOKENS}, got {got!r}")
+    return got
+
+
+def _model_exists(model: str) -> bool:
+    from engine.gguf_model import PACKAGE_PREFIX, package_file
+
+    if model.startswith(PACKAGE_PREFIX):
+        try:
+            return os.path.isfile(package_file(model))
+        except (ValueError, OSError):
+            return False
+    return os.path.exists(model)

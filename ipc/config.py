@@ -22,6 +22,29 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 
+# The most drafts per step a request may verify: the fixed width of the
+# runner's per-slot draft table and of the n-gram kernel's unrolled loops.
+MAX_SPECULATIVE_TOKENS = 16
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Speculative decoding, as ``EngineConfig.speculative_config`` resolved it.
+
+    ``method`` "ngram": prompt lookup over the request's own tokens, n-grams
+    of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens;
+    "draft_model": the model at ``model`` (a local directory the workers
+    read) drafts. ``num_speculative_tokens`` (k) drafts per decode step,
+    ``1 <= k <= MAX_SPECULATIVE_TOKENS``.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = 0
+    prompt_lookup_min: int = 0
+    model: str | None = None
+
+
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker needs to build its runner.
 
@@ -36,6 +59,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     every all-reduce instead of the one-shot kernel over peer memory.
     ``load_format="dummy"`` fills random weights
     instead of reading the checkpoint (only config.json is needed).
+    ``speculative``: speculative decoding, None when off.
     """
 
     model: str
@@ -52,6 +76,11 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     kv_cache_memory_bytes: int = 1 << 30
     gpu_memory_utilization: float = 0.9
     load_format: str = "auto"
+    speculative: SpeculativeConfig | None = None
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative is None else self.speculative.num_speculative_tokens
 
     @property
     def max_num_blocks_per_req(self) -> int:
@@ -65,7 +94,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``enable_prefix_caching``: reuse KV blocks of equal token prefixes;
     hits reach the runner as ``NewRequestData.num_computed_tokens``.
     ``max_model_len`` >= 2 (a prompt must leave room for one token).
-    ``max_logprobs``: top logprobs per token a request may ask for (-1: any)."""
+    ``max_logprobs``: top logprobs per token a request may ask for (-1: any).
+    ``num_speculative_tokens``: drafts a decoding request verifies per step
+    (0: speculative decoding off)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -75,6 +106,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     policy: str = "fcfs"
     enable_prefix_caching: bool = True
     max_logprobs: int = -1
+    num_speculative_tokens: int = 0
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

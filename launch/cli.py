@@ -24,7 +24,8 @@ DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
 logger = logging.getLogger("tprun.serve")
 
 
-_TYPES = {"int": int, "float": float, "str": str}
+# A dict field takes its JSON text (EngineConfig parses it).
+_TYPES = {"int": int, "float": float, "str": str, "dict": str}
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
