@@ -86,7 +86,10 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.get(request.req_id, [])
         if self.enable_prefix_caching:
-            self._register_full_blocks(request, blocks, request.num_computed_tokens)
+            # Below num_tokens too: with speculative decoding the computed
+            # count may include drafts not verified yet.
+            verified = min(request.num_computed_tokens, request.num_tokens)
+            self._register_full_blocks(request, blocks, verified)
         num_hit_tokens = len(new_computed_blocks) * self.block_size
         total = request.num_computed_tokens + num_hit_tokens + num_new_tokens
         num_needed = -(-total // self.block_size) - len(blocks) - len(new_computed_blocks)

@@ -42,6 +42,28 @@ modes equal:
   for a request that finished (eos, stop, length, abort) or was preempted
   since is discarded, so a request is reported finished once, and a
   preempted request comes back with prompt + the outputs known then.
+
+Speculative decoding (``num_speculative_tokens`` k > 0). A request that
+decodes (its computed tokens reach the prefill it was admitted with) and
+has no structured output is scheduled for 1 + d tokens, d = min(k, what
+``max_tokens``, ``max_model_len`` and the budget leave) drafts, which the
+runner holds on the device; KV blocks are allocated for all 1 + d. The
+scheduler never knows a step's accepted count before its output, so it is
+optimistic: scheduling counts every draft as accepted
+(``num_computed_tokens += 1 + d``, ``num_output_placeholders += 1 + d``),
+and the output corrects both: a row that emits a + 1 tokens (a accepted
+drafts) gives back the 1 + d placeholders and d - a computed tokens (the
+rejected positions, rewritten by a later step). Between the two, host
+counts are upper bounds: the runner takes positions, slot mappings and
+attention lengths from its device counts (the truth, corrected on the
+device), and the KV reserved for the optimistic count covers the true one.
+With async scheduling the next step is scheduled with the optimistic count
+(a decode again asks for one token plus drafts); the rules above hold
+unchanged, ``max_tokens`` counts placeholders optimistically (a request may
+wait a step near its end, never overshoot), and the prefix cache registers
+only blocks below both ``num_computed_tokens`` and ``num_tokens``, so never
+a block holding an unverified token. Stop tokens and ``max_tokens`` inside
+an accepted run cut it there (``_append_tokens``).
 """
 
 from __future__ import annotations
@@ -76,11 +98,14 @@ class _StepDraft:
     cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
+    num_drafts: dict[str, int] = field(default_factory=dict)
     num_prompt_tokens: int = 0
 
-    def take(self, request: Request, num_tokens: int) -> None:
+    def take(self, request: Request, num_tokens: int, num_drafts: int = 0) -> None:
         self.budget -= num_tokens
         self.num_scheduled[request.req_id] = num_tokens
+        if num_drafts:
+            self.num_drafts[request.req_id] = num_drafts
         self.scheduled.append(request)
         start = request.num_computed_tokens
         self.num_prompt_tokens += max(0, min(start + num_tokens, request.num_prompt_tokens) - start)
@@ -89,11 +114,32 @@ class _StepDraft:
 @dataclass(frozen=True)
 class _InFlight:
     """A request as one step scheduled it: the object, its incarnation
-    (``num_preemptions`` then) and whether the step samples a token for it."""
+    (``num_preemptions`` then), whether the step samples a token for it and
+    the drafts it verifies."""
 
     request: Request
     incarnation: int
     samples: bool
+    num_drafts: int = 0
+
+
+@dataclass
+class SpecDecodingStats:
+    """Speculative decoding counters over every absorbed step (vLLM's
+    names): rows that verified drafts, drafts verified, drafts accepted, and
+    accepted drafts by position (index j: the (j+1)-th draft of a row)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        for j in range(num_accepted):
+            self.num_accepted_tokens_per_pos[j] += 1
 
 
 class _WaitingQueue:
@@ -145,6 +191,9 @@ class Scheduler:
         self.step_id = 0
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompt tokens scheduled, all steps (stats)
+        self._prefill_lens: dict[str, int] = {}  # tokens fed as prefill at admission
+        self.spec_stats = SpecDecodingStats(
+            num_accepted_tokens_per_pos=[0] * config.num_speculative_tokens)
 
     # -- requests in and out ------------------------------------------------
 
@@ -229,9 +278,26 @@ class Scheduler:
                 request.num_computed_tokens
                 >= request.num_tokens + request.num_output_placeholders
             )
-            request.num_output_placeholders += samples
-            in_flight[request.req_id] = _InFlight(request, request.num_preemptions, samples)
+            num_drafts = draft.num_drafts.get(request.req_id, 0)
+            request.num_output_placeholders += samples * (1 + num_drafts)
+            in_flight[request.req_id] = _InFlight(request, request.num_preemptions, samples,
+                                                  num_drafts)
         return in_flight
+
+    def _num_drafts(self, request: Request, budget: int) -> int:
+        """Drafts for a request about to decode one token: 0 unless it is
+        past the prefill it was admitted with and has no structured output;
+        at most what ``max_tokens``, ``max_model_len`` and ``budget`` leave
+        room for (every draft could be accepted)."""
+        k = self.config.num_speculative_tokens
+        if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
+            return 0
+        if request.num_computed_tokens < self._prefill_lens.get(request.req_id, 1 << 62):
+            return 0
+        pending = request.num_output_placeholders
+        room_output = request.max_tokens - (len(request.output_token_ids) + pending) - 1
+        room_length = self.config.max_model_len - (request.num_tokens + pending) - 1
+        return max(0, min(k, room_output, room_length, budget))
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         if self._ends_by_length(request):
@@ -259,10 +325,12 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            num_drafts = self._num_drafts(request, draft.budget - 1) if num_new == 1 else 0
+            num_new += num_drafts
             new_blocks = self._allocate_or_preempt(request, num_new, draft)
             if new_blocks is None:
                 return  # request itself was preempted: it was the last one
-            draft.take(request, num_new)
+            draft.take(request, num_new, num_drafts)
             draft.cached_ids.append(request.req_id)
             draft.cached_new_blocks.append([new_blocks] if new_blocks else None)
             draft.cached_computed.append(request.num_computed_tokens)
@@ -292,6 +360,7 @@ class Scheduler:
             if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self.waiting.pop_front()
+            self._prefill_lens[request.req_id] = request.num_tokens
             request.num_computed_tokens = num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -356,7 +425,11 @@ class Scheduler:
             if entry is None or not self._is_live(entry):
                 continue  # finished, aborted or preempted meanwhile
             request = entry.request
-            request.num_output_placeholders -= entry.samples
+            request.num_output_placeholders -= entry.samples * (1 + entry.num_drafts)
+            if entry.num_drafts:
+                num_accepted = len(sampled) - 1
+                request.num_computed_tokens -= entry.num_drafts - num_accepted
+                self.spec_stats.observe(entry.num_drafts, num_accepted)
             if sampled:  # empty for a prefill chunk
                 deltas.append(self._append_tokens(request, sampled, token_rows))
         return deltas
@@ -410,6 +483,7 @@ class Scheduler:
         request.status = status
         del self.requests[request.req_id]
         del self._keys[request.req_id]
+        self._prefill_lens.pop(request.req_id, None)
         self._finished_ids.add(request.req_id)
 
 

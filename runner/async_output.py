@@ -11,11 +11,16 @@ sampled token, in the same order (rows of requests that sampled nothing are
 skipped, as their token is); a request that asked for N top logprobs gets N
 top entries, one that asked for none gets empty top lists (the engine
 ignores its row).
+
+With speculative decoding a row emits ``num_accepted + 1`` tokens, the head
+of its row of ``tokens`` [N, 1 + k]; logprobs are then per logits row, and
+row i's j-th token has logits row ``cu_num_logits[i] + j``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ipc.messages import Logprobs, ModelRunnerOutput
 from runner.sampler import SamplerOutput
@@ -30,14 +35,25 @@ class AsyncOutput:
         sample_mask: np.ndarray,
         sampler_output: SamplerOutput,
         transfer: HostTransfer,
+        tokens: torch.Tensor | None = None,
+        num_accepted: torch.Tensor | None = None,
+        cu_num_logits: np.ndarray | None = None,
     ):
         """``plan_order[i]``: the plan index of batch row i; ``sample_mask[i]``:
-        batch row i keeps its token."""
+        batch row i keeps its token(s). ``tokens``, ``num_accepted`` (device)
+        and ``cu_num_logits`` (host) only with drafts."""
         self.step_id = step_id
         self.plan_order = plan_order
         self.sample_mask = sample_mask
         self.num_logprobs = sampler_output.num_logprobs
-        tensors = (sampler_output.sampled_token_ids,)
+        self.cu_num_logits = cu_num_logits
+        self.spec = tokens is not None
+        if self.spec:
+            head = (tokens, num_accepted)
+        else:
+            head = (sampler_output.sampled_token_ids,)
+        self.num_head = len(head)
+        tensors = head
         if sampler_output.logprobs is not None:
             tensors += sampler_output.logprobs.tensors()
         self.host_tensors, self.copy_done = transfer.to_host(tensors)
@@ -45,6 +61,8 @@ class AsyncOutput:
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy, then build the reply in plan order."""
         self.copy_done.synchronize()
+        if self.spec:
+            return self._spec_output()
         tokens = np.empty(len(self.plan_order), dtype=np.int64)
         tokens[self.plan_order] = self.host_tensors[0].numpy()
         keep = np.empty(len(self.plan_order), dtype=bool)
@@ -55,6 +73,39 @@ class AsyncOutput:
             sampled_token_ids=(tokens if all_kept else tokens[keep]).tolist(),
             num_sampled=None if all_kept else keep.astype(np.int64).tolist(),
             logprobs=self._logprobs(keep),
+        )
+
+    def _spec_output(self) -> ModelRunnerOutput:
+        """Rows of several tokens: each kept row's accepted drafts and the
+        bonus or recovered token."""
+        tokens, accepted = (t.numpy() for t in self.host_tensors[:2])
+        n = len(self.plan_order)
+        counts = np.where(self.sample_mask, accepted + 1, 0)
+        batch_row = np.empty(n, dtype=np.int64)
+        batch_row[self.plan_order] = np.arange(n)
+        flat, num_sampled, logit_rows = [], [], []
+        for i in batch_row.tolist():
+            c = int(counts[i])
+            flat.extend(tokens[i, :c].tolist())
+            num_sampled.append(c)
+            logit_rows.extend(range(int(self.cu_num_logits[i]), int(self.cu_num_logits[i]) + c))
+        return ModelRunnerOutput(step_id=self.step_id, sampled_token_ids=flat,
+                                 num_sampled=num_sampled,
+                                 logprobs=self._logprob_rows(logit_rows, batch_row, counts))
+
+    def _logprob_rows(self, logit_rows: list[int], batch_row: np.ndarray,
+                      counts: np.ndarray) -> Logprobs | None:
+        if len(self.host_tensors) == self.num_head:
+            return None
+        top_ids, top_lps, sampled_lps, ranks = (t.tolist() for t in
+                                                self.host_tensors[self.num_head:])
+        asked = [max(int(self.num_logprobs[i]), 0) for i in batch_row.tolist()
+                 for _ in range(int(counts[i]))]
+        return Logprobs(
+            top_token_ids=[top_ids[r][:k] for r, k in zip(logit_rows, asked)],
+            top_logprobs=[top_lps[r][:k] for r, k in zip(logit_rows, asked)],
+            sampled_logprobs=[sampled_lps[r] for r in logit_rows],
+            sampled_ranks=[ranks[r] for r in logit_rows],
         )
 
     def _logprobs(self, keep_in_plan_order: np.ndarray) -> Logprobs | None:

@@ -22,6 +22,14 @@ positions p = num_computed_tokens[s] + (t - qsl[i]):
   step), input_ids[qsl[i+1] - 1] = last_sampled_tokens[s]. This is how a
   decode gets its input token without the host ever seeing it.
   last_sampled_tokens may be [max_num_reqs] or [max_num_reqs, 1] (column 0).
+- combine_draft_tokens (speculative decoding, instead of
+  combine_sampled_tokens): row i owns logits rows cu_num_logits[i] ..
+  cu_num_logits[i+1]-1, m of them, and logits_indices[cu_num_logits[i] + j]
+  = qsl[i+1] - m + j (its last m tokens: all of a row with drafts, the last
+  one otherwise). A row that decodes (seq_lens[i] - its token count >=
+  prefill_len[s]: every token past the prompt) gets input_ids[qsl[i]] =
+  last_sampled_tokens[s] and input_ids[qsl[i] + 1 + j] = draft_tokens[s, j]
+  for its other tokens (a decode of n tokens carries n - 1 drafts).
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ class InputBuffers:
     """
 
     def __init__(self, max_num_reqs: int, max_num_batched_tokens: int, device: torch.device):
+        """``cu_num_logits`` [max_num_reqs + 1] (speculative decoding: logits
+        rows per batch row, cumulated) shares the step's one copy."""
         self.max_num_reqs = max_num_reqs
         self.max_num_tokens = max_num_batched_tokens
         self.input_ids = torch.zeros(max_num_batched_tokens, dtype=torch.int32, device=device)
@@ -68,26 +78,34 @@ class InputBuffers:
         self.logits_indices = torch.zeros(
             max_num_batched_tokens, dtype=torch.int64, device=device
         )
-        # idx_mapping and query_start_loc share one buffer: one copy a step.
-        self.step_meta = torch.zeros(2 * max_num_reqs + 1, dtype=torch.int32, device=device)
-        self.idx_mapping = self.step_meta[:max_num_reqs]
-        self.query_start_loc = self.step_meta[max_num_reqs:]
-        self.step_meta_np = np.zeros(2 * max_num_reqs + 1, dtype=np.int32)
+        # idx_mapping, query_start_loc (and cu_num_logits) share one buffer:
+        # one copy a step.
+        r = max_num_reqs
+        self.step_meta = torch.zeros(3 * r + 2, dtype=torch.int32, device=device)
+        self.idx_mapping = self.step_meta[:r]
+        self.query_start_loc = self.step_meta[r : 2 * r + 1]
+        self.cu_num_logits = self.step_meta[2 * r + 1 :]
+        self.step_meta_np = np.zeros(3 * r + 2, dtype=np.int32)
         self.transfer = device_ops(device).new_transfer()
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
-                       pad_slot: int) -> None:
+                       pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> None:
         """The step's only host-to-device input copy (non-blocking on CUDA).
 
         Rows past the batch, up to ``len(query_start_loc_np) - 1`` (the padded
-        count), map to ``pad_slot``.
+        count), map to ``pad_slot``. ``cu_num_logits_np`` (as long as
+        ``query_start_loc_np``) only with speculative decoding.
         """
-        n, m = len(idx_mapping_np), len(query_start_loc_np)
+        n, m, r = len(idx_mapping_np), len(query_start_loc_np), self.max_num_reqs
         meta = self.step_meta_np
         meta[:n] = idx_mapping_np
         meta[n : m - 1] = pad_slot
-        meta[self.max_num_reqs : self.max_num_reqs + m] = query_start_loc_np
-        self.transfer.copy_into(meta[: self.max_num_reqs + m], self.step_meta)
+        meta[r : r + m] = query_start_loc_np
+        end = r + m
+        if cu_num_logits_np is not None:
+            meta[2 * r + 1 : 2 * r + 1 + m] = cu_num_logits_np
+            end = 2 * r + 1 + m
+        self.transfer.copy_into(meta[:end], self.step_meta)
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,11 @@ class InputBatch:
     ``query_start_loc_np`` has ``num_reqs_padded + 1`` entries;
     ``sample_mask_np[i]`` is False for a prefill chunk that stops short of
     the end of its prefill tokens (its sampled token is discarded).
+    ``num_logits_np[i]``: logits rows of batch row i (its token count when
+    it decodes with drafts, else 1); ``cu_num_logits_np`` their offsets,
+    padded like ``query_start_loc_np``. ``num_decodes``: leading rows with
+    exactly one token. With speculative decoding the seq_lens of decoding
+    rows are upper bounds (``runner.request_state``).
     """
 
     req_ids: list[str]
@@ -113,20 +136,32 @@ class InputBatch:
     num_tokens_padded: int
     num_decodes: int
     has_prefill: bool
+    num_logits_np: np.ndarray
+    cu_num_logits_np: np.ndarray
+    num_draft_rows: int
+
+    @property
+    def num_logits(self) -> int:
+        return int(self.cu_num_logits_np[self.num_reqs])
 
 
 def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict[str, int],
                      num_computed_np: np.ndarray, prefill_len_np: np.ndarray,
-                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None
-                     ) -> InputBatch:
-    """Sort the scheduled requests (``batch_order``; no drafts here) and
-    compute every host-side count."""
+                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
+                     decode_query_len: int = 1) -> InputBatch:
+    """Sort the scheduled requests (``batch_order``) and compute every
+    host-side count. A row has drafts when it decodes (its computed tokens
+    reach its prefill) with more than one token; ``decode_query_len`` is
+    1 + the number of speculative tokens."""
     plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
     counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
-    plan_order = batch_order(counts, np.zeros(num_reqs, dtype=bool), decode_query_len=1)
+    plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
+                             count=num_reqs)
+    has_drafts = (counts > 1) & (num_computed_np[plan_slots] >= prefill_len_np[plan_slots])
+    plan_order = batch_order(counts, has_drafts, decode_query_len)
     req_ids = [plan_req_ids[i] for i in plan_order]
-    idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)
+    idx_mapping_np = plan_slots[plan_order]
     num_scheduled_np = counts[plan_order]
     num_tokens = int(num_scheduled_np.sum())
     num_reqs_padded = num_reqs if num_reqs_padded is None else num_reqs_padded
@@ -137,6 +172,12 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
     computed = num_computed_np[idx_mapping_np]
     seq_lens_np = computed + num_scheduled_np
     prefill = prefill_len_np[idx_mapping_np]
+    drafts = has_drafts[plan_order]
+    num_logits_np = np.where(drafts, num_scheduled_np, 1).astype(np.int32)
+    cu_num_logits_np = np.full(num_reqs_padded + 1, num_logits_np.sum(), dtype=np.int32)
+    cu_num_logits_np[0] = 0
+    np.cumsum(num_logits_np, out=cu_num_logits_np[1 : num_reqs + 1])
+    not_one = np.flatnonzero(num_scheduled_np != 1)
     return InputBatch(
         req_ids=req_ids,
         plan_order=plan_order,
@@ -149,8 +190,11 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
         num_reqs_padded=num_reqs_padded,
         num_tokens=num_tokens,
         num_tokens_padded=num_tokens_padded,
-        num_decodes=int(np.sum(num_scheduled_np == 1)),
+        num_decodes=int(not_one[0]) if len(not_one) else num_reqs,
         has_prefill=bool(np.any(computed < prefill)),
+        num_logits_np=num_logits_np,
+        cu_num_logits_np=cu_num_logits_np,
+        num_draft_rows=int(drafts.sum()),
     )
 
 
@@ -273,3 +317,51 @@ def combine_sampled_tokens_ref(input_ids: torch.Tensor, idx_mapping: torch.Tenso
     values = first_column[slots].to(input_ids.dtype)
     input_ids.copy_(torch.where(in_batch & decoding & last, values, input_ids))
     return out
+
+
+def check_combine_draft_tokens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                               cu_num_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                               num_reqs: int) -> None:
+    """Raise ValueError unless the sizes fit (both versions)."""
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
+    if cu_num_logits.shape[0] < num_reqs + 1:
+        raise ValueError(f"cu_num_logits has {cu_num_logits.shape[0]} entries, needs "
+                         f"num_reqs + 1 = {num_reqs + 1}")
+    if draft_tokens.dim() != 2 or draft_tokens.stride(1) != 1:
+        raise ValueError("draft_tokens must be [slots, k] with contiguous rows")
+
+
+def combine_draft_tokens_ref(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                             last_sampled_tokens: torch.Tensor, draft_tokens: torch.Tensor,
+                             query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,
+                             seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                             logits_indices_out: torch.Tensor, num_reqs: int) -> None:
+    """Torch reference: fixed shapes over the whole buffers, no sync."""
+    if num_reqs == 0:
+        return
+    device = input_ids.device
+    qsl = query_start_loc.to(torch.int64)
+    cu = cu_num_logits.to(torch.int64)
+    # logits_indices: per logits row l of row r, qsl[r+1] - (cu[r+1] - l).
+    num_logits_rows = logits_indices_out.shape[0]
+    lrows = torch.searchsorted(cu[1: num_reqs + 1], torch.arange(num_logits_rows, device=device),
+                               right=True)
+    in_logits = lrows < num_reqs
+    lrows = lrows.clamp(max=num_reqs - 1)
+    lidx = qsl[lrows + 1] - (cu[lrows + 1] - torch.arange(num_logits_rows, device=device))
+    logits_indices_out.copy_(torch.where(in_logits, lidx, logits_indices_out))
+    # input_ids of decoding rows: the last sampled token, then the drafts.
+    num_tokens = input_ids.shape[0]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    in_batch = rows < num_reqs
+    rows = rows.clamp(max=num_reqs - 1)
+    slots = idx_mapping.to(torch.int64)[rows]
+    offset = torch.arange(num_tokens, device=device) - qsl[rows]
+    count = qsl[rows + 1] - qsl[rows]
+    decoding = (seq_lens.to(torch.int64)[rows] - count) >= prefill_len.to(torch.int64)[slots]
+    first_column = last_sampled_tokens if last_sampled_tokens.dim() == 1 else (
+        last_sampled_tokens[:, 0])
+    k = draft_tokens.shape[1]
+    draft = draft_tokens[slots, (offset - 1).clamp(0, k - 1)]
+    values = torch.where(offset == 0, first_column[slots], draft).to(input_ids.dtype)
+    input_ids.copy_(torch.where(in_batch & decoding, values, input_ids))

@@ -6,12 +6,24 @@ batch, copies ``idx_mapping`` and ``query_start_loc`` to the device, builds
 every other input there, and queues the forward pass. ``sample_tokens``
 queues logits, sampling and the copy to the host and returns an
 ``AsyncOutput``. Neither call waits for the device.
+
+Speculative decoding (``RunnerConfig.speculative``, k drafts): a decoding
+request scheduled for n > 1 tokens verifies n - 1 drafts that the runner
+holds on the device (``RequestState.draft_tokens``). Its row feeds the last
+sampled token and the drafts, gets n logits rows, and ``sample_tokens``
+runs the rejection sampler, then corrects the slot's device count of
+computed tokens by the rejected drafts, writes the emitted tokens into
+``all_token_ids`` and proposes the next drafts (n-gram, on the device).
+The host's counts of decoding rows are then upper bounds; positions, slot
+mappings and attention read the device's. Uniform decode batches of 1 + k
+tokens a row replay CUDA graphs captured per row count.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ipc.messages import SchedulerOutput
@@ -34,22 +46,29 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.spec_decode.rejection import DraftLayout, RejectionSampler
 
 
 @dataclass(frozen=True)
 class StepTensors:
-    """Device tensors of one forward pass that sampling reads, one row per
-    batch row: all computed on the device (inside the graph on decode)."""
+    """Device tensors of one forward pass that sampling reads: all computed
+    on the device (inside the graph on decode). Per batch row:
+    ``idx_mapping`` and ``sample_mask``; per logits row (one per batch row
+    without drafts): ``logits``, ``positions`` and ``logits_indices`` (the
+    token each logits row belongs to)."""
 
     idx_mapping: torch.Tensor  # int64 slots of the batch rows
-    logits: torch.Tensor  # float32 [rows, vocab]
-    positions: torch.Tensor  # position of the token each row samples
+    logits: torch.Tensor  # float32 [logits rows, vocab]
+    positions: torch.Tensor  # position of the token each logits row samples
     sample_mask: torch.Tensor  # bool: the row is past its prompt and samples
+    logits_indices: torch.Tensor  # int64 token of each logits row
 
-    def head(self, n: int) -> StepTensors:
-        """The first ``n`` rows (a padded graph step's real rows)."""
-        return StepTensors(self.idx_mapping[:n], self.logits[:n], self.positions[:n],
-                           self.sample_mask[:n])
+    def head(self, n: int, num_logits: int) -> StepTensors:
+        """The first ``n`` rows and ``num_logits`` logits rows (a padded
+        graph step's real ones)."""
+        return StepTensors(self.idx_mapping[:n], self.logits[:num_logits],
+                           self.positions[:num_logits], self.sample_mask[:n],
+                           self.logits_indices[:num_logits])
 
 
 @dataclass
@@ -59,6 +78,12 @@ class _PendingStep:
     step_id: int
     batch: InputBatch
     tensors: StepTensors | None
+
+    @property
+    def last_logits_row(self) -> np.ndarray:
+        """Host [num_reqs]: the last logits row of each batch row (the row a
+        one-token grammar mask applies to); the identity without drafts."""
+        return self.batch.cu_num_logits_np[1 : self.batch.num_reqs + 1] - 1
 
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
@@ -79,8 +104,10 @@ class ModelRunner:
         self.model = _load_model(config, device, self.tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
-        self.req_states = RequestState(n, config.max_model_len, device)
+        self.num_spec = k = config.num_speculative_tokens
+        self.req_states = RequestState(n, config.max_model_len, device, k)
         self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
+        self.rejection = RejectionSampler(self.sampler, k) if k else None
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -94,7 +121,9 @@ class ModelRunner:
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
         use_graphs = self.ops.cuda_graphs and not config.enforce_eager
-        sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
+        # Graph sizes count rows; a row of a speculative decode has 1 + k tokens.
+        max_rows = config.max_num_batched_tokens // (1 + k)
+        sizes = capture_sizes(n, max_rows) if use_graphs and max_rows else []
         self.graphs = CudaGraphManager(sizes)
 
     # ---- KV cache -------------------------------------------------------
@@ -142,34 +171,39 @@ class ModelRunner:
         buf = self.buffers
         buf.idx_mapping[:size].fill_(self.req_states.pad_slot)
         buf.query_start_loc[: size + 1].zero_()
+        buf.cu_num_logits[: size + 1].zero_()
 
     @torch.no_grad()
     def _graph_forward(self, size: int) -> StepTensors:
-        """One step of ``size`` padded one-token rows, from the step's only
-        copied inputs (``idx_mapping``, ``query_start_loc``) to the sampler's
-        inputs: the input kernels, the model and the logits, all in the graph.
+        """One step of ``size`` padded rows of q = 1 + k tokens each (k
+        drafts; q = 1 without speculative decoding), from the step's only
+        copied inputs (``idx_mapping``, ``query_start_loc``, and
+        ``cu_num_logits`` with drafts) to the sampler's inputs: the input
+        kernels, the model and the logits of every token, all in the graph.
         Rows past the batch map to the padding slot (seq_len 0, no KV write;
         their seq_len 0 is what the padding slot's count already is)."""
-        buf = self.buffers
-        self.block_tables.slot_mapping[:size].fill_(-1)  # tokens of no row
+        buf, q = self.buffers, 1 + self.num_spec
+        tokens = size * q
+        self.block_tables.slot_mapping[:tokens].fill_(-1)  # tokens of no row
         block_tables, slot_mapping = self._build_inputs(
-            num_reqs=size, num_tokens=size, num_reqs_padded=size, num_tokens_padded=size,
+            num_reqs=size, num_tokens=tokens, num_reqs_padded=size, num_tokens_padded=tokens,
             has_prefill=True)
         # Host copies are read only by the CPU reference backend (emulated
         # graphs): there the buffers themselves are host memory.
         host_buffers = self.ops.shares_host_memory
         attn = AttentionMetadata(
-            num_reqs=size, num_tokens=size, num_decodes=size, max_query_len=1,
-            max_seq_len=self.config.max_model_len,
+            num_reqs=size, num_tokens=tokens, num_decodes=size if q == 1 else 0,
+            max_query_len=q, max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
             block_tables=block_tables, slot_mapping=slot_mapping,
             query_start_loc_cpu=buf.query_start_loc[: size + 1] if host_buffers
-            else torch.arange(size + 1, dtype=torch.int32),
+            else torch.arange(0, tokens + 1, q, dtype=torch.int32),
             seq_lens_cpu=buf.seq_lens[:size] if host_buffers
-            else torch.ones(size, dtype=torch.int32),
+            else torch.full((size,), q, dtype=torch.int32),
+            num_draft_rows=size if q > 1 else 0,
         )
-        hidden = self.model(buf.input_ids[:size], buf.positions[:size], self.kv_caches, attn)
-        return self._after_forward(hidden, size, one_token_rows=True)
+        hidden = self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn)
+        return self._after_forward(hidden, size, tokens, every_token=True)
 
     # ---- applying the plan ---------------------------------------------
     def _update_states(self, plan: SchedulerOutput) -> None:
@@ -189,7 +223,11 @@ class ModelRunner:
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
         ):
             slot = self.req_states.req_id_to_index[req_id]
-            if computed != self.req_states.num_computed_tokens_np[slot]:
+            if self.num_spec:
+                # The device count is the truth (drafts rejected on the
+                # device); the scheduler's is an upper bound, kept on the host.
+                self.req_states.num_computed_tokens_np[slot] = computed
+            elif computed != self.req_states.num_computed_tokens_np[slot]:
                 self.req_states.set_num_computed_tokens(slot, computed)
             self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
         self.req_states.apply_staged_writes()
@@ -201,54 +239,73 @@ class ModelRunner:
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
         check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
-                   self.config.max_num_batched_tokens, self.model.config.vocab_size)
+                   self.config.max_num_batched_tokens, self.model.config.vocab_size,
+                   self.num_spec)
         self._update_states(plan)
         graph_size = self._graph_size(plan)
+        q = 1 + self.num_spec
         batch = make_input_batch(
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
             self.req_states.prefill_len_np,
             num_reqs_padded=graph_size,
-            num_tokens_padded=graph_size,
+            num_tokens_padded=None if graph_size is None else graph_size * q,
+            decode_query_len=q,
         )
         if batch.num_tokens == 0:
             self.pending = _PendingStep(plan.step_id, batch, None)
             return
         self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
-                                    self.req_states.pad_slot)
+                                    self.req_states.pad_slot,
+                                    batch.cu_num_logits_np if self.num_spec else None)
         if graph_size is not None:
-            tensors = self.graphs.replay(graph_size).head(batch.num_reqs)
+            tensors = self.graphs.replay(graph_size).head(batch.num_reqs, batch.num_logits)
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
-            tensors = self._after_forward(hidden, batch.num_reqs, one_token_rows=False)
+            tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
+                                          every_token=False)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
         self.pending = _PendingStep(plan.step_id, batch, tensors)
 
-    def _after_forward(self, hidden: torch.Tensor, n: int, one_token_rows: bool) -> StepTensors:
+    def _after_forward(self, hidden: torch.Tensor, n: int, num_logits: int,
+                       every_token: bool) -> StepTensors:
         """Device work between the model and the sampler for batch rows
-        ``[0, n)``: logits of each row's last token, and the step's tokens
-        counted as computed on the device (seq_lens copied into the slots, so
-        no staged write is needed next step). With ``one_token_rows`` (decode
-        graphs) row i's token is token i and no gather is needed."""
+        ``[0, n)``: logits of each logits row's token (``logits_indices``:
+        each row's last token, every token of a row with drafts), and the
+        step's tokens counted as computed on the device (seq_lens copied
+        into the slots, so no staged write is needed next step; rejected
+        drafts are taken off in ``sample_tokens``). With ``every_token``
+        (decode graphs, ``num_logits`` their tokens) logits row l is token l
+        and no gather is needed."""
         buf = self.buffers
         idx = buf.idx_mapping[:n].long()
         self.req_states.num_computed_tokens.gpu.index_copy_(0, idx, buf.seq_lens[:n])
-        if one_token_rows:
-            last_hidden, positions = hidden[:n], buf.positions[:n] + 1
+        if every_token:
+            rows = torch.arange(num_logits, device=hidden.device)
+            selected = hidden[:num_logits]
         else:
-            rows = buf.logits_indices[:n]
-            last_hidden, positions = hidden[rows], buf.positions[rows] + 1
+            rows = buf.logits_indices[:num_logits]
+            selected = hidden[rows]
+        positions = buf.positions[rows] + 1
         sample_mask = buf.seq_lens[:n] >= self.req_states.prefill_len.gpu[idx]
-        return StepTensors(idx, self.model.compute_logits(last_hidden), positions, sample_mask)
+        return StepTensors(idx, self.model.compute_logits(selected), positions, sample_mask,
+                           rows)
 
     def _graph_size(self, plan: SchedulerOutput) -> int | None:
-        """The captured size to pad a one-token-per-request batch to, or None
-        (eager) for mixed batches and batches larger than every graph."""
+        """The captured size to pad a uniform decode batch to (one token a
+        row; 1 + k with k drafts, every row decoding), or None (eager) for
+        mixed batches and batches larger than every graph."""
         counts = plan.num_scheduled_tokens
-        if not counts or not self.graphs.graphs or any(n != 1 for n in counts.values()):
+        q = 1 + self.num_spec
+        if not counts or not self.graphs.graphs or any(n != q for n in counts.values()):
             return None
+        if self.num_spec:
+            states = self.req_states
+            slots = [states.req_id_to_index[r] for r in counts]
+            if np.any(states.num_computed_tokens_np[slots] < states.prefill_len_np[slots]):
+                return None  # a prefill chunk of exactly 1 + k tokens
         return self.graphs.padded_size(len(counts))
 
     def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
@@ -270,8 +327,15 @@ class ModelRunner:
                 buf.input_ids, idx_mapping, qsl, states.all_token_ids.gpu, prefill_len, computed, n
             )
         self.ops.prepare_pos_seq_lens(idx_mapping, qsl, computed, buf.positions, buf.seq_lens, n)
-        self.ops.combine_sampled_tokens(buf.input_ids, idx_mapping, states.last_sampled_tokens,
-                                        qsl, buf.seq_lens, prefill_len, buf.logits_indices, n)
+        if self.num_spec:
+            self.ops.combine_draft_tokens(
+                buf.input_ids, idx_mapping, states.last_sampled_tokens, states.draft_tokens, qsl,
+                buf.cu_num_logits[: n_padded + 1], buf.seq_lens, prefill_len,
+                buf.logits_indices, n)
+        else:
+            self.ops.combine_sampled_tokens(buf.input_ids, idx_mapping,
+                                            states.last_sampled_tokens, qsl, buf.seq_lens,
+                                            prefill_len, buf.logits_indices, n)
         block_tables = self.block_tables.gather(idx_mapping, n, n_padded)
         slot_mapping = self.block_tables.compute_slot_mapping(
             idx_mapping, qsl, buf.positions, n, t, t_padded
@@ -285,18 +349,24 @@ class ModelRunner:
         block_tables, slot_mapping = self._build_inputs(
             num_reqs=n, num_tokens=t, num_reqs_padded=batch.num_reqs_padded,
             num_tokens_padded=batch.num_tokens_padded, has_prefill=batch.has_prefill)
+        seq_lens_cpu = torch.from_numpy(batch.seq_lens_np)
+        if self.num_spec and self.ops.shares_host_memory:
+            # Decoding rows' host counts are upper bounds; where the device
+            # is host memory its exact seq_lens cost nothing to read.
+            seq_lens_cpu = buf.seq_lens[:n]
         attn = AttentionMetadata(
             num_reqs=n,
             num_tokens=t,
             num_decodes=batch.num_decodes,
             max_query_len=int(batch.num_scheduled_np.max()),
-            max_seq_len=int(batch.seq_lens_np.max()),
+            max_seq_len=int(seq_lens_cpu.max()),
             query_start_loc=buf.query_start_loc[: batch.num_reqs_padded + 1],
             seq_lens=buf.seq_lens[: batch.num_reqs_padded],
             block_tables=block_tables,
             slot_mapping=slot_mapping,
             query_start_loc_cpu=torch.from_numpy(batch.query_start_loc_np),
-            seq_lens_cpu=torch.from_numpy(batch.seq_lens_np),
+            seq_lens_cpu=seq_lens_cpu,
+            num_draft_rows=batch.num_draft_rows,
         )
         t_pad = batch.num_tokens_padded
         return buf.input_ids[:t_pad], buf.positions[:t_pad], attn
@@ -312,6 +382,8 @@ class ModelRunner:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
                                self.output_transfer)
+        if self.num_spec:
+            return self._sample_with_drafts(step)
         t = step.tensors
         idx_mapping = t.idx_mapping
         out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
@@ -320,3 +392,41 @@ class ModelRunner:
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output
+
+    def _sample_with_drafts(self, step: _PendingStep) -> AsyncOutput:
+        """The rejection sampler, then the device state it changes: the last
+        emitted token, the computed count less the rejected drafts, the
+        emitted tokens in ``all_token_ids``; then the next drafts."""
+        batch, t, buf, states = step.batch, step.tensors, self.buffers, self.req_states
+        n, num_logits = batch.num_reqs, batch.num_logits
+        layout = DraftLayout.build(buf.cu_num_logits, n, num_logits, 1 + self.num_spec)
+        last_token = buf.input_ids.shape[0] - 1
+        drafts = buf.input_ids[(t.logits_indices + 1).clamp(max=last_token)].to(torch.int64)
+        out = self.rejection(t.logits, drafts, layout, t.idx_mapping, batch.idx_mapping_np,
+                             batch.num_logits_np, t.positions, t.sample_mask)
+        idx = t.idx_mapping
+        cu = buf.cu_num_logits[: n + 1].to(torch.int64)
+        rejected = (cu[1:] - cu[:-1] - 1 - out.num_accepted).to(torch.int32)
+        computed = states.num_computed_tokens.gpu
+        computed.index_copy_(0, idx, computed[idx] - rejected)
+        states.last_sampled_tokens.index_copy_(0, idx, out.last)
+        self._write_emitted(t, layout, out.num_accepted, out.targets)
+        self.ops.ngram_propose(states.all_token_ids.gpu, buf.idx_mapping, computed,
+                               states.draft_tokens, n, self.config.speculative.prompt_lookup_min,
+                               self.config.speculative.prompt_lookup_max)
+        return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np,
+                           out.sampler_output, self.output_transfer,
+                           tokens=out.tokens, num_accepted=out.num_accepted,
+                           cu_num_logits=batch.cu_num_logits_np[: n + 1])
+
+    def _write_emitted(self, t: StepTensors, layout: DraftLayout, num_accepted: torch.Tensor,
+                       targets: torch.Tensor) -> None:
+        """all_token_ids[slot, position] = each emitted token (the proposer's
+        history); tokens not emitted, or past the table, go to the padding
+        slot's row, which no request reads."""
+        table = self.req_states.all_token_ids.gpu
+        emitted = layout.offset <= num_accepted[layout.row_of]
+        emitted &= t.sample_mask[layout.row_of] & (t.positions < table.shape[1])
+        slots = torch.where(emitted, t.idx_mapping[layout.row_of], self.req_states.pad_slot)
+        cols = torch.where(emitted, t.positions, 0)
+        table.index_put_((slots, cols), targets.to(table.dtype))

@@ -42,6 +42,7 @@ class DeviceOps:
     prepare_prefill_inputs: Callable[..., None]  # prepare_prefill_inputs_ref
     prepare_pos_seq_lens: Callable[..., None]  # prepare_pos_seq_lens_ref
     combine_sampled_tokens: Callable[..., torch.Tensor]  # combine_sampled_tokens_ref
+    combine_draft_tokens: Callable[..., None]  # combine_draft_tokens_ref
     gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
     compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
     # runner/staged_write.py
@@ -52,6 +53,8 @@ class DeviceOps:
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
     row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
+    # runner/spec_decode/ngram.py
+    ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
     greedy_argmax: Callable[[torch.Tensor], torch.Tensor]  # greedy_argmax_ref
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
@@ -88,6 +91,8 @@ _KERNELS = {
                              "runner.triton_input_batch:prepare_pos_seq_lens_triton"),
     "combine_sampled_tokens": ("runner.input_batch:combine_sampled_tokens_ref",
                                "runner.triton_input_batch:combine_sampled_tokens_triton"),
+    "combine_draft_tokens": ("runner.input_batch:combine_draft_tokens_ref",
+                             "runner.triton_input_batch:combine_draft_tokens_triton"),
     "gather_block_tables": ("runner.block_table:gather_block_tables_ref",
                             "runner.triton_block_table:gather_block_tables_triton"),
     "compute_slot_mappings": ("runner.block_table:compute_slot_mappings_ref",
@@ -103,6 +108,8 @@ _KERNELS = {
                      "runner.layers.triton_silu_mul:silu_mul_triton"),
     "row_parallel_matmul": ("torch.nn.functional:linear",
                             "runner.layers.triton_skinny_matmul:row_parallel_matmul"),
+    "ngram_propose": ("runner.spec_decode.ngram:ngram_propose_ref",
+                      "runner.spec_decode.triton_ngram:ngram_propose_triton"),
     "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",
                       "runner.sampling.triton_noise:greedy_argmax_triton"),
     "gumbel_argmax": ("runner.sampling.noise:gumbel_argmax_ref",
@@ -112,7 +119,8 @@ _KERNELS = {
 _CHECKS = {
     name: f"{_KERNELS[name][0].split(':')[0]}:check_{name}"
     for name in ("prepare_prefill_inputs", "prepare_pos_seq_lens", "combine_sampled_tokens",
-                 "gather_block_tables", "compute_slot_mappings", "apply_staged_writes")
+                 "combine_draft_tokens", "ngram_propose", "gather_block_tables",
+                 "compute_slot_mappings", "apply_staged_writes")
 }
 
 

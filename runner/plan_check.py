@@ -17,8 +17,11 @@ class InvalidPlanError(ValueError):
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
-               max_num_batched_tokens: int, vocab_size: int) -> None:
-    """Raise ``InvalidPlanError`` naming the first problem found.
+               max_num_batched_tokens: int, vocab_size: int,
+               num_speculative_tokens: int = 0) -> None:
+    """Raise ``InvalidPlanError`` naming the first problem found. A request
+    past its prefill decodes 1 token, plus at most ``num_speculative_tokens``
+    drafts.
 
     ``states`` is the runner's RequestState, ``block_tables`` its
     BlockTables; neither is changed.
@@ -74,9 +77,12 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             after[req_id] = (int(states.num_computed_tokens_np[slot]),
                              int(block_tables.num_blocks_np[slot]),
                              int(states.prefill_len_np[slot]))
-        computed, held, _ = after[req_id]
+        computed, held, prefill = after[req_id]
         if n < 1:
             fail(f"request {req_id!r}: {n} scheduled tokens")
+        if computed >= prefill and n > 1 + num_speculative_tokens:
+            fail(f"request {req_id!r} decodes {n} tokens: at most 1 + "
+                 f"{num_speculative_tokens} drafts")
         if computed + n > min(max_len, held * block_tables.block_size):
             fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
                  f"{held * block_tables.block_size} (max_model_len {max_len})")

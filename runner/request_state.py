@@ -9,6 +9,14 @@ Invariants:
   writes applied once per step, never by a blocking copy.
 - ``last_sampled_tokens`` lives on the device only: the next step's decode
   input is read from it, so the host need not have seen the token yet.
+- With speculative decoding (``num_speculative_tokens`` k > 0):
+  ``draft_tokens`` [rows, k] holds each slot's drafts for its next step,
+  written on the device by the proposer; ``all_token_ids`` lives in device
+  memory (the n-gram proposer reads it every step) and holds every token of
+  the request, outputs included, each written on the device when sampled;
+  ``num_computed_tokens`` on the device is the truth and the host mirror
+  ``num_computed_tokens_np`` an upper bound (the scheduler's count, which
+  exceeds the truth by the drafts rejected in a step still in flight).
 - Every per-slot tensor has one extra row, ``pad_slot = max_num_reqs``,
   never given to a request: its lengths stay 0 and its block-table row
   stays zero, so a padded batch row mapped to it has seq_len 0 and writes
@@ -25,7 +33,8 @@ from runner.staged_write import StagedWriteTensor
 
 
 class RequestState:
-    def __init__(self, max_num_reqs: int, max_model_len: int, device: torch.device):
+    def __init__(self, max_num_reqs: int, max_model_len: int, device: torch.device,
+                 num_speculative_tokens: int = 0):
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.device = device
@@ -37,9 +46,11 @@ class RequestState:
 
         # Prompt tokens (and, after preemption, earlier outputs) of every slot.
         # max_num_reqs x max_model_len int32 can be gigabytes: pinned host
-        # memory read by the kernels through UVA where the device allows it.
+        # memory read by the kernels through UVA where the device allows it,
+        # except with speculative decoding, whose proposer scans it each step.
+        self.num_speculative_tokens = num_speculative_tokens
         self.all_token_ids = StagedWriteTensor(
-            (rows, max_model_len), torch.int32, device, uva=True
+            (rows, max_model_len), torch.int32, device, uva=num_speculative_tokens == 0
         )
         self.prompt_len_np = np.zeros(rows, dtype=np.int32)
         self.prefill_len_np = np.zeros(rows, dtype=np.int32)
@@ -47,6 +58,8 @@ class RequestState:
         self.num_computed_tokens_np = np.zeros(rows, dtype=np.int32)
         self.num_computed_tokens = StagedWriteTensor((rows,), torch.int32, device)
         self.last_sampled_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.draft_tokens = torch.zeros(rows, max(num_speculative_tokens, 1), dtype=torch.int64,
+                                        device=device)
 
     @property
     def num_reqs(self) -> int:

@@ -54,6 +54,18 @@ class SamplerOutput:
         return SamplerOutput(tokens, None, np.zeros(0, dtype=np.int32))
 
 
+@dataclass(frozen=True)
+class TargetDraw:
+    """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
+    float32 logits (None on the pure-greedy fast path, which needs no
+    logprobs), the rows' slots (int64) and the batch's flags."""
+
+    sampled: torch.Tensor
+    raw: torch.Tensor | None
+    idx: torch.Tensor
+    flags: BatchFlags
+
+
 class Sampler:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int):
         self.vocab_size = vocab_size
@@ -93,26 +105,45 @@ class Sampler:
         for a prefill chunk that stops short of its prompt (its token is
         discarded and must not count as output).
         """
+        draw = self.draw(logits, idx_mapping, idx_mapping_np, positions)
+        if draw.flags.any_penalty:
+            self.penalties.record_sampled(draw.idx, draw.sampled, sample_mask)
+        return SamplerOutput(draw.sampled, self.logprobs(draw),
+                             self.states.num_logprobs_np[idx_mapping_np])
+
+    def draw(
+        self,
+        logits: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        idx_mapping_np: np.ndarray,
+        positions: torch.Tensor,
+        prior_tokens: torch.Tensor | None = None,
+    ) -> TargetDraw:
+        """Steps 1-3 for every row: the token each row's request draws at
+        ``positions``, exactly as a one-token step would. ``prior_tokens``
+        [N, m] (-1: none) are tokens that precede the row's position in its
+        request without being counted yet (the drafts before it, when the
+        rows are the draft positions of speculative decoding): penalties
+        count them as output tokens."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         if flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS:
             # The common case needs no per-slot parameter: one argmax.
-            return SamplerOutput(self.ops.greedy_argmax(logits), None,
-                                 self.states.num_logprobs_np[idx_mapping_np])
+            return TargetDraw(self.ops.greedy_argmax(logits), None, idx, flags)
         params = self.states.gather(idx)
         raw = logits.to(torch.float32)
         processed = raw
         if flags.any_penalty:
             processed = self.penalties.apply(
-                raw, idx, params.repetition, params.presence, params.frequency
+                raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
             )
-        sampled = self._draw(processed, params, positions, flags)
-        if flags.any_penalty:
-            self.penalties.record_sampled(idx, sampled, sample_mask)
-        logprobs = None
-        if flags.max_logprobs != NO_LOGPROBS:
-            logprobs = compute_logprobs(raw, sampled, flags.max_logprobs)
-        return SamplerOutput(sampled, logprobs, self.states.num_logprobs_np[idx_mapping_np])
+        return TargetDraw(self._draw(processed, params, positions, flags), raw, idx, flags)
+
+    def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
+        """Step 4: logprobs of the raw logits for ``draw.sampled``, if any row asked."""
+        if draw.flags.max_logprobs == NO_LOGPROBS:
+            return None
+        return compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs)
 
     def _draw(
         self,

@@ -149,3 +149,66 @@ def combine_sampled_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Te
         BLOCK=2,
     )
     return out
+
+
+@triton.jit
+def _combine_drafts_kernel(
+    input_ids_ptr,
+    idx_mapping_ptr,
+    last_sampled_ptr,
+    last_sampled_stride,
+    draft_ptr,
+    draft_stride,
+    query_start_loc_ptr,
+    cu_num_logits_ptr,
+    seq_lens_ptr,
+    prefill_len_ptr,
+    logits_indices_ptr,
+    num_drafts,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
+    start = tl.load(query_start_loc_ptr + row).to(tl.int64)
+    end = tl.load(query_start_loc_ptr + row + 1).to(tl.int64)
+    lstart = tl.load(cu_num_logits_ptr + row).to(tl.int64)
+    lend = tl.load(cu_num_logits_ptr + row + 1).to(tl.int64)
+    k = tl.arange(0, BLOCK)
+    tl.store(logits_indices_ptr + lstart + k, end - (lend - lstart) + k, mask=k < lend - lstart)
+
+    count = end - start
+    # Compared as a block (not a scalar) so the store mask stays boolean everywhere.
+    computed = (tl.load(seq_lens_ptr + row) + tl.zeros([BLOCK], dtype=tl.int32)) - count
+    decoding = computed >= tl.load(prefill_len_ptr + slot)
+    last = tl.load(last_sampled_ptr + slot * last_sampled_stride).to(tl.int64)
+    draft = tl.load(draft_ptr + slot * draft_stride + k - 1, mask=(k >= 1) & (k < count) & (k <= num_drafts),
+                    other=0).to(tl.int64)
+    value = tl.where(k == 0, last, draft).to(input_ids_ptr.dtype.element_ty)
+    tl.store(input_ids_ptr + start + k, value, mask=(k < count) & decoding)
+
+
+def combine_draft_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Tensor,
+                                last_sampled_tokens: torch.Tensor, draft_tokens: torch.Tensor,
+                                query_start_loc: torch.Tensor, cu_num_logits: torch.Tensor,
+                                seq_lens: torch.Tensor, prefill_len: torch.Tensor,
+                                logits_indices_out: torch.Tensor, num_reqs: int) -> None:
+    """``combine_draft_tokens_ref``: one program per batch row. A decoding
+    row has at most 1 + k tokens and at most that many logits rows, so one
+    block covers them (a prefill row has one logits row)."""
+    if num_reqs == 0:
+        return
+    _combine_drafts_kernel[(num_reqs,)](
+        input_ids,
+        idx_mapping,
+        last_sampled_tokens,
+        last_sampled_tokens.stride(0),
+        draft_tokens,
+        draft_tokens.stride(0),
+        query_start_loc,
+        cu_num_logits,
+        seq_lens,
+        prefill_len,
+        logits_indices_out,
+        draft_tokens.shape[1],
+        BLOCK=triton.next_power_of_2(draft_tokens.shape[1] + 1),
+    )

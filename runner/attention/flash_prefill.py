@@ -78,14 +78,15 @@ def default_prefill_kernel(device: torch.device) -> str:
 def prefill_suffix_start(attn: AttentionMetadata, sliding_window: int | None) -> int | None:
     """First row of the batch's trailing rows that are not decodes (more than
     one query token, or none: padding), when one of them has more than one
-    query token; else None. Host ints only."""
+    query token; else None. Rows with drafts are decodes (they lead the
+    batch; their host seq_lens may be upper bounds). Host ints only."""
     n = attn.num_reqs
     if n == 0 or sliding_window is not None or attn.max_query_len <= 1:
         return None
     starts = attn.query_start_loc_cpu[: n + 1]
     query_lens = (starts[1:] - starts[:-1]).tolist()
     first = n
-    while first > 0 and query_lens[first - 1] != 1:
+    while first > attn.num_draft_rows and query_lens[first - 1] != 1:
         first -= 1
     return first if max(query_lens[first:], default=0) > 1 else None
 
@@ -99,7 +100,8 @@ def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
         max_query_len=int((starts[1:] - starts[:-1]).max()), max_seq_len=int(seq_lens.max()),
         query_start_loc=attn.query_start_loc[: rows + 1], seq_lens=attn.seq_lens[:rows],
         block_tables=attn.block_tables[:rows], slot_mapping=attn.slot_mapping[:num_tokens],
-        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens)
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        num_draft_rows=min(attn.num_draft_rows, rows))
 
 
 def gather_rows_kv(kv_cache: torch.Tensor, attn: AttentionMetadata,

@@ -19,6 +19,10 @@ class AttentionMetadata:
     Host copies (exact, known without a device sync):
       query_start_loc_cpu, seq_lens_cpu, and the maxima.
     ``num_decodes`` leading rows have exactly one query token.
+    ``num_draft_rows`` leading rows verify drafts (speculative decoding):
+    where the device is not host memory, the host seq_lens of decoding rows
+    (these and one-token decodes) are upper bounds, so only the maxima may
+    be read from them; the device ``seq_lens`` are exact.
     """
 
     num_reqs: int
@@ -32,3 +36,4 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
+    num_draft_rows: int = 0

@@ -65,9 +65,14 @@ class PenaltyState:
         repetition: torch.Tensor,
         presence: torch.Tensor,
         frequency: torch.Tensor,
+        prior_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Penalised float32 logits [N, V] (a new tensor); parameters [N] per row."""
+        """Penalised float32 logits [N, V] (a new tensor); parameters [N] per row.
+        ``prior_tokens`` [N, m] (-1: none) count as output tokens of their row
+        on top of the slot's counts (drafts before a draft position)."""
         counts = self.output_counts[idx_mapping]
+        if prior_tokens is not None:
+            counts = counts + prior_counts(prior_tokens, self.vocab_size).to(counts.dtype)
         in_output = counts > 0
         seen = self.prompt_mask[idx_mapping] | in_output
         scale = torch.where(seen, repetition[:, None], 1.0)
@@ -82,3 +87,13 @@ class PenaltyState:
         """Count each real sample (``sample_mask`` [N] bool) as an output token."""
         ones = sample_mask.to(self.output_counts.dtype)
         self.output_counts.index_put_((idx_mapping, sampled), ones, accumulate=True)
+
+
+def prior_counts(prior_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [N, V]: how often each token occurs in each row of
+    ``prior_tokens`` [N, m] (entries < 0 are no token)."""
+    rows = prior_tokens.shape[0]
+    cols = torch.where(prior_tokens >= 0, prior_tokens, vocab_size).to(torch.int64)
+    counts = torch.zeros(rows, vocab_size + 1, dtype=torch.int32, device=prior_tokens.device)
+    counts.scatter_add_(1, cols, torch.ones_like(cols, dtype=torch.int32))
+    return counts[:, :vocab_size]
