@@ -150,15 +150,16 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
                      num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
                      decode_query_len: int = 1) -> InputBatch:
     """Sort the scheduled requests (``batch_order``) and compute every
-    host-side count. A row has drafts when it decodes (its computed tokens
-    reach its prefill) with more than one token; ``decode_query_len`` is
-    1 + the number of speculative tokens."""
+    host-side count. ``decode_query_len`` is 1 + the number of speculative
+    tokens; when it is above 1, a row has drafts when it decodes (its
+    computed tokens reach its prefill) with more than one token."""
     plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
     counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
     plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
                              count=num_reqs)
-    has_drafts = (counts > 1) & (num_computed_np[plan_slots] >= prefill_len_np[plan_slots])
+    has_drafts = (counts > 1) & (decode_query_len > 1)
+    has_drafts &= num_computed_np[plan_slots] >= prefill_len_np[plan_slots]
     plan_order = batch_order(counts, has_drafts, decode_query_len)
     req_ids = [plan_req_ids[i] for i in plan_order]
     idx_mapping_np = plan_slots[plan_order]
