@@ -1,0 +1,149 @@
+"""The scheduler with speculative decoding, against a fake runner that
+verifies drafts (tests/helpers/fake_spec_runner.py): with sync and async
+scheduling, chunked prefill, prefix caching and preemption, every output is
+the plain reference loop's, the host counts stay upper bounds of the
+runner's (at most k above), and a stop or the length limit inside an
+accepted run cuts it there."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from ipc.messages import ModelRunnerOutput
+from tests.engine.test_async_scheduling import drive_async
+from tests.helpers.fake_runner import PROMPTS, config, drive, expected, make_requests
+from tests.helpers.fake_spec_runner import FakeSpecRunner
+
+
+class AsyncFakeSpecRunner(FakeSpecRunner):
+    """Runs ahead of the scheduler: a preempted request's unabsorbed tokens
+    (up to 1 + k of a step) are discarded by the scheduler."""
+
+    def execute(self, out):
+        for new in out.scheduled_new_reqs:
+            history = self.history.get(new.req_id)
+            if history is not None:
+                assert new.prefill_token_ids == history[: len(new.prefill_token_ids)]
+                self.history[new.req_id] = list(new.prefill_token_ids)
+        return super().execute(out)
+
+
+def _run(cfg, requests, asynchronous: bool):
+    sched = Scheduler(cfg)
+    for r in requests:
+        sched.add_request(r)
+    k = cfg.num_speculative_tokens
+    if asynchronous:
+        runner = AsyncFakeSpecRunner(cfg, k)
+        results = drive_async(sched, runner)[0]
+    else:
+        runner = FakeSpecRunner(cfg, k)
+        results = drive(sched, runner)[0]
+    return results, sched, runner
+
+
+CASES = {
+    "plain": dict(),
+    "chunked": dict(max_num_batched_tokens=7),
+    "prefix": dict(enable_prefix_caching=True),
+    "preempt": dict(num_blocks=12, max_model_len=40, enable_prefix_caching=True),
+}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("k", [1, 3])
+def test_outputs_equal_the_reference(case, asynchronous, k):
+    cfg = config(num_speculative_tokens=k, **CASES[case])
+    params = [SamplingParams(max_tokens=m, stop_token_ids=s) for m, s in
+              [(20, ()), (7, ()), (30, (11,)), (13, (3, 4)), (25, ()), (9, ())]]
+    make = lambda: [Request(f"r{i}", p, params[i], arrival_time=float(i))  # noqa: E731
+                    for i, p in enumerate(PROMPTS)]
+    results, sched, runner = _run(cfg, make(), asynchronous)
+    assert results == expected(make(), cfg)
+    assert runner.num_accepted > 0 and runner.num_drafts > runner.num_accepted
+    assert runner.max_drafts_in_row == k
+    # Async: a step after a request's end runs but its output is discarded.
+    same = (lambda a, b: a <= b) if asynchronous else (lambda a, b: a == b)
+    assert same(sched.spec_stats.num_draft_tokens, runner.num_drafts)
+    assert same(sched.spec_stats.num_accepted_tokens, runner.num_accepted)
+    assert sched.spec_stats.num_accepted_tokens > 0
+    if case == "preempt":
+        assert sched.num_preemptions > 0
+
+
+def _decode_step(sched, req_id="a"):
+    """Prefill the request (one step), then schedule its first decode."""
+    prefill = sched.schedule()
+    out = ModelRunnerOutput(step_id=prefill.step_id, sampled_token_ids=[7])
+    sched.update_from_output(prefill, out)
+    return sched.schedule()
+
+
+@pytest.mark.parametrize("params, emitted, want, reason", [
+    (SamplingParams(max_tokens=20, stop_token_ids=[9]), [8, 9, 10, 11], [8, 9], "stop"),
+    (SamplingParams(max_tokens=3), [8, 9, 10, 11], [8, 9], "length"),
+    (SamplingParams(max_tokens=20), [8, 5, 10, 11], [8, 5], "stop"),  # eos 5
+    (SamplingParams(max_tokens=20, ignore_eos=True), [8, 5, 10, 11], [8, 5, 10, 11], None),
+])
+def test_a_stop_inside_an_accepted_run_cuts_it(params, emitted, want, reason):
+    cfg = config(num_speculative_tokens=3)
+    sched = Scheduler(cfg)
+    sched.add_request(Request("a", [1, 2, 3], params, eos_token_id=5))
+    step = _decode_step(sched)
+    drafts = min(3, params.max_tokens - 2)
+    assert step.num_scheduled_tokens == {"a": 1 + drafts}
+    n = min(len(emitted), 1 + drafts)
+    out = ModelRunnerOutput(step_id=step.step_id, sampled_token_ids=emitted[:n],
+                            num_sampled=[n])
+    (delta,) = sched.update_from_output(step, out)
+    assert delta.new_token_ids == want[:n]
+    assert delta.finish_reason == reason
+    if reason is not None:
+        assert "a" not in sched.requests and sched.kv.pool.num_free_blocks == cfg.num_blocks
+
+
+def test_rejected_drafts_are_given_back():
+    """1 + 3 scheduled, 1 accepted: computed counts 2 of the 4 positions and
+    the placeholders of the step are gone."""
+    sched = Scheduler(config(num_speculative_tokens=3))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
+    step = _decode_step(sched)
+    req = sched.requests["a"]
+    assert step.num_scheduled_tokens == {"a": 4}
+    assert req.num_computed_tokens == 7 and req.num_output_placeholders == 4
+    out = ModelRunnerOutput(step_id=step.step_id, sampled_token_ids=[8, 9], num_sampled=[2])
+    sched.update_from_output(step, out)
+    assert req.num_tokens == 6 and req.num_output_placeholders == 0
+    assert req.num_computed_tokens == 5  # tokens 0..4 in the cache; 9 is fed next
+    assert sched.spec_stats.num_accepted_tokens_per_pos == [1, 0, 0]
+
+
+def test_structured_output_requests_never_draft():
+    class Constrained(SamplingParams):
+        structured_outputs = {"json": {}}
+
+    sched = Scheduler(config(num_speculative_tokens=3))
+    sched.add_request(Request("a", [1, 2, 3], Constrained(max_tokens=20)))
+    assert _decode_step(sched).num_scheduled_tokens == {"a": 1}
+
+
+def test_drafts_stop_short_of_max_model_len():
+    sched = Scheduler(config(num_speculative_tokens=3, max_model_len=7))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
+    # 4 tokens known (prompt + one output): positions 3.. fed; at most 7 tokens.
+    assert _decode_step(sched).num_scheduled_tokens == {"a": 3}
+
+
+def test_no_drafts_without_speculative_decoding():
+    requests = make_requests(PROMPTS[:2], SamplingParams(max_tokens=5))
+    sched = Scheduler(config())
+    for r in requests:
+        sched.add_request(r)
+    step = sched.schedule()
+    sched.update_from_output(step, ModelRunnerOutput(step_id=step.step_id,
+                                                     sampled_token_ids=[1, 1]))
+    assert set(sched.schedule().num_scheduled_tokens.values()) == {1}
