@@ -329,7 +329,8 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
         lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         lo = hi if lo is None else lo
         hi = lo if hi is None else hi
-        both = {"prompt_lookup_min": lo, "prompt_lookup_max": hi}
+        both = {name: v for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+                if v is not None}
         lo = _spec_int(both, "prompt_lookup_min", DEFAULT_PROMPT_LOOKUP)
         hi = _spec_int(both, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP)
         if lo > hi:

@@ -143,13 +143,15 @@ class ModelRunner:
         peak = profile_peak_memory(self.model, self.config, self.dtype, self.device)
         free, total = torch.cuda.mem_get_info(self.device)
         held_by_others = (total - free) - torch.cuda.memory_reserved(self.device)
-        # Graphs hold their largest batch's activations and float32 logits.
-        graph_logits = 6 * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
+        # Graphs hold their largest batch's activations and float32 logits
+        # (1 + k logits rows a request with k drafts).
+        q = 1 + self.num_spec
+        graph_logits = 6 * q * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
         graph_reserve = (256 << 20) + graph_logits if self.graphs.sizes else 0
         # Filters, penalties and logprobs hold about ten float32 copies of the
         # batch's logits at their peak (measured on the H200: 1.25 GiB at 256
         # rows x 128k vocabulary); the profile run does not sample.
-        sampler_reserve = 10 * 4 * self.config.max_num_seqs * self.model.config.vocab_size
+        sampler_reserve = 10 * 4 * q * self.config.max_num_seqs * self.model.config.vocab_size
         budget = int(total * self.config.gpu_memory_utilization)
         budget -= held_by_others + peak + graph_reserve + sampler_reserve
         return max(0, budget // per_block)

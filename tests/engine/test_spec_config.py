@@ -1,0 +1,111 @@
+"""``speculative_config`` as vLLM spells it: checked by ``EngineConfig``
+before any worker starts (``ValueError`` from ``LLM``; one ``tprun:
+error:`` line and exit code 2 from every CLI subcommand), and projected
+into the runner's and the scheduler's typed configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import LLM
+from engine.config import DEFAULT_PROMPT_LOOKUP, EngineConfig
+from ipc.config import MAX_SPECULATIVE_TOKENS, RunnerConfig
+from ipc.messages import ControlCall
+from ipc.serde import decode_broadcast, encode
+from launch.cli import _engine_config, build_parser
+from tests.engine.test_engine_config import _model_dir, no_workers  # noqa: F401
+from tests.helpers.proc_utils import run_tprun
+
+BAD = [
+    ({"method": "eagle", "num_speculative_tokens": 2}, "method must be one of"),
+    ({"num_speculative_tokens": 2}, "method must be one of"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an int"),
+    ({"method": "ngram", "num_speculative_tokens": MAX_SPECULATIVE_TOKENS + 1},
+     f"in 1..{MAX_SPECULATIVE_TOKENS}"),
+    ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens must be"),
+    ({"method": "ngram"}, "needs num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4,
+      "prompt_lookup_max": 2}, "prompt_lookup_min 4 > prompt_lookup_max 2"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0},
+     "prompt_lookup_min must be"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "model": "tiny"}, "unknown key"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "needs a 'model'"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "model": "/no/such/model"},
+     "does not exist"),
+    ("[1, 2]", "must be an object"),
+    ("{not json", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("value, match", BAD)
+def test_bad_speculative_config_raises_from_llm_before_any_worker(no_workers,  # noqa: F811
+                                                                   value, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(model="tiny", speculative_config=value)
+    assert no_workers == []
+
+
+def test_ngram_bounds_default_as_vllm():
+    one = EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookup_max": 4}).speculative
+    assert (one.prompt_lookup_min, one.prompt_lookup_max) == (4, 4)
+    none = EngineConfig(speculative_config={"method": "ngram",
+                                            "num_speculative_tokens": 2}).speculative
+    assert none.prompt_lookup_min == none.prompt_lookup_max == DEFAULT_PROMPT_LOOKUP
+    assert EngineConfig().speculative is None
+
+
+def test_speculative_config_reaches_runner_and_scheduler(tmp_path):
+    from engine.model_info import ModelInfo
+
+    config = EngineConfig(model="m", speculative_config=json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5,
+         "prompt_lookup_min": 2}))
+    info = ModelInfo.from_dir(_model_dir(tmp_path, num_attention_heads=8))
+    runner = config.runner_config("/models/m", info)
+    assert runner.num_speculative_tokens == 3
+    assert (runner.speculative.prompt_lookup_min, runner.speculative.prompt_lookup_max) == (2, 5)
+    assert config.scheduler_config(info, num_blocks=7).num_speculative_tokens == 3
+    # It crosses the socket typed, inside load_model's RunnerConfig.
+    call = decode_broadcast(encode(ControlCall(call_id=1, method="load_model",
+                                               kwargs={"config": runner})))
+    assert isinstance(call.kwargs["config"], RunnerConfig)
+    assert call.kwargs["config"].speculative == runner.speculative
+
+
+def test_cli_option_is_generated_from_the_field():
+    text = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    for command in ("generate", "serve", "bench"):
+        args = build_parser().parse_args(["--nproc-per-node", "1", command,
+                                          "--speculative-config", text])
+        assert _engine_config(args).speculative.num_speculative_tokens == 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_cli_bad_speculative_config_is_one_line_exit_2(tmp_path, command):
+    env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    args = ["--nproc-per-node", "1", command, "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, '
+            '"prompt_lookup_max": 1}']
+    result, leftovers = run_tprun(args, timeout=100, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("tprun: error: ")
+    assert "prompt_lookup_min 3 > prompt_lookup_max 1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert leftovers == []
+
+
+@pytest.mark.timeout(300)
+def test_cli_generate_with_ngram_drafts(tmp_path):
+    env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    base = ["--nproc-per-node", "1", "generate", "--prompt", "abcabcabcabc", "--max-tokens",
+            "16", "--temperature", "0", "--json"]
+    plain, _ = run_tprun(base, timeout=200, env=env)
+    spec, _ = run_tprun(base + ["--speculative-config",
+                                '{"method": "ngram", "num_speculative_tokens": 3}'],
+                        timeout=200, env=env)
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
