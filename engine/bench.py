@@ -28,6 +28,7 @@ import numpy as np
 from engine.llm_engine import LLMEngine
 from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
+from engine.stats import spec_decode_summary
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ def summarize(engine: LLMEngine, timings: dict[str, _Timing], duration: float,
             "prefix_hit_rate": after.prefix_hit_rate,
             "max_kv_usage": max_kv_usage,
         },
+        "spec_decode": spec_decode_summary(before, after),
     }
 
 
@@ -223,4 +225,9 @@ def format_summary(s: dict) -> str:
     lines.append(f"engine: {e['num_steps']} steps, {e['num_preemptions']} preemptions, "
                  f"max KV usage {100 * e['max_kv_usage']:.1f}%, "
                  f"prefix hit rate {100 * e['prefix_hit_rate']:.1f}%")
+    spec = s.get("spec_decode")
+    if spec is not None:
+        lines.append(f"spec decode: acceptance rate {100 * spec['acceptance_rate']:.1f}%, "
+                     f"mean acceptance length {spec['mean_acceptance_length']:.2f}, "
+                     f"{spec['num_accepted_tokens']}/{spec['num_draft_tokens']} drafts accepted")
     return "\n".join(lines)

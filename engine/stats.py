@@ -9,6 +9,12 @@ the difference of two snapshots:
     Avg prompt throughput: 812.0 tokens/s, Avg generation throughput: 97.5
     tokens/s, Running: 12 reqs, Waiting: 3 reqs, KV cache usage: 41.2%,
     Prefix cache hit rate: 25.0%, Preemptions: 0
+
+and, with speculative decoding, over the same interval:
+
+    SpecDecoding metrics: Mean acceptance length: 2.41, Accepted: 310 tokens,
+    Drafted: 880 tokens, Avg draft acceptance rate: 35.2%, Per-position
+    acceptance rate: 0.61, 0.38, 0.24, 0.18
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class StepCounters:
 def snapshot(scheduler, counters: StepCounters) -> EngineStats:
     """The engine's state now (``scheduler`` is an ``engine.scheduler.Scheduler``)."""
     kv = scheduler.kv
+    spec = scheduler.spec_stats
     return EngineStats(
         num_running=scheduler.num_running_reqs,
         num_waiting=scheduler.num_waiting_reqs,
@@ -52,7 +59,31 @@ def snapshot(scheduler, counters: StepCounters) -> EngineStats:
         num_prompt_tokens=scheduler.num_prompt_tokens,
         num_generation_tokens=counters.num_generation_tokens,
         num_scheduled_tokens=counters.num_scheduled_tokens,
+        spec_decode_num_drafts=spec.num_drafts,
+        spec_decode_num_draft_tokens=spec.num_draft_tokens,
+        spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
+        spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
     )
+
+
+def spec_decode_summary(prev: EngineStats, now: EngineStats) -> dict | None:
+    """Speculative decoding between two snapshots: drafts, accepted tokens,
+    acceptance rate, mean acceptance length (tokens a verifying step emits:
+    1 + accepted drafts per step) and acceptance rate by draft position; None
+    when no draft was verified in between."""
+    steps = now.spec_decode_num_drafts - prev.spec_decode_num_drafts
+    if steps <= 0:
+        return None
+    drafted = now.spec_decode_num_draft_tokens - prev.spec_decode_num_draft_tokens
+    accepted = now.spec_decode_num_accepted_tokens - prev.spec_decode_num_accepted_tokens
+    before = prev.spec_decode_num_accepted_tokens_per_pos or [0] * len(
+        now.spec_decode_num_accepted_tokens_per_pos)
+    per_pos = [(a - b) / steps for a, b in zip(now.spec_decode_num_accepted_tokens_per_pos,
+                                               before)]
+    return {"num_drafts": steps, "num_draft_tokens": drafted, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / max(drafted, 1),
+            "mean_acceptance_length": 1 + accepted / steps,
+            "acceptance_rate_per_position": per_pos}
 
 
 def interval_line(prev: EngineStats, now: EngineStats, elapsed_s: float,
@@ -72,7 +103,18 @@ def interval_line(prev: EngineStats, now: EngineStats, elapsed_s: float,
         f"KV cache usage: {100 * now.kv_usage:.1f}%, "
         f"Prefix cache hit rate: {100 * hit_rate:.1f}%, "
         f"Preemptions: {now.num_preemptions - prev.num_preemptions}"
-    )
+    ) + _spec_line(prev, now)
+
+
+def _spec_line(prev: EngineStats, now: EngineStats) -> str:
+    spec = spec_decode_summary(prev, now)
+    if spec is None:
+        return ""
+    per_pos = ", ".join(f"{r:.2f}" for r in spec["acceptance_rate_per_position"])
+    return (f"; SpecDecoding metrics: Mean acceptance length: "
+            f"{spec['mean_acceptance_length']:.2f}, Accepted: {spec['num_accepted_tokens']} "
+            f"tokens, Drafted: {spec['num_draft_tokens']} tokens, Avg draft acceptance rate: "
+            f"{100 * spec['acceptance_rate']:.1f}%, Per-position acceptance rate: {per_pos}")
 
 
 class StatsLogger:

@@ -101,7 +101,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot of the engine: its queues, its KV blocks, its counters
     since start (tokens, steps, preemptions, prefix-cache lookups).
     ``num_refused_messages``: client messages the server dropped unread
-    for want of a valid MAC (0 from an engine that has no server)."""
+    for want of a valid MAC (0 from an engine that has no server).
+    ``spec_decode_*``: speculative decoding counters since start (vLLM's
+    names): rows that verified drafts, drafts verified, drafts accepted,
+    accepted drafts by position (empty when speculative decoding is off)."""
 
     num_running: int
     num_waiting: int
@@ -115,6 +118,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_generation_tokens: int
     num_scheduled_tokens: int
     num_refused_messages: int = 0
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = []
 
 
 ClientMessage = GenerateRequest | AbortRequest | StatsRequest

