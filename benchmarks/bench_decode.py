@@ -4,6 +4,8 @@
     python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 4096 --peer
     torchrun --nproc-per-node 2 -m benchmarks.bench_decode --shape 8b ...   (TP=2, NCCL)
     python -m benchmarks.bench_decode --shape tiny --device cpu --dtype float32 --peer ...
+    python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 \
+        --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
 random weights (``load_format="dummy"``). Requests enter with their
@@ -27,6 +29,15 @@ two ways: ``between_steps_*`` from CUDA events at each step's start and end
 (the device waiting for the host between steps), ``idle_*`` from the torch
 profiler (every gap, including the launch gaps between kernels inside a
 step). Prints a JSON summary last.
+
+``--spec-tokens K ...`` also times, after the plain rows, a speculative
+runner per k (same weights) decoding 1 + k query tokens a request
+(benchmarks/spec_rows.py): each row gets ``spec[k]`` with the step time,
+its ratio to the plain step of the row (the verify cost), the tokens a
+step emits at the acceptance measured and the time per output token.
+``--spec-proposer replay`` (default) drafts a plain run's tokens with
+``--replay-accept`` of them kept, for a known acceptance; ``ngram`` drafts
+by prompt lookup (random weights: whatever acceptance the model makes).
 
 Under torchrun (WORLD_SIZE > 1) every rank drives its own shard with the same
 plans, as the worker daemons do, and the model's NCCL all-reduces keep them in
@@ -52,6 +63,13 @@ from benchmarks import floor
 from benchmarks.common import device_name, emit_summary, init_device, synchronize
 from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
+from benchmarks.spec_rows import (
+    SpecDecodeDriver,
+    greedy_tokens,
+    install_replay,
+    spec_runner,
+    zero_kv,
+)
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
@@ -310,6 +328,11 @@ def main() -> None:
                              "(no skinny Triton matmul), to compare")
     parser.add_argument("--disable-custom-all-reduce", action="store_true",
                         help="NCCL for every all-reduce (TP > 1), to compare")
+    parser.add_argument("--spec-tokens", type=int, nargs="*", default=[],
+                        help="also time speculative steps of 1 + k query tokens, each k")
+    parser.add_argument("--spec-proposer", default="replay", choices=("replay", "ngram"))
+    parser.add_argument("--replay-accept", type=float, default=0.7,
+                        help="replay proposer: share of drafts kept right")
     parser.add_argument("--out", default=None)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of --out's earlier run of this shape that this "
@@ -335,10 +358,12 @@ def run_benchmark(args, model_dir: str) -> None:
     device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
-    max_len = max(args.contexts) + args.steps + 64
+    max_len = max(args.contexts) + (args.steps + SPEC_WARMUP + 1) * (1 + max(
+        args.spec_tokens, default=0)) + 64
     config = RunnerConfig(model=model_dir, device=args.device, dtype=args.dtype, block_size=16,
                           max_num_seqs=max(args.batches), max_model_len=max_len,
-                          max_num_batched_tokens=max(2048, max(args.batches)),
+                          max_num_batched_tokens=max(2048, max(args.batches) * (
+                              1 + max(args.spec_tokens, default=0))),
                           load_format="dummy", enforce_eager=args.enforce_eager,
                           disable_custom_all_reduce=args.disable_custom_all_reduce)
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
@@ -356,7 +381,7 @@ def run_benchmark(args, model_dir: str) -> None:
     kv_per_token = runner.bytes_per_block() // config.block_size
     peer = build_peer(args.shape, runner.dtype, device) if args.peer else None
 
-    results = []
+    results, replay = [], {}
     for context in args.contexts:
         for batch in args.batches:
             blocks_needed = blocks_for(batch, context, args.steps, config.block_size)
@@ -384,6 +409,10 @@ def run_benchmark(args, model_dir: str) -> None:
             if peer is not None:
                 row.update(peer_fields(peer, batch, context, args.steps, device, step_s,
                                        row["floor_ms"]))
+            if args.spec_tokens and args.spec_proposer == "replay":
+                replay[batch, context] = greedy_tokens(
+                    DecodeDriver(runner), runner, batch, context,
+                    (args.steps + SPEC_WARMUP + 1) * (1 + max(args.spec_tokens)))
             results.append(row)
             if rank == 0:
                 print(json.dumps(row), flush=True)
@@ -393,6 +422,9 @@ def run_benchmark(args, model_dir: str) -> None:
     if args.kernel_table:
         for batch in sorted({1, min(64, max(args.batches))}):
             kernel_table(runner, batch, min(args.contexts), show=rank == 0)
+    graph_sizes = runner.graphs.sizes
+    if args.spec_tokens:
+        run_spec_rows(args, runner, results, replay, device, rank)
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": device_name(device),
         "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
@@ -400,7 +432,7 @@ def run_benchmark(args, model_dir: str) -> None:
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
-        "graph_sizes": runner.graphs.sizes, "init_kv_and_graphs_s": round(init_s, 2),
+        "graph_sizes": graph_sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
         "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
@@ -415,6 +447,58 @@ def run_benchmark(args, model_dir: str) -> None:
         emit_summary(summary, args.out)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+SPEC_WARMUP = 5
+
+
+def run_spec_rows(args, plain: ModelRunner, results: list[dict], replay: dict,
+                  device: torch.device, rank: int) -> None:
+    """For each k of ``--spec-tokens``: a speculative runner like ``plain``
+    (built after ``plain``'s KV cache and graphs are freed), timed on every
+    row that ran; adds ``spec[k]`` to the rows."""
+    tp = plain.tp
+    plain.kv_caches, plain.graphs.graphs, plain.graphs.pool = [], {}, None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    for k in args.spec_tokens:
+        runner = spec_runner(plain, k, device, tp)
+        steps = (args.steps + SPEC_WARMUP + 1) * (1 + k)
+        needed = max(blocks_for(r["batch"], r["context"], steps, plain.config.block_size)
+                     for r in results if "step_ms" in r)
+        runner.init_kv_cache(agreed_num_blocks(min(runner.determine_num_blocks(), needed),
+                                               device))
+        for row in results:
+            if "step_ms" not in row:
+                continue
+            batch, context = row["batch"], row["context"]
+            zero_kv(runner)
+            driver = SpecDecodeDriver(DecodeDriver, runner, k)
+            driver.start(batch, context, args.steps + SPEC_WARMUP + 1)
+            if args.spec_proposer == "replay":
+                install_replay(runner, replay[batch, context], context, args.replay_accept)
+            driver.run(SPEC_WARMUP)
+            driver.emitted = driver.rows = 0
+            step_s = driver.run(args.steps)
+            driver.finish()
+            per_step = driver.emitted / max(driver.rows, 1)
+            row.setdefault("spec", {})[str(k)] = {
+                "proposer": args.spec_proposer,
+                "replay_accept": args.replay_accept if args.spec_proposer == "replay" else None,
+                "step_ms": round(step_s * 1e3, 4),
+                "verify_cost": round(step_s * 1e3 / row["step_ms"], 3),
+                "tokens_per_step": round(per_step, 3),
+                "acceptance_rate": round((per_step - 1) / k, 4),
+                "ms_per_output_token": round(step_s * 1e3 / per_step, 4),
+                "tokens_per_s": round(batch * per_step / step_s, 1),
+                "plain_ms_per_output_token": row["step_ms"],
+            }
+            if rank == 0:
+                print(json.dumps({"batch": batch, "context": context, "k": k,
+                                  **row["spec"][str(k)]}), flush=True)
+        del runner
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def earlier_rows(path: str, shape: str, results: list[dict]) -> list[dict]:
