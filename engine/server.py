@@ -328,22 +328,36 @@ class EngineServer:
             route = self.routes.get(d.req_id)
             if route is None:
                 continue
-            by_client[route.identity].append(self._delta(route, d))
+            by_client[route.identity].extend(self._deltas(route, d))
             if d.finished:
                 self._forget(d.req_id)
         for identity, items in by_client.items():
             self._reply(identity, Outputs(deltas=items))
 
-    def _delta(self, route: _Route, d: RequestOutputDelta) -> Delta:
-        text = route.detokenizer.feed(d.new_token_ids)
-        if d.finished:  # release what the detokenizer held back (an incomplete character)
+    def _deltas(self, route: _Route, d: RequestOutputDelta) -> list[Delta]:
+        """One ``Delta`` per new token: a step with speculative decoding
+        brings several, and a client that stops at a stop string (the HTTP
+        front end) must see where each token's text ends, so that nothing
+        after the stop reaches its output."""
+        tokens = d.new_token_ids
+        if len(tokens) <= 1:
+            return [self._delta(route, d, tokens, d.logprobs, d.finished)]
+        last = len(tokens) - 1
+        return [self._delta(route, d, [t], None if d.logprobs is None else [d.logprobs[i]],
+                            d.finished and i == last) for i, t in enumerate(tokens)]
+
+    def _delta(self, route: _Route, d: RequestOutputDelta, tokens: list[int],
+               token_logprobs, finished: bool) -> Delta:
+        text = route.detokenizer.feed(tokens)
+        if finished:  # release what the detokenizer held back (an incomplete character)
             text += route.detokenizer.finish()
         logprobs = None
-        if d.logprobs is not None:
+        if token_logprobs is not None:
             logprobs = [[TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
-                        for token in d.logprobs]
-        return Delta(request_id=route.request_id, token_ids=list(d.new_token_ids), text=text,
-                     finished=d.finished, finish_reason=d.finish_reason, logprobs=logprobs)
+                        for token in token_logprobs]
+        return Delta(request_id=route.request_id, token_ids=list(tokens), text=text,
+                     finished=finished, finish_reason=d.finish_reason if finished else None,
+                     logprobs=logprobs)
 
     def _forget(self, engine_id: str) -> None:
         route = self.routes.pop(engine_id)
