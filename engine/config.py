@@ -249,6 +249,8 @@ class EngineConfig:
             enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
             num_speculative_tokens=0 if self.speculative is None
             else self.speculative.num_speculative_tokens,
+            spec_disable_by_batch_size=0 if self.speculative is None
+            else self.speculative.disable_by_batch_size or 0,
         )
 
 
@@ -294,8 +296,9 @@ def looks_like_hub_id(model: str) -> bool:
 # vLLM's default n-gram sizes when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 _SPEC_KEYS = {
-    "ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"},
-    "draft_model": {"method", "num_speculative_tokens", "model"},
+    "ngram": {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+              "disable_by_batch_size"},
+    "draft_model": {"method", "num_speculative_tokens", "model", "disable_by_batch_size"},
 }
 
 
@@ -325,6 +328,11 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
         raise ConfigError(f"speculative_config: unknown key(s) {unknown} for method {method!r} "
                           f"(allowed: {sorted(_SPEC_KEYS[method])})")
     k = _spec_int(value, "num_speculative_tokens", None)
+    limit = value.get("disable_by_batch_size")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                              or limit < 1):
+        raise ConfigError(f"speculative_config: disable_by_batch_size must be an int >= 1, "
+                          f"got {limit!r}")
     if method == "ngram":
         lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         lo = hi if lo is None else lo
@@ -337,14 +345,16 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
             raise ConfigError(f"speculative_config: prompt_lookup_min {lo} > "
                               f"prompt_lookup_max {hi}")
         return SpeculativeConfig(method=method, num_speculative_tokens=k,
-                                 prompt_lookup_max=hi, prompt_lookup_min=lo)
+                                 prompt_lookup_max=hi, prompt_lookup_min=lo,
+                                 disable_by_batch_size=limit)
     model = value.get("model")
     if not isinstance(model, str) or not model:
         raise ConfigError("speculative_config: method 'draft_model' needs a 'model' "
                           "('tiny', a model directory or a .gguf file)")
     if model != "tiny" and not _model_exists(model):
         raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
-    return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model)
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model,
+                             disable_by_batch_size=limit)
 
 
 def _spec_int(value: dict, name: str, default: int | None) -> int:

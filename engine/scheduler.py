@@ -47,7 +47,8 @@ Speculative decoding (``num_speculative_tokens`` k > 0). A request that
 decodes (its computed tokens reach the prefill it was admitted with) and
 has no structured output is scheduled for 1 + d tokens, d = min(k, what
 ``max_tokens``, ``max_model_len`` and the budget leave) drafts, which the
-runner holds on the device; KV blocks are allocated for all 1 + d. The
+runner holds on the device; KV blocks are allocated for all 1 + d (no
+drafts at all while ``spec_disable_by_batch_size`` or more requests run). The
 scheduler never knows a step's accepted count before its output, so it is
 optimistic: scheduling counts every draft as accepted
 (``num_computed_tokens += 1 + d``, ``num_output_placeholders += 1 + d``),
@@ -291,6 +292,9 @@ class Scheduler:
         room for (every draft could be accepted)."""
         k = self.config.num_speculative_tokens
         if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
+            return 0
+        limit = self.config.spec_disable_by_batch_size
+        if limit and len(self.running) >= limit:
             return 0
         if request.num_computed_tokens < self._prefill_lens.get(request.req_id, 1 << 62):
             return 0

@@ -35,7 +35,9 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     of ``prompt_lookup_max`` down to ``prompt_lookup_min`` tokens;
     "draft_model": the model at ``model`` (a local directory the workers
     read) drafts. ``num_speculative_tokens`` (k) drafts per decode step,
-    ``1 <= k <= MAX_SPECULATIVE_TOKENS``.
+    ``1 <= k <= MAX_SPECULATIVE_TOKENS``. ``disable_by_batch_size``: no
+    drafts in a step that starts with at least this many running requests
+    (None: always draft).
     """
 
     method: str
@@ -43,6 +45,7 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     prompt_lookup_max: int = 0
     prompt_lookup_min: int = 0
     model: str | None = None
+    disable_by_batch_size: int | None = None
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +99,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``max_model_len`` >= 2 (a prompt must leave room for one token).
     ``max_logprobs``: top logprobs per token a request may ask for (-1: any).
     ``num_speculative_tokens``: drafts a decoding request verifies per step
-    (0: speculative decoding off)."""
+    (0: speculative decoding off); none in a step that starts with at least
+    ``spec_disable_by_batch_size`` running requests (0: no such limit)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -107,6 +111,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     enable_prefix_caching: bool = True
     max_logprobs: int = -1
     num_speculative_tokens: int = 0
+    spec_disable_by_batch_size: int = 0
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

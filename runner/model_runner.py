@@ -121,10 +121,15 @@ class ModelRunner:
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
         use_graphs = self.ops.cuda_graphs and not config.enforce_eager
-        # Graph sizes count rows; a row of a speculative decode has 1 + k tokens.
+        # Graph sizes count rows; a row of a speculative decode has 1 + k
+        # tokens. Where the scheduler turns drafting off above a batch size,
+        # one-token decode graphs are captured too (``plain_graphs``).
         max_rows = config.max_num_batched_tokens // (1 + k)
         sizes = capture_sizes(n, max_rows) if use_graphs and max_rows else []
         self.graphs = CudaGraphManager(sizes)
+        plain = use_graphs and k and config.speculative.disable_by_batch_size is not None
+        self.plain_graphs = CudaGraphManager(
+            capture_sizes(n, config.max_num_batched_tokens) if plain else [])
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -162,9 +167,11 @@ class ModelRunner:
             self.model, num_blocks, self.config.block_size, self.dtype, self.device
         )
         self.num_blocks = num_blocks
-        if self.graphs.sizes:
-            self.graphs.capture(self._fill_graph_inputs, self._graph_forward,
-                                show_progress=self.tp.rank == 0)
+        for graphs, q in ((self.graphs, 1 + self.num_spec), (self.plain_graphs, 1)):
+            if graphs.sizes:
+                graphs.capture(self._fill_graph_inputs,
+                               lambda size, q=q: self._graph_forward(size, q),
+                               show_progress=self.tp.rank == 0)
 
     def _fill_graph_inputs(self, size: int) -> None:
         """Harmless step inputs for warming up and capturing a graph: every
@@ -176,15 +183,15 @@ class ModelRunner:
         buf.cu_num_logits[: size + 1].zero_()
 
     @torch.no_grad()
-    def _graph_forward(self, size: int) -> StepTensors:
-        """One step of ``size`` padded rows of q = 1 + k tokens each (k
-        drafts; q = 1 without speculative decoding), from the step's only
+    def _graph_forward(self, size: int, q: int = 1) -> StepTensors:
+        """One step of ``size`` padded rows of ``q`` tokens each (1 + k with
+        k drafts, else 1), from the step's only
         copied inputs (``idx_mapping``, ``query_start_loc``, and
         ``cu_num_logits`` with drafts) to the sampler's inputs: the input
         kernels, the model and the logits of every token, all in the graph.
         Rows past the batch map to the padding slot (seq_len 0, no KV write;
         their seq_len 0 is what the padding slot's count already is)."""
-        buf, q = self.buffers, 1 + self.num_spec
+        buf = self.buffers
         tokens = size * q
         self.block_tables.slot_mapping[:tokens].fill_(-1)  # tokens of no row
         block_tables, slot_mapping = self._build_inputs(
@@ -244,8 +251,7 @@ class ModelRunner:
                    self.config.max_num_batched_tokens, self.model.config.vocab_size,
                    self.num_spec)
         self._update_states(plan)
-        graph_size = self._graph_size(plan)
-        q = 1 + self.num_spec
+        graphs, graph_size, q = self._graph_size(plan)
         batch = make_input_batch(
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
@@ -253,7 +259,7 @@ class ModelRunner:
             self.req_states.prefill_len_np,
             num_reqs_padded=graph_size,
             num_tokens_padded=None if graph_size is None else graph_size * q,
-            decode_query_len=q,
+            decode_query_len=1 + self.num_spec,
         )
         if batch.num_tokens == 0:
             self.pending = _PendingStep(plan.step_id, batch, None)
@@ -262,7 +268,7 @@ class ModelRunner:
                                     self.req_states.pad_slot,
                                     batch.cu_num_logits_np if self.num_spec else None)
         if graph_size is not None:
-            tensors = self.graphs.replay(graph_size).head(batch.num_reqs, batch.num_logits)
+            tensors = graphs.replay(graph_size).head(batch.num_reqs, batch.num_logits)
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
@@ -295,20 +301,28 @@ class ModelRunner:
         return StepTensors(idx, self.model.compute_logits(selected), positions, sample_mask,
                            rows)
 
-    def _graph_size(self, plan: SchedulerOutput) -> int | None:
-        """The captured size to pad a uniform decode batch to (one token a
-        row; 1 + k with k drafts, every row decoding), or None (eager) for
-        mixed batches and batches larger than every graph."""
+    def _graph_size(self, plan: SchedulerOutput
+                    ) -> tuple[CudaGraphManager | None, int | None, int]:
+        """The graphs, the captured size to pad a uniform decode batch to and
+        its tokens a row q (1, or 1 + k with k drafts; every row decoding),
+        or (None, None, 1): eager, for mixed batches and batches larger than
+        every graph."""
+        eager = (None, None, 1)
         counts = plan.num_scheduled_tokens
-        q = 1 + self.num_spec
-        if not counts or not self.graphs.graphs or any(n != q for n in counts.values()):
-            return None
+        if not counts:
+            return eager
+        q = next(iter(counts.values()))
+        graphs = self.graphs if q == 1 + self.num_spec else (
+            self.plain_graphs if q == 1 else None)
+        if graphs is None or not graphs.graphs or any(n != q for n in counts.values()):
+            return eager
         if self.num_spec:
             states = self.req_states
             slots = [states.req_id_to_index[r] for r in counts]
             if np.any(states.num_computed_tokens_np[slots] < states.prefill_len_np[slots]):
-                return None  # a prefill chunk of exactly 1 + k tokens
-        return self.graphs.padded_size(len(counts))
+                return eager  # prefill chunks of exactly q tokens
+        size = graphs.padded_size(len(counts))
+        return (graphs, size, q) if size is not None else eager
 
     def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
                       num_tokens_padded: int,

@@ -34,6 +34,8 @@ BAD = [
     ({"method": "draft_model", "num_speculative_tokens": 2}, "needs a 'model'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "model": "/no/such/model"},
      "does not exist"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
+     "disable_by_batch_size must be an int >= 1"),
     ("[1, 2]", "must be an object"),
     ("{not json", "not valid JSON"),
 ]
@@ -68,6 +70,10 @@ def test_speculative_config_reaches_runner_and_scheduler(tmp_path):
     assert runner.num_speculative_tokens == 3
     assert (runner.speculative.prompt_lookup_min, runner.speculative.prompt_lookup_max) == (2, 5)
     assert config.scheduler_config(info, num_blocks=7).num_speculative_tokens == 3
+    assert config.scheduler_config(info, num_blocks=7).spec_disable_by_batch_size == 0
+    limited = EngineConfig(model="m", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 64})
+    assert limited.scheduler_config(info, num_blocks=7).spec_disable_by_batch_size == 64
     # It crosses the socket typed, inside load_model's RunnerConfig.
     call = decode_broadcast(encode(ControlCall(call_id=1, method="load_model",
                                                kwargs={"config": runner})))

@@ -163,6 +163,35 @@ def test_uniform_decodes_take_the_graph_path(plain_greedy, monkeypatch):
     assert replays and stats.num_accepted_tokens > 0
 
 
+@pytest.mark.timeout(300)
+def test_drafting_off_above_a_batch_size(monkeypatch):
+    """disable_by_batch_size 2: while 2 or more requests run, one-token
+    decodes (replaying the runner's one-token graphs, emulated); drafts once
+    one is left. Outputs equal plain."""
+    import runner.model_runner as model_runner
+    from runner.cuda_graphs import CudaGraphManager
+
+    replayed_rows = []
+
+    class Emulated(CudaGraphManager):
+        def __init__(self, sizes):
+            super().__init__([1, 2, 4, 8], emulate=True)
+
+        def replay(self, size):
+            out = super().replay(size)
+            replayed_rows.append(out.logits.shape[0] // size)  # tokens a row
+            return out
+
+    monkeypatch.setattr(model_runner, "CudaGraphManager", Emulated)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in (8, 48)]
+    prompts = PROMPTS[:2]
+    want, _ = _run(prompts, params, None)
+    got, stats = _run(prompts, params, dict(NGRAM, disable_by_batch_size=2), executor="uni")
+    assert got == want
+    assert stats.num_accepted_tokens > 0
+    assert 1 in replayed_rows and 4 in replayed_rows
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_greedy_equals_plain_at_tp2(plain_greedy):

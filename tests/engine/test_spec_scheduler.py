@@ -147,3 +147,22 @@ def test_no_drafts_without_speculative_decoding():
     sched.update_from_output(step, ModelRunnerOutput(step_id=step.step_id,
                                                      sampled_token_ids=[1, 1]))
     assert set(sched.schedule().num_scheduled_tokens.values()) == {1}
+
+
+def test_no_drafts_while_the_batch_is_large():
+    cfg = config(num_speculative_tokens=3, spec_disable_by_batch_size=2)
+    sched = Scheduler(cfg)
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
+    sched.add_request(Request("b", [4, 5, 6], SamplingParams(max_tokens=1)))
+    step = sched.schedule()
+    sched.update_from_output(step, ModelRunnerOutput(step_id=step.step_id,
+                                                     sampled_token_ids=[7, 8]))
+    # b finished at max_tokens 1: a runs alone and drafts.
+    assert sched.schedule().num_scheduled_tokens == {"a": 4}
+    sched2 = Scheduler(cfg)
+    for name in ("a", "b"):
+        sched2.add_request(Request(name, [1, 2, 3], SamplingParams(max_tokens=20)))
+    step = sched2.schedule()
+    sched2.update_from_output(step, ModelRunnerOutput(step_id=step.step_id,
+                                                      sampled_token_ids=[7, 8]))
+    assert sched2.schedule().num_scheduled_tokens == {"a": 1, "b": 1}
