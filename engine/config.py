@@ -309,7 +309,9 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
     ``1 .. MAX_SPECULATIVE_TOKENS``, n-gram bounds below 1 or above that
     limit or ``prompt_lookup_min > prompt_lookup_max``, a draft model that
     does not exist. As vLLM: one missing n-gram bound takes the other's
-    value, both missing take ``DEFAULT_PROMPT_LOOKUP``."""
+    value, both missing take ``DEFAULT_PROMPT_LOOKUP``. "draft_model" is
+    checked (its model must exist) and then refused: no draft-model
+    proposer yet."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -353,8 +355,8 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
                           "('tiny', a model directory or a .gguf file)")
     if model != "tiny" and not _model_exists(model):
         raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
-    return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model,
-                             disable_by_batch_size=limit)
+    raise ConfigError("speculative_config: method 'draft_model' is not implemented yet "
+                      "(use 'ngram')")
 
 
 def _spec_int(value: dict, name: str, default: int | None) -> int:
