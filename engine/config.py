@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from ipc.config import SUPPORTED_ARCHITECTURES, RunnerConfig, SchedulerConfig
 
 if TYPE_CHECKING:
-    from engine.model_info import ModelInfo
+    from checkpoint.model_info import ModelInfo
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
