@@ -6,9 +6,7 @@ config.json, tokenizer.json and tokenizer_config.json under
 to the file, from which the runner's loader reads (and dequantizes) the
 weights; nothing is copied. The key hashes the file's real path, size and
 modification time and ``FORMAT_VERSION``, so a changed or moved file gets a
-fresh directory. The directory is written under a temporary name and
-renamed into place, so readers never see a partial one and concurrent
-writers are harmless.
+fresh directory. ``checkpoint.cache_dir`` writes it (whole, or not at all).
 
 A path ``pkg:PACKAGE/FILE`` names a file shipped inside an installed Python
 package (found without importing the package), e.g.
@@ -21,16 +19,13 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 
+from checkpoint.cache_dir import default_cache_dir, ensure_written
 from checkpoint.gguf_metadata import hf_config
 from checkpoint.gguf_tokenizer import build_tokenizer, tokenizer_config
-from checkpoint.tiny_model import default_cache_dir
+from ipc.config import GGUF_FILE
 
 GGUF_MAGIC = b"GGUF"
-# The link's name is shared with runner/loader.py, which finds weights by it.
-GGUF_LINK = "model.gguf"
 FORMAT_VERSION = 1
 PACKAGE_PREFIX = "pkg:"
 
@@ -80,27 +75,9 @@ def ensure_gguf_model(path: str, cache_dir: str | None = None) -> str:
     """The model directory of the GGUF file at ``path``, written on first use."""
     real = os.path.realpath(path)
     stem = os.path.basename(real).removesuffix(".gguf")
-    root = os.path.join(cache_dir or default_cache_dir(), "gguf")
-    final = os.path.join(root, f"{stem}-{cache_key(real)}")
-    if _complete(final):
-        return final
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=root)
-    try:
-        write_gguf_model_dir(real, tmp)
-        os.rename(tmp, final)
-    except OSError:
-        if not _complete(final):
-            raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _complete(model_dir: str) -> bool:
-    return os.path.isfile(os.path.join(model_dir, "config.json")) and os.path.isfile(
-        os.path.join(model_dir, GGUF_LINK))
+    return ensure_written(os.path.join(cache_dir or default_cache_dir(), "gguf"),
+                          f"{stem}-{cache_key(real)}",
+                          lambda out_dir: write_gguf_model_dir(real, out_dir))
 
 
 def write_gguf_model_dir(path: str, out_dir: str) -> None:
@@ -112,7 +89,7 @@ def write_gguf_model_dir(path: str, out_dir: str) -> None:
     build_tokenizer(reader).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(reader), f, indent=2, ensure_ascii=False)
-    os.symlink(path, os.path.join(out_dir, GGUF_LINK))
+    os.symlink(path, os.path.join(out_dir, GGUF_FILE))
     # config.json last: its presence (with the link) marks the directory complete.
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)

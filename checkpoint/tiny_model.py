@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import torch
 from safetensors.torch import save_file
+
+from checkpoint.cache_dir import default_cache_dir, ensure_written
 
 TINY_VERSION = 2
 TINY_NAME = f"tiny-v{TINY_VERSION}"
@@ -57,45 +57,20 @@ CONFIG = {
 }
 
 
-def default_cache_dir() -> str:
-    """$TPRUN_CACHE, else ~/.cache/tprun."""
-    return os.environ.get("TPRUN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                         "tprun")
-
-
 def ensure_tiny_model(cache_dir: str | None = None) -> str:
-    """Path of the ``tiny`` model directory, written on first use.
-
-    The directory is built under a temporary name and renamed into place, so
-    a reader never sees a partial model and concurrent writers are harmless:
-    the first rename wins, the others discard their copies.
-    """
-    cache_dir = cache_dir or default_cache_dir()
-    final = os.path.join(cache_dir, TINY_NAME)
-    if os.path.isfile(os.path.join(final, "config.json")):
-        return final
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{TINY_NAME}.tmp-", dir=cache_dir)
-    try:
-        write_tiny_model(tmp)
-        os.rename(tmp, final)
-    except OSError:
-        if not os.path.isfile(os.path.join(final, "config.json")):
-            raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """Path of the ``tiny`` model directory, written on first use."""
+    return ensure_written(cache_dir or default_cache_dir(), TINY_NAME, write_tiny_model)
 
 
 def write_tiny_model(out_dir: str) -> None:
-    """Write every file of the model into the existing directory ``out_dir``."""
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
+    """Write every file of the model into the existing directory ``out_dir``
+    (config.json last: it marks the directory complete)."""
     save_file(tiny_weights(), os.path.join(out_dir, "model.safetensors"),
               metadata={"format": "pt"})
     build_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
     _write_tokenizer_configs(out_dir)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2)
 
 
 def tiny_weights() -> dict[str, torch.Tensor]:

@@ -18,12 +18,12 @@ import zlib
 import torch
 from safetensors import safe_open
 
+from ipc.config import GGUF_FILE
 from runner.gguf_loader import load_gguf_weights
 from runner.layers import WeightSlice
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-GGUF_FILE = "model.gguf"
 
 # Checkpoint tensors that carry nothing the model needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -16,16 +16,15 @@ stays silent for ``timeout_s`` raises ``TimeoutError``.
 
 Every message is sealed with the launch's secret (``ipc.auth``), which the
 client finds (``find_secret``) in the key file ``tprun serve`` wrote next
-to the endpoint file or the ipc:// socket, or is given. A reply without a
-valid MAC, or one that does not decode, is dropped, counted
-(``num_dropped_replies``) and logged; it never reaches a stream.
+to the endpoint file or the ipc:// socket, or is given. Sealing, opening and
+routing are ``serving.protocol_core``'s, shared with the asyncio client; a
+dropped reply is counted in ``num_dropped_replies``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import os
 import time
 from collections import deque
@@ -37,36 +36,20 @@ from tqdm import tqdm
 
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.sampling_params import SamplingParams
-from ipc.auth import (
-    Authenticator,
-    AuthError,
-    RefusalLog,
-    check_secret,
-    read_key_file,
-    sibling_key_file,
-)
+from ipc.auth import check_secret, read_key_file, sibling_key_file
 from ipc.engine_messages import (
-    MAX_MESSAGE_BYTES,
     AbortRequest,
     Delta,
     EngineStats,
     EngineStopped,
     GenerateRequest,
-    Outputs,
     RequestAccepted,
     RequestError,
-    ServerMessage,
     StatsRequest,
-    decode_server_message,
-    encode,
 )
+from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 
-logger = logging.getLogger(__name__)
-
-
-class EngineStoppedError(RuntimeError):
-    """The engine stopped (shut down, or a worker died) with requests of
-    this client still running."""
+__all__ = ["EngineClient", "EngineStoppedError", "find_secret"]
 
 
 def wait_for_endpoint_file(path: str, timeout_s: float) -> None:
@@ -119,7 +102,8 @@ def _params_dict(params: SamplingParams | dict | None) -> dict:
 class _Stream:
     """What has arrived for one request and is not consumed yet."""
 
-    items: deque[Delta | RequestError] = field(default_factory=deque)
+    items: deque[RequestAccepted | Delta | RequestError | EngineStopped] = field(
+        default_factory=deque)
     prompt_token_ids: list[int] | None = None
 
 
@@ -135,26 +119,19 @@ class EngineClient:
                  ready_timeout_s: float = 300.0):
         if "://" not in endpoint:
             wait_for_endpoint_file(endpoint, ready_timeout_s)
-        self.auth = Authenticator.for_client(find_secret(endpoint, secret, key_file))
+        self._stats: deque[EngineStats] = deque()
+        self.protocol = ClientProtocol(find_secret(endpoint, secret, key_file),
+                                       on_stats=self._stats.append,
+                                       on_unreadable=self._unreadable)
         if "://" not in endpoint:
             endpoint = read_endpoint_file(endpoint)
         self.endpoint = endpoint
         self.timeout_s = timeout_s
-        self.dropped = RefusalLog(logger, "a reply from the engine")
-        # Deltas for no live request of this client: of requests it abandoned
-        # (generate() that raised), or a second end of one (which is a bug).
-        self.num_unrouted_deltas = 0
         self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self.socket.connect(endpoint)
+        configure_dealer(self.socket, endpoint)
         self._streams: dict[str, _Stream] = {}
-        self._stats: deque[EngineStats] = deque()
         self._ids = itertools.count()
-        self._stopped: str | None = None  # why the engine stopped, once it says so
 
     # ---- requests ----------------------------------------------------------
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
@@ -177,8 +154,14 @@ class EngineClient:
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params))
-        self._send(message)
-        self._streams[request_id] = _Stream()
+        entry = _Stream()
+        self.protocol.route(request_id, entry.items.append)
+        try:
+            self._send(message)
+        except BaseException:
+            self.protocol.unroute(request_id)
+            raise
+        self._streams[request_id] = entry
         return request_id
 
     def stream(self, request_id: str) -> Iterator[Delta]:
@@ -186,11 +169,16 @@ class EngineClient:
         Raises ``ValueError`` if the engine refused the request."""
         if request_id not in self._streams:
             raise KeyError(f"no live request {request_id!r} on this client")
-        items = self._streams[request_id].items
+        entry = self._streams[request_id]
         while True:
-            while not items:
+            while not entry.items:
                 self._receive()
-            item = items.popleft()
+            item = entry.items.popleft()
+            if isinstance(item, RequestAccepted):
+                entry.prompt_token_ids = item.prompt_token_ids
+                continue
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
             if isinstance(item, RequestError):
                 self._forget(request_id)
                 raise ValueError(f"request {request_id!r} refused: {item.error}")
@@ -248,7 +236,7 @@ class EngineClient:
     def _abandon(self, request_ids: list[str]) -> None:
         for rid in request_ids:
             if rid in self._streams:
-                if self._stopped is None:
+                if self.protocol.stopped is None:
                     self.abort(rid)
                 self._forget(rid)
 
@@ -263,64 +251,39 @@ class EngineClient:
     @property
     def num_dropped_replies(self) -> int:
         """Replies dropped for a bad MAC or bytes that did not decode."""
-        return self.dropped.count
+        return self.protocol.dropped.count
+
+    @property
+    def num_unrouted_deltas(self) -> int:
+        """Deltas for no live request of this client: of requests it
+        abandoned (a generate() that raised)."""
+        return self.protocol.num_unrouted_deltas
 
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
-        payload = encode(message)
-        if len(payload) > MAX_MESSAGE_BYTES:  # the engine's socket would drop it unseen
-            raise ValueError(f"the request is {len(payload)} bytes; the engine takes at most "
-                             f"{MAX_MESSAGE_BYTES} per message")
-        self.socket.send_multipart(self.auth.seal(payload))
+        self.socket.send_multipart(self.protocol.seal(message))
 
     def _receive(self) -> None:
-        """Wait for one valid message and queue it where it belongs."""
-        if self._stopped is not None:
-            raise EngineStoppedError(self._stopped)
+        """Wait for one valid message and route it; ``EngineStoppedError``
+        once the engine has said it stopped."""
         deadline = time.monotonic() + self.timeout_s
-        message = None
-        while message is None:
+        while self.protocol.stopped is None:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0 or not self.socket.poll(left_ms):
                 raise TimeoutError(
                     f"no answer from the engine at {self.endpoint} within {self.timeout_s} s "
                     f"(an engine with another key drops this client's messages unanswered)")
-            message = self._open(self.socket.recv_multipart())
-        self._dispatch(message)
+            if self.protocol.receive(self.socket.recv_multipart()):
+                return
+        raise EngineStoppedError(self.protocol.stopped)
 
-    def _open(self, frames: list[bytes]) -> ServerMessage | None:
-        """The message in ``frames``, or None (dropped, counted, logged)."""
-        try:
-            return decode_server_message(self.auth.unseal(frames))
-        except AuthError as e:
-            self.dropped.refuse(str(e))
-        except ValueError as e:
-            self.dropped.refuse(f"a valid MAC, but {e}")
-        return None
-
-    def _dispatch(self, message: ServerMessage) -> None:
-        if isinstance(message, Outputs):
-            for delta in message.deltas:
-                if (entry := self._streams.get(delta.request_id)) is not None:
-                    entry.items.append(delta)
-                else:
-                    self.num_unrouted_deltas += 1
-        elif isinstance(message, RequestAccepted):
-            if (entry := self._streams.get(message.request_id)) is not None:
-                entry.prompt_token_ids = message.prompt_token_ids
-        elif isinstance(message, RequestError):
-            if message.request_id is None:
-                raise ValueError(f"the engine could not read a message: {message.error}")
-            if (entry := self._streams.get(message.request_id)) is not None:
-                entry.items.append(message)
-        elif isinstance(message, EngineStats):
-            self._stats.append(message)
-        elif isinstance(message, EngineStopped):
-            self._stopped = message.reason
-            raise EngineStoppedError(message.reason)
+    @staticmethod
+    def _unreadable(error: str) -> None:
+        raise ValueError(f"the engine could not read a message: {error}")
 
     def _forget(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self.protocol.unroute(request_id)
 
     def close(self) -> None:
         self.socket.close()

@@ -57,7 +57,6 @@ from ipc.auth import (
 )
 from ipc.endpoints import private_directory
 from ipc.engine_messages import (
-    MAX_MESSAGE_BYTES,
     AbortRequest,
     Delta,
     EngineStopped,
@@ -68,9 +67,9 @@ from ipc.engine_messages import (
     StatsRequest,
     TokenLogprob,
     decode_client_message,
-    encode,
     request_id_of,
 )
+from ipc.serde import MAX_MESSAGE_BYTES, encode
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
-from serving.async_client import EngineDeadError, EngineLink
+from serving.async_client import AsyncEngineClient
 from serving.http.guards import ApiKeyCheck, BodySizeLimit
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import CONTENT_TYPE, Metrics
@@ -34,6 +34,7 @@ from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
+from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -53,7 +54,7 @@ async def _answer(work) -> Response:
         return error_response(404, str(e), param="model", code="model_not_found")
     except ValueError as e:
         return error_response(400, str(e), code=getattr(e, "code", None))
-    except EngineDeadError as e:
+    except EngineStoppedError as e:
         return engine_stopped_response(e)
     except ClientDisconnected:
         return Response(status_code=499)
@@ -63,11 +64,11 @@ async def _answer(work) -> Response:
                               code=500)
 
 
-def engine_stopped_response(e: EngineDeadError) -> JSONResponse:
+def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
     return error_response(503, e.client_message(), "service_unavailable", code=503)
 
 
-def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_model_len: int,
+def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int,
                api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """The ASGI app; ``link`` is started and closed with the app's lifespan."""
@@ -103,7 +104,7 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
     async def health() -> Response:
         try:
             await link.stats()
-        except EngineDeadError as e:
+        except EngineStoppedError as e:
             return engine_stopped_response(e)
         return Response(status_code=200)
 
@@ -111,7 +112,7 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
     async def metrics() -> Response:
         try:
             stats = await link.stats()
-        except EngineDeadError as e:
+        except EngineStoppedError as e:
             return engine_stopped_response(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 

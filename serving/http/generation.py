@@ -2,7 +2,7 @@
 text events they produce.
 
 An HTTP request asks for ``n`` choices of one or more prompts; each choice
-is one engine request, sent over the ``EngineLink`` with its own id, all
+is one engine request, sent over the ``AsyncEngineClient`` with its own id, all
 answered on one queue. ``start`` submits them all and waits until the
 engine has accepted every one, so a refusal (prompt too long, bad sampling
 values) is known before any response byte is sent: the others are then
@@ -22,10 +22,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ipc.engine_messages import Delta, RequestAccepted, RequestError, TokenLogprob
-from serving.async_client import EngineDead, EngineDeadError, EngineLink
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
+from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
 from serving.http.stop_strings import StopStringMatcher
+from serving.protocol_core import EngineStoppedError
 
 
 class RequestRefused(ValueError):
@@ -62,7 +63,7 @@ class _Choice:
 
 @dataclass
 class Generation:
-    link: EngineLink
+    link: AsyncEngineClient
     metrics: Metrics
     arrival_time: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -89,8 +90,8 @@ class Generation:
         waiting = len(self.choices)
         while waiting:
             item = await self.queue.get()
-            if isinstance(item, EngineDead):
-                raise EngineDeadError(item.reason)
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
             if isinstance(item, RequestError):
                 self.choices[item.request_id].finished = True
                 self.link.forget(item.request_id)
@@ -122,8 +123,8 @@ class Generation:
         live = sum(not c.finished for c in self.choices.values())
         while live:
             item = self.early.pop(0) if self.early else await self.queue.get()
-            if isinstance(item, EngineDead):
-                raise EngineDeadError(item.reason)
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
             if not isinstance(item, Delta):
                 continue
             choice = self.choices[item.request_id]

@@ -6,7 +6,7 @@ nothing but the process. ``start`` returns once uvicorn accepts
 connections (or raises if it could not bind); ``port`` is the bound port
 (the real one when 0 was asked for). ``stop`` asks uvicorn to finish:
 it stops accepting, gives open responses ``grace_s`` seconds, runs the
-app's shutdown (closing the engine link) and the thread ends.
+app's shutdown (closing the engine client) and the thread ends.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, model_name:
                       api_key: str | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``."""
-    from serving.async_client import EngineLink
+    from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
-    app = create_app(EngineLink(engine_address, secret), tokenizer, model_name, max_model_len,
+    app = create_app(AsyncEngineClient(engine_address, secret), tokenizer, model_name, max_model_len,
                      api_key=api_key)
     server = HttpServer(app, host, port)
     server.start()

@@ -7,14 +7,14 @@ import time
 from dataclasses import dataclass, field
 
 from checkpoint.tokenizer import Tokenizer
-from serving.async_client import EngineLink
+from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
 
 
 @dataclass
 class ServerState:
-    link: EngineLink
+    link: AsyncEngineClient
     tokenizer: Tokenizer
     model_name: str
     max_model_len: int

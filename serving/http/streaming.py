@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from serving.async_client import EngineDeadError
 from serving.http.generation import Generation
 from serving.http.protocol import error_body
+from serving.protocol_core import EngineStoppedError
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ async def event_lines(chunks: AsyncIterator[dict], head: dict, generation: Gener
     try:
         async for chunk in chunks:
             yield sse({**chunk, "usage": None} if include_usage else chunk)
-    except EngineDeadError as e:
+    except EngineStoppedError as e:
         yield sse(error_body(e.client_message(), "service_unavailable", code=503))
         yield DONE
         return

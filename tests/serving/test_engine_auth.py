@@ -30,7 +30,8 @@ from ipc.auth import (
     read_key_file,
     write_key_file,
 )
-from ipc.engine_messages import EngineStats, StatsRequest, decode_server_message, encode
+from ipc.engine_messages import EngineStats, StatsRequest, decode_server_message
+from ipc.serde import encode
 from serving.client import EngineClient, find_secret
 from serving.endpoint import Endpoint, exposure_warning, is_loopback
 from tests.helpers.proc_utils import run_tprun

@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from engine import LLM, SamplingParams
 from ipc.auth import MAC_BYTES, Authenticator, new_secret, read_key_file
 from ipc.engine_messages import (
-    MAX_MESSAGE_BYTES,
     AbortRequest,
     EngineStats,
     GenerateRequest,
@@ -43,8 +42,8 @@ from ipc.engine_messages import (
     RequestError,
     StatsRequest,
     decode_server_message,
-    encode,
 )
+from ipc.serde import MAX_MESSAGE_BYTES, encode
 from serving.client import EngineClient
 from tests.helpers.serve_utils import start_server, stop_server
 
