@@ -21,7 +21,7 @@ import time
 import torch
 
 from benchmarks.common import emit_summary
-from engine.tiny_model import ensure_tiny_model
+from checkpoint.tiny_model import ensure_tiny_model
 from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput
 from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup

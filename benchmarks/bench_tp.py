@@ -51,7 +51,7 @@ from engine.config import EngineConfig
 
 def model_dir_for(shape: str, directory: str) -> str:
     if shape == "tiny":
-        from engine.tiny_model import ensure_tiny_model
+        from checkpoint.tiny_model import ensure_tiny_model
 
         return ensure_tiny_model(directory)
     return write_shape(shape, directory)

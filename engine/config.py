@@ -29,7 +29,7 @@ from ipc.config import (
 )
 
 if TYPE_CHECKING:
-    from engine.model_info import ModelInfo
+    from checkpoint.model_info import ModelInfo
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -372,7 +372,7 @@ def _spec_int(value: dict, name: str, default: int | None) -> int:
 
 
 def _model_exists(model: str) -> bool:
-    from engine.gguf_model import PACKAGE_PREFIX, package_file
+    from checkpoint.gguf_model import PACKAGE_PREFIX, package_file
 
     if model.startswith(PACKAGE_PREFIX):
         try:

@@ -15,16 +15,16 @@ import logging
 import operator
 from dataclasses import dataclass
 
+from checkpoint.gguf_model import resolve_gguf
+from checkpoint.model_info import ModelInfo
+from checkpoint.tiny_model import ensure_tiny_model
+from checkpoint.tokenizer import Tokenizer
 from engine.config import EngineConfig
-from engine.gguf_model import resolve_gguf
-from engine.model_info import ModelInfo
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
-from engine.tiny_model import ensure_tiny_model
-from engine.tokenizer import Tokenizer
 from executor.base import Executor, OutputFuture
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 def resolve_model_dir(model: str) -> str:
     """The directory the engine and workers read: ``tiny``'s, a GGUF file's
-    converted one (engine/gguf_model.py), or ``model`` itself."""
+    converted one (checkpoint/gguf_model.py), or ``model`` itself."""
     if model == "tiny":
         return ensure_tiny_model()
     return resolve_gguf(model) or model

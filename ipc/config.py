@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import msgspec
 
+# The name of a model directory's GGUF weights (a link to the file):
+# checkpoint/gguf_model.py writes it, runner/loader.py reads the weights by it.
+GGUF_FILE = "model.gguf"
+
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",

@@ -108,7 +108,7 @@ def test_cuda_without_cuda_is_a_config_error(no_workers, monkeypatch):
 
 
 def test_projections_come_from_the_config(tmp_path):
-    from engine.model_info import ModelInfo
+    from checkpoint.model_info import ModelInfo
 
     config = EngineConfig(model="m", block_size=32, max_num_seqs=4, scheduling_policy="priority",
                           enable_prefix_caching=False)
@@ -126,7 +126,7 @@ def test_projections_come_from_the_config(tmp_path):
 def test_token_budget_default_follows_the_device(tmp_path, device, given, budget):
     """max_num_batched_tokens left unset is 8192 on CUDA and 2048 elsewhere;
     both projections carry the resolved value, a given one unchanged."""
-    from engine.model_info import ModelInfo
+    from checkpoint.model_info import ModelInfo
 
     config = EngineConfig(model="m", device=device, max_num_batched_tokens=given)
     info = ModelInfo.from_dir(_model_dir(tmp_path))

@@ -62,7 +62,7 @@ def load_and_shut_down(rank: RankInfo) -> dict[str, torch.Tensor]:
     and the model and cache are unreachable."""
     import torch.distributed as dist
 
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
     from ipc.config import RunnerConfig
     from worker.env import TorchrunEnv
     from worker.worker import Worker
@@ -80,7 +80,7 @@ def load_and_shut_down(rank: RankInfo) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(180)
 def test_worker_shutdown_at_tp2_leaves_the_group_and_frees():
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()  # written once, before two ranks race to write it
     for result in run_on_ranks(load_and_shut_down, 2, backend="gloo"):

@@ -62,7 +62,7 @@ def test_ngram_bounds_default_as_vllm():
 
 
 def test_speculative_config_reaches_runner_and_scheduler(tmp_path):
-    from engine.model_info import ModelInfo
+    from checkpoint.model_info import ModelInfo
 
     config = EngineConfig(model="m", speculative_config=json.dumps(
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5,

@@ -9,7 +9,7 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tiny_model import ensure_tiny_model
+from checkpoint.tiny_model import ensure_tiny_model
 from executor.multiproc import MultiprocExecutor
 from ipc import channels
 from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput

@@ -38,7 +38,7 @@ def test_greedy_equals_plain_on_cuda(enforce_eager):
 
 @pytest.mark.timeout(300)
 def test_spec_steps_never_sync(tmp_path):
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
                              prompt_lookup_min=1)
