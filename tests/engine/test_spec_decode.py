@@ -113,6 +113,15 @@ def test_preemption_with_drafts_in_flight_and_prefix_caching():
 
 
 @pytest.mark.timeout(300)
+def test_chunked_prefill_and_a_small_budget(plain_greedy):
+    """A 16-token budget: prompts are chunked while others decode, and drafts
+    are cut to what the budget leaves."""
+    got, stats = _run(PROMPTS, GREEDY, NGRAM, max_num_batched_tokens=16)
+    assert got == plain_greedy
+    _assert_drafts_accepted(stats)
+
+
+@pytest.mark.timeout(300)
 def test_abort_with_drafts_in_flight(plain_greedy):
     engine = LLMEngine(EngineConfig(model="tiny", speculative_config=NGRAM))
     try:
