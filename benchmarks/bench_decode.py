@@ -370,7 +370,10 @@ def run_benchmark(args, model_dir: str) -> None:
     if args.cublas_only:  # before the decode graphs are captured
         use_cublas_for_row_parallel(runner.model)
     # Only the blocks the largest row takes, so the peer has room beside them.
-    needed = max(blocks_for(b, c, args.steps, config.block_size)
+    replay_steps = (args.steps + SPEC_WARMUP + 1) * (1 + max(args.spec_tokens, default=0))
+    row_steps = max(args.steps, replay_steps if args.spec_proposer == "replay" else 0)
+    needed = max(blocks_for(b, c, row_steps if args.spec_tokens else args.steps,
+                            config.block_size)
                  for b in args.batches for c in args.contexts)
     num_blocks = agreed_num_blocks(min(runner.determine_num_blocks(), needed), device)
     start = time.perf_counter()
@@ -384,7 +387,8 @@ def run_benchmark(args, model_dir: str) -> None:
     results, replay = [], {}
     for context in args.contexts:
         for batch in args.batches:
-            blocks_needed = blocks_for(batch, context, args.steps, config.block_size)
+            blocks_needed = blocks_for(batch, context, row_steps if args.spec_tokens else args.steps,
+                                       config.block_size)
             row = {"shape": args.shape, "batch": batch, "context": context}
             if blocks_needed > num_blocks:
                 row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
@@ -411,8 +415,7 @@ def run_benchmark(args, model_dir: str) -> None:
                                        row["floor_ms"]))
             if args.spec_tokens and args.spec_proposer == "replay":
                 replay[batch, context] = greedy_tokens(
-                    DecodeDriver(runner), runner, batch, context,
-                    (args.steps + SPEC_WARMUP + 1) * (1 + max(args.spec_tokens)))
+                    DecodeDriver(runner), runner, batch, context, replay_steps)
             results.append(row)
             if rank == 0:
                 print(json.dumps(row), flush=True)

@@ -95,3 +95,24 @@ def test_cublas_only_replaces_the_layers_ops_not_the_devices():
         assert layer.ops.row_parallel_matmul is F.linear
         assert layer.ops.rms_norm is shared.rms_norm
     assert device_ops(torch.device("cpu")) is shared
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(800)
+def test_spec_rows_verify_cost_and_replay_acceptance(tmp_path):
+    """--spec-tokens: each row gains spec[k] with the (1 + k)-token step; the
+    replay proposer keeps every draft right at --replay-accept 1 (k + 1
+    tokens a step) and none at 0 (one)."""
+    rows = {}
+    for accept in ("1", "0"):
+        out = tmp_path / f"decode_{accept}.json"
+        summary = run_bench(out, "--contexts", "24", "--spec-tokens", "2",
+                            "--replay-accept", accept)
+        (rows[accept],) = summary["results"]
+    for accept, want in (("1", 3.0), ("0", 1.0)):
+        spec = rows[accept]["spec"]["2"]
+        assert spec["proposer"] == "replay" and spec["replay_accept"] == float(accept)
+        assert spec["tokens_per_step"] == pytest.approx(want)
+        assert spec["verify_cost"] == pytest.approx(spec["step_ms"] / rows[accept]["step_ms"],
+                                                    rel=1e-2)
+        assert spec["ms_per_output_token"] == pytest.approx(spec["step_ms"] / want, rel=1e-2)
