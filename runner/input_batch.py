@@ -156,13 +156,19 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
     plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
     counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
-    plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
-                             count=num_reqs)
-    has_drafts = (counts > 1) & (decode_query_len > 1)
-    has_drafts &= num_computed_np[plan_slots] >= prefill_len_np[plan_slots]
-    plan_order = batch_order(counts, has_drafts, decode_query_len)
-    req_ids = [plan_req_ids[i] for i in plan_order]
-    idx_mapping_np = plan_slots[plan_order]
+    if decode_query_len == 1:
+        has_drafts = np.zeros(num_reqs, dtype=bool)
+        plan_order = batch_order(counts, has_drafts, decode_query_len)
+        req_ids = [plan_req_ids[i] for i in plan_order]
+        idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)
+    else:
+        plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
+                                 count=num_reqs)
+        has_drafts = counts > 1
+        has_drafts &= num_computed_np[plan_slots] >= prefill_len_np[plan_slots]
+        plan_order = batch_order(counts, has_drafts, decode_query_len)
+        req_ids = [plan_req_ids[i] for i in plan_order]
+        idx_mapping_np = plan_slots[plan_order]
     num_scheduled_np = counts[plan_order]
     num_tokens = int(num_scheduled_np.sum())
     num_reqs_padded = num_reqs if num_reqs_padded is None else num_reqs_padded
@@ -174,11 +180,20 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
     seq_lens_np = computed + num_scheduled_np
     prefill = prefill_len_np[idx_mapping_np]
     drafts = has_drafts[plan_order]
-    num_logits_np = np.where(drafts, num_scheduled_np, 1).astype(np.int32)
-    cu_num_logits_np = np.full(num_reqs_padded + 1, num_logits_np.sum(), dtype=np.int32)
-    cu_num_logits_np[0] = 0
-    np.cumsum(num_logits_np, out=cu_num_logits_np[1 : num_reqs + 1])
-    not_one = np.flatnonzero(num_scheduled_np != 1)
+    num_draft_rows = int(drafts.sum())
+    if num_draft_rows:
+        num_logits_np = np.where(drafts, num_scheduled_np, 1).astype(np.int32)
+        cu_num_logits_np = np.full(num_reqs_padded + 1, num_logits_np.sum(), dtype=np.int32)
+        cu_num_logits_np[0] = 0
+        np.cumsum(num_logits_np, out=cu_num_logits_np[1 : num_reqs + 1])
+        not_one = np.flatnonzero(num_scheduled_np != 1)
+        num_decodes = int(not_one[0]) if len(not_one) else num_reqs
+    else:  # one logits row a request; one-token rows lead
+        num_logits_np = np.ones(num_reqs, dtype=np.int32)
+        cu_num_logits_np = np.minimum(np.arange(num_reqs_padded + 1, dtype=np.int32), num_reqs)
+        num_decodes = int(np.sum(num_scheduled_np == 1))
+        if decode_query_len > 1 and num_decodes and num_scheduled_np[0] != 1:
+            num_decodes = 0  # prefill chunks of exactly decode_query_len tokens lead
     return InputBatch(
         req_ids=req_ids,
         plan_order=plan_order,
@@ -191,11 +206,11 @@ def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict
         num_reqs_padded=num_reqs_padded,
         num_tokens=num_tokens,
         num_tokens_padded=num_tokens_padded,
-        num_decodes=int(not_one[0]) if len(not_one) else num_reqs,
+        num_decodes=num_decodes,
         has_prefill=bool(np.any(computed < prefill)),
         num_logits_np=num_logits_np,
         cu_num_logits_np=cu_num_logits_np,
-        num_draft_rows=int(drafts.sum()),
+        num_draft_rows=num_draft_rows,
     )
 
 
