@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from ipc.config import (
     MAX_SPECULATIVE_TOKENS,
     SPECULATIVE_METHODS,
@@ -168,6 +170,20 @@ class EngineConfig:
                               f"not divide by the tensor-parallel size {tp}")
         self.resolved_max_model_len(info)
 
+    def check_draft_model(self, info: ModelInfo, draft: ModelInfo) -> None:
+        """A draft model (speculative method "draft_model") has the target's
+        vocabulary and is sharded like it: its heads and MLP split over the
+        ranks as the target's must."""
+        spec = self.speculative
+        if draft.vocab_size != info.vocab_size:
+            raise ConfigError(f"speculative_config: draft model {spec.model!r} has a vocabulary "
+                              f"of {draft.vocab_size} tokens, the target {info.vocab_size}; "
+                              "they must be the same")
+        try:
+            self.check_model(draft)
+        except ConfigError as e:
+            raise ConfigError(f"speculative_config: draft model: {e}") from None
+
     def check_machine(self) -> None:
         """Every rule the machine decides: CUDA present and enough devices
         for the ranks this host spawns."""
@@ -226,7 +242,13 @@ class EngineConfig:
                               f"({length!r}); set max_model_len")
         return length
 
-    def runner_config(self, model_dir: str, info: ModelInfo) -> RunnerConfig:
+    def runner_config(self, model_dir: str, info: ModelInfo,
+                      draft_dir: str | None = None) -> RunnerConfig:
+        """``draft_dir``: the draft model's directory as the workers read it
+        (speculative method "draft_model")."""
+        spec = self.speculative
+        if spec is not None and draft_dir is not None:
+            spec = msgspec.structs.replace(spec, model=draft_dir)
         return RunnerConfig(
             model=model_dir, device=self.resolved_device, dtype=self.dtype,
             block_size=self.block_size, max_num_seqs=self.max_num_seqs,
@@ -237,7 +259,7 @@ class EngineConfig:
             attention_backend=self.attention_backend,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
-            speculative=self.speculative,
+            speculative=spec,
         )
 
     def scheduler_config(self, info: ModelInfo, num_blocks: int) -> SchedulerConfig:
@@ -309,9 +331,8 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
     ``1 .. MAX_SPECULATIVE_TOKENS``, n-gram bounds below 1 or above that
     limit or ``prompt_lookup_min > prompt_lookup_max``, a draft model that
     does not exist. As vLLM: one missing n-gram bound takes the other's
-    value, both missing take ``DEFAULT_PROMPT_LOOKUP``. "draft_model" is
-    checked (its model must exist) and then refused: no draft-model
-    proposer yet."""
+    value, both missing take ``DEFAULT_PROMPT_LOOKUP``. A draft model's
+    own rules (vocabulary, heads) are ``EngineConfig.check_draft_model``'s."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -355,8 +376,8 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
                           "('tiny', a model directory or a .gguf file)")
     if model != "tiny" and not _model_exists(model):
         raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
-    raise ConfigError("speculative_config: method 'draft_model' is not implemented yet "
-                      "(use 'ngram')")
+    return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model,
+                             disable_by_batch_size=limit)
 
 
 def _spec_int(value: dict, name: str, default: int | None) -> int:

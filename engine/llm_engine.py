@@ -72,7 +72,8 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.max_model_len = config.resolved_max_model_len(self.model_info)
         self.device = config.resolved_device
-        runner_config = config.runner_config(self.model_dir, self.model_info)
+        runner_config = config.runner_config(self.model_dir, self.model_info,
+                                             self._draft_dir(config))
         self.executor = make_executor(config, self.device)
         try:
             self.num_blocks = self.executor.initialize(
@@ -91,6 +92,16 @@ class LLMEngine:
                                             config.log_stats_interval_s)
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
+
+    def _draft_dir(self, config: EngineConfig) -> str | None:
+        """The draft model's directory (speculative method "draft_model"),
+        checked against the target before any worker starts."""
+        spec = config.speculative
+        if spec is None or spec.method != "draft_model":
+            return None
+        draft_dir = resolve_model_dir(spec.model)
+        config.check_draft_model(self.model_info, ModelInfo.from_dir(draft_dir))
+        return draft_dir
 
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:

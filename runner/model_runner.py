@@ -46,6 +46,7 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
 
 
@@ -108,6 +109,13 @@ class ModelRunner:
         self.req_states = RequestState(n, config.max_model_len, device, k)
         self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
         self.rejection = RejectionSampler(self.sampler, k) if k else None
+        self.draft = None
+        if k and config.speculative.method == "draft_model":
+            draft_model = build_model(config.speculative.model, self.dtype, device, self.tp,
+                                      config.attention_backend)
+            self.draft = DraftModelProposer(draft_model, config.block_size, self.dtype, device,
+                                            self.ops.shares_host_memory,
+                                            self.ops.new_transfer())
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -133,7 +141,12 @@ class ModelRunner:
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
-        return kv_cache_bytes_per_block(self.model, self.config.block_size, self.dtype)
+        """KV bytes of one block on this rank (the draft model's included)."""
+        size = kv_cache_bytes_per_block(self.model, self.config.block_size, self.dtype)
+        if self.draft is not None:
+            size += kv_cache_bytes_per_block(self.draft.model, self.config.block_size,
+                                             self.dtype)
+        return size
 
     def determine_num_blocks(self) -> int:
         """Blocks that fit this rank's budget (the executor takes the minimum).
@@ -167,6 +180,8 @@ class ModelRunner:
             self.model, num_blocks, self.config.block_size, self.dtype, self.device
         )
         self.num_blocks = num_blocks
+        if self.draft is not None:
+            self.draft.init_kv_cache(num_blocks)
         for graphs, q in ((self.graphs, 1 + self.num_spec), (self.plain_graphs, 1)):
             if graphs.sizes:
                 graphs.capture(self._fill_graph_inputs,
@@ -212,6 +227,8 @@ class ModelRunner:
             num_draft_rows=size if q > 1 else 0,
         )
         hidden = self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn)
+        if self.draft is not None:
+            self.draft.forward_step(buf.input_ids[:tokens], buf.positions[:tokens], attn)
         return self._after_forward(hidden, size, tokens, every_token=True)
 
     # ---- applying the plan ---------------------------------------------
@@ -272,6 +289,8 @@ class ModelRunner:
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
+            if self.draft is not None:
+                self.draft.forward_step(input_ids, positions, attn)
             tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
                                           every_token=False)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
@@ -427,9 +446,16 @@ class ModelRunner:
         computed.index_copy_(0, idx, computed[idx] - rejected)
         states.last_sampled_tokens.index_copy_(0, idx, out.last)
         self._write_emitted(t, layout, out.num_accepted, out.targets)
-        self.ops.ngram_propose(states.all_token_ids.gpu, buf.idx_mapping, computed,
-                               states.draft_tokens, n, self.config.speculative.prompt_lookup_min,
-                               self.config.speculative.prompt_lookup_max)
+        if self.draft is not None:
+            self.draft.propose(self.block_tables.batch_block_table[:n], idx, computed, out.last,
+                               states.draft_tokens,
+                               self.block_tables.num_blocks_np[batch.idx_mapping_np],
+                               int(batch.seq_lens_np.max()))
+        else:
+            spec = self.config.speculative
+            self.ops.ngram_propose(states.all_token_ids.gpu, buf.idx_mapping, computed,
+                                   states.draft_tokens, n, spec.prompt_lookup_min,
+                                   spec.prompt_lookup_max)
         return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np,
                            out.sampler_output, self.output_transfer,
                            tokens=out.tokens, num_accepted=out.num_accepted,

@@ -36,8 +36,6 @@ BAD = [
      "does not exist"),
     ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0},
      "disable_by_batch_size must be an int >= 1"),
-    ({"method": "draft_model", "num_speculative_tokens": 2, "model": "tiny"},
-     "'draft_model' is not implemented yet"),
     ("[1, 2]", "must be an object"),
     ("{not json", "not valid JSON"),
 ]

@@ -2,7 +2,9 @@
 without it (greedy, and seeded sampling: the rejection sampler emits the
 target's own draw at each position), while drafts are proposed and
 accepted; stop ids, max_tokens, logprobs, preemption, prefix caching,
-aborts, sync and async scheduling, TP=1/2/3 and the decode-graph path."""
+aborts, sync and async scheduling, TP=1/2/3 and the decode-graph path.
+Proposers: n-gram, and a draft model (``tiny`` drafting for itself, so
+nearly every draft passes, and a random model of tiny's vocabulary)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from engine.llm_engine import LLMEngine
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
          "prompt_lookup_min": 1}
+DRAFT = {"method": "draft_model", "model": "tiny", "num_speculative_tokens": 3}
+SPECS = {"ngram": NGRAM, "draft_model": DRAFT}
 # Repetitive (n-gram drafts pass) and not (they fail): tiny's byte tokenizer.
 PROMPTS = ["abcabcabcabcabcabc", "the cat sat on the mat; the cat sat on the",
            "Quick zephyrs blow, vexing daft Jim", "1 2 3 4 5 6 7 8 9 10 11 12"]
@@ -40,8 +44,9 @@ def plain_greedy():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_greedy_equals_plain_and_drafts_are_accepted(plain_greedy, async_scheduling):
-    got, stats = _run(PROMPTS, GREEDY, NGRAM, async_scheduling=async_scheduling)
+@pytest.mark.parametrize("method", list(SPECS))
+def test_greedy_equals_plain_and_drafts_are_accepted(plain_greedy, async_scheduling, method):
+    got, stats = _run(PROMPTS, GREEDY, SPECS[method], async_scheduling=async_scheduling)
     assert got == plain_greedy
     _assert_drafts_accepted(stats)
     assert sum(stats.num_accepted_tokens_per_pos) == stats.num_accepted_tokens
@@ -49,13 +54,14 @@ def test_greedy_equals_plain_and_drafts_are_accepted(plain_greedy, async_schedul
 
 
 @pytest.mark.timeout(300)
-def test_seeded_sampling_equals_plain():
+@pytest.mark.parametrize("method", list(SPECS))
+def test_seeded_sampling_equals_plain(method):
     params = [SamplingParams(temperature=t, top_k=k, top_p=p, seed=s, max_tokens=40,
                              ignore_eos=True, repetition_penalty=r)
               for t, k, p, s, r in [(0.7, 0, 1.0, 1, 1.0), (1.0, 20, 0.9, 2, 1.0),
                                     (0.3, 5, 1.0, 3, 1.3), (0.5, 0, 0.8, 4, 1.0)]]
     want, _ = _run(PROMPTS, params, None)
-    got, stats = _run(PROMPTS, params, NGRAM)
+    got, stats = _run(PROMPTS, params, SPECS[method])
     assert got == want
     assert stats.num_accepted_tokens > 0
 
@@ -96,14 +102,15 @@ def test_logprobs_of_every_emitted_token_equal_plain():
 
 
 @pytest.mark.timeout(300)
-def test_preemption_with_drafts_in_flight_and_prefix_caching():
+@pytest.mark.parametrize("method", list(SPECS))
+def test_preemption_with_drafts_in_flight_and_prefix_caching(method):
     """Few KV blocks: requests with drafts in flight are preempted and come
     back; equal prompts (n > 1) share cached blocks."""
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[3], PROMPTS[2]]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     config = dict(num_gpu_blocks_override=14, block_size=8)
     want, _ = _run(prompts, params, None, **config)
-    with LLM(model="tiny", speculative_config=NGRAM, **config) as llm:
+    with LLM(model="tiny", speculative_config=SPECS[method], **config) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         scheduler = llm.engine.scheduler
         assert scheduler.num_preemptions > 0
@@ -150,7 +157,8 @@ def test_abort_with_drafts_in_flight(plain_greedy):
 
 
 @pytest.mark.timeout(300)
-def test_uniform_decodes_take_the_graph_path(plain_greedy, monkeypatch):
+@pytest.mark.parametrize("method", list(SPECS))
+def test_uniform_decodes_take_the_graph_path(plain_greedy, monkeypatch, method):
     """The padded (1 + k)-token decode path that CUDA graphs replay, emulated
     on CPU, gives the same tokens; it ran."""
     import runner.model_runner as model_runner
@@ -167,7 +175,7 @@ def test_uniform_decodes_take_the_graph_path(plain_greedy, monkeypatch):
             return super().replay(size)
 
     monkeypatch.setattr(model_runner, "CudaGraphManager", Emulated)
-    got, stats = _run(PROMPTS, GREEDY, NGRAM, executor="uni")
+    got, stats = _run(PROMPTS, GREEDY, SPECS[method], executor="uni")
     assert got == plain_greedy
     assert replays and stats.num_accepted_tokens > 0
 
@@ -201,10 +209,40 @@ def test_drafting_off_above_a_batch_size(monkeypatch):
     assert 1 in replayed_rows and 4 in replayed_rows
 
 
+@pytest.mark.timeout(300)
+def test_a_different_draft_model_of_the_same_vocabulary(plain_greedy, tmp_path):
+    """A random Llama with tiny's vocabulary drafts: its guesses are mostly
+    wrong, the output is still the target's."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    got, stats = _run(PROMPTS, GREEDY, dict(DRAFT, model=str(tmp_path)))
+    assert got == plain_greedy
+    assert stats.num_draft_tokens > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="vocabulary of 100 tokens, the target 320"):
+        LLM(model="tiny", speculative_config=dict(DRAFT, model=str(tmp_path)))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_greedy_equals_plain_at_tp2(plain_greedy):
-    got, stats = _run(PROMPTS, GREEDY, NGRAM, tensor_parallel_size=2)
+@pytest.mark.parametrize("method", list(SPECS))
+def test_greedy_equals_plain_at_tp2(plain_greedy, method):
+    got, stats = _run(PROMPTS, GREEDY, SPECS[method], tensor_parallel_size=2)
     assert got == plain_greedy
     _assert_drafts_accepted(stats)
 
