@@ -15,8 +15,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from ipc.config import RunnerConfig
 from ipc.messages import SchedulerOutput
-from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
 from runner.ops import device_ops
