@@ -119,8 +119,7 @@ class ModelRunner:
         graph_logits = 6 * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
         graph_reserve = (256 << 20) + graph_logits if self.graphs.sizes else 0
         # Filters, penalties and logprobs hold about ten float32 copies of the
-        # batch's logits at their peak (measured on the H200: 1.25 GiB at 256
-        # rows x 128k vocabulary); the profile run does not sample.
+        # batch's logits at their peak; the profile run does not sample.
         sampler_reserve = 10 * 4 * self.config.max_num_seqs * self.model.config.vocab_size
         budget = int(total * self.config.gpu_memory_utilization)
         budget -= held_by_others + peak + graph_reserve + sampler_reserve
