@@ -70,8 +70,9 @@ from benchmarks.spec_rows import (
     spec_runner,
     zero_kv,
 )
+from checkpoint.description import describe
+from engine.config import EngineConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
-from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.layers.linear import RowParallelLinear
 from runner.model_runner import ModelRunner
@@ -358,14 +359,14 @@ def run_benchmark(args, model_dir: str) -> None:
     device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
-    max_len = max(args.contexts) + (args.steps + SPEC_WARMUP + 1) * (1 + max(
-        args.spec_tokens, default=0)) + 64
-    config = RunnerConfig(model=model_dir, device=args.device, dtype=args.dtype, block_size=16,
-                          max_num_seqs=max(args.batches), max_model_len=max_len,
-                          max_num_batched_tokens=max(2048, max(args.batches) * (
-                              1 + max(args.spec_tokens, default=0))),
-                          load_format="dummy", enforce_eager=args.enforce_eager,
-                          disable_custom_all_reduce=args.disable_custom_all_reduce)
+    q_max = 1 + max(args.spec_tokens, default=0)
+    max_len = max(args.contexts) + (args.steps + SPEC_WARMUP + 1) * q_max + 64
+    engine_config = EngineConfig(
+        model=model_dir, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches),
+        max_model_len=max_len, max_num_batched_tokens=max(2048, max(args.batches) * q_max),
+        load_format="dummy", enforce_eager=args.enforce_eager,
+        disable_custom_all_reduce=args.disable_custom_all_reduce)
+    config = engine_config.runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
     if args.cublas_only:  # before the decode graphs are captured
         use_cublas_for_row_parallel(runner.model)

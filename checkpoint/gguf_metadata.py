@@ -2,9 +2,8 @@
 
 llama.cpp stores a model's shape under ``{arch}.*`` keys (``llama.block_count``,
 ``llama.attention.head_count`` ...). ``hf_config`` turns them into the
-config.json dict ``runner.model_config.ModelConfig.from_hf_dict`` and
-``checkpoint.model_info.ModelInfo`` read, so a GGUF model follows the same code
-paths as a safetensors checkpoint. Only the Llama architecture is mapped
+config.json dict ``checkpoint.description`` reads, so a GGUF model follows
+the same code paths as a safetensors checkpoint. Only the Llama architecture is mapped
 (llama.cpp files Mistral and SmolLM under it too); anything else is refused.
 """
 

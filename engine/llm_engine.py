@@ -15,11 +15,10 @@ import logging
 import operator
 from dataclasses import dataclass
 
-from checkpoint.gguf_model import resolve_gguf
-from checkpoint.model_info import ModelInfo
-from checkpoint.tiny_model import ensure_tiny_model
+from checkpoint.description import describe
+from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
-from engine.config import EngineConfig
+from engine.config import ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
@@ -28,16 +27,9 @@ from engine.stats import StatsLogger, StepCounters, snapshot
 from executor.base import Executor, OutputFuture
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
+from ipc.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_dir(model: str) -> str:
-    """The directory the engine and workers read: ``tiny``'s, a GGUF file's
-    converted one (checkpoint/gguf_model.py), or ``model`` itself."""
-    if model == "tiny":
-        return ensure_tiny_model()
-    return resolve_gguf(model) or model
 
 
 def make_executor(config: EngineConfig, device: str) -> Executor:
@@ -65,15 +57,19 @@ class LLMEngine:
         """Checks every rule of the model and the machine (``EngineConfig``)
         before the executor starts a worker."""
         self.config = config
-        self.model_dir = resolve_model_dir(config.model)
-        self.model_info = ModelInfo.from_dir(self.model_dir)
-        config.check_model(self.model_info)
+        try:
+            self.model_dir = resolve_model_dir(config.model)
+            self.model_config = describe(self.model_dir)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        config.check_model(self.model_config)
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.max_model_len = config.resolved_max_model_len(self.model_info)
+        self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.device = config.resolved_device
-        runner_config = config.runner_config(self.model_dir, self.model_info,
-                                             self._draft_dir(config))
+        draft_dir, draft = self._draft_model(config)
+        runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
+                                             draft)
         self.executor = make_executor(config, self.device)
         try:
             self.num_blocks = self.executor.initialize(
@@ -82,7 +78,7 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
-        self.scheduler = Scheduler(config.scheduler_config(self.model_info, self.num_blocks))
+        self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.counters = StepCounters()
@@ -93,15 +89,19 @@ class LLMEngine:
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
 
-    def _draft_dir(self, config: EngineConfig) -> str | None:
-        """The draft model's directory (speculative method "draft_model"),
-        checked against the target before any worker starts."""
+    def _draft_model(self, config: EngineConfig) -> tuple[str | None, ModelConfig | None]:
+        """The draft model's directory and description (speculative method
+        "draft_model"), checked against the target before any worker starts."""
         spec = config.speculative
         if spec is None or spec.method != "draft_model":
-            return None
-        draft_dir = resolve_model_dir(spec.model)
-        config.check_draft_model(self.model_info, ModelInfo.from_dir(draft_dir))
-        return draft_dir
+            return None, None
+        try:
+            draft_dir = resolve_model_dir(spec.model)
+            draft = describe(draft_dir)
+        except ValueError as e:
+            raise ConfigError(f"speculative_config: draft model: {e}") from None
+        config.check_draft_model(self.model_config, draft)
+        return draft_dir, draft
 
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
@@ -120,7 +120,7 @@ class LLMEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """``check_request`` with this engine's limits and vocabulary."""
         check_request(prompt_token_ids, params, self.scheduler.config,
-                      self.model_info.vocab_size, allow_truncation=False)
+                      self.model_config.vocab_size, allow_truncation=False)
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
@@ -130,7 +130,7 @@ class LLMEngine:
             params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids))
         request = Request(
             req_id if req_id is not None else str(next(self.request_ids)),
-            prompt_token_ids, params, eos_token_id=self.model_info.eos_token_ids,
+            prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
             priority=priority,
         )
         self.scheduler.add_request(request)

@@ -9,9 +9,9 @@ import os
 import pytest
 import transformers  # the oracle: a test dependency, never skipped
 
+from checkpoint.description import describe
 from checkpoint.gguf_model import ensure_gguf_model, package_file, resolve_gguf
-from engine.llm_engine import resolve_model_dir
-from runner.model_config import ModelConfig
+from checkpoint.resolve import resolve_model_dir
 
 
 @pytest.mark.timeout(300)
@@ -19,7 +19,7 @@ def test_config_matches_transformers(tmp_path, smollm2_path, smollm2_hf_kwargs):
     path = smollm2_path
     directory, kwargs = smollm2_hf_kwargs
     hf = transformers.AutoConfig.from_pretrained(directory, **kwargs)
-    ours = ModelConfig.from_dir(ensure_gguf_model(path, str(tmp_path)))
+    ours = describe(ensure_gguf_model(path, str(tmp_path)))
     assert hf.model_type == "llama" and ours.architecture == "LlamaForCausalLM"
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings",

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from checkpoint.tiny_model import BOS, EOS, PAD, TINY_NAME, ensure_tiny_model
 from runner.attention.metadata import AttentionMetadata
 from runner.distributed import TensorParallelGroup
-from runner.models import build_model
+from tests.helpers.checkpoints import build_model_from_dir
 
 
 def digest(model_dir: str) -> dict[str, str]:
@@ -87,7 +87,7 @@ def test_our_logits_match_transformers(tiny_dir):
 
     ids = torch.tensor([BOS] + list(b"The quick brown fox jumps over the lazy dog"))
     reference = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()(ids[None]).logits[0]
-    model = build_model(tiny_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
+    model = build_model_from_dir(tiny_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
     n, block_size = len(ids), 16
     caches = [torch.zeros(model.kv_cache_shape(-(-n // block_size), block_size))
               for _ in model.layers]

@@ -1,4 +1,4 @@
-"""Tokenizer, IncrementalDetokenizer and ModelInfo on tiny model dirs built
+"""Tokenizer, IncrementalDetokenizer and the model description on tiny model dirs built
 here with the `tokenizers` library (byte-level BPE, no network)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from checkpoint.model_info import ModelInfo
+from checkpoint.description import describe
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.config import ConfigError
 
 CORPUS = ["hello world", "the quick brown fox", "hello there world"] * 20
 MULTIBYTE = "héllo wörld 你好 🎉 ok"
@@ -112,10 +111,11 @@ def test_incremental_detokenizer_many_at_once_and_specials(tok):
     assert text == MULTIBYTE
 
 
-def test_model_info(tmp_path):
+def test_description_reads_both_config_files(tmp_path):
     config = {
         "architectures": ["LlamaForCausalLM"],
-        "vocab_size": 300,
+        "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2,
         "eos_token_id": 2,
         "bos_token_id": 1,
         "max_position_embeddings": 512,
@@ -123,26 +123,27 @@ def test_model_info(tmp_path):
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2, 7]}))
-    info = ModelInfo.from_dir(str(tmp_path))
-    assert info == ModelInfo(
-        vocab_size=300,
-        eos_token_ids=(2, 5, 7),
-        max_position_embeddings=512,
-        architectures=("LlamaForCausalLM",),
-        dtype="bfloat16",
-        bos_token_id=1,
-    )
-    del config["torch_dtype"], config["eos_token_id"]
+    info = describe(str(tmp_path))
+    assert (info.vocab_size, info.eos_token_ids, info.max_position_embeddings, info.architecture,
+            info.dtype, info.bos_token_id, info.head_dim) == (
+        300, (2, 5, 7), 512, "LlamaForCausalLM", "bfloat16", 1, 16)
+    del config["torch_dtype"], config["eos_token_id"], config["max_position_embeddings"]
     config["dtype"] = "float16"
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "generation_config.json").unlink()
-    info = ModelInfo.from_dir(str(tmp_path))
+    info = describe(str(tmp_path))
     assert info.dtype == "float16" and info.eos_token_ids == ()
+    assert info.max_position_embeddings is None
 
 
-def test_model_info_errors(tmp_path):
-    with pytest.raises(ConfigError, match="config.json"):  # a ValueError: before any worker
-        ModelInfo.from_dir(str(tmp_path))
+def test_description_errors_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match="missing .*config.json"):
+        describe(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="vocab_size"):
-        ModelInfo.from_dir(str(tmp_path))
+    with pytest.raises(ValueError, match="config.json: no 'num_attention_heads'"):
+        describe(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "vocab_size": 3, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}))
+    with pytest.raises(ValueError, match="config.json: unsupported architecture 'GPT2LMHeadModel'"):
+        describe(str(tmp_path))

@@ -60,12 +60,12 @@ def test_ngram_bounds_default_as_vllm():
 
 
 def test_speculative_config_reaches_runner_and_scheduler(tmp_path):
-    from checkpoint.model_info import ModelInfo
+    from checkpoint.description import describe
 
     config = EngineConfig(model="m", speculative_config=json.dumps(
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5,
          "prompt_lookup_min": 2}))
-    info = ModelInfo.from_dir(_model_dir(tmp_path, num_attention_heads=8))
+    info = describe(_model_dir(tmp_path, num_attention_heads=8, num_key_value_heads=4))
     runner = config.runner_config("/models/m", info)
     assert runner.num_speculative_tokens == 3
     assert (runner.speculative.prompt_lookup_min, runner.speculative.prompt_lookup_max) == (2, 5)

@@ -151,7 +151,11 @@ def config(**kw) -> SchedulerConfig:
         max_model_len=64,
         block_size=4,
         num_blocks=64,
+        policy="fcfs",
         enable_prefix_caching=False,
+        max_logprobs=-1,
+        num_speculative_tokens=0,
+        spec_disable_by_batch_size=0,
     )
     base.update(kw)
     return SchedulerConfig(**base)

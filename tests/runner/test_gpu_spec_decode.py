@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from ipc.config import SpeculativeConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from tests.helpers.runner_steps import make_runner
 
@@ -40,9 +39,7 @@ def test_greedy_equals_plain_on_cuda(enforce_eager):
 def test_spec_steps_never_sync(tmp_path):
     from checkpoint.tiny_model import ensure_tiny_model
 
-    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=3,
-                             prompt_lookup_min=1)
-    runner = make_runner(ensure_tiny_model(str(tmp_path)), "cuda", speculative=spec)
+    runner = make_runner(ensure_tiny_model(str(tmp_path)), "cuda", speculative_config=NGRAM)
     assert runner.graphs.graphs, "no (1 + k)-token decode graph was captured"
     prompt = [5, 6, 7, 5, 6, 7, 5, 6, 7, 5]
     new = NewRequestData(req_id="A", prompt_token_ids=prompt, prefill_token_ids=prompt,
