@@ -8,6 +8,10 @@
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ipc (1), gemv (2)
+#   spec-tests (3): speculative decoding's Triton kernels, rejection sampler,
+#     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
+#     query tokens against the plain step (replay proposer at 0.7 and n-gram);
+#     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
 #   tp (6), tp-decode (3), tp-tests (1), allreduce (1), tp-decode-ab (5): two or more GPUs
 #   floor-peer (about 30) = peer-8b + peer-1b (decode against the floor and the
 #     torch.compile peer, batches 1 8 32 64, contexts 512 4096: two runs of up
@@ -78,6 +82,21 @@ run_stage() {
     ipc)
       timeout 240 python3 -m benchmarks.bench_ipc --out "$RESULTS/ipc.json" 2>&1 \
         | tee "$LOGS/ipc.log" | tail -30 ;;
+    spec-tests)
+      pytest_files pytest_gpu_spec.log tests/runner/test_spec_kernels.py \
+        tests/runner/test_rejection_sampler.py tests/runner/test_gpu_spec_decode.py \
+        tests/engine/test_spec_decode.py -m "not slow" ;;
+    spec-8b)
+      timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 \
+        --contexts 512 --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7 \
+        --out "$RESULTS/decode_spec_8b_replay.json" 2>&1 | tee "$LOGS/decode_spec_8b.log" | tail -30
+      timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 64 256 \
+        --contexts 512 --spec-tokens 4 --spec-proposer ngram \
+        --out "$RESULTS/decode_spec_8b_ngram.json" 2>&1 | tee -a "$LOGS/decode_spec_8b.log" | tail -12 ;;
+    spec-acceptance)
+      timeout 590 python3 -m benchmarks.bench_spec_acceptance --device cuda \
+        --out "$RESULTS/spec_acceptance_smollm2_cuda.json" 2>&1 \
+        | tee "$LOGS/spec_acceptance.log" | tail -4 ;;
     gemv)
       timeout 280 python3 -m benchmarks.bench_gemv --rows 1 8 --out "$RESULTS/gemv.json" 2>&1 \
         | tee "$LOGS/gemv.log" | tail -14 ;;
