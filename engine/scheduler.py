@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
-from engine.request import Request, RequestStatus, check_request
+from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
 from ipc.messages import (
     CachedRequestData,
@@ -149,8 +149,9 @@ class Scheduler:
     # -- requests in and out ------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; ``ValueError`` if it can never run here."""
-        self._validate(request)
+        """Queue a request, checked where it entered the engine
+        (``check_request``); ``ValueError`` for an id already in use."""
+        self._check_id(request.req_id)
         seq = next(self._seq)
         if self.config.policy == "priority":
             self._keys[request.req_id] = (request.priority, request.arrival_time, seq)
@@ -160,14 +161,9 @@ class Scheduler:
         self.requests[request.req_id] = request
         self.waiting.push(request, self._keys[request.req_id])
 
-    def _validate(self, request: Request) -> None:
-        rid = request.req_id
+    def _check_id(self, rid: str) -> None:
         if rid in self.requests or rid in self._finished_ids:
             raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
-        try:
-            check_request(request.prompt_token_ids, request.sampling_params, self.config)
-        except ValueError as e:
-            raise ValueError(f"request {rid!r}: {e}") from None
 
     def abort_requests(self, req_ids: str | Iterable[str]) -> None:
         """Finish running or waiting requests as "abort" and free their

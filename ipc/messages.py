@@ -20,12 +20,16 @@ from ipc.config import ControlArg
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What the runner needs of a request's sampling parameters.
+    """The sampling fields the runner needs: their one definition, with
+    their defaults and their ranges (``problems``).
 
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
     ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
     depend only on (seed, position). ``logprobs`` asks for that many top
-    logprobs per sampled token (None: none).
+    logprobs per sampled token (None: none). ``engine.SamplingParams``
+    extends this Struct with the fields only the engine reads, so a field
+    the runner needs is added here, once, and reaches the API, the HTTP
+    server and the wire (``SamplingParams.to_options``) from here.
     """
 
     temperature: float = 1.0
@@ -37,6 +41,27 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+
+    def problems(self) -> list[str]:
+        """Each field outside its range, as a message (empty: none). The
+        engine refuses a request with any (``SamplingParams``); the runner's
+        ``plan_check`` refuses a plan with any."""
+        checks = (
+            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got "
+                                    f"{self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = disabled), got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got "
+                                          f"{self.repetition_penalty}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2] (0 = off), "
+                                               f"got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2] "
+                                                f"(0 = off), got {self.frequency_penalty}"),
+            (self.logprobs is None or self.logprobs >= 0, f"logprobs must be None or an int "
+                                                          f">= 0, got {self.logprobs}"),
+        )
+        return [message for ok, message in checks if not ok]
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ipc.errors import InvalidPlanError
 from ipc.messages import SchedulerOutput
-from runner.sampling.states import sampling_options_error
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
@@ -47,8 +46,8 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {new.req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
         if not 0 <= new.num_computed_tokens <= prefill:
             fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
-        if (problem := sampling_options_error(new.sampling)) is not None:
-            fail(f"request {new.req_id!r}: {problem}")
+        if problems := new.sampling.problems():
+            fail(f"request {new.req_id!r}: {'; '.join(problems)}")
         held = _check_block_ids(fail, new.req_id, new.block_ids, num_blocks, 0, max_blocks)
         after[new.req_id] = (new.num_computed_tokens, held, prefill)
     cached = plan.scheduled_cached_reqs

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 
 from engine.outputs import Logprob
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from ipc.messages import Logprobs, ModelRunnerOutput
@@ -179,16 +179,16 @@ def test_priority_preempts_lowest_priority_first():
     "prompt, max_tokens, match",
     [
         ([], 4, "prompt is empty"),
-        (list(range(16)), 4, "max_model_len is 16"),
-        (list(range(10)), 8, "may need 4 KV blocks"),
+        (list(range(16)), 4, "= 20 exceeds max_model_len 16"),
+        (list(range(10)), 6, "may need 4 KV blocks"),
+        (list(range(10)), 8, "exceeds max_model_len 16"),
         (list(range(13)), 1, "may need 4 KV blocks"),
     ],
 )
 def test_invalid_requests_rejected(prompt, max_tokens, match):
-    sched = Scheduler(config(max_model_len=16, num_blocks=3))
     with pytest.raises(ValueError, match=match):
-        sched.add_request(Request("x", prompt, SamplingParams(max_tokens=max_tokens)))
-    assert not sched.has_unfinished_requests()
+        check_request(prompt, SamplingParams(max_tokens=max_tokens),
+                      config(max_model_len=16, num_blocks=3))
 
 
 def test_request_that_just_fits_is_accepted_and_completes():

@@ -92,7 +92,11 @@ def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
             req_id="t", prompt_token_ids=[1, 99999], prefill_token_ids=[1, 99999],
             sampling=SamplingOptions(), block_ids=[[0]], num_computed_tokens=0, max_tokens=2)],
             num_scheduled_tokens={"t": 2}, total_num_scheduled_tokens=2)
-        for plan, pattern in [(unknown, "unknown request 'ghost'"),
+        bad_options = SchedulerOutput(step_id=5, scheduled_new_reqs=[NewRequestData(
+            req_id="s", prompt_token_ids=[1], prefill_token_ids=[1],
+            sampling=SamplingOptions(top_p=0.0), block_ids=[[0]], num_computed_tokens=0,
+            max_tokens=2)], num_scheduled_tokens={"s": 1}, total_num_scheduled_tokens=1)
+        for plan, pattern in [(bad_options, r"request 's': top_p must be in \(0, 1\]"),(unknown, "unknown request 'ghost'"),
                               (bad_token, "outside the vocabulary"),
                               (freed_twice, "freed twice"),
                               (over_budget, "exceed max_num_batched_tokens 64"),
@@ -100,7 +104,7 @@ def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
             with pytest.raises(StepRejected, match=pattern) as info:
                 executor.execute_model(plan).result(timeout=30)
             assert "rank" in str(info.value)
-        out = executor.execute_model(_new_plan(5)).result(timeout=30)
+        out = executor.execute_model(_new_plan(6)).result(timeout=30)
         assert [len(row) for row in out.rows()] == [1]
     finally:
         executor.shutdown()

@@ -17,7 +17,7 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
-from engine.request import Request
+from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
@@ -174,15 +174,18 @@ def make_requests(prompts, params, eos=None, priorities=None):
 
 
 def admit(sched: Scheduler, requests: list[Request]) -> list[Request]:
-    """Add each request; those the config can never run (too few KV blocks
-    in all) are rejected with a ValueError and left out of the result."""
+    """Add each request the engine would accept (``check_request``: longer
+    than ``max_model_len`` or more KV blocks than the cache holds is
+    refused); returns those added."""
     accepted = []
     for r in requests:
         try:
-            sched.add_request(r)
-            accepted.append(r)
+            check_request(r.prompt_token_ids, r.sampling_params, sched.config)
         except ValueError as e:
-            assert "KV blocks" in str(e)
+            assert "KV blocks" in str(e) or "max_model_len" in str(e)
+            continue
+        sched.add_request(r)
+        accepted.append(r)
     return accepted
 
 
