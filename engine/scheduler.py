@@ -73,7 +73,6 @@ class _StepDraft:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
     cached_new_blocks: list[list[list[int]] | None] = field(default_factory=list)
-    cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
     num_prompt_tokens: int = 0
@@ -203,10 +202,9 @@ class Scheduler:
             scheduled_cached_reqs=CachedRequestData(
                 req_ids=draft.cached_ids,
                 new_block_ids=draft.cached_new_blocks,
-                num_computed_tokens=draft.cached_computed,
             ),
-            num_scheduled_tokens=draft.num_scheduled,
-            total_num_scheduled_tokens=sum(draft.num_scheduled.values()),
+            # Cached requests were taken first, so the dict's order is the plan's.
+            num_scheduled_tokens=list(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
             preempted_req_ids=draft.preempted,
         )
@@ -261,7 +259,6 @@ class Scheduler:
             draft.take(request, num_new)
             draft.cached_ids.append(request.req_id)
             draft.cached_new_blocks.append([new_blocks] if new_blocks else None)
-            draft.cached_computed.append(request.num_computed_tokens)
             i += 1
 
     def _allocate_or_preempt(
@@ -341,7 +338,7 @@ class Scheduler:
             raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
         rows = _logprob_rows(runner_output.logprobs)
-        plan_req_ids = scheduler_output.num_scheduled_tokens
+        plan_req_ids = scheduler_output.scheduled_req_ids()
         sampled_rows = runner_output.rows()
         if len(sampled_rows) != len(plan_req_ids):
             raise ValueError(f"runner output of step {step_id} has {len(sampled_rows)} rows "

@@ -87,25 +87,35 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
 
     ``new_block_ids[i][g]`` are blocks appended to request i's table in
     group g; ``None`` when request i gets no new block (most decode steps:
-    a None decodes far faster than nested empty lists).
-    ``num_computed_tokens[i]`` is the count before this step's tokens.
+    a None decodes far faster than nested empty lists). Nothing the runner
+    holds is repeated: it counts each request's computed tokens itself (a
+    request whose count the scheduler resets, after preemption, comes back
+    as a ``NewRequestData`` with its ``num_computed_tokens``).
     """
 
     req_ids: list[str] = []
     new_block_ids: list[list[list[int]] | None] = []
-    num_computed_tokens: list[int] = []
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The plan of one step, broadcast to every rank."""
+    """The plan of one step, broadcast to every rank; it names each
+    scheduled request once. ``num_scheduled_tokens[i]`` is the token count
+    of the i-th of ``scheduled_req_ids()``: the cached requests, then the
+    new ones, in their lists' order (the order of the reply's rows)."""
 
     step_id: int
     scheduled_new_reqs: list[NewRequestData] = []
     scheduled_cached_reqs: CachedRequestData = CachedRequestData()
-    num_scheduled_tokens: dict[str, int] = {}
-    total_num_scheduled_tokens: int = 0
+    num_scheduled_tokens: list[int] = []
     finished_req_ids: list[str] = []
     preempted_req_ids: list[str] = []
+
+    def scheduled_req_ids(self) -> list[str]:
+        return self.scheduled_cached_reqs.req_ids + [n.req_id for n in self.scheduled_new_reqs]
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,7 +130,7 @@ class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
 
 class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The output rank's reply to one step, in the plan's order: row i answers
-    the i-th request of the step's ``num_scheduled_tokens``.
+    the i-th request of the step's ``scheduled_req_ids()``.
 
     Flat, because a decode step's reply is on every step's path: row i's
     tokens are the next ``num_sampled[i]`` entries of ``sampled_token_ids``;

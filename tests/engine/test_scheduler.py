@@ -120,7 +120,7 @@ def test_abort_waiting_and_running_frees_blocks():
         sched.add_request(r)
     runner = FakeRunner(cfg)
     out = sched.schedule()
-    assert list(out.num_scheduled_tokens) == ["r0"]
+    assert out.scheduled_req_ids() == ["r0"]
     sched.update_from_output(out, runner.execute(out))
     assert sched.kv.pool.num_free_blocks < cfg.num_blocks
     sched.abort_requests(["r0", "r1", "unknown"])
@@ -129,7 +129,7 @@ def test_abort_waiting_and_running_frees_blocks():
     sched.kv.pool.check_invariants()
     out = sched.schedule()
     assert sorted(out.finished_req_ids) == ["r0", "r1"]
-    assert list(out.num_scheduled_tokens) == ["r2"]
+    assert out.scheduled_req_ids() == ["r2"]
     sched.abort_requests("r2")
     assert not sched.has_unfinished_requests()
     assert sched.kv.pool.num_free_blocks == cfg.num_blocks
@@ -247,7 +247,7 @@ def test_logprobs_follow_sampled_tokens():
         sampled_logprobs=[-0.5, -0.2],
         sampled_ranks=[2, 1],
     )
-    assert list(out.num_scheduled_tokens) == ["a", "b"]  # the reply's row order
+    assert out.scheduled_req_ids() == ["a", "b"]  # the reply's row order
     runner_out = ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[9, 8], logprobs=logprobs)
     deltas = {d.req_id: d for d in sched.update_from_output(out, runner_out)}
     assert deltas["a"].logprobs == [{7: Logprob(-0.1, 1), 9: Logprob(-0.5, 2)}]
