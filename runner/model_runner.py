@@ -95,7 +95,8 @@ class ModelRunner:
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
         use_graphs = self.ops.cuda_graphs and not config.enforce_eager
-        sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
+        sizes = (capture_sizes(n, config.max_num_batched_tokens, config.max_cudagraph_capture_size)
+                 if use_graphs else [])
         self.graphs = CudaGraphManager(sizes)
 
     # ---- KV cache -------------------------------------------------------
