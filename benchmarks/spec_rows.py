@@ -36,9 +36,9 @@ class SpecDecodeDriver:
     """Feeds a speculative runner N requests decoding 1 + k tokens a step.
 
     The host's count of computed tokens advances by 1 + k a step (every
-    draft counted as accepted, an upper bound as the scheduler's is) and is
-    never corrected: the runner's device count is the truth; the blocks
-    given cover the optimistic count."""
+    draft counted as accepted) and is never corrected, so it is an upper
+    bound of the runner's device count (the truth) that drifts further than
+    the scheduler's would; the blocks given cover it."""
 
     def __init__(self, plain_driver_cls, runner: ModelRunner, k: int):
         self.inner = plain_driver_cls(runner)
@@ -53,14 +53,11 @@ class SpecDecodeDriver:
         inner = self.inner
         ids = list(inner.computed)
         if inner.pending_new:
-            plan = inner.step_plan()  # the first step: prefill's last token, no drafts yet
-            return plan
+            return inner.step_plan()  # the first step: prefill's last token, no drafts yet
         q = 1 + self.k
-        cached = CachedRequestData(req_ids=ids, new_block_ids=[[[]] for _ in ids],
+        cached = CachedRequestData(req_ids=ids, new_block_ids=[None for _ in ids],
                                    num_computed_tokens=[inner.computed[r] for r in ids])
-        plan = inner._plan(scheduled_cached_reqs=cached,
-                           num_scheduled_tokens=dict.fromkeys(ids, q),
-                           total_num_scheduled_tokens=q * len(ids))
+        plan = inner._plan(scheduled_cached_reqs=cached, num_scheduled_tokens=[q] * len(ids))
         for r in ids:
             inner.computed[r] += q
         return plan

@@ -145,17 +145,18 @@ class InputBatch:
         return int(self.cu_num_logits_np[self.num_reqs])
 
 
-def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict[str, int],
-                     num_computed_np: np.ndarray, prefill_len_np: np.ndarray,
-                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None,
+def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
+                     req_id_to_index: dict[str, int], num_computed_np: np.ndarray,
+                     prefill_len_np: np.ndarray, num_reqs_padded: int | None = None,
+                     num_tokens_padded: int | None = None,
                      decode_query_len: int = 1) -> InputBatch:
-    """Sort the scheduled requests (``batch_order``) and compute every
+    """Sort the scheduled requests (``plan_req_ids[i]`` gets
+    ``num_scheduled_tokens[i]`` tokens; ``batch_order``) and compute every
     host-side count. ``decode_query_len`` is 1 + the number of speculative
     tokens; when it is above 1, a row has drafts when it decodes (its
     computed tokens reach its prefill) with more than one token."""
-    plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
-    counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
+    counts = np.array(num_scheduled_tokens, dtype=np.int32)
     if decode_query_len == 1:
         has_drafts = np.zeros(num_reqs, dtype=bool)
         plan_order = batch_order(counts, has_drafts, decode_query_len)

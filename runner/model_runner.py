@@ -136,11 +136,12 @@ class ModelRunner:
         # tokens. Where the scheduler turns drafting off above a batch size,
         # one-token decode graphs are captured too (``plain_graphs``).
         max_rows = config.max_num_batched_tokens // (1 + k)
-        sizes = capture_sizes(n, max_rows) if use_graphs and max_rows else []
+        cap = config.max_cudagraph_capture_size
+        sizes = capture_sizes(n, max_rows, cap) if use_graphs and max_rows else []
         self.graphs = CudaGraphManager(sizes)
         plain = use_graphs and k and config.speculative.disable_by_batch_size is not None
         self.plain_graphs = CudaGraphManager(
-            capture_sizes(n, config.max_num_batched_tokens) if plain else [])
+            capture_sizes(n, config.max_num_batched_tokens, cap) if plain else [])
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -247,17 +248,16 @@ class ModelRunner:
             )
             self.block_tables.add_request(slot, new.block_ids[0])
         cached = plan.scheduled_cached_reqs
-        for req_id, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
-        ):
-            slot = self.req_states.req_id_to_index[req_id]
-            if self.num_spec:
-                # The device count is the truth (drafts rejected on the
-                # device); the scheduler's is an upper bound, kept on the host.
-                self.req_states.num_computed_tokens_np[slot] = computed
-            elif computed != self.req_states.num_computed_tokens_np[slot]:
-                self.req_states.set_num_computed_tokens(slot, computed)
-            self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
+        index = self.req_states.req_id_to_index
+        # With speculative decoding the plan carries the scheduler's counts:
+        # upper bounds, kept on the host (the device counts are the truth,
+        # corrected on the device when drafts are rejected).
+        counts = cached.num_computed_tokens if self.num_spec else None
+        for i, (req_id, blocks) in enumerate(zip(cached.req_ids, cached.new_block_ids)):
+            if blocks:  # the runner counts computed tokens itself
+                self.block_tables.append_blocks(index[req_id], blocks[0])
+            if counts is not None:
+                self.req_states.num_computed_tokens_np[index[req_id]] = counts[i]
         self.req_states.apply_staged_writes()
         self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
@@ -272,6 +272,7 @@ class ModelRunner:
         self._update_states(plan)
         graphs, graph_size, q = self._graph_size(plan)
         batch = make_input_batch(
+            plan.scheduled_req_ids(),
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
@@ -332,14 +333,14 @@ class ModelRunner:
         counts = plan.num_scheduled_tokens
         if not counts:
             return eager
-        q = next(iter(counts.values()))
+        q = counts[0]
         graphs = self.graphs if q == 1 + self.num_spec else (
             self.plain_graphs if q == 1 else None)
-        if graphs is None or not graphs.graphs or any(n != q for n in counts.values()):
+        if graphs is None or not graphs.graphs or any(n != q for n in counts):
             return eager
         if self.num_spec:
             states = self.req_states
-            slots = [states.req_id_to_index[r] for r in counts]
+            slots = [states.req_id_to_index[r] for r in plan.scheduled_req_ids()]
             if np.any(states.num_computed_tokens_np[slots] < states.prefill_len_np[slots]):
                 return eager  # prefill chunks of exactly q tokens
         size = graphs.padded_size(len(counts))

@@ -1,8 +1,8 @@
 """A fake runner with speculative decoding, for the scheduler tests.
 
 It plays the real runner's side: it holds each request's true computed
-count (the "device" count) and ignores the plan's count of a cached
-request, which must only be an upper bound (at most k above the truth). A
+count (the "device" count) and checks the plan's count of a cached
+request, which must be an upper bound (at most k above the truth). A
 decoding request scheduled for n tokens verifies n - 1 drafts: the runner
 writes its last token and the drafts into the KV slots of the true
 positions (the blocks must cover them), checks that every earlier slot holds
@@ -37,22 +37,14 @@ class FakeSpecRunner(FakeRunner):
         for new in out.scheduled_new_reqs:
             self.prefill_len[new.req_id] = len(new.prefill_token_ids)
         cached = out.scheduled_cached_reqs
-        truth = {}
+        assert cached.num_computed_tokens is not None, "spec plans carry the host counts"
         for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-            r = self.reqs[rid]
-            assert r.computed <= computed <= r.computed + self.k, "host count not a bound"
-            truth[rid] = r.computed
-        # The base class checks plan counts equal its own: give it the plan's
-        # view, then restore the truth before running.
-        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
-            self.reqs[rid].computed = computed
-        self._truth = truth
+            truth = self.reqs[rid].computed
+            assert truth <= computed <= truth + self.k, "host count not a bound"
         return super().execute(out)
 
     def run_request(self, r: _RunnerReq, n: int) -> list[int]:
         rid = next(key for key, value in self.reqs.items() if value is r)
-        if rid in self._truth:
-            r.computed = self._truth.pop(rid)
         if r.computed < self.prefill_len[rid]:
             assert r.computed + n <= self.prefill_len[rid], "a prefill chunk with drafts"
             return super().run_request(r, n)
@@ -87,7 +79,3 @@ class FakeSpecRunner(FakeRunner):
         self.num_drafts += n - 1
         self.num_accepted += accepted
         return emitted
-
-    def check_blocks_exclusive(self, out: SchedulerOutput) -> None:
-        """Skipped: the plan's counts here are upper bounds (the parent
-        reads them); ``slot`` still fails on a block not allocated."""

@@ -46,13 +46,12 @@ def test_spec_steps_never_sync(tmp_path):
                          sampling=SamplingOptions(temperature=0.7, seed=3), block_ids=[[1, 2]],
                          num_computed_tokens=0, max_tokens=16)
     plans = [SchedulerOutput(step_id=0, scheduled_new_reqs=[new],
-                             num_scheduled_tokens={"A": len(prompt)},
-                             total_num_scheduled_tokens=len(prompt))]
+                             num_scheduled_tokens=[len(prompt)])]
     computed = len(prompt)
     for step in (1, 2, 3):  # 1 + 3 tokens each (graph), host counts optimistic
         plans.append(SchedulerOutput(step_id=step, scheduled_cached_reqs=CachedRequestData(
-            req_ids=["A"], new_block_ids=[[[]]], num_computed_tokens=[computed]),
-            num_scheduled_tokens={"A": 4}, total_num_scheduled_tokens=4))
+            req_ids=["A"], new_block_ids=[None], num_computed_tokens=[computed]),
+            num_scheduled_tokens=[4]))
         computed += 4
     runner.execute_model(plans[0])
     first = runner.sample_tokens()
