@@ -4,7 +4,14 @@ One step (``step``): schedule, send the plan to the workers, wait for the
 output rank's reply, append tokens, check stops. With async scheduling the
 engine sends the next step before it waits for the previous one's reply
 (see ``step``). Requests are validated before anything is scheduled; an
-invalid one raises ``ValueError`` and leaves the engine as it was.
+invalid one raises ``ValueError`` and leaves the engine as it was (a
+structured-output constraint is compiled then: one that does not compile in
+time is invalid).
+
+A step with constrained requests is two messages: the plan, then its
+grammar bitmask (``executor.sample_tokens``), computed once the grammars
+have absorbed every token before the step, so that with async scheduling
+the mask of step N+1 is filled while the workers run N+1's forward pass.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import dataclasses
 import itertools
 import logging
 import operator
+import os
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -23,6 +31,7 @@ from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
+from engine.structured_outputs import StructuredOutputManager
 from engine.tiny_model import ensure_tiny_model
 from engine.tokenizer import Tokenizer
 from executor.base import Executor, OutputFuture
@@ -70,6 +79,9 @@ class LLMEngine:
         config.check_model(self.model_info)
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.structured_outputs = StructuredOutputManager(
+            os.path.join(self.model_dir, "tokenizer.json"), self.model_info.vocab_size,
+            list(self.model_info.eos_token_ids))
         self.max_model_len = config.resolved_max_model_len(self.model_info)
         self.device = config.resolved_device
         runner_config = config.runner_config(self.model_dir, self.model_info)
@@ -107,9 +119,12 @@ class LLMEngine:
         )
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """``check_request`` with this engine's limits and vocabulary."""
+        """``check_request`` with this engine's limits and vocabulary, and
+        the structured-output constraint compiled (waits for the compile, at
+        most its time limit; ``ValueError`` with the backend's message)."""
         check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_info.vocab_size, allow_truncation=False)
+        self.structured_outputs.check(params)
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
@@ -122,6 +137,7 @@ class LLMEngine:
             prompt_token_ids, params, eos_token_id=self.model_info.eos_token_ids,
             priority=priority,
         )
+        request.grammar = self.structured_outputs.new_grammar(params)
         self.scheduler.add_request(request)
         return request
 
@@ -151,13 +167,25 @@ class LLMEngine:
         sent = self._send() if self.scheduler.has_unfinished_requests() else None
         if self.config.async_scheduling:
             sent, self.in_flight = self.in_flight, sent
-        deltas = self._absorb(sent)
+            deltas = self._absorb(sent)
+            self._send_bitmask(self.in_flight)
+        else:
+            self._send_bitmask(sent)
+            deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas
 
     def _send(self) -> _SentStep:
         plan = self.scheduler.schedule()
         return _SentStep(plan, self.executor.execute_model(plan))
+
+    def _send_bitmask(self, sent: _SentStep | None) -> None:
+        """The grammar bitmask of a step with constrained requests, from the
+        grammars as they are now (every earlier step absorbed)."""
+        if sent is None or not sent.plan.structured_output_req_ids:
+            return
+        bitmask = self.structured_outputs.bitmask(sent.plan, self.scheduler.requests)
+        self.executor.sample_tokens(bitmask)
 
     def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
         if sent is None:
@@ -183,6 +211,7 @@ class LLMEngine:
         """Stop the executor; a step still in flight is dropped first, so no
         output of it keeps device memory alive."""
         self.in_flight = None
+        self.structured_outputs.shutdown()
         self.executor.shutdown()
 
 

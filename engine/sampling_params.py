@@ -5,7 +5,9 @@ otherwise): ``temperature >= 0`` (0 is greedy); ``0 < top_p <= 1``;
 ``top_k >= 0`` (0 disables it; -1 is accepted and stored as 0);
 ``0 <= min_p <= 1``; ``max_tokens >= 1``; ``repetition_penalty > 0``;
 ``-2 <= presence_penalty, frequency_penalty <= 2``; ``logprobs`` is None or
-``>= 0``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
+``>= 0``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints;
+``structured_outputs`` is None or a ``StructuredOutputsParams`` (a dict is
+converted; its own checks apply).
 Every int fits a signed 64-bit integer, the type the messages to the engine
 and the workers carry.
 """
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.messages import SamplingOptions
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -48,8 +51,10 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        self._check_structured_outputs()
         self._check_filters()
         self._check_limits()
         self._check_penalties()
@@ -104,6 +109,14 @@ class SamplingParams:
             _require_number(name, value)
             if not -2 <= value <= 2:
                 raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {value}")
+
+    def _check_structured_outputs(self) -> None:
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams.from_dict(so))
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict, "
+                             f"got {type(so).__name__}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:

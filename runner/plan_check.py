@@ -81,6 +81,12 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
                  f"{held * block_tables.block_size} (max_model_len {max_len})")
         total += n
+    constrained = plan.structured_output_req_ids
+    if len(set(constrained)) != len(constrained):
+        fail("a request is listed twice in structured_output_req_ids")
+    if not set(constrained) <= set(plan.num_scheduled_tokens):
+        extra = sorted(set(constrained) - set(plan.num_scheduled_tokens))
+        fail(f"structured_output_req_ids names requests not scheduled: {extra[:5]}")
     if total != plan.total_num_scheduled_tokens:
         fail(f"scheduled tokens add up to {total}, not {plan.total_num_scheduled_tokens}")
     if total > max_num_batched_tokens:
