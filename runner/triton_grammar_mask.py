@@ -23,13 +23,13 @@ def _grammar_mask_kernel(
     r = tl.program_id(0)
     tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     row = tl.load(logits_rows_ptr + r).to(tl.int64)
-    row_ok = (row >= 0) & (row < num_logits_rows)
-    in_vocab = tokens < vocab_size
+    # A row outside the step's logits touches no token.
+    limit = tl.where((row >= 0) & (row < num_logits_rows), vocab_size, 0)
+    in_vocab = tokens < limit
     words = tl.load(bitmask_ptr + r * bitmask_stride + tokens // 32, mask=in_vocab, other=-1)
-    allowed = ((words >> (tokens % 32)) & 1) != 0
+    forbidden = ((words >> (tokens % 32)) & 1) == 0
     minus_inf = tl.full([BLOCK], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty)
-    tl.store(logits_ptr + row * logits_stride + tokens, minus_inf,
-             mask=in_vocab & ~allowed & row_ok)
+    tl.store(logits_ptr + row * logits_stride + tokens, minus_inf, mask=in_vocab & forbidden)
 
 
 def apply_grammar_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor,

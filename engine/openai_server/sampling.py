@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.openai_server.protocol import SamplingFields
+from engine.openai_server.structured import structured_outputs_of
 from engine.sampling_params import SamplingParams
 
 MAX_N = 128
@@ -26,7 +27,8 @@ def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
     fields.update(max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
-                  stop_token_ids=list(request.stop_token_ids or []), seed=request.seed)
+                  stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
+                  structured_outputs=structured_outputs_of(request))
     params = dataclasses.asdict(SamplingParams.from_dict(fields))
     params["stop_token_ids"] = list(params["stop_token_ids"])
     if any(not s for s in request.stop_strings()):

@@ -16,6 +16,7 @@ sees a constrained request never loads it.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -60,7 +61,7 @@ class GuidanceBackend:
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: "
-                               f"{_first_lines(matcher.get_error())}")
+                               f"{_one_line(matcher.get_error())}")
         return matcher
 
     @staticmethod
@@ -83,10 +84,17 @@ def _grammar_text(key: GrammarKey) -> str:
             return LLMatcher.grammar_from_lark(lark)
         return grammar_from("grammar", key.text)
     except ValueError as e:
-        raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_first_lines(str(e))}") from None
+        raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_one_line(str(e))}") from None
 
 
-def _first_lines(message: str, limit: int = 6) -> str:
-    """The backend's message, cut to a few lines (it may quote a long grammar)."""
-    lines = message.strip().splitlines()
-    return "\n".join(lines[:limit]) + ("\n..." if len(lines) > limit else "")
+def _one_line(message: str, limit: int = 400) -> str:
+    """The backend's message on one line: its caret pictures and the grammar
+    lines it quotes left out, the rest joined (and cut to ``limit``)."""
+    kept = []
+    for line in message.strip().splitlines():
+        text = line.strip()
+        if not text or set(text) <= {"^", " ", "~"} or re.match(r"^\d+ \|", text):
+            continue
+        kept.append(text)
+    joined = " ".join(kept)
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
