@@ -2,8 +2,9 @@
 outputs valid. Every output of a JSON-schema request parses and validates
 against the schema with ``jsonschema`` unless it was cut by ``max_tokens``
 (``finish_reason == "length"``); a regex request's output matches it in
-full; a choice request's output is one of the choices. Held at TP=1, 2 and
-3, with async scheduling on and off, with prefix caching, under preemption,
+full; a choice request's output is one of the choices. Held at TP=1 and 2
+(TP=3 on SmolLM2, whose heads divide by 3: test_structured_outputs_smollm2.py),
+with async scheduling on and off, with prefix caching, under preemption,
 with several requests of one constraint, and in mixed batches whose
 unconstrained requests give the tokens they give alone."""
 
@@ -138,7 +139,7 @@ def test_mixed_batch_tp1(tiny_dir, unconstrained_alone, async_scheduling):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("tp, async_scheduling", [(2, True), (2, False), (3, True)])
+@pytest.mark.parametrize("tp, async_scheduling", [(2, True), (2, False)])
 def test_mixed_batch_tensor_parallel(tiny_dir, unconstrained_alone, tp, async_scheduling):
     prompts, params = mixed_batch()
     with LLM(model=tiny_dir, device="cpu", tensor_parallel_size=tp, max_num_seqs=64,
