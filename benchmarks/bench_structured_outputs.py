@@ -124,6 +124,14 @@ def shape_dir(shape: str, directory: str) -> str:
     return directory
 
 
+def tokenizer_name(shape: str) -> str:
+    from benchmarks.shapes import shape_config
+
+    if shape_config(shape)["vocab_size"] >= SMOLLM2_VOCAB:
+        return f"SmolLM2 ({SMOLLM2_VOCAB} tokens)"
+    return "bytes (259 tokens)"
+
+
 def _llm(model_dir: str, args, batch: int, max_tokens: int):
     from engine import LLM
 
@@ -191,7 +199,8 @@ def bench_step(args) -> dict:
                                     - 1, 4)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return {"part": "step", "shape": args.shape, "rows": rows}
+    return {"part": "step", "shape": args.shape, "tokenizer": tokenizer_name(args.shape),
+            "rows": rows}
 
 
 # ---- idle --------------------------------------------------------------------
@@ -248,7 +257,8 @@ def bench_idle(args) -> dict:
                    "gap_us_median": round(statistics.median(gaps) * 1e3, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return {"part": "idle", "shape": args.shape, "rows": rows}
+    return {"part": "idle", "shape": args.shape, "tokenizer": tokenizer_name(args.shape),
+            "rows": rows}
 
 
 # ---- fill --------------------------------------------------------------------
@@ -385,7 +395,8 @@ def bench_stall(args) -> dict:
             llm.shutdown()
     summary = {name: {"steps": len(t), "median_ms": round(statistics.median(t) * 1e3, 3),
                       "max_ms": round(max(t) * 1e3, 3)} for name, t in phases.items() if t}
-    row = {"part": "stall", "shape": args.shape, "batch": args.batch,
+    row = {"part": "stall", "shape": args.shape, "tokenizer": tokenizer_name(args.shape),
+           "batch": args.batch,
            "compile_s": None if compile_s is None else round(compile_s, 3), **summary}
     print(json.dumps(row), flush=True)
     return row
