@@ -12,7 +12,11 @@ import torch
 from ipc.messages import GrammarBitmask
 from runner.ops import device_ops, torch_ops, triton_ops
 from runner.plan_check import InvalidPlanError
-from runner.structured_outputs import apply_grammar_bitmask_ref, check_grammar_bitmask
+from runner.structured_outputs import (
+    GrammarMask,
+    apply_grammar_bitmask_ref,
+    check_grammar_bitmask,
+)
 from tests.helpers.kernel_device import KERNEL_DEVICE
 
 NEG_INF = float("-inf")
@@ -127,3 +131,58 @@ def test_received_bitmask_accepted_in_any_order():
     check_grammar_bitmask(None, 7, [], 70)
     with pytest.raises(InvalidPlanError, match="without constrained requests"):
         check_grammar_bitmask(_bitmask(7, [], 70), 7, [], 70)
+
+
+def _mask_message(step_id: int, allowed: dict[str, list[int]], vocab: int) -> GrammarBitmask:
+    rows = [words_allowing(vocab, tokens) for tokens in allowed.values()]
+    data = np.array(rows, dtype="<i4").tobytes()
+    return GrammarBitmask(step_id=step_id, req_ids=list(allowed), bitmask=data)
+
+
+def _expected(logits: torch.Tensor, keep: dict[int, list[int]]) -> torch.Tensor:
+    out = logits.clone()
+    for row, tokens in keep.items():
+        kept = out[row, tokens].clone()
+        out[row] = NEG_INF
+        out[row, tokens] = kept
+    return out
+
+
+def test_grammar_mask_maps_requests_to_their_batch_rows():
+    vocab = 70
+    mask = GrammarMask(max_rows=4, vocab_size=vocab, device=torch.device("cpu"),
+                       ops=device_ops(torch.device("cpu")))
+    logits = torch.randn(3, vocab)
+    expected = _expected(logits, {1: [3, 69], 0: [40]})
+    # Batch order c, a, b: a's row is batch row 1, c's batch row 0; b is free.
+    mask.apply(logits, _mask_message(0, {"a": [3, 69], "c": [40]}, vocab), ["c", "a", "b"],
+               np.arange(3))
+    assert torch.equal(logits, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_grammar_mask_on_cuda_reuses_its_buffers_in_order_without_waiting():
+    """Steps back to back: each copy (side stream) must wait for the previous
+    step's kernel to have read the buffers, and the kernel for its copy;
+    the host never waits for the device."""
+    vocab, device = 1000, torch.device("cuda")
+    rng = np.random.default_rng(0)
+    mask = GrammarMask(max_rows=8, vocab_size=vocab, device=device, ops=device_ops(device))
+    results, expected = [], []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(30):
+            n = int(rng.integers(1, 9))
+            allowed = {f"r{i}": sorted(rng.choice(vocab, 5, replace=False).tolist())
+                       for i in range(n)}
+            logits = torch.randn(n, vocab, device=device)
+            torch.cuda._sleep(200_000)  # a long forward pass before the mask
+            expected.append((logits.clone(), {i: allowed[f"r{i}"] for i in range(n)}))
+            mask.apply(logits, _mask_message(step, allowed, vocab), list(allowed), np.arange(n))
+            results.append(logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    for got, (before, keep) in zip(results, expected):
+        assert torch.equal(got.cpu(), _expected(before.cpu(), keep))
