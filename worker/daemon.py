@@ -4,8 +4,8 @@ Loop: receive a broadcast; ``Sync`` -> acknowledge (start-up handshake);
 ``ControlCall`` -> run it and reply (every rank); ``SchedulerOutput`` ->
 run the step's forward pass, and sample it (at once, or when its
 ``GrammarBitmask`` arrives); only the output rank hands the AsyncOutput to
-its copy thread, which replies. The daemon exits when told to, or when its parent
-process is gone (checked once a second).
+its copy thread, which replies. The daemon exits when told to, or when its
+parent process is gone (checked once a second).
 """
 
 from __future__ import annotations
