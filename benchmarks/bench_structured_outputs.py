@@ -107,7 +107,7 @@ SLOW_SCHEMA = {
 
 
 def smollm2_tokenizer_json() -> str:
-    from engine.llm_engine import resolve_model_dir
+    from checkpoint.resolve import resolve_model_dir
 
     return os.path.join(resolve_model_dir(SMOLLM2), "tokenizer.json")
 
@@ -152,7 +152,7 @@ def _params(constrained: bool, max_tokens: int, schema=SCHEMA):
 def _prompts(llm, batch: int, args) -> list[list[int]]:
     """Random prompts of ``--input-len`` tokens inside the tokenizer's vocabulary."""
     rng = random.Random(0)
-    high = min(40000, llm.engine.model_info.vocab_size)
+    high = min(40000, llm.engine.model_config.vocab_size)
     return [[rng.randrange(high // 40, high) for _ in range(args.input_len)]
             for _ in range(batch)]
 
@@ -366,7 +366,7 @@ def bench_compile(args) -> dict:
 def bench_stall(args) -> dict:
     """Step times of decoding requests before, while and after a slow
     grammar compiles; the constrained request enters as the serving loop
-    admits one (``engine/server.py``): once its compile is ready."""
+    admits one (``serving/endpoint.py``): once its compile is ready."""
     from engine import SamplingParams
 
     with tempfile.TemporaryDirectory(prefix="tprun-shape-") as directory:

@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ipc.errors import InvalidPlanError
 from ipc.messages import GrammarBitmask
-from runner.plan_check import InvalidPlanError
 
 
 def bitmask_words(vocab_size: int) -> int:

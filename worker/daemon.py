@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 
 from ipc.channels import BroadcastSubscriber, ReplySender
+from ipc.errors import InvalidPlanError
 from ipc.messages import (
     ControlCall,
     ControlReply,
@@ -29,7 +30,6 @@ from ipc.messages import (
     Sync,
     WorkerError,
 )
-from runner.plan_check import InvalidPlanError
 from worker.env import TorchrunEnv
 from worker.fault_injection import FaultInjector
 from worker.heartbeat import HeartbeatThread

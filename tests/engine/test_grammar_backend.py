@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
+from checkpoint.tiny_model import EOS
 from engine.structured_outputs import StructuredOutputManager, StructuredOutputsParams
 from engine.structured_outputs.backend import GrammarError
 from engine.structured_outputs.compiler import GrammarCompiler
 from engine.structured_outputs.params import GrammarKey
-from engine.tiny_model import EOS
 from ipc.messages import SchedulerOutput
 
 VOCAB = 320

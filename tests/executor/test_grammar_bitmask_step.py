@@ -13,17 +13,16 @@ import pytest
 from executor.base import StepRejected
 from executor.multiproc import MultiprocExecutor
 from executor.uniproc import UniprocExecutor
-from ipc.config import RunnerConfig
 from ipc.messages import GrammarBitmask, NewRequestData, SamplingOptions, SchedulerOutput
+from tests.helpers.checkpoints import runner_config
 
 VOCAB = 320  # tiny's
 
 
 def _executor(kind: str, tiny_dir):
     executor = UniprocExecutor("cpu") if kind == "uni" else MultiprocExecutor(2, "cpu")
-    config = RunnerConfig(model=tiny_dir, device="cpu", max_num_seqs=4,
-                          max_num_batched_tokens=64, max_model_len=256, block_size=16)
-    executor.initialize(config, 32)
+    executor.initialize(runner_config(tiny_dir, max_num_seqs=4, max_num_batched_tokens=64,
+                                      max_model_len=256), 32)
     return executor
 
 

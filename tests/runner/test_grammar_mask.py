@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from ipc.errors import InvalidPlanError
 from ipc.messages import GrammarBitmask
 from runner.ops import device_ops, torch_ops, triton_ops
-from runner.plan_check import InvalidPlanError
 from runner.structured_outputs import (
     GrammarMask,
     apply_grammar_bitmask_ref,

@@ -1,0 +1,134 @@
+"""Request and response bodies of the OpenAI API (the fields tprun serves).
+
+Requests are pydantic models: a field of the wrong type is answered with
+HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
+fields this server has no use for. The extra sampling fields that vLLM
+accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
+``ignore_eos``, ``structured_outputs`` and the ``guided_*`` fields) have
+vLLM's names. Responses are plain dicts built by the
+serving code; ``error_body`` is the one error shape every route uses.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Prompt token ids travel to the engine as signed 64-bit values: a larger one
+# is a bad request (400 naming the field), not a failure to encode it. The
+# sampling fields' ints are bounded by SamplingParams, which checks them first.
+Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields both completion routes share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    logit_bias: dict[str, float] | None = None
+
+    # Structured outputs (serving/http/structured.py): OpenAI's
+    # response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    # Fields OpenAI defines that change the answer but this server does not
+    # implement: a request that sets one is refused rather than answered
+    # as if it had not.
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias",)
+
+    def check_supported(self) -> None:
+        """``ValueError`` naming the first unsupported field that is set, or
+        a field that only makes sense with another."""
+        for name in self.UNSUPPORTED:
+            if getattr(self, name, None):
+                raise ValueError(f"{name} is not supported by this server")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options needs stream: true")
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions: ``prompt`` is a text, a list of texts, a list
+    of token ids, or a list of lists of token ids."""
+
+    prompt: str | list[str] | list[Int64] | list[list[Int64]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "echo", "suffix")
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported by this server (set n instead)")
+
+
+class ChatMessage(BaseModel):
+    """One message; ``content`` is a text or a list of parts, of which only
+    ``{"type": "text", "text": ...}`` parts are read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools")
+
+
+ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]
+
+
+def error_body(message: str, type: ErrorType = "invalid_request_error",
+               param: str | None = None, code: str | int | None = None) -> dict:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
