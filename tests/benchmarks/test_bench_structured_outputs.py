@@ -47,3 +47,29 @@ def test_step_and_stall_on_tiny(tmp_path):
     stall = _run(tmp_path, "stall", *common, "--batch", "2", "--steps", "40",
                  "--output-len", "60")
     assert stall["before"]["steps"] == 10 and stall["compiling"]["steps"] >= 1
+
+
+class _Event:
+    """A recorded CUDA event's stand-in: its device time in ms."""
+
+    def __init__(self, t: float):
+        self.t = t
+
+    def elapsed_time(self, later: _Event) -> float:
+        return later.t - self.t
+
+
+def test_idle_fraction_counts_gaps_between_steps_and_before_sampling():
+    from benchmarks.bench_structured_outputs import idle_fraction
+
+    # Step 1: 0..10 ms, waits 2 ms for its mask (forward ends at 6, sampling
+    # starts at 8); step 2 starts 1 ms after step 1 ends and waits for nothing.
+    marks = [[_Event(0), _Event(6), _Event(8), _Event(10)],
+             [_Event(11), _Event(17), _Event(17), _Event(20)],
+             [_Event(21), None, None, None]]  # a step still running: left out
+    row = idle_fraction(marks)
+    assert row["steps"] == 2
+    assert row["idle_between_steps"] == pytest.approx(1 / 20)
+    assert row["idle_waiting_for_mask"] == pytest.approx(2 / 20)
+    assert row["idle_fraction"] == pytest.approx(3 / 20)
+    assert row["gap_us_median"] == 1000.0
