@@ -157,16 +157,14 @@ def test_mixed_batch_tensor_parallel(tiny_dir, unconstrained_alone, tp, async_sc
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_mixed_batch_on_cuda(tiny_dir, async_scheduling):
     """The CUDA path: the mask copied on a side stream, the Triton kernel,
-    decode steps replayed from CUDA graphs."""
+    decode steps replayed from CUDA graphs. (The unconstrained rows' tokens
+    are compared with their runs alone on CPU, above: on a GPU the kernels
+    of other batch sizes may round differently.)"""
     prompts, params = mixed_batch()
     with LLM(model=tiny_dir, device="cuda", max_num_seqs=64,
              async_scheduling=async_scheduling) as llm:
         outputs = llm.generate(prompts, params)
-        alone = {i: llm.generate(prompts[i], p)[0].outputs[0].token_ids
-                 for i, p in enumerate(params) if p.structured_outputs is None}
     check_mixed(outputs, params)
-    for i, tokens in alone.items():
-        assert outputs[i].outputs[0].token_ids == tokens
 
 
 @pytest.mark.timeout(300)
