@@ -16,7 +16,6 @@ the mask of step N+1 is filled while the workers run N+1's forward pass.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import operator
@@ -101,7 +100,7 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
         """The prompt's token ids (an empty text gives none, which
-        ``validate`` refuses)."""
+        ``check_request`` refuses)."""
         if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
@@ -112,27 +111,33 @@ class LLMEngine:
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
         )
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """``check_request`` with this engine's limits and vocabulary, and
-        the structured-output constraint compiled (waits for the compile, at
-        most its time limit; ``ValueError`` with the backend's message)."""
-        check_request(prompt_token_ids, params, self.scheduler.config,
-                      self.model_config.vocab_size, allow_truncation=False)
-        self.structured_outputs.check(params)
-
-    def add_request(self, prompt: str | dict, params: SamplingParams,
+    def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
+        """The request of ``prompt``, tokenized and checked with this engine's
+        limits and vocabulary (``check_request``: the one check a request
+        gets, here where it enters the engine), with its structured-output
+        constraint compiled (waits for the compile, at most its time limit)
+        and its own matcher; nothing is queued."""
         prompt_token_ids = self.tokenize(prompt)
-        self.validate(prompt_token_ids, params)
-        if params.stop_token_ids:
-            params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids))
+        check_request(prompt_token_ids, params, self.scheduler.config,
+                      self.model_config.vocab_size)
         request = Request(
             req_id if req_id is not None else str(next(self.request_ids)),
             prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
             priority=priority,
         )
         request.grammar = self.structured_outputs.new_grammar(params)
+        return request
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request made by ``new_request``."""
         self.scheduler.add_request(request)
+
+    def add_request(self, prompt: str | dict, params: SamplingParams,
+                    req_id: str | None = None, priority: int = 0) -> Request:
+        """``new_request``, then queued."""
+        request = self.new_request(prompt, params, req_id, priority)
+        self.enqueue(request)
         return request
 
     def abort(self, req_ids: list[str]) -> list[RequestOutputDelta]:

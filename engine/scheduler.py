@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
-from engine.request import Request, RequestStatus, check_request
+from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
 from ipc.messages import (
     CachedRequestData,
@@ -84,7 +84,6 @@ class _StepDraft:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
     cached_new_blocks: list[list[list[int]] | None] = field(default_factory=list)
-    cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
     num_prompt_tokens: int = 0
@@ -160,8 +159,9 @@ class Scheduler:
     # -- requests in and out ------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; ``ValueError`` if it can never run here."""
-        self._validate(request)
+        """Queue a request, checked where it entered the engine
+        (``check_request``); ``ValueError`` for an id already in use."""
+        self._check_id(request.req_id)
         seq = next(self._seq)
         if self.config.policy == "priority":
             self._keys[request.req_id] = (request.priority, request.arrival_time, seq)
@@ -171,14 +171,9 @@ class Scheduler:
         self.requests[request.req_id] = request
         self.waiting.push(request, self._keys[request.req_id])
 
-    def _validate(self, request: Request) -> None:
-        rid = request.req_id
+    def _check_id(self, rid: str) -> None:
         if rid in self.requests or rid in self._finished_ids:
             raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
-        try:
-            check_request(request.prompt_token_ids, request.sampling_params, self.config)
-        except ValueError as e:
-            raise ValueError(f"request {rid!r}: {e}") from None
 
     def abort_requests(self, req_ids: str | Iterable[str]) -> None:
         """Finish running or waiting requests as "abort" and free their
@@ -218,10 +213,9 @@ class Scheduler:
             scheduled_cached_reqs=CachedRequestData(
                 req_ids=draft.cached_ids,
                 new_block_ids=draft.cached_new_blocks,
-                num_computed_tokens=draft.cached_computed,
             ),
-            num_scheduled_tokens=draft.num_scheduled,
-            total_num_scheduled_tokens=sum(draft.num_scheduled.values()),
+            # Cached requests were taken first, so the dict's order is the plan's.
+            num_scheduled_tokens=list(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
             preempted_req_ids=draft.preempted,
             structured_output_req_ids=[
@@ -279,7 +273,6 @@ class Scheduler:
             draft.take(request, num_new)
             draft.cached_ids.append(request.req_id)
             draft.cached_new_blocks.append([new_blocks] if new_blocks else None)
-            draft.cached_computed.append(request.num_computed_tokens)
             i += 1
 
     def _allocate_or_preempt(
@@ -361,7 +354,7 @@ class Scheduler:
             raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
         rows = _logprob_rows(runner_output.logprobs)
-        plan_req_ids = scheduler_output.num_scheduled_tokens
+        plan_req_ids = scheduler_output.scheduled_req_ids()
         sampled_rows = runner_output.rows()
         if len(sampled_rows) != len(plan_req_ids):
             raise ValueError(f"runner output of step {step_id} has {len(sampled_rows)} rows "

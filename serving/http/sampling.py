@@ -9,8 +9,6 @@ choices differ yet the whole answer is reproducible.
 
 from __future__ import annotations
 
-import dataclasses
-
 from engine.sampling_params import SamplingParams
 from serving.http.protocol import SamplingFields
 from serving.http.structured import structured_outputs_of
@@ -29,7 +27,7 @@ def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None
     fields.update(max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
                   stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
                   structured_outputs=structured_outputs_of(request))
-    params = dataclasses.asdict(SamplingParams.from_dict(fields))
+    params = SamplingParams.from_dict(fields).to_dict()
     params["stop_token_ids"] = list(params["stop_token_ids"])
     if any(not s for s in request.stop_strings()):
         raise ValueError("a stop string must not be empty")

@@ -33,8 +33,7 @@ def _plan(step_id: int, req_ids: list[str], constrained: list[str]) -> Scheduler
                            num_computed_tokens=0, max_tokens=4)
             for i, r in enumerate(req_ids)]
     return SchedulerOutput(step_id=step_id, scheduled_new_reqs=news,
-                           num_scheduled_tokens={r: 3 for r in req_ids},
-                           total_num_scheduled_tokens=3 * len(req_ids),
+                           num_scheduled_tokens=[3] * len(req_ids),
                            structured_output_req_ids=constrained)
 
 
