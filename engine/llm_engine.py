@@ -4,7 +4,14 @@ One step (``step``): schedule, send the plan to the workers, wait for the
 output rank's reply, append tokens, check stops. With async scheduling the
 engine sends the next step before it waits for the previous one's reply
 (see ``step``). Requests are validated before anything is scheduled; an
-invalid one raises ``ValueError`` and leaves the engine as it was.
+invalid one raises ``ValueError`` and leaves the engine as it was (a
+structured-output constraint is compiled then: one that does not compile in
+time is invalid).
+
+A step with constrained requests is two messages: the plan, then its
+grammar bitmask (``executor.sample_tokens``), computed once the grammars
+have absorbed every token before the step, so that with async scheduling
+the mask of step N+1 is filled while the workers run N+1's forward pass.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import os
 from dataclasses import dataclass
 
 from checkpoint.description import describe
@@ -23,6 +31,7 @@ from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
+from engine.structured_outputs import StructuredOutputManager
 from executor.base import Executor, OutputFuture
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
@@ -64,6 +73,9 @@ class LLMEngine:
         config.check_model(self.model_config)
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.structured_outputs = StructuredOutputManager(
+            os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
+            list(self.model_config.eos_token_ids))
         self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.device = config.resolved_device
         draft_dir, draft = self._draft_model(config)
@@ -120,15 +132,19 @@ class LLMEngine:
                     req_id: str | None = None, priority: int = 0) -> Request:
         """The request of ``prompt``, tokenized and checked with this engine's
         limits and vocabulary (``check_request``: the one check a request
-        gets, here where it enters the engine); nothing is queued."""
+        gets, here where it enters the engine), with its structured-output
+        constraint compiled (waits for the compile, at most its time limit)
+        and its own matcher; nothing is queued."""
         prompt_token_ids = self.tokenize(prompt)
         check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_config.vocab_size)
-        return Request(
+        request = Request(
             req_id if req_id is not None else str(next(self.request_ids)),
             prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
             priority=priority,
         )
+        request.grammar = self.structured_outputs.new_grammar(params)
+        return request
 
     def enqueue(self, request: Request) -> None:
         """Queue a request made by ``new_request``."""
@@ -167,13 +183,25 @@ class LLMEngine:
         sent = self._send() if self.scheduler.has_unfinished_requests() else None
         if self.config.async_scheduling:
             sent, self.in_flight = self.in_flight, sent
-        deltas = self._absorb(sent)
+            deltas = self._absorb(sent)
+            self._send_bitmask(self.in_flight)
+        else:
+            self._send_bitmask(sent)
+            deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas
 
     def _send(self) -> _SentStep:
         plan = self.scheduler.schedule()
         return _SentStep(plan, self.executor.execute_model(plan))
+
+    def _send_bitmask(self, sent: _SentStep | None) -> None:
+        """The grammar bitmask of a step with constrained requests, from the
+        grammars as they are now (every earlier step absorbed)."""
+        if sent is None or not sent.plan.structured_output_req_ids:
+            return
+        bitmask = self.structured_outputs.bitmask(sent.plan, self.scheduler.requests)
+        self.executor.sample_tokens(bitmask)
 
     def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
         if sent is None:
@@ -199,6 +227,7 @@ class LLMEngine:
         """Stop the executor; a step still in flight is dropped first, so no
         output of it keeps device memory alive."""
         self.in_flight = None
+        self.structured_outputs.shutdown()
         self.executor.shutdown()
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 
 from engine.sampling_params import SamplingParams
+from engine.structured_outputs.grammar import Grammar
 from ipc.config import SchedulerConfig
 
 
@@ -50,6 +51,8 @@ class Request:
     tokens) or None; ``eos_token_ids`` is always the frozenset form.
     ``num_output_placeholders`` counts tokens sampled on the device but not
     yet appended (async scheduling); it is 0 when scheduling is synchronous.
+    ``grammar`` is the request's structured-output matcher (None when
+    unconstrained); it has consumed exactly ``output_token_ids``.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Request:
         self.num_output_placeholders = 0
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
+        self.grammar: Grammar | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

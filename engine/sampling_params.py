@@ -13,7 +13,9 @@ otherwise): every field has its type (numbers are numbers, not NaN; ints
 are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens >=
 1``; ``stop_token_ids`` non-negative). ``top_k == -1`` is stored as 0 and
-``stop_token_ids`` as a tuple.
+``stop_token_ids`` as a tuple. ``structured_outputs`` (engine only: the
+workers get the grammar's bitmask, not the constraint) is None or a
+``StructuredOutputsParams`` (a dict is converted; its own checks apply).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.messages import SamplingOptions
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -47,8 +50,10 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] | list[int] = ()
     ignore_eos: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        self._check_structured_outputs()
         self._check_types()
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
@@ -83,6 +88,15 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         if self.logprobs is not None and not _is_int(self.logprobs):
             raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
 
+    def _check_structured_outputs(self) -> None:
+        so = self.structured_outputs
+        if isinstance(so, dict):
+            msgspec.structs.force_setattr(self, "structured_outputs",
+                                          StructuredOutputsParams.from_dict(so))
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict, "
+                             f"got {type(so).__name__}")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
         """Build from a plain mapping; unknown keys raise ``ValueError``
@@ -97,8 +111,11 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field by name (what ``from_dict`` takes back)."""
-        return msgspec.structs.asdict(self)
+        """Every field by name (what ``from_dict`` takes back), as plain data."""
+        out = msgspec.structs.asdict(self)
+        if self.structured_outputs is not None:
+            out["structured_outputs"] = self.structured_outputs.to_dict()
+        return out
 
     def to_options(self) -> SamplingOptions:
         """The fields the runner needs, as the IPC message (numbers as

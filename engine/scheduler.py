@@ -65,12 +65,21 @@ wait a step near its end, never overshoot), and the prefix cache registers
 only blocks below both ``num_computed_tokens`` and ``num_tokens``, so never
 a block holding an unverified token. Stop tokens and ``max_tokens`` inside
 an accepted run cut it there (``_append_tokens``).
+
+Structured outputs. A request with a ``grammar`` (its matcher) is listed in
+the plan's ``structured_output_req_ids`` when the step samples for it; the
+engine sends that step's bitmask after the plan. Each appended token
+advances the matcher (only appended tokens do, so the matcher always matches
+``output_token_ids``, across preemptions too); a completed grammar finishes
+the request with "stop"; a token the grammar refuses (a mask not applied)
+aborts it.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -85,6 +94,8 @@ from ipc.messages import (
     NewRequestData,
     SchedulerOutput,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -260,6 +271,9 @@ class Scheduler:
             num_scheduled_tokens=list(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
             preempted_req_ids=draft.preempted,
+            structured_output_req_ids=[
+                req_id for req_id, entry in self._in_flight[self.step_id].items()
+                if entry.samples and entry.request.grammar is not None],
         )
         self._finished_ids.clear()
         self.step_id += 1
@@ -391,6 +405,8 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
+        if request.grammar is not None:
+            request.grammar.rollback_to(len(request.output_token_ids))
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push(request, self._keys[request.req_id])
@@ -450,7 +466,7 @@ class Scheduler:
         for token in sampled:
             request.append_output_token(token)
             new_ids.append(token)
-            status = self._stop_status(request, token)
+            status = self._grammar_status(request, token) or self._stop_status(request, token)
             if status is not None:
                 break
         if status is not None:
@@ -461,6 +477,18 @@ class Scheduler:
         return RequestOutputDelta(
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs
         )
+
+    def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:
+        """Advance the request's grammar by ``token``: "stop" once it is
+        complete, "abort" if it refuses the token."""
+        grammar = request.grammar
+        if grammar is None:
+            return None
+        if not grammar.accept(token):
+            logger.error("request %s: the grammar refused token %d: %s", request.req_id, token,
+                         grammar.error())
+            return RequestStatus.FINISHED_ABORTED
+        return RequestStatus.FINISHED_STOPPED if grammar.is_terminated() else None
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         """A sampled stop token wins over a length limit met by the same token."""

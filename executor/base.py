@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Protocol
 
 from ipc.config import RunnerConfig
-from ipc.messages import ModelRunnerOutput, SchedulerOutput
+from ipc.messages import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 
 
 class WorkerFailure(RuntimeError):
@@ -32,7 +32,16 @@ class Executor(ABC):
 
     @abstractmethod
     def execute_model(self, plan: SchedulerOutput) -> OutputFuture:
-        """Send one step; the future resolves to the output rank's reply."""
+        """Send one step; the future resolves to the output rank's reply.
+        A plan with ``structured_output_req_ids`` resolves only after its
+        ``sample_tokens``."""
+
+    @abstractmethod
+    def sample_tokens(self, grammar: GrammarBitmask) -> None:
+        """Send the grammar bitmask of a step already sent whose plan has
+        ``structured_output_req_ids``; the workers then sample it. A bitmask
+        that does not fit the step rejects it (its future raises
+        ``StepRejected``)."""
 
     @abstractmethod
     def shutdown(self) -> None:

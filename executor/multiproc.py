@@ -32,6 +32,7 @@ from ipc.endpoints import Endpoints
 from ipc.messages import (
     ControlCall,
     ControlReply,
+    GrammarBitmask,
     Heartbeat,
     ModelRunnerOutput,
     SchedulerOutput,
@@ -297,6 +298,12 @@ class MultiprocExecutor(Executor):
             self.step_sent_at[plan.step_id] = time.monotonic()
         self.publisher.publish(plan)
         return future
+
+    def sample_tokens(self, grammar: GrammarBitmask) -> None:
+        with self.lock:
+            if self.failure is not None:
+                raise self.failure
+        self.publisher.publish(grammar)
 
     def shutdown(self) -> None:
         if self.closing:

@@ -1,7 +1,8 @@
 """Every message that crosses a socket, as msgspec Structs.
 
-Broadcast (executor -> every worker): ``SchedulerOutput`` for a step, or a
-``ControlCall``. Replies (worker -> executor): ``ModelRunnerOutput`` from the
+Broadcast (executor -> every worker): ``SchedulerOutput`` for a step, the
+step's ``GrammarBitmask`` after it when the step has constrained requests,
+or a ``ControlCall``. Replies (worker -> executor): ``ModelRunnerOutput`` from the
 output rank only, ``ControlReply`` from every rank, ``WorkerError`` from any
 rank whose step failed. Engine endpoint (client <-> engine): ``ClientRequest``
 and friends live in ``ipc.engine_messages``.
@@ -116,6 +117,10 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_scheduled_tokens: list[int] = []
     finished_req_ids: list[str] = []
     preempted_req_ids: list[str] = []
+    # Requests of this step that sample under a grammar (structured outputs):
+    # when not empty, the workers run the forward pass and wait for the
+    # step's GrammarBitmask before they sample.
+    structured_output_req_ids: list[str] = []
 
     def scheduled_req_ids(self) -> list[str]:
         return self.scheduled_cached_reqs.req_ids + [n.req_id for n in self.scheduled_new_reqs]
@@ -123,6 +128,22 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(self.num_scheduled_tokens)
+
+
+class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The allowed tokens of one step's constrained requests, sent after the
+    step's plan (so the engine computes it while the forward pass runs).
+
+    ``bitmask`` is int32, little-endian, row-major ``[len(req_ids),
+    ceil(vocab_size / 32)]``: row i belongs to ``req_ids[i]``; bit j of word
+    w set means token ``32 * w + j`` is allowed. ``req_ids`` are exactly the
+    plan's ``structured_output_req_ids``, in any order; a worker rejects any
+    other set or size.
+    """
+
+    step_id: int
+    req_ids: list[str]
+    bitmask: bytes
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -225,5 +246,5 @@ class Sync(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     sync_id: int
 
 
-Broadcast = SchedulerOutput | ControlCall | Sync
+Broadcast = SchedulerOutput | GrammarBitmask | ControlCall | Sync
 Reply = ModelRunnerOutput | ControlReply | WorkerError | Hello | Heartbeat

@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="per-request sampling seed (default: from --seed)")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
+    constraint = gen.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", default=None,
+                            help="constrain the output to this JSON schema (a file)")
+    constraint.add_argument("--regex", default=None,
+                            help="constrain the output to match this regular expression")
+    constraint.add_argument("--choice", nargs="+", default=None, metavar="TEXT",
+                            help="the output is exactly one of these texts")
     _serve_parser(sub)
     _bench_parser(sub)
     return parser
@@ -173,12 +180,32 @@ def _from_arguments(make, **options):
         raise ConfigError(str(e)) from e
 
 
+def _structured_outputs(args) -> dict | None:
+    """The ``structured_outputs`` of ``--json-schema`` / ``--regex`` /
+    ``--choice`` (at most one: argparse refuses two); an unreadable schema
+    file is an argument error."""
+    from engine.config import ConfigError
+
+    if args.json_schema is not None:
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                return {"json": json.load(f)}
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--json-schema {args.json_schema}: {e}") from e
+    if args.regex is not None:
+        return {"regex": args.regex}
+    if args.choice is not None:
+        return {"choice": args.choice}
+    return None
+
+
 def run_generate(args) -> int:
     from engine import LLM, SamplingParams
 
     params = _from_arguments(SamplingParams, temperature=args.temperature,
                              max_tokens=args.max_tokens, seed=args.sampling_seed,
-                             ignore_eos=args.ignore_eos)
+                             ignore_eos=args.ignore_eos,
+                             structured_outputs=_structured_outputs(args))
     prompts = _prompts(args)
     with LLM.from_config(_engine_config(args)) as llm:
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)

@@ -4,8 +4,9 @@ Per step: ``execute_model`` applies the plan to the persistent state
 (finish and free in sorted order, add, update, staged writes), sorts the
 batch, copies ``idx_mapping`` and ``query_start_loc`` to the device, builds
 every other input there, and queues the forward pass. ``sample_tokens``
-queues logits, sampling and the copy to the host and returns an
-``AsyncOutput``. Neither call waits for the device.
+masks the logits of constrained requests with the step's grammar bitmask
+(when the plan has any), queues sampling and the copy to the host and
+returns an ``AsyncOutput``. Neither call waits for the device.
 
 Speculative decoding (``RunnerConfig.speculative``, k drafts): a decoding
 request scheduled for n > 1 tokens verifies n - 1 drafts that the runner
@@ -21,13 +22,13 @@ tokens a row replay CUDA graphs captured per row count.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ipc.config import RunnerConfig
-from ipc.messages import SchedulerOutput
+from ipc.messages import GrammarBitmask, SchedulerOutput
 from runner.async_output import AsyncOutput
 from runner.attention.metadata import AttentionMetadata
 from runner.block_table import BlockTables
@@ -46,6 +47,7 @@ from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
+from runner.structured_outputs import GrammarMask, check_grammar_bitmask
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class _PendingStep:
     step_id: int
     batch: InputBatch
     tensors: StepTensors | None
+    structured_output_req_ids: list[str] = field(default_factory=list)
 
     @property
     def last_logits_row(self) -> np.ndarray:
@@ -127,6 +130,7 @@ class ModelRunner:
             device,
         )
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
+        self.grammar_mask = GrammarMask(n, self.model.config.vocab_size, device, self.ops)
         self.output_transfer = self.ops.new_transfer()
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -281,8 +285,9 @@ class ModelRunner:
             num_tokens_padded=None if graph_size is None else graph_size * q,
             decode_query_len=1 + self.num_spec,
         )
+        constrained = list(plan.structured_output_req_ids)
         if batch.num_tokens == 0:
-            self.pending = _PendingStep(plan.step_id, batch, None)
+            self.pending = _PendingStep(plan.step_id, batch, None, constrained)
             return
         self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                     self.req_states.pad_slot,
@@ -297,7 +302,7 @@ class ModelRunner:
             tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
                                           every_token=False)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        self.pending = _PendingStep(plan.step_id, batch, tensors)
+        self.pending = _PendingStep(plan.step_id, batch, tensors, constrained)
 
     def _after_forward(self, hidden: torch.Tensor, n: int, num_logits: int,
                        every_token: bool) -> StepTensors:
@@ -410,19 +415,27 @@ class ModelRunner:
         return buf.input_ids[:t_pad], buf.positions[:t_pad], attn
 
     @torch.no_grad()
-    def sample_tokens(self) -> AsyncOutput:
-        """Queue logits, sampling and the copy to the host; never waits."""
+    def sample_tokens(self, grammar: GrammarBitmask | None = None) -> AsyncOutput:
+        """Mask the constrained rows' logits with ``grammar`` (the step's
+        bitmask; None for a step without constrained requests), queue
+        sampling and the copy to the host; never waits. A bitmask that does
+        not fit the step raises ``InvalidPlanError`` and drops the step
+        (its forward pass ran; nothing is sampled)."""
         step, self.pending = self.pending, None
         if step is None:
             raise RuntimeError("sample_tokens called without execute_model")
+        check_grammar_bitmask(grammar, step.step_id, step.structured_output_req_ids,
+                              self.model.config.vocab_size)
         batch = step.batch
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
                                self.output_transfer)
+        t = step.tensors
+        if grammar is not None:
+            self.grammar_mask.apply(t.logits, grammar, batch.req_ids, step.last_logits_row)
         if self.num_spec:
             return self._sample_with_drafts(step)
-        t = step.tensors
         idx_mapping = t.idx_mapping
         out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(

@@ -58,6 +58,8 @@ class DeviceOps:
     # runner/sampling/noise.py
     greedy_argmax: Callable[[torch.Tensor], torch.Tensor]  # greedy_argmax_ref
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
+    # runner/structured_outputs.py
+    apply_grammar_bitmask: Callable[..., None]  # apply_grammar_bitmask_ref
     # Host/device transfer (runner/transfer.py): a new, independent one per call.
     new_transfer: Callable[[], HostTransfer]
     # What the device offers.
@@ -114,13 +116,15 @@ _KERNELS = {
                       "runner.sampling.triton_noise:greedy_argmax_triton"),
     "gumbel_argmax": ("runner.sampling.noise:gumbel_argmax_ref",
                       "runner.sampling.triton_noise:gumbel_argmax_triton"),
+    "apply_grammar_bitmask": ("runner.structured_outputs:apply_grammar_bitmask_ref",
+                              "runner.triton_grammar_mask:apply_grammar_bitmask_triton"),
 }
 # Kernels whose inputs can be wrong: field -> their check, beside the reference.
 _CHECKS = {
     name: f"{_KERNELS[name][0].split(':')[0]}:check_{name}"
     for name in ("prepare_prefill_inputs", "prepare_pos_seq_lens", "combine_sampled_tokens",
                  "combine_draft_tokens", "ngram_propose", "gather_block_tables",
-                 "compute_slot_mappings", "apply_staged_writes")
+                 "compute_slot_mappings", "apply_staged_writes", "apply_grammar_bitmask")
 }
 
 

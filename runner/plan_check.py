@@ -86,6 +86,12 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
                  f"{held * block_tables.block_size} (max_model_len {max_len})")
         total += n
+    constrained = plan.structured_output_req_ids
+    if len(set(constrained)) != len(constrained):
+        fail("a request is listed twice in structured_output_req_ids")
+    if not set(constrained) <= set(req_ids):
+        extra = sorted(set(constrained) - set(req_ids))
+        fail(f"structured_output_req_ids names requests not scheduled: {extra[:5]}")
     if total > max_num_batched_tokens:
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
 

@@ -15,6 +15,12 @@ device. Nothing here waits for the device on the CUDA path:
 - ``upload`` (staged writes) copies fresh pinned buffers; they are kept
   alive, with an event recorded after the copy, until ``event.query()``
   reports the copy done, so no copy reads a buffer freed or reused.
+- ``copy_into_side`` (a step's grammar bitmask) copies fresh pinned
+  buffers into persistent device buffers on a side stream, so the copy
+  overlaps the forward pass already queued; the main stream waits for it
+  before its next work. The side stream first waits for the event that
+  ``side_buffers_read`` recorded after the last kernel that read those
+  buffers, so they are never rewritten while still being read.
 - ``to_host`` (sampled tokens) copies on a side stream that first waits for
   the main stream, into pinned memory, and records an event; waiting on that
   event is the only wait on the device in a step.
@@ -139,6 +145,16 @@ class HostTransfer:
         """Fresh arrays as device tensors (the arrays are not reused)."""
         return tuple(torch.from_numpy(a) for a in arrays)
 
+    def copy_into_side(self, pairs: list[tuple[np.ndarray, torch.Tensor]]) -> None:
+        """Copy each ``src`` into the first ``len(src)`` rows of its ``dst``,
+        before any later work on the current stream."""
+        for src, dst in pairs:
+            self.copy_into(src, dst)
+
+    def side_buffers_read(self) -> None:
+        """The buffers ``copy_into_side`` wrote have been read by the work
+        queued so far (nothing to order on a host device)."""
+
     def to_host(self, tensors: tuple[torch.Tensor, ...]):
         """Start copying ``tensors`` to the host: (host tensors, a CopyDone-like
         object whose ``synchronize()`` waits for the copy)."""
@@ -158,6 +174,8 @@ class PinnedTransfer(HostTransfer):
         self.next = 0
         self.in_flight: deque[tuple[torch.cuda.Event, tuple[torch.Tensor, ...]]] = deque()
         self.copy_stream: torch.cuda.Stream | None = None
+        self.side_stream: torch.cuda.Stream | None = None
+        self.side_read_event: torch.cuda.Event | None = None
 
     def device_tensor(self, shape: tuple[int, ...], dtype: torch.dtype,
                       uva: bool = False) -> torch.Tensor:
@@ -193,6 +211,27 @@ class PinnedTransfer(HostTransfer):
         done.record()
         self.in_flight.append((done, host))
         return dev
+
+    def copy_into_side(self, pairs: list[tuple[np.ndarray, torch.Tensor]]) -> None:
+        while self.in_flight and self.in_flight[0][0].query():  # no wait
+            self.in_flight.popleft()
+        if self.side_stream is None:
+            self.side_stream = torch.cuda.Stream(self.device)
+        main_stream = torch.cuda.current_stream()
+        host = tuple(torch.from_numpy(src).pin_memory() for src, _ in pairs)
+        with torch.cuda.stream(self.side_stream):
+            if self.side_read_event is not None:
+                self.side_stream.wait_event(self.side_read_event)
+            for src, (_, dst) in zip(host, pairs):
+                dst[: src.shape[0]].copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.side_stream)
+        main_stream.wait_event(done)
+        self.in_flight.append((done, host))
+
+    def side_buffers_read(self) -> None:
+        self.side_read_event = torch.cuda.Event()
+        self.side_read_event.record()
 
     def to_host(self, tensors: tuple[torch.Tensor, ...]):
         if self.copy_stream is None:

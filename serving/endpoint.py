@@ -16,7 +16,11 @@ it gets one ``RequestError`` and nothing was scheduled, or the engine
 stopped first, in which case its client gets ``EngineStopped``; an invalid,
 malformed or unauthenticated message never stops the loop. Request ids are
 per client; the engine sees ids of its own. A client that is gone (the
-ROUTER cannot route to it) has its requests aborted. A frame above
+ROUTER cannot route to it) has its requests aborted. A request with a
+structured-output constraint waits, unscheduled, while its grammar compiles
+in the engine's compile threads (the loop goes on serving the others); it is
+then accepted or refused (a grammar that does not compile in time), so a bad
+constraint is a ``RequestError`` like any invalid request. A frame above
 ``MAX_MESSAGE_BYTES`` makes ZeroMQ cut that connection before the server
 sees it; the cut is logged (INFO) like any closed connection.
 
@@ -75,6 +79,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 _IDLE_POLL_MS = 100
+_COMPILE_POLL_MS = 2  # while a grammar compiles: look again soon
 
 
 def is_loopback(host: str) -> bool:
@@ -214,6 +219,8 @@ class EngineServer:
             self.close()
             raise
         self.routes: dict[str, _Route] = {}  # engine request id -> its client
+        # (client, its id) -> (message, params): requests whose grammar compiles.
+        self.compiling: dict[tuple[bytes, str], tuple[GenerateRequest, SamplingParams]] = {}
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
         self.next_id = itertools.count()
         self.stopping = False
@@ -225,7 +232,9 @@ class EngineServer:
         try:
             while not self.stopping:
                 busy = self.engine.has_unfinished_requests()
-                self._receive(timeout_ms=0 if busy else _IDLE_POLL_MS)
+                self._receive(timeout_ms=0 if busy else
+                              _COMPILE_POLL_MS if self.compiling else _IDLE_POLL_MS)
+                self._admit_compiled()
                 if self.engine.has_unfinished_requests():
                     self._send_deltas(self.engine.step())
                 else:
@@ -289,6 +298,7 @@ class EngineServer:
         if isinstance(message, GenerateRequest):
             self._add(identity, message)
         elif isinstance(message, AbortRequest):
+            self.compiling.pop((identity, message.request_id), None)
             engine_id = self.engine_ids.get((identity, message.request_id))
             if engine_id is not None:
                 self._send_deltas(self.engine.abort([engine_id]))
@@ -299,25 +309,46 @@ class EngineServer:
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)
         try:
-            if key in self.engine_ids:
+            if key in self.engine_ids or key in self.compiling:
                 raise ValueError(f"request id {message.request_id!r} is already in use "
                                  f"by one of this client's live requests")
-            prompt = _prompt(message)
             params = SamplingParams.from_dict(message.sampling_params)
+        except Exception as e:
+            self._refuse(identity, message, e)
+            return
+        if self.engine.structured_outputs.ready(params):  # starts the compile if needed
+            self._admit(identity, message, params)
+        else:
+            self.compiling[key] = (message, params)
+
+    def _admit_compiled(self) -> None:
+        """Admit (or refuse) the requests whose grammar has compiled or run
+        out of time."""
+        for key, (message, params) in list(self.compiling.items()):
+            if self.engine.structured_outputs.ready(params):
+                del self.compiling[key]
+                self._admit(key[0], message, params)
+
+    def _admit(self, identity: bytes, message: GenerateRequest, params: SamplingParams) -> None:
+        try:
+            prompt = _prompt(message)
             engine_id = str(next(self.next_id))
             request = self.engine.add_request(prompt, params, req_id=engine_id)
         except Exception as e:
-            if not isinstance(e, (ValueError, TypeError)):
-                logger.exception("request %r refused", message.request_id)
-            error = str(e) or type(e).__name__
-            self._reply(identity, RequestError(request_id=message.request_id, error=error,
-                                               code=getattr(e, "code", None)))
+            self._refuse(identity, message, e)
             return
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
         self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
-        self.engine_ids[key] = engine_id
+        self.engine_ids[(identity, message.request_id)] = engine_id
         self._reply(identity, RequestAccepted(request_id=message.request_id,
                                               prompt_token_ids=request.prompt_token_ids))
+
+    def _refuse(self, identity: bytes, message: GenerateRequest, e: Exception) -> None:
+        if not isinstance(e, (ValueError, TypeError)):
+            logger.exception("request %r refused", message.request_id)
+        error = str(e) or type(e).__name__
+        self._reply(identity, RequestError(request_id=message.request_id, error=error,
+                                           code=getattr(e, "code", None)))
 
     # ---- replies -----------------------------------------------------------
     def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
@@ -377,6 +408,8 @@ class EngineServer:
         self.engine_ids.clear()
 
     def _drop_client(self, identity: bytes) -> None:
+        for key in [k for k in self.compiling if k[0] == identity]:
+            del self.compiling[key]
         gone = [eid for eid, route in self.routes.items() if route.identity == identity]
         if gone:
             logger.warning("a client is gone; aborting its %d request(s)", len(gone))

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ipc.config import RunnerConfig
-from ipc.messages import SchedulerOutput
+from ipc.messages import GrammarBitmask, SchedulerOutput
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
 from runner.ops import device_ops
@@ -132,10 +132,15 @@ class Worker:
     def health(self) -> dict:
         return {"rank": self.env.rank, "device": str(self.device)}
 
-    def execute(self, plan: SchedulerOutput):
-        """Run one step; returns the AsyncOutput (the caller decides who waits)."""
+    def execute_model(self, plan: SchedulerOutput) -> None:
+        """Apply the plan and queue the step's forward pass."""
         self.runner.execute_model(plan)
-        return self.runner.sample_tokens()
+
+    def sample_tokens(self, grammar: GrammarBitmask | None):
+        """Sample the step (masked by ``grammar`` when its plan has
+        constrained requests); returns the AsyncOutput (the caller decides
+        who waits)."""
+        return self.runner.sample_tokens(grammar)
 
     def shutdown(self) -> None:
         """Free this rank's memory, then leave the process group.

@@ -4,7 +4,8 @@ Requests are pydantic models: a field of the wrong type is answered with
 HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
 fields this server has no use for. The extra sampling fields that vLLM
 accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``) have vLLM's names. Responses are plain dicts built by the
+``ignore_eos``, ``structured_outputs`` and the ``guided_*`` fields) have
+vLLM's names. Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
 """
 
@@ -47,6 +48,15 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
 
     logit_bias: dict[str, float] | None = None
+
+    # Structured outputs (serving/http/structured.py): OpenAI's
+    # response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     # Fields OpenAI defines that change the answer but this server does not
     # implement: a request that sets one is refused rather than answered
@@ -111,14 +121,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools")
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("response_format other than text is not supported by this server")
 
 
 ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]

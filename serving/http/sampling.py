@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from engine.sampling_params import SamplingParams
 from serving.http.protocol import SamplingFields
+from serving.http.structured import structured_outputs_of
 
 MAX_N = 128
 _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -24,7 +25,8 @@ def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
     fields.update(max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
-                  stop_token_ids=list(request.stop_token_ids or []), seed=request.seed)
+                  stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
+                  structured_outputs=structured_outputs_of(request))
     params = SamplingParams.from_dict(fields).to_dict()
     params["stop_token_ids"] = list(params["stop_token_ids"])
     if any(not s for s in request.stop_strings()):

@@ -58,7 +58,7 @@ def test_failed_in_process_step_is_a_worker_failure(tiny_cache, monkeypatch):
         def broken(plan):
             raise IndexError("a bug in the runner")
 
-        monkeypatch.setattr(worker, "execute", broken)
+        monkeypatch.setattr(worker, "execute_model", broken)
         with pytest.raises(WorkerFailure, match=r"worker rank 0 \(in process\) failed step \d+"):
             llm.generate(PROMPTS, GREEDY)
         monkeypatch.undo()

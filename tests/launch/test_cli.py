@@ -1,6 +1,7 @@
 """The tprun CLI: torchrun-style flags, generate, --json."""
 
 import json
+import re
 
 import pytest
 
@@ -55,4 +56,43 @@ def test_bad_prompt_token_ids_is_a_clear_error(tmp_path):
     )
     assert result.returncode == 1
     assert "outside the vocabulary" in result.stderr
+    assert leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_generate_with_constraints(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                  "required": ["ok"], "additionalProperties": False}))
+    runs = {"choice": ["--choice", "red", "green", "light blue"],
+            "regex": ["--regex", "[0-9]{3}-[a-z]{2}"],
+            "json": ["--json-schema", str(schema), "--max-tokens", "200"]}
+    texts = {}
+    for name, flags in runs.items():
+        result, leftovers = run_tprun(
+            ["generate", "--model", "tiny", "--device", "cpu", "--prompt", "Go:",
+             "--temperature", "1", "--sampling-seed", "3", "--json", *flags],
+            timeout=100, env={"TPRUN_CACHE": str(tmp_path)})
+        assert result.returncode == 0, result.stderr
+        assert leftovers == []
+        texts[name] = json.loads(result.stdout.splitlines()[-1])
+    assert texts["choice"]["text"] in ("red", "green", "light blue")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", texts["regex"]["text"])
+    if texts["json"]["finish_reason"] == "stop":
+        assert json.loads(texts["json"]["text"]) in ({"ok": True}, {"ok": False})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags, code, message", [
+    (["--json-schema", "/nonexistent/schema.json"], 2, "--json-schema /nonexistent"),
+    (["--regex", "a", "--choice", "b"], 2, "not allowed with argument"),
+    (["--choice"], 2, "expected at least one argument"),
+    (["--regex", "[a-"], 1, "invalid regex"),
+])
+def test_bad_constraint_flags_are_one_line_errors(tmp_path, flags, code, message):
+    result, leftovers = run_tprun(
+        ["generate", "--model", "tiny", "--device", "cpu", "--max-tokens", "4", *flags],
+        timeout=100, env={"TPRUN_CACHE": str(tmp_path)})
+    assert result.returncode == code, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
     assert leftovers == []

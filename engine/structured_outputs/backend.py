@@ -1,0 +1,100 @@
+"""The grammar backend: llguidance over the model's own tokenizer.
+
+``GuidanceBackend`` describes the vocabulary to llguidance once per model
+(``LLTokenizer`` built from the model directory's ``tokenizer.json``, the
+same file the engine's tokenizer reads, GGUF-derived ones included, sized to
+the model's vocabulary so that ids past the tokenizer's are never allowed;
+its EOS ids are the model's). ``compile`` turns a ``GrammarKey`` into a
+template matcher; each request then gets its own copy (``new_matcher``).
+
+The tokenizer is built on first use, inside a compile (off the engine
+loop), once: building it reads every token's bytes (about a second for a
+128k vocabulary). llguidance is imported only then, so an engine that never
+sees a constrained request never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any
+
+from engine.structured_outputs.params import GrammarKey
+
+
+class GrammarError(ValueError):
+    """A schema, regex or grammar that cannot be compiled; the message says why."""
+
+
+_KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice",
+               "grammar": "grammar"}
+
+
+class GuidanceBackend:
+    def __init__(self, tokenizer_json_path: str, vocab_size: int, eos_token_ids: list[int]):
+        self.tokenizer_json_path = tokenizer_json_path
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._tokenizer = None
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        """The llguidance tokenizer (built once, thread-safe)."""
+        with self._lock:
+            if self._tokenizer is None:
+                from llguidance import LLTokenizer
+
+                with open(self.tokenizer_json_path, encoding="utf-8") as f:
+                    text = f.read()
+                eos = self.eos_token_ids or None
+                self._tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
+            return self._tokenizer
+
+    def compile(self, key: GrammarKey) -> Any:
+        """A template ``LLMatcher`` for ``key``; ``GrammarError`` if it does
+        not compile (the backend's message, which names the problem)."""
+        from llguidance import LLMatcher
+
+        grammar = _grammar_text(key)
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: "
+                               f"{_one_line(matcher.get_error())}")
+        return matcher
+
+    @staticmethod
+    def new_matcher(template: Any) -> Any:
+        """A request's own matcher, at the start of the grammar."""
+        return template.deep_copy()
+
+
+def _grammar_text(key: GrammarKey) -> str:
+    from llguidance import LLMatcher, grammar_from
+
+    try:
+        if key.kind == "json":
+            options = {"whitespace_flexible": not key.compact_json}
+            return LLMatcher.grammar_from_json_schema(key.text, defaults=options)
+        if key.kind == "regex":
+            return LLMatcher.grammar_from_regex(key.text)
+        if key.kind == "choice":
+            lark = "start: " + " | ".join(json.dumps(c) for c in json.loads(key.text))
+            return LLMatcher.grammar_from_lark(lark)
+        return grammar_from("grammar", key.text)
+    except ValueError as e:
+        raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_one_line(str(e))}") from None
+
+
+def _one_line(message: str, limit: int = 400) -> str:
+    """The backend's message on one line: its caret pictures and the grammar
+    lines it quotes left out, the rest joined (and cut to ``limit``)."""
+    kept = []
+    for line in message.strip().splitlines():
+        text = line.strip()
+        if not text or set(text) <= {"^", " ", "~"} or re.match(r"^\d+ \|", text):
+            continue
+        kept.append(text)
+    joined = " ".join(kept)
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."

@@ -1,0 +1,124 @@
+"""``StructuredOutputsParams``: the constraint on one request's output, with vLLM's names.
+
+Exactly one constraint per request: ``json`` (a JSON schema, as a dict or
+its text), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark or
+GBNF text) or ``json_object=True`` (any JSON object). ``__post_init__``
+checks the shape (types, exactly one) and raises ``ValueError``; whether a
+schema, regex or grammar compiles is decided by the grammar backend when the
+request enters the engine. ``disable_any_whitespace`` makes JSON compact (no
+whitespace between tokens of the JSON text), as vLLM's option of that name.
+
+``key`` is the compiled grammar's identity: two parameters with the same key
+share one compiled grammar (the compile cache is keyed by it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class GrammarKey:
+    """What the backend compiles: the kind and a canonical text."""
+
+    kind: str  # "json" (json_object too), "regex", "choice" or "grammar"
+    text: str
+    compact_json: bool = False
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, regex, choice, grammar, "
+                f"json_object; got {', '.join(given) if given else 'none'}")
+        if self.json is not None:
+            object.__setattr__(self, "json", _schema_text(self.json))
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            _check_choice(self.choice)
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if self.json_object not in (None, True, False):
+            raise ValueError("structured_outputs.json_object must be a bool")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise ValueError("structured_outputs.disable_any_whitespace must be a bool")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StructuredOutputsParams:
+        """From a plain mapping (HTTP bodies, engine messages); unknown keys
+        raise ``ValueError`` naming them. Keys set to None are ignored."""
+        if not isinstance(d, dict):
+            raise ValueError(f"structured_outputs must be an object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown structured_outputs field(s): {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The set fields, as ``from_dict`` reads them (JSON-serialisable)."""
+        out = {k: getattr(self, k) for k in _KINDS if getattr(self, k) not in (None, False)}
+        if "choice" in out:
+            out["choice"] = list(out["choice"])
+        if self.disable_any_whitespace:
+            out["disable_any_whitespace"] = True
+        return out
+
+    @property
+    def key(self) -> GrammarKey:
+        compact = self.disable_any_whitespace
+        if self.json is not None:
+            return GrammarKey("json", self.json, compact)
+        if self.json_object:
+            return GrammarKey("json", '{"type":"object"}', compact)
+        if self.regex is not None:
+            return GrammarKey("regex", self.regex)
+        if self.choice is not None:
+            return GrammarKey("choice", json.dumps(list(self.choice)))
+        return GrammarKey("grammar", self.grammar)
+
+
+def _schema_text(schema: Any) -> str:
+    """A JSON schema's text without spaces (key order kept: it is the order
+    of the output's properties), from a dict or from text that parses to an
+    object (or a boolean schema)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError("structured_outputs.json must be a JSON schema (an object), "
+                         f"got {type(schema).__name__}")
+    try:
+        return json.dumps(schema, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"structured_outputs.json cannot be written as JSON: {e}") from None
+
+
+def _check_choice(choice: Any) -> None:
+    if isinstance(choice, (str, bytes)) or not hasattr(choice, "__iter__"):
+        raise ValueError("structured_outputs.choice must be a list of strings")
+    items = list(choice)
+    if not items:
+        raise ValueError("structured_outputs.choice must not be empty")
+    if not all(isinstance(c, str) and c for c in items):
+        raise ValueError("structured_outputs.choice must hold non-empty strings")

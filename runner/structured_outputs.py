@@ -1,0 +1,118 @@
+"""The grammar bitmask on the worker: checked, copied to the device, applied.
+
+A step whose plan lists ``structured_output_req_ids`` samples only once its
+``GrammarBitmask`` has arrived (``ModelRunner.sample_tokens``). Here:
+
+- ``check_grammar_bitmask``: the message must answer the pending step (same
+  step id, exactly the plan's constrained requests, each once, and
+  ``len(req_ids) * ceil(vocab / 32)`` int32 words); otherwise
+  ``InvalidPlanError``, the same verdict on every rank (the step is rejected).
+- ``GrammarMask.apply``: maps each row to its request's logits row
+  (``last_logits_row`` of its batch row: the row it samples from), copies
+  mask and rows into persistent device buffers (on CUDA a side stream that
+  the main stream waits for, so the copy overlaps the forward pass), and
+  masks the logits in place with one kernel, before penalties, temperature
+  and filters.
+- ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
+  version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
+
+Kernel contract: for every mask row r with ``0 <= logits_rows[r] <
+logits.shape[0]`` (others are skipped), every token v whose bit is clear
+(bit ``v % 32`` of word ``v // 32``) gets ``-inf`` at ``logits[logits_rows[r],
+v]``; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ipc.errors import InvalidPlanError
+from ipc.messages import GrammarBitmask
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def check_apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor,
+                                logits_rows: torch.Tensor) -> None:
+    if logits.dim() != 2 or bitmask.dim() != 2 or bitmask.dtype != torch.int32:
+        raise ValueError("apply_grammar_bitmask needs 2-D logits and a 2-D int32 bitmask")
+    if logits.stride(1) != 1 or bitmask.stride(1) != 1:
+        raise ValueError("apply_grammar_bitmask needs rows of contiguous tokens")
+    if bitmask.shape[1] * 32 < logits.shape[1]:
+        raise ValueError(f"a bitmask of {bitmask.shape[1]} words cannot cover "
+                         f"{logits.shape[1]} tokens")
+    if logits_rows.shape != (bitmask.shape[0],):
+        raise ValueError("apply_grammar_bitmask needs one logits row per bitmask row")
+
+
+def apply_grammar_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor,
+                              logits_rows: torch.Tensor) -> None:
+    """See the module docstring; in place."""
+    num_rows, vocab = logits.shape
+    if bitmask.shape[0] == 0:
+        return
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
+    valid = (logits_rows >= 0) & (logits_rows < num_rows)
+    rows = logits_rows[valid].long()
+    logits[rows] = logits[rows].masked_fill(~allowed[valid], float("-inf"))
+
+
+def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
+                          expected_req_ids: list[str], vocab_size: int) -> None:
+    """``InvalidPlanError`` unless ``grammar`` is the mask the pending step needs."""
+    def fail(message: str) -> None:
+        raise InvalidPlanError(f"step {step_id}: {message}")
+
+    if grammar is None:
+        if expected_req_ids:
+            fail("the plan has constrained requests but no grammar bitmask came")
+        return
+    if grammar.step_id != step_id:
+        fail(f"a grammar bitmask of step {grammar.step_id} came instead of this step's")
+    if not expected_req_ids:
+        fail("a grammar bitmask came for a step without constrained requests")
+    if len(set(grammar.req_ids)) != len(grammar.req_ids):
+        fail("the grammar bitmask names a request twice")
+    if set(grammar.req_ids) != set(expected_req_ids):
+        unknown = sorted(set(grammar.req_ids) - set(expected_req_ids))
+        missing = sorted(set(expected_req_ids) - set(grammar.req_ids))
+        fail(f"the grammar bitmask's requests do not match the plan's (unknown: "
+             f"{unknown[:5]}, missing: {missing[:5]})")
+    expected_bytes = len(grammar.req_ids) * bitmask_words(vocab_size) * 4
+    if len(grammar.bitmask) != expected_bytes:
+        fail(f"the grammar bitmask has {len(grammar.bitmask)} bytes, not {expected_bytes} "
+             f"({len(grammar.req_ids)} rows of {bitmask_words(vocab_size)} int32 words)")
+
+
+class GrammarMask:
+    """Persistent device buffers for one step's mask, and the masking call.
+
+    At most ``max_rows`` rows (one per constrained request of a step, so the
+    runner's ``max_num_seqs``). The buffers are rewritten only after the
+    previous step's kernel has read them (``HostTransfer.copy_into_side``).
+    """
+
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, ops):
+        self.vocab_size = vocab_size
+        self.words = bitmask_words(vocab_size)
+        self.bitmask = torch.zeros((max_rows, self.words), dtype=torch.int32, device=device)
+        self.rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.kernel = ops.apply_grammar_bitmask
+        self.transfer = ops.new_transfer()
+
+    def apply(self, logits: torch.Tensor, grammar: GrammarBitmask, batch_req_ids: list[str],
+              last_logits_row: np.ndarray) -> None:
+        """Mask ``logits`` in place; ``grammar`` has passed ``check_grammar_bitmask``."""
+        n = len(grammar.req_ids)
+        batch_row = {req_id: i for i, req_id in enumerate(batch_req_ids)}
+        rows = np.array([last_logits_row[batch_row[r]] for r in grammar.req_ids], dtype=np.int32)
+        # A writable copy: torch shares, and may not be given, read-only memory.
+        mask = np.frombuffer(bytearray(grammar.bitmask), dtype="<i4").astype(np.int32, copy=False)
+        self.transfer.copy_into_side([(mask.reshape(n, self.words), self.bitmask),
+                                      (rows, self.rows)])
+        self.kernel(logits, self.bitmask[:n], self.rows[:n])
+        self.transfer.side_buffers_read()

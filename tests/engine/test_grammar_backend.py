@@ -1,0 +1,149 @@
+"""The engine's grammar side on ``tiny``'s byte-level vocabulary (id b is byte
+b, EOS 257, ids 259..319 padding), where every mask can be worked out by
+hand: the tokens a regex allows step by step, EOS only where the grammar may
+end, rollback, the rows of requests that are gone, the compile cache and its
+time limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from checkpoint.tiny_model import EOS
+from engine.structured_outputs import StructuredOutputManager, StructuredOutputsParams
+from engine.structured_outputs.backend import GrammarError
+from engine.structured_outputs.compiler import GrammarCompiler
+from engine.structured_outputs.params import GrammarKey
+from ipc.messages import SchedulerOutput
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def manager(tiny_dir):
+    m = StructuredOutputManager(f"{tiny_dir}/tokenizer.json", VOCAB, [EOS], timeout_s=30)
+    yield m
+    m.shutdown()
+
+
+class _Req:
+    def __init__(self, grammar):
+        self.grammar = grammar
+
+
+def allowed(manager, requests: dict, req_ids: list[str]) -> list[list[int]]:
+    plan = SchedulerOutput(step_id=3, structured_output_req_ids=req_ids)
+    bitmask = manager.bitmask(plan, requests)
+    assert bitmask.step_id == 3 and bitmask.req_ids == req_ids
+    words = np.frombuffer(bitmask.bitmask, dtype="<i4").reshape(len(req_ids), (VOCAB + 31) // 32)
+    bits = (words[:, :, None].astype(np.int64) >> np.arange(32)) & 1
+    return [np.flatnonzero(row.reshape(-1)[:VOCAB]).tolist() for row in bits]
+
+
+def grammar_for(manager, **constraint):
+    from engine import SamplingParams
+
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(**constraint))
+    manager.check(params)
+    return manager.new_grammar(params)
+
+
+def test_regex_masks_step_by_step_and_eos_only_at_the_end(manager):
+    g = grammar_for(manager, regex="a[bc]d?")
+    reqs = {"r": _Req(g)}
+    assert allowed(manager, reqs, ["r"]) == [[ord("a")]]
+    assert g.accept(ord("a")) and not g.is_terminated()
+    assert allowed(manager, reqs, ["r"]) == [[ord("b"), ord("c")]]
+    assert g.accept(ord("c"))
+    # "ac" may end here or go on with "d": EOS and d, nothing else.
+    assert allowed(manager, reqs, ["r"]) == [[ord("d"), EOS]]
+    assert g.accept(ord("d")) and g.is_terminated()
+    g.rollback_to(1)  # back to "a"
+    assert g.num_tokens == 1 and not g.is_terminated()
+    assert allowed(manager, reqs, ["r"]) == [[ord("b"), ord("c")]]
+    assert not g.accept(ord("z")) and g.is_error()
+
+
+def test_choice_and_rows_of_requests_that_are_gone(manager):
+    g = grammar_for(manager, choice=["yes", "no"])
+    reqs = {"a": _Req(g), "plain": _Req(None)}
+    rows = allowed(manager, reqs, ["gone", "a", "plain"])
+    assert rows[0] == rows[2] == list(range(VOCAB))  # discarded anyway: everything allowed
+    assert rows[1] == [ord("n"), ord("y")]
+
+
+def test_each_request_gets_its_own_matcher_from_one_compile(manager):
+    first = grammar_for(manager, choice=["ab", "ac"])
+    second = grammar_for(manager, choice=["ab", "ac"])
+    assert first.matcher is not second.matcher
+    assert first.accept(ord("a"))
+    assert allowed(manager, {"1": _Req(first), "2": _Req(second)}, ["1", "2"]) == [
+        [ord("b"), ord("c")], [ord("a")]]
+
+
+def test_json_schema_compact_has_no_whitespace(manager):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    g = grammar_for(manager, json=schema, disable_any_whitespace=True)
+    reqs = {"r": _Req(g)}
+    for ch in '{"n":':
+        assert allowed(manager, reqs, ["r"]) == [[ord(ch)]]
+        assert g.accept(ord(ch))
+    assert allowed(manager, reqs, ["r"])[0] == [ord("-")] + list(range(ord("0"), ord("9") + 1))
+
+
+class _SlowBackend:
+    """A backend whose compiles of the text "slow" take ``delay`` seconds,
+    the others none; the text "bad" fails."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def compile(self, key: GrammarKey):
+        with self.lock:
+            self.calls += 1
+        time.sleep(self.delay if key.text == "slow" else 0.0)
+        if key.text == "bad":
+            raise GrammarError("invalid regex: bad")
+        return ("compiled", key)
+
+
+def test_compiler_caches_by_text_and_limits_time():
+    backend = _SlowBackend(delay=0.5)
+    compiler = GrammarCompiler(backend, timeout_s=0.2)
+    try:
+        slow = GrammarKey("regex", "slow")
+        start = time.monotonic()
+        compiler.submit(slow)
+        assert time.monotonic() - start < 0.1  # submitting never waits
+        assert not compiler.ready(slow)
+        with pytest.raises(GrammarError, match="did not compile within 0.2 s"):
+            compiler.result(slow)
+        assert time.monotonic() - start < 0.45  # gave up at the limit, not at the end
+        assert compiler.ready(slow)  # its deadline passed: answers at once
+        time.sleep(0.5)
+        assert compiler.result(slow) == ("compiled", slow)  # finished later: cached
+        bad = GrammarKey("regex", "bad")
+        compiler.timeout_s = 5.0
+        for _ in range(2):
+            with pytest.raises(GrammarError, match="invalid regex: bad"):
+                compiler.result(bad)
+        assert backend.calls == 2  # one compile per text, failures cached too
+    finally:
+        compiler.shutdown()
+
+
+def test_a_slow_compile_does_not_hold_up_a_fast_one():
+    backend = _SlowBackend(delay=1.0)
+    compiler = GrammarCompiler(backend, timeout_s=5.0, max_workers=2)
+    try:
+        compiler.submit(GrammarKey("regex", "slow"))
+        start = time.monotonic()
+        assert compiler.result(GrammarKey("regex", "fast"))[0] == "compiled"
+        assert time.monotonic() - start < 0.5
+    finally:
+        compiler.shutdown()

@@ -1,0 +1,172 @@
+"""Structured outputs over HTTP on ``tiny`` (``tprun serve --http-port``),
+driven by the official ``openai`` client: ``response_format`` (json_schema,
+json_object) on chat and completions answers what ``LLM.generate`` answers
+with the same constraint; vLLM's ``structured_outputs`` object and the older
+``guided_*`` fields in ``extra_body`` constrain the output (validated against
+the schema, matched in full, one of the choices, for every one of ``n``
+choices); each kind of bad constraint is a 400 in OpenAI's shape, and the
+server goes on serving."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from checkpoint.tiny_model import TINY_NAME
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from tests.helpers.http_utils import start_http, stop_http
+
+pytestmark = pytest.mark.timeout(180)
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5},
+                   "size": {"enum": ["S", "M", "L"]},
+                   "dims": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                        "maximum": 99}, "maxItems": 3}},
+    "required": ["name", "size", "dims"],
+    "additionalProperties": False,
+}
+MESSAGES = [{"role": "user", "content": "Describe a box."}]
+CHOICES = ["alpha", "beta", "gamma"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("http")
+    served = start_http(tmp, "serve", "--model", "tiny", "--device", "cpu",
+                        "--disable-log-stats")
+    served.model_dir = str(tmp / "cache" / TINY_NAME)
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                       timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    with LLM(model=server.model_dir, device="cpu") as llm:
+        yield llm
+
+
+def _chat_ids(model_dir) -> list[int]:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_chat_response_format_json_schema_is_the_engines_answer(server, client, reference):
+    ids = _chat_ids(server.model_dir)
+    for seed in range(3):
+        resp = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=60, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "box", "schema": SCHEMA, "strict": True}})
+        want = reference.generate({"prompt_token_ids": ids}, SamplingParams(
+            temperature=1.0, seed=seed, max_tokens=60,
+            structured_outputs=StructuredOutputsParams(json=SCHEMA)))[0].outputs[0]
+        choice = resp.choices[0]
+        assert choice.message.content == want.text
+        assert choice.finish_reason == want.finish_reason
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_completion_json_object_is_the_engines_answer(client, reference):
+    resp = client.completions.create(model="tiny", prompt="{", max_tokens=40, temperature=0,
+                                     extra_body={"response_format": {"type": "json_object"}})
+    want = reference.generate("{", SamplingParams(
+        temperature=0.0, max_tokens=40,
+        structured_outputs=StructuredOutputsParams(json_object=True)))[0].outputs[0]
+    assert resp.choices[0].text == want.text
+    assert want.text.lstrip().startswith("{")
+
+
+def test_structured_outputs_object_validates_for_every_choice(client):
+    resp = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=80, temperature=1.0, seed=5, n=4,
+        extra_body={"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
+    assert len(resp.choices) == 4
+    finished = [c for c in resp.choices if c.finish_reason == "stop"]
+    assert len(finished) >= 2
+    for c in finished:
+        jsonschema.validate(json.loads(c.message.content), SCHEMA)
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_guided_fields(client, route):
+    def ask(extra, n=1):
+        if route == "chat":
+            resp = client.chat.completions.create(model="tiny", messages=MESSAGES,
+                                                  max_tokens=24, temperature=1.0, seed=1, n=n,
+                                                  extra_body=extra)
+            return [c.message.content for c in resp.choices], resp
+        resp = client.completions.create(model="tiny", prompt="Pick:", max_tokens=24,
+                                         temperature=1.0, seed=1, n=n, extra_body=extra)
+        return [c.text for c in resp.choices], resp
+
+    texts, resp = ask({"guided_choice": CHOICES}, n=3)
+    assert all(t in CHOICES for t in texts) and all(
+        c.finish_reason == "stop" for c in resp.choices)
+    texts, _ = ask({"guided_regex": r"[0-9]{2}-[a-z]{3}"}, n=2)
+    assert all(re.fullmatch(r"[0-9]{2}-[a-z]{3}", t) for t in texts), texts
+    texts, _ = ask({"guided_grammar": 'start: "x" ("y" | "z")'})
+    assert texts[0] in ("xy", "xz")
+    small = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+             "additionalProperties": False}
+    texts, resp = ask({"guided_json": small})
+    if resp.choices[0].finish_reason == "stop":
+        assert json.loads(texts[0]) in ({"ok": True}, {"ok": False})
+
+
+def _error(response: httpx.Response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    return error
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
+     "invalid JSON schema"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "string",
+                                                                  "format": "no-such"}}}},
+     "Unknown format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "needs \"json_schema\""),
+    ({"response_format": {"type": "yaml"}}, "response_format type must be"),
+    ({"guided_regex": "(unclosed"}, "invalid regex"),
+    ({"guided_grammar": "start: nowhere"}, "invalid grammar"),
+    ({"guided_choice": []}, "must not be empty"),
+    ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one of"),
+    ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs field"),
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}},
+     "one structured-output constraint per request"),
+])
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_bad_constraints_are_400(server, client, route, fields, message):
+    body = {"model": "tiny", "max_tokens": 4, **fields}
+    body.update({"messages": MESSAGES} if route.startswith("chat") else {"prompt": "hi"})
+    error = _error(httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60))
+    assert message in error["message"]
+    assert "Traceback" not in error["message"] and "\n" not in error["message"]
+    # The server goes on serving, constrained requests too.
+    resp = client.completions.create(model="tiny", prompt="hi", max_tokens=8, temperature=0,
+                                     extra_body={"guided_choice": CHOICES})
+    assert resp.choices[0].text in CHOICES
