@@ -4,8 +4,8 @@ Invariants once constructed (``__post_init__`` raises ``ValueError``
 otherwise): ``temperature >= 0`` (0 is greedy); ``0 < top_p <= 1``;
 ``top_k >= 0`` (0 disables it; -1 is accepted and stored as 0);
 ``0 <= min_p <= 1``; ``max_tokens >= 1``; ``repetition_penalty > 0``;
-``-2 <= presence_penalty, frequency_penalty <= 2``; ``logprobs`` is None or
-``>= 0``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
+``-2 <= presence_penalty, frequency_penalty <= 2``; ``logprobs`` and
+``prompt_logprobs`` are None or ``>= 0``; ``0 <= min_tokens <= max_tokens``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
 Every int fits a signed 64-bit integer, the type the messages to the engine
 and the workers carry.
 """
@@ -48,6 +48,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self._check_filters()
@@ -92,6 +94,13 @@ class SamplingParams:
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or self.prompt_logprobs < 0):
+            raise ValueError(
+                f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
 
     def _check_penalties(self) -> None:
         _require_number("repetition_penalty", self.repetition_penalty)
@@ -130,6 +139,8 @@ class SamplingParams:
             presence_penalty=float(self.presence_penalty),
             frequency_penalty=float(self.frequency_penalty),
             logprobs=self.logprobs,
+            min_tokens=self.min_tokens,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
 

@@ -25,7 +25,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
     ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
     depend only on (seed, position). ``logprobs`` asks for that many top
-    logprobs per sampled token (None: none).
+    logprobs per sampled token (None: none). Until ``min_tokens`` tokens are
+    generated, ``min_tokens_stop_ids`` cannot be sampled. ``prompt_logprobs``
+    asks for each prompt token's logprob plus that many top ones (None: none).
     """
 
     temperature: float = 1.0
@@ -37,6 +39,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    min_tokens: int = 0
+    min_tokens_stop_ids: list[int] = []
+    prompt_logprobs: int | None = None
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,6 +98,18 @@ class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
     sampled_ranks: list[int]
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """Prompt logprobs scored in one step: request ``req_ids[j]`` scored
+    ``counts[j]`` prompt tokens from prompt index ``starts[j]`` (>= 1) on;
+    ``logprobs`` has one row per scored token, requests in that order (the
+    "sampled" entries are the prompt token's own logprob and rank)."""
+
+    req_ids: list[str]
+    starts: list[int]
+    counts: list[int]
+    logprobs: Logprobs
+
+
 class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The output rank's reply to one step, in the plan's order: row i answers
     the i-th request of the step's ``num_scheduled_tokens``.
@@ -102,12 +119,14 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``num_sampled`` None means one token per row (the usual decode step). A
     row samples nothing when its prefill chunk stops short of its prompt.
     ``logprobs`` has one row per sampled token, in the same order.
+    ``prompt_logprobs``: the prompt tokens scored in this step, if any.
     """
 
     step_id: int
     sampled_token_ids: list[int]
     num_sampled: list[int] | None = None
     logprobs: Logprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     def rows(self) -> list[list[int]]:
         """Each row's tokens, in plan order."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from ipc.messages import Logprobs, ModelRunnerOutput
 from runner.sampler import SamplerOutput
+from runner.sampling.prompt_logprobs import PromptLogprobsOutput
 from runner.transfer import HostTransfer
 
 
@@ -30,17 +31,27 @@ class AsyncOutput:
         sample_mask: np.ndarray,
         sampler_output: SamplerOutput,
         transfer: HostTransfer,
+        prompt_logprobs: PromptLogprobsOutput | None = None,
     ):
         """``plan_order[i]``: the plan index of batch row i; ``sample_mask[i]``:
-        batch row i keeps its token."""
+        batch row i keeps its token; ``prompt_logprobs``: the step's scored
+        prompt tokens, copied with the rest."""
         self.step_id = step_id
         self.plan_order = plan_order
         self.sample_mask = sample_mask
         self.num_logprobs = sampler_output.num_logprobs
+        self.prompt_logprobs = prompt_logprobs
         tensors = (sampler_output.sampled_token_ids,)
         if sampler_output.logprobs is not None:
             tensors += sampler_output.logprobs.tensors()
-        self.host_tensors, self.copy_done = transfer.to_host(tensors)
+        num_prompt = 0
+        if prompt_logprobs is not None:
+            prompt_tensors = prompt_logprobs.tensors.tensors()
+            tensors += prompt_tensors
+            num_prompt = len(prompt_tensors)
+        host, self.copy_done = transfer.to_host(tensors)
+        split = len(host) - num_prompt
+        self.host_tensors, self.prompt_host = host[:split], host[split:]
 
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy, then build the reply in plan order."""
@@ -55,6 +66,8 @@ class AsyncOutput:
             sampled_token_ids=(tokens if all_kept else tokens[keep]).tolist(),
             num_sampled=None if all_kept else keep.astype(np.int64).tolist(),
             logprobs=self._logprobs(keep),
+            prompt_logprobs=(None if self.prompt_logprobs is None
+                             else self.prompt_logprobs.to_message(self.prompt_host)),
         )
 
     def _logprobs(self, keep_in_plan_order: np.ndarray) -> Logprobs | None:

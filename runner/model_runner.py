@@ -34,6 +34,7 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class _PendingStep:
     step_id: int
     batch: InputBatch
     tensors: StepTensors | None
+    prompt_logprobs: PromptLogprobsOutput | None = None
 
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
@@ -81,6 +83,7 @@ class ModelRunner:
         n = config.max_num_seqs
         self.req_states = RequestState(n, config.max_model_len, device)
         self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
+        self.prompt_logprobs = PromptLogprobsState(n, device)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -184,6 +187,7 @@ class ModelRunner:
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
             )
             self.block_tables.add_request(slot, new.block_ids[0])
+            self.prompt_logprobs.add_request(slot, new.sampling.prompt_logprobs)
         cached = plan.scheduled_cached_reqs
         for req_id, blocks, computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
@@ -217,14 +221,27 @@ class ModelRunner:
             return
         self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                     self.req_states.pad_slot)
+        prompt_logprobs = None
         if graph_size is not None:
             tensors = self.graphs.replay(graph_size).head(batch.num_reqs)
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
             tensors = self._after_forward(hidden, batch.num_reqs, one_token_rows=False)
+            prompt_logprobs = self._prompt_logprobs(hidden, batch)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        self.pending = _PendingStep(plan.step_id, batch, tensors)
+        self.pending = _PendingStep(plan.step_id, batch, tensors, prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor,
+                         batch: InputBatch) -> PromptLogprobsOutput | None:
+        """Score the prompt tokens of this step's chunks for the requests that
+        ask (``runner.sampling.prompt_logprobs``); None when none does."""
+        states = self.req_states
+        return self.prompt_logprobs.compute(
+            hidden, batch.req_ids, batch.idx_mapping_np, batch.query_start_loc_np,
+            batch.seq_lens_np - batch.num_scheduled_np, batch.num_scheduled_np,
+            states.prompt_len_np, states.all_token_ids.gpu, self.model.compute_logits,
+            self.model.config.vocab_size)
 
     def _after_forward(self, hidden: torch.Tensor, n: int, one_token_rows: bool) -> StepTensors:
         """Device work between the model and the sampler for batch rows
@@ -249,6 +266,10 @@ class ModelRunner:
         counts = plan.num_scheduled_tokens
         if not counts or not self.graphs.graphs or any(n != 1 for n in counts.values()):
             return None
+        if self.prompt_logprobs.needs_eager(counts, self.req_states.req_id_to_index,
+                                            self.req_states.num_computed_tokens_np,
+                                            self.req_states.prompt_len_np):
+            return None  # the graphs keep no hidden states to score prompt tokens with
         return self.graphs.padded_size(len(counts))
 
     def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
@@ -316,7 +337,8 @@ class ModelRunner:
         idx_mapping = t.idx_mapping
         out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer
+            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer,
+            step.prompt_logprobs,
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output
