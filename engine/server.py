@@ -340,10 +340,14 @@ class EngineServer:
             text += route.detokenizer.finish()
         logprobs = None
         if d.logprobs is not None:
-            logprobs = [[TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
-                        for token in d.logprobs]
+            logprobs = [_candidates(token) for token in d.logprobs]
+        prompt_logprobs = None
+        if d.prompt_logprobs is not None:
+            prompt_logprobs = [None if token is None else _candidates(token)
+                               for token in d.prompt_logprobs]
         return Delta(request_id=route.request_id, token_ids=list(d.new_token_ids), text=text,
-                     finished=d.finished, finish_reason=d.finish_reason, logprobs=logprobs)
+                     finished=d.finished, finish_reason=d.finish_reason, logprobs=logprobs,
+                     prompt_logprobs=prompt_logprobs, num_cached_tokens=d.num_cached_tokens)
 
     def _forget(self, engine_id: str) -> None:
         route = self.routes.pop(engine_id)
@@ -370,6 +374,10 @@ class EngineServer:
         self.engine.abort(gone)
         for engine_id in gone:
             self._forget(engine_id)
+
+
+def _candidates(token: dict) -> list[TokenLogprob]:
+    return [TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
 
 
 def _prompt(message: GenerateRequest) -> str | dict:

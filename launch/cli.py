@@ -132,6 +132,9 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--api-key", default=None,
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
                        "routes (default: $TPRUN_API_KEY, else no key)")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="with --http-port: no log line per HTTP request (method, path, "
+                       "status, duration)")
 
 
 def _bench_parser(sub) -> None:
@@ -274,8 +277,11 @@ def _check_http_args(args) -> None:
 def _start_http(args, engine, address: str, secret: bytes):
     from engine.openai_server.http_server import start_http_server
 
+    if args.access_log:
+        logging.getLogger("tprun.access").setLevel(logging.INFO)
     return start_http_server(address, secret, engine.tokenizer, args.model,
-                             engine.max_model_len, args.host, args.http_port, args.api_key)
+                             engine.max_model_len, args.host, args.http_port, args.api_key,
+                             access_log=args.access_log)
 
 
 def run_bench(args) -> int:

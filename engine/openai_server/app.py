@@ -1,8 +1,9 @@
 """The FastAPI app: routes, API-key check, error shapes.
 
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
-/v1/chat/completions``, ``GET /v1/models``, ``GET /health``, ``GET
-/metrics``. With an API key, every ``/v1`` route needs ``Authorization:
+/v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``, ``POST
+/detokenize``, ``GET /tokenizer_info``, ``GET /health``, ``GET /metrics``.
+With ``access_log`` each request is logged (``access_log.AccessLog``). With an API key, every ``/v1`` route needs ``Authorization:
 Bearer KEY`` (compared in constant time), else 401. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
@@ -16,6 +17,7 @@ engine).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -24,13 +26,21 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from engine.openai_server.access_log import AccessLog
 from engine.openai_server.engine_link import EngineDeadError, EngineLink
 from engine.openai_server.guards import ApiKeyCheck, BodySizeLimit
 from engine.openai_server.logprobs import LogprobsFormatter
 from engine.openai_server.metrics import CONTENT_TYPE, Metrics
-from engine.openai_server.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from engine.openai_server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
 from engine.openai_server.serving_chat import create_chat_completion
 from engine.openai_server.serving_completion import create_completion
+from engine.openai_server.serving_tokenize import detokenize, tokenize, tokenizer_info
 from engine.openai_server.state import ServerState, UnknownModelError
 from engine.openai_server.streaming import ClientDisconnected
 from engine.tokenizer import Tokenizer
@@ -69,7 +79,7 @@ def engine_stopped_response(e: EngineDeadError) -> JSONResponse:
 
 def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_model_len: int,
                api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan."""
     state = ServerState(link, tokenizer, model_name, max_model_len, Metrics(model_name),
                         LogprobsFormatter(tokenizer))
@@ -92,6 +102,18 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await _answer(create_chat_completion(state, body, raw))
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> Response:
+        return await _answer(_json(tokenize, state, body))
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> Response:
+        return await _answer(_json(detokenize, state, body))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict:
+        return tokenizer_info(state)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -116,7 +138,13 @@ def create_app(link: EngineLink, tokenizer: Tokenizer, model_name: str, max_mode
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
     guarded = BodySizeLimit(app, max_body_bytes)
-    return ApiKeyCheck(guarded, api_key) if api_key else guarded
+    guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
+    return AccessLog(guarded) if access_log else guarded
+
+
+async def _json(work, state: ServerState, body) -> Response:
+    """A tokenizer route's answer, computed off the event loop."""
+    return JSONResponse(await asyncio.to_thread(work, state, body))
 
 
 def _add_error_handlers(app: FastAPI) -> None:
