@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 
+from engine.config import ConfigError
 from engine.gguf_metadata import hf_config
 from engine.gguf_tokenizer import build_tokenizer, tokenizer_config
 from engine.tiny_model import default_cache_dir
@@ -44,26 +45,27 @@ def is_gguf_file(path: str) -> bool:
 
 
 def package_file(spec: str) -> str:
-    """The path of ``pkg:PACKAGE/RELATIVE/PATH``; ValueError when absent."""
+    """The path of ``pkg:PACKAGE/RELATIVE/PATH``; ``ConfigError`` (a
+    ValueError: the user named it) when absent."""
     package, _, relative = spec.removeprefix(PACKAGE_PREFIX).partition("/")
     found = importlib.util.find_spec(package) if package else None
     if found is None or not found.submodule_search_locations or not relative:
-        raise ValueError(f"{spec!r}: no installed package {package!r} "
+        raise ConfigError(f"{spec!r}: no installed package {package!r} "
                          f"(expected {PACKAGE_PREFIX}PACKAGE/FILE)")
     path = os.path.join(list(found.submodule_search_locations)[0], relative)
     if not os.path.isfile(path):
-        raise ValueError(f"{spec!r}: package {package!r} has no file {relative!r}")
+        raise ConfigError(f"{spec!r}: package {package!r} has no file {relative!r}")
     return path
 
 
 def resolve_gguf(model: str) -> str | None:
     """The model directory for ``model`` when it names a GGUF file (a path
-    or ``pkg:...``), else None. ValueError for a file that is not GGUF."""
+    or ``pkg:...``), else None. ``ConfigError`` for a file that is not GGUF."""
     path = package_file(model) if model.startswith(PACKAGE_PREFIX) else model
     if not os.path.isfile(path):
         return None
     if not is_gguf_file(path):
-        raise ValueError(f"{model!r} is a file but not a GGUF file; --model takes 'tiny', "
+        raise ConfigError(f"{model!r} is a file but not a GGUF file; --model takes 'tiny', "
                          "a Hugging Face model directory or a .gguf file")
     return ensure_gguf_model(path)
 
