@@ -110,7 +110,7 @@ def main() -> None:
     import torch
 
     from benchmarks.common import emit_summary
-    from engine.gguf_model import package_file
+    from checkpoint.gguf_model import package_file
 
     torch.set_num_threads(args.threads)
     prompts = [chat_prompt(QUESTIONS[i % len(QUESTIONS)]) for i in range(args.num_prompts)]

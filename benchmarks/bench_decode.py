@@ -52,8 +52,9 @@ from benchmarks import floor
 from benchmarks.common import device_name, emit_summary, init_device, synchronize
 from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
+from checkpoint.description import describe
+from engine.config import EngineConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
-from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.layers.linear import RowParallelLinear
 from runner.model_runner import ModelRunner
@@ -336,11 +337,12 @@ def run_benchmark(args, model_dir: str) -> None:
     rank = dist.get_rank() if dist.is_initialized() else 0
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
     max_len = max(args.contexts) + args.steps + 64
-    config = RunnerConfig(model=model_dir, device=args.device, dtype=args.dtype, block_size=16,
-                          max_num_seqs=max(args.batches), max_model_len=max_len,
-                          max_num_batched_tokens=max(2048, max(args.batches)),
-                          load_format="dummy", enforce_eager=args.enforce_eager,
-                          disable_custom_all_reduce=args.disable_custom_all_reduce)
+    engine_config = EngineConfig(
+        model=model_dir, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches),
+        max_model_len=max_len, max_num_batched_tokens=max(2048, max(args.batches)),
+        load_format="dummy", enforce_eager=args.enforce_eager,
+        disable_custom_all_reduce=args.disable_custom_all_reduce)
+    config = engine_config.runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
     if args.cublas_only:  # before the decode graphs are captured
         use_cublas_for_row_parallel(runner.model)

@@ -14,10 +14,8 @@ summary last.
 
 The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
 outputs are wide (``runner_uses_triton``: the 8B shape's, not the 1B's) and
-keeps cuBLAS for qkv and gate_up. results/gemv.json has the figures; its
-``down+silu`` rows come from a version of this script (commit d66ff89 and
-before) that also timed SiLU fused into the kernel's input load: 5x slower
-than cuBLAS + the SiLU kernel, so that mode was dropped.
+keeps cuBLAS for qkv and gate_up. results/gemv.json has the figures
+(results/README.md says how they were made).
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ import time
 import torch
 
 from benchmarks.common import emit_summary
-from engine.tiny_model import ensure_tiny_model
+from checkpoint.description import describe
+from checkpoint.tiny_model import ensure_tiny_model
+from engine.config import EngineConfig
 from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput
-from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.input_batch import make_input_batch
 from runner.model_runner import ModelRunner
@@ -72,8 +73,9 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     model_dir = ensure_tiny_model(os.environ.get("TPRUN_CACHE") or tempfile.mkdtemp())
-    config = RunnerConfig(model=model_dir, device=args.device, max_num_seqs=512,
-                          max_num_batched_tokens=2048, max_model_len=1024, enforce_eager=True)
+    config = EngineConfig(model=model_dir, device=args.device, max_num_seqs=512,
+                          max_num_batched_tokens=2048, max_model_len=1024,
+                          enforce_eager=True).runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
     runner.init_kv_cache(40000)
 

@@ -51,7 +51,7 @@ from engine.config import EngineConfig
 
 def model_dir_for(shape: str, directory: str) -> str:
     if shape == "tiny":
-        from engine.tiny_model import ensure_tiny_model
+        from checkpoint.tiny_model import ensure_tiny_model
 
         return ensure_tiny_model(directory)
     return write_shape(shape, directory)
@@ -108,7 +108,7 @@ def run_tp(model_dir: str, tp: int, args, prompts) -> tuple[list, dict]:
     for async_scheduling in (mode == "async" for mode in args.scheduling):
         llm = make_llm(model_dir, tp, args, max(*args.batch, len(prompts)), async_scheduling)
         try:
-            vocab = llm.engine.model_info.vocab_size
+            vocab = llm.engine.model_config.vocab_size
             if greedy is None:
                 greedy = greedy_with_logprobs(llm, prompts, args.agree_tokens)
             key = "async" if async_scheduling else "sync"

@@ -45,7 +45,7 @@ def write_shape(name: str, directory: str, max_position_embeddings: int = 131072
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    from engine.tiny_model import build_tokenizer
+    from checkpoint.tiny_model import build_tokenizer
 
     build_tokenizer().save(os.path.join(directory, "tokenizer.json"))
     return directory

@@ -166,7 +166,7 @@ def run_bench(engine: LLMEngine, config: BenchConfig, progress: bool = True) -> 
     if config.dataset is not None:
         requests = dataset_requests(config.dataset, config.output_len)
     else:
-        requests = random_requests(config, engine.model_info.vocab_size)
+        requests = random_requests(config, engine.model_config.vocab_size)
     if config.warmup:
         warm = BenchRequest(dict(requests[0].prompt), min(4, requests[0].max_tokens))
         run_requests(engine, [warm], progress=False, id_prefix="warmup-")

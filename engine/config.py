@@ -2,9 +2,10 @@
 
 ``EngineConfig`` is what ``LLM(...)`` and the CLI accept (the CLI's engine
 options are generated from its fields and their help texts). It checks every
-rule the arguments alone decide on construction, and every rule the model's
-config.json and the machine decide in ``check_model`` / ``check_machine``,
-which the engine calls before any worker starts. The runner and the
+rule the arguments alone decide on construction, and in ``check_model`` /
+``check_machine`` every rule the model's description (``ModelConfig``, whose
+own rules are the model's shapes) and the machine decide for these
+arguments; the engine calls both before any worker starts. The runner and the
 scheduler receive typed, frozen projections built here (``runner_config``,
 ``scheduler_config``), which carry no rules of their own.
 
@@ -14,17 +15,13 @@ CLI option follows from the field.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
 
-from ipc.config import SUPPORTED_ARCHITECTURES, RunnerConfig, SchedulerConfig
-
-if TYPE_CHECKING:
-    from engine.model_info import ModelInfo
+from ipc.config import RunnerConfig, SchedulerConfig
+from ipc.model_config import MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", *MODEL_DTYPES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -122,25 +119,14 @@ class EngineConfig:
             raise ConfigError("model must name 'tiny' or a local model directory")
 
     # ---- rules of the model and the machine ------------------------------
-    def check_model(self, info: ModelInfo) -> None:
-        """Every rule the model's config decides: a supported architecture,
-        heads and MLP columns that split over the ranks, a length."""
-        tp = self.tensor_parallel_size
-        arch = info.architectures[0] if info.architectures else None
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ConfigError(f"{self.model}: unsupported architecture {arch!r} "
-                              f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        heads, kv = info.num_attention_heads, info.num_key_value_heads
-        if heads is not None and heads % tp:
-            raise ConfigError(f"{self.model} has {heads} attention heads, which do not divide "
-                              f"by the tensor-parallel size {tp}")
-        if kv is not None and ((kv >= tp and kv % tp) or (kv < tp and tp % kv)):
-            raise ConfigError(f"{self.model} has {kv} KV heads; they and the tensor-parallel "
-                              f"size {tp} must divide one another")
-        if info.intermediate_size is not None and info.intermediate_size % tp:
-            raise ConfigError(f"{self.model}'s intermediate_size {info.intermediate_size} does "
-                              f"not divide by the tensor-parallel size {tp}")
-        self.resolved_max_model_len(info)
+    def check_model(self, model: ModelConfig) -> None:
+        """Every rule the model decides for these arguments: heads and MLP
+        columns that split over the ranks, a length."""
+        try:
+            model.check_tensor_parallel(self.tensor_parallel_size, self.model)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.resolved_max_model_len(model)
 
     def check_machine(self) -> None:
         """Every rule the machine decides: CUDA present and enough devices
@@ -184,28 +170,33 @@ class EngineConfig:
             return self.max_num_batched_tokens
         return 8192 if self.resolved_device == "cuda" else 2048
 
-    def resolved_max_model_len(self, info: ModelInfo) -> int:
+    def resolved_max_model_len(self, model: ModelConfig) -> int:
         """``max_model_len``, else the model's ``max_position_embeddings``.
         Longer than the model's positions is refused (as vLLM does): its
         rotary tables end there, and a longer prompt would fail mid-step."""
-        length = info.max_position_embeddings
+        length = model.max_position_embeddings
         if self.max_model_len is not None:
-            if isinstance(length, int) and self.max_model_len > length:
+            if length is not None and self.max_model_len > length:
                 raise ConfigError(f"max_model_len {self.max_model_len} is longer than "
                                   f"{self.model}'s {length} positions "
                                   "(max_position_embeddings)")
             return self.max_model_len
-        if not isinstance(length, int) or length < 2:
+        if length is None or length < 2:
             raise ConfigError(f"{self.model}'s config gives no usable max_position_embeddings "
                               f"({length!r}); set max_model_len")
         return length
 
-    def runner_config(self, model_dir: str, info: ModelInfo) -> RunnerConfig:
+    def resolved_dtype(self, model: ModelConfig) -> str:
+        """``dtype``, with "auto" the checkpoint's."""
+        return model.dtype if self.dtype == "auto" else self.dtype
+
+    def runner_config(self, model_dir: str, model: ModelConfig) -> RunnerConfig:
         return RunnerConfig(
-            model=model_dir, device=self.resolved_device, dtype=self.dtype,
-            block_size=self.block_size, max_num_seqs=self.max_num_seqs,
+            model=model_dir, model_config=model, device=self.resolved_device,
+            dtype=self.resolved_dtype(model), block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len(info), seed=self.seed,
+            max_model_len=self.resolved_max_model_len(model), seed=self.seed,
             enforce_eager=self.enforce_eager,
             disable_custom_all_reduce=self.disable_custom_all_reduce,
             attention_backend=self.attention_backend,
@@ -213,11 +204,11 @@ class EngineConfig:
             gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
         )
 
-    def scheduler_config(self, info: ModelInfo, num_blocks: int) -> SchedulerConfig:
+    def scheduler_config(self, model: ModelConfig, num_blocks: int) -> SchedulerConfig:
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len(info), block_size=self.block_size,
+            max_model_len=self.resolved_max_model_len(model), block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
             enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
         )
@@ -253,10 +244,3 @@ def _check_choices(c: EngineConfig) -> None:
         if choices is None or value in choices or (value is None and f.default is None):
             continue
         raise ConfigError(f"{f.name} must be one of {choices}, got {value!r}")
-
-
-def looks_like_hub_id(model: str) -> bool:
-    """'org/name' that is not a path on this machine."""
-    parts = model.split("/")
-    return (len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
-            and not os.path.exists(model))

@@ -15,29 +15,20 @@ import logging
 import operator
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.gguf_model import resolve_gguf
-from engine.model_info import ModelInfo
+from checkpoint.description import describe
+from checkpoint.resolve import resolve_model_dir
+from checkpoint.tokenizer import Tokenizer
+from engine.config import ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
-from engine.tiny_model import ensure_tiny_model
-from engine.tokenizer import Tokenizer
 from executor.base import Executor, OutputFuture
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_dir(model: str) -> str:
-    """The directory the engine and workers read: ``tiny``'s, a GGUF file's
-    converted one (engine/gguf_model.py), or ``model`` itself."""
-    if model == "tiny":
-        return ensure_tiny_model()
-    return resolve_gguf(model) or model
 
 
 def make_executor(config: EngineConfig, device: str) -> Executor:
@@ -65,14 +56,17 @@ class LLMEngine:
         """Checks every rule of the model and the machine (``EngineConfig``)
         before the executor starts a worker."""
         self.config = config
-        self.model_dir = resolve_model_dir(config.model)
-        self.model_info = ModelInfo.from_dir(self.model_dir)
-        config.check_model(self.model_info)
+        try:
+            self.model_dir = resolve_model_dir(config.model)
+            self.model_config = describe(self.model_dir)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        config.check_model(self.model_config)
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.max_model_len = config.resolved_max_model_len(self.model_info)
+        self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.device = config.resolved_device
-        runner_config = config.runner_config(self.model_dir, self.model_info)
+        runner_config = config.runner_config(self.model_dir, self.model_config)
         self.executor = make_executor(config, self.device)
         try:
             self.num_blocks = self.executor.initialize(
@@ -81,7 +75,7 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
-        self.scheduler = Scheduler(config.scheduler_config(self.model_info, self.num_blocks))
+        self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.counters = StepCounters()
@@ -109,7 +103,7 @@ class LLMEngine:
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """``check_request`` with this engine's limits and vocabulary."""
         check_request(prompt_token_ids, params, self.scheduler.config,
-                      self.model_info.vocab_size, allow_truncation=False)
+                      self.model_config.vocab_size, allow_truncation=False)
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
@@ -119,7 +113,7 @@ class LLMEngine:
             params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids))
         request = Request(
             req_id if req_id is not None else str(next(self.request_ids)),
-            prompt_token_ids, params, eos_token_id=self.model_info.eos_token_ids,
+            prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
             priority=priority,
         )
         self.scheduler.add_request(request)

@@ -5,7 +5,8 @@ otherwise): ``temperature >= 0`` (0 is greedy); ``0 < top_p <= 1``;
 ``top_k >= 0`` (0 disables it; -1 is accepted and stored as 0);
 ``0 <= min_p <= 1``; ``max_tokens >= 1``; ``repetition_penalty > 0``;
 ``-2 <= presence_penalty, frequency_penalty <= 2``; ``logprobs`` and
-``prompt_logprobs`` are None or ``>= 0``; ``0 <= min_tokens <= max_tokens``; ``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
+``prompt_logprobs`` are None or ``>= 0``; ``0 <= min_tokens <= max_tokens``;
+``seed`` is None or an int; ``stop_token_ids`` is a tuple of ints.
 Every int fits a signed 64-bit integer, the type the messages to the engine
 and the workers carry.
 """

@@ -13,8 +13,8 @@ import traceback
 from typing import Any
 
 from executor.base import Executor, StepRejected, WorkerFailure
+from ipc.errors import InvalidPlanError
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
-from runner.plan_check import InvalidPlanError
 from worker.env import TorchrunEnv
 from worker.worker import Worker
 

@@ -15,10 +15,7 @@ import msgspec
 import zmq
 
 from ipc.messages import Broadcast, Hello, Reply, Sync
-from ipc.serde import decode_broadcast, decode_reply, encode
-
-# Bound on one message; a larger one is refused by ZeroMQ itself (dropped).
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+from ipc.serde import MAX_MESSAGE_BYTES, decode_broadcast, decode_reply, encode
 
 
 def _restrict_ipc_file(endpoint: str) -> None:

@@ -4,30 +4,31 @@
 before any process starts and builds these with its methods
 (``runner_config``, ``scheduler_config``). They live here because both sides
 import them (the engine builds them, the runner and the scheduler read them)
-and the runner imports no package but ipc. They carry no rules of their own:
-a value here was checked by ``EngineConfig`` (or by a test or benchmark that
-builds one directly and takes that responsibility). ``RunnerConfig`` crosses
-the socket inside ``ControlCall`` as itself, so a worker receives it typed.
+and the runner imports no package but ipc. They carry no rules and no defaults
+of their own: every value here was checked, and every default chosen, by
+``EngineConfig`` (tests and benchmarks build them through it too).
+``RunnerConfig`` crosses the socket inside ``ControlCall`` as itself, with
+the model's description, so a worker receives both typed.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
+from ipc.model_config import ModelConfig
+
+# The name of a model directory's GGUF weights (a link to the file):
+# checkpoint/gguf_model.py writes it, runner/loader.py reads the weights by it.
+GGUF_FILE = "model.gguf"
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker needs to build its runner.
 
-    ``model`` is a local directory (or file) the worker can read; ``device``
-    is "cpu" or "cuda" (resolved); ``dtype`` is "auto" (the checkpoint's) or
-    a torch dtype name. ``max_num_seqs`` is the number of request slots (rows
+    ``model`` is a local directory the worker reads weights from;
+    ``model_config`` describes the model (the runner reads no config file);
+    ``device`` is "cpu" or "cuda" and ``dtype`` a torch dtype name, both
+    resolved. ``max_num_seqs`` is the number of request slots (rows
     of every persistent tensor); ``max_num_batched_tokens`` sizes the
     per-step input buffers; ``max_model_len`` sizes ``all_token_ids`` and the
     block tables; ``block_size`` is a power of two. ``kv_cache_memory_bytes``
@@ -35,23 +36,24 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     the GPU the worker may use. ``disable_custom_all_reduce``: NCCL for
     every all-reduce instead of the one-shot kernel over peer memory.
     ``load_format="dummy"`` fills random weights
-    instead of reading the checkpoint (only config.json is needed).
+    instead of reading the checkpoint.
     """
 
     model: str
-    device: str = "cpu"
-    dtype: str = "auto"
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 4096
-    seed: int = 0
-    enforce_eager: bool = False
-    disable_custom_all_reduce: bool = False
-    attention_backend: str | None = None
-    kv_cache_memory_bytes: int = 1 << 30
-    gpu_memory_utilization: float = 0.9
-    load_format: str = "auto"
+    model_config: ModelConfig
+    device: str
+    dtype: str
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    seed: int
+    enforce_eager: bool
+    disable_custom_all_reduce: bool
+    attention_backend: str | None
+    kv_cache_memory_bytes: int
+    gpu_memory_utilization: float
+    load_format: str
 
     @property
     def max_num_blocks_per_req(self) -> int:
@@ -72,9 +74,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int
     block_size: int
     num_blocks: int
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = True
-    max_logprobs: int = -1
+    policy: str
+    enable_prefix_caching: bool
+    max_logprobs: int
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

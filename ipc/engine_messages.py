@@ -19,10 +19,6 @@ from typing import Any
 
 import msgspec
 
-# Both ends set it as the socket's MAXMSGSIZE: ZeroMQ cuts a connection
-# that sends a larger frame before the application sees any of it.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Generate for one prompt: give exactly one of ``prompt`` (text) and
@@ -126,13 +122,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 ClientMessage = GenerateRequest | AbortRequest | StatsRequest
 ServerMessage = RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
 
-_encoder = msgspec.msgpack.Encoder()
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 _server_decoder = msgspec.msgpack.Decoder(ServerMessage)
-
-
-def encode(message: msgspec.Struct) -> bytes:
-    return _encoder.encode(message)
 
 
 def decode_client_message(data: bytes) -> ClientMessage:

@@ -10,6 +10,11 @@ from ipc.messages import Broadcast, Reply
 
 logger = logging.getLogger(__name__)
 
+# The bound on one message on every tprun socket (the broadcast and reply
+# channels, the engine endpoint): each socket sets it as ZeroMQ's MAXMSGSIZE,
+# so a peer that sends a larger frame is cut before anything reads it.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
 _encoder = msgspec.msgpack.Encoder()
 _broadcast_decoder = msgspec.msgpack.Decoder(Broadcast)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)

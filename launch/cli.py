@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SERVE_HELP = """\
-Serve the engine to clients (engine.client.EngineClient) over ZeroMQ.
+Serve the engine to clients (serving.client.EngineClient) over ZeroMQ.
 
 Where it listens: by default an ipc:// socket in a new private directory
 (mode 0700); --port P: tcp://127.0.0.1:P; --host ADDR [--port P]:
@@ -236,9 +236,9 @@ def run_serve(args) -> int:
     """Start the engine, then serve it until SIGINT or SIGTERM (either one:
     a clean stop, exit code 0, sockets and files removed)."""
     from engine.llm_engine import LLMEngine
-    from engine.server import Endpoint, EngineServer, exposure_warning
     from executor import stop_signals
     from ipc.auth import new_secret
+    from serving.endpoint import Endpoint, EngineServer, exposure_warning
 
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
                             log_stats_interval_s=args.log_stats_interval)
@@ -306,7 +306,7 @@ def _check_http_args(args) -> None:
     args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
     args.host = args.host or "127.0.0.1"
     _check_port_free(args.host, args.http_port)
-    from engine.server import is_loopback
+    from serving.endpoint import is_loopback
 
     if not is_loopback(args.host):
         warning = (f"the HTTP server listens on {args.host}, beyond this machine"
@@ -333,7 +333,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def _start_http(args, engine, address: str, secret: bytes):
-    from engine.openai_server.http_server import start_http_server
+    from serving.http.http_server import start_http_server
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)

@@ -6,20 +6,7 @@ import math
 
 import torch
 
-from runner.config import RunnerConfig
-from runner.model_config import ModelConfig
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_dtype(config: RunnerConfig) -> torch.dtype:
-    """``auto`` follows the checkpoint's config.json (float32 if it says nothing)."""
-    if config.dtype != "auto":
-        return _DTYPES[config.dtype]
-    model_dtype = ModelConfig.from_dir(config.model).dtype
-    if isinstance(model_dtype, torch.dtype):
-        return model_dtype
-    return _DTYPES.get(str(model_dtype), torch.float32)
+from ipc.config import RunnerConfig
 
 
 def kv_cache_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:

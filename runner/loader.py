@@ -4,7 +4,7 @@ Each rank reads only its slices (``safe_open(...).get_slice``), casts them to
 the model's dtype and copies them into place. Works for a single
 ``model.safetensors`` and for sharded checkpoints with
 ``model.safetensors.index.json``; bf16, fp16 and fp32 tensors. A directory
-with a ``model.gguf`` (engine/gguf_model.py writes one for a GGUF file) is
+with a ``model.gguf`` (checkpoint/gguf_model.py writes one for a GGUF file) is
 read by runner/gguf_loader.py instead.
 """
 
@@ -18,12 +18,12 @@ import zlib
 import torch
 from safetensors import safe_open
 
+from ipc.config import GGUF_FILE
 from runner.gguf_loader import load_gguf_weights
 from runner.layers import WeightSlice
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-GGUF_FILE = "model.gguf"
 
 # Checkpoint tensors that carry nothing the model needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

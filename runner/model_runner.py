@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ipc.config import RunnerConfig
 from ipc.messages import SchedulerOutput
 from runner.async_output import AsyncOutput
 from runner.attention.metadata import AttentionMetadata
 from runner.block_table import BlockTables
-from runner.config import RunnerConfig
 from runner.cuda_graphs import CudaGraphManager, capture_sizes
 from runner.distributed import TensorParallelGroup
 from runner.input_batch import InputBatch, InputBuffers, make_input_batch
@@ -26,9 +26,7 @@ from runner.kv_cache import (
     allocate_kv_caches,
     kv_cache_bytes_per_block,
     profile_peak_memory,
-    resolve_dtype,
 )
-from runner.model_config import ModelConfig
 from runner.models import build_model, build_model_from_config
 from runner.ops import device_ops
 from runner.plan_check import check_plan
@@ -64,12 +62,15 @@ class _PendingStep:
 
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
-    dtype = resolve_dtype(config)
+    """The model ``config.model_config`` describes: random weights for
+    ``load_format="dummy"``, else ``config.model``'s."""
+    dtype = getattr(torch, config.dtype)
     if config.load_format == "dummy":
-        model_config = ModelConfig.from_dir(config.model)
-        return build_model_from_config(model_config, dtype, device, tp, config.attention_backend,
-                                       init="random", seed=config.seed)
-    return build_model(config.model, dtype, device, tp, config.attention_backend)
+        return build_model_from_config(config.model_config, dtype, device, tp,
+                                       config.attention_backend, init="random", seed=config.seed,
+                                       max_positions=config.max_model_len)
+    return build_model(config.model_config, config.model, dtype, device, tp,
+                       config.attention_backend, max_positions=config.max_model_len)
 
 
 class ModelRunner:
@@ -121,8 +122,7 @@ class ModelRunner:
         graph_logits = 6 * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
         graph_reserve = (256 << 20) + graph_logits if self.graphs.sizes else 0
         # Filters, penalties and logprobs hold about ten float32 copies of the
-        # batch's logits at their peak (measured on the H200: 1.25 GiB at 256
-        # rows x 128k vocabulary); the profile run does not sample.
+        # batch's logits at their peak; the profile run does not sample.
         sampler_reserve = 10 * 4 * self.config.max_num_seqs * self.model.config.vocab_size
         budget = int(total * self.config.gpu_memory_utilization)
         budget -= held_by_others + peak + graph_reserve + sampler_reserve

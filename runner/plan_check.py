@@ -8,12 +8,9 @@ crash while the others wait in an all-reduce.
 
 from __future__ import annotations
 
+from ipc.errors import InvalidPlanError
 from ipc.messages import SchedulerOutput
 from runner.sampling.states import sampling_options_error
-
-
-class InvalidPlanError(ValueError):
-    """The plan contradicts the runner's state; nothing was applied."""
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,

@@ -56,6 +56,6 @@ def pytest_unconfigure(config):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory) -> str:
     """The embedded ``tiny`` model, written into a fresh cache of the module."""
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model(str(tmp_path_factory.mktemp("cache")))

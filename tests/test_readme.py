@@ -67,7 +67,7 @@ def test_attach_example_runs_twice_as_written(tmp_path):
 
 
 def test_client_names_the_missing_server_after_its_timeout(tmp_path):
-    from engine.client import EngineClient
+    from serving.client import EngineClient
 
     path = str(tmp_path / "endpoint")
     with pytest.raises(TimeoutError, match=r"no endpoint file .* `tprun serve --endpoint-file"):

@@ -18,8 +18,8 @@ import traceback
 import zmq
 
 from ipc.channels import BroadcastSubscriber, ReplySender
+from ipc.errors import InvalidPlanError
 from ipc.messages import ControlCall, ControlReply, Hello, SchedulerOutput, Sync, WorkerError
-from runner.plan_check import InvalidPlanError
 from worker.env import TorchrunEnv
 from worker.fault_injection import FaultInjector
 from worker.heartbeat import HeartbeatThread

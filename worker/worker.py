@@ -15,8 +15,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from ipc.config import RunnerConfig
 from ipc.messages import SchedulerOutput
-from runner.config import RunnerConfig
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
 from runner.ops import device_ops
@@ -34,8 +34,7 @@ def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     # One share of the cores per local rank, less one core for the engine and
-    # the socket threads: oversubscribed ranks spin in OpenMP barriers (on a
-    # 2-core machine, 2 threads made the tiny model 25x slower than 1).
+    # the socket threads: oversubscribed ranks spin in OpenMP barriers.
     if "OMP_NUM_THREADS" not in os.environ:
         share = (os.cpu_count() or 1) // max(1, local_world_size) - 1
         torch.set_num_threads(max(1, share))

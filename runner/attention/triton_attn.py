@@ -62,8 +62,8 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
 
     Decode-like batches use the smallest tensor-core tile that holds the heads of
     a KV group and long key tiles (memory-bound: fewer, larger loads); batches with
-    prefill chunks use 64 rows to reuse each K/V tile. Measured on an H200 with
-    Llama-3-8B heads (benchmarks/bench_attention.py --sweep).
+    prefill chunks use 64 rows to reuse each K/V tile. ``benchmarks/bench_attention.py
+    --sweep`` compares the alternatives.
     """
     rows = nqpk * max(1, min(max_query_len, 64))
     block_m = min(64, max(16, triton.next_power_of_2(rows)))

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from runner.model_config import Llama3RopeScaling
+from ipc.model_config import Llama3RopeScaling
 from runner.ops import device_ops
 
 

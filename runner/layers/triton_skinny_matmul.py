@@ -10,13 +10,9 @@ no partial sums in memory. Rows are padded to 16 for the tensor cores.
 ``row_parallel_matmul`` there) for half-precision inputs of at most
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
-``F.linear`` instead, to compare. On the H200 (same run,
-CUDA graphs): 8B decode step at batch 1 4.60 ms against 4.74 with cuBLAS, at
-batch 8 4.77 against 4.89; the 1B shape's 2048-wide outputs stay on cuBLAS,
-which was faster there. Computing silu(gate) * up while loading the input
-(fusing the MLP's SiLU launch) was tried and made down 5x slower on the H200:
-a computed dot operand stalls the pipelined weight loads
-(benchmarks/results/gemv.json, ``down+silu``).
+``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
+A/B). The input is loaded as it is: a dot operand computed while loading
+(such as silu(gate) * up) stalls the pipelined weight loads.
 """
 
 from __future__ import annotations
@@ -83,8 +79,8 @@ def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` (a row-parallel projection) takes the skinny
     kernel (asked on CUDA only): half precision, at most SKINNY_MAX_ROWS rows, unit last
     strides, and enough output columns for a BLOCK_N-wide program on about
-    every SM. Measured on the H200: with 4096 columns (8B: o_proj, down) it
-    beats cuBLAS + split-K reduce; with 2048 (1B) cuBLAS wins."""
+    every SM: narrower outputs leave SMs idle, and cuBLAS's split-K serves
+    them better."""
     if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
             and x.stride(-1) == 1 and weight.stride(-1) == 1):
         return False

@@ -1,13 +1,14 @@
-"""Building a Llama-family CausalLM from a checkpoint directory or a bare config."""
+"""Building a Llama-family CausalLM from its ``ModelConfig`` (the engine's
+description of the checkpoint; nothing here reads a config file)."""
 
 from __future__ import annotations
 
 import torch
 
+from ipc.model_config import ModelConfig
 from runner.attention.selector import get_attention_backend
 from runner.distributed import TensorParallelGroup
 from runner.loader import fill_random_weights, load_weights
-from runner.model_config import ModelConfig
 from runner.models.causal_lm import CausalLM
 
 __all__ = ["CausalLM", "build_model", "build_model_from_config"]
@@ -17,11 +18,13 @@ INIT_MODES = ("empty", "random")
 
 def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: torch.device,
                             tp: TensorParallelGroup, attention_backend: str | None = None,
-                            init: str = "random", seed: int = 0) -> CausalLM:
+                            init: str = "random", seed: int = 0,
+                            max_positions: int | None = None) -> CausalLM:
     """This rank's shard of the model, allocated directly on ``device``.
 
     init="random": weights from ``fill_random_weights`` (for benchmarks);
-    init="empty": uninitialized, for a loader to fill.
+    init="empty": uninitialized, for a loader to fill. ``max_positions``
+    bounds the rotary tables (default: the model's positions).
     """
     if init not in INIT_MODES:
         raise ValueError(f"init must be one of {INIT_MODES}, got {init!r}")
@@ -30,16 +33,17 @@ def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: tor
     device = torch.device(device)
     backend = get_attention_backend(attention_backend, device)
     with torch.device(device):
-        model = CausalLM(config, tp, backend, dtype)
+        model = CausalLM(config, tp, backend, dtype, max_positions)
     if init == "random":
         fill_random_weights(model, seed)
     return model.eval()
 
 
-def build_model(model_dir: str, dtype: torch.dtype, device: torch.device,
-                tp: TensorParallelGroup, attention_backend: str | None = None) -> CausalLM:
-    """Read ``model_dir``'s config and this rank's slices of its safetensors weights."""
-    config = ModelConfig.from_dir(model_dir)
-    model = build_model_from_config(config, dtype, device, tp, attention_backend, init="empty")
+def build_model(config: ModelConfig, model_dir: str, dtype: torch.dtype, device: torch.device,
+                tp: TensorParallelGroup, attention_backend: str | None = None,
+                max_positions: int | None = None) -> CausalLM:
+    """The model ``config`` describes, with this rank's slices of ``model_dir``'s weights."""
+    model = build_model_from_config(config, dtype, device, tp, attention_backend, init="empty",
+                                    max_positions=max_positions)
     load_weights(model, model_dir)
     return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ipc.model_config import ModelConfig
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.selector import AttentionBackend
 from runner.distributed import TensorParallelGroup
@@ -16,7 +17,6 @@ from runner.layers import (
     WeightSlice,
 )
 from runner.layers.linear import kv_head_range
-from runner.model_config import ModelConfig
 from runner.models.llama import LlamaDecoderLayer
 
 
@@ -28,15 +28,18 @@ class CausalLM(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, backend: AttentionBackend,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, max_positions: int | None = None) -> None:
         super().__init__()
         config.check_tensor_parallel(tp.size)
         self.config = config
         self.tp = tp
         self.dtype = dtype
         self.num_kv_heads = kv_head_range(config.num_key_value_heads, tp)[1]
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                 config.rope_theta, config.rope_scaling)
+        positions = max_positions or config.max_position_embeddings
+        if positions is None:
+            raise ValueError("the model gives no max_position_embeddings: pass max_positions")
+        rotary = RotaryEmbedding(config.head_dim, positions, config.rope_theta,
+                                 config.rope_scaling)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp,
                                                    dtype)
         self.layers = nn.ModuleList(

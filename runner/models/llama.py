@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ipc.model_config import ModelConfig
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.selector import AttentionBackend, attends_to_written_kv
 from runner.distributed import TensorParallelGroup
@@ -20,7 +21,6 @@ from runner.layers import (
     RowParallelLinear,
     WeightSlice,
 )
-from runner.model_config import ModelConfig
 from runner.ops import device_ops
 
 

@@ -20,10 +20,10 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings
 
+from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
 from engine.request import Request
 from engine.scheduler import Scheduler
-from engine.tiny_model import ensure_tiny_model
 from tests.helpers.fake_runner import (
     PROMPTS,
     FakeRunner,

@@ -21,6 +21,7 @@ from ipc.config import RunnerConfig
 from ipc.messages import ControlCall
 from ipc.serde import decode_broadcast, encode
 from launch.cli import _engine_config, build_parser
+from tests.helpers.checkpoints import runner_config
 from tests.helpers.proc_utils import run_tprun
 
 
@@ -71,7 +72,7 @@ def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, matc
 
 @pytest.mark.parametrize("overrides, tp, match", [
     ({}, 2, "9 attention heads, which do not divide by the tensor-parallel size 2"),
-    ({"num_attention_heads": 8, "num_key_value_heads": 3}, 2, "3 KV heads"),
+    ({"num_attention_heads": 6, "num_key_value_heads": 3}, 2, "3 KV heads"),
     ({"architectures": ["GPT2LMHeadModel"]}, 1, "unsupported architecture 'GPT2LMHeadModel'"),
     ({"max_position_embeddings": None}, 1, "set max_model_len"),
 ])
@@ -84,7 +85,7 @@ def test_model_rules_raise_before_any_worker(no_workers, tmp_path, overrides, tp
 
 def test_max_model_len_beyond_the_models_positions_is_refused(no_workers, tmp_path):
     """As vLLM: the rotary tables end at max_position_embeddings (2048 here)."""
-    model = _model_dir(tmp_path, num_attention_heads=8)
+    model = _model_dir(tmp_path)
     with pytest.raises(ConfigError, match="max_model_len 4096 is longer than .* 2048 positions"):
         LLM(model=model, device="cpu", max_model_len=4096)
     assert no_workers == []
@@ -108,14 +109,16 @@ def test_cuda_without_cuda_is_a_config_error(no_workers, monkeypatch):
 
 
 def test_projections_come_from_the_config(tmp_path):
-    from engine.model_info import ModelInfo
+    from checkpoint.description import describe
 
     config = EngineConfig(model="m", block_size=32, max_num_seqs=4, scheduling_policy="priority",
                           enable_prefix_caching=False)
-    info = ModelInfo.from_dir(_model_dir(tmp_path, num_attention_heads=8))
+    info = describe(_model_dir(tmp_path, num_attention_heads=8, num_key_value_heads=4,
+                               torch_dtype="bfloat16"))
     runner = config.runner_config("/models/m", info)
     assert (runner.model, runner.block_size, runner.max_num_seqs, runner.max_model_len) == (
         "/models/m", 32, 4, 2048)
+    assert runner.model_config == info and runner.dtype == "bfloat16"  # "auto" resolved
     scheduler = config.scheduler_config(info, num_blocks=7)
     assert (scheduler.policy, scheduler.num_blocks, scheduler.enable_prefix_caching) == (
         "priority", 7, False)
@@ -126,16 +129,16 @@ def test_projections_come_from_the_config(tmp_path):
 def test_token_budget_default_follows_the_device(tmp_path, device, given, budget):
     """max_num_batched_tokens left unset is 8192 on CUDA and 2048 elsewhere;
     both projections carry the resolved value, a given one unchanged."""
-    from engine.model_info import ModelInfo
+    from checkpoint.description import describe
 
     config = EngineConfig(model="m", device=device, max_num_batched_tokens=given)
-    info = ModelInfo.from_dir(_model_dir(tmp_path))
+    info = describe(_model_dir(tmp_path))
     assert config.runner_config("/models/m", info).max_num_batched_tokens == budget
     assert config.scheduler_config(info, num_blocks=7).max_num_batched_tokens == budget
 
 
-def test_runner_config_crosses_the_socket_typed():
-    config = RunnerConfig(model="/m", block_size=32, max_model_len=100, attention_backend=None)
+def test_runner_config_crosses_the_socket_typed(tmp_path):
+    config = runner_config(_model_dir(tmp_path), block_size=32, max_model_len=100)
     message = decode_broadcast(encode(ControlCall(call_id=3, method="load_model",
                                                   kwargs={"config": config})))
     assert isinstance(message.kwargs["config"], RunnerConfig)

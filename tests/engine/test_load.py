@@ -28,7 +28,7 @@ from collections import deque
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.client import EngineClient
+from serving.client import EngineClient
 from tests.helpers.serve_utils import rss_kib, start_server, stop_server
 
 NUM_REQUESTS = 2000

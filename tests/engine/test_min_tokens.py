@@ -20,7 +20,7 @@ PROMPT = [5, 17, 99, 3, 44, 120]
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    from engine.tiny_model import build_tokenizer
+    from checkpoint.tiny_model import build_tokenizer
 
     model = small_llama(4, 256, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=256).eval()

@@ -48,7 +48,7 @@ def save_llama(tmp_path_factory, name: str, **fields):
     transformers' prompt logprobs of every prompt."""
     import transformers
 
-    from engine.tiny_model import build_tokenizer
+    from checkpoint.tiny_model import build_tokenizer
 
     if "hidden_size" in fields:
         config = transformers.LlamaConfig(vocab_size=256, intermediate_size=192,

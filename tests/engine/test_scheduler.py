@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from engine.outputs import Logprob
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler
 from ipc.messages import Logprobs, ModelRunnerOutput
 from tests.helpers.fake_runner import (
     PROMPTS,
@@ -209,11 +209,12 @@ def test_duplicate_request_id_rejected():
         sched.add_request(Request("x", [2], SamplingParams()))
 
 
-def test_config_defaults():
-    cfg = SchedulerConfig(
-        max_num_seqs=1, max_num_batched_tokens=1, max_model_len=2, block_size=1, num_blocks=1
-    )
-    assert cfg.policy == "fcfs" and cfg.enable_prefix_caching is True
+def test_config_defaults_are_the_engine_configs(tiny_dir):
+    from checkpoint.description import describe
+    from engine.config import EngineConfig
+
+    cfg = EngineConfig(model=tiny_dir).scheduler_config(describe(tiny_dir), num_blocks=1)
+    assert (cfg.policy, cfg.enable_prefix_caching, cfg.max_logprobs) == ("fcfs", True, 20)
 
 
 def test_step_mismatch_raises():

@@ -62,14 +62,14 @@ def load_and_shut_down(rank: RankInfo) -> dict[str, torch.Tensor]:
     and the model and cache are unreachable."""
     import torch.distributed as dist
 
-    from engine.tiny_model import ensure_tiny_model
-    from ipc.config import RunnerConfig
+    from checkpoint.tiny_model import ensure_tiny_model
+    from tests.helpers.checkpoints import runner_config
     from worker.env import TorchrunEnv
     from worker.worker import Worker
 
     worker = Worker(TorchrunEnv.from_environ(), "cpu")
-    worker.load_model(RunnerConfig(model=ensure_tiny_model(), max_num_seqs=4,
-                                   max_num_batched_tokens=64, max_model_len=128))
+    worker.load_model(runner_config(ensure_tiny_model(), max_num_seqs=4,
+                                    max_num_batched_tokens=64, max_model_len=128))
     worker.init_kv_cache(8)
     size = worker.runner.tp.size
     refs = [weakref.ref(worker.runner.model), *map(weakref.ref, worker.runner.kv_caches)]
@@ -80,7 +80,7 @@ def load_and_shut_down(rank: RankInfo) -> dict[str, torch.Tensor]:
 
 @pytest.mark.timeout(180)
 def test_worker_shutdown_at_tp2_leaves_the_group_and_frees():
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()  # written once, before two ranks race to write it
     for result in run_on_ranks(load_and_shut_down, 2, backend="gloo"):

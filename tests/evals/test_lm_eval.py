@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from engine.gguf_model import package_file
+from checkpoint.gguf_model import package_file
 from tests.helpers.http_utils import start_http, stop_http
 from tests.helpers.proc_utils import ROOT
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
-from engine.tiny_model import ensure_tiny_model
 from executor.multiproc import free_port
 from tests.helpers.proc_utils import ROOT, pythonpath
 from worker.env import TorchrunEnv

@@ -14,6 +14,7 @@ from engine import LLM, SamplingParams
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from tests.helpers.checkpoints import runner_config
 from tests.helpers.proc_utils import ROOT, pythonpath, session_pids
 
 
@@ -34,8 +35,8 @@ def _wait_gone(pids, timeout: float) -> list[int]:
 
 def _executor(tiny_dir, step_timeout_s=300.0) -> MultiprocExecutor:
     executor = MultiprocExecutor(2, "cpu", step_timeout_s=step_timeout_s)
-    executor.initialize({"model": tiny_dir, "max_num_seqs": 4, "max_num_batched_tokens": 64,
-                         "max_model_len": 256, "block_size": 16}, 32)
+    executor.initialize(runner_config(tiny_dir, max_num_seqs=4, max_num_batched_tokens=64,
+                                      max_model_len=256), 32)
     return executor
 
 

@@ -1,7 +1,7 @@
 """A caller's folder cannot replace tprun's packages in the workers.
 
 Workers start as ``python -P -m worker`` (or an equivalent before Python
-3.11), so a ``worker.py``, ``engine.py`` or ``runner.py`` in the folder
+3.11), so a ``worker.py``, ``engine.py``, ``serving.py`` or ``runner.py`` in the folder
 tprun runs from is not imported by them. Each decoy here exits with code
 3 and says so: had one run, the launch would fail or print it.
 """
@@ -19,7 +19,7 @@ import executor.multiproc
 from executor.multiproc import module_command
 from tests.helpers.proc_utils import pythonpath, run_in_session
 
-DECOYS = ("worker", "engine", "runner", "ipc", "executor")
+DECOYS = ("worker", "engine", "runner", "ipc", "executor", "serving", "checkpoint")
 
 
 def _decoy_folder(path) -> str:

@@ -31,7 +31,7 @@ print(len(out[0].outputs[0].token_ids))
 
 
 def run_tp2(device: str):
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     ensure_tiny_model()
     result, leftovers = run_in_session([sys.executable, "-c", SCRIPT, device], timeout=170,

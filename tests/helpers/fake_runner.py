@@ -151,7 +151,9 @@ def config(**kw) -> SchedulerConfig:
         max_model_len=64,
         block_size=4,
         num_blocks=64,
+        policy="fcfs",
         enable_prefix_caching=False,
+        max_logprobs=-1,
     )
     base.update(kw)
     return SchedulerConfig(**base)

@@ -22,7 +22,7 @@ def save_with_greedy_reference(model, path, prompts: list[list[int]],
     """Spread ``model``'s logits (its lm_head times 20, so greedy never meets a
     near tie), save it and the byte tokenizer under ``path``; return HF's
     greedy ``max_tokens`` continuation of each prompt (eos ignored)."""
-    from engine.tiny_model import build_tokenizer
+    from checkpoint.tiny_model import build_tokenizer
 
     model.eval()
     with torch.no_grad():

@@ -3,23 +3,24 @@
 import torch
 
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from tests.helpers.checkpoints import runner_config
 
 
 def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
                 emulate_graphs: bool = False, **config):
     """A ModelRunner of ``model_dir`` on ``device`` with a KV cache of
     ``num_blocks`` blocks; RunnerConfig fields in ``config`` override the
-    defaults (block size 16, 8 sequences, 256 batched tokens, length 512).
+    test's settings (block size 16, 8 sequences, 256 batched tokens, length
+    512); the rest are EngineConfig's defaults.
     ``emulate_graphs`` replays the padded decode path eagerly (sizes 1-8),
     so CPU tests reach what CUDA graphs run."""
-    from runner.config import RunnerConfig
     from runner.cuda_graphs import CudaGraphManager
     from runner.distributed import TensorParallelGroup
     from runner.model_runner import ModelRunner
 
     settings = dict(block_size=16, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=512)
     settings.update(config)
-    runner = ModelRunner(RunnerConfig(model=model_dir, device=device, **settings),
+    runner = ModelRunner(runner_config(model_dir, device=device, **settings),
                          torch.device("cuda", 0) if device == "cuda" else torch.device(device),
                          TensorParallelGroup.from_default_group())
     if emulate_graphs:

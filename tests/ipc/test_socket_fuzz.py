@@ -9,11 +9,12 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.tiny_model import ensure_tiny_model
+from checkpoint.tiny_model import ensure_tiny_model
 from executor.multiproc import MultiprocExecutor
 from ipc import channels
 from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput
 from ipc.serde import decode_broadcast, decode_reply, encode
+from tests.helpers.checkpoints import runner_config
 
 
 @settings(max_examples=300, deadline=None)
@@ -61,8 +62,8 @@ def test_live_workers_and_executor_survive_garbage(tmp_path, monkeypatch):
     rogue = rogue_ctx.socket(zmq.PUSH)
     rogue.setsockopt(zmq.LINGER, 0)
     try:
-        executor.initialize({"model": tiny, "max_num_seqs": 4, "max_num_batched_tokens": 64,
-                             "max_model_len": 128}, 16)
+        executor.initialize(runner_config(tiny, max_num_seqs=4, max_num_batched_tokens=64,
+                                          max_model_len=128), 16)
         rogue.connect(executor.endpoints.reply)
         rng = random.Random(0)
         tokens = []

@@ -25,13 +25,13 @@ from runner.attention.flash_prefill import (
 from runner.attention.selector import get_attention_backend
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.distributed import TensorParallelGroup
-from runner.models import build_model
 from tests.helpers.attention_oracle import (
     MIXED_QUERY_LENS,
     MIXED_SEQ_LENS,
     make_batch,
     run_and_check,
 )
+from tests.helpers.checkpoints import build_model_from_dir
 from tests.helpers.kernel_device import KERNEL_DEVICE
 from tests.helpers.model_parity import check_close, run_scenario, save_hf_model
 
@@ -155,7 +155,7 @@ def test_model_with_flash_prefill_matches_hf(checkpoints, name, monkeypatch):
     real = flash_prefill.sdpa_prefill
     monkeypatch.setattr(flash_prefill, "sdpa_prefill", lambda *a: calls.append(1) or real(*a))
     model_dir, reference = checkpoints[name]
-    model = build_model(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(),
+    model = build_model_from_dir(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(),
                         "triton_flash_prefill")
     for layer in model.layers:  # float32: the SDPA kernel (FlashAttention is half precision)
         assert layer.self_attn.fused_kv_write

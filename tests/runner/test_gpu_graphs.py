@@ -18,7 +18,7 @@ def _runner(model_dir, enforce_eager):
 
 @pytest.mark.timeout(300)
 def test_graph_decode_equals_eager(tmp_path):
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     model_dir = ensure_tiny_model(str(tmp_path))
     prompts = [list(range(1, 41)), list(range(50, 120)), [7, 8, 9, 10, 11]]

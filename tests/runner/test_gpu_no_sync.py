@@ -24,7 +24,7 @@ def _new(req_id, prompt, blocks, temperature):
 
 @pytest.mark.timeout(300)
 def test_mixed_steps_never_sync(tmp_path):
-    from engine.tiny_model import ensure_tiny_model
+    from checkpoint.tiny_model import ensure_tiny_model
 
     runner = _runner(ensure_tiny_model(str(tmp_path)))
     prompt_a, prompt_b = list(range(1, 41)), list(range(50, 57))

@@ -6,13 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ipc.model_config import Llama3RopeScaling
 from runner.attention.kv_write import write_kv
 from runner.layers.rms_norm import rms_norm_ref
 from runner.layers.rotary import RotaryEmbedding, rotary_ref
 from runner.layers.triton_rms_norm import rms_norm_triton
 from runner.layers.triton_rotary import rotary_triton, rotary_write_kv_triton
 from runner.layers.triton_silu_mul import silu_mul_triton
-from runner.model_config import Llama3RopeScaling
 from tests.helpers.kernel_device import KERNEL_DEVICE
 
 DEVICE = KERNEL_DEVICE

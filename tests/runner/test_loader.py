@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from checkpoint.description import describe, from_hf_dict
 from runner.distributed import TensorParallelGroup
 from runner.loader import load_weights
-from runner.model_config import ModelConfig
-from runner.models import build_model, build_model_from_config
+from runner.models import build_model_from_config
+from tests.helpers.checkpoints import build_model_from_dir
 
 CPU = torch.device("cpu")
 HF_CONFIG = {
@@ -75,8 +76,8 @@ def expected_params(t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.T
 
 def test_single_file_fills_fused_parameters(tmp_path):
     tensors = checkpoint_tensors(HF_CONFIG)
-    model = build_model(write_checkpoint(tmp_path, HF_CONFIG, tensors), torch.float32, CPU,
-                        TensorParallelGroup())
+    model_dir = write_checkpoint(tmp_path, HF_CONFIG, tensors)
+    model = build_model_from_dir(model_dir, torch.float32, CPU, TensorParallelGroup())
     for n, layer in enumerate(model.layers):
         want = expected_params(tensors, n)
         assert torch.equal(layer.self_attn.qkv_proj.weight, want["qkv"])
@@ -90,11 +91,11 @@ def test_single_file_fills_fused_parameters(tmp_path):
 
 def test_sharded_equals_single_file(tmp_path):
     tensors = checkpoint_tensors(HF_CONFIG)
-    single = build_model(write_checkpoint(tmp_path / "one", HF_CONFIG, tensors), torch.float32,
-                         CPU, TensorParallelGroup())
+    single_dir = write_checkpoint(tmp_path / "one", HF_CONFIG, tensors)
+    single = build_model_from_dir(single_dir, torch.float32, CPU, TensorParallelGroup())
     sharded_dir = write_checkpoint(tmp_path / "three", HF_CONFIG, tensors, num_shards=3)
     assert len([f for f in os.listdir(sharded_dir) if f.endswith(".safetensors")]) == 3
-    sharded = build_model(sharded_dir, torch.float32, CPU, TensorParallelGroup())
+    sharded = build_model_from_dir(sharded_dir, torch.float32, CPU, TensorParallelGroup())
     a, b = dict(single.named_parameters()), dict(sharded.named_parameters())
     assert a.keys() == b.keys()
     for name in a:
@@ -107,8 +108,8 @@ def test_half_precision_checkpoints_cast(tmp_path, stored, wanted):
     tensors = {n: t.to(stored) for n, t in checkpoint_tensors(HF_CONFIG).items()}
     config = {**HF_CONFIG, "torch_dtype": str(stored).removeprefix("torch.")}
     model_dir = write_checkpoint(tmp_path, config, tensors)
-    assert ModelConfig.from_dir(model_dir).dtype == stored
-    model = build_model(model_dir, wanted, CPU, TensorParallelGroup())
+    assert describe(model_dir).dtype == str(stored).removeprefix("torch.")
+    model = build_model_from_dir(model_dir, wanted, CPU, TensorParallelGroup())
     assert all(p.dtype == wanted for p in model.parameters())
     want = expected_params(tensors, 1)["qkv"].to(wanted)
     assert torch.equal(model.layers[1].self_attn.qkv_proj.weight, want)
@@ -122,7 +123,7 @@ def test_rank_reads_its_slices(tmp_path, tp_size):
     d = 32 // 4
     p = "model.layers.0"
     for rank in range(tp_size):
-        model = build_model(model_dir, torch.float32, CPU, TensorParallelGroup(rank, tp_size))
+        model = build_model_from_dir(model_dir, torch.float32, CPU, TensorParallelGroup(rank, tp_size))
         q_heads = 4 // tp_size
         kv = rank * 2 // tp_size if tp_size > 2 else rank
         q = tensors[f"{p}.self_attn.q_proj.weight"][rank * q_heads * d:(rank + 1) * q_heads * d]
@@ -144,7 +145,7 @@ def test_unsupported_architecture(tmp_path):
     config = {**HF_CONFIG, "architectures": ["GPT2LMHeadModel"]}
     write_checkpoint(tmp_path, config, {})
     with pytest.raises(ValueError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
-        build_model(str(tmp_path), torch.float32, CPU, TensorParallelGroup())
+        build_model_from_dir(str(tmp_path), torch.float32, CPU, TensorParallelGroup())
 
 
 @pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
@@ -153,53 +154,54 @@ def test_unsupported_architecture(tmp_path):
                                         ("float32", torch.float32)])
 def test_dtype_key_of_either_version(key, name, dtype):
     hf = {k: v for k, v in HF_CONFIG.items() if k != "torch_dtype"}
-    config = ModelConfig.from_hf_dict({**hf, key: name})
-    assert config.dtype == dtype
-    assert config.head_dim == 8 and config.eos_token_ids == (2, 3) and config.eos_token_id == 2
+    config = from_hf_dict({**hf, key: name})
+    assert getattr(torch, config.dtype) == dtype
+    assert config.head_dim == 8 and config.eos_token_ids == (2, 3)
 
 
 def test_rope_parameters_of_either_version():
     scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
-    v4 = ModelConfig.from_hf_dict(
+    v4 = from_hf_dict(
         {**HF_CONFIG, "rope_theta": 5e5, "rope_scaling": {"rope_type": "llama3", **scaling}})
-    v5 = ModelConfig.from_hf_dict({**HF_CONFIG, "rope_parameters": {
+    v5 = from_hf_dict({**HF_CONFIG, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 5e5, **scaling}})
     assert v4 == v5
     assert v4.rope_theta == 5e5 and v4.rope_scaling.factor == 8.0
     with pytest.raises(ValueError, match="yarn"):
-        ModelConfig.from_hf_dict({**HF_CONFIG, "rope_scaling": {"rope_type": "yarn"}})
+        from_hf_dict({**HF_CONFIG, "rope_scaling": {"rope_type": "yarn"}})
 
 
 def test_sliding_window_layers_as_transformers_reads_them():
     layers = HF_CONFIG["num_hidden_layers"]
     mistral = {**HF_CONFIG, "architectures": ["MistralForCausalLM"], "sliding_window": 16}
-    assert ModelConfig.from_hf_dict(mistral).sliding_layers == tuple(range(layers))
+    assert from_hf_dict(mistral).sliding_layers == tuple(range(layers))
     qwen = {**HF_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16,
             "max_window_layers": 1}
-    assert ModelConfig.from_hf_dict(qwen).sliding_window is None  # no use_sliding_window
-    config = ModelConfig.from_hf_dict({**qwen, "use_sliding_window": True})
+    assert from_hf_dict(qwen).sliding_window is None  # no use_sliding_window
+    config = from_hf_dict({**qwen, "use_sliding_window": True})
     assert config.sliding_layers == tuple(range(1, layers))
     assert config.layer_window(0) is None and config.layer_window(1) == 16
     listed = {**mistral, "layer_types": ["full_attention"] * (layers - 1) + ["sliding_attention"]}
-    assert ModelConfig.from_hf_dict(listed).sliding_layers == (layers - 1,)
+    assert from_hf_dict(listed).sliding_layers == (layers - 1,)
     llama = {**HF_CONFIG, "sliding_window": 16}
-    assert ModelConfig.from_hf_dict(llama).sliding_window is None
+    assert from_hf_dict(llama).sliding_window is None
     with pytest.raises(ValueError, match="sliding_window must be >= 1"):
-        ModelConfig.from_hf_dict({**mistral, "sliding_window": -3})
+        from_hf_dict({**mistral, "sliding_window": -3})
 
 
 def test_uneven_tensor_parallel_split_is_rejected():
-    config = ModelConfig.from_hf_dict(HF_CONFIG)
-    with pytest.raises(ValueError, match="num_attention_heads"):
+    config = from_hf_dict(HF_CONFIG)
+    with pytest.raises(ValueError, match="4 attention heads, which do not divide by the "
+                       "tensor-parallel size 3"):
         build_model_from_config(config, torch.float32, CPU, TensorParallelGroup(0, 3))
-    with pytest.raises(ValueError, match="num_key_value_heads"):
+    with pytest.raises(ValueError, match="6 KV heads"):
         build_model_from_config(
-            ModelConfig.from_hf_dict({**HF_CONFIG, "num_attention_heads": 12,
-                                      "num_key_value_heads": 6, "head_dim": 4}),
+            from_hf_dict({**HF_CONFIG, "num_attention_heads": 12, "num_key_value_heads": 6,
+                          "head_dim": 4}),
             torch.float32, CPU, TensorParallelGroup(0, 4))
     with pytest.raises(ValueError, match="intermediate_size"):
-        build_model_from_config(ModelConfig.from_hf_dict({**HF_CONFIG, "intermediate_size": 66}),
+        build_model_from_config(from_hf_dict({**HF_CONFIG, "intermediate_size": 66}),
                                 torch.float32, CPU, TensorParallelGroup(0, 4))
 
 
@@ -208,16 +210,16 @@ def test_missing_and_misshapen_tensors_are_reported(tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     write_checkpoint(tmp_path / "missing", HF_CONFIG, tensors)
     with pytest.raises(ValueError, match="model.layers.1.mlp.up_proj.weight"):
-        build_model(str(tmp_path / "missing"), torch.float32, CPU, TensorParallelGroup())
+        build_model_from_dir(str(tmp_path / "missing"), torch.float32, CPU, TensorParallelGroup())
     tensors = checkpoint_tensors(HF_CONFIG)
     tensors["model.norm.weight"] = torch.ones(31)
     write_checkpoint(tmp_path / "bad", HF_CONFIG, tensors)
     with pytest.raises(ValueError, match="model.norm.weight"):
-        build_model(str(tmp_path / "bad"), torch.float32, CPU, TensorParallelGroup())
+        build_model_from_dir(str(tmp_path / "bad"), torch.float32, CPU, TensorParallelGroup())
 
 
 def test_random_init_needs_no_checkpoint():
-    config = ModelConfig.from_hf_dict(HF_CONFIG)
+    config = from_hf_dict(HF_CONFIG)
     model = build_model_from_config(config, torch.float32, CPU, TensorParallelGroup())
     again = build_model_from_config(config, torch.float32, CPU, TensorParallelGroup())
     for (name, a), b in zip(model.named_parameters(), again.parameters(), strict=True):
@@ -228,7 +230,7 @@ def test_random_init_needs_no_checkpoint():
 
 def test_load_weights_reads_back_what_was_saved(tmp_path):
     """Round trip: a random-init model's own shards, saved under HF names, load unchanged."""
-    config = ModelConfig.from_hf_dict(HF_CONFIG)
+    config = from_hf_dict(HF_CONFIG)
     source = build_model_from_config(config, torch.float32, CPU, TensorParallelGroup(), seed=7)
     tensors = {}
     for name, where in source.weight_slices().items():
@@ -243,7 +245,7 @@ def test_load_weights_reads_back_what_was_saved(tmp_path):
 
 def test_random_init_is_one_model_at_every_tp_size():
     """Rank shards of a random model are slices of the TP=1 model with the same seed."""
-    config = ModelConfig.from_hf_dict(HF_CONFIG)
+    config = from_hf_dict(HF_CONFIG)
     whole = build_model_from_config(config, torch.float32, CPU, TensorParallelGroup(), seed=3)
     shard = build_model_from_config(config, torch.float32, CPU, TensorParallelGroup(1, 2), seed=3)
     qkv = whole.layers[1].self_attn.qkv_proj.weight

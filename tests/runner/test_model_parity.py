@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runner.distributed import TensorParallelGroup
-from runner.models import build_model
+from tests.helpers.checkpoints import build_model_from_dir
 from tests.helpers.kernel_device import KERNEL_DEVICE
 from tests.helpers.model_parity import (
     BLOCK_SIZES,
@@ -41,7 +41,7 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[str, list[torch.Tensor]]]:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tp1_matches_hf(checkpoints, name, block_size):
     model_dir, reference = checkpoints[name]
-    model = build_model(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
+    model = build_model_from_dir(model_dir, torch.float32, torch.device("cpu"), TensorParallelGroup())
     check_close(run_scenario(model, block_size), reference)
 
 
@@ -52,7 +52,7 @@ def test_triton_backend_matches_hf(checkpoints, name):
     # CUDA): the model stores k and v from its rotary kernel and the backend
     # only attends.
     model_dir, reference = checkpoints[name]
-    model = build_model(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(), "triton")
+    model = build_model_from_dir(model_dir, torch.float32, KERNEL_DEVICE, TensorParallelGroup(), "triton")
     assert model.layers[0].self_attn.fused_kv_write
     tol = 1e-4 if KERNEL_DEVICE.type == "cpu" else 1e-3  # as the CUDA test below
     check_close(run_scenario(model, BLOCK_SIZES[0], KERNEL_DEVICE), reference, tol=tol)
@@ -71,7 +71,7 @@ def test_the_window_changes_the_logits(checkpoints, name, tmp_path):
     config = json.loads(config_path.read_text())
     config.update(sliding_window=None, layer_types=None, use_sliding_window=False)
     config_path.write_text(json.dumps(config))
-    model = build_model(str(tmp_path / "full"), torch.float32, torch.device("cpu"),
+    model = build_model_from_dir(str(tmp_path / "full"), torch.float32, torch.device("cpu"),
                         TensorParallelGroup())
     assert model.config.sliding_window is None
     full = run_scenario(model, BLOCK_SIZES[0])
@@ -85,7 +85,7 @@ def test_cuda_triton_path_matches_hf(checkpoints, name):
     # rotary, SiLU-and-multiply. float32, so HF's CPU logits stay the oracle.
     model_dir, reference = checkpoints[name]
     cuda = torch.device("cuda")
-    model = build_model(model_dir, torch.float32, cuda, TensorParallelGroup())
+    model = build_model_from_dir(model_dir, torch.float32, cuda, TensorParallelGroup())
     for block_size in BLOCK_SIZES:
         check_close(run_scenario(model, block_size, cuda), reference, tol=1e-3)
 
@@ -104,7 +104,7 @@ def _tp_worker(rank: int, world: int, port: int, model_dirs: dict[str, str], out
         tp = TensorParallelGroup.from_default_group()
         results = {}
         for name, model_dir in model_dirs.items():
-            model = build_model(model_dir, torch.float32, torch.device("cpu"), tp)
+            model = build_model_from_dir(model_dir, torch.float32, torch.device("cpu"), tp)
             results[name] = {bs: run_scenario(model, bs) for bs in BLOCK_SIZES}
         torch.save(results, os.path.join(out, f"rank{rank}.pt"))
     finally:

@@ -5,7 +5,7 @@ inputs each step prepares."""
 import pytest
 import torch
 
-from engine.tiny_model import ensure_tiny_model
+from checkpoint.tiny_model import ensure_tiny_model
 from tests.helpers.runner_steps import make_runner
 from tests.helpers.runner_steps import run_prefill_then_decode as _run
 

@@ -642,8 +642,8 @@ def _engine_logprobs(prompt, params):
 def test_engine_logprobs_match_transformers():
     import transformers
 
+    from checkpoint.tiny_model import ensure_tiny_model
     from engine import SamplingParams
-    from engine.tiny_model import ensure_tiny_model
 
     params = SamplingParams(temperature=0.7, seed=11, max_tokens=8, ignore_eos=True,
                             logprobs=4, repetition_penalty=1.5)

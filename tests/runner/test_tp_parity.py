@@ -78,9 +78,9 @@ def scenario_logits(rank: RankInfo, model_dir: str, dtypes: list[str],
 
 
 def _logits(rank: RankInfo, tp, model_dir: str, dtype: str) -> torch.Tensor:
-    from runner.models import build_model
+    from tests.helpers.checkpoints import build_model_from_dir
 
-    model = build_model(model_dir, DTYPES[dtype], rank.device, tp)
+    model = build_model_from_dir(model_dir, DTYPES[dtype], rank.device, tp)
     gen = torch.Generator().manual_seed(11)
     seqs = [torch.randint(0, model.config.vocab_size, (n + DECODE_STEPS,), generator=gen)
             for n in PROMPT_LENS]

@@ -1,0 +1,304 @@
+"""``EngineClient``: drive a ``tprun serve`` engine over its ZeroMQ endpoint.
+
+    with EngineClient("ipc:///tmp/tprun-serve-abc/engine") as client:
+        rid = client.submit("Hello", SamplingParams(max_tokens=8))
+        for delta in client.stream(rid):
+            print(delta.token_ids, delta.text, delta.finish_reason)
+        outs = client.generate(["a", {"prompt_token_ids": [1, 2]}])  # blocking
+
+One DEALER socket per client; the server answers each client only about
+its own requests, so any number of clients may share one engine. A client
+is not thread-safe: give each thread its own. Messages for every request
+are read as they come and queued per request, so streams may be consumed
+in any order. A refused request raises ``ValueError`` with the server's
+message; an engine that stopped raises ``EngineStoppedError``; one that
+stays silent for ``timeout_s`` raises ``TimeoutError``.
+
+Every message is sealed with the launch's secret (``ipc.auth``), which the
+client finds (``find_secret``) in the key file ``tprun serve`` wrote next
+to the endpoint file or the ipc:// socket, or is given. Sealing, opening and
+routing are ``serving.protocol_core``'s, shared with the asyncio client; a
+dropped reply is counted in ``num_dropped_replies``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+from tqdm import tqdm
+
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.sampling_params import SamplingParams
+from ipc.auth import check_secret, read_key_file, sibling_key_file
+from ipc.engine_messages import (
+    AbortRequest,
+    Delta,
+    EngineStats,
+    EngineStopped,
+    GenerateRequest,
+    RequestAccepted,
+    RequestError,
+    StatsRequest,
+)
+from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
+
+__all__ = ["EngineClient", "EngineStoppedError", "find_secret"]
+
+
+def wait_for_endpoint_file(path: str, timeout_s: float) -> None:
+    """Wait until ``tprun serve`` has written its endpoint file (it does
+    once the engine is ready, after the key file); ``TimeoutError`` after
+    ``timeout_s`` seconds without it."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no endpoint file at {path} after {timeout_s:g} s: is "
+                               f"`tprun serve --endpoint-file {path}` running?")
+        time.sleep(0.1)
+
+
+def read_endpoint_file(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        endpoint = f.read().strip()
+    if not endpoint.startswith(("ipc://", "tcp://")):
+        raise ValueError(f"{path} does not hold an ipc:// or tcp:// endpoint")
+    return endpoint
+
+
+def find_secret(endpoint: str, secret: bytes | None = None,
+                key_file: str | None = None) -> bytes:
+    """The secret for ``endpoint`` (an address, or an endpoint file's path):
+    ``secret`` if given, else the key in ``key_file``, else the key file
+    ``tprun serve`` wrote next to the endpoint file or the ipc:// socket.
+    Raises ``ValueError`` saying where it looked."""
+    if secret is not None:
+        return check_secret(secret)
+    if key_file is not None:
+        return read_key_file(key_file)
+    if "://" not in endpoint:
+        return read_key_file(sibling_key_file(endpoint))
+    if endpoint.startswith("ipc://"):
+        return read_key_file(sibling_key_file(endpoint[len("ipc://"):]))
+    raise ValueError(f"no key for {endpoint}: pass key_file= (the key file tprun serve "
+                     f"printed at start), secret=, or the endpoint file's path")
+
+
+def _params_dict(params: SamplingParams | dict | None) -> dict:
+    if params is None:
+        return {}
+    if isinstance(params, SamplingParams):
+        return dataclasses.asdict(params)
+    return dict(params)
+
+
+@dataclass
+class _Stream:
+    """What has arrived for one request and is not consumed yet."""
+
+    items: deque[RequestAccepted | Delta | RequestError | EngineStopped] = field(
+        default_factory=deque)
+    prompt_token_ids: list[int] | None = None
+
+
+class EngineClient:
+    """``endpoint`` is an ``ipc://`` or ``tcp://`` address, or the path of
+    the file ``tprun serve --endpoint-file`` writes once the engine is ready
+    (the client waits up to ``ready_timeout_s`` for it, so a client started
+    with the server works); ``secret`` or ``key_file`` give the key where
+    ``find_secret`` cannot find it."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 300.0, *,
+                 secret: bytes | None = None, key_file: str | None = None,
+                 ready_timeout_s: float = 300.0):
+        if "://" not in endpoint:
+            wait_for_endpoint_file(endpoint, ready_timeout_s)
+        self._stats: deque[EngineStats] = deque()
+        self.protocol = ClientProtocol(find_secret(endpoint, secret, key_file),
+                                       on_stats=self._stats.append,
+                                       on_unreadable=self._unreadable)
+        if "://" not in endpoint:
+            endpoint = read_endpoint_file(endpoint)
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.ctx = zmq.Context()
+        self.socket = self.ctx.socket(zmq.DEALER)
+        configure_dealer(self.socket, endpoint)
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+
+    # ---- requests ----------------------------------------------------------
+    def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
+               request_id: str | None = None) -> str:
+        """Send one request; returns its id. ``prompt`` is text,
+        ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``;
+        ``sampling_params`` a ``SamplingParams`` or a dict of its fields."""
+        if request_id is None:
+            request_id = f"req-{next(self._ids)}"
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {request_id!r}")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use by this client")
+        if isinstance(prompt, str):
+            prompt = {"prompt": prompt}
+        if not isinstance(prompt, dict) or set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+            raise ValueError(
+                "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+            )
+        message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
+                                  prompt_token_ids=prompt.get("prompt_token_ids"),
+                                  sampling_params=_params_dict(sampling_params))
+        entry = _Stream()
+        self.protocol.route(request_id, entry.items.append)
+        try:
+            self._send(message)
+        except BaseException:
+            self.protocol.unroute(request_id)
+            raise
+        self._streams[request_id] = entry
+        return request_id
+
+    def stream(self, request_id: str) -> Iterator[Delta]:
+        """The request's deltas as they come, the last one ``finished``.
+        Raises ``ValueError`` if the engine refused the request."""
+        if request_id not in self._streams:
+            raise KeyError(f"no live request {request_id!r} on this client")
+        entry = self._streams[request_id]
+        while True:
+            while not entry.items:
+                self._receive()
+            item = entry.items.popleft()
+            if isinstance(item, RequestAccepted):
+                entry.prompt_token_ids = item.prompt_token_ids
+                continue
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
+            if isinstance(item, RequestError):
+                self._forget(request_id)
+                raise ValueError(f"request {request_id!r} refused: {item.error}")
+            if item.finished:
+                self._forget(request_id)
+            yield item
+            if item.finished:
+                return
+
+    def abort(self, request_id: str) -> None:
+        """Ask the engine to stop the request; its stream ends with a delta
+        whose ``finish_reason`` is "abort" (unless it finished first)."""
+        self._send(AbortRequest(request_id=request_id))
+
+    def generate(self, prompts: str | dict | Sequence[str | dict],
+                 sampling_params: SamplingParams | dict | Sequence | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in the order of ``prompts``.
+        If one is refused, the others are aborted and ``ValueError`` raised."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one sampling_params, or one per prompt")
+        ids: list[str] = []
+        outputs = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                ids.append(self.submit(prompt, params))
+            with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
+                for prompt, rid in zip(prompts, ids):
+                    outputs.append(self._collect(prompt, rid))
+                    bar.update(1)
+        except BaseException:
+            self._abandon(ids[len(outputs):])
+            raise
+        return outputs
+
+    def _collect(self, prompt: str | dict, request_id: str) -> RequestOutput:
+        completion = CompletionOutput(0, "", [])
+        entry = self._streams[request_id]
+        prompt_logprobs, num_cached = None, None
+        for delta in self.stream(request_id):
+            if delta.prompt_logprobs is not None:
+                prompt_logprobs = [None if token is None else
+                                   {e.token_id: Logprob(e.logprob, e.rank) for e in token}
+                                   for token in delta.prompt_logprobs]
+            if delta.num_cached_tokens is not None:
+                num_cached = delta.num_cached_tokens
+            completion.token_ids.extend(delta.token_ids)
+            completion.text += delta.text
+            completion.finish_reason = delta.finish_reason
+            if delta.logprobs is not None:
+                completion.logprobs = (completion.logprobs or []) + [
+                    {e.token_id: Logprob(e.logprob, e.rank) for e in token}
+                    for token in delta.logprobs]
+        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
+        prompt_ids = entry.prompt_token_ids or []
+        return RequestOutput(request_id, text, prompt_ids, [completion], finished=True,
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=num_cached)
+
+    def _abandon(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            if rid in self._streams:
+                if self.protocol.stopped is None:
+                    self.abort(rid)
+                self._forget(rid)
+
+    # ---- engine state ------------------------------------------------------
+    def stats(self) -> EngineStats:
+        """The engine's queues, KV blocks and counters (a health check too)."""
+        self._send(StatsRequest())
+        while not self._stats:
+            self._receive()
+        return self._stats.popleft()
+
+    @property
+    def num_dropped_replies(self) -> int:
+        """Replies dropped for a bad MAC or bytes that did not decode."""
+        return self.protocol.dropped.count
+
+    @property
+    def num_unrouted_deltas(self) -> int:
+        """Deltas for no live request of this client: of requests it
+        abandoned (a generate() that raised)."""
+        return self.protocol.num_unrouted_deltas
+
+    # ---- plumbing ----------------------------------------------------------
+    def _send(self, message) -> None:
+        self.socket.send_multipart(self.protocol.seal(message))
+
+    def _receive(self) -> None:
+        """Wait for one valid message and route it; ``EngineStoppedError``
+        once the engine has said it stopped."""
+        deadline = time.monotonic() + self.timeout_s
+        while self.protocol.stopped is None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self.socket.poll(left_ms):
+                raise TimeoutError(
+                    f"no answer from the engine at {self.endpoint} within {self.timeout_s} s "
+                    f"(an engine with another key drops this client's messages unanswered)")
+            if self.protocol.receive(self.socket.recv_multipart()):
+                return
+        raise EngineStoppedError(self.protocol.stopped)
+
+    @staticmethod
+    def _unreadable(error: str) -> None:
+        raise ValueError(f"the engine could not read a message: {error}")
+
+    def _forget(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self.protocol.unroute(request_id)
+
+    def close(self) -> None:
+        self.socket.close()
+        self.ctx.term()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,387 @@
+"""The serving loop: one ``LLMEngine`` behind a ZeroMQ ROUTER socket.
+
+Clients (``serving.client.EngineClient``) connect DEALER sockets and speak
+``ipc.engine_messages``, each message sealed with the launch's secret
+(``ipc.auth``: frames ``[mac, payload]``, HMAC-SHA256). The loop alternates
+between reading every waiting client message (without blocking while the
+engine has work) and one engine step, whose deltas go back to the client
+that owns each request. The engine runs in this thread only.
+
+Invariants: a message without a valid MAC is never decoded and never
+answered: it is dropped, counted (``EngineStats.num_refused_messages``) and
+logged (throttled). Each client's requests are answered to that client only
+(the ROUTER routes by the client's identity); a request gets exactly one
+last delta (finished, with its reason) unless it was refused, in which case
+it gets one ``RequestError`` and nothing was scheduled, or the engine
+stopped first, in which case its client gets ``EngineStopped``; an invalid,
+malformed or unauthenticated message never stops the loop. Request ids are
+per client; the engine sees ids of its own. A client that is gone (the
+ROUTER cannot route to it) has its requests aborted. A frame above
+``MAX_MESSAGE_BYTES`` makes ZeroMQ cut that connection before the server
+sees it; the cut is logged (INFO) like any closed connection.
+
+The endpoint is ``ipc://DIR/engine`` in a fresh directory only the owner can
+enter (the socket file is 0600), or ``tcp://127.0.0.1:PORT``, or, only when
+asked for by name, ``tcp://HOST:PORT``. The secret is written (hex, mode
+0600) to ``DIR/engine.key`` (a private directory is made for tcp:// too)
+and, given an endpoint file ``F``, to ``F.key``; ``close`` removes them all.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import itertools
+import logging
+import os
+import re
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from checkpoint.tokenizer import IncrementalDetokenizer
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutputDelta
+from engine.sampling_params import SamplingParams
+from ipc.auth import (
+    Authenticator,
+    AuthError,
+    RefusalLog,
+    new_secret,
+    sibling_key_file,
+    write_key_file,
+)
+from ipc.endpoints import private_directory
+from ipc.engine_messages import (
+    AbortRequest,
+    Delta,
+    EngineStopped,
+    GenerateRequest,
+    Outputs,
+    RequestAccepted,
+    RequestError,
+    StatsRequest,
+    TokenLogprob,
+    decode_client_message,
+    request_id_of,
+)
+from ipc.serde import MAX_MESSAGE_BYTES, encode
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+_IDLE_POLL_MS = 100
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses (127.0.0.0/8, ::1) and "localhost"."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") else host)
+        return True
+    except ValueError:
+        return host == "*" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", host) is not None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the server listens, and its private directory (mode 0700),
+    which holds the key file (and, for ipc://, the socket); ``cleanup``
+    removes the directory."""
+
+    address: str
+    directory: str
+
+    @classmethod
+    def create(cls, port: int | None = None, host: str | None = None) -> Endpoint:
+        """An ipc:// socket in a new private directory; or, given ``port``
+        or ``host``, ``tcp://HOST:PORT`` (host 127.0.0.1 unless named; port 0
+        or none: any free port, resolved at bind)."""
+        if port is not None and not 0 <= port < 65536:
+            raise ValueError(f"--port must be in [0, 65535], got {port}")
+        if host is not None and not _valid_host(host):
+            raise ValueError(f"--host must be an IP address, '*', or an interface or host "
+                             f"name, got {host!r}")
+        directory = private_directory("serve-")
+        os.chmod(directory, 0o700)
+        if port is None and host is None:
+            return cls(f"ipc://{directory}/engine", directory)
+        host = host or DEFAULT_HOST
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # an IPv6 address
+        return cls(f"tcp://{host}:{port or '*'}", directory)
+
+    @property
+    def host(self) -> str | None:
+        """The tcp:// host (None for ipc://)."""
+        if not self.address.startswith("tcp://"):
+            return None
+        return self.address[len("tcp://"):].rsplit(":", 1)[0]
+
+    @property
+    def key_file(self) -> str:
+        return sibling_key_file(os.path.join(self.directory, "engine"))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def exposure_warning(endpoint: Endpoint) -> str | None:
+    """The warning to give when ``endpoint`` listens beyond this host's loopback."""
+    host = endpoint.host
+    if host is None or is_loopback(host):
+        return None
+    return (f"the engine endpoint listens on {host}, not a loopback address: any host that can "
+            f"reach it may connect. Messages are authenticated (HMAC with the key in "
+            f"the key file) but not encrypted; prompts and outputs cross the network "
+            f"in the clear.")
+
+
+def write_endpoint_file(path: str, address: str) -> None:
+    """Write ``address`` to ``path`` atomically (a reader never sees half),
+    readable by the owner only."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(address + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class _Route:
+    """Where an engine request's deltas go, and its text so far."""
+
+    identity: bytes
+    request_id: str
+    detokenizer: IncrementalDetokenizer
+
+
+class EngineServer:
+    """Binds ``endpoint``, writes the key files, then the endpoint file
+    (so a client that sees the endpoint file finds its key); ``close()``
+    removes them all. ``address`` is the bound address (the real port when
+    any port was asked for); ``key_file`` the key file to tell users about.
+    ``secret`` defaults to a new random one."""
+
+    def __init__(self, engine: LLMEngine, endpoint: Endpoint, endpoint_file: str | None = None,
+                 secret: bytes | None = None):
+        self.engine = engine
+        self.endpoint = endpoint
+        self.endpoint_file = endpoint_file
+        secret = new_secret() if secret is None else secret
+        self.auth = Authenticator.for_server(secret)
+        self.refusals = RefusalLog(logger, "a client message")
+        self.key_files = [endpoint.key_file]
+        if endpoint_file:
+            self.key_files.append(sibling_key_file(endpoint_file))
+        self.key_file = self.key_files[-1]
+        self.ctx = zmq.Context()
+        self.socket = self.ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable: raise, don't drop
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if endpoint.address.startswith("tcp://["):
+            self.socket.setsockopt(zmq.IPV6, 1)  # IPv6 hosts only: IPv4 would read ::ffff:
+        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        try:
+            try:
+                self.socket.bind(endpoint.address)
+            except zmq.ZMQError as e:
+                raise OSError(f"cannot listen on {endpoint.address}: {e}") from None
+            self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+            if self.address.startswith("ipc://"):
+                os.chmod(self.address[len("ipc://"):], 0o600)
+            for path in self.key_files:
+                write_key_file(path, secret)
+            if endpoint_file:
+                write_endpoint_file(endpoint_file, self.address)
+        except BaseException:
+            self.close()
+            raise
+        self.routes: dict[str, _Route] = {}  # engine request id -> its client
+        self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
+        self.next_id = itertools.count()
+        self.stopping = False
+
+    # ---- the loop --------------------------------------------------------
+    def serve(self) -> None:
+        """Run until ``stop()``; an exception of the engine (a dead worker)
+        ends it too. Either way, clients with live requests are told."""
+        try:
+            while not self.stopping:
+                busy = self.engine.has_unfinished_requests()
+                self._receive(timeout_ms=0 if busy else _IDLE_POLL_MS)
+                if self.engine.has_unfinished_requests():
+                    self._send_deltas(self.engine.step())
+                else:
+                    self.engine.maybe_log_stats()
+        except BaseException as e:
+            self._announce_stop(f"the engine failed: {e}")
+            raise
+        self._announce_stop("the engine is shutting down")
+
+    def stop(self) -> None:
+        """Ask the loop to end after its current turn (signal-handler safe)."""
+        self.stopping = True
+
+    def close(self) -> None:
+        """Close the sockets; remove the endpoint's directory, the endpoint
+        file and the key files."""
+        self.socket.disable_monitor()
+        self.monitor.close()
+        self.socket.close()
+        self.ctx.term()
+        self.endpoint.cleanup()
+        for path in [self.endpoint_file, *self.key_files]:
+            if path:
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+
+    # ---- client messages ---------------------------------------------------
+    def _receive(self, timeout_ms: int) -> None:
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.monitor in ready:
+            self._log_disconnects()
+        if self.socket not in ready:
+            return
+        while True:
+            try:
+                identity, *frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                data = self.auth.unseal(frames)
+            except AuthError as e:
+                self.refusals.refuse(str(e))
+                continue
+            self._handle(identity, data)
+
+    def _log_disconnects(self) -> None:
+        while self.monitor.poll(0):
+            recv_monitor_message(self.monitor)
+            logger.info("a client connection closed (closed by the client, or cut by ZeroMQ "
+                        "for a frame over %d bytes)", MAX_MESSAGE_BYTES)
+
+    def _handle(self, identity: bytes, data: bytes) -> None:
+        try:
+            message = decode_client_message(data)
+        except ValueError as e:
+            logger.warning("%s (from an authenticated client; answered)", e)
+            self._reply(identity, RequestError(request_id=request_id_of(data), error=str(e)))
+            return
+        if isinstance(message, GenerateRequest):
+            self._add(identity, message)
+        elif isinstance(message, AbortRequest):
+            engine_id = self.engine_ids.get((identity, message.request_id))
+            if engine_id is not None:
+                self._send_deltas(self.engine.abort([engine_id]))
+        elif isinstance(message, StatsRequest):
+            self._reply(identity, msgspec.structs.replace(
+                self.engine.get_stats(), num_refused_messages=self.refusals.count))
+
+    def _add(self, identity: bytes, message: GenerateRequest) -> None:
+        key = (identity, message.request_id)
+        try:
+            if key in self.engine_ids:
+                raise ValueError(f"request id {message.request_id!r} is already in use "
+                                 f"by one of this client's live requests")
+            prompt = _prompt(message)
+            params = SamplingParams.from_dict(message.sampling_params)
+            engine_id = str(next(self.next_id))
+            request = self.engine.add_request(prompt, params, req_id=engine_id)
+        except Exception as e:
+            if not isinstance(e, (ValueError, TypeError)):
+                logger.exception("request %r refused", message.request_id)
+            error = str(e) or type(e).__name__
+            self._reply(identity, RequestError(request_id=message.request_id, error=error,
+                                               code=getattr(e, "code", None)))
+            return
+        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
+        self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
+        self.engine_ids[key] = engine_id
+        self._reply(identity, RequestAccepted(request_id=message.request_id,
+                                              prompt_token_ids=request.prompt_token_ids))
+
+    # ---- replies -----------------------------------------------------------
+    def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
+        """One ``Outputs`` message per client with news in this step."""
+        by_client: dict[bytes, list[Delta]] = defaultdict(list)
+        for d in deltas:
+            route = self.routes.get(d.req_id)
+            if route is None:
+                continue
+            by_client[route.identity].append(self._delta(route, d))
+            if d.finished:
+                self._forget(d.req_id)
+        for identity, items in by_client.items():
+            self._reply(identity, Outputs(deltas=items))
+
+    def _delta(self, route: _Route, d: RequestOutputDelta) -> Delta:
+        text = route.detokenizer.feed(d.new_token_ids)
+        if d.finished:  # release what the detokenizer held back (an incomplete character)
+            text += route.detokenizer.finish()
+        logprobs = None
+        if d.logprobs is not None:
+            logprobs = [_candidates(token) for token in d.logprobs]
+        prompt_logprobs = None
+        if d.prompt_logprobs is not None:
+            prompt_logprobs = [None if token is None else _candidates(token)
+                               for token in d.prompt_logprobs]
+        return Delta(request_id=route.request_id, token_ids=list(d.new_token_ids), text=text,
+                     finished=d.finished, finish_reason=d.finish_reason, logprobs=logprobs,
+                     prompt_logprobs=prompt_logprobs, num_cached_tokens=d.num_cached_tokens)
+
+    def _forget(self, engine_id: str) -> None:
+        route = self.routes.pop(engine_id)
+        del self.engine_ids[(route.identity, route.request_id)]
+
+    def _reply(self, identity: bytes, message: msgspec.Struct) -> None:
+        try:
+            self.socket.send_multipart([identity, *self.auth.seal(encode(message))])
+        except zmq.ZMQError as e:
+            if e.errno != errno.EHOSTUNREACH:
+                raise
+            self._drop_client(identity)
+
+    def _announce_stop(self, reason: str) -> None:
+        for identity in {route.identity for route in self.routes.values()}:
+            self._reply(identity, EngineStopped(reason=reason))
+        self.routes.clear()
+        self.engine_ids.clear()
+
+    def _drop_client(self, identity: bytes) -> None:
+        gone = [eid for eid, route in self.routes.items() if route.identity == identity]
+        if gone:
+            logger.warning("a client is gone; aborting its %d request(s)", len(gone))
+        self.engine.abort(gone)
+        for engine_id in gone:
+            self._forget(engine_id)
+
+
+def _candidates(token: dict) -> list[TokenLogprob]:
+    return [TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
+
+
+def _prompt(message: GenerateRequest) -> str | dict:
+    if (message.prompt is None) == (message.prompt_token_ids is None):
+        raise ValueError("give exactly one of prompt (text) and prompt_token_ids")
+    if message.prompt is not None:
+        return message.prompt
+    return {"prompt_token_ids": message.prompt_token_ids}

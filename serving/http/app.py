@@ -1,0 +1,169 @@
+"""The FastAPI app: routes, API-key check, error shapes.
+
+Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
+/v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``, ``POST
+/detokenize``, ``GET /tokenizer_info``, ``GET /health``, ``GET /metrics``.
+With ``access_log`` each request is logged (``access_log.AccessLog``). With an API key, every ``/v1`` route needs ``Authorization:
+Bearer KEY`` (compared in constant time), else 401. Every error, including
+a malformed body, an unknown route or a body over the size limit, has
+OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
+a bad request (the engine's own validation message; code
+``context_length_exceeded`` when the prompt does not fit), 401 without the
+key, 404 for a model this server does not serve, 413 for a body too large,
+500 for a failure of the server itself (logged, its text not sent), 503 once
+the engine has stopped (the reason's first line; the rest is logged by the
+engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from checkpoint.tokenizer import Tokenizer
+from serving.async_client import AsyncEngineClient
+from serving.http.access_log import AccessLog
+from serving.http.guards import ApiKeyCheck, BodySizeLimit
+from serving.http.logprobs import LogprobsFormatter
+from serving.http.metrics import CONTENT_TYPE, Metrics
+from serving.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
+from serving.http.serving_chat import create_chat_completion
+from serving.http.serving_completion import create_completion
+from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
+from serving.http.state import ServerState, UnknownModelError
+from serving.http.streaming import ClientDisconnected
+from serving.protocol_core import EngineStoppedError
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error",
+                   param: str | None = None, code: str | int | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+async def _answer(work) -> Response:
+    """Run a route's work; map its failures to OpenAI-shaped errors."""
+    try:
+        return await work
+    except UnknownModelError as e:
+        return error_response(404, str(e), param="model", code="model_not_found")
+    except ValueError as e:
+        return error_response(400, str(e), code=getattr(e, "code", None))
+    except EngineStoppedError as e:
+        return engine_stopped_response(e)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    except Exception:
+        logger.exception("a request failed inside the server")
+        return error_response(500, "the server failed to handle this request", "server_error",
+                              code=500)
+
+
+def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
+    return error_response(503, e.client_message(), "service_unavailable", code=503)
+
+
+def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int,
+               api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False):
+    """The ASGI app; ``link`` is started and closed with the app's lifespan."""
+    state = ServerState(link, tokenizer, model_name, max_model_len, Metrics(model_name),
+                        LogprobsFormatter(tokenizer))
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        await link.start()
+        try:
+            yield
+        finally:
+            await link.close()
+
+    app = FastAPI(title="tprun", lifespan=lifespan, docs_url=None, redoc_url=None)
+    _add_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request) -> Response:
+        return await _answer(create_completion(state, body, raw))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await _answer(create_chat_completion(state, body, raw))
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> Response:
+        return await _answer(_json(tokenize, state, body))
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> Response:
+        return await _answer(_json(detokenize, state, body))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict:
+        return tokenizer_info(state)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": state.created, "owned_by": "tprun",
+            "max_model_len": max_model_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await link.stats()
+        except EngineStoppedError as e:
+            return engine_stopped_response(e)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            stats = await link.stats()
+        except EngineStoppedError as e:
+            return engine_stopped_response(e)
+        return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
+
+    guarded = BodySizeLimit(app, max_body_bytes)
+    guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
+    return AccessLog(guarded) if access_log else guarded
+
+
+async def _json(work, state: ServerState, body) -> Response:
+    """A tokenizer route's answer, computed off the event loop."""
+    return JSONResponse(await asyncio.to_thread(work, state, body))
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = list(first.get("loc", ()))
+        if loc[:1] == ["body"]:
+            loc = loc[1:]
+        # A field path starts with a field's name; a bare number is where in
+        # the body the JSON broke, not a field.
+        where = ".".join(str(p) for p in loc) if loc and isinstance(loc[0], str) else ""
+        message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+        if first.get("type") == "json_invalid":
+            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', '?')})"
+        return error_response(400, message, param=where or None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))

@@ -1,0 +1,203 @@
+"""``Generation``: the engine requests behind one HTTP request, and the
+text events they produce.
+
+An HTTP request asks for ``n`` choices of one or more prompts; each choice
+is one engine request, sent over the ``AsyncEngineClient`` with its own id, all
+answered on one queue. ``start`` submits them all and waits until the
+engine has accepted every one, so a refusal (prompt too long, bad sampling
+values) is known before any response byte is sent: the others are then
+aborted and ``ValueError`` raised with the engine's message. ``events``
+then yields each choice's text as it comes, passed through its
+``StopStringMatcher``; a choice that meets a stop string is aborted in the
+engine (its blocks freed) and finishes with reason "stop".
+
+Invariant: whatever happens (refusal, a client gone, a cancelled task),
+``abort_unfinished`` leaves no engine request of this HTTP request running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
+from serving.async_client import AsyncEngineClient
+from serving.http.metrics import Metrics
+from serving.http.stop_strings import StopStringMatcher
+from serving.protocol_core import EngineStoppedError
+
+
+class RequestRefused(ValueError):
+    """The engine refused a request (HTTP 400); ``code`` is OpenAI's error
+    code for the reason, where it has one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class ChoiceEvent:
+    """New text (and the tokens behind it) of one choice; ``finish_reason``
+    is set on its last event only."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[list[TokenLogprob]] | None
+    finish_reason: str | None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
+
+
+@dataclass
+class _Choice:
+    index: int
+    prompt_index: int
+    matcher: StopStringMatcher
+    num_prompt_tokens: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_tokens: int = 0
+    last_token_time: float | None = None
+    finished: bool = False
+
+
+@dataclass
+class Generation:
+    link: AsyncEngineClient
+    metrics: Metrics
+    arrival_time: float = field(default_factory=time.monotonic)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    choices: dict[str, _Choice] = field(default_factory=dict)
+    early: list = field(default_factory=list)  # deltas that came while others awaited acceptance
+    # Echo with max_tokens 0: the engine samples one token (it always does),
+    # which is dropped here, uncounted, and the choice ends as "length".
+    discard_output: bool = False
+
+    async def start(self, prompts: list[list[int]], params: list[dict],
+                    stops: list[str]) -> None:
+        """Submit ``params[i]`` for every prompt (choice index = prompt
+        index * len(params) + i) and wait until all are accepted."""
+        try:
+            for p, prompt in enumerate(prompts):
+                for i, choice_params in enumerate(params):
+                    request_id = self.link.new_id()
+                    self.choices[request_id] = _Choice(p * len(params) + i, p,
+                                                       StopStringMatcher(stops))
+                    self.link.submit(request_id, prompt, choice_params, self.queue)
+            await self._await_acceptance()
+        except BaseException:
+            self.abort_unfinished()
+            raise
+
+    async def _await_acceptance(self) -> None:
+        waiting = len(self.choices)
+        while waiting:
+            item = await self.queue.get()
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
+            if isinstance(item, RequestError):
+                self.choices[item.request_id].finished = True
+                self.link.forget(item.request_id)
+                raise RequestRefused(item.error, item.code)
+            if isinstance(item, RequestAccepted):
+                choice = self.choices[item.request_id]
+                choice.num_prompt_tokens = len(item.prompt_token_ids)
+                choice.prompt_token_ids = item.prompt_token_ids
+                waiting -= 1
+            else:
+                self.early.append(item)
+
+    def prompt_tokens(self) -> int:
+        """Prompt tokens, counted once per prompt."""
+        per_prompt = {c.prompt_index: c.num_prompt_tokens for c in self.choices.values()}
+        return sum(per_prompt.values())
+
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices.values())
+
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache held, counted once per prompt (its
+        first choice's: the others may hit what the first computed)."""
+        first: dict[int, int] = {}
+        for c in sorted(self.choices.values(), key=lambda c: c.index):
+            first.setdefault(c.prompt_index, c.num_cached_tokens)
+        return sum(first.values())
+
+    def usage(self) -> dict:
+        """The response's ``usage``: prompt tokens once per prompt,
+        completion tokens over every choice, and the prompt tokens served
+        from the prefix cache (``prompt_tokens_details.cached_tokens``)."""
+        prompt, completion = self.prompt_tokens(), self.completion_tokens()
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        """Every choice's events, in the order the engine produced them."""
+        live = sum(not c.finished for c in self.choices.values())
+        while live:
+            item = self.early.pop(0) if self.early else await self.queue.get()
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
+            if not isinstance(item, Delta):
+                continue
+            choice = self.choices[item.request_id]
+            if choice.finished:
+                continue
+            event = self._event(item.request_id, choice, item)
+            if choice.finished:
+                live -= 1
+            if event.text or event.token_ids or event.finish_reason or event.prompt_logprobs:
+                yield event
+
+    def _event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
+        if self.discard_output:
+            return self._prompt_only_event(request_id, choice, delta)
+        self._observe_latency(choice, len(delta.token_ids))
+        choice.num_tokens += len(delta.token_ids)
+        if delta.num_cached_tokens is not None:
+            choice.num_cached_tokens = delta.num_cached_tokens
+        text = choice.matcher.feed(delta.text)
+        reason = None
+        if choice.matcher.stopped is not None:
+            reason = "stop"
+            self.link.abort(request_id)
+        elif delta.finished:
+            text += choice.matcher.flush()  # may end at a stop string it held back
+            reason = "stop" if choice.matcher.stopped is not None else delta.finish_reason
+            self.link.forget(request_id)
+        choice.finished = reason is not None
+        return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason,
+                           delta.prompt_logprobs)
+
+    def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
+        if delta.num_cached_tokens is not None:
+            choice.num_cached_tokens = delta.num_cached_tokens
+        if delta.finished:
+            self.link.forget(request_id)
+        else:
+            self.link.abort(request_id)
+        choice.finished = True
+        return ChoiceEvent(choice.index, "", [], None, "length", delta.prompt_logprobs)
+
+    def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
+        if not num_tokens:
+            return
+        now = time.monotonic()
+        if choice.last_token_time is None:
+            self.metrics.ttft.observe(now - self.arrival_time)
+        else:
+            gap = (now - choice.last_token_time) / num_tokens
+            for _ in range(num_tokens):
+                self.metrics.itl.observe(gap)
+        choice.last_token_time = now
+
+    def abort_unfinished(self) -> None:
+        """Abort every engine request of this HTTP request still running."""
+        for request_id, choice in self.choices.items():
+            if not choice.finished:
+                choice.finished = True
+                self.link.abort(request_id)

@@ -1,0 +1,87 @@
+"""What a request must pass before a route sees it, as plain ASGI
+middlewares (they never wrap a streaming response).
+
+``ApiKeyCheck``: with a key set, every path under ``/v1`` needs
+``Authorization: Bearer KEY`` (compared in constant time), else 401.
+
+``BodySizeLimit`` refuses request bodies above a size limit (413). A declared ``Content-Length`` above the limit is refused before the body is
+read; a body without one (chunked) is read up to the limit and refused as
+soon as it passes it. The body that fits is handed to the app unchanged;
+after it, the app's ``receive`` reaches the client's connection again (so a
+disconnect is still seen).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving.http.protocol import error_body
+
+
+class BodySizeLimit:
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await self._refuse(send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                chunks.append(message)  # a disconnect: let the app see it
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                await self._refuse(send)
+                return
+            chunks.append(message)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, self._replay(chunks, receive), send)
+
+    @staticmethod
+    def _replay(chunks: list[Message], receive: Receive) -> Receive:
+        async def replayed() -> Message:
+            return chunks.pop(0) if chunks else await receive()
+
+        return replayed
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(error_body(
+            f"the request body is larger than {self.max_body_bytes} bytes",
+            code="request_too_large")).encode()
+        await send_error(send, 413, body)
+
+
+async def send_error(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ApiKeyCheck:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                body = json.dumps(error_body(
+                    "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
+                    code="invalid_api_key")).encode()
+                await send_error(send, 401, body)
+                return
+        await self.app(scope, receive, send)

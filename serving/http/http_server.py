@@ -1,0 +1,69 @@
+"""``HttpServer``: uvicorn serving the app on its own thread and event loop.
+
+The engine loop keeps the main thread (and its signal handlers); the HTTP
+front end talks to it only through the engine endpoint, so the two share
+nothing but the process. ``start`` returns once uvicorn accepts
+connections (or raises if it could not bind); ``port`` is the bound port
+(the real one when 0 was asked for). ``stop`` asks uvicorn to finish:
+it stops accepting, gives open responses ``grace_s`` seconds, runs the
+app's shutdown (closing the engine client) and the thread ends.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+
+class HttpServer:
+    def __init__(self, app, host: str, port: int, grace_s: float = 5.0) -> None:
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                lifespan="on", timeout_graceful_shutdown=grace_s,
+                                access_log=False, backlog=4096)
+        self.server = uvicorn.Server(config)
+        self.host = host
+        self.asked_port = port
+        self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise OSError(f"the HTTP server could not start on {self.host}:"
+                              f"{self.asked_port} (the reason is logged above)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the HTTP server did not start within {timeout_s} s")
+            time.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
+
+
+def start_http_server(engine_address: str, secret: bytes, tokenizer, model_name: str,
+                      max_model_len: int, host: str, port: int,
+                      api_key: str | None = None, access_log: bool = False) -> HttpServer:
+    """The OpenAI front end for the engine endpoint at ``engine_address``,
+    started and accepting connections on ``host:port``."""
+    from serving.async_client import AsyncEngineClient
+    from serving.http.app import create_app
+
+    app = create_app(AsyncEngineClient(engine_address, secret), tokenizer, model_name,
+                     max_model_len, api_key=api_key, access_log=access_log)
+    server = HttpServer(app, host, port)
+    server.start()
+    return server

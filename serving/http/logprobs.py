@@ -1,0 +1,116 @@
+"""Log-probabilities in the two OpenAI shapes.
+
+The engine sends, per token, its top-N candidates in rank order and then
+the sampled token when it is not among them (``ipc.engine_messages.Delta``).
+A token is shown by its own text when its bytes are whole UTF-8, else, as
+OpenAI shows them, as ``bytes:\\xNN...``, so two different partial
+characters never share a name; ``bytes`` is the token's raw bytes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+from functools import lru_cache
+
+from tokenizers import decoders
+
+from checkpoint.tiny_model import byte_symbols
+from checkpoint.tokenizer import Tokenizer
+from ipc.engine_messages import TokenLogprob
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
+
+
+class LogprobsFormatter:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.byte_level = isinstance(tokenizer.hf.decoder, decoders.ByteLevel)
+        self.byte_of = {symbol: b for b, symbol in enumerate(byte_symbols())}
+        self.label = lru_cache(maxsize=65536)(self._label)
+
+    def _bytes(self, token_id: int) -> bytes:
+        raw = self.tokenizer.token_text(token_id) or ""
+        if self.byte_level and all(c in self.byte_of for c in raw):
+            return bytes(self.byte_of[c] for c in raw)
+        if (m := _BYTE_TOKEN.fullmatch(raw)) is not None:
+            return bytes([int(m.group(1), 16)])
+        return (self.tokenizer.decode([token_id]) or raw).encode("utf-8")
+
+    def _label(self, token_id: int) -> tuple[str, bytes]:
+        data = self._bytes(token_id)
+        try:
+            return data.decode("utf-8"), data
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data), data
+
+    def token_str(self, token_id: int) -> str:
+        return self.label(token_id)[0]
+
+    def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int):
+        sampled = next((e for e in entries if e.token_id == token_id), None)
+        top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
+        return (sampled.logprob if sampled else None), top
+
+    def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
+                   num_top: int, text_offset: int) -> dict:
+        """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
+        for consecutive tokens whose text starts at ``text_offset``. The
+        offsets follow the bytes through an incremental UTF-8 decoder: a
+        token that begins a character a later one completes adds nothing, so
+        a character split over tokens is counted once, where it ends. Bytes
+        that form no character count as U+FFFD (as the text shows them) from
+        the token that proves them invalid on. A token without entries (the
+        first prompt token, echoed) has null logprob and top logprobs."""
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for token_id, entries in zip(token_ids, logprobs):
+            text, data = self.label(token_id)
+            out["tokens"].append(text)
+            if entries is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+            else:
+                logprob, top = self._split(token_id, entries, num_top)
+                out["token_logprobs"].append(logprob)
+                out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
+            out["text_offset"].append(text_offset)
+            text_offset += len(decoder.decode(data))
+        return out
+
+    def text_length(self, token_ids: list[int]) -> int:
+        """Characters of the tokens' labels' bytes decoded together: where a
+        ``text_offset`` that runs over them ends."""
+        data = b"".join(self.label(t)[1] for t in token_ids)
+        return len(data.decode("utf-8", errors="replace"))
+
+    def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
+             num_top: int) -> list[dict]:
+        """The ``logprobs.content`` entries of consecutive tokens."""
+        out = []
+        for token_id, entries in zip(token_ids, logprobs):
+            logprob, top = self._split(token_id, entries, num_top)
+            out.append({**self._entry(token_id, logprob),
+                        "top_logprobs": [self._entry(e.token_id, e.logprob) for e in top]})
+        return out
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        text, data = self.label(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(data)}
+
+    def prompt_logprobs(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
+                        num_top: int) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token (None for the first),
+        token id (a JSON key) -> ``{"logprob", "rank", "decoded_token"}`` for
+        the top ``num_top`` and the prompt token itself."""
+        out: list[dict | None] = []
+        for token_id, entries in zip(token_ids, logprobs):
+            if entries is None:
+                out.append(None)
+                continue
+            kept = [e for e in entries
+                    if e.token_id == token_id or (e.rank is not None and e.rank <= num_top)]
+            out.append({str(e.token_id): {"logprob": e.logprob, "rank": e.rank,
+                                          "decoded_token": self.tokenizer.decode([e.token_id])}
+                        for e in kept})
+        return out

@@ -1,0 +1,130 @@
+"""POST /v1/chat/completions: messages in, the assistant's message out
+(whole, or as server-sent ``chat.completion.chunk`` events).
+
+The prompt is the model's chat template rendered over the messages
+(``chat_template``), tokenized without adding special tokens, as
+transformers' ``apply_chat_template(tokenize=True)`` does: the template
+itself places BOS where the model wants it. ``max_completion_tokens`` (or
+the older ``max_tokens``) defaults to what the context has left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serving.http.chat_template import message_text, render_chat
+from serving.http.generation import ChoiceEvent, Generation
+from serving.http.protocol import ChatCompletionRequest
+from serving.http.sampling import choice_params, default_max_tokens
+from serving.http.state import ServerState
+from serving.http.streaming import event_lines, respond
+
+
+def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
+    tok = state.tokenizer
+    messages = [{**m.model_dump(exclude_none=True), "content": message_text(m.content)}
+                for m in request.messages]
+    text = render_chat(tok.chat_template, messages,
+                       add_generation_prompt=request.add_generation_prompt,
+                       bos_token=tok.token_text(tok.bos_token_id),
+                       eos_token=tok.token_text(tok.eos_token_id),
+                       extra=request.chat_template_kwargs)
+    if not text:
+        raise ValueError("the chat template rendered an empty prompt")
+    return tok.hf.encode(text, add_special_tokens=False).ids
+
+
+def _num_top(request: ChatCompletionRequest) -> int | None:
+    if not request.logprobs:
+        if request.top_logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return None
+    return request.top_logprobs or 0
+
+
+async def create_chat_completion(state: ServerState, request: ChatCompletionRequest,
+                                 raw: Request) -> Response:
+    state.check_model(request.model)
+    request.check_supported()
+    prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
+    max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
+                  else request.max_tokens)
+    if max_tokens is None:
+        max_tokens = default_max_tokens(state.max_model_len, len(prompt))
+    params = choice_params(request, max_tokens, _num_top(request))
+    generation = Generation(state.link, state.metrics)
+    await generation.start([prompt], params, request.stop_strings())
+    response_id = f"chatcmpl-{secrets.token_hex(12)}"
+    return await respond(raw, generation, request.stream,
+                         lambda: _stream(state, request, generation, response_id),
+                         lambda: _collect(state, request, generation, response_id))
+
+
+def _head(state: ServerState, response_id: str, obj: str) -> dict:
+    return {"id": response_id, "object": obj, "created": int(time.time()),
+            "model": state.model_name}
+
+
+def _logprobs(state: ServerState, event: ChoiceEvent, num_top: int | None) -> list | None:
+    if num_top is None or event.logprobs is None:
+        return None
+    return state.logprobs.chat(event.token_ids, event.logprobs, num_top)
+
+
+async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
+                   response_id: str) -> dict:
+    num_top = _num_top(request)
+    n = len(generation.choices)
+    texts, reasons = [""] * n, [None] * n
+    logprobs: list[list] = [[] for _ in range(n)]
+    prompt_logprobs = None
+    async for event in generation.events():
+        if event.prompt_logprobs is not None and request.prompt_logprobs is not None:
+            prompt_logprobs = state.logprobs.prompt_logprobs(
+                prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
+        texts[event.index] += event.text
+        reasons[event.index] = event.finish_reason or reasons[event.index]
+        logprobs[event.index] += _logprobs(state, event, num_top) or []
+    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+                "logprobs": {"content": logprobs[i]} if num_top is not None else None,
+                "finish_reason": reasons[i]} for i in range(n)]
+    body = {**_head(state, response_id, "chat.completion"), "choices": choices,
+            "usage": generation.usage()}
+    if request.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
+    return body
+
+
+def prompt_token_ids(generation: Generation) -> list[int]:
+    """The one prompt of a chat request."""
+    return next(iter(generation.choices.values())).prompt_token_ids
+
+
+def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
+            response_id: str) -> AsyncIterator[str]:
+    head = _head(state, response_id, "chat.completion.chunk")
+    return event_lines(_chunks(state, request, generation, head), head, generation,
+                       request.include_usage, request.continuous_usage)
+
+
+async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
+                  head: dict) -> AsyncIterator[dict]:
+    num_top = _num_top(request)
+    for index in range(len(generation.choices)):
+        choice = {"index": index, "delta": {"role": "assistant", "content": ""},
+                  "logprobs": None, "finish_reason": None}
+        yield {**head, "choices": [choice]}
+    async for event in generation.events():
+        lp = _logprobs(state, event, num_top)
+        if not event.text and lp is None and event.finish_reason is None:
+            continue  # tokens whose text is held back (an incomplete character)
+        choice = {"index": event.index, "delta": {"content": event.text} if event.text else {},
+                  "logprobs": {"content": lp} if lp is not None else None,
+                  "finish_reason": event.finish_reason}
+        yield {**head, "choices": [choice]}

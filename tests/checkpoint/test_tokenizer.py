@@ -1,0 +1,149 @@
+"""Tokenizer, IncrementalDetokenizer and the model description on tiny model dirs built
+here with the `tokenizers` library (byte-level BPE, no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+from checkpoint.description import describe
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+
+CORPUS = ["hello world", "the quick brown fox", "hello there world"] * 20
+MULTIBYTE = "héllo wörld 你好 🎉 ok"
+
+
+def build_hf(post_bos: bool = False) -> HFTokenizer:
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    if post_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+        )
+    return tok
+
+
+def write_dir(tmp_path, config: dict | None, post_bos: bool = False):
+    build_hf(post_bos).save(str(tmp_path / "tokenizer.json"))
+    if config is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+@pytest.fixture
+def tok(tmp_path) -> Tokenizer:
+    config = {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": False}
+    return Tokenizer.from_dir(write_dir(tmp_path, config))
+
+
+@pytest.mark.parametrize("text", ["hello world", MULTIBYTE, "", "  spaces\n\ttabs "])
+def test_round_trip(tok, text):
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    assert tok.decode(ids) == text
+
+
+def test_special_ids_and_decode_skips_specials(tok):
+    assert tok.bos_token_id == tok.hf.token_to_id("<s>")
+    assert tok.eos_token_id == tok.hf.token_to_id("</s>")
+    assert tok.vocab_size == tok.hf.get_vocab_size(with_added_tokens=True)
+    ids = tok.encode("hello")
+    assert tok.decode([tok.bos_token_id, *ids, tok.eos_token_id]) == "hello"
+
+
+@pytest.mark.parametrize(
+    "config, post_bos, want_bos",
+    [
+        ({"bos_token": "<s>", "add_bos_token": True}, False, 1),
+        ({"bos_token": "<s>", "add_bos_token": True}, True, 1),
+        ({"bos_token": "<s>", "add_bos_token": False}, True, 0),
+        ({"bos_token": "<s>"}, False, 0),
+        ({"bos_token": "<s>"}, True, 1),
+        (None, False, 0),
+    ],
+)
+def test_bos(tmp_path, config, post_bos, want_bos):
+    tok = Tokenizer.from_dir(write_dir(tmp_path, config, post_bos))
+    ids = tok.encode("hello world")
+    bos = tok.hf.token_to_id("<s>")
+    assert ids.count(bos) == want_bos
+    assert ids[:want_bos] == [bos] * want_bos
+    assert tok.decode(ids) == "hello world"
+
+
+def test_missing_tokenizer_json(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        Tokenizer.from_dir(str(tmp_path))
+
+
+def test_add_bos_without_bos_token(tmp_path):
+    with pytest.raises(ValueError, match="no bos_token"):
+        Tokenizer.from_dir(write_dir(tmp_path, {"add_bos_token": True}))
+
+
+@pytest.mark.parametrize("prompt", ["", "hello", "你"])
+def test_incremental_detokenizer_is_utf8_safe(tok, prompt):
+    ids = tok.encode(MULTIBYTE)
+    assert len(ids) > len(MULTIBYTE.encode()) // 2  # multi-byte chars span tokens
+    detok = IncrementalDetokenizer(tok, tok.encode(prompt))
+    pieces = [detok.feed([i]) for i in ids]
+    assert "".join(pieces) == MULTIBYTE == detok.output_text
+    assert all("\ufffd" not in p for p in pieces)
+    assert pieces.count("") >= 3  # the emoji's first bytes were held back
+    assert "🎉" in pieces
+
+
+def test_incremental_detokenizer_many_at_once_and_specials(tok):
+    ids = tok.encode(MULTIBYTE)
+    detok = IncrementalDetokenizer(tok)
+    text = detok.feed(ids[:7]) + detok.feed([tok.eos_token_id]) + detok.feed(ids[7:])
+    assert text == MULTIBYTE
+
+
+def test_description_reads_both_config_files(tmp_path):
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+        "max_position_embeddings": 512,
+        "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2, 7]}))
+    info = describe(str(tmp_path))
+    assert (info.vocab_size, info.eos_token_ids, info.max_position_embeddings, info.architecture,
+            info.dtype, info.bos_token_id, info.head_dim) == (
+        300, (2, 5, 7), 512, "LlamaForCausalLM", "bfloat16", 1, 16)
+    del config["torch_dtype"], config["eos_token_id"], config["max_position_embeddings"]
+    config["dtype"] = "float16"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "generation_config.json").unlink()
+    info = describe(str(tmp_path))
+    assert info.dtype == "float16" and info.eos_token_ids == ()
+    assert info.max_position_embeddings is None
+
+
+def test_description_errors_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match="missing .*config.json"):
+        describe(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="config.json: no 'num_attention_heads'"):
+        describe(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "vocab_size": 3, "hidden_size": 8,
+        "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}))
+    with pytest.raises(ValueError, match="config.json: unsupported architecture 'GPT2LMHeadModel'"):
+        describe(str(tmp_path))

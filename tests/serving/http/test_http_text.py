@@ -1,0 +1,122 @@
+"""Text as the HTTP API shows it: stop strings matched on released text,
+and incremental detokenization, each against the plain whole-text answer."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checkpoint.tiny_model import ensure_tiny_model
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from ipc.engine_messages import TokenLogprob
+from serving.http.stop_strings import StopStringMatcher
+
+
+def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
+    matcher = StopStringMatcher(stops)
+    released = [matcher.feed(p) for p in pieces]
+    released.append(matcher.flush())
+    return released, matcher.stopped
+
+
+def _reference(text: str, stops: list[str]) -> tuple[str, bool]:
+    """The text cut before the earliest stop string, and whether one was found."""
+    hits = [i for s in stops if (i := text.find(s)) >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3))
+def test_stop_strings_match_the_whole_text(pieces, stops):
+    released, stopped = _run_matcher(pieces, stops)
+    expected, found = _reference("".join(pieces), stops)
+    assert "".join(released) == expected
+    assert (stopped is not None) == found
+    if found:
+        assert stopped in stops and "".join(pieces).find(stopped) == len(expected)
+
+
+def test_stop_string_across_pieces_is_never_shown():
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.feed("abc ST") == "abc "  # "ST" may start the stop string: held back
+    assert matcher.feed("O") == ""
+    assert matcher.feed("P and more") == ""
+    assert matcher.stopped == "STOP" and matcher.flush() == ""
+
+
+def test_held_back_prefix_is_released_when_it_is_not_a_stop():
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.feed("abc ST") == "abc "
+    assert matcher.feed("ay") == "STay"
+    assert matcher.feed("S") == ""
+    assert matcher.flush() == "S" and matcher.stopped is None
+
+
+def test_empty_stop_string_is_refused():
+    with pytest.raises(ValueError, match="must not be empty"):
+        StopStringMatcher(["a", ""])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    return Tokenizer.from_dir(ensure_tiny_model(str(tmp_path_factory.mktemp("cache"))))
+
+
+# Byte tokens of tiny (ids are byte values) biased towards UTF-8 lead and
+# continuation bytes, so characters split across tokens and invalid
+# sequences are common; plus the special tokens 256..258.
+_token_ids = st.one_of(st.integers(0x80, 0xF4), st.integers(0, 258), st.sampled_from(
+    list("é€😀a ".encode())))
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.one_of(st.text(max_size=6), st.lists(_token_ids, min_size=1, max_size=8)),
+       output=st.lists(_token_ids, max_size=40), cuts=st.lists(st.integers(1, 4), max_size=40))
+def test_incremental_detokenizer_equals_full_decode(tokenizer, prompt, output, cuts):
+    """Text prompts, and token-id prompts that may end inside a character."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+    detok = IncrementalDetokenizer(tokenizer, ids)
+    full = tokenizer.decode(output)
+    shown, start = "", 0
+    for size in [*cuts, len(output)]:
+        chunk = output[start:start + size]
+        start += len(chunk)
+        piece = detok.feed(chunk)
+        shown += piece
+        # Never half a character: what is shown is always a prefix of the final text.
+        assert full.startswith(shown)
+        assert not piece.endswith("\ufffd") or full[: len(shown)].endswith("\ufffd")
+        if start >= len(output):
+            break
+    shown += detok.finish()
+    assert shown == full == detok.output_text
+
+
+def test_detokenizer_holds_a_split_character_back(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("x"))
+    euro = list("€".encode())
+    assert detok.feed(euro[:1]) == "" and detok.feed(euro[1:2]) == ""
+    assert detok.feed(euro[2:]) == "€"
+    assert detok.feed(euro[:2]) == ""
+    assert detok.finish() == tokenizer.decode(euro[:2]) == "\ufffd"
+
+
+def test_a_stop_string_waits_for_a_longer_one_that_begins_earlier():
+    # "a" is complete in "ba", but "baa" may still begin at 0: nothing is released yet
+    assert _run_matcher(["ba", "a"], ["a", "baa"]) == (["", "", ""], "baa")
+    # the output ends after "ba": "baa" never came, so "a" cuts it
+    assert _run_matcher(["ba"], ["a", "baa"]) == (["", "b"], "a")
+
+
+def test_text_offsets_follow_whole_characters(tokenizer):
+    """The tiny tokenizer's ids are bytes. "€" (E2 82 AC) over three tokens,
+    then "]", then "é" (C3 A9) over two, then "a": the text "€]éa" starts at
+    10, so, hand-worked, € and its parts at 10, ] at 11, é at 12, a at 13."""
+    from serving.http.logprobs import LogprobsFormatter
+
+    ids = [0xE2, 0x82, 0xAC, ord("]"), 0xC3, 0xA9, ord("a")]
+    entries = [[TokenLogprob(token_id=t, logprob=-1.0, rank=1)] for t in ids]
+    out = LogprobsFormatter(tokenizer).completion(ids, entries, num_top=1, text_offset=10)
+    assert out["text_offset"] == [10, 10, 10, 11, 12, 12, 13]
