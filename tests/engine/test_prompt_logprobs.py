@@ -2,8 +2,8 @@
 own log-softmax of the same prompt: every prompt token after the first gets
 its logprob and rank, plus the k most likely tokens; chunked prefill (a
 prompt longer than the step's token budget), a prefix-cache hit, a
-preemption, and TP = 1 / 2 / 3; SmolLM2 from its GGUF file against
-transformers' GGUF loader."""
+preemption, and TP = 1 / 2 / 3 (SmolLM2 from its GGUF file:
+tests/checkpoint/test_gguf_prompt_logprobs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from tests.helpers.hf_models import small_llama
+from tests.helpers.prompt_logprobs import check_prompt_logprobs, hf_prompt_logprobs
 
 PROMPTS = [
     [5, 17, 99, 3],
@@ -19,28 +20,6 @@ PROMPTS = [
     [42],
     [(7 * i) % 200 + 1 for i in range(37)],
 ]
-
-
-def hf_prompt_logprobs(model, prompt: list[int]) -> torch.Tensor:
-    """[len(prompt) - 1, vocab] float64: row j is the distribution of prompt token j + 1."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt])).logits[0, :-1]
-    return torch.log_softmax(logits.double(), dim=-1)
-
-
-def check_prompt_logprobs(got, prompt: list[int], want: torch.Tensor, k: int,
-                          tol: float = 1e-4) -> None:
-    assert len(got) == len(prompt)
-    assert got[0] is None
-    for j in range(1, len(prompt)):
-        entry, ref, token = got[j], want[j - 1], prompt[j]
-        top = torch.topk(ref, k).indices.tolist() if k else []
-        assert set(entry) == set(top) | {token}, f"position {j}"
-        for token_id, lp in entry.items():
-            assert lp.logprob == pytest.approx(ref[token_id].item(), abs=tol)
-        for rank, token_id in enumerate(top, start=1):
-            assert entry[token_id].rank == rank
-        assert entry[token].rank == int((ref >= ref[token] - 1e-9).sum())
 
 
 def save_llama(tmp_path_factory, name: str, **fields):
@@ -159,20 +138,3 @@ def test_prompt_logprobs_above_max_logprobs_refused(llama):
             pytest.raises(ValueError, match="prompt_logprobs 5 is more than max_logprobs 4"):
         llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(prompt_logprobs=5))
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_smollm2_prompt_logprobs_match_transformers_gguf(smollm2, smollm2_hf_tokenizer,
-                                                         smollm2_hf_model):
-    """SmolLM2 from its GGUF file, float32, a 40-odd-token prompt over chunks
-    of 16, against transformers loading the same file."""
-    text = ("Question: Which planet is known as the Red Planet?\nAnswer: Mars, because of the "
-            "iron oxide on its surface, which gives it a reddish look.")
-    ids = smollm2_hf_tokenizer(text).input_ids
-    assert len(ids) > 16
-    want = hf_prompt_logprobs(smollm2_hf_model, ids)
-    with LLM(model=smollm2, device="cpu", dtype="float32", max_num_seqs=2, max_model_len=256,
-             max_num_batched_tokens=16) as llm:
-        out = llm.generate({"prompt_token_ids": ids},
-                           SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=5))[0]
-    check_prompt_logprobs(out.prompt_logprobs, ids, want, 5, tol=1e-3)
