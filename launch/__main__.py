@@ -1,5 +1,5 @@
 """``python -m launch`` is ``tprun``."""
 
-from launch.cli import entry
+from launch.entry import entry
 
 entry()

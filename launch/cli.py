@@ -438,17 +438,7 @@ def _main(argv: list[str]) -> int:
         return 1
 
 
-def entry() -> None:
-    """The console script: ``main``, then exit. After Ctrl-C the workers are
-    already stopped and every file removed; the interpreter's own teardown
-    (torch's, seconds long) is skipped so the exit is prompt."""
-    code = main()
-    if code == 130:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
+    from launch.entry import entry
+
     entry()

@@ -32,9 +32,10 @@ def _start(args: list[str], tmp_path, **env) -> subprocess.Popen:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("after_s", [0.2, 1.5, 4.0, 8.0])
+@pytest.mark.parametrize("after_s", [0.4, 1.5, 4.0, 8.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
-    """From the imports through the model load into the generation."""
+    """From the imports through the model load into the generation (the
+    interpreter's own start-up, before any line of tprun runs, is earlier)."""
     proc = _start(["--nproc-per-node", "2", "generate", "--model", "tiny", "--device", "cpu",
                    "--prompt", "Hi", "--max-tokens", "3000", "--ignore-eos"], tmp_path)
     time.sleep(after_s)
