@@ -92,14 +92,10 @@ class DecodeDriver:
         ids = list(self.computed)
         if self.pending_new:
             new, self.pending_new = self.pending_new, []
-            plan = self._plan(scheduled_new_reqs=new, num_scheduled_tokens=dict.fromkeys(ids, 1),
-                              total_num_scheduled_tokens=len(ids))
+            plan = self._plan(scheduled_new_reqs=new, num_scheduled_tokens=[1] * len(ids))
         else:
-            cached = CachedRequestData(req_ids=ids, new_block_ids=[[[]] for _ in ids],
-                                       num_computed_tokens=[self.computed[r] for r in ids])
-            plan = self._plan(scheduled_cached_reqs=cached,
-                              num_scheduled_tokens=dict.fromkeys(ids, 1),
-                              total_num_scheduled_tokens=len(ids))
+            cached = CachedRequestData(req_ids=ids, new_block_ids=[None for _ in ids])
+            plan = self._plan(scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(ids))
         for r in ids:
             self.computed[r] += 1
         return plan

@@ -86,11 +86,9 @@ def make_plan(num_reqs: int, step_id: int = 0) -> SchedulerOutput:
     computed = [rng.randrange(16, 4096) for _ in range(num_reqs)]
     # A request whose next token starts a new block gets one (about 1 in 16).
     new_blocks = [[[rng.randrange(60_000)]] if n % BLOCK_SIZE == 0 else None for n in computed]
-    cached = CachedRequestData(req_ids=req_ids, new_block_ids=new_blocks,
-                               num_computed_tokens=computed)
+    cached = CachedRequestData(req_ids=req_ids, new_block_ids=new_blocks)
     return SchedulerOutput(step_id=step_id, scheduled_cached_reqs=cached,
-                           num_scheduled_tokens=dict.fromkeys(req_ids, 1),
-                           total_num_scheduled_tokens=num_reqs)
+                           num_scheduled_tokens=[1] * num_reqs)
 
 
 def sampled_tokens(num_reqs: int) -> list[int]:

@@ -51,8 +51,9 @@ def time_prepare(runner: ModelRunner, scheduled: dict[str, int], iters: int) -> 
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         t0 = time.perf_counter()
-        batch = make_input_batch(scheduled, states.req_id_to_index, states.num_computed_tokens_np,
-                           states.prefill_len_np)
+        batch = make_input_batch(list(scheduled), list(scheduled.values()),
+                                 states.req_id_to_index, states.num_computed_tokens_np,
+                                 states.prefill_len_np)
         runner.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                       states.pad_slot)
         runner._prepare_inputs(batch)

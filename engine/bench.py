@@ -27,6 +27,7 @@ import numpy as np
 
 from engine.llm_engine import LLMEngine
 from engine.progress import RequestProgress
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 
@@ -106,13 +107,21 @@ class _Timing:
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens)
 
 
-def _submit(engine: LLMEngine, requests: list[BenchRequest], temperature: float,
-            seed: int, id_prefix: str) -> dict[str, _Timing]:
-    timings = {}
+def _make(engine: LLMEngine, requests: list[BenchRequest], temperature: float,
+          seed: int, id_prefix: str) -> list[Request]:
+    """Every request, tokenized and checked before any is queued."""
+    made = []
     for i, r in enumerate(requests):
         params = SamplingParams(temperature=temperature, max_tokens=r.max_tokens,
                                 ignore_eos=True, seed=seed + i if temperature > 0 else None)
-        request = engine.add_request(r.prompt, params, req_id=f"{id_prefix}{i}")
+        made.append(engine.new_request(r.prompt, params, req_id=f"{id_prefix}{i}"))
+    return made
+
+
+def _submit(engine: LLMEngine, requests: list[Request]) -> dict[str, _Timing]:
+    timings = {}
+    for request in requests:
+        engine.enqueue(request)
         timings[request.req_id] = _Timing(time.perf_counter(), request.num_prompt_tokens)
     return timings
 
@@ -122,10 +131,9 @@ def run_requests(engine: LLMEngine, requests: list[BenchRequest], temperature: f
                  id_prefix: str = "bench-") -> tuple[dict[str, _Timing], float, float]:
     """Submit all, step the engine until they finish; returns the timings,
     the wall time and the highest KV usage seen."""
-    for r in requests:  # validate all before submitting any
-        engine.validate(engine.tokenize(r.prompt), SamplingParams(max_tokens=r.max_tokens))
+    made = _make(engine, requests, temperature, seed, id_prefix)
     start = time.perf_counter()
-    timings = _submit(engine, requests, temperature, seed, id_prefix)
+    timings = _submit(engine, made)
     max_kv_usage = 0.0
     with RequestProgress(len(requests), "bench", progress) as bar:
         while engine.has_unfinished_requests():

@@ -10,7 +10,9 @@ scheduler receive typed, frozen projections built here (``runner_config``,
 ``scheduler_config``), which carry no rules of their own.
 
 Adding a setting: one field below (default, help text) plus its use; the
-CLI option follows from the field.
+CLI option follows from the field. A runner setting is also declared, by the
+same name and with its type only, in ``ipc.config.RunnerConfig`` (the
+worker decodes it typed); ``runner_config`` copies it by name.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
                                                "fits in memory")
     enforce_eager: bool = _opt(False, "no CUDA graphs")
+    max_cudagraph_capture_size: int | None = _opt(
+        None, "largest decode batch captured as a CUDA graph; larger ones run eagerly "
+        "(default: min(max_num_seqs, max_num_batched_tokens), at most 1024)")
     disable_custom_all_reduce: bool = _opt(False, "NCCL for every all-reduce instead of the "
                                            "one-shot kernel over peer memory")
     seed: int = _opt(0, "seed of the weights of dummy models and of unseeded sampling")
@@ -191,18 +196,18 @@ class EngineConfig:
         return model.dtype if self.dtype == "auto" else self.dtype
 
     def runner_config(self, model_dir: str, model: ModelConfig) -> RunnerConfig:
-        return RunnerConfig(
+        """Every ``RunnerConfig`` field is this config's field of the same
+        name, except those resolved here: a runner setting is declared in
+        both (its default and help text here, its wire type there), once."""
+        resolved = dict(
             model=model_dir, model_config=model, device=self.resolved_device,
-            dtype=self.resolved_dtype(model), block_size=self.block_size,
-            max_num_seqs=self.max_num_seqs,
+            dtype=self.resolved_dtype(model),
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len(model), seed=self.seed,
-            enforce_eager=self.enforce_eager,
-            disable_custom_all_reduce=self.disable_custom_all_reduce,
-            attention_backend=self.attention_backend,
-            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-            gpu_memory_utilization=self.gpu_memory_utilization, load_format=self.load_format,
+            max_model_len=self.resolved_max_model_len(model),
         )
+        same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
+                if name not in resolved}
+        return RunnerConfig(**same, **resolved)
 
     def scheduler_config(self, model: ModelConfig, num_blocks: int) -> SchedulerConfig:
         return SchedulerConfig(
@@ -217,7 +222,7 @@ class EngineConfig:
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
                   "kv_cache_memory_bytes")
 _OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override",
-                           "master_port")
+                           "master_port", "max_cudagraph_capture_size")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
           "enable_prefix_caching", "disable_log_stats")
 

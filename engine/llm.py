@@ -74,17 +74,15 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
         engine = self.engine
-        # Validate all before adding any, so a bad prompt schedules nothing.
-        token_ids = [engine.tokenize(p) for p in prompts]
-        for ids, params in zip(token_ids, sampling_params):
-            engine.validate(ids, params)
+        # Make (and so check) all before queueing any: a bad prompt queues nothing.
+        requests = [engine.new_request(p, params) for p, params in zip(prompts, sampling_params)]
         outputs: dict[str, RequestOutput] = {}
         order = []
-        for prompt, ids, params in zip(prompts, token_ids, sampling_params):
-            request = engine.add_request({"prompt_token_ids": ids}, params)
+        for prompt, request in zip(prompts, requests):
+            engine.enqueue(request)
             text = prompt if isinstance(prompt, str) else prompt.get("prompt")
             outputs[request.req_id] = RequestOutput(
-                request.req_id, text, ids, [CompletionOutput(0, "", [])]
+                request.req_id, text, request.prompt_token_ids, [CompletionOutput(0, "", [])]
             )
             order.append(request.req_id)
         try:

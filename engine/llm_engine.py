@@ -9,7 +9,6 @@ invalid one raises ``ValueError`` and leaves the engine as it was.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import operator
@@ -89,7 +88,7 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
         """The prompt's token ids (an empty text gives none, which
-        ``validate`` refuses)."""
+        ``check_request`` refuses)."""
         if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
@@ -100,23 +99,29 @@ class LLMEngine:
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
         )
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """``check_request`` with this engine's limits and vocabulary."""
-        check_request(prompt_token_ids, params, self.scheduler.config,
-                      self.model_config.vocab_size, allow_truncation=False)
-
-    def add_request(self, prompt: str | dict, params: SamplingParams,
+    def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
+        """The request of ``prompt``, tokenized and checked with this engine's
+        limits and vocabulary (``check_request``: the one check a request
+        gets, here where it enters the engine); nothing is queued."""
         prompt_token_ids = self.tokenize(prompt)
-        self.validate(prompt_token_ids, params)
-        if params.stop_token_ids:
-            params = dataclasses.replace(params, stop_token_ids=tuple(params.stop_token_ids))
-        request = Request(
+        check_request(prompt_token_ids, params, self.scheduler.config,
+                      self.model_config.vocab_size)
+        return Request(
             req_id if req_id is not None else str(next(self.request_ids)),
             prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
             priority=priority,
         )
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request made by ``new_request``."""
         self.scheduler.add_request(request)
+
+    def add_request(self, prompt: str | dict, params: SamplingParams,
+                    req_id: str | None = None, priority: int = 0) -> Request:
+        """``new_request``, then queued."""
+        request = self.new_request(prompt, params, req_id, priority)
+        self.enqueue(request)
         return request
 
     def abort(self, req_ids: list[str]) -> list[RequestOutputDelta]:

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import msgspec
-
 from engine.request import Request
-from ipc.messages import SamplingOptions
 
 
-def runner_options(request: Request) -> SamplingOptions:
-    """The request's ``SamplingOptions``, with the ids ``min_tokens`` holds
-    back: its stop token ids, and its end-of-sequence ids unless it ignores
-    them (as vLLM)."""
-    options = request.sampling_params.to_options()
+def min_tokens_stop_ids(request: Request) -> list[int]:
+    """The ids ``min_tokens`` holds back for ``request`` (as vLLM): its stop
+    token ids, and its end-of-sequence ids unless it ignores them; none when
+    it has no ``min_tokens``."""
     params = request.sampling_params
     if params.min_tokens == 0:
-        return options
+        return []
     ids = set(params.stop_token_ids)
     if not params.ignore_eos:
         ids |= request.eos_token_ids
-    return msgspec.structs.replace(options, min_tokens_stop_ids=sorted(ids))
+    return sorted(ids)

@@ -125,16 +125,15 @@ class ContextLengthError(ValueError):
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: SchedulerConfig,
-                  vocab_size: int | None = None, allow_truncation: bool = True) -> None:
-    """The one place that decides whether a request can run; ``ValueError``
-    names the first rule it breaks, and nothing has changed.
+                  vocab_size: int | None = None) -> None:
+    """The one place that decides whether a request can run, called once,
+    where the request enters the engine (``LLMEngine.new_request``);
+    ``ValueError`` names the first rule it breaks, and nothing has changed.
 
-    Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given); a
-    prompt shorter than ``max_model_len`` (room for one output token); with
-    ``allow_truncation=False`` (requests from users) prompt + ``max_tokens``
-    within ``max_model_len``, else the output stops at ``max_model_len``;
-    and enough KV blocks in the whole cache for the longest it may grow; at
-    most ``max_logprobs`` top logprobs per token (sampled or prompt).
+    Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
+    prompt + ``max_tokens`` within ``max_model_len``; enough KV blocks in the
+    whole cache for the longest it may grow; at most ``max_logprobs`` top
+    logprobs per token (sampled or prompt).
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
@@ -144,16 +143,11 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
         if bad:
             raise ValueError(
                 f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-    if not allow_truncation and n + max_tokens > limits.max_model_len:
+    if n + max_tokens > limits.max_model_len:
         raise ContextLengthError(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
             f"max_model_len {limits.max_model_len}, this model's maximum context length")
-    if n >= limits.max_model_len:
-        raise ContextLengthError(
-            f"prompt has {n} tokens, max_model_len is {limits.max_model_len} (this model's "
-            "maximum context length); the prompt must be shorter to leave room for output")
-    max_len = min(n + max_tokens, limits.max_model_len)
-    blocks = -(-(max_len - 1) // limits.block_size)
+    blocks = -(-(n + max_tokens - 1) // limits.block_size)
     if blocks > limits.num_blocks:
         raise ValueError(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) may need {blocks} KV blocks of "

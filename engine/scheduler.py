@@ -53,9 +53,9 @@ from dataclasses import dataclass, field
 
 from engine import prompt_logprobs
 from engine.kv_cache_manager import KVCacheManager
-from engine.min_tokens import runner_options
+from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
-from engine.request import Request, RequestStatus, check_request
+from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
 from ipc.messages import (
     CachedRequestData,
@@ -75,7 +75,6 @@ class _StepDraft:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_ids: list[str] = field(default_factory=list)
     cached_new_blocks: list[list[list[int]] | None] = field(default_factory=list)
-    cached_computed: list[int] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     scheduled: list[Request] = field(default_factory=list)
     num_prompt_tokens: int = 0
@@ -151,8 +150,9 @@ class Scheduler:
     # -- requests in and out ------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; ``ValueError`` if it can never run here."""
-        self._validate(request)
+        """Queue a request, checked where it entered the engine
+        (``check_request``); ``ValueError`` for an id already in use."""
+        self._check_id(request.req_id)
         seq = next(self._seq)
         if self.config.policy == "priority":
             self._keys[request.req_id] = (request.priority, request.arrival_time, seq)
@@ -162,14 +162,9 @@ class Scheduler:
         self.requests[request.req_id] = request
         self.waiting.push(request, self._keys[request.req_id])
 
-    def _validate(self, request: Request) -> None:
-        rid = request.req_id
+    def _check_id(self, rid: str) -> None:
         if rid in self.requests or rid in self._finished_ids:
             raise ValueError(f"request id {rid!r} is already in use; request ids must be unique")
-        try:
-            check_request(request.prompt_token_ids, request.sampling_params, self.config)
-        except ValueError as e:
-            raise ValueError(f"request {rid!r}: {e}") from None
 
     def abort_requests(self, req_ids: str | Iterable[str]) -> None:
         """Finish running or waiting requests as "abort" and free their
@@ -209,10 +204,9 @@ class Scheduler:
             scheduled_cached_reqs=CachedRequestData(
                 req_ids=draft.cached_ids,
                 new_block_ids=draft.cached_new_blocks,
-                num_computed_tokens=draft.cached_computed,
             ),
-            num_scheduled_tokens=draft.num_scheduled,
-            total_num_scheduled_tokens=sum(draft.num_scheduled.values()),
+            # Cached requests were taken first, so the dict's order is the plan's.
+            num_scheduled_tokens=list(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
             preempted_req_ids=draft.preempted,
         )
@@ -267,7 +261,6 @@ class Scheduler:
             draft.take(request, num_new)
             draft.cached_ids.append(request.req_id)
             draft.cached_new_blocks.append([new_blocks] if new_blocks else None)
-            draft.cached_computed.append(request.num_computed_tokens)
             i += 1
 
     def _allocate_or_preempt(
@@ -307,10 +300,11 @@ class Scheduler:
                     req_id=request.req_id,
                     prompt_token_ids=list(request.prompt_token_ids),
                     prefill_token_ids=list(request.all_token_ids),
-                    sampling=runner_options(request),
+                    sampling=request.sampling_params.to_options(),
                     block_ids=[self.kv.get_block_ids(request.req_id)],
                     num_computed_tokens=num_hit,
                     max_tokens=request.max_tokens,
+                    min_tokens_stop_ids=min_tokens_stop_ids(request),
                 )
             )
 
@@ -353,7 +347,7 @@ class Scheduler:
         prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
                                runner_output.prompt_logprobs)
         rows = _logprob_rows(runner_output.logprobs)
-        plan_req_ids = scheduler_output.num_scheduled_tokens
+        plan_req_ids = scheduler_output.scheduled_req_ids()
         sampled_rows = runner_output.rows()
         if len(sampled_rows) != len(plan_req_ids):
             raise ValueError(f"runner output of step {step_id} has {len(sampled_rows)} rows "

@@ -49,6 +49,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_model_len: int
     seed: int
     enforce_eager: bool
+    max_cudagraph_capture_size: int | None
     disable_custom_all_reduce: bool
     attention_backend: str | None
     kv_cache_memory_bytes: int

@@ -20,14 +20,20 @@ from ipc.config import ControlArg
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """What the runner needs of a request's sampling parameters.
+    """The sampling fields the runner needs: their one definition, with
+    their defaults and their ranges (``problems``).
 
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
     ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
     depend only on (seed, position). ``logprobs`` asks for that many top
     logprobs per sampled token (None: none). Until ``min_tokens`` tokens are
-    generated, ``min_tokens_stop_ids`` cannot be sampled. ``prompt_logprobs``
-    asks for each prompt token's logprob plus that many top ones (None: none).
+    generated, the request's stop and end-of-sequence ids cannot be sampled
+    (the ids come in ``NewRequestData.min_tokens_stop_ids``).
+    ``prompt_logprobs`` asks for each prompt token's logprob plus that many
+    top ones (None: none). ``engine.SamplingParams``
+    extends this Struct with the fields only the engine reads, so a field
+    the runner needs is added here, once, and reaches the API, the HTTP
+    server and the wire (``SamplingParams.to_options``) from here.
     """
 
     temperature: float = 1.0
@@ -40,8 +46,31 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0
     logprobs: int | None = None
     min_tokens: int = 0
-    min_tokens_stop_ids: list[int] = []
     prompt_logprobs: int | None = None
+
+    def problems(self) -> list[str]:
+        """Each field outside its range, as a message (empty: none). The
+        engine refuses a request with any (``SamplingParams``); the runner's
+        ``plan_check`` refuses a plan with any."""
+        checks = (
+            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got "
+                                    f"{self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = disabled), got {self.top_k}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got "
+                                          f"{self.repetition_penalty}"),
+            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2] (0 = off), "
+                                               f"got {self.presence_penalty}"),
+            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2] "
+                                                f"(0 = off), got {self.frequency_penalty}"),
+            (self.logprobs is None or self.logprobs >= 0, f"logprobs must be None or an int "
+                                                          f">= 0, got {self.logprobs}"),
+            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+             f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs}"),
+        )
+        return [message for ok, message in checks if not ok]
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +80,8 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     samples: the prompt, plus the tokens already generated when a preempted
     request comes back. ``block_ids[g]`` are its KV blocks in cache group g.
     ``num_computed_tokens`` are already in the KV cache (prefix cache hits).
+    ``min_tokens_stop_ids``: the ids ``sampling.min_tokens`` holds back (the
+    request's stop ids, and its end-of-sequence ids unless it ignores them).
     """
 
     req_id: str
@@ -60,6 +91,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     block_ids: list[list[int]]
     num_computed_tokens: int
     max_tokens: int
+    min_tokens_stop_ids: list[int] = []
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,25 +99,35 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
 
     ``new_block_ids[i][g]`` are blocks appended to request i's table in
     group g; ``None`` when request i gets no new block (most decode steps:
-    a None decodes far faster than nested empty lists).
-    ``num_computed_tokens[i]`` is the count before this step's tokens.
+    a None decodes far faster than nested empty lists). Nothing the runner
+    holds is repeated: it counts each request's computed tokens itself (a
+    request whose count the scheduler resets, after preemption, comes back
+    as a ``NewRequestData`` with its ``num_computed_tokens``).
     """
 
     req_ids: list[str] = []
     new_block_ids: list[list[list[int]] | None] = []
-    num_computed_tokens: list[int] = []
 
 
 class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The plan of one step, broadcast to every rank."""
+    """The plan of one step, broadcast to every rank; it names each
+    scheduled request once. ``num_scheduled_tokens[i]`` is the token count
+    of the i-th of ``scheduled_req_ids()``: the cached requests, then the
+    new ones, in their lists' order (the order of the reply's rows)."""
 
     step_id: int
     scheduled_new_reqs: list[NewRequestData] = []
     scheduled_cached_reqs: CachedRequestData = CachedRequestData()
-    num_scheduled_tokens: dict[str, int] = {}
-    total_num_scheduled_tokens: int = 0
+    num_scheduled_tokens: list[int] = []
     finished_req_ids: list[str] = []
     preempted_req_ids: list[str] = []
+
+    def scheduled_req_ids(self) -> list[str]:
+        return self.scheduled_cached_reqs.req_ids + [n.req_id for n in self.scheduled_new_reqs]
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens)
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,7 +154,7 @@ class PromptLogprobs(msgspec.Struct, frozen=True, kw_only=True):
 
 class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The output rank's reply to one step, in the plan's order: row i answers
-    the i-th request of the step's ``num_scheduled_tokens``.
+    the i-th request of the step's ``scheduled_req_ids()``.
 
     Flat, because a decode step's reply is on every step's path: row i's
     tokens are the next ``num_sampled[i]`` entries of ``sampled_token_ids``;

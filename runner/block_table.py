@@ -56,14 +56,11 @@ class BlockTables:
         self.append_blocks(slot, block_ids)
 
     def append_blocks(self, slot: int, block_ids: list[int]) -> None:
+        """Stage ``block_ids`` after the slot's blocks (``plan_check`` has
+        checked that they fit the table's width)."""
         if not block_ids:
             return
         start = int(self.num_blocks_np[slot])
-        if start + len(block_ids) > self.max_num_blocks_per_req:
-            raise ValueError(
-                f"slot {slot}: {start + len(block_ids)} blocks exceed the table width "
-                f"{self.max_num_blocks_per_req} (max_model_len / block_size)"
-            )
         self.block_table.stage_write(slot, start, block_ids)
         self.num_blocks_np[slot] = start + len(block_ids)
 

@@ -22,10 +22,12 @@ from tqdm import tqdm
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
-    """The ladder of batch sizes to capture, ascending, capped by both limits."""
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                  max_capture_size: int | None = None) -> list[int]:
+    """The ladder of batch sizes to capture, ascending, capped by every
+    limit given (the largest capped size is captured too)."""
     ladder = [1, 2, 4, 8] + list(range(16, 257, 8)) + list(range(272, 1025, 16))
-    limit = min(max_num_seqs, max_num_batched_tokens)
+    limit = min(max_num_seqs, max_num_batched_tokens, max_capture_size or max_num_seqs)
     sizes = [s for s in ladder if s <= limit]
     if limit not in sizes and limit <= ladder[-1]:
         sizes.append(limit)

@@ -115,15 +115,15 @@ class InputBatch:
     has_prefill: bool
 
 
-def make_input_batch(num_scheduled_tokens: dict[str, int], req_id_to_index: dict[str, int],
-                     num_computed_np: np.ndarray, prefill_len_np: np.ndarray,
-                     num_reqs_padded: int | None = None, num_tokens_padded: int | None = None
-                     ) -> InputBatch:
-    """Sort the scheduled requests (``batch_order``; no drafts here) and
+def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
+                     req_id_to_index: dict[str, int], num_computed_np: np.ndarray,
+                     prefill_len_np: np.ndarray, num_reqs_padded: int | None = None,
+                     num_tokens_padded: int | None = None) -> InputBatch:
+    """Sort the scheduled requests (``plan_req_ids[i]`` gets
+    ``num_scheduled_tokens[i]`` tokens; ``batch_order``, no drafts here) and
     compute every host-side count."""
-    plan_req_ids = list(num_scheduled_tokens)
     num_reqs = len(plan_req_ids)
-    counts = np.fromiter(num_scheduled_tokens.values(), dtype=np.int32, count=num_reqs)
+    counts = np.array(num_scheduled_tokens, dtype=np.int32)
     plan_order = batch_order(counts, np.zeros(num_reqs, dtype=bool), decode_query_len=1)
     req_ids = [plan_req_ids[i] for i in plan_order]
     idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)

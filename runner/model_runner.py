@@ -98,7 +98,8 @@ class ModelRunner:
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
         use_graphs = self.ops.cuda_graphs and not config.enforce_eager
-        sizes = capture_sizes(n, config.max_num_batched_tokens) if use_graphs else []
+        sizes = (capture_sizes(n, config.max_num_batched_tokens, config.max_cudagraph_capture_size)
+                 if use_graphs else [])
         self.graphs = CudaGraphManager(sizes)
 
     # ---- KV cache -------------------------------------------------------
@@ -184,18 +185,16 @@ class ModelRunner:
         for new in plan.scheduled_new_reqs:
             slot = self.req_states.add_request(new)
             self.sampler.add_request(
-                slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
+                slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids),
+                new.min_tokens_stop_ids,
             )
             self.block_tables.add_request(slot, new.block_ids[0])
             self.prompt_logprobs.add_request(slot, new.sampling.prompt_logprobs)
         cached = plan.scheduled_cached_reqs
-        for req_id, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
-        ):
-            slot = self.req_states.req_id_to_index[req_id]
-            if computed != self.req_states.num_computed_tokens_np[slot]:
-                self.req_states.set_num_computed_tokens(slot, computed)
-            self.block_tables.append_blocks(slot, blocks[0] if blocks else [])
+        index = self.req_states.req_id_to_index
+        for req_id, blocks in zip(cached.req_ids, cached.new_block_ids):
+            if blocks:  # the runner counts computed tokens itself
+                self.block_tables.append_blocks(index[req_id], blocks[0])
         self.req_states.apply_staged_writes()
         self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
@@ -209,6 +208,7 @@ class ModelRunner:
         self._update_states(plan)
         graph_size = self._graph_size(plan)
         batch = make_input_batch(
+            plan.scheduled_req_ids(),
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
@@ -264,9 +264,10 @@ class ModelRunner:
         """The captured size to pad a one-token-per-request batch to, or None
         (eager) for mixed batches and batches larger than every graph."""
         counts = plan.num_scheduled_tokens
-        if not counts or not self.graphs.graphs or any(n != 1 for n in counts.values()):
+        if not counts or not self.graphs.graphs or any(n != 1 for n in counts):
             return None
-        if self.prompt_logprobs.needs_eager(counts, self.req_states.req_id_to_index,
+        if self.prompt_logprobs.needs_eager(plan.scheduled_req_ids(),
+                                            self.req_states.req_id_to_index,
                                             self.req_states.num_computed_tokens_np,
                                             self.req_states.prompt_len_np):
             return None  # the graphs keep no hidden states to score prompt tokens with

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ipc.errors import InvalidPlanError
 from ipc.messages import SchedulerOutput
-from runner.sampling.states import sampling_options_error
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
@@ -47,30 +46,26 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {new.req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
         if not 0 <= new.num_computed_tokens <= prefill:
             fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
-        if (problem := sampling_options_error(new.sampling)) is not None:
-            fail(f"request {new.req_id!r}: {problem}")
+        if problems := new.sampling.problems():
+            fail(f"request {new.req_id!r}: {'; '.join(problems)}")
         held = _check_block_ids(fail, new.req_id, new.block_ids, num_blocks, 0, max_blocks)
         after[new.req_id] = (new.num_computed_tokens, held, prefill)
     cached = plan.scheduled_cached_reqs
-    if not len(cached.req_ids) == len(cached.new_block_ids) == len(cached.num_computed_tokens):
+    if len(cached.req_ids) != len(cached.new_block_ids):
         fail("cached request lists differ in length")
-    for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids,
-                                        cached.num_computed_tokens):
-        if req_id not in remaining:
+    for req_id, blocks in zip(cached.req_ids, cached.new_block_ids):
+        if req_id not in remaining or req_id in after:  # each request is named once
             fail(f"unknown request {req_id!r}")
         slot = index[req_id]
         held = _check_block_ids(fail, req_id, blocks, num_blocks,
                                 int(block_tables.num_blocks_np[slot]), max_blocks)
-        after[req_id] = (computed, held, int(states.prefill_len_np[slot]))
+        after[req_id] = (int(states.num_computed_tokens_np[slot]), held,
+                         int(states.prefill_len_np[slot]))
+    req_ids = plan.scheduled_req_ids()
+    if len(plan.num_scheduled_tokens) != len(req_ids):
+        fail(f"{len(plan.num_scheduled_tokens)} token counts for {len(req_ids)} requests")
     total = 0
-    for req_id, n in plan.num_scheduled_tokens.items():
-        if req_id not in after and req_id not in remaining:
-            fail(f"tokens scheduled for unknown request {req_id!r}")
-        if req_id not in after:
-            slot = index[req_id]
-            after[req_id] = (int(states.num_computed_tokens_np[slot]),
-                             int(block_tables.num_blocks_np[slot]),
-                             int(states.prefill_len_np[slot]))
+    for req_id, n in zip(req_ids, plan.num_scheduled_tokens):
         computed, held, _ = after[req_id]
         if n < 1:
             fail(f"request {req_id!r}: {n} scheduled tokens")
@@ -78,8 +73,6 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
                  f"{held * block_tables.block_size} (max_model_len {max_len})")
         total += n
-    if total != plan.total_num_scheduled_tokens:
-        fail(f"scheduled tokens add up to {total}, not {plan.total_num_scheduled_tokens}")
     if total > max_num_batched_tokens:
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
 

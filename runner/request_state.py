@@ -53,16 +53,9 @@ class RequestState:
         return len(self.req_id_to_index)
 
     def add_request(self, new: NewRequestData) -> int:
-        """Give the request a slot and stage its tokens and lengths."""
-        if new.req_id in self.req_id_to_index:
-            raise ValueError(f"request {new.req_id!r} is already in the runner")
-        if not self.free_indices:
-            raise ValueError(f"no free slot for request {new.req_id!r} (max_num_seqs reached)")
+        """Give the request a slot and stage its tokens and lengths (the plan
+        passed ``plan_check``: a new id, a free slot, prefill lengths that fit)."""
         prefill_len = len(new.prefill_token_ids)
-        if not 0 < prefill_len <= self.max_model_len:
-            raise ValueError(f"request {new.req_id!r} has {prefill_len} prefill tokens")
-        if len(new.prompt_token_ids) > prefill_len:
-            raise ValueError(f"request {new.req_id!r}: prompt longer than its prefill tokens")
         slot = self.free_indices.pop()
         self.req_id_to_index[new.req_id] = slot
         self.index_to_req_id[slot] = new.req_id

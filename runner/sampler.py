@@ -22,6 +22,7 @@ row needs is skipped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,14 +67,16 @@ class Sampler:
         self.token_keys = token_keys(vocab_size, device)
 
     def add_request(
-        self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int
+        self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int,
+        min_tokens_stop_ids: Sequence[int] = (),
     ) -> None:
         """Stage a new request's parameters; its prefill tokens past ``prompt_len``
-        (outputs before a preemption) count as output tokens for penalties."""
+        (outputs before a preemption) count as output tokens for penalties;
+        ``min_tokens_stop_ids`` are held back until ``options.min_tokens``."""
         self.states.add_request(slot, options)
         if self.states.uses_penalty(slot):
             self.penalties.add_request(slot, prompt_len, prefill_len)
-        stop_ids = [t for t in options.min_tokens_stop_ids if t < self.vocab_size]
+        stop_ids = [t for t in min_tokens_stop_ids if t < self.vocab_size]
         self.min_tokens.add_request(slot, options.min_tokens, prompt_len, stop_ids)
 
     def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:

@@ -23,7 +23,6 @@ dropped reply is counted in ``num_dropped_replies``.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import time
@@ -94,7 +93,7 @@ def _params_dict(params: SamplingParams | dict | None) -> dict:
     if params is None:
         return {}
     if isinstance(params, SamplingParams):
-        return dataclasses.asdict(params)
+        return params.to_dict()
     return dict(params)
 
 

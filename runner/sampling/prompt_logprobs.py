@@ -94,10 +94,10 @@ class PromptLogprobsState:
             rows.append((i, first, end - first))
         return chunks, rows
 
-    def needs_eager(self, num_scheduled: dict[str, int], req_id_to_index: dict[str, int],
+    def needs_eager(self, req_ids: list[str], req_id_to_index: dict[str, int],
                     computed: np.ndarray, prompt_len: np.ndarray) -> bool:
         """Some request of the plan scores prompt tokens this step."""
-        for req_id in num_scheduled:
+        for req_id in req_ids:
             slot = req_id_to_index[req_id]
             if self.num_top_np[slot] != NONE and computed[slot] < prompt_len[slot] - 1:
                 return True

@@ -75,10 +75,8 @@ class SamplingStates:
         self.rng = np.random.default_rng(seed)
 
     def add_request(self, slot: int, options: SamplingOptions) -> None:
-        """Stage the slot's parameters (applied by ``apply_staged_writes``)."""
-        problem = sampling_options_error(options)
-        if problem is not None:
-            raise ValueError(f"bad sampling options: {problem}")
+        """Stage the slot's parameters (applied by ``apply_staged_writes``);
+        ``plan_check`` has refused options out of range (``problems``)."""
         row = _float_row(options)
         greedy = row[TEMPERATURE] == 0.0
         # A top_k beyond the vocabulary keeps every value, as does one beyond
@@ -148,20 +146,3 @@ def _float_row(options: SamplingOptions) -> np.ndarray:
         row[PRESENCE] = options.presence_penalty
         row[FREQUENCY] = options.frequency_penalty
     return row
-
-
-def sampling_options_error(options: SamplingOptions) -> str | None:
-    """What the sampler cannot honour in ``options`` (None: nothing); the
-    engine validates first, so this only guards against a bad plan."""
-    problems = []
-    if not options.temperature >= 0:
-        problems.append(f"temperature {options.temperature} < 0")
-    if not 0 < options.top_p <= 1:
-        problems.append(f"top_p {options.top_p} outside (0, 1]")
-    if not 0 <= options.min_p <= 1:
-        problems.append(f"min_p {options.min_p} outside [0, 1]")
-    if not options.repetition_penalty > 0:
-        problems.append(f"repetition_penalty {options.repetition_penalty} <= 0")
-    if options.logprobs is not None and options.logprobs < 0:
-        problems.append(f"logprobs {options.logprobs} < 0")
-    return "; ".join(problems) if problems else None

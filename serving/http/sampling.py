@@ -9,8 +9,6 @@ choices differ yet the whole answer is reproducible.
 
 from __future__ import annotations
 
-import dataclasses
-
 from engine.sampling_params import SamplingParams
 from serving.http.protocol import SamplingFields
 
@@ -32,7 +30,7 @@ def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None
                   min_tokens=request.min_tokens,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
                                    else prompt_logprobs))
-    params = dataclasses.asdict(SamplingParams.from_dict(fields))
+    params = SamplingParams.from_dict(fields).to_dict()
     params["stop_token_ids"] = list(params["stop_token_ids"])
     if any(not s for s in request.stop_strings()):
         raise ValueError("a stop string must not be empty")

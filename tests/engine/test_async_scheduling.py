@@ -67,8 +67,8 @@ def drive_async(sched: Scheduler, runner: FakeRunner, on_schedule=None, max_step
             out = sched.schedule()
             outs.append(out)
             assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
-            assert not set(out.finished_req_ids) & set(out.num_scheduled_tokens)
-            assert not set(out.preempted_req_ids) & set(out.num_scheduled_tokens)
+            assert not set(out.finished_req_ids) & set(out.scheduled_req_ids())
+            assert not set(out.preempted_req_ids) & set(out.scheduled_req_ids())
             sched.kv.pool.check_invariants()
             if on_schedule is not None:
                 on_schedule(sched, out, tokens)
@@ -118,8 +118,8 @@ def test_placeholder_counts_one_token_per_running_request():
     assert req.num_output_placeholders == 1 and req.num_computed_tokens == 3
     out0 = runner.execute(step0)
     step1 = sched.schedule()  # before step 0's token is known
-    assert step1.num_scheduled_tokens == {"a": 1}
-    assert step1.scheduled_cached_reqs.num_computed_tokens == [3]
+    assert (step1.scheduled_req_ids(), step1.num_scheduled_tokens) == (["a"], [1])
+    assert runner.reqs["a"].computed == 3  # what step 1 starts from, the runner's own count
     assert req.num_output_placeholders == 2 and req.num_computed_tokens == 4
     assert req.num_tokens == 3
     out1 = runner.execute(step1)
@@ -153,7 +153,7 @@ def test_stops_with_a_step_in_flight(kw, eos, want_tokens, want_reason):
 
     (sync, _, _), (asy, outs, _) = run_both(cfg, make, next_token=position)
     assert asy == sync == {"a": (want_tokens, want_reason)}
-    sampled_steps = sum("a" in o.num_scheduled_tokens for o in outs)
+    sampled_steps = sum("a" in o.scheduled_req_ids() for o in outs)
     if want_reason == "length":  # no step samples past the limit
         assert sampled_steps == len(want_tokens)
     else:  # the step after the stop was in flight: its token was discarded
@@ -199,7 +199,7 @@ def test_abort_with_steps_in_flight_frees_blocks():
     assert sched.kv.get_block_ids("a") == []
     assert [d.req_id for d in sched.update_from_output(step1, out1)] == ["b"]
     step2 = sched.schedule()
-    assert step2.finished_req_ids == ["a"] and "a" not in step2.num_scheduled_tokens
+    assert step2.finished_req_ids == ["a"] and "a" not in step2.scheduled_req_ids()
     sched.kv.pool.check_invariants()
 
 

@@ -63,6 +63,7 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(master_port=70000), "master_port"),
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool"),
     (dict(max_logprobs=-2), "max_logprobs must be an int >= -1"),
+    (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be an int >= 1"),
 ])
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -119,6 +120,8 @@ def test_projections_come_from_the_config(tmp_path):
     assert (runner.model, runner.block_size, runner.max_num_seqs, runner.max_model_len) == (
         "/models/m", 32, 4, 2048)
     assert runner.model_config == info and runner.dtype == "bfloat16"  # "auto" resolved
+    # Every other runner field is the engine config's field of the same name.
+    assert runner.max_cudagraph_capture_size is None and runner.seed == config.seed
     scheduler = config.scheduler_config(info, num_blocks=7)
     assert (scheduler.policy, scheduler.num_blocks, scheduler.enable_prefix_caching) == (
         "priority", 7, False)
@@ -149,12 +152,12 @@ def test_cli_options_are_the_config_fields():
     args = build_parser().parse_args(
         ["--nproc-per-node", "2", "generate", "--block-size", "32", "--scheduling-policy",
          "priority", "--no-enable-prefix-caching", "--attach-workers", "/tmp/x",
-         "--step-timeout", "5", "--max-model-len", "64"])
+         "--step-timeout", "5", "--max-model-len", "64", "--max-cudagraph-capture-size", "24"])
     config = _engine_config(args)
     assert config == EngineConfig(
         model="tiny", tensor_parallel_size=2, block_size=32, scheduling_policy="priority",
         enable_prefix_caching=False, attach_workers_dir="/tmp/x", step_timeout_s=5.0,
-        max_model_len=64, executor="mp")
+        max_model_len=64, executor="mp", max_cudagraph_capture_size=24)
 
 
 def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.min_tokens import runner_options
+from engine.min_tokens import min_tokens_stop_ids
 from engine.request import Request
 from ipc.messages import SamplingOptions
 from runner.sampler import Sampler
@@ -84,15 +84,15 @@ def test_min_tokens_with_random_sampling(llama):
             assert tokens[-1] % 2 == 0 and all(t % 2 for t in tokens[:-1])
 
 
-def test_runner_options_hold_back_eos_unless_ignored():
+def test_stop_ids_held_back_include_eos_unless_ignored():
     eos = {7, 9}
     held = Request("a", [1, 2], SamplingParams(min_tokens=3, stop_token_ids=[4]), eos)
     ignored = Request("b", [1, 2], SamplingParams(min_tokens=3, stop_token_ids=[4],
                                                   ignore_eos=True), eos)
     none = Request("c", [1, 2], SamplingParams(stop_token_ids=[4]), eos)
-    assert runner_options(held).min_tokens_stop_ids == [4, 7, 9]
-    assert runner_options(ignored).min_tokens_stop_ids == [4]
-    assert runner_options(none).min_tokens_stop_ids == []
+    assert min_tokens_stop_ids(held) == [4, 7, 9]
+    assert min_tokens_stop_ids(ignored) == [4]
+    assert min_tokens_stop_ids(none) == []
 
 
 def test_sampler_masks_eos_by_output_position():
@@ -100,8 +100,8 @@ def test_sampler_masks_eos_by_output_position():
     masked ids, even where they have the largest logit; at index 3 they do."""
     vocab, prompt_len = 16, 5
     sampler = Sampler(4, vocab, torch.device("cpu"), seed=0)
-    options = SamplingOptions(temperature=0.0, min_tokens=3, min_tokens_stop_ids=[0, 11])
-    sampler.add_request(1, options, prompt_len, prompt_len)
+    options = SamplingOptions(temperature=0.0, min_tokens=3)
+    sampler.add_request(1, options, prompt_len, prompt_len, [0, 11])
     sampler.add_request(2, SamplingOptions(temperature=0.0), prompt_len, prompt_len)
     sampler.apply_staged_writes(torch.zeros(4, 32, dtype=torch.int32))
     logits = torch.zeros(5, vocab)

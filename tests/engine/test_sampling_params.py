@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import msgspec
 import pytest
 
@@ -65,7 +63,7 @@ def test_normalisation():
     assert p.top_k == 0
     assert p.stop_token_ids == (3, 4)
     assert hash(p) == hash(SamplingParams(top_k=0, stop_token_ids=(3, 4)))
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):  # frozen
         p.temperature = 0.5
 
 
@@ -86,7 +84,5 @@ def test_to_options_round_trips_through_msgspec():
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(opts), type=SamplingOptions)
     assert decoded == opts
     for f in msgspec.structs.fields(SamplingOptions):
-        if f.name == "min_tokens_stop_ids":
-            continue  # the engine adds them (engine.min_tokens.runner_options)
         assert getattr(opts, f.name) == getattr(p, f.name), f.name
     assert SamplingParams().to_options() == SamplingOptions()

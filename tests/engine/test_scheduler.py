@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 
 from engine.outputs import Logprob
-from engine.request import Request, RequestStatus
+from engine.request import Request, RequestStatus, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from ipc.messages import Logprobs, ModelRunnerOutput
@@ -120,7 +120,7 @@ def test_abort_waiting_and_running_frees_blocks():
         sched.add_request(r)
     runner = FakeRunner(cfg)
     out = sched.schedule()
-    assert list(out.num_scheduled_tokens) == ["r0"]
+    assert out.scheduled_req_ids() == ["r0"]
     sched.update_from_output(out, runner.execute(out))
     assert sched.kv.pool.num_free_blocks < cfg.num_blocks
     sched.abort_requests(["r0", "r1", "unknown"])
@@ -129,7 +129,7 @@ def test_abort_waiting_and_running_frees_blocks():
     sched.kv.pool.check_invariants()
     out = sched.schedule()
     assert sorted(out.finished_req_ids) == ["r0", "r1"]
-    assert list(out.num_scheduled_tokens) == ["r2"]
+    assert out.scheduled_req_ids() == ["r2"]
     sched.abort_requests("r2")
     assert not sched.has_unfinished_requests()
     assert sched.kv.pool.num_free_blocks == cfg.num_blocks
@@ -179,16 +179,16 @@ def test_priority_preempts_lowest_priority_first():
     "prompt, max_tokens, match",
     [
         ([], 4, "prompt is empty"),
-        (list(range(16)), 4, "max_model_len is 16"),
-        (list(range(10)), 8, "may need 4 KV blocks"),
+        (list(range(16)), 4, "= 20 exceeds max_model_len 16"),
+        (list(range(10)), 6, "may need 4 KV blocks"),
+        (list(range(10)), 8, "exceeds max_model_len 16"),
         (list(range(13)), 1, "may need 4 KV blocks"),
     ],
 )
 def test_invalid_requests_rejected(prompt, max_tokens, match):
-    sched = Scheduler(config(max_model_len=16, num_blocks=3))
     with pytest.raises(ValueError, match=match):
-        sched.add_request(Request("x", prompt, SamplingParams(max_tokens=max_tokens)))
-    assert not sched.has_unfinished_requests()
+        check_request(prompt, SamplingParams(max_tokens=max_tokens),
+                      config(max_model_len=16, num_blocks=3))
 
 
 def test_request_that_just_fits_is_accepted_and_completes():
@@ -247,7 +247,7 @@ def test_logprobs_follow_sampled_tokens():
         sampled_logprobs=[-0.5, -0.2],
         sampled_ranks=[2, 1],
     )
-    assert list(out.num_scheduled_tokens) == ["a", "b"]  # the reply's row order
+    assert out.scheduled_req_ids() == ["a", "b"]  # the reply's row order
     runner_out = ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=[9, 8], logprobs=logprobs)
     deltas = {d.req_id: d for d in sched.update_from_output(out, runner_out)}
     assert deltas["a"].logprobs == [{7: Logprob(-0.1, 1), 9: Logprob(-0.5, 2)}]

@@ -45,7 +45,7 @@ def _new_plan(step_id: int, req_id: str = "a") -> SchedulerOutput:
                          sampling=SamplingOptions(temperature=0.0), block_ids=[[0]],
                          num_computed_tokens=0, max_tokens=4)
     return SchedulerOutput(step_id=step_id, scheduled_new_reqs=[new],
-                           num_scheduled_tokens={req_id: 3}, total_num_scheduled_tokens=3)
+                           num_scheduled_tokens=[3])
 
 
 @pytest.mark.slow
@@ -74,25 +74,28 @@ def test_worker_killed_mid_run_fails_fast_naming_rank(tiny_dir):
 def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
     executor = _executor(tiny_dir)
     try:
-        cached = CachedRequestData(req_ids=["ghost"], new_block_ids=[[[]]],
-                                   num_computed_tokens=[5])
+        cached = CachedRequestData(req_ids=["ghost"], new_block_ids=[None])
         unknown = SchedulerOutput(step_id=0, scheduled_cached_reqs=cached,
-                                  num_scheduled_tokens={"ghost": 1}, total_num_scheduled_tokens=1)
+                                  num_scheduled_tokens=[1])
         freed_twice = SchedulerOutput(step_id=1, finished_req_ids=["x", "x"])
         long_prompt = list(range(1, 101))
         over_budget = SchedulerOutput(step_id=2, scheduled_new_reqs=[NewRequestData(
             req_id="c", prompt_token_ids=long_prompt, prefill_token_ids=long_prompt,
             sampling=SamplingOptions(), block_ids=[list(range(7))], num_computed_tokens=0,
-            max_tokens=2)], num_scheduled_tokens={"c": 100}, total_num_scheduled_tokens=100)
+            max_tokens=2)], num_scheduled_tokens=[100])
         block_out = SchedulerOutput(step_id=3, scheduled_new_reqs=[NewRequestData(
             req_id="b", prompt_token_ids=[1], prefill_token_ids=[1], sampling=SamplingOptions(),
             block_ids=[[999]], num_computed_tokens=0, max_tokens=2)],
-            num_scheduled_tokens={"b": 1}, total_num_scheduled_tokens=1)
+            num_scheduled_tokens=[1])
         bad_token = SchedulerOutput(step_id=4, scheduled_new_reqs=[NewRequestData(
             req_id="t", prompt_token_ids=[1, 99999], prefill_token_ids=[1, 99999],
             sampling=SamplingOptions(), block_ids=[[0]], num_computed_tokens=0, max_tokens=2)],
-            num_scheduled_tokens={"t": 2}, total_num_scheduled_tokens=2)
-        for plan, pattern in [(unknown, "unknown request 'ghost'"),
+            num_scheduled_tokens=[2])
+        bad_options = SchedulerOutput(step_id=5, scheduled_new_reqs=[NewRequestData(
+            req_id="s", prompt_token_ids=[1], prefill_token_ids=[1],
+            sampling=SamplingOptions(top_p=0.0), block_ids=[[0]], num_computed_tokens=0,
+            max_tokens=2)], num_scheduled_tokens=[1])
+        for plan, pattern in [(bad_options, r"request 's': top_p must be in \(0, 1\]"),(unknown, "unknown request 'ghost'"),
                               (bad_token, "outside the vocabulary"),
                               (freed_twice, "freed twice"),
                               (over_budget, "exceed max_num_batched_tokens 64"),
@@ -100,7 +103,7 @@ def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
             with pytest.raises(StepRejected, match=pattern) as info:
                 executor.execute_model(plan).result(timeout=30)
             assert "rank" in str(info.value)
-        out = executor.execute_model(_new_plan(5)).result(timeout=30)
+        out = executor.execute_model(_new_plan(6)).result(timeout=30)
         assert [len(row) for row in out.rows()] == [1]
     finally:
         executor.shutdown()

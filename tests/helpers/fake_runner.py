@@ -17,7 +17,7 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
-from engine.request import Request
+from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
@@ -66,15 +66,12 @@ class FakeRunner:
             for pos in range(r.computed):  # prefix cache hits must hold our tokens
                 assert self.kv[self.slot(r, pos)] == r.tokens[pos]
         cached = out.scheduled_cached_reqs
-        for rid, blocks, computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
-        ):
-            assert self.reqs[rid].computed == computed
+        for rid, blocks in zip(cached.req_ids, cached.new_block_ids):
             self.reqs[rid].blocks += blocks[0] if blocks else []
         self.max_live = max(self.max_live, len(self.reqs))
         self.check_blocks_exclusive(out)
         sampled = [self.run_request(self.reqs[rid], n)
-                   for rid, n in out.num_scheduled_tokens.items()]
+                   for rid, n in zip(out.scheduled_req_ids(), out.num_scheduled_tokens)]
         return ModelRunnerOutput(step_id=out.step_id, sampled_token_ids=sum(sampled, []),
                                  num_sampled=[len(s) for s in sampled])
 
@@ -97,7 +94,7 @@ class FakeRunner:
         """Blocks a request writes this step belong to it alone."""
         owner: dict[int, str] = {}
         bs = self.cfg.block_size
-        for rid, n in out.num_scheduled_tokens.items():
+        for rid, n in zip(out.scheduled_req_ids(), out.num_scheduled_tokens):
             r = self.reqs[rid]
             for block in {r.blocks[p // bs] for p in range(r.computed, r.computed + n)}:
                 assert owner.setdefault(block, rid) == rid, f"block {block} written twice"
@@ -129,10 +126,11 @@ def drive(sched: Scheduler, runner: FakeRunner, max_steps: int = 5000):
         out = sched.schedule()
         outs.append(out)
         assert out.step_id == len(outs) - 1
-        assert out.total_num_scheduled_tokens == sum(out.num_scheduled_tokens.values())
+        scheduled = out.scheduled_req_ids()
+        assert len(set(scheduled)) == len(scheduled) == len(out.num_scheduled_tokens)
         assert out.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
-        assert not set(out.finished_req_ids) & set(out.num_scheduled_tokens)
-        assert not set(out.preempted_req_ids) & set(out.num_scheduled_tokens)
+        assert not set(out.finished_req_ids) & set(scheduled)
+        assert not set(out.preempted_req_ids) & set(scheduled)
         assert len(sched.running) <= cfg.max_num_seqs
         sched.kv.pool.check_invariants()
         for delta in sched.update_from_output(out, runner.execute(out)):
@@ -174,15 +172,18 @@ def make_requests(prompts, params, eos=None, priorities=None):
 
 
 def admit(sched: Scheduler, requests: list[Request]) -> list[Request]:
-    """Add each request; those the config can never run (too few KV blocks
-    in all) are rejected with a ValueError and left out of the result."""
+    """Add each request the engine would accept (``check_request``: longer
+    than ``max_model_len`` or more KV blocks than the cache holds is
+    refused); returns those added."""
     accepted = []
     for r in requests:
         try:
-            sched.add_request(r)
-            accepted.append(r)
+            check_request(r.prompt_token_ids, r.sampling_params, sched.config)
         except ValueError as e:
-            assert "KV blocks" in str(e)
+            assert "KV blocks" in str(e) or "max_model_len" in str(e)
+            continue
+        sched.add_request(r)
+        accepted.append(r)
     return accepted
 
 

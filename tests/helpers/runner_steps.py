@@ -43,22 +43,16 @@ def run_prefill_then_decode(runner, prompts, steps):
                           num_computed_tokens=0, max_tokens=steps + 1)
            for r, p, b in zip(ids, prompts, blocks)]
     runner.execute_model(SchedulerOutput(
-        step_id=0, scheduled_new_reqs=new, num_scheduled_tokens={r: len(p) for r, p in
-                                                                 zip(ids, prompts)},
-        total_num_scheduled_tokens=sum(map(len, prompts))))
+        step_id=0, scheduled_new_reqs=new, num_scheduled_tokens=[len(p) for p in prompts]))
     out = runner.sample_tokens().get_output()
     tokens = dict(zip(ids, out.rows()))  # reply rows follow the plan's order
-    computed = {r: len(p) for r, p in zip(ids, prompts)}
     seq_lens = []
     for step in range(1, steps + 1):
-        cached = CachedRequestData(req_ids=ids, new_block_ids=[[[]] for _ in ids],
-                                   num_computed_tokens=[computed[r] for r in ids])
+        cached = CachedRequestData(req_ids=ids, new_block_ids=[None for _ in ids])
         runner.execute_model(SchedulerOutput(
-            step_id=step, scheduled_cached_reqs=cached, num_scheduled_tokens=dict.fromkeys(ids, 1),
-            total_num_scheduled_tokens=len(ids)))
+            step_id=step, scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(ids)))
         out = runner.sample_tokens().get_output()
         seq_lens.append(runner.buffers.seq_lens[: len(ids)].tolist())
         for r, t in zip(ids, out.rows()):
             tokens[r] += t
-            computed[r] += 1
     return tokens, seq_lens

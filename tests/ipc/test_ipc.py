@@ -30,9 +30,9 @@ def _plan() -> SchedulerOutput:
     new = NewRequestData(req_id="a", prompt_token_ids=[1, 2], prefill_token_ids=[1, 2, 3],
                          sampling=SamplingOptions(temperature=0.5, seed=7), block_ids=[[4]],
                          num_computed_tokens=0, max_tokens=5)
-    cached = CachedRequestData(req_ids=["b"], new_block_ids=[[[9]]], num_computed_tokens=[17])
+    cached = CachedRequestData(req_ids=["b"], new_block_ids=[[[9]]])
     return SchedulerOutput(step_id=3, scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
-                           num_scheduled_tokens={"a": 3, "b": 1}, total_num_scheduled_tokens=4,
+                           num_scheduled_tokens=[1, 3],
                            finished_req_ids=["c"], preempted_req_ids=["d"])
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from checkpoint.tiny_model import ensure_tiny_model
 from executor.multiproc import MultiprocExecutor
 from ipc import channels
-from ipc.messages import NewRequestData, SamplingOptions, SchedulerOutput
+from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from ipc.serde import decode_broadcast, decode_reply, encode
 from tests.helpers.checkpoints import runner_config
 
@@ -28,8 +28,8 @@ def test_decoders_never_raise_on_random_bytes(data):
 @settings(max_examples=200, deadline=None)
 @given(st.integers(min_value=0, max_value=200))
 def test_truncated_messages_are_dropped(cut):
-    plan = SchedulerOutput(step_id=7, num_scheduled_tokens={"a" * 50: 3},
-                           total_num_scheduled_tokens=3)
+    plan = SchedulerOutput(step_id=7, scheduled_cached_reqs=CachedRequestData(
+        req_ids=["a" * 50], new_block_ids=[None]), num_scheduled_tokens=[3])
     data = encode(plan)
     truncated = data[: min(cut, len(data) - 1)]
     assert decode_broadcast(truncated) is None
@@ -48,7 +48,7 @@ def _plan(step_id: int, req_id: str) -> SchedulerOutput:
                          sampling=SamplingOptions(temperature=0.0), block_ids=[[step_id]],
                          num_computed_tokens=0, max_tokens=4)
     return SchedulerOutput(step_id=step_id, scheduled_new_reqs=[new],
-                           num_scheduled_tokens={req_id: 3}, total_num_scheduled_tokens=3,
+                           num_scheduled_tokens=[3],
                            finished_req_ids=[f"r{step_id - 1}"] if step_id else [])
 
 

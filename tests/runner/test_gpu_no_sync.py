@@ -32,15 +32,13 @@ def test_mixed_steps_never_sync(tmp_path):
         # A's first chunk of 24 tokens, B's whole prompt.
         SchedulerOutput(step_id=0, scheduled_new_reqs=[_new("A", prompt_a, [3, 4, 5], 0.0),
                                                        _new("B", prompt_b, [9], 0.8)],
-                        num_scheduled_tokens={"A": 24, "B": 7}, total_num_scheduled_tokens=31),
+                        num_scheduled_tokens=[24, 7]),
         # A's last 16 tokens (a chunk), B decodes.
         SchedulerOutput(step_id=1, scheduled_cached_reqs=CachedRequestData(
-            req_ids=["A", "B"], new_block_ids=[[[]], [[]]], num_computed_tokens=[24, 7]),
-            num_scheduled_tokens={"A": 16, "B": 1}, total_num_scheduled_tokens=17),
+            req_ids=["A", "B"], new_block_ids=[None, None]), num_scheduled_tokens=[16, 1]),
         # Both decode.
         SchedulerOutput(step_id=2, scheduled_cached_reqs=CachedRequestData(
-            req_ids=["A", "B"], new_block_ids=[[[]], [[]]], num_computed_tokens=[40, 8]),
-            num_scheduled_tokens={"A": 1, "B": 1}, total_num_scheduled_tokens=2),
+            req_ids=["A", "B"], new_block_ids=[None, None]), num_scheduled_tokens=[1, 1]),
     ]
     outputs = []
     torch.cuda.synchronize()
@@ -52,6 +50,6 @@ def test_mixed_steps_never_sync(tmp_path):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     results = [o.get_output() for o in outputs]
-    by_step = [dict(zip(p.num_scheduled_tokens, r.rows())) for p, r in zip(plans, results)]
+    by_step = [dict(zip(p.scheduled_req_ids(), r.rows())) for p, r in zip(plans, results)]
     assert by_step[0]["A"] == [] and len(by_step[0]["B"]) == 1
     assert len(by_step[1]["A"]) == 1 and len(by_step[2]["A"]) == 1

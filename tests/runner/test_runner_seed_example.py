@@ -52,7 +52,7 @@ def test_worked_example():
     states.last_sampled_tokens[r1] = 4242
     states.last_sampled_tokens[r2] = 4343
 
-    batch = make_input_batch({"R3": 6, "R1": 1, "R2": 1}, states.req_id_to_index,
+    batch = make_input_batch(["R3", "R1", "R2"], [6, 1, 1], states.req_id_to_index,
                              states.num_computed_tokens_np, states.prefill_len_np, num_reqs_padded=4)
     assert batch.req_ids == ["R1", "R2", "R3"]
     assert batch.idx_mapping_np.tolist() == [1023, 1022, 1021]
@@ -93,7 +93,7 @@ def test_input_batch_orders_decodes_first_and_maps_back_to_the_plan():
         counts = {f"r{i}": int(c) for i, c in enumerate(rng.choice([1, 1, 1, 2, 3, 7, 16], n))}
         slots = {r: i for i, r in enumerate(counts)}
         zeros = np.zeros(n + 1, dtype=np.int32)
-        batch = make_input_batch(counts, slots, zeros, zeros)
+        batch = make_input_batch(list(counts), list(counts.values()), slots, zeros, zeros)
         # The seed's key, with Python's stable sort as the oracle.
         assert batch.req_ids == sorted(counts, key=lambda r: (counts[r] != 1, counts[r]))
         assert [list(counts)[i] for i in batch.plan_order] == batch.req_ids

@@ -20,18 +20,19 @@ def _new(req_id, prompt, blocks):
 
 
 def _step(runner, step_id, new=(), cached=None, scheduled=None, finished=()):
+    """``scheduled``: tokens per request id, the cached requests' first."""
+    cached = cached or CachedRequestData()
     plan = SchedulerOutput(
-        step_id=step_id, scheduled_new_reqs=list(new),
-        scheduled_cached_reqs=cached or CachedRequestData(),
-        num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+        step_id=step_id, scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
+        num_scheduled_tokens=[scheduled[r] for r in cached.req_ids + [n.req_id for n in new]],
         finished_req_ids=list(finished))
     runner.execute_model(plan)
     return runner.sample_tokens().get_output()
 
 
-def _decode(runner, step_id, req_id, computed, new_blocks=()):
-    cached = CachedRequestData(req_ids=[req_id], new_block_ids=[[list(new_blocks)]],
-                               num_computed_tokens=[computed])
+def _decode(runner, step_id, req_id, new_blocks=()):
+    """One token for ``req_id`` (the runner knows how many it has computed)."""
+    cached = CachedRequestData(req_ids=[req_id], new_block_ids=[[list(new_blocks)]])
     out = _step(runner, step_id, cached=cached, scheduled={req_id: 1})
     return out.rows()[0]
 
@@ -40,7 +41,7 @@ def _generate_alone(runner, prompt, blocks, n, start_step=0):
     out = _step(runner, start_step, new=[_new("B", prompt, blocks)], scheduled={"B": len(prompt)})
     tokens = out.rows()[0]
     for i in range(1, n):
-        tokens += _decode(runner, start_step + i, "B", len(prompt) + i - 1)
+        tokens += _decode(runner, start_step + i, "B")
     return tokens
 
 
@@ -55,14 +56,14 @@ def test_freed_slot_is_reused_without_leaks(tiny_dir):
     assert len(out.sampled_token_ids) == 1 and out.num_sampled is None
     slot_a = runner.req_states.req_id_to_index["A"]
     for i in range(3):
-        _decode(runner, 1 + i, "A", 40 + i, new_blocks=[20] if i == 0 else [])
+        _decode(runner, 1 + i, "A", new_blocks=[20] if i == 0 else [])
     # A finishes in the same step that B arrives: B must get A's slot.
     out = _step(runner, 4, new=[_new("B", prompt_b, [7, 8, 9])], scheduled={"B": 5},
                 finished=["A"])
     assert runner.req_states.req_id_to_index["B"] == slot_a
     tokens = out.rows()[0]
     for i in range(1, 5):
-        tokens += _decode(runner, 4 + i, "B", 5 + i - 1)
+        tokens += _decode(runner, 4 + i, "B")
     assert tokens == expected
 
 
@@ -77,8 +78,8 @@ def test_reply_rows_follow_the_plan_not_the_batch_order(tiny_dir):
 
     runner = _runner(tiny_dir)
     first = _step(runner, 0, new=[_new("A", prompt_a, [1, 2, 3])], scheduled={"A": 6})
-    cached = CachedRequestData(req_ids=["A"], new_block_ids=[None], num_computed_tokens=[6])
+    cached = CachedRequestData(req_ids=["A"], new_block_ids=[None])
     out = _step(runner, 1, new=[_new("B", prompt_b, [4, 5])], cached=cached,
                 scheduled={"B": 5, "A": 1})
     assert first.rows() == [alone_a[:1]]
-    assert out.rows() == [alone_b, alone_a[1:2]]
+    assert out.rows() == [alone_a[1:2], alone_b]  # the plan's order: cached, then new

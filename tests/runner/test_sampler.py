@@ -453,13 +453,17 @@ def test_reused_slot_starts_with_clean_penalty_rows():
     assert sampler.penalties.output_counts[4].nonzero().flatten().tolist() == [10]
 
 
-def test_bad_options_are_rejected_before_anything_is_staged():
-    sampler = Sampler(4, 10, CPU, 0)
-    for bad in (opts(top_p=0.0), opts(temperature=-1.0), opts(min_p=1.5),
-                opts(repetition_penalty=0.0), opts(logprobs=-2)):
-        with pytest.raises(ValueError, match="bad sampling options"):
-            sampler.add_request(1, bad, 1, 1)
-    assert sampler.states.floats.num_staged == 0 and not sampler.penalties._pending
+def test_out_of_range_options_are_named_by_their_one_check():
+    """``SamplingOptions.problems``: what the engine refuses a request for
+    and ``plan_check`` a plan for (the sampler itself checks nothing)."""
+    for bad, name in ((opts(top_p=0.0), "top_p"), (opts(temperature=-1.0), "temperature"),
+                      (opts(min_p=1.5), "min_p"), (opts(repetition_penalty=0.0),
+                                                   "repetition_penalty"),
+                      (opts(logprobs=-2), "logprobs"), (opts(top_k=-1), "top_k"),
+                      (opts(presence_penalty=2.5), "presence_penalty"),
+                      (opts(temperature=float("nan")), "temperature")):
+        assert [p.split()[0] for p in bad.problems()] == [name]
+    assert opts(temperature=0.0, top_p=1.0, min_p=1.0, logprobs=0).problems() == []
 
 
 # ---- logprobs -----------------------------------------------------------------
