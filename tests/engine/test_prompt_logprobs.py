@@ -138,3 +138,19 @@ def test_prompt_logprobs_above_max_logprobs_refused(llama):
             pytest.raises(ValueError, match="prompt_logprobs 5 is more than max_logprobs 4"):
         llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(prompt_logprobs=5))
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.timeout(300)
+def test_prompt_logprobs_on_cuda(llama):
+    """The CUDA path (Triton input kernels, pinned uploads, CUDA graphs for
+    the decode steps around the scored chunks), float32, chunked."""
+    path, want = llama
+    params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=5, min_tokens=4)
+    with LLM(model=path, device="cuda", dtype="float32", max_num_batched_tokens=16,
+             block_size=16, max_num_seqs=8) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    for out, prompt, ref in zip(outs, PROMPTS, want, strict=True):
+        check_prompt_logprobs(out.prompt_logprobs, prompt, ref, 5, tol=1e-3)
+        assert len(out.outputs[0].token_ids) == 4
