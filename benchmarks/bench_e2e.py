@@ -121,7 +121,9 @@ def hf_host_bound(hf: dict, hf_batch1: dict) -> dict:
 def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
     """All ``--ttft-prompts`` prompts added at once with max_tokens=1 (after an
     identical warm-up round); seconds until the last one has its token.
-    ``llm_options`` go to ``LLM`` (bench_tp passes its TP size and executor)."""
+    ``llm_options`` go to ``LLM`` (bench_tp passes its TP size and executor);
+    ``args.prompt_logprobs``, where set, asks every prompt for them
+    (bench_prompt_logprobs)."""
     from engine import LLM, SamplingParams
 
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -131,7 +133,8 @@ def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
               max_num_seqs=args.ttft_prompts, max_num_batched_tokens=args.ttft_batched_tokens,
               max_model_len=args.ttft_len + 16, enable_prefix_caching=False,
               attention_backend=args.attention_backend, **llm_options)
-    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                            prompt_logprobs=getattr(args, "prompt_logprobs", None))
     rounds = []
     try:
         for _ in range(1 + args.ttft_rounds):  # the first round warms up

@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput
+from engine.outputs import CompletionOutput, RequestOutput, RequestOutputDelta
 from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
 
@@ -105,6 +105,7 @@ class LLM:
                 # Deltas of an earlier, interrupted call's requests are not ours.
                 deltas = [d for d in engine.step() if d.req_id in outputs]
                 for delta in deltas:
+                    _absorb_prompt_side(outputs[delta.req_id], delta)
                     completion = outputs[delta.req_id].outputs[0]
                     completion.token_ids.extend(delta.new_token_ids)
                     if delta.logprobs is not None:
@@ -127,3 +128,11 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _absorb_prompt_side(output: RequestOutput, delta: RequestOutputDelta) -> None:
+    """What a delta says of the prompt: its logprobs (once) and the prefix-cache hits."""
+    if delta.prompt_logprobs is not None:
+        output.prompt_logprobs = delta.prompt_logprobs
+    if delta.num_cached_tokens is not None:
+        output.num_cached_tokens = delta.num_cached_tokens

@@ -31,6 +31,10 @@ class RequestOutputDelta:
     token (abort). ``finish_reason`` is "stop", "length", "abort" or None, and
     is set exactly when ``finished`` is. ``logprobs`` has one entry per new
     token when the request asked for logprobs and the runner sent them.
+    ``prompt_logprobs`` (vLLM's shape: None for the first prompt token) comes
+    once, with the first tokens of a request that asked for it.
+    ``num_cached_tokens``: the prompt tokens the prefix cache held when the
+    request was first scheduled.
     """
 
     req_id: str
@@ -38,6 +42,8 @@ class RequestOutputDelta:
     finished: bool
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -63,3 +69,5 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    num_cached_tokens: int | None = None

@@ -78,6 +78,9 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.grammar: Grammar | None = None
+        self.num_cached_tokens: int | None = None  # prefix-cache hits at first scheduling
+        self.prompt_logprobs: list | None = None  # engine.prompt_logprobs fills it
+        self.prompt_logprobs_sent = False
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -134,7 +137,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
     prompt + ``max_tokens`` within ``max_model_len``; enough KV blocks in the
     whole cache for the longest it may grow; at most ``max_logprobs`` top
-    logprobs per token.
+    logprobs per token (sampled or prompt).
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
@@ -154,6 +157,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) may need {blocks} KV blocks of "
             f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
             "max_tokens or give the cache more blocks")
-    if params.logprobs is not None and -1 < limits.max_logprobs < params.logprobs:
-        raise ValueError(f"logprobs {params.logprobs} is more than max_logprobs "
-                         f"{limits.max_logprobs}")
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(params, name)
+        if k is not None and -1 < limits.max_logprobs < k:
+            raise ValueError(f"{name} {k} is more than max_logprobs {limits.max_logprobs}")

@@ -87,6 +87,12 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
             raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
+            raise ValueError(
+                f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
 
     def _check_structured_outputs(self) -> None:
         so = self.structured_outputs

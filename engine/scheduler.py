@@ -83,7 +83,9 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from engine import prompt_logprobs
 from engine.kv_cache_manager import KVCacheManager
+from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
 from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
@@ -370,13 +372,17 @@ class Scheduler:
     def _schedule_waiting(self, draft: _StepDraft) -> None:
         while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting.peek()
-            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            # Prompt logprobs need every prompt position's logits: no prefix hits.
+            hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None
+                                   else self.kv.get_computed_blocks(request))
             num_new = min(request.num_tokens - num_hit, draft.budget)
             if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self.waiting.pop_front()
             self._prefill_lens[request.req_id] = request.num_tokens
             request.num_computed_tokens = num_hit
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = num_hit
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             draft.take(request, num_new)
@@ -389,6 +395,7 @@ class Scheduler:
                     block_ids=[self.kv.get_block_ids(request.req_id)],
                     num_computed_tokens=num_hit,
                     max_tokens=request.max_tokens,
+                    min_tokens_stop_ids=min_tokens_stop_ids(request),
                 )
             )
 
@@ -430,6 +437,8 @@ class Scheduler:
         if in_flight is None:
             raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
+        prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
+                               runner_output.prompt_logprobs)
         rows = _logprob_rows(runner_output.logprobs)
         plan_req_ids = scheduler_output.scheduled_req_ids()
         sampled_rows = runner_output.rows()
@@ -475,7 +484,8 @@ class Scheduler:
         if request.sampling_params.logprobs is not None and None not in token_rows:
             logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
         return RequestOutputDelta(
-            request.req_id, new_ids, status is not None, request.finish_reason, logprobs
+            request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
+            prompt_logprobs.take_ready(request), request.num_cached_tokens,
         )
 
     def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:
@@ -493,6 +503,10 @@ class Scheduler:
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         """A sampled stop token wins over a length limit met by the same token."""
         params = request.sampling_params
+        if len(request.output_token_ids) < params.min_tokens:
+            # Stop tokens end nothing before min_tokens (the runner masks them).
+            return (RequestStatus.FINISHED_LENGTH
+                    if request.num_tokens >= self.config.max_model_len else None)
         if token in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if not params.ignore_eos and token in request.eos_token_ids:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from executor import stop_signals
 from executor.base import Executor, StepRejected, WorkerFailure
 from executor.rendezvous import AGENT_STORE_ENV, host_store
 from ipc.channels import BroadcastPublisher, ReplyReceiver, wait_for_subscribers
@@ -47,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 SILENT_AFTER_S = 2.0  # heartbeats come every 0.5 s
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# How long an interrupted launch waits for its workers before killing them.
+INTERRUPTED_STOP_S = 0.5
 
 
 def module_command(module: str) -> list[str]:
@@ -89,6 +93,16 @@ def exited_worker(procs: list[subprocess.Popen]) -> WorkerFailure | None:
         code = proc.poll()
         if code is not None:
             return WorkerFailure(f"worker rank {rank} (pid {proc.pid}) exited with code {code}")
+    return None
+
+
+def shared_signal_exit(procs: list[subprocess.Popen]) -> str | None:
+    """If a worker died of a job signal this process received too (Ctrl-C,
+    ``kill %1``): a line saying so (a shutdown, not a failure)."""
+    for rank, proc in enumerate(procs):
+        if stop_signals.shared_with_parent(proc.poll()):
+            name = signal.Signals(-proc.returncode).name
+            return f"worker rank {rank} stopped by {name}, as was this process: shutting down"
     return None
 
 
@@ -202,7 +216,10 @@ class MultiprocExecutor(Executor):
                     self.heartbeat_at[reply.rank] = time.monotonic()
                 failure = None if self.closing else self._dead_worker() or self._stuck_step()
                 if failure is not None:
-                    logger.error("%s", failure)
+                    if (line := shared_signal_exit(self.procs)) is not None:
+                        logger.info("%s", line)
+                    else:
+                        logger.error("%s", failure)
                     self._fail_all(failure)
                     return
             elif isinstance(reply, ModelRunnerOutput):
@@ -320,7 +337,9 @@ class MultiprocExecutor(Executor):
             self.publisher.publish(ControlCall(call_id=-1, method="shutdown"))
         except zmq.ZMQError:
             pass
-        stop_workers(self.procs, timeout_s=5)
+        # Interrupted (Ctrl-C, kill): a worker still importing or loading
+        # would not read the shutdown call for seconds; do not wait for it.
+        stop_workers(self.procs, timeout_s=INTERRUPTED_STOP_S if stop_signals.stopping() else 5)
         self.store = None  # every rank has left the process group: let it go
         self.publisher.close()
         self.receiver.close()

@@ -62,7 +62,11 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     ("stop", "length", "abort") is set exactly when ``finished`` is.
     ``logprobs``, for a request that asked for them, has one list per new
     token: the top-N candidates in rank order, then the sampled token when
-    it is not among them."""
+    it is not among them. ``prompt_logprobs`` (once, for a request that asked)
+    has one entry per prompt token, None for the first, each the top-k
+    candidates then the prompt token when it is not among them.
+    ``num_cached_tokens``: the prompt tokens found in the prefix cache.
+    """
 
     request_id: str
     token_ids: list[int]
@@ -70,6 +74,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     finished: bool
     finish_reason: str | None = None
     logprobs: list[list[TokenLogprob]] | None = None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
+    num_cached_tokens: int | None = None
 
 
 class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):

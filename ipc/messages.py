@@ -27,7 +27,11 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
     ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
     depend only on (seed, position). ``logprobs`` asks for that many top
-    logprobs per sampled token (None: none). ``engine.SamplingParams``
+    logprobs per sampled token (None: none). Until ``min_tokens`` tokens are
+    generated, the request's stop and end-of-sequence ids cannot be sampled
+    (the ids come in ``NewRequestData.min_tokens_stop_ids``).
+    ``prompt_logprobs`` asks for each prompt token's logprob plus that many
+    top ones (None: none). ``engine.SamplingParams``
     extends this Struct with the fields only the engine reads, so a field
     the runner needs is added here, once, and reaches the API, the HTTP
     server and the wire (``SamplingParams.to_options``) from here.
@@ -42,6 +46,8 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
 
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
@@ -61,6 +67,9 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
                                                 f"(0 = off), got {self.frequency_penalty}"),
             (self.logprobs is None or self.logprobs >= 0, f"logprobs must be None or an int "
                                                           f">= 0, got {self.logprobs}"),
+            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+             f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs}"),
         )
         return [message for ok, message in checks if not ok]
 
@@ -72,6 +81,8 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     samples: the prompt, plus the tokens already generated when a preempted
     request comes back. ``block_ids[g]`` are its KV blocks in cache group g.
     ``num_computed_tokens`` are already in the KV cache (prefix cache hits).
+    ``min_tokens_stop_ids``: the ids ``sampling.min_tokens`` holds back (the
+    request's stop ids, and its end-of-sequence ids unless it ignores them).
     """
 
     req_id: str
@@ -81,6 +92,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     block_ids: list[list[int]]
     num_computed_tokens: int
     max_tokens: int
+    min_tokens_stop_ids: list[int] = []
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -156,6 +168,18 @@ class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
     sampled_ranks: list[int]
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True, kw_only=True):
+    """Prompt logprobs scored in one step: request ``req_ids[j]`` scored
+    ``counts[j]`` prompt tokens from prompt index ``starts[j]`` (>= 1) on;
+    ``logprobs`` has one row per scored token, requests in that order (the
+    "sampled" entries are the prompt token's own logprob and rank)."""
+
+    req_ids: list[str]
+    starts: list[int]
+    counts: list[int]
+    logprobs: Logprobs
+
+
 class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The output rank's reply to one step, in the plan's order: row i answers
     the i-th request of the step's ``scheduled_req_ids()``.
@@ -165,12 +189,14 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``num_sampled`` None means one token per row (the usual decode step). A
     row samples nothing when its prefill chunk stops short of its prompt.
     ``logprobs`` has one row per sampled token, in the same order.
+    ``prompt_logprobs``: the prompt tokens scored in this step, if any.
     """
 
     step_id: int
     sampled_token_ids: list[int]
     num_sampled: list[int] | None = None
     logprobs: Logprobs | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
     def rows(self) -> list[list[int]]:
         """Each row's tokens, in plan order."""

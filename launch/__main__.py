@@ -1,7 +1,5 @@
 """``python -m launch`` is ``tprun``."""
 
-import sys
+from launch.entry import entry
 
-from launch.cli import main
-
-sys.exit(main())
+entry()

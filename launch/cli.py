@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
@@ -26,6 +27,10 @@ logger = logging.getLogger("tprun.serve")
 
 # A dict field takes its JSON text (EngineConfig parses it).
 _TYPES = {"int": int, "float": float, "str": str, "dict": str}
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written, and every option's default after its help."""
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -65,22 +70,32 @@ def _engine_config(args, **overrides):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tprun", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=_HelpFormatter)
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
                         help="tensor-parallel ranks (worker daemons) on this host")
-    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
-    parser.add_argument("--master-port", "--master_port", type=int, default=None)
+    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
+                        help="address of the ranks' rendezvous (torchrun's MASTER_ADDR)")
+    parser.add_argument("--master-port", "--master_port", type=int, default=None,
+                        help="port of the ranks' rendezvous (torchrun's MASTER_PORT; "
+                        "default: a free one)")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate text for prompts")
+    gen = sub.add_parser("generate", help="generate text for prompts",
+                         formatter_class=_HelpFormatter)
     _engine_args(gen)
-    gen.add_argument("--prompt", action="append", default=[], help="a text prompt (repeatable)")
+    gen.set_defaults(model=None)  # unset: 'tiny', said on stderr
+    gen.add_argument("--prompt", action="append", default=[],
+                     help="a text prompt (repeatable; none: two built-in prompts, said on "
+                     "stderr)")
     gen.add_argument("--prompt-token-ids", action="append", default=[],
                      help="a prompt as comma-separated token ids (repeatable)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--max-tokens", type=int, default=32,
+                     help="tokens to generate per prompt at most")
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="sampling temperature (0: greedy)")
     gen.add_argument("--sampling-seed", type=int, default=None,
                      help="per-request sampling seed (default: from --seed)")
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="keep generating past end-of-sequence tokens (up to --max-tokens)")
     gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
     constraint = gen.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="FILE", default=None,
@@ -109,16 +124,17 @@ finds the key itself given F or the ipc:// address; for a tcp:// address
 pass key_file=. Messages without a valid MAC are dropped and logged.
 
 With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
-/v1/chat/completions, /v1/models, /health, /metrics) on --host (default
-127.0.0.1), as one more client of the engine endpoint; --api-key (or
-$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'.
+/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)
+on --host (default 127.0.0.1), as one more client of the engine endpoint,
+logging one line per request unless --no-access-log; --api-key (or
+$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'. The
+HTTP port is checked before the model loads.
 """
 
 
 def _serve_parser(sub) -> None:
     serve = sub.add_parser("serve", help="serve the engine to clients over ZeroMQ",
-                           description=SERVE_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description=SERVE_HELP, formatter_class=_HelpFormatter)
     _engine_args(serve)
     serve.add_argument("--port", type=int, default=None,
                        help="listen on tcp://127.0.0.1:PORT (0: any free port) instead of an "
@@ -140,19 +156,25 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--api-key", default=None,
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
                        "routes (default: $TPRUN_API_KEY, else no key)")
+    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+                       help="with --http-port: no log line per HTTP request (method, path, "
+                       "status, duration)")
 
 
 def _bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="throughput and latency (in-process engine)")
+    bench = sub.add_parser("bench", help="throughput and latency (in-process engine)",
+                           formatter_class=_HelpFormatter)
     _engine_args(bench)
-    bench.add_argument("--num-prompts", type=int, default=64)
+    bench.add_argument("--num-prompts", type=int, default=64, help="requests to run")
     bench.add_argument("--input-len", type=int, default=128, help="random prompt length")
     bench.add_argument("--output-len", type=int, default=64, help="output tokens per request")
     bench.add_argument("--dataset", default=None,
                        help='JSONL file, one {"prompt": ...} or {"prompt_token_ids": [...]} '
                        '(optional "max_tokens") per line')
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--no-warmup", action="store_true")
+    bench.add_argument("--temperature", type=float, default=0.0,
+                       help="sampling temperature (0: greedy)")
+    bench.add_argument("--no-warmup", action="store_true",
+                       help="no warm-up request before the measured run")
     bench.add_argument("--json", action="store_true",
                        help="print the summary as one JSON object (last line of stdout)")
 
@@ -166,12 +188,19 @@ def _prompts(args) -> list:
             prompts.append({"prompt_token_ids": [int(t) for t in text.split(",") if t.strip()]})
         except ValueError as e:
             raise ConfigError(f"--prompt-token-ids must be comma-separated integers: {e}") from e
+    if not prompts:
+        _say(f"generate: no --prompt given: running the built-in prompts {DEFAULT_PROMPTS}")
     return prompts or list(DEFAULT_PROMPTS)
 
 
+def _say(line: str) -> None:
+    """One line for the user, on stderr (stdout holds the answers)."""
+    print(f"tprun {line}", file=sys.stderr, flush=True)
+
+
 def _from_arguments(make, **options):
-    """``make(**options)`` for options taken from the command line: a value it
-    rejects is an argument error (exit code 2), found before any worker starts."""
+    """``make(**options)`` for what the user gave on the command line: a
+    value it rejects is the user's input error (exit code 2)."""
     from engine.config import ConfigError
 
     try:
@@ -206,9 +235,19 @@ def run_generate(args) -> int:
                              max_tokens=args.max_tokens, seed=args.sampling_seed,
                              ignore_eos=args.ignore_eos,
                              structured_outputs=_structured_outputs(args))
+    if args.model is None:
+        args.model = "tiny"
+        _say("generate: no --model given: running 'tiny' (the built-in model: random weights, "
+             "a byte tokenizer)")
     prompts = _prompts(args)
-    with LLM.from_config(_engine_config(args)) as llm:
-        outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
+    config = _engine_config(args)
+    _say(f"generate: loading {args.model} (TP={config.tensor_parallel_size}, "
+         f"device {config.device}) ...")
+    with LLM.from_config(config) as llm:
+        # A prompt the engine refuses (too long, ids outside the vocabulary)
+        # is the user's input: exit code 2, as for a bad option.
+        outputs = _from_arguments(llm.generate, prompts=prompts, sampling_params=params,
+                                  use_tqdm=len(prompts) > 1 and not args.json)
     for i, out in enumerate(outputs):
         completion = out.outputs[0]
         if args.json:
@@ -225,6 +264,7 @@ def run_serve(args) -> int:
     """Start the engine, then serve it until SIGINT or SIGTERM (either one:
     a clean stop, exit code 0, sockets and files removed)."""
     from engine.llm_engine import LLMEngine
+    from executor import stop_signals
     from ipc.auth import new_secret
     from serving.endpoint import Endpoint, EngineServer, exposure_warning
 
@@ -258,8 +298,11 @@ def run_serve(args) -> int:
         engine.shutdown()
         endpoint.cleanup()
         raise
-    previous = {sig: signal.signal(sig, lambda *_: server.stop())
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    def stop(signum, _frame) -> None:
+        stop_signals.note(signum)
+        server.stop()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
@@ -290,6 +333,7 @@ def _check_http_args(args) -> None:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
     args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
     args.host = args.host or "127.0.0.1"
+    _check_port_free(args.host, args.http_port)
     from serving.endpoint import is_loopback
 
     if not is_loopback(args.host):
@@ -299,11 +343,31 @@ def _check_http_args(args) -> None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """``ConfigError`` if ``host:port`` cannot be bound now, before minutes of
+    model loading (the HTTP server binds it again once the engine is ready)."""
+    from engine.config import ConfigError
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise ConfigError(f"--http-port {port}: cannot listen on {host}:{port} "
+                              f"({e.strerror or e}); is another server using it?") from None
+
+
 def _start_http(args, engine, address: str, secret: bytes):
     from serving.http.http_server import start_http_server
 
+    if args.access_log:
+        logging.getLogger("tprun.access").setLevel(logging.INFO)
     return start_http_server(address, secret, engine.tokenizer, args.model,
-                             engine.max_model_len, args.host, args.http_port, args.api_key)
+                             engine.max_model_len, args.host, args.http_port, args.api_key,
+                             access_log=args.access_log)
 
 
 def run_bench(args) -> int:
@@ -328,7 +392,19 @@ COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
 def _exit_on_signal(signum, _frame) -> None:
     """SIGTERM as an exception, so ``finally`` blocks and context managers
     run: workers are shut down and socket directories removed."""
+    from executor import stop_signals
+
+    stop_signals.note(signum)
     raise SystemExit(128 + signum)
+
+
+def _interrupt(signum, _frame) -> None:
+    """Ctrl-C: noted (the executor then stops workers without a grace
+    period), then the usual KeyboardInterrupt."""
+    from executor import stop_signals
+
+    stop_signals.note(signum)
+    raise KeyboardInterrupt
 
 
 _TOP_LEVEL_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--master-addr", "--master_addr",
@@ -349,11 +425,20 @@ def _misplaced_flag(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done; 1 a failure at run time (a bad request, a worker
-    that failed); 2 the arguments, the model's config or the machine rule the
-    run out before any worker starts (one ``tprun: error:`` line, as argparse
-    does); 130 Ctrl-C (workers stopped, nothing left behind)."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Exit codes: 0 done; 1 a failure at run time (a worker that failed, a
+    file the system refuses); 2 the user's input: the arguments, the model
+    they name, the model's config, a prompt, or the machine rule the run
+    out (one ``tprun: error:`` line, as argparse does); 130 Ctrl-C at any
+    moment, 143 SIGTERM (one line; workers stopped, nothing left behind)."""
+    signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        print("tprun: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if (hint := _misplaced_flag(argv)) is not None:
         print(f"tprun: error: {hint}", file=sys.stderr)
         return 2
@@ -361,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from engine.config import ConfigError
+    from executor import stop_signals
     from executor.base import WorkerFailure
 
     signal.signal(signal.SIGTERM, _exit_on_signal)  # serve replaces it once it serves
@@ -369,13 +455,18 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"tprun: error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, OSError, WorkerFailure, TimeoutError) as e:
+    except WorkerFailure as e:
+        if stop_signals.stopping():  # the workers were stopped with this process
+            print("tprun: interrupted", file=sys.stderr)
+            return 128 + stop_signals.first()
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("tprun: interrupted", file=sys.stderr)
-        return 130
+    except (ValueError, OSError, TimeoutError) as e:
+        print(f"tprun: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from launch.entry import entry
+
+    entry()

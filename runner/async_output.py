@@ -24,6 +24,7 @@ import torch
 
 from ipc.messages import Logprobs, ModelRunnerOutput
 from runner.sampler import SamplerOutput
+from runner.sampling.prompt_logprobs import PromptLogprobsOutput
 from runner.transfer import HostTransfer
 
 
@@ -38,15 +39,18 @@ class AsyncOutput:
         tokens: torch.Tensor | None = None,
         num_accepted: torch.Tensor | None = None,
         cu_num_logits: np.ndarray | None = None,
+        prompt_logprobs: PromptLogprobsOutput | None = None,
     ):
         """``plan_order[i]``: the plan index of batch row i; ``sample_mask[i]``:
         batch row i keeps its token(s). ``tokens``, ``num_accepted`` (device)
-        and ``cu_num_logits`` (host) only with drafts."""
+        and ``cu_num_logits`` (host) only with drafts; ``prompt_logprobs``:
+        the step's scored prompt tokens, copied with the rest."""
         self.step_id = step_id
         self.plan_order = plan_order
         self.sample_mask = sample_mask
         self.num_logprobs = sampler_output.num_logprobs
         self.cu_num_logits = cu_num_logits
+        self.prompt_logprobs = prompt_logprobs
         self.spec = tokens is not None
         if self.spec:
             head = (tokens, num_accepted)
@@ -56,7 +60,14 @@ class AsyncOutput:
         tensors = head
         if sampler_output.logprobs is not None:
             tensors += sampler_output.logprobs.tensors()
-        self.host_tensors, self.copy_done = transfer.to_host(tensors)
+        num_prompt = 0
+        if prompt_logprobs is not None:
+            prompt_tensors = prompt_logprobs.tensors.tensors()
+            tensors += prompt_tensors
+            num_prompt = len(prompt_tensors)
+        host, self.copy_done = transfer.to_host(tensors)
+        split = len(host) - num_prompt
+        self.host_tensors, self.prompt_host = host[:split], host[split:]
 
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy, then build the reply in plan order."""
@@ -73,7 +84,13 @@ class AsyncOutput:
             sampled_token_ids=(tokens if all_kept else tokens[keep]).tolist(),
             num_sampled=None if all_kept else keep.astype(np.int64).tolist(),
             logprobs=self._logprobs(keep),
+            prompt_logprobs=self._prompt_message(),
         )
+
+    def _prompt_message(self):
+        if self.prompt_logprobs is None:
+            return None
+        return self.prompt_logprobs.to_message(self.prompt_host)
 
     def _spec_output(self) -> ModelRunnerOutput:
         """Rows of several tokens: each kept row's accepted drafts and the
@@ -91,7 +108,8 @@ class AsyncOutput:
             logit_rows.extend(range(int(self.cu_num_logits[i]), int(self.cu_num_logits[i]) + c))
         return ModelRunnerOutput(step_id=self.step_id, sampled_token_ids=flat,
                                  num_sampled=num_sampled,
-                                 logprobs=self._logprob_rows(logit_rows, batch_row, counts))
+                                 logprobs=self._logprob_rows(logit_rows, batch_row, counts),
+                                 prompt_logprobs=self._prompt_message())
 
     def _logprob_rows(self, logit_rows: list[int], batch_row: np.ndarray,
                       counts: np.ndarray) -> Logprobs | None:

@@ -45,6 +45,7 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
 from runner.structured_outputs import GrammarMask, check_grammar_bitmask
@@ -80,6 +81,7 @@ class _PendingStep:
     batch: InputBatch
     tensors: StepTensors | None
     structured_output_req_ids: list[str] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobsOutput | None = None
 
     @property
     def last_logits_row(self) -> np.ndarray:
@@ -122,6 +124,7 @@ class ModelRunner:
             self.draft = DraftModelProposer(draft_model, config.block_size, self.dtype, device,
                                             self.ops.shares_host_memory,
                                             self.ops.new_transfer())
+        self.prompt_logprobs = PromptLogprobsState(n, device)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -248,9 +251,11 @@ class ModelRunner:
         for new in plan.scheduled_new_reqs:
             slot = self.req_states.add_request(new)
             self.sampler.add_request(
-                slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids)
+                slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids),
+                new.min_tokens_stop_ids,
             )
             self.block_tables.add_request(slot, new.block_ids[0])
+            self.prompt_logprobs.add_request(slot, new.sampling.prompt_logprobs)
         cached = plan.scheduled_cached_reqs
         index = self.req_states.req_id_to_index
         # With speculative decoding the plan carries the scheduler's counts:
@@ -292,6 +297,7 @@ class ModelRunner:
         self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
                                     self.req_states.pad_slot,
                                     batch.cu_num_logits_np if self.num_spec else None)
+        prompt_logprobs = None
         if graph_size is not None:
             tensors = graphs.replay(graph_size).head(batch.num_reqs, batch.num_logits)
         else:
@@ -301,8 +307,21 @@ class ModelRunner:
                 self.draft.forward_step(input_ids, positions, attn)
             tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
                                           every_token=False)
+            prompt_logprobs = self._prompt_logprobs(hidden, batch)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        self.pending = _PendingStep(plan.step_id, batch, tensors, constrained)
+        self.pending = _PendingStep(plan.step_id, batch, tensors, constrained,
+                                    prompt_logprobs=prompt_logprobs)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor,
+                         batch: InputBatch) -> PromptLogprobsOutput | None:
+        """Score the prompt tokens of this step's chunks for the requests that
+        ask (``runner.sampling.prompt_logprobs``); None when none does."""
+        states = self.req_states
+        return self.prompt_logprobs.compute(
+            hidden, batch.req_ids, batch.idx_mapping_np, batch.query_start_loc_np,
+            batch.seq_lens_np - batch.num_scheduled_np, batch.num_scheduled_np,
+            states.prompt_len_np, states.all_token_ids.gpu, self.model.compute_logits,
+            self.model.config.vocab_size)
 
     def _after_forward(self, hidden: torch.Tensor, n: int, num_logits: int,
                        every_token: bool) -> StepTensors:
@@ -343,11 +362,15 @@ class ModelRunner:
             self.plain_graphs if q == 1 else None)
         if graphs is None or not graphs.graphs or any(n != q for n in counts):
             return eager
+        states = self.req_states
         if self.num_spec:
-            states = self.req_states
             slots = [states.req_id_to_index[r] for r in plan.scheduled_req_ids()]
             if np.any(states.num_computed_tokens_np[slots] < states.prefill_len_np[slots]):
                 return eager  # prefill chunks of exactly q tokens
+        if self.prompt_logprobs.needs_eager(plan.scheduled_req_ids(), states.req_id_to_index,
+                                            states.num_computed_tokens_np,
+                                            states.prompt_len_np):
+            return eager  # the graphs keep no hidden states to score prompt tokens with
         size = graphs.padded_size(len(counts))
         return (graphs, size, q) if size is not None else eager
 
@@ -439,7 +462,8 @@ class ModelRunner:
         idx_mapping = t.idx_mapping
         out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
         output = AsyncOutput(
-            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer
+            step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer,
+            prompt_logprobs=step.prompt_logprobs,
         )
         self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
         return output
@@ -475,7 +499,8 @@ class ModelRunner:
         return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np,
                            out.sampler_output, self.output_transfer,
                            tokens=out.tokens, num_accepted=out.num_accepted,
-                           cu_num_logits=batch.cu_num_logits_np[: n + 1])
+                           cu_num_logits=batch.cu_num_logits_np[: n + 1],
+                           prompt_logprobs=step.prompt_logprobs)
 
     def _write_emitted(self, t: StepTensors, layout: DraftLayout, num_accepted: torch.Tensor,
                        targets: torch.Tensor) -> None:

@@ -4,7 +4,8 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 ``idx_mapping[i]``:
 
 1. penalties (repetition over prompt + output, presence and frequency over
-   output; ``runner.sampling.penalties``);
+   output; ``runner.sampling.penalties``), then ``min_tokens`` (stop ids
+   at -inf for rows not yet past it; ``runner.sampling.min_tokens``);
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
@@ -21,6 +22,7 @@ row needs is skipped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +32,7 @@ from ipc.messages import SamplingOptions
 from runner.ops import device_ops
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
+from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
 from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
@@ -72,22 +75,28 @@ class Sampler:
         self.ops = device_ops(device)
         self.states = SamplingStates(max_num_reqs, device, seed)
         self.penalties = PenaltyState(max_num_reqs, vocab_size, device)
+        self.min_tokens = MinTokensState(max_num_reqs, device)
         self.token_keys = token_keys(vocab_size, device)
 
     def add_request(
-        self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int
+        self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int,
+        min_tokens_stop_ids: Sequence[int] = (),
     ) -> None:
         """Stage a new request's parameters; its prefill tokens past ``prompt_len``
-        (outputs before a preemption) count as output tokens for penalties."""
+        (outputs before a preemption) count as output tokens for penalties;
+        ``min_tokens_stop_ids`` are held back until ``options.min_tokens``."""
         self.states.add_request(slot, options)
         if self.states.uses_penalty(slot):
             self.penalties.add_request(slot, prompt_len, prefill_len)
+        stop_ids = [t for t in min_tokens_stop_ids if t < self.vocab_size]
+        self.min_tokens.add_request(slot, options.min_tokens, prompt_len, stop_ids)
 
     def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
         """Apply staged parameters and build penalty rows from ``all_token_ids``
         (the runner's device table of prefill tokens, already written)."""
         self.states.apply_staged_writes()
         self.penalties.apply_staged_writes(all_token_ids)
+        self.min_tokens.apply_staged_writes()
 
     def __call__(
         self,
@@ -127,7 +136,9 @@ class Sampler:
         count them as output tokens."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
-        if flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS:
+        any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
+        if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
+                and not any_min_tokens):
             # The common case needs no per-slot parameter: one argmax.
             return TargetDraw(self.ops.greedy_argmax(logits), None, idx, flags)
         params = self.states.gather(idx)
@@ -137,6 +148,8 @@ class Sampler:
             processed = self.penalties.apply(
                 raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
             )
+        if any_min_tokens:
+            processed = self.min_tokens.apply(processed, idx, positions)
         return TargetDraw(self._draw(processed, params, positions, flags), raw, idx, flags)
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:

@@ -220,7 +220,14 @@ class EngineClient:
     def _collect(self, prompt: str | dict, request_id: str) -> RequestOutput:
         completion = CompletionOutput(0, "", [])
         entry = self._streams[request_id]
+        prompt_logprobs, num_cached = None, None
         for delta in self.stream(request_id):
+            if delta.prompt_logprobs is not None:
+                prompt_logprobs = [None if token is None else
+                                   {e.token_id: Logprob(e.logprob, e.rank) for e in token}
+                                   for token in delta.prompt_logprobs]
+            if delta.num_cached_tokens is not None:
+                num_cached = delta.num_cached_tokens
             completion.token_ids.extend(delta.token_ids)
             completion.text += delta.text
             completion.finish_reason = delta.finish_reason
@@ -230,7 +237,8 @@ class EngineClient:
                     for token in delta.logprobs]
         text = prompt if isinstance(prompt, str) else prompt.get("prompt")
         prompt_ids = entry.prompt_token_ids or []
-        return RequestOutput(request_id, text, prompt_ids, [completion], finished=True)
+        return RequestOutput(request_id, text, prompt_ids, [completion], finished=True,
+                             prompt_logprobs=prompt_logprobs, num_cached_tokens=num_cached)
 
     def _abandon(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -371,23 +371,30 @@ class EngineServer:
         after the stop reaches its output."""
         tokens = d.new_token_ids
         if len(tokens) <= 1:
-            return [self._delta(route, d, tokens, d.logprobs, d.finished)]
+            return [self._delta(route, d, tokens, d.logprobs, d.finished, first=True)]
         last = len(tokens) - 1
         return [self._delta(route, d, [t], None if d.logprobs is None else [d.logprobs[i]],
-                            d.finished and i == last) for i, t in enumerate(tokens)]
+                            d.finished and i == last, first=i == 0)
+                for i, t in enumerate(tokens)]
 
     def _delta(self, route: _Route, d: RequestOutputDelta, tokens: list[int],
-               token_logprobs, finished: bool) -> Delta:
+               token_logprobs, finished: bool, first: bool) -> Delta:
+        """``first``: the delta that carries the step's prompt logprobs (they
+        come once per request)."""
         text = route.detokenizer.feed(tokens)
         if finished:  # release what the detokenizer held back (an incomplete character)
             text += route.detokenizer.finish()
         logprobs = None
         if token_logprobs is not None:
-            logprobs = [[TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
-                        for token in token_logprobs]
+            logprobs = [_candidates(token) for token in token_logprobs]
+        prompt_logprobs = None
+        if first and d.prompt_logprobs is not None:
+            prompt_logprobs = [None if token is None else _candidates(token)
+                               for token in d.prompt_logprobs]
         return Delta(request_id=route.request_id, token_ids=list(tokens), text=text,
                      finished=finished, finish_reason=d.finish_reason if finished else None,
-                     logprobs=logprobs)
+                     logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                     num_cached_tokens=d.num_cached_tokens)
 
     def _forget(self, engine_id: str) -> None:
         route = self.routes.pop(engine_id)
@@ -416,6 +423,10 @@ class EngineServer:
         self.engine.abort(gone)
         for engine_id in gone:
             self._forget(engine_id)
+
+
+def _candidates(token: dict) -> list[TokenLogprob]:
+    return [TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
 
 
 def _prompt(message: GenerateRequest) -> str | dict:

@@ -1,8 +1,9 @@
 """The FastAPI app: routes, API-key check, error shapes.
 
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
-/v1/chat/completions``, ``GET /v1/models``, ``GET /health``, ``GET
-/metrics``. With an API key, every ``/v1`` route needs ``Authorization:
+/v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``, ``POST
+/detokenize``, ``GET /tokenizer_info``, ``GET /health``, ``GET /metrics``.
+With ``access_log`` each request is logged (``access_log.AccessLog``). With an API key, every ``/v1`` route needs ``Authorization:
 Bearer KEY`` (compared in constant time), else 401. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
@@ -16,6 +17,7 @@ engine).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -26,12 +28,20 @@ from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
 from serving.async_client import AsyncEngineClient
+from serving.http.access_log import AccessLog
 from serving.http.guards import ApiKeyCheck, BodySizeLimit
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import CONTENT_TYPE, Metrics
-from serving.http.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from serving.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
+from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
 from serving.protocol_core import EngineStoppedError
@@ -70,7 +80,7 @@ def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
 
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int,
                api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan."""
     state = ServerState(link, tokenizer, model_name, max_model_len, Metrics(model_name),
                         LogprobsFormatter(tokenizer))
@@ -93,6 +103,18 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await _answer(create_chat_completion(state, body, raw))
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest) -> Response:
+        return await _answer(_json(tokenize, state, body))
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest) -> Response:
+        return await _answer(_json(detokenize, state, body))
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info_route() -> dict:
+        return tokenizer_info(state)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -117,7 +139,13 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
     guarded = BodySizeLimit(app, max_body_bytes)
-    return ApiKeyCheck(guarded, api_key) if api_key else guarded
+    guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
+    return AccessLog(guarded) if access_log else guarded
+
+
+async def _json(work, state: ServerState, body) -> Response:
+    """A tokenizer route's answer, computed off the event loop."""
+    return JSONResponse(await asyncio.to_thread(work, state, body))
 
 
 def _add_error_handlers(app: FastAPI) -> None:

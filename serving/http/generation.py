@@ -48,6 +48,7 @@ class ChoiceEvent:
     token_ids: list[int]
     logprobs: list[list[TokenLogprob]] | None
     finish_reason: str | None
+    prompt_logprobs: list[list[TokenLogprob] | None] | None = None
 
 
 @dataclass
@@ -56,6 +57,8 @@ class _Choice:
     prompt_index: int
     matcher: StopStringMatcher
     num_prompt_tokens: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
     num_tokens: int = 0
     last_token_time: float | None = None
     finished: bool = False
@@ -69,6 +72,9 @@ class Generation:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     choices: dict[str, _Choice] = field(default_factory=dict)
     early: list = field(default_factory=list)  # deltas that came while others awaited acceptance
+    # Echo with max_tokens 0: the engine samples one token (it always does),
+    # which is dropped here, uncounted, and the choice ends as "length".
+    discard_output: bool = False
 
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str]) -> None:
@@ -99,6 +105,7 @@ class Generation:
             if isinstance(item, RequestAccepted):
                 choice = self.choices[item.request_id]
                 choice.num_prompt_tokens = len(item.prompt_token_ids)
+                choice.prompt_token_ids = item.prompt_token_ids
                 waiting -= 1
             else:
                 self.early.append(item)
@@ -111,12 +118,22 @@ class Generation:
     def completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.choices.values())
 
-    def usage(self) -> dict[str, int]:
+    def cached_tokens(self) -> int:
+        """Prompt tokens the prefix cache held, counted once per prompt (its
+        first choice's: the others may hit what the first computed)."""
+        first: dict[int, int] = {}
+        for c in sorted(self.choices.values(), key=lambda c: c.index):
+            first.setdefault(c.prompt_index, c.num_cached_tokens)
+        return sum(first.values())
+
+    def usage(self) -> dict:
         """The response's ``usage``: prompt tokens once per prompt,
-        completion tokens over every choice."""
+        completion tokens over every choice, and the prompt tokens served
+        from the prefix cache (``prompt_tokens_details.cached_tokens``)."""
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
         return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events, in the order the engine produced them."""
@@ -133,12 +150,16 @@ class Generation:
             event = self._event(item.request_id, choice, item)
             if choice.finished:
                 live -= 1
-            if event.text or event.token_ids or event.finish_reason:
+            if event.text or event.token_ids or event.finish_reason or event.prompt_logprobs:
                 yield event
 
     def _event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
+        if self.discard_output:
+            return self._prompt_only_event(request_id, choice, delta)
         self._observe_latency(choice, len(delta.token_ids))
         choice.num_tokens += len(delta.token_ids)
+        if delta.num_cached_tokens is not None:
+            choice.num_cached_tokens = delta.num_cached_tokens
         text = choice.matcher.feed(delta.text)
         reason = None
         if choice.matcher.stopped is not None:
@@ -149,7 +170,18 @@ class Generation:
             reason = "stop" if choice.matcher.stopped is not None else delta.finish_reason
             self.link.forget(request_id)
         choice.finished = reason is not None
-        return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason)
+        return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason,
+                           delta.prompt_logprobs)
+
+    def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
+        if delta.num_cached_tokens is not None:
+            choice.num_cached_tokens = delta.num_cached_tokens
+        if delta.finished:
+            self.link.forget(request_id)
+        else:
+            self.link.abort(request_id)
+        choice.finished = True
+        return ChoiceEvent(choice.index, "", [], None, "length", delta.prompt_logprobs)
 
     def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
         if not num_tokens:

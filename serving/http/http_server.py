@@ -56,14 +56,14 @@ class HttpServer:
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, model_name: str,
                       max_model_len: int, host: str, port: int,
-                      api_key: str | None = None) -> HttpServer:
+                      api_key: str | None = None, access_log: bool = False) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
-    app = create_app(AsyncEngineClient(engine_address, secret), tokenizer, model_name, max_model_len,
-                     api_key=api_key)
+    app = create_app(AsyncEngineClient(engine_address, secret), tokenizer, model_name,
+                     max_model_len, api_key=api_key, access_log=access_log)
     server = HttpServer(app, host, port)
     server.start()
     return server

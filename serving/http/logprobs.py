@@ -52,7 +52,7 @@ class LogprobsFormatter:
         top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
         return (sampled.logprob if sampled else None), top
 
-    def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
+    def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
                    num_top: int, text_offset: int) -> dict:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
         for consecutive tokens whose text starts at ``text_offset``. The
@@ -60,18 +60,29 @@ class LogprobsFormatter:
         token that begins a character a later one completes adds nothing, so
         a character split over tokens is counted once, where it ends. Bytes
         that form no character count as U+FFFD (as the text shows them) from
-        the token that proves them invalid on."""
+        the token that proves them invalid on. A token without entries (the
+        first prompt token, echoed) has null logprob and top logprobs."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for token_id, entries in zip(token_ids, logprobs):
-            logprob, top = self._split(token_id, entries, num_top)
             text, data = self.label(token_id)
             out["tokens"].append(text)
-            out["token_logprobs"].append(logprob)
-            out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
+            if entries is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+            else:
+                logprob, top = self._split(token_id, entries, num_top)
+                out["token_logprobs"].append(logprob)
+                out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
             out["text_offset"].append(text_offset)
             text_offset += len(decoder.decode(data))
         return out
+
+    def text_length(self, token_ids: list[int]) -> int:
+        """Characters of the tokens' labels' bytes decoded together: where a
+        ``text_offset`` that runs over them ends."""
+        data = b"".join(self.label(t)[1] for t in token_ids)
+        return len(data.decode("utf-8", errors="replace"))
 
     def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
              num_top: int) -> list[dict]:
@@ -86,3 +97,20 @@ class LogprobsFormatter:
     def _entry(self, token_id: int, logprob: float) -> dict:
         text, data = self.label(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(data)}
+
+    def prompt_logprobs(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
+                        num_top: int) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token (None for the first),
+        token id (a JSON key) -> ``{"logprob", "rank", "decoded_token"}`` for
+        the top ``num_top`` and the prompt token itself."""
+        out: list[dict | None] = []
+        for token_id, entries in zip(token_ids, logprobs):
+            if entries is None:
+                out.append(None)
+                continue
+            kept = [e for e in entries
+                    if e.token_id == token_id or (e.rank is not None and e.rank <= num_top)]
+            out.append({str(e.token_id): {"logprob": e.logprob, "rank": e.rank,
+                                          "decoded_token": self.tokenizer.decode([e.token_id])}
+                        for e in kept})
+        return out

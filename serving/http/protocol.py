@@ -2,10 +2,11 @@
 
 Requests are pydantic models: a field of the wrong type is answered with
 HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
-fields this server has no use for. The extra sampling fields that vLLM
-accepts (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``, ``structured_outputs`` and the ``guided_*`` fields) have
-vLLM's names. Responses are plain dicts built by the
+fields this server has no use for. The extra fields that vLLM accepts
+(``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
+``ignore_eos``, ``min_tokens``, ``prompt_logprobs``,
+``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
+``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
 """
 
@@ -23,6 +24,7 @@ Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(BaseModel):
@@ -46,6 +48,8 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
 
     logit_bias: dict[str, float] | None = None
 
@@ -77,6 +81,11 @@ class SamplingFields(BaseModel):
         """Whether a stream ends with a usage chunk."""
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk of a stream carries the usage so far."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
     def stop_strings(self) -> list[str]:
         if self.stop is None:
             return []
@@ -93,7 +102,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     best_of: int | None = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "echo", "suffix")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "suffix")
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -123,6 +132,30 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools")
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's shape): a ``prompt``, or chat ``messages``
+    rendered with the model's chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[Int64]
 
 
 ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]

@@ -18,15 +18,20 @@ _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
              "frequency_penalty", "repetition_penalty")
 
 
-def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None) -> list[dict]:
-    """One ``SamplingParams`` dict per choice; ``ValueError`` for bad values."""
+def choice_params(request: SamplingFields, max_tokens: int, logprobs: int | None,
+                  prompt_logprobs: int | None = None) -> list[dict]:
+    """One ``SamplingParams`` dict per choice; ``ValueError`` for bad values.
+    ``prompt_logprobs`` defaults to the request's own field."""
     if not 1 <= request.n <= MAX_N:
         raise ValueError(f"n must be in [1, {MAX_N}], got {request.n}")
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
     fields.update(max_tokens=max_tokens, ignore_eos=request.ignore_eos, logprobs=logprobs,
                   stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
-                  structured_outputs=structured_outputs_of(request))
+                  structured_outputs=structured_outputs_of(request),
+                  min_tokens=request.min_tokens,
+                  prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
+                                   else prompt_logprobs))
     params = SamplingParams.from_dict(fields).to_dict()
     params["stop_token_ids"] = list(params["stop_token_ids"])
     if any(not s for s in request.stop_strings()):

@@ -83,22 +83,34 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
     n = len(generation.choices)
     texts, reasons = [""] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
+    prompt_logprobs = None
     async for event in generation.events():
+        if event.prompt_logprobs is not None and request.prompt_logprobs is not None:
+            prompt_logprobs = state.logprobs.prompt_logprobs(
+                prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
         texts[event.index] += event.text
         reasons[event.index] = event.finish_reason or reasons[event.index]
         logprobs[event.index] += _logprobs(state, event, num_top) or []
     choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i]} for i in range(n)]
-    return {**_head(state, response_id, "chat.completion"), "choices": choices,
+    body = {**_head(state, response_id, "chat.completion"), "choices": choices,
             "usage": generation.usage()}
+    if request.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
+    return body
+
+
+def prompt_token_ids(generation: Generation) -> list[int]:
+    """The one prompt of a chat request."""
+    return next(iter(generation.choices.values())).prompt_token_ids
 
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
             response_id: str) -> AsyncIterator[str]:
     head = _head(state, response_id, "chat.completion.chunk")
     return event_lines(_chunks(state, request, generation, head), head, generation,
-                       request.include_usage)
+                       request.include_usage, request.continuous_usage)
 
 
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,

@@ -4,7 +4,11 @@ server-sent events).
 A text prompt is tokenized here exactly as the engine tokenizes text (the
 same ``Tokenizer.encode``), so the answer equals ``LLM.generate``'s for the
 same prompt and sampling; token-id prompts go through unchanged. The
-default ``max_tokens`` is 16, as in OpenAI's API.
+default ``max_tokens`` is 16, as in OpenAI's API; 0 is accepted with
+``echo`` (the prompt alone, with its logprobs: what evaluation harnesses
+ask for). ``echo`` (``serving.http.echo``) puts each prompt before
+its choices' text; ``prompt_logprobs`` (vLLM's extra field) is answered
+on each choice in vLLM's shape.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import CompletionRequest
 from serving.http.sampling import choice_params
@@ -45,21 +50,33 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
     return out
 
 
+def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:
+    """What the engine computes: the request's ``prompt_logprobs`` and, for
+    ``echo`` with ``logprobs``, at least that many."""
+    wanted = [k for k in (request.prompt_logprobs,
+                          request.logprobs if request.echo else None) if k is not None]
+    return max(wanted) if wanted else None
+
+
 async def create_completion(state: ServerState, request: CompletionRequest,
                             raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
+    max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
+    if max_tokens == 0 and not request.echo:
+        raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile.
     prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
-    max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
-    params = choice_params(request, max_tokens, request.logprobs)
-    generation = Generation(state.link, state.metrics)
+    echoes = echoed_prompts(state.tokenizer, request.prompt, prompts) if request.echo else None
+    params = choice_params(request, max(max_tokens, 1), request.logprobs,
+                           _engine_prompt_logprobs(request))
+    generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
     await generation.start(prompts, params, request.stop_strings())
     response_id = f"cmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id),
-                         lambda: _collect(state, request, generation, response_id))
+                         lambda: _stream(state, request, generation, response_id, echoes),
+                         lambda: _collect(state, request, generation, response_id, echoes))
 
 
 def _head(state: ServerState, response_id: str) -> dict:
@@ -67,38 +84,86 @@ def _head(state: ServerState, response_id: str) -> dict:
             "model": state.model_name}
 
 
-class _Logprobs:
-    """Accumulates one choice's logprobs (and its text offset)."""
+class _Choice:
+    """One choice's answer in the making: its echoed prompt (text and
+    logprobs, once), then its events' text and logprobs, with the text
+    offset running over both."""
 
-    def __init__(self, state: ServerState, num_top: int | None) -> None:
-        self.state, self.num_top, self.offset = state, num_top, 0
+    def __init__(self, state: ServerState, request: CompletionRequest,
+                 echo: EchoedPrompt | None) -> None:
+        self.state, self.request, self.echo = state, request, echo
+        self.num_top = request.logprobs
+        self.offset = 0
+        self.started = False
 
-    def of(self, event: ChoiceEvent) -> dict | None:
-        if self.num_top is None or event.logprobs is None:
+    def text_of(self, event: ChoiceEvent) -> str:
+        if self.started or self.echo is None:
+            return event.text
+        return self.echo.text + event.text
+
+    def logprobs_of(self, event: ChoiceEvent) -> dict | None:
+        part = None
+        if not self.started and self.echo is not None and self.num_top is not None:
+            part = self.echo.logprobs(self.state.logprobs, event.prompt_logprobs, self.num_top)
+            self.offset = self.state.logprobs.text_length(self.echo.token_ids)
+        if self.num_top is not None and event.logprobs is not None:
+            out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
+                                                 self.offset)
+            self.offset += len(event.text)
+            part = out if part is None else _extend(part, out)
+        return part
+
+    def prompt_logprobs_of(self, event: ChoiceEvent, prompt_ids: list[int]) -> list | None:
+        if self.request.prompt_logprobs is None or event.prompt_logprobs is None:
             return None
-        out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
-                                             self.offset)
-        self.offset += len(event.text)
+        return self.state.logprobs.prompt_logprobs(prompt_ids, event.prompt_logprobs,
+                                                   self.request.prompt_logprobs)
+
+    def fields(self, event: ChoiceEvent, prompt_ids: list[int]) -> dict:
+        """The choice's text, logprobs and prompt logprobs for ``event``
+        (the first event carries the echo and the prompt logprobs)."""
+        out = {"text": self.text_of(event), "logprobs": self.logprobs_of(event),
+               "prompt_logprobs": self.prompt_logprobs_of(event, prompt_ids)}
+        self.started = True
         return out
 
 
+def _choices(state: ServerState, request: CompletionRequest, generation: Generation,
+             echoes: list[EchoedPrompt] | None) -> list[_Choice]:
+    per_prompt = len(generation.choices) // max(1, len(echoes or [None]))
+    return [_Choice(state, request, echoes[i // per_prompt] if echoes else None)
+            for i in range(len(generation.choices))]
+
+
+def _prompt_ids(generation: Generation) -> dict[int, list[int]]:
+    return {c.index: c.prompt_token_ids for c in generation.choices.values()}
+
+
 async def _collect(state: ServerState, request: CompletionRequest, generation: Generation,
-                   response_id: str) -> dict:
+                   response_id: str, echoes: list[EchoedPrompt] | None) -> dict:
     num_choices = len(generation.choices)
+    builders = _choices(state, request, generation, echoes)
+    prompt_ids = _prompt_ids(generation)
     texts = [""] * num_choices
     reasons: list[str | None] = [None] * num_choices
-    logprobs = [_Logprobs(state, request.logprobs) for _ in range(num_choices)]
     merged: list[dict | None] = [None] * num_choices
+    prompt_lps: list[list | None] = [None] * num_choices
     async for event in generation.events():
-        texts[event.index] += event.text
-        reasons[event.index] = event.finish_reason or reasons[event.index]
-        if (part := logprobs[event.index].of(event)) is not None:
-            merged[event.index] = _extend(merged[event.index], part)
+        i = event.index
+        fields = builders[i].fields(event, prompt_ids[i])
+        texts[i] += fields["text"]
+        reasons[i] = event.finish_reason or reasons[i]
+        if fields["logprobs"] is not None:
+            merged[i] = _extend(merged[i], fields["logprobs"])
+        prompt_lps[i] = fields["prompt_logprobs"] or prompt_lps[i]
     if request.logprobs is not None:
         merged = [m or {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                         "text_offset": []} for m in merged]
     choices = [{"index": i, "text": texts[i], "logprobs": merged[i],
                 "finish_reason": reasons[i]} for i in range(num_choices)]
+    if request.prompt_logprobs is not None:
+        for choice, lps in zip(choices, prompt_lps):
+            choice["prompt_logprobs"] = lps
     return {**_head(state, response_id), "choices": choices, "usage": generation.usage()}
 
 
@@ -111,19 +176,22 @@ def _extend(into: dict | None, part: dict) -> dict:
 
 
 def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
-            response_id: str) -> AsyncIterator[str]:
+            response_id: str, echoes: list[EchoedPrompt] | None) -> AsyncIterator[str]:
     head = _head(state, response_id)
-    return event_lines(_chunks(state, request, generation, head), head, generation,
-                       request.include_usage)
+    return event_lines(_chunks(state, request, generation, head, echoes), head, generation,
+                       request.include_usage, request.continuous_usage)
 
 
 async def _chunks(state: ServerState, request: CompletionRequest, generation: Generation,
-                  head: dict) -> AsyncIterator[dict]:
-    logprobs = [_Logprobs(state, request.logprobs) for _ in range(len(generation.choices))]
+                  head: dict, echoes: list[EchoedPrompt] | None) -> AsyncIterator[dict]:
+    builders = _choices(state, request, generation, echoes)
+    prompt_ids = _prompt_ids(generation)
     async for event in generation.events():
-        lp = logprobs[event.index].of(event)
-        if not event.text and lp is None and event.finish_reason is None:
+        fields = builders[event.index].fields(event, prompt_ids[event.index])
+        if not fields["text"] and fields["logprobs"] is None and event.finish_reason is None:
             continue  # tokens whose text is held back (an incomplete character)
-        choice = {"index": event.index, "text": event.text, "logprobs": lp,
+        choice = {"index": event.index, "text": fields["text"], "logprobs": fields["logprobs"],
                   "finish_reason": event.finish_reason}
+        if request.prompt_logprobs is not None and fields["prompt_logprobs"] is not None:
+            choice["prompt_logprobs"] = fields["prompt_logprobs"]
         yield {**head, "choices": [choice]}

@@ -85,14 +85,17 @@ async def respond(raw: Request, generation, stream: bool,
 
 
 async def event_lines(chunks: AsyncIterator[dict], head: dict, generation: Generation,
-                      include_usage: bool) -> AsyncIterator[str]:
+                      include_usage: bool, continuous_usage: bool = False) -> AsyncIterator[str]:
     """An answer's ``chunks`` as server-sent events, then (when asked) the usage
     chunk, then ``[DONE]``. With ``include_usage`` every chunk carries
-    ``"usage": null``, as OpenAI's do; an engine that stops mid-answer ends the
-    stream with an error event."""
+    ``"usage": null``, as OpenAI's do, or, with ``continuous_usage`` (vLLM's
+    ``continuous_usage_stats``), the usage so far; an engine that stops
+    mid-answer ends the stream with an error event."""
     try:
         async for chunk in chunks:
-            yield sse({**chunk, "usage": None} if include_usage else chunk)
+            if include_usage:
+                chunk = {**chunk, "usage": generation.usage() if continuous_usage else None}
+            yield sse(chunk)
     except EngineStoppedError as e:
         yield sse(error_body(e.client_message(), "service_unavailable", code=503))
         yield DONE

@@ -54,8 +54,9 @@ def test_bad_prompt_token_ids_is_a_clear_error(tmp_path):
          "--prompt-token-ids", "1,99999", "--max-tokens", "4"],
         timeout=50, env={"TPRUN_CACHE": str(tmp_path)},
     )
-    assert result.returncode == 1
-    assert "outside the vocabulary" in result.stderr
+    assert result.returncode == 2  # the user's input
+    assert "outside the vocabulary" in result.stderr.splitlines()[-1]
+    assert result.stderr.splitlines()[-1].startswith("tprun: error:")
     assert leftovers == []
 
 

