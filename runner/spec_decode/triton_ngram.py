@@ -30,8 +30,7 @@ def _ngram_kernel(
     base = tokens_ptr + slot * tokens_stride
     offs = tl.arange(0, BLOCK)
     best = tl.zeros([BLOCK], dtype=tl.int64) - 1  # every lane holds the same value
-    for i in tl.static_range(MAX_N - MIN_N + 1):
-        n: tl.constexpr = MAX_N - i
+    for n in tl.static_range(MAX_N, MIN_N - 1, -1):  # longest n-gram first
         latest = tl.zeros([BLOCK], dtype=tl.int64) - 1
         for start in range(0, h - 1, BLOCK):
             ends = start + offs
