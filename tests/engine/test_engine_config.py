@@ -150,7 +150,7 @@ def test_runner_config_crosses_the_socket_typed(tmp_path):
 
 def test_cli_options_are_the_config_fields():
     args = build_parser().parse_args(
-        ["--nproc-per-node", "2", "generate", "--block-size", "32", "--scheduling-policy",
+        ["--nproc-per-node", "2", "generate", "--model", "tiny", "--block-size", "32", "--scheduling-policy",
          "priority", "--no-enable-prefix-caching", "--attach-workers", "/tmp/x",
          "--step-timeout", "5", "--max-model-len", "64", "--max-cudagraph-capture-size", "24"])
     config = _engine_config(args)
