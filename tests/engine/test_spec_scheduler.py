@@ -127,11 +127,19 @@ def test_rejected_drafts_are_given_back():
 
 
 def test_structured_output_requests_never_draft():
-    class Constrained(SamplingParams):
+    class Constrained:
+        """Parameters with a structured output (what the scheduler reads)."""
+
         structured_outputs = {"json": {}}
 
+        def __init__(self, params):
+            self._params = params
+
+        def __getattr__(self, name):
+            return getattr(self._params, name)
+
     sched = Scheduler(config(num_speculative_tokens=3))
-    sched.add_request(Request("a", [1, 2, 3], Constrained(max_tokens=20)))
+    sched.add_request(Request("a", [1, 2, 3], Constrained(SamplingParams(max_tokens=20))))
     assert _counts(_decode_step(sched)) == {"a": 1}
 
 
