@@ -55,6 +55,14 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, **kwargs)
 
 
+def _default_model_said(parser: argparse.ArgumentParser) -> None:
+    """``generate`` without ``--model`` runs 'tiny' and says so on stderr
+    (``run_generate``); its help says so too."""
+    action = next(a for a in parser._actions if a.dest == "model")
+    action.default = argparse.SUPPRESS
+    action.help += " (default: 'tiny', the built-in model, said on stderr)"
+
+
 def _engine_config(args, **overrides):
     """The ``EngineConfig`` of the parsed options; the top-level torchrun
     flags give the TP size and the rendezvous address."""
@@ -82,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for prompts",
                          formatter_class=_HelpFormatter)
     _engine_args(gen)
-    gen.set_defaults(model=None)  # unset: 'tiny', said on stderr
+    _default_model_said(gen)
     gen.add_argument("--prompt", action="append", default=[],
                      help="a text prompt (repeatable; none: two built-in prompts, said on "
                      "stderr)")
@@ -235,7 +243,7 @@ def run_generate(args) -> int:
                              max_tokens=args.max_tokens, seed=args.sampling_seed,
                              ignore_eos=args.ignore_eos,
                              structured_outputs=_structured_outputs(args))
-    if args.model is None:
+    if getattr(args, "model", None) is None:
         args.model = "tiny"
         _say("generate: no --model given: running 'tiny' (the built-in model: random weights, "
              "a byte tokenizer)")

@@ -62,6 +62,7 @@ class _Choice:
     num_tokens: int = 0
     last_token_time: float | None = None
     finished: bool = False
+    min_tokens: int = 0  # stop strings end nothing before (as vLLM)
 
 
 @dataclass
@@ -84,8 +85,9 @@ class Generation:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
                     request_id = self.link.new_id()
-                    self.choices[request_id] = _Choice(p * len(params) + i, p,
-                                                       StopStringMatcher(stops))
+                    self.choices[request_id] = _Choice(
+                        p * len(params) + i, p, StopStringMatcher(stops),
+                        min_tokens=choice_params.get("min_tokens", 0))
                     self.link.submit(request_id, prompt, choice_params, self.queue)
             await self._await_acceptance()
         except BaseException:
@@ -160,7 +162,10 @@ class Generation:
         choice.num_tokens += len(delta.token_ids)
         if delta.num_cached_tokens is not None:
             choice.num_cached_tokens = delta.num_cached_tokens
-        text = choice.matcher.feed(delta.text)
+        if choice.num_tokens <= choice.min_tokens:
+            text = choice.matcher.release(delta.text)  # too early for a stop string
+        else:
+            text = choice.matcher.feed(delta.text)
         reason = None
         if choice.matcher.stopped is not None:
             reason = "stop"

@@ -11,7 +11,8 @@ ends without one.
 
 Invariant: the concatenation of everything ``feed`` and ``flush`` return
 equals the full text cut before the earliest occurrence of any stop string
-(the whole text when there is none).
+(the whole text when there is none). Text given to ``release`` (a request
+still below its ``min_tokens``) is returned whole and never matched.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ class StopStringMatcher:
         # that begins at ``held``: hold everything from there.
         self.pending = text[held:]
         return text[:held]
+
+    def release(self, piece: str) -> str:
+        """Release ``piece`` (after any held-back text) unmatched: the output
+        is still below its ``min_tokens``, where stop strings end nothing.
+        Matching resumes with the next ``feed``, on text after this."""
+        if self.stopped is not None:
+            return ""
+        text, self.pending = self.pending + piece, ""
+        return text
 
     def flush(self) -> str:
         """The held-back text, cut before a stop string it holds, once no more text will come."""

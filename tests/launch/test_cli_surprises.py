@@ -82,6 +82,7 @@ def test_help_shows_defaults_and_every_flag_has_help():
     generate = subparsers.choices["generate"].format_help()
     assert "--max-tokens MAX_TOKENS" in generate and "(default: 32)" in generate
     assert "(default: 0.0)" in generate  # --temperature
+    assert "(default: 'tiny', the built-in model" in " ".join(generate.split())
     assert "(default: 1)" in parser.format_help()  # --nproc-per-node
 
 

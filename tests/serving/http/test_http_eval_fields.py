@@ -2,7 +2,7 @@
 the official ``openai`` client and httpx against ``tprun serve --http-port``
 (tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
-``min_tokens``, ``stream_options.continuous_usage_stats``,
+``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
 ``usage.prompt_tokens_details.cached_tokens``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
@@ -211,3 +211,20 @@ def test_access_log_has_a_line_per_request(server, client):
     log = server.output()
     assert "GET /v1/models 200" in log
     assert "POST /tokenize 200" in log
+
+
+def test_stop_strings_wait_for_min_tokens(client, reference):
+    """As vLLM: a stop string in the first min_tokens tokens' text ends nothing."""
+    ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=12,
+                                                    ignore_eos=True))[0].outputs[0]
+    stop = ref.text[1:3]  # text the second and third tokens make (one byte each)
+    assert stop and stop not in ref.text[:1]
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                    stop=[stop], extra_body={"ignore_eos": True})
+    assert cut.choices[0].text == ref.text[:ref.text.index(stop)]
+    held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     stop=[stop], extra_body={"ignore_eos": True,
+                                                              "min_tokens": 6})
+    rest = ref.text[6:]
+    want = ref.text if stop not in rest else ref.text[:6 + rest.index(stop)]
+    assert held.choices[0].text == want
