@@ -68,8 +68,9 @@ def _engine_config(args, **overrides):
     flags give the TP size and the rendezvous address."""
     from engine.config import EngineConfig
 
+    # An option left out on purpose (generate's --model) keeps the field's default.
     kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-              if f.metadata.get("cli") is not False}
+              if f.metadata.get("cli") is not False and hasattr(args, f.name)}
     kwargs.update(tensor_parallel_size=args.nproc_per_node, executor="mp",
                   master_addr=args.master_addr, master_port=args.master_port)
     kwargs.update(overrides)
@@ -196,8 +197,6 @@ def _prompts(args) -> list:
             prompts.append({"prompt_token_ids": [int(t) for t in text.split(",") if t.strip()]})
         except ValueError as e:
             raise ConfigError(f"--prompt-token-ids must be comma-separated integers: {e}") from e
-    if not prompts:
-        _say(f"generate: no --prompt given: running the built-in prompts {DEFAULT_PROMPTS}")
     return prompts or list(DEFAULT_PROMPTS)
 
 
@@ -243,13 +242,15 @@ def run_generate(args) -> int:
                              max_tokens=args.max_tokens, seed=args.sampling_seed,
                              ignore_eos=args.ignore_eos,
                              structured_outputs=_structured_outputs(args))
-    if getattr(args, "model", None) is None:
-        args.model = "tiny"
+    model_given = hasattr(args, "model")
+    config = _engine_config(args)  # every rule the arguments decide, before any notice
+    prompts = _prompts(args)
+    if not model_given:
         _say("generate: no --model given: running 'tiny' (the built-in model: random weights, "
              "a byte tokenizer)")
-    prompts = _prompts(args)
-    config = _engine_config(args)
-    _say(f"generate: loading {args.model} (TP={config.tensor_parallel_size}, "
+    if not args.prompt and not args.prompt_token_ids:
+        _say(f"generate: no --prompt given: running the built-in prompts {DEFAULT_PROMPTS}")
+    _say(f"generate: loading {config.model} (TP={config.tensor_parallel_size}, "
          f"device {config.device}) ...")
     with LLM.from_config(config) as llm:
         # A prompt the engine refuses (too long, ids outside the vocabulary)

@@ -13,7 +13,7 @@ from tests.helpers.proc_utils import run_tprun
 
 SUMMARY_KEYS = {"num_requests", "duration_s", "requests_per_s", "output_tokens_per_s",
                 "total_tokens_per_s", "total_input_tokens", "total_output_tokens",
-                "ttft_ms", "itl_ms", "engine"}
+                "ttft_ms", "itl_ms", "engine", "spec_decode"}
 
 
 def run_bench(tmp_path, *args: str, timeout: float = 100):
@@ -25,6 +25,7 @@ def run_bench(tmp_path, *args: str, timeout: float = 100):
 
 def check_summary(s: dict, num_requests: int, input_tokens: int, output_tokens: int) -> None:
     assert set(s) == SUMMARY_KEYS
+    assert s["spec_decode"] is None  # no speculative_config in these runs
     assert s["num_requests"] == num_requests
     assert s["total_input_tokens"] == input_tokens
     assert s["total_output_tokens"] == output_tokens

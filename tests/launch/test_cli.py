@@ -88,7 +88,7 @@ def test_generate_with_constraints(tmp_path):
     (["--json-schema", "/nonexistent/schema.json"], 2, "--json-schema /nonexistent"),
     (["--regex", "a", "--choice", "b"], 2, "not allowed with argument"),
     (["--choice"], 2, "expected at least one argument"),
-    (["--regex", "[a-"], 1, "invalid regex"),
+    (["--regex", "[a-"], 2, "invalid regex"),
 ])
 def test_bad_constraint_flags_are_one_line_errors(tmp_path, flags, code, message):
     result, leftovers = run_tprun(
