@@ -130,8 +130,9 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    echo: bool = False  # vLLM's chat echo (repeat the last message): not served
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools", "echo")
 
 
 class TokenizeRequest(BaseModel):

@@ -6,6 +6,7 @@ The server runs in its own session with its output in a file (as in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -14,9 +15,11 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from checkpoint.tiny_model import TINY_NAME
 from tests.helpers.proc_utils import ROOT, pythonpath
 from tests.helpers.serve_utils import Served, _term_with_parent, stop_server
 
@@ -56,6 +59,26 @@ def start_http(tmp_path, *args: str, env: dict | None = None,
             pytest.fail(f"tprun serve --http-port did not start:\n{served.output()}")
         time.sleep(0.1)
     return HttpServed(served, match.group(1))
+
+
+@contextlib.contextmanager
+def serving_tiny(tmp_path, *args: str, env: dict | None = None):
+    """``start_http`` (ARGS as there) of a server of ``tiny``, its model
+    directory in ``model_dir``; stopped on exit, which must be clean (code 0,
+    no process left)."""
+    served = start_http(tmp_path, *args, env=env)
+    served.model_dir = str(tmp_path / "cache" / TINY_NAME)
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@contextlib.contextmanager
+def openai_client(served: HttpServed, api_key: str = "none"):
+    """The official client on ``served``'s /v1, without retries."""
+    with openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key, max_retries=0,
+                       timeout=60) as client:
+        yield client
 
 
 def stop_http(server: HttpServed) -> tuple[int, str, list[int]]:

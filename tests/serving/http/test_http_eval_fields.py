@@ -13,9 +13,8 @@ import httpx
 import openai
 import pytest
 
-from checkpoint.tiny_model import TINY_NAME
 from engine import LLM, SamplingParams
-from tests.helpers.http_utils import start_http, stop_http
+from tests.helpers.http_utils import openai_client, serving_tiny
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,19 +23,15 @@ PROMPT = "The quick brown fox jumps over"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http_eval")
-    served = start_http(tmp, "serve", "--model", "tiny", "--device", "cpu",
-                        "--disable-log-stats", "--max-num-batched-tokens", "32")
-    served.model_dir = str(tmp / "cache" / TINY_NAME)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny(tmp_path_factory.mktemp("http_eval"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats",
+                      "--max-num-batched-tokens", "32") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
-                       timeout=60) as c:
+    with openai_client(server) as c:
         yield c
 
 
@@ -203,6 +198,9 @@ def test_unimplemented_fields_are_refused(client):
     with pytest.raises(openai.BadRequestError, match="min_tokens"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
                                   extra_body={"min_tokens": 3})
+    with pytest.raises(openai.BadRequestError, match="echo"):  # completions only
+        client.chat.completions.create(model="tiny", max_tokens=2, extra_body={"echo": True},
+                                       messages=[{"role": "user", "content": PROMPT}])
 
 
 def test_access_log_has_a_line_per_request(server, client):

@@ -12,9 +12,8 @@ import httpx
 import openai
 import pytest
 
-from checkpoint.tiny_model import TINY_NAME
 from engine import LLM, SamplingParams
-from tests.helpers.http_utils import metric, start_http, stop_http, wait_for_metric
+from tests.helpers.http_utils import metric, openai_client, serving_tiny, wait_for_metric
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,19 +25,15 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http")
-    served = start_http(tmp, "--nproc-per-node", "2", "serve", "--model", "tiny", "--device",
-                        "cpu", "--disable-log-stats", env={"TPRUN_API_KEY": KEY})
-    served.model_dir = str(tmp / "cache" / TINY_NAME)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny(tmp_path_factory.mktemp("http"), "--nproc-per-node", "2", "serve",
+                      "--model", "tiny", "--device", "cpu", "--disable-log-stats",
+                      env={"TPRUN_API_KEY": KEY}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0,
-                       timeout=60) as c:
+    with openai_client(server, KEY) as c:
         yield c
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
-from checkpoint.tiny_model import TINY_NAME
 from engine import LLM, SamplingParams
-from tests.helpers.http_utils import metric, start_http, stop_http
+from tests.helpers.http_utils import metric, openai_client, serving_tiny
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,19 +23,15 @@ PROMPT = "the cat sat on the mat; the cat sat on the"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http_spec")
-    served = start_http(tmp, "--nproc-per-node", "1", "serve", "--model", "tiny", "--device",
-                        "cpu", "--speculative-config", SPEC)
-    served.model_dir = str(tmp / "cache" / TINY_NAME)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny(tmp_path_factory.mktemp("http_spec"), "--nproc-per-node", "1", "serve",
+                      "--model", "tiny", "--device", "cpu",
+                      "--speculative-config", SPEC) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
-                       timeout=60) as c:
+    with openai_client(server) as c:
         yield c
 
 

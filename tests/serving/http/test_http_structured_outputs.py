@@ -14,12 +14,10 @@ import re
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
-from checkpoint.tiny_model import TINY_NAME
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from tests.helpers.http_utils import start_http, stop_http
+from tests.helpers.http_utils import openai_client, serving_tiny
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -38,19 +36,14 @@ CHOICES = ["alpha", "beta", "gamma"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http")
-    served = start_http(tmp, "serve", "--model", "tiny", "--device", "cpu",
-                        "--disable-log-stats")
-    served.model_dir = str(tmp / "cache" / TINY_NAME)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny(tmp_path_factory.mktemp("http"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,
-                       timeout=60) as c:
+    with openai_client(server) as c:
         yield c
 
 
