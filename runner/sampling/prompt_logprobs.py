@@ -96,7 +96,10 @@ class PromptLogprobsState:
 
     def needs_eager(self, req_ids: list[str], req_id_to_index: dict[str, int],
                     computed: np.ndarray, prompt_len: np.ndarray) -> bool:
-        """Some request of the plan scores prompt tokens this step."""
+        """Some request of the plan scores prompt tokens this step. Runs on
+        every step: without a slot that asked, no id is looked at."""
+        if not (self.num_top_np != NONE).any():
+            return False
         for req_id in req_ids:
             slot = req_id_to_index[req_id]
             if self.num_top_np[slot] != NONE and computed[slot] < prompt_len[slot] - 1:
