@@ -26,6 +26,7 @@ import json
 import time
 
 import torch
+import triton
 
 from benchmarks.common import emit_summary
 from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
@@ -37,8 +38,8 @@ PROJECTIONS = {
     "1b": [("qkv", 3072, 2048), ("o_proj", 2048, 2048), ("gate_up", 16384, 2048),
            ("down", 2048, 8192)],
 }
-SWEEP = [dict(block_n=n, block_k=k, num_warps=w)
-         for n, k, w in itertools.product((8, 16, 32), (256, 512), (4, 8))]
+SWEEP = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
+         for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (2, 3, 4, 5))]
 
 
 def time_ms(fn, weights: list[torch.Tensor], iters: int = 200) -> float:
@@ -70,7 +71,10 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
     want = cublas(weights[0]).float()
     timings = {}
     for config in [{}] + SWEEP:
-        got = skinny_matmul(x, weights[0], **config)
+        try:
+            got = skinny_matmul(x, weights[0], **config)
+        except triton.runtime.errors.OutOfResources:
+            continue  # a tile whose pipeline stages exceed shared memory
         if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1):
             raise RuntimeError(f"skinny_matmul {config} disagrees with cuBLAS on {name}")
         timings[json.dumps(config)] = time_ms(
@@ -83,6 +87,7 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
             "triton_best_us": round(best_ms * 1e3, 2),
             "cublas_TBps": round(weight_bytes / cublas_ms / 1e9, 2),
             "triton_TBps": round(weight_bytes / default_ms / 1e9, 2),
+            "triton_best_TBps": round(weight_bytes / best_ms / 1e9, 2),
             "runner_uses_triton": uses_skinny_matmul(x, weights[0]),
             "best": json.loads(best_config)}
 

@@ -74,6 +74,9 @@ class EngineConfig:
     max_cudagraph_capture_size: int | None = _opt(
         None, "largest decode batch captured as a CUDA graph; larger ones run eagerly "
         "(default: min(max_num_seqs, max_num_batched_tokens), at most 1024)")
+    max_prefill_cudagraph_tokens: int = _opt(
+        2048, "largest batch with prefills, in tokens, replayed from a CUDA graph (token "
+        "counts padded up a ladder); larger ones run eagerly; 0: prefills always eager")
     disable_custom_all_reduce: bool = _opt(False, "NCCL for every all-reduce instead of the "
                                            "one-shot kernel over peer memory")
     seed: int = _opt(0, "seed of the weights of dummy models and of unseeded sampling")
@@ -281,6 +284,9 @@ _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
 
 
 def _check_ints(c: EngineConfig) -> None:
+    value = c.max_prefill_cudagraph_tokens
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"max_prefill_cudagraph_tokens must be an int >= 0, got {value!r}")
     for name in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
         value = getattr(c, name)
         if value is None and name in _OPTIONAL_POSITIVE_INTS:

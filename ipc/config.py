@@ -78,6 +78,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     seed: int
     enforce_eager: bool
     max_cudagraph_capture_size: int | None
+    max_prefill_cudagraph_tokens: int
     disable_custom_all_reduce: bool
     attention_backend: str | None
     kv_cache_memory_bytes: int

@@ -1,4 +1,4 @@
-"""FULL CUDA graphs for uniform decode batches.
+"""FULL CUDA graphs for uniform decode batches and for small batches with prefills.
 
 At start-up, after the KV cache exists, one graph is captured per capture
 size (a ladder 1, 2, 4, 8, 16, 24, ... up to ``max_num_seqs``). Each holds
@@ -6,8 +6,16 @@ the input kernels and the model, reading only persistent buffers, so a
 replay takes no arguments: the host copies ``idx_mapping`` and
 ``query_start_loc`` and replays. A decode batch of ``n`` requests runs as the
 graph of the smallest capture size ``>= n``; its padded rows map to the
-padding slot, so they get seq_len 0 and their tokens slot -1. Mixed and
-larger batches run eagerly.
+padding slot, so they get seq_len 0 and their tokens slot -1.
+
+Batches with prefills (mixed) are keyed by tokens instead: one graph per
+rung of ``prefill_capture_sizes``, each of a fixed number of rows (padded
+rows own no token, padded tokens belong to no row), so a small prompt's
+forward pass costs one launch rather than hundreds. Only an attention
+backend whose launches depend on nothing but the padded sizes can be
+captured that way (``captures_mixed_batches``). Larger batches run eagerly:
+there the device, not the host, sets the pace, and padding would only add
+work.
 """
 
 from __future__ import annotations
@@ -30,6 +38,22 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
     limit = min(max_num_seqs, max_num_batched_tokens, max_capture_size or max_num_seqs)
     sizes = [s for s in ladder if s <= limit]
     if limit not in sizes and limit <= ladder[-1]:
+        sizes.append(limit)
+    return sizes
+
+
+PREFILL_GRAPH_ROWS = 32  # rows of every mixed-batch graph; batches with more run eagerly
+PREFILL_LADDER = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+
+
+def prefill_capture_sizes(max_tokens: int, max_num_batched_tokens: int) -> list[int]:
+    """Token counts of the mixed-batch graphs, ascending: the ladder's rungs
+    up to ``min(max_tokens, max_num_batched_tokens)``, and that limit itself
+    (0 captures none). A batch pads to the next rung, so padding stays
+    under half of its tokens."""
+    limit = min(max_tokens, max_num_batched_tokens)
+    sizes = [s for s in PREFILL_LADDER if s <= limit]
+    if limit > 0 and limit not in sizes and limit <= PREFILL_LADDER[-1]:
         sizes.append(limit)
     return sizes
 

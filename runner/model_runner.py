@@ -17,7 +17,9 @@ computed tokens by the rejected drafts, writes the emitted tokens into
 ``all_token_ids`` and proposes the next drafts (n-gram, on the device).
 The host's counts of decoding rows are then upper bounds; positions, slot
 mappings and attention read the device's. Uniform decode batches of 1 + k
-tokens a row replay CUDA graphs captured per row count.
+tokens a row replay CUDA graphs captured per row count; without drafts,
+small batches with prefills replay graphs captured per token count
+(``runner.cuda_graphs``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from ipc.messages import GrammarBitmask, SchedulerOutput
 from runner.async_output import AsyncOutput
 from runner.attention.metadata import AttentionMetadata
 from runner.block_table import BlockTables
-from runner.cuda_graphs import CudaGraphManager, capture_sizes
+from runner.cuda_graphs import (
+    PREFILL_GRAPH_ROWS,
+    CudaGraphManager,
+    capture_sizes,
+    prefill_capture_sizes,
+)
 from runner.distributed import TensorParallelGroup
 from runner.input_batch import InputBatch, InputBuffers, make_input_batch
 from runner.kv_cache import (
@@ -71,6 +78,17 @@ class StepTensors:
         return StepTensors(self.idx_mapping[:n], self.logits[:num_logits],
                            self.positions[:num_logits], self.sample_mask[:n],
                            self.logits_indices[:num_logits])
+
+
+@dataclass(frozen=True)
+class _GraphChoice:
+    """A step replayed from ``graphs[key]``, padded to ``rows`` rows and
+    ``tokens`` tokens."""
+
+    graphs: CudaGraphManager
+    key: int
+    rows: int
+    tokens: int
 
 
 @dataclass
@@ -149,6 +167,14 @@ class ModelRunner:
         plain = use_graphs and k and config.speculative.disable_by_batch_size is not None
         self.plain_graphs = CudaGraphManager(
             capture_sizes(n, config.max_num_batched_tokens, cap) if plain else [])
+        # Mixed batches of at most ``prefill_rows`` rows, by token count; not
+        # with drafts (their rows' logits layout varies).
+        backend = self.model.layers[0].self_attn.backend
+        prefill = (use_graphs and not k
+                   and getattr(backend, "captures_mixed_batches", False))
+        self.prefill_rows = min(n, PREFILL_GRAPH_ROWS)
+        self.prefill_graphs = CudaGraphManager(prefill_capture_sizes(
+            config.max_prefill_cudagraph_tokens, config.max_num_batched_tokens) if prefill else [])
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -177,12 +203,24 @@ class ModelRunner:
         q = 1 + self.num_spec
         graph_logits = 6 * q * max(self.graphs.sizes, default=0) * self.model.config.vocab_size
         graph_reserve = (256 << 20) + graph_logits if self.graphs.sizes else 0
+        graph_reserve += self._prefill_graph_bytes()
         # Filters, penalties and logprobs hold about ten float32 copies of the
         # batch's logits at their peak; the profile run does not sample.
         sampler_reserve = 10 * 4 * q * self.config.max_num_seqs * self.model.config.vocab_size
         budget = int(total * self.config.gpu_memory_utilization)
         budget -= held_by_others + peak + graph_reserve + sampler_reserve
         return max(0, budget // per_block)
+
+    def _prefill_graph_bytes(self) -> int:
+        """About what the mixed-batch graphs' pool holds: the activations of
+        their largest token count (the MLP's gate_up output and a few hidden
+        and qkv rows, twice over) and float32 logits of their rows."""
+        if not self.prefill_graphs.sizes:
+            return 0
+        c, tokens = self.model.config, max(self.prefill_graphs.sizes)
+        width = 2 * c.intermediate_size + 4 * c.hidden_size + 3 * c.num_attention_heads * c.head_dim
+        elem = torch.finfo(self.dtype).bits // 8
+        return 2 * tokens * width * elem + 2 * 4 * self.prefill_rows * c.vocab_size
 
     def init_kv_cache(self, num_blocks: int) -> None:
         """Allocate the cache, then capture the decode graphs (they read it)."""
@@ -197,6 +235,10 @@ class ModelRunner:
                 graphs.capture(self._fill_graph_inputs,
                                lambda size, q=q: self._graph_forward(size, q),
                                show_progress=self.tp.rank == 0)
+        if self.prefill_graphs.sizes:
+            self.prefill_graphs.capture(lambda _: self._fill_graph_inputs(self.prefill_rows),
+                                        self._prefill_graph_forward,
+                                        show_progress=self.tp.rank == 0)
 
     def _fill_graph_inputs(self, size: int) -> None:
         """Harmless step inputs for warming up and capturing a graph: every
@@ -241,6 +283,34 @@ class ModelRunner:
             self.draft.forward_step(buf.input_ids[:tokens], buf.positions[:tokens], attn)
         return self._after_forward(hidden, size, tokens, every_token=True)
 
+    @torch.no_grad()
+    def _prefill_graph_forward(self, tokens: int) -> StepTensors:
+        """One mixed step of ``prefill_rows`` padded rows and ``tokens``
+        padded tokens: the input kernels (prefill included), the model and
+        one logits row a row. Captured with prefill tiles and no KV split
+        (``max_query_len`` above any decode's), which serve every batch
+        that fits: rows past the batch own no token (seq_len 0), tokens past
+        the batch's belong to no row (slot -1, attention output zero)."""
+        buf, rows = self.buffers, self.prefill_rows
+        self.block_tables.slot_mapping[:tokens].fill_(-1)
+        block_tables, slot_mapping = self._build_inputs(
+            num_reqs=rows, num_tokens=tokens, num_reqs_padded=rows, num_tokens_padded=tokens,
+            has_prefill=True)
+        host_buffers = self.ops.shares_host_memory
+        attn = AttentionMetadata(
+            num_reqs=rows, num_tokens=tokens, num_decodes=0,
+            max_query_len=tokens,
+            max_seq_len=self.config.max_model_len,
+            query_start_loc=buf.query_start_loc[: rows + 1], seq_lens=buf.seq_lens[:rows],
+            block_tables=block_tables, slot_mapping=slot_mapping,
+            query_start_loc_cpu=buf.query_start_loc[: rows + 1] if host_buffers
+            else torch.zeros(rows + 1, dtype=torch.int32),
+            seq_lens_cpu=buf.seq_lens[:rows] if host_buffers
+            else torch.zeros(rows, dtype=torch.int32),
+        )
+        hidden = self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn)
+        return self._after_forward(hidden, rows, rows, every_token=False)
+
     # ---- applying the plan ---------------------------------------------
     def _update_states(self, plan: SchedulerOutput) -> None:
         # Finished and preempted requests leave alike, in sorted order, so
@@ -279,15 +349,15 @@ class ModelRunner:
                    self.config.max_num_batched_tokens, self.model.config.vocab_size,
                    self.num_spec)
         self._update_states(plan)
-        graphs, graph_size, q = self._graph_size(plan)
+        graph = self._graph_for(plan)
         batch = make_input_batch(
             plan.scheduled_req_ids(),
             plan.num_scheduled_tokens,
             self.req_states.req_id_to_index,
             self.req_states.num_computed_tokens_np,
             self.req_states.prefill_len_np,
-            num_reqs_padded=graph_size,
-            num_tokens_padded=None if graph_size is None else graph_size * q,
+            num_reqs_padded=None if graph is None else graph.rows,
+            num_tokens_padded=None if graph is None else graph.tokens,
             decode_query_len=1 + self.num_spec,
         )
         constrained = list(plan.structured_output_req_ids)
@@ -298,8 +368,8 @@ class ModelRunner:
                                     self.req_states.pad_slot,
                                     batch.cu_num_logits_np if self.num_spec else None)
         prompt_logprobs = None
-        if graph_size is not None:
-            tensors = graphs.replay(graph_size).head(batch.num_reqs, batch.num_logits)
+        if graph is not None:
+            tensors = graph.graphs.replay(graph.key).head(batch.num_reqs, batch.num_logits)
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
@@ -347,32 +417,40 @@ class ModelRunner:
         return StepTensors(idx, self.model.compute_logits(selected), positions, sample_mask,
                            rows)
 
-    def _graph_size(self, plan: SchedulerOutput
-                    ) -> tuple[CudaGraphManager | None, int | None, int]:
-        """The graphs, the captured size to pad a uniform decode batch to and
-        its tokens a row q (1, or 1 + k with k drafts; every row decoding),
-        or (None, None, 1): eager, for mixed batches and batches larger than
-        every graph."""
-        eager = (None, None, 1)
+    def _graph_for(self, plan: SchedulerOutput) -> _GraphChoice | None:
+        """The captured graph that runs this plan, or None: eager.
+
+        A uniform decode batch (every row 1 + k tokens, k drafts; or one
+        token where drafting is off) pads its rows to a decode graph; any
+        other batch of at most ``prefill_rows`` rows pads its tokens to a
+        mixed-batch graph. Steps that score prompt tokens run eagerly (the
+        graphs keep no hidden states)."""
         counts = plan.num_scheduled_tokens
         if not counts:
-            return eager
-        q = counts[0]
-        graphs = self.graphs if q == 1 + self.num_spec else (
-            self.plain_graphs if q == 1 else None)
-        if graphs is None or not graphs.graphs or any(n != q for n in counts):
-            return eager
+            return None
         states = self.req_states
-        if self.num_spec:
-            slots = [states.req_id_to_index[r] for r in plan.scheduled_req_ids()]
-            if np.any(states.num_computed_tokens_np[slots] < states.prefill_len_np[slots]):
-                return eager  # prefill chunks of exactly q tokens
         if self.prompt_logprobs.needs_eager(plan.scheduled_req_ids(), states.req_id_to_index,
                                             states.num_computed_tokens_np,
                                             states.prompt_len_np):
-            return eager  # the graphs keep no hidden states to score prompt tokens with
-        size = graphs.padded_size(len(counts))
-        return (graphs, size, q) if size is not None else eager
+            return None
+        q = counts[0]
+        graphs = self.graphs if q == 1 + self.num_spec else (
+            self.plain_graphs if q == 1 else None)
+        uniform = graphs is not None and graphs.graphs and all(n == q for n in counts)
+        if uniform and self.num_spec:
+            slots = [states.req_id_to_index[r] for r in plan.scheduled_req_ids()]
+            # prefill chunks of exactly q tokens are no decode
+            uniform = not np.any(states.num_computed_tokens_np[slots]
+                                 < states.prefill_len_np[slots])
+        if uniform:
+            size = graphs.padded_size(len(counts))
+            if size is not None:
+                return _GraphChoice(graphs, size, size, size * q)
+        if self.prefill_graphs.graphs and len(counts) <= self.prefill_rows:
+            tokens = self.prefill_graphs.padded_size(sum(counts))
+            if tokens is not None:
+                return _GraphChoice(self.prefill_graphs, tokens, self.prefill_rows, tokens)
+        return None
 
     def _build_inputs(self, *, num_reqs: int, num_tokens: int, num_reqs_padded: int,
                       num_tokens_padded: int,

@@ -151,6 +151,9 @@ class FlashPrefillBackend(TritonAttentionBackend):
     kernels); None picks ``default_prefill_kernel`` for the query's device.
     """
 
+    # The prefill rows' kernel and sizes are read from host copies each step.
+    captures_mixed_batches = False
+
     def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS,
                  prefill_kernel: str | None = None) -> None:
         super().__init__(num_splits, max_splits)

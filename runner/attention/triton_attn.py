@@ -83,6 +83,10 @@ class TritonAttentionBackend:
     a fixed CUDA-graph configuration.
     """
 
+    # Grids and tiles follow the padded sizes and max_query_len alone, so a
+    # mixed batch's forward can be captured at a token count (runner.cuda_graphs).
+    captures_mixed_batches = True
+
     def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")

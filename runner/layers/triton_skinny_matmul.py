@@ -56,7 +56,7 @@ def _num_sms(device_index: int) -> int:
 
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
-                  block_k: int = 512, num_warps: int = 4) -> torch.Tensor:
+                  block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """x [M, K] @ w[N, K].T for M <= 16 rows. Unit last strides."""
     m = x.shape[0]
     n, k = w.shape
@@ -71,7 +71,8 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
         return out
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+        num_stages=num_stages)
     return out
 
 

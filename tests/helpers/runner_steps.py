@@ -7,13 +7,14 @@ from tests.helpers.checkpoints import runner_config
 
 
 def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
-                emulate_graphs: bool = False, **config):
+                emulate_graphs: bool = False, emulate_prefill_graphs: bool = False, **config):
     """A ModelRunner of ``model_dir`` on ``device`` with a KV cache of
     ``num_blocks`` blocks; RunnerConfig fields in ``config`` override the
     test's settings (block size 16, 8 sequences, 256 batched tokens, length
     512); the rest are EngineConfig's defaults.
     ``emulate_graphs`` replays the padded decode path eagerly (sizes 1-8),
-    so CPU tests reach what CUDA graphs run."""
+    so CPU tests reach what CUDA graphs run; ``emulate_prefill_graphs``
+    does the same for the mixed-batch graphs (64 and 128 tokens)."""
     from runner.cuda_graphs import CudaGraphManager
     from runner.distributed import TensorParallelGroup
     from runner.model_runner import ModelRunner
@@ -25,6 +26,8 @@ def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
                          TensorParallelGroup.from_default_group())
     if emulate_graphs:
         runner.graphs = CudaGraphManager([1, 2, 4, 8], emulate=True)
+    if emulate_prefill_graphs:
+        runner.prefill_graphs = CudaGraphManager([64, 128], emulate=True)
     runner.init_kv_cache(num_blocks)
     return runner
 
@@ -56,3 +59,30 @@ def run_prefill_then_decode(runner, prompts, steps):
         for r, t in zip(ids, out.rows()):
             tokens[r] += t
     return tokens, seq_lens
+
+
+def run_mixed_steps(runner):
+    """Step 0 prefills r0 and r1; step 1 decodes them beside r2's prefill (a
+    mixed batch); step 2 decodes all three. Returns each step's tokens in
+    plan order, and the rows of the mixed step."""
+    def new(req_id, prompt, first_block):
+        return NewRequestData(req_id=req_id, prompt_token_ids=prompt, prefill_token_ids=prompt,
+                              sampling=SamplingOptions(temperature=0.0),
+                              block_ids=[list(range(first_block, first_block + 8))],
+                              num_computed_tokens=0, max_tokens=8)
+
+    p0, p1, p2 = list(range(3, 40)), list(range(60, 65)), list(range(100, 190))
+    runner.execute_model(SchedulerOutput(step_id=0, scheduled_new_reqs=[new("r0", p0, 0),
+                                                                        new("r1", p1, 8)],
+                                         num_scheduled_tokens=[len(p0), len(p1)]))
+    outs = [runner.sample_tokens().get_output().rows()]
+    cached = CachedRequestData(req_ids=["r0", "r1"], new_block_ids=[None, None])
+    runner.execute_model(SchedulerOutput(step_id=1, scheduled_new_reqs=[new("r2", p2, 16)],
+                                         scheduled_cached_reqs=cached,
+                                         num_scheduled_tokens=[1, 1, len(p2)]))
+    outs.append(runner.sample_tokens().get_output().rows())
+    cached = CachedRequestData(req_ids=["r0", "r1", "r2"], new_block_ids=[None, None, None])
+    runner.execute_model(SchedulerOutput(step_id=2, scheduled_cached_reqs=cached,
+                                         num_scheduled_tokens=[1, 1, 1]))
+    outs.append(runner.sample_tokens().get_output().rows())
+    return outs

@@ -54,3 +54,23 @@ def test_max_cudagraph_capture_size_bounds_the_graphs(tmp_path):
     got, _ = _run(runner, prompts, steps=4)
     want, _ = _run(_runner(model_dir, enforce_eager=True), prompts, steps=4)
     assert got == want
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mixed_batch_graphs_equal_eager(tmp_path):
+    """Steps with prefills replay the mixed-batch graphs captured on CUDA
+    (the Triton backend) and sample what eager steps sample."""
+    from checkpoint.tiny_model import ensure_tiny_model
+    from tests.helpers.runner_steps import run_mixed_steps
+
+    model_dir = ensure_tiny_model(str(tmp_path))
+    runner = _runner(model_dir, enforce_eager=False)
+    assert runner.prefill_graphs.graphs, "no mixed-batch graph was captured"
+    chosen = []
+    replay = runner.prefill_graphs.replay
+    runner.prefill_graphs.replay = lambda key: chosen.append(key) or replay(key)
+    got = run_mixed_steps(runner)
+    assert chosen == [64, 128]
+    assert got == run_mixed_steps(_runner(model_dir, enforce_eager=True))

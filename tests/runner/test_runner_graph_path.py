@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from checkpoint.tiny_model import ensure_tiny_model
-from tests.helpers.runner_steps import make_runner
+from tests.helpers.runner_steps import make_runner, run_mixed_steps
 from tests.helpers.runner_steps import run_prefill_then_decode as _run
 
 
@@ -47,3 +47,31 @@ def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
     assert states.num_computed_tokens.gpu[slots].tolist() == (computed + 1).tolist()
     assert states.num_computed_tokens.gpu[states.pad_slot].item() == 0
     assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]
+
+
+@pytest.mark.timeout(120)
+def test_mixed_batch_graph_path_equals_eager(tmp_path):
+    """Steps with prefills padded to the mixed-batch graphs' token counts
+    (42 tokens to 64, 92 to 128, padded rows owning no token) sample what
+    eager steps sample, and leave the device counts right for the decode
+    after them."""
+    model_dir = ensure_tiny_model(str(tmp_path))
+    runner = make_runner(model_dir, emulate_graphs=True, emulate_prefill_graphs=True)
+    chosen = []
+    replay = runner.prefill_graphs.replay
+    runner.prefill_graphs.replay = lambda key: chosen.append(key) or replay(key)
+    got = run_mixed_steps(runner)
+    assert chosen == [64, 128]  # both steps with prefills took the padded path
+    want = run_mixed_steps(make_runner(model_dir))
+    assert got == want
+    slots = [runner.req_states.req_id_to_index[r] for r in ("r0", "r1", "r2")]
+    assert runner.req_states.num_computed_tokens.gpu[slots].tolist() == [37 + 2, 5 + 2, 90 + 1]
+
+
+def test_prefill_capture_sizes_stop_at_every_limit():
+    from runner.cuda_graphs import prefill_capture_sizes
+
+    assert prefill_capture_sizes(2048, 8192) == [64, 128, 256, 384, 512, 768, 1024, 1536, 2048]
+    assert prefill_capture_sizes(2048, 600) == [64, 128, 256, 384, 512, 600]
+    assert prefill_capture_sizes(0, 8192) == []
+    assert prefill_capture_sizes(100000, 100000)[-1] == 4096
