@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from runner.attention.metadata import AttentionMetadata
+from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_attn import MAX_SPLITS, TritonAttentionBackend
 from runner.ops import device_ops
 
@@ -89,19 +89,6 @@ def prefill_suffix_start(attn: AttentionMetadata, sliding_window: int | None) ->
     while first > attn.num_draft_rows and query_lens[first - 1] != 1:
         first -= 1
     return first if max(query_lens[first:], default=0) > 1 else None
-
-
-def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
-    """The metadata of the batch's first ``rows`` rows alone."""
-    starts, seq_lens = attn.query_start_loc_cpu[: rows + 1], attn.seq_lens_cpu[:rows]
-    num_tokens = int(starts[-1])
-    return AttentionMetadata(
-        num_reqs=rows, num_tokens=num_tokens, num_decodes=min(attn.num_decodes, rows),
-        max_query_len=int((starts[1:] - starts[:-1]).max()), max_seq_len=int(seq_lens.max()),
-        query_start_loc=attn.query_start_loc[: rows + 1], seq_lens=attn.seq_lens[:rows],
-        block_tables=attn.block_tables[:rows], slot_mapping=attn.slot_mapping[:num_tokens],
-        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
-        num_draft_rows=min(attn.num_draft_rows, rows))
 
 
 def gather_rows_kv(kv_cache: torch.Tensor, attn: AttentionMetadata,
@@ -164,8 +151,12 @@ class FlashPrefillBackend(TritonAttentionBackend):
             raise RuntimeError("torch.nn.attention.varlen.varlen_attn is not in this torch")
         self.prefill_kernel = prefill_kernel
 
+    def wants_fresh_kv(self, attn: AttentionMetadata, sliding_window: int | None) -> bool:
+        return False  # its prefill rows read the cache, fresh or not
+
     def attend(self, q: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
-               scale: float, sliding_window: int | None = None) -> torch.Tensor:
+               scale: float, sliding_window: int | None = None,
+               fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         kernel, first = self.kernel_for(q, attn, scale, sliding_window)
         if kernel == "triton":
             return super().attend(q, kv_cache, attn, scale, sliding_window)

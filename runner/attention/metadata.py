@@ -37,3 +37,16 @@ class AttentionMetadata:
     query_start_loc_cpu: torch.Tensor
     seq_lens_cpu: torch.Tensor
     num_draft_rows: int = 0
+
+
+def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
+    """The metadata of the batch's first ``rows`` rows alone."""
+    starts, seq_lens = attn.query_start_loc_cpu[: rows + 1], attn.seq_lens_cpu[:rows]
+    num_tokens = int(starts[-1])
+    return AttentionMetadata(
+        num_reqs=rows, num_tokens=num_tokens, num_decodes=min(attn.num_decodes, rows),
+        max_query_len=int((starts[1:] - starts[:-1]).max()), max_seq_len=int(seq_lens.max()),
+        query_start_loc=attn.query_start_loc[: rows + 1], seq_lens=attn.seq_lens[:rows],
+        block_tables=attn.block_tables[:rows], slot_mapping=attn.slot_mapping[:num_tokens],
+        query_start_loc_cpu=starts, seq_lens_cpu=seq_lens,
+        num_draft_rows=min(attn.num_draft_rows, rows))

@@ -36,8 +36,10 @@ class AttentionBackend(Protocol):
 
 def attends_to_written_kv(backend: AttentionBackend) -> bool:
     """Whether ``backend`` offers ``attend(q, kv_cache, attn, scale,
-    sliding_window)``: attention over keys and values the model has already
-    stored, so the model can fuse the KV write into its rotary kernel."""
+    sliding_window, fresh_kv)``: attention over keys and values the model has
+    already stored, so the model can fuse the KV write into its rotary kernel
+    (and ``wants_fresh_kv(attn, sliding_window)``: whether it would rather
+    read a fresh prompt's rotated k and v where they were computed)."""
     return callable(getattr(backend, "attend", None))
 
 

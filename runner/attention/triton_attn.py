@@ -20,15 +20,19 @@ from __future__ import annotations
 import torch
 import triton
 
-from runner.attention.metadata import AttentionMetadata
+from runner.attention.fresh_prefill import attend_fresh_rows, fresh_suffix_start
+from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import merge_splits
 from runner.attention.triton_unified import launch_paged_attention
-from runner.ops import is_capturing, num_sms
+from runner.ops import device_ops, is_capturing, num_sms
 
 MAX_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLIT_QUERY_LEN = 8
+# Fresh prompt rows this long or longer take torch's fused attention on their
+# own k and v in eager steps, where those kernels run (fresh_prefill.py).
+FRESH_PREFILL_MIN_TOKENS = 512
 
 
 def choose_num_splits(
@@ -80,20 +84,25 @@ class TritonAttentionBackend:
 
     num_splits: None chooses per batch with choose_num_splits(); an int forces
     that many KV splits (1 never splits) for every batch, e.g. for tests or for
-    a fixed CUDA-graph configuration.
+    a fixed CUDA-graph configuration. fresh_prefill_min_tokens: fresh prompt
+    rows of at least that many tokens attend through torch's fused kernels
+    (``runner.attention.fresh_prefill``); None: FRESH_PREFILL_MIN_TOKENS where
+    those kernels run, never elsewhere.
     """
 
     # Grids and tiles follow the padded sizes and max_query_len alone, so a
     # mixed batch's forward can be captured at a token count (runner.cuda_graphs).
     captures_mixed_batches = True
 
-    def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS) -> None:
+    def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS,
+                 fresh_prefill_min_tokens: int | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
         if max_splits < 1:
             raise ValueError(f"max_splits must be >= 1, got {max_splits}")
         self.num_splits = num_splits
         self.max_splits = max_splits
+        self.fresh_prefill_min_tokens = fresh_prefill_min_tokens
 
     def forward(
         self,
@@ -124,10 +133,17 @@ class TritonAttentionBackend:
         attn: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        fresh_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """``forward`` for keys and values the caller already stored at
-        attn.slot_mapping (the model's rotary kernel does, in the same launch)."""
+        attn.slot_mapping (the model's rotary kernel does, in the same launch).
+        ``fresh_kv``: the step's rotated k and v [T, Hkv, D], given when
+        ``wants_fresh_kv`` said so."""
         _check_query(q, kv_cache)
+        if fresh_kv is not None:
+            first = fresh_suffix_start(attn, self._fresh_min_tokens(q.device), sliding_window)
+            if first is not None:
+                return self._attend_fresh(q, kv_cache, attn, scale, fresh_kv, first)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         num_tokens, num_q_heads, head_dim = q.shape
         if num_tokens == 0:
@@ -149,6 +165,40 @@ class TritonAttentionBackend:
         )
         launch_paged_attention(*args, partials, sliding_window=sliding_window, **config)
         merge_splits(out, *partials)
+        return out
+
+    def _fresh_min_tokens(self, device: torch.device) -> int | None:
+        if self.fresh_prefill_min_tokens is not None:
+            return self.fresh_prefill_min_tokens
+        return FRESH_PREFILL_MIN_TOKENS if device_ops(device).flash_kernels else None
+
+    def wants_fresh_kv(self, attn: AttentionMetadata, sliding_window: int | None) -> bool:
+        """Whether this eager step has trailing fresh prompt rows long enough
+        for ``attend`` to read their own k and v (never while capturing)."""
+        device = attn.query_start_loc.device
+        min_tokens = self._fresh_min_tokens(device)
+        if min_tokens is None or is_capturing(device):
+            return False
+        return fresh_suffix_start(attn, min_tokens, sliding_window) is not None
+
+    def _attend_fresh(self, q: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
+                      scale: float, fresh_kv: tuple[torch.Tensor, torch.Tensor],
+                      first: int) -> torch.Tensor:
+        """Rows ``first`` .. the last through fresh_prefill, the rows before
+        them through the Triton kernels; tokens past the batch's are zeros."""
+        n = attn.num_reqs
+        starts = attn.query_start_loc_cpu[: n + 1].tolist()
+        k, v = fresh_kv
+        runs = attend_fresh_rows(q, k, v, starts[first:], scale)
+        if first == 0 and len(runs) == 1 and starts[n] == q.shape[0]:
+            return runs[0][1]  # the whole batch, as SDPA laid it out: no copy
+        out = torch.empty_like(q)
+        out[starts[n]:].zero_()
+        if first > 0:
+            out[: starts[first]] = self.attend(q[: starts[first]], kv_cache,
+                                               leading_rows(attn, first), scale)
+        for token, o in runs:
+            out[token: token + o.shape[0]] = o
         return out
 
     def _num_splits(self, attn: AttentionMetadata, num_kv_heads: int, device,

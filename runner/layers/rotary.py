@@ -58,14 +58,15 @@ class RotaryEmbedding(nn.Module):
 
     def rotate_and_cache(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor, kv_cache: torch.Tensor,
-                         slot_mapping: torch.Tensor) -> torch.Tensor:
+                         slot_mapping: torch.Tensor, rotate_k_in_place: bool = False) -> torch.Tensor:
         """Rotated q; rotated k and v stored in ``kv_cache`` at ``slot_mapping``
-        (slot -1 skipped). One Triton launch (the interpreter on CPU): for the
-        Triton attention backend, which then only attends."""
+        (slot -1 skipped), and with ``rotate_k_in_place`` k itself rotated. One
+        Triton launch (the interpreter on CPU): for the Triton attention
+        backend, which then only attends."""
         from runner.layers.triton_rotary import rotary_write_kv_triton  # with that backend only
 
         return rotary_write_kv_triton(positions, q, k, v, self.cos, self.sin, kv_cache,
-                                      slot_mapping)
+                                      slot_mapping, rotate_k_in_place)
 
 
 def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,

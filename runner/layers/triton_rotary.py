@@ -7,7 +7,9 @@ q and k may be strided views (slices of the fused qkv output).
 Two entry points: ``rotary_triton`` returns new contiguous q and k;
 ``rotary_write_kv_triton`` returns q and stores the rotated k, and v, straight
 into the paged KV cache at the token's slot (slot -1: not stored), which
-saves the attention backend's separate KV-write launch.
+saves the attention backend's separate KV-write launch; asked to, it also
+leaves the rotated k in place of k, for a backend that attends to a fresh
+prompt's own keys (``runner.attention.fresh_prefill``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def _rotary_write_kv_kernel(
     v_head_stride, stride_c_block, stride_c_slot, stride_c_head, num_q_heads, num_k_heads,
     BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr, HALF_BLOCK: tl.constexpr,
     Q_HEADS_BLOCK: tl.constexpr, K_HEADS_BLOCK: tl.constexpr, DIM_BLOCK: tl.constexpr,
+    ROTATE_K_IN_PLACE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF, HALF_BLOCK)
@@ -82,6 +85,10 @@ def _rotary_write_kv_kernel(
     cache_off = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
     _rotate_heads(k_ptr + token * k_token_stride, key_cache_ptr + cache_off, k_head_stride,
                   stride_c_head, num_k_heads, cos, sin, store, HALF, HALF_BLOCK, K_HEADS_BLOCK)
+    if ROTATE_K_IN_PLACE:  # after the cache's copy, which read k unrotated
+        _rotate_heads(k_ptr + token * k_token_stride, k_ptr + token * k_token_stride,
+                      k_head_stride, k_head_stride, num_k_heads, cos, sin, token >= 0,
+                      HALF, HALF_BLOCK, K_HEADS_BLOCK)
     heads = tl.arange(0, K_HEADS_BLOCK)[:, None]
     dims = tl.arange(0, DIM_BLOCK)[None, :]
     mask = tl.where(store, (heads < num_k_heads) & (dims < 2 * HALF), False)
@@ -121,10 +128,12 @@ def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 
 def rotary_write_kv_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                            v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           rotate_k_in_place: bool = False) -> torch.Tensor:
     """Rotate q (returned, contiguous) and k; store rotated k and v of token t
     at cache slot slot_mapping[t] (kv_cache [2, blocks, block_size, Hk, D]);
-    tokens with slot -1, or past the end of slot_mapping, store nothing."""
+    tokens with slot -1, or past the end of slot_mapping, store nothing.
+    ``rotate_k_in_place``: k itself is left rotated too."""
     _check_heads(q, k)
     if v.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("rotary_write_kv_triton needs unit-stride head dims")
@@ -138,5 +147,6 @@ def rotary_write_kv_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Te
         v.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         q.shape[1], k.shape[1], BLOCK_SIZE=key_cache.shape[1],
         DIM_BLOCK=triton.next_power_of_2(q.shape[-1]), **_head_blocks(q, k), num_warps=4,
+        ROTATE_K_IN_PLACE=rotate_k_in_place,
     )
     return q_out

@@ -57,8 +57,11 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.fused_kv_write:
-            q = self.rotary.rotate_and_cache(positions, q, k, v, kv_cache, attn.slot_mapping)
-            out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window)
+            fresh = self.backend.wants_fresh_kv(attn, self.sliding_window)
+            q = self.rotary.rotate_and_cache(positions, q, k, v, kv_cache, attn.slot_mapping,
+                                             rotate_k_in_place=fresh)
+            out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window,
+                                      fresh_kv=(k, v) if fresh else None)
         else:
             q, k = self.rotary(positions, q, k)
             out = self.backend.forward(q, k, v, kv_cache, attn, self.scale,
