@@ -19,11 +19,15 @@ output is a JSON array that never has to close (``SCHEMA``).
 
 ``idle``: the same engine at one batch size; CUDA events recorded on the
 main stream around each step's ``execute_model`` and ``sample_tokens``;
-the share of the device's time spent waiting for the host, between steps
-and inside a step between its forward pass and its sampling (where a
-constrained step waits for its bitmask: with async scheduling the grammar
-work of step N+1 must hide behind N+1's forward pass), for constrained and
-unconstrained batches.
+the share of the device's time spent waiting for the host, split into
+between steps (``idle_between_steps``) and inside a step between its
+forward pass and its sampling (``idle_waiting_for_mask``: where a
+constrained step waits for its bitmask; with async scheduling the fill of
+step N+1 runs in the background while the loop schedules N+2, and must end
+before N+1's forward pass does), for constrained and unconstrained
+batches. ``--device cpu`` (e.g. ``--shape tiny --dtype float32``) checks
+the mechanics with host clock readings instead of events (no speed claim:
+on CPU the forward pass itself runs on the loop's thread).
 
 ``fill``: host time of the engine's mask fill (``StructuredOutputManager.
 bitmask``) per constrained token on this machine's CPU, with matchers
@@ -215,11 +219,26 @@ def bench_step(args) -> dict:
 
 
 # ---- idle --------------------------------------------------------------------
+class _HostMark:
+    """A host clock reading with ``torch.cuda.Event``'s ``elapsed_time`` (ms):
+    on CPU the device is the host, so the gaps between the runner's calls are
+    the time it waits (for the loop, or for a bitmask)."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other: _HostMark) -> float:
+        return (other.t - self.t) * 1e3
+
+
 def _mark_steps(llm):
-    """Wrap the in-process runner so each step records CUDA events on the
-    main stream: before and after ``execute_model`` (the forward pass
-    queued) and before and after ``sample_tokens``; returns the list of
-    [start, forward_end, sample_start, end] per step."""
+    """Wrap the in-process runner so each step records marks, CUDA events on
+    the main stream (host clock readings on CPU): before and after
+    ``execute_model`` (the forward pass queued) and before and after
+    ``sample_tokens``; returns the list of [start, forward_end,
+    sample_start, end] per step. The runner runs one step at a time
+    (forward N, sample N, forward N+1: ``worker.step_order``), so the marks
+    alternate whatever order the engine sends plans and bitmasks in."""
     import torch
 
     runner = llm.engine.executor.worker.runner
@@ -227,6 +246,8 @@ def _mark_steps(llm):
     execute_model, sample_tokens = runner.execute_model, runner.sample_tokens
 
     def event():
+        if runner.device.type != "cuda":
+            return _HostMark()
         e = torch.cuda.Event(enable_timing=True)
         e.record()
         return e
@@ -237,6 +258,8 @@ def _mark_steps(llm):
         marks[-1][1] = event()
 
     def sample(grammar=None):
+        if not marks or marks[-1][2] is not None:  # its forward ran before marking began
+            return sample_tokens(grammar)
         marks[-1][2] = event()
         out = sample_tokens(grammar)
         marks[-1][3] = event()
@@ -276,7 +299,8 @@ def bench_idle(args) -> dict:
                 marks = _mark_steps(llm)
                 for _ in range(args.steps):
                     llm.engine.step()
-                torch.cuda.synchronize()
+                if torch.cuda.is_initialized():
+                    torch.cuda.synchronize()
                 row = {"constrained": constrained, "batch": args.batch, **idle_fraction(marks)}
             finally:
                 llm.shutdown()

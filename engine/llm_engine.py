@@ -10,8 +10,14 @@ time is invalid).
 
 A step with constrained requests is two messages: the plan, then its
 grammar bitmask (``executor.sample_tokens``), computed once the grammars
-have absorbed every token before the step, so that with async scheduling
-the mask of step N+1 is filled while the workers run N+1's forward pass.
+have absorbed every token before the step. With async scheduling the fill
+is off the loop's path (``step``): the fill of step N+1 starts in the
+background as soon as step N is absorbed; the loop returns N's deltas,
+schedules and sends step N+2's plan, and only then sends N+1's bitmask, so
+the fill overlaps the caller's work, the scheduling of N+2 and N+1's
+forward pass; the workers keep N+2's plan until N+1 has sampled
+(``worker.step_order``). Steps without constrained requests send one
+message and never wait for a fill.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
+from engine.structured_outputs.manager import PendingBitmask
 from executor.base import Executor, OutputFuture
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
@@ -92,6 +99,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
+        self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
         self.counters = StepCounters()
         self.stats_logger = None
         if not config.disable_log_stats:
@@ -173,20 +181,30 @@ class LLMEngine:
     def step(self) -> list[RequestOutputDelta]:
         """One turn of the engine loop; returns the deltas of one step.
 
-        Synchronous: schedule step N, send it, wait for its output, absorb it.
-        Async (``async_scheduling``): schedule and send step N+1, then wait
-        for step N's output and absorb it, so the workers compute N+1 while
-        the host absorbs N and later schedules N+2. At most two steps are in
-        flight; a decode in N+1 reads its input token, sampled by N, on the
-        device. The first call after idling returns no deltas.
+        Synchronous: schedule step N, send it (and its bitmask), wait for its
+        output, absorb it. Async (``async_scheduling``): schedule and send
+        step N+1, send step N's bitmask (its fill started when N-1 was
+        absorbed), then wait for step N's output, absorb it and start N+1's
+        fill; the workers compute N+1 while the host absorbs N and later
+        schedules N+2. At most two steps are in flight; a decode in N+1
+        reads its input token, sampled by N, on the device. The first call
+        after idling returns no deltas.
+
+        Order that keeps the matchers right: a fill reads every grammar as
+        it is after the step before its own is absorbed, and no matcher is
+        used between a fill's start and its ``result()`` (scheduling only
+        preempts, which leaves a matcher as it is: it has consumed exactly
+        the request's output tokens).
         """
         sent = self._send() if self.scheduler.has_unfinished_requests() else None
         if self.config.async_scheduling:
             sent, self.in_flight = self.in_flight, sent
+            self._send_bitmask()
             deltas = self._absorb(sent)
-            self._send_bitmask(self.in_flight)
+            self._start_bitmask(self.in_flight)
         else:
-            self._send_bitmask(sent)
+            self._start_bitmask(sent, background=False)
+            self._send_bitmask()
             deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas
@@ -195,13 +213,18 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         return _SentStep(plan, self.executor.execute_model(plan))
 
-    def _send_bitmask(self, sent: _SentStep | None) -> None:
-        """The grammar bitmask of a step with constrained requests, from the
-        grammars as they are now (every earlier step absorbed)."""
-        if sent is None or not sent.plan.structured_output_req_ids:
-            return
-        bitmask = self.structured_outputs.bitmask(sent.plan, self.scheduler.requests)
-        self.executor.sample_tokens(bitmask)
+    def _start_bitmask(self, sent: _SentStep | None, background: bool = True) -> None:
+        """Start filling the bitmask of a step with constrained requests,
+        from the grammars as they are now (every earlier step absorbed)."""
+        if sent is not None and sent.plan.structured_output_req_ids:
+            self.pending_bitmask = self.structured_outputs.start_bitmask(
+                sent.plan, self.scheduler.requests, background)
+
+    def _send_bitmask(self) -> None:
+        """Send the bitmask started last, once filled (nothing if none)."""
+        pending, self.pending_bitmask = self.pending_bitmask, None
+        if pending is not None:
+            self.executor.sample_tokens(pending.result())
 
     def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
         if sent is None:
@@ -227,6 +250,7 @@ class LLMEngine:
         """Stop the executor; a step still in flight is dropped first, so no
         output of it keeps device memory alive."""
         self.in_flight = None
+        self.pending_bitmask = None
         self.structured_outputs.shutdown()
         self.executor.shutdown()
 

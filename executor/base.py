@@ -34,7 +34,9 @@ class Executor(ABC):
     def execute_model(self, plan: SchedulerOutput) -> OutputFuture:
         """Send one step; the future resolves to the output rank's reply.
         A plan with ``structured_output_req_ids`` resolves only after its
-        ``sample_tokens``."""
+        ``sample_tokens``. The next plan may be sent before that bitmask (at
+        most one plan ahead of it): the workers run it once the step before
+        it has sampled (``worker.step_order``)."""
 
     @abstractmethod
     def sample_tokens(self, grammar: GrammarBitmask) -> None:

@@ -144,7 +144,9 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The allowed tokens of one step's constrained requests, sent after the
-    step's plan (so the engine computes it while the forward pass runs).
+    step's plan (so the engine computes it while the forward pass runs);
+    with async scheduling after the next step's plan too, which the workers
+    keep until this step has sampled (``worker.step_order``).
 
     ``bitmask`` is int32, little-endian, row-major ``[len(req_ids),
     ceil(vocab_size / 32)]``: row i belongs to ``req_ids[i]``; bit j of word

@@ -1,10 +1,11 @@
 """The worker daemon: one process per TP rank, driven over ZeroMQ.
 
 Loop: receive a broadcast; ``Sync`` -> acknowledge (start-up handshake);
-``ControlCall`` -> run it and reply (every rank); ``SchedulerOutput`` ->
-run the step's forward pass, and sample it (at once, or when its
-``GrammarBitmask`` arrives); only the output rank hands the AsyncOutput to
-its copy thread, which replies. The daemon exits when told to, or when its
+``ControlCall`` -> run it and reply (every rank); ``SchedulerOutput`` and
+``GrammarBitmask`` -> run in ``worker.step_order``'s order (a plan's
+forward pass, then its sampling: at once, or once its bitmask arrives; a
+plan that comes while a bitmask is due waits for that step); only the
+output rank hands the AsyncOutput to its copy thread, which replies. The daemon exits when told to, or when its
 parent process is gone (checked once a second).
 """
 
@@ -34,43 +35,30 @@ from worker.env import TorchrunEnv
 from worker.fault_injection import FaultInjector
 from worker.heartbeat import HeartbeatThread
 from worker.output_thread import OutputCopyThread
+from worker.step_order import StepOrder
 from worker.worker import Worker
 
 logger = logging.getLogger("tprun.worker")
 
 
 class _Steps:
-    """The step messages of one rank: a plan runs its forward pass at once;
-    it samples at once too, unless it has constrained requests, in which
-    case the rank waits for the step's ``GrammarBitmask`` (the next step
-    message the executor sends). A failure of either call is reported like a
-    rejected plan (non-fatal: every rank reaches the same verdict) or as a
-    failed step (fatal)."""
+    """This rank's step messages, run in ``StepOrder``'s order: a plan's
+    forward pass, its sampling (at once, or with its ``GrammarBitmask``). A
+    failure of either call is reported like a rejected plan (non-fatal:
+    every rank reaches the same verdict) or as a failed step (fatal)."""
 
     def __init__(self, worker: Worker, sender: ReplySender, output: OutputCopyThread | None,
                  heartbeat: HeartbeatThread):
         self.worker, self.sender, self.output, self.heartbeat = worker, sender, output, heartbeat
         self.rank = worker.env.rank
         self.faults = FaultInjector(self.rank)
-        self.awaiting: int | None = None  # the step that waits for its bitmask
+        self.order = StepOrder(self._start, self._sample, self._reject)
+        self.on_plan, self.on_bitmask = self.order.on_plan, self.order.on_bitmask
 
-    def on_plan(self, plan: SchedulerOutput) -> None:
-        self._abandon(f"step {plan.step_id} came before its grammar bitmask")
+    def _start(self, plan: SchedulerOutput) -> bool:
         self.heartbeat.step_started = plan.step_id
         ok, _ = self._run(plan.step_id, self._forward, plan)
-        if not ok:
-            return
-        if plan.structured_output_req_ids:
-            self.awaiting = plan.step_id
-        else:
-            self._sample(plan.step_id, None)
-
-    def on_bitmask(self, grammar: GrammarBitmask) -> None:
-        if self.awaiting != grammar.step_id:
-            self._reject(grammar.step_id, "no step waits for this grammar bitmask")
-            return
-        self.awaiting = None
-        self._sample(grammar.step_id, grammar)
+        return ok
 
     def _forward(self, plan: SchedulerOutput) -> None:
         self.faults.maybe_fail(plan.step_id)
@@ -83,11 +71,6 @@ class _Steps:
         self.heartbeat.step_finished = step_id
         if self.output is not None:
             self.output.put(async_output)
-
-    def _abandon(self, reason: str) -> None:
-        if self.awaiting is not None:
-            self._reject(self.awaiting, reason)
-            self.awaiting = None
 
     def _reject(self, step_id: int, reason: str) -> None:
         logger.error("rank %d: rejected step %d: %s", self.rank, step_id, reason)

@@ -5,7 +5,11 @@ Invariant: the matcher has consumed exactly the request's output tokens
 with every token it appends (``accept``), and only those: a token sampled
 for a step whose output is discarded (the request finished, was aborted or
 preempted meanwhile) is never consumed. ``rollback_to`` brings it back to a
-shorter output (a preempted request recomputes from the tokens it keeps).
+shorter output (a preempted request recomputes from the tokens it keeps);
+since only appended tokens are consumed, that leaves the matcher as it is
+(it touches the matcher only when it is ahead). While the engine's fill
+thread computes a step's bitmask, llguidance holds the step's matchers:
+the engine uses none of them until the fill's ``result()``.
 """
 
 from __future__ import annotations

@@ -3,11 +3,19 @@
 ``check`` (when a request enters the engine) compiles its constraint, or
 finds it compiled, and raises ``ValueError`` with the backend's message when
 it does not compile (in time): nothing of a bad request reaches the workers.
-``new_grammar`` gives an accepted request its own matcher. ``bitmask(plan,
-requests)`` fills the rows of a step's ``structured_output_req_ids`` from
-their matchers, all at once in llguidance's threads (the GIL is dropped);
-the engine calls it after absorbing the previous step, while the workers run
-the step's forward pass.
+``new_grammar`` gives an accepted request its own matcher.
+``start_bitmask(plan, requests)`` fills the rows of a step's
+``structured_output_req_ids`` from their matchers, all at once in
+llguidance's threads, started from a fill thread of its own (llguidance
+drops the GIL for the whole fill), so the engine loop goes on meanwhile:
+with async scheduling the engine starts the fill of step N+1 as soon as it
+has absorbed step N, then schedules and sends step N+2's plan, and sends
+N+1's bitmask (``PendingBitmask.result()``) after that. While a fill runs,
+llguidance holds its matchers: nothing may consume, roll back or query
+them until ``result()`` has returned (the engine's order guarantees it).
+``bitmask`` is the same fill on the calling thread (synchronous scheduling).
+One persistent buffer holds the rows being filled (no allocation a step);
+``result()`` copies them into the message.
 
 Rows of requests that finished or were aborted after the plan was made
 allow every token (their token is discarded anyway, and a row without any
@@ -19,6 +27,7 @@ allows only EOS, so the request ends.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -41,7 +50,10 @@ class StructuredOutputManager:
         self.backend = GuidanceBackend(tokenizer_json_path, vocab_size, self.eos_token_ids)
         self.compiler = GrammarCompiler(self.backend, timeout_s)
         self._executor = None
+        self._thread: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._buffer = np.empty((0, self.words), dtype=np.int32)
+        self._pending: PendingBitmask | None = None
 
     # ---- requests --------------------------------------------------------
     def submit(self, params) -> None:
@@ -68,25 +80,59 @@ class StructuredOutputManager:
 
     # ---- the step --------------------------------------------------------
     def bitmask(self, plan: SchedulerOutput, requests: dict) -> GrammarBitmask:
-        """The step's bitmask, one row per ``plan.structured_output_req_ids``."""
-        import llguidance.numpy as llg_numpy
+        """The step's bitmask, one row per ``plan.structured_output_req_ids``,
+        filled on the calling thread."""
+        return self.start_bitmask(plan, requests, background=False).result()
 
+    def start_bitmask(self, plan: SchedulerOutput, requests: dict,
+                      background: bool = True) -> PendingBitmask:
+        """Start filling the step's bitmask from the matchers as they are
+        now; ``result()`` of the answer waits for it. In the background the
+        fill runs in this manager's fill thread (llguidance drops the GIL
+        for it), and until ``result()`` returns no matcher of the step may
+        be used (llguidance holds them). Rows of requests that are gone, or
+        whose grammar is complete, allow every token."""
+        if self._pending is not None:
+            self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
-        mask = np.full((len(req_ids), self.words), -1, dtype=np.int32)
+        mask = self._rows(len(req_ids))
         jobs, grammars = [], []
         for row, req_id in enumerate(req_ids):
-            request = requests.get(req_id)
-            grammar = getattr(request, "grammar", None)
+            grammar = getattr(requests.get(req_id), "grammar", None)
             if grammar is not None and not grammar.is_terminated():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, grammar))
-        if jobs:
-            llg_numpy.fill_next_token_bitmask_par(self._parallel(), jobs, mask)
-        for row, grammar in grammars:
+            else:
+                mask[row] = -1
+        future = None
+        if jobs and background:
+            future = self._fill_thread().submit(self._fill, jobs, mask)
+        elif jobs:
+            self._fill(jobs, mask)
+        self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future)
+        return self._pending
+
+    def _fill(self, jobs: list, mask: np.ndarray) -> None:
+        import llguidance.numpy as llg_numpy
+
+        llg_numpy.fill_next_token_bitmask_par(self._parallel(), jobs, mask)
+
+    def _rows(self, n: int) -> np.ndarray:
+        """The first ``n`` rows of the persistent mask buffer (grown as
+        needed; one fill at a time uses it, and ``result()`` copies it out)."""
+        if self._buffer.shape[0] < n:
+            self._buffer = np.empty((max(n, 2 * self._buffer.shape[0]), self.words),
+                                    dtype=np.int32)
+        return self._buffer[:n]
+
+    def _finish(self, pending: PendingBitmask) -> GrammarBitmask:
+        for row, grammar in pending.grammars:
             if grammar.is_error():
-                self._eos_only(mask[row])
-        return GrammarBitmask(step_id=plan.step_id, req_ids=req_ids,
-                              bitmask=mask.astype("<i4", copy=False).tobytes())
+                self._eos_only(pending.mask[row])
+        if self._pending is pending:
+            self._pending = None
+        return GrammarBitmask(step_id=pending.step_id, req_ids=pending.req_ids,
+                              bitmask=pending.mask.astype("<i4", copy=False).tobytes())
 
     def _eos_only(self, row: np.ndarray) -> None:
         words = row.view(np.uint32)
@@ -102,5 +148,40 @@ class StructuredOutputManager:
                 self._executor = LLExecutor()
             return self._executor
 
+    def _fill_thread(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._thread is None:
+                self._thread = ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="grammar-fill")
+            return self._thread
+
     def shutdown(self) -> None:
+        """Stop compiling; a fill still running finishes first (it holds
+        matchers and the mask buffer)."""
         self.compiler.shutdown()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+class PendingBitmask:
+    """A step's bitmask being filled (``StructuredOutputManager.start_bitmask``)."""
+
+    def __init__(self, manager: StructuredOutputManager, step_id: int, req_ids: list[str],
+                 mask: np.ndarray, grammars: list, future: Future | None):
+        self.manager, self.step_id, self.req_ids = manager, step_id, req_ids
+        self.mask, self.grammars, self.future = mask, grammars, future
+        self.message: GrammarBitmask | None = None
+
+    def wait(self) -> None:
+        """Until the fill has ended (its error, if any, is ``result``'s)."""
+        if self.future is not None:
+            wait([self.future])
+
+    def result(self) -> GrammarBitmask:
+        """The filled bitmask (the fill's error raised here); once filled,
+        the matchers are free again. Idempotent."""
+        if self.message is None:
+            if self.future is not None:
+                self.future.result()
+            self.message = self.manager._finish(self)
+        return self.message

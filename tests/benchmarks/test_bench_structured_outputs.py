@@ -37,7 +37,7 @@ def test_fill_and_compile(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_step_and_stall_on_tiny(tmp_path):
+def test_step_stall_and_idle_on_tiny(tmp_path):
     common = ["--shape", "tiny", "--device", "cpu", "--dtype", "float32", "--input-len", "16"]
     step = _run(tmp_path, "step", *common, "--batches", "2", "--output-len", "24")
     (row,) = step["rows"]
@@ -47,6 +47,12 @@ def test_step_and_stall_on_tiny(tmp_path):
     stall = _run(tmp_path, "stall", *common, "--batch", "2", "--steps", "40",
                  "--output-len", "60")
     assert stall["before"]["steps"] == 10 and stall["compiling"]["steps"] >= 1
+    idle = _run(tmp_path, "idle", *common, "--batch", "2", "--steps", "12", "--output-len", "40")
+    assert [row["constrained"] for row in idle["rows"]] == [False, True]
+    for row in idle["rows"]:  # host clock readings on CPU: mechanics, not speed
+        assert row["steps"] >= 10
+        assert row["idle_fraction"] == pytest.approx(
+            row["idle_between_steps"] + row["idle_waiting_for_mask"], abs=2e-4)
 
 
 class _Event:
