@@ -55,6 +55,7 @@ from runner.attention.triton_attn import (  # noqa: E402
     choose_num_splits,
     tile_config,
 )
+from runner.attention.triton_kv_write import write_kv_cache  # noqa: E402
 from runner.attention.triton_split_merge import merge_splits  # noqa: E402
 from runner.attention.triton_unified import launch_paged_attention  # noqa: E402
 
@@ -153,18 +154,41 @@ def bench_decode(batch, context, heads, block_size, dtype, device, reps):
             "max_abs_err": err}
 
 
-PREFILL_BACKENDS = ("triton", "triton_flash_prefill")
+PREFILL_BACKENDS = ("triton", "triton_fresh", "triton_flash_prefill")
 
 
 def prefill_backend(name: str):
-    """The backend a prefill row times: plain Triton, or Triton with prefill
-    rows sent to torch's flash kernels (runner/attention/flash_prefill.py):
-    ``triton_flash_prefill`` with the kernel it picks on this torch, or
-    ``triton_flash_prefill:KERNEL`` (varlen, sdpa) with that one."""
+    """The backend a prefill row times: plain Triton (the paged kernels
+    alone), the default Triton backend as the model calls it (``triton_fresh``:
+    fresh prompts on their own k and v, runner/attention/fresh_prefill.py), or
+    Triton with prefill rows sent to torch's flash kernels
+    (runner/attention/flash_prefill.py): ``triton_flash_prefill`` with the
+    kernel it picks on this torch, or ``triton_flash_prefill:KERNEL`` (varlen,
+    sdpa) with that one."""
     if name == "triton":
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(fresh_prefill_min_tokens=1 << 30)
+    if name == "triton_fresh":
+        return _FreshAsTheModelCalls(TritonAttentionBackend())
     _, _, kernel = name.partition(":")
     return FlashPrefillBackend(prefill_kernel=kernel or None)
+
+
+class _FreshAsTheModelCalls:
+    """``forward`` as the model runs it: the KV write (the model's rotary
+    kernel does it), then ``attend`` with the step's own k and v where the
+    backend wants them."""
+
+    def __init__(self, backend: TritonAttentionBackend):
+        self.backend = backend
+
+    def forward(self, q, k, v, kv_cache, attn, scale):
+        write_kv_cache(k, v, kv_cache, attn.slot_mapping)
+        fresh = self.backend.wants_fresh_kv(attn, None)
+        return self.backend.attend(q, kv_cache, attn, scale,
+                                   fresh_kv=(k, v) if fresh else None)
+
+    def path(self, attn) -> str:
+        return "sdpa_fresh" if self.backend.wants_fresh_kv(attn, None) else "triton"
 
 
 def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps, backends):
@@ -194,7 +218,8 @@ def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps,
     for name in backends:
         backend = prefill_backend(name)
         ms = time_ms(lambda b=backend: b.forward(q, k, v, kv_cache, attn, scale), device, reps)
-        path = "triton" if name == "triton" else backend.kernel_for(q, attn, scale, None)[0]
+        path = ("triton" if name == "triton" else backend.path(attn) if name == "triton_fresh"
+                else backend.kernel_for(q, attn, scale, None)[0])
         rows.append({"backend": name, "path": path,
                      "num_splits": 1, "ms": ms, "sdpa_ms": sdpa_ms,
                      "max_abs_err": (outs[name].float() - want).abs().max().item()})

@@ -29,7 +29,12 @@ import torch
 import triton
 
 from benchmarks.common import emit_summary
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
+from runner.layers.triton_silu_mul import silu_mul_triton
+from runner.layers.triton_skinny_matmul import (
+    skinny_gate_up_silu,
+    skinny_matmul,
+    uses_skinny_matmul,
+)
 
 # (name, out features N, in features K) of the projections at TP=1.
 PROJECTIONS = {
@@ -92,6 +97,43 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
             "best": json.loads(best_config)}
 
 
+GATE_UP_SWEEP = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s)
+                 for n, k, w, s in itertools.product((16, 32), (128, 256), (4, 8), (3, 4))]
+
+
+def measure_gate_up_silu(shape: str, n: int, k: int, m: int) -> dict:
+    """The MLP's gate/up projection and its activation: cuBLAS then the SiLU
+    kernel (two launches, the [M, 2I] projection through memory) against
+    one skinny launch with SiLU in its epilogue, at its default tile and the
+    best of GATE_UP_SWEEP."""
+    copies = max(2, -(-(512 << 20) // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+               for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    want = silu_mul_triton(x @ weights[0].T).float()
+    timings = {}
+    for config in [{}] + GATE_UP_SWEEP:
+        try:
+            got = skinny_gate_up_silu(x, weights[0], **config)
+        except triton.runtime.errors.OutOfResources:
+            continue
+        if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
+            raise RuntimeError(f"skinny_gate_up_silu {config} disagrees with the unfused pair")
+        timings[json.dumps(config)] = time_ms(
+            lambda w: skinny_gate_up_silu(x, w, **config), weights)  # noqa: B023
+    best = min(timings, key=timings.get)
+    unfused_ms = time_ms(lambda w: silu_mul_triton(x @ w.T), weights)
+    weight_bytes = n * k * 2
+    return {"shape": shape, "projection": "gate_up+silu", "rows": m,
+            "weight_MB": round(weight_bytes / 1e6, 1),
+            "unfused_us": round(unfused_ms * 1e3, 2),
+            "fused_us": round(timings["{}"] * 1e3, 2),
+            "fused_best_us": round(timings[best] * 1e3, 2),
+            "unfused_TBps": round(weight_bytes / unfused_ms / 1e9, 2),
+            "fused_TBps": round(weight_bytes / timings["{}"] / 1e9, 2),
+            "best": json.loads(best)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
@@ -104,6 +146,10 @@ def main() -> None:
             row = measure(shape, name, n, k, m)
             results.append(row)
             print(json.dumps(row), flush=True)
+            if name == "gate_up":
+                row = measure_gate_up_silu(shape, n, k, m)
+                results.append(row)
+                print(json.dumps(row), flush=True)
     emit_summary({"benchmark": "gemv", "device": torch.cuda.get_device_name(),
                   "date": time.strftime("%Y-%m-%d"), "results": results}, args.out)
 

@@ -53,6 +53,7 @@ class DeviceOps:
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
     row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
+    gate_up_silu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # gate_up_silu_ref
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
@@ -110,6 +111,8 @@ _KERNELS = {
                      "runner.layers.triton_silu_mul:silu_mul_triton"),
     "row_parallel_matmul": ("torch.nn.functional:linear",
                             "runner.layers.triton_skinny_matmul:row_parallel_matmul"),
+    "gate_up_silu": ("runner.layers.activation:gate_up_silu_ref",
+                     "runner.layers.triton_skinny_matmul:gate_up_silu"),
     "ngram_propose": ("runner.spec_decode.ngram:ngram_propose_ref",
                       "runner.spec_decode.triton_ngram:ngram_propose_triton"),
     "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",

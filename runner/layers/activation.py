@@ -2,6 +2,9 @@
 
 ``silu_and_mul_ref`` is the torch version (the CPU path and the oracle of
 ``triton_silu_mul.py``, which ``runner.ops`` picks on CUDA).
+``gate_up_silu_ref`` is the projection and the activation together, the
+oracle of ``triton_skinny_matmul.gate_up_silu`` (one launch for decode
+batches on CUDA).
 """
 
 from __future__ import annotations
@@ -14,3 +17,10 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] holding gate then up -> silu(gate) * up, [T, I], in the input dtype."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, H] and the fused weight [2I, H] (gate rows, then up rows) ->
+    silu(x @ gate.T) * (x @ up.T), [T, I]; the projection is rounded to the
+    input dtype first, as when it is its own step."""
+    return silu_and_mul_ref(F.linear(x, weight))

@@ -13,6 +13,12 @@ SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 ``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
 A/B). The input is loaded as it is: a dot operand computed while loading
 (such as silu(gate) * up) stalls the pipelined weight loads.
+
+``gate_up_silu`` is the same pass for the MLP's fused gate/up projection
+with the activation in its epilogue: each program loads BLOCK_N gate rows
+and the BLOCK_N up rows of the same outputs, and writes silu(gate) * up, so
+the [M, 2I] projection never reaches memory and the activation needs no
+launch of its own.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from runner.layers.triton_silu_mul import silu_mul_triton
+
 SKINNY_MAX_ROWS = 8
 BLOCK_N = 32
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
+GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
 
 
 @triton.jit
@@ -48,6 +57,40 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, st
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
+                                DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for BLOCK_N outputs
+    n < N and every row; both products are rounded to the output dtype
+    first, then the activation is the unfused kernel's arithmetic."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.arange(0, M_PAD)
+    row_mask = rows < M
+    col_mask = cols < N
+    gate_rows = cols[:, None].to(tl.int64) * stride_w
+    up_rows = (cols[:, None] + N).to(tl.int64) * stride_w
+    acc_gate = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks[None, :] < K
+        a = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=row_mask[:, None] & k_mask, other=0.0)
+        w_gate = tl.load(w_ptr + gate_rows + ks[None, :], mask=col_mask[:, None] & k_mask,
+                         other=0.0)
+        w_up = tl.load(w_ptr + up_rows + ks[None, :], mask=col_mask[:, None] & k_mask,
+                       other=0.0)
+        acc_gate += tl.dot(a, tl.trans(w_gate), input_precision=DOT_PRECISION)
+        acc_up += tl.dot(a, tl.trans(w_up), input_precision=DOT_PRECISION)
+    dtype = out_ptr.dtype.element_ty
+    gate = acc_gate.to(dtype).to(tl.float32)
+    up = acc_up.to(dtype).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], (silu * up).to(dtype),
+             mask=row_mask[:, None] & col_mask[None, :])
 
 
 @functools.cache
@@ -94,3 +137,38 @@ def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if uses_skinny_matmul(x, weight):
         return skinny_matmul(x, weight)
     return F.linear(x, weight)
+
+
+def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP_BLOCK_N,
+                        block_k: int = 128, num_warps: int = 4,
+                        num_stages: int = 3) -> torch.Tensor:
+    """x [M, K] and w [2I, K] (gate rows, then up rows) -> silu(x @ gate.T) *
+    (x @ up.T), [M, I], for M <= 16 rows. Unit last strides."""
+    m = x.shape[0]
+    two_n, k = w.shape
+    if m > 16:
+        raise ValueError(f"skinny_gate_up_silu takes at most 16 rows, got {m}")
+    if x.shape[1] != k or two_n % 2:
+        raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError("skinny_gate_up_silu needs unit last strides")
+    n = two_n // 2
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    _skinny_gate_up_silu_kernel[(triton.cdiv(n, block_n),)](
+        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of the MLP's fused projection on CUDA: one skinny
+    launch for decode batches (the same limits as ``uses_skinny_matmul``,
+    counted in outputs), cuBLAS then the activation kernel elsewhere."""
+    if (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS and x.stride(-1) == 1
+            and weight.stride(-1) == 1 and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N)
+            >= 3 * _num_sms(x.device.index or 0) // 4):
+        return skinny_gate_up_silu(x, weight)
+    return silu_mul_triton(F.linear(x, weight))

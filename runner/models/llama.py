@@ -98,7 +98,9 @@ class LlamaMLP(nn.Module):
         self.ops = device_ops(self.gate_up_proj.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        """The projection and the activation are one ``gate_up_silu`` call
+        (one launch for decode batches on CUDA)."""
+        return self.down_proj(self.ops.gate_up_silu(x, self.gate_up_proj.weight))
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         return {

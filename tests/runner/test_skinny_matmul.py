@@ -1,11 +1,17 @@
 """runner/layers/triton_skinny_matmul.py against torch (the interpreter on CPU,
-compiled with CUDA), and the row-parallel layer that takes it for decode
-batches on CUDA."""
+compiled with CUDA), the row-parallel layer that takes it for decode
+batches on CUDA, and the MLP's gate/up projection with SiLU in the epilogue."""
 
 import pytest
 import torch
 
-from runner.layers.triton_skinny_matmul import skinny_matmul, uses_skinny_matmul
+from runner.layers.activation import gate_up_silu_ref
+from runner.layers.triton_skinny_matmul import (
+    gate_up_silu,
+    skinny_gate_up_silu,
+    skinny_matmul,
+    uses_skinny_matmul,
+)
 from tests.helpers.kernel_device import KERNEL_DEVICE
 
 DEVICE = KERNEL_DEVICE
@@ -75,3 +81,42 @@ def test_row_parallel_layer_on_cuda_matches_float64(rows):
     assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 8)
     got = layer(x.cuda()).cpu().double()
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,block_n,block_k", SHAPES)
+def test_gate_up_silu_matches_the_unfused_reference(dtype, m, n, k, block_n, block_k):
+    """n outputs from 2n weight rows (gate, then up): the fused kernel equals
+    the projection followed by silu(gate) * up; n not a multiple of the tile."""
+    gen = torch.Generator().manual_seed(m * n + k + 1)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = (torch.randn(2 * n, k, generator=gen) / k ** 0.5).to(dtype)
+    got = skinny_gate_up_silu(x.to(DEVICE), w.to(DEVICE), block_n=block_n,
+                              block_k=block_k).cpu()
+    assert got.shape == (m, n)
+    gate, up = (x.double() @ w.double().T).chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(got.double(), want, rtol=_tol(dtype), atol=_tol(dtype) / 10)
+    if dtype == torch.float32:  # the reference the CPU path runs
+        torch.testing.assert_close(got, gate_up_silu_ref(x, w), rtol=1e-4, atol=1e-5)
+
+
+def test_gate_up_silu_rejects_shapes_it_cannot_take():
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        skinny_gate_up_silu(torch.zeros(17, 8, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="does not fit weight"):
+        skinny_gate_up_silu(torch.zeros(2, 8, device=DEVICE), torch.zeros(5, 8, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rows", [1, 8, 9])
+def test_gate_up_silu_on_cuda_matches_float64(rows):
+    """The 8B MLP's 14336 outputs in bf16: one fused launch (rows <= 8) and
+    cuBLAS + the activation kernel (9 rows) both match float64."""
+    gen = torch.Generator().manual_seed(rows)
+    w = (torch.randn(2 * 14336, 1024, generator=gen) / 1024 ** 0.5).to(torch.bfloat16)
+    x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)
+    gate, up = (x.double() @ w.double().T).chunk(2, dim=-1)
+    got = gate_up_silu(x.cuda(), w.cuda()).cpu().double()
+    torch.testing.assert_close(got, torch.nn.functional.silu(gate) * up, rtol=0.02, atol=0.02)
