@@ -54,6 +54,11 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
     return out
 
 
+def has_text(prompt) -> bool:
+    """Whether a completion request's ``prompt`` holds any text to tokenize."""
+    return isinstance(prompt, str) or any(isinstance(p, str) for p in prompt)
+
+
 def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     """What the engine computes: the request's ``prompt_logprobs`` and, for
     ``echo`` with ``logprobs``, at least that many."""
@@ -72,8 +77,12 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     if max_tokens == 0 and not request.echo:
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
     # Tokenizing a long text takes a while: off the event loop, so other
-    # requests and streams go on meanwhile.
-    prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
+    # requests and streams go on meanwhile. Token ids need no thread (the
+    # hop to one and back would be the slowest part of their trip).
+    if has_text(request.prompt):
+        prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
+    else:
+        prompts = completion_prompts(state, request.prompt)
     if trace.enabled:
         trace.mark("http_tokenized")
     echoes = echoed_prompts(state.tokenizer, request.prompt, prompts) if request.echo else None
