@@ -7,6 +7,9 @@
 #   prepare (0.5), attention (3), bench-1b (1), bench-8b (1.5): prepare_inputs,
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
+#   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
+#     and in process (uni and mp executors), with the trace's breakdown of the
+#     first token's trip
 #   ipc (1), gemv (2)
 #   spec-tests (3): speculative decoding's Triton kernels, rejection sampler,
 #     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
@@ -82,6 +85,11 @@ run_stage() {
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
         | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"
       tail -1 "$LOGS/e2e_8b.log" | cut -c1-400 ;;
+    ttft)
+      timeout 590 python3 -m benchmarks.bench_ttft --shape 8b --prompt-len 512 --num-requests 20 \
+        --clients raw httpx openai --trace-out "$LOGS/ttft_8b_trace.txt" \
+        --out "$RESULTS/ttft_8b.json" > "$LOGS/ttft_8b.log" 2>&1
+      tail -1 "$LOGS/ttft_8b.log" | cut -c1-600 ;;
     ipc)
       timeout 240 python3 -m benchmarks.bench_ipc --out "$RESULTS/ipc.json" 2>&1 \
         | tee "$LOGS/ipc.log" | tail -30 ;;

@@ -40,6 +40,7 @@ from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
 from engine.structured_outputs.manager import PendingBitmask
 from executor.base import Executor, OutputFuture
+from ipc import trace
 from ipc.engine_messages import EngineStats
 from ipc.messages import SchedulerOutput
 from ipc.model_config import ModelConfig
@@ -211,6 +212,10 @@ class LLMEngine:
 
     def _send(self) -> _SentStep:
         plan = self.scheduler.schedule()
+        if trace.enabled and plan.scheduled_new_reqs:
+            trace.mark("step_scheduled", plan.step_id)
+        if trace.enabled:
+            trace.mark("step_sent", plan.step_id)
         return _SentStep(plan, self.executor.execute_model(plan))
 
     def _start_bitmask(self, sent: _SentStep | None, background: bool = True) -> None:
@@ -229,7 +234,10 @@ class LLMEngine:
     def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
         if sent is None:
             return []
-        deltas = self.scheduler.update_from_output(sent.plan, sent.future.result())
+        output = sent.future.result()
+        if trace.enabled:
+            trace.mark("step_output", sent.plan.step_id)
+        deltas = self.scheduler.update_from_output(sent.plan, output)
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self.counters.on_step(sent.plan.total_num_scheduled_tokens, num_generated)
         return deltas

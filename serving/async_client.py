@@ -23,6 +23,7 @@ import logging
 import zmq
 import zmq.asyncio
 
+from ipc import trace
 from ipc.engine_messages import AbortRequest, EngineStats, GenerateRequest, StatsRequest
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 
@@ -74,6 +75,8 @@ class AsyncEngineClient:
                queue: asyncio.Queue) -> None:
         """Send one generate request; its replies go to ``queue``."""
         self.protocol.route(request_id, queue.put_nowait)
+        if trace.enabled:
+            trace.mark("http_submitted", request_id)
         self._send(GenerateRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
                                    sampling_params=params))
 
@@ -115,7 +118,10 @@ class AsyncEngineClient:
 
     async def _read(self) -> None:
         while True:
-            self.protocol.receive(await self.socket.recv_multipart())
+            frames = await self.socket.recv_multipart()
+            if trace.enabled:
+                trace.mark("http_delta_received")
+            self.protocol.receive(frames)
 
     def _stats_arrived(self, stats: EngineStats) -> None:
         while self.stats_waiters:

@@ -51,6 +51,7 @@ from checkpoint.tokenizer import IncrementalDetokenizer
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta
 from engine.sampling_params import SamplingParams
+from ipc import trace
 from ipc.auth import (
     Authenticator,
     AuthError,
@@ -296,6 +297,8 @@ class EngineServer:
             self._reply(identity, RequestError(request_id=request_id_of(data), error=str(e)))
             return
         if isinstance(message, GenerateRequest):
+            if trace.enabled:
+                trace.mark("engine_received", message.request_id)
             self._add(identity, message)
         elif isinstance(message, AbortRequest):
             self.compiling.pop((identity, message.request_id), None)
@@ -340,6 +343,8 @@ class EngineServer:
         detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
         self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
         self.engine_ids[(identity, message.request_id)] = engine_id
+        if trace.enabled:
+            trace.mark("engine_added", message.request_id)
         self._reply(identity, RequestAccepted(request_id=message.request_id,
                                               prompt_token_ids=request.prompt_token_ids))
 
@@ -362,6 +367,9 @@ class EngineServer:
             if d.finished:
                 self._forget(d.req_id)
         for identity, items in by_client.items():
+            if trace.enabled:
+                for item in items:
+                    trace.mark("delta_sent", item.request_id)
             self._reply(identity, Outputs(deltas=items))
 
     def _deltas(self, route: _Route, d: RequestOutputDelta) -> list[Delta]:

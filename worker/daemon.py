@@ -20,6 +20,7 @@ from typing import Any
 
 import zmq
 
+from ipc import trace
 from ipc.channels import BroadcastSubscriber, ReplySender
 from ipc.errors import InvalidPlanError
 from ipc.messages import (
@@ -57,6 +58,8 @@ class _Steps:
 
     def _start(self, plan: SchedulerOutput) -> bool:
         self.heartbeat.step_started = plan.step_id
+        if trace.enabled:
+            trace.mark("worker_received", plan.step_id)
         ok, _ = self._run(plan.step_id, self._forward, plan)
         return ok
 
@@ -69,6 +72,8 @@ class _Steps:
         if not ok:
             return
         self.heartbeat.step_finished = step_id
+        if trace.enabled:
+            trace.mark("worker_sampled", step_id)
         if self.output is not None:
             self.output.put(async_output)
 

@@ -10,6 +10,7 @@ import queue
 import threading
 import traceback
 
+from ipc import trace
 from ipc.channels import ReplySender
 from ipc.messages import WorkerError
 
@@ -28,7 +29,10 @@ class OutputCopyThread:
     def _run(self) -> None:
         while (item := self.queue.get()) is not None:
             try:
-                self.sender.send(item.get_output())
+                output = item.get_output()
+                if trace.enabled:
+                    trace.mark("worker_output_sent", item.step_id)
+                self.sender.send(output)
             except Exception:
                 error = traceback.format_exc()
                 self.sender.send(WorkerError(rank=self.rank, step_id=item.step_id, error=error))

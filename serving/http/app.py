@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
+from ipc import trace
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
 from serving.http.guards import ApiKeyCheck, BodySizeLimit
@@ -44,6 +45,7 @@ from serving.http.serving_completion import create_completion
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
+from serving.http.trace_marks import TracedApp
 from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -140,7 +142,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
 
     guarded = BodySizeLimit(app, max_body_bytes)
     guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
-    return AccessLog(guarded) if access_log else guarded
+    logged = AccessLog(guarded) if access_log else guarded
+    return TracedApp(logged) if trace.enabled else logged
 
 
 async def _json(work, state: ServerState, body) -> Response:

@@ -101,6 +101,9 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's: each choice also carries its token ids (``token_ids``) and its
+    # prompt's (``prompt_token_ids``; in a stream, on the choice's first chunk).
+    return_token_ids: bool = False
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "suffix")
 

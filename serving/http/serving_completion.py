@@ -8,7 +8,10 @@ default ``max_tokens`` is 16, as in OpenAI's API; 0 is accepted with
 ``echo`` (the prompt alone, with its logprobs: what evaluation harnesses
 ask for). ``echo`` (``serving.http.echo``) puts each prompt before
 its choices' text; ``prompt_logprobs`` (vLLM's extra field) is answered
-on each choice in vLLM's shape.
+on each choice in vLLM's shape. With ``return_token_ids`` (vLLM's) each
+choice also has ``token_ids`` (in a stream: the chunk's; every token gets a
+chunk, even one whose text is held back) and ``prompt_token_ids`` (in a
+stream: on the choice's first chunk).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ipc import trace
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import CompletionRequest
@@ -50,6 +54,11 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
     return out
 
 
+def has_text(prompt) -> bool:
+    """Whether a completion request's ``prompt`` holds any text to tokenize."""
+    return isinstance(prompt, str) or any(isinstance(p, str) for p in prompt)
+
+
 def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     """What the engine computes: the request's ``prompt_logprobs`` and, for
     ``echo`` with ``logprobs``, at least that many."""
@@ -60,14 +69,22 @@ def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:
 
 async def create_completion(state: ServerState, request: CompletionRequest,
                             raw: Request) -> Response:
+    if trace.enabled:
+        trace.mark("http_handler")
     state.check_model(request.model)
     request.check_supported()
     max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
     if max_tokens == 0 and not request.echo:
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
     # Tokenizing a long text takes a while: off the event loop, so other
-    # requests and streams go on meanwhile.
-    prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
+    # requests and streams go on meanwhile. Token ids need no thread (the
+    # hop to one and back would be the slowest part of their trip).
+    if has_text(request.prompt):
+        prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
+    else:
+        prompts = completion_prompts(state, request.prompt)
+    if trace.enabled:
+        trace.mark("http_tokenized")
     echoes = echoed_prompts(state.tokenizer, request.prompt, prompts) if request.echo else None
     params = choice_params(request, max(max_tokens, 1), request.logprobs,
                            _engine_prompt_logprobs(request))
@@ -148,10 +165,12 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     reasons: list[str | None] = [None] * num_choices
     merged: list[dict | None] = [None] * num_choices
     prompt_lps: list[list | None] = [None] * num_choices
+    token_ids: list[list[int]] = [[] for _ in range(num_choices)]
     async for event in generation.events():
         i = event.index
         fields = builders[i].fields(event, prompt_ids[i])
         texts[i] += fields["text"]
+        token_ids[i] += event.token_ids
         reasons[i] = event.finish_reason or reasons[i]
         if fields["logprobs"] is not None:
             merged[i] = _extend(merged[i], fields["logprobs"])
@@ -164,6 +183,9 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     if request.prompt_logprobs is not None:
         for choice, lps in zip(choices, prompt_lps):
             choice["prompt_logprobs"] = lps
+    if request.return_token_ids:
+        for i, choice in enumerate(choices):
+            choice.update(prompt_token_ids=prompt_ids[i], token_ids=token_ids[i])
     return {**_head(state, response_id), "choices": choices, "usage": generation.usage()}
 
 
@@ -186,12 +208,19 @@ async def _chunks(state: ServerState, request: CompletionRequest, generation: Ge
                   head: dict, echoes: list[EchoedPrompt] | None) -> AsyncIterator[dict]:
     builders = _choices(state, request, generation, echoes)
     prompt_ids = _prompt_ids(generation)
+    ids_sent: set[int] = set()  # choices whose prompt_token_ids went out
     async for event in generation.events():
         fields = builders[event.index].fields(event, prompt_ids[event.index])
-        if not fields["text"] and fields["logprobs"] is None and event.finish_reason is None:
+        if (not fields["text"] and fields["logprobs"] is None and event.finish_reason is None
+                and not (request.return_token_ids and event.token_ids)):
             continue  # tokens whose text is held back (an incomplete character)
         choice = {"index": event.index, "text": fields["text"], "logprobs": fields["logprobs"],
                   "finish_reason": event.finish_reason}
         if request.prompt_logprobs is not None and fields["prompt_logprobs"] is not None:
             choice["prompt_logprobs"] = fields["prompt_logprobs"]
+        if request.return_token_ids:
+            if event.index not in ids_sent:
+                ids_sent.add(event.index)
+                choice["prompt_token_ids"] = prompt_ids[event.index]
+            choice["token_ids"] = event.token_ids
         yield {**head, "choices": [choice]}

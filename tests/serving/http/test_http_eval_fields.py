@@ -3,7 +3,7 @@ the official ``openai`` client and httpx against ``tprun serve --http-port``
 (tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
 ``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
-``usage.prompt_tokens_details.cached_tokens``, ``/tokenize`` /
+``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
 
@@ -162,6 +162,40 @@ def test_cached_tokens_count_prefix_hits(client):
     n = first.usage.prompt_tokens
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+
+
+def test_return_token_ids_whole(client, reference):
+    """vLLM's ``return_token_ids``: the choice carries its prompt's and its
+    own token ids, equal to ``LLM.generate``'s."""
+    ids = [5, 300, 17, 42, 99, 7, 250, 3]
+    ref = reference.generate({"prompt_token_ids": ids},
+                             SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    resp = client.completions.create(model="tiny", prompt=ids, max_tokens=6, temperature=0,
+                                     extra_body={"return_token_ids": True, "ignore_eos": True})
+    extra = resp.choices[0].model_extra
+    assert extra["prompt_token_ids"] == ids
+    assert extra["token_ids"] == ref.outputs[0].token_ids and len(extra["token_ids"]) == 6
+    plain = client.completions.create(model="tiny", prompt=ids, max_tokens=2, temperature=0)
+    assert "token_ids" not in plain.choices[0].model_extra
+
+
+def test_return_token_ids_stream_has_a_chunk_per_token(client, reference):
+    """Streamed, every token has its chunk with its id (even one whose text
+    is held back: byte tokens that start a character), the prompt's ids on
+    the first chunk only; the text adds up to the whole answer's."""
+    prompt = "\u00e9\u00e9\u00e9"  # tiny answers with lead bytes of characters never completed
+    ref = reference.generate(prompt, SamplingParams(temperature=0.0, max_tokens=12,
+                                                    ignore_eos=True))[0]
+    chunks = list(client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True,
+        extra_body={"return_token_ids": True, "ignore_eos": True}))
+    extras = [c.choices[0].model_extra for c in chunks]
+    assert [t for e in extras for t in e["token_ids"]] == ref.outputs[0].token_ids
+    assert all(len(e["token_ids"]) == 1 for e in extras) and len(extras) == 12
+    assert extras[0]["prompt_token_ids"] == ref.prompt_token_ids
+    assert all("prompt_token_ids" not in e for e in extras[1:])
+    assert "".join(c.choices[0].text for c in chunks) == ref.outputs[0].text
+    assert any(c.choices[0].text == "" for c in chunks)  # a token whose text waits
 
 
 def test_tokenize_round_trips_detokenize(server, reference):
