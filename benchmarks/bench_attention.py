@@ -116,8 +116,13 @@ def dense_kv(kv_cache, block_tables, context, which):
     return dense
 
 
-def time_ms(fn, device, reps):
+def time_ms(fn, device, reps, graph: bool = True):
+    """Mean ms of ``fn``: replays of a CUDA graph of it on CUDA (no launch
+    gaps), or with ``graph=False`` eager calls (for a path that only eager
+    steps take); three host-timed calls elsewhere."""
     if device == "cuda":
+        if not graph:
+            return triton.testing.do_bench(fn, rep=reps)
         return triton.testing.do_bench_cudagraph(fn, rep=reps)
     fn()
     start = time.perf_counter()
@@ -217,7 +222,8 @@ def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps,
     rows = []
     for name in backends:
         backend = prefill_backend(name)
-        ms = time_ms(lambda b=backend: b.forward(q, k, v, kv_cache, attn, scale), device, reps)
+        ms = time_ms(lambda b=backend: b.forward(q, k, v, kv_cache, attn, scale), device, reps,
+                     graph=name != "triton_fresh")  # its SDPA path runs in eager steps only
         path = ("triton" if name == "triton" else backend.path(attn) if name == "triton_fresh"
                 else backend.kernel_for(q, attn, scale, None)[0])
         rows.append({"backend": name, "path": path,

@@ -183,13 +183,16 @@ class LLMEngine:
         """One turn of the engine loop; returns the deltas of one step.
 
         Synchronous: schedule step N, send it (and its bitmask), wait for its
-        output, absorb it. Async (``async_scheduling``): schedule and send
-        step N+1, send step N's bitmask (its fill started when N-1 was
-        absorbed), then wait for step N's output, absorb it and start N+1's
-        fill; the workers compute N+1 while the host absorbs N and later
-        schedules N+2. At most two steps are in flight; a decode in N+1
-        reads its input token, sampled by N, on the device. The first call
-        after idling returns no deltas.
+        output, absorb it. Async (``async_scheduling``): schedule step N+1
+        while step N's bitmask fills (started when N-1 was absorbed), send
+        that bitmask, then plan N+1, then wait for step N's output, absorb it
+        and start N+1's fill; the workers compute N+1 while the host absorbs
+        N and later schedules N+2. The bitmask goes before the plan so that
+        a worker samples N and prepares N+1 at once: the device then runs
+        forward N, sample N and forward N+1 with no host work between them.
+        At most two steps are in flight; a decode in N+1 reads its input
+        token, sampled by N, on the device. The first call after idling
+        returns no deltas.
 
         Order that keeps the matchers right: a fill reads every grammar as
         it is after the step before its own is absorbed, and no matcher is
@@ -197,21 +200,24 @@ class LLMEngine:
         preempts, which leaves a matcher as it is: it has consumed exactly
         the request's output tokens).
         """
-        sent = self._send() if self.scheduler.has_unfinished_requests() else None
+        plan = self.scheduler.schedule() if self.scheduler.has_unfinished_requests() else None
         if self.config.async_scheduling:
-            sent, self.in_flight = self.in_flight, sent
             self._send_bitmask()
+            sent = self._send(plan)
+            sent, self.in_flight = self.in_flight, sent
             deltas = self._absorb(sent)
             self._start_bitmask(self.in_flight)
         else:
+            sent = self._send(plan)
             self._start_bitmask(sent, background=False)
             self._send_bitmask()
             deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas
 
-    def _send(self) -> _SentStep:
-        plan = self.scheduler.schedule()
+    def _send(self, plan: SchedulerOutput | None) -> _SentStep | None:
+        if plan is None:
+            return None
         if trace.enabled and plan.scheduled_new_reqs:
             trace.mark("step_scheduled", plan.step_id)
         if trace.enabled:

@@ -77,16 +77,22 @@ def test_overlap_gives_the_tokens_of_synchronous_scheduling_tp2(tiny_dir):
 
 
 class _Recorder:
-    """Wraps the executor's two step calls and the manager's fill: the
-    sequence of ("plan", step, constrained) / ("mask", step) messages and
-    the threads the fills ran on."""
+    """Wraps the scheduler's ``schedule``, the executor's two step calls and
+    the manager's fill: the sequence of ("schedule", step), ("plan", step,
+    constrained) and ("mask", step) events, and the threads the fills ran on."""
 
     def __init__(self, engine):
         self.log: list[tuple] = []
         self.fill_threads: set[str] = set()
-        executor, manager = engine.executor, engine.structured_outputs
+        executor, manager, scheduler = engine.executor, engine.structured_outputs, engine.scheduler
         execute_model, sample_tokens, fill = (executor.execute_model, executor.sample_tokens,
                                               manager._fill)
+        schedule = scheduler.schedule
+
+        def scheduled():
+            plan = schedule()
+            self.log.append(("schedule", plan.step_id))
+            return plan
 
         def plan(p):
             self.log.append(("plan", p.step_id, bool(p.structured_output_req_ids)))
@@ -100,12 +106,15 @@ class _Recorder:
             self.fill_threads.add(threading.current_thread().name)
             return fill(jobs, m)
 
+        scheduler.schedule = scheduled
         executor.execute_model, executor.sample_tokens = plan, mask
         manager._fill = recorded_fill
 
 
 @pytest.mark.timeout(300)
-def test_plan_n_plus_1_goes_out_before_bitmask_n_and_fills_run_off_the_loop(tiny_dir):
+def test_plan_n_plus_1_is_scheduled_during_fill_n_and_sent_right_after_bitmask_n(tiny_dir):
+    """Step N+1 is scheduled before bitmask N is awaited (while it fills, on
+    the fill thread); then bitmask N goes out, and plan N+1 right after it."""
     prompts, params = _batch(num_json=4)
     with LLM(model=tiny_dir, device="cpu", max_num_seqs=32) as llm:
         recorder = _Recorder(llm.engine)
@@ -118,8 +127,10 @@ def test_plan_n_plus_1_goes_out_before_bitmask_n_and_fills_run_off_the_loop(tiny
     position = {entry: i for i, entry in enumerate(log)}
     overlapped = 0
     for step in masks:
-        if step + 1 in plans:  # the next plan goes out first
-            assert position[("plan", step + 1, plans[step + 1])] < position[("mask", step)]
+        if step + 1 in plans:
+            at = position[("mask", step)]
+            assert position[("schedule", step + 1)] < at
+            assert log[at + 1] == ("plan", step + 1, plans[step + 1])
             overlapped += 1
     assert overlapped >= len(masks) - 1
     assert recorder.fill_threads and all(t.startswith("grammar-fill")
