@@ -12,8 +12,9 @@ Invariants:
 - Writes apply in staging order: where two staged writes hit the same
   element, the later one wins (pack_writes resolves overlaps on the host, so
   the device writes are disjoint and their order does not matter).
-- Nothing here waits for the device (the upload keeps its pinned sources
-  alive until their copy is done; see ``runner.transfer``).
+- Nothing here waits for the device (the upload stages its sources in
+  pinned buffers that are reused only after their copy has run; see
+  ``runner.transfer``).
 """
 
 from __future__ import annotations

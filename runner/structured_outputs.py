@@ -110,8 +110,8 @@ class GrammarMask:
         n = len(grammar.req_ids)
         batch_row = {req_id: i for i, req_id in enumerate(batch_req_ids)}
         rows = np.array([last_logits_row[batch_row[r]] for r in grammar.req_ids], dtype=np.int32)
-        # A writable copy: torch shares, and may not be given, read-only memory.
-        mask = np.frombuffer(bytearray(grammar.bitmask), dtype="<i4").astype(np.int32, copy=False)
+        # Read in place from the message (the transfer stages it, once).
+        mask = np.frombuffer(grammar.bitmask, dtype="<i4").astype(np.int32, copy=False)
         self.transfer.copy_into_side([(mask.reshape(n, self.words), self.bitmask),
                                       (rows, self.rows)])
         self.kernel(logits, self.bitmask[:n], self.rows[:n])

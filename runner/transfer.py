@@ -12,15 +12,18 @@ device. Nothing here waits for the device on the CUDA path:
   (the engine keeps at most two steps in flight), so with a ring of
   ``RING_SIZE`` the event has always passed when a buffer comes round again;
   ``event.synchronize()`` is a guard that never waits in practice.
-- ``upload`` (staged writes) copies fresh pinned buffers; they are kept
-  alive, with an event recorded after the copy, until ``event.query()``
-  reports the copy done, so no copy reads a buffer freed or reused.
-- ``copy_into_side`` (a step's grammar bitmask) copies fresh pinned
-  buffers into persistent device buffers on a side stream, so the copy
-  overlaps the forward pass already queued; the main stream waits for it
-  before its next work. The side stream first waits for the event that
-  ``side_buffers_read`` recorded after the last kernel that read those
-  buffers, so they are never rewritten while still being read.
+- ``upload`` (staged writes) and ``copy_into_side`` stage their arrays in
+  a ``PinnedRing``: persistent pinned buffers, each grown to the largest
+  staging it has held, reused in turn behind the event of their last copy
+  (the same guard as ``copy_into``'s ring). Pinning fresh memory on every
+  call costs far more host time than the copy itself (torch's pinned
+  allocator), and a step pays it on its critical path.
+- ``copy_into_side`` (a step's grammar bitmask) copies into persistent
+  device buffers on a side stream, so the copy overlaps the forward pass
+  already queued; the main stream waits for it before its next work. The
+  side stream first waits for the event that ``side_buffers_read``
+  recorded after the last kernel that read those buffers, so they are
+  never rewritten while still being read.
 - ``to_host`` (sampled tokens) copies on a side stream that first waits for
   the main stream, into pinned memory, and records an event; waiting on that
   event is the only wait on the device in a step.
@@ -118,6 +121,47 @@ def make_uva_tensor(shape: tuple[int, ...], dtype: torch.dtype,
     return UvaTensor(cpu=host, gpu=view)
 
 
+class PinnedRing:
+    """``RING_SIZE`` persistent pinned buffers, used in turn, each grown (to
+    a power of two) when a staging needs more. ``stage`` packs arrays into
+    the next buffer at 64-byte offsets and returns pinned views of them;
+    ``copied(stream)`` then records, on the stream that copies from them,
+    the event the buffer's next use waits for (which has always passed by
+    then: see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor | None] = [None] * RING_SIZE
+        self.events: list[torch.cuda.Event | None] = [None] * RING_SIZE
+        self.next = 0
+
+    def stage(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        offsets, total = [], 0
+        for a in arrays:
+            offsets.append(total)
+            total += -(-a.nbytes // 64) * 64
+        i = self.next
+        if self.events[i] is not None:
+            self.events[i].synchronize()
+        buf = self.buffers[i]
+        if buf is None or buf.numel() < total:
+            buf = torch.empty(1 << max(total - 1, 1).bit_length(), dtype=torch.uint8,
+                              pin_memory=True)
+            self.buffers[i] = buf
+        views = []
+        for a, offset in zip(arrays, offsets):
+            view = buf[offset: offset + a.nbytes].view(torch.from_numpy(a[:0]).dtype)
+            view = view.view(a.shape)
+            view.numpy()[...] = a
+            views.append(view)
+        return views
+
+    def copied(self, stream: torch.cuda.Stream) -> None:
+        event = torch.cuda.Event()
+        event.record(stream)
+        self.events[self.next] = event
+        self.next = (self.next + 1) % RING_SIZE
+
+
 class CopyDone:
     """A finished copy: ``synchronize()`` returns at once."""
 
@@ -138,8 +182,10 @@ class HostTransfer:
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def copy_into(self, src: np.ndarray, dst: torch.Tensor) -> None:
-        """Copy ``src`` into the first ``len(src)`` elements of ``dst``."""
-        dst[: src.shape[0]].copy_(torch.from_numpy(src))
+        """Copy ``src`` into the first ``len(src)`` elements of ``dst`` (a
+        read-only ``src``, such as a message's buffer, is copied first:
+        torch shares numpy memory and may not be given read-only memory)."""
+        dst[: src.shape[0]].copy_(torch.from_numpy(np.require(src, requirements="W")))
 
     def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         """Fresh arrays as device tensors (the arrays are not reused)."""
@@ -176,6 +222,8 @@ class PinnedTransfer(HostTransfer):
         self.copy_stream: torch.cuda.Stream | None = None
         self.side_stream: torch.cuda.Stream | None = None
         self.side_read_event: torch.cuda.Event | None = None
+        self.upload_ring = PinnedRing()
+        self.side_ring = PinnedRing()
 
     def device_tensor(self, shape: tuple[int, ...], dtype: torch.dtype,
                       uva: bool = False) -> torch.Tensor:
@@ -203,13 +251,9 @@ class PinnedTransfer(HostTransfer):
         self.next = (self.next + 1) % RING_SIZE
 
     def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-        while self.in_flight and self.in_flight[0][0].query():  # no wait
-            self.in_flight.popleft()
-        host = tuple(torch.from_numpy(a).pin_memory() for a in arrays)
+        host = self.upload_ring.stage(list(arrays))
         dev = tuple(h.to(self.device, non_blocking=True) for h in host)
-        done = torch.cuda.Event()
-        done.record()
-        self.in_flight.append((done, host))
+        self.upload_ring.copied(torch.cuda.current_stream())
         return dev
 
     def copy_into_side(self, pairs: list[tuple[np.ndarray, torch.Tensor]]) -> None:
@@ -218,7 +262,7 @@ class PinnedTransfer(HostTransfer):
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream(self.device)
         main_stream = torch.cuda.current_stream()
-        host = tuple(torch.from_numpy(src).pin_memory() for src, _ in pairs)
+        host = self.side_ring.stage([src for src, _ in pairs])
         with torch.cuda.stream(self.side_stream):
             if self.side_read_event is not None:
                 self.side_stream.wait_event(self.side_read_event)
@@ -227,7 +271,7 @@ class PinnedTransfer(HostTransfer):
             done = torch.cuda.Event()
             done.record(self.side_stream)
         main_stream.wait_event(done)
-        self.in_flight.append((done, host))
+        self.side_ring.copied(self.side_stream)
 
     def side_buffers_read(self) -> None:
         self.side_read_event = torch.cuda.Event()

@@ -202,3 +202,37 @@ def test_uva_view_kernels_see_host_writes_and_host_sees_kernel_writes() -> None:
     table.gpu[3].fill_(7)  # a device write into host memory
     torch.cuda.synchronize()
     assert table.cpu[3].tolist() == [7] * 64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pinned_ring_uploads_and_side_copies_arrive_whole() -> None:
+    """Uploads of growing, mixed-dtype arrays through the pinned ring, more of
+    them than it has buffers, each copied while later ones are staged; and
+    side-stream copies into persistent buffers: every device copy equals its
+    source."""
+    import numpy as np
+
+    from runner.transfer import RING_SIZE, PinnedTransfer
+
+    transfer = PinnedTransfer(torch.device("cuda"))
+    rng = np.random.default_rng(0)
+    sent, got = [], []
+    for i in range(3 * RING_SIZE):
+        a = rng.integers(-9, 9, size=(1 + 37 * i,)).astype(np.int32)
+        b = rng.standard_normal((i % 5, 3)).astype(np.float32)
+        sent.append((a, b))
+        got.append(transfer.upload(a, b))
+    for (a, b), (da, db) in zip(sent, got):
+        assert np.array_equal(da.cpu().numpy(), a) and np.array_equal(db.cpu().numpy(), b)
+    dst = torch.zeros((8, 100), dtype=torch.int32, device="cuda")
+    rows = torch.zeros(8, dtype=torch.int32, device="cuda")
+    for n in (3, 8, 1, 5) * RING_SIZE:
+        mask = rng.integers(-2**31, 2**31 - 1, size=(n, 100)).astype(np.int32)
+        mask.flags.writeable = False  # as read from a message
+        idx = rng.integers(0, 64, size=n).astype(np.int32)
+        transfer.copy_into_side([(mask, dst), (idx, rows)])
+        seen = (dst[:n].clone(), rows[:n].clone())  # on the main stream, after the copy
+        transfer.side_buffers_read()
+        assert np.array_equal(seen[0].cpu().numpy(), mask)
+        assert np.array_equal(seen[1].cpu().numpy(), idx)
