@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
-import gc
 import io
 import os
 import pstats
@@ -108,13 +107,25 @@ class KernelClock:
         return timed
 
     def install(self, runner: ModelRunner) -> None:
-        for obj in gc.get_objects():
-            if isinstance(obj, StagedWriteTensor):
-                obj._apply = self.wrap(obj._apply)
+        for staged in _staged_tensors(runner):
+            staged._apply = self.wrap(staged._apply)
         ops = runner.sampler.ops
         runner.sampler.ops = dataclasses.replace(
             ops, greedy_argmax=self.wrap(ops.greedy_argmax),
             gumbel_argmax=self.wrap(ops.gumbel_argmax))
+
+
+def _staged_tensors(obj, depth: int = 3, seen: set | None = None):
+    """The StagedWriteTensors among ``obj``'s attributes, ``depth`` levels down."""
+    seen = set() if seen is None else seen
+    for value in vars(obj).values():
+        if id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module)):
+            continue
+        seen.add(id(value))
+        if isinstance(value, StagedWriteTensor):
+            yield value
+        elif depth and hasattr(value, "__dict__"):
+            yield from _staged_tensors(value, depth - 1, seen)
 
 
 def build_runner(device: torch.device, model_dir: str) -> ModelRunner:
@@ -254,7 +265,7 @@ def _print_profile(name: str, prof: cProfile.Profile, top: int) -> None:
     if not top:
         return
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(prof, stream=text).sort_stats(os.environ.get("BENCH_SORT", "cumulative")).print_stats(top)
     print(f"==== {name}\n{text.getvalue()}", flush=True)
 
 
