@@ -28,7 +28,8 @@ Reports, per step, the median microseconds over ``--iters`` of
 ``execute_model``, ``sample_tokens`` (to its AsyncOutput) and their sum
 (``host_us``), and of ``get_output`` after the device has finished (the
 reply's host work). ``--profile N`` prints cProfile's table of the N
-costliest functions of each step (cumulative time) before the summary.
+costliest functions of each step (sorted by the environment's
+``BENCH_SORT``, a pstats key; cumulative time by default) before the summary.
 Prints a JSON summary last.
 """
 
