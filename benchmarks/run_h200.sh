@@ -11,6 +11,8 @@
 #     and in process (uni and mp executors), with the trace's breakdown of the
 #     first token's trip
 #   ipc (1), gemv (2)
+#   runner-host (0.5): the runner's host time per step (one 512-token prefill,
+#     a 64-request decode) with the forward pass stubbed out, greedy and sampled
 #   spec-tests (3): speculative decoding's Triton kernels, rejection sampler,
 #     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
@@ -68,6 +70,12 @@ run_stage() {
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
+    runner-host)
+      timeout 120 python3 -m benchmarks.bench_runner_host --device cuda \
+        --out "$RESULTS/runner_host.json" 2>&1 | tee "$LOGS/runner_host.log" | tail -1
+      timeout 120 python3 -m benchmarks.bench_runner_host --device cuda --temperature 0.8 \
+        --out "$RESULTS/runner_host_sampled.json" 2>&1 | tee "$LOGS/runner_host_sampled.log" \
+        | tail -1 ;;
     attention)
       timeout 200 python3 -m benchmarks.bench_attention --out "$RESULTS/attention.json" 2>&1 \
         | tail -60 | tee "$LOGS/attention.log" ;;

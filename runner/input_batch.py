@@ -159,9 +159,14 @@ def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
     counts = np.array(num_scheduled_tokens, dtype=np.int32)
     if decode_query_len == 1:
         has_drafts = np.zeros(num_reqs, dtype=bool)
-        plan_order = batch_order(counts, has_drafts, decode_query_len)
-        req_ids = [plan_req_ids[i] for i in plan_order]
-        idx_mapping_np = np.array([req_id_to_index[r] for r in req_ids], dtype=np.int32)
+        if num_scheduled_tokens.count(num_scheduled_tokens[0] if num_reqs else 0) == num_reqs:
+            plan_order = np.arange(num_reqs)  # equal counts: batch_order keeps the plan's
+            req_ids = list(plan_req_ids)
+        else:
+            plan_order = batch_order(counts, has_drafts, decode_query_len)
+            req_ids = [plan_req_ids[i] for i in plan_order]
+        idx_mapping_np = np.fromiter(map(req_id_to_index.__getitem__, req_ids), dtype=np.int32,
+                                     count=num_reqs)
     else:
         plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
                                  count=num_reqs)

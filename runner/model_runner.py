@@ -332,11 +332,14 @@ class ModelRunner:
         # upper bounds, kept on the host (the device counts are the truth,
         # corrected on the device when drafts are rejected).
         counts = cached.num_computed_tokens if self.num_spec else None
-        for i, (req_id, blocks) in enumerate(zip(cached.req_ids, cached.new_block_ids)):
-            if blocks:  # the runner counts computed tokens itself
-                self.block_tables.append_blocks(index[req_id], blocks[0])
-            if counts is not None:
-                self.req_states.num_computed_tokens_np[index[req_id]] = counts[i]
+        if counts is not None:
+            slots = np.fromiter(map(index.__getitem__, cached.req_ids), dtype=np.int64,
+                                count=len(cached.req_ids))
+            self.req_states.num_computed_tokens_np[slots] = counts
+        if any(cached.new_block_ids):  # the runner counts computed tokens itself
+            for req_id, blocks in zip(cached.req_ids, cached.new_block_ids):
+                if blocks:
+                    self.block_tables.append_blocks(index[req_id], blocks[0])
         self.req_states.apply_staged_writes()
         self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
         self.block_tables.apply_staged_writes()
@@ -436,7 +439,7 @@ class ModelRunner:
         q = counts[0]
         graphs = self.graphs if q == 1 + self.num_spec else (
             self.plain_graphs if q == 1 else None)
-        uniform = graphs is not None and graphs.graphs and all(n == q for n in counts)
+        uniform = graphs is not None and graphs.graphs and counts.count(q) == len(counts)
         if uniform and self.num_spec:
             slots = [states.req_id_to_index[r] for r in plan.scheduled_req_ids()]
             # prefill chunks of exactly q tokens are no decode

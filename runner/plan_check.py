@@ -8,6 +8,8 @@ crash while the others wait in an all-reduce.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ipc.errors import InvalidPlanError
 from ipc.messages import SchedulerOutput
 
@@ -62,30 +64,17 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
             num_speculative_tokens == 0 or len(host_counts) != len(cached.req_ids))):
         fail("cached requests' num_computed_tokens must come with speculative decoding, "
              "one per request, and only then")
-    for i, (req_id, blocks) in enumerate(zip(cached.req_ids, cached.new_block_ids)):
-        if req_id not in remaining or req_id in after:  # each request is named once
-            fail(f"unknown request {req_id!r}")
-        slot = index[req_id]
-        held = _check_block_ids(fail, req_id, blocks, num_blocks,
-                                int(block_tables.num_blocks_np[slot]), max_blocks)
-        computed = int(states.num_computed_tokens_np[slot]) if host_counts is None else (
-            host_counts[i])
-        after[req_id] = (computed, held, int(states.prefill_len_np[slot]))
+    computed, held, prefill = _cached_after(fail, cached, remaining, after, states,
+                                            block_tables, num_blocks, max_blocks)
     req_ids = plan.scheduled_req_ids()
     if len(plan.num_scheduled_tokens) != len(req_ids):
         fail(f"{len(plan.num_scheduled_tokens)} token counts for {len(req_ids)} requests")
-    total = 0
-    for req_id, n in zip(req_ids, plan.num_scheduled_tokens):
-        computed, held, prefill = after[req_id]
-        if n < 1:
-            fail(f"request {req_id!r}: {n} scheduled tokens")
-        if computed >= prefill and n > 1 + num_speculative_tokens:
-            fail(f"request {req_id!r} decodes {n} tokens: at most 1 + "
-                 f"{num_speculative_tokens} drafts")
-        if computed + n > min(max_len, held * block_tables.block_size):
-            fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
-                 f"{held * block_tables.block_size} (max_model_len {max_len})")
-        total += n
+    new = list(after.values())
+    total = _check_token_counts(
+        fail, req_ids, plan.num_scheduled_tokens, list(computed) + [a[0] for a in new],
+        np.concatenate([held, np.array([a[1] for a in new], dtype=np.int64)]),
+        np.concatenate([prefill, np.array([a[2] for a in new], dtype=np.int64)]),
+        max_len, block_tables.block_size, num_speculative_tokens)
     constrained = plan.structured_output_req_ids
     if len(set(constrained)) != len(constrained):
         fail("a request is listed twice in structured_output_req_ids")
@@ -94,6 +83,74 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
         fail(f"structured_output_req_ids names requests not scheduled: {extra[:5]}")
     if total > max_num_batched_tokens:
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
+
+
+def _cached_after(fail, cached, remaining: set[str], new_after: dict, states, block_tables,
+                  num_blocks: int, max_blocks: int) -> tuple[list, np.ndarray, np.ndarray]:
+    """Per cached request, in plan order, after the plan: (computed tokens,
+    blocks held, prefill length). Ids are checked for the whole list at
+    once, and only the requests with new blocks one by one; where an id is
+    wrong, the requests are checked one by one in order, so the first
+    problem is named as a per-request loop names it."""
+    req_ids, host_counts = cached.req_ids, cached.num_computed_tokens
+    index = states.req_id_to_index
+    if not (len(set(req_ids)) == len(req_ids) and remaining.issuperset(req_ids)
+            and new_after.keys().isdisjoint(req_ids)):
+        seen: set[str] = set()
+        for req_id, blocks in zip(req_ids, cached.new_block_ids):
+            if req_id not in remaining or req_id in new_after or req_id in seen:
+                fail(f"unknown request {req_id!r}")
+            seen.add(req_id)
+            _check_block_ids(fail, req_id, blocks, num_blocks,
+                             int(block_tables.num_blocks_np[index[req_id]]), max_blocks)
+    slots = np.fromiter(map(index.__getitem__, req_ids), dtype=np.int64, count=len(req_ids))
+    held = block_tables.num_blocks_np[slots].astype(np.int64)
+    for i, blocks in enumerate(cached.new_block_ids):
+        if blocks or held[i] > max_blocks:
+            held[i] = _check_block_ids(fail, req_ids[i], blocks, num_blocks, int(held[i]),
+                                       max_blocks)
+    computed = (states.num_computed_tokens_np[slots].tolist() if host_counts is None
+                else host_counts)
+    return computed, held, states.prefill_len_np[slots].astype(np.int64)
+
+
+_SAFE = 1 << 61  # counts within +-_SAFE add and compare in int64 without overflow
+
+
+def _check_token_counts(fail, req_ids: list[str], counts: list[int], computed: list[int],
+                        held: np.ndarray, prefill: np.ndarray, max_len: int, block_size: int,
+                        num_speculative_tokens: int) -> int:
+    """Check every request's scheduled token count against its state after
+    the plan (per request in plan order); returns the step's total. The
+    checks run on arrays; the requests they flag, and any whose counts are
+    too large for them, are then checked alone in order, the first that
+    fails naming its problem."""
+    try:
+        n = np.array(counts, dtype=np.int64)
+        c = np.array(computed, dtype=np.int64)
+    except OverflowError:
+        suspects = range(len(req_ids))
+    else:
+        bad = (n < 1) | (n > _SAFE) | (c > _SAFE) | (c < -_SAFE)
+        bad |= (c >= prefill) & (n > 1 + num_speculative_tokens)
+        bad |= c + n > np.minimum(max_len, held * block_size)
+        suspects = np.flatnonzero(bad).tolist()
+    for i in suspects:
+        _check_request_tokens(fail, req_ids[i], counts[i], computed[i], int(held[i]),
+                              int(prefill[i]), max_len, block_size, num_speculative_tokens)
+    return sum(counts)
+
+
+def _check_request_tokens(fail, req_id: str, n: int, computed: int, held: int, prefill: int,
+                          max_len: int, block_size: int, num_speculative_tokens: int) -> None:
+    if n < 1:
+        fail(f"request {req_id!r}: {n} scheduled tokens")
+    if computed >= prefill and n > 1 + num_speculative_tokens:
+        fail(f"request {req_id!r} decodes {n} tokens: at most 1 + "
+             f"{num_speculative_tokens} drafts")
+    if computed + n > min(max_len, held * block_size):
+        fail(f"request {req_id!r}: tokens up to {computed + n} but KV room for "
+             f"{held * block_size} (max_model_len {max_len})")
 
 
 def _check_block_ids(fail, req_id: str, block_ids: list[list[int]] | None, num_blocks: int,

@@ -4,9 +4,10 @@ Request states change on the host (new request: its prompt and lengths; new
 KV blocks: block-table entries), but the tensors they change live on the
 device. Writing each change with its own tiny copy would cost a launch per
 change. Instead the writes are staged on the host and apply_write() packs them
-into flat arrays (rows, starts, cu_lens, values), uploads those
-(``runner.transfer``: non_blocking from pinned memory on CUDA), and applies
-them all with one kernel launch (the torch reference on CPU).
+into flat arrays (rows, starts, cu_lens, values) that share one host buffer,
+uploads that buffer in one copy (``runner.transfer``: non_blocking from
+pinned memory on CUDA), and applies them all with one kernel launch (the
+torch reference on CPU).
 
 Invariants:
 - Writes apply in staging order: where two staged writes hit the same
@@ -31,12 +32,20 @@ from runner.transfer import numpy_dtype
 
 @dataclass(frozen=True)
 class PackedWrites:
-    """Disjoint writes: values[cu_lens[j]:cu_lens[j+1]] go to row rows[j] from column starts[j]."""
+    """Disjoint writes: values[cu_lens[j]:cu_lens[j+1]] go to row rows[j] from column starts[j].
+
+    All four arrays are views of ``blob``, one host buffer: int64 rows,
+    starts and cu_lens back to back from byte 0, then ``values`` from byte
+    ``values_offset`` (a multiple of 16, so every view stays aligned). One
+    upload of ``blob`` carries the whole step's writes of a tensor.
+    """
 
     rows: np.ndarray
     starts: np.ndarray
     cu_lens: np.ndarray
     values: np.ndarray
+    blob: np.ndarray  # uint8
+    values_offset: int
 
 
 def _merge_row(writes: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
@@ -74,15 +83,22 @@ def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) 
             rows.append(row)
             starts.append(start)
             chunks.append(values)
-    cu_lens = np.zeros(len(chunks) + 1, dtype=np.int64)
-    np.cumsum([len(c) for c in chunks], out=cu_lens[1:])
-    values = np.concatenate(chunks) if chunks else np.empty(0, dtype=dtype)
-    return PackedWrites(
-        rows=np.asarray(rows, dtype=np.int64),
-        starts=np.asarray(starts, dtype=np.int64),
-        cu_lens=cu_lens,
-        values=values.astype(dtype, copy=False),
-    )
+    n = len(chunks)
+    lens = [len(c) for c in chunks]
+    dtype = np.dtype(dtype)
+    values_offset = -(-8 * (3 * n + 1) // 16) * 16
+    blob = np.empty(values_offset + sum(lens) * dtype.itemsize, dtype=np.uint8)
+    meta = blob[: 8 * (3 * n + 1)].view(np.int64)
+    meta[:n] = rows
+    meta[n : 2 * n] = starts
+    meta[2 * n] = 0
+    meta[2 * n + 1 :] = lens
+    np.cumsum(meta[2 * n + 1 :], out=meta[2 * n + 1 :])
+    values = blob[values_offset:].view(dtype)
+    if chunks:
+        np.concatenate(chunks, out=values, casting="unsafe")
+    return PackedWrites(rows=meta[:n], starts=meta[n : 2 * n], cu_lens=meta[2 * n :],
+                        values=values, blob=blob, values_offset=values_offset)
 
 
 def check_apply_staged_writes(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
@@ -173,8 +189,8 @@ class StagedWriteTensor:
         self._writes = []
         if len(packed.rows) == 0:  # only empty writes were staged
             return
-        meta = np.concatenate([packed.rows, packed.starts, packed.cu_lens])
-        meta, values = self.transfer.upload(meta, packed.values)
-        n = len(packed.rows)
-        rows, starts, cu_lens = meta[:n], meta[n : 2 * n], meta[2 * n :]
-        self._apply(self._as_2d, rows, starts, cu_lens, values)
+        (blob,) = self.transfer.upload(packed.blob)
+        n, offset = len(packed.rows), packed.values_offset
+        meta = blob[: 8 * (3 * n + 1)].view(torch.int64)
+        values = blob[offset:].view(self.dtype)
+        self._apply(self._as_2d, meta[:n], meta[n : 2 * n], meta[2 * n :], values)

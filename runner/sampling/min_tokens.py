@@ -8,9 +8,13 @@ The engine puts the ids to hold back in ``NewRequestData.min_tokens_stop_ids``
 ids' logits become -inf before sampling; the raw logprobs are untouched.
 
 State per slot, on the device: ``min_tokens`` and ``prompt_len`` (int64
-[max_num_reqs]) and the stop ids (int64 [max_num_reqs, width], -1 padded);
-the table widens when a request brings more ids than it holds. Host
-mirror: ``min_tokens_np``, so a batch with no such slot costs nothing.
+[max_num_reqs]; both 0 for a slot without a rule, which is then never
+active, so a request without a rule added to such a slot writes nothing)
+and the stop ids (int64 [max_num_reqs, width], -1 padded); the table widens
+when a request brings more ids than it holds. Host mirror:
+``min_tokens_np``, so a batch with no such slot costs nothing, and
+``num_rules``, the slots of ``min_tokens_np`` above 0 (a freed slot keeps
+its rule until reused), so a runner without any rule never looks.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class MinTokensState:
         self.max_num_reqs = max_num_reqs
         self.device = device
         self.min_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_rules = 0
         self.limits = StagedWriteTensor((max_num_reqs, 2), torch.int64, device)
         self.stop_ids = torch.full((max_num_reqs, _INITIAL_WIDTH), -1, dtype=torch.int64,
                                    device=device)
@@ -38,10 +43,15 @@ class MinTokensState:
     def add_request(self, slot: int, min_tokens: int, prompt_len: int,
                     stop_ids: list[int]) -> None:
         """Stage the slot's rule (a slot with ``min_tokens == 0`` has none)."""
-        self.min_tokens_np[slot] = min_tokens if stop_ids else 0
-        self.limits.stage_write(slot, 0, [int(self.min_tokens_np[slot]), prompt_len])
-        if self.min_tokens_np[slot]:
+        rule = min_tokens if stop_ids else 0
+        had_rule = bool(self.min_tokens_np[slot] > 0)
+        self.num_rules += (rule > 0) - had_rule
+        self.min_tokens_np[slot] = rule
+        if rule:
+            self.limits.stage_write(slot, 0, [rule, prompt_len])
             self._pending.append((slot, list(stop_ids)))
+        elif had_rule:  # a slot without a rule keeps limits (0, 0): never active
+            self.limits.stage_write(slot, 0, [0, 0])
 
     def apply_staged_writes(self) -> None:
         self.limits.apply_write()
@@ -61,6 +71,8 @@ class MinTokensState:
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has a min_tokens rule (host mirror only)."""
+        if self.num_rules == 0:
+            return False
         return bool(np.any(self.min_tokens_np[idx_mapping_np] > 0))
 
     def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,

@@ -12,6 +12,11 @@ Invariants:
   make a batch run a filter. Its penalties stay: greedy picks the argmax
   of the penalised logits.
 - ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs.
+- ``needs_np[slot]`` holds the slot's ``NEEDS_*`` bits, derived from the
+  same host values that ``flags`` reads: a batch whose slots have none is
+  plain (greedy, no penalty, filter or logprobs), known from one OR over
+  the batch; ``num_needing`` counts the slots with any bit (freed slots
+  keep theirs until reused, so it only ever overcounts).
 - Unseeded requests get a seed from the sampler's own generator when they
   are added; every rank adds the same requests in the same order, so every
   rank draws the same seeds.
@@ -33,6 +38,9 @@ NO_LOGPROBS = -1
 # Columns of the float table.
 TEMPERATURE, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(6)
 _NUM_FLOATS = 6
+# Bits of ``needs_np``: what a slot's request asks of the sampler.
+NEEDS_SAMPLING, NEEDS_PENALTY, NEEDS_MIN_P, NEEDS_TOP_P, NEEDS_TOP_K, NEEDS_LOGPROBS = (
+    1 << i for i in range(6))
 _SEED_MASK = (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
 
@@ -72,6 +80,8 @@ class SamplingStates:
         self.floats_np[:, REPETITION] = 1.0
         self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_logprobs_np = np.full(max_num_reqs, NO_LOGPROBS, dtype=np.int32)
+        self.needs_np = np.zeros(max_num_reqs, dtype=np.uint8)
+        self.num_needing = 0
         self.rng = np.random.default_rng(seed)
 
     def add_request(self, slot: int, options: SamplingOptions) -> None:
@@ -87,13 +97,15 @@ class SamplingStates:
         self.top_k_np[slot] = top_k
         self.num_logprobs_np[slot] = (NO_LOGPROBS if options.logprobs is None
                                       else min(options.logprobs, _INT32_MAX))  # clamped to V later
+        needs = _needs(row, top_k, int(self.num_logprobs_np[slot]))
+        self.num_needing += bool(needs) - bool(self.needs_np[slot])
+        self.needs_np[slot] = needs
         self.floats.stage_write(slot, 0, row)
         self.top_k.stage_write_elem(slot, top_k)
         self.seeds.stage_write_elem(slot, seed & _SEED_MASK)
 
     def uses_penalty(self, slot: int) -> bool:
-        row = self.floats_np[slot]
-        return bool(row[REPETITION] != 1.0 or row[PRESENCE] != 0.0 or row[FREQUENCY] != 0.0)
+        return bool(self.needs_np[slot] & NEEDS_PENALTY)
 
     def apply_staged_writes(self) -> None:
         self.floats.apply_write()
@@ -115,21 +127,45 @@ class SamplingStates:
         )
 
     def flags(self, idx_mapping_np: np.ndarray) -> BatchFlags:
-        f = self.floats_np[idx_mapping_np]
-        top_k = self.top_k_np[idx_mapping_np]
-        logprobs = self.num_logprobs_np[idx_mapping_np]
+        """What the batch's slots need, from the host mirrors: one OR of
+        their ``needs_np`` bits, and a maximum only where a bit says some
+        slot has a value above the default."""
+        if self.num_needing == 0 or len(idx_mapping_np) == 0:
+            return PLAIN
+        needs = int(np.bitwise_or.reduce(self.needs_np[idx_mapping_np]))
+        if needs == 0:
+            return PLAIN
         return BatchFlags(
-            all_greedy=bool(np.all(f[:, TEMPERATURE] == 0.0)),
-            any_penalty=bool(
-                np.any(f[:, REPETITION] != 1.0)
-                or np.any(f[:, PRESENCE] != 0.0)
-                or np.any(f[:, FREQUENCY] != 0.0)
-            ),
-            any_min_p=bool(np.any(f[:, MIN_P] > 0.0)),
-            any_top_p=bool(np.any(f[:, TOP_P] < 1.0)),
-            max_top_k=int(top_k.max(initial=0)),
-            max_logprobs=int(logprobs.max(initial=NO_LOGPROBS)),
+            all_greedy=not needs & NEEDS_SAMPLING,
+            any_penalty=bool(needs & NEEDS_PENALTY),
+            any_min_p=bool(needs & NEEDS_MIN_P),
+            any_top_p=bool(needs & NEEDS_TOP_P),
+            max_top_k=int(self.top_k_np[idx_mapping_np].max()) if needs & NEEDS_TOP_K else 0,
+            max_logprobs=(int(self.num_logprobs_np[idx_mapping_np].max())
+                          if needs & NEEDS_LOGPROBS else NO_LOGPROBS),
         )
+
+
+PLAIN = BatchFlags(all_greedy=True, any_penalty=False, any_min_p=False, any_top_p=False,
+                   max_top_k=0, max_logprobs=NO_LOGPROBS)
+
+
+def _needs(row: np.ndarray, top_k: int, num_logprobs: int) -> int:
+    """The ``NEEDS_*`` bits of a slot with float row ``row``."""
+    needs = 0
+    if row[TEMPERATURE] != 0.0:
+        needs |= NEEDS_SAMPLING
+    if row[REPETITION] != 1.0 or row[PRESENCE] != 0.0 or row[FREQUENCY] != 0.0:
+        needs |= NEEDS_PENALTY
+    if row[MIN_P] > 0.0:
+        needs |= NEEDS_MIN_P
+    if row[TOP_P] < 1.0:
+        needs |= NEEDS_TOP_P
+    if top_k > 0:
+        needs |= NEEDS_TOP_K
+    if num_logprobs > NO_LOGPROBS:
+        needs |= NEEDS_LOGPROBS
+    return needs
 
 
 def _float_row(options: SamplingOptions) -> np.ndarray:
