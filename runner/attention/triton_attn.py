@@ -2,9 +2,8 @@
 
 One forward = one KV-write launch (triton_kv_write.py) + one unified attention
 launch over the whole mixed batch (triton_unified.py), or, for small decode
-batches with long contexts, the split-KV variant, whose last split of each
-q-block merges the others (``fold_merge``; else a merge launch,
-triton_split_merge.py).
+batches with long contexts, the split-KV variant + a merge launch
+(triton_split_merge.py).
 
 Host synchronisation: none. Grids and tile choices come from host ints only
 (tensor shapes and AttentionMetadata's num_reqs / max_query_len / max_seq_len);
@@ -25,7 +24,7 @@ from runner.attention.fresh_prefill import attend_fresh_rows, fresh_suffix_start
 from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import merge_splits
-from runner.attention.triton_unified import launch_paged_attention, split_counter_slots
+from runner.attention.triton_unified import launch_paged_attention
 from runner.ops import device_ops, is_capturing, num_sms
 
 MAX_SPLITS = 32
@@ -88,9 +87,7 @@ class TritonAttentionBackend:
     a fixed CUDA-graph configuration. fresh_prefill_min_tokens: fresh prompt
     rows of at least that many tokens attend through torch's fused kernels
     (``runner.attention.fresh_prefill``); None: FRESH_PREFILL_MIN_TOKENS where
-    those kernels run, never elsewhere. fold_merge: split launches merge
-    their partials in the same launch (False: a separate merge launch, kept
-    for comparison).
+    those kernels run, never elsewhere.
     """
 
     # Grids and tiles follow the padded sizes and max_query_len alone, so a
@@ -98,7 +95,7 @@ class TritonAttentionBackend:
     captures_mixed_batches = True
 
     def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS,
-                 fresh_prefill_min_tokens: int | None = None, fold_merge: bool = True) -> None:
+                 fresh_prefill_min_tokens: int | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
         if max_splits < 1:
@@ -106,11 +103,6 @@ class TritonAttentionBackend:
         self.num_splits = num_splits
         self.max_splits = max_splits
         self.fresh_prefill_min_tokens = fresh_prefill_min_tokens
-        self.fold_merge = fold_merge
-        # Per device: int32 zeros, one per (q-block, KV head) of the largest
-        # split launch so far; each launch leaves them zero again.
-        self._counters: dict[torch.device, torch.Tensor] = {}
-        self._outgrown: list[torch.Tensor] = []  # graphs captured earlier may point at these
 
     def forward(
         self,
@@ -171,28 +163,9 @@ class TritonAttentionBackend:
             torch.empty(part_shape, **f32),
             torch.empty(part_shape, **f32),
         )
-        counters = None
-        if self.fold_merge:
-            block_q = config["block_m"] // (num_q_heads // num_kv_heads)
-            counters = self._split_counters(
-                q.device, split_counter_slots(num_tokens, attn.num_reqs, block_q, num_kv_heads))
-        launch_paged_attention(*args, partials, counters=counters,
-                               sliding_window=sliding_window, **config)
-        if counters is None:
-            merge_splits(out, *partials)
+        launch_paged_attention(*args, partials, sliding_window=sliding_window, **config)
+        merge_splits(out, *partials)
         return out
-
-    def _split_counters(self, device: torch.device, slots: int) -> torch.Tensor:
-        """At least ``slots`` zeroed counters on ``device``, grown when a
-        launch needs more (the first launch of a size is the warm-up run
-        before its graph is captured, so growing never happens in a replay)."""
-        counters = self._counters.get(device)
-        if counters is None or counters.numel() < slots:
-            if counters is not None:
-                self._outgrown.append(counters)
-            counters = torch.zeros(max(slots, 1024), dtype=torch.int32, device=device)
-            self._counters[device] = counters
-        return counters
 
     def _fresh_min_tokens(self, device: torch.device) -> int | None:
         if self.fresh_prefill_min_tokens is not None:

@@ -27,13 +27,8 @@ with log2(e)). Rows that see no key keep m = -inf, l = 0 and produce 0, not NaN.
 
 Split-KV (flash decoding). With SPLIT, split s handles an equal share of the
 q-block's key tiles and stores its unnormalised accumulator, running max m and
-sum l. Empty splits store only m = -inf and l = 0, and skip the key loop.
-With MERGE the splits merge themselves: each takes a ticket from its
-q-block's counter (an acquire-release atomic after a barrier, so its
-partials are visible to whoever reads them), and the last one merges every
-split of the q-block into out (triton_split_merge.py's arithmetic) and
-resets the counter to zero, ready for the next launch or graph replay.
-Without MERGE, triton_split_merge.py combines them in a second launch.
+sum l; triton_split_merge.py combines the splits. Empty splits store only
+m = -inf and l = 0, and exit before loading q.
 """
 
 from __future__ import annotations
@@ -151,61 +146,12 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _merge_own_splits(out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, part, num_splits,
-                      o_off, io_mask, row_mask, dims, dim_mask, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, DIM_PAD: tl.constexpr):
-    """The merge of triton_split_merge.py for one q-block's rows (``part``: the
-    offset of each row's split 0): with M the rows' largest running max and
-    w_s = exp2(m_s - M), out = sum_s w_s acc_s / sum_s w_s l_s; empty splits
-    (m_s = -inf) weigh nothing and their accumulators are not read."""
-    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for split in range(num_splits):
-        m_s = tl.load(part_max_ptr + part + split, mask=row_mask, other=float("-inf"),
-                      cache_modifier=".cg")
-        m_max = tl.maximum(m_max, m_s)
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for split in range(num_splits):
-        m_s = tl.load(part_max_ptr + part + split, mask=row_mask, other=float("-inf"),
-                      cache_modifier=".cg")
-        l_s = tl.load(part_sum_ptr + part + split, mask=row_mask, other=0.0,
-                      cache_modifier=".cg")
-        w = tl.exp2(m_s - m_safe)
-        has_keys = row_mask & (m_s > float("-inf"))
-        a = tl.load(part_acc_ptr + (part + split)[:, None] * HEAD_DIM + dims[None, :],
-                    mask=has_keys[:, None] & dim_mask[None, :], other=0.0, cache_modifier=".cg")
-        acc += a * w[:, None]
-        total += w * l_s
-    out = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)
-
-
-@triton.jit
-def _split_done(counter_ptr, num_splits, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-                part, o_off, io_mask, row_mask, dims, dim_mask, HEAD_DIM: tl.constexpr,
-                BLOCK_M: tl.constexpr, DIM_PAD: tl.constexpr):
-    """Count this split as written (its partials stored); the q-block's last
-    split to finish merges them all and resets the counter for the next
-    launch. The barrier and the acquire-release atomic make every split's
-    partials visible to the one that merges."""
-    tl.debug_barrier()
-    counter = counter_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if done == num_splits - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-        _merge_own_splits(out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, part, num_splits,
-                          o_off, io_mask, row_mask, dims, dim_mask, HEAD_DIM, BLOCK_M, DIM_PAD)
-
-
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _paged_attention_kernel(
     out_ptr,
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
-    counter_ptr,
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -234,7 +180,6 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     SPLIT: tl.constexpr,
-    MERGE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
 ):
@@ -281,11 +226,6 @@ def _paged_attention_kernel(
             tl.store(part_max_ptr + part, tl.full([BLOCK_M], float("-inf"), tl.float32),
                      mask=row_mask)
             tl.store(part_sum_ptr + part, tl.zeros([BLOCK_M], tl.float32), mask=row_mask)
-            if MERGE:
-                o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head
-                _split_done(counter_ptr, num_splits, out_ptr, part_acc_ptr, part_max_ptr,
-                            part_sum_ptr, part - tl.program_id(2), o_off + dims[None, :],
-                            io_mask, row_mask, dims, dim_mask, HEAD_DIM, BLOCK_M, DIM_PAD)
             return
 
     q_off = tok64[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :]
@@ -320,11 +260,6 @@ def _paged_attention_kernel(
         tl.store(part_max_ptr + part, m_i, mask=row_mask)
         tl.store(part_sum_ptr + part, l_i, mask=row_mask)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)
-        if MERGE:
-            o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
-            _split_done(counter_ptr, num_splits, out_ptr, part_acc_ptr, part_max_ptr,
-                        part_sum_ptr, part - tl.program_id(2), o_off, io_mask, row_mask, dims,
-                        dim_mask, HEAD_DIM, BLOCK_M, DIM_PAD)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
@@ -334,11 +269,6 @@ def _paged_attention_kernel(
 def num_q_blocks(num_tokens: int, num_reqs: int, block_q: int) -> int:
     """Grid size along q-blocks: enough for every row plus the padding tail."""
     return num_tokens // block_q + num_reqs + 1
-
-
-def split_counter_slots(num_tokens: int, num_reqs: int, block_q: int, num_kv_heads: int) -> int:
-    """Counters a split launch that merges in place needs: one per (q-block, KV head)."""
-    return num_q_blocks(num_tokens, num_reqs, block_q) * num_kv_heads
 
 
 def launch_paged_attention(
@@ -352,7 +282,6 @@ def launch_paged_attention(
     out: torch.Tensor,
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     *,
-    counters: torch.Tensor | None = None,
     sliding_window: int | None = None,
     block_m: int,
     tile_n: int,
@@ -363,10 +292,7 @@ def launch_paged_attention(
 
     Without partials it writes the normalised result into out [T, Hq, D]. With
     partials (acc [T, Hq, S, D] f32, max [T, Hq, S] f32, sum [T, Hq, S] f32)
-    it runs S = acc.shape[2] splits and writes those instead; out is untouched,
-    unless ``counters`` (int32 zeros, at least ``split_counter_slots`` of
-    them, left zero again) is given: then the last split of each q-block to
-    finish merges the partials into out, in the same launch.
+    it runs S = acc.shape[2] splits and writes those instead; out is untouched.
     ``sliding_window`` W limits each query at position q to keys k > q - W.
     """
     num_tokens, num_q_heads, head_dim = q.shape
@@ -377,11 +303,8 @@ def launch_paged_attention(
     num_splits = 1 if partials is None else partials[0].shape[2]
     grid = (num_q_blocks(num_tokens, num_reqs, block_q), num_kv_heads, num_splits)
     part_acc, part_max, part_sum = partials if partials is not None else (out, out, out)
-    merge = partials is not None and counters is not None
-    if merge and counters.numel() < grid[0] * grid[1]:
-        raise ValueError(f"{counters.numel()} split counters for {grid[0] * grid[1]} q-blocks")
     _paged_attention_kernel[grid](
-        out, part_acc, part_max, part_sum, counters if merge else seq_lens,
+        out, part_acc, part_max, part_sum,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         scale * LOG2_E, num_reqs, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -395,7 +318,6 @@ def launch_paged_attention(
         TILE_N=tile_n,
         DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         SPLIT=partials is not None,
-        MERGE=merge,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SLIDING=sliding_window is not None,
         num_warps=num_warps,

@@ -281,22 +281,3 @@ def test_merge_ignores_the_accumulators_of_empty_splits():
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (got[2] == 0).all()
-
-
-@pytest.mark.parametrize("num_splits", [2, 7])
-def test_splits_merged_in_the_launch_equal_the_merge_launch(num_splits):
-    """The last split of each q-block merges them all (fold_merge) exactly as
-    the separate merge launch does, and leaves every counter at zero for the
-    next launch; the same backend run twice gives the same result."""
-    batch = make_batch(11, [1, 1, 1, 2], [40, 300, 129, 77], num_pad_tokens=2, block_size=16)
-    scale = batch.q.shape[-1] ** -0.5
-    folded = TritonAttentionBackend(num_splits=num_splits)
-    separate = TritonAttentionBackend(num_splits=num_splits, fold_merge=False)
-    cache = batch.kv_cache.clone()
-    got = folded.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, scale)
-    want = separate.forward(batch.q, batch.k, batch.v, cache, batch.attn, scale)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-    (counters,) = folded._counters.values()
-    assert int(counters.abs().sum()) == 0
-    again = folded.forward(batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, scale)
-    torch.testing.assert_close(again, got, atol=0, rtol=0)
