@@ -1,7 +1,7 @@
 """Benchmark the Triton paged-attention backend against torch SDPA.
 
     python -m benchmarks.bench_attention [--out benchmarks/results/attention.json]
-    python -m benchmarks.bench_attention --prefill-only --backend both
+    python -m benchmarks.bench_attention --prefill-only --backend all
     python -m benchmarks.bench_attention --smoke      # tiny shapes; runs on CPU too
 
 Shapes (CUDA): Llama-3-8B heads (32 query heads, 8 KV heads, head dim 128), bf16,
@@ -322,8 +322,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=50, help="ms of replays per timing (CUDA)")
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs / splits")
-    parser.add_argument("--backend", default="both", choices=(*PREFILL_BACKENDS, "both"),
-                        help="backend of the prefill rows (both: one row each)")
+    parser.add_argument("--backend", default="all", choices=(*PREFILL_BACKENDS, "all"),
+                        help="backend of the prefill rows (all: one row each)")
     parser.add_argument("--prefill-only", action="store_true",
                         help="skip the decode rows (of the sweep too)")
     parser.add_argument("--prefill-kernels", nargs="+", choices=("varlen", "sdpa"),
@@ -343,7 +343,7 @@ def main() -> None:
         decode = [(b, c) for b in (1, 8, 32, 128, 256) for c in (512, 2048, 8192, 32768)]
         prefill = [(1, 4096, 0), (4, 1024, 0), (1, 8192, 0), (1, 4096, 4096)]
 
-    backends = PREFILL_BACKENDS if args.backend == "both" else (args.backend,)
+    backends = PREFILL_BACKENDS if args.backend == "all" else (args.backend,)
     if args.prefill_kernels and "triton_flash_prefill" in backends:
         backends = [b for b in backends if b != "triton_flash_prefill"]
         backends += [f"triton_flash_prefill:{kernel}" for kernel in args.prefill_kernels]

@@ -159,7 +159,7 @@ run_stage() {
         tail -1 "$LOGS/decode_$shape.log" | cut -c1-400
       done ;;
     attention-ab)  # prefill attention: Triton against the flash prefill path, SDPA beside
-      timeout 300 python3 -m benchmarks.bench_attention --prefill-only --backend both --prefill-kernels varlen sdpa \
+      timeout 300 python3 -m benchmarks.bench_attention --prefill-only --backend all --prefill-kernels varlen sdpa \
         --out "$RESULTS/attention_prefill.json" 2>&1 | tee "$LOGS/attention_prefill.log" \
         | head -12 ;;
     e2e-flash)  # the same, TTFT through triton_flash_prefill (HF part shortened)

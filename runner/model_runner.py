@@ -173,8 +173,9 @@ class ModelRunner:
         prefill = (use_graphs and not k
                    and getattr(backend, "captures_mixed_batches", False))
         self.prefill_rows = min(n, PREFILL_GRAPH_ROWS)
-        self.prefill_graphs = CudaGraphManager(prefill_capture_sizes(
-            config.max_prefill_cudagraph_tokens, config.max_num_batched_tokens) if prefill else [])
+        sizes = prefill_capture_sizes(config.max_prefill_cudagraph_tokens,
+                                      config.max_num_batched_tokens) if prefill else []
+        self.prefill_graphs = CudaGraphManager(sizes) if sizes else None
 
     # ---- KV cache -------------------------------------------------------
     def bytes_per_block(self) -> int:
@@ -215,7 +216,7 @@ class ModelRunner:
         """About what the mixed-batch graphs' pool holds: the activations of
         their largest token count (the MLP's gate_up output and a few hidden
         and qkv rows, twice over) and float32 logits of their rows."""
-        if not self.prefill_graphs.sizes:
+        if self.prefill_graphs is None:
             return 0
         c, tokens = self.model.config, max(self.prefill_graphs.sizes)
         width = 2 * c.intermediate_size + 4 * c.hidden_size + 3 * c.num_attention_heads * c.head_dim
@@ -235,7 +236,7 @@ class ModelRunner:
                 graphs.capture(self._fill_graph_inputs,
                                lambda size, q=q: self._graph_forward(size, q),
                                show_progress=self.tp.rank == 0)
-        if self.prefill_graphs.sizes:
+        if self.prefill_graphs is not None:
             self.prefill_graphs.capture(lambda _: self._fill_graph_inputs(self.prefill_rows),
                                         self._prefill_graph_forward,
                                         show_progress=self.tp.rank == 0)
@@ -449,7 +450,8 @@ class ModelRunner:
             size = graphs.padded_size(len(counts))
             if size is not None:
                 return _GraphChoice(graphs, size, size, size * q)
-        if self.prefill_graphs.graphs and len(counts) <= self.prefill_rows:
+        if (self.prefill_graphs is not None and self.prefill_graphs.graphs
+                and len(counts) <= self.prefill_rows):
             tokens = self.prefill_graphs.padded_size(sum(counts))
             if tokens is not None:
                 return _GraphChoice(self.prefill_graphs, tokens, self.prefill_rows, tokens)
