@@ -282,3 +282,38 @@ def test_greedy_equals_transformers_at_tp3(llama_6_heads, tp):
         stats = llm.engine.scheduler.spec_stats
     assert got == expected
     _assert_drafts_accepted(stats)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_constrained_requests_beside_drafting_ones(plain_greedy, async_scheduling):
+    """One engine, n-gram drafts on: JSON- and regex-constrained requests
+    (which never draft: their drafts would escape the grammar's mask) beside
+    greedy ones that draft. The greedy outputs are the plain ones, drafts are
+    accepted for them, and the constrained outputs are valid and equal to the
+    same requests run without speculative decoding."""
+    from tests.engine.test_structured_outputs import (
+        assert_regex,
+        assert_valid_json,
+        json_params,
+        regex_params,
+    )
+
+    constrained = [json_params(s) for s in range(3)] + [regex_params(s) for s in range(2)]
+    prompts = PROMPTS + ["Write a record:"] * len(constrained)
+    params = [GREEDY] * len(PROMPTS) + constrained
+
+    def run(spec):
+        with LLM(model="tiny", speculative_config=spec,
+                 async_scheduling=async_scheduling) as llm:
+            outs = llm.generate(prompts, params)
+            return outs, llm.engine.scheduler.spec_stats
+
+    outs, stats = run(NGRAM)
+    assert [o.outputs[0].token_ids for o in outs[:len(PROMPTS)]] == plain_greedy
+    _assert_drafts_accepted(stats)
+    assert assert_valid_json(outs[len(PROMPTS):len(PROMPTS) + 3]) >= 1
+    assert_regex(outs[len(PROMPTS) + 3:])
+    plain, _ = run(None)
+    assert ([o.outputs[0].token_ids for o in outs[len(PROMPTS):]]
+            == [o.outputs[0].token_ids for o in plain[len(PROMPTS):]])
