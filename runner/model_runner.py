@@ -259,29 +259,15 @@ class ModelRunner:
         kernels, the model and the logits of every token, all in the graph.
         Rows past the batch map to the padding slot (seq_len 0, no KV write;
         their seq_len 0 is what the padding slot's count already is)."""
-        buf = self.buffers
         tokens = size * q
-        self.block_tables.slot_mapping[:tokens].fill_(-1)  # tokens of no row
-        block_tables, slot_mapping = self._build_inputs(
-            num_reqs=size, num_tokens=tokens, num_reqs_padded=size, num_tokens_padded=tokens,
-            has_prefill=True)
-        # Host copies are read only by the CPU reference backend (emulated
-        # graphs): there the buffers themselves are host memory.
-        host_buffers = self.ops.shares_host_memory
-        attn = AttentionMetadata(
-            num_reqs=size, num_tokens=tokens, num_decodes=size if q == 1 else 0,
-            max_query_len=q, max_seq_len=self.config.max_model_len,
-            query_start_loc=buf.query_start_loc[: size + 1], seq_lens=buf.seq_lens[:size],
-            block_tables=block_tables, slot_mapping=slot_mapping,
-            query_start_loc_cpu=buf.query_start_loc[: size + 1] if host_buffers
-            else torch.arange(0, tokens + 1, q, dtype=torch.int32),
-            seq_lens_cpu=buf.seq_lens[:size] if host_buffers
-            else torch.full((size,), q, dtype=torch.int32),
+        hidden, attn = self._captured_model(
+            size, tokens, max_query_len=q, num_decodes=size if q == 1 else 0,
             num_draft_rows=size if q > 1 else 0,
-        )
-        hidden = self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn)
+            query_start_loc_cpu=torch.arange(0, tokens + 1, q, dtype=torch.int32),
+            seq_lens_cpu=torch.full((size,), q, dtype=torch.int32))
         if self.draft is not None:
-            self.draft.forward_step(buf.input_ids[:tokens], buf.positions[:tokens], attn)
+            ids, positions = self.buffers.input_ids[:tokens], self.buffers.positions[:tokens]
+            self.draft.forward_step(ids, positions, attn)
         return self._after_forward(hidden, size, tokens, every_token=True)
 
     @torch.no_grad()
@@ -292,25 +278,38 @@ class ModelRunner:
         (``max_query_len`` above any decode's), which serve every batch
         that fits: rows past the batch own no token (seq_len 0), tokens past
         the batch's belong to no row (slot -1, attention output zero)."""
-        buf, rows = self.buffers, self.prefill_rows
+        rows = self.prefill_rows
+        hidden, _ = self._captured_model(
+            rows, tokens, max_query_len=tokens, num_decodes=0, num_draft_rows=0,
+            query_start_loc_cpu=torch.zeros(rows + 1, dtype=torch.int32),
+            seq_lens_cpu=torch.zeros(rows, dtype=torch.int32))
+        return self._after_forward(hidden, rows, rows, every_token=False)
+
+    def _captured_model(self, rows: int, tokens: int, *, max_query_len: int, num_decodes: int,
+                        num_draft_rows: int, query_start_loc_cpu: torch.Tensor,
+                        seq_lens_cpu: torch.Tensor) -> tuple[torch.Tensor, AttentionMetadata]:
+        """What both kinds of graph hold before their logits: the input
+        kernels over ``rows`` rows and ``tokens`` tokens (tokens of no row
+        get slot -1) and the model. The host copies given are placeholders
+        that fix the attention's launch shape; only the CPU reference
+        backend (emulated graphs) reads host copies, and there the buffers
+        themselves are host memory, so those are used instead."""
+        buf = self.buffers
         self.block_tables.slot_mapping[:tokens].fill_(-1)
         block_tables, slot_mapping = self._build_inputs(
             num_reqs=rows, num_tokens=tokens, num_reqs_padded=rows, num_tokens_padded=tokens,
             has_prefill=True)
-        host_buffers = self.ops.shares_host_memory
+        if self.ops.shares_host_memory:
+            query_start_loc_cpu, seq_lens_cpu = buf.query_start_loc[: rows + 1], buf.seq_lens[:rows]
         attn = AttentionMetadata(
-            num_reqs=rows, num_tokens=tokens, num_decodes=0,
-            max_query_len=tokens,
-            max_seq_len=self.config.max_model_len,
+            num_reqs=rows, num_tokens=tokens, num_decodes=num_decodes,
+            max_query_len=max_query_len, max_seq_len=self.config.max_model_len,
             query_start_loc=buf.query_start_loc[: rows + 1], seq_lens=buf.seq_lens[:rows],
             block_tables=block_tables, slot_mapping=slot_mapping,
-            query_start_loc_cpu=buf.query_start_loc[: rows + 1] if host_buffers
-            else torch.zeros(rows + 1, dtype=torch.int32),
-            seq_lens_cpu=buf.seq_lens[:rows] if host_buffers
-            else torch.zeros(rows, dtype=torch.int32),
+            query_start_loc_cpu=query_start_loc_cpu, seq_lens_cpu=seq_lens_cpu,
+            num_draft_rows=num_draft_rows,
         )
-        hidden = self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn)
-        return self._after_forward(hidden, rows, rows, every_token=False)
+        return self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn), attn
 
     # ---- applying the plan ---------------------------------------------
     def _update_states(self, plan: SchedulerOutput) -> None:

@@ -6,16 +6,14 @@ through a ``HostTransfer`` (synchronous copies, for a CPU device) or a
 device. Nothing here waits for the device on the CUDA path:
 
 - ``copy_into`` (the step's one input copy) goes through a ring of pinned
-  staging buffers with ``non_blocking=True``. A buffer must not be rewritten
+  staging buffers (``PinnedRing``) with ``non_blocking=True``. A buffer must not be rewritten
   before the copy that reads it has run, so each remembers an event recorded
   after its copy. The host runs at most a couple of steps ahead of the device
   (the engine keeps at most two steps in flight), so with a ring of
   ``RING_SIZE`` the event has always passed when a buffer comes round again;
   ``event.synchronize()`` is a guard that never waits in practice.
 - ``upload`` (staged writes) and ``copy_into_side`` stage their arrays in
-  a ``PinnedRing``: persistent pinned buffers, each grown to the largest
-  staging it has held, reused in turn behind the event of their last copy
-  (the same guard as ``copy_into``'s ring). Pinning fresh memory on every
+  rings of their own, the same way. Pinning fresh memory on every
   call costs far more host time than the copy itself (torch's pinned
   allocator), and a step pays it on its critical path.
 - ``copy_into_side`` (a step's grammar bitmask) copies into persistent
@@ -51,14 +49,12 @@ tests/runner/test_staged_write.py checks that a kernel sees host writes.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 RING_SIZE = 8
-STAGING_BYTES = 1 << 16
 
 
 def is_uva_available() -> bool:
@@ -216,9 +212,7 @@ class PinnedTransfer(HostTransfer):
 
     def __init__(self, device: torch.device) -> None:
         super().__init__(device)
-        self.ring: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
-        self.next = 0
-        self.in_flight: deque[tuple[torch.cuda.Event, tuple[torch.Tensor, ...]]] = deque()
+        self.copy_ring = PinnedRing()
         self.copy_stream: torch.cuda.Stream | None = None
         self.side_stream: torch.cuda.Stream | None = None
         self.side_read_event: torch.cuda.Event | None = None
@@ -234,21 +228,9 @@ class PinnedTransfer(HostTransfer):
         return super().device_tensor(shape, dtype)
 
     def copy_into(self, src: np.ndarray, dst: torch.Tensor) -> None:
-        if not self.ring:
-            self.ring = [(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True), None)
-                         for _ in range(RING_SIZE)]
-        if src.nbytes > STAGING_BYTES:
-            raise ValueError(f"host copy of {src.nbytes} bytes exceeds the staging buffer")
-        buf, event = self.ring[self.next]
-        if event is not None:
-            event.synchronize()  # see module docstring: has always passed
-        staged = buf[: src.nbytes].view(dst.dtype)
-        staged.numpy()[:] = src
+        (staged,) = self.copy_ring.stage([src])
         dst[: src.shape[0]].copy_(staged, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.ring[self.next] = (buf, event)
-        self.next = (self.next + 1) % RING_SIZE
+        self.copy_ring.copied(torch.cuda.current_stream())
 
     def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         host = self.upload_ring.stage(list(arrays))
@@ -257,8 +239,6 @@ class PinnedTransfer(HostTransfer):
         return dev
 
     def copy_into_side(self, pairs: list[tuple[np.ndarray, torch.Tensor]]) -> None:
-        while self.in_flight and self.in_flight[0][0].query():  # no wait
-            self.in_flight.popleft()
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream(self.device)
         main_stream = torch.cuda.current_stream()

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.helpers.http_utils import openai_client, serving_tiny
+from tests.helpers.http_utils import serving_tiny
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,12 +27,6 @@ def server(tmp_path_factory):
                       "--device", "cpu", "--disable-log-stats",
                       "--max-num-batched-tokens", "32") as served:
         yield served
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai_client(server) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

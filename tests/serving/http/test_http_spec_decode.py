@@ -11,7 +11,7 @@ import json
 import pytest
 
 from engine import LLM, SamplingParams
-from tests.helpers.http_utils import metric, openai_client, serving_tiny
+from tests.helpers.http_utils import metric, serving_tiny
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -27,12 +27,6 @@ def server(tmp_path_factory):
                       "--model", "tiny", "--device", "cpu",
                       "--speculative-config", SPEC) as served:
         yield served
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai_client(server) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from tests.helpers.http_utils import openai_client, serving_tiny
+from tests.helpers.http_utils import serving_tiny
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,12 +39,6 @@ def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("http"), "serve", "--model", "tiny",
                       "--device", "cpu", "--disable-log-stats") as served:
         yield served
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai_client(server) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
