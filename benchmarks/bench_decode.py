@@ -73,6 +73,7 @@ from benchmarks.spec_rows import (
 from checkpoint.description import describe
 from engine.config import EngineConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from runner import ops as runner_ops
 from runner.distributed import TensorParallelGroup
 from runner.layers.linear import RowParallelLinear
 from runner.model_runner import ModelRunner
@@ -320,6 +321,8 @@ def main() -> None:
                         help="also print a cProfile of the host side of 50 batch-1 steps")
     parser.add_argument("--kernel-table", action="store_true",
                         help="also print device time by kernel for batches 1 and the largest")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="launch the Triton kernels without programmatic dependent launch")
     parser.add_argument("--cublas-only", action="store_true",
                         help="row-parallel projections through cuBLAS at every batch size "
                              "(no skinny Triton matmul), to compare")
@@ -354,6 +357,7 @@ def run_benchmark(args, model_dir: str) -> None:
     """Every row of the sweep, then the summary (rank 0 prints it)."""
     device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    runner_ops.PDL_ENABLED = not args.no_pdl  # before any kernel is captured
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
     q_max = 1 + max(args.spec_tokens, default=0)
     max_len = max(args.contexts) + (args.steps + SPEC_WARMUP + 1) * q_max + 64
@@ -434,6 +438,7 @@ def run_benchmark(args, model_dir: str) -> None:
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": graph_sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
+        "pdl": runner_ops.launch_pdl(device),
         "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
     }

@@ -184,6 +184,23 @@ def _cuda_num_sms(index: int | None) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+# Programmatic dependent launch of the Triton kernels (triton_dependent_launch.py)
+# where the device has it; False for A/B runs (bench_decode.py --no-pdl), set
+# before any graph is captured.
+PDL_ENABLED = True
+
+
+def launch_pdl(device: torch.device) -> bool:
+    """Whether Triton kernels on ``device`` launch with programmatic dependent
+    launch: CUDA devices of compute capability 9.0 and up, unless disabled."""
+    return PDL_ENABLED and device.type == "cuda" and _sm90_or_newer(device.index)
+
+
+@functools.cache
+def _sm90_or_newer(index: int | None) -> bool:
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
 def is_capturing(device: torch.device) -> bool:
     """Whether a CUDA graph capture is running on ``device``'s current stream."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

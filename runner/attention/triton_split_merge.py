@@ -15,6 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.ops import launch_pdl
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
 
 @triton.jit
 def _merge_splits_kernel(
@@ -29,7 +32,9 @@ def _merge_splits_kernel(
     num_splits,
     SPLITS_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     splits = tl.arange(0, SPLITS_PAD)
@@ -65,6 +70,7 @@ def merge_splits(
     num_splits = part_acc.shape[2]
     if num_tokens == 0:
         return
+    pdl = launch_pdl(out.device)
     _merge_splits_kernel[(num_tokens, num_q_heads)](
         out,
         part_acc,
@@ -77,4 +83,6 @@ def merge_splits(
         num_splits,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         DIM_PAD=triton.next_power_of_2(head_dim),
+        PDL=pdl,
+        launch_pdl=pdl,
     )

@@ -37,6 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.ops import launch_pdl
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
 LOG2_E = 1.4426950408889634
 
 
@@ -182,7 +185,9 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
     q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -303,6 +308,7 @@ def launch_paged_attention(
     num_splits = 1 if partials is None else partials[0].shape[2]
     grid = (num_q_blocks(num_tokens, num_reqs, block_q), num_kv_heads, num_splits)
     part_acc, part_max, part_sum = partials if partials is not None else (out, out, out)
+    pdl = launch_pdl(q.device)
     _paged_attention_kernel[grid](
         out, part_acc, part_max, part_sum,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
@@ -322,4 +328,6 @@ def launch_paged_attention(
         SLIDING=sliding_window is not None,
         num_warps=num_warps,
         num_stages=num_stages,
+        PDL=pdl,
+        launch_pdl=pdl,
     )

@@ -13,13 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.ops import launch_pdl
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr,
     n_cols, x_stride, residual_stride, out_stride, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -53,9 +57,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if x2.shape[0] == 0:
         return out.view(x.shape)
     block = triton.next_power_of_2(n_cols)
+    pdl = launch_pdl(x.device)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, res2, weight, out, n_cols, x2.stride(0), res2.stride(0), out.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        PDL=pdl, launch_pdl=pdl,
     )
     return out.view(x.shape)
 

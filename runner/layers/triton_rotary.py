@@ -18,6 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.ops import launch_pdl
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
 
 @triton.jit
 def _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF: tl.constexpr,
@@ -72,8 +75,9 @@ def _rotary_write_kv_kernel(
     v_head_stride, stride_c_block, stride_c_slot, stride_c_head, num_q_heads, num_k_heads,
     BLOCK_SIZE: tl.constexpr, HALF: tl.constexpr, HALF_BLOCK: tl.constexpr,
     Q_HEADS_BLOCK: tl.constexpr, K_HEADS_BLOCK: tl.constexpr, DIM_BLOCK: tl.constexpr,
-    ROTATE_K_IN_PLACE: tl.constexpr,
+    ROTATE_K_IN_PLACE: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     cos, sin = _load_cos_sin(positions_ptr, cos_ptr, sin_ptr, token, HALF, HALF_BLOCK)
     _rotate_heads(q_ptr + token * q_token_stride, q_out_ptr + token * num_q_heads * 2 * HALF,
@@ -141,12 +145,13 @@ def rotary_write_kv_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Te
     if q.shape[0] == 0:
         return q_out
     key_cache, value_cache = kv_cache[0], kv_cache[1]
+    pdl = launch_pdl(q.device)
     _rotary_write_kv_kernel[(q.shape[0],)](
         positions, cos, sin, q, k, v, q_out, key_cache, value_cache, slot_mapping,
         slot_mapping.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         q.shape[1], k.shape[1], BLOCK_SIZE=key_cache.shape[1],
         DIM_BLOCK=triton.next_power_of_2(q.shape[-1]), **_head_blocks(q, k), num_warps=4,
-        ROTATE_K_IN_PLACE=rotate_k_in_place,
+        ROTATE_K_IN_PLACE=rotate_k_in_place, PDL=pdl, launch_pdl=pdl,
     )
     return q_out

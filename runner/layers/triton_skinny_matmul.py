@@ -11,7 +11,8 @@ no partial sums in memory. Rows are padded to 16 for the tensor cores.
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
 ``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
-A/B). The input is loaded as it is: a dot operand computed while loading
+A/B). The qkv projection stays on cuBLAS: through this kernel it lost (same
+README). The input is loaded as it is: a dot operand computed while loading
 (such as silu(gate) * up) stalls the pipelined weight loads.
 
 ``gate_up_silu`` is the same pass for the MLP's fused gate/up projection
@@ -19,6 +20,9 @@ with the activation in its epilogue: each program loads BLOCK_N gate rows
 and the BLOCK_N up rows of the same outputs, and writes silu(gate) * up, so
 the [M, 2I] projection never reaches memory and the activation needs no
 launch of its own.
+
+Both kernels launch with programmatic dependent launch where the device has
+it (``runner/triton_dependent_launch.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import triton
 import triton.language as tl
 
 from runner.layers.triton_silu_mul import silu_mul_triton
+from runner.ops import launch_pdl
+from runner.triton_dependent_launch import wait_for_previous_kernel
 
 SKINNY_MAX_ROWS = 8
 BLOCK_N = 32
@@ -41,8 +47,9 @@ GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
 @triton.jit
 def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
                           DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """out[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N columns and every row."""
+    wait_for_previous_kernel(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
@@ -62,10 +69,12 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, st
 @triton.jit
 def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
                                 DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
-                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                PDL: tl.constexpr):
     """out[m, n] = silu(x[m] . w[n]) * (x[m] . w[N + n]) for BLOCK_N outputs
     n < N and every row; both products are rounded to the output dtype
     first, then the activation is the unfused kernel's arithmetic."""
+    wait_for_previous_kernel(PDL)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
@@ -112,10 +121,12 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    pdl = launch_pdl(x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-        num_stages=num_stages)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, launch_pdl=pdl)
     return out
 
 
@@ -156,10 +167,12 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    pdl = launch_pdl(x.device)
     _skinny_gate_up_silu_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, launch_pdl=pdl)
     return out
 
 
