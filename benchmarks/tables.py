@@ -216,7 +216,8 @@ def ttft_table(directory: str) -> None:
 
 
 def attention_prefill_table(directory: str) -> None:
-    """Prefill rows: each backend's time over SDPA's (and the kernel it ran)."""
+    """Prefill rows: each backend's time over SDPA's timed the same way (and
+    the kernel it ran; "eager" where both were timed without a CUDA graph)."""
     summary = _load(directory, "attention_prefill.json")
     if summary is None:
         return
@@ -228,8 +229,10 @@ def attention_prefill_table(directory: str) -> None:
     print("| prefill | SDPA ms | " + " | ".join(f"{b}: ms (x SDPA)" for b in backends) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in backends) + " |")
     for shape, by in rows.items():
-        sdpa = next(iter(by.values()))["sdpa_ms"]
-        cells = [f"{by[b]['ms']:.3f} ({by[b]['ratio']:.2f}, {by[b].get('path', 'triton')})"
+        sdpa = next((r for r in by.values() if r.get("timed") != "eager"),
+                    next(iter(by.values())))["sdpa_ms"]
+        cells = [f"{by[b]['ms']:.3f} ({by[b]['ratio']:.2f}, {by[b].get('path', 'triton')}"
+                 + (", eager)" if by[b].get("timed") == "eager" else ")")
                  if b in by else "-" for b in backends]
         print(f"| {shape} | {sdpa:.3f} | " + " | ".join(cells) + " |")
     print()

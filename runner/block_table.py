@@ -64,6 +64,11 @@ class BlockTables:
         self.block_table.stage_write(slot, start, block_ids)
         self.num_blocks_np[slot] = start + len(block_ids)
 
+    @property
+    def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
+        """The tensors whose writes are staged on the host."""
+        return (self.block_table,)
+
     def apply_staged_writes(self) -> None:
         self.block_table.apply_write()
 

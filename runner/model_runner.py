@@ -55,6 +55,7 @@ from runner.sampler import Sampler, SamplerOutput
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
+from runner.staged_write_group import StagedWriteGroup
 from runner.structured_outputs import GrammarMask, check_grammar_bitmask
 
 
@@ -150,6 +151,10 @@ class ModelRunner:
             config.max_num_batched_tokens,
             device,
         )
+        # One upload and one launch apply the step's staged writes to all of them.
+        self.staged_writes = StagedWriteGroup([*self.req_states.staged_tensors,
+                                               *self.sampler.staged_tensors,
+                                               *self.block_tables.staged_tensors])
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
         self.grammar_mask = GrammarMask(n, self.model.config.vocab_size, device, self.ops)
         self.output_transfer = self.ops.new_transfer()
@@ -340,9 +345,9 @@ class ModelRunner:
             for req_id, blocks in zip(cached.req_ids, cached.new_block_ids):
                 if blocks:
                     self.block_tables.append_blocks(index[req_id], blocks[0])
-        self.req_states.apply_staged_writes()
+        self.staged_writes.apply_writes()
+        # What is left: the penalty rows, rebuilt from the written prompts.
         self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
-        self.block_tables.apply_staged_writes()
 
     # ---- the step -------------------------------------------------------
     @torch.no_grad()

@@ -36,6 +36,7 @@ from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
 from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
+from runner.staged_write import StagedWriteTensor
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class Sampler:
             self.penalties.add_request(slot, prompt_len, prefill_len)
         stop_ids = [t for t in min_tokens_stop_ids if t < self.vocab_size]
         self.min_tokens.add_request(slot, options.min_tokens, prompt_len, stop_ids)
+
+    @property
+    def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
+        """The tensors whose writes are staged on the host (penalty rows are
+        rebuilt on the device instead)."""
+        return (*self.states.staged_tensors, *self.min_tokens.staged_tensors)
 
     def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
         """Apply staged parameters and build penalty rows from ``all_token_ids``

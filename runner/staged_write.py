@@ -71,8 +71,10 @@ def _merge_row(writes: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarr
     return [(start, values) for (start, _), values in zip(bounds, merged)]
 
 
-def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) -> PackedWrites:
-    """Pack (row, start, values) writes, in staging order, into disjoint flat arrays."""
+def _disjoint(writes: Sequence[tuple[int, int, np.ndarray]]
+              ) -> tuple[list[int], list[int], list[np.ndarray]]:
+    """(rows, starts, values) of (row, start, values) writes in staging order,
+    made disjoint: where two overlap, the later one's values win."""
     by_row: dict[int, list[tuple[int, np.ndarray]]] = {}
     for row, start, values in writes:
         if len(values) > 0:
@@ -83,6 +85,12 @@ def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) 
             rows.append(row)
             starts.append(start)
             chunks.append(values)
+    return rows, starts, chunks
+
+
+def pack_writes(writes: Sequence[tuple[int, int, np.ndarray]], dtype: np.dtype) -> PackedWrites:
+    """Pack (row, start, values) writes, in staging order, into disjoint flat arrays."""
+    rows, starts, chunks = _disjoint(writes)
     n = len(chunks)
     lens = [len(c) for c in chunks]
     dtype = np.dtype(dtype)
@@ -177,6 +185,17 @@ class StagedWriteTensor:
             raise ValueError(f"columns [{start}, {start + length}) outside [0, {cols})")
 
     @property
+    def as_2d(self) -> torch.Tensor:
+        """``.gpu`` as a 2-D tensor (a 1-D one as its [n, 1] view)."""
+        return self._as_2d
+
+    def take_writes(self) -> list[tuple[int, int, np.ndarray]]:
+        """The staged (row, start, values) writes in staging order, handed to
+        the caller to apply (``StagedWriteGroup``); none stay staged."""
+        writes, self._writes = self._writes, []
+        return writes
+
+    @property
     def num_staged(self) -> int:
         """Number of writes staged since the last apply_write()."""
         return len(self._writes)
@@ -185,8 +204,7 @@ class StagedWriteTensor:
         """Apply all staged writes, in staging order, with one launch; never waits."""
         if not self._writes:
             return
-        packed = pack_writes(self._writes, self.np_dtype)
-        self._writes = []
+        packed = pack_writes(self.take_writes(), self.np_dtype)
         if len(packed.rows) == 0:  # only empty writes were staged
             return
         (blob,) = self.transfer.upload(packed.blob)

@@ -53,6 +53,11 @@ class MinTokensState:
         elif had_rule:  # a slot without a rule keeps limits (0, 0): never active
             self.limits.stage_write(slot, 0, [0, 0])
 
+    @property
+    def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
+        """The tensors whose writes are staged on the host."""
+        return (self.limits,)
+
     def apply_staged_writes(self) -> None:
         self.limits.apply_write()
         for slot, ids in self._pending:

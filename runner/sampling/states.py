@@ -107,6 +107,11 @@ class SamplingStates:
     def uses_penalty(self, slot: int) -> bool:
         return bool(self.needs_np[slot] & NEEDS_PENALTY)
 
+    @property
+    def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
+        """The tensors whose writes are staged on the host."""
+        return (self.floats, self.top_k, self.seeds)
+
     def apply_staged_writes(self) -> None:
         self.floats.apply_write()
         self.top_k.apply_write()

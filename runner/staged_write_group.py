@@ -1,0 +1,146 @@
+"""StagedWriteGroup: the staged writes of several tensors in one upload and one launch.
+
+A step that adds a request stages writes to about eight persistent tensors
+(its prompt, lengths, block-table row, sampling parameters). Applied one
+tensor at a time, each costs a host pack, an upload and a kernel launch,
+and the first token of a request waits for all of them. The group packs
+every member's writes into one host buffer, uploads it in one copy and
+applies them with one launch, whose programs write through each target's
+address (the Triton kernel) or one scatter per target (the torch
+reference).
+
+Layout of the packed buffer: int64 words, then the values as 32-bit words
+(every target's dtype is 4 or 8 bytes wide, so each value is one or two
+words and the copy needs no conversion). With T targets and n writes:
+  [0, T)           address of each target's first element
+  [T, 2T)          bytes between the rows of each target
+  [2T, 3T)         bytes per element of each target
+  [3T, 4T + 1)     first write of each target (writes are grouped by target)
+  [4T + 1, +n)     the target of each write
+  then rows (n), starts (n, in elements) and cu_words (n + 1): write j
+  copies words[cu_words[j] : cu_words[j + 1]] to row rows[j] of its target
+  from element starts[j].
+The words start at a multiple of 16 bytes.
+
+Invariants: as for one StagedWriteTensor, writes to one tensor apply in
+staging order (the later wins where they overlap; overlaps are resolved
+on the host, so the device writes are disjoint) and nothing waits for the
+device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from runner.ops import device_ops
+from runner.staged_write import StagedWriteTensor, _disjoint, apply_staged_writes_ref
+
+
+@dataclass(frozen=True)
+class PackedGroup:
+    """One host buffer holding a group's writes (layout in the module docstring)."""
+
+    blob: np.ndarray  # uint8
+    num_targets: int
+    num_writes: int
+    words_offset: int
+
+
+def pack_grouped_writes(
+    targets: Sequence[tuple[torch.Tensor, Sequence[tuple[int, int, np.ndarray]]]],
+) -> PackedGroup:
+    """Pack each target's (row, start, values) writes, given in staging order,
+    into one buffer. A target is a 2-D tensor with contiguous rows whose
+    elements are 4 or 8 bytes wide; values are converted to its dtype."""
+    num_targets = len(targets)
+    table = np.zeros(4 * num_targets + 1, dtype=np.int64)
+    per_target = []
+    for t, (dst, writes) in enumerate(targets):
+        dtype = torch.empty(0, dtype=dst.dtype).numpy().dtype
+        rows, starts, chunks = _disjoint(writes)
+        per_target.append((rows, starts, [np.asarray(c, dtype=dtype) for c in chunks]))
+        table[t] = dst.data_ptr()
+        table[num_targets + t] = dst.stride(0) * dst.element_size()
+        table[2 * num_targets + t] = dst.element_size()
+        table[3 * num_targets + t + 1] = table[3 * num_targets + t] + len(chunks)
+    n = int(table[4 * num_targets])
+    word_lens = [c.nbytes // 4 for _, _, chunks in per_target for c in chunks]
+    header_words = len(table) + 4 * n + 1
+    words_offset = -(-8 * header_words // 16) * 16
+    blob = np.empty(words_offset + 4 * sum(word_lens), dtype=np.uint8)
+    header = blob[: 8 * header_words].view(np.int64)
+    header[: len(table)] = table
+    meta = header[len(table):]
+    meta[:n] = np.repeat(np.arange(num_targets), [len(r) for r, _, _ in per_target])
+    meta[n: 2 * n] = [row for rows, _, _ in per_target for row in rows]
+    meta[2 * n: 3 * n] = [start for _, starts, _ in per_target for start in starts]
+    meta[3 * n] = 0
+    meta[3 * n + 1:] = word_lens
+    np.cumsum(meta[3 * n + 1:], out=meta[3 * n + 1:])
+    words = blob[words_offset:].view(np.int32)
+    chunks = [c.view(np.int32) for _, _, cs in per_target for c in cs]
+    if chunks:
+        np.concatenate(chunks, out=words)
+    return PackedGroup(blob=blob, num_targets=num_targets, num_writes=n,
+                       words_offset=words_offset)
+
+
+def check_apply_grouped_writes(dsts: list[torch.Tensor], header: torch.Tensor) -> None:
+    """Raise ValueError unless every target is 2-D with contiguous rows and
+    4- or 8-byte elements, and the header has one table entry per target."""
+    for dst in dsts:
+        if dst.dim() != 2 or dst.stride(1) != 1 or dst.element_size() not in (4, 8):
+            raise ValueError("grouped writes need 2-D targets with contiguous rows of "
+                             f"4- or 8-byte elements, got {tuple(dst.shape)} {dst.dtype}")
+    if header.dtype != torch.int64 or header.shape[0] < 4 * len(dsts) + 1:
+        raise ValueError("the header does not hold a table for every target")
+
+
+def apply_grouped_writes_ref(dsts: list[torch.Tensor], header: torch.Tensor,
+                             words: torch.Tensor) -> None:
+    """Torch reference: one scatter per target (``apply_staged_writes_ref``)
+    over the target's writes; the address table is not used."""
+    num_targets = len(dsts)
+    first = header[3 * num_targets: 4 * num_targets + 1].tolist()
+    n = first[-1]
+    meta = header[4 * num_targets + 1:]
+    rows, starts, cu_words = meta[n: 2 * n], meta[2 * n: 3 * n], meta[3 * n: 4 * n + 1]
+    for t, dst in enumerate(dsts):
+        lo, hi = first[t], first[t + 1]
+        if lo == hi:
+            continue
+        per_value = dst.element_size() // 4
+        w0, w1 = int(cu_words[lo]), int(cu_words[hi])
+        values = words[w0:w1].clone().view(dst.dtype)  # a copy: 8-byte values may sit unaligned
+        cu_lens = (cu_words[lo: hi + 1] - w0) // per_value
+        apply_staged_writes_ref(dst, rows[lo:hi], starts[lo:hi], cu_lens, values)
+
+
+class StagedWriteGroup:
+    """StagedWriteTensors of one device whose staged writes apply together."""
+
+    def __init__(self, tensors: Sequence[StagedWriteTensor]) -> None:
+        if not tensors:
+            raise ValueError("a StagedWriteGroup needs at least one tensor")
+        ops = device_ops(tensors[0].gpu.device)
+        self.tensors = list(tensors)
+        self.transfer = ops.new_transfer()
+        self._apply = ops.apply_grouped_writes
+
+    def apply_writes(self) -> None:
+        """Apply every member's staged writes with one upload and one launch;
+        never waits."""
+        staged = [(t.as_2d, t.take_writes()) for t in self.tensors if t.num_staged]
+        if not staged:
+            return
+        packed = pack_grouped_writes(staged)
+        if packed.num_writes == 0:  # only empty writes were staged
+            return
+        (blob,) = self.transfer.upload(packed.blob)
+        header = blob[: packed.words_offset].view(torch.int64)
+        words = blob[packed.words_offset:].view(torch.int32)
+        self._apply([dst for dst, _ in staged], header, words)
