@@ -3,7 +3,10 @@
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 /v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``, ``POST
 /detokenize``, ``GET /tokenizer_info``, ``GET /health``, ``GET /metrics``.
-With ``access_log`` each request is logged (``access_log.AccessLog``). With an API key, every ``/v1`` route needs ``Authorization:
+With ``access_log`` each request is logged (``access_log.AccessLog``). The
+generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
+FastAPI's request machinery; every error still comes from FastAPI's route.
+With an API key, every ``/v1`` route needs ``Authorization:
 Bearer KEY`` (compared in constant time), else 401. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
@@ -30,6 +33,7 @@ from checkpoint.tokenizer import Tokenizer
 from ipc import trace
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
+from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import CONTENT_TYPE, Metrics
@@ -37,6 +41,7 @@ from serving.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    IdsFirstCompletionRequest,
     TokenizeRequest,
     error_body,
 )
@@ -98,13 +103,19 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
     app = FastAPI(title="tprun", lifespan=lifespan, docs_url=None, redoc_url=None)
     _add_error_handlers(app)
 
+    async def completion(body: CompletionRequest, raw: Request) -> Response:
+        return await _answer(create_completion(state, body, raw))
+
+    async def chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
+        return await _answer(create_chat_completion(state, body, raw))
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request) -> Response:
-        return await _answer(create_completion(state, body, raw))
+        return await completion(body, raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
-        return await _answer(create_chat_completion(state, body, raw))
+        return await chat_completion(body, raw)
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest) -> Response:
@@ -140,7 +151,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
             return engine_stopped_response(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
-    guarded = BodySizeLimit(app, max_body_bytes)
+    lane = FastLane(app, {
+        "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
+        "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion)})
+    guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
     logged = AccessLog(guarded) if access_log else guarded
     return TracedApp(logged) if trace.enabled else logged

@@ -113,6 +113,19 @@ class CompletionRequest(SamplingFields):
             raise ValueError("best_of is not supported by this server (set n instead)")
 
 
+class IdsFirstCompletionRequest(CompletionRequest):
+    """``CompletionRequest`` with its prompt's members tried token ids first,
+    for ``FastLane``: a list of ids then validates at once, where the text
+    members first fail on every id. It accepts the same prompts with equal
+    values: in pydantic's smart mode a strict match wins over a lax one,
+    only ``[]`` matches two members strictly (as ``[]`` in each), and only
+    the id members match anything laxly (``["1", 2]``, ``[1.0]``), one of
+    them at a time. Its errors come in another order, so the route's error
+    responses come from ``CompletionRequest``."""
+
+    prompt: list[Int64] | str | list[str] | list[list[Int64]]
+
+
 class ChatMessage(BaseModel):
     """One message; ``content`` is a text or a list of parts, of which only
     ``{"type": "text", "text": ...}`` parts are read."""

@@ -36,12 +36,16 @@ DEFAULT_MAX_TOKENS = 16
 
 
 def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
-    """The request's prompts as token ids; ``ValueError`` for an empty one."""
+    """The request's prompts as token ids; ``ValueError`` for an empty one.
+
+    ``prompt`` is a validated ``CompletionRequest.prompt``: a text, or a list
+    whose items are all texts, all token ids or all lists of ids, so its
+    first item tells which."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
         raise ValueError("the prompt is empty")
-    if all(isinstance(t, int) for t in prompt):
+    if isinstance(prompt[0], int):
         return [list(prompt)]
     out = []
     for p in prompt:
@@ -55,8 +59,9 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
 
 
 def has_text(prompt) -> bool:
-    """Whether a completion request's ``prompt`` holds any text to tokenize."""
-    return isinstance(prompt, str) or any(isinstance(p, str) for p in prompt)
+    """Whether a validated ``CompletionRequest.prompt`` holds any text to
+    tokenize (a list's items are all of one kind)."""
+    return isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], str))
 
 
 def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:

@@ -28,8 +28,12 @@ T = TypeVar("T")
 DONE = "data: [DONE]\n\n"
 
 
+# ``json.dumps(payload, ensure_ascii=False)``'s encoder, made once.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+
 def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"data: {_ENCODER.encode(payload)}\n\n"
 
 
 class ClientDisconnected(Exception):
