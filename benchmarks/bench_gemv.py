@@ -65,6 +65,23 @@ def time_ms(fn, weights: list[torch.Tensor], iters: int = 200) -> float:
     return (time.perf_counter() - start) * 1e3 / iters
 
 
+def sweep(kernel, x, weights, want, configs, atol: float, what: str) -> dict[str, float]:
+    """ms of ``kernel(x, w, **config)`` for the default config ({}) and each
+    of ``configs`` that fits in shared memory, each checked against ``want``
+    first; keyed by the config's JSON."""
+    timings = {}
+    for config in [{}] + configs:
+        try:
+            got = kernel(x, weights[0], **config)
+        except triton.runtime.errors.OutOfResources:
+            continue  # a tile whose pipeline stages exceed shared memory
+        if not torch.allclose(got.float(), want, rtol=2e-2, atol=atol):
+            raise RuntimeError(f"{kernel.__name__} {config} disagrees with {what}")
+        timings[json.dumps(config)] = time_ms(
+            lambda w: kernel(x, w, **config), weights)  # noqa: B023
+    return timings
+
+
 def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
     copies = max(2, -(-(512 << 20) // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
@@ -73,17 +90,8 @@ def measure(shape: str, name: str, n: int, k: int, m: int) -> dict:
     def cublas(w):
         return x @ w.T
 
-    want = cublas(weights[0]).float()
-    timings = {}
-    for config in [{}] + SWEEP:
-        try:
-            got = skinny_matmul(x, weights[0], **config)
-        except triton.runtime.errors.OutOfResources:
-            continue  # a tile whose pipeline stages exceed shared memory
-        if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-1):
-            raise RuntimeError(f"skinny_matmul {config} disagrees with cuBLAS on {name}")
-        timings[json.dumps(config)] = time_ms(
-            lambda w: skinny_matmul(x, w, **config), weights)  # noqa: B023
+    timings = sweep(skinny_matmul, x, weights, cublas(weights[0]).float(), SWEEP, 2e-1,
+                    f"cuBLAS on {name}")
     best_config = min(timings, key=timings.get)
     cublas_ms, default_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best_config]
     weight_bytes = n * k * 2
@@ -111,16 +119,8 @@ def measure_gate_up_silu(shape: str, n: int, k: int, m: int) -> dict:
                for _ in range(copies)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     want = silu_mul_triton(x @ weights[0].T).float()
-    timings = {}
-    for config in [{}] + GATE_UP_SWEEP:
-        try:
-            got = skinny_gate_up_silu(x, weights[0], **config)
-        except triton.runtime.errors.OutOfResources:
-            continue
-        if not torch.allclose(got.float(), want, rtol=2e-2, atol=2e-2):
-            raise RuntimeError(f"skinny_gate_up_silu {config} disagrees with the unfused pair")
-        timings[json.dumps(config)] = time_ms(
-            lambda w: skinny_gate_up_silu(x, w, **config), weights)  # noqa: B023
+    timings = sweep(skinny_gate_up_silu, x, weights, want, GATE_UP_SWEEP, 2e-2,
+                    "the unfused pair")
     best = min(timings, key=timings.get)
     unfused_ms = time_ms(lambda w: silu_mul_triton(x @ w.T), weights)
     weight_bytes = n * k * 2

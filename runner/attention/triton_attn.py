@@ -103,6 +103,10 @@ class TritonAttentionBackend:
         self.num_splits = num_splits
         self.max_splits = max_splits
         self.fresh_prefill_min_tokens = fresh_prefill_min_tokens
+        # (metadata, window, first fresh row) of the last question asked: every
+        # layer of a step asks about the same metadata, so the host works it
+        # out once per step and window.
+        self._fresh: tuple[AttentionMetadata, int | None, int | None] | None = None
 
     def forward(
         self,
@@ -141,7 +145,7 @@ class TritonAttentionBackend:
         ``wants_fresh_kv`` said so."""
         _check_query(q, kv_cache)
         if fresh_kv is not None:
-            first = fresh_suffix_start(attn, self._fresh_min_tokens(q.device), sliding_window)
+            first = self._fresh_suffix_start(attn, sliding_window)
             if first is not None:
                 return self._attend_fresh(q, kv_cache, attn, scale, fresh_kv, first)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -175,11 +179,22 @@ class TritonAttentionBackend:
     def wants_fresh_kv(self, attn: AttentionMetadata, sliding_window: int | None) -> bool:
         """Whether this eager step has trailing fresh prompt rows long enough
         for ``attend`` to read their own k and v (never while capturing)."""
-        device = attn.query_start_loc.device
-        min_tokens = self._fresh_min_tokens(device)
-        if min_tokens is None or is_capturing(device):
+        if is_capturing(attn.query_start_loc.device):
             return False
-        return fresh_suffix_start(attn, min_tokens, sliding_window) is not None
+        return self._fresh_suffix_start(attn, sliding_window) is not None
+
+    def _fresh_suffix_start(self, attn: AttentionMetadata,
+                            sliding_window: int | None) -> int | None:
+        """``fresh_suffix_start`` for this backend's threshold, once per step
+        and window (None where the fused kernels do not run)."""
+        cached = self._fresh
+        if cached is not None and cached[0] is attn and cached[1] == sliding_window:
+            return cached[2]
+        min_tokens = self._fresh_min_tokens(attn.query_start_loc.device)
+        first = (None if min_tokens is None
+                 else fresh_suffix_start(attn, min_tokens, sliding_window))
+        self._fresh = (attn, sliding_window, first)
+        return first
 
     def _attend_fresh(self, q: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
                       scale: float, fresh_kv: tuple[torch.Tensor, torch.Tensor],
