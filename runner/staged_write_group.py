@@ -38,6 +38,7 @@ import torch
 
 from runner.ops import device_ops
 from runner.staged_write import StagedWriteTensor, _disjoint, apply_staged_writes_ref
+from runner.transfer import numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def pack_grouped_writes(
     table = np.zeros(4 * num_targets + 1, dtype=np.int64)
     per_target = []
     for t, (dst, writes) in enumerate(targets):
-        dtype = torch.empty(0, dtype=dst.dtype).numpy().dtype
+        dtype = numpy_dtype(dst.dtype)
         rows, starts, chunks = _disjoint(writes)
         per_target.append((rows, starts, [np.asarray(c, dtype=dtype) for c in chunks]))
         table[t] = dst.data_ptr()
