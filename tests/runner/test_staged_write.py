@@ -1,4 +1,6 @@
-"""StagedWriteTensor, the packed-write kernel, and UVA views.
+"""StagedWriteTensor applied alone (``apply_write``: a StagedWriteGroup of one),
+and UVA views. The packing and the grouped-write kernel are tested in
+test_staged_write_group.py.
 
 Oracle: the same writes applied one by one, in staging order, to Python lists.
 """
@@ -11,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from runner.ops import torch_ops, triton_ops
-from runner.staged_write import StagedWriteTensor, pack_writes
+from runner.ops import triton_ops
+from runner.staged_write import StagedWriteTensor
 
 ROWS, COLS = 6, 40
 
@@ -31,44 +33,6 @@ def random_writes(rng: random.Random, count: int) -> list[tuple[int, int, list[i
 def apply_one_by_one(table: list[list[int]], writes) -> None:
     for row, start, values in writes:
         table[row][start : start + len(values)] = values
-
-
-def test_pack_writes_gives_disjoint_segments_with_later_writes_winning() -> None:
-    rng = random.Random(0)
-    for _ in range(30):
-        writes = random_writes(rng, rng.randint(1, 60))
-        packed = pack_writes([(r, s, np.array(v, dtype=np.int32)) for r, s, v in writes], np.int32)
-        covered = set()
-        table = [[0] * COLS for _ in range(ROWS)]
-        for j, (row, start) in enumerate(zip(packed.rows, packed.starts)):
-            values = packed.values[packed.cu_lens[j] : packed.cu_lens[j + 1]]
-            cells = {(int(row), int(start) + k) for k in range(len(values))}
-            assert not cells & covered, "packed writes overlap"
-            covered |= cells
-            table[row][start : start + len(values)] = values.tolist()
-        expected = [[0] * COLS for _ in range(ROWS)]
-        apply_one_by_one(expected, writes)
-        assert table == expected
-        assert covered == {(r, s + k) for r, s, v in writes for k in range(len(v))}
-        assert packed.values.dtype == np.int32 and packed.cu_lens[-1] == len(packed.values)
-
-
-@pytest.mark.parametrize("impl", ["ref", "triton"])
-def test_packed_writes_kernel_matches_one_by_one(impl) -> None:
-    rng = random.Random(1)
-    cuda = impl == "triton" and torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"  # Triton runs interpreted on CPU tensors without a GPU
-    make_ops = triton_ops if impl == "triton" else torch_ops
-    apply = make_ops(torch.device(device)).apply_staged_writes
-    dst = torch.full((ROWS, COLS), -777, dtype=torch.int64, device=device)
-    expected = [[-777] * COLS for _ in range(ROWS)]
-    for _ in range(12):
-        writes = random_writes(rng, rng.randint(0, 40))
-        packed = pack_writes([(r, s, np.array(v, dtype=np.int64)) for r, s, v in writes], np.int64)
-        arrays = (packed.rows, packed.starts, packed.cu_lens, packed.values)
-        apply(dst, *(torch.from_numpy(a).to(device) for a in arrays))
-        apply_one_by_one(expected, writes)
-        assert dst.tolist() == expected
 
 
 def test_staged_write_tensor_2d_applies_in_staging_order() -> None:
@@ -134,6 +98,9 @@ def test_bad_writes_raise_value_error() -> None:
         StagedWriteTensor((2, 3, 4), torch.int32, "cpu")
     with pytest.raises(ValueError, match="dtype"):
         StagedWriteTensor((2,), torch.bfloat16, "cpu")
+    for narrow in (torch.int16, torch.float16, torch.bool):  # the group copies 32-bit words
+        with pytest.raises(ValueError, match="4 or 8 bytes"):
+            StagedWriteTensor((2, 3), narrow, "cpu")
 
 
 @pytest.mark.gpu
@@ -157,7 +124,7 @@ def test_staged_write_tensor_on_cuda(uva: bool) -> None:
     torch.cuda.synchronize()
     assert t.gpu.tolist() == expected
     # Once sized, the pinned staging buffers are reused, never pinned afresh.
-    ring = t.transfer.upload_ring
+    ring = t.solo_group.transfer.upload_ring
     held = {i: b.data_ptr() for i, b in enumerate(ring.buffers) if b is not None}
     assert held
     for _ in range(2 * len(ring.buffers)):
