@@ -58,6 +58,7 @@ from runner.attention.triton_attn import (  # noqa: E402
 from runner.attention.triton_kv_write import write_kv_cache  # noqa: E402
 from runner.attention.triton_split_merge import merge_splits  # noqa: E402
 from runner.attention.triton_unified import launch_paged_attention  # noqa: E402
+from runner.ops import num_sms  # noqa: E402
 
 
 def make_metadata(query_lens, seq_lens, block_tables, slot_mapping) -> AttentionMetadata:
@@ -135,7 +136,7 @@ def bench_decode(batch, context, heads, block_size, dtype, device, reps):
     num_q_heads, num_kv_heads, head_dim = heads
     q, k, v, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
     scale = head_dim**-0.5
-    splits = choose_num_splits(batch, num_kv_heads, 1, context, _num_sms(device))
+    splits = choose_num_splits(batch, num_kv_heads, 1, context, num_sms(torch.device(device)))
     backend = TritonAttentionBackend(num_splits=splits)
     out = backend.forward(q, k, v, kv_cache, attn, scale)
     dense_k = dense_kv(kv_cache, attn.block_tables, context, 0)
@@ -308,12 +309,6 @@ def sweep(heads, block_size, dtype, device, smoke, with_decode=True):
         best = min((r for r in rows if (r["name"], r["shape"]) == shape), key=lambda r: r["ms"])
         print(f"sweep best {shape[0]} {shape[1]}: {best['ms']:.4f} ms {best['config']}")
     return rows
-
-
-def _num_sms(device) -> int:
-    if device != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def fits(batch, context, heads, block_size, dtype, device) -> bool:

@@ -28,7 +28,11 @@ import time
 import torch
 import triton
 
+import runner.ops as runner_ops
 from benchmarks.common import emit_summary
+from runner.layers.rotary import RotaryEmbedding
+from runner.layers.triton_qkv_rotary import skinny_qkv_rotary_write_kv, uses_skinny_qkv_rotary
+from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.layers.triton_skinny_matmul import (
     skinny_gate_up_silu,
@@ -134,20 +138,74 @@ def measure_gate_up_silu(shape: str, n: int, k: int, m: int) -> dict:
             "best": json.loads(best)}
 
 
+QKV_ROTARY_SWEEP = [dict(block_p=p, block_k=k, num_warps=4, num_stages=s)
+                    for p, k, s in itertools.product((16, 32), (128, 256, 512), (3, 4, 5))]
+# (query heads, kv heads, head_dim) of the qkv projection at TP=1.
+HEADS = {"8b": (32, 8, 128), "1b": (32, 8, 64)}
+
+
+def measure_qkv_rotary(shape: str, k: int, m: int) -> dict:
+    """The attention's qkv projection, rotary and KV-cache write: cuBLAS then
+    the rotary kernel (two launches, the projection through memory) against
+    one skinny launch that rotates and stores in its epilogue, at its default
+    tile and the best of QKV_ROTARY_SWEEP."""
+    hq, hk, head_dim = HEADS[shape]
+    n = (hq + 2 * hk) * head_dim
+    copies = max(2, -(-(512 << 20) // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+               for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    rope = RotaryEmbedding(head_dim, 4096, 500000.0, None).cuda()
+    positions = torch.arange(100, 100 + m, device="cuda")
+    slots = torch.arange(16 * m, 17 * m, device="cuda")
+    cache = torch.zeros(2, 64, 16, hk, head_dim, device="cuda", dtype=torch.bfloat16)
+
+    def unfused(w):
+        heads = (x @ w.T).unflatten(-1, (-1, head_dim))
+        q, kk, v = heads.split([hq, hk, hk], dim=1)
+        return rotary_write_kv_triton(positions, q, kk, v, rope.cos, rope.sin, cache, slots)
+
+    def fused(x_, w, **config):
+        return skinny_qkv_rotary_write_kv(x_, w, positions, rope.cos, rope.sin, cache, slots,
+                                          hq, hk, **config).flatten(1)
+
+    want = unfused(weights[0]).flatten(1).float()
+    timings = sweep(fused, x, weights, want, QKV_ROTARY_SWEEP, 2e-2, "cuBLAS + rotary")
+    best = min(timings, key=timings.get)
+    unfused_ms = time_ms(unfused, weights)
+    weight_bytes = n * k * 2
+    return {"shape": shape, "projection": "qkv+rotary+kv_write", "rows": m,
+            "weight_MB": round(weight_bytes / 1e6, 1),
+            "unfused_us": round(unfused_ms * 1e3, 2),
+            "fused_us": round(timings["{}"] * 1e3, 2),
+            "fused_best_us": round(timings[best] * 1e3, 2),
+            "unfused_TBps": round(weight_bytes / unfused_ms / 1e9, 2),
+            "fused_TBps": round(weight_bytes / timings["{}"] / 1e9, 2),
+            "runner_uses_fused": uses_skinny_qkv_rotary(x, weights[0], head_dim),
+            "best": json.loads(best)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    # Each kernel is timed alone: chained launches of one kernel with
+    # programmatic dependent launch overlap each launch's wait with the one
+    # before it, which is not how the model chains them (bench_decode --no-pdl
+    # measures the chaining).
+    runner_ops.PDL_ENABLED = False
     results = []
     for shape in args.shapes:
         for (name, n, k), m in itertools.product(PROJECTIONS[shape], args.rows):
             row = measure(shape, name, n, k, m)
             results.append(row)
             print(json.dumps(row), flush=True)
-            if name == "gate_up":
-                row = measure_gate_up_silu(shape, n, k, m)
+            fused = {"gate_up": lambda: measure_gate_up_silu(shape, n, k, m),  # noqa: B023
+                     "qkv": lambda: measure_qkv_rotary(shape, k, m)}.get(name)  # noqa: B023
+            if fused is not None:
+                row = fused()
                 results.append(row)
                 print(json.dumps(row), flush=True)
     emit_summary({"benchmark": "gemv", "device": torch.cuda.get_device_name(),

@@ -51,6 +51,7 @@ class DeviceOps:
     rms_norm: Callable[..., torch.Tensor]  # rms_norm_ref
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
+    qkv_rotary_write_kv: Callable[..., torch.Tensor]  # qkv_rotary_write_kv_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
     row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
     gate_up_silu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # gate_up_silu_ref
@@ -107,6 +108,8 @@ _KERNELS = {
     "fused_add_rms_norm": ("runner.layers.rms_norm:fused_add_rms_norm_ref",
                            "runner.layers.triton_rms_norm:fused_add_rms_norm_triton"),
     "rotary": ("runner.layers.rotary:rotary_ref", "runner.layers.triton_rotary:rotary_triton"),
+    "qkv_rotary_write_kv": ("runner.layers.rotary:qkv_rotary_write_kv_ref",
+                            "runner.layers.triton_qkv_rotary:qkv_rotary_write_kv"),
     "silu_and_mul": ("runner.layers.activation:silu_and_mul_ref",
                      "runner.layers.triton_silu_mul:silu_mul_triton"),
     "row_parallel_matmul": ("torch.nn.functional:linear",

@@ -27,15 +27,13 @@ it (``runner/triton_dependent_launch.py``).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from runner.layers.triton_silu_mul import silu_mul_triton
-from runner.ops import launch_pdl
+from runner.ops import launch_pdl, num_sms
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 SKINNY_MAX_ROWS = 8
@@ -102,11 +100,6 @@ def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride
              mask=row_mask[:, None] & col_mask[None, :])
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
                   block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
     """x [M, K] @ w[N, K].T for M <= 16 rows. Unit last strides."""
@@ -139,7 +132,7 @@ def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
             and x.stride(-1) == 1 and weight.stride(-1) == 1):
         return False
-    return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * _num_sms(x.device.index or 0) // 4
+    return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4
 
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -182,6 +175,6 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     counted in outputs), cuBLAS then the activation kernel elsewhere."""
     if (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS and x.stride(-1) == 1
             and weight.stride(-1) == 1 and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N)
-            >= 3 * _num_sms(x.device.index or 0) // 4):
+            >= 3 * num_sms(x.device) // 4):
         return skinny_gate_up_silu(x, weight)
     return silu_mul_triton(F.linear(x, weight))
