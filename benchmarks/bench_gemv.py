@@ -13,9 +13,12 @@ through enough weight copies that none is read from L2. Prints a JSON
 summary last.
 
 The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
-outputs are wide (``runner_uses_triton``: the 8B shape's, not the 1B's) and
-keeps cuBLAS for qkv and gate_up. results/gemv.json has the figures
-(results/README.md says how they were made).
+outputs are wide enough for the SMs (``runner_uses_triton``; the 1B shape's
+with half-width programs), the fused gate/up + SiLU launch for gate_up, and
+the fused qkv + rotary + KV-write launch for qkv (the rows
+``gate_up+silu`` and ``qkv+rotary+kv_write`` time those against cuBLAS and
+the separate kernel). results/README.md lists the files and how they were
+made.
 """
 
 from __future__ import annotations
