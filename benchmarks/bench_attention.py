@@ -258,7 +258,8 @@ def attention_only(q, kv_cache, attn, num_splits, config):
 
     def run():
         launch_paged_attention(q, kv_cache, attn.block_tables, attn.seq_lens,
-                               attn.query_start_loc, attn.num_reqs, 0.1, out, partials, **config)
+                               attn.query_start_loc, attn.num_reqs, 0.1, out, partials,
+                               uniform_decode=attn.uniform_decode, **config)
         if partials is not None:
             merge_splits(out, *partials)
 

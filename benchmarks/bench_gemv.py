@@ -13,8 +13,8 @@ through enough weight copies that none is read from L2. Prints a JSON
 summary last.
 
 The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
-outputs are wide enough for the SMs (``runner_uses_triton``; the 1B shape's
-with half-width programs), the fused gate/up + SiLU launch for gate_up, and
+outputs are wide enough for the SMs (``runner_uses_triton``: the 8B shape's,
+not the 1B's), the fused gate/up + SiLU launch for gate_up, and
 the fused qkv + rotary + KV-write launch for qkv (the rows
 ``gate_up+silu`` and ``qkv+rotary+kv_write`` time those against cuBLAS and
 the separate kernel). results/README.md lists the files and how they were

@@ -157,8 +157,9 @@ class TritonAttentionBackend:
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
         args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc,
                 attn.num_reqs, scale, out)
+        shape = dict(sliding_window=sliding_window, uniform_decode=attn.uniform_decode, **config)
         if num_splits == 1:
-            launch_paged_attention(*args, None, sliding_window=sliding_window, **config)
+            launch_paged_attention(*args, None, **shape)
             return out
         part_shape = (num_tokens, num_q_heads, num_splits)
         f32 = {"dtype": torch.float32, "device": q.device}
@@ -167,7 +168,7 @@ class TritonAttentionBackend:
             torch.empty(part_shape, **f32),
             torch.empty(part_shape, **f32),
         )
-        launch_paged_attention(*args, partials, sliding_window=sliding_window, **config)
+        launch_paged_attention(*args, partials, **shape)
         merge_splits(out, *partials)
         return out
 

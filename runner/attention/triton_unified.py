@@ -12,6 +12,11 @@ query_start_loc[num_reqs] .. num_tokens - 1 with no keys, so they come out as
 zeros. Hence num_q_blocks = num_tokens // BLOCK_Q + num_reqs + 1 suffices, a
 number fixed by host ints; programs past their row's last token exit at once.
 
+Uniform decode batches (every row exactly one query token, DECODE) skip the
+search: program r of the first grid axis takes token r, row r's, and loads
+each key tile's values together with its keys; a decode program's chain of
+dependent loads is then the length, the block table, then keys and values.
+
 Causality. Query token j of a row with q_len tokens and seq_len keys sits at
 position seq_len - q_len + j and sees keys at positions <= its own. Keys are read
 TILE_N at a time through the row's block table (key p lives in block
@@ -108,6 +113,7 @@ def _attend_tiles(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
     SLIDING: tl.constexpr,
+    EARLY_V: tl.constexpr,
 ):
     """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
 
@@ -127,6 +133,9 @@ def _attend_tiles(
 
         k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
                          dim_mask[:, None], MASKED, MASK_DIMS)
+        if EARLY_V:  # in flight with k_t rather than after the softmax
+            v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
+                           dim_mask[None, :], MASKED, MASK_DIMS)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -142,8 +151,9 @@ def _attend_tiles(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
-                       dim_mask[None, :], MASKED, MASK_DIMS)
+        if not EARLY_V:
+            v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
+                           dim_mask[None, :], MASKED, MASK_DIMS)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -185,17 +195,25 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    DECODE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
-    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    row, q_first, q_len, local = _locate_q_block(
-        query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q
-    )
-    if local * BLOCK_Q >= q_len:
-        return
+    if DECODE:
+        # Token r is row r's only query token: nothing to look up.
+        row = tl.program_id(0)
+        q_first = row
+        q_len = tl.full([], 1, tl.int32)
+        local = 0
+    else:
+        # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
+        q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+        row, q_first, q_len, local = _locate_q_block(
+            query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q
+        )
+        if local * BLOCK_Q >= q_len:
+            return
     context_len = tl.load(seq_lens_ptr + row, mask=row < num_reqs, other=0) - q_len
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -251,13 +269,13 @@ def _paged_attention_kernel(
         q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
         stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        False, SLIDING,
+        False, SLIDING, DECODE,
     )
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
         stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        True, SLIDING,
+        True, SLIDING, DECODE,
     )
 
     if SPLIT:
@@ -288,6 +306,7 @@ def launch_paged_attention(
     partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     *,
     sliding_window: int | None = None,
+    uniform_decode: bool = False,
     block_m: int,
     tile_n: int,
     num_warps: int,
@@ -299,6 +318,10 @@ def launch_paged_attention(
     partials (acc [T, Hq, S, D] f32, max [T, Hq, S] f32, sum [T, Hq, S] f32)
     it runs S = acc.shape[2] splits and writes those instead; out is untouched.
     ``sliding_window`` W limits each query at position q to keys k > q - W.
+    ``uniform_decode``: every row has exactly one query token (token r is
+    row r's, tokens past num_reqs are padding), so each program takes one
+    token without searching ``query_start_loc``, and loads its values with
+    its keys.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     key_cache, value_cache = kv_cache[0], kv_cache[1]
@@ -306,7 +329,8 @@ def launch_paged_attention(
     nqpk = num_q_heads // num_kv_heads
     block_q = block_m // nqpk
     num_splits = 1 if partials is None else partials[0].shape[2]
-    grid = (num_q_blocks(num_tokens, num_reqs, block_q), num_kv_heads, num_splits)
+    q_programs = num_tokens if uniform_decode else num_q_blocks(num_tokens, num_reqs, block_q)
+    grid = (q_programs, num_kv_heads, num_splits)
     part_acc, part_max, part_sum = partials if partials is not None else (out, out, out)
     pdl = launch_pdl(q.device)
     _paged_attention_kernel[grid](
@@ -326,6 +350,7 @@ def launch_paged_attention(
         SPLIT=partials is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SLIDING=sliding_window is not None,
+        DECODE=uniform_decode,
         num_warps=num_warps,
         num_stages=num_stages,
         PDL=pdl,

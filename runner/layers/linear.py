@@ -143,7 +143,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Decode batches on CUDA (at most 8 rows, wide outputs) take the
         one-pass skinny kernel: cuBLAS splits K for these shapes and reduces in
-        a second launch (see triton_skinny_matmul.skinny_block_n)."""
+        a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
         local = self.ops.row_parallel_matmul(x, self.weight)
         if not self.reduce_output:
             return local if self.bias is None or self.tp.rank else local + self.bias

@@ -9,10 +9,10 @@ no partial sums in memory. Rows are padded to 16 for the tensor cores.
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
-(``skinny_block_n``); ``bench_decode.py --cublas-only`` gives its layers
+(``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
 ``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
-A/B). The qkv projection has its own variant with rotary in the epilogue
-(``triton_qkv_rotary.py``). The input is loaded as it is: a dot operand computed while loading
+A/B). The qkv projection stays on cuBLAS: through this kernel it lost (same
+README). The input is loaded as it is: a dot operand computed while loading
 (such as silu(gate) * up) stalls the pipelined weight loads.
 
 ``gate_up_silu`` is the same pass for the MLP's fused gate/up projection
@@ -123,35 +123,24 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     return out
 
 
-def skinny_block_n(x: torch.Tensor, weight: torch.Tensor) -> int | None:
-    """The output columns a program of the skinny kernel takes for ``x @
-    weight.T`` (a row-parallel projection; asked on CUDA only), or None where
-    cuBLAS serves better: half precision, at most SKINNY_MAX_ROWS rows and
-    unit last strides are needed, and enough programs for about every SM.
-    BLOCK_N columns where the output is that wide, else half as many (the
-    1B shape's 2048 outputs); narrower outputs leave SMs idle, and cuBLAS's
-    split-K serves them better."""
+def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` (a row-parallel projection) takes the skinny
+    kernel (asked on CUDA only): half precision, at most SKINNY_MAX_ROWS rows, unit last
+    strides, and enough output columns for a BLOCK_N-wide program on about
+    every SM: narrower outputs leave SMs idle, and cuBLAS's split-K serves
+    them better."""
     if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
             and x.stride(-1) == 1 and weight.stride(-1) == 1):
-        return None
-    for block_n in (BLOCK_N, BLOCK_N // 2):
-        if triton.cdiv(weight.shape[0], block_n) >= 3 * num_sms(x.device) // 4:
-            return block_n
-    return None
-
-
-def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``row_parallel_matmul`` takes the skinny kernel (``skinny_block_n``)."""
-    return skinny_block_n(x, weight) is not None
+        return False
+    return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4
 
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` on CUDA: the skinny kernel where ``skinny_block_n``
+    """``x @ weight.T`` on CUDA: the skinny kernel where ``uses_skinny_matmul``
     says it wins, cuBLAS (``F.linear``) elsewhere."""
-    block_n = skinny_block_n(x, weight)
-    if block_n is None:
-        return F.linear(x, weight)
-    return skinny_matmul(x, weight, block_n=block_n)
+    if uses_skinny_matmul(x, weight):
+        return skinny_matmul(x, weight)
+    return F.linear(x, weight)
 
 
 def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP_BLOCK_N,

@@ -8,7 +8,6 @@ import torch
 from runner.layers.activation import gate_up_silu_ref
 from runner.layers.triton_skinny_matmul import (
     gate_up_silu,
-    skinny_block_n,
     skinny_gate_up_silu,
     skinny_matmul,
     uses_skinny_matmul,
@@ -43,14 +42,6 @@ def test_rejects_shapes_it_cannot_take():
         skinny_matmul(x, torch.zeros(4, 8, device=DEVICE))
     with pytest.raises(ValueError, match="does not fit weight"):
         skinny_matmul(torch.zeros(2, 16, device=DEVICE), torch.zeros(4, 8, device=DEVICE))
-
-
-def test_program_width_halves_for_outputs_too_narrow_for_the_sms():
-    # 132 SMs (an H100/H200; the count assumed off CUDA): 99 programs or more.
-    x = torch.zeros(1, 8, dtype=torch.bfloat16)
-    assert skinny_block_n(x, torch.zeros(4096, 8, dtype=torch.bfloat16)) == 32  # 8B o_proj
-    assert skinny_block_n(x, torch.zeros(2048, 8, dtype=torch.bfloat16)) == 16  # 1B o_proj
-    assert skinny_block_n(x, torch.zeros(1024, 8, dtype=torch.bfloat16)) is None  # 64 programs
 
 
 def test_dispatch_only_for_small_half_precision_cuda_batches_with_wide_outputs():
