@@ -128,10 +128,17 @@ def measure_gate_up_silu(shape: str, n: int, k: int, m: int) -> dict:
     want = silu_mul_triton(x @ weights[0].T).float()
     timings = sweep(skinny_gate_up_silu, x, weights, want, GATE_UP_SWEEP, 2e-2,
                     "the unfused pair")
-    best = min(timings, key=timings.get)
     unfused_ms = time_ms(lambda w: silu_mul_triton(x @ w.T), weights)
-    weight_bytes = n * k * 2
-    return {"shape": shape, "projection": "gate_up+silu", "rows": m,
+    return fused_row(shape, "gate_up+silu", m, n * k * 2, unfused_ms, timings)
+
+
+def fused_row(shape: str, projection: str, m: int, weight_bytes: int, unfused_ms: float,
+              timings: dict[str, float]) -> dict:
+    """A fused launch against its unfused pair: microseconds and TB/s of the
+    pair, of the fused kernel's default tile ("{}" in ``timings``) and of
+    its best."""
+    best = min(timings, key=timings.get)
+    return {"shape": shape, "projection": projection, "rows": m,
             "weight_MB": round(weight_bytes / 1e6, 1),
             "unfused_us": round(unfused_ms * 1e3, 2),
             "fused_us": round(timings["{}"] * 1e3, 2),
@@ -174,18 +181,9 @@ def measure_qkv_rotary(shape: str, k: int, m: int) -> dict:
 
     want = unfused(weights[0]).flatten(1).float()
     timings = sweep(fused, x, weights, want, QKV_ROTARY_SWEEP, 2e-2, "cuBLAS + rotary")
-    best = min(timings, key=timings.get)
-    unfused_ms = time_ms(unfused, weights)
-    weight_bytes = n * k * 2
-    return {"shape": shape, "projection": "qkv+rotary+kv_write", "rows": m,
-            "weight_MB": round(weight_bytes / 1e6, 1),
-            "unfused_us": round(unfused_ms * 1e3, 2),
-            "fused_us": round(timings["{}"] * 1e3, 2),
-            "fused_best_us": round(timings[best] * 1e3, 2),
-            "unfused_TBps": round(weight_bytes / unfused_ms / 1e9, 2),
-            "fused_TBps": round(weight_bytes / timings["{}"] / 1e9, 2),
-            "runner_uses_fused": uses_skinny_qkv_rotary(x, weights[0], head_dim),
-            "best": json.loads(best)}
+    row = fused_row(shape, "qkv+rotary+kv_write", m, n * k * 2, time_ms(unfused, weights),
+                    timings)
+    return row | {"runner_uses_fused": uses_skinny_qkv_rotary(x, weights[0], head_dim)}
 
 
 def main() -> None:
