@@ -76,15 +76,16 @@ def test_split_kv_matches_oracle(num_splits, decode_only):
     assert (out[batch.attn.num_tokens :] == 0).all()
 
 
-@pytest.mark.parametrize("num_splits", [1, 4])
-def test_uniform_decode_batch_matches_oracle(num_splits):
+@pytest.mark.parametrize("num_splits,window", [(1, None), (4, None), (3, 40)])
+def test_uniform_decode_batch_matches_oracle(num_splits, window):
     """Every row one query token: the kernel maps token r to row r without
     searching query_start_loc and loads values with keys; the padding tokens
     past the rows give zeros."""
     batch = make_batch(23, [1, 1, 1, 1], [1, 33, 130, 257], num_pad_tokens=3, block_size=16,
                        head_dim=64, num_q_heads=8, num_kv_heads=2)
     assert batch.attn.uniform_decode
-    out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4)
+    out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4,
+                        window=window)
     assert (out[batch.attn.num_tokens :] == 0).all()
 
 
