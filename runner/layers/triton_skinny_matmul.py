@@ -11,8 +11,8 @@ no partial sums in memory. Rows are padded to 16 for the tensor cores.
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
 ``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
-A/B). The qkv projection stays on cuBLAS: through this kernel it lost (same
-README). The input is loaded as it is: a dot operand computed while loading
+A/B). The qkv projection has its own variant with rotary in the epilogue
+(``triton_qkv_rotary.py``). The input is loaded as it is: a dot operand computed while loading
 (such as silu(gate) * up) stalls the pipelined weight loads.
 
 ``gate_up_silu`` is the same pass for the MLP's fused gate/up projection
