@@ -6,9 +6,8 @@ device. Writing each change with its own tiny copy would cost a launch per
 change. Instead ``stage_write`` / ``stage_write_elem`` record the write on
 the host (a copy of its values, so the caller may reuse its array) and a
 ``StagedWriteGroup`` (runner/staged_write_group.py) later applies the
-staged writes of all its members with one upload and one launch: the
-runner's one group holds every such tensor; ``apply_write`` applies one
-tensor's writes alone, as a group of one. The group's docstring states the
+staged writes of all its members with one upload and one launch (the
+runner's one group holds every such tensor). The group's docstring states the
 invariants (staging order, the later write winning on overlap, no wait for
 the device).
 
@@ -18,14 +17,12 @@ copies values as 32-bit words.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from runner.ops import device_ops
-from runner.staged_write_group import StagedWriteGroup
 from runner.transfer import numpy_dtype
 
 
@@ -90,15 +87,3 @@ class StagedWriteTensor:
     def num_staged(self) -> int:
         """Number of writes staged since they were last applied."""
         return len(self._writes)
-
-    @functools.cached_property
-    def solo_group(self) -> StagedWriteGroup:
-        """The group of this tensor alone, made on first use (``apply_write``)."""
-        return StagedWriteGroup([self])
-
-    def apply_write(self) -> None:
-        """Apply this tensor's staged writes, in staging order, with one upload
-        and one launch (its group of one); never waits. The writes go to
-        whichever group applies first; the runner applies through its one
-        group only."""
-        self.solo_group.apply_writes()

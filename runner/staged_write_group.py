@@ -8,8 +8,7 @@ of a request would wait for all of them. The runner's one group packs every
 member's writes into one host buffer, uploads it in one copy
 (``runner.transfer``: non_blocking from a pinned ring on CUDA) and applies
 them with one launch, whose programs write through each target's address
-(the Triton kernel) or one scatter per target (the torch reference). A
-tensor applied alone (``StagedWriteTensor.apply_write``) is a group of one.
+(the Triton kernel) or one scatter per target (the torch reference).
 
 Layout of the packed buffer: int64 words, then the values as 32-bit words
 (every target's dtype is 4 or 8 bytes wide, so each value is one or two
