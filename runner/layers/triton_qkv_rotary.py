@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from runner.layers.triton_rotary import rotary_write_kv_triton
-from runner.layers.triton_skinny_matmul import SKINNY_DTYPES, SKINNY_MAX_ROWS
+from runner.layers.triton_skinny_matmul import skinny_inputs
 from runner.ops import launch_pdl, num_sms
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
@@ -99,14 +99,12 @@ def _skinny_qkv_rotary_kernel(
 
 
 def uses_skinny_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
-    """Whether ``qkv_rotary_write_kv`` takes the one-launch kernel: half
-    precision, at most SKINNY_MAX_ROWS rows, unit last strides, BLOCK_P
-    dividing half a head, and programs for at least a third of the SMs
+    """Whether ``qkv_rotary_write_kv`` takes the one-launch kernel: inputs
+    every skinny kernel takes (``skinny_inputs``), BLOCK_P dividing half a
+    head, and programs for at least a third of the SMs
     (fewer leave the weight read to too few SMs; cuBLAS's split-K serves
     those)."""
-    if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
-            and x.stride(-1) == 1 and weight.stride(-1) == 1
-            and head_dim % (2 * BLOCK_P) == 0):
+    if not (skinny_inputs(x, weight) and head_dim % (2 * BLOCK_P) == 0):
         return False
     programs = weight.shape[0] // (2 * BLOCK_P)
     return programs >= num_sms(x.device) // 3

@@ -123,16 +123,21 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     return out
 
 
+def skinny_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """What every skinny kernel needs of ``x @ weight.T``: half precision, at
+    most SKINNY_MAX_ROWS rows, unit last strides."""
+    return (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
+            and x.stride(-1) == 1 and weight.stride(-1) == 1)
+
+
 def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` (a row-parallel projection) takes the skinny
     kernel (asked on CUDA only): half precision, at most SKINNY_MAX_ROWS rows, unit last
     strides, and enough output columns for a BLOCK_N-wide program on about
     every SM: narrower outputs leave SMs idle, and cuBLAS's split-K serves
     them better."""
-    if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
-            and x.stride(-1) == 1 and weight.stride(-1) == 1):
-        return False
-    return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4
+    return (skinny_inputs(x, weight)
+            and triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4)
 
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -173,8 +178,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the MLP's fused projection on CUDA: one skinny
     launch for decode batches (the same limits as ``uses_skinny_matmul``,
     counted in outputs), cuBLAS then the activation kernel elsewhere."""
-    if (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS and x.stride(-1) == 1
-            and weight.stride(-1) == 1 and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N)
-            >= 3 * num_sms(x.device) // 4):
+    if (skinny_inputs(x, weight)
+            and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N) >= 3 * num_sms(x.device) // 4):
         return skinny_gate_up_silu(x, weight)
     return silu_mul_triton(F.linear(x, weight))
