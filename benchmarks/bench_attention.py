@@ -56,8 +56,11 @@ from runner.attention.triton_attn import (  # noqa: E402
     tile_config,
 )
 from runner.attention.triton_kv_write import write_kv_cache  # noqa: E402
-from runner.attention.triton_split_merge import merge_splits  # noqa: E402
-from runner.attention.triton_unified import launch_paged_attention  # noqa: E402
+from runner.attention.triton_split_merge import SplitPartials  # noqa: E402
+from runner.attention.triton_unified import (  # noqa: E402
+    launch_paged_attention,
+    split_counters_needed,
+)
 from runner.ops import num_sms  # noqa: E402
 
 
@@ -247,21 +250,23 @@ def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps,
 
 
 def attention_only(q, kv_cache, attn, num_splits, config):
-    """A closure running just the attention launches (no KV write) with a fixed config."""
+    """A closure running just the attention launch (no KV write) with a fixed config."""
     out = torch.empty_like(q)
     shape = (*q.shape[:2], num_splits)
     partials = None
     if num_splits > 1:
         f32 = {"dtype": torch.float32, "device": q.device}
-        partials = (torch.empty(*shape, q.shape[2], **f32), torch.empty(shape, **f32),
-                    torch.empty(shape, **f32))
+        counters = split_counters_needed(q.shape[0], attn.num_reqs, q.shape[1],
+                                         kv_cache.shape[3], config["block_m"],
+                                         attn.uniform_decode)
+        partials = SplitPartials(torch.empty(*shape, q.shape[2], **f32),
+                                 torch.empty(shape, **f32), torch.empty(shape, **f32),
+                                 torch.zeros(counters, dtype=torch.int32, device=q.device))
 
     def run():
         launch_paged_attention(q, kv_cache, attn.block_tables, attn.seq_lens,
                                attn.query_start_loc, attn.num_reqs, 0.1, out, partials,
                                uniform_decode=attn.uniform_decode, **config)
-        if partials is not None:
-            merge_splits(out, *partials)
 
     return run
 

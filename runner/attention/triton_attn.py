@@ -1,9 +1,9 @@
 """Triton paged-attention backend: the default on GPU.
 
 One forward = one KV-write launch (triton_kv_write.py) + one unified attention
-launch over the whole mixed batch (triton_unified.py), or, for small decode
-batches with long contexts, the split-KV variant + a merge launch
-(triton_split_merge.py).
+launch over the whole mixed batch (triton_unified.py); for small decode
+batches with long contexts that launch splits each q-block's keys and its
+last split merges the partials (triton_split_merge.py), still one launch.
 
 Host synchronisation: none. Grids and tile choices come from host ints only
 (tensor shapes and AttentionMetadata's num_reqs / max_query_len / max_seq_len);
@@ -12,7 +12,9 @@ pure-decode batch of a given padded size every grid is fixed, so forward() can b
 captured in a CUDA graph and replayed with other seq_lens and block tables. The
 split choice is the one heuristic input that depends on max_seq_len; while a
 CUDA graph is being captured it assumes long contexts (short ones stay correct,
-their surplus splits are simply empty).
+their surplus splits are simply empty). The splits' counters persist
+(``SplitCounters``): every launch leaves them zero, so a replay needs no
+memset.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import triton
 from runner.attention.fresh_prefill import attend_fresh_rows, fresh_suffix_start
 from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
-from runner.attention.triton_split_merge import merge_splits
-from runner.attention.triton_unified import launch_paged_attention
+from runner.attention.triton_split_merge import SplitCounters, SplitPartials
+from runner.attention.triton_unified import launch_paged_attention, split_counters_needed
 from runner.ops import device_ops, is_capturing, num_sms
 
 MAX_SPLITS = 32
@@ -107,6 +109,7 @@ class TritonAttentionBackend:
         # layer of a step asks about the same metadata, so the host works it
         # out once per step and window.
         self._fresh: tuple[AttentionMetadata, int | None, int | None] | None = None
+        self._counters = SplitCounters()
 
     def forward(
         self,
@@ -155,6 +158,12 @@ class TritonAttentionBackend:
         num_kv_heads = kv_cache.shape[3]
         config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
+        # Sized on every launch, split or not: the eager warm-up before a
+        # graph capture then sizes them for the capture, which may split
+        # where the warm-up did not.
+        counters = self._counters.at_least(
+            split_counters_needed(num_tokens, attn.num_reqs, num_q_heads, num_kv_heads,
+                                  config["block_m"], attn.uniform_decode), q.device)
         args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc,
                 attn.num_reqs, scale, out)
         shape = dict(sliding_window=sliding_window, uniform_decode=attn.uniform_decode, **config)
@@ -163,13 +172,13 @@ class TritonAttentionBackend:
             return out
         part_shape = (num_tokens, num_q_heads, num_splits)
         f32 = {"dtype": torch.float32, "device": q.device}
-        partials = (
+        partials = SplitPartials(
             torch.empty((*part_shape, head_dim), **f32),
             torch.empty(part_shape, **f32),
             torch.empty(part_shape, **f32),
+            counters,
         )
         launch_paged_attention(*args, partials, **shape)
-        merge_splits(out, *partials)
         return out
 
     def _fresh_min_tokens(self, device: torch.device) -> int | None:
