@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_gemv [--rows 1 8] [--shapes 8b 1b]
 
-At batch 1-8 each projection reads its weight once; the question is how close
+At batch 1-16 each projection reads its weight once; the question is how close
 to the copy bandwidth each implementation gets. Per projection of the
 Llama-3.1-8B and Llama-3.2-1B shapes (TP=1) and per row count M, this times
 ``x @ w.T`` through cuBLAS and through ``runner.layers.triton_skinny_matmul``
@@ -12,7 +12,7 @@ weight bytes over time. Each timing is a CUDA graph of 200 calls cycling
 through enough weight copies that none is read from L2. Prints a JSON
 summary last.
 
-The runner takes the skinny kernel for o_proj and down (rows <= 8) when their
+The runner takes the skinny kernel for o_proj and down (rows <= 16) when their
 outputs are wide enough for the SMs (``runner_uses_triton``: the 8B shape's,
 not the 1B's), the fused gate/up + SiLU launch for gate_up, and
 the fused qkv + rotary + KV-write launch for qkv (the rows
@@ -188,7 +188,7 @@ def measure_qkv_rotary(shape: str, k: int, m: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

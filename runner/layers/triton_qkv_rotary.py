@@ -1,6 +1,6 @@
 """The qkv projection of a decode batch, rotary and the KV-cache write in one launch.
 
-At batch 1-8 the qkv projection is a matrix-vector product bound by reading
+At batch 1-16 the qkv projection is a matrix-vector product bound by reading
 its weight once, and the rotary kernel after it (``rotary_write_kv_triton``)
 is a launch of a few microseconds that only rotates q and k and stores k and
 v in the paged cache. Here each program computes BLOCK_P rotary pairs of one
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from runner.layers.triton_rotary import rotary_write_kv_triton
-from runner.layers.triton_skinny_matmul import skinny_inputs
+from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
 from runner.ops import launch_pdl, num_sms
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
@@ -117,11 +117,10 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
                                num_stages: int = 4) -> torch.Tensor:
     """x [M, K], weight [(Hq + 2 Hkv) D, K] (q rows, k rows, v rows) -> rotated
     q [M, Hq, D]; rotated k and v stored at ``slot_mapping`` in ``kv_cache``
-    [2, blocks, block_size, Hkv, D]. M <= 16, unit last strides."""
+    [2, blocks, block_size, Hkv, D]. M <= SKINNY_MAX_ROWS, unit last strides."""
     m, k = x.shape
     head_dim = kv_cache.shape[-1]
-    if m > 16:
-        raise ValueError(f"skinny_qkv_rotary_write_kv takes at most 16 rows, got {m}")
+    check_rows("skinny_qkv_rotary_write_kv", m)
     if weight.shape != ((num_q_heads + 2 * num_kv_heads) * head_dim, k):
         raise ValueError(f"qkv weight {tuple(weight.shape)} does not fit {num_q_heads} q and "
                          f"{num_kv_heads} kv heads of {head_dim} over input width {k}")
@@ -140,7 +139,7 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
         slot_mapping.shape[0], k, x.stride(0), weight.stride(0), q.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_q_heads,
         num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_P=block_p, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         PDL=pdl, launch_pdl=pdl)
     return q

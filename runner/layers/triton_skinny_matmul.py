@@ -1,10 +1,13 @@
 """Triton matmul for a few rows (decode batches): out = x @ w.T in one pass over w.
 
-At batch 1-8 a projection is a matrix-vector product bound by reading the
+At batch 1-16 a projection is a matrix-vector product bound by reading the
 weight once. For the row-parallel projections (o_proj, down) cuBLAS splits K
 and launches a second kernel to reduce the splits; this kernel gives each
 program BLOCK_N output columns and the whole of K, so there is one launch and
-no partial sums in memory. Rows are padded to 16 for the tensor cores.
+no partial sums in memory. Rows are padded to one ROW_TILE of 16, the
+smallest ``tl.dot`` takes, and every kernel here takes at most that many
+(SKINNY_MAX_ROWS); larger batches go to cuBLAS, whose tiles serve them
+better than a taller tile here (benchmarks/results/README.md).
 
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
@@ -36,7 +39,8 @@ from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.ops import launch_pdl, num_sms
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
-SKINNY_MAX_ROWS = 8
+ROW_TILE = 16  # the row tile of every skinny kernel: tl.dot's smallest M
+SKINNY_MAX_ROWS = ROW_TILE
 BLOCK_N = 32
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
@@ -100,13 +104,18 @@ def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride
              mask=row_mask[:, None] & col_mask[None, :])
 
 
+def check_rows(kernel: str, m: int) -> None:
+    """The one row limit of every skinny kernel: the rows fit one ROW_TILE."""
+    if m > SKINNY_MAX_ROWS:
+        raise ValueError(f"{kernel} takes at most {SKINNY_MAX_ROWS} rows, got {m}")
+
+
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
                   block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T for M <= 16 rows. Unit last strides."""
+    """x [M, K] @ w[N, K].T for M <= SKINNY_MAX_ROWS rows. Unit last strides."""
     m = x.shape[0]
     n, k = w.shape
-    if m > 16:
-        raise ValueError(f"skinny_matmul takes at most 16 rows, got {m}")
+    check_rows("skinny_matmul", m)
     if x.shape[1] != k:
         raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
@@ -117,7 +126,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     pdl = launch_pdl(x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         PDL=pdl, launch_pdl=pdl)
     return out
@@ -152,11 +161,10 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
                         block_k: int = 128, num_warps: int = 4,
                         num_stages: int = 3) -> torch.Tensor:
     """x [M, K] and w [2I, K] (gate rows, then up rows) -> silu(x @ gate.T) *
-    (x @ up.T), [M, I], for M <= 16 rows. Unit last strides."""
+    (x @ up.T), [M, I], for M <= SKINNY_MAX_ROWS rows. Unit last strides."""
     m = x.shape[0]
     two_n, k = w.shape
-    if m > 16:
-        raise ValueError(f"skinny_gate_up_silu takes at most 16 rows, got {m}")
+    check_rows("skinny_gate_up_silu", m)
     if x.shape[1] != k or two_n % 2:
         raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
@@ -168,7 +176,7 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
     pdl = launch_pdl(x.device)
     _skinny_gate_up_silu_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         PDL=pdl, launch_pdl=pdl)
     return out

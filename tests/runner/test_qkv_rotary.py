@@ -58,6 +58,8 @@ def _run_both(fn, x, w, positions, slots, cache, rope, hq, hk, **kwargs):
     (1, 96, 4, 2, 64, 16, 64),     # K a multiple of the tile
     (3, 200, 2, 1, 64, 32, 128),   # a masked last K tile; one slot -1, one row unmapped
     (8, 128, 4, 4, 128, 16, 128),  # head_dim 128, a pair block of a quarter head
+    (12, 160, 2, 1, 64, 32, 64),   # four masked rows of the 16-row tile
+    (16, 96, 4, 2, 64, 16, 64),    # the whole tile; the last row unmapped
 ])
 def test_skinny_kernel_matches_reference(dtype, m, k, hq, hk, head_dim, block_p, block_k):
     rope = RotaryEmbedding(head_dim, 256, 10000.0, None)
@@ -94,7 +96,8 @@ def test_uses_skinny_qkv_rotary_on_decode_batches_of_model_sized_projections():
         return uses_skinny_qkv_rotary(x, w, head_dim)
 
     assert decide(1, torch.bfloat16) and decide(8, torch.float16)
-    assert not decide(9, torch.bfloat16)  # beyond a decode batch: cuBLAS's tiles
+    assert decide(16, torch.bfloat16)  # one 16-row tile
+    assert not decide(17, torch.bfloat16)  # beyond it: cuBLAS's tiles
     assert not decide(1, torch.float32)  # the tensor cores' half precision only
     assert not decide(1, torch.bfloat16, head_dim=2 * BLOCK_P + 2)  # pairs must tile a half
     assert not decide(1, torch.bfloat16, out_rows=32 * BLOCK_P)  # 16 programs: too few SMs
@@ -108,3 +111,11 @@ def test_rejects_a_weight_that_does_not_fit_the_heads():
     with pytest.raises(ValueError, match="does not fit"):
         skinny_qkv_rotary_write_kv(x, w[:-1], positions, rope.cos, rope.sin, cache, slots,
                                    hq, hk)
+
+
+def test_rejects_more_rows_than_one_tile():
+    hq, hk, head_dim = 2, 1, 64
+    rope = RotaryEmbedding(head_dim, 256, 10000.0, None)
+    x, w, positions, slots, cache = _case(17, 64, hq, hk, head_dim, torch.float32, seed=2)
+    with pytest.raises(ValueError, match="at most 16 rows, got 17"):
+        skinny_qkv_rotary_write_kv(x, w, positions, rope.cos, rope.sin, cache, slots, hq, hk)
