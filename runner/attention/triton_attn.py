@@ -63,21 +63,26 @@ def choose_num_splits(
     return splits if splits >= 2 else 1
 
 
-def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
+def tile_config(max_query_len: int, nqpk: int, head_dim: int,
+                split: bool = False) -> dict[str, int]:
     """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
 
     Decode-like batches use the smallest tensor-core tile that holds the heads of
     a KV group and long key tiles (memory-bound: fewer, larger loads); batches with
-    prefill chunks use 64 rows to reuse each K/V tile. ``benchmarks/bench_attention.py
-    --sweep`` compares the alternatives.
+    prefill chunks use 64 rows to reuse each K/V tile. A ``split`` decode
+    batch (few rows, each split a short run of keys) takes 64-key tiles on
+    two warps: a program reaches its first tile sooner, and twice as many
+    programs fit on an SM. ``benchmarks/bench_attention.py --sweep``
+    compares the alternatives.
     """
     rows = nqpk * max(1, min(max_query_len, 64))
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     block_m = max(block_m, triton.next_power_of_2(nqpk))
-    tile_n = 128 if max_query_len <= MAX_SPLIT_QUERY_LEN else 64
+    decode = max_query_len <= MAX_SPLIT_QUERY_LEN
+    tile_n = 64 if not decode or split else 128
     if head_dim > 128:
         tile_n //= 2
-    num_warps = 4 if block_m <= 64 else 8
+    num_warps = 2 if decode and split else 4 if block_m <= 64 else 8
     return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
 
 
@@ -156,8 +161,9 @@ class TritonAttentionBackend:
         if num_tokens == 0:
             return out
         num_kv_heads = kv_cache.shape[3]
-        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
+        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim,
+                             split=num_splits > 1)
         # Sized on every launch, split or not: the eager warm-up before a
         # graph capture then sizes them for the capture, which may split
         # where the warm-up did not.

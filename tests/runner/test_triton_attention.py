@@ -196,6 +196,11 @@ def test_tile_config_fits_a_kv_group(nqpk, max_query_len):
     assert block_m // nqpk >= 1
     if max_query_len == 1:
         assert block_m == max(16, 1 << (nqpk - 1).bit_length())
+    split = tile_config(max_query_len, nqpk, 128, split=True)
+    assert split["block_m"] == block_m
+    if max_query_len == 1:  # a split decode batch: short key tiles on two warps
+        assert (split["tile_n"], split["num_warps"]) == (64, 2)
+        assert (config["tile_n"], config["num_warps"]) == (128, 4)
 
 
 def test_rejects_mismatched_inputs():
