@@ -25,8 +25,6 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.ticket_counters import take_ticket
-
 # Rows x splits of accumulator the merging program loads at once (each row a
 # head_dim vector): wide enough that a decode's splits arrive in one or two
 # rounds of parallel loads, small enough to stay in registers.
@@ -113,28 +111,3 @@ def merge_split_rows(
     else:
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & dim_mask[None, :])
-
-
-@triton.jit
-def finish_split(
-    counter_ptr,
-    num_splits,
-    out_ptr,
-    out_rows,
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    part_rows,
-    row_mask,
-    num_live,
-    ROWS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
-):
-    """Count this split program's partials as stored (``take_ticket``); the
-    group's last one merges all of them (``merge_split_rows``)."""
-    if take_ticket(counter_ptr, num_splits):
-        merge_split_rows(out_ptr, out_rows, part_acc_ptr, part_max_ptr, part_sum_ptr, part_rows,
-                         row_mask, num_live, ROWS, HEAD_DIM, DIM_PAD, SPLITS_PAD, SPLIT_CHUNK)
