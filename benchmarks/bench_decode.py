@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -75,7 +76,6 @@ from engine.config import EngineConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner import ops as runner_ops
 from runner.distributed import TensorParallelGroup
-from runner.layers.linear import RowParallelLinear
 from runner.model_runner import ModelRunner
 
 
@@ -324,8 +324,9 @@ def main() -> None:
     parser.add_argument("--no-pdl", action="store_true",
                         help="launch the Triton kernels without programmatic dependent launch")
     parser.add_argument("--cublas-only", action="store_true",
-                        help="row-parallel projections through cuBLAS at every batch size "
-                             "(no skinny Triton matmul), to compare")
+                        help="every projection through cuBLAS at every batch size (no "
+                             "skinny or medium Triton matmul, no fused gate/up or qkv), "
+                             "to compare")
     parser.add_argument("--disable-custom-all-reduce", action="store_true",
                         help="NCCL for every all-reduce (TP > 1), to compare")
     parser.add_argument("--spec-tokens", type=int, nargs="*", default=[],
@@ -343,14 +344,21 @@ def main() -> None:
         run_benchmark(args, write_shape(args.shape, shape_dir))
 
 
-def use_cublas_for_row_parallel(model: torch.nn.Module) -> None:
-    """Every row-parallel projection of ``model`` through ``F.linear``
-    (cuBLAS) instead of the device's choice, for ``--cublas-only``: the
-    layers' own ops, replaced, so nothing global changes."""
+def use_cublas_everywhere(model: torch.nn.Module) -> None:
+    """Every projection of ``model`` through cuBLAS instead of the device's
+    choice (skinny or medium Triton matmuls), for ``--cublas-only``: the
+    row-parallel ones through ``F.linear``, gate/up as cuBLAS then the SiLU
+    kernel, qkv as cuBLAS then the rotary kernel. The modules' own ops are
+    replaced, so nothing global changes."""
+    from runner.layers.triton_qkv_rotary import unfused_qkv_rotary_write_kv
+    from runner.layers.triton_skinny_matmul import cublas_gate_up_silu
+
+    linear = torch.nn.functional.linear
+    replacements = {"row_parallel_matmul": linear, "gate_up_silu": cublas_gate_up_silu,
+                    "qkv_rotary_write_kv": functools.partial(unfused_qkv_rotary_write_kv, linear)}
     for module in model.modules():
-        if isinstance(module, RowParallelLinear):
-            module.ops = dataclasses.replace(module.ops,
-                                             row_parallel_matmul=torch.nn.functional.linear)
+        if isinstance(getattr(module, "ops", None), runner_ops.DeviceOps):
+            module.ops = dataclasses.replace(module.ops, **replacements)
 
 
 def run_benchmark(args, model_dir: str) -> None:
@@ -369,7 +377,7 @@ def run_benchmark(args, model_dir: str) -> None:
     config = engine_config.runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
     if args.cublas_only:  # before the decode graphs are captured
-        use_cublas_for_row_parallel(runner.model)
+        use_cublas_everywhere(runner.model)
     # Only the blocks the largest row takes, so the peer has room beside them.
     replay_steps = (args.steps + SPEC_WARMUP + 1) * (1 + max(args.spec_tokens, default=0))
     row_steps = max(args.steps, replay_steps if args.spec_proposer == "replay" else 0)

@@ -30,7 +30,6 @@ device has it (``runner/triton_dependent_launch.py``).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -40,6 +39,7 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
+from runner.layers.triton_medium_matmul import medium_or_cublas
 from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
 from runner.ops import launch_pdl, num_sms
@@ -180,11 +180,24 @@ def qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.
                         slot_mapping: torch.Tensor, num_q_heads: int,
                         num_kv_heads: int) -> torch.Tensor:
     """``qkv_rotary_write_kv_ref`` on CUDA: one skinny launch for decode
-    batches, cuBLAS and then the rotary kernel elsewhere."""
+    batches, elsewhere the projection (the medium kernel for 17..64 rows,
+    ``medium_or_cublas``, else cuBLAS) and then the rotary kernel."""
     head_dim = kv_cache.shape[-1]
     if uses_skinny_qkv_rotary(x, weight, head_dim):
         return skinny_qkv_rotary_write_kv(x, weight, positions, cos, sin, kv_cache,
                                           slot_mapping, num_q_heads, num_kv_heads)
-    heads = F.linear(x, weight).unflatten(-1, (-1, head_dim))
+    return unfused_qkv_rotary_write_kv(medium_or_cublas, x, weight, positions, cos, sin,
+                                       kv_cache, slot_mapping, num_q_heads, num_kv_heads)
+
+
+def unfused_qkv_rotary_write_kv(matmul, x: torch.Tensor, weight: torch.Tensor,
+                                positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                                num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """The projection through ``matmul(x, weight)``, then the rotary kernel
+    (two launches; ``bench_decode.py --cublas-only`` takes it with
+    ``F.linear`` at every size)."""
+    head_dim = kv_cache.shape[-1]
+    heads = matmul(x, weight).unflatten(-1, (-1, head_dim))
     q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
     return rotary_write_kv_triton(positions, q, k, v, cos, sin, kv_cache, slot_mapping)

@@ -18,10 +18,20 @@ def _silu_mul_kernel(x_ptr, out_ptr, inter, x_stride, out_stride, BLOCK: tl.cons
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
     gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * x_stride + inter + cols, mask=mask, other=0.0)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty)
-    out = (silu.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * out_stride + cols, out, mask=mask)
+    up = tl.load(x_ptr + row * x_stride + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * out_stride + cols, silu_mul_rounded(gate, up, out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def silu_mul_rounded(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up in ``dtype`` from float32 gate and up that hold values
+    of ``dtype``: silu in float32 rounded to ``dtype``, then the product
+    rounded again, as ``F.silu(gate) * up`` rounds. The fused projections
+    (skinny, medium) round their float32 sums to ``dtype`` first and call
+    this, so they match the unfused pair."""
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    return (silu * up).to(dtype)
 
 
 def silu_mul_triton(x: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,9 @@ no partial sums in memory. Where those programs are too few for the SMs
 programs over ranges of K, and the last of them sums their parts in the same
 launch (``split_k.py``). Rows are padded to one ROW_TILE of 16, the
 smallest ``tl.dot`` takes, and every kernel here takes at most that many
-(SKINNY_MAX_ROWS); larger batches go to cuBLAS, whose tiles serve them
-better than a taller tile here (benchmarks/results/README.md).
+(SKINNY_MAX_ROWS); batches of 17..64 rows go to the medium kernels
+(``triton_medium_matmul.py``, weight as the dot's large operand) and
+larger ones to cuBLAS.
 
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
@@ -44,7 +45,12 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
-from runner.layers.triton_silu_mul import silu_mul_triton
+from runner.layers.triton_medium_matmul import (
+    medium_gate_up_silu,
+    medium_or_cublas,
+    uses_medium_matmul,
+)
+from runner.layers.triton_silu_mul import silu_mul_rounded, silu_mul_triton
 from runner.ops import launch_pdl, num_sms
 from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
@@ -122,10 +128,9 @@ def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride
         acc_gate += tl.dot(a, tl.trans(w_gate), input_precision=DOT_PRECISION)
         acc_up += tl.dot(a, tl.trans(w_up), input_precision=DOT_PRECISION)
     dtype = out_ptr.dtype.element_ty
-    gate = acc_gate.to(dtype).to(tl.float32)
-    up = acc_up.to(dtype).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], (silu * up).to(dtype),
+    out = silu_mul_rounded(acc_gate.to(dtype).to(tl.float32), acc_up.to(dtype).to(tl.float32),
+                           dtype)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out,
              mask=row_mask[:, None] & col_mask[None, :])
 
 
@@ -187,10 +192,11 @@ def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` on CUDA: the skinny kernel where ``uses_skinny_matmul``
-    says it wins, cuBLAS (``F.linear``) elsewhere."""
+    says it wins, the medium kernel for 17..64 rows (``medium_or_cublas``),
+    cuBLAS (``F.linear``) elsewhere."""
     if uses_skinny_matmul(x, weight):
         return skinny_matmul(x, weight)
-    return F.linear(x, weight)
+    return medium_or_cublas(x, weight)
 
 
 def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP_BLOCK_N,
@@ -221,8 +227,17 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
 def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the MLP's fused projection on CUDA: one skinny
     launch for decode batches (the same limits as ``uses_skinny_matmul``,
-    counted in outputs), cuBLAS then the activation kernel elsewhere."""
+    counted in outputs), one medium launch for 17..64 rows
+    (``uses_medium_matmul``), cuBLAS then the activation kernel elsewhere."""
     if (skinny_inputs(x, weight)
             and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N) >= 3 * num_sms(x.device) // 4):
         return skinny_gate_up_silu(x, weight)
+    if uses_medium_matmul(x, weight, "gate_up"):
+        return medium_gate_up_silu(x, weight)
+    return cublas_gate_up_silu(x, weight)
+
+
+def cublas_gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The unfused pair on CUDA: cuBLAS's projection, then the activation
+    kernel (``bench_decode.py --cublas-only`` takes it at every size)."""
     return silu_mul_triton(F.linear(x, weight))

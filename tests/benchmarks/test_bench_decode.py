@@ -74,25 +74,34 @@ def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
 
 
 def test_cublas_only_replaces_the_layers_ops_not_the_devices():
-    """--cublas-only gives each row-parallel layer F.linear and leaves every
+    """--cublas-only gives each row-parallel layer F.linear, each module that
+    projects gate/up or qkv the cuBLAS-then-kernel pair, and leaves every
     other op, and the device's shared DeviceOps, as they were."""
     import torch.nn.functional as F
 
-    from benchmarks.bench_decode import use_cublas_for_row_parallel
+    from benchmarks.bench_decode import use_cublas_everywhere
     from runner.distributed import TensorParallelGroup
     from runner.layers.linear import RowParallelLinear
+    from runner.layers.rotary import RotaryEmbedding
+    from runner.layers.triton_qkv_rotary import unfused_qkv_rotary_write_kv
+    from runner.layers.triton_skinny_matmul import cublas_gate_up_silu
     from runner.ops import device_ops
 
     tp = TensorParallelGroup(rank=0, size=1, peer=None)
     model = torch.nn.Sequential(RowParallelLinear(8, 4, tp, False, torch.float32),
-                                RowParallelLinear(4, 8, tp, False, torch.float32))
+                                RowParallelLinear(4, 8, tp, False, torch.float32),
+                                RotaryEmbedding(8, 16, 10000.0, None))
     shared = device_ops(torch.device("cpu"))
     sentinel = object()
     for layer in model:  # a stand-in for the device's own choice, to see it replaced
-        layer.ops = dataclasses.replace(layer.ops, row_parallel_matmul=sentinel)
-    use_cublas_for_row_parallel(model)
+        layer.ops = dataclasses.replace(layer.ops, row_parallel_matmul=sentinel,
+                                        gate_up_silu=sentinel, qkv_rotary_write_kv=sentinel)
+    use_cublas_everywhere(model)
     for layer in model:
         assert layer.ops.row_parallel_matmul is F.linear
+        assert layer.ops.gate_up_silu is cublas_gate_up_silu
+        qkv = layer.ops.qkv_rotary_write_kv
+        assert (qkv.func, qkv.args) == (unfused_qkv_rotary_write_kv, (F.linear,))
         assert layer.ops.rms_norm is shared.rms_norm
     assert device_ops(torch.device("cpu")) is shared
 

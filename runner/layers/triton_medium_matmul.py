@@ -1,0 +1,241 @@
+"""Triton matmul for decode batches of 17..MEDIUM_MAX_ROWS rows: out = x @ w.T.
+
+At 17-64 rows a projection is still bound by reading its weight once, but
+the skinny kernels (``triton_skinny_matmul.py``) no longer fit: they make x
+the dot's A operand, padded to the row tile, and give each program only a
+few weight rows, so every program re-reads the whole x from L2 (as many
+bytes as its own weight rows) and holds a tall accumulator. Here the
+operands are swapped: a program owns BLOCK_N weight rows (outputs) and
+computes acc[BLOCK_N, M_PAD] = w_tile @ x_tile.T, so the weight is the
+dot's large operand (Hopper's wgmma M of 64 or 128) and the batch its small
+N, M_PAD = 32 or 64 (the next power of two of the rows, at least 32). x is
+then read once per BLOCK_N weight rows, and the accumulator is stored
+transposed into out[m, n].
+
+Where the column groups are too few for the SMs, each is read by SPLIT_K
+programs over ranges of K; the last of a group sums the float32 parts in
+split order and runs the epilogue, in the same launch (``split_k.py``,
+``runner/ticket_counters.py``): no second reduce launch as cuBLAS's split-K
+needs.
+
+Epilogues. The plain one rounds the sum to the output dtype (o_proj, down,
+qkv before its rotary kernel). The gate/up one (``medium_gate_up_silu``)
+has a program read its BLOCK_N gate rows and the BLOCK_N up rows of the same
+outputs as one tile of 2 * BLOCK_N rows (HALVES = 2), so the K loop is the
+plain one; the epilogue splits the accumulator into its halves and writes
+silu(gate) * up with the unfused pair's rounding (``silu_mul_rounded``).
+
+Weight tiles come from pointer loads, or with ``tma=True`` from a host-built
+tensor descriptor (Hopper's TMA): the weight viewed as [HALVES, N, K] with
+a box of [HALVES, BLOCK_N, BLOCK_K], which fetches the gate and up rows of a
+program in one copy and zero-fills past N and K. A host descriptor needs no
+device allocator (an in-kernel ``tl.make_tensor_descriptor`` would need
+``triton.set_allocator`` process-wide), and a CUDA graph keeps it as a
+launch parameter. Splits start at multiples of BLOCK_K, so no tile crosses
+into the next split's K range and only K's end needs masking.
+
+Configs (tile, split, warps, stages) are per projection shape in
+``TUNED_CONFIGS`` (``bench_gemv.py --medium`` sweeps them); shapes not listed
+take ``DEFAULT_CONFIGS``. A shape tuned to None goes to cuBLAS. The runner
+takes these kernels while ``MEDIUM_MATMUL_ENABLED`` (the one switch for an
+A/B against cuBLAS) and ``uses_medium_matmul`` says the inputs fit. The
+kernel launches with programmatic dependent launch where the device has it
+(``runner/triton_dependent_launch.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from runner.layers.split_k import (
+    choose_split_k,
+    split_k_buffers,
+    split_k_range,
+    sum_split_parts,
+)
+from runner.layers.triton_silu_mul import silu_mul_rounded
+from runner.ops import launch_pdl, num_sms
+from runner.ticket_counters import take_ticket
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
+# The switch of the runner's routing: False sends every 17..64-row
+# projection to cuBLAS (as before these kernels), for an A/B.
+MEDIUM_MATMUL_ENABLED = True
+
+MEDIUM_MIN_ROWS = 17  # fewer go to the skinny kernels
+MEDIUM_MAX_ROWS = 64  # more go to cuBLAS, whose tiles then reuse the weight better
+MEDIUM_DTYPES = (torch.bfloat16, torch.float16)
+
+# Config of a shape not in TUNED_CONFIGS, by kind. gate_up reads 2 * block_n
+# weight rows a program, so half the plain tile keeps the same shared memory.
+DEFAULT_CONFIGS = {
+    "matmul": dict(block_n=128, block_k=128, split_k=None, num_warps=4, num_stages=4,
+                   tma=False),
+    "gate_up": dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4,
+                    tma=False),
+}
+# (kind, weight rows, K, M_PAD) -> config (the keyword arguments of
+# medium_matmul / medium_gate_up_silu), or None: cuBLAS for that shape.
+# gate_up's weight rows are gate and up together (2 * intermediate size).
+# bench_gemv.py --medium prints each winner's key and config.
+TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {}
+
+
+def m_pad(rows: int) -> int:
+    """The dot's N for ``rows`` rows: the next power of two, at least 32."""
+    return max(32, triton.next_power_of_2(rows))
+
+
+def medium_config(kind: str, n: int, k: int, rows: int) -> dict | None:
+    """The config of a ``kind`` ("matmul" or "gate_up") launch on a weight
+    [n, k] and ``rows`` rows; None where that shape goes to cuBLAS."""
+    return TUNED_CONFIGS.get((kind, n, k, m_pad(rows)), DEFAULT_CONFIGS[kind])
+
+
+@triton.jit
+def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, K, K_PER_SPLIT,
+                          stride_x, stride_w, stride_out, DOT_PRECISION: tl.constexpr,
+                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          HALVES: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
+                          PDL: tl.constexpr):
+    """Program (j, s): outputs n in [j * BLOCK_N, (j + 1) * BLOCK_N) of every
+    row, over K columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT). It reads
+    weight rows h * N + n for h < HALVES (HALVES = 2: gate and up rows of
+    a weight of 2N rows); ``w`` is the weight's pointer, or with TMA its
+    [HALVES, N, K] descriptor."""
+    wait_for_previous_kernel(PDL)
+    W_ROWS: tl.constexpr = HALVES * BLOCK_N
+    group = tl.program_id(0)
+    n0 = group * BLOCK_N
+    tile_rows = tl.arange(0, W_ROWS)
+    cols = n0 + tile_rows % BLOCK_N
+    w_rows = ((tile_rows // BLOCK_N) * N + cols).to(tl.int64) * stride_w
+    rows = tl.arange(0, M_PAD)
+    row_mask = rows < M
+    k_lo = tl.program_id(1) * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    acc = tl.zeros([W_ROWS, M_PAD], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=row_mask[:, None] & (ks[None, :] < k_hi), other=0.0)
+        if TMA:
+            w_tile = tl.reshape(w.load([0, n0, k0]), [W_ROWS, BLOCK_K])
+        else:
+            w_tile = tl.load(w + w_rows[:, None] + ks[None, :],
+                             mask=(cols < N)[:, None] & (ks[None, :] < k_hi), other=0.0)
+        acc += tl.dot(w_tile, tl.trans(x), input_precision=DOT_PRECISION)
+    if SPLIT_K > 1:
+        PART: tl.constexpr = W_ROWS * M_PAD
+        offs = tile_rows[:, None] * M_PAD + rows[None, :]
+        parts = workspace_ptr + group.to(tl.int64) * (SPLIT_K * PART)
+        tl.store(parts + tl.program_id(1) * PART + offs, acc)
+        if not take_ticket(counters_ptr + group, SPLIT_K):
+            return
+        acc = sum_split_parts(parts, offs, PART, SPLIT_K)
+    dtype = out_ptr.dtype.element_ty
+    out_cols = n0 + tl.arange(0, BLOCK_N)
+    if HALVES == 2:
+        gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, M_PAD]), (1, 2, 0)))
+        out = silu_mul_rounded(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    else:
+        out = acc.to(dtype)
+    tl.store(out_ptr + rows[None, :] * stride_out + out_cols[:, None], out,
+             mask=(out_cols < N)[:, None] & row_mask[None, :])
+
+
+def medium_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """What the medium kernels need of ``x @ weight.T``: half precision,
+    MEDIUM_MIN_ROWS..MEDIUM_MAX_ROWS rows, unit last strides."""
+    return (x.dtype in MEDIUM_DTYPES and MEDIUM_MIN_ROWS <= x.shape[0] <= MEDIUM_MAX_ROWS
+            and x.stride(-1) == 1 and weight.stride(-1) == 1)
+
+
+def uses_medium_matmul(x: torch.Tensor, weight: torch.Tensor, kind: str = "matmul") -> bool:
+    """Whether the runner takes the medium ``kind`` kernel for ``x`` and
+    ``weight`` (asked on CUDA only): the switch is on, the inputs fit
+    (``medium_inputs``) and the shape is not tuned to cuBLAS."""
+    return (MEDIUM_MATMUL_ENABLED and medium_inputs(x, weight)
+            and medium_config(kind, *weight.shape, x.shape[0]) is not None)
+
+
+def medium_or_cublas(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``: the medium kernel where ``uses_medium_matmul`` says
+    so, cuBLAS (``F.linear``) elsewhere."""
+    if uses_medium_matmul(x, weight):
+        return medium_matmul(x, weight)
+    return F.linear(x, weight)
+
+
+def _check(kernel: str, x: torch.Tensor, w: torch.Tensor, halves: int) -> None:
+    """One-line ValueErrors for inputs the kernel cannot take."""
+    if x.shape[0] > MEDIUM_MAX_ROWS:
+        raise ValueError(f"{kernel} takes at most {MEDIUM_MAX_ROWS} rows, got {x.shape[0]}")
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1] or w.shape[0] % halves:
+        raise ValueError(f"{kernel}: input {tuple(x.shape)} does not fit weight {tuple(w.shape)}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError(f"{kernel} needs unit last strides")
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k: int,
+            split_k: int | None, num_warps: int, num_stages: int, tma: bool) -> torch.Tensor:
+    """out [M, N] of weight rows h * N + n (h < halves) for each output n."""
+    m, k = x.shape
+    n = w.shape[0] // halves
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    pad = m_pad(m)
+    programs = triton.cdiv(n, block_n)
+    if split_k is None:
+        split_k = choose_split_k(programs, k, block_k, num_sms(x.device))
+    workspace, counters = split_k_buffers(split_k, programs, halves * block_n * pad, x.device)
+    weight = w
+    if tma:
+        weight = TensorDescriptor(w, [halves, n, k], [n * w.stride(0), w.stride(0), 1],
+                                  [halves, block_n, block_k])
+    pdl = launch_pdl(x.device)
+    _medium_matmul_kernel[(programs, split_k)](
+        x, weight, out, workspace, counters, m, n, k, split_k_range(k, block_k, split_k),
+        x.stride(0), w.stride(0), out.stride(0),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=pad,
+        BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves, SPLIT_K=split_k, TMA=tma,
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
+    return out
+
+
+def medium_matmul(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None,
+                  block_k: int | None = None, split_k: int | None = None,
+                  num_warps: int | None = None, num_stages: int | None = None,
+                  tma: bool | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T for M <= MEDIUM_MAX_ROWS rows, unit last strides
+    (the kernel runs at any row count up to that; the runner sends it
+    17..64). Arguments left None come from ``medium_config``; ``split_k``
+    None there picks ``choose_split_k``. ``tma`` needs 16-byte aligned
+    weight rows."""
+    _check("medium_matmul", x, w, 1)
+    return _launch(x, w, 1, **_config("matmul", w, x.shape[0], locals()))
+
+
+def medium_gate_up_silu(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None,
+                        block_k: int | None = None, split_k: int | None = None,
+                        num_warps: int | None = None, num_stages: int | None = None,
+                        tma: bool | None = None) -> torch.Tensor:
+    """x [M, K] and w [2I, K] (gate rows, then up rows) -> silu(x @ gate.T) *
+    (x @ up.T), [M, I], rounded as the projection and ``silu_mul_triton``
+    round; M <= MEDIUM_MAX_ROWS. Arguments as ``medium_matmul``'s."""
+    _check("medium_gate_up_silu", x, w, 2)
+    return _launch(x, w, 2, **_config("gate_up", w, x.shape[0], locals()))
+
+
+def _config(kind: str, w: torch.Tensor, rows: int, given: dict) -> dict:
+    """The launch config: the caller's arguments that are not None over the
+    shape's (``medium_config``; ``DEFAULT_CONFIGS`` where it is tuned to
+    cuBLAS, since the caller asked for this kernel)."""
+    config = dict(medium_config(kind, *w.shape, rows) or DEFAULT_CONFIGS[kind])
+    config.update({name: given[name] for name in config if given.get(name) is not None})
+    return config
