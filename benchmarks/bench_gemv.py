@@ -19,6 +19,17 @@ the fused qkv + rotary + KV-write launch for qkv (the rows
 ``gate_up+silu`` and ``qkv+rotary+kv_write`` time those against cuBLAS and
 the separate kernel). results/README.md lists the files and how they were
 made.
+
+    python -m benchmarks.bench_gemv --medium --rows 32 64 [--shapes 8b 1b]
+
+``--medium`` times instead, for 17..64 rows, every projection through cuBLAS
+(gate_up: cuBLAS then the SiLU kernel) against
+``runner.layers.triton_medium_matmul`` (gate_up: its fused SiLU epilogue) at
+its default config and at each config of ``medium_sweep`` (or of
+``--medium-configs``), then the fastest few again with TMA weight tiles. The
+configs are compiled first by ``--compile-workers`` processes into Triton's
+cache (compiling dominates the sweep otherwise). Each row names its
+``TUNED_CONFIGS`` key and best config, to paste into the table.
 """
 
 from __future__ import annotations
@@ -26,6 +37,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
+import os
+import sys
 import time
 
 import torch
@@ -34,6 +48,13 @@ import triton
 import runner.ops as runner_ops
 from benchmarks.common import emit_summary
 from runner.layers.rotary import RotaryEmbedding
+from runner.layers.triton_medium_matmul import (
+    m_pad,
+    medium_config,
+    medium_gate_up_silu,
+    medium_matmul,
+    uses_medium_matmul,
+)
 from runner.layers.triton_qkv_rotary import skinny_qkv_rotary_write_kv, uses_skinny_qkv_rotary
 from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_silu_mul import silu_mul_triton
@@ -186,17 +207,142 @@ def measure_qkv_rotary(shape: str, k: int, m: int) -> dict:
     return row | {"runner_uses_fused": uses_skinny_qkv_rotary(x, weights[0], head_dim)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    # Each kernel is timed alone: chained launches of one kernel with
-    # programmatic dependent launch overlap each launch's wait with the one
-    # before it, which is not how the model chains them (bench_decode --no-pdl
-    # measures the chaining).
+# The medium sweep's space, pruned by medium_sweep.
+MEDIUM_SPACE = dict(block_n=(64, 128), block_k=(64, 128, 256), split_k=(1, 2, 4),
+                    num_warps=(4, 8), num_stages=(3, 4, 5))
+SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may take
+TMA_RETRIES = 3  # the fastest pointer-load configs timed again with TMA tiles
+
+
+def medium_sweep(kind: str, k: int, rows: int) -> list[dict]:
+    """MEDIUM_SPACE's configs a launch of ``kind`` over K = k can take: the
+    pipeline's stages (weight and x tiles) within SMEM_BYTES, at least
+    MIN_TILES_PER_SPLIT K tiles a split, and 8 warps only on 128-row tiles
+    (two warp groups each of 64 weight rows)."""
+    from runner.layers.split_k import MIN_TILES_PER_SPLIT
+
+    halves = 2 if kind == "gate_up" else 1
+    configs = []
+    for values in itertools.product(*MEDIUM_SPACE.values()):
+        config = dict(zip(MEDIUM_SPACE, values, strict=True))
+        tile_rows = halves * config["block_n"]
+        stage_bytes = (tile_rows + m_pad(rows)) * config["block_k"] * 2
+        if (config["num_stages"] * stage_bytes > SMEM_BYTES
+                or -(-k // config["block_k"]) // config["split_k"] < MIN_TILES_PER_SPLIT
+                or (config["num_warps"] == 8 and tile_rows < 128)):
+            continue
+        configs.append(config)
+    return configs
+
+
+MEDIUM_KERNELS = {"matmul": medium_matmul, "gate_up": medium_gate_up_silu}
+
+
+def _compile_configs(tasks: list[tuple[str, int, int, int, dict]]) -> int:
+    """A worker of ``precompile``: one launch of each (kind, n, k, rows,
+    config) on zeros, which leaves its kernel in Triton's on-disk cache.
+    Returns how many compiled (the rest exceed shared memory)."""
     runner_ops.PDL_ENABLED = False
+    done = 0
+    for kind, n, k, rows, config in tasks:
+        w = torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.zeros(rows, k, device="cuda", dtype=torch.bfloat16)
+        try:
+            MEDIUM_KERNELS[kind](x, w, **config)
+            done += 1
+        except triton.runtime.errors.OutOfResources:
+            pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(tasks: list[tuple[str, int, int, int, dict]], workers: int) -> None:
+    """Compile every distinct kernel of ``tasks`` in ``workers`` processes,
+    so that the timing process finds each in Triton's cache. Kernels
+    differ by kind, row padding and config only (N and K are not constants
+    of the kernel), so each of those is compiled once."""
+    distinct = {}
+    for kind, n, k, rows, config in tasks:
+        distinct.setdefault((kind, m_pad(rows), json.dumps(config, sort_keys=True)),
+                            (kind, n, k, rows, config))
+    jobs = list(distinct.values())
+    if workers <= 1 or len(jobs) < 2:
+        _compile_configs(jobs)
+        return
+    start = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        compiled = sum(pool.map(_compile_configs, [jobs[i::workers] for i in range(workers)]))
+    print(f"compiled {compiled} of {len(jobs)} medium kernels in "
+          f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def medium_plan(shapes: list[str], rows: list[int],
+                given: list[dict] | None) -> list[tuple[str, str, int, int, int, list[dict]]]:
+    """(shape, projection, n, k, rows, configs) of every timing of --medium;
+    ``given`` (--medium-configs) replaces medium_sweep's configs."""
+    plan = []
+    for shape in shapes:
+        for (name, n, k), m in itertools.product(PROJECTIONS[shape], rows):
+            kind = "gate_up" if name == "gate_up" else "matmul"
+            plan.append((shape, name, n, k, m, given or medium_sweep(kind, k, m)))
+    return plan
+
+
+def measure_medium(shape: str, name: str, n: int, k: int, m: int, configs: list[dict]) -> dict:
+    """One projection at ``m`` rows: cuBLAS (gate_up: then the SiLU kernel)
+    against the medium kernel's default config and ``configs``, and the
+    TMA_RETRIES fastest of those again with TMA weight tiles."""
+    kind = "gate_up" if name == "gate_up" else "matmul"
+    kernel = MEDIUM_KERNELS[kind]
+    copies = max(2, -(-(512 << 20) // (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+               for _ in range(copies)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+
+    def cublas(w):
+        y = x @ w.T
+        return silu_mul_triton(y) if kind == "gate_up" else y
+
+    want = cublas(weights[0]).float()
+    timings = sweep(kernel, x, weights, want, configs, 2e-2, f"cuBLAS on {name}")
+    pointer = sorted((t, c) for c, t in timings.items() if c != "{}")[:TMA_RETRIES]
+    retries = [json.loads(c) | {"tma": True} for _, c in pointer]
+    timings |= {c: t for c, t in sweep(kernel, x, weights, want, retries, 2e-2,
+                                       f"cuBLAS on {name}").items() if c != "{}"}
+    best = min(timings, key=timings.get)
+    cublas_ms, default_ms, best_ms = time_ms(cublas, weights), timings["{}"], timings[best]
+    weight_bytes = n * k * 2
+    return {"shape": shape, "projection": name, "rows": m,
+            "weight_MB": round(weight_bytes / 1e6, 1),
+            "cublas_us": round(cublas_ms * 1e3, 2), "medium_us": round(default_ms * 1e3, 2),
+            "medium_best_us": round(best_ms * 1e3, 2),
+            "cublas_GBps": round(weight_bytes / cublas_ms / 1e6),
+            "medium_GBps": round(weight_bytes / default_ms / 1e6),
+            "medium_best_GBps": round(weight_bytes / best_ms / 1e6),
+            "configs_timed": len(timings),
+            "runner_uses_medium": uses_medium_matmul(x, weights[0], kind),
+            "default": medium_config(kind, n, k, m),
+            "table_key": [kind, n, k, m_pad(m)], "best": json.loads(best)}
+
+
+def run_medium(args) -> list[dict]:
+    """--medium: every planned projection's row, printed as it is measured."""
+    given = json.loads(args.medium_configs) if args.medium_configs else None
+    plan = medium_plan(args.shapes, args.rows, given)
+    tasks = [("gate_up" if name == "gate_up" else "matmul", n, k, m, config | tma)
+             for _, name, n, k, m, configs in plan for config in configs
+             for tma in ({}, {"tma": True})]
+    precompile(tasks, args.compile_workers)
+    results = []
+    for plan_row in plan:
+        row = measure_medium(*plan_row)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    return results
+
+
+def run_skinny(args) -> list[dict]:
+    """Without --medium: the skinny kernels and their fused variants."""
     results = []
     for shape in args.shapes:
         for (name, n, k), m in itertools.product(PROJECTIONS[shape], args.rows):
@@ -209,7 +355,37 @@ def main() -> None:
                 row = fused()
                 results.append(row)
                 print(json.dumps(row), flush=True)
-    emit_summary({"benchmark": "gemv", "device": torch.cuda.get_device_name(),
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help="row counts (default 1 4 8 16; with --medium 32 64)")
+    parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
+    parser.add_argument("--medium", action="store_true",
+                        help="time the 17..64-row medium kernels against cuBLAS instead")
+    parser.add_argument("--medium-configs", default=None,
+                        help="--medium: a JSON list of configs to time instead of the sweep")
+    parser.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
+                        help="--medium: processes compiling the sweep's kernels first")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.rows is None:
+        args.rows = [32, 64] if args.medium else [1, 4, 8, 16]
+    if args.medium and not all(17 <= m <= 64 for m in args.rows):
+        parser.error("--medium times 17..64 rows")
+    if not torch.cuda.is_available():
+        sys.exit("bench_gemv: needs a CUDA device (none is visible)")
+    # Each kernel is timed alone: chained launches of one kernel with
+    # programmatic dependent launch overlap each launch's wait with the one
+    # before it, which is not how the model chains them (bench_decode --no-pdl
+    # measures the chaining).
+    runner_ops.PDL_ENABLED = False
+    results = run_medium(args) if args.medium else run_skinny(args)
+    emit_summary({"benchmark": "gemv_medium" if args.medium else "gemv",
+                  "device": torch.cuda.get_device_name(),
                   "date": time.strftime("%Y-%m-%d"), "results": results}, args.out)
 
 
