@@ -57,6 +57,17 @@ def split_k_buffers(split_k: int, programs: int, part_floats: int,
 
 
 @triton.jit
+def split_k_bounds(K, K_PER_SPLIT, SPLIT_K: tl.constexpr):
+    """(first, end) of the K columns this program reads: its split's range,
+    or all of K without a split, where the loop and masks are then exactly a
+    one-program kernel's (the bound is K itself, the start the constant 0)."""
+    if SPLIT_K == 1:
+        return 0, K
+    k_lo = tl.program_id(1) * K_PER_SPLIT
+    return k_lo, tl.minimum(k_lo + K_PER_SPLIT, K)
+
+
+@triton.jit
 def sum_split_parts(first_ptr, offs, STRIDE: tl.constexpr, SPLIT_K: tl.constexpr):
     """The sum over s, in order, of the parts at first_ptr + s * STRIDE + offs."""
     total = tl.load(first_ptr + offs)

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from runner.layers.split_k import (
     choose_split_k,
+    split_k_bounds,
     split_k_buffers,
     split_k_range,
     sum_split_parts,
@@ -72,8 +73,7 @@ def _skinny_qkv_rotary_kernel(
     hi_rows = lo_rows + HALF * stride_w
     acc_lo = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
     acc_hi = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
-    k_lo = tl.program_id(1) * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks[None, :] < k_hi

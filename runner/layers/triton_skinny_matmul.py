@@ -41,6 +41,7 @@ import triton.language as tl
 
 from runner.layers.split_k import (
     choose_split_k,
+    split_k_bounds,
     split_k_buffers,
     split_k_range,
     sum_split_parts,
@@ -77,8 +78,7 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, workspace_ptr, counters_ptr, M,
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
     col_mask = cols < N
-    k_lo = tl.program_id(1) * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
