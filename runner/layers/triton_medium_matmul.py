@@ -53,6 +53,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from runner.layers.split_k import (
     choose_split_k,
+    split_k_bounds,
     split_k_buffers,
     split_k_range,
     sum_split_parts,
@@ -116,8 +117,7 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
     w_rows = ((tile_rows // BLOCK_N) * N + cols).to(tl.int64) * stride_w
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
-    k_lo = tl.program_id(1) * K_PER_SPLIT
-    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
     acc = tl.zeros([W_ROWS, M_PAD], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
