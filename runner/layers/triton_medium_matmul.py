@@ -83,7 +83,17 @@ DEFAULT_CONFIGS = {
 # medium_matmul / medium_gate_up_silu), or None: cuBLAS for that shape.
 # gate_up's weight rows are gate and up together (2 * intermediate size).
 # bench_gemv.py --medium prints each winner's key and config.
-TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {}
+TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
+    # Llama-3.1-8B at TP=1 (H200): qkv, o_proj, gate_up, down.
+    ("matmul", 6144, 4096, 32): dict(block_n=64, block_k=256, split_k=1, num_warps=4, num_stages=4, tma=True),
+    ("matmul", 6144, 4096, 64): None,
+    ("matmul", 4096, 4096, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
+    ("matmul", 4096, 4096, 64): None,
+    ("gate_up", 28672, 4096, 32): dict(block_n=128, block_k=128, split_k=1, num_warps=8, num_stages=3, tma=False),
+    ("gate_up", 28672, 4096, 64): dict(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4, tma=False),
+    ("matmul", 4096, 14336, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
+    ("matmul", 4096, 14336, 64): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
+}
 
 
 def m_pad(rows: int) -> int:
@@ -196,6 +206,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k
     workspace, counters = split_k_buffers(split_k, programs, halves * block_n * pad, x.device)
     weight = w
     if tma:
+        if (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
+            raise ValueError("medium kernels take TMA weight tiles only from 16-byte aligned rows")
         weight = TensorDescriptor(w, [halves, n, k], [n * w.stride(0), w.stride(0), 1],
                                   [halves, block_n, block_k])
     pdl = launch_pdl(x.device)

@@ -67,15 +67,17 @@ def test_tiles_and_tma_agree_with_torch(tma, block_n, block_k, split_k):
 def test_default_config_and_chosen_split():
     """No tile arguments: the default table's config and ``choose_split_k``."""
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(20, 512, generator=gen)
-    w = torch.randn(192, 512, generator=gen)
+    dtype = DTYPES[-1]  # the default tiles are sized for half precision (bf16 on CUDA)
+    x = torch.randn(20, 512, generator=gen).to(dtype)
+    w = (torch.randn(192, 512, generator=gen) / 512 ** 0.5).to(dtype)
     got = medium_matmul(x.to(DEVICE), w.to(DEVICE)).cpu()
-    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=_tol(dtype),
+                               atol=_tol(dtype) / 10)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,n,k,split_k,tma", [(17, 70, 300, 1, False), (33, 40, 256, 2, False),
-                                                  (64, 70, 300, 3, True), (24, 16, 96, 1, True)])
+                                                  (64, 70, 304, 3, True), (24, 16, 96, 1, True)])
 def test_gate_up_silu_matches_the_unfused_reference(dtype, rows, n, k, split_k, tma):
     """n outputs from 2n weight rows (gate, then up), one [2, BLOCK_N, BLOCK_K]
     tile a step: equal to the projection followed by silu(gate) * up."""
@@ -107,6 +109,9 @@ def test_rejects_inputs_it_cannot_take():
     with pytest.raises(ValueError, match="unit last strides"):
         medium_matmul(torch.zeros(20, 8, device=DEVICE).T.contiguous().T,
                       torch.zeros(4, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="16-byte aligned rows"):  # 300 bf16: 600 bytes a row
+        medium_matmul(torch.zeros(20, 300, dtype=torch.bfloat16, device=DEVICE),
+                      torch.zeros(4, 300, dtype=torch.bfloat16, device=DEVICE), tma=True)
 
 
 def test_m_pad_and_config_table(monkeypatch):
@@ -179,12 +184,13 @@ def test_qkv_projection_of_medium_batches_takes_the_medium_kernel(monkeypatch):
     taken = _record_routes(monkeypatch)
     hq, hk, head_dim, rows = 4, 2, 64, 20
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
-    w = (torch.randn((hq + 2 * hk) * head_dim, 64, generator=gen) / 8).to(torch.bfloat16)
-    rope = RotaryEmbedding(head_dim, 64, 10000.0, None)
-    positions = torch.arange(rows)
-    slots = torch.arange(rows)
-    caches = [torch.zeros(2, 4, 8, hk, head_dim, dtype=torch.bfloat16) for _ in range(2)]
+    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
+    w = (torch.randn((hq + 2 * hk) * head_dim, 64, generator=gen) / 8).to(torch.bfloat16).to(DEVICE)
+    rope = RotaryEmbedding(head_dim, 64, 10000.0, None).to(DEVICE)
+    positions = torch.arange(rows, device=DEVICE)
+    slots = torch.arange(rows, device=DEVICE)
+    caches = [torch.zeros(2, 4, 8, hk, head_dim, dtype=torch.bfloat16, device=DEVICE)
+              for _ in range(2)]
     got = qkv_rotary_write_kv(x, w, positions, rope.cos, rope.sin, caches[0], slots, hq, hk)
     want = qkv_rotary_write_kv_ref(x, w, positions, rope.cos, rope.sin, caches[1], slots, hq, hk)
     assert taken == ["medium"]
