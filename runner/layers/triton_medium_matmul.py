@@ -93,6 +93,15 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
     ("gate_up", 28672, 4096, 64): dict(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4, tma=False),
     ("matmul", 4096, 14336, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
     ("matmul", 4096, 14336, 64): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
+    # Llama-3.2-1B at TP=1 (H200).
+    ("matmul", 3072, 2048, 32): None,
+    ("matmul", 3072, 2048, 64): None,
+    ("matmul", 2048, 2048, 32): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4, tma=False),
+    ("matmul", 2048, 2048, 64): None,
+    ("gate_up", 16384, 2048, 32): dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4, tma=False),
+    ("gate_up", 16384, 2048, 64): dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4, tma=False),
+    ("matmul", 2048, 8192, 32): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=5, tma=False),
+    ("matmul", 2048, 8192, 64): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=5, tma=False),
 }
 
 

@@ -119,7 +119,7 @@ def test_m_pad_and_config_table(monkeypatch):
     monkeypatch.setitem(medium.TUNED_CONFIGS, ("matmul", 4096, 4096, 64), None)
     monkeypatch.setitem(medium.TUNED_CONFIGS, ("gate_up", 256, 64, 32), dict(block_n=16))
     assert medium.medium_config("matmul", 4096, 4096, 40) is None
-    assert medium.medium_config("matmul", 4096, 4096, 32) == medium.DEFAULT_CONFIGS["matmul"]
+    assert medium.medium_config("matmul", 1024, 1024, 32) == medium.DEFAULT_CONFIGS["matmul"]
     assert medium.medium_config("gate_up", 256, 64, 20) == dict(block_n=16)
 
 
@@ -202,16 +202,18 @@ def test_qkv_projection_of_medium_batches_takes_the_medium_kernel(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("rows", [17, 32, 48, 64])
 def test_8b_shapes_on_cuda_match_float64(rows):
-    """The runner's ops at the 8B shapes in bf16, default configs: o_proj /
-    down through ``row_parallel_matmul`` and gate/up + SiLU through
-    ``gate_up_silu`` (both the medium kernels here) match float64."""
+    """The 8B shapes in bf16 match float64: qkv, o_proj and down through the
+    medium kernel at the shape's config (the default where the table sends
+    the shape to cuBLAS) and through the runner's route; gate/up + SiLU
+    through ``gate_up_silu`` and the medium kernel with and without TMA."""
     gen = torch.Generator().manual_seed(rows)
-    for n, k in ((4096, 4096), (4096, 14336)):
+    for n, k in ((6144, 4096), (4096, 4096), (4096, 14336)):
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(torch.bfloat16)
         x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-        assert medium.uses_medium_matmul(x.cuda(), w.cuda())
-        got = skinny.row_parallel_matmul(x.cuda(), w.cuda()).cpu().double()
-        torch.testing.assert_close(got, x.double() @ w.double().T, rtol=0.02, atol=0.02)
+        want = x.double() @ w.double().T
+        for op in (medium_matmul, skinny.row_parallel_matmul):
+            got = op(x.cuda(), w.cuda()).cpu().double()
+            torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)
     w = (torch.randn(2 * 14336, 4096, generator=gen) / 64).to(torch.bfloat16)
     x = torch.randn(rows, 4096, generator=gen).to(torch.bfloat16)
     gate, up = (x.double() @ w.double().T).chunk(2, dim=-1)
