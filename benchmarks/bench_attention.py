@@ -56,8 +56,12 @@ from runner.attention.triton_attn import (  # noqa: E402
     tile_config,
 )
 from runner.attention.triton_kv_write import write_kv_cache  # noqa: E402
-from runner.attention.triton_split_merge import merge_splits  # noqa: E402
-from runner.attention.triton_unified import launch_paged_attention  # noqa: E402
+from runner.attention.triton_split_merge import SplitPartials  # noqa: E402
+from runner.attention.triton_unified import (  # noqa: E402
+    launch_paged_attention,
+    split_counters_needed,
+)
+from runner.ops import num_sms  # noqa: E402
 
 
 def make_metadata(query_lens, seq_lens, block_tables, slot_mapping) -> AttentionMetadata:
@@ -135,7 +139,7 @@ def bench_decode(batch, context, heads, block_size, dtype, device, reps):
     num_q_heads, num_kv_heads, head_dim = heads
     q, k, v, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
     scale = head_dim**-0.5
-    splits = choose_num_splits(batch, num_kv_heads, 1, context, _num_sms(device))
+    splits = choose_num_splits(batch, num_kv_heads, 1, context, num_sms(torch.device(device)))
     backend = TritonAttentionBackend(num_splits=splits)
     out = backend.forward(q, k, v, kv_cache, attn, scale)
     dense_k = dense_kv(kv_cache, attn.block_tables, context, 0)
@@ -246,20 +250,23 @@ def bench_prefill(batch, length, prefix, heads, block_size, dtype, device, reps,
 
 
 def attention_only(q, kv_cache, attn, num_splits, config):
-    """A closure running just the attention launches (no KV write) with a fixed config."""
+    """A closure running just the attention launch (no KV write) with a fixed config."""
     out = torch.empty_like(q)
     shape = (*q.shape[:2], num_splits)
     partials = None
     if num_splits > 1:
         f32 = {"dtype": torch.float32, "device": q.device}
-        partials = (torch.empty(*shape, q.shape[2], **f32), torch.empty(shape, **f32),
-                    torch.empty(shape, **f32))
+        counters = split_counters_needed(q.shape[0], attn.num_reqs, q.shape[1],
+                                         kv_cache.shape[3], config["block_m"],
+                                         attn.uniform_decode)
+        partials = SplitPartials(torch.empty(*shape, q.shape[2], **f32),
+                                 torch.empty(shape, **f32), torch.empty(shape, **f32),
+                                 torch.zeros(counters, dtype=torch.int32, device=q.device))
 
     def run():
         launch_paged_attention(q, kv_cache, attn.block_tables, attn.seq_lens,
-                               attn.query_start_loc, attn.num_reqs, 0.1, out, partials, **config)
-        if partials is not None:
-            merge_splits(out, *partials)
+                               attn.query_start_loc, attn.num_reqs, 0.1, out, partials,
+                               uniform_decode=attn.uniform_decode, **config)
 
     return run
 
@@ -308,12 +315,6 @@ def sweep(heads, block_size, dtype, device, smoke, with_decode=True):
         best = min((r for r in rows if (r["name"], r["shape"]) == shape), key=lambda r: r["ms"])
         print(f"sweep best {shape[0]} {shape[1]}: {best['ms']:.4f} ms {best['config']}")
     return rows
-
-
-def _num_sms(device) -> int:
-    if device != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def fits(batch, context, heads, block_size, dtype, device) -> bool:

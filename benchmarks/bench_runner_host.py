@@ -56,7 +56,6 @@ from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, Sch
 from runner.cuda_graphs import CudaGraphManager
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
-from runner.staged_write import StagedWriteTensor
 
 BLOCK_SIZE = 16
 PROMPT_LEN = 512
@@ -108,25 +107,11 @@ class KernelClock:
         return timed
 
     def install(self, runner: ModelRunner) -> None:
-        for staged in _staged_tensors(runner):
-            staged._apply = self.wrap(staged._apply)
+        runner.staged_writes._apply = self.wrap(runner.staged_writes._apply)
         ops = runner.sampler.ops
         runner.sampler.ops = dataclasses.replace(
             ops, greedy_argmax=self.wrap(ops.greedy_argmax),
             gumbel_argmax=self.wrap(ops.gumbel_argmax))
-
-
-def _staged_tensors(obj, depth: int = 3, seen: set | None = None):
-    """The StagedWriteTensors among ``obj``'s attributes, ``depth`` levels down."""
-    seen = set() if seen is None else seen
-    for value in vars(obj).values():
-        if id(value) in seen or isinstance(value, (torch.Tensor, torch.nn.Module)):
-            continue
-        seen.add(id(value))
-        if isinstance(value, StagedWriteTensor):
-            yield value
-        elif depth and hasattr(value, "__dict__"):
-            yield from _staged_tensors(value, depth - 1, seen)
 
 
 def build_runner(device: torch.device, model_dir: str) -> ModelRunner:

@@ -69,9 +69,6 @@ class BlockTables:
         """The tensors whose writes are staged on the host."""
         return (self.block_table,)
 
-    def apply_staged_writes(self) -> None:
-        self.block_table.apply_write()
-
     def gather(self, idx_mapping: torch.Tensor, num_reqs: int, num_reqs_padded: int):
         """Rows of the batch's slots, in batch order; padded rows zeroed."""
         return self.ops.gather_block_tables(

@@ -346,8 +346,9 @@ class ModelRunner:
                 if blocks:
                     self.block_tables.append_blocks(index[req_id], blocks[0])
         self.staged_writes.apply_writes()
-        # What is left: the penalty rows, rebuilt from the written prompts.
-        self.sampler.apply_staged_writes(self.req_states.all_token_ids.gpu)
+        # What is left: the penalty rows, rebuilt from the written prompts,
+        # and the min-tokens stop ids.
+        self.sampler.write_added_rows(self.req_states.all_token_ids.gpu)
 
     # ---- the step -------------------------------------------------------
     @torch.no_grad()

@@ -45,13 +45,13 @@ class DeviceOps:
     combine_draft_tokens: Callable[..., None]  # combine_draft_tokens_ref
     gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
     compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
-    # runner/staged_write.py, runner/staged_write_group.py
-    apply_staged_writes: Callable[..., None]  # apply_staged_writes_ref
+    # runner/staged_write_group.py
     apply_grouped_writes: Callable[..., None]  # apply_grouped_writes_ref
     # runner/layers/
     rms_norm: Callable[..., torch.Tensor]  # rms_norm_ref
     fused_add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # rotary_ref
+    qkv_rotary_write_kv: Callable[..., torch.Tensor]  # qkv_rotary_write_kv_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
     row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
     gate_up_silu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # gate_up_silu_ref
@@ -101,8 +101,6 @@ _KERNELS = {
                             "runner.triton_block_table:gather_block_tables_triton"),
     "compute_slot_mappings": ("runner.block_table:compute_slot_mappings_ref",
                               "runner.triton_block_table:compute_slot_mappings_triton"),
-    "apply_staged_writes": ("runner.staged_write:apply_staged_writes_ref",
-                            "runner.triton_staged_write:apply_staged_writes_triton"),
     "apply_grouped_writes": ("runner.staged_write_group:apply_grouped_writes_ref",
                              "runner.triton_staged_write:apply_grouped_writes_triton"),
     "rms_norm": ("runner.layers.rms_norm:rms_norm_ref",
@@ -110,6 +108,8 @@ _KERNELS = {
     "fused_add_rms_norm": ("runner.layers.rms_norm:fused_add_rms_norm_ref",
                            "runner.layers.triton_rms_norm:fused_add_rms_norm_triton"),
     "rotary": ("runner.layers.rotary:rotary_ref", "runner.layers.triton_rotary:rotary_triton"),
+    "qkv_rotary_write_kv": ("runner.layers.rotary:qkv_rotary_write_kv_ref",
+                            "runner.layers.triton_qkv_rotary:qkv_rotary_write_kv"),
     "silu_and_mul": ("runner.layers.activation:silu_and_mul_ref",
                      "runner.layers.triton_silu_mul:silu_mul_triton"),
     "row_parallel_matmul": ("torch.nn.functional:linear",
@@ -130,7 +130,7 @@ _CHECKS = {
     name: f"{_KERNELS[name][0].split(':')[0]}:check_{name}"
     for name in ("prepare_prefill_inputs", "prepare_pos_seq_lens", "combine_sampled_tokens",
                  "combine_draft_tokens", "ngram_propose", "gather_block_tables",
-                 "compute_slot_mappings", "apply_staged_writes", "apply_grouped_writes",
+                 "compute_slot_mappings", "apply_grouped_writes",
                  "apply_grammar_bitmask")
 }
 

@@ -94,8 +94,3 @@ class RequestState:
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
         """The tensors whose writes are staged on the host."""
         return (self.all_token_ids, self.prefill_len, self.num_computed_tokens)
-
-    def apply_staged_writes(self) -> None:
-        self.all_token_ids.apply_write()
-        self.prefill_len.apply_write()
-        self.num_computed_tokens.apply_write()

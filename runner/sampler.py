@@ -98,12 +98,15 @@ class Sampler:
         rebuilt on the device instead)."""
         return (*self.states.staged_tensors, *self.min_tokens.staged_tensors)
 
-    def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
-        """Apply staged parameters and build penalty rows from ``all_token_ids``
-        (the runner's device table of prefill tokens, already written)."""
-        self.states.apply_staged_writes()
-        self.penalties.apply_staged_writes(all_token_ids)
-        self.min_tokens.apply_staged_writes()
+    def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
+        """The device rows of the requests added since the last call that are
+        not staged writes: penalty rows built from ``all_token_ids`` (the
+        runner's device table of prefill tokens, already written) and
+        min-tokens stop ids. The sampler's own staged writes
+        (``staged_tensors``) are applied apart; they touch other tensors, so
+        either may come first."""
+        self.penalties.rebuild_added_rows(all_token_ids)
+        self.min_tokens.write_added_stop_ids()
 
     def __call__(
         self,

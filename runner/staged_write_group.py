@@ -1,13 +1,14 @@
-"""StagedWriteGroup: the staged writes of several tensors in one upload and one launch.
+"""StagedWriteGroup: the staged writes of StagedWriteTensors in one upload and one launch.
 
-A step that adds a request stages writes to about eight persistent tensors
-(its prompt, lengths, block-table row, sampling parameters). Applied one
-tensor at a time, each costs a host pack, an upload and a kernel launch,
-and the first token of a request waits for all of them. The group packs
-every member's writes into one host buffer, uploads it in one copy and
-applies them with one launch, whose programs write through each target's
-address (the Triton kernel) or one scatter per target (the torch
-reference).
+Every staged write reaches the device here. A step that adds a request
+stages writes to about eight persistent tensors (its prompt, lengths,
+block-table row, sampling parameters); applied one tensor at a time, each
+would cost a host pack, an upload and a kernel launch, and the first token
+of a request would wait for all of them. The runner's one group packs every
+member's writes into one host buffer, uploads it in one copy
+(``runner.transfer``: non_blocking from a pinned ring on CUDA) and applies
+them with one launch, whose programs write through each target's address
+(the Triton kernel) or one scatter per target (the torch reference).
 
 Layout of the packed buffer: int64 words, then the values as 32-bit words
 (every target's dtype is 4 or 8 bytes wide, so each value is one or two
@@ -22,22 +23,72 @@ words and the copy needs no conversion). With T targets and n writes:
   from element starts[j].
 The words start at a multiple of 16 bytes.
 
-Invariants: as for one StagedWriteTensor, writes to one tensor apply in
-staging order (the later wins where they overlap; overlaps are resolved
-on the host, so the device writes are disjoint) and nothing waits for the
-device.
+Invariants:
+- Writes to one tensor apply in staging order: where two staged writes hit
+  the same element, the later one wins. The host resolves overlaps while
+  packing (``_disjoint``: writes that overlap or touch become one segment),
+  so the device writes are disjoint and the order in which the kernel's
+  programs run does not matter.
+- Nothing here waits for the device (the upload stages its source in a
+  pinned buffer that is reused only after its copy has run; see
+  ``runner.transfer``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from runner.ops import device_ops
-from runner.staged_write import StagedWriteTensor, _disjoint, apply_staged_writes_ref
+from runner.transfer import numpy_dtype
+
+if TYPE_CHECKING:
+    from runner.staged_write import StagedWriteTensor
+
+
+def _merge_row(writes: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+    """One row's writes (staging order) as disjoint segments; later writes win."""
+    if len(writes) == 1:
+        return writes
+    order = sorted(range(len(writes)), key=lambda w: writes[w][0])
+    cluster_of = [0] * len(writes)
+    bounds: list[list[int]] = []  # [start, end) of each cluster of touching writes
+    for w in order:
+        start, end = writes[w][0], writes[w][0] + len(writes[w][1])
+        if bounds and start <= bounds[-1][1]:
+            bounds[-1][1] = max(bounds[-1][1], end)
+        else:
+            bounds.append([start, end])
+        cluster_of[w] = len(bounds) - 1
+    dtype = writes[0][1].dtype
+    merged = [np.empty(end - start, dtype=dtype) for start, end in bounds]
+    for w, (start, values) in enumerate(writes):  # staging order: later overwrites
+        c = cluster_of[w]
+        offset = start - bounds[c][0]
+        merged[c][offset : offset + len(values)] = values
+    return [(start, values) for (start, _), values in zip(bounds, merged)]
+
+
+def _disjoint(writes: Sequence[tuple[int, int, np.ndarray]]
+              ) -> tuple[list[int], list[int], list[np.ndarray]]:
+    """(rows, starts, values) of (row, start, values) writes in staging order,
+    made disjoint: where two overlap, the later one's values win. Empty
+    writes are dropped."""
+    by_row: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for row, start, values in writes:
+        if len(values) > 0:
+            by_row.setdefault(row, []).append((start, values))
+    rows, starts, chunks = [], [], []
+    for row, row_writes in by_row.items():
+        for start, values in _merge_row(row_writes):
+            rows.append(row)
+            starts.append(start)
+            chunks.append(values)
+    return rows, starts, chunks
 
 
 @dataclass(frozen=True)
@@ -60,7 +111,7 @@ def pack_grouped_writes(
     table = np.zeros(4 * num_targets + 1, dtype=np.int64)
     per_target = []
     for t, (dst, writes) in enumerate(targets):
-        dtype = torch.empty(0, dtype=dst.dtype).numpy().dtype
+        dtype = numpy_dtype(dst.dtype)
         rows, starts, chunks = _disjoint(writes)
         per_target.append((rows, starts, [np.asarray(c, dtype=dtype) for c in chunks]))
         table[t] = dst.data_ptr()
@@ -100,10 +151,19 @@ def check_apply_grouped_writes(dsts: list[torch.Tensor], header: torch.Tensor) -
         raise ValueError("the header does not hold a table for every target")
 
 
+def _scatter(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
+             cu_lens: torch.Tensor, values: torch.Tensor) -> None:
+    """values[cu_lens[j] : cu_lens[j + 1]] into dst[rows[j], starts[j] : ...]
+    for every write j, as one indexed store (the writes are disjoint)."""
+    j = torch.arange(values.shape[0], device=dst.device, dtype=torch.int64)
+    write = torch.searchsorted(cu_lens[1:], j, right=True)
+    dst[rows[write], starts[write] + (j - cu_lens[write])] = values
+
+
 def apply_grouped_writes_ref(dsts: list[torch.Tensor], header: torch.Tensor,
                              words: torch.Tensor) -> None:
-    """Torch reference: one scatter per target (``apply_staged_writes_ref``)
-    over the target's writes; the address table is not used."""
+    """Torch reference: one scatter per target over the target's writes;
+    the address table is not used."""
     num_targets = len(dsts)
     first = header[3 * num_targets: 4 * num_targets + 1].tolist()
     n = first[-1]
@@ -117,7 +177,7 @@ def apply_grouped_writes_ref(dsts: list[torch.Tensor], header: torch.Tensor,
         w0, w1 = int(cu_words[lo]), int(cu_words[hi])
         values = words[w0:w1].clone().view(dst.dtype)  # a copy: 8-byte values may sit unaligned
         cu_lens = (cu_words[lo: hi + 1] - w0) // per_value
-        apply_staged_writes_ref(dst, rows[lo:hi], starts[lo:hi], cu_lens, values)
+        _scatter(dst, rows[lo:hi], starts[lo:hi], cu_lens, values)
 
 
 class StagedWriteGroup:

@@ -38,6 +38,11 @@ class AttentionMetadata:
     seq_lens_cpu: torch.Tensor
     num_draft_rows: int = 0
 
+    @property
+    def uniform_decode(self) -> bool:
+        """Every row has exactly one query token: token r is row r's."""
+        return self.max_query_len == 1 and self.num_decodes == self.num_reqs
+
 
 def leading_rows(attn: AttentionMetadata, rows: int) -> AttentionMetadata:
     """The metadata of the batch's first ``rows`` rows alone."""

@@ -1,9 +1,9 @@
 """Triton paged-attention backend: the default on GPU.
 
 One forward = one KV-write launch (triton_kv_write.py) + one unified attention
-launch over the whole mixed batch (triton_unified.py), or, for small decode
-batches with long contexts, the split-KV variant + a merge launch
-(triton_split_merge.py).
+launch over the whole mixed batch (triton_unified.py); for small decode
+batches with long contexts that launch splits each q-block's keys and its
+last split merges the partials (triton_split_merge.py), still one launch.
 
 Host synchronisation: none. Grids and tile choices come from host ints only
 (tensor shapes and AttentionMetadata's num_reqs / max_query_len / max_seq_len);
@@ -12,7 +12,9 @@ pure-decode batch of a given padded size every grid is fixed, so forward() can b
 captured in a CUDA graph and replayed with other seq_lens and block tables. The
 split choice is the one heuristic input that depends on max_seq_len; while a
 CUDA graph is being captured it assumes long contexts (short ones stay correct,
-their surplus splits are simply empty).
+their surplus splits are simply empty). The splits' counters persist
+(``SplitCounters``): every launch leaves them zero, so a replay needs no
+memset.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import triton
 from runner.attention.fresh_prefill import attend_fresh_rows, fresh_suffix_start
 from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
-from runner.attention.triton_split_merge import merge_splits
-from runner.attention.triton_unified import launch_paged_attention
+from runner.attention.triton_split_merge import SplitCounters, SplitPartials
+from runner.attention.triton_unified import launch_paged_attention, split_counters_needed
 from runner.ops import device_ops, is_capturing, num_sms
 
 MAX_SPLITS = 32
@@ -61,21 +63,26 @@ def choose_num_splits(
     return splits if splits >= 2 else 1
 
 
-def tile_config(max_query_len: int, nqpk: int, head_dim: int) -> dict[str, int]:
+def tile_config(max_query_len: int, nqpk: int, head_dim: int,
+                split: bool = False) -> dict[str, int]:
     """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
 
     Decode-like batches use the smallest tensor-core tile that holds the heads of
     a KV group and long key tiles (memory-bound: fewer, larger loads); batches with
-    prefill chunks use 64 rows to reuse each K/V tile. ``benchmarks/bench_attention.py
-    --sweep`` compares the alternatives.
+    prefill chunks use 64 rows to reuse each K/V tile. A ``split`` decode
+    batch (few rows, each split a short run of keys) takes 64-key tiles on
+    two warps: a program reaches its first tile sooner, and twice as many
+    programs fit on an SM. ``benchmarks/bench_attention.py --sweep``
+    compares the alternatives.
     """
     rows = nqpk * max(1, min(max_query_len, 64))
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     block_m = max(block_m, triton.next_power_of_2(nqpk))
-    tile_n = 128 if max_query_len <= MAX_SPLIT_QUERY_LEN else 64
+    decode = max_query_len <= MAX_SPLIT_QUERY_LEN
+    tile_n = 64 if not decode or split else 128
     if head_dim > 128:
         tile_n //= 2
-    num_warps = 4 if block_m <= 64 else 8
+    num_warps = 2 if decode and split else 4 if block_m <= 64 else 8
     return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
 
 
@@ -103,6 +110,11 @@ class TritonAttentionBackend:
         self.num_splits = num_splits
         self.max_splits = max_splits
         self.fresh_prefill_min_tokens = fresh_prefill_min_tokens
+        # (metadata, window, first fresh row) of the last question asked: every
+        # layer of a step asks about the same metadata, so the host works it
+        # out once per step and window.
+        self._fresh: tuple[AttentionMetadata, int | None, int | None] | None = None
+        self._counters = SplitCounters()
 
     def forward(
         self,
@@ -141,7 +153,7 @@ class TritonAttentionBackend:
         ``wants_fresh_kv`` said so."""
         _check_query(q, kv_cache)
         if fresh_kv is not None:
-            first = fresh_suffix_start(attn, self._fresh_min_tokens(q.device), sliding_window)
+            first = self._fresh_suffix_start(attn, sliding_window)
             if first is not None:
                 return self._attend_fresh(q, kv_cache, attn, scale, fresh_kv, first)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -149,22 +161,30 @@ class TritonAttentionBackend:
         if num_tokens == 0:
             return out
         num_kv_heads = kv_cache.shape[3]
-        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim)
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
+        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim,
+                             split=num_splits > 1)
+        # Sized on every launch, split or not: the eager warm-up before a
+        # graph capture then sizes them for the capture, which may split
+        # where the warm-up did not.
+        counters = self._counters.at_least(
+            split_counters_needed(num_tokens, attn.num_reqs, num_q_heads, num_kv_heads,
+                                  config["block_m"], attn.uniform_decode), q.device)
         args = (q, kv_cache, attn.block_tables, attn.seq_lens, attn.query_start_loc,
                 attn.num_reqs, scale, out)
+        shape = dict(sliding_window=sliding_window, uniform_decode=attn.uniform_decode, **config)
         if num_splits == 1:
-            launch_paged_attention(*args, None, sliding_window=sliding_window, **config)
+            launch_paged_attention(*args, None, **shape)
             return out
         part_shape = (num_tokens, num_q_heads, num_splits)
         f32 = {"dtype": torch.float32, "device": q.device}
-        partials = (
+        partials = SplitPartials(
             torch.empty((*part_shape, head_dim), **f32),
             torch.empty(part_shape, **f32),
             torch.empty(part_shape, **f32),
+            counters,
         )
-        launch_paged_attention(*args, partials, sliding_window=sliding_window, **config)
-        merge_splits(out, *partials)
+        launch_paged_attention(*args, partials, **shape)
         return out
 
     def _fresh_min_tokens(self, device: torch.device) -> int | None:
@@ -175,11 +195,22 @@ class TritonAttentionBackend:
     def wants_fresh_kv(self, attn: AttentionMetadata, sliding_window: int | None) -> bool:
         """Whether this eager step has trailing fresh prompt rows long enough
         for ``attend`` to read their own k and v (never while capturing)."""
-        device = attn.query_start_loc.device
-        min_tokens = self._fresh_min_tokens(device)
-        if min_tokens is None or is_capturing(device):
+        if is_capturing(attn.query_start_loc.device):
             return False
-        return fresh_suffix_start(attn, min_tokens, sliding_window) is not None
+        return self._fresh_suffix_start(attn, sliding_window) is not None
+
+    def _fresh_suffix_start(self, attn: AttentionMetadata,
+                            sliding_window: int | None) -> int | None:
+        """``fresh_suffix_start`` for this backend's threshold, once per step
+        and window (None where the fused kernels do not run)."""
+        cached = self._fresh
+        if cached is not None and cached[0] is attn and cached[1] == sliding_window:
+            return cached[2]
+        min_tokens = self._fresh_min_tokens(attn.query_start_loc.device)
+        first = (None if min_tokens is None
+                 else fresh_suffix_start(attn, min_tokens, sliding_window))
+        self._fresh = (attn, sliding_window, first)
+        return first
 
     def _attend_fresh(self, q: torch.Tensor, kv_cache: torch.Tensor, attn: AttentionMetadata,
                       scale: float, fresh_kv: tuple[torch.Tensor, torch.Tensor],

@@ -12,6 +12,11 @@ query_start_loc[num_reqs] .. num_tokens - 1 with no keys, so they come out as
 zeros. Hence num_q_blocks = num_tokens // BLOCK_Q + num_reqs + 1 suffices, a
 number fixed by host ints; programs past their row's last token exit at once.
 
+Uniform decode batches (every row exactly one query token, DECODE) skip the
+search: program r of the first grid axis takes token r, row r's, and loads
+each key tile's values together with its keys; a decode program's chain of
+dependent loads is then the length, the block table, then keys and values.
+
 Causality. Query token j of a row with q_len tokens and seq_len keys sits at
 position seq_len - q_len + j and sees keys at positions <= its own. Keys are read
 TILE_N at a time through the row's block table (key p lives in block
@@ -25,10 +30,14 @@ masked.
 Softmax. Online softmax in float32 with base-2 exponentials (the scale is folded
 with log2(e)). Rows that see no key keep m = -inf, l = 0 and produce 0, not NaN.
 
-Split-KV (flash decoding). With SPLIT, split s handles an equal share of the
-q-block's key tiles and stores its unnormalised accumulator, running max m and
-sum l; triton_split_merge.py combines the splits. Empty splits store only
-m = -inf and l = 0, and exit before loading q.
+Split-KV (flash decoding). With SPLIT (a third grid axis of S splits), split
+s handles an equal share of the q-block's key tiles, so the splits holding
+tiles are the leading ones. Each stores its unnormalised accumulator, running
+max m and sum l, then takes a ticket from its (q-program, KV head) counter;
+the last to arrive merges every split's partials into out in the same launch
+and resets the counter (triton_split_merge.py: the protocol, its memory
+ordering and the math). Empty splits (short context, graph captured for long
+ones) load and store nothing, but still take their ticket.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.attention.triton_split_merge import SplitPartials, finish_split, merge_config
 from runner.ops import launch_pdl
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
@@ -108,6 +118,7 @@ def _attend_tiles(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
     SLIDING: tl.constexpr,
+    EARLY_V: tl.constexpr,
 ):
     """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
 
@@ -127,6 +138,9 @@ def _attend_tiles(
 
         k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
                          dim_mask[:, None], MASKED, MASK_DIMS)
+        if EARLY_V:  # in flight with k_t rather than after the softmax
+            v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
+                           dim_mask[None, :], MASKED, MASK_DIMS)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -142,10 +156,71 @@ def _attend_tiles(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
-                       dim_mask[None, :], MASKED, MASK_DIMS)
+        if not EARLY_V:
+            v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
+                           dim_mask[None, :], MASKED, MASK_DIMS)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _tile_rows(local, kv_head, q_len, ROWS: tl.constexpr, NQPK: tl.constexpr,
+               BLOCK_Q: tl.constexpr):
+    """(token index within the batch row, query head, mask) of ROWS tile rows
+    of q-block ``local``: tile row i is token i // NQPK's head i % NQPK."""
+    offs = tl.arange(0, ROWS)
+    tok = local * BLOCK_Q + offs // NQPK
+    head = kv_head * NQPK + offs % NQPK
+    return tok, head, (offs // NQPK < BLOCK_Q) & (tok < q_len)
+
+
+@triton.jit
+def _attend_q_block(
+    q_ptr,
+    q_rows,
+    io_mask,
+    q_pos,
+    tile_lo,
+    tile_hi,
+    num_full,
+    kv_end,
+    key_cache_ptr,
+    value_cache_ptr,
+    table_row,
+    kv_head_offset,
+    stride_c_block,
+    stride_c_slot,
+    qk_scale,
+    window,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
+    DECODE: tl.constexpr,
+):
+    """Load the q tile (rows at q_rows) and fold key tiles tile_lo .. tile_hi - 1
+    into a fresh (acc, m, l); tiles below num_full need no mask."""
+    dims = tl.arange(0, DIM_PAD)
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=io_mask, other=0.0)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        False, SLIDING, DECODE,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        True, SLIDING, DECODE,
+    )
     return acc, m_i, l_i
 
 
@@ -155,6 +230,7 @@ def _paged_attention_kernel(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
+    counters_ptr,
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -183,31 +259,38 @@ def _paged_attention_kernel(
     TILE_N: tl.constexpr,
     DIM_PAD: tl.constexpr,
     SPLIT: tl.constexpr,
+    MERGE_ROWS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    DECODE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
-    # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
-    q_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
-    row, q_first, q_len, local = _locate_q_block(
-        query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q
-    )
-    if local * BLOCK_Q >= q_len:
-        return
+    if DECODE:
+        # Token r is row r's only query token: nothing to look up.
+        row = tl.program_id(0)
+        q_first = row
+        q_len = tl.full([], 1, tl.int32)
+        local = 0
+    else:
+        # Reverse order: the last q-blocks of long prompts see the most keys; start them first.
+        q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+        row, q_first, q_len, local = _locate_q_block(
+            query_start_loc_ptr, q_block, num_reqs, num_tokens, BLOCK_Q
+        )
+        if local * BLOCK_Q >= q_len:
+            return
     context_len = tl.load(seq_lens_ptr + row, mask=row < num_reqs, other=0) - q_len
 
-    offs_m = tl.arange(0, BLOCK_M)
-    tok = local * BLOCK_Q + offs_m // NQPK
-    head = kv_head * NQPK + offs_m % NQPK
-    row_mask = (offs_m // NQPK < BLOCK_Q) & (tok < q_len)
+    tok, head, row_mask = _tile_rows(local, kv_head, q_len, BLOCK_M, NQPK, BLOCK_Q)
     q_pos = context_len + tok
     dims = tl.arange(0, DIM_PAD)
-    dim_mask = dims < HEAD_DIM
-    io_mask = row_mask[:, None] & dim_mask[None, :]
-
+    io_mask = row_mask[:, None] & (dims < HEAD_DIM)[None, :]
     tok64 = (q_first + tok).to(tl.int64)
+    q_rows = tok64 * stride_q_tok + head * stride_q_head
 
     # Keys this q-block may see: up to its last token's position, inclusive.
     last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
@@ -218,54 +301,47 @@ def _paged_attention_kernel(
         # The first key any token of the q-block sees.
         first_key = tl.maximum(context_len + local * BLOCK_Q - window + 1, 0)
         first_tile = tl.minimum(first_key // TILE_N, num_tiles)
-    tile_lo = first_tile
-    tile_hi = num_tiles
-    if SPLIT:
-        per_split = tl.cdiv(num_tiles - first_tile, num_splits)
-        tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
-        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
-        if tile_lo >= tile_hi:
-            # An empty split (short context, graph captured for long ones):
-            # weight zero in the merge, which then skips its accumulator.
-            part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
-            tl.store(part_max_ptr + part, tl.full([BLOCK_M], float("-inf"), tl.float32),
-                     mask=row_mask)
-            tl.store(part_sum_ptr + part, tl.zeros([BLOCK_M], tl.float32), mask=row_mask)
-            return
-
-    q_off = tok64[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :]
-    q = tl.load(q_ptr + q_off, mask=io_mask, other=0.0)
-
     # Leading tiles whose keys all precede the q-block's first token need no
     # mask (without a window: with one, every tile is masked).
     num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
     if SLIDING:
         num_full = first_tile
-
-    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     table_row = block_tables_ptr + row.to(tl.int64) * stride_bt
     kv_head_offset = kv_head * stride_c_head
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        False, SLIDING,
-    )
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        True, SLIDING,
-    )
 
     if SPLIT:
-        part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
-        tl.store(part_max_ptr + part, m_i, mask=row_mask)
-        tl.store(part_sum_ptr + part, l_i, mask=row_mask)
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)
+        per_split = tl.cdiv(num_tiles - first_tile, num_splits)
+        tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
+        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+        if tile_lo < tile_hi:  # else an empty split: nothing to store, it only counts
+            acc, m_i, l_i = _attend_q_block(
+                q_ptr, q_rows, io_mask, q_pos, tile_lo, tile_hi, num_full, kv_end,
+                key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+                stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_M, BLOCK_SIZE, TILE_N, DIM_PAD,
+                DOT_PRECISION, SLIDING, DECODE,
+            )
+            part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
+            tl.store(part_max_ptr + part, m_i, mask=row_mask)
+            tl.store(part_sum_ptr + part, l_i, mask=row_mask)
+            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)
+        # The splits holding tiles are the leading ones; the merging program
+        # covers MERGE_ROWS rows (a decode's NQPK heads, not all BLOCK_M).
+        num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
+        m_tok, m_head, m_mask = _tile_rows(local, kv_head, q_len, MERGE_ROWS, NQPK, BLOCK_Q)
+        m_tok64 = (q_first + m_tok).to(tl.int64)
+        finish_split(
+            counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head, num_splits,
+            out_ptr, m_tok64 * stride_o_tok + m_head * stride_o_head,
+            part_acc_ptr, part_max_ptr, part_sum_ptr, (m_tok64 * num_q_heads + m_head) * num_splits,
+            m_mask, num_live, MERGE_ROWS, HEAD_DIM, DIM_PAD, SPLITS_PAD, SPLIT_CHUNK,
+        )
     else:
+        acc, m_i, l_i = _attend_q_block(
+            q_ptr, q_rows, io_mask, q_pos, first_tile, num_tiles, num_full, kv_end,
+            key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+            stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_M, BLOCK_SIZE, TILE_N, DIM_PAD,
+            DOT_PRECISION, SLIDING, DECODE,
+        )
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -274,6 +350,20 @@ def _paged_attention_kernel(
 def num_q_blocks(num_tokens: int, num_reqs: int, block_q: int) -> int:
     """Grid size along q-blocks: enough for every row plus the padding tail."""
     return num_tokens // block_q + num_reqs + 1
+
+
+def q_programs(num_tokens: int, num_reqs: int, block_q: int, uniform_decode: bool) -> int:
+    """The grid's first axis: one program per token of a uniform decode batch,
+    else one per q-block."""
+    return num_tokens if uniform_decode else num_q_blocks(num_tokens, num_reqs, block_q)
+
+
+def split_counters_needed(num_tokens: int, num_reqs: int, num_q_heads: int, num_kv_heads: int,
+                          block_m: int, uniform_decode: bool) -> int:
+    """Counters a split launch of this shape takes tickets from: one per
+    (q-program, KV head), whatever the number of splits."""
+    block_q = block_m // (num_q_heads // num_kv_heads)
+    return q_programs(num_tokens, num_reqs, block_q, uniform_decode) * num_kv_heads
 
 
 def launch_paged_attention(
@@ -285,32 +375,44 @@ def launch_paged_attention(
     num_reqs: int,
     scale: float,
     out: torch.Tensor,
-    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    partials: SplitPartials | None,
     *,
     sliding_window: int | None = None,
+    uniform_decode: bool = False,
     block_m: int,
     tile_n: int,
     num_warps: int,
     num_stages: int,
 ) -> None:
-    """Run the kernel over all q.shape[0] tokens.
+    """Run the kernel over all q.shape[0] tokens; the normalised result goes to
+    out [T, Hq, D].
 
-    Without partials it writes the normalised result into out [T, Hq, D]. With
-    partials (acc [T, Hq, S, D] f32, max [T, Hq, S] f32, sum [T, Hq, S] f32)
-    it runs S = acc.shape[2] splits and writes those instead; out is untouched.
+    With partials (``SplitPartials``: acc [T, Hq, S, D], max and sum [T, Hq, S]
+    float32, and zeroed counters) it runs S = acc.shape[2] splits per q-block;
+    the last of them to finish merges all into out and leaves its counter at
+    0 again (triton_split_merge.py).
     ``sliding_window`` W limits each query at position q to keys k > q - W.
+    ``uniform_decode``: every row has exactly one query token (token r is
+    row r's, tokens past num_reqs are padding), so each program takes one
+    token without searching ``query_start_loc``, and loads its values with
+    its keys.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     key_cache, value_cache = kv_cache[0], kv_cache[1]
     num_kv_heads = key_cache.shape[2]
     nqpk = num_q_heads // num_kv_heads
     block_q = block_m // nqpk
-    num_splits = 1 if partials is None else partials[0].shape[2]
-    grid = (num_q_blocks(num_tokens, num_reqs, block_q), num_kv_heads, num_splits)
-    part_acc, part_max, part_sum = partials if partials is not None else (out, out, out)
+    num_splits = 1 if partials is None else partials.acc.shape[2]
+    grid = (q_programs(num_tokens, num_reqs, block_q, uniform_decode), num_kv_heads, num_splits)
+    merge_rows = triton.next_power_of_2(nqpk) if uniform_decode else block_m
+    if partials is None:
+        partials = SplitPartials(out, out, out, out)
+    elif partials.counters.numel() < grid[0] * grid[1]:
+        raise ValueError(f"{partials.counters.numel()} split counters for a grid of "
+                         f"{grid[0]} x {grid[1]} programs")
     pdl = launch_pdl(q.device)
     _paged_attention_kernel[grid](
-        out, part_acc, part_max, part_sum,
+        out, *partials,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
         scale * LOG2_E, num_reqs, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -323,9 +425,12 @@ def launch_paged_attention(
         BLOCK_SIZE=key_cache.shape[1],
         TILE_N=tile_n,
         DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        SPLIT=partials is not None,
+        SPLIT=num_splits > 1,
+        MERGE_ROWS=merge_rows,
+        **merge_config(num_splits, merge_rows),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SLIDING=sliding_window is not None,
+        DECODE=uniform_decode,
         num_warps=num_warps,
         num_stages=num_stages,
         PDL=pdl,

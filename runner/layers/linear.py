@@ -141,7 +141,7 @@ class RowParallelLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Decode batches on CUDA (at most 8 rows, wide outputs) take the
+        """Decode batches on CUDA (at most 16 rows, wide outputs) take the
         one-pass skinny kernel: cuBLAS splits K for these shapes and reduces in
         a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
         local = self.ops.row_parallel_matmul(x, self.weight)

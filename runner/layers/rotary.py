@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ipc.model_config import Llama3RopeScaling
+from runner.attention.kv_write import write_kv
 from runner.ops import device_ops
 
 
@@ -68,6 +70,16 @@ class RotaryEmbedding(nn.Module):
         return rotary_write_kv_triton(positions, q, k, v, self.cos, self.sin, kv_cache,
                                       slot_mapping, rotate_k_in_place)
 
+    def project_rotate_and_cache(self, positions: torch.Tensor, x: torch.Tensor,
+                                 qkv_weight: torch.Tensor, kv_cache: torch.Tensor,
+                                 slot_mapping: torch.Tensor, num_q_heads: int,
+                                 num_kv_heads: int) -> torch.Tensor:
+        """``rotate_and_cache`` of the qkv projection of ``x`` (no bias, no
+        q/k norm): one launch on CUDA for decode batches, where the projection
+        never reaches memory (``qkv_rotary_write_kv_ref`` says what it does)."""
+        return self.ops.qkv_rotary_write_kv(x, qkv_weight, positions, self.cos, self.sin,
+                                            kv_cache, slot_mapping, num_q_heads, num_kv_heads)
+
 
 def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
                sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +87,21 @@ def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_ca
     cos = cos_cache[positions].unsqueeze(1)
     sin = sin_cache[positions].unsqueeze(1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def qkv_rotary_write_kv_ref(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                            cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                            kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+    """x [T, K] through the fused qkv weight [(Hq + 2 Hkv) D, K] (q rows, then
+    k, then v), rounded to x's dtype; q and k rotated; k and v stored in
+    ``kv_cache`` [2, blocks, block_size, Hkv, D] at ``slot_mapping`` as
+    ``write_kv`` stores them. Returns the rotated q [T, Hq, D]."""
+    heads = F.linear(x, weight).unflatten(-1, (-1, kv_cache.shape[-1]))
+    q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    q, k = rotary_ref(positions, q, k, cos_cache, sin_cache)
+    write_kv(k, v, kv_cache, slot_mapping)
+    return q
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

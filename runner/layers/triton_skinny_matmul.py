@@ -1,18 +1,21 @@
 """Triton matmul for a few rows (decode batches): out = x @ w.T in one pass over w.
 
-At batch 1-8 a projection is a matrix-vector product bound by reading the
+At batch 1-16 a projection is a matrix-vector product bound by reading the
 weight once. For the row-parallel projections (o_proj, down) cuBLAS splits K
 and launches a second kernel to reduce the splits; this kernel gives each
 program BLOCK_N output columns and the whole of K, so there is one launch and
-no partial sums in memory. Rows are padded to 16 for the tensor cores.
+no partial sums in memory. Rows are padded to one ROW_TILE of 16, the
+smallest ``tl.dot`` takes, and every kernel here takes at most that many
+(SKINNY_MAX_ROWS); larger batches go to cuBLAS, whose tiles serve them
+better than a taller tile here (benchmarks/results/README.md).
 
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
 SKINNY_MAX_ROWS rows and outputs wide enough to busy the SMs
 (``uses_skinny_matmul``); ``bench_decode.py --cublas-only`` gives its layers
 ``F.linear`` instead, to compare (benchmarks/results/README.md keeps the
-A/B). The qkv projection stays on cuBLAS: through this kernel it lost (same
-README). The input is loaded as it is: a dot operand computed while loading
+A/B). The qkv projection has its own variant with rotary in the epilogue
+(``triton_qkv_rotary.py``). The input is loaded as it is: a dot operand computed while loading
 (such as silu(gate) * up) stalls the pipelined weight loads.
 
 ``gate_up_silu`` is the same pass for the MLP's fused gate/up projection
@@ -27,18 +30,17 @@ it (``runner/triton_dependent_launch.py``).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from runner.layers.triton_silu_mul import silu_mul_triton
-from runner.ops import launch_pdl
+from runner.ops import launch_pdl, num_sms
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
-SKINNY_MAX_ROWS = 8
+ROW_TILE = 16  # the row tile of every skinny kernel: tl.dot's smallest M
+SKINNY_MAX_ROWS = ROW_TILE
 BLOCK_N = 32
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
@@ -102,18 +104,18 @@ def _skinny_gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride
              mask=row_mask[:, None] & col_mask[None, :])
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def check_rows(kernel: str, m: int) -> None:
+    """The one row limit of every skinny kernel: the rows fit one ROW_TILE."""
+    if m > SKINNY_MAX_ROWS:
+        raise ValueError(f"{kernel} takes at most {SKINNY_MAX_ROWS} rows, got {m}")
 
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
                   block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T for M <= 16 rows. Unit last strides."""
+    """x [M, K] @ w[N, K].T for M <= SKINNY_MAX_ROWS rows. Unit last strides."""
     m = x.shape[0]
     n, k = w.shape
-    if m > 16:
-        raise ValueError(f"skinny_matmul takes at most 16 rows, got {m}")
+    check_rows("skinny_matmul", m)
     if x.shape[1] != k:
         raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
@@ -124,10 +126,17 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     pdl = launch_pdl(x.device)
     _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         PDL=pdl, launch_pdl=pdl)
     return out
+
+
+def skinny_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """What every skinny kernel needs of ``x @ weight.T``: half precision, at
+    most SKINNY_MAX_ROWS rows, unit last strides."""
+    return (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
+            and x.stride(-1) == 1 and weight.stride(-1) == 1)
 
 
 def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -136,10 +145,8 @@ def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     strides, and enough output columns for a BLOCK_N-wide program on about
     every SM: narrower outputs leave SMs idle, and cuBLAS's split-K serves
     them better."""
-    if not (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
-            and x.stride(-1) == 1 and weight.stride(-1) == 1):
-        return False
-    return triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * _num_sms(x.device.index or 0) // 4
+    return (skinny_inputs(x, weight)
+            and triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4)
 
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -154,11 +161,10 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
                         block_k: int = 128, num_warps: int = 4,
                         num_stages: int = 3) -> torch.Tensor:
     """x [M, K] and w [2I, K] (gate rows, then up rows) -> silu(x @ gate.T) *
-    (x @ up.T), [M, I], for M <= 16 rows. Unit last strides."""
+    (x @ up.T), [M, I], for M <= SKINNY_MAX_ROWS rows. Unit last strides."""
     m = x.shape[0]
     two_n, k = w.shape
-    if m > 16:
-        raise ValueError(f"skinny_gate_up_silu takes at most 16 rows, got {m}")
+    check_rows("skinny_gate_up_silu", m)
     if x.shape[1] != k or two_n % 2:
         raise ValueError(f"input width {x.shape[1]} does not fit weight {tuple(w.shape)}")
     if x.stride(-1) != 1 or w.stride(-1) != 1:
@@ -170,7 +176,7 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
     pdl = launch_pdl(x.device)
     _skinny_gate_up_silu_kernel[(triton.cdiv(n, block_n),)](
         x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=16,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
         PDL=pdl, launch_pdl=pdl)
     return out
@@ -180,8 +186,7 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the MLP's fused projection on CUDA: one skinny
     launch for decode batches (the same limits as ``uses_skinny_matmul``,
     counted in outputs), cuBLAS then the activation kernel elsewhere."""
-    if (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS and x.stride(-1) == 1
-            and weight.stride(-1) == 1 and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N)
-            >= 3 * _num_sms(x.device.index or 0) // 4):
+    if (skinny_inputs(x, weight)
+            and triton.cdiv(weight.shape[0] // 2, GATE_UP_BLOCK_N) >= 3 * num_sms(x.device) // 4):
         return skinny_gate_up_silu(x, weight)
     return silu_mul_triton(F.linear(x, weight))

@@ -47,9 +47,20 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.backend = backend
         self.fused_kv_write = attends_to_written_kv(backend)
+        # The projection itself can rotate and store k and v (one launch for
+        # decode batches on CUDA) when nothing sits between it and the rotation.
+        self.projects_into_cache = (self.fused_kv_write and not c.qkv_bias
+                                    and self.q_norm is None)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
+        fresh = self.fused_kv_write and self.backend.wants_fresh_kv(attn, self.sliding_window)
+        if self.projects_into_cache and not fresh:
+            q = self.rotary.project_rotate_and_cache(
+                positions, x, self.qkv_proj.weight, kv_cache, attn.slot_mapping,
+                self.q_size // self.head_dim, self.kv_size // self.head_dim)
+            out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window)
+            return self.o_proj(out.flatten(-2))
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.unflatten(-1, (-1, self.head_dim))
         k = k.unflatten(-1, (-1, self.head_dim))
@@ -57,7 +68,6 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.fused_kv_write:
-            fresh = self.backend.wants_fresh_kv(attn, self.sliding_window)
             q = self.rotary.rotate_and_cache(positions, q, k, v, kv_cache, attn.slot_mapping,
                                              rotate_k_in_place=fresh)
             out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window,

@@ -58,8 +58,10 @@ class MinTokensState:
         """The tensors whose writes are staged on the host."""
         return (self.limits,)
 
-    def apply_staged_writes(self) -> None:
-        self.limits.apply_write()
+    def write_added_stop_ids(self) -> None:
+        """Write the stop ids of the rules added since the last call into
+        their slots' rows (widening the table where needed); the limits are
+        staged writes, applied apart (``staged_tensors``)."""
         for slot, ids in self._pending:
             if len(ids) > self.stop_ids.shape[1]:
                 self._widen(len(ids))

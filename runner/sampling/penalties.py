@@ -45,9 +45,10 @@ class PenaltyState:
         self._pending = [p for p in self._pending if p[0] != slot]
         self._pending.append((slot, prompt_len, prefill_len))
 
-    def apply_staged_writes(self, all_token_ids: torch.Tensor) -> None:
-        """Rebuild the staged slots' rows from ``all_token_ids`` [slots, max_len]
-        (on the device, already holding the prefill tokens); never waits."""
+    def rebuild_added_rows(self, all_token_ids: torch.Tensor) -> None:
+        """Rebuild the rows of the slots added since the last call from
+        ``all_token_ids`` [slots, max_len] (on the device, already holding the
+        prefill tokens); never waits."""
         for slot, prompt_len, prefill_len in self._pending:
             tokens = all_token_ids[slot, :prefill_len].to(torch.int64)
             self.prompt_mask[slot].zero_()

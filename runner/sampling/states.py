@@ -85,7 +85,8 @@ class SamplingStates:
         self.rng = np.random.default_rng(seed)
 
     def add_request(self, slot: int, options: SamplingOptions) -> None:
-        """Stage the slot's parameters (applied by ``apply_staged_writes``);
+        """Stage the slot's parameters (``staged_tensors``: the runner's
+        StagedWriteGroup applies them);
         ``plan_check`` has refused options out of range (``problems``)."""
         row = _float_row(options)
         greedy = row[TEMPERATURE] == 0.0
@@ -111,11 +112,6 @@ class SamplingStates:
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
         """The tensors whose writes are staged on the host."""
         return (self.floats, self.top_k, self.seeds)
-
-    def apply_staged_writes(self) -> None:
-        self.floats.apply_write()
-        self.top_k.apply_write()
-        self.seeds.apply_write()
 
     def gather(self, idx_mapping: torch.Tensor) -> BatchParams:
         """Device parameters of the batch's slots (``idx_mapping`` int64 [N])."""

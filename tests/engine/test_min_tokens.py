@@ -14,6 +14,7 @@ from engine.request import Request
 from ipc.messages import SamplingOptions
 from runner.sampler import Sampler
 from tests.helpers.hf_models import small_llama
+from tests.helpers.sampler_writes import write_added_requests
 
 PROMPT = [5, 17, 99, 3, 44, 120]
 
@@ -103,7 +104,7 @@ def test_sampler_masks_eos_by_output_position():
     options = SamplingOptions(temperature=0.0, min_tokens=3)
     sampler.add_request(1, options, prompt_len, prompt_len, [0, 11])
     sampler.add_request(2, SamplingOptions(temperature=0.0), prompt_len, prompt_len)
-    sampler.apply_staged_writes(torch.zeros(4, 32, dtype=torch.int32))
+    write_added_requests(sampler, torch.zeros(4, 32, dtype=torch.int32))
     logits = torch.zeros(5, vocab)
     logits[:, 11] = 5.0  # the stop id leads everywhere
     logits[:, 0] = 4.0  # the other stop id (column 0 is also the table's padding column)

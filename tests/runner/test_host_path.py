@@ -32,7 +32,8 @@ from runner.sampling.states import (
     TOP_P,
     SamplingStates,
 )
-from runner.staged_write import pack_writes
+from runner.staged_write_group import pack_grouped_writes
+from tests.helpers.sampler_writes import write_added_requests
 
 CPU = torch.device("cpu")
 
@@ -101,11 +102,11 @@ def test_min_tokens_rule_leaves_with_its_request():
     table = torch.zeros(4, 32, dtype=torch.int32)
     table[:2, :5] = torch.tensor(prompt, dtype=torch.int32)
     sampler.add_request(0, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5, [3])
-    sampler.apply_staged_writes(table)
+    write_added_requests(sampler, table)
     assert sampler.min_tokens.num_rules == 1
     sampler.add_request(0, SamplingOptions(temperature=0.0), 5, 5, [3])  # reused, no rule
     sampler.add_request(1, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5, [4])
-    sampler.apply_staged_writes(table)
+    write_added_requests(sampler, table)
     assert sampler.min_tokens.num_rules == 1
     logits = torch.zeros(2, vocab)
     logits[0, 3] = 5.0
@@ -117,7 +118,7 @@ def test_min_tokens_rule_leaves_with_its_request():
                   torch.ones(2, dtype=torch.bool))
     assert out.sampled_token_ids.tolist() == [3, 6]
     sampler.add_request(1, SamplingOptions(temperature=0.0), 5, 5, [4])
-    sampler.apply_staged_writes(table)
+    write_added_requests(sampler, table)
     assert sampler.min_tokens.num_rules == 0
     assert not sampler.min_tokens.any_active(idx)
     out = sampler(logits, torch.from_numpy(idx).long(), idx, torch.tensor([5, 5]),
@@ -200,14 +201,24 @@ def test_check_plan_with_draft_counts_uses_the_plan_counts():
 
 # ---- packed staged writes -----------------------------------------------------
 
-@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.int64])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.int64])
 def test_packed_writes_share_one_aligned_buffer(dtype):
-    writes = [(r, s, np.arange(n, dtype=dtype)) for r, s, n in [(2, 0, 5), (0, 3, 1), (2, 5, 2)]]
-    packed = pack_writes(writes, dtype)
-    assert packed.values_offset % 16 == 0
-    for view in (packed.rows, packed.starts, packed.cu_lens, packed.values):
-        assert np.shares_memory(view, packed.blob)
-    assert packed.rows.tolist() == [2, 0] and packed.starts.tolist() == [0, 3]
-    assert packed.cu_lens.tolist() == [0, 7, 8]
-    assert packed.values.tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
-    assert packed.blob.nbytes == packed.values_offset + 8 * np.dtype(dtype).itemsize
+    """Three writes to one target, two of them touching (merged into one
+    segment): one buffer, header then values, the values 16-byte aligned."""
+    dst = torch.zeros(3, 8, dtype=dtype)
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    writes = [(r, s, np.arange(n, dtype=np_dtype)) for r, s, n in [(2, 0, 5), (0, 3, 1), (2, 5, 2)]]
+    packed = pack_grouped_writes([(dst, writes)])
+    assert packed.words_offset % 16 == 0
+    assert (packed.num_targets, packed.num_writes) == (1, 2)
+    header = packed.blob[: packed.words_offset].view(np.int64)
+    words_per_value = np_dtype.itemsize // 4
+    assert header[5: 5 + 4 * 2 + 1].tolist() == [  # after the target table of 5 words
+        0, 0,  # target of each write
+        2, 0,  # rows
+        0, 3,  # starts
+        0, 7 * words_per_value, 8 * words_per_value,  # cu_words
+    ]
+    values = packed.blob[packed.words_offset:].view(np_dtype)
+    assert values.tolist() == [0, 1, 2, 3, 4, 0, 1, 0]
+    assert packed.blob.nbytes == packed.words_offset + 8 * np_dtype.itemsize

@@ -11,6 +11,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.sampler import Sampler
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler, accept_with_probs
+from tests.helpers.sampler_writes import write_added_requests
 
 VOCAB = 8
 DRAWS = 40_000
@@ -45,7 +46,7 @@ def _sampler(num_rows: int, temperature: float, seed: int) -> Sampler:
     for slot in range(num_rows):
         sampler.add_request(slot, SamplingOptions(temperature=temperature, seed=seed + slot), 1,
                             1)
-    sampler.apply_staged_writes(torch.zeros(num_rows, 4, dtype=torch.int32))
+    write_added_requests(sampler, torch.zeros(num_rows, 4, dtype=torch.int32))
     return sampler
 
 
@@ -124,7 +125,7 @@ def test_penalties_count_the_drafts_before_each_position():
     0 .. j-1 as outputs: exactly as a one-token step would after accepting them."""
     sampler = Sampler(1, VOCAB, torch.device("cpu"), seed=0)
     sampler.add_request(0, SamplingOptions(temperature=0.0, frequency_penalty=3.0), 1, 1)
-    sampler.apply_staged_writes(torch.zeros(1, 4, dtype=torch.int32))
+    write_added_requests(sampler, torch.zeros(1, 4, dtype=torch.int32))
     logits = torch.tensor([[0.0, 2.0, 1.0, 0, 0, 0, 0, 0]]).repeat(3, 1)
     layout = DraftLayout.build(torch.tensor([0, 3], dtype=torch.int32), 1, 3, 3)
     idx = torch.zeros(1, dtype=torch.int32)

@@ -8,6 +8,7 @@ from runner.block_table import BlockTables
 from runner.input_batch import make_input_batch, sort_batch_req_ids
 from runner.ops import device_ops
 from runner.request_state import RequestState
+from runner.staged_write_group import StagedWriteGroup
 
 MAX_REQS, MAX_LEN, BLOCK = 1024, 128, 16
 
@@ -47,8 +48,7 @@ def test_worked_example():
     tables.add_request(r1, [5, 9, 13])
     tables.add_request(r2, [2, 3])
     tables.add_request(r3, [21])
-    states.apply_staged_writes()
-    tables.apply_staged_writes()
+    StagedWriteGroup([*states.staged_tensors, *tables.staged_tensors]).apply_writes()
     states.last_sampled_tokens[r1] = 4242
     states.last_sampled_tokens[r2] = 4343
 

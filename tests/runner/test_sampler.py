@@ -30,6 +30,7 @@ from runner.sampling.noise import (
 from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_triton
 from runner.transfer import HostTransfer, PinnedTransfer
 from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.sampler_writes import write_added_requests
 
 CPU = torch.device("cpu")
 TRITON_DEVICE = KERNEL_DEVICE
@@ -46,7 +47,7 @@ def make_sampler(requests, vocab, max_reqs=16, seed=0, device=CPU):
         tokens = list(prompt) + list(outputs)
         table[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
         sampler.add_request(slot, options, len(prompt), len(tokens))
-    sampler.apply_staged_writes(table.to(device))
+    write_added_requests(sampler, table.to(device))
     return sampler
 
 
@@ -448,7 +449,7 @@ def test_reused_slot_starts_with_clean_penalty_rows():
     table = torch.zeros(16, MAX_LEN, dtype=torch.int32)
     table[4, :2] = torch.tensor([9, 10])
     sampler.add_request(4, opts(frequency_penalty=0.5), 1, 2)  # prompt [9], earlier [10]
-    sampler.apply_staged_writes(table)
+    write_added_requests(sampler, table)
     assert sampler.penalties.prompt_mask[4].nonzero().flatten().tolist() == [9]
     assert sampler.penalties.output_counts[4].nonzero().flatten().tolist() == [10]
 

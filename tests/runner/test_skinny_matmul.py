@@ -17,7 +17,9 @@ from tests.helpers.kernel_device import KERNEL_DEVICE
 DEVICE = KERNEL_DEVICE
 # The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
-SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 256)]
+# 12 rows: four masked rows of the 16-row tile; 16 rows: the whole tile.
+SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 256),
+          (12, 70, 260, 32, 128)]
 
 
 def _tol(dtype):
@@ -56,17 +58,18 @@ def test_dispatch_only_for_small_half_precision_cuda_batches_with_wide_outputs()
         wide, narrow = wide.to(cuda), torch.zeros(256, 8, dtype=torch.bfloat16, device=cuda)
         assert uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), wide)
         assert not uses_skinny_matmul(torch.zeros(8, 8, dtype=torch.bfloat16, device=cuda), narrow)
-        assert not uses_skinny_matmul(torch.zeros(9, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert uses_skinny_matmul(torch.zeros(16, 8, dtype=torch.bfloat16, device=cuda), wide)
+        assert not uses_skinny_matmul(torch.zeros(17, 8, dtype=torch.bfloat16, device=cuda), wide)
         assert not uses_skinny_matmul(torch.zeros(1, 8, dtype=torch.float32, device=cuda),
                                       wide.float())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 8, 9])
+@pytest.mark.parametrize("rows", [1, 8, 12, 16, 17])
 def test_row_parallel_layer_on_cuda_matches_float64(rows):
     """o_proj / down as the model calls them, in bf16, 4096 outputs (the 8B
-    shape's): the skinny path (rows <= 8) and cuBLAS (9 rows) both match the
+    shape's): the skinny path (rows <= 16) and cuBLAS (17 rows) both match the
     float64 product."""
     from runner.distributed import TensorParallelGroup
     from runner.layers import RowParallelLinear
@@ -78,7 +81,7 @@ def test_row_parallel_layer_on_cuda_matches_float64(rows):
     layer.weight.data.copy_(weight)
     x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)
     want = x.double() @ layer.weight.cpu().double().T
-    assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 8)
+    assert uses_skinny_matmul(x.cuda(), layer.weight) == (rows <= 16)
     got = layer(x.cuda()).cpu().double()
     torch.testing.assert_close(got, want, rtol=0.02, atol=0.02)
 
@@ -110,10 +113,10 @@ def test_gate_up_silu_rejects_shapes_it_cannot_take():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("rows", [1, 8, 9])
+@pytest.mark.parametrize("rows", [1, 8, 12, 16, 17])
 def test_gate_up_silu_on_cuda_matches_float64(rows):
-    """The 8B MLP's 14336 outputs in bf16: one fused launch (rows <= 8) and
-    cuBLAS + the activation kernel (9 rows) both match float64."""
+    """The 8B MLP's 14336 outputs in bf16: one fused launch (rows <= 16) and
+    cuBLAS + the activation kernel (17 rows) both match float64."""
     gen = torch.Generator().manual_seed(rows)
     w = (torch.randn(2 * 14336, 1024, generator=gen) / 1024 ** 0.5).to(torch.bfloat16)
     x = torch.randn(rows, 1024, generator=gen).to(torch.bfloat16)

@@ -1,4 +1,6 @@
-"""StagedWriteTensor, the packed-write kernel, and UVA views.
+"""StagedWriteTensor staging, applied through a StagedWriteGroup of the
+tensor alone, and UVA views. The packing and the grouped-write kernel are tested in
+test_staged_write_group.py.
 
 Oracle: the same writes applied one by one, in staging order, to Python lists.
 """
@@ -11,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from runner.ops import torch_ops, triton_ops
-from runner.staged_write import StagedWriteTensor, pack_writes
+from runner.ops import triton_ops
+from runner.staged_write import StagedWriteTensor
+from runner.staged_write_group import StagedWriteGroup
 
 ROWS, COLS = 6, 40
 
@@ -33,47 +36,10 @@ def apply_one_by_one(table: list[list[int]], writes) -> None:
         table[row][start : start + len(values)] = values
 
 
-def test_pack_writes_gives_disjoint_segments_with_later_writes_winning() -> None:
-    rng = random.Random(0)
-    for _ in range(30):
-        writes = random_writes(rng, rng.randint(1, 60))
-        packed = pack_writes([(r, s, np.array(v, dtype=np.int32)) for r, s, v in writes], np.int32)
-        covered = set()
-        table = [[0] * COLS for _ in range(ROWS)]
-        for j, (row, start) in enumerate(zip(packed.rows, packed.starts)):
-            values = packed.values[packed.cu_lens[j] : packed.cu_lens[j + 1]]
-            cells = {(int(row), int(start) + k) for k in range(len(values))}
-            assert not cells & covered, "packed writes overlap"
-            covered |= cells
-            table[row][start : start + len(values)] = values.tolist()
-        expected = [[0] * COLS for _ in range(ROWS)]
-        apply_one_by_one(expected, writes)
-        assert table == expected
-        assert covered == {(r, s + k) for r, s, v in writes for k in range(len(v))}
-        assert packed.values.dtype == np.int32 and packed.cu_lens[-1] == len(packed.values)
-
-
-@pytest.mark.parametrize("impl", ["ref", "triton"])
-def test_packed_writes_kernel_matches_one_by_one(impl) -> None:
-    rng = random.Random(1)
-    cuda = impl == "triton" and torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"  # Triton runs interpreted on CPU tensors without a GPU
-    make_ops = triton_ops if impl == "triton" else torch_ops
-    apply = make_ops(torch.device(device)).apply_staged_writes
-    dst = torch.full((ROWS, COLS), -777, dtype=torch.int64, device=device)
-    expected = [[-777] * COLS for _ in range(ROWS)]
-    for _ in range(12):
-        writes = random_writes(rng, rng.randint(0, 40))
-        packed = pack_writes([(r, s, np.array(v, dtype=np.int64)) for r, s, v in writes], np.int64)
-        arrays = (packed.rows, packed.starts, packed.cu_lens, packed.values)
-        apply(dst, *(torch.from_numpy(a).to(device) for a in arrays))
-        apply_one_by_one(expected, writes)
-        assert dst.tolist() == expected
-
-
 def test_staged_write_tensor_2d_applies_in_staging_order() -> None:
     rng = random.Random(2)
     t = StagedWriteTensor((ROWS, COLS), torch.int32, "cpu")
+    group = StagedWriteGroup([t])
     assert t.gpu.tolist() == [[0] * COLS for _ in range(ROWS)]
     expected = [[0] * COLS for _ in range(ROWS)]
     for _ in range(10):
@@ -89,7 +55,7 @@ def test_staged_write_tensor_2d_applies_in_staging_order() -> None:
         before = t.gpu.clone()
         apply_one_by_one(expected, staged)
         assert torch.equal(t.gpu, before), "stage_* must not touch the tensor"
-        t.apply_write()
+        group.apply_writes()
         assert t.num_staged == 0
         assert t.gpu.tolist() == expected
 
@@ -98,22 +64,24 @@ def test_staged_write_tensor_2d_applies_in_staging_order() -> None:
 def test_staged_write_tensor_1d_elements(dtype: torch.dtype) -> None:
     rng = random.Random(3)
     t = StagedWriteTensor((17,), dtype, "cpu")
+    group = StagedWriteGroup([t])
     expected = [0] * 17
     for _ in range(5):
         for _ in range(rng.randint(0, 30)):
             row, value = rng.randrange(17), rng.randrange(-50, 50)
             t.stage_write_elem(row, value)
             expected[row] = value
-        t.apply_write()
+        group.apply_writes()
         assert t.gpu.tolist() == expected
 
 
 def test_staged_values_are_copied_at_staging() -> None:
     t = StagedWriteTensor((2, 4), torch.int32, "cpu")
+    group = StagedWriteGroup([t])
     values = np.array([1, 2, 3], dtype=np.int32)
     t.stage_write(1, 1, values)
     values[:] = 9
-    t.apply_write()
+    group.apply_writes()
     assert t.gpu.tolist() == [[0, 0, 0, 0], [0, 1, 2, 3]]
 
 
@@ -134,6 +102,9 @@ def test_bad_writes_raise_value_error() -> None:
         StagedWriteTensor((2, 3, 4), torch.int32, "cpu")
     with pytest.raises(ValueError, match="dtype"):
         StagedWriteTensor((2,), torch.bfloat16, "cpu")
+    for narrow in (torch.int16, torch.float16, torch.bool):  # the group copies 32-bit words
+        with pytest.raises(ValueError, match="4 or 8 bytes"):
+            StagedWriteTensor((2, 3), narrow, "cpu")
 
 
 @pytest.mark.gpu
@@ -142,6 +113,7 @@ def test_bad_writes_raise_value_error() -> None:
 def test_staged_write_tensor_on_cuda(uva: bool) -> None:
     rng = random.Random(4)
     t = StagedWriteTensor((ROWS, COLS), torch.int32, "cuda", uva=uva)
+    group = StagedWriteGroup([t])
     assert t.gpu.is_cuda
     expected = [[0] * COLS for _ in range(ROWS)]
     torch.cuda.set_sync_debug_mode("error")  # staging and applying must never wait
@@ -151,18 +123,18 @@ def test_staged_write_tensor_on_cuda(uva: bool) -> None:
             for row, start, values in writes:
                 t.stage_write(row, start, values)
             apply_one_by_one(expected, writes)
-            t.apply_write()
+            group.apply_writes()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert t.gpu.tolist() == expected
     # Once sized, the pinned staging buffers are reused, never pinned afresh.
-    ring = t.transfer.upload_ring
+    ring = group.transfer.upload_ring
     held = {i: b.data_ptr() for i, b in enumerate(ring.buffers) if b is not None}
     assert held
     for _ in range(2 * len(ring.buffers)):
         t.stage_write(0, 0, [1])
-        t.apply_write()
+        group.apply_writes()
     assert {i: ring.buffers[i].data_ptr() for i in held} == held
 
 
@@ -172,13 +144,14 @@ def test_staged_write_tensor_on_cuda(uva: bool) -> None:
 def test_staged_write_tensor_1d_float_on_cuda(uva: bool) -> None:
     rng = random.Random(5)
     t = StagedWriteTensor((33,), torch.float32, "cuda", uva=uva)
+    group = StagedWriteGroup([t])
     expected = [0.0] * 33
     for _ in range(10):
         for _ in range(rng.randint(0, 40)):
             row, value = rng.randrange(33), rng.randrange(-64, 64) / 4
             t.stage_write_elem(row, value)
             expected[row] = value
-        t.apply_write()
+        group.apply_writes()
     assert t.gpu.cpu().tolist() == expected
 
 

@@ -1,9 +1,10 @@
-"""StagedWriteGroup: several tensors' staged writes in one upload and one launch.
+"""StagedWriteGroup: staged writes packed into one upload and applied in one launch.
 
 Oracle: the same writes applied one by one, in staging order, to Python lists
 (as in test_staged_write.py), for targets of every width the runner uses
 (int32, float32, int64; 1-D and 2-D), through the torch reference and the
-Triton kernel (interpreted on CPU, compiled on CUDA).
+Triton kernel (interpreted on CPU, compiled on CUDA). The packing on its own:
+its segments are disjoint and hold the later write where writes overlap.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from runner.ops import torch_ops, triton_ops
 from runner.staged_write import StagedWriteTensor
 from runner.staged_write_group import StagedWriteGroup, pack_grouped_writes
+from runner.transfer import numpy_dtype
 
 SHAPES = [((5, 30), torch.int32), ((7,), torch.float32), ((4, 3), torch.int64),
           ((9,), torch.int32), ((3, 50), torch.float32)]
@@ -27,7 +29,7 @@ def random_writes(rng: random.Random, shape: tuple[int, ...], count: int):
     rows, cols = shape[0], shape[1] if len(shape) == 2 else 1
     writes = []
     for _ in range(count):
-        length = rng.choice([0, 1, 1, 2, 5, cols]) if cols > 1 else 1
+        length = rng.choice([0, 1, 1, 2, 5, 12, cols]) if cols > 1 else 1
         length = min(length, cols)
         start = rng.randint(0, cols - length)
         writes.append((rng.randrange(rows), start,
@@ -66,6 +68,73 @@ def test_group_applies_every_members_writes_in_staging_order(impl) -> None:
         assert all(t.num_staged == 0 for t in tensors)
         for t, table in zip(tensors, expected):
             assert t.as_2d.cpu().tolist() == table
+
+
+def unpack(packed) -> list[list[tuple[int, int, np.ndarray]]]:
+    """Each target's (row, start, 32-bit words) writes, read back from the
+    buffer as the kernel reads it (layout in runner/staged_write_group.py)."""
+    header = packed.blob[: packed.words_offset].view(np.int64)
+    words = packed.blob[packed.words_offset:].view(np.int32)
+    t, n = packed.num_targets, packed.num_writes
+    first = header[3 * t: 4 * t + 1]
+    meta = header[4 * t + 1:]
+    target, rows, starts, cu = meta[:n], meta[n: 2 * n], meta[2 * n: 3 * n], meta[3 * n:]
+    out = [[] for _ in range(t)]
+    for j in range(n):
+        assert first[target[j]] <= j < first[target[j] + 1], "writes grouped by target"
+        out[target[j]].append((int(rows[j]), int(starts[j]), words[cu[j]: cu[j + 1]]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.int64])
+def test_packing_gives_disjoint_segments_with_later_writes_winning(dtype) -> None:
+    """Many overlapping and touching writes to two targets of 6 x 40: the
+    packed segments never overlap, cover exactly the written elements, and
+    hold the value of the last write to each."""
+    rng = random.Random(0)
+    shape = (6, 40)
+    for _ in range(30):
+        dsts = [torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=torch.int32)]
+        staged = [random_writes(rng, shape, rng.randint(1, 60)) for _ in dsts]
+        packed = pack_grouped_writes([
+            (dst, [(r, s, np.array(v, dtype=numpy_dtype(dst.dtype))) for r, s, v in writes])
+            for dst, writes in zip(dsts, staged)])
+        for dst, writes, segments in zip(dsts, staged, unpack(packed)):
+            covered, table = set(), [[0] * shape[1] for _ in range(shape[0])]
+            for row, start, seg_words in segments:
+                values = seg_words.copy().view(numpy_dtype(dst.dtype)).tolist()
+                cells = {(row, start + k) for k in range(len(values))}
+                assert not cells & covered, "packed writes overlap"
+                covered |= cells
+                table[row][start: start + len(values)] = values
+            expected = [[0] * shape[1] for _ in range(shape[0])]
+            expected_after(expected, writes, dst.dtype)
+            assert table == expected
+            assert covered == {(r, s + k) for r, s, v in writes for k in range(len(v))}
+
+
+@pytest.mark.parametrize("impl", ["ref", "triton"])
+def test_kernel_leaves_unwritten_elements_and_matches_one_by_one(impl) -> None:
+    """The packed writes of many steps applied straight through the kernel
+    to targets that start at -777, not zero: every element no write covers
+    keeps -777, every other holds its last write (full-width writes included)."""
+    rng = random.Random(1)
+    device = "cuda" if impl == "triton" and torch.cuda.is_available() else "cpu"
+    apply = (triton_ops if impl == "triton" else torch_ops)(torch.device(device)).apply_grouped_writes
+    shapes = [((6, 40), torch.int64), ((6, 40), torch.int32), ((5, 1), torch.float32)]
+    dsts = [torch.full(shape, -777, dtype=dtype, device=device) for shape, dtype in shapes]
+    expected = [[[-777] * shape[1] for _ in range(shape[0])] for shape, _ in shapes]
+    for _ in range(12):
+        staged = [random_writes(rng, shape, rng.randint(0, 40)) for shape, _ in shapes]
+        packed = pack_grouped_writes([
+            (dst, [(r, s, np.array(v)) for r, s, v in writes])
+            for dst, writes in zip(dsts, staged)])
+        header = torch.from_numpy(packed.blob[: packed.words_offset].view(np.int64))
+        words = torch.from_numpy(packed.blob[packed.words_offset:].view(np.int32))
+        apply(dsts, header.to(device), words.to(device))
+        for table, writes, (_, dtype) in zip(expected, staged, shapes):
+            expected_after(table, writes, dtype)
+        assert [dst.cpu().tolist() for dst in dsts] == expected
 
 
 def test_packed_layout() -> None:

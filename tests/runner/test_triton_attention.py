@@ -20,6 +20,8 @@ from runner.attention.triton_attn import (
     tile_config,
 )
 from runner.attention.triton_kv_write import write_kv_cache
+from runner.attention.triton_split_merge import SplitCounters, SplitPartials
+from runner.attention.triton_unified import launch_paged_attention
 from tests.helpers.attention_oracle import (
     MIXED_QUERY_LENS,
     MIXED_SEQ_LENS,
@@ -73,6 +75,19 @@ def test_split_kv_matches_oracle(num_splits, decode_only):
         head_dim=64, num_q_heads=8, num_kv_heads=2,
     )
     out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4)
+    assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+@pytest.mark.parametrize("num_splits,window", [(1, None), (4, None), (3, 40)])
+def test_uniform_decode_batch_matches_oracle(num_splits, window):
+    """Every row one query token: the kernel maps token r to row r without
+    searching query_start_loc and loads values with keys; the padding tokens
+    past the rows give zeros."""
+    batch = make_batch(23, [1, 1, 1, 1], [1, 33, 130, 257], num_pad_tokens=3, block_size=16,
+                       head_dim=64, num_q_heads=8, num_kv_heads=2)
+    assert batch.attn.uniform_decode
+    out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4,
+                        window=window)
     assert (out[batch.attn.num_tokens :] == 0).all()
 
 
@@ -181,6 +196,11 @@ def test_tile_config_fits_a_kv_group(nqpk, max_query_len):
     assert block_m // nqpk >= 1
     if max_query_len == 1:
         assert block_m == max(16, 1 << (nqpk - 1).bit_length())
+    split = tile_config(max_query_len, nqpk, 128, split=True)
+    assert split["block_m"] == block_m
+    if max_query_len == 1:  # a split decode batch: short key tiles on two warps
+        assert (split["tile_n"], split["num_warps"]) == (64, 2)
+        assert (config["tile_n"], config["num_warps"]) == (128, 4)
 
 
 def test_rejects_mismatched_inputs():
@@ -255,29 +275,84 @@ def test_decode_cuda_graph_replay(num_splits):
         torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
 
 
-def test_merge_ignores_the_accumulators_of_empty_splits():
-    # Empty splits leave their accumulator unwritten: NaN there must not leak.
-    from runner.attention.triton_split_merge import merge_splits
+def _split_launch(batch: Batch, cache: torch.Tensor, num_splits: int, counters: torch.Tensor,
+                  window: int | None = None) -> torch.Tensor:
+    """One split launch over ``cache`` with out and every partial starting as
+    NaN: a value the kernel should not read, or a row it should write and
+    does not, shows up as NaN."""
+    q, attn = batch.q, batch.attn
+    num_tokens, num_q_heads, head_dim = q.shape
+    nan = {"fill_value": float("nan"), "dtype": torch.float32, "device": DEVICE}
+    shape = (num_tokens, num_q_heads, num_splits)
+    partials = SplitPartials(torch.full((*shape, head_dim), **nan), torch.full(shape, **nan),
+                             torch.full(shape, **nan), counters)
+    out = torch.full_like(q, float("nan"))
+    config = tile_config(attn.max_query_len, num_q_heads // cache.shape[3], head_dim)
+    launch_paged_attention(q, cache, attn.block_tables, attn.seq_lens, attn.query_start_loc,
+                           attn.num_reqs, head_dim ** -0.5, out, partials,
+                           sliding_window=window, uniform_decode=attn.uniform_decode, **config)
+    return out
 
-    gen = torch.Generator().manual_seed(2)
-    tokens, heads, splits, dim = 3, 2, 4, 16
-    acc = torch.randn(tokens, heads, splits, dim, generator=gen)
-    m = torch.randn(tokens, heads, splits, generator=gen)
-    l_sum = torch.rand(tokens, heads, splits, generator=gen) + 0.5
-    m[:, :, 2:] = float("-inf")  # splits 2 and 3 empty everywhere
-    m[2] = float("-inf")  # token 2 saw no key at all
-    l_sum[m == float("-inf")] = 0.0
-    acc[m == float("-inf")] = float("nan")
-    w = torch.exp2(m - m.amax(-1, keepdim=True).clamp(min=-1e30).nan_to_num(0.0))
-    w = torch.where(m == float("-inf"), 0.0, w)
-    total = (w * l_sum).sum(-1, keepdim=True)
-    want = (torch.where(w[..., None] > 0, acc, 0.0) * w[..., None]).sum(-2)
-    want = want / torch.where(total > 0, total, 1.0)
-    out = torch.full((tokens, heads, dim), 7.0)
-    dev = lambda t: t.to(DEVICE)  # noqa: E731
-    got = dev(out)
-    merge_splits(got, dev(acc), dev(m), dev(l_sum))
-    got = got.cpu()
-    assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert (got[2] == 0).all()
+
+@pytest.mark.parametrize("query_lens,seq_lens,head_dim", [
+    ([1, 1, 1], [40, 300, 129], 32),  # uniform decode
+    ([1, 3, 1, 0], [70, 40, 260, 0], 48),  # q-blocks of several tokens; head dim padded
+])
+def test_split_launch_twice_resets_its_counters(query_lens, seq_lens, head_dim):
+    """The last split of each group puts its counter back to 0, so the same
+    launch run again (a graph replay) merges again: both runs match the
+    oracle and the counters are all zero after each."""
+    batch = make_batch(31, query_lens, seq_lens, num_pad_tokens=2, block_size=16,
+                       head_dim=head_dim, num_q_heads=4, num_kv_heads=2)
+    cache = expected_cache(batch)
+    want = dense_reference(batch, cache, batch.q.shape[-1] ** -0.5)
+    counters = torch.zeros(256, dtype=torch.int32, device=DEVICE)
+    for _ in range(2):
+        out = _split_launch(batch, cache, 3, counters)
+        torch.testing.assert_close(out.float(), want, atol=1e-4, rtol=0)
+        assert (counters == 0).all()
+
+
+@pytest.mark.parametrize("window", [None, 50])
+def test_empty_splits_count_and_are_never_read(window):
+    """Eight splits over contexts of 1 to 3 key tiles (a graph captured for
+    long contexts replayed on short ones): most splits own no tile, write no
+    partial and take only their ticket; the merge reads none of their NaNs
+    and every row, padding ones included, is written."""
+    batch = make_batch(37, [1, 1, 1, 1, 1], [1, 3, 128, 129, 300], num_pad_tokens=3,
+                       block_size=16, head_dim=32, num_q_heads=8, num_kv_heads=2)
+    assert batch.attn.uniform_decode
+    cache = expected_cache(batch)
+    want = dense_reference(batch, cache, batch.q.shape[-1] ** -0.5, window)
+    counters = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    out = _split_launch(batch, cache, 8, counters, window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), want, atol=1e-4, rtol=0)
+    assert (out[batch.attn.num_tokens:] == 0).all()
+    assert (counters == 0).all()
+
+
+def test_split_launch_rejects_too_few_counters():
+    batch = make_batch(3, [1, 1], [20, 40], head_dim=32, num_q_heads=4, num_kv_heads=2)
+    with pytest.raises(ValueError, match="split counters"):
+        _split_launch(batch, expected_cache(batch), 2, torch.zeros(3, dtype=torch.int32))
+
+
+def test_backend_runs_split_launches_back_to_back():
+    """One backend (one set of counters) through several split forwards of
+    different shapes in a row, as the layers of a step and the next step do."""
+    backend = TritonAttentionBackend(num_splits=4)
+    for seed, seq_lens in enumerate([[5, 200], [130, 1, 64], [5, 200]]):
+        batch = make_batch(seed, [1] * len(seq_lens), seq_lens, head_dim=32, num_q_heads=4,
+                           num_kv_heads=2)
+        run_and_check(batch, backend, atol=1e-4)
+
+
+def test_split_counters_grow_and_keep_what_they_outgrew():
+    counters = SplitCounters()
+    first = counters.at_least(10, torch.device("cpu"))
+    assert first.dtype == torch.int32 and (first == 0).all() and first.numel() >= 10
+    assert counters.at_least(first.numel(), torch.device("cpu")) is first
+    grown = counters.at_least(first.numel() + 1, torch.device("cpu"))
+    assert grown.numel() > first.numel() and (grown == 0).all()
+    assert any(old is first for old in counters._outgrown)  # a captured graph may point at it

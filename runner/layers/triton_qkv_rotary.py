@@ -1,0 +1,160 @@
+"""The qkv projection of a decode batch, rotary and the KV-cache write in one launch.
+
+At batch 1-16 the qkv projection is a matrix-vector product bound by reading
+its weight once, and the rotary kernel after it (``rotary_write_kv_triton``)
+is a launch of a few microseconds that only rotates q and k and stores k and
+v in the paged cache. Here each program computes BLOCK_P rotary pairs of one
+head for every row, as the skinny matmul (triton_skinny_matmul.py) computes
+its columns: it loads the BLOCK_P weight rows of the first half of the head
+and the BLOCK_P rows of the second half that pair with them, so the rotation
+x1 cos - x2 sin, x2 cos + x1 sin happens in registers. A q head's pairs go to
+the returned q, a k head's rotated pairs and a v head's plain outputs to the
+token's cache slot. The fused [M, (Hq + 2 Hkv) D] projection never reaches
+memory.
+
+Arithmetic. Each product is rounded to the input dtype first, then rotated
+in float32 and rounded again: the unfused pair's rounding (cuBLAS output,
+then ``rotary_write_kv_triton``); only the order of the sum over K differs.
+Tokens whose slot is -1, or that lie past the end of ``slot_mapping``, store
+no key or value (their q is still written).
+
+``qkv_rotary_write_kv`` takes this kernel where ``uses_skinny_qkv_rotary``
+says it applies and is otherwise the projection (cuBLAS) followed by the
+rotary kernel. It launches with programmatic dependent launch where the
+device has it (``runner/triton_dependent_launch.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from runner.layers.triton_rotary import rotary_write_kv_triton
+from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
+from runner.ops import launch_pdl, num_sms
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
+BLOCK_P = 32  # rotary pairs a program: it reads 2 * BLOCK_P weight rows
+
+
+@triton.jit
+def _skinny_qkv_rotary_kernel(
+    x_ptr, w_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, key_cache_ptr, value_cache_ptr,
+    slot_mapping_ptr, M, num_slots, K, stride_x, stride_w, stride_q_tok, stride_c_block,
+    stride_c_slot, stride_c_head, num_q_heads, num_kv_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    M_PAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """Pairs (p, p + HALF) for p in this program's BLOCK_P of one head, every row."""
+    wait_for_previous_kernel(PDL)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    CHUNKS: tl.constexpr = HALF // BLOCK_P
+    head = tl.program_id(0) // CHUNKS
+    pairs = (tl.program_id(0) % CHUNKS) * BLOCK_P + tl.arange(0, BLOCK_P)
+    rows = tl.arange(0, M_PAD)
+    row_mask = rows < M
+    lo_rows = (head * HEAD_DIM + pairs)[:, None].to(tl.int64) * stride_w
+    hi_rows = lo_rows + HALF * stride_w
+    acc_lo = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
+    acc_hi = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks[None, :] < K
+        a = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
+                    mask=row_mask[:, None] & k_mask, other=0.0)
+        w_lo = tl.load(w_ptr + lo_rows + ks[None, :], mask=k_mask, other=0.0)
+        w_hi = tl.load(w_ptr + hi_rows + ks[None, :], mask=k_mask, other=0.0)
+        acc_lo += tl.dot(a, tl.trans(w_lo), input_precision=DOT_PRECISION)
+        acc_hi += tl.dot(a, tl.trans(w_hi), input_precision=DOT_PRECISION)
+    dtype = q_out_ptr.dtype.element_ty
+    x1 = acc_lo.to(dtype).to(tl.float32)
+    x2 = acc_hi.to(dtype).to(tl.float32)
+    out_mask = row_mask[:, None] & (pairs[None, :] < HALF)
+    if head < num_q_heads + num_kv_heads:  # q or k: rotate
+        pos = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+        angle = pos[:, None] * HALF + pairs[None, :]
+        cos = tl.load(cos_ptr + angle, mask=out_mask, other=0.0)
+        sin = tl.load(sin_ptr + angle, mask=out_mask, other=0.0)
+        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if head < num_q_heads:
+        dst = q_out_ptr + rows[:, None].to(tl.int64) * stride_q_tok + head * HEAD_DIM
+        tl.store(dst + pairs[None, :], x1.to(dtype), mask=out_mask)
+        tl.store(dst + HALF + pairs[None, :], x2.to(dtype), mask=out_mask)
+    else:
+        slot = tl.load(slot_mapping_ptr + rows, mask=row_mask & (rows < num_slots), other=-1)
+        slot = slot.to(tl.int64)
+        cache_mask = out_mask & (slot >= 0)[:, None]
+        slot = tl.maximum(slot, 0)
+        cache_off = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
+        if head < num_q_heads + num_kv_heads:
+            dst = key_cache_ptr + cache_off[:, None] + (head - num_q_heads) * stride_c_head
+        else:
+            dst = (value_cache_ptr + cache_off[:, None]
+                   + (head - num_q_heads - num_kv_heads) * stride_c_head)
+        cache_dtype = key_cache_ptr.dtype.element_ty
+        tl.store(dst + pairs[None, :], x1.to(cache_dtype), mask=cache_mask)
+        tl.store(dst + HALF + pairs[None, :], x2.to(cache_dtype), mask=cache_mask)
+
+
+def uses_skinny_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
+    """Whether ``qkv_rotary_write_kv`` takes the one-launch kernel: inputs
+    every skinny kernel takes (``skinny_inputs``), BLOCK_P dividing half a
+    head, and programs for at least a third of the SMs
+    (fewer leave the weight read to too few SMs; cuBLAS's split-K serves
+    those)."""
+    if not (skinny_inputs(x, weight) and head_dim % (2 * BLOCK_P) == 0):
+        return False
+    programs = weight.shape[0] // (2 * BLOCK_P)
+    return programs >= num_sms(x.device) // 3
+
+
+def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                               cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                               block_p: int = BLOCK_P, block_k: int = 256, num_warps: int = 4,
+                               num_stages: int = 4) -> torch.Tensor:
+    """x [M, K], weight [(Hq + 2 Hkv) D, K] (q rows, k rows, v rows) -> rotated
+    q [M, Hq, D]; rotated k and v stored at ``slot_mapping`` in ``kv_cache``
+    [2, blocks, block_size, Hkv, D]. M <= SKINNY_MAX_ROWS, unit last strides."""
+    m, k = x.shape
+    head_dim = kv_cache.shape[-1]
+    check_rows("skinny_qkv_rotary_write_kv", m)
+    if weight.shape != ((num_q_heads + 2 * num_kv_heads) * head_dim, k):
+        raise ValueError(f"qkv weight {tuple(weight.shape)} does not fit {num_q_heads} q and "
+                         f"{num_kv_heads} kv heads of {head_dim} over input width {k}")
+    if head_dim % (2 * block_p):
+        raise ValueError(f"head_dim {head_dim} is not a multiple of 2 * block_p ({block_p})")
+    if x.stride(-1) != 1 or weight.stride(-1) != 1 or kv_cache.stride(-1) != 1:
+        raise ValueError("skinny_qkv_rotary_write_kv needs unit last strides")
+    q = torch.empty(m, num_q_heads, head_dim, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return q
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    pdl = launch_pdl(x.device)
+    grid = ((num_q_heads + 2 * num_kv_heads) * (head_dim // (2 * block_p)),)
+    _skinny_qkv_rotary_kernel[grid](
+        x, weight, positions, cos, sin, q, key_cache, value_cache, slot_mapping, m,
+        slot_mapping.shape[0], k, x.stride(0), weight.stride(0), q.stride(0),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_q_heads,
+        num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
+        BLOCK_P=block_p, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
+        PDL=pdl, launch_pdl=pdl)
+    return q
+
+
+def qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                        cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                        slot_mapping: torch.Tensor, num_q_heads: int,
+                        num_kv_heads: int) -> torch.Tensor:
+    """``qkv_rotary_write_kv_ref`` on CUDA: one skinny launch for decode
+    batches, cuBLAS and then the rotary kernel elsewhere."""
+    head_dim = kv_cache.shape[-1]
+    if uses_skinny_qkv_rotary(x, weight, head_dim):
+        return skinny_qkv_rotary_write_kv(x, weight, positions, cos, sin, kv_cache,
+                                          slot_mapping, num_q_heads, num_kv_heads)
+    heads = F.linear(x, weight).unflatten(-1, (-1, head_dim))
+    q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    return rotary_write_kv_triton(positions, q, k, v, cos, sin, kv_cache, slot_mapping)
