@@ -273,30 +273,37 @@ def attention_only(q, kv_cache, attn, num_splits, config):
 
 def sweep(heads, block_size, dtype, device, smoke, with_decode=True):
     """Time tile configs and split counts (decode rows only ``with_decode``);
-    returns rows {name, shape, config, ms}."""
+    returns rows {name, shape, config, ms}. Decode rows are uniform decode
+    batches, each with the split count a decode graph captures (long
+    contexts assumed), 1 and 2, over key tiles x warps x stages; their
+    ``GBps`` is the batch's KV over the time."""
     nqpk = heads[0] // heads[1]
     if smoke:
-        decode, prefill, splits, tiles = [(1, 256)], [(1, 64)], [1, 2], [(64, 32, 4, 2)]
+        decode, prefill, tiles = [(1, 256)], [(1, 64)], [(64, 32, 4, 2)]
+        decode_tiles = [(32, 4, 2)]
     else:
-        decode = [(1, 8192), (1, 32768), (8, 8192), (8, 32768), (32, 8192), (32, 32768),
-                  (128, 8192)]
+        decode = [(1, 512), (8, 512), (16, 512), (32, 512), (64, 512), (8, 4096), (32, 2048),
+                  (64, 2048), (64, 4096)]
         prefill = [(1, 4096), (4, 1024)]
-        splits = [1, 2, 4, 8, 16, 32, 64]
         tiles = [(bm, tn, w, st) for bm in (64, 128) for tn in (64, 128) for w in (4, 8)
                  for st in (2, 3, 4)]
+        decode_tiles = [(tn, w, st) for tn in (32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3)]
     if not with_decode:
         decode = []
     rows = []
+    sms = num_sms(torch.device(device))
     for batch, context in decode:
         q, _, _, kv_cache, attn = paged_case(batch, context, 1, heads, block_size, dtype, device)
-        for tile_n in (64, 128) if not smoke else (32,):
-            for stages in (2, 3) if not smoke else (2,):
-                config = {**tile_config(1, nqpk, heads[2]), "tile_n": tile_n,
-                          "num_stages": stages}
-                for n in splits:
-                    ms = time_ms(attention_only(q, kv_cache, attn, n, config), device, 20)
-                    rows.append({"name": "decode", "shape": f"{batch}x{context}",
-                                 "config": {**config, "num_splits": n}, "ms": ms})
+        captured = choose_num_splits(batch, heads[1], 1, 1 << 30, sms)
+        kv_gb = batch * context * heads[1] * heads[2] * 2 * q.element_size() / 1e9
+        for tile_n, warps, stages in decode_tiles:
+            config = {**tile_config(1, nqpk, heads[2]), "tile_n": tile_n, "num_warps": warps,
+                      "num_stages": stages}
+            for n in sorted({captured, 1, 2}):
+                ms = time_ms(attention_only(q, kv_cache, attn, n, config), device, 20)
+                rows.append({"name": "decode", "shape": f"{batch}x{context}",
+                             "config": {**config, "num_splits": n}, "ms": ms,
+                             "GBps": kv_gb / ms * 1e3})
         del q, kv_cache, attn
     for batch, length in prefill:
         q, _, _, kv_cache, attn = paged_case(batch, length, length, heads, block_size, dtype,

@@ -446,6 +446,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tprun: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not _interrupted(e):
+            raise
+        print("tprun: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether Ctrl-C lies behind ``error``: Python wraps an exception raised
+    inside some of its own machinery (a class body's ``__set_name__`` while
+    torch is imported, for one) in another, with the interrupt as its
+    cause."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _main(argv: list[str]) -> int:
@@ -472,6 +491,8 @@ def _main(argv: list[str]) -> int:
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1
     except (ValueError, OSError, TimeoutError) as e:
+        if _interrupted(e):
+            raise  # main says it was interrupted
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1
 

@@ -13,7 +13,7 @@ captured in a CUDA graph and replayed with other seq_lens and block tables. The
 split choice is the one heuristic input that depends on max_seq_len; while a
 CUDA graph is being captured it assumes long contexts (short ones stay correct,
 their surplus splits are simply empty). The splits' counters persist
-(``SplitCounters``): every launch leaves them zero, so a replay needs no
+(``TicketCounters``): every launch leaves them zero, so a replay needs no
 memset.
 """
 
@@ -25,9 +25,10 @@ import triton
 from runner.attention.fresh_prefill import attend_fresh_rows, fresh_suffix_start
 from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
-from runner.attention.triton_split_merge import SplitCounters, SplitPartials
+from runner.attention.triton_split_merge import SplitPartials
 from runner.attention.triton_unified import launch_paged_attention, split_counters_needed
 from runner.ops import device_ops, is_capturing, num_sms
+from runner.ticket_counters import TicketCounters
 
 MAX_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
@@ -114,7 +115,7 @@ class TritonAttentionBackend:
         # layer of a step asks about the same metadata, so the host works it
         # out once per step and window.
         self._fresh: tuple[AttentionMetadata, int | None, int | None] | None = None
-        self._counters = SplitCounters()
+        self._counters = TicketCounters()
 
     def forward(
         self,

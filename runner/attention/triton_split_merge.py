@@ -11,20 +11,10 @@ gets zeros, never NaN. Splits without any key tile (short context in a launch
 sized for long ones) write nothing and are never read: ``merge_split_rows``
 reads the ``num_live`` leading splits only, the ones that own tiles.
 
-Who merges. The last split program of each (q-block, KV head) to finish:
-every split program stores its partials, then (a CTA barrier, so all its
-threads' stores come first, and an acquire-release atomic at GPU scope) takes
-a ticket from the group's counter; the one that draws num_splits - 1 knows
-that every other split has released its partials, and its acquire makes them
-visible to it. It merges them into ``out`` and puts the counter back to 0.
-Programs only count and never wait on one another, so any schedule finishes.
-
-Invariant of the counters (``SplitCounters``): zero between launches. They
-are zeroed once when allocated; each launch leaves every counter it used at
-0 again, so neither eager steps nor CUDA-graph replays clear them. Launches
-sharing counters must not overlap: they run on one stream, where a kernel
-launched with PDL touches nothing before the kernel before it has completed
-(``runner/triton_dependent_launch.py``).
+Who merges. The last split program of each (q-block, KV head) to finish,
+found by a ticket from the group's counter (``runner/ticket_counters.py``:
+the protocol, its memory order and the counters' invariant); it merges the
+partials into ``out``.
 """
 
 from __future__ import annotations
@@ -54,32 +44,6 @@ class SplitPartials(NamedTuple):
     max: torch.Tensor
     sum: torch.Tensor
     counters: torch.Tensor
-
-
-class SplitCounters:
-    """Per device, the counters that split launches take tickets from.
-
-    ``at_least(n, device)`` returns a zeroed int32 buffer of at least n
-    counters, allocated once and grown when a launch needs more. An outgrown
-    buffer stays referenced here: a CUDA graph captured with it keeps its
-    address. Growing while a graph is captured would record the zeroing in
-    the graph (correct, one memset per replay); the backend asks on every
-    launch, so the eager warm-up before a capture has grown them already.
-    """
-
-    def __init__(self) -> None:
-        self._current: dict[torch.device, torch.Tensor] = {}
-        self._outgrown: list[torch.Tensor] = []
-
-    def at_least(self, n: int, device: torch.device) -> torch.Tensor:
-        counters = self._current.get(device)
-        if counters is None or counters.numel() < n:
-            if counters is not None:
-                self._outgrown.append(counters)
-            size = max(n, 1024, 2 * (0 if counters is None else counters.numel()))
-            counters = torch.zeros(size, dtype=torch.int32, device=device)
-            self._current[device] = counters
-        return counters
 
 
 def merge_config(num_splits: int, rows: int) -> dict[str, int]:
@@ -147,36 +111,3 @@ def merge_split_rows(
     else:
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty),
                  mask=row_mask[:, None] & dim_mask[None, :])
-
-
-@triton.jit
-def finish_split(
-    counter_ptr,
-    num_splits,
-    out_ptr,
-    out_rows,
-    part_acc_ptr,
-    part_max_ptr,
-    part_sum_ptr,
-    part_rows,
-    row_mask,
-    num_live,
-    ROWS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
-):
-    """Count this split program's partials as stored; the group's last one
-    merges all of them (``merge_split_rows``) and resets the counter to 0.
-
-    The barrier puts every thread's partial stores before the atomic (Triton
-    issues a scalar atomic from one thread); acq_rel at GPU scope releases
-    them to the last program and makes the others' visible to it.
-    """
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    if arrived == num_splits - 1:
-        merge_split_rows(out_ptr, out_rows, part_acc_ptr, part_max_ptr, part_sum_ptr, part_rows,
-                         row_mask, num_live, ROWS, HEAD_DIM, DIM_PAD, SPLITS_PAD, SPLIT_CHUNK)
-        tl.store(counter_ptr, 0)

@@ -35,9 +35,9 @@ s handles an equal share of the q-block's key tiles, so the splits holding
 tiles are the leading ones. Each stores its unnormalised accumulator, running
 max m and sum l, then takes a ticket from its (q-program, KV head) counter;
 the last to arrive merges every split's partials into out in the same launch
-and resets the counter (triton_split_merge.py: the protocol, its memory
-ordering and the math). Empty splits (short context, graph captured for long
-ones) load and store nothing, but still take their ticket.
+and resets the counter (runner/ticket_counters.py: the protocol and its
+memory order; triton_split_merge.py: the math). Empty splits (short context, graph captured for long
+ones) read no key and store nothing, but still take their ticket.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.attention.triton_split_merge import SplitPartials, finish_split, merge_config
+from runner.attention.triton_split_merge import SplitPartials, merge_config, merge_split_rows
 from runner.ops import launch_pdl
+from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 LOG2_E = 1.4426950408889634
@@ -175,55 +176,6 @@ def _tile_rows(local, kv_head, q_len, ROWS: tl.constexpr, NQPK: tl.constexpr,
     return tok, head, (offs // NQPK < BLOCK_Q) & (tok < q_len)
 
 
-@triton.jit
-def _attend_q_block(
-    q_ptr,
-    q_rows,
-    io_mask,
-    q_pos,
-    tile_lo,
-    tile_hi,
-    num_full,
-    kv_end,
-    key_cache_ptr,
-    value_cache_ptr,
-    table_row,
-    kv_head_offset,
-    stride_c_block,
-    stride_c_slot,
-    qk_scale,
-    window,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr,
-    DIM_PAD: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    SLIDING: tl.constexpr,
-    DECODE: tl.constexpr,
-):
-    """Load the q tile (rows at q_rows) and fold key tiles tile_lo .. tile_hi - 1
-    into a fresh (acc, m, l); tiles below num_full need no mask."""
-    dims = tl.arange(0, DIM_PAD)
-    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=io_mask, other=0.0)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        False, SLIDING, DECODE,
-    )
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        True, SLIDING, DECODE,
-    )
-    return acc, m_i, l_i
-
-
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _paged_attention_kernel(
     out_ptr,
@@ -309,39 +261,50 @@ def _paged_attention_kernel(
     table_row = block_tables_ptr + row.to(tl.int64) * stride_bt
     kv_head_offset = kv_head * stride_c_head
 
+    tile_lo = first_tile
+    tile_hi = num_tiles
     if SPLIT:
         per_split = tl.cdiv(num_tiles - first_tile, num_splits)
         tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
         tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=io_mask, other=0.0)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        False, SLIDING, DECODE,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
+        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        True, SLIDING, DECODE,
+    )
+
+    if SPLIT:
         if tile_lo < tile_hi:  # else an empty split: nothing to store, it only counts
-            acc, m_i, l_i = _attend_q_block(
-                q_ptr, q_rows, io_mask, q_pos, tile_lo, tile_hi, num_full, kv_end,
-                key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-                stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_M, BLOCK_SIZE, TILE_N, DIM_PAD,
-                DOT_PRECISION, SLIDING, DECODE,
-            )
             part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
             tl.store(part_max_ptr + part, m_i, mask=row_mask)
             tl.store(part_sum_ptr + part, l_i, mask=row_mask)
             tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=io_mask)
-        # The splits holding tiles are the leading ones; the merging program
-        # covers MERGE_ROWS rows (a decode's NQPK heads, not all BLOCK_M).
-        num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
-        m_tok, m_head, m_mask = _tile_rows(local, kv_head, q_len, MERGE_ROWS, NQPK, BLOCK_Q)
-        m_tok64 = (q_first + m_tok).to(tl.int64)
-        finish_split(
-            counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head, num_splits,
-            out_ptr, m_tok64 * stride_o_tok + m_head * stride_o_head,
-            part_acc_ptr, part_max_ptr, part_sum_ptr, (m_tok64 * num_q_heads + m_head) * num_splits,
-            m_mask, num_live, MERGE_ROWS, HEAD_DIM, DIM_PAD, SPLITS_PAD, SPLIT_CHUNK,
-        )
+        counter = counters_ptr + tl.program_id(0) * tl.num_programs(1) + kv_head
+        if take_ticket(counter, num_splits):
+            # The splits holding tiles are the leading ones; the merging
+            # program covers MERGE_ROWS rows (a decode's NQPK heads, not all
+            # BLOCK_M).
+            num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
+            m_tok, m_head, m_mask = _tile_rows(local, kv_head, q_len, MERGE_ROWS, NQPK, BLOCK_Q)
+            m_tok64 = (q_first + m_tok).to(tl.int64)
+            merge_split_rows(
+                out_ptr, m_tok64 * stride_o_tok + m_head * stride_o_head, part_acc_ptr,
+                part_max_ptr, part_sum_ptr, (m_tok64 * num_q_heads + m_head) * num_splits,
+                m_mask, num_live, MERGE_ROWS, HEAD_DIM, DIM_PAD, SPLITS_PAD, SPLIT_CHUNK,
+            )
     else:
-        acc, m_i, l_i = _attend_q_block(
-            q_ptr, q_rows, io_mask, q_pos, first_tile, num_tiles, num_full, kv_end,
-            key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-            stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_M, BLOCK_SIZE, TILE_N, DIM_PAD,
-            DOT_PRECISION, SLIDING, DECODE,
-        )
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         o_off = tok64[:, None] * stride_o_tok + head[:, None] * stride_o_head + dims[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=io_mask)

@@ -52,6 +52,46 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     assert reap_session(proc.pid, grace_s=5) == []
 
 
+def _wrapped_interrupt(wrapper: type[Exception]):
+    """Ctrl-C as Python delivers it when it lands inside its own machinery:
+    a class body's ``__set_name__`` while torch is imported raises
+    RuntimeError with the interrupt as its cause."""
+    def run(_argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise wrapper("Error calling __set_name__") from e
+    return run
+
+
+@pytest.mark.parametrize("wrapper", [RuntimeError, ValueError])
+def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys, wrapper):
+    from launch import cli
+
+    monkeypatch.setattr(cli, "_main", _wrapped_interrupt(wrapper))
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main([]) == 130
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert capsys.readouterr().err == "tprun: interrupted\n"
+
+
+def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch):
+    from launch import cli
+
+    def fail(_argv):
+        raise RuntimeError("a real failure")
+
+    monkeypatch.setattr(cli, "_main", fail)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(RuntimeError, match="a real failure"):
+            cli.main([])
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_kill_job_after_serve_is_a_shutdown(tmp_path):

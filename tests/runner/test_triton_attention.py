@@ -20,8 +20,9 @@ from runner.attention.triton_attn import (
     tile_config,
 )
 from runner.attention.triton_kv_write import write_kv_cache
-from runner.attention.triton_split_merge import SplitCounters, SplitPartials
+from runner.attention.triton_split_merge import SplitPartials
 from runner.attention.triton_unified import launch_paged_attention
+from runner.ticket_counters import TicketCounters
 from tests.helpers.attention_oracle import (
     MIXED_QUERY_LENS,
     MIXED_SEQ_LENS,
@@ -349,7 +350,7 @@ def test_backend_runs_split_launches_back_to_back():
 
 
 def test_split_counters_grow_and_keep_what_they_outgrew():
-    counters = SplitCounters()
+    counters = TicketCounters()
     first = counters.at_least(10, torch.device("cpu"))
     assert first.dtype == torch.int32 and (first == 0).all() and first.numel() >= 10
     assert counters.at_least(first.numel(), torch.device("cpu")) is first
