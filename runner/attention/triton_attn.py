@@ -65,7 +65,7 @@ def choose_num_splits(
 
 
 def tile_config(max_query_len: int, nqpk: int, head_dim: int,
-                split: bool = False) -> dict[str, int]:
+                split: bool = False, wide: bool = False) -> dict[str, int]:
     """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
 
     Decode-like batches use the smallest tensor-core tile that holds the heads of
@@ -73,18 +73,23 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int,
     prefill chunks use 64 rows to reuse each K/V tile. A ``split`` decode
     batch (few rows, each split a short run of keys) takes 64-key tiles on
     two warps: a program reaches its first tile sooner, and twice as many
-    programs fit on an SM. ``benchmarks/bench_attention.py --sweep``
-    compares the alternatives.
+    programs fit on an SM. So does a ``wide`` decode batch (a grid of at
+    least three programs an SM), three stages deep: the SMs then hold several
+    programs' loads in flight at once. ``benchmarks/bench_attention.py
+    --sweep`` compares the alternatives.
     """
     rows = nqpk * max(1, min(max_query_len, 64))
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     block_m = max(block_m, triton.next_power_of_2(nqpk))
     decode = max_query_len <= MAX_SPLIT_QUERY_LEN
-    tile_n = 64 if not decode or split else 128
+    short = decode and (split or wide)
+    tile_n = 64 if not decode or short else 128
     if head_dim > 128:
         tile_n //= 2
-    num_warps = 2 if decode and split else 4 if block_m <= 64 else 8
-    return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps, "num_stages": 2}
+    num_warps = 2 if short else 4 if block_m <= 64 else 8
+    num_stages = 3 if decode and wide and not split else 2
+    return {"block_m": block_m, "tile_n": tile_n, "num_warps": num_warps,
+            "num_stages": num_stages}
 
 
 class TritonAttentionBackend:
@@ -163,8 +168,9 @@ class TritonAttentionBackend:
             return out
         num_kv_heads = kv_cache.shape[3]
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
+        wide = attn.uniform_decode and num_tokens * num_kv_heads >= 3 * num_sms(q.device)
         config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim,
-                             split=num_splits > 1)
+                             split=num_splits > 1, wide=wide)
         # Sized on every launch, split or not: the eager warm-up before a
         # graph capture then sizes them for the capture, which may split
         # where the warm-up did not.

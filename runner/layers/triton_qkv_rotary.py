@@ -16,7 +16,10 @@ Arithmetic. Each product is rounded to the input dtype first, then rotated
 in float32 and rounded again: the unfused pair's rounding (cuBLAS output,
 then ``rotary_write_kv_triton``); only the order of the sum over K differs.
 Tokens whose slot is -1, or that lie past the end of ``slot_mapping``, store
-no key or value (their q is still written).
+no key or value (their q is still written). Where the pairs' programs are
+too few for the SMs (the 1B shape: 48), each group of pairs is read by
+several programs over ranges of K, the last of which rotates and stores
+(``split_k.py``).
 
 ``qkv_rotary_write_kv`` takes this kernel where ``uses_skinny_qkv_rotary``
 says it applies and is otherwise the projection (cuBLAS) followed by the
@@ -31,9 +34,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from runner.layers.split_k import (
+    choose_split_k,
+    split_k_bounds,
+    split_k_buffers,
+    split_k_range,
+    sum_split_parts,
+)
 from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
 from runner.ops import launch_pdl, num_sms
+from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 BLOCK_P = 32  # rotary pairs a program: it reads 2 * BLOCK_P weight rows
@@ -42,12 +53,15 @@ BLOCK_P = 32  # rotary pairs a program: it reads 2 * BLOCK_P weight rows
 @triton.jit
 def _skinny_qkv_rotary_kernel(
     x_ptr, w_ptr, positions_ptr, cos_ptr, sin_ptr, q_out_ptr, key_cache_ptr, value_cache_ptr,
-    slot_mapping_ptr, M, num_slots, K, stride_x, stride_w, stride_q_tok, stride_c_block,
+    slot_mapping_ptr, workspace_ptr, counters_ptr, M, num_slots, K, K_PER_SPLIT, stride_x,
+    stride_w, stride_q_tok, stride_c_block,
     stride_c_slot, stride_c_head, num_q_heads, num_kv_heads,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    M_PAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    M_PAD: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Pairs (p, p + HALF) for p in this program's BLOCK_P of one head, every row."""
+    """Pairs (p, p + HALF) for p in this program's BLOCK_P of one head, every
+    row; program (j, s) reads K columns s * K_PER_SPLIT on (split_k.py)."""
     wait_for_previous_kernel(PDL)
     HALF: tl.constexpr = HEAD_DIM // 2
     CHUNKS: tl.constexpr = HALF // BLOCK_P
@@ -59,15 +73,27 @@ def _skinny_qkv_rotary_kernel(
     hi_rows = lo_rows + HALF * stride_w
     acc_lo = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
     acc_hi = tl.zeros([M_PAD, BLOCK_P], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_mask = ks[None, :] < K
+        k_mask = ks[None, :] < k_hi
         a = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
                     mask=row_mask[:, None] & k_mask, other=0.0)
         w_lo = tl.load(w_ptr + lo_rows + ks[None, :], mask=k_mask, other=0.0)
         w_hi = tl.load(w_ptr + hi_rows + ks[None, :], mask=k_mask, other=0.0)
         acc_lo += tl.dot(a, tl.trans(w_lo), input_precision=DOT_PRECISION)
         acc_hi += tl.dot(a, tl.trans(w_hi), input_precision=DOT_PRECISION)
+    if SPLIT_K > 1:  # a part each of lo and hi; the group's last program sums them
+        PART: tl.constexpr = M_PAD * BLOCK_P
+        offs = rows[:, None] * BLOCK_P + tl.arange(0, BLOCK_P)[None, :]
+        parts = workspace_ptr + tl.program_id(0).to(tl.int64) * (SPLIT_K * 2 * PART)
+        mine = parts + tl.program_id(1) * (2 * PART)
+        tl.store(mine + offs, acc_lo)
+        tl.store(mine + PART + offs, acc_hi)
+        if not take_ticket(counters_ptr + tl.program_id(0), SPLIT_K):
+            return
+        acc_lo = sum_split_parts(parts, offs, 2 * PART, SPLIT_K)
+        acc_hi = sum_split_parts(parts + PART, offs, 2 * PART, SPLIT_K)
     dtype = q_out_ptr.dtype.element_ty
     x1 = acc_lo.to(dtype).to(tl.float32)
     x2 = acc_hi.to(dtype).to(tl.float32)
@@ -114,7 +140,7 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
                                cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int,
                                block_p: int = BLOCK_P, block_k: int = 256, num_warps: int = 4,
-                               num_stages: int = 4) -> torch.Tensor:
+                               num_stages: int = 4, split_k: int | None = None) -> torch.Tensor:
     """x [M, K], weight [(Hq + 2 Hkv) D, K] (q rows, k rows, v rows) -> rotated
     q [M, Hq, D]; rotated k and v stored at ``slot_mapping`` in ``kv_cache``
     [2, blocks, block_size, Hkv, D]. M <= SKINNY_MAX_ROWS, unit last strides."""
@@ -133,15 +159,19 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
         return q
     key_cache, value_cache = kv_cache[0], kv_cache[1]
     pdl = launch_pdl(x.device)
-    grid = ((num_q_heads + 2 * num_kv_heads) * (head_dim // (2 * block_p)),)
-    _skinny_qkv_rotary_kernel[grid](
-        x, weight, positions, cos, sin, q, key_cache, value_cache, slot_mapping, m,
-        slot_mapping.shape[0], k, x.stride(0), weight.stride(0), q.stride(0),
+    programs = (num_q_heads + 2 * num_kv_heads) * (head_dim // (2 * block_p))
+    if split_k is None:
+        split_k = choose_split_k(programs, k, block_k, num_sms(x.device))
+    workspace, counters = split_k_buffers(split_k, programs, 2 * ROW_TILE * block_p, x.device)
+    _skinny_qkv_rotary_kernel[(programs, split_k)](
+        x, weight, positions, cos, sin, q, key_cache, value_cache, slot_mapping, workspace,
+        counters, m, slot_mapping.shape[0], k, split_k_range(k, block_k, split_k), x.stride(0),
+        weight.stride(0), q.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_q_heads,
         num_kv_heads, HEAD_DIM=head_dim, BLOCK_SIZE=key_cache.shape[1],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
-        BLOCK_P=block_p, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-        PDL=pdl, launch_pdl=pdl)
+        BLOCK_P=block_p, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=num_warps,
+        num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
     return q
 
 

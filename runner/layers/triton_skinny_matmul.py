@@ -4,7 +4,10 @@ At batch 1-16 a projection is a matrix-vector product bound by reading the
 weight once. For the row-parallel projections (o_proj, down) cuBLAS splits K
 and launches a second kernel to reduce the splits; this kernel gives each
 program BLOCK_N output columns and the whole of K, so there is one launch and
-no partial sums in memory. Rows are padded to one ROW_TILE of 16, the
+no partial sums in memory. Where those programs are too few for the SMs
+(the 1B shape's 2048 outputs: 64), each column group is read by several
+programs over ranges of K, and the last of them sums their parts in the same
+launch (``split_k.py``). Rows are padded to one ROW_TILE of 16, the
 smallest ``tl.dot`` takes, and every kernel here takes at most that many
 (SKINNY_MAX_ROWS); larger batches go to cuBLAS, whose tiles serve them
 better than a taller tile here (benchmarks/results/README.md).
@@ -35,35 +38,57 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from runner.layers.split_k import (
+    choose_split_k,
+    split_k_bounds,
+    split_k_buffers,
+    split_k_range,
+    sum_split_parts,
+)
 from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.ops import launch_pdl, num_sms
+from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 ROW_TILE = 16  # the row tile of every skinny kernel: tl.dot's smallest M
 SKINNY_MAX_ROWS = ROW_TILE
 BLOCK_N = 32
+BLOCK_K = 512
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
 
 
 @triton.jit
-def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
+def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, workspace_ptr, counters_ptr, M, N, K,
+                          K_PER_SPLIT, stride_x, stride_w, stride_out,
                           DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N columns and every row."""
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                          PDL: tl.constexpr):
+    """out[m, n] = sum_k x[m, k] w[n, k] for BLOCK_N columns and every row;
+    program (j, s) reads K columns s * K_PER_SPLIT on (split_k.py)."""
     wait_for_previous_kernel(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    group = tl.program_id(0)
+    cols = group * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
     col_mask = cols < N
+    k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
     acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :],
-                    mask=row_mask[:, None] & (ks[None, :] < K), other=0.0)
+                    mask=row_mask[:, None] & (ks[None, :] < k_hi), other=0.0)
         w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
-                    mask=col_mask[:, None] & (ks[None, :] < K), other=0.0)
+                    mask=col_mask[:, None] & (ks[None, :] < k_hi), other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
+    if SPLIT_K > 1:
+        PART: tl.constexpr = M_PAD * BLOCK_N
+        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        parts = workspace_ptr + group.to(tl.int64) * (SPLIT_K * PART)
+        tl.store(parts + tl.program_id(1) * PART + offs, acc)
+        if not take_ticket(counters_ptr + group, SPLIT_K):
+            return
+        acc = sum_split_parts(parts, offs, PART, SPLIT_K)
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
 
@@ -111,8 +136,10 @@ def check_rows(kernel: str, m: int) -> None:
 
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
-                  block_k: int = 512, num_warps: int = 4, num_stages: int = 4) -> torch.Tensor:
-    """x [M, K] @ w[N, K].T for M <= SKINNY_MAX_ROWS rows. Unit last strides."""
+                  block_k: int = BLOCK_K, num_warps: int = 4, num_stages: int = 4,
+                  split_k: int | None = None) -> torch.Tensor:
+    """x [M, K] @ w[N, K].T for M <= SKINNY_MAX_ROWS rows. Unit last strides.
+    ``split_k``: programs per column group (None: ``choose_split_k``)."""
     m = x.shape[0]
     n, k = w.shape
     check_rows("skinny_matmul", m)
@@ -124,11 +151,16 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
     if m == 0:
         return out
     pdl = launch_pdl(x.device)
-    _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
-        x, w, out, m, n, k, x.stride(0), w.stride(0), out.stride(0),
+    programs = triton.cdiv(n, block_n)
+    if split_k is None:
+        split_k = choose_split_k(programs, k, block_k, num_sms(x.device))
+    workspace, counters = split_k_buffers(split_k, programs, ROW_TILE * block_n, x.device)
+    _skinny_matmul_kernel[(programs, split_k)](
+        x, w, out, workspace, counters, m, n, k, split_k_range(k, block_k, split_k),
+        x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-        PDL=pdl, launch_pdl=pdl)
+        BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, num_warps=num_warps,
+        num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
     return out
 
 
@@ -142,11 +174,15 @@ def skinny_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` (a row-parallel projection) takes the skinny
     kernel (asked on CUDA only): half precision, at most SKINNY_MAX_ROWS rows, unit last
-    strides, and enough output columns for a BLOCK_N-wide program on about
-    every SM: narrower outputs leave SMs idle, and cuBLAS's split-K serves
-    them better."""
-    return (skinny_inputs(x, weight)
-            and triton.cdiv(weight.shape[0], BLOCK_N) >= 3 * num_sms(x.device) // 4)
+    strides, and enough programs (BLOCK_N-wide column groups, split over K
+    where they are few) for about every SM: fewer leave SMs idle, and
+    cuBLAS's split-K serves them better."""
+    if not skinny_inputs(x, weight):
+        return False
+    sms = num_sms(x.device)
+    programs = triton.cdiv(weight.shape[0], BLOCK_N)
+    split_k = choose_split_k(programs, weight.shape[1], BLOCK_K, sms)
+    return programs * split_k >= 3 * sms // 4
 
 
 def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

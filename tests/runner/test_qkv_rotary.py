@@ -77,6 +77,24 @@ def test_skinny_kernel_matches_reference(dtype, m, k, hq, hk, head_dim, block_p,
     assert torch.all(got_cache.flatten(1, 2)[:, ~written] == -7.0)
 
 
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_matches_reference_twice(split_k):
+    """K read by split_k programs per pair group (a masked tail in the last
+    split), the last of a group rotating and storing: the reference's q and
+    cache, twice from the same counters, which end at 0."""
+    from runner.layers.split_k import COUNTERS
+
+    rope = RotaryEmbedding(64, 256, 10000.0, None)
+    case = _case(5, 200, 2, 1, 64, torch.float32, seed=split_k)
+    for _ in range(2):
+        want_q, want_cache, got_q, got_cache = _run_both(
+            skinny_qkv_rotary_write_kv, *case, rope, 2, 1, block_p=16, block_k=32,
+            num_stages=2, split_k=split_k)
+        torch.testing.assert_close(got_q, want_q, **_tol(torch.float32))
+        torch.testing.assert_close(got_cache, want_cache, **_tol(torch.float32))
+        assert not COUNTERS.at_least(8, DEVICE)[:8].any()
+
+
 def test_dispatch_takes_the_rotary_kernel_for_small_projections():
     # Too few programs for the SMs: cuBLAS (here F.linear) and the rotary
     # kernel, with the same result as the reference.

@@ -38,6 +38,37 @@ def test_skinny_matmul_matches_torch(dtype, m, n, k, block_n, block_k):
     torch.testing.assert_close(got.double(), want, rtol=_tol(dtype), atol=_tol(dtype))
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 4])
+def test_split_k_matches_torch_and_leaves_its_counters_at_zero(split_k):
+    """K read by split_k programs per column group (the last of a group sums
+    the parts): equal to the one-program kernel within float32 rounding,
+    twice in a row from the same counters, which end at 0. 700 columns in
+    tiles of 64: every split count leaves the last split a masked tail."""
+    from runner.layers.split_k import COUNTERS
+
+    gen = torch.Generator().manual_seed(split_k)
+    x = torch.randn(7, 700, generator=gen)
+    w = torch.randn(75, 700, generator=gen)
+    want = x.double() @ w.double().T
+    one = skinny_matmul(x.to(DEVICE), w.to(DEVICE), block_n=32, block_k=64, split_k=1).cpu()
+    for _ in range(2):
+        got = skinny_matmul(x.to(DEVICE), w.to(DEVICE), block_n=32, block_k=64,
+                            split_k=split_k).cpu()
+        torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(got, one, rtol=1e-5, atol=1e-4)
+        assert not COUNTERS.at_least(3, DEVICE)[:3].any()
+
+
+def test_choose_split_k_fills_the_sms_within_limits():
+    from runner.layers.split_k import choose_split_k
+
+    assert choose_split_k(128, 4096, 512, 132) == 1  # 8B o_proj: a program an SM already
+    assert choose_split_k(64, 2048, 512, 132) == 2  # 1B o_proj: twice the programs
+    assert choose_split_k(48, 2048, 256, 132) == 2  # 1B qkv: 132 // 48
+    assert choose_split_k(16, 8192, 512, 132) == 4  # at most MAX_SPLIT_K
+    assert choose_split_k(16, 1024, 512, 132) == 1  # two tiles: a split needs at least two
+
+
 def test_rejects_shapes_it_cannot_take():
     x = torch.zeros(17, 8, device=DEVICE)
     with pytest.raises(ValueError, match="at most 16 rows"):

@@ -202,6 +202,8 @@ def test_tile_config_fits_a_kv_group(nqpk, max_query_len):
     if max_query_len == 1:  # a split decode batch: short key tiles on two warps
         assert (split["tile_n"], split["num_warps"]) == (64, 2)
         assert (config["tile_n"], config["num_warps"]) == (128, 4)
+        wide = tile_config(max_query_len, nqpk, 128, wide=True)
+        assert (wide["tile_n"], wide["num_warps"], wide["num_stages"]) == (64, 2, 3)
 
 
 def test_rejects_mismatched_inputs():
