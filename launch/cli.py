@@ -299,9 +299,9 @@ def run_serve(args) -> int:
         server = EngineServer(engine, endpoint, args.endpoint_file, secret=secret)
         try:
             if http:
-                http_server = _start_http(args, engine, server.address, secret)
+                http_server = _start_http(args, engine, server, secret)
         except BaseException:
-            server.close()
+            server.close(term_context=False)  # a front end that did not start may hold a socket
             raise
     except BaseException:
         engine.shutdown()
@@ -321,9 +321,8 @@ def run_serve(args) -> int:
     try:
         server.serve()
     finally:
-        if http_server is not None:
-            http_server.stop()
-        server.close()
+        http_stopped = http_server is None or http_server.stop()
+        server.close(term_context=http_stopped)
         engine.shutdown()
         for sig, handler in previous.items():  # a second signal during shutdown is ignored
             signal.signal(sig, handler)
@@ -369,14 +368,16 @@ def _check_port_free(host: str, port: int) -> None:
                               f"({e.strerror or e}); is another server using it?") from None
 
 
-def _start_http(args, engine, address: str, secret: bytes):
+def _start_http(args, engine, server, secret: bytes):
+    """The HTTP front end, a client of ``server`` through its in-process
+    address (same process: no ZeroMQ I/O thread on the way)."""
     from serving.http.http_server import start_http_server
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
-    return start_http_server(address, secret, engine.tokenizer, args.model,
+    return start_http_server(server.inproc_address, secret, engine.tokenizer, args.model,
                              engine.max_model_len, args.host, args.http_port, args.api_key,
-                             access_log=args.access_log)
+                             access_log=args.access_log, context=server.ctx)
 
 
 def run_bench(args) -> int:

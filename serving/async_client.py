@@ -3,11 +3,25 @@
 
 One DEALER socket per front end, in the event loop's thread; sealing,
 opening and routing are ``serving.protocol_core``'s, shared with the
-blocking ``serving.client.EngineClient``. A reader task receives every reply
-and the protocol puts it on the queue of the HTTP request that owns the
-engine request (several engine requests, the choices of one HTTP request,
-may share a queue). Sending never waits (the socket's send queue is
-unbounded), so an abort can be sent from a ``finally`` of a cancelled task.
+blocking ``serving.client.EngineClient``. The loop watches the socket's
+file descriptor (``add_reader``) and, each time it signals, reads every
+waiting reply at once; the protocol puts each on the queue of the HTTP
+request that owns the engine request (several engine requests, the choices
+of one HTTP request, may share a queue). The socket is a plain (blocking)
+ZeroMQ socket used only with ``NOBLOCK``: a reply reaches its queue in the
+callback that saw the descriptor signal, with no future or task between.
+Sending never waits (the socket's send queue is unbounded), so an abort can
+be sent from a ``finally`` of a cancelled task.
+
+Given ``context`` (the engine server's, with ``endpoint`` its ``inproc://``
+address: ``tprun serve`` runs both in one process) the messages pass
+between the two threads without ZeroMQ's I/O threads; they are sealed and
+opened all the same.
+
+ZeroMQ's descriptor is edge-triggered and any send or receive may consume
+its edge, so after each send the client looks at the socket's events again
+(``_drain`` soon); otherwise a reply that came meanwhile would wait for the
+next one.
 
 Invariants: after ``EngineStopped`` ``dead`` holds the reason, every
 waiting queue gets that ``EngineStopped`` item, and every later ``submit``
@@ -21,7 +35,6 @@ import itertools
 import logging
 
 import zmq
-import zmq.asyncio
 
 from ipc import trace
 from ipc.engine_messages import AbortRequest, EngineStats, GenerateRequest, StatsRequest
@@ -31,7 +44,13 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncEngineClient:
-    def __init__(self, endpoint: str, secret: bytes, stats_timeout_s: float = 10.0):
+    # Replies read per callback before the loop gets a turn (the rest soon after).
+    MAX_READS_PER_WAKE = 64
+
+    def __init__(self, endpoint: str, secret: bytes, stats_timeout_s: float = 10.0,
+                 context: zmq.Context | None = None):
+        """``context``: a ZeroMQ context to share (an ``inproc://`` endpoint
+        must be in it); the client then leaves its termination to its owner."""
         self.endpoint = endpoint
         self.stats_timeout_s = stats_timeout_s
         self.protocol = ClientProtocol(secret, on_stats=self._stats_arrived,
@@ -39,28 +58,33 @@ class AsyncEngineClient:
                                        on_stopped=self._fail_stats_waiters)
         self.stats_waiters: list[asyncio.Future] = []
         self.ids = itertools.count()
-        self.ctx: zmq.asyncio.Context | None = None
-        self.socket: zmq.asyncio.Socket | None = None
-        self.reader: asyncio.Task | None = None
+        self.ctx = context
+        self.owns_ctx = context is None
+        self.socket: zmq.Socket | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.fd: int | None = None
+        self.drain_scheduled = False
 
     async def start(self) -> None:
         """Connect and start reading (inside the event loop that serves HTTP)."""
-        self.ctx = zmq.asyncio.Context()
+        self.loop = asyncio.get_running_loop()
+        if self.ctx is None:
+            self.ctx = zmq.Context()
         self.socket = self.ctx.socket(zmq.DEALER)
         configure_dealer(self.socket, self.endpoint)
-        self.reader = asyncio.create_task(self._read())
-        self.reader.add_done_callback(self._reader_ended)
+        self.fd = self.socket.getsockopt(zmq.FD)
+        self.loop.add_reader(self.fd, self._drain)
+        self._drain_soon()
 
     async def close(self) -> None:
-        if self.reader is not None:
-            self.reader.cancel()
-            try:
-                await self.reader
-            except asyncio.CancelledError:
-                pass
+        if self.fd is not None:
+            self.loop.remove_reader(self.fd)
+            self.fd = None
         if self.socket is not None:
             self.socket.close()
-            self.ctx.term()
+            self.socket = None
+            if self.owns_ctx:
+                self.ctx.term()
 
     @property
     def dead(self) -> str | None:
@@ -105,23 +129,37 @@ class AsyncEngineClient:
 
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
-        """Send now, without awaiting: with an unbounded send queue the
-        socket sends at once and returns a finished future (a send on a
-        shadow socket would instead hide the socket's readiness from the
-        reader, whose wake-ups the asyncio socket manages)."""
-        self.socket.send_multipart(self.protocol.seal(message))
+        """Send now (the send queue is unbounded: it never waits), then look
+        at the socket's events again soon: the send may have taken the
+        descriptor's edge of a reply that is waiting."""
+        self.socket.send_multipart(self.protocol.seal(message), zmq.NOBLOCK)
+        self._drain_soon()
 
-    def _reader_ended(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("the engine client stopped reading", exc_info=task.exception())
-            self.protocol.stop(f"the engine client failed: {task.exception()!r}")
+    def _drain_soon(self) -> None:
+        if not self.drain_scheduled:
+            self.drain_scheduled = True
+            self.loop.call_soon(self._drain)
 
-    async def _read(self) -> None:
-        while True:
-            frames = await self.socket.recv_multipart()
-            if trace.enabled:
-                trace.mark("http_delta_received")
-            self.protocol.receive(frames)
+    def _drain(self) -> None:
+        """Read the replies waiting now (at most ``MAX_READS_PER_WAKE``, then
+        again soon) and route each; a failure here stops the client."""
+        self.drain_scheduled = False
+        if self.socket is None or self.fd is None:
+            return
+        try:
+            for _ in range(self.MAX_READS_PER_WAKE):
+                if not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    return
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                if trace.enabled:
+                    trace.mark("http_delta_received")
+                self.protocol.receive(frames)
+            self._drain_soon()
+        except Exception as e:
+            logger.error("the engine client stopped reading", exc_info=e)
+            self.loop.remove_reader(self.fd)
+            self.fd = None
+            self.protocol.stop(f"the engine client failed: {e!r}")
 
     def _stats_arrived(self, stats: EngineStats) -> None:
         while self.stats_waiters:

@@ -24,6 +24,10 @@ constraint is a ``RequestError`` like any invalid request. A frame above
 ``MAX_MESSAGE_BYTES`` makes ZeroMQ cut that connection before the server
 sees it; the cut is logged (INFO) like any closed connection.
 
+The socket also binds ``inproc_address`` in its ZeroMQ context ``ctx``,
+for a client in this process (``tprun serve``'s HTTP front end): no other
+process can reach it, and its messages are sealed and checked like any.
+
 The endpoint is ``ipc://DIR/engine`` in a fresh directory only the owner can
 enter (the socket file is 0600), or ``tcp://127.0.0.1:PORT``, or, only when
 asked for by name, ``tcp://HOST:PORT``. The secret is written (hex, mode
@@ -192,6 +196,9 @@ class EngineServer:
             self.key_files.append(sibling_key_file(endpoint_file))
         self.key_file = self.key_files[-1]
         self.ctx = zmq.Context()
+        # In-process clients (the HTTP front end of ``tprun serve``): the
+        # same socket, reached within ``ctx`` without ZeroMQ's I/O threads.
+        self.inproc_address = f"inproc://tprun-engine-{os.getpid()}-{id(self):x}"
         self.socket = self.ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable: raise, don't drop
         self.socket.setsockopt(zmq.SNDHWM, 0)
@@ -210,6 +217,7 @@ class EngineServer:
             except zmq.ZMQError as e:
                 raise OSError(f"cannot listen on {endpoint.address}: {e}") from None
             self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.socket.bind(self.inproc_address)
             if self.address.startswith("ipc://"):
                 os.chmod(self.address[len("ipc://"):], 0o600)
             for path in self.key_files:
@@ -249,13 +257,16 @@ class EngineServer:
         """Ask the loop to end after its current turn (signal-handler safe)."""
         self.stopping = True
 
-    def close(self) -> None:
+    def close(self, term_context: bool = True) -> None:
         """Close the sockets; remove the endpoint's directory, the endpoint
-        file and the key files."""
+        file and the key files. ``term_context`` False: leave the ZeroMQ
+        context alone (an in-process client that did not stop still holds
+        a socket of it, and terminating it would wait for that socket)."""
         self.socket.disable_monitor()
         self.monitor.close()
         self.socket.close()
-        self.ctx.term()
+        if term_context:
+            self.ctx.term()
         self.endpoint.cleanup()
         for path in [self.endpoint_file, *self.key_files]:
             if path:

@@ -48,21 +48,26 @@ class HttpServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Whether the server's thread has ended (within ``timeout_s``)."""
         self.server.should_exit = True
         if self.thread.is_alive():
             self.thread.join(timeout_s)
+        return not self.thread.is_alive()
 
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, model_name: str,
                       max_model_len: int, host: str, port: int,
-                      api_key: str | None = None, access_log: bool = False) -> HttpServer:
+                      api_key: str | None = None, access_log: bool = False,
+                      context=None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
-    started and accepting connections on ``host:port``."""
+    started and accepting connections on ``host:port``. ``context``: the
+    ZeroMQ context that an ``inproc://`` ``engine_address`` lives in."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
-    app = create_app(AsyncEngineClient(engine_address, secret), tokenizer, model_name,
+    app = create_app(AsyncEngineClient(engine_address, secret, context=context), tokenizer,
+                     model_name,
                      max_model_len, api_key=api_key, access_log=access_log)
     server = HttpServer(app, host, port)
     server.start()
