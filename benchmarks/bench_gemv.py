@@ -169,8 +169,10 @@ def fused_row(shape: str, projection: str, m: int, weight_bytes: int, unfused_ms
             "best": json.loads(best)}
 
 
-QKV_ROTARY_SWEEP = [dict(block_p=p, block_k=k, num_warps=4, num_stages=s)
-                    for p, k, s in itertools.product((16, 32), (128, 256, 512), (3, 4, 5))]
+QKV_ROTARY_SWEEP = ([dict(block_p=p, block_k=k, num_warps=4, num_stages=s)
+                     for p, k, s in itertools.product((16, 32), (128, 256, 512), (3, 4, 5))]
+                    + [dict(block_p=p, block_k=256, num_warps=4, num_stages=4, split_k=s)
+                       for p, s in itertools.product((16, 32), (1, 2, 3, 4))])
 # (query heads, kv heads, head_dim) of the qkv projection at TP=1.
 HEADS = {"8b": (32, 8, 128), "1b": (32, 8, 64)}
 
@@ -341,18 +343,26 @@ def run_medium(args) -> list[dict]:
     return results
 
 
+# The fused launch timed after each projection's plain row, by the rows' names.
+FUSED_ROWS = {"gate_up": "gate_up+silu", "qkv": "qkv+rotary+kv_write"}
+
+
 def run_skinny(args) -> list[dict]:
-    """Without --medium: the skinny kernels and their fused variants."""
+    """Without --medium: the skinny kernels and their fused variants (the rows
+    ``--projections`` names; all without it)."""
+    def wanted(row_name: str) -> bool:
+        return args.projections is None or row_name in args.projections
+
     results = []
     for shape in args.shapes:
         for (name, n, k), m in itertools.product(PROJECTIONS[shape], args.rows):
-            row = measure(shape, name, n, k, m)
-            results.append(row)
-            print(json.dumps(row), flush=True)
-            fused = {"gate_up": lambda: measure_gate_up_silu(shape, n, k, m),  # noqa: B023
-                     "qkv": lambda: measure_qkv_rotary(shape, k, m)}.get(name)  # noqa: B023
-            if fused is not None:
-                row = fused()
+            if wanted(name):
+                row = measure(shape, name, n, k, m)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+            if wanted(FUSED_ROWS.get(name, "")):
+                row = (measure_gate_up_silu(shape, n, k, m) if name == "gate_up"
+                       else measure_qkv_rotary(shape, k, m))
                 results.append(row)
                 print(json.dumps(row), flush=True)
     return results
@@ -364,6 +374,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=None,
                         help="row counts (default 1 4 8 16; with --medium 32 64)")
     parser.add_argument("--shapes", nargs="+", default=["8b", "1b"], choices=sorted(PROJECTIONS))
+    parser.add_argument("--projections", nargs="+", default=None,
+                        choices=sorted({name for rows in PROJECTIONS.values()
+                                        for name, _, _ in rows} | set(FUSED_ROWS.values())),
+                        help="without --medium: only these rows (default: every projection "
+                             "and fused launch)")
     parser.add_argument("--medium", action="store_true",
                         help="time the 17..64-row medium kernels against cuBLAS instead")
     parser.add_argument("--medium-configs", default=None,
