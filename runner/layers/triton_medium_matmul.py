@@ -24,6 +24,13 @@ has a program read its BLOCK_N gate rows and the BLOCK_N up rows of the same
 outputs as one tile of 2 * BLOCK_N rows (HALVES = 2), so the K loop is the
 plain one; the epilogue splits the accumulator into its halves and writes
 silu(gate) * up with the unfused pair's rounding (``silu_mul_rounded``).
+The qkv + rotary one (``medium_qkv_rotary_write_kv``, HEAD_DIM > 0) reads
+the same way BLOCK_N rotary pairs (p, p + HEAD_DIM / 2) of one head: the
+first half of its tile the pairs' rows, the second the rows half a head on
+(only the rows' offset differs from gate/up's, so the K loop is the same);
+the epilogue rotates q and k and stores q, and k and v into the paged KV
+cache (``qkv_rotary_epilogue.rotate_and_store_pairs``, shared with the
+skinny qkv kernel), so the projection never reaches memory.
 
 Weight tiles come from pointer loads, or with ``tma=True`` from a host-built
 tensor descriptor (Hopper's TMA): the weight viewed as [HALVES, N, K] with
@@ -32,11 +39,13 @@ program in one copy and zero-fills past N and K. A host descriptor needs no
 device allocator (an in-kernel ``tl.make_tensor_descriptor`` would need
 ``triton.set_allocator`` process-wide), and a CUDA graph keeps it as a
 launch parameter. Splits start at multiples of BLOCK_K, so no tile crosses
-into the next split's K range and only K's end needs masking.
+into the next split's K range and only K's end needs masking. The qkv +
+rotary launch reads pointer tiles only.
 
 Configs (tile, split, warps, stages) are per projection shape in
 ``TUNED_CONFIGS`` (``bench_gemv.py --medium`` sweeps them); shapes not listed
-take ``DEFAULT_CONFIGS``. A shape tuned to None goes to cuBLAS. The runner
+take ``DEFAULT_CONFIGS``. A shape tuned to None goes to cuBLAS (qkv_rotary:
+the projection, then the rotary kernel). The runner
 takes these kernels while ``MEDIUM_MATMUL_ENABLED`` (the one switch for an
 A/B against cuBLAS) and ``uses_medium_matmul`` says the inputs fit. The
 kernel launches with programmatic dependent launch where the device has it

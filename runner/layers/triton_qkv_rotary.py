@@ -22,8 +22,10 @@ several programs over ranges of K, the last of which rotates and stores
 (``split_k.py``).
 
 ``qkv_rotary_write_kv`` takes this kernel where ``uses_skinny_qkv_rotary``
-says it applies and is otherwise the projection (cuBLAS) followed by the
-rotary kernel. It launches with programmatic dependent launch where the
+says it applies, the medium kernel's rotary epilogue for 17..64 rows
+(``triton_medium_matmul.medium_qkv_rotary_write_kv``; the epilogue is the
+same helper, ``qkv_rotary_epilogue.py``), and is otherwise the projection
+(cuBLAS or the medium matmul) followed by the rotary kernel. It launches with programmatic dependent launch where the
 device has it (``runner/triton_dependent_launch.py``).
 """
 
