@@ -16,6 +16,8 @@ order of the sum over K differs.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -50,10 +52,17 @@ def split_k_buffers(split_k: int, programs: int, part_floats: int,
     part (``part_floats`` each), and a zeroed counter per column group. With
     one split the kernel touches neither; they are placeholders then."""
     if split_k == 1:
-        placeholder = torch.empty(0, dtype=torch.int32, device=device)
-        return placeholder.float(), placeholder
+        return _placeholders(device)
     workspace = torch.empty(programs * split_k * part_floats, dtype=torch.float32, device=device)
     return workspace, COUNTERS.at_least(programs, device)
+
+
+@functools.cache
+def _placeholders(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The empty (workspace, counters) of unsplit launches on ``device``:
+    made once, so an eager launch without a split allocates nothing."""
+    return (torch.empty(0, dtype=torch.float32, device=device),
+            torch.empty(0, dtype=torch.int32, device=device))
 
 
 @triton.jit
