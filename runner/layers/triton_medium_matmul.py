@@ -97,6 +97,10 @@ DEFAULT_CONFIGS = {
 # qkv_rotary's the q, k and v heads' ((Hq + 2 Hkv) * head_dim).
 # bench_gemv.py --medium prints each winner's key and config.
 TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
+    ('qkv_rotary', 6144, 4096, 32): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 6144, 4096, 64): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 3072, 2048, 32): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 3072, 2048, 64): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
     # Llama-3.1-8B at TP=1 (H200): qkv, o_proj, gate_up, down.
     ("matmul", 6144, 4096, 32): dict(block_n=64, block_k=256, split_k=1, num_warps=4, num_stages=4, tma=True),
     ("matmul", 6144, 4096, 64): None,
