@@ -26,10 +26,17 @@ made.
 (gate_up: cuBLAS then the SiLU kernel) against
 ``runner.layers.triton_medium_matmul`` (gate_up: its fused SiLU epilogue) at
 its default config and at each config of ``medium_sweep`` (or of
-``--medium-configs``), then the fastest few again with TMA weight tiles. The
-configs are compiled first by ``--compile-workers`` processes into Triton's
-cache (compiling dominates the sweep otherwise). Each row names its
-``TUNED_CONFIGS`` key and best config, to paste into the table.
+``--medium-configs``), then the fastest few again with TMA weight tiles.
+After qkv, the row ``qkv+rotary+kv_write`` times the attention's qkv
+projection with its rotary and KV write three ways: cuBLAS then the rotary
+kernel, the medium matmul (at the qkv shape's ``TUNED_CONFIGS`` config) then
+the rotary kernel, and the one-launch medium kernel with the rotary epilogue
+(``medium_qkv_rotary_write_kv``) at its default and a sweep of its own
+(``QKV_ROTARY_SPACE``). ``--projections`` picks rows here too, e.g.
+``--medium --projections qkv+rotary+kv_write``. The configs are compiled
+first by ``--compile-workers`` processes into Triton's cache (compiling
+dominates the sweep otherwise). Each row names its ``TUNED_CONFIGS`` key
+and best config, to paste into the table.
 """
 
 from __future__ import annotations
@@ -49,14 +56,20 @@ import runner.ops as runner_ops
 from benchmarks.common import emit_summary
 from runner.layers.rotary import RotaryEmbedding
 from runner.layers.triton_medium_matmul import (
+    DEFAULT_CONFIGS,
     m_pad,
     medium_config,
     medium_gate_up_silu,
     medium_matmul,
+    medium_qkv_rotary_write_kv,
     uses_medium_matmul,
+    uses_medium_qkv_rotary,
 )
-from runner.layers.triton_qkv_rotary import skinny_qkv_rotary_write_kv, uses_skinny_qkv_rotary
-from runner.layers.triton_rotary import rotary_write_kv_triton
+from runner.layers.triton_qkv_rotary import (
+    skinny_qkv_rotary_write_kv,
+    unfused_qkv_rotary_write_kv,
+    uses_skinny_qkv_rotary,
+)
 from runner.layers.triton_silu_mul import silu_mul_triton
 from runner.layers.triton_skinny_matmul import (
     skinny_gate_up_silu,
@@ -177,67 +190,110 @@ QKV_ROTARY_SWEEP = ([dict(block_p=p, block_k=k, num_warps=4, num_stages=s)
 HEADS = {"8b": (32, 8, 128), "1b": (32, 8, 64)}
 
 
+class QkvRotaryCase:
+    """The inputs of a qkv + rotary + KV-write timing of ``shape``'s heads
+    over K = k at m rows: weight copies (enough that none is read from L2),
+    x, the rotary tables, positions, slots and a bf16 cache."""
+
+    def __init__(self, shape: str, k: int, m: int) -> None:
+        self.hq, self.hk, self.head_dim = HEADS[shape]
+        self.n = (self.hq + 2 * self.hk) * self.head_dim
+        copies = max(2, -(-(512 << 20) // (self.n * k * 2)))
+        self.weights = [torch.randn(self.n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
+                        for _ in range(copies)]
+        self.x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        rope = RotaryEmbedding(self.head_dim, 4096, 500000.0, None).cuda()
+        self.cos, self.sin = rope.cos, rope.sin
+        self.positions = torch.arange(100, 100 + m, device="cuda")
+        self.slots = torch.arange(16 * m, 17 * m, device="cuda")
+        self.cache = torch.zeros(2, 64, 16, self.hk, self.head_dim, device="cuda",
+                                 dtype=torch.bfloat16)
+
+    def fused(self, launcher):
+        """``launcher`` (a fused qkv launch) as a ``sweep`` kernel: (x, w,
+        **config) -> q flattened to [M, Hq * D]."""
+        def run(x, w, **config):
+            return launcher(x, w, self.positions, self.cos, self.sin, self.cache, self.slots,
+                            self.hq, self.hk, **config).flatten(1)
+        run.__name__ = launcher.__name__
+        return run
+
+    def unfused(self, matmul):
+        """w -> q through ``matmul(x, w)`` and then the rotary kernel."""
+        return lambda w: unfused_qkv_rotary_write_kv(
+            matmul, self.x, w, self.positions, self.cos, self.sin, self.cache, self.slots,
+            self.hq, self.hk)
+
+
 def measure_qkv_rotary(shape: str, k: int, m: int) -> dict:
     """The attention's qkv projection, rotary and KV-cache write: cuBLAS then
     the rotary kernel (two launches, the projection through memory) against
     one skinny launch that rotates and stores in its epilogue, at its default
     tile and the best of QKV_ROTARY_SWEEP."""
-    hq, hk, head_dim = HEADS[shape]
-    n = (hq + 2 * hk) * head_dim
-    copies = max(2, -(-(512 << 20) // (n * k * 2)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
-               for _ in range(copies)]
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    rope = RotaryEmbedding(head_dim, 4096, 500000.0, None).cuda()
-    positions = torch.arange(100, 100 + m, device="cuda")
-    slots = torch.arange(16 * m, 17 * m, device="cuda")
-    cache = torch.zeros(2, 64, 16, hk, head_dim, device="cuda", dtype=torch.bfloat16)
-
-    def unfused(w):
-        heads = (x @ w.T).unflatten(-1, (-1, head_dim))
-        q, kk, v = heads.split([hq, hk, hk], dim=1)
-        return rotary_write_kv_triton(positions, q, kk, v, rope.cos, rope.sin, cache, slots)
-
-    def fused(x_, w, **config):
-        return skinny_qkv_rotary_write_kv(x_, w, positions, rope.cos, rope.sin, cache, slots,
-                                          hq, hk, **config).flatten(1)
-
-    want = unfused(weights[0]).flatten(1).float()
-    timings = sweep(fused, x, weights, want, QKV_ROTARY_SWEEP, 2e-2, "cuBLAS + rotary")
-    row = fused_row(shape, "qkv+rotary+kv_write", m, n * k * 2, time_ms(unfused, weights),
-                    timings)
-    return row | {"runner_uses_fused": uses_skinny_qkv_rotary(x, weights[0], head_dim)}
+    case = QkvRotaryCase(shape, k, m)
+    unfused = case.unfused(lambda x, w: x @ w.T)
+    want = unfused(case.weights[0]).flatten(1).float()
+    timings = sweep(case.fused(skinny_qkv_rotary_write_kv), case.x, case.weights, want,
+                    QKV_ROTARY_SWEEP, 2e-2, "cuBLAS + rotary")
+    row = fused_row(shape, "qkv+rotary+kv_write", m, case.n * k * 2,
+                    time_ms(unfused, case.weights), timings)
+    return row | {"runner_uses_fused": uses_skinny_qkv_rotary(case.x, case.weights[0],
+                                                              case.head_dim)}
 
 
-# The medium sweep's space, pruned by medium_sweep.
+# The medium sweep's spaces by kind, pruned by medium_sweep. qkv_rotary's
+# tile is 2 * block_p weight rows (block_p rotary pairs of one head).
 MEDIUM_SPACE = dict(block_n=(64, 128), block_k=(64, 128, 256), split_k=(1, 2, 4),
                     num_warps=(4, 8), num_stages=(3, 4, 5))
+QKV_ROTARY_SPACE = dict(block_p=(32, 64), block_k=(64, 128, 256), split_k=(1, 2, 4),
+                        num_warps=(4, 8), num_stages=(3, 4, 5))
 SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may take
 TMA_RETRIES = 3  # the fastest pointer-load configs timed again with TMA tiles
+QKV_ROTARY_ROW = "qkv+rotary+kv_write"
 
 
-def medium_sweep(kind: str, k: int, rows: int) -> list[dict]:
-    """MEDIUM_SPACE's configs a launch of ``kind`` over K = k can take: the
-    pipeline's stages (weight and x tiles) within SMEM_BYTES, at least
-    MIN_TILES_PER_SPLIT K tiles a split, and 8 warps only on 128-row tiles
-    (two warp groups each of 64 weight rows)."""
+def medium_kind(projection: str) -> str:
+    """The medium launch (``TUNED_CONFIGS`` kind) of a --medium row."""
+    return {"gate_up": "gate_up", QKV_ROTARY_ROW: "qkv_rotary"}.get(projection, "matmul")
+
+
+def tile_rows(kind: str, config: dict) -> int:
+    """Weight rows a program of ``kind`` reads at ``config``."""
+    if kind == "qkv_rotary":
+        return 2 * config["block_p"]
+    return (2 if kind == "gate_up" else 1) * config["block_n"]
+
+
+def medium_sweep(kind: str, k: int, rows: int, head_dim: int = 0) -> list[dict]:
+    """The sweep space's configs a launch of ``kind`` over K = k can take:
+    the pipeline's stages (weight and x tiles) within SMEM_BYTES, at least
+    MIN_TILES_PER_SPLIT K tiles a split, 8 warps only on 128-row tiles
+    (two warp groups each of 64 weight rows) and, for qkv_rotary, block_p
+    pairs that tile half of a ``head_dim`` head."""
     from runner.layers.split_k import MIN_TILES_PER_SPLIT
 
-    halves = 2 if kind == "gate_up" else 1
+    space = QKV_ROTARY_SPACE if kind == "qkv_rotary" else MEDIUM_SPACE
     configs = []
-    for values in itertools.product(*MEDIUM_SPACE.values()):
-        config = dict(zip(MEDIUM_SPACE, values, strict=True))
-        tile_rows = halves * config["block_n"]
-        stage_bytes = (tile_rows + m_pad(rows)) * config["block_k"] * 2
+    for values in itertools.product(*space.values()):
+        config = dict(zip(space, values, strict=True))
+        w_rows = tile_rows(kind, config)
+        stage_bytes = (w_rows + m_pad(rows)) * config["block_k"] * 2
         if (config["num_stages"] * stage_bytes > SMEM_BYTES
                 or -(-k // config["block_k"]) // config["split_k"] < MIN_TILES_PER_SPLIT
-                or (config["num_warps"] == 8 and tile_rows < 128)):
+                or (config["num_warps"] == 8 and w_rows < 128)
+                or (kind == "qkv_rotary" and head_dim % w_rows)):
             continue
         configs.append(config)
     return configs
 
 
 MEDIUM_KERNELS = {"matmul": medium_matmul, "gate_up": medium_gate_up_silu}
+
+
+def heads_of(n: int) -> tuple[int, int, int]:
+    """(Hq, Hkv, head_dim) of the HEADS entry whose qkv weight has n rows."""
+    (heads,) = {h for h in HEADS.values() if (h[0] + 2 * h[1]) * h[2] == n}
+    return heads
 
 
 def _compile_configs(tasks: list[tuple[str, int, int, int, dict]]) -> int:
@@ -250,7 +306,15 @@ def _compile_configs(tasks: list[tuple[str, int, int, int, dict]]) -> int:
         w = torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
         x = torch.zeros(rows, k, device="cuda", dtype=torch.bfloat16)
         try:
-            MEDIUM_KERNELS[kind](x, w, **config)
+            if kind == "qkv_rotary":
+                hq, hk, head_dim = heads_of(n)
+                cache = torch.zeros(2, 1, 16, hk, head_dim, device="cuda", dtype=torch.bfloat16)
+                cos = torch.zeros(1, head_dim // 2, device="cuda")
+                no_slots = torch.full((rows,), -1, device="cuda")
+                medium_qkv_rotary_write_kv(x, w, torch.zeros_like(no_slots), cos, cos, cache,
+                                           no_slots, hq, hk, **config)
+            else:
+                MEDIUM_KERNELS[kind](x, w, **config)
             done += 1
         except triton.runtime.errors.OutOfResources:
             pass
@@ -262,10 +326,12 @@ def precompile(tasks: list[tuple[str, int, int, int, dict]], workers: int) -> No
     """Compile every distinct kernel of ``tasks`` in ``workers`` processes,
     so that the timing process finds each in Triton's cache. Kernels
     differ by kind, row padding and config only (N and K are not constants
-    of the kernel), so each of those is compiled once."""
+    of the kernel; qkv_rotary's head_dim is, so there N too), so each of
+    those is compiled once."""
     distinct = {}
     for kind, n, k, rows, config in tasks:
-        distinct.setdefault((kind, m_pad(rows), json.dumps(config, sort_keys=True)),
+        distinct.setdefault((kind, m_pad(rows), json.dumps(config, sort_keys=True),
+                             n if kind == "qkv_rotary" else None),
                             (kind, n, k, rows, config))
     jobs = list(distinct.values())
     if workers <= 1 or len(jobs) < 2:
@@ -278,15 +344,27 @@ def precompile(tasks: list[tuple[str, int, int, int, dict]], workers: int) -> No
           f"{time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
-def medium_plan(shapes: list[str], rows: list[int],
-                given: list[dict] | None) -> list[tuple[str, str, int, int, int, list[dict]]]:
-    """(shape, projection, n, k, rows, configs) of every timing of --medium;
-    ``given`` (--medium-configs) replaces medium_sweep's configs."""
+def medium_plan(shapes: list[str], rows: list[int], given: list[dict] | None,
+                projections: list[str] | None = None,
+                ) -> list[tuple[str, str, int, int, int, list[dict]]]:
+    """(shape, projection, n, k, rows, configs) of every timing of --medium:
+    each projection, and after qkv the qkv + rotary + KV-write row (n: the
+    qkv weight's rows); only the rows ``projections`` names where given
+    (gate_up's row is its fused SiLU launch, so "gate_up+silu" names it
+    too). ``given`` (--medium-configs) replaces medium_sweep's configs of
+    the plain projections."""
+    def wanted(name: str) -> bool:
+        return (projections is None or name in projections
+                or (name == "gate_up" and FUSED_ROWS[name] in projections))
+
     plan = []
     for shape in shapes:
         for (name, n, k), m in itertools.product(PROJECTIONS[shape], rows):
-            kind = "gate_up" if name == "gate_up" else "matmul"
-            plan.append((shape, name, n, k, m, given or medium_sweep(kind, k, m)))
+            if wanted(name):
+                plan.append((shape, name, n, k, m, given or medium_sweep(medium_kind(name), k, m)))
+            if name == "qkv" and (projections is None or QKV_ROTARY_ROW in projections):
+                plan.append((shape, QKV_ROTARY_ROW, n, k, m,
+                             medium_sweep("qkv_rotary", k, m, HEADS[shape][2])))
     return plan
 
 
@@ -294,7 +372,9 @@ def measure_medium(shape: str, name: str, n: int, k: int, m: int, configs: list[
     """One projection at ``m`` rows: cuBLAS (gate_up: then the SiLU kernel)
     against the medium kernel's default config and ``configs``, and the
     TMA_RETRIES fastest of those again with TMA weight tiles."""
-    kind = "gate_up" if name == "gate_up" else "matmul"
+    if name == QKV_ROTARY_ROW:
+        return measure_medium_qkv_rotary(shape, k, m, configs)
+    kind = medium_kind(name)
     kernel = MEDIUM_KERNELS[kind]
     copies = max(2, -(-(512 << 20) // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k ** 0.5
@@ -327,13 +407,49 @@ def measure_medium(shape: str, name: str, n: int, k: int, m: int, configs: list[
             "table_key": [kind, n, k, m_pad(m)], "best": json.loads(best)}
 
 
+def measure_medium_qkv_rotary(shape: str, k: int, m: int, configs: list[dict]) -> dict:
+    """The qkv projection, rotary and KV write at ``m`` rows three ways:
+    cuBLAS then the rotary kernel; the medium matmul at the qkv shape's
+    ``TUNED_CONFIGS`` config (the default where that says cuBLAS) then the
+    rotary kernel; and the one-launch medium kernel at its default config
+    and ``configs``, each checked against the first."""
+    case = QkvRotaryCase(shape, k, m)
+    n, x, weights = case.n, case.x, case.weights
+    matmul_config = medium_config("matmul", n, k, m) or DEFAULT_CONFIGS["matmul"]
+    cublas = case.unfused(lambda x_, w: x_ @ w.T)
+    medium = case.unfused(lambda x_, w: medium_matmul(x_, w, **matmul_config))
+    want = cublas(weights[0]).flatten(1).float()
+    if not torch.allclose(medium(weights[0]).flatten(1).float(), want, rtol=2e-2, atol=2e-2):
+        raise RuntimeError(f"medium matmul + rotary {matmul_config} disagrees with cuBLAS + rotary")
+    timings = sweep(case.fused(medium_qkv_rotary_write_kv), x, weights, want, configs, 2e-2,
+                    "cuBLAS + rotary")
+    best = min(timings, key=timings.get)
+    cublas_ms, medium_ms = time_ms(cublas, weights), time_ms(medium, weights)
+    default_ms, best_ms = timings["{}"], timings[best]
+    weight_bytes = n * k * 2
+    return {"shape": shape, "projection": QKV_ROTARY_ROW, "rows": m,
+            "weight_MB": round(weight_bytes / 1e6, 1),
+            "cublas_rotary_us": round(cublas_ms * 1e3, 2),
+            "medium_rotary_us": round(medium_ms * 1e3, 2),
+            "fused_us": round(default_ms * 1e3, 2), "fused_best_us": round(best_ms * 1e3, 2),
+            "cublas_rotary_GBps": round(weight_bytes / cublas_ms / 1e6),
+            "medium_rotary_GBps": round(weight_bytes / medium_ms / 1e6),
+            "fused_GBps": round(weight_bytes / default_ms / 1e6),
+            "fused_best_GBps": round(weight_bytes / best_ms / 1e6),
+            "configs_timed": len(timings),
+            "runner_uses_fused": uses_medium_qkv_rotary(x, weights[0], case.head_dim),
+            "medium_rotary_config": matmul_config,
+            "default": medium_config("qkv_rotary", n, k, m),
+            "table_key": ["qkv_rotary", n, k, m_pad(m)], "best": json.loads(best)}
+
+
 def run_medium(args) -> list[dict]:
-    """--medium: every planned projection's row, printed as it is measured."""
+    """--medium: every planned row, printed as it is measured."""
     given = json.loads(args.medium_configs) if args.medium_configs else None
-    plan = medium_plan(args.shapes, args.rows, given)
-    tasks = [("gate_up" if name == "gate_up" else "matmul", n, k, m, config | tma)
+    plan = medium_plan(args.shapes, args.rows, given, args.projections)
+    tasks = [(medium_kind(name), n, k, m, config | tma)
              for _, name, n, k, m, configs in plan for config in configs
-             for tma in ({}, {"tma": True})]
+             for tma in ({}, {"tma": True}) if not (tma and name == QKV_ROTARY_ROW)]
     precompile(tasks, args.compile_workers)
     results = []
     for plan_row in plan:
@@ -377,12 +493,13 @@ def main() -> None:
     parser.add_argument("--projections", nargs="+", default=None,
                         choices=sorted({name for rows in PROJECTIONS.values()
                                         for name, _, _ in rows} | set(FUSED_ROWS.values())),
-                        help="without --medium: only these rows (default: every projection "
-                             "and fused launch)")
+                        help="only these rows (default: every projection and fused launch; "
+                             "with --medium, gate_up's row is its fused SiLU launch)")
     parser.add_argument("--medium", action="store_true",
                         help="time the 17..64-row medium kernels against cuBLAS instead")
     parser.add_argument("--medium-configs", default=None,
-                        help="--medium: a JSON list of configs to time instead of the sweep")
+                        help="--medium: a JSON list of configs to time instead of the sweep "
+                             "(the plain projections' rows)")
     parser.add_argument("--compile-workers", type=int, default=min(16, os.cpu_count() or 1),
                         help="--medium: processes compiling the sweep's kernels first")
     parser.add_argument("--out", default=None)

@@ -24,6 +24,13 @@ has a program read its BLOCK_N gate rows and the BLOCK_N up rows of the same
 outputs as one tile of 2 * BLOCK_N rows (HALVES = 2), so the K loop is the
 plain one; the epilogue splits the accumulator into its halves and writes
 silu(gate) * up with the unfused pair's rounding (``silu_mul_rounded``).
+The qkv + rotary one (``medium_qkv_rotary_write_kv``, HEAD_DIM > 0) reads
+the same way BLOCK_N rotary pairs (p, p + HEAD_DIM / 2) of one head: the
+first half of its tile the pairs' rows, the second the rows half a head on
+(only the rows' offset differs from gate/up's, so the K loop is the same);
+the epilogue rotates q and k and stores q, and k and v into the paged KV
+cache (``qkv_rotary_epilogue.rotate_and_store_pairs``, shared with the
+skinny qkv kernel), so the projection never reaches memory.
 
 Weight tiles come from pointer loads, or with ``tma=True`` from a host-built
 tensor descriptor (Hopper's TMA): the weight viewed as [HALVES, N, K] with
@@ -32,11 +39,13 @@ program in one copy and zero-fills past N and K. A host descriptor needs no
 device allocator (an in-kernel ``tl.make_tensor_descriptor`` would need
 ``triton.set_allocator`` process-wide), and a CUDA graph keeps it as a
 launch parameter. Splits start at multiples of BLOCK_K, so no tile crosses
-into the next split's K range and only K's end needs masking.
+into the next split's K range and only K's end needs masking. The qkv +
+rotary launch reads pointer tiles only.
 
 Configs (tile, split, warps, stages) are per projection shape in
 ``TUNED_CONFIGS`` (``bench_gemv.py --medium`` sweeps them); shapes not listed
-take ``DEFAULT_CONFIGS``. A shape tuned to None goes to cuBLAS. The runner
+take ``DEFAULT_CONFIGS``. A shape tuned to None goes to cuBLAS (qkv_rotary:
+the projection, then the rotary kernel). The runner
 takes these kernels while ``MEDIUM_MATMUL_ENABLED`` (the one switch for an
 A/B against cuBLAS) and ``uses_medium_matmul`` says the inputs fit. The
 kernel launches with programmatic dependent launch where the device has it
@@ -51,6 +60,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from runner.layers.qkv_rotary_epilogue import check_qkv_rotary, rotate_and_store_pairs
 from runner.layers.split_k import (
     choose_split_k,
     split_k_bounds,
@@ -78,12 +88,19 @@ DEFAULT_CONFIGS = {
                    tma=False),
     "gate_up": dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4,
                     tma=False),
+    "qkv_rotary": dict(block_p=32, block_k=128, split_k=None, num_warps=4, num_stages=4),
 }
 # (kind, weight rows, K, M_PAD) -> config (the keyword arguments of
-# medium_matmul / medium_gate_up_silu), or None: cuBLAS for that shape.
-# gate_up's weight rows are gate and up together (2 * intermediate size).
+# medium_matmul / medium_gate_up_silu / medium_qkv_rotary_write_kv), or None:
+# cuBLAS for that shape (qkv_rotary: the projection, then the rotary kernel).
+# gate_up's weight rows are gate and up together (2 * intermediate size),
+# qkv_rotary's the q, k and v heads' ((Hq + 2 Hkv) * head_dim).
 # bench_gemv.py --medium prints each winner's key and config.
 TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
+    ('qkv_rotary', 6144, 4096, 32): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 6144, 4096, 64): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 3072, 2048, 32): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
+    ('qkv_rotary', 3072, 2048, 64): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
     # Llama-3.1-8B at TP=1 (H200): qkv, o_proj, gate_up, down.
     ("matmul", 6144, 4096, 32): dict(block_n=64, block_k=256, split_k=1, num_warps=4, num_stages=4, tma=True),
     ("matmul", 6144, 4096, 64): None,
@@ -111,29 +128,45 @@ def m_pad(rows: int) -> int:
 
 
 def medium_config(kind: str, n: int, k: int, rows: int) -> dict | None:
-    """The config of a ``kind`` ("matmul" or "gate_up") launch on a weight
+    """The config of a ``kind`` ("matmul", "gate_up", "qkv_rotary") launch on a weight
     [n, k] and ``rows`` rows; None where that shape goes to cuBLAS."""
     return TUNED_CONFIGS.get((kind, n, k, m_pad(rows)), DEFAULT_CONFIGS[kind])
 
 
 @triton.jit
 def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, K, K_PER_SPLIT,
-                          stride_x, stride_w, stride_out, DOT_PRECISION: tl.constexpr,
-                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          HALVES: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
-                          PDL: tl.constexpr):
+                          stride_x, stride_w, stride_out, positions_ptr, cos_ptr, sin_ptr,
+                          key_cache_ptr, value_cache_ptr, slot_mapping_ptr, num_slots,
+                          stride_c_block, stride_c_slot, stride_c_head, num_q_heads,
+                          num_kv_heads, DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr,
+                          SPLIT_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     """Program (j, s): outputs n in [j * BLOCK_N, (j + 1) * BLOCK_N) of every
     row, over K columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT). It reads
     weight rows h * N + n for h < HALVES (HALVES = 2: gate and up rows of
     a weight of 2N rows); ``w`` is the weight's pointer, or with TMA its
-    [HALVES, N, K] descriptor."""
+    [HALVES, N, K] descriptor.
+
+    HEAD_DIM > 0: the qkv + rotary epilogue (HALVES = 2, pointer tiles). An
+    output n is then the rotary pair p = n % HALF of head n // HALF (HALF =
+    HEAD_DIM / 2, N = heads * HALF), and half h reads weight row
+    head * HEAD_DIM + h * HALF + p: the program's BLOCK_N pairs lie in one
+    head, since BLOCK_N divides HALF. The rotary arguments (positions ..
+    num_kv_heads, BLOCK_SIZE) are those of ``rotate_and_store_pairs``; the
+    other epilogues take them as None."""
     wait_for_previous_kernel(PDL)
     W_ROWS: tl.constexpr = HALVES * BLOCK_N
     group = tl.program_id(0)
     n0 = group * BLOCK_N
     tile_rows = tl.arange(0, W_ROWS)
     cols = n0 + tile_rows % BLOCK_N
-    w_rows = ((tile_rows // BLOCK_N) * N + cols).to(tl.int64) * stride_w
+    if HEAD_DIM == 0:
+        w_rows = ((tile_rows // BLOCK_N) * N + cols).to(tl.int64) * stride_w
+    else:  # past n0's head: the hi halves of the heads before it, HALF rows each
+        HALF: tl.constexpr = HEAD_DIM // 2
+        head = n0 // HALF
+        w_rows = ((tile_rows // BLOCK_N + head) * HALF + cols).to(tl.int64) * stride_w
     rows = tl.arange(0, M_PAD)
     row_mask = rows < M
     k_lo, k_hi = split_k_bounds(K, K_PER_SPLIT, SPLIT_K)
@@ -158,13 +191,28 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
         acc = sum_split_parts(parts, offs, PART, SPLIT_K)
     dtype = out_ptr.dtype.element_ty
     out_cols = n0 + tl.arange(0, BLOCK_N)
-    if HALVES == 2:
-        gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, M_PAD]), (1, 2, 0)))
-        out = silu_mul_rounded(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype)
+    if HEAD_DIM > 0:
+        lo, hi = _split_halves(acc, BLOCK_N, M_PAD)
+        rotate_and_store_pairs(lo, hi, head, out_cols - head * HALF, rows, row_mask,
+                               positions_ptr, cos_ptr, sin_ptr, out_ptr, stride_out,
+                               key_cache_ptr, value_cache_ptr, slot_mapping_ptr, num_slots,
+                               stride_c_block, stride_c_slot, stride_c_head, num_q_heads,
+                               num_kv_heads, HEAD_DIM, BLOCK_SIZE, ROW_AXIS=1)
     else:
-        out = acc.to(dtype)
-    tl.store(out_ptr + rows[None, :] * stride_out + out_cols[:, None], out,
-             mask=(out_cols < N)[:, None] & row_mask[None, :])
+        if HALVES == 2:
+            gate, up = _split_halves(acc, BLOCK_N, M_PAD)
+            out = silu_mul_rounded(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32),
+                                   dtype)
+        else:
+            out = acc.to(dtype)
+        tl.store(out_ptr + rows[None, :] * stride_out + out_cols[:, None], out,
+                 mask=(out_cols < N)[:, None] & row_mask[None, :])
+
+
+@triton.jit
+def _split_halves(acc, BLOCK_N: tl.constexpr, M_PAD: tl.constexpr):
+    """acc [2 * BLOCK_N, M_PAD] -> its first and second BLOCK_N rows."""
+    return tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N, M_PAD]), (1, 2, 0)))
 
 
 def medium_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -180,6 +228,16 @@ def uses_medium_matmul(x: torch.Tensor, weight: torch.Tensor, kind: str = "matmu
     (``medium_inputs``) and the shape is not tuned to cuBLAS."""
     return (MEDIUM_MATMUL_ENABLED and medium_inputs(x, weight)
             and medium_config(kind, *weight.shape, x.shape[0]) is not None)
+
+
+def uses_medium_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
+    """Whether ``qkv_rotary_write_kv`` takes the one-launch medium kernel:
+    as ``uses_medium_matmul`` for kind "qkv_rotary", and the config's
+    block_p pairs tile half a head."""
+    if not (MEDIUM_MATMUL_ENABLED and medium_inputs(x, weight)):
+        return False
+    config = medium_config("qkv_rotary", *weight.shape, x.shape[0])
+    return config is not None and head_dim % (2 * config["block_p"]) == 0
 
 
 def medium_or_cublas(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -200,12 +258,22 @@ def _check(kernel: str, x: torch.Tensor, w: torch.Tensor, halves: int) -> None:
         raise ValueError(f"{kernel} needs unit last strides")
 
 
+# The kernel's rotary arguments in the plain and gate/up launches.
+NO_ROTARY = dict(positions_ptr=None, cos_ptr=None, sin_ptr=None, key_cache_ptr=None,
+                 value_cache_ptr=None, slot_mapping_ptr=None, num_slots=None,
+                 stride_c_block=None, stride_c_slot=None, stride_c_head=None, num_q_heads=None,
+                 num_kv_heads=None, HEAD_DIM=0, BLOCK_SIZE=None)
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k: int,
-            split_k: int | None, num_warps: int, num_stages: int, tma: bool) -> torch.Tensor:
-    """out [M, N] of weight rows h * N + n (h < halves) for each output n."""
+            split_k: int | None, num_warps: int, num_stages: int, tma: bool,
+            out: torch.Tensor | None = None, rotary: dict = NO_ROTARY) -> torch.Tensor:
+    """out [M, N] of weight rows h * N + n (h < halves) for each output n;
+    with ``rotary`` (the kernel's rotary arguments) the given q output."""
     m, k = x.shape
     n = w.shape[0] // halves
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     pad = m_pad(m)
@@ -225,7 +293,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k
         x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=pad,
         BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves, SPLIT_K=split_k, TMA=tma,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl, **rotary)
     return out
 
 
@@ -251,6 +319,36 @@ def medium_gate_up_silu(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None
     round; M <= MEDIUM_MAX_ROWS. Arguments as ``medium_matmul``'s."""
     _check("medium_gate_up_silu", x, w, 2)
     return _launch(x, w, 2, **_config("gate_up", w, x.shape[0], locals()))
+
+
+def medium_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                               cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                               *, block_p: int | None = None, block_k: int | None = None,
+                               split_k: int | None = None, num_warps: int | None = None,
+                               num_stages: int | None = None) -> torch.Tensor:
+    """``qkv_rotary_write_kv_ref`` in one launch: x [M, K], weight
+    [(Hq + 2 Hkv) D, K] (q rows, k rows, v rows) -> rotated q [M, Hq, D];
+    rotated k and v stored at ``slot_mapping`` in ``kv_cache``
+    [2, blocks, block_size, Hkv, D]. M <= MEDIUM_MAX_ROWS, unit last
+    strides. A program computes ``block_p`` rotary pairs of one head
+    (2 * block_p weight rows); arguments left None come from
+    ``medium_config`` ("qkv_rotary")."""
+    _check("medium_qkv_rotary_write_kv", x, weight, 2)
+    config = _config("qkv_rotary", weight, x.shape[0], locals())
+    head_dim = kv_cache.shape[-1]
+    check_qkv_rotary("medium_qkv_rotary_write_kv", x, weight, kv_cache, num_q_heads,
+                     num_kv_heads, config["block_p"])
+    q = torch.empty(x.shape[0], num_q_heads, head_dim, dtype=x.dtype, device=x.device)
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    rotary = dict(positions_ptr=positions, cos_ptr=cos, sin_ptr=sin, key_cache_ptr=key_cache,
+                  value_cache_ptr=value_cache, slot_mapping_ptr=slot_mapping,
+                  num_slots=slot_mapping.shape[0], stride_c_block=key_cache.stride(0),
+                  stride_c_slot=key_cache.stride(1), stride_c_head=key_cache.stride(2),
+                  num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, HEAD_DIM=head_dim,
+                  BLOCK_SIZE=key_cache.shape[1])
+    return _launch(x, weight, 2, config.pop("block_p"), **config, tma=False, out=q,
+                   rotary=rotary)
 
 
 def _config(kind: str, w: torch.Tensor, rows: int, given: dict) -> dict:

@@ -22,8 +22,10 @@ several programs over ranges of K, the last of which rotates and stores
 (``split_k.py``).
 
 ``qkv_rotary_write_kv`` takes this kernel where ``uses_skinny_qkv_rotary``
-says it applies and is otherwise the projection (cuBLAS) followed by the
-rotary kernel. It launches with programmatic dependent launch where the
+says it applies, the medium kernel's rotary epilogue for 17..64 rows
+(``triton_medium_matmul.medium_qkv_rotary_write_kv``; the epilogue is the
+same helper, ``qkv_rotary_epilogue.py``), and is otherwise the projection
+(cuBLAS or the medium matmul) followed by the rotary kernel. It launches with programmatic dependent launch where the
 device has it (``runner/triton_dependent_launch.py``).
 """
 
@@ -33,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.layers.qkv_rotary_epilogue import check_qkv_rotary, rotate_and_store_pairs
 from runner.layers.split_k import (
     choose_split_k,
     split_k_bounds,
@@ -40,7 +43,11 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
-from runner.layers.triton_medium_matmul import medium_or_cublas
+from runner.layers.triton_medium_matmul import (
+    medium_or_cublas,
+    medium_qkv_rotary_write_kv,
+    uses_medium_qkv_rotary,
+)
 from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
 from runner.ops import launch_pdl, num_sms
@@ -94,34 +101,11 @@ def _skinny_qkv_rotary_kernel(
             return
         acc_lo = sum_split_parts(parts, offs, 2 * PART, SPLIT_K)
         acc_hi = sum_split_parts(parts + PART, offs, 2 * PART, SPLIT_K)
-    dtype = q_out_ptr.dtype.element_ty
-    x1 = acc_lo.to(dtype).to(tl.float32)
-    x2 = acc_hi.to(dtype).to(tl.float32)
-    out_mask = row_mask[:, None] & (pairs[None, :] < HALF)
-    if head < num_q_heads + num_kv_heads:  # q or k: rotate
-        pos = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.int64)
-        angle = pos[:, None] * HALF + pairs[None, :]
-        cos = tl.load(cos_ptr + angle, mask=out_mask, other=0.0)
-        sin = tl.load(sin_ptr + angle, mask=out_mask, other=0.0)
-        x1, x2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    if head < num_q_heads:
-        dst = q_out_ptr + rows[:, None].to(tl.int64) * stride_q_tok + head * HEAD_DIM
-        tl.store(dst + pairs[None, :], x1.to(dtype), mask=out_mask)
-        tl.store(dst + HALF + pairs[None, :], x2.to(dtype), mask=out_mask)
-    else:
-        slot = tl.load(slot_mapping_ptr + rows, mask=row_mask & (rows < num_slots), other=-1)
-        slot = slot.to(tl.int64)
-        cache_mask = out_mask & (slot >= 0)[:, None]
-        slot = tl.maximum(slot, 0)
-        cache_off = (slot // BLOCK_SIZE) * stride_c_block + (slot % BLOCK_SIZE) * stride_c_slot
-        if head < num_q_heads + num_kv_heads:
-            dst = key_cache_ptr + cache_off[:, None] + (head - num_q_heads) * stride_c_head
-        else:
-            dst = (value_cache_ptr + cache_off[:, None]
-                   + (head - num_q_heads - num_kv_heads) * stride_c_head)
-        cache_dtype = key_cache_ptr.dtype.element_ty
-        tl.store(dst + pairs[None, :], x1.to(cache_dtype), mask=cache_mask)
-        tl.store(dst + HALF + pairs[None, :], x2.to(cache_dtype), mask=cache_mask)
+    rotate_and_store_pairs(acc_lo, acc_hi, head, pairs, rows, row_mask, positions_ptr, cos_ptr,
+                           sin_ptr, q_out_ptr, stride_q_tok, key_cache_ptr, value_cache_ptr,
+                           slot_mapping_ptr, num_slots, stride_c_block, stride_c_slot,
+                           stride_c_head, num_q_heads, num_kv_heads, HEAD_DIM, BLOCK_SIZE,
+                           ROW_AXIS=0)
 
 
 def uses_skinny_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
@@ -147,13 +131,8 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
     m, k = x.shape
     head_dim = kv_cache.shape[-1]
     check_rows("skinny_qkv_rotary_write_kv", m)
-    if weight.shape != ((num_q_heads + 2 * num_kv_heads) * head_dim, k):
-        raise ValueError(f"qkv weight {tuple(weight.shape)} does not fit {num_q_heads} q and "
-                         f"{num_kv_heads} kv heads of {head_dim} over input width {k}")
-    if head_dim % (2 * block_p):
-        raise ValueError(f"head_dim {head_dim} is not a multiple of 2 * block_p ({block_p})")
-    if x.stride(-1) != 1 or weight.stride(-1) != 1 or kv_cache.stride(-1) != 1:
-        raise ValueError("skinny_qkv_rotary_write_kv needs unit last strides")
+    check_qkv_rotary("skinny_qkv_rotary_write_kv", x, weight, kv_cache, num_q_heads,
+                     num_kv_heads, block_p)
     q = torch.empty(m, num_q_heads, head_dim, dtype=x.dtype, device=x.device)
     if m == 0:
         return q
@@ -179,15 +158,18 @@ def qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.
                         cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                         slot_mapping: torch.Tensor, num_q_heads: int,
                         num_kv_heads: int) -> torch.Tensor:
-    """``qkv_rotary_write_kv_ref`` on CUDA: one skinny launch for decode
-    batches, elsewhere the projection (the medium kernel for 17..64 rows,
-    ``medium_or_cublas``, else cuBLAS) and then the rotary kernel."""
+    """``qkv_rotary_write_kv_ref`` on CUDA: one launch for decode batches
+    (the skinny kernel up to 16 rows, ``uses_skinny_qkv_rotary``; the
+    medium one for 17..64, ``uses_medium_qkv_rotary``), elsewhere the
+    projection (``medium_or_cublas``: cuBLAS or the medium matmul) and then
+    the rotary kernel."""
     head_dim = kv_cache.shape[-1]
+    args = (x, weight, positions, cos, sin, kv_cache, slot_mapping, num_q_heads, num_kv_heads)
     if uses_skinny_qkv_rotary(x, weight, head_dim):
-        return skinny_qkv_rotary_write_kv(x, weight, positions, cos, sin, kv_cache,
-                                          slot_mapping, num_q_heads, num_kv_heads)
-    return unfused_qkv_rotary_write_kv(medium_or_cublas, x, weight, positions, cos, sin,
-                                       kv_cache, slot_mapping, num_q_heads, num_kv_heads)
+        return skinny_qkv_rotary_write_kv(*args)
+    if uses_medium_qkv_rotary(x, weight, head_dim):
+        return medium_qkv_rotary_write_kv(*args)
+    return unfused_qkv_rotary_write_kv(medium_or_cublas, *args)
 
 
 def unfused_qkv_rotary_write_kv(matmul, x: torch.Tensor, weight: torch.Tensor,

@@ -176,13 +176,16 @@ def test_routing_needs_half_precision_and_untuned_shapes(monkeypatch):
 
 
 def test_qkv_projection_of_medium_batches_takes_the_medium_kernel(monkeypatch):
-    """qkv for 17..64 rows: the medium matmul, then the rotary kernel; the
-    rotated q and the cache equal the torch reference's."""
+    """qkv for 17..64 rows where the fused launch is tuned off (None for
+    "qkv_rotary"): the medium matmul, then the rotary kernel; the rotated q
+    and the cache equal the torch reference's."""
     from runner.layers.rotary import RotaryEmbedding, qkv_rotary_write_kv_ref
     from runner.layers.triton_qkv_rotary import qkv_rotary_write_kv
 
     taken = _record_routes(monkeypatch)
     hq, hk, head_dim, rows = 4, 2, 64, 20
+    monkeypatch.setitem(medium.TUNED_CONFIGS, ("qkv_rotary", (hq + 2 * hk) * head_dim, 64, 32),
+                        None)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16).to(DEVICE)
     w = (torch.randn((hq + 2 * hk) * head_dim, 64, generator=gen) / 8).to(torch.bfloat16).to(DEVICE)
