@@ -482,10 +482,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the server's latency trace (ipc/trace.py) in this file")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    # The server runs in its own session, out of reach of a signal sent to
+    # this one: SIGTERM (``timeout``, a job runner) must unwind through
+    # ``stop_server`` rather than end the process and leave it running.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with tempfile.TemporaryDirectory(prefix="tprun-ttft-") as work:
         summary = run_benchmark(args, write_shape(args.shape, os.path.join(work, "model")), work)
     emit_summary(summary, args.out)
     return 1 if summary["problems"] else 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_benchmark(args, model_dir: str, work: str) -> dict:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -23,7 +25,7 @@ from benchmarks.bench_ttft import (
     stage_times,
 )
 from ipc.trace import ENV, TraceEvent, read
-from tests.helpers.proc_utils import ROOT, pythonpath, run_in_session
+from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, run_in_session
 
 MS = 1_000_000  # ns
 
@@ -201,3 +203,53 @@ def test_bench_ttft_on_cpu(tmp_path):
     chain = [offsets[stage] for stage in STAGES]
     assert chain == sorted(chain)
     assert all(gap >= 0 for gap in s["breakdown"]["gap_ms_median"].values())
+
+
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (read from /proc)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(entry))
+    return kids
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_stops_the_server(tmp_path):
+    """The server runs in a session of its own, so a signal to the benchmark
+    does not reach it: a SIGTERM (what ``timeout`` sends) must still stop it
+    and its workers before the benchmark exits."""
+    cmd = [sys.executable, "-m", "benchmarks.bench_ttft", "--shape", "tiny", "--device", "cpu",
+           "--dtype", "float32", "--prompt-len", "16", "--num-requests", "100000",
+           "--warmup", "0", "--max-tokens", "2", "--clients", "raw", "--executors"]
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TMPDIR=str(tmp_path),
+               TPRUN_CACHE=str(tmp_path / "cache"))
+    bench = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    servers: list[int] = []
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and bench.poll() is None:
+            logs = list(tmp_path.glob("tprun-ttft-*/serve.log"))
+            if logs and "HTTP server ready" in logs[0].read_text(errors="replace"):
+                servers = _children(bench.pid)
+                break
+            time.sleep(0.2)
+        assert bench.poll() is None and len(servers) == 1, "the benchmark's server did not start"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=90) == 128 + signal.SIGTERM
+        assert reap_session(servers[0], grace_s=10) == []  # the server and its workers
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+        for server in servers:
+            reap_session(server, grace_s=0)
