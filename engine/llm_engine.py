@@ -26,6 +26,7 @@ import itertools
 import logging
 import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from checkpoint.description import describe
@@ -179,8 +180,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     # ---- the step ------------------------------------------------------
-    def step(self) -> list[RequestOutputDelta]:
+    def step(self, after_send: Callable[[], None] | None = None) -> list[RequestOutputDelta]:
         """One turn of the engine loop; returns the deltas of one step.
+        ``after_send`` is called once the step's plan (and its bitmask, if
+        sent now) is on its way, or none was due, before the wait for an
+        output: work that should not delay the plan (the serving loop's
+        replies to its clients).
 
         Synchronous: schedule step N, send it (and its bitmask), wait for its
         output, absorb it. Async (``async_scheduling``): schedule step N+1
@@ -204,6 +209,8 @@ class LLMEngine:
         if self.config.async_scheduling:
             self._send_bitmask()
             sent = self._send(plan)
+            if after_send is not None:
+                after_send()
             sent, self.in_flight = self.in_flight, sent
             deltas = self._absorb(sent)
             self._start_bitmask(self.in_flight)
@@ -211,6 +218,8 @@ class LLMEngine:
             sent = self._send(plan)
             self._start_bitmask(sent, background=False)
             self._send_bitmask()
+            if after_send is not None:
+                after_send()
             deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas

@@ -231,6 +231,9 @@ class EngineServer:
         # (client, its id) -> (message, params): requests whose grammar compiles.
         self.compiling: dict[tuple[bytes, str], tuple[GenerateRequest, SamplingParams]] = {}
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
+        # Acceptances not sent yet: they go once the step after the request's
+        # admission is on its way (``_flush_accepts``), before any delta.
+        self.accepts: list[tuple[bytes, RequestAccepted]] = []
         self.next_id = itertools.count()
         self.stopping = False
 
@@ -245,8 +248,9 @@ class EngineServer:
                               _COMPILE_POLL_MS if self.compiling else _IDLE_POLL_MS)
                 self._admit_compiled()
                 if self.engine.has_unfinished_requests():
-                    self._send_deltas(self.engine.step())
+                    self._send_deltas(self.engine.step(after_send=self._flush_accepts))
                 else:
+                    self._flush_accepts()
                     self.engine.maybe_log_stats()
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")
@@ -356,8 +360,17 @@ class EngineServer:
         self.engine_ids[(identity, message.request_id)] = engine_id
         if trace.enabled:
             trace.mark("engine_added", message.request_id)
-        self._reply(identity, RequestAccepted(request_id=message.request_id,
-                                              prompt_token_ids=request.prompt_token_ids))
+        self.accepts.append((identity, RequestAccepted(
+            request_id=message.request_id, prompt_token_ids=request.prompt_token_ids)))
+
+    def _flush_accepts(self) -> None:
+        """Send the acceptances held back. Held until the engine has sent the
+        plan of the step that follows the admission: the client's work on an
+        acceptance (an HTTP front end starts its response) then runs while
+        the workers compute, not while the engine schedules that step."""
+        accepts, self.accepts = self.accepts, []
+        for identity, accepted in accepts:
+            self._reply(identity, accepted)
 
     def _refuse(self, identity: bytes, message: GenerateRequest, e: Exception) -> None:
         if not isinstance(e, (ValueError, TypeError)):
@@ -368,7 +381,9 @@ class EngineServer:
 
     # ---- replies -----------------------------------------------------------
     def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
-        """One ``Outputs`` message per client with news in this step."""
+        """One ``Outputs`` message per client with news in this step (after
+        any acceptance held back: a request's deltas follow its acceptance)."""
+        self._flush_accepts()
         by_client: dict[bytes, list[Delta]] = defaultdict(list)
         for d in deltas:
             route = self.routes.get(d.req_id)
@@ -428,6 +443,7 @@ class EngineServer:
             self._drop_client(identity)
 
     def _announce_stop(self, reason: str) -> None:
+        self._flush_accepts()
         for identity in {route.identity for route in self.routes.values()}:
             self._reply(identity, EngineStopped(reason=reason))
         self.routes.clear()
