@@ -43,7 +43,7 @@ from engine.structured_outputs.manager import PendingBitmask
 from executor.base import Executor, OutputFuture
 from ipc import trace
 from ipc.engine_messages import EngineStats
-from ipc.messages import SchedulerOutput
+from ipc.messages import ModelRunnerOutput, SchedulerOutput
 from ipc.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,22 @@ def make_executor(config: EngineConfig, device: str) -> Executor:
     return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
                              config.master_port, step_timeout_s=config.step_timeout_s,
                              attach_dir=config.attach_workers_dir)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """The output of a step that never left the engine."""
+
+    output: ModelRunnerOutput
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        return self.output
+
+
+def _is_empty(plan: SchedulerOutput) -> bool:
+    """Nothing for a worker to do or to forget."""
+    return not (plan.scheduled_new_reqs or plan.scheduled_cached_reqs.req_ids
+                or plan.finished_req_ids or plan.preempted_req_ids)
 
 
 @dataclass(frozen=True)
@@ -225,8 +241,15 @@ class LLMEngine:
         return deltas
 
     def _send(self, plan: SchedulerOutput | None) -> _SentStep | None:
+        """Hand ``plan`` to the executor; an empty plan (nothing scheduled,
+        finished or preempted: the requests left all have their last token
+        in flight) is settled here with an empty output, so no round trip to
+        the workers keeps the loop from reading new requests."""
         if plan is None:
             return None
+        if _is_empty(plan):
+            return _SentStep(plan, _Settled(ModelRunnerOutput(step_id=plan.step_id,
+                                                              sampled_token_ids=[])))
         if trace.enabled and plan.scheduled_new_reqs:
             trace.mark("step_scheduled", plan.step_id)
         if trace.enabled:
