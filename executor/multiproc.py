@@ -141,8 +141,9 @@ class MultiprocExecutor(Executor):
         """Spawn one worker daemon per rank, or, with ``attach_dir``, bind the
         endpoints there and wait for workers started elsewhere (torchrun:
         ``torchrun --nproc-per-node N -m worker --broadcast ipc://DIR/broadcast
-        --reply ipc://DIR/reply --output ipc://DIR/output``). Attached workers are watched through their
-        heartbeats only: one silent for ``SILENT_AFTER_S`` fails the executor."""
+        --reply ipc://DIR/reply --output ipc://DIR/output``). Attached workers
+        are watched through their heartbeats only: one silent for
+        ``SILENT_AFTER_S`` fails the executor."""
         self.world_size = world_size
         self.attached = attach_dir is not None
         self.step_timeout_s = step_timeout_s
