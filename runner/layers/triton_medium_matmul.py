@@ -60,6 +60,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from runner.layers.dot_inputs import dot_inputs
 from runner.layers.qkv_rotary_epilogue import check_qkv_rotary, rotate_and_store_pairs
 from runner.layers.split_k import (
     choose_split_k,
@@ -79,7 +80,6 @@ MEDIUM_MATMUL_ENABLED = True
 
 MEDIUM_MIN_ROWS = 17  # fewer go to the skinny kernels
 MEDIUM_MAX_ROWS = 64  # more go to cuBLAS, whose tiles then reuse the weight better
-MEDIUM_DTYPES = (torch.bfloat16, torch.float16)
 
 # Config of a shape not in TUNED_CONFIGS, by kind. gate_up reads 2 * block_n
 # weight rows a program, so half the plain tile keeps the same shared memory.
@@ -97,11 +97,7 @@ DEFAULT_CONFIGS = {
 # qkv_rotary's the q, k and v heads' ((Hq + 2 Hkv) * head_dim).
 # bench_gemv.py --medium prints each winner's key and config.
 TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
-    ('qkv_rotary', 6144, 4096, 32): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
-    ('qkv_rotary', 6144, 4096, 64): {'block_p': 32, 'block_k': 128, 'split_k': 1, 'num_warps': 4, 'num_stages': 5},
-    ('qkv_rotary', 3072, 2048, 32): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
-    ('qkv_rotary', 3072, 2048, 64): {'block_p': 32, 'block_k': 128, 'split_k': 2, 'num_warps': 4, 'num_stages': 5},
-    # Llama-3.1-8B at TP=1 (H200): qkv, o_proj, gate_up, down.
+    # Llama-3.1-8B at TP=1 (H200): qkv, o_proj, gate_up, down, qkv + rotary.
     ("matmul", 6144, 4096, 32): dict(block_n=64, block_k=256, split_k=1, num_warps=4, num_stages=4, tma=True),
     ("matmul", 6144, 4096, 64): None,
     ("matmul", 4096, 4096, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
@@ -110,6 +106,8 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
     ("gate_up", 28672, 4096, 64): dict(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4, tma=False),
     ("matmul", 4096, 14336, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
     ("matmul", 4096, 14336, 64): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
+    ("qkv_rotary", 6144, 4096, 32): dict(block_p=32, block_k=128, split_k=1, num_warps=4, num_stages=5),
+    ("qkv_rotary", 6144, 4096, 64): dict(block_p=32, block_k=128, split_k=1, num_warps=4, num_stages=5),
     # Llama-3.2-1B at TP=1 (H200).
     ("matmul", 3072, 2048, 32): None,
     ("matmul", 3072, 2048, 64): None,
@@ -119,6 +117,8 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
     ("gate_up", 16384, 2048, 64): dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4, tma=False),
     ("matmul", 2048, 8192, 32): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=5, tma=False),
     ("matmul", 2048, 8192, 64): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=5, tma=False),
+    ("qkv_rotary", 3072, 2048, 32): dict(block_p=32, block_k=128, split_k=2, num_warps=4, num_stages=5),
+    ("qkv_rotary", 3072, 2048, 64): dict(block_p=32, block_k=128, split_k=2, num_warps=4, num_stages=5),
 }
 
 
@@ -218,8 +218,7 @@ def _split_halves(acc, BLOCK_N: tl.constexpr, M_PAD: tl.constexpr):
 def medium_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """What the medium kernels need of ``x @ weight.T``: half precision,
     MEDIUM_MIN_ROWS..MEDIUM_MAX_ROWS rows, unit last strides."""
-    return (x.dtype in MEDIUM_DTYPES and MEDIUM_MIN_ROWS <= x.shape[0] <= MEDIUM_MAX_ROWS
-            and x.stride(-1) == 1 and weight.stride(-1) == 1)
+    return dot_inputs(x, weight, MEDIUM_MIN_ROWS, MEDIUM_MAX_ROWS)
 
 
 def uses_medium_matmul(x: torch.Tensor, weight: torch.Tensor, kind: str = "matmul") -> bool:

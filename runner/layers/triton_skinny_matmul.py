@@ -39,6 +39,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from runner.layers.dot_inputs import dot_inputs
 from runner.layers.split_k import (
     choose_split_k,
     split_k_bounds,
@@ -60,7 +61,6 @@ ROW_TILE = 16  # the row tile of every skinny kernel: tl.dot's smallest M
 SKINNY_MAX_ROWS = ROW_TILE
 BLOCK_N = 32
 BLOCK_K = 512
-SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 GATE_UP_BLOCK_N = 32  # outputs a program; it reads twice as many weight rows
 
 
@@ -172,8 +172,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, block_n: int = BLOCK_N,
 def skinny_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """What every skinny kernel needs of ``x @ weight.T``: half precision, at
     most SKINNY_MAX_ROWS rows, unit last strides."""
-    return (x.dtype in SKINNY_DTYPES and x.shape[0] <= SKINNY_MAX_ROWS
-            and x.stride(-1) == 1 and weight.stride(-1) == 1)
+    return dot_inputs(x, weight, 1, SKINNY_MAX_ROWS)
 
 
 def uses_skinny_matmul(x: torch.Tensor, weight: torch.Tensor) -> bool:
