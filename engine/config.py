@@ -92,9 +92,10 @@ class EngineConfig:
     executor: str | None = _opt(None, "'mp' (worker daemons) or 'uni' (in process, TP=1)",
                                 choices=("mp", "uni"), cli=False)
     attach_workers_dir: str | None = _opt(
-        None, "do not spawn workers: bind ipc://DIR/broadcast and ipc://DIR/reply (DIR private "
-        "to you, created if missing) and wait for workers started elsewhere, e.g. torchrun "
-        "--nproc-per-node N -m worker --broadcast ipc://DIR/broadcast --reply ipc://DIR/reply",
+        None, "do not spawn workers: bind ipc://DIR/broadcast, ipc://DIR/reply and "
+        "ipc://DIR/output (DIR private to you, created if missing) and wait for workers "
+        "started elsewhere, e.g. torchrun --nproc-per-node N -m worker --broadcast "
+        "ipc://DIR/broadcast --reply ipc://DIR/reply --output ipc://DIR/output",
         flag="--attach-workers", metavar="DIR")
     master_addr: str = _opt("127.0.0.1", "the process group's rendezvous address", cli=False)
     master_port: int | None = _opt(None, "the rendezvous port (default: a free one)", cli=False)

@@ -26,6 +26,7 @@ import itertools
 import logging
 import operator
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from checkpoint.description import describe
@@ -42,7 +43,7 @@ from engine.structured_outputs.manager import PendingBitmask
 from executor.base import Executor, OutputFuture
 from ipc import trace
 from ipc.engine_messages import EngineStats
-from ipc.messages import SchedulerOutput
+from ipc.messages import ModelRunnerOutput, SchedulerOutput
 from ipc.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,22 @@ def make_executor(config: EngineConfig, device: str) -> Executor:
     return MultiprocExecutor(config.tensor_parallel_size, device, config.master_addr,
                              config.master_port, step_timeout_s=config.step_timeout_s,
                              attach_dir=config.attach_workers_dir)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    """The output of a step that never left the engine."""
+
+    output: ModelRunnerOutput
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        return self.output
+
+
+def _is_empty(plan: SchedulerOutput) -> bool:
+    """Nothing for a worker to do or to forget."""
+    return not (plan.scheduled_new_reqs or plan.scheduled_cached_reqs.req_ids
+                or plan.finished_req_ids or plan.preempted_req_ids)
 
 
 @dataclass(frozen=True)
@@ -179,8 +196,12 @@ class LLMEngine:
         return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
     # ---- the step ------------------------------------------------------
-    def step(self) -> list[RequestOutputDelta]:
+    def step(self, after_send: Callable[[], None] | None = None) -> list[RequestOutputDelta]:
         """One turn of the engine loop; returns the deltas of one step.
+        ``after_send`` is called once the step's plan (and its bitmask, if
+        sent now) is on its way, or none was due, before the wait for an
+        output: work that should not delay the plan (the serving loop's
+        replies to its clients).
 
         Synchronous: schedule step N, send it (and its bitmask), wait for its
         output, absorb it. Async (``async_scheduling``): schedule step N+1
@@ -204,6 +225,8 @@ class LLMEngine:
         if self.config.async_scheduling:
             self._send_bitmask()
             sent = self._send(plan)
+            if after_send is not None:
+                after_send()
             sent, self.in_flight = self.in_flight, sent
             deltas = self._absorb(sent)
             self._start_bitmask(self.in_flight)
@@ -211,13 +234,22 @@ class LLMEngine:
             sent = self._send(plan)
             self._start_bitmask(sent, background=False)
             self._send_bitmask()
+            if after_send is not None:
+                after_send()
             deltas = self._absorb(sent)
         self.maybe_log_stats()
         return deltas
 
     def _send(self, plan: SchedulerOutput | None) -> _SentStep | None:
+        """Hand ``plan`` to the executor; an empty plan (nothing scheduled,
+        finished or preempted: the requests left all have their last token
+        in flight) is settled here with an empty output, so no round trip to
+        the workers keeps the loop from reading new requests."""
         if plan is None:
             return None
+        if _is_empty(plan):
+            return _SentStep(plan, _Settled(ModelRunnerOutput(step_id=plan.step_id,
+                                                              sampled_token_ids=[])))
         if trace.enabled and plan.scheduled_new_reqs:
             trace.mark("step_scheduled", plan.step_id)
         if trace.enabled:

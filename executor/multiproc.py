@@ -1,10 +1,13 @@
 """Worker daemons over ZeroMQ: one process per TP rank.
 
 The executor binds a PUB socket (steps and control calls, encoded once) and
-a PULL socket (replies). A reader thread owns the PULL socket: it resolves
-step futures from the output rank's replies and control futures once every
-rank has answered, and it watches the worker processes: a dead worker fails
-every pending future at once with an error naming its rank and exit code.
+two PULL sockets: replies and step outputs. A reader thread owns the reply
+socket: it resolves control futures once every rank has answered, fails a
+step a rank reports failed, and watches the worker processes: a dead worker
+fails every pending future at once with an error naming its rank and exit
+code. The output rank sends step outputs on the output socket, which the
+thread waiting for a step reads itself (``executor.step_future``); the
+reader nudges that thread whenever it settles a step.
 Every rank sends a heartbeat twice a second with the last step it started
 and finished: a step still pending after ``step_timeout_s`` fails with an
 error naming the ranks that have not finished it.
@@ -29,7 +32,14 @@ import zmq
 from executor import stop_signals
 from executor.base import Executor, StepRejected, WorkerFailure
 from executor.rendezvous import AGENT_STORE_ENV, host_store
-from ipc.channels import BroadcastPublisher, ReplyReceiver, wait_for_subscribers
+from executor.step_future import OutputPump, StepFuture
+from ipc.channels import (
+    BroadcastPublisher,
+    OutputNudger,
+    OutputReceiver,
+    ReplyReceiver,
+    wait_for_subscribers,
+)
 from ipc.endpoints import Endpoints
 from ipc.messages import (
     ControlCall,
@@ -37,6 +47,7 @@ from ipc.messages import (
     GrammarBitmask,
     Heartbeat,
     ModelRunnerOutput,
+    Reply,
     SchedulerOutput,
     WorkerError,
 )
@@ -130,8 +141,9 @@ class MultiprocExecutor(Executor):
         """Spawn one worker daemon per rank, or, with ``attach_dir``, bind the
         endpoints there and wait for workers started elsewhere (torchrun:
         ``torchrun --nproc-per-node N -m worker --broadcast ipc://DIR/broadcast
-        --reply ipc://DIR/reply``). Attached workers are watched through their
-        heartbeats only: one silent for ``SILENT_AFTER_S`` fails the executor."""
+        --reply ipc://DIR/reply --output ipc://DIR/output``). Attached workers
+        are watched through their heartbeats only: one silent for
+        ``SILENT_AFTER_S`` fails the executor."""
         self.world_size = world_size
         self.attached = attach_dir is not None
         self.step_timeout_s = step_timeout_s
@@ -147,6 +159,10 @@ class MultiprocExecutor(Executor):
         self.ctx = zmq.Context()
         self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
         self.receiver = ReplyReceiver(self.ctx, self.endpoints.reply)
+        nudge_address = f"inproc://tprun-step-nudge-{id(self):x}"
+        self.pump = OutputPump(OutputReceiver(self.ctx, self.endpoints.output, nudge_address),
+                               self._on_step_reply)
+        self.nudger = OutputNudger(self.ctx, nudge_address)  # the reader thread's
         self.lock = threading.Lock()
         self.step_futures: dict[int, Future] = {}
         self.control_futures: dict[int, tuple[Future, dict[int, Any]]] = {}
@@ -159,7 +175,8 @@ class MultiprocExecutor(Executor):
         if self.attached:  # someone must start them: say where, and how
             print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
                   f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
-                  f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply})",
+                  f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply} "
+                  f"--output {self.endpoints.output})",
                   file=sys.stderr, flush=True)
         try:
             wait_for_subscribers(self.publisher, self.receiver, world_size,
@@ -175,7 +192,8 @@ class MultiprocExecutor(Executor):
         if self.store is not None:
             env.update(AGENT_STORE_ENV)
         return spawn_worker("worker", ["--broadcast", self.endpoints.broadcast,
-                                       "--reply", self.endpoints.reply, "--device", device], env)
+                                       "--reply", self.endpoints.reply,
+                                       "--output", self.endpoints.output, "--device", device], env)
 
     # ---- failure detection ---------------------------------------------
     def _dead_worker(self) -> WorkerFailure | None:
@@ -221,20 +239,29 @@ class MultiprocExecutor(Executor):
                     else:
                         logger.error("%s", failure)
                     self._fail_all(failure)
+                    self.nudger.nudge()
                     return
-            elif isinstance(reply, ModelRunnerOutput):
-                self._resolve_step(reply.step_id, result=reply)
             elif isinstance(reply, ControlReply):
                 self._on_control_reply(reply)
-            elif isinstance(reply, WorkerError) and not reply.fatal:
-                self._resolve_step(reply.step_id, error=StepRejected(
-                    f"step {reply.step_id} rejected by rank {reply.rank}: {reply.error}"))
-            elif isinstance(reply, WorkerError):
-                failure = self._dead_worker_soon() or WorkerFailure(
-                    f"worker rank {reply.rank} failed step {reply.step_id}:\n{reply.error}"
-                )
-                logger.error("%s", failure)
-                self._fail_all(failure)
+            elif isinstance(reply, (ModelRunnerOutput, WorkerError)):
+                # A rank's step error, or the output of a worker without --output.
+                self._on_step_reply(reply)
+                self.nudger.nudge()
+
+    def _on_step_reply(self, reply: Reply) -> None:
+        """Settle the step a reply names (in the reader thread, or in the
+        thread that waits for a step, which reads the output channel)."""
+        if isinstance(reply, ModelRunnerOutput):
+            self._resolve_step(reply.step_id, result=reply)
+        elif isinstance(reply, WorkerError) and not reply.fatal:
+            self._resolve_step(reply.step_id, error=StepRejected(
+                f"step {reply.step_id} rejected by rank {reply.rank}: {reply.error}"))
+        elif isinstance(reply, WorkerError):
+            failure = self._dead_worker_soon() or WorkerFailure(
+                f"worker rank {reply.rank} failed step {reply.step_id}:\n{reply.error}"
+            )
+            logger.error("%s", failure)
+            self._fail_all(failure)
 
     def _dead_worker_soon(self, wait_s: float = 0.5) -> WorkerFailure | None:
         """A rank's step often fails because a peer died under a collective:
@@ -309,7 +336,7 @@ class MultiprocExecutor(Executor):
         return future.result(timeout=timeout)
 
     def execute_model(self, plan: SchedulerOutput) -> Future:
-        future: Future = Future()
+        future = StepFuture(self.pump)
         self._register(self.step_futures, plan.step_id, future)
         with self.lock:
             self.step_sent_at[plan.step_id] = time.monotonic()
@@ -343,5 +370,8 @@ class MultiprocExecutor(Executor):
         self.store = None  # every rank has left the process group: let it go
         self.publisher.close()
         self.receiver.close()
+        self.nudger.close()
+        with self.pump.lock:  # no thread is reading it any more
+            self.pump.receiver.close()
         self.ctx.term()
         self.endpoints.cleanup()

@@ -1,9 +1,16 @@
-"""The broadcast channel (PUB -> SUB) and the reply channel (PUSH -> PULL).
+"""The broadcast channel (PUB -> SUB), the reply channel and the output
+channel (both PUSH -> PULL).
 
-The executor binds both; workers connect. A message is encoded once and the
-same bytes go to every subscriber. Malformed bytes are logged and dropped by
-the receiver, which keeps serving. ZeroMQ sockets are not thread-safe: each
-thread that sends owns its own ``ReplySender``.
+The executor binds them all; workers connect. A message is encoded once and
+the same bytes go to every subscriber. Malformed bytes are logged and
+dropped by the receiver, which keeps serving. ZeroMQ sockets are not
+thread-safe: each thread that sends owns its own ``ReplySender``.
+
+The output channel carries the output rank's step outputs straight to the
+thread that waits for the step (``OutputReceiver``), so no thread stands
+between the socket and that waiter. Whatever else settles a step (the reply
+channel's reader: a rank's error, a dead worker) nudges the waiter through
+``OutputNudger``: an empty frame on the same socket, which is no message.
 """
 
 from __future__ import annotations
@@ -98,6 +105,55 @@ class ReplyReceiver:
 
     def close(self) -> None:
         self.socket.close()
+
+
+class OutputReceiver:
+    """Executor side of the output channel: bound at ``endpoint`` (the
+    output rank connects) and at ``nudge_address`` (``inproc://``, in the
+    same context: ``OutputNudger``). Read by one thread at a time."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, nudge_address: str):
+        self.socket = ctx.socket(zmq.PULL)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        _restrict_ipc_file(endpoint)
+        self.socket.bind(nudge_address)
+
+    def recv(self, timeout_ms: int) -> Reply | None:
+        """The next well-formed reply; None once ``timeout_ms`` has passed
+        or a nudge came (either way: look at what you wait for again)."""
+        message = _recv_decoded(self.socket, timeout_ms, _decode_output)
+        return None if message is _NUDGE else message
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class OutputNudger:
+    """Wakes the thread reading an ``OutputReceiver`` (one thread sends)."""
+
+    def __init__(self, ctx: zmq.Context, nudge_address: str):
+        self.socket = ctx.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, 0)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(nudge_address)
+
+    def nudge(self) -> None:
+        self.socket.send(b"", zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+_NUDGE = object()
+
+
+def _decode_output(data: bytes):
+    """A reply, ``_NUDGE`` for the empty frame (no encoded message is
+    empty), or None (malformed: logged and dropped)."""
+    return _NUDGE if not data else decode_reply(data)
 
 
 class ReplySender:

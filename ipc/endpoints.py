@@ -57,15 +57,19 @@ def private_directory(kind: str = "") -> str:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The executor's two endpoints (it binds both; workers connect).
+    """The executor's three endpoints (it binds them; workers connect).
 
     ``broadcast``: PUB, executor -> every worker. ``reply``: PULL, worker ->
-    executor. ``directory`` is mode 0700 and removed by ``cleanup``.
+    executor (control replies, heartbeats, a rank's step errors).
+    ``output``: PULL, the output rank's copy thread -> the thread that waits
+    for the step (step outputs). ``directory`` is mode 0700 and removed by
+    ``cleanup``.
     """
 
     directory: str
     broadcast: str
     reply: str
+    output: str
     owns_directory: bool = True
 
     @classmethod
@@ -85,12 +89,13 @@ class Endpoints:
             directory=directory,
             broadcast=f"ipc://{directory}/broadcast",
             reply=f"ipc://{directory}/reply",
+            output=f"ipc://{directory}/output",
             owns_directory=owns_directory,
         )
 
     def cleanup(self) -> None:
         """Remove the socket files, then the directory if this made it."""
-        for endpoint in (self.broadcast, self.reply):
+        for endpoint in (self.broadcast, self.reply, self.output):
             try:
                 os.unlink(endpoint[len("ipc://") :])
             except FileNotFoundError:

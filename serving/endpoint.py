@@ -14,8 +14,12 @@ logged (throttled). Each client's requests are answered to that client only
 last delta (finished, with its reason) unless it was refused, in which case
 it gets one ``RequestError`` and nothing was scheduled, or the engine
 stopped first, in which case its client gets ``EngineStopped``; an invalid,
-malformed or unauthenticated message never stops the loop. Request ids are
-per client; the engine sees ids of its own. A client that is gone (the
+malformed or unauthenticated message never stops the loop. A request's
+``RequestAccepted`` is held until the plan of the next step is sent (the
+client's work on it then overlaps the workers', not the scheduling); it
+still precedes the request's deltas, and a refusal made while one is held
+waits behind it, so a client's request replies keep its messages' order.
+Request ids are per client; the engine sees ids of its own. A client that is gone (the
 ROUTER cannot route to it) has its requests aborted. A request with a
 structured-output constraint waits, unscheduled, while its grammar compiles
 in the engine's compile threads (the loop goes on serving the others); it is
@@ -231,6 +235,10 @@ class EngineServer:
         # (client, its id) -> (message, params): requests whose grammar compiles.
         self.compiling: dict[tuple[bytes, str], tuple[GenerateRequest, SamplingParams]] = {}
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
+        # Replies held back: acceptances, which go once the step after the
+        # request's admission is on its way (``_flush_accepts``), before any
+        # delta, and any refusal made after one (replies keep their order).
+        self.accepts: list[tuple[bytes, msgspec.Struct]] = []
         self.next_id = itertools.count()
         self.stopping = False
 
@@ -245,8 +253,9 @@ class EngineServer:
                               _COMPILE_POLL_MS if self.compiling else _IDLE_POLL_MS)
                 self._admit_compiled()
                 if self.engine.has_unfinished_requests():
-                    self._send_deltas(self.engine.step())
+                    self._send_deltas(self.engine.step(after_send=self._flush_accepts))
                 else:
+                    self._flush_accepts()
                     self.engine.maybe_log_stats()
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")
@@ -356,19 +365,35 @@ class EngineServer:
         self.engine_ids[(identity, message.request_id)] = engine_id
         if trace.enabled:
             trace.mark("engine_added", message.request_id)
-        self._reply(identity, RequestAccepted(request_id=message.request_id,
-                                              prompt_token_ids=request.prompt_token_ids))
+        self.accepts.append((identity, RequestAccepted(
+            request_id=message.request_id, prompt_token_ids=request.prompt_token_ids)))
+
+    def _flush_accepts(self) -> None:
+        """Send the acceptances held back (and the refusals queued behind
+        them). An acceptance waits until the engine has sent the plan of the
+        step after the admission: the client's work on it (an HTTP front end
+        starts its response) then runs while the workers compute, not while
+        the engine schedules that step."""
+        held, self.accepts = self.accepts, []
+        for identity, message in held:
+            self._reply(identity, message)
 
     def _refuse(self, identity: bytes, message: GenerateRequest, e: Exception) -> None:
         if not isinstance(e, (ValueError, TypeError)):
             logger.exception("request %r refused", message.request_id)
         error = str(e) or type(e).__name__
-        self._reply(identity, RequestError(request_id=message.request_id, error=error,
-                                           code=getattr(e, "code", None)))
+        refusal = RequestError(request_id=message.request_id, error=error,
+                               code=getattr(e, "code", None))
+        if self.accepts:  # after an acceptance held back, as the messages came
+            self.accepts.append((identity, refusal))
+        else:
+            self._reply(identity, refusal)
 
     # ---- replies -----------------------------------------------------------
     def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
-        """One ``Outputs`` message per client with news in this step."""
+        """One ``Outputs`` message per client with news in this step (after
+        any acceptance held back: a request's deltas follow its acceptance)."""
+        self._flush_accepts()
         by_client: dict[bytes, list[Delta]] = defaultdict(list)
         for d in deltas:
             route = self.routes.get(d.req_id)
@@ -428,6 +453,7 @@ class EngineServer:
             self._drop_client(identity)
 
     def _announce_stop(self, reason: str) -> None:
+        self._flush_accepts()
         for identity in {route.identity for route in self.routes.values()}:
             self._reply(identity, EngineStopped(reason=reason))
         self.routes.clear()

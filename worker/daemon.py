@@ -5,8 +5,10 @@ Loop: receive a broadcast; ``Sync`` -> acknowledge (start-up handshake);
 ``GrammarBitmask`` -> run in ``worker.step_order``'s order (a plan's
 forward pass, then its sampling: at once, or once its bitmask arrives; a
 plan that comes while a bitmask is due waits for that step); only the
-output rank hands the AsyncOutput to its copy thread, which replies. The daemon exits when told to, or when its
-parent process is gone (checked once a second).
+output rank hands the AsyncOutput to its copy thread, which sends the step's
+output on the output channel (``--output``; without it, on the reply
+channel). The daemon exits when told to, or when its parent process is gone
+(checked once a second).
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker", description=__doc__)
     parser.add_argument("--broadcast", required=True, help="executor's PUB endpoint")
     parser.add_argument("--reply", required=True, help="executor's PULL endpoint")
+    parser.add_argument("--output", default=None,
+                        help="executor's PULL endpoint for step outputs (default: --reply)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
@@ -138,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     sender = ReplySender(ctx, args.reply)
     sender.send(Hello(rank=env.rank, pid=os.getpid()))
     worker = Worker(env, args.device)
-    output = OutputCopyThread(ReplySender(ctx, args.reply), env.rank) if worker.is_output_rank else None
+    output = None
+    if worker.is_output_rank:
+        output = OutputCopyThread(ReplySender(ctx, args.output or args.reply), env.rank)
     heartbeat = HeartbeatThread(ctx, args.reply, env.rank)
     try:
         serve(worker, subscriber, sender, output, heartbeat, parent_pid)

@@ -16,7 +16,10 @@ from worker.env import TorchrunEnv
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_torchrun_style_workers_attach_and_match_spawned(tmp_path):
+@pytest.mark.parametrize("output_channel", [True, False], ids=["output", "reply-only"])
+def test_torchrun_style_workers_attach_and_match_spawned(tmp_path, output_channel):
+    """With ``--output`` step outputs take the output channel; without it
+    (an older command line) the reply channel, and the reader settles them."""
     tiny = ensure_tiny_model(str(tmp_path / "cache"))
     sock_dir = tmp_path / "sockets"
     sock_dir.mkdir(mode=0o700)
@@ -32,7 +35,8 @@ def test_torchrun_style_workers_attach_and_match_spawned(tmp_path):
                           master_addr="127.0.0.1", master_port=port)
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "worker", "--broadcast", f"ipc://{sock_dir}/broadcast",
-             "--reply", f"ipc://{sock_dir}/reply", "--device", "cpu"],
+             "--reply", f"ipc://{sock_dir}/reply", "--device", "cpu",
+             *(["--output", f"ipc://{sock_dir}/output"] if output_channel else [])],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=pythonpath(), **env.as_environ())))
     try:
         with LLM(model=tiny, tensor_parallel_size=2, device="cpu",

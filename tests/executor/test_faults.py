@@ -11,6 +11,7 @@ import time
 import pytest
 
 from engine import LLM, SamplingParams
+from executor import step_future
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
@@ -71,7 +72,10 @@ def test_worker_killed_mid_run_fails_fast_naming_rank(tiny_dir):
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir):
+def test_rejected_plan_names_rank_and_workers_keep_serving(tiny_dir, monkeypatch):
+    # A waiter's read blocks for an hour: a rejection (it comes on the reply
+    # channel) reaches it only through the reader's nudge.
+    monkeypatch.setattr(step_future, "SLICE_MS", 3_600_000)
     executor = _executor(tiny_dir)
     try:
         cached = CachedRequestData(req_ids=["ghost"], new_block_ids=[None])

@@ -9,6 +9,8 @@ import zmq
 from ipc.channels import (
     BroadcastPublisher,
     BroadcastSubscriber,
+    OutputNudger,
+    OutputReceiver,
     ReplyReceiver,
     ReplySender,
     wait_for_subscribers,
@@ -62,7 +64,33 @@ def test_endpoints_are_private():
     try:
         assert os.stat(endpoints.directory).st_mode & 0o777 == 0o700
         assert endpoints.broadcast.startswith("ipc://")
+        assert endpoints.output == f"ipc://{endpoints.directory}/output"
     finally:
+        endpoints.cleanup()
+    assert not os.path.exists(endpoints.directory)
+
+
+@pytest.mark.timeout(20)
+def test_output_channel_replies_nudges_and_junk():
+    endpoints = Endpoints.create()
+    ctx = zmq.Context()
+    receiver = OutputReceiver(ctx, endpoints.output, "inproc://test-output-nudge")
+    nudger = OutputNudger(ctx, "inproc://test-output-nudge")
+    push = ReplySender(ctx, endpoints.output)
+    try:
+        assert oct(os.stat(endpoints.output[len("ipc://"):]).st_mode & 0o777) == "0o600"
+        nudger.nudge()
+        assert receiver.recv(timeout_ms=60_000) is None  # a nudge is no message
+        push.socket.send(b"\xc1 not msgpack")  # dropped; the next reply comes through
+        out = ModelRunnerOutput(step_id=2, sampled_token_ids=[3])
+        push.send(out)
+        assert receiver.recv(timeout_ms=60_000) == out
+        assert receiver.recv(timeout_ms=1) is None  # nothing left
+    finally:
+        push.close()
+        nudger.close()
+        receiver.close()
+        ctx.term()
         endpoints.cleanup()
     assert not os.path.exists(endpoints.directory)
 
