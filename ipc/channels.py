@@ -88,16 +88,24 @@ class BroadcastSubscriber:
         self.socket.close()
 
 
+def _bound_pull(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """The executor's PULL socket at ``endpoint``: no queue limit (a reply
+    is never dropped), messages above MAX_MESSAGE_BYTES refused, owner-only
+    ipc file."""
+    socket = ctx.socket(zmq.PULL)
+    socket.setsockopt(zmq.RCVHWM, 0)
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.bind(endpoint)
+    _restrict_ipc_file(endpoint)
+    return socket
+
+
 class ReplyReceiver:
     """Executor side of the reply channel."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str):
-        self.socket = ctx.socket(zmq.PULL)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(endpoint)
-        _restrict_ipc_file(endpoint)
+        self.socket = _bound_pull(ctx, endpoint)
 
     def recv(self, timeout_ms: int) -> Reply | None:
         """The next well-formed reply, or None on timeout."""
@@ -113,12 +121,7 @@ class OutputReceiver:
     same context: ``OutputNudger``). Read by one thread at a time."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, nudge_address: str):
-        self.socket = ctx.socket(zmq.PULL)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(endpoint)
-        _restrict_ipc_file(endpoint)
+        self.socket = _bound_pull(ctx, endpoint)
         self.socket.bind(nudge_address)
 
     def recv(self, timeout_ms: int) -> Reply | None:

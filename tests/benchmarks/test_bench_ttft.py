@@ -25,7 +25,7 @@ from benchmarks.bench_ttft import (
     stage_times,
 )
 from ipc.trace import ENV, TraceEvent, read
-from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, run_in_session
+from tests.helpers.proc_utils import ROOT, child_pids, pythonpath, reap_session, run_in_session
 
 MS = 1_000_000  # ns
 
@@ -205,22 +205,6 @@ def test_bench_ttft_on_cpu(tmp_path):
     assert all(gap >= 0 for gap in s["breakdown"]["gap_ms_median"].values())
 
 
-def _children(pid: int) -> list[int]:
-    """Live child processes of ``pid`` (read from /proc)."""
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(entry))
-    return kids
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_server(tmp_path):
@@ -240,7 +224,7 @@ def test_sigterm_stops_the_server(tmp_path):
         while time.monotonic() < deadline and bench.poll() is None:
             logs = list(tmp_path.glob("tprun-ttft-*/serve.log"))
             if logs and "HTTP server ready" in logs[0].read_text(errors="replace"):
-                servers = _children(bench.pid)
+                servers = child_pids(bench.pid)
                 break
             time.sleep(0.2)
         assert bench.poll() is None and len(servers) == 1, "the benchmark's server did not start"

@@ -17,9 +17,8 @@ def pythonpath() -> str:
     return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes of session ``sid`` (read from /proc)."""
-    pids = []
+def _live_processes():
+    """(pid, parent pid, session id) of every process not a zombie (from /proc)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -28,10 +27,18 @@ def session_pids(sid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        state, session = fields[0], int(fields[3])
-        if session == sid and state != "Z":
-            pids.append(int(entry))
-    return pids
+        if fields[0] != "Z":
+            yield int(entry), int(fields[1]), int(fields[3])
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid``."""
+    return [pid for pid, _, session in _live_processes() if session == sid]
+
+
+def child_pids(parent: int) -> list[int]:
+    """Live child processes of ``parent``."""
+    return [pid for pid, ppid, _ in _live_processes() if ppid == parent]
 
 
 def run_in_session(cmd: list[str], timeout: float, env: dict | None = None,
