@@ -69,9 +69,11 @@ _READY = re.compile(r"HTTP server ready on http://([\d.]+):(\d+)")
 # ``client_sent`` and ``client_received`` are this client's.
 STAGES = ("client_sent", "http_receive", "http_handler", "http_tokenized", "http_submitted",
           "engine_received", "engine_added", "step_scheduled", "step_sent", "worker_received",
-          "worker_sampled", "worker_output_sent", "step_output", "delta_sent",
+          "worker_forward_start", "worker_forward_queued", "worker_sampled",
+          "worker_output_sent", "step_output", "delta_sent",
           "http_delta_received", "http_chunk_written", "client_received")
-_STEP_STAGES = ("step_sent", "worker_received", "worker_sampled", "worker_output_sent",
+_STEP_STAGES = ("step_sent", "worker_received", "worker_forward_start", "worker_forward_queued",
+                "worker_sampled", "worker_output_sent",
                 "step_output")
 
 

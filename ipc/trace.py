@@ -20,7 +20,11 @@ Stages of one request, in the order the first token passes them (what
     step_scheduled [step] a plan with new requests was made
     step_sent [step]      the plan is published to the workers
     worker_received [step]  a worker decoded the plan
-    worker_sampled [step]   its forward pass and sampling are queued
+    worker_forward_start [step]  its runner applied the plan and built the
+                          inputs; the forward pass (a graph replay or the
+                          eager launches) is next
+    worker_forward_queued [step]  the forward pass is queued
+    worker_sampled [step]   its sampling is queued too
     worker_output_sent [step]  the output rank has the step's output (and sends it)
     step_output [step]    the engine has the step's output
     delta_sent [id]       the engine loop sends a delta to the front end

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ipc import trace
 from ipc.config import RunnerConfig
 from ipc.messages import GrammarBitmask, SchedulerOutput
 from runner.async_output import AsyncOutput
@@ -377,6 +378,8 @@ class ModelRunner:
                                     self.req_states.pad_slot,
                                     batch.cu_num_logits_np if self.num_spec else None)
         prompt_logprobs = None
+        if trace.enabled:
+            trace.mark("worker_forward_start", plan.step_id)
         if graph is not None:
             tensors = graph.graphs.replay(graph.key).head(batch.num_reqs, batch.num_logits)
         else:
@@ -387,6 +390,8 @@ class ModelRunner:
             tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
                                           every_token=False)
             prompt_logprobs = self._prompt_logprobs(hidden, batch)
+        if trace.enabled:
+            trace.mark("worker_forward_queued", plan.step_id)
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
         self.pending = _PendingStep(plan.step_id, batch, tensors, constrained,
                                     prompt_logprobs=prompt_logprobs)

@@ -61,7 +61,8 @@ def _events(t0: int, step: int, stale_step: int) -> list[TraceEvent]:
           ("delta_sent", 4.6, "http-0"), ("engine_received", 5, "http-1"),
           ("engine_added", 6, "http-1"), ("step_scheduled", 7, str(step)),
           ("step_sent", 8, str(step)), ("worker_received", 9, str(step)),
-          ("step_sent", 9.5, str(step + 1)), ("worker_sampled", 20, str(step)),
+          ("worker_forward_start", 9.25, str(step)), ("step_sent", 9.5, str(step + 1)),
+          ("worker_forward_queued", 19, str(step)), ("worker_sampled", 20, str(step)),
           ("worker_output_sent", 21, str(step)), ("step_output", 22, str(step)),
           ("delta_sent", 23, "http-1"), ("http_delta_received", 24, ""),
           ("http_chunk_written", 25, "")]
@@ -79,7 +80,8 @@ def test_stage_times_follow_the_scheduled_step():
     assert offsets == {
         "client_sent": 0, "http_receive": 1, "http_handler": 2, "http_tokenized": 3,
         "http_submitted": 4, "engine_received": 5, "engine_added": 6, "step_scheduled": 7,
-        "step_sent": 8, "worker_received": 9, "next_step_sent": 9.5, "worker_sampled": 20,
+        "step_sent": 8, "worker_received": 9, "worker_forward_start": 9.25,
+        "next_step_sent": 9.5, "worker_forward_queued": 19, "worker_sampled": 20,
         "worker_output_sent": 21, "step_output": 22, "delta_sent": 23,
         "http_delta_received": 24, "http_chunk_written": 25, "client_received": 26}
 
@@ -103,7 +105,7 @@ def test_breakdown_medians():
     assert out["missing"] == {}
     assert out["offset_ms_median"]["worker_sampled"] == 22
     assert out["offset_ms_median"]["client_received"] == 28
-    assert out["gap_ms_median"]["worker_received -> worker_sampled"] == 13
+    assert out["gap_ms_median"]["worker_forward_queued -> worker_sampled"] == 3  # 1 + extra
     assert out["gap_ms_median"]["http_chunk_written -> client_received"] == 1
     assert list(out["gap_ms_median"]) == [f"{a} -> {b}" for a, b in zip(STAGES, STAGES[1:])]
     assert out["worker_step_ms_median"] == 13
