@@ -23,7 +23,8 @@ Time to first token: ``--ttft-prompts`` prompts of ``--ttft-len`` tokens
 first token, beside the prefill FLOP floor: 2 x non-embedding parameters x
 prompt tokens over the matmul throughput of a large ``torch.matmul`` timed in
 the same run (benchmarks/floor.py). ``--attention-backend`` picks tprun's
-attention backend for this part (e.g. triton_flash_prefill).
+attention backend for this part (e.g. triton_flash_prefill); ``--ttft-only``
+runs this part alone.
 """
 
 from __future__ import annotations
@@ -184,6 +185,8 @@ def main() -> None:
                         help="tprun's attention backend for the TTFT run (default: the device's)")
     parser.add_argument("--matmul-n", type=int, default=8192,
                         help="size of the square matmul that measures TFLOP/s")
+    parser.add_argument("--ttft-only", action="store_true",
+                        help="only the time to first token and its floor (no HF, no decode runs)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -196,6 +199,11 @@ def run_benchmark(args, model_dir: str) -> dict:
     """HF, tprun at HF's batch and all at once, then the TTFT; the summary."""
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
+    if args.ttft_only:
+        ttft = time_to_first_token(model_dir, args)
+        ttft.update(prefill_floor(args.shape, ttft, device, args.matmul_n))
+        return {"benchmark": "e2e", "shape": args.shape, "device": device_name(device),
+                "dtype": args.dtype, "ttft": ttft, "date": time.strftime("%Y-%m-%d")}
     prompts = random_prompts(args.num_requests, args.input_len,
                              shape_config(args.shape)["vocab_size"])
     hf = run_hf(args.shape, prompts[: args.hf_requests], args.output_len, args.hf_batch,

@@ -39,3 +39,23 @@ def test_e2e_summary_fields(tmp_path):
     floor_s = 2 * NON_EMBEDDING_PARAMS * 80 / (ttft["matmul_tflops"] * 1e12)
     assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
     assert ttft["ttft_ratio_to_floor"] == pytest.approx(ttft["ttft_all_s"] / floor_s, rel=2e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ttft_only(tmp_path):
+    """``--ttft-only``: the TTFT and its floor, no HF or decode runs."""
+    out = tmp_path / "ttft.json"
+    result, leftovers = run_in_session(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
+         "--device", "cpu", "--dtype", "float32", "--ttft-only", "--ttft-prompts", "3",
+         "--ttft-len", "24", "--ttft-rounds", "1", "--matmul-n", "256", "--out", str(out)],
+        timeout=280, env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert leftovers == []
+    s = json.loads(out.read_text())
+    assert "hf" not in s and "tprun_all" not in s
+    ttft = s["ttft"]
+    assert ttft["prompts"] == 3 and ttft["prompt_len"] == 24 and len(ttft["rounds_s"]) == 1
+    floor_s = 2 * NON_EMBEDDING_PARAMS * 72 / (ttft["matmul_tflops"] * 1e12)
+    assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
