@@ -112,11 +112,14 @@ def start_server(model_dir: str, args, trace_path: str, log_path: str) -> Server
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     server = Server(proc, log_path)
     deadline = time.monotonic() + args.start_timeout
-    while (match := _READY.search(server.output())) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(server)
-            raise RuntimeError(f"tprun serve did not start:\n{server.output()[-4000:]}")
-        time.sleep(0.1)
+    try:  # also a SIGTERM (SystemExit) while waiting stops it
+        while (match := _READY.search(server.output())) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tprun serve did not start:\n{server.output()[-4000:]}")
+            time.sleep(0.1)
+    except BaseException:
+        stop_server(server)
+        raise
     server.host, server.port = match.group(1), int(match.group(2))
     return server
 

@@ -209,10 +209,12 @@ def test_bench_ttft_on_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigterm_stops_the_server(tmp_path):
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_sigterm_stops_the_server(tmp_path, when):
     """The server runs in a session of its own, so a signal to the benchmark
     does not reach it: a SIGTERM (what ``timeout`` sends) must still stop it
-    and its workers before the benchmark exits."""
+    and its workers before the benchmark exits, whether it comes while the
+    server starts or while requests run."""
     cmd = [sys.executable, "-m", "benchmarks.bench_ttft", "--shape", "tiny", "--device", "cpu",
            "--dtype", "float32", "--prompt-len", "16", "--num-requests", "100000",
            "--warmup", "0", "--max-tokens", "2", "--clients", "raw", "--executors"]
@@ -221,16 +223,26 @@ def test_sigterm_stops_the_server(tmp_path):
     bench = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     servers: list[int] = []
+
+    def server_ready() -> bool:
+        logs = list(tmp_path.glob("tprun-ttft-*/serve.log"))
+        return bool(logs) and "HTTP server ready" in logs[0].read_text(errors="replace")
+
     try:
         deadline = time.monotonic() + 200
-        while time.monotonic() < deadline and bench.poll() is None:
-            logs = list(tmp_path.glob("tprun-ttft-*/serve.log"))
-            if logs and "HTTP server ready" in logs[0].read_text(errors="replace"):
-                servers = child_pids(bench.pid)
-                break
-            time.sleep(0.2)
+        while time.monotonic() < deadline and bench.poll() is None and not servers:
+            servers = child_pids(bench.pid)
+            time.sleep(0.05)
         assert bench.poll() is None and len(servers) == 1, "the benchmark's server did not start"
+        if when == "starting":  # held while it waits for the ready line: the signal lands there
+            bench.send_signal(signal.SIGSTOP)
+        while time.monotonic() < deadline and not server_ready():
+            time.sleep(0.05)
+        assert server_ready()
+        if when == "running":
+            time.sleep(2)  # the benchmark has seen the ready line and sends requests
         bench.send_signal(signal.SIGTERM)
+        bench.send_signal(signal.SIGCONT)
         assert bench.wait(timeout=90) == 128 + signal.SIGTERM
         assert reap_session(servers[0], grace_s=10) == []  # the server and its workers
     finally:
