@@ -71,12 +71,6 @@ class _Settled:
         return self.output
 
 
-def _is_empty(plan: SchedulerOutput) -> bool:
-    """Nothing for a worker to do or to forget."""
-    return not (plan.scheduled_new_reqs or plan.scheduled_cached_reqs.req_ids
-                or plan.finished_req_ids or plan.preempted_req_ids)
-
-
 @dataclass(frozen=True)
 class _SentStep:
     """A step sent to the workers whose output is not absorbed yet."""
@@ -247,7 +241,7 @@ class LLMEngine:
         the workers keeps the loop from reading new requests."""
         if plan is None:
             return None
-        if _is_empty(plan):
+        if plan.is_empty():
             return _SentStep(plan, _Settled(ModelRunnerOutput(step_id=plan.step_id,
                                                               sampled_token_ids=[])))
         if trace.enabled and plan.scheduled_new_reqs:

@@ -141,6 +141,12 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     def total_num_scheduled_tokens(self) -> int:
         return sum(self.num_scheduled_tokens)
 
+    def is_empty(self) -> bool:
+        """Nothing for a worker to run or to forget: no request scheduled,
+        finished or preempted (the engine settles such a plan itself)."""
+        return not (self.scheduled_new_reqs or self.scheduled_cached_reqs.req_ids
+                    or self.finished_req_ids or self.preempted_req_ids)
+
 
 class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The allowed tokens of one step's constrained requests, sent after the

@@ -16,19 +16,27 @@ from tests.helpers.proc_utils import ROOT, run_in_session
 NON_EMBEDDING_PARAMS = 2 * 147_712 + 128 + 512 * 128
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_e2e_summary_fields(tmp_path):
+def _run_e2e(tmp_path, timeout: float, *args: str) -> dict:
+    """bench_e2e on CPU (tiny shape, float32, one TTFT round, a 256^3 matmul
+    for the floor) with ``args``; its summary, once it exited cleanly and
+    left no process behind."""
     out = tmp_path / "e2e.json"
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
-         "--device", "cpu", "--dtype", "float32", "--num-requests", "4", "--input-len", "16",
-         "--output-len", "4", "--hf-batch", "2", "--hf-requests", "2", "--ttft-prompts", "2",
-         "--ttft-len", "40", "--ttft-rounds", "1", "--matmul-n", "256", "--out", str(out)],
-        timeout=380, env={"TPRUN_CACHE": str(tmp_path / "cache")})
+         "--device", "cpu", "--dtype", "float32", "--ttft-rounds", "1", "--matmul-n", "256",
+         *args, "--out", str(out)],
+        timeout=timeout, env={"TPRUN_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
     assert leftovers == []
-    s = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_e2e_summary_fields(tmp_path):
+    s = _run_e2e(tmp_path, 380, "--num-requests", "4", "--input-len", "16", "--output-len", "4",
+                 "--hf-batch", "2", "--hf-requests", "2", "--ttft-prompts", "2",
+                 "--ttft-len", "40")
     big, one = s["hf"]["decode_step_ms"], s["hf_batch1"]["decode_step_ms"]
     assert s["hf_host_bound"] == (abs(big / one - 1) <= 0.2)
     assert f"{big:.1f} ms at batch 2" in s["hf_host_bound_reason"]
@@ -45,15 +53,7 @@ def test_e2e_summary_fields(tmp_path):
 @pytest.mark.timeout(300)
 def test_ttft_only(tmp_path):
     """``--ttft-only``: the TTFT and its floor, no HF or decode runs."""
-    out = tmp_path / "ttft.json"
-    result, leftovers = run_in_session(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
-         "--device", "cpu", "--dtype", "float32", "--ttft-only", "--ttft-prompts", "3",
-         "--ttft-len", "24", "--ttft-rounds", "1", "--matmul-n", "256", "--out", str(out)],
-        timeout=280, env={"TPRUN_CACHE": str(tmp_path / "cache")})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert leftovers == []
-    s = json.loads(out.read_text())
+    s = _run_e2e(tmp_path, 280, "--ttft-only", "--ttft-prompts", "3", "--ttft-len", "24")
     assert "hf" not in s and "tprun_all" not in s
     ttft = s["ttft"]
     assert ttft["prompts"] == 3 and ttft["prompt_len"] == 24 and len(ttft["rounds_s"]) == 1

@@ -15,11 +15,6 @@ from serving.endpoint import Endpoint, EngineServer
 PROMPTS = [{"prompt_token_ids": [5, 9, 2, 7]}, {"prompt_token_ids": [3, 3, 8]}]
 
 
-def _is_empty(plan) -> bool:
-    return not (plan.scheduled_new_reqs or plan.scheduled_cached_reqs.req_ids
-                or plan.finished_req_ids or plan.preempted_req_ids)
-
-
 def _watch(engine, events: list):
     """Record each plan the executor gets (``sent``), each wait for an
     output (``wait``), and every plan the scheduler makes."""
@@ -31,7 +26,7 @@ def _watch(engine, events: list):
         return plans[-1]
 
     def watched_execute(plan):
-        events.append(("sent", plan.step_id, _is_empty(plan)))
+        events.append(("sent", plan.step_id, plan.is_empty()))
         future = execute(plan)
         result = future.result
 
@@ -63,7 +58,7 @@ def test_an_empty_plan_is_settled_in_the_engine_not_sent(tiny_dir):
     async_tokens, plans = _generate(tiny_dir, True, async_events)
     # Async scheduling made plans with nothing in them (each request's last
     # token was in flight), and none of them reached the executor.
-    empty = [p.step_id for p in plans if _is_empty(p)]
+    empty = [p.step_id for p in plans if p.is_empty()]
     assert empty
     sent = [e for e in async_events if e[0] == "sent"]
     assert not any(is_empty for _, _, is_empty in sent)

@@ -38,6 +38,22 @@ def _plan() -> SchedulerOutput:
                            finished_req_ids=["c"], preempted_req_ids=["d"])
 
 
+def test_a_plan_is_empty_only_without_any_request():
+    """Each of scheduled new, scheduled cached, finished and preempted
+    requests alone makes a plan non-empty; a structured-output list alone
+    cannot (it names scheduled requests)."""
+    full = _plan()
+    assert SchedulerOutput(step_id=1).is_empty()
+    assert SchedulerOutput(step_id=1, structured_output_req_ids=[]).is_empty()
+    assert not full.is_empty()
+    assert not SchedulerOutput(step_id=1, scheduled_new_reqs=full.scheduled_new_reqs,
+                               num_scheduled_tokens=[3]).is_empty()
+    assert not SchedulerOutput(step_id=1, scheduled_cached_reqs=full.scheduled_cached_reqs,
+                               num_scheduled_tokens=[1]).is_empty()
+    assert not SchedulerOutput(step_id=1, finished_req_ids=["c"]).is_empty()
+    assert not SchedulerOutput(step_id=1, preempted_req_ids=["d"]).is_empty()
+
+
 def test_round_trip_is_exact():
     plan = _plan()
     assert decode_broadcast(encode(plan)) == plan
