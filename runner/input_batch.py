@@ -157,16 +157,19 @@ def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
     computed tokens reach its prefill) with more than one token."""
     num_reqs = len(plan_req_ids)
     counts = np.array(num_scheduled_tokens, dtype=np.int32)
-    if decode_query_len == 1:
-        has_drafts = np.zeros(num_reqs, dtype=bool)
+    num_tokens = sum(num_scheduled_tokens)
+    if decode_query_len == 1:  # no drafts: the batch order needs the counts alone
         if num_scheduled_tokens.count(num_scheduled_tokens[0] if num_reqs else 0) == num_reqs:
             plan_order = np.arange(num_reqs)  # equal counts: batch_order keeps the plan's
             req_ids = list(plan_req_ids)
+            num_scheduled_np = counts
         else:
-            plan_order = batch_order(counts, has_drafts, decode_query_len)
+            plan_order = batch_order(counts, np.zeros(num_reqs, dtype=bool), decode_query_len)
             req_ids = [plan_req_ids[i] for i in plan_order]
+            num_scheduled_np = counts[plan_order]
         idx_mapping_np = np.fromiter(map(req_id_to_index.__getitem__, req_ids), dtype=np.int32,
                                      count=num_reqs)
+        drafts = None
     else:
         plan_slots = np.fromiter((req_id_to_index[r] for r in plan_req_ids), dtype=np.int32,
                                  count=num_reqs)
@@ -175,18 +178,18 @@ def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
         plan_order = batch_order(counts, has_drafts, decode_query_len)
         req_ids = [plan_req_ids[i] for i in plan_order]
         idx_mapping_np = plan_slots[plan_order]
-    num_scheduled_np = counts[plan_order]
-    num_tokens = int(num_scheduled_np.sum())
+        num_scheduled_np = counts[plan_order]
+        drafts = has_drafts[plan_order]
     num_reqs_padded = num_reqs if num_reqs_padded is None else num_reqs_padded
     num_tokens_padded = num_tokens if num_tokens_padded is None else num_tokens_padded
-    query_start_loc_np = np.full(num_reqs_padded + 1, num_tokens, dtype=np.int32)
+    query_start_loc_np = np.empty(num_reqs_padded + 1, dtype=np.int32)
     query_start_loc_np[0] = 0
-    np.cumsum(num_scheduled_np, out=query_start_loc_np[1 : num_reqs + 1])
+    num_scheduled_np.cumsum(out=query_start_loc_np[1 : num_reqs + 1])
+    query_start_loc_np[num_reqs + 1 :] = num_tokens
     computed = num_computed_np[idx_mapping_np]
     seq_lens_np = computed + num_scheduled_np
     prefill = prefill_len_np[idx_mapping_np]
-    drafts = has_drafts[plan_order]
-    num_draft_rows = int(drafts.sum())
+    num_draft_rows = 0 if drafts is None else int(np.count_nonzero(drafts))
     if num_draft_rows:
         num_logits_np = np.where(drafts, num_scheduled_np, 1).astype(np.int32)
         cu_num_logits_np = np.full(num_reqs_padded + 1, num_logits_np.sum(), dtype=np.int32)
@@ -196,8 +199,9 @@ def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
         num_decodes = int(not_one[0]) if len(not_one) else num_reqs
     else:  # one logits row a request; one-token rows lead
         num_logits_np = np.ones(num_reqs, dtype=np.int32)
-        cu_num_logits_np = np.minimum(np.arange(num_reqs_padded + 1, dtype=np.int32), num_reqs)
-        num_decodes = int(np.sum(num_scheduled_np == 1))
+        cu_num_logits_np = np.arange(num_reqs_padded + 1, dtype=np.int32)
+        cu_num_logits_np[num_reqs + 1 :] = num_reqs
+        num_decodes = num_scheduled_tokens.count(1)
         if decode_query_len > 1 and num_decodes and num_scheduled_np[0] != 1:
             num_decodes = 0  # prefill chunks of exactly decode_query_len tokens lead
     return InputBatch(
@@ -213,7 +217,7 @@ def make_input_batch(plan_req_ids: list[str], num_scheduled_tokens: list[int],
         num_tokens=num_tokens,
         num_tokens_padded=num_tokens_padded,
         num_decodes=num_decodes,
-        has_prefill=bool(np.any(computed < prefill)),
+        has_prefill=bool((computed < prefill).any()),
         num_logits_np=num_logits_np,
         cu_num_logits_np=cu_num_logits_np,
         num_draft_rows=num_draft_rows,

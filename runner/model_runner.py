@@ -318,14 +318,16 @@ class ModelRunner:
         return self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn), attn
 
     # ---- applying the plan ---------------------------------------------
-    def _update_states(self, plan: SchedulerOutput) -> None:
+    def _update_states(self, plan: SchedulerOutput, prefill_ids: list[np.ndarray]) -> None:
+        """Apply the checked plan; ``prefill_ids`` are the new requests'
+        prefill tokens as ``check_plan`` converted them."""
         # Finished and preempted requests leave alike, in sorted order, so
         # every rank frees (and later reuses) the same slots.
         for req_id in sorted(set(plan.finished_req_ids) | set(plan.preempted_req_ids)):
             if req_id in self.req_states.req_id_to_index:
                 self.req_states.remove_request(req_id)
-        for new in plan.scheduled_new_reqs:
-            slot = self.req_states.add_request(new)
+        for new, ids in zip(plan.scheduled_new_reqs, prefill_ids):
+            slot = self.req_states.add_request(new, ids)
             self.sampler.add_request(
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids),
                 new.min_tokens_stop_ids,
@@ -355,10 +357,10 @@ class ModelRunner:
     @torch.no_grad()
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
-        check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
-                   self.config.max_num_batched_tokens, self.model.config.vocab_size,
-                   self.num_spec)
-        self._update_states(plan)
+        prefill_ids = check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
+                                 self.config.max_num_batched_tokens,
+                                 self.model.config.vocab_size, self.num_spec)
+        self._update_states(plan, prefill_ids)
         graph = self._graph_for(plan)
         batch = make_input_batch(
             plan.scheduled_req_ids(),

@@ -16,13 +16,15 @@ from ipc.messages import SchedulerOutput
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
                max_num_batched_tokens: int, vocab_size: int,
-               num_speculative_tokens: int = 0) -> None:
+               num_speculative_tokens: int = 0) -> list[np.ndarray]:
     """Raise ``InvalidPlanError`` naming the first problem found. A request
     past its prefill decodes 1 token, plus at most ``num_speculative_tokens``
     drafts.
 
     ``states`` is the runner's RequestState, ``block_tables`` its
-    BlockTables; neither is changed.
+    BlockTables; neither is changed. Returns the new requests' prefill
+    token ids (plan order) as the int32 arrays the check made of them, so
+    that a prompt is converted from its list once a step, not twice.
     """
 
     def fail(message: str) -> None:
@@ -42,13 +44,12 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
         fail(f"{len(new_ids)} new requests but {free} free slots")
     # Per request after the plan: (computed tokens, blocks held, prefill length).
     after: dict[str, tuple[int, int, int]] = {}
+    prefill_ids = []
     for new in plan.scheduled_new_reqs:
         prefill = len(new.prefill_token_ids)
         if not 0 < prefill <= max_len or len(new.prompt_token_ids) > prefill:
             fail(f"request {new.req_id!r} has {prefill} prefill tokens")
-        if min(new.prefill_token_ids) < 0 or max(new.prefill_token_ids) >= vocab_size:
-            # At TP > 1 such an id would embed as zeros on every rank: silent.
-            fail(f"request {new.req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
+        prefill_ids.append(_token_ids(fail, new.req_id, new.prefill_token_ids, vocab_size))
         if not 0 <= new.num_computed_tokens <= prefill:
             fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
         if problems := new.sampling.problems():
@@ -69,12 +70,17 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
     req_ids = plan.scheduled_req_ids()
     if len(plan.num_scheduled_tokens) != len(req_ids):
         fail(f"{len(plan.num_scheduled_tokens)} token counts for {len(req_ids)} requests")
-    new = list(after.values())
-    total = _check_token_counts(
-        fail, req_ids, plan.num_scheduled_tokens, list(computed) + [a[0] for a in new],
-        np.concatenate([held, np.array([a[1] for a in new], dtype=np.int64)]),
-        np.concatenate([prefill, np.array([a[2] for a in new], dtype=np.int64)]),
-        max_len, block_tables.block_size, num_speculative_tokens)
+    # Plan order: the cached requests (on arrays), then the new ones (few:
+    # one by one).
+    counts, num_cached = plan.num_scheduled_tokens, len(cached.req_ids)
+    if num_cached:
+        _check_token_counts(fail, req_ids[:num_cached], counts[:num_cached], computed, held,
+                            prefill, max_len, block_tables.block_size, num_speculative_tokens)
+    for req_id, n, (done, blocks, prefill_len) in zip(req_ids[num_cached:], counts[num_cached:],
+                                                      after.values()):
+        _check_request_tokens(fail, req_id, n, done, blocks, prefill_len, max_len,
+                              block_tables.block_size, num_speculative_tokens)
+    total = sum(counts)
     constrained = plan.structured_output_req_ids
     if len(set(constrained)) != len(constrained):
         fail("a request is listed twice in structured_output_req_ids")
@@ -83,6 +89,25 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
         fail(f"structured_output_req_ids names requests not scheduled: {extra[:5]}")
     if total > max_num_batched_tokens:
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
+    return prefill_ids
+
+
+def _token_ids(fail, req_id: str, token_ids: list[int], vocab_size: int) -> np.ndarray:
+    """``token_ids`` (not empty) as int32, each checked to be in the
+    vocabulary: at TP > 1 an id outside it would embed as zeros on every
+    rank, silently. Converted once through int64, which holds any id the
+    wire can carry but one past 2**63 (an OverflowError, refused alike)."""
+    try:
+        ids = np.array(token_ids, dtype=np.int64)
+    except OverflowError:
+        ids = None
+    if ids is None or ids.min() < 0 or ids.max() >= vocab_size:
+        fail(f"request {req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int32)
+
+
+_NONE_HELD = np.zeros(0, dtype=np.int64)  # no cached request: none held, no prefill
+_NONE_HELD.setflags(write=False)
 
 
 def _cached_after(fail, cached, remaining: set[str], new_after: dict, states, block_tables,
@@ -93,6 +118,8 @@ def _cached_after(fail, cached, remaining: set[str], new_after: dict, states, bl
     wrong, the requests are checked one by one in order, so the first
     problem is named as a per-request loop names it."""
     req_ids, host_counts = cached.req_ids, cached.num_computed_tokens
+    if not req_ids:
+        return [], _NONE_HELD, _NONE_HELD
     index = states.req_id_to_index
     if not (len(set(req_ids)) == len(req_ids) and remaining.issuperset(req_ids)
             and new_after.keys().isdisjoint(req_ids)):
@@ -119,9 +146,9 @@ _SAFE = 1 << 61  # counts within +-_SAFE add and compare in int64 without overfl
 
 def _check_token_counts(fail, req_ids: list[str], counts: list[int], computed: list[int],
                         held: np.ndarray, prefill: np.ndarray, max_len: int, block_size: int,
-                        num_speculative_tokens: int) -> int:
+                        num_speculative_tokens: int) -> None:
     """Check every request's scheduled token count against its state after
-    the plan (per request in plan order); returns the step's total. The
+    the plan (per request in plan order). The
     checks run on arrays; the requests they flag, and any whose counts are
     too large for them, are then checked alone in order, the first that
     fails naming its problem."""
@@ -138,7 +165,6 @@ def _check_token_counts(fail, req_ids: list[str], counts: list[int], computed: l
     for i in suspects:
         _check_request_tokens(fail, req_ids[i], counts[i], computed[i], int(held[i]),
                               int(prefill[i]), max_len, block_size, num_speculative_tokens)
-    return sum(counts)
 
 
 def _check_request_tokens(fail, req_id: str, n: int, computed: int, held: int, prefill: int,
@@ -160,9 +186,10 @@ def _check_block_ids(fail, req_id: str, block_ids: list[list[int]] | None, num_b
     if len(block_ids) > 1:
         fail(f"request {req_id!r}: {len(block_ids)} KV cache groups, the runner has 1")
     group = block_ids[0] if block_ids else []
-    for b in group:
-        if not 0 <= b < num_blocks:
-            fail(f"request {req_id!r}: block id {b} outside the cache [0, {num_blocks})")
+    if group and not 0 <= min(group) <= max(group) < num_blocks:
+        for b in group:  # name the first one outside
+            if not 0 <= b < num_blocks:
+                fail(f"request {req_id!r}: block id {b} outside the cache [0, {num_blocks})")
     if held + len(group) > max_blocks_per_req:
         fail(f"request {req_id!r}: {held + len(group)} blocks exceed {max_blocks_per_req}")
     return held + len(group)

@@ -65,9 +65,11 @@ class RequestState:
     def num_reqs(self) -> int:
         return len(self.req_id_to_index)
 
-    def add_request(self, new: NewRequestData) -> int:
+    def add_request(self, new: NewRequestData, prefill_ids: np.ndarray | None = None) -> int:
         """Give the request a slot and stage its tokens and lengths (the plan
-        passed ``plan_check``: a new id, a free slot, prefill lengths that fit)."""
+        passed ``plan_check``: a new id, a free slot, prefill lengths that
+        fit). ``prefill_ids``: its ``prefill_token_ids`` already converted
+        (``check_plan`` returns them), else they are converted here."""
         prefill_len = len(new.prefill_token_ids)
         slot = self.free_indices.pop()
         self.req_id_to_index[new.req_id] = slot
@@ -75,7 +77,8 @@ class RequestState:
         self.prompt_len_np[slot] = len(new.prompt_token_ids)
         self.prefill_len_np[slot] = prefill_len
         self.prefill_len.stage_write_elem(slot, prefill_len)
-        self.all_token_ids.stage_write(slot, 0, new.prefill_token_ids)
+        self.all_token_ids.stage_write(
+            slot, 0, new.prefill_token_ids if prefill_ids is None else prefill_ids)
         self.set_num_computed_tokens(slot, new.num_computed_tokens)
         return slot
 

@@ -74,21 +74,19 @@ def _merge_row(writes: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarr
 
 
 def _disjoint(writes: Sequence[tuple[int, int, np.ndarray]]
-              ) -> tuple[list[int], list[int], list[np.ndarray]]:
-    """(rows, starts, values) of (row, start, values) writes in staging order,
-    made disjoint: where two overlap, the later one's values win. Empty
-    writes are dropped."""
+              ) -> list[tuple[int, int, np.ndarray]]:
+    """(row, start, values) writes in staging order, made disjoint: where
+    two overlap, the later one's values win. Empty writes are dropped.
+    Writes to distinct rows (a step's usual case) are disjoint already and
+    pass through as they are."""
+    if len({row for row, _, _ in writes}) == len(writes):
+        return [w for w in writes if len(w[2]) > 0]
     by_row: dict[int, list[tuple[int, np.ndarray]]] = {}
     for row, start, values in writes:
         if len(values) > 0:
             by_row.setdefault(row, []).append((start, values))
-    rows, starts, chunks = [], [], []
-    for row, row_writes in by_row.items():
-        for start, values in _merge_row(row_writes):
-            rows.append(row)
-            starts.append(start)
-            chunks.append(values)
-    return rows, starts, chunks
+    return [(row, start, values) for row, row_writes in by_row.items()
+            for start, values in _merge_row(row_writes)]
 
 
 @dataclass(frozen=True)
@@ -101,42 +99,57 @@ class PackedGroup:
     words_offset: int
 
 
+def target_entry(dst: torch.Tensor) -> tuple[int, int, int]:
+    """A target's header entry: (address, bytes between rows, bytes per
+    element); fixed for the tensor's life."""
+    size = dst.element_size()
+    return dst.data_ptr(), dst.stride(0) * size, size
+
+
 def pack_grouped_writes(
     targets: Sequence[tuple[torch.Tensor, Sequence[tuple[int, int, np.ndarray]]]],
 ) -> PackedGroup:
     """Pack each target's (row, start, values) writes, given in staging order,
     into one buffer. A target is a 2-D tensor with contiguous rows whose
     elements are 4 or 8 bytes wide; values are converted to its dtype."""
-    num_targets = len(targets)
-    table = np.zeros(4 * num_targets + 1, dtype=np.int64)
-    per_target = []
-    for t, (dst, writes) in enumerate(targets):
-        dtype = numpy_dtype(dst.dtype)
-        rows, starts, chunks = _disjoint(writes)
-        per_target.append((rows, starts, [np.asarray(c, dtype=dtype) for c in chunks]))
-        table[t] = dst.data_ptr()
-        table[num_targets + t] = dst.stride(0) * dst.element_size()
-        table[2 * num_targets + t] = dst.element_size()
-        table[3 * num_targets + t + 1] = table[3 * num_targets + t] + len(chunks)
-    n = int(table[4 * num_targets])
-    word_lens = [c.nbytes // 4 for _, _, chunks in per_target for c in chunks]
-    header_words = len(table) + 4 * n + 1
-    words_offset = -(-8 * header_words // 16) * 16
-    blob = np.empty(words_offset + 4 * sum(word_lens), dtype=np.uint8)
-    header = blob[: 8 * header_words].view(np.int64)
-    header[: len(table)] = table
-    meta = header[len(table):]
-    meta[:n] = np.repeat(np.arange(num_targets), [len(r) for r, _, _ in per_target])
-    meta[n: 2 * n] = [row for rows, _, _ in per_target for row in rows]
-    meta[2 * n: 3 * n] = [start for _, starts, _ in per_target for start in starts]
-    meta[3 * n] = 0
-    meta[3 * n + 1:] = word_lens
-    np.cumsum(meta[3 * n + 1:], out=meta[3 * n + 1:])
-    words = blob[words_offset:].view(np.int32)
-    chunks = [c.view(np.int32) for _, _, cs in per_target for c in cs]
+    return pack_entries([
+        (target_entry(dst), [(row, start, np.ascontiguousarray(v, numpy_dtype(dst.dtype)).ravel())
+                             for row, start, v in writes])
+        for dst, writes in targets])
+
+
+def pack_entries(
+    targets: Sequence[tuple[tuple[int, int, int], Sequence[tuple[int, int, np.ndarray]]]],
+) -> PackedGroup:
+    """``pack_grouped_writes`` for targets given by their ``target_entry``,
+    whose values are contiguous 1-D arrays of the target's dtype already
+    (a ``StagedWriteTensor`` stages them so).
+
+    The header is gathered in one Python list and written with one
+    conversion, the values with one concatenation: a step's few writes cost
+    a handful of numpy calls, not a few per write."""
+    addresses, row_bytes, elem_bytes, first = [], [], [], [0]
+    target_of, rows, starts, cu_words, chunks = [], [], [], [0], []
+    num_words = 0
+    for t, ((address, row_size, elem_size), writes) in enumerate(targets):
+        addresses.append(address)
+        row_bytes.append(row_size)
+        elem_bytes.append(elem_size)
+        for row, start, values in _disjoint(writes):
+            target_of.append(t)
+            rows.append(row)
+            starts.append(start)
+            num_words += values.nbytes // 4
+            cu_words.append(num_words)
+            chunks.append(values.view(np.int32))
+        first.append(len(rows))
+    header = addresses + row_bytes + elem_bytes + first + target_of + rows + starts + cu_words
+    words_offset = -(-8 * len(header) // 16) * 16
+    blob = np.empty(words_offset + 4 * num_words, dtype=np.uint8)
+    blob[: 8 * len(header)].view(np.int64)[:] = header
     if chunks:
-        np.concatenate(chunks, out=words)
-    return PackedGroup(blob=blob, num_targets=num_targets, num_writes=n,
+        np.concatenate(chunks, out=blob[words_offset:].view(np.int32))
+    return PackedGroup(blob=blob, num_targets=len(targets), num_writes=len(rows),
                        words_offset=words_offset)
 
 
@@ -188,19 +201,21 @@ class StagedWriteGroup:
             raise ValueError("a StagedWriteGroup needs at least one tensor")
         ops = device_ops(tensors[0].gpu.device)
         self.tensors = list(tensors)
+        self._entries = [target_entry(t.as_2d) for t in self.tensors]
         self.transfer = ops.new_transfer()
         self._apply = ops.apply_grouped_writes
 
     def apply_writes(self) -> None:
         """Apply every member's staged writes with one upload and one launch;
         never waits."""
-        staged = [(t.as_2d, t.take_writes()) for t in self.tensors if t.num_staged]
-        if not staged:
+        members = [i for i, t in enumerate(self.tensors) if t.num_staged]
+        if not members:
             return
-        packed = pack_grouped_writes(staged)
+        packed = pack_entries([(self._entries[i], self.tensors[i].take_writes())
+                               for i in members])
         if packed.num_writes == 0:  # only empty writes were staged
             return
         (blob,) = self.transfer.upload(packed.blob)
         header = blob[: packed.words_offset].view(torch.int64)
         words = blob[packed.words_offset:].view(torch.int32)
-        self._apply([dst for dst, _ in staged], header, words)
+        self._apply([self.tensors[i].as_2d for i in members], header, words)

@@ -49,6 +49,7 @@ tests/runner/test_staged_write.py checks that a kernel sees host writes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,8 +69,10 @@ def is_uva_available() -> bool:
     return True
 
 
+@functools.cache
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """The numpy dtype matching a torch dtype; ValueError when numpy has none."""
+    """The numpy dtype matching a torch dtype; ValueError when numpy has none.
+    Cached: the staged writes ask it for every target of every step."""
     try:
         return torch.empty(0, dtype=dtype).numpy().dtype
     except TypeError as exc:
@@ -152,9 +155,12 @@ class PinnedRing:
         return views
 
     def copied(self, stream: torch.cuda.Stream) -> None:
-        event = torch.cuda.Event()
+        # Each buffer keeps one event, recorded again at each use: ``stage``
+        # has waited for its last record before the buffer was reused.
+        event = self.events[self.next]
+        if event is None:
+            event = self.events[self.next] = torch.cuda.Event()
         event.record(stream)
-        self.events[self.next] = event
         self.next = (self.next + 1) % RING_SIZE
 
 

@@ -70,10 +70,17 @@ class PromptLogprobsOutput:
 class PromptLogprobsState:
     def __init__(self, max_num_reqs: int, device: torch.device):
         self.num_top_np = np.full(max_num_reqs, NONE, dtype=np.int64)
+        # Slots whose num_top_np is set, freed ones included (a slot keeps
+        # its value until reused): 0 means no request asks, and no step looks.
+        self.num_asking = 0
         self.transfer = device_ops(device).new_transfer()
 
     def add_request(self, slot: int, num_top: int | None) -> None:
-        self.num_top_np[slot] = NONE if num_top is None else num_top
+        value = NONE if num_top is None else num_top
+        if value == NONE and self.num_asking == 0:
+            return  # the slot's value is NONE already
+        self.num_asking += (value != NONE) - bool(self.num_top_np[slot] != NONE)
+        self.num_top_np[slot] = value
 
     def _chunks(self, req_ids: list[str], slots: np.ndarray, computed: np.ndarray,
                 scheduled: np.ndarray, prompt_len: np.ndarray) -> tuple[PromptChunks, list]:
@@ -98,7 +105,7 @@ class PromptLogprobsState:
                     computed: np.ndarray, prompt_len: np.ndarray) -> bool:
         """Some request of the plan scores prompt tokens this step. Runs on
         every step: without a slot that asked, no id is looked at."""
-        if not (self.num_top_np != NONE).any():
+        if self.num_asking == 0:
             return False
         for req_id in req_ids:
             slot = req_id_to_index[req_id]
@@ -118,6 +125,8 @@ class PromptLogprobsState:
         per batch row; ``prompt_len`` per slot (host); ``all_token_ids``
         [slots, max_len] the device table of prefill tokens.
         """
+        if self.num_asking == 0:
+            return None
         chunks, rows = self._chunks(req_ids, slots, computed, scheduled, prompt_len)
         if not rows:
             return None

@@ -42,7 +42,9 @@ _NUM_FLOATS = 6
 NEEDS_SAMPLING, NEEDS_PENALTY, NEEDS_MIN_P, NEEDS_TOP_P, NEEDS_TOP_K, NEEDS_LOGPROBS = (
     1 << i for i in range(6))
 _SEED_MASK = (1 << 63) - 1
+SEEDS_AHEAD = 64
 _INT32_MAX = (1 << 31) - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,16 @@ class SamplingStates:
         self.needs_np = np.zeros(max_num_reqs, dtype=np.uint8)
         self.num_needing = 0
         self.rng = np.random.default_rng(seed)
+        self._seeds_left: list[int] = []  # drawn ahead, next one last
+
+    def _next_seed(self) -> int:
+        """The seed of the next unseeded request: the generator's next draw.
+        Drawn ``SEEDS_AHEAD`` at a time (one call costs about as much as
+        one draw); numpy's bounded draws of int64 give the same numbers
+        drawn one by one or as an array, so the seeds do not change."""
+        if not self._seeds_left:
+            self._seeds_left = self.rng.integers(0, 2**62, size=SEEDS_AHEAD).tolist()[::-1]
+        return self._seeds_left.pop()
 
     def add_request(self, slot: int, options: SamplingOptions) -> None:
         """Stage the slot's parameters (``staged_tensors``: the runner's
@@ -93,7 +105,7 @@ class SamplingStates:
         # A top_k beyond the vocabulary keeps every value, as does one beyond
         # int32 (the table's type): the filter clamps k to the row's width.
         top_k = 0 if greedy else min(max(options.top_k, 0), _INT32_MAX)
-        seed = options.seed if options.seed is not None else int(self.rng.integers(0, 2**62))
+        seed = options.seed if options.seed is not None else self._next_seed()
         self.floats_np[slot] = row
         self.top_k_np[slot] = top_k
         self.num_logprobs_np[slot] = (NO_LOGPROBS if options.logprobs is None
@@ -170,16 +182,16 @@ def _needs(row: np.ndarray, top_k: int, num_logprobs: int) -> int:
 
 
 def _float_row(options: SamplingOptions) -> np.ndarray:
-    """The float table row of one request; greedy rows have their filters off."""
-    row = np.zeros(_NUM_FLOATS, dtype=np.float32)
-    greedy = options.temperature < GREEDY_EPS
+    """The float table row of one request (columns in their order); greedy
+    rows have their filters off."""
+    if options.temperature < GREEDY_EPS:
+        values = [0.0, 1.0, 0.0]
+    else:
+        values = [options.temperature, options.top_p, options.min_p]
+    values += (options.repetition_penalty, options.presence_penalty, options.frequency_penalty)
+    if max(map(abs, values)) <= _FLOAT32_MAX:
+        return np.array(values, dtype=np.float32)
     # A value beyond float32 becomes inf, which still means what it says (an
     # infinite temperature samples uniformly): no warning for it.
     with np.errstate(over="ignore"):
-        row[TEMPERATURE] = 0.0 if greedy else options.temperature
-        row[TOP_P] = 1.0 if greedy else options.top_p
-        row[MIN_P] = 0.0 if greedy else options.min_p
-        row[REPETITION] = options.repetition_penalty
-        row[PRESENCE] = options.presence_penalty
-        row[FREQUENCY] = options.frequency_penalty
-    return row
+        return np.array(values, dtype=np.float32)
