@@ -87,6 +87,7 @@ class InputBuffers:
         self.cu_num_logits = self.step_meta[2 * r + 1 :]
         self.step_meta_np = np.zeros(3 * r + 2, dtype=np.int32)
         self.transfer = device_ops(device).new_transfer()
+        self.transfer.reserve(copy_bytes=self.step_meta_np.nbytes)
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> None:

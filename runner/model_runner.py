@@ -59,6 +59,10 @@ from runner.spec_decode.rejection import DraftLayout, RejectionSampler
 from runner.staged_write_group import StagedWriteGroup
 from runner.structured_outputs import GrammarMask, check_grammar_bitmask
 
+# Room for the packed header of a step that adds or extends a few dozen
+# requests (runner/staged_write_group.py), beside their tokens.
+STAGED_HEADER_BYTES = 16 << 10
+
 
 @dataclass(frozen=True)
 class StepTensors:
@@ -152,10 +156,13 @@ class ModelRunner:
             config.max_num_batched_tokens,
             device,
         )
-        # One upload and one launch apply the step's staged writes to all of them.
+        # One upload and one launch apply the step's staged writes to all of
+        # them; room for a full token budget of prompts is pinned up front.
         self.staged_writes = StagedWriteGroup([*self.req_states.staged_tensors,
                                                *self.sampler.staged_tensors,
-                                               *self.block_tables.staged_tensors])
+                                               *self.block_tables.staged_tensors],
+                                              reserve_bytes=STAGED_HEADER_BYTES
+                                              + 4 * config.max_num_batched_tokens)
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
         self.grammar_mask = GrammarMask(n, self.model.config.vocab_size, device, self.ops)
         self.output_transfer = self.ops.new_transfer()

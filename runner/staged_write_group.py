@@ -196,13 +196,16 @@ def apply_grouped_writes_ref(dsts: list[torch.Tensor], header: torch.Tensor,
 class StagedWriteGroup:
     """StagedWriteTensors of one device whose staged writes apply together."""
 
-    def __init__(self, tensors: Sequence[StagedWriteTensor]) -> None:
+    def __init__(self, tensors: Sequence[StagedWriteTensor], reserve_bytes: int = 0) -> None:
+        """``reserve_bytes``: the packed size of a usual step's writes, staged
+        for upload without growing a buffer (``HostTransfer.reserve``)."""
         if not tensors:
             raise ValueError("a StagedWriteGroup needs at least one tensor")
         ops = device_ops(tensors[0].gpu.device)
         self.tensors = list(tensors)
         self._entries = [target_entry(t.as_2d) for t in self.tensors]
         self.transfer = ops.new_transfer()
+        self.transfer.reserve(upload_bytes=reserve_bytes)
         self._apply = ops.apply_grouped_writes
 
     def apply_writes(self) -> None:

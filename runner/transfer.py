@@ -70,6 +70,12 @@ def is_uva_available() -> bool:
 
 
 @functools.cache
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype matching a numpy dtype (cached, as ``numpy_dtype``)."""
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+@functools.cache
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype matching a torch dtype; ValueError when numpy has none.
     Cached: the staged writes ask it for every target of every step."""
@@ -126,12 +132,27 @@ class PinnedRing:
     the next buffer at 64-byte offsets and returns pinned views of them;
     ``copied(stream)`` then records, on the stream that copies from them,
     the event the buffer's next use waits for (which has always passed by
-    then: see the module docstring)."""
+    then: see the module docstring). ``reserve`` allocates every buffer up
+    front, so that no step pays for pinning memory (far slower than the
+    copy) on its critical path."""
 
     def __init__(self) -> None:
         self.buffers: list[torch.Tensor | None] = [None] * RING_SIZE
+        self.hosts: list[np.ndarray | None] = [None] * RING_SIZE  # numpy views of buffers
         self.events: list[torch.cuda.Event | None] = [None] * RING_SIZE
         self.next = 0
+
+    def reserve(self, nbytes: int) -> None:
+        """Grow every buffer to hold at least ``nbytes`` (0: nothing to do)."""
+        for i in range(RING_SIZE if nbytes > 0 else 0):
+            self._fit(i, nbytes)
+
+    def _fit(self, i: int, nbytes: int) -> None:
+        buf = self.buffers[i]
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(1 << max(nbytes - 1, 1).bit_length(), dtype=torch.uint8,
+                              pin_memory=True)
+            self.buffers[i], self.hosts[i] = buf, buf.numpy()
 
     def stage(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
         offsets, total = [], 0
@@ -141,17 +162,15 @@ class PinnedRing:
         i = self.next
         if self.events[i] is not None:
             self.events[i].synchronize()
-        buf = self.buffers[i]
-        if buf is None or buf.numel() < total:
-            buf = torch.empty(1 << max(total - 1, 1).bit_length(), dtype=torch.uint8,
-                              pin_memory=True)
-            self.buffers[i] = buf
+        self._fit(i, total)
+        buf, host = self.buffers[i], self.hosts[i]
         views = []
         for a, offset in zip(arrays, offsets):
-            view = buf[offset: offset + a.nbytes].view(torch.from_numpy(a[:0]).dtype)
-            view = view.view(a.shape)
-            view.numpy()[...] = a
-            views.append(view)
+            host[offset: offset + a.nbytes] = a.reshape(-1).view(np.uint8)
+            view = buf[offset: offset + a.nbytes]
+            if a.dtype != np.uint8:
+                view = view.view(torch_dtype(a.dtype))
+            views.append(view if a.ndim == 1 else view.view(a.shape))
         return views
 
     def copied(self, stream: torch.cuda.Stream) -> None:
@@ -192,6 +211,11 @@ class HostTransfer:
     def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         """Fresh arrays as device tensors (the arrays are not reused)."""
         return tuple(torch.from_numpy(a) for a in arrays)
+
+    def reserve(self, upload_bytes: int = 0, copy_bytes: int = 0) -> None:
+        """Make room up front for ``upload`` calls of ``upload_bytes`` and
+        ``copy_into`` calls of ``copy_bytes`` (pinned staging where the
+        device has it; nothing here)."""
 
     def copy_into_side(self, pairs: list[tuple[np.ndarray, torch.Tensor]]) -> None:
         """Copy each ``src`` into the first ``len(src)`` rows of its ``dst``,
@@ -235,8 +259,13 @@ class PinnedTransfer(HostTransfer):
 
     def copy_into(self, src: np.ndarray, dst: torch.Tensor) -> None:
         (staged,) = self.copy_ring.stage([src])
-        dst[: src.shape[0]].copy_(staged, non_blocking=True)
+        dst = dst if src.shape[0] == dst.shape[0] else dst[: src.shape[0]]
+        dst.copy_(staged, non_blocking=True)
         self.copy_ring.copied(torch.cuda.current_stream())
+
+    def reserve(self, upload_bytes: int = 0, copy_bytes: int = 0) -> None:
+        self.upload_ring.reserve(upload_bytes)
+        self.copy_ring.reserve(copy_bytes)
 
     def upload(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         host = self.upload_ring.stage(list(arrays))
