@@ -87,6 +87,12 @@ def _checked(check: Callable[..., None], impl: Callable):
     return run
 
 
+def unchecked(kernel: Callable) -> Callable:
+    """``kernel`` (a ``DeviceOps`` field) without its check, for a caller
+    that checked once what the check would check at every call."""
+    return getattr(kernel, "__wrapped__", kernel)
+
+
 # DeviceOps field -> (torch reference, Triton version), as "module:function".
 _KERNELS = {
     "prepare_prefill_inputs": ("runner.input_batch:prepare_prefill_inputs_ref",

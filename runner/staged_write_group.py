@@ -8,7 +8,10 @@ of a request would wait for all of them. The runner's one group packs every
 member's writes into one host buffer, uploads it in one copy
 (``runner.transfer``: non_blocking from a pinned ring on CUDA) and applies
 them with one launch, whose programs write through each target's address
-(the Triton kernel) or one scatter per target (the torch reference).
+(the Triton kernel) or one scatter per target (the torch reference). The
+kernel reads the uploaded buffer as it is (header and words found by byte
+offset), and the group checks its targets once when it is built, so the
+host's share of a step's writes is the packing, one copy and one launch.
 
 Layout of the packed buffer: int64 words, then the values as 32-bit words
 (every target's dtype is 4 or 8 bytes wide, so each value is one or two
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from runner.ops import device_ops
+from runner.ops import device_ops, unchecked
 from runner.transfer import numpy_dtype
 
 if TYPE_CHECKING:
@@ -153,15 +156,25 @@ def pack_entries(
                        words_offset=words_offset)
 
 
-def check_apply_grouped_writes(dsts: list[torch.Tensor], header: torch.Tensor) -> None:
+def check_targets(dsts: Sequence[torch.Tensor]) -> None:
     """Raise ValueError unless every target is 2-D with contiguous rows and
-    4- or 8-byte elements, and the header has one table entry per target."""
+    4- or 8-byte elements."""
     for dst in dsts:
         if dst.dim() != 2 or dst.stride(1) != 1 or dst.element_size() not in (4, 8):
             raise ValueError("grouped writes need 2-D targets with contiguous rows of "
                              f"4- or 8-byte elements, got {tuple(dst.shape)} {dst.dtype}")
-    if header.dtype != torch.int64 or header.shape[0] < 4 * len(dsts) + 1:
-        raise ValueError("the header does not hold a table for every target")
+
+
+def check_apply_grouped_writes(dsts: list[torch.Tensor], blob: torch.Tensor,
+                               words_offset: int, num_writes: int) -> None:
+    """Raise ValueError unless every target fits (``check_targets``) and
+    ``blob`` (uint8) holds a header for every target and write before its
+    words, which start 16-byte aligned."""
+    check_targets(dsts)
+    header_bytes = 8 * (4 * len(dsts) + 4 * num_writes + 2)
+    if (blob.dtype != torch.uint8 or blob.dim() != 1 or words_offset % 16
+            or not header_bytes <= words_offset <= blob.shape[0]):
+        raise ValueError("the buffer does not hold a header for every target and write")
 
 
 def _scatter(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
@@ -173,10 +186,12 @@ def _scatter(dst: torch.Tensor, rows: torch.Tensor, starts: torch.Tensor,
     dst[rows[write], starts[write] + (j - cu_lens[write])] = values
 
 
-def apply_grouped_writes_ref(dsts: list[torch.Tensor], header: torch.Tensor,
-                             words: torch.Tensor) -> None:
+def apply_grouped_writes_ref(dsts: list[torch.Tensor], blob: torch.Tensor, words_offset: int,
+                             num_writes: int) -> None:
     """Torch reference: one scatter per target over the target's writes;
     the address table is not used."""
+    header = blob[:words_offset].view(torch.int64)
+    words = blob[words_offset:].view(torch.int32)
     num_targets = len(dsts)
     first = header[3 * num_targets: 4 * num_targets + 1].tolist()
     n = first[-1]
@@ -206,7 +221,10 @@ class StagedWriteGroup:
         self._entries = [target_entry(t.as_2d) for t in self.tensors]
         self.transfer = ops.new_transfer()
         self.transfer.reserve(upload_bytes=reserve_bytes)
-        self._apply = ops.apply_grouped_writes
+        # The targets are checked once, here; the buffers are packed here:
+        # each step's launch skips the kernel's check.
+        check_targets([t.as_2d for t in self.tensors])
+        self._apply = unchecked(ops.apply_grouped_writes)
 
     def apply_writes(self) -> None:
         """Apply every member's staged writes with one upload and one launch;
@@ -219,6 +237,5 @@ class StagedWriteGroup:
         if packed.num_writes == 0:  # only empty writes were staged
             return
         (blob,) = self.transfer.upload(packed.blob)
-        header = blob[: packed.words_offset].view(torch.int64)
-        words = blob[packed.words_offset:].view(torch.int32)
-        self._apply([self.tensors[i].as_2d for i in members], header, words)
+        self._apply([self.tensors[i].as_2d for i in members], blob, packed.words_offset,
+                    packed.num_writes)

@@ -9,11 +9,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _grouped_writes_kernel(header_ptr, words_ptr, num_targets, num_writes,
+def _grouped_writes_kernel(blob_ptr, words_offset, num_targets, num_writes,
                            BLOCK: tl.constexpr):
     """One program per write: its words to its target's row, through the
-    target's address (layout in runner/staged_write_group.py)."""
+    target's address (layout in runner/staged_write_group.py): the header
+    at the start of ``blob``, the words from byte ``words_offset`` on."""
     write = tl.program_id(0)
+    header_ptr = blob_ptr.to(tl.pointer_type(tl.int64))
+    words_ptr = (blob_ptr + words_offset).to(tl.pointer_type(tl.int32))
     meta = header_ptr + 4 * num_targets + 1
     target = tl.load(meta + write)
     row = tl.load(meta + num_writes + write)
@@ -30,12 +33,11 @@ def _grouped_writes_kernel(header_ptr, words_ptr, num_targets, num_writes,
         tl.store(dst + k, tl.load(words_ptr + first + k, mask=mask), mask=mask)
 
 
-def apply_grouped_writes_triton(dsts: list[torch.Tensor], header: torch.Tensor,
-                                words: torch.Tensor) -> None:
+def apply_grouped_writes_triton(dsts: list[torch.Tensor], blob: torch.Tensor, words_offset: int,
+                                num_writes: int) -> None:
     """``apply_grouped_writes_ref`` (runner/staged_write_group.py): one program
-    per write, all targets in one launch."""
-    num_targets = len(dsts)
-    num_writes = (header.shape[0] - 4 * num_targets - 2) // 4
+    per write, all targets in one launch, reading the uploaded buffer as it
+    is (no views of it to make on the host)."""
     if num_writes <= 0:
         return
-    _grouped_writes_kernel[(num_writes,)](header, words, num_targets, num_writes, BLOCK=1024)
+    _grouped_writes_kernel[(num_writes,)](blob, words_offset, len(dsts), num_writes, BLOCK=1024)

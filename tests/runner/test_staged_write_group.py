@@ -129,9 +129,8 @@ def test_kernel_leaves_unwritten_elements_and_matches_one_by_one(impl) -> None:
         packed = pack_grouped_writes([
             (dst, [(r, s, np.array(v)) for r, s, v in writes])
             for dst, writes in zip(dsts, staged)])
-        header = torch.from_numpy(packed.blob[: packed.words_offset].view(np.int64))
-        words = torch.from_numpy(packed.blob[packed.words_offset:].view(np.int32))
-        apply(dsts, header.to(device), words.to(device))
+        blob = torch.from_numpy(packed.blob).to(device)
+        apply(dsts, blob, packed.words_offset, packed.num_writes)
         for table, writes, (_, dtype) in zip(expected, staged, shapes):
             expected_after(table, writes, dtype)
         assert [dst.cpu().tolist() for dst in dsts] == expected
@@ -166,7 +165,6 @@ def test_targets_must_be_4_or_8_bytes_wide() -> None:
     ops = torch_ops(torch.device("cpu"))
     with pytest.raises(ValueError, match="4- or 8-byte"):
         ops.apply_grouped_writes([torch.zeros(2, 2, dtype=torch.int16)],
-                                 torch.zeros(6, dtype=torch.int64),
-                                 torch.zeros(0, dtype=torch.int32))
+                                 torch.zeros(64, dtype=torch.uint8), 48, 0)
     with pytest.raises(ValueError, match="at least one"):
         StagedWriteGroup([])
