@@ -40,6 +40,7 @@ def _add_requests(runner: ModelRunner, prompts: dict[str, int], computed: dict[s
             num_computed_tokens=computed[req_id], max_tokens=8))
         block += n
     runner._update_states(SchedulerOutput(step_id=0, scheduled_new_reqs=new))
+    runner._write_step(None)
 
 
 def time_prepare(runner: ModelRunner, scheduled: dict[str, int], iters: int) -> dict:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from runner.ops import device_ops
+from runner.staged_write_group import RowTarget
 
 
 def batch_order(num_tokens: np.ndarray, has_drafts: np.ndarray,
@@ -86,12 +87,29 @@ class InputBuffers:
         self.query_start_loc = self.step_meta[r : 2 * r + 1]
         self.cu_num_logits = self.step_meta[2 * r + 1 :]
         self.step_meta_np = np.zeros(3 * r + 2, dtype=np.int32)
+        # The same buffer as one row: the staged writes' launch may carry it.
+        self.step_meta_target = RowTarget(self.step_meta.view(1, -1))
         self.transfer = device_ops(device).new_transfer()
         self.transfer.reserve(copy_bytes=self.step_meta_np.nbytes)
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> None:
-        """The step's only host-to-device input copy (non-blocking on CUDA).
+        """The step's only host-to-device input copy (non-blocking on CUDA)
+        of ``stage_step_meta``'s values."""
+        self.copy_staged_meta(self.stage_step_meta(idx_mapping_np, query_start_loc_np, pad_slot,
+                                                   cu_num_logits_np))
+
+    def copy_staged_meta(self, meta: np.ndarray) -> None:
+        """Copy ``stage_step_meta``'s result into ``step_meta`` (non-blocking
+        on CUDA)."""
+        self.transfer.copy_into(meta, self.step_meta)
+
+    def stage_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
+                        pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> np.ndarray:
+        """The step's values of ``step_meta``, from its start (a view of a
+        host buffer that the next call rewrites): a copy of their own
+        (``copy_staged_meta``), or a write in the staged writes' launch
+        (``step_meta_target``), brings them to the device.
 
         Rows past the batch, up to ``len(query_start_loc_np) - 1`` (the padded
         count), map to ``pad_slot``. ``cu_num_logits_np`` (as long as
@@ -106,7 +124,7 @@ class InputBuffers:
         if cu_num_logits_np is not None:
             meta[2 * r + 1 : 2 * r + 1 + m] = cu_num_logits_np
             end = 2 * r + 1 + m
-        self.transfer.copy_into(meta[:end], self.step_meta)
+        return meta[:end]
 
 
 @dataclass(frozen=True)

@@ -325,15 +325,18 @@ class ModelRunner:
         return self.model(buf.input_ids[:tokens], buf.positions[:tokens], self.kv_caches, attn), attn
 
     # ---- applying the plan ---------------------------------------------
-    def _update_states(self, plan: SchedulerOutput, prefill_ids: list[np.ndarray]) -> None:
-        """Apply the checked plan; ``prefill_ids`` are the new requests'
-        prefill tokens as ``check_plan`` converted them."""
+    def _update_states(self, plan: SchedulerOutput,
+                       prefill_ids: list[np.ndarray] | None = None) -> None:
+        """Apply the checked plan to the host state and stage its device
+        writes (``_write_step`` applies them); ``prefill_ids``: the new
+        requests' prefill tokens as ``check_plan`` converted them."""
         # Finished and preempted requests leave alike, in sorted order, so
         # every rank frees (and later reuses) the same slots.
         for req_id in sorted(set(plan.finished_req_ids) | set(plan.preempted_req_ids)):
             if req_id in self.req_states.req_id_to_index:
                 self.req_states.remove_request(req_id)
-        for new, ids in zip(plan.scheduled_new_reqs, prefill_ids):
+        for new, ids in zip(plan.scheduled_new_reqs,
+                            prefill_ids or [None] * len(plan.scheduled_new_reqs)):
             slot = self.req_states.add_request(new, ids)
             self.sampler.add_request(
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids),
@@ -355,9 +358,22 @@ class ModelRunner:
             for req_id, blocks in zip(cached.req_ids, cached.new_block_ids):
                 if blocks:
                     self.block_tables.append_blocks(index[req_id], blocks[0])
-        self.staged_writes.apply_writes()
-        # What is left: the penalty rows, rebuilt from the written prompts,
-        # and the min-tokens stop ids.
+
+    def _write_step(self, batch: InputBatch | None) -> None:
+        """What reaches the device before the forward pass: the staged
+        writes and, for a batch with tokens, the step's input meta
+        (``InputBuffers.stage_step_meta``), in one upload and one launch;
+        the meta alone where nothing was staged (a decode step, mostly)
+        takes its one copy. Then what is left: the penalty rows, rebuilt
+        from the written prompts, and the min-tokens stop ids."""
+        meta = None
+        if batch is not None and batch.num_tokens:
+            meta = self.buffers.stage_step_meta(
+                batch.idx_mapping_np, batch.query_start_loc_np, self.req_states.pad_slot,
+                batch.cu_num_logits_np if self.num_spec else None)
+        extra = None if meta is None else (self.buffers.step_meta_target, meta)
+        if not self.staged_writes.apply_writes(extra) and meta is not None:
+            self.buffers.copy_staged_meta(meta)
         self.sampler.write_added_rows(self.req_states.all_token_ids.gpu)
 
     # ---- the step -------------------------------------------------------
@@ -379,13 +395,11 @@ class ModelRunner:
             num_tokens_padded=None if graph is None else graph.tokens,
             decode_query_len=1 + self.num_spec,
         )
+        self._write_step(batch)
         constrained = list(plan.structured_output_req_ids)
         if batch.num_tokens == 0:
             self.pending = _PendingStep(plan.step_id, batch, None, constrained)
             return
-        self.buffers.copy_step_meta(batch.idx_mapping_np, batch.query_start_loc_np,
-                                    self.req_states.pad_slot,
-                                    batch.cu_num_logits_np if self.num_spec else None)
         prompt_logprobs = None
         if trace.enabled:
             trace.mark("worker_forward_start", plan.step_id)

@@ -226,16 +226,35 @@ class StagedWriteGroup:
         check_targets([t.as_2d for t in self.tensors])
         self._apply = unchecked(ops.apply_grouped_writes)
 
-    def apply_writes(self) -> None:
+    def apply_writes(self, extra: tuple[RowTarget, np.ndarray] | None = None) -> bool:
         """Apply every member's staged writes with one upload and one launch;
-        never waits."""
+        never waits. ``extra`` = (target, values): one more write, of
+        ``values`` (the target's dtype, 1-D) to row 0 of a tensor outside
+        the group from element 0, carried by that launch when there is one
+        (the step's input meta, which then needs no copy of its own).
+        Returns whether it launched: False when nothing was staged, and
+        ``extra`` is then not written."""
         members = [i for i, t in enumerate(self.tensors) if t.num_staged]
         if not members:
-            return
-        packed = pack_entries([(self._entries[i], self.tensors[i].take_writes())
-                               for i in members])
+            return False
+        targets = [(self._entries[i], self.tensors[i].take_writes()) for i in members]
+        dsts = [self.tensors[i].as_2d for i in members]
+        if extra is not None:
+            targets.append((extra[0].entry, [(0, 0, extra[1])]))
+            dsts.append(extra[0].dst)
+        packed = pack_entries(targets)
         if packed.num_writes == 0:  # only empty writes were staged
-            return
+            return False
         (blob,) = self.transfer.upload(packed.blob)
-        self._apply([self.tensors[i].as_2d for i in members], blob, packed.words_offset,
-                    packed.num_writes)
+        self._apply(dsts, blob, packed.words_offset, packed.num_writes)
+        return True
+
+
+class RowTarget:
+    """A 2-D tensor outside a group that its launch may write too
+    (``StagedWriteGroup.apply_writes``): checked and entered once."""
+
+    def __init__(self, dst: torch.Tensor) -> None:
+        check_targets([dst])
+        self.dst = dst
+        self.entry = target_entry(dst)
