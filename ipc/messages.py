@@ -52,26 +52,29 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
         engine refuses a request with any (``SamplingParams``); the runner's
-        ``plan_check`` refuses a plan with any."""
-        checks = (
-            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got "
-                                    f"{self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= 0, f"top_k must be >= 0 (0 or -1 = disabled), got {self.top_k}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1 = off), got "
-                                          f"{self.repetition_penalty}"),
-            (-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2] (0 = off), "
-                                               f"got {self.presence_penalty}"),
-            (-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2] "
-                                                f"(0 = off), got {self.frequency_penalty}"),
-            (self.logprobs is None or self.logprobs >= 0, f"logprobs must be None or an int "
-                                                          f">= 0, got {self.logprobs}"),
-            (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
-            (self.prompt_logprobs is None or self.prompt_logprobs >= 0,
-             f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs}"),
-        )
-        return [message for ok, message in checks if not ok]
+        ``plan_check`` refuses a plan with any. Only the messages of
+        failing checks are formatted (every plan checks every new request)."""
+        return [message.format(self) for ok, message in _SAMPLING_RANGES if not ok(self)]
+
+
+# (check, message) of each SamplingOptions field's range; ``{0}`` is the options.
+_SAMPLING_RANGES = (
+    (lambda o: o.temperature >= 0, "temperature must be >= 0 (0 = greedy), got {0.temperature}"),
+    (lambda o: 0 < o.top_p <= 1, "top_p must be in (0, 1], got {0.top_p}"),
+    (lambda o: o.top_k >= 0, "top_k must be >= 0 (0 or -1 = disabled), got {0.top_k}"),
+    (lambda o: 0 <= o.min_p <= 1, "min_p must be in [0, 1], got {0.min_p}"),
+    (lambda o: o.repetition_penalty > 0,
+     "repetition_penalty must be > 0 (1 = off), got {0.repetition_penalty}"),
+    (lambda o: -2 <= o.presence_penalty <= 2,
+     "presence_penalty must be in [-2, 2] (0 = off), got {0.presence_penalty}"),
+    (lambda o: -2 <= o.frequency_penalty <= 2,
+     "frequency_penalty must be in [-2, 2] (0 = off), got {0.frequency_penalty}"),
+    (lambda o: o.logprobs is None or o.logprobs >= 0,
+     "logprobs must be None or an int >= 0, got {0.logprobs}"),
+    (lambda o: o.min_tokens >= 0, "min_tokens must be >= 0, got {0.min_tokens}"),
+    (lambda o: o.prompt_logprobs is None or o.prompt_logprobs >= 0,
+     "prompt_logprobs must be None or an int >= 0, got {0.prompt_logprobs}"),
+)
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):

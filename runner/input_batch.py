@@ -79,8 +79,9 @@ class InputBuffers:
         self.logits_indices = torch.zeros(
             max_num_batched_tokens, dtype=torch.int64, device=device
         )
-        # idx_mapping, query_start_loc (and cu_num_logits) share one buffer:
-        # one copy a step.
+        # idx_mapping, query_start_loc (and cu_num_logits) share one buffer,
+        # the step meta: one copy a step, or one write in the launch of the
+        # step's staged writes where it has any.
         r = max_num_reqs
         self.step_meta = torch.zeros(3 * r + 2, dtype=torch.int32, device=device)
         self.idx_mapping = self.step_meta[:r]
@@ -94,8 +95,8 @@ class InputBuffers:
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> None:
-        """The step's only host-to-device input copy (non-blocking on CUDA)
-        of ``stage_step_meta``'s values."""
+        """The step's host-to-device input copy (non-blocking on CUDA) of
+        ``stage_step_meta``'s values (a step without staged writes)."""
         self.copy_staged_meta(self.stage_step_meta(idx_mapping_np, query_start_loc_np, pad_slot,
                                                    cu_num_logits_np))
 

@@ -1,9 +1,11 @@
 """The slot-based model runner (Model Runner V2 design).
 
 Per step: ``execute_model`` applies the plan to the persistent state
-(finish and free in sorted order, add, update, staged writes), sorts the
-batch, copies ``idx_mapping`` and ``query_start_loc`` to the device, builds
-every other input there, and queues the forward pass. ``sample_tokens``
+(finish and free in sorted order, add, update; device writes staged),
+sorts the batch, applies the staged writes with ``idx_mapping`` and
+``query_start_loc`` among them (one upload and one launch; those two alone
+take one copy when nothing was staged), builds every other input on the
+device, and queues the forward pass. ``sample_tokens``
 masks the logits of constrained requests with the step's grammar bitmask
 (when the plan has any), queues sampling and the copy to the host and
 returns an ``AsyncOutput``. Neither call waits for the device.

@@ -46,16 +46,8 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
     after: dict[str, tuple[int, int, int]] = {}
     prefill_ids = []
     for new in plan.scheduled_new_reqs:
-        prefill = len(new.prefill_token_ids)
-        if not 0 < prefill <= max_len or len(new.prompt_token_ids) > prefill:
-            fail(f"request {new.req_id!r} has {prefill} prefill tokens")
-        prefill_ids.append(_token_ids(fail, new.req_id, new.prefill_token_ids, vocab_size))
-        if not 0 <= new.num_computed_tokens <= prefill:
-            fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
-        if problems := new.sampling.problems():
-            fail(f"request {new.req_id!r}: {'; '.join(problems)}")
-        held = _check_block_ids(fail, new.req_id, new.block_ids, num_blocks, 0, max_blocks)
-        after[new.req_id] = (new.num_computed_tokens, held, prefill)
+        prefill_ids.append(_check_new_request(fail, new, max_len, vocab_size, num_blocks,
+                                              max_blocks, after))
     cached = plan.scheduled_cached_reqs
     if len(cached.req_ids) != len(cached.new_block_ids):
         fail("cached request lists differ in length")
@@ -92,6 +84,23 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
     return prefill_ids
 
 
+def _check_new_request(fail, new, max_len: int, vocab_size: int, num_blocks: int,
+                       max_blocks: int, after: dict[str, tuple[int, int, int]]) -> np.ndarray:
+    """Check one new request; record its state after the plan in ``after``
+    and return its prefill ids (``_token_ids``)."""
+    prefill = len(new.prefill_token_ids)
+    if not 0 < prefill <= max_len or len(new.prompt_token_ids) > prefill:
+        fail(f"request {new.req_id!r} has {prefill} prefill tokens")
+    ids = _token_ids(fail, new.req_id, new.prefill_token_ids, vocab_size)
+    if not 0 <= new.num_computed_tokens <= prefill:
+        fail(f"request {new.req_id!r}: bad num_computed_tokens {new.num_computed_tokens}")
+    if problems := new.sampling.problems():
+        fail(f"request {new.req_id!r}: {'; '.join(problems)}")
+    held = _check_block_ids(fail, new.req_id, new.block_ids, num_blocks, 0, max_blocks)
+    after[new.req_id] = (new.num_computed_tokens, held, prefill)
+    return ids
+
+
 def _token_ids(fail, req_id: str, token_ids: list[int], vocab_size: int) -> np.ndarray:
     """``token_ids`` (not empty) as int32, each checked to be in the
     vocabulary: at TP > 1 an id outside it would embed as zeros on every
@@ -101,7 +110,8 @@ def _token_ids(fail, req_id: str, token_ids: list[int], vocab_size: int) -> np.n
         ids = np.array(token_ids, dtype=np.int64)
     except OverflowError:
         ids = None
-    if ids is None or ids.min() < 0 or ids.max() >= vocab_size:
+    # Seen as unsigned, a negative id is above any vocabulary: one reduction.
+    if ids is None or ids.view(np.uint64).max() >= vocab_size:
         fail(f"request {req_id!r}: token ids outside the vocabulary [0, {vocab_size})")
     return ids.astype(np.int32)
 

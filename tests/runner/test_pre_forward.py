@@ -296,3 +296,25 @@ def test_step_meta_rides_in_the_staged_writes_launch_and_is_copied_alone_otherwi
             tokens.append(runner.sample_tokens().get_output().rows())
         assert tokens[0] == tokens[1]
         assert (calls["copy"], calls["upload"]) == want_calls
+
+
+def test_sampling_problems_name_every_field_out_of_range():
+    """Every check fails: each message, formatted with its value, in field
+    order; a valid request has none."""
+    bad = SamplingOptions(temperature=-1.5, top_p=0.0, top_k=-2, min_p=1.5,
+                          repetition_penalty=0.0, presence_penalty=2.5, frequency_penalty=-3.0,
+                          logprobs=-1, min_tokens=-4, prompt_logprobs=-2)
+    assert bad.problems() == [
+        "temperature must be >= 0 (0 = greedy), got -1.5",
+        "top_p must be in (0, 1], got 0.0",
+        "top_k must be >= 0 (0 or -1 = disabled), got -2",
+        "min_p must be in [0, 1], got 1.5",
+        "repetition_penalty must be > 0 (1 = off), got 0.0",
+        "presence_penalty must be in [-2, 2] (0 = off), got 2.5",
+        "frequency_penalty must be in [-2, 2] (0 = off), got -3.0",
+        "logprobs must be None or an int >= 0, got -1",
+        "min_tokens must be >= 0, got -4",
+        "prompt_logprobs must be None or an int >= 0, got -2",
+    ]
+    assert SamplingOptions(temperature=0.7, top_p=0.9, logprobs=0).problems() == []
+    assert SamplingOptions(top_p=float("nan")).problems() == ["top_p must be in (0, 1], got nan"]
