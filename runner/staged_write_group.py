@@ -138,7 +138,11 @@ def pack_entries(
         addresses.append(address)
         row_bytes.append(row_size)
         elem_bytes.append(elem_size)
-        for row, start, values in _disjoint(writes):
+        if len(writes) != 1:
+            writes = _disjoint(writes)
+        elif len(writes[0][2]) == 0:  # one write: disjoint already, unless empty
+            writes = ()
+        for row, start, values in writes:
             target_of.append(t)
             rows.append(row)
             starts.append(start)

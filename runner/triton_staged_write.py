@@ -8,7 +8,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# One compiled version serves every step: the counts vary from step to step
+# (1 or a multiple of 16 would otherwise each compile a version of their own,
+# in the middle of serving), and the offset is always a multiple of 16.
+@triton.jit(do_not_specialize=["words_offset", "num_targets", "num_writes"])
 def _grouped_writes_kernel(blob_ptr, words_offset, num_targets, num_writes,
                            BLOCK: tl.constexpr):
     """One program per write: its words to its target's row, through the
