@@ -2,7 +2,8 @@
 
 Covers: ``check_plan`` on new requests (the int32 prompts it returns, the
 ids and block ids it refuses, new requests' token counts checked after the
-cached ones); ``make_input_batch`` against a per-row Python reference, with
+cached ones); ``SamplingOptions.problems`` (hand-worked messages);
+``make_input_batch`` against a per-row Python reference, with
 and without drafts; unseeded requests' seeds (drawn ahead, the same numbers
 as one draw at a time); float rows beyond float32 without a warning; the
 prompt-logprobs slot count; the pinned ring's staging (with plain memory
