@@ -94,8 +94,18 @@ def worker_environ(rank: int, world_size: int, master_addr: str,
 
 
 def spawn_worker(module: str, args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """``python -m MODULE ARGS`` (see ``module_command``) with ``env``, stdin closed."""
-    return subprocess.Popen([*module_command(module), *args], env=env, stdin=subprocess.DEVNULL)
+    """``python -m MODULE ARGS`` (see ``module_command``) with ``env``, stdin closed.
+
+    The child starts with SIGINT blocked (the signal mask survives fork and
+    exec): a job's Ctrl-C then cannot cut the interpreter's own start-up,
+    which no handler covers, and print its traceback; ``python -m worker``
+    ignores SIGINT, then unblocks it."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return subprocess.Popen([*module_command(module), *args], env=env,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def exited_worker(procs: list[subprocess.Popen]) -> WorkerFailure | None:

@@ -235,8 +235,20 @@ def _structured_outputs(args) -> dict | None:
     return None
 
 
+def _raise_if_interrupted() -> None:
+    """Ctrl-C noted by ``_interrupt`` but swallowed on its way up (a library's
+    broad ``except`` around an import or a probe can catch the
+    KeyboardInterrupt) is raised again here, at the start of each long phase."""
+    from executor import stop_signals
+
+    if stop_signals.first() == signal.SIGINT:
+        raise KeyboardInterrupt
+
+
 def run_generate(args) -> int:
     from engine import LLM, SamplingParams
+
+    _raise_if_interrupted()
 
     params = _from_arguments(SamplingParams, temperature=args.temperature,
                              max_tokens=args.max_tokens, seed=args.sampling_seed,
@@ -253,6 +265,7 @@ def run_generate(args) -> int:
     _say(f"generate: loading {config.model} (TP={config.tensor_parallel_size}, "
          f"device {config.device}) ...")
     with LLM.from_config(config) as llm:
+        _raise_if_interrupted()
         # A prompt the engine refuses (too long, ids outside the vocabulary)
         # is the user's input: exit code 2, as for a bad option.
         outputs = _from_arguments(llm.generate, prompts=prompts, sampling_params=params,
@@ -457,7 +470,14 @@ def _interrupted(error: BaseException) -> bool:
     """Whether Ctrl-C lies behind ``error``: Python wraps an exception raised
     inside some of its own machinery (a class body's ``__set_name__`` while
     torch is imported, for one) in another, with the interrupt as its
-    cause."""
+    cause. An interrupt can also be lost on its way and leave only a
+    consequence (a C extension's import cut short, then "cannot load module
+    more than once"): once ``_interrupt`` has noted Ctrl-C, every error is
+    taken for one."""
+    from executor import stop_signals
+
+    if stop_signals.first() == signal.SIGINT:
+        return True
     seen = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, KeyboardInterrupt):

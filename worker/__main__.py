@@ -11,6 +11,9 @@ die_with_parent_from_env()  # before the heavy imports below
 # Ctrl-C in a terminal reaches the whole process group: the executor decides
 # when workers stop (a shutdown call, or its own death), not the keyboard.
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+# Blocked since the executor spawned this process (executor/multiproc.py:
+# spawn_worker); ignored now, so a Ctrl-C pending meanwhile is dropped.
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 from worker.daemon import main  # noqa: E402
 

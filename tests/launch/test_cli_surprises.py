@@ -44,7 +44,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     out, err = proc.communicate(timeout=60)
     took = time.monotonic() - sent
     assert proc.returncode == 130, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err, err
     *before, last = err.splitlines()
     assert last == "tprun: interrupted"
     assert all(line.startswith("tprun generate:") for line in before), err
@@ -74,6 +74,30 @@ def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys,
         assert cli.main([]) == 130
     finally:
         signal.signal(signal.SIGINT, handler)
+    assert capsys.readouterr().err == "tprun: interrupted\n"
+
+
+def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C landing in a C extension's import: some library catches the
+    KeyboardInterrupt, and what surfaces is a later ImportError with no
+    interrupt in its chain."""
+    from executor import stop_signals
+    from launch import cli
+
+    def run(_argv):
+        try:
+            cli._interrupt(signal.SIGINT, None)  # what the signal does
+        except KeyboardInterrupt:
+            pass  # a library's broad except
+        raise ImportError("cannot load module more than once per process")
+
+    monkeypatch.setattr(cli, "_main", run)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main([]) == 130
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        stop_signals.reset()
     assert capsys.readouterr().err == "tprun: interrupted\n"
 
 
