@@ -64,6 +64,16 @@ def choose_num_splits(
     return splits if splits >= 2 else 1
 
 
+def wide_decode_grid(num_tokens: int, num_kv_heads: int, head_dim: int, num_sms: int) -> bool:
+    """Whether a uniform decode batch's grid (a program per token and KV
+    head) takes ``tile_config``'s ``wide`` tiles: from two programs an SM
+    for heads of 128 dimensions or more, from three for narrower heads,
+    where the A/B in benchmarks/results/README.md found them winning (below
+    one program an SM, ``choose_num_splits`` splits the grid instead)."""
+    per_sm = 2 if head_dim >= 128 else 3
+    return num_tokens * num_kv_heads >= per_sm * num_sms
+
+
 def tile_config(max_query_len: int, nqpk: int, head_dim: int,
                 split: bool = False, wide: bool = False) -> dict[str, int]:
     """Kernel tile sizes for a batch: BLOCK_M rows (tokens x heads), TILE_N keys.
@@ -73,9 +83,9 @@ def tile_config(max_query_len: int, nqpk: int, head_dim: int,
     prefill chunks use 64 rows to reuse each K/V tile. A ``split`` decode
     batch (few rows, each split a short run of keys) takes 64-key tiles on
     two warps: a program reaches its first tile sooner, and twice as many
-    programs fit on an SM. So does a ``wide`` decode batch (a grid of at
-    least three programs an SM), three stages deep: the SMs then hold several
-    programs' loads in flight at once. ``benchmarks/bench_attention.py
+    programs fit on an SM. So does a ``wide`` decode batch (a grid of several
+    programs an SM: ``wide_decode_grid``), three stages deep: the SMs then
+    hold several programs' loads in flight at once. ``benchmarks/bench_attention.py
     --sweep`` compares the alternatives.
     """
     rows = nqpk * max(1, min(max_query_len, 64))
@@ -168,7 +178,8 @@ class TritonAttentionBackend:
             return out
         num_kv_heads = kv_cache.shape[3]
         num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
-        wide = attn.uniform_decode and num_tokens * num_kv_heads >= 3 * num_sms(q.device)
+        wide = attn.uniform_decode and wide_decode_grid(num_tokens, num_kv_heads, head_dim,
+                                                        num_sms(q.device))
         config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim,
                              split=num_splits > 1, wide=wide)
         # Sized on every launch, split or not: the eager warm-up before a

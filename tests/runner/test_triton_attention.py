@@ -18,6 +18,7 @@ from runner.attention.triton_attn import (
     TritonAttentionBackend,
     choose_num_splits,
     tile_config,
+    wide_decode_grid,
 )
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import SplitPartials
@@ -186,6 +187,16 @@ def test_choose_num_splits():
     assert choose_num_splits(32, 8, 1, 32768, 132) == 1
     assert choose_num_splits(1, 8, MAX_SPLIT_QUERY_LEN + 1, 32768, 132) == 1
     assert choose_num_splits(0, 8, 1, 32768, 132) == 1
+
+
+def test_wide_decode_grid():
+    """Wide tiles from two programs an SM for 128-wide heads, from three for
+    narrower ones (132 SMs, 8 KV heads: 33 and 50 rows)."""
+    assert not wide_decode_grid(32, 8, 128, 132)
+    assert wide_decode_grid(33, 8, 128, 132)
+    assert wide_decode_grid(33, 4, 256, 66)
+    assert not wide_decode_grid(49, 8, 64, 132)
+    assert wide_decode_grid(50, 8, 64, 132)
 
 
 @pytest.mark.parametrize("nqpk", [1, 3, 4, 8, 32])
