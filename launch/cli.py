@@ -235,13 +235,19 @@ def _structured_outputs(args) -> dict | None:
     return None
 
 
-def _raise_if_interrupted() -> None:
-    """Ctrl-C noted by ``_interrupt`` but swallowed on its way up (a library's
-    broad ``except`` around an import or a probe can catch the
-    KeyboardInterrupt) is raised again here, at the start of each long phase."""
+def _ctrl_c_noted() -> bool:
+    """``_interrupt`` has run: Ctrl-C reached this process, whether or not its
+    KeyboardInterrupt made it up the stack."""
     from executor import stop_signals
 
-    if stop_signals.first() == signal.SIGINT:
+    return stop_signals.first() == signal.SIGINT
+
+
+def _raise_if_interrupted() -> None:
+    """Ctrl-C noted but swallowed on its way up (a library's broad ``except``
+    around an import or a probe can catch the KeyboardInterrupt) is raised
+    again here, at the start of each long phase."""
+    if _ctrl_c_noted():
         raise KeyboardInterrupt
 
 
@@ -474,9 +480,7 @@ def _interrupted(error: BaseException) -> bool:
     consequence (a C extension's import cut short, then "cannot load module
     more than once"): once ``_interrupt`` has noted Ctrl-C, every error is
     taken for one."""
-    from executor import stop_signals
-
-    if stop_signals.first() == signal.SIGINT:
+    if _ctrl_c_noted():
         return True
     seen = set()
     while error is not None and id(error) not in seen:
