@@ -3,6 +3,7 @@
     python -m benchmarks.bench_attention [--out benchmarks/results/attention.json]
     python -m benchmarks.bench_attention --prefill-only --backend all
     python -m benchmarks.bench_attention --smoke      # tiny shapes; runs on CPU too
+    python -m benchmarks.bench_attention --tune-decode  # runner/attention/tuned_decode.py
 
 Shapes (CUDA): Llama-3-8B heads (32 query heads, 8 KV heads, head dim 128), bf16,
 block size 16. Decode: batch x context with one query token per request; prefill:
@@ -54,6 +55,7 @@ from runner.attention.triton_attn import (  # noqa: E402
     TritonAttentionBackend,
     choose_num_splits,
     tile_config,
+    wide_decode_grid,
 )
 from runner.attention.triton_kv_write import write_kv_cache  # noqa: E402
 from runner.attention.triton_split_merge import SplitPartials  # noqa: E402
@@ -324,6 +326,80 @@ def sweep(heads, block_size, dtype, device, smoke, with_decode=True):
     return rows
 
 
+# Decode launches --tune-decode tries: (splits) x (key tile, warps, stages).
+TUNE_SPLITS = (1, 2, 3, 4, 8, 16, 32)
+TUNE_TILES = ((32, 2, 2), (32, 2, 3), (64, 2, 2), (64, 2, 3), (64, 4, 3), (128, 4, 2), (128, 4, 3))
+TUNE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+TUNE_CONTEXTS = (512, 4096)
+TUNE_HEADS = ((32, 8, 128), (32, 8, 64))  # Llama-3.1-8B and Llama-3.2-1B at TP=1
+
+
+def _time_launch(q, kv_cache, attn, launch, device, reps):
+    """ms of one attention launch (``launch``: a tile config with its num_splits)."""
+    config = dict(launch)
+    splits = config.pop("num_splits")
+    return time_ms(attention_only(q, kv_cache, attn, splits, config), device, reps)
+
+
+def tune_decode(block_size, dtype, device, smoke):
+    """Every decode launch of TUNE_SPLITS x TUNE_TILES (splits up to eight
+    programs an SM) for each head shape and batch at both contexts, attention
+    alone as graph replays (contiguous block tables, as a fresh cache hands
+    out). Each context's five fastest and the rules' launch are timed twice
+    more and keep their best. A launch's score is its time over the context's
+    best, summed over the contexts; the lowest score wins and is printed as a
+    ``TUNED_DECODE`` line. Returns the rows."""
+    heads_list, batches, contexts = TUNE_HEADS, TUNE_BATCHES, TUNE_CONTEXTS
+    if smoke:
+        heads_list, batches, contexts = ((4, 2, 64),), (1, 2), (64, 200)
+    sms = num_sms(torch.device(device))
+    rows = []
+    for heads in heads_list:
+        num_q_heads, num_kv_heads, head_dim = heads
+        nqpk = num_q_heads // num_kv_heads
+        for batch in batches:
+            rules_splits = choose_num_splits(batch, num_kv_heads, 1, 1 << 30, sms)
+            rules = {**tile_config(1, nqpk, head_dim, split=rules_splits > 1,
+                                   wide=wide_decode_grid(batch, num_kv_heads, head_dim, sms)),
+                     "num_splits": rules_splits}
+            launches = {"rules": rules}
+            for splits in TUNE_SPLITS:
+                if splits > 1 and batch * num_kv_heads * splits > 8 * sms:
+                    continue
+                for tile_n, warps, stages in TUNE_TILES:
+                    launches[f"{splits}/{tile_n}/{warps}/{stages}"] = {
+                        **tile_config(1, nqpk, head_dim), "tile_n": tile_n, "num_warps": warps,
+                        "num_stages": stages, "num_splits": splits}
+            times = {}
+            for context in contexts:
+                case = paged_case(batch, context, 1, heads, block_size, dtype, device)
+                q, kv_cache, attn = case[0], case[3], case[4]
+                blocks = kv_cache.shape[1]
+                attn.block_tables.copy_(torch.arange(blocks, device=device, dtype=torch.int32)
+                                        .view(attn.block_tables.shape))
+                first = {name: _time_launch(q, kv_cache, attn, launch, device, 10)
+                         for name, launch in launches.items()}
+                again = dict.fromkeys(["rules", *sorted(first, key=first.get)[:5]])
+                times[context] = {**first, **{
+                    name: min(first[name], *(_time_launch(q, kv_cache, attn, launches[name],
+                                                          device, 20) for _ in range(2)))
+                    for name in again}}
+                del case, q, kv_cache, attn
+            score = {name: sum(times[c][name] / min(times[c].values()) for c in contexts)
+                     for name in launches}
+            winner = min(score, key=score.get)
+            launch = launches[winner]
+            print(f"    ({head_dim}, {nqpk}, {num_kv_heads}, {batch}): DecodeLaunch("
+                  f"{launch['num_splits']}, {launch['tile_n']}, {launch['num_warps']}, "
+                  f"{launch['num_stages']}),  # us at {'/'.join(map(str, contexts))}: "
+                  + "/".join(f"{times[c][winner] * 1e3:.2f}" for c in contexts) + ", rules "
+                  + "/".join(f"{times[c]['rules'] * 1e3:.2f}" for c in contexts))
+            rows.append({"heads": heads, "batch": batch, "winner": launch,
+                         "rules": rules, "score": score,
+                         "ms": {str(c): times[c] for c in contexts}})
+    return rows
+
+
 def fits(batch, context, heads, block_size, dtype, device) -> bool:
     """Paged cache + dense SDPA copies, with headroom, must fit in free memory."""
     if device != "cuda":
@@ -347,6 +423,8 @@ def main() -> None:
                         help="backend of the prefill rows (all: one row each)")
     parser.add_argument("--prefill-only", action="store_true",
                         help="skip the decode rows (of the sweep too)")
+    parser.add_argument("--tune-decode", action="store_true",
+                        help="only time decode launches for runner/attention/tuned_decode.py")
     parser.add_argument("--prefill-kernels", nargs="+", choices=("varlen", "sdpa"),
                         help="time triton_flash_prefill once per kernel named here "
                              "(default: once, with the kernel it picks)")
@@ -364,6 +442,13 @@ def main() -> None:
         decode = [(b, c) for b in (1, 8, 32, 128, 256) for c in (512, 2048, 8192, 32768)]
         prefill = [(1, 4096, 0), (4, 1024, 0), (1, 8192, 0), (1, 4096, 4096)]
 
+    if args.tune_decode:
+        emit_summary({"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                      "dtype": str(dtype).removeprefix("torch."), "block_size": args.block_size,
+                      "torch": torch.__version__,
+                      "tune_decode": tune_decode(args.block_size, dtype, device, args.smoke)},
+                     args.out)
+        return
     backends = PREFILL_BACKENDS if args.backend == "all" else (args.backend,)
     if args.prefill_kernels and "triton_flash_prefill" in backends:
         backends = [b for b in backends if b != "triton_flash_prefill"]

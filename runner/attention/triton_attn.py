@@ -27,6 +27,7 @@ from runner.attention.metadata import AttentionMetadata, leading_rows
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import SplitPartials
 from runner.attention.triton_unified import launch_paged_attention, split_counters_needed
+from runner.attention.tuned_decode import DecodeLaunch, tuned_decode_launch
 from runner.ops import device_ops, is_capturing, num_sms
 from runner.ticket_counters import TicketCounters
 
@@ -177,11 +178,18 @@ class TritonAttentionBackend:
         if num_tokens == 0:
             return out
         num_kv_heads = kv_cache.shape[3]
-        num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
-        wide = attn.uniform_decode and wide_decode_grid(num_tokens, num_kv_heads, head_dim,
-                                                        num_sms(q.device))
-        config = tile_config(attn.max_query_len, num_q_heads // num_kv_heads, head_dim,
-                             split=num_splits > 1, wide=wide)
+        nqpk = num_q_heads // num_kv_heads
+        tuned = self._tuned_decode(q, attn, nqpk, num_kv_heads, sliding_window)
+        if tuned is not None:
+            num_splits = tuned.num_splits
+            config = {**tile_config(1, nqpk, head_dim), "tile_n": tuned.tile_n,
+                      "num_warps": tuned.num_warps, "num_stages": tuned.num_stages}
+        else:
+            num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
+            wide = attn.uniform_decode and wide_decode_grid(num_tokens, num_kv_heads, head_dim,
+                                                            num_sms(q.device))
+            config = tile_config(attn.max_query_len, nqpk, head_dim,
+                                 split=num_splits > 1, wide=wide)
         # Sized on every launch, split or not: the eager warm-up before a
         # graph capture then sizes them for the capture, which may split
         # where the warm-up did not.
@@ -249,6 +257,19 @@ class TritonAttentionBackend:
         for token, o in runs:
             out[token: token + o.shape[0]] = o
         return out
+
+    def _tuned_decode(self, q: torch.Tensor, attn: AttentionMetadata, nqpk: int,
+                      num_kv_heads: int, sliding_window: int | None) -> DecodeLaunch | None:
+        """``tuned_decode_launch`` for a uniform decode batch of a 16-bit
+        cache without a window, unless the split count is forced."""
+        if (not attn.uniform_decode or self.num_splits is not None
+                or sliding_window is not None or q.element_size() != 2):
+            return None
+        launch = tuned_decode_launch(q.shape[2], nqpk, num_kv_heads, q.shape[0],
+                                     num_sms(q.device))
+        if launch is None or launch.num_splits > self.max_splits:
+            return None
+        return launch
 
     def _num_splits(self, attn: AttentionMetadata, num_kv_heads: int, device,
                     sliding_window: int | None) -> int:

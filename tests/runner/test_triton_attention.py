@@ -15,6 +15,7 @@ import torch
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.triton_attn import (
     MAX_SPLIT_QUERY_LEN,
+    MAX_SPLITS,
     TritonAttentionBackend,
     choose_num_splits,
     tile_config,
@@ -23,6 +24,7 @@ from runner.attention.triton_attn import (
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import SplitPartials
 from runner.attention.triton_unified import launch_paged_attention
+from runner.attention.tuned_decode import TUNED_DECODE, TUNED_NUM_SMS, tuned_decode_launch
 from runner.ticket_counters import TicketCounters
 from tests.helpers.attention_oracle import (
     MIXED_QUERY_LENS,
@@ -370,3 +372,43 @@ def test_split_counters_grow_and_keep_what_they_outgrew():
     grown = counters.at_least(first.numel() + 1, torch.device("cpu"))
     assert grown.numel() > first.numel() and (grown == 0).all()
     assert any(old is first for old in counters._outgrown)  # a captured graph may point at it
+
+
+def test_tuned_decode_launch_lookup():
+    """An entry serves the batches above the next smaller listed size up to
+    its own; None entries, other devices, other shapes and larger batches
+    keep the rules."""
+    assert tuned_decode_launch(64, 4, 8, 3, 132) == TUNED_DECODE[(64, 4, 8, 4)]
+    assert tuned_decode_launch(128, 4, 8, 5, 132) == TUNED_DECODE[(128, 4, 8, 8)]
+    assert tuned_decode_launch(128, 4, 8, 32, 132) == TUNED_DECODE[(128, 4, 8, 32)]
+    for rules in ((128, 4, 8, 1, 132), (128, 4, 8, 4, 132), (128, 4, 8, 33, 132),
+                  (128, 4, 8, 65, 132), (128, 4, 8, 8, 108), (128, 4, 4, 8, 132),
+                  (64, 4, 8, 65, 132)):
+        assert tuned_decode_launch(*rules) is None
+    for launch in TUNED_DECODE.values():
+        assert launch is None or (1 <= launch.num_splits <= MAX_SPLITS
+                                  and launch.tile_n in (32, 64, 128))
+
+
+@pytest.mark.parametrize("head_dim,seq_lens,entry", [(64, [40, 130], 2), (128, [1, 90, 200, 17, 64], 8)])
+def test_tuned_decode_batch_matches_oracle(monkeypatch, head_dim, seq_lens, entry):
+    """A half-precision uniform decode batch of a tuned shape (8 KV heads,
+    4 query heads each) launches with its table entry and matches the
+    oracle (float16: the interpreter on CPU computes bfloat16 wrongly)."""
+    import runner.attention.triton_attn as triton_attn
+
+    launches = []
+
+    def spy(*args, **kwargs):
+        partials = args[-1]
+        launches.append((1 if partials is None else partials.acc.shape[2], kwargs["tile_n"],
+                         kwargs["num_warps"], kwargs["num_stages"]))
+        return launch_paged_attention(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attn, "launch_paged_attention", spy)
+    monkeypatch.setattr(triton_attn, "num_sms", lambda device: TUNED_NUM_SMS)
+    batch = make_batch(31, [1] * len(seq_lens), seq_lens, block_size=16, head_dim=head_dim,
+                       num_q_heads=32, num_kv_heads=8, dtype=torch.float16)
+    out = run_and_check(batch, TritonAttentionBackend(), atol=2e-2, rtol=2e-2)
+    assert launches == [tuple(TUNED_DECODE[(head_dim, 4, 8, entry)])]
+    assert torch.isfinite(out).all()
