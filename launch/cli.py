@@ -296,6 +296,7 @@ def run_serve(args) -> int:
     from ipc.auth import new_secret
     from serving.endpoint import Endpoint, EngineServer, exposure_warning
 
+    _raise_if_interrupted()
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
                             log_stats_interval_s=args.log_stats_interval)
     if not args.disable_log_stats:
@@ -338,6 +339,7 @@ def run_serve(args) -> int:
         print(f"tprun serve: OpenAI-compatible HTTP server ready on {http_server.url} "
               f"(model {args.model!r})", flush=True)
     try:
+        _raise_if_interrupted()  # swallowed while the engine started: stop before serving
         server.serve()
     finally:
         http_stopped = http_server is None or http_server.stop()

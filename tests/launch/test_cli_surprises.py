@@ -215,3 +215,50 @@ def test_serve_on_a_busy_http_port_fails_before_loading(tmp_path):
     assert "engine ready" not in result.stderr  # nothing was loaded
     assert time.monotonic() - started < 30
     assert leftovers == []
+
+
+def test_ctrl_c_swallowed_while_serve_starts_stops_before_serving(monkeypatch, capsys):
+    """Ctrl-C caught by a library while the engine starts: serve does not
+    begin serving; it stops the server and the engine, and exits 130 with
+    one line."""
+    import engine.llm_engine
+    import serving.endpoint
+    from executor import stop_signals
+    from launch import cli
+
+    events = []
+
+    class Engine:
+        def __init__(self, config):
+            try:
+                cli._interrupt(signal.SIGINT, None)  # what the signal does
+            except KeyboardInterrupt:
+                pass  # a library's broad except
+            events.append("engine started")
+
+        def shutdown(self):
+            events.append("engine shut down")
+
+    class Server:
+        address, key_file = "ipc://test", "key"
+
+        def __init__(self, engine, endpoint, endpoint_file, secret):
+            pass
+
+        def serve(self):
+            events.append("served")
+
+        def close(self, term_context):
+            events.append("server closed")
+
+    monkeypatch.setattr(engine.llm_engine, "LLMEngine", Engine)
+    monkeypatch.setattr(serving.endpoint, "EngineServer", Server)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 130
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        stop_signals.reset()
+    assert events == ["engine started", "server closed", "engine shut down"]
+    assert capsys.readouterr().err.endswith("tprun: interrupted\n")
