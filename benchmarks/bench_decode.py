@@ -10,7 +10,10 @@
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
 random weights (``load_format="dummy"``). Requests enter with their
 context already counted as computed (the KV values are whatever the cache
-holds: the timing does not depend on them), then decode ``--steps`` steps.
+holds: the timing does not depend on them), then decode: a few untimed
+steps, then ``--rounds`` timed rounds of ``--steps`` steps; the row's step
+time is the rounds' median (all of them in ``step_ms_rounds``), so a round
+that the device's clocks or a neighbour slowed does not decide it.
 
 Floor of a step (benchmarks/floor.py): the bytes a step must read (every
 weight once but the embedding table, of which one row per token, plus the
@@ -298,9 +301,20 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--peer runs one device: not under torchrun")
 
 
+ROW_WARMUP = 5  # untimed steps before a row's rounds
+IDLE_RUN_STEPS = 10  # steps of each of the four --idle measurements
+
+
+def plain_row_steps(args) -> int:
+    """Decode steps a plain row's requests run: warm-up, the timed rounds,
+    the --idle measurements and the step that feeds the last token."""
+    return ROW_WARMUP + args.rounds * args.steps + 4 * IDLE_RUN_STEPS + 1
+
+
 def blocks_for(batch: int, context: int, steps: int, block_size: int) -> int:
-    """KV blocks a row's requests take (context, warm-up and timed steps)."""
-    return batch * -(-(context + 2 * steps + 36) // block_size)
+    """KV blocks a row's requests take: the context, ``steps`` tokens more
+    and a margin for a speculative step's lookahead."""
+    return batch * -(-(context + steps + 36) // block_size)
 
 
 def main() -> None:
@@ -311,6 +325,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timed rounds of --steps steps a row; its step time is their median")
     parser.add_argument("--peer", action="store_true",
                         help="also time the torch.compile'd peer decoder on every row")
     parser.add_argument("--bandwidth-mib", type=int, default=4096,
@@ -368,7 +384,8 @@ def run_benchmark(args, model_dir: str) -> None:
     runner_ops.PDL_ENABLED = not args.no_pdl  # before any kernel is captured
     bandwidth = floor.measure_bandwidth(device, args.bandwidth_mib << 20)
     q_max = 1 + max(args.spec_tokens, default=0)
-    max_len = max(args.contexts) + (args.steps + SPEC_WARMUP + 1) * q_max + 64
+    max_len = max(args.contexts) + max(plain_row_steps(args),
+                                       (args.steps + SPEC_WARMUP + 1) * q_max) + 64
     engine_config = EngineConfig(
         model=model_dir, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches),
         max_model_len=max_len, max_num_batched_tokens=max(2048, max(args.batches) * q_max),
@@ -380,9 +397,9 @@ def run_benchmark(args, model_dir: str) -> None:
         use_cublas_everywhere(runner.model)
     # Only the blocks the largest row takes, so the peer has room beside them.
     replay_steps = (args.steps + SPEC_WARMUP + 1) * (1 + max(args.spec_tokens, default=0))
-    row_steps = max(args.steps, replay_steps if args.spec_proposer == "replay" else 0)
-    needed = max(blocks_for(b, c, row_steps if args.spec_tokens else args.steps,
-                            config.block_size)
+    row_steps = max(plain_row_steps(args),
+                    replay_steps if args.spec_tokens and args.spec_proposer == "replay" else 0)
+    needed = max(blocks_for(b, c, row_steps, config.block_size)
                  for b in args.batches for c in args.contexts)
     num_blocks = agreed_num_blocks(min(runner.determine_num_blocks(), needed), device)
     start = time.perf_counter()
@@ -396,28 +413,31 @@ def run_benchmark(args, model_dir: str) -> None:
     results, replay = [], {}
     for context in args.contexts:
         for batch in args.batches:
-            blocks_needed = blocks_for(batch, context, row_steps if args.spec_tokens else args.steps,
-                                       config.block_size)
+            blocks_needed = blocks_for(batch, context, row_steps, config.block_size)
             row = {"shape": args.shape, "batch": batch, "context": context}
             if blocks_needed > num_blocks:
                 row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
                 results.append(row)
                 continue
             driver = DecodeDriver(runner)
-            driver.start(batch, context, 2 * args.steps + 28)
-            driver.run(5, overlap=True)  # warm-up
-            step_s = driver.run(args.steps, overlap=True)
+            driver.start(batch, context, plain_row_steps(args))
+            driver.run(ROW_WARMUP, overlap=True)
+            rounds = [driver.run(args.steps, overlap=True) for _ in range(args.rounds)]
+            step_s = statistics.median(rounds)
             weights = floor.decode_weight_bytes(params, model.embed_tokens.weight,
                                                 model.lm_head.weight, batch)
             row.update(step_ms=round(step_s * 1e3, 4),
+                       step_ms_rounds=[round(r * 1e3, 4) for r in rounds],
                        **floor.decode_floor(weights, kv_per_token, batch, context, bandwidth))
             row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
                        floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1))
             if args.idle:
-                row["idle_sync"] = gpu_idle_fraction(driver, 10, overlap=False)
-                row["idle_async"] = gpu_idle_fraction(driver, 10, overlap=True)
-                row["between_steps_sync"] = idle_between_steps(driver, 10, overlap=False)
-                row["between_steps_async"] = idle_between_steps(driver, 10, overlap=True)
+                row["idle_sync"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=False)
+                row["idle_async"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=True)
+                row["between_steps_sync"] = idle_between_steps(driver, IDLE_RUN_STEPS,
+                                                               overlap=False)
+                row["between_steps_async"] = idle_between_steps(driver, IDLE_RUN_STEPS,
+                                                                overlap=True)
             driver.finish()
             if peer is not None:
                 row.update(peer_fields(peer, batch, context, args.steps, device, step_s,

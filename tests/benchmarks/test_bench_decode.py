@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 
 import pytest
@@ -45,6 +46,9 @@ def check_floor(row: dict) -> None:
     assert row["floor_ms"] == pytest.approx(read / (row["floor_GBps"] * 1e6), rel=2e-3,
                                             abs=5e-5)
     assert row["ratio_to_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=1e-2)
+    # The step time is the median of the row's timed rounds (--rounds, 3).
+    assert len(row["step_ms_rounds"]) == 3
+    assert row["step_ms"] == statistics.median(row["step_ms_rounds"])
 
 
 @pytest.mark.slow
