@@ -33,6 +33,12 @@ two ways: ``between_steps_*`` from CUDA events at each step's start and end
 profiler (every gap, including the launch gaps between kernels inside a
 step). Prints a JSON summary last.
 
+Every row is checked: CHECK_STEPS greedy steps as timed (graph replays
+where captured) against the same steps run eagerly (the graphs set aside),
+each from the same random KV cache, must give the same tokens
+(``eager_check``); a row that does not is named in the summary's
+``problems`` and the exit code is 1.
+
 ``--spec-tokens K ...`` also times, after the plain rows, a speculative
 runner per k (same weights) decoding 1 + k query tokens a request
 (benchmarks/spec_rows.py): each row gets ``spec[k]`` with the step time,
@@ -51,6 +57,7 @@ Rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -302,6 +309,37 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
 
 
 ROW_WARMUP = 5  # untimed steps before a row's rounds
+CHECK_STEPS = 8  # steps of a row's check against eager steps
+
+
+@contextlib.contextmanager
+def graphs_set_aside(runner: ModelRunner):
+    """Every step inside runs eagerly: the runner's captured graphs are set
+    aside meanwhile (its step then finds none to replay)."""
+    managers = [m for m in (runner.graphs, runner.plain_graphs, runner.prefill_graphs)
+                if m is not None]
+    captured = [m.graphs for m in managers]
+    for m in managers:
+        m.graphs = {}
+    try:
+        yield
+    finally:
+        for m, graphs in zip(managers, captured):
+            m.graphs = graphs
+
+
+def eager_check(runner: ModelRunner, batch: int, context: int) -> dict:
+    """The row's greedy tokens over CHECK_STEPS steps as timed (graph
+    replays where captured) against the same steps run eagerly, each from
+    the same random KV cache."""
+    def tokens():
+        return greedy_tokens(DecodeDriver(runner), runner, batch, context, CHECK_STEPS,
+                             kv_seed=batch + context)
+
+    timed = tokens()
+    with graphs_set_aside(runner):
+        eager = tokens()
+    return {"steps": CHECK_STEPS, "tokens_equal": timed == eager}
 IDLE_RUN_STEPS = 10  # steps of each of the four --idle measurements
 
 
@@ -317,7 +355,7 @@ def blocks_for(batch: int, context: int, steps: int, block_size: int) -> int:
     return batch * -(-(context + steps + 36) // block_size)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shape", default="8b", choices=sorted(SHAPES))
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -357,7 +395,7 @@ def main() -> None:
     args = parser.parse_args()
     check_args(parser, args)
     with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
-        run_benchmark(args, write_shape(args.shape, shape_dir))
+        return run_benchmark(args, write_shape(args.shape, shape_dir))
 
 
 def use_cublas_everywhere(model: torch.nn.Module) -> None:
@@ -377,8 +415,10 @@ def use_cublas_everywhere(model: torch.nn.Module) -> None:
             module.ops = dataclasses.replace(module.ops, **replacements)
 
 
-def run_benchmark(args, model_dir: str) -> None:
-    """Every row of the sweep, then the summary (rank 0 prints it)."""
+def run_benchmark(args, model_dir: str) -> int:
+    """Every row of the sweep, then the summary (rank 0 prints it); 1 if a
+    row's timed tokens differ from eager steps' (the summary's
+    ``problems``), else 0."""
     device = init_device(args.device)
     rank = dist.get_rank() if dist.is_initialized() else 0
     runner_ops.PDL_ENABLED = not args.no_pdl  # before any kernel is captured
@@ -442,6 +482,7 @@ def run_benchmark(args, model_dir: str) -> None:
             if peer is not None:
                 row.update(peer_fields(peer, batch, context, args.steps, device, step_s,
                                        row["floor_ms"]))
+            row["eager_check"] = eager_check(runner, batch, context)
             if args.spec_tokens and args.spec_proposer == "replay":
                 replay[batch, context] = greedy_tokens(
                     DecodeDriver(runner), runner, batch, context, replay_steps)
@@ -469,6 +510,9 @@ def run_benchmark(args, model_dir: str) -> None:
         "pdl": runner_ops.launch_pdl(device),
         "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
+        "problems": [f"batch {r['batch']} x {r['context']}: the timed steps' tokens differ "
+                     "from eager steps'" for r in results
+                     if not r.get("eager_check", {"tokens_equal": True})["tokens_equal"]],
     }
     if peer is not None:
         summary["peer"] = {"model": "benchmarks/peer_decoder.py", "torch": torch.__version__,
@@ -480,6 +524,7 @@ def run_benchmark(args, model_dir: str) -> None:
         emit_summary(summary, args.out)
     if dist.is_initialized():
         dist.destroy_process_group()
+    return 1 if summary["problems"] else 0
 
 
 SPEC_WARMUP = 5
@@ -552,4 +597,4 @@ FLOOR_METHOD = ("bytes read per step (weights except the embedding table, one em
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -99,10 +99,22 @@ def zero_kv(runner: ModelRunner) -> None:
         cache.zero_()
 
 
-def greedy_tokens(driver, runner: ModelRunner, batch: int, context: int, steps: int) -> list:
+def random_kv(runner: ModelRunner, seed: int) -> None:
+    """Every KV cache filled with standard normal values from ``seed``."""
+    generator = torch.Generator(runner.device).manual_seed(seed)
+    for cache in runner.kv_caches:
+        cache.normal_(generator=generator)
+
+
+def greedy_tokens(driver, runner: ModelRunner, batch: int, context: int, steps: int,
+                  kv_seed: int | None = None) -> list:
     """The plain greedy tokens of ``batch`` requests, positions ``context``
-    .. ``context + steps - 1`` (one list per request), from a zeroed cache."""
-    zero_kv(runner)
+    .. ``context + steps - 1`` (one list per request), from a zeroed cache
+    or, with ``kv_seed``, one of random values (``random_kv``)."""
+    if kv_seed is None:
+        zero_kv(runner)
+    else:
+        random_kv(runner, kv_seed)
     driver.start(batch, context, steps + 2)
     tokens = [[] for _ in range(batch)]
     for _ in range(steps):

@@ -10,9 +10,11 @@ Host synchronisation: none. Grids and tile choices come from host ints only
 sequence lengths, block tables and query offsets are read on the device. For a
 pure-decode batch of a given padded size every grid is fixed, so forward() can be
 captured in a CUDA graph and replayed with other seq_lens and block tables. The
-split choice is the one heuristic input that depends on max_seq_len; while a
-CUDA graph is being captured it assumes long contexts (short ones stay correct,
-their surplus splits are simply empty). The splits' counters persist
+split choice is the one heuristic input that depends on max_seq_len; a
+uniform decode batch (what the decode graphs capture) and any capture assume
+long contexts (short ones stay correct, their surplus splits are simply
+empty), so a decode step sums in the same order whether it replays a graph
+or runs eagerly: its tokens do not depend on which. The splits' counters persist
 (``TicketCounters``): every launch leaves them zero, so a replay needs no
 memset.
 """
@@ -275,7 +277,8 @@ class TritonAttentionBackend:
                     sliding_window: int | None) -> int:
         if self.num_splits is not None:
             return self.num_splits
-        max_seq_len = 1 << 30 if is_capturing(device) else attn.max_seq_len
+        long = attn.uniform_decode or is_capturing(device)
+        max_seq_len = 1 << 30 if long else attn.max_seq_len
         if sliding_window is not None:  # no query sees more keys than the window
             max_seq_len = min(max_seq_len, sliding_window)
         return choose_num_splits(

@@ -64,6 +64,8 @@ def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
     (row,) = summary["results"]
     assert (row["batch"], row["context"], row["floor_GBps"]) == (2, 24, bandwidth["used_GBps"])
     check_floor(row)
+    assert row["eager_check"] == {"steps": 8, "tokens_equal": True}
+    assert summary["problems"] == []
     assert row["peer_step_ms"] > 0
     assert row["tprun_to_peer"] == pytest.approx(row["step_ms"] / row["peer_step_ms"], rel=1e-2,
                                                 abs=5e-4)
@@ -129,3 +131,28 @@ def test_spec_rows_verify_cost_and_replay_acceptance(tmp_path):
         assert spec["verify_cost"] == pytest.approx(spec["step_ms"] / rows[accept]["step_ms"],
                                                     rel=1e-2)
         assert spec["ms_per_output_token"] == pytest.approx(spec["step_ms"] / want, rel=1e-2)
+
+
+def test_eager_check_compares_graph_steps_with_eager_ones(tmp_path, monkeypatch):
+    """The row check: replays of the (emulated) decode graphs give the eager
+    steps' tokens; a replay that returns other logits is caught, and the
+    graphs are back in place after each eager run."""
+    from benchmarks.bench_decode import eager_check
+    from checkpoint.tiny_model import ensure_tiny_model
+    from tests.helpers.runner_steps import make_runner
+
+    runner = make_runner(ensure_tiny_model(str(tmp_path)), emulate_graphs=True)
+    graphs = runner.graphs
+    assert eager_check(runner, batch=3, context=20) == {"steps": 8, "tokens_equal": True}
+    assert runner.graphs is graphs and graphs.graphs
+
+    replay = graphs.replay
+
+    def shifted(size):  # every row's logits rolled by one token
+        tensors = replay(size)
+        tensors.logits.copy_(tensors.logits.roll(1, dims=-1))
+        return tensors
+
+    monkeypatch.setattr(graphs, "replay", shifted)
+    assert eager_check(runner, batch=3, context=20) == {"steps": 8, "tokens_equal": False}
+    assert runner.graphs is graphs and graphs.graphs

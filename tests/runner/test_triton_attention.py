@@ -412,3 +412,27 @@ def test_tuned_decode_batch_matches_oracle(monkeypatch, head_dim, seq_lens, entr
     out = run_and_check(batch, TritonAttentionBackend(), atol=2e-2, rtol=2e-2)
     assert launches == [tuple(TUNED_DECODE[(head_dim, 4, 8, entry)])]
     assert torch.isfinite(out).all()
+
+
+def test_uniform_decode_splits_as_its_graph_does(monkeypatch):
+    """An eager uniform decode batch splits as a capture would (long contexts
+    assumed), so replayed and eager decode steps sum in the same order; a
+    mixed batch with the same short rows takes the split its lengths give."""
+    import runner.attention.triton_attn as triton_attn
+
+    splits = []
+
+    def spy(*args, **kwargs):
+        partials = args[-1]
+        splits.append(1 if partials is None else partials.acc.shape[2])
+        return launch_paged_attention(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attn, "launch_paged_attention", spy)
+    decode = make_batch(41, [1, 1], [40, 90], head_dim=32, num_q_heads=4, num_kv_heads=2)
+    assert decode.attn.uniform_decode
+    run_and_check(decode, TritonAttentionBackend(), atol=1e-4)
+    mixed = make_batch(42, [1, 3], [40, 90], head_dim=32, num_q_heads=4, num_kv_heads=2)
+    run_and_check(mixed, TritonAttentionBackend(), atol=1e-4)
+    sms = triton_attn.num_sms(decode.q.device)
+    assert splits == [choose_num_splits(2, 2, 1, 1 << 30, sms), 1]
+    assert splits[0] > 1
