@@ -128,14 +128,21 @@ def shared_signal_exit(procs: list[subprocess.Popen]) -> str | None:
 
 
 def stop_workers(procs: list[subprocess.Popen], timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` in all for the workers to exit; kill the rest."""
+    """Wait up to ``timeout_s`` in all for the workers to exit, then kill
+    every one left in one pass before waiting on any: a worker killed alone
+    leaves its peers failing in a collective or a connect, and they would
+    print that failure to the terminal before their own turn came."""
     deadline = time.monotonic() + timeout_s
     for proc in procs:
         try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            break
+    left = [proc for proc in procs if proc.poll() is None]
+    for proc in left:
+        proc.kill()
+    for proc in left:
+        proc.wait()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -99,3 +99,56 @@ def test_the_executor_holds_the_store_until_the_workers_exit():
         assert store.num_keys() > 1
     assert [proc.returncode for proc in executor.procs] == [0, 0]
     assert executor.store is None
+
+
+class _Proc:
+    """A worker process as stop_workers sees it: exits on its own after
+    ``exits_after`` waits (never if None); records every call in ``log``."""
+
+    def __init__(self, rank, log, exits_after=None):
+        self.rank, self.log, self.exits_after, self.alive = rank, log, exits_after, True
+
+    def poll(self):
+        return None if self.alive else 0
+
+    def wait(self, timeout=None):
+        import subprocess
+
+        self.log.append(("wait", self.rank))
+        if self.alive and self.exits_after is not None:
+            self.exits_after -= 1
+            if self.exits_after <= 0:
+                self.alive = False
+        if self.alive and timeout is not None:
+            raise subprocess.TimeoutExpired("worker", timeout)
+        return 0
+
+    def kill(self):
+        self.log.append(("kill", self.rank))
+        self.alive = False
+
+
+def test_stop_workers_kills_every_one_left_before_waiting_on_any():
+    """Past the deadline the workers still running are killed in one pass,
+    so none is left running beside a peer already killed (it would fail in
+    its collective and print that); one that exited is not killed."""
+    from executor.multiproc import stop_workers
+
+    log = []
+    procs = [_Proc(0, log), _Proc(1, log, exits_after=1), _Proc(2, log)]
+    procs[1].alive = False  # exited before the shutdown
+    stop_workers(procs, timeout_s=0.0)
+    kills = [i for i, (what, _) in enumerate(log) if what == "kill"]
+    assert [log[i] for i in kills] == [("kill", 0), ("kill", 2)]
+    assert kills == [kills[0], kills[0] + 1]  # back to back
+    assert ("wait", 0) in log[kills[-1] + 1:] and ("wait", 2) in log[kills[-1] + 1:]
+    assert not any(p.alive for p in procs)
+
+
+def test_stop_workers_waits_for_workers_that_exit_in_time():
+    from executor.multiproc import stop_workers
+
+    log = []
+    procs = [_Proc(0, log, exits_after=1), _Proc(1, log, exits_after=1)]
+    stop_workers(procs, timeout_s=5.0)
+    assert log == [("wait", 0), ("wait", 1)]
