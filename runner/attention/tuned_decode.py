@@ -1,16 +1,14 @@
-"""Measured launch configs for uniform decode batches of the paged-attention kernel.
+"""Launch configs per graph size for uniform decode batches of the paged-attention kernel.
 
 A decode batch's grid and tiles are fixed when its CUDA graph is captured,
 before any context length is known, so ``choose_num_splits`` and
 ``tile_config`` pick them from rules of thumb (two programs an SM, 64-key
-tiles two stages deep when split). For the head shapes measured here a
-sweep found better choices at both short and long contexts: roughly four
-programs an SM in a power-of-two split count, three pipeline stages. The
-table holds the winner of each graph size: ``python -m
-benchmarks.bench_attention --tune-decode`` times every split count and
-tile at contexts 512 and 4096 and prints, per batch, the config with the
-least summed time relative to each context's best (benchmarks/results/README.md
-keeps the figures). Shapes and batches not listed keep the rules.
+tiles two stages deep when split). For the head shapes listed here the
+table overrides the rules per graph size with the launch chosen by
+``python -m benchmarks.bench_attention --tune-decode`` (every split count
+and tile at a short and a long context, the least summed time relative to
+each context's best), where the decode step confirmed it
+(benchmarks/results/README.md). Shapes and batches not listed keep the rules.
 """
 
 from __future__ import annotations
@@ -25,13 +23,11 @@ class DecodeLaunch(NamedTuple):
     num_stages: int
 
 
-# The device the table was measured on: an H200, 132 SMs; others keep the rules.
+# The SM count the entries are for; devices with another keep the rules.
 TUNED_NUM_SMS = 132
 # (head_dim, query heads per KV head, KV heads, batch rows) -> launch for
 # 16-bit caches, or None: the rules. An entry serves the batches above the
-# next smaller listed size up to its own (the decode graph sizes). Kept only
-# where the decode step won in an A/B as well: the kernel alone also won at
-# 8B batches 1-4 and 40-48, where the step did not.
+# next smaller listed size up to its own (the decode graph sizes).
 TUNED_DECODE: dict[tuple[int, int, int, int], DecodeLaunch | None] = {
     # Llama-3.1-8B at TP=1 (32 query heads, 8 KV heads of 128).
     (128, 4, 8, 4): None,
