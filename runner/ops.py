@@ -54,7 +54,9 @@ class DeviceOps:
     qkv_rotary_write_kv: Callable[..., torch.Tensor]  # qkv_rotary_write_kv_ref
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]  # silu_and_mul_ref
     row_parallel_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
-    gate_up_silu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # gate_up_silu_ref
+    row_parallel_matmul_add: Callable[..., torch.Tensor]  # row_parallel_matmul_add_ref
+    gate_up_silu: Callable[..., torch.Tensor]  # gate_up_silu_ref
+    norms_in_matmuls: Callable[..., bool]  # norms_in_matmuls_ref
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
@@ -120,8 +122,12 @@ _KERNELS = {
                      "runner.layers.triton_silu_mul:silu_mul_triton"),
     "row_parallel_matmul": ("torch.nn.functional:linear",
                             "runner.layers.triton_skinny_matmul:row_parallel_matmul"),
+    "row_parallel_matmul_add": ("runner.layers.norm_in_matmul:row_parallel_matmul_add_ref",
+                                "runner.layers.triton_skinny_matmul:row_parallel_matmul_add"),
     "gate_up_silu": ("runner.layers.activation:gate_up_silu_ref",
                      "runner.layers.triton_skinny_matmul:gate_up_silu"),
+    "norms_in_matmuls": ("runner.layers.norm_in_matmul:norms_in_matmuls_ref",
+                         "runner.layers.triton_norm_in_matmul:norms_in_matmuls"),
     "ngram_propose": ("runner.spec_decode.ngram:ngram_propose_ref",
                       "runner.spec_decode.triton_ngram:ngram_propose_triton"),
     "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from runner.layers.norm_in_matmul import normed_linear_ref
+
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """[T, 2I] holding gate then up -> silu(gate) * up, [T, I], in the input dtype."""
@@ -19,8 +21,13 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def gate_up_silu_ref(x: torch.Tensor, weight: torch.Tensor, parts: torch.Tensor | None = None,
+                     eps: float = 0.0) -> torch.Tensor:
     """x [T, H] and the fused weight [2I, H] (gate rows, then up rows) ->
     silu(x @ gate.T) * (x @ up.T), [T, I]; the projection is rounded to the
-    input dtype first, as when it is its own step."""
-    return silu_and_mul_ref(F.linear(x, weight))
+    input dtype first, as when it is its own step. With ``parts``, x is the
+    raw residual and the projection is ``normed_linear_ref``'s (the norm
+    carried by the matmuls, ``norm_in_matmul.py``)."""
+    if parts is None:
+        return silu_and_mul_ref(F.linear(x, weight))
+    return silu_and_mul_ref(normed_linear_ref(x, weight, parts, eps))

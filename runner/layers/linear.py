@@ -149,3 +149,12 @@ class RowParallelLinear(nn.Module):
             return local if self.bias is None or self.tp.rank else local + self.bias
         y = self.tp.all_reduce(local)
         return y if self.bias is None else y + self.bias
+
+    def add_into(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += x @ W.T in place, one launch for decode batches on CUDA;
+        returns the new residual's parts (its rows' sums of squares, the norm
+        carried by the matmuls: ``norm_in_matmul.py``). One rank, no bias:
+        the sum must be whole where it is added."""
+        if self.tp.size > 1 or self.bias is not None:
+            raise ValueError("add_into needs the whole sum: one rank and no bias")
+        return self.ops.row_parallel_matmul_add(x, self.weight, residual)

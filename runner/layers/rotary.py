@@ -10,6 +10,7 @@ from torch import nn
 
 from ipc.model_config import Llama3RopeScaling
 from runner.attention.kv_write import write_kv
+from runner.layers.norm_in_matmul import normed_linear_ref
 from runner.ops import device_ops
 
 
@@ -73,12 +74,15 @@ class RotaryEmbedding(nn.Module):
     def project_rotate_and_cache(self, positions: torch.Tensor, x: torch.Tensor,
                                  qkv_weight: torch.Tensor, kv_cache: torch.Tensor,
                                  slot_mapping: torch.Tensor, num_q_heads: int,
-                                 num_kv_heads: int) -> torch.Tensor:
+                                 num_kv_heads: int, parts: torch.Tensor | None = None,
+                                 eps: float = 0.0) -> torch.Tensor:
         """``rotate_and_cache`` of the qkv projection of ``x`` (no bias, no
         q/k norm): one launch on CUDA for decode batches, where the projection
-        never reaches memory (``qkv_rotary_write_kv_ref`` says what it does)."""
+        never reaches memory (``qkv_rotary_write_kv_ref`` says what it does;
+        with ``parts`` x is the raw residual, ``norm_in_matmul.py``)."""
         return self.ops.qkv_rotary_write_kv(x, qkv_weight, positions, self.cos, self.sin,
-                                            kv_cache, slot_mapping, num_q_heads, num_kv_heads)
+                                            kv_cache, slot_mapping, num_q_heads, num_kv_heads,
+                                            parts, eps)
 
 
 def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
@@ -92,12 +96,17 @@ def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_ca
 def qkv_rotary_write_kv_ref(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
                             cos_cache: torch.Tensor, sin_cache: torch.Tensor,
                             kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                            num_q_heads: int, num_kv_heads: int) -> torch.Tensor:
+                            num_q_heads: int, num_kv_heads: int, parts: torch.Tensor | None = None,
+                            eps: float = 0.0) -> torch.Tensor:
     """x [T, K] through the fused qkv weight [(Hq + 2 Hkv) D, K] (q rows, then
     k, then v), rounded to x's dtype; q and k rotated; k and v stored in
     ``kv_cache`` [2, blocks, block_size, Hkv, D] at ``slot_mapping`` as
-    ``write_kv`` stores them. Returns the rotated q [T, Hq, D]."""
-    heads = F.linear(x, weight).unflatten(-1, (-1, kv_cache.shape[-1]))
+    ``write_kv`` stores them. Returns the rotated q [T, Hq, D]. With
+    ``parts``, x is the raw residual and the projection is
+    ``normed_linear_ref``'s (``norm_in_matmul.py``)."""
+    projection = (F.linear(x, weight) if parts is None
+                  else normed_linear_ref(x, weight, parts, eps))
+    heads = projection.unflatten(-1, (-1, kv_cache.shape[-1]))
     q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
     q, k = rotary_ref(positions, q, k, cos_cache, sin_cache)
     write_kv(k, v, kv_cache, slot_mapping)

@@ -32,6 +32,13 @@ the epilogue rotates q and k and stores q, and k and v into the paged KV
 cache (``qkv_rotary_epilogue.rotate_and_store_pairs``, shared with the
 skinny qkv kernel), so the projection never reaches memory.
 
+The decoder's norms ride on these epilogues where asked (``norm_in_matmul.py``,
+``triton_norm_in_matmul.py``): the plain one adds its sums into the
+residual in place and stores the new residual's parts (ADD_RESIDUAL,
+``medium_matmul_add``: o_proj, down); the gate/up and qkv + rotary ones,
+given parts, read the raw residual as x and first scale each row's sums by
+its rstd (NORM: P_PAD > 0).
+
 Weight tiles come from pointer loads, or with ``tma=True`` from a host-built
 tensor descriptor (Hopper's TMA): the weight viewed as [HALVES, N, K] with
 a box of [HALVES, BLOCK_N, BLOCK_K], which fetches the gate and up rows of a
@@ -69,10 +76,18 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
+from runner.layers.triton_norm_in_matmul import (
+    NO_NORM,
+    add_residual_and_store_parts,
+    check_residual,
+    new_parts,
+    norm_args,
+    rstd_of_rows,
+)
 from runner.layers.triton_silu_mul import silu_mul_rounded
 from runner.ops import launch_pdl, num_sms
 from runner.ticket_counters import take_ticket
-from runner.triton_dependent_launch import wait_for_previous_kernel
+from runner.triton_dependent_launch import let_next_kernel_start, wait_for_previous_kernel
 
 # The switch of the runner's routing: False sends every 17..64-row
 # projection to cuBLAS (as before these kernels), for an A/B.
@@ -138,10 +153,11 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
                           stride_x, stride_w, stride_out, positions_ptr, cos_ptr, sin_ptr,
                           key_cache_ptr, value_cache_ptr, slot_mapping_ptr, num_slots,
                           stride_c_block, stride_c_slot, stride_c_head, num_q_heads,
-                          num_kv_heads, DOT_PRECISION: tl.constexpr, M_PAD: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HALVES: tl.constexpr,
-                          SPLIT_K: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                          HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+                          num_kv_heads, parts_ptr, num_parts, eps, DOT_PRECISION: tl.constexpr,
+                          M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          HALVES: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr,
+                          PDL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                          ADD_RESIDUAL: tl.constexpr, P_PAD: tl.constexpr):
     """Program (j, s): outputs n in [j * BLOCK_N, (j + 1) * BLOCK_N) of every
     row, over K columns [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT). It reads
     weight rows h * N + n for h < HALVES (HALVES = 2: gate and up rows of
@@ -154,8 +170,16 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
     head * HEAD_DIM + h * HALF + p: the program's BLOCK_N pairs lie in one
     head, since BLOCK_N divides HALF. The rotary arguments (positions ..
     num_kv_heads, BLOCK_SIZE) are those of ``rotate_and_store_pairs``; the
-    other epilogues take them as None."""
-    wait_for_previous_kernel(PDL)
+    other epilogues take them as None.
+
+    ADD_RESIDUAL (the plain epilogue only): out is the residual, out[m, n]
+    += the sum, and ``parts_ptr`` [M, column groups] gets the new rows'
+    sums of squares (``add_residual_and_store_parts``). P_PAD > 0 (NORM;
+    the gate/up and qkv + rotary epilogues): the sums of row m are first
+    scaled by its rstd from ``parts_ptr`` [M, num_parts] (``rstd_of_rows``).
+    Arguments a launch's modes do not use are None."""
+    NORM: tl.constexpr = P_PAD > 0
+    wait_for_previous_kernel(PDL, LET_NEXT_START=not (ADD_RESIDUAL or NORM))
     W_ROWS: tl.constexpr = HALVES * BLOCK_N
     group = tl.program_id(0)
     n0 = group * BLOCK_N
@@ -181,6 +205,8 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
             w_tile = tl.load(w + w_rows[:, None] + ks[None, :],
                              mask=(cols < N)[:, None] & (ks[None, :] < k_hi), other=0.0)
         acc += tl.dot(w_tile, tl.trans(x), input_precision=DOT_PRECISION)
+    if ADD_RESIDUAL or NORM:
+        let_next_kernel_start(PDL)
     if SPLIT_K > 1:
         PART: tl.constexpr = W_ROWS * M_PAD
         offs = tile_rows[:, None] * M_PAD + rows[None, :]
@@ -189,6 +215,8 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
         if not take_ticket(counters_ptr + group, SPLIT_K):
             return
         acc = sum_split_parts(parts, offs, PART, SPLIT_K)
+    if NORM:
+        acc *= rstd_of_rows(parts_ptr, rows, row_mask, num_parts, K, eps, P_PAD)[None, :]
     dtype = out_ptr.dtype.element_ty
     out_cols = n0 + tl.arange(0, BLOCK_N)
     if HEAD_DIM > 0:
@@ -198,6 +226,9 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
                                key_cache_ptr, value_cache_ptr, slot_mapping_ptr, num_slots,
                                stride_c_block, stride_c_slot, stride_c_head, num_q_heads,
                                num_kv_heads, HEAD_DIM, BLOCK_SIZE, ROW_AXIS=1)
+    elif ADD_RESIDUAL:
+        add_residual_and_store_parts(acc, out_ptr, stride_out, parts_ptr, rows, row_mask,
+                                     out_cols, out_cols < N, ROW_AXIS=1)
     else:
         if HALVES == 2:
             gate, up = _split_halves(acc, BLOCK_N, M_PAD)
@@ -264,11 +295,17 @@ NO_ROTARY = dict(positions_ptr=None, cos_ptr=None, sin_ptr=None, key_cache_ptr=N
                  num_kv_heads=None, HEAD_DIM=0, BLOCK_SIZE=None)
 
 
+# The kernel's norm arguments in the plain launch (neither mode).
+NO_NORM_MODES = dict(NO_NORM, ADD_RESIDUAL=False)
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k: int,
             split_k: int | None, num_warps: int, num_stages: int, tma: bool,
-            out: torch.Tensor | None = None, rotary: dict = NO_ROTARY) -> torch.Tensor:
+            out: torch.Tensor | None = None, rotary: dict = NO_ROTARY,
+            norm: dict = NO_NORM_MODES) -> torch.Tensor:
     """out [M, N] of weight rows h * N + n (h < halves) for each output n;
-    with ``rotary`` (the kernel's rotary arguments) the given q output."""
+    with ``rotary`` (the kernel's rotary arguments) the given q output;
+    ``norm``: the kernel's arguments of the norm modes."""
     m, k = x.shape
     n = w.shape[0] // halves
     if out is None:
@@ -292,7 +329,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k
         x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=pad,
         BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves, SPLIT_K=split_k, TMA=tma,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl, **rotary)
+        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl, **rotary, **norm)
     return out
 
 
@@ -309,15 +346,37 @@ def medium_matmul(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = Non
     return _launch(x, w, 1, **_config("matmul", w, x.shape[0], locals()))
 
 
+def medium_matmul_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, *,
+                      block_n: int | None = None, block_k: int | None = None,
+                      split_k: int | None = None, num_warps: int | None = None,
+                      num_stages: int | None = None, tma: bool | None = None) -> torch.Tensor:
+    """``row_parallel_matmul_add_ref`` in one launch: residual [M, N] += x [M, K]
+    @ w [N, K].T in place, rounded as the unfused pair rounds; returns the
+    new residual's parts, float32 [M, cdiv(N, block_n)] (part j of a row:
+    its squares summed over columns j * block_n on). The config is the
+    plain kind's ("matmul"); arguments as ``medium_matmul``'s."""
+    _check("medium_matmul_add", x, w, 1)
+    check_residual("medium_matmul_add", x, w.shape[0], residual)
+    config = _config("matmul", w, x.shape[0], locals())
+    parts = new_parts(x.shape[0], triton.cdiv(w.shape[0], config["block_n"]), x.device)
+    norm = dict(NO_NORM, parts_ptr=parts, ADD_RESIDUAL=True)
+    _launch(x, w, 1, **config, out=residual, norm=norm)
+    return parts
+
+
 def medium_gate_up_silu(x: torch.Tensor, w: torch.Tensor, *, block_n: int | None = None,
                         block_k: int | None = None, split_k: int | None = None,
                         num_warps: int | None = None, num_stages: int | None = None,
-                        tma: bool | None = None) -> torch.Tensor:
+                        tma: bool | None = None, parts: torch.Tensor | None = None,
+                        eps: float = 0.0) -> torch.Tensor:
     """x [M, K] and w [2I, K] (gate rows, then up rows) -> silu(x @ gate.T) *
     (x @ up.T), [M, I], rounded as the projection and ``silu_mul_triton``
-    round; M <= MEDIUM_MAX_ROWS. Arguments as ``medium_matmul``'s."""
+    round; M <= MEDIUM_MAX_ROWS. Arguments as ``medium_matmul``'s. With
+    ``parts`` (float32 [M, P], a producer's) x is the raw residual:
+    ``gate_up_silu_ref(x, w, parts, eps)``."""
     _check("medium_gate_up_silu", x, w, 2)
-    return _launch(x, w, 2, **_config("gate_up", w, x.shape[0], locals()))
+    norm = dict(norm_args("medium_gate_up_silu", parts, eps, x.shape[0]), ADD_RESIDUAL=False)
+    return _launch(x, w, 2, **_config("gate_up", w, x.shape[0], locals()), norm=norm)
 
 
 def medium_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
@@ -325,15 +384,19 @@ def medium_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
                                slot_mapping: torch.Tensor, num_q_heads: int, num_kv_heads: int,
                                *, block_p: int | None = None, block_k: int | None = None,
                                split_k: int | None = None, num_warps: int | None = None,
-                               num_stages: int | None = None) -> torch.Tensor:
+                               num_stages: int | None = None, parts: torch.Tensor | None = None,
+                               eps: float = 0.0) -> torch.Tensor:
     """``qkv_rotary_write_kv_ref`` in one launch: x [M, K], weight
     [(Hq + 2 Hkv) D, K] (q rows, k rows, v rows) -> rotated q [M, Hq, D];
     rotated k and v stored at ``slot_mapping`` in ``kv_cache``
     [2, blocks, block_size, Hkv, D]. M <= MEDIUM_MAX_ROWS, unit last
     strides. A program computes ``block_p`` rotary pairs of one head
     (2 * block_p weight rows); arguments left None come from
-    ``medium_config`` ("qkv_rotary")."""
+    ``medium_config`` ("qkv_rotary"). With ``parts`` (float32 [M, P], a
+    producer's) x is the raw residual, as in the reference."""
     _check("medium_qkv_rotary_write_kv", x, weight, 2)
+    norm = dict(norm_args("medium_qkv_rotary_write_kv", parts, eps, x.shape[0]),
+                ADD_RESIDUAL=False)
     config = _config("qkv_rotary", weight, x.shape[0], locals())
     head_dim = kv_cache.shape[-1]
     check_qkv_rotary("medium_qkv_rotary_write_kv", x, weight, kv_cache, num_q_heads,
@@ -347,7 +410,7 @@ def medium_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
                   num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, HEAD_DIM=head_dim,
                   BLOCK_SIZE=key_cache.shape[1])
     return _launch(x, weight, 2, config.pop("block_p"), **config, tma=False, out=q,
-                   rotary=rotary)
+                   rotary=rotary, norm=norm)
 
 
 def _config(kind: str, w: torch.Tensor, rows: int, given: dict) -> dict:

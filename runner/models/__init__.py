@@ -22,8 +22,9 @@ def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: tor
                             max_positions: int | None = None) -> CausalLM:
     """This rank's shard of the model, allocated directly on ``device``.
 
-    init="random": weights from ``fill_random_weights`` (for benchmarks);
-    init="empty": uninitialized, for a loader to fill. ``max_positions``
+    init="random": weights from ``fill_random_weights`` (for benchmarks),
+    the norms folded (``CausalLM.fold_norm_weights``); init="empty":
+    uninitialized, for a loader to fill (then fold). ``max_positions``
     bounds the rotary tables (default: the model's positions).
     """
     if init not in INIT_MODES:
@@ -36,6 +37,7 @@ def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: tor
         model = CausalLM(config, tp, backend, dtype, max_positions)
     if init == "random":
         fill_random_weights(model, seed)
+        model.fold_norm_weights()
     return model.eval()
 
 
@@ -46,4 +48,5 @@ def build_model(config: ModelConfig, model_dir: str, dtype: torch.dtype, device:
     model = build_model_from_config(config, dtype, device, tp, attention_backend, init="empty",
                                     max_positions=max_positions)
     load_weights(model, model_dir)
+    model.fold_norm_weights()
     return model

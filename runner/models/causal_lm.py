@@ -18,6 +18,7 @@ from runner.layers import (
 )
 from runner.layers.linear import kv_head_range
 from runner.models.llama import LlamaDecoderLayer
+from runner.ops import device_ops
 
 
 class CausalLM(nn.Module):
@@ -48,6 +49,10 @@ class CausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, tp)
         self.lm_head = ParallelLMHead(self.embed_tokens, config.tie_word_embeddings)
+        self.ops = device_ops(self.norm.weight.device)
+        # Set by fold_norm_weights: the decoder norms' weights live in qkv and gate/up.
+        self.norms_folded = False
+        self._carries_norms: dict[int, bool] = {}
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """One layer's cache on this rank: (2, num_blocks, block_size, kv heads, head_dim)."""
@@ -57,11 +62,42 @@ class CausalLM(nn.Module):
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         x = self.embed_tokens(input_ids)
-        residual = None
+        carry = self.carries_norms(x.shape[0])
+        residual = parts = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(positions, x, residual, kv_cache, attn)
+            x, residual, parts = layer(positions, x, residual, kv_cache, attn, parts, carry)
+        if parts is not None:
+            return self.norm(residual)
         normed, _ = self.norm(x, residual)
         return normed
+
+    def fold_norm_weights(self) -> None:
+        """Fold every decoder norm's weight into the projection that reads it,
+        once, after the weights are loaded (``norm_in_matmul.py``); the final
+        norm keeps its own (the LM head may be the embedding table)."""
+        if self.norms_folded:
+            raise RuntimeError("the norm weights are folded already")
+        for layer in self.layers:
+            layer.fold_norm_weights()
+        self.norms_folded = True
+
+    def carries_norms(self, num_tokens: int) -> bool:
+        """Whether a forward of ``num_tokens`` carries the decoder norms in the
+        matmuls (``LlamaDecoderLayer``): on one rank, with the norm weights
+        folded, no o_proj bias, and where the device's kernels for every
+        projection of that size take it (``norms_in_matmuls``; on CUDA the
+        decode-size Triton kernels). Asked once per size."""
+        if num_tokens not in self._carries_norms:
+            first = self.layers[0]
+            self._carries_norms[num_tokens] = (
+                self.norms_folded and self.tp.size == 1
+                and first.self_attn.o_proj.bias is None
+                and self.ops.norms_in_matmuls(
+                    num_tokens, self.dtype, self.norm.weight.device,
+                    first.self_attn.qkv_proj.weight, first.self_attn.o_proj.weight,
+                    first.mlp.gate_up_proj.weight, first.mlp.down_proj.weight,
+                    self.config.head_dim))
+        return self._carries_norms[num_tokens]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab_size], identical on every rank."""

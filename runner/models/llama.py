@@ -21,6 +21,7 @@ from runner.layers import (
     RowParallelLinear,
     WeightSlice,
 )
+from runner.layers.norm_in_matmul import fold_norm_weight
 from runner.ops import device_ops
 
 
@@ -54,13 +55,33 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
-        fresh = self.fused_kv_write and self.backend.wants_fresh_kv(attn, self.sliding_window)
+        return self.o_proj(self.attend(positions, x, kv_cache, attn))
+
+    def reads_raw_residual(self, attn: AttentionMetadata) -> bool:
+        """Whether ``attend`` can take the raw residual with its parts (the
+        norm carried by the matmuls, ``norm_in_matmul.py``): when the qkv
+        projection is the one launch that rotates and caches, whose epilogue
+        scales by rstd."""
+        return self.projects_into_cache and not self._fresh(attn)
+
+    def _fresh(self, attn: AttentionMetadata) -> bool:
+        return self.fused_kv_write and self.backend.wants_fresh_kv(attn, self.sliding_window)
+
+    def attend(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
+               attn: AttentionMetadata, parts: torch.Tensor | None = None,
+               eps: float = 0.0) -> torch.Tensor:
+        """The attention output [T, heads * head_dim], before the o projection.
+        With ``parts`` (only where ``reads_raw_residual``), x is the raw
+        residual and the qkv projection scales by its rstd."""
+        fresh = self._fresh(attn)
         if self.projects_into_cache and not fresh:
             q = self.rotary.project_rotate_and_cache(
                 positions, x, self.qkv_proj.weight, kv_cache, attn.slot_mapping,
-                self.q_size // self.head_dim, self.kv_size // self.head_dim)
+                self.q_size // self.head_dim, self.kv_size // self.head_dim, parts, eps)
             out = self.backend.attend(q, kv_cache, attn, self.scale, self.sliding_window)
-            return self.o_proj(out.flatten(-2))
+            return out.flatten(-2)
+        if parts is not None:
+            raise ValueError("this qkv projection cannot take the raw residual")
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.unflatten(-1, (-1, self.head_dim))
         k = k.unflatten(-1, (-1, self.head_dim))
@@ -76,7 +97,7 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary(positions, q, k)
             out = self.backend.forward(q, k, v, kv_cache, attn, self.scale,
                                        sliding_window=self.sliding_window)
-        return self.o_proj(out.flatten(-2))
+        return out.flatten(-2)
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         slices: dict[str, WeightSlice] = {}
@@ -112,6 +133,14 @@ class LlamaMLP(nn.Module):
         (one launch for decode batches on CUDA)."""
         return self.down_proj(self.ops.gate_up_silu(x, self.gate_up_proj.weight))
 
+    def add_to_residual(self, residual: torch.Tensor, parts: torch.Tensor,
+                        eps: float) -> torch.Tensor:
+        """The block with the norms carried by the matmuls: gate/up reads the
+        raw ``residual`` and scales by the rstd of ``parts``; down adds its
+        output into ``residual`` in place. Returns the new residual's parts."""
+        act = self.ops.gate_up_silu(residual, self.gate_up_proj.weight, parts, eps)
+        return self.down_proj.add_into(act, residual)
+
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         return {
             f"{prefix}.gate_proj.weight": self.gate_up_proj.weight_slices("gate")[0],
@@ -124,13 +153,22 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x)).
 
     The residual stream is passed alongside the block's output so that each
-    add fuses into the norm after it: ``forward`` takes (h, residual) and
-    returns (h', residual') with h' + residual' the block's output. The first
-    layer gets ``residual=None``; the model's final norm does the last add.
+    add fuses into the norm after it: ``forward`` takes (h, residual, parts)
+    and returns them for the next layer, in one of two states:
+
+    - parts None: h + residual is the stream (the first layer gets
+      ``residual=None``); the norm that follows does the add.
+    - h None: the stream is ``residual``, complete, and ``parts`` holds
+      its rows' sums of squares. This is the state ``carry_norms`` leaves:
+      the norms are carried by the matmuls (``norm_in_matmul.py``; their
+      weights folded into qkv and gate/up at load), o_proj and down add
+      into the residual, and qkv and gate/up scale by rstd. The caller
+      decides per forward (``CausalLM.carries_norms``).
 
     Under tensor parallelism the o and down projections return each rank's
     partial sum: h' is summed over the ranks by the norm that adds it to the
-    residual (one fused all-reduce + add + norm where the message is small).
+    residual (one fused all-reduce + add + norm where the message is small);
+    norms are never carried there.
     """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, rotary: RotaryEmbedding,
@@ -143,16 +181,33 @@ class LlamaDecoderLayer(nn.Module):
                                                 tp)
         self.mlp = LlamaMLP(config, tp, dtype)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
-                kv_cache: torch.Tensor,
-                attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, h: torch.Tensor | None,
+                residual: torch.Tensor | None, kv_cache: torch.Tensor,
+                attn: AttentionMetadata, parts: torch.Tensor | None = None,
+                carry_norms: bool = False):
+        """(h, residual, parts) -> the same for the next layer (see the class)."""
         if residual is None:
-            residual, h = h, self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(positions, h, kv_cache, attn)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+            residual, x = h, self.input_layernorm(h)
+        elif parts is None:
+            x, residual = self.input_layernorm(h, residual)
+        elif self.self_attn.reads_raw_residual(attn):
+            x = residual
+        else:  # the norm on its own (its weight folded into qkv: 1)
+            x, parts = self.input_layernorm(residual), None
+        out = self.self_attn.attend(positions, x, kv_cache, attn, parts,
+                                    self.input_layernorm.eps)
+        if carry_norms:
+            parts = self.self_attn.o_proj.add_into(out, residual)
+            parts = self.mlp.add_to_residual(residual, parts, self.post_attention_layernorm.eps)
+            return None, residual, parts
+        h, residual = self.post_attention_layernorm(self.self_attn.o_proj(out), residual)
+        return self.mlp(h), residual, None
+
+    def fold_norm_weights(self) -> None:
+        """Fold both norms' weights into the projections that read them
+        (qkv, gate/up): see ``norm_in_matmul.fold_norm_weight``."""
+        fold_norm_weight(self.self_attn.qkv_proj.weight, self.input_layernorm.weight)
+        fold_norm_weight(self.mlp.gate_up_proj.weight, self.post_attention_layernorm.weight)
 
     def weight_slices(self, prefix: str) -> dict[str, WeightSlice]:
         slices = {

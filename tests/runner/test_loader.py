@@ -66,11 +66,20 @@ def write_checkpoint(path, config: dict, tensors: dict[str, torch.Tensor],
     return str(path)
 
 
-def expected_params(t: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+def folded(weight: torch.Tensor, norm: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A projection's weight in ``dtype`` with the norm before it folded into
+    its columns, as the built model holds it (runner/layers/norm_in_matmul.py)."""
+    return (weight.to(dtype).float() * norm.to(dtype).float()).to(dtype)
+
+
+def expected_params(t: dict[str, torch.Tensor], layer: int,
+                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     p = f"model.layers.{layer}"
+    qkv = torch.cat([t[f"{p}.self_attn.{x}_proj.weight"] for x in "qkv"])
+    gate_up = torch.cat([t[f"{p}.mlp.gate_proj.weight"], t[f"{p}.mlp.up_proj.weight"]])
     return {
-        "qkv": torch.cat([t[f"{p}.self_attn.{x}_proj.weight"] for x in "qkv"]),
-        "gate_up": torch.cat([t[f"{p}.mlp.gate_proj.weight"], t[f"{p}.mlp.up_proj.weight"]]),
+        "qkv": folded(qkv, t[f"{p}.input_layernorm.weight"], dtype),
+        "gate_up": folded(gate_up, t[f"{p}.post_attention_layernorm.weight"], dtype),
     }
 
 
@@ -84,6 +93,9 @@ def test_single_file_fills_fused_parameters(tmp_path):
         assert torch.equal(layer.mlp.gate_up_proj.weight, want["gate_up"])
         assert torch.equal(layer.mlp.down_proj.weight,
                            tensors[f"model.layers.{n}.mlp.down_proj.weight"])
+        assert torch.equal(layer.input_layernorm.weight, torch.ones(32))
+        assert torch.equal(layer.post_attention_layernorm.weight, torch.ones(32))
+    assert torch.equal(model.norm.weight, tensors["model.norm.weight"])
     assert torch.equal(model.embed_tokens.weight[:100], tensors["model.embed_tokens.weight"])
     assert torch.count_nonzero(model.embed_tokens.weight[100:]) == 0
     assert torch.equal(model.lm_head.weight[:100], tensors["lm_head.weight"])
@@ -111,7 +123,7 @@ def test_half_precision_checkpoints_cast(tmp_path, stored, wanted):
     assert describe(model_dir).dtype == str(stored).removeprefix("torch.")
     model = build_model_from_dir(model_dir, wanted, CPU, TensorParallelGroup())
     assert all(p.dtype == wanted for p in model.parameters())
-    want = expected_params(tensors, 1)["qkv"].to(wanted)
+    want = expected_params(tensors, 1, wanted)["qkv"]
     assert torch.equal(model.layers[1].self_attn.qkv_proj.weight, want)
 
 
@@ -130,7 +142,8 @@ def test_rank_reads_its_slices(tmp_path, tp_size):
         k = tensors[f"{p}.self_attn.k_proj.weight"][kv * d:(kv + 1) * d]
         v = tensors[f"{p}.self_attn.v_proj.weight"][kv * d:(kv + 1) * d]
         attn = model.layers[0].self_attn
-        assert torch.equal(attn.qkv_proj.weight, torch.cat([q, k, v]))
+        norm = tensors[f"{p}.input_layernorm.weight"]
+        assert torch.equal(attn.qkv_proj.weight, folded(torch.cat([q, k, v]), norm, torch.float32))
         cols = q_heads * d
         o = tensors[f"{p}.self_attn.o_proj.weight"][:, rank * cols:(rank + 1) * cols]
         assert torch.equal(attn.o_proj.weight, o)

@@ -102,13 +102,13 @@ def _record_routes(monkeypatch) -> list:
     taken = []
 
     def recorder(name):
-        def record(*args):
+        def record(*args, **norm):
             if name == "unfused":
                 matmul, args = args[0], args[1:]
                 taken.append((name, matmul))
             else:
                 taken.append(name)
-            return qkv_rotary_write_kv_ref(*args)
+            return qkv_rotary_write_kv_ref(*args, **norm)
         return record
 
     for name in ("skinny", "medium", "unfused"):
