@@ -118,13 +118,20 @@ def norms_in_matmuls(rows: int, dtype: torch.dtype, device: torch.device,
     serial tail that the norm's own launch does not have, and the step
     measured slower with it (benchmarks/results/README.md, tenth round)."""
     # The kernels' modules import this one's helpers: their routing is imported here.
-    from runner.layers.triton_medium_matmul import uses_medium_matmul, uses_medium_qkv_rotary
+    from runner.layers.triton_medium_matmul import (
+        MEDIUM_MAX_ROWS,
+        uses_medium_matmul,
+        uses_medium_qkv_rotary,
+    )
     from runner.layers.triton_qkv_rotary import uses_skinny_qkv_rotary
     from runner.layers.triton_skinny_matmul import (
         skinny_split_k,
         uses_skinny_gate_up_silu,
         uses_skinny_matmul,
     )
+
+    if rows > MEDIUM_MAX_ROWS:  # cuBLAS takes every projection (and a prefill asks here)
+        return False
 
     def inputs(weight: torch.Tensor) -> torch.Tensor:  # the shape the routing asks about
         return torch.empty(1, weight.shape[1], dtype=dtype, device=device).expand(rows, -1)
