@@ -161,7 +161,7 @@ class LlamaDecoderLayer(nn.Module):
     - h None: the stream is ``residual``, complete, and ``parts`` holds
       its rows' sums of squares. This is the state ``carry_norms`` leaves:
       the norms are carried by the matmuls (``norm_in_matmul.py``; their
-      weights folded into qkv and gate/up at load), o_proj and down add
+      weights folded into qkv and gate/up at build), o_proj and down add
       into the residual, and qkv and gate/up scale by rstd. The caller
       decides per forward (``CausalLM.carries_norms``).
 
