@@ -37,7 +37,9 @@ Every row is checked: CHECK_STEPS greedy steps as timed (graph replays
 where captured) against the same steps run eagerly (the graphs set aside),
 each from the same random KV cache, must give the same tokens
 (``eager_check``); a row that does not is named in the summary's
-``problems`` and the exit code is 1.
+``problems`` and the exit code is 1. Each row also says whether its
+forward carried the decoder norms in the matmuls (``norms_in_matmuls``,
+``CausalLM.carries_norms``).
 
 ``--spec-tokens K ...`` also times, after the plain rows, a speculative
 runner per k (same weights) decoding 1 + k query tokens a request
@@ -470,7 +472,8 @@ def run_benchmark(args, model_dir: str) -> int:
                        step_ms_rounds=[round(r * 1e3, 4) for r in rounds],
                        **floor.decode_floor(weights, kv_per_token, batch, context, bandwidth))
             row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
-                       floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1))
+                       floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1),
+                       norms_in_matmuls=model.carries_norms(batch))
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=True)

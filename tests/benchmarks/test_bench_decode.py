@@ -65,6 +65,7 @@ def test_decode_rows_hold_tprun_peer_and_floor(tmp_path):
     assert (row["batch"], row["context"], row["floor_GBps"]) == (2, 24, bandwidth["used_GBps"])
     check_floor(row)
     assert row["eager_check"] == {"steps": 8, "tokens_equal": True}
+    assert row["norms_in_matmuls"] is True  # the torch references carry them at TP=1
     assert summary["problems"] == []
     assert row["peer_step_ms"] > 0
     assert row["tprun_to_peer"] == pytest.approx(row["step_ms"] / row["peer_step_ms"], rel=1e-2,
