@@ -400,18 +400,25 @@ def main() -> int:
         return run_benchmark(args, write_shape(args.shape, shape_dir))
 
 
+def never_carry_norms(*args) -> bool:
+    """``norms_in_matmuls`` of ``--cublas-only``: no forward carries the norms."""
+    return False
+
+
 def use_cublas_everywhere(model: torch.nn.Module) -> None:
     """Every projection of ``model`` through cuBLAS instead of the device's
     choice (skinny or medium Triton matmuls), for ``--cublas-only``: the
     row-parallel ones through ``F.linear``, gate/up as cuBLAS then the SiLU
-    kernel, qkv as cuBLAS then the rotary kernel. The modules' own ops are
-    replaced, so nothing global changes."""
+    kernel, qkv as cuBLAS then the rotary kernel, and the decoder norms
+    launched on their own (the matmuls that would carry them are Triton's).
+    The modules' own ops are replaced, so nothing global changes."""
     from runner.layers.triton_qkv_rotary import unfused_qkv_rotary_write_kv
     from runner.layers.triton_skinny_matmul import cublas_gate_up_silu
 
     linear = torch.nn.functional.linear
     replacements = {"row_parallel_matmul": linear, "gate_up_silu": cublas_gate_up_silu,
-                    "qkv_rotary_write_kv": functools.partial(unfused_qkv_rotary_write_kv, linear)}
+                    "qkv_rotary_write_kv": functools.partial(unfused_qkv_rotary_write_kv, linear),
+                    "norms_in_matmuls": never_carry_norms}
     for module in model.modules():
         if isinstance(getattr(module, "ops", None), runner_ops.DeviceOps):
             module.ops = dataclasses.replace(module.ops, **replacements)

@@ -52,7 +52,7 @@ class CausalLM(nn.Module):
         self.ops = device_ops(self.norm.weight.device)
         # Set by fold_norm_weights: the decoder norms' weights live in qkv and gate/up.
         self.norms_folded = False
-        self._carries_norms: dict[int, bool] = {}
+        self._carries_norms: dict[tuple, bool] = {}
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """One layer's cache on this rank: (2, num_blocks, block_size, kv heads, head_dim)."""
@@ -86,10 +86,12 @@ class CausalLM(nn.Module):
         matmuls (``LlamaDecoderLayer``): on one rank, with the norm weights
         folded, no o_proj bias, and where the device's kernels for every
         projection of that size take it (``norms_in_matmuls``; on CUDA the
-        decode-size Triton kernels). Asked once per size."""
-        if num_tokens not in self._carries_norms:
+        decode-size Triton kernels). Asked once per size and ops (a
+        benchmark may replace the ops: ``bench_decode.py --cublas-only``)."""
+        key = (num_tokens, self.ops.norms_in_matmuls)
+        if key not in self._carries_norms:
             first = self.layers[0]
-            self._carries_norms[num_tokens] = (
+            self._carries_norms[key] = (
                 self.norms_folded and self.tp.size == 1
                 and first.self_attn.o_proj.bias is None
                 and self.ops.norms_in_matmuls(
@@ -97,7 +99,7 @@ class CausalLM(nn.Module):
                     first.self_attn.qkv_proj.weight, first.self_attn.o_proj.weight,
                     first.mlp.gate_up_proj.weight, first.mlp.down_proj.weight,
                     self.config.head_dim))
-        return self._carries_norms[num_tokens]
+        return self._carries_norms[key]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab_size], identical on every rank."""

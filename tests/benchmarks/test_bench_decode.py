@@ -113,6 +113,23 @@ def test_cublas_only_replaces_the_layers_ops_not_the_devices():
     assert device_ops(torch.device("cpu")) is shared
 
 
+def test_cublas_only_launches_the_norms_on_their_own():
+    """The model's decision to carry the norms in the matmuls follows its
+    ops: after --cublas-only's replacement no size carries them, also a
+    size asked before."""
+    from benchmarks.bench_decode import use_cublas_everywhere
+    from checkpoint.description import from_hf_dict
+    from runner.distributed import TensorParallelGroup
+    from runner.models import build_model_from_config
+    from tests.runner.test_loader import HF_CONFIG
+
+    model = build_model_from_config(from_hf_dict(HF_CONFIG), torch.float32,
+                                    torch.device("cpu"), TensorParallelGroup())
+    assert model.carries_norms(4)
+    use_cublas_everywhere(model)
+    assert not model.carries_norms(4) and not model.carries_norms(5)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(800)
 def test_spec_rows_verify_cost_and_replay_acceptance(tmp_path):
