@@ -4,7 +4,8 @@
         --shape 8b --batches 1 8 32 --contexts 512 4096
 
 Exports ``--base`` (any revision of this repository) with ``git archive``
-into a temporary directory, then runs ``benchmarks.bench_decode`` with the
+into a temporary directory (or takes ``--base`` as such a tree where it names
+a directory), then runs ``benchmarks.bench_decode`` with the
 arguments after ``--`` alternately in that tree and in the working tree:
 base, change, base, change ... (``--pairs`` pairs), each run a process of
 its own, so that both trees see the device in the same state and a drift
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     own, bench_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) \
         if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--base", default="HEAD", help="the git revision to compare against")
+    parser.add_argument("--base", default="HEAD",
+                        help="the git revision to compare against, or a directory that holds "
+                             "an exported tree (where the checkout has no .git)")
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args(own)
@@ -84,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("bench_decode's --out is ab_decode's to set (--out-dir)")
     os.makedirs(args.out_dir, exist_ok=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="tprun-ab-base-") as base_tree:
-        export_tree(args.base, base_tree)
+    with tempfile.TemporaryDirectory(prefix="tprun-ab-base-") as exported:
+        base_tree = args.base if os.path.isdir(args.base) else exported
+        if base_tree == exported:
+            export_tree(args.base, exported)
         for i in range(args.pairs):
             for side, tree in (("base", base_tree), ("change", ROOT)):
                 out = os.path.join(args.out_dir, f"{side}_{i}.json")

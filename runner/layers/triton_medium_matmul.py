@@ -116,7 +116,7 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
     ("matmul", 6144, 4096, 32): dict(block_n=64, block_k=256, split_k=1, num_warps=4, num_stages=4, tma=True),
     ("matmul", 6144, 4096, 64): None,
     ("matmul", 4096, 4096, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
-    ("matmul", 4096, 4096, 64): None,
+    ("matmul", 4096, 4096, 64): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
     ("gate_up", 28672, 4096, 32): dict(block_n=128, block_k=128, split_k=1, num_warps=8, num_stages=3, tma=False),
     ("gate_up", 28672, 4096, 64): dict(block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=4, tma=False),
     ("matmul", 4096, 14336, 32): dict(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=5, tma=False),
@@ -127,7 +127,7 @@ TUNED_CONFIGS: dict[tuple[str, int, int, int], dict | None] = {
     ("matmul", 3072, 2048, 32): None,
     ("matmul", 3072, 2048, 64): None,
     ("matmul", 2048, 2048, 32): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4, tma=False),
-    ("matmul", 2048, 2048, 64): None,
+    ("matmul", 2048, 2048, 64): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4, tma=False),
     ("gate_up", 16384, 2048, 32): dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4, tma=False),
     ("gate_up", 16384, 2048, 64): dict(block_n=64, block_k=128, split_k=None, num_warps=4, num_stages=4, tma=False),
     ("matmul", 2048, 8192, 32): dict(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=5, tma=False),
@@ -205,7 +205,7 @@ def _medium_matmul_kernel(x_ptr, w, out_ptr, workspace_ptr, counters_ptr, M, N, 
             w_tile = tl.load(w + w_rows[:, None] + ks[None, :],
                              mask=(cols < N)[:, None] & (ks[None, :] < k_hi), other=0.0)
         acc += tl.dot(w_tile, tl.trans(x), input_precision=DOT_PRECISION)
-    if ADD_RESIDUAL or NORM:
+    if (ADD_RESIDUAL or NORM) and SPLIT_K == 1:
         let_next_kernel_start(PDL)
     if SPLIT_K > 1:
         PART: tl.constexpr = W_ROWS * M_PAD

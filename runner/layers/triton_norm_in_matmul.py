@@ -125,7 +125,6 @@ def norms_in_matmuls(rows: int, dtype: torch.dtype, device: torch.device,
     )
     from runner.layers.triton_qkv_rotary import uses_skinny_qkv_rotary
     from runner.layers.triton_skinny_matmul import (
-        skinny_split_k,
         uses_skinny_gate_up_silu,
         uses_skinny_matmul,
     )
@@ -138,9 +137,7 @@ def norms_in_matmuls(rows: int, dtype: torch.dtype, device: torch.device,
 
     def producer(weight: torch.Tensor) -> bool:
         x = inputs(weight)
-        if uses_skinny_matmul(x, weight):
-            return skinny_split_k(x, weight) == 1
-        return uses_medium_matmul(x, weight)
+        return uses_skinny_matmul(x, weight) or uses_medium_matmul(x, weight)
 
     qkv_x, gate_up_x = inputs(qkv_weight), inputs(gate_up_weight)
     return ((uses_skinny_qkv_rotary(qkv_x, qkv_weight, head_dim)

@@ -102,7 +102,7 @@ def _skinny_qkv_rotary_kernel(
         w_hi = tl.load(w_ptr + hi_rows + ks[None, :], mask=k_mask, other=0.0)
         acc_lo += tl.dot(a, tl.trans(w_lo), input_precision=DOT_PRECISION)
         acc_hi += tl.dot(a, tl.trans(w_hi), input_precision=DOT_PRECISION)
-    if NORM:
+    if NORM and SPLIT_K == 1:
         let_next_kernel_start(PDL)
     if SPLIT_K > 1:  # a part each of lo and hi; the group's last program sums them
         PART: tl.constexpr = M_PAD * BLOCK_P

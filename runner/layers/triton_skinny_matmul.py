@@ -107,7 +107,7 @@ def _skinny_matmul_kernel(x_ptr, w_ptr, out_ptr, workspace_ptr, counters_ptr, pa
         w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_w + ks[None, :],
                     mask=col_mask[:, None] & (ks[None, :] < k_hi), other=0.0)
         acc += tl.dot(a, tl.trans(w), input_precision=DOT_PRECISION)
-    if ADD_RESIDUAL:
+    if ADD_RESIDUAL and SPLIT_K == 1:
         let_next_kernel_start(PDL)
     if SPLIT_K > 1:
         PART: tl.constexpr = M_PAD * BLOCK_N

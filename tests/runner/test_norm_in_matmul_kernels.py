@@ -319,39 +319,34 @@ def test_fallbacks_with_parts_match_the_references():
     _check_qkv(qkv_rotary.qkv_rotary_write_kv, 4, torch.float32, 61, 3)
 
 
-def test_norms_in_matmuls_where_every_projection_takes_a_kernel(monkeypatch):
-    """The 8B shapes in bf16: 1..16 rows (skinny) and 17..32 (medium); not
-    33..64, where o_proj is tuned to cuBLAS, nor 65, nor float32, nor
-    17..32 with the medium kernels switched off."""
-    def weight(n, k):  # the shape only: the routing reads no element
-        return torch.empty(1, k, dtype=torch.bfloat16).expand(n, k)
+def _weights(*shapes):  # the shapes only: the routing reads no element
+    return tuple(torch.empty(1, k, dtype=torch.bfloat16).expand(n, k) for n, k in shapes)
 
-    shapes = (weight(6144, 4096), weight(4096, 4096), weight(28672, 4096), weight(4096, 14336))
+
+def test_norms_in_matmuls_where_every_projection_takes_a_kernel(monkeypatch):
+    """The 8B shapes in bf16: 1..16 rows (skinny) and 17..64 (medium); not
+    65, nor float32, nor 17..64 with the medium kernels switched off."""
+    shapes = _weights((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
     def carries(rows, dtype=torch.bfloat16):
         return norms_in_matmuls(rows, dtype, torch.device("cpu"), *shapes, 128)
 
-    assert all(carries(rows) for rows in (1, 16, 17, 32))
-    assert not any(carries(rows) for rows in (33, 64, 65))
+    assert all(carries(rows) for rows in (1, 16, 17, 32, 33, 64))
+    assert not carries(65)
     assert not carries(8, torch.float32)
     monkeypatch.setattr(medium, "MEDIUM_MATMUL_ENABLED", False)
     assert not carries(17) and carries(16)
 
 
-def test_norms_in_matmuls_not_where_a_skinny_producer_splits_k():
+def test_norms_in_matmuls_where_a_skinny_producer_splits_k():
     """The 1B shapes (2048 hidden): o_proj and down on the skinny kernel
-    split K at 1..16 rows (64 column groups for 132 SMs), so those forwards
-    keep the norm launches; 17..32 rows take the medium kernels and carry."""
-    def weight(n, k):
-        return torch.empty(1, k, dtype=torch.bfloat16).expand(n, k)
-
-    shapes = (weight(3072, 2048), weight(2048, 2048), weight(16384, 2048), weight(2048, 8192))
+    split K at 1..16 rows (64 column groups for 132 SMs) and still carry;
+    17..64 rows take the medium kernels and carry."""
+    shapes = _weights((3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192))
     x = torch.empty(1, 2048, dtype=torch.bfloat16).expand(8, 2048)
     assert skinny.uses_skinny_matmul(x, shapes[1]) and skinny.skinny_split_k(x, shapes[1]) > 1
-    assert not any(norms_in_matmuls(rows, torch.bfloat16, torch.device("cpu"), *shapes, 64)
-                   for rows in (1, 8, 16))
     assert all(norms_in_matmuls(rows, torch.bfloat16, torch.device("cpu"), *shapes, 64)
-               for rows in (17, 32))
+               for rows in (1, 8, 16, 17, 32, 64))
 
 
 def test_the_device_seam_names_the_kernels():
