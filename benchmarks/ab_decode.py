@@ -37,6 +37,15 @@ def export_tree(revision: str, into: str) -> None:
     subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
 
 
+def base_tree(base: str, scratch: str) -> str:
+    """The tree to run the base from: ``base`` itself where it is a
+    directory, else revision ``base`` exported into ``scratch``."""
+    if os.path.isdir(base):
+        return base
+    export_tree(base, scratch)
+    return scratch
+
+
 def run_decode(tree: str, out: str, bench_args: list[str]) -> None:
     """bench_decode from ``tree`` with ``bench_args``, its JSON to ``out``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -87,12 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("bench_decode's --out is ab_decode's to set (--out-dir)")
     os.makedirs(args.out_dir, exist_ok=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="tprun-ab-base-") as exported:
-        base_tree = args.base if os.path.isdir(args.base) else exported
-        if base_tree == exported:
-            export_tree(args.base, exported)
+    with tempfile.TemporaryDirectory(prefix="tprun-ab-base-") as scratch:
+        base = base_tree(args.base, scratch)
         for i in range(args.pairs):
-            for side, tree in (("base", base_tree), ("change", ROOT)):
+            for side, tree in (("base", base), ("change", ROOT)):
                 out = os.path.join(args.out_dir, f"{side}_{i}.json")
                 run_decode(tree, out, bench_args)
                 runs.append((side, step_ms(out)))

@@ -19,11 +19,15 @@ correctness (its programs wait in any case). Most let it start at once
 (``wait_for_previous_kernel``), which hides its launch behind this one's
 run. The matmuls that carry the decoder's norms (``runner/layers/norm_in_matmul.py``)
 let it start only once their K loop has issued its loads
-(``wait_for_previous_kernel(PDL, False)``, then ``let_next_kernel_start``):
-there one weight-streaming matmul follows another with no small kernel
-between, and a successor launched early puts its programs onto whichever
-SMs have room while the predecessor still runs, unevenly; launched once the
-predecessor's loads are issued, it spreads over the SMs as they free up.
+(``wait_for_previous_kernel(PDL, False)``, then ``let_next_kernel_start``),
+or, where they split K, only at their exit: there one weight-streaming
+matmul follows another with no small kernel between, and a successor
+launched early puts its programs onto whichever SMs have room while the
+predecessor still runs, unevenly; launched once the predecessor's loads are
+issued, it spreads over the SMs as they free up. A launch split over K
+still has its column groups' last programs to run after the loop (their
+tickets, the sum of the splits, the epilogue), so its successor waits for
+them off the SMs.
 
 Only devices of compute capability 9.0 and up have the instructions
 (``runner.ops.launch_pdl`` says where kernels use them); the interpreter

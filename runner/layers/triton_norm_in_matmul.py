@@ -23,7 +23,8 @@ the residual, and the parts of that rounded sum; the consumer's sums scaled
 in float32 and rounded once, by the epilogue that follows.
 
 A kernel in either mode lets the next kernel start after its K loop rather
-than at its top (``runner/triton_dependent_launch.py`` says why).
+than at its top, or at its exit where it splits K
+(``runner/triton_dependent_launch.py`` says why).
 
 The skinny kernels hold their sums as [rows, columns], the medium one as
 [columns, rows]; ROW_AXIS names the rows' axis, as in
@@ -112,11 +113,7 @@ def norms_in_matmuls(rows: int, dtype: torch.dtype, device: torch.device,
     """``norms_in_matmuls_ref`` on CUDA: whether a forward of ``rows`` tokens
     carries its norms in the matmuls, that is whether each of its four
     projections takes a skinny or medium kernel with the modes (elsewhere
-    the references would run them, the consumers' in float32), and no
-    producer on the skinny kernel splits K. A split producer adds and sums
-    squares only in each column group's last program, after its ticket: a
-    serial tail that the norm's own launch does not have, and the step
-    measured slower with it (benchmarks/results/README.md, tenth round)."""
+    the references would run them, the consumers' in float32)."""
     # The kernels' modules import this one's helpers: their routing is imported here.
     from runner.layers.triton_medium_matmul import (
         MEDIUM_MAX_ROWS,

@@ -22,6 +22,19 @@ def test_export_tree_holds_the_revision(tmp_path):
     assert (tmp_path / "benchmarks" / "bench_decode.py").read_text() == committed
 
 
+def test_base_tree_is_a_directory_as_given_or_an_export(tmp_path):
+    from benchmarks.ab_decode import base_tree
+
+    given = tmp_path / "given"
+    given.mkdir()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    assert base_tree(str(given), str(scratch)) == str(given)
+    assert not any(scratch.iterdir())  # nothing exported for a directory
+    assert base_tree("HEAD", str(scratch)) == str(scratch)
+    assert (scratch / "benchmarks" / "ab_decode.py").is_file()
+
+
 def test_compare_takes_each_sides_median():
     from benchmarks.ab_decode import compare
 
