@@ -145,20 +145,20 @@ def compute_slot_mappings_ref(block_table: torch.Tensor, idx_mapping: torch.Tens
                               query_start_loc: torch.Tensor, positions: torch.Tensor,
                               block_size: int, slot_mapping: torch.Tensor, num_reqs: int,
                               num_tokens: int, num_tokens_padded: int) -> torch.Tensor:
-    """Torch reference: fixed shapes (num_tokens is host-known), no sync.
+    """Torch reference: fixed shapes, no sync.
 
-    Tokens below num_tokens that belong to no row (at or past
-    query_start_loc[num_reqs]) are left as they are, as the Triton kernel
-    leaves them: a CUDA graph fills them with -1 first.
+    Every token below num_tokens_padded that belongs to no row (at or past
+    query_start_loc[num_reqs], read on the device) gets PAD_SLOT_ID: a CUDA
+    graph's padded tokens, whose count only the device knows, write no KV.
     """
-    slot_mapping[num_tokens:num_tokens_padded] = PAD_SLOT_ID
-    if num_tokens == 0:
-        return slot_mapping[:num_tokens_padded]
-    rows = token_rows(query_start_loc, num_reqs, num_tokens)
+    rows = token_rows(query_start_loc, num_reqs, num_tokens_padded)
     in_a_row = rows < num_reqs
+    if num_reqs == 0:
+        slot_mapping[:num_tokens_padded] = PAD_SLOT_ID
+        return slot_mapping[:num_tokens_padded]
     req_slots = idx_mapping[:num_reqs].to(torch.int64)[rows.clamp(max=num_reqs - 1)]
-    pos = torch.where(in_a_row, positions[:num_tokens].to(torch.int64), 0)
+    pos = torch.where(in_a_row, positions[:num_tokens_padded].to(torch.int64), 0)
     blocks = block_table[req_slots, pos // block_size].to(torch.int64)
     slots = (blocks * block_size + pos % block_size).to(slot_mapping.dtype)
-    slot_mapping[:num_tokens] = torch.where(in_a_row, slots, slot_mapping[:num_tokens])
+    slot_mapping[:num_tokens_padded] = torch.where(in_a_row, slots, PAD_SLOT_ID)
     return slot_mapping[:num_tokens_padded]

@@ -79,6 +79,8 @@ class InputBuffers:
         self.logits_indices = torch.zeros(
             max_num_batched_tokens, dtype=torch.int64, device=device
         )
+        # Constant: the logits indices of a step whose every token has a logits row.
+        self.every_token = torch.arange(max_num_batched_tokens, dtype=torch.int64, device=device)
         # idx_mapping, query_start_loc (and cu_num_logits) share one buffer,
         # the step meta: one copy a step, or one write in the launch of the
         # step's staged writes where it has any.
@@ -363,6 +365,25 @@ def combine_sampled_tokens_ref(input_ids: torch.Tensor, idx_mapping: torch.Tenso
     values = first_column[slots].to(input_ids.dtype)
     input_ids.copy_(torch.where(in_batch & decoding & last, values, input_ids))
     return out
+
+
+def finish_step_rows_ref(idx_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                         positions: torch.Tensor, logits_indices: torch.Tensor,
+                         prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                         num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The device bookkeeping of a step once its inputs are built (the runner
+    queues it with the forward): every batch row's seq_len becomes its
+    slot's ``num_computed_tokens`` (so the next step needs no staged write),
+    and returns (int64 slots of rows ``[0, num_reqs)``, int64 position that
+    each logits row samples: its token's position + 1, bool sample mask:
+    the row is past its prompt). Rows map to distinct slots, padding rows to
+    the padding slot with seq_len 0. Fixed shapes, no sync."""
+    idx = idx_mapping[:num_reqs].to(torch.int64)
+    lens = seq_lens[:num_reqs]
+    num_computed_tokens.index_copy_(0, idx, lens.to(num_computed_tokens.dtype))
+    next_positions = positions[logits_indices] + 1
+    sample_mask = lens >= prefill_len[idx]
+    return idx, next_positions, sample_mask
 
 
 def check_combine_draft_tokens(idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,

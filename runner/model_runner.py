@@ -75,7 +75,7 @@ class StepTensors:
     token each logits row belongs to)."""
 
     idx_mapping: torch.Tensor  # int64 slots of the batch rows
-    logits: torch.Tensor  # float32 [logits rows, vocab]
+    logits: torch.Tensor  # [logits rows, vocab], the model's dtype
     positions: torch.Tensor  # position of the token each logits row samples
     sample_mask: torch.Tensor  # bool: the row is past its prompt and samples
     logits_indices: torch.Tensor  # int64 token of each logits row
@@ -310,7 +310,6 @@ class ModelRunner:
         backend (emulated graphs) reads host copies, and there the buffers
         themselves are host memory, so those are used instead."""
         buf = self.buffers
-        self.block_tables.slot_mapping[:tokens].fill_(-1)
         block_tables, slot_mapping = self._build_inputs(
             num_reqs=rows, num_tokens=tokens, num_reqs_padded=rows, num_tokens_padded=tokens,
             has_prefill=True)
@@ -441,20 +440,22 @@ class ModelRunner:
         into the slots, so no staged write is needed next step; rejected
         drafts are taken off in ``sample_tokens``). With ``every_token``
         (decode graphs, ``num_logits`` their tokens) logits row l is token l
-        and no gather is needed."""
-        buf = self.buffers
-        idx = buf.idx_mapping[:n].long()
-        self.req_states.num_computed_tokens.gpu.index_copy_(0, idx, buf.seq_lens[:n])
+        and no gather is needed. The bookkeeping is one ``finish_step_rows``
+        (one launch on CUDA)."""
+        buf, states = self.buffers, self.req_states
         if every_token:
-            rows = torch.arange(num_logits, device=hidden.device)
+            rows = buf.every_token[:num_logits]
             selected = hidden[:num_logits]
         else:
             rows = buf.logits_indices[:num_logits]
             selected = hidden[rows]
-        positions = buf.positions[rows] + 1
-        sample_mask = buf.seq_lens[:n] >= self.req_states.prefill_len.gpu[idx]
-        return StepTensors(idx, self.model.compute_logits(selected), positions, sample_mask,
-                           rows)
+        idx, positions, sample_mask = self.ops.finish_step_rows(
+            buf.idx_mapping, buf.seq_lens, buf.positions, rows, states.prefill_len.gpu,
+            states.num_computed_tokens.gpu, n)
+        # Logits in the model's dtype: the sampler casts where it computes
+        # (penalties, filters, logprobs); an argmax needs no float32 copy.
+        return StepTensors(idx, self.model.compute_logits(selected, dtype=None), positions,
+                           sample_mask, rows)
 
     def _graph_for(self, plan: SchedulerOutput) -> _GraphChoice | None:
         """The captured graph that runs this plan, or None: eager.

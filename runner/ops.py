@@ -45,6 +45,7 @@ class DeviceOps:
     combine_draft_tokens: Callable[..., None]  # combine_draft_tokens_ref
     gather_block_tables: Callable[..., torch.Tensor]  # gather_block_tables_ref
     compute_slot_mappings: Callable[..., torch.Tensor]  # compute_slot_mappings_ref
+    finish_step_rows: Callable[..., tuple]  # finish_step_rows_ref
     # runner/staged_write_group.py
     apply_grouped_writes: Callable[..., None]  # apply_grouped_writes_ref
     # runner/layers/
@@ -105,6 +106,8 @@ _KERNELS = {
                                "runner.triton_input_batch:combine_sampled_tokens_triton"),
     "combine_draft_tokens": ("runner.input_batch:combine_draft_tokens_ref",
                              "runner.triton_input_batch:combine_draft_tokens_triton"),
+    "finish_step_rows": ("runner.input_batch:finish_step_rows_ref",
+                         "runner.triton_input_batch:finish_step_rows_triton"),
     "gather_block_tables": ("runner.block_table:gather_block_tables_ref",
                             "runner.triton_block_table:gather_block_tables_triton"),
     "compute_slot_mappings": ("runner.block_table:compute_slot_mappings_ref",

@@ -118,7 +118,9 @@ class Sampler:
     ) -> SamplerOutput:
         """Sample one token per row.
 
-        ``logits`` [N, V]; ``idx_mapping`` [N] slots (device) and
+        ``logits`` [N, V], any float dtype (the model's: it is cast to
+        float32 where the sampler computes on it; the greedy fast path's
+        argmax reads it as it is); ``idx_mapping`` [N] slots (device) and
         ``idx_mapping_np`` (host, same values); ``positions`` [N] position
         of the token being sampled; ``sample_mask`` [N] bool (device), False
         for a prefill chunk that stops short of its prompt (its token is

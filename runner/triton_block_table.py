@@ -63,15 +63,15 @@ def _slot_mappings_kernel(
     slot_mapping_ptr,
     block_size,
     num_reqs,
-    num_tokens,
     num_tokens_padded,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     if row == num_reqs:
-        # The last program writes the padding.
+        # The last program writes the padding: the tokens past the rows' own,
+        # from their end on the device (a graph's real token count).
         pad = tl.full([BLOCK], -1, dtype=tl.int64)
-        for off in range(num_tokens, num_tokens_padded, BLOCK):
+        for off in range(tl.load(query_start_loc_ptr + num_reqs), num_tokens_padded, BLOCK):
             k = off + tl.arange(0, BLOCK)
             tl.store(slot_mapping_ptr + k, pad, mask=k < num_tokens_padded)
     else:
@@ -91,7 +91,9 @@ def compute_slot_mappings_triton(block_table: torch.Tensor, idx_mapping: torch.T
                                  query_start_loc: torch.Tensor, positions: torch.Tensor,
                                  block_size: int, slot_mapping: torch.Tensor, num_reqs: int,
                                  num_tokens: int, num_tokens_padded: int) -> torch.Tensor:
-    """``compute_slot_mappings_ref``: one program per batch row, plus one for the padding."""
+    """``compute_slot_mappings_ref``: one program per batch row, plus one for the padding
+    (which starts where the device's query_start_loc says the rows end:
+    ``num_tokens`` is only checked)."""
     _slot_mappings_kernel[(num_reqs + 1,)](
         block_table,
         block_table.stride(0),
@@ -101,7 +103,6 @@ def compute_slot_mappings_triton(block_table: torch.Tensor, idx_mapping: torch.T
         slot_mapping,
         block_size,
         num_reqs,
-        num_tokens,
         num_tokens_padded,
         BLOCK=1024,
     )

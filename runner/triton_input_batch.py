@@ -152,6 +152,55 @@ def combine_sampled_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Te
 
 
 @triton.jit
+def _finish_rows_kernel(
+    idx_mapping_ptr,
+    seq_lens_ptr,
+    positions_ptr,
+    logits_indices_ptr,
+    prefill_len_ptr,
+    num_computed_ptr,
+    idx_out_ptr,
+    next_positions_ptr,
+    sample_mask_ptr,
+    num_reqs,
+    num_logits,
+    BLOCK: tl.constexpr,
+):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = i < num_reqs
+    slot = tl.load(idx_mapping_ptr + i, mask=row, other=0).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + i, mask=row, other=0)
+    tl.store(idx_out_ptr + i, slot, mask=row)
+    tl.store(num_computed_ptr + slot, seq_len, mask=row)
+    prefill = tl.load(prefill_len_ptr + slot, mask=row, other=0)
+    tl.store(sample_mask_ptr + i, seq_len >= prefill, mask=row)
+    logit = i < num_logits
+    token = tl.load(logits_indices_ptr + i, mask=logit, other=0)
+    position = tl.load(positions_ptr + token, mask=logit, other=0)
+    tl.store(next_positions_ptr + i, position + 1, mask=logit)
+
+
+def finish_step_rows_triton(idx_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                            positions: torch.Tensor, logits_indices: torch.Tensor,
+                            prefill_len: torch.Tensor, num_computed_tokens: torch.Tensor,
+                            num_reqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``finish_step_rows_ref`` in one launch (the reference's seven small
+    torch kernels are as many boundaries in every decode step)."""
+    num_logits = logits_indices.shape[0]
+    device = idx_mapping.device
+    idx = torch.empty(num_reqs, dtype=torch.int64, device=device)
+    next_positions = torch.empty(num_logits, dtype=positions.dtype, device=device)
+    sample_mask = torch.empty(num_reqs, dtype=torch.bool, device=device)
+    block = 128
+    programs = triton.cdiv(max(num_reqs, num_logits), block)
+    if programs:
+        _finish_rows_kernel[(programs,)](
+            idx_mapping, seq_lens, positions, logits_indices, prefill_len, num_computed_tokens,
+            idx, next_positions, sample_mask, num_reqs, num_logits, BLOCK=block)
+    return idx, next_positions, sample_mask
+
+
+@triton.jit
 def _combine_drafts_kernel(
     input_ids_ptr,
     idx_mapping_ptr,

@@ -72,8 +72,10 @@ class ParallelLMHead(nn.Module):
         return (WeightSlice(self.weight, 0, self.vocab_start, length, self.vocab_size)
                 if length > 0 else None)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> float32 logits [N, vocab_size]."""
+    def forward(self, hidden: torch.Tensor,
+                dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+        """hidden [N, H] -> logits [N, vocab_size] in ``dtype`` (None: the
+        weight's, as the projection rounds them)."""
         local = F.linear(hidden, self.weight)
-        full = self.tp.all_gather(local, dim=-1)
-        return full[:, : self.vocab_size].float()
+        full = self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
+        return full if dtype is None else full.to(dtype)

@@ -101,9 +101,11 @@ class CausalLM(nn.Module):
                     self.config.head_dim))
         return self._carries_norms[key]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> float32 logits [N, vocab_size], identical on every rank."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor,
+                       dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab_size] in ``dtype`` (None: the
+        model's), identical on every rank."""
+        return self.lm_head(hidden, dtype)
 
     def weight_slices(self) -> dict[str, WeightSlice]:
         """Checkpoint tensor name (Hugging Face naming) -> where it lands on this rank.

@@ -36,7 +36,7 @@ def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
     positions = torch.full((8,), 0, dtype=torch.int64, device=device)
     seq_lens = torch.full((6,), -777, dtype=torch.int32, device=device)
     logits = torch.full((8,), -777, dtype=torch.int64, device=device)
-    slots = torch.full((8,), -1, dtype=torch.int64, device=device)
+    slots = torch.full((8,), -777, dtype=torch.int64, device=device)
     ops.prepare_prefill_inputs(
         input_ids, idx, qsl, all_tokens, prefill_len, computed, size)
     ops.prepare_pos_seq_lens(idx, qsl, computed, positions, seq_lens, size)
@@ -48,4 +48,6 @@ def test_zero_token_padded_rows_do_not_touch_real_rows(variant):
     assert positions[:3].tolist() == [40, 17, 6]
     assert seq_lens.tolist() == [41, 18, 7, 0, 0, 0]
     assert logits[:3].tolist() == [0, 1, 2]
-    assert slots[:5].tolist() == [13 * 16 + 8, 4 * 16 + 1, 21 * 16 + 6, -1, -1]
+    # Tokens 3 and 4 belong to no row (the device's query_start_loc ends at
+    # 3): slot -1, with no fill before; tokens past the padded count untouched.
+    assert slots.tolist() == [13 * 16 + 8, 4 * 16 + 1, 21 * 16 + 6, -1, -1, -777, -777, -777]

@@ -507,6 +507,28 @@ def test_reply_is_in_plan_order_and_skips_unsampled_rows():
     assert reply.num_sampled == [1, 1, 1, 1, 1, 0]
 
 
+@pytest.mark.parametrize("mixed", [False, True])
+def test_model_dtype_logits_draw_what_their_float32_values_draw(mixed):
+    # The runner hands the sampler logits in the model's dtype; the values
+    # are the same in float32, so every draw (the greedy fast path's argmax,
+    # the filtered Gumbel draws, the logprobs) must be too.
+    vocab = 300
+    requests = {0: (opts(temperature=0.0), [1], [])}
+    if mixed:
+        requests[1] = (opts(temperature=0.9, top_k=40, seed=3, logprobs=2), [1], [])
+    gen = torch.Generator().manual_seed(5)
+    slots = [0, 1, 0, 1] * 8 if mixed else [0] * 32
+    logits = (3 * torch.randn(len(slots), vocab, generator=gen)).to(torch.bfloat16)
+    logits[0, :] = 0.0  # a tie: the first token
+    got = run(make_sampler(requests, vocab), logits, slots, range(len(slots)))
+    want = run(make_sampler(requests, vocab), logits.float(), slots, range(len(slots)))
+    assert torch.equal(got.sampled_token_ids, want.sampled_token_ids)
+    assert got.sampled_token_ids[0] == 0
+    if mixed:
+        for a, b in zip(got.logprobs.tensors(), want.logprobs.tensors(), strict=True):
+            assert torch.equal(a, b)
+
+
 def test_logprobs_are_raw_and_follow_the_sampled_rows():
     slots, logits, reply = _logprob_step()
     lp = reply.logprobs
