@@ -151,11 +151,11 @@ def compute_slot_mappings_ref(block_table: torch.Tensor, idx_mapping: torch.Tens
     query_start_loc[num_reqs], read on the device) gets PAD_SLOT_ID: a CUDA
     graph's padded tokens, whose count only the device knows, write no KV.
     """
-    rows = token_rows(query_start_loc, num_reqs, num_tokens_padded)
-    in_a_row = rows < num_reqs
     if num_reqs == 0:
         slot_mapping[:num_tokens_padded] = PAD_SLOT_ID
         return slot_mapping[:num_tokens_padded]
+    rows = token_rows(query_start_loc, num_reqs, num_tokens_padded)
+    in_a_row = rows < num_reqs
     req_slots = idx_mapping[:num_reqs].to(torch.int64)[rows.clamp(max=num_reqs - 1)]
     pos = torch.where(in_a_row, positions[:num_tokens_padded].to(torch.int64), 0)
     blocks = block_table[req_slots, pos // block_size].to(torch.int64)
