@@ -1,6 +1,12 @@
 """The noise draw and the greedy argmax of ``noise.py`` in Triton: one
 program per (row, vocab block) hashes, adds the Gumbel noise and reduces the
-argmax in registers, bit-identical in the hash to the torch reference."""
+argmax in registers, bit-identical in the hash to the torch reference
+(NaN counts as +inf, where torch counts it above every number: the two
+differ only on a row holding both, and neither gives an index past the
+vocabulary). The
+last block program of a row to finish (its ticket, ``runner/ticket_counters.py``)
+reduces the row's block maxima to the token, so a draw is one launch: the
+sampler runs after every step, where each launch is a kernel boundary."""
 
 from __future__ import annotations
 
@@ -9,6 +15,11 @@ import triton
 import triton.language as tl
 
 from runner.sampling.noise import row_keys
+from runner.ticket_counters import TicketCounters, take_ticket
+
+# The draws' counters, one a row: draws run one after another on the
+# runner's stream and each leaves its counters at 0.
+COUNTERS = TicketCounters()
 
 
 @triton.jit
@@ -28,13 +39,17 @@ def _block_argmax_kernel(
     row_keys_ptr,
     block_max_ptr,
     block_arg_ptr,
+    counters_ptr,
+    out_ptr,
     num_blocks,
     vocab_size,
     BLOCK: tl.constexpr,
+    BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
 ):
     """Per (row, vocab block): the max of logits (+ Gumbel noise with GUMBEL)
-    and the first token that reaches it."""
+    and the first token that reaches it; the row's last block to finish
+    writes the token of the first block holding the row's max to ``out_ptr``."""
     row = tl.program_id(0)
     block = tl.program_id(1)
     tokens = block * BLOCK + tl.arange(0, BLOCK)
@@ -47,28 +62,40 @@ def _block_argmax_kernel(
         bits = _mix(key ^ token_key)
         u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
         score = tl.where(inside, score + -tl.log(-tl.log(u)), float("-inf"))
+    # NaN as +inf: the reductions' comparisons never pick a NaN, so a row of
+    # NaNs would reduce to a padding lane (an index past the vocabulary).
+    score = tl.where(score != score, float("inf"), score)
     best, arg = tl.max(score, axis=0, return_indices=True, return_indices_tie_break_left=True)
     tl.store(block_max_ptr + row * num_blocks + block, best)
     tl.store(block_arg_ptr + row * num_blocks + block, block * BLOCK + arg)
+    if take_ticket(counters_ptr + row, num_blocks):
+        blocks = tl.arange(0, BLOCKS_PAD)
+        maxima = tl.load(block_max_ptr + row * num_blocks + blocks, mask=blocks < num_blocks,
+                         other=float("-inf"))
+        _, first = tl.max(maxima, axis=0, return_indices=True,
+                          return_indices_tie_break_left=True)
+        tl.store(out_ptr + row, tl.load(block_arg_ptr + row * num_blocks + first))
 
 
 def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -> torch.Tensor:
-    """Argmax per row in two stages: one program per (row, vocab block), then
-    torch's argmax over the blocks' maxima (the first block wins a tie, so the
-    first token does overall, as with ``torch.argmax``)."""
+    """Argmax per row in one launch: one program per (row, vocab block), the
+    row's last to finish reducing the blocks' maxima (the first block wins a
+    tie, so the first token does overall, as with ``torch.argmax``)."""
     logits = logits.contiguous()
     n, vocab_size = logits.shape
     num_blocks = triton.cdiv(vocab_size, block)
+    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if n == 0:
+        return out
     block_max = torch.empty(n, num_blocks, dtype=torch.float32, device=logits.device)
     block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
-    if n > 0:
-        _block_argmax_kernel[(n, num_blocks)](
-            # Without noise the keys pointer is never read; logits stands in for it.
-            logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
-            num_blocks, vocab_size, BLOCK=block, GUMBEL=keys is not None,
-        )  # fmt: skip
-    best_block = block_max.argmax(dim=-1, keepdim=True)
-    return block_arg.gather(1, best_block)[:, 0]
+    _block_argmax_kernel[(n, num_blocks)](
+        # Without noise the keys pointer is never read; logits stands in for it.
+        logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
+        COUNTERS.at_least(n, logits.device), out, num_blocks, vocab_size, BLOCK=block,
+        BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=keys is not None,
+    )  # fmt: skip
+    return out
 
 
 def gumbel_argmax_triton(

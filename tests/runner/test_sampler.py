@@ -161,6 +161,29 @@ def test_triton_greedy_argmax_matches_torch_first_index_on_ties(dtype, vocab):
     assert got[1] == 0 and got[3] == 5
 
 
+@pytest.mark.parametrize("vocab", [37, 5000])
+def test_triton_argmax_draws_take_nan_as_the_maximum(vocab):
+    # A NaN logit (a broken forward) must still give a token of the
+    # vocabulary: the first NaN, as torch.argmax gives it.
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(5, vocab, generator=gen)
+    logits[0, :] = float("nan")  # every token NaN: token 0
+    logits[1, vocab - 1] = float("nan")  # one NaN, in the last block
+    logits[2, [3, vocab // 2]] = float("nan")  # the first of two
+    logits[3, 1:] = float("nan")
+    logits[3, 0] = float("-inf")
+    want = logits.argmax(dim=-1)
+    assert want.tolist()[:4] == [0, vocab - 1, 3, 1]
+    dev = TRITON_DEVICE
+    assert torch.equal(greedy_argmax_triton(logits.to(dev)).cpu(), want)
+    seeds, positions = torch.arange(5), torch.zeros(5, dtype=torch.int64)
+    noisy = gumbel_argmax_triton(logits.to(dev), seeds.to(dev), positions.to(dev),
+                                 token_keys(vocab, dev)).cpu()
+    assert torch.equal(noisy[:4], want[:4])
+    assert torch.equal(noisy, gumbel_argmax_ref(logits, seeds, positions,
+                                                 token_keys(vocab, CPU)))
+
+
 def test_chi2_helper_known_values():
     assert chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-6)
     assert chi2_sf(5.991464547107979, 2) == pytest.approx(0.05, rel=1e-6)
