@@ -215,6 +215,13 @@ def launch_pdl(device: torch.device) -> bool:
     return PDL_ENABLED and device.type == "cuda" and _sm90_or_newer(device.index)
 
 
+def pdl_launch(device: torch.device) -> dict:
+    """A kernel's PDL constexpr and Triton's launch option for ``device``
+    (``launch_pdl``), for a kernel that starts with ``wait_for_previous_kernel(PDL)``."""
+    pdl = launch_pdl(device)
+    return dict(PDL=pdl, launch_pdl=pdl)
+
+
 @functools.cache
 def _sm90_or_newer(index: int | None) -> bool:
     return torch.cuda.get_device_capability(index) >= (9, 0)

@@ -1,11 +1,15 @@
 """The block-table kernels of runner/block_table.py in Triton, with the same
-signatures as their torch references there."""
+signatures as their torch references there; they launch with programmatic
+dependent launch as the input kernels do (``runner/triton_input_batch.py``)."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from runner.ops import pdl_launch
+from runner.triton_dependent_launch import wait_for_previous_kernel
 
 
 @triton.jit
@@ -18,7 +22,9 @@ def _gather_block_tables_kernel(
     num_reqs,
     num_cols,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     dst = out_ptr + row.to(tl.int64) * out_stride
     if row < num_reqs:
@@ -49,6 +55,7 @@ def gather_block_tables_triton(block_table: torch.Tensor, idx_mapping: torch.Ten
             num_reqs,
             block_table.shape[1],
             BLOCK=1024,
+            **pdl_launch(out.device),
         )
     return out[:num_reqs_padded]
 
@@ -65,7 +72,9 @@ def _slot_mappings_kernel(
     num_reqs,
     num_tokens_padded,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     if row == num_reqs:
         # The last program writes the padding: the tokens past the rows' own,
@@ -105,5 +114,6 @@ def compute_slot_mappings_triton(block_table: torch.Tensor, idx_mapping: torch.T
         num_reqs,
         num_tokens_padded,
         BLOCK=1024,
+        **pdl_launch(slot_mapping.device),
     )
     return slot_mapping[:num_tokens_padded]

@@ -1,11 +1,18 @@
 """The step-input kernels of runner/input_batch.py in Triton, with the same
-signatures as their torch references there."""
+signatures as their torch references there. They launch with programmatic
+dependent launch where the device has it (``runner/triton_dependent_launch.py``):
+each waits for the kernel before it before it reads anything, and lets the
+next one start at once, so the chain of small launches that begins and
+ends a step hides its launches as the forward's kernels do."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from runner.ops import pdl_launch
+from runner.triton_dependent_launch import wait_for_previous_kernel
 
 
 @triton.jit
@@ -18,7 +25,9 @@ def _prefill_inputs_kernel(
     prefill_len_ptr,
     num_computed_tokens_ptr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
     start = tl.load(query_start_loc_ptr + row)
@@ -51,6 +60,7 @@ def prepare_prefill_inputs_triton(input_ids: torch.Tensor, idx_mapping: torch.Te
         prefill_len,
         num_computed_tokens,
         BLOCK=1024,
+        **pdl_launch(input_ids.device),
     )
 
 
@@ -64,7 +74,9 @@ def _pos_seq_lens_kernel(
     num_reqs,
     num_seq_lens,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     if row == num_reqs:
         # The last program zeroes the padded rows.
@@ -98,6 +110,7 @@ def prepare_pos_seq_lens_triton(idx_mapping: torch.Tensor, query_start_loc: torc
         num_reqs,
         seq_lens.shape[0],
         BLOCK=1024,
+        **pdl_launch(positions.device),
     )
 
 
@@ -112,7 +125,9 @@ def _combine_kernel(
     prefill_len_ptr,
     logits_indices_ptr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
     end = tl.load(query_start_loc_ptr + row + 1).to(tl.int64)
@@ -147,6 +162,7 @@ def combine_sampled_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Te
         prefill_len,
         logits_indices_out,
         BLOCK=2,
+        **pdl_launch(input_ids.device),
     )
     return out
 
@@ -165,7 +181,9 @@ def _finish_rows_kernel(
     num_reqs,
     num_logits,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = i < num_reqs
     slot = tl.load(idx_mapping_ptr + i, mask=row, other=0).to(tl.int64)
@@ -196,7 +214,8 @@ def finish_step_rows_triton(idx_mapping: torch.Tensor, seq_lens: torch.Tensor,
     if programs:
         _finish_rows_kernel[(programs,)](
             idx_mapping, seq_lens, positions, logits_indices, prefill_len, num_computed_tokens,
-            idx, next_positions, sample_mask, num_reqs, num_logits, BLOCK=block)
+            idx, next_positions, sample_mask, num_reqs, num_logits, BLOCK=block,
+            **pdl_launch(device))
     return idx, next_positions, sample_mask
 
 
@@ -215,7 +234,9 @@ def _combine_drafts_kernel(
     logits_indices_ptr,
     num_drafts,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     slot = tl.load(idx_mapping_ptr + row).to(tl.int64)
     start = tl.load(query_start_loc_ptr + row).to(tl.int64)
@@ -260,4 +281,5 @@ def combine_draft_tokens_triton(input_ids: torch.Tensor, idx_mapping: torch.Tens
         logits_indices_out,
         draft_tokens.shape[1],
         BLOCK=triton.next_power_of_2(draft_tokens.shape[1] + 1),
+        **pdl_launch(input_ids.device),
     )

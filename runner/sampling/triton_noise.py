@@ -6,7 +6,9 @@ differ only on a row holding both, and neither gives an index past the
 vocabulary). The
 last block program of a row to finish (its ticket, ``runner/ticket_counters.py``)
 reduces the row's block maxima to the token, so a draw is one launch: the
-sampler runs after every step, where each launch is a kernel boundary."""
+sampler runs after every step, where each launch is a kernel boundary. It
+launches with programmatic dependent launch where the device has it
+(``runner/triton_dependent_launch.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from runner.ops import pdl_launch
 from runner.sampling.noise import row_keys
 from runner.ticket_counters import TicketCounters, take_ticket
+from runner.triton_dependent_launch import wait_for_previous_kernel
 
 # The draws' counters, one a row: draws run one after another on the
 # runner's stream and each leaves its counters at 0.
@@ -46,10 +50,12 @@ def _block_argmax_kernel(
     BLOCK: tl.constexpr,
     BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Per (row, vocab block): the max of logits (+ Gumbel noise with GUMBEL)
     and the first token that reaches it; the row's last block to finish
     writes the token of the first block holding the row's max to ``out_ptr``."""
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
     tokens = block * BLOCK + tl.arange(0, BLOCK)
@@ -94,6 +100,7 @@ def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -
         logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
         COUNTERS.at_least(n, logits.device), out, num_blocks, vocab_size, BLOCK=block,
         BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=keys is not None,
+        **pdl_launch(logits.device),
     )  # fmt: skip
     return out
 
