@@ -1,14 +1,15 @@
 """The noise draw and the greedy argmax of ``noise.py`` in Triton: one
 program per (row, vocab block) hashes, adds the Gumbel noise and reduces the
-argmax in registers, bit-identical in the hash to the torch reference
-(NaN counts as +inf, where torch counts it above every number: the two
-differ only on a row holding both, and neither gives an index past the
-vocabulary). The
+argmax in registers, bit-identical in the hash to the torch reference. The
 last block program of a row to finish (its ticket, ``runner/ticket_counters.py``)
 reduces the row's block maxima to the token, so a draw is one launch: the
 sampler runs after every step, where each launch is a kernel boundary. It
 launches with programmatic dependent launch where the device has it
-(``runner/triton_dependent_launch.py``)."""
+(``runner/triton_dependent_launch.py``).
+
+NaN counts as +inf, where torch counts it above every number: the two
+differ only on a row holding both, and neither gives an index past the
+vocabulary (a NaN left as it is would, see ``_block_argmax_kernel``)."""
 
 from __future__ import annotations
 
