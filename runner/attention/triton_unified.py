@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from runner.attention.triton_split_merge import SplitPartials, merge_config, merge_split_rows
-from runner.ops import launch_pdl
+from runner.ops import pdl_launch
 from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
@@ -373,7 +373,6 @@ def launch_paged_attention(
     elif partials.counters.numel() < grid[0] * grid[1]:
         raise ValueError(f"{partials.counters.numel()} split counters for a grid of "
                          f"{grid[0]} x {grid[1]} programs")
-    pdl = launch_pdl(q.device)
     _paged_attention_kernel[grid](
         out, *partials,
         q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
@@ -396,6 +395,5 @@ def launch_paged_attention(
         DECODE=uniform_decode,
         num_warps=num_warps,
         num_stages=num_stages,
-        PDL=pdl,
-        launch_pdl=pdl,
+        **pdl_launch(q.device),
     )

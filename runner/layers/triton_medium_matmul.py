@@ -85,7 +85,7 @@ from runner.layers.triton_norm_in_matmul import (
     rstd_of_rows,
 )
 from runner.layers.triton_silu_mul import silu_mul_rounded
-from runner.ops import launch_pdl, num_sms
+from runner.ops import num_sms, pdl_launch
 from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import let_next_kernel_start, wait_for_previous_kernel
 
@@ -326,13 +326,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor, halves: int, block_n: int, block_k
             raise ValueError("medium kernels take TMA weight tiles only from 16-byte aligned rows")
         weight = TensorDescriptor(w, [halves, n, k], [n * w.stride(0), w.stride(0), 1],
                                   [halves, block_n, block_k])
-    pdl = launch_pdl(x.device)
     _medium_matmul_kernel[(programs, split_k)](
         x, weight, out, workspace, counters, m, n, k, split_k_range(k, block_k, split_k),
         x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=pad,
         BLOCK_N=block_n, BLOCK_K=block_k, HALVES=halves, SPLIT_K=split_k, TMA=tma,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl, **rotary, **norm)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(x.device), **rotary, **norm)
     return out
 
 

@@ -58,7 +58,7 @@ from runner.layers.triton_medium_matmul import (
 from runner.layers.triton_norm_in_matmul import norm_args, rstd_of_rows
 from runner.layers.triton_rotary import rotary_write_kv_triton
 from runner.layers.triton_skinny_matmul import ROW_TILE, check_rows, skinny_inputs
-from runner.ops import launch_pdl, num_sms
+from runner.ops import num_sms, pdl_launch
 from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import let_next_kernel_start, wait_for_previous_kernel
 
@@ -160,7 +160,6 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
     if m == 0:
         return q
     key_cache, value_cache = kv_cache[0], kv_cache[1]
-    pdl = launch_pdl(x.device)
     programs = (num_q_heads + 2 * num_kv_heads) * (head_dim // (2 * block_p))
     if split_k is None:
         split_k = choose_split_k(programs, k, block_k, num_sms(x.device))
@@ -174,7 +173,7 @@ def skinny_qkv_rotary_write_kv(x: torch.Tensor, weight: torch.Tensor, positions:
         BLOCK_SIZE=key_cache.shape[1],
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_P=block_p, BLOCK_K=block_k, SPLIT_K=split_k, P_PAD=norm["P_PAD"],
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(x.device))
     return q
 
 

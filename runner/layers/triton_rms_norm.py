@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.ops import launch_pdl
+from runner.ops import pdl_launch
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 
@@ -57,11 +57,10 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if x2.shape[0] == 0:
         return out.view(x.shape)
     block = triton.next_power_of_2(n_cols)
-    pdl = launch_pdl(x.device)
     _rms_norm_kernel[(x2.shape[0],)](
         x2, res2, weight, out, n_cols, x2.stride(0), res2.stride(0), out.stride(0), eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
-        PDL=pdl, launch_pdl=pdl,
+        **pdl_launch(x.device),
     )
     return out.view(x.shape)
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runner.ops import launch_pdl
+from runner.ops import pdl_launch
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 
@@ -145,13 +145,12 @@ def rotary_write_kv_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Te
     if q.shape[0] == 0:
         return q_out
     key_cache, value_cache = kv_cache[0], kv_cache[1]
-    pdl = launch_pdl(q.device)
     _rotary_write_kv_kernel[(q.shape[0],)](
         positions, cos, sin, q, k, v, q_out, key_cache, value_cache, slot_mapping,
         slot_mapping.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         q.shape[1], k.shape[1], BLOCK_SIZE=key_cache.shape[1],
         DIM_BLOCK=triton.next_power_of_2(q.shape[-1]), **_head_blocks(q, k), num_warps=4,
-        ROTATE_K_IN_PLACE=rotate_k_in_place, PDL=pdl, launch_pdl=pdl,
+        ROTATE_K_IN_PLACE=rotate_k_in_place, **pdl_launch(q.device),
     )
     return q_out

@@ -70,7 +70,7 @@ from runner.layers.triton_norm_in_matmul import (
     rstd_of_rows,
 )
 from runner.layers.triton_silu_mul import silu_mul_rounded, silu_mul_triton
-from runner.ops import launch_pdl, num_sms
+from runner.ops import num_sms, pdl_launch
 from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import let_next_kernel_start, wait_for_previous_kernel
 
@@ -219,7 +219,6 @@ def _launch_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
     n, k = w.shape
     if m == 0:
         return
-    pdl = launch_pdl(x.device)
     programs = triton.cdiv(n, block_n)
     if split_k is None:
         split_k = choose_split_k(programs, k, block_k, num_sms(x.device))
@@ -229,7 +228,7 @@ def _launch_matmul(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
         x.stride(0), w.stride(0), out.stride(0),
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, ADD_RESIDUAL=parts is not None,
-        num_warps=num_warps, num_stages=num_stages, PDL=pdl, launch_pdl=pdl)
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch(x.device))
 
 
 def skinny_inputs(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -296,13 +295,12 @@ def skinny_gate_up_silu(x: torch.Tensor, w: torch.Tensor, block_n: int = GATE_UP
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    pdl = launch_pdl(x.device)
     _skinny_gate_up_silu_kernel[(triton.cdiv(n, block_n),)](
         x_ptr=x, w_ptr=w, out_ptr=out, M=m, N=n, K=k, stride_x=x.stride(0),
         stride_w=w.stride(0), stride_out=out.stride(0), **norm,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", M_PAD=ROW_TILE,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages,
-        PDL=pdl, launch_pdl=pdl)
+        **pdl_launch(x.device))
     return out
 
 
