@@ -58,6 +58,7 @@ class DeviceOps:
     row_parallel_matmul_add: Callable[..., torch.Tensor]  # row_parallel_matmul_add_ref
     gate_up_silu: Callable[..., torch.Tensor]  # gate_up_silu_ref
     norms_in_matmuls: Callable[..., bool]  # norms_in_matmuls_ref
+    embedding_with_parts: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
@@ -131,6 +132,8 @@ _KERNELS = {
                      "runner.layers.triton_skinny_matmul:gate_up_silu"),
     "norms_in_matmuls": ("runner.layers.norm_in_matmul:norms_in_matmuls_ref",
                          "runner.layers.triton_norm_in_matmul:norms_in_matmuls"),
+    "embedding_with_parts": ("runner.layers.norm_in_matmul:embedding_with_parts_ref",
+                             "runner.layers.triton_embedding:embedding_with_parts_triton"),
     "ngram_propose": ("runner.spec_decode.ngram:ngram_propose_ref",
                       "runner.spec_decode.triton_ngram:ngram_propose_triton"),
     "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",

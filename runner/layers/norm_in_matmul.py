@@ -66,6 +66,15 @@ def normed_linear_ref(x: torch.Tensor, weight: torch.Tensor, parts: torch.Tensor
     return (F.linear(x.float(), weight.float()) * rstd[:, None]).to(x.dtype)
 
 
+def embedding_with_parts_ref(input_ids: torch.Tensor,
+                            weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first producer of a forward that carries its norms: the embedded
+    rows weight[input_ids] (a new tensor: the residual the layers add into)
+    and their parts, one a row (``row_sum_of_squares``)."""
+    rows = F.embedding(input_ids, weight)
+    return rows, row_sum_of_squares(rows)
+
+
 def row_parallel_matmul_add_ref(x: torch.Tensor, weight: torch.Tensor,
                                 residual: torch.Tensor) -> torch.Tensor:
     """residual <- x @ weight.T + residual in place (the product rounded to

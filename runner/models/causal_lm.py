@@ -61,9 +61,13 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
-        x = self.embed_tokens(input_ids)
-        carry = self.carries_norms(x.shape[0])
-        residual = parts = None
+        carry = self.carries_norms(input_ids.shape[0])
+        if carry:
+            # The embedding is layer 0's producer: the residual and its parts.
+            x = None
+            residual, parts = self.ops.embedding_with_parts(input_ids, self.embed_tokens.weight)
+        else:
+            x, residual, parts = self.embed_tokens(input_ids), None, None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual, parts = layer(positions, x, residual, kv_cache, attn, parts, carry)
         if parts is not None:

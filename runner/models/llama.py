@@ -163,7 +163,9 @@ class LlamaDecoderLayer(nn.Module):
       the norms are carried by the matmuls (``norm_in_matmul.py``; their
       weights folded into qkv and gate/up at build), o_proj and down add
       into the residual, and qkv and gate/up scale by rstd. The caller
-      decides per forward (``CausalLM.carries_norms``).
+      decides per forward (``CausalLM.carries_norms``), and then the first
+      layer gets this state too: the embedding's rows and their parts
+      (``embedding_with_parts``).
 
     Under tensor parallelism the o and down projections return each rank's
     partial sum: h' is summed over the ranks by the norm that adds it to the

@@ -17,9 +17,14 @@ import runner.layers.triton_qkv_rotary as qkv_rotary
 import runner.layers.triton_skinny_matmul as skinny
 from runner import ops
 from runner.layers.activation import gate_up_silu_ref
-from runner.layers.norm_in_matmul import row_parallel_matmul_add_ref, row_sum_of_squares
+from runner.layers.norm_in_matmul import (
+    embedding_with_parts_ref,
+    row_parallel_matmul_add_ref,
+    row_sum_of_squares,
+)
 from runner.layers.rotary import RotaryEmbedding, qkv_rotary_write_kv_ref
 from runner.layers.split_k import COUNTERS
+from runner.layers.triton_embedding import embedding_with_parts_triton
 from runner.layers.triton_medium_matmul import (
     medium_gate_up_silu,
     medium_matmul_add,
@@ -349,11 +354,37 @@ def test_norms_in_matmuls_where_a_skinny_producer_splits_k():
                for rows in (1, 8, 16, 17, 32, 64))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_embedding_with_parts(dtype):
+    """The embedding as the first producer: each token's row copied into a
+    new residual, bit for bit, and one part a row, the float32 sum of the
+    stored row's squares; repeated and edge ids (0, the last row); a width
+    that is no power of two (the masked tail of the block); ids of no row
+    read zeros."""
+    gen = torch.Generator().manual_seed(7)
+    table = (torch.randn(50, 200, generator=gen) * 4).to(dtype)
+    ids = torch.tensor([3, 0, 49, 3, 17], dtype=torch.int32)
+    rows, parts = embedding_with_parts_triton(ids.to(DEVICE), table.to(DEVICE))
+    assert torch.equal(rows.cpu(), table[ids.long()])
+    assert parts.shape == (5, 1) and parts.dtype == torch.float32
+    want = torch.stack([(table[i].float() ** 2).sum() for i in ids.tolist()])
+    torch.testing.assert_close(parts.cpu()[:, 0], want, rtol=1e-6, atol=0)
+    ref_rows, ref_parts = embedding_with_parts_ref(ids.long(), table)
+    assert torch.equal(ref_rows, rows.cpu())
+    torch.testing.assert_close(ref_parts, parts.cpu(), rtol=1e-6, atol=0)
+    outside = torch.tensor([-1, 50], dtype=torch.int32)  # ids of no row: zeros
+    rows, parts = embedding_with_parts_triton(outside.to(DEVICE), table.to(DEVICE))
+    assert not rows.cpu().any() and not parts.cpu().any()
+    empty_rows, empty_parts = embedding_with_parts_triton(ids[:0].to(DEVICE), table.to(DEVICE))
+    assert empty_rows.shape == (0, 200) and empty_parts.shape == (0, 1)
+
+
 def test_the_device_seam_names_the_kernels():
     kernels = ops.triton_ops(torch.device("cpu"))
     assert kernels.row_parallel_matmul_add is skinny.row_parallel_matmul_add
     assert kernels.gate_up_silu is skinny.gate_up_silu
     assert kernels.norms_in_matmuls is norms_in_matmuls
+    assert kernels.embedding_with_parts is embedding_with_parts_triton
 
 
 needs_hopper = pytest.mark.skipif(
