@@ -58,7 +58,7 @@ class DeviceOps:
     row_parallel_matmul_add: Callable[..., torch.Tensor]  # row_parallel_matmul_add_ref
     gate_up_silu: Callable[..., torch.Tensor]  # gate_up_silu_ref
     norms_in_matmuls: Callable[..., bool]  # norms_in_matmuls_ref
-    embedding_with_parts: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    embedding_with_parts: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # embedding_with_parts_ref
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
