@@ -94,6 +94,32 @@ class InputBuffers:
         self.step_meta_target = RowTarget(self.step_meta.view(1, -1))
         self.transfer = device_ops(device).new_transfer()
         self.transfer.reserve(copy_bytes=self.step_meta_np.nbytes)
+        # What step_meta holds on the device, as far as the host wrote it:
+        # its first ``meta_known`` entries equal ``meta_on_device``'s.
+        self.meta_on_device = np.zeros_like(self.step_meta_np)
+        self.meta_known = len(self.meta_on_device)
+
+    def holds_step_meta(self, meta: np.ndarray) -> bool:
+        """Whether the device's ``step_meta`` starts with ``meta`` already
+        (``stage_step_meta``'s result): a decode batch that keeps its rows
+        and padding has the same meta step after step, and needs no copy."""
+        return (len(meta) <= self.meta_known
+                and np.array_equal(self.meta_on_device[: len(meta)], meta))
+
+    def step_meta_written(self, meta: np.ndarray) -> None:
+        """Record that ``meta`` reached the start of the device's ``step_meta``
+        (by its own copy or in the staged writes' launch)."""
+        self.meta_on_device[: len(meta)] = meta
+        self.meta_known = max(self.meta_known, len(meta))
+
+    def fill_for_capture(self, size: int, pad_slot: int) -> None:
+        """Harmless meta for warming up and capturing a graph of ``size``
+        rows: every row maps to ``pad_slot`` and has no token (written on
+        the device directly, so the host's record of it is dropped)."""
+        self.idx_mapping[:size].fill_(pad_slot)
+        self.query_start_loc[: size + 1].zero_()
+        self.cu_num_logits[: size + 1].zero_()
+        self.meta_known = 0
 
     def copy_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                        pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> None:
@@ -106,6 +132,7 @@ class InputBuffers:
         """Copy ``stage_step_meta``'s result into ``step_meta`` (non-blocking
         on CUDA)."""
         self.transfer.copy_into(meta, self.step_meta)
+        self.step_meta_written(meta)
 
     def stage_step_meta(self, idx_mapping_np: np.ndarray, query_start_loc_np: np.ndarray,
                         pad_slot: int, cu_num_logits_np: np.ndarray | None = None) -> np.ndarray:

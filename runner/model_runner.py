@@ -260,10 +260,7 @@ class ModelRunner:
         """Harmless step inputs for warming up and capturing a graph: every
         row maps to the padding slot and has no token, so nothing is written
         to the KV cache. Runs before capture, never inside a graph."""
-        buf = self.buffers
-        buf.idx_mapping[:size].fill_(self.req_states.pad_slot)
-        buf.query_start_loc[: size + 1].zero_()
-        buf.cu_num_logits[: size + 1].zero_()
+        self.buffers.fill_for_capture(size, self.req_states.pad_slot)
 
     @torch.no_grad()
     def _graph_forward(self, size: int, q: int = 1) -> StepTensors:
@@ -364,17 +361,24 @@ class ModelRunner:
         """What reaches the device before the forward pass: the staged
         writes and, for a batch with tokens, the step's input meta
         (``InputBuffers.stage_step_meta``), in one upload and one launch;
-        the meta alone where nothing was staged (a decode step, mostly)
-        takes its one copy. Then what is left: the penalty rows, rebuilt
-        from the written prompts, and the min-tokens stop ids."""
+        the meta alone where nothing was staged takes its one copy, and
+        none where the device holds it already (a decode batch whose rows
+        did not change). Then what is left: the penalty rows, rebuilt from
+        the written prompts, and the min-tokens stop ids."""
+        buf = self.buffers
         meta = None
         if batch is not None and batch.num_tokens:
-            meta = self.buffers.stage_step_meta(
+            meta = buf.stage_step_meta(
                 batch.idx_mapping_np, batch.query_start_loc_np, self.req_states.pad_slot,
                 batch.cu_num_logits_np if self.num_spec else None)
-        extra = None if meta is None else (self.buffers.step_meta_target, meta)
-        if not self.staged_writes.apply_writes(extra) and meta is not None:
-            self.buffers.copy_staged_meta(meta)
+            if buf.holds_step_meta(meta):
+                meta = None
+        extra = None if meta is None else (buf.step_meta_target, meta)
+        if self.staged_writes.apply_writes(extra):
+            if meta is not None:
+                buf.step_meta_written(meta)
+        elif meta is not None:
+            buf.copy_staged_meta(meta)
         self.sampler.write_added_rows(self.req_states.all_token_ids.gpu)
 
     # ---- the step -------------------------------------------------------
@@ -578,14 +582,12 @@ class ModelRunner:
             self.grammar_mask.apply(t.logits, grammar, batch.req_ids, step.last_logits_row)
         if self.num_spec:
             return self._sample_with_drafts(step)
-        idx_mapping = t.idx_mapping
-        out = self.sampler(t.logits, idx_mapping, batch.idx_mapping_np, t.positions, t.sample_mask)
-        output = AsyncOutput(
+        out = self.sampler(t.logits, t.idx_mapping, batch.idx_mapping_np, t.positions,
+                           t.sample_mask, last_tokens=self.req_states.last_sampled_tokens)
+        return AsyncOutput(
             step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer,
             prompt_logprobs=step.prompt_logprobs,
         )
-        self.req_states.last_sampled_tokens.index_copy_(0, idx_mapping, out.sampled_token_ids)
-        return output
 
     def _sample_with_drafts(self, step: _PendingStep) -> AsyncOutput:
         """The rejection sampler, then the device state it changes: the last

@@ -62,7 +62,7 @@ class DeviceOps:
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
-    greedy_argmax: Callable[[torch.Tensor], torch.Tensor]  # greedy_argmax_ref
+    greedy_argmax: Callable[..., torch.Tensor]  # greedy_argmax_ref
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
     # runner/structured_outputs.py
     apply_grammar_bitmask: Callable[..., None]  # apply_grammar_bitmask_ref

@@ -115,6 +115,7 @@ class Sampler:
         idx_mapping_np: np.ndarray,
         positions: torch.Tensor,
         sample_mask: torch.Tensor,
+        last_tokens: torch.Tensor | None = None,
     ) -> SamplerOutput:
         """Sample one token per row.
 
@@ -124,9 +125,11 @@ class Sampler:
         ``idx_mapping_np`` (host, same values); ``positions`` [N] position
         of the token being sampled; ``sample_mask`` [N] bool (device), False
         for a prefill chunk that stops short of its prompt (its token is
-        discarded and must not count as output).
+        discarded and must not count as output); ``last_tokens``: where each
+        row's token is also stored, at its slot (``Sampler.draw``).
         """
-        draw = self.draw(logits, idx_mapping, idx_mapping_np, positions)
+        draw = self.draw(logits, idx_mapping, idx_mapping_np, positions,
+                         last_tokens=last_tokens)
         if draw.flags.any_penalty:
             self.penalties.record_sampled(draw.idx, draw.sampled, sample_mask)
         return SamplerOutput(draw.sampled, self.logprobs(draw),
@@ -139,20 +142,26 @@ class Sampler:
         idx_mapping_np: np.ndarray,
         positions: torch.Tensor,
         prior_tokens: torch.Tensor | None = None,
+        last_tokens: torch.Tensor | None = None,
     ) -> TargetDraw:
         """Steps 1-3 for every row: the token each row's request draws at
         ``positions``, exactly as a one-token step would. ``prior_tokens``
         [N, m] (-1: none) are tokens that precede the row's position in its
         request without being counted yet (the drafts before it, when the
         rows are the draft positions of speculative decoding): penalties
-        count them as output tokens."""
+        count them as output tokens. With ``last_tokens`` (the runner's
+        last sampled token of each slot) row i's token is also stored at
+        ``last_tokens[idx_mapping[i]]``; on the greedy fast path by the
+        argmax's own launch."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
                 and not any_min_tokens):
             # The common case needs no per-slot parameter: one argmax.
-            return TargetDraw(self.ops.greedy_argmax(logits), None, idx, flags)
+            slots = None if last_tokens is None else idx
+            return TargetDraw(self.ops.greedy_argmax(logits, slots, last_tokens), None, idx,
+                              flags)
         params = self.states.gather(idx)
         raw = logits.to(torch.float32)
         processed = raw
@@ -162,7 +171,10 @@ class Sampler:
             )
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
-        return TargetDraw(self._draw(processed, params, positions, flags), raw, idx, flags)
+        sampled = self._draw(processed, params, positions, flags)
+        if last_tokens is not None:
+            last_tokens.index_copy_(0, idx, sampled.to(last_tokens.dtype))
+        return TargetDraw(sampled, raw, idx, flags)
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
         """Step 4: logprobs of the raw logits for ``draw.sampled``, if any row asked."""

@@ -94,9 +94,17 @@ def uniform_noise(
     return u
 
 
-def greedy_argmax_ref(logits: torch.Tensor) -> torch.Tensor:
-    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties."""
-    return logits.argmax(dim=-1)
+def greedy_argmax_ref(logits: torch.Tensor, slots: torch.Tensor | None = None,
+                      last_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties. With
+    ``slots`` [N] (int64) each row's token is also stored at
+    ``last_tokens[slots[row]]``: the request state that the next step's
+    inputs read (``runner/request_state.py``), kept by the draw itself so
+    that a greedy step needs no launch of its own for it."""
+    tokens = logits.argmax(dim=-1)
+    if slots is not None:
+        last_tokens.index_copy_(0, slots, tokens.to(last_tokens.dtype))
+    return tokens
 
 
 def gumbel_argmax_ref(

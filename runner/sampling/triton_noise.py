@@ -46,16 +46,20 @@ def _block_argmax_kernel(
     block_arg_ptr,
     counters_ptr,
     out_ptr,
+    slots_ptr,
+    last_tokens_ptr,
     num_blocks,
     vocab_size,
     BLOCK: tl.constexpr,
     BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
+    RECORD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Per (row, vocab block): the max of logits (+ Gumbel noise with GUMBEL)
     and the first token that reaches it; the row's last block to finish
-    writes the token of the first block holding the row's max to ``out_ptr``."""
+    writes the token of the first block holding the row's max to ``out_ptr``
+    and, with RECORD, to ``last_tokens_ptr[slots_ptr[row]]``."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
@@ -81,13 +85,20 @@ def _block_argmax_kernel(
                          other=float("-inf"))
         _, first = tl.max(maxima, axis=0, return_indices=True,
                           return_indices_tie_break_left=True)
-        tl.store(out_ptr + row, tl.load(block_arg_ptr + row * num_blocks + first))
+        token = tl.load(block_arg_ptr + row * num_blocks + first)
+        tl.store(out_ptr + row, token)
+        if RECORD:
+            slot = tl.load(slots_ptr + row)
+            tl.store(last_tokens_ptr + slot, token.to(last_tokens_ptr.dtype.element_ty))
 
 
-def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -> torch.Tensor:
+def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int,
+                  slots: torch.Tensor | None = None,
+                  last_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """Argmax per row in one launch: one program per (row, vocab block), the
     row's last to finish reducing the blocks' maxima (the first block wins a
-    tie, so the first token does overall, as with ``torch.argmax``)."""
+    tie, so the first token does overall, as with ``torch.argmax``). With
+    ``slots``, row i's token is also stored at ``last_tokens[slots[i]]``."""
     logits = logits.contiguous()
     n, vocab_size = logits.shape
     num_blocks = triton.cdiv(vocab_size, block)
@@ -99,9 +110,11 @@ def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int) -
     _block_argmax_kernel[(n, num_blocks)](
         # Without noise the keys pointer is never read; logits stands in for it.
         logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
-        COUNTERS.at_least(n, logits.device), out, num_blocks, vocab_size, BLOCK=block,
+        # Without recording, slots and last_tokens are never read; out stands in.
+        COUNTERS.at_least(n, logits.device), out, out if slots is None else slots,
+        out if slots is None else last_tokens, num_blocks, vocab_size, BLOCK=block,
         BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=keys is not None,
-        **pdl_launch(logits.device),
+        RECORD=slots is not None, **pdl_launch(logits.device),
     )  # fmt: skip
     return out
 
@@ -114,7 +127,9 @@ def gumbel_argmax_triton(
     return _block_argmax(logits, row_keys(seeds, positions), block=1024)
 
 
-def greedy_argmax_triton(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` in blocks of 2048 tokens: torch reduces a row
-    in one thread block, which leaves the rest of the device idle."""
-    return _block_argmax(logits, None, block=2048)
+def greedy_argmax_triton(logits: torch.Tensor, slots: torch.Tensor | None = None,
+                         last_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """``greedy_argmax_ref`` in blocks of 2048 tokens: torch reduces a row in
+    one thread block, which leaves the rest of the device idle; the tokens
+    reach ``last_tokens`` in the same launch."""
+    return _block_argmax(logits, None, 2048, slots, last_tokens)

@@ -24,7 +24,7 @@ from checkpoint.tiny_model import ensure_tiny_model
 from ipc.errors import InvalidPlanError
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner.block_table import BlockTables
-from runner.input_batch import make_input_batch
+from runner.input_batch import InputBuffers, make_input_batch
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampling.prompt_logprobs import NONE, PromptLogprobsState
@@ -255,9 +255,11 @@ def test_pinned_ring_stages_arrays_whole_and_reserved_buffers_do_not_grow(monkey
 @pytest.mark.timeout(120)
 def test_step_meta_rides_in_the_staged_writes_launch_and_is_copied_alone_otherwise(tmp_path):
     """A step that adds a request uploads once and launches once (its meta
-    inside); a decode step without staged writes copies the meta alone. In
-    both, the device's idx_mapping and query_start_loc are the batch's, and
-    the tokens are those of the same steps with the meta always copied."""
+    inside); a decode step without staged writes copies the meta alone, and
+    nothing where the device holds that meta already (the batch of the step
+    before). In each, the device's idx_mapping and query_start_loc are the
+    batch's, and the tokens are those of the same steps with the meta
+    always copied."""
     model_dir = ensure_tiny_model(str(tmp_path))
     runners = [make_runner(model_dir) for _ in range(2)]
     calls = {"copy": 0, "upload": 0}
@@ -275,6 +277,7 @@ def test_step_meta_rides_in_the_staged_writes_launch_and_is_copied_alone_otherwi
     ref = runners[1]
     ref.staged_writes.apply_writes = lambda extra=None, _apply=ref.staged_writes.apply_writes: (
         _apply() and False)
+    ref.buffers.holds_step_meta = lambda meta: False
     prompts = {"a": list(range(3, 30)), "b": [9, 8, 7]}
     new = [NewRequestData(req_id=k, prompt_token_ids=p, prefill_token_ids=p,
                           sampling=SamplingOptions(temperature=0.0), block_ids=[blocks],
@@ -284,7 +287,11 @@ def test_step_meta_rides_in_the_staged_writes_launch_and_is_copied_alone_otherwi
     plans += [SchedulerOutput(step_id=s, scheduled_cached_reqs=CachedRequestData(
         req_ids=["a", "b"], new_block_ids=[[[2]] if s == 2 else None, None]),
         num_scheduled_tokens=[1, 1]) for s in (1, 2, 3)]
-    expected_calls = [(0, 1), (1, 1), (1, 2), (2, 2)]  # (copies, uploads) after each step
+    plans.append(SchedulerOutput(step_id=4, scheduled_cached_reqs=CachedRequestData(
+        req_ids=["b"], new_block_ids=[None]), num_scheduled_tokens=[1]))
+    # (copies, uploads) after each step: steps 2 and 3 keep step 1's meta
+    # (step 2 uploads a new block, without the meta); step 4 has one row.
+    expected_calls = [(0, 1), (1, 1), (1, 2), (1, 2), (2, 2)]
     for plan, want_calls in zip(plans, expected_calls):
         tokens = []
         for runner in runners:
@@ -297,6 +304,24 @@ def test_step_meta_rides_in_the_staged_writes_launch_and_is_copied_alone_otherwi
             tokens.append(runner.sample_tokens().get_output().rows())
         assert tokens[0] == tokens[1]
         assert (calls["copy"], calls["upload"]) == want_calls
+
+
+def test_input_buffers_know_the_meta_the_device_holds():
+    """holds_step_meta is true exactly for a prefix of what was last
+    written, and false for anything once a capture filled the buffers on
+    the device."""
+    buffers = InputBuffers(4, 16, torch.device("cpu"))
+    step = buffers.stage_step_meta(np.array([2, 0]), np.array([0, 1, 2, 2]), pad_slot=4).copy()
+    assert not buffers.holds_step_meta(step)  # the device holds zeros
+    buffers.copy_staged_meta(step)
+    assert buffers.step_meta[: len(step)].tolist() == step.tolist()
+    assert buffers.holds_step_meta(step)
+    assert buffers.holds_step_meta(step[:3])
+    other = buffers.stage_step_meta(np.array([0, 2]), np.array([0, 1, 2, 2]), pad_slot=4)
+    assert not buffers.holds_step_meta(other)
+    buffers.fill_for_capture(2, pad_slot=4)
+    assert buffers.idx_mapping[:2].tolist() == [4, 4]
+    assert not buffers.holds_step_meta(step[:1])
 
 
 def test_sampling_problems_name_every_field_out_of_range():

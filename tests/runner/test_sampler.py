@@ -162,6 +162,25 @@ def test_triton_greedy_argmax_matches_torch_first_index_on_ties(dtype, vocab):
 
 
 @pytest.mark.parametrize("vocab", [37, 5000])
+def test_triton_greedy_argmax_stores_each_token_at_its_slot(vocab):
+    # The draw keeps the runner's last sampled token of each slot itself:
+    # slot slots[i] gets row i's argmax, every other slot keeps its value.
+    gen = torch.Generator().manual_seed(vocab + 1)
+    logits = torch.randn(4, vocab, generator=gen)
+    slots = torch.tensor([5, 0, 7, 2], dtype=torch.int64)
+    last = torch.full((9,), -3, dtype=torch.int64)
+    dev = TRITON_DEVICE
+    last_dev = last.to(dev)
+    got = greedy_argmax_triton(logits.to(dev), slots.to(dev), last_dev).cpu()
+    want = logits.argmax(dim=-1)
+    assert torch.equal(got, want)
+    expected = last.clone()
+    for row, slot in enumerate(slots.tolist()):
+        expected[slot] = want[row]
+    assert torch.equal(last_dev.cpu(), expected)
+
+
+@pytest.mark.parametrize("vocab", [37, 5000])
 def test_triton_argmax_draws_take_nan_as_the_maximum(vocab):
     # A NaN logit (a broken forward) must still give a token of the
     # vocabulary: the first NaN, as torch.argmax gives it.
@@ -371,6 +390,28 @@ def test_greedy_rows_in_a_mixed_batch_are_the_argmax():
     assert torch.equal(tokens[greedy], logits[greedy].argmax(-1))
     sampled = [i for i, s in enumerate(slots) if s in (3, 4)]
     assert not torch.equal(tokens[sampled], logits[sampled].argmax(-1))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_sampled_tokens_reach_last_tokens_at_their_slots(temperature):
+    # Greedy batches take the argmax's own store, others a copy after the
+    # draw; both leave each row's token at its slot and other slots alone.
+    vocab = 50
+    requests = {s: (opts(temperature=temperature, seed=s), [1], []) for s in (1, 3, 6)}
+    sampler = make_sampler(requests, vocab)
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, vocab, generator=gen)
+    slots = [6, 1, 3]
+    last = torch.full((16,), 99, dtype=torch.int64)
+    idx_np = np.asarray(slots, dtype=np.int32)
+    out = sampler(logits, torch.from_numpy(idx_np), idx_np, torch.arange(3),
+                  torch.ones(3, dtype=torch.bool), last_tokens=last)
+    tokens = out.sampled_token_ids
+    if temperature == 0.0:
+        assert torch.equal(tokens, logits.argmax(-1))
+    expected = torch.full((16,), 99, dtype=torch.int64)
+    expected[slots] = tokens
+    assert torch.equal(last, expected)
 
 
 def test_extreme_filters_are_honoured_not_fatal():
