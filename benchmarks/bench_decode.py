@@ -31,7 +31,9 @@ and when it keeps one step in flight ("async", what async scheduling does),
 two ways: ``between_steps_*`` from CUDA events at each step's start and end
 (the device waiting for the host between steps), ``idle_*`` from the torch
 profiler (every gap, including the launch gaps between kernels inside a
-step). Prints a JSON summary last.
+step). ``--timeline`` gives each row the step's critical path by kernel
+(``benchmarks/step_timeline.py``: each kernel's share of a layer, and what
+lies between two forwards). Prints a JSON summary last.
 
 Every row is checked: CHECK_STEPS greedy steps as timed (graph replays
 where captured) against the same steps run eagerly (the graphs set aside),
@@ -72,7 +74,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmarks import floor
+from benchmarks import floor, step_timeline
 from benchmarks.common import device_name, emit_summary, init_device, synchronize
 from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
@@ -304,8 +306,8 @@ def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDeco
 
 
 def check_args(parser: argparse.ArgumentParser, args) -> None:
-    if args.device == "cpu" and (args.idle or args.kernel_table):
-        parser.error("--idle and --kernel-table need CUDA")
+    if args.device == "cpu" and (args.idle or args.kernel_table or args.timeline):
+        parser.error("--idle, --kernel-table and --timeline need CUDA")
     if args.peer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         parser.error("--peer runs one device: not under torchrun")
 
@@ -313,6 +315,7 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
 ROW_WARMUP = 5  # untimed steps before a row's rounds
 CHECK_STEPS = 8  # steps of a row's check against eager steps
 IDLE_RUN_STEPS = 10  # steps of each of the four --idle measurements
+TIMELINE_STEPS = 6  # steps profiled for --timeline (five forwards between them)
 
 
 @contextlib.contextmanager
@@ -347,8 +350,9 @@ def eager_check(runner: ModelRunner, batch: int, context: int) -> dict:
 
 def plain_row_steps(args) -> int:
     """Decode steps a plain row's requests run: warm-up, the timed rounds,
-    the --idle measurements and the step that feeds the last token."""
-    return ROW_WARMUP + args.rounds * args.steps + 4 * IDLE_RUN_STEPS + 1
+    the --idle and --timeline measurements and the step that feeds the
+    last token."""
+    return ROW_WARMUP + args.rounds * args.steps + 4 * IDLE_RUN_STEPS + TIMELINE_STEPS + 1
 
 
 def blocks_for(batch: int, context: int, steps: int, block_size: int) -> int:
@@ -375,6 +379,9 @@ def main() -> int:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--profile-host", action="store_true",
                         help="also print a cProfile of the host side of 50 batch-1 steps")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also give each row the step's critical path by kernel "
+                             "(benchmarks/step_timeline.py)")
     parser.add_argument("--kernel-table", action="store_true",
                         help="also print device time by kernel for batches 1 and the largest")
     parser.add_argument("--no-pdl", action="store_true",
@@ -481,6 +488,10 @@ def run_benchmark(args, model_dir: str) -> int:
             row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
                        floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1),
                        norms_in_matmuls=model.carries_norms(batch))
+            if args.timeline:
+                row["timeline"] = step_timeline.timeline(
+                    step_timeline.kernel_records(driver, TIMELINE_STEPS),
+                    model.config.num_hidden_layers)
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=True)
