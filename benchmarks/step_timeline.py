@@ -7,9 +7,9 @@ each kernel (and copy) of the profiler's records is charged the time by
 which it moves the step's end: its end minus the latest end before it
 (zero if it ends inside another). Those shares add up to the step.
 
-The step's layers are found by their repetition: the longest runs of
-``num_layers`` equal name patterns (the pattern's length the smallest that
-repeats) are one forward's layers; whatever lies between two forwards
+The step's layers are found by their repetition: a run of ``num_layers``
+repetitions of one pattern of kernel names (the shortest pattern that
+repeats so) is one forward's layers; whatever lies between two forwards
 (the final norm, the LM head, the sampler, the copies, the next step's
 input kernels and embedding) is the step's "between layers" part.
 ``timeline`` gives, as medians over the steps and layers found, each
