@@ -187,25 +187,11 @@ def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
     """Share of the profiled span during which no kernel or copy runs: the
     gaps between steps plus the launch gaps between the kernels inside each
     step (a graph replay still leaves about a microsecond between kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        driver.run(steps, overlap)
-    intervals = sorted(
-        (e.time_range.start, e.time_range.end) for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
-    )
-    if not intervals:
+    records = step_timeline.kernel_records(driver, steps, overlap)
+    if not records:
         return {"idle_fraction": None}
-    busy, (cur_start, cur_end) = 0, intervals[0]
-    for s, e in intervals[1:]:
-        if s > cur_end:
-            busy += cur_end - cur_start
-            cur_start, cur_end = s, e
-        else:
-            cur_end = max(cur_end, e)
-    busy += cur_end - cur_start
-    span = intervals[-1][1] - intervals[0][0]
+    busy = sum(own for _, own in step_timeline.critical_shares(records, records[0][0]))
+    span = records[-1][1] - records[0][0]
     return {"idle_fraction": round(1 - busy / span, 4), "span_us": span}
 
 

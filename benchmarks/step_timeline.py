@@ -26,14 +26,15 @@ from collections import defaultdict
 Record = tuple[float, float, str]
 
 
-def kernel_records(driver, steps: int) -> list[Record]:
+def kernel_records(driver, steps: int, overlap: bool = True) -> list[Record]:
     """The CUDA kernels and copies of ``steps`` decode steps of ``driver``
-    (``bench_decode.DecodeDriver``) run with one step in flight."""
+    (``bench_decode.DecodeDriver``), run with one step in flight (or,
+    ``overlap`` False, each waited for)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        driver.run(steps, overlap=True)
+        driver.run(steps, overlap)
     return sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA
                    and e.time_range.end > e.time_range.start), key=lambda r: r[0])
