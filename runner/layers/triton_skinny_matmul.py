@@ -56,6 +56,7 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
+from runner.layers.triton_gemv import gemv_matmul_add, uses_gemv
 from runner.layers.triton_medium_matmul import (
     medium_gate_up_silu,
     medium_matmul_add,
@@ -267,9 +268,13 @@ def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def row_parallel_matmul_add(x: torch.Tensor, weight: torch.Tensor,
                             residual: torch.Tensor) -> torch.Tensor:
     """``row_parallel_matmul_add_ref`` on CUDA, routed as
-    ``row_parallel_matmul``: the skinny kernel, the medium one, elsewhere
-    the reference (cuBLAS's product, then torch's add and squares)."""
+    ``row_parallel_matmul``: the skinny kernel (for one row of a narrow
+    input the one-row kernel instead, ``triton_gemv.uses_gemv``), the medium
+    one, elsewhere the reference (cuBLAS's product, then torch's add and
+    squares)."""
     if uses_skinny_matmul(x, weight):
+        if uses_gemv(x, weight):
+            return gemv_matmul_add(x, weight, residual)
         return skinny_matmul_add(x, weight, residual)
     if uses_medium_matmul(x, weight):
         return medium_matmul_add(x, weight, residual)
