@@ -11,7 +11,9 @@ launch (``split_k.py``). Rows are padded to one ROW_TILE of 16, the
 smallest ``tl.dot`` takes, and every kernel here takes at most that many
 (SKINNY_MAX_ROWS); batches of 17..64 rows go to the medium kernels
 (``triton_medium_matmul.py``, weight as the dot's large operand) and
-larger ones to cuBLAS.
+larger ones to cuBLAS. One row whose product adds into the residual and
+whose input is narrow (the 1B shape's o projection) goes to the kernel
+without ``tl.dot`` of ``triton_gemv.py`` instead (``uses_gemv``).
 
 ``RowParallelLinear`` uses it on CUDA (``runner.ops`` picks
 ``row_parallel_matmul`` there) for half-precision inputs of at most
