@@ -33,7 +33,13 @@ two ways: ``between_steps_*`` from CUDA events at each step's start and end
 profiler (every gap, including the launch gaps between kernels inside a
 step). ``--timeline`` gives each row the step's critical path by kernel
 (``benchmarks/step_timeline.py``: each kernel's share of a layer, and what
-lies between two forwards). Prints a JSON summary last.
+lies between two forwards). ``--variants NAME ...`` times every row
+under each named variant of the kernel choices
+(``benchmarks/decode_variants.py``) in one process: per round the
+variants in turn, the decode graphs captured anew under each, so small
+differences are not lost in the spread between processes; each row then
+holds every variant's step time, its ratio to the first and its own check
+against eager steps. Prints a JSON summary last.
 
 Every row is checked: CHECK_STEPS greedy steps as timed (graph replays
 where captured) against the same steps run eagerly (the graphs set aside),
@@ -74,7 +80,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmarks import floor, step_timeline
+from benchmarks import decode_variants, floor, step_timeline
 from benchmarks.common import device_name, emit_summary, init_device, synchronize
 from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
@@ -296,6 +302,10 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--idle, --kernel-table and --timeline need CUDA")
     if args.peer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         parser.error("--peer runs one device: not under torchrun")
+    if args.variants and (args.peer or args.idle or args.kernel_table or args.profile_host
+                          or args.spec_tokens or args.cublas_only):
+        parser.error("--variants times plain rows only: not with --peer, --idle, "
+                     "--kernel-table, --profile-host, --spec-tokens or --cublas-only")
 
 
 ROW_WARMUP = 5  # untimed steps before a row's rounds
@@ -383,6 +393,10 @@ def main() -> int:
     parser.add_argument("--spec-proposer", default="replay", choices=("replay", "ngram"))
     parser.add_argument("--replay-accept", type=float, default=0.7,
                         help="replay proposer: share of drafts kept right")
+    parser.add_argument("--variants", nargs="+", choices=sorted(decode_variants.VARIANTS),
+                        default=None,
+                        help="time each row under these kernel variants "
+                             "(benchmarks/decode_variants.py), interleaved in one process")
     parser.add_argument("--out", default=None)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of --out's earlier run of this shape that this "
@@ -453,7 +467,10 @@ def run_benchmark(args, model_dir: str) -> int:
     peer = build_peer(args.shape, runner.dtype, device) if args.peer else None
 
     results, replay = [], {}
-    for context in args.contexts:
+    if args.variants:
+        results = variant_rows(args, runner, lambda batch, context: row_floor(
+            params, model, kv_per_token, batch, context, bandwidth), num_blocks, rank == 0)
+    for context in ([] if args.variants else args.contexts):
         for batch in args.batches:
             blocks_needed = blocks_for(batch, context, row_steps, config.block_size)
             row = {"shape": args.shape, "batch": batch, "context": context}
@@ -466,13 +483,8 @@ def run_benchmark(args, model_dir: str) -> int:
             driver.run(ROW_WARMUP, overlap=True)
             rounds = [driver.run(args.steps, overlap=True) for _ in range(args.rounds)]
             step_s = statistics.median(rounds)
-            weights = floor.decode_weight_bytes(params, model.embed_tokens.weight,
-                                                model.lm_head.weight, batch)
-            row.update(step_ms=round(step_s * 1e3, 4),
-                       step_ms_rounds=[round(r * 1e3, 4) for r in rounds],
-                       **floor.decode_floor(weights, kv_per_token, batch, context, bandwidth))
-            row.update(ratio_to_floor=round(step_s * 1e3 / row["floor_ms"], 3),
-                       floor_GBps=bandwidth["used_GBps"], tokens_per_s=round(batch / step_s, 1),
+            row.update(step_fields(rounds, row_floor(params, model, kv_per_token, batch,
+                                                     context, bandwidth), batch),
                        norms_in_matmuls=model.carries_norms(batch))
             if args.timeline:
                 row["timeline"] = step_timeline.timeline(
@@ -514,6 +526,8 @@ def run_benchmark(args, model_dir: str) -> int:
         "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": graph_sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
+        **({"variants": {name: decode_variants.VARIANTS[name].description
+                         for name in args.variants}} if args.variants else {}),
         "pdl": runner_ops.launch_pdl(device),
         "custom_all_reduce": runner.tp.peer is not None,
         "date": time.strftime("%Y-%m-%d"), "results": results,
@@ -532,6 +546,86 @@ def run_benchmark(args, model_dir: str) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 1 if summary["problems"] else 0
+
+
+def row_floor(params, model, kv_per_token: int, batch: int, context: int,
+              bandwidth: dict) -> dict:
+    """A row's floor fields (``floor.decode_floor``) and the bandwidth used."""
+    weights = floor.decode_weight_bytes(params, model.embed_tokens.weight,
+                                        model.lm_head.weight, batch)
+    return {**floor.decode_floor(weights, kv_per_token, batch, context, bandwidth),
+            "floor_GBps": bandwidth["used_GBps"]}
+
+
+def step_fields(rounds: list[float], floor_fields: dict, batch: int) -> dict:
+    """A row's step time (the median of its rounds' seconds a step), the
+    rounds, the floor and the ratio to it, tokens per second."""
+    step_s = statistics.median(rounds)
+    return dict(step_ms=round(step_s * 1e3, 4), step_ms_rounds=[round(r * 1e3, 4) for r in rounds],
+                **floor_fields, ratio_to_floor=round(step_s * 1e3 / floor_fields["floor_ms"], 3),
+                tokens_per_s=round(batch / step_s, 1))
+
+
+def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
+                 show: bool) -> list[dict]:
+    """Every (batch, context) row under each of ``args.variants``: each
+    round runs the variants in turn (in reverse order every other round),
+    each with the decode graphs captured anew under it, then the rows. A
+    row's figures are the first variant's; ``variants`` holds each one's
+    (its rounds, median, ratio to the first, its tokens against eager steps
+    under it, and with --timeline its first round's timeline). The default
+    code's graphs are captured again at the end."""
+    names = args.variants
+    runs: dict[tuple, list[float]] = {}
+    checks: dict[tuple, dict] = {}
+    timelines: dict[tuple, dict] = {}
+    shape = [(b, c) for c in args.contexts for b in args.batches
+             if blocks_for(b, c, plain_row_steps(args), runner.config.block_size) <= num_blocks]
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            with decode_variants.applied(name):
+                runner.capture_graphs()
+                for batch, context in shape:
+                    driver = DecodeDriver(runner)
+                    driver.start(batch, context, plain_row_steps(args))
+                    driver.run(ROW_WARMUP, overlap=True)
+                    runs.setdefault((name, batch, context), []).append(
+                        driver.run(args.steps, overlap=True))
+                    if r == 0 and args.timeline:
+                        timelines[name, batch, context] = step_timeline.timeline(
+                            step_timeline.kernel_records(driver, TIMELINE_STEPS),
+                            runner.model.config.num_hidden_layers)
+                    driver.finish()
+                    if r == 0:
+                        checks[name, batch, context] = eager_check(runner, batch, context)
+    runner.capture_graphs()
+    rows = []
+    for context in args.contexts:
+        for batch in args.batches:
+            row = {"shape": args.shape, "batch": batch, "context": context}
+            if (batch, context) not in shape:
+                row["skipped"] = f"KV of the row does not fit {num_blocks} blocks"
+                rows.append(row)
+                continue
+            row.update(step_fields(runs[names[0], batch, context], floor_of(batch, context),
+                                   batch), norms_in_matmuls=runner.model.carries_norms(batch))
+            first = row["step_ms"]
+            row["variants"] = {}
+            for name in names:
+                fields = step_fields(runs[name, batch, context], floor_of(batch, context), batch)
+                row["variants"][name] = {
+                    "step_ms": fields["step_ms"], "step_ms_rounds": fields["step_ms_rounds"],
+                    "ratio_to_floor": fields["ratio_to_floor"],
+                    "over_first": round(fields["step_ms"] / first, 4),
+                    "tokens_equal": checks[name, batch, context]["tokens_equal"],
+                    **({"timeline": timelines[name, batch, context]}
+                       if (name, batch, context) in timelines else {})}
+            row["eager_check"] = {"steps": CHECK_STEPS, "tokens_equal": all(
+                v["tokens_equal"] for v in row["variants"].values())}
+            rows.append(row)
+            if show:
+                print(json.dumps(row), flush=True)
+    return rows
 
 
 SPEC_WARMUP = 5

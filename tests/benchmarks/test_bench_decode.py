@@ -174,3 +174,85 @@ def test_eager_check_compares_graph_steps_with_eager_ones(tmp_path, monkeypatch)
     monkeypatch.setattr(graphs, "replay", shifted)
     assert eager_check(runner, batch=3, context=20) == {"steps": 8, "tokens_equal": False}
     assert runner.graphs is graphs and graphs.graphs
+
+
+def test_variants_are_captured_and_timed_each_under_its_own_settings(tmp_path, monkeypatch):
+    """--variants: every round runs each variant (in reverse order every
+    other round) with the graphs captured while its attributes are set; each
+    row holds every variant's rounds, median, ratio to the first and check
+    against eager steps; the attributes are back after each variant, and the
+    default graphs are captured last."""
+    import argparse
+    import types
+
+    from benchmarks import decode_variants
+    from benchmarks.bench_decode import variant_rows
+    from checkpoint.tiny_model import ensure_tiny_model
+    from tests.helpers.runner_steps import make_runner
+
+    knob = types.ModuleType("knob")
+    knob.value = "as built"
+    monkeypatch.setitem(sys.modules, "knob", knob)
+    monkeypatch.setitem(decode_variants.VARIANTS, "turned",
+                        decode_variants.Variant("a test knob", (("knob", "value", "turned"),)))
+    runner = make_runner(ensure_tiny_model(str(tmp_path)), emulate_graphs=True)
+    captured = []
+    capture = runner.capture_graphs
+
+    def spy():
+        captured.append(knob.value)
+        capture()
+    monkeypatch.setattr(runner, "capture_graphs", spy)
+    args = argparse.Namespace(variants=["default", "turned"], rounds=3, steps=2, shape="tiny",
+                              batches=[1, 3], contexts=[20], timeline=False)
+    rows = variant_rows(args, runner, lambda batch, context: {"floor_ms": 1.0, "floor_GB": 0.0,
+                                                              "floor_GBps": 1.0},
+                        runner.num_blocks, show=False)
+    assert captured == ["as built", "turned", "turned", "as built", "as built", "turned",
+                        "as built"]
+    assert knob.value == "as built"
+    assert [(r["batch"], r["context"]) for r in rows] == [(1, 20), (3, 20)]
+    for row in rows:
+        first, turned = row["variants"]["default"], row["variants"]["turned"]
+        assert len(first["step_ms_rounds"]) == len(turned["step_ms_rounds"]) == 3
+        assert row["step_ms"] == first["step_ms"] == statistics.median(first["step_ms_rounds"])
+        assert first["over_first"] == 1.0
+        assert turned["over_first"] == pytest.approx(turned["step_ms"] / first["step_ms"],
+                                                     rel=1e-3)
+        assert first["tokens_equal"] and turned["tokens_equal"]
+        assert row["eager_check"] == {"steps": 8, "tokens_equal": True}
+
+
+def test_every_listed_variant_names_attributes_that_exist():
+    """A variant whose module or attribute is gone would set a new name
+    that nothing reads: each one's targets exist, and ``applied`` puts
+    them back."""
+    import importlib
+
+    from benchmarks import decode_variants
+
+    for name, variant in decode_variants.VARIANTS.items():
+        before = []
+        for module_name, attribute, _ in variant.patches:
+            module = importlib.import_module(module_name)
+            assert hasattr(module, attribute), (name, module_name, attribute)
+            before.append(getattr(module, attribute))
+        with decode_variants.applied(name):
+            for (module_name, attribute, value) in variant.patches:
+                assert getattr(importlib.import_module(module_name), attribute) == value
+        after = [getattr(importlib.import_module(m), a) for m, a, _ in variant.patches]
+        assert after == before
+
+
+def test_variants_refuse_the_options_that_time_other_things(capsys):
+    import argparse
+
+    from benchmarks.bench_decode import check_args
+
+    parser = argparse.ArgumentParser()
+    base = dict(device="cuda", idle=False, kernel_table=False, timeline=False, peer=False,
+                profile_host=False, spec_tokens=[], cublas_only=False)
+    check_args(parser, argparse.Namespace(**base, variants=["default"]))
+    with pytest.raises(SystemExit):
+        check_args(parser, argparse.Namespace(**{**base, "peer": True}, variants=["default"]))
+    assert "--variants times plain rows only" in capsys.readouterr().err
