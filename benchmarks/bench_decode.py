@@ -478,18 +478,14 @@ def run_benchmark(args, model_dir: str) -> int:
                 row["skipped"] = f"KV of {blocks_needed} blocks does not fit {num_blocks}"
                 results.append(row)
                 continue
-            driver = DecodeDriver(runner)
-            driver.start(batch, context, plain_row_steps(args))
-            driver.run(ROW_WARMUP, overlap=True)
+            driver = started_row(runner, args, batch, context)
             rounds = [driver.run(args.steps, overlap=True) for _ in range(args.rounds)]
             step_s = statistics.median(rounds)
             row.update(step_fields(rounds, row_floor(params, model, kv_per_token, batch,
                                                      context, bandwidth), batch),
                        norms_in_matmuls=model.carries_norms(batch))
             if args.timeline:
-                row["timeline"] = step_timeline.timeline(
-                    step_timeline.kernel_records(driver, TIMELINE_STEPS),
-                    model.config.num_hidden_layers)
+                row["timeline"] = row_timeline(driver, runner)
             if args.idle:
                 row["idle_sync"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=False)
                 row["idle_async"] = gpu_idle_fraction(driver, IDLE_RUN_STEPS, overlap=True)
@@ -548,6 +544,20 @@ def run_benchmark(args, model_dir: str) -> int:
     return 1 if summary["problems"] else 0
 
 
+def started_row(runner: ModelRunner, args, batch: int, context: int) -> DecodeDriver:
+    """A row's requests added and ROW_WARMUP untimed steps run."""
+    driver = DecodeDriver(runner)
+    driver.start(batch, context, plain_row_steps(args))
+    driver.run(ROW_WARMUP, overlap=True)
+    return driver
+
+
+def row_timeline(driver: DecodeDriver, runner: ModelRunner) -> dict:
+    """``--timeline``'s field: TIMELINE_STEPS profiled steps of the row."""
+    return step_timeline.timeline(step_timeline.kernel_records(driver, TIMELINE_STEPS),
+                                  runner.model.config.num_hidden_layers)
+
+
 def row_floor(params, model, kv_per_token: int, batch: int, context: int,
               bandwidth: dict) -> dict:
     """A row's floor fields (``floor.decode_floor``) and the bandwidth used."""
@@ -586,15 +596,11 @@ def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
             with decode_variants.applied(name):
                 runner.capture_graphs()
                 for batch, context in shape:
-                    driver = DecodeDriver(runner)
-                    driver.start(batch, context, plain_row_steps(args))
-                    driver.run(ROW_WARMUP, overlap=True)
+                    driver = started_row(runner, args, batch, context)
                     runs.setdefault((name, batch, context), []).append(
                         driver.run(args.steps, overlap=True))
                     if r == 0 and args.timeline:
-                        timelines[name, batch, context] = step_timeline.timeline(
-                            step_timeline.kernel_records(driver, TIMELINE_STEPS),
-                            runner.model.config.num_hidden_layers)
+                        timelines[name, batch, context] = row_timeline(driver, runner)
                     driver.finish()
                     if r == 0:
                         checks[name, batch, context] = eager_check(runner, batch, context)
@@ -607,19 +613,18 @@ def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
                 row["skipped"] = f"KV of the row does not fit {num_blocks} blocks"
                 rows.append(row)
                 continue
-            row.update(step_fields(runs[names[0], batch, context], floor_of(batch, context),
-                                   batch), norms_in_matmuls=runner.model.carries_norms(batch))
-            first = row["step_ms"]
-            row["variants"] = {}
-            for name in names:
-                fields = step_fields(runs[name, batch, context], floor_of(batch, context), batch)
-                row["variants"][name] = {
-                    "step_ms": fields["step_ms"], "step_ms_rounds": fields["step_ms_rounds"],
-                    "ratio_to_floor": fields["ratio_to_floor"],
-                    "over_first": round(fields["step_ms"] / first, 4),
-                    "tokens_equal": checks[name, batch, context]["tokens_equal"],
-                    **({"timeline": timelines[name, batch, context]}
-                       if (name, batch, context) in timelines else {})}
+            fields = {name: step_fields(runs[name, batch, context], floor_of(batch, context),
+                                        batch) for name in names}
+            first = fields[names[0]]
+            row.update(first, norms_in_matmuls=runner.model.carries_norms(batch))
+            row["variants"] = {name: {
+                "step_ms": f["step_ms"], "step_ms_rounds": f["step_ms_rounds"],
+                "ratio_to_floor": f["ratio_to_floor"],
+                "over_first": round(f["step_ms"] / first["step_ms"], 4),
+                "tokens_equal": checks[name, batch, context]["tokens_equal"],
+                **({"timeline": timelines[name, batch, context]}
+                   if (name, batch, context) in timelines else {})}
+                for name, f in fields.items()}
             row["eager_check"] = {"steps": CHECK_STEPS, "tokens_equal": all(
                 v["tokens_equal"] for v in row["variants"].values())}
             rows.append(row)
