@@ -25,6 +25,9 @@ VARIANTS: dict[str, Variant] = {
     "no-one-row-gemv": Variant(
         "one-row o projections through the skinny kernel, not runner/layers/triton_gemv.py",
         (("runner.layers.triton_gemv", "GEMV_MAX_K", 0),)),
+    "no-early-gemv": Variant(
+        "runner/layers/triton_gemv.py loads its first weight tile after the wait",
+        (("runner.layers.triton_gemv", "GEMV_EARLY", False),)),
 }
 
 

@@ -9,10 +9,12 @@ visibility of its writes before they read or write anything. CUDA graphs
 keep the dependency when they capture such launches.
 
 Invariant of a kernel launched with PDL: every program waits first, before
-any load, store or early return (``wait_for_previous_kernel``). So a
-kernel cannot complete before the one before it, completion stays
-transitive along the stream, and kernels launched without PDL (cuBLAS,
-torch) are ordered as before.
+any store, early return or load of memory a kernel may write
+(``wait_for_previous_kernel``); only loads of constant data, the model's
+weights, may come before it (``triton_gemv.py`` loads its first weight
+tile there). So a kernel cannot complete before the one before it,
+completion stays transitive along the stream, and kernels launched
+without PDL (cuBLAS, torch) are ordered as before.
 
 When the next kernel may start is each kernel's choice, not a matter of
 correctness (its programs wait in any case). Most let it start at once

@@ -27,7 +27,12 @@ column group.
 
 It launches with programmatic dependent launch where the device has it
 (``runner/triton_dependent_launch.py``) and lets the next kernel start once
-its loads are issued, as the skinny producer does.
+its loads are issued, as the skinny producer does. With GEMV_EARLY each
+program loads its first weight tile before it waits for the kernel before
+it: the weight is constant, and that kernel (the decode attention, which
+leaves most of the memory bandwidth unused) still runs while the programs
+that fit beside it stream their first tiles. The skinny kernel cannot do
+this: its shared memory leaves no room beside attention.
 """
 
 from __future__ import annotations
@@ -47,18 +52,26 @@ from runner.triton_dependent_launch import let_next_kernel_start, wait_for_previ
 GEMV_BLOCK_N = 8  # outputs a program
 GEMV_BLOCK_K = 2048  # weight columns a loop step loads (fewer where K is smaller)
 GEMV_MAX_K = 2048  # the widest input ``uses_gemv`` sends here
+GEMV_EARLY = True  # first weight tile loaded before the wait for the previous kernel
 
 
 @triton.jit
-def _row_times_tiles(x_ptr, w_rows, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _first_tile(w_rows, K, BLOCK_K: tl.constexpr, col_mask):
+    """The first BLOCK_K-wide tile of the rows at ``w_rows`` (pointers to each
+    row's first element), masked past K and past ``col_mask``."""
+    ks = tl.arange(0, BLOCK_K)
+    return tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _row_times_tiles(x_ptr, w_rows, w_first, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      col_mask):
-    """sum_k x[k] * w[n, k] in float32 for the BLOCK_N rows at ``w_rows``
-    (pointers to each row's first element), the next tile's load issued
-    before the current tile is reduced."""
+    """sum_k x[k] * w[n, k] in float32 for the BLOCK_N rows at ``w_rows``,
+    whose first tile ``w_first`` the caller loaded; each next tile's load is
+    issued before the current tile is reduced."""
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    w_next = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks[None, :] < K),
-                     other=0.0)
+    w_next = w_first
     for k0 in range(0, K, BLOCK_K):
         w = w_next
         ks_next = k0 + BLOCK_K + ks
@@ -71,14 +84,18 @@ def _row_times_tiles(x_ptr, w_rows, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
 
 @triton.jit
 def _gemv_add_kernel(x_ptr, w_ptr, residual_ptr, parts_ptr, N, K, stride_w,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EARLY: tl.constexpr,
+                     PDL: tl.constexpr):
     """residual[0, n] += x[0] . w[n] for this program's BLOCK_N outputs, then
-    parts[0, program] = the new values' sum of squares."""
-    wait_for_previous_kernel(PDL, LET_NEXT_START=False)
+    parts[0, program] = the new values' sum of squares. EARLY: the first
+    weight tile is loaded before the wait for the previous kernel."""
+    wait_for_previous_kernel(PDL and not EARLY, LET_NEXT_START=False)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    acc = _row_times_tiles(x_ptr, w_ptr + cols[:, None].to(tl.int64) * stride_w, K, BLOCK_N,
-                           BLOCK_K, col_mask)
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * stride_w
+    w_first = _first_tile(w_rows, K, BLOCK_K, col_mask)
+    wait_for_previous_kernel(PDL and EARLY, LET_NEXT_START=False)
+    acc = _row_times_tiles(x_ptr, w_rows, w_first, K, BLOCK_N, BLOCK_K, col_mask)
     let_next_kernel_start(PDL)
     row = tl.arange(0, 1)
     add_residual_and_store_parts(acc[None, :], residual_ptr, 0, parts_ptr, row, row < 1, cols,
@@ -107,5 +124,5 @@ def gemv_matmul_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) ->
     _gemv_add_kernel[(groups,)](x, w, residual, parts, n, k, w.stride(0),
                                 BLOCK_N=GEMV_BLOCK_N,
                                 BLOCK_K=min(GEMV_BLOCK_K, triton.next_power_of_2(k)),
-                                num_warps=4, **pdl_launch(x.device))
+                                EARLY=GEMV_EARLY, num_warps=4, **pdl_launch(x.device))
     return parts

@@ -5,6 +5,11 @@ masked tails of both K and the output columns. The interpreter on CPU,
 compiled with CUDA. Then the routing that sends one row of a narrow input
 here and everything else to the skinny kernel."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +24,7 @@ from runner.layers.triton_gemv import (
     uses_gemv,
 )
 from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.proc_utils import ROOT, pythonpath
 
 DEVICE = KERNEL_DEVICE
 # The interpreter's bfloat16 conversions do not round as the device's do: bf16 on CUDA only.
@@ -93,3 +99,48 @@ def test_one_row_of_a_narrow_input_goes_to_the_gemv_kernel(monkeypatch):
         skinny.row_parallel_matmul_add(x, weight, torch.zeros(rows, 2048, dtype=bf16))
         assert taken.pop() == f"{kind}_matmul_add" and not taken
         assert uses_gemv(x, weight) == (kind == "gemv")
+
+
+
+# Compiles the kernel for a Hopper GPU (no GPU needed: only the compiler runs)
+# and prints the PTX lines of the wait, the global loads and the stores.
+COMPILE_CHILD = """
+import json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from runner.layers.triton_gemv import GEMV_BLOCK_K, GEMV_BLOCK_N, _gemv_add_kernel
+
+signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "residual_ptr": "*bf16", "parts_ptr": "*fp32",
+             "N": "i32", "K": "i32", "stride_w": "i32", "BLOCK_N": "constexpr",
+             "BLOCK_K": "constexpr", "EARLY": "constexpr", "PDL": "constexpr"}
+constants = {"BLOCK_N": GEMV_BLOCK_N, "BLOCK_K": GEMV_BLOCK_K, "EARLY": sys.argv[1] == "1",
+             "PDL": True}
+kernel = compile(ASTSource(fn=_gemv_add_kernel, signature=signature, constexprs=constants),
+                 target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+lines = kernel.asm["ptx"].splitlines()
+print(json.dumps({what: [i for i, line in enumerate(lines) if what in line]
+                  for what in ("griddepcontrol.wait", "ld.global", "st.global")}))
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("early", [True, False])
+def test_early_gemv_loads_its_first_weight_tile_before_the_wait(early):
+    """The kernel as compiled for a Hopper GPU with programmatic dependent
+    launch, in a child process (the interpreter off): with EARLY global loads
+    (the first weight tile's) come before the wait for the previous kernel,
+    without it none; in both every store comes after the wait, and so does
+    the first load of the input row, as the PDL invariant
+    (runner/triton_dependent_launch.py) asks."""
+    env = dict(os.environ, PYTHONPATH=pythonpath())
+    env.pop("TRITON_INTERPRET", None)
+    child = subprocess.run([sys.executable, "-c", COMPILE_CHILD, "1" if early else "0"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert child.returncode == 0, child.stderr
+    found = json.loads(child.stdout.splitlines()[-1])
+    (wait,) = found["griddepcontrol.wait"]
+    loads, stores = found["ld.global"], found["st.global"]
+    assert loads and stores and min(stores) > wait
+    before = [i for i in loads if i < wait]
+    assert bool(before) == early
+    assert len(before) < len(loads)  # the input row and later tiles after the wait
