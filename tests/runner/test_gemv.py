@@ -23,12 +23,11 @@ from runner.layers.triton_gemv import (
     gemv_matmul_add,
     uses_gemv,
 )
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 from tests.helpers.proc_utils import ROOT, pythonpath
 
 DEVICE = KERNEL_DEVICE
-# The interpreter's bfloat16 conversions do not round as the device's do: bf16 on CUDA only.
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32, torch.float16)
 N = 29  # a masked tail of the last column group (GEMV_BLOCK_N a group)
 WIDTHS = [104, GEMV_BLOCK_K + 300]  # one masked loop step; two, the second masked
 

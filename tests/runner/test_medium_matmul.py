@@ -14,11 +14,10 @@ import runner.layers.triton_skinny_matmul as skinny
 from runner.layers.activation import gate_up_silu_ref
 from runner.layers.split_k import COUNTERS
 from runner.layers.triton_medium_matmul import medium_gate_up_silu, medium_matmul
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 
 DEVICE = KERNEL_DEVICE
-# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32)
 # 70 outputs: a masked tail of every BLOCK_N; 300 columns: a masked tail of every BLOCK_K.
 N, K = 70, 300
 

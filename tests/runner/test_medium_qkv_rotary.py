@@ -12,11 +12,10 @@ import runner.layers.triton_qkv_rotary as qkv_rotary
 from runner.layers.rotary import RotaryEmbedding, qkv_rotary_write_kv_ref
 from runner.layers.split_k import COUNTERS
 from runner.layers.triton_medium_matmul import medium_qkv_rotary_write_kv, uses_medium_qkv_rotary
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 
 DEVICE = KERNEL_DEVICE
-# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32)
 NUM_BLOCKS, BLOCK_SIZE = 10, 8  # 80 slots: room for 64 rows
 
 

@@ -33,11 +33,10 @@ from runner.layers.triton_medium_matmul import (
 from runner.layers.triton_norm_in_matmul import norms_in_matmuls
 from runner.layers.triton_qkv_rotary import skinny_qkv_rotary_write_kv
 from runner.layers.triton_skinny_matmul import skinny_gate_up_silu, skinny_matmul_add
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 
 DEVICE = KERNEL_DEVICE
-# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32, torch.float16)
 EPS = 1e-5
 SKINNY_ROWS, MEDIUM_ROWS = 5, 20  # 11 and 12 masked rows of the 16- and 32-row tiles
 N, K = 70, 104  # outputs: a masked tail of every block_n; K: a masked last tile of 32

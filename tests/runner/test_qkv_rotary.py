@@ -14,11 +14,10 @@ from runner.layers.triton_qkv_rotary import (
     skinny_qkv_rotary_write_kv,
     uses_skinny_qkv_rotary,
 )
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 
 DEVICE = KERNEL_DEVICE
-# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32)
 NUM_BLOCKS, BLOCK_SIZE = 6, 8
 
 

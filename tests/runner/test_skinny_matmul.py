@@ -12,11 +12,10 @@ from runner.layers.triton_skinny_matmul import (
     skinny_matmul,
     uses_skinny_matmul,
 )
-from tests.helpers.kernel_device import KERNEL_DEVICE
+from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 
 DEVICE = KERNEL_DEVICE
-# The Triton interpreter cannot run tl.dot on bfloat16 inputs: bf16 on CUDA only.
-DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
+DTYPES = kernel_dtypes(torch.float32)
 # 12 rows: four masked rows of the 16-row tile; 16 rows: the whole tile.
 SHAPES = [(1, 40, 300, 16, 256), (8, 64, 512, 32, 256), (5, 17, 96, 8, 512), (16, 33, 700, 32, 256),
           (12, 70, 260, 32, 128)]
