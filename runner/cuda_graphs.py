@@ -82,7 +82,8 @@ class CudaGraphManager:
     def capture(self, fill_inputs: Callable[[int], None],
                 forward: Callable[[int], torch.Tensor], show_progress: bool) -> None:
         """Capture ``forward(size)`` for every size, largest first (so the
-        smaller graphs reuse the largest one's memory pool).
+        smaller graphs reuse the largest one's memory pool), in place of any
+        graphs captured before.
 
         ``fill_inputs(size)`` puts harmless values in the input buffers first;
         it runs outside the capture, so replays never reset the inputs that a
@@ -93,6 +94,7 @@ class CudaGraphManager:
             self.graphs = dict.fromkeys(self.sizes, (None, None))
             return
         start = time.perf_counter()
+        self.graphs = {}  # the old graphs' memory goes back with them
         self.pool = torch.cuda.graph_pool_handle()
         for size in tqdm(sorted(self.sizes, reverse=True), desc="capturing CUDA graphs",
                          disable=not show_progress):

@@ -249,18 +249,16 @@ class ModelRunner:
         self.capture_graphs()
 
     def capture_graphs(self) -> None:
-        """Capture the decode and mixed-batch graphs, dropping any captured
+        """Capture the decode and mixed-batch graphs, in place of any captured
         before: once the cache exists, and again where the kernels a forward
         launches have been switched (``bench_decode.py --variants``). Between
         steps only: no step may be in flight."""
         for graphs, q in ((self.graphs, 1 + self.num_spec), (self.plain_graphs, 1)):
             if graphs.sizes:
-                graphs.graphs = {}
                 graphs.capture(self._fill_graph_inputs,
                                lambda size, q=q: self._graph_forward(size, q),
                                show_progress=self.tp.rank == 0)
         if self.prefill_graphs is not None:
-            self.prefill_graphs.graphs = {}
             self.prefill_graphs.capture(lambda _: self._fill_graph_inputs(self.prefill_rows),
                                         self._prefill_graph_forward,
                                         show_progress=self.tp.rank == 0)
