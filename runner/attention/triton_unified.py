@@ -52,6 +52,10 @@ from runner.ticket_counters import take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 LOG2_E = 1.4426950408889634
+# Cache offsets in int32 where every element of one layer's key (or value)
+# cache lies within 2**31 - 1 elements of its start (``int32_offsets``):
+# a key tile's addresses then take fewer registers than with int64 offsets.
+KV_OFFSETS_32 = True
 
 
 @triton.jit
@@ -120,6 +124,7 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     SLIDING: tl.constexpr,
     EARLY_V: tl.constexpr,
+    OFFSETS_32: tl.constexpr,
 ):
     """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
 
@@ -134,7 +139,9 @@ def _attend_tiles(
         key_mask = key_pos < kv_end
         block = _load_tile(block_table_row_ptr + key_pos // BLOCK_SIZE, key_mask, key_mask,
                            MASKED, False)
-        key_off = block.to(tl.int64) * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
+        if not OFFSETS_32:
+            block = block.to(tl.int64)
+        key_off = block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
         key_off = key_off + kv_head_offset
 
         k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
@@ -217,6 +224,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
     DECODE: tl.constexpr,
+    OFFSETS_32: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -276,13 +284,13 @@ def _paged_attention_kernel(
         q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
         stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        False, SLIDING, DECODE,
+        False, SLIDING, DECODE, OFFSETS_32,
     )
     acc, m_i, l_i = _attend_tiles(
         q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
         key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
         stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        True, SLIDING, DECODE,
+        True, SLIDING, DECODE, OFFSETS_32,
     )
 
     if SPLIT:
@@ -327,6 +335,14 @@ def split_counters_needed(num_tokens: int, num_reqs: int, num_q_heads: int, num_
     (q-program, KV head), whatever the number of splits."""
     block_q = block_m // (num_q_heads // num_kv_heads)
     return q_programs(num_tokens, num_reqs, block_q, uniform_decode) * num_kv_heads
+
+
+def int32_offsets(cache: torch.Tensor) -> bool:
+    """Whether the kernel may compute offsets into ``cache`` (a layer's key
+    or value half, values at the same offsets) in int32: its farthest
+    element lies below 2**31 elements from its start, and ``KV_OFFSETS_32``."""
+    farthest = sum((size - 1) * stride for size, stride in zip(cache.shape, cache.stride()))
+    return KV_OFFSETS_32 and cache.numel() > 0 and farthest < 2**31
 
 
 def launch_paged_attention(
@@ -393,6 +409,7 @@ def launch_paged_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         SLIDING=sliding_window is not None,
         DECODE=uniform_decode,
+        OFFSETS_32=int32_offsets(key_cache),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

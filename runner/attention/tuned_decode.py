@@ -34,7 +34,7 @@ TUNED_DECODE: dict[tuple[int, int, int, int], DecodeLaunch | None] = {
     (128, 4, 8, 8): DecodeLaunch(8, 64, 2, 3),
     (128, 4, 8, 16): DecodeLaunch(4, 64, 2, 3),
     (128, 4, 8, 24): DecodeLaunch(2, 128, 4, 3),
-    (128, 4, 8, 32): DecodeLaunch(1, 128, 4, 3),
+    (128, 4, 8, 32): DecodeLaunch(2, 64, 2, 3),
     (128, 4, 8, 64): None,
     # Llama-3.2-1B at TP=1 (32 query heads, 8 KV heads of 64).
     (64, 4, 8, 1): DecodeLaunch(32, 64, 2, 3),

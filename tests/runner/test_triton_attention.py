@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runner.attention import triton_unified
 from runner.attention.metadata import AttentionMetadata
 from runner.attention.triton_attn import (
     MAX_SPLIT_QUERY_LEN,
@@ -23,7 +24,7 @@ from runner.attention.triton_attn import (
 )
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import SplitPartials
-from runner.attention.triton_unified import launch_paged_attention
+from runner.attention.triton_unified import int32_offsets, launch_paged_attention
 from runner.attention.tuned_decode import TUNED_DECODE, TUNED_NUM_SMS, tuned_decode_launch
 from runner.ticket_counters import TicketCounters
 from tests.helpers.attention_oracle import (
@@ -93,6 +94,27 @@ def test_uniform_decode_batch_matches_oracle(num_splits, window):
     out = run_and_check(batch, TritonAttentionBackend(num_splits=num_splits), atol=1e-4,
                         window=window)
     assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+@pytest.mark.parametrize("query_lens,seq_lens", [([1, 1, 1, 1], [1, 33, 130, 257]),
+                                                 (MIXED_QUERY_LENS, MIXED_SEQ_LENS)])
+def test_int64_cache_offsets_match_oracle(monkeypatch, query_lens, seq_lens):
+    """The kernel's int64 offsets (caches too large for int32 ones: every
+    test cache is small, so they are forced here) give the oracle's result."""
+    monkeypatch.setattr(triton_unified, "KV_OFFSETS_32", False)
+    batch = make_batch(29, query_lens, seq_lens, num_pad_tokens=2, block_size=16,
+                       head_dim=64, num_q_heads=8, num_kv_heads=2)
+    assert not int32_offsets(batch.kv_cache[0])
+    out = run_and_check(batch, TritonAttentionBackend(num_splits=3), atol=1e-4)
+    assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+def test_int32_offsets_only_where_the_cache_allows():
+    def cache(num_blocks):  # a layer's key half: 16 slots x 8 heads x 128 dims a block
+        return torch.empty((2, num_blocks, 16, 8, 128), device="meta")[0]
+    assert int32_offsets(cache(2**17))  # its last element is 2**31 - 1 on
+    assert not int32_offsets(cache(2**17 + 1))
+    assert int32_offsets(torch.empty(3, 16, 2, 64)[1:])  # a strided view, small
 
 
 # Long enough rows that a window skips whole key tiles (64 and 128 keys).
