@@ -78,14 +78,18 @@ def timeline(records: list[Record], num_layers: int) -> dict:
     (a layer's critical path), ``between_layers`` [{"kernel", "us"}] (each
     name's own share between two forwards, in the order first seen, then
     the device's idle time there, the gaps the host or the launches left),
-    ``between_layers_us`` and ``step_us`` (one forward's first kernel's
-    start to the next's)."""
+    ``between_layers_us``, ``idle_before`` [{"kernel", "us"}] (where that
+    idle lies: the device's idle time just before each name between two
+    forwards, the next forward's first kernel included, where a median is
+    above zero) and ``step_us`` (one forward's first kernel's start to the
+    next's)."""
     names = [name for _, _, name in records]
     k, starts = forward_runs(names, num_layers)
     shares = critical_shares(records, records[0][0])
     by_position = defaultdict(list)
     layer_totals, between_totals, steps = [], [], []
     between_by_name: dict[str, list[float]] = {}
+    idle_by_name: dict[str, list[float]] = {}
     idle_name = "(device idle)"
     for first, next_first in zip(starts, starts[1:]):
         end_layers = first + num_layers * k
@@ -102,6 +106,12 @@ def timeline(records: list[Record], num_layers: int) -> dict:
                                    + shares[next_first][0])
         for name, share in step_between.items():
             between_by_name.setdefault(name, []).append(share)
+        step_idle: dict[str, float] = defaultdict(float)
+        for (_, _, name), (idle, _) in zip(records[end_layers:next_first + 1],
+                                           shares[end_layers:next_first + 1]):
+            step_idle[name] += idle
+        for name, idle in step_idle.items():
+            idle_by_name.setdefault(name, []).append(idle)
         between_totals.append(sum(step_between.values()))
         steps.append(sum(layers) + between_totals[-1])
     median = statistics.median
@@ -117,5 +127,7 @@ def timeline(records: list[Record], num_layers: int) -> dict:
         "between_layers": [{"kernel": name, "us": median_of(v)}
                            for name, v in between_by_name.items()],
         "between_layers_us": round(median(between_totals), 2),
+        "idle_before": [{"kernel": name, "us": median_of(v)}
+                        for name, v in idle_by_name.items() if median_of(v) > 0],
         "step_us": round(median(steps), 2),
     }

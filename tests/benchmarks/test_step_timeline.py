@@ -43,6 +43,8 @@ def test_shares_add_up_to_the_step_and_charge_each_kernel_its_delay():
     # the next forward.
     assert between == {"norm": 1.0, "head": 10.0, "argmax": 1.0, "Memcpy HtoD": 1.0,
                        "inputs": 1.0, "embedding": 1.0, "(device idle)": 5.0}
+    assert t["idle_before"] == [{"kernel": "head", "us": 0.5}, {"kernel": "argmax", "us": 0.5},
+                                {"kernel": "Memcpy HtoD", "us": 1.0}, {"kernel": "qkv", "us": 3.0}]
     assert t["between_layers_us"] == 20.0
     assert t["step_us"] == 50.0 == 3 * t["layer_us"] + t["between_layers_us"]
 
