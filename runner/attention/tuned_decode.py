@@ -7,8 +7,10 @@ tiles two stages deep when split). For the head shapes listed here the
 table overrides the rules per graph size with the launch chosen by
 ``python -m benchmarks.bench_attention --tune-decode`` (every split count
 and tile at a short and a long context, the least summed time relative to
-each context's best), where the decode step confirmed it
-(benchmarks/results/README.md). Shapes and batches not listed keep the rules.
+each context's best), where the decode step confirmed it, or by a sweep of
+launches inside the decode step at both contexts where that found a
+better one (benchmarks/results/README.md names which). Shapes and batches
+not listed keep the rules.
 """
 
 from __future__ import annotations
