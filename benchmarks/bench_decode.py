@@ -373,6 +373,8 @@ def main() -> int:
                         help="buffer the bandwidth kernels stream over")
     parser.add_argument("--idle", action="store_true", help="also measure GPU idle time")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--block-size", type=int, default=EngineConfig.block_size,
+                        help="tokens per KV cache block")
     parser.add_argument("--profile-host", action="store_true",
                         help="also print a cProfile of the host side of 50 batch-1 steps")
     parser.add_argument("--timeline", action="store_true",
@@ -445,7 +447,7 @@ def run_benchmark(args, model_dir: str) -> int:
     engine_config = EngineConfig(
         model=model_dir, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches),
         max_model_len=max_len, max_num_batched_tokens=max(2048, max(args.batches) * q_max),
-        load_format="dummy", enforce_eager=args.enforce_eager,
+        load_format="dummy", enforce_eager=args.enforce_eager, block_size=args.block_size,
         disable_custom_all_reduce=args.disable_custom_all_reduce)
     config = engine_config.runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
@@ -519,7 +521,7 @@ def run_benchmark(args, model_dir: str) -> int:
         "bandwidth": bandwidth, "floor": FLOOR_METHOD,
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,
-        "num_blocks": num_blocks, "cuda_graphs": not args.enforce_eager,
+        "num_blocks": num_blocks, "block_size": config.block_size, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": graph_sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
         **({"variants": {name: decode_variants.VARIANTS[name].description

@@ -257,3 +257,21 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
     with pytest.raises(SystemExit):
         check_args(parser, argparse.Namespace(**{**base, "peer": True}, variants=["default"]))
     assert "--variants times plain rows only" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(400)
+def test_block_size_sets_the_runners_kv_blocks(tmp_path):
+    """--block-size: the runner's cache takes blocks of that many tokens, so a
+    row's requests need half as many blocks of 32 as of 16, and the timed
+    tokens still equal eager steps'."""
+    from benchmarks.bench_decode import plain_row_steps
+
+    out = tmp_path / "decode.json"
+    summary = run_bench(out, "--contexts", "40", "--block-size", "32")
+    steps = plain_row_steps(type("Args", (), {"rounds": 3, "steps": 3})())
+    assert summary["block_size"] == 32
+    # Two requests of 40 context tokens, the steps' tokens and a margin of 36.
+    assert summary["num_blocks"] == 2 * -(-(40 + steps + 36) // 32)
+    (row,) = summary["results"]
+    check_floor(row)
+    assert row["eager_check"] == {"steps": 8, "tokens_equal": True}
