@@ -20,9 +20,10 @@ measures this host's Python speed more than tprun.
 
 Time to first token: ``--ttft-prompts`` prompts of ``--ttft-len`` tokens
 (``max_tokens=1``) through ``LLM``'s engine, from adding them all to the last
-first token, beside the prefill FLOP floor: 2 x non-embedding parameters x
-prompt tokens over the matmul throughput of a large ``torch.matmul`` timed in
-the same run (benchmarks/floor.py). ``--attention-backend`` picks tprun's
+first token, beside the prefill FLOP floor: the FLOPs the prefill must do
+(projections for every token, the LM head for each prompt's last token,
+causal attention; benchmarks/floor.py) over the matmul throughput of a large
+``torch.matmul`` timed in the same run. ``--attention-backend`` picks tprun's
 attention backend for this part (e.g. triton_flash_prefill); ``--ttft-only``
 runs this part alone.
 """
@@ -157,11 +158,10 @@ def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
 def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int) -> dict:
     """The TTFT's FLOP floor, with the matmul throughput measured now."""
     tflops = floor.matmul_tflops(device, matmul_n)
-    params = floor.non_embedding_params(shape_config(shape))
-    tokens = ttft["prompts"] * ttft["prompt_len"]
-    floor_s = floor.prefill_flop_floor_s(params, tokens, tflops)
+    flops = floor.prefill_flops(shape_config(shape), ttft["prompts"], ttft["prompt_len"])
+    floor_s = floor.prefill_flop_floor_s(flops, tflops)
     return {"matmul_tflops": float(f"{tflops:.4g}"), "matmul_n": matmul_n,
-            "non_embedding_params": params, "prefill_floor_s": float(f"{floor_s:.4g}"),
+            "prefill_flops": flops, "prefill_floor_s": float(f"{floor_s:.4g}"),
             "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3)}
 
 

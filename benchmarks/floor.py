@@ -10,8 +10,12 @@ each timed here: a torch reduction (``x.sum()``, read only), a Triton kernel
 that loads every element and keeps one float per program (read only; CUDA
 only) and a device copy (read + write bytes). The JSON names the one used.
 
-Prefill floor = 2 x non-embedding parameters x prompt tokens / the bf16
-matmul throughput of one large ``torch.matmul`` timed here.
+Prefill floor = FLOPs a prefill must do / the bf16 matmul throughput of one
+large ``torch.matmul`` timed here. FLOPs: 2 a weight of every decoder
+layer's projections for every prompt token, the LM head for each prompt's
+last token only (the one position a prefill samples; tied or not), and
+causal attention's two products, q.k and p.v, for every query head over
+the keys each token sees (its own position and those before it).
 """
 
 from __future__ import annotations
@@ -111,19 +115,30 @@ def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16) -> 
     return 2 * n**3 / seconds / 1e12
 
 
-def non_embedding_params(config: dict) -> int:
-    """Parameters of a Llama config.json but the embedding table (an untied LM
-    head counts: its matmul is one of the model's)."""
+def layer_matmul_params(config: dict) -> int:
+    """Weights of one decoder layer's projections (q, k, v, o, gate, up,
+    down) in a Llama config.json: the ones a token multiplies."""
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
     q = config["num_attention_heads"] * head_dim
     kv = config["num_key_value_heads"] * head_dim
-    layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter + 2 * hidden
-    head = 0 if config.get("tie_word_embeddings") else config["vocab_size"] * hidden
-    return config["num_hidden_layers"] * layer + hidden + head
+    return hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
 
 
-def prefill_flop_floor_s(non_embedding_params: int, tokens: int, tflops: float) -> float:
-    """Seconds for 2 x parameters x tokens matmul FLOPs at ``tflops`` (attention
-    FLOPs left out: the floor is the weights' share alone)."""
-    return 2 * non_embedding_params * tokens / (tflops * 1e12)
+def prefill_flops(config: dict, prompts: int, prompt_len: int) -> int:
+    """FLOPs of a prefill of ``prompts`` fresh prompts of ``prompt_len``
+    tokens (module docstring): projections, one LM-head row a prompt, and
+    causal attention, where token i of a prompt sees i + 1 keys."""
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    projections = 2 * layers * layer_matmul_params(config) * prompts * prompt_len
+    lm_head = 2 * config["vocab_size"] * hidden * prompts
+    seen = prompt_len * (prompt_len + 1) // 2  # keys seen, summed over a prompt's tokens
+    attention = 2 * 2 * layers * config["num_attention_heads"] * head_dim * seen * prompts
+    return projections + lm_head + attention
+
+
+def prefill_flop_floor_s(flops: int, tflops: float) -> float:
+    """Seconds for ``flops`` at ``tflops`` (attention's products counted at
+    the dense matmul's rate, which they do not exceed)."""
+    return flops / (tflops * 1e12)

@@ -12,8 +12,16 @@ import pytest
 
 from tests.helpers.proc_utils import ROOT, run_in_session
 
-# The tiny shape: 2 layers of 147,712 parameters, the final norm, an untied head.
-NON_EMBEDDING_PARAMS = 2 * 147_712 + 128 + 512 * 128
+
+def floor_flops(prompts: int, length: int) -> int:
+    """The tiny shape's prefill FLOPs: 2 layers of 128 x (128 + 2 x 64) +
+    128 x 128 + 3 x 128 x 256 = 147,456 projection weights for every token,
+    its untied 512 x 128 head for each prompt's last token, and 4 query heads
+    of 32 dims over the keys each token sees (q.k and p.v, 2 FLOPs a dim
+    each)."""
+    seen = length * (length + 1) // 2
+    return (2 * 2 * 147_456 * prompts * length + 2 * 512 * 128 * prompts
+            + 2 * 4 * 32 * 2 * 2 * seen * prompts)
 
 
 def _run_e2e(tmp_path, timeout: float, *args: str) -> dict:
@@ -43,8 +51,8 @@ def test_e2e_summary_fields(tmp_path):
     assert s["tprun_all"]["output_tokens"] == 4 * 4
     ttft = s["ttft"]
     assert ttft["prompts"] == 2 and ttft["prompt_len"] == 40 and len(ttft["rounds_s"]) == 1
-    assert ttft["non_embedding_params"] == NON_EMBEDDING_PARAMS
-    floor_s = 2 * NON_EMBEDDING_PARAMS * 80 / (ttft["matmul_tflops"] * 1e12)
+    assert ttft["prefill_flops"] == floor_flops(2, 40)
+    floor_s = floor_flops(2, 40) / (ttft["matmul_tflops"] * 1e12)
     assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
     assert ttft["ttft_ratio_to_floor"] == pytest.approx(ttft["ttft_all_s"] / floor_s, rel=2e-2)
 
@@ -57,5 +65,5 @@ def test_ttft_only(tmp_path):
     assert "hf" not in s and "tprun_all" not in s
     ttft = s["ttft"]
     assert ttft["prompts"] == 3 and ttft["prompt_len"] == 24 and len(ttft["rounds_s"]) == 1
-    floor_s = 2 * NON_EMBEDDING_PARAMS * 72 / (ttft["matmul_tflops"] * 1e12)
+    floor_s = floor_flops(3, 24) / (ttft["matmul_tflops"] * 1e12)
     assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)

@@ -31,20 +31,44 @@ def test_decode_weight_bytes_count_one_embedding_row_per_token(tied):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_non_embedding_params_match_hf(shape):
+def test_layer_matmul_params_match_hf(shape):
+    """One decoder layer's projection weights, counted on HF's own layer."""
     config = {**shape_config(shape), "num_hidden_layers": 1, "vocab_size": 1000}
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "dtype")}
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
-    total = sum(p.numel() for p in model.parameters())
-    assert floor.non_embedding_params(config) == total - model.model.embed_tokens.weight.numel()
+    linears = [m for m in model.model.layers[0].modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 7
+    assert floor.layer_matmul_params(config) == sum(m.weight.numel() for m in linears)
+
+
+def test_prefill_flops_worked_by_hand():
+    """3 layers of hidden 4, 2 query heads and 1 KV head of 2 dims,
+    intermediate 6, vocabulary 10; 2 prompts of 3 tokens. A layer's
+    projections: 4 x (4 + 2 + 2) + 4 x 4 + 3 x 4 x 6 = 120 weights, so
+    2 x 3 x 120 x 6 tokens = 4320 FLOPs; the LM head once a prompt:
+    2 x 10 x 4 x 2 = 160; attention: a prompt's tokens see 1 + 2 + 3 = 6
+    keys, each costing q.k and p.v (2 x 2 FLOPs each) per query head:
+    6 x 2 x 4 x 2 heads x 3 layers x 2 prompts = 576."""
+    config = {"hidden_size": 4, "intermediate_size": 6, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 2, "num_hidden_layers": 3,
+              "vocab_size": 10}
+    assert floor.layer_matmul_params(config) == 120
+    assert floor.prefill_flops(config, prompts=2, prompt_len=3) == 4320 + 160 + 576
+    assert floor.prefill_flop_floor_s(5056, 1e-9) == pytest.approx(5.056)
 
 
 def test_eight_b_prefill_floor():
-    """2 x 7.505e9 non-embedding parameters x 32 x 2048 tokens at 793 TFLOP/s."""
-    params = floor.non_embedding_params(shape_config("8b"))
-    assert params == 7_504_924_672
-    assert floor.prefill_flop_floor_s(params, 32 * 2048, 793.0) == pytest.approx(1.2405, abs=1e-4)
+    """32 x 2048 tokens at 8B: 32 layers of 218,103,808 projection weights
+    for 65,536 tokens, 128,256 x 4,096 LM-head weights for 32 rows, and
+    2,098,176 keys seen a prompt (2048 x 2049 / 2) x 32 heads x 128 dims x
+    4 FLOPs, every layer and prompt."""
+    config = shape_config("8b")
+    assert floor.layer_matmul_params(config) == 218_103_808
+    want = (2 * 32 * 218_103_808 * 65_536 + 2 * 128_256 * 4_096 * 32
+            + 4 * 32 * 32 * 128 * 2_098_176 * 32)
+    assert floor.prefill_flops(config, 32, 2048) == want
+    assert floor.prefill_flop_floor_s(want, 787.1) == pytest.approx(1.2070, abs=1e-4)
 
 
 def test_decode_floor_and_kv_bytes():

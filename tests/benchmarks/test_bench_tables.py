@@ -17,9 +17,8 @@ def test_tables_from_results(tmp_path):
         {"batch": 256, "context": 4096, "skipped": "KV does not fit"},
     ]}
     (tmp_path / "decode_8b.json").write_text("log line\n" + json.dumps(decode) + "\n")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"),
-                          "--results", str(tmp_path)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--results", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "| 8B | 1 | 4.93 (1.31) | 5.12 (1.33) | 0.03% / 6.0% |" in out
     assert "| 8B | 256 | 12.09 (1.56) | does not fit | - / - |" in out
     assert "<!-- decode_1b.json: not found -->" in out
@@ -45,7 +44,7 @@ def test_tables_with_peer_floor_ttft_and_prefill(tmp_path):
            "hf_host_bound_reason": "HF decode step 70.0 ms at batch 32, 68.0 ms at batch 1",
            "ttft": {"ttft_all_s": 1.63, "prompts": 32, "prompt_len": 2048,
                     "prefill_floor_s": 1.2405, "ttft_ratio_to_floor": 1.314,
-                    "matmul_tflops": 793.2}}
+                    "matmul_tflops": 793.2}, "shape": "8b"}
     attention = {"results": [
         {"name": "decode", "shape": "1x512", "backend": "triton", "ms": 0.01, "sdpa_ms": 0.01,
          "ratio": 1.0},
@@ -57,16 +56,17 @@ def test_tables_with_peer_floor_ttft_and_prefill(tmp_path):
     (tmp_path / "decode_8b.json").write_text(json.dumps(decode) + "\n")
     (tmp_path / "e2e_8b.json").write_text(json.dumps(e2e) + "\n")
     (tmp_path / "attention_prefill.json").write_text(json.dumps(attention) + "\n")
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"),
-                          "--results", str(tmp_path)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tables", "--results", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "8B: floor at 4440 GB/s (read_triton; read 4100.0 by sum, 4440.2 by Triton" in out
     assert ("| shape | batch | ctx 512: tprun ms (x floor) | ctx 512: peer ms (tprun / peer) "
             "| ctx 4096: tprun ms (x floor) | ctx 4096: peer ms (tprun / peer) |") in out
     assert "| 8B | 1 | 4.60 (1.36) | 4.59 (1.00) | 5.00 (1.20) | - | 0.03% / 6.0% |" in out
     assert "| 8B | 64 | 6.30 (1.50) | 6.58 (0.96) | does not fit | - | - / - |" in out
     assert "HF host-bound: True (HF decode step 70.0 ms at batch 32" in out
-    assert "| 1.630 s | 32 x 2048 | 1.240 s | 1.31 | 793 TFLOP/s |" in out
+    # The floor from benchmarks/floor.py, not the file's own fields: 9.50e14
+    # FLOPs (test_bench_floor.test_eight_b_prefill_floor) at 793.2 TFLOP/s.
+    assert "| 1.630 s | 32 x 2048 | 1.198 s | 1.36 | 793 TFLOP/s |" in out
     assert "| 1x4096 | 1.000 | 1.460 (1.46, triton) | 0.980 (0.98, varlen) |" in out
 
 
