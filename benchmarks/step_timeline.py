@@ -98,16 +98,15 @@ def timeline(records: list[Record], num_layers: int) -> dict:
         for i, share in enumerate(layers):
             by_position[i % k].append(share)
         layer_totals += [sum(layers[j * k:(j + 1) * k]) for j in range(num_layers)]
-        # Idle before each record between the forwards and before the next
-        # forward's first kernel; own shares of those between them.
-        step_idle: dict[str, float] = defaultdict(float)
-        for (_, _, name), (idle, _) in zip(records[end_layers:next_first + 1],
-                                           shares[end_layers:next_first + 1]):
-            step_idle[name] += idle
+        # Own shares of the records between the forwards; the idle before
+        # each of them and before the next forward's first kernel.
         step_between: dict[str, float] = defaultdict(float)
-        for (_, _, name), (_, own) in zip(records[end_layers:next_first],
-                                          shares[end_layers:next_first]):
-            step_between[name] += own
+        step_idle: dict[str, float] = defaultdict(float)
+        for i in range(end_layers, next_first + 1):
+            name, (idle, own) = records[i][2], shares[i]
+            step_idle[name] += idle
+            if i < next_first:
+                step_between[name] += own
         step_between[idle_name] = sum(step_idle.values())
         for name, share in step_between.items():
             between_by_name.setdefault(name, []).append(share)
