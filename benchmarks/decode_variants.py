@@ -14,10 +14,22 @@ import contextlib
 import importlib
 from typing import NamedTuple
 
+from runner.attention import tuned_decode
+
 
 class Variant(NamedTuple):
     description: str
     patches: tuple[tuple[str, str, object], ...]  # (module, attribute, value while applied)
+
+
+def tuned_with_short_keys(short_keys: int, only: tuple[int, ...] | None = None) -> dict:
+    """``TUNED_DECODE`` with ``short_keys`` set on the entries that have
+    them (on entry ``only`` alone where given)."""
+    def changed(key, launch):
+        if launch is None or (launch.short_keys == 0 if only is None else key != only):
+            return launch
+        return launch._replace(short_keys=short_keys)
+    return {key: changed(key, launch) for key, launch in tuned_decode.TUNED_DECODE.items()}
 
 
 VARIANTS: dict[str, Variant] = {
@@ -31,6 +43,16 @@ VARIANTS: dict[str, Variant] = {
     "kv-offsets-64": Variant(
         "paged attention computes its cache offsets in int64 whatever the cache's size",
         (("runner.attention.triton_unified", "KV_OFFSETS_32", False),)),
+    "pointer-tiles-only": Variant(
+        "no tuned decode launch reads short rows one cache block a tile (short_keys 0)",
+        (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(0)),)),
+    "short-keys-2048": Variant(
+        "the tuned launches with short_keys read rows of up to 2048 keys that way",
+        (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(2048)),)),
+    "short-keys-1b-16": Variant(
+        "the 1B's 16-row decode launch reads rows of up to 1024 keys one block a tile",
+        (("runner.attention.tuned_decode", "TUNED_DECODE",
+          tuned_with_short_keys(1024, only=(64, 4, 8, 16))),)),
 }
 
 

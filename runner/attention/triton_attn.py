@@ -113,7 +113,9 @@ class TritonAttentionBackend:
     a fixed CUDA-graph configuration. fresh_prefill_min_tokens: fresh prompt
     rows of at least that many tokens attend through torch's fused kernels
     (``runner.attention.fresh_prefill``); None: FRESH_PREFILL_MIN_TOKENS where
-    those kernels run, never elsewhere.
+    those kernels run, never elsewhere. short_decode_keys: None takes a
+    uniform decode batch's ``short_keys`` from its tuned launch (0 without
+    one); an int sets it for every uniform decode batch (0: pointer tiles only).
     """
 
     # Grids and tiles follow the padded sizes and max_query_len alone, so a
@@ -121,7 +123,8 @@ class TritonAttentionBackend:
     captures_mixed_batches = True
 
     def __init__(self, num_splits: int | None = None, max_splits: int = MAX_SPLITS,
-                 fresh_prefill_min_tokens: int | None = None) -> None:
+                 fresh_prefill_min_tokens: int | None = None,
+                 short_decode_keys: int | None = None) -> None:
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
         if max_splits < 1:
@@ -129,6 +132,7 @@ class TritonAttentionBackend:
         self.num_splits = num_splits
         self.max_splits = max_splits
         self.fresh_prefill_min_tokens = fresh_prefill_min_tokens
+        self.short_decode_keys = short_decode_keys
         # (metadata, window, first fresh row) of the last question asked: every
         # layer of a step asks about the same metadata, so the host works it
         # out once per step and window.
@@ -185,13 +189,16 @@ class TritonAttentionBackend:
         if tuned is not None:
             num_splits = tuned.num_splits
             config = {**tile_config(1, nqpk, head_dim), "tile_n": tuned.tile_n,
-                      "num_warps": tuned.num_warps, "num_stages": tuned.num_stages}
+                      "num_warps": tuned.num_warps, "num_stages": tuned.num_stages,
+                      "short_keys": tuned.short_keys}
         else:
             num_splits = self._num_splits(attn, num_kv_heads, q.device, sliding_window)
             wide = attn.uniform_decode and wide_decode_grid(num_tokens, num_kv_heads, head_dim,
                                                             num_sms(q.device))
             config = tile_config(attn.max_query_len, nqpk, head_dim,
                                  split=num_splits > 1, wide=wide)
+        if self.short_decode_keys is not None and attn.uniform_decode:
+            config["short_keys"] = self.short_decode_keys
         # Sized on every launch, split or not: the eager warm-up before a
         # graph capture then sizes them for the capture, which may split
         # where the warm-up did not.

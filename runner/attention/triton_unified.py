@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from runner.attention.triton_split_merge import SplitPartials, merge_config, merge_split_rows
 from runner.ops import pdl_launch
@@ -56,6 +57,9 @@ LOG2_E = 1.4426950408889634
 # cache lies within 2**31 - 1 elements of its start (``int32_offsets``):
 # a key tile's addresses then take fewer registers than with int64 offsets.
 KV_OFFSETS_32 = True
+# Pipeline depth of the loop over TMA boxes (``short_keys`` of
+# ``launch_paged_attention``): its tiles are small, so many are in flight.
+SHORT_DECODE_STAGES = 6
 
 
 @triton.jit
@@ -125,30 +129,44 @@ def _attend_tiles(
     SLIDING: tl.constexpr,
     EARLY_V: tl.constexpr,
     OFFSETS_32: tl.constexpr,
+    TMA: tl.constexpr,
+    LOOP_STAGES: tl.constexpr = None,
 ):
     """Fold key tiles tile_lo .. tile_hi - 1 (keys < kv_end) into (acc, m_i, l_i).
 
     With MASKED false the caller guarantees that every key of these tiles is below
     kv_end and visible to every row, so no causal or bounds mask is applied.
+    With TMA the caches are tensor descriptors over [blocks * BLOCK_SIZE,
+    heads * HEAD_DIM] and a tile is one cache block (TILE_N == BLOCK_SIZE):
+    one box of keys and one of values at row block * BLOCK_SIZE, column
+    kv_head_offset. A box cannot mask keys, so a masked tile's values past
+    kv_end (never written, possibly NaN) are zeroed before they meet p.
+    LOOP_STAGES: the loop's pipeline depth (None: the launch's num_stages).
     """
     dims = tl.arange(0, DIM_PAD)
     dim_mask = dims < HEAD_DIM
     MASK_DIMS: tl.constexpr = DIM_PAD != HEAD_DIM
-    for tile in range(tile_lo, tile_hi):
+    for tile in tl.range(tile_lo, tile_hi, num_stages=LOOP_STAGES):
         key_pos = tile * TILE_N + tl.arange(0, TILE_N)
         key_mask = key_pos < kv_end
-        block = _load_tile(block_table_row_ptr + key_pos // BLOCK_SIZE, key_mask, key_mask,
-                           MASKED, False)
-        if not OFFSETS_32:
-            block = block.to(tl.int64)
-        key_off = block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
-        key_off = key_off + kv_head_offset
-
-        k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
-                         dim_mask[:, None], MASKED, MASK_DIMS)
-        if EARLY_V:  # in flight with k_t rather than after the softmax
-            v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
-                           dim_mask[None, :], MASKED, MASK_DIMS)
+        if TMA:  # the tile is cache block number `tile` of the row
+            row = tl.load(block_table_row_ptr + tile) * BLOCK_SIZE
+            k_t = tl.trans(key_cache_ptr.load([row, kv_head_offset]))
+            v = value_cache_ptr.load([row, kv_head_offset])
+            if MASKED:
+                v = tl.where(key_mask[:, None], v, 0.0)
+        else:
+            block = _load_tile(block_table_row_ptr + key_pos // BLOCK_SIZE, key_mask, key_mask,
+                               MASKED, False)
+            if not OFFSETS_32:
+                block = block.to(tl.int64)
+            key_off = block * stride_c_block + (key_pos % BLOCK_SIZE) * stride_c_slot
+            key_off = key_off + kv_head_offset
+            k_t = _load_tile(key_cache_ptr + key_off[None, :] + dims[:, None], key_mask[None, :],
+                             dim_mask[:, None], MASKED, MASK_DIMS)
+            if EARLY_V:  # in flight with k_t rather than after the softmax
+                v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :],
+                               key_mask[:, None], dim_mask[None, :], MASKED, MASK_DIMS)
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             visible = (key_pos[None, :] <= q_pos[:, None]) & key_mask[None, :]
@@ -164,13 +182,59 @@ def _attend_tiles(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        if not EARLY_V:
+        if not EARLY_V and not TMA:
             v = _load_tile(value_cache_ptr + key_off[:, None] + dims[None, :], key_mask[:, None],
                            dim_mask[None, :], MASKED, MASK_DIMS)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
 
+
+@triton.jit
+def _attend_share(q, q_pos, kv_end, context_len, local, window, key_cache, value_cache,
+                  table_row, kv_head_offset, stride_c_block, stride_c_slot, qk_scale,
+                  num_splits, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  TILE_N: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, SLIDING: tl.constexpr,
+                  DECODE: tl.constexpr, OFFSETS_32: tl.constexpr, SPLIT: tl.constexpr,
+                  TMA: tl.constexpr, LOOP_STAGES: tl.constexpr):
+    """This program's share of its q-block's keys, read TILE_N at a time:
+    (acc, m, l, whether the share held a tile, how many splits hold tiles)."""
+    num_tiles = tl.cdiv(kv_end, TILE_N)
+    first_tile = 0
+    if SLIDING:
+        # The first key any token of the q-block sees.
+        first_key = tl.maximum(context_len + local * BLOCK_Q - window + 1, 0)
+        first_tile = tl.minimum(first_key // TILE_N, num_tiles)
+    # Leading tiles whose keys all precede the q-block's first token need no
+    # mask (without a window: with one, every tile is masked).
+    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
+    if SLIDING:
+        num_full = first_tile
+    tile_lo = first_tile
+    tile_hi = num_tiles
+    per_split = num_tiles - first_tile
+    if SPLIT:
+        per_split = tl.cdiv(num_tiles - first_tile, num_splits)
+        tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
+        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
+        key_cache, value_cache, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        False, SLIDING, DECODE, OFFSETS_32, TMA, LOOP_STAGES,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
+        key_cache, value_cache, table_row, kv_head_offset, stride_c_block,
+        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
+        True, SLIDING, DECODE, OFFSETS_32, TMA, LOOP_STAGES,
+    )
+    num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
+    return acc, m_i, l_i, tile_lo < tile_hi, num_live
 
 @triton.jit
 def _tile_rows(local, kv_head, q_len, ROWS: tl.constexpr, NQPK: tl.constexpr,
@@ -193,6 +257,8 @@ def _paged_attention_kernel(
     q_ptr,
     key_cache_ptr,
     value_cache_ptr,
+    key_boxes,
+    value_boxes,
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
@@ -225,6 +291,8 @@ def _paged_attention_kernel(
     SLIDING: tl.constexpr,
     DECODE: tl.constexpr,
     OFFSETS_32: tl.constexpr,
+    SHORT_KEYS: tl.constexpr,
+    SHORT_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -255,46 +323,33 @@ def _paged_attention_kernel(
     # Keys this q-block may see: up to its last token's position, inclusive.
     last_tok = tl.minimum((local + 1) * BLOCK_Q, q_len)
     kv_end = tl.maximum(context_len + last_tok, 0)
-    num_tiles = tl.cdiv(kv_end, TILE_N)
-    first_tile = 0
-    if SLIDING:
-        # The first key any token of the q-block sees.
-        first_key = tl.maximum(context_len + local * BLOCK_Q - window + 1, 0)
-        first_tile = tl.minimum(first_key // TILE_N, num_tiles)
-    # Leading tiles whose keys all precede the q-block's first token need no
-    # mask (without a window: with one, every tile is masked).
-    num_full = tl.minimum(tl.maximum((context_len + local * BLOCK_Q + 1) // TILE_N, 0), num_tiles)
-    if SLIDING:
-        num_full = first_tile
     table_row = block_tables_ptr + row.to(tl.int64) * stride_bt
     kv_head_offset = kv_head * stride_c_head
-
-    tile_lo = first_tile
-    tile_hi = num_tiles
-    if SPLIT:
-        per_split = tl.cdiv(num_tiles - first_tile, num_splits)
-        tile_lo = tl.minimum(first_tile + tl.program_id(2) * per_split, num_tiles)
-        tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
-
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=io_mask, other=0.0)
-    acc = tl.zeros([BLOCK_M, DIM_PAD], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tile_lo, tl.minimum(tile_hi, num_full), kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        False, SLIDING, DECODE, OFFSETS_32,
-    )
-    acc, m_i, l_i = _attend_tiles(
-        q, acc, m_i, l_i, q_pos, tl.maximum(tile_lo, num_full), tile_hi, kv_end,
-        key_cache_ptr, value_cache_ptr, table_row, kv_head_offset, stride_c_block,
-        stride_c_slot, qk_scale, window, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, DOT_PRECISION,
-        True, SLIDING, DECODE, OFFSETS_32,
-    )
+    if SHORT_KEYS > 0:
+        # A row of at most SHORT_KEYS keys: one cache block a tile through
+        # TMA boxes, SHORT_STAGES deep (every split of the row takes this path).
+        if kv_end <= SHORT_KEYS:
+            acc, m_i, l_i, holds, num_live = _attend_share(
+                q, q_pos, kv_end, context_len, local, window, key_boxes, value_boxes,
+                table_row, kv_head_offset, stride_c_block, stride_c_slot, qk_scale,
+                num_splits, HEAD_DIM, BLOCK_SIZE, BLOCK_SIZE, DIM_PAD, BLOCK_M, BLOCK_Q,
+                DOT_PRECISION, SLIDING, DECODE, OFFSETS_32, SPLIT, True, SHORT_STAGES)
+        else:
+            acc, m_i, l_i, holds, num_live = _attend_share(
+                q, q_pos, kv_end, context_len, local, window, key_cache_ptr, value_cache_ptr,
+                table_row, kv_head_offset, stride_c_block, stride_c_slot, qk_scale,
+                num_splits, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, BLOCK_M, BLOCK_Q,
+                DOT_PRECISION, SLIDING, DECODE, OFFSETS_32, SPLIT, False, None)
+    else:
+        acc, m_i, l_i, holds, num_live = _attend_share(
+            q, q_pos, kv_end, context_len, local, window, key_cache_ptr, value_cache_ptr,
+            table_row, kv_head_offset, stride_c_block, stride_c_slot, qk_scale,
+            num_splits, HEAD_DIM, BLOCK_SIZE, TILE_N, DIM_PAD, BLOCK_M, BLOCK_Q,
+            DOT_PRECISION, SLIDING, DECODE, OFFSETS_32, SPLIT, False, None)
 
     if SPLIT:
-        if tile_lo < tile_hi:  # else an empty split: nothing to store, it only counts
+        if holds:  # else an empty split: nothing to store, it only counts
             part = (tok64 * num_q_heads + head) * num_splits + tl.program_id(2)
             tl.store(part_max_ptr + part, m_i, mask=row_mask)
             tl.store(part_sum_ptr + part, l_i, mask=row_mask)
@@ -304,7 +359,6 @@ def _paged_attention_kernel(
             # The splits holding tiles are the leading ones; the merging
             # program covers MERGE_ROWS rows (a decode's NQPK heads, not all
             # BLOCK_M).
-            num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
             m_tok, m_head, m_mask = _tile_rows(local, kv_head, q_len, MERGE_ROWS, NQPK, BLOCK_Q)
             m_tok64 = (q_first + m_tok).to(tl.int64)
             merge_split_rows(
@@ -345,6 +399,25 @@ def int32_offsets(cache: torch.Tensor) -> bool:
     return KV_OFFSETS_32 and cache.numel() > 0 and farthest < 2**31
 
 
+def block_boxes(kv_cache: torch.Tensor, short_keys: int, uniform_decode: bool
+                ) -> tuple[TensorDescriptor, TensorDescriptor] | None:
+    """Tensor descriptors over the key and value halves of ``kv_cache`` (2,
+    blocks, BLOCK_SIZE, heads, dim), each viewed as [blocks * BLOCK_SIZE,
+    heads * dim] with one block's keys (or values) of one head as its box,
+    or None where every row gathers with pointers instead: unless
+    ``short_keys`` and a uniform decode batch, and where the cache is
+    not contiguous, 16-byte aligned, with power-of-two block size (>= 8) and
+    head dim (>= 16)."""
+    if not (short_keys and uniform_decode) or not kv_cache.is_contiguous():
+        return None
+    _, blocks, block_size, heads, dim = kv_cache.shape
+    powers = all(n >= least and n & (n - 1) == 0 for n, least in ((block_size, 8), (dim, 16)))
+    if not powers or kv_cache.data_ptr() % 16:
+        return None
+    shape, strides, box = [blocks * block_size, heads * dim], [heads * dim, 1], [block_size, dim]
+    return tuple(TensorDescriptor(half, shape, strides, box) for half in kv_cache)
+
+
 def launch_paged_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -362,6 +435,7 @@ def launch_paged_attention(
     tile_n: int,
     num_warps: int,
     num_stages: int,
+    short_keys: int = 0,
 ) -> None:
     """Run the kernel over all q.shape[0] tokens; the normalised result goes to
     out [T, Hq, D].
@@ -374,7 +448,11 @@ def launch_paged_attention(
     ``uniform_decode``: every row has exactly one query token (token r is
     row r's, tokens past num_reqs are padding), so each program takes one
     token without searching ``query_start_loc``, and loads its values with
-    its keys.
+    its keys. ``short_keys`` (uniform decode only): rows of at most that
+    many keys read one cache block a key tile through TMA boxes
+    (``block_boxes``), SHORT_DECODE_STAGES deep, the longer ones ``tile_n``
+    keys a tile through pointers: short rows gain from many small tiles in
+    flight, long ones from few large ones, and a graph's launch serves both.
     """
     num_tokens, num_q_heads, head_dim = q.shape
     key_cache, value_cache = kv_cache[0], kv_cache[1]
@@ -384,6 +462,7 @@ def launch_paged_attention(
     num_splits = 1 if partials is None else partials.acc.shape[2]
     grid = (q_programs(num_tokens, num_reqs, block_q, uniform_decode), num_kv_heads, num_splits)
     merge_rows = triton.next_power_of_2(nqpk) if uniform_decode else block_m
+    boxes = block_boxes(kv_cache, short_keys, uniform_decode)
     if partials is None:
         partials = SplitPartials(out, out, out, out)
     elif partials.counters.numel() < grid[0] * grid[1]:
@@ -391,7 +470,8 @@ def launch_paged_attention(
                          f"{grid[0]} x {grid[1]} programs")
     _paged_attention_kernel[grid](
         out, *partials,
-        q, key_cache, value_cache, block_tables, seq_lens, query_start_loc,
+        q, key_cache, value_cache, *(boxes or (None, None)), block_tables, seq_lens,
+        query_start_loc,
         scale * LOG2_E, num_reqs, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), num_splits,
@@ -410,6 +490,8 @@ def launch_paged_attention(
         SLIDING=sliding_window is not None,
         DECODE=uniform_decode,
         OFFSETS_32=int32_offsets(key_cache),
+        SHORT_KEYS=short_keys if boxes else 0,
+        SHORT_STAGES=SHORT_DECODE_STAGES,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

@@ -9,8 +9,10 @@ table overrides the rules per graph size with the launch chosen by
 and tile at a short and a long context, the least summed time relative to
 each context's best), where the decode step confirmed it, or by a sweep of
 launches inside the decode step at both contexts where that found a
-better one (benchmarks/results/README.md names which). Shapes and batches
-not listed keep the rules.
+better one (benchmarks/results/README.md names which); the entries with
+``short_keys`` are those where the decode step's A/B found the block-a-tile
+path faster at 512 keys, and not slower at 4096 (which it leaves to the
+pointer tiles). Shapes and batches not listed keep the rules.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ from typing import NamedTuple
 
 
 class DecodeLaunch(NamedTuple):
+    """A uniform decode batch's launch. ``short_keys``: rows of at most this
+    many keys read one cache block a key tile through TMA boxes
+    (``triton_unified.block_boxes``), the longer ones ``tile_n`` keys a tile
+    through pointers; 0: every row through pointers."""
+
     num_splits: int
     tile_n: int
     num_warps: int
     num_stages: int
+    short_keys: int = 0
 
 
 # The SM count the entries are for; devices with another keep the rules.
@@ -33,8 +41,8 @@ TUNED_NUM_SMS = 132
 TUNED_DECODE: dict[tuple[int, int, int, int], DecodeLaunch | None] = {
     # Llama-3.1-8B at TP=1 (32 query heads, 8 KV heads of 128).
     (128, 4, 8, 4): None,
-    (128, 4, 8, 8): DecodeLaunch(8, 64, 2, 3),
-    (128, 4, 8, 16): DecodeLaunch(4, 64, 2, 3),
+    (128, 4, 8, 8): DecodeLaunch(8, 64, 2, 3, short_keys=1024),
+    (128, 4, 8, 16): DecodeLaunch(4, 64, 2, 3, short_keys=1024),
     (128, 4, 8, 24): DecodeLaunch(2, 128, 4, 3),
     (128, 4, 8, 32): DecodeLaunch(2, 64, 2, 3),
     (128, 4, 8, 64): None,

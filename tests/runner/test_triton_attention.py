@@ -24,7 +24,7 @@ from runner.attention.triton_attn import (
 )
 from runner.attention.triton_kv_write import write_kv_cache
 from runner.attention.triton_split_merge import SplitPartials
-from runner.attention.triton_unified import int32_offsets, launch_paged_attention
+from runner.attention.triton_unified import block_boxes, int32_offsets, launch_paged_attention
 from runner.attention.tuned_decode import TUNED_DECODE, TUNED_NUM_SMS, tuned_decode_launch
 from runner.ticket_counters import TicketCounters
 from tests.helpers.attention_oracle import (
@@ -115,6 +115,51 @@ def test_int32_offsets_only_where_the_cache_allows():
     assert int32_offsets(cache(2**17))  # its last element is 2**31 - 1 on
     assert not int32_offsets(cache(2**17 + 1))
     assert int32_offsets(torch.empty(3, 16, 2, 64)[1:])  # a strided view, small
+
+
+def poison_past_seq_lens(batch: Batch) -> None:
+    """NaN into the unwritten slots of each row's last block (as an
+    uninitialised cache may hold): a kernel that reads them unmasked fails."""
+    block_size = batch.kv_cache.shape[2]
+    for row, seq_len in enumerate(batch.seq_lens):
+        for pos in range(seq_len, -(-seq_len // block_size) * block_size):
+            block = int(batch.attn.block_tables[row, pos // block_size])
+            batch.kv_cache[:, block, pos % block_size] = float("nan")
+
+
+@pytest.mark.parametrize("short_keys", [130, 10**6])
+@pytest.mark.parametrize("num_splits,window", [(1, None), (3, None), (2, 40)])
+def test_short_decode_rows_through_tma_boxes_match_oracle(short_keys, num_splits, window):
+    """Uniform decode rows of at most ``short_keys`` keys read through TMA
+    boxes (one cache block a key tile), the longer ones through pointer
+    tiles, in one launch (130: the rows of 1-130 keys one way, 257 the
+    other; 10**6: every row through boxes): the oracle's result, and values
+    past a row's length, NaN here, never reach it."""
+    batch = make_batch(31, [1, 1, 1, 1, 1], [1, 16, 33, 130, 257], num_pad_tokens=3,
+                       block_size=16, head_dim=64, num_q_heads=8, num_kv_heads=2)
+    assert batch.attn.uniform_decode and block_boxes(batch.kv_cache, short_keys, True)
+    poison_past_seq_lens(batch)
+    want = dense_reference(batch, expected_cache(batch), batch.q.shape[-1] ** -0.5, window)
+    backend = TritonAttentionBackend(num_splits=num_splits, short_decode_keys=short_keys)
+    out = backend.forward(
+        batch.q, batch.k, batch.v, batch.kv_cache, batch.attn, batch.q.shape[-1] ** -0.5,
+        sliding_window=window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), want, atol=1e-4, rtol=0)
+    assert (out[batch.attn.num_tokens :] == 0).all()
+
+
+def test_block_boxes_only_where_they_apply():
+    cache = torch.zeros(2, 6, 16, 2, 64)
+    assert block_boxes(cache, 0, uniform_decode=True) is None
+    boxes = block_boxes(cache, 512, uniform_decode=True)
+    assert [(b.shape, b.strides, b.block_shape) for b in boxes] == [
+        ([96, 128], [128, 1], [16, 64])] * 2
+    assert boxes[1].base.data_ptr() == cache[1].data_ptr()
+    assert block_boxes(cache, 512, uniform_decode=False) is None
+    assert block_boxes(torch.zeros(2, 6, 4, 2, 64), 512, True) is None  # blocks of 4 keys
+    assert block_boxes(torch.zeros(2, 6, 16, 2, 48), 512, True) is None  # head dim 48
+    assert block_boxes(torch.zeros(2, 16, 6, 2, 64).transpose(1, 2), 512, True) is None
 
 
 # Long enough rows that a window skips whole key tiles (64 and 128 keys).
@@ -424,7 +469,8 @@ def test_tuned_decode_batch_matches_oracle(monkeypatch, head_dim, seq_lens, entr
     def spy(*args, **kwargs):
         partials = args[-1]
         launches.append((1 if partials is None else partials.acc.shape[2], kwargs["tile_n"],
-                         kwargs["num_warps"], kwargs["num_stages"]))
+                         kwargs["num_warps"], kwargs["num_stages"],
+                         kwargs.get("short_keys", 0)))
         return launch_paged_attention(*args, **kwargs)
 
     monkeypatch.setattr(triton_attn, "launch_paged_attention", spy)
