@@ -326,6 +326,9 @@ def _paged_attention_kernel(
     table_row = block_tables_ptr + row.to(tl.int64) * stride_bt
     kv_head_offset = kv_head * stride_c_head
     q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=io_mask, other=0.0)
+    # The pointer-tile call stands twice: without SHORT_KEYS there are no
+    # descriptors, so the box call must lie under the compile-time test
+    # alone (a runtime flag set under it makes Triton compile both calls).
     if SHORT_KEYS > 0:
         # A row of at most SHORT_KEYS keys: one cache block a tile through
         # TMA boxes, SHORT_STAGES deep (every split of the row takes this path).
