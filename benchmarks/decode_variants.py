@@ -22,14 +22,10 @@ class Variant(NamedTuple):
     patches: tuple[tuple[str, str, object], ...]  # (module, attribute, value while applied)
 
 
-def tuned_with_short_keys(short_keys: int, only: tuple[int, ...] | None = None) -> dict:
-    """``TUNED_DECODE`` with ``short_keys`` set on the entries that have
-    them (on entry ``only`` alone where given)."""
-    def changed(key, launch):
-        if launch is None or (launch.short_keys == 0 if only is None else key != only):
-            return launch
-        return launch._replace(short_keys=short_keys)
-    return {key: changed(key, launch) for key, launch in tuned_decode.TUNED_DECODE.items()}
+def tuned_with_short_keys(short_keys: int) -> dict:
+    """``TUNED_DECODE`` with ``short_keys`` set on the entries that have them."""
+    return {key: launch._replace(short_keys=short_keys) if launch and launch.short_keys else launch
+            for key, launch in tuned_decode.TUNED_DECODE.items()}
 
 
 VARIANTS: dict[str, Variant] = {
@@ -49,10 +45,6 @@ VARIANTS: dict[str, Variant] = {
     "short-keys-2048": Variant(
         "the tuned launches with short_keys read rows of up to 2048 keys that way",
         (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(2048)),)),
-    "short-keys-1b-16": Variant(
-        "the 1B's 16-row decode launch reads rows of up to 1024 keys one block a tile",
-        (("runner.attention.tuned_decode", "TUNED_DECODE",
-          tuned_with_short_keys(1024, only=(64, 4, 8, 16))),)),
 }
 
 
