@@ -25,6 +25,8 @@ from collections.abc import Iterable
 import torch
 
 from benchmarks.common import time_per_call
+from checkpoint.description import from_hf_dict
+from ipc.model_config import ModelConfig
 
 
 def _triton_read_bandwidth(src: torch.Tensor) -> float:
@@ -118,23 +120,24 @@ def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16) -> 
 def layer_matmul_params(config: dict) -> int:
     """Weights of one decoder layer's projections (q, k, v, o, gate, up,
     down) in a Llama config.json: the ones a token multiplies."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    q = config["num_attention_heads"] * head_dim
-    kv = config["num_key_value_heads"] * head_dim
-    return hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+    return _projection_weights(from_hf_dict(config))
+
+
+def _projection_weights(c: ModelConfig) -> int:
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
 
 
 def prefill_flops(config: dict, prompts: int, prompt_len: int) -> int:
     """FLOPs of a prefill of ``prompts`` fresh prompts of ``prompt_len``
-    tokens (module docstring): projections, one LM-head row a prompt, and
-    causal attention, where token i of a prompt sees i + 1 keys."""
-    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    projections = 2 * layers * layer_matmul_params(config) * prompts * prompt_len
-    lm_head = 2 * config["vocab_size"] * hidden * prompts
+    tokens (module docstring) for a Llama config.json: projections, one
+    LM-head row a prompt, and causal attention, where token i of a prompt
+    sees i + 1 keys."""
+    c = from_hf_dict(config)
+    projections = 2 * c.num_hidden_layers * _projection_weights(c) * prompts * prompt_len
+    lm_head = 2 * c.vocab_size * c.hidden_size * prompts
     seen = prompt_len * (prompt_len + 1) // 2  # keys seen, summed over a prompt's tokens
-    attention = 2 * 2 * layers * config["num_attention_heads"] * head_dim * seen * prompts
+    attention = 2 * 2 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seen * prompts
     return projections + lm_head + attention
 
 

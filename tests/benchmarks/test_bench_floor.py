@@ -50,9 +50,9 @@ def test_prefill_flops_worked_by_hand():
     2 x 10 x 4 x 2 = 160; attention: a prompt's tokens see 1 + 2 + 3 = 6
     keys, each costing q.k and p.v (2 x 2 FLOPs each) per query head:
     6 x 2 x 4 x 2 heads x 3 layers x 2 prompts = 576."""
-    config = {"hidden_size": 4, "intermediate_size": 6, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 2, "num_hidden_layers": 3,
-              "vocab_size": 10}
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4, "intermediate_size": 6,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 2,
+              "num_hidden_layers": 3, "vocab_size": 10}
     assert floor.layer_matmul_params(config) == 120
     assert floor.prefill_flops(config, prompts=2, prompt_len=3) == 4320 + 160 + 576
     assert floor.prefill_flop_floor_s(5056, 1e-9) == pytest.approx(5.056)
