@@ -236,6 +236,7 @@ def _attend_share(q, q_pos, kv_end, context_len, local, window, key_cache, value
     num_live = tl.cdiv(num_tiles - first_tile, tl.maximum(per_split, 1))
     return acc, m_i, l_i, tile_lo < tile_hi, num_live
 
+
 @triton.jit
 def _tile_rows(local, kv_head, q_len, ROWS: tl.constexpr, NQPK: tl.constexpr,
                BLOCK_Q: tl.constexpr):
