@@ -36,6 +36,9 @@ VARIANTS: dict[str, Variant] = {
     "no-early-gemv": Variant(
         "runner/layers/triton_gemv.py loads its first weight tile after the wait",
         (("runner.layers.triton_gemv", "GEMV_EARLY", False),)),
+    "lm-head-cublas": Variant(
+        "one-row LM heads through cuBLAS, not runner/layers/triton_gemv.py",
+        (("runner.layers.triton_gemv", "LM_HEAD_GEMV", False),)),
     "kv-offsets-64": Variant(
         "paged attention computes its cache offsets in int64 whatever the cache's size",
         (("runner.attention.triton_unified", "KV_OFFSETS_32", False),)),

@@ -13,6 +13,7 @@ from torch import nn
 
 from runner.distributed import TensorParallelGroup
 from runner.layers.weight_slice import WeightSlice
+from runner.ops import device_ops
 
 PAD_MULTIPLE = 64
 
@@ -55,7 +56,9 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(nn.Module):
     """Logits over the full vocabulary on every rank (local matmul, then all_gather).
 
-    With tied embeddings it reuses the embedding's parameter.
+    With tied embeddings it reuses the embedding's parameter. The local
+    matmul is the device's ``lm_head_matmul`` (on CUDA one row streams
+    through ``triton_gemv.py``; more rows take cuBLAS).
     """
 
     def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:
@@ -66,6 +69,7 @@ class ParallelLMHead(nn.Module):
         self.vocab_end = embedding.vocab_end
         self.weight = embedding.weight if tied else nn.Parameter(
             torch.zeros_like(embedding.weight), requires_grad=False)
+        self.ops = device_ops(self.weight.device)
 
     def weight_slices(self) -> WeightSlice | None:
         length = min(self.vocab_end, self.vocab_size) - self.vocab_start
@@ -76,6 +80,6 @@ class ParallelLMHead(nn.Module):
                 dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
         """hidden [N, H] -> logits [N, vocab_size] in ``dtype`` (None: the
         weight's, as the projection rounds them)."""
-        local = F.linear(hidden, self.weight)
+        local = self.ops.lm_head_matmul(hidden, self.weight)
         full = self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
         return full if dtype is None else full.to(dtype)

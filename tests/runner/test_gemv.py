@@ -1,9 +1,10 @@
-"""The one-row producer streamed through registers (runner/layers/triton_gemv.py)
-against the torch reference: residual += x @ w.T in place, bit for bit on
-integer inputs, and its parts, with inputs wider than one loop step and
-masked tails of both K and the output columns. The interpreter on CPU,
-compiled with CUDA. Then the routing that sends one row of a narrow input
-here and everything else to the skinny kernel."""
+"""The one-row products streamed through registers (runner/layers/triton_gemv.py)
+against the torch reference: the producer's residual += x @ w.T in place and
+its parts, and the LM head's x @ w.T, bit for bit on integer inputs, with
+inputs wider than one loop step and masked tails of both K and the output
+columns. The interpreter on CPU, compiled with CUDA. Then the routing that
+sends one row of a narrow input here and everything else to the skinny
+kernel, and one LM-head row here and more rows to cuBLAS."""
 
 import json
 import os
@@ -14,21 +15,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import runner.layers.triton_gemv as triton_gemv
 import runner.layers.triton_skinny_matmul as skinny
+from runner.distributed import TensorParallelGroup
 from runner.layers.norm_in_matmul import row_parallel_matmul_add_ref, row_sum_of_squares
 from runner.layers.triton_gemv import (
     GEMV_BLOCK_K,
     GEMV_BLOCK_N,
     GEMV_MAX_K,
+    LM_HEAD_BLOCK_K,
+    LM_HEAD_BLOCK_N,
+    gemv,
     gemv_matmul_add,
+    lm_head_matmul,
     uses_gemv,
+    uses_lm_head_gemv,
 )
+from runner.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from runner.ops import triton_ops
 from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
 from tests.helpers.proc_utils import ROOT, pythonpath
 
 DEVICE = KERNEL_DEVICE
 DTYPES = kernel_dtypes(torch.float32, torch.float16)
-N = 29  # a masked tail of the last column group (GEMV_BLOCK_N a group)
+N = 29  # a masked tail of the last column group (GEMV_BLOCK_N, LM_HEAD_BLOCK_N a group)
+assert N % GEMV_BLOCK_N and N % LM_HEAD_BLOCK_N
 WIDTHS = [104, GEMV_BLOCK_K + 300]  # one masked loop step; two, the second masked
 
 
@@ -101,20 +112,86 @@ def test_one_row_of_a_narrow_input_goes_to_the_gemv_kernel(monkeypatch):
 
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [104, LM_HEAD_BLOCK_K + 300])
+def test_gemv_is_the_product_rounded_once(dtype, k):
+    """Integer inputs: each output is the exact float32 sum, rounded once to
+    the weight's dtype, as F.linear's float32 product then rounded; random
+    inputs within the rounding of the sum's order."""
+    gen = torch.Generator().manual_seed(k)
+    x = torch.randint(-8, 9, (1, k), generator=gen).to(dtype)
+    w = torch.randint(-64, 65, (N, k), generator=gen).to(dtype)
+    got = gemv(x.to(DEVICE), w.to(DEVICE)).cpu()
+    assert got.dtype == dtype and got.shape == (1, N)
+    assert torch.equal(got, F.linear(x.float(), w.float()).to(dtype))
+    x, w = torch.randn(1, k, generator=gen).to(dtype), torch.randn(N, k, generator=gen).to(dtype)
+    torch.testing.assert_close(gemv(x.to(DEVICE), w.to(DEVICE)).cpu().float(),
+                               F.linear(x.float(), w.float()), **_tol(dtype))
+
+
+def test_gemv_rejects_what_it_cannot_take():
+    w = torch.zeros(16, 64)
+    with pytest.raises(ValueError, match="gemv takes one row of width 64"):
+        gemv(torch.zeros(2, 64), w)
+    with pytest.raises(ValueError, match="gemv takes one row of width 64"):
+        gemv(torch.zeros(1, 32), w)
+    with pytest.raises(ValueError, match="gemv needs unit last strides"):
+        gemv(torch.zeros(1, 128)[:, ::2], w)
+
+
+def test_one_lm_head_row_goes_to_the_gemv_kernel(monkeypatch):
+    """One half precision row takes the kernel; two rows, float32, or the
+    kernel switched off (LM_HEAD_GEMV, for A/B runs) take F.linear."""
+    taken = []
+    monkeypatch.setattr(triton_gemv, "gemv", lambda x, w: taken.append("gemv"))
+    monkeypatch.setattr(triton_gemv.F, "linear", lambda x, w: taken.append("linear"))
+    half = torch.float16
+    for rows, dtype, on, kind in ((1, half, True, "gemv"), (1, torch.bfloat16, True, "gemv"),
+                                  (2, half, True, "linear"), (1, torch.float32, True, "linear"),
+                                  (1, half, False, "linear")):
+        monkeypatch.setattr(triton_gemv, "LM_HEAD_GEMV", on)
+        x, w = torch.zeros(rows, 64, dtype=dtype), torch.zeros(100, 64, dtype=dtype)
+        lm_head_matmul(x, w)
+        assert taken.pop() == kind and not taken
+        assert uses_lm_head_gemv(x, w) == (kind == "gemv")
+
+
+def test_the_lm_head_computes_its_logits_through_the_device_op(monkeypatch):
+    """ParallelLMHead's local product is its device's ``lm_head_matmul``:
+    with the Triton ops one row's logits are the kernel's, equal to the
+    rounded float32 product, cut to the vocabulary."""
+    monkeypatch.setattr("runner.layers.vocab_parallel.device_ops", triton_ops)
+    calls = []
+    real = triton_gemv.gemv
+    monkeypatch.setattr(triton_gemv, "gemv", lambda x, w: calls.append(w.shape) or real(x, w))
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randint(-9, 10, (128, 32), generator=gen).to(torch.float16)
+    hidden = torch.randint(-4, 5, (1, 32), generator=gen).to(torch.float16)
+    with torch.device(DEVICE):
+        embedding = VocabParallelEmbedding(70, 32, TensorParallelGroup(), torch.float16)
+        embedding.weight.copy_(table)
+        head = ParallelLMHead(embedding, tied=True)
+    logits = head(hidden.to(DEVICE), dtype=None).cpu()
+    assert calls == [(128, 32)] and logits.shape == (1, 70) and logits.dtype == torch.float16
+    assert torch.equal(logits, F.linear(hidden.float(), table.float())[:, :70].to(torch.float16))
+
+
 # Compiles the kernel for a Hopper GPU (no GPU needed: only the compiler runs)
 # and prints the PTX lines of the wait, the global loads and the stores.
 COMPILE_CHILD = """
 import json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from runner.layers.triton_gemv import GEMV_BLOCK_K, GEMV_BLOCK_N, _gemv_add_kernel
+import runner.layers.triton_gemv as g
 
-signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "residual_ptr": "*bf16", "parts_ptr": "*fp32",
-             "N": "i32", "K": "i32", "stride_w": "i32", "BLOCK_N": "constexpr",
-             "BLOCK_K": "constexpr", "EARLY": "constexpr", "PDL": "constexpr"}
-constants = {"BLOCK_N": GEMV_BLOCK_N, "BLOCK_K": GEMV_BLOCK_K, "EARLY": sys.argv[1] == "1",
+outputs = ({"residual_ptr": "*bf16", "parts_ptr": "*fp32"} if sys.argv[2] == "_gemv_add_kernel"
+           else {"out_ptr": "*bf16"})
+signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", **outputs, "N": "i32", "K": "i32",
+             "stride_w": "i32", "BLOCK_N": "constexpr", "BLOCK_K": "constexpr",
+             "EARLY": "constexpr", "PDL": "constexpr"}
+constants = {"BLOCK_N": g.GEMV_BLOCK_N, "BLOCK_K": g.GEMV_BLOCK_K, "EARLY": sys.argv[1] == "1",
              "PDL": True}
-kernel = compile(ASTSource(fn=_gemv_add_kernel, signature=signature, constexprs=constants),
+kernel = compile(ASTSource(fn=getattr(g, sys.argv[2]), signature=signature, constexprs=constants),
                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 lines = kernel.asm["ptx"].splitlines()
 print(json.dumps({what: [i for i, line in enumerate(lines) if what in line]
@@ -123,9 +200,10 @@ print(json.dumps({what: [i for i, line in enumerate(lines) if what in line]
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("kernel", ["_gemv_add_kernel", "_gemv_kernel"])
 @pytest.mark.parametrize("early", [True, False])
-def test_early_gemv_loads_its_first_weight_tile_before_the_wait(early):
-    """The kernel as compiled for a Hopper GPU with programmatic dependent
+def test_early_gemv_loads_its_first_weight_tile_before_the_wait(early, kernel):
+    """Each kernel as compiled for a Hopper GPU with programmatic dependent
     launch, in a child process (the interpreter off): with EARLY global loads
     (the first weight tile's) come before the wait for the previous kernel,
     without it none; in both every store comes after the wait, and so does
@@ -133,7 +211,7 @@ def test_early_gemv_loads_its_first_weight_tile_before_the_wait(early):
     (runner/triton_dependent_launch.py) asks."""
     env = dict(os.environ, PYTHONPATH=pythonpath())
     env.pop("TRITON_INTERPRET", None)
-    child = subprocess.run([sys.executable, "-c", COMPILE_CHILD, "1" if early else "0"],
+    child = subprocess.run([sys.executable, "-c", COMPILE_CHILD, "1" if early else "0", kernel],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
     assert child.returncode == 0, child.stderr
     found = json.loads(child.stdout.splitlines()[-1])
