@@ -37,8 +37,8 @@ VARIANTS: dict[str, Variant] = {
         "runner/layers/triton_gemv.py loads its first weight tile after the wait",
         (("runner.layers.triton_gemv", "GEMV_EARLY", False),)),
     "lm-head-cublas": Variant(
-        "one-row LM heads through cuBLAS, not runner/layers/triton_gemv.py",
-        (("runner.layers.triton_gemv", "LM_HEAD_GEMV", False),)),
+        "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
+        (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
     "kv-offsets-64": Variant(
         "paged attention computes its cache offsets in int64 whatever the cache's size",
         (("runner.attention.triton_unified", "KV_OFFSETS_32", False),)),

@@ -132,7 +132,7 @@ _KERNELS = {
     "gate_up_silu": ("runner.layers.activation:gate_up_silu_ref",
                      "runner.layers.triton_skinny_matmul:gate_up_silu"),
     "lm_head_matmul": ("torch.nn.functional:linear",
-                       "runner.layers.triton_gemv:lm_head_matmul"),
+                       "runner.layers.triton_skinny_matmul:lm_head_matmul"),
     "norms_in_matmuls": ("runner.layers.norm_in_matmul:norms_in_matmuls_ref",
                          "runner.layers.triton_norm_in_matmul:norms_in_matmuls"),
     "embedding_with_parts": ("runner.layers.norm_in_matmul:embedding_with_parts_ref",

@@ -17,11 +17,11 @@ the decoder's o projection at the 1B shape, in the place of
 step it won there and lost at the 8B shape's o projection (4096 wide), its
 down projections and, in a gate/up variant, both gate/up projections: the
 projection's programs, launched early under programmatic dependent launch,
-then share SMs with the kernel before them. ``uses_lm_head_gemv``: the LM
-head of one row (``lm_head_matmul``, the vocabulary-parallel projection of
-``vocab_parallel.py``), in the place of cuBLAS, which reads the table no
-faster and issues a memset before its GEMM that the graph runs as a launch
-of its own. (``benchmarks/results/README.md`` has the A/Bs.)
+then share SMs with the kernel before them. ``gemv``: the LM head of one
+row (``triton_skinny_matmul.lm_head_matmul`` routes it), in the place of
+cuBLAS, which reads the table no faster and issues a memset before its
+GEMM that the graph runs as a launch of its own.
+(``benchmarks/results/README.md`` has the A/Bs.)
 
 Arithmetic. Each output is a float32 sum over K rounded once: the o
 projection's is then added to the residual as ``add_residual_and_store_parts``
@@ -43,11 +43,9 @@ attention.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from runner.layers.dot_inputs import dot_inputs
 from runner.layers.triton_norm_in_matmul import (
     add_residual_and_store_parts,
     check_residual,
@@ -60,7 +58,6 @@ GEMV_BLOCK_N = 8  # outputs a program
 GEMV_BLOCK_K = 2048  # weight columns a loop step loads (fewer where K is smaller)
 GEMV_MAX_K = 2048  # the widest input ``uses_gemv`` sends here
 GEMV_EARLY = True  # first weight tile loaded before the wait for the previous kernel
-LM_HEAD_GEMV = True  # one-row LM heads here (False: cuBLAS, for A/B runs)
 LM_HEAD_BLOCK_N = 4  # vocabulary rows a program of the LM head
 LM_HEAD_BLOCK_K = 2048  # its weight columns a loop step (fewer where K is smaller)
 
@@ -164,20 +161,6 @@ def gemv_matmul_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) ->
                                 BLOCK_K=min(GEMV_BLOCK_K, triton.next_power_of_2(k)),
                                 EARLY=GEMV_EARLY, num_warps=4, **pdl_launch(x.device))
     return parts
-
-
-def uses_lm_head_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``lm_head_matmul`` takes ``gemv``: one half precision row,
-    unit last strides (``dot_inputs``: what the decode kernels take)."""
-    return LM_HEAD_GEMV and dot_inputs(x, weight, 1, 1)
-
-
-def lm_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` on CUDA for the LM head: ``gemv`` for one row
-    (``uses_lm_head_gemv``), cuBLAS otherwise."""
-    if uses_lm_head_gemv(x, weight):
-        return gemv(x, weight)
-    return F.linear(x, weight)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,7 @@ from runner.layers.split_k import (
     split_k_range,
     sum_split_parts,
 )
-from runner.layers.triton_gemv import gemv_matmul_add, uses_gemv
+from runner.layers.triton_gemv import gemv, gemv_matmul_add, uses_gemv
 from runner.layers.triton_medium_matmul import (
     medium_gate_up_silu,
     medium_matmul_add,
@@ -264,6 +264,23 @@ def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     cuBLAS (``F.linear``) elsewhere."""
     if uses_skinny_matmul(x, weight):
         return skinny_matmul(x, weight)
+    return medium_or_cublas(x, weight)
+
+
+# The LM head through the Triton kernels (False: cuBLAS at every row count, for A/B runs).
+LM_HEAD_TRITON = True
+
+
+def lm_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` on CUDA for the LM head (``vocab_parallel.py``):
+    one half precision row through the register-streaming ``gemv``; 17..64
+    rows through the medium kernel (``medium_or_cublas``), whose default
+    tile reads the vocabulary table faster than cuBLAS there; cuBLAS
+    elsewhere (2..16 rows, where the skinny kernel is slower than it)."""
+    if not LM_HEAD_TRITON:
+        return F.linear(x, weight)
+    if dot_inputs(x, weight, 1, 1):
+        return gemv(x, weight)
     return medium_or_cublas(x, weight)
 
 

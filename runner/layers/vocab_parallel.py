@@ -57,8 +57,9 @@ class ParallelLMHead(nn.Module):
     """Logits over the full vocabulary on every rank (local matmul, then all_gather).
 
     With tied embeddings it reuses the embedding's parameter. The local
-    matmul is the device's ``lm_head_matmul`` (on CUDA one row streams
-    through ``triton_gemv.py``; more rows take cuBLAS).
+    matmul is the device's ``lm_head_matmul`` (on CUDA: one row streams
+    through ``triton_gemv.py``, 17..64 rows take the medium kernel, other
+    counts cuBLAS).
     """
 
     def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:

@@ -4,7 +4,8 @@ its parts, and the LM head's x @ w.T, bit for bit on integer inputs, with
 inputs wider than one loop step and masked tails of both K and the output
 columns. The interpreter on CPU, compiled with CUDA. Then the routing that
 sends one row of a narrow input here and everything else to the skinny
-kernel, and one LM-head row here and more rows to cuBLAS."""
+kernel, and the LM head's routing (one row here, 17..64 rows to the medium
+kernel, the rest to cuBLAS)."""
 
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runner.layers.triton_gemv as triton_gemv
+import runner.layers.triton_medium_matmul as medium
 import runner.layers.triton_skinny_matmul as skinny
 from runner.distributed import TensorParallelGroup
 from runner.layers.norm_in_matmul import row_parallel_matmul_add_ref, row_sum_of_squares
@@ -27,10 +28,9 @@ from runner.layers.triton_gemv import (
     LM_HEAD_BLOCK_N,
     gemv,
     gemv_matmul_add,
-    lm_head_matmul,
     uses_gemv,
-    uses_lm_head_gemv,
 )
+from runner.layers.triton_skinny_matmul import lm_head_matmul
 from runner.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from runner.ops import triton_ops
 from tests.helpers.kernel_device import KERNEL_DEVICE, kernel_dtypes
@@ -139,21 +139,23 @@ def test_gemv_rejects_what_it_cannot_take():
         gemv(torch.zeros(1, 128)[:, ::2], w)
 
 
-def test_one_lm_head_row_goes_to_the_gemv_kernel(monkeypatch):
-    """One half precision row takes the kernel; two rows, float32, or the
-    kernel switched off (LM_HEAD_GEMV, for A/B runs) take F.linear."""
+def test_the_lm_head_routes_one_row_to_gemv_and_17_to_64_to_the_medium_kernel(monkeypatch):
+    """One half precision row takes the one-row kernel; 17..64 rows the
+    medium kernel; 2..16 rows, 65, float32, or the Triton kernels switched
+    off (LM_HEAD_TRITON, for A/B runs) cuBLAS."""
     taken = []
-    monkeypatch.setattr(triton_gemv, "gemv", lambda x, w: taken.append("gemv"))
-    monkeypatch.setattr(triton_gemv.F, "linear", lambda x, w: taken.append("linear"))
+    monkeypatch.setattr(skinny, "gemv", lambda x, w: taken.append("gemv"))
+    monkeypatch.setattr(medium, "medium_matmul", lambda x, w: taken.append("medium"))
+    monkeypatch.setattr(F, "linear", lambda x, w: taken.append("linear"))
     half = torch.float16
     for rows, dtype, on, kind in ((1, half, True, "gemv"), (1, torch.bfloat16, True, "gemv"),
-                                  (2, half, True, "linear"), (1, torch.float32, True, "linear"),
-                                  (1, half, False, "linear")):
-        monkeypatch.setattr(triton_gemv, "LM_HEAD_GEMV", on)
-        x, w = torch.zeros(rows, 64, dtype=dtype), torch.zeros(100, 64, dtype=dtype)
-        lm_head_matmul(x, w)
+                                  (2, half, True, "linear"), (16, half, True, "linear"),
+                                  (17, half, True, "medium"), (64, torch.bfloat16, True, "medium"),
+                                  (65, half, True, "linear"), (1, torch.float32, True, "linear"),
+                                  (1, half, False, "linear"), (32, half, False, "linear")):
+        monkeypatch.setattr(skinny, "LM_HEAD_TRITON", on)
+        lm_head_matmul(torch.zeros(rows, 64, dtype=dtype), torch.zeros(128256, 64, dtype=dtype))
         assert taken.pop() == kind and not taken
-        assert uses_lm_head_gemv(x, w) == (kind == "gemv")
 
 
 def test_the_lm_head_computes_its_logits_through_the_device_op(monkeypatch):
@@ -162,8 +164,8 @@ def test_the_lm_head_computes_its_logits_through_the_device_op(monkeypatch):
     rounded float32 product, cut to the vocabulary."""
     monkeypatch.setattr("runner.layers.vocab_parallel.device_ops", triton_ops)
     calls = []
-    real = triton_gemv.gemv
-    monkeypatch.setattr(triton_gemv, "gemv", lambda x, w: calls.append(w.shape) or real(x, w))
+    real = skinny.gemv
+    monkeypatch.setattr(skinny, "gemv", lambda x, w: calls.append(w.shape) or real(x, w))
     gen = torch.Generator().manual_seed(3)
     table = torch.randint(-9, 10, (128, 32), generator=gen).to(torch.float16)
     hidden = torch.randint(-4, 5, (1, 32), generator=gen).to(torch.float16)
