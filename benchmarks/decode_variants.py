@@ -39,6 +39,9 @@ VARIANTS: dict[str, Variant] = {
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
+    "lm-head-medium-from-17": Variant(
+        "the LM head of 2..16 rows through cuBLAS, of 17..64 through the medium kernel",
+        (("runner.layers.triton_skinny_matmul", "LM_HEAD_MEDIUM_MIN_ROWS", 17),)),
     "kv-offsets-64": Variant(
         "paged attention computes its cache offsets in int64 whatever the cache's size",
         (("runner.attention.triton_unified", "KV_OFFSETS_32", False),)),

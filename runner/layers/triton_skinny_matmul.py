@@ -60,7 +60,9 @@ from runner.layers.split_k import (
 )
 from runner.layers.triton_gemv import gemv, gemv_matmul_add, uses_gemv
 from runner.layers.triton_medium_matmul import (
+    MEDIUM_MAX_ROWS,
     medium_gate_up_silu,
+    medium_matmul,
     medium_matmul_add,
     medium_or_cublas,
     uses_medium_matmul,
@@ -269,19 +271,26 @@ def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 # The LM head through the Triton kernels (False: cuBLAS at every row count, for A/B runs).
 LM_HEAD_TRITON = True
+# The fewest rows whose LM head takes the medium kernel (up to MEDIUM_MAX_ROWS):
+# at the vocabulary table's shape it wins from 2 rows, where the projections'
+# 16-row tiles are the skinny kernels'.
+LM_HEAD_MEDIUM_MIN_ROWS = 2
 
 
 def lm_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` on CUDA for the LM head (``vocab_parallel.py``):
-    one half precision row through the register-streaming ``gemv``; 17..64
-    rows through the medium kernel (``medium_or_cublas``), whose default
-    tile reads the vocabulary table faster than cuBLAS there; cuBLAS
-    elsewhere (2..16 rows, where the skinny kernel is slower than it)."""
+    one half precision row through the register-streaming ``gemv``;
+    LM_HEAD_MEDIUM_MIN_ROWS..MEDIUM_MAX_ROWS rows through the medium kernel
+    at its default config (the vocabulary table's shape is in no tuned
+    table: that tile reads it faster than cuBLAS, and no memset launch
+    comes before it); cuBLAS for more rows, whose tiles reuse the table."""
     if not LM_HEAD_TRITON:
         return F.linear(x, weight)
     if dot_inputs(x, weight, 1, 1):
         return gemv(x, weight)
-    return medium_or_cublas(x, weight)
+    if dot_inputs(x, weight, LM_HEAD_MEDIUM_MIN_ROWS, MEDIUM_MAX_ROWS):
+        return medium_matmul(x, weight)
+    return F.linear(x, weight)
 
 
 def row_parallel_matmul_add(x: torch.Tensor, weight: torch.Tensor,

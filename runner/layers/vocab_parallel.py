@@ -58,8 +58,8 @@ class ParallelLMHead(nn.Module):
 
     With tied embeddings it reuses the embedding's parameter. The local
     matmul is the device's ``lm_head_matmul`` (on CUDA: one row streams
-    through ``triton_gemv.py``, 17..64 rows take the medium kernel, other
-    counts cuBLAS).
+    through ``triton_gemv.py``, 2..64 rows take the medium kernel, more
+    rows cuBLAS).
     """
 
     def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:

@@ -4,8 +4,8 @@ its parts, and the LM head's x @ w.T, bit for bit on integer inputs, with
 inputs wider than one loop step and masked tails of both K and the output
 columns. The interpreter on CPU, compiled with CUDA. Then the routing that
 sends one row of a narrow input here and everything else to the skinny
-kernel, and the LM head's routing (one row here, 17..64 rows to the medium
-kernel, the rest to cuBLAS)."""
+kernel, and the LM head's routing (one row here, 2..64 rows to the medium
+kernel, more to cuBLAS)."""
 
 import json
 import os
@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runner.layers.triton_medium_matmul as medium
 import runner.layers.triton_skinny_matmul as skinny
 from runner.distributed import TensorParallelGroup
 from runner.layers.norm_in_matmul import row_parallel_matmul_add_ref, row_sum_of_squares
@@ -139,23 +138,27 @@ def test_gemv_rejects_what_it_cannot_take():
         gemv(torch.zeros(1, 128)[:, ::2], w)
 
 
-def test_the_lm_head_routes_one_row_to_gemv_and_17_to_64_to_the_medium_kernel(monkeypatch):
-    """One half precision row takes the one-row kernel; 17..64 rows the
-    medium kernel; 2..16 rows, 65, float32, or the Triton kernels switched
-    off (LM_HEAD_TRITON, for A/B runs) cuBLAS."""
+def test_the_lm_head_routes_one_row_to_gemv_and_2_to_64_to_the_medium_kernel(monkeypatch):
+    """One half precision row takes the one-row kernel; 2..64 rows the
+    medium kernel; 65 rows, float32, or the Triton kernels switched off
+    (LM_HEAD_TRITON, for A/B runs) cuBLAS."""
     taken = []
     monkeypatch.setattr(skinny, "gemv", lambda x, w: taken.append("gemv"))
-    monkeypatch.setattr(medium, "medium_matmul", lambda x, w: taken.append("medium"))
+    monkeypatch.setattr(skinny, "medium_matmul", lambda x, w: taken.append("medium"))
     monkeypatch.setattr(F, "linear", lambda x, w: taken.append("linear"))
     half = torch.float16
     for rows, dtype, on, kind in ((1, half, True, "gemv"), (1, torch.bfloat16, True, "gemv"),
-                                  (2, half, True, "linear"), (16, half, True, "linear"),
+                                  (2, half, True, "medium"), (16, half, True, "medium"),
                                   (17, half, True, "medium"), (64, torch.bfloat16, True, "medium"),
                                   (65, half, True, "linear"), (1, torch.float32, True, "linear"),
                                   (1, half, False, "linear"), (32, half, False, "linear")):
         monkeypatch.setattr(skinny, "LM_HEAD_TRITON", on)
         lm_head_matmul(torch.zeros(rows, 64, dtype=dtype), torch.zeros(128256, 64, dtype=dtype))
         assert taken.pop() == kind and not taken
+    monkeypatch.setattr(skinny, "LM_HEAD_TRITON", True)
+    monkeypatch.setattr(skinny, "LM_HEAD_MEDIUM_MIN_ROWS", 17)  # an A/B variant's setting
+    lm_head_matmul(torch.zeros(16, 64, dtype=half), torch.zeros(128256, 64, dtype=half))
+    assert taken == ["linear"]
 
 
 def test_the_lm_head_computes_its_logits_through_the_device_op(monkeypatch):
