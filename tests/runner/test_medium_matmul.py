@@ -32,10 +32,11 @@ def _counters_at_zero():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [17, 32, 33, 64])
+@pytest.mark.parametrize("rows", [2, 8, 17, 32, 33, 64])
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 def test_medium_matmul_matches_torch(dtype, rows, split_k):
-    """Every row count's padding (32 or 64), each split of K; twice from the
+    """Every row count's padding (32 or 64; 2 and 8 rows, the LM head's
+    smallest medium batches, pad to 32), each split of K; twice from the
     same counters, which end at 0."""
     gen = torch.Generator().manual_seed(rows * 10 + split_k)
     x = torch.randn(rows, K, generator=gen).to(dtype)
