@@ -272,8 +272,8 @@ def row_parallel_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # The LM head through the Triton kernels (False: cuBLAS at every row count, for A/B runs).
 LM_HEAD_TRITON = True
 # The fewest rows whose LM head takes the medium kernel (up to MEDIUM_MAX_ROWS):
-# at the vocabulary table's shape it wins from 2 rows, where the projections'
-# 16-row tiles are the skinny kernels'.
+# at the vocabulary table's shape it beats cuBLAS from 2 rows on, although the
+# decoder's own projections below 17 rows take the skinny kernels.
 LM_HEAD_MEDIUM_MIN_ROWS = 2
 
 
