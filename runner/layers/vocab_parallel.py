@@ -57,9 +57,9 @@ class ParallelLMHead(nn.Module):
     """Logits over the full vocabulary on every rank (local matmul, then all_gather).
 
     With tied embeddings it reuses the embedding's parameter. The local
-    matmul is the device's ``lm_head_matmul`` (on CUDA: one row streams
-    through ``triton_gemv.py``, 2..64 rows take the medium kernel, more
-    rows cuBLAS).
+    matmul is the device's ``lm_head_matmul`` (``runner/ops.py``; on CUDA
+    ``triton_skinny_matmul.lm_head_matmul`` says which kernel takes which
+    row count).
     """
 
     def __init__(self, embedding: VocabParallelEmbedding, tied: bool) -> None:
