@@ -155,14 +155,23 @@ def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
             "rounds_s": [round(r, 4) for r in rounds[1:]]}
 
 
-def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int) -> dict:
-    """The TTFT's FLOP floor, with the matmul throughput measured now."""
+def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int,
+                  sustain_s: float) -> dict:
+    """The TTFT's FLOP floor, with the matmul throughput measured now in a
+    burst; beside it the same FLOPs at the rate the matmul holds over
+    ``sustain_s`` seconds (``floor.matmul_tflops``), which is what a prefill
+    that long can draw on under the device's power limit."""
     tflops = floor.matmul_tflops(device, matmul_n)
+    sustained = floor.matmul_tflops(device, matmul_n, sustain_s=sustain_s)
     flops = floor.prefill_flops(shape_config(shape), ttft["prompts"], ttft["prompt_len"])
     floor_s = floor.prefill_flop_floor_s(flops, tflops)
+    sustained_s = floor.prefill_flop_floor_s(flops, sustained)
     return {"matmul_tflops": float(f"{tflops:.4g}"), "matmul_n": matmul_n,
             "prefill_flops": flops, "prefill_floor_s": float(f"{floor_s:.4g}"),
-            "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3)}
+            "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3),
+            "matmul_sustain_s": sustain_s,
+            "matmul_tflops_sustained": float(f"{sustained:.4g}"),
+            "ttft_ratio_to_sustained_rate": round(ttft["ttft_all_s"] / sustained_s, 3)}
 
 
 def main() -> None:
@@ -185,6 +194,9 @@ def main() -> None:
                         help="tprun's attention backend for the TTFT run (default: the device's)")
     parser.add_argument("--matmul-n", type=int, default=8192,
                         help="size of the square matmul that measures TFLOP/s")
+    parser.add_argument("--matmul-sustain-s", type=float, default=2.0,
+                        help="seconds of back-to-back matmuls before, and in, the sustained "
+                             "rate's timing (longer than the TTFT run's prefill)")
     parser.add_argument("--ttft-only", action="store_true",
                         help="only the time to first token and its floor (no HF, no decode runs)")
     parser.add_argument("--out", default=None)
@@ -201,7 +213,8 @@ def run_benchmark(args, model_dir: str) -> dict:
     dtype = getattr(torch, args.dtype)
     if args.ttft_only:
         ttft = time_to_first_token(model_dir, args)
-        ttft.update(prefill_floor(args.shape, ttft, device, args.matmul_n))
+        ttft.update(prefill_floor(args.shape, ttft, device, args.matmul_n,
+                                  args.matmul_sustain_s))
         return {"benchmark": "e2e", "shape": args.shape, "device": device_name(device),
                 "dtype": args.dtype, "ttft": ttft, "date": time.strftime("%Y-%m-%d")}
     prompts = random_prompts(args.num_requests, args.input_len,
@@ -217,7 +230,8 @@ def run_benchmark(args, model_dir: str) -> dict:
     ours_all = run_tprun(model_dir, prompts, args.output_len, args.num_requests, True, args)
     print(json.dumps({"tprun_all": ours_all}), flush=True)
     ttft = time_to_first_token(model_dir, args)
-    ttft.update(prefill_floor(args.shape, ttft, device, args.matmul_n))
+    ttft.update(prefill_floor(args.shape, ttft, device, args.matmul_n,
+                              args.matmul_sustain_s))
     print(json.dumps({"ttft": ttft}), flush=True)
     summary = {
         "benchmark": "e2e", "shape": args.shape, "device": device_name(device),

@@ -11,11 +11,13 @@ that loads every element and keeps one float per program (read only; CUDA
 only) and a device copy (read + write bytes). The JSON names the one used.
 
 Prefill floor = FLOPs a prefill must do / the bf16 matmul throughput of one
-large ``torch.matmul`` timed here. FLOPs: 2 a weight of every decoder
-layer's projections for every prompt token, the LM head for each prompt's
-last token only (the one position a prefill samples; tied or not), and
-causal attention's two products, q.k and p.v, for every query head over
-the keys each token sees (its own position and those before it).
+large ``torch.matmul`` timed here in a short burst (``matmul_tflops``, which
+also measures the lower rate a long run holds under the power limit).
+FLOPs: 2 a weight of every decoder layer's projections for every prompt
+token, the LM head for each prompt's last token only (the one position a
+prefill samples; tied or not), and causal attention's two products, q.k and
+p.v, for every query head over the keys each token sees (its own position
+and those before it).
 """
 
 from __future__ import annotations
@@ -107,13 +109,25 @@ def decode_floor(weight_bytes: int, kv_per_token: int, batch: int, context: int,
             "floor_GB": round(total / 1e9, 3)}
 
 
-def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16) -> float:
-    """Dense matmul throughput (TFLOP/s) of an n x n x n ``torch.matmul``."""
+def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16,
+                  sustain_s: float = 0.0) -> float:
+    """Dense matmul throughput (TFLOP/s) of an n x n x n ``torch.matmul``.
+
+    With ``sustain_s`` 0, a burst of 20 calls (2 on CPU): the best rate, the
+    one the prefill floor uses. A GPU that raises its clock while it is under
+    its power limit runs such a burst faster than it can hold. With
+    ``sustain_s`` > 0, the calls of another ``sustain_s`` seconds timed after
+    ``sustain_s`` seconds of back-to-back calls: the rate the device holds
+    over a run that long, for comparison."""
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     out = torch.empty(n, n, dtype=dtype, device=device)
     iters = 20 if device.type == "cuda" else 2
     seconds = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters)
+    if sustain_s > 0:
+        iters = max(1, round(sustain_s / seconds))
+        seconds = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters,
+                                warmup=iters)
     return 2 * n**3 / seconds / 1e12
 
 

@@ -206,7 +206,8 @@ def e2e_table(directory: str) -> None:
 
 def ttft_table(directory: str) -> None:
     """The TTFT row, its floor computed by benchmarks/floor.py from the run's
-    shape, prompts and measured matmul throughput."""
+    shape, prompts and measured matmul throughput (the burst's; the rate held
+    over a longer run beside it where the file has it)."""
     summary = _load(directory, "e2e_8b.json")
     if summary is None or "ttft" not in summary:
         return
@@ -215,11 +216,16 @@ def ttft_table(directory: str) -> None:
     floor_s = floor.prefill_flop_floor_s(flops, t["matmul_tflops"])
     if "hf_host_bound" in summary:
         print(f"HF host-bound: {summary['hf_host_bound']} ({summary['hf_host_bound_reason']})\n")
-    print("| TTFT | prompts x tokens | prefill FLOP floor | x floor | matmul |")
-    print("| --- | --- | --- | --- | --- |")
+    sustained = t.get("matmul_tflops_sustained")
+    held = "-" if sustained is None else (
+        f"{sustained:.0f} TFLOP/s "
+        f"({t['ttft_all_s'] / floor.prefill_flop_floor_s(flops, sustained):.2f})")
+    print("| TTFT | prompts x tokens | prefill FLOP floor | x floor | matmul "
+          "| matmul held (TTFT x its time) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     print(f"| {t['ttft_all_s']:.3f} s | {t['prompts']} x {t['prompt_len']} "
           f"| {floor_s:.3f} s | {t['ttft_all_s'] / floor_s:.2f} "
-          f"| {t['matmul_tflops']:.0f} TFLOP/s |\n")
+          f"| {t['matmul_tflops']:.0f} TFLOP/s | {held} |\n")
 
 
 def attention_prefill_table(directory: str) -> None:

@@ -26,12 +26,13 @@ def floor_flops(prompts: int, length: int) -> int:
 
 def _run_e2e(tmp_path, timeout: float, *args: str) -> dict:
     """bench_e2e on CPU (tiny shape, float32, one TTFT round, a 256^3 matmul
-    for the floor) with ``args``; its summary, once it exited cleanly and
+    for the floor, 0.2 s for its sustained rate) with ``args``; its summary, once it exited cleanly and
     left no process behind."""
     out = tmp_path / "e2e.json"
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
          "--device", "cpu", "--dtype", "float32", "--ttft-rounds", "1", "--matmul-n", "256",
+         "--matmul-sustain-s", "0.2",
          *args, "--out", str(out)],
         timeout=timeout, env={"TPRUN_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -55,6 +56,10 @@ def test_e2e_summary_fields(tmp_path):
     floor_s = floor_flops(2, 40) / (ttft["matmul_tflops"] * 1e12)
     assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
     assert ttft["ttft_ratio_to_floor"] == pytest.approx(ttft["ttft_all_s"] / floor_s, rel=2e-2)
+    sustained_s = floor_flops(2, 40) / (ttft["matmul_tflops_sustained"] * 1e12)
+    assert ttft["matmul_sustain_s"] == 0.2
+    assert ttft["ttft_ratio_to_sustained_rate"] == pytest.approx(
+        ttft["ttft_all_s"] / sustained_s, rel=2e-2)
 
 
 @pytest.mark.slow

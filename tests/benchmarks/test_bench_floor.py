@@ -105,3 +105,24 @@ def test_triton_read_kernel_sums_every_element(config):
     padded[: src.numel()] = src.float().cpu()
     want = padded.view(-1, per_program).sum(dim=1)
     torch.testing.assert_close(partial.cpu(), want, atol=1e-3, rtol=1e-4)
+
+
+def test_sustained_matmul_rate_times_calls_after_as_many_warm(monkeypatch):
+    """``sustain_s``: after the burst (here 0.01 s a call), 0.5 s of calls
+    run untimed and 0.5 s of calls timed; the rate comes from the timed
+    ones. The burst alone is the default."""
+    calls = []
+
+    def fake_time_per_call(fn, device, iters=10, warmup=3):
+        calls.append((iters, warmup))
+        return 0.01 if len(calls) == 1 else 0.0125
+
+    monkeypatch.setattr(floor, "time_per_call", fake_time_per_call)
+    n = 64
+    assert floor.matmul_tflops(torch.device("cpu"), n, torch.float32) == pytest.approx(
+        2 * n**3 / 0.01 / 1e12)
+    assert calls == [(2, 3)]
+    calls.clear()
+    assert floor.matmul_tflops(torch.device("cpu"), n, torch.float32, sustain_s=0.5) == \
+        pytest.approx(2 * n**3 / 0.0125 / 1e12)
+    assert calls == [(2, 3), (50, 50)]
