@@ -26,8 +26,8 @@ def floor_flops(prompts: int, length: int) -> int:
 
 def _run_e2e(tmp_path, timeout: float, *args: str) -> dict:
     """bench_e2e on CPU (tiny shape, float32, one TTFT round, a 256^3 matmul
-    for the floor, 0.2 s for its sustained rate) with ``args``; its summary, once it exited cleanly and
-    left no process behind."""
+    for the floor, 0.2 s for its held rate) with ``args``; its summary, once
+    it exited cleanly and left no process behind."""
     out = tmp_path / "e2e.json"
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_e2e.py"), "--shape", "tiny",
