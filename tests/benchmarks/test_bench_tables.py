@@ -73,6 +73,17 @@ def test_tables_with_peer_floor_ttft_and_prefill(tmp_path):
     assert "| 1x4096 | 1.000 | 1.460 (1.46, triton) | 0.980 (0.98, varlen) |" in out
 
 
+def test_ttft_table_without_held_rate(tmp_path, capsys):
+    """A file written before the held rate was measured shows "-" in its column."""
+    from benchmarks import tables
+
+    e2e = {"shape": "8b", "ttft": {"ttft_all_s": 1.63, "prompts": 32, "prompt_len": 2048,
+                                   "matmul_tflops": 793.2}}
+    (tmp_path / "e2e_8b.json").write_text(json.dumps(e2e) + "\n")
+    tables.ttft_table(str(tmp_path))
+    assert "| 1.630 s | 32 x 2048 | 1.198 s | 1.36 | 793 TFLOP/s | - |" in capsys.readouterr().out
+
+
 def _decode_run(rows: list[tuple[int, int, float, float]], used_gbps: float) -> dict:
     bandwidth = {"read_sum_GBps": 4000.0, "read_triton_GBps": used_gbps, "copy_GBps": 4200.0,
                  "used": "read_triton", "used_GBps": used_gbps}
