@@ -2,7 +2,10 @@
 # Run the test suite and the benchmarks on an H200 host, by stage.
 #   bash benchmarks/run_h200.sh STAGE...
 # Stages (minutes, roughly):
-#   tests = tests-1 + tests-2 (about 5 minutes each): the whole suite on the GPU
+#   tests = tests-1 (7) + tests-2 (7) + tests-3 (6) + tests-4 (4): the whole suite on
+#     the GPU; tests-1 runs tests/runner and tests/benchmarks as four pytest runs at
+#     once (their runners take a fixed KV cache), the others one at a time (an
+#     engine sizes its cache from the memory left free)
 #   gpu-tests (2): the tests that exercise CUDA
 #   prepare (0.5), attention (3), bench-1b (1), bench-8b (1.5): prepare_inputs,
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
@@ -48,6 +51,25 @@ pytest_files() {  # $1 log name, then pytest arguments
     | tee -a "$LOGS/$log" | tail -25
 }
 
+pytest_shards() {  # $1 log name, $2 runs, then folders: their test files dealt out by size
+  local log=$1 runs=$2 i=0 f s; shift 2
+  local lists=() pids=()
+  for ((s = 0; s < runs; s++)); do lists+=(""); done
+  for f in $(find "$@" -name 'test_*.py' -printf '%s %p\n' | sort -rn | cut -d' ' -f2); do
+    lists[i % runs]+=" $f"; i=$((i + 1))
+  done
+  for ((s = 0; s < runs; s++)); do
+    # shellcheck disable=SC2086  # each list is several paths
+    timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE ${lists[s]} \
+      > "$LOGS/${log%.log}.$s.log" 2>&1 &
+    pids+=($!)
+  done
+  for s in "${!pids[@]}"; do
+    wait "${pids[s]}"
+    echo "run $s: exit $?, $(tail -n 1 "$LOGS/${log%.log}.$s.log")" | tee -a "$LOGS/$log"
+  done
+}
+
 tp_sizes() {  # 1 2 4 8, as many as the host has GPUs
   local gpus
   gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
@@ -56,9 +78,11 @@ tp_sizes() {  # 1 2 4 8, as many as the host has GPUs
 
 run_stage() {
   case "$1" in
-    tests) run_stage tests-1; run_stage tests-2 ;;
-    tests-1) pytest_files pytest_gpu.log tests/runner tests/benchmarks ;;
-    tests-2) pytest_files pytest_gpu.log tests/engine tests/executor tests/ipc tests/launch tests/test_*.py ;;
+    tests) for part in 1 2 3 4; do run_stage tests-$part; done ;;
+    tests-1) pytest_shards pytest_gpu.log 4 tests/runner tests/benchmarks ;;
+    tests-2) pytest_files pytest_gpu.log tests/engine ;;
+    tests-3) pytest_files pytest_gpu.log tests/executor tests/ipc tests/launch tests/test_*.py ;;
+    tests-4) pytest_files pytest_gpu.log tests/checkpoint tests/serving ;;
     gpu-tests)
       pytest_files pytest_gpu_kernels.log tests/runner/test_layer_kernels.py tests/runner/test_model_parity.py \
         -k "cuda or Triton or triton or rms or rotary or silu"
