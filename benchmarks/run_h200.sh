@@ -54,15 +54,14 @@ pytest_files() {  # $1 log name, then pytest arguments
 pytest_shards() {  # $1 log name, $2 runs, then folders: their test files dealt out by size
   local log=$1 runs=$2 i=0 f s; shift 2
   local lists=() pids=()
-  for ((s = 0; s < runs; s++)); do lists+=(""); done
   for f in $(find "$@" -name 'test_*.py' -printf '%s %p\n' | sort -rn | cut -d' ' -f2); do
     lists[i % runs]+=" $f"; i=$((i + 1))
   done
-  for ((s = 0; s < runs; s++)); do
+  for s in "${!lists[@]}"; do  # only runs that got files: pytest without paths runs all
     # shellcheck disable=SC2086  # each list is several paths
     timeout 560 python3 -m pytest -q -p no:cacheprovider -rfE ${lists[s]} \
       > "$LOGS/${log%.log}.$s.log" 2>&1 &
-    pids+=($!)
+    pids[s]=$!
   done
   for s in "${!pids[@]}"; do
     wait "${pids[s]}"
