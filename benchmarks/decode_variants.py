@@ -36,6 +36,10 @@ VARIANTS: dict[str, Variant] = {
     "no-early-gemv": Variant(
         "runner/layers/triton_gemv.py loads its first weight tile after the wait",
         (("runner.layers.triton_gemv", "GEMV_EARLY", False),)),
+    "argmax-after-graph": Variant(
+        "the greedy argmax launched by the sampler after the decode graph's replay, not "
+        "inside the graph",
+        (("runner.model_runner", "GREEDY_IN_GRAPH_MAX_ROWS", 0),)),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),

@@ -64,6 +64,12 @@ from runner.structured_outputs import GrammarMask, check_grammar_bitmask
 # Room for the packed header of a step that adds or extends a few dozen
 # requests (runner/staged_write_group.py), beside their tokens.
 STAGED_HEADER_BYTES = 16 << 10
+# One-token decode graphs of at most this many rows end with the greedy argmax
+# of their logits (``_after_forward``); larger ones, and 0 for A/B runs, leave
+# it to the sampler after the replay. At one row the step gained on both
+# shapes measured; at 8-16 rows it lost on the 8B
+# (``benchmarks/results/README.md``).
+GREEDY_IN_GRAPH_MAX_ROWS = 1
 
 
 @dataclass(frozen=True)
@@ -79,13 +85,17 @@ class StepTensors:
     positions: torch.Tensor  # position of the token each logits row samples
     sample_mask: torch.Tensor  # bool: the row is past its prompt and samples
     logits_indices: torch.Tensor  # int64 token of each logits row
+    # int64 argmax of each logits row, drawn inside a one-token decode graph
+    # and stored at the rows' slots in ``last_sampled_tokens`` (None elsewhere)
+    greedy: torch.Tensor | None = None
 
     def head(self, n: int, num_logits: int) -> StepTensors:
         """The first ``n`` rows and ``num_logits`` logits rows (a padded
         graph step's real ones)."""
         return StepTensors(self.idx_mapping[:n], self.logits[:num_logits],
                            self.positions[:num_logits], self.sample_mask[:n],
-                           self.logits_indices[:num_logits])
+                           self.logits_indices[:num_logits],
+                           None if self.greedy is None else self.greedy[:num_logits])
 
 
 @dataclass(frozen=True)
@@ -287,7 +297,9 @@ class ModelRunner:
         if self.draft is not None:
             ids, positions = self.buffers.input_ids[:tokens], self.buffers.positions[:tokens]
             self.draft.forward_step(ids, positions, attn)
-        return self._after_forward(hidden, size, tokens, every_token=True)
+        return self._after_forward(hidden, size, tokens, every_token=True,
+                                   greedy=(q == 1 and not self.num_spec
+                                           and size <= GREEDY_IN_GRAPH_MAX_ROWS))
 
     @torch.no_grad()
     def _prefill_graph_forward(self, tokens: int) -> StepTensors:
@@ -443,7 +455,7 @@ class ModelRunner:
             self.model.config.vocab_size)
 
     def _after_forward(self, hidden: torch.Tensor, n: int, num_logits: int,
-                       every_token: bool) -> StepTensors:
+                       every_token: bool, greedy: bool = False) -> StepTensors:
         """Device work between the model and the sampler for batch rows
         ``[0, n)``: logits of each logits row's token (``logits_indices``:
         each row's last token, every token of a row with drafts), and the
@@ -452,7 +464,16 @@ class ModelRunner:
         drafts are taken off in ``sample_tokens``). With ``every_token``
         (decode graphs, ``num_logits`` their tokens) logits row l is token l
         and no gather is needed. The bookkeeping is one ``finish_step_rows``
-        (one launch on CUDA)."""
+        (one launch on CUDA).
+
+        With ``greedy`` (small one-token decode graphs without drafting)
+        the argmax of every logits row is drawn here too and stored at the rows'
+        slots in ``last_sampled_tokens``, so a greedy step's draw is inside
+        the graph: no launch after the replay and no boundary between the
+        LM head and the argmax. A step that draws otherwise (sampling
+        parameters, a grammar mask applied after the replay) ignores these
+        tokens, and its own draw stores its tokens at the same slots after
+        them."""
         buf, states = self.buffers, self.req_states
         if every_token:
             rows = buf.every_token[:num_logits]
@@ -465,8 +486,10 @@ class ModelRunner:
             states.num_computed_tokens.gpu, n)
         # Logits in the model's dtype: the sampler casts where it computes
         # (penalties, filters, logprobs); an argmax needs no float32 copy.
-        return StepTensors(idx, self.model.compute_logits(selected, dtype=None), positions,
-                           sample_mask, rows)
+        logits = self.model.compute_logits(selected, dtype=None)
+        tokens = (self.ops.greedy_argmax(logits, idx, states.last_sampled_tokens)
+                  if greedy else None)
+        return StepTensors(idx, logits, positions, sample_mask, rows, tokens)
 
     def _graph_for(self, plan: SchedulerOutput) -> _GraphChoice | None:
         """The captured graph that runs this plan, or None: eager.
@@ -589,8 +612,11 @@ class ModelRunner:
             self.grammar_mask.apply(t.logits, grammar, batch.req_ids, step.last_logits_row)
         if self.num_spec:
             return self._sample_with_drafts(step)
+        # The graph's argmax is of the logits before the grammar mask.
+        greedy = t.greedy if grammar is None else None
         out = self.sampler(t.logits, t.idx_mapping, batch.idx_mapping_np, t.positions,
-                           t.sample_mask, last_tokens=self.req_states.last_sampled_tokens)
+                           t.sample_mask, last_tokens=self.req_states.last_sampled_tokens,
+                           greedy=greedy)
         return AsyncOutput(
             step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer,
             prompt_logprobs=step.prompt_logprobs,

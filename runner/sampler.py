@@ -116,6 +116,7 @@ class Sampler:
         positions: torch.Tensor,
         sample_mask: torch.Tensor,
         last_tokens: torch.Tensor | None = None,
+        greedy: torch.Tensor | None = None,
     ) -> SamplerOutput:
         """Sample one token per row.
 
@@ -126,10 +127,11 @@ class Sampler:
         of the token being sampled; ``sample_mask`` [N] bool (device), False
         for a prefill chunk that stops short of its prompt (its token is
         discarded and must not count as output); ``last_tokens``: where each
-        row's token is also stored, at its slot (``Sampler.draw``).
+        row's token is also stored, at its slot; ``greedy``: the argmax of
+        each row of these logits, already stored there (``Sampler.draw``).
         """
         draw = self.draw(logits, idx_mapping, idx_mapping_np, positions,
-                         last_tokens=last_tokens)
+                         last_tokens=last_tokens, greedy=greedy)
         if draw.flags.any_penalty:
             self.penalties.record_sampled(draw.idx, draw.sampled, sample_mask)
         return SamplerOutput(draw.sampled, self.logprobs(draw),
@@ -143,6 +145,7 @@ class Sampler:
         positions: torch.Tensor,
         prior_tokens: torch.Tensor | None = None,
         last_tokens: torch.Tensor | None = None,
+        greedy: torch.Tensor | None = None,
     ) -> TargetDraw:
         """Steps 1-3 for every row: the token each row's request draws at
         ``positions``, exactly as a one-token step would. ``prior_tokens``
@@ -152,13 +155,18 @@ class Sampler:
         count them as output tokens. With ``last_tokens`` (the runner's
         last sampled token of each slot) row i's token is also stored at
         ``last_tokens[idx_mapping[i]]``; on the greedy fast path by the
-        argmax's own launch."""
+        argmax's own launch. ``greedy`` (with ``last_tokens``): each row's
+        argmax of ``logits``, already stored at its slot (drawn inside the
+        decode graph); the fast path then takes it and launches nothing,
+        and any other draw ignores it and stores its own tokens after it."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
                 and not any_min_tokens):
             # The common case needs no per-slot parameter: one argmax.
+            if greedy is not None and last_tokens is not None:
+                return TargetDraw(greedy, None, idx, flags)
             slots = None if last_tokens is None else idx
             return TargetDraw(self.ops.greedy_argmax(logits, slots, last_tokens), None, idx,
                               flags)

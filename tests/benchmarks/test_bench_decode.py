@@ -151,28 +151,32 @@ def test_spec_rows_verify_cost_and_replay_acceptance(tmp_path):
         assert spec["ms_per_output_token"] == pytest.approx(spec["step_ms"] / want, rel=1e-2)
 
 
-def test_eager_check_compares_graph_steps_with_eager_ones(tmp_path, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_eager_check_compares_graph_steps_with_eager_ones(tmp_path, monkeypatch, batch):
     """The row check: replays of the (emulated) decode graphs give the eager
-    steps' tokens; a replay that returns other logits is caught, and the
-    graphs are back in place after each eager run."""
+    steps' tokens; a replay that returns other tokens is caught, and the
+    graphs are back in place after each eager run. (A one-row graph draws
+    its greedy tokens inside, a larger one leaves the draw to the sampler.)"""
     from benchmarks.bench_decode import eager_check
     from checkpoint.tiny_model import ensure_tiny_model
     from tests.helpers.runner_steps import make_runner
 
     runner = make_runner(ensure_tiny_model(str(tmp_path)), emulate_graphs=True)
     graphs = runner.graphs
-    assert eager_check(runner, batch=3, context=20) == {"steps": 8, "tokens_equal": True}
+    assert eager_check(runner, batch=batch, context=20) == {"steps": 8, "tokens_equal": True}
     assert runner.graphs is graphs and graphs.graphs
 
     replay = graphs.replay
 
-    def shifted(size):  # every row's logits rolled by one token
+    def shifted(size):  # every row's logits and argmax moved by one token
         tensors = replay(size)
         tensors.logits.copy_(tensors.logits.roll(1, dims=-1))
+        if tensors.greedy is not None:
+            tensors.greedy.copy_((tensors.greedy + 1) % tensors.logits.shape[-1])
         return tensors
 
     monkeypatch.setattr(graphs, "replay", shifted)
-    assert eager_check(runner, batch=3, context=20) == {"steps": 8, "tokens_equal": False}
+    assert eager_check(runner, batch=batch, context=20) == {"steps": 8, "tokens_equal": False}
     assert runner.graphs is graphs and graphs.graphs
 
 

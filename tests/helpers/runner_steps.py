@@ -32,19 +32,22 @@ def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
     return runner
 
 
-def run_prefill_then_decode(runner, prompts, steps):
+def run_prefill_then_decode(runner, prompts, steps, sampling=None):
     """Prefill every prompt in one step, then decode ``steps`` steps; returns
-    the tokens and the seq_lens the device held at each decode step."""
+    the tokens and the seq_lens the device held at each decode step.
+    ``sampling``: each prompt's SamplingOptions (None: greedy for all)."""
     ids = [f"r{i}" for i in range(len(prompts))]
     blocks, start = [], 0
     for p in prompts:
         n = -(-(len(p) + steps + 1) // 16)
         blocks.append(list(range(start, start + n)))
         start += n
+    if sampling is None:
+        sampling = [SamplingOptions(temperature=0.0)] * len(prompts)
     new = [NewRequestData(req_id=r, prompt_token_ids=p, prefill_token_ids=p,
-                          sampling=SamplingOptions(temperature=0.0), block_ids=[b],
-                          num_computed_tokens=0, max_tokens=steps + 1)
-           for r, p, b in zip(ids, prompts, blocks)]
+                          sampling=o, block_ids=[b], num_computed_tokens=0,
+                          max_tokens=steps + 1)
+           for r, p, b, o in zip(ids, prompts, blocks, sampling, strict=True)]
     runner.execute_model(SchedulerOutput(
         step_id=0, scheduled_new_reqs=new, num_scheduled_tokens=[len(p) for p in prompts]))
     out = runner.sample_tokens().get_output()

@@ -2,10 +2,12 @@
 give the tokens of eager steps, and a replay must read (never reset) the
 inputs each step prepares."""
 
+import numpy as np
 import pytest
 import torch
 
 from checkpoint.tiny_model import ensure_tiny_model
+from ipc.messages import CachedRequestData, GrammarBitmask, SamplingOptions, SchedulerOutput
 from tests.helpers.runner_steps import make_runner, run_mixed_steps
 from tests.helpers.runner_steps import run_prefill_then_decode as _run
 
@@ -47,6 +49,84 @@ def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
     assert states.num_computed_tokens.gpu[slots].tolist() == (computed + 1).tolist()
     assert states.num_computed_tokens.gpu[states.pad_slot].item() == 0
     assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]
+
+
+def _decode_step(runner, step_id, req_ids, constrained=()):
+    """Queue one decode step of ``req_ids`` (one token each)."""
+    cached = CachedRequestData(req_ids=list(req_ids), new_block_ids=[None for _ in req_ids])
+    runner.execute_model(SchedulerOutput(
+        step_id=step_id, scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(req_ids),
+        structured_output_req_ids=list(constrained)))
+
+
+def _argmax_in_graphs_up_to(monkeypatch, rows: int) -> None:
+    import runner.model_runner as model_runner
+
+    monkeypatch.setattr(model_runner, "GREEDY_IN_GRAPH_MAX_ROWS", rows)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("max_rows, in_graph", [(4, True), (1, False), (0, False)])
+def test_decode_graph_draws_each_rows_argmax(tmp_path, monkeypatch, max_rows, in_graph):
+    """A one-token decode graph of at most GREEDY_IN_GRAPH_MAX_ROWS rows ends
+    with the argmax of every logits row, stored at the rows' slots as their
+    last tokens; a greedy batch's step samples exactly those tokens (in a
+    larger graph the sampler draws them after the replay)."""
+    _argmax_in_graphs_up_to(monkeypatch, max_rows)
+    runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
+    _run(runner, [list(range(1, 30)), list(range(40, 52)), [3, 4, 5]], steps=1)
+    _decode_step(runner, 2, ["r0", "r1", "r2"])  # padded to 4 rows
+    t = runner.pending.tensors
+    want = t.logits.float().argmax(-1)
+    slots = t.idx_mapping
+    if in_graph:
+        assert torch.equal(t.greedy, want)
+        assert torch.equal(runner.req_states.last_sampled_tokens[slots], want)
+    else:
+        assert t.greedy is None
+    out = runner.sample_tokens().get_output()
+    assert [row[0] for row in out.rows()] == want.tolist()
+    assert torch.equal(runner.req_states.last_sampled_tokens[slots], want)
+
+
+@pytest.mark.timeout(120)
+def test_sampled_tokens_replace_the_graphs_argmax(tmp_path, monkeypatch):
+    """In a batch that samples, the draw after the replay stores its tokens
+    over the graph's argmax, so the next step feeds the sampled token, as
+    eager steps do: r1 samples at a high temperature and leaves the greedy
+    path, r0 stays on it."""
+    _argmax_in_graphs_up_to(monkeypatch, 8)
+    model_dir = ensure_tiny_model(str(tmp_path))
+    prompts = [list(range(1, 30)), list(range(40, 52))]
+    sampling = [SamplingOptions(temperature=0.0), SamplingOptions(temperature=3.0, seed=11)]
+    got, _ = _run(_runner(model_dir, graphs=True), prompts, steps=6, sampling=sampling)
+    want, _ = _run(_runner(model_dir, graphs=False), prompts, steps=6, sampling=sampling)
+    assert got == want
+    greedy, _ = _run(_runner(model_dir, graphs=False), prompts, steps=6)
+    assert got["r0"] == greedy["r0"]
+    assert got["r1"] != greedy["r1"]
+
+
+@pytest.mark.timeout(120)
+def test_grammar_mask_overrides_the_graphs_argmax(tmp_path):
+    """A constrained row's mask comes after the replay, so its draw ignores
+    the graph's argmax: allowed only a token that is not the argmax, the
+    row samples that token and feeds it to the next step (a one-row graph:
+    the default draws its argmax inside)."""
+    runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
+    _run(runner, [list(range(1, 30))], steps=1)
+    _decode_step(runner, 2, ["r0"], constrained=["r0"])
+    argmax = int(runner.pending.tensors.greedy[0])
+    vocab = runner.model.config.vocab_size
+    allowed = (argmax + 1) % vocab
+    words = np.zeros((1, (vocab + 31) // 32), dtype="<u4")
+    words[0, allowed // 32] = 1 << (allowed % 32)
+    mask = GrammarBitmask(step_id=2, req_ids=["r0"], bitmask=words.view("<i4").tobytes())
+    assert runner.sample_tokens(mask).get_output().rows() == [[allowed]]
+    slot = runner.req_states.req_id_to_index["r0"]
+    assert int(runner.req_states.last_sampled_tokens[slot]) == allowed
+    _decode_step(runner, 3, ["r0"])
+    assert int(runner.buffers.input_ids[0]) == allowed
 
 
 @pytest.mark.timeout(120)
