@@ -6,6 +6,7 @@
     python -m benchmarks.bench_decode --shape tiny --device cpu --dtype float32 --peer ...
     python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 \
         --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7
+    python -m benchmarks.bench_decode --shape 1b --batches 1 64 --contexts 512 --temperature 1
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
 random weights (``load_format="dummy"``). Requests enter with their
@@ -41,7 +42,12 @@ differences are not lost in the spread between processes; each row then
 holds every variant's step time, its ratio to the first and its own check
 against eager steps. Prints a JSON summary last.
 
-Every row is checked: CHECK_STEPS greedy steps as timed (graph replays
+The rows' requests decode greedily; with ``--temperature T`` each samples
+at T instead, with a seed of its own (the sampler's full draw: temperature,
+Gumbel noise, its launches after the graph's replay), so the timed steps
+and their check draw the same tokens.
+
+Every row is checked: CHECK_STEPS steps as timed (graph replays
 where captured) against the same steps run eagerly (the graphs set aside),
 each from the same random KV cache, must give the same tokens
 (``eager_check``); a row that does not is named in the summary's
@@ -86,8 +92,8 @@ from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
 from benchmarks.spec_rows import (
     SpecDecodeDriver,
-    greedy_tokens,
     install_replay,
+    row_tokens,
     spec_runner,
     zero_kv,
 )
@@ -100,10 +106,13 @@ from runner.model_runner import ModelRunner
 
 
 class DecodeDriver:
-    """Feeds hand-made SchedulerOutputs to a runner: N requests decoding."""
+    """Feeds hand-made SchedulerOutputs to a runner: N requests decoding,
+    each sampling at ``temperature`` (0: greedy) with a seed of its own, so
+    the same row run again draws the same tokens."""
 
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, temperature: float = 0.0):
         self.runner = runner
+        self.temperature = temperature
         self.step_id = 0
         self.computed: dict[str, int] = {}
         self.next_block = 0
@@ -122,7 +131,9 @@ class DecodeDriver:
             blocks = list(range(i * blocks_per_req, (i + 1) * blocks_per_req))
             new.append(NewRequestData(
                 req_id=f"r{i}", prompt_token_ids=[1] * context, prefill_token_ids=[1] * context,
-                sampling=SamplingOptions(temperature=0.0), block_ids=[blocks],
+                sampling=SamplingOptions(temperature=self.temperature,
+                                         seed=i if self.temperature else None),
+                block_ids=[blocks],
                 num_computed_tokens=context - 1, max_tokens=max_steps + 1))
             self.computed[f"r{i}"] = context - 1
         self.pending_new = new
@@ -201,12 +212,12 @@ def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
     return {"idle_fraction": round(1 - busy / span, 4), "span_us": span}
 
 
-def profile_host(runner: ModelRunner, context: int) -> None:
+def profile_host(runner: ModelRunner, context: int, temperature: float) -> None:
     """cProfile of 50 batch-1 decode steps with one step in flight."""
     import cProfile
     import pstats
 
-    driver = DecodeDriver(runner)
+    driver = DecodeDriver(runner, temperature)
     driver.start(1, context, 80)
     driver.run(5, overlap=True)
     profiler = cProfile.Profile()
@@ -217,11 +228,12 @@ def profile_host(runner: ModelRunner, context: int) -> None:
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
-def kernel_table(runner: ModelRunner, batch: int, context: int, show: bool = True) -> None:
+def kernel_table(runner: ModelRunner, batch: int, context: int, temperature: float,
+                 show: bool = True) -> None:
     """Device time by kernel over 10 decode steps (torch profiler), to stderr."""
     from torch.profiler import ProfilerActivity, profile
 
-    driver = DecodeDriver(runner)
+    driver = DecodeDriver(runner, temperature)
     driver.start(batch, context, 40)
     driver.run(5, overlap=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -302,6 +314,9 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--idle, --kernel-table and --timeline need CUDA")
     if args.peer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         parser.error("--peer runs one device: not under torchrun")
+    if args.temperature and (args.peer or args.spec_tokens):
+        parser.error("--temperature samples plain rows only: not with --peer or --spec-tokens "
+                     "(the peer and the replayed drafts are greedy)")
     if args.variants and (args.peer or args.idle or args.kernel_table or args.profile_host
                           or args.spec_tokens or args.cublas_only):
         parser.error("--variants times plain rows only: not with --peer, --idle, "
@@ -330,13 +345,14 @@ def graphs_set_aside(runner: ModelRunner):
             m.graphs = graphs
 
 
-def eager_check(runner: ModelRunner, batch: int, context: int) -> dict:
-    """The row's greedy tokens over CHECK_STEPS steps as timed (graph
-    replays where captured) against the same steps run eagerly, each from
-    the same random KV cache."""
+def eager_check(runner: ModelRunner, batch: int, context: int,
+                temperature: float = 0.0) -> dict:
+    """The row's tokens (``DecodeDriver``'s at ``temperature``) over
+    CHECK_STEPS steps as timed (graph replays where captured) against the
+    same steps run eagerly, each from the same random KV cache."""
     def tokens():
-        return greedy_tokens(DecodeDriver(runner), runner, batch, context, CHECK_STEPS,
-                             kv_seed=batch + context)
+        return row_tokens(DecodeDriver(runner, temperature), runner, batch, context,
+                          CHECK_STEPS, kv_seed=batch + context)
 
     timed = tokens()
     with graphs_set_aside(runner):
@@ -365,6 +381,9 @@ def main() -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="the rows' requests sample at this temperature, each with a "
+                             "seed of its own (0: greedy)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed rounds of --steps steps a row; its step time is their median")
     parser.add_argument("--peer", action="store_true",
@@ -499,25 +518,26 @@ def run_benchmark(args, model_dir: str) -> int:
             if peer is not None:
                 row.update(peer_fields(peer, batch, context, args.steps, device, step_s,
                                        row["floor_ms"]))
-            row["eager_check"] = eager_check(runner, batch, context)
+            row["eager_check"] = eager_check(runner, batch, context, args.temperature)
             if args.spec_tokens and args.spec_proposer == "replay":
-                replay[batch, context] = greedy_tokens(
+                replay[batch, context] = row_tokens(
                     DecodeDriver(runner), runner, batch, context, replay_steps)
             results.append(row)
             if rank == 0:
                 print(json.dumps(row), flush=True)
 
     if args.profile_host and not dist.is_initialized():  # one rank alone: peers would wait
-        profile_host(runner, min(args.contexts))
+        profile_host(runner, min(args.contexts), args.temperature)
     if args.kernel_table:
         for batch in sorted({1, min(64, max(args.batches))}):
-            kernel_table(runner, batch, min(args.contexts), show=rank == 0)
+            kernel_table(runner, batch, min(args.contexts), args.temperature, show=rank == 0)
     graph_sizes = runner.graphs.sizes
     if args.spec_tokens:
         run_spec_rows(args, runner, results, replay, device, rank)
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": device_name(device),
         "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
+        "temperature": args.temperature,
         "bandwidth": bandwidth, "floor": FLOOR_METHOD,
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,
@@ -548,7 +568,7 @@ def run_benchmark(args, model_dir: str) -> int:
 
 def started_row(runner: ModelRunner, args, batch: int, context: int) -> DecodeDriver:
     """A row's requests added and ROW_WARMUP untimed steps run."""
-    driver = DecodeDriver(runner)
+    driver = DecodeDriver(runner, args.temperature)
     driver.start(batch, context, plain_row_steps(args))
     driver.run(ROW_WARMUP, overlap=True)
     return driver
@@ -605,7 +625,8 @@ def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
                         timelines[name, batch, context] = row_timeline(driver, runner)
                     driver.finish()
                     if r == 0:
-                        checks[name, batch, context] = eager_check(runner, batch, context)
+                        checks[name, batch, context] = eager_check(runner, batch, context,
+                                                                   args.temperature)
     runner.capture_graphs()
     rows = []
     for context in args.contexts:

@@ -106,11 +106,12 @@ def random_kv(runner: ModelRunner, seed: int) -> None:
         cache.normal_(generator=generator)
 
 
-def greedy_tokens(driver, runner: ModelRunner, batch: int, context: int, steps: int,
-                  kv_seed: int | None = None) -> list:
-    """The plain greedy tokens of ``batch`` requests, positions ``context``
-    .. ``context + steps - 1`` (one list per request), from a zeroed cache
-    or, with ``kv_seed``, one of random values (``random_kv``)."""
+def row_tokens(driver, runner: ModelRunner, batch: int, context: int, steps: int,
+               kv_seed: int | None = None) -> list:
+    """The tokens that ``batch`` requests of ``driver`` draw without drafts
+    (greedy unless the driver samples), positions ``context`` .. ``context +
+    steps - 1`` (one list per request), from a zeroed cache or, with
+    ``kv_seed``, one of random values (``random_kv``)."""
     if kv_seed is None:
         zero_kv(runner)
     else:

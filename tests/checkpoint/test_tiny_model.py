@@ -7,11 +7,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from checkpoint.tiny_model import BOS, EOS, PAD, TINY_NAME, ensure_tiny_model
+from checkpoint.tiny_model import BOS, EOS, PAD, SPECIAL_TOKENS, TINY_NAME, ensure_tiny_model
 from runner.attention.metadata import AttentionMetadata
 from runner.distributed import TensorParallelGroup
 from tests.helpers.checkpoints import build_model_from_dir
@@ -48,10 +48,21 @@ def test_default_cache_dir_from_environment(tmp_path, monkeypatch):
 @settings(max_examples=50, deadline=None)
 @given(text=st.text())
 def test_tokenizer_round_trips_utf8(tiny_dir, text):
+    """Text without a special token's string: <s>, then one id a UTF-8 byte."""
+    assume(not any(name in text for name in SPECIAL_TOKENS))
     tok = Tokenizer.from_file(os.path.join(tiny_dir, "tokenizer.json"))
     ids = tok.encode(text).ids
     assert ids == [BOS] + list(text.encode("utf-8"))
     assert tok.decode(ids) == text
+
+
+def test_special_token_strings_encode_as_the_special_tokens(tiny_dir):
+    """As in Llama tokenizers, "<s>", "</s>" and "<pad>" in a text are the
+    special tokens, which decoding skips."""
+    tok = Tokenizer.from_file(os.path.join(tiny_dir, "tokenizer.json"))
+    ids = tok.encode("a<s>b</s><pad>").ids
+    assert ids == [BOS, ord("a"), BOS, ord("b"), EOS, PAD]
+    assert tok.decode(ids) == "ab"
 
 
 def test_loads_in_transformers(tiny_dir):
