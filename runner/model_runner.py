@@ -298,8 +298,7 @@ class ModelRunner:
             ids, positions = self.buffers.input_ids[:tokens], self.buffers.positions[:tokens]
             self.draft.forward_step(ids, positions, attn)
         return self._after_forward(hidden, size, tokens, every_token=True,
-                                   greedy=(q == 1 and not self.num_spec
-                                           and size <= GREEDY_IN_GRAPH_MAX_ROWS))
+                                   greedy=not self.num_spec and size <= GREEDY_IN_GRAPH_MAX_ROWS)
 
     @torch.no_grad()
     def _prefill_graph_forward(self, tokens: int) -> StepTensors:

@@ -155,8 +155,8 @@ class Sampler:
         count them as output tokens. With ``last_tokens`` (the runner's
         last sampled token of each slot) row i's token is also stored at
         ``last_tokens[idx_mapping[i]]``; on the greedy fast path by the
-        argmax's own launch. ``greedy`` (with ``last_tokens``): each row's
-        argmax of ``logits``, already stored at its slot (drawn inside the
+        argmax's own launch. ``greedy``: each row's argmax of ``logits``,
+        already stored at its slot in ``last_tokens`` (drawn inside the
         decode graph); the fast path then takes it and launches nothing,
         and any other draw ignores it and stores its own tokens after it."""
         idx = idx_mapping.to(torch.int64)
@@ -165,7 +165,7 @@ class Sampler:
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
                 and not any_min_tokens):
             # The common case needs no per-slot parameter: one argmax.
-            if greedy is not None and last_tokens is not None:
+            if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
             slots = None if last_tokens is None else idx
             return TargetDraw(self.ops.greedy_argmax(logits, slots, last_tokens), None, idx,

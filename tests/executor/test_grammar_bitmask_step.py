@@ -8,7 +8,6 @@ workers."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from executor.base import StepRejected
@@ -22,6 +21,7 @@ from ipc.messages import (
     SchedulerOutput,
 )
 from tests.helpers.checkpoints import runner_config
+from tests.helpers.grammar_masks import mask_message
 
 VOCAB = 320  # tiny's
 
@@ -46,10 +46,7 @@ def _plan(step_id: int, req_ids: list[str], constrained: list[str]) -> Scheduler
 
 def _only(step_id: int, allowed: dict[str, int], width: int = VOCAB) -> GrammarBitmask:
     """A bitmask letting each request sample exactly one token."""
-    words = np.zeros((len(allowed), (width + 31) // 32), dtype="<u4")
-    for row, token in enumerate(allowed.values()):
-        words[row, token // 32] = 1 << (token % 32)
-    return GrammarBitmask(step_id=step_id, req_ids=list(allowed), bitmask=words.tobytes())
+    return mask_message(step_id, {r: [t] for r, t in allowed.items()}, width)
 
 
 @pytest.fixture(params=["uni", pytest.param("mp", marks=pytest.mark.slow)])

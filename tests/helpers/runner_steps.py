@@ -32,6 +32,15 @@ def make_runner(model_dir: str, device: str = "cpu", num_blocks: int = 128,
     return runner
 
 
+def decode_step(runner, step_id, req_ids, constrained=()):
+    """Queue one decode step of ``req_ids``, one token each; ``constrained``:
+    those of them whose step awaits a grammar bitmask."""
+    cached = CachedRequestData(req_ids=list(req_ids), new_block_ids=[None for _ in req_ids])
+    runner.execute_model(SchedulerOutput(
+        step_id=step_id, scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(req_ids),
+        structured_output_req_ids=list(constrained)))
+
+
 def run_prefill_then_decode(runner, prompts, steps, sampling=None):
     """Prefill every prompt in one step, then decode ``steps`` steps; returns
     the tokens and the seq_lens the device held at each decode step.
@@ -54,9 +63,7 @@ def run_prefill_then_decode(runner, prompts, steps, sampling=None):
     tokens = dict(zip(ids, out.rows()))  # reply rows follow the plan's order
     seq_lens = []
     for step in range(1, steps + 1):
-        cached = CachedRequestData(req_ids=ids, new_block_ids=[None for _ in ids])
-        runner.execute_model(SchedulerOutput(
-            step_id=step, scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(ids)))
+        decode_step(runner, step, ids)
         out = runner.sample_tokens().get_output()
         seq_lens.append(runner.buffers.seq_lens[: len(ids)].tolist())
         for r, t in zip(ids, out.rows()):

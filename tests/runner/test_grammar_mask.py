@@ -17,18 +17,10 @@ from runner.structured_outputs import (
     apply_grammar_bitmask_ref,
     check_grammar_bitmask,
 )
+from tests.helpers.grammar_masks import mask_message, words_allowing
 from tests.helpers.kernel_device import KERNEL_DEVICE
 
 NEG_INF = float("-inf")
-
-
-def words_allowing(vocab: int, allowed: list[int]) -> list[int]:
-    """int32 words with exactly the bits of ``allowed`` set, written by hand
-    from the definition (bit j of word w is token 32 * w + j)."""
-    words = [0] * ((vocab + 31) // 32)
-    for t in allowed:
-        words[t // 32] |= 1 << (t % 32)
-    return [w - (1 << 32) if w >= 1 << 31 else w for w in words]
 
 
 def oracle(logits: list[list[float]], mask: list[list[int]], rows: list[int]):
@@ -133,12 +125,6 @@ def test_received_bitmask_accepted_in_any_order():
         check_grammar_bitmask(_bitmask(7, [], 70), 7, [], 70)
 
 
-def _mask_message(step_id: int, allowed: dict[str, list[int]], vocab: int) -> GrammarBitmask:
-    rows = [words_allowing(vocab, tokens) for tokens in allowed.values()]
-    data = np.array(rows, dtype="<i4").tobytes()
-    return GrammarBitmask(step_id=step_id, req_ids=list(allowed), bitmask=data)
-
-
 def _expected(logits: torch.Tensor, keep: dict[int, list[int]]) -> torch.Tensor:
     out = logits.clone()
     for row, tokens in keep.items():
@@ -155,7 +141,7 @@ def test_grammar_mask_maps_requests_to_their_batch_rows():
     logits = torch.randn(3, vocab)
     expected = _expected(logits, {1: [3, 69], 0: [40]})
     # Batch order c, a, b: a's row is batch row 1, c's batch row 0; b is free.
-    mask.apply(logits, _mask_message(0, {"a": [3, 69], "c": [40]}, vocab), ["c", "a", "b"],
+    mask.apply(logits, mask_message(0, {"a": [3, 69], "c": [40]}, vocab), ["c", "a", "b"],
                np.arange(3))
     assert torch.equal(logits, expected)
 
@@ -179,7 +165,7 @@ def test_grammar_mask_on_cuda_reuses_its_buffers_in_order_without_waiting():
             logits = torch.randn(n, vocab, device=device)
             torch.cuda._sleep(200_000)  # a long forward pass before the mask
             expected.append((logits.clone(), {i: allowed[f"r{i}"] for i in range(n)}))
-            mask.apply(logits, _mask_message(step, allowed, vocab), list(allowed), np.arange(n))
+            mask.apply(logits, mask_message(step, allowed, vocab), list(allowed), np.arange(n))
             results.append(logits)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -2,13 +2,13 @@
 give the tokens of eager steps, and a replay must read (never reset) the
 inputs each step prepares."""
 
-import numpy as np
 import pytest
 import torch
 
 from checkpoint.tiny_model import ensure_tiny_model
-from ipc.messages import CachedRequestData, GrammarBitmask, SamplingOptions, SchedulerOutput
-from tests.helpers.runner_steps import make_runner, run_mixed_steps
+from ipc.messages import SamplingOptions
+from tests.helpers.grammar_masks import mask_message
+from tests.helpers.runner_steps import decode_step, make_runner, run_mixed_steps
 from tests.helpers.runner_steps import run_prefill_then_decode as _run
 
 
@@ -51,14 +51,6 @@ def test_graph_forward_reads_the_copied_inputs_and_never_resets_them(tmp_path):
     assert runner.block_tables.slot_mapping[2:4].tolist() == [-1, -1]
 
 
-def _decode_step(runner, step_id, req_ids, constrained=()):
-    """Queue one decode step of ``req_ids`` (one token each)."""
-    cached = CachedRequestData(req_ids=list(req_ids), new_block_ids=[None for _ in req_ids])
-    runner.execute_model(SchedulerOutput(
-        step_id=step_id, scheduled_cached_reqs=cached, num_scheduled_tokens=[1] * len(req_ids),
-        structured_output_req_ids=list(constrained)))
-
-
 def _argmax_in_graphs_up_to(monkeypatch, rows: int) -> None:
     import runner.model_runner as model_runner
 
@@ -75,7 +67,7 @@ def test_decode_graph_draws_each_rows_argmax(tmp_path, monkeypatch, max_rows, in
     _argmax_in_graphs_up_to(monkeypatch, max_rows)
     runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
     _run(runner, [list(range(1, 30)), list(range(40, 52)), [3, 4, 5]], steps=1)
-    _decode_step(runner, 2, ["r0", "r1", "r2"])  # padded to 4 rows
+    decode_step(runner, 2, ["r0", "r1", "r2"])  # padded to 4 rows
     t = runner.pending.tensors
     want = t.logits.float().argmax(-1)
     slots = t.idx_mapping
@@ -115,17 +107,15 @@ def test_grammar_mask_overrides_the_graphs_argmax(tmp_path):
     the default draws its argmax inside)."""
     runner = _runner(ensure_tiny_model(str(tmp_path)), graphs=True)
     _run(runner, [list(range(1, 30))], steps=1)
-    _decode_step(runner, 2, ["r0"], constrained=["r0"])
+    decode_step(runner, 2, ["r0"], constrained=["r0"])
     argmax = int(runner.pending.tensors.greedy[0])
     vocab = runner.model.config.vocab_size
     allowed = (argmax + 1) % vocab
-    words = np.zeros((1, (vocab + 31) // 32), dtype="<u4")
-    words[0, allowed // 32] = 1 << (allowed % 32)
-    mask = GrammarBitmask(step_id=2, req_ids=["r0"], bitmask=words.view("<i4").tobytes())
+    mask = mask_message(2, {"r0": [allowed]}, vocab)
     assert runner.sample_tokens(mask).get_output().rows() == [[allowed]]
     slot = runner.req_states.req_id_to_index["r0"]
     assert int(runner.req_states.last_sampled_tokens[slot]) == allowed
-    _decode_step(runner, 3, ["r0"])
+    decode_step(runner, 3, ["r0"])
     assert int(runner.buffers.input_ids[0]) == allowed
 
 
