@@ -13,6 +13,12 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``);
 5. each real sample adds to its slot's output-token counts (penalties).
 
+Steps 2-3 are one kernel launch unless a filter runs: the draw reads each
+row's temperature and seed at its slot (the per-slot tables themselves, no
+gather), divides, adds the noise, and stores the token at the slot for the
+next step's input. A batch that samples at a temperature, and nothing else,
+thus costs one launch, as a greedy batch does.
+
 Rows never influence each other: a seeded request draws the same tokens
 alone or in any batch, and every tensor-parallel rank draws the same token.
 Flags such as "any row uses top-k" come from host mirrors of the per-slot
@@ -61,8 +67,9 @@ class SamplerOutput:
 @dataclass(frozen=True)
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
-    float32 logits (None on the pure-greedy fast path, which needs no
-    logprobs), the rows' slots (int64) and the batch's flags."""
+    float32 logits (None unless the batch needed them in float32: for
+    logprobs, penalties, min_tokens or filters), the rows' slots (int64)
+    and the batch's flags."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
@@ -154,11 +161,10 @@ class Sampler:
         rows are the draft positions of speculative decoding): penalties
         count them as output tokens. With ``last_tokens`` (the runner's
         last sampled token of each slot) row i's token is also stored at
-        ``last_tokens[idx_mapping[i]]``; on the greedy fast path by the
-        argmax's own launch. ``greedy``: each row's argmax of ``logits``,
+        ``last_tokens[idx_mapping[i]]`` by the draw's own launch. ``greedy``: each row's argmax of ``logits``,
         already stored at its slot in ``last_tokens`` (drawn inside the
         decode graph); the fast path then takes it and launches nothing,
-        and any other draw ignores it and stores its own tokens after it."""
+        and any other draw ignores it and stores its own tokens over it."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
@@ -167,21 +173,22 @@ class Sampler:
             # The common case needs no per-slot parameter: one argmax.
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
-            slots = None if last_tokens is None else idx
-            return TargetDraw(self.ops.greedy_argmax(logits, slots, last_tokens), None, idx,
-                              flags)
-        params = self.states.gather(idx)
-        raw = logits.to(torch.float32)
-        processed = raw
+            return TargetDraw(self.ops.greedy_argmax(logits, idx, last_tokens), None, idx, flags)
+        filtered = flags.any_min_p or flags.max_top_k > 0 or flags.any_top_p
+        # Parameters gathered per row only for the torch ops that take them;
+        # the draw reads temperature and seed at each row's slot itself.
+        params = self.states.gather(idx) if flags.any_penalty or filtered else None
+        raw = None
+        processed = logits
+        if flags.any_penalty or any_min_tokens or filtered or flags.max_logprobs != NO_LOGPROBS:
+            raw = processed = logits.to(torch.float32)
         if flags.any_penalty:
             processed = self.penalties.apply(
                 raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
             )
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
-        sampled = self._draw(processed, params, positions, flags)
-        if last_tokens is not None:
-            last_tokens.index_copy_(0, idx, sampled.to(last_tokens.dtype))
+        sampled = self._draw(processed, idx, params, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags)
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
@@ -193,22 +200,30 @@ class Sampler:
     def _draw(
         self,
         logits: torch.Tensor,
-        params: BatchParams,
+        idx: torch.Tensor,
+        params: BatchParams | None,
         positions: torch.Tensor,
         flags: BatchFlags,
+        last_tokens: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Greedy argmax where temperature == 0, filtered Gumbel-max elsewhere."""
-        greedy = self.ops.greedy_argmax(logits)
+        """Greedy argmax where temperature == 0, filtered Gumbel-max
+        elsewhere, in one launch unless a filter runs first; ``params``
+        is the batch's gather when a filter needs it."""
         if flags.all_greedy:
-            return greedy
-        is_greedy = params.temperature == 0.0
-        temperature = torch.where(is_greedy, 1.0, params.temperature)
-        scaled = logits / temperature[:, None]
-        if flags.any_min_p:
-            scaled = apply_min_p(scaled, params.min_p)
-        if flags.max_top_k > 0 or flags.any_top_p:
-            scaled = apply_top_k_top_p(
-                scaled, params.top_k, params.top_p, flags.max_top_k, flags.any_top_p
-            )
-        drawn = self.ops.gumbel_argmax(scaled, params.seeds, positions, self.token_keys)
-        return torch.where(is_greedy, greedy, drawn)
+            return self.ops.greedy_argmax(logits, idx, last_tokens)
+        temperature, seeds = self.states.slot_temperature, self.states.seeds.gpu
+        divide = True
+        if flags.any_min_p or flags.max_top_k > 0 or flags.any_top_p:
+            # The filters act on the scaled logits; greedy rows keep theirs
+            # (their filters are off).
+            logits = logits / torch.where(params.temperature == 0.0, 1.0,
+                                          params.temperature)[:, None]
+            divide = False
+            if flags.any_min_p:
+                logits = apply_min_p(logits, params.min_p)
+            if flags.max_top_k > 0 or flags.any_top_p:
+                logits = apply_top_k_top_p(
+                    logits, params.top_k, params.top_p, flags.max_top_k, flags.any_top_p
+                )
+        return self.ops.gumbel_argmax(logits, idx, temperature, seeds, positions,
+                                      self.token_keys, divide, last_tokens)

@@ -16,10 +16,12 @@ same token without talking to the others.
 
 Two implementations of the draw, bit-identical in the hash: the torch
 reference here (CPU; it materialises [N, V] int64 temporaries) and, on CUDA,
-a Triton kernel (``triton_noise.py``) that hashes, adds the noise and reduces
-the argmax per vocab block in registers. Without the noise the same kernel is
-the greedy argmax on CUDA (``greedy_argmax_triton``). Torch lacks unsigned 64-bit arithmetic on some devices,
-so the reference hashes int64 (two's complement wraps alike) with right
+a Triton kernel (``triton_noise.py``) that reads each row's temperature and
+seed at its slot, scales, hashes, adds the noise and reduces the argmax per
+vocab block in registers: a plain sampled step is one launch. Without the
+noise the same kernel is the greedy argmax on CUDA (``greedy_argmax_triton``).
+Torch lacks unsigned 64-bit arithmetic on some devices, so the reference
+hashes int64 (two's complement wraps alike) with right
 shifts masked to act as logical shifts; the kernel uses uint64.
 """
 
@@ -97,27 +99,43 @@ def uniform_noise(
 def greedy_argmax_ref(logits: torch.Tensor, slots: torch.Tensor | None = None,
                       last_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [N]: ``logits.argmax(dim=-1)``, the first index on ties. With
-    ``slots`` [N] (int64) each row's token is also stored at
-    ``last_tokens[slots[row]]``: the request state that the next step's
-    inputs read (``runner/request_state.py``), kept by the draw itself so
-    that a greedy step needs no launch of its own for it."""
+    ``last_tokens``, each row's token is also stored at
+    ``last_tokens[slots[row]]`` (``slots`` [N] int64): the request state
+    that the next step's inputs read (``runner/request_state.py``), kept by
+    the draw itself so that a step needs no launch of its own for it."""
     tokens = logits.argmax(dim=-1)
-    if slots is not None:
+    if last_tokens is not None:
         last_tokens.index_copy_(0, slots, tokens.to(last_tokens.dtype))
     return tokens
 
 
 def gumbel_argmax_ref(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+    logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+    positions: torch.Tensor, tokens: torch.Tensor, divide: bool,
+    last_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """int64 [N]: argmax over t of logits[i, t] + Gumbel noise(seed_i, position_i, t).
+    """int64 [N]: the token each row draws. Row i of slot ``s = slots[i]``
+    (int64) with ``t = temperature[s]`` takes the argmax of ``logits[i]``
+    where t == 0 (greedy), else the argmax over tokens of ``logits[i] / t``
+    (``divide``; without it the logits come scaled already) plus the Gumbel
+    noise of (``seeds[s]``, ``positions[i]``, token id). ``temperature``
+    and ``seeds`` are per-slot tables, so a draw needs no gather.
 
-    ``logits`` [N, V] float32, already divided by the temperature and with
-    filtered tokens at -inf (they never win: the noise is finite). This draws
-    token t with probability softmax(logits[i])[t]. ``tokens`` is
-    ``token_keys(V, device)`` (read by the torch reference only).
+    ``logits`` [N, V], any float dtype (computed on in float32), with
+    filtered tokens at -inf (they never win: the noise is finite). A drawn
+    row thus draws token t with probability softmax(logits[i] / t)[t].
+    ``tokens`` is ``token_keys(V, device)`` (read by the torch reference
+    only). With ``last_tokens``, row i's token is also stored at
+    ``last_tokens[s]``, as ``greedy_argmax_ref`` stores it.
     """
-    noise = uniform_noise(seeds, positions, tokens)
+    row_temperature = temperature[slots]
+    greedy = (row_temperature == 0.0)[:, None]
+    scores = logits.to(torch.float32)
+    if divide:
+        scores = scores / torch.where(greedy, 1.0, row_temperature[:, None])
+    noise = uniform_noise(seeds[slots], positions, tokens)
     noise.log_().neg_().log_().neg_()  # -log(-log(u))
-    noise += logits
-    return noise.argmax(dim=-1)
+    drawn = torch.where(greedy, scores, scores + noise).argmax(dim=-1)
+    if last_tokens is not None:
+        last_tokens.index_copy_(0, slots, drawn.to(last_tokens.dtype))
+    return drawn

@@ -78,6 +78,8 @@ class SamplingStates:
         self.floats = StagedWriteTensor((max_num_reqs, _NUM_FLOATS), torch.float32, device)
         self.top_k = StagedWriteTensor((max_num_reqs,), torch.int32, device)
         self.seeds = StagedWriteTensor((max_num_reqs,), torch.int64, device)
+        # The draw reads a row's temperature at its slot: the column, not a gather.
+        self.slot_temperature = self.floats.gpu[:, TEMPERATURE]
         self.floats_np = np.zeros((max_num_reqs, _NUM_FLOATS), dtype=np.float32)
         self.floats_np[:, REPETITION] = 1.0
         self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from runner.ops import pdl_launch
-from runner.sampling.noise import row_keys
 from runner.ticket_counters import TicketCounters, take_ticket
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
@@ -41,7 +40,10 @@ def _mix(x):
 def _block_argmax_kernel(
     logits_ptr,
     logits_stride,
-    row_keys_ptr,
+    temperature_ptr,
+    temperature_stride,
+    seeds_ptr,
+    positions_ptr,
     block_max_ptr,
     block_arg_ptr,
     counters_ptr,
@@ -53,13 +55,17 @@ def _block_argmax_kernel(
     BLOCK: tl.constexpr,
     BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
+    DIVIDE: tl.constexpr,
     RECORD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Per (row, vocab block): the max of logits (+ Gumbel noise with GUMBEL)
-    and the first token that reaches it; the row's last block to finish
-    writes the token of the first block holding the row's max to ``out_ptr``
-    and, with RECORD, to ``last_tokens_ptr[slots_ptr[row]]``."""
+    """Per (row, vocab block): the max of logits and the first token that
+    reaches it; the row's last block to finish writes the token of the
+    first block holding the row's max to ``out_ptr`` and, with RECORD, to
+    ``last_tokens_ptr[slots_ptr[row]]``. With GUMBEL, a row whose slot's
+    temperature is not 0 adds the Gumbel noise of (its slot's seed, its
+    position, token id) to its logits, divided first by the temperature
+    with DIVIDE (rounded as torch divides)."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
@@ -68,11 +74,18 @@ def _block_argmax_kernel(
     score = tl.load(logits_ptr + row * logits_stride + tokens, mask=inside,
                     other=float("-inf")).to(tl.float32)
     if GUMBEL:
-        key = tl.load(row_keys_ptr + row).to(tl.uint64, bitcast=True)
-        token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
-        bits = _mix(key ^ token_key)
-        u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
-        score = tl.where(inside, score + -tl.log(-tl.log(u)), float("-inf"))
+        slot = tl.load(slots_ptr + row)
+        temperature = tl.load(temperature_ptr + slot * temperature_stride)
+        if temperature != 0.0:
+            if DIVIDE:
+                score = tl.div_rn(score, tl.zeros_like(score) + temperature)
+            seed = tl.load(seeds_ptr + slot).to(tl.uint64, bitcast=True)
+            position = tl.load(positions_ptr + row).to(tl.uint64)
+            key = _mix(_mix(seed) + position * 0x9E3779B97F4A7C15)
+            token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
+            bits = _mix(key ^ token_key)
+            u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+            score = tl.where(inside, score + -tl.log(-tl.log(u)), float("-inf"))
     # NaN as +inf: the reductions' comparisons never pick a NaN, so a row of
     # NaNs would reduce to a padding lane (an index past the vocabulary).
     score = tl.where(score != score, float("inf"), score)
@@ -92,13 +105,16 @@ def _block_argmax_kernel(
             tl.store(last_tokens_ptr + slot, token.to(last_tokens_ptr.dtype.element_ty))
 
 
-def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int,
-                  slots: torch.Tensor | None = None,
-                  last_tokens: torch.Tensor | None = None) -> torch.Tensor:
+def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None = None,
+                  last_tokens: torch.Tensor | None = None,
+                  noise: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None,
+                  ) -> torch.Tensor:
     """Argmax per row in one launch: one program per (row, vocab block), the
     row's last to finish reducing the blocks' maxima (the first block wins a
     tie, so the first token does overall, as with ``torch.argmax``). With
-    ``slots``, row i's token is also stored at ``last_tokens[slots[i]]``."""
+    ``last_tokens``, row i's token is also stored at ``last_tokens[slots[i]]``.
+    ``noise``: (temperature, seeds, positions, divide), the per-slot tables
+    and per-row positions of ``gumbel_argmax_ref``."""
     logits = logits.contiguous()
     n, vocab_size = logits.shape
     num_blocks = triton.cdiv(vocab_size, block)
@@ -107,24 +123,29 @@ def _block_argmax(logits: torch.Tensor, keys: torch.Tensor | None, block: int,
         return out
     block_max = torch.empty(n, num_blocks, dtype=torch.float32, device=logits.device)
     block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
+    # Pointers a launch never reads get ``out`` in their place.
+    temperature, seeds, positions, divide = noise or (out, out, out, False)
     _block_argmax_kernel[(n, num_blocks)](
-        # Without noise the keys pointer is never read; logits stands in for it.
-        logits, logits.stride(0), logits if keys is None else keys, block_max, block_arg,
-        # Without recording, slots and last_tokens are never read; out stands in.
-        COUNTERS.at_least(n, logits.device), out, out if slots is None else slots,
-        out if slots is None else last_tokens, num_blocks, vocab_size, BLOCK=block,
-        BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=keys is not None,
-        RECORD=slots is not None, **pdl_launch(logits.device),
+        logits, logits.stride(0), temperature, temperature.stride(0), seeds, positions,
+        block_max, block_arg, COUNTERS.at_least(n, logits.device), out,
+        out if slots is None else slots, out if last_tokens is None else last_tokens,
+        num_blocks, vocab_size, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(num_blocks),
+        GUMBEL=noise is not None, DIVIDE=divide, RECORD=last_tokens is not None,
+        **pdl_launch(logits.device),
     )  # fmt: skip
     return out
 
 
 def gumbel_argmax_triton(
-    logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+    logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+    positions: torch.Tensor, tokens: torch.Tensor, divide: bool,
+    last_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``gumbel_argmax_ref`` in Triton: hash, add the noise and reduce per vocab block in registers.
-    (``tokens`` is unused: the kernel hashes token ids itself.)"""
-    return _block_argmax(logits, row_keys(seeds, positions), block=1024)
+    """``gumbel_argmax_ref`` in one launch: each row reads its slot's
+    temperature and seed, hashes, scales and adds the noise in registers,
+    and stores its token at its slot. (``tokens`` is unused: the kernel
+    hashes token ids itself.)"""
+    return _block_argmax(logits, 1024, slots, last_tokens, (temperature, seeds, positions, divide))
 
 
 def greedy_argmax_triton(logits: torch.Tensor, slots: torch.Tensor | None = None,
@@ -132,4 +153,4 @@ def greedy_argmax_triton(logits: torch.Tensor, slots: torch.Tensor | None = None
     """``greedy_argmax_ref`` in blocks of 2048 tokens: torch reduces a row in
     one thread block, which leaves the rest of the device idle; the tokens
     reach ``last_tokens`` in the same launch."""
-    return _block_argmax(logits, None, 2048, slots, last_tokens)
+    return _block_argmax(logits, 2048, slots, last_tokens)

@@ -128,20 +128,56 @@ def test_noise_matches_pure_python_hash():
     assert 0 < got.min() and got.max() < 1
 
 
-def test_triton_gumbel_kernel_matches_the_torch_reference():
-    # On CPU the kernel runs under the Triton interpreter (see conftest);
-    # with CUDA it runs compiled on the GPU.
+def _composed_draw(logits, slots, temperature, seeds, positions, divide):
+    """The draw spelled out row by row from the hash: argmax of the row
+    where its slot's temperature is 0, else argmax of (row / t when
+    ``divide``) + -log(-log(u)) with u the row's uniforms."""
+    out = []
+    for i, slot in enumerate(slots.tolist()):
+        row = logits[i].to(torch.float32)
+        t = float(temperature[slot])
+        if t == 0.0:
+            out.append(int(row.argmax()))
+            continue
+        if divide:
+            row = row / t
+        u = uniform_noise(seeds[slot:slot + 1], positions[i:i + 1], token_keys(len(row), CPU))[0]
+        out.append(int((row - torch.log(-torch.log(u))).argmax()))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("divide", [True, False])
+def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, divide):
+    # Rows sit at slots in any order; temperature is a column of a wider
+    # table (as the sampler's float table holds it); slot 5 is greedy. The
+    # torch reference against the row-by-row composition, then the kernel
+    # (under the Triton interpreter on CPU) against the reference, tokens
+    # and the slots' stored tokens both.
     gen = torch.Generator().manual_seed(4)
-    seeds = torch.tensor([0, 1, 5, 2**62 + 3, 2**63 - 1, 77, 12, 13])
+    slots = torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])
+    table = torch.zeros(9, 6)
+    table[:, 0] = torch.tensor([1.0, 0.7, 2.5, 1e-3, 1.0, 0.0, 0.31, 4.0, 9.0])
+    temperature = table[:, 0]
+    seeds = torch.tensor([0, 1, 5, 2**62 + 3, 2**63 - 1, 77, 12, 13, 8])
     positions = torch.tensor([0, 1, 2, 3, 100000, 7, 7, 7])
     for vocab in (37, 1500):
-        logits = 2 * torch.randn(8, vocab, generator=gen)
+        logits = (3 * torch.randn(8, vocab, generator=gen)).to(dtype)
         logits[:, ::3] = float("-inf")
-        want = gumbel_argmax_ref(logits, seeds, positions, token_keys(vocab, CPU))
+        last = torch.full((9,), -1, dtype=torch.int64)
+        want = gumbel_argmax_ref(logits, slots, temperature, seeds, positions,
+                                 token_keys(vocab, CPU), divide, last)
+        assert torch.equal(want, _composed_draw(logits, slots, temperature, seeds, positions,
+                                                divide))
+        assert want[2] == logits[2].argmax()  # the greedy row
+        assert torch.equal(last[slots], want) and last[8] == -1
         dev = TRITON_DEVICE
-        got = gumbel_argmax_triton(logits.to(dev), seeds.to(dev), positions.to(dev),
-                                   token_keys(vocab, dev)).cpu()
+        last_dev = torch.full((9,), -1, dtype=torch.int64, device=dev)
+        got = gumbel_argmax_triton(logits.to(dev), slots.to(dev), table.to(dev)[:, 0],
+                                   seeds.to(dev), positions.to(dev), token_keys(vocab, dev),
+                                   divide, last_dev).cpu()
         assert torch.equal(got, want)
+        assert torch.equal(last_dev.cpu(), last)
         assert bool(torch.isfinite(logits.gather(1, got[:, None])).all())
 
 
@@ -195,12 +231,14 @@ def test_triton_argmax_draws_take_nan_as_the_maximum(vocab):
     assert want.tolist()[:4] == [0, vocab - 1, 3, 1]
     dev = TRITON_DEVICE
     assert torch.equal(greedy_argmax_triton(logits.to(dev)).cpu(), want)
+    slots, temperature = torch.arange(5), torch.ones(5)
     seeds, positions = torch.arange(5), torch.zeros(5, dtype=torch.int64)
-    noisy = gumbel_argmax_triton(logits.to(dev), seeds.to(dev), positions.to(dev),
-                                 token_keys(vocab, dev)).cpu()
+    noisy = gumbel_argmax_triton(logits.to(dev), slots.to(dev), temperature.to(dev),
+                                 seeds.to(dev), positions.to(dev), token_keys(vocab, dev),
+                                 True).cpu()
     assert torch.equal(noisy[:4], want[:4])
-    assert torch.equal(noisy, gumbel_argmax_ref(logits, seeds, positions,
-                                                 token_keys(vocab, CPU)))
+    assert torch.equal(noisy, gumbel_argmax_ref(logits, slots, temperature, seeds, positions,
+                                                 token_keys(vocab, CPU), True))
 
 
 def test_chi2_helper_known_values():
