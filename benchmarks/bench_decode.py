@@ -43,9 +43,9 @@ holds every variant's step time, its ratio to the first and its own check
 against eager steps. Prints a JSON summary last.
 
 The rows' requests decode greedily; with ``--temperature T`` each samples
-at T instead, with a seed of its own (the sampler's full draw: temperature,
-Gumbel noise, its launches after the graph's replay), so the timed steps
-and their check draw the same tokens.
+at T instead (and ``--top-p`` / ``--top-k`` filter, as vLLM's parameters
+of those names), with a seed of its own (the sampler's draw after the
+graph's replay), so the timed steps and their check draw the same tokens.
 
 Every row is checked: CHECK_STEPS steps as timed (graph replays
 where captured) against the same steps run eagerly (the graphs set aside),
@@ -83,6 +83,7 @@ import sys
 import tempfile
 import time
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -104,15 +105,17 @@ from runner import ops as runner_ops
 from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
 
+GREEDY = SamplingOptions(temperature=0.0)
+
 
 class DecodeDriver:
     """Feeds hand-made SchedulerOutputs to a runner: N requests decoding,
-    each sampling at ``temperature`` (0: greedy) with a seed of its own, so
-    the same row run again draws the same tokens."""
+    each with ``sampling`` (greedy by default) and, where it samples, a seed
+    of its own (its index), so the same row run again draws the same tokens."""
 
-    def __init__(self, runner: ModelRunner, temperature: float = 0.0):
+    def __init__(self, runner: ModelRunner, sampling: SamplingOptions = GREEDY):
         self.runner = runner
-        self.temperature = temperature
+        self.sampling = sampling
         self.step_id = 0
         self.computed: dict[str, int] = {}
         self.next_block = 0
@@ -131,8 +134,8 @@ class DecodeDriver:
             blocks = list(range(i * blocks_per_req, (i + 1) * blocks_per_req))
             new.append(NewRequestData(
                 req_id=f"r{i}", prompt_token_ids=[1] * context, prefill_token_ids=[1] * context,
-                sampling=SamplingOptions(temperature=self.temperature,
-                                         seed=i if self.temperature else None),
+                sampling=(msgspec.structs.replace(self.sampling, seed=i)
+                          if self.sampling.temperature else self.sampling),
                 block_ids=[blocks],
                 num_computed_tokens=context - 1, max_tokens=max_steps + 1))
             self.computed[f"r{i}"] = context - 1
@@ -212,12 +215,12 @@ def gpu_idle_fraction(driver: DecodeDriver, steps: int, overlap: bool) -> dict:
     return {"idle_fraction": round(1 - busy / span, 4), "span_us": span}
 
 
-def profile_host(runner: ModelRunner, context: int, temperature: float) -> None:
+def profile_host(runner: ModelRunner, context: int, sampling: SamplingOptions) -> None:
     """cProfile of 50 batch-1 decode steps with one step in flight."""
     import cProfile
     import pstats
 
-    driver = DecodeDriver(runner, temperature)
+    driver = DecodeDriver(runner, sampling)
     driver.start(1, context, 80)
     driver.run(5, overlap=True)
     profiler = cProfile.Profile()
@@ -228,12 +231,12 @@ def profile_host(runner: ModelRunner, context: int, temperature: float) -> None:
     pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(30)
 
 
-def kernel_table(runner: ModelRunner, batch: int, context: int, temperature: float,
+def kernel_table(runner: ModelRunner, batch: int, context: int, sampling: SamplingOptions,
                  show: bool = True) -> None:
     """Device time by kernel over 10 decode steps (torch profiler), to stderr."""
     from torch.profiler import ProfilerActivity, profile
 
-    driver = DecodeDriver(runner, temperature)
+    driver = DecodeDriver(runner, sampling)
     driver.start(batch, context, 40)
     driver.run(5, overlap=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -309,11 +312,22 @@ def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDeco
     return PeerDecoder(PeerConfig.from_dict(shape_config(shape)), 1, 16, dtype, device)
 
 
+def row_sampling(args) -> SamplingOptions:
+    """The rows' sampling parameters from the command line."""
+    return SamplingOptions(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+
+
 def check_args(parser: argparse.ArgumentParser, args) -> None:
     if args.device == "cpu" and (args.idle or args.kernel_table or args.timeline):
         parser.error("--idle, --kernel-table and --timeline need CUDA")
     if args.peer and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         parser.error("--peer runs one device: not under torchrun")
+    sampling = row_sampling(args)
+    if sampling.problems():
+        parser.error("; ".join(sampling.problems()))
+    if not args.temperature and (args.top_p != 1.0 or args.top_k):
+        parser.error("--top-p and --top-k filter sampled rows: give --temperature too "
+                     "(greedy rows take the argmax)")
     if args.temperature and (args.peer or args.spec_tokens):
         parser.error("--temperature samples plain rows only: not with --peer or --spec-tokens "
                      "(the peer and the replayed drafts are greedy)")
@@ -346,12 +360,12 @@ def graphs_set_aside(runner: ModelRunner):
 
 
 def eager_check(runner: ModelRunner, batch: int, context: int,
-                temperature: float = 0.0) -> dict:
-    """The row's tokens (``DecodeDriver``'s at ``temperature``) over
+                sampling: SamplingOptions = GREEDY) -> dict:
+    """The row's tokens (``DecodeDriver``'s with ``sampling``) over
     CHECK_STEPS steps as timed (graph replays where captured) against the
     same steps run eagerly, each from the same random KV cache."""
     def tokens():
-        return row_tokens(DecodeDriver(runner, temperature), runner, batch, context,
+        return row_tokens(DecodeDriver(runner, sampling), runner, batch, context,
                           CHECK_STEPS, kv_seed=batch + context)
 
     timed = tokens()
@@ -384,6 +398,10 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="the rows' requests sample at this temperature, each with a "
                              "seed of its own (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="the sampled rows' top-p (1: off)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="the sampled rows' top-k (0: off)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed rounds of --steps steps a row; its step time is their median")
     parser.add_argument("--peer", action="store_true",
@@ -518,7 +536,7 @@ def run_benchmark(args, model_dir: str) -> int:
             if peer is not None:
                 row.update(peer_fields(peer, batch, context, args.steps, device, step_s,
                                        row["floor_ms"]))
-            row["eager_check"] = eager_check(runner, batch, context, args.temperature)
+            row["eager_check"] = eager_check(runner, batch, context, row_sampling(args))
             if args.spec_tokens and args.spec_proposer == "replay":
                 replay[batch, context] = row_tokens(
                     DecodeDriver(runner), runner, batch, context, replay_steps)
@@ -527,17 +545,17 @@ def run_benchmark(args, model_dir: str) -> int:
                 print(json.dumps(row), flush=True)
 
     if args.profile_host and not dist.is_initialized():  # one rank alone: peers would wait
-        profile_host(runner, min(args.contexts), args.temperature)
+        profile_host(runner, min(args.contexts), row_sampling(args))
     if args.kernel_table:
         for batch in sorted({1, min(64, max(args.batches))}):
-            kernel_table(runner, batch, min(args.contexts), args.temperature, show=rank == 0)
+            kernel_table(runner, batch, min(args.contexts), row_sampling(args), show=rank == 0)
     graph_sizes = runner.graphs.sizes
     if args.spec_tokens:
         run_spec_rows(args, runner, results, replay, device, rank)
     summary = {
         "benchmark": "decode_step", "shape": args.shape, "device": device_name(device),
         "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
-        "temperature": args.temperature,
+        "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
         "bandwidth": bandwidth, "floor": FLOOR_METHOD,
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,
@@ -568,7 +586,7 @@ def run_benchmark(args, model_dir: str) -> int:
 
 def started_row(runner: ModelRunner, args, batch: int, context: int) -> DecodeDriver:
     """A row's requests added and ROW_WARMUP untimed steps run."""
-    driver = DecodeDriver(runner, args.temperature)
+    driver = DecodeDriver(runner, row_sampling(args))
     driver.start(batch, context, plain_row_steps(args))
     driver.run(ROW_WARMUP, overlap=True)
     return driver
@@ -626,7 +644,7 @@ def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
                     driver.finish()
                     if r == 0:
                         checks[name, batch, context] = eager_check(runner, batch, context,
-                                                                   args.temperature)
+                                                                   row_sampling(args))
     runner.capture_graphs()
     rows = []
     for context in args.contexts:

@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from ipc.messages import SamplingOptions
 from tests.helpers.proc_utils import ROOT, run_in_session
 
 # The tiny shape (benchmarks/shapes.py), float32: hidden 128, intermediate 256,
@@ -209,7 +210,7 @@ def test_variants_are_captured_and_timed_each_under_its_own_settings(tmp_path, m
     monkeypatch.setattr(runner, "capture_graphs", spy)
     args = argparse.Namespace(variants=["default", "turned"], rounds=3, steps=2, shape="tiny",
                               batches=[1, 3], contexts=[20], timeline=False,
-                              temperature=0.0)
+                              temperature=0.0, top_p=1.0, top_k=0)
     rows = variant_rows(args, runner, lambda batch, context: {"floor_ms": 1.0, "floor_GB": 0.0,
                                                               "floor_GBps": 1.0},
                         runner.num_blocks, show=False)
@@ -257,7 +258,8 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
 
     parser = argparse.ArgumentParser()
     base = dict(device="cuda", idle=False, kernel_table=False, timeline=False, peer=False,
-                profile_host=False, spec_tokens=[], cublas_only=False, temperature=0.0)
+                profile_host=False, spec_tokens=[], cublas_only=False, temperature=0.0,
+                top_p=1.0, top_k=0)
     check_args(parser, argparse.Namespace(**base, variants=["default"]))
     with pytest.raises(SystemExit):
         check_args(parser, argparse.Namespace(**{**base, "peer": True}, variants=["default"]))
@@ -268,6 +270,13 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
             check_args(parser, argparse.Namespace(**{**base, "temperature": 1.0, **other},
                                                   variants=None))
         assert "--temperature samples plain rows only" in capsys.readouterr().err
+    check_args(parser, argparse.Namespace(**{**base, "temperature": 1.0, "top_p": 0.9},
+                                          variants=None))
+    for bad, message in (({"top_p": 0.9}, "give --temperature too"),
+                         ({"temperature": 1.0, "top_p": 1.5}, "top_p")):
+        with pytest.raises(SystemExit):
+            check_args(parser, argparse.Namespace(**{**base, **bad}, variants=None))
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)
@@ -275,22 +284,27 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
 def test_sampled_rows_draw_seeded_tokens_that_the_check_compares(tmp_path, batch):
     """--temperature: each request samples at it with a seed of its own, so
     graph replays (a one-row graph's argmax then unused) and eager steps
-    draw the same tokens, and those tokens leave the greedy ones."""
+    draw the same tokens, and those tokens leave the greedy ones; with
+    --top-k 1 (the filters' path) they are the greedy ones again."""
     from benchmarks.bench_decode import DecodeDriver, eager_check
     from benchmarks.spec_rows import row_tokens
     from checkpoint.tiny_model import ensure_tiny_model
     from tests.helpers.runner_steps import make_runner
 
     runner = make_runner(ensure_tiny_model(str(tmp_path)), emulate_graphs=True)
-    driver = DecodeDriver(runner, temperature=2.0)
+    hot = SamplingOptions(temperature=2.0)
+    driver = DecodeDriver(runner, hot)
     driver.start(batch, 20, 4)
     assert [(r.sampling.temperature, r.sampling.seed) for r in driver.pending_new] == [
         (2.0, i) for i in range(batch)]
-    assert eager_check(runner, batch, 20, temperature=2.0) == {"steps": 8, "tokens_equal": True}
-    sampled = row_tokens(DecodeDriver(runner, 2.0), runner, batch, 20, 8, kv_seed=5)
+    assert eager_check(runner, batch, 20, hot) == {"steps": 8, "tokens_equal": True}
+    sampled = row_tokens(DecodeDriver(runner, hot), runner, batch, 20, 8, kv_seed=5)
     greedy = row_tokens(DecodeDriver(runner), runner, batch, 20, 8, kv_seed=5)
-    assert sampled == row_tokens(DecodeDriver(runner, 2.0), runner, batch, 20, 8, kv_seed=5)
+    assert sampled == row_tokens(DecodeDriver(runner, hot), runner, batch, 20, 8, kv_seed=5)
     assert sampled != greedy
+    top1 = SamplingOptions(temperature=2.0, top_k=1)
+    assert eager_check(runner, batch, 20, top1) == {"steps": 8, "tokens_equal": True}
+    assert row_tokens(DecodeDriver(runner, top1), runner, batch, 20, 8, kv_seed=5) == greedy
 
 
 @pytest.mark.timeout(400)
