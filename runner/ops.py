@@ -65,6 +65,8 @@ class DeviceOps:
     # runner/sampling/noise.py
     greedy_argmax: Callable[..., torch.Tensor]  # greedy_argmax_ref
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
+    # runner/sampling/filters.py
+    filter_thresholds: Callable[..., torch.Tensor]  # filter_thresholds_ref
     # runner/structured_outputs.py
     apply_grammar_bitmask: Callable[..., None]  # apply_grammar_bitmask_ref
     # Host/device transfer (runner/transfer.py): a new, independent one per call.
@@ -143,6 +145,8 @@ _KERNELS = {
                       "runner.sampling.triton_noise:greedy_argmax_triton"),
     "gumbel_argmax": ("runner.sampling.noise:gumbel_argmax_ref",
                       "runner.sampling.triton_noise:gumbel_argmax_triton"),
+    "filter_thresholds": ("runner.sampling.filters:filter_thresholds_ref",
+                          "runner.sampling.triton_filters:filter_thresholds_triton"),
     "apply_grammar_bitmask": ("runner.structured_outputs:apply_grammar_bitmask_ref",
                               "runner.triton_grammar_mask:apply_grammar_bitmask_triton"),
 }

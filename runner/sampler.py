@@ -13,11 +13,13 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``);
 5. each real sample adds to its slot's output-token counts (penalties).
 
-Steps 2-3 are one kernel launch unless a filter runs: the draw reads each
-row's temperature and seed at its slot (the per-slot tables themselves, no
-gather), divides, adds the noise, and stores the token at the slot for the
-next step's input. A batch that samples at a temperature, and nothing else,
-thus costs one launch, as a greedy batch does.
+Steps 2-3 are one kernel launch, two with filters: the filters become one
+threshold a row on the raw logits (``filter_thresholds``, found without a
+sort), and the draw reads each row's temperature and seed at its slot (the
+per-slot tables themselves, no gather), masks the logits below the
+threshold, divides, adds the noise, and stores the token at the slot for
+the next step's input. A batch that samples at a temperature, and nothing
+else, thus costs one launch, as a greedy batch does.
 
 Rows never influence each other: a seeded request draws the same tokens
 alone or in any batch, and every tensor-parallel rank draws the same token.
@@ -36,12 +38,11 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
-from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
-from runner.sampling.states import NO_LOGPROBS, BatchFlags, BatchParams, SamplingStates
+from runner.sampling.states import NO_LOGPROBS, BatchFlags, SamplingStates
 from runner.staged_write import StagedWriteTensor
 
 
@@ -68,8 +69,8 @@ class SamplerOutput:
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
     float32 logits (None unless the batch needed them in float32: for
-    logprobs, penalties, min_tokens or filters), the rows' slots (int64)
-    and the batch's flags."""
+    logprobs, penalties or min_tokens), the rows' slots (int64) and the
+    batch's flags."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
@@ -174,21 +175,20 @@ class Sampler:
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
             return TargetDraw(self.ops.greedy_argmax(logits, idx, last_tokens), None, idx, flags)
-        filtered = flags.any_min_p or flags.max_top_k > 0 or flags.any_top_p
-        # Parameters gathered per row only for the torch ops that take them;
-        # the draw reads temperature and seed at each row's slot itself.
-        params = self.states.gather(idx) if flags.any_penalty or filtered else None
+        # The draw reads each row's sampling parameters at its slot itself;
+        # the float32 copy and the gather serve the torch ops that need them.
         raw = None
         processed = logits
-        if flags.any_penalty or any_min_tokens or filtered or flags.max_logprobs != NO_LOGPROBS:
+        if flags.any_penalty or any_min_tokens or flags.max_logprobs != NO_LOGPROBS:
             raw = processed = logits.to(torch.float32)
         if flags.any_penalty:
+            params = self.states.gather(idx)
             processed = self.penalties.apply(
                 raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
             )
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
-        sampled = self._draw(processed, idx, params, positions, flags, last_tokens)
+        sampled = self._draw(processed, idx, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags)
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
@@ -201,29 +201,19 @@ class Sampler:
         self,
         logits: torch.Tensor,
         idx: torch.Tensor,
-        params: BatchParams | None,
         positions: torch.Tensor,
         flags: BatchFlags,
         last_tokens: torch.Tensor | None,
     ) -> torch.Tensor:
         """Greedy argmax where temperature == 0, filtered Gumbel-max
-        elsewhere, in one launch unless a filter runs first; ``params``
-        is the batch's gather when a filter needs it."""
+        elsewhere: one launch, two where a filter runs (its thresholds)."""
         if flags.all_greedy:
             return self.ops.greedy_argmax(logits, idx, last_tokens)
-        temperature, seeds = self.states.slot_temperature, self.states.seeds.gpu
-        divide = True
+        states = self.states
+        threshold = None
         if flags.any_min_p or flags.max_top_k > 0 or flags.any_top_p:
-            # The filters act on the scaled logits; greedy rows keep theirs
-            # (their filters are off).
-            logits = logits / torch.where(params.temperature == 0.0, 1.0,
-                                          params.temperature)[:, None]
-            divide = False
-            if flags.any_min_p:
-                logits = apply_min_p(logits, params.min_p)
-            if flags.max_top_k > 0 or flags.any_top_p:
-                logits = apply_top_k_top_p(
-                    logits, params.top_k, params.top_p, flags.max_top_k, flags.any_top_p
-                )
-        return self.ops.gumbel_argmax(logits, idx, temperature, seeds, positions,
-                                      self.token_keys, divide, last_tokens)
+            threshold = self.ops.filter_thresholds(
+                logits, idx, states.slot_temperature, states.top_k.gpu, states.slot_top_p,
+                states.slot_min_p, flags.any_min_p, flags.max_top_k, flags.any_top_p)
+        return self.ops.gumbel_argmax(logits, idx, states.slot_temperature, states.seeds.gpu,
+                                      positions, self.token_keys, threshold, last_tokens)

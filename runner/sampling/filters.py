@@ -15,6 +15,13 @@ logits tie, never fewer. The most likely token always survives.
 
 Order (as vLLM's GPU model runner): min-p, then top-k, then top-p over the
 distribution that top-k leaves. Only fixed-shape tensor ops: no host sync.
+
+The draw takes the filters as one threshold a row on the *raw* logits
+(``filter_thresholds_ref``): dividing by a positive temperature never
+reverses an order, so the tokens a filter keeps of the scaled row are
+exactly the raw ones at or above the least raw logit it keeps. The draw
+then needs neither the scaled row nor the filtered copy. The Triton
+version (``triton_filters.py``) finds the same thresholds without sorting.
 """
 
 from __future__ import annotations
@@ -73,3 +80,25 @@ def apply_top_k_top_p(
         desc = desc.masked_fill(desc < kth[:, None], _NEG_INF)
         threshold = torch.maximum(kth, _top_p_threshold(desc, top_p))
     return logits.masked_fill(logits < threshold[:, None], _NEG_INF)
+
+
+def filter_thresholds_ref(
+    logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+    top_p: torch.Tensor, min_p: torch.Tensor, any_min_p: bool, max_top_k: int, any_top_p: bool,
+) -> torch.Tensor:
+    """float32 [N]: per row, the least raw logit that min-p, top-k and top-p
+    keep of the row scaled by its slot's temperature (-inf for a greedy
+    row: its filters are off); ``logits`` [N, V] any float dtype, the
+    per-slot tables ``temperature``, ``top_k``, ``top_p``, ``min_p`` read at
+    ``slots`` [N] (int64). ``any_min_p``, ``max_top_k`` and ``any_top_p``
+    are the batch's host flags: the filters no row uses are skipped. A row
+    keeps the tokens whose raw logit is at or above its threshold."""
+    raw = logits.to(torch.float32)
+    t = temperature[slots]
+    scaled = raw / torch.where(t == 0.0, 1.0, t)[:, None]
+    if any_min_p:
+        scaled = apply_min_p(scaled, min_p[slots])
+    if max_top_k > 0 or any_top_p:
+        scaled = apply_top_k_top_p(scaled, top_k[slots], top_p[slots], max_top_k, any_top_p)
+    least_kept = torch.where(scaled > _NEG_INF, raw, float("inf")).amin(dim=-1)
+    return torch.where(t == 0.0, _NEG_INF, least_kept)

@@ -111,14 +111,15 @@ def greedy_argmax_ref(logits: torch.Tensor, slots: torch.Tensor | None = None,
 
 def gumbel_argmax_ref(
     logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-    positions: torch.Tensor, tokens: torch.Tensor, divide: bool,
+    positions: torch.Tensor, tokens: torch.Tensor, threshold: torch.Tensor | None = None,
     last_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int64 [N]: the token each row draws. Row i of slot ``s = slots[i]``
     (int64) with ``t = temperature[s]`` takes the argmax of ``logits[i]``
     where t == 0 (greedy), else the argmax over tokens of ``logits[i] / t``
-    (``divide``; without it the logits come scaled already) plus the Gumbel
-    noise of (``seeds[s]``, ``positions[i]``, token id). ``temperature``
+    plus the Gumbel noise of (``seeds[s]``, ``positions[i]``, token id),
+    the logits below ``threshold[i]`` (the filters',
+    ``filters.filter_thresholds_ref``) at -inf first. ``temperature``
     and ``seeds`` are per-slot tables, so a draw needs no gather.
 
     ``logits`` [N, V], any float dtype (computed on in float32), with
@@ -131,8 +132,9 @@ def gumbel_argmax_ref(
     row_temperature = temperature[slots]
     greedy = (row_temperature == 0.0)[:, None]
     scores = logits.to(torch.float32)
-    if divide:
-        scores = scores / torch.where(greedy, 1.0, row_temperature[:, None])
+    if threshold is not None:
+        scores = scores.masked_fill(~greedy & (scores < threshold[:, None]), float("-inf"))
+    scores = scores / torch.where(greedy, 1.0, row_temperature[:, None])
     noise = uniform_noise(seeds[slots], positions, tokens)
     noise.log_().neg_().log_().neg_()  # -log(-log(u))
     drawn = torch.where(greedy, scores, scores + noise).argmax(dim=-1)

@@ -78,8 +78,11 @@ class SamplingStates:
         self.floats = StagedWriteTensor((max_num_reqs, _NUM_FLOATS), torch.float32, device)
         self.top_k = StagedWriteTensor((max_num_reqs,), torch.int32, device)
         self.seeds = StagedWriteTensor((max_num_reqs,), torch.int64, device)
-        # The draw reads a row's temperature at its slot: the column, not a gather.
+        # The draw and the filters read a row's parameters at its slot: the
+        # float table's columns, not a gather.
         self.slot_temperature = self.floats.gpu[:, TEMPERATURE]
+        self.slot_top_p = self.floats.gpu[:, TOP_P]
+        self.slot_min_p = self.floats.gpu[:, MIN_P]
         self.floats_np = np.zeros((max_num_reqs, _NUM_FLOATS), dtype=np.float32)
         self.floats_np[:, REPETITION] = 1.0
         self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)

@@ -44,6 +44,7 @@ def _block_argmax_kernel(
     temperature_stride,
     seeds_ptr,
     positions_ptr,
+    threshold_ptr,
     block_max_ptr,
     block_arg_ptr,
     counters_ptr,
@@ -55,7 +56,7 @@ def _block_argmax_kernel(
     BLOCK: tl.constexpr,
     BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
-    DIVIDE: tl.constexpr,
+    FILTERED: tl.constexpr,
     RECORD: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -63,9 +64,10 @@ def _block_argmax_kernel(
     reaches it; the row's last block to finish writes the token of the
     first block holding the row's max to ``out_ptr`` and, with RECORD, to
     ``last_tokens_ptr[slots_ptr[row]]``. With GUMBEL, a row whose slot's
-    temperature is not 0 adds the Gumbel noise of (its slot's seed, its
-    position, token id) to its logits, divided first by the temperature
-    with DIVIDE (rounded as torch divides)."""
+    temperature is not 0 divides its logits by it (rounded as torch
+    divides) and adds the Gumbel noise of (its slot's seed, its position,
+    token id); with FILTERED, logits below the row's threshold first
+    become -inf (``filters.filter_thresholds_ref``)."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
@@ -77,8 +79,9 @@ def _block_argmax_kernel(
         slot = tl.load(slots_ptr + row)
         temperature = tl.load(temperature_ptr + slot * temperature_stride)
         if temperature != 0.0:
-            if DIVIDE:
-                score = tl.div_rn(score, tl.zeros_like(score) + temperature)
+            if FILTERED:
+                score = tl.where(score < tl.load(threshold_ptr + row), float("-inf"), score)
+            score = tl.div_rn(score, tl.zeros_like(score) + temperature)
             seed = tl.load(seeds_ptr + slot).to(tl.uint64, bitcast=True)
             position = tl.load(positions_ptr + row).to(tl.uint64)
             key = _mix(_mix(seed) + position * 0x9E3779B97F4A7C15)
@@ -107,14 +110,14 @@ def _block_argmax_kernel(
 
 def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None = None,
                   last_tokens: torch.Tensor | None = None,
-                  noise: tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool] | None = None,
-                  ) -> torch.Tensor:
+                  noise: tuple[torch.Tensor, ...] | None = None,
+                  threshold: torch.Tensor | None = None) -> torch.Tensor:
     """Argmax per row in one launch: one program per (row, vocab block), the
     row's last to finish reducing the blocks' maxima (the first block wins a
     tie, so the first token does overall, as with ``torch.argmax``). With
     ``last_tokens``, row i's token is also stored at ``last_tokens[slots[i]]``.
-    ``noise``: (temperature, seeds, positions, divide), the per-slot tables
-    and per-row positions of ``gumbel_argmax_ref``."""
+    ``noise``: (temperature, seeds, positions), the per-slot tables and
+    per-row positions of ``gumbel_argmax_ref``, with its ``threshold``."""
     logits = logits.contiguous()
     n, vocab_size = logits.shape
     num_blocks = triton.cdiv(vocab_size, block)
@@ -124,13 +127,14 @@ def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None =
     block_max = torch.empty(n, num_blocks, dtype=torch.float32, device=logits.device)
     block_arg = torch.empty(n, num_blocks, dtype=torch.int64, device=logits.device)
     # Pointers a launch never reads get ``out`` in their place.
-    temperature, seeds, positions, divide = noise or (out, out, out, False)
+    temperature, seeds, positions = noise or (out, out, out)
     _block_argmax_kernel[(n, num_blocks)](
         logits, logits.stride(0), temperature, temperature.stride(0), seeds, positions,
-        block_max, block_arg, COUNTERS.at_least(n, logits.device), out,
+        out if threshold is None else threshold, block_max, block_arg, COUNTERS.at_least(n, logits.device), out,
         out if slots is None else slots, out if last_tokens is None else last_tokens,
         num_blocks, vocab_size, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(num_blocks),
-        GUMBEL=noise is not None, DIVIDE=divide, RECORD=last_tokens is not None,
+        GUMBEL=noise is not None, FILTERED=threshold is not None,
+        RECORD=last_tokens is not None,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out
@@ -138,14 +142,15 @@ def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None =
 
 def gumbel_argmax_triton(
     logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-    positions: torch.Tensor, tokens: torch.Tensor, divide: bool,
+    positions: torch.Tensor, tokens: torch.Tensor, threshold: torch.Tensor | None = None,
     last_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``gumbel_argmax_ref`` in one launch: each row reads its slot's
-    temperature and seed, hashes, scales and adds the noise in registers,
-    and stores its token at its slot. (``tokens`` is unused: the kernel
-    hashes token ids itself.)"""
-    return _block_argmax(logits, 1024, slots, last_tokens, (temperature, seeds, positions, divide))
+    temperature and seed, filters, scales, hashes and adds the noise in
+    registers, and stores its token at its slot. (``tokens`` is unused:
+    the kernel hashes token ids itself.)"""
+    return _block_argmax(logits, 1024, slots, last_tokens, (temperature, seeds, positions),
+                         threshold)
 
 
 def greedy_argmax_triton(logits: torch.Tensor, slots: torch.Tensor | None = None,

@@ -128,10 +128,11 @@ def test_noise_matches_pure_python_hash():
     assert 0 < got.min() and got.max() < 1
 
 
-def _composed_draw(logits, slots, temperature, seeds, positions, divide):
+def _composed_draw(logits, slots, temperature, seeds, positions, threshold):
     """The draw spelled out row by row from the hash: argmax of the row
-    where its slot's temperature is 0, else argmax of (row / t when
-    ``divide``) + -log(-log(u)) with u the row's uniforms."""
+    where its slot's temperature is 0, else argmax of row / t +
+    -log(-log(u)) with u the row's uniforms, its logits below
+    ``threshold[i]`` (if given) at -inf first."""
     out = []
     for i, slot in enumerate(slots.tolist()):
         row = logits[i].to(torch.float32)
@@ -139,21 +140,23 @@ def _composed_draw(logits, slots, temperature, seeds, positions, divide):
         if t == 0.0:
             out.append(int(row.argmax()))
             continue
-        if divide:
-            row = row / t
+        if threshold is not None:
+            row = torch.where(row < threshold[i], float("-inf"), row)
+        row = row / t
         u = uniform_noise(seeds[slot:slot + 1], positions[i:i + 1], token_keys(len(row), CPU))[0]
         out.append(int((row - torch.log(-torch.log(u))).argmax()))
     return torch.tensor(out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("divide", [True, False])
-def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, divide):
+@pytest.mark.parametrize("filtered", [False, True])
+def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, filtered):
     # Rows sit at slots in any order; temperature is a column of a wider
-    # table (as the sampler's float table holds it); slot 5 is greedy. The
-    # torch reference against the row-by-row composition, then the kernel
-    # (under the Triton interpreter on CPU) against the reference, tokens
-    # and the slots' stored tokens both.
+    # table (as the sampler's float table holds it); slot 5 is greedy. With
+    # ``filtered`` each row has a threshold (one -inf: keep all; the greedy
+    # row's ignored). The torch reference against the row-by-row
+    # composition, then the kernel (under the Triton interpreter on CPU)
+    # against the reference, tokens and the slots' stored tokens both.
     gen = torch.Generator().manual_seed(4)
     slots = torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])
     table = torch.zeros(9, 6)
@@ -164,18 +167,26 @@ def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, div
     for vocab in (37, 1500):
         logits = (3 * torch.randn(8, vocab, generator=gen)).to(dtype)
         logits[:, ::3] = float("-inf")
+        threshold = None
+        if filtered:
+            threshold = logits.float().quantile(0.9, dim=-1)
+            threshold[0] = float("-inf")
+            threshold[2] = logits[2].float().max() + 1  # greedy: ignored
         last = torch.full((9,), -1, dtype=torch.int64)
         want = gumbel_argmax_ref(logits, slots, temperature, seeds, positions,
-                                 token_keys(vocab, CPU), divide, last)
+                                 token_keys(vocab, CPU), threshold, last)
         assert torch.equal(want, _composed_draw(logits, slots, temperature, seeds, positions,
-                                                divide))
+                                                threshold))
+        if filtered:
+            assert bool((logits.float().gather(1, want[:, None])[:, 0] >= threshold)[3:].all())
         assert want[2] == logits[2].argmax()  # the greedy row
         assert torch.equal(last[slots], want) and last[8] == -1
         dev = TRITON_DEVICE
         last_dev = torch.full((9,), -1, dtype=torch.int64, device=dev)
         got = gumbel_argmax_triton(logits.to(dev), slots.to(dev), table.to(dev)[:, 0],
                                    seeds.to(dev), positions.to(dev), token_keys(vocab, dev),
-                                   divide, last_dev).cpu()
+                                   None if threshold is None else threshold.to(dev),
+                                   last_dev).cpu()
         assert torch.equal(got, want)
         assert torch.equal(last_dev.cpu(), last)
         assert bool(torch.isfinite(logits.gather(1, got[:, None])).all())
@@ -234,11 +245,10 @@ def test_triton_argmax_draws_take_nan_as_the_maximum(vocab):
     slots, temperature = torch.arange(5), torch.ones(5)
     seeds, positions = torch.arange(5), torch.zeros(5, dtype=torch.int64)
     noisy = gumbel_argmax_triton(logits.to(dev), slots.to(dev), temperature.to(dev),
-                                 seeds.to(dev), positions.to(dev), token_keys(vocab, dev),
-                                 True).cpu()
+                                 seeds.to(dev), positions.to(dev), token_keys(vocab, dev)).cpu()
     assert torch.equal(noisy[:4], want[:4])
     assert torch.equal(noisy, gumbel_argmax_ref(logits, slots, temperature, seeds, positions,
-                                                 token_keys(vocab, CPU), True))
+                                                 token_keys(vocab, CPU)))
 
 
 def test_chi2_helper_known_values():

@@ -1,0 +1,179 @@
+"""The filters' thresholds (``filters.filter_thresholds_ref``) in Triton, without a sort.
+
+One program a row finds, on the raw logits:
+
+- min-p: ``max + t * log(min_p)`` (the scaled rule ``l/t >= max/t + log(min_p)``
+  multiplied out by the temperature t);
+- top-k: the k-th largest logit, the largest value v with at least k
+  logits >= v;
+- top-p: over the tokens min-p and top-k keep, the smallest logit v whose
+  tokens above it (strictly) hold less than top_p of their probability
+  mass, ``exp((l - max) / t)`` normalised;
+
+each by a bisection over the ordered bit patterns of float32 (``_key``):
+every probe is one pass over the row that counts the logits at or above
+it, or sums the mass above it. Both quantities only change at a logit
+present in the row, so the bisection ends on one. A 16-bit dtype's values
+fill only every 2**16-th pattern (bfloat16; 2**13-th for float16), so the
+bisection steps over those alone: about 16 passes a filter instead of 32.
+
+The thresholds are exact where counts decide (top-k); where sums decide
+(top-p) the kernel sums in another order than the reference's sorted
+cumulative sum, and min-p's logarithm is rounded on the device, so a token
+whose mass sits within rounding of the boundary may be kept by one and not
+the other. Every rank runs the same program on the same logits, so the
+ranks agree. Rows are independent; one program a row reads its row from the
+cache about 2 + 16 * (filters used) times, which is why a batch of a few
+rows takes tens of microseconds here against the sort's hundreds.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runner.ops import pdl_launch
+from runner.triton_dependent_launch import wait_for_previous_kernel
+
+LOG2E = tl.constexpr(1.4426950408889634)
+_KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
+# Logits a program reads per loop step, and its warps: a pass is a loop
+# over the row whose steps wait on the cache, so wider steps keep more
+# reads in flight.
+BLOCK = 2048
+NUM_WARPS = 8
+
+
+@triton.jit
+def _key(x):
+    """float32 -> int32 whose order is the floats' order (-0.0 just below +0.0)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _value(coarse, SHIFT: tl.constexpr):
+    """The float32 of coarse key ``coarse`` (a key >> SHIFT), whose dropped
+    low bits are those every value of the dtype has: 0 for a positive key,
+    all ones for a negative one (``_key`` flips a negative's bits)."""
+    low = tl.where(coarse < 0, (1 << SHIFT) - 1, 0)
+    key = ((coarse << SHIFT) | low).to(tl.int32)
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _count_at_least(row_ptr, v, vocab_size, BLOCK: tl.constexpr):
+    count = tl.zeros((), tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        tokens = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + tokens, mask=tokens < vocab_size, other=float("-inf"))
+        count += tl.sum((x.to(tl.float32) >= v).to(tl.int32), axis=0)
+    return count
+
+
+@triton.jit
+def _mass_above(row_ptr, v, floor, top, scale, vocab_size, BLOCK: tl.constexpr):
+    """Unnormalised mass exp2((l - top) * scale) of the logits l > v that are >= floor."""
+    mass = tl.zeros((), tl.float32)
+    for start in range(0, vocab_size, BLOCK):
+        tokens = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
+                    other=float("-inf")).to(tl.float32)
+        kept = (x > v) & (x >= floor)
+        mass += tl.sum(tl.where(kept, tl.exp2((x - top) * scale), 0.0), axis=0)
+    return mass
+
+
+@triton.jit
+def _filter_thresholds_kernel(
+    logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
+    float_stride, top_k_ptr, out_ptr, vocab_size,
+    MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
+    SHIFT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+):
+    """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
+    wait_for_previous_kernel(PDL)
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+    slot = tl.load(slots_ptr + row)
+    t = tl.load(temperature_ptr + slot * float_stride)
+    # The row's largest and smallest finite logits and how many are finite.
+    top = tl.full((), float("-inf"), tl.float32)
+    bottom = tl.full((), float("inf"), tl.float32)
+    num_finite = tl.zeros((), tl.int32)
+    for start in range(0, vocab_size, BLOCK):
+        tokens = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
+                    other=float("-inf")).to(tl.float32)
+        finite = (x > float("-inf")) & (x < float("inf"))
+        top = tl.maximum(top, tl.max(tl.where(finite, x, float("-inf")), axis=0))
+        bottom = tl.minimum(bottom, tl.min(tl.where(finite, x, float("inf")), axis=0))
+        num_finite += tl.sum(finite.to(tl.int32), axis=0)
+    sampled = (t != 0.0) & (num_finite > 0)
+    threshold = tl.full((), float("-inf"), tl.float32)
+    if MIN_P:
+        min_p = tl.load(min_p_ptr + slot * float_stride)
+        if sampled & (min_p > 0.0):
+            threshold = top + t * tl.log(min_p)
+    lo = (_key(bottom) >> SHIFT).to(tl.int64)
+    hi = (_key(top) >> SHIFT).to(tl.int64)
+    if TOP_K:
+        k = tl.load(top_k_ptr + slot)
+        if sampled & (k > 0) & (k < num_finite):
+            # The largest coarse key whose value has >= k logits at or above it.
+            k_lo = lo
+            k_hi = hi
+            while k_lo < k_hi:
+                mid = k_lo + (k_hi - k_lo + 1) // 2
+                if _count_at_least(row_ptr, _value(mid, SHIFT), vocab_size, BLOCK) >= k:
+                    k_lo = mid
+                else:
+                    k_hi = mid - 1
+            threshold = tl.maximum(threshold, _value(k_lo, SHIFT))
+    if TOP_P:
+        top_p = tl.load(top_p_ptr + slot * float_stride)
+        if sampled & (top_p < 1.0):
+            scale = LOG2E / t
+            total = _mass_above(row_ptr, tl.full((), float("-inf"), tl.float32), threshold, top, scale, vocab_size, BLOCK)
+            # The smallest coarse key at or above the threshold so far whose
+            # value has less than top_p of the mass strictly above it. It
+            # lies above every u whose tokens at or below it, at most
+            # num_finite of them, hold under half of 1 - top_p of the mass
+            # (u's own mass above then exceeds top_p): the search starts there.
+            u = top + (tl.log2((1.0 - top_p) * total / num_finite) - 1.0) / scale
+            p_lo = tl.maximum(lo, (_key(threshold) >> SHIFT).to(tl.int64))
+            p_lo = tl.maximum(p_lo, (_key(u) >> SHIFT).to(tl.int64))
+            p_hi = hi
+            while p_lo < p_hi:
+                mid = p_lo + (p_hi - p_lo) // 2
+                above = _mass_above(row_ptr, _value(mid, SHIFT), threshold, top, scale,
+                                    vocab_size, BLOCK)
+                if above < top_p * total:
+                    p_hi = mid
+                else:
+                    p_lo = mid + 1
+            threshold = tl.maximum(threshold, _value(p_lo, SHIFT))
+    tl.store(out_ptr + row, threshold)
+
+
+def filter_thresholds_triton(
+    logits: torch.Tensor, slots: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+    top_p: torch.Tensor, min_p: torch.Tensor, any_min_p: bool, max_top_k: int, any_top_p: bool,
+) -> torch.Tensor:
+    """``filter_thresholds_ref`` in one launch of one program a row.
+    ``temperature``, ``top_p`` and ``min_p`` are columns of one table
+    (one stride); the host flags leave out the filters no row uses."""
+    logits = logits.contiguous()
+    n, vocab_size = logits.shape
+    out = torch.empty(n, dtype=torch.float32, device=logits.device)
+    if n == 0:
+        return out
+    assert temperature.stride(0) == top_p.stride(0) == min_p.stride(0)
+    _filter_thresholds_kernel[(n,)](
+        logits, logits.stride(0), slots, temperature, top_p, min_p, temperature.stride(0),
+        top_k, out, vocab_size, MIN_P=any_min_p, TOP_K=max_top_k > 0, TOP_P=any_top_p,
+        SHIFT=_KEY_SHIFT[logits.dtype], BLOCK=BLOCK, num_warps=NUM_WARPS,
+        **pdl_launch(logits.device),
+    )  # fmt: skip
+    return out
