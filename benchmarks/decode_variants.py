@@ -40,10 +40,10 @@ VARIANTS: dict[str, Variant] = {
         "the greedy argmax launched by the sampler after the decode graph's replay, not "
         "inside the graph",
         (("runner.model_runner", "GREEDY_IN_GRAPH_MAX_ROWS", 0),)),
-    "filters-8192x16": Variant(
-        "runner/sampling/triton_filters.py reads 8192 logits a loop step with 16 warps",
-        (("runner.sampling.triton_filters", "BLOCK", 8192),
-         ("runner.sampling.triton_filters", "NUM_WARPS", 16))),
+    "filters-2048x8": Variant(
+        "runner/sampling/triton_filters.py reads 2048 logits a loop step with 8 warps",
+        (("runner.sampling.triton_filters", "BLOCK", 2048),
+         ("runner.sampling.triton_filters", "NUM_WARPS", 8))),
     "filters-4096x8": Variant(
         "runner/sampling/triton_filters.py reads 4096 logits a loop step with 8 warps",
         (("runner.sampling.triton_filters", "BLOCK", 4096),

@@ -41,8 +41,8 @@ _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
 # Logits a program reads per loop step, and its warps: a pass is a loop
 # over the row whose steps wait on the cache, so wider steps keep more
 # reads in flight.
-BLOCK = 2048
-NUM_WARPS = 8
+BLOCK = 8192
+NUM_WARPS = 16
 
 
 @triton.jit
