@@ -182,7 +182,7 @@ class Sampler:
         if flags.any_penalty or any_min_tokens or flags.max_logprobs != NO_LOGPROBS:
             raw = processed = logits.to(torch.float32)
         if flags.any_penalty:
-            params = self.states.gather(idx)
+            params = self.states.penalty_params(idx)
             processed = self.penalties.apply(
                 raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
             )

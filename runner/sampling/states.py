@@ -1,10 +1,13 @@
 """Per-slot sampling parameters: device tables written by staged writes, host mirrors.
 
 Every slot's float parameters sit in one row of a [max_num_reqs, 6] float32
-table (columns below), so one staged write adds a request and one gather
-reads a batch. ``top_k`` (int32) and ``seed`` (int64) have their own tables.
-The host mirrors (``*_np``) hold the same values; the sampler reads them to
-skip work no row of a batch needs, never the device tables.
+table (columns below), so one staged write adds a request. ``top_k`` (int32)
+and ``seed`` (int64) have their own tables. The draw and the filters' kernels
+read a row's values at its slot in these tables (``slot_*``: the float
+table's columns); only the penalties' torch ops take a gather of the batch
+(``penalty_params``). The host mirrors (``*_np``) hold the same values; the
+sampler reads them to skip work no row of a batch needs, never the device
+tables.
 
 Invariants:
 - A greedy slot (temperature 0; vLLM treats temperature < 1e-5 as greedy)
@@ -48,17 +51,14 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
-class BatchParams:
-    """One batch's parameters on the device, [N] each, gathered by slot."""
+class PenaltyParams:
+    """One batch's penalty parameters on the device, [N] each, gathered by
+    slot (the draw and the filters read the other parameters at each row's
+    slot themselves)."""
 
-    temperature: torch.Tensor
-    top_p: torch.Tensor
-    min_p: torch.Tensor
     repetition: torch.Tensor
     presence: torch.Tensor
     frequency: torch.Tensor
-    top_k: torch.Tensor
-    seeds: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -130,19 +130,10 @@ class SamplingStates:
         """The tensors whose writes are staged on the host."""
         return (self.floats, self.top_k, self.seeds)
 
-    def gather(self, idx_mapping: torch.Tensor) -> BatchParams:
-        """Device parameters of the batch's slots (``idx_mapping`` int64 [N])."""
+    def penalty_params(self, idx_mapping: torch.Tensor) -> PenaltyParams:
+        """The penalty parameters of the batch's slots (``idx_mapping`` int64 [N])."""
         f = self.floats.gpu[idx_mapping]
-        return BatchParams(
-            temperature=f[:, TEMPERATURE],
-            top_p=f[:, TOP_P],
-            min_p=f[:, MIN_P],
-            repetition=f[:, REPETITION],
-            presence=f[:, PRESENCE],
-            frequency=f[:, FREQUENCY],
-            top_k=self.top_k.gpu[idx_mapping],
-            seeds=self.seeds.gpu[idx_mapping],
-        )
+        return PenaltyParams(f[:, REPETITION], f[:, PRESENCE], f[:, FREQUENCY])
 
     def flags(self, idx_mapping_np: np.ndarray) -> BatchFlags:
         """What the batch's slots need, from the host mirrors: one OR of

@@ -541,7 +541,7 @@ def test_penalised_logits_match_the_reference_values():
     gen = torch.Generator().manual_seed(8)
     logits = 3 * torch.randn(4, vocab, generator=gen)
     slots = torch.tensor([0, 1, 2, 3])
-    params = sampler.states.gather(slots)
+    params = sampler.states.penalty_params(slots)
     got = sampler.penalties.apply(logits, slots, params.repetition, params.presence,
                                   params.frequency)
     for i in range(4):
