@@ -96,6 +96,7 @@ def filter_thresholds_ref(
     raw = logits.to(torch.float32)
     t = temperature[slots]
     scaled = raw / torch.where(t == 0.0, 1.0, t)[:, None]
+    scaled = torch.where(raw == _NEG_INF, raw, scaled)  # not NaN at t = inf
     if any_min_p:
         scaled = apply_min_p(scaled, min_p[slots])
     if max_top_k > 0 or any_top_p:

@@ -134,7 +134,8 @@ def gumbel_argmax_ref(
     scores = logits.to(torch.float32)
     if threshold is not None:
         scores = scores.masked_fill(~greedy & (scores < threshold[:, None]), float("-inf"))
-    scores = scores / torch.where(greedy, 1.0, row_temperature[:, None])
+    scaled = scores / torch.where(greedy, 1.0, row_temperature[:, None])
+    scores = torch.where(scores == float("-inf"), scores, scaled)  # not NaN at t = inf
     noise = uniform_noise(seeds[slots], positions, tokens)
     noise.log_().neg_().log_().neg_()  # -log(-log(u))
     drawn = torch.where(greedy, scores, scores + noise).argmax(dim=-1)

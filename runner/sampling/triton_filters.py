@@ -110,7 +110,9 @@ def _filter_thresholds_kernel(
         top = tl.maximum(top, tl.max(tl.where(finite, x, float("-inf")), axis=0))
         bottom = tl.minimum(bottom, tl.min(tl.where(finite, x, float("inf")), axis=0))
         num_finite += tl.sum(finite.to(tl.int32), axis=0)
-    sampled = (t != 0.0) & (num_finite > 0)
+    # At an infinite temperature every finite logit scales to 0: they tie,
+    # and every filter keeps them all.
+    sampled = (t != 0.0) & (t < float("inf")) & (num_finite > 0)
     threshold = tl.full((), float("-inf"), tl.float32)
     if MIN_P:
         min_p = tl.load(min_p_ptr + slot * float_stride)

@@ -81,7 +81,11 @@ def _block_argmax_kernel(
         if temperature != 0.0:
             if FILTERED:
                 score = tl.where(score < tl.load(threshold_ptr + row), float("-inf"), score)
-            score = tl.div_rn(score, tl.zeros_like(score) + temperature)
+            # -inf stays -inf, also at an infinite temperature (-inf / inf
+            # would be NaN, which the argmax takes as the largest).
+            masked = score == float("-inf")
+            scaled = tl.div_rn(tl.where(masked, 0.0, score), tl.zeros_like(score) + temperature)
+            score = tl.where(masked, score, scaled)
             seed = tl.load(seeds_ptr + slot).to(tl.uint64, bitcast=True)
             position = tl.load(positions_ptr + row).to(tl.uint64)
             key = _mix(_mix(seed) + position * 0x9E3779B97F4A7C15)

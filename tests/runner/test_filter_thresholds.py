@@ -25,7 +25,8 @@ SLOTS = [
     (2.0, 3, 0.3, 0.0),  # top-k, then top-p
     (1.0, 1, 1.0, 0.0),  # top-k 1: the argmax alone
     (0.9, 0, 1e-9, 0.0),  # top-p so small: the largest alone
-    (1.0, 100000, 0.999, 0.0),  # top-k past the vocabulary: off
+    (1.0, 100000, 0.95, 0.0),  # top-k past the vocabulary: off
+    (float("inf"), 2, 0.5, 0.1),  # every logit scales to 0 and ties: all kept
 ]
 
 
@@ -73,6 +74,9 @@ def test_reference_thresholds_keep_what_the_filters_keep(vocab):
                                      torch.tensor([k]), torch.tensor([p]), k, True)[0]
         kept = logits[row] >= got[row]
         assert torch.equal(kept, filtered > float("-inf")), row
+        if t == float("inf"):
+            assert bool(kept[logits[row] > float("-inf")].all())  # all tie at 0
+            continue  # the float64 reference breaks ties by position
         want = reference_allowed(logits[row].numpy(), t, top_k=k, top_p=p, min_p=mp)
         assert np.array_equal(kept.numpy(), want & np.isfinite(logits[row].numpy())), row
 

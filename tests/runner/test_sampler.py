@@ -142,7 +142,7 @@ def _composed_draw(logits, slots, temperature, seeds, positions, threshold):
             continue
         if threshold is not None:
             row = torch.where(row < threshold[i], float("-inf"), row)
-        row = row / t
+        row = torch.where(row == float("-inf"), row, row / t)  # -inf / inf would be NaN
         u = uniform_noise(seeds[slot:slot + 1], positions[i:i + 1], token_keys(len(row), CPU))[0]
         out.append(int((row - torch.log(-torch.log(u))).argmax()))
     return torch.tensor(out)
@@ -160,7 +160,7 @@ def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, fil
     gen = torch.Generator().manual_seed(4)
     slots = torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])
     table = torch.zeros(9, 6)
-    table[:, 0] = torch.tensor([1.0, 0.7, 2.5, 1e-3, 1.0, 0.0, 0.31, 4.0, 9.0])
+    table[:, 0] = torch.tensor([1.0, 0.7, 2.5, 1e-3, 1.0, 0.0, 0.31, float("inf"), 9.0])
     temperature = table[:, 0]
     seeds = torch.tensor([0, 1, 5, 2**62 + 3, 2**63 - 1, 77, 12, 13, 8])
     positions = torch.tensor([0, 1, 2, 3, 100000, 7, 7, 7])
@@ -289,6 +289,20 @@ def test_draws_follow_the_filtered_softmax(options):
     temperature = options["temperature"]
     filters = {k: v for k, v in options.items() if k != "temperature"}
     probs = reference_distribution(ROW9, temperature, **filters)
+    assert chi2_pvalue(tokens, probs) > 1e-6
+
+
+@pytest.mark.parametrize("filters", [{}, dict(top_p=0.5)])
+def test_an_infinite_temperature_draws_uniformly_among_the_allowed_tokens(filters):
+    # A temperature beyond float32 is stored as inf: every finite logit
+    # scales to 0, so the draw is uniform over them; a token at -inf (masked
+    # before the sampler) must stay out (-inf / inf would be NaN). With
+    # top-p 0.5 the uniform row keeps its least values too: ties stay.
+    row = np.full(9, -np.inf, dtype=np.float32)
+    row[[1, 4, 6]] = [3.0, -2.0, 0.5]
+    tokens = _many_draws(dict(temperature=1e39, **filters), row, num_draws=3000)
+    assert set(tokens.tolist()) <= {1, 4, 6}
+    probs = np.where(np.isfinite(row), 1 / 3, 0.0)
     assert chi2_pvalue(tokens, probs) > 1e-6
 
 
