@@ -40,18 +40,11 @@ VARIANTS: dict[str, Variant] = {
         "the greedy argmax launched by the sampler after the decode graph's replay, not "
         "inside the graph",
         (("runner.model_runner", "GREEDY_IN_GRAPH_MAX_ROWS", 0),)),
-    "filters-2048x8": Variant(
-        "runner/sampling/triton_filters.py reads 2048 logits a loop step with 8 warps",
-        (("runner.sampling.triton_filters", "BLOCK", 2048),
-         ("runner.sampling.triton_filters", "NUM_WARPS", 8))),
-    "filters-4096x8": Variant(
-        "runner/sampling/triton_filters.py reads 4096 logits a loop step with 8 warps",
-        (("runner.sampling.triton_filters", "BLOCK", 4096),
-         ("runner.sampling.triton_filters", "NUM_WARPS", 8))),
-    "filters-16384x16": Variant(
-        "runner/sampling/triton_filters.py reads 16384 logits a loop step with 16 warps",
-        (("runner.sampling.triton_filters", "BLOCK", 16384),
-         ("runner.sampling.triton_filters", "NUM_WARPS", 16))),
+    **{f"filters-{block}x{warps}": Variant(
+        f"runner/sampling/triton_filters.py reads {block} logits a loop step with {warps} warps",
+        (("runner.sampling.triton_filters", "BLOCK", block),
+         ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
+       for block, warps in ((2048, 8), (4096, 8), (16384, 16))},
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),

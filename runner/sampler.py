@@ -162,10 +162,11 @@ class Sampler:
         rows are the draft positions of speculative decoding): penalties
         count them as output tokens. With ``last_tokens`` (the runner's
         last sampled token of each slot) row i's token is also stored at
-        ``last_tokens[idx_mapping[i]]`` by the draw's own launch. ``greedy``: each row's argmax of ``logits``,
-        already stored at its slot in ``last_tokens`` (drawn inside the
-        decode graph); the fast path then takes it and launches nothing,
-        and any other draw ignores it and stores its own tokens over it."""
+        ``last_tokens[idx_mapping[i]]`` by the draw's own launch.
+        ``greedy``: each row's argmax of ``logits``, already stored at its
+        slot in ``last_tokens`` (drawn inside the decode graph); the fast
+        path then takes it and launches nothing, and any other draw ignores
+        it and stores its own tokens over it."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)

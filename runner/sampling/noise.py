@@ -21,8 +21,8 @@ seed at its slot, scales, hashes, adds the noise and reduces the argmax per
 vocab block in registers: a plain sampled step is one launch. Without the
 noise the same kernel is the greedy argmax on CUDA (``greedy_argmax_triton``).
 Torch lacks unsigned 64-bit arithmetic on some devices, so the reference
-hashes int64 (two's complement wraps alike) with right
-shifts masked to act as logical shifts; the kernel uses uint64.
+hashes int64 (two's complement wraps alike) with right shifts masked to act
+as logical shifts; the kernel uses uint64.
 """
 
 from __future__ import annotations

@@ -21,10 +21,15 @@ The thresholds are exact where counts decide (top-k); where sums decide
 (top-p) the kernel sums in another order than the reference's sorted
 cumulative sum, and min-p's logarithm is rounded on the device, so a token
 whose mass sits within rounding of the boundary may be kept by one and not
-the other. Every rank runs the same program on the same logits, so the
-ranks agree. Rows are independent; one program a row reads its row from the
-cache about 2 + 16 * (filters used) times, which is why a batch of a few
-rows takes tens of microseconds here against the sort's hundreds.
+the other. Every rank runs the same program on the same logits, and its
+sums run in a fixed order, so the ranks agree.
+
+Rows are independent: one program a row, which reads its row from the cache
+once a pass. The top-p bisection starts above the value below which the
+tokens could hold at most half of 1 - top_p of the mass, which halves its
+passes on a peaked row; the top-k bisection has no such bound. An infinite
+temperature scales every finite logit to 0, so they all tie and every
+filter keeps them all.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The noise draw and the greedy argmax of ``noise.py`` in Triton: one
-program per (row, vocab block) hashes, adds the Gumbel noise and reduces the
-argmax in registers, bit-identical in the hash to the torch reference. The
+program per (row, vocab block) reads its row's temperature and seed at the
+row's slot, masks the logits below the row's filter threshold, divides,
+hashes, adds the Gumbel noise and reduces the argmax in registers,
+bit-identical in the hash to the torch reference. The
 last block program of a row to finish (its ticket, ``runner/ticket_counters.py``)
 reduces the row's block maxima to the token, so a draw is one launch: the
 sampler runs after every step, where each launch is a kernel boundary. It
@@ -134,11 +136,11 @@ def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None =
     temperature, seeds, positions = noise or (out, out, out)
     _block_argmax_kernel[(n, num_blocks)](
         logits, logits.stride(0), temperature, temperature.stride(0), seeds, positions,
-        out if threshold is None else threshold, block_max, block_arg, COUNTERS.at_least(n, logits.device), out,
-        out if slots is None else slots, out if last_tokens is None else last_tokens,
-        num_blocks, vocab_size, BLOCK=block, BLOCKS_PAD=triton.next_power_of_2(num_blocks),
-        GUMBEL=noise is not None, FILTERED=threshold is not None,
-        RECORD=last_tokens is not None,
+        out if threshold is None else threshold, block_max, block_arg,
+        COUNTERS.at_least(n, logits.device), out, out if slots is None else slots,
+        out if last_tokens is None else last_tokens, num_blocks, vocab_size, BLOCK=block,
+        BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=noise is not None,
+        FILTERED=threshold is not None, RECORD=last_tokens is not None,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out
