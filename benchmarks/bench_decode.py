@@ -43,8 +43,9 @@ holds every variant's step time, its ratio to the first and its own check
 against eager steps. Prints a JSON summary last.
 
 The rows' requests decode greedily; with ``--temperature T`` each samples
-at T instead (and ``--top-p`` / ``--top-k`` filter, as vLLM's parameters
-of those names), with a seed of its own (the sampler's draw after the
+at T instead (and ``--top-p`` / ``--top-k`` / ``--min-p`` filter,
+``--repetition-penalty`` penalises, as vLLM's parameters of those names),
+with a seed of its own (the sampler's draw after the
 graph's replay), so the timed steps and their check draw the same tokens.
 
 Every row is checked: CHECK_STEPS steps as timed (graph replays
@@ -314,7 +315,8 @@ def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDeco
 
 def row_sampling(args) -> SamplingOptions:
     """The rows' sampling parameters from the command line."""
-    return SamplingOptions(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    return SamplingOptions(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                           min_p=args.min_p, repetition_penalty=args.repetition_penalty)
 
 
 def check_args(parser: argparse.ArgumentParser, args) -> None:
@@ -325,9 +327,9 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
     sampling = row_sampling(args)
     if sampling.problems():
         parser.error("; ".join(sampling.problems()))
-    if not args.temperature and (args.top_p != 1.0 or args.top_k):
-        parser.error("--top-p and --top-k filter sampled rows: give --temperature too "
-                     "(greedy rows take the argmax)")
+    if not args.temperature and (args.top_p != 1.0 or args.top_k or args.min_p):
+        parser.error("--top-p, --top-k and --min-p filter sampled rows: give --temperature "
+                     "too (greedy rows take the argmax)")
     if args.temperature and (args.peer or args.spec_tokens):
         parser.error("--temperature samples plain rows only: not with --peer or --spec-tokens "
                      "(the peer and the replayed drafts are greedy)")
@@ -402,6 +404,10 @@ def main() -> int:
                         help="the sampled rows' top-p (1: off)")
     parser.add_argument("--top-k", type=int, default=0,
                         help="the sampled rows' top-k (0: off)")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="the sampled rows' min-p (0: off)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="the rows' repetition penalty (1: off), greedy rows too")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed rounds of --steps steps a row; its step time is their median")
     parser.add_argument("--peer", action="store_true",
@@ -556,6 +562,7 @@ def run_benchmark(args, model_dir: str) -> int:
         "benchmark": "decode_step", "shape": args.shape, "device": device_name(device),
         "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
         "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+        "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
         "bandwidth": bandwidth, "floor": FLOOR_METHOD,
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,
