@@ -11,7 +11,7 @@ import torch
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p, filter_thresholds_ref
 from runner.sampling.triton_filters import filter_thresholds_triton
 from tests.helpers.kernel_device import KERNEL_DEVICE
-from tests.runner.test_sampler import reference_allowed
+from tests.helpers.sampling_reference import reference_allowed
 
 # Per slot: temperature, top_k, top_p, min_p (the sampler's tables hold
 # greedy slots with their filters off).

@@ -31,6 +31,7 @@ from runner.sampling.triton_noise import greedy_argmax_triton, gumbel_argmax_tri
 from runner.transfer import HostTransfer, PinnedTransfer
 from tests.helpers.kernel_device import KERNEL_DEVICE
 from tests.helpers.sampler_writes import write_added_requests
+from tests.helpers.sampling_reference import reference_allowed, reference_distribution
 
 CPU = torch.device("cpu")
 TRITON_DEVICE = KERNEL_DEVICE
@@ -85,32 +86,6 @@ def chi2_pvalue(tokens: np.ndarray, probs: np.ndarray) -> float:
     expected = probs[support] * len(tokens)
     stat = float(((counts[support] - expected) ** 2 / expected).sum())
     return chi2_sf(stat, int(support.sum()) - 1)
-
-
-def reference_allowed(row, temperature, top_k=0, top_p=1.0, min_p=0.0, slack=0.0):
-    """Tokens min-p, then top-k, then top-p keep (float64; slack widens the set)."""
-    scaled = row.astype(np.float64) / temperature
-    keep = np.ones(len(row), dtype=bool)
-    if min_p > 0:
-        keep &= scaled >= scaled.max() + math.log(min_p) - slack
-    if top_k > 0:
-        kth = np.sort(scaled[keep])[::-1][min(top_k, int(keep.sum())) - 1]
-        keep &= scaled >= kth - slack
-    if top_p < 1:
-        order = [t for t in np.argsort(-scaled, kind="stable") if keep[t]]
-        probs = np.exp(scaled[order] - scaled[order].max())
-        probs /= probs.sum()
-        mass_above = np.concatenate([[0.0], np.cumsum(probs)[:-1]])
-        dropped = [t for t, m in zip(order, mass_above) if m >= top_p + slack]
-        keep[dropped] = False
-    return keep
-
-
-def reference_distribution(row, temperature, **filters):
-    keep = reference_allowed(row, temperature, **filters)
-    scaled = row.astype(np.float64) / temperature
-    probs = np.where(keep, np.exp(scaled - scaled.max()), 0.0)
-    return probs / probs.sum()
 
 
 # ---- the noise hash ---------------------------------------------------------
