@@ -81,12 +81,12 @@ def test_reference_thresholds_keep_what_the_filters_keep(vocab):
         assert np.array_equal(kept.numpy(), want & np.isfinite(logits[row].numpy())), row
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab", [37, 1500, 5000])
 def test_triton_thresholds_keep_the_reference_sets(dtype, vocab):
     # Counts decide top-k exactly; sums decide top-p in another order, so
     # the kept sets (not the thresholds' values) are compared, on rows whose
-    # boundaries lie far from rounding. bfloat16 rows tie often: ties with
+    # boundaries lie far from rounding. 16-bit rows tie often: ties with
     # the threshold are kept by both.
     logits, slots = _rows(dtype, vocab, seed=vocab + 1)
     want = _thresholds(filter_thresholds_ref, logits, slots, torch.device("cpu"))
