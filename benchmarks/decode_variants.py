@@ -44,7 +44,7 @@ VARIANTS: dict[str, Variant] = {
         f"runner/sampling/triton_filters.py reads {block} logits a loop step with {warps} warps",
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
-       for block, warps in ((2048, 8), (4096, 8), (16384, 16))},
+       for block, warps in ((2048, 8), (16384, 16))},
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
