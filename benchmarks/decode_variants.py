@@ -45,6 +45,10 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
+    "penalties-kernel": Variant(
+        "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
+        "to count), not the torch reference",
+        (("runner.sampling.triton_penalties", "PENALTIES_TRITON", True),)),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),

@@ -11,6 +11,8 @@
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   sampled (3): the 1B and 8B decode steps of seeded requests at temperature 0.7,
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
+#   penalties (4): the same at repetition penalty 1.1, the torch penalties against
+#     their kernels (variant penalties-kernel) in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -89,6 +91,7 @@ run_stage() {
         -k "cuda or Triton or triton or rms or rotary or silu"
       pytest_files pytest_gpu_kernels.log tests/runner/test_gpu_graphs.py tests/runner/test_gpu_no_sync.py \
         tests/runner/test_sampler.py tests/runner/test_filter_thresholds.py \
+        tests/runner/test_penalty_kernels.py \
         tests/runner/test_input_kernels_padded_rows.py \
         tests/runner/test_runner_graph_path.py tests/runner/test_runner_slot_reuse.py \
         tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
@@ -121,6 +124,13 @@ run_stage() {
           --contexts 512 --timeline --temperature 0.7 --top-p 0.9 \
           --out "$RESULTS/decode_sampled_$shape.json" 2>&1 \
           | tee "$LOGS/decode_sampled_$shape.log" | tail -1
+      done ;;
+    penalties)  # the penalised sampled step: the torch penalties against their kernels
+      for shape in 1b 8b; do
+        timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
+          --contexts 512 --temperature 0.7 --top-p 0.9 --repetition-penalty 1.1 \
+          --variants default penalties-kernel --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
+          | tee "$LOGS/decode_penalties_$shape.log" | tail -1
       done ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \

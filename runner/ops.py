@@ -67,6 +67,9 @@ class DeviceOps:
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
     # runner/sampling/filters.py
     filter_thresholds: Callable[..., torch.Tensor]  # filter_thresholds_ref
+    # runner/sampling/penalties.py
+    apply_penalties: Callable[..., torch.Tensor]  # apply_penalties_ref
+    record_sampled: Callable[..., None]  # record_sampled_ref
     # runner/structured_outputs.py
     apply_grammar_bitmask: Callable[..., None]  # apply_grammar_bitmask_ref
     # Host/device transfer (runner/transfer.py): a new, independent one per call.
@@ -147,6 +150,10 @@ _KERNELS = {
                       "runner.sampling.triton_noise:gumbel_argmax_triton"),
     "filter_thresholds": ("runner.sampling.filters:filter_thresholds_ref",
                           "runner.sampling.triton_filters:filter_thresholds_triton"),
+    "apply_penalties": ("runner.sampling.penalties:apply_penalties_ref",
+                        "runner.sampling.triton_penalties:apply_penalties_triton"),
+    "record_sampled": ("runner.sampling.penalties:record_sampled_ref",
+                       "runner.sampling.triton_penalties:record_sampled_triton"),
     "apply_grammar_bitmask": ("runner.structured_outputs:apply_grammar_bitmask_ref",
                               "runner.triton_grammar_mask:apply_grammar_bitmask_triton"),
 }

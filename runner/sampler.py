@@ -68,9 +68,8 @@ class SamplerOutput:
 @dataclass(frozen=True)
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
-    float32 logits (None unless the batch needed them in float32: for
-    logprobs, penalties or min_tokens), the rows' slots (int64) and the
-    batch's flags."""
+    logits' float32 copy (None unless some row asked for logprobs), the
+    rows' slots (int64) and the batch's flags."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
@@ -176,17 +175,17 @@ class Sampler:
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
             return TargetDraw(self.ops.greedy_argmax(logits, idx, last_tokens), None, idx, flags)
-        # The draw reads each row's sampling parameters at its slot itself;
-        # the float32 copy and the gather serve the torch ops that need them.
+        # The kernels read each row's sampling parameters at its slot
+        # themselves. Logprobs are of the raw logits in float32: their copy.
         raw = None
-        processed = logits
-        if flags.any_penalty or any_min_tokens or flags.max_logprobs != NO_LOGPROBS:
-            raw = processed = logits.to(torch.float32)
+        if flags.max_logprobs != NO_LOGPROBS:
+            raw = logits.to(torch.float32)
+        processed = logits if raw is None else raw
         if flags.any_penalty:
-            params = self.states.penalty_params(idx)
-            processed = self.penalties.apply(
-                raw, idx, params.repetition, params.presence, params.frequency, prior_tokens
-            )
+            states = self.states
+            processed = self.penalties.apply(processed, idx, states.slot_repetition,
+                                             states.slot_presence, states.slot_frequency,
+                                             prior_tokens)
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)

@@ -84,7 +84,7 @@ class MinTokensState:
 
     def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:
-        """``logits`` [N, V] float32 (a new tensor is returned) with each
+        """``logits`` [N, V], any float dtype (a new tensor of it is returned), with each
         active row's stop ids at -inf; ``positions`` [N]: the position of the
         token each row samples."""
         limits = self.limits.gpu[idx_mapping]

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import torch
 
+from runner.ops import device_ops
+
 
 class PenaltyState:
     def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device):
         self.vocab_size = vocab_size
+        self.ops = device_ops(device)
         self.prompt_mask = torch.zeros(max_num_reqs, vocab_size, dtype=torch.bool, device=device)
         self.output_counts = torch.zeros(max_num_reqs, vocab_size, dtype=torch.int32, device=device)
         self._pending: list[tuple[int, int, int]] = []  # (slot, prompt_len, prefill_len)
@@ -68,26 +71,54 @@ class PenaltyState:
         frequency: torch.Tensor,
         prior_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Penalised float32 logits [N, V] (a new tensor); parameters [N] per row.
-        ``prior_tokens`` [N, m] (-1: none) count as output tokens of their row
-        on top of the slot's counts (drafts before a draft position)."""
-        counts = self.output_counts[idx_mapping]
-        if prior_tokens is not None:
-            counts = counts + prior_counts(prior_tokens, self.vocab_size).to(counts.dtype)
-        in_output = counts > 0
-        seen = self.prompt_mask[idx_mapping] | in_output
-        scale = torch.where(seen, repetition[:, None], 1.0)
-        out = torch.where(logits > 0, logits / scale, logits * scale)
-        out -= frequency[:, None] * counts
-        out -= presence[:, None] * in_output
-        return out
+        """Penalised float32 logits [N, V] (a new tensor; ``logits`` of any
+        float dtype) of the rows of slots ``idx_mapping`` (int64 [N]); the
+        parameters are per-slot columns [max_num_reqs], read at each row's
+        slot. ``prior_tokens`` [N, m] (-1: none) count as output tokens of
+        their row on top of the slot's counts (drafts before a draft position)."""
+        return self.ops.apply_penalties(logits, idx_mapping, repetition, presence, frequency,
+                                        self.output_counts, self.prompt_mask, prior_tokens)
 
     def record_sampled(
         self, idx_mapping: torch.Tensor, sampled: torch.Tensor, sample_mask: torch.Tensor
     ) -> None:
         """Count each real sample (``sample_mask`` [N] bool) as an output token."""
-        ones = sample_mask.to(self.output_counts.dtype)
-        self.output_counts.index_put_((idx_mapping, sampled), ones, accumulate=True)
+        self.ops.record_sampled(self.output_counts, idx_mapping, sampled, sample_mask)
+
+
+def apply_penalties_ref(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    repetition: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    output_counts: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    prior_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``PenaltyState.apply`` in torch: row i (slot ``slots[i]``) of
+    ``logits`` penalised with the parameters at its slot in ``repetition``,
+    ``presence`` and ``frequency`` [max_num_reqs] and its slot's rows of
+    ``output_counts`` (plus its ``prior_tokens``) and ``prompt_mask``."""
+    counts = output_counts[slots]
+    if prior_tokens is not None:
+        counts = counts + prior_counts(prior_tokens, output_counts.shape[1]).to(counts.dtype)
+    in_output = counts > 0
+    seen = prompt_mask[slots] | in_output
+    logits = logits.to(torch.float32)
+    scale = torch.where(seen, repetition[slots][:, None], 1.0)
+    out = torch.where(logits > 0, logits / scale, logits * scale)
+    out -= frequency[slots][:, None] * counts
+    out -= presence[slots][:, None] * in_output
+    return out
+
+
+def record_sampled_ref(output_counts: torch.Tensor, slots: torch.Tensor, sampled: torch.Tensor,
+                       sample_mask: torch.Tensor) -> None:
+    """Adds one to ``output_counts[slots[i], sampled[i]]`` for every row i
+    whose ``sample_mask`` is set (rows of one slot may repeat a token)."""
+    ones = sample_mask.to(output_counts.dtype)
+    output_counts.index_put_((slots, sampled), ones, accumulate=True)
 
 
 def prior_counts(prior_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -2,12 +2,11 @@
 
 Every slot's float parameters sit in one row of a [max_num_reqs, 6] float32
 table (columns below), so one staged write adds a request. ``top_k`` (int32)
-and ``seed`` (int64) have their own tables. The draw and the filters' kernels
-read a row's values at its slot in these tables (``slot_*``: the float
-table's columns); only the penalties' torch ops take a gather of the batch
-(``penalty_params``). The host mirrors (``*_np``) hold the same values; the
-sampler reads them to skip work no row of a batch needs, never the device
-tables.
+and ``seed`` (int64) have their own tables. The draw, the filters and the
+penalties read a row's values at its slot in these tables (``slot_*``: the
+float table's columns), never a gather of the batch. The host mirrors
+(``*_np``) hold the same values; the sampler reads them to skip work no row
+of a batch needs, never the device tables.
 
 Invariants:
 - A greedy slot (temperature 0; vLLM treats temperature < 1e-5 as greedy)
@@ -51,17 +50,6 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
-class PenaltyParams:
-    """One batch's penalty parameters on the device, [N] each, gathered by
-    slot (the draw and the filters read the other parameters at each row's
-    slot themselves)."""
-
-    repetition: torch.Tensor
-    presence: torch.Tensor
-    frequency: torch.Tensor
-
-
-@dataclass(frozen=True)
 class BatchFlags:
     """What a batch needs, from the host mirrors (no device read)."""
 
@@ -78,11 +66,14 @@ class SamplingStates:
         self.floats = StagedWriteTensor((max_num_reqs, _NUM_FLOATS), torch.float32, device)
         self.top_k = StagedWriteTensor((max_num_reqs,), torch.int32, device)
         self.seeds = StagedWriteTensor((max_num_reqs,), torch.int64, device)
-        # The draw and the filters read a row's parameters at its slot: the
-        # float table's columns, not a gather.
+        # The kernels read a row's parameters at its slot: the float table's
+        # columns, not a gather.
         self.slot_temperature = self.floats.gpu[:, TEMPERATURE]
         self.slot_top_p = self.floats.gpu[:, TOP_P]
         self.slot_min_p = self.floats.gpu[:, MIN_P]
+        self.slot_repetition = self.floats.gpu[:, REPETITION]
+        self.slot_presence = self.floats.gpu[:, PRESENCE]
+        self.slot_frequency = self.floats.gpu[:, FREQUENCY]
         self.floats_np = np.zeros((max_num_reqs, _NUM_FLOATS), dtype=np.float32)
         self.floats_np[:, REPETITION] = 1.0
         self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)
@@ -129,11 +120,6 @@ class SamplingStates:
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
         """The tensors whose writes are staged on the host."""
         return (self.floats, self.top_k, self.seeds)
-
-    def penalty_params(self, idx_mapping: torch.Tensor) -> PenaltyParams:
-        """The penalty parameters of the batch's slots (``idx_mapping`` int64 [N])."""
-        f = self.floats.gpu[idx_mapping]
-        return PenaltyParams(f[:, REPETITION], f[:, PRESENCE], f[:, FREQUENCY])
 
     def flags(self, idx_mapping_np: np.ndarray) -> BatchFlags:
         """What the batch's slots need, from the host mirrors: one OR of

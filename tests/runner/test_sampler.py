@@ -18,6 +18,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.sampler import Sampler
+from runner.sampling import triton_penalties
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
@@ -530,9 +531,9 @@ def test_penalised_logits_match_the_reference_values():
     gen = torch.Generator().manual_seed(8)
     logits = 3 * torch.randn(4, vocab, generator=gen)
     slots = torch.tensor([0, 1, 2, 3])
-    params = sampler.states.penalty_params(slots)
-    got = sampler.penalties.apply(logits, slots, params.repetition, params.presence,
-                                  params.frequency)
+    states = sampler.states
+    got = sampler.penalties.apply(logits, slots, states.slot_repetition, states.slot_presence,
+                                  states.slot_frequency)
     for i in range(4):
         o, prompt, out = PENALISED[i]
         want = reference_penalties(logits[i], set(prompt), out,
@@ -682,7 +683,9 @@ def test_logprobs_zero_gives_only_the_sampled_token():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_sampler_never_syncs_and_matches_cpu():
+@pytest.mark.parametrize("penalties_triton", [False, True])
+def test_cuda_sampler_never_syncs_and_matches_cpu(monkeypatch, penalties_triton):
+    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", penalties_triton)
     vocab = 1000
     requests = {s: (opts(**o), [1, 2, 3], [4]) for s, o in LOGPROB_REQS.items()}
     requests[5] = (opts(temperature=0.8, top_p=0.7, min_p=0.02, frequency_penalty=0.4,
