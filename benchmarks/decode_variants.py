@@ -45,6 +45,10 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
+    "top-k-histogram": Variant(
+        "runner/sampling/triton_filters.py counts 2048 bfloat16 steps below a row's largest "
+        "logit before its top-k bisection",
+        (("runner.sampling.triton_filters", "TOP_K_BINS", 2048),)),
     "penalties-kernel": Variant(
         "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
         "to count), not the torch reference",

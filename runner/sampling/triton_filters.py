@@ -27,7 +27,12 @@ sums run in a fixed order, so the ranks agree.
 Rows are independent: one program a row, which reads its row from the cache
 once a pass. The top-p bisection starts above the value below which the
 tokens could hold at most half of 1 - top_p of the mass, which halves its
-passes on a peaked row; the top-k bisection has no such bound. An infinite
+passes on a peaked row. The top-k bisection may start from a histogram
+(``TOP_K_BINS``): one pass counts the row's logits in each bfloat16 step
+below its largest, and the step where the running count reaches k holds
+the threshold (a bfloat16 row's threshold is that step; a float16 or
+float32 row's bisection is left within it), unless the threshold lies
+below all the steps counted. An infinite
 temperature scales every finite logit to 0, so they all tie and every
 filter keeps them all.
 """
@@ -48,6 +53,10 @@ _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
 # reads in flight.
 BLOCK = 8192
 NUM_WARPS = 16
+# Steps of bfloat16 below a row's largest logit that one pass of the top-k
+# filter counts (a histogram) before its bisection; 0: none, the bisection
+# runs over the row's whole range.
+TOP_K_BINS = 0
 
 
 @triton.jit
@@ -95,7 +104,7 @@ def _filter_thresholds_kernel(
     logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
     float_stride, top_k_ptr, out_ptr, vocab_size,
     MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
-    SHIFT: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SHIFT: tl.constexpr, TOP_K_BINS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
     wait_for_previous_kernel(PDL)
@@ -131,6 +140,25 @@ def _filter_thresholds_kernel(
             # The largest coarse key whose value has >= k logits at or above it.
             k_lo = lo
             k_hi = hi
+            if TOP_K_BINS > 0:
+                # One pass counts the logits in each of the bfloat16 steps
+                # just below the top; the step where the count reaches k
+                # holds the threshold, unless it lies below them all.
+                top_bin = _key(top) >> 16
+                counts = tl.zeros((TOP_K_BINS,), tl.int32)
+                for start in range(0, vocab_size, BLOCK):
+                    tokens = start + tl.arange(0, BLOCK)
+                    x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
+                                other=float("-inf")).to(tl.float32)
+                    steps = top_bin - (_key(x) >> 16)
+                    counts += tl.histogram(tl.minimum(tl.maximum(steps, 0), TOP_K_BINS - 1),
+                                           TOP_K_BINS)
+                below_k = tl.sum((tl.cumsum(counts, 0) < k).to(tl.int32), axis=0)
+                if below_k < TOP_K_BINS - 1:
+                    # That step's keys, in the dtype's coarse keys.
+                    first = (top_bin - below_k).to(tl.int64) << (16 - SHIFT)
+                    k_lo = tl.maximum(lo, first)
+                    k_hi = tl.minimum(hi, first + (1 << (16 - SHIFT)) - 1)
             while k_lo < k_hi:
                 mid = k_lo + (k_hi - k_lo + 1) // 2
                 if _count_at_least(row_ptr, _value(mid, SHIFT), vocab_size, BLOCK) >= k:
@@ -180,7 +208,7 @@ def filter_thresholds_triton(
     _filter_thresholds_kernel[(n,)](
         logits, logits.stride(0), slots, temperature, top_p, min_p, temperature.stride(0),
         top_k, out, vocab_size, MIN_P=any_min_p, TOP_K=max_top_k > 0, TOP_P=any_top_p,
-        SHIFT=_KEY_SHIFT[logits.dtype], BLOCK=BLOCK, num_warps=NUM_WARPS,
+        SHIFT=_KEY_SHIFT[logits.dtype], TOP_K_BINS=TOP_K_BINS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out

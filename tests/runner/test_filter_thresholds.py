@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from runner.sampling import triton_filters
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p, filter_thresholds_ref
 from runner.sampling.triton_filters import filter_thresholds_triton
 from tests.helpers.kernel_device import KERNEL_DEVICE
@@ -27,6 +28,7 @@ SLOTS = [
     (0.9, 0, 1e-9, 0.0),  # top-p so small: the largest alone
     (1.0, 100000, 0.95, 0.0),  # top-k past the vocabulary: off
     (float("inf"), 2, 0.5, 0.1),  # every logit scales to 0 and ties: all kept
+    (1.0, 1000, 1.0, 0.0),  # top-k far below the largest (below 0 at 1500 tokens)
 ]
 
 
@@ -83,11 +85,15 @@ def test_reference_thresholds_keep_what_the_filters_keep(vocab):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab", [37, 1500, 5000])
-def test_triton_thresholds_keep_the_reference_sets(dtype, vocab):
+@pytest.mark.parametrize("top_k_bins", [0, 16, 2048])
+def test_triton_thresholds_keep_the_reference_sets(monkeypatch, dtype, vocab, top_k_bins):
     # Counts decide top-k exactly; sums decide top-p in another order, so
     # the kept sets (not the thresholds' values) are compared, on rows whose
     # boundaries lie far from rounding. 16-bit rows tie often: ties with
-    # the threshold are kept by both.
+    # the threshold are kept by both. The top-k histogram's 16 bins hold
+    # few thresholds (the bisection then runs over the whole row), its 2048
+    # all but those below 0.
+    monkeypatch.setattr(triton_filters, "TOP_K_BINS", top_k_bins)
     logits, slots = _rows(dtype, vocab, seed=vocab + 1)
     want = _thresholds(filter_thresholds_ref, logits, slots, torch.device("cpu"))
     got = _thresholds(filter_thresholds_triton, logits, slots, KERNEL_DEVICE)
