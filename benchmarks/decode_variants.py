@@ -45,6 +45,10 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
+    "token-keys-table": Variant(
+        "the sampled draw (runner/sampling/triton_noise.py) reads each token's key from the "
+        "sampler's table instead of hashing the token id",
+        (("runner.sampling.triton_noise", "TOKEN_KEYS_TABLE", True),)),
     "top-k-histogram": Variant(
         "runner/sampling/triton_filters.py counts 2048 bfloat16 steps below a row's largest "
         "logit before its top-k bisection",

@@ -13,6 +13,8 @@
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
 #   penalties (4): the same at repetition penalty 1.1, the torch penalties against
 #     their kernels (variant penalties-kernel) in one process
+#   draw-keys (4): temperature 1, the draw hashing token ids against reading their
+#     keys from a table (variant token-keys-table) in one process
 #   top-k (4): top-k 50 and top-p 0.9, the top-k bisection against its histogram
 #     (variant top-k-histogram) in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
@@ -133,6 +135,13 @@ run_stage() {
           --contexts 512 --temperature 0.7 --top-p 0.9 --repetition-penalty 1.1 \
           --variants default penalties-kernel --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
           | tee "$LOGS/decode_penalties_$shape.log" | tail -1
+      done ;;
+    draw-keys)  # temperature 1: the draw hashing token ids against reading their keys
+      for shape in 1b 8b; do
+        timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
+          --contexts 512 --temperature 1.0 --variants default token-keys-table \
+          --out "$RESULTS/decode_draw_keys_$shape.json" 2>&1 \
+          | tee "$LOGS/decode_draw_keys_$shape.log" | tail -1
       done ;;
     top-k)  # top-k 50 with top-p 0.9: the top-k bisection over the whole row against its histogram
       for shape in 1b 8b; do

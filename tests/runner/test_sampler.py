@@ -18,7 +18,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.sampler import Sampler
-from runner.sampling import triton_penalties
+from runner.sampling import triton_noise, triton_penalties
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
@@ -126,13 +126,17 @@ def _composed_draw(logits, slots, temperature, seeds, positions, threshold):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("filtered", [False, True])
-def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, filtered):
+@pytest.mark.parametrize("keys_table", [False, True])
+def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(
+        monkeypatch, dtype, filtered, keys_table):
     # Rows sit at slots in any order; temperature is a column of a wider
     # table (as the sampler's float table holds it); slot 5 is greedy. With
     # ``filtered`` each row has a threshold (one -inf: keep all; the greedy
     # row's ignored). The torch reference against the row-by-row
     # composition, then the kernel (under the Triton interpreter on CPU)
-    # against the reference, tokens and the slots' stored tokens both.
+    # against the reference, tokens and the slots' stored tokens both; the
+    # kernel hashes the token ids or reads their keys from the table.
+    monkeypatch.setattr(triton_noise, "TOKEN_KEYS_TABLE", keys_table)
     gen = torch.Generator().manual_seed(4)
     slots = torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])
     table = torch.zeros(9, 6)
