@@ -49,10 +49,10 @@ VARIANTS: dict[str, Variant] = {
         "the sampled draw (runner/sampling/triton_noise.py) reads each token's key from the "
         "sampler's table instead of hashing the token id",
         (("runner.sampling.triton_noise", "TOKEN_KEYS_TABLE", True),)),
-    "top-k-histogram": Variant(
-        "runner/sampling/triton_filters.py counts 2048 bfloat16 steps below a row's largest "
-        "logit before its top-k bisection",
-        (("runner.sampling.triton_filters", "TOP_K_BINS", 2048),)),
+    "filters-steps": Variant(
+        "runner/sampling/triton_filters.py counts the logits in 2048 bfloat16 steps below a "
+        "row's largest before its top-k and top-p bisections",
+        (("runner.sampling.triton_filters", "STEP_BINS", 2048),)),
     "penalties-kernel": Variant(
         "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
         "to count), not the torch reference",

@@ -15,8 +15,8 @@
 #     their kernels (variant penalties-kernel) in one process
 #   draw-keys (4): temperature 1, the draw hashing token ids against reading their
 #     keys from a table (variant token-keys-table) in one process
-#   top-k (4): top-k 50 and top-p 0.9, the top-k bisection against its histogram
-#     (variant top-k-histogram) in one process
+#   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
+#     bisections against the steps' histogram (variant filters-steps) in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -143,12 +143,14 @@ run_stage() {
           --out "$RESULTS/decode_draw_keys_$shape.json" 2>&1 \
           | tee "$LOGS/decode_draw_keys_$shape.log" | tail -1
       done ;;
-    top-k)  # top-k 50 with top-p 0.9: the top-k bisection over the whole row against its histogram
+    filters-steps)  # top-p 0.9, then top-k 50 with it: the bisections against the steps' histogram
       for shape in 1b 8b; do
-        timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
-          --contexts 512 --temperature 0.7 --top-k 50 --top-p 0.9 \
-          --variants default top-k-histogram --out "$RESULTS/decode_top_k_$shape.json" 2>&1 \
-          | tee "$LOGS/decode_top_k_$shape.log" | tail -1
+        for filters in "--top-p 0.9" "--top-k 50 --top-p 0.9"; do
+          name="decode_filters_${shape}_$(echo $filters | tr -d ' .-')"
+          timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
+            --contexts 512 --temperature 0.7 $filters --variants default filters-steps \
+            --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
+        done
       done ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \

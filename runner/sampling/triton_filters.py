@@ -27,12 +27,16 @@ sums run in a fixed order, so the ranks agree.
 Rows are independent: one program a row, which reads its row from the cache
 once a pass. The top-p bisection starts above the value below which the
 tokens could hold at most half of 1 - top_p of the mass, which halves its
-passes on a peaked row. The top-k bisection may start from a histogram
-(``TOP_K_BINS``): one pass counts the row's logits in each bfloat16 step
-below its largest, and the step where the running count reaches k holds
-the threshold (a bfloat16 row's threshold is that step; a float16 or
-float32 row's bisection is left within it), unless the threshold lies
-below all the steps counted. An infinite
+passes on a peaked row.
+
+The bisections may be spared by a histogram (``STEP_BINS``): one pass
+counts the row's logits in each bfloat16 step below its largest. The step
+where the running count reaches k holds the top-k threshold (a bfloat16
+row's threshold is that step; a float16 or float32 row's bisection is left
+within it). In a bfloat16 row every logit of a step has the step's value,
+so the counts also give each step's mass, and top-p is the last step with
+less than top_p of the mass above it. Either bisection runs as before
+where its threshold lies below the steps counted. An infinite
 temperature scales every finite logit to 0, so they all tie and every
 filter keeps them all.
 """
@@ -53,10 +57,10 @@ _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
 # reads in flight.
 BLOCK = 8192
 NUM_WARPS = 16
-# Steps of bfloat16 below a row's largest logit that one pass of the top-k
-# filter counts (a histogram) before its bisection; 0: none, the bisection
-# runs over the row's whole range.
-TOP_K_BINS = 0
+# Steps of bfloat16 below a row's largest logit that one pass counts (a
+# histogram) before top-k's and top-p's bisections; 1: none, the bisections
+# run over the row's whole range.
+STEP_BINS = 1
 
 
 @triton.jit
@@ -100,11 +104,32 @@ def _mass_above(row_ptr, v, floor, top, scale, vocab_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _step_counts(row_ptr, top_bin, top, floor, scale, vocab_size, STEP_BINS: tl.constexpr,
+                 TAIL: tl.constexpr, BLOCK: tl.constexpr):
+    """int32 [STEP_BINS]: how many logits lie j bfloat16 steps below the
+    step ``top_bin`` (a ``_key`` >> 16), the last bin holding every one
+    further down; with TAIL, also the mass ``exp2((l - top) * scale)`` of
+    the last bin's logits l >= floor (0 without)."""
+    counts = tl.zeros((STEP_BINS,), tl.int32)
+    tail = tl.zeros((), tl.float32)
+    for start in range(0, vocab_size, BLOCK):
+        tokens = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
+                    other=float("-inf")).to(tl.float32)
+        steps = tl.minimum(tl.maximum(top_bin - (_key(x) >> 16), 0), STEP_BINS - 1)
+        counts += tl.histogram(steps, STEP_BINS)
+        if TAIL:
+            far = (steps == STEP_BINS - 1) & (x >= floor)
+            tail += tl.sum(tl.where(far, tl.exp2((x - top) * scale), 0.0), axis=0)
+    return counts, tail
+
+
+@triton.jit
 def _filter_thresholds_kernel(
     logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
     float_stride, top_k_ptr, out_ptr, vocab_size,
     MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
-    SHIFT: tl.constexpr, TOP_K_BINS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
     wait_for_previous_kernel(PDL)
@@ -134,43 +159,72 @@ def _filter_thresholds_kernel(
             threshold = top + t * tl.log(min_p)
     lo = (_key(bottom) >> SHIFT).to(tl.int64)
     hi = (_key(top) >> SHIFT).to(tl.int64)
+    k = tl.zeros((), tl.int32)
     if TOP_K:
         k = tl.load(top_k_ptr + slot)
-        if sampled & (k > 0) & (k < num_finite):
-            # The largest coarse key whose value has >= k logits at or above it.
-            k_lo = lo
-            k_hi = hi
-            if TOP_K_BINS > 0:
-                # One pass counts the logits in each of the bfloat16 steps
-                # just below the top; the step where the count reaches k
-                # holds the threshold, unless it lies below them all.
-                top_bin = _key(top) >> 16
-                counts = tl.zeros((TOP_K_BINS,), tl.int32)
-                for start in range(0, vocab_size, BLOCK):
-                    tokens = start + tl.arange(0, BLOCK)
-                    x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
-                                other=float("-inf")).to(tl.float32)
-                    steps = top_bin - (_key(x) >> 16)
-                    counts += tl.histogram(tl.minimum(tl.maximum(steps, 0), TOP_K_BINS - 1),
-                                           TOP_K_BINS)
-                below_k = tl.sum((tl.cumsum(counts, 0) < k).to(tl.int32), axis=0)
-                if below_k < TOP_K_BINS - 1:
-                    # That step's keys, in the dtype's coarse keys.
-                    first = (top_bin - below_k).to(tl.int64) << (16 - SHIFT)
-                    k_lo = tl.maximum(lo, first)
-                    k_hi = tl.minimum(hi, first + (1 << (16 - SHIFT)) - 1)
-            while k_lo < k_hi:
-                mid = k_lo + (k_hi - k_lo + 1) // 2
-                if _count_at_least(row_ptr, _value(mid, SHIFT), vocab_size, BLOCK) >= k:
-                    k_lo = mid
-                else:
-                    k_hi = mid - 1
-            threshold = tl.maximum(threshold, _value(k_lo, SHIFT))
+    top_p = tl.full((), 1.0, tl.float32)
     if TOP_P:
         top_p = tl.load(top_p_ptr + slot * float_stride)
-        if sampled & (top_p < 1.0):
-            scale = LOG2E / t
-            total = _mass_above(row_ptr, tl.full((), float("-inf"), tl.float32), threshold, top, scale, vocab_size, BLOCK)
+    want_k = sampled & (k > 0) & (k < num_finite)
+    want_p = sampled & (top_p < 1.0)
+    # Bin j of the steps counts the logits j bfloat16 steps below the
+    # largest; the last bin, everything further down (and -inf).
+    top_bin = _key(top) >> 16
+    bins = tl.arange(0, STEP_BINS)
+    counts = tl.zeros((STEP_BINS,), tl.int32)
+    tail = tl.zeros((), tl.float32)
+    scale = LOG2E / tl.where(sampled, t, 1.0)  # used where sampled
+    if STEP_BINS > 1:
+        if want_k | want_p:
+            counts, tail = _step_counts(row_ptr, top_bin, top, threshold, scale, vocab_size,
+                                        STEP_BINS, TOP_P and SHIFT == 16, BLOCK)
+    if want_k:
+        # The largest coarse key whose value has >= k logits at or above it.
+        k_lo = lo
+        k_hi = hi
+        if STEP_BINS > 1:
+            # The step where the running count reaches k holds it (a
+            # bfloat16 row's threshold is that step), unless it lies below
+            # the steps counted.
+            below_k = tl.sum((tl.cumsum(counts, 0) < k).to(tl.int32), axis=0)
+            if below_k < STEP_BINS - 1:
+                first = (top_bin - below_k).to(tl.int64) << (16 - SHIFT)
+                k_lo = tl.maximum(lo, first)
+                k_hi = tl.minimum(hi, first + (1 << (16 - SHIFT)) - 1)
+        while k_lo < k_hi:
+            mid = k_lo + (k_hi - k_lo + 1) // 2
+            if _count_at_least(row_ptr, _value(mid, SHIFT), vocab_size, BLOCK) >= k:
+                k_lo = mid
+            else:
+                k_hi = mid - 1
+        threshold = tl.maximum(threshold, _value(k_lo, SHIFT))
+    if want_p:
+        p_found = tl.zeros((), tl.int32)
+        if STEP_BINS > 1 and SHIFT == 16:
+            # A bfloat16 row's logits in one step are one value: the steps'
+            # counts give their masses, and the mass strictly above a step
+            # is that of the steps before it. The total is exact where every
+            # token kept so far lies in the counted steps or no top-k ran
+            # (the pass summed the rest above the min-p threshold).
+            steps = top_bin - bins  # below -2**15 no float's step: no value
+            values = _value(steps, 16)
+            kept = (bins < STEP_BINS - 1) & (steps >= -32768) & (values >= threshold)
+            masses = tl.where(kept, counts.to(tl.float32) * tl.exp2((values - top) * scale), 0.0)
+            all_counted = top_bin - (_key(threshold) >> 16) < STEP_BINS - 1
+            if all_counted | (want_k == 0):
+                total = tl.sum(masses, axis=0) + tl.where(want_k, 0.0, tail)
+                before = tl.cumsum(masses, 0) - masses
+                below = (bins < STEP_BINS - 1) & (before < top_p * total)
+                last = tl.sum(below.to(tl.int32), axis=0) - 1
+                # The answer is a counted step unless every counted step has
+                # less than top_p above it and uncounted tokens are kept.
+                if (last < STEP_BINS - 2) | all_counted:
+                    threshold = tl.maximum(threshold, tl.max(
+                        tl.where(bins == last, values, float("-inf")), axis=0))
+                    p_found = 1
+        if p_found == 0:
+            total = _mass_above(row_ptr, tl.full((), float("-inf"), tl.float32), threshold, top,
+                                scale, vocab_size, BLOCK)
             # The smallest coarse key at or above the threshold so far whose
             # value has less than top_p of the mass strictly above it. It
             # lies above every u whose tokens at or below it, at most
@@ -208,7 +262,7 @@ def filter_thresholds_triton(
     _filter_thresholds_kernel[(n,)](
         logits, logits.stride(0), slots, temperature, top_p, min_p, temperature.stride(0),
         top_k, out, vocab_size, MIN_P=any_min_p, TOP_K=max_top_k > 0, TOP_P=any_top_p,
-        SHIFT=_KEY_SHIFT[logits.dtype], TOP_K_BINS=TOP_K_BINS, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        SHIFT=_KEY_SHIFT[logits.dtype], STEP_BINS=STEP_BINS, BLOCK=BLOCK, num_warps=NUM_WARPS,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out

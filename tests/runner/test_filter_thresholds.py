@@ -85,15 +85,15 @@ def test_reference_thresholds_keep_what_the_filters_keep(vocab):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab", [37, 1500, 5000])
-@pytest.mark.parametrize("top_k_bins", [0, 16, 2048])
-def test_triton_thresholds_keep_the_reference_sets(monkeypatch, dtype, vocab, top_k_bins):
+@pytest.mark.parametrize("step_bins", [1, 16, 2048])
+def test_triton_thresholds_keep_the_reference_sets(monkeypatch, dtype, vocab, step_bins):
     # Counts decide top-k exactly; sums decide top-p in another order, so
     # the kept sets (not the thresholds' values) are compared, on rows whose
     # boundaries lie far from rounding. 16-bit rows tie often: ties with
-    # the threshold are kept by both. The top-k histogram's 16 bins hold
-    # few thresholds (the bisection then runs over the whole row), its 2048
+    # the threshold are kept by both. The steps' histogram, if any: 16 bins
+    # hold few thresholds (the bisections then run over the whole row), 2048
     # all but those below 0.
-    monkeypatch.setattr(triton_filters, "TOP_K_BINS", top_k_bins)
+    monkeypatch.setattr(triton_filters, "STEP_BINS", step_bins)
     logits, slots = _rows(dtype, vocab, seed=vocab + 1)
     want = _thresholds(filter_thresholds_ref, logits, slots, torch.device("cpu"))
     got = _thresholds(filter_thresholds_triton, logits, slots, KERNEL_DEVICE)
