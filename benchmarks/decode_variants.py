@@ -49,10 +49,11 @@ VARIANTS: dict[str, Variant] = {
         "the sampled draw (runner/sampling/triton_noise.py) reads each token's key from the "
         "sampler's table instead of hashing the token id",
         (("runner.sampling.triton_noise", "TOKEN_KEYS_TABLE", True),)),
-    "filters-steps": Variant(
-        "runner/sampling/triton_filters.py counts the logits in 2048 bfloat16 steps below a "
+    **{f"filters-steps-{bins}": Variant(
+        f"runner/sampling/triton_filters.py counts the logits in {bins} bfloat16 steps below a "
         "row's largest before its top-k and top-p bisections",
-        (("runner.sampling.triton_filters", "STEP_BINS", 2048),)),
+        (("runner.sampling.triton_filters", "STEP_BINS", bins),))
+       for bins in (256, 2048)},
     "penalties-kernel": Variant(
         "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
         "to count), not the torch reference",

@@ -16,7 +16,7 @@
 #   draw-keys (4): temperature 1, the draw hashing token ids against reading their
 #     keys from a table (variant token-keys-table) in one process
 #   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
-#     bisections against the steps' histogram (variant filters-steps) in one process
+#     bisections against the steps' histogram (variants filters-steps-*) in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -148,7 +148,7 @@ run_stage() {
         for filters in "--top-p 0.9" "--top-k 50 --top-p 0.9"; do
           name="decode_filters_${shape}_$(echo $filters | tr -d ' .-')"
           timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
-            --contexts 512 --temperature 0.7 $filters --variants default filters-steps \
+            --contexts 512 --temperature 0.7 $filters --variants default filters-steps-256 filters-steps-2048 \
             --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
         done
       done ;;
