@@ -148,7 +148,8 @@ run_stage() {
         for filters in "--top-p 0.9" "--top-k 50 --top-p 0.9"; do
           name="decode_filters_${shape}_$(echo $filters | tr -d ' .-')"
           timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
-            --contexts 512 --temperature 0.7 $filters --variants default filters-steps-256 filters-steps-2048 \
+            --contexts 512 --temperature 0.7 $filters \
+            --variants default filters-steps-256 filters-steps-2048 \
             --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
         done
       done ;;
