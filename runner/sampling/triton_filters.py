@@ -107,9 +107,9 @@ def _mass_above(row_ptr, v, floor, top, scale, vocab_size, BLOCK: tl.constexpr):
 def _step_counts(row_ptr, top_bin, top, floor, scale, vocab_size, STEP_BINS: tl.constexpr,
                  TAIL: tl.constexpr, BLOCK: tl.constexpr):
     """int32 [STEP_BINS]: how many logits lie j bfloat16 steps below the
-    step ``top_bin`` (a ``_key`` >> 16), the last bin holding every one
-    further down; with TAIL, also the mass ``exp2((l - top) * scale)`` of
-    the last bin's logits l >= floor (0 without)."""
+    step ``top_bin`` (a ``_key`` >> 16) for j < STEP_BINS - 1, and 0; with
+    TAIL, also the mass ``exp2((l - top) * scale)`` of the logits l >= floor
+    further down (0 without)."""
     counts = tl.zeros((STEP_BINS,), tl.int32)
     tail = tl.zeros((), tl.float32)
     for start in range(0, vocab_size, BLOCK):
@@ -117,7 +117,9 @@ def _step_counts(row_ptr, top_bin, top, floor, scale, vocab_size, STEP_BINS: tl.
         x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
                     other=float("-inf")).to(tl.float32)
         steps = tl.minimum(tl.maximum(top_bin - (_key(x) >> 16), 0), STEP_BINS - 1)
-        counts += tl.histogram(steps, STEP_BINS)
+        # Most of a row lies further down: left out of the counts, the last
+        # bin stays 0 (and no thread waits on it).
+        counts += tl.histogram(steps, STEP_BINS, mask=steps < STEP_BINS - 1)
         if TAIL:
             far = (steps == STEP_BINS - 1) & (x >= floor)
             tail += tl.sum(tl.where(far, tl.exp2((x - top) * scale), 0.0), axis=0)
@@ -168,7 +170,7 @@ def _filter_thresholds_kernel(
     want_k = sampled & (k > 0) & (k < num_finite)
     want_p = sampled & (top_p < 1.0)
     # Bin j of the steps counts the logits j bfloat16 steps below the
-    # largest; the last bin, everything further down (and -inf).
+    # largest; the last bin stands for everything further down (uncounted).
     top_bin = _key(top) >> 16
     bins = tl.arange(0, STEP_BINS)
     counts = tl.zeros((STEP_BINS,), tl.int32)
