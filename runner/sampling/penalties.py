@@ -14,6 +14,13 @@ vocab]. Memory: 5 bytes per (slot, token), e.g. 256 slots x 128,256 tokens
 = 164 MB, 1024 x 151,936 = 778 MB; allocated once, so the KV-cache sizing
 (which measures free memory after the runner is built) accounts for it.
 
+The penalties read each row's parameters at its slot in the sampler's
+per-slot table, so a batch needs no gather. Two implementations of one
+signature (``runner.ops``): the torch references here (``apply_penalties_ref``,
+about fifteen launches over [N, V] temporaries; ``record_sampled_ref``) and,
+on CUDA where ``triton_penalties.PENALTIES_TRITON`` is set, Triton kernels
+that apply the penalties in one launch and count the samples in another.
+
 Invariants:
 - The rows of a slot whose request uses a penalty are rebuilt on the device
   when the request is added: prompt presence from its prompt tokens, counts
