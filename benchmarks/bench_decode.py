@@ -44,7 +44,8 @@ against eager steps. Prints a JSON summary last.
 
 The rows' requests decode greedily; with ``--temperature T`` each samples
 at T instead (and ``--top-p`` / ``--top-k`` / ``--min-p`` filter,
-``--repetition-penalty`` penalises, as vLLM's parameters of those names),
+``--repetition-penalty`` penalises, ``--logprobs`` asks for top logprobs,
+as vLLM's parameters of those names),
 with a seed of its own (the sampler's draw after the
 graph's replay), so the timed steps and their check draw the same tokens.
 
@@ -316,7 +317,8 @@ def build_peer(shape: str, dtype: torch.dtype, device: torch.device) -> PeerDeco
 def row_sampling(args) -> SamplingOptions:
     """The rows' sampling parameters from the command line."""
     return SamplingOptions(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                           min_p=args.min_p, repetition_penalty=args.repetition_penalty)
+                           min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                           logprobs=args.logprobs)
 
 
 def check_args(parser: argparse.ArgumentParser, args) -> None:
@@ -408,6 +410,8 @@ def main() -> int:
                         help="the sampled rows' min-p (0: off)")
     parser.add_argument("--repetition-penalty", type=float, default=1.0,
                         help="the rows' repetition penalty (1: off), greedy rows too")
+    parser.add_argument("--logprobs", type=int, default=None,
+                        help="the rows' top logprobs a step (none by default), greedy rows too")
     parser.add_argument("--rounds", type=int, default=3,
                         help="timed rounds of --steps steps a row; its step time is their median")
     parser.add_argument("--peer", action="store_true",
@@ -563,6 +567,7 @@ def run_benchmark(args, model_dir: str) -> int:
         "dtype": args.dtype, "tp": dist.get_world_size() if dist.is_initialized() else 1,
         "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
         "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+        "logprobs": args.logprobs,
         "bandwidth": bandwidth, "floor": FLOOR_METHOD,
         "weight_GB": round(sum(floor.nbytes(t) for t in floor.unique_tensors(params)) / 1e9, 3),
         "kv_bytes_per_token": kv_per_token,

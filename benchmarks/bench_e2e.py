@@ -120,12 +120,14 @@ def hf_host_bound(hf: dict, hf_batch1: dict) -> dict:
                                     f"{one:.1f} ms at batch 1 (x{ratio:.2f}): {pace}"}
 
 
-def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
+def time_to_first_token(model_dir: str, args, keep_outputs: bool = False,
+                        **llm_options) -> dict:
     """All ``--ttft-prompts`` prompts added at once with max_tokens=1 (after an
     identical warm-up round); seconds until the last one has its token.
     ``llm_options`` go to ``LLM`` (bench_tp passes its TP size and executor);
     ``args.prompt_logprobs``, where set, asks every prompt for them
-    (bench_prompt_logprobs)."""
+    (bench_prompt_logprobs). With ``keep_outputs`` the result also holds
+    ``outputs``: the last round's deltas, in prompt order (not JSON)."""
     from engine import LLM, SamplingParams
 
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -141,18 +143,23 @@ def time_to_first_token(model_dir: str, args, **llm_options) -> dict:
     try:
         for _ in range(1 + args.ttft_rounds):  # the first round warms up
             start = time.perf_counter()
-            for p in prompts:
-                llm.engine.add_request({"prompt_token_ids": p}, params)
+            requests = [llm.engine.add_request({"prompt_token_ids": p}, params) for p in prompts]
+            deltas = []
             while llm.engine.has_unfinished_requests():
-                llm.engine.step()
+                deltas += llm.engine.step()
             rounds.append(time.perf_counter() - start)
     finally:
         llm.shutdown()
-    return {"prompts": args.ttft_prompts, "prompt_len": args.ttft_len,
-            "max_num_batched_tokens": args.ttft_batched_tokens,
-            "attention_backend": args.attention_backend or "default",
-            "ttft_all_s": round(statistics.median(rounds[1:]), 4),
-            "rounds_s": [round(r, 4) for r in rounds[1:]]}
+    result = {"prompts": args.ttft_prompts, "prompt_len": args.ttft_len,
+              "max_num_batched_tokens": args.ttft_batched_tokens,
+              "attention_backend": args.attention_backend or "default",
+              "ttft_all_s": round(statistics.median(rounds[1:]), 4),
+              "rounds_s": [round(r, 4) for r in rounds[1:]]}
+    if keep_outputs:
+        order = {r.req_id: i for i, r in enumerate(requests)}
+        result["outputs"] = sorted((d for d in deltas if d.req_id in order),
+                                   key=lambda d: order[d.req_id])
+    return result
 
 
 def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int,

@@ -54,6 +54,10 @@ VARIANTS: dict[str, Variant] = {
         "row's largest before its top-k and top-p bisections",
         (("runner.sampling.triton_filters", "STEP_BINS", bins),))
        for bins in (256, 2048)},
+    "logprobs-kernel": Variant(
+        "logprobs through runner/sampling/triton_logprobs.py on the model's logits, not the "
+        "torch reference on their float32 copy (which the draw then reads too)",
+        (("runner.sampling.logprobs", "LOGPROBS_TRITON", True),)),
     "penalties-kernel": Variant(
         "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
         "to count), not the torch reference",

@@ -17,6 +17,8 @@
 #     keys from a table (variant token-keys-table) in one process
 #   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
 #     bisections against the steps' histogram (variants filters-steps-*) in one process
+#   logprobs (6): top-5 logprobs at 1B and 8B decode (variant logprobs-kernel), and
+#     32 x 2048 prompts' logprobs, the torch reference against the kernel in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -95,11 +97,12 @@ run_stage() {
         -k "cuda or Triton or triton or rms or rotary or silu"
       pytest_files pytest_gpu_kernels.log tests/runner/test_gpu_graphs.py tests/runner/test_gpu_no_sync.py \
         tests/runner/test_sampler.py tests/runner/test_filter_thresholds.py \
-        tests/runner/test_penalty_kernels.py \
+        tests/runner/test_penalty_kernels.py tests/runner/test_logprobs_kernel.py \
         tests/runner/test_input_kernels_padded_rows.py \
         tests/runner/test_runner_graph_path.py tests/runner/test_runner_slot_reuse.py \
         tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
         tests/runner/test_flash_prefill.py
+      pytest_files pytest_gpu_kernels.log tests/engine/test_prompt_logprobs.py -k cuda
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
@@ -153,6 +156,16 @@ run_stage() {
             --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
         done
       done ;;
+    logprobs)  # top-5 logprobs: the torch reference on a float32 copy against the kernel
+      for shape in 1b 8b; do
+        timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
+          --contexts 512 --temperature 0.7 --top-p 0.9 --logprobs 5 \
+          --variants default logprobs-kernel --out "$RESULTS/decode_logprobs_$shape.json" 2>&1 \
+          | tee "$LOGS/decode_logprobs_$shape.log" | tail -1
+      done
+      timeout 400 python3 -m benchmarks.bench_prompt_logprobs --shape 8b --ttft-prompts 32 \
+        --ttft-len 2048 --kernel --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
+        | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
         | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"

@@ -67,6 +67,8 @@ class DeviceOps:
     gumbel_argmax: Callable[..., torch.Tensor]  # gumbel_argmax_ref
     # runner/sampling/filters.py
     filter_thresholds: Callable[..., torch.Tensor]  # filter_thresholds_ref
+    # runner/sampling/logprobs.py
+    compute_logprobs: Callable[..., object]  # compute_logprobs_ref
     # runner/sampling/penalties.py
     apply_penalties: Callable[..., torch.Tensor]  # apply_penalties_ref
     record_sampled: Callable[..., None]  # record_sampled_ref
@@ -150,6 +152,8 @@ _KERNELS = {
                       "runner.sampling.triton_noise:gumbel_argmax_triton"),
     "filter_thresholds": ("runner.sampling.filters:filter_thresholds_ref",
                           "runner.sampling.triton_filters:filter_thresholds_triton"),
+    "compute_logprobs": ("runner.sampling.logprobs:compute_logprobs_ref",
+                         "runner.sampling.triton_logprobs:compute_logprobs_triton"),
     "apply_penalties": ("runner.sampling.penalties:apply_penalties_ref",
                         "runner.sampling.triton_penalties:apply_penalties_triton"),
     "record_sampled": ("runner.sampling.penalties:record_sampled_ref",

@@ -38,7 +38,8 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
-from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
+from runner.sampling import logprobs as logprobs_rule
+from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
 from runner.sampling.penalties import PenaltyState
@@ -68,8 +69,9 @@ class SamplerOutput:
 @dataclass(frozen=True)
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
-    logits' float32 copy (None unless some row asked for logprobs), the
-    rows' slots (int64) and the batch's flags."""
+    logits for logprobs (``logprobs.LOGPROBS_TRITON``: the model's, else
+    their float32 copy; None unless some row asked), the rows' slots
+    (int64) and the batch's flags."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
@@ -176,10 +178,11 @@ class Sampler:
                 return TargetDraw(greedy, None, idx, flags)
             return TargetDraw(self.ops.greedy_argmax(logits, idx, last_tokens), None, idx, flags)
         # The kernels read each row's sampling parameters at its slot
-        # themselves. Logprobs are of the raw logits in float32: their copy.
+        # themselves. Logprobs are of the raw logits: as they are for their
+        # kernel, else a float32 copy, which the draw then reads too.
         raw = None
         if flags.max_logprobs != NO_LOGPROBS:
-            raw = logits.to(torch.float32)
+            raw = logits if logprobs_rule.LOGPROBS_TRITON else logits.to(torch.float32)
         processed = logits if raw is None else raw
         if flags.any_penalty:
             states = self.states
@@ -195,7 +198,7 @@ class Sampler:
         """Step 4: logprobs of the raw logits for ``draw.sampled``, if any row asked."""
         if draw.flags.max_logprobs == NO_LOGPROBS:
             return None
-        return compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs)
+        return self.ops.compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs)
 
     def _draw(
         self,

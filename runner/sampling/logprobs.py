@@ -17,6 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
+# On CUDA, logprobs come from ``triton_logprobs.py``'s kernel, which reads
+# the logits in the model's dtype: the sampler then makes no float32 copy
+# of them, and its draw reads them as they are. False: the torch reference
+# on the float32 copy, which the draw reads too.
+LOGPROBS_TRITON = False
+
 
 @dataclass(frozen=True)
 class LogprobsTensors:
@@ -29,10 +35,12 @@ class LogprobsTensors:
         return (self.top_token_ids, self.top_logprobs, self.sampled_logprobs, self.sampled_ranks)
 
 
-def compute_logprobs(
+def compute_logprobs_ref(
     raw_logits: torch.Tensor, sampled: torch.Tensor, num_top: int
 ) -> LogprobsTensors:
-    """raw_logits [N, V] float32, sampled [N] int64, num_top >= 0 (host-known)."""
+    """raw_logits [N, V] of any float dtype (computed on in float32), sampled
+    [N] int64, num_top >= 0 (host-known)."""
+    raw_logits = raw_logits.to(torch.float32)
     logprobs = raw_logits.log_softmax(dim=-1)
     top = logprobs.topk(min(num_top, logprobs.shape[-1]), dim=-1)
     sampled_col = sampled[:, None]

@@ -29,7 +29,8 @@ import torch
 
 from ipc.messages import Logprobs, PromptLogprobs
 from runner.ops import device_ops
-from runner.sampling.logprobs import LogprobsTensors, compute_logprobs
+from runner.sampling import logprobs
+from runner.sampling.logprobs import LogprobsTensors
 
 NONE = -1
 ROWS_PER_BLOCK = 512
@@ -73,7 +74,9 @@ class PromptLogprobsState:
         # Slots whose num_top_np is set, freed ones included (a slot keeps
         # its value until reused): 0 means no request asks, and no step looks.
         self.num_asking = 0
-        self.transfer = device_ops(device).new_transfer()
+        ops = device_ops(device)
+        self.transfer = ops.new_transfer()
+        self.compute_logprobs = ops.compute_logprobs
 
     def add_request(self, slot: int, num_top: int | None) -> None:
         value = NONE if num_top is None else num_top
@@ -139,9 +142,11 @@ class PromptLogprobsState:
         targets = all_token_ids[dev_slots, dev_pos].to(torch.int64)
         num_top = min(max(chunks.num_top), vocab_size)
         parts = []
+        # The kernel reads the model's dtype; the reference takes float32.
+        logits_dtype = None if logprobs.LOGPROBS_TRITON else torch.float32
         for start in range(0, len(token_rows), ROWS_PER_BLOCK):
             block = slice(start, start + ROWS_PER_BLOCK)
-            logits = compute_logits(hidden[dev_rows[block]]).to(torch.float32)
-            parts.append(compute_logprobs(logits, targets[block], num_top))
+            logits = compute_logits(hidden[dev_rows[block]], logits_dtype)
+            parts.append(self.compute_logprobs(logits, targets[block], num_top))
         tensors = LogprobsTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))))
         return PromptLogprobsOutput(chunks, tensors)

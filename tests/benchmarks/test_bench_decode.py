@@ -211,7 +211,7 @@ def test_variants_are_captured_and_timed_each_under_its_own_settings(tmp_path, m
     args = argparse.Namespace(variants=["default", "turned"], rounds=3, steps=2, shape="tiny",
                               batches=[1, 3], contexts=[20], timeline=False,
                               temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
-                              repetition_penalty=1.0)
+                              repetition_penalty=1.0, logprobs=None)
     rows = variant_rows(args, runner, lambda batch, context: {"floor_ms": 1.0, "floor_GB": 0.0,
                                                               "floor_GBps": 1.0},
                         runner.num_blocks, show=False)
@@ -260,7 +260,7 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
     parser = argparse.ArgumentParser()
     base = dict(device="cuda", idle=False, kernel_table=False, timeline=False, peer=False,
                 profile_host=False, spec_tokens=[], cublas_only=False, temperature=0.0,
-                top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0)
+                top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, logprobs=None)
     check_args(parser, argparse.Namespace(**base, variants=["default"]))
     with pytest.raises(SystemExit):
         check_args(parser, argparse.Namespace(**{**base, "peer": True}, variants=["default"]))
@@ -310,6 +310,8 @@ def test_sampled_rows_draw_seeded_tokens_that_the_check_compares(tmp_path, batch
     assert eager_check(runner, batch, 20, top1) == {"steps": 8, "tokens_equal": True}
     penalised = SamplingOptions(temperature=2.0, min_p=0.05, repetition_penalty=1.3)
     assert eager_check(runner, batch, 20, penalised) == {"steps": 8, "tokens_equal": True}
+    with_logprobs = SamplingOptions(temperature=2.0, top_p=0.9, logprobs=3)
+    assert eager_check(runner, batch, 20, with_logprobs) == {"steps": 8, "tokens_equal": True}
     assert row_tokens(DecodeDriver(runner, top1), runner, batch, 20, 8, kv_seed=5) == greedy
 
 

@@ -19,7 +19,8 @@ from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.ops import triton_ops
 from runner.sampler import Sampler
-from runner.sampling import triton_noise, triton_penalties
+from runner.sampling import logprobs as logprobs_rule
+from runner.sampling import triton_filters, triton_noise, triton_penalties
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
@@ -684,16 +685,26 @@ def test_logprobs_zero_gives_only_the_sampled_token():
         assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
 
 
+def _all_kernels_on(monkeypatch):
+    """Every optional kernel of the sampler routed on (their variants)."""
+    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", True)
+    monkeypatch.setattr(logprobs_rule, "LOGPROBS_TRITON", True)
+    monkeypatch.setattr(triton_filters, "STEP_BINS", 256)
+    monkeypatch.setattr(triton_noise, "TOKEN_KEYS_TABLE", True)
+
+
 def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monkeypatch):
     # Every kernel the sampler launches on CUDA (penalties, filters, draw,
-    # counts), run under the interpreter, against the torch references:
-    # the same tokens and counts over several steps of a mixed batch, with
-    # penalties on greedy and sampled rows and filters of every kind.
-    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", True)
+    # counts, logprobs), each optional one on, run under the interpreter,
+    # against the torch references: the same tokens, counts and logprobs
+    # over several steps of a mixed batch, with penalties on greedy and
+    # sampled rows and filters of every kind.
+    _all_kernels_on(monkeypatch)
     vocab = 300
     requests = {
-        0: (opts(temperature=0.0, repetition_penalty=1.6), [3, 4], [5]),
-        1: (opts(temperature=0.8, top_p=0.8, presence_penalty=0.7, seed=3), [6], [7, 7]),
+        0: (opts(temperature=0.0, repetition_penalty=1.6, logprobs=2), [3, 4], [5]),
+        1: (opts(temperature=0.8, top_p=0.8, presence_penalty=0.7, seed=3, logprobs=0), [6],
+            [7, 7]),
         2: (opts(temperature=1.2, top_k=12, frequency_penalty=0.9, seed=4), [8, 9], []),
         3: (opts(temperature=0.5, min_p=0.05, seed=5), [1], []),
         4: (opts(temperature=1.0, seed=6), [2], [3]),
@@ -709,6 +720,9 @@ def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monke
         want = run(torch_sampler, logits, slots, [20 + step] * 5, mask)
         got = run(triton_sampler, logits, slots, [20 + step] * 5, mask)
         assert torch.equal(got.sampled_token_ids, want.sampled_token_ids), step
+        assert torch.equal(got.logprobs.sampled_ranks, want.logprobs.sampled_ranks)
+        torch.testing.assert_close(got.logprobs.sampled_logprobs, want.logprobs.sampled_logprobs)
+        torch.testing.assert_close(got.logprobs.top_logprobs, want.logprobs.top_logprobs)
     assert torch.equal(triton_sampler.penalties.output_counts,
                        torch_sampler.penalties.output_counts)
     assert int(torch_sampler.penalties.output_counts.sum()) > 4  # counted this call's tokens
@@ -718,9 +732,10 @@ def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monke
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("penalties_triton", [False, True])
-def test_cuda_sampler_never_syncs_and_matches_cpu(monkeypatch, penalties_triton):
-    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", penalties_triton)
+@pytest.mark.parametrize("kernels_on", [False, True])
+def test_cuda_sampler_never_syncs_and_matches_cpu(monkeypatch, kernels_on):
+    if kernels_on:
+        _all_kernels_on(monkeypatch)
     vocab = 1000
     requests = {s: (opts(**o), [1, 2, 3], [4]) for s, o in LOGPROB_REQS.items()}
     requests[5] = (opts(temperature=0.8, top_p=0.7, min_p=0.02, frequency_penalty=0.4,
