@@ -38,7 +38,7 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
-from runner.sampling import logprobs as logprobs_rule
+from runner.sampling import logprobs as raw_logprobs
 from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
@@ -182,7 +182,7 @@ class Sampler:
         # kernel, else a float32 copy, which the draw then reads too.
         raw = None
         if flags.max_logprobs != NO_LOGPROBS:
-            raw = logits if logprobs_rule.LOGPROBS_TRITON else logits.to(torch.float32)
+            raw = logits if raw_logprobs.LOGPROBS_TRITON else logits.to(torch.float32)
         processed = logits if raw is None else raw
         if flags.any_penalty:
             states = self.states

@@ -19,7 +19,7 @@ from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.ops import triton_ops
 from runner.sampler import Sampler
-from runner.sampling import logprobs as logprobs_rule
+from runner.sampling import logprobs as raw_logprobs
 from runner.sampling import triton_filters, triton_noise, triton_penalties
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
@@ -688,7 +688,7 @@ def test_logprobs_zero_gives_only_the_sampled_token():
 def _all_kernels_on(monkeypatch):
     """Every optional kernel of the sampler routed on (their variants)."""
     monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", True)
-    monkeypatch.setattr(logprobs_rule, "LOGPROBS_TRITON", True)
+    monkeypatch.setattr(raw_logprobs, "LOGPROBS_TRITON", True)
     monkeypatch.setattr(triton_filters, "STEP_BINS", 256)
     monkeypatch.setattr(triton_noise, "TOKEN_KEYS_TABLE", True)
 
