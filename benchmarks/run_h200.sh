@@ -19,6 +19,8 @@
 #     bisections against the steps' histogram (variants filters-steps-*) in one process
 #   logprobs (6): top-5 logprobs at 1B and 8B decode (variant logprobs-kernel), and
 #     32 x 2048 prompts' logprobs, the torch reference against the kernel in one process
+#   sampled-ab (8): the four stages above in short (1B, and 8B for top-k; batches 1
+#     and 64)
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -59,6 +61,12 @@ pytest_files() {  # $1 log name, then pytest arguments
   local log=$1; shift
   timeout 560 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
     | tee -a "$LOGS/$log" | tail -25
+}
+
+sampled_ab() {  # $1 timeout, $2 result name, then bench_decode arguments (sampled at 0.7)
+  local limit=$1 name=$2; shift 2
+  timeout "$limit" python3 -m benchmarks.bench_decode --contexts 512 --temperature 0.7 "$@" \
+    --out "$RESULTS/$name.json" 2>&1 | tee -a "$LOGS/sampled_ab.log" | tail -1
 }
 
 pytest_shards() {  # $1 log name, $2 runs, then folders: their test files dealt out by size
@@ -166,6 +174,17 @@ run_stage() {
       timeout 400 python3 -m benchmarks.bench_prompt_logprobs --shape 8b --ttft-prompts 32 \
         --ttft-len 2048 --kernel --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
         | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
+    sampled-ab)  # each sampled-path variant against the code as it is, one process a line
+      sampled_ab 200 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
+        --variants default filters-steps-256 filters-steps-2048
+      sampled_ab 200 ab_filters_steps_topk_8b --shape 8b --batches 1 64 --top-k 50 --top-p 0.9 \
+        --variants default filters-steps-256 filters-steps-2048
+      sampled_ab 150 ab_penalties_1b --shape 1b --batches 1 64 --top-p 0.9 \
+        --repetition-penalty 1.1 --variants default penalties-kernel
+      sampled_ab 150 ab_logprobs_1b --shape 1b --batches 1 64 --top-p 0.9 --logprobs 5 \
+        --variants default logprobs-kernel
+      sampled_ab 150 ab_draw_keys_1b --shape 1b --batches 64 --variants default token-keys-table
+      ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
         | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"
