@@ -185,9 +185,7 @@ class Sampler:
             raw = logits if raw_logprobs.LOGPROBS_TRITON else logits.to(torch.float32)
         processed = logits if raw is None else raw
         if flags.any_penalty:
-            states = self.states
-            processed = self.penalties.apply(processed, idx, states.slot_repetition,
-                                             states.slot_presence, states.slot_frequency,
+            processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)

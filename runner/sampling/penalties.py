@@ -73,18 +73,17 @@ class PenaltyState:
         self,
         logits: torch.Tensor,
         idx_mapping: torch.Tensor,
-        repetition: torch.Tensor,
-        presence: torch.Tensor,
-        frequency: torch.Tensor,
+        slot_penalties: torch.Tensor,
         prior_tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Penalised float32 logits [N, V] (a new tensor; ``logits`` of any
-        float dtype) of the rows of slots ``idx_mapping`` (int64 [N]); the
-        parameters are per-slot columns [max_num_reqs], read at each row's
-        slot. ``prior_tokens`` [N, m] (-1: none) count as output tokens of
-        their row on top of the slot's counts (drafts before a draft position)."""
-        return self.ops.apply_penalties(logits, idx_mapping, repetition, presence, frequency,
-                                        self.output_counts, self.prompt_mask, prior_tokens)
+        float dtype) of the rows of slots ``idx_mapping`` (int64 [N]);
+        ``slot_penalties`` [max_num_reqs, 3] holds each slot's repetition,
+        presence and frequency penalties, read at each row's slot.
+        ``prior_tokens`` [N, m] (-1: none) count as output tokens of their
+        row on top of the slot's counts (drafts before a draft position)."""
+        return self.ops.apply_penalties(logits, idx_mapping, slot_penalties, self.output_counts,
+                                        self.prompt_mask, prior_tokens)
 
     def record_sampled(
         self, idx_mapping: torch.Tensor, sampled: torch.Tensor, sample_mask: torch.Tensor
@@ -96,27 +95,26 @@ class PenaltyState:
 def apply_penalties_ref(
     logits: torch.Tensor,
     slots: torch.Tensor,
-    repetition: torch.Tensor,
-    presence: torch.Tensor,
-    frequency: torch.Tensor,
+    slot_penalties: torch.Tensor,
     output_counts: torch.Tensor,
     prompt_mask: torch.Tensor,
     prior_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``PenaltyState.apply`` in torch: row i (slot ``slots[i]``) of
-    ``logits`` penalised with the parameters at its slot in ``repetition``,
-    ``presence`` and ``frequency`` [max_num_reqs] and its slot's rows of
-    ``output_counts`` (plus its ``prior_tokens``) and ``prompt_mask``."""
+    ``logits`` penalised with its slot's row of ``slot_penalties``
+    (repetition, presence, frequency) and of ``output_counts`` (plus its
+    ``prior_tokens``) and ``prompt_mask``."""
     counts = output_counts[slots]
     if prior_tokens is not None:
         counts = counts + prior_counts(prior_tokens, output_counts.shape[1]).to(counts.dtype)
     in_output = counts > 0
     seen = prompt_mask[slots] | in_output
     logits = logits.to(torch.float32)
-    scale = torch.where(seen, repetition[slots][:, None], 1.0)
+    params = slot_penalties[slots]
+    scale = torch.where(seen, params[:, 0:1], 1.0)
     out = torch.where(logits > 0, logits / scale, logits * scale)
-    out -= frequency[slots][:, None] * counts
-    out -= presence[slots][:, None] * in_output
+    out -= params[:, 2:3] * counts
+    out -= params[:, 1:2] * in_output
     return out
 
 

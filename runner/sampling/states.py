@@ -71,9 +71,8 @@ class SamplingStates:
         self.slot_temperature = self.floats.gpu[:, TEMPERATURE]
         self.slot_top_p = self.floats.gpu[:, TOP_P]
         self.slot_min_p = self.floats.gpu[:, MIN_P]
-        self.slot_repetition = self.floats.gpu[:, REPETITION]
-        self.slot_presence = self.floats.gpu[:, PRESENCE]
-        self.slot_frequency = self.floats.gpu[:, FREQUENCY]
+        # [max_num_reqs, 3]: repetition, presence, frequency (adjacent columns).
+        self.slot_penalties = self.floats.gpu[:, REPETITION:FREQUENCY + 1]
         self.floats_np = np.zeros((max_num_reqs, _NUM_FLOATS), dtype=np.float32)
         self.floats_np[:, REPETITION] = 1.0
         self.top_k_np = np.zeros(max_num_reqs, dtype=np.int32)

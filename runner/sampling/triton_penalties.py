@@ -2,7 +2,7 @@
 
 ``apply_penalties_triton``: one program per (row, vocab block) reads its
 row's repetition, presence and frequency penalties at the row's slot in
-the per-slot tables, its slot's output counts and prompt mask, adds the
+the per-slot table, its slot's output counts and prompt mask, adds the
 row's prior tokens to the counts in registers, and writes the penalised
 float32 logits: one read of each [N, V] input and one write, where the
 torch reference makes about fifteen passes over [N, V] temporaries. The
@@ -43,10 +43,8 @@ def _penalties_kernel(
     logits_stride,
     out_ptr,
     slots_ptr,
-    repetition_ptr,
-    presence_ptr,
-    frequency_ptr,
-    params_stride,
+    penalties_ptr,
+    penalties_stride,
     counts_ptr,
     counts_stride,
     prompt_mask_ptr,
@@ -65,9 +63,9 @@ def _penalties_kernel(
     tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = tokens < vocab_size
     slot = tl.load(slots_ptr + row)
-    repetition = tl.load(repetition_ptr + slot * params_stride)
-    presence = tl.load(presence_ptr + slot * params_stride)
-    frequency = tl.load(frequency_ptr + slot * params_stride)
+    repetition = tl.load(penalties_ptr + slot * penalties_stride)
+    presence = tl.load(penalties_ptr + slot * penalties_stride + 1)
+    frequency = tl.load(penalties_ptr + slot * penalties_stride + 2)
     logits = tl.load(logits_ptr + row * logits_stride + tokens, mask=inside).to(tl.float32)
     counts = tl.load(counts_ptr + slot * counts_stride + tokens, mask=inside, other=0)
     for j in tl.static_range(NUM_PRIOR):
@@ -97,16 +95,16 @@ def _record_kernel(counts_ptr, counts_stride, slots_ptr, sampled_ptr, mask_ptr, 
 
 
 def apply_penalties_triton(
-    logits: torch.Tensor, slots: torch.Tensor, repetition: torch.Tensor,
-    presence: torch.Tensor, frequency: torch.Tensor, output_counts: torch.Tensor,
-    prompt_mask: torch.Tensor, prior_tokens: torch.Tensor | None = None,
+    logits: torch.Tensor, slots: torch.Tensor, slot_penalties: torch.Tensor,
+    output_counts: torch.Tensor, prompt_mask: torch.Tensor,
+    prior_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``apply_penalties_ref`` in one launch (``PENALTIES_TRITON``)."""
     if not PENALTIES_TRITON:
-        return apply_penalties_ref(logits, slots, repetition, presence, frequency,
-                                   output_counts, prompt_mask, prior_tokens)
-    if not repetition.stride(0) == presence.stride(0) == frequency.stride(0):
-        raise ValueError("the penalty columns must share one stride (one table's columns)")
+        return apply_penalties_ref(logits, slots, slot_penalties, output_counts, prompt_mask,
+                                   prior_tokens)
+    if slot_penalties.stride(1) != 1:
+        raise ValueError("a slot's three penalties must be adjacent (stride 1)")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     n, vocab_size = logits.shape
     out = torch.empty(n, vocab_size, dtype=torch.float32, device=logits.device)
@@ -114,8 +112,8 @@ def apply_penalties_triton(
         return out
     prior = prior_tokens if prior_tokens is not None else slots[:, None]
     _penalties_kernel[(n, triton.cdiv(vocab_size, BLOCK))](
-        logits, logits.stride(0), out, slots, repetition, presence, frequency,
-        repetition.stride(0), output_counts, output_counts.stride(0),
+        logits, logits.stride(0), out, slots, slot_penalties, slot_penalties.stride(0),
+        output_counts, output_counts.stride(0),
         prompt_mask.view(torch.uint8), prompt_mask.stride(0), prior, prior.stride(0),
         vocab_size, NUM_PRIOR=0 if prior_tokens is None else prior_tokens.shape[1],
         BLOCK=BLOCK, enable_fp_fusion=False, **pdl_launch(logits.device),

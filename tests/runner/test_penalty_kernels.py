@@ -24,7 +24,7 @@ def kernels_on(monkeypatch):
 
 
 def _state(vocab: int, seed: int):
-    """The float table's penalty columns (strided views, as the sampler
+    """The float table (its penalty columns a strided view, as the sampler
     passes them), output counts and prompt masks of ``PARAMS``' slots."""
     gen = torch.Generator().manual_seed(seed)
     floats = torch.zeros(len(PARAMS), 6)
@@ -36,7 +36,8 @@ def _state(vocab: int, seed: int):
 
 
 def _columns(floats):
-    return floats[:, 3], floats[:, 4], floats[:, 5]
+    """The penalties' columns of the float table, as the sampler passes them."""
+    return floats[:, 3:]
 
 
 def _logits(rows: int, vocab: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -62,10 +63,10 @@ def test_triton_penalties_equal_the_reference(kernels_on, dtype, vocab, with_pri
         prior[3, 0] = 5
         prior[4, :2] = torch.tensor([5, 11])
         prior[6, :] = torch.tensor([vocab - 1, vocab - 1, 2])
-    want = apply_penalties_ref(logits, slots, *_columns(floats), counts, prompt_mask, prior)
+    want = apply_penalties_ref(logits, slots, _columns(floats), counts, prompt_mask, prior)
     d = KERNEL_DEVICE
     got = triton_penalties.apply_penalties_triton(
-        logits.to(d), slots.to(d), *_columns(floats.to(d)), counts.to(d), prompt_mask.to(d),
+        logits.to(d), slots.to(d), _columns(floats.to(d)), counts.to(d), prompt_mask.to(d),
         None if prior is None else prior.to(d))
     assert got.dtype == torch.float32
     assert torch.equal(got.cpu(), want)
@@ -80,7 +81,7 @@ def test_reference_counts_prior_tokens_as_outputs():
     slots = torch.tensor([1, 2, 0])
     logits = _logits(3, vocab, torch.float32, gen)
     prior = torch.tensor([[7, 7, -1], [9, -1, -1], [-1, -1, -1]])
-    got = apply_penalties_ref(logits, slots, *_columns(floats), counts, prompt_mask, prior)
+    got = apply_penalties_ref(logits, slots, _columns(floats), counts, prompt_mask, prior)
     for row, slot in enumerate(slots.tolist()):
         rep, pres, freq = PARAMS[slot]
         outputs = Counter({t: int(c) for t, c in enumerate(counts[slot].tolist()) if c})

@@ -537,9 +537,7 @@ def test_penalised_logits_match_the_reference_values():
     gen = torch.Generator().manual_seed(8)
     logits = 3 * torch.randn(4, vocab, generator=gen)
     slots = torch.tensor([0, 1, 2, 3])
-    states = sampler.states
-    got = sampler.penalties.apply(logits, slots, states.slot_repetition, states.slot_presence,
-                                  states.slot_frequency)
+    got = sampler.penalties.apply(logits, slots, sampler.states.slot_penalties)
     for i in range(4):
         o, prompt, out = PENALISED[i]
         want = reference_penalties(logits[i], set(prompt), out,
