@@ -19,6 +19,8 @@
 #     bisections against the steps' histogram (variants filters-steps-*) in one process
 #   logprobs (6): top-5 logprobs at 1B and 8B decode (variant logprobs-kernel), and
 #     32 x 2048 prompts' logprobs, the torch reference against the kernel in one process
+#   sampler (1): the sampler alone (benchmarks/bench_sampler.py): each sampling
+#     configuration at batches 1 8 64 under every sampled-path variant, in one process
 #   sampled-ab (8): the four stages above in short (1B, and 8B for top-k; batches 1
 #     and 64)
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
@@ -174,6 +176,10 @@ run_stage() {
       timeout 400 python3 -m benchmarks.bench_prompt_logprobs --shape 8b --ttft-prompts 32 \
         --ttft-len 2048 --kernel --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
         | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
+    sampler)  # the sampler alone, every configuration and sampled-path variant in one process
+      timeout 300 python3 -m benchmarks.bench_sampler --batches 1 8 64 --variants default \
+        filters-steps-256 filters-steps-2048 penalties-kernel token-keys-table logprobs-kernel \
+        --out "$RESULTS/sampler.json" 2>&1 | tee "$LOGS/sampler.log" | tail -1 | cut -c1-400 ;;
     sampled-ab)  # each sampled-path variant against the code as it is, one process a line
       sampled_ab 200 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
         --variants default filters-steps-256 filters-steps-2048
