@@ -29,7 +29,6 @@ import torch
 
 from ipc.messages import Logprobs, PromptLogprobs
 from runner.ops import device_ops
-from runner.sampling import logprobs
 from runner.sampling.logprobs import LogprobsTensors
 
 NONE = -1
@@ -142,11 +141,10 @@ class PromptLogprobsState:
         targets = all_token_ids[dev_slots, dev_pos].to(torch.int64)
         num_top = min(max(chunks.num_top), vocab_size)
         parts = []
-        # The kernel reads the model's dtype; the reference takes float32.
-        logits_dtype = None if logprobs.LOGPROBS_TRITON else torch.float32
         for start in range(0, len(token_rows), ROWS_PER_BLOCK):
             block = slice(start, start + ROWS_PER_BLOCK)
-            logits = compute_logits(hidden[dev_rows[block]], logits_dtype)
+            # In the model's dtype: the reference casts to float32 itself.
+            logits = compute_logits(hidden[dev_rows[block]], None)
             parts.append(self.compute_logprobs(logits, targets[block], num_top))
         tensors = LogprobsTensors(*(torch.cat(ts) for ts in zip(*(p.tensors() for p in parts))))
         return PromptLogprobsOutput(chunks, tensors)
