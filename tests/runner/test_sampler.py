@@ -8,6 +8,7 @@ CUDA, and end to end through ``engine.LLM``.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections import Counter
 
@@ -15,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import decode_variants
 from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.ops import triton_ops
 from runner.sampler import Sampler
-from runner.sampling import logprobs as raw_logprobs
-from runner.sampling import triton_filters, triton_noise, triton_penalties
+from runner.sampling import triton_noise
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
@@ -683,12 +684,16 @@ def test_logprobs_zero_gives_only_the_sampled_token():
         assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
 
 
+SAMPLER_VARIANTS = ("penalties-kernel", "logprobs-kernel", "filters-steps-256",
+                    "token-keys-table")
+
+
 def _all_kernels_on(monkeypatch):
-    """Every optional kernel of the sampler routed on (their variants)."""
-    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", True)
-    monkeypatch.setattr(raw_logprobs, "LOGPROBS_TRITON", True)
-    monkeypatch.setattr(triton_filters, "STEP_BINS", 256)
-    monkeypatch.setattr(triton_noise, "TOKEN_KEYS_TABLE", True)
+    """Every optional kernel of the sampler routed on: their variants'
+    settings (``benchmarks/decode_variants.py``)."""
+    for name in SAMPLER_VARIANTS:
+        for module, attribute, value in decode_variants.VARIANTS[name].patches:
+            monkeypatch.setattr(importlib.import_module(module), attribute, value)
 
 
 def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monkeypatch):
