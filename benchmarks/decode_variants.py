@@ -79,6 +79,10 @@ VARIANTS: dict[str, Variant] = {
         (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(2048)),)),
 }
 
+# The sampler's optional kernels, one variant each (the sampled path's A/B).
+SAMPLER_VARIANTS = ("penalties-kernel", "logprobs-kernel", "filters-steps-256",
+                    "token-keys-table")
+
 
 @contextlib.contextmanager
 def applied(name: str):

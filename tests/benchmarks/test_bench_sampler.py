@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from benchmarks import decode_variants
 from benchmarks.bench_sampler import CONFIGS, differences, make_logits, time_variant
 from tests.helpers.proc_utils import ROOT, run_in_session
 
@@ -18,8 +19,7 @@ from tests.helpers.proc_utils import ROOT, run_in_session
 @pytest.mark.timeout(300)
 def test_every_variant_draws_the_default_tokens(tmp_path):
     out = tmp_path / "sampler.json"
-    variants = ["default", "penalties-kernel", "filters-steps-256", "token-keys-table",
-                "logprobs-kernel"]
+    variants = ["default", *decode_variants.SAMPLER_VARIANTS]
     result, leftovers = run_in_session(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_sampler.py"), "--device", "cpu",
          "--dtype", "float32", "--vocab", "500", "--batches", "1", "3", "--iters", "2",

@@ -684,14 +684,10 @@ def test_logprobs_zero_gives_only_the_sampled_token():
         assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
 
 
-SAMPLER_VARIANTS = ("penalties-kernel", "logprobs-kernel", "filters-steps-256",
-                    "token-keys-table")
-
-
 def _all_kernels_on(monkeypatch):
     """Every optional kernel of the sampler routed on: their variants'
     settings (``benchmarks/decode_variants.py``)."""
-    for name in SAMPLER_VARIANTS:
+    for name in decode_variants.SAMPLER_VARIANTS:
         for module, attribute, value in decode_variants.VARIANTS[name].patches:
             monkeypatch.setattr(importlib.import_module(module), attribute, value)
 
