@@ -177,9 +177,11 @@ run_stage() {
         --ttft-len 2048 --kernel --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
         | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
     sampler)  # the sampler alone, every configuration and sampled-path variant in one process
+      variants=$(python3 -c \
+        "from benchmarks.decode_variants import SAMPLER_VARIANTS as v; print(*v)")
       timeout 300 python3 -m benchmarks.bench_sampler --batches 1 8 64 --variants default \
-        filters-steps-256 filters-steps-2048 penalties-kernel token-keys-table logprobs-kernel \
-        --out "$RESULTS/sampler.json" 2>&1 | tee "$LOGS/sampler.log" | tail -1 | cut -c1-400 ;;
+        $variants filters-steps-2048 --out "$RESULTS/sampler.json" 2>&1 \
+        | tee "$LOGS/sampler.log" | tail -1 | cut -c1-400 ;;
     sampled-ab)  # each sampled-path variant against the code as it is, one process a line
       sampled_ab 200 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
         --variants default filters-steps-256 filters-steps-2048
