@@ -1,7 +1,7 @@
 """The sampler alone: what its launches after a decode step cost, per sampling configuration.
 
     python -m benchmarks.bench_sampler --batches 1 8 64 \\
-        --variants default filters-steps-256 filters-steps-2048 penalties-kernel
+        --variants default filters-steps-256 filters-steps-256-top-k penalties-kernel
     python -m benchmarks.bench_sampler --device cpu --vocab 600 --batches 1 3 --iters 2 \\
         --kernels-on-cpu --variants default penalties-kernel      (smoke test: interpreter)
 

@@ -45,15 +45,14 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
-    "token-keys-table": Variant(
-        "the sampled draw (runner/sampling/triton_noise.py) reads each token's key from the "
-        "sampler's table instead of hashing the token id",
-        (("runner.sampling.triton_noise", "TOKEN_KEYS_TABLE", True),)),
-    **{f"filters-steps-{bins}": Variant(
-        f"runner/sampling/triton_filters.py counts the logits in {bins} bfloat16 steps below a "
+    "filters-steps-256": Variant(
+        "runner/sampling/triton_filters.py counts the logits in 256 bfloat16 steps below a "
         "row's largest before its top-k and top-p bisections",
-        (("runner.sampling.triton_filters", "STEP_BINS", bins),))
-       for bins in (256, 2048)},
+        (("runner.sampling.triton_filters", "STEP_BINS", 256),)),
+    "filters-steps-256-top-k": Variant(
+        "filters-steps-256 in the rows with top-k alone; a row with top-p and no top-k bisects",
+        (("runner.sampling.triton_filters", "STEP_BINS", 256),
+         ("runner.sampling.triton_filters", "STEPS_FOR_TOP_P_ALONE", False))),
     "logprobs-kernel": Variant(
         "logprobs through runner/sampling/triton_logprobs.py on the model's logits, not the "
         "torch reference on their float32 copy (which the draw then reads too)",
@@ -81,7 +80,7 @@ VARIANTS: dict[str, Variant] = {
 
 # The sampler's optional kernels, one variant each (the sampled path's A/B).
 SAMPLER_VARIANTS = ("penalties-kernel", "logprobs-kernel", "filters-steps-256",
-                    "token-keys-table")
+                    "filters-steps-256-top-k")
 
 
 @contextlib.contextmanager

@@ -13,16 +13,14 @@
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
 #   penalties (4): the same at repetition penalty 1.1, the torch penalties against
 #     their kernels (variant penalties-kernel) in one process
-#   draw-keys (4): temperature 1, the draw hashing token ids against reading their
-#     keys from a table (variant token-keys-table) in one process
 #   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
-#     bisections against the steps' histogram (variants filters-steps-*) in one process
+#     bisections against the steps' histogram in every row or in the rows with
+#     top-k (variants filters-steps-256*) in one process
 #   logprobs (6): top-5 logprobs at 1B and 8B decode (variant logprobs-kernel), and
 #     32 x 2048 prompts' logprobs, the torch reference against the kernel in one process
 #   sampler (1): the sampler alone (benchmarks/bench_sampler.py): each sampling
 #     configuration at batches 1 8 64 under every sampled-path variant, in one process
-#   sampled-ab (8): the four stages above in short (1B, and 8B for top-k; batches 1
-#     and 64)
+#   sampled-ab (5): filters-steps in short (1B top-p, 8B top-k; batches 1 and 64)
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -149,20 +147,13 @@ run_stage() {
           --variants default penalties-kernel --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
           | tee "$LOGS/decode_penalties_$shape.log" | tail -1
       done ;;
-    draw-keys)  # temperature 1: the draw hashing token ids against reading their keys
-      for shape in 1b 8b; do
-        timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
-          --contexts 512 --temperature 1.0 --variants default token-keys-table \
-          --out "$RESULTS/decode_draw_keys_$shape.json" 2>&1 \
-          | tee "$LOGS/decode_draw_keys_$shape.log" | tail -1
-      done ;;
     filters-steps)  # top-p 0.9, then top-k 50 with it: the bisections against the steps' histogram
       for shape in 1b 8b; do
         for filters in "--top-p 0.9" "--top-k 50 --top-p 0.9"; do
           name="decode_filters_${shape}_$(echo $filters | tr -d ' .-')"
           timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
             --contexts 512 --temperature 0.7 $filters \
-            --variants default filters-steps-256 filters-steps-2048 \
+            --variants default filters-steps-256 filters-steps-256-top-k \
             --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
         done
       done ;;
@@ -180,18 +171,13 @@ run_stage() {
       variants=$(python3 -c \
         "from benchmarks.decode_variants import SAMPLER_VARIANTS as v; print(*v)")
       timeout 300 python3 -m benchmarks.bench_sampler --batches 1 8 64 --variants default \
-        $variants filters-steps-2048 --out "$RESULTS/sampler.json" 2>&1 \
+        $variants --out "$RESULTS/sampler.json" 2>&1 \
         | tee "$LOGS/sampler.log" | tail -1 | cut -c1-400 ;;
-    sampled-ab)  # each sampled-path variant against the code as it is, one process a line
-      sampled_ab 200 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
-        --variants default filters-steps-256 filters-steps-2048
+    sampled-ab)  # the filters' steps against the code as it is, one process a line
       sampled_ab 200 ab_filters_steps_topk_8b --shape 8b --batches 1 64 --top-k 50 --top-p 0.9 \
-        --variants default filters-steps-256 filters-steps-2048
-      sampled_ab 150 ab_penalties_1b --shape 1b --batches 1 64 --top-p 0.9 \
-        --repetition-penalty 1.1 --variants default penalties-kernel
-      sampled_ab 150 ab_logprobs_1b --shape 1b --batches 1 64 --top-p 0.9 --logprobs 5 \
-        --variants default logprobs-kernel
-      sampled_ab 150 ab_draw_keys_1b --shape 1b --batches 64 --variants default token-keys-table
+        --variants default filters-steps-256 filters-steps-256-top-k
+      sampled_ab 150 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
+        --variants default filters-steps-256 filters-steps-256-top-k
       ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \

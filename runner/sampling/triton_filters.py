@@ -61,6 +61,9 @@ NUM_WARPS = 16
 # histogram) before top-k's and top-p's bisections; 1: none, the bisections
 # run over the row's whole range.
 STEP_BINS = 1
+# Whether a row with top-p and no top-k counts the steps too (else its
+# top-p bisects over the row, as without steps).
+STEPS_FOR_TOP_P_ALONE = True
 
 
 @triton.jit
@@ -131,7 +134,8 @@ def _filter_thresholds_kernel(
     logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
     float_stride, top_k_ptr, out_ptr, vocab_size,
     MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
-    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr, STEPS_FOR_TOP_P_ALONE: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
     wait_for_previous_kernel(PDL)
@@ -176,8 +180,11 @@ def _filter_thresholds_kernel(
     counts = tl.zeros((STEP_BINS,), tl.int32)
     tail = tl.zeros((), tl.float32)
     scale = LOG2E / tl.where(sampled, t, 1.0)  # used where sampled
+    counted = want_k
+    if STEPS_FOR_TOP_P_ALONE:
+        counted = want_k | want_p
     if STEP_BINS > 1:
-        if want_k | want_p:
+        if counted:
             counts, tail = _step_counts(row_ptr, top_bin, top, threshold, scale, vocab_size,
                                         STEP_BINS, TOP_P and SHIFT == 16, BLOCK)
     if want_k:
@@ -213,7 +220,7 @@ def _filter_thresholds_kernel(
             kept = (bins < STEP_BINS - 1) & (steps >= -32768) & (values >= threshold)
             masses = tl.where(kept, counts.to(tl.float32) * tl.exp2((values - top) * scale), 0.0)
             all_counted = top_bin - (_key(threshold) >> 16) < STEP_BINS - 1
-            if all_counted | (want_k == 0):
+            if counted & (all_counted | (want_k == 0)):
                 total = tl.sum(masses, axis=0) + tl.where(want_k, 0.0, tail)
                 before = tl.cumsum(masses, 0) - masses
                 below = (bins < STEP_BINS - 1) & (before < top_p * total)
@@ -264,7 +271,8 @@ def filter_thresholds_triton(
     _filter_thresholds_kernel[(n,)](
         logits, logits.stride(0), slots, temperature, top_p, min_p, temperature.stride(0),
         top_k, out, vocab_size, MIN_P=any_min_p, TOP_K=max_top_k > 0, TOP_P=any_top_p,
-        SHIFT=_KEY_SHIFT[logits.dtype], STEP_BINS=STEP_BINS, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        SHIFT=_KEY_SHIFT[logits.dtype], STEP_BINS=STEP_BINS,
+        STEPS_FOR_TOP_P_ALONE=STEPS_FOR_TOP_P_ALONE, BLOCK=BLOCK, num_warps=NUM_WARPS,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out

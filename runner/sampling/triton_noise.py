@@ -26,10 +26,6 @@ from runner.triton_dependent_launch import wait_for_previous_kernel
 # The draws' counters, one a row: draws run one after another on the
 # runner's stream and each leaves its counters at 0.
 COUNTERS = TicketCounters()
-# The draw reads each token's key from the sampler's table
-# (``noise.token_keys``) instead of hashing the token id: one finaliser of
-# the three a token needs.
-TOKEN_KEYS_TABLE = False
 
 
 @triton.jit
@@ -50,7 +46,6 @@ def _block_argmax_kernel(
     temperature_stride,
     seeds_ptr,
     positions_ptr,
-    token_keys_ptr,
     threshold_ptr,
     block_max_ptr,
     block_arg_ptr,
@@ -64,7 +59,6 @@ def _block_argmax_kernel(
     BLOCKS_PAD: tl.constexpr,
     GUMBEL: tl.constexpr,
     FILTERED: tl.constexpr,
-    KEYS_TABLE: tl.constexpr,
     RECORD: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -75,8 +69,7 @@ def _block_argmax_kernel(
     temperature is not 0 divides its logits by it (rounded as torch
     divides) and adds the Gumbel noise of (its slot's seed, its position,
     token id); with FILTERED, logits below the row's threshold first
-    become -inf (``filters.filter_thresholds_ref``); with KEYS_TABLE, the
-    tokens' keys come from ``token_keys_ptr``, not from hashing their ids."""
+    become -inf (``filters.filter_thresholds_ref``)."""
     wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     block = tl.program_id(1)
@@ -98,11 +91,7 @@ def _block_argmax_kernel(
             seed = tl.load(seeds_ptr + slot).to(tl.uint64, bitcast=True)
             position = tl.load(positions_ptr + row).to(tl.uint64)
             key = _mix(_mix(seed) + position * 0x9E3779B97F4A7C15)
-            if KEYS_TABLE:
-                token_key = tl.load(token_keys_ptr + tokens, mask=inside,
-                                    other=0).to(tl.uint64, bitcast=True)
-            else:
-                token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
+            token_key = _mix((tokens.to(tl.uint64) + 1) * 0xD1B54A32D192ED03)
             bits = _mix(key ^ token_key)
             u = ((bits >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
             score = tl.where(inside, score + -tl.log(-tl.log(u)), float("-inf"))
@@ -128,16 +117,13 @@ def _block_argmax_kernel(
 def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None = None,
                   last_tokens: torch.Tensor | None = None,
                   noise: tuple[torch.Tensor, ...] | None = None,
-                  threshold: torch.Tensor | None = None,
-                  token_keys: torch.Tensor | None = None) -> torch.Tensor:
+                  threshold: torch.Tensor | None = None) -> torch.Tensor:
     """Argmax per row in one launch: one program per (row, vocab block), the
     row's last to finish reducing the blocks' maxima (the first block wins a
     tie, so the first token does overall, as with ``torch.argmax``). With
     ``last_tokens``, row i's token is also stored at ``last_tokens[slots[i]]``.
     ``noise``: (temperature, seeds, positions), the per-slot tables and
-    per-row positions of ``gumbel_argmax_ref``, with its ``threshold``;
-    ``token_keys``: the tokens' keys the noise reads (None: hashed in the
-    kernel)."""
+    per-row positions of ``gumbel_argmax_ref``, with its ``threshold``."""
     logits = logits.contiguous()
     n, vocab_size = logits.shape
     num_blocks = triton.cdiv(vocab_size, block)
@@ -150,13 +136,12 @@ def _block_argmax(logits: torch.Tensor, block: int, slots: torch.Tensor | None =
     temperature, seeds, positions = noise or (out, out, out)
     _block_argmax_kernel[(n, num_blocks)](
         logits, logits.stride(0), temperature, temperature.stride(0), seeds, positions,
-        out if token_keys is None else token_keys, out if threshold is None else threshold,
+        out if threshold is None else threshold,
         block_max, block_arg,
         COUNTERS.at_least(n, logits.device), out, out if slots is None else slots,
         out if last_tokens is None else last_tokens, num_blocks, vocab_size, BLOCK=block,
         BLOCKS_PAD=triton.next_power_of_2(num_blocks), GUMBEL=noise is not None,
-        FILTERED=threshold is not None, KEYS_TABLE=token_keys is not None,
-        RECORD=last_tokens is not None,
+        FILTERED=threshold is not None, RECORD=last_tokens is not None,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out
@@ -169,11 +154,12 @@ def gumbel_argmax_triton(
 ) -> torch.Tensor:
     """``gumbel_argmax_ref`` in one launch: each row reads its slot's
     temperature and seed, filters, scales, hashes and adds the noise in
-    registers, and stores its token at its slot. ``tokens`` (the tokens'
-    keys) is read only with ``TOKEN_KEYS_TABLE``; else the kernel hashes
-    the token ids itself."""
+    registers, and stores its token at its slot. ``tokens`` (the
+    reference's table of the tokens' keys) is not read: the kernel hashes
+    the token ids itself, as the table was made."""
+    del tokens
     return _block_argmax(logits, 1024, slots, last_tokens, (temperature, seeds, positions),
-                         threshold, tokens if TOKEN_KEYS_TABLE else None)
+                         threshold)
 
 
 def greedy_argmax_triton(logits: torch.Tensor, slots: torch.Tensor | None = None,

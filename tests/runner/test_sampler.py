@@ -21,7 +21,6 @@ from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.ops import triton_ops
 from runner.sampler import Sampler
-from runner.sampling import triton_noise
 from runner.sampling.filters import apply_min_p, apply_top_k_top_p
 from runner.sampling.noise import (
     ROW_MUL,
@@ -129,17 +128,13 @@ def _composed_draw(logits, slots, temperature, seeds, positions, threshold):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("filtered", [False, True])
-@pytest.mark.parametrize("keys_table", [False, True])
-def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(
-        monkeypatch, dtype, filtered, keys_table):
+def test_gumbel_draw_reads_each_rows_temperature_and_seed_at_its_slot(dtype, filtered):
     # Rows sit at slots in any order; temperature is a column of a wider
     # table (as the sampler's float table holds it); slot 5 is greedy. With
     # ``filtered`` each row has a threshold (one -inf: keep all; the greedy
     # row's ignored). The torch reference against the row-by-row
     # composition, then the kernel (under the Triton interpreter on CPU)
-    # against the reference, tokens and the slots' stored tokens both; the
-    # kernel hashes the token ids or reads their keys from the table.
-    monkeypatch.setattr(triton_noise, "TOKEN_KEYS_TABLE", keys_table)
+    # against the reference, tokens and the slots' stored tokens both.
     gen = torch.Generator().manual_seed(4)
     slots = torch.tensor([3, 0, 5, 1, 7, 2, 6, 4])
     table = torch.zeros(9, 6)
@@ -694,8 +689,8 @@ def _all_kernels_on(monkeypatch):
 
 def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monkeypatch):
     # Every kernel the sampler launches on CUDA (penalties, filters, draw,
-    # counts, logprobs), each optional one on, run under the interpreter,
-    # against the torch references: the same tokens, counts and logprobs
+    # counts, logprobs), each optional one on, compiled on CUDA or under the
+    # interpreter on CPU, against the torch references: the same tokens, counts and logprobs
     # over several steps of a mixed batch, with penalties on greedy and
     # sampled rows and filters of every kind.
     _all_kernels_on(monkeypatch)
@@ -709,8 +704,8 @@ def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monke
         4: (opts(temperature=1.0, seed=6), [2], [3]),
     }
     torch_sampler = make_sampler(requests, vocab)
-    triton_sampler = make_sampler(requests, vocab)
-    triton_sampler.ops = triton_sampler.penalties.ops = triton_ops(CPU)
+    triton_sampler = make_sampler(requests, vocab, device=TRITON_DEVICE)
+    triton_sampler.ops = triton_sampler.penalties.ops = triton_ops(TRITON_DEVICE)
     gen = torch.Generator().manual_seed(11)
     slots, mask = [3, 0, 4, 1, 2], [True, True, False, True, True]
     for step in range(4):
@@ -718,11 +713,12 @@ def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monke
         logits[:, [3, 5, 7, 9]] += 4.0  # earlier tokens lead: the penalties decide
         want = run(torch_sampler, logits, slots, [20 + step] * 5, mask)
         got = run(triton_sampler, logits, slots, [20 + step] * 5, mask)
-        assert torch.equal(got.sampled_token_ids, want.sampled_token_ids), step
-        assert torch.equal(got.logprobs.sampled_ranks, want.logprobs.sampled_ranks)
-        torch.testing.assert_close(got.logprobs.sampled_logprobs, want.logprobs.sampled_logprobs)
-        torch.testing.assert_close(got.logprobs.top_logprobs, want.logprobs.top_logprobs)
-    assert torch.equal(triton_sampler.penalties.output_counts,
+        assert torch.equal(got.sampled_token_ids.cpu(), want.sampled_token_ids), step
+        assert torch.equal(got.logprobs.sampled_ranks.cpu(), want.logprobs.sampled_ranks)
+        torch.testing.assert_close(got.logprobs.sampled_logprobs.cpu(),
+                                   want.logprobs.sampled_logprobs)
+        torch.testing.assert_close(got.logprobs.top_logprobs.cpu(), want.logprobs.top_logprobs)
+    assert torch.equal(triton_sampler.penalties.output_counts.cpu(),
                        torch_sampler.penalties.output_counts)
     assert int(torch_sampler.penalties.output_counts.sum()) > 4  # counted this call's tokens
 
