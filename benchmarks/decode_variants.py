@@ -57,10 +57,6 @@ VARIANTS: dict[str, Variant] = {
         "logprobs through runner/sampling/triton_logprobs.py on the model's logits, not the "
         "torch reference on their float32 copy (which the draw then reads too)",
         (("runner.sampling.logprobs", "LOGPROBS_TRITON", True),)),
-    "penalties-kernel": Variant(
-        "penalised rows through runner/sampling/triton_penalties.py (one launch to apply, one "
-        "to count), not the torch reference",
-        (("runner.sampling.triton_penalties", "PENALTIES_TRITON", True),)),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
@@ -79,8 +75,7 @@ VARIANTS: dict[str, Variant] = {
 }
 
 # The sampler's optional kernels, one variant each (the sampled path's A/B).
-SAMPLER_VARIANTS = ("penalties-kernel", "logprobs-kernel", "filters-steps-256",
-                    "filters-steps-256-top-k")
+SAMPLER_VARIANTS = ("logprobs-kernel", "filters-steps-256", "filters-steps-256-top-k")
 
 
 @contextlib.contextmanager

@@ -11,8 +11,7 @@
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   sampled (3): the 1B and 8B decode steps of seeded requests at temperature 0.7,
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
-#   penalties (4): the same at repetition penalty 1.1, the torch penalties against
-#     their kernels (variant penalties-kernel) in one process
+#   penalties (2): the same at repetition penalty 1.1
 #   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
 #     bisections against the steps' histogram in every row or in the rows with
 #     top-k (variants filters-steps-256*) in one process
@@ -140,11 +139,11 @@ run_stage() {
           --out "$RESULTS/decode_sampled_$shape.json" 2>&1 \
           | tee "$LOGS/decode_sampled_$shape.log" | tail -1
       done ;;
-    penalties)  # the penalised sampled step: the torch penalties against their kernels
+    penalties)  # the penalised sampled step
       for shape in 1b 8b; do
         timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
           --contexts 512 --temperature 0.7 --top-p 0.9 --repetition-penalty 1.1 \
-          --variants default penalties-kernel --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
+          --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
           | tee "$LOGS/decode_penalties_$shape.log" | tail -1
       done ;;
     filters-steps)  # top-p 0.9, then top-k 50 with it: the bisections against the steps' histogram

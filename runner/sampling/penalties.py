@@ -18,8 +18,8 @@ The penalties read each row's parameters at its slot in the sampler's
 per-slot table, so a batch needs no gather. Two implementations of one
 signature (``runner.ops``): the torch references here (``apply_penalties_ref``,
 about fifteen launches over [N, V] temporaries; ``record_sampled_ref``) and,
-on CUDA where ``triton_penalties.PENALTIES_TRITON`` is set, Triton kernels
-that apply the penalties in one launch and count the samples in another.
+on CUDA, ``triton_penalties.py``'s kernels, which apply the penalties in one
+launch and count the samples in another.
 
 Invariants:
 - The rows of a slot whose request uses a penalty are rebuilt on the device

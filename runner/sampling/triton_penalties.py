@@ -17,9 +17,7 @@ sample (atomic adds: rows of one slot, the draft positions of speculative
 decoding, may count the same token).
 
 Both launch with programmatic dependent launch where the device has it
-(``runner/triton_dependent_launch.py``). ``PENALTIES_TRITON`` routes the
-calls (``benchmarks/decode_variants.py``): False keeps the torch
-reference on every device.
+(``runner/triton_dependent_launch.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +27,8 @@ import triton
 import triton.language as tl
 
 from runner.ops import pdl_launch
-from runner.sampling.penalties import apply_penalties_ref, record_sampled_ref
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
-PENALTIES_TRITON = False
 # Logits a program reads: a row of 128k tokens is 128 programs.
 BLOCK = 1024
 
@@ -99,10 +95,7 @@ def apply_penalties_triton(
     output_counts: torch.Tensor, prompt_mask: torch.Tensor,
     prior_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``apply_penalties_ref`` in one launch (``PENALTIES_TRITON``)."""
-    if not PENALTIES_TRITON:
-        return apply_penalties_ref(logits, slots, slot_penalties, output_counts, prompt_mask,
-                                   prior_tokens)
+    """``penalties.apply_penalties_ref`` in one launch."""
     if slot_penalties.stride(1) != 1:
         raise ValueError("a slot's three penalties must be adjacent (stride 1)")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
@@ -123,10 +116,7 @@ def apply_penalties_triton(
 
 def record_sampled_triton(output_counts: torch.Tensor, slots: torch.Tensor,
                           sampled: torch.Tensor, sample_mask: torch.Tensor) -> None:
-    """``record_sampled_ref`` in one launch (``PENALTIES_TRITON``)."""
-    if not PENALTIES_TRITON:
-        record_sampled_ref(output_counts, slots, sampled, sample_mask)
-        return
+    """``penalties.record_sampled_ref`` in one launch."""
     n = slots.shape[0]
     if n == 0:
         return

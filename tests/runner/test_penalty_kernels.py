@@ -18,11 +18,6 @@ from tests.helpers.kernel_device import KERNEL_DEVICE
 PARAMS = [(1.8, 0.0, 0.0), (1.0, 1.5, 0.7), (0.6, -0.5, 1.1), (1.0, 0.0, 0.0), (1.3, 0.2, -0.4)]
 
 
-@pytest.fixture
-def kernels_on(monkeypatch):
-    monkeypatch.setattr(triton_penalties, "PENALTIES_TRITON", True)
-
-
 def _state(vocab: int, seed: int):
     """The float table (its penalty columns a strided view, as the sampler
     passes them), output counts and prompt masks of ``PARAMS``' slots."""
@@ -51,7 +46,7 @@ def _logits(rows: int, vocab: int, dtype: torch.dtype, gen: torch.Generator) -> 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [37, 2500])
 @pytest.mark.parametrize("with_prior", [False, True])
-def test_triton_penalties_equal_the_reference(kernels_on, dtype, vocab, with_prior):
+def test_triton_penalties_equal_the_reference(dtype, vocab, with_prior):
     floats, counts, prompt_mask, gen = _state(vocab, seed=vocab)
     # Slots in any order, one slot on three rows (the draft positions of
     # speculative decoding, each with the drafts before it).
@@ -94,7 +89,7 @@ def test_reference_counts_prior_tokens_as_outputs():
         torch.testing.assert_close(got[row].double(), want, rtol=1e-6, atol=1e-6)
 
 
-def test_triton_record_adds_every_real_sample(kernels_on):
+def test_triton_record_adds_every_real_sample():
     # Rows of one slot may draw the same token: each counts.
     vocab = 50
     _, counts, _, _ = _state(vocab, seed=4)
