@@ -10,9 +10,10 @@ a warm-up round, the median of ``--ttft-rounds``): first plain, then with
 through the LM head chunk by chunk. Random weights of the real shape. Prints
 a JSON summary last: both times and their ratio.
 
-``--kernel`` adds a third run in the same process with the logprobs'
-kernel on (``runner.sampling.logprobs.LOGPROBS_TRITON``; the engine runs
-in process at TP 1), and checks it against the second: the same first
+``--reference`` adds a third run in the same process with the logprobs
+by the torch reference instead of their kernel
+(``runner.sampling.logprobs.LOGPROBS_TRITON`` off; the engine runs in
+process at TP 1), and checks the second against it: the same first
 tokens, and at every prompt position the same number of entries with
 logprobs within ``LOGPROB_ATOL`` (the kernel sums in another order; a tie
 for the top token may name another id of the same value, so entries are
@@ -48,35 +49,36 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None,
                         help="tprun's attention backend (default: the device's)")
     parser.add_argument("--k", type=int, default=1, help="prompt_logprobs of the second run")
-    parser.add_argument("--kernel", action="store_true",
-                        help="also time the prompt logprobs through their Triton kernel")
+    parser.add_argument("--reference", action="store_true",
+                        help="also time the prompt logprobs through the torch reference")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    kernel = {}
+    reference = {}
     with tempfile.TemporaryDirectory(prefix="tprun-shape-") as shape_dir:
         model_dir = write_shape(args.shape, shape_dir)
         args.prompt_logprobs = None
         plain = time_to_first_token(model_dir, args)
         args.prompt_logprobs = args.k
-        scored = time_to_first_token(model_dir, args, keep_outputs=args.kernel)
-        if args.kernel:
-            logprobs.LOGPROBS_TRITON = True
+        scored = time_to_first_token(model_dir, args, keep_outputs=args.reference)
+        if args.reference:
+            saved, logprobs.LOGPROBS_TRITON = logprobs.LOGPROBS_TRITON, False
             try:
-                fused = time_to_first_token(model_dir, args, keep_outputs=True)
+                torch_run = time_to_first_token(model_dir, args, keep_outputs=True)
             finally:
-                logprobs.LOGPROBS_TRITON = False
-            kernel = {"ttft_prompt_logprobs_kernel_s": fused["ttft_all_s"],
-                      "kernel_over_torch": round(fused["ttft_all_s"] / scored["ttft_all_s"], 3),
-                      "kernel_problems": compare_outputs(scored["outputs"], fused["outputs"])}
+                logprobs.LOGPROBS_TRITON = saved
+            reference = {
+                "ttft_prompt_logprobs_reference_s": torch_run["ttft_all_s"],
+                "code_over_reference": round(scored["ttft_all_s"] / torch_run["ttft_all_s"], 3),
+                "reference_problems": compare_outputs(torch_run["outputs"], scored["outputs"])}
     emit_summary({
         "benchmark": "prompt_logprobs", "shape": args.shape,
         "device": device_name(torch.device(args.device)), "dtype": args.dtype,
         "prompts": args.ttft_prompts, "prompt_len": args.ttft_len, "k": args.k,
         "ttft_plain_s": plain["ttft_all_s"], "ttft_prompt_logprobs_s": scored["ttft_all_s"],
-        "ratio": round(scored["ttft_all_s"] / plain["ttft_all_s"], 3), **kernel,
+        "ratio": round(scored["ttft_all_s"] / plain["ttft_all_s"], 3), **reference,
         "date": time.strftime("%Y-%m-%d"),
     }, args.out)
-    if kernel.get("kernel_problems"):
+    if reference.get("reference_problems"):
         sys.exit(1)
 
 

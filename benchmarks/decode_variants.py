@@ -53,10 +53,6 @@ VARIANTS: dict[str, Variant] = {
         "filters-steps-256 in the rows with top-k alone; a row with top-p and no top-k bisects",
         (("runner.sampling.triton_filters", "STEP_BINS", 256),
          ("runner.sampling.triton_filters", "STEPS_FOR_TOP_P_ALONE", False))),
-    "logprobs-kernel": Variant(
-        "logprobs through runner/sampling/triton_logprobs.py on the model's logits, not the "
-        "torch reference on their float32 copy (which the draw then reads too)",
-        (("runner.sampling.logprobs", "LOGPROBS_TRITON", True),)),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
@@ -75,7 +71,7 @@ VARIANTS: dict[str, Variant] = {
 }
 
 # The sampler's optional kernels, one variant each (the sampled path's A/B).
-SAMPLER_VARIANTS = ("logprobs-kernel", "filters-steps-256", "filters-steps-256-top-k")
+SAMPLER_VARIANTS = ("filters-steps-256", "filters-steps-256-top-k")
 
 
 @contextlib.contextmanager

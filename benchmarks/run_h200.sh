@@ -15,8 +15,8 @@
 #   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
 #     bisections against the steps' histogram in every row or in the rows with
 #     top-k (variants filters-steps-256*) in one process
-#   logprobs (6): top-5 logprobs at 1B and 8B decode (variant logprobs-kernel), and
-#     32 x 2048 prompts' logprobs, the torch reference against the kernel in one process
+#   logprobs (6): top-5 logprobs at 1B and 8B decode, and 32 x 2048 prompts'
+#     logprobs, the kernel against the torch reference in one process
 #   sampler (1): the sampler alone (benchmarks/bench_sampler.py): each sampling
 #     configuration at batches 1 8 64 under every sampled-path variant, in one process
 #   sampled-ab (5): filters-steps in short (1B top-p, 8B top-k; batches 1 and 64)
@@ -156,15 +156,15 @@ run_stage() {
             --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
         done
       done ;;
-    logprobs)  # top-5 logprobs: the torch reference on a float32 copy against the kernel
+    logprobs)  # top-5 logprobs; the prompts' through the kernel and the torch reference
       for shape in 1b 8b; do
         timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
           --contexts 512 --temperature 0.7 --top-p 0.9 --logprobs 5 \
-          --variants default logprobs-kernel --out "$RESULTS/decode_logprobs_$shape.json" 2>&1 \
+          --out "$RESULTS/decode_logprobs_$shape.json" 2>&1 \
           | tee "$LOGS/decode_logprobs_$shape.log" | tail -1
       done
       timeout 400 python3 -m benchmarks.bench_prompt_logprobs --shape 8b --ttft-prompts 32 \
-        --ttft-len 2048 --kernel --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
+        --ttft-len 2048 --reference --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
         | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
     sampler)  # the sampler alone, every configuration and sampled-path variant in one process
       variants=$(python3 -c \
