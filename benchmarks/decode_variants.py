@@ -70,7 +70,7 @@ VARIANTS: dict[str, Variant] = {
         (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(2048)),)),
 }
 
-# The sampler's optional kernels, one variant each (the sampled path's A/B).
+# The sampler's optional choices, one variant each (the sampled path's A/B).
 SAMPLER_VARIANTS = ("filters-steps-256", "filters-steps-256-top-k")
 
 

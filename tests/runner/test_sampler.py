@@ -689,10 +689,10 @@ def _all_kernels_on(monkeypatch):
 
 def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monkeypatch):
     # Every kernel the sampler launches on CUDA (penalties, filters, draw,
-    # counts, logprobs), each optional one on, compiled on CUDA or under the
-    # interpreter on CPU, against the torch references: the same tokens, counts and logprobs
-    # over several steps of a mixed batch, with penalties on greedy and
-    # sampled rows and filters of every kind.
+    # counts, logprobs), each optional choice on, compiled on CUDA or under
+    # the interpreter on CPU, against the torch references: the same tokens,
+    # counts and logprobs over several steps of a mixed batch, with
+    # penalties on greedy and sampled rows and filters of every kind.
     _all_kernels_on(monkeypatch)
     vocab = 300
     requests = {
