@@ -1,9 +1,9 @@
 """The sampler alone: what its launches after a decode step cost, per sampling configuration.
 
     python -m benchmarks.bench_sampler --batches 1 8 64 \\
-        --variants default filters-steps-256 filters-steps-256-top-k
+        --variants default filters-2048x8 filters-16384x16
     python -m benchmarks.bench_sampler --device cpu --vocab 600 --batches 1 3 --iters 2 \\
-        --kernels-on-cpu --variants default filters-steps-256   (smoke test: interpreter)
+        --kernels-on-cpu --variants default filters-2048x8   (smoke test: interpreter)
 
 Each (configuration, batch) row builds a ``Sampler`` of ``batch`` slots over
 ``--vocab`` tokens and adds one seeded request a slot with the

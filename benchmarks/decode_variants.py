@@ -45,14 +45,6 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
-    "filters-steps-256": Variant(
-        "runner/sampling/triton_filters.py counts the logits in 256 bfloat16 steps below a "
-        "row's largest before its top-k and top-p bisections",
-        (("runner.sampling.triton_filters", "STEP_BINS", 256),)),
-    "filters-steps-256-top-k": Variant(
-        "filters-steps-256 in the rows with top-k alone; a row with top-p and no top-k bisects",
-        (("runner.sampling.triton_filters", "STEP_BINS", 256),
-         ("runner.sampling.triton_filters", "STEPS_FOR_TOP_P_ALONE", False))),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),
@@ -70,8 +62,8 @@ VARIANTS: dict[str, Variant] = {
         (("runner.attention.tuned_decode", "TUNED_DECODE", tuned_with_short_keys(2048)),)),
 }
 
-# The sampler's optional choices, one variant each (the sampled path's A/B).
-SAMPLER_VARIANTS = ("filters-steps-256", "filters-steps-256-top-k")
+# The sampler's other choices, one variant each (the sampled path's A/B).
+SAMPLER_VARIANTS = ("filters-2048x8", "filters-16384x16")
 
 
 @contextlib.contextmanager

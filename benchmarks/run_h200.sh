@@ -12,14 +12,10 @@
 #   sampled (3): the 1B and 8B decode steps of seeded requests at temperature 0.7,
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
 #   penalties (2): the same at repetition penalty 1.1
-#   filters-steps (8): top-p 0.9, then top-k 50 and top-p 0.9, the filters'
-#     bisections against the steps' histogram in every row or in the rows with
-#     top-k (variants filters-steps-256*) in one process
 #   logprobs (6): top-5 logprobs at 1B and 8B decode, and 32 x 2048 prompts'
 #     logprobs, the kernel against the torch reference in one process
 #   sampler (1): the sampler alone (benchmarks/bench_sampler.py): each sampling
 #     configuration at batches 1 8 64 under every sampled-path variant, in one process
-#   sampled-ab (5): filters-steps in short (1B top-p, 8B top-k; batches 1 and 64)
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
 #   ttft (2): one 512-token prompt at a time over HTTP (tprun serve, three clients)
 #     and in process (uni and mp executors), with the trace's breakdown of the
@@ -60,12 +56,6 @@ pytest_files() {  # $1 log name, then pytest arguments
   local log=$1; shift
   timeout 560 python3 -m pytest -q -p no:cacheprovider --durations=10 "$@" 2>&1 \
     | tee -a "$LOGS/$log" | tail -25
-}
-
-sampled_ab() {  # $1 timeout, $2 result name, then bench_decode arguments (sampled at 0.7)
-  local limit=$1 name=$2; shift 2
-  timeout "$limit" python3 -m benchmarks.bench_decode --contexts 512 --temperature 0.7 "$@" \
-    --out "$RESULTS/$name.json" 2>&1 | tee -a "$LOGS/sampled_ab.log" | tail -1
 }
 
 pytest_shards() {  # $1 log name, $2 runs, then folders: their test files dealt out by size
@@ -146,16 +136,6 @@ run_stage() {
           --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
           | tee "$LOGS/decode_penalties_$shape.log" | tail -1
       done ;;
-    filters-steps)  # top-p 0.9, then top-k 50 with it: the bisections against the steps' histogram
-      for shape in 1b 8b; do
-        for filters in "--top-p 0.9" "--top-k 50 --top-p 0.9"; do
-          name="decode_filters_${shape}_$(echo $filters | tr -d ' .-')"
-          timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
-            --contexts 512 --temperature 0.7 $filters \
-            --variants default filters-steps-256 filters-steps-256-top-k \
-            --out "$RESULTS/$name.json" 2>&1 | tee "$LOGS/$name.log" | tail -1
-        done
-      done ;;
     logprobs)  # top-5 logprobs; the prompts' through the kernel and the torch reference
       for shape in 1b 8b; do
         timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
@@ -172,12 +152,6 @@ run_stage() {
       timeout 300 python3 -m benchmarks.bench_sampler --batches 1 8 64 --variants default \
         $variants --out "$RESULTS/sampler.json" 2>&1 \
         | tee "$LOGS/sampler.log" | tail -1 | cut -c1-400 ;;
-    sampled-ab)  # the filters' steps against the code as it is, one process a line
-      sampled_ab 200 ab_filters_steps_topk_8b --shape 8b --batches 1 64 --top-k 50 --top-p 0.9 \
-        --variants default filters-steps-256 filters-steps-256-top-k
-      sampled_ab 150 ab_filters_steps_1b --shape 1b --batches 1 64 --top-p 0.9 \
-        --variants default filters-steps-256 filters-steps-256-top-k
-      ;;
     e2e)  # throughput against HF, HF's host-bound check, TTFT of 32 x 2048 against its floor
       timeout 590 python3 -m benchmarks.bench_e2e --shape 8b --out "$RESULTS/e2e_8b.json" 2>&1 \
         | grep -v "capturing CUDA" > "$LOGS/e2e_8b.log"

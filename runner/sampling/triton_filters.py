@@ -29,16 +29,21 @@ once a pass. The top-p bisection starts above the value below which the
 tokens could hold at most half of 1 - top_p of the mass, which halves its
 passes on a peaked row.
 
-The bisections may be spared by a histogram (``STEP_BINS``): one pass
-counts the row's logits in each bfloat16 step below its largest. The step
-where the running count reaches k holds the top-k threshold (a bfloat16
-row's threshold is that step; a float16 or float32 row's bisection is left
-within it). In a bfloat16 row every logit of a step has the step's value,
-so the counts also give each step's mass, and top-p is the last step with
-less than top_p of the mass above it. Either bisection runs as before
-where its threshold lies below the steps counted. An infinite
-temperature scales every finite logit to 0, so they all tie and every
-filter keeps them all.
+A row with top-k spares its bisections by a histogram first (``STEP_BINS``):
+one pass counts the row's logits in each bfloat16 step below its largest.
+The step where the running count reaches k holds the top-k threshold (a
+bfloat16 row's threshold is that step; a float16 or float32 row's
+bisection is left within it). In a bfloat16 row every logit of a step has
+the step's value, so the counts also give each step's mass, and where the
+tokens top-k keeps all lie in the counted steps, top-p is the last step
+with less than top_p of the mass above it. Either bisection runs as before
+where its threshold lies below the steps counted. A row with top-p and no
+top-k bisects: its threshold lies wherever the row's mass puts it, often
+below the counted steps on a flat row, where the counting pass would be
+paid for nothing. A batch without top-k is launched without the histogram.
+
+An infinite temperature scales every finite logit to 0, so they all tie and
+every filter keeps them all.
 """
 
 from __future__ import annotations
@@ -58,12 +63,9 @@ _KEY_SHIFT = {torch.bfloat16: 16, torch.float16: 13, torch.float32: 0}
 BLOCK = 8192
 NUM_WARPS = 16
 # Steps of bfloat16 below a row's largest logit that one pass counts (a
-# histogram) before top-k's and top-p's bisections; 1: none, the bisections
-# run over the row's whole range.
-STEP_BINS = 1
-# Whether a row with top-p and no top-k counts the steps too (else its
-# top-p bisects over the row, as without steps).
-STEPS_FOR_TOP_P_ALONE = True
+# histogram) in a row with top-k; 1: none, the bisections run over the
+# row's whole range.
+STEP_BINS = 256
 
 
 @triton.jit
@@ -107,14 +109,10 @@ def _mass_above(row_ptr, v, floor, top, scale, vocab_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _step_counts(row_ptr, top_bin, top, floor, scale, vocab_size, STEP_BINS: tl.constexpr,
-                 TAIL: tl.constexpr, BLOCK: tl.constexpr):
+def _step_counts(row_ptr, top_bin, vocab_size, STEP_BINS: tl.constexpr, BLOCK: tl.constexpr):
     """int32 [STEP_BINS]: how many logits lie j bfloat16 steps below the
-    step ``top_bin`` (a ``_key`` >> 16) for j < STEP_BINS - 1, and 0; with
-    TAIL, also the mass ``exp2((l - top) * scale)`` of the logits l >= floor
-    further down (0 without)."""
+    step ``top_bin`` (a ``_key`` >> 16) for j < STEP_BINS - 1, and 0."""
     counts = tl.zeros((STEP_BINS,), tl.int32)
-    tail = tl.zeros((), tl.float32)
     for start in range(0, vocab_size, BLOCK):
         tokens = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + tokens, mask=tokens < vocab_size,
@@ -123,10 +121,7 @@ def _step_counts(row_ptr, top_bin, top, floor, scale, vocab_size, STEP_BINS: tl.
         # Most of a row lies further down: left out of the counts, the last
         # bin stays 0 (and no thread waits on it).
         counts += tl.histogram(steps, STEP_BINS, mask=steps < STEP_BINS - 1)
-        if TAIL:
-            far = (steps == STEP_BINS - 1) & (x >= floor)
-            tail += tl.sum(tl.where(far, tl.exp2((x - top) * scale), 0.0), axis=0)
-    return counts, tail
+    return counts
 
 
 @triton.jit
@@ -134,7 +129,7 @@ def _filter_thresholds_kernel(
     logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
     float_stride, top_k_ptr, out_ptr, vocab_size,
     MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
-    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr, STEPS_FOR_TOP_P_ALONE: tl.constexpr,
+    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr,
     BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
@@ -178,15 +173,10 @@ def _filter_thresholds_kernel(
     top_bin = _key(top) >> 16
     bins = tl.arange(0, STEP_BINS)
     counts = tl.zeros((STEP_BINS,), tl.int32)
-    tail = tl.zeros((), tl.float32)
     scale = LOG2E / tl.where(sampled, t, 1.0)  # used where sampled
-    counted = want_k
-    if STEPS_FOR_TOP_P_ALONE:
-        counted = want_k | want_p
     if STEP_BINS > 1:
-        if counted:
-            counts, tail = _step_counts(row_ptr, top_bin, top, threshold, scale, vocab_size,
-                                        STEP_BINS, TOP_P and SHIFT == 16, BLOCK)
+        if want_k:
+            counts = _step_counts(row_ptr, top_bin, vocab_size, STEP_BINS, BLOCK)
     if want_k:
         # The largest coarse key whose value has >= k logits at or above it.
         k_lo = lo
@@ -212,25 +202,21 @@ def _filter_thresholds_kernel(
         if STEP_BINS > 1 and SHIFT == 16:
             # A bfloat16 row's logits in one step are one value: the steps'
             # counts give their masses, and the mass strictly above a step
-            # is that of the steps before it. The total is exact where every
-            # token kept so far lies in the counted steps or no top-k ran
-            # (the pass summed the rest above the min-p threshold).
+            # is that of the steps before it. Where every token kept so far
+            # lies in the counted steps, their masses are all the mass, and
+            # the last step with less than top_p of it above is the answer.
             steps = top_bin - bins  # below -2**15 no float's step: no value
             values = _value(steps, 16)
             kept = (bins < STEP_BINS - 1) & (steps >= -32768) & (values >= threshold)
             masses = tl.where(kept, counts.to(tl.float32) * tl.exp2((values - top) * scale), 0.0)
             all_counted = top_bin - (_key(threshold) >> 16) < STEP_BINS - 1
-            if counted & (all_counted | (want_k == 0)):
-                total = tl.sum(masses, axis=0) + tl.where(want_k, 0.0, tail)
+            if want_k & all_counted:
+                total = tl.sum(masses, axis=0)
                 before = tl.cumsum(masses, 0) - masses
-                below = (bins < STEP_BINS - 1) & (before < top_p * total)
-                last = tl.sum(below.to(tl.int32), axis=0) - 1
-                # The answer is a counted step unless every counted step has
-                # less than top_p above it and uncounted tokens are kept.
-                if (last < STEP_BINS - 2) | all_counted:
-                    threshold = tl.maximum(threshold, tl.max(
-                        tl.where(bins == last, values, float("-inf")), axis=0))
-                    p_found = 1
+                last = tl.sum((kept & (before < top_p * total)).to(tl.int32), axis=0) - 1
+                threshold = tl.maximum(threshold, tl.max(
+                    tl.where(bins == last, values, float("-inf")), axis=0))
+                p_found = 1
         if p_found == 0:
             total = _mass_above(row_ptr, tl.full((), float("-inf"), tl.float32), threshold, top,
                                 scale, vocab_size, BLOCK)
@@ -271,8 +257,8 @@ def filter_thresholds_triton(
     _filter_thresholds_kernel[(n,)](
         logits, logits.stride(0), slots, temperature, top_p, min_p, temperature.stride(0),
         top_k, out, vocab_size, MIN_P=any_min_p, TOP_K=max_top_k > 0, TOP_P=any_top_p,
-        SHIFT=_KEY_SHIFT[logits.dtype], STEP_BINS=STEP_BINS,
-        STEPS_FOR_TOP_P_ALONE=STEPS_FOR_TOP_P_ALONE, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        SHIFT=_KEY_SHIFT[logits.dtype], STEP_BINS=STEP_BINS if max_top_k > 0 else 1,
+        BLOCK=BLOCK, num_warps=NUM_WARPS,
         **pdl_launch(logits.device),
     )  # fmt: skip
     return out

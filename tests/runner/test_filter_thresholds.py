@@ -85,19 +85,17 @@ def test_reference_thresholds_keep_what_the_filters_keep(vocab):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("vocab", [37, 1500, 5000])
-@pytest.mark.parametrize("step_bins, top_p_alone", [(1, True), (16, True), (2048, True),
-                                                     (2048, False)])
-def test_triton_thresholds_keep_the_reference_sets(monkeypatch, dtype, vocab, step_bins,
-                                                   top_p_alone):
+@pytest.mark.parametrize("step_bins", [1, 16, 256, 2048])
+def test_triton_thresholds_keep_the_reference_sets(monkeypatch, dtype, vocab, step_bins):
     # Counts decide top-k exactly; sums decide top-p in another order, so
     # the kept sets (not the thresholds' values) are compared, on rows whose
     # boundaries lie far from rounding. 16-bit rows tie often: ties with
-    # the threshold are kept by both. The steps' histogram, if any: 16 bins
-    # hold few thresholds (the bisections then run over the whole row), 2048
-    # all but those below 0; without ``top_p_alone`` the rows with top-p
-    # and no top-k bisect beside the rows that count.
+    # the threshold are kept by both. The rows with top-k count the steps
+    # (the batch has top-k), the rows with top-p alone bisect beside them:
+    # 16 bins hold few thresholds (the bisections then run over the whole
+    # row), 256 (the default) the top-k 40 and lower ones, 2048 all but
+    # those below 0.
     monkeypatch.setattr(triton_filters, "STEP_BINS", step_bins)
-    monkeypatch.setattr(triton_filters, "STEPS_FOR_TOP_P_ALONE", top_p_alone)
     logits, slots = _rows(dtype, vocab, seed=vocab + 1)
     want = _thresholds(filter_thresholds_ref, logits, slots, torch.device("cpu"))
     got = _thresholds(filter_thresholds_triton, logits, slots, KERNEL_DEVICE)

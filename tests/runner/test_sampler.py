@@ -8,7 +8,6 @@ CUDA, and end to end through ``engine.LLM``.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections import Counter
 
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import decode_variants
 from ipc.messages import SamplingOptions
 from runner.async_output import AsyncOutput
 from runner.ops import triton_ops
@@ -679,21 +677,12 @@ def test_logprobs_zero_gives_only_the_sampled_token():
         assert reply.logprobs.sampled_logprobs[j] == pytest.approx(want, abs=1e-5)
 
 
-def _all_kernels_on(monkeypatch):
-    """Every optional kernel of the sampler routed on: their variants'
-    settings (``benchmarks/decode_variants.py``)."""
-    for name in decode_variants.SAMPLER_VARIANTS:
-        for module, attribute, value in decode_variants.VARIANTS[name].patches:
-            monkeypatch.setattr(importlib.import_module(module), attribute, value)
-
-
-def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monkeypatch):
+def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws():
     # Every kernel the sampler launches on CUDA (penalties, filters, draw,
-    # counts, logprobs), each optional choice on, compiled on CUDA or under
-    # the interpreter on CPU, against the torch references: the same tokens,
-    # counts and logprobs over several steps of a mixed batch, with
-    # penalties on greedy and sampled rows and filters of every kind.
-    _all_kernels_on(monkeypatch)
+    # counts, logprobs), compiled on CUDA or under the interpreter on CPU,
+    # against the torch references: the same tokens, counts and logprobs
+    # over several steps of a mixed batch, with penalties on greedy and
+    # sampled rows and filters of every kind.
     vocab = 300
     requests = {
         0: (opts(temperature=0.0, repetition_penalty=1.6, logprobs=2), [3, 4], [5]),
@@ -727,10 +716,7 @@ def test_sampler_through_the_triton_kernels_draws_what_the_torch_one_draws(monke
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kernels_on", [False, True])
-def test_cuda_sampler_never_syncs_and_matches_cpu(monkeypatch, kernels_on):
-    if kernels_on:
-        _all_kernels_on(monkeypatch)
+def test_cuda_sampler_never_syncs_and_matches_cpu():
     vocab = 1000
     requests = {s: (opts(**o), [1, 2, 3], [4]) for s, o in LOGPROB_REQS.items()}
     requests[5] = (opts(temperature=0.8, top_p=0.7, min_p=0.02, frequency_penalty=0.4,
