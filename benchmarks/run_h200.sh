@@ -13,7 +13,7 @@
 #     top-p 0.9 (batches 1 8 64), with the step's timeline
 #   penalties (2): the same at repetition penalty 1.1
 #   logprobs (6): top-5 logprobs at 1B and 8B decode, and 32 x 2048 prompts'
-#     logprobs, the kernel against the torch reference in one process
+#     logprobs against the same prompts without them, in one process
 #   sampler (1): the sampler alone (benchmarks/bench_sampler.py): each sampling
 #     configuration at batches 1 8 64 under every sampled-path variant, in one process
 #   e2e (3): throughput against HF, HF's host-bound check, TTFT against its floor
@@ -136,7 +136,7 @@ run_stage() {
           --out "$RESULTS/decode_penalties_$shape.json" 2>&1 \
           | tee "$LOGS/decode_penalties_$shape.log" | tail -1
       done ;;
-    logprobs)  # top-5 logprobs; the prompts' through the kernel and the torch reference
+    logprobs)  # top-5 logprobs at decode; 32 x 2048 prompts' logprobs against none
       for shape in 1b 8b; do
         timeout 280 python3 -m benchmarks.bench_decode --shape "$shape" --batches 1 8 64 \
           --contexts 512 --temperature 0.7 --top-p 0.9 --logprobs 5 \
@@ -144,8 +144,8 @@ run_stage() {
           | tee "$LOGS/decode_logprobs_$shape.log" | tail -1
       done
       timeout 400 python3 -m benchmarks.bench_prompt_logprobs --shape 8b --ttft-prompts 32 \
-        --ttft-len 2048 --reference --out "$RESULTS/prompt_logprobs_kernel_8b.json" 2>&1 \
-        | tee "$LOGS/prompt_logprobs_kernel_8b.log" | tail -1 ;;
+        --ttft-len 2048 --out "$RESULTS/prompt_logprobs_8b.json" 2>&1 \
+        | tee "$LOGS/prompt_logprobs_8b.log" | tail -1 ;;
     sampler)  # the sampler alone, every configuration and sampled-path variant in one process
       variants=$(python3 -c \
         "from benchmarks.decode_variants import SAMPLER_VARIANTS as v; print(*v)")

@@ -38,7 +38,6 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
-from runner.sampling import logprobs as raw_logprobs
 from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
@@ -69,8 +68,8 @@ class SamplerOutput:
 @dataclass(frozen=True)
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
-    logits for logprobs (``logprobs.LOGPROBS_TRITON``: the model's, else
-    their float32 copy; None unless some row asked), the rows' slots
+    logits for logprobs (the model's, in its dtype; None unless some row
+    asked), the rows' slots
     (int64) and the batch's flags."""
 
     sampled: torch.Tensor
@@ -178,12 +177,10 @@ class Sampler:
                 return TargetDraw(greedy, None, idx, flags)
             return TargetDraw(self.ops.greedy_argmax(logits, idx, last_tokens), None, idx, flags)
         # The kernels read each row's sampling parameters at its slot
-        # themselves. Logprobs are of the raw logits: as they are for their
-        # kernel, else a float32 copy, which the draw then reads too.
-        raw = None
-        if flags.max_logprobs != NO_LOGPROBS:
-            raw = logits if raw_logprobs.LOGPROBS_TRITON else logits.to(torch.float32)
-        processed = logits if raw is None else raw
+        # themselves. Logprobs are of the raw logits as they are (their
+        # kernel reads the model's dtype, the reference converts).
+        raw = logits if flags.max_logprobs != NO_LOGPROBS else None
+        processed = logits
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)

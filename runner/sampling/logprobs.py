@@ -17,13 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-# On CUDA, logprobs come from ``triton_logprobs.py``'s kernel, which reads
-# the logits in the model's dtype: the sampler then makes no float32 copy
-# of them, and its draw reads them as they are. False: the torch reference
-# on the float32 copy, which the draw reads too (what
-# ``benchmarks/bench_prompt_logprobs.py --reference`` times against it).
-LOGPROBS_TRITON = True
-
 
 @dataclass(frozen=True)
 class LogprobsTensors:

@@ -21,8 +21,7 @@ import triton
 import triton.language as tl
 
 from runner.ops import pdl_launch
-from runner.sampling import logprobs
-from runner.sampling.logprobs import LogprobsTensors, compute_logprobs_ref
+from runner.sampling.logprobs import LogprobsTensors
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 # Logits a program reads per loop step, and its warps (as the filters').
@@ -70,9 +69,7 @@ def compute_logprobs_triton(
     raw_logits: torch.Tensor, sampled: torch.Tensor, num_top: int
 ) -> LogprobsTensors:
     """``compute_logprobs_ref`` in one launch (two with ``num_top`` > 1:
-    ``torch.topk``), where ``logprobs.LOGPROBS_TRITON`` is set."""
-    if not logprobs.LOGPROBS_TRITON:
-        return compute_logprobs_ref(raw_logits, sampled, num_top)
+    ``torch.topk``)."""
     logits = raw_logits if raw_logits.stride(1) == 1 else raw_logits.contiguous()
     n, vocab_size = logits.shape
     num_top = min(num_top, vocab_size)

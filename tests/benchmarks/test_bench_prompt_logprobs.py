@@ -1,5 +1,5 @@
-"""benchmarks/bench_prompt_logprobs.py: the check of the kernel's run against
-the torch run (hand-made deltas), and the three runs on CPU (tiny shape)."""
+"""benchmarks/bench_prompt_logprobs.py: the check of the scored run against
+the plain one (hand-made deltas), and the runs' outputs on CPU (tiny shape)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,25 @@ import argparse
 import pytest
 
 from benchmarks.bench_e2e import time_to_first_token
-from benchmarks.bench_prompt_logprobs import LOGPROB_ATOL, compare_outputs
+from benchmarks.bench_prompt_logprobs import scored_differences
 from engine.outputs import Logprob, RequestOutputDelta
 
 
-def _delta(req_id, token, entries):
-    return RequestOutputDelta(req_id, [token], True, "length",
-                              prompt_logprobs=[None, *entries])
+def _delta(req_id, token, prompt_logprobs=None):
+    return RequestOutputDelta(req_id, [token], True, "length", prompt_logprobs=prompt_logprobs)
 
 
-def test_compare_outputs_names_what_differs():
-    same = [_delta("a", 5, [{3: Logprob(-0.5, 1)}, {4: Logprob(-1.0, 2), 8: Logprob(-0.2, 1)}])]
-    # A tie for the top token named by another id of the same value: the same.
-    tie = [_delta("a", 5, [{3: Logprob(-0.5, 1)}, {4: Logprob(-1.0, 2), 9: Logprob(-0.2, 1)}])]
-    assert compare_outputs(same, tie) == []
-    close = [_delta("a", 5, [{3: Logprob(-0.5 + LOGPROB_ATOL / 2, 1)},
-                             {4: Logprob(-1.0, 2), 8: Logprob(-0.2, 1)}])]
-    assert compare_outputs(same, close) == []
-    far = [_delta("a", 5, [{3: Logprob(-0.5 + 2 * LOGPROB_ATOL, 1)},
-                           {4: Logprob(-1.0, 2), 8: Logprob(-0.2, 1)}])]
-    problems = compare_outputs(same, far)
-    assert len(problems) == 1 and problems[0].startswith("prompt 0 position 1: ")
-    other_token = [_delta("a", 6, [{3: Logprob(-0.5, 1)},
-                                   {4: Logprob(-1.0, 2), 8: Logprob(-0.2, 1)}])]
-    assert compare_outputs(same, other_token) == ["prompt 0: first token [5] != [6]"]
-    fewer = [_delta("a", 5, [{3: Logprob(-0.5, 1)}, {8: Logprob(-0.2, 1)}])]
-    assert len(compare_outputs(same, fewer)) == 1
+def test_scored_differences_names_what_differs():
+    plain = [_delta("a", 5), _delta("b", 7)]
+    entries = [None, {3: Logprob(-0.5, 1)}, {4: Logprob(-1.0, 2)}]
+    assert scored_differences(plain, [_delta("a", 5, entries), _delta("b", 7, entries)]) == []
+    assert scored_differences(plain, [_delta("a", 6, entries), _delta("b", 7, entries)]) == [
+        "prompt 0: first token [6] != [5]"]
+    holed = [None, None, {4: Logprob(-1.0, 2)}]
+    assert scored_differences(plain, [_delta("a", 5, entries), _delta("b", 7, holed)]) == [
+        "prompt 1: no prompt logprobs at positions [1]"]
+    assert scored_differences(plain, [_delta("a", 5), _delta("b", 7, entries)]) == [
+        "prompt 0: no prompt logprobs at positions all"]
 
 
 @pytest.mark.timeout(120)

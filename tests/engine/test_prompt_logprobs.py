@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from runner.sampling import logprobs
 from tests.helpers.hf_models import small_llama
 from tests.helpers.prompt_logprobs import check_prompt_logprobs, hf_prompt_logprobs
 
@@ -144,12 +143,10 @@ def test_prompt_logprobs_above_max_logprobs_refused(llama):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("logprobs_kernel", [False, True])
-def test_prompt_logprobs_on_cuda(llama, monkeypatch, logprobs_kernel):
-    """The CUDA path (Triton input kernels, pinned uploads, CUDA graphs for
-    the decode steps around the scored chunks), float32, chunked; the
-    logprobs by the torch reference or by their kernel (in process)."""
-    monkeypatch.setattr(logprobs, "LOGPROBS_TRITON", logprobs_kernel)
+def test_prompt_logprobs_on_cuda(llama):
+    """The CUDA path (Triton input kernels and the logprobs kernel, pinned
+    uploads, CUDA graphs for the decode steps around the scored chunks),
+    float32, chunked."""
     path, want = llama
     params = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=5, min_tokens=4)
     with LLM(model=path, device="cuda", dtype="float32", max_num_batched_tokens=16,

@@ -7,15 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner.sampling import logprobs
 from runner.sampling.logprobs import compute_logprobs_ref
 from runner.sampling.triton_logprobs import BLOCK, compute_logprobs_triton
 from tests.helpers.kernel_device import KERNEL_DEVICE
-
-
-@pytest.fixture
-def kernel_on(monkeypatch):
-    monkeypatch.setattr(logprobs, "LOGPROBS_TRITON", True)
 
 
 def _rows(vocab: int, dtype: torch.dtype, seed: int):
@@ -38,7 +32,7 @@ def _rows(vocab: int, dtype: torch.dtype, seed: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [37, 3000, BLOCK + 500])
 @pytest.mark.parametrize("num_top", [0, 1, 5])
-def test_triton_logprobs_match_the_reference(kernel_on, dtype, vocab, num_top):
+def test_triton_logprobs_match_the_reference(dtype, vocab, num_top):
     logits, sampled = _rows(vocab, dtype, seed=vocab + num_top)
     want = compute_logprobs_ref(logits, sampled, num_top)
     got = compute_logprobs_triton(logits.to(KERNEL_DEVICE), sampled.to(KERNEL_DEVICE), num_top)
@@ -57,7 +51,7 @@ def test_triton_logprobs_match_the_reference(kernel_on, dtype, vocab, num_top):
         assert torch.equal(got.top_token_ids.cpu()[rows], want.top_token_ids[rows])
 
 
-def test_triton_logprobs_of_a_row_whose_first_block_is_masked(kernel_on):
+def test_triton_logprobs_of_a_row_whose_first_block_is_masked():
     # The running sum starts only at the first finite logit (no -inf - -inf).
     vocab = BLOCK + 100
     logits = torch.full((1, vocab), float("-inf"))
