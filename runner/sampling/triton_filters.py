@@ -40,7 +40,8 @@ with less than top_p of the mass above it. Either bisection runs as before
 where its threshold lies below the steps counted. A row with top-p and no
 top-k bisects: its threshold lies wherever the row's mass puts it, often
 below the counted steps on a flat row, where the counting pass would be
-paid for nothing. A batch without top-k is launched without the histogram.
+paid for nothing. A batch without top-k is launched with one bin, so its
+kernel holds none of the histogram's code (nor its registers).
 
 An infinite temperature scales every finite logit to 0, so they all tie and
 every filter keeps them all.
