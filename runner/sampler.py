@@ -69,8 +69,7 @@ class SamplerOutput:
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
     logits for logprobs (the model's, in its dtype; None unless some row
-    asked), the rows' slots
-    (int64) and the batch's flags."""
+    asked), the rows' slots (int64) and the batch's flags."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
