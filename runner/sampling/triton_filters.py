@@ -130,8 +130,7 @@ def _filter_thresholds_kernel(
     logits_ptr, logits_stride, slots_ptr, temperature_ptr, top_p_ptr, min_p_ptr,
     float_stride, top_k_ptr, out_ptr, vocab_size,
     MIN_P: tl.constexpr, TOP_K: tl.constexpr, TOP_P: tl.constexpr,
-    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr,
+    SHIFT: tl.constexpr, STEP_BINS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row: its threshold (-inf: keep all) into ``out_ptr[row]``."""
     wait_for_previous_kernel(PDL)
