@@ -181,8 +181,10 @@ class EngineConfig:
 
     def check_machine(self) -> None:
         """Every rule the machine decides: CUDA present and enough devices
-        for the ranks this host spawns."""
-        if self.device != "cuda":
+        for the ranks this host spawns, whether CUDA was asked for or
+        ``auto`` chose it (``auto`` never falls back to the CPU for want of
+        devices: a model sized for GPUs would then run on the host unasked)."""
+        if self.resolved_device != "cuda":
             return
         import torch
 
@@ -192,7 +194,8 @@ class EngineConfig:
         count = torch.cuda.device_count()
         if self.attach_workers_dir is None and self.tensor_parallel_size > count:
             raise ConfigError(f"tensor-parallel size {self.tensor_parallel_size} needs as many "
-                              f"CUDA devices; this machine has {count}")
+                              f"CUDA devices; this machine has {count} (use --device cpu "
+                              "to run the ranks on the CPU)")
 
     # ---- resolved values and projections ---------------------------------
     @property

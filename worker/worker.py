@@ -31,6 +31,9 @@ def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' asked for, but CUDA is not available")
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(f"local rank {local_rank} needs CUDA device {local_rank}; this "
+                               f"machine has {torch.cuda.device_count()}")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     # One share of the cores per local rank, less one core for the engine and

@@ -109,6 +109,19 @@ def test_cuda_without_cuda_is_a_config_error(no_workers, monkeypatch):
     assert no_workers == []
 
 
+def test_too_few_cuda_devices_is_a_config_error_whether_asked_or_chosen(no_workers,
+                                                                       monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for device in ("cuda", "auto"):
+        with pytest.raises(ConfigError, match="tensor-parallel size 2 needs as many CUDA "
+                                              "devices; this machine has 1 .*--device cpu"):
+            LLM(model="tiny", device=device, tensor_parallel_size=2)
+    assert no_workers == []
+
+
 def test_projections_come_from_the_config(tmp_path):
     from checkpoint.description import describe
 

@@ -9,10 +9,12 @@ nearly every draft passes, and a random model of tiny's vocabulary)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from tests.helpers.multi_rank import tp_device
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
          "prompt_lookup_min": 1}
@@ -213,7 +215,6 @@ def test_drafting_off_above_a_batch_size(monkeypatch):
 def test_a_different_draft_model_of_the_same_vocabulary(plain_greedy, tmp_path):
     """A random Llama with tiny's vocabulary drafts: its guesses are mostly
     wrong, the output is still the target's."""
-    import torch
     import transformers
 
     config = transformers.LlamaConfig(
@@ -242,8 +243,13 @@ def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("method", list(SPECS))
 def test_greedy_equals_plain_at_tp2(plain_greedy, method):
-    got, stats = _run(PROMPTS, GREEDY, SPECS[method], tensor_parallel_size=2)
-    assert got == plain_greedy
+    device = tp_device(2)
+    got, stats = _run(PROMPTS, GREEDY, SPECS[method], tensor_parallel_size=2, device=device)
+    # plain_greedy ran on "auto"'s device: CUDA wherever it is available.
+    if device == ("cuda" if torch.cuda.is_available() else "cpu"):
+        assert got == plain_greedy
+    else:
+        assert got == _run(PROMPTS, GREEDY, None, device=device)[0]
     _assert_drafts_accepted(stats)
 
 
@@ -254,7 +260,6 @@ TP3_PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], list(range(40, 77)), [9, 3, 9, 3,
 def llama_6_heads(tmp_path_factory):
     """A random Llama whose 6 query and 3 KV heads split over 3 ranks, and
     transformers' greedy continuations of TP3_PROMPTS."""
-    import torch
     import transformers
 
     from tests.helpers.hf_models import save_with_greedy_reference
@@ -275,8 +280,8 @@ def llama_6_heads(tmp_path_factory):
 def test_greedy_equals_transformers_at_tp3(llama_6_heads, tp):
     path, expected = llama_6_heads
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    with LLM(model=path, tensor_parallel_size=tp, speculative_config=NGRAM, max_num_seqs=4,
-             kv_cache_memory_bytes=16 << 20) as llm:
+    with LLM(model=path, tensor_parallel_size=tp, device=tp_device(tp), speculative_config=NGRAM,
+             max_num_seqs=4, kv_cache_memory_bytes=16 << 20) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(
             [{"prompt_token_ids": p} for p in TP3_PROMPTS], params)]
         stats = llm.engine.scheduler.spec_stats

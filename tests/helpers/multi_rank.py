@@ -51,11 +51,18 @@ class RankInfo:
         return TensorParallelGroup.from_default_group()
 
 
-def default_backend(world_size: int) -> str:
-    """NCCL when CUDA has a device per rank, gloo otherwise."""
+def tp_device(world_size: int) -> str:
+    """The device ``world_size`` ranks of one host can run on: "cuda" when
+    CUDA has a device per rank, "cpu" otherwise (the engine refuses CUDA
+    with fewer devices than ranks)."""
     if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
-        return "nccl"
-    return "gloo"
+        return "cuda"
+    return "cpu"
+
+
+def default_backend(world_size: int) -> str:
+    """NCCL where the ranks run on CUDA (``tp_device``), gloo otherwise."""
+    return "nccl" if tp_device(world_size) == "cuda" else "gloo"
 
 
 def _free_port() -> int:
