@@ -165,20 +165,21 @@ def time_to_first_token(model_dir: str, args, keep_outputs: bool = False,
 def prefill_floor(shape: str, ttft: dict, device: torch.device, matmul_n: int,
                   sustain_s: float) -> dict:
     """The TTFT's FLOP floor, with the matmul throughput measured now in a
-    burst; beside it the same FLOPs at the rate the matmul holds over
-    ``sustain_s`` seconds (``floor.matmul_tflops``), which is what a prefill
-    that long can draw on under the device's power limit."""
-    tflops = floor.matmul_tflops(device, matmul_n)
-    sustained = floor.matmul_tflops(device, matmul_n, sustain_s=sustain_s)
+    burst; beside it, where ``sustain_s`` > 0, the same FLOPs at the rate the
+    matmul holds over ``sustain_s`` seconds (``floor.matmul_tflops``), which
+    is what a prefill that long can draw on under the device's power limit."""
+    tflops, sustained = floor.matmul_tflops(device, matmul_n, sustain_s=sustain_s)
     flops = floor.prefill_flops(shape_config(shape), ttft["prompts"], ttft["prompt_len"])
     floor_s = floor.prefill_flop_floor_s(flops, tflops)
-    sustained_s = floor.prefill_flop_floor_s(flops, sustained)
-    return {"matmul_tflops": float(f"{tflops:.4g}"), "matmul_n": matmul_n,
-            "prefill_flops": flops, "prefill_floor_s": float(f"{floor_s:.4g}"),
-            "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3),
-            "matmul_sustain_s": sustain_s,
-            "matmul_tflops_sustained": float(f"{sustained:.4g}"),
-            "ttft_ratio_to_sustained_rate": round(ttft["ttft_all_s"] / sustained_s, 3)}
+    result = {"matmul_tflops": float(f"{tflops:.4g}"), "matmul_n": matmul_n,
+              "prefill_flops": flops, "prefill_floor_s": float(f"{floor_s:.4g}"),
+              "ttft_ratio_to_floor": round(ttft["ttft_all_s"] / floor_s, 3)}
+    if sustained is not None:
+        sustained_s = floor.prefill_flop_floor_s(flops, sustained)
+        result.update(matmul_sustain_s=sustain_s,
+                      matmul_tflops_sustained=float(f"{sustained:.4g}"),
+                      ttft_ratio_to_sustained_rate=round(ttft["ttft_all_s"] / sustained_s, 3))
+    return result
 
 
 def main() -> None:
@@ -203,7 +204,7 @@ def main() -> None:
                         help="size of the square matmul that measures TFLOP/s")
     parser.add_argument("--matmul-sustain-s", type=float, default=2.0,
                         help="seconds of back-to-back matmuls before, and in, the sustained "
-                             "rate's timing (longer than the TTFT run's prefill)")
+                             "rate's timing (longer than the TTFT run's prefill; 0: none)")
     parser.add_argument("--ttft-only", action="store_true",
                         help="only the time to first token and its floor (no HF, no decode runs)")
     parser.add_argument("--out", default=None)

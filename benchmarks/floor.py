@@ -110,25 +110,29 @@ def decode_floor(weight_bytes: int, kv_per_token: int, batch: int, context: int,
 
 
 def matmul_tflops(device: torch.device, n: int = 8192, dtype=torch.bfloat16,
-                  sustain_s: float = 0.0) -> float:
-    """Dense matmul throughput (TFLOP/s) of an n x n x n ``torch.matmul``.
+                  sustain_s: float = 0.0) -> tuple[float, float | None]:
+    """Dense matmul throughput (TFLOP/s) of an n x n x n ``torch.matmul``:
+    (burst, held).
 
-    With ``sustain_s`` 0, a burst of 20 calls (2 on CPU): the best rate, the
-    one the prefill floor uses. A GPU that raises its clock while it is under
-    its power limit runs such a burst faster than it can hold. With
-    ``sustain_s`` > 0, the calls of another ``sustain_s`` seconds timed after
-    ``sustain_s`` seconds of back-to-back calls: the rate the device holds
-    over a run that long, for comparison."""
+    The burst is the best rate of 20 calls (2 on CPU), the one the prefill
+    floor uses. A GPU that raises its clock while it is under its power
+    limit runs such a burst faster than it can hold. Held, with
+    ``sustain_s`` > 0: the calls of another ``sustain_s`` seconds timed
+    after ``sustain_s`` seconds of back-to-back calls (counted from the
+    burst's time a call), the rate the device holds over a run that long,
+    for comparison; None with ``sustain_s`` 0."""
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     out = torch.empty(n, n, dtype=dtype, device=device)
+    flops = 2 * n**3
     iters = 20 if device.type == "cuda" else 2
     seconds = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters)
-    if sustain_s > 0:
-        iters = max(1, round(sustain_s / seconds))
-        seconds = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters,
-                                warmup=iters)
-    return 2 * n**3 / seconds / 1e12
+    if sustain_s <= 0:
+        return flops / seconds / 1e12, None
+    iters = max(1, round(sustain_s / seconds))
+    held_s = time_per_call(lambda: torch.matmul(a, b, out=out), device, iters=iters,
+                           warmup=iters)
+    return flops / seconds / 1e12, flops / held_s / 1e12
 
 
 def layer_matmul_params(config: dict) -> int:

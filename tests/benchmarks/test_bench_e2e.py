@@ -72,3 +72,18 @@ def test_ttft_only(tmp_path):
     assert ttft["prompts"] == 3 and ttft["prompt_len"] == 24 and len(ttft["rounds_s"]) == 1
     floor_s = floor_flops(3, 24) / (ttft["matmul_tflops"] * 1e12)
     assert ttft["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
+
+
+def test_prefill_floor_without_a_held_rate_reports_the_burst_alone():
+    """``--matmul-sustain-s 0``: the floor from the burst, no held rate's keys."""
+    import torch
+
+    from benchmarks.bench_e2e import prefill_floor
+
+    ttft = {"prompts": 2, "prompt_len": 40, "ttft_all_s": 0.5}
+    result = prefill_floor("tiny", ttft, torch.device("cpu"), 64, 0.0)
+    floor_s = floor_flops(2, 40) / (result["matmul_tflops"] * 1e12)
+    assert result["prefill_flops"] == floor_flops(2, 40)
+    assert result["prefill_floor_s"] == pytest.approx(floor_s, rel=1e-2, abs=1e-4)
+    assert result["ttft_ratio_to_floor"] == pytest.approx(0.5 / floor_s, rel=2e-2)
+    assert "matmul_tflops_sustained" not in result and "matmul_sustain_s" not in result

@@ -119,10 +119,11 @@ def test_sustained_matmul_rate_times_calls_after_as_many_warm(monkeypatch):
 
     monkeypatch.setattr(floor, "time_per_call", fake_time_per_call)
     n = 64
-    assert floor.matmul_tflops(torch.device("cpu"), n, torch.float32) == pytest.approx(
-        2 * n**3 / 0.01 / 1e12)
+    burst, held = floor.matmul_tflops(torch.device("cpu"), n, torch.float32)
+    assert burst == pytest.approx(2 * n**3 / 0.01 / 1e12) and held is None
     assert calls == [(2, 3)]
     calls.clear()
-    assert floor.matmul_tflops(torch.device("cpu"), n, torch.float32, sustain_s=0.5) == \
-        pytest.approx(2 * n**3 / 0.0125 / 1e12)
+    burst, held = floor.matmul_tflops(torch.device("cpu"), n, torch.float32, sustain_s=0.5)
+    assert burst == pytest.approx(2 * n**3 / 0.01 / 1e12)
+    assert held == pytest.approx(2 * n**3 / 0.0125 / 1e12)
     assert calls == [(2, 3), (50, 50)]
