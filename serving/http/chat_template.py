@@ -59,8 +59,10 @@ def message_text(content: str | list[dict] | None) -> str:
         return content or ""
     texts = []
     for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+        if part.get("type") != "text":
             raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
+        if not isinstance(part.get("text"), str):
+            raise ValueError("a text content part needs a 'text' string")
         texts.append(part["text"])
     return "\n".join(texts)
 

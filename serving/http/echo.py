@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipc.engine_messages import TokenLogprob
-from serving.http.logprobs import LogprobsFormatter
+from serving.http.logprobs import LogprobsFormatter, TextOffsets
 
 
 @dataclass(frozen=True)
@@ -24,10 +24,11 @@ class EchoedPrompt:
 
     def logprobs(self, formatter: LogprobsFormatter,
                  prompt_logprobs: list[list[TokenLogprob] | None] | None,
-                 num_top: int) -> dict:
-        """The prompt's part of a choice's ``logprobs``."""
+                 num_top: int, offsets: TextOffsets) -> dict:
+        """The prompt's part of a choice's ``logprobs``, its offsets the
+        first of the choice's ``offsets``."""
         entries = prompt_logprobs or [None] * len(self.token_ids)
-        return formatter.completion(self.token_ids, entries, num_top, 0)
+        return formatter.completion(self.token_ids, entries, num_top, offsets)
 
 
 def echoed_prompts(tokenizer, prompt, prompt_ids: list[list[int]]) -> list[EchoedPrompt]:

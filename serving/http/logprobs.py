@@ -22,6 +22,27 @@ from ipc.engine_messages import TokenLogprob
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
 
 
+class TextOffsets:
+    """The ``text_offset`` of each token of one choice, in order: the
+    characters of all the choice's earlier tokens' bytes, decoded together
+    by one incremental UTF-8 decoder. The offsets depend on the tokens alone
+    (not on how much text a stop string holds back, nor on how the engine
+    split them into deltas); a token that begins a character a later one
+    completes adds nothing, so the character is counted once, where it ends;
+    bytes that form no character count as U+FFFD (as the text shows them)
+    from the token that proves them invalid on."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, data: bytes) -> int:
+        """The offset of the token whose bytes are ``data``; moves past it."""
+        at = self.offset
+        self.offset += len(self._decoder.decode(data))
+        return at
+
+
 class LogprobsFormatter:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -53,17 +74,12 @@ class LogprobsFormatter:
         return (sampled.logprob if sampled else None), top
 
     def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
-                   num_top: int, text_offset: int) -> dict:
+                   num_top: int, offsets: TextOffsets) -> dict:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
-        for consecutive tokens whose text starts at ``text_offset``. The
-        offsets follow the bytes through an incremental UTF-8 decoder: a
-        token that begins a character a later one completes adds nothing, so
-        a character split over tokens is counted once, where it ends. Bytes
-        that form no character count as U+FFFD (as the text shows them) from
-        the token that proves them invalid on. A token without entries (the
-        first prompt token, echoed) has null logprob and top logprobs."""
+        for consecutive tokens of one choice, each offset taken from the
+        choice's ``offsets`` (which it advances). A token without entries
+        (the first prompt token, echoed) has null logprob and top logprobs."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         for token_id, entries in zip(token_ids, logprobs):
             text, data = self.label(token_id)
             out["tokens"].append(text)
@@ -74,15 +90,8 @@ class LogprobsFormatter:
                 logprob, top = self._split(token_id, entries, num_top)
                 out["token_logprobs"].append(logprob)
                 out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
-            out["text_offset"].append(text_offset)
-            text_offset += len(decoder.decode(data))
+            out["text_offset"].append(offsets.take(data))
         return out
-
-    def text_length(self, token_ids: list[int]) -> int:
-        """Characters of the tokens' labels' bytes decoded together: where a
-        ``text_offset`` that runs over them ends."""
-        data = b"".join(self.label(t)[1] for t in token_ids)
-        return len(data.decode("utf-8", errors="replace"))
 
     def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
              num_top: int) -> list[dict]:

@@ -52,6 +52,11 @@ class SamplingFields(BaseModel):
     prompt_logprobs: int | None = None
 
     logit_bias: dict[str, float] | None = None
+    # vLLM's extras this server does not implement (refused when set).
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
 
     # Structured outputs (serving/http/structured.py): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -65,13 +70,15 @@ class SamplingFields(BaseModel):
     # Fields OpenAI defines that change the answer but this server does not
     # implement: a request that sets one is refused rather than answered
     # as if it had not.
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias",)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "logit_bias", "allowed_token_ids", "bad_words", "include_stop_str_in_output",
+        "truncate_prompt_tokens")
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or
         a field that only makes sense with another."""
         for name in self.UNSUPPORTED:
-            if getattr(self, name, None):
+            if getattr(self, name, None) not in (None, False, "", [], {}):
                 raise ValueError(f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")
@@ -97,7 +104,7 @@ class CompletionRequest(SamplingFields):
     of token ids, or a list of lists of token ids."""
 
     prompt: str | list[str] | list[Int64] | list[list[Int64]]
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0)  # at most the engine's max_logprobs
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -105,7 +112,7 @@ class CompletionRequest(SamplingFields):
     # prompt's (``prompt_token_ids``; in a stream, on the choice's first chunk).
     return_token_ids: bool = False
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "suffix")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "suffix")
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -142,13 +149,25 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0)  # as logprobs
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    # Without tools, "none" asks for what is served anyway: a plain answer.
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's older form of tools
+    function_call: str | dict[str, Any] | None = None
     echo: bool = False  # vLLM's chat echo (repeat the last message): not served
+    continue_final_message: bool = False  # vLLM's
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logit_bias", "tools", "echo")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        *SamplingFields.UNSUPPORTED, "tools", "functions", "echo", "continue_final_message")
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none"):
+                raise ValueError(f"{name} is not supported by this server (it has no tools)")
 
 
 class TokenizeRequest(BaseModel):

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from ipc import trace
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
+from serving.http.logprobs import TextOffsets
 from serving.http.protocol import CompletionRequest
 from serving.http.sampling import choice_params
 from serving.http.state import ServerState
@@ -79,7 +80,7 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     state.check_model(request.model)
     request.check_supported()
     max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
-    if max_tokens == 0 and not request.echo:
+    if max_tokens < 1 and not (max_tokens == 0 and request.echo):
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile. Token ids need no thread (the
@@ -109,13 +110,13 @@ def _head(state: ServerState, response_id: str) -> dict:
 class _Choice:
     """One choice's answer in the making: its echoed prompt (text and
     logprobs, once), then its events' text and logprobs, with the text
-    offset running over both."""
+    offsets running over the tokens of both."""
 
     def __init__(self, state: ServerState, request: CompletionRequest,
                  echo: EchoedPrompt | None) -> None:
         self.state, self.request, self.echo = state, request, echo
         self.num_top = request.logprobs
-        self.offset = 0
+        self.offsets = TextOffsets()
         self.started = False
 
     def text_of(self, event: ChoiceEvent) -> str:
@@ -124,14 +125,15 @@ class _Choice:
         return self.echo.text + event.text
 
     def logprobs_of(self, event: ChoiceEvent) -> dict | None:
+        if self.num_top is None:
+            return None
         part = None
-        if not self.started and self.echo is not None and self.num_top is not None:
-            part = self.echo.logprobs(self.state.logprobs, event.prompt_logprobs, self.num_top)
-            self.offset = self.state.logprobs.text_length(self.echo.token_ids)
-        if self.num_top is not None and event.logprobs is not None:
+        if not self.started and self.echo is not None:
+            part = self.echo.logprobs(self.state.logprobs, event.prompt_logprobs, self.num_top,
+                                      self.offsets)
+        if event.logprobs is not None:
             out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
-                                                 self.offset)
-            self.offset += len(event.text)
+                                                 self.offsets)
             part = out if part is None else _extend(part, out)
         return part
 

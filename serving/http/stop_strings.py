@@ -11,8 +11,12 @@ ends without one.
 
 Invariant: the concatenation of everything ``feed`` and ``flush`` return
 equals the full text cut before the earliest occurrence of any stop string
-(the whole text when there is none). Text given to ``release`` (a request
-still below its ``min_tokens``) is returned whole and never matched.
+that ends in text given to ``feed`` (the whole text when there is none).
+Text given to ``release`` (a request still below its ``min_tokens``) ends
+no stop string, but one may begin in it: as vLLM, which looks for stop
+strings only once ``min_tokens`` are out, each time over the new text and
+the stop string's length before it. So ``release`` holds back the same
+tail as ``feed``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ class StopStringMatcher:
             raise ValueError("a stop string must not be empty")
         self.stops = tuple(stops)
         self.pending = ""  # received, not released: a possible stop-string start
+        self.unmatched = 0  # leading characters of ``pending`` that end no stop string
         self.stopped: str | None = None  # the stop string found
 
     def feed(self, piece: str) -> str:
@@ -39,21 +44,28 @@ class StopStringMatcher:
         found = self._earliest(text)
         if found is not None and found[0] <= held:
             index, self.stopped = found
-            self.pending = ""
+            self.pending, self.unmatched = "", 0
             return text[:index]
         # A stop string found after ``held`` may yet lose to a longer one
         # that begins at ``held``: hold everything from there.
-        self.pending = text[held:]
-        return text[:held]
+        return self._hold_from(text, held)
 
     def release(self, piece: str) -> str:
-        """Release ``piece`` (after any held-back text) unmatched: the output
-        is still below its ``min_tokens``, where stop strings end nothing.
-        Matching resumes with the next ``feed``, on text after this."""
-        if self.stopped is not None:
+        """Add ``piece``, which ends no stop string (the output is still below
+        its ``min_tokens``); return the text now safe to release. The tail
+        that may begin a stop string is held back as ``feed`` holds it."""
+        if self.stopped is not None or not piece:
             return ""
-        text, self.pending = self.pending + piece, ""
-        return text
+        text = self.pending + piece
+        released = self._hold_from(text, len(text) - self._held_tail(text))
+        self.unmatched = len(self.pending)
+        return released
+
+    def _hold_from(self, text: str, held: int) -> str:
+        """Keep ``text[held:]`` pending, release the rest."""
+        self.unmatched = max(0, self.unmatched - held)
+        self.pending = text[held:]
+        return text[:held]
 
     def flush(self) -> str:
         """The held-back text, cut before a stop string it holds, once no more text will come."""
@@ -61,14 +73,17 @@ class StopStringMatcher:
         if self.stopped is not None:
             return ""
         found = self._earliest(text)
+        self.unmatched = 0
         if found is None:
             return text
         index, self.stopped = found
         return text[:index]
 
     def _earliest(self, text: str) -> tuple[int, str] | None:
-        """(index, stop string) of the earliest stop string in ``text``, if any."""
-        found = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        """(index, stop string) of the earliest stop string in ``text`` that
+        ends past its first ``unmatched`` characters, if any."""
+        found = [(i, s) for s in self.stops
+                 if (i := text.find(s, max(0, self.unmatched - len(s) + 1))) >= 0]
         return min(found) if found else None
 
     def _held_tail(self, text: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
-from serving.http.chat_template import ChatTemplateError, render_chat
+from serving.http.chat_template import ChatTemplateError, message_text, render_chat
 
 CHATML = (  # the shape of SmolLM2's template
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -82,3 +82,12 @@ def test_sandbox_blocks_python_internals():
     with pytest.raises(ChatTemplateError):
         render_chat(escape, MESSAGES[0], add_generation_prompt=True, bos_token=None,
                     eos_token=None)
+
+
+def test_content_parts_are_joined_texts_and_other_parts_are_named():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert message_text(parts) == "a\nb" and message_text(None) == ""
+    with pytest.raises(ValueError, match="only text content parts are supported, got 'image_url'"):
+        message_text([{"type": "image_url", "image_url": {"url": "x"}}])
+    with pytest.raises(ValueError, match="a text content part needs a 'text' string"):
+        message_text([{"type": "text"}])

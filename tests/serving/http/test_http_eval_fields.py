@@ -25,7 +25,7 @@ PROMPT = "The quick brown fox jumps over"
 def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("http_eval"), "serve", "--model", "tiny",
                       "--device", "cpu", "--disable-log-stats",
-                      "--max-num-batched-tokens", "32") as served:
+                      "--max-num-batched-tokens", "32", "--max-logprobs", "30") as served:
         yield served
 
 
@@ -91,6 +91,23 @@ def test_echo_of_token_prompt_and_stream(client, reference):
     assert text == PROMPT + ref.text
 
 
+def test_logprobs_are_bounded_by_max_logprobs(client):
+    """The server's --max-logprobs (30 here) bounds ``logprobs`` and
+    ``top_logprobs``, not OpenAI's 20."""
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=25)
+    assert [len(top) for top in resp.choices[0].logprobs.top_logprobs] == [25, 25]
+    chat = client.chat.completions.create(model="tiny", max_tokens=2, logprobs=True,
+                                          top_logprobs=25,
+                                          messages=[{"role": "user", "content": PROMPT}])
+    assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [25, 25]
+    with pytest.raises(openai.BadRequestError, match="logprobs 31 is more than max_logprobs 30"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=31)
+    with pytest.raises(openai.BadRequestError, match="31 is more than max_logprobs 30"):
+        client.chat.completions.create(model="tiny", max_tokens=2, logprobs=True,
+                                       top_logprobs=31,
+                                       messages=[{"role": "user", "content": PROMPT}])
+
+
 def test_prompt_logprobs_in_extra_body(client, reference):
     ids, want = _prompt_lps(reference, PROMPT, 3)
     resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0,
@@ -114,14 +131,24 @@ def test_min_tokens_holds_stop_ids(client, reference):
     first = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=1))[0]
     stop = first.outputs[0].token_ids[0]
     plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
-                                      extra_body={"stop_token_ids": [stop]})
+                                      extra_body={"stop_token_ids": [stop],
+                                                  "return_token_ids": True})
     assert plain.usage.completion_tokens == 1 and plain.choices[0].finish_reason == "stop"
+    # As vLLM: the stop token's id is there, its text is not.
+    assert plain.choices[0].model_extra["token_ids"] == [stop] and plain.choices[0].text == ""
     held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
                                      extra_body={"stop_token_ids": [stop], "min_tokens": 8})
     ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16,
                                                     stop_token_ids=[stop], min_tokens=8))[0]
     assert held.usage.completion_tokens >= 8
-    assert held.choices[0].text == ref.outputs[0].text
+    ref_ids = ref.outputs[0].token_ids
+    want = reference.get_tokenizer().decode(
+        ref_ids[:-1] if ref.outputs[0].finish_reason == "stop" else ref_ids)
+    assert held.choices[0].text == ref.outputs[0].text == want
+    streamed = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16,
+                                         temperature=0, stream=True,
+                                         extra_body={"stop_token_ids": [stop], "min_tokens": 8})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == want
     chat = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12,
         temperature=0, extra_body={"min_tokens": 12})
@@ -221,8 +248,31 @@ def test_unimplemented_fields_are_refused(client):
         client.completions.create(model="tiny", prompt=PROMPT, suffix="x", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         client.completions.create(model="tiny", prompt=PROMPT, logit_bias={"5": 1.0})
-    with pytest.raises(openai.BadRequestError, match="max_tokens"):
-        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=0)
+    for bad in (0, -1, -1000):
+        with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
+            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=bad)
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=-5, echo=True)
+    for extra in ({"allowed_token_ids": [65]}, {"bad_words": ["a"]},
+                  {"include_stop_str_in_output": True}, {"truncate_prompt_tokens": 1}):
+        with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
+            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                      extra_body=extra)
+    messages = [{"role": "user", "content": PROMPT}]
+    function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
+    for extra in ({"tool_choice": "required"}, {"tool_choice": "auto"},
+                  {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+                  {"functions": [function]}, {"function_call": "auto"},
+                  {"continue_final_message": True}):
+        with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
+            client.chat.completions.create(model="tiny", max_tokens=2, messages=messages,
+                                           extra_body=extra)
+    # Asking for no tool is asking for the plain answer this server gives.
+    plain = client.chat.completions.create(model="tiny", max_tokens=3, temperature=0,
+                                           messages=messages)
+    none = client.chat.completions.create(model="tiny", max_tokens=3, temperature=0,
+                                          messages=messages, tool_choice="none")
+    assert none.choices[0].message.content == plain.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="min_tokens"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
                                   extra_body={"min_tokens": 3})
@@ -240,7 +290,9 @@ def test_access_log_has_a_line_per_request(server, client):
 
 
 def test_stop_strings_wait_for_min_tokens(client, reference):
-    """As vLLM: a stop string in the first min_tokens tokens' text ends nothing."""
+    """As vLLM: a stop string in the first min_tokens tokens' text ends
+    nothing; one that a later token completes does, even where it begins in
+    that text."""
     ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=12,
                                                     ignore_eos=True))[0].outputs[0]
     stop = ref.text[1:3]  # text the second and third tokens make (one byte each)
@@ -251,6 +303,31 @@ def test_stop_strings_wait_for_min_tokens(client, reference):
     held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                      stop=[stop], extra_body={"ignore_eos": True,
                                                               "min_tokens": 6})
-    rest = ref.text[6:]
-    want = ref.text if stop not in rest else ref.text[:6 + rest.index(stop)]
+    at = ref.text.find(stop, 6 - len(stop) + 1)  # ends past the sixth token's text
+    want = ref.text if at < 0 else ref.text[:at]
     assert held.choices[0].text == want
+    # The sixth and seventh tokens' text as the stop: it ends in the seventh.
+    straddle = ref.text[5:7]
+    assert ref.text.find(straddle, 6 - len(straddle) + 1) == 5  # its first that may end it
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                    stop=[straddle], extra_body={"ignore_eos": True,
+                                                                 "min_tokens": 6})
+    assert cut.choices[0].text == ref.text[:5]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_text_offsets_depend_on_the_tokens_alone(client):
+    """A stop string that may begin anywhere holds text back at every token;
+    the tokens' ``text_offset`` must not follow the text released so far, in
+    a whole answer or a stream."""
+    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0,
+                  extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kwargs).choices[0]
+    stops = sorted({c + "\x00\x00" for c in plain.text})[:4]  # never met, often begun
+    assert not any(s in plain.text for s in stops)
+    held = client.completions.create(**kwargs, stop=stops).choices[0]
+    assert held.text == plain.text and held.logprobs.tokens == plain.logprobs.tokens
+    assert held.logprobs.text_offset == plain.logprobs.text_offset
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        **kwargs, stop=stops, stream=True) if c.choices and c.choices[0].logprobs]
+    assert [o for lp in streamed for o in lp.text_offset] == plain.logprobs.text_offset

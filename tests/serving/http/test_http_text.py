@@ -110,13 +110,52 @@ def test_a_stop_string_waits_for_a_longer_one_that_begins_earlier():
     assert _run_matcher(["ba"], ["a", "baa"]) == (["", "b"], "a")
 
 
-def test_text_offsets_follow_whole_characters(tokenizer):
+@pytest.mark.parametrize("split", [7, 1, 2, 5])
+def test_text_offsets_follow_whole_characters(tokenizer, split):
     """The tiny tokenizer's ids are bytes. "€" (E2 82 AC) over three tokens,
-    then "]", then "é" (C3 A9) over two, then "a": the text "€]éa" starts at
-    10, so, hand-worked, € and its parts at 10, ] at 11, é at 12, a at 13."""
-    from serving.http.logprobs import LogprobsFormatter
+    then "]", then "é" (C3 A9) over two, then "a": hand-worked, € and its
+    parts at 0, ] at 1, é at 2, a at 3; the same when the tokens come in two
+    parts (two deltas), even with a character split between them."""
+    from serving.http.logprobs import LogprobsFormatter, TextOffsets
 
     ids = [0xE2, 0x82, 0xAC, ord("]"), 0xC3, 0xA9, ord("a")]
     entries = [[TokenLogprob(token_id=t, logprob=-1.0, rank=1)] for t in ids]
-    out = LogprobsFormatter(tokenizer).completion(ids, entries, num_top=1, text_offset=10)
-    assert out["text_offset"] == [10, 10, 10, 11, 12, 12, 13]
+    formatter, offsets = LogprobsFormatter(tokenizer), TextOffsets()
+    parts = [formatter.completion(ids[:split], entries[:split], 1, offsets),
+             formatter.completion(ids[split:], entries[split:], 1, offsets)]
+    assert parts[0]["text_offset"] + parts[1]["text_offset"] == [0, 0, 0, 1, 2, 2, 3]
+
+
+def _reference_after(text: str, stops: list[str], unmatched: int) -> tuple[str, bool]:
+    """The text cut before the earliest stop string that ends past its first
+    ``unmatched`` characters (vLLM's rule under ``min_tokens``), and whether
+    there is one."""
+    hits = [i for s in stops if (i := text.find(s, max(0, unmatched - len(s) + 1))) >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
+       num_released=st.integers(0, 12),
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3))
+def test_released_text_ends_no_stop_string_but_may_begin_one(pieces, num_released, stops):
+    matcher = StopStringMatcher(stops)
+    out = [matcher.release(p) for p in pieces[:num_released]]
+    out += [matcher.feed(p) for p in pieces[num_released:]]
+    out.append(matcher.flush())
+    expected, found = _reference_after("".join(pieces), stops,
+                                       len("".join(pieces[:num_released])))
+    assert "".join(out) == expected
+    assert (matcher.stopped is not None) == found
+
+
+def test_a_stop_string_that_min_tokens_splits_still_ends_the_text():
+    """Hand-worked: "ab" is the stop; "xa" is released below min_tokens (the
+    "a" held back, as it may begin "ab"), then "b" completes it: the text
+    ends at "x". A stop string wholly inside the released text ends nothing."""
+    matcher = StopStringMatcher(["ab"])
+    assert matcher.release("xa") == "x"
+    assert matcher.feed("bc") == "" and matcher.stopped == "ab"
+    matcher = StopStringMatcher(["ab"])
+    assert matcher.release("abx") == "abx"
+    assert matcher.feed("y") == "y" and matcher.stopped is None
