@@ -17,8 +17,10 @@ worker decodes it typed); ``runner_config`` copies it by name.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import socket
 from dataclasses import dataclass, field, fields
 
 import msgspec
@@ -158,12 +160,32 @@ class EngineConfig:
     # ---- rules of the model and the machine ------------------------------
     def check_model(self, model: ModelConfig) -> None:
         """Every rule the model decides for these arguments: heads and MLP
-        columns that split over the ranks, a length."""
+        columns that split over the ranks, a length (and, with
+        ``num_gpu_blocks_override``, a cache that holds it)."""
         try:
             model.check_tensor_parallel(self.tensor_parallel_size, self.model)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.resolved_max_model_len(model)
+        max_model_len = self.resolved_max_model_len(model)
+        if self.num_gpu_blocks_override is not None:
+            self.check_kv_cache(self.num_gpu_blocks_override, max_model_len)
+
+    def check_kv_cache(self, num_blocks: int, max_model_len: int) -> None:
+        """The KV cache holds one request of ``max_model_len`` tokens (as vLLM
+        requires at start): else a request without ``max_tokens``, whose
+        default runs to that length, could never be admitted."""
+        tokens = num_blocks * self.block_size
+        if tokens >= max_model_len:
+            return
+        if self.num_gpu_blocks_override is not None:
+            more = "num_gpu_blocks_override"
+        elif self.resolved_device == "cuda":
+            more = "gpu_memory_utilization"
+        else:
+            more = "kv_cache_memory_bytes"
+        raise ConfigError(f"the KV cache holds {tokens} tokens ({num_blocks} blocks of "
+                          f"{self.block_size}), fewer than max_model_len {max_model_len}: "
+                          f"set max_model_len to at most {tokens}, or raise {more}")
 
     def check_draft_model(self, info: ModelConfig, draft: ModelConfig) -> None:
         """A draft model (speculative method "draft_model") has the target's
@@ -184,6 +206,13 @@ class EngineConfig:
         for the ranks this host spawns, whether CUDA was asked for or
         ``auto`` chose it (``auto`` never falls back to the CPU for want of
         devices: a model sized for GPUs would then run on the host unasked)."""
+        self._check_attention_backend()
+        if self.executor == "mp":
+            try:
+                socket.getaddrinfo(self.master_addr, None)
+            except OSError as e:
+                raise ConfigError(f"master_addr {self.master_addr!r} does not resolve "
+                                  f"({e.strerror or e})") from None
         if self.resolved_device != "cuda":
             return
         import torch
@@ -196,6 +225,23 @@ class EngineConfig:
             raise ConfigError(f"tensor-parallel size {self.tensor_parallel_size} needs as many "
                               f"CUDA devices; this machine has {count} (use --device cpu "
                               "to run the ranks on the CPU)")
+
+    def _check_attention_backend(self) -> None:
+        """The Triton backends compile for CUDA (on the CPU they run only
+        under Triton's interpreter, ``TRITON_INTERPRET=1``, which the tests
+        use); flash-attn needs CUDA and its package."""
+        name = self.attention_backend
+        if name == "flash_attn":
+            if self.resolved_device != "cuda":
+                raise ConfigError("attention backend 'flash_attn' runs on CUDA only "
+                                  "(on the CPU: 'sdpa' or 'torch')")
+            if importlib.util.find_spec("flash_attn") is None:
+                raise ConfigError("attention backend 'flash_attn' needs the flash-attn "
+                                  "package, which is not installed")
+        elif (name in ("triton", "triton_flash_prefill") and self.resolved_device != "cuda"
+              and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ConfigError(f"attention backend {name!r} runs on CUDA (on the CPU: 'sdpa' "
+                              "or 'torch'; or Triton's interpreter, TRITON_INTERPRET=1)")
 
     # ---- resolved values and projections ---------------------------------
     @property
@@ -297,8 +343,8 @@ def _check_ints(c: EngineConfig) -> None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    if not isinstance(c.seed, int) or isinstance(c.seed, bool):
-        raise ConfigError(f"seed must be an int, got {c.seed!r}")
+    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < 1 << 63:
+        raise ConfigError(f"seed must be an int in [0, 2**63), got {c.seed!r}")
     for name in _BOOLS:
         if not isinstance(getattr(c, name), bool):
             raise ConfigError(f"{name} must be a bool, got {getattr(c, name)!r}")

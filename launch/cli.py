@@ -291,6 +291,7 @@ def run_generate(args) -> int:
 def run_serve(args) -> int:
     """Start the engine, then serve it until SIGINT or SIGTERM (either one:
     a clean stop, exit code 0, sockets and files removed)."""
+    from engine.config import ConfigError
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
     from ipc.auth import new_secret
@@ -304,7 +305,10 @@ def run_serve(args) -> int:
     http = args.http_port is not None
     _check_http_args(args)
     # With --http-port, --host is the HTTP server's; the engine endpoint stays local.
-    endpoint = Endpoint.create(args.port, None if http else args.host)  # checked before workers
+    try:  # checked before any worker starts
+        endpoint = Endpoint.create(args.port, None if http else args.host)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if (warning := exposure_warning(endpoint)) is not None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
         logger.warning("%s", warning)

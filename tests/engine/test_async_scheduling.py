@@ -288,7 +288,7 @@ def mixed_workload():
 def generate(model, async_scheduling, **kw):
     prompts, params = mixed_workload()
     with LLM(model=model, device="cpu", async_scheduling=async_scheduling, block_size=16,
-             max_num_batched_tokens=32, max_num_seqs=8, num_gpu_blocks_override=12,
+             max_num_batched_tokens=32, max_num_seqs=8, num_gpu_blocks_override=12, max_model_len=12 * 16,
              **kw) as llm:
         scheduler = llm.engine.scheduler
         schedule, seen = scheduler.schedule, [0]

@@ -10,12 +10,13 @@ and cross the socket typed.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 import executor.multiproc
 import executor.uniproc
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
 from ipc.config import RunnerConfig
 from ipc.messages import ControlCall
@@ -64,6 +65,11 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(enable_prefix_caching="yes"), "enable_prefix_caching must be a bool"),
     (dict(max_logprobs=-2), "max_logprobs must be an int >= -1"),
     (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be an int >= 1"),
+    (dict(seed=-1), r"seed must be an int in \[0, 2\*\*63\)"),
+    (dict(seed=1 << 64), r"seed must be an int in \[0, 2\*\*63\)"),
+    (dict(device="cpu", attention_backend="flash_attn"), "'flash_attn' runs on CUDA only"),
+    (dict(device="cpu", executor="mp", master_addr="999.1.1.1"),
+     "master_addr '999.1.1.1' does not resolve"),
 ])
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -98,6 +104,42 @@ def test_missing_model_and_hub_id_get_a_hint(no_workers, tmp_path):
     with pytest.raises(ConfigError, match="missing .*config.json"):
         LLM(model=str(tmp_path))
     assert no_workers == []
+
+
+def test_a_cache_given_in_blocks_must_hold_max_model_len_before_any_worker(no_workers):
+    """As vLLM: one request of max_model_len tokens must fit (tiny: 4096)."""
+    with pytest.raises(ConfigError, match=r"the KV cache holds 64 tokens \(4 blocks of 16\), "
+                                          "fewer than max_model_len 4096: set max_model_len "
+                                          "to at most 64, or raise num_gpu_blocks_override"):
+        LLM(model="tiny", device="cpu", num_gpu_blocks_override=4)
+    assert no_workers == []
+
+
+@pytest.mark.timeout(120)
+def test_a_measured_cache_must_hold_max_model_len_and_nothing_is_left():
+    """1 MiB a rank of tiny's cache at TP=2 is 128 blocks of 16 tokens (each
+    rank holds half the KV heads); the workers that measured it are stopped.
+    With max_model_len 2048 the same cache serves."""
+    from tests.helpers.proc_utils import child_pids
+
+    with pytest.raises(ConfigError, match="the KV cache holds 2048 tokens .* set max_model_len "
+                                          "to at most 2048, or raise kv_cache_memory_bytes"):
+        LLM(model="tiny", device="cpu", tensor_parallel_size=2, kv_cache_memory_bytes=1 << 20)
+    assert child_pids(os.getpid()) == []
+    with LLM(model="tiny", device="cpu", tensor_parallel_size=2, kv_cache_memory_bytes=1 << 20,
+             max_model_len=2048) as llm:
+        out = llm.generate("hi", SamplingParams(max_tokens=2, temperature=0.0))[0]
+    assert len(out.outputs[0].token_ids) == 2
+
+
+def test_triton_attention_on_the_cpu_needs_the_interpreter(monkeypatch):
+    for name in ("triton", "triton_flash_prefill"):
+        config = EngineConfig(model="tiny", device="cpu", attention_backend=name)
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(ConfigError, match=f"'{name}' runs on CUDA .*TRITON_INTERPRET=1"):
+            config.check_machine()
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        config.check_machine()  # the interpreter runs it (the tests' way)
 
 
 def test_cuda_without_cuda_is_a_config_error(no_workers, monkeypatch):
@@ -197,6 +239,12 @@ def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
      "dataset 'missing.jsonl' is not a file"),
     (["serve", "--device", "cpu", "--http-port", "70000"], "--http-port must be in [0, 65535]"),
     (["serve", "--device", "cpu", "--api-key", "k"], "--api-key needs --http-port"),
+    (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),
+    (["generate", "--device", "cpu", "--seed", "-1"], "seed must be an int in [0, 2**63)"),
+    (["generate", "--device", "cpu", "--attention-backend", "flash_attn"],
+     "'flash_attn' runs on CUDA only"),
+    (["--master-addr", "999.1.1.1", "generate", "--device", "cpu"],
+     "master_addr '999.1.1.1' does not resolve"),
 ])
 def test_cli_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}

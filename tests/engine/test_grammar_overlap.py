@@ -61,7 +61,7 @@ def test_overlap_gives_the_tokens_of_synchronous_scheduling_tp1(tiny_dir):
 
 @pytest.mark.timeout(300)
 def test_overlap_under_preemption_gives_the_synchronous_tokens(tiny_dir):
-    kw = dict(max_num_seqs=8, num_gpu_blocks_override=24, block_size=16)
+    kw = dict(max_num_seqs=8, num_gpu_blocks_override=24, block_size=16, max_model_len=24 * 16)
     with LLM(model=tiny_dir, device="cpu", **kw) as llm:
         prompts, params = _batch()
         llm.generate(prompts, params)

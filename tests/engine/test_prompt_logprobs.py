@@ -113,7 +113,7 @@ def test_prompt_logprobs_survive_preemption(llama):
     path, want = llama
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, prompt_logprobs=2)
     with LLM(model=path, device="cpu", max_num_batched_tokens=16, block_size=16,
-             max_num_seqs=4, num_gpu_blocks_override=9) as llm:
+             max_num_seqs=4, num_gpu_blocks_override=9, max_model_len=9 * 16) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
         preemptions = llm.engine.scheduler.num_preemptions
     assert preemptions > 0

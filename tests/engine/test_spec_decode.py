@@ -110,7 +110,7 @@ def test_preemption_with_drafts_in_flight_and_prefix_caching(method):
     back; equal prompts (n > 1) share cached blocks."""
     prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1], PROMPTS[3], PROMPTS[2]]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    config = dict(num_gpu_blocks_override=14, block_size=8)
+    config = dict(num_gpu_blocks_override=14, block_size=8, max_model_len=14 * 8)
     want, _ = _run(prompts, params, None, **config)
     with LLM(model="tiny", speculative_config=SPECS[method], **config) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

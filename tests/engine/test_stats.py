@@ -86,7 +86,7 @@ def test_counters_match_the_steps():
 
 @pytest.mark.timeout(60)
 def test_preemptions_and_prefix_hits_are_counted(caplog):
-    with LLM(model="tiny", device="cpu", num_gpu_blocks_override=6, max_num_seqs=4,
+    with LLM(model="tiny", device="cpu", num_gpu_blocks_override=6, max_model_len=6 * 16, max_num_seqs=4,
              disable_log_stats=False, log_stats_interval_s=1e-6) as llm:
         engine = llm.engine
         schedule, preempted = engine.scheduler.schedule, []

@@ -182,7 +182,7 @@ def test_preemption_and_prefix_caching_keep_the_matchers_in_step(tiny_dir):
         assert llm.engine.scheduler.kv.prefix_hits > 0
     # 14 blocks of 16 tokens: four requests of up to 184 tokens cannot all grow.
     with LLM(model=tiny_dir, device="cpu", max_num_seqs=4, num_gpu_blocks_override=14,
-             block_size=16) as llm:
+             block_size=16, max_model_len=14 * 16) as llm:
         tight = llm.generate(prompts, params)
         assert llm.engine.scheduler.num_preemptions > 0
     assert assert_valid_json(roomy) >= len(seeds) // 2
