@@ -92,9 +92,6 @@ class LLM:
             with contextlib.suppress(Exception):  # an engine that died stays dead
                 engine.abort(unfinished)
             raise
-        for req_id in order:
-            completion = outputs[req_id].outputs[0]
-            completion.text = engine.tokenizer.decode(completion.token_ids)
         return [outputs[r] for r in order]
 
     def _run_to_completion(self, outputs: dict[str, RequestOutput], use_tqdm: bool) -> None:
@@ -113,6 +110,9 @@ class LLM:
                     if delta.finished:
                         completion.finish_reason = delta.finish_reason
                         outputs[delta.req_id].finished = True
+                        ids = completion.token_ids
+                        completion.text = engine.tokenizer.decode(
+                            ids[:-1] if delta.ends_on_stop_token else ids)
                 progress.advance(sum(d.finished for d in deltas),
                                  sum(len(d.new_token_ids) for d in deltas))
 

@@ -105,6 +105,7 @@ class LLMEngine:
             self.num_blocks = self.executor.initialize(
                 runner_config, config.num_gpu_blocks_override
             )
+            config.check_kv_cache(self.num_blocks, self.max_model_len)
         except BaseException:
             self.executor.shutdown()
             raise

@@ -34,7 +34,10 @@ class RequestOutputDelta:
     ``prompt_logprobs`` (vLLM's shape: None for the first prompt token) comes
     once, with the first tokens of a request that asked for it.
     ``num_cached_tokens``: the prompt tokens the prefix cache held when the
-    request was first scheduled.
+    request was first scheduled. ``ends_on_stop_token``: the last new token
+    is the stop token (one of ``stop_token_ids`` or an end-of-sequence id)
+    that finished the request with "stop"; it stays in the token ids, but
+    its text is left out of the output's (as vLLM leaves it out).
     """
 
     req_id: str
@@ -44,6 +47,7 @@ class RequestOutputDelta:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int | None = None
+    ends_on_stop_token: bool = False
 
 
 @dataclass

@@ -483,9 +483,13 @@ class Scheduler:
         logprobs = None
         if request.sampling_params.logprobs is not None and None not in token_rows:
             logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
+        params = request.sampling_params
+        ends_on_stop_token = status == RequestStatus.FINISHED_STOPPED and (
+            new_ids[-1] in params.stop_token_ids
+            or (not params.ignore_eos and new_ids[-1] in request.eos_token_ids))
         return RequestOutputDelta(
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
-            prompt_logprobs.take_ready(request), request.num_cached_tokens,
+            prompt_logprobs.take_ready(request), request.num_cached_tokens, ends_on_stop_token,
         )
 
     def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:

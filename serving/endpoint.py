@@ -424,8 +424,10 @@ class EngineServer:
     def _delta(self, route: _Route, d: RequestOutputDelta, tokens: list[int],
                token_logprobs, finished: bool, first: bool) -> Delta:
         """``first``: the delta that carries the step's prompt logprobs (they
-        come once per request)."""
-        text = route.detokenizer.feed(tokens)
+        come once per request). A stop token that ends the request adds no
+        text (``RequestOutputDelta.ends_on_stop_token``)."""
+        text = route.detokenizer.feed(tokens[:-1] if finished and d.ends_on_stop_token
+                                      else tokens)
         if finished:  # release what the detokenizer held back (an incomplete character)
             text += route.detokenizer.finish()
         logprobs = None
