@@ -109,6 +109,7 @@ class LLM:
                         completion.logprobs = (completion.logprobs or []) + delta.logprobs
                     if delta.finished:
                         completion.finish_reason = delta.finish_reason
+                        completion.stop_reason = delta.stop_reason
                         outputs[delta.req_id].finished = True
                         ids = completion.token_ids
                         completion.text = engine.tokenizer.decode(

@@ -38,6 +38,8 @@ class RequestOutputDelta:
     is the stop token (one of ``stop_token_ids`` or an end-of-sequence id)
     that finished the request with "stop"; it stays in the token ids, but
     its text is left out of the output's (as vLLM leaves it out).
+    ``stop_reason``: that token's id when it is one of ``stop_token_ids``
+    (None for an end-of-sequence id or any other ending, as vLLM's).
     """
 
     req_id: str
@@ -48,6 +50,7 @@ class RequestOutputDelta:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int | None = None
     ends_on_stop_token: bool = False
+    stop_reason: int | None = None
 
 
 @dataclass
@@ -59,6 +62,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string met
 
     def finished(self) -> bool:
         return self.finish_reason is not None

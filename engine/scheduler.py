@@ -483,13 +483,15 @@ class Scheduler:
         logprobs = None
         if request.sampling_params.logprobs is not None and None not in token_rows:
             logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
-        params = request.sampling_params
-        ends_on_stop_token = status == RequestStatus.FINISHED_STOPPED and (
-            new_ids[-1] in params.stop_token_ids
-            or (not params.ignore_eos and new_ids[-1] in request.eos_token_ids))
+        params, last = request.sampling_params, new_ids[-1]
+        stopped = status == RequestStatus.FINISHED_STOPPED
+        # End of sequence first, as ``_stop_status`` and vLLM check it.
+        on_eos = stopped and not params.ignore_eos and last in request.eos_token_ids
+        on_stop_id = stopped and not on_eos and last in params.stop_token_ids
         return RequestOutputDelta(
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
-            prompt_logprobs.take_ready(request), request.num_cached_tokens, ends_on_stop_token,
+            prompt_logprobs.take_ready(request), request.num_cached_tokens,
+            ends_on_stop_token=on_eos or on_stop_id, stop_reason=last if on_stop_id else None,
         )
 
     def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:

@@ -66,6 +66,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     has one entry per prompt token, None for the first, each the top-k
     candidates then the prompt token when it is not among them.
     ``num_cached_tokens``: the prompt tokens found in the prefix cache.
+    ``stop_reason``: on the last delta, the stop token id that ended the
+    request (one of its ``stop_token_ids``; vLLM's field).
     """
 
     request_id: str
@@ -73,6 +75,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     finished: bool
     finish_reason: str | None = None
+    stop_reason: int | None = None
     logprobs: list[list[TokenLogprob]] | None = None
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
     num_cached_tokens: int | None = None

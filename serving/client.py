@@ -231,6 +231,7 @@ class EngineClient:
             completion.token_ids.extend(delta.token_ids)
             completion.text += delta.text
             completion.finish_reason = delta.finish_reason
+            completion.stop_reason = delta.stop_reason
             if delta.logprobs is not None:
                 completion.logprobs = (completion.logprobs or []) + [
                     {e.token_id: Logprob(e.logprob, e.rank) for e in token}

@@ -439,6 +439,7 @@ class EngineServer:
                                for token in d.prompt_logprobs]
         return Delta(request_id=route.request_id, token_ids=list(tokens), text=text,
                      finished=finished, finish_reason=d.finish_reason if finished else None,
+                     stop_reason=d.stop_reason if finished else None,
                      logprobs=logprobs, prompt_logprobs=prompt_logprobs,
                      num_cached_tokens=d.num_cached_tokens)
 

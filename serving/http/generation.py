@@ -41,7 +41,8 @@ class RequestRefused(ValueError):
 @dataclass
 class ChoiceEvent:
     """New text (and the tokens behind it) of one choice; ``finish_reason``
-    is set on its last event only."""
+    is set on its last event only, and with it vLLM's ``stop_reason``: the
+    stop string met, or the stop token id (None otherwise)."""
 
     index: int
     text: str
@@ -49,6 +50,7 @@ class ChoiceEvent:
     logprobs: list[list[TokenLogprob]] | None
     finish_reason: str | None
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -166,17 +168,20 @@ class Generation:
             text = choice.matcher.release(delta.text)  # too early for a stop string
         else:
             text = choice.matcher.feed(delta.text)
-        reason = None
+        reason, stop_reason = None, None
         if choice.matcher.stopped is not None:
-            reason = "stop"
+            reason, stop_reason = "stop", choice.matcher.stopped
             self.link.abort(request_id)
         elif delta.finished:
             text += choice.matcher.flush()  # may end at a stop string it held back
-            reason = "stop" if choice.matcher.stopped is not None else delta.finish_reason
+            if choice.matcher.stopped is not None:
+                reason, stop_reason = "stop", choice.matcher.stopped
+            else:
+                reason, stop_reason = delta.finish_reason, delta.stop_reason
             self.link.forget(request_id)
         choice.finished = reason is not None
         return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason,
-                           delta.prompt_logprobs)
+                           delta.prompt_logprobs, stop_reason)
 
     def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
         if delta.num_cached_tokens is not None:

@@ -81,7 +81,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                    response_id: str) -> dict:
     num_top = _num_top(request)
     n = len(generation.choices)
-    texts, reasons = [""] * n, [None] * n
+    texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
     prompt_logprobs = None
     async for event in generation.events():
@@ -89,11 +89,14 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
             prompt_logprobs = state.logprobs.prompt_logprobs(
                 prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
         texts[event.index] += event.text
-        reasons[event.index] = event.finish_reason or reasons[event.index]
+        if event.finish_reason is not None:
+            reasons[event.index] = event.finish_reason
+            stop_reasons[event.index] = event.stop_reason
         logprobs[event.index] += _logprobs(state, event, num_top) or []
     choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
-                "finish_reason": reasons[i]} for i in range(n)]
+                "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
+               for i in range(n)]
     body = {**_head(state, response_id, "chat.completion"), "choices": choices,
             "usage": generation.usage()}
     if request.prompt_logprobs is not None:
@@ -126,5 +129,5 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
             continue  # tokens whose text is held back (an incomplete character)
         choice = {"index": event.index, "delta": {"content": event.text} if event.text else {},
                   "logprobs": {"content": lp} if lp is not None else None,
-                  "finish_reason": event.finish_reason}
+                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
         yield {**head, "choices": [choice]}

@@ -170,6 +170,7 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     prompt_ids = _prompt_ids(generation)
     texts = [""] * num_choices
     reasons: list[str | None] = [None] * num_choices
+    stop_reasons: list[int | str | None] = [None] * num_choices
     merged: list[dict | None] = [None] * num_choices
     prompt_lps: list[list | None] = [None] * num_choices
     token_ids: list[list[int]] = [[] for _ in range(num_choices)]
@@ -178,7 +179,8 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
         fields = builders[i].fields(event, prompt_ids[i])
         texts[i] += fields["text"]
         token_ids[i] += event.token_ids
-        reasons[i] = event.finish_reason or reasons[i]
+        if event.finish_reason is not None:
+            reasons[i], stop_reasons[i] = event.finish_reason, event.stop_reason
         if fields["logprobs"] is not None:
             merged[i] = _extend(merged[i], fields["logprobs"])
         prompt_lps[i] = fields["prompt_logprobs"] or prompt_lps[i]
@@ -186,7 +188,8 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
         merged = [m or {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                         "text_offset": []} for m in merged]
     choices = [{"index": i, "text": texts[i], "logprobs": merged[i],
-                "finish_reason": reasons[i]} for i in range(num_choices)]
+                "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
+               for i in range(num_choices)]
     if request.prompt_logprobs is not None:
         for choice, lps in zip(choices, prompt_lps):
             choice["prompt_logprobs"] = lps
@@ -222,7 +225,7 @@ async def _chunks(state: ServerState, request: CompletionRequest, generation: Ge
                 and not (request.return_token_ids and event.token_ids)):
             continue  # tokens whose text is held back (an incomplete character)
         choice = {"index": event.index, "text": fields["text"], "logprobs": fields["logprobs"],
-                  "finish_reason": event.finish_reason}
+                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
         if request.prompt_logprobs is not None and fields["prompt_logprobs"] is not None:
             choice["prompt_logprobs"] = fields["prompt_logprobs"]
         if request.return_token_ids:

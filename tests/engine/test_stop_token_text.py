@@ -1,6 +1,7 @@
 """A request that a stop token ends (one of ``stop_token_ids``) keeps the
-token's id but not its text, as vLLM leaves it out; the reference is the
-tokenizer's own decode of the ids before it."""
+token's id but not its text, as vLLM leaves it out, and names it as its
+``stop_reason``; the reference is the tokenizer's own decode of the ids
+before it."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def test_a_stop_token_adds_its_id_but_not_its_text():
                                                   ignore_eos=True,
                                                   stop_token_ids=[stop]))[0].outputs[0]
         tokenizer = llm.get_tokenizer()
-    assert out.finish_reason == "stop"
+    assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.token_ids == ids[:at + 1]
     assert out.text == tokenizer.decode(ids[:at])
     assert tokenizer.decode([stop])  # the stop token has text, which is left out

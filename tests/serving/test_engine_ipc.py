@@ -114,7 +114,25 @@ def test_generate_helper_and_text_prompts(server):
         assert g.prompt_token_ids == w.prompt_token_ids
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         assert g.outputs[0].text == w.outputs[0].text
-        assert g.outputs[0].finish_reason == "length"
+        assert g.outputs[0].finish_reason == "length" and g.outputs[0].stop_reason is None
+
+
+@pytest.mark.timeout(90)
+def test_a_stop_token_crosses_the_endpoint_as_its_id_without_its_text(server):
+    """The stop token is the output's last id and its ``stop_reason``; its
+    text is not in the output (the tokenizer's decode of the ids before it)."""
+    _, endpoint_file = server
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(model="tiny", device="cpu") as llm:
+        ids = llm.generate("Hello, my name is", greedy)[0].outputs[0].token_ids
+        tokenizer = llm.get_tokenizer()
+    at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                            stop_token_ids=[ids[at]])
+    with EngineClient(endpoint_file, timeout_s=60) as client:
+        out = client.generate(["Hello, my name is"], params)[0].outputs[0]
+    assert out.token_ids == ids[:at + 1] and out.finish_reason == "stop"
+    assert out.stop_reason == ids[at] and out.text == tokenizer.decode(ids[:at])
 
 
 @pytest.mark.timeout(90)

@@ -136,6 +136,7 @@ def test_min_tokens_holds_stop_ids(client, reference):
     assert plain.usage.completion_tokens == 1 and plain.choices[0].finish_reason == "stop"
     # As vLLM: the stop token's id is there, its text is not.
     assert plain.choices[0].model_extra["token_ids"] == [stop] and plain.choices[0].text == ""
+    assert plain.choices[0].model_extra["stop_reason"] == stop  # vLLM's field
     held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0,
                                      extra_body={"stop_token_ids": [stop], "min_tokens": 8})
     ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16,
@@ -300,6 +301,16 @@ def test_stop_strings_wait_for_min_tokens(client, reference):
     cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                     stop=[stop], extra_body={"ignore_eos": True})
     assert cut.choices[0].text == ref.text[:ref.text.index(stop)]
+    assert cut.choices[0].model_extra["stop_reason"] == stop  # vLLM's: the string met
+    chat = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
+        temperature=0, stop=[stop], stream=True, extra_body={"ignore_eos": True}))
+    last = [c.choices[0] for c in chat if c.choices and c.choices[0].finish_reason][-1]
+    assert last.model_extra["stop_reason"] == (stop if last.finish_reason == "stop" else None)
+    long = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert long.choices[0].finish_reason == "length"
+    assert long.choices[0].model_extra["stop_reason"] is None
     held = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
                                      stop=[stop], extra_body={"ignore_eos": True,
                                                               "min_tokens": 6})
