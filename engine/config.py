@@ -202,8 +202,10 @@ class EngineConfig:
             raise ConfigError(f"speculative_config: draft model: {e}") from None
 
     def check_machine(self) -> None:
-        """Every rule the machine decides: CUDA present and enough devices
-        for the ranks this host spawns, whether CUDA was asked for or
+        """Every rule the machine decides: an attention backend its device
+        runs, a ``master_addr`` that resolves (for worker processes), CUDA
+        present and enough devices for the ranks this host spawns, whether
+        CUDA was asked for or
         ``auto`` chose it (``auto`` never falls back to the CPU for want of
         devices: a model sized for GPUs would then run on the host unasked)."""
         self._check_attention_backend()
