@@ -170,11 +170,13 @@ def latencies(timings: dict[str, _Timing]) -> tuple[list[float], list[float]]:
     return ttft, itl
 
 
-def run_bench(engine: LLMEngine, config: BenchConfig, progress: bool = True) -> dict:
-    """Run the benchmark on ``engine``; returns the summary (see ``summarize``)."""
-    if config.dataset is not None:
+def run_bench(engine: LLMEngine, config: BenchConfig, progress: bool = True,
+              requests: list[BenchRequest] | None = None) -> dict:
+    """Run the benchmark on ``engine``; returns the summary (see ``summarize``).
+    ``requests``: the dataset's, if already read (``dataset_requests``)."""
+    if requests is None and config.dataset is not None:
         requests = dataset_requests(config.dataset, config.output_len)
-    else:
+    elif requests is None:
         requests = random_requests(config, engine.model_config.vocab_size)
     if config.warmup:
         warm = BenchRequest(dict(requests[0].prompt), min(4, requests[0].max_tokens))

@@ -43,7 +43,7 @@ class LLM:
             raise
         # Holds the engine, not the LLM, so the LLM itself can be collected;
         # dead once the engine is shut down.
-        self._finalizer = weakref.finalize(self, self.engine.shutdown)
+        self._finalizer = weakref.finalize(self, _stop, self.engine, self._caller_num_threads)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -118,17 +118,23 @@ class LLM:
                                  sum(len(d.new_token_ids) for d in deltas))
 
     def shutdown(self) -> None:
-        """Stop the workers and give the caller back its torch thread count."""
-        try:
-            self._finalizer()
-        finally:
-            torch.set_num_threads(self._caller_num_threads)
+        """Stop the workers and give the caller back its torch thread count
+        (what the garbage collector does too; a second call does nothing)."""
+        self._finalizer()
 
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _stop(engine: LLMEngine, caller_num_threads: int) -> None:
+    """``LLM.shutdown``'s work, also run when an ``LLM`` is collected."""
+    try:
+        engine.shutdown()
+    finally:
+        torch.set_num_threads(caller_num_threads)
 
 
 def _absorb_prompt_side(output: RequestOutput, delta: RequestOutputDelta) -> None:

@@ -304,6 +304,11 @@ def run_serve(args) -> int:
         logging.getLogger("tprun.stats").setLevel(logging.INFO)
     http = args.http_port is not None
     _check_http_args(args)
+    if args.endpoint_file is not None:
+        directory = os.path.dirname(os.path.abspath(args.endpoint_file))
+        if not os.path.isdir(directory):
+            raise ConfigError(f"--endpoint-file {args.endpoint_file}: directory {directory} "
+                              "does not exist")
     # With --http-port, --host is the HTTP server's; the engine endpoint stays local.
     try:  # checked before any worker starts
         endpoint = Endpoint.create(args.port, None if http else args.host)
@@ -406,15 +411,22 @@ def _start_http(args, engine, server, secret: bytes):
 
 
 def run_bench(args) -> int:
-    from engine.bench import BenchConfig, format_summary, run_bench
+    from engine.bench import BenchConfig, dataset_requests, format_summary, run_bench
     from engine.llm_engine import LLMEngine
 
     bench = _from_arguments(BenchConfig, num_prompts=args.num_prompts, input_len=args.input_len,
                             output_len=args.output_len, dataset=args.dataset, seed=args.seed,
                             temperature=args.temperature, warmup=not args.no_warmup)
-    engine = LLMEngine(_engine_config(args))
+    config = _engine_config(args)
+    # The dataset is read before the model loads: a bad line is the user's input.
+    requests = (None if args.dataset is None
+                else _from_arguments(dataset_requests, path=args.dataset,
+                                         output_len=args.output_len))
+    engine = LLMEngine(config)
     try:
-        summary = run_bench(engine, bench)
+        # A prompt the engine refuses (too long, ids outside the vocabulary)
+        # is the user's input too: exit code 2, as in generate.
+        summary = _from_arguments(run_bench, engine=engine, config=bench, requests=requests)
     finally:
         engine.shutdown()
     print(json.dumps(summary) if args.json else format_summary(summary), flush=True)

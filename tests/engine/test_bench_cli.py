@@ -87,8 +87,16 @@ def test_bad_dataset_line_is_a_clear_error(tmp_path):
     dataset.write_text('{"prompt": "ok"}\n{"prompt": "a", "prompt_token_ids": [1]}\n')
     result = run_bench(tmp_path, "--nproc-per-node", "1", "bench", "--model", "tiny",
                        "--device", "cpu", "--dataset", str(dataset), "--json")
-    assert result.returncode == 1
-    assert "bad.jsonl:2" in result.stderr and "exactly one of" in result.stderr
+    # The user's input: exit code 2, one line, before the model loads.
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"tprun: error: {dataset}:2: give exactly one of \"prompt\" and \"prompt_token_ids\""]
+    too_long = tmp_path / "long.jsonl"
+    too_long.write_text(json.dumps({"prompt_token_ids": [1] * 5000}) + "\n")
+    result = run_bench(tmp_path, "--nproc-per-node", "1", "bench", "--model", "tiny",
+                       "--device", "cpu", "--dataset", str(too_long), "--no-warmup")
+    assert result.returncode == 2, result.stderr
+    assert "exceeds max_model_len 4096" in result.stderr.strip().splitlines()[-1]
 
 
 def test_latencies_from_delta_times():

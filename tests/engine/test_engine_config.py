@@ -240,6 +240,8 @@ def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
     (["serve", "--device", "cpu", "--http-port", "70000"], "--http-port must be in [0, 65535]"),
     (["serve", "--device", "cpu", "--api-key", "k"], "--api-key needs --http-port"),
     (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),
+    (["serve", "--device", "cpu", "--endpoint-file", "/no-such-dir-here/ep"],
+     "--endpoint-file /no-such-dir-here/ep: directory /no-such-dir-here does not exist"),
     (["generate", "--device", "cpu", "--seed", "-1"], "seed must be an int in [0, 2**63)"),
     (["generate", "--device", "cpu", "--attention-backend", "flash_attn"],
      "'flash_attn' runs on CUDA only"),

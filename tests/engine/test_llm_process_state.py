@@ -8,6 +8,7 @@ changed.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 
@@ -32,6 +33,12 @@ def test_shutdown_restores_the_callers_thread_count(tiny_cache, monkeypatch):
         with LLM(model="tiny", device="cpu") as llm:
             assert torch.get_num_threads() == worker_share  # the worker did change it
             llm.generate([{"prompt_token_ids": [1, 2]}], SamplingParams(max_tokens=2))
+        assert torch.get_num_threads() == mine
+        # Collected without shutdown(): the same.
+        llm = LLM(model="tiny", device="cpu")
+        assert torch.get_num_threads() == worker_share
+        del llm
+        gc.collect()
         assert torch.get_num_threads() == mine
     finally:
         torch.set_num_threads(original)
