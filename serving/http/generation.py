@@ -168,17 +168,16 @@ class Generation:
             text = choice.matcher.release(delta.text)  # too early for a stop string
         else:
             text = choice.matcher.feed(delta.text)
-        reason, stop_reason = None, None
         if choice.matcher.stopped is not None:
-            reason, stop_reason = "stop", choice.matcher.stopped
             self.link.abort(request_id)
         elif delta.finished:
             text += choice.matcher.flush()  # may end at a stop string it held back
-            if choice.matcher.stopped is not None:
-                reason, stop_reason = "stop", choice.matcher.stopped
-            else:
-                reason, stop_reason = delta.finish_reason, delta.stop_reason
             self.link.forget(request_id)
+        reason, stop_reason = None, None
+        if choice.matcher.stopped is not None:
+            reason, stop_reason = "stop", choice.matcher.stopped
+        elif delta.finished:
+            reason, stop_reason = delta.finish_reason, delta.stop_reason
         choice.finished = reason is not None
         return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason,
                            delta.prompt_logprobs, stop_reason)

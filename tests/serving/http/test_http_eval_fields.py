@@ -302,11 +302,14 @@ def test_stop_strings_wait_for_min_tokens(client, reference):
                                     stop=[stop], extra_body={"ignore_eos": True})
     assert cut.choices[0].text == ref.text[:ref.text.index(stop)]
     assert cut.choices[0].model_extra["stop_reason"] == stop  # vLLM's: the string met
-    chat = list(client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": PROMPT}], max_tokens=12,
-        temperature=0, stop=[stop], stream=True, extra_body={"ignore_eos": True}))
+    chat_kwargs = dict(model="tiny", messages=[{"role": "user", "content": PROMPT}],
+                       max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    chat_text = client.chat.completions.create(**chat_kwargs).choices[0].message.content
+    chat_stop = chat_text[1:3]  # met in the answer, so it ends the stream
+    assert chat_stop
+    chat = list(client.chat.completions.create(**chat_kwargs, stop=[chat_stop], stream=True))
     last = [c.choices[0] for c in chat if c.choices and c.choices[0].finish_reason][-1]
-    assert last.model_extra["stop_reason"] == (stop if last.finish_reason == "stop" else None)
+    assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == chat_stop
     long = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
                                      extra_body={"ignore_eos": True})
     assert long.choices[0].finish_reason == "length"
