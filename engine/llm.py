@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import torch
 
+from checkpoint.chat_template import chat_prompt_ids
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.output_text import OutputText
 from engine.outputs import CompletionOutput, RequestOutput, RequestOutputDelta
 from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
@@ -50,11 +53,12 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | dict | Sequence[str | dict],
+        prompts: str | dict | Iterable[str | dict],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in the order of ``prompts``.
+        """Run every prompt to completion; outputs in the order of ``prompts``,
+        each with ``n`` completions (``SamplingParams.choices``).
 
         If the call is interrupted (Ctrl-C, an exception from a callback),
         its unfinished requests are aborted before the exception goes on, so
@@ -62,60 +66,72 @@ class LLM:
         """
         if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params] * len(prompts)
-        if not all(isinstance(p, SamplingParams) for p in sampling_params):
-            raise ValueError("sampling_params is a SamplingParams or a list of them, "
-                             f"got {type(sampling_params).__name__}")
-        if len(sampling_params) != len(prompts):
-            raise ValueError("give one SamplingParams, or one per prompt")
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
         engine = self.engine
         # Make (and so check) all before queueing any: a bad prompt queues nothing.
-        requests = [engine.new_request(p, params) for p, params in zip(prompts, sampling_params)]
-        outputs: dict[str, RequestOutput] = {}
-        order = []
-        for prompt, request in zip(prompts, requests):
-            engine.enqueue(request)
+        requests = [[engine.new_request(p, choice) for choice in pp.choices()]
+                    for p, pp in zip(prompts, params)]
+        results = []
+        choices: dict[str, _Choice] = {}
+        for prompt, choice_requests in zip(prompts, requests):
             text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-            outputs[request.req_id] = RequestOutput(
-                request.req_id, text, request.prompt_token_ids, [CompletionOutput(0, "", [])]
-            )
-            order.append(request.req_id)
+            result = RequestOutput(choice_requests[0].req_id, text,
+                                   choice_requests[0].prompt_token_ids)
+            results.append(result)
+            for index, request in enumerate(choice_requests):
+                engine.enqueue(request)
+                completion = CompletionOutput(index, "", [])
+                result.outputs.append(completion)
+                choices[request.req_id] = _Choice(result, completion, OutputText(
+                    engine.tokenizer, request.prompt_token_ids, request.sampling_params))
         try:
-            self._run_to_completion(outputs, use_tqdm)
+            self._run_to_completion(choices, use_tqdm)
         except BaseException:
-            unfinished = [r for r in order if not outputs[r].finished]
+            unfinished = [r for r, c in choices.items() if not c.completion.finished()]
             with contextlib.suppress(Exception):  # an engine that died stays dead
                 engine.abort(unfinished)
             raise
-        return [outputs[r] for r in order]
+        return results
 
-    def _run_to_completion(self, outputs: dict[str, RequestOutput], use_tqdm: bool) -> None:
-        """Step until the engine is idle, adding each delta to its output."""
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """``generate`` over chats: each a list of messages ({"role",
+        "content"}) rendered with the model's chat template (or
+        ``chat_template``), as the HTTP server's /v1/chat/completions renders
+        them (``chat_prompt_ids``). One chat or a list of them; each output's
+        ``prompt`` is the rendered text."""
+        chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.engine.tokenizer
+        rendered = [chat_prompt_ids(tokenizer, chat, chat_template=chat_template,
+                                    add_generation_prompt=add_generation_prompt,
+                                    extra=chat_template_kwargs) for chat in chats]
+        outputs = self.generate([{"prompt_token_ids": ids} for _, ids in rendered],
+                                sampling_params, use_tqdm)
+        for output, (text, _) in zip(outputs, rendered):
+            output.prompt = text
+        return outputs
+
+    def _run_to_completion(self, choices: dict[str, _Choice], use_tqdm: bool) -> None:
+        """Step until the engine is idle, adding each delta to its output; a
+        choice whose text meets a stop string is aborted then."""
         engine = self.engine
-        with RequestProgress(len(outputs), "generate", use_tqdm) as progress:
+        with RequestProgress(len(choices), "generate", use_tqdm) as progress:
             while engine.has_unfinished_requests():
                 # Deltas of an earlier, interrupted call's requests are not ours.
-                deltas = [d for d in engine.step() if d.req_id in outputs]
-                for delta in deltas:
-                    _absorb_prompt_side(outputs[delta.req_id], delta)
-                    completion = outputs[delta.req_id].outputs[0]
-                    completion.token_ids.extend(delta.new_token_ids)
-                    if delta.logprobs is not None:
-                        completion.logprobs = (completion.logprobs or []) + delta.logprobs
-                    if delta.finished:
-                        completion.finish_reason = delta.finish_reason
-                        completion.stop_reason = delta.stop_reason
-                        outputs[delta.req_id].finished = True
-                        ids = completion.token_ids
-                        completion.text = engine.tokenizer.decode(
-                            ids[:-1] if delta.ends_on_stop_token else ids)
-                progress.advance(sum(d.finished for d in deltas),
-                                 sum(len(d.new_token_ids) for d in deltas))
+                deltas = [d for d in engine.step() if d.req_id in choices]
+                ended = [d for d in deltas if _absorb(choices[d.req_id], d)]
+                stopped = [d.req_id for d in ended if not d.finished]  # at a stop string
+                if stopped:
+                    engine.abort(stopped)
+                progress.advance(len(ended), sum(len(d.new_token_ids) for d in deltas))
 
     def shutdown(self) -> None:
         """Stop the workers and give the caller back its torch thread count
@@ -135,6 +151,53 @@ def _stop(engine: LLMEngine, caller_num_threads: int) -> None:
         engine.shutdown()
     finally:
         torch.set_num_threads(caller_num_threads)
+
+
+class _Choice(NamedTuple):
+    """One engine request of a ``generate`` call: completion ``index`` of
+    ``output``, its tokens and text in ``text``."""
+
+    output: RequestOutput
+    completion: CompletionOutput
+    text: OutputText
+
+
+def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+                       num_prompts: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        sampling_params = SamplingParams()
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    sampling_params = list(sampling_params)
+    if not all(isinstance(p, SamplingParams) for p in sampling_params):
+        raise ValueError("sampling_params is a SamplingParams or a list of them, "
+                         f"got {type(sampling_params).__name__}")
+    if len(sampling_params) != num_prompts:
+        raise ValueError("give one SamplingParams, or one per prompt")
+    return sampling_params
+
+
+def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
+    """Add ``delta`` to its choice; whether the choice has now finished
+    (the engine ended it, or its text met a stop string)."""
+    completion = choice.completion
+    if completion.finished():
+        return False  # stopped at a stop string: what the engine still sends is dropped
+    _absorb_prompt_side(choice.output, delta)
+    text = choice.text
+    text.add(delta)
+    if text.stop_string is None and delta.finished:
+        text.finish(delta.ends_on_stop_token)
+    if text.stop_string is not None:
+        completion.finish_reason, completion.stop_reason = "stop", text.stop_string
+    elif delta.finished:
+        completion.finish_reason, completion.stop_reason = delta.finish_reason, delta.stop_reason
+    else:
+        return False
+    completion.text, completion.token_ids = text.text, text.token_ids
+    completion.logprobs, completion.cumulative_logprob = text.logprobs, text.cumulative_logprob()
+    choice.output.finished = all(c.finished() for c in choice.output.outputs)
+    return True
 
 
 def _absorb_prompt_side(output: RequestOutput, delta: RequestOutputDelta) -> None:

@@ -157,6 +157,10 @@ class LLMEngine:
         constraint compiled (waits for the compile, at most its time limit)
         and its own matcher; nothing is queued."""
         prompt_token_ids = self.tokenize(prompt)
+        if params.max_tokens is None:  # what the context leaves (at least 1: a
+            # prompt already too long then gets the length message)
+            room = self.scheduler.config.max_model_len - len(prompt_token_ids)
+            params = params.with_max_tokens(max(1, room))
         check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_config.vocab_size)
         request = Request(

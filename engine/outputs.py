@@ -63,6 +63,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] | None = None
     stop_reason: int | str | None = None  # vLLM's: the stop token id or stop string met
+    cumulative_logprob: float | None = None  # the tokens' logprobs summed, where asked for
 
     def finished(self) -> bool:
         return self.finish_reason is not None

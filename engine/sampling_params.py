@@ -2,7 +2,11 @@
 
 ``SamplingParams`` is ``ipc.messages.SamplingOptions`` (the fields the
 runner needs, with their defaults and ranges) plus the fields only the
-engine reads (``max_tokens``, ``stop_token_ids``, ``ignore_eos``). Adding a
+engine reads (``max_tokens``, ``stop_token_ids``, ``ignore_eos``) and those
+the caller's side applies (``n`` and ``stop``: ``LLM`` and the HTTP server
+run ``n`` engine requests, ``choices``, and cut each one's text at its stop
+strings; the engine reads neither, and its endpoint takes only ``n`` 1
+and no ``stop``). Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in
 ``problems``), an engine-only one below; both then reach ``LLM``, the HTTP
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
@@ -11,9 +15,12 @@ fields, the wire (``to_options``) with no other change.
 Invariants once constructed (``__post_init__`` raises ``ValueError``
 otherwise): every field has its type (numbers are numbers, not NaN; ints
 are ints, not bools, and fit a signed 64-bit integer, the type the messages
-carry) and is in its range (``SamplingOptions.problems``; ``max_tokens >=
-1``; ``stop_token_ids`` non-negative). ``top_k == -1`` is stored as 0 and
-``stop_token_ids`` as a tuple. ``structured_outputs`` (engine only: the
+carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
+None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
+stop strings not empty). ``top_k == -1`` is stored as 0, ``stop_token_ids``
+and ``stop`` as tuples (one string as a tuple of one). ``max_tokens`` None:
+as many as the context leaves after the prompt (``LLMEngine.new_request``
+sets the number). ``structured_outputs`` (engine only: the
 workers get the grammar's bitmask, not the constraint) is None or a
 ``StructuredOutputsParams`` (a dict is converted; its own checks apply).
 """
@@ -29,6 +36,7 @@ from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.messages import SamplingOptions
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_N = 128  # output sequences a request may ask for
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty")
 
@@ -47,7 +55,9 @@ def _is_number(value: Any) -> bool:
 class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     """How to sample one request's tokens and when to stop."""
 
-    max_tokens: int = 16
+    n: int = 1
+    max_tokens: int | None = 16
+    stop: tuple[str, ...] | list[str] | str = ()
     stop_token_ids: tuple[int, ...] | list[int] = ()
     ignore_eos: bool = False
     structured_outputs: StructuredOutputsParams | None = None
@@ -58,6 +68,8 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
         msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        msgspec.structs.force_setattr(self, "stop", stop)
         problems = self.problems()
         if problems:
             raise ValueError(problems[0])
@@ -70,8 +82,11 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
             raise ValueError(f"top_k must be a 64-bit int, got {self.top_k!r}")
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be None or a 64-bit int, got {self.seed!r}")
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1 (or None), got {self.max_tokens!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n!r}")
+        self._check_stop()
         if isinstance(self.stop_token_ids, (str, bytes)):
             raise ValueError("stop_token_ids must be a list of ints, got a string")
         try:
@@ -90,9 +105,17 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
             raise ValueError(
                 f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens > self.max_tokens:
+        if not _is_int(self.min_tokens) or (self.max_tokens is not None
+                                            and self.min_tokens > self.max_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                              f"got {self.min_tokens!r}")
+
+    def _check_stop(self) -> None:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if not all(stop):
+            raise ValueError("a stop string must not be empty")
 
     def _check_structured_outputs(self) -> None:
         so = self.structured_outputs
@@ -123,8 +146,29 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
             out["structured_outputs"] = self.structured_outputs.to_dict()
         return out
 
+    def choices(self) -> list[SamplingParams]:
+        """The ``n`` engine requests of these parameters, each with ``n`` 1:
+        with a ``seed``, choice i samples with seed + i (wrapped into the
+        64-bit range), so the choices differ yet the whole answer is
+        reproducible; without one, each draws its own."""
+        fields = self.to_dict()
+        fields["n"] = 1
+        return [SamplingParams.from_dict(dict(fields, seed=_choice_seed(self.seed, i)))
+                for i in range(self.n)]
+
+    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
+        """These parameters with ``max_tokens`` set (checked again)."""
+        return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens))
+
     def to_options(self) -> SamplingOptions:
         """The fields the runner needs, as the IPC message (numbers as
         their wire types)."""
         return msgspec.convert({f: getattr(self, f) for f in SamplingOptions.__struct_fields__},
                                SamplingOptions)
+
+
+def _choice_seed(seed: int | None, choice: int) -> int | None:
+    """seed + choice, wrapped into the signed 64-bit range seeds live in."""
+    if seed is None:
+        return None
+    return (seed + choice - _INT64_MIN) % (1 << 64) + _INT64_MIN

@@ -336,6 +336,10 @@ class EngineServer:
                 raise ValueError(f"request id {message.request_id!r} is already in use "
                                  f"by one of this client's live requests")
             params = SamplingParams.from_dict(message.sampling_params)
+            if params.n != 1 or params.stop:
+                raise ValueError("an engine request takes n 1 and no stop strings: the "
+                                 "caller runs n requests and cuts their text (as LLM and the "
+                                 "HTTP server do)")
         except Exception as e:
             self._refuse(identity, message, e)
             return

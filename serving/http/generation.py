@@ -22,10 +22,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from engine.stop_strings import StopStringMatcher
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
-from serving.http.stop_strings import StopStringMatcher
 from serving.protocol_core import EngineStoppedError
 
 

@@ -1,11 +1,10 @@
 """POST /v1/chat/completions: messages in, the assistant's message out
 (whole, or as server-sent ``chat.completion.chunk`` events).
 
-The prompt is the model's chat template rendered over the messages
-(``chat_template``), tokenized without adding special tokens, as
-transformers' ``apply_chat_template(tokenize=True)`` does: the template
-itself places BOS where the model wants it. ``max_completion_tokens`` (or
-the older ``max_tokens``) defaults to what the context has left.
+The prompt is the model's chat template rendered over the messages and
+tokenized (``checkpoint.chat_template.chat_prompt_ids``).
+``max_completion_tokens`` (or the older ``max_tokens``) defaults to what
+the context has left (None: the engine sets it, ``LLMEngine.new_request``).
 """
 
 from __future__ import annotations
@@ -18,26 +17,19 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serving.http.chat_template import message_text, render_chat
+from checkpoint.chat_template import chat_prompt_ids
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest
-from serving.http.sampling import choice_params, default_max_tokens
+from serving.http.sampling import choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
-    tok = state.tokenizer
-    messages = [{**m.model_dump(exclude_none=True), "content": message_text(m.content)}
-                for m in request.messages]
-    text = render_chat(tok.chat_template, messages,
-                       add_generation_prompt=request.add_generation_prompt,
-                       bos_token=tok.token_text(tok.bos_token_id),
-                       eos_token=tok.token_text(tok.eos_token_id),
-                       extra=request.chat_template_kwargs)
-    if not text:
-        raise ValueError("the chat template rendered an empty prompt")
-    return tok.hf.encode(text, add_special_tokens=False).ids
+    messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    return chat_prompt_ids(state.tokenizer, messages,
+                           add_generation_prompt=request.add_generation_prompt,
+                           extra=request.chat_template_kwargs)[1]
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:
@@ -55,8 +47,6 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
-    if max_tokens is None:
-        max_tokens = default_max_tokens(state.max_model_len, len(prompt))
     params = choice_params(request, max_tokens, _num_top(request))
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, request.stop_strings())

@@ -38,6 +38,14 @@ from ipc.messages import SamplingOptions
         (dict(stop_token_ids="12"), "stop_token_ids must be a list of ints"),
         (dict(stop_token_ids=5), "stop_token_ids must be a list of ints"),
         (dict(ignore_eos="yes"), "ignore_eos must be a bool"),
+        (dict(n=0), r"n must be in \[1, 128\]"),
+        (dict(n=129), r"n must be in \[1, 128\]"),
+        (dict(n=2.0), r"n must be in \[1, 128\]"),
+        (dict(stop=["ok", ""]), "a stop string must not be empty"),
+        (dict(stop=""), "a stop string must not be empty"),
+        (dict(stop=[3]), "stop must be a string or a list of strings"),
+        (dict(stop=7), "stop must be a string or a list of strings"),
+        (dict(max_tokens=None, min_tokens=1.5), "min_tokens must be an int"),
     ],
 )
 def test_invalid_values_raise_clear_errors(kw, match):
@@ -67,11 +75,32 @@ def test_normalisation():
         p.temperature = 0.5
 
 
+def test_stop_and_max_tokens_none():
+    assert SamplingParams(stop="###").stop == ("###",)
+    assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
+    p = SamplingParams(max_tokens=None, min_tokens=5)
+    assert p.max_tokens is None
+    assert p.with_max_tokens(7).max_tokens == 7
+    with pytest.raises(ValueError, match=r"min_tokens must be an int in \[0, max_tokens=3\]"):
+        p.with_max_tokens(3)
+
+
+def test_choices_seed_plus_index_wrapped():
+    """Choice i of n samples with seed + i in the signed 64-bit range; every
+    other field is the parent's, with n 1."""
+    top = 2**63 - 1
+    choices = SamplingParams(n=3, seed=top - 1, temperature=0.5, stop="x").choices()
+    assert [c.seed for c in choices] == [top - 1, top, -(2**63)]
+    assert all(c.n == 1 and c.temperature == 0.5 and c.stop == ("x",) for c in choices)
+    assert [c.seed for c in SamplingParams(n=2).choices()] == [None, None]
+    assert SamplingParams().choices() == [SamplingParams()]
+
+
 def test_unknown_keyword():
     with pytest.raises(TypeError):
         SamplingParams(temprature=0.0)
-    with pytest.raises(ValueError, match="unknown sampling parameter.*n, temprature"):
-        SamplingParams.from_dict({"temprature": 0.0, "n": 2, "max_tokens": 3})
+    with pytest.raises(ValueError, match="unknown sampling parameter.*best_of, temprature"):
+        SamplingParams.from_dict({"temprature": 0.0, "best_of": 2, "max_tokens": 3})
     assert SamplingParams.from_dict({"max_tokens": 3, "top_k": -1}) == SamplingParams(max_tokens=3)
 
 

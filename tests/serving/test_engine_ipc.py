@@ -240,6 +240,8 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
                                sampling_params={"temperature": -1.0})),
         encode(GenerateRequest(request_id="long", prompt="a",
                                sampling_params={"max_tokens": 10**6})),
+        encode(GenerateRequest(request_id="n", prompt="a", sampling_params={"n": 2})),
+        encode(GenerateRequest(request_id="stop", prompt="a", sampling_params={"stop": "."})),
     ])
     errors = {r.request_id: r.error for r in replies}
     assert all(isinstance(r, RequestError) for r in replies)
@@ -250,6 +252,7 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
     assert "foo" in errors["param"]
     assert "temperature" in errors["temp"]
     assert "max_model_len" in errors["long"]
+    assert "n 1 and no stop strings" in errors["n"] and "n 1 and no stop" in errors["stop"]
     with EngineClient(endpoint, timeout_s=60) as client:
         before = client.stats()
     dup = encode(GenerateRequest(request_id="dup", prompt_token_ids=[1, 2],

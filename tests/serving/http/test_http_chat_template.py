@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from checkpoint.chat_template import ChatTemplateError, message_text, render_chat
 from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
-from serving.http.chat_template import ChatTemplateError, message_text, render_chat
 
 CHATML = (  # the shape of SmolLM2's template
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

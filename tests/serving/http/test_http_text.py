@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.stop_strings import StopStringMatcher
 from ipc.engine_messages import TokenLogprob
-from serving.http.stop_strings import StopStringMatcher
 
 
 def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:

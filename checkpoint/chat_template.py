@@ -9,6 +9,9 @@ that keeps non-ASCII characters, and ``strftime_now``. Variables:
 ``bos_token`` and ``eos_token`` (the tokens' text), plus any
 ``chat_template_kwargs``. A template error or ``raise_exception`` becomes
 ``ChatTemplateError`` (a ``ValueError``: the request was bad).
+
+``chat_prompt_ids`` is a chat's prompt for the engine, the one rendering
+that ``LLM.chat`` and the HTTP server's /v1/chat/completions share.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def render_chat(template: str | None, messages: list[dict], *, add_generation_pr
                 extra: dict[str, Any] | None = None) -> str:
     """The prompt text for ``messages`` (each with "role" and text "content")."""
     if template is None:
-        raise ChatTemplateError("the model has no chat template: use /v1/completions")
+        raise ChatTemplateError("the model has no chat template: give a plain prompt "
+                                "(/v1/completions, LLM.generate)")
     if not messages:
         raise ChatTemplateError("messages must not be empty")
     variables = dict(extra or {})
@@ -84,3 +88,21 @@ def render_chat(template: str | None, messages: list[dict], *, add_generation_pr
         raise
     except Exception as e:  # the template's own code failed (jinja2 or Python error)
         raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
+                    chat_template: str | None = None,
+                    extra: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+    """(text, token ids) of the prompt for ``messages`` (dicts with "role"
+    and "content", text or a list of text parts): the model's template (or
+    ``chat_template``) rendered, then tokenized without adding special
+    tokens, as transformers' ``apply_chat_template(tokenize=True)`` does:
+    the template itself places BOS where the model wants it."""
+    messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
+    text = render_chat(chat_template or tokenizer.chat_template, messages,
+                       add_generation_prompt=add_generation_prompt,
+                       bos_token=tokenizer.token_text(tokenizer.bos_token_id),
+                       eos_token=tokenizer.token_text(tokenizer.eos_token_id), extra=extra)
+    if not text:
+        raise ValueError("the chat template rendered an empty prompt")
+    return text, tokenizer.hf.encode(text, add_special_tokens=False).ids

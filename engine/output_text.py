@@ -1,0 +1,82 @@
+"""One output's tokens and text for ``LLM``, cut at its first stop string.
+
+An output without stop strings (``SamplingParams.stop``) keeps every token
+the engine gives it and is decoded once, when it finishes: its text is
+``tokenizer.decode`` of its ids. One with stop strings is decoded token by
+token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
+``LLM`` can end the request the step its text meets one. The token whose
+text completes the stop string is the last one kept (tokens after it in
+the same step are dropped, as vLLM drops them), and the text ends before
+the stop string. As vLLM, text of the first ``min_tokens`` tokens ends no
+stop string, though one may begin in it (``StopStringMatcher.release``).
+
+In both, the text of the stop token that ended an output
+(``RequestOutputDelta.ends_on_stop_token``) is left out, and its id kept.
+"""
+
+from __future__ import annotations
+
+from checkpoint.tokenizer import IncrementalDetokenizer
+from engine.outputs import RequestOutputDelta, TokenLogprobs
+from engine.sampling_params import SamplingParams
+from engine.stop_strings import StopStringMatcher
+
+
+class OutputText:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.min_tokens = params.min_tokens
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] | None = None
+        self.text = ""
+        self.stop_string: str | None = None  # the stop string met, once met
+        self._matcher = StopStringMatcher(params.stop) if params.stop else None
+        self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids)
+                             if params.stop else None)
+
+    def add(self, delta: RequestOutputDelta) -> None:
+        """Take the delta's tokens (and their logprobs), up to the one that
+        completes a stop string if one does (then ``stop_string`` is set)."""
+        kept = self._feed(delta.new_token_ids, delta.ends_on_stop_token)
+        self.token_ids.extend(delta.new_token_ids[:kept])
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs[:kept]
+
+    def _feed(self, token_ids: list[int], ends_on_stop_token: bool) -> int:
+        """How many of ``token_ids`` to keep; feeds their text to the matcher."""
+        if self._matcher is None:
+            return len(token_ids)
+        for i, token in enumerate(token_ids):
+            if ends_on_stop_token and i == len(token_ids) - 1:
+                break  # the stop token: its text is not shown
+            piece = self._detokenizer.feed([token])
+            if len(self.token_ids) + i + 1 <= self.min_tokens:
+                self.text += self._matcher.release(piece)
+            else:
+                self.text += self._matcher.feed(piece)
+            if self._matcher.stopped is not None:
+                self.stop_string = self._matcher.stopped
+                return i + 1
+        return len(token_ids)
+
+    def finish(self, ends_on_stop_token: bool) -> None:
+        """The output has ended (not at a stop string ``add`` found): its
+        whole text, cut at a stop string the held-back tail holds."""
+        if self._matcher is None:
+            ids = self.token_ids[:-1] if ends_on_stop_token else self.token_ids
+            self.text = self.tokenizer.decode(ids)
+            return
+        rest = self._detokenizer.finish()  # an incomplete character, completed or not
+        if len(self.token_ids) <= self.min_tokens:
+            self.text += self._matcher.release(rest)
+        else:
+            self.text += self._matcher.feed(rest)
+        self.text += self._matcher.flush()
+        self.stop_string = self._matcher.stopped
+
+    def cumulative_logprob(self) -> float | None:
+        """The kept tokens' log-probabilities summed (vLLM's
+        ``cumulative_logprob``), when the request asked for logprobs."""
+        if self.logprobs is None:
+            return None
+        return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))

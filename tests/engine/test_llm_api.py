@@ -1,0 +1,141 @@
+"""``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions,
+stop strings, ``max_tokens=None``, ``cumulative_logprob``, prompts from a
+generator and ``LLM.chat``. References: separate requests with the choices'
+seeds, a plain search over the decoded greedy output for the stop string,
+the context left after the prompt, and transformers' ``apply_chat_template``
+on the same tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint.tiny_model import ensure_tiny_model
+from engine import LLM, SamplingParams
+
+PROMPT = "The quick brown fox jumps over"
+MAX_MODEL_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TPRUN_CACHE", str(tmp_path_factory.mktemp("cache")))
+    with LLM(model="tiny", device="cpu", max_model_len=MAX_MODEL_LEN) as llm:
+        yield llm
+    mp.undo()
+
+
+def _greedy(**kw) -> SamplingParams:
+    return SamplingParams(**{"temperature": 0.0, "max_tokens": 16, "ignore_eos": True, **kw})
+
+
+@pytest.mark.timeout(300)
+def test_n_completions_are_the_choices_seeds(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6, ignore_eos=True)
+    [out] = llm.generate(PROMPT, params)
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+    singles = llm.generate([PROMPT] * 3, [SamplingParams(temperature=1.0, seed=11 + i,
+                                                         max_tokens=6, ignore_eos=True)
+                                          for i in range(3)])
+    assert [c.token_ids for c in out.outputs] == [s.outputs[0].token_ids for s in singles]
+    assert [c.text for c in out.outputs] == [s.outputs[0].text for s in singles]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # the seeds differ
+    [two] = llm.generate([{"prompt_token_ids": [5, 6, 7]}], _greedy(n=2, max_tokens=4))
+    assert two.outputs[0].token_ids == two.outputs[1].token_ids
+
+
+def _expected_stop(tokenizer, ids: list[int], stop: str, min_tokens: int):
+    """(tokens kept, text) by the rule written out: the first k > min_tokens
+    whose decoded text holds ``stop`` ending past the text of the first
+    ``min_tokens`` tokens; its text cut at the earliest such occurrence."""
+    floor = len(tokenizer.decode(ids[:min_tokens]))
+    for k in range(min_tokens + 1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k])
+        hits = [i for i in range(len(text))
+                if text.startswith(stop, i) and i + len(stop) > floor]
+        if hits:
+            return k, text[:hits[0]]
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_stop_strings_cut_text_and_tokens(llm):
+    tokenizer = llm.get_tokenizer()
+    [ref] = llm.generate(PROMPT, _greedy())
+    ids, text = ref.outputs[0].token_ids, ref.outputs[0].text
+    assert text == tokenizer.decode(ids)
+    # A stop string from the middle of the text, first seen there.
+    at = next(i for i in range(len(text) // 2, len(text) - 3)
+              if text.find(text[i:i + 3]) == i and text[i:i + 3].strip())
+    stop = text[at:at + 3]
+    cases = [(stop, 0), ("never-in-this-text", 0)]
+    # min_tokens covering the first occurrence: it no longer stops the output.
+    cover = next(m for m in range(1, len(ids) + 1)
+                 if len(tokenizer.decode(ids[:m])) >= at + len(stop))
+    cases.append((stop, cover))
+    for stop_string, min_tokens in cases:
+        [out] = llm.generate(PROMPT, _greedy(stop=[stop_string, "\x00\x01"],
+                                             min_tokens=min_tokens))
+        c = out.outputs[0]
+        expected = _expected_stop(tokenizer, ids, stop_string, min_tokens)
+        if expected is None:
+            assert (c.token_ids, c.text, c.finish_reason) == (ids, text, "length")
+            assert c.stop_reason is None
+        else:
+            k, cut = expected
+            assert (c.token_ids, c.text) == (ids[:k], cut)
+            assert (c.finish_reason, c.stop_reason) == ("stop", stop_string)
+    # The engine is idle again: the stopped request was aborted there.
+    assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.timeout(300)
+def test_max_tokens_none_fills_the_context(llm):
+    prompt = {"prompt_token_ids": list(range(3, 13))}
+    [out] = llm.generate(prompt, _greedy(max_tokens=None))
+    c = out.outputs[0]
+    assert len(c.token_ids) == MAX_MODEL_LEN - 10 and c.finish_reason == "length"
+
+
+@pytest.mark.timeout(300)
+def test_cumulative_logprob_sums_the_tokens_logprobs(llm):
+    [plain] = llm.generate(PROMPT, _greedy(max_tokens=5))
+    assert plain.outputs[0].cumulative_logprob is None
+    [out] = llm.generate(PROMPT, _greedy(max_tokens=5, logprobs=2, stop=["never-here"]))
+    c = out.outputs[0]
+    assert len(c.logprobs) == len(c.token_ids) == 5
+    picked = [entry[token].logprob for token, entry in zip(c.token_ids, c.logprobs)]
+    assert all(lp <= 0.0 for lp in picked)
+    assert c.cumulative_logprob == pytest.approx(sum(picked))
+
+
+@pytest.mark.timeout(300)
+def test_prompts_from_a_generator(llm):
+    prompts = [PROMPT, {"prompt_token_ids": [4, 5, 6]}]
+    listed = llm.generate(prompts, _greedy(max_tokens=4))
+    generated = llm.generate((p for p in prompts), _greedy(max_tokens=4))
+    assert [o.outputs[0].token_ids for o in generated] == [o.outputs[0].token_ids
+                                                           for o in listed]
+
+
+@pytest.mark.timeout(300)
+def test_chat_renders_as_transformers(llm, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path)))
+    chats = [[{"role": "user", "content": "Hi there"}],
+             [{"role": "system", "content": "Be brief."},
+              {"role": "user", "content": [{"type": "text", "text": "2+2?"}]}]]
+    outputs = llm.chat(chats, _greedy(max_tokens=4))
+    for chat, out in zip(chats, outputs):
+        plain = [{**m, "content": m["content"] if isinstance(m["content"], str)
+                  else m["content"][0]["text"]} for m in chat]
+        ids = list(hf.apply_chat_template(plain, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False))
+        assert out.prompt_token_ids == ids
+        assert out.prompt == hf.apply_chat_template(plain, add_generation_prompt=True,
+                                                    tokenize=False)
+        [ref] = llm.generate({"prompt_token_ids": ids}, _greedy(max_tokens=4))
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    [one] = llm.chat(chats[0], _greedy(max_tokens=4))  # one chat, not a list of them
+    assert one.prompt_token_ids == outputs[0].prompt_token_ids
