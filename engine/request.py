@@ -137,7 +137,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
     prompt + ``max_tokens`` within ``max_model_len``; enough KV blocks in the
     whole cache for the longest it may grow; at most ``max_logprobs`` top
-    logprobs per token (sampled or prompt).
+    logprobs per token (sampled or prompt); ``logit_bias`` and
+    ``allowed_token_ids`` inside the vocabulary (when given).
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
@@ -161,3 +162,10 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
         k = getattr(params, name)
         if k is not None and -1 < limits.max_logprobs < k:
             raise ValueError(f"{name} {k} is more than max_logprobs {limits.max_logprobs}")
+    if vocab_size is not None:
+        for name, ids in (("logit_bias", params.logit_bias or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary "
+                                 f"[0, {vocab_size})")

@@ -17,7 +17,8 @@ otherwise): every field has its type (numbers are numbers, not NaN; ints
 are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
 None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
-stop strings not empty). ``top_k == -1`` is stored as 0, ``stop_token_ids``
+stop strings not empty; ``logit_bias`` a dict of int ids to numbers and
+``allowed_token_ids`` a list of ints, each within its bounds). ``top_k == -1`` is stored as 0, ``stop_token_ids``
 and ``stop`` as tuples (one string as a tuple of one). ``max_tokens`` None:
 as many as the context leaves after the prompt (``LLMEngine.new_request``
 sets the number). ``structured_outputs`` (engine only: the
@@ -87,6 +88,7 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n!r}")
         self._check_stop()
+        self._check_token_lists()
         if isinstance(self.stop_token_ids, (str, bytes)):
             raise ValueError("stop_token_ids must be a list of ints, got a string")
         try:
@@ -109,6 +111,18 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
                                             and self.min_tokens > self.max_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                              f"got {self.min_tokens!r}")
+
+    def _check_token_lists(self) -> None:
+        bias = self.logit_bias
+        if bias is not None and not (isinstance(bias, dict) and all(
+                _is_int(t) and _is_number(b) for t, b in bias.items())):
+            raise ValueError(f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
+        allowed = self.allowed_token_ids
+        if allowed is not None and not (isinstance(allowed, (list, tuple))
+                                        and all(_is_int(t) for t in allowed)):
+            raise ValueError(f"allowed_token_ids must be a list of ints, got {allowed!r}")
+        if allowed is not None:
+            msgspec.structs.force_setattr(self, "allowed_token_ids", list(allowed))
 
     def _check_stop(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop

@@ -13,11 +13,14 @@ bytes alone; nothing here is ever pickled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 
 from ipc.config import ControlArg
+
+MAX_TOKEN_LIST = 1024  # entries of a request's logit_bias, and of its allowed_token_ids
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,7 +34,10 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     generated, the request's stop and end-of-sequence ids cannot be sampled
     (the ids come in ``NewRequestData.min_tokens_stop_ids``).
     ``prompt_logprobs`` asks for each prompt token's logprob plus that many
-    top ones (None: none). ``engine.SamplingParams``
+    top ones (None: none). ``logit_bias`` adds each value to its token's
+    logit, and ``allowed_token_ids`` leaves only those tokens to draw
+    (vLLM's; both before the penalties, at most MAX_TOKEN_LIST entries, ids
+    inside the vocabulary, which the engine checks). ``engine.SamplingParams``
     extends this Struct with the fields only the engine reads, so a field
     the runner needs is added here, once, and reaches the API, the HTTP
     server and the wire (``SamplingParams.to_options``) from here.
@@ -48,6 +54,8 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: int | None = None
     min_tokens: int = 0
     prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
@@ -74,6 +82,14 @@ _SAMPLING_RANGES = (
     (lambda o: o.min_tokens >= 0, "min_tokens must be >= 0, got {0.min_tokens}"),
     (lambda o: o.prompt_logprobs is None or o.prompt_logprobs >= 0,
      "prompt_logprobs must be None or an int >= 0, got {0.prompt_logprobs}"),
+    (lambda o: not o.logit_bias or (len(o.logit_bias) <= MAX_TOKEN_LIST
+                                    and all(t >= 0 for t in o.logit_bias)
+                                    and all(math.isfinite(b) for b in o.logit_bias.values())),
+     "logit_bias must map at most " + str(MAX_TOKEN_LIST) + " token ids >= 0 to finite "
+     "numbers"),
+    (lambda o: o.allowed_token_ids is None or (0 < len(o.allowed_token_ids) <= MAX_TOKEN_LIST
+                                               and all(t >= 0 for t in o.allowed_token_ids)),
+     "allowed_token_ids must be None or 1 to " + str(MAX_TOKEN_LIST) + " token ids >= 0"),
 )
 
 

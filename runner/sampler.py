@@ -3,7 +3,8 @@
 One call, for logits [N, V] of a batch whose row i belongs to slot
 ``idx_mapping[i]``:
 
-1. penalties (repetition over prompt + output, presence and frequency over
+1. ``allowed_token_ids`` and ``logit_bias`` (``runner.sampling.logit_bias``),
+   penalties (repetition over prompt + output, presence and frequency over
    output; ``runner.sampling.penalties``), then ``min_tokens`` (stop ids
    at -inf for rows not yet past it; ``runner.sampling.min_tokens``);
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
@@ -38,6 +39,7 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
+from runner.sampling.logit_bias import LogitBiasState
 from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
@@ -84,6 +86,7 @@ class Sampler:
         self.states = SamplingStates(max_num_reqs, device, seed)
         self.penalties = PenaltyState(max_num_reqs, vocab_size, device)
         self.min_tokens = MinTokensState(max_num_reqs, device)
+        self.logit_bias = LogitBiasState(max_num_reqs, device)
         self.token_keys = token_keys(vocab_size, device)
 
     def add_request(
@@ -98,6 +101,7 @@ class Sampler:
             self.penalties.add_request(slot, prompt_len, prefill_len)
         stop_ids = [t for t in min_tokens_stop_ids if t < self.vocab_size]
         self.min_tokens.add_request(slot, options.min_tokens, prompt_len, stop_ids)
+        self.logit_bias.add_request(slot, options)
 
     @property
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
@@ -108,12 +112,13 @@ class Sampler:
     def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
         """The device rows of the requests added since the last call that are
         not staged writes: penalty rows built from ``all_token_ids`` (the
-        runner's device table of prefill tokens, already written) and
-        min-tokens stop ids. The sampler's own staged writes
+        runner's device table of prefill tokens, already written),
+        min-tokens stop ids, allowed ids and biases. The sampler's own staged writes
         (``staged_tensors``) are applied apart; they touch other tensors, so
         either may come first."""
         self.penalties.rebuild_added_rows(all_token_ids)
         self.min_tokens.write_added_stop_ids()
+        self.logit_bias.write_added_rows()
 
     def __call__(
         self,
@@ -169,8 +174,9 @@ class Sampler:
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
+        any_bias = self.logit_bias.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
-                and not any_min_tokens):
+                and not any_min_tokens and not any_bias):
             # The common case needs no per-slot parameter: one argmax.
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
@@ -180,6 +186,8 @@ class Sampler:
         # kernel reads the model's dtype, the reference converts).
         raw = logits if flags.max_logprobs != NO_LOGPROBS else None
         processed = logits
+        if any_bias:
+            processed = self.logit_bias.apply(processed, idx)
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)

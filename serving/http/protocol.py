@@ -51,9 +51,9 @@ class SamplingFields(BaseModel):
     min_tokens: int = 0
     prompt_logprobs: int | None = None
 
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> bias
+    allowed_token_ids: list[Int64] | None = None
     # vLLM's extras this server does not implement (refused when set).
-    allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: int | None = None
@@ -71,8 +71,7 @@ class SamplingFields(BaseModel):
     # implement: a request that sets one is refused rather than answered
     # as if it had not.
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logit_bias", "allowed_token_ids", "bad_words", "include_stop_str_in_output",
-        "truncate_prompt_tokens")
+        "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens")
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or
@@ -92,6 +91,21 @@ class SamplingFields(BaseModel):
     def continuous_usage(self) -> bool:
         """Whether every chunk of a stream carries the usage so far."""
         return self.include_usage and self.stream_options.continuous_usage_stats
+
+    def token_biases(self) -> dict[int, float] | None:
+        """``logit_bias`` with its keys as token ids and each bias clamped to
+        OpenAI's [-100, 100] (as vLLM clamps); ``ValueError`` for a key that
+        is not an id."""
+        if self.logit_bias is None:
+            return None
+        biases = {}
+        for key, bias in self.logit_bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+            biases[token] = min(100.0, max(-100.0, bias))
+        return biases
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

@@ -29,7 +29,8 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   logprobs=logprobs, stop=request.stop_strings(),
                   stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
                   structured_outputs=structured_outputs_of(request),
-                  min_tokens=request.min_tokens,
+                  min_tokens=request.min_tokens, logit_bias=request.token_biases(),
+                  allowed_token_ids=request.allowed_token_ids,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
                                    else prompt_logprobs))
     out = []

@@ -32,6 +32,13 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     ({"prompt_token_ids": [True]}, GOOD, "prompt_token_ids must be ints, got True"),
     ({"prompt_token_ids": [[1, 2]]}, GOOD, r"prompt_token_ids must be ints, got \[1, 2\]"),
     ("hi", SamplingParams(max_tokens=2, logprobs=21), "logprobs 21 is more than max_logprobs 20"),
+    ("hi", SamplingParams(max_tokens=2, logit_bias={3: 1.0, 5000: 2.0}),
+     r"logit_bias token ids \[5000\] are outside the vocabulary"),
+    ("hi", SamplingParams(max_tokens=2, allowed_token_ids=[7, 9999]),
+     r"allowed_token_ids token ids \[9999\] are outside the vocabulary"),
+    # "fine", made first, is 5 tokens: max_tokens None leaves it 128 - 5.
+    ({"prompt_token_ids": [1]}, SamplingParams(max_tokens=None, min_tokens=200),
+     r"min_tokens must be an int in \[0, max_tokens=123\]"),
 ])
 @pytest.mark.timeout(60)
 def test_bad_prompt_is_rejected_and_engine_keeps_serving(llm, prompt, params, message):

@@ -139,3 +139,28 @@ def test_chat_renders_as_transformers(llm, tmp_path):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
     [one] = llm.chat(chats[0], _greedy(max_tokens=4))  # one chat, not a list of them
     assert one.prompt_token_ids == outputs[0].prompt_token_ids
+
+
+@pytest.mark.timeout(300)
+def test_allowed_ids_and_bias_follow_transformers_logits(tmp_path):
+    """Greedy with ``allowed_token_ids`` and ``logit_bias`` against a loop
+    over transformers' logits with the rule applied by hand."""
+    import torch
+
+    from tests.helpers.hf_models import save_with_greedy_reference, small_llama
+
+    model = small_llama(1, 128, num_attention_heads=4, num_key_value_heads=2)
+    prompt = [3, 14, 15, 92, 65]
+    save_with_greedy_reference(model, tmp_path, [prompt], 1)
+    allowed = [7, 21, 40, 41, 90, 100]
+    bias = {40: 30.0, 90: -30.0, 5: 50.0}  # 5 is not allowed: it stays out
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model(torch.tensor([tokens])).logits[0, -1].double()
+            ruled = {t: logits[t].item() + bias.get(t, 0.0) for t in allowed}
+            tokens.append(max(ruled, key=ruled.get))
+    with LLM(model=str(tmp_path), device="cpu") as llm:
+        [out] = llm.generate({"prompt_token_ids": prompt},
+                             _greedy(max_tokens=6, allowed_token_ids=allowed, logit_bias=bias))
+    assert out.outputs[0].token_ids == tokens[len(prompt):]

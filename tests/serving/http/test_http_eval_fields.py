@@ -3,7 +3,8 @@ the official ``openai`` client and httpx against ``tprun serve --http-port``
 (tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
 ``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
-``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``/tokenize`` /
+``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``logit_bias``
+and ``allowed_token_ids``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
 
@@ -247,14 +248,12 @@ def test_tokenize_messages_equals_chat_prompt(server, client):
 def test_unimplemented_fields_are_refused(client):
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="tiny", prompt=PROMPT, suffix="x", max_tokens=2)
-    with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        client.completions.create(model="tiny", prompt=PROMPT, logit_bias={"5": 1.0})
     for bad in (0, -1, -1000):
         with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
             client.completions.create(model="tiny", prompt=PROMPT, max_tokens=bad)
     with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=-5, echo=True)
-    for extra in ({"allowed_token_ids": [65]}, {"bad_words": ["a"]},
+    for extra in ({"bad_words": ["a"]},
                   {"include_stop_str_in_output": True}, {"truncate_prompt_tokens": 1}):
         with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
             client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
@@ -345,3 +344,35 @@ def test_text_offsets_depend_on_the_tokens_alone(client):
     streamed = [c.choices[0].logprobs for c in client.completions.create(
         **kwargs, stop=stops, stream=True) if c.choices and c.choices[0].logprobs]
     assert [o for lp in streamed for o in lp.text_offset] == plain.logprobs.text_offset
+
+
+def test_logit_bias_and_allowed_token_ids(reference, client):
+    """OpenAI's ``logit_bias`` (keys are ids as text; biases clamped to
+    [-100, 100], as vLLM clamps) and vLLM's ``allowed_token_ids``, on both
+    routes, against ``LLM.generate`` with the same parameters."""
+    def ids(extra=None, **kw):
+        out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=5,
+                                        extra_body={"return_token_ids": True, **(extra or {})},
+                                        **kw)
+        return out.choices[0].model_extra["token_ids"]
+
+    def expected(**kw):
+        params = SamplingParams(max_tokens=5, **kw)
+        return reference.generate(PROMPT, params)[0].outputs[0].token_ids
+
+    assert ids(temperature=0, logit_bias={"65": 100}) == [65] * 5
+    assert ids(temperature=0, logit_bias={"66": 1e9, "65": -3}) == expected(
+        temperature=0.0, logit_bias={66: 100.0, 65: -3.0})
+    allowed = [65, 70, 99, 101]
+    sampled = ids({"allowed_token_ids": allowed}, temperature=1.0, seed=4)
+    assert set(sampled) <= set(allowed)
+    assert sampled == expected(temperature=1.0, seed=4, allowed_token_ids=allowed)
+    for bad, message in (([], "allowed_token_ids must be None or 1 to 1024"),
+                         ([5, 10**6], "allowed_token_ids token ids")):
+        with pytest.raises(openai.BadRequestError, match=message):
+            ids({"allowed_token_ids": bad}, temperature=0)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, logit_bias={"70": 100})
+    assert chat.choices[0].message.content == reference.get_tokenizer().decode([70] * 3)
+    assert chat.usage.completion_tokens == 3

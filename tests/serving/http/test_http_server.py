@@ -249,7 +249,8 @@ def test_api_key_is_required(server, client):
     ({"prompt": [400, 1]}, "outside the vocabulary"),
     ({"max_tokens": "many"}, "max_tokens"),
     ({"suffix": "!"}, "suffix is not supported"),
-    ({"logit_bias": {"65": 5}}, "logit_bias is not supported"),
+    ({"logit_bias": {"A": 5}}, "logit_bias keys must be token ids, got 'A'"),
+    ({"logit_bias": {"400": 5}}, "logit_bias token ids"),  # outside the vocabulary
     ({"seed": 2**70}, "seed"),  # beyond the 64 bits a seed travels in
     ({"prompt": [2**70]}, "prompt"),
     ({"max_tokens": 2**64}, "max_tokens"),
