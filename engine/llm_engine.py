@@ -35,7 +35,7 @@ from checkpoint.tokenizer import Tokenizer
 from engine.config import ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, truncated_prompt
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
@@ -156,7 +156,7 @@ class LLMEngine:
         gets, here where it enters the engine), with its structured-output
         constraint compiled (waits for the compile, at most its time limit)
         and its own matcher; nothing is queued."""
-        prompt_token_ids = self.tokenize(prompt)
+        prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
         if params.max_tokens is None:  # what the context leaves (at least 1: a
             # prompt already too long then gets the length message)
             room = self.scheduler.config.max_model_len - len(prompt_token_ids)

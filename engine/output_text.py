@@ -7,7 +7,7 @@ token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
 ``LLM`` can end the request the step its text meets one. The token whose
 text completes the stop string is the last one kept (tokens after it in
 the same step are dropped, as vLLM drops them), and the text ends before
-the stop string. As vLLM, text of the first ``min_tokens`` tokens ends no
+the stop string (after it with ``include_stop_str_in_output``). As vLLM, text of the first ``min_tokens`` tokens ends no
 stop string, though one may begin in it (``StopStringMatcher.release``).
 
 In both, the text of the stop token that ended an output
@@ -30,7 +30,8 @@ class OutputText:
         self.logprobs: list[TokenLogprobs] | None = None
         self.text = ""
         self.stop_string: str | None = None  # the stop string met, once met
-        self._matcher = StopStringMatcher(params.stop) if params.stop else None
+        self._matcher = (StopStringMatcher(params.stop, params.include_stop_str_in_output)
+                         if params.stop else None)
         self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids)
                              if params.stop else None)
 

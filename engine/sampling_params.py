@@ -5,8 +5,10 @@ runner needs, with their defaults and ranges) plus the fields only the
 engine reads (``max_tokens``, ``stop_token_ids``, ``ignore_eos``) and those
 the caller's side applies (``n`` and ``stop``: ``LLM`` and the HTTP server
 run ``n`` engine requests, ``choices``, and cut each one's text at its stop
-strings; the engine reads neither, and its endpoint takes only ``n`` 1
-and no ``stop``). Adding a
+strings, with them where ``include_stop_str_in_output``; the engine reads
+neither, and its endpoint takes only ``n`` 1 and no ``stop``).
+``truncate_prompt_tokens`` k keeps a prompt's last k tokens
+(``truncated_prompt``, where the request enters the engine). Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in
 ``problems``), an engine-only one below; both then reach ``LLM``, the HTTP
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
@@ -59,6 +61,8 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     n: int = 1
     max_tokens: int | None = 16
     stop: tuple[str, ...] | list[str] | str = ()
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = None
     stop_token_ids: tuple[int, ...] | list[int] = ()
     ignore_eos: bool = False
     structured_outputs: StructuredOutputsParams | None = None
@@ -100,8 +104,12 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         bad = [t for t in stop_ids if not _is_int(t) or t < 0]
         if bad:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {bad!r}")
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or k < 1):
+            raise ValueError(f"truncate_prompt_tokens must be None or an int >= 1, got {k!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
             raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
         if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
@@ -186,3 +194,9 @@ def _choice_seed(seed: int | None, choice: int) -> int | None:
     if seed is None:
         return None
     return (seed + choice - _INT64_MIN) % (1 << 64) + _INT64_MIN
+
+
+def truncated_prompt(prompt_token_ids: list[int], k: int | None) -> list[int]:
+    """The prompt's last k tokens (``truncate_prompt_tokens``, vLLM's rule),
+    or the whole prompt where k is None."""
+    return prompt_token_ids if k is None else prompt_token_ids[-k:]

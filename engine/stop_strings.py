@@ -11,7 +11,8 @@ ends without one.
 
 Invariant: the concatenation of everything ``feed`` and ``flush`` return
 equals the full text cut before the earliest occurrence of any stop string
-that ends in text given to ``feed`` (the whole text when there is none).
+that ends in text given to ``feed`` (the whole text when there is none);
+with ``include_stop`` (vLLM's ``include_stop_str_in_output``) cut after it.
 Text given to ``release`` (a request still below its ``min_tokens``) ends
 no stop string, but one may begin in it: as vLLM, which looks for stop
 strings only once ``min_tokens`` are out, each time over the new text and
@@ -25,10 +26,11 @@ from collections.abc import Sequence
 
 
 class StopStringMatcher:
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include_stop: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError("a stop string must not be empty")
         self.stops = tuple(stops)
+        self.include_stop = include_stop
         self.pending = ""  # received, not released: a possible stop-string start
         self.unmatched = 0  # leading characters of ``pending`` that end no stop string
         self.stopped: str | None = None  # the stop string found
@@ -43,9 +45,8 @@ class StopStringMatcher:
         held = len(text) - self._held_tail(text)  # where a stop string may still begin
         found = self._earliest(text)
         if found is not None and found[0] <= held:
-            index, self.stopped = found
             self.pending, self.unmatched = "", 0
-            return text[:index]
+            return self._cut(text, found)
         # A stop string found after ``held`` may yet lose to a longer one
         # that begins at ``held``: hold everything from there.
         return self._hold_from(text, held)
@@ -76,8 +77,13 @@ class StopStringMatcher:
         self.unmatched = 0
         if found is None:
             return text
+        return self._cut(text, found)
+
+    def _cut(self, text: str, found: tuple[int, str]) -> str:
+        """``text`` up to the stop string ``found`` (its index and itself),
+        which ends the output."""
         index, self.stopped = found
-        return text[:index]
+        return text[: index + len(self.stopped)] if self.include_stop else text[:index]
 
     def _earliest(self, text: str) -> tuple[int, str] | None:
         """(index, stop string) of the earliest stop string in ``text`` that

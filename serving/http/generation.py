@@ -87,8 +87,9 @@ class Generation:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
                     request_id = self.link.new_id()
+                    include = choice_params.get("include_stop_str_in_output", False)
                     self.choices[request_id] = _Choice(
-                        p * len(params) + i, p, StopStringMatcher(stops),
+                        p * len(params) + i, p, StopStringMatcher(stops, include),
                         min_tokens=choice_params.get("min_tokens", 0))
                     self.link.submit(request_id, prompt, choice_params, self.queue)
             await self._await_acceptance()

@@ -53,10 +53,10 @@ class SamplingFields(BaseModel):
 
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias
     allowed_token_ids: list[Int64] | None = None
-    # vLLM's extras this server does not implement (refused when set).
-    bad_words: list[str] | None = None
     include_stop_str_in_output: bool = False
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: Int64 | None = None
+    # vLLM's extra this server does not implement (refused when set).
+    bad_words: list[str] | None = None
 
     # Structured outputs (serving/http/structured.py): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -70,8 +70,7 @@ class SamplingFields(BaseModel):
     # Fields OpenAI defines that change the answer but this server does not
     # implement: a request that sets one is refused rather than answered
     # as if it had not.
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "bad_words", "include_stop_str_in_output", "truncate_prompt_tokens")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("bad_words",)
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or

@@ -31,6 +31,8 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   structured_outputs=structured_outputs_of(request),
                   min_tokens=request.min_tokens, logit_bias=request.token_biases(),
                   allowed_token_ids=request.allowed_token_ids,
+                  include_stop_str_in_output=request.include_stop_str_in_output,
+                  truncate_prompt_tokens=request.truncate_prompt_tokens,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
                                    else prompt_logprobs))
     out = []

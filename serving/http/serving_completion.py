@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.sampling_params import truncated_prompt
 from ipc import trace
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
@@ -91,9 +92,13 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         prompts = completion_prompts(state, request.prompt)
     if trace.enabled:
         trace.mark("http_tokenized")
-    echoes = echoed_prompts(state.tokenizer, request.prompt, prompts) if request.echo else None
     params = choice_params(request, max(max_tokens, 1), request.logprobs,
                            _engine_prompt_logprobs(request))
+    given = request.prompt
+    if request.truncate_prompt_tokens is not None:  # echoed as the engine sees them
+        prompts = [truncated_prompt(p, request.truncate_prompt_tokens) for p in prompts]
+        given = prompts
+    echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
     await generation.start(prompts, params, request.stop_strings())
     response_id = f"cmpl-{secrets.token_hex(12)}"

@@ -46,6 +46,10 @@ from ipc.messages import SamplingOptions
         (dict(stop=[3]), "stop must be a string or a list of strings"),
         (dict(stop=7), "stop must be a string or a list of strings"),
         (dict(max_tokens=None, min_tokens=1.5), "min_tokens must be an int"),
+        (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be None or an int >= 1"),
+        (dict(include_stop_str_in_output=1), "include_stop_str_in_output must be a bool"),
+        (dict(logit_bias={1: "x"}), "logit_bias must map token ids"),
+        (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of ints"),
     ],
 )
 def test_invalid_values_raise_clear_errors(kw, match):

@@ -253,8 +253,7 @@ def test_unimplemented_fields_are_refused(client):
             client.completions.create(model="tiny", prompt=PROMPT, max_tokens=bad)
     with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=-5, echo=True)
-    for extra in ({"bad_words": ["a"]},
-                  {"include_stop_str_in_output": True}, {"truncate_prompt_tokens": 1}):
+    for extra in ({"bad_words": ["a"]},):
         with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
             client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
                                       extra_body=extra)
@@ -376,3 +375,35 @@ def test_logit_bias_and_allowed_token_ids(reference, client):
         temperature=0, logit_bias={"70": 100})
     assert chat.choices[0].message.content == reference.get_tokenizer().decode([70] * 3)
     assert chat.usage.completion_tokens == 3
+
+
+def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
+    """vLLM's ``include_stop_str_in_output`` (the text ends after the stop
+    string) and ``truncate_prompt_tokens`` (the prompt's last k tokens, also
+    what ``echo`` shows), against ``LLM.generate`` and the tokenizer."""
+    greedy = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+    text = client.completions.create(model="tiny", prompt=PROMPT, **greedy).choices[0].text
+    stop = text[4:6]
+    cut = text.find(stop)
+    for include, expected in ((False, text[:cut]), (True, text[:cut + len(stop)])):
+        out = client.completions.create(
+            model="tiny", prompt=PROMPT, stop=[stop], temperature=0, max_tokens=12,
+            extra_body={"ignore_eos": True, "include_stop_str_in_output": include})
+        assert (out.choices[0].text, out.choices[0].finish_reason) == (expected, "stop")
+        ref = reference.generate(PROMPT, SamplingParams(
+            temperature=0.0, max_tokens=12, ignore_eos=True, stop=[stop],
+            include_stop_str_in_output=include))[0].outputs[0]
+        assert ref.text == expected and ref.stop_reason == stop
+    ids = reference.get_tokenizer().encode(PROMPT)
+    out = client.completions.create(
+        model="tiny", prompt=PROMPT, temperature=0, max_tokens=3, echo=True,
+        extra_body={"truncate_prompt_tokens": 3, "return_token_ids": True})
+    kept = ids[-3:]
+    assert out.choices[0].model_extra["prompt_token_ids"] == kept
+    assert out.usage.prompt_tokens == 3
+    ref = reference.generate({"prompt_token_ids": kept},
+                             SamplingParams(temperature=0.0, max_tokens=3))[0].outputs[0]
+    assert out.choices[0].text == reference.get_tokenizer().decode(kept) + ref.text
+    [whole] = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=3,
+                                                        truncate_prompt_tokens=3))
+    assert whole.prompt_token_ids == kept and whole.outputs[0].token_ids == ref.token_ids

@@ -38,6 +38,23 @@ def test_stop_strings_match_the_whole_text(pieces, stops):
         assert stopped in stops and "".join(pieces).find(stopped) == len(expected)
 
 
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3))
+def test_include_stop_keeps_the_earliest_stop_string(pieces, stops):
+    """vLLM's ``include_stop_str_in_output``: the text up to the end of the
+    earliest stop string (of two starting there, the shorter: it ends first)."""
+    matcher = StopStringMatcher(stops, include_stop=True)
+    released = "".join([matcher.feed(p) for p in pieces] + [matcher.flush()])
+    text = "".join(pieces)
+    hits = [(i, len(s), s) for s in stops if (i := text.find(s)) >= 0]
+    if hits:
+        i, length, stop = min(hits)
+        assert (released, matcher.stopped) == (text[: i + length], stop)
+    else:
+        assert (released, matcher.stopped) == (text, None)
+
+
 def test_stop_string_across_pieces_is_never_shown():
     matcher = StopStringMatcher(["STOP"])
     assert matcher.feed("abc ST") == "abc "  # "ST" may start the stop string: held back
