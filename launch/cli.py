@@ -189,14 +189,24 @@ def _bench_parser(sub) -> None:
 
 
 def _prompts(args) -> list:
+    """The prompts of ``--prompt`` and ``--prompt-token-ids``, checked before
+    any process starts: an empty one is refused here, as the engine would
+    refuse it after the model loads."""
     from engine.config import ConfigError
 
-    prompts: list = list(args.prompt)
+    prompts: list = []
+    for text in args.prompt:
+        if not text:
+            raise ConfigError("--prompt is empty: give a text of at least one character")
+        prompts.append(text)
     for text in args.prompt_token_ids:
         try:
-            prompts.append({"prompt_token_ids": [int(t) for t in text.split(",") if t.strip()]})
+            ids = [int(t) for t in text.split(",") if t.strip()]
         except ValueError as e:
             raise ConfigError(f"--prompt-token-ids must be comma-separated integers: {e}") from e
+        if not ids:
+            raise ConfigError(f"--prompt-token-ids {text!r} is empty: give at least one token id")
+        prompts.append({"prompt_token_ids": ids})
     return prompts or list(DEFAULT_PROMPTS)
 
 

