@@ -288,6 +288,24 @@ def test_malformed_bodies_are_400_without_server_internals(server):
     assert error["message"].startswith("the body is not valid JSON")
 
 
+def test_a_body_that_is_not_sent_as_json_is_415(server):
+    """As vLLM: a valid body sent as text or as a form is refused with 415
+    Unsupported Media Type, on every route that reads a JSON body; a JSON
+    media type (``+json`` too) is served."""
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        for media_type in ("text/plain", "application/x-www-form-urlencoded"):
+            response = httpx.post(f"{server.url}{path}", content=body, timeout=60,
+                                  headers={**auth, "Content-Type": media_type})
+            error = _error(response, 415)
+            assert error["code"] == "unsupported_media_type", error
+            assert "application/json" in error["message"]
+    response = httpx.post(f"{server.url}/v1/completions", content=body, timeout=60,
+                          headers={**auth, "Content-Type": "application/vnd.api+json"})
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+
+
 def test_extreme_sampling_values_are_served_and_the_engine_lives(server, client):
     """top_k beyond int32 filters nothing, a top_p that rounds to 0 keeps the
     most likely token: both answered, as vLLM does, and the engine goes on."""
