@@ -45,6 +45,7 @@ from serving.http.protocol import (
     IdsFirstCompletionRequest,
     TokenizeRequest,
     error_body,
+    field_path,
 )
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
@@ -74,7 +75,8 @@ async def _answer(work) -> Response:
     except UnknownModelError as e:
         return error_response(404, str(e), param="model", code="model_not_found")
     except ValueError as e:
-        return error_response(400, str(e), code=getattr(e, "code", None))
+        return error_response(400, str(e), param=getattr(e, "param", None),
+                              code=getattr(e, "code", None))
     except EngineStoppedError as e:
         return engine_stopped_response(e)
     except ClientDisconnected:
@@ -178,9 +180,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         loc = list(first.get("loc", ()))
         if loc[:1] == ["body"]:
             loc = loc[1:]
-        # A field path starts with a field's name; a bare number is where in
-        # the body the JSON broke, not a field.
-        where = ".".join(str(p) for p in loc) if loc and isinstance(loc[0], str) else ""
+        where = field_path(loc)
         message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
         if first.get("type") == "json_invalid":
             message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', '?')})"

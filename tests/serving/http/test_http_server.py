@@ -264,6 +264,28 @@ def test_bad_requests_are_400(server, client, fields, message):
         client.completions.create(**body)
 
 
+@pytest.mark.parametrize("route, fields, param", [
+    ("completions", {"prompt": None}, "prompt"),
+    ("completions", {"prompt": [2**63]}, "prompt"),
+    ("completions", {"prompt": [[1], [2**64]]}, "prompt"),
+    ("completions", {"prompt": "hi", "stop": 5}, "stop"),
+    ("completions", {"prompt": "hi", "stream_options": {"include_usage": "maybe"}},
+     "stream_options.include_usage"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+])
+def test_a_bad_field_is_named_as_the_client_sent_it(server, route, fields, param):
+    """Pydantic puts the label of each union member it tried (``str``,
+    ``list[str]``) in an error's location: the error names the field the
+    client sent, never such a label."""
+    body = {"model": "tiny", "max_tokens": 2, **fields}
+    response = httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {KEY}"})
+    error = _error(response, 400)
+    assert error["param"] == param, error
+    assert error["message"].startswith(f"{param}: "), error
+
+
 def test_unknown_model_is_404_and_a_long_prompt_says_so(server, client):
     with pytest.raises(openai.NotFoundError, match="not served here") as info:
         client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
