@@ -10,7 +10,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput, RequestOutputDelta
+from engine.outputs import CompletionOutput, RequestOutput, RequestOutputDelta, shown_token_ids
 from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
 
@@ -111,9 +111,8 @@ class LLM:
                         completion.finish_reason = delta.finish_reason
                         completion.stop_reason = delta.stop_reason
                         outputs[delta.req_id].finished = True
-                        ids = completion.token_ids
                         completion.text = engine.tokenizer.decode(
-                            ids[:-1] if delta.ends_on_stop_token else ids)
+                            shown_token_ids(delta, completion.token_ids, through_end=True))
                 progress.advance(sum(d.finished for d in deltas),
                                  sum(len(d.new_token_ids) for d in deltas))
 

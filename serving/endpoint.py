@@ -58,7 +58,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from checkpoint.tokenizer import IncrementalDetokenizer
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutputDelta
+from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.sampling_params import SamplingParams
 from ipc import trace
 from ipc.auth import (
@@ -457,9 +457,8 @@ class EngineServer:
                token_logprobs, finished: bool, first: bool) -> Delta:
         """``first``: the delta that carries the step's prompt logprobs (they
         come once per request). A stop token that ends the request adds no
-        text (``RequestOutputDelta.ends_on_stop_token``)."""
-        text = route.detokenizer.feed(tokens[:-1] if finished and d.ends_on_stop_token
-                                      else tokens)
+        text (``shown_token_ids``)."""
+        text = route.detokenizer.feed(shown_token_ids(d, tokens, through_end=finished))
         if finished:  # release what the detokenizer held back (an incomplete character)
             text += route.detokenizer.finish()
         logprobs = None
