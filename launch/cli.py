@@ -418,22 +418,19 @@ def _start_http(args, engine, server, secret: bytes):
 
 
 def run_bench(args) -> int:
-    from engine.bench import BenchConfig, dataset_requests, format_summary, run_bench
+    from engine.bench import BenchConfig, format_summary, run_bench
     from engine.llm_engine import LLMEngine
 
+    # BenchConfig reads the dataset, before the model loads: a bad line is the user's input.
     bench = _from_arguments(BenchConfig, num_prompts=args.num_prompts, input_len=args.input_len,
                             output_len=args.output_len, dataset=args.dataset, seed=args.seed,
                             temperature=args.temperature, warmup=not args.no_warmup)
     config = _engine_config(args)
-    # The dataset is read before the model loads: a bad line is the user's input.
-    requests = (None if args.dataset is None
-                else _from_arguments(dataset_requests, path=args.dataset,
-                                         output_len=args.output_len))
     engine = LLMEngine(config)
     try:
         # A prompt the engine refuses (too long, ids outside the vocabulary)
         # is the user's input too: exit code 2, as in generate.
-        summary = _from_arguments(run_bench, engine=engine, config=bench, requests=requests)
+        summary = _from_arguments(run_bench, engine=engine, config=bench)
     finally:
         engine.shutdown()
     print(json.dumps(summary) if args.json else format_summary(summary), flush=True)
