@@ -37,7 +37,12 @@ class BenchConfig:
     """``dataset``: a JSONL file, one object per line with "prompt" (text) or
     "prompt_token_ids", and optionally "max_tokens" (else ``output_len``).
     Without it, ``num_prompts`` prompts of ``input_len`` random token ids
-    (drawn from ``seed``)."""
+    (drawn from ``seed``).
+
+    The dataset is read here, once, when the config is made
+    (``dataset_requests``, kept in ``from_dataset``): a bad line is a
+    ``ValueError`` before any model loads, and ``run_bench`` runs what was
+    read, never the file again."""
 
     num_prompts: int = 64
     input_len: int = 128
@@ -46,6 +51,8 @@ class BenchConfig:
     seed: int = 0
     temperature: float = 0.0
     warmup: bool = True
+    from_dataset: tuple[BenchRequest, ...] | None = field(default=None, init=False, repr=False,
+                                                          compare=False)
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "input_len", "output_len"):
@@ -54,8 +61,11 @@ class BenchConfig:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.dataset is not None and not os.path.isfile(self.dataset):
-            raise ValueError(f"dataset {self.dataset!r} is not a file")
+        if self.dataset is not None:
+            if not os.path.isfile(self.dataset):
+                raise ValueError(f"dataset {self.dataset!r} is not a file")
+            requests = tuple(dataset_requests(self.dataset, self.output_len))
+            object.__setattr__(self, "from_dataset", requests)
 
 
 @dataclass(frozen=True)
@@ -170,13 +180,13 @@ def latencies(timings: dict[str, _Timing]) -> tuple[list[float], list[float]]:
     return ttft, itl
 
 
-def run_bench(engine: LLMEngine, config: BenchConfig, progress: bool = True,
-              requests: list[BenchRequest] | None = None) -> dict:
-    """Run the benchmark on ``engine``; returns the summary (see ``summarize``).
-    ``requests``: the dataset's, if already read (``dataset_requests``)."""
-    if requests is None and config.dataset is not None:
-        requests = dataset_requests(config.dataset, config.output_len)
-    elif requests is None:
+def run_bench(engine: LLMEngine, config: BenchConfig, progress: bool = True) -> dict:
+    """Run the benchmark on ``engine``: the dataset's requests (read when
+    ``config`` was made), else random ones; returns the summary (see
+    ``summarize``)."""
+    if config.from_dataset is not None:
+        requests = list(config.from_dataset)
+    else:
         requests = random_requests(config, engine.model_config.vocab_size)
     if config.warmup:
         warm = BenchRequest(dict(requests[0].prompt), min(4, requests[0].max_tokens))

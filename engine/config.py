@@ -32,6 +32,7 @@ from ipc.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from ipc.endpoints import check_private_directory
 from ipc.model_config import MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -203,12 +204,18 @@ class EngineConfig:
 
     def check_machine(self) -> None:
         """Every rule the machine decides: an attention backend its device
-        runs, a ``master_addr`` that resolves (for worker processes), CUDA
+        runs, an ``attach_workers_dir`` that is missing or private to this user,
+        a ``master_addr`` that resolves (for worker processes), CUDA
         present and enough devices for the ranks this host spawns, whether
         CUDA was asked for or
         ``auto`` chose it (``auto`` never falls back to the CPU for want of
         devices: a model sized for GPUs would then run on the host unasked)."""
         self._check_attention_backend()
+        if self.attach_workers_dir is not None:
+            try:
+                check_private_directory(self.attach_workers_dir)
+            except ValueError as e:
+                raise ConfigError(f"attach_workers_dir {e}") from None
         if self.executor == "mp":
             try:
                 socket.getaddrinfo(self.master_addr, None)

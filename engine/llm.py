@@ -187,7 +187,7 @@ def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
     text = choice.text
     text.add(delta)
     if text.stop_string is None and delta.finished:
-        text.finish(delta.ends_on_stop_token)
+        text.finish(delta)
     if text.stop_string is not None:
         completion.finish_reason, completion.stop_reason = "stop", text.stop_string
     elif delta.finished:

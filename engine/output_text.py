@@ -10,14 +10,14 @@ the same step are dropped, as vLLM drops them), and the text ends before
 the stop string (after it with ``include_stop_str_in_output``). As vLLM, text of the first ``min_tokens`` tokens ends no
 stop string, though one may begin in it (``StopStringMatcher.release``).
 
-In both, the text of the stop token that ended an output
-(``RequestOutputDelta.ends_on_stop_token``) is left out, and its id kept.
+In both, the text of the stop token that ended an output is left out, and
+its id kept (``engine.outputs.shown_token_ids``).
 """
 
 from __future__ import annotations
 
 from checkpoint.tokenizer import IncrementalDetokenizer
-from engine.outputs import RequestOutputDelta, TokenLogprobs
+from engine.outputs import RequestOutputDelta, TokenLogprobs, shown_token_ids
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import StopStringMatcher
 
@@ -38,18 +38,17 @@ class OutputText:
     def add(self, delta: RequestOutputDelta) -> None:
         """Take the delta's tokens (and their logprobs), up to the one that
         completes a stop string if one does (then ``stop_string`` is set)."""
-        kept = self._feed(delta.new_token_ids, delta.ends_on_stop_token)
+        kept = self._feed(delta)
         self.token_ids.extend(delta.new_token_ids[:kept])
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.logprobs[:kept]
 
-    def _feed(self, token_ids: list[int], ends_on_stop_token: bool) -> int:
-        """How many of ``token_ids`` to keep; feeds their text to the matcher."""
+    def _feed(self, delta: RequestOutputDelta) -> int:
+        """How many of the delta's tokens to keep; feeds the text of those
+        shown to the matcher."""
         if self._matcher is None:
-            return len(token_ids)
-        for i, token in enumerate(token_ids):
-            if ends_on_stop_token and i == len(token_ids) - 1:
-                break  # the stop token: its text is not shown
+            return len(delta.new_token_ids)
+        for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
             piece = self._detokenizer.feed([token])
             if len(self.token_ids) + i + 1 <= self.min_tokens:
                 self.text += self._matcher.release(piece)
@@ -58,14 +57,13 @@ class OutputText:
             if self._matcher.stopped is not None:
                 self.stop_string = self._matcher.stopped
                 return i + 1
-        return len(token_ids)
+        return len(delta.new_token_ids)
 
-    def finish(self, ends_on_stop_token: bool) -> None:
-        """The output has ended (not at a stop string ``add`` found): its
-        whole text, cut at a stop string the held-back tail holds."""
+    def finish(self, delta: RequestOutputDelta) -> None:
+        """The output has ended with ``delta`` (not at a stop string ``add``
+        found): its whole text, cut at a stop string the held-back tail holds."""
         if self._matcher is None:
-            ids = self.token_ids[:-1] if ends_on_stop_token else self.token_ids
-            self.text = self.tokenizer.decode(ids)
+            self.text = self.tokenizer.decode(shown_token_ids(delta, self.token_ids, True))
             return
         rest = self._detokenizer.finish()  # an incomplete character, completed or not
         if len(self.token_ids) <= self.min_tokens:

@@ -53,6 +53,20 @@ class RequestOutputDelta:
     stop_reason: int | None = None
 
 
+def shown_token_ids(delta: RequestOutputDelta, token_ids: list[int],
+                    through_end: bool) -> list[int]:
+    """The ids among ``token_ids`` whose text the output shows, the one home
+    of the rule "a stop token's text is not shown" (as vLLM leaves it out).
+    ``token_ids`` are the request's tokens up to some point of ``delta``;
+    ``through_end``: they run to the delta's last token. Only then, and only
+    when that token is the stop token that finished the request
+    (``delta.ends_on_stop_token``), is it left out; its id stays in the
+    output's token ids."""
+    if through_end and delta.finished and delta.ends_on_stop_token:
+        return token_ids[:-1]
+    return token_ids
+
+
 @dataclass
 class CompletionOutput:
     """One generated sequence of a request (vLLM's name and fields)."""

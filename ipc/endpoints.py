@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 
@@ -47,6 +48,27 @@ def remove_stale_directories() -> list[str]:
     return removed
 
 
+def check_private_directory(directory: str) -> None:
+    """``ValueError`` unless ``directory`` is missing (``Endpoints.create``
+    makes it, mode 0700) or is a directory of this user that no one else may
+    read, write or enter: whoever can reach the sockets in it can talk to
+    the executor or pose as a worker."""
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ValueError(f"{directory}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ValueError(f"{directory} is not a directory")
+    if info.st_uid != os.getuid():
+        raise ValueError(f"{directory} belongs to another user; it must be a directory of "
+                         "yours that only you can access")
+    if info.st_mode & 0o077:
+        raise ValueError(f"{directory} must be private to its owner (mode "
+                         f"{stat.S_IMODE(info.st_mode):o}; chmod 700 {directory})")
+
+
 def private_directory(kind: str = "") -> str:
     """A new directory (mode 0700) in the temp folder named after this
     process (``tprun-{kind}{pid}-XXXXXXXX``), so a later launch can tell it
@@ -82,8 +104,7 @@ class Endpoints:
             directory = private_directory()
         else:
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            if os.stat(directory).st_mode & 0o077:
-                raise ValueError(f"{directory} must be private to its owner (chmod 700)")
+            check_private_directory(directory)
         os.chmod(directory, 0o700)
         return cls(
             directory=directory,

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
@@ -137,7 +136,9 @@ With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
 on --host (default 127.0.0.1), as one more client of the engine endpoint,
 logging one line per request unless --no-access-log; --api-key (or
 $TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'. The
-HTTP port is checked before the model loads.
+host and the ports are bound once and released before the model loads: a
+host that does not resolve or is not this machine's, or a busy port, is
+refused at once.
 """
 
 
@@ -189,14 +190,24 @@ def _bench_parser(sub) -> None:
 
 
 def _prompts(args) -> list:
+    """The prompts of ``--prompt`` and ``--prompt-token-ids``, checked before
+    any process starts: an empty one is refused here, as the engine would
+    refuse it after the model loads."""
     from engine.config import ConfigError
 
-    prompts: list = list(args.prompt)
+    prompts: list = []
+    for text in args.prompt:
+        if not text:
+            raise ConfigError("--prompt is empty: give a text of at least one character")
+        prompts.append(text)
     for text in args.prompt_token_ids:
         try:
-            prompts.append({"prompt_token_ids": [int(t) for t in text.split(",") if t.strip()]})
+            ids = [int(t) for t in text.split(",") if t.strip()]
         except ValueError as e:
             raise ConfigError(f"--prompt-token-ids must be comma-separated integers: {e}") from e
+        if not ids:
+            raise ConfigError(f"--prompt-token-ids {text!r} is empty: give at least one token id")
+        prompts.append({"prompt_token_ids": ids})
     return prompts or list(DEFAULT_PROMPTS)
 
 
@@ -295,7 +306,12 @@ def run_serve(args) -> int:
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
     from ipc.auth import new_secret
-    from serving.endpoint import Endpoint, EngineServer, exposure_warning
+    from serving.endpoint import (
+        Endpoint,
+        EngineServer,
+        check_listen_address,
+        exposure_warning,
+    )
 
     _raise_if_interrupted()
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
@@ -314,6 +330,12 @@ def run_serve(args) -> int:
         endpoint = Endpoint.create(args.port, None if http else args.host)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if endpoint.host is not None:
+        try:
+            check_listen_address(endpoint.host, args.port or 0, "--port")
+        except ValueError as e:
+            endpoint.cleanup()
+            raise ConfigError(str(e)) from None
     if (warning := exposure_warning(endpoint)) is not None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
         logger.warning("%s", warning)
@@ -362,6 +384,7 @@ def run_serve(args) -> int:
 def _check_http_args(args) -> None:
     """--http-port's companions, checked before any process starts."""
     from engine.config import ConfigError
+    from serving.endpoint import DEFAULT_HOST, check_listen_address, is_loopback
 
     if args.http_port is None:
         if args.api_key is not None:
@@ -370,32 +393,16 @@ def _check_http_args(args) -> None:
     if not 0 <= args.http_port < 65536:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
     args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
-    args.host = args.host or "127.0.0.1"
-    _check_port_free(args.host, args.http_port)
-    from serving.endpoint import is_loopback
-
+    args.host = args.host or DEFAULT_HOST
+    try:  # bound once and released, before minutes of model loading
+        check_listen_address(args.host, args.http_port, "--http-port")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if not is_loopback(args.host):
         warning = (f"the HTTP server listens on {args.host}, beyond this machine"
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """``ConfigError`` if ``host:port`` cannot be bound now, before minutes of
-    model loading (the HTTP server binds it again once the engine is ready)."""
-    from engine.config import ConfigError
-
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as e:
-            raise ConfigError(f"--http-port {port}: cannot listen on {host}:{port} "
-                              f"({e.strerror or e}); is another server using it?") from None
 
 
 def _start_http(args, engine, server, secret: bytes):
@@ -411,22 +418,19 @@ def _start_http(args, engine, server, secret: bytes):
 
 
 def run_bench(args) -> int:
-    from engine.bench import BenchConfig, dataset_requests, format_summary, run_bench
+    from engine.bench import BenchConfig, format_summary, run_bench
     from engine.llm_engine import LLMEngine
 
+    # BenchConfig reads the dataset, before the model loads: a bad line is the user's input.
     bench = _from_arguments(BenchConfig, num_prompts=args.num_prompts, input_len=args.input_len,
                             output_len=args.output_len, dataset=args.dataset, seed=args.seed,
                             temperature=args.temperature, warmup=not args.no_warmup)
     config = _engine_config(args)
-    # The dataset is read before the model loads: a bad line is the user's input.
-    requests = (None if args.dataset is None
-                else _from_arguments(dataset_requests, path=args.dataset,
-                                         output_len=args.output_len))
     engine = LLMEngine(config)
     try:
         # A prompt the engine refuses (too long, ids outside the vocabulary)
         # is the user's input too: exit code 2, as in generate.
-        summary = _from_arguments(run_bench, engine=engine, config=bench, requests=requests)
+        summary = _from_arguments(run_bench, engine=engine, config=bench)
     finally:
         engine.shutdown()
     print(json.dumps(summary) if args.json else format_summary(summary), flush=True)

@@ -48,6 +48,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from checkpoint.tokenizer import IncrementalDetokenizer
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutputDelta
+from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.sampling_params import SamplingParams
 from ipc import trace
 from ipc.auth import (
@@ -105,6 +106,37 @@ def _valid_host(host: str) -> bool:
         return True
     except ValueError:
         return host == "*" or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", host) is not None
+
+
+def check_listen_address(host: str, port: int, port_flag: str) -> None:
+    """``ValueError`` unless a TCP server can listen on ``host:port`` now:
+    ``host`` resolves, to an address of this machine, and ``port`` (0: any)
+    is free on it. Run before the model loads, so a host or port that
+    cannot work is the user's input error, not a failure minutes later; the
+    server binds again once the engine is ready. ``port_flag`` names the
+    option the port came from. ZeroMQ's own host forms (``*``, an interface
+    name) are taken as it takes them: every interface, that interface."""
+    if host in {name for _, name in socket.if_nameindex()}:
+        return
+    name = "0.0.0.0" if host == "*" else host.strip("[]")
+    try:
+        addresses = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host} does not resolve ({e.strerror or e})") from None
+    error = None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                probe.bind(address)
+                return
+            except OSError as e:
+                error = e if error is None or e.errno == errno.EADDRINUSE else error
+    if error.errno == errno.EADDRINUSE:
+        raise ValueError(f"{port_flag} {port}: cannot listen on {host}:{port} "
+                         f"({error.strerror}); is another server using it?")
+    raise ValueError(f"--host {host} is not an address of this machine ({error.strerror}); "
+                     f"the default, {DEFAULT_HOST}, serves this machine only")
 
 
 @dataclass(frozen=True)
@@ -429,9 +461,8 @@ class EngineServer:
                token_logprobs, finished: bool, first: bool) -> Delta:
         """``first``: the delta that carries the step's prompt logprobs (they
         come once per request). A stop token that ends the request adds no
-        text (``RequestOutputDelta.ends_on_stop_token``)."""
-        text = route.detokenizer.feed(tokens[:-1] if finished and d.ends_on_stop_token
-                                      else tokens)
+        text (``shown_token_ids``)."""
+        text = route.detokenizer.feed(shown_token_ids(d, tokens, through_end=finished))
         if finished:  # release what the detokenizer held back (an incomplete character)
             text += route.detokenizer.finish()
         logprobs = None

@@ -3,7 +3,9 @@
 Exactly one constraint per request: ``json`` (a JSON schema, as a dict or
 its text), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark or
 GBNF text) or ``json_object=True`` (any JSON object). ``__post_init__``
-checks the shape (types, exactly one) and raises ``ValueError``; whether a
+checks the shape (types, exactly one) and raises ``ValueError`` (a
+``StructuredOutputsError`` naming the key when one key's value is bad, so a
+front end can name the field its user sent instead); whether a
 schema, regex or grammar compiles is decided by the grammar backend when the
 request enters the engine. ``disable_any_whitespace`` makes JSON compact (no
 whitespace between tokens of the JSON text), as vLLM's option of that name.
@@ -20,6 +22,17 @@ from dataclasses import dataclass
 from typing import Any
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+class StructuredOutputsError(ValueError):
+    """The value of one ``structured_outputs`` key is bad: ``key`` names it
+    and ``problem`` says what is wrong; the text is ``structured_outputs.KEY
+    PROBLEM``."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"structured_outputs.{key} {problem}")
+        self.key = key
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -51,14 +64,14 @@ class StructuredOutputsParams:
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+                raise StructuredOutputsError(name, "must be a non-empty string")
         if self.choice is not None:
             _check_choice(self.choice)
             object.__setattr__(self, "choice", tuple(self.choice))
         if self.json_object not in (None, True, False):
-            raise ValueError("structured_outputs.json_object must be a bool")
+            raise StructuredOutputsError("json_object", "must be a bool")
         if not isinstance(self.disable_any_whitespace, bool):
-            raise ValueError("structured_outputs.disable_any_whitespace must be a bool")
+            raise StructuredOutputsError("disable_any_whitespace", "must be a bool")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StructuredOutputsParams:
@@ -104,21 +117,21 @@ def _schema_text(schema: Any) -> str:
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+            raise StructuredOutputsError("json", f"is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
-        raise ValueError("structured_outputs.json must be a JSON schema (an object), "
-                         f"got {type(schema).__name__}")
+        raise StructuredOutputsError("json", "must be a JSON schema (an object), got "
+                                     f"{type(schema).__name__}")
     try:
         return json.dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"structured_outputs.json cannot be written as JSON: {e}") from None
+        raise StructuredOutputsError("json", f"cannot be written as JSON: {e}") from None
 
 
 def _check_choice(choice: Any) -> None:
     if isinstance(choice, (str, bytes)) or not hasattr(choice, "__iter__"):
-        raise ValueError("structured_outputs.choice must be a list of strings")
+        raise StructuredOutputsError("choice", "must be a list of strings")
     items = list(choice)
     if not items:
-        raise ValueError("structured_outputs.choice must not be empty")
+        raise StructuredOutputsError("choice", "must not be empty")
     if not all(isinstance(c, str) and c for c in items):
-        raise ValueError("structured_outputs.choice must hold non-empty strings")
+        raise StructuredOutputsError("choice", "must hold non-empty strings")

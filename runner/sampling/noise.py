@@ -10,7 +10,9 @@ seed ``s`` sampling the token at position ``p`` is::
 
 so ``0 < u < 1`` holds exactly in float32 (both ``2**-24`` and
 ``1 - 2**-24`` are representable), and the Gumbel noise ``-log(-log(u))`` is
-always finite. Nothing else enters: a seeded request draws the same tokens
+always finite. ``s`` is the seed's 64 bits (a negative seed in two's
+complement), and ``mix`` is a bijection: every signed 64-bit seed is its
+own key. Nothing else enters: a seeded request draws the same tokens
 alone or in any batch, at any row, and every tensor-parallel rank draws the
 same token without talking to the others.
 

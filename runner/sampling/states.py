@@ -22,6 +22,9 @@ Invariants:
 - Unseeded requests get a seed from the sampler's own generator when they
   are added; every rank adds the same requests in the same order, so every
   rank draws the same seeds.
+- A seed is stored as it is, any signed 64-bit value (``SamplingParams``'
+  range): the noise hash reads its 64 bits (``noise.py``), so two different
+  seeds are two different keys.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ _NUM_FLOATS = 6
 # Bits of ``needs_np``: what a slot's request asks of the sampler.
 NEEDS_SAMPLING, NEEDS_PENALTY, NEEDS_MIN_P, NEEDS_TOP_P, NEEDS_TOP_K, NEEDS_LOGPROBS = (
     1 << i for i in range(6))
-_SEED_MASK = (1 << 63) - 1
 SEEDS_AHEAD = 64
 _INT32_MAX = (1 << 31) - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -110,7 +112,7 @@ class SamplingStates:
         self.needs_np[slot] = needs
         self.floats.stage_write(slot, 0, row)
         self.top_k.stage_write_elem(slot, top_k)
-        self.seeds.stage_write_elem(slot, seed & _SEED_MASK)
+        self.seeds.stage_write_elem(slot, seed)
 
     def uses_penalty(self, slot: int) -> bool:
         return bool(self.needs_np[slot] & NEEDS_PENALTY)

@@ -13,7 +13,8 @@ OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
 a bad request (the engine's own validation message; code
 ``context_length_exceeded`` when the prompt does not fit), 401 without the
 key, 404 for a model this server does not serve, 413 for a body too large,
-500 for a failure of the server itself (logged, its text not sent), 503 once
+415 for a body sent as another media type than JSON (``text/plain``, a
+form), 500 for a failure of the server itself (logged, its text not sent), 503 once
 the engine has stopped (the reason's first line; the rest is logged by the
 engine).
 """
@@ -34,7 +35,7 @@ from ipc import trace
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
 from serving.http.fast_lane import FastLane, LaneRoute
-from serving.http.guards import ApiKeyCheck, BodySizeLimit
+from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import CONTENT_TYPE, Metrics
 from serving.http.protocol import (
@@ -44,6 +45,7 @@ from serving.http.protocol import (
     IdsFirstCompletionRequest,
     TokenizeRequest,
     error_body,
+    field_path,
 )
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
@@ -54,6 +56,9 @@ from serving.http.trace_marks import TracedApp
 from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# The routes whose body is a JSON object (refused with 415 under another media type).
+JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize",
+                              "/detokenize"})
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ async def _answer(work) -> Response:
     except UnknownModelError as e:
         return error_response(404, str(e), param="model", code="model_not_found")
     except ValueError as e:
-        return error_response(400, str(e), code=getattr(e, "code", None))
+        return error_response(400, str(e), param=getattr(e, "param", None),
+                              code=getattr(e, "code", None))
     except EngineStoppedError as e:
         return engine_stopped_response(e)
     except ClientDisconnected:
@@ -155,6 +161,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
         "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion)})
     guarded = BodySizeLimit(lane, max_body_bytes)
+    guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
     guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
     logged = AccessLog(guarded) if access_log else guarded
     return TracedApp(logged) if trace.enabled else logged
@@ -173,9 +180,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         loc = list(first.get("loc", ()))
         if loc[:1] == ["body"]:
             loc = loc[1:]
-        # A field path starts with a field's name; a bare number is where in
-        # the body the JSON broke, not a field.
-        where = ".".join(str(p) for p in loc) if loc and isinstance(loc[0], str) else ""
+        where = field_path(loc)
         message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
         if first.get("type") == "json_invalid":
             message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', '?')})"

@@ -16,7 +16,7 @@ gives, and the app's other routes and its OpenAPI schema are untouched.
 
 Invariant: a body the lane accepts is one the FastAPI route accepts, and
 validates to an equal request. The lane takes only what FastAPI would read
-as JSON (no ``Content-Type``, or ``application/json``), and its models
+as JSON (no ``Content-Type``, or a JSON one), and its models
 accept the same bodies as the routes' (``create_app`` gives it
 ``CompletionRequest``'s twin ``IdsFirstCompletionRequest``, and
 ``ChatCompletionRequest`` itself).
@@ -31,6 +31,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving.http.guards import content_type_of, is_json_media_type
 
 Handler = Callable[[BaseModel, Request], Awaitable[Response]]
 
@@ -69,17 +71,14 @@ class FastLane:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             return None
         route = self.routes.get(scope["path"])
-        return route if route is not None and _is_json(scope["headers"]) else None
+        return route if route is not None and _is_json(scope) else None
 
 
-def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether FastAPI reads this body as JSON, in the plain cases: no
-    ``Content-Type`` or ``application/json`` (parameters aside). The first
-    ``Content-Type`` header counts, as for FastAPI."""
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return True
+def _is_json(scope: Scope) -> bool:
+    """Whether FastAPI reads this body as JSON: no ``Content-Type``, or a
+    JSON one (``guards.is_json_media_type``)."""
+    content_type = content_type_of(scope)
+    return content_type is None or is_json_media_type(content_type)
 
 
 async def _read_body(receive: Receive) -> tuple[list[Message], bytes | None]:

@@ -4,6 +4,12 @@ middlewares (they never wrap a streaming response).
 ``ApiKeyCheck``: with a key set, every path under ``/v1`` needs
 ``Authorization: Bearer KEY`` (compared in constant time), else 401.
 
+``JsonContentType``: a ``POST`` to a route that takes a JSON body, sent
+with a ``Content-Type`` that is not JSON (``text/plain``, a form), is
+refused with 415 before its body is read, as vLLM's server refuses it. A
+body sent without a ``Content-Type`` is read as JSON (FastAPI's rule), and
+JSON that does not parse stays the route's 400.
+
 ``BodySizeLimit`` refuses request bodies above a size limit (413). A declared ``Content-Length`` above the limit is refused before the body is
 read; a body without one (chunked) is read up to the limit and refused as
 soon as it passes it. The body that fits is handed to the app unchanged;
@@ -68,6 +74,44 @@ async def send_error(send: Send, status: int, body: bytes) -> None:
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def is_json_media_type(content_type: bytes) -> bool:
+    """Whether FastAPI reads a body of this ``Content-Type`` as JSON:
+    ``application/json`` or ``application/*+json``, parameters and case
+    aside."""
+    media_type = content_type.split(b";", 1)[0].strip().lower()
+    kind, _, subtype = media_type.partition(b"/")
+    return kind == b"application" and (subtype == b"json" or subtype.endswith(b"+json"))
+
+
+def content_type_of(scope: Scope) -> bytes | None:
+    """The request's first ``Content-Type`` header (the one FastAPI reads),
+    or None."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-type":
+            return value
+    return None
+
+
+class JsonContentType:
+    def __init__(self, app: ASGIApp, paths: frozenset[str]) -> None:
+        self.app = app
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] == "POST"
+                and scope["path"] in self.paths):
+            content_type = content_type_of(scope)
+            if content_type is not None and not is_json_media_type(content_type):
+                shown = content_type.decode("latin-1")
+                body = json.dumps(error_body(
+                    f"unsupported media type {shown!r}: the body must be JSON, sent with "
+                    "'Content-Type: application/json'",
+                    code="unsupported_media_type")).encode()
+                await send_error(send, 415, body)
+                return
+        await self.app(scope, receive, send)
 
 
 class ApiKeyCheck:

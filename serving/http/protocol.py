@@ -12,6 +12,8 @@ serving code; ``error_body`` is the one error shape every route uses.
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -205,6 +207,56 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[Int64]
+
+
+def _models_in(annotation) -> Iterator[type[BaseModel]]:
+    """The pydantic models an annotation holds (in unions, lists, dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
+def _field_names(*models: type[BaseModel]) -> frozenset[str]:
+    """Every field name of ``models`` and of the models their fields hold."""
+    names: set[str] = set()
+    seen: set[type[BaseModel]] = set()
+    todo = list(models)
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, info in model.model_fields.items():
+            names.add(name)
+            todo.extend(_models_in(info.annotation))
+    return frozenset(names)
+
+
+REQUEST_FIELD_NAMES = _field_names(CompletionRequest, ChatCompletionRequest, TokenizeRequest,
+                                   DetokenizeRequest)
+
+
+def field_path(loc: typing.Sequence[str | int]) -> str:
+    """A validation error's location below the body as the client's field
+    path: field names and list indices, joined by dots. Pydantic also puts
+    the label of the union member it tried (``str``,
+    ``list[constrained-int]``) in a location; a label names no field and is
+    left out, so an error in ``prompt`` is reported at ``prompt`` whichever
+    member failed. A location that does not start with a field name (where
+    in the body the JSON broke, or the body as a whole) gives ""."""
+    if not loc or loc[0] not in REQUEST_FIELD_NAMES:
+        return ""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or p in REQUEST_FIELD_NAMES)
+
+
+class FieldError(ValueError):
+    """A bad value of one request field: ``param`` is the field's path as
+    the client sent it, the error body's ``param``."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]

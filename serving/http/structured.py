@@ -7,43 +7,59 @@ OpenAI's ``response_format`` (``{"type": "text"}``, ``{"type":
 ``regex``, ``choice``, ``grammar``, ``json_object``,
 ``disable_any_whitespace``) and vLLM's older ``guided_json``,
 ``guided_regex``, ``guided_choice`` and ``guided_grammar``. The result is
-the ``structured_outputs`` entry of the engine's sampling parameters, whose
-own checks then apply; whether it compiles is the engine's verdict.
+the ``structured_outputs`` entry of the engine's sampling parameters. Its
+shape is checked here with the engine's own rules, and a bad value is a
+``FieldError`` named by the field the client sent it in
+(``response_format.json_schema.schema``, ``guided_json``, ...), never by the
+engine's key; whether it compiles is the engine's verdict.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from engine.structured_outputs.params import StructuredOutputsError, StructuredOutputsParams
+from serving.http.protocol import FieldError
+
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}
+_SCHEMA = "response_format.json_schema.schema"
 
 
 def structured_outputs_of(request) -> dict[str, Any] | None:
     """The constraint as a ``StructuredOutputsParams`` dict, or None."""
-    found: list[tuple[str, dict[str, Any]]] = []
+    # (the field it came in, the constraint, the field path of each engine key)
+    found: list[tuple[str, dict[str, Any], dict[str, str]]] = []
     response_format = _from_response_format(request.response_format)
     if response_format is not None:
-        found.append(("response_format", response_format))
+        found.append(("response_format", response_format, {"json": _SCHEMA}))
     if request.structured_outputs is not None:
         if not isinstance(request.structured_outputs, dict):
-            raise ValueError("structured_outputs must be an object")
-        found.append(("structured_outputs", dict(request.structured_outputs)))
+            raise FieldError("structured_outputs", "structured_outputs must be an object")
+        found.append(("structured_outputs", dict(request.structured_outputs), {}))
     for field, kind in _GUIDED.items():
         value = getattr(request, field)
         if value is not None:
-            found.append((field, {kind: value}))
+            found.append((field, {kind: value}, {kind: field}))
     if len(found) > 1:
-        names = ", ".join(name for name, _ in found)
+        names = ", ".join(name for name, _, _ in found)
         raise ValueError(f"give one structured-output constraint per request, got {names}")
-    return found[0][1] if found else None
+    if not found:
+        return None
+    name, constraint, paths = found[0]
+    try:
+        StructuredOutputsParams.from_dict(constraint)
+    except StructuredOutputsError as e:
+        where = paths.get(e.key, f"{name}.{e.key}")
+        raise FieldError(where, f"{where} {e.problem}") from None
+    return constraint
 
 
 def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict):
-        raise ValueError("response_format must be an object")
+        raise FieldError("response_format", "response_format must be an object")
     kind = fmt.get("type")
     if kind == "text":
         return None
@@ -52,8 +68,10 @@ def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
-            raise ValueError('response_format {"type": "json_schema"} needs '
+            raise FieldError("response_format.json_schema",
+                             'response_format {"type": "json_schema"} needs '
                              '"json_schema": {"name": ..., "schema": {...}}')
         return {"json": spec["schema"]}
-    raise ValueError(f"response_format type must be text, json_object or json_schema, "
+    raise FieldError("response_format.type",
+                     f"response_format type must be text, json_object or json_schema, "
                      f"got {kind!r}")

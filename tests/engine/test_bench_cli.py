@@ -119,3 +119,32 @@ def test_bench_config_is_validated():
         BenchConfig(num_prompts=0)
     with pytest.raises(ValueError, match="temperature"):
         BenchConfig(temperature=-1.0)
+
+
+@pytest.mark.timeout(120)
+def test_the_dataset_is_read_once_when_the_config_is_made(tmp_path):
+    """One code path reads a dataset: BenchConfig, when it is made (a bad line
+    is refused there, before any engine exists); run_bench runs what it read,
+    so the file may be gone by then."""
+    from engine.bench import BenchRequest, run_bench
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n[1, 2]\n')
+    with pytest.raises(ValueError, match=f"^{bad}:2: each line must be a JSON object$"):
+        BenchConfig(dataset=str(bad))
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(json.dumps({"prompt_token_ids": [5, 6, 7]}) + "\n"
+                       + json.dumps({"prompt_token_ids": [8, 9], "max_tokens": 2}) + "\n")
+    config = BenchConfig(dataset=str(dataset), output_len=3, warmup=False)
+    assert config.from_dataset == (BenchRequest({"prompt_token_ids": [5, 6, 7]}, 3),
+                                   BenchRequest({"prompt_token_ids": [8, 9]}, 2))
+    dataset.unlink()
+    engine = LLMEngine(EngineConfig(model="tiny", device="cpu"))
+    try:
+        summary = run_bench(engine, config, progress=False)
+    finally:
+        engine.shutdown()
+    assert summary["num_requests"] == 2
+    assert summary["total_input_tokens"] == 3 + 2 and summary["total_output_tokens"] == 3 + 2

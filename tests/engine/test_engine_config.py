@@ -77,6 +77,27 @@ def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, matc
     assert no_workers == []
 
 
+def test_attach_workers_dir_must_be_private_before_any_worker(no_workers, tmp_path):
+    """Whoever can enter the directory can reach its sockets: a directory
+    others may enter, and a file, are refused before the model loads; a
+    missing one passes (the executor makes it, mode 0700), as does 0700."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    shared.chmod(0o750)
+    (tmp_path / "file").write_text("")
+    for path, match in [(shared, f"attach_workers_dir {shared} must be private to its owner "
+                                 r"\(mode 750; chmod 700"),
+                        (tmp_path / "file", "is not a directory")]:
+        with pytest.raises(ConfigError, match=match):
+            LLM(model="tiny", device="cpu", tensor_parallel_size=2, attach_workers_dir=str(path))
+    assert no_workers == []
+    shared.chmod(0o700)
+    for path in (shared, tmp_path / "missing"):
+        EngineConfig(model="tiny", device="cpu", tensor_parallel_size=2, executor="mp",
+                     attach_workers_dir=str(path)).check_machine()
+    assert not (tmp_path / "missing").exists()
+
+
 @pytest.mark.parametrize("overrides, tp, match", [
     ({}, 2, "9 attention heads, which do not divide by the tensor-parallel size 2"),
     ({"num_attention_heads": 6, "num_key_value_heads": 3}, 2, "3 KV heads"),

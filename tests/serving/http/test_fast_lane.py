@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from serving.http.fast_lane import FastLane, LaneRoute
+from serving.http.guards import JsonContentType
 from serving.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -242,9 +243,46 @@ def test_anything_else_reaches_the_app_with_its_body(method, path, chunks, heade
 
 
 @pytest.mark.parametrize("content_type", [b"application/json", b"Application/JSON",
-                                          b"application/json; charset=utf-8", None])
+                                          b"application/json; charset=utf-8",
+                                          b"application/vnd.api+json", None])
 def test_json_content_types_take_the_lane(content_type):
     lane, recorder, handled = _lane_app()
     headers = [] if content_type is None else [(b"content-type", content_type)]
     status, answer = _drive(lane, "POST", "/v1/completions", [b'{"prompt": [1]}'], headers)
     assert answer["by"] == "lane" and len(handled) == 1
+
+
+@pytest.mark.parametrize("content_type, refused", [
+    (b"text/plain", True),
+    (b"application/x-www-form-urlencoded", True),
+    (b"multipart/form-data; boundary=x", True),
+    (b"json", True),
+    (b"", True),
+    (b"application/json", False),
+    (b" application/JSON ; charset=utf-8", False),
+    (b"application/problem+json", False),
+    (None, False),  # FastAPI reads a body without a Content-Type as JSON
+])
+def test_a_body_route_refuses_a_media_type_other_than_json_with_415(content_type, refused):
+    recorder = _Recorder()
+    guard = JsonContentType(recorder, frozenset({"/v1/completions"}))
+    headers = [] if content_type is None else [(b"content-type", content_type)]
+    status, answer = _drive(guard, "POST", "/v1/completions", [b'{"prompt": [1]}'], headers)
+    if refused:
+        assert status == 415 and recorder.calls == []
+        assert answer["error"]["code"] == "unsupported_media_type"
+        assert set(answer["error"]) == {"message", "type", "param", "code"}
+        assert repr(content_type.decode()) in answer["error"]["message"]
+    else:
+        assert (status, answer) == (200, {"by": "app"})
+        assert recorder.calls == [("POST", "/v1/completions", b'{"prompt": [1]}')]
+
+
+def test_other_routes_and_methods_pass_the_media_type_guard():
+    recorder = _Recorder()
+    guard = JsonContentType(recorder, frozenset({"/v1/completions"}))
+    text = [(b"content-type", b"text/plain")]
+    for method, path in [("POST", "/v1/other"), ("GET", "/v1/completions")]:
+        assert _drive(guard, method, path, [b"x"], text) == (200, {"by": "app"})
+    assert [call[:2] for call in recorder.calls] == [("POST", "/v1/other"),
+                                                      ("GET", "/v1/completions")]

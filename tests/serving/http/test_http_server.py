@@ -265,6 +265,28 @@ def test_bad_requests_are_400(server, client, fields, message):
         client.completions.create(**body)
 
 
+@pytest.mark.parametrize("route, fields, param", [
+    ("completions", {"prompt": None}, "prompt"),
+    ("completions", {"prompt": [2**63]}, "prompt"),
+    ("completions", {"prompt": [[1], [2**64]]}, "prompt"),
+    ("completions", {"prompt": "hi", "stop": 5}, "stop"),
+    ("completions", {"prompt": "hi", "stream_options": {"include_usage": "maybe"}},
+     "stream_options.include_usage"),
+    ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
+])
+def test_a_bad_field_is_named_as_the_client_sent_it(server, route, fields, param):
+    """Pydantic puts the label of each union member it tried (``str``,
+    ``list[str]``) in an error's location: the error names the field the
+    client sent, never such a label."""
+    body = {"model": "tiny", "max_tokens": 2, **fields}
+    response = httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {KEY}"})
+    error = _error(response, 400)
+    assert error["param"] == param, error
+    assert error["message"].startswith(f"{param}: "), error
+
+
 def test_unknown_model_is_404_and_a_long_prompt_says_so(server, client):
     with pytest.raises(openai.NotFoundError, match="not served here") as info:
         client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
@@ -287,6 +309,24 @@ def test_malformed_bodies_are_400_without_server_internals(server):
     error = _error(httpx.post(url, content='{"model": "tiny", "prompt": ', headers=headers,
                               timeout=60), 400)
     assert error["message"].startswith("the body is not valid JSON")
+
+
+def test_a_body_that_is_not_sent_as_json_is_415(server):
+    """As vLLM: a valid body sent as text or as a form is refused with 415
+    Unsupported Media Type, on every route that reads a JSON body; a JSON
+    media type (``+json`` too) is served."""
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2, "temperature": 0})
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        for media_type in ("text/plain", "application/x-www-form-urlencoded"):
+            response = httpx.post(f"{server.url}{path}", content=body, timeout=60,
+                                  headers={**auth, "Content-Type": media_type})
+            error = _error(response, 415)
+            assert error["code"] == "unsupported_media_type", error
+            assert "application/json" in error["message"]
+    response = httpx.post(f"{server.url}/v1/completions", content=body, timeout=60,
+                          headers={**auth, "Content-Type": "application/vnd.api+json"})
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
 
 
 def test_extreme_sampling_values_are_served_and_the_engine_lives(server, client):

@@ -127,6 +127,36 @@ def _error(response: httpx.Response) -> dict:
     return error
 
 
+_SCHEMA = "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize("fields, param, problem", [
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": "{not json"}}},
+     _SCHEMA, "is not valid JSON"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+     _SCHEMA, "must be a JSON schema (an object), got list"),
+    ({"guided_json": "{not json"}, "guided_json", "is not valid JSON"),
+    ({"guided_choice": []}, "guided_choice", "must not be empty"),
+    ({"guided_regex": ""}, "guided_regex", "must be a non-empty string"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json",
+     "is not valid JSON"),
+    ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs.choice",
+     "must hold non-empty strings"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type", "type must be"),
+])
+def test_a_bad_constraint_is_named_by_the_field_it_was_sent_in(server, fields, param, problem):
+    """The error's param and message name the field the client sent, never
+    the engine's structured_outputs key it was mapped to."""
+    body = {"model": "tiny", "max_tokens": 4, "prompt": "hi", **fields}
+    error = _error(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
+    assert error["param"] == param, error
+    assert problem in error["message"], error
+    assert error["message"].startswith(param.rsplit(".", 1)[0]), error
+    if not param.startswith("structured_outputs"):
+        assert "structured_outputs" not in error["message"], error
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"response_format": {"type": "json_schema",
                           "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
