@@ -2,26 +2,31 @@
 as the rule says, written out per row in plain Python (allowed ids kept,
 every other -inf, then each bias added), before the penalties; greedy rows
 take the argmax of that; sampled rows never leave the allowed set; a reused
-slot starts clean; the table widens past its first width."""
+slot starts clean; the table widens past its first width. On the CPU, and
+on the GPU where there is one."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from ipc.messages import SamplingOptions
 from runner.sampler import Sampler
+from tests.helpers.kernel_device import KERNEL_DEVICE
 from tests.helpers.sampler_writes import write_added_requests
 
-CPU = torch.device("cpu")
 VOCAB = 40
+DEVICES = sorted({torch.device("cpu"), KERNEL_DEVICE}, key=str)
+on_devices = pytest.mark.parametrize("device", DEVICES, ids=str)
 
 
-def _sampler(requests: dict[int, SamplingOptions], max_reqs: int = 8) -> Sampler:
-    sampler = Sampler(max_reqs, VOCAB, CPU, 0)
+def _sampler(requests: dict[int, SamplingOptions], device: torch.device,
+             max_reqs: int = 8) -> Sampler:
+    sampler = Sampler(max_reqs, VOCAB, device, 0)
     for slot, options in requests.items():
         sampler.add_request(slot, options, 1, 1)
-    write_added_requests(sampler, torch.zeros(max_reqs, 8, dtype=torch.int32))
+    write_added_requests(sampler, torch.zeros(max_reqs, 8, dtype=torch.int32, device=device))
     return sampler
 
 
@@ -34,12 +39,16 @@ def _expected_row(logits: list[float], options: SamplingOptions) -> list[float]:
 
 
 def _draw(sampler: Sampler, logits: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    device = sampler.token_keys.device
     idx = np.asarray(slots, dtype=np.int32)
-    return sampler(logits, torch.from_numpy(idx), idx, torch.arange(len(slots)) + 1,
-                   torch.ones(len(slots), dtype=torch.bool)).sampled_token_ids
+    return sampler(logits.to(device), torch.from_numpy(idx).to(device), idx,
+                   (torch.arange(len(slots)) + 1).to(device),
+                   torch.ones(len(slots), dtype=torch.bool, device=device)
+                   ).sampled_token_ids.cpu()
 
 
-def test_rows_are_biased_and_restricted_as_written_out():
+@on_devices
+def test_rows_are_biased_and_restricted_as_written_out(device):
     requests = {
         0: SamplingOptions(temperature=0.0, logit_bias={3: 50.0, 0: -2.5, 7: 1.0}),
         1: SamplingOptions(temperature=0.0, allowed_token_ids=[0, 9, 17, 33]),
@@ -47,12 +56,12 @@ def test_rows_are_biased_and_restricted_as_written_out():
                            logit_bias={6: 4.0, 12: 99.0}),  # 12 is not allowed: stays -inf
         3: SamplingOptions(temperature=0.0),
     }
-    sampler = _sampler(requests)
+    sampler = _sampler(requests, device)
     gen = torch.Generator().manual_seed(3)
     slots = [2, 0, 3, 1, 0]
     logits = torch.randn(len(slots), VOCAB, generator=gen).to(torch.bfloat16)
-    idx = torch.tensor(slots)
-    got = sampler.logit_bias.apply(logits, idx)
+    idx = torch.tensor(slots, device=device)
+    got = sampler.logit_bias.apply(logits.to(device), idx).cpu()
     assert got.dtype == torch.float32
     for i, slot in enumerate(slots):
         want = _expected_row(logits[i].float().tolist(), requests[slot])
@@ -64,15 +73,16 @@ def test_rows_are_biased_and_restricted_as_written_out():
     assert tokens[1] == tokens[4] == 3 and tokens[2] == int(logits[2].float().argmax())
 
 
-def test_bias_comes_before_the_repetition_penalty():
+@on_devices
+def test_bias_comes_before_the_repetition_penalty(device):
     """vLLM's order: the bias first, then the penalty divides the (now
     positive) logit of a token seen in the prompt."""
     options = SamplingOptions(temperature=0.0, logit_bias={4: 3.0}, repetition_penalty=2.0)
-    sampler = Sampler(4, VOCAB, CPU, 0)
+    sampler = Sampler(4, VOCAB, device, 0)
     sampler.add_request(0, options, 1, 1)
     table = torch.zeros(4, 8, dtype=torch.int32)
     table[0, 0] = 4  # the prompt is token 4
-    write_added_requests(sampler, table)
+    write_added_requests(sampler, table.to(device))
     logits = torch.full((1, VOCAB), -5.0)
     logits[0, 4] = 1.0  # biased: 4.0, penalised: 2.0
     logits[0, 9] = 2.5  # unbiased, unseen: 2.5
@@ -81,23 +91,28 @@ def test_bias_comes_before_the_repetition_penalty():
     assert _draw(sampler, logits, [0]).tolist() == [4]
 
 
-def test_sampled_rows_stay_in_the_allowed_set():
+@on_devices
+def test_sampled_rows_stay_in_the_allowed_set(device):
     allowed = [2, 11, 23, 39]
-    sampler = _sampler({1: SamplingOptions(temperature=1.5, seed=7, allowed_token_ids=allowed)})
+    sampler = _sampler({1: SamplingOptions(temperature=1.5, seed=7, allowed_token_ids=allowed)},
+                       device)
     logits = torch.randn(400, VOCAB, generator=torch.Generator().manual_seed(5))
     tokens = _draw(sampler, logits, [1] * 400).tolist()
     assert set(tokens) <= set(allowed) and len(set(tokens)) == len(allowed)
 
 
-def test_reused_slot_starts_clean_and_the_table_widens():
+@on_devices
+def test_reused_slot_starts_clean_and_the_table_widens(device):
     many = {t: 0.5 for t in range(20)}  # wider than the first table
-    sampler = _sampler({0: SamplingOptions(logit_bias=many, allowed_token_ids=list(range(30)))})
+    sampler = _sampler({0: SamplingOptions(logit_bias=many, allowed_token_ids=list(range(30)))},
+                       device)
     assert sampler.logit_bias.allowed.shape[1] >= 30
-    logits = torch.zeros(1, VOCAB)
-    row = sampler.logit_bias.apply(logits, torch.tensor([0]))[0]
+    logits = torch.zeros(1, VOCAB, device=device)
+    slot = torch.tensor([0], device=device)
+    row = sampler.logit_bias.apply(logits, slot)[0].cpu()
     assert row[:20].tolist() == [0.5] * 20 and row[20:30].tolist() == [0.0] * 10
     assert torch.isinf(row[30:]).all()
     sampler.add_request(0, SamplingOptions(temperature=0.0), 1, 1)  # the slot reused
-    write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32))
+    write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
     assert not sampler.logit_bias.any_active(np.array([0]))
-    assert sampler.logit_bias.apply(logits, torch.tensor([0]))[0].tolist() == [0.0] * VOCAB
+    assert sampler.logit_bias.apply(logits, slot)[0].tolist() == [0.0] * VOCAB
