@@ -45,4 +45,6 @@ class Grammar:
         return self.matcher.is_error()
 
     def error(self) -> str:
-        return self.matcher.get_error()
+        """Why the matcher refused a token, on one line: the first line of
+        llguidance's message (the rest is its parser state and grammar)."""
+        return self.matcher.get_error().strip().split("\n", 1)[0]

@@ -65,6 +65,8 @@ def test_regex_masks_step_by_step_and_eos_only_at_the_end(manager):
     assert g.num_tokens == 1 and not g.is_terminated()
     assert allowed(manager, reqs, ["r"]) == [[ord("b"), ord("c")]]
     assert not g.accept(ord("z")) and g.is_error()
+    # Why, on one line (llguidance's parser state and grammar left out).
+    assert '"z"' in g.error() and "\n" not in g.error() and "<grammar>" not in g.error()
 
 
 def test_choice_and_rows_of_requests_that_are_gone(manager):
