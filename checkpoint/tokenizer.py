@@ -4,7 +4,8 @@ BOS: when ``tokenizer_config.json`` has ``add_bos_token``, that flag alone
 decides (the tokenizer's own post-processor is bypassed, so BOS is never
 doubled). When the key is absent, ``tokenizer.json``'s post-processor
 decides, as in Hugging Face (a plain byte-level tokenizer adds nothing).
-``decode`` skips special tokens.
+``decode`` skips special tokens unless told not to (vLLM's
+``skip_special_tokens``).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self.hf.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token_id: int | None) -> str | None:
         """The text of one token id (special tokens included), e.g. for a
@@ -107,14 +108,16 @@ class IncrementalDetokenizer:
     Keeps a window ``[prefix_offset, read_offset)`` of already released
     tokens before the unreleased ones and decodes only the window, so each
     step costs O(window), not O(output). The concatenated pieces, ``finish()``
-    included, equal ``tokenizer.decode(output ids)`` for byte-level
-    tokenizers.
+    included, equal ``tokenizer.decode(output ids, skip_special_tokens)``
+    for byte-level tokenizers.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
+                 skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
-        if tokenizer.decode(self._ids).endswith("\ufffd"):
+        if self._decode(self._ids).endswith("\ufffd"):
             # The prompt ends inside a character (a token-id prompt): the
             # output's first bytes would complete it and vanish into it.
             self._ids = []
@@ -123,12 +126,15 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._ids)
         self.output_text = ""
 
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, self.skip_special_tokens)
+
     def finish(self) -> str:
         """The text held back so far (an incomplete character at the end
         of a finished output), so that ``output_text`` becomes the full
         decode of the output ids; "" when the full decode does not extend
         what was released."""
-        full = self.tokenizer.decode(self._ids[self._num_context :])
+        full = self._decode(self._ids[self._num_context :])
         rest = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
         self.output_text += rest
         return rest
@@ -136,7 +142,7 @@ class IncrementalDetokenizer:
     def feed(self, token_ids: list[int]) -> str:
         """Add new tokens; return the text they complete (may be "")."""
         self._ids.extend(token_ids)
-        decode = self.tokenizer.decode
+        decode = self._decode
         prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = decode(self._ids[self._prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):

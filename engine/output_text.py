@@ -32,7 +32,9 @@ class OutputText:
         self.stop_string: str | None = None  # the stop string met, once met
         self._matcher = (StopStringMatcher(params.stop, params.include_stop_str_in_output)
                          if params.stop else None)
-        self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids)
+        self.skip_special_tokens = params.skip_special_tokens
+        self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids,
+                                                    params.skip_special_tokens)
                              if params.stop else None)
 
     def add(self, delta: RequestOutputDelta) -> None:
@@ -63,7 +65,8 @@ class OutputText:
         """The output has ended with ``delta`` (not at a stop string ``add``
         found): its whole text, cut at a stop string the held-back tail holds."""
         if self._matcher is None:
-            self.text = self.tokenizer.decode(shown_token_ids(delta, self.token_ids, True))
+            self.text = self.tokenizer.decode(shown_token_ids(delta, self.token_ids, True),
+                                              self.skip_special_tokens)
             return
         rest = self._detokenizer.finish()  # an incomplete character, completed or not
         if len(self.token_ids) <= self.min_tokens:

@@ -8,7 +8,9 @@ run ``n`` engine requests, ``choices``, and cut each one's text at its stop
 strings, with them where ``include_stop_str_in_output``; the engine reads
 neither, and its endpoint takes only ``n`` 1 and no ``stop``).
 ``truncate_prompt_tokens`` k keeps a prompt's last k tokens
-(``truncated_prompt``, where the request enters the engine). Adding a
+(``truncated_prompt``, where the request enters the engine);
+``skip_special_tokens`` False shows special tokens' text in the output
+(the detokenizers of ``LLM`` and of the engine's endpoint). Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in
 ``problems``), an engine-only one below; both then reach ``LLM``, the HTTP
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
@@ -62,6 +64,7 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     max_tokens: int | None = 16
     stop: tuple[str, ...] | list[str] | str = ()
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
     stop_token_ids: tuple[int, ...] | list[int] = ()
     ignore_eos: bool = False
@@ -104,7 +107,7 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         bad = [t for t in stop_ids if not _is_int(t) or t < 0]
         if bad:
             raise ValueError(f"stop_token_ids must be non-negative ints, got {bad!r}")
-        for name in ("ignore_eos", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         k = self.truncate_prompt_tokens

@@ -396,7 +396,8 @@ class EngineServer:
         except Exception as e:
             self._refuse(identity, message, e)
             return
-        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids)
+        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids,
+                                             params.skip_special_tokens)
         self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
         self.engine_ids[(identity, message.request_id)] = engine_id
         if trace.enabled:

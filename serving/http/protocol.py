@@ -57,6 +57,7 @@ class SamplingFields(BaseModel):
     allowed_token_ids: list[Int64] | None = None
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Int64 | None = None
+    skip_special_tokens: bool = True
     # vLLM's extra this server does not implement (refused when set).
     bad_words: list[str] | None = None
 

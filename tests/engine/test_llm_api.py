@@ -164,3 +164,20 @@ def test_allowed_ids_and_bias_follow_transformers_logits(tmp_path):
         [out] = llm.generate({"prompt_token_ids": prompt},
                              _greedy(max_tokens=6, allowed_token_ids=allowed, logit_bias=bias))
     assert out.outputs[0].token_ids == tokens[len(prompt):]
+
+
+@pytest.mark.timeout(300)
+def test_skip_special_tokens_false_shows_them_as_transformers_decodes(llm, tmp_path):
+    from transformers import AutoTokenizer
+
+    from checkpoint.tiny_model import EOS
+
+    hf = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path)))
+    forced = {EOS: 100.0}  # a special token, not a stop here (ignore_eos)
+    for stop in ([], ["never-here"]):  # decoded at the end, and token by token
+        outs = [llm.generate(PROMPT, _greedy(max_tokens=3, logit_bias=forced, stop=stop,
+                                             skip_special_tokens=skip))[0].outputs[0]
+                for skip in (True, False)]
+        assert outs[0].token_ids == outs[1].token_ids == [EOS] * 3
+        assert outs[0].text == hf.decode([EOS] * 3, skip_special_tokens=True) == ""
+        assert outs[1].text == hf.decode([EOS] * 3, skip_special_tokens=False) != ""

@@ -407,3 +407,20 @@ def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     [whole] = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=3,
                                                         truncate_prompt_tokens=3))
     assert whole.prompt_token_ids == kept and whole.outputs[0].token_ids == ref.token_ids
+
+
+def test_skip_special_tokens_false_shows_them(reference, client):
+    """vLLM's ``skip_special_tokens``: False puts special tokens' text in
+    the answer, whole and streamed, as the tokenizer decodes them."""
+    from checkpoint.tiny_model import EOS
+
+    tokenizer = reference.get_tokenizer()
+    kw = dict(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+              logit_bias={str(EOS): 100})
+    for skip in (True, False):
+        extra = {"ignore_eos": True, "skip_special_tokens": skip}
+        whole = client.completions.create(extra_body=extra, **kw).choices[0].text
+        streamed = "".join(c.choices[0].text for c in client.completions.create(
+            stream=True, extra_body=extra, **kw))
+        assert whole == streamed == tokenizer.decode([EOS] * 3, skip_special_tokens=skip)
+    assert whole  # the special token has text, shown only when asked
