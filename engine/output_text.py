@@ -7,8 +7,10 @@ token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
 ``LLM`` can end the request the step its text meets one. The token whose
 text completes the stop string is the last one kept (tokens after it in
 the same step are dropped, as vLLM drops them), and the text ends before
-the stop string (after it with ``include_stop_str_in_output``). As vLLM, text of the first ``min_tokens`` tokens ends no
-stop string, though one may begin in it (``StopStringMatcher.release``).
+the stop string (after it with ``include_stop_str_in_output``). As vLLM,
+text of the first ``min_tokens`` tokens ends no stop string, though one
+may begin in it (``StopStringMatcher.release``). Both decode as
+``skip_special_tokens`` says.
 
 In both, the text of the stop token that ended an output is left out, and
 its id kept (``engine.outputs.shown_token_ids``).

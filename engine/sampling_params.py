@@ -22,11 +22,12 @@ are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
 None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
 stop strings not empty; ``logit_bias`` a dict of int ids to numbers and
-``allowed_token_ids`` a list of ints, each within its bounds). ``top_k == -1`` is stored as 0, ``stop_token_ids``
-and ``stop`` as tuples (one string as a tuple of one). ``max_tokens`` None:
-as many as the context leaves after the prompt (``LLMEngine.new_request``
-sets the number). ``structured_outputs`` (engine only: the
-workers get the grammar's bitmask, not the constraint) is None or a
+``allowed_token_ids`` a list of ints, each within its bounds).
+``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
+(one string as a tuple of one). ``max_tokens`` None: as many as the
+context leaves after the prompt (``LLMEngine.new_request`` sets the
+number). ``structured_outputs`` (engine only: the workers get the
+grammar's bitmask, not the constraint) is None or a
 ``StructuredOutputsParams`` (a dict is converted; its own checks apply).
 """
 
