@@ -176,7 +176,10 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         """The ``n`` engine requests of these parameters, each with ``n`` 1:
         with a ``seed``, choice i samples with seed + i (wrapped into the
         64-bit range), so the choices differ yet the whole answer is
-        reproducible; without one, each draws its own."""
+        reproducible; without one, each draws its own. With ``n`` 1: these
+        parameters themselves (nothing to copy or check again)."""
+        if self.n == 1:
+            return [self]
         fields = self.to_dict()
         fields["n"] = 1
         return [SamplingParams.from_dict(dict(fields, seed=_choice_seed(self.seed, i)))

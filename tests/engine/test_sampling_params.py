@@ -97,7 +97,8 @@ def test_choices_seed_plus_index_wrapped():
     assert [c.seed for c in choices] == [top - 1, top, -(2**63)]
     assert all(c.n == 1 and c.temperature == 0.5 and c.stop == ("x",) for c in choices)
     assert [c.seed for c in SamplingParams(n=2).choices()] == [None, None]
-    assert SamplingParams().choices() == [SamplingParams()]
+    one = SamplingParams(seed=3)
+    assert one.choices() == [one] and one.choices()[0] is one
 
 
 def test_unknown_keyword():
