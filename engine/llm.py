@@ -13,7 +13,12 @@ from checkpoint.chat_template import chat_prompt_ids
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.output_text import OutputText
-from engine.outputs import CompletionOutput, RequestOutput, RequestOutputDelta
+from engine.outputs import (
+    CompletionOutput,
+    RequestOutput,
+    RequestOutputDelta,
+    cumulative_logprob,
+)
 from engine.progress import RequestProgress
 from engine.sampling_params import SamplingParams
 
@@ -195,7 +200,8 @@ def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
     else:
         return False
     completion.text, completion.token_ids = text.text, text.token_ids
-    completion.logprobs, completion.cumulative_logprob = text.logprobs, text.cumulative_logprob()
+    completion.logprobs = text.logprobs
+    completion.cumulative_logprob = cumulative_logprob(text.token_ids, text.logprobs)
     choice.output.finished = all(c.finished() for c in choice.output.outputs)
     return True
 

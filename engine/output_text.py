@@ -4,7 +4,7 @@ An output without stop strings (``SamplingParams.stop``) keeps every token
 the engine gives it and is decoded once, when it finishes: its text is
 ``tokenizer.decode`` of its ids. One with stop strings is decoded token by
 token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
-``LLM`` can end the request the step its text meets one. The token whose
+``LLM`` can end the request the step its text meets one (``OutputStops``). The token whose
 text completes the stop string is the last one kept (tokens after it in
 the same step are dropped, as vLLM drops them), and the text ends before
 the stop string (after it with ``include_stop_str_in_output``). As vLLM,
@@ -21,19 +21,18 @@ from __future__ import annotations
 from checkpoint.tokenizer import IncrementalDetokenizer
 from engine.outputs import RequestOutputDelta, TokenLogprobs, shown_token_ids
 from engine.sampling_params import SamplingParams
-from engine.stop_strings import StopStringMatcher
+from engine.stop_strings import OutputStops
 
 
 class OutputText:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
-        self.min_tokens = params.min_tokens
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None
         self.text = ""
         self.stop_string: str | None = None  # the stop string met, once met
-        self._matcher = (StopStringMatcher(params.stop, params.include_stop_str_in_output)
-                         if params.stop else None)
+        self._stops = (OutputStops(params.stop, params.include_stop_str_in_output,
+                                   params.min_tokens) if params.stop else None)
         self.skip_special_tokens = params.skip_special_tokens
         self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids,
                                                     params.skip_special_tokens)
@@ -50,37 +49,22 @@ class OutputText:
     def _feed(self, delta: RequestOutputDelta) -> int:
         """How many of the delta's tokens to keep; feeds the text of those
         shown to the matcher."""
-        if self._matcher is None:
+        if self._stops is None:
             return len(delta.new_token_ids)
         for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
-            piece = self._detokenizer.feed([token])
-            if len(self.token_ids) + i + 1 <= self.min_tokens:
-                self.text += self._matcher.release(piece)
-            else:
-                self.text += self._matcher.feed(piece)
-            if self._matcher.stopped is not None:
-                self.stop_string = self._matcher.stopped
+            self.text += self._stops.add(self._detokenizer.feed([token]), 1)
+            if self._stops.stopped is not None:
+                self.stop_string = self._stops.stopped
                 return i + 1
         return len(delta.new_token_ids)
 
     def finish(self, delta: RequestOutputDelta) -> None:
         """The output has ended with ``delta`` (not at a stop string ``add``
         found): its whole text, cut at a stop string the held-back tail holds."""
-        if self._matcher is None:
+        if self._stops is None:
             self.text = self.tokenizer.decode(shown_token_ids(delta, self.token_ids, True),
                                               self.skip_special_tokens)
             return
-        rest = self._detokenizer.finish()  # an incomplete character, completed or not
-        if len(self.token_ids) <= self.min_tokens:
-            self.text += self._matcher.release(rest)
-        else:
-            self.text += self._matcher.feed(rest)
-        self.text += self._matcher.flush()
-        self.stop_string = self._matcher.stopped
-
-    def cumulative_logprob(self) -> float | None:
-        """The kept tokens' log-probabilities summed (vLLM's
-        ``cumulative_logprob``), when the request asked for logprobs."""
-        if self.logprobs is None:
-            return None
-        return sum(entry[token].logprob for token, entry in zip(self.token_ids, self.logprobs))
+        # What the detokenizer held back (an incomplete character), no new token.
+        self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)
+        self.stop_string = self._stops.stopped

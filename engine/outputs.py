@@ -67,6 +67,15 @@ def shown_token_ids(delta: RequestOutputDelta, token_ids: list[int],
     return token_ids
 
 
+def cumulative_logprob(token_ids: list[int],
+                       logprobs: list[TokenLogprobs] | None) -> float | None:
+    """vLLM's ``cumulative_logprob``: the tokens' log-probabilities summed,
+    where the request asked for logprobs (None otherwise)."""
+    if logprobs is None:
+        return None
+    return sum(entry[token].logprob for token, entry in zip(token_ids, logprobs))
+
+
 @dataclass
 class CompletionOutput:
     """One generated sequence of a request (vLLM's name and fields)."""

@@ -101,3 +101,36 @@ class StopStringMatcher:
                     longest = n
                     break
         return longest
+
+
+class OutputStops:
+    """One output's text through its ``StopStringMatcher``, piece by piece,
+    with the rule of ``min_tokens``: a piece whose tokens all lie within
+    the first ``min_tokens`` output tokens ends no stop string
+    (``release``), later ones may (``feed``); the output's last piece
+    also releases what is held back (``flush``). ``stopped``: the stop
+    string met, once met (the caller then ends the request). Pieces may
+    be one token's text (``LLM``) or one step's (the HTTP server, the
+    engine client)."""
+
+    def __init__(self, stops: Sequence[str], include_stop: bool = False,
+                 min_tokens: int = 0) -> None:
+        self.matcher = StopStringMatcher(stops, include_stop)
+        self.min_tokens = min_tokens
+        self.num_tokens = 0
+
+    @property
+    def stopped(self) -> str | None:
+        return self.matcher.stopped
+
+    def add(self, piece: str, num_tokens: int, last: bool = False) -> str:
+        """The text now safe to show, after ``piece`` of ``num_tokens`` more
+        tokens; ``last``: no more will come."""
+        self.num_tokens += num_tokens
+        if self.num_tokens <= self.min_tokens:
+            text = self.matcher.release(piece)  # too early for a stop string
+        else:
+            text = self.matcher.feed(piece)
+        if last and self.stopped is None:
+            text += self.matcher.flush()  # may end at a stop string it held back
+        return text

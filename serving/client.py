@@ -27,14 +27,15 @@ import itertools
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import zmq
 from tqdm import tqdm
 
-from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestOutput, cumulative_logprob
 from engine.sampling_params import SamplingParams
+from engine.stop_strings import OutputStops
 from ipc.auth import check_secret, read_key_file, sibling_key_file
 from ipc.engine_messages import (
     AbortRequest,
@@ -87,6 +88,13 @@ def find_secret(endpoint: str, secret: bytes | None = None,
         return read_key_file(sibling_key_file(endpoint[len("ipc://"):]))
     raise ValueError(f"no key for {endpoint}: pass key_file= (the key file tprun serve "
                      f"printed at start), secret=, or the endpoint file's path")
+
+
+def _params(params: SamplingParams | dict | None) -> SamplingParams:
+    """``SamplingParams`` of what a caller gave (``ValueError`` for a bad dict)."""
+    if isinstance(params, SamplingParams):
+        return params
+    return SamplingParams.from_dict(params or {})
 
 
 def _params_dict(params: SamplingParams | dict | None) -> dict:
@@ -192,34 +200,56 @@ class EngineClient:
         whose ``finish_reason`` is "abort" (unless it finished first)."""
         self._send(AbortRequest(request_id=request_id))
 
-    def generate(self, prompts: str | dict | Sequence[str | dict],
+    def generate(self, prompts: str | dict | Iterable[str | dict],
                  sampling_params: SamplingParams | dict | Sequence | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs in the order of ``prompts``.
-        If one is refused, the others are aborted and ``ValueError`` raised."""
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
+        """Run every prompt to completion; outputs in the order of ``prompts``,
+        each with its ``n`` completions, as ``LLM.generate`` gives them: the
+        client sends the ``n`` engine requests (``SamplingParams.choices``)
+        and cuts each one's text at its stop strings (``OutputStops``, on
+        each step's text; the engine takes none). If one is refused, the
+        others are aborted and ``ValueError`` raised."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
             sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
+        params = [_params(p) for p in sampling_params]
+        if len(params) != len(prompts):
             raise ValueError("give one sampling_params, or one per prompt")
-        ids: list[str] = []
+        ids: list[list[str]] = []
         outputs = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
-                ids.append(self.submit(prompt, params))
+            for prompt, p in zip(prompts, params):
+                ids.append([self.submit(prompt, dict(c.to_dict(), stop=()))
+                            for c in p.choices()])
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
-                for prompt, rid in zip(prompts, ids):
-                    outputs.append(self._collect(prompt, rid))
+                for prompt, p, choice_ids in zip(prompts, params, ids):
+                    outputs.append(self._collect(prompt, choice_ids, p))
                     bar.update(1)
         except BaseException:
-            self._abandon(ids[len(outputs):])
+            self._abandon([r for choice_ids in ids[len(outputs):] for r in choice_ids])
             raise
         return outputs
 
-    def _collect(self, prompt: str | dict, request_id: str) -> RequestOutput:
-        completion = CompletionOutput(0, "", [])
-        entry = self._streams[request_id]
+    def _collect(self, prompt: str | dict, choice_ids: list[str],
+                 params: SamplingParams) -> RequestOutput:
+        """One prompt's output: its choices' completions, its prompt's side
+        (token ids, logprobs, prefix-cache hits) from the first choice."""
+        entry = self._streams[choice_ids[0]]  # its prompt ids come with the acceptance
+        sides = [self._collect_choice(i, rid, params) for i, rid in enumerate(choice_ids)]
+        prompt_ids = entry.prompt_token_ids or []
+        _, prompt_logprobs, num_cached = sides[0]
+        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
+        return RequestOutput(choice_ids[0], text, prompt_ids, [c for c, _, _ in sides],
+                             finished=True, prompt_logprobs=prompt_logprobs,
+                             num_cached_tokens=num_cached)
+
+    def _collect_choice(self, index: int, request_id: str, params: SamplingParams):
+        """(completion, prompt logprobs, prefix-cache hits) of one engine
+        request, aborted when its text meets a stop string (what the
+        engine still sends for it is dropped)."""
+        completion = CompletionOutput(index, "", [])
+        stops = (OutputStops(params.stop, params.include_stop_str_in_output, params.min_tokens)
+                 if params.stop else None)
         prompt_logprobs, num_cached = None, None
         for delta in self.stream(request_id):
             if delta.prompt_logprobs is not None:
@@ -228,18 +258,27 @@ class EngineClient:
                                    for token in delta.prompt_logprobs]
             if delta.num_cached_tokens is not None:
                 num_cached = delta.num_cached_tokens
+            if completion.finished():
+                continue  # stopped at a stop string: the abort's own delta
             completion.token_ids.extend(delta.token_ids)
-            completion.text += delta.text
-            completion.finish_reason = delta.finish_reason
-            completion.stop_reason = delta.stop_reason
             if delta.logprobs is not None:
                 completion.logprobs = (completion.logprobs or []) + [
                     {e.token_id: Logprob(e.logprob, e.rank) for e in token}
                     for token in delta.logprobs]
-        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-        prompt_ids = entry.prompt_token_ids or []
-        return RequestOutput(request_id, text, prompt_ids, [completion], finished=True,
-                             prompt_logprobs=prompt_logprobs, num_cached_tokens=num_cached)
+            if stops is None:
+                completion.text += delta.text
+            else:
+                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished)
+            if stops is not None and stops.stopped is not None:
+                completion.finish_reason, completion.stop_reason = "stop", stops.stopped
+                if not delta.finished:
+                    self.abort(request_id)
+            else:
+                completion.finish_reason = delta.finish_reason
+                completion.stop_reason = delta.stop_reason
+        completion.cumulative_logprob = cumulative_logprob(completion.token_ids,
+                                                           completion.logprobs)
+        return completion, prompt_logprobs, num_cached
 
     def _abandon(self, request_ids: list[str]) -> None:
         for rid in request_ids:

@@ -8,7 +8,7 @@ engine has accepted every one, so a refusal (prompt too long, bad sampling
 values) is known before any response byte is sent: the others are then
 aborted and ``ValueError`` raised with the engine's message. ``events``
 then yields each choice's text as it comes, passed through its
-``StopStringMatcher``; a choice that meets a stop string is aborted in the
+``OutputStops``; a choice that meets a stop string is aborted in the
 engine (its blocks freed) and finishes with reason "stop".
 
 Invariant: whatever happens (refusal, a client gone, a cancelled task),
@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.stop_strings import StopStringMatcher
+from engine.stop_strings import OutputStops
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
@@ -57,14 +57,13 @@ class ChoiceEvent:
 class _Choice:
     index: int
     prompt_index: int
-    matcher: StopStringMatcher
+    stops: OutputStops
     num_prompt_tokens: int = 0
     prompt_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_tokens: int = 0
     last_token_time: float | None = None
     finished: bool = False
-    min_tokens: int = 0  # stop strings end nothing before (as vLLM)
 
 
 @dataclass
@@ -87,10 +86,9 @@ class Generation:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
                     request_id = self.link.new_id()
-                    include = choice_params.get("include_stop_str_in_output", False)
-                    self.choices[request_id] = _Choice(
-                        p * len(params) + i, p, StopStringMatcher(stops, include),
-                        min_tokens=choice_params.get("min_tokens", 0))
+                    self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
+                        stops, choice_params.get("include_stop_str_in_output", False),
+                        choice_params.get("min_tokens", 0)))
                     self.link.submit(request_id, prompt, choice_params, self.queue)
             await self._await_acceptance()
         except BaseException:
@@ -165,18 +163,14 @@ class Generation:
         choice.num_tokens += len(delta.token_ids)
         if delta.num_cached_tokens is not None:
             choice.num_cached_tokens = delta.num_cached_tokens
-        if choice.num_tokens <= choice.min_tokens:
-            text = choice.matcher.release(delta.text)  # too early for a stop string
-        else:
-            text = choice.matcher.feed(delta.text)
-        if choice.matcher.stopped is not None:
+        text = choice.stops.add(delta.text, len(delta.token_ids), last=delta.finished)
+        if choice.stops.stopped is not None and not delta.finished:
             self.link.abort(request_id)
         elif delta.finished:
-            text += choice.matcher.flush()  # may end at a stop string it held back
             self.link.forget(request_id)
         reason, stop_reason = None, None
-        if choice.matcher.stopped is not None:
-            reason, stop_reason = "stop", choice.matcher.stopped
+        if choice.stops.stopped is not None:
+            reason, stop_reason = "stop", choice.stops.stopped
         elif delta.finished:
             reason, stop_reason = delta.finish_reason, delta.stop_reason
         choice.finished = reason is not None

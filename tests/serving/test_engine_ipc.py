@@ -117,6 +117,29 @@ def test_generate_helper_and_text_prompts(server):
         assert g.outputs[0].finish_reason == "length" and g.outputs[0].stop_reason is None
 
 
+@pytest.mark.timeout(120)
+def test_generate_helper_takes_n_and_stop_strings_as_llm_does(server):
+    """``n`` seeded choices and a stop string met by one of them: the same
+    completions, text, reasons and logprobs' sum as ``LLM.generate``."""
+    _, endpoint_file = server
+    prompt = "Hello, my name is"
+    plain = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=12, ignore_eos=True)
+    with LLM(model="tiny", device="cpu") as llm:
+        first = llm.generate(prompt, plain)[0].outputs[0].text
+        stop = first[3:5]
+        params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=12, ignore_eos=True,
+                                stop=[stop], logprobs=1)
+        [want] = llm.generate(prompt, params)
+    with EngineClient(endpoint_file, timeout_s=60) as client:
+        [got] = client.generate(prompt, params)
+    assert [c.index for c in got.outputs] == [0, 1, 2]
+    assert want.outputs[0].stop_reason == stop  # the case has a stop string met
+    for g, w in zip(got.outputs, want.outputs):
+        assert (g.token_ids, g.text) == (w.token_ids, w.text)
+        assert (g.finish_reason, g.stop_reason) == (w.finish_reason, w.stop_reason)
+        assert g.cumulative_logprob == pytest.approx(w.cumulative_logprob, abs=1e-4)
+
+
 @pytest.mark.timeout(90)
 def test_a_stop_token_crosses_the_endpoint_as_its_id_without_its_text(server):
     """The stop token is the output's last id and its ``stop_reason``; its
