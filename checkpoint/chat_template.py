@@ -70,39 +70,73 @@ def message_text(content: str | list[dict] | None) -> str:
     return "\n".join(texts)
 
 
+# Appended to the final message's text with ``continue_final_message``, to
+# find where that text ends once rendered (a word no template writes).
+_FINAL_MARK = "TPRUN_FINAL_MESSAGE_ENDS_HERE "
+
+
 def render_chat(template: str | None, messages: list[dict], *, add_generation_prompt: bool,
                 bos_token: str | None, eos_token: str | None,
-                extra: dict[str, Any] | None = None) -> str:
-    """The prompt text for ``messages`` (each with "role" and text "content")."""
+                extra: dict[str, Any] | None = None,
+                continue_final_message: bool = False) -> str:
+    """The prompt text for ``messages`` (each with "role" and text "content").
+
+    ``continue_final_message`` (vLLM's and transformers'): the text ends
+    where the final message's text ends, left open for the model to go on
+    (an assistant's answer begun by the caller), cut as transformers cuts
+    it: the template renders the final text with a mark after it, and the
+    text ends before the mark (and, where the template trimmed what
+    followed the final text, without that text's trailing spaces)."""
     if template is None:
         raise ChatTemplateError("the model has no chat template: give a plain prompt "
                                 "(/v1/completions, LLM.generate)")
     if not messages:
         raise ChatTemplateError("messages must not be empty")
+    if continue_final_message:
+        if add_generation_prompt:
+            raise ChatTemplateError("continue_final_message and add_generation_prompt "
+                                    "cannot both be set")
+        messages = [*messages[:-1], {**messages[-1],
+                                     "content": messages[-1]["content"] + _FINAL_MARK}]
     variables = dict(extra or {})
     variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token or "", eos_token=eos_token or "")
     try:
-        return compile_template(template).render(**variables)
+        text = compile_template(template).render(**variables)
     except ChatTemplateError:
         raise
     except Exception as e:  # the template's own code failed (jinja2 or Python error)
         raise ChatTemplateError(f"the chat template failed on these messages: {e}") from None
+    return _open_final_message(text) if continue_final_message else text
+
+
+def _open_final_message(text: str) -> str:
+    """``text`` cut where the final message's text ends (see ``render_chat``)."""
+    mark = _FINAL_MARK.strip()
+    at = text.rfind(mark)
+    if at < 0:
+        raise ChatTemplateError("continue_final_message is set, but the chat template does not "
+                                "keep the final message's text")
+    if text.startswith(_FINAL_MARK, at):
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed what followed: trailing spaces too
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
-                    chat_template: str | None = None,
-                    extra: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+                    chat_template: str | None = None, extra: dict[str, Any] | None = None,
+                    continue_final_message: bool = False) -> tuple[str, list[int]]:
     """(text, token ids) of the prompt for ``messages`` (dicts with "role"
     and "content", text or a list of text parts): the model's template (or
     ``chat_template``) rendered, then tokenized without adding special
     tokens, as transformers' ``apply_chat_template(tokenize=True)`` does:
-    the template itself places BOS where the model wants it."""
+    the template itself places BOS where the model wants it.
+    ``continue_final_message``: see ``render_chat``."""
     messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
     text = render_chat(chat_template or tokenizer.chat_template, messages,
                        add_generation_prompt=add_generation_prompt,
                        bos_token=tokenizer.token_text(tokenizer.bos_token_id),
-                       eos_token=tokenizer.token_text(tokenizer.eos_token_id), extra=extra)
+                       eos_token=tokenizer.token_text(tokenizer.eos_token_id), extra=extra,
+                       continue_final_message=continue_final_message)
     if not text:
         raise ValueError("the chat template rendered an empty prompt")
     return text, tokenizer.hf.encode(text, add_special_tokens=False).ids

@@ -177,7 +177,7 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False  # vLLM's
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        *SamplingFields.UNSUPPORTED, "tools", "functions", "echo", "continue_final_message")
+        *SamplingFields.UNSUPPORTED, "tools", "functions", "echo")
 
     def check_supported(self) -> None:
         super().check_supported()

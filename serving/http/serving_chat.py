@@ -29,7 +29,8 @@ def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     return chat_prompt_ids(state.tokenizer, messages,
                            add_generation_prompt=request.add_generation_prompt,
-                           extra=request.chat_template_kwargs)[1]
+                           extra=request.chat_template_kwargs,
+                           continue_final_message=request.continue_final_message)[1]
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:

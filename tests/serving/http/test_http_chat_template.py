@@ -65,6 +65,35 @@ def test_render_equals_transformers(hf_tokenizer, template, messages, add_genera
     assert got == want
 
 
+OPEN_ENDED = [
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "The answer is"}],
+    [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "héllo"},
+     {"role": "assistant", "content": "Well,  "}],  # trailing spaces a template may trim
+]
+
+
+@pytest.mark.parametrize("template", [CHAT_TEMPLATE, CHATML, LLAMA3_LIKE, BLOCKS])
+@pytest.mark.parametrize("messages", OPEN_ENDED)
+def test_continue_final_message_equals_transformers(hf_tokenizer, template, messages):
+    want = hf_tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                            add_generation_prompt=False,
+                                            continue_final_message=True)
+    got = render_chat(template, messages, add_generation_prompt=False,
+                      bos_token=hf_tokenizer.bos_token, eos_token=hf_tokenizer.eos_token,
+                      continue_final_message=True)
+    assert got == want
+
+
+def test_continue_final_message_refusals():
+    with pytest.raises(ChatTemplateError, match="cannot both be set"):
+        render_chat(CHATML, OPEN_ENDED[0], add_generation_prompt=True, bos_token=None,
+                    eos_token=None, continue_final_message=True)
+    drops_last = "{% for m in messages[:-1] %}{{ m.content }}{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="does not keep the final message"):
+        render_chat(drops_last, OPEN_ENDED[0], add_generation_prompt=False, bos_token=None,
+                    eos_token=None, continue_final_message=True)
+
+
 def test_template_refusals_are_value_errors():
     with pytest.raises(ChatTemplateError, match="unknown role: robot"):
         render_chat(CHAT_TEMPLATE, [{"role": "robot", "content": "x"}],

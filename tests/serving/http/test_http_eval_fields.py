@@ -261,8 +261,7 @@ def test_unimplemented_fields_are_refused(client):
     function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
     for extra in ({"tool_choice": "required"}, {"tool_choice": "auto"},
                   {"tool_choice": {"type": "function", "function": {"name": "f"}}},
-                  {"functions": [function]}, {"function_call": "auto"},
-                  {"continue_final_message": True}):
+                  {"functions": [function]}, {"function_call": "auto"}):
         with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
             client.chat.completions.create(model="tiny", max_tokens=2, messages=messages,
                                            extra_body=extra)
@@ -424,3 +423,24 @@ def test_skip_special_tokens_false_shows_them(reference, client):
             stream=True, extra_body=extra, **kw))
         assert whole == streamed == tokenizer.decode([EOS] * 3, skip_special_tokens=skip)
     assert whole  # the special token has text, shown only when asked
+
+
+def test_continue_final_message(reference, client):
+    """vLLM's ``continue_final_message``: the assistant's begun answer is
+    continued, as ``LLM.chat`` continues it (the rendering itself is checked
+    against transformers in test_http_chat_template.py)."""
+    messages = [{"role": "user", "content": "Name a color."},
+                {"role": "assistant", "content": "My favourite is"}]
+    got = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=4, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                    "ignore_eos": True})
+    [want] = reference.chat(messages, SamplingParams(temperature=0.0, max_tokens=4,
+                                                     ignore_eos=True),
+                            add_generation_prompt=False, continue_final_message=True)
+    assert want.prompt.endswith("My favourite is")
+    assert got.choices[0].message.content == want.outputs[0].text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    with pytest.raises(openai.BadRequestError, match="cannot both be set"):
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                       extra_body={"continue_final_message": True})
