@@ -187,7 +187,7 @@ class Sampler:
         raw = logits if flags.max_logprobs != NO_LOGPROBS else None
         processed = logits
         if any_bias:
-            processed = self.logit_bias.apply(processed, idx)
+            processed = self.logit_bias.apply(processed, idx, idx_mapping_np)
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)

@@ -10,9 +10,9 @@ State per slot, on the device: the allowed ids and the biased ids (int64
 [max_num_reqs, width], -1 padded; an allowed row starting with -1 allows
 every token) and the biases (float32, 0 where padded). The tables widen
 when a request brings more entries than they hold (at most
-``MAX_TOKEN_LIST``). Host mirror: ``uses_np``, so a batch without such a
-slot costs nothing, and ``num_users``, so a runner without any never
-looks. A slot taken by a request without lists after one with them has
+``MAX_TOKEN_LIST``). Host mirrors: ``uses_np``, so a batch without such a
+slot costs nothing, ``restricts_np``, so one with biases alone builds no
+[N, V] mask, and ``num_users``, so a runner without any never looks. A slot taken by a request without lists after one with them has
 its rows cleared when the request is added.
 """
 
@@ -32,6 +32,7 @@ class LogitBiasState:
         self.max_num_reqs = max_num_reqs
         self.device = device
         self.uses_np = np.zeros(max_num_reqs, dtype=bool)
+        self.restricts_np = np.zeros(max_num_reqs, dtype=bool)  # has allowed ids
         self.num_users = 0
         self.allowed = self._ids_table(_INITIAL_WIDTH)
         self.bias_ids = self._ids_table(_INITIAL_WIDTH)
@@ -51,6 +52,7 @@ class LogitBiasState:
         had = bool(self.uses_np[slot])
         self.num_users += uses - had
         self.uses_np[slot] = uses
+        self.restricts_np[slot] = bool(allowed)
         if uses or had:
             self._pending.append((slot, allowed, bias))
 
@@ -85,11 +87,23 @@ class LogitBiasState:
         """Some slot of the batch has lists (host mirror only)."""
         return self.num_users > 0 and bool(np.any(self.uses_np[idx_mapping_np]))
 
-    def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
+              idx_mapping_np: np.ndarray) -> torch.Tensor:
         """``logits`` [N, V], any float dtype, as a new float32 tensor with
         each row's allowed ids and biases applied (rows of slots without
-        lists unchanged)."""
+        lists unchanged); the [N, V] mask of allowed ids is built only where
+        a row of the batch has them (host mirror)."""
         out = logits.to(torch.float32, copy=True)
+        if bool(np.any(self.restricts_np[idx_mapping_np])):
+            self._restrict(out, idx_mapping)
+        ids = self.bias_ids[idx_mapping]
+        values = torch.where(ids >= 0, self.bias_values[idx_mapping], 0.0)
+        out.scatter_add_(1, ids.clamp(min=0), values)
+        return out
+
+    def _restrict(self, out: torch.Tensor, idx_mapping: torch.Tensor) -> None:
+        """Every token but a row's allowed ids at -inf, in place (rows
+        without allowed ids unchanged)."""
         allowed = self.allowed[idx_mapping]
         # scatter_add, not scatter: padding (-1 -> column 0) and a real id 0
         # may share a column; adding keeps the real one.
@@ -97,7 +111,3 @@ class LogitBiasState:
         kept.scatter_add_(1, allowed.clamp(min=0), (allowed >= 0).to(torch.int32))
         restricted = (allowed[:, :1] >= 0) & (kept == 0)
         out.masked_fill_(restricted, float("-inf"))
-        ids = self.bias_ids[idx_mapping]
-        values = torch.where(ids >= 0, self.bias_values[idx_mapping], 0.0)
-        out.scatter_add_(1, ids.clamp(min=0), values)
-        return out

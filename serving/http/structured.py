@@ -26,8 +26,9 @@ _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
 _SCHEMA = "response_format.json_schema.schema"
 
 
-def structured_outputs_of(request) -> dict[str, Any] | None:
-    """The constraint as a ``StructuredOutputsParams`` dict, or None."""
+def structured_outputs_of(request) -> StructuredOutputsParams | None:
+    """The constraint, checked once here (``SamplingParams`` takes it as it
+    is), or None."""
     # (the field it came in, the constraint, the field path of each engine key)
     found: list[tuple[str, dict[str, Any], dict[str, str]]] = []
     response_format = _from_response_format(request.response_format)
@@ -48,11 +49,10 @@ def structured_outputs_of(request) -> dict[str, Any] | None:
         return None
     name, constraint, paths = found[0]
     try:
-        StructuredOutputsParams.from_dict(constraint)
+        return StructuredOutputsParams.from_dict(constraint)
     except StructuredOutputsError as e:
         where = paths.get(e.key, f"{name}.{e.key}")
         raise FieldError(where, f"{where} {e.problem}") from None
-    return constraint
 
 
 def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -61,7 +61,7 @@ def test_rows_are_biased_and_restricted_as_written_out(device):
     slots = [2, 0, 3, 1, 0]
     logits = torch.randn(len(slots), VOCAB, generator=gen).to(torch.bfloat16)
     idx = torch.tensor(slots, device=device)
-    got = sampler.logit_bias.apply(logits.to(device), idx).cpu()
+    got = sampler.logit_bias.apply(logits.to(device), idx, np.asarray(slots)).cpu()
     assert got.dtype == torch.float32
     for i, slot in enumerate(slots):
         want = _expected_row(logits[i].float().tolist(), requests[slot])
@@ -109,10 +109,10 @@ def test_reused_slot_starts_clean_and_the_table_widens(device):
     assert sampler.logit_bias.allowed.shape[1] >= 30
     logits = torch.zeros(1, VOCAB, device=device)
     slot = torch.tensor([0], device=device)
-    row = sampler.logit_bias.apply(logits, slot)[0].cpu()
+    row = sampler.logit_bias.apply(logits, slot, np.array([0]))[0].cpu()
     assert row[:20].tolist() == [0.5] * 20 and row[20:30].tolist() == [0.0] * 10
     assert torch.isinf(row[30:]).all()
     sampler.add_request(0, SamplingOptions(temperature=0.0), 1, 1)  # the slot reused
     write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
     assert not sampler.logit_bias.any_active(np.array([0]))
-    assert sampler.logit_bias.apply(logits, slot)[0].tolist() == [0.0] * VOCAB
+    assert sampler.logit_bias.apply(logits, slot, np.array([0]))[0].tolist() == [0.0] * VOCAB
