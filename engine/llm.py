@@ -74,8 +74,9 @@ class LLM:
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
         engine = self.engine
-        # Make (and so check) all before queueing any: a bad prompt queues nothing.
-        requests = [[engine.new_request(p, choice) for choice in pp.choices()]
+        # Make (and so check) all before queueing any: a bad prompt queues
+        # nothing. As vLLM's LLM, max_tokens past the context ends at it.
+        requests = [[engine.new_request(p, choice, fit_context=True) for choice in pp.choices()]
                     for p, pp in zip(prompts, params)]
         results = []
         choices: dict[str, _Choice] = {}

@@ -150,17 +150,27 @@ class LLMEngine:
         )
 
     def new_request(self, prompt: str | dict, params: SamplingParams,
-                    req_id: str | None = None, priority: int = 0) -> Request:
+                    req_id: str | None = None, priority: int = 0,
+                    fit_context: bool = False) -> Request:
         """The request of ``prompt``, tokenized and checked with this engine's
         limits and vocabulary (``check_request``: the one check a request
         gets, here where it enters the engine), with its structured-output
         constraint compiled (waits for the compile, at most its time limit)
-        and its own matcher; nothing is queued."""
+        and its own matcher; nothing is queued.
+
+        ``max_tokens`` None means what the context leaves. With
+        ``fit_context`` a ``max_tokens`` (and ``min_tokens``) past the
+        context is cut to what it leaves, so the request ends there with
+        "length" (vLLM's offline ``LLM``); without, such a request is refused
+        (vLLM's HTTP server). A prompt that leaves no room for one token is
+        refused either way."""
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
-        if params.max_tokens is None:  # what the context leaves (at least 1: a
-            # prompt already too long then gets the length message)
-            room = self.scheduler.config.max_model_len - len(prompt_token_ids)
-            params = params.with_max_tokens(max(1, room))
+        # At least 1: a prompt already too long then gets the length message.
+        room = max(1, self.scheduler.config.max_model_len - len(prompt_token_ids))
+        if fit_context:
+            params = params.fitted_to(room)
+        elif params.max_tokens is None:
+            params = params.with_max_tokens(room)
         check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_config.vocab_size)
         request = Request(

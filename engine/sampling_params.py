@@ -189,6 +189,15 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         """These parameters with ``max_tokens`` set (checked again)."""
         return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens))
 
+    def fitted_to(self, room: int) -> SamplingParams:
+        """These parameters with ``max_tokens`` (None: unbounded) and
+        ``min_tokens`` at most ``room``, the tokens a context leaves."""
+        max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
+        if max_tokens == self.max_tokens and self.min_tokens <= max_tokens:
+            return self
+        return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens,
+                                             min_tokens=min(self.min_tokens, max_tokens)))
+
     def to_options(self) -> SamplingOptions:
         """The fields the runner needs, as the IPC message (numbers as
         their wire types)."""

@@ -1,5 +1,5 @@
 """``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions,
-stop strings, ``max_tokens=None``, ``cumulative_logprob``, prompts from a
+stop strings, ``max_tokens=None`` and past the context, ``cumulative_logprob``, prompts from a
 generator and ``LLM.chat``. References: separate requests with the choices'
 seeds, a plain search over the decoded greedy output for the stop string,
 the context left after the prompt, and transformers' ``apply_chat_template``
@@ -95,6 +95,23 @@ def test_max_tokens_none_fills_the_context(llm):
     [out] = llm.generate(prompt, _greedy(max_tokens=None))
     c = out.outputs[0]
     assert len(c.token_ids) == MAX_MODEL_LEN - 10 and c.finish_reason == "length"
+
+
+@pytest.mark.timeout(300)
+def test_max_tokens_past_the_context_ends_at_it(llm):
+    """As vLLM's LLM (its HTTP server refuses instead): the request runs and
+    ends at max_model_len with "length", min_tokens too cut to the context;
+    its tokens are those of the request that asked for just what fits."""
+    prompt = {"prompt_token_ids": list(range(3, 13))}
+    fits = MAX_MODEL_LEN - 10
+    [ref] = llm.generate(prompt, _greedy(max_tokens=fits))
+    outs = llm.generate([prompt, prompt], [_greedy(max_tokens=fits + 50),
+                                           _greedy(max_tokens=500, min_tokens=400)])
+    for out in outs:
+        c = out.outputs[0]
+        assert c.token_ids == ref.outputs[0].token_ids and c.finish_reason == "length"
+    with pytest.raises(ValueError, match="exceeds max_model_len"):
+        llm.generate({"prompt_token_ids": [3] * MAX_MODEL_LEN}, _greedy())
 
 
 @pytest.mark.timeout(300)
