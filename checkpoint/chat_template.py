@@ -5,10 +5,13 @@ The template runs in jinja2's immutable sandbox (a template cannot reach
 Python objects' internals or change its inputs) with ``trim_blocks`` and
 ``lstrip_blocks``, the ``raise_exception`` function, a ``tojson`` filter
 that keeps non-ASCII characters, and ``strftime_now``. Variables:
-``messages`` (dicts with "role" and "content" as text), ``add_generation_prompt``,
-``bos_token`` and ``eos_token`` (the tokens' text), plus any
-``chat_template_kwargs``. A template error or ``raise_exception`` becomes
-``ChatTemplateError`` (a ``ValueError``: the request was bad).
+``messages`` (dicts with "role" and "content" as text, and what else each
+message carries: an assistant's ``tool_calls``, a tool answer's
+``tool_call_id``), ``tools`` (the list of tool dicts, or None, as
+transformers passes them), ``add_generation_prompt``, ``bos_token`` and
+``eos_token`` (the tokens' text), plus any ``chat_template_kwargs``. A
+template error or ``raise_exception`` becomes ``ChatTemplateError`` (a
+``ValueError``: the request was bad).
 
 ``chat_prompt_ids`` is a chat's prompt for the engine, the one rendering
 that ``LLM.chat`` and the HTTP server's /v1/chat/completions share.
@@ -70,6 +73,39 @@ def message_text(content: str | list[dict] | None) -> str:
     return "\n".join(texts)
 
 
+def template_message(message: dict) -> dict:
+    """``message`` as templates read it (a copy): its content as text and,
+    in an assistant's ``tool_calls``, each call's ``arguments`` as the object
+    its JSON text holds (transformers' convention for tool-use templates,
+    which vLLM follows too: an empty text is ``{}``); an empty ``tool_calls``
+    list is dropped, so the template takes its plain assistant path."""
+    out = {**message, "content": message_text(message.get("content"))}
+    calls = out.get("tool_calls")
+    if calls is None:
+        return out
+    if not calls:
+        del out["tool_calls"]
+        return out
+    out["tool_calls"] = [_call_with_object_arguments(call) for call in calls]
+    return out
+
+
+def _call_with_object_arguments(call: dict) -> dict:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise ChatTemplateError('a tool call is {"type": "function", "function": '
+                                '{"name": ..., "arguments": ...}}')
+    function = dict(call["function"])
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as e:
+            raise ChatTemplateError(f"a tool call's arguments are not JSON text ({e})") from None
+    elif arguments is None:
+        function["arguments"] = {}
+    return {**call, "function": function}
+
+
 # Appended to the final message's text with ``continue_final_message``, to
 # find where that text ends once rendered (a word no template writes).
 _FINAL_MARK = "TPRUN_FINAL_MESSAGE_ENDS_HERE "
@@ -78,8 +114,10 @@ _FINAL_MARK = "TPRUN_FINAL_MESSAGE_ENDS_HERE "
 def render_chat(template: str | None, messages: list[dict], *, add_generation_prompt: bool,
                 bos_token: str | None, eos_token: str | None,
                 extra: dict[str, Any] | None = None,
-                continue_final_message: bool = False) -> str:
-    """The prompt text for ``messages`` (each with "role" and text "content").
+                continue_final_message: bool = False,
+                tools: list[dict] | None = None) -> str:
+    """The prompt text for ``messages`` (each with "role" and text "content")
+    and ``tools`` (the template's ``tools``: None when there are none).
 
     ``continue_final_message`` (vLLM's and transformers'): the text ends
     where the final message's text ends, left open for the model to go on
@@ -99,7 +137,8 @@ def render_chat(template: str | None, messages: list[dict], *, add_generation_pr
         messages = [*messages[:-1], {**messages[-1],
                                      "content": messages[-1]["content"] + _FINAL_MARK}]
     variables = dict(extra or {})
-    variables.update(messages=messages, add_generation_prompt=add_generation_prompt,
+    variables.update(messages=messages, tools=tools,
+                     add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token or "", eos_token=eos_token or "")
     try:
         text = compile_template(template).render(**variables)
@@ -124,19 +163,22 @@ def _open_final_message(text: str) -> str:
 
 def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
                     chat_template: str | None = None, extra: dict[str, Any] | None = None,
-                    continue_final_message: bool = False) -> tuple[str, list[int]]:
+                    continue_final_message: bool = False,
+                    tools: list[dict] | None = None) -> tuple[str, list[int]]:
     """(text, token ids) of the prompt for ``messages`` (dicts with "role"
-    and "content", text or a list of text parts): the model's template (or
-    ``chat_template``) rendered, then tokenized without adding special
-    tokens, as transformers' ``apply_chat_template(tokenize=True)`` does:
-    the template itself places BOS where the model wants it.
-    ``continue_final_message``: see ``render_chat``."""
-    messages = [{**m, "content": message_text(m.get("content"))} for m in messages]
+    and "content", text or a list of text parts, as ``template_message``
+    reads them) and ``tools`` (OpenAI's tool dicts, given to the template
+    as they are): the model's template (or ``chat_template``) rendered, then
+    tokenized without adding special tokens, as transformers'
+    ``apply_chat_template(tokenize=True)`` does: the template itself places
+    BOS where the model wants it. ``continue_final_message``: see
+    ``render_chat``."""
+    messages = [template_message(m) for m in messages]
     text = render_chat(chat_template or tokenizer.chat_template, messages,
                        add_generation_prompt=add_generation_prompt,
                        bos_token=tokenizer.token_text(tokenizer.bos_token_id),
                        eos_token=tokenizer.token_text(tokenizer.eos_token_id), extra=extra,
-                       continue_final_message=continue_final_message)
+                       continue_final_message=continue_final_message, tools=tools)
     if not text:
         raise ValueError("the chat template rendered an empty prompt")
     return text, tokenizer.hf.encode(text, add_special_tokens=False).ids

@@ -109,20 +109,25 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
         continue_final_message: bool = False,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """``generate`` over chats: each a list of messages ({"role",
-        "content"}) rendered with the model's chat template (or
+        "content"}, an assistant's "tool_calls", a tool answer's
+        "tool_call_id") rendered with the model's chat template (or
         ``chat_template``), as the HTTP server's /v1/chat/completions renders
         them (``chat_prompt_ids``). One chat or a list of them; each output's
-        ``prompt`` is the rendered text. ``continue_final_message`` (with
-        ``add_generation_prompt`` False) leaves the final message open for
-        the model to go on."""
+        ``prompt`` is the rendered text. ``tools`` (OpenAI's tool dicts) are
+        the template's ``tools``, for every chat; as in vLLM's ``LLM.chat``
+        they are only rendered: the output is not held to a call.
+        ``continue_final_message`` (with ``add_generation_prompt`` False)
+        leaves the final message open for the model to go on."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.engine.tokenizer
         rendered = [chat_prompt_ids(tokenizer, chat, chat_template=chat_template,
                                     add_generation_prompt=add_generation_prompt,
                                     extra=chat_template_kwargs,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message,
+                                    tools=tools)
                     for chat in chats]
         outputs = self.generate([{"prompt_token_ids": ids} for _, ids in rendered],
                                 sampling_params, use_tqdm)

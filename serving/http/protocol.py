@@ -12,11 +12,12 @@ serving code; ``error_body`` is the one error shape every route uses.
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Prompt token ids travel to the engine as signed 64-bit values: a larger one
 # is a bad request (400 naming the field), not a failure to encode it. The
@@ -149,14 +150,70 @@ class IdsFirstCompletionRequest(CompletionRequest):
     prompt: list[Int64] | str | list[str] | list[list[Int64]]
 
 
+class FunctionDefinition(BaseModel):
+    """A tool's function: ``parameters`` is the JSON schema of its arguments
+    (none: it takes none). Fields OpenAI adds later pass through to the
+    chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(BaseModel):
+    """One of a request's ``tools``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionCall(BaseModel):
+    """The function an earlier assistant message called: ``arguments`` is
+    JSON text, as OpenAI sends it (or already an object)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str | dict[str, Any]
+
+    @field_validator("arguments")
+    @classmethod
+    def _arguments_are_json(cls, value: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(value, str) and value.strip():
+            try:
+                json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"arguments must be JSON text ({e})") from None
+        return value
+
+
+class MessageToolCall(BaseModel):
+    """One of an assistant message's ``tool_calls``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     """One message; ``content`` is a text or a list of parts, of which only
-    ``{"type": "text", "text": ...}`` parts are read."""
+    ``{"type": "text", "text": ...}`` parts are read. An assistant message
+    may carry the ``tool_calls`` it made (its content then null); a "tool"
+    message answers one of them (``tool_call_id``)."""
 
     model_config = ConfigDict(extra="allow")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -168,22 +225,17 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(default=None, ge=0)  # as logprobs
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    # Without tools, "none" asks for what is served anyway: a plain answer.
+    # Tool calling (serving/http/tools.py): tool_choice is "none", "auto",
+    # "required" or {"type": "function", "function": {"name": ...}}.
+    tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None  # OpenAI's older form of tools
     function_call: str | dict[str, Any] | None = None
     echo: bool = False  # vLLM's chat echo (repeat the last message): not served
     continue_final_message: bool = False  # vLLM's
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        *SamplingFields.UNSUPPORTED, "tools", "functions", "echo")
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                raise ValueError(f"{name} is not supported by this server (it has no tools)")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "echo")
 
 
 class TokenizeRequest(BaseModel):
@@ -198,6 +250,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 
 

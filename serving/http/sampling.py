@@ -9,6 +9,7 @@ The ``n`` choices and their seeds are ``SamplingParams.choices``'.
 from __future__ import annotations
 
 from engine.sampling_params import SamplingParams
+from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.protocol import SamplingFields
 from serving.http.structured import structured_outputs_of
 
@@ -17,18 +18,22 @@ _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
 
 
 def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                  prompt_logprobs: int | None = None) -> list[dict]:
+                  prompt_logprobs: int | None = None,
+                  constraint: StructuredOutputsParams | None = None) -> list[dict]:
     """One ``SamplingParams`` dict per choice (``SamplingParams.choices``);
     ``ValueError`` for bad values. ``prompt_logprobs`` defaults to the
-    request's own field; ``max_tokens`` None: what the context leaves. The
-    stop strings are checked here and applied by ``Generation``: the dicts
-    carry none."""
+    request's own field; ``max_tokens`` None: what the context leaves;
+    ``constraint``: the output's constraint where the caller made it (a
+    tool choice's, given only to a request without structured-output
+    fields), else the one those fields ask for. The stop strings are
+    checked here and applied by ``Generation``: the dicts carry none."""
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
     fields.update(n=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
                   logprobs=logprobs, stop=request.stop_strings(),
                   stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,
-                  structured_outputs=structured_outputs_of(request),
+                  structured_outputs=(constraint if constraint is not None
+                                      else structured_outputs_of(request)),
                   min_tokens=request.min_tokens, logit_bias=request.token_biases(),
                   allowed_token_ids=request.allowed_token_ids,
                   include_stop_str_in_output=request.include_stop_str_in_output,

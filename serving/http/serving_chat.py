@@ -5,6 +5,9 @@ The prompt is the model's chat template rendered over the messages and
 tokenized (``checkpoint.chat_template.chat_prompt_ids``).
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to what
 the context has left (None: the engine sets it, ``LLMEngine.new_request``).
+With a named or required ``tool_choice`` (``tools.py``) each choice's text
+is read into ``tool_calls`` by its own ``ToolCallReader``, whole or as it
+streams.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from serving.http.protocol import ChatCompletionRequest
 from serving.http.sampling import choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
+from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
@@ -30,7 +34,8 @@ def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]
     return chat_prompt_ids(state.tokenizer, messages,
                            add_generation_prompt=request.add_generation_prompt,
                            extra=request.chat_template_kwargs,
-                           continue_final_message=request.continue_final_message)[1]
+                           continue_final_message=request.continue_final_message,
+                           tools=rendered_tools(request))[1]
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:
@@ -45,16 +50,18 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                  raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
+    tool_choice = tool_choice_of(request)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
-    params = choice_params(request, max_tokens, _num_top(request))
+    params = choice_params(request, max_tokens, _num_top(request),
+                           constraint=tool_choice.constraint())
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, request.stop_strings())
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id),
-                         lambda: _collect(state, request, generation, response_id))
+                         lambda: _stream(state, request, generation, response_id, tool_choice),
+                         lambda: _collect(state, request, generation, response_id, tool_choice))
 
 
 def _head(state: ServerState, response_id: str, obj: str) -> dict:
@@ -68,10 +75,24 @@ def _logprobs(state: ServerState, event: ChoiceEvent, num_top: int | None) -> li
     return state.logprobs.chat(event.token_ids, event.logprobs, num_top)
 
 
+def _readers(tool_choice: ToolChoice, n: int) -> list[ToolCallReader | None]:
+    return [tool_choice.reader() for _ in range(n)]
+
+
+def _message(text: str, reader: ToolCallReader | None) -> dict:
+    """A whole answer's message: its text, or (a forced tool choice) its
+    calls, with content "" as vLLM gives it; no calls, no ``tool_calls``."""
+    if reader is None:
+        return {"role": "assistant", "content": text}
+    calls = reader.calls()
+    return {"role": "assistant", "content": "", **({"tool_calls": calls} if calls else {})}
+
+
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                   response_id: str) -> dict:
+                   response_id: str, tool_choice: ToolChoice) -> dict:
     num_top = _num_top(request)
     n = len(generation.choices)
+    readers = _readers(tool_choice, n)
     texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
     prompt_logprobs = None
@@ -80,11 +101,15 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
             prompt_logprobs = state.logprobs.prompt_logprobs(
                 prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
         texts[event.index] += event.text
+        reader = readers[event.index]
+        if reader is not None:
+            reader.add(event.text)
         if event.finish_reason is not None:
-            reasons[event.index] = event.finish_reason
+            reasons[event.index] = (event.finish_reason if reader is None
+                                    else reader.finish_reason(event.finish_reason))
             stop_reasons[event.index] = event.stop_reason
         logprobs[event.index] += _logprobs(state, event, num_top) or []
-    choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]},
+    choices = [{"index": i, "message": _message(texts[i], readers[i]),
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(n)]
@@ -101,24 +126,39 @@ def prompt_token_ids(generation: Generation) -> list[int]:
 
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-            response_id: str) -> AsyncIterator[str]:
+            response_id: str, tool_choice: ToolChoice) -> AsyncIterator[str]:
     head = _head(state, response_id, "chat.completion.chunk")
-    return event_lines(_chunks(state, request, generation, head), head, generation,
+    return event_lines(_chunks(state, request, generation, head, tool_choice), head, generation,
                        request.include_usage, request.continuous_usage)
 
 
+def _delta(text: str, reader: ToolCallReader | None) -> dict:
+    """A stream's delta for new text: the text, or the tool-call entries it
+    completes (none yet: an empty delta)."""
+    if reader is None:
+        return {"content": text} if text else {}
+    entries = reader.add(text)
+    return {"tool_calls": entries} if entries else {}
+
+
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                  head: dict) -> AsyncIterator[dict]:
+                  head: dict, tool_choice: ToolChoice) -> AsyncIterator[dict]:
     num_top = _num_top(request)
+    readers = _readers(tool_choice, len(generation.choices))
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": "assistant", "content": ""},
                   "logprobs": None, "finish_reason": None}
         yield {**head, "choices": [choice]}
     async for event in generation.events():
         lp = _logprobs(state, event, num_top)
-        if not event.text and lp is None and event.finish_reason is None:
-            continue  # tokens whose text is held back (an incomplete character)
-        choice = {"index": event.index, "delta": {"content": event.text} if event.text else {},
+        reader = readers[event.index]
+        delta = _delta(event.text, reader)
+        if not delta and lp is None and event.finish_reason is None:
+            continue  # text held back (an incomplete character, an unfinished call)
+        reason = event.finish_reason
+        if reader is not None and reason is not None:
+            reason = reader.finish_reason(reason)
+        choice = {"index": event.index, "delta": delta,
                   "logprobs": {"content": lp} if lp is not None else None,
-                  "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
+                  "finish_reason": reason, "stop_reason": event.stop_reason}
         yield {**head, "choices": [choice]}

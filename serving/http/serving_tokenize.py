@@ -2,8 +2,8 @@
 
 ``/tokenize`` takes a ``prompt`` (``add_special_tokens`` true: tokenized as
 the engine tokenizes a text prompt; false: the text's own tokens) or chat
-``messages`` (rendered with the model's chat template, as the chat route
-does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
+``messages`` (rendered with the model's chat template and any ``tools``,
+as the chat route does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
 ``/detokenize`` answers ``{"prompt"}`` for ``tokens``, decoded as the
 engine decodes outputs. ``/tokenizer_info`` gives the special tokens and
 the chat template, which evaluation harnesses read to tokenize through
@@ -30,7 +30,8 @@ def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
 
         chat = ChatCompletionRequest(messages=request.messages,
                                      add_generation_prompt=request.add_generation_prompt,
-                                     chat_template_kwargs=request.chat_template_kwargs)
+                                     chat_template_kwargs=request.chat_template_kwargs,
+                                     tools=request.tools)
         ids = chat_prompt(state, chat)
     elif request.add_special_tokens:
         ids = tok.encode(request.prompt)

@@ -158,6 +158,28 @@ def test_chat_renders_as_transformers(llm, tmp_path):
     assert one.prompt_token_ids == outputs[0].prompt_token_ids
 
 
+# Short enough for MAX_MODEL_LEN: the tools as JSON, then the messages' texts.
+TOOLS_TEMPLATE = ("{{ tools | tojson if tools else '-' }}"
+                  "{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+@pytest.mark.timeout(300)
+def test_chat_renders_tools_as_transformers(llm, tmp_path):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path)))
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    chat = [{"role": "user", "content": "Hi"}]
+    [out] = llm.chat(chat, _greedy(max_tokens=4), chat_template=TOOLS_TEMPLATE, tools=tools)
+    assert out.prompt == hf.apply_chat_template(chat, tools=tools, tokenize=False,
+                                                chat_template=TOOLS_TEMPLATE)
+    assert out.prompt_token_ids == list(hf.apply_chat_template(
+        chat, tools=tools, tokenize=True, return_dict=False, chat_template=TOOLS_TEMPLATE))
+    assert '"name": "f"' in out.prompt
+    [plain] = llm.chat(chat, _greedy(max_tokens=4), chat_template=TOOLS_TEMPLATE)
+    assert plain.prompt == "-Hi"
+
+
 @pytest.mark.timeout(300)
 def test_allowed_ids_and_bias_follow_transformers_logits(tmp_path):
     """Greedy with ``allowed_token_ids`` and ``logit_bias`` against a loop

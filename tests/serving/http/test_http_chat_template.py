@@ -1,13 +1,25 @@
 """Chat templates render as transformers renders them (its
 ``apply_chat_template(tokenize=False)`` on the same tokenizer is the
-reference), and a template's refusal is a ``ValueError``."""
+reference), tools and tool-call messages included, and a template's
+refusal is a ``ValueError``."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 
-from checkpoint.chat_template import ChatTemplateError, message_text, render_chat
+from checkpoint.chat_template import (
+    ChatTemplateError,
+    chat_prompt_ids,
+    message_text,
+    render_chat,
+    template_message,
+)
 from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
+from checkpoint.tokenizer import Tokenizer
+from tests.helpers.tool_template import TOOL_TEMPLATE
 
 CHATML = (  # the shape of SmolLM2's template
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -48,10 +60,15 @@ MESSAGES = [
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(tmp_path_factory):
+def model_dir(tmp_path_factory):
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("c")))
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(model_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path_factory.mktemp("c"))))
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.mark.parametrize("template", [CHAT_TEMPLATE, CHATML, LLAMA3_LIKE, BLOCKS])
@@ -120,3 +137,84 @@ def test_content_parts_are_joined_texts_and_other_parts_are_named():
         message_text([{"type": "image_url", "image_url": {"url": "x"}}])
     with pytest.raises(ValueError, match="a text content part needs a 'text' string"):
         message_text([{"type": "text"}])
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}},
+]
+# As templates read them: an assistant's calls with object arguments, its
+# content "" where the client sent null.
+TOOL_CHATS = [
+    [{"role": "user", "content": "Weather in Oslo?"}],
+    [{"role": "user", "content": "Weather in Oslo?"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+     {"role": "tool", "tool_call_id": "call_1", "content": "Snow, -3 °C"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo, and the time?"},
+     {"role": "assistant", "content": "Looking.", "tool_calls": [
+         {"id": "a", "type": "function",
+          "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+         {"id": "b", "type": "function", "function": {"name": "now", "arguments": {}}}]},
+     {"role": "tool", "tool_call_id": "a", "content": "Snow"},
+     {"role": "tool", "tool_call_id": "b", "content": "12:00"},
+     {"role": "assistant", "content": "Snowy at noon."}, {"role": "user", "content": "Thanks"}],
+]
+
+
+def _as_sent(chat: list[dict]) -> list[dict]:
+    """``chat`` as an OpenAI client sends it: arguments as JSON text, the
+    content of a message that only calls tools null."""
+    sent = copy.deepcopy(chat)
+    for message in sent:
+        for call in message.get("tool_calls", []):
+            call["function"]["arguments"] = json.dumps(call["function"]["arguments"])
+        if "tool_calls" in message and not message["content"]:
+            message["content"] = None
+    return sent
+
+
+@pytest.mark.parametrize("template", [TOOL_TEMPLATE, CHATML, LLAMA3_LIKE])
+@pytest.mark.parametrize("chat", TOOL_CHATS)
+@pytest.mark.parametrize("tools", [TOOLS, None])
+def test_tools_and_tool_calls_render_equal_transformers(hf_tokenizer, template, chat, tools):
+    want = hf_tokenizer.apply_chat_template(chat, tools=tools, chat_template=template,
+                                            tokenize=False, add_generation_prompt=True)
+    got = render_chat(template, chat, add_generation_prompt=True, tools=tools,
+                      bos_token=hf_tokenizer.bos_token, eos_token=hf_tokenizer.eos_token)
+    assert got == want
+    if tools is not None and template == TOOL_TEMPLATE:
+        assert '"name": "get_weather"' in got  # the tools are in the prompt
+
+
+@pytest.mark.parametrize("chat", TOOL_CHATS)
+def test_sent_tool_calls_reach_the_template_as_transformers_wants_them(
+        model_dir, hf_tokenizer, chat):
+    """Arguments sent as JSON text reach the template as objects, and a null
+    content as "": the prompt (text and ids) is transformers' for the
+    messages written that way."""
+    want_text = hf_tokenizer.apply_chat_template(chat, tools=TOOLS, chat_template=TOOL_TEMPLATE,
+                                                 tokenize=False, add_generation_prompt=True)
+    want_ids = hf_tokenizer.apply_chat_template(chat, tools=TOOLS, chat_template=TOOL_TEMPLATE,
+                                                tokenize=True, add_generation_prompt=True,
+                                                return_dict=False)
+    text, ids = chat_prompt_ids(Tokenizer.from_dir(model_dir), _as_sent(chat), tools=TOOLS,
+                                chat_template=TOOL_TEMPLATE)
+    assert (text, ids) == (want_text, list(want_ids))
+
+
+def test_template_message_leaves_the_callers_message_alone():
+    sent = _as_sent(TOOL_CHATS[1])
+    before = copy.deepcopy(sent)
+    assert [template_message(m) for m in sent] == TOOL_CHATS[1]
+    assert sent == before
+    # An empty tool_calls list is no call: the plain assistant path.
+    assert template_message({"role": "assistant", "content": "x", "tool_calls": []}) == {
+        "role": "assistant", "content": "x"}
+    with pytest.raises(ChatTemplateError, match="arguments are not JSON text"):
+        template_message({"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]})

@@ -259,10 +259,14 @@ def test_unimplemented_fields_are_refused(client):
                                       extra_body=extra)
     messages = [{"role": "user", "content": PROMPT}]
     function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
-    for extra in ({"tool_choice": "required"}, {"tool_choice": "auto"},
-                  {"tool_choice": {"type": "function", "function": {"name": "f"}}},
-                  {"functions": [function]}, {"function_call": "auto"}):
-        with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
+    # A tool choice without tools; OpenAI's deprecated function fields.
+    for extra, message in (({"tool_choice": "required"}, "needs tools"),
+                           ({"tool_choice": "auto"}, "needs tools"),
+                           ({"tool_choice": {"type": "function", "function": {"name": "f"}}},
+                            "needs tools"),
+                           ({"functions": [function]}, "deprecated form of tools"),
+                           ({"function_call": "auto"}, "deprecated form of tool_choice")):
+        with pytest.raises(openai.BadRequestError, match=message):
             client.chat.completions.create(model="tiny", max_tokens=2, messages=messages,
                                            extra_body=extra)
     # Asking for no tool is asking for the plain answer this server gives.

@@ -1,7 +1,8 @@
 """A real model under constraint: SmolLM2-135M-Instruct (GGUF) served over
 HTTP, asked through the official ``openai`` client. With ``response_format``
 json_schema its answer is valid JSON that answers the question (a city and
-its country); a choice constraint picks the sensible option. At TP=1, and at
+its country); a choice constraint picks the sensible option; a named tool
+choice calls the tool with the city asked about. At TP=1, and at
 TP=3 (9 query heads, 3 KV heads: one KV head per rank)."""
 
 from __future__ import annotations
@@ -70,3 +71,24 @@ def test_choice_picks_the_sensible_option(client):
                max_tokens=8, extra_body={"structured_outputs": {
                    "choice": ["red", "green", "blue", "yellow"]}})
     assert (sky.message.content, sky.finish_reason) == ("blue", "stop")
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_named_tool_call_asks_for_the_city_in_the_question(client):
+    choice = _ask(client, "What is the weather like in Paris today?", max_tokens=40,
+                  tools=[WEATHER_TOOL],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert choice.finish_reason == "stop" and choice.message.content == ""
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, WEATHER_TOOL["function"]["parameters"])
+    assert arguments["city"].strip().lower() == "paris"

@@ -1,0 +1,305 @@
+"""Tool calling on /v1/chat/completions, as vLLM's OpenAI server serves it
+without a tool-call parser.
+
+A request's ``tools`` are always given to the chat template. Its
+``tool_choice`` says what the answer is:
+
+- "none" (the default without tools): a plain answer.
+- ``{"type": "function", "function": {"name": X}}``: one call of X. The
+  output is held to X's ``parameters`` schema (the engine's structured
+  outputs) and the generated JSON text is the call's ``arguments``.
+- "required": one or more calls. The output is held to a JSON array of
+  ``{"name": <a tool's name>, "parameters": <that tool's arguments>}``
+  objects without other keys (at most one with ``parallel_tool_calls``
+  false); each element is one call, its ``arguments`` the element's
+  parameters as JSON text.
+- "auto" (the default with tools): refused. Finding calls in free text
+  takes a tool-call parser made for the model's own call syntax, which
+  this server does not have.
+
+A forced call's message has content "" and the calls in ``tool_calls``,
+each with its own ``chatcmpl-tool-<hex>`` id; with "required", an answer
+the engine ended with "stop" ends with "tool_calls" (a named call keeps
+"stop"). OpenAI's deprecated ``functions`` and ``function_call`` are
+refused, "none" excepted. A bad tool or choice is a ``FieldError`` naming
+the field; a tool choice given with a structured-output field is refused:
+one constraint per request.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.structured_outputs.params import StructuredOutputsParams
+from serving.http.protocol import ChatCompletionRequest, FieldError
+
+NO_ARGUMENTS = {"type": "object", "properties": {}}
+_NAMED_USAGE = '{"type": "function", "function": {"name": ...}}'
+_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                      "guided_choice", "guided_grammar")
+
+
+def new_tool_call_id() -> str:
+    return f"chatcmpl-tool-{secrets.token_hex(16)}"
+
+
+def rendered_tools(request) -> list[dict] | None:
+    """The request's tools as the client sent them, for the chat template."""
+    if request.tools is None:
+        return None
+    return [tool.model_dump(exclude_unset=True) for tool in request.tools]
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """A request's checked tool choice. ``mode`` "none": a plain answer;
+    "named": one call of ``name``; "required": one or more calls. ``schema``
+    is the JSON schema the output is held to (None for "none")."""
+
+    mode: Literal["none", "named", "required"]
+    name: str | None = None
+    schema: dict | None = None
+
+    def constraint(self) -> StructuredOutputsParams | None:
+        """The engine's constraint for the output, or None."""
+        return None if self.schema is None else StructuredOutputsParams(json=self.schema)
+
+    def reader(self) -> ToolCallReader | None:
+        """A fresh reader of one choice's text, or None for a plain answer."""
+        if self.mode == "named":
+            return NamedCallReader(self.name)
+        if self.mode == "required":
+            return RequiredCallsReader()
+        return None
+
+
+def tool_choice_of(request: ChatCompletionRequest) -> ToolChoice:
+    """The request's ``ToolChoice``; ``FieldError`` (or ``ValueError``) for a
+    choice this server does not serve or that its tools do not allow."""
+    _refuse_functions(request)
+    schemas = _tool_schemas(request)
+    choice = request.tool_choice
+    if choice is None:
+        choice = "auto" if schemas else "none"
+    name = None if choice in ("none", "auto", "required") else _named_function(choice)
+    if choice == "none":
+        return ToolChoice("none")
+    if schemas is None:
+        raise FieldError("tool_choice", f"tool_choice {_shown(choice)} needs tools")
+    if choice == "auto":
+        raise FieldError("tool_choice",
+                         'tool_choice "auto" (the default when tools are given) needs a '
+                         "tool-call parser to find calls in the model's free text, and this "
+                         'server has none: send tool_choice "none", "required" or '
+                         f"{_NAMED_USAGE}")
+    _refuse_second_constraint(request)
+    if choice == "required":
+        return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))
+    if name not in schemas:
+        raise FieldError("tool_choice.function.name",
+                         f"tool_choice names the function {name!r}, which is not among tools "
+                         f"({', '.join(schemas)})")
+    return ToolChoice("named", name, schemas[name])
+
+
+def _refuse_functions(request: ChatCompletionRequest) -> None:
+    if request.functions is not None:
+        raise FieldError("functions", "functions is OpenAI's deprecated form of tools, not "
+                                      "served here: send tools (and tool_choice) instead")
+    if request.function_call not in (None, "none"):
+        raise FieldError("function_call", "function_call is OpenAI's deprecated form of "
+                                          "tool_choice, not served here: send tool_choice")
+
+
+def _tool_schemas(request: ChatCompletionRequest) -> dict[str, dict] | None:
+    """Each tool's arguments schema by its name (None without tools)."""
+    if request.tools is None:
+        return None
+    if not request.tools:
+        raise FieldError("tools", "tools must not be empty: give one tool or more, or leave "
+                                  "tools out")
+    schemas: dict[str, dict] = {}
+    for i, tool in enumerate(request.tools):
+        name = tool.function.name
+        if not name:
+            raise FieldError(f"tools.{i}.function.name", "a tool's function name must not be "
+                                                         "empty")
+        if name in schemas:
+            raise FieldError(f"tools.{i}.function.name",
+                             f"two tools are named {name!r}: a call's name must tell them apart")
+        schemas[name] = NO_ARGUMENTS if tool.function.parameters is None else \
+            tool.function.parameters
+    return schemas
+
+
+def _named_function(choice: Any) -> str:
+    if isinstance(choice, str):
+        raise FieldError("tool_choice", f"tool_choice must be \"none\", \"auto\", \"required\" "
+                                        f"or {_NAMED_USAGE}, got {choice!r}")
+    if choice.get("type", "function") != "function":
+        raise FieldError("tool_choice.type", f"tool_choice type must be \"function\", got "
+                                             f"{choice.get('type')!r}")
+    function = choice.get("function")
+    if not isinstance(function, dict):
+        raise FieldError("tool_choice.function", f"a named tool_choice is {_NAMED_USAGE}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise FieldError("tool_choice.function.name", "a named tool_choice needs the function's "
+                                                      f"name: {_NAMED_USAGE}")
+    return name
+
+
+def _refuse_second_constraint(request: ChatCompletionRequest) -> None:
+    for field in _CONSTRAINT_FIELDS:
+        value = getattr(request, field)
+        if value is None or (field == "response_format" and isinstance(value, dict)
+                             and value.get("type") == "text"):
+            continue
+        raise ValueError(f"a named or required tool_choice holds the output to its tools' "
+                         f"schemas: give it without {field} (one constraint per request)")
+
+
+def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:
+    """The array of calls "required" asks for: each element one tool's name
+    and its arguments, and nothing else (a key beside them would be text no
+    call carries). The tools' ``$defs`` move to the top, where their
+    ``#/$defs/...`` references point from inside the array."""
+    items, defs = [], {}
+    for name, params in schemas.items():
+        params = dict(params)
+        for key, value in params.pop("$defs", {}).items():
+            if defs.setdefault(key, value) != value:
+                raise FieldError("tools", f"tools define $defs {key!r} twice, differently")
+        items.append({"properties": {"name": {"type": "string", "enum": [name]},
+                                     "parameters": params},
+                      "required": ["name", "parameters"], "additionalProperties": False})
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": {"type": "object", "anyOf": items}}
+    if parallel is False:
+        schema["maxItems"] = 1
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _shown(choice: Any) -> str:
+    return json.dumps(choice) if not isinstance(choice, str) else f'"{choice}"'
+
+
+class ToolCallReader:
+    """One choice's output text turned into tool calls. ``add`` takes each
+    new piece of text and returns the ``delta.tool_calls`` entries a stream
+    sends for it; ``calls`` is the message's ``tool_calls`` once the text is
+    whole. Every call keeps one id, in the stream and in ``calls``."""
+
+    def add(self, text: str) -> list[dict]:
+        raise NotImplementedError
+
+    def calls(self) -> list[dict]:
+        raise NotImplementedError
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return reason
+
+
+class NamedCallReader(ToolCallReader):
+    """A named tool choice: the whole text is the call's arguments. The
+    first piece carries the call's id, type and name; each piece after it
+    only more arguments text. An empty (or blank) text makes no call."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.id = new_tool_call_id()
+        self.text = ""
+
+    def add(self, text: str) -> list[dict]:
+        if not text:
+            return []
+        first = not self.text
+        self.text += text
+        if first:
+            return [{"index": 0, "id": self.id, "type": "function",
+                     "function": {"name": self.name, "arguments": text}}]
+        return [{"index": 0, "function": {"arguments": text}}]
+
+    def calls(self) -> list[dict]:
+        if not self.text.strip():
+            return []
+        return [{"id": self.id, "type": "function",
+                 "function": {"name": self.name, "arguments": self.text}}]
+
+
+class RequiredCallsReader(ToolCallReader):
+    """A "required" tool choice: the text is a JSON array of {"name",
+    "parameters"} objects; each element becomes a call when it is whole,
+    sent in one stream entry (index, id, type, name and all its arguments).
+    Elements left unfinished (an answer cut at ``max_tokens``) make no call.
+
+    The scan keeps the bracket depth outside strings: depth 1 is inside the
+    array, so an object that opens at depth 1 is an element and ends where
+    the depth is 1 again."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.element_start: int | None = None
+        self.found: list[dict] = []
+
+    def add(self, text: str) -> list[dict]:
+        start = len(self.text)
+        self.text += text
+        entries = []
+        for at, char in enumerate(text, start):
+            element = self._scan(char, at)
+            call = None if element is None else _call_of(element)
+            if call is not None:
+                entries.append({"index": len(self.found), **call})
+                self.found.append(call)
+        return entries
+
+    def _scan(self, char: str, at: int) -> str | None:
+        """Advance over ``char``, at ``at`` in ``text``; the element it ends, if any."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif char == "\\":
+                self.escaped = True
+            elif char == '"':
+                self.in_string = False
+            return None
+        if char == '"':
+            self.in_string = True
+        elif char in "[{":
+            if char == "{" and self.depth == 1:
+                self.element_start = at
+            self.depth += 1
+        elif char in "]}":
+            self.depth -= 1
+            if char == "}" and self.depth == 1 and self.element_start is not None:
+                element, self.element_start = self.text[self.element_start:at + 1], None
+                return element
+        return None
+
+    def calls(self) -> list[dict]:
+        return list(self.found)
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self.found else reason
+
+
+def _call_of(element: str) -> dict | None:
+    """The call one array element asks for; None if it is not one."""
+    try:
+        value = json.loads(element)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = json.dumps(value.get("parameters", {}), ensure_ascii=False)
+    return {"id": new_tool_call_id(), "type": "function",
+            "function": {"name": value["name"], "arguments": arguments}}

@@ -1,0 +1,54 @@
+"""A chat template with tool use, in the shape of the tool-use templates
+models ship (tools listed in a system turn as JSON, an assistant's calls as
+tagged JSON with object arguments, tool answers as their own turn), and
+the ``tiny`` model written again with it as its template."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from checkpoint.tiny_model import ensure_tiny_model
+
+TOOL_TEMPLATE = """{{- bos_token }}
+{%- if tools is not none %}
+<|system|>
+You can call these functions:
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+Call one as <call>{"name": ..., "arguments": ...}</call>.{{ eos_token }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'assistant' and message.tool_calls is defined %}
+<|assistant|>
+{{- message.content }}
+{%- for call in message.tool_calls %}
+<call>{"name": {{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}</call>
+{%- endfor %}{{ eos_token }}
+{%- elif message.role == 'tool' %}
+<|tool|>
+[{{ message.tool_call_id }}] {{ message.content }}{{ eos_token }}
+{%- else %}
+<|{{ message.role }}|>
+{{ message.content }}{{ eos_token }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+<|assistant|>
+{%- endif %}
+"""
+
+
+def tiny_with_tool_template(cache_dir: str, out_dir: str) -> str:
+    """A copy of ``tiny`` (written under ``cache_dir``) in ``out_dir`` whose
+    tokenizer's chat template is ``TOOL_TEMPLATE``; its path."""
+    shutil.copytree(ensure_tiny_model(cache_dir), out_dir)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["chat_template"] = TOOL_TEMPLATE
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return out_dir

@@ -1,0 +1,120 @@
+"""The tool-call pieces without a server: the schema "required" holds the
+output to (``jsonschema`` decides what it accepts), and the readers that
+turn a choice's text into calls, fed the text in pieces of every size
+(the ``json`` module's reading of the whole text is the reference)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from serving.http.protocol import ChatCompletionRequest
+from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
+
+UNIT = {"enum": ["C", "F"]}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                        "unit": {"$ref": "#/$defs/unit"}},
+                       "required": ["city", "unit"], "$defs": {"unit": UNIT}}}},
+    {"type": "function", "function": {"name": "now"}},
+]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _choice(**fields):
+    return tool_choice_of(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, **fields))
+
+
+def test_required_schema_accepts_calls_of_the_tools_and_nothing_else():
+    schema = _choice(tool_choice="required").schema
+    jsonschema.Draft202012Validator.check_schema(schema)
+    good = [[{"name": "now", "parameters": {}}],
+            [{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "C"}},
+             {"name": "now", "parameters": {}}]]
+    bad = [[],  # at least one call
+           [{"name": "fly", "parameters": {}}],  # not a tool
+           [{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "K"}}],  # via $defs
+           [{"name": "get_weather", "parameters": {"city": "Oslo"}}],
+           [{"name": "now"}],
+           [{"name": "now", "parameters": {}, "why": "x"}],
+           {"name": "now", "parameters": {}}]
+    for calls in good:
+        jsonschema.validate(calls, schema)
+    for calls in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(calls, schema)
+    single = _choice(tool_choice="required", parallel_tool_calls=False).schema
+    jsonschema.validate(good[0], single)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(good[1], single)
+    # The request's own tools are left as they were sent.
+    assert "$defs" in TOOLS[0]["function"]["parameters"]
+
+
+def test_a_named_choice_is_held_to_its_tools_parameters():
+    named = _choice(tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert (named.mode, named.name) == ("named", "get_weather")
+    assert named.schema == TOOLS[0]["function"]["parameters"]
+    assert json.loads(named.constraint().json) == named.schema
+    empty = _choice(tool_choice={"type": "function", "function": {"name": "now"}})
+    jsonschema.validate({}, empty.schema)
+    assert _choice(tool_choice="none").constraint() is None
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+ARRAYS = [
+    '[{"name": "now", "parameters": {}}]',
+    ' [ {"name":"get_weather","parameters":{"city":"Os]lo} \\"x\\" {","unit":"C"}} ,\n'
+    '{ "parameters" : {"nested": [{"a": [1, {"b": "]}"}]}], "u": "é😀"}, "name": "now"}\t]',
+]
+
+
+@pytest.mark.parametrize("text", ARRAYS)
+def test_required_reader_gives_each_element_once_whole(text):
+    want = [(e["name"], e["parameters"]) for e in json.loads(text)]
+    for size in range(1, len(text) + 1):
+        reader = RequiredCallsReader()
+        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
+        assert [(e["function"]["name"], json.loads(e["function"]["arguments"]))
+                for e in entries] == want
+        assert [e["index"] for e in entries] == list(range(len(want)))
+        calls = reader.calls()
+        assert [c["id"] for c in calls] == [e["id"] for e in entries]
+        assert [{k: v for k, v in e.items() if k != "index"} for e in entries] == calls
+        assert len({c["id"] for c in calls}) == len(calls)
+        assert reader.finish_reason("stop") == "tool_calls"
+        assert reader.finish_reason("length") == "length"
+
+
+def test_required_reader_drops_an_unfinished_element():
+    text = ARRAYS[1]
+    cut = text.index('{ "parameters"') + 20
+    reader = RequiredCallsReader()
+    reader.add(text[:cut])
+    assert [c["function"]["name"] for c in reader.calls()] == ["get_weather"]
+    empty = RequiredCallsReader()
+    empty.add('[{"name": "no')
+    assert empty.calls() == [] and empty.finish_reason("stop") == "stop"
+
+
+def test_named_reader_streams_the_text_as_arguments():
+    text = '{"city": "Oslo", "unit": "C"}'
+    for size in (1, 4, len(text)):
+        reader = NamedCallReader("get_weather")
+        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
+        first, rest = entries[0], entries[1:]
+        assert first == {"index": 0, "id": reader.id, "type": "function",
+                         "function": {"name": "get_weather", "arguments": text[:size]}}
+        assert all(set(e) == {"index", "function"} and e["index"] == 0 for e in rest)
+        assert "".join(e["function"]["arguments"] for e in entries) == text
+        assert reader.calls() == [{"id": reader.id, "type": "function",
+                                   "function": {"name": "get_weather", "arguments": text}}]
+        assert reader.finish_reason("stop") == "stop"
+    assert NamedCallReader("now").calls() == []
