@@ -102,8 +102,7 @@ _SAMPLING_RANGES = (
         and all(0 < len(s) <= MAX_BAD_WORD_TOKENS and all(t >= 0 for t in s)
                 for s in o.bad_words_token_ids)),
      "bad_words_token_ids must be None or at most " + str(MAX_TOKEN_LIST) + " sequences of 1 "
-     "to " + str(MAX_BAD_WORD_TOKENS) + " token ids >= 0 (bad_words: as many words, each of "
-     "at most " + str(MAX_BAD_WORD_TOKENS) + " tokens)"),
+     "to " + str(MAX_BAD_WORD_TOKENS) + " token ids >= 0 (a bad word gives one or two)"),
 )
 
 
