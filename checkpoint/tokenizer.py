@@ -83,7 +83,11 @@ class Tokenizer:
             chat_template=config.get("chat_template"),
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's ids; with ``add_special_tokens`` False, no BOS or other
+        token the post-processor would add (the text's own tokens only)."""
+        if not add_special_tokens:
+            return self.hf.encode(text, add_special_tokens=False).ids
         if self.add_bos_token is None:
             return self.hf.encode(text, add_special_tokens=True).ids
         ids = self.hf.encode(text, add_special_tokens=False).ids

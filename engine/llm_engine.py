@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from checkpoint.description import describe
 from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
+from engine.bad_words import bad_words_token_ids
 from engine.config import ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
@@ -163,8 +164,12 @@ class LLMEngine:
         context is cut to what it leaves, so the request ends there with
         "length" (vLLM's offline ``LLM``); without, such a request is refused
         (vLLM's HTTP server). A prompt that leaves no room for one token is
-        refused either way."""
+        refused either way. ``bad_words`` are tokenized here
+        (``engine.bad_words``), so their ids are checked with the rest."""
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
+        if params.bad_words:
+            params = params.with_bad_words_token_ids(
+                bad_words_token_ids(self.tokenizer, params.bad_words))
         # At least 1: a prompt already too long then gets the length message.
         room = max(1, self.scheduler.config.max_model_len - len(prompt_token_ids))
         if fit_context:

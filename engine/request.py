@@ -137,8 +137,9 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
     prompt + ``max_tokens`` within ``max_model_len``; enough KV blocks in the
     whole cache for the longest it may grow; at most ``max_logprobs`` top
-    logprobs per token (sampled or prompt); ``logit_bias`` and
-    ``allowed_token_ids`` inside the vocabulary (when given).
+    logprobs per token (sampled or prompt); ``logit_bias``,
+    ``allowed_token_ids`` and ``bad_words_token_ids`` inside the vocabulary
+    (when given).
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
@@ -163,8 +164,10 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
         if k is not None and -1 < limits.max_logprobs < k:
             raise ValueError(f"{name} {k} is more than max_logprobs {limits.max_logprobs}")
     if vocab_size is not None:
+        bad_words_ids = [t for s in params.bad_words_token_ids or () for t in s]
         for name, ids in (("logit_bias", params.logit_bias or ()),
-                          ("allowed_token_ids", params.allowed_token_ids or ())):
+                          ("allowed_token_ids", params.allowed_token_ids or ()),
+                          ("bad_words_token_ids", bad_words_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary "

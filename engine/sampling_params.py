@@ -10,7 +10,12 @@ neither, and its endpoint takes only ``n`` 1 and no ``stop``).
 ``truncate_prompt_tokens`` k keeps a prompt's last k tokens
 (``truncated_prompt``, where the request enters the engine);
 ``skip_special_tokens`` False shows special tokens' text in the output
-(the detokenizers of ``LLM`` and of the engine's endpoint). Adding a
+(the detokenizers of ``LLM`` and of the engine's endpoint).
+``bad_words`` (vLLM's) are words the output must not complete; the engine
+tokenizes them where the request enters it (``LLMEngine.new_request``,
+``engine.bad_words``) into the runner's ``bad_words_token_ids``, which it
+then sets (replacing any given; without ``bad_words`` a given
+``bad_words_token_ids`` is used as it is). Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in
 ``problems``), an engine-only one below; both then reach ``LLM``, the HTTP
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
@@ -22,7 +27,8 @@ are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
 None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
 stop strings not empty; ``logit_bias`` a dict of int ids to numbers and
-``allowed_token_ids`` a list of ints, each within its bounds).
+``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
+``bad_words_token_ids`` a list of lists of ints, each within its bounds).
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
 (one string as a tuple of one). ``max_tokens`` None: as many as the
 context leaves after the prompt (``LLMEngine.new_request`` sets the
@@ -70,6 +76,7 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] | list[int] = ()
     ignore_eos: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         self._check_structured_outputs()
@@ -135,6 +142,22 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
             raise ValueError(f"allowed_token_ids must be a list of ints, got {allowed!r}")
         if allowed is not None:
             msgspec.structs.force_setattr(self, "allowed_token_ids", list(allowed))
+        words = self.bad_words
+        if words is not None and not (isinstance(words, (list, tuple))
+                                      and all(isinstance(w, str) for w in words)):
+            raise ValueError(f"bad_words must be a list of strings, got {words!r}")
+        if words is not None:
+            msgspec.structs.force_setattr(self, "bad_words", list(words))
+        sequences = self.bad_words_token_ids
+        if sequences is not None and not (
+                isinstance(sequences, (list, tuple))
+                and all(isinstance(seq, (list, tuple)) and all(_is_int(t) for t in seq)
+                        for seq in sequences)):
+            raise ValueError(
+                f"bad_words_token_ids must be a list of lists of ints, got {sequences!r}")
+        if sequences is not None:
+            msgspec.structs.force_setattr(self, "bad_words_token_ids",
+                                          [list(seq) for seq in sequences])
 
     def _check_stop(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -188,6 +211,10 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
     def with_max_tokens(self, max_tokens: int) -> SamplingParams:
         """These parameters with ``max_tokens`` set (checked again)."""
         return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens))
+
+    def with_bad_words_token_ids(self, sequences: list[list[int]]) -> SamplingParams:
+        """These parameters with ``bad_words_token_ids`` set (checked again)."""
+        return SamplingParams.from_dict(dict(self.to_dict(), bad_words_token_ids=sequences))
 
     def fitted_to(self, room: int) -> SamplingParams:
         """These parameters with ``max_tokens`` (None: unbounded) and

@@ -20,7 +20,8 @@ import msgspec
 
 from ipc.config import ControlArg
 
-MAX_TOKEN_LIST = 1024  # entries of a request's logit_bias, and of its allowed_token_ids
+MAX_TOKEN_LIST = 1024  # entries of a request's logit_bias, allowed_token_ids, bad-word sequences
+MAX_BAD_WORD_TOKENS = 32  # ids of one bad-word sequence
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,7 +38,12 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     top ones (None: none). ``logit_bias`` adds each value to its token's
     logit, and ``allowed_token_ids`` leaves only those tokens to draw
     (vLLM's; both before the penalties, at most MAX_TOKEN_LIST entries, ids
-    inside the vocabulary, which the engine checks). ``engine.SamplingParams``
+    inside the vocabulary, which the engine checks). ``bad_words_token_ids``
+    are token sequences the request must not complete: where its last
+    output tokens are a sequence but its last id, that id cannot be drawn
+    (vLLM's ``bad_words``, which the engine tokenizes into these; at most
+    MAX_TOKEN_LIST sequences of 1 to MAX_BAD_WORD_TOKENS ids inside the
+    vocabulary). ``engine.SamplingParams``
     extends this Struct with the fields only the engine reads, so a field
     the runner needs is added here, once, and reaches the API, the HTTP
     server and the wire (``SamplingParams.to_options``) from here.
@@ -56,6 +62,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
 
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
@@ -90,6 +97,12 @@ _SAMPLING_RANGES = (
     (lambda o: o.allowed_token_ids is None or (0 < len(o.allowed_token_ids) <= MAX_TOKEN_LIST
                                                and all(t >= 0 for t in o.allowed_token_ids)),
      "allowed_token_ids must be None or 1 to " + str(MAX_TOKEN_LIST) + " token ids >= 0"),
+    (lambda o: o.bad_words_token_ids is None or (
+        len(o.bad_words_token_ids) <= MAX_TOKEN_LIST
+        and all(0 < len(s) <= MAX_BAD_WORD_TOKENS and all(t >= 0 for t in s)
+                for s in o.bad_words_token_ids)),
+     "bad_words_token_ids must be None or at most " + str(MAX_TOKEN_LIST) + " sequences of 1 "
+     "to " + str(MAX_BAD_WORD_TOKENS) + " token ids >= 0 (a bad word gives one or two)"),
 )
 
 

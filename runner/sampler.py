@@ -4,7 +4,8 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 ``idx_mapping[i]``:
 
 1. ``allowed_token_ids`` and ``logit_bias`` (``runner.sampling.logit_bias``),
-   penalties (repetition over prompt + output, presence and frequency over
+   ``bad_words`` (sequences whose last token is banned where the outputs so
+   far end with the rest; ``runner.sampling.bad_words``), penalties (repetition over prompt + output, presence and frequency over
    output; ``runner.sampling.penalties``), then ``min_tokens`` (stop ids
    at -inf for rows not yet past it; ``runner.sampling.min_tokens``);
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
@@ -12,7 +13,8 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
    of (seed, position, token id) (``runner.sampling.noise``);
 4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``);
-5. each real sample adds to its slot's output-token counts (penalties).
+5. each real sample adds to its slot's output-token counts (penalties) and
+   to its slot's recent outputs (bad words).
 
 Steps 2-3 are one kernel launch, two with filters: the filters become one
 threshold a row on the raw logits (``filter_thresholds``, found without a
@@ -39,6 +41,7 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
+from runner.sampling.bad_words import BadWordsState
 from runner.sampling.logit_bias import LogitBiasState
 from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
@@ -71,12 +74,15 @@ class SamplerOutput:
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
     logits for logprobs (the model's, in its dtype; None unless some row
-    asked), the rows' slots (int64) and the batch's flags."""
+    asked), the rows' slots (int64), the batch's flags and whether a row
+    has bad words (then the caller records the real samples:
+    ``BadWordsState.record_sampled``)."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
     idx: torch.Tensor
     flags: BatchFlags
+    any_bad_words: bool = False
 
 
 class Sampler:
@@ -87,6 +93,7 @@ class Sampler:
         self.penalties = PenaltyState(max_num_reqs, vocab_size, device)
         self.min_tokens = MinTokensState(max_num_reqs, device)
         self.logit_bias = LogitBiasState(max_num_reqs, device)
+        self.bad_words = BadWordsState(max_num_reqs, device)
         self.token_keys = token_keys(vocab_size, device)
 
     def add_request(
@@ -94,14 +101,19 @@ class Sampler:
         min_tokens_stop_ids: Sequence[int] = (),
     ) -> None:
         """Stage a new request's parameters; its prefill tokens past ``prompt_len``
-        (outputs before a preemption) count as output tokens for penalties;
-        ``min_tokens_stop_ids`` are held back until ``options.min_tokens``."""
+        (outputs before a preemption) count as output tokens for penalties
+        and bad words; ``min_tokens_stop_ids`` are held back until
+        ``options.min_tokens``. Ids past the vocabulary are dropped: such a
+        stop id or bad-word sequence can never be drawn or completed."""
         self.states.add_request(slot, options)
         if self.states.uses_penalty(slot):
             self.penalties.add_request(slot, prompt_len, prefill_len)
         stop_ids = [t for t in min_tokens_stop_ids if t < self.vocab_size]
         self.min_tokens.add_request(slot, options.min_tokens, prompt_len, stop_ids)
         self.logit_bias.add_request(slot, options)
+        sequences = [s for s in options.bad_words_token_ids or ()
+                     if max(s) < self.vocab_size]
+        self.bad_words.add_request(slot, sequences, prompt_len, prefill_len)
 
     @property
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
@@ -113,12 +125,14 @@ class Sampler:
         """The device rows of the requests added since the last call that are
         not staged writes: penalty rows built from ``all_token_ids`` (the
         runner's device table of prefill tokens, already written),
-        min-tokens stop ids, allowed ids and biases. The sampler's own staged writes
+        min-tokens stop ids, allowed ids and biases, bad-word sequences and
+        histories (from ``all_token_ids`` too). The sampler's own staged writes
         (``staged_tensors``) are applied apart; they touch other tensors, so
         either may come first."""
         self.penalties.rebuild_added_rows(all_token_ids)
         self.min_tokens.write_added_stop_ids()
         self.logit_bias.write_added_rows()
+        self.bad_words.write_added_rows(all_token_ids)
 
     def __call__(
         self,
@@ -146,6 +160,8 @@ class Sampler:
                          last_tokens=last_tokens, greedy=greedy)
         if draw.flags.any_penalty:
             self.penalties.record_sampled(draw.idx, draw.sampled, sample_mask)
+        if draw.any_bad_words:
+            self.bad_words.record_sampled(draw.idx, draw.sampled[:, None], sample_mask)
         return SamplerOutput(draw.sampled, self.logprobs(draw),
                              self.states.num_logprobs_np[idx_mapping_np])
 
@@ -162,9 +178,9 @@ class Sampler:
         """Steps 1-3 for every row: the token each row's request draws at
         ``positions``, exactly as a one-token step would. ``prior_tokens``
         [N, m] (-1: none) are tokens that precede the row's position in its
-        request without being counted yet (the drafts before it, when the
-        rows are the draft positions of speculative decoding): penalties
-        count them as output tokens. With ``last_tokens`` (the runner's
+        request without being counted yet (the drafts before it, nearest
+        first, when the rows are the draft positions of speculative
+        decoding): penalties and bad words count them as output tokens. With ``last_tokens`` (the runner's
         last sampled token of each slot) row i's token is also stored at
         ``last_tokens[idx_mapping[i]]`` by the draw's own launch.
         ``greedy``: each row's argmax of ``logits``, already stored at its
@@ -175,8 +191,9 @@ class Sampler:
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
         any_bias = self.logit_bias.any_active(idx_mapping_np)
+        any_bad_words = self.bad_words.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
-                and not any_min_tokens and not any_bias):
+                and not any_min_tokens and not any_bias and not any_bad_words):
             # The common case needs no per-slot parameter: one argmax.
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
@@ -188,13 +205,15 @@ class Sampler:
         processed = logits
         if any_bias:
             processed = self.logit_bias.apply(processed, idx, idx_mapping_np)
+        if any_bad_words:
+            processed = self.bad_words.apply(processed, idx, prior_tokens)
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)
-        return TargetDraw(sampled, raw, idx, flags)
+        return TargetDraw(sampled, raw, idx, flags, any_bad_words)
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
         """Step 4: logprobs of the raw logits for ``draw.sampled``, if any row asked."""

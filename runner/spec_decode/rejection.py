@@ -8,7 +8,7 @@ after it); the last offset carries none.
 
 Rule. At every logits row the target distribution p is the one a plain
 one-token step would sample from at that position: penalties (counting the
-row's earlier drafts as outputs), temperature, min-p, top-k, top-p, seed,
+row's earlier drafts as outputs), bad words (the same), temperature, min-p, top-k, top-p, seed,
 all by ``Sampler.draw``. Then, per batch row, drafts are accepted from the
 left while they pass; at the first that fails, or at the bonus position
 when all pass, one more token is emitted. Row i emits ``num_accepted[i] +
@@ -160,6 +160,9 @@ class RejectionSampler:
         last = tokens.gather(1, num_accepted[:, None])[:, 0]
         if draw.flags.any_penalty:
             self._record(draw, layout, num_accepted, sample_mask)
+        if draw.any_bad_words:
+            emitted = (num_accepted + 1) * sample_mask
+            self.sampler.bad_words.record_sampled(idx_mapping.to(torch.int64), tokens, emitted)
         num_logprobs = self.sampler.states.num_logprobs_np[idx_mapping_np]
         out = SamplerOutput(draw.sampled, self.sampler.logprobs(draw), num_logprobs)
         return SpecSamplerOutput(tokens, num_accepted, last, draw.sampled, out)

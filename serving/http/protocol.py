@@ -4,7 +4,7 @@ Requests are pydantic models: a field of the wrong type is answered with
 HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
 fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``, ``min_tokens``, ``prompt_logprobs``,
+``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
 ``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
@@ -59,7 +59,6 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Int64 | None = None
     skip_special_tokens: bool = True
-    # vLLM's extra this server does not implement (refused when set).
     bad_words: list[str] | None = None
 
     # Structured outputs (serving/http/structured.py): OpenAI's
@@ -74,7 +73,7 @@ class SamplingFields(BaseModel):
     # Fields OpenAI defines that change the answer but this server does not
     # implement: a request that sets one is refused rather than answered
     # as if it had not.
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("bad_words",)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or

@@ -3,8 +3,8 @@ the official ``openai`` client and httpx against ``tprun serve --http-port``
 (tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
 ``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
-``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``logit_bias``
-and ``allowed_token_ids``, ``/tokenize`` /
+``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``logit_bias``,
+``allowed_token_ids`` and ``bad_words``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
 
@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
+from ipc.messages import MAX_BAD_WORD_TOKENS
 from tests.helpers.http_utils import serving_tiny
 
 pytestmark = pytest.mark.timeout(180)
@@ -253,10 +254,6 @@ def test_unimplemented_fields_are_refused(client):
             client.completions.create(model="tiny", prompt=PROMPT, max_tokens=bad)
     with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=-5, echo=True)
-    for extra in ({"bad_words": ["a"]},):
-        with pytest.raises(openai.BadRequestError, match=f"{next(iter(extra))} is not supported"):
-            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
-                                      extra_body=extra)
     messages = [{"role": "user", "content": PROMPT}]
     function = {"name": "f", "parameters": {"type": "object", "properties": {}}}
     # A tool choice without tools; OpenAI's deprecated function fields.
@@ -378,6 +375,46 @@ def test_logit_bias_and_allowed_token_ids(reference, client):
         temperature=0, logit_bias={"70": 100})
     assert chat.choices[0].message.content == reference.get_tokenizer().decode([70] * 3)
     assert chat.usage.completion_tokens == 3
+
+
+def _two_token_word(tokenizer, ids: list[int]) -> str:
+    """Text of two consecutive ids of ``ids`` that encodes back to them and
+    has no leading space: a bad word that bans the second after the first."""
+    for i in range(1, len(ids) - 1):
+        text = tokenizer.decode(ids[i:i + 2])
+        if text == text.lstrip() and tokenizer.encode(text, add_special_tokens=False) == ids[
+                i:i + 2]:
+            return text
+    raise AssertionError(f"no two-token word in {ids}")
+
+
+def test_bad_words_are_served(reference, client):
+    """vLLM's ``bad_words`` on both routes, equal to ``LLM.generate`` (and
+    ``LLM.chat``) with the same parameters; the word comes from the
+    unconstrained answer, which it changes."""
+    messages = [{"role": "user", "content": PROMPT}]
+
+    def ask(route: str, words: list[str] | None):
+        """(``LLM``'s output, the served text) of a greedy answer."""
+        params = SamplingParams(temperature=0.0, max_tokens=12, bad_words=words)
+        extra = {"bad_words": words} if words else None
+        if route == "completions":
+            served = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12,
+                                               temperature=0, extra_body=extra)
+            return reference.generate(PROMPT, params)[0].outputs[0], served.choices[0].text
+        served = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                                temperature=0, extra_body=extra)
+        return reference.chat(messages, params)[0].outputs[0], served.choices[0].message.content
+
+    for route in ("completions", "chat"):
+        plain, _ = ask(route, None)
+        words = [_two_token_word(reference.get_tokenizer(), plain.token_ids)]
+        banned, served = ask(route, words)
+        assert served == banned.text and banned.token_ids != plain.token_ids
+    long_word = "x" * (MAX_BAD_WORD_TOKENS + 1)  # a token a byte
+    with pytest.raises(openai.BadRequestError, match="bad_words_token_ids must be"):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                  extra_body={"bad_words": [long_word]})
 
 
 def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
