@@ -94,7 +94,7 @@ run_stage() {
         -k "cuda or Triton or triton or rms or rotary or silu"
       pytest_files pytest_gpu_kernels.log tests/runner/test_gpu_graphs.py tests/runner/test_gpu_no_sync.py \
         tests/runner/test_sampler.py tests/runner/test_filter_thresholds.py \
-        tests/runner/test_logit_bias.py tests/runner/test_penalty_kernels.py tests/runner/test_logprobs_kernel.py \
+        tests/runner/test_logit_bias.py tests/runner/test_bad_words.py tests/runner/test_penalty_kernels.py tests/runner/test_logprobs_kernel.py \
         tests/runner/test_input_kernels_padded_rows.py \
         tests/runner/test_runner_graph_path.py tests/runner/test_runner_slot_reuse.py \
         tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
