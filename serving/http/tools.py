@@ -20,12 +20,13 @@ A request's ``tools`` are always given to the chat template. Its
   Without a parser "auto" is refused.
 
 A forced call's message has content "" and the calls in ``tool_calls``,
-each with its own ``chatcmpl-tool-<hex>`` id; with "required", an answer
-the engine ended with "stop" ends with "tool_calls" (a named call keeps
-"stop"). OpenAI's deprecated ``functions`` and ``function_call`` are
-refused, "none" excepted. A bad tool or choice is a ``FieldError`` naming
-the field; a tool choice given with a structured-output field is refused:
-one constraint per request.
+each with its own ``chatcmpl-tool-<hex>`` id; with "required" or "auto",
+an answer the engine ended with "stop" that has calls ends with
+"tool_calls" (a named call keeps "stop"). OpenAI's deprecated
+``functions`` and ``function_call`` are refused, "none" excepted. A bad
+tool or choice is a ``FieldError`` naming the field; a named or required
+tool choice given with a structured-output field is refused: one
+constraint per request.
 """
 
 from __future__ import annotations
