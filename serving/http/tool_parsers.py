@@ -21,9 +21,11 @@ The run ends at the first piece that is not a whole, valid call (malformed
 JSON, no "name", no arguments, other text); from there on the text is
 content, later call-shaped text included. So an answer whose first call is
 malformed is all content, and an answer cut in a call keeps the calls
-before it. vLLM's parsers take these syntaxes and keys; a whole llama3_json
-answer there may also have its calls anywhere in the text, and text after
-a run is dropped there, which a reader that streams cannot do alike.
+before it. The syntaxes and keys are those of vLLM's parsers of the same
+names; where these rules differ from them, it is so that a streamed and a
+whole answer agree: there, a whole llama3_json answer may have its calls
+anywhere in its text, text after the calls is dropped, and one malformed
+hermes block makes the whole answer content.
 
 Streaming: content goes out as soon as it cannot be the start of a call
 (a partial ``<tool_call>`` or ``<|python_tag|>`` is held back), each call
@@ -125,8 +127,8 @@ def _call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
 class ObjectEnd:
     """Finds where a JSON object that starts at ``start`` ends, over text
     that grows: ``scan`` reads from where it stopped and returns the index
-    just past the closing brace, or None while the braces (outside
-    strings) are still open."""
+    just past the closing brace, or None while brackets (outside strings)
+    are still open."""
 
     def __init__(self, start: int) -> None:
         self.at = start
