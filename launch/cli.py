@@ -135,8 +135,12 @@ With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
 /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)
 on --host (default 127.0.0.1), as one more client of the engine endpoint,
 logging one line per request unless --no-access-log; --api-key (or
-$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'. The
-host and the ports are bound once and released before the model loads: a
+$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'.
+--enable-auto-tool-choice --tool-call-parser NAME serves tool_choice "auto"
+(the default when tools are given): the model answers freely and the parser
+finds its calls in the text (llama3_json: Llama 3.x JSON calls; hermes:
+<tool_call> blocks of Hermes, Qwen, SmolLM2); without them "auto" is
+refused. The host and the ports are bound once and released before the model loads: a
 host that does not resolve or is not this machine's, or a busy port, is
 refused at once.
 """
@@ -169,6 +173,12 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--no-access-log", dest="access_log", action="store_false",
                        help="with --http-port: no log line per HTTP request (method, path, "
                        "status, duration)")
+    serve.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='with --http-port and --tool-call-parser: serve tool_choice "auto" '
+                       "by reading calls out of the model's free text")
+    serve.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                       help="the model's tool-call syntax for --enable-auto-tool-choice: "
+                       "llama3_json or hermes")
 
 
 def _bench_parser(sub) -> None:
@@ -386,9 +396,12 @@ def _check_http_args(args) -> None:
     from engine.config import ConfigError
     from serving.endpoint import DEFAULT_HOST, check_listen_address, is_loopback
 
+    _check_tool_args(args)
     if args.http_port is None:
         if args.api_key is not None:
             raise ConfigError("--api-key needs --http-port")
+        if args.enable_auto_tool_choice:
+            raise ConfigError("--enable-auto-tool-choice needs --http-port")
         return
     if not 0 <= args.http_port < 65536:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
@@ -405,6 +418,22 @@ def _check_http_args(args) -> None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
 
 
+def _check_tool_args(args) -> None:
+    """--enable-auto-tool-choice and --tool-call-parser go together, and
+    the parser is one this server has."""
+    from engine.config import ConfigError
+    from serving.http.tool_parsers import TOOL_CALL_PARSERS
+
+    names = ", ".join(TOOL_CALL_PARSERS)
+    if args.tool_call_parser is not None and args.tool_call_parser not in TOOL_CALL_PARSERS:
+        raise ConfigError(f"--tool-call-parser must be one of {names}, got "
+                          f"{args.tool_call_parser!r}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ConfigError(f"--enable-auto-tool-choice needs --tool-call-parser ({names})")
+    if args.tool_call_parser is not None and not args.enable_auto_tool_choice:
+        raise ConfigError("--tool-call-parser needs --enable-auto-tool-choice")
+
+
 def _start_http(args, engine, server, secret: bytes):
     """The HTTP front end, a client of ``server`` through its in-process
     address (same process: no ZeroMQ I/O thread on the way)."""
@@ -414,7 +443,8 @@ def _start_http(args, engine, server, secret: bytes):
         logging.getLogger("tprun.access").setLevel(logging.INFO)
     return start_http_server(server.inproc_address, secret, engine.tokenizer, args.model,
                              engine.max_model_len, args.host, args.http_port, args.api_key,
-                             access_log=args.access_log, context=server.ctx)
+                             access_log=args.access_log, context=server.ctx,
+                             tool_call_parser=args.tool_call_parser)
 
 
 def run_bench(args) -> int:

@@ -52,6 +52,7 @@ from serving.http.serving_completion import create_completion
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
+from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.trace_marks import TracedApp
 from serving.protocol_core import EngineStoppedError
 
@@ -93,10 +94,15 @@ def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
 
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int,
                api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False):
-    """The ASGI app; ``link`` is started and closed with the app's lifespan."""
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
+               tool_call_parser: str | None = None):
+    """The ASGI app; ``link`` is started and closed with the app's lifespan.
+    ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
+    tool_choice "auto" is served (None: refused)."""
     state = ServerState(link, tokenizer, model_name, max_model_len, Metrics(model_name),
-                        LogprobsFormatter(tokenizer))
+                        LogprobsFormatter(tokenizer),
+                        tool_call_parser=(None if tool_call_parser is None
+                                          else TOOL_CALL_PARSERS[tool_call_parser]))
 
     @asynccontextmanager
     async def lifespan(_app):

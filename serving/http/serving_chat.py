@@ -5,9 +5,9 @@ The prompt is the model's chat template rendered over the messages and
 tokenized (``checkpoint.chat_template.chat_prompt_ids``).
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to what
 the context has left (None: the engine sets it, ``LLMEngine.new_request``).
-With a named or required ``tool_choice`` (``tools.py``) each choice's text
-is read into ``tool_calls`` by its own ``ToolCallReader``, whole or as it
-streams.
+With a tool choice other than "none" (``tools.py``) each choice's text is
+read into ``tool_calls`` (and, for "auto", content) by its own
+``ToolCallReader``, whole or as it streams.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                  raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
-    tool_choice = tool_choice_of(request)
+    tool_choice = tool_choice_of(request, state.tool_call_parser)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
@@ -80,12 +80,11 @@ def _readers(tool_choice: ToolChoice, n: int) -> list[ToolCallReader | None]:
 
 
 def _message(text: str, reader: ToolCallReader | None) -> dict:
-    """A whole answer's message: its text, or (a forced tool choice) its
-    calls, with content "" as vLLM gives it; no calls, no ``tool_calls``."""
+    """A whole answer's message: its text, or what its reader made of it
+    (no calls, no ``tool_calls``)."""
     if reader is None:
         return {"role": "assistant", "content": text}
-    calls = reader.calls()
-    return {"role": "assistant", "content": "", **({"tool_calls": calls} if calls else {})}
+    return {"role": "assistant", **reader.message()}
 
 
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
@@ -103,7 +102,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
         texts[event.index] += event.text
         reader = readers[event.index]
         if reader is not None:
-            reader.add(event.text)
+            reader.delta(event.text, last=event.finish_reason is not None)
         if event.finish_reason is not None:
             reasons[event.index] = (event.finish_reason if reader is None
                                     else reader.finish_reason(event.finish_reason))
@@ -132,13 +131,12 @@ def _stream(state: ServerState, request: ChatCompletionRequest, generation: Gene
                        request.include_usage, request.continuous_usage)
 
 
-def _delta(text: str, reader: ToolCallReader | None) -> dict:
-    """A stream's delta for new text: the text, or the tool-call entries it
-    completes (none yet: an empty delta)."""
+def _delta(text: str, reader: ToolCallReader | None, last: bool) -> dict:
+    """A stream's delta for new text: the text, or what its reader lets out
+    (nothing yet: an empty delta)."""
     if reader is None:
         return {"content": text} if text else {}
-    entries = reader.add(text)
-    return {"tool_calls": entries} if entries else {}
+    return reader.delta(text, last)
 
 
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
@@ -152,9 +150,9 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
     async for event in generation.events():
         lp = _logprobs(state, event, num_top)
         reader = readers[event.index]
-        delta = _delta(event.text, reader)
+        delta = _delta(event.text, reader, last=event.finish_reason is not None)
         if not delta and lp is None and event.finish_reason is None:
-            continue  # text held back (an incomplete character, an unfinished call)
+            continue  # text held back (an incomplete character, a call not yet whole)
         reason = event.finish_reason
         if reader is not None and reason is not None:
             reason = reader.finish_reason(reason)

@@ -1,5 +1,4 @@
-"""Tool calling on /v1/chat/completions, as vLLM's OpenAI server serves it
-without a tool-call parser.
+"""Tool calling on /v1/chat/completions, as vLLM's OpenAI server serves it.
 
 A request's ``tools`` are always given to the chat template. Its
 ``tool_choice`` says what the answer is:
@@ -13,23 +12,28 @@ A request's ``tools`` are always given to the chat template. Its
   objects without other keys (at most one with ``parallel_tool_calls``
   false); each element is one call, its ``arguments`` the element's
   parameters as JSON text.
-- "auto" (the default with tools): refused. Finding calls in free text
-  takes a tool-call parser made for the model's own call syntax, which
-  this server does not have.
+- "auto" (the default with tools): the model answers freely and a
+  tool-call parser made for its call syntax (``tool_parsers.py``, chosen
+  with ``--enable-auto-tool-choice --tool-call-parser NAME``) finds the
+  calls in its text; what is not a call is the content. The request's own
+  structured-output fields, if any, hold as they would without tools.
+  Without a parser "auto" is refused.
 
 A forced call's message has content "" and the calls in ``tool_calls``,
-each with its own ``chatcmpl-tool-<hex>`` id; with "required", an answer
-the engine ended with "stop" ends with "tool_calls" (a named call keeps
-"stop"). OpenAI's deprecated ``functions`` and ``function_call`` are
-refused, "none" excepted. A bad tool or choice is a ``FieldError`` naming
-the field; a tool choice given with a structured-output field is refused:
-one constraint per request.
+each with its own ``chatcmpl-tool-<hex>`` id; with "required" or "auto",
+an answer the engine ended with "stop" that has calls ends with
+"tool_calls" (a named call keeps "stop"). OpenAI's deprecated
+``functions`` and ``function_call`` are refused, "none" excepted. A bad
+tool or choice is a ``FieldError`` naming the field; a named or required
+tool choice given with a structured-output field is refused: one
+constraint per request.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,12 +60,15 @@ def rendered_tools(request) -> list[dict] | None:
 @dataclass(frozen=True)
 class ToolChoice:
     """A request's checked tool choice. ``mode`` "none": a plain answer;
-    "named": one call of ``name``; "required": one or more calls. ``schema``
-    is the JSON schema the output is held to (None for "none")."""
+    "named": one call of ``name``; "required": one or more calls; "auto":
+    calls, content or both, as ``parser`` (a reader's factory) finds them in
+    free text. ``schema`` is the JSON schema the output is held to (None
+    for "none" and "auto")."""
 
-    mode: Literal["none", "named", "required"]
+    mode: Literal["none", "named", "required", "auto"]
     name: str | None = None
     schema: dict | None = None
+    parser: Callable[[], ToolCallReader] | None = None
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The engine's constraint for the output, or None."""
@@ -73,12 +80,16 @@ class ToolChoice:
             return NamedCallReader(self.name)
         if self.mode == "required":
             return RequiredCallsReader()
+        if self.mode == "auto":
+            return self.parser()
         return None
 
 
-def tool_choice_of(request: ChatCompletionRequest) -> ToolChoice:
+def tool_choice_of(request: ChatCompletionRequest,
+                   parser: Callable[[], ToolCallReader] | None = None) -> ToolChoice:
     """The request's ``ToolChoice``; ``FieldError`` (or ``ValueError``) for a
-    choice this server does not serve or that its tools do not allow."""
+    choice this server does not serve or that its tools do not allow.
+    ``parser`` makes the reader of an "auto" answer (None: "auto" refused)."""
     _refuse_functions(request)
     schemas = _tool_schemas(request)
     choice = request.tool_choice
@@ -90,11 +101,14 @@ def tool_choice_of(request: ChatCompletionRequest) -> ToolChoice:
     if schemas is None:
         raise FieldError("tool_choice", f"tool_choice {_shown(choice)} needs tools")
     if choice == "auto":
-        raise FieldError("tool_choice",
-                         'tool_choice "auto" (the default when tools are given) needs a '
-                         "tool-call parser to find calls in the model's free text, and this "
-                         'server has none: send tool_choice "none", "required" or '
-                         f"{_NAMED_USAGE}")
+        if parser is None:
+            raise FieldError("tool_choice",
+                             'tool_choice "auto" (the default when tools are given) needs a '
+                             "tool-call parser to find calls in the model's free text, and "
+                             "this server was started without one (--enable-auto-tool-choice "
+                             '--tool-call-parser NAME): send tool_choice "none", "required" '
+                             f"or {_NAMED_USAGE}")
+        return ToolChoice("auto", parser=parser)
     _refuse_second_constraint(request)
     if choice == "required":
         return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))
@@ -190,16 +204,27 @@ def _shown(choice: Any) -> str:
 
 
 class ToolCallReader:
-    """One choice's output text turned into tool calls. ``add`` takes each
-    new piece of text and returns the ``delta.tool_calls`` entries a stream
-    sends for it; ``calls`` is the message's ``tool_calls`` once the text is
-    whole. Every call keeps one id, in the stream and in ``calls``."""
+    """One choice's output text turned into tool calls (and content). The
+    route uses ``delta`` (each new piece of text, ``last`` on the final one:
+    the stream's delta fields for it) and ``message`` (the whole answer's
+    ``content`` and ``tool_calls``). A reader whose whole text is calls
+    implements ``add`` (the ``delta.tool_calls`` entries of a piece) and
+    ``calls`` (the message's ``tool_calls``), and its content is "". Every
+    call keeps one id, in the stream and in the message."""
 
     def add(self, text: str) -> list[dict]:
         raise NotImplementedError
 
     def calls(self) -> list[dict]:
         raise NotImplementedError
+
+    def delta(self, text: str, last: bool = False) -> dict:
+        entries = self.add(text)
+        return {"tool_calls": entries} if entries else {}
+
+    def message(self) -> dict:
+        calls = self.calls()
+        return {"content": "", **({"tool_calls": calls} if calls else {})}
 
     def finish_reason(self, reason: str | None) -> str | None:
         return reason

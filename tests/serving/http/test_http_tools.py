@@ -279,7 +279,7 @@ BAD_SCHEMA_TOOL = {"type": "function", "function": {"name": "f",
 
 
 @pytest.mark.parametrize("fields, param, message", [
-    ({"tools": TOOLS}, "tool_choice", "needs a tool-call parser"),
+    ({"tools": TOOLS}, "tool_choice", "--enable-auto-tool-choice --tool-call-parser NAME"),
     ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", "needs a tool-call parser"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tool_choice": NAMED}, "tool_choice", "needs tools"),

@@ -1,0 +1,310 @@
+"""Tool-call parsers for tool_choice "auto": readers that find a model's
+calls in its free text, under vLLM's parser names
+(``--tool-call-parser NAME``).
+
+Every answer reads as ``content before | a run of calls | content after``;
+the message's ``content`` is the two content parts joined (None when that
+is empty and there are calls), its ``tool_calls`` the run's calls. An
+answer without a run is all content, exactly its text. A call's
+``arguments`` is the JSON text of the object the model gave.
+
+- ``llama3_json`` (Llama 3.x): the run starts the answer (after blank
+  space and an optional ``<|python_tag|>``): JSON objects ``{"name": ...,
+  "parameters": {...}}`` ("arguments" is read in place of "parameters"),
+  separated by ``;``. Nothing comes before the run.
+- ``hermes`` (Hermes, Qwen, SmolLM2): the run is ``<tool_call>{"name":
+  ..., "arguments": {...}}</tool_call>`` blocks with blank space between;
+  the text before the first block is content. The last block may lack its
+  closing tag where the answer ends.
+
+The run ends at the first piece that is not a whole, valid call (malformed
+JSON, no "name", no arguments, other text); from there on the text is
+content, later call-shaped text included. So an answer whose first call is
+malformed is all content, and an answer cut in a call keeps the calls
+before it. The syntaxes and keys are those of vLLM's parsers of the same
+names; where these rules differ from them, it is so that a streamed and a
+whole answer agree: there, a whole llama3_json answer may have its calls
+anywhere in its text, text after the calls is dropped, and one malformed
+hermes block makes the whole answer content.
+
+Streaming: content goes out as soon as it cannot be the start of a call
+(a partial ``<tool_call>`` or ``<|python_tag|>`` is held back), each call
+in one delta once it is whole, so the deltas joined are the message.
+Each ``delta`` scans only text it has not settled: the readers keep a
+cursor and a state, never parsing the whole answer again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from serving.http.tools import ToolCallReader, new_tool_call_id
+
+_BLANK = re.compile(r"\s*")
+_SEPARATOR = re.compile(r"\s*(;\s*)?")
+_NOT_GIVEN = object()
+
+
+class AutoCallsReader(ToolCallReader):
+    """What both parsers share: the answer's text so far, the content and
+    calls settled so far, and what the current delta has to send.
+    Subclasses implement ``_advance``, which settles as much of ``text`` as
+    it can (all of it when ``last``) through ``_say`` and ``_call``."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.content = ""
+        self.found: list[dict] = []
+        self.rest_start: int | None = None  # where the content after the run starts
+        self.done = False
+        self._said = ""
+        self._entries: list[dict] = []
+
+    def delta(self, text: str, last: bool = False) -> dict:
+        self.text += text
+        if not self.done:
+            self._advance(last)
+        if self.rest_start is not None:
+            self._say(self.text[self.rest_start:])
+            self.rest_start = len(self.text)
+        if last:
+            self.done = True
+        delta = {}
+        if self._said:
+            delta["content"] = self._said
+        if self._entries:
+            delta["tool_calls"] = self._entries
+        self._said, self._entries = "", []
+        return delta
+
+    def _advance(self, last: bool) -> None:
+        raise NotImplementedError
+
+    def _say(self, text: str) -> None:
+        self.content += text
+        self._said += text
+
+    def _call(self, call: dict) -> None:
+        self._entries.append({"index": len(self.found), **call})
+        self.found.append(call)
+
+    def _rest_from(self, at: int) -> None:
+        """The run ends at ``at``: all text from there on is content."""
+        self.rest_start = at
+        self.done = True
+
+    def calls(self) -> list[dict]:
+        return list(self.found)
+
+    def message(self) -> dict:
+        if not self.found:
+            return {"content": self.content}
+        return {"content": self.content or None, "tool_calls": self.calls()}
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if reason == "stop" and self.found else reason
+
+
+def _call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
+    """The call a JSON object's text stands for: a string "name" and the
+    first of ``argument_keys`` it has; None if it is not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = next((value[key] for key in argument_keys if key in value), _NOT_GIVEN)
+    if arguments is _NOT_GIVEN:
+        return None
+    return {"id": new_tool_call_id(), "type": "function",
+            "function": {"name": value["name"],
+                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+class ObjectEnd:
+    """Finds where a JSON object that starts at ``start`` ends, over text
+    that grows: ``scan`` reads from where it stopped and returns the index
+    just past the closing brace, or None while brackets (outside strings)
+    are still open."""
+
+    def __init__(self, start: int) -> None:
+        self.at = start
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def scan(self, text: str) -> int | None:
+        while self.at < len(text):
+            char = text[self.at]
+            self.at += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return self.at
+        return None
+
+
+class Llama3JsonReader(AutoCallsReader):
+    """``llama3_json``. States: "lead" (nothing settled yet: blank space
+    or a partial tag may still lead to a call), "object" (inside a call's
+    object, from ``object_start``), "between" (after a call, at ``at``:
+    blank space and one ``;`` may lead to the next)."""
+
+    TAG = "<|python_tag|>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "lead"
+        self.at = 0
+        self.object_start = 0
+        self.object_end: ObjectEnd | None = None
+
+    def _advance(self, last: bool) -> None:
+        while not self.done:
+            step = {"lead": self._lead, "object": self._object,
+                    "between": self._between}[self.state]
+            if not step(last):
+                return
+
+    def _open_object(self, at: int) -> bool:
+        self.state, self.object_start, self.object_end = "object", at, ObjectEnd(at)
+        return True
+
+    def _lead(self, last: bool) -> bool:
+        """Whether the answer starts with a call decides everything: it
+        waits while the text so far is blank or a partial tag."""
+        start = _BLANK.match(self.text).end()
+        head = self.text[start:]
+        if head.startswith(self.TAG):
+            start = _BLANK.match(self.text, start + len(self.TAG)).end()
+            head = self.text[start:]
+            if not head and not last:
+                return False
+        elif not last and self.TAG.startswith(head):
+            return False
+        if head.startswith("{"):
+            return self._open_object(start)
+        self._rest_from(0)
+        return False
+
+    def _object(self, last: bool) -> bool:
+        end = self.object_end.scan(self.text)
+        if end is None:
+            if last:  # cut inside the object
+                self._rest_from(self.object_start if self.found else 0)
+            return False
+        call = _call_of(self.text[self.object_start:end], ("arguments", "parameters"))
+        if call is None:
+            self._rest_from(self.object_start if self.found else 0)
+            return False
+        self._call(call)
+        self.state, self.at = "between", end
+        return True
+
+    def _between(self, last: bool) -> bool:
+        separator = _SEPARATOR.match(self.text, self.at)
+        end = separator.end()
+        if end == len(self.text):
+            self.done = last  # only blank space and a ';' after the run: no content
+            return False
+        if separator.group(1) is not None and self.text[end] == "{":
+            return self._open_object(end)
+        self._rest_from(end)
+        return False
+
+
+class HermesReader(AutoCallsReader):
+    """``hermes``. States: "before" (content, up to the first
+    ``<tool_call>``), "block" (inside a block whose tag is at
+    ``block_start``), "between" (after a block, at ``at``)."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "before"
+        self.at = 0
+        self.block_start = 0
+
+    def _advance(self, last: bool) -> None:
+        while not self.done:
+            step = {"before": self._before, "block": self._block,
+                    "between": self._between}[self.state]
+            if not step(last):
+                return
+
+    def _before(self, last: bool) -> bool:
+        """Content goes out up to the first tag; a tail that may be the
+        tag's start waits for more text."""
+        tag = self.text.find(self.OPEN, self.at)
+        if tag >= 0:
+            self._say(self.text[self.at:tag])
+            self.state, self.block_start = "block", tag
+            return True
+        if last:
+            self._say(self.text[self.at:])
+            self.done = True
+            return False
+        held = _open_tag_tail(self.text, self.at, self.OPEN)
+        self._say(self.text[self.at:len(self.text) - held])
+        self.at = len(self.text) - held
+        return False
+
+    def _block(self, last: bool) -> bool:
+        body_start = self.block_start + len(self.OPEN)
+        close = self.text.find(self.CLOSE, body_start)
+        if close < 0 and not last:
+            return False
+        body_end = len(self.text) if close < 0 else close
+        call = _call_of(self.text[body_start:body_end], ("arguments",))
+        if call is None:
+            self._rest_from(self.block_start)
+            return False
+        self._call(call)
+        if close < 0:  # the answer ended in this block
+            self.done = True
+            return False
+        self.state, self.at = "between", close + len(self.CLOSE)
+        return True
+
+    def _between(self, last: bool) -> bool:
+        start = _BLANK.match(self.text, self.at).end()
+        if self.text.startswith(self.OPEN, start):
+            self.state, self.block_start = "block", start
+            return True
+        if not last and self.OPEN.startswith(self.text[start:]):
+            return False  # blank space so far, or a partial tag
+        if start == len(self.text):
+            self.done = True
+        else:
+            self._rest_from(start)
+        return False
+
+
+def _open_tag_tail(text: str, start: int, tag: str) -> int:
+    """How many characters at the end of ``text[start:]`` may be the start
+    of ``tag`` (its longest proper prefix there)."""
+    for size in range(min(len(tag) - 1, len(text) - start), 0, -1):
+        if tag.startswith(text[len(text) - size:]):
+            return size
+    return 0
+
+
+TOOL_CALL_PARSERS: dict[str, Callable[[], AutoCallsReader]] = {
+    "llama3_json": Llama3JsonReader,
+    "hermes": HermesReader,
+}

@@ -1,0 +1,180 @@
+"""tool_choice "auto" over HTTP, driven by the official ``openai`` client,
+on ``tiny`` (with a tool-use chat template) served with
+``--enable-auto-tool-choice --tool-call-parser NAME``.
+
+``tiny``'s free text is random, so the answers under test are forced with
+the engine's structured outputs: "auto" adds no constraint of its own, so
+a request's ``guided_regex`` holds its output as it would without tools,
+here to exactly one known text. The expected content and calls are written
+out by hand from the parser's rule for that text. An unforced answer is
+checked against the same request with tool_choice "none" (same prompt,
+same seed): "auto" generates freely, and text without calls is content."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from checkpoint.tiny_model import TINY_NAME
+from serving.http.tool_parsers import TOOL_CALL_PARSERS
+from tests.helpers.http_utils import openai_client, start_http, stop_http
+from tests.helpers.proc_utils import run_tprun
+from tests.helpers.tool_template import tiny_with_tool_template
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
+                                            "days": {"type": "integer"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "now"}}]
+MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
+
+HERMES_CALLS = ('Checking.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", '
+                '"days": 2}}</tool_call>\n<tool_call>{"name": "now", "arguments": {}}</tool_call>')
+HERMES_WANT = ("Checking.\n", [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})])
+LLAMA_CALLS = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}; '
+               '{"name": "now", "arguments": {}}')
+LLAMA_WANT = (None, [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})])
+PLAIN = "It is sunny in Oslo {today}."
+
+
+def literal(text: str) -> str:
+    """A regex that matches ``text`` and nothing else."""
+    return "".join("\\n" if c == "\n" else "\\" + c if c in "\\.+*?()|[]{}^$" else c
+                   for c in text)
+
+
+def _server(tmp_path_factory, parser: str):
+    tmp = tmp_path_factory.mktemp(parser)
+    model = tiny_with_tool_template(str(tmp / "cache"), str(tmp / "tiny-tools"))
+    served = start_http(tmp, "serve", "--model", model, "--device", "cpu",
+                        "--disable-log-stats", "--enable-auto-tool-choice",
+                        "--tool-call-parser", parser)
+    served.model_dir = model
+    return served
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    served = _server(tmp_path_factory, "hermes")
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    served = _server(tmp_path_factory, "llama3_json")
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+def _kwargs(server, **fields) -> dict:
+    return dict(model=server.model_dir, messages=MESSAGES, tools=TOOLS, max_tokens=200,
+                temperature=1.0, seed=5, **fields)
+
+
+def _calls(message) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+def _forced(server, text: str, **fields) -> dict:
+    return _kwargs(server, extra_body={"guided_regex": literal(text)}, **fields)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("which, text, want", [("hermes", HERMES_CALLS, HERMES_WANT),
+                                               ("llama", LLAMA_CALLS, LLAMA_WANT)])
+@pytest.mark.parametrize("tool_choice", ["auto", None])  # None: the default with tools
+def test_forced_calls_come_back_as_the_parser_reads_them(request, which, text, want,
+                                                         tool_choice):
+    server = request.getfixturevalue(which)
+    fields = {} if tool_choice is None else {"tool_choice": tool_choice}
+    with openai_client(server) as client:
+        resp = client.chat.completions.create(**_forced(server, text, **fields))
+    choice = resp.choices[0]
+    assert (choice.message.content, _calls(choice.message)) == want
+    assert choice.finish_reason == "tool_calls"
+    ids = [c.id for c in choice.message.tool_calls]
+    assert len(set(ids)) == 2 and all(i.startswith("chatcmpl-tool-") for i in ids)
+    assert all(c.type == "function" for c in choice.message.tool_calls)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("which, text", [("hermes", HERMES_CALLS), ("llama", LLAMA_CALLS),
+                                         ("hermes", PLAIN), ("llama", PLAIN)])
+def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
+    server = request.getfixturevalue(which)
+    kwargs = _forced(server, text, n=2)
+    with openai_client(server) as client:
+        whole = client.chat.completions.create(**kwargs)
+        with client.chat.completions.stream(**kwargs) as stream:
+            events = list(stream)
+            streamed = stream.get_final_completion()
+    for got, want in zip(streamed.choices, whole.choices, strict=True):
+        assert got.finish_reason == want.finish_reason
+        # A stream's content starts as "" where the whole answer has None.
+        assert (got.message.content or "") == (want.message.content or "")
+        assert _calls(got.message) == _calls(want.message)
+    if text == PLAIN:
+        assert all(c.message.content == PLAIN and not c.message.tool_calls
+                   and c.finish_reason == "stop" for c in whole.choices)
+    else:
+        assert any(e.type == "tool_calls.function.arguments.done" for e in events)
+
+
+@pytest.mark.timeout(300)
+def test_each_call_streams_whole_in_one_delta(hermes):
+    body = {**{k: v for k, v in _forced(hermes, HERMES_CALLS).items() if k != "extra_body"},
+            "guided_regex": literal(HERMES_CALLS), "stream": True}
+    deltas = []
+    with httpx.stream("POST", f"{hermes.url}/v1/chat/completions", json=body,
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                deltas += [c["delta"] for c in json.loads(line[6:])["choices"]]
+    entries = [e for d in deltas for e in d.get("tool_calls", [])]
+    assert [(e["index"], e["type"], e["function"]["name"], json.loads(e["function"]["arguments"]))
+            for e in entries] == [(i, "function", *call) for i, call in enumerate(HERMES_WANT[1])]
+    assert "".join(d.get("content") or "" for d in deltas) == HERMES_WANT[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("which, parser", [("hermes", "hermes"), ("llama", "llama3_json")])
+def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
+    """Unforced, "auto" samples what tool_choice "none" samples (same
+    prompt and seed); its message is what the parser makes of that text."""
+    server = request.getfixturevalue(which)
+    with openai_client(server) as client:
+        plain = client.chat.completions.create(**_kwargs(server, tool_choice="none", n=2))
+        auto = client.chat.completions.create(**_kwargs(server, tool_choice="auto", n=2))
+    for got, text in zip(auto.choices, plain.choices, strict=True):
+        reader = TOOL_CALL_PARSERS[parser]()
+        reader.delta(text.message.content, last=True)
+        want = reader.message()
+        assert got.message.content == want["content"]
+        assert _calls(got.message) == [(c["function"]["name"], json.loads(c["function"]
+                                        ["arguments"])) for c in want.get("tool_calls", [])]
+        assert got.finish_reason == reader.finish_reason(text.finish_reason)
+    assert auto.usage.completion_tokens == plain.usage.completion_tokens
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("flags, message", [
+    (["--http-port", "0", "--enable-auto-tool-choice"],
+     "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes)"),
+    (["--http-port", "0", "--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
+     "--tool-call-parser must be one of llama3_json, hermes, got 'mistral'"),
+    (["--http-port", "0", "--tool-call-parser", "hermes"],
+     "--tool-call-parser needs --enable-auto-tool-choice"),
+    (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+     "--enable-auto-tool-choice needs --http-port"),
+])
+def test_tool_parser_flags_are_checked_before_anything_starts(tmp_path, flags, message):
+    env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    result, leftovers = run_tprun(["serve", "--device", "cpu", *flags], timeout=100, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [f"tprun: error: {message}"]
+    assert leftovers == []
+    assert not (tmp_path / TINY_NAME).exists()  # refused before the model was written

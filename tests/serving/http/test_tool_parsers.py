@@ -1,0 +1,137 @@
+"""The tool-call parsers of tool_choice "auto" on hand-written model
+outputs: each text's expected content and calls are written out by hand
+from the parser's rule (``serving/http/tool_parsers.py``), and the same
+text fed in pieces of every size must give the same message, with the
+stream's deltas adding up to it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.http.tool_parsers import TOOL_CALL_PARSERS
+
+WEATHER = {"city": "Oslo", "days": 2}
+
+# (text, content, [(name, arguments)]) for llama3_json
+LLAMA = [
+    ("The weather is fine.", "The weather is fine.", []),
+    ("", "", []),
+    ('{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}', None,
+     [("get_weather", WEATHER)]),
+    ('{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}', None,
+     [("get_weather", WEATHER)]),
+    ('  \n<|python_tag|>{"name": "now", "parameters": {}}', None, [("now", {})]),
+    ('<|python_tag|> {"name":"get_weather","parameters":{"city":"Oslo","days":2}} ;\n'
+     '{"name": "now", "arguments": {"note": "a;b {c}\\" }"}};{"name": "now", '
+     '"parameters": {"u": "é😀"}}', None,
+     [("get_weather", WEATHER), ("now", {"note": 'a;b {c}" }'}), ("now", {"u": "é😀"})]),
+    ('{"name": "now", "parameters": {}}; ', None, [("now", {})]),
+    ('{"name": "now", "parameters": {}} Done.', "Done.", [("now", {})]),
+    # Not a call at the start: all content, call-shaped text later included.
+    ('Sure: {"name": "now", "parameters": {}}', 'Sure: {"name": "now", "parameters": {}}', []),
+    ('<|python_tag|>print(1)', '<|python_tag|>print(1)', []),
+    ('<|python', '<|python', []),
+    # Malformed or not a call: all content, as written.
+    ('{"name": "now", "parameters": {}', '{"name": "now", "parameters": {}', []),
+    ('{"name": now, "parameters": {}}', '{"name": now, "parameters": {}}', []),
+    ('{"name": "now"}', '{"name": "now"}', []),
+    ('{"city": "Oslo"}', '{"city": "Oslo"}', []),
+    ('{"name": 7, "parameters": {}}', '{"name": 7, "parameters": {}}', []),
+    # The run ends at the first object that is not a call.
+    ('{"name": "now", "parameters": {}}; {"name": "get_weather", "parameters": {"ci',
+     '{"name": "get_weather", "parameters": {"ci', [("now", {})]),
+    ('{"name": "now", "parameters": {}} {"name": "now", "parameters": {}}',
+     '{"name": "now", "parameters": {}}', [("now", {})]),
+]
+
+# (text, content, [(name, arguments)]) for hermes
+HERMES = [
+    ("Nothing to call here.", "Nothing to call here.", []),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n'
+     '</tool_call>', None, [("get_weather", WEATHER)]),
+    ('Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", '
+     '"days": 2}}</tool_call>\n<tool_call>{"name": "now", "arguments": {"tz": "<tool_call>"}}'
+     '</tool_call>\n', "Let me check.\n",
+     [("get_weather", WEATHER), ("now", {"tz": "<tool_call>"})]),
+    ('<tool_call>{"name": "now", "arguments": {}}', None, [("now", {})]),
+    ('<tool_call>{"name": "now", "arguments": {}}</tool_call> All set.', "All set.",
+     [("now", {})]),
+    ("x < y and <tool", "x < y and <tool", []),
+    # Malformed or not a call: all content, as written.
+    ('<tool_call>{"name": "now", "arguments": {}</tool_call>',
+     '<tool_call>{"name": "now", "arguments": {}</tool_call>', []),
+    ('Hi <tool_call>{"name": "now", "parameters": {}}</tool_call>',
+     'Hi <tool_call>{"name": "now", "parameters": {}}</tool_call>', []),
+    ('<tool_call>{"name": "now", "arguments": {"a": 1', '<tool_call>{"name": "now", '
+     '"arguments": {"a": 1', []),
+    # The run ends at the first block that is not a call.
+    ('A<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_call>oops</tool_call>',
+     "A<tool_call>oops</tool_call>", [("now", {})]),
+]
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _read(parser: str, text: str, size: int) -> tuple[dict, list[dict]]:
+    reader = TOOL_CALL_PARSERS[parser]()
+    pieces = _pieces(text, size)
+    deltas = [reader.delta(piece, last=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+    return reader.message(), deltas, reader
+
+
+def _named(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize("parser, text, content, calls",
+                         [("llama3_json", *case) for case in LLAMA]
+                         + [("hermes", *case) for case in HERMES])
+def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
+    for size in range(1, max(len(text), 1) + 1):
+        message, deltas, reader = _read(parser, text, size)
+        assert message["content"] == content, size
+        assert _named(message.get("tool_calls", [])) == calls, size
+        if not calls:
+            assert message == {"content": text}
+            assert reader.finish_reason("stop") == "stop"
+        else:
+            assert reader.finish_reason("stop") == "tool_calls"
+            assert reader.finish_reason("length") == "length"
+        # The stream: content as it comes, each call whole in one entry,
+        # at its index, with the id the message gives it.
+        streamed = "".join(d.get("content", "") for d in deltas)
+        assert streamed == (content or "")
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert [e["index"] for e in entries] == list(range(len(calls)))
+        assert [{k: v for k, v in e.items() if k != "index"} for e in entries] == \
+            message.get("tool_calls", [])
+        ids = [c["id"] for c in message.get("tool_calls", [])]
+        assert len(set(ids)) == len(ids) and all(i.startswith("chatcmpl-tool-") for i in ids)
+
+
+def test_arguments_are_the_json_text_of_the_object_given():
+    text = '{"name": "say", "parameters": {"text": "héllo", "n": [1, 2.5, null]}}'
+    message, _, _ = _read("llama3_json", text, len(text))
+    [call] = message["tool_calls"]
+    assert call["type"] == "function"
+    assert call["function"]["arguments"] == '{"text": "héllo", "n": [1, 2.5, null]}'
+
+
+def test_content_is_held_only_while_it_may_start_a_call():
+    """hermes sends text up to a possible ``<tool_call>`` at once; llama3_json
+    decides at the first character that is not blank."""
+    hermes = TOOL_CALL_PARSERS["hermes"]()
+    assert hermes.delta("Hello <tool") == {"content": "Hello "}
+    assert hermes.delta("box>") == {"content": "<toolbox>"}
+    llama = TOOL_CALL_PARSERS["llama3_json"]()
+    assert llama.delta("  ") == {}
+    assert llama.delta("Hi") == {"content": "  Hi"}
+    assert llama.delta(" there", last=True) == {"content": " there"}
+    call = TOOL_CALL_PARSERS["llama3_json"]()
+    assert call.delta('{"name": "now", "parameters": {') == {}
+    [entry] = call.delta("}}")["tool_calls"]
+    assert entry["function"] == {"name": "now", "arguments": "{}"}
