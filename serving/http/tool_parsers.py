@@ -36,15 +36,13 @@ cursor and a state, never parsing the whole answer again.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 
-from serving.http.tools import ToolCallReader, new_tool_call_id
+from serving.http.tools import ObjectEnd, ToolCallReader, call_of
 
 _BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
-_NOT_GIVEN = object()
 
 
 class AutoCallsReader(ToolCallReader):
@@ -107,57 +105,6 @@ class AutoCallsReader(ToolCallReader):
         return "tool_calls" if reason == "stop" and self.found else reason
 
 
-def _call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
-    """The call a JSON object's text stands for: a string "name" and the
-    first of ``argument_keys`` it has; None if it is not one."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = next((value[key] for key in argument_keys if key in value), _NOT_GIVEN)
-    if arguments is _NOT_GIVEN:
-        return None
-    return {"id": new_tool_call_id(), "type": "function",
-            "function": {"name": value["name"],
-                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
-
-
-class ObjectEnd:
-    """Finds where a JSON object that starts at ``start`` ends, over text
-    that grows: ``scan`` reads from where it stopped and returns the index
-    just past the closing brace, or None while brackets (outside strings)
-    are still open."""
-
-    def __init__(self, start: int) -> None:
-        self.at = start
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-
-    def scan(self, text: str) -> int | None:
-        while self.at < len(text):
-            char = text[self.at]
-            self.at += 1
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif char == "\\":
-                    self.escaped = True
-                elif char == '"':
-                    self.in_string = False
-            elif char == '"':
-                self.in_string = True
-            elif char in "{[":
-                self.depth += 1
-            elif char in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return self.at
-        return None
-
-
 class Llama3JsonReader(AutoCallsReader):
     """``llama3_json``. States: "lead" (nothing settled yet: blank space
     or a partial tag may still lead to a call), "object" (inside a call's
@@ -207,7 +154,7 @@ class Llama3JsonReader(AutoCallsReader):
             if last:  # cut inside the object
                 self._rest_from(self.object_start if self.found else 0)
             return False
-        call = _call_of(self.text[self.object_start:end], ("arguments", "parameters"))
+        call = call_of(self.text[self.object_start:end], ("arguments", "parameters"))
         if call is None:
             self._rest_from(self.object_start if self.found else 0)
             return False
@@ -270,7 +217,7 @@ class HermesReader(AutoCallsReader):
         if close < 0 and not last:
             return False
         body_end = len(self.text) if close < 0 else close
-        call = _call_of(self.text[body_start:body_end], ("arguments",))
+        call = call_of(self.text[body_start:body_end], ("arguments",))
         if call is None:
             self._rest_from(self.block_start)
             return False

@@ -263,52 +263,35 @@ class RequiredCallsReader(ToolCallReader):
     sent in one stream entry (index, id, type, name and all its arguments).
     Elements left unfinished (an answer cut at ``max_tokens``) make no call.
 
-    The scan keeps the bracket depth outside strings: depth 1 is inside the
-    array, so an object that opens at depth 1 is an element and ends where
-    the depth is 1 again."""
+    The output is held to the array's schema, so outside the elements there
+    are only brackets, commas and blank space: the next ``{`` after an
+    element starts the next one, whose end ``ObjectEnd`` finds."""
 
     def __init__(self) -> None:
         self.text = ""
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-        self.element_start: int | None = None
+        self.at = 0  # where the search for the next element goes on
+        self.element_start = 0
+        self.element_end: ObjectEnd | None = None
         self.found: list[dict] = []
 
     def add(self, text: str) -> list[dict]:
-        start = len(self.text)
         self.text += text
         entries = []
-        for at, char in enumerate(text, start):
-            element = self._scan(char, at)
-            call = None if element is None else _call_of(element)
+        while True:
+            if self.element_end is None:
+                start = self.text.find("{", self.at)
+                if start < 0:
+                    self.at = len(self.text)
+                    return entries
+                self.element_start, self.element_end = start, ObjectEnd(start)
+            end = self.element_end.scan(self.text)
+            if end is None:
+                return entries
+            call = call_of(self.text[self.element_start:end], ("parameters",))
             if call is not None:
                 entries.append({"index": len(self.found), **call})
                 self.found.append(call)
-        return entries
-
-    def _scan(self, char: str, at: int) -> str | None:
-        """Advance over ``char``, at ``at`` in ``text``; the element it ends, if any."""
-        if self.in_string:
-            if self.escaped:
-                self.escaped = False
-            elif char == "\\":
-                self.escaped = True
-            elif char == '"':
-                self.in_string = False
-            return None
-        if char == '"':
-            self.in_string = True
-        elif char in "[{":
-            if char == "{" and self.depth == 1:
-                self.element_start = at
-            self.depth += 1
-        elif char in "]}":
-            self.depth -= 1
-            if char == "}" and self.depth == 1 and self.element_start is not None:
-                element, self.element_start = self.text[self.element_start:at + 1], None
-                return element
-        return None
+            self.at, self.element_end = end, None
 
     def calls(self) -> list[dict]:
         return list(self.found)
@@ -317,14 +300,55 @@ class RequiredCallsReader(ToolCallReader):
         return "tool_calls" if reason == "stop" and self.found else reason
 
 
-def _call_of(element: str) -> dict | None:
-    """The call one array element asks for; None if it is not one."""
+_NOT_GIVEN = object()
+
+
+def call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
+    """The call a JSON object's text stands for: a string "name" and the
+    first of ``argument_keys`` it has; None if it is not one."""
     try:
-        value = json.loads(element)
+        value = json.loads(text)
     except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = json.dumps(value.get("parameters", {}), ensure_ascii=False)
+    arguments = next((value[key] for key in argument_keys if key in value), _NOT_GIVEN)
+    if arguments is _NOT_GIVEN:
+        return None
     return {"id": new_tool_call_id(), "type": "function",
-            "function": {"name": value["name"], "arguments": arguments}}
+            "function": {"name": value["name"],
+                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+class ObjectEnd:
+    """Finds where a JSON object that starts at ``start`` ends, over text
+    that grows: ``scan`` reads from where it stopped and returns the index
+    just past the closing brace, or None while brackets (outside strings)
+    are still open."""
+
+    def __init__(self, start: int) -> None:
+        self.at = start
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+
+    def scan(self, text: str) -> int | None:
+        while self.at < len(text):
+            char = text[self.at]
+            self.at += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif char == "\\":
+                    self.escaped = True
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char in "{[":
+                self.depth += 1
+            elif char in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return self.at
+        return None
