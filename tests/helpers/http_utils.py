@@ -7,6 +7,7 @@ The server runs in its own session with its output in a file (as in
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -84,6 +85,17 @@ def openai_client(served: HttpServed, api_key: str = "none"):
 def stop_http(server: HttpServed) -> tuple[int, str, list[int]]:
     """SIGTERM; returns (exit code, output, leftover pids)."""
     return stop_server(server.served)
+
+
+def streamed_chat_deltas(url: str, body: dict) -> list[dict]:
+    """Every choice's ``delta`` of a streamed /v1/chat/completions answer
+    to ``body`` at server ``url``, in the order the events came."""
+    deltas = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                deltas += [c["delta"] for c in json.loads(line[6:])["choices"]]
+    return deltas
 
 
 def metric(url: str, name: str) -> float:

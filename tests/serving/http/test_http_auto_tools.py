@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 
 from checkpoint.tiny_model import TINY_NAME
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
-from tests.helpers.http_utils import openai_client, start_http, stop_http
+from tests.helpers.http_utils import openai_client, start_http, stop_http, streamed_chat_deltas
 from tests.helpers.proc_utils import run_tprun
 from tests.helpers.tool_template import tiny_with_tool_template
 
@@ -54,20 +53,21 @@ def _server(tmp_path_factory, parser: str):
     return served
 
 
-@pytest.fixture(scope="module")
-def hermes(tmp_path_factory):
-    served = _server(tmp_path_factory, "hermes")
+def _served(tmp_path_factory, parser: str):
+    served = _server(tmp_path_factory, parser)
     yield served
     code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory):
+    yield from _served(tmp_path_factory, "hermes")
 
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    served = _server(tmp_path_factory, "llama3_json")
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    yield from _served(tmp_path_factory, "llama3_json")
 
 
 def _kwargs(server, **fields) -> dict:
@@ -128,12 +128,7 @@ def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
 def test_each_call_streams_whole_in_one_delta(hermes):
     body = {**{k: v for k, v in _forced(hermes, HERMES_CALLS).items() if k != "extra_body"},
             "guided_regex": literal(HERMES_CALLS), "stream": True}
-    deltas = []
-    with httpx.stream("POST", f"{hermes.url}/v1/chat/completions", json=body,
-                      timeout=60) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                deltas += [c["delta"] for c in json.loads(line[6:])["choices"]]
+    deltas = streamed_chat_deltas(hermes.url, body)
     entries = [e for d in deltas for e in d.get("tool_calls", [])]
     assert [(e["index"], e["type"], e["function"]["name"], json.loads(e["function"]["arguments"]))
             for e in entries] == [(i, "function", *call) for i, call in enumerate(HERMES_WANT[1])]

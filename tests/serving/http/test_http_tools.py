@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from tests.helpers.http_utils import openai_client, start_http, stop_http
+from tests.helpers.http_utils import openai_client, start_http, stop_http, streamed_chat_deltas
 from tests.helpers.tool_template import tiny_with_tool_template
 
 pytestmark = pytest.mark.timeout(300)
@@ -221,12 +221,7 @@ def test_a_named_calls_first_delta_names_it_and_the_rest_add_arguments(server):
     body = {"model": server.model_dir, "messages": MESSAGES, "tools": TOOLS,
             "tool_choice": NAMED, "max_tokens": 80, "temperature": 1.0, "seed": 0,
             "stream": True}
-    deltas = []
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
-                      timeout=60) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                deltas += [c["delta"] for c in json.loads(line[6:])["choices"]]
+    deltas = streamed_chat_deltas(server.url, body)
     entries = [e for d in deltas for e in d.get("tool_calls", [])]
     first, rest = entries[0], entries[1:]
     assert first["index"] == 0 and first["type"] == "function"
