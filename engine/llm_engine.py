@@ -168,14 +168,14 @@ class LLMEngine:
         (``engine.bad_words``), so their ids are checked with the rest."""
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
         if params.bad_words:
-            params = params.with_bad_words_token_ids(
-                bad_words_token_ids(self.tokenizer, params.bad_words))
+            sequences = bad_words_token_ids(self.tokenizer, params.bad_words)
+            params = params.replaced(bad_words_token_ids=sequences)
         # At least 1: a prompt already too long then gets the length message.
         room = max(1, self.scheduler.config.max_model_len - len(prompt_token_ids))
         if fit_context:
             params = params.fitted_to(room)
         elif params.max_tokens is None:
-            params = params.with_max_tokens(room)
+            params = params.replaced(max_tokens=room)
         check_request(prompt_token_ids, params, self.scheduler.config,
                       self.model_config.vocab_size)
         request = Request(

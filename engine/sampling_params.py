@@ -208,13 +208,9 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         return [SamplingParams.from_dict(dict(fields, seed=_choice_seed(self.seed, i)))
                 for i in range(self.n)]
 
-    def with_max_tokens(self, max_tokens: int) -> SamplingParams:
-        """These parameters with ``max_tokens`` set (checked again)."""
-        return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens))
-
-    def with_bad_words_token_ids(self, sequences: list[list[int]]) -> SamplingParams:
-        """These parameters with ``bad_words_token_ids`` set (checked again)."""
-        return SamplingParams.from_dict(dict(self.to_dict(), bad_words_token_ids=sequences))
+    def replaced(self, **fields) -> SamplingParams:
+        """These parameters with ``fields`` set (checked again)."""
+        return SamplingParams.from_dict(dict(self.to_dict(), **fields))
 
     def fitted_to(self, room: int) -> SamplingParams:
         """These parameters with ``max_tokens`` (None: unbounded) and
@@ -222,8 +218,7 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         max_tokens = room if self.max_tokens is None else min(self.max_tokens, room)
         if max_tokens == self.max_tokens and self.min_tokens <= max_tokens:
             return self
-        return SamplingParams.from_dict(dict(self.to_dict(), max_tokens=max_tokens,
-                                             min_tokens=min(self.min_tokens, max_tokens)))
+        return self.replaced(max_tokens=max_tokens, min_tokens=min(self.min_tokens, max_tokens))
 
     def to_options(self) -> SamplingOptions:
         """The fields the runner needs, as the IPC message (numbers as

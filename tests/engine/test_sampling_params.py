@@ -84,9 +84,9 @@ def test_stop_and_max_tokens_none():
     assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
     p = SamplingParams(max_tokens=None, min_tokens=5)
     assert p.max_tokens is None
-    assert p.with_max_tokens(7).max_tokens == 7
+    assert p.replaced(max_tokens=7).max_tokens == 7
     with pytest.raises(ValueError, match=r"min_tokens must be an int in \[0, max_tokens=3\]"):
-        p.with_max_tokens(3)
+        p.replaced(max_tokens=3)
 
 
 def test_choices_seed_plus_index_wrapped():
