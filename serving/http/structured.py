@@ -26,10 +26,32 @@ _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "cho
 _SCHEMA = "response_format.json_schema.schema"
 
 
+def constraint_fields(request) -> list[str]:
+    """The request's fields that carry a structured-output constraint (a
+    ``response_format`` of type text carries none)."""
+    return [name for name, _, _ in _constraints_of(request)]
+
+
 def structured_outputs_of(request) -> StructuredOutputsParams | None:
     """The constraint, checked once here (``SamplingParams`` takes it as it
     is), or None."""
-    # (the field it came in, the constraint, the field path of each engine key)
+    found = _constraints_of(request)
+    if len(found) > 1:
+        names = ", ".join(name for name, _, _ in found)
+        raise ValueError(f"give one structured-output constraint per request, got {names}")
+    if not found:
+        return None
+    name, constraint, paths = found[0]
+    try:
+        return StructuredOutputsParams.from_dict(constraint)
+    except StructuredOutputsError as e:
+        where = paths.get(e.key, f"{name}.{e.key}")
+        raise FieldError(where, f"{where} {e.problem}") from None
+
+
+def _constraints_of(request) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """(the field it came in, the constraint, the field path of each engine
+    key) for each constraint the request gives."""
     found: list[tuple[str, dict[str, Any], dict[str, str]]] = []
     response_format = _from_response_format(request.response_format)
     if response_format is not None:
@@ -42,17 +64,7 @@ def structured_outputs_of(request) -> StructuredOutputsParams | None:
         value = getattr(request, field)
         if value is not None:
             found.append((field, {kind: value}, {kind: field}))
-    if len(found) > 1:
-        names = ", ".join(name for name, _, _ in found)
-        raise ValueError(f"give one structured-output constraint per request, got {names}")
-    if not found:
-        return None
-    name, constraint, paths = found[0]
-    try:
-        return StructuredOutputsParams.from_dict(constraint)
-    except StructuredOutputsError as e:
-        where = paths.get(e.key, f"{name}.{e.key}")
-        raise FieldError(where, f"{where} {e.problem}") from None
+    return found
 
 
 def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:

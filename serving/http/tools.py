@@ -39,11 +39,10 @@ from typing import Any, Literal
 
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.protocol import ChatCompletionRequest, FieldError
+from serving.http.structured import constraint_fields
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
 _NAMED_USAGE = '{"type": "function", "function": {"name": ...}}'
-_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                      "guided_choice", "guided_grammar")
 
 
 def new_tool_call_id() -> str:
@@ -167,13 +166,10 @@ def _named_function(choice: Any) -> str:
 
 
 def _refuse_second_constraint(request: ChatCompletionRequest) -> None:
-    for field in _CONSTRAINT_FIELDS:
-        value = getattr(request, field)
-        if value is None or (field == "response_format" and isinstance(value, dict)
-                             and value.get("type") == "text"):
-            continue
+    given = constraint_fields(request)
+    if given:
         raise ValueError(f"a named or required tool_choice holds the output to its tools' "
-                         f"schemas: give it without {field} (one constraint per request)")
+                         f"schemas: give it without {given[0]} (one constraint per request)")
 
 
 def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:

@@ -312,6 +312,12 @@ def test_bad_tools_and_choices_are_400_naming_the_field(server, client, fields, 
     assert resp.choices[0].message.tool_calls[0].function.name == "now"
 
 
+def test_a_text_response_format_is_no_second_constraint(client, server):
+    resp = _ask(client, server, tool_choice={"type": "function", "function": {"name": "now"}},
+                response_format={"type": "text"}, max_tokens=16, temperature=0)
+    assert _calls(resp.choices[0].message) == [("now", {})]
+
+
 def test_the_client_sees_auto_refused_with_the_reason(client, server):
     with pytest.raises(openai.BadRequestError, match="tool-call parser"):
         _ask(client, server, max_tokens=4)
