@@ -102,14 +102,16 @@ class LLMEngine:
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
                                              draft)
         self.executor = make_executor(config, self.device)
-        try:
-            self.num_blocks = self.executor.initialize(
-                runner_config, config.num_gpu_blocks_override
-            )
-            config.check_kv_cache(self.num_blocks, self.max_model_len)
+        try:  # whatever stops the start from here (a failure, a signal) stops the workers
+            self._start_serving(config, runner_config)
         except BaseException:
-            self.executor.shutdown()
+            self.shutdown()
             raise
+
+    def _start_serving(self, config: EngineConfig, runner_config) -> None:
+        """The workers' model and KV cache, then the engine's own state."""
+        self.num_blocks = self.executor.initialize(runner_config, config.num_gpu_blocks_override)
+        config.check_kv_cache(self.num_blocks, self.max_model_len)
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only

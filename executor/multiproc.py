@@ -187,15 +187,17 @@ class MultiprocExecutor(Executor):
         self.failure: WorkerFailure | None = None
         self.closing = False
         port = self.store.port if self.store is not None else master_port or free_port(master_addr)
-        self.procs = [] if self.attached else [
-            self._spawn(r, device, master_addr, port) for r in range(world_size)]
-        if self.attached:  # someone must start them: say where, and how
-            print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
-                  f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
-                  f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply} "
-                  f"--output {self.endpoints.output})",
-                  file=sys.stderr, flush=True)
-        try:
+        self.procs: list[subprocess.Popen] = []
+        try:  # whatever stops the start from here (a failure, a signal) stops the workers
+            if self.attached:  # someone must start them: say where, and how
+                print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
+                      f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
+                      f"--broadcast {self.endpoints.broadcast} --reply {self.endpoints.reply} "
+                      f"--output {self.endpoints.output})",
+                      file=sys.stderr, flush=True)
+            else:
+                for rank in range(world_size):
+                    self.procs.append(self._spawn(rank, device, master_addr, port))
             wait_for_subscribers(self.publisher, self.receiver, world_size,
                                  start_timeout_s, self._raise_if_dead)
         except BaseException:

@@ -5,12 +5,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, llm_engine
 from executor import step_future
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
@@ -151,6 +152,52 @@ def _start_long_generate(tiny_dir, tmp_path, stderr):
 def _kill_session(sid: int) -> None:
     for pid in session_pids(sid):
         os.kill(pid, signal.SIGKILL)
+
+
+def _socket_dirs(directory) -> list[str]:
+    return [d for d in os.listdir(directory) if d.startswith("tprun-")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_start_interrupted_after_the_model_loaded_stops_the_workers(tiny_dir, tmp_path,
+                                                                     monkeypatch):
+    """A signal (Ctrl-C here) between the workers' start-up and the engine's
+    first step stops the workers and removes the executor's socket directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    executors = []
+    make_executor = llm_engine.make_executor
+    monkeypatch.setattr(llm_engine, "make_executor",
+                        lambda *args: executors.append(make_executor(*args)) or executors[-1])
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(llm_engine, "Scheduler", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu", max_model_len=4096)
+    pids = [p.pid for p in executors[0].procs]
+    assert len(pids) == 2 and _wait_gone(pids, 10.0) == []
+    assert _socket_dirs(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_start_interrupted_while_spawning_stops_the_started_workers(tiny_dir, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    started = []
+    spawn = MultiprocExecutor._spawn
+
+    def spawn_one_then_interrupt(self, rank, *args):
+        if rank == 1:
+            raise KeyboardInterrupt
+        started.append(spawn(self, rank, *args))
+        return started[-1]
+    monkeypatch.setattr(MultiprocExecutor, "_spawn", spawn_one_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        MultiprocExecutor(2, "cpu")
+    assert len(started) == 1 and _wait_gone([started[0].pid], 10.0) == []
+    assert _socket_dirs(tmp_path) == []
 
 
 @pytest.mark.timeout(90)
