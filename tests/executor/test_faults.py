@@ -17,7 +17,7 @@ from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from tests.helpers.checkpoints import runner_config
-from tests.helpers.proc_utils import ROOT, pythonpath, session_pids
+from tests.helpers.proc_utils import ROOT, pythonpath, session_pids, socket_dirs
 
 
 def _alive(pid: int) -> bool:
@@ -154,10 +154,6 @@ def _kill_session(sid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _socket_dirs(directory) -> list[str]:
-    return [d for d in os.listdir(directory) if d.startswith("tprun-")]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_start_interrupted_after_the_model_loaded_stops_the_workers(tiny_dir, tmp_path,
@@ -167,8 +163,11 @@ def test_start_interrupted_after_the_model_loaded_stops_the_workers(tiny_dir, tm
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     executors = []
     make_executor = llm_engine.make_executor
-    monkeypatch.setattr(llm_engine, "make_executor",
-                        lambda *args: executors.append(make_executor(*args)) or executors[-1])
+
+    def kept_executor(*args):
+        executors.append(make_executor(*args))
+        return executors[-1]
+    monkeypatch.setattr(llm_engine, "make_executor", kept_executor)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -177,7 +176,7 @@ def test_start_interrupted_after_the_model_loaded_stops_the_workers(tiny_dir, tm
         LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu", max_model_len=4096)
     pids = [p.pid for p in executors[0].procs]
     assert len(pids) == 2 and _wait_gone(pids, 10.0) == []
-    assert _socket_dirs(tmp_path) == []
+    assert socket_dirs(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -197,7 +196,7 @@ def test_start_interrupted_while_spawning_stops_the_started_workers(tiny_dir, tm
     with pytest.raises(KeyboardInterrupt):
         MultiprocExecutor(2, "cpu")
     assert len(started) == 1 and _wait_gone([started[0].pid], 10.0) == []
-    assert _socket_dirs(tmp_path) == []
+    assert socket_dirs(tmp_path) == []
 
 
 @pytest.mark.timeout(90)

@@ -17,6 +17,11 @@ def pythonpath() -> str:
     return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 
 
+def socket_dirs(directory) -> list[str]:
+    """The tprun private directories (``ipc.endpoints.private_directory``) in ``directory``."""
+    return [d for d in os.listdir(directory) if d.startswith("tprun-")]
+
+
 def _live_processes():
     """(pid, parent pid, session id) of every process not a zombie (from /proc)."""
     for entry in os.listdir("/proc"):

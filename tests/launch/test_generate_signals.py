@@ -19,11 +19,7 @@ import time
 
 import pytest
 
-from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, session_pids
-
-
-def _socket_dirs(tmpdir: str) -> list[str]:
-    return [d for d in os.listdir(tmpdir) if d.startswith("tprun-")]
+from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, session_pids, socket_dirs
 
 
 def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, list[int]]:
@@ -48,7 +44,7 @@ def _generate_then_signal(tmp_path, send) -> tuple[subprocess.Popen, str, str, l
     try:
         deadline = time.monotonic() + 90
         # Started: both workers are up and this run's socket directory exists.
-        while not (any(str(proc.pid) in d for d in _socket_dirs(str(tmpdir)))
+        while not (any(str(proc.pid) in d for d in socket_dirs(str(tmpdir)))
                    and len(session_pids(proc.pid)) == 3):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "tprun generate did not start"
@@ -76,7 +72,7 @@ def test_sigterm_mid_generation_removes_the_socket_directory(tmp_path):
         tmp_path, lambda p: p.send_signal(signal.SIGTERM))
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert leftovers == []
-    assert _socket_dirs(str(tmp_path / "tmp")) == [], "the socket directory was left behind"
+    assert socket_dirs(str(tmp_path / "tmp")) == [], "the socket directory was left behind"
     assert out == ""  # nothing half-printed
 
 
@@ -90,7 +86,7 @@ def test_ctrl_c_is_one_line_and_exit_code_130(tmp_path):
     assert last == "tprun: interrupted"
     assert all(line.startswith("tprun generate: loading tiny") for line in before), err
     assert leftovers == []
-    assert _socket_dirs(str(tmp_path / "tmp")) == []
+    assert socket_dirs(str(tmp_path / "tmp")) == []
     assert out == ""
 
 
@@ -103,7 +99,7 @@ def test_next_launch_removes_the_directory_of_a_killed_one(tmp_path):
     live.mkdir()
     proc, _, _, _ = _generate_then_signal(tmp_path, lambda p: p.send_signal(signal.SIGKILL))
     assert proc.returncode == -signal.SIGKILL
-    stale = [d for d in _socket_dirs(str(tmpdir)) if str(proc.pid) in d]
+    stale = [d for d in socket_dirs(str(tmpdir)) if str(proc.pid) in d]
     assert len(stale) == 1, "SIGKILL leaves the directory (nothing can remove it then)"
     env = dict(os.environ, PYTHONPATH=pythonpath(), TMPDIR=str(tmpdir),
                TPRUN_CACHE=str(tmp_path / "cache"))
@@ -112,4 +108,4 @@ def test_next_launch_removes_the_directory_of_a_killed_one(tmp_path):
          "--device", "cpu", "--prompt-token-ids", "1,2", "--max-tokens", "2", "--json"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert sorted(_socket_dirs(str(tmpdir))) == [live.name]
+    assert sorted(socket_dirs(str(tmpdir))) == [live.name]
