@@ -32,7 +32,7 @@ from ipc.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from ipc.endpoints import check_private_directory
+from ipc.endpoints import SOCKET_NAMES, check_private_directory, check_socket_paths
 from ipc.model_config import MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -204,7 +204,8 @@ class EngineConfig:
 
     def check_machine(self) -> None:
         """Every rule the machine decides: an attention backend its device
-        runs, an ``attach_workers_dir`` that is missing or private to this user,
+        runs, an ``attach_workers_dir`` that is missing or private to this user
+        and short enough for its sockets' addresses,
         a ``master_addr`` that resolves (for worker processes), CUDA
         present and enough devices for the ranks this host spawns, whether
         CUDA was asked for or
@@ -216,6 +217,10 @@ class EngineConfig:
                 check_private_directory(self.attach_workers_dir)
             except ValueError as e:
                 raise ConfigError(f"attach_workers_dir {e}") from None
+            try:
+                check_socket_paths(self.attach_workers_dir, *SOCKET_NAMES)
+            except ValueError as e:
+                raise ConfigError(f"attach_workers_dir: {e}") from None
         if self.executor == "mp":
             try:
                 socket.getaddrinfo(self.master_addr, None)

@@ -167,28 +167,32 @@ class MultiprocExecutor(Executor):
         self.step_sent_at: dict[int, float] = {}
         self.heartbeats: dict[int, Heartbeat] = {}
         self.heartbeat_at: dict[int, float] = {}
-        # Spawned ranks meet through a store this process holds (see
-        # executor/rendezvous.py); torchrun's agent holds it for attached ones.
-        self.store = None
-        if not self.attached and world_size > 1:
-            self.store = host_store(master_addr, master_port or 0)
-        self.endpoints = Endpoints.create(attach_dir)
-        self.ctx = zmq.Context()
-        self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
-        self.receiver = ReplyReceiver(self.ctx, self.endpoints.reply)
-        nudge_address = f"inproc://tprun-step-nudge-{id(self):x}"
-        self.pump = OutputPump(OutputReceiver(self.ctx, self.endpoints.output, nudge_address),
-                               self._on_step_reply)
-        self.nudger = OutputNudger(self.ctx, nudge_address)  # the reader thread's
         self.lock = threading.Lock()
         self.step_futures: dict[int, Future] = {}
         self.control_futures: dict[int, tuple[Future, dict[int, Any]]] = {}
         self.call_ids = itertools.count()
         self.failure: WorkerFailure | None = None
         self.closing = False
-        port = self.store.port if self.store is not None else master_port or free_port(master_addr)
         self.procs: list[subprocess.Popen] = []
-        try:  # whatever stops the start from here (a failure, a signal) stops the workers
+        # What shutdown releases, None until made: a start stopped half-way
+        # (a failure, a signal) releases what it got to.
+        self.store = self.endpoints = self.ctx = self.reader = None
+        self.publisher = self.receiver = self.pump = self.nudger = None
+        try:
+            # Spawned ranks meet through a store this process holds (see
+            # executor/rendezvous.py); torchrun's agent holds it for attached ones.
+            if not self.attached and world_size > 1:
+                self.store = host_store(master_addr, master_port or 0)
+            self.endpoints = Endpoints.create(attach_dir)
+            self.ctx = zmq.Context()
+            self.publisher = BroadcastPublisher(self.ctx, self.endpoints.broadcast)
+            self.receiver = ReplyReceiver(self.ctx, self.endpoints.reply)
+            nudge_address = f"inproc://tprun-step-nudge-{id(self):x}"
+            self.pump = OutputPump(OutputReceiver(self.ctx, self.endpoints.output, nudge_address),
+                                   self._on_step_reply)
+            self.nudger = OutputNudger(self.ctx, nudge_address)  # the reader thread's
+            port = (self.store.port if self.store is not None
+                    else master_port or free_port(master_addr))
             if self.attached:  # someone must start them: say where, and how
                 print(f"tprun: waiting for {world_size} workers at {self.endpoints.directory} "
                       f"(e.g. torchrun --standalone --nproc-per-node {world_size} -m worker "
@@ -372,25 +376,29 @@ class MultiprocExecutor(Executor):
         if self.closing:
             return
         self.closing = True
-        if getattr(self, "reader", None) is not None:
+        if self.reader is not None:
             self.reader.join(timeout=2)
         if self.failure is not None:
             # A failed group may sit in a collective forever: do not wait.
             for proc in self.procs:
                 if proc.poll() is None:
                     proc.kill()
-        try:
-            self.publisher.publish(ControlCall(call_id=-1, method="shutdown"))
-        except zmq.ZMQError:
-            pass
+        if self.publisher is not None:
+            try:
+                self.publisher.publish(ControlCall(call_id=-1, method="shutdown"))
+            except zmq.ZMQError:
+                pass
         # Interrupted (Ctrl-C, kill): a worker still importing or loading
         # would not read the shutdown call for seconds; do not wait for it.
         stop_workers(self.procs, timeout_s=INTERRUPTED_STOP_S if stop_signals.stopping() else 5)
         self.store = None  # every rank has left the process group: let it go
-        self.publisher.close()
-        self.receiver.close()
-        self.nudger.close()
-        with self.pump.lock:  # no thread is reading it any more
-            self.pump.receiver.close()
-        self.ctx.term()
-        self.endpoints.cleanup()
+        for sock in (self.publisher, self.receiver, self.nudger):
+            if sock is not None:
+                sock.close()
+        if self.pump is not None:
+            with self.pump.lock:  # no thread is reading it any more
+                self.pump.receiver.close()
+        if self.ctx is not None:
+            self.ctx.term()
+        if self.endpoints is not None:
+            self.endpoints.cleanup()

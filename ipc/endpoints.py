@@ -9,6 +9,11 @@ import stat
 import tempfile
 from dataclasses import dataclass
 
+import zmq
+
+# A Unix socket's address holds at most this many bytes of path (sun_path).
+IPC_PATH_MAX = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
+
 # tprun-PID-XXXXXXXX and tprun-serve-PID-XXXXXXXX: PID is the launch that owns it.
 _PRIVATE_DIR = re.compile(r"tprun-(?:serve-)?(\d+)-[^-]+")
 
@@ -69,12 +74,36 @@ def check_private_directory(directory: str) -> None:
                          f"{stat.S_IMODE(info.st_mode):o}; chmod 700 {directory})")
 
 
-def private_directory(kind: str = "") -> str:
+def check_socket_paths(directory: str, *names: str) -> None:
+    """``ValueError`` unless every socket ``directory/name`` fits a Unix
+    socket's address (``IPC_PATH_MAX`` bytes): ZeroMQ would refuse to bind
+    it, and the message should name what to shorten."""
+    for name in names:
+        path = os.path.join(directory, name)
+        if len(os.fsencode(path)) > IPC_PATH_MAX:
+            raise ValueError(f"the socket path {path} is {len(os.fsencode(path))} bytes, more than "
+                             f"the {IPC_PATH_MAX} a Unix socket's address holds: use a shorter "
+                             f"directory (TMPDIR, or the directory given for the sockets)")
+
+
+def private_directory(kind: str = "", sockets: tuple[str, ...] = ()) -> str:
     """A new directory (mode 0700) in the temp folder named after this
     process (``tprun-{kind}{pid}-XXXXXXXX``), so a later launch can tell it
-    is stale once this process is gone; stale ones are removed first."""
+    is stale once this process is gone; stale ones are removed first.
+    ``sockets``: the names of the sockets it will hold; where one would not
+    fit a socket address, the directory is removed again and
+    ``check_socket_paths``'s error raised."""
     remove_stale_directories()
-    return tempfile.mkdtemp(prefix=f"tprun-{kind}{os.getpid()}-")  # mkdtemp makes it 0700
+    directory = tempfile.mkdtemp(prefix=f"tprun-{kind}{os.getpid()}-")  # mkdtemp makes it 0700
+    try:
+        check_socket_paths(directory, *sockets)
+    except ValueError:
+        os.rmdir(directory)
+        raise
+    return directory
+
+
+SOCKET_NAMES = ("broadcast", "reply", "output")
 
 
 @dataclass(frozen=True)
@@ -101,18 +130,15 @@ class Endpoints:
         elsewhere, e.g. by torchrun, that are told where to connect."""
         owns_directory = directory is None
         if directory is None:
-            directory = private_directory()
+            directory = private_directory(sockets=SOCKET_NAMES)
         else:
+            check_socket_paths(directory, *SOCKET_NAMES)
             os.makedirs(directory, mode=0o700, exist_ok=True)
             check_private_directory(directory)
         os.chmod(directory, 0o700)
-        return cls(
-            directory=directory,
-            broadcast=f"ipc://{directory}/broadcast",
-            reply=f"ipc://{directory}/reply",
-            output=f"ipc://{directory}/output",
-            owns_directory=owns_directory,
-        )
+        broadcast, reply, output = (f"ipc://{directory}/{name}" for name in SOCKET_NAMES)
+        return cls(directory=directory, broadcast=broadcast, reply=reply, output=output,
+                   owns_directory=owns_directory)
 
     def cleanup(self) -> None:
         """Remove the socket files, then the directory if this made it."""

@@ -158,9 +158,10 @@ class Endpoint:
         if host is not None and not _valid_host(host):
             raise ValueError(f"--host must be an IP address, '*', or an interface or host "
                              f"name, got {host!r}")
-        directory = private_directory("serve-")
+        ipc = port is None and host is None
+        directory = private_directory("serve-", sockets=("engine",) if ipc else ())
         os.chmod(directory, 0o700)
-        if port is None and host is None:
+        if ipc:
             return cls(f"ipc://{directory}/engine", directory)
         host = host or DEFAULT_HOST
         if ":" in host and not host.startswith("["):

@@ -19,6 +19,7 @@ import executor.uniproc
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
 from ipc.config import RunnerConfig
+from ipc.endpoints import IPC_PATH_MAX
 from ipc.messages import ControlCall
 from ipc.serde import decode_broadcast, encode
 from launch.cli import _engine_config, build_parser
@@ -96,6 +97,11 @@ def test_attach_workers_dir_must_be_private_before_any_worker(no_workers, tmp_pa
         EngineConfig(model="tiny", device="cpu", tensor_parallel_size=2, executor="mp",
                      attach_workers_dir=str(path)).check_machine()
     assert not (tmp_path / "missing").exists()
+    too_long = tmp_path / ("d" * (IPC_PATH_MAX - len(str(tmp_path)) - len("/broadcast")))
+    with pytest.raises(ConfigError, match=rf"attach_workers_dir: the socket path {too_long}/broadcast "
+                                          rf"is {IPC_PATH_MAX + 1} bytes"):
+        LLM(model="tiny", device="cpu", tensor_parallel_size=2, attach_workers_dir=str(too_long))
+    assert no_workers == [] and not too_long.exists()
 
 
 @pytest.mark.parametrize("overrides, tp, match", [

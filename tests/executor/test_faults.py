@@ -10,14 +10,16 @@ import threading
 import time
 
 import pytest
+import zmq
 
 from engine import LLM, SamplingParams, llm_engine
-from executor import step_future
+from executor import multiproc, step_future
 from executor.base import StepRejected, WorkerFailure
 from executor.multiproc import MultiprocExecutor
+from ipc.endpoints import IPC_PATH_MAX
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from tests.helpers.checkpoints import runner_config
-from tests.helpers.proc_utils import ROOT, pythonpath, session_pids, socket_dirs
+from tests.helpers.proc_utils import ROOT, pythonpath, run_tprun, session_pids, socket_dirs
 
 
 def _alive(pid: int) -> bool:
@@ -177,6 +179,40 @@ def test_start_interrupted_after_the_model_loaded_stops_the_workers(tiny_dir, tm
     pids = [p.pid for p in executors[0].procs]
     assert len(pids) == 2 and _wait_gone(pids, 10.0) == []
     assert socket_dirs(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, zmq.ZMQError])
+def test_start_stopped_while_binding_removes_the_socket_directory(tmp_path, monkeypatch, stop):
+    """A signal or a bind error between the socket directory's creation and
+    the first worker's spawn leaves no directory and spawns nothing."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = []
+
+    def reply_receiver_fails(ctx, address):
+        made.append(address)
+        raise stop()
+    monkeypatch.setattr(multiproc, "ReplyReceiver", reply_receiver_fails)
+    monkeypatch.setattr(MultiprocExecutor, "_spawn", lambda *args: pytest.fail("spawned"))
+    with pytest.raises(stop):
+        MultiprocExecutor(2, "cpu")
+    assert len(made) == 1 and socket_dirs(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+def test_socket_directory_too_long_is_a_one_line_error_before_any_worker(tmp_path):
+    """A TMPDIR too long for a socket address: tprun says so in one line, and
+    leaves no directory behind (no worker is started: the sockets come first)."""
+    tmp = tmp_path / ("d" * (IPC_PATH_MAX - len(str(tmp_path)) - len("/tprun-1-abcdefgh/output")))
+    tmp.mkdir()
+    result, leftovers = run_tprun(["generate", "--model", "tiny", "--device", "cpu", "--prompt",
+                                   "hi"], timeout=25, env={"TMPDIR": str(tmp),
+                                                           "TPRUN_CACHE": str(tmp_path)})
+    assert result.returncode == 1 and leftovers == [], result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("tprun: error: the socket path "), errors
+    assert "TMPDIR" in errors[0] and "Traceback" not in result.stderr
+    assert socket_dirs(tmp) == []
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import stat
+import tempfile
 
 import msgspec
 import pytest
@@ -31,11 +32,12 @@ from ipc.auth import (
     read_key_file,
     write_key_file,
 )
+from ipc.endpoints import IPC_PATH_MAX
 from ipc.engine_messages import EngineStats, StatsRequest, decode_server_message
 from ipc.serde import encode
 from serving.client import EngineClient, find_secret
 from serving.endpoint import Endpoint, check_listen_address, exposure_warning, is_loopback
-from tests.helpers.proc_utils import run_tprun
+from tests.helpers.proc_utils import run_tprun, socket_dirs
 from tests.helpers.serve_utils import start_server, stop_server
 
 SECRET = bytes(range(SECRET_BYTES))
@@ -173,6 +175,21 @@ def test_default_endpoints_are_private_or_loopback():
     for bad in ["", "0.0.0.0:80", "tcp://x", "a b", "-x"]:
         with pytest.raises(ValueError, match="--host must be"):
             Endpoint.create(host=bad)
+
+
+def test_ipc_endpoint_too_long_for_an_address_is_refused_and_removed(tmp_path, monkeypatch):
+    """A TMPDIR so long the engine socket's path would not fit a Unix socket
+    address: refused with a message naming it, its directory removed; a
+    tcp:// endpoint there (the directory holds only the key) is fine."""
+    tmp = tmp_path / ("d" * (IPC_PATH_MAX - 20 - len(str(tmp_path)) - 1))  # 20 bytes to spare
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with pytest.raises(ValueError, match=rf"/engine is \d+ bytes, more than the {IPC_PATH_MAX} "):
+        Endpoint.create()
+    assert socket_dirs(tmp) == []
+    tcp = Endpoint.create(port=0)
+    tcp.cleanup()
+    assert socket_dirs(tmp) == []
 
 
 @pytest.mark.parametrize("host,exposed", [
