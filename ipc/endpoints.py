@@ -103,6 +103,7 @@ def private_directory(kind: str = "", sockets: tuple[str, ...] = ()) -> str:
     return directory
 
 
+# The executor's sockets in its private directory, in ``Endpoints``' field order.
 SOCKET_NAMES = ("broadcast", "reply", "output")
 
 
