@@ -34,8 +34,12 @@ def ensure_written(root: str, name: str, write: Callable[[str], None]) -> str:
     final = os.path.join(root, name)
     if is_complete(final):
         return final
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
+    try:
+        os.makedirs(root, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=root)
+    except OSError as e:  # say which directory, and how to choose another
+        raise OSError(f"cannot write the model cache {root} ({e.strerror or e}): set "
+                      f"TPRUN_CACHE to a directory you can write") from None
     try:
         write(tmp)
         os.rename(tmp, final)

@@ -6,6 +6,7 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,16 @@ def test_concurrent_writers_leave_one_complete_copy(tmp_path):
 def test_default_cache_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
     assert ensure_tiny_model() == os.path.join(str(tmp_path), TINY_NAME)
+
+
+def test_an_unwritable_cache_is_named_with_the_way_out(tmp_path, monkeypatch):
+    """A cache directory that cannot be made (here under a plain file) gives
+    an error naming it and TPRUN_CACHE, not a bare errno."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TPRUN_CACHE", str(tmp_path / "file" / "cache"))
+    with pytest.raises(OSError, match=rf"^cannot write the model cache {tmp_path}/file/cache "
+                                      r"\(Not a directory\): set TPRUN_CACHE"):
+        ensure_tiny_model()
 
 
 @settings(max_examples=50, deadline=None)
