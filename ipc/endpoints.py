@@ -80,8 +80,9 @@ def check_socket_paths(directory: str, *names: str) -> None:
     it, and the message should name what to shorten."""
     for name in names:
         path = os.path.join(directory, name)
-        if len(os.fsencode(path)) > IPC_PATH_MAX:
-            raise ValueError(f"the socket path {path} is {len(os.fsencode(path))} bytes, more than "
+        size = len(os.fsencode(path))
+        if size > IPC_PATH_MAX:
+            raise ValueError(f"the socket path {path} is {size} bytes, more than "
                              f"the {IPC_PATH_MAX} a Unix socket's address holds: use a shorter "
                              f"directory (TMPDIR, or the directory given for the sockets)")
 

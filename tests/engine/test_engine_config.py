@@ -24,7 +24,7 @@ from ipc.messages import ControlCall
 from ipc.serde import decode_broadcast, encode
 from launch.cli import _engine_config, build_parser
 from tests.helpers.checkpoints import runner_config
-from tests.helpers.proc_utils import run_tprun
+from tests.helpers.proc_utils import long_directory, run_tprun
 
 
 @pytest.fixture
@@ -97,11 +97,11 @@ def test_attach_workers_dir_must_be_private_before_any_worker(no_workers, tmp_pa
         EngineConfig(model="tiny", device="cpu", tensor_parallel_size=2, executor="mp",
                      attach_workers_dir=str(path)).check_machine()
     assert not (tmp_path / "missing").exists()
-    too_long = tmp_path / ("d" * (IPC_PATH_MAX - len(str(tmp_path)) - len("/broadcast")))
+    too_long = long_directory(tmp_path, IPC_PATH_MAX - len("/broadcast") + 1)
     with pytest.raises(ConfigError, match=rf"attach_workers_dir: the socket path {too_long}/broadcast "
                                           rf"is {IPC_PATH_MAX + 1} bytes"):
         LLM(model="tiny", device="cpu", tensor_parallel_size=2, attach_workers_dir=str(too_long))
-    assert no_workers == [] and not too_long.exists()
+    assert no_workers == [] and not os.path.exists(too_long)
 
 
 @pytest.mark.parametrize("overrides, tp, match", [

@@ -19,7 +19,14 @@ from executor.multiproc import MultiprocExecutor
 from ipc.endpoints import IPC_PATH_MAX
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from tests.helpers.checkpoints import runner_config
-from tests.helpers.proc_utils import ROOT, pythonpath, run_tprun, session_pids, socket_dirs
+from tests.helpers.proc_utils import (
+    ROOT,
+    long_directory,
+    pythonpath,
+    run_tprun,
+    session_pids,
+    socket_dirs,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -203,8 +210,8 @@ def test_start_stopped_while_binding_removes_the_socket_directory(tmp_path, monk
 def test_socket_directory_too_long_is_a_one_line_error_before_any_worker(tmp_path):
     """A TMPDIR too long for a socket address: tprun says so in one line, and
     leaves no directory behind (no worker is started: the sockets come first)."""
-    tmp = tmp_path / ("d" * (IPC_PATH_MAX - len(str(tmp_path)) - len("/tprun-1-abcdefgh/output")))
-    tmp.mkdir()
+    tmp = long_directory(tmp_path, IPC_PATH_MAX - len("/tprun-1-abcdefgh/output") + 1)
+    os.makedirs(tmp)
     result, leftovers = run_tprun(["generate", "--model", "tiny", "--device", "cpu", "--prompt",
                                    "hi"], timeout=25, env={"TMPDIR": str(tmp),
                                                            "TPRUN_CACHE": str(tmp_path)})

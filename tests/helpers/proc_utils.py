@@ -22,6 +22,13 @@ def socket_dirs(directory) -> list[str]:
     return [d for d in os.listdir(directory) if d.startswith("tprun-")]
 
 
+def long_directory(root, total: int) -> str:
+    """A path under ``root`` exactly ``total`` bytes long (not created): for
+    socket paths near a Unix socket address's limit."""
+    assert len(str(root)) + 2 <= total
+    return os.path.join(root, "d" * (total - len(str(root)) - 1))
+
+
 def _live_processes():
     """(pid, parent pid, session id) of every process not a zombie (from /proc)."""
     for entry in os.listdir("/proc"):

@@ -27,7 +27,7 @@ from ipc.messages import (
     Sync,
 )
 from ipc.serde import decode_broadcast, decode_reply, encode
-from tests.helpers.proc_utils import socket_dirs
+from tests.helpers.proc_utils import long_directory, socket_dirs
 
 
 def _plan() -> SchedulerOutput:
@@ -88,22 +88,16 @@ def test_endpoints_are_private():
     assert not os.path.exists(endpoints.directory)
 
 
-def _long_directory(root, total: int) -> str:
-    """A path under ``root`` exactly ``total`` bytes long (not created)."""
-    assert len(str(root)) + 2 <= total
-    return os.path.join(root, "d" * (total - len(str(root)) - 1))
-
-
 def test_socket_directory_too_long_for_an_address_is_refused_and_removed(tmp_path, monkeypatch):
     """ZeroMQ cannot bind an ipc:// path longer than a Unix socket address:
     a TMPDIR that long gets a message that names it, and no directory stays."""
-    tmp = _long_directory(tmp_path, IPC_PATH_MAX - len("/tprun-1234567-abcdefgh/broadcast") + 8)
+    tmp = long_directory(tmp_path, IPC_PATH_MAX - len("/tprun-1234567-abcdefgh/broadcast") + 8)
     os.makedirs(tmp)
     monkeypatch.setattr(tempfile, "tempdir", tmp)
     with pytest.raises(ValueError, match=f"more than the {IPC_PATH_MAX}.*TMPDIR"):
         Endpoints.create()
     assert socket_dirs(tmp) == []
-    attach = _long_directory(tmp_path, IPC_PATH_MAX - len("/broadcast") + 1)
+    attach = long_directory(tmp_path, IPC_PATH_MAX - len("/broadcast") + 1)
     with pytest.raises(ValueError, match=f"{attach}/broadcast is {IPC_PATH_MAX + 1} bytes"):
         Endpoints.create(attach)
     assert not os.path.exists(attach)
@@ -112,7 +106,7 @@ def test_socket_directory_too_long_for_an_address_is_refused_and_removed(tmp_pat
 def test_socket_directory_of_the_longest_address_binds(tmp_path):
     """The limit is the address's, not lower: a path of exactly
     ``IPC_PATH_MAX`` bytes binds, and the executor's three sockets work."""
-    attach = _long_directory(tmp_path, IPC_PATH_MAX - len("/broadcast"))
+    attach = long_directory(tmp_path, IPC_PATH_MAX - len("/broadcast"))
     endpoints = Endpoints.create(attach)
     ctx = zmq.Context()
     try:

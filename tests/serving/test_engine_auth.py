@@ -37,7 +37,7 @@ from ipc.engine_messages import EngineStats, StatsRequest, decode_server_message
 from ipc.serde import encode
 from serving.client import EngineClient, find_secret
 from serving.endpoint import Endpoint, check_listen_address, exposure_warning, is_loopback
-from tests.helpers.proc_utils import run_tprun, socket_dirs
+from tests.helpers.proc_utils import long_directory, run_tprun, socket_dirs
 from tests.helpers.serve_utils import start_server, stop_server
 
 SECRET = bytes(range(SECRET_BYTES))
@@ -181,8 +181,8 @@ def test_ipc_endpoint_too_long_for_an_address_is_refused_and_removed(tmp_path, m
     """A TMPDIR so long the engine socket's path would not fit a Unix socket
     address: refused with a message naming it, its directory removed; a
     tcp:// endpoint there (the directory holds only the key) is fine."""
-    tmp = tmp_path / ("d" * (IPC_PATH_MAX - 20 - len(str(tmp_path)) - 1))  # 20 bytes to spare
-    tmp.mkdir()
+    tmp = long_directory(tmp_path, IPC_PATH_MAX - 20)  # 20 bytes to spare
+    os.makedirs(tmp)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     with pytest.raises(ValueError, match=rf"/engine is \d+ bytes, more than the {IPC_PATH_MAX} "):
         Endpoint.create()
