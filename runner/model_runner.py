@@ -350,7 +350,7 @@ class ModelRunner:
         # every rank frees (and later reuses) the same slots.
         for req_id in sorted(set(plan.finished_req_ids) | set(plan.preempted_req_ids)):
             if req_id in self.req_states.req_id_to_index:
-                self.req_states.remove_request(req_id)
+                self.sampler.remove_request(self.req_states.remove_request(req_id))
         for new, ids in zip(plan.scheduled_new_reqs,
                             prefill_ids or [None] * len(plan.scheduled_new_reqs)):
             slot = self.req_states.add_request(new, ids)

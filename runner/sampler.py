@@ -115,6 +115,14 @@ class Sampler:
                      if max(s) < self.vocab_size]
         self.bad_words.add_request(slot, sequences, prompt_len, prefill_len)
 
+    def remove_request(self, slot: int) -> None:
+        """The slot's request left (finished or preempted). Its token-list
+        and bad-word rows are cleared, and those tables shrink when their
+        remaining users need much less, by the next ``write_added_rows``;
+        the other per-slot state is rewritten when the slot is taken again."""
+        self.logit_bias.remove_request(slot)
+        self.bad_words.remove_request(slot)
+
     @property
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
         """The tensors whose writes are staged on the host (penalty rows are
@@ -122,11 +130,12 @@ class Sampler:
         return (*self.states.staged_tensors, *self.min_tokens.staged_tensors)
 
     def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
-        """The device rows of the requests added since the last call that are
-        not staged writes: penalty rows built from ``all_token_ids`` (the
-        runner's device table of prefill tokens, already written),
-        min-tokens stop ids, allowed ids and biases, bad-word sequences and
-        histories (from ``all_token_ids`` too). The sampler's own staged writes
+        """The device rows of the requests added (or, for token lists and bad
+        words, removed) since the last call that are not staged writes:
+        penalty rows built from ``all_token_ids`` (the runner's device table
+        of prefill tokens, already written), min-tokens stop ids, allowed ids
+        and biases, bad-word sequences and histories (from ``all_token_ids``
+        too). The sampler's own staged writes
         (``staged_tensors``) are applied apart; they touch other tensors, so
         either may come first."""
         self.penalties.rebuild_added_rows(all_token_ids)

@@ -27,12 +27,18 @@ Invariants:
   samples (``record_sampled``); rows of slots without bad words may hold
   stale histories, which their empty ``words`` rows make irrelevant.
 - Host mirrors: ``uses_np``, so a batch without such a slot costs nothing,
-  and ``num_users``, so a runner without any never looks. A slot taken by a
-  request without bad words after one with them has its ``words`` row
-  cleared when the request is added.
-- Widening adds columns on the left: every sequence stays right-aligned and
-  every history keeps its most recent tokens, which are all its own
-  sequences can read.
+  ``num_users``, so a runner without any never looks, and ``sizes_np``,
+  each slot's (sequences, longest sequence), so the tables know what their
+  users need. A slot whose request leaves (``remove_request``) has its rows
+  cleared, as does one taken by a request without bad words after one with
+  them: a batch's rows without bad words always meet empty ``words`` rows.
+- Resizing adds or drops columns on the left: every sequence stays
+  right-aligned and every history keeps its most recent tokens, which are
+  all its own sequences can read. The tables widen when a request needs it
+  and shrink, once requests leave, to what the remaining users need (at
+  least the initial size) when that is at most half of a dimension, so one
+  request with long lists costs nothing after it is gone and the tables do
+  not resize with every request.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class BadWordsState:
         self.device = device
         self.uses_np = np.zeros(max_num_reqs, dtype=bool)
         self.num_users = 0
+        self.sizes_np = np.zeros((max_num_reqs, 2), dtype=np.int64)
+        self._left = False  # a user left since the last ``write_added_rows``
         self.words = torch.full((max_num_reqs, _INITIAL_SEQUENCES, _INITIAL_WIDTH), -1,
                                 dtype=torch.int32, device=device)
         self.history = torch.full((max_num_reqs, _INITIAL_WIDTH - 1), -1, dtype=torch.int32,
@@ -72,9 +80,18 @@ class BadWordsState:
         had = bool(self.uses_np[slot])
         self.num_users += uses - had
         self.uses_np[slot] = uses
+        self.sizes_np[slot] = (len(sequences), max(map(len, sequences), default=0))
         self._pending = [p for p in self._pending if p[0] != slot]
         if uses or had:
             self._pending.append((slot, [list(s) for s in sequences], prompt_len, prefill_len))
+
+    def remove_request(self, slot: int) -> None:
+        """The slot's request left (finished or preempted): its rows are
+        cleared, and the tables may shrink, by the next ``write_added_rows``."""
+        if not self.uses_np[slot]:
+            return
+        self.add_request(slot, [], 0, 0)
+        self._left = True
 
     def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
         """Write the rows of the slots added since the last call (widening
@@ -82,10 +99,9 @@ class BadWordsState:
         [slots, max_len] (on the device, already holding the prefill tokens).
         Never waits."""
         for slot, sequences, prompt_len, prefill_len in self._pending:
-            count = len(sequences)
-            width = max((len(s) for s in sequences), default=0)
+            count, width = self.sizes_np[slot]
             if count > self.words.shape[1] or width > self.words.shape[2]:
-                self._widen(max(count, self.words.shape[1]), max(width, self.words.shape[2]))
+                self._resize(max(count, self.words.shape[1]), max(width, self.words.shape[2]))
             rows = np.full(self.words.shape[1:], -1, dtype=np.int32)
             for i, s in enumerate(sequences):
                 rows[i, rows.shape[1] - len(s):] = s
@@ -97,15 +113,31 @@ class BadWordsState:
             if kept > 0:
                 history[-kept:] = all_token_ids[slot, prefill_len - kept:prefill_len]
         self._pending = []
+        if self._left:
+            self._left = False
+            self._shrink_to_users()
 
-    def _widen(self, count: int, width: int) -> None:
+    def _shrink_to_users(self) -> None:
+        """Shrink the tables to what the slots using bad words need (at
+        least the initial size) where that is at most half of a dimension."""
+        count = max(_INITIAL_SEQUENCES, int(self.sizes_np[:, 0].max()))
+        width = max(_INITIAL_WIDTH, int(self.sizes_np[:, 1].max()))
+        if 2 * count <= self.words.shape[1] or 2 * width <= self.words.shape[2]:
+            self._resize(count, width)
+
+    def _resize(self, count: int, width: int) -> None:
+        """New tables of ``count`` sequences of ``width`` ids, holding the
+        first sequences of each row and the last columns of each sequence and
+        history that fit (all of every user's, as callers guarantee)."""
         old_count, old_width = self.words.shape[1:]
+        kept_count, kept_width = min(count, old_count), min(width, old_width)
         words = torch.full((self.max_num_reqs, count, width), -1, dtype=torch.int32,
                            device=self.device)
-        words[:, :old_count, width - old_width:] = self.words
+        words[:, :kept_count, width - kept_width:] = \
+            self.words[:, :kept_count, old_width - kept_width:]
         history = torch.full((self.max_num_reqs, width - 1), -1, dtype=torch.int32,
                              device=self.device)
-        history[:, width - old_width:] = self.history
+        history[:, width - kept_width:] = self.history[:, old_width - kept_width:]
         self.words, self.history = words, history
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:

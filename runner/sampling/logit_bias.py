@@ -10,10 +10,14 @@ State per slot, on the device: the allowed ids and the biased ids (int64
 [max_num_reqs, width], -1 padded; an allowed row starting with -1 allows
 every token) and the biases (float32, 0 where padded). The tables widen
 when a request brings more entries than they hold (at most
-``MAX_TOKEN_LIST``). Host mirrors: ``uses_np``, so a batch without such a
-slot costs nothing, ``restricts_np``, so one with biases alone builds no
-[N, V] mask, and ``num_users``, so a runner without any never looks. A slot taken by a request without lists after one with them has
-its rows cleared when the request is added.
+``MAX_TOKEN_LIST``) and shrink, once requests leave, to what the remaining
+users need (at least the initial width) when that is at most half their
+width. Host mirrors: ``uses_np``, so a batch without such a slot costs
+nothing, ``restricts_np``, so one with biases alone builds no [N, V] mask,
+``num_users``, so a runner without any never looks, and ``widths_np``, the
+entries each slot needs. A slot whose request leaves (``remove_request``)
+has its rows cleared, as does one taken by a request without lists after
+one with them: a batch's rows without lists always meet empty rows.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class LogitBiasState:
         self.uses_np = np.zeros(max_num_reqs, dtype=bool)
         self.restricts_np = np.zeros(max_num_reqs, dtype=bool)  # has allowed ids
         self.num_users = 0
+        self.widths_np = np.zeros(max_num_reqs, dtype=np.int64)
+        self._left = False  # a user left since the last ``write_added_rows``
         self.allowed = self._ids_table(_INITIAL_WIDTH)
         self.bias_ids = self._ids_table(_INITIAL_WIDTH)
         self.bias_values = torch.zeros((max_num_reqs, _INITIAL_WIDTH), dtype=torch.float32,
@@ -53,16 +59,25 @@ class LogitBiasState:
         self.num_users += uses - had
         self.uses_np[slot] = uses
         self.restricts_np[slot] = bool(allowed)
+        self.widths_np[slot] = max(len(allowed), len(bias))
         if uses or had:
             self._pending.append((slot, allowed, bias))
 
+    def remove_request(self, slot: int) -> None:
+        """The slot's request left (finished or preempted): its rows are
+        cleared, and the tables may shrink, by the next ``write_added_rows``."""
+        if not self.uses_np[slot]:
+            return
+        self.add_request(slot, SamplingOptions())
+        self._left = True
+
     def write_added_rows(self) -> None:
-        """Write the rows of the slots added since the last call (widening
-        the tables where needed)."""
+        """Write the rows of the slots added or removed since the last call
+        (widening the tables where needed, shrinking them where users left)."""
         for slot, allowed, bias in self._pending:
             width = max(len(allowed), len(bias))
             if width > self.allowed.shape[1]:
-                self._widen(width)
+                self._resize(width)
             width = self.allowed.shape[1]
             rows = np.full((2, width), -1, dtype=np.int64)
             rows[0, : len(allowed)] = allowed
@@ -74,13 +89,20 @@ class LogitBiasState:
             self.bias_ids[slot].copy_(uploaded[1])
             self.bias_values[slot].copy_(uploaded_values)
         self._pending = []
+        if self._left:
+            self._left = False
+            width = max(_INITIAL_WIDTH, int(self.widths_np.max()))
+            if 2 * width <= self.allowed.shape[1]:
+                self._resize(width)
 
-    def _widen(self, width: int) -> None:
-        old = self.allowed.shape[1]
+    def _resize(self, width: int) -> None:
+        """New tables ``width`` entries wide, holding each row's first
+        entries that fit (all of every user's, as callers guarantee)."""
+        kept = min(width, self.allowed.shape[1])
         allowed, bias_ids = self._ids_table(width), self._ids_table(width)
-        allowed[:, :old], bias_ids[:, :old] = self.allowed, self.bias_ids
+        allowed[:, :kept], bias_ids[:, :kept] = self.allowed[:, :kept], self.bias_ids[:, :kept]
         values = torch.zeros((self.max_num_reqs, width), dtype=torch.float32, device=self.device)
-        values[:, :old] = self.bias_values
+        values[:, :kept] = self.bias_values[:, :kept]
         self.allowed, self.bias_ids, self.bias_values = allowed, bias_ids, values
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:

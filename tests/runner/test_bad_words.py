@@ -68,6 +68,12 @@ class _Requests:
         self.sequences[slot] = sequences or []
         self.outputs[slot] = list(earlier_outputs)
 
+    def remove(self, slot: int) -> None:
+        """The slot's request leaves, as the runner frees it."""
+        self.sampler.remove_request(slot)
+        write_added_requests(self.sampler, self.table.to(self.device))
+        del self.sequences[slot], self.outputs[slot]
+
     def expected(self, logits: torch.Tensor, slots: list[int]) -> list[list[float]]:
         return [_expected_row(logits[i].tolist(), self.sequences[s], self.outputs[s])
                 for i, s in enumerate(slots)]
@@ -178,6 +184,32 @@ def test_tables_widen_while_other_slots_hold_histories(device):
     assert reqs.step([2], [True]) >= 2  # 3 and 5
     for _ in range(20):
         reqs.step([3, 2], [True, True])
+
+
+@on_devices
+def test_tables_shrink_to_their_users_once_a_wide_request_leaves(device):
+    """A request with many long sequences leaves: the tables shrink to what
+    slot 2 needs (the initial size here) and slot 2's history, carried
+    across both resizes, still bans; the freed slot, taken by a request
+    without bad words, meets an empty row beside slot 2."""
+    reqs = _Requests(device, seed=6)
+    gen = reqs.gen
+    reqs.add(2, [[1, 2, 3], [2, 5], [0, 0, 1, 2]], [1], earlier_outputs=[0, 1, 2])
+    wide = _random_sequences(gen, 30, 9)
+    reqs.add(3, wide, [0], earlier_outputs=[int(t) for t in gen.integers(0, 4, size=12)])
+    state = reqs.sampler.bad_words
+    assert tuple(state.words.shape[1:]) == (31, 9) and state.num_users == 2
+    for _ in range(6):
+        reqs.step([3, 2], [True, True])
+    reqs.remove(3)
+    assert tuple(state.words.shape[1:]) == (4, 4) and tuple(state.history.shape) == (MAX_REQS, 3)
+    assert state.num_users == 1 and not state.any_active(np.array([3]))
+    reqs.add(3, None, [2, 2])
+    bans = sum(reqs.step([2, 3], [True, True]) for _ in range(30))
+    assert bans >= 3
+    reqs.remove(2)
+    reqs.remove(3)  # never used bad words: nothing to do
+    assert state.num_users == 0 and not state.words.ge(0).any()
 
 
 @on_devices

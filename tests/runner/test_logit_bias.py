@@ -116,3 +116,31 @@ def test_reused_slot_starts_clean_and_the_table_widens(device):
     write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
     assert not sampler.logit_bias.any_active(np.array([0]))
     assert sampler.logit_bias.apply(logits, slot, np.array([0]))[0].tolist() == [0.0] * VOCAB
+
+
+@on_devices
+def test_a_left_slot_is_cleared_and_the_table_shrinks_to_its_users(device):
+    """Slot 0's wide lists leave with its request: the table shrinks to what
+    slot 1 still needs and slot 1's row keeps its rule; slot 0, taken then
+    by a request without lists, meets an empty row beside slot 1."""
+    wide = SamplingOptions(allowed_token_ids=list(range(36)), logit_bias={t: 0.5 for t in range(30)})
+    kept = SamplingOptions(temperature=0.0, allowed_token_ids=[1, 2, 3, 5, 8, 13, 21, 34, 39],
+                           logit_bias={2: 1.5, 34: -0.5})
+    sampler = _sampler({0: wide, 1: kept}, device)
+    assert sampler.logit_bias.allowed.shape[1] >= 36
+    sampler.remove_request(0)
+    write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
+    assert sampler.logit_bias.allowed.shape[1] == 9  # slot 1's nine allowed ids
+    assert sampler.logit_bias.num_users == 1
+    sampler.add_request(0, SamplingOptions(temperature=0.0), 1, 1)
+    write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
+    # bfloat16 logits: their sums with the biases are exact in float32.
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    got = sampler.logit_bias.apply(logits.to(device), torch.tensor([1, 0], device=device),
+                                   np.array([1, 0])).cpu()
+    assert got[0].tolist() == _expected_row(logits[0].float().tolist(), kept)
+    assert got[1].tolist() == logits[1].float().tolist()
+    sampler.remove_request(1)
+    sampler.remove_request(1)  # a slot without lists: nothing to do
+    write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
+    assert sampler.logit_bias.num_users == 0 and sampler.logit_bias.allowed.shape[1] == 9

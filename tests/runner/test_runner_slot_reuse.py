@@ -13,9 +13,12 @@ def _runner(model_dir: str):
                        max_num_batched_tokens=64, max_model_len=64)
 
 
-def _new(req_id, prompt, blocks):
+GREEDY = SamplingOptions(temperature=0.0)
+
+
+def _new(req_id, prompt, blocks, sampling=GREEDY):
     return NewRequestData(req_id=req_id, prompt_token_ids=prompt, prefill_token_ids=prompt,
-                          sampling=SamplingOptions(temperature=0.0), block_ids=[blocks],
+                          sampling=sampling, block_ids=[blocks],
                           num_computed_tokens=0, max_tokens=16)
 
 
@@ -64,6 +67,34 @@ def test_freed_slot_is_reused_without_leaks(tiny_dir):
     tokens = out.rows()[0]
     for i in range(1, 5):
         tokens += _decode(runner, 4 + i, "B")
+    assert tokens == expected
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_request_gives_back_its_token_list_rows(tiny_dir):
+    """A request with many long bad words and a long logit_bias finishes
+    as B arrives: the sampler's tables no longer count it and are back to
+    their first size, and B decodes as it does alone."""
+    prompt_b = [10, 20, 30, 40, 50]
+    expected = _generate_alone(_runner(tiny_dir), prompt_b, [7, 8, 9], 4)
+
+    runner = _runner(tiny_dir)
+    sampler = runner.sampler
+    first_sizes = (tuple(sampler.bad_words.words.shape), sampler.logit_bias.allowed.shape[1])
+    lists = SamplingOptions(temperature=0.0, logit_bias={t: 0.0 for t in range(200)},
+                            bad_words_token_ids=[[t, t + 1, t + 2, 300] * 4 for t in range(40)])
+    _step(runner, 0, new=[_new("A", list(range(100, 108)), [10, 11, 12], lists)], scheduled={"A": 8})
+    _decode(runner, 1, "A")
+    assert sampler.bad_words.num_users == sampler.logit_bias.num_users == 1
+    assert sampler.bad_words.words.shape[1:] == (40, 16)
+    out = _step(runner, 2, new=[_new("B", prompt_b, [7, 8, 9])], scheduled={"B": 5},
+                finished=["A"])
+    assert sampler.bad_words.num_users == sampler.logit_bias.num_users == 0
+    assert (tuple(sampler.bad_words.words.shape),
+            sampler.logit_bias.allowed.shape[1]) == first_sizes
+    tokens = out.rows()[0]
+    for i in range(1, 4):
+        tokens += _decode(runner, 2 + i, "B")
     assert tokens == expected
 
 
