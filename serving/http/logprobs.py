@@ -78,7 +78,10 @@ class LogprobsFormatter:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
         for consecutive tokens of one choice, each offset taken from the
         choice's ``offsets`` (which it advances). A token without entries
-        (the first prompt token, echoed) has null logprob and top logprobs."""
+        (the first prompt token, echoed) has null logprob and top logprobs.
+        As OpenAI's legacy API and vLLM give them, a token's top logprobs
+        hold the token itself first, then the top ``num_top`` (so num_top
+        + 1 entries where it is not among them; only itself at 0)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, entries in zip(token_ids, logprobs):
             text, data = self.label(token_id)
@@ -89,7 +92,10 @@ class LogprobsFormatter:
             else:
                 logprob, top = self._split(token_id, entries, num_top)
                 out["token_logprobs"].append(logprob)
-                out["top_logprobs"].append({self.token_str(e.token_id): e.logprob for e in top})
+                shown = {} if logprob is None else {text: logprob}
+                shown.update((self.token_str(e.token_id), e.logprob) for e in top
+                             if e.token_id != token_id)
+                out["top_logprobs"].append(shown)
             out["text_offset"].append(offsets.take(data))
         return out
 

@@ -56,11 +56,20 @@ def test_echo_with_logprobs_and_no_new_tokens(client, reference):
     assert len(lp.tokens) == len(ids)
     assert lp.tokens[0] == "<s>" and "".join(lp.tokens[1:]) == PROMPT  # BOS, then bytes
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    outside = 0  # prompt tokens outside their position's top 2
     for j in range(1, len(ids)):
         assert lp.token_logprobs[j] == pytest.approx(want[j][ids[j]].logprob, abs=1e-5)
-        assert len(lp.top_logprobs[j]) == 2
-        assert max(lp.top_logprobs[j].values()) == pytest.approx(
-            max(e.logprob for e in want[j].values()), abs=1e-5)
+        # OpenAI's legacy shape (vLLM's): the token itself first, then the top 2.
+        top = lp.top_logprobs[j]
+        ranked = sorted(want[j].values(), key=lambda e: -e.logprob)[:2]
+        in_top = want[j][ids[j]].rank <= 2
+        outside += not in_top
+        assert len(top) == (2 if in_top else 3)
+        assert next(iter(top)) == lp.tokens[j]
+        assert top[lp.tokens[j]] == lp.token_logprobs[j]
+        assert sorted(top.values(), reverse=True)[:2] == pytest.approx(
+            [e.logprob for e in ranked], abs=1e-5)
+    assert outside > 0  # the byte-level prompt is not what the tiny model expects
     assert lp.text_offset == [0] + [3 + i for i in range(len(PROMPT))]
 
 
@@ -93,11 +102,36 @@ def test_echo_of_token_prompt_and_stream(client, reference):
     assert text == PROMPT + ref.text
 
 
+def test_sampled_tokens_lead_their_top_logprobs(client, reference):
+    """Sampled tokens outside the top ``logprobs`` are shown too, first (the
+    legacy completions shape, vLLM's); at ``logprobs`` 0 only they are."""
+    params = dict(temperature=2.0, seed=5, max_tokens=12)
+    ref = reference.generate(PROMPT, SamplingParams(logprobs=1, **params))[0].outputs[0]
+    for k in (1, 0):
+        resp = client.completions.create(model="tiny", prompt=PROMPT, logprobs=k, **params)
+        lp = resp.choices[0].logprobs
+        assert resp.choices[0].text == ref.text
+        below = 0  # sampled tokens ranked below 1
+        for token, logprob, top, token_id, candidates in zip(
+                lp.tokens, lp.token_logprobs, lp.top_logprobs, ref.token_ids, ref.logprobs):
+            assert next(iter(top)) == token and top[token] == logprob
+            assert logprob == pytest.approx(candidates[token_id].logprob, abs=1e-5)
+            best = min(candidates.values(), key=lambda e: e.rank)
+            below += candidates[token_id].rank > 1
+            if k:
+                assert len(top) == 1 + (candidates[token_id].rank > 1)
+                assert max(top.values()) == pytest.approx(best.logprob, abs=1e-5)
+            else:
+                assert len(top) == 1
+        assert below > 0
+
+
 def test_logprobs_are_bounded_by_max_logprobs(client):
     """The server's --max-logprobs (30 here) bounds ``logprobs`` and
     ``top_logprobs``, not OpenAI's 20."""
-    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=25)
-    assert [len(top) for top in resp.choices[0].logprobs.top_logprobs] == [25, 25]
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=25,
+                                     temperature=0)
+    assert [len(top) for top in resp.choices[0].logprobs.top_logprobs] == [25, 25]  # greedy
     chat = client.chat.completions.create(model="tiny", max_tokens=2, logprobs=True,
                                           top_logprobs=25,
                                           messages=[{"role": "user", "content": PROMPT}])
