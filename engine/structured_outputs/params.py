@@ -10,6 +10,15 @@ schema, regex or grammar compiles is decided by the grammar backend when the
 request enters the engine. ``disable_any_whitespace`` makes JSON compact (no
 whitespace between tokens of the JSON text), as vLLM's option of that name.
 
+A JSON schema is compiled with its objects closed (``closed_objects``): an
+object schema that lists ``properties`` and says nothing of
+``additionalProperties`` gets ``false``, so the output holds only the keys
+the schema names, as vLLM's default backend (xgrammar's strict mode) and
+OpenAI's structured outputs give it. Without that a grammar lets a model add
+keys of its own after the named ones, which breaks the usual
+``fn(**json.loads(arguments))`` of tool calls. A schema that wants other
+keys says so (``"additionalProperties": true`` or a schema).
+
 ``key`` is the compiled grammar's identity: two parameters with the same key
 share one compiled grammar (the compile cache is keyed by it).
 """
@@ -17,6 +26,7 @@ share one compiled grammar (the compile cache is keyed by it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -95,11 +105,12 @@ class StructuredOutputsParams:
             out["disable_any_whitespace"] = True
         return out
 
-    @property
+    @functools.cached_property
     def key(self) -> GrammarKey:
         compact = self.disable_any_whitespace
         if self.json is not None:
-            return GrammarKey("json", self.json, compact)
+            schema = closed_objects(json.loads(self.json))
+            return GrammarKey("json", json.dumps(schema, separators=(",", ":")), compact)
         if self.json_object:
             return GrammarKey("json", '{"type":"object"}', compact)
         if self.regex is not None:
@@ -125,6 +136,44 @@ def _schema_text(schema: Any) -> str:
         return json.dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise StructuredOutputsError("json", f"cannot be written as JSON: {e}") from None
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to
+# schemas; every other keyword's value (enum, const, default, examples, ...)
+# is data and is left as it is.
+_SUBSCHEMA = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties",
+              "unevaluatedItems", "not", "if", "then", "else", "contains", "propertyNames")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+# An object schema with one of these may take keys from other schemas than
+# its own ``properties``: it stays open.
+_COMPOSING = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+
+
+def closed_objects(schema: Any, composed: bool = False) -> Any:
+    """A copy of ``schema`` in which every object schema that has
+    ``properties`` and no ``additionalProperties`` gets ``false``, except
+    those that compose others (``_COMPOSING``) and the members of an
+    ``allOf`` (``composed``): each holds part of one object's properties, so
+    closing one would forbid the others'."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for word, value in schema.items():
+        if word in _SUBSCHEMA:
+            out[word] = [closed_objects(s) for s in value] if isinstance(value, list) \
+                else closed_objects(value)
+        elif word in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[word] = [closed_objects(s) for s in value]
+        elif word == "allOf" and isinstance(value, list):
+            out[word] = [closed_objects(s, composed=True) for s in value]
+        elif word in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[word] = {name: closed_objects(s) for name, s in value.items()}
+    if (not composed and "properties" in out and "additionalProperties" not in out
+            and not any(word in out for word in _COMPOSING)):
+        out["additionalProperties"] = False
+    return out
 
 
 def _check_choice(choice: Any) -> None:

@@ -16,7 +16,7 @@ from checkpoint.tiny_model import EOS
 from engine.structured_outputs import StructuredOutputManager, StructuredOutputsParams
 from engine.structured_outputs.backend import GrammarError
 from engine.structured_outputs.compiler import GrammarCompiler
-from engine.structured_outputs.params import GrammarKey
+from engine.structured_outputs.params import GrammarKey, closed_objects
 from ipc.messages import SchedulerOutput
 
 VOCAB = 320
@@ -94,6 +94,56 @@ def test_json_schema_compact_has_no_whitespace(manager):
         assert allowed(manager, reqs, ["r"]) == [[ord(ch)]]
         assert g.accept(ord(ch))
     assert allowed(manager, reqs, ["r"])[0] == [ord("-")] + list(range(ord("0"), ord("9") + 1))
+
+
+def test_json_objects_are_closed_unless_the_schema_opens_them(manager):
+    """After '{"n":5' a schema naming only n allows more digits and the
+    closing brace, not a comma for another key; one that says
+    ``additionalProperties: true`` allows the comma too."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    digits = list(range(ord("0"), ord("9") + 1))
+    for extra, after in ((None, sorted([ord("}")] + digits)),
+                         (True, sorted([ord(","), ord("}")] + digits))):
+        g = grammar_for(manager, disable_any_whitespace=True,
+                        json=schema if extra is None else {**schema, "additionalProperties": extra})
+        for ch in '{"n":5':
+            assert g.accept(ord(ch))
+        assert allowed(manager, {"r": _Req(g)}, ["r"]) == [after]
+
+
+def test_closed_objects_closes_object_schemas_not_data_or_compositions():
+    """Worked by hand: nested and ``$defs`` objects are closed; a property
+    named "properties", enum data, an explicit ``additionalProperties``, the
+    members of ``allOf`` and a schema that composes others are left."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "tag": {"enum": [{"properties": {"x": 1}}]},
+            "open": {"type": "object", "properties": {"b": {}}, "additionalProperties": True},
+            "list": {"type": "array", "items": {"properties": {"c": {}}}},
+            "either": {"anyOf": [{"properties": {"d": {}}}, {"type": "null"}]},
+            "both": {"allOf": [{"properties": {"e": {}}}, {"properties": {"f": {}}}]},
+            "ref": {"$ref": "#/$defs/T", "properties": {"g": {}}},
+        },
+        "$defs": {"T": {"properties": {"h": {}}}},
+    }
+    closed = {"additionalProperties": False}
+    assert closed_objects(schema) == {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "integer"}}, **closed},
+            "tag": {"enum": [{"properties": {"x": 1}}]},
+            "open": {"type": "object", "properties": {"b": {}}, "additionalProperties": True},
+            "list": {"type": "array", "items": {"properties": {"c": {}}, **closed}},
+            "either": {"anyOf": [{"properties": {"d": {}}, **closed}, {"type": "null"}]},
+            "both": {"allOf": [{"properties": {"e": {}}}, {"properties": {"f": {}}}]},
+            "ref": {"$ref": "#/$defs/T", "properties": {"g": {}}},
+        },
+        "$defs": {"T": {"properties": {"h": {}}, **closed}},
+        **closed,
+    }
+    assert schema["properties"]["list"]["items"] == {"properties": {"c": {}}}  # a copy
 
 
 class _SlowBackend:

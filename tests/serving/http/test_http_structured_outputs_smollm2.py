@@ -82,9 +82,16 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_named_tool_call_asks_for_the_city_in_the_question(client):
+@pytest.mark.parametrize("says_closed", [True, False])
+def test_named_tool_call_asks_for_the_city_in_the_question(client, says_closed):
+    """Whether or not the parameters' schema says ``additionalProperties:
+    false``, the arguments hold only the city (objects are closed unless the
+    schema opens them; left open, this model adds a "country")."""
+    tool = json.loads(json.dumps(WEATHER_TOOL))
+    if not says_closed:
+        del tool["function"]["parameters"]["additionalProperties"]
     choice = _ask(client, "What is the weather like in Paris today?", max_tokens=40,
-                  tools=[WEATHER_TOOL],
+                  tools=[tool],
                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert choice.finish_reason == "stop" and choice.message.content == ""
     [call] = choice.message.tool_calls
