@@ -61,9 +61,11 @@ class LLM:
         prompts: str | dict | Iterable[str | dict],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``,
-        each with ``n`` completions (``SamplingParams.choices``).
+        each with ``n`` completions (``SamplingParams.choices``). ``priority``:
+        one a prompt, for the "priority" scheduling policy (lower first).
 
         If the call is interrupted (Ctrl-C, an exception from a callback),
         its unfinished requests are aborted before the exception goes on, so
@@ -73,11 +75,15 @@ class LLM:
             raise RuntimeError("this LLM has been shut down")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"give one priority a prompt ({len(prompts)}), got {len(priority)}")
         engine = self.engine
         # Make (and so check) all before queueing any: a bad prompt queues
         # nothing. As vLLM's LLM, max_tokens past the context ends at it.
-        requests = [[engine.new_request(p, choice, fit_context=True) for choice in pp.choices()]
-                    for p, pp in zip(prompts, params)]
+        requests = [[engine.new_request(p, choice, priority=rank, fit_context=True)
+                     for choice in pp.choices()]
+                    for p, pp, rank in zip(prompts, params, priority)]
         results = []
         choices: dict[str, _Choice] = {}
         for prompt, choice_requests in zip(prompts, requests):

@@ -167,7 +167,13 @@ class LLMEngine:
         "length" (vLLM's offline ``LLM``); without, such a request is refused
         (vLLM's HTTP server). A prompt that leaves no room for one token is
         refused either way. ``bad_words`` are tokenized here
-        (``engine.bad_words``), so their ids are checked with the rest."""
+        (``engine.bad_words``), so their ids are checked with the rest.
+        ``priority`` orders requests under the "priority" scheduling policy
+        (lower first); another than 0 is refused under "fcfs", as vLLM
+        refuses it, rather than ignored."""
+        if priority != 0 and self.scheduler.config.policy != "priority":
+            raise ValueError(f"priority {priority} needs the 'priority' scheduling policy "
+                             f"(--scheduling-policy priority)")
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
         if params.bad_words:
             sequences = bad_words_token_ids(self.tokenizer, params.bad_words)

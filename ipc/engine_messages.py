@@ -23,12 +23,15 @@ import msgspec
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Generate for one prompt: give exactly one of ``prompt`` (text) and
     ``prompt_token_ids``. ``sampling_params`` holds ``SamplingParams``
-    fields by name; missing ones take their defaults."""
+    fields by name; missing ones take their defaults. ``priority``: lower
+    first under the engine's "priority" scheduling policy (another than 0
+    is refused under "fcfs")."""
 
     request_id: str
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     sampling_params: dict[str, Any] = {}
+    priority: int = 0
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -142,10 +142,11 @@ class EngineClient:
 
     # ---- requests ----------------------------------------------------------
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, priority: int = 0) -> str:
         """Send one request; returns its id. ``prompt`` is text,
         ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``;
-        ``sampling_params`` a ``SamplingParams`` or a dict of its fields."""
+        ``sampling_params`` a ``SamplingParams`` or a dict of its fields;
+        ``priority`` as ``LLM.generate`` takes it."""
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         if not isinstance(request_id, str):
@@ -160,7 +161,8 @@ class EngineClient:
             )
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
-                                  sampling_params=_params_dict(sampling_params))
+                                  sampling_params=_params_dict(sampling_params),
+                                  priority=priority)
         entry = _Stream()
         self.protocol.route(request_id, entry.items.append)
         try:
@@ -202,9 +204,11 @@ class EngineClient:
 
     def generate(self, prompts: str | dict | Iterable[str | dict],
                  sampling_params: SamplingParams | dict | Sequence | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``,
-        each with its ``n`` completions, as ``LLM.generate`` gives them: the
+        each with its ``n`` completions, as ``LLM.generate`` gives them (and
+        takes ``priority``, one a prompt): the
         client sends the ``n`` engine requests (``SamplingParams.choices``)
         and cuts each one's text at its stop strings (``OutputStops``, on
         each step's text; the engine takes none). If one is refused, the
@@ -215,11 +219,14 @@ class EngineClient:
         params = [_params(p) for p in sampling_params]
         if len(params) != len(prompts):
             raise ValueError("give one sampling_params, or one per prompt")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"give one priority a prompt ({len(prompts)}), got {len(priority)}")
         ids: list[list[str]] = []
         outputs = []
         try:
-            for prompt, p in zip(prompts, params):
-                ids.append([self.submit(prompt, dict(c.to_dict(), stop=()))
+            for prompt, p, rank in zip(prompts, params, priority):
+                ids.append([self.submit(prompt, dict(c.to_dict(), stop=()), priority=rank)
                             for c in p.choices()])
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 for prompt, p, choice_ids in zip(prompts, params, ids):

@@ -393,7 +393,8 @@ class EngineServer:
         try:
             prompt = _prompt(message)
             engine_id = str(next(self.next_id))
-            request = self.engine.add_request(prompt, params, req_id=engine_id)
+            request = self.engine.add_request(prompt, params, req_id=engine_id,
+                                              priority=message.priority)
         except Exception as e:
             self._refuse(identity, message, e)
             return

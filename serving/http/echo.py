@@ -24,11 +24,11 @@ class EchoedPrompt:
 
     def logprobs(self, formatter: LogprobsFormatter,
                  prompt_logprobs: list[list[TokenLogprob] | None] | None,
-                 num_top: int, offsets: TextOffsets) -> dict:
+                 num_top: int, offsets: TextOffsets, as_ids: bool = False) -> dict:
         """The prompt's part of a choice's ``logprobs``, its offsets the
-        first of the choice's ``offsets``."""
+        first of the choice's ``offsets`` (``as_ids``: tokens named by id)."""
         entries = prompt_logprobs or [None] * len(self.token_ids)
-        return formatter.completion(self.token_ids, entries, num_top, offsets)
+        return formatter.completion(self.token_ids, entries, num_top, offsets, as_ids)
 
 
 def echoed_prompts(tokenizer, prompt, prompt_ids: list[list[int]]) -> list[EchoedPrompt]:

@@ -79,9 +79,10 @@ class Generation:
     discard_output: bool = False
 
     async def start(self, prompts: list[list[int]], params: list[dict],
-                    stops: list[str]) -> None:
+                    stops: list[str], priority: int = 0) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
-        index * len(params) + i) and wait until all are accepted."""
+        index * len(params) + i), at ``priority``, and wait until all are
+        accepted."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
@@ -89,7 +90,7 @@ class Generation:
                     self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
                         stops, choice_params.get("include_stop_str_in_output", False),
                         choice_params.get("min_tokens", 0)))
-                    self.link.submit(request_id, prompt, choice_params, self.queue)
+                    self.link.submit(request_id, prompt, choice_params, self.queue, priority)
             await self._await_acceptance()
         except BaseException:
             self.abort_unfinished()

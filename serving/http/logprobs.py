@@ -4,7 +4,9 @@ The engine sends, per token, its top-N candidates in rank order and then
 the sampled token when it is not among them (``ipc.engine_messages.Delta``).
 A token is shown by its own text when its bytes are whole UTF-8, else, as
 OpenAI shows them, as ``bytes:\\xNN...``, so two different partial
-characters never share a name; ``bytes`` is the token's raw bytes.
+characters never share a name; ``bytes`` is the token's raw bytes. With
+vLLM's ``return_tokens_as_token_ids`` (``as_ids``) every token is named
+``token_id:N`` instead (its ``bytes`` and text offsets stay its own).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class LogprobsFormatter:
         except UnicodeDecodeError:
             return "bytes:" + "".join(f"\\x{b:02x}" for b in data), data
 
-    def token_str(self, token_id: int) -> str:
-        return self.label(token_id)[0]
+    def token_str(self, token_id: int, as_ids: bool = False) -> str:
+        return f"token_id:{token_id}" if as_ids else self.label(token_id)[0]
 
     def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int):
         sampled = next((e for e in entries if e.token_id == token_id), None)
@@ -74,7 +76,7 @@ class LogprobsFormatter:
         return (sampled.logprob if sampled else None), top
 
     def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
-                   num_top: int, offsets: TextOffsets) -> dict:
+                   num_top: int, offsets: TextOffsets, as_ids: bool = False) -> dict:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
         for consecutive tokens of one choice, each offset taken from the
         choice's ``offsets`` (which it advances). A token without entries
@@ -84,7 +86,8 @@ class LogprobsFormatter:
         + 1 entries where it is not among them; only itself at 0)."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, entries in zip(token_ids, logprobs):
-            text, data = self.label(token_id)
+            data = self.label(token_id)[1]
+            text = self.token_str(token_id, as_ids)
             out["tokens"].append(text)
             if entries is None:
                 out["token_logprobs"].append(None)
@@ -93,25 +96,26 @@ class LogprobsFormatter:
                 logprob, top = self._split(token_id, entries, num_top)
                 out["token_logprobs"].append(logprob)
                 shown = {} if logprob is None else {text: logprob}
-                shown.update((self.token_str(e.token_id), e.logprob) for e in top
+                shown.update((self.token_str(e.token_id, as_ids), e.logprob) for e in top
                              if e.token_id != token_id)
                 out["top_logprobs"].append(shown)
             out["text_offset"].append(offsets.take(data))
         return out
 
     def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
-             num_top: int) -> list[dict]:
+             num_top: int, as_ids: bool = False) -> list[dict]:
         """The ``logprobs.content`` entries of consecutive tokens."""
         out = []
         for token_id, entries in zip(token_ids, logprobs):
             logprob, top = self._split(token_id, entries, num_top)
-            out.append({**self._entry(token_id, logprob),
-                        "top_logprobs": [self._entry(e.token_id, e.logprob) for e in top]})
+            out.append({**self._entry(token_id, logprob, as_ids),
+                        "top_logprobs": [self._entry(e.token_id, e.logprob, as_ids)
+                                         for e in top]})
         return out
 
-    def _entry(self, token_id: int, logprob: float) -> dict:
-        text, data = self.label(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(data)}
+    def _entry(self, token_id: int, logprob: float, as_ids: bool) -> dict:
+        return {"token": self.token_str(token_id, as_ids), "logprob": logprob,
+                "bytes": list(self.label(token_id)[1])}
 
     def prompt_logprobs(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
                         num_top: int) -> list[dict | None]:

@@ -60,6 +60,11 @@ class SamplingFields(BaseModel):
     truncate_prompt_tokens: Int64 | None = None
     skip_special_tokens: bool = True
     bad_words: list[str] | None = None
+    # vLLM's: under ``--scheduling-policy priority`` lower values are served
+    # first; any other value than 0 is refused under "fcfs" (by the engine).
+    priority: Int64 = 0
+    # vLLM's: each token in logprobs shown as "token_id:N" instead of its text.
+    return_tokens_as_token_ids: bool = False
 
     # Structured outputs (serving/http/structured.py): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -70,10 +75,12 @@ class SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
-    # Fields OpenAI defines that change the answer but this server does not
-    # implement: a request that sets one is refused rather than answered
-    # as if it had not.
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
+    # Fields OpenAI or vLLM define that change the answer but this server
+    # does not implement: a request that sets one is refused rather than
+    # answered as if it had not.
+    use_beam_search: bool = False
+    logits_processors: list[Any] | None = None
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search", "logits_processors")
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or
@@ -127,8 +134,11 @@ class CompletionRequest(SamplingFields):
     # vLLM's: each choice also carries its token ids (``token_ids``) and its
     # prompt's (``prompt_token_ids``; in a stream, on the choice's first chunk).
     return_token_ids: bool = False
+    add_special_tokens: bool = True  # vLLM's: false, a text prompt gets no BOS
+    prompt_embeds: Any = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "suffix")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "suffix",
+                                              "prompt_embeds")
 
     def check_supported(self) -> None:
         super().check_supported()
@@ -233,8 +243,10 @@ class ChatCompletionRequest(SamplingFields):
     function_call: str | dict[str, Any] | None = None
     echo: bool = False  # vLLM's chat echo (repeat the last message): not served
     continue_final_message: bool = False  # vLLM's
+    chat_template: str | None = None  # vLLM's (a template of the request's): not served
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "echo")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "echo",
+                                              "chat_template")
 
 
 class TokenizeRequest(BaseModel):

@@ -57,7 +57,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint())
     generation = Generation(state.link, state.metrics)
-    await generation.start([prompt], params, request.stop_strings())
+    await generation.start([prompt], params, request.stop_strings(), request.priority)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
                          lambda: _stream(state, request, generation, response_id, tool_choice),
@@ -69,10 +69,12 @@ def _head(state: ServerState, response_id: str, obj: str) -> dict:
             "model": state.model_name}
 
 
-def _logprobs(state: ServerState, event: ChoiceEvent, num_top: int | None) -> list | None:
+def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceEvent,
+              num_top: int | None) -> list | None:
     if num_top is None or event.logprobs is None:
         return None
-    return state.logprobs.chat(event.token_ids, event.logprobs, num_top)
+    return state.logprobs.chat(event.token_ids, event.logprobs, num_top,
+                               request.return_tokens_as_token_ids)
 
 
 def _readers(tool_choice: ToolChoice, n: int) -> list[ToolCallReader | None]:
@@ -107,7 +109,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
             reasons[event.index] = (event.finish_reason if reader is None
                                     else reader.finish_reason(event.finish_reason))
             stop_reasons[event.index] = event.stop_reason
-        logprobs[event.index] += _logprobs(state, event, num_top) or []
+        logprobs[event.index] += _logprobs(state, request, event, num_top) or []
     choices = [{"index": i, "message": _message(texts[i], readers[i]),
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
@@ -148,7 +150,7 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
                   "logprobs": None, "finish_reason": None}
         yield {**head, "choices": [choice]}
     async for event in generation.events():
-        lp = _logprobs(state, event, num_top)
+        lp = _logprobs(state, request, event, num_top)
         reader = readers[event.index]
         delta = _delta(event.text, reader, last=event.finish_reason is not None)
         if not delta and lp is None and event.finish_reason is None:

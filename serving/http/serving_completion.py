@@ -4,7 +4,8 @@ server-sent events).
 A text prompt is tokenized here exactly as the engine tokenizes text (the
 same ``Tokenizer.encode``), so the answer equals ``LLM.generate``'s for the
 same prompt and sampling; token-id prompts go through unchanged. The
-default ``max_tokens`` is 16, as in OpenAI's API; 0 is accepted with
+default ``max_tokens`` is 16, as in OpenAI's API, where the field is left
+out; an explicit null is what the context leaves (vLLM's); 0 is accepted with
 ``echo`` (the prompt alone, with its logprobs: what evaluation harnesses
 ask for). ``echo`` (``serving.http.echo``) puts each prompt before
 its choices' text; ``prompt_logprobs`` (vLLM's extra field) is answered
@@ -37,8 +38,10 @@ from serving.http.streaming import event_lines, respond
 DEFAULT_MAX_TOKENS = 16
 
 
-def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
-    """The request's prompts as token ids; ``ValueError`` for an empty one.
+def completion_prompts(state: ServerState, prompt,
+                       add_special_tokens: bool = True) -> list[list[int]]:
+    """The request's prompts as token ids (texts with the tokenizer's BOS
+    where ``add_special_tokens``); ``ValueError`` for an empty one.
 
     ``prompt`` is a validated ``CompletionRequest.prompt``: a text, or a list
     whose items are all texts, all token ids or all lists of ids, so its
@@ -54,7 +57,7 @@ def completion_prompts(state: ServerState, prompt) -> list[list[int]]:
         if isinstance(p, str):
             if not p:
                 raise ValueError("the prompt is empty")
-            out.append(state.tokenizer.encode(p))
+            out.append(state.tokenizer.encode(p, add_special_tokens))
         else:
             out.append(list(p))  # the engine refuses an empty or out-of-vocabulary one
     return out
@@ -80,27 +83,30 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         trace.mark("http_handler")
     state.check_model(request.model)
     request.check_supported()
-    max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
-    if max_tokens < 1 and not (max_tokens == 0 and request.echo):
+    max_tokens = request.max_tokens
+    if max_tokens is None and "max_tokens" not in request.model_fields_set:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and request.echo):
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile. Token ids need no thread (the
     # hop to one and back would be the slowest part of their trip).
     if has_text(request.prompt):
-        prompts = await asyncio.to_thread(completion_prompts, state, request.prompt)
+        prompts = await asyncio.to_thread(completion_prompts, state, request.prompt,
+                                          request.add_special_tokens)
     else:
         prompts = completion_prompts(state, request.prompt)
     if trace.enabled:
         trace.mark("http_tokenized")
-    params = choice_params(request, max(max_tokens, 1), request.logprobs,
-                           _engine_prompt_logprobs(request))
+    params = choice_params(request, None if max_tokens is None else max(max_tokens, 1),
+                           request.logprobs, _engine_prompt_logprobs(request))
     given = request.prompt
     if request.truncate_prompt_tokens is not None:  # echoed as the engine sees them
         prompts = [truncated_prompt(p, request.truncate_prompt_tokens) for p in prompts]
         given = prompts
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
-    await generation.start(prompts, params, request.stop_strings())
+    await generation.start(prompts, params, request.stop_strings(), request.priority)
     response_id = f"cmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
                          lambda: _stream(state, request, generation, response_id, echoes),
@@ -135,10 +141,11 @@ class _Choice:
         part = None
         if not self.started and self.echo is not None:
             part = self.echo.logprobs(self.state.logprobs, event.prompt_logprobs, self.num_top,
-                                      self.offsets)
+                                      self.offsets, self.request.return_tokens_as_token_ids)
         if event.logprobs is not None:
             out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
-                                                 self.offsets)
+                                                 self.offsets,
+                                                 self.request.return_tokens_as_token_ids)
             part = out if part is None else _extend(part, out)
         return part
 

@@ -250,6 +250,34 @@ def test_scheduling_policy_reaches_the_scheduler(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(120)
+def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
+    """One sequence at a time, two prompts sharing 48 tokens: the one run
+    second finds them in the prefix cache, so ``num_cached_tokens`` tells
+    the order; lower priority values run first. Under "fcfs" a priority is
+    refused, as vLLM refuses it."""
+    monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
+
+    def sharing(first: int) -> list[dict]:  # two prompts with 48 tokens in common
+        shared = list(range(first, first + 48))
+        return [{"prompt_token_ids": shared + [1, 2]}, {"prompt_token_ids": shared + [3, 4]}]
+
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    prompts = sharing(10)
+    with LLM(model="tiny", device="cpu", scheduling_policy="priority", max_num_seqs=1,
+             kv_cache_memory_bytes=1 << 22) as llm:
+        for first, priority, second in ((10, [5, -1], 0), (100, [0, 3], 1)):
+            outs = llm.generate(sharing(first), params, priority=priority)
+            assert [o.num_cached_tokens > 0 for o in outs] == [i == second for i in range(2)]
+            assert outs[second].num_cached_tokens == 48
+        with pytest.raises(ValueError, match="one priority a prompt"):
+            llm.generate(prompts, params, priority=[1])
+    with LLM(model="tiny", device="cpu", kv_cache_memory_bytes=1 << 22) as llm:
+        with pytest.raises(ValueError, match="priority 2 needs the 'priority' scheduling"):
+            llm.generate(prompts, params, priority=[0, 2])
+        assert llm.generate(prompts, params, priority=[0, 0])[1].outputs[0].token_ids
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("args, message", [
     (["--nproc-per-node", "2", "generate", "--block-size", "12"],
      "block_size must be a power of two, got 12"),

@@ -338,6 +338,37 @@ def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
     assert_cleaned_up(served, endpoint)
 
 
+@pytest.mark.timeout(120)
+def test_priority_crosses_the_endpoint(tmp_path, server):
+    """Behind a long request holding the one sequence, two prompts sharing
+    48 tokens wait; the lower priority value runs first and the other finds
+    the shared tokens in the prefix cache. A server under "fcfs" refuses a
+    priority, naming the policy."""
+    endpoint, endpoint_file = server
+    shared = list(range(10, 58))
+    prompts = [{"prompt_token_ids": shared + [1, 2]}, {"prompt_token_ids": shared + [3, 4]}]
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    with EngineClient(endpoint_file, timeout_s=60) as client:
+        with pytest.raises(ValueError, match="priority 1 needs the 'priority' scheduling"):
+            client.generate(prompts, params, priority=[0, 1])
+    served = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",
+                          "--device", "cpu", "--disable-log-stats", "--max-num-seqs", "1",
+                          "--scheduling-policy", "priority")
+    try:
+        with EngineClient(served.endpoint_file, timeout_s=60) as client:
+            blocker = client.submit({"prompt_token_ids": [5, 6]},
+                                    {"max_tokens": 1000, "ignore_eos": True}, priority=-5)
+            stream = client.stream(blocker)
+            next(stream)  # it runs: the two below queue behind it
+            outs = client.generate(prompts, params, priority=[7, 3])
+            assert len(list(stream)) > 0
+    finally:
+        code, output, leftovers = stop_server(served)
+    assert [o.num_cached_tokens for o in outs] == [48, 0]  # the second prompt ran first
+    assert [o.outputs[0].token_ids for o in outs] == reference(prompts, 2)
+    assert code == 0 and leftovers == [], output
+
+
 @pytest.mark.timeout(90)
 def test_sigint_stops_like_sigterm(tmp_path):
     served = start_server(tmp_path, "--nproc-per-node", "2", "serve", "--model", "tiny",

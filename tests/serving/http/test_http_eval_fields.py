@@ -3,7 +3,8 @@ the official ``openai`` client and httpx against ``tprun serve --http-port``
 (tiny, TP=1, CPU), each checked against ``LLM.generate`` in this process:
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
 ``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
-``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``, ``logit_bias``,
+``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``,
+``return_tokens_as_token_ids``, ``add_special_tokens``, ``max_tokens`` null, ``logit_bias``,
 ``allowed_token_ids`` and ``bad_words``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
@@ -235,6 +236,55 @@ def test_return_token_ids_whole(client, reference):
     assert extra["token_ids"] == ref.outputs[0].token_ids and len(extra["token_ids"]) == 6
     plain = client.completions.create(model="tiny", prompt=ids, max_tokens=2, temperature=0)
     assert "token_ids" not in plain.choices[0].model_extra
+
+
+def test_max_tokens_null_is_what_the_context_leaves(server, reference):
+    """vLLM's: left out, max_tokens is 16; sent as null, it is what the
+    context leaves after the prompt (4096 - 4090 here)."""
+    ids = [(7 * i) % 250 + 3 for i in range(4090)]
+    body = {"model": "tiny", "prompt": ids, "temperature": 0, "ignore_eos": True}
+    usage = [httpx.post(f"{server.url}/v1/completions", json=b, timeout=120).json()["usage"]
+             for b in (dict(body, max_tokens=None), dict(body, prompt=ids[:10]))]
+    assert [u["completion_tokens"] for u in usage] == [6, 16]
+
+
+def test_add_special_tokens_false_leaves_out_the_bos(client, reference):
+    """vLLM's ``add_special_tokens`` on completions: false tokenizes the text
+    without the BOS the tokenizer adds; the answer is the one for those ids."""
+    ids = reference.get_tokenizer().encode(PROMPT, add_special_tokens=False)
+    assert reference.get_tokenizer().encode(PROMPT) == [256, *ids]  # tiny's BOS
+    ref = reference.generate({"prompt_token_ids": ids},
+                             SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))[0]
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0,
+                                     extra_body={"add_special_tokens": False, "ignore_eos": True,
+                                                 "return_token_ids": True})
+    extra = resp.choices[0].model_extra
+    assert extra["prompt_token_ids"] == ids and extra["token_ids"] == ref.outputs[0].token_ids
+
+
+def test_return_tokens_as_token_ids_names_tokens_by_id(client, reference):
+    """vLLM's ``return_tokens_as_token_ids``: each token in logprobs, its
+    top logprobs' too, is "token_id:N"; the values are the same as without."""
+    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    named = client.completions.create(**kwargs).choices[0].logprobs
+    by_id = client.completions.create(
+        **kwargs, extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
+    lp = by_id.choices[0].logprobs
+    token_ids = by_id.choices[0].model_extra["token_ids"]
+    assert lp.tokens == [f"token_id:{t}" for t in token_ids]
+    assert lp.token_logprobs == named.token_logprobs
+    for top, plain in zip(lp.top_logprobs, named.top_logprobs):
+        assert all(key.startswith("token_id:") for key in top)
+        assert list(top.values()) == list(plain.values())
+    messages = [{"role": "user", "content": PROMPT}]
+    want = reference.chat(messages, SamplingParams(temperature=0.0, max_tokens=3,
+                                                   ignore_eos=True))[0].outputs[0].token_ids
+    chat = client.chat.completions.create(
+        model="tiny", max_tokens=3, temperature=0, logprobs=True, top_logprobs=2,
+        messages=messages, extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert [c.token for c in content] == [f"token_id:{t}" for t in want]
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
 
 
 def test_return_token_ids_stream_has_a_chunk_per_token(client, reference):

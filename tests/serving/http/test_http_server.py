@@ -115,6 +115,10 @@ def test_chat_template_errors_are_400(client):
     with pytest.raises(openai.BadRequestError, match="unknown role: robot"):
         client.chat.completions.create(model="tiny", max_tokens=4,
                                        messages=[{"role": "robot", "content": "hi"}])
+    # A template of the request's own is refused (vLLM's default), not ignored.
+    with pytest.raises(openai.BadRequestError, match="chat_template is not supported"):
+        client.chat.completions.create(model="tiny", max_tokens=4, messages=MESSAGES,
+                                       extra_body={"chat_template": "{{ messages }}"})
 
 
 def test_n_choices_seeded(client):
@@ -255,14 +259,20 @@ def test_api_key_is_required(server, client):
     ({"prompt": [2**70]}, "prompt"),
     ({"max_tokens": 2**64}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options needs stream: true"),
+    ({"use_beam_search": True}, "use_beam_search is not supported"),
+    ({"prompt_embeds": "AAAA"}, "prompt_embeds is not supported"),
+    ({"logits_processors": ["m.f"]}, "logits_processors is not supported"),
+    ({"priority": 2}, "priority 2 needs the 'priority' scheduling policy"),
 ])
 def test_bad_requests_are_400(server, client, fields, message):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, **fields}
     response = httpx.post(f"{server.url}/v1/completions", json=body,
                           headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert message in _error(response, 400)["message"]
+    vllm_fields = {"use_beam_search", "prompt_embeds", "logits_processors", "priority"}
+    extra = {k: body.pop(k) for k in vllm_fields & set(body)}
     with pytest.raises(openai.BadRequestError, match=message.split("(")[0]):
-        client.completions.create(**body)
+        client.completions.create(**body, extra_body=extra or None)
 
 
 @pytest.mark.parametrize("route, fields, param", [
