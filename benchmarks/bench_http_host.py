@@ -120,7 +120,7 @@ async def time_requests(bodies: list[bytes], warmup: int, trace_path: str) -> di
     from ipc import trace
     from serving.http.app import create_app
 
-    app = create_app(StandInLink(), Tokenizer(build_tokenizer()), "bench", 1 << 20)
+    app = create_app(StandInLink(), Tokenizer(build_tokenizer()), ["bench"], 1 << 20)
     for body in bodies[:warmup]:
         await call_app(app, body)
     open(trace_path, "w").close()

@@ -167,6 +167,9 @@ def _serve_parser(sub) -> None:
                        help="also serve the OpenAI API over HTTP on this port (0: any free "
                        "one), on --host (default 127.0.0.1); the engine endpoint then stays "
                        "an ipc:// socket (or tcp://127.0.0.1:PORT with --port)")
+    serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="with --http-port: the names requests may give the model, the "
+                       "first in metrics and /v1/models first (default: --model as given)")
     serve.add_argument("--api-key", default=None,
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
                        "routes (default: $TPRUN_API_KEY, else no key)")
@@ -377,8 +380,9 @@ def run_serve(args) -> int:
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
     if http_server is not None:
+        name = (args.served_model_name or [args.model])[0]
         print(f"tprun serve: OpenAI-compatible HTTP server ready on {http_server.url} "
-              f"(model {args.model!r})", flush=True)
+              f"(model {name!r})", flush=True)
     try:
         _raise_if_interrupted()  # swallowed while the engine started: stop before serving
         server.serve()
@@ -402,7 +406,11 @@ def _check_http_args(args) -> None:
             raise ConfigError("--api-key needs --http-port")
         if args.enable_auto_tool_choice:
             raise ConfigError("--enable-auto-tool-choice needs --http-port")
+        if args.served_model_name is not None:
+            raise ConfigError("--served-model-name needs --http-port")
         return
+    if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
+        raise ConfigError("--served-model-name takes non-empty names")
     if not 0 <= args.http_port < 65536:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
     args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
@@ -441,7 +449,8 @@ def _start_http(args, engine, server, secret: bytes):
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
-    return start_http_server(server.inproc_address, secret, engine.tokenizer, args.model,
+    return start_http_server(server.inproc_address, secret, engine.tokenizer,
+                             args.served_model_name or [args.model],
                              engine.max_model_len, args.host, args.http_port, args.api_key,
                              access_log=args.access_log, context=server.ctx,
                              tool_call_parser=args.tool_call_parser)

@@ -1,8 +1,9 @@
 """The FastAPI app: routes, API-key check, error shapes.
 
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
-/v1/chat/completions``, ``GET /v1/models``, ``POST /tokenize``, ``POST
-/detokenize``, ``GET /tokenizer_info``, ``GET /health``, ``GET /metrics``.
+/v1/chat/completions``, ``GET /v1/models`` (one entry a served name),
+``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
+/health`` (and ``/ping``), ``GET /version``, ``GET /metrics``.
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
@@ -22,7 +23,9 @@ engine).
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -88,18 +91,29 @@ async def _answer(work) -> Response:
                               code=500)
 
 
+try:
+    TPRUN_VERSION = importlib.metadata.version("tprun")
+except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+    TPRUN_VERSION = "unknown"
+
+
 def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
     return error_response(503, e.client_message(), "service_unavailable", code=503)
 
 
-def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, max_model_len: int,
-               api_key: str | None = None,
+def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequence[str],
+               max_model_len: int, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
+    ``served_names``: the names requests may give the model (at least one).
     ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
     tool_choice "auto" is served (None: refused)."""
-    state = ServerState(link, tokenizer, model_name, max_model_len, Metrics(model_name),
+    if isinstance(served_names, str) or not served_names:
+        raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
+    served_names = tuple(served_names)
+    state = ServerState(link, tokenizer, served_names, max_model_len,
+                        Metrics(served_names[0]),
                         LogprobsFormatter(tokenizer),
                         tool_call_parser=(None if tool_call_parser is None
                                           else TOOL_CALL_PARSERS[tool_call_parser]))
@@ -144,16 +158,22 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, model_name: str, m
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": state.created, "owned_by": "tprun",
-            "max_model_len": max_model_len}]}
+            "id": name, "object": "model", "created": state.created, "owned_by": "tprun",
+            "max_model_len": max_model_len} for name in served_names]}
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's other name for it (also POST)
+    @app.post("/ping")
     async def health() -> Response:
         try:
             await link.stats()
         except EngineStoppedError as e:
             return engine_stopped_response(e)
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": TPRUN_VERSION}
 
     @app.get("/metrics")
     async def metrics() -> Response:

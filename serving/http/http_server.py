@@ -56,20 +56,20 @@ class HttpServer:
         return not self.thread.is_alive()
 
 
-def start_http_server(engine_address: str, secret: bytes, tokenizer, model_name: str,
+def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
                       max_model_len: int, host: str, port: int,
                       api_key: str | None = None, access_log: bool = False,
                       context=None, tool_call_parser: str | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
-    started and accepting connections on ``host:port``. ``context``: the
+    started and accepting connections on ``host:port``, serving the model
+    under ``served_names``. ``context``: the
     ZeroMQ context that an ``inproc://`` ``engine_address`` lives in;
     ``tool_call_parser``: the parser of tool_choice "auto" (None: refused)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
     app = create_app(AsyncEngineClient(engine_address, secret, context=context), tokenizer,
-                     model_name,
-                     max_model_len, api_key=api_key, access_log=access_log,
+                     served_names, max_model_len, api_key=api_key, access_log=access_log,
                      tool_call_parser=tool_call_parser)
     server = HttpServer(app, host, port)
     server.start()

@@ -64,9 +64,10 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                          lambda: _collect(state, request, generation, response_id, tool_choice))
 
 
-def _head(state: ServerState, response_id: str, obj: str) -> dict:
+def _head(state: ServerState, request: ChatCompletionRequest, response_id: str,
+          obj: str) -> dict:
     return {"id": response_id, "object": obj, "created": int(time.time()),
-            "model": state.model_name}
+            "model": state.shown_model(request.model)}
 
 
 def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceEvent,
@@ -114,7 +115,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(n)]
-    body = {**_head(state, response_id, "chat.completion"), "choices": choices,
+    body = {**_head(state, request, response_id, "chat.completion"), "choices": choices,
             "usage": generation.usage()}
     if request.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
@@ -128,7 +129,7 @@ def prompt_token_ids(generation: Generation) -> list[int]:
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
             response_id: str, tool_choice: ToolChoice) -> AsyncIterator[str]:
-    head = _head(state, response_id, "chat.completion.chunk")
+    head = _head(state, request, response_id, "chat.completion.chunk")
     return event_lines(_chunks(state, request, generation, head, tool_choice), head, generation,
                        request.include_usage, request.continuous_usage)
 

@@ -113,9 +113,9 @@ async def create_completion(state: ServerState, request: CompletionRequest,
                          lambda: _collect(state, request, generation, response_id, echoes))
 
 
-def _head(state: ServerState, response_id: str) -> dict:
+def _head(state: ServerState, request: CompletionRequest, response_id: str) -> dict:
     return {"id": response_id, "object": "text_completion", "created": int(time.time()),
-            "model": state.model_name}
+            "model": state.shown_model(request.model)}
 
 
 class _Choice:
@@ -208,7 +208,8 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     if request.return_token_ids:
         for i, choice in enumerate(choices):
             choice.update(prompt_token_ids=prompt_ids[i], token_ids=token_ids[i])
-    return {**_head(state, response_id), "choices": choices, "usage": generation.usage()}
+    return {**_head(state, request, response_id), "choices": choices,
+            "usage": generation.usage()}
 
 
 def _extend(into: dict | None, part: dict) -> dict:
@@ -221,7 +222,7 @@ def _extend(into: dict | None, part: dict) -> dict:
 
 def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
             response_id: str, echoes: list[EchoedPrompt] | None) -> AsyncIterator[str]:
-    head = _head(state, response_id)
+    head = _head(state, request, response_id)
     return event_lines(_chunks(state, request, generation, head, echoes), head, generation,
                        request.include_usage, request.continuous_usage)
 

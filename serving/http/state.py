@@ -1,6 +1,7 @@
 """What every route needs: the link to the engine, the model's tokenizer
-and limits, the metrics, the served model's name, and the tool-call parser
-that tool_choice "auto" reads answers with (None: "auto" is refused)."""
+and limits, the metrics, the names the model is served under, and the
+tool-call parser that tool_choice "auto" reads answers with (None: "auto" is
+refused)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,29 @@ from serving.http.tools import ToolCallReader
 class ServerState:
     link: AsyncEngineClient
     tokenizer: Tokenizer
-    model_name: str
+    served_names: tuple[str, ...]  # the first names the model in metrics and answers
     max_model_len: int
     metrics: Metrics
     logprobs: LogprobsFormatter
     tool_call_parser: Callable[[], ToolCallReader] | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
+    @property
+    def model_name(self) -> str:
+        return self.served_names[0]
+
     def check_model(self, model: str | None) -> None:
-        """A request may name the served model or none; ``ValueError`` else."""
-        if model is not None and model != self.model_name:
+        """A request may name the model by any served name, or not at all;
+        ``UnknownModelError`` else."""
+        if model is not None and model not in self.served_names:
+            names = " or ".join(map(repr, self.served_names))
             raise UnknownModelError(f"the model {model!r} is not served here; "
-                                    f"this server serves {self.model_name!r}")
+                                    f"this server serves {names}")
+
+    def shown_model(self, model: str | None) -> str:
+        """The ``model`` of an answer: the name the request used (vLLM's),
+        else the first served name."""
+        return model or self.model_name
 
 
 class UnknownModelError(ValueError):

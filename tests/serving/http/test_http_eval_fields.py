@@ -11,6 +11,8 @@ does not implement stays a 400 that names it."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import httpx
 import openai
 import pytest
@@ -27,8 +29,9 @@ PROMPT = "The quick brown fox jumps over"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("http_eval"), "serve", "--model", "tiny",
-                      "--device", "cpu", "--disable-log-stats",
-                      "--max-num-batched-tokens", "32", "--max-logprobs", "30") as served:
+                      "--device", "cpu", "--disable-log-stats", "--served-model-name", "tiny",
+                      "tiny-alias", "--max-num-batched-tokens", "32", "--max-logprobs",
+                      "30") as served:
         yield served
 
 
@@ -236,6 +239,29 @@ def test_return_token_ids_whole(client, reference):
     assert extra["token_ids"] == ref.outputs[0].token_ids and len(extra["token_ids"]) == 6
     plain = client.completions.create(model="tiny", prompt=ids, max_tokens=2, temperature=0)
     assert "token_ids" not in plain.choices[0].model_extra
+
+
+def test_served_model_names_version_and_ping(server, client):
+    """vLLM's ``--served-model-name``: every name is listed and accepted, an
+    answer names the model as its request did (else by the first name), and
+    no other name (the --model path included, when names are given) is
+    served; ``/version`` and ``/ping`` answer as vLLM's do."""
+    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
+    for name in ("tiny-alias", "tiny"):
+        resp = client.completions.create(model=name, prompt=PROMPT, max_tokens=1)
+        assert resp.model == name
+        chat = client.chat.completions.create(model=name, max_tokens=1,
+                                              messages=[{"role": "user", "content": PROMPT}])
+        assert chat.model == name
+    anonymous = httpx.post(f"{server.url}/v1/completions",
+                           json={"prompt": PROMPT, "max_tokens": 1}, timeout=60).json()
+    assert anonymous["model"] == "tiny"
+    with pytest.raises(openai.NotFoundError, match="serves 'tiny' or 'tiny-alias'"):
+        client.completions.create(model="other", prompt=PROMPT, max_tokens=1)
+    assert httpx.get(f"{server.url}/version").json()["version"] == \
+        importlib.metadata.version("tprun")
+    assert httpx.get(f"{server.url}/ping").status_code == 200
+    assert httpx.post(f"{server.url}/ping").status_code == 200
 
 
 def test_max_tokens_null_is_what_the_context_leaves(server, reference):
