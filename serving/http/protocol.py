@@ -5,6 +5,7 @@ HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
 fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
+``priority``, ``return_tokens_as_token_ids``, ``add_special_tokens``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
 ``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
