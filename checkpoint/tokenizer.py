@@ -6,6 +6,12 @@ doubled). When the key is absent, ``tokenizer.json``'s post-processor
 decides, as in Hugging Face (a plain byte-level tokenizer adds nothing).
 ``decode`` skips special tokens unless told not to (vLLM's
 ``skip_special_tokens``).
+
+``LLM.get_tokenizer()`` returns a ``Tokenizer``, where vLLM returns a
+transformers tokenizer: so it also answers to the transformers names
+scripts use most (``apply_chat_template``, ``convert_ids_to_tokens``,
+``convert_tokens_to_ids``, ``get_vocab``, ``len()``, ``batch_decode``,
+``bos_token`` / ``eos_token``), with transformers' results.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import os
 from typing import Any
 
 import tokenizers
+
+from checkpoint.chat_template import chat_prompt_ids
 
 # Tokens of prompt context the incremental detokenizer starts from: enough
 # for decoders that drop a leading space on the first token they see.
@@ -102,6 +110,61 @@ class Tokenizer:
         """The text of one token id (special tokens included), e.g. for a
         chat template's ``bos_token`` / ``eos_token`` variables."""
         return None if token_id is None else self.hf.id_to_token(token_id)
+
+    # ---- transformers' names -------------------------------------------
+    @property
+    def bos_token(self) -> str | None:
+        return self.token_text(self.bos_token_id)
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.token_text(self.eos_token_id)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.hf.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, ids: int | list[int]) -> str | None | list[str | None]:
+        if isinstance(ids, int):
+            return self.hf.id_to_token(ids)
+        return [self.hf.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | None | list[int | None]:
+        if isinstance(tokens, str):
+            return self.hf.token_to_id(tokens)
+        return [self.hf.token_to_id(t) for t in tokens]
+
+    def batch_decode(self, sequences: list[list[int]],
+                     skip_special_tokens: bool = False) -> list[str]:
+        """Each sequence decoded (transformers' default keeps special tokens)."""
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+
+    def apply_chat_template(self, conversation: list[dict] | list[list[dict]],
+                            tools: list[dict] | None = None, chat_template: str | None = None,
+                            add_generation_prompt: bool = False,
+                            continue_final_message: bool = False, tokenize: bool = True,
+                            **template_vars: Any) -> str | list[int] | list:
+        """transformers' ``apply_chat_template``: the prompt text of the
+        messages (``tokenize`` False) or its ids (True: tokenized without
+        adding special tokens, the template places them); a list of
+        conversations gives a list. Other keyword arguments reach the
+        template as variables; transformers' tensor and padding options are
+        refused (this returns lists)."""
+        refused = sorted(set(template_vars) & {"return_tensors", "return_dict", "padding",
+                                               "truncation", "max_length"})
+        if refused:
+            raise TypeError(f"apply_chat_template does not take {', '.join(refused)} here "
+                            f"(it returns the text or a list of ids)")
+        if conversation and isinstance(conversation[0], list):
+            return [self.apply_chat_template(c, tools, chat_template, add_generation_prompt,
+                                             continue_final_message, tokenize, **template_vars)
+                    for c in conversation]
+        text, ids = chat_prompt_ids(self, conversation, add_generation_prompt=add_generation_prompt,
+                                    chat_template=chat_template, extra=template_vars or None,
+                                    continue_final_message=continue_final_message, tools=tools)
+        return ids if tokenize else text
 
 
 class IncrementalDetokenizer:

@@ -36,7 +36,8 @@ from ipc.endpoints import SOCKET_NAMES, check_private_directory, check_socket_pa
 from ipc.model_config import MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", *MODEL_DTYPES)
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names
+DTYPES = ("auto", *MODEL_DTYPES, *DTYPE_ALIASES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
@@ -123,6 +124,8 @@ class EngineConfig:
         """Every rule the arguments alone decide."""
         _check_ints(self)
         _check_choices(self)
+        if self.dtype in DTYPE_ALIASES:
+            object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -12,7 +13,7 @@ import torch
 from checkpoint.chat_template import chat_prompt_ids
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.output_text import OutputText
+from engine.output_text import OutputText, with_decoded_tokens
 from engine.outputs import (
     CompletionOutput,
     RequestOutput,
@@ -31,7 +32,15 @@ class LLM:
     does the garbage collector, once nothing refers to the ``LLM``).
     """
 
-    def __init__(self, model: str = "tiny", **kwargs):
+    def __init__(self, model: str = "tiny", trust_remote_code: bool = False, **kwargs):
+        """``kwargs``: ``EngineConfig``'s fields. ``trust_remote_code`` is
+        taken as vLLM scripts pass it and changes nothing: tprun runs no code
+        of a model's. Another vLLM option it does not have is a TypeError
+        that says so."""
+        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(EngineConfig)})
+        if unknown:
+            raise TypeError(f"LLM() got {', '.join(map(repr, unknown))}: not an option of "
+                            f"tprun's (its options are EngineConfig's fields)")
         self._start(EngineConfig(model=model, **kwargs))
 
     @classmethod
@@ -55,6 +64,11 @@ class LLM:
 
     def get_tokenizer(self):
         return self.engine.tokenizer
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """The engine (vLLM's name for it; also ``engine``)."""
+        return self.engine
 
     def generate(
         self,
@@ -205,8 +219,8 @@ def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
     completion = choice.completion
     if completion.finished():
         return False  # stopped at a stop string: what the engine still sends is dropped
-    _absorb_prompt_side(choice.output, delta)
     text = choice.text
+    _absorb_prompt_side(choice.output, delta, text.tokenizer)
     text.add(delta)
     if text.stop_string is None and delta.finished:
         text.finish(delta)
@@ -223,9 +237,9 @@ def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
     return True
 
 
-def _absorb_prompt_side(output: RequestOutput, delta: RequestOutputDelta) -> None:
+def _absorb_prompt_side(output: RequestOutput, delta: RequestOutputDelta, tokenizer) -> None:
     """What a delta says of the prompt: its logprobs (once) and the prefix-cache hits."""
     if delta.prompt_logprobs is not None:
-        output.prompt_logprobs = delta.prompt_logprobs
+        output.prompt_logprobs = with_decoded_tokens(tokenizer, delta.prompt_logprobs)
     if delta.num_cached_tokens is not None:
         output.num_cached_tokens = delta.num_cached_tokens

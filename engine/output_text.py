@@ -19,7 +19,7 @@ its id kept (``engine.outputs.shown_token_ids``).
 from __future__ import annotations
 
 from checkpoint.tokenizer import IncrementalDetokenizer
-from engine.outputs import RequestOutputDelta, TokenLogprobs, shown_token_ids
+from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs, shown_token_ids
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import OutputStops
 
@@ -44,7 +44,8 @@ class OutputText:
         kept = self._feed(delta)
         self.token_ids.extend(delta.new_token_ids[:kept])
         if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs[:kept]
+            self.logprobs = (self.logprobs or []) + with_decoded_tokens(
+                self.tokenizer, delta.logprobs[:kept])
 
     def _feed(self, delta: RequestOutputDelta) -> int:
         """How many of the delta's tokens to keep; feeds the text of those
@@ -68,3 +69,13 @@ class OutputText:
         # What the detokenizer held back (an incomplete character), no new token.
         self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)
         self.stop_string = self._stops.stopped
+
+
+def with_decoded_tokens(tokenizer, logprobs: list[TokenLogprobs | None]
+                        ) -> list[TokenLogprobs | None]:
+    """``logprobs`` with each candidate's ``decoded_token`` set: its id
+    decoded alone, special tokens shown (as vLLM decodes them)."""
+    return [None if token is None else
+            {t: Logprob(lp.logprob, lp.rank, tokenizer.decode([t], False))
+             for t, lp in token.items()}
+            for token in logprobs]

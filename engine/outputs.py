@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Logprob:
-    """One candidate token's log-probability and rank (1 = most likely)."""
+    """One candidate token's log-probability and rank (1 = most likely), and
+    its text decoded alone (vLLM's ``decoded_token``: special tokens shown),
+    which ``LLM``'s outputs fill in (``engine.output_text.with_decoded_tokens``)."""
 
     logprob: float
     rank: int | None = None
+    decoded_token: str | None = None
 
 
 # Per generated token: candidate token id -> Logprob (the sampled token is

@@ -30,7 +30,8 @@ stop strings not empty; ``logit_bias`` a dict of int ids to numbers and
 ``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
 ``bad_words_token_ids`` a list of lists of ints, each within its bounds).
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
-(one string as a tuple of one). ``max_tokens`` None: as many as the
+(one string as a tuple of one; None, as vLLM takes it, as none); ``seed``
+-1 is None (no seed), as vLLM reads it. ``max_tokens`` None: as many as the
 context leaves after the prompt (``LLMEngine.new_request`` sets the
 number). ``structured_outputs`` (engine only: the workers get the
 grammar's bitmask, not the constraint) is None or a
@@ -69,16 +70,22 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
 
     n: int = 1
     max_tokens: int | None = 16
-    stop: tuple[str, ...] | list[str] | str = ()
+    stop: tuple[str, ...] | list[str] | str | None = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
-    stop_token_ids: tuple[int, ...] | list[int] = ()
+    stop_token_ids: tuple[int, ...] | list[int] | None = ()
     ignore_eos: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
+        # vLLM's spellings: None for no stop strings or ids, seed -1 for none.
+        for name in ("stop", "stop_token_ids"):
+            if getattr(self, name) is None:
+                msgspec.structs.force_setattr(self, name, ())
+        if self.seed == -1 and not isinstance(self.seed, bool):
+            msgspec.structs.force_setattr(self, "seed", None)
         self._check_structured_outputs()
         self._check_types()
         if self.top_k == -1:
@@ -228,10 +235,13 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
 
 
 def _choice_seed(seed: int | None, choice: int) -> int | None:
-    """seed + choice, wrapped into the signed 64-bit range seeds live in."""
+    """seed + choice, wrapped into the signed 64-bit range seeds live in;
+    -1, which means no seed, is taken by the range's minimum (which seed +
+    0..MAX_N-1 can only reach where it does not pass -1)."""
     if seed is None:
         return None
-    return (seed + choice - _INT64_MIN) % (1 << 64) + _INT64_MIN
+    derived = (seed + choice - _INT64_MIN) % (1 << 64) + _INT64_MIN
+    return _INT64_MIN if derived == -1 else derived
 
 
 def truncated_prompt(prompt_token_ids: list[int], k: int | None) -> list[int]:

@@ -147,3 +147,40 @@ def test_description_errors_name_the_file(tmp_path):
         "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2}))
     with pytest.raises(ValueError, match="config.json: unsupported architecture 'GPT2LMHeadModel'"):
         describe(str(tmp_path))
+
+
+def test_transformers_names_give_transformers_results(tiny_dir):
+    """What scripts written against vLLM's ``get_tokenizer()`` (a
+    transformers tokenizer) call, against transformers' own tokenizer of
+    the same directory: the chat template rendered and tokenized, alone and
+    batched, with a template variable and a continued final message; the
+    vocabulary, ids <-> tokens, special tokens, batch decoding."""
+    from transformers import AutoTokenizer
+
+    ours, hf = Tokenizer.from_dir(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+
+    def hf_chat(conversation, **kwargs):  # ids as a list (newer transformers wrap them)
+        out = hf.apply_chat_template(conversation, **kwargs)
+        return out["input_ids"] if hasattr(out, "keys") else out
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"}]
+    begun = [*chat, {"role": "assistant", "content": "It is"}]
+    for kwargs in ({}, {"add_generation_prompt": True}, {"tokenize": False},
+                   {"tokenize": False, "add_generation_prompt": True, "day": "Monday"}):
+        assert ours.apply_chat_template(chat, **kwargs) == hf_chat(chat, **kwargs)
+    for tokenize in (False, True):
+        assert ours.apply_chat_template([chat, begun[1:]], tokenize=tokenize) == \
+            hf_chat([chat, begun[1:]], tokenize=tokenize)
+        assert ours.apply_chat_template(begun, continue_final_message=True,
+                                        tokenize=tokenize) == \
+            hf_chat(begun, continue_final_message=True, tokenize=tokenize)
+    with pytest.raises(TypeError, match="return_tensors"):
+        ours.apply_chat_template(chat, return_tensors="pt")
+    assert ours.get_vocab() == hf.get_vocab() and len(ours) == len(hf)
+    ids = ours.encode("héllo wörld")
+    assert ours.convert_ids_to_tokens(ids) == hf.convert_ids_to_tokens(ids)
+    assert ours.convert_ids_to_tokens(ids[1]) == hf.convert_ids_to_tokens(ids[1])
+    tokens = hf.convert_ids_to_tokens(ids)
+    assert ours.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens) == ids
+    assert (ours.bos_token, ours.eos_token) == (hf.bos_token, hf.eos_token)
+    assert ours.batch_decode([ids, ids[2:]]) == hf.batch_decode([ids, ids[2:]])

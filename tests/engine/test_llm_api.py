@@ -220,3 +220,44 @@ def test_skip_special_tokens_false_shows_them_as_transformers_decodes(llm, tmp_p
         assert outs[0].token_ids == outs[1].token_ids == [EOS] * 3
         assert outs[0].text == hf.decode([EOS] * 3, skip_special_tokens=True) == ""
         assert outs[1].text == hf.decode([EOS] * 3, skip_special_tokens=False) != ""
+
+
+@pytest.mark.timeout(120)
+def test_vllm_constructor_spellings(llm, tmp_path, monkeypatch):
+    """What vLLM scripts pass: ``trust_remote_code`` is taken (tprun runs no
+    model code), dtype "half" is float16, ``llm_engine`` is the engine, the
+    tokenizer renders a chat as ``LLM.chat`` prompts it; an option tprun
+    does not have is a TypeError naming it."""
+    monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
+    with pytest.raises(TypeError, match=r"'quantization', 'swap_space'.*not an option"):
+        LLM(model="tiny", device="cpu", quantization="awq", swap_space=4)
+    with LLM(model="tiny", device="cpu", dtype="half", trust_remote_code=True,
+             max_model_len=MAX_MODEL_LEN) as half:
+        assert half.llm_engine is half.engine
+        assert half.engine.config.dtype == "float16"
+    messages = [{"role": "user", "content": "Hi"}]
+    text = llm.get_tokenizer().apply_chat_template(messages, tokenize=False,
+                                                   add_generation_prompt=True)
+    params = _greedy(max_tokens=4)
+    want = llm.chat(messages, params)[0]
+    got = llm.generate({"prompt_token_ids": llm.get_tokenizer().apply_chat_template(
+        messages, add_generation_prompt=True)}, params)[0]
+    assert got.prompt_token_ids == want.prompt_token_ids
+    assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    assert llm.get_tokenizer().encode(text, add_special_tokens=False) == want.prompt_token_ids
+
+
+@pytest.mark.timeout(120)
+def test_logprobs_carry_each_candidates_text(llm):
+    """vLLM's ``Logprob.decoded_token``: each candidate's id decoded alone
+    by transformers' tokenizer of the model, for the output's logprobs and
+    the prompt's."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(llm.engine.model_dir)
+    out = llm.generate(PROMPT, _greedy(max_tokens=4, logprobs=2, prompt_logprobs=1))[0]
+    entries = [e for e in out.prompt_logprobs if e is not None] + out.outputs[0].logprobs
+    assert len(entries) == len(out.prompt_token_ids) - 1 + 4
+    for entry in entries:
+        assert all(lp.decoded_token == hf.decode([t]) for t, lp in entry.items())
+    assert any(lp.decoded_token.strip() for e in entries for lp in e.values())

@@ -89,6 +89,16 @@ def test_stop_and_max_tokens_none():
         p.replaced(max_tokens=3)
 
 
+def test_vllm_spellings_of_none():
+    """vLLM's: stop and stop_token_ids None are none; seed -1 is no seed,
+    and a choice whose seed + index lands on -1 takes the range's minimum
+    instead (it stays seeded, apart from its siblings)."""
+    p = SamplingParams(stop=None, stop_token_ids=None, seed=-1)
+    assert (p.stop, p.stop_token_ids, p.seed) == ((), (), None)
+    assert p == SamplingParams()
+    assert [c.seed for c in SamplingParams(n=3, seed=-3).choices()] == [-3, -2, -(2**63)]
+
+
 def test_choices_seed_plus_index_wrapped():
     """Choice i of n samples with seed + i in the signed 64-bit range; every
     other field is the parent's, with n 1."""
