@@ -17,10 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ipc.model_config import Llama3RopeScaling, ModelConfig
-
-# Hugging Face's other spellings of a dtype.
-_DTYPE_ALIASES = {"float": "float32", "half": "float16"}
+from ipc.model_config import DTYPE_ALIASES, Llama3RopeScaling, ModelConfig
 
 
 def describe(model_dir: str) -> ModelConfig:
@@ -138,7 +135,7 @@ def _rope(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
 
 def _dtype(hf: dict) -> str:
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
-    return _DTYPE_ALIASES.get(name, name)
+    return DTYPE_ALIASES.get(name, name)
 
 
 def _eos_ids(*sources: Any) -> tuple[int, ...]:

@@ -33,10 +33,9 @@ from ipc.config import (
     SpeculativeConfig,
 )
 from ipc.endpoints import SOCKET_NAMES, check_private_directory, check_socket_paths
-from ipc.model_config import MODEL_DTYPES, ModelConfig
+from ipc.model_config import DTYPE_ALIASES, MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names
 DTYPES = ("auto", *MODEL_DTYPES, *DTYPE_ALIASES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")

@@ -24,6 +24,8 @@ SUPPORTED_ARCHITECTURES = (
 # Weight and activation dtypes, by the name torch gives them
 # (``getattr(torch, name)`` is the dtype).
 MODEL_DTYPES = ("float32", "float16", "bfloat16")
+# Their other spellings (Hugging Face's configs, vLLM's --dtype).
+DTYPE_ALIASES = {"float": "float32", "half": "float16"}
 
 
 class Llama3RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
