@@ -39,6 +39,7 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", *MODEL_DTYPES, *DTYPE_ALIASES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+GENERATION_CONFIGS = ("auto", "vllm")
 
 
 class ConfigError(ValueError):
@@ -110,6 +111,11 @@ class EngineConfig:
     scheduling_policy: str = _opt("fcfs", "'fcfs': arrival order; 'priority': lower "
                                   "request priority first, then arrival",
                                   choices=SCHEDULING_POLICIES)
+    generation_config: str = _opt("auto", "'auto': the model's generation_config.json gives "
+                                  "the sampling defaults (temperature, top_p, top_k, min_p, "
+                                  "repetition_penalty; max_new_tokens caps max_tokens) where a "
+                                  "request leaves them unset, as vLLM's; 'vllm': tprun's own",
+                                  choices=GENERATION_CONFIGS)
     speculative_config: dict | str | None = _opt(
         None, "speculative decoding, as vLLM spells it (a JSON object on the command line): "
         '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '

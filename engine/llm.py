@@ -65,6 +65,12 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` sample with when given no
+        ``SamplingParams``: the defaults, with the model's recommended ones
+        from its generation_config.json (``LLMEngine.sampling_defaults``)."""
+        return SamplingParams(**self.engine.sampling_defaults)
+
     @property
     def llm_engine(self) -> LLMEngine:
         """The engine (vLLM's name for it; also ``engine``)."""
@@ -88,6 +94,8 @@ class LLM:
         if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = _params_per_prompt(sampling_params, len(prompts))
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
@@ -198,10 +206,8 @@ class _Choice(NamedTuple):
     text: OutputText
 
 
-def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams],
                        num_prompts: int) -> list[SamplingParams]:
-    if sampling_params is None:
-        sampling_params = SamplingParams()
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * num_prompts
     sampling_params = list(sampling_params)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from checkpoint.description import describe
+from checkpoint.generation_config import sampling_defaults
 from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
@@ -93,6 +94,17 @@ class LLMEngine:
         config.check_model(self.model_config)
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        # Where a request leaves a sampling field unset (LLM without
+        # SamplingParams, the HTTP server): the model's recommendation.
+        self.sampling_defaults = {}
+        if config.generation_config == "auto":
+            try:
+                self.sampling_defaults = sampling_defaults(self.model_dir)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if self.sampling_defaults:
+                logger.info("sampling defaults from the model's generation_config.json "
+                            "(--generation-config vllm leaves them): %s", self.sampling_defaults)
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
             list(self.model_config.eos_token_ids))

@@ -453,7 +453,8 @@ def _start_http(args, engine, server, secret: bytes):
                              args.served_model_name or [args.model],
                              engine.max_model_len, args.host, args.http_port, args.api_key,
                              access_log=args.access_log, context=server.ctx,
-                             tool_call_parser=args.tool_call_parser)
+                             tool_call_parser=args.tool_call_parser,
+                             sampling_defaults=engine.sampling_defaults)
 
 
 def run_bench(args) -> int:

@@ -104,11 +104,12 @@ def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequence[str],
                max_model_len: int, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
-               tool_call_parser: str | None = None):
+               tool_call_parser: str | None = None, sampling_defaults: dict | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
-    tool_choice "auto" is served (None: refused)."""
+    tool_choice "auto" is served (None: refused); ``sampling_defaults``:
+    the model's recommended sampling (``LLMEngine.sampling_defaults``)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -116,7 +117,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         Metrics(served_names[0]),
                         LogprobsFormatter(tokenizer),
                         tool_call_parser=(None if tool_call_parser is None
-                                          else TOOL_CALL_PARSERS[tool_call_parser]))
+                                          else TOOL_CALL_PARSERS[tool_call_parser]),
+                        sampling_defaults=dict(sampling_defaults or {}))
 
     @asynccontextmanager
     async def lifespan(_app):

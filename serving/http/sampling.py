@@ -2,8 +2,12 @@
 dicts, one per choice), checked here with the engine's own validation so a
 bad value is answered with the engine's message before anything is sent.
 
-Unset fields keep the engine's defaults (OpenAI's: temperature 1, top_p 1).
-The ``n`` choices and their seeds are ``SamplingParams.choices``'.
+Unset fields take the model's recommended sampling where its
+generation_config.json gives one (``LLMEngine.sampling_defaults``, as vLLM's
+server takes them), else the engine's defaults (OpenAI's: temperature 1,
+top_p 1); the recommended ``max_tokens`` caps every request's
+(``capped_max_tokens``). The ``n`` choices and their seeds are
+``SamplingParams.choices``'.
 """
 
 from __future__ import annotations
@@ -17,9 +21,22 @@ _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
              "frequency_penalty", "repetition_penalty")
 
 
+def capped_max_tokens(max_tokens: int | None, defaults: dict, room: int) -> int | None:
+    """A request's ``max_tokens`` (None: what the context leaves, ``room``
+    for its longest prompt) under the recommended cap in ``defaults``, as
+    vLLM caps it; None where the prompt leaves no room (the engine says so)."""
+    cap = defaults.get("max_tokens")
+    if cap is None:
+        return max_tokens
+    if max_tokens is not None:
+        return min(max_tokens, cap)
+    return min(cap, room) if room >= 1 else None
+
+
 def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                   prompt_logprobs: int | None = None,
-                  constraint: StructuredOutputsParams | None = None) -> list[dict]:
+                  constraint: StructuredOutputsParams | None = None,
+                  defaults: dict | None = None) -> list[dict]:
     """One ``SamplingParams`` dict per choice (``SamplingParams.choices``);
     ``ValueError`` for bad values. ``prompt_logprobs`` defaults to the
     request's own field; ``max_tokens`` None: what the context leaves;
@@ -29,6 +46,9 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
     checked here and applied by ``Generation``: the dicts carry none."""
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
+    for name, value in (defaults or {}).items():
+        if name != "max_tokens":  # capped_max_tokens'
+            fields.setdefault(name, value)
     fields.update(n=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
                   logprobs=logprobs, stop=request.stop_strings(),
                   stop_token_ids=list(request.stop_token_ids or []), seed=request.seed,

@@ -23,7 +23,7 @@ from starlette.responses import Response
 from checkpoint.chat_template import chat_prompt_ids
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest
-from serving.http.sampling import choice_params
+from serving.http.sampling import capped_max_tokens, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
@@ -54,8 +54,10 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
+    max_tokens = capped_max_tokens(max_tokens, state.sampling_defaults,
+                                   state.max_model_len - len(prompt))
     params = choice_params(request, max_tokens, _num_top(request),
-                           constraint=tool_choice.constraint())
+                           constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, request.stop_strings(), request.priority)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"

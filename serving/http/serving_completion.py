@@ -31,7 +31,7 @@ from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.logprobs import TextOffsets
 from serving.http.protocol import CompletionRequest
-from serving.http.sampling import choice_params
+from serving.http.sampling import capped_max_tokens, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 
@@ -98,8 +98,11 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         prompts = completion_prompts(state, request.prompt)
     if trace.enabled:
         trace.mark("http_tokenized")
-    params = choice_params(request, None if max_tokens is None else max(max_tokens, 1),
-                           request.logprobs, _engine_prompt_logprobs(request))
+    engine_max = capped_max_tokens(None if max_tokens is None else max(max_tokens, 1),
+                                   state.sampling_defaults,
+                                   state.max_model_len - max(map(len, prompts)))
+    params = choice_params(request, engine_max, request.logprobs,
+                           _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     given = request.prompt
     if request.truncate_prompt_tokens is not None:  # echoed as the engine sees them
         prompts = [truncated_prompt(p, request.truncate_prompt_tokens) for p in prompts]

@@ -25,6 +25,8 @@ class ServerState:
     metrics: Metrics
     logprobs: LogprobsFormatter
     tool_call_parser: Callable[[], ToolCallReader] | None = None
+    # Unset sampling fields take these (``LLMEngine.sampling_defaults``).
+    sampling_defaults: dict = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

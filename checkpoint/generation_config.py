@@ -1,0 +1,48 @@
+"""The sampling defaults a model's creator recommends, from its generation_config.json.
+
+vLLM reads them by default (``--generation-config auto``) and uses them
+where a request leaves a field unset: ``temperature``, ``top_p``,
+``top_k``, ``min_p`` and ``repetition_penalty`` as they are, and
+``max_new_tokens`` as a cap on ``max_tokens``. ``sampling_defaults`` gives
+those fields by ``SamplingParams``' names; a file without them (or no
+file, as a GGUF model has) gives none. Other keys (``do_sample``, the
+token ids, beam settings) are not sampling defaults and are left out, as
+vLLM leaves them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(model_dir: str) -> dict[str, Any]:
+    """``{field: value}`` of the model's recommended sampling (``max_tokens``
+    from ``max_new_tokens``); ``ValueError`` naming the file for a value
+    that is not a number of the field's kind."""
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(config, dict):
+        return {}
+    out = {}
+    for key in (*_SAMPLING_KEYS, "max_new_tokens"):
+        value = config.get(key)
+        if value is None:
+            continue
+        integral = key in ("top_k", "max_new_tokens")
+        if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)) \
+                or not math.isfinite(value):
+            raise ValueError(f"{path}: {key} must be {'an int' if integral else 'a number'}, "
+                             f"got {value!r}")
+        out["max_tokens" if key == "max_new_tokens" else key] = value
+    return out
