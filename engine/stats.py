@@ -59,6 +59,8 @@ def snapshot(scheduler, counters: StepCounters) -> EngineStats:
         num_prompt_tokens=scheduler.num_prompt_tokens,
         num_generation_tokens=counters.num_generation_tokens,
         num_scheduled_tokens=counters.num_scheduled_tokens,
+        prefix_cache_queries=kv.prefix_queries,
+        prefix_cache_hits=kv.prefix_hits,
         spec_decode_num_drafts=spec.num_drafts,
         spec_decode_num_draft_tokens=spec.num_draft_tokens,
         spec_decode_num_accepted_tokens=spec.num_accepted_tokens,

@@ -112,7 +112,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     for want of a valid MAC (0 from an engine that has no server).
     ``spec_decode_*``: speculative decoding counters since start (vLLM's
     names): rows that verified drafts, drafts verified, drafts accepted,
-    accepted drafts by position (empty when speculative decoding is off)."""
+    accepted drafts by position (empty when speculative decoding is off).
+    ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked
+    up in the prefix cache since start, and of those found (``prefix_hit_rate``
+    is their ratio)."""
 
     num_running: int
     num_waiting: int
@@ -126,6 +129,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_generation_tokens: int
     num_scheduled_tokens: int
     num_refused_messages: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0

@@ -174,9 +174,14 @@ class Generation:
             reason, stop_reason = "stop", choice.stops.stopped
         elif delta.finished:
             reason, stop_reason = delta.finish_reason, delta.stop_reason
-        choice.finished = reason is not None
+        if reason is not None:
+            self._finish(choice, reason)
         return ChoiceEvent(choice.index, text, list(delta.token_ids), delta.logprobs, reason,
                            delta.prompt_logprobs, stop_reason)
+
+    def _finish(self, choice: _Choice, reason: str) -> None:
+        choice.finished = True
+        self.metrics.finished(reason, time.monotonic() - self.arrival_time)
 
     def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
         if delta.num_cached_tokens is not None:
@@ -185,7 +190,7 @@ class Generation:
             self.link.forget(request_id)
         else:
             self.link.abort(request_id)
-        choice.finished = True
+        self._finish(choice, "length")
         return ChoiceEvent(choice.index, "", [], None, "length", delta.prompt_logprobs)
 
     def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
@@ -204,5 +209,5 @@ class Generation:
         """Abort every engine request of this HTTP request still running."""
         for request_id, choice in self.choices.items():
             if not choice.finished:
-                choice.finished = True
+                self._finish(choice, "abort")
                 self.link.abort(request_id)

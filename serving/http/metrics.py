@@ -2,17 +2,20 @@
 the ``tprun:`` prefix.
 
 Engine-side values (running and waiting requests, KV-cache usage, prompt
-and generation token counters) come from one ``EngineStats`` snapshot asked
-for at scrape time, so they are the engine's own numbers, not the front
-end's guess. Latencies are measured here, where the client sees them:
-time to first token from the HTTP request's arrival, and inter-token
-latency between consecutive deltas of one engine request (divided among
-the tokens a delta carries). Each front end has its own registry.
+and generation token counters, preemptions, prefix-cache lookups and hits
+in tokens) come from one ``EngineStats`` snapshot asked for at scrape time,
+so they are the engine's own numbers, not the front end's guess. What the
+client sees is measured here: time to first token from the HTTP request's
+arrival, inter-token latency between consecutive deltas of one engine
+request (divided among the tokens a delta carries), each engine request's
+end-to-end latency (arrival to its last token) and how it finished
+(``request_success``, by ``finished_reason``: stop, length or abort). Each
+front end has its own registry.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ipc.engine_messages import EngineStats
@@ -21,6 +24,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+FINISHED_REASONS = ("stop", "length", "abort")
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
@@ -50,6 +56,11 @@ class _EngineCollector:
             ("tprun:prompt_tokens", "Prompt tokens scheduled since start.", s.num_prompt_tokens),
             ("tprun:generation_tokens", "Tokens generated since start.",
              s.num_generation_tokens),
+            ("tprun:num_preemptions", "Requests preempted since start.", s.num_preemptions),
+            ("tprun:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             s.prefix_cache_queries),
+            ("tprun:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             s.prefix_cache_hits),
         ):
             counter = CounterMetricFamily(name, doc, labels=label)
             counter.add_metric([self.model_name], value)
@@ -91,6 +102,19 @@ class Metrics:
                              "Time between consecutive tokens of one request.",
                              ["model_name"], buckets=_ITL_BUCKETS,
                              registry=self.registry).labels(model_name)
+        self.e2e = Histogram("tprun:e2e_request_latency_seconds",
+                             "Time from a request's arrival to its last token.",
+                             ["model_name"], buckets=_E2E_BUCKETS,
+                             registry=self.registry).labels(model_name)
+        success = Counter("tprun:request_success", "Engine requests finished, by how.",
+                          ["model_name", "finished_reason"], registry=self.registry)
+        self._success = {reason: success.labels(model_name, reason)  # each shown from 0
+                         for reason in FINISHED_REASONS}
+
+    def finished(self, reason: str, latency_s: float) -> None:
+        """One engine request ended, for ``reason`` (one of FINISHED_REASONS)."""
+        self._success[reason].inc()
+        self.e2e.observe(latency_s)
 
     def render(self, stats: EngineStats) -> bytes:
         """The page, with ``stats`` as the engine's values."""

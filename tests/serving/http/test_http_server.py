@@ -387,13 +387,27 @@ def test_disconnect_aborts_the_request(server):
 
 
 def test_metrics_count_tokens_and_latency(server, client):
-    before = metric(server.url, "tprun:generation_tokens_total")
-    ttft_before = metric(server.url, "tprun:time_to_first_token_seconds_count")
-    resp = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5,
-                                     temperature=0, extra_body={"ignore_eos": True})
-    assert resp.usage.completion_tokens == 5
-    assert metric(server.url, "tprun:generation_tokens_total") == before + 5
-    assert metric(server.url, "tprun:time_to_first_token_seconds_count") == ttft_before + 1
-    assert metric(server.url, "tprun:inter_token_latency_seconds_count") >= 4
+    names = ("tprun:generation_tokens_total", "tprun:time_to_first_token_seconds_count",
+             "tprun:e2e_request_latency_seconds_count", "tprun:request_success_total",
+             "tprun:prefix_cache_queries_total", "tprun:prefix_cache_hits_total")
+    before = {name: metric(server.url, name) for name in names}
+    prompt = "a prompt of more than one cache block " * 4  # the second request hits its blocks
+    for _ in range(2):
+        resp = client.completions.create(model="tiny", prompt=prompt, max_tokens=5,
+                                         temperature=0, extra_body={"ignore_eos": True})
+        assert resp.usage.completion_tokens == 5
+    cached = resp.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0
+    after = {name: metric(server.url, name) - before[name] for name in names}
+    assert after == {"tprun:generation_tokens_total": 10,
+                     "tprun:time_to_first_token_seconds_count": 2,
+                     "tprun:e2e_request_latency_seconds_count": 2,
+                     "tprun:request_success_total": 2,
+                     "tprun:prefix_cache_queries_total": 2 * resp.usage.prompt_tokens,
+                     "tprun:prefix_cache_hits_total": cached}
+    page = httpx.get(f"{server.url}/metrics", timeout=30).text
+    assert 'finished_reason="length"' in page
+    assert metric(server.url, "tprun:inter_token_latency_seconds_count") >= 8
     assert metric(server.url, "tprun:prompt_tokens_total") > 0
+    assert metric(server.url, "tprun:num_preemptions_total") == 0
     assert metric(server.url, "tprun:num_requests_waiting") == 0
