@@ -170,6 +170,9 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="with --http-port: the names requests may give the model, the "
                        "first in metrics and /v1/models first (default: --model as given)")
+    serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                       help="with --http-port: web origins (e.g. http://localhost:3000, or *) "
+                       "whose pages may call the API from a browser (CORS); default none")
     serve.add_argument("--api-key", default=None,
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
                        "routes (default: $TPRUN_API_KEY, else no key)")
@@ -408,6 +411,8 @@ def _check_http_args(args) -> None:
             raise ConfigError("--enable-auto-tool-choice needs --http-port")
         if args.served_model_name is not None:
             raise ConfigError("--served-model-name needs --http-port")
+        if args.allowed_origins is not None:
+            raise ConfigError("--allowed-origins needs --http-port")
         return
     if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
         raise ConfigError("--served-model-name takes non-empty names")
@@ -454,7 +459,8 @@ def _start_http(args, engine, server, secret: bytes):
                              engine.max_model_len, args.host, args.http_port, args.api_key,
                              access_log=args.access_log, context=server.ctx,
                              tool_call_parser=args.tool_call_parser,
-                             sampling_defaults=engine.sampling_defaults)
+                             sampling_defaults=engine.sampling_defaults,
+                             allowed_origins=args.allowed_origins)
 
 
 def run_bench(args) -> int:

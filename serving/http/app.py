@@ -8,7 +8,9 @@ With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
 With an API key, every ``/v1`` route needs ``Authorization:
-Bearer KEY`` (compared in constant time), else 401. Every error, including
+Bearer KEY`` (compared in constant time), else 401. With
+``allowed_origins`` (CORS) pages of those origins may call the API from a
+browser; their preflights are answered before the key is asked for. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
 a bad request (the engine's own validation message; code
@@ -31,6 +33,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
@@ -104,12 +107,15 @@ def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequence[str],
                max_model_len: int, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
-               tool_call_parser: str | None = None, sampling_defaults: dict | None = None):
+               tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
+               allowed_origins: Sequence[str] = ()):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
     tool_choice "auto" is served (None: refused); ``sampling_defaults``:
-    the model's recommended sampling (``LLMEngine.sampling_defaults``)."""
+    the model's recommended sampling (``LLMEngine.sampling_defaults``);
+    ``allowed_origins``: the web origins whose pages may call the API
+    (CORS; none by default, so a page of another site cannot)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -191,6 +197,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
     guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
+    if allowed_origins:  # outside the key check: a browser's preflight carries no key
+        guarded = CORSMiddleware(guarded, allow_origins=list(allowed_origins),
+                                 allow_methods=["*"], allow_headers=["*"])
     logged = AccessLog(guarded) if access_log else guarded
     return TracedApp(logged) if trace.enabled else logged
 

@@ -60,19 +60,22 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       max_model_len: int, host: str, port: int,
                       api_key: str | None = None, access_log: bool = False,
                       context=None, tool_call_parser: str | None = None,
-                      sampling_defaults: dict | None = None) -> HttpServer:
+                      sampling_defaults: dict | None = None,
+                      allowed_origins: list[str] | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
     ZeroMQ context that an ``inproc://`` ``engine_address`` lives in;
     ``tool_call_parser``: the parser of tool_choice "auto" (None: refused);
-    ``sampling_defaults``: what unset sampling fields take."""
+    ``sampling_defaults``: what unset sampling fields take; ``allowed_origins``:
+    the web origins allowed to call it from a browser (CORS)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
     app = create_app(AsyncEngineClient(engine_address, secret, context=context), tokenizer,
                      served_names, max_model_len, api_key=api_key, access_log=access_log,
-                     tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults)
+                     tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,
+                     allowed_origins=allowed_origins or ())
     server = HttpServer(app, host, port)
     server.start()
     return server

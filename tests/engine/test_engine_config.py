@@ -295,6 +295,7 @@ def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
     (["serve", "--device", "cpu", "--http-port", "70000"], "--http-port must be in [0, 65535]"),
     (["serve", "--device", "cpu", "--api-key", "k"], "--api-key needs --http-port"),
     (["serve", "--device", "cpu", "--served-model-name", "m"], "--served-model-name needs --http-port"),
+    (["serve", "--device", "cpu", "--allowed-origins", "*"], "--allowed-origins needs --http-port"),
     (["serve", "--device", "cpu", "--http-port", "0", "--served-model-name", " "],
      "--served-model-name takes non-empty names"),
     (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),

@@ -18,6 +18,7 @@ from tests.helpers.http_utils import metric, openai_client, serving_tiny, wait_f
 pytestmark = pytest.mark.timeout(180)
 
 KEY = "test-key-4f2a"
+UI_ORIGIN = "http://ui.example:3000"
 PROMPTS = ["Hello, my name is", "The capital of France is", "héllo wörld €"]
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "What is 2 + 2?"}]
@@ -27,7 +28,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."},
 def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("http"), "--nproc-per-node", "2", "serve",
                       "--model", "tiny", "--device", "cpu", "--disable-log-stats",
-                      env={"TPRUN_API_KEY": KEY}) as served:
+                      "--allowed-origins", UI_ORIGIN, env={"TPRUN_API_KEY": KEY}) as served:
         yield served
 
 
@@ -230,6 +231,30 @@ def _error(response: httpx.Response, status: int) -> dict:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     return error
+
+
+def test_cors_lets_the_allowed_origin_in_and_no_other(server):
+    """--allowed-origins: a browser's preflight from that origin is answered
+    (without the key, which preflights never carry) and its calls carry the
+    CORS header; another origin's get no header, so its browser refuses."""
+    url = f"{server.url}/v1/chat/completions"
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    ok = httpx.options(url, headers={"Origin": UI_ORIGIN, **preflight}, timeout=30)
+    assert ok.status_code == 200
+    assert ok.headers["access-control-allow-origin"] == UI_ORIGIN
+    other = httpx.options(url, headers={"Origin": "http://evil.example", **preflight},
+                          timeout=30)
+    assert "access-control-allow-origin" not in other.headers
+    body = {"model": "tiny", "max_tokens": 2, "messages": MESSAGES}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    call = httpx.post(url, json=body, headers={"Origin": UI_ORIGIN, **auth}, timeout=60)
+    assert call.status_code == 200 and call.headers["access-control-allow-origin"] == UI_ORIGIN
+    keyless = httpx.post(url, json=body, headers={"Origin": UI_ORIGIN}, timeout=60)
+    assert keyless.status_code == 401  # CORS lets the page in, not past the key
+    plain = httpx.post(url, json=body, headers={"Origin": "http://evil.example", **auth},
+                       timeout=60)
+    assert "access-control-allow-origin" not in plain.headers
 
 
 def test_api_key_is_required(server, client):
