@@ -32,7 +32,7 @@ class LLM:
     does the garbage collector, once nothing refers to the ``LLM``).
     """
 
-    def __init__(self, model: str = "tiny", trust_remote_code: bool = False, **kwargs):
+    def __init__(self, model: str = "tiny", *, trust_remote_code: bool = False, **kwargs):
         """``kwargs``: ``EngineConfig``'s fields. ``trust_remote_code`` is
         taken as vLLM scripts pass it and changes nothing: tprun runs no code
         of a model's. Another vLLM option it does not have is a TypeError
