@@ -71,6 +71,10 @@ class LLM:
         from its generation_config.json (``LLMEngine.sampling_defaults``)."""
         return SamplingParams(**self.engine.sampling_defaults)
 
+    def reset_prefix_cache(self) -> bool:
+        """``LLMEngine.reset_prefix_cache``: whether the cache was emptied."""
+        return self.engine.reset_prefix_cache()
+
     @property
     def llm_engine(self) -> LLMEngine:
         """The engine (vLLM's name for it; also ``engine``)."""

@@ -229,6 +229,15 @@ class LLMEngine:
         """Requests queued or running, or a step whose output is pending."""
         return self.scheduler.has_unfinished_requests() or self.in_flight is not None
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, so the next prompts are computed in
+        full (vLLM's, e.g. between benchmark runs); False, changing nothing,
+        while a request is unfinished (its blocks hold hashes it registers)."""
+        if self.has_unfinished_requests():
+            return False
+        self.scheduler.kv.pool.reset_prefix_cache()
+        return True
+
     # ---- the step ------------------------------------------------------
     def step(self, after_send: Callable[[], None] | None = None) -> list[RequestOutputDelta]:
         """One turn of the engine loop; returns the deltas of one step.

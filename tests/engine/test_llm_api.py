@@ -261,3 +261,21 @@ def test_logprobs_carry_each_candidates_text(llm):
     for entry in entries:
         assert all(lp.decoded_token == hf.decode([t]) for t, lp in entry.items())
     assert any(lp.decoded_token.strip() for e in entries for lp in e.values())
+
+
+@pytest.mark.timeout(120)
+def test_reset_prefix_cache_forgets_the_prompts(llm):
+    """vLLM's ``reset_prefix_cache``: a prompt run again finds its blocks
+    cached, not after a reset (and again after that run); refused (False)
+    while a request is unfinished, which then still finds its blocks."""
+    prompt = {"prompt_token_ids": list(range(3, 43))}  # two full blocks and more
+    params = _greedy(max_tokens=2)
+    cached = [llm.generate(prompt, params)[0].num_cached_tokens for _ in range(2)]
+    assert llm.reset_prefix_cache()
+    cached += [llm.generate(prompt, params)[0].num_cached_tokens for _ in range(2)]
+    assert cached == [0, 32, 0, 32]
+    request = llm.engine.add_request(prompt, params)
+    assert not llm.reset_prefix_cache()
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert request.num_cached_tokens == 32
