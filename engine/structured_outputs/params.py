@@ -17,7 +17,9 @@ the schema names, as vLLM's default backend (xgrammar's strict mode) and
 OpenAI's structured outputs give it. Without that a grammar lets a model add
 keys of its own after the named ones, which breaks the usual
 ``fn(**json.loads(arguments))`` of tool calls. A schema that wants other
-keys says so (``"additionalProperties": true`` or a schema).
+keys says so (``"additionalProperties": true`` or a schema); one whose keys
+other schemas extend (``allOf``, ``anyOf`` beside its properties, ``$ref``,
+``if``/``then``) stays open, as do those schemas.
 
 ``key`` is the compiled grammar's identity: two parameters with the same key
 share one compiled grammar (the compile cache is keyed by it).
@@ -138,40 +140,50 @@ def _schema_text(schema: Any) -> str:
         raise StructuredOutputsError("json", f"cannot be written as JSON: {e}") from None
 
 
-# Keywords whose value is a schema, a list of schemas, or a map of names to
-# schemas; every other keyword's value (enum, const, default, examples, ...)
-# is data and is left as it is.
-_SUBSCHEMA = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties",
-              "unevaluatedItems", "not", "if", "then", "else", "contains", "propertyNames")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
-                   "dependentSchemas")
-# An object schema with one of these may take keys from other schemas than
-# its own ``properties``: it stays open.
-_COMPOSING = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+# Keywords whose value describes another instance than the schema's own (an
+# item, a property's value, a key): a schema, a list of schemas, or a map of
+# names to schemas.
+_OTHER_INSTANCE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties",
+                   "unevaluatedItems", "contains", "propertyNames", "prefixItems")
+_OTHER_INSTANCE_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+# Keywords whose schemas describe the same instance as the schema itself: they
+# may add keys of their own, so where the schema names properties, neither it
+# nor they are closed (closing one would forbid the other's keys).
+_SAME_INSTANCE = ("anyOf", "oneOf", "allOf", "then", "else", "dependentSchemas")
+# Left as given: a condition or a negation closed would match other instances.
+_LEFT = ("not", "if")
 
 
 def closed_objects(schema: Any, composed: bool = False) -> Any:
     """A copy of ``schema`` in which every object schema that has
-    ``properties`` and no ``additionalProperties`` gets ``false``, except
-    those that compose others (``_COMPOSING``) and the members of an
-    ``allOf`` (``composed``): each holds part of one object's properties, so
-    closing one would forbid the others'."""
+    ``properties`` and no ``additionalProperties`` gets ``false``, except one
+    whose keys other schemas may add to (a ``$ref``, ``if``, or a
+    ``_SAME_INSTANCE`` keyword beside its properties), and the schemas that
+    add to one (``composed``: an ``allOf`` member always, the others where
+    the schema they sit in names properties). ``not`` and ``if`` are left as
+    given, and so is data (``enum``, ``const``, ``default``, ...)."""
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
+    names_keys = "properties" in schema
     for word, value in schema.items():
-        if word in _SUBSCHEMA:
-            out[word] = [closed_objects(s) for s in value] if isinstance(value, list) \
-                else closed_objects(value)
-        elif word in _SUBSCHEMA_LISTS and isinstance(value, list):
-            out[word] = [closed_objects(s) for s in value]
-        elif word == "allOf" and isinstance(value, list):
-            out[word] = [closed_objects(s, composed=True) for s in value]
-        elif word in _SUBSCHEMA_MAPS and isinstance(value, dict):
+        if word in _LEFT:
+            continue
+        if word in _OTHER_INSTANCE:
+            out[word] = ([closed_objects(s) for s in value] if isinstance(value, list)
+                         else closed_objects(value))
+        elif word in _OTHER_INSTANCE_MAPS and isinstance(value, dict):
             out[word] = {name: closed_objects(s) for name, s in value.items()}
-    if (not composed and "properties" in out and "additionalProperties" not in out
-            and not any(word in out for word in _COMPOSING)):
+        elif word in _SAME_INSTANCE:
+            adds = names_keys or word == "allOf"
+            if isinstance(value, list):
+                out[word] = [closed_objects(s, composed=adds) for s in value]
+            elif word == "dependentSchemas" and isinstance(value, dict):
+                out[word] = {name: closed_objects(s, composed=True) for name, s in value.items()}
+            else:
+                out[word] = closed_objects(value, composed=adds)
+    extended = any(word in out for word in (*_SAME_INSTANCE, "$ref", "if"))
+    if not composed and names_keys and "additionalProperties" not in out and not extended:
         out["additionalProperties"] = False
     return out
 

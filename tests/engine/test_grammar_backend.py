@@ -112,9 +112,11 @@ def test_json_objects_are_closed_unless_the_schema_opens_them(manager):
 
 
 def test_closed_objects_closes_object_schemas_not_data_or_compositions():
-    """Worked by hand: nested and ``$defs`` objects are closed; a property
-    named "properties", enum data, an explicit ``additionalProperties``, the
-    members of ``allOf`` and a schema that composes others are left."""
+    """Worked by hand: nested, ``$defs`` and union-member objects are closed;
+    a property named "properties", enum data, an explicit
+    ``additionalProperties``, ``not`` and ``if``, the members of ``allOf``,
+    members that add keys to an object naming its own (``anyOf``, ``then``)
+    and that object itself, and one beside a ``$ref``, are left."""
     schema = {
         "type": "object",
         "properties": {
@@ -125,6 +127,10 @@ def test_closed_objects_closes_object_schemas_not_data_or_compositions():
             "either": {"anyOf": [{"properties": {"d": {}}}, {"type": "null"}]},
             "both": {"allOf": [{"properties": {"e": {}}}, {"properties": {"f": {}}}]},
             "ref": {"$ref": "#/$defs/T", "properties": {"g": {}}},
+            "extended": {"properties": {"i": {}}, "anyOf": [{"properties": {"j": {}}}],
+                         "if": {"properties": {"i": {"const": 1}}},
+                         "then": {"properties": {"k": {}}}},
+            "neither": {"not": {"properties": {"m": {}}, "required": ["m"]}},
         },
         "$defs": {"T": {"properties": {"h": {}}}},
     }
@@ -139,6 +145,8 @@ def test_closed_objects_closes_object_schemas_not_data_or_compositions():
             "either": {"anyOf": [{"properties": {"d": {}}, **closed}, {"type": "null"}]},
             "both": {"allOf": [{"properties": {"e": {}}}, {"properties": {"f": {}}}]},
             "ref": {"$ref": "#/$defs/T", "properties": {"g": {}}},
+            "extended": schema["properties"]["extended"],
+            "neither": {"not": {"properties": {"m": {}}, "required": ["m"]}},
         },
         "$defs": {"T": {"properties": {"h": {}}, **closed}},
         **closed,
