@@ -81,8 +81,8 @@ class BadWordsState:
         self.num_users += uses - had
         self.uses_np[slot] = uses
         self.sizes_np[slot] = (len(sequences), max(map(len, sequences), default=0))
-        self._pending = [p for p in self._pending if p[0] != slot]
-        if uses or had:
+        if uses or had:  # the new rows replace any queued for the slot (a clearing too)
+            self._pending = [p for p in self._pending if p[0] != slot]
             self._pending.append((slot, [list(s) for s in sequences], prompt_len, prefill_len))
 
     def remove_request(self, slot: int) -> None:

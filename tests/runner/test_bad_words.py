@@ -213,6 +213,20 @@ def test_tables_shrink_to_their_users_once_a_wide_request_leaves(device):
 
 
 @on_devices
+def test_a_slot_freed_and_taken_in_one_plan_starts_clean(device):
+    """The runner frees a slot and gives it to a request without bad words
+    in one plan (no write between): the old request's bans are gone."""
+    reqs = _Requests(device, seed=7)
+    reqs.add(2, [[3]], [1])
+    reqs.add(1, [[5], [4]], [2])
+    reqs.sampler.remove_request(1)
+    del reqs.sequences[1], reqs.outputs[1]
+    reqs.add(1, None, [2])  # writes the rows once, for both
+    for _ in range(5):
+        reqs.step([2, 1], [True, True])
+
+
+@on_devices
 def test_draft_positions_count_the_drafts_before_them(device):
     """The rejection sampler's rows: each logits row follows the rule with
     the row's earlier drafts as outputs; after it, the slot's outputs are
