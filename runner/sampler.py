@@ -116,10 +116,12 @@ class Sampler:
         self.bad_words.add_request(slot, sequences, prompt_len, prefill_len)
 
     def remove_request(self, slot: int) -> None:
-        """The slot's request left (finished or preempted). Its token-list
-        and bad-word rows are cleared, and those tables shrink when their
-        remaining users need much less, by the next ``write_added_rows``;
-        the other per-slot state is rewritten when the slot is taken again."""
+        """The slot's request left (finished or preempted). Its min-tokens,
+        token-list and bad-word rows are cleared, and those tables shrink
+        when their remaining users need much less, by the next
+        ``write_added_rows``; the other per-slot state is rewritten when the
+        slot is taken again."""
+        self.min_tokens.remove_request(slot)
         self.logit_bias.remove_request(slot)
         self.bad_words.remove_request(slot)
 

@@ -11,9 +11,9 @@ them; the raw logprobs are untouched.
 State per slot, on the device:
 - ``words`` int32 [max_num_reqs, S, W]: the slot's sequences, one a row,
   right-aligned (the token to ban in the last column), -1 before them and
-  in rows without one. The table widens when a request brings more or
-  longer sequences than it holds (at most ``MAX_TOKEN_LIST`` sequences of
-  ``MAX_BAD_WORD_TOKENS`` ids, ``SamplingOptions``' range).
+  in rows without one. S and W are sized to the slots using bad words
+  (at most ``MAX_TOKEN_LIST`` sequences of ``MAX_BAD_WORD_TOKENS`` ids,
+  ``SamplingOptions``' range).
 - ``history`` int32 [max_num_reqs, W - 1]: the slot's last W - 1 output
   tokens, oldest first, -1 where the request has fewer. A -1 never equals
   a token id, so a sequence longer than the history so far never matches.
@@ -26,19 +26,15 @@ Invariants:
 - After each step whose batch has such a row, every row appends its real
   samples (``record_sampled``); rows of slots without bad words may hold
   stale histories, which their empty ``words`` rows make irrelevant.
-- Host mirrors: ``uses_np``, so a batch without such a slot costs nothing,
-  ``num_users``, so a runner without any never looks, and ``sizes_np``,
-  each slot's (sequences, longest sequence), so the tables know what their
-  users need. A slot whose request leaves (``remove_request``) has its rows
-  cleared, as does one taken by a request without bad words after one with
-  them: a batch's rows without bad words always meet empty ``words`` rows.
+- Which slots use bad words and what size their rows need is kept on the
+  host (``users``, a ``SlotUsers``; its docstring holds the sizing rule),
+  so a batch without such a slot costs nothing. A slot whose request
+  leaves (``remove_request``) has its rows cleared, as does one taken by a
+  request without bad words after one with them: a batch's rows without
+  bad words always meet empty ``words`` rows.
 - Resizing adds or drops columns on the left: every sequence stays
   right-aligned and every history keeps its most recent tokens, which are
-  all its own sequences can read. The tables widen when a request needs it
-  and shrink, once requests leave, to what the remaining users need (at
-  least the initial size) when that is at most half of a dimension, so one
-  request with long lists costs nothing after it is gone and the tables do
-  not resize with every request.
+  all its own sequences can read.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ import numpy as np
 import torch
 
 from runner.ops import device_ops
+from runner.sampling.slot_users import SlotUsers
 
 _INITIAL_SEQUENCES = 4
 _INITIAL_WIDTH = 4
@@ -56,18 +53,14 @@ class BadWordsState:
     def __init__(self, max_num_reqs: int, device: torch.device):
         self.max_num_reqs = max_num_reqs
         self.device = device
-        self.uses_np = np.zeros(max_num_reqs, dtype=bool)
-        self.num_users = 0
-        self.sizes_np = np.zeros((max_num_reqs, 2), dtype=np.int64)
-        self._left = False  # a user left since the last ``write_added_rows``
+        # Rows: (sequences, prompt_len, prefill_len).
+        self.users: SlotUsers[tuple[list[list[int]], int, int]] = SlotUsers(
+            max_num_reqs, (_INITIAL_SEQUENCES, _INITIAL_WIDTH))
         self.words = torch.full((max_num_reqs, _INITIAL_SEQUENCES, _INITIAL_WIDTH), -1,
                                 dtype=torch.int32, device=device)
         self.history = torch.full((max_num_reqs, _INITIAL_WIDTH - 1), -1, dtype=torch.int32,
                                   device=device)
         self.transfer = device_ops(device).new_transfer()
-        # (slot, sequences, prompt_len, prefill_len) of the slots added since
-        # the last ``write_added_rows``.
-        self._pending: list[tuple[int, list[list[int]], int, int]] = []
 
     def add_request(self, slot: int, sequences: list[list[int]], prompt_len: int,
                     prefill_len: int) -> None:
@@ -76,32 +69,22 @@ class BadWordsState:
         ``prompt_len .. prefill_len - 1`` of its prefill are earlier outputs."""
         if not 0 <= prompt_len <= prefill_len:
             raise ValueError(f"prompt_len {prompt_len} outside [0, prefill_len {prefill_len}]")
-        uses = bool(sequences)
-        had = bool(self.uses_np[slot])
-        self.num_users += uses - had
-        self.uses_np[slot] = uses
-        self.sizes_np[slot] = (len(sequences), max(map(len, sequences), default=0))
-        if uses or had:  # the new rows replace any queued for the slot (a clearing too)
-            self._pending = [p for p in self._pending if p[0] != slot]
-            self._pending.append((slot, [list(s) for s in sequences], prompt_len, prefill_len))
+        needs = (len(sequences), max(map(len, sequences), default=0))
+        self.users.set(slot, needs, ([list(s) for s in sequences], prompt_len, prefill_len))
 
     def remove_request(self, slot: int) -> None:
         """The slot's request left (finished or preempted): its rows are
         cleared, and the tables may shrink, by the next ``write_added_rows``."""
-        if not self.uses_np[slot]:
-            return
-        self.add_request(slot, [], 0, 0)
-        self._left = True
+        self.users.clear(slot, ([], 0, 0))
 
     def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
-        """Write the rows of the slots added since the last call (widening
-        the tables where needed); histories are read from ``all_token_ids``
-        [slots, max_len] (on the device, already holding the prefill tokens).
-        Never waits."""
-        for slot, sequences, prompt_len, prefill_len in self._pending:
-            count, width = self.sizes_np[slot]
-            if count > self.words.shape[1] or width > self.words.shape[2]:
-                self._resize(max(count, self.words.shape[1]), max(width, self.words.shape[2]))
+        """Write the rows of the slots added or removed since the last call
+        (resizing the tables where needed); histories are read from
+        ``all_token_ids`` [slots, max_len] (on the device, already holding
+        the prefill tokens). Never waits."""
+        for slot, needs, (sequences, prompt_len, prefill_len) in self.users.take_changes():
+            if (size := self.users.grown(needs, self.words.shape[1:])) is not None:
+                self._resize(*size)
             rows = np.full(self.words.shape[1:], -1, dtype=np.int32)
             for i, s in enumerate(sequences):
                 rows[i, rows.shape[1] - len(s):] = s
@@ -112,23 +95,13 @@ class BadWordsState:
             kept = min(history.shape[0], prefill_len - prompt_len) if sequences else 0
             if kept > 0:
                 history[-kept:] = all_token_ids[slot, prefill_len - kept:prefill_len]
-        self._pending = []
-        if self._left:
-            self._left = False
-            self._shrink_to_users()
-
-    def _shrink_to_users(self) -> None:
-        """Shrink the tables to what the slots using bad words need (at
-        least the initial size) where that is at most half of a dimension."""
-        count = max(_INITIAL_SEQUENCES, int(self.sizes_np[:, 0].max()))
-        width = max(_INITIAL_WIDTH, int(self.sizes_np[:, 1].max()))
-        if 2 * count <= self.words.shape[1] or 2 * width <= self.words.shape[2]:
-            self._resize(count, width)
+        if (size := self.users.shrunk(self.words.shape[1:])) is not None:
+            self._resize(*size)
 
     def _resize(self, count: int, width: int) -> None:
         """New tables of ``count`` sequences of ``width`` ids, holding the
         first sequences of each row and the last columns of each sequence and
-        history that fit (all of every user's, as callers guarantee)."""
+        history that fit (all of every user's, as ``SlotUsers`` guarantees)."""
         old_count, old_width = self.words.shape[1:]
         kept_count, kept_width = min(count, old_count), min(width, old_width)
         words = torch.full((self.max_num_reqs, count, width), -1, dtype=torch.int32,
@@ -142,7 +115,7 @@ class BadWordsState:
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has bad words (host mirror only)."""
-        return self.num_users > 0 and bool(np.any(self.uses_np[idx_mapping_np]))
+        return self.users.any_active(idx_mapping_np)
 
     def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
               prior_tokens: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,16 +8,14 @@ untouched, as vLLM's raw logprobs are.
 
 State per slot, on the device: the allowed ids and the biased ids (int64
 [max_num_reqs, width], -1 padded; an allowed row starting with -1 allows
-every token) and the biases (float32, 0 where padded). The tables widen
-when a request brings more entries than they hold (at most
-``MAX_TOKEN_LIST``) and shrink, once requests leave, to what the remaining
-users need (at least the initial width) when that is at most half their
-width. Host mirrors: ``uses_np``, so a batch without such a slot costs
-nothing, ``restricts_np``, so one with biases alone builds no [N, V] mask,
-``num_users``, so a runner without any never looks, and ``widths_np``, the
-entries each slot needs. A slot whose request leaves (``remove_request``)
-has its rows cleared, as does one taken by a request without lists after
-one with them: a batch's rows without lists always meet empty rows.
+every token) and the biases (float32, 0 where padded), ``width`` sized to
+the slots using lists (at most ``MAX_TOKEN_LIST``). On the host: which
+slots use lists and how wide their rows are (``users``, a ``SlotUsers``;
+its docstring holds the sizing rule), so a batch without such a slot costs
+nothing, and ``restricts_np``, so one with biases alone builds no [N, V]
+mask. A slot whose request leaves (``remove_request``) has its rows
+cleared, as does one taken by a request without lists after one with
+them: a batch's rows without lists always meet empty rows.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
+from runner.sampling.slot_users import SlotUsers
 
 _INITIAL_WIDTH = 8
 
@@ -35,17 +34,15 @@ class LogitBiasState:
     def __init__(self, max_num_reqs: int, device: torch.device):
         self.max_num_reqs = max_num_reqs
         self.device = device
-        self.uses_np = np.zeros(max_num_reqs, dtype=bool)
+        # Rows: (allowed ids, {biased id: bias}).
+        self.users: SlotUsers[tuple[list[int], dict[int, float]]] = SlotUsers(
+            max_num_reqs, (_INITIAL_WIDTH,))
         self.restricts_np = np.zeros(max_num_reqs, dtype=bool)  # has allowed ids
-        self.num_users = 0
-        self.widths_np = np.zeros(max_num_reqs, dtype=np.int64)
-        self._left = False  # a user left since the last ``write_added_rows``
         self.allowed = self._ids_table(_INITIAL_WIDTH)
         self.bias_ids = self._ids_table(_INITIAL_WIDTH)
         self.bias_values = torch.zeros((max_num_reqs, _INITIAL_WIDTH), dtype=torch.float32,
                                        device=device)
         self.transfer = device_ops(device).new_transfer()
-        self._pending: list[tuple[int, list[int], dict[int, float]]] = []
 
     def _ids_table(self, width: int) -> torch.Tensor:
         return torch.full((self.max_num_reqs, width), -1, dtype=torch.int64, device=self.device)
@@ -54,30 +51,21 @@ class LogitBiasState:
         """Note the slot's lists; their rows are written by ``write_added_rows``."""
         allowed = list(options.allowed_token_ids or ())
         bias = dict(options.logit_bias or {})
-        uses = bool(allowed or bias)
-        had = bool(self.uses_np[slot])
-        self.num_users += uses - had
-        self.uses_np[slot] = uses
         self.restricts_np[slot] = bool(allowed)
-        self.widths_np[slot] = max(len(allowed), len(bias))
-        if uses or had:
-            self._pending.append((slot, allowed, bias))
+        self.users.set(slot, (max(len(allowed), len(bias)),), (allowed, bias))
 
     def remove_request(self, slot: int) -> None:
         """The slot's request left (finished or preempted): its rows are
         cleared, and the tables may shrink, by the next ``write_added_rows``."""
-        if not self.uses_np[slot]:
-            return
-        self.add_request(slot, SamplingOptions())
-        self._left = True
+        self.restricts_np[slot] = False
+        self.users.clear(slot, ([], {}))
 
     def write_added_rows(self) -> None:
         """Write the rows of the slots added or removed since the last call
-        (widening the tables where needed, shrinking them where users left)."""
-        for slot, allowed, bias in self._pending:
-            width = max(len(allowed), len(bias))
-            if width > self.allowed.shape[1]:
-                self._resize(width)
+        (resizing the tables where needed)."""
+        for slot, needs, (allowed, bias) in self.users.take_changes():
+            if (size := self.users.grown(needs, self.allowed.shape[1:])) is not None:
+                self._resize(*size)
             width = self.allowed.shape[1]
             rows = np.full((2, width), -1, dtype=np.int64)
             rows[0, : len(allowed)] = allowed
@@ -88,16 +76,12 @@ class LogitBiasState:
             self.allowed[slot].copy_(uploaded[0])
             self.bias_ids[slot].copy_(uploaded[1])
             self.bias_values[slot].copy_(uploaded_values)
-        self._pending = []
-        if self._left:
-            self._left = False
-            width = max(_INITIAL_WIDTH, int(self.widths_np.max()))
-            if 2 * width <= self.allowed.shape[1]:
-                self._resize(width)
+        if (size := self.users.shrunk(self.allowed.shape[1:])) is not None:
+            self._resize(*size)
 
     def _resize(self, width: int) -> None:
         """New tables ``width`` entries wide, holding each row's first
-        entries that fit (all of every user's, as callers guarantee)."""
+        entries that fit (all of every user's, as ``SlotUsers`` guarantees)."""
         kept = min(width, self.allowed.shape[1])
         allowed, bias_ids = self._ids_table(width), self._ids_table(width)
         allowed[:, :kept], bias_ids[:, :kept] = self.allowed[:, :kept], self.bias_ids[:, :kept]
@@ -107,7 +91,7 @@ class LogitBiasState:
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has lists (host mirror only)."""
-        return self.num_users > 0 and bool(np.any(self.uses_np[idx_mapping_np]))
+        return self.users.any_active(idx_mapping_np)
 
     def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
               idx_mapping_np: np.ndarray) -> torch.Tensor:

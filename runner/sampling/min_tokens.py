@@ -9,12 +9,12 @@ ids' logits become -inf before sampling; the raw logprobs are untouched.
 
 State per slot, on the device: ``min_tokens`` and ``prompt_len`` (int64
 [max_num_reqs]; both 0 for a slot without a rule, which is then never
-active, so a request without a rule added to such a slot writes nothing)
-and the stop ids (int64 [max_num_reqs, width], -1 padded); the table widens
-when a request brings more ids than it holds. Host mirror:
-``min_tokens_np``, so a batch with no such slot costs nothing, and
-``num_rules``, the slots of ``min_tokens_np`` above 0 (a freed slot keeps
-its rule until reused), so a runner without any rule never looks.
+active) and the stop ids (int64 [max_num_reqs, width], -1 padded, ``width``
+sized to the slots with rules). On the host: which slots have a rule and
+how many ids it holds (``users``, a ``SlotUsers``; its docstring holds the
+sizing rule), so a runner or a batch without rules never looks. A slot
+whose request leaves (``remove_request``) loses its rule, as does one
+taken by a request without a rule.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from runner.ops import device_ops
+from runner.sampling.slot_users import SlotUsers
 from runner.staged_write import StagedWriteTensor
 
 _INITIAL_WIDTH = 8
@@ -32,26 +33,29 @@ class MinTokensState:
     def __init__(self, max_num_reqs: int, device: torch.device):
         self.max_num_reqs = max_num_reqs
         self.device = device
-        self.min_tokens_np = np.zeros(max_num_reqs, dtype=np.int64)
-        self.num_rules = 0
+        self.users: SlotUsers[list[int]] = SlotUsers(max_num_reqs, (_INITIAL_WIDTH,))
         self.limits = StagedWriteTensor((max_num_reqs, 2), torch.int64, device)
         self.stop_ids = torch.full((max_num_reqs, _INITIAL_WIDTH), -1, dtype=torch.int64,
                                    device=device)
         self.transfer = device_ops(device).new_transfer()
-        self._pending: list[tuple[int, list[int]]] = []
 
     def add_request(self, slot: int, min_tokens: int, prompt_len: int,
                     stop_ids: list[int]) -> None:
-        """Stage the slot's rule (a slot with ``min_tokens == 0`` has none)."""
+        """Stage the slot's rule (a slot with ``min_tokens == 0`` or no stop
+        ids has none)."""
         rule = min_tokens if stop_ids else 0
-        had_rule = bool(self.min_tokens_np[slot] > 0)
-        self.num_rules += (rule > 0) - had_rule
-        self.min_tokens_np[slot] = rule
         if rule:
             self.limits.stage_write(slot, 0, [rule, prompt_len])
-            self._pending.append((slot, list(stop_ids)))
-        elif had_rule:  # a slot without a rule keeps limits (0, 0): never active
+        elif self.users.uses_np[slot]:  # limits (0, 0): never active
             self.limits.stage_write(slot, 0, [0, 0])
+        self.users.set(slot, (len(stop_ids) if rule else 0,), list(stop_ids) if rule else [])
+
+    def remove_request(self, slot: int) -> None:
+        """The slot's request left (finished or preempted): its rule is gone,
+        and the table may shrink, by the next ``write_added_stop_ids``."""
+        if self.users.uses_np[slot]:
+            self.limits.stage_write(slot, 0, [0, 0])
+        self.users.clear(slot, [])
 
     @property
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
@@ -59,28 +63,30 @@ class MinTokensState:
         return (self.limits,)
 
     def write_added_stop_ids(self) -> None:
-        """Write the stop ids of the rules added since the last call into
-        their slots' rows (widening the table where needed); the limits are
-        staged writes, applied apart (``staged_tensors``)."""
-        for slot, ids in self._pending:
-            if len(ids) > self.stop_ids.shape[1]:
-                self._widen(len(ids))
+        """Write the stop ids of the slots added or removed since the last
+        call into their rows (resizing the table where needed); the limits
+        are staged writes, applied apart (``staged_tensors``)."""
+        for slot, needs, ids in self.users.take_changes():
+            if (size := self.users.grown(needs, self.stop_ids.shape[1:])) is not None:
+                self._resize(*size)
             row = np.full(self.stop_ids.shape[1], -1, dtype=np.int64)
             row[: len(ids)] = ids
             (uploaded,) = self.transfer.upload(row)
             self.stop_ids[slot].copy_(uploaded)
-        self._pending = []
+        if (size := self.users.shrunk(self.stop_ids.shape[1:])) is not None:
+            self._resize(*size)
 
-    def _widen(self, width: int) -> None:
-        wider = torch.full((self.max_num_reqs, width), -1, dtype=torch.int64, device=self.device)
-        wider[:, : self.stop_ids.shape[1]] = self.stop_ids
-        self.stop_ids = wider
+    def _resize(self, width: int) -> None:
+        """A new table ``width`` ids wide, holding each row's first ids that
+        fit (all of every rule's, as ``SlotUsers`` guarantees)."""
+        kept = min(width, self.stop_ids.shape[1])
+        table = torch.full((self.max_num_reqs, width), -1, dtype=torch.int64, device=self.device)
+        table[:, :kept] = self.stop_ids[:, :kept]
+        self.stop_ids = table
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has a min_tokens rule (host mirror only)."""
-        if self.num_rules == 0:
-            return False
-        return bool(np.any(self.min_tokens_np[idx_mapping_np] > 0))
+        return self.users.any_active(idx_mapping_np)
 
     def apply(self, logits: torch.Tensor, idx_mapping: torch.Tensor,
               positions: torch.Tensor) -> torch.Tensor:

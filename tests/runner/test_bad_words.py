@@ -198,18 +198,18 @@ def test_tables_shrink_to_their_users_once_a_wide_request_leaves(device):
     wide = _random_sequences(gen, 30, 9)
     reqs.add(3, wide, [0], earlier_outputs=[int(t) for t in gen.integers(0, 4, size=12)])
     state = reqs.sampler.bad_words
-    assert tuple(state.words.shape[1:]) == (31, 9) and state.num_users == 2
+    assert tuple(state.words.shape[1:]) == (31, 9) and state.users.num_users == 2
     for _ in range(6):
         reqs.step([3, 2], [True, True])
     reqs.remove(3)
     assert tuple(state.words.shape[1:]) == (4, 4) and tuple(state.history.shape) == (MAX_REQS, 3)
-    assert state.num_users == 1 and not state.any_active(np.array([3]))
+    assert state.users.num_users == 1 and not state.any_active(np.array([3]))
     reqs.add(3, None, [2, 2])
     bans = sum(reqs.step([2, 3], [True, True]) for _ in range(30))
     assert bans >= 3
     reqs.remove(2)
     reqs.remove(3)  # never used bad words: nothing to do
-    assert state.num_users == 0 and not state.words.ge(0).any()
+    assert state.users.num_users == 0 and not state.words.ge(0).any()
 
 
 @on_devices

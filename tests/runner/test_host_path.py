@@ -103,11 +103,11 @@ def test_min_tokens_rule_leaves_with_its_request():
     table[:2, :5] = torch.tensor(prompt, dtype=torch.int32)
     sampler.add_request(0, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5, [3])
     write_added_requests(sampler, table)
-    assert sampler.min_tokens.num_rules == 1
+    assert sampler.min_tokens.users.num_users == 1
     sampler.add_request(0, SamplingOptions(temperature=0.0), 5, 5, [3])  # reused, no rule
     sampler.add_request(1, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5, [4])
     write_added_requests(sampler, table)
-    assert sampler.min_tokens.num_rules == 1
+    assert sampler.min_tokens.users.num_users == 1
     logits = torch.zeros(2, vocab)
     logits[0, 3] = 5.0
     logits[1, 4] = 5.0
@@ -119,12 +119,39 @@ def test_min_tokens_rule_leaves_with_its_request():
     assert out.sampled_token_ids.tolist() == [3, 6]
     sampler.add_request(1, SamplingOptions(temperature=0.0), 5, 5, [4])
     write_added_requests(sampler, table)
-    assert sampler.min_tokens.num_rules == 0
+    assert sampler.min_tokens.users.num_users == 0
     assert not sampler.min_tokens.any_active(idx)
     out = sampler(logits, torch.from_numpy(idx).long(), idx, torch.tensor([5, 5]),
                   torch.ones(2, dtype=torch.bool))
     assert out.sampled_token_ids.tolist() == [3, 4]
 
+
+
+def test_min_tokens_table_shrinks_once_a_long_rule_leaves():
+    """Slot 2's rule holds 20 ids back (the table widens to 20); it leaves
+    and its slot is taken by a request without a rule in the same plan: the
+    table shrinks to the initial 8, slot 1's rule, carried across both
+    resizes, still holds 4 and 6 back, and slot 2 samples its top token."""
+    vocab, prompt = 32, list(range(5))
+    sampler = Sampler(4, vocab, CPU, seed=0)
+    table = torch.zeros(4, 32, dtype=torch.int32)
+    table[1:3, :5] = torch.tensor(prompt, dtype=torch.int32)
+    sampler.add_request(1, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5, [4, 6])
+    sampler.add_request(2, SamplingOptions(temperature=0.0, min_tokens=4), 5, 5,
+                        list(range(8, 28)))
+    write_added_requests(sampler, table)
+    assert sampler.min_tokens.stop_ids.shape[1] == 20
+    sampler.remove_request(2)
+    sampler.add_request(2, SamplingOptions(temperature=0.0), 5, 5, [9])
+    write_added_requests(sampler, table)
+    assert sampler.min_tokens.stop_ids.shape[1] == 8
+    assert sampler.min_tokens.users.num_users == 1
+    logits = torch.zeros(2, vocab)
+    logits[:, 4], logits[:, 6], logits[:, 9], logits[:, 3] = 5.0, 4.0, 3.0, 1.0
+    idx = np.array([1, 2], dtype=np.int32)
+    out = sampler(logits, torch.from_numpy(idx).long(), idx, torch.tensor([5, 5]),
+                  torch.ones(2, dtype=torch.bool))
+    assert out.sampled_token_ids.tolist() == [9, 4]
 
 # ---- check_plan on cached requests --------------------------------------------
 

@@ -131,7 +131,7 @@ def test_a_left_slot_is_cleared_and_the_table_shrinks_to_its_users(device):
     sampler.remove_request(0)
     write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
     assert sampler.logit_bias.allowed.shape[1] == 9  # slot 1's nine allowed ids
-    assert sampler.logit_bias.num_users == 1
+    assert sampler.logit_bias.users.num_users == 1
     sampler.add_request(0, SamplingOptions(temperature=0.0), 1, 1)
     write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
     # bfloat16 logits: their sums with the biases are exact in float32.
@@ -143,4 +143,4 @@ def test_a_left_slot_is_cleared_and_the_table_shrinks_to_its_users(device):
     sampler.remove_request(1)
     sampler.remove_request(1)  # a slot without lists: nothing to do
     write_added_requests(sampler, torch.zeros(8, 8, dtype=torch.int32, device=device))
-    assert sampler.logit_bias.num_users == 0 and sampler.logit_bias.allowed.shape[1] == 9
+    assert sampler.logit_bias.users.num_users == 0 and sampler.logit_bias.allowed.shape[1] == 9

@@ -85,11 +85,11 @@ def test_a_finished_request_gives_back_its_token_list_rows(tiny_dir):
                             bad_words_token_ids=[[t, t + 1, t + 2, 300] * 4 for t in range(40)])
     _step(runner, 0, new=[_new("A", list(range(100, 108)), [10, 11, 12], lists)], scheduled={"A": 8})
     _decode(runner, 1, "A")
-    assert sampler.bad_words.num_users == sampler.logit_bias.num_users == 1
+    assert sampler.bad_words.users.num_users == sampler.logit_bias.users.num_users == 1
     assert sampler.bad_words.words.shape[1:] == (40, 16)
     out = _step(runner, 2, new=[_new("B", prompt_b, [7, 8, 9])], scheduled={"B": 5},
                 finished=["A"])
-    assert sampler.bad_words.num_users == sampler.logit_bias.num_users == 0
+    assert sampler.bad_words.users.num_users == sampler.logit_bias.users.num_users == 0
     assert (tuple(sampler.bad_words.words.shape),
             sampler.logit_bias.allowed.shape[1]) == first_sizes
     tokens = out.rows()[0]
