@@ -7,7 +7,12 @@
 - ``noise``: stateless Gumbel noise, a hash of (seed, position, token id);
   ``triton_noise`` draws it (and the greedy argmax) in Triton on CUDA.
 - ``logprobs``: top-N logprobs of the raw distribution, the sampled token's
-  logprob and rank.
+  logprob and rank; ``prompt_logprobs``: the same for prompt positions.
+- ``logit_bias`` (allowed ids and biases), ``bad_words``, ``min_tokens``:
+  per-slot lists applied to the logits; ``slot_users`` is the host side
+  they share (which slots use a table, how large it must be).
+- ``triton_filters``, ``triton_logprobs``, ``triton_penalties``: the Triton
+  kernels of filters, logprobs and penalties, beside their torch forms.
 
 ``runner.sampler.Sampler`` puts them together.
 """
