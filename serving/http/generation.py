@@ -79,13 +79,17 @@ class Generation:
     discard_output: bool = False
 
     async def start(self, prompts: list[list[int]], params: list[dict],
-                    stops: list[str], priority: int = 0) -> None:
+                    stops: list[str], priority: int = 0,
+                    max_tokens: list[int | None] | None = None) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
         index * len(params) + i), at ``priority``, and wait until all are
-        accepted."""
+        accepted; ``max_tokens[p]``, where given, replaces the params'
+        ``max_tokens`` for prompt p (a cap its own room limits)."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
+                    if max_tokens is not None:
+                        choice_params = {**choice_params, "max_tokens": max_tokens[p]}
                     request_id = self.link.new_id()
                     self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
                         stops, choice_params.get("include_stop_str_in_output", False),

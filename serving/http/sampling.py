@@ -23,7 +23,7 @@ _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
 
 def capped_max_tokens(max_tokens: int | None, defaults: dict, room: int) -> int | None:
     """A request's ``max_tokens`` (None: what the context leaves, ``room``
-    for its longest prompt) under the recommended cap in ``defaults``, as
+    for the prompt) under the recommended cap in ``defaults``, as
     vLLM caps it; None where the prompt leaves no room (the engine says so)."""
     cap = defaults.get("max_tokens")
     if cap is None:

@@ -98,18 +98,20 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         prompts = completion_prompts(state, request.prompt)
     if trace.enabled:
         trace.mark("http_tokenized")
-    engine_max = capped_max_tokens(None if max_tokens is None else max(max_tokens, 1),
-                                   state.sampling_defaults,
-                                   state.max_model_len - max(map(len, prompts)))
-    params = choice_params(request, engine_max, request.logprobs,
-                           _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     given = request.prompt
     if request.truncate_prompt_tokens is not None:  # echoed as the engine sees them
         prompts = [truncated_prompt(p, request.truncate_prompt_tokens) for p in prompts]
         given = prompts
+    # Each prompt's cap, as its own room limits it.
+    engine_max = [capped_max_tokens(None if max_tokens is None else max(max_tokens, 1),
+                                    state.sampling_defaults, state.max_model_len - len(p))
+                  for p in prompts]
+    params = choice_params(request, engine_max[0], request.logprobs,
+                           _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
-    await generation.start(prompts, params, request.stop_strings(), request.priority)
+    await generation.start(prompts, params, request.stop_strings(), request.priority,
+                           engine_max)
     response_id = f"cmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
                          lambda: _stream(state, request, generation, response_id, echoes),

@@ -66,7 +66,7 @@ def test_generate_without_params_samples_as_the_model_recommends(model_dir):
 @pytest.mark.timeout(180)
 def test_http_unset_fields_take_the_recommendation(model_dir, tmp_path):
     served = start_http(tmp_path, "serve", "--model", model_dir, "--device", "cpu",
-                        "--disable-log-stats")
+                        "--disable-log-stats", "--max-model-len", "64")
     try:
         url = f"{served.url}/v1/completions"
         body = {"prompt": PROMPT, "ignore_eos": True}
@@ -74,6 +74,10 @@ def test_http_unset_fields_take_the_recommendation(model_dir, tmp_path):
         capped = httpx.post(url, json=dict(body, max_tokens=12), timeout=60).json()
         chat = httpx.post(f"{served.url}/v1/chat/completions", timeout=60, json={
             "messages": [{"role": "user", "content": PROMPT}], "ignore_eos": True}).json()
+        # Two prompts, max_tokens null: each is capped by its own room (62
+        # tokens leave 2, 3 tokens leave 61, capped to 5).
+        both = httpx.post(url, timeout=60, json=dict(
+            body, prompt=[[7] * 62, [7, 8, 9]], max_tokens=None)).json()
     finally:
         code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output
@@ -83,3 +87,5 @@ def test_http_unset_fields_take_the_recommendation(model_dir, tmp_path):
     assert recommended["text"] == want.text and recommended["finish_reason"] == "length"
     assert capped["usage"]["completion_tokens"] == 5  # max_new_tokens caps max_tokens
     assert chat["usage"]["completion_tokens"] == 5
+    assert (both["usage"]["prompt_tokens"], both["usage"]["completion_tokens"]) == (65, 7)
+    assert [c["finish_reason"] for c in both["choices"]] == ["length", "length"]
