@@ -1,0 +1,43 @@
+"""docs/ keeps up with the code: every source file of the package has its
+place in the request's trip (docs/architecture.md) or the design notes,
+and every source path the docs name exists."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from tests.helpers.proc_utils import ROOT
+
+PACKAGES = ("ipc", "executor", "worker", "runner", "engine", "checkpoint", "serving", "launch")
+
+
+def _docs_text() -> str:
+    return "".join(open(os.path.join(ROOT, "docs", name), encoding="utf-8").read()
+                   for name in ("architecture.md", "design.md"))
+
+
+def _source_files() -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for folder, _, names in os.walk(os.path.join(ROOT, package)):
+            found += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names
+                      if n.endswith(".py") and n not in ("__init__.py", "__main__.py")]
+    return sorted(found)
+
+
+def test_every_source_file_is_named_in_the_docs():
+    """By its path or, within a paragraph about its folder, by its name."""
+    text = _docs_text()
+    missing = [path for path in _source_files()
+               if path not in text and os.path.basename(path) not in text]
+    assert not missing, f"source files docs/ does not name: {missing}"
+
+
+def test_every_path_the_docs_name_exists():
+    sources = set(_source_files())
+    pattern = r"\b(?:" + "|".join(PACKAGES) + r")/[\w/]+\.py\b"
+    named = set(re.findall(pattern, _docs_text()))
+    stale = sorted(p for p in named if p not in sources
+                   and not os.path.exists(os.path.join(ROOT, p)))
+    assert not stale, f"paths docs/ names that do not exist: {stale}"
