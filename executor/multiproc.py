@@ -99,11 +99,20 @@ def spawn_worker(module: str, args: list[str], env: dict[str, str]) -> subproces
     The child starts with SIGINT blocked (the signal mask survives fork and
     exec): a job's Ctrl-C then cannot cut the interpreter's own start-up,
     which no handler covers, and print its traceback; ``python -m worker``
-    ignores SIGINT, then unblocks it."""
+    ignores SIGINT, then unblocks it.
+
+    The child inherits this process's signal delivery record
+    (``stop_signals.delivery_record``; its descriptor named in the child's
+    environment): ``python -m worker`` lets a SIGTERM that reached this
+    process too wait for this process to stop it (worker/job_signals.py)."""
+    record = stop_signals.delivery_record()
+    if record is not None:
+        env = {**env, stop_signals.RECORD_FD_ENV: str(record)}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         return subprocess.Popen([*module_command(module), *args], env=env,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL,
+                                pass_fds=() if record is None else (record,))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
