@@ -40,6 +40,8 @@ DTYPES = ("auto", *MODEL_DTYPES, *DTYPE_ALIASES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 GENERATION_CONFIGS = ("auto", "vllm")
+# vLLM's "safetensors" (a model directory) and "gguf" (a .gguf file) are what "auto" loads.
+LOAD_FORMATS = ("auto", "dummy", "safetensors", "gguf")
 
 
 class ConfigError(ValueError):
@@ -49,8 +51,10 @@ class ConfigError(ValueError):
 
 def _opt(default, help: str, **cli):
     """A field with its CLI help text. ``cli`` may name ``flag`` (another
-    option name), ``metavar``, ``choices``, or ``cli=False`` (no option: the
-    CLI sets it from elsewhere)."""
+    option name), ``aliases`` (more option names, e.g. vLLM's short ones),
+    ``metavar``, ``choices``, ``given_only=True`` (the option has no default
+    of its own: the CLI resolves it when it is left out), or ``cli=False``
+    (no option: the CLI sets it from elsewhere)."""
     return field(default=default, metadata={"help": help, **cli})
 
 
@@ -62,7 +66,9 @@ class EngineConfig:
     model: str = _opt("tiny", "'tiny', a local model directory or a .gguf file "
                       "(pkg:PACKAGE/FILE for one inside an installed package); a Hugging Face "
                       "hub id needs a local download first")
-    tensor_parallel_size: int = _opt(1, "tensor-parallel ranks", cli=False)
+    tensor_parallel_size: int = _opt(1, "tensor-parallel ranks: vLLM's spelling of tprun's "
+                                     "--nproc-per-node (default: that option's value)",
+                                     aliases=("-tp",), given_only=True)
     device: str = _opt("auto", "'auto' picks CUDA when available", choices=DEVICES)
     dtype: str = _opt("auto", "weights and activations; 'auto' takes the checkpoint's",
                       choices=DTYPES)
@@ -88,8 +94,9 @@ class EngineConfig:
                                          choices=ATTENTION_BACKENDS)
     gpu_memory_utilization: float = _opt(0.9, "share of each GPU's memory a worker may use")
     kv_cache_memory_bytes: int = _opt(1 << 30, "KV cache bytes per worker on CPU")
-    load_format: str = _opt("auto", "'dummy': random weights of the model's shapes",
-                            choices=("auto", "dummy"))
+    load_format: str = _opt("auto", "'dummy': random weights of the model's shapes; vLLM's "
+                            "'safetensors' (a model directory) and 'gguf' (a .gguf file) are "
+                            "what 'auto' loads", choices=LOAD_FORMATS)
     step_timeout_s: float = _opt(300.0, "seconds a step may take before the engine names "
                                  "the stuck ranks", flag="--step-timeout",
                                  metavar="SECONDS")
@@ -122,6 +129,31 @@ class EngineConfig:
         '"prompt_lookup_min": 2} or {"method": "draft_model", "model": PATH, '
         f'"num_speculative_tokens": 3}}; num_speculative_tokens <= {MAX_SPECULATIVE_TOKENS}. '
         "Off by default", metavar="JSON")
+    # vLLM's options for what tprun does not do: each takes only the values
+    # that ask for what tprun does (or that change nothing in vLLM's engine
+    # either); any other value is refused by name (``_check_vllm_options``).
+    trust_remote_code: bool = _opt(False, "taken as vLLM takes it; changes nothing: tprun runs "
+                                   "no code of a model's")
+    tokenizer: str | None = _opt(None, "the tokenizer is the model's own (tokenizer.json, or "
+                                 "the GGUF file's); only the model's path is taken")
+    revision: str | None = _opt(None, "refused: tprun loads local files and picks no "
+                                "revision (check it out, then give its directory)")
+    download_dir: str | None = _opt(None, "refused: tprun downloads nothing (download the "
+                                    "model, then give its directory)")
+    quantization: str | None = _opt(None, "refused: tprun has no quantized kernels; 'gguf' "
+                                     "is taken for a .gguf model, whose weights are "
+                                     "dequantized on load", aliases=("-q",))
+    kv_cache_dtype: str = _opt("auto", "only 'auto': the KV cache is kept in the model's dtype")
+    swap_space: float = _opt(4.0, "GiB; no effect, as in vLLM's V1 engine: a preempted request "
+                             "is recomputed, never swapped to the CPU")
+    max_seq_len_to_capture: int | None = _opt(None, "no effect: CUDA graphs cover every "
+                                              "sequence length (see "
+                                              "--max-cudagraph-capture-size)")
+    structured_outputs_config: dict | str | None = _opt(
+        None, 'vLLM\'s (a JSON object on the command line): {"backend": "auto" or "guidance"} '
+        '(tprun\'s grammars are llguidance\'s, vLLM\'s "guidance" backend), '
+        '"disable_fallback" (no effect: one backend) and "disable_any_whitespace": false; '
+        "anything else is refused", metavar="JSON")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
@@ -129,6 +161,7 @@ class EngineConfig:
         """Every rule the arguments alone decide."""
         _check_ints(self)
         _check_choices(self)
+        _check_vllm_options(self)
         if self.dtype in DTYPE_ALIASES:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.block_size & (self.block_size - 1):
@@ -350,9 +383,9 @@ class EngineConfig:
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
                   "kv_cache_memory_bytes")
 _OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override",
-                           "master_port", "max_cudagraph_capture_size")
+                           "master_port", "max_cudagraph_capture_size", "max_seq_len_to_capture")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
-          "enable_prefix_caching", "disable_log_stats")
+          "enable_prefix_caching", "disable_log_stats", "trust_remote_code")
 
 
 def _check_ints(c: EngineConfig) -> None:
@@ -382,6 +415,90 @@ def _check_choices(c: EngineConfig) -> None:
         raise ConfigError(f"{f.name} must be one of {choices}, got {value!r}")
 
 
+def _check_vllm_options(c: EngineConfig) -> None:
+    """vLLM's options for what tprun does not do take only the values that
+    ask for what it does; ``load_format``'s "safetensors" and "gguf" become
+    "auto" where they name what "auto" loads."""
+    single_file = _names_a_file(c.model)
+    if c.load_format in ("safetensors", "gguf"):
+        if (c.load_format == "gguf") != single_file:
+            raise ConfigError(f"load_format {c.load_format!r} does not match model {c.model!r}: "
+                              "'gguf' is for a .gguf file, 'safetensors' for a model directory")
+        object.__setattr__(c, "load_format", "auto")
+    refused = {
+        "tokenizer": (c.tokenizer is not None and not _same_path(c.tokenizer, c.model),
+                      f"tprun reads the tokenizer from the model ({c.model!r}); a tokenizer of "
+                      "its own is not supported"),
+        "revision": (c.revision is not None,
+                     "tprun loads local files and picks no revision: check that revision out "
+                     "(huggingface-cli download ID --revision R --local-dir DIR) and give DIR "
+                     "as the model"),
+        "download_dir": (c.download_dir is not None,
+                         "tprun downloads nothing: download the model (huggingface-cli download "
+                         "ID --local-dir DIR) and give DIR as the model"),
+        "quantization": (c.quantization is not None
+                         and not (c.quantization == "gguf" and single_file),
+                         "tprun has no quantized kernels (a .gguf model's weights are dequantized "
+                         "on load; 'gguf' is taken for one)"),
+        "kv_cache_dtype": (c.kv_cache_dtype != "auto",
+                           "tprun keeps the KV cache in the model's dtype (dtype); only 'auto' "
+                           "is taken"),
+    }
+    for name, (bad, why) in refused.items():
+        if bad:
+            raise ConfigError(f"{name} {getattr(c, name)!r} is not supported: {why}")
+    space = c.swap_space
+    if isinstance(space, bool) or not isinstance(space, (int, float)) or not space >= 0:
+        raise ConfigError(f"swap_space must be a number >= 0 (GiB), got {space!r}")
+    check_structured_outputs_config(c.structured_outputs_config)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
+
+
+def _names_a_file(model: str) -> bool:
+    """Whether ``model`` names one file (a .gguf model), not a directory or 'tiny'."""
+    from checkpoint.gguf_model import PACKAGE_PREFIX
+
+    return model.startswith(PACKAGE_PREFIX) or os.path.isfile(model)
+
+
+# vLLM's StructuredOutputsConfig keys, each with the values that ask for what
+# tprun's grammars (llguidance's: vLLM's "guidance" backend) do.
+_STRUCTURED_OUTPUTS_KEYS = {
+    "backend": (("auto", "guidance"), "tprun's grammars are llguidance's (vLLM's 'guidance')"),
+    "disable_fallback": ((True, False), "a bool"),
+    "disable_any_whitespace": ((False,), "a server-wide default is not supported; a request "
+                               "can set it in its structured_outputs"),
+    "reasoning_parser": (("",), "tprun has no reasoning parsers"),
+    "enable_in_reasoning": ((False,), "tprun has no reasoning parsers"),
+}
+
+
+def check_structured_outputs_config(value: dict | str | None) -> None:
+    """vLLM's ``structured_outputs_config`` (a dict, or its JSON text from the
+    command line): ConfigError unless every key holds a value that asks for
+    what tprun does (``_STRUCTURED_OUTPUTS_KEYS``)."""
+    if value is None:
+        return
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"structured_outputs_config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"structured_outputs_config must be an object, got {value!r}")
+    for key, got in value.items():
+        if key not in _STRUCTURED_OUTPUTS_KEYS:
+            raise ConfigError(f"structured_outputs_config: key {key!r} is not supported "
+                              f"(supported: {sorted(_STRUCTURED_OUTPUTS_KEYS)})")
+        allowed, why = _STRUCTURED_OUTPUTS_KEYS[key]
+        if not any(got is v or (type(got) is type(v) and got == v) for v in allowed):
+            raise ConfigError(f"structured_outputs_config: {key} {got!r} is not supported "
+                              f"(taken: {', '.join(map(repr, allowed))}; {why})")
+
+
 # vLLM's default n-gram sizes when neither bound is given.
 DEFAULT_PROMPT_LOOKUP = 5
 _SPEC_KEYS = {
@@ -409,6 +526,7 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
             raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise ConfigError(f"speculative_config must be an object, got {value!r}")
+    value = _with_method(value)
     method = value.get("method")
     if method not in SPECULATIVE_METHODS:
         raise ConfigError(f"speculative_config method must be one of {SPECULATIVE_METHODS}, "
@@ -445,6 +563,17 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
         raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
     return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model,
                              disable_by_batch_size=limit)
+
+
+def _with_method(value: dict) -> dict:
+    """As vLLM infers it when "method" is left out: "ngram" where the model
+    is "ngram" or "[ngram]" (a name, not a model), "draft_model" for any
+    other model."""
+    if "method" in value or value.get("model") is None:
+        return value
+    if value["model"] in ("ngram", "[ngram]"):
+        return {**{k: v for k, v in value.items() if k != "model"}, "method": "ngram"}
+    return {**value, "method": "draft_model"}
 
 
 def _spec_int(value: dict, name: str, default: int | None) -> int:

@@ -32,11 +32,13 @@ class LLM:
     does the garbage collector, once nothing refers to the ``LLM``).
     """
 
-    def __init__(self, model: str = "tiny", *, trust_remote_code: bool = False, **kwargs):
-        """``kwargs``: ``EngineConfig``'s fields. ``trust_remote_code`` is
-        taken as vLLM scripts pass it and changes nothing: tprun runs no code
-        of a model's. Another vLLM option it does not have is a TypeError
-        that says so."""
+    def __init__(self, model: str = "tiny", **kwargs):
+        """``kwargs``: ``EngineConfig``'s fields, vLLM's names; among them
+        the vLLM options tprun takes only at the values that ask for what it
+        does (``trust_remote_code``, ``swap_space``: changing nothing;
+        ``quantization``, ``kv_cache_dtype``, ...: other values are a
+        ``ValueError`` naming the option). A vLLM option it does not have at
+        all is a TypeError that says so."""
         unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(EngineConfig)})
         if unknown:
             raise TypeError(f"LLM() got {', '.join(map(repr, unknown))}: not an option of "

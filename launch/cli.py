@@ -12,6 +12,7 @@ one worker daemon per rank with the environment torchrun would set.
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import json
 import logging
@@ -26,6 +27,30 @@ logger = logging.getLogger("tprun.serve")
 
 # A dict field takes its JSON text (EngineConfig parses it).
 _TYPES = {"int": int, "float": float, "str": str, "dict": str}
+
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """An integer as vLLM's CLI reads token counts and byte sizes: plain,
+    or with a decimal suffix k/m/g/t (``32k`` 32000, ``25.6k`` 25600) or a
+    binary one K/M/G/T (``32K`` 32768; a whole number only)."""
+    text = text.strip()
+    number, suffix = text[:-1], text[-1:]
+    try:
+        if suffix in _DECIMAL:
+            return int(float(number) * _DECIMAL[suffix])
+        if suffix in _BINARY:
+            return int(number) * _BINARY[suffix]
+        return int(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer (2048, 32k = 32000, 32K = 32768)") from None
+
+
+# Fields that take human_int's forms on the command line, as in vLLM's.
+_HUMAN_INTS = ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -43,15 +68,16 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
             continue
         flag = meta.get("flag", "--" + f.name.replace("_", "-"))
         base = str(f.type).split("|")[0].strip()
-        kwargs = dict(dest=f.name, default=f.default, help=meta["help"])
+        default = argparse.SUPPRESS if meta.get("given_only") else f.default
+        kwargs = dict(dest=f.name, default=default, help=meta["help"])
         if base == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = _TYPES[base]
+            kwargs["type"] = human_int if f.name in _HUMAN_INTS else _TYPES[base]
             for key in ("choices", "metavar"):
                 if key in meta:
                     kwargs[key] = meta[key]
-        parser.add_argument(flag, **kwargs)
+        parser.add_argument(flag, *meta.get("aliases", ()), **kwargs)
 
 
 def _default_model_said(parser: argparse.ArgumentParser) -> None:
@@ -64,23 +90,41 @@ def _default_model_said(parser: argparse.ArgumentParser) -> None:
 
 def _engine_config(args, **overrides):
     """The ``EngineConfig`` of the parsed options; the top-level torchrun
-    flags give the TP size and the rendezvous address."""
+    flags give the TP size (or the subcommand's vLLM spelling of it) and
+    the rendezvous address."""
     from engine.config import EngineConfig
 
     # An option left out on purpose (generate's --model) keeps the field's default.
     kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
               if f.metadata.get("cli") is not False and hasattr(args, f.name)}
-    kwargs.update(tensor_parallel_size=args.nproc_per_node, executor="mp",
+    kwargs.update(tensor_parallel_size=_tensor_parallel_size(args), executor="mp",
                   master_addr=args.master_addr, master_port=args.master_port)
     kwargs.update(overrides)
     return EngineConfig(**kwargs)
 
 
+def _tensor_parallel_size(args) -> int:
+    """``--nproc-per-node N`` (torchrun's, before the subcommand) or vLLM's
+    ``--tensor-parallel-size`` / ``-tp`` (after it); both given must agree."""
+    from engine.config import ConfigError
+
+    nproc = getattr(args, "nproc_per_node", None)
+    tp = getattr(args, "tensor_parallel_size", None)
+    if nproc is not None and tp is not None and nproc != tp:
+        raise ConfigError(f"--nproc-per-node {nproc} and --tensor-parallel-size {tp} disagree: "
+                          "give one of them")
+    return next((n for n in (tp, nproc) if n is not None), 1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tprun", description=__doc__,
                                      formatter_class=_HelpFormatter)
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1,
-                        help="tensor-parallel ranks (worker daemons) on this host")
+    # No argparse default: _tensor_parallel_size tells it given from left out.
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int,
+                        default=argparse.SUPPRESS,
+                        help="tensor-parallel ranks (worker daemons) on this host; the "
+                        "subcommand's --tensor-parallel-size / -tp is vLLM's spelling "
+                        "(default: 1)")
     parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
                         help="address of the ranks' rendezvous (torchrun's MASTER_ADDR)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
@@ -143,16 +187,50 @@ finds its calls in the text (llama3_json: Llama 3.x JSON calls; hermes:
 refused. The host and the ports are bound once and released before the model loads: a
 host that does not resolve or is not this machine's, or a busy port, is
 refused at once.
+
+From vLLM's `vllm serve MODEL ...`: the model may come first (MODEL, as
+--model), -tp is --nproc-per-node, and vLLM's --port (the HTTP port) is
+--http-port here: --port is the engine endpoint's.
 """
+
+# vLLM's serve options for what tprun's HTTP server does not do: refused by name.
+_REFUSED_SERVE_OPTIONS = {
+    "--root-path": "tprun serves its routes at / (no ASGI root path): have the proxy strip "
+                   "the path prefix",
+    "--ssl-keyfile": "tprun serves plain HTTP (no TLS): put a TLS-terminating proxy in front",
+    "--ssl-certfile": "tprun serves plain HTTP (no TLS): put a TLS-terminating proxy in front",
+}
+
+# uvicorn's level names (its "trace" is 5).
+_UVICORN_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10,
+                   "trace": 5}
+
+# vLLM's request-log toggles; the first two ask for the log tprun does not write.
+_LOG_REQUESTS_FLAGS = ("--enable-log-requests", "--no-disable-log-requests",
+                       "--disable-log-requests", "--no-enable-log-requests")
+
+
+class _LogRequests(argparse.Action):
+    """Which of ``_LOG_REQUESTS_FLAGS`` was given (the last one), for
+    ``_check_http_args``'s note; none changes what tprun logs."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, option_string)
 
 
 def _serve_parser(sub) -> None:
     serve = sub.add_parser("serve", help="serve the engine to clients over ZeroMQ",
                            description=SERVE_HELP, formatter_class=_HelpFormatter)
     _engine_args(serve)
+    model = next(a for a in serve._actions if a.dest == "model")
+    model.default = argparse.SUPPRESS  # given or not: _serve_model tells
+    model.help += " (or MODEL first, as vLLM's serve takes it; default: 'tiny')"
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="the model, as in `vllm serve MODEL` (the same as --model)")
     serve.add_argument("--port", type=int, default=None,
                        help="listen on tcp://127.0.0.1:PORT (0: any free port) instead of an "
-                       "ipc:// socket in a private directory")
+                       "ipc:// socket in a private directory (not vLLM's --port, the HTTP "
+                       "port: that is --http-port)")
     serve.add_argument("--host", default=None,
                        help="listen on tcp://HOST:PORT (PORT from --port, else any free one); "
                        "an address other than loopback draws a warning")
@@ -176,9 +254,24 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--api-key", default=None,
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
                        "routes (default: $TPRUN_API_KEY, else no key)")
-    serve.add_argument("--no-access-log", dest="access_log", action="store_false",
+    serve.add_argument("--no-access-log", "--disable-uvicorn-access-log", dest="access_log",
+                       action="store_false",
                        help="with --http-port: no log line per HTTP request (method, path, "
                        "status, duration)")
+    serve.add_argument("--uvicorn-log-level", default=None, choices=tuple(_UVICORN_LEVELS),
+                       help="with --http-port: the level of uvicorn's own log once it serves "
+                       "(None: warning)")
+    serve.add_argument(*_LOG_REQUESTS_FLAGS, dest="log_requests", default=None,
+                       action=_LogRequests, nargs=0,
+                       help="vLLM's; taken, changes nothing: tprun logs no request's prompt "
+                       "or parameters (with --http-port, each request has its access-log "
+                       "line)")
+    serve.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                       help="with --http-port: the chat template of /v1/chat/completions "
+                       "instead of the model's, as vLLM's: a file, or the Jinja template "
+                       "itself (text with a brace or a line break; \\n escapes read as such)")
+    for flag, why in _REFUSED_SERVE_OPTIONS.items():
+        serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='with --http-port and --tool-call-parser: serve tool_choice "auto" '
                        "by reading calls out of the model's free text")
@@ -330,6 +423,7 @@ def run_serve(args) -> int:
     )
 
     _raise_if_interrupted()
+    _serve_model(args)
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
                             log_stats_interval_s=args.log_stats_interval)
     if not args.disable_log_stats:
@@ -398,12 +492,31 @@ def run_serve(args) -> int:
     return 0
 
 
+def _serve_model(args) -> None:
+    """``args.model`` from --model or serve's positional MODEL (vLLM's
+    ``vllm serve MODEL``); both given must agree; neither: 'tiny'."""
+    from engine.config import ConfigError
+
+    given = getattr(args, "model", None)
+    if args.model_tag is not None and given is not None and given != args.model_tag:
+        raise ConfigError(f"MODEL {args.model_tag!r} and --model {given!r} disagree: give "
+                          "one of them")
+    args.model = args.model_tag or given or "tiny"
+
+
 def _check_http_args(args) -> None:
-    """--http-port's companions, checked before any process starts."""
+    """--http-port's companions and vLLM's serve options, checked before any
+    process starts."""
     from engine.config import ConfigError
     from serving.endpoint import DEFAULT_HOST, check_listen_address, is_loopback
 
+    for flag, why in _REFUSED_SERVE_OPTIONS.items():
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            raise ConfigError(f"{flag} is not supported: {why}")
     _check_tool_args(args)
+    if args.log_requests in _LOG_REQUESTS_FLAGS[:2]:
+        print(f"tprun serve: note: {args.log_requests} changes nothing: tprun logs no "
+              "request's prompt or parameters", file=sys.stderr, flush=True)
     if args.http_port is None:
         if args.api_key is not None:
             raise ConfigError("--api-key needs --http-port")
@@ -413,7 +526,13 @@ def _check_http_args(args) -> None:
             raise ConfigError("--served-model-name needs --http-port")
         if args.allowed_origins is not None:
             raise ConfigError("--allowed-origins needs --http-port")
+        if args.chat_template is not None:
+            raise ConfigError("--chat-template needs --http-port")
+        if args.uvicorn_log_level is not None:
+            raise ConfigError("--uvicorn-log-level needs --http-port")
         return
+    if args.chat_template is not None:
+        args.chat_template = _read_chat_template(args.chat_template)
     if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
         raise ConfigError("--served-model-name takes non-empty names")
     if not 0 <= args.http_port < 65536:
@@ -429,6 +548,30 @@ def _check_http_args(args) -> None:
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _read_chat_template(value: str) -> str:
+    """vLLM's --chat-template: a file's text, or else the template itself
+    when it looks like one (a brace or a line break; backslash escapes such
+    as \\n read as the characters they name), compiled here so that a broken
+    one is refused before the model loads."""
+    from checkpoint.chat_template import compile_template
+    from engine.config import ConfigError
+
+    try:
+        with open(value, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        if not any(c in value for c in "{}\n"):
+            raise ConfigError(f"--chat-template {value}: not a readable file ({e.strerror}) "
+                              "nor a template") from None
+        text = codecs.decode(value.encode("latin-1", "backslashreplace"), "unicode_escape")
+    try:
+        compile_template(text)
+    except ValueError as e:
+        detail = str(e).removeprefix("the model's chat template does not compile: ")
+        raise ConfigError(f"--chat-template does not compile: {detail}") from None
+    return text
 
 
 def _check_tool_args(args) -> None:
@@ -454,13 +597,19 @@ def _start_http(args, engine, server, secret: bytes):
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
-    return start_http_server(server.inproc_address, secret, engine.tokenizer,
+    if args.chat_template is not None:  # the text _check_http_args read
+        engine.tokenizer.chat_template = args.chat_template
+    http = start_http_server(server.inproc_address, secret, engine.tokenizer,
                              args.served_model_name or [args.model],
                              engine.max_model_len, args.host, args.http_port, args.api_key,
                              access_log=args.access_log, context=server.ctx,
                              tool_call_parser=args.tool_call_parser,
                              sampling_defaults=engine.sampling_defaults,
                              allowed_origins=args.allowed_origins)
+    if args.uvicorn_log_level is not None:  # uvicorn set its loggers' levels as it started
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.asgi"):
+            logging.getLogger(name).setLevel(_UVICORN_LEVELS[args.uvicorn_log_level])
+    return http
 
 
 def run_bench(args) -> int:

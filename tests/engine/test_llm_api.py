@@ -224,14 +224,18 @@ def test_skip_special_tokens_false_shows_them_as_transformers_decodes(llm, tmp_p
 
 @pytest.mark.timeout(120)
 def test_vllm_constructor_spellings(llm, tmp_path, monkeypatch):
-    """What vLLM scripts pass: ``trust_remote_code`` is taken (tprun runs no
-    model code), dtype "half" is float16, ``llm_engine`` is the engine, the
-    tokenizer renders a chat as ``LLM.chat`` prompts it; an option tprun
-    does not have is a TypeError naming it."""
+    """What vLLM scripts pass: ``trust_remote_code`` and ``swap_space`` are
+    taken (tprun runs no model code; vLLM's V1 engine swaps nothing), dtype
+    "half" is float16, ``llm_engine`` is the engine, the tokenizer renders a
+    chat as ``LLM.chat`` prompts it; a value of a vLLM option that asks for
+    what tprun does not do is a ValueError naming it, and an option tprun
+    does not have at all a TypeError naming it."""
     monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
-    with pytest.raises(TypeError, match=r"'quantization', 'swap_space'.*not an option"):
+    with pytest.raises(TypeError, match=r"'cpu_offload_gb', 'enable_lora'.*not an option"):
+        LLM(model="tiny", device="cpu", enable_lora=True, cpu_offload_gb=4)
+    with pytest.raises(ValueError, match=r"^quantization 'awq' is not supported"):
         LLM(model="tiny", device="cpu", quantization="awq", swap_space=4)
-    with LLM(model="tiny", device="cpu", dtype="half", trust_remote_code=True,
+    with LLM(model="tiny", device="cpu", dtype="half", trust_remote_code=True, swap_space=4,
              max_model_len=MAX_MODEL_LEN) as half:
         assert half.llm_engine is half.engine
         assert half.engine.config.dtype == "float16"
