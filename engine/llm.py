@@ -214,15 +214,17 @@ class _Choice(NamedTuple):
 
 def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams],
                        num_prompts: int) -> list[SamplingParams]:
+    """Checked copies (``SamplingParams.checked``) of the parameters, one
+    per prompt."""
     if isinstance(sampling_params, SamplingParams):
-        return [sampling_params] * num_prompts
+        return [sampling_params.checked()] * num_prompts
     sampling_params = list(sampling_params)
     if not all(isinstance(p, SamplingParams) for p in sampling_params):
         raise ValueError("sampling_params is a SamplingParams or a list of them, "
                          f"got {type(sampling_params).__name__}")
     if len(sampling_params) != num_prompts:
         raise ValueError("give one SamplingParams, or one per prompt")
-    return sampling_params
+    return [p.checked() for p in sampling_params]
 
 
 def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:

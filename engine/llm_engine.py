@@ -183,6 +183,7 @@ class LLMEngine:
         ``priority`` orders requests under the "priority" scheduling policy
         (lower first); another than 0 is refused under "fcfs", as vLLM
         refuses it, rather than ignored."""
+        params = params.checked()  # fields may have been assigned since construction
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise ValueError(f"priority {priority} needs the 'priority' scheduling policy "
                              f"(--scheduling-policy priority)")

@@ -21,8 +21,13 @@ field: a runner field goes into ``SamplingOptions`` (with its range in
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
 fields, the wire (``to_options``) with no other change.
 
-Invariants once constructed (``__post_init__`` raises ``ValueError``
-otherwise): every field has its type (numbers are numbers, not NaN; ints
+Fields may be assigned after construction, as vLLM scripts do
+(``params = llm.get_default_sampling_params(); params.max_tokens = 64``).
+The invariants below hold once constructed and in every copy ``checked``
+makes (``__post_init__`` raises ``ValueError`` otherwise); the entry points
+(``LLM``'s calls, ``LLMEngine.new_request``) work only on such a copy, so an
+assignment is checked before any of it is used and a caller's later
+assignments never reach a request already made. The invariants: every field has its type (numbers are numbers, not NaN; ints
 are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
 None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
@@ -65,7 +70,7 @@ def _is_number(value: Any) -> bool:
         isinstance(value, float) and math.isnan(value))
 
 
-class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
+class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     """How to sample one request's tokens and when to stop."""
 
     n: int = 1
@@ -143,6 +148,8 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         if bias is not None and not (isinstance(bias, dict) and all(
                 _is_int(t) and _is_number(b) for t, b in bias.items())):
             raise ValueError(f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
+        if bias is not None:
+            msgspec.structs.force_setattr(self, "logit_bias", dict(bias))
         allowed = self.allowed_token_ids
         if allowed is not None and not (isinstance(allowed, (list, tuple))
                                         and all(_is_int(t) for t in allowed)):
@@ -214,6 +221,12 @@ class SamplingParams(SamplingOptions, frozen=True, kw_only=True):
         fields["n"] = 1
         return [SamplingParams.from_dict(dict(fields, seed=_choice_seed(self.seed, i)))
                 for i in range(self.n)]
+
+    def checked(self) -> SamplingParams:
+        """A copy with every invariant checked again and the spellings
+        normalized (``ValueError`` as the constructor's): what a field
+        assigned since construction is checked by."""
+        return msgspec.structs.replace(self)
 
     def replaced(self, **fields) -> SamplingParams:
         """These parameters with ``fields`` set (checked again)."""

@@ -93,7 +93,7 @@ def find_secret(endpoint: str, secret: bytes | None = None,
 def _params(params: SamplingParams | dict | None) -> SamplingParams:
     """``SamplingParams`` of what a caller gave (``ValueError`` for a bad dict)."""
     if isinstance(params, SamplingParams):
-        return params
+        return params.checked()
     return SamplingParams.from_dict(params or {})
 
 

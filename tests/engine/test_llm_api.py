@@ -97,6 +97,25 @@ def test_max_tokens_none_fills_the_context(llm):
     assert len(c.token_ids) == MAX_MODEL_LEN - 10 and c.finish_reason == "length"
 
 
+@pytest.mark.timeout(120)
+def test_assigned_fields_as_vllms_example_script(llm):
+    """vLLM's offline example: the default params, then fields assigned. The
+    tokens are those of the same params constructed at once; a broken
+    assignment is a ValueError from generate, and the LLM goes on."""
+    prompt = {"prompt_token_ids": list(range(3, 13))}
+    params = llm.get_default_sampling_params()
+    params.max_tokens, params.temperature, params.stop_token_ids = 5, 0.0, None
+    [out] = llm.generate(prompt, params)
+    [ref] = llm.generate(prompt, _greedy(max_tokens=5))
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+    assert len(out.outputs[0].token_ids) == 5
+    params.top_p = 1.5
+    with pytest.raises(ValueError, match="top_p"):
+        llm.generate(prompt, params)
+    params.top_p = 1.0
+    assert llm.generate(prompt, params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+
+
 @pytest.mark.timeout(300)
 def test_max_tokens_past_the_context_ends_at_it(llm):
     """As vLLM's LLM (its HTTP server refuses instead): the request runs and

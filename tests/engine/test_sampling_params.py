@@ -74,9 +74,27 @@ def test_normalisation():
     p = SamplingParams(top_k=-1, stop_token_ids=[3, 4])
     assert p.top_k == 0
     assert p.stop_token_ids == (3, 4)
-    assert hash(p) == hash(SamplingParams(top_k=0, stop_token_ids=(3, 4)))
-    with pytest.raises(AttributeError):  # frozen
-        p.temperature = 0.5
+    assert p == SamplingParams(top_k=0, stop_token_ids=(3, 4))
+
+
+def test_assigned_fields_are_checked_in_the_copy_an_entry_point_takes():
+    """vLLM's scripts assign fields (``params.max_tokens = 64``): ``checked``
+    normalizes them as the constructor does and refuses a broken one; the
+    copy does not follow later assignments to the original."""
+    p = SamplingParams()
+    p.max_tokens, p.top_k, p.stop, p.seed = 64, -1, "###", -1
+    p.logit_bias = {3: 1.5}
+    q = p.checked()
+    assert (q.max_tokens, q.top_k, q.stop, q.seed) == (64, 0, ("###",), None)
+    p.logit_bias[3] = -100.0
+    p.max_tokens = 2
+    assert q.logit_bias == {3: 1.5} and q.max_tokens == 64
+    p.temperature = -1.0
+    with pytest.raises(ValueError, match="temperature"):
+        p.checked()
+    p.temperature, p.min_tokens = 1.0, 5
+    with pytest.raises(ValueError, match=r"min_tokens must be an int in \[0, max_tokens=2\]"):
+        p.checked()
 
 
 def test_stop_and_max_tokens_none():
