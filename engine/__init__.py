@@ -1,9 +1,10 @@
 """The engine: scheduler, KV block pool, tokenizer, and the ``LLM`` API."""
 
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from engine.llm import LLM
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs import StructuredOutputsParams
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput"]
+           "CompletionOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from checkpoint.chat_template import chat_prompt_ids
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, search
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.output_text import OutputText, with_decoded_tokens
@@ -168,6 +169,24 @@ class LLM:
         for output, (text, _) in zip(outputs, rendered):
             output.prompt = text
         return outputs
+
+    def beam_search(self, prompts: str | dict | Iterable[str | dict],
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """vLLM's: each prompt's ``params.beam_width`` best continuations,
+        best first (``engine.beam_search``: the rule, the score, and why
+        ``2 * beam_width`` must be within ``max_logprobs``). Each step is one
+        ``generate`` call over every live beam of every prompt."""
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        engine = self.engine
+        limits = engine.scheduler.config
+        params.check(limits.max_logprobs)
+        prompt_ids = [engine.tokenize(p) for p in prompts]
+        for ids in prompt_ids:
+            if not 0 < len(ids) < limits.max_model_len:
+                raise ValueError(f"a prompt of {len(ids)} tokens leaves no room under "
+                                 f"max_model_len {limits.max_model_len}")
+        return search(prompt_ids, params, self.generate, engine.model_config.eos_token_ids,
+                      limits.max_model_len, engine.tokenizer.decode)
 
     def _run_to_completion(self, choices: dict[str, _Choice], use_tqdm: bool) -> None:
         """Step until the engine is idle, adding each delta to its output; a

@@ -1,0 +1,145 @@
+"""Beam search (vLLM's ``LLM.beam_search``): the ``beam_width`` best
+continuations of each prompt, found one token at a time.
+
+A step runs every live beam as a request of its own (the prompt and the
+beam's tokens so far, for one token; the prefix cache holds all but the
+newest tokens, so a step computes about one token a beam) that returns the
+top ``2 * beam_width`` logprobs of the raw distribution, with the sampled
+token beside them (greedy at ``temperature`` 0, as vLLM's). Each (beam,
+candidate) pair is a new beam, its cumulative logprob the beam's plus the
+candidate's. One ending in an end-of-sequence id (unless ``ignore_eos``) is
+complete and leaves the search; of the others the ``beam_width`` best by
+score live on. Score (``score``): cumulative logprob / length **
+length_penalty, the length counting the prompt and the tokens, less a final
+end-of-sequence id (vLLM's rule). The search ends after ``max_tokens``
+steps, once no beam lives, or where the context is full; then the complete
+and the live beams together, best score first, give the answer's
+``beam_width`` sequences.
+
+Why 2 * beam_width candidates a beam: the best ``beam_width`` continuations
+of all beams are each among their own beam's best ``beam_width``, and
+``beam_width`` more cover those that end the sequence, as transformers'
+beam search takes them. A beam's request asks for that many logprobs, so
+``2 * beam_width`` must be within the engine's ``max_logprobs`` (checked
+before anything runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.outputs import RequestOutput, TokenLogprobs
+from engine.sampling_params import SamplingParams
+
+
+class BeamSearchParams(msgspec.Struct, kw_only=True):
+    """vLLM's beam search parameters; checked when a search starts.
+    ``include_stop_str_in_output`` is taken as vLLM's ``LLM.beam_search``
+    takes it, changing nothing: a sequence's text is all its tokens."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def check(self, max_logprobs: int) -> None:
+        """ValueError naming the first field out of its range."""
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if -1 < max_logprobs < 2 * self.beam_width:
+            raise ValueError(f"beam_width {self.beam_width} needs {2 * self.beam_width} "
+                             f"logprobs a token, more than max_logprobs {max_logprobs}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.length_penalty, (int, float)) or isinstance(
+                self.length_penalty, bool) or self.length_penalty != self.length_penalty:
+            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        # temperature: SamplingParams' own check, where the step's params are made.
+
+
+@dataclass
+class BeamSearchSequence:
+    """One sequence of the answer: ``tokens`` the prompt's and the
+    generated ones (vLLM's shape), ``logprobs`` each generated token's
+    candidates, ``text`` all of ``tokens`` decoded (special tokens skipped,
+    as tprun's outputs skip them); ``finish_reason`` "stop" for one that
+    ended in an end-of-sequence id, else "length"."""
+
+    tokens: list[int]
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """A prompt's best sequences, best first."""
+
+    sequences: list[BeamSearchSequence]
+
+
+def score(sequence: BeamSearchSequence, eos_token_ids: frozenset[int],
+          length_penalty: float) -> float:
+    """Cumulative logprob over length ** length_penalty (length: prompt and
+    tokens, a final end-of-sequence id not counted)."""
+    length = len(sequence.tokens) - (sequence.tokens[-1] in eos_token_ids)
+    return sequence.cum_logprob / (length ** length_penalty)
+
+
+def search(prompts: Sequence[list[int]], params: BeamSearchParams,
+           run: Callable[[list[dict], SamplingParams], list[RequestOutput]],
+           eos_token_ids: Sequence[int], max_model_len: int,
+           decode: Callable[[list[int]], str]) -> list[BeamSearchOutput]:
+    """The beam search of every prompt (token ids) at once. ``run`` runs
+    one-token requests (prompts as ``{"prompt_token_ids": ...}``) and
+    returns their outputs in order (``LLM.generate``); ``decode`` makes a
+    sequence's text."""
+    eos = frozenset(() if params.ignore_eos else eos_token_ids)
+    step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
+                                 temperature=params.temperature, ignore_eos=True)
+    live = [[BeamSearchSequence(list(p))] for p in prompts]
+    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+
+    def best(beams: list[BeamSearchSequence]) -> list[BeamSearchSequence]:
+        ranked = sorted(beams, key=lambda b: score(b, eos, params.length_penalty), reverse=True)
+        return ranked[:params.beam_width]
+
+    for _ in range(params.max_tokens):
+        # A beam at the context's end can take no token: it stays as it is.
+        running = [(i, b) for i, beams in enumerate(live) for b in beams
+                   if len(b.tokens) < max_model_len]
+        if not running:
+            break
+        outputs = run([{"prompt_token_ids": b.tokens} for _, b in running], step_params)
+        grown: list[list[BeamSearchSequence]] = [
+            [b for b in beams if len(b.tokens) >= max_model_len] for beams in live]
+        for (i, beam), output in zip(running, outputs):
+            candidates = output.outputs[0].logprobs[0]
+            for token, logprob in candidates.items():
+                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [candidates],
+                                           beam.cum_logprob + logprob.logprob)
+                if token in eos:
+                    child.finish_reason = "stop"
+                    done[i].append(child)
+                else:
+                    grown[i].append(child)
+        live = [best(beams) for beams in grown]
+    answers = []
+    for finished, beams in zip(done, live):
+        for beam in beams:
+            beam.finish_reason = "length"
+        sequences = best(finished + beams)
+        for sequence in sequences:
+            sequence.text = decode(sequence.tokens)
+        answers.append(BeamSearchOutput(sequences))
+    return answers
