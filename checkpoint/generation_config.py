@@ -1,7 +1,8 @@
 """The sampling defaults a model's creator recommends, from its generation_config.json.
 
-vLLM reads them by default (``--generation-config auto``) and uses them
-where a request leaves a field unset: ``temperature``, ``top_p``,
+vLLM reads them by default (``--generation-config auto``; a folder given
+there instead holds the file to read) and uses them where a request leaves
+a field unset: ``temperature``, ``top_p``,
 ``top_k``, ``min_p`` and ``repetition_penalty`` as they are, and
 ``max_new_tokens`` as a cap on ``max_tokens``. ``sampling_defaults`` gives
 those fields by ``SamplingParams``' names; a file without them (or no
@@ -20,11 +21,12 @@ from typing import Any
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def sampling_defaults(model_dir: str) -> dict[str, Any]:
-    """``{field: value}`` of the model's recommended sampling (``max_tokens``
-    from ``max_new_tokens``); ``ValueError`` naming the file for a value
-    that is not a number of the field's kind."""
-    path = os.path.join(model_dir, "generation_config.json")
+def sampling_defaults(folder: str) -> dict[str, Any]:
+    """``{field: value}`` of the recommended sampling in the folder's
+    generation_config.json (``max_tokens`` from ``max_new_tokens``);
+    ``ValueError`` naming the file for a value that is not a number of the
+    field's kind."""
+    path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):
         return {}
     try:

@@ -39,7 +39,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", *MODEL_DTYPES, *DTYPE_ALIASES)
 ATTENTION_BACKENDS = ("torch", "sdpa", "triton", "flash_attn", "triton_flash_prefill")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# Besides these, generation_config may name a folder that holds a generation_config.json.
 GENERATION_CONFIGS = ("auto", "vllm")
+# vLLM's kv_cache_dtype names of the dtypes tprun keeps a KV cache in (the model's).
+KV_CACHE_DTYPE_NAMES = ("float16", "bfloat16")
 # vLLM's "safetensors" (a model directory) and "gguf" (a .gguf file) are what "auto" loads.
 LOAD_FORMATS = ("auto", "dummy", "safetensors", "gguf")
 
@@ -121,8 +124,9 @@ class EngineConfig:
     generation_config: str = _opt("auto", "'auto': the model's generation_config.json gives "
                                   "the sampling defaults (temperature, top_p, top_k, min_p, "
                                   "repetition_penalty; max_new_tokens caps max_tokens) where a "
-                                  "request leaves them unset, as vLLM's; 'vllm': tprun's own",
-                                  choices=GENERATION_CONFIGS)
+                                  "request leaves them unset, as vLLM's; 'vllm': tprun's own; "
+                                  "a folder: the generation_config.json in it gives them",
+                                  metavar="auto|vllm|FOLDER")
     speculative_config: dict | str | None = _opt(
         None, "speculative decoding, as vLLM spells it (a JSON object on the command line): "
         '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
@@ -143,7 +147,8 @@ class EngineConfig:
     quantization: str | None = _opt(None, "refused: tprun has no quantized kernels; 'gguf' "
                                      "is taken for a .gguf model, whose weights are "
                                      "dequantized on load", aliases=("-q",))
-    kv_cache_dtype: str = _opt("auto", "only 'auto': the KV cache is kept in the model's dtype")
+    kv_cache_dtype: str = _opt("auto", "'auto', or vLLM's name of the dtype the KV cache is "
+                               "kept in: the model's (after --dtype), 'bfloat16' or 'float16'")
     swap_space: float = _opt(4.0, "GiB; no effect, as in vLLM's V1 engine: a preempted request "
                              "is recomputed, never swapped to the CPU")
     max_seq_len_to_capture: int | None = _opt(None, "no effect: CUDA graphs cover every "
@@ -162,6 +167,7 @@ class EngineConfig:
         _check_ints(self)
         _check_choices(self)
         _check_vllm_options(self)
+        _check_generation_config(self.generation_config)
         if self.dtype in DTYPE_ALIASES:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.block_size & (self.block_size - 1):
@@ -201,9 +207,20 @@ class EngineConfig:
 
     # ---- rules of the model and the machine ------------------------------
     def check_model(self, model: ModelConfig) -> None:
-        """Every rule the model decides for these arguments: heads and MLP
-        columns that split over the ranks, a length (and, with
-        ``num_gpu_blocks_override``, a cache that holds it)."""
+        """Every rule the model decides for these arguments: a
+        ``kv_cache_dtype`` that names the dtype the cache is kept in, and
+        ``check_shapes``."""
+        dtype = self.resolved_dtype(model)
+        if self.kv_cache_dtype not in ("auto", dtype):
+            taken = "'auto'" + (f" or {dtype!r}" if dtype in KV_CACHE_DTYPE_NAMES else "")
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: tprun "
+                              f"keeps the KV cache in the model's dtype, {dtype} here (dtype); "
+                              f"only {taken} is taken")
+        self.check_shapes(model)
+
+    def check_shapes(self, model: ModelConfig) -> None:
+        """Heads and MLP columns that split over the ranks, a length (and,
+        with ``num_gpu_blocks_override``, a cache that holds it)."""
         try:
             model.check_tensor_parallel(self.tensor_parallel_size, self.model)
         except ValueError as e:
@@ -238,8 +255,8 @@ class EngineConfig:
             raise ConfigError(f"speculative_config: draft model {spec.model!r} has a vocabulary "
                               f"of {draft.vocab_size} tokens, the target {info.vocab_size}; "
                               "they must be the same")
-        try:
-            self.check_model(draft)
+        try:  # its KV cache is kept in the target's dtype
+            self.check_shapes(draft)
         except ConfigError as e:
             raise ConfigError(f"speculative_config: draft model: {e}") from None
 
@@ -440,9 +457,9 @@ def _check_vllm_options(c: EngineConfig) -> None:
                          and not (c.quantization == "gguf" and single_file),
                          "tprun has no quantized kernels (a .gguf model's weights are dequantized "
                          "on load; 'gguf' is taken for one)"),
-        "kv_cache_dtype": (c.kv_cache_dtype != "auto",
+        "kv_cache_dtype": (c.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPE_NAMES),
                            "tprun keeps the KV cache in the model's dtype (dtype); only 'auto' "
-                           "is taken"),
+                           "or that dtype's name (bfloat16, float16) is taken"),
     }
     for name, (bad, why) in refused.items():
         if bad:
@@ -451,6 +468,19 @@ def _check_vllm_options(c: EngineConfig) -> None:
     if isinstance(space, bool) or not isinstance(space, (int, float)) or not space >= 0:
         raise ConfigError(f"swap_space must be a number >= 0 (GiB), got {space!r}")
     check_structured_outputs_config(c.structured_outputs_config)
+
+
+def _check_generation_config(value: str) -> None:
+    """vLLM's ``generation_config``: "auto", "vllm" or a folder that holds
+    a generation_config.json."""
+    if value in GENERATION_CONFIGS:
+        return
+    if not isinstance(value, str) or not os.path.isdir(value):
+        raise ConfigError(f"generation_config must be 'auto', 'vllm' or a folder holding a "
+                          f"generation_config.json, got {value!r} (not a folder)")
+    if not os.path.isfile(os.path.join(value, "generation_config.json")):
+        raise ConfigError(f"generation_config {value!r}: the folder holds no "
+                          "generation_config.json")
 
 
 def _same_path(a: str, b: str) -> bool:

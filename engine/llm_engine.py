@@ -95,16 +95,20 @@ class LLMEngine:
         config.check_machine()
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         # Where a request leaves a sampling field unset (LLM without
-        # SamplingParams, the HTTP server): the model's recommendation.
+        # SamplingParams, the HTTP server): the model's recommendation, or
+        # that of the folder generation_config names.
         self.sampling_defaults = {}
-        if config.generation_config == "auto":
+        if config.generation_config != "vllm":
+            folder = (self.model_dir if config.generation_config == "auto"
+                      else config.generation_config)
             try:
-                self.sampling_defaults = sampling_defaults(self.model_dir)
+                self.sampling_defaults = sampling_defaults(folder)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
             if self.sampling_defaults:
-                logger.info("sampling defaults from the model's generation_config.json "
-                            "(--generation-config vllm leaves them): %s", self.sampling_defaults)
+                logger.info("sampling defaults from %s (--generation-config vllm leaves "
+                            "them): %s", os.path.join(folder, "generation_config.json"),
+                            self.sampling_defaults)
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
             list(self.model_config.eos_token_ids))

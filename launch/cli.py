@@ -178,8 +178,9 @@ pass key_file=. Messages without a valid MAC are dropped and logged.
 With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
 /v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)
 on --host (default 127.0.0.1), as one more client of the engine endpoint,
-logging one line per request unless --no-access-log; --api-key (or
-$TPRUN_API_KEY) makes /v1 routes require 'Authorization: Bearer KEY'.
+logging one line per request unless --no-access-log; --api-key KEY ... (or
+$TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 routes require
+'Authorization: Bearer KEY' with one of the keys.
 --enable-auto-tool-choice --tool-call-parser NAME serves tool_choice "auto"
 (the default when tools are given): the model answers freely and the parser
 finds its calls in the text (llama3_json: Llama 3.x JSON calls; hermes:
@@ -201,9 +202,8 @@ _REFUSED_SERVE_OPTIONS = {
     "--ssl-certfile": "tprun serves plain HTTP (no TLS): put a TLS-terminating proxy in front",
 }
 
-# uvicorn's level names (its "trace" is 5).
-_UVICORN_LEVELS = {"critical": 50, "error": 40, "warning": 30, "info": 20, "debug": 10,
-                   "trace": 5}
+# uvicorn's level names (its "trace" is below debug).
+_UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 # vLLM's request-log toggles; the first two ask for the log tprun does not write.
 _LOG_REQUESTS_FLAGS = ("--enable-log-requests", "--no-disable-log-requests",
@@ -251,16 +251,18 @@ def _serve_parser(sub) -> None:
     serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                        help="with --http-port: web origins (e.g. http://localhost:3000, or *) "
                        "whose pages may call the API from a browser (CORS); default none")
-    serve.add_argument("--api-key", default=None,
+    serve.add_argument("--api-key", nargs="+", action="extend", default=None, metavar="KEY",
                        help="with --http-port: require 'Authorization: Bearer KEY' on /v1 "
-                       "routes (default: $TPRUN_API_KEY, else no key)")
+                       "routes, KEY any of those given (--api-key K1 K2, or the option "
+                       "repeated); default: $TPRUN_API_KEY, else vLLM's $VLLM_API_KEY, else "
+                       "no key")
     serve.add_argument("--no-access-log", "--disable-uvicorn-access-log", dest="access_log",
                        action="store_false",
                        help="with --http-port: no log line per HTTP request (method, path, "
                        "status, duration)")
-    serve.add_argument("--uvicorn-log-level", default=None, choices=tuple(_UVICORN_LEVELS),
-                       help="with --http-port: the level of uvicorn's own log once it serves "
-                       "(None: warning)")
+    serve.add_argument("--uvicorn-log-level", default=None, choices=_UVICORN_LEVELS,
+                       help="with --http-port: the level of uvicorn's own log, its start-up "
+                       "lines included (None: warning)")
     serve.add_argument(*_LOG_REQUESTS_FLAGS, dest="log_requests", default=None,
                        action=_LogRequests, nargs=0,
                        help="vLLM's; taken, changes nothing: tprun logs no request's prompt "
@@ -537,7 +539,7 @@ def _check_http_args(args) -> None:
         raise ConfigError("--served-model-name takes non-empty names")
     if not 0 <= args.http_port < 65536:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
-    args.api_key = args.api_key or os.environ.get("TPRUN_API_KEY") or None
+    args.api_key = _api_keys(args.api_key)
     args.host = args.host or DEFAULT_HOST
     try:  # bound once and released, before minutes of model loading
         check_listen_address(args.host, args.http_port, "--http-port")
@@ -548,6 +550,21 @@ def _check_http_args(args) -> None:
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _api_keys(given: list[str] | None) -> list[str] | None:
+    """The keys that open /v1: --api-key's, else $TPRUN_API_KEY, else
+    vLLM's $VLLM_API_KEY (an empty variable is unset); None: no key."""
+    from engine.config import ConfigError
+
+    if given is not None:
+        if not all(given):
+            raise ConfigError("--api-key takes non-empty keys")
+        return given
+    for name in ("TPRUN_API_KEY", "VLLM_API_KEY"):
+        if os.environ.get(name):
+            return [os.environ[name]]
+    return None
 
 
 def _read_chat_template(value: str) -> str:
@@ -601,14 +618,12 @@ def _start_http(args, engine, server, secret: bytes):
         engine.tokenizer.chat_template = args.chat_template
     http = start_http_server(server.inproc_address, secret, engine.tokenizer,
                              args.served_model_name or [args.model],
-                             engine.max_model_len, args.host, args.http_port, args.api_key,
-                             access_log=args.access_log, context=server.ctx,
-                             tool_call_parser=args.tool_call_parser,
+                             engine.max_model_len, args.host, args.http_port,
+                             api_keys=args.api_key, access_log=args.access_log,
+                             context=server.ctx, tool_call_parser=args.tool_call_parser,
                              sampling_defaults=engine.sampling_defaults,
-                             allowed_origins=args.allowed_origins)
-    if args.uvicorn_log_level is not None:  # uvicorn set its loggers' levels as it started
-        for name in ("uvicorn", "uvicorn.error", "uvicorn.asgi"):
-            logging.getLogger(name).setLevel(_UVICORN_LEVELS[args.uvicorn_log_level])
+                             allowed_origins=args.allowed_origins,
+                             log_level=args.uvicorn_log_level or "warning")
     return http
 
 

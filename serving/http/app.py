@@ -7,8 +7,8 @@ Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
-With an API key, every ``/v1`` route needs ``Authorization:
-Bearer KEY`` (compared in constant time), else 401. With
+With API keys, every ``/v1`` route needs ``Authorization:
+Bearer KEY`` with one of them (compared in constant time), else 401. With
 ``allowed_origins`` (CORS) pages of those origins may call the API from a
 browser; their preflights are answered before the key is asked for. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
@@ -105,12 +105,13 @@ def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
 
 
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequence[str],
-               max_model_len: int, api_key: str | None = None,
+               max_model_len: int, api_keys: Sequence[str] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
                allowed_origins: Sequence[str] = ()):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
+    ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
     ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
     tool_choice "auto" is served (None: refused); ``sampling_defaults``:
     the model's recommended sampling (``LLMEngine.sampling_defaults``);
@@ -196,7 +197,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion)})
     guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
-    guarded = ApiKeyCheck(guarded, api_key) if api_key else guarded
+    guarded = ApiKeyCheck(guarded, api_keys) if api_keys else guarded
     if allowed_origins:  # outside the key check: a browser's preflight carries no key
         guarded = CORSMiddleware(guarded, allow_origins=list(allowed_origins),
                                  allow_methods=["*"], allow_headers=["*"])

@@ -1,8 +1,9 @@
 """What a request must pass before a route sees it, as plain ASGI
 middlewares (they never wrap a streaming response).
 
-``ApiKeyCheck``: with a key set, every path under ``/v1`` needs
-``Authorization: Bearer KEY`` (compared in constant time), else 401.
+``ApiKeyCheck``: with keys set, every path under ``/v1`` needs
+``Authorization: Bearer KEY`` with one of them (each compared in constant
+time, all of them every time), else 401.
 
 ``JsonContentType``: a ``POST`` to a route that takes a JSON body, sent
 with a ``Content-Type`` that is not JSON (``text/plain``, a form), is
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -115,14 +117,22 @@ class JsonContentType:
 
 
 class ApiKeyCheck:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: Sequence[str]) -> None:
+        if isinstance(api_keys, str) or not api_keys or not all(api_keys):
+            raise ValueError(f"api_keys must be a non-empty list of keys, got {api_keys!r}")
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
+
+    def accepts(self, given: bytes) -> bool:
+        """Whether ``given`` is one of the expected headers; every one is
+        compared, so the time says nothing of which came close."""
+        matches = [hmac.compare_digest(given, expected) for expected in self.expected]
+        return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
             given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self.accepts(given):
                 body = json.dumps(error_body(
                     "a valid API key is needed: send the header 'Authorization: Bearer KEY'",
                     code="invalid_api_key")).encode()

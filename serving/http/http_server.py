@@ -18,8 +18,10 @@ import uvicorn
 
 
 class HttpServer:
-    def __init__(self, app, host: str, port: int, grace_s: float = 5.0) -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    def __init__(self, app, host: str, port: int, grace_s: float = 5.0,
+                 log_level: str = "warning") -> None:
+        """``log_level``: uvicorn's own log, from its start-up lines on."""
+        config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                 lifespan="on", timeout_graceful_shutdown=grace_s,
                                 access_log=False, backlog=4096)
         self.server = uvicorn.Server(config)
@@ -58,24 +60,27 @@ class HttpServer:
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
                       max_model_len: int, host: str, port: int,
-                      api_key: str | None = None, access_log: bool = False,
+                      api_keys: list[str] | None = None, access_log: bool = False,
                       context=None, tool_call_parser: str | None = None,
                       sampling_defaults: dict | None = None,
-                      allowed_origins: list[str] | None = None) -> HttpServer:
+                      allowed_origins: list[str] | None = None,
+                      log_level: str = "warning") -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
     ZeroMQ context that an ``inproc://`` ``engine_address`` lives in;
     ``tool_call_parser``: the parser of tool_choice "auto" (None: refused);
     ``sampling_defaults``: what unset sampling fields take; ``allowed_origins``:
-    the web origins allowed to call it from a browser (CORS)."""
+    the web origins allowed to call it from a browser (CORS); ``log_level``:
+    uvicorn's."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
     app = create_app(AsyncEngineClient(engine_address, secret, context=context), tokenizer,
-                     served_names, max_model_len, api_key=api_key, access_log=access_log,
+                     served_names, max_model_len, api_keys=api_keys or (),
+                     access_log=access_log,
                      tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,
                      allowed_origins=allowed_origins or ())
-    server = HttpServer(app, host, port)
+    server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

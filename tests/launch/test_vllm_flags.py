@@ -183,4 +183,5 @@ def test_a_vllm_serve_command_line_serves(tmp_path):
         code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output
     assert "POST /v1/chat/completions" not in output  # no access-log line
-    assert "Shutting down" in output  # uvicorn's INFO lines
+    assert "Shutting down" in output  # uvicorn's INFO lines,
+    assert "Application startup complete" in output  # from its start

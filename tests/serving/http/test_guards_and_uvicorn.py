@@ -1,0 +1,103 @@
+"""The API-key guard with several keys (any one opens /v1; each compared in
+constant time, all of them every time) and uvicorn's log level from its
+start, so its start-up lines show at info. In this process, on 127.0.0.1;
+no engine."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+import serving.http.guards as guards
+from serving.http.guards import ApiKeyCheck
+from serving.http.http_server import HttpServer
+
+
+async def _ok(_request):
+    return PlainTextResponse("ok")
+
+
+def _app() -> Starlette:
+    return Starlette(routes=[Route("/v1/models", _ok), Route("/health", _ok)])
+
+
+def _get(app, path: str, key: str | None = None) -> int:
+    async def get() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return (await client.get(path, headers=headers)).status_code
+
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    return asyncio.run(get())
+
+
+def test_any_of_the_keys_opens_v1():
+    app = ApiKeyCheck(_app(), ["key-one", "key-two"])
+    assert _get(app, "/v1/models", "key-one") == 200
+    assert _get(app, "/v1/models", "key-two") == 200
+    assert _get(app, "/v1/models", "key-three") == 401
+    assert _get(app, "/v1/models", "key-one key-two") == 401
+    assert _get(app, "/v1/models") == 401
+    assert _get(app, "/health") == 200
+
+
+def test_every_key_is_compared_every_time(monkeypatch):
+    """Whichever key matches, or none, every key is compared (with
+    ``hmac.compare_digest``): the time says nothing of which came close."""
+    calls = []
+    real = guards.hmac.compare_digest
+
+    def counted(a, b):
+        calls.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(guards.hmac, "compare_digest", counted)
+    check = ApiKeyCheck(_app(), ["a", "b", "c"])
+    for given, accepted in ((b"Bearer a", True), (b"Bearer c", True), (b"Bearer x", False)):
+        calls.clear()
+        assert check.accepts(given) is accepted
+        assert calls == [b"Bearer a", b"Bearer b", b"Bearer c"]
+
+
+@pytest.mark.parametrize("keys", [[], [""], "a-string"])
+def test_keys_must_be_a_list_of_non_empty_keys(keys):
+    with pytest.raises(ValueError, match="api_keys must be a non-empty list"):
+        ApiKeyCheck(_app(), keys)
+
+
+class _Seen(logging.Filter):
+    """The messages uvicorn's error logger lets through (its level decides;
+    the filter survives uvicorn's logging set-up, a handler would not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.messages.append(record.getMessage())
+        return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("level, shown", [("info", True), ("debug", True), ("warning", False)])
+def test_uvicorn_start_up_lines_follow_the_level(level, shown):
+    seen = _Seen()
+    logger = logging.getLogger("uvicorn.error")
+    logger.addFilter(seen)
+    server = HttpServer(_app(), "127.0.0.1", 0, log_level=level)
+    try:
+        server.start()
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    finally:
+        assert server.stop()
+        logger.removeFilter(seen)
+    started = [m for m in seen.messages
+               if "Application startup complete" in m or "Uvicorn running on" in m]
+    assert (len(started) == 2) is shown, seen.messages
+    assert not shown or logger.getEffectiveLevel() <= logging.INFO
