@@ -506,19 +506,26 @@ _STRUCTURED_OUTPUTS_KEYS = {
 }
 
 
+def _json_object(value: dict | str, name: str) -> dict:
+    """A dict option's value: the dict, or the JSON object a command line
+    gave as text; ConfigError naming ``name`` for anything else."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name} must be an object, got {value!r}")
+    return value
+
+
 def check_structured_outputs_config(value: dict | str | None) -> None:
     """vLLM's ``structured_outputs_config`` (a dict, or its JSON text from the
     command line): ConfigError unless every key holds a value that asks for
     what tprun does (``_STRUCTURED_OUTPUTS_KEYS``)."""
     if value is None:
         return
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"structured_outputs_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"structured_outputs_config must be an object, got {value!r}")
+    value = _json_object(value, "structured_outputs_config")
     for key, got in value.items():
         if key not in _STRUCTURED_OUTPUTS_KEYS:
             raise ConfigError(f"structured_outputs_config: key {key!r} is not supported "
@@ -549,13 +556,7 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
     own rules (vocabulary, heads) are ``EngineConfig.check_draft_model``'s."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"speculative_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"speculative_config must be an object, got {value!r}")
+    value = _json_object(value, "speculative_config")
     value = _with_method(value)
     method = value.get("method")
     if method not in SPECULATIVE_METHODS:

@@ -14,8 +14,6 @@ import os
 
 import pytest
 
-import executor.multiproc
-import executor.uniproc
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
 from ipc.config import RunnerConfig
@@ -25,20 +23,6 @@ from ipc.serde import decode_broadcast, encode
 from launch.cli import _engine_config, build_parser
 from tests.helpers.checkpoints import runner_config
 from tests.helpers.proc_utils import long_directory, run_tprun
-
-
-@pytest.fixture
-def no_workers(monkeypatch):
-    """Fail the test if an executor is ever started."""
-    started = []
-
-    def refuse(self, *args, **kwargs):
-        started.append(type(self).__name__)
-        raise AssertionError("an executor started although the config is bad")
-
-    monkeypatch.setattr(executor.multiproc.MultiprocExecutor, "__init__", refuse)
-    monkeypatch.setattr(executor.uniproc.UniprocExecutor, "__init__", refuse)
-    return started
 
 
 def _model_dir(tmp_path, **overrides) -> str:

@@ -15,7 +15,7 @@ from ipc.config import MAX_SPECULATIVE_TOKENS, RunnerConfig
 from ipc.messages import ControlCall
 from ipc.serde import decode_broadcast, encode
 from launch.cli import _engine_config, build_parser
-from tests.engine.test_engine_config import _model_dir, no_workers  # noqa: F401
+from tests.engine.test_engine_config import _model_dir
 from tests.helpers.proc_utils import run_tprun
 
 BAD = [

@@ -9,27 +9,10 @@ import json
 
 import pytest
 
-import executor.multiproc
-import executor.uniproc
 from checkpoint.description import describe
 from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
-
-
-@pytest.fixture
-def no_workers(monkeypatch):
-    """An executor that starts fails the test with ``AssertionError`` (so
-    reaching it means every check before it passed)."""
-    started = []
-
-    def refuse(self, *args, **kwargs):
-        started.append(type(self).__name__)
-        raise AssertionError("an executor started")
-
-    monkeypatch.setattr(executor.multiproc.MultiprocExecutor, "__init__", refuse)
-    monkeypatch.setattr(executor.uniproc.UniprocExecutor, "__init__", refuse)
-    return started
 
 
 @pytest.fixture(scope="module")

