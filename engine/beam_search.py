@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from engine.outputs import RequestOutput, TokenLogprobs
+from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 
 
@@ -96,50 +96,77 @@ def score(sequence: BeamSearchSequence, eos_token_ids: frozenset[int],
     return sequence.cum_logprob / (length ** length_penalty)
 
 
-def search(prompts: Sequence[list[int]], params: BeamSearchParams,
-           run: Callable[[list[dict], SamplingParams], list[RequestOutput]],
-           eos_token_ids: Sequence[int], max_model_len: int,
-           decode: Callable[[list[int]], str]) -> list[BeamSearchOutput]:
-    """The beam search of every prompt (token ids) at once. ``run`` runs
-    one-token requests (prompts as ``{"prompt_token_ids": ...}``) and
-    returns their outputs in order (``LLM.generate``); ``decode`` makes a
-    sequence's text."""
-    eos = frozenset(() if params.ignore_eos else eos_token_ids)
-    step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
-                                 temperature=params.temperature, ignore_eos=True)
-    live = [[BeamSearchSequence(list(p))] for p in prompts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+class BeamSearch:
+    """The search of several prompts (token ids), driven a step at a time
+    by its caller: ``requests`` gives the step's one-token requests (the
+    token ids of each, run with ``step_params``; none once the search is
+    over), ``advance`` takes their candidates in the same order, ``outputs``
+    the answer. ``LLM.beam_search`` drives it with ``generate``; the HTTP
+    server with its engine link.
 
-    def best(beams: list[BeamSearchSequence]) -> list[BeamSearchSequence]:
-        ranked = sorted(beams, key=lambda b: score(b, eos, params.length_penalty), reverse=True)
-        return ranked[:params.beam_width]
+    ``keep_eos``: whether a sequence that ended keeps its end-of-sequence
+    id among its tokens (vLLM keeps it in ``LLM``'s answers; its server only
+    with ``include_stop_str_in_output``)."""
 
-    for _ in range(params.max_tokens):
-        # A beam at the context's end can take no token: it stays as it is.
-        running = [(i, b) for i, beams in enumerate(live) for b in beams
-                   if len(b.tokens) < max_model_len]
-        if not running:
-            break
-        outputs = run([{"prompt_token_ids": b.tokens} for _, b in running], step_params)
+    def __init__(self, prompts: Sequence[list[int]], params: BeamSearchParams,
+                 eos_token_ids: Sequence[int], max_model_len: int, keep_eos: bool = True):
+        self.params = params
+        self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
+        self.max_model_len = max_model_len
+        self.keep_eos = keep_eos
+        self.step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
+                                          temperature=params.temperature, ignore_eos=True)
+        self.live = [[BeamSearchSequence(list(p))] for p in prompts]
+        self.done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        self.steps_left = params.max_tokens
+        self._running: list[tuple[int, BeamSearchSequence]] = []
+
+    def requests(self) -> list[list[int]]:
+        """The token ids of this step's requests, one a live beam with room
+        left in the context (a beam at the context's end stays as it is);
+        none once ``max_tokens`` steps are done or no beam can grow."""
+        self._running = [] if self.steps_left <= 0 else [
+            (i, b) for i, beams in enumerate(self.live) for b in beams
+            if len(b.tokens) < self.max_model_len]
+        return [b.tokens for _, b in self._running]
+
+    def advance(self, candidates: Sequence[TokenLogprobs]) -> None:
+        """The step's candidates (token id -> ``Logprob``), one mapping a
+        request of ``requests``, in its order."""
+        if len(candidates) != len(self._running):
+            raise ValueError(f"{len(candidates)} candidate sets for {len(self._running)} beams")
         grown: list[list[BeamSearchSequence]] = [
-            [b for b in beams if len(b.tokens) >= max_model_len] for beams in live]
-        for (i, beam), output in zip(running, outputs):
-            candidates = output.outputs[0].logprobs[0]
-            for token, logprob in candidates.items():
-                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [candidates],
-                                           beam.cum_logprob + logprob.logprob)
-                if token in eos:
-                    child.finish_reason = "stop"
-                    done[i].append(child)
+            [b for b in beams if len(b.tokens) >= self.max_model_len] for beams in self.live]
+        for (i, beam), tokens in zip(self._running, candidates):
+            for token, logprob in tokens.items():
+                cum = beam.cum_logprob + logprob.logprob
+                if token in self.eos:
+                    kept = beam.tokens + [token] if self.keep_eos else beam.tokens
+                    self.done[i].append(BeamSearchSequence(
+                        kept, beam.logprobs + [tokens], cum, finish_reason="stop",
+                        stop_reason=None if self.keep_eos else token))
                 else:
-                    grown[i].append(child)
-        live = [best(beams) for beams in grown]
-    answers = []
-    for finished, beams in zip(done, live):
-        for beam in beams:
-            beam.finish_reason = "length"
-        sequences = best(finished + beams)
-        for sequence in sequences:
-            sequence.text = decode(sequence.tokens)
-        answers.append(BeamSearchOutput(sequences))
-    return answers
+                    grown[i].append(BeamSearchSequence(beam.tokens + [token],
+                                                       beam.logprobs + [tokens], cum))
+        self.live = [self._best(beams) for beams in grown]
+        self.steps_left -= 1
+
+    def outputs(self, decode: Callable[[list[int]], str] | None = None
+                ) -> list[BeamSearchOutput]:
+        """Each prompt's best ``beam_width`` sequences, ended and live
+        together, best first, each with its ``text`` where ``decode`` (of
+        its tokens) is given."""
+        answers = []
+        for finished, beams in zip(self.done, self.live):
+            for beam in beams:
+                beam.finish_reason = "length"
+            sequences = self._best(finished + beams)
+            for sequence in sequences if decode is not None else ():
+                sequence.text = decode(sequence.tokens)
+            answers.append(BeamSearchOutput(sequences))
+        return answers
+
+    def _best(self, beams: list[BeamSearchSequence]) -> list[BeamSearchSequence]:
+        ranked = sorted(beams, key=lambda b: score(b, self.eos, self.params.length_penalty),
+                        reverse=True)
+        return ranked[:self.params.beam_width]

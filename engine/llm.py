@@ -11,7 +11,7 @@ from typing import NamedTuple
 import torch
 
 from checkpoint.chat_template import chat_prompt_ids
-from engine.beam_search import BeamSearchOutput, BeamSearchParams, search
+from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.output_text import OutputText, with_decoded_tokens
@@ -175,7 +175,9 @@ class LLM:
         """vLLM's: each prompt's ``params.beam_width`` best continuations,
         best first (``engine.beam_search``: the rule, the score, and why
         ``2 * beam_width`` must be within ``max_logprobs``). Each step is one
-        ``generate`` call over every live beam of every prompt."""
+        ``generate`` call over every live beam of every prompt; a sequence's
+        tokens are its prompt's and its own (an end-of-sequence id kept), as
+        vLLM's."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         engine = self.engine
         limits = engine.scheduler.config
@@ -185,8 +187,13 @@ class LLM:
             if not 0 < len(ids) < limits.max_model_len:
                 raise ValueError(f"a prompt of {len(ids)} tokens leaves no room under "
                                  f"max_model_len {limits.max_model_len}")
-        return search(prompt_ids, params, self.generate, engine.model_config.eos_token_ids,
-                      limits.max_model_len, engine.tokenizer.decode)
+        search = BeamSearch(prompt_ids, params, engine.model_config.eos_token_ids,
+                            limits.max_model_len)
+        while requests := search.requests():
+            outputs = self.generate([{"prompt_token_ids": r} for r in requests],
+                                    search.step_params)
+            search.advance([o.outputs[0].logprobs[0] for o in outputs])
+        return search.outputs(engine.tokenizer.decode)
 
     def _run_to_completion(self, choices: dict[str, _Choice], use_tqdm: bool) -> None:
         """Step until the engine is idle, adding each delta to its output; a
