@@ -69,7 +69,8 @@ class _Choice:
 @dataclass
 class Generation:
     link: AsyncEngineClient
-    metrics: Metrics
+    # None: requests whose latencies are no client's (beam search's steps).
+    metrics: Metrics | None
     arrival_time: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     choices: dict[str, _Choice] = field(default_factory=dict)
@@ -185,7 +186,8 @@ class Generation:
 
     def _finish(self, choice: _Choice, reason: str) -> None:
         choice.finished = True
-        self.metrics.finished(reason, time.monotonic() - self.arrival_time)
+        if self.metrics is not None:
+            self.metrics.finished(reason, time.monotonic() - self.arrival_time)
 
     def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
         if delta.num_cached_tokens is not None:
@@ -198,7 +200,7 @@ class Generation:
         return ChoiceEvent(choice.index, "", [], None, "length", delta.prompt_logprobs)
 
     def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
-        if not num_tokens:
+        if not num_tokens or self.metrics is None:
             return
         now = time.monotonic()
         if choice.last_token_time is None:

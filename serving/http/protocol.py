@@ -76,12 +76,15 @@ class SamplingFields(BaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
 
+    # vLLM's beam search (serving/http/beam_search.py): ``n`` is the beam width.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+
     # Fields OpenAI or vLLM define that change the answer but this server
     # does not implement: a request that sets one is refused rather than
     # answered as if it had not.
-    use_beam_search: bool = False
     logits_processors: list[Any] | None = None
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("use_beam_search", "logits_processors")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logits_processors",)
 
     def check_supported(self) -> None:
         """``ValueError`` naming the first unsupported field that is set, or

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
+from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.sampling import capped_max_tokens, choice_params
@@ -50,12 +51,20 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                  raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
+    if request.use_beam_search:
+        check_beam_fields(request, "messages")
     tool_choice = tool_choice_of(request, state.tool_call_parser)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
     max_tokens = capped_max_tokens(max_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
+    if request.use_beam_search:
+        steps = max_tokens if max_tokens is not None else state.max_model_len - len(prompt)
+        return await respond_with_beams(
+            state, raw, request, [prompt], max(1, steps),
+            _head(state, request, f"chatcmpl-{secrets.token_hex(12)}", "chat.completion"),
+            lambda text: {"message": {"role": "assistant", "content": text}, "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)

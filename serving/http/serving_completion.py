@@ -12,7 +12,8 @@ its choices' text; ``prompt_logprobs`` (vLLM's extra field) is answered
 on each choice in vLLM's shape. With ``return_token_ids`` (vLLM's) each
 choice also has ``token_ids`` (in a stream: the chunk's; every token gets a
 chunk, even one whose text is held back) and ``prompt_token_ids`` (in a
-stream: on the choice's first chunk).
+stream: on the choice's first chunk). ``use_beam_search`` (vLLM's) answers
+with each prompt's ``n`` best sequences instead (``serving.http.beam_search``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.responses import Response
 
 from engine.sampling_params import truncated_prompt
 from ipc import trace
+from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.logprobs import TextOffsets
@@ -83,6 +85,8 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         trace.mark("http_handler")
     state.check_model(request.model)
     request.check_supported()
+    if request.use_beam_search:
+        check_beam_fields(request, "prompt")
     max_tokens = request.max_tokens
     if max_tokens is None and "max_tokens" not in request.model_fields_set:
         max_tokens = DEFAULT_MAX_TOKENS
@@ -106,6 +110,12 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     engine_max = [capped_max_tokens(None if max_tokens is None else max(max_tokens, 1),
                                     state.sampling_defaults, state.max_model_len - len(p))
                   for p in prompts]
+    if request.use_beam_search:  # the context's end, where a cap leaves it open
+        steps = max((m for m in engine_max if m is not None), default=state.max_model_len)
+        return await respond_with_beams(
+            state, raw, request, prompts, steps,
+            _head(state, request, f"cmpl-{secrets.token_hex(12)}"),
+            lambda text: {"text": text, "logprobs": None})
     params = choice_params(request, engine_max[0], request.logprobs,
                            _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None

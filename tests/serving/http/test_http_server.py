@@ -284,7 +284,7 @@ def test_api_key_is_required(server, client):
     ({"prompt": [2**70]}, "prompt"),
     ({"max_tokens": 2**64}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options needs stream: true"),
-    ({"use_beam_search": True}, "use_beam_search is not supported"),
+    ({"use_beam_search": True, "logprobs": 2}, "use_beam_search does not take logprobs"),
     ({"prompt_embeds": "AAAA"}, "prompt_embeds is not supported"),
     ({"logits_processors": ["m.f"]}, "logits_processors is not supported"),
     ({"priority": 2}, "priority 2 needs the 'priority' scheduling policy"),

@@ -1,0 +1,129 @@
+"""``use_beam_search`` (vLLM's) on /v1/completions and /v1/chat/completions:
+each prompt's ``n`` best sequences by beam search (``engine.beam_search``:
+the rule and the score), each a choice.
+
+The search runs here, in the front end, over the engine link: each step is
+one ``Generation`` of one-token requests, one a live beam, asking for
+``2 * n`` logprobs (the engine's prefix cache holds each beam's earlier
+tokens); ``BeamSearch`` extends, ranks and ends the beams. ``n`` is the
+beam width; ``length_penalty`` is vLLM's field; ``temperature`` (0 where
+left out) draws the token each step samples beside the top candidates; an
+ended sequence keeps its end-of-sequence token only with
+``include_stop_str_in_output``, as in vLLM's server. The answer comes
+whole: a field that shapes tokens as they come or asks for what a beam
+does not carry (``stream``, logprobs, stop strings, penalties, structured
+outputs, tools, ...) is refused beside ``use_beam_search`` rather than
+ignored (``check_beam_fields``). Its usage counts each prompt once and the
+tokens of every returned sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from engine.outputs import Logprob
+from serving.http.generation import Generation, RequestRefused
+from serving.http.protocol import SamplingFields
+from serving.http.state import ServerState
+from serving.http.streaming import cancel_on_disconnect
+
+# Fields a beam search request may set besides its prompt or messages.
+_BEAM_FIELDS = frozenset({
+    "model", "n", "max_tokens", "max_completion_tokens", "temperature", "ignore_eos",
+    "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
+    "skip_special_tokens", "add_special_tokens", "user", "stream",
+    "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+})
+
+
+def check_beam_fields(request: SamplingFields, prompt_field: str) -> None:
+    """``ValueError`` naming the fields set beside ``use_beam_search`` that
+    it does not take (``stream`` only as false)."""
+    extra = sorted(f for f in request.model_fields_set - _BEAM_FIELDS - {prompt_field}
+                   if not _unset(getattr(request, f)))
+    if request.stream:
+        extra.insert(0, "stream")
+    if extra:
+        raise ValueError(f"use_beam_search does not take {', '.join(extra)}")
+
+
+def _unset(value) -> bool:
+    """A value that asks for nothing: None, False, or an empty text or list."""
+    return value is None or value is False or (isinstance(value, (str, list, dict))
+                                               and not value)
+
+
+def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
+    """The request's ``BeamSearchParams`` (``ValueError`` for a bad value)."""
+    params = BeamSearchParams(
+        beam_width=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
+        temperature=0.0 if request.temperature is None else request.temperature,
+        length_penalty=request.length_penalty,
+        include_stop_str_in_output=request.include_stop_str_in_output)
+    params.check(max_logprobs=-1)  # the engine checks 2 * n against its own limit
+    return params
+
+
+async def beam_search(state: ServerState, prompts: list[list[int]], params: BeamSearchParams,
+                      priority: int) -> list[BeamSearchOutput]:
+    """Each prompt's best sequences, their tokens without the prompt's.
+    ``RequestRefused`` where the engine refuses a step's requests (naming
+    beam search's logprobs where those are what it refused)."""
+    eos = [] if state.tokenizer.eos_token_id is None else [state.tokenizer.eos_token_id]
+    search = BeamSearch(prompts, params, eos, state.max_model_len,
+                        keep_eos=params.include_stop_str_in_output)
+    step = search.step_params.to_dict()
+    while requests := search.requests():
+        generation = Generation(state.link, metrics=None)
+        try:
+            await generation.start(requests, [step], [], priority)
+        except RequestRefused as e:
+            if "logprobs" not in str(e):
+                raise
+            raise RequestRefused(f"use_beam_search with n {params.beam_width} asks "
+                                 f"{2 * params.beam_width} logprobs a token: {e}", e.code) from None
+        candidates: list[dict[int, Logprob]] = [{} for _ in requests]
+        try:
+            async for event in generation.events():
+                if event.logprobs:
+                    candidates[event.index] = {c.token_id: Logprob(c.logprob, c.rank)
+                                               for c in event.logprobs[0]}
+        except BaseException:
+            generation.abort_unfinished()
+            raise
+        search.advance(candidates)
+    outputs = search.outputs()
+    for prompt, output in zip(prompts, outputs):
+        for sequence in output.sequences:
+            del sequence.tokens[:len(prompt)]
+    return outputs
+
+
+async def respond_with_beams(state: ServerState, raw: Request, request: SamplingFields,
+                             prompts: list[list[int]], max_tokens: int, head: dict,
+                             choice: Callable[[str], dict]) -> Response:
+    """The whole answer: for prompt p, choices p * n .. p * n + n - 1 (best
+    first), each ``choice(text)`` (the route's text fields) with its
+    finish and stop reasons; a client that leaves stops the search."""
+    params = beam_params(request, max_tokens)
+
+    async def body() -> dict:
+        outputs = await beam_search(state, prompts, params, request.priority)
+        choices, generated = [], 0
+        for p, output in enumerate(outputs):
+            for i, sequence in enumerate(output.sequences):
+                text = state.tokenizer.decode(sequence.tokens, request.skip_special_tokens)
+                choices.append({"index": p * request.n + i, **choice(text),
+                                "finish_reason": sequence.finish_reason,
+                                "stop_reason": sequence.stop_reason})
+                generated += len(sequence.tokens)
+        prompt_tokens = sum(map(len, prompts))
+        return {**head, "choices": choices,
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                          "total_tokens": prompt_tokens + generated}}
+
+    return JSONResponse(await cancel_on_disconnect(raw, body()))

@@ -1,0 +1,83 @@
+"""``use_beam_search`` (vLLM's) through the official ``openai`` client
+against ``tprun serve --http-port`` (tiny, float32, CPU): with
+end-of-sequence ids ignored, every choice is one of transformers' own beams
+of the same weights, best first (the prompt tokenized by the server's
+/tokenize); fields beam search does not take are 400s naming them, and a
+request asking more logprobs than the server allows says why."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+import transformers
+
+from tests.helpers.http_utils import serving_tiny
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("http_beams"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--dtype", "float32", "--disable-log-stats",
+                      "--max-logprobs", "8") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def hf(server):
+    model = transformers.AutoModelForCausalLM.from_pretrained(server.model_dir,
+                                                              dtype=torch.float32).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(server.model_dir)
+
+
+def _beams(hf, prompt: list[int], width: int, steps: int) -> list[str]:
+    model, tokenizer = hf
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), num_beams=width,
+                             num_return_sequences=width, do_sample=False, max_new_tokens=steps,
+                             eos_token_id=None, pad_token_id=0)
+    return [tokenizer.decode(s[len(prompt):], skip_special_tokens=True) for s in out]
+
+
+def _tokens(server, **body) -> list[int]:
+    return httpx.post(f"{server.url}/tokenize", json={"model": "tiny", **body},
+                      timeout=60).json()["tokens"]
+
+
+def test_completion_choices_are_transformers_beams(server, client, hf):
+    prompts = ["The quick brown fox", "Once upon"]
+    resp = client.completions.create(model="tiny", prompt=prompts, n=3, max_tokens=6,
+                                     extra_body={"use_beam_search": True, "ignore_eos": True})
+    ids = [_tokens(server, prompt=p) for p in prompts]
+    want = [text for p in ids for text in _beams(hf, p, 3, 6)]
+    assert [c.index for c in resp.choices] == list(range(6))
+    assert [c.text for c in resp.choices] == want
+    assert all(c.finish_reason == "length" for c in resp.choices)
+    assert resp.usage.prompt_tokens == sum(map(len, ids))
+    assert resp.usage.completion_tokens == 6 * 6
+
+
+def test_chat_choices_are_transformers_beams(server, client, hf):
+    messages = [{"role": "user", "content": "Name a color."}]
+    resp = client.chat.completions.create(model="tiny", messages=messages, n=2, max_tokens=5,
+                                          extra_body={"use_beam_search": True,
+                                                      "ignore_eos": True})
+    want = _beams(hf, _tokens(server, messages=messages), 2, 5)
+    assert [c.message.content for c in resp.choices] == want
+    assert resp.object == "chat.completion"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"stream": True}, "use_beam_search does not take stream"),
+    ({"stop": ["x"], "seed": 3}, "use_beam_search does not take seed, stop"),
+    ({"n": 5}, "use_beam_search with n 5 asks 10 logprobs a token"),
+])
+def test_what_beam_search_does_not_take_is_refused(server, client, fields, message):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "use_beam_search": True, **fields}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400 and message in response.json()["error"]["message"]
+    served = client.completions.create(model="tiny", prompt="hi", max_tokens=3,
+                                       extra_body={"use_beam_search": True})
+    assert len(served.choices) == 1
