@@ -100,9 +100,12 @@ class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The engine stopped; none of this client's live requests will finish."""
+    """The engine stopped; none of this client's live requests will finish.
+    ``failed``: it stopped for a fault (a worker died, a step failed), not
+    because it was told to shut down."""
 
     reason: str
+    failed: bool = True
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):

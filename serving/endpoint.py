@@ -293,7 +293,7 @@ class EngineServer:
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")
             raise
-        self._announce_stop("the engine is shutting down")
+        self._announce_stop("the engine is shutting down", failed=False)
 
     def stop(self) -> None:
         """Ask the loop to end after its current turn (signal-handler safe)."""
@@ -493,10 +493,10 @@ class EngineServer:
                 raise
             self._drop_client(identity)
 
-    def _announce_stop(self, reason: str) -> None:
+    def _announce_stop(self, reason: str, failed: bool = True) -> None:
         self._flush_accepts()
         for identity in {route.identity for route in self.routes.values()}:
-            self._reply(identity, EngineStopped(reason=reason))
+            self._reply(identity, EngineStopped(reason=reason, failed=failed))
         self.routes.clear()
         self.engine_ids.clear()
 

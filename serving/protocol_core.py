@@ -135,14 +135,20 @@ class ClientProtocol:
         elif isinstance(message, EngineStats):
             self.on_stats(message)
         elif isinstance(message, EngineStopped):
-            self.stop(message.reason)
+            self.stop(message.reason, message.failed)
 
-    def stop(self, reason: str) -> None:
-        """The engine stopped: tell every routed sink once, route no more."""
+    def stop(self, reason: str, failed: bool = True) -> None:
+        """The engine stopped: tell every routed sink once, route no more.
+        Logged as an error where it ``failed``; a shutdown it was told to
+        make, which ends the live requests too, as a warning."""
         if self.stopped is None:
-            logger.error("engine stopped: %s", reason)
+            if failed:
+                logger.error("engine stopped: %s", reason)
+            elif self.sinks:
+                logger.warning("engine stopped with %d request(s) unfinished: %s",
+                               len(self.sinks), reason)
         self.stopped = reason
         for sink in dict.fromkeys(self.sinks.values()):  # a shared sink hears it once
-            sink(EngineStopped(reason=reason))
+            sink(EngineStopped(reason=reason, failed=failed))
         self.sinks.clear()
         self.on_stopped(reason)

@@ -306,7 +306,9 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
 
 
 @pytest.mark.timeout(90)
-def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
+def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path, caplog):
+    """A shutdown with a request running ends it with the reason; the client
+    logs that as a warning (the engine was told to stop), not an error."""
     served = start_server(tmp_path, "--nproc-per-node", "1", "serve", "--model", "tiny",
                           "--device", "cpu", "--port", "0", "--no-async-scheduling",
                           "--log-stats-interval", "0.2")
@@ -331,6 +333,9 @@ def test_tcp_port_tp1_stats_log_and_stop_with_live_requests(tmp_path):
                 client.stats()
     finally:
         code, output, leftovers = stop_server(served)
+    logged = [r for r in caplog.records if r.name == "serving.protocol_core"]
+    assert [(r.levelname, r.getMessage()) for r in logged] == [
+        ("WARNING", "engine stopped with 1 request(s) unfinished: the engine is shutting down")]
     assert out[0].outputs[0].token_ids == reference([{"prompt_token_ids": [7, 8, 9]}], 5)[0]
     assert code == 0 and leftovers == []
     assert "Avg generation throughput" in output
