@@ -7,6 +7,9 @@ Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
+Every route reads its body with the lane's JSON parser
+(``json_body.JsonBodyRoute``): a string that is not Unicode text (a lone
+surrogate) is a malformed body, never a failure further on.
 With API keys, every ``/v1`` route needs ``Authorization:
 Bearer KEY`` with one of them (compared in constant time), else 401. With
 ``allowed_origins`` (CORS) pages of those origins may call the API from a
@@ -42,6 +45,7 @@ from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
 from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
+from serving.http.json_body import JsonBodyRoute
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import CONTENT_TYPE, Metrics
 from serving.http.protocol import (
@@ -136,6 +140,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
             await link.close()
 
     app = FastAPI(title="tprun", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = JsonBodyRoute  # bodies read as the lane reads them
     _add_error_handlers(app)
 
     async def completion(body: CompletionRequest, raw: Request) -> Response:

@@ -1,8 +1,8 @@
 """``FastLane``: the generation routes' bodies parsed and validated in one
 pass, without FastAPI's request machinery.
 
-FastAPI reads a JSON body with ``json.loads``, then validates the Python
-objects against the route's model, behind its middleware stack and its
+A FastAPI route reads a JSON body into Python objects (``json_body``), then
+validates them against the route's model, behind its middleware stack and its
 dependency solver: for a prompt of a few hundred token ids that is most of
 the time the server spends before the engine sees the request. This ASGI
 layer sits between the guards and the FastAPI app and serves ``POST`` to

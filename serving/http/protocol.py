@@ -14,6 +14,8 @@ serving code; ``error_body`` is the one error shape every route uses.
 from __future__ import annotations
 
 import json
+import math
+import re
 import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 # is a bad request (400 naming the field), not a failure to encode it. The
 # sampling fields' ints are bounded by SamplingParams, which checks them first.
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+_DECIMAL_INT = re.compile(r"-?[0-9]+")  # a token id as logit_bias keys spell it
 
 
 class StreamOptions(BaseModel):
@@ -107,17 +110,20 @@ class SamplingFields(BaseModel):
 
     def token_biases(self) -> dict[int, float] | None:
         """``logit_bias`` with its keys as token ids and each bias clamped to
-        OpenAI's [-100, 100] (as vLLM clamps); ``ValueError`` for a key that
-        is not an id."""
+        OpenAI's [-100, 100] (as vLLM clamps); ``FieldError`` for a key that
+        is not a decimal integer (``int()`` would also read "1_0" as 10 and
+        other scripts' digits) and for a NaN bias (clamping would quietly
+        make it -100, a ban). The engine checks the ids' range."""
         if self.logit_bias is None:
             return None
         biases = {}
         for key, bias in self.logit_bias.items():
-            try:
-                token = int(key)
-            except ValueError:
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
-            biases[token] = min(100.0, max(-100.0, bias))
+            if not _DECIMAL_INT.fullmatch(key):
+                raise FieldError("logit_bias", f"logit_bias keys must be token ids, got {key!r}")
+            if math.isnan(bias):
+                raise FieldError("logit_bias",
+                                 f"logit_bias values must be numbers, got NaN for {key!r}")
+            biases[int(key)] = min(100.0, max(-100.0, bias))
         return biases
 
     def stop_strings(self) -> list[str]:

@@ -60,9 +60,13 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     max_tokens = capped_max_tokens(max_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
     if request.use_beam_search:
-        steps = max_tokens if max_tokens is not None else state.max_model_len - len(prompt)
+        # A max_tokens given is checked as given (0 is a 400, as without
+        # beam search); only the context's room is raised to 1, so that a
+        # prompt that fills it gets the engine's length message.
+        steps = (max_tokens if max_tokens is not None
+                 else max(1, state.max_model_len - len(prompt)))
         return await respond_with_beams(
-            state, raw, request, [prompt], max(1, steps),
+            state, raw, request, [prompt], steps,
             _head(state, request, f"chatcmpl-{secrets.token_hex(12)}", "chat.completion"),
             lambda text: {"message": {"role": "assistant", "content": text}, "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),

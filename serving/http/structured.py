@@ -16,6 +16,7 @@ engine's key; whether it compiles is the engine's verdict.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from engine.structured_outputs.params import StructuredOutputsError, StructuredOutputsParams
@@ -83,6 +84,10 @@ def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
             raise FieldError("response_format.json_schema",
                              'response_format {"type": "json_schema"} needs '
                              '"json_schema": {"name": ..., "schema": {...}}')
+        if spec["schema"] is None or spec["schema"] is False:
+            # The engine reads a json of None or False as no constraint at all.
+            raise FieldError(_SCHEMA, f"{_SCHEMA} must be a JSON schema (an object), "
+                                      f"got {json.dumps(spec['schema'])}")
         return {"json": spec["schema"]}
     raise FieldError("response_format.type",
                      f"response_format type must be text, json_object or json_schema, "

@@ -1,0 +1,299 @@
+"""Bad input over HTTP: every malformed or hostile body is a 4xx in OpenAI's
+error shape (400 for a bad value, 404 for a model not served), never a 500
+or a hang, and the engine keeps serving: its greedy answers after the
+abuse are the ones it gave before.
+
+One ``tprun serve --http-port`` (TP=1, tiny, CPU) serves the module, with
+``--max-model-len 64`` so that a random body that happens to be valid cannot
+ask for a long generation. The property test mutates valid bodies of the
+four body routes (fields replaced by random JSON: wrong types, nested
+values, huge and negative numbers, NaN and infinities, empty and long
+strings, lone surrogates, null bytes); the others pin down the defects
+this found, each with the unit it was fixed in:
+
+- a lone surrogate (``"\\ud800"``, or its UTF-8 bytes) passed FastAPI's
+  ``json.loads`` and failed in the tokenizer or when an error message
+  quoted it (500; the second dropped the connection): bodies are now read
+  with the lane's parser (``serving/http/json_body.py``), which refuses it;
+- ``logit_bias`` read its keys with ``int()`` ("1_0" was token 10, other
+  scripts' digits were ids) and clamped a NaN bias to -100 (a silent ban);
+- ``response_format``'s ``schema`` null or false was reported as a missing
+  ``structured_outputs`` constraint, naming a field the client never sent;
+- a regex ending in a lone backslash compiled as if it were not there (a
+  lone ``\\`` as the empty regex): llguidance drops it before parsing;
+- a chat's beam search answered a max_tokens of 0 or below with one token.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.structured_outputs.backend import GrammarError, GuidanceBackend
+from engine.structured_outputs.params import GrammarKey
+from serving.http.json_body import read_json
+from serving.http.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    FieldError,
+    TokenizeRequest,
+)
+from serving.http.structured import structured_outputs_of
+from tests.helpers.http_utils import serving_tiny
+
+COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2,
+        "temperature": 0}
+ROUTES = {
+    "/v1/completions": (COMPLETION, CompletionRequest),
+    "/v1/chat/completions": (CHAT, ChatCompletionRequest),
+    "/tokenize": ({"model": "tiny", "prompt": "Hello"}, TokenizeRequest),
+    "/detokenize": ({"model": "tiny", "tokens": [72, 105]}, DetokenizeRequest),
+}
+SERVER_FAILURE = "a request failed inside the server"  # app.py logs each 500 so
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("bad-input"), "--nproc-per-node", "1", "serve",
+                      "--model", "tiny", "--device", "cpu", "--max-model-len", "64",
+                      "--disable-log-stats") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def reference(server) -> dict:
+    """The greedy answers of the valid bodies, before any bad input."""
+    return {path: _answer(server, path, COMPLETION if path == "/v1/completions" else CHAT)
+            for path in ("/v1/completions", "/v1/chat/completions")}
+
+
+def _answer(server, path: str, body: dict) -> object:
+    response = httpx.post(f"{server.url}{path}", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    return choice.get("text", choice.get("message"))
+
+
+def _post(server, path: str, content: bytes) -> httpx.Response:
+    """POST raw bytes as JSON; a hang fails the test (httpx's timeout)."""
+    return httpx.post(f"{server.url}{path}", content=content, timeout=30,
+                      headers={"Content-Type": "application/json"})
+
+
+def _error(response: httpx.Response, status: int) -> dict:
+    """The error of an answer in OpenAI's shape, after checking its status."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert "Traceback" not in error["message"], error
+    return error
+
+
+def _still_serving(server, reference: dict) -> None:
+    """The engine answers as it did before, and no request failed inside the server."""
+    for path, want in reference.items():
+        body = COMPLETION if path == "/v1/completions" else CHAT
+        assert _answer(server, path, body) == want
+    assert SERVER_FAILURE not in server.output()
+
+
+# ---- the property test -----------------------------------------------------------
+SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+TEXTS = (st.text(st.characters() | SURROGATE, min_size=1, max_size=8)
+         | st.sampled_from(["", "\x00", "\ud800", "tiny", "x" * 20_000]))
+NUMBERS = (st.integers(-3, 3) | st.floats()
+           | st.sampled_from([10**30, -(10**30), 2**63, 2**64, -(2**63) - 1, 319, 320]))
+VALUES = st.recursive(st.none() | st.booleans() | NUMBERS | TEXTS,
+                      lambda inner: st.lists(inner, max_size=3)
+                      | st.dictionaries(TEXTS, inner, max_size=3),
+                      max_leaves=8)
+READ = {"/v1/completions": "prompt", "/v1/chat/completions": "messages", "/tokenize": "prompt",
+        "/detokenize": "tokens"}
+# Places below a field that only a value of the right shape reaches: the
+# field's value built around the random one.
+NESTED = {
+    "messages": lambda v: [{"role": "user", "content": v}],
+    "tools": lambda v: [{"type": "function", "function": {"name": "f", "parameters": v}}],
+    "response_format": lambda v: {"type": "json_schema", "json_schema": {"name": "x",
+                                                                         "schema": v}},
+    "structured_outputs": lambda v: {"regex": v},
+}
+
+
+@st.composite
+def mutated_bodies(draw) -> tuple[str, object]:
+    """A route and a body: one of the route's valid bodies with up to 3 of
+    its model's fields (or an unknown one) and, every other time, the field
+    every route reads (``READ``) set to random JSON, maybe inside the
+    field's shape; now and then a random JSON value as the whole body."""
+    path = draw(st.sampled_from(sorted(ROUTES)))
+    base, model = ROUTES[path]
+    if draw(st.integers(0, 9)) == 0:
+        return path, draw(VALUES)
+    body = copy.deepcopy(base)
+    fields = st.sampled_from([*sorted(model.model_fields), "unknown_field"])
+    names = draw(st.lists(fields, max_size=3))
+    if not names or draw(st.booleans()):
+        names.append(READ[path])
+    for name in names:
+        value = draw(st.one_of(TEXTS, TEXTS, NUMBERS, VALUES))  # scalars, texts first
+        wrap = NESTED.get(name)
+        body[name] = wrap(value) if wrap is not None and draw(st.booleans()) else value
+    return path, body
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_mutated_bodies_are_answered_4xx_in_openai_shape_never_500(server, reference):
+    statuses = []
+
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(mutated_bodies())
+    def check(case):
+        path, body = case
+        response = _post(server, path, json.dumps(body).encode())
+        statuses.append(response.status_code)
+        if response.status_code != 200:
+            assert response.status_code in (400, 404), (body, response.text)
+            _error(response, response.status_code)
+
+    check()
+    assert 200 in statuses and 400 in statuses  # both sides of the checks were reached
+    _still_serving(server, reference)
+
+
+# ---- the defects it found --------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path, content", [
+    ("/v1/completions", b'{"prompt": "\\ud800", "max_tokens": 2}'),
+    ("/v1/completions", b'{"prompt": ["a", "b\\udfff"], "max_tokens": 2}'),
+    ("/v1/completions", b'{"prompt": "\xed\xa0\x80", "max_tokens": 2}'),  # encoded
+    ("/v1/completions", b'{"prompt": "hi", "stop": ["\\ud800"], "max_tokens": 2}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
+    ("/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\udc00"}]}]}'),
+    # An error message quoting the role could not be written as UTF-8.
+    ("/v1/chat/completions", b'{"messages": [{"role": "\\ud800", "content": "hi"}]}'),
+    ("/tokenize", b'{"prompt": "\\ud800"}'),
+    ("/tokenize", b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
+])
+def test_a_lone_surrogate_is_a_malformed_body_on_every_route(server, reference, path, content):
+    error = _error(_post(server, path, content), 400)
+    assert error["message"].startswith("the body is not valid JSON ("), error
+    assert error["param"] is None
+    _still_serving(server, reference)
+
+
+@pytest.mark.timeout(60)
+def test_valid_unicode_a_pair_of_surrogates_and_a_bom_are_still_served(server):
+    pair = _post(server, "/tokenize", b'{"prompt": "\\ud83d\\ude00", "add_special_tokens": false}')
+    assert pair.status_code == 200 and pair.json()["count"] == 4  # one emoji, four bytes
+    with_bom = _post(server, "/v1/completions",
+                     b'\xef\xbb\xbf{"prompt": "hi", "max_tokens": 2, "temperature": 0}')
+    assert with_bom.status_code == 200, with_bom.text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bias, message", [
+    ({"1_0": 5}, "logit_bias keys must be token ids, got '1_0'"),
+    ({"\u0663": 5}, "logit_bias keys must be token ids"),  # an Arabic-Indic 3
+    ({" 1 ": 5}, "logit_bias keys must be token ids"),
+    ({"1": float("nan")}, "logit_bias values must be numbers, got NaN for '1'"),
+])
+def test_logit_bias_keys_are_decimal_ids_and_biases_numbers(server, bias, message):
+    for path, base in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        body = json.dumps({**base, "logit_bias": bias}).encode()  # NaN as JSON's NaN token
+        error = _error(_post(server, path, body), 400)
+        assert error["message"] == message or error["message"].startswith(message), error
+        assert error["param"] == "logit_bias"
+
+
+@pytest.mark.timeout(60)
+def test_an_infinite_bias_is_clamped_as_openai_clamps():
+    request = CompletionRequest(prompt="x", logit_bias={"5": math.inf, "6": -1e300})
+    assert request.token_biases() == {5: 100.0, 6: -100.0}
+    with pytest.raises(FieldError, match="must be token ids"):
+        CompletionRequest(prompt="x", logit_bias={"+5": 1}).token_biases()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("schema", [None, False])
+def test_a_null_or_false_schema_is_named_where_the_client_sent_it(server, schema):
+    body = {**CHAT, "response_format": {"type": "json_schema",
+                                        "json_schema": {"name": "x", "schema": schema}}}
+    error = _error(_post(server, "/v1/chat/completions", json.dumps(body).encode()), 400)
+    assert error["param"] == "response_format.json_schema.schema", error
+    assert "must be a JSON schema" in error["message"] and "structured_outputs" not in \
+        error["message"]
+    request = ChatCompletionRequest.model_validate(body)
+    with pytest.raises(FieldError):
+        structured_outputs_of(request)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field, value", [
+    ("guided_regex", "\\"),
+    ("guided_regex", "a\\\\\\"),  # a\\\ : an escaped backslash, then a lone one
+    ("structured_outputs", {"regex": "[0-9]+\\"}),
+])
+def test_a_regex_ending_in_a_lone_backslash_is_refused(server, reference, field, value):
+    body = json.dumps({**COMPLETION, field: value}).encode()
+    error = _error(_post(server, "/v1/completions", body), 400)
+    assert "invalid regex: it ends in an incomplete escape" in error["message"], error
+    _still_serving(server, reference)
+
+
+@pytest.mark.timeout(60)
+def test_an_escaped_backslash_at_a_regex_end_is_served(server):
+    body = {**COMPLETION, "guided_regex": "a\\\\", "max_tokens": 4}  # the regex a\\
+    response = _post(server, "/v1/completions", json.dumps(body).encode())
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == "a\\"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fields", [{"max_tokens": 0}, {"max_tokens": -5},
+                                    {"max_completion_tokens": 0}])
+def test_beam_search_takes_no_max_tokens_below_one_on_either_route(server, reference, fields):
+    """A chat's beam search raised a max_tokens below 1 to 1 and answered;
+    it is refused as the completion route and sampling refuse it."""
+    beams = {"use_beam_search": True, "n": 2}
+    chat = {**CHAT, **beams, **fields}
+    error = _error(_post(server, "/v1/chat/completions", json.dumps(chat).encode()), 400)
+    assert "max_tokens must be" in error["message"], error
+    if "max_tokens" in fields:
+        completion = {**COMPLETION, **beams, **fields}
+        _error(_post(server, "/v1/completions", json.dumps(completion).encode()), 400)
+    _still_serving(server, reference)
+
+
+def test_the_backend_refuses_a_dangling_escape_before_building_anything():
+    backend = GuidanceBackend("/nonexistent/tokenizer.json", vocab_size=8, eos_token_ids=[0])
+    for regex in ("\\", "ab\\", "a\\\\\\"):
+        with pytest.raises(GrammarError, match="incomplete escape"):
+            backend.compile(GrammarKey("regex", regex))
+    assert backend._tokenizer is None
+
+
+def test_read_json_refuses_what_is_not_unicode_and_reads_the_rest_as_json_loads():
+    for bad in (b'"\\ud800"', b'"\\udc00x"', b'"\\ude00\\ud83d"', b'"\xed\xa0\x80"',
+                b'"\xff"', b'{"a": 1,}', b"[" * 1000 + b"]" * 1000):
+        with pytest.raises(json.JSONDecodeError):
+            read_json(bad)
+    for good in (b'{"a": "\\ud83d\\ude00 \\u0000", "b": [1e400, -0, 123456789012345678901]}',
+                 b'{"a": 1, "a": 2}', b'  [true, null, "x"]  '):
+        assert read_json(good) == json.loads(good)
+    assert read_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
+    assert math.isnan(read_json(b"NaN"))
