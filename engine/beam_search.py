@@ -26,6 +26,8 @@ before anything runs).
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +35,8 @@ import msgspec
 
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
+
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
 
 class BeamSearchParams(msgspec.Struct, kw_only=True):
@@ -91,9 +95,15 @@ class BeamSearchOutput:
 def score(sequence: BeamSearchSequence, eos_token_ids: frozenset[int],
           length_penalty: float) -> float:
     """Cumulative logprob over length ** length_penalty (length: prompt and
-    tokens, a final end-of-sequence id not counted)."""
+    tokens, a final end-of-sequence id not counted). Computed through
+    logarithms, so any length_penalty gives a number, never an overflow or
+    a division by zero: one past the float range is its most negative
+    value, one below it 0."""
     length = len(sequence.tokens) - (sequence.tokens[-1] in eos_token_ids)
-    return sequence.cum_logprob / (length ** length_penalty)
+    if sequence.cum_logprob == 0:
+        return 0.0
+    magnitude = math.log(-sequence.cum_logprob) - length_penalty * math.log(length)
+    return -math.exp(min(magnitude, _LOG_FLOAT_MAX))
 
 
 class BeamSearch:

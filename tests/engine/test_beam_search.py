@@ -6,9 +6,12 @@ tests/checkpoint/test_gguf_beam_search.py."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers
+from pytest import approx
 
 from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, BeamSearchParams
@@ -80,9 +83,14 @@ def test_score_worked_by_hand():
     """-6 over 3 tokens (prompt 1 + 2) at penalty 1: -2; at penalty 2: -6/9;
     a final end-of-sequence id does not count: -6 / 2."""
     eos = frozenset({9})
-    assert score(BeamSearchSequence([1, 2, 3], cum_logprob=-6.0), eos, 1.0) == -2.0
-    assert score(BeamSearchSequence([1, 2, 3], cum_logprob=-6.0), eos, 2.0) == -6.0 / 9
-    assert score(BeamSearchSequence([1, 2, 9], cum_logprob=-6.0), eos, 1.0) == -3.0
+    assert score(BeamSearchSequence([1, 2, 3], cum_logprob=-6.0), eos, 1.0) == approx(-2.0)
+    assert score(BeamSearchSequence([1, 2, 3], cum_logprob=-6.0), eos, 2.0) == approx(-6 / 9)
+    assert score(BeamSearchSequence([1, 2, 9], cum_logprob=-6.0), eos, 1.0) == approx(-3.0)
+    assert score(BeamSearchSequence([1, 2, 9], cum_logprob=0.0), eos, 1.0) == 0.0
+    # A penalty whose power leaves the float range gives a number, no error.
+    for penalty in (1e30, -1e308, float("inf"), float("-inf")):
+        assert math.isfinite(score(BeamSearchSequence([1, 2, 3], cum_logprob=-1.5), eos,
+                                   penalty))
 
 
 @pytest.mark.timeout(120)

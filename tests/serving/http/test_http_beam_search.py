@@ -81,3 +81,12 @@ def test_what_beam_search_does_not_take_is_refused(server, client, fields, messa
     served = client.completions.create(model="tiny", prompt="hi", max_tokens=3,
                                        extra_body={"use_beam_search": True})
     assert len(served.choices) == 1
+
+
+@pytest.mark.parametrize("penalty", [1e30, -1e308])
+def test_an_extreme_length_penalty_is_answered(server, penalty):
+    """Scores are ranked through logarithms: no overflow, no division by 0."""
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "n": 2, "use_beam_search": True,
+            "length_penalty": penalty}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200 and len(response.json()["choices"]) == 2
