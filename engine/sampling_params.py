@@ -31,7 +31,7 @@ assignments never reach a request already made. The invariants: every field has 
 are ints, not bools, and fit a signed 64-bit integer, the type the messages
 carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
 None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
-stop strings not empty; ``logit_bias`` a dict of int ids to numbers and
+stop strings not empty, at most ``MAX_STOP_STRINGS``; ``logit_bias`` a dict of int ids to numbers and
 ``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
 ``bad_words_token_ids`` a list of lists of ints, each within its bounds).
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
@@ -50,6 +50,7 @@ from typing import Any
 
 import msgspec
 
+from engine.stop_strings import MAX_STOP_STRINGS
 from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.messages import SamplingOptions
 
@@ -179,6 +180,8 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if not all(stop):
             raise ValueError("a stop string must not be empty")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop holds {len(stop)} strings, more than {MAX_STOP_STRINGS}")
 
     def _check_structured_outputs(self) -> None:
         so = self.structured_outputs

@@ -18,11 +18,22 @@ no stop string, but one may begin in it: as vLLM, which looks for stop
 strings only once ``min_tokens`` are out, each time over the new text and
 the stop string's length before it. So ``release`` holds back the same
 tail as ``feed``.
+
+Cost: a piece costs lookups in the request's stop strings, not a pass
+over them: the stop strings are kept as a set and a sorted tuple, so
+finding one that ends in the new text takes one set lookup per position
+and distinct stop length, and the held-back tail one binary search per
+candidate length. A request with many stop strings (up to
+``MAX_STOP_STRINGS``) costs each token about what one with a few does.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
+
+# Stop strings a request may give (as many as its other lists' entries).
+MAX_STOP_STRINGS = 1024
 
 
 class StopStringMatcher:
@@ -30,6 +41,10 @@ class StopStringMatcher:
         if any(not s for s in stops):
             raise ValueError("a stop string must not be empty")
         self.stops = tuple(stops)
+        self._set = frozenset(self.stops)
+        self._sorted = tuple(sorted(self._set))
+        self._lengths = sorted({len(s) for s in self._set})
+        self._longest = self._lengths[-1] if self._lengths else 0
         self.include_stop = include_stop
         self.pending = ""  # received, not released: a possible stop-string start
         self.unmatched = 0  # leading characters of ``pending`` that end no stop string
@@ -87,20 +102,33 @@ class StopStringMatcher:
 
     def _earliest(self, text: str) -> tuple[int, str] | None:
         """(index, stop string) of the earliest stop string in ``text`` that
-        ends past its first ``unmatched`` characters, if any."""
-        found = [(i, s) for s in self.stops
-                 if (i := text.find(s, max(0, self.unmatched - len(s) + 1))) >= 0]
-        return min(found) if found else None
+        ends past its first ``unmatched`` characters, the smallest string
+        where two begin at one index; None if there is none."""
+        found = None
+        for end in range(self.unmatched + 1, len(text) + 1):
+            for n in self._lengths:
+                if n > end:
+                    break
+                if (candidate := text[end - n:end]) in self._set:
+                    if found is None or (end - n, candidate) < found:
+                        found = (end - n, candidate)
+        return found
 
     def _held_tail(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that a stop string starts with."""
-        longest = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(text)), longest, -1):
-                if text.endswith(stop[:n]):
-                    longest = n
-                    break
-        return longest
+        """Length of the longest tail of ``text`` that a stop string starts
+        with (a proper start: a whole stop string there was found already)."""
+        for n in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-n:]
+            # The first stop string not below ``tail`` starts with it, if any does.
+            i = bisect.bisect_left(self._sorted, tail)
+            if i < len(self._sorted) and self._sorted[i].startswith(tail) \
+                    and len(self._sorted[i]) > n:
+                return n
+            # A stop string equal to ``tail`` sorts first; a longer one may follow it.
+            if i + 1 < len(self._sorted) and self._sorted[i] == tail \
+                    and self._sorted[i + 1].startswith(tail):
+                return n
+        return 0
 
 
 class OutputStops:

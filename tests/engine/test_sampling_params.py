@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from engine.sampling_params import SamplingParams
+from engine.stop_strings import MAX_STOP_STRINGS
 from ipc.messages import SamplingOptions
 
 
@@ -148,3 +149,10 @@ def test_to_options_round_trips_through_msgspec():
     for f in msgspec.structs.fields(SamplingOptions):
         assert getattr(opts, f.name) == getattr(p, f.name), f.name
     assert SamplingParams().to_options() == SamplingOptions()
+
+
+def test_at_most_max_stop_strings():
+    stops = [f"s{i}" for i in range(MAX_STOP_STRINGS)]
+    assert len(SamplingParams(stop=stops).stop) == MAX_STOP_STRINGS
+    with pytest.raises(ValueError, match=f"stop holds 1025 strings, more than {MAX_STOP_STRINGS}"):
+        SamplingParams(stop=[*stops, "one more"])
