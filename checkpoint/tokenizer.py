@@ -93,7 +93,15 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The text's ids; with ``add_special_tokens`` False, no BOS or other
-        token the post-processor would add (the text's own tokens only)."""
+        token the post-processor would add (the text's own tokens only).
+        ``ValueError`` for a text that is not Unicode text (a lone
+        surrogate), which the tokenizer cannot read."""
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"the text is not valid Unicode: {e.reason} at "
+                                 f"character {e.start}") from None
         if not add_special_tokens:
             return self.hf.encode(text, add_special_tokens=False).ids
         if self.add_bos_token is None:

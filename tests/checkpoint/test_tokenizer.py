@@ -54,6 +54,16 @@ def test_round_trip(tok, text):
     assert tok.decode(ids) == text
 
 
+@pytest.mark.parametrize("text, at", [("a\ud800b", 1), ("h\u00e9\udfff", 2)])
+def test_a_lone_surrogate_is_a_value_error_naming_where(tok, text, at):
+    """The tokenizers library refuses such a str with a TypeError; the
+    caller gave a bad value, so it is a ValueError that says where."""
+    with pytest.raises(ValueError, match=f"not valid Unicode: surrogates not allowed at "
+                                         f"character {at}"):
+        tok.encode(text)
+    assert tok.encode("h\u00e9") == tok.hf.encode("h\u00e9").ids
+
+
 def test_special_ids_and_decode_skips_specials(tok):
     assert tok.bos_token_id == tok.hf.token_to_id("<s>")
     assert tok.eos_token_id == tok.hf.token_to_id("</s>")
