@@ -9,7 +9,7 @@ from worker.job_signals import defer_to_executor
 from worker.parent_death import die_with_parent_from_env
 
 die_with_parent_from_env()  # before the heavy imports below
-# SIGTERM or SIGHUP that reached the executor too is the executor's to act
+# A SIGTERM that reached the executor too is the executor's to act
 # on: it stops this worker between steps. Before any thread starts.
 defer_to_executor()
 # Ctrl-C in a terminal reaches the whole process group: the executor decides

@@ -77,3 +77,29 @@ def test_a_signal_to_the_worker_alone_kills_it(tmp_path, mode):
     assert code == -15
     assert seconds < WORK_S / 2
     assert shared == ("False" if mode == "alone" else "True")
+
+
+@pytest.mark.timeout(60)
+def test_what_the_worker_starts_and_what_it_ignores_keep_their_actions(tmp_path):
+    """A process the worker starts dies of SIGTERM (nothing blocked is
+    inherited); SIGHUP, and a SIGTERM the worker was started ignoring, are
+    left as they were (a worker under ``nohup`` keeps ignoring hangups)."""
+    script = """
+import os, signal, subprocess, sys
+from executor.stop_signals import RECORD_FD_ENV, delivery_record
+from worker.job_signals import defer_to_executor
+signal.signal(signal.SIGTERM, lambda *_: None)
+os.environ[RECORD_FD_ENV] = str(delivery_record())
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+defer_to_executor()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+child.terminate()
+print(child.wait(timeout=20), signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)
+os.environ[RECORD_FD_ENV] = str(delivery_record())
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+defer_to_executor()
+print(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)
+"""
+    result, leftovers = run_in_session([sys.executable, "-c", script], timeout=40)
+    assert result.returncode == 0 and leftovers == [], result.stderr
+    assert result.stdout.split() == ["-15", "True", "True"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import threading
 import time
 
@@ -41,13 +42,20 @@ def _stream(endpoint_file: str, index: int, counts: list[int]) -> None:
             pass
 
 
-def _serve_under_load(tmp_path, nproc: int) -> tuple[Served, list[threading.Thread]]:
-    """``tprun serve`` of ``tiny`` (its temp folder ``tmp_path/tmp``), each of
+@pytest.fixture
+def socket_tmp() -> str:
+    """A temp folder for the server's sockets with a short path (a Unix
+    socket's address holds 107 bytes; a test's own folder can be long)."""
+    return tempfile.mkdtemp(prefix="sig")
+
+
+def _serve_under_load(tmp_path, socket_tmp: str,
+                      nproc: int) -> tuple[Served, list[threading.Thread]]:
+    """``tprun serve`` of ``tiny`` (its temp folder ``socket_tmp``), each of
     ``STREAMS`` clients streaming a long request into it."""
-    (tmp_path / "tmp").mkdir()
     served = start_server(tmp_path, "--nproc-per-node", str(nproc), "serve", "--model", "tiny",
                           "--device", "cpu", "--disable-log-stats", timeout_s=40,
-                          env={"TMPDIR": str(tmp_path / "tmp"), "TPRUN_LOG_LEVEL": "INFO"})
+                          env={"TMPDIR": socket_tmp, "TPRUN_LOG_LEVEL": "INFO"})
     counts = [0] * STREAMS
     threads = [threading.Thread(target=_stream, args=(served.endpoint_file, i, counts),
                                 daemon=True) for i in range(STREAMS)]
@@ -90,23 +98,23 @@ def _worker_of_rank(served: Served, rank: int) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_group_sigterm_under_load_is_a_clean_shutdown(tmp_path, nproc):
-    served, threads = _serve_under_load(tmp_path, nproc)
+def test_group_sigterm_under_load_is_a_clean_shutdown(tmp_path, socket_tmp, nproc):
+    served, threads = _serve_under_load(tmp_path, socket_tmp, nproc)
     os.killpg(served.proc.pid, signal.SIGTERM)
     code, output, _ = _ended(served, threads, timeout_s=20)
     assert code == 0, output
     assert " ERROR " not in output and "exited with code" not in output, output
-    assert socket_dirs(tmp_path / "tmp") == []
+    assert socket_dirs(socket_tmp) == []
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60)
-def test_sigterm_to_one_worker_under_load_fails_naming_its_rank(tmp_path):
-    served, threads = _serve_under_load(tmp_path, 2)
+def test_sigterm_to_one_worker_under_load_fails_naming_its_rank(tmp_path, socket_tmp):
+    served, threads = _serve_under_load(tmp_path, socket_tmp, 2)
     os.kill(_worker_of_rank(served, 1), signal.SIGTERM)
     killed_at = time.monotonic()
     code, output, exited_at = _ended(served, threads, timeout_s=20)
     assert code == 1, output
     assert "worker rank 1" in output and "exited with code -15" in output, output
     assert exited_at - killed_at < 5.0  # not the step timeout, nor the workers' grace
-    assert socket_dirs(tmp_path / "tmp") == []
+    assert socket_dirs(socket_tmp) == []
