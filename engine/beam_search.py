@@ -64,8 +64,9 @@ class BeamSearchParams(msgspec.Struct, kw_only=True):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.length_penalty, (int, float)) or isinstance(
-                self.length_penalty, bool) or self.length_penalty != self.length_penalty:
-            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+                self.length_penalty, bool) or not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be a finite number, got "
+                             f"{self.length_penalty!r}")
         # temperature: SamplingParams' own check, where the step's params are made.
 
 
@@ -95,19 +96,22 @@ class BeamSearchOutput:
 def score(sequence: BeamSearchSequence, eos_token_ids: frozenset[int],
           length_penalty: float) -> float:
     """Cumulative logprob over length ** length_penalty (length: prompt and
-    tokens, a final end-of-sequence id not counted). Computed through
+    tokens, a final end-of-sequence id not counted, at least 1). Computed through
     logarithms, so any length_penalty gives a number, never an overflow or
     a division by zero: one past the float range is its most negative
     value, one below it 0."""
-    length = len(sequence.tokens) - (sequence.tokens[-1] in eos_token_ids)
+    length = max(1, len(sequence.tokens) - (sequence.tokens[-1] in eos_token_ids))
     if sequence.cum_logprob == 0:
         return 0.0
-    magnitude = math.log(-sequence.cum_logprob) - length_penalty * math.log(length)
+    magnitude = math.log(-sequence.cum_logprob)
+    if length > 1:  # length 1: any power is 1
+        magnitude -= length_penalty * math.log(length)
     return -math.exp(min(magnitude, _LOG_FLOAT_MAX))
 
 
 class BeamSearch:
-    """The search of several prompts (token ids), driven a step at a time
+    """The search of several prompts (token ids; ``ValueError`` for one that
+    is empty or leaves no room in the context), driven a step at a time
     by its caller: ``requests`` gives the step's one-token requests (the
     token ids of each, run with ``step_params``; none once the search is
     over), ``advance`` takes their candidates in the same order, ``outputs``
@@ -120,6 +124,10 @@ class BeamSearch:
 
     def __init__(self, prompts: Sequence[list[int]], params: BeamSearchParams,
                  eos_token_ids: Sequence[int], max_model_len: int, keep_eos: bool = True):
+        for prompt in prompts:
+            if not 0 < len(prompt) < max_model_len:
+                raise ValueError(f"a prompt of {len(prompt)} tokens leaves no room under "
+                                 f"max_model_len {max_model_len}")
         self.params = params
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
         self.max_model_len = max_model_len

@@ -182,13 +182,8 @@ class LLM:
         engine = self.engine
         limits = engine.scheduler.config
         params.check(limits.max_logprobs)
-        prompt_ids = [engine.tokenize(p) for p in prompts]
-        for ids in prompt_ids:
-            if not 0 < len(ids) < limits.max_model_len:
-                raise ValueError(f"a prompt of {len(ids)} tokens leaves no room under "
-                                 f"max_model_len {limits.max_model_len}")
-        search = BeamSearch(prompt_ids, params, engine.model_config.eos_token_ids,
-                            limits.max_model_len)
+        search = BeamSearch([engine.tokenize(p) for p in prompts], params,
+                            engine.model_config.eos_token_ids, limits.max_model_len)
         while requests := search.requests():
             outputs = self.generate([{"prompt_token_ids": r} for r in requests],
                                     search.step_params)

@@ -64,7 +64,10 @@ class StopStringMatcher:
             return self._cut(text, found)
         # A stop string found after ``held`` may yet lose to a longer one
         # that begins at ``held``: hold everything from there.
-        return self._hold_from(text, held)
+        released = self._hold_from(text, held)
+        if found is None:  # no stop string ends anywhere in what is held
+            self.unmatched = len(self.pending)
+        return released
 
     def release(self, piece: str) -> str:
         """Add ``piece``, which ends no stop string (the output is still below

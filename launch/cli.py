@@ -641,7 +641,8 @@ def _start_http(args, engine, server, secret: bytes):
                              context=server.ctx, tool_call_parser=args.tool_call_parser,
                              sampling_defaults=engine.sampling_defaults,
                              allowed_origins=args.allowed_origins,
-                             log_level=args.uvicorn_log_level or "warning")
+                             log_level=args.uvicorn_log_level or "warning",
+                             eos_token_ids=list(engine.model_config.eos_token_ids))
     return http
 
 

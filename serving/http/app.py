@@ -112,7 +112,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                max_model_len: int, api_keys: Sequence[str] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
-               allowed_origins: Sequence[str] = ()):
+               allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = ()):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -120,7 +120,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     tool_choice "auto" is served (None: refused); ``sampling_defaults``:
     the model's recommended sampling (``LLMEngine.sampling_defaults``);
     ``allowed_origins``: the web origins whose pages may call the API
-    (CORS; none by default, so a page of another site cannot)."""
+    (CORS; none by default, so a page of another site cannot);
+    ``eos_token_ids``: the model's end-of-sequence ids (beam search ends a
+    sequence at one; none given: the tokenizer's)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -129,7 +131,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         LogprobsFormatter(tokenizer),
                         tool_call_parser=(None if tool_call_parser is None
                                           else TOOL_CALL_PARSERS[tool_call_parser]),
-                        sampling_defaults=dict(sampling_defaults or {}))
+                        sampling_defaults=dict(sampling_defaults or {}),
+                        eos_token_ids=tuple(eos_token_ids) or (
+                            () if tokenizer.eos_token_id is None
+                            else (tokenizer.eos_token_id,)))
 
     @asynccontextmanager
     async def lifespan(_app):

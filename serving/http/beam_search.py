@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.outputs import Logprob
+from engine.sampling_params import SamplingParams
 from serving.http.generation import Generation, RequestRefused
 from serving.http.protocol import SamplingFields
 from serving.http.state import ServerState
@@ -40,21 +42,23 @@ _BEAM_FIELDS = frozenset({
 })
 
 
+# What a sampling field's default is in SamplingParams (frequency_penalty 0,
+# top_p 1, ...): sent so, it asks for nothing either.
+_NEUTRAL = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)
+            if f.default is not msgspec.NODEFAULT}
+
+
 def check_beam_fields(request: SamplingFields, prompt_field: str) -> None:
-    """``ValueError`` naming the fields set beside ``use_beam_search`` that
-    it does not take (``stream`` only as false)."""
+    """``ValueError`` naming the fields set beside ``use_beam_search``, to
+    other than their defaults (the request's or ``SamplingParams``'), that it
+    does not take (``stream`` only as false)."""
+    fields = type(request).model_fields
     extra = sorted(f for f in request.model_fields_set - _BEAM_FIELDS - {prompt_field}
-                   if not _unset(getattr(request, f)))
+                   if getattr(request, f) not in (fields[f].default, _NEUTRAL.get(f)))
     if request.stream:
         extra.insert(0, "stream")
     if extra:
         raise ValueError(f"use_beam_search does not take {', '.join(extra)}")
-
-
-def _unset(value) -> bool:
-    """A value that asks for nothing: None, False, or an empty text or list."""
-    return value is None or value is False or (isinstance(value, (str, list, dict))
-                                               and not value)
 
 
 def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
@@ -73,8 +77,7 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
     """Each prompt's best sequences, their tokens without the prompt's.
     ``RequestRefused`` where the engine refuses a step's requests (naming
     beam search's logprobs where those are what it refused)."""
-    eos = [] if state.tokenizer.eos_token_id is None else [state.tokenizer.eos_token_id]
-    search = BeamSearch(prompts, params, eos, state.max_model_len,
+    search = BeamSearch(prompts, params, state.eos_token_ids, state.max_model_len,
                         keep_eos=params.include_stop_str_in_output)
     step = search.step_params.to_dict()
     while requests := search.requests():

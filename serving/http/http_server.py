@@ -64,7 +64,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       context=None, tool_call_parser: str | None = None,
                       sampling_defaults: dict | None = None,
                       allowed_origins: list[str] | None = None,
-                      log_level: str = "warning") -> HttpServer:
+                      log_level: str = "warning",
+                      eos_token_ids: list[int] | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -72,7 +73,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``tool_call_parser``: the parser of tool_choice "auto" (None: refused);
     ``sampling_defaults``: what unset sampling fields take; ``allowed_origins``:
     the web origins allowed to call it from a browser (CORS); ``log_level``:
-    uvicorn's."""
+    uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -80,7 +81,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      served_names, max_model_len, api_keys=api_keys or (),
                      access_log=access_log,
                      tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,
-                     allowed_origins=allowed_origins or ())
+                     allowed_origins=allowed_origins or (),
+                     eos_token_ids=eos_token_ids or ())
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -61,8 +61,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                    state.max_model_len - len(prompt))
     if request.use_beam_search:
         # A max_tokens given is checked as given (0 is a 400, as without
-        # beam search); only the context's room is raised to 1, so that a
-        # prompt that fills it gets the engine's length message.
+        # beam search); a prompt that leaves no room is BeamSearch's 400.
         steps = (max_tokens if max_tokens is not None
                  else max(1, state.max_model_len - len(prompt)))
         return await respond_with_beams(

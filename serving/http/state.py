@@ -27,6 +27,9 @@ class ServerState:
     tool_call_parser: Callable[[], ToolCallReader] | None = None
     # Unset sampling fields take these (``LLMEngine.sampling_defaults``).
     sampling_defaults: dict = field(default_factory=dict)
+    # The model's end-of-sequence ids (``LLMEngine``'s: the tokenizer's and
+    # generation_config.json's), where beam search ends a sequence.
+    eos_token_ids: tuple[int, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -87,10 +87,13 @@ def test_score_worked_by_hand():
     assert score(BeamSearchSequence([1, 2, 3], cum_logprob=-6.0), eos, 2.0) == approx(-6 / 9)
     assert score(BeamSearchSequence([1, 2, 9], cum_logprob=-6.0), eos, 1.0) == approx(-3.0)
     assert score(BeamSearchSequence([1, 2, 9], cum_logprob=0.0), eos, 1.0) == 0.0
-    # A penalty whose power leaves the float range gives a number, no error.
+    # A penalty whose power leaves the float range gives a number, no error;
+    # so does a sequence that is one end-of-sequence id (length 0 counts 1).
     for penalty in (1e30, -1e308, float("inf"), float("-inf")):
-        assert math.isfinite(score(BeamSearchSequence([1, 2, 3], cum_logprob=-1.5), eos,
-                                   penalty))
+        for tokens in ([1, 2, 3], [1, 9], [9]):
+            assert math.isfinite(score(BeamSearchSequence(tokens, cum_logprob=-1.5), eos,
+                                       penalty))
+    assert score(BeamSearchSequence([9], cum_logprob=-1.5), eos, 2.0) == approx(-1.5)
 
 
 @pytest.mark.timeout(120)
@@ -100,6 +103,9 @@ def test_bad_params_are_refused_before_anything_runs(llm):
         llm.beam_search("hi", BeamSearchParams(beam_width=11, max_tokens=2))
     with pytest.raises(ValueError, match="max_tokens must be an int >= 1, got 0"):
         llm.beam_search("hi", BeamSearchParams(beam_width=2, max_tokens=0))
+    with pytest.raises(ValueError, match="length_penalty must be a finite number, got inf"):
+        llm.beam_search("hi", BeamSearchParams(beam_width=2, max_tokens=2,
+                                               length_penalty=float("inf")))
     with pytest.raises(ValueError, match="leaves no room"):
         llm.beam_search({"prompt_token_ids": [3] * MAX_MODEL_LEN},
                         BeamSearchParams(beam_width=2, max_tokens=2))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("http_beams"), "serve", "--model", "tiny",
                       "--device", "cpu", "--dtype", "float32", "--disable-log-stats",
-                      "--max-logprobs", "8") as served:
+                      "--max-logprobs", "8", "--max-model-len", "128") as served:
         yield served
 
 
@@ -73,6 +73,7 @@ def test_chat_choices_are_transformers_beams(server, client, hf):
     ({"stream": True}, "use_beam_search does not take stream"),
     ({"stop": ["x"], "seed": 3}, "use_beam_search does not take seed, stop"),
     ({"n": 5}, "use_beam_search with n 5 asks 10 logprobs a token"),
+    ({"prompt": [7] * 128}, "a prompt of 128 tokens leaves no room under max_model_len 128"),
 ])
 def test_what_beam_search_does_not_take_is_refused(server, client, fields, message):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "use_beam_search": True, **fields}
@@ -90,3 +91,20 @@ def test_an_extreme_length_penalty_is_answered(server, penalty):
             "length_penalty": penalty}
     response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200 and len(response.json()["choices"]) == 2
+
+
+def test_an_infinite_length_penalty_is_refused(server):
+    body = (b'{"model": "tiny", "prompt": "hi", "max_tokens": 2, "use_beam_search": true, '
+            b'"length_penalty": 1e999}')  # JSON's number past the float range: inf
+    response = httpx.post(f"{server.url}/v1/completions", content=body, timeout=60,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert "length_penalty must be a finite number" in response.json()["error"]["message"]
+
+
+def test_fields_at_their_defaults_are_not_refused(client):
+    """A client that sends every field (at its default) is answered."""
+    served = client.completions.create(
+        model="tiny", prompt="hi", max_tokens=3, n=2, frequency_penalty=0, presence_penalty=0,
+        stop=None, extra_body={"use_beam_search": True, "min_tokens": 0, "top_k": None})
+    assert len(served.choices) == 2
