@@ -27,12 +27,13 @@ The invariants below hold once constructed and in every copy ``checked``
 makes (``__post_init__`` raises ``ValueError`` otherwise); the entry points
 (``LLM``'s calls, ``LLMEngine.new_request``) work only on such a copy, so an
 assignment is checked before any of it is used and a caller's later
-assignments never reach a request already made. The invariants: every field has its type (numbers are numbers, not NaN; ints
-are ints, not bools, and fit a signed 64-bit integer, the type the messages
-carry) and is in its range (``SamplingOptions.problems``; ``max_tokens``
-None or ``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative;
-stop strings not empty, at most ``MAX_STOP_STRINGS``; ``logit_bias`` a dict of int ids to numbers and
-``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
+assignments never reach a request already made. The invariants: every
+field has its type (numbers are numbers, not NaN; ints are ints, not
+bools, and fit a signed 64-bit integer, the type the messages carry) and
+is in its range (``SamplingOptions.problems``; ``max_tokens`` None or
+``>= 1``; ``n`` in [1, MAX_N]; ``stop_token_ids`` non-negative; stop
+strings not empty, at most ``MAX_STOP_STRINGS``; ``logit_bias`` a dict of
+int ids to numbers and ``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
 ``bad_words_token_ids`` a list of lists of ints, each within its bounds).
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
 (one string as a tuple of one; None, as vLLM takes it, as none); ``seed``

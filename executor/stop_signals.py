@@ -16,6 +16,13 @@ given to ``signal.set_wakeup_fd`` the moment the signal arrives. The record
 is only ever peeked at, never read, so every process that holds it (the
 executor's workers, see ``worker/job_signals.py``) sees every byte.
 Only signals with a Python handler are written: those this process acts on.
+
+The wakeup descriptor is one per process: the record is made by the first
+``delivery_record`` call (``spawn_worker``'s) only where no one holds it,
+and an event loop that installs signal handlers afterwards (asyncio's
+``add_signal_handler``) takes it over. The record then gains nothing, and
+the workers fall back to SIGTERM's default action: a job's signal under load
+ends the launch as a failure again, never a worker that outlives its job.
 """
 
 from __future__ import annotations

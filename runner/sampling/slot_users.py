@@ -66,7 +66,8 @@ class SlotUsers(Generic[Row]):
         changes, self._changes = self._changes, []
         return changes
 
-    def grown(self, needs: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    @staticmethod
+    def grown(needs: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """The size a table of ``shape`` grows to for a row of ``needs``, or
         None when it fits."""
         if all(n <= s for n, s in zip(needs, shape)):
