@@ -25,7 +25,7 @@ import torch
 
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
-from runner.sampling.slot_users import SlotUsers
+from runner.sampling.slot_users import SlotUsers, with_width
 
 _INITIAL_WIDTH = 8
 
@@ -82,12 +82,9 @@ class LogitBiasState:
     def _resize(self, width: int) -> None:
         """New tables ``width`` entries wide, holding each row's first
         entries that fit (all of every user's, as ``SlotUsers`` guarantees)."""
-        kept = min(width, self.allowed.shape[1])
-        allowed, bias_ids = self._ids_table(width), self._ids_table(width)
-        allowed[:, :kept], bias_ids[:, :kept] = self.allowed[:, :kept], self.bias_ids[:, :kept]
-        values = torch.zeros((self.max_num_reqs, width), dtype=torch.float32, device=self.device)
-        values[:, :kept] = self.bias_values[:, :kept]
-        self.allowed, self.bias_ids, self.bias_values = allowed, bias_ids, values
+        self.allowed = with_width(self.allowed, width, -1)
+        self.bias_ids = with_width(self.bias_ids, width, -1)
+        self.bias_values = with_width(self.bias_values, width, 0.0)
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has lists (host mirror only)."""

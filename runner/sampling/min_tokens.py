@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from runner.ops import device_ops
-from runner.sampling.slot_users import SlotUsers
+from runner.sampling.slot_users import SlotUsers, with_width
 from runner.staged_write import StagedWriteTensor
 
 _INITIAL_WIDTH = 8
@@ -79,10 +79,7 @@ class MinTokensState:
     def _resize(self, width: int) -> None:
         """A new table ``width`` ids wide, holding each row's first ids that
         fit (all of every rule's, as ``SlotUsers`` guarantees)."""
-        kept = min(width, self.stop_ids.shape[1])
-        table = torch.full((self.max_num_reqs, width), -1, dtype=torch.int64, device=self.device)
-        table[:, :kept] = self.stop_ids[:, :kept]
-        self.stop_ids = table
+        self.stop_ids = with_width(self.stop_ids, width, -1)
 
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch has a min_tokens rule (host mirror only)."""

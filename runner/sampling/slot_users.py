@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 import numpy as np
+import torch
 
 Row = TypeVar("Row")
 
@@ -89,3 +90,13 @@ class SlotUsers(Generic[Row]):
     def any_active(self, idx_mapping_np: np.ndarray) -> bool:
         """Some slot of the batch uses the table."""
         return self.num_users > 0 and bool(np.any(self.uses_np[idx_mapping_np]))
+
+
+def with_width(table: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    """``table`` [rows, w] as a new [rows, ``width``] table holding each
+    row's first entries that fit, ``fill`` after them (a left-aligned list
+    table resized to what ``SlotUsers`` says its users need)."""
+    kept = min(width, table.shape[1])
+    resized = torch.full((table.shape[0], width), fill, dtype=table.dtype, device=table.device)
+    resized[:, :kept] = table[:, :kept]
+    return resized
