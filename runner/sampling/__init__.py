@@ -10,7 +10,7 @@
   logprob and rank; ``prompt_logprobs``: the same for prompt positions.
 - ``logit_bias`` (allowed ids and biases), ``bad_words``, ``min_tokens``:
   per-slot lists applied to the logits; ``slot_users`` is the host side
-  they share (which slots use a table, how large it must be; `with_width`
+  they share (which slots use a table, how large it must be; ``with_width``
   resizes a left-aligned table).
 - ``triton_filters``, ``triton_logprobs``, ``triton_penalties``: the Triton
   kernels of filters, logprobs and penalties, beside their torch forms.
