@@ -455,8 +455,8 @@ def _check_vllm_options(c: EngineConfig) -> None:
                          "ID --local-dir DIR) and give DIR as the model"),
         "quantization": (c.quantization is not None
                          and not (c.quantization == "gguf" and single_file),
-                         "tprun has no quantized kernels (a .gguf model's weights are dequantized "
-                         "on load; 'gguf' is taken for one)"),
+                         "tprun has no quantized kernels; 'gguf' is taken only for a .gguf model, "
+                         "whose weights are dequantized on load"),
         "kv_cache_dtype": (c.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPE_NAMES),
                            "tprun keeps the KV cache in the model's dtype (dtype); only 'auto' "
                            "or that dtype's name (bfloat16, float16) is taken"),
