@@ -11,15 +11,20 @@ refused with 415 before its body is read, as vLLM's server refuses it. A
 body sent without a ``Content-Type`` is read as JSON (FastAPI's rule), and
 JSON that does not parse stays the route's 400.
 
-``BodySizeLimit`` refuses request bodies above a size limit (413). A declared ``Content-Length`` above the limit is refused before the body is
+``BodySizeLimit`` refuses request bodies above a size limit (413). A
+declared ``Content-Length`` above the limit is refused before the body is
 read; a body without one (chunked) is read up to the limit and refused as
-soon as it passes it. The body that fits is handed to the app unchanged;
+soon as it passes it. A body whose next part does not arrive within
+``body_timeout_s`` (a client that declared more than it sends, or sends it
+a byte at a time) is refused with 408, so it cannot hold its connection and
+its task forever. The body that fits is handed to the app unchanged;
 after it, the app's ``receive`` reaches the client's connection again (so a
 disconnect is still seen).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from collections.abc import Sequence
@@ -28,11 +33,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.http.protocol import error_body
 
+# Seconds a request body's next part may take to arrive.
+BODY_TIMEOUT_S = 30.0
+
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +54,14 @@ class BodySizeLimit:
             return
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                body = json.dumps(error_body(
+                    f"the request body did not arrive within {self.body_timeout_s:g} s",
+                    code="request_timeout")).encode()
+                await send_error(send, 408, body)
+                return
             if message["type"] != "http.request":
                 chunks.append(message)  # a disconnect: let the app see it
                 break

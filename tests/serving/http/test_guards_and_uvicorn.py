@@ -1,11 +1,13 @@
 """The API-key guard with several keys (any one opens /v1; each compared in
-constant time, all of them every time) and uvicorn's log level from its
-start, so its start-up lines show at info. In this process, on 127.0.0.1;
-no engine."""
+constant time, all of them every time), the body guard's time limit (a body
+that stops arriving is a 408, one that arrives in parts in time reaches the
+app whole) and uvicorn's log level from its start, so its start-up lines
+show at info. In this process, on 127.0.0.1; no engine."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import httpx
@@ -15,7 +17,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 import serving.http.guards as guards
-from serving.http.guards import ApiKeyCheck
+from serving.http.guards import ApiKeyCheck, BodySizeLimit
 from serving.http.http_server import HttpServer
 
 
@@ -101,3 +103,49 @@ def test_uvicorn_start_up_lines_follow_the_level(level, shown):
                if "Application startup complete" in m or "Uvicorn running on" in m]
     assert (len(started) == 2) is shown, seen.messages
     assert not shown or logger.getEffectiveLevel() <= logging.INFO
+
+
+def _through_body_guard(parts: list[bytes], gap_s: float,
+                        complete: bool) -> tuple[list[dict], bytes | None]:
+    """What the guard (limit 0.2 s a part) sends, and the body its app saw,
+    for a body sent in ``parts`` with ``gap_s`` before each; ``complete``
+    False: the last part says more follows, and nothing does (as a client
+    that declared a length it never sends)."""
+    sent, seen = [], []
+    last = len(parts) - 1
+
+    async def app(scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append(body)
+
+    async def receive():
+        if not parts:
+            await asyncio.sleep(3600)
+        await asyncio.sleep(gap_s)
+        index = last - len(parts) + 1
+        return {"type": "http.request", "body": parts.pop(0),
+                "more_body": index < last or not complete}
+
+    async def send(message):
+        sent.append(message)
+
+    guard = BodySizeLimit(app, 1 << 20, body_timeout_s=0.2)
+    asyncio.run(guard({"type": "http", "headers": []}, receive, send))
+    return sent, seen[0] if seen else None
+
+
+def test_a_body_that_stops_arriving_is_a_408():
+    sent, seen = _through_body_guard([b"{"], gap_s=0.0, complete=False)
+    assert seen is None and sent[0]["status"] == 408
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "request_timeout" and "within 0.2 s" in error["message"]
+
+
+def test_a_body_in_timely_parts_reaches_the_app_whole():
+    sent, seen = _through_body_guard([b'{"a": ', b"1", b"}"], gap_s=0.05, complete=True)
+    assert sent == [] and seen == b'{"a": 1}'
