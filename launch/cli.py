@@ -388,6 +388,7 @@ def run_generate(args) -> int:
                              structured_outputs=_structured_outputs(args))
     model_given = hasattr(args, "model")
     config = _engine_config(args)  # every rule the arguments decide, before any notice
+    config.check_machine()  # and the machine's (the engine checks again as it starts)
     prompts = _prompts(args)
     if not model_given:
         _say("generate: no --model given: running 'tiny' (the built-in model: random weights, "

@@ -214,6 +214,7 @@ def _refused_before_loading(args: list[str], tmp_path):
                                                          "TPRUN_LOG_LEVEL": "INFO"})
     assert result.returncode == 2, result.stderr
     assert "engine ready" not in result.stderr  # nothing was loaded
+    assert ": loading " not in result.stderr  # refused before it said it loads
     assert "waiting for" not in result.stderr  # no executor waited for workers
     assert time.monotonic() - started < 30
     assert leftovers == []
