@@ -2,9 +2,9 @@
 
 ``systemctl stop`` (KillMode=control-group) and ``kill -TERM -PGID`` send
 SIGTERM to the executor and its workers at once. While the engine serves
-requests, a worker that died of it mid-step failed the step in flight: the
-launch exited 143 with "the engine failed: worker rank 0 ... exited with
-code -15". Held here, under load at TP=1 and TP=2: the same clean stop as
+requests, a worker that died of it mid-step would fail the step in flight
+and end the launch as a failure (exit 143, "worker rank 0 ... exited with
+code -15"). Held here, under load at TP=1 and TP=2: the same clean stop as
 an idle server (exit code 0, no error, no process or socket directory left).
 A SIGTERM to one worker alone still fails the launch within seconds, naming
 the rank (worker/job_signals.py tells the two apart).

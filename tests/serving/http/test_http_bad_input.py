@@ -8,20 +8,19 @@ One ``tprun serve --http-port`` (TP=1, tiny, CPU) serves the module, with
 ask for a long generation. The property test mutates valid bodies of the
 four body routes (fields replaced by random JSON: wrong types, nested
 values, huge and negative numbers, NaN and infinities, empty and long
-strings, lone surrogates, null bytes); the others pin down the defects
-this found, each with the unit it was fixed in:
+strings, lone surrogates, null bytes); the others pin down single rules,
+each where it is kept:
 
-- a lone surrogate (``"\\ud800"``, or its UTF-8 bytes) passed FastAPI's
-  ``json.loads`` and failed in the tokenizer or when an error message
-  quoted it (500; the second dropped the connection): bodies are now read
-  with the lane's parser (``serving/http/json_body.py``), which refuses it;
-- ``logit_bias`` read its keys with ``int()`` ("1_0" was token 10, other
-  scripts' digits were ids) and clamped a NaN bias to -100 (a silent ban);
-- ``response_format``'s ``schema`` null or false was reported as a missing
-  ``structured_outputs`` constraint, naming a field the client never sent;
-- a regex ending in a lone backslash compiled as if it were not there (a
-  lone ``\\`` as the empty regex): llguidance drops it before parsing;
-- a chat's beam search answered a max_tokens of 0 or below with one token.
+- a lone surrogate (``"\\ud800"``, or its UTF-8 bytes) is a malformed
+  body, on every route (``serving/http/json_body.py``), never a string
+  that reaches the tokenizer or an error message;
+- ``logit_bias`` keys are ASCII decimal ids ("1_0" and other scripts'
+  digits are refused) and a NaN bias is refused, not clamped to a ban;
+- ``response_format``'s ``schema`` null or false is named where the
+  client sent it;
+- a regex ending in a lone backslash is refused (llguidance would drop it
+  and compile the rest);
+- a chat's beam search takes no max_tokens below 1.
 """
 
 from __future__ import annotations
