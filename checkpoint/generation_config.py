@@ -8,7 +8,8 @@ a field unset: ``temperature``, ``top_p``,
 those fields by ``SamplingParams``' names; a file without them (or no
 file, as a GGUF model has) gives none. Other keys (``do_sample``, the
 token ids, beam settings) are not sampling defaults and are left out, as
-vLLM leaves them.
+vLLM leaves them. A folder given for the file also brings its
+``eos_token_id`` (``eos_token_ids``): vLLM stops at those too.
 """
 
 from __future__ import annotations
@@ -21,21 +22,37 @@ from typing import Any
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def sampling_defaults(folder: str) -> dict[str, Any]:
-    """``{field: value}`` of the recommended sampling in the folder's
-    generation_config.json (``max_tokens`` from ``max_new_tokens``);
-    ``ValueError`` naming the file for a value that is not a number of the
-    field's kind."""
+def _read(folder: str) -> tuple[str, dict]:
+    """The folder's generation_config.json's path and contents ({} where
+    there is none); ``ValueError`` naming it where it is not JSON."""
     path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):
-        return {}
+        return path, {}
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(config, dict):
-        return {}
+    return path, config if isinstance(config, dict) else {}
+
+
+def eos_token_ids(folder: str) -> tuple[int, ...]:
+    """The folder's ``eos_token_id`` (one id or a list) as a tuple;
+    ``ValueError`` naming the file for one that is not a non-negative int."""
+    path, config = _read(folder)
+    given = config.get("eos_token_id")
+    ids = [] if given is None else [given] if not isinstance(given, list) else given
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ValueError(f"{path}: eos_token_id must be an id or a list of ids, got {given!r}")
+    return tuple(dict.fromkeys(ids))
+
+
+def sampling_defaults(folder: str) -> dict[str, Any]:
+    """``{field: value}`` of the recommended sampling in the folder's
+    generation_config.json (``max_tokens`` from ``max_new_tokens``);
+    ``ValueError`` naming the file for a value that is not a number of the
+    field's kind."""
+    path, config = _read(folder)
     out = {}
     for key in (*_SAMPLING_KEYS, "max_new_tokens"):
         value = config.get(key)

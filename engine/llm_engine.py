@@ -29,8 +29,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from checkpoint.description import describe
-from checkpoint.generation_config import sampling_defaults
+from checkpoint.generation_config import eos_token_ids, sampling_defaults
 from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
@@ -103,8 +105,18 @@ class LLMEngine:
                       else config.generation_config)
             try:
                 self.sampling_defaults = sampling_defaults(folder)
+                # A folder's own end-of-sequence ids end outputs too, as vLLM's
+                # (the model's generation_config.json's are in its description).
+                extra = eos_token_ids(folder)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+            if any(t >= self.model_config.vocab_size for t in extra):
+                raise ConfigError(f"{folder}/generation_config.json: eos_token_id {list(extra)} "
+                                  f"outside the vocabulary of {self.model_config.vocab_size}")
+            if extra:
+                self.model_config = msgspec.structs.replace(
+                    self.model_config, eos_token_ids=tuple(dict.fromkeys(
+                        (*self.model_config.eos_token_ids, *extra))))
             if self.sampling_defaults:
                 logger.info("sampling defaults from %s (--generation-config vllm leaves "
                             "them): %s", os.path.join(folder, "generation_config.json"),

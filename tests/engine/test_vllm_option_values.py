@@ -1,6 +1,6 @@
 """vLLM's values of ``generation_config`` and ``kv_cache_dtype`` beyond
 "auto": a folder holding a generation_config.json gives the sampling
-defaults; the name of the dtype the KV cache is kept in (the model's, after
+defaults and its end-of-sequence ids; the name of the dtype the KV cache is kept in (the model's, after
 ``dtype``) is taken, any other name refused before any worker starts."""
 
 from __future__ import annotations
@@ -53,6 +53,26 @@ def test_llm_samples_with_the_folders_recommendation(tiny, tmp_path):
         out = llm.generate("The quick brown fox")[0].outputs[0]
         assert out.token_ids == llm.generate("The quick brown fox", greedy3)[0].outputs[0].token_ids
         assert len(out.token_ids) <= 3
+
+
+@pytest.mark.timeout(120)
+def test_the_folders_eos_ids_end_outputs(tiny, tmp_path):
+    """vLLM stops at the folder's eos_token_id too: the third token of a
+    greedy answer made an end-of-sequence id ends the answer there, "stop";
+    one outside the vocabulary is refused before any worker starts."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    with LLM(model=tiny, device="cpu") as llm:
+        tokens = llm.generate("The quick brown fox", greedy)[0].outputs[0].token_ids
+    stop_at = next(i for i, t in enumerate(tokens) if i >= 2 and t not in tokens[:i])
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [tokens[stop_at]]}))
+    with LLM(model=tiny, device="cpu", generation_config=str(tmp_path)) as llm:
+        out = llm.generate("The quick brown fox", greedy)[0].outputs[0]
+        assert tokens[stop_at] in llm.engine.model_config.eos_token_ids
+    assert (out.token_ids, out.finish_reason) == (tokens[:stop_at + 1], "stop")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 10**6}))
+    with pytest.raises(ConfigError, match=r"eos_token_id \[1000000\] outside the vocabulary"):
+        LLM(model=tiny, device="cpu", generation_config=str(tmp_path))
 
 
 def test_kv_cache_dtype_names_the_models_dtype(tiny):
