@@ -590,7 +590,7 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
     if not isinstance(model, str) or not model:
         raise ConfigError("speculative_config: method 'draft_model' needs a 'model' "
                           "('tiny', a model directory or a .gguf file)")
-    if model != "tiny" and not _model_exists(model):
+    if not model_exists(model):
         raise ConfigError(f"speculative_config: draft model {model!r} does not exist")
     return SpeculativeConfig(method=method, num_speculative_tokens=k, model=model,
                              disable_by_batch_size=limit)
@@ -619,8 +619,13 @@ def _spec_int(value: dict, name: str, default: int | None) -> int:
     return got
 
 
-def _model_exists(model: str) -> bool:
+def model_exists(model: str) -> bool:
+    """Whether ``model`` names a model: 'tiny', a path that exists, or a
+    pkg:PACKAGE/FILE that does."""
     from checkpoint.gguf_model import PACKAGE_PREFIX, package_file
+
+    if model == "tiny":
+        return True
 
     if model.startswith(PACKAGE_PREFIX):
         try:

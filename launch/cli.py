@@ -502,27 +502,20 @@ def run_serve(args) -> int:
 def _serve_model(args) -> None:
     """``args.model`` from --model or serve's positional MODEL (vLLM's
     ``vllm serve MODEL``); both given must agree; neither: 'tiny'."""
-    from engine.config import ConfigError
+    from engine.config import ConfigError, model_exists
 
     given = getattr(args, "model", None)
     if args.model_tag is not None and given is not None and given != args.model_tag:
         raise ConfigError(f"MODEL {args.model_tag!r} and --model {given!r} disagree: give "
                           "one of them")
     keys = args.api_key or []
-    if args.model_tag is None and given is None and len(keys) > 1 and _names_model(keys[-1]):
+    if args.model_tag is None and given is None and len(keys) > 1 and model_exists(keys[-1]):
         # --api-key takes every value after it: `serve --api-key K MODEL`
         # would serve 'tiny' with MODEL as a second key.
         raise ConfigError(f"--api-key took {keys[-1]!r}, which names a model, as a key: give "
                           "MODEL before --api-key (or as --model)")
     args.model = args.model_tag or given or "tiny"
 
-
-def _names_model(value: str) -> bool:
-    """Whether ``value`` reads as a model: 'tiny', a path that exists, or
-    pkg:PACKAGE/FILE."""
-    from checkpoint.gguf_model import PACKAGE_PREFIX
-
-    return value == "tiny" or value.startswith(PACKAGE_PREFIX) or os.path.exists(value)
 
 
 def _check_http_args(args) -> None:
