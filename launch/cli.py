@@ -180,7 +180,8 @@ finds the key itself given F or the ipc:// address; for a tcp:// address
 pass key_file=. Messages without a valid MAC are dropped and logged.
 
 With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
-/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics)
+/v1/chat/completions, /v1/responses, /v1/models, /tokenize, /detokenize,
+/health, /metrics)
 on --host (default 127.0.0.1), as one more client of the engine endpoint,
 logging one line per request unless --no-access-log; --api-key KEY ... (or
 $TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 routes require
@@ -272,6 +273,11 @@ def _serve_parser(sub) -> None:
                        help="vLLM's; taken, changes nothing: tprun logs no request's prompt "
                        "or parameters (with --http-port, each request has its access-log "
                        "line)")
+    serve.add_argument("--enable-responses-api-store", action="store_true", default=None,
+                       help="with --http-port: keep finished /v1/responses answers in memory "
+                       "(the newest 1024, at most 64 Mi characters) for GET "
+                       "/v1/responses/ID and previous_response_id (default: vLLM's "
+                       "$VLLM_ENABLE_RESPONSES_API_STORE=1, else off)")
     serve.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                        help="with --http-port: the chat template of /v1/chat/completions "
                        "instead of the model's, as vLLM's: a file, or the Jinja template "
@@ -544,7 +550,10 @@ def _check_http_args(args) -> None:
             raise ConfigError("--chat-template needs --http-port")
         if args.uvicorn_log_level is not None:
             raise ConfigError("--uvicorn-log-level needs --http-port")
+        if args.enable_responses_api_store:
+            raise ConfigError("--enable-responses-api-store needs --http-port")
         return
+    args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
     if args.chat_template is not None:
         args.chat_template = _read_chat_template(args.chat_template)
     if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
@@ -577,6 +586,19 @@ def _api_keys(given: list[str] | None) -> list[str] | None:
         if os.environ.get(name):
             return [os.environ[name]]
     return None
+
+
+def _responses_store(given: bool | None) -> bool:
+    """Whether /v1/responses keeps its answers: the flag, else vLLM's
+    $VLLM_ENABLE_RESPONSES_API_STORE (0 or 1; unset or empty: 0)."""
+    from engine.config import ConfigError
+
+    if given:
+        return True
+    value = os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"VLLM_ENABLE_RESPONSES_API_STORE must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def _read_chat_template(value: str) -> str:
@@ -636,7 +658,8 @@ def _start_http(args, engine, server, secret: bytes):
                              sampling_defaults=engine.sampling_defaults,
                              allowed_origins=args.allowed_origins,
                              log_level=args.uvicorn_log_level or "warning",
-                             eos_token_ids=list(engine.model_config.eos_token_ids))
+                             eos_token_ids=list(engine.model_config.eos_token_ids),
+                             enable_responses_api_store=args.enable_responses_api_store)
     return http
 
 

@@ -1,7 +1,10 @@
 """The FastAPI app: routes, API-key check, error shapes.
 
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
-/v1/chat/completions``, ``GET /v1/models`` (one entry a served name),
+/v1/chat/completions``, ``POST /v1/responses`` with ``GET
+/v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` (answered
+from the response store, when it is on), ``GET /v1/models`` (one entry a
+served name),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
 /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``.
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
@@ -18,7 +21,7 @@ a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
 a bad request (the engine's own validation message; code
 ``context_length_exceeded`` when the prompt does not fit), 401 without the
-key, 404 for a model this server does not serve, 413 for a body too large,
+key, 404 for a model or a stored response this server does not hold, 413 for a body too large,
 415 for a body sent as another media type than JSON (``text/plain``, a
 form), 500 for a failure of the server itself (logged, its text not sent), 503 once
 the engine has stopped (the reason's first line; the rest is logged by the
@@ -53,12 +56,15 @@ from serving.http.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     IdsFirstCompletionRequest,
+    ResponsesRequest,
     TokenizeRequest,
     error_body,
     field_path,
 )
+from serving.http.response_store import ResponseStore, UnknownResponseError
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
+from serving.http.serving_responses import cancel_response, create_response, retrieve_response
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
@@ -68,8 +74,8 @@ from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes whose body is a JSON object (refused with 415 under another media type).
-JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize",
-                              "/detokenize"})
+JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
+                              "/tokenize", "/detokenize"})
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +91,8 @@ async def _answer(work) -> Response:
         return await work
     except UnknownModelError as e:
         return error_response(404, str(e), param="model", code="model_not_found")
+    except UnknownResponseError as e:
+        return error_response(404, str(e), param=e.param)
     except ValueError as e:
         return error_response(400, str(e), param=getattr(e, "param", None),
                               code=getattr(e, "code", None))
@@ -112,7 +120,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                max_model_len: int, api_keys: Sequence[str] = (),
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
-               allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = ()):
+               allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
+               enable_responses_api_store: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -122,7 +131,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``allowed_origins``: the web origins whose pages may call the API
     (CORS; none by default, so a page of another site cannot);
     ``eos_token_ids``: the model's end-of-sequence ids (beam search ends a
-    sequence at one; none given: the tokenizer's)."""
+    sequence at one; none given: the tokenizer's);
+    ``enable_responses_api_store``: keep finished Responses API responses
+    (in memory, bounded: ``response_store.py``), as vLLM's
+    ``VLLM_ENABLE_RESPONSES_API_STORE``."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -134,7 +146,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         sampling_defaults=dict(sampling_defaults or {}),
                         eos_token_ids=tuple(eos_token_ids) or (
                             () if tokenizer.eos_token_id is None
-                            else (tokenizer.eos_token_id,)))
+                            else (tokenizer.eos_token_id,)),
+                        response_store=ResponseStore() if enable_responses_api_store else None)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -161,6 +174,21 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request) -> Response:
         return await chat_completion(body, raw)
+
+    async def response(body: ResponsesRequest, raw: Request) -> Response:
+        return await _answer(create_response(state, body, raw))
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, raw: Request) -> Response:
+        return await response(body, raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, stream: bool = False) -> Response:
+        return await _answer(_on_loop(retrieve_response, state, response_id, stream))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel(response_id: str) -> Response:
+        return await _answer(_on_loop(cancel_response, state, response_id))
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest) -> Response:
@@ -204,7 +232,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
 
     lane = FastLane(app, {
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
-        "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion)})
+        "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion),
+        "/v1/responses": LaneRoute(ResponsesRequest, response)})
     guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
     guarded = ApiKeyCheck(guarded, api_keys) if api_keys else guarded
@@ -220,13 +249,19 @@ async def _json(work, state: ServerState, body) -> Response:
     return JSONResponse(await asyncio.to_thread(work, state, body))
 
 
+async def _on_loop(work, *args) -> Response:
+    """A quick answer computed on the event loop (the response store is
+    the loop's alone)."""
+    return JSONResponse(work(*args))
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = list(first.get("loc", ()))
-        if loc[:1] == ["body"]:
+        if loc[:1] in (["body"], ["query"]):
             loc = loc[1:]
         where = field_path(loc)
         message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"

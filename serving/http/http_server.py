@@ -65,7 +65,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       sampling_defaults: dict | None = None,
                       allowed_origins: list[str] | None = None,
                       log_level: str = "warning",
-                      eos_token_ids: list[int] | None = None) -> HttpServer:
+                      eos_token_ids: list[int] | None = None,
+                      enable_responses_api_store: bool = False) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -73,7 +74,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``tool_call_parser``: the parser of tool_choice "auto" (None: refused);
     ``sampling_defaults``: what unset sampling fields take; ``allowed_origins``:
     the web origins allowed to call it from a browser (CORS); ``log_level``:
-    uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids."""
+    uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids;
+    ``enable_responses_api_store``: keep /v1/responses answers (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -82,7 +84,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      access_log=access_log,
                      tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,
                      allowed_origins=allowed_origins or (),
-                     eos_token_ids=eos_token_ids or ())
+                     eos_token_ids=eos_token_ids or (),
+                     enable_responses_api_store=enable_responses_api_store)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -259,6 +259,112 @@ class ChatCompletionRequest(SamplingFields):
                                               "chat_template")
 
 
+class ResponseContentPart(BaseModel):
+    """One part of a Responses input message's content: ``input_text`` or
+    ``output_text`` with its ``text`` (other kinds are refused where the
+    input is read, ``serving_responses.py``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ResponseInputItem(BaseModel):
+    """One item of a Responses ``input`` list. Only messages are served:
+    ``type`` "message" (or left out), a ``role`` and a ``content`` that is
+    a text or a list of parts; an assistant's earlier output item comes back
+    in this shape too (its ``id`` and ``status`` ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "message"
+    role: str | None = None
+    content: str | list[ResponseContentPart] | None = None
+
+
+class ResponseTextConfig(BaseModel):
+    """A Responses request's ``text``: ``format`` is ``{"type": "text"}``,
+    ``{"type": "json_object"}`` or ``{"type": "json_schema", "name",
+    "schema", "strict"}`` (``structured.text_format_constraint``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses (OpenAI's Responses API, for text): ``input`` is a
+    text (one user message) or a list of message items; ``instructions``
+    a system message put first. The sampling fields vLLM adds to it
+    (``top_k``, ``seed``, ``stop``, ``ignore_eos``, ``repetition_penalty``,
+    ``priority``) have vLLM's names. ``store`` and ``previous_response_id``
+    work with the server's response store (``response_store.py``); a
+    ``store`` left true with the store off is served without storing, as
+    vLLM serves it. ``user``, ``metadata``, ``safety_identifier``,
+    ``prompt_cache_key`` and ``service_tier`` are accepted and change
+    nothing but the echo."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str | list[ResponseInputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    text: ResponseTextConfig | None = None
+    previous_response_id: str | None = None
+    store: bool | None = True
+    stream: bool | None = False
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    parallel_tool_calls: bool | None = True
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    top_k: int | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    priority: Int64 = 0
+
+    # Fields OpenAI defines that this server does not serve: a value other
+    # than one of those given here (which ask for nothing) is refused.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    include: list[Any] | None = None
+    top_logprobs: int | None = None
+    truncation: str | None = None
+    prompt: dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = None
+    max_tool_calls: int | None = None
+    context_management: list[Any] | None = None
+    UNSUPPORTED: ClassVar[dict[str, tuple]] = {
+        "tools": (None, []), "tool_choice": (None, "auto", "none"), "reasoning": (None, {}),
+        "background": (None, False), "include": (None, []), "top_logprobs": (None, 0),
+        "truncation": (None, "disabled"), "prompt": (None,), "conversation": (None,),
+        "max_tool_calls": (None,), "context_management": (None, [])}
+
+    def check_supported(self) -> None:
+        """``FieldError`` naming the first field set to a value this server
+        does not serve (tools, reasoning, background runs, ...)."""
+        for name, harmless in self.UNSUPPORTED.items():
+            if getattr(self, name) not in harmless:
+                raise FieldError(name, f"{name} is not supported by this server")
+        if self.text is not None and self.text.verbosity not in (None, "medium"):
+            raise FieldError("text.verbosity", "text.verbosity is not supported by this server")
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
 class TokenizeRequest(BaseModel):
     """POST /tokenize (vLLM's shape): a ``prompt``, or chat ``messages``
     rendered with the model's chat template."""
@@ -308,8 +414,8 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
     return frozenset(names)
 
 
-REQUEST_FIELD_NAMES = _field_names(CompletionRequest, ChatCompletionRequest, TokenizeRequest,
-                                   DetokenizeRequest)
+REQUEST_FIELD_NAMES = _field_names(CompletionRequest, ChatCompletionRequest, ResponsesRequest,
+                                   TokenizeRequest, DetokenizeRequest)
 
 
 def field_path(loc: typing.Sequence[str | int]) -> str:

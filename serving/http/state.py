@@ -1,7 +1,7 @@
 """What every route needs: the link to the engine, the model's tokenizer
-and limits, the metrics, the names the model is served under, and the
+and limits, the metrics, the names the model is served under, the
 tool-call parser that tool_choice "auto" reads answers with (None: "auto" is
-refused)."""
+refused) and the Responses API's response store (None: off)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from checkpoint.tokenizer import Tokenizer
 from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
+from serving.http.response_store import ResponseStore
 from serving.http.tools import ToolCallReader
 
 
@@ -30,6 +31,7 @@ class ServerState:
     # The model's end-of-sequence ids (``LLMEngine``'s: the tokenizer's and
     # generation_config.json's), where beam search ends a sequence.
     eos_token_ids: tuple[int, ...] = ()
+    response_store: ResponseStore | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

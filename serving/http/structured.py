@@ -12,6 +12,10 @@ shape is checked here with the engine's own rules, and a bad value is a
 ``FieldError`` named by the field the client sent it in
 (``response_format.json_schema.schema``, ``guided_json``, ...), never by the
 engine's key; whether it compiles is the engine's verdict.
+
+The Responses API spells its constraint ``text.format`` (``{"type":
+"json_schema", "name", "schema", "strict"}``, the schema beside the name,
+or ``{"type": "json_object"}``): ``text_format_constraint``.
 """
 
 from __future__ import annotations
@@ -92,3 +96,28 @@ def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     raise FieldError("response_format.type",
                      f"response_format type must be text, json_object or json_schema, "
                      f"got {kind!r}")
+
+
+def text_format_constraint(fmt: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    """The constraint of a Responses request's ``text.format`` (None for
+    none or ``{"type": "text"}``); ``FieldError`` named by its path under
+    ``text.format``."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams.from_dict({"json_object": True})
+    if kind != "json_schema":
+        raise FieldError("text.format.type", f"text.format type must be text, json_object or "
+                                             f"json_schema, got {kind!r}")
+    schema = fmt.get("schema")
+    if not isinstance(schema, dict):
+        raise FieldError("text.format.schema",
+                         'text.format {"type": "json_schema"} needs "schema": a JSON schema '
+                         f"(an object), got {json.dumps(schema)}")
+    try:
+        return StructuredOutputsParams.from_dict({"json": schema})
+    except StructuredOutputsError as e:
+        raise FieldError("text.format.schema", f"text.format.schema {e.problem}") from None

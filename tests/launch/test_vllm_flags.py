@@ -98,6 +98,7 @@ def test_two_spellings_that_disagree_are_refused(argv, message):
     (["--http-port", "0", "--ssl-certfile", "c.pem"], "--ssl-certfile is not supported"),
     (["--chat-template", "t.jinja"], "--chat-template needs --http-port"),
     (["--uvicorn-log-level", "info"], "--uvicorn-log-level needs --http-port"),
+    (["--enable-responses-api-store"], "--enable-responses-api-store needs --http-port"),
     (["--http-port", "0", "--chat-template", "no-such-template.jinja"],
      "--chat-template no-such-template.jinja: not a readable file"),
     (["--http-port", "0", "--chat-template", "{% for m in messages %}"],
@@ -107,6 +108,24 @@ def test_serve_options_refused_before_any_process(argv, message):
     args = _serve_args(*argv)
     with pytest.raises(ConfigError, match=message):
         _check_http_args(args)
+
+
+@pytest.mark.parametrize("flag, env, stored", [
+    ([], None, False), ([], "0", False), ([], "1", True), (["--enable-responses-api-store"],
+                                                           None, True)])
+def test_the_responses_store_is_off_unless_asked(monkeypatch, flag, env, stored):
+    """As vLLM's server: off by default, on with the flag or vLLM's
+    VLLM_ENABLE_RESPONSES_API_STORE=1; another value of it is refused."""
+    if env is None:
+        monkeypatch.delenv("VLLM_ENABLE_RESPONSES_API_STORE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", env)
+    args = _serve_args("--http-port", "0", *flag)
+    _check_http_args(args)
+    assert args.enable_responses_api_store is stored
+    monkeypatch.setenv("VLLM_ENABLE_RESPONSES_API_STORE", "yes")
+    with pytest.raises(ConfigError, match="VLLM_ENABLE_RESPONSES_API_STORE must be 0 or 1"):
+        _check_http_args(_serve_args("--http-port", "0"))
 
 
 def test_log_toggles_are_taken(capsys):

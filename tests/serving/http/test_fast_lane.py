@@ -5,7 +5,7 @@ reaches the FastAPI app unchanged.
 The reference for "what FastAPI accepts" is what FastAPI's route does with
 a JSON body: ``json_body.read_json`` of the bytes (the app's routes read
 bodies with it), then the route's model validating the result
-(``CompletionRequest``, ``ChatCompletionRequest``)."""
+(``CompletionRequest``, ``ChatCompletionRequest``, ``ResponsesRequest``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from serving.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     IdsFirstCompletionRequest,
+    ResponsesRequest,
 )
 
 IDS = list(range(512))
@@ -107,6 +108,20 @@ CHAT_BODIES = [
      "chat_template_kwargs": {"enable_thinking": False}, "max_completion_tokens": 3},
 ]
 
+RESPONSES_BODIES = [
+    {"input": "hi", "stream": True, "max_output_tokens": 3},
+    {"input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+     "instructions": "Be brief.", "text": {"format": {"type": "json_object"}}},
+    {"input": [{"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                "content": [{"type": "output_text", "text": "a", "annotations": []}]}],
+     "metadata": {"k": "v"}, "store": False, "previous_response_id": "resp_1"},
+    {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+    {"input": 5},
+    {"input": [{"role": "user", "content": 5}]},
+    {"input": "hi", "metadata": {"k": 1}},
+    {},
+]
+
 
 def _bodies(dicts, raws=()):
     return [json.dumps(d).encode() for d in dicts] + list(raws)
@@ -141,6 +156,7 @@ def _same(a, b) -> bool:
     (CompletionRequest, IdsFirstCompletionRequest,
      _bodies(COMPLETION_BODIES, RAW_COMPLETION_BODIES)),
     (ChatCompletionRequest, ChatCompletionRequest, _bodies(CHAT_BODIES)),
+    (ResponsesRequest, ResponsesRequest, _bodies(RESPONSES_BODIES)),
 ])
 def test_the_lane_accepts_what_fastapi_accepts_with_equal_values(route_model, lane_model,
                                                                  bodies):

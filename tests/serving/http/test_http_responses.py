@@ -1,0 +1,287 @@
+"""OpenAI's Responses API (``POST /v1/responses``) on ``tiny``, driven by the
+official ``openai`` client. The reference for every answer is the same
+conversation through ``client.chat.completions.create`` (greedy: equal
+text, equal token counts); a streamed answer's deltas join into the whole
+answer, its events come in the documented order with sequence numbers from
+0, and the client's stream helper accepts them; a ``json_schema``
+``text.format`` gives JSON the schema validates; fields the server does
+not serve are 400s naming them. The response store is off by default, as
+vLLM's: ``previous_response_id`` is then a 404; on
+(``--enable-responses-api-store``), a stored response is retrieved as it
+was answered and continues as the chat of its conversation, without its
+instructions. The API key, the body guards and the metrics hold for the
+route as for the others."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.helpers.http_utils import metric, openai_client, serving_tiny
+
+pytestmark = pytest.mark.timeout(180)
+
+KEY = "responses-key-7c1d"
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 5},
+                   "size": {"enum": ["S", "M", "L"]}},
+    "required": ["name", "size"],
+    "additionalProperties": False,
+}
+EVENT_ORDER_HEAD = ["response.created", "response.in_progress", "response.output_item.added",
+                    "response.content_part.added"]
+EVENT_ORDER_TAIL = ["response.output_text.done", "response.content_part.done",
+                    "response.output_item.done", "response.completed"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("http"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def stored_server(tmp_path_factory):
+    """A server with the response store on and an API key."""
+    with serving_tiny(tmp_path_factory.mktemp("http"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats", "--enable-responses-api-store",
+                      "--api-key", KEY) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def stored_client(stored_server):
+    with openai_client(stored_server, KEY) as c:
+        yield c
+
+
+def _chat(client, messages, max_tokens=12, **extra):
+    answer = client.chat.completions.create(model="tiny", messages=messages, temperature=0,
+                                            max_tokens=max_tokens, extra_body=extra or None)
+    return answer.choices[0], answer.usage
+
+
+def _status(finish_reason: str) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+@pytest.mark.parametrize("instructions", [None, "Answer in one word."])
+def test_text_input_is_the_chat_answer(client, instructions):
+    response = client.responses.create(model="tiny", input="Name a color.", temperature=0,
+                                       max_output_tokens=12, instructions=instructions)
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + [
+        {"role": "user", "content": "Name a color."}]
+    choice, usage = _chat(client, messages)
+    assert response.id.startswith("resp_") and response.object == "response"
+    assert response.output_text == choice.message.content
+    assert [item.type for item in response.output] == ["message"]
+    assert response.output[0].role == "assistant"
+    assert [part.type for part in response.output[0].content] == ["output_text"]
+    assert response.status == _status(choice.finish_reason)
+    assert (response.usage.input_tokens, response.usage.output_tokens,
+            response.usage.total_tokens) == (usage.prompt_tokens, usage.completion_tokens,
+                                             usage.total_tokens)
+    assert response.instructions == instructions and response.model == "tiny"
+
+
+def test_message_items_are_the_chat_messages(client):
+    items = [{"role": "system", "content": "Be brief."},
+             {"type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": "Hello"},
+                          {"type": "input_text", "text": "there"}]},
+             {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+              "content": [{"type": "output_text", "text": "Hi!", "annotations": []}]},
+             {"role": "user", "content": "And now?"}]
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                             {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": "Hi!"},
+                {"role": "user", "content": "And now?"}]
+    response = client.responses.create(model="tiny", input=items, temperature=0,
+                                       max_output_tokens=12)
+    choice, usage = _chat(client, messages)
+    assert response.output_text == choice.message.content
+    assert response.usage.input_tokens == usage.prompt_tokens
+
+
+def test_stream_deltas_join_into_the_whole_answer(client):
+    ask = dict(model="tiny", input="Tell me a story.", temperature=0, max_output_tokens=16)
+    whole = client.responses.create(**ask)
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [event.type for event in events]
+    deltas = kinds.count("response.output_text.delta")
+    assert deltas >= 1
+    assert kinds == EVENT_ORDER_HEAD + ["response.output_text.delta"] * deltas + EVENT_ORDER_TAIL
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    assert events[-4].text == text  # response.output_text.done
+    final = events[-1].response
+    assert final.output_text == text and final.status == whole.status
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert {events[2].item.id, events[3].item_id, events[-2].item.id,
+            final.output[0].id} == {final.output[0].id}
+    with client.responses.stream(**ask) as stream:  # the client's own checks of the events
+        assert stream.get_final_response().output_text == text
+
+
+def test_max_output_tokens_makes_it_incomplete(client):
+    ask = dict(model="tiny", input="Count to ten.", temperature=0,
+               extra_body={"ignore_eos": True})
+    short = client.responses.create(**ask, max_output_tokens=4)
+    longer = client.responses.create(**ask, max_output_tokens=12)
+    choice, usage = _chat(client, [{"role": "user", "content": "Count to ten."}], max_tokens=4,
+                          ignore_eos=True)
+    assert short.status == "incomplete"
+    assert short.incomplete_details.reason == "max_output_tokens"
+    assert short.output[0].status == "incomplete"
+    assert short.usage.output_tokens == 4 == usage.completion_tokens
+    assert short.max_output_tokens == 4
+    assert short.output_text == choice.message.content
+    assert longer.output_text.startswith(short.output_text)
+    streamed = list(client.responses.create(**ask, max_output_tokens=4, stream=True))
+    assert streamed[-1].type == "response.completed"
+    assert streamed[-1].response.status == "incomplete"
+    assert streamed[-1].response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_json_schema_format_gives_valid_json(client):
+    fmt = {"type": "json_schema", "name": "box", "schema": SCHEMA, "strict": True}
+    for seed in range(3):
+        response = client.responses.create(
+            model="tiny", input="Describe a box.", max_output_tokens=150, temperature=1.0,
+            text={"format": fmt}, extra_body={"seed": seed})
+        assert response.status == "completed", response.output_text
+        jsonschema.validate(json.loads(response.output_text), SCHEMA)
+        assert response.text.format.type == "json_schema"
+        choice = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Describe a box."}],
+            max_tokens=150, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "box", "schema": SCHEMA, "strict": True}}).choices[0]
+        assert response.output_text == choice.message.content
+    response = client.responses.create(model="tiny", input="{", max_output_tokens=40,
+                                       temperature=0, text={"format": {"type": "json_object"}})
+    choice, _ = _chat(client, [{"role": "user", "content": "{"}], max_tokens=40,
+                      response_format={"type": "json_object"})
+    assert response.output_text == choice.message.content
+    assert response.output_text.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"background": True}, "background"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+     "input.0.type"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input.0.content.0.type"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": 5}, "input"),
+])
+def test_unserved_and_bad_fields_are_400_naming_them(server, client, fields, param):
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, **fields}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(**body)
+    assert raised.value.param == param
+    assert param.split(".")[0] in raised.value.message
+    assert client.responses.create(model="tiny", input="hi", max_output_tokens=2).output_text \
+        is not None  # the server goes on serving
+
+
+def test_without_the_store_previous_response_id_is_404(server, client):
+    first = client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    assert first.store is False
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.responses.create(model="tiny", input="More", previous_response_id=first.id)
+    assert raised.value.param == "previous_response_id" and first.id in raised.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel(first.id)
+
+
+def test_a_stored_response_is_retrieved_as_answered(stored_client):
+    first = stored_client.responses.create(model="tiny", input="Hi", max_output_tokens=6,
+                                           temperature=0, metadata={"topic": "greeting"})
+    assert first.store is True
+    again = stored_client.responses.retrieve(first.id)
+    assert again.model_dump() == first.model_dump()
+    events = list(stored_client.responses.create(model="tiny", input="Hey",
+                                                 max_output_tokens=6, stream=True))
+    streamed = events[-1].response
+    assert stored_client.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+    unstored = stored_client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                              store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        stored_client.responses.retrieve(unstored.id)
+    with pytest.raises(openai.BadRequestError, match="background"):
+        stored_client.responses.cancel(first.id)
+    with pytest.raises(openai.NotFoundError):
+        stored_client.responses.cancel("resp_unknown")
+
+
+def test_previous_response_id_continues_the_conversation(stored_client):
+    first = stored_client.responses.create(model="tiny", input="Hi", temperature=0,
+                                           max_output_tokens=6, instructions="Be kind.")
+    second = stored_client.responses.create(model="tiny", input="Go on.", temperature=0,
+                                            max_output_tokens=8,
+                                            previous_response_id=first.id)
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "Go on."}]
+    choice, usage = _chat(stored_client, history, max_tokens=8)  # instructions not carried
+    assert second.output_text == choice.message.content
+    assert second.usage.input_tokens == usage.prompt_tokens
+    assert second.previous_response_id == first.id
+    third = stored_client.responses.create(model="tiny", input="Again.", temperature=0,
+                                           max_output_tokens=8, instructions="Be terse.",
+                                           previous_response_id=second.id)
+    history += [{"role": "assistant", "content": second.output_text},
+                {"role": "user", "content": "Again."}]
+    choice, _ = _chat(stored_client, [{"role": "system", "content": "Be terse."}, *history],
+                      max_tokens=8)
+    assert third.output_text == choice.message.content
+
+
+def test_key_guards_and_metrics_hold_for_the_route(stored_server, stored_client):
+    url = f"{stored_server.url}/v1/responses"
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 3}
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.post(url, json=body, timeout=60).status_code == 401
+    assert httpx.get(f"{url}/resp_x", timeout=60).status_code == 401
+    sent_as_text = httpx.post(url, content=json.dumps(body), timeout=60,
+                              headers={**auth, "Content-Type": "text/plain"})
+    assert sent_as_text.status_code == 415
+    too_large = httpx.post(url, content=b"{" + b" " * (9 << 20) + b"}", timeout=60,
+                           headers={**auth, "Content-Type": "application/json"})
+    assert too_large.status_code == 413
+    malformed = httpx.post(url, content=b'{"input": ', timeout=60,
+                           headers={**auth, "Content-Type": "application/json"})
+    assert malformed.status_code == 400 and malformed.json()["error"]["type"] == \
+        "invalid_request_error"
+    names = ("tprun:request_success_total", "tprun:time_to_first_token_seconds_count",
+             "tprun:generation_tokens_total")
+    before = {name: metric(stored_server.url, name) for name in names}
+    response = stored_client.responses.create(**body, extra_body={"ignore_eos": True})
+    after = {name: metric(stored_server.url, name) - before[name] for name in names}
+    assert response.usage.output_tokens == 3
+    assert after == {"tprun:request_success_total": 1,
+                     "tprun:time_to_first_token_seconds_count": 1,
+                     "tprun:generation_tokens_total": 3}
