@@ -19,7 +19,7 @@ validates to an equal request. The lane takes only what FastAPI would read
 as JSON (no ``Content-Type``, or a JSON one), and its models
 accept the same bodies as the routes' (``create_app`` gives it
 ``CompletionRequest``'s twin ``IdsFirstCompletionRequest``, and
-``ChatCompletionRequest`` itself).
+``ChatCompletionRequest`` and ``ResponsesRequest`` themselves).
 """
 
 from __future__ import annotations
