@@ -20,6 +20,7 @@ import re
 import threading
 from typing import Any
 
+from engine.structured_outputs.dangling_escape import dangling_escape
 from engine.structured_outputs.params import GrammarKey
 
 
@@ -73,8 +74,9 @@ class GuidanceBackend:
 def _grammar_text(key: GrammarKey) -> str:
     from llguidance import LLMatcher, grammar_from
 
-    if key.kind == "regex" and _ends_in_lone_backslash(key.text):
-        raise GrammarError("invalid regex: it ends in an incomplete escape (a lone backslash)")
+    problem = dangling_escape(key)  # llguidance would drop the backslash, not fail
+    if problem is not None:
+        raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {problem}")
     try:
         if key.kind == "json":
             options = {"whitespace_flexible": not key.compact_json}
@@ -87,14 +89,6 @@ def _grammar_text(key: GrammarKey) -> str:
         return grammar_from("grammar", key.text)
     except ValueError as e:
         raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_one_line(str(e))}") from None
-
-
-def _ends_in_lone_backslash(regex: str) -> bool:
-    """Whether ``regex`` ends in a backslash that escapes nothing (an odd
-    run of them). The regex syntax refuses that, but llguidance's regex-to-
-    grammar step drops such a backslash first, so ``a\\`` would compile as
-    ``a`` (and a lone ``\\`` as the empty regex) instead of failing."""
-    return (len(regex) - len(regex.rstrip("\\"))) % 2 == 1
 
 
 def _one_line(message: str, limit: int = 400) -> str:

@@ -6,6 +6,7 @@ time limit."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,7 +15,7 @@ import pytest
 
 from checkpoint.tiny_model import EOS
 from engine.structured_outputs import StructuredOutputManager, StructuredOutputsParams
-from engine.structured_outputs.backend import GrammarError
+from engine.structured_outputs.backend import GrammarError, GuidanceBackend
 from engine.structured_outputs.compiler import GrammarCompiler
 from engine.structured_outputs.params import GrammarKey, closed_objects
 from ipc.messages import SchedulerOutput
@@ -109,6 +110,58 @@ def test_json_objects_are_closed_unless_the_schema_opens_them(manager):
         for ch in '{"n":5':
             assert g.accept(ord(ch))
         assert allowed(manager, {"r": _Req(g)}, ["r"]) == [after]
+
+
+LONE = "a\\"  # the regex a\ : its backslash escapes nothing
+
+
+@pytest.mark.parametrize("schema, regex, where", [
+    ({"type": "object", "properties": {"box": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": LONE}}}}},
+     LONE, "#/properties/box/properties/code/pattern"),
+    ({"type": "object", "properties": {"c": {"$ref": "#/$defs/code"}},
+      "$defs": {"code": {"type": "string", "pattern": "[0-9]+\\"}}},
+     "[0-9]+\\", "#/$defs/code/pattern"),
+    ({"type": "array", "items": {"type": "string", "pattern": LONE}}, LONE, "#/items/pattern"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}, {"pattern": "\\"}]},
+     "\\", "#/prefixItems/1/pattern"),
+    ({"anyOf": [{"type": "integer"}, {"type": "string", "pattern": LONE}]},
+     LONE, "#/anyOf/1/pattern"),
+    ({"type": "object", "patternProperties": {"^x/y\\": {"type": "integer"}}},
+     "^x/y\\", "#/patternProperties/^x~1y\\"),
+    ({"type": "string", "pattern": "a\\\\\\"}, "a\\\\\\", "#/pattern"),  # a\\ then a lone \
+])
+def test_a_schema_regex_ending_in_a_lone_backslash_is_refused(schema, regex, where):
+    """llguidance drops such a backslash (``a\\`` matches as ``a``) in a
+    schema's regexes as in a regex constraint: refused, naming the regex
+    (as JSON writes it) and its place, before any tokenizer is built."""
+    backend = GuidanceBackend("/nonexistent/tokenizer.json", vocab_size=8, eos_token_ids=[0])
+    with pytest.raises(GrammarError) as info:
+        backend.compile(StructuredOutputsParams(json=schema).key)
+    assert str(info.value) == (f"invalid JSON schema: the pattern {json.dumps(regex)} at "
+                               f"{where} ends in an incomplete escape (a lone backslash)")
+    assert backend._tokenizer is None
+
+
+def test_a_schema_regex_ending_in_an_escaped_backslash_is_kept(manager):
+    """``^a\\\\$`` (a then one backslash): after '"a' only the backslash may
+    come, written as JSON writes it (two of them), then the closing quote;
+    data ending in a backslash (``const``, ``enum``) and a property named
+    "pattern" are no regexes and compile."""
+    g = grammar_for(manager, json={"type": "string", "pattern": "^a\\\\$"},
+                    disable_any_whitespace=True)
+    reqs = {"r": _Req(g)}
+    for ch in '"a\\\\':
+        assert g.accept(ord(ch)), ch
+    assert allowed(manager, reqs, ["r"]) == [[ord('"')]]
+    assert g.accept(ord('"')) and g.is_terminated()
+    g = grammar_for(manager, json={"type": "string", "pattern": "^a\\\\$"},
+                    disable_any_whitespace=True)
+    assert g.accept(ord('"')) and g.accept(ord("a"))
+    assert allowed(manager, {"r": _Req(g)}, ["r"]) == [[ord("\\")]]
+    data = {"type": "object", "properties": {
+        "pattern": {"const": "x\\"}, "kind": {"enum": ["\\", {"pattern": "\\"}]}}}
+    assert grammar_for(manager, json=data) is not None
 
 
 def test_closed_objects_closes_object_schemas_not_data_or_compositions():

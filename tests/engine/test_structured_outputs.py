@@ -231,6 +231,10 @@ def test_json_object_and_grammar(tiny_dir):
      "invalid JSON schema"),
     ({"json": {"type": "string", "format": "not-a-format"}}, "Unknown format"),
     ({"regex": "[a-"}, "invalid regex.*unclosed character class"),
+    ({"json": {"type": "object", "properties": {
+        "ids": {"type": "array", "items": {"type": "string", "pattern": "[0-9]+\\"}}}}},
+     re.escape('invalid JSON schema: the pattern "[0-9]+\\\\" at '
+               '#/properties/ids/items/pattern ends in an incomplete escape')),
     ({"grammar": "start: missing_rule"}, "invalid grammar"),
     ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
     ({"regex": "a", "choice": ["a"]}, "exactly one of"),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 
 import httpx
 import pytest
@@ -260,6 +261,48 @@ def test_an_escaped_backslash_at_a_regex_end_is_served(server):
     response = _post(server, "/v1/completions", json.dumps(body).encode())
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["text"] == "a\\"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("route, field, value, regex, where", [
+    ("/v1/chat/completions", "response_format", {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "pattern": "[a-z]+\\"}}}}}},
+     "[a-z]+\\", "#/properties/tags/items/pattern"),
+    ("/v1/completions", "structured_outputs", {"json": {
+        "$defs": {"id": {"type": "string", "pattern": "\\"}}, "$ref": "#/$defs/id"}},
+     "\\", "#/$defs/id/pattern"),
+    ("/v1/completions", "guided_json", {"type": "object", "properties": {"a": {"type": "object",
+        "properties": {"b": {"type": "string", "pattern": "x\\\\\\"}}}}},
+     "x\\\\\\", "#/properties/a/properties/b/pattern"),
+])
+def test_a_schema_pattern_ending_in_a_lone_backslash_is_refused(server, reference, route, field,
+                                                               value, regex, where):
+    """llguidance drops a lone backslash at a schema pattern's end as at a
+    regex's: refused, naming the pattern as the client wrote it in JSON."""
+    body = {**(COMPLETION if route == "/v1/completions" else CHAT), field: value}
+    error = _error(_post(server, route, json.dumps(body).encode()), 400)
+    assert (f"invalid JSON schema: the pattern {json.dumps(regex)} at {where} ends in an "
+            f"incomplete escape (a lone backslash)") in error["message"], error
+    _still_serving(server, reference)
+
+
+@pytest.mark.timeout(60)
+def test_a_schema_pattern_ending_in_an_escaped_backslash_is_honoured(server):
+    """The pattern ``^[abc]{2}\\\\$`` (two letters, then one backslash): every
+    sampled value matches it by Python's ``re``, its backslash included."""
+    pattern = "^[abc]{2}\\\\$"
+    schema = {"type": "object", "properties": {"path": {"type": "string", "pattern": pattern}},
+              "required": ["path"]}
+    for seed in range(3):
+        body = {**COMPLETION, "max_tokens": 20, "temperature": 1.0, "seed": seed,
+                "structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+        response = _post(server, "/v1/completions", json.dumps(body).encode())
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        value = json.loads(choice["text"])["path"]
+        assert re.search(pattern, value) and value.endswith("\\"), value
 
 
 @pytest.mark.timeout(60)
