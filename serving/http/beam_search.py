@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.outputs import Logprob
-from engine.sampling_params import SamplingParams
 from serving.http.generation import Generation, RequestRefused
 from serving.http.protocol import SamplingFields
 from serving.http.state import ServerState
@@ -42,19 +40,12 @@ _BEAM_FIELDS = frozenset({
 })
 
 
-# What a sampling field's default is in SamplingParams (frequency_penalty 0,
-# top_p 1, ...): sent so, it asks for nothing either.
-_NEUTRAL = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)
-            if f.default is not msgspec.NODEFAULT}
-
-
 def check_beam_fields(request: SamplingFields, prompt_field: str) -> None:
-    """``ValueError`` naming the fields set beside ``use_beam_search``, to
-    other than their defaults (the request's or ``SamplingParams``'), that it
-    does not take (``stream`` only as false)."""
-    fields = type(request).model_fields
+    """``ValueError`` naming the fields set beside ``use_beam_search``
+    (``SamplingFields.asks_for``) that it does not take (``stream`` only
+    as false)."""
     extra = sorted(f for f in request.model_fields_set - _BEAM_FIELDS - {prompt_field}
-                   if getattr(request, f) not in (fields[f].default, _NEUTRAL.get(f)))
+                   if request.asks_for(f))
     if request.stream:
         extra.insert(0, "stream")
     if extra:

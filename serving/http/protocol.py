@@ -20,13 +20,20 @@ import typing
 from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from engine.sampling_params import SamplingParams
 
 # Prompt token ids travel to the engine as signed 64-bit values: a larger one
 # is a bad request (400 naming the field), not a failure to encode it. The
 # sampling fields' ints are bounded by SamplingParams, which checks them first.
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 _DECIMAL_INT = re.compile(r"-?[0-9]+")  # a token id as logit_bias keys spell it
+# What a sampling field's default is in SamplingParams (frequency_penalty 0,
+# top_p 1, ...): sent so, a field asks for nothing (``SamplingFields.asks_for``).
+_NEUTRAL = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)
+            if f.default is not msgspec.NODEFAULT}
 
 
 class StreamOptions(BaseModel):
@@ -89,11 +96,26 @@ class SamplingFields(BaseModel):
     logits_processors: list[Any] | None = None
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logits_processors",)
 
+    def asks_for(self, name: str) -> bool:
+        """Whether the client set field ``name`` to ask for something: sent,
+        with a value other than the field's default here and than
+        ``SamplingParams``' default of that name (``frequency_penalty`` 0,
+        ``top_k`` None: a client that sends every field at its default asks
+        for nothing). The one rule of "is this field set?" for the fields a
+        request may not set: those this server does not implement
+        (``check_supported``) and those beam search does not take
+        (``check_beam_fields``). Any other value asks, an empty one too
+        (``suffix: ""``, as vLLM refuses any suffix but null)."""
+        if name not in self.model_fields_set:
+            return False
+        value = getattr(self, name)
+        return value not in (type(self).model_fields[name].default, _NEUTRAL.get(name))
+
     def check_supported(self) -> None:
-        """``ValueError`` naming the first unsupported field that is set, or
-        a field that only makes sense with another."""
+        """``ValueError`` naming the first unsupported field that is set
+        (``asks_for``), or a field that only makes sense with another."""
         for name in self.UNSUPPORTED:
-            if getattr(self, name, None) not in (None, False, "", [], {}):
+            if self.asks_for(name):
                 raise ValueError(f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options needs stream: true")

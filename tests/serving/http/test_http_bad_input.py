@@ -20,7 +20,10 @@ each where it is kept:
   client sent it;
 - a regex ending in a lone backslash is refused (llguidance would drop it
   and compile the rest);
-- a chat's beam search takes no max_tokens below 1.
+- a chat's beam search takes no max_tokens below 1;
+- one rule (``SamplingFields.asks_for``) says which fields a request sets,
+  for the fields this server does not implement and those beam search
+  does not take alike.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from hypothesis import strategies as st
 
 from engine.structured_outputs.backend import GrammarError, GuidanceBackend
 from engine.structured_outputs.params import GrammarKey
+from serving.http.beam_search import check_beam_fields
 from serving.http.json_body import read_json
 from serving.http.protocol import (
     ChatCompletionRequest,
@@ -327,6 +331,35 @@ def test_the_backend_refuses_a_dangling_escape_before_building_anything():
         with pytest.raises(GrammarError, match="incomplete escape"):
             backend.compile(GrammarKey("regex", regex))
     assert backend._tokenizer is None
+
+
+def test_one_rule_says_which_fields_a_request_sets():
+    """``SamplingFields.asks_for``: a field sent with a value other than its
+    default and ``SamplingParams``' default of its name. Both checks that
+    read it agree: at either default a field passes as an unsupported field
+    and beside ``use_beam_search``; any other value, an empty one too, is
+    refused by both (vLLM refuses any suffix but null)."""
+    defaults = {"prompt": "hi", "use_beam_search": True, "frequency_penalty": 0, "top_p": 1,
+                "top_k": 0, "stop": None, "seed": None, "echo": False, "suffix": None,
+                "logits_processors": None, "prompt_embeds": None}
+    request = CompletionRequest.model_validate(defaults)
+    request.check_supported()
+    check_beam_fields(request, "prompt")
+    assert not any(request.asks_for(name) for name in defaults if name != "prompt"
+                   and name != "use_beam_search")
+    for field, value in [("suffix", ""), ("suffix", "!"), ("logits_processors", []),
+                         ("prompt_embeds", "")]:
+        request = CompletionRequest.model_validate({"prompt": "hi", field: value})
+        assert request.asks_for(field)
+        with pytest.raises(ValueError, match=f"^{field} is not supported by this server$"):
+            request.check_supported()
+    for field, value in [("seed", 0), ("stop", []), ("logit_bias", {}), ("echo", True),
+                         ("top_p", 0.5), ("frequency_penalty", 0.1)]:
+        request = CompletionRequest.model_validate({"prompt": "hi", "use_beam_search": True,
+                                                    field: value})
+        assert request.asks_for(field)
+        with pytest.raises(ValueError, match=f"^use_beam_search does not take {field}$"):
+            check_beam_fields(request, "prompt")
 
 
 def test_read_json_refuses_what_is_not_unicode_and_reads_the_rest_as_json_loads():
