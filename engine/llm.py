@@ -236,7 +236,9 @@ class _Choice(NamedTuple):
 def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams],
                        num_prompts: int) -> list[SamplingParams]:
     """Checked copies (``SamplingParams.checked``) of the parameters, one
-    per prompt."""
+    per prompt: the one check the caller's parameters get (``choices`` and
+    ``LLMEngine.new_request`` take them as they are), and what the engine
+    works on, so the caller's later assignments never reach a request."""
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params.checked()] * num_prompts
     sampling_params = list(sampling_params)

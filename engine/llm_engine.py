@@ -189,6 +189,13 @@ class LLMEngine:
         constraint compiled (waits for the compile, at most its time limit)
         and its own matcher; nothing is queued.
 
+        ``params`` become the engine's own: they must be checked and held by
+        no caller that may still assign to them (``SamplingParams.checked``'s
+        copy of a caller's, as ``LLM`` and ``add_request`` make it once, or
+        parameters built from a message, ``choices`` or ``replaced``, which
+        their constructor checked). They are used as they are, not checked
+        again.
+
         ``max_tokens`` None means what the context leaves. With
         ``fit_context`` a ``max_tokens`` (and ``min_tokens``) past the
         context is cut to what it leaves, so the request ends there with
@@ -199,7 +206,6 @@ class LLMEngine:
         ``priority`` orders requests under the "priority" scheduling policy
         (lower first); another than 0 is refused under "fcfs", as vLLM
         refuses it, rather than ignored."""
-        params = params.checked()  # fields may have been assigned since construction
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise ValueError(f"priority {priority} needs the 'priority' scheduling policy "
                              f"(--scheduling-policy priority)")
@@ -229,8 +235,10 @@ class LLMEngine:
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0) -> Request:
-        """``new_request``, then queued."""
-        request = self.new_request(prompt, params, req_id, priority)
+        """``new_request`` of a checked copy of the caller's ``params``
+        (``SamplingParams.checked``: fields assigned since construction
+        are checked, and later ones do not reach the request), then queued."""
+        request = self.new_request(prompt, params.checked(), req_id, priority)
         self.enqueue(request)
         return request
 

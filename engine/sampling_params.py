@@ -24,8 +24,12 @@ fields, the wire (``to_options``) with no other change.
 Fields may be assigned after construction, as vLLM scripts do
 (``params = llm.get_default_sampling_params(); params.max_tokens = 64``).
 The invariants below hold once constructed and in every copy ``checked``
-makes (``__post_init__`` raises ``ValueError`` otherwise); the entry points
-(``LLM``'s calls, ``LLMEngine.new_request``) work only on such a copy, so an
+makes (``__post_init__`` raises ``ValueError`` otherwise). The entry
+points that take a caller's object (``LLM``'s calls,
+``LLMEngine.add_request``, ``EngineClient.generate``) make one such copy,
+once, and hand the engine only it (``LLMEngine.new_request`` takes
+parameters no caller holds and does not check them again; those the engine
+endpoint builds from a message are checked by their constructor), so an
 assignment is checked before any of it is used and a caller's later
 assignments never reach a request already made. The invariants: every
 field has its type (numbers are numbers, not NaN; ints are ints, not

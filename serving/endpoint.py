@@ -393,8 +393,10 @@ class EngineServer:
         try:
             prompt = _prompt(message)
             engine_id = str(next(self.next_id))
-            request = self.engine.add_request(prompt, params, req_id=engine_id,
+            # params are the endpoint's own, built (and checked) from the message.
+            request = self.engine.new_request(prompt, params, req_id=engine_id,
                                               priority=message.priority)
+            self.engine.enqueue(request)
         except Exception as e:
             self._refuse(identity, message, e)
             return

@@ -1,9 +1,10 @@
 """``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions,
 stop strings, ``max_tokens=None`` and past the context, ``cumulative_logprob``, prompts from a
-generator and ``LLM.chat``. References: separate requests with the choices'
+generator and ``LLM.chat``, params assigned before and after submitting (checked once, in a
+copy the caller does not hold). References: separate requests with the choices'
 seeds, a plain search over the decoded greedy output for the stop string,
-the context left after the prompt, and transformers' ``apply_chat_template``
-on the same tokenizer."""
+the context left after the prompt, a bias that fixes every token, and
+transformers' ``apply_chat_template`` on the same tokenizer."""
 
 from __future__ import annotations
 
@@ -114,6 +115,59 @@ def test_assigned_fields_as_vllms_example_script(llm):
         llm.generate(prompt, params)
     params.top_p = 1.0
     assert llm.generate(prompt, params)[0].outputs[0].token_ids == ref.outputs[0].token_ids
+
+
+@pytest.mark.timeout(120)
+def test_assignments_after_submitting_do_not_reach_the_request(llm):
+    """``LLMEngine.add_request`` (vLLM's) takes the caller's params and the
+    engine works on its own checked copy: assignments made after it, to
+    fields and inside the caller's ``logit_bias`` dict, before the request's
+    first step, leave the request as submitted. A bias of 100 on token 65
+    makes every greedy token 65, for all six ``max_tokens``."""
+    engine = llm.engine
+    prompt = {"prompt_token_ids": list(range(3, 13))}
+
+    def params() -> SamplingParams:
+        return _greedy(max_tokens=6, logit_bias={65: 100.0})
+
+    [ref] = llm.generate(prompt, params())
+    assert ref.outputs[0].token_ids == [65] * 6
+    submitted = params()
+    request = engine.add_request(prompt, submitted)
+    submitted.logit_bias[65] = -100.0
+    submitted.max_tokens, submitted.temperature = 2, 1.0
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens += [t for d in engine.step() if d.req_id == request.req_id
+                   for t in d.new_token_ids]
+    assert tokens == [65] * 6
+
+
+@pytest.mark.timeout(120)
+def test_the_callers_params_are_checked_once(llm, monkeypatch):
+    """``SamplingParams.checked`` (the copy a caller's params are checked
+    in) runs once per params given, on ``LLM.generate`` (one params for
+    every prompt: once; one a prompt: once each; ``n`` choices of it: once)
+    and on ``LLMEngine.add_request``; the engine works on that copy."""
+    calls = []
+    checked = SamplingParams.checked
+
+    def counted(self):
+        calls.append(self)
+        return checked(self)
+
+    monkeypatch.setattr(SamplingParams, "checked", counted)
+    prompt = {"prompt_token_ids": list(range(3, 13))}
+    llm.generate([prompt] * 3, _greedy(max_tokens=2))
+    assert len(calls) == 1
+    llm.generate([prompt] * 2, [_greedy(max_tokens=2), _greedy(max_tokens=3)])
+    assert len(calls) == 3
+    [out] = llm.generate(prompt, _greedy(max_tokens=2, n=3))
+    assert len(calls) == 4 and len(out.outputs) == 3
+    llm.engine.add_request(prompt, _greedy(max_tokens=2))
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert len(calls) == 5
 
 
 @pytest.mark.timeout(300)
