@@ -181,4 +181,4 @@ def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: b
                        continue_final_message=continue_final_message, tools=tools)
     if not text:
         raise ValueError("the chat template rendered an empty prompt")
-    return text, tokenizer.hf.encode(text, add_special_tokens=False).ids
+    return text, tokenizer.encode(text, add_special_tokens=False)

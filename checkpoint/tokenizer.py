@@ -103,13 +103,21 @@ class Tokenizer:
                 raise ValueError(f"the text is not valid Unicode: {e.reason} at "
                                  f"character {e.start}") from None
         if not add_special_tokens:
-            return self.hf.encode(text, add_special_tokens=False).ids
+            return self._ids(text, add_special_tokens=False)
         if self.add_bos_token is None:
-            return self.hf.encode(text, add_special_tokens=True).ids
-        ids = self.hf.encode(text, add_special_tokens=False).ids
+            return self._ids(text, add_special_tokens=True)
+        ids = self._ids(text, add_special_tokens=False)
         if self.add_bos_token:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
+        """``hf.encode``'s ids, through ``encode_batch`` of the one text: the
+        same ids, but tokenizers releases the GIL while it works (``encode``
+        holds it throughout), so a long text tokenized in a thread (the
+        engine endpoint's tokenizer threads, the HTTP front end's) leaves
+        the process's other threads running."""
+        return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
