@@ -187,7 +187,11 @@ class LLMEngine:
         limits and vocabulary (``check_request``: the one check a request
         gets, here where it enters the engine), with its structured-output
         constraint compiled (waits for the compile, at most its time limit)
-        and its own matcher; nothing is queued.
+        and its own matcher; nothing is queued. It changes no state of the
+        engine and reads only its configuration, tokenizer and compiled
+        grammars, so it may run on another thread than the engine loop's
+        (the serving loop tokenizes text there: ``serving.endpoint``);
+        ``enqueue`` runs on the loop's.
 
         ``params`` become the engine's own: they must be checked and held by
         no caller that may still assign to them (``SamplingParams.checked``'s

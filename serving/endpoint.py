@@ -5,7 +5,8 @@ Clients (``serving.client.EngineClient``) connect DEALER sockets and speak
 (``ipc.auth``: frames ``[mac, payload]``, HMAC-SHA256). The loop alternates
 between reading every waiting client message (without blocking while the
 engine has work) and one engine step, whose deltas go back to the client
-that owns each request. The engine runs in this thread only.
+that owns each request. The engine's state changes in this thread only
+(the tokenizer threads below make requests, which changes none).
 
 Invariants: a message without a valid MAC is never decoded and never
 answered: it is dropped, counted (``EngineStats.num_refused_messages``) and
@@ -18,13 +19,28 @@ malformed or unauthenticated message never stops the loop. A request's
 ``RequestAccepted`` is held until the plan of the next step is sent (the
 client's work on it then overlaps the workers', not the scheduling); it
 still precedes the request's deltas, and a refusal made while one is held
-waits behind it, so a client's request replies keep its messages' order.
-Request ids are per client; the engine sees ids of its own. A client that is gone (the
-ROUTER cannot route to it) has its requests aborted. A request with a
-structured-output constraint waits, unscheduled, while its grammar compiles
-in the engine's compile threads (the loop goes on serving the others); it is
-then accepted or refused (a grammar that does not compile in time), so a bad
-constraint is a ``RequestError`` like any invalid request. A frame above
+waits behind it, so a client's request replies keep its messages' order
+(but for a request that waits, below: it is answered once ready). Request
+ids are per client; the engine sees ids of its own. A client that is gone
+(the ROUTER cannot route to it) has its requests aborted, and those still
+waiting dropped.
+
+Admission never runs a tokenizer or waits for a compile on the loop's
+thread. A request waits, unscheduled, while its structured-output grammar
+compiles in the engine's compile threads, then while its text (a text
+prompt, ``bad_words``) is tokenized in this server's tokenizer threads
+(``LLMEngine.new_request`` there); the loop goes on serving the others
+meanwhile, and a tokenizer thread that ends wakes it. The request is then
+admitted or refused (a grammar that does not compile in time, a prompt too
+long), so a bad constraint or prompt is a ``RequestError`` like any invalid
+request. A waiting request does not hold back the client's later requests
+(the HTTP front end is one client for all its users: one user's slow schema
+must not stall the others); a later message with its request id is answered
+after it. An abort of a waiting request ends it at once (a last delta,
+"abort"): it is never admitted. A stop tells the clients of waiting
+requests too (``EngineStopped``). ``close`` waits for a tokenizer thread
+still running (a tokenizer cannot be interrupted), so no thread outlives
+the server. A frame above
 ``MAX_MESSAGE_BYTES`` makes ZeroMQ cut that connection before the server
 sees it; the cut is logged (INFO) like any closed connection.
 
@@ -42,6 +58,7 @@ and, given an endpoint file ``F``, to ``F.key``; ``close`` removes them all.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import itertools
 import logging
@@ -50,7 +67,8 @@ import re
 import shutil
 import socket
 from collections import defaultdict
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq
@@ -90,6 +108,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 _IDLE_POLL_MS = 100
 _COMPILE_POLL_MS = 2  # while a grammar compiles: look again soon
+# Texts tokenized at once: a very long one leaves a thread for the others'.
+_TOKENIZER_THREADS = 2
 
 
 def is_loopback(host: str) -> bool:
@@ -213,6 +233,23 @@ class _Route:
     detokenizer: IncrementalDetokenizer
 
 
+@dataclass
+class _Waiting:
+    """A request received, neither admitted nor refused yet. ``request``:
+    its engine ``Request`` being made (``LLMEngine.new_request``; its error,
+    a refusal), None while its grammar compiles. ``then``: the replies to
+    the client's later messages with the same request id, sent after this
+    request's own."""
+
+    identity: bytes
+    message: GenerateRequest
+    prompt: str | dict
+    params: SamplingParams
+    engine_id: str
+    request: Future | None = None
+    then: list[msgspec.Struct] = field(default_factory=list)
+
+
 class EngineServer:
     """Binds ``endpoint``, writes the key files, then the endpoint file
     (so a client that sees the endpoint file finds its key); ``close()``
@@ -248,6 +285,12 @@ class EngineServer:
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(self.monitor, zmq.POLLIN)
+        # Tokenizer threads (made when first needed); the one that ends wakes the loop's poll.
+        self.tokenizers = ThreadPoolExecutor(_TOKENIZER_THREADS, thread_name_prefix="tokenize")
+        self.wake_reader, self.waker = socket.socketpair()
+        for end in (self.wake_reader, self.waker):
+            end.setblocking(False)
+        self.poller.register(self.wake_reader, zmq.POLLIN)
         try:
             try:
                 self.socket.bind(endpoint.address)
@@ -265,8 +308,8 @@ class EngineServer:
             self.close()
             raise
         self.routes: dict[str, _Route] = {}  # engine request id -> its client
-        # (client, its id) -> (message, params): requests whose grammar compiles.
-        self.compiling: dict[tuple[bytes, str], tuple[GenerateRequest, SamplingParams]] = {}
+        # (client, its id) -> a request not admitted yet, in the order they came.
+        self.waiting: dict[tuple[bytes, str], _Waiting] = {}
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
         # Replies held back: acceptances, which go once the step after the
         # request's admission is on its way (``_flush_accepts``), before any
@@ -282,9 +325,11 @@ class EngineServer:
         try:
             while not self.stopping:
                 busy = self.engine.has_unfinished_requests()
+                compiling = any(w.request is None for w in self.waiting.values())
                 self._receive(timeout_ms=0 if busy else
-                              _COMPILE_POLL_MS if self.compiling else _IDLE_POLL_MS)
-                self._admit_compiled()
+                              _COMPILE_POLL_MS if compiling else _IDLE_POLL_MS)
+                for key in list(self.waiting):
+                    self._advance(key)
                 if self.engine.has_unfinished_requests():
                     self._send_deltas(self.engine.step(after_send=self._flush_accepts))
                 else:
@@ -300,10 +345,14 @@ class EngineServer:
         self.stopping = True
 
     def close(self, term_context: bool = True) -> None:
-        """Close the sockets; remove the endpoint's directory, the endpoint
+        """End the tokenizer threads (after the text one may be tokenizing);
+        close the sockets; remove the endpoint's directory, the endpoint
         file and the key files. ``term_context`` False: leave the ZeroMQ
         context alone (an in-process client that did not stop still holds
         a socket of it, and terminating it would wait for that socket)."""
+        self.tokenizers.shutdown(wait=True, cancel_futures=True)
+        self.wake_reader.close()
+        self.waker.close()
         self.socket.disable_monitor()
         self.monitor.close()
         self.socket.close()
@@ -322,6 +371,8 @@ class EngineServer:
         ready = dict(self.poller.poll(timeout_ms))
         if self.monitor in ready:
             self._log_disconnects()
+        if self.wake_reader.fileno() in ready:
+            self._clear_wakes()
         if self.socket not in ready:
             return
         while True:
@@ -342,6 +393,21 @@ class EngineServer:
             logger.info("a client connection closed (closed by the client, or cut by ZeroMQ "
                         "for a frame over %d bytes)", MAX_MESSAGE_BYTES)
 
+    def _wake(self, _done: Future) -> None:
+        """Wake the loop's poll (a tokenizer thread has ended); a full or
+        closed socket needs nothing more."""
+        try:
+            self.waker.send(b"\0")
+        except OSError:
+            pass
+
+    def _clear_wakes(self) -> None:
+        try:
+            while self.wake_reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+
     def _handle(self, identity: bytes, data: bytes) -> None:
         try:
             message = decode_client_message(data)
@@ -354,10 +420,7 @@ class EngineServer:
                 trace.mark("engine_received", message.request_id)
             self._add(identity, message)
         elif isinstance(message, AbortRequest):
-            self.compiling.pop((identity, message.request_id), None)
-            engine_id = self.engine_ids.get((identity, message.request_id))
-            if engine_id is not None:
-                self._send_deltas(self.engine.abort([engine_id]))
+            self._abort(identity, message.request_id)
         elif isinstance(message, StatsRequest):
             self._reply(identity, msgspec.structs.replace(
                 self.engine.get_stats(), num_refused_messages=self.refusals.count))
@@ -365,9 +428,10 @@ class EngineServer:
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)
         try:
-            if key in self.engine_ids or key in self.compiling:
+            if key in self.engine_ids or key in self.waiting:
                 raise ValueError(f"request id {message.request_id!r} is already in use "
                                  f"by one of this client's live requests")
+            prompt = _prompt(message)
             params = SamplingParams.from_dict(message.sampling_params)
             if params.n != 1 or params.stop:
                 raise ValueError("an engine request takes n 1 and no stop strings: the "
@@ -376,38 +440,82 @@ class EngineServer:
         except Exception as e:
             self._refuse(identity, message, e)
             return
-        if self.engine.structured_outputs.ready(params):  # starts the compile if needed
-            self._admit(identity, message, params)
-        else:
-            self.compiling[key] = (message, params)
+        self.waiting[key] = _Waiting(identity, message, prompt, params, str(next(self.next_id)))
+        self._advance(key)
 
-    def _admit_compiled(self) -> None:
-        """Admit (or refuse) the requests whose grammar has compiled or run
-        out of time."""
-        for key, (message, params) in list(self.compiling.items()):
-            if self.engine.structured_outputs.ready(params):
-                del self.compiling[key]
-                self._admit(key[0], message, params)
+    def _advance(self, key: tuple[bytes, str]) -> None:
+        """Take a waiting request as far as it goes now: once its grammar
+        is ready (``ready`` starts the compile), make its engine request;
+        once made, admit it, or refuse it. A key no longer waiting (its
+        client went while the loop admitted another) is passed over."""
+        waiting = self.waiting.get(key)
+        if waiting is None:
+            return
+        if waiting.request is None:
+            if not self.engine.structured_outputs.ready(waiting.params):
+                return
+            waiting.request = self._make_request(waiting)
+        if waiting.request.done():
+            del self.waiting[key]
+            self._admit(waiting)
 
-    def _admit(self, identity: bytes, message: GenerateRequest, params: SamplingParams) -> None:
+    def _make_request(self, waiting: _Waiting) -> Future:
+        """``LLMEngine.new_request`` for ``waiting``: in a tokenizer thread
+        when it has text to tokenize (a text prompt, ``bad_words``); here,
+        at once, for token ids alone. Their work (a pass over ids the loop
+        has just decoded from the message, which cost it as much) is less
+        than the hop: a thread switch and another turn of the loop. The
+        params are the endpoint's own, built (and so checked) from the
+        message: ``new_request`` takes them as they are."""
+        make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
+                                 req_id=waiting.engine_id, priority=waiting.message.priority)
+        if isinstance(waiting.prompt, str) or waiting.params.bad_words:
+            made = self.tokenizers.submit(make)
+            made.add_done_callback(self._wake)
+            return made
+        made = Future()
         try:
-            prompt = _prompt(message)
-            engine_id = str(next(self.next_id))
-            # params are the endpoint's own, built (and checked) from the message.
-            request = self.engine.new_request(prompt, params, req_id=engine_id,
-                                              priority=message.priority)
+            made.set_result(make())
+        except Exception as e:
+            made.set_exception(e)
+        return made
+
+    def _admit(self, waiting: _Waiting) -> None:
+        """Queue the request made for ``waiting`` (or refuse it), then
+        answer the client's later messages with its id."""
+        identity, message = waiting.identity, waiting.message
+        try:
+            request = waiting.request.result()
             self.engine.enqueue(request)
         except Exception as e:
             self._refuse(identity, message, e)
+        else:
+            detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids,
+                                                 waiting.params.skip_special_tokens)
+            self.routes[request.req_id] = _Route(identity, message.request_id, detokenizer)
+            self.engine_ids[(identity, message.request_id)] = request.req_id
+            if trace.enabled:
+                trace.mark("engine_added", message.request_id)
+            self.accepts.append((identity, RequestAccepted(
+                request_id=message.request_id, prompt_token_ids=request.prompt_token_ids)))
+        for reply in waiting.then:
+            self._send_in_order(identity, reply)
+
+    def _abort(self, identity: bytes, request_id: str) -> None:
+        """Abort a live request, or one still waiting (never admitted then);
+        either way its last delta says "abort"."""
+        waiting = self.waiting.pop((identity, request_id), None)
+        if waiting is None:
+            engine_id = self.engine_ids.get((identity, request_id))
+            if engine_id is not None:
+                self._send_deltas(self.engine.abort([engine_id]))
             return
-        detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids,
-                                             params.skip_special_tokens)
-        self.routes[engine_id] = _Route(identity, message.request_id, detokenizer)
-        self.engine_ids[(identity, message.request_id)] = engine_id
-        if trace.enabled:
-            trace.mark("engine_added", message.request_id)
-        self.accepts.append((identity, RequestAccepted(
-            request_id=message.request_id, prompt_token_ids=request.prompt_token_ids)))
+        if waiting.request is not None:
+            waiting.request.cancel()  # a request being made is dropped when it ends
+        aborted = Delta(request_id=request_id, token_ids=[], text="", finished=True,
+                        finish_reason="abort")
+        for reply in [Outputs(deltas=[aborted]), *waiting.then]:
+            self._send_in_order(identity, reply)
 
     def _flush_accepts(self) -> None:
         """Send the acceptances held back (and the refusals queued behind
@@ -425,10 +533,19 @@ class EngineServer:
         error = str(e) or type(e).__name__
         refusal = RequestError(request_id=message.request_id, error=error,
                                code=getattr(e, "code", None))
-        if self.accepts:  # after an acceptance held back, as the messages came
-            self.accepts.append((identity, refusal))
+        earlier = self.waiting.get((identity, message.request_id))
+        if earlier is not None:  # a request with its id waits: after that one's reply
+            earlier.then.append(refusal)
         else:
-            self._reply(identity, refusal)
+            self._send_in_order(identity, refusal)
+
+    def _send_in_order(self, identity: bytes, message: msgspec.Struct) -> None:
+        """Send now, or after the replies held back (``accepts``), so the
+        client's replies keep its messages' order."""
+        if self.accepts:
+            self.accepts.append((identity, message))
+        else:
+            self._reply(identity, message)
 
     # ---- replies -----------------------------------------------------------
     def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
@@ -496,15 +613,25 @@ class EngineServer:
             self._drop_client(identity)
 
     def _announce_stop(self, reason: str, failed: bool = True) -> None:
+        """Tell every client with a live or waiting request; forget them."""
         self._flush_accepts()
-        for identity in {route.identity for route in self.routes.values()}:
+        clients = {route.identity for route in self.routes.values()}
+        for identity in clients | {key[0] for key in self.waiting}:
             self._reply(identity, EngineStopped(reason=reason, failed=failed))
         self.routes.clear()
         self.engine_ids.clear()
+        self._drop_waiting()
+
+    def _drop_waiting(self, identity: bytes | None = None) -> None:
+        """Forget the waiting requests of one client (of all: None); a
+        request being made is dropped when it ends."""
+        for key in [k for k in self.waiting if identity in (None, k[0])]:
+            waiting = self.waiting.pop(key)
+            if waiting.request is not None:
+                waiting.request.cancel()
 
     def _drop_client(self, identity: bytes) -> None:
-        for key in [k for k in self.compiling if k[0] == identity]:
-            del self.compiling[key]
+        self._drop_waiting(identity)
         gone = [eid for eid, route in self.routes.items() if route.identity == identity]
         if gone:
             logger.warning("a client is gone; aborting its %d request(s)", len(gone))
