@@ -40,11 +40,13 @@ _BEAM_FIELDS = frozenset({
 })
 
 
-def check_beam_fields(request: SamplingFields, prompt_field: str) -> None:
+def check_beam_fields(request: SamplingFields, prompt_field: str,
+                      also: tuple[str, ...] = ()) -> None:
     """``ValueError`` naming the fields set beside ``use_beam_search``
     (``SamplingFields.asks_for``) that it does not take (``stream`` only
-    as false)."""
-    extra = sorted(f for f in request.model_fields_set - _BEAM_FIELDS - {prompt_field}
+    as false); ``also``: the route's own fields it takes (a chat's
+    ``echo``: text before each sequence's)."""
+    extra = sorted(f for f in request.model_fields_set - _BEAM_FIELDS - {prompt_field, *also}
                    if request.asks_for(f))
     if request.stream:
         extra.insert(0, "stream")

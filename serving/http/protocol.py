@@ -273,12 +273,11 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None  # OpenAI's older form of tools
     function_call: str | dict[str, Any] | None = None
-    echo: bool = False  # vLLM's chat echo (repeat the last message): not served
+    echo: bool = False  # vLLM's: the last message's text first, if it has the answer's role
     continue_final_message: bool = False  # vLLM's
     chat_template: str | None = None  # vLLM's (a template of the request's): not served
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "echo",
-                                              "chat_template")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template")
 
 
 class ResponseContentPart(BaseModel):

@@ -7,7 +7,11 @@ tokenized (``checkpoint.chat_template.chat_prompt_ids``).
 the context has left (None: the engine sets it, ``LLMEngine.new_request``).
 With a tool choice other than "none" (``tools.py``) each choice's text is
 read into ``tool_calls`` (and, for "auto", content) by its own
-``ToolCallReader``, whole or as it streams.
+``ToolCallReader``, whole or as it streams. The answer's role is
+``answer_role``'s; with vLLM's ``echo`` each choice's content starts with
+``chat_echo``'s text: whole, before the content (also of a message whose
+text became tool calls, as vLLM's); streamed, as each choice's first
+content delta, right after its role.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
 from serving.http.beam_search import check_beam_fields, respond_with_beams
+from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.sampling import capped_max_tokens, choice_params
@@ -52,7 +57,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     state.check_model(request.model)
     request.check_supported()
     if request.use_beam_search:
-        check_beam_fields(request, "messages")
+        check_beam_fields(request, "messages", also=("echo",))
     tool_choice = tool_choice_of(request, state.tool_call_parser)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
@@ -64,10 +69,12 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
         # beam search); a prompt that leaves no room is BeamSearch's 400.
         steps = (max_tokens if max_tokens is not None
                  else max(1, state.max_model_len - len(prompt)))
+        role = answer_role(request)
+        echo = chat_echo(request, role) or ""
         return await respond_with_beams(
             state, raw, request, [prompt], steps,
             _head(state, request, f"chatcmpl-{secrets.token_hex(12)}", "chat.completion"),
-            lambda text: {"message": {"role": "assistant", "content": text}, "logprobs": None})
+            lambda text: {"message": {"role": role, "content": echo + text}, "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
@@ -96,12 +103,14 @@ def _readers(tool_choice: ToolChoice, n: int) -> list[ToolCallReader | None]:
     return [tool_choice.reader() for _ in range(n)]
 
 
-def _message(text: str, reader: ToolCallReader | None) -> dict:
+def _message(text: str, reader: ToolCallReader | None, role: str, echo: str | None) -> dict:
     """A whole answer's message: its text, or what its reader made of it
-    (no calls, no ``tool_calls``)."""
-    if reader is None:
-        return {"role": "assistant", "content": text}
-    return {"role": "assistant", **reader.message()}
+    (no calls, no ``tool_calls``), its content after ``echo`` where echoing."""
+    message = {"role": role, "content": text} if reader is None else {"role": role,
+                                                                       **reader.message()}
+    if echo is not None:
+        message["content"] = echo + (message["content"] or "")
+    return message
 
 
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
@@ -125,7 +134,9 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                                     else reader.finish_reason(event.finish_reason))
             stop_reasons[event.index] = event.stop_reason
         logprobs[event.index] += _logprobs(state, request, event, num_top) or []
-    choices = [{"index": i, "message": _message(texts[i], readers[i]),
+    role = answer_role(request)
+    echo = chat_echo(request, role)
+    choices = [{"index": i, "message": _message(texts[i], readers[i], role, echo),
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(n)]
@@ -160,10 +171,17 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
                   head: dict, tool_choice: ToolChoice) -> AsyncIterator[dict]:
     num_top = _num_top(request)
     readers = _readers(tool_choice, len(generation.choices))
+    role = answer_role(request)
     for index in range(len(generation.choices)):
-        choice = {"index": index, "delta": {"role": "assistant", "content": ""},
+        choice = {"index": index, "delta": {"role": role, "content": ""},
                   "logprobs": None, "finish_reason": None}
         yield {**head, "choices": [choice]}
+    echo = chat_echo(request, role)
+    if echo:
+        for index in range(len(generation.choices)):
+            choice = {"index": index, "delta": {"content": echo}, "logprobs": None,
+                      "finish_reason": None}
+            yield {**head, "choices": [choice]}
     async for event in generation.events():
         lp = _logprobs(state, request, event, num_top)
         reader = readers[event.index]

@@ -385,8 +385,9 @@ def test_unimplemented_fields_are_refused(client):
     with pytest.raises(openai.BadRequestError, match="min_tokens"):
         client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
                                   extra_body={"min_tokens": 3})
-    with pytest.raises(openai.BadRequestError, match="echo"):  # completions only
-        client.chat.completions.create(model="tiny", max_tokens=2, extra_body={"echo": True},
+    with pytest.raises(openai.BadRequestError, match="chat_template"):  # a request's own
+        client.chat.completions.create(model="tiny", max_tokens=2,
+                                       extra_body={"chat_template": "{{ messages }}"},
                                        messages=[{"role": "user", "content": PROMPT}])
 
 
