@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -22,6 +23,8 @@ from engine.outputs import (
     cumulative_logprob,
 )
 from engine.progress import RequestProgress
+from engine.request import Request
+from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
 
 
@@ -91,7 +94,9 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``,
-        each with ``n`` completions (``SamplingParams.choices``). ``priority``:
+        each with ``n`` completions (``SamplingParams.choices``) and its
+        ``metrics`` (``engine.request_metrics``: every time, queueing and
+        scheduling included, as this process saw it). ``priority``:
         one a prompt, for the "priority" scheduling policy (lower first).
 
         If the call is interrupted (Ctrl-C, an exception from a callback),
@@ -110,22 +115,25 @@ class LLM:
         engine = self.engine
         # Make (and so check) all before queueing any: a bad prompt queues
         # nothing. As vLLM's LLM, max_tokens past the context ends at it.
-        requests = [[engine.new_request(p, choice, priority=rank, fit_context=True)
+        # Each request arrives before its prompt is tokenized, as in vLLM.
+        requests = [[(RequestTimes(), engine.new_request(p, choice, priority=rank,
+                                                         fit_context=True))
                      for choice in pp.choices()]
                     for p, pp, rank in zip(prompts, params, priority)]
         results = []
         choices: dict[str, _Choice] = {}
         for prompt, choice_requests in zip(prompts, requests):
             text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-            result = RequestOutput(choice_requests[0].req_id, text,
-                                   choice_requests[0].prompt_token_ids)
+            first = choice_requests[0][1]
+            result = RequestOutput(first.req_id, text, first.prompt_token_ids)
             results.append(result)
-            for index, request in enumerate(choice_requests):
+            for index, (times, request) in enumerate(choice_requests):
                 engine.enqueue(request)
                 completion = CompletionOutput(index, "", [])
                 result.outputs.append(completion)
                 choices[request.req_id] = _Choice(result, completion, OutputText(
-                    engine.tokenizer, request.prompt_token_ids, request.sampling_params))
+                    engine.tokenizer, request.prompt_token_ids, request.sampling_params),
+                    request, times)
         try:
             self._run_to_completion(choices, use_tqdm)
         except BaseException:
@@ -133,6 +141,8 @@ class LLM:
             with contextlib.suppress(Exception):  # an engine that died stays dead
                 engine.abort(unfinished)
             raise
+        for result, choice_requests in zip(results, requests):
+            result.metrics = _metrics(result, [choices[r.req_id] for _, r in choice_requests])
         return results
 
     def chat(
@@ -198,7 +208,8 @@ class LLM:
             while engine.has_unfinished_requests():
                 # Deltas of an earlier, interrupted call's requests are not ours.
                 deltas = [d for d in engine.step() if d.req_id in choices]
-                ended = [d for d in deltas if _absorb(choices[d.req_id], d)]
+                now = time.monotonic()  # when this step's tokens came
+                ended = [d for d in deltas if _absorb(choices[d.req_id], d, now)]
                 stopped = [d.req_id for d in ended if not d.finished]  # at a stop string
                 if stopped:
                     engine.abort(stopped)
@@ -226,11 +237,23 @@ def _stop(engine: LLMEngine, caller_num_threads: int) -> None:
 
 class _Choice(NamedTuple):
     """One engine request of a ``generate`` call: completion ``index`` of
-    ``output``, its tokens and text in ``text``."""
+    ``output``, its tokens and text in ``text``, its times in ``times``."""
 
     output: RequestOutput
     completion: CompletionOutput
     text: OutputText
+    request: Request
+    times: RequestTimes
+
+
+def _metrics(output: RequestOutput, choices: list[_Choice]) -> RequestStateStats:
+    """A finished output's metrics: its choices' times, with the scheduler's
+    queueing and first scheduling of each."""
+    for choice in choices:
+        choice.times.queued_ts = choice.request.queued_ts
+        choice.times.scheduled_ts = choice.request.scheduled_ts
+    return request_stats([c.times for c in choices],
+                         sum(len(c.token_ids) for c in output.outputs))
 
 
 def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams],
@@ -250,12 +273,15 @@ def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams
     return [p.checked() for p in sampling_params]
 
 
-def _absorb(choice: _Choice, delta: RequestOutputDelta) -> bool:
-    """Add ``delta`` to its choice; whether the choice has now finished
-    (the engine ended it, or its text met a stop string)."""
+def _absorb(choice: _Choice, delta: RequestOutputDelta, now: float) -> bool:
+    """Add ``delta``, which came at ``now``, to its choice; whether the
+    choice has now finished (the engine ended it, or its text met a stop
+    string)."""
     completion = choice.completion
     if completion.finished():
         return False  # stopped at a stop string: what the engine still sends is dropped
+    if delta.new_token_ids:
+        choice.times.tokens_at(now)
     text = choice.text
     _absorb_prompt_side(choice.output, delta, text.tokenizer)
     text.add(delta)

@@ -2,12 +2,16 @@
 
 ``RequestOutputDelta`` is what ``Scheduler.update_from_output`` returns for
 each request that got tokens or finished in a step. ``CompletionOutput`` and
-``RequestOutput`` carry vLLM's names so user code can switch engines.
+``RequestOutput`` carry vLLM's names so user code can switch engines;
+a finished ``RequestOutput``'s ``metrics`` are its times and token count
+(``engine.request_metrics``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from engine.request_metrics import RequestStateStats
 
 
 @dataclass(frozen=True)
@@ -106,3 +110,4 @@ class RequestOutput:
     finished: bool = False
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int | None = None
+    metrics: RequestStateStats | None = None  # set when the output is handed back

@@ -79,6 +79,10 @@ class Request:
         self.status = RequestStatus.WAITING
         self.grammar: Grammar | None = None
         self.num_cached_tokens: int | None = None  # prefix-cache hits at first scheduling
+        # time.monotonic() when the scheduler queued it and first scheduled it
+        # (a preemption leaves it): RequestOutput.metrics' queued_ts and scheduled_ts.
+        self.queued_ts: float | None = None
+        self.scheduled_ts: float | None = None
         self.prompt_logprobs: list | None = None  # engine.prompt_logprobs fills it
         self.prompt_logprobs_sent = False
 

@@ -80,6 +80,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -221,6 +222,7 @@ class Scheduler:
         else:
             self._keys[request.req_id] = (request.arrival_time, seq)
         request.status = RequestStatus.WAITING
+        request.queued_ts = time.monotonic()
         self.requests[request.req_id] = request
         self.waiting.push(request, self._keys[request.req_id])
 
@@ -383,6 +385,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_hit
+                request.scheduled_ts = time.monotonic()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             draft.take(request, num_new)

@@ -34,6 +34,7 @@ import zmq
 from tqdm import tqdm
 
 from engine.outputs import CompletionOutput, Logprob, RequestOutput, cumulative_logprob
+from engine.request_metrics import RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import OutputStops
 from ipc.auth import check_secret, read_key_file, sibling_key_file
@@ -105,13 +106,21 @@ def _params_dict(params: SamplingParams | dict | None) -> dict:
     return dict(params)
 
 
+_Item = RequestAccepted | Delta | RequestError | EngineStopped
+
+
 @dataclass
 class _Stream:
-    """What has arrived for one request and is not consumed yet."""
+    """What has arrived for one request and is not consumed yet, each item
+    with the ``time.monotonic()`` it was received at (whenever the caller
+    consumes it), and the request's times (its arrival: its submission)."""
 
-    items: deque[RequestAccepted | Delta | RequestError | EngineStopped] = field(
-        default_factory=deque)
+    items: deque[tuple[float, _Item]] = field(default_factory=deque)
     prompt_token_ids: list[int] | None = None
+    times: RequestTimes = field(default_factory=RequestTimes)
+
+    def receive(self, item: _Item) -> None:
+        self.items.append((time.monotonic(), item))
 
 
 class EngineClient:
@@ -164,7 +173,7 @@ class EngineClient:
                                   sampling_params=_params_dict(sampling_params),
                                   priority=priority)
         entry = _Stream()
-        self.protocol.route(request_id, entry.items.append)
+        self.protocol.route(request_id, entry.receive)
         try:
             self._send(message)
         except BaseException:
@@ -176,13 +185,18 @@ class EngineClient:
     def stream(self, request_id: str) -> Iterator[Delta]:
         """The request's deltas as they come, the last one ``finished``.
         Raises ``ValueError`` if the engine refused the request."""
+        for _, delta in self._timed_stream(request_id):
+            yield delta
+
+    def _timed_stream(self, request_id: str) -> Iterator[tuple[float, Delta]]:
+        """``stream``, each delta with the time it was received at."""
         if request_id not in self._streams:
             raise KeyError(f"no live request {request_id!r} on this client")
         entry = self._streams[request_id]
         while True:
             while not entry.items:
                 self._receive()
-            item = entry.items.popleft()
+            received_at, item = entry.items.popleft()
             if isinstance(item, RequestAccepted):
                 entry.prompt_token_ids = item.prompt_token_ids
                 continue
@@ -193,7 +207,7 @@ class EngineClient:
                 raise ValueError(f"request {request_id!r} refused: {item.error}")
             if item.finished:
                 self._forget(request_id)
-            yield item
+            yield received_at, item
             if item.finished:
                 return
 
@@ -212,7 +226,10 @@ class EngineClient:
         client sends the ``n`` engine requests (``SamplingParams.choices``)
         and cuts each one's text at its stop strings (``OutputStops``, on
         each step's text; the engine takes none). If one is refused, the
-        others are aborted and ``ValueError`` raised."""
+        others are aborted and ``ValueError`` raised. Each output's
+        ``metrics`` are this client's times (``engine.request_metrics``:
+        arrival when it sent a request, tokens when it received them; the
+        engine's queueing and scheduling, None)."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         if sampling_params is None or isinstance(sampling_params, (SamplingParams, dict)):
             sampling_params = [sampling_params] * len(prompts)
@@ -242,23 +259,30 @@ class EngineClient:
         """One prompt's output: its choices' completions, its prompt's side
         (token ids, logprobs, prefix-cache hits) from the first choice."""
         entry = self._streams[choice_ids[0]]  # its prompt ids come with the acceptance
-        sides = [self._collect_choice(i, rid, params) for i, rid in enumerate(choice_ids)]
+        times = [self._streams[rid].times for rid in choice_ids]
+        sides = [self._collect_choice(i, rid, params, t)
+                 for i, (rid, t) in enumerate(zip(choice_ids, times))]
         prompt_ids = entry.prompt_token_ids or []
         _, prompt_logprobs, num_cached = sides[0]
         text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-        return RequestOutput(choice_ids[0], text, prompt_ids, [c for c, _, _ in sides],
+        completions = [c for c, _, _ in sides]
+        return RequestOutput(choice_ids[0], text, prompt_ids, completions,
                              finished=True, prompt_logprobs=prompt_logprobs,
-                             num_cached_tokens=num_cached)
+                             num_cached_tokens=num_cached,
+                             metrics=request_stats(times, sum(len(c.token_ids)
+                                                              for c in completions)))
 
-    def _collect_choice(self, index: int, request_id: str, params: SamplingParams):
+    def _collect_choice(self, index: int, request_id: str, params: SamplingParams,
+                        times: RequestTimes):
         """(completion, prompt logprobs, prefix-cache hits) of one engine
         request, aborted when its text meets a stop string (what the
-        engine still sends for it is dropped)."""
+        engine still sends for it is dropped); ``times`` takes when the
+        completion's tokens were received."""
         completion = CompletionOutput(index, "", [])
         stops = (OutputStops(params.stop, params.include_stop_str_in_output, params.min_tokens)
                  if params.stop else None)
         prompt_logprobs, num_cached = None, None
-        for delta in self.stream(request_id):
+        for received_at, delta in self._timed_stream(request_id):
             if delta.prompt_logprobs is not None:
                 prompt_logprobs = [None if token is None else
                                    {e.token_id: Logprob(e.logprob, e.rank) for e in token}
@@ -267,6 +291,8 @@ class EngineClient:
                 num_cached = delta.num_cached_tokens
             if completion.finished():
                 continue  # stopped at a stop string: the abort's own delta
+            if delta.token_ids:
+                times.tokens_at(received_at)
             completion.token_ids.extend(delta.token_ids)
             if delta.logprobs is not None:
                 completion.logprobs = (completion.logprobs or []) + [

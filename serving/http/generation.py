@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from engine.request_metrics import RequestTimes
 from engine.stop_strings import OutputStops
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
 from serving.async_client import AsyncEngineClient
@@ -62,7 +63,7 @@ class _Choice:
     prompt_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_tokens: int = 0
-    last_token_time: float | None = None
+    times: RequestTimes = field(default_factory=RequestTimes)  # arrival: its submission
     finished: bool = False
 
 
@@ -71,7 +72,6 @@ class Generation:
     link: AsyncEngineClient
     # None: requests whose latencies are no client's (beam search's steps).
     metrics: Metrics | None
-    arrival_time: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     choices: dict[str, _Choice] = field(default_factory=dict)
     early: list = field(default_factory=list)  # deltas that came while others awaited acceptance
@@ -187,7 +187,7 @@ class Generation:
     def _finish(self, choice: _Choice, reason: str) -> None:
         choice.finished = True
         if self.metrics is not None:
-            self.metrics.finished(reason, time.monotonic() - self.arrival_time)
+            self.metrics.finished(reason, time.monotonic() - choice.times.arrival_ts)
 
     def _prompt_only_event(self, request_id: str, choice: _Choice, delta: Delta) -> ChoiceEvent:
         if delta.num_cached_tokens is not None:
@@ -200,16 +200,16 @@ class Generation:
         return ChoiceEvent(choice.index, "", [], None, "length", delta.prompt_logprobs)
 
     def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
+        """Time to the choice's first token, or the gap since its last ones
+        shared among the ``num_tokens`` that came now."""
         if not num_tokens or self.metrics is None:
             return
-        now = time.monotonic()
-        if choice.last_token_time is None:
-            self.metrics.ttft.observe(now - self.arrival_time)
+        gap = choice.times.tokens_at(time.monotonic())
+        if gap is None:
+            self.metrics.ttft.observe(choice.times.first_token_latency)
         else:
-            gap = (now - choice.last_token_time) / num_tokens
             for _ in range(num_tokens):
-                self.metrics.itl.observe(gap)
-        choice.last_token_time = now
+                self.metrics.itl.observe(gap / num_tokens)
 
     def abort_unfinished(self) -> None:
         """Abort every engine request of this HTTP request still running."""

@@ -5,10 +5,11 @@ Engine-side values (running and waiting requests, KV-cache usage, prompt
 and generation token counters, preemptions, prefix-cache lookups and hits
 in tokens) come from one ``EngineStats`` snapshot asked for at scrape time,
 so they are the engine's own numbers, not the front end's guess. What the
-client sees is measured here: time to first token from the HTTP request's
-arrival, inter-token latency between consecutive deltas of one engine
-request (divided among the tokens a delta carries), each engine request's
-end-to-end latency (arrival to its last token) and how it finished
+client sees is measured here (``Generation``, with each engine request's
+``engine.request_metrics.RequestTimes``): time to first token from the
+request's submission, inter-token latency between consecutive deltas of one
+engine request (divided among the tokens a delta carries), each engine
+request's end-to-end latency (submission to its end) and how it finished
 (``request_success``, by ``finished_reason``: stop, length or abort). Each
 front end has its own registry.
 """

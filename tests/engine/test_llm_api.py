@@ -1,10 +1,10 @@
 """``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions,
 stop strings, ``max_tokens=None`` and past the context, ``cumulative_logprob``, prompts from a
-generator and ``LLM.chat``, params assigned before and after submitting (checked once, in a
-copy the caller does not hold). References: separate requests with the choices'
-seeds, a plain search over the decoded greedy output for the stop string,
-the context left after the prompt, a bias that fixes every token, and
-transformers' ``apply_chat_template`` on the same tokenizer."""
+generator, ``LLM.chat``, each output's ``metrics``, params assigned before and after
+submitting (checked once, in a copy the caller does not hold). References: separate requests
+with the choices' seeds, a plain search over the decoded greedy output for the stop string,
+the context left after the prompt, a bias that fixes every token, transformers'
+``apply_chat_template`` on the same tokenizer, the clocks read around the call."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
+from tests.helpers.request_metrics import Window, assert_in_order
 
 PROMPT = "The quick brown fox jumps over"
 MAX_MODEL_LEN = 64
@@ -356,3 +357,22 @@ def test_reset_prefix_cache_forgets_the_prompts(llm):
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
     assert request.num_cached_tokens == 32
+
+
+@pytest.mark.timeout(300)
+def test_metrics_time_each_output_and_count_its_tokens(llm):
+    """vLLM's ``RequestOutput.metrics``: arrival, queueing, first
+    scheduling, first and last token in order within the call; the tokens
+    of every choice counted (n=3), and of a choice cut at a stop string
+    only those it kept."""
+    text = llm.generate(PROMPT, _greedy(max_tokens=8))[0].outputs[0].text
+    params = [_greedy(max_tokens=6),
+              SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=5, ignore_eos=True),
+              _greedy(max_tokens=8, stop=[text[3:5]])]
+    with Window() as window:
+        outs = llm.generate([PROMPT] * 3, params)
+    stopped = outs[2].outputs[0]
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 8
+    assert [o.metrics.num_generation_tokens for o in outs] == [6, 15, len(stopped.token_ids)]
+    for out in outs:
+        assert_in_order(out, window, engine_side=True)

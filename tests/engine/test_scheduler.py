@@ -11,6 +11,8 @@ of scheduling.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 
@@ -26,6 +28,7 @@ from tests.helpers.fake_runner import (
     config,
     drive,
     expected,
+    hash_token,
     make_requests,
     run,
 )
@@ -290,3 +293,32 @@ def test_random_workloads_match_reference(
     accepted = admit(sched, reqs)
     results, _ = drive(sched, FakeRunner(cfg))
     assert results == expected(accepted, cfg)
+
+
+def test_queued_and_first_scheduled_times_survive_preemption():
+    """``queued_ts`` is when ``add_request`` ran; ``scheduled_ts`` lies within
+    the ``schedule`` call that first admitted the request, even for one
+    preempted and admitted again later (vLLM's rule: the first time)."""
+    cfg = config(num_blocks=8, max_model_len=32)
+    reqs = make_requests(PROMPTS[:4], SamplingParams(max_tokens=12))
+    sched, runner = Scheduler(cfg), FakeRunner(cfg, hash_token)
+    added = {}
+    for r in reqs:
+        before = time.monotonic()
+        sched.add_request(r)
+        added[r.req_id] = (before, time.monotonic())
+    first_admitted: dict[str, tuple[float, float]] = {}
+    admissions: dict[str, int] = {}
+    while sched.has_unfinished_requests():
+        before = time.monotonic()
+        out = sched.schedule()
+        after = time.monotonic()
+        for new in out.scheduled_new_reqs:
+            first_admitted.setdefault(new.req_id, (before, after))
+            admissions[new.req_id] = admissions.get(new.req_id, 0) + 1
+        sched.update_from_output(out, runner.execute(out))
+    assert max(admissions.values()) > 1  # some request was preempted and came back
+    for r in reqs:
+        assert added[r.req_id][0] <= r.queued_ts <= added[r.req_id][1]
+        start, end = first_admitted[r.req_id]
+        assert start <= r.scheduled_ts <= end

@@ -32,6 +32,7 @@ from ipc.engine_messages import (
 from ipc.serde import encode
 from serving import protocol_core
 from serving.client import EngineClient, EngineStoppedError
+from tests.helpers.request_metrics import Window, assert_in_order
 from tests.helpers.serve_utils import start_server, stop_server
 
 pytestmark = pytest.mark.slow  # every test starts a server with worker daemons
@@ -138,6 +139,29 @@ def test_generate_helper_takes_n_and_stop_strings_as_llm_does(server):
         assert (g.token_ids, g.text) == (w.token_ids, w.text)
         assert (g.finish_reason, g.stop_reason) == (w.finish_reason, w.stop_reason)
         assert g.cumulative_logprob == pytest.approx(w.cumulative_logprob, abs=1e-4)
+
+
+@pytest.mark.timeout(120)
+def test_generate_helper_gives_each_output_its_metrics(server):
+    """``RequestOutput.metrics`` over the endpoint: the client's arrival and
+    token times in order within the call (the engine's queueing and
+    scheduling unknown here), every choice's tokens counted (n=2), and of
+    a choice cut at a stop string only those it kept."""
+    _, endpoint_file = server
+    prompt = "Hello, my name is"
+    with EngineClient(endpoint_file, timeout_s=60) as client:
+        [plain] = client.generate(prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                         ignore_eos=True))
+        params = [SamplingParams(n=2, temperature=1.0, seed=4, max_tokens=5, ignore_eos=True),
+                  SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                 stop=[plain.outputs[0].text[3:5]])]
+        with Window() as window:
+            outs = client.generate([prompt, prompt], params)
+    stopped = outs[1].outputs[0]
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 8
+    assert [o.metrics.num_generation_tokens for o in outs] == [10, len(stopped.token_ids)]
+    for out in outs:
+        assert_in_order(out, window, engine_side=False)
 
 
 @pytest.mark.timeout(90)
