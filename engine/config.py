@@ -45,6 +45,9 @@ GENERATION_CONFIGS = ("auto", "vllm")
 KV_CACHE_DTYPE_NAMES = ("float16", "bfloat16")
 # vLLM's "safetensors" (a model directory) and "gguf" (a .gguf file) are what "auto" loads.
 LOAD_FORMATS = ("auto", "dummy", "safetensors", "gguf")
+# vLLM's max_model_len -1 ("auto" on the command line): the longest length the
+# KV cache holds, at most the model's positions, decided once the cache is sized.
+AUTO_MAX_MODEL_LEN = -1
 
 
 class ConfigError(ValueError):
@@ -80,7 +83,9 @@ class EngineConfig:
     max_num_batched_tokens: int | None = _opt(None, "tokens in one step at most (default: "
                                               "8192 on CUDA, 2048 elsewhere)")
     max_model_len: int | None = _opt(None, "prompt + output tokens per request at most "
-                                     "(default: the model's max_position_embeddings)")
+                                     "(default: the model's max_position_embeddings); -1 or "
+                                     "'auto': the longest the KV cache holds, at most that",
+                                     metavar="N|auto")
     num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
                                                "fits in memory")
     enforce_eager: bool = _opt(False, "no CUDA graphs")
@@ -172,9 +177,7 @@ class EngineConfig:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError(f"max_model_len must be >= 2 (a prompt token and an output "
-                              f"token), got {self.max_model_len}")
+        _check_max_model_len(self.max_model_len)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError("gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")
@@ -225,9 +228,28 @@ class EngineConfig:
             model.check_tensor_parallel(self.tensor_parallel_size, self.model)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        max_model_len = self.resolved_max_model_len(model)
-        if self.num_gpu_blocks_override is not None:
-            self.check_kv_cache(self.num_gpu_blocks_override, max_model_len)
+        self.resolved_max_model_len(model)
+        blocks = self.num_gpu_blocks_override
+        if blocks is not None:
+            self.check_kv_cache(blocks, self.max_model_len_for(model, blocks))
+
+    def max_model_len_for(self, model: ModelConfig, num_blocks: int) -> int:
+        """The length requests get once the KV cache has ``num_blocks``
+        blocks. ``max_model_len`` -1 ("auto"): as vLLM decides it, the
+        longest the cache holds (``num_blocks * block_size`` tokens: a
+        request of that many needs every block), at most the model's
+        positions; ConfigError where that leaves less than a prompt token and
+        an output token. Any other: ``resolved_max_model_len`` (which the
+        cache must hold: ``check_kv_cache``)."""
+        longest = self.resolved_max_model_len(model)
+        if self.max_model_len != AUTO_MAX_MODEL_LEN:
+            return longest
+        tokens = num_blocks * self.block_size
+        if tokens < 2:
+            raise ConfigError(f"max_model_len auto: the KV cache holds {tokens} token "
+                              f"({num_blocks} block of {self.block_size}), fewer than a prompt "
+                              f"token and an output token: raise {self._cache_size_option}")
+        return min(longest, tokens)
 
     def check_kv_cache(self, num_blocks: int, max_model_len: int) -> None:
         """The KV cache holds one request of ``max_model_len`` tokens (as vLLM
@@ -236,15 +258,19 @@ class EngineConfig:
         tokens = num_blocks * self.block_size
         if tokens >= max_model_len:
             return
-        if self.num_gpu_blocks_override is not None:
-            more = "num_gpu_blocks_override"
-        elif self.resolved_device == "cuda":
-            more = "gpu_memory_utilization"
-        else:
-            more = "kv_cache_memory_bytes"
         raise ConfigError(f"the KV cache holds {tokens} tokens ({num_blocks} blocks of "
                           f"{self.block_size}), fewer than max_model_len {max_model_len}: "
-                          f"set max_model_len to at most {tokens}, or raise {more}")
+                          f"set max_model_len to at most {tokens}, or raise "
+                          f"{self._cache_size_option} (max_model_len -1, 'auto': the longest "
+                          "the cache holds)")
+
+    @property
+    def _cache_size_option(self) -> str:
+        """The option that sizes the KV cache here."""
+        if self.num_gpu_blocks_override is not None:
+            return "num_gpu_blocks_override"
+        return "gpu_memory_utilization" if self.resolved_device == "cuda" else (
+            "kv_cache_memory_bytes")
 
     def check_draft_model(self, info: ModelConfig, draft: ModelConfig) -> None:
         """A draft model (speculative method "draft_model") has the target's
@@ -343,11 +369,13 @@ class EngineConfig:
         return 8192 if self.resolved_device == "cuda" else 2048
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
-        """``max_model_len``, else the model's ``max_position_embeddings``.
-        Longer than the model's positions is refused (as vLLM does): its
-        rotary tables end there, and a longer prompt would fail mid-step."""
+        """``max_model_len``, else (None, or -1 before the KV cache decides:
+        ``max_model_len_for``) the model's ``max_position_embeddings``: the
+        length the runner's tables and rotary cache are sized for. Longer
+        than the model's positions is refused (as vLLM does): its rotary
+        tables end there, and a longer prompt would fail mid-step."""
         length = model.max_position_embeddings
-        if self.max_model_len is not None:
+        if self.max_model_len not in (None, AUTO_MAX_MODEL_LEN):
             if length is not None and self.max_model_len > length:
                 raise ConfigError(f"max_model_len {self.max_model_len} is longer than "
                                   f"{self.model}'s {length} positions "
@@ -384,10 +412,12 @@ class EngineConfig:
         return RunnerConfig(**same, **resolved)
 
     def scheduler_config(self, model: ModelConfig, num_blocks: int) -> SchedulerConfig:
+        """The scheduler's limits for a KV cache of ``num_blocks`` blocks
+        (its ``max_model_len``: ``max_model_len_for``)."""
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len(model), block_size=self.block_size,
+            max_model_len=self.max_model_len_for(model, num_blocks), block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
             enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
             num_speculative_tokens=0 if self.speculative is None
@@ -399,7 +429,7 @@ class EngineConfig:
 
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
                   "kv_cache_memory_bytes")
-_OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "max_model_len", "num_gpu_blocks_override",
+_OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "num_gpu_blocks_override",
                            "master_port", "max_cudagraph_capture_size", "max_seq_len_to_capture")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
           "enable_prefix_caching", "disable_log_stats", "trust_remote_code")
@@ -420,6 +450,15 @@ def _check_ints(c: EngineConfig) -> None:
     for name in _BOOLS:
         if not isinstance(getattr(c, name), bool):
             raise ConfigError(f"{name} must be a bool, got {getattr(c, name)!r}")
+
+
+def _check_max_model_len(value) -> None:
+    """None (the model's positions), -1 ("auto", decided with the KV cache)
+    or a length of at least a prompt token and an output token."""
+    if value is None or (type(value) is int and (value == AUTO_MAX_MODEL_LEN or value >= 2)):
+        return
+    raise ConfigError(f"max_model_len must be an int >= 2 (a prompt token and an output token) "
+                      f"or -1 (auto: the longest the KV cache holds), got {value!r}")
 
 
 def _check_choices(c: EngineConfig) -> None:

@@ -36,7 +36,7 @@ from checkpoint.generation_config import eos_token_ids, sampling_defaults
 from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
-from engine.config import ConfigError, EngineConfig
+from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.request import Request, check_request
 from engine.sampling_params import SamplingParams, truncated_prompt
@@ -124,7 +124,6 @@ class LLMEngine:
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
             list(self.model_config.eos_token_ids))
-        self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.device = config.resolved_device
         draft_dir, draft = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
@@ -139,7 +138,7 @@ class LLMEngine:
     def _start_serving(self, config: EngineConfig, runner_config) -> None:
         """The workers' model and KV cache, then the engine's own state."""
         self.num_blocks = self.executor.initialize(runner_config, config.num_gpu_blocks_override)
-        config.check_kv_cache(self.num_blocks, self.max_model_len)
+        self.max_model_len = self._decide_max_model_len(config)
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
@@ -151,6 +150,23 @@ class LLMEngine:
                                             config.log_stats_interval_s)
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
+
+    def _decide_max_model_len(self, config: EngineConfig) -> int:
+        """The length every request gets, now that the KV cache is sized
+        (``EngineConfig.max_model_len_for``; a cache that holds it:
+        ``check_kv_cache``); with ``max_model_len`` -1
+        ("auto") said once, with what decided it. The runners keep the
+        tables they were built with, sized for the model's positions: the
+        decided length is never longer, and only the engine admits
+        requests."""
+        length = config.max_model_len_for(self.model_config, self.num_blocks)
+        config.check_kv_cache(self.num_blocks, length)
+        if config.max_model_len == AUTO_MAX_MODEL_LEN:
+            logger.info("max_model_len auto: %d tokens (the KV cache holds %d: %d blocks of %d; "
+                        "the model has %d positions)", length, self.num_blocks * config.block_size,
+                        self.num_blocks, config.block_size,
+                        self.model_config.max_position_embeddings)
+        return length
 
     def _draft_model(self, config: EngineConfig) -> tuple[str | None, ModelConfig | None]:
         """The draft model's directory and description (speculative method

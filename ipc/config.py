@@ -58,7 +58,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     resolved. ``max_num_seqs`` is the number of request slots (rows
     of every persistent tensor); ``max_num_batched_tokens`` sizes the
     per-step input buffers; ``max_model_len`` sizes ``all_token_ids`` and the
-    block tables; ``block_size`` is a power of two. ``kv_cache_memory_bytes``
+    block tables (under the engine's "auto", -1, the model's positions: the
+    length the engine decides once the cache is sized is never longer);
+    ``block_size`` is a power of two. ``kv_cache_memory_bytes``
     bounds the KV cache on CPU; ``gpu_memory_utilization`` is the share of
     the GPU the worker may use. ``disable_custom_all_reduce``: NCCL for
     every all-reduce instead of the one-shot kernel over peer memory.

@@ -53,8 +53,21 @@ def human_int(text: str) -> int:
             f"{text!r} is not an integer (2048, 32k = 32000, 32K = 32768)") from None
 
 
-# Fields that take human_int's forms on the command line, as in vLLM's.
-_HUMAN_INTS = ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes")
+def human_int_or_auto(text: str) -> int:
+    """``human_int``, or -1 for ``auto`` (any case) and ``-1``: vLLM's
+    ``--max-model-len`` value for the longest length the KV cache holds."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    try:
+        return human_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(str(e)[:-1] + "; or auto)") from None
+
+
+# Fields that take human_int's forms on the command line, as in vLLM's. They
+# are read in _engine_config, so that a bad value is one line like any other.
+_HUMAN_INTS = {"max_model_len": human_int_or_auto, "max_num_batched_tokens": human_int,
+               "kv_cache_memory_bytes": human_int}
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -70,18 +83,23 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         meta = f.metadata
         if meta.get("cli") is False:
             continue
-        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        flag = _flag(f)
         base = str(f.type).split("|")[0].strip()
         default = argparse.SUPPRESS if meta.get("given_only") else f.default
         kwargs = dict(dest=f.name, default=default, help=meta["help"])
         if base == "bool":
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = human_int if f.name in _HUMAN_INTS else _TYPES[base]
+            kwargs["type"] = str if f.name in _HUMAN_INTS else _TYPES[base]
             for key in ("choices", "metavar"):
                 if key in meta:
                     kwargs[key] = meta[key]
         parser.add_argument(flag, *meta.get("aliases", ()), **kwargs)
+
+
+def _flag(f: dataclasses.Field) -> str:
+    """The option of an ``EngineConfig`` field."""
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
 def _default_model_said(parser: argparse.ArgumentParser) -> None:
@@ -101,10 +119,28 @@ def _engine_config(args, **overrides):
     # An option left out on purpose (generate's --model) keeps the field's default.
     kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
               if f.metadata.get("cli") is not False and hasattr(args, f.name)}
+    kwargs.update(_human_ints(kwargs))
     kwargs.update(tensor_parallel_size=_tensor_parallel_size(args), executor="mp",
                   master_addr=args.master_addr, master_port=args.master_port)
     kwargs.update(overrides)
     return EngineConfig(**kwargs)
+
+
+def _human_ints(kwargs: dict) -> dict:
+    """The ``_HUMAN_INTS`` options given as text, read as vLLM reads them;
+    ConfigError naming the option for text that is no such value."""
+    from engine.config import ConfigError, EngineConfig
+
+    read = {}
+    for f in dataclasses.fields(EngineConfig):
+        text = kwargs.get(f.name)
+        if f.name not in _HUMAN_INTS or not isinstance(text, str):
+            continue  # left out: the field's default
+        try:
+            read[f.name] = _HUMAN_INTS[f.name](text)
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"{_flag(f)} {e}") from None
+    return read
 
 
 def _tensor_parallel_size(args) -> int:

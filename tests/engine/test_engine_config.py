@@ -40,7 +40,12 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(block_size=0), "block_size must be an int >= 1"),
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(max_num_batched_tokens=2.5), "max_num_batched_tokens"),
-    (dict(max_model_len=1), "max_model_len must be >= 2"),
+    (dict(max_model_len=1), r"max_model_len must be an int >= 2 .* or -1 \(auto: the longest "
+                            r"the KV cache holds\), got 1$"),
+    (dict(max_model_len=0), r"max_model_len must be an int >= 2 .*, got 0$"),
+    (dict(max_model_len=-2), r"max_model_len must be an int >= 2 .*, got -2$"),
+    (dict(max_model_len="auto"), r"max_model_len must be an int >= 2 .*, got 'auto'$"),
+    (dict(max_model_len=True), r"max_model_len must be an int >= 2 .*, got True$"),
     (dict(dtype="int8"), "dtype must be one of"),
     (dict(device="tpu"), "device must be one of"),
     (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),

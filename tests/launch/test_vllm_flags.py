@@ -22,6 +22,7 @@ from launch.cli import (
     _serve_model,
     build_parser,
     human_int,
+    human_int_or_auto,
 )
 from tests.helpers.http_utils import start_http, stop_http
 from tests.helpers.proc_utils import run_tprun
@@ -77,6 +78,16 @@ def test_counts_read_as_vllm_reads_them(text, value):
 def test_counts_that_are_not_are_refused(text):
     with pytest.raises(argparse.ArgumentTypeError, match="is not an integer"):
         human_int(text)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("auto", -1), ("AUTO", -1), (" auto ", -1), ("-1", -1), ("32k", 32000), ("2048", 2048)])
+def test_max_model_len_takes_auto_as_vllm_does(text, value):
+    """vLLM's --max-model-len: auto (any case) or -1 is -1, the longest the
+    KV cache holds; counts as the other options read them."""
+    assert human_int_or_auto(text) == value
+    assert _serve_config("serve", "--max-model-len", text).max_model_len == value
+    assert _serve_config("serve", f"--max-model-len={text}").max_model_len == value
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -163,6 +174,14 @@ def test_chat_template_from_a_file_or_inline(tmp_path):
      "--ssl-certfile is not supported"),
     (["--nproc-per-node", "2", "serve", "--device", "cpu", "-tp", "4"],
      "--nproc-per-node 2 and --tensor-parallel-size 4 disagree"),
+    (["serve", "--device", "cpu", "--max-model-len", "abc"],
+     "--max-model-len 'abc' is not an integer (2048, 32k = 32000, 32K = 32768; or auto)"),
+    (["generate", "--device", "cpu", "--max-model-len", "0"],
+     "max_model_len must be an int >= 2 (a prompt token and an output token) or -1 (auto: the "
+     "longest the KV cache holds), got 0"),
+    (["serve", "--device", "cpu", "--max-model-len", "-2"], "max_model_len must be an int >= 2"),
+    (["bench", "--device", "cpu", "--max-num-batched-tokens", "1.5K"],
+     "--max-num-batched-tokens '1.5K' is not an integer"),
 ])
 def test_refusals_are_one_line_with_exit_code_2(tmp_path, argv, message):
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
