@@ -9,7 +9,11 @@ those fields by ``SamplingParams``' names; a file without them (or no
 file, as a GGUF model has) gives none. Other keys (``do_sample``, the
 token ids, beam settings) are not sampling defaults and are left out, as
 vLLM leaves them. A folder given for the file also brings its
-``eos_token_id`` (``eos_token_ids``): vLLM stops at those too.
+``eos_token_id`` (``eos_token_ids``): vLLM stops at those too. The
+model's own file's ``eos_token_id`` is in its description
+(``checkpoint.description``) and ends outputs under every value, "vllm"
+included: vLLM reads the model's file for its special tokens whichever
+sampling defaults it takes.
 """
 
 from __future__ import annotations

@@ -129,8 +129,10 @@ class EngineConfig:
     generation_config: str = _opt("auto", "'auto': the model's generation_config.json gives "
                                   "the sampling defaults (temperature, top_p, top_k, min_p, "
                                   "repetition_penalty; max_new_tokens caps max_tokens) where a "
-                                  "request leaves them unset, as vLLM's; 'vllm': tprun's own; "
-                                  "a folder: the generation_config.json in it gives them",
+                                  "request leaves them unset, as vLLM's; 'vllm': tprun's own "
+                                  "(the model's eos_token_id there still ends outputs, as in "
+                                  "vLLM); a folder: the generation_config.json in it gives "
+                                  "them",
                                   metavar="auto|vllm|FOLDER")
     speculative_config: dict | str | None = _opt(
         None, "speculative decoding, as vLLM spells it (a JSON object on the command line): "

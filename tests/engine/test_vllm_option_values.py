@@ -1,11 +1,13 @@
 """vLLM's values of ``generation_config`` and ``kv_cache_dtype`` beyond
 "auto": a folder holding a generation_config.json gives the sampling
-defaults and its end-of-sequence ids; the name of the dtype the KV cache is kept in (the model's, after
+defaults and its end-of-sequence ids; "vllm" drops the model's sampling
+defaults but not its end-of-sequence ids; the name of the dtype the KV cache is kept in (the model's, after
 ``dtype``) is taken, any other name refused before any worker starts."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -73,6 +75,27 @@ def test_the_folders_eos_ids_end_outputs(tiny, tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 10**6}))
     with pytest.raises(ConfigError, match=r"eos_token_id \[1000000\] outside the vocabulary"):
         LLM(model=tiny, device="cpu", generation_config=str(tmp_path))
+
+
+@pytest.mark.timeout(120)
+def test_vllm_keeps_the_models_eos_ids_and_drops_its_sampling(tiny, tmp_path):
+    """'vllm' drops the sampling defaults only: vLLM still reads the
+    model's generation_config.json for its special tokens
+    (``try_get_generation_config`` takes the model's file for "auto" and
+    "vllm" alike), so an eos_token_id there ends outputs under either; the
+    reference is the greedy answer without that file, cut after the id."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    with LLM(model=tiny, device="cpu") as llm:
+        tokens = llm.generate("The quick brown fox", greedy)[0].outputs[0].token_ids
+    stop_at = next(i for i, t in enumerate(tokens) if i >= 2 and t not in tokens[:i])
+    model = tmp_path / "tiny"
+    shutil.copytree(tiny, model)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [tokens[stop_at]], "temperature": 0.0, "max_new_tokens": 2}))
+    with LLM(model=str(model), device="cpu", generation_config="vllm") as llm:
+        assert llm.get_default_sampling_params() == SamplingParams()
+        out = llm.generate("The quick brown fox", greedy)[0].outputs[0]
+    assert (out.token_ids, out.finish_reason) == (tokens[:stop_at + 1], "stop")
 
 
 def test_kv_cache_dtype_names_the_models_dtype(tiny):
