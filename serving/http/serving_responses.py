@@ -12,7 +12,10 @@ renders them (``serving_chat.chat_prompt``), ``max_output_tokens``,
 sampling parameters (``sampling.py``, with the model's recommended
 defaults), and ``text.format`` the output's structured-output constraint
 (``structured.text_format_constraint``). The answer is built by
-``responses_output.py``, whole or streamed.
+``responses_output.py``, whole or streamed. What does not fit the model's
+context is refused before the engine sees it (``check_context``), so the
+error names this API's fields (``input``, ``max_output_tokens``), not the
+chat's ``max_tokens``; an empty conversation names ``input``.
 
 As vLLM's server: the store is off by default, and then a request's
 ``store`` (true unless the client says otherwise) is served without
@@ -30,6 +33,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.request import ContextLengthError
 from serving.http.generation import Generation
 from serving.http.protocol import ChatCompletionRequest, FieldError, ResponsesRequest
 from serving.http.response_store import ResponseStore, stored
@@ -56,11 +60,16 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                stored(state.response_store, request.previous_response_id,
                       "previous_response_id").conversation)
     turn = input_messages(request.input)
-    chat = chat_request(request, [*instruction_messages(request), *history, *turn])
+    messages = [*instruction_messages(request), *history, *turn]
+    if not messages:
+        raise FieldError("input", "input must not be empty: give a text or at least one "
+                                  "message (or instructions, or a previous_response_id)")
+    chat = chat_request(request, messages)
     constraint = text_format_constraint(request.text.format if request.text else None)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
+    check_context(request, len(prompt), max_tokens, state.max_model_len)
     params = choice_params(chat, max_tokens, None, constraint=constraint,
                            defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
@@ -71,6 +80,32 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     return await respond(raw, generation, bool(request.stream),
                          lambda: _events(generation, shape, store, conversation),
                          lambda: _collect(generation, shape, store, conversation))
+
+
+class ContextLengthFieldError(FieldError):
+    """The input, or the input plus ``max_output_tokens``, does not fit the
+    model's context: OpenAI's code for it, with this API's field names."""
+
+    code = ContextLengthError.code
+
+
+def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: int | None,
+                  max_model_len: int) -> None:
+    """The engine's context rule (``engine.request.check_request``) ahead
+    of it, in this API's terms: the engine's message names ``max_tokens``,
+    which a Responses request does not have. ``max_tokens``: what the
+    engine would be sent (the request's, under the recommended cap)."""
+    if num_input_tokens >= max_model_len:
+        raise ContextLengthFieldError(
+            "input", f"the input ({num_input_tokens} tokens) leaves no room for output in "
+                     f"max_model_len {max_model_len}, this model's maximum context length")
+    given = request.max_output_tokens
+    if given is not None and max_tokens is not None and \
+            num_input_tokens + max_tokens > max_model_len:
+        raise ContextLengthFieldError(
+            "max_output_tokens", f"input ({num_input_tokens} tokens) + max_output_tokens "
+                                 f"({given}) = {num_input_tokens + given} exceeds max_model_len "
+                                 f"{max_model_len}, this model's maximum context length")
 
 
 def input_messages(given: str | list) -> list[dict]:

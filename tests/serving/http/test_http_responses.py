@@ -193,6 +193,7 @@ def test_json_schema_format_gives_valid_json(client):
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"input": 5}, "input"),
+    ({"input": []}, "input"),
 ])
 def test_unserved_and_bad_fields_are_400_naming_them(server, client, fields, param):
     body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, **fields}
@@ -202,6 +203,24 @@ def test_unserved_and_bad_fields_are_400_naming_them(server, client, fields, par
     assert param.split(".")[0] in raised.value.message
     assert client.responses.create(model="tiny", input="hi", max_output_tokens=2).output_text \
         is not None  # the server goes on serving
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"max_output_tokens": 5000}, "max_output_tokens"),
+    ({"max_output_tokens": 10**30}, "max_output_tokens"),
+    ({"input": "a" * 5000}, "input"),
+    ({"instructions": "a" * 5000}, "input"),
+])
+def test_what_does_not_fit_the_context_is_named_by_this_apis_fields(client, fields, param):
+    """Too long for the model's context (tiny's: 4096 tokens): OpenAI's
+    code, with this API's field named, not the engine's max_tokens."""
+    body = {"model": "tiny", "input": "hi", "max_output_tokens": 2, **fields}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(**body)
+    assert raised.value.param == param
+    assert raised.value.code == "context_length_exceeded"
+    assert param in raised.value.message and "max_tokens" not in raised.value.message
+    assert "4096" in raised.value.message
 
 
 def test_without_the_store_previous_response_id_is_404(server, client):
