@@ -1,10 +1,16 @@
 """The tokenizer and chat template tprun builds from a GGUF file's metadata
-against transformers' own GGUF tokenizer of the same file."""
+against transformers' own GGUF tokenizer of the same file. ``encode`` (which
+runs the tokenizers library's ``encode_batch`` of the one text, to let
+other threads run) gives the ids of the library's plain ``encode`` and of
+transformers on any text: generated ones mixing special-token strings,
+whitespace and emoji, the empty text and a very long one."""
 
 from __future__ import annotations
 
 import pytest
 import transformers  # noqa: F401  (the oracle: a test dependency, never skipped)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpoint.gguf_model import resolve_gguf
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -38,6 +44,32 @@ def test_ids_and_text_match_transformers(tokenizers, text):
     assert ours.decode(ids) == hf.decode(ids, skip_special_tokens=True)
     pieces = IncrementalDetokenizer(ours)
     assert "".join(pieces.feed([t]) for t in ids) == ours.decode(ids)
+
+
+# Pieces generated texts are made of, besides arbitrary text: special-token
+# strings (whole, and glued to others), whitespace runs and emoji sequences.
+PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<repo_name>", "<|im_start", " ",
+          "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "🦙", "👩‍👩‍👧", "é", "日本"]
+TEXTS_MADE = st.lists(st.one_of(st.text(), st.sampled_from(PIECES)), max_size=12).map("".join)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=300, deadline=None)
+@given(text=TEXTS_MADE)
+def test_encode_gives_the_ids_of_plain_encode_and_transformers(tokenizers, text):
+    ours, hf = tokenizers
+    assert ours.encode(text) == ours.hf.encode(text).ids == hf(text).input_ids
+    assert ours.encode(text, add_special_tokens=False) == \
+        ours.hf.encode(text, add_special_tokens=False).ids == \
+        hf(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("text", ["", " ", "\n\n\t  \r\n", "🦙" * 40,
+                                  "<|im_start|>" * 30, "Hé 🦙 <|im_end|>\n" * 20_000])
+def test_encode_of_odd_texts_gives_the_ids_of_plain_encode_and_transformers(tokenizers, text):
+    ours, hf = tokenizers
+    assert ours.encode(text) == ours.hf.encode(text).ids == hf(text).input_ids
 
 
 @pytest.mark.timeout(300)

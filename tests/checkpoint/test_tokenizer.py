@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
@@ -90,6 +92,25 @@ def test_bos(tmp_path, config, post_bos, want_bos):
     assert ids.count(bos) == want_bos
     assert ids[:want_bos] == [bos] * want_bos
     assert tok.decode(ids) == "hello world"
+
+
+@pytest.fixture(scope="module")
+def post_bos_tok(tmp_path_factory) -> Tokenizer:
+    """BOS from the tokenizer's post-processor (no add_bos_token)."""
+    return Tokenizer.from_dir(write_dir(tmp_path_factory.mktemp("tok"), {"bos_token": "<s>"},
+                                        post_bos=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.lists(st.one_of(st.text(), st.sampled_from(["<s>", "</s>", " ", "\n", "🎉"])),
+                     max_size=10).map("".join))
+def test_encode_gives_the_ids_of_plain_encode(post_bos_tok, text):
+    """``encode`` (through ``encode_batch``, which lets other threads run)
+    gives the library's ``encode`` ids, with and without special tokens."""
+    tok = post_bos_tok
+    assert tok.encode(text) == tok.hf.encode(text).ids
+    assert tok.encode(text, add_special_tokens=False) == \
+        tok.hf.encode(text, add_special_tokens=False).ids
 
 
 def test_missing_tokenizer_json(tmp_path):
