@@ -318,9 +318,11 @@ class ResponseTextConfig(BaseModel):
 class ResponsesRequest(BaseModel):
     """POST /v1/responses (OpenAI's Responses API, for text): ``input`` is a
     text (one user message) or a list of message items; ``instructions``
-    a system message put first. The sampling fields vLLM adds to it
-    (``top_k``, ``seed``, ``stop``, ``ignore_eos``, ``repetition_penalty``,
-    ``priority``) have vLLM's names. ``store`` and ``previous_response_id``
+    a system message put first. The fields vLLM adds to it (``top_k``,
+    ``seed``, ``stop``, ``ignore_eos``, ``repetition_penalty``,
+    ``priority``, ``logit_bias``, ``skip_special_tokens``,
+    ``include_stop_str_in_output``, ``structured_outputs``) have vLLM's
+    names and the chat's meaning. ``store`` and ``previous_response_id``
     work with the server's response store (``response_store.py``); a
     ``store`` left true with the store off is served without storing, as
     vLLM serves it. ``user``, ``metadata``, ``safety_identifier``,
@@ -351,6 +353,10 @@ class ResponsesRequest(BaseModel):
     ignore_eos: bool = False
     repetition_penalty: float | None = None
     priority: Int64 = 0
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    structured_outputs: dict[str, Any] | None = None  # or text.format, not both
 
     # Fields OpenAI defines that this server does not serve: a value other
     # than one of those given here (which ask for nothing) is refused.

@@ -8,10 +8,12 @@ items) after its ``instructions`` (a system message first) and, with
 ``previous_response_id``, after the stored conversation that response ended
 (``response_store.py``) becomes ``messages``; the model's chat template
 renders them (``serving_chat.chat_prompt``), ``max_output_tokens``,
-``temperature``, ``top_p`` and vLLM's sampling fields become the chat's
-sampling parameters (``sampling.py``, with the model's recommended
-defaults), and ``text.format`` the output's structured-output constraint
-(``structured.text_format_constraint``). The answer is built by
+``temperature``, ``top_p`` and vLLM's fields (its sampling ones,
+``logit_bias``, ``skip_special_tokens``, ``include_stop_str_in_output``,
+``structured_outputs``) become the chat's sampling parameters
+(``sampling.py``, with the model's recommended defaults), and
+``text.format`` (or vLLM's ``structured_outputs``, not both) the output's
+structured-output constraint (``structured.text_format_constraint``). The answer is built by
 ``responses_output.py``, whole or streamed. What does not fit the model's
 context is refused before the engine sees it (``check_context``), so the
 error names this API's fields (``input``, ``max_output_tokens``), not the
@@ -65,7 +67,11 @@ async def create_response(state: ServerState, request: ResponsesRequest,
         raise FieldError("input", "input must not be empty: give a text or at least one "
                                   "message (or instructions, or a previous_response_id)")
     chat = chat_request(request, messages)
-    constraint = text_format_constraint(request.text.format if request.text else None)
+    text_format = request.text.format if request.text else None
+    if text_format is not None and request.structured_outputs is not None:
+        raise FieldError("structured_outputs", "give text.format or structured_outputs, "
+                                               "not both")
+    constraint = text_format_constraint(text_format)  # None: chat's structured_outputs
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
@@ -154,7 +160,10 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
         messages=messages, model=request.model, max_completion_tokens=request.max_output_tokens,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
         seed=request.seed, stop=request.stop, ignore_eos=request.ignore_eos,
-        repetition_penalty=request.repetition_penalty, priority=request.priority)
+        repetition_penalty=request.repetition_penalty, priority=request.priority,
+        logit_bias=request.logit_bias, skip_special_tokens=request.skip_special_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        structured_outputs=request.structured_outputs)
 
 
 def _echo(state: ServerState, request: ResponsesRequest, params: dict, stored: bool) -> dict:

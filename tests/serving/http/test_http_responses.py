@@ -175,7 +175,28 @@ def test_json_schema_format_gives_valid_json(client):
     assert response.output_text.lstrip().startswith("{")
 
 
+@pytest.mark.parametrize("extra", [
+    {"logit_bias": {"65": 100}},
+    {"logit_bias": {"65": 100}, "stop": ["A"], "include_stop_str_in_output": True},
+    {"structured_outputs": {"regex": "[a-c]{5}"}},
+    {"structured_outputs": {"choice": ["red", "blue"]}},
+])
+def test_vllms_other_fields_act_as_on_the_chat(client, extra):
+    """vLLM's Responses fields beside the sampling ones (``logit_bias``,
+    ``include_stop_str_in_output``, ``structured_outputs``) give the chat's
+    answer with the same fields, which differs from the answer without."""
+    ask = dict(model="tiny", input="Name a color.", temperature=0, max_output_tokens=8)
+    response = client.responses.create(**ask, extra_body=extra)
+    choice, _ = _chat(client, [{"role": "user", "content": "Name a color."}], max_tokens=8,
+                      **extra)
+    assert response.output_text == choice.message.content
+    assert response.output_text != client.responses.create(**ask).output_text
+
+
 @pytest.mark.parametrize("fields, param", [
+    ({"extra_body": {"structured_outputs": {"regex": "a"}},
+      "text": {"format": {"type": "json_object"}}}, "structured_outputs"),
+    ({"extra_body": {"logit_bias": {"x": 1}}}, "logit_bias"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
