@@ -7,7 +7,8 @@ each state: ``in_progress`` with no output yet, then finished, with one
 assistant message holding one ``output_text`` part. A finished response is
 ``completed``, or ``incomplete`` with ``incomplete_details.reason``
 "max_output_tokens" when the engine stopped it for length; its ``usage``
-counts ``input_tokens`` (cached ones in ``input_tokens_details``),
+counts ``input_tokens`` (cached ones in ``input_tokens_details``, which
+also has the ``cache_write_tokens`` OpenAI's types require: 0),
 ``output_tokens`` and ``total_tokens``.
 
 ``ResponseEvents`` numbers a stream's events (``sequence_number`` from 0)
@@ -37,10 +38,14 @@ def new_response_id() -> str:
 
 
 def response_usage(usage: dict) -> dict:
-    """``Generation.usage()`` in the Responses API's terms."""
+    """``Generation.usage()`` in the Responses API's terms: prefix-cache hits
+    are ``cached_tokens``; ``cache_write_tokens`` (OpenAI's count of tokens
+    written to its retained prompt cache, a field its types require) is 0,
+    as this server keeps no such cache."""
     return {"input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {
-                "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+                "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+                "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage["total_tokens"]}

@@ -20,6 +20,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from tests.helpers.http_utils import metric, openai_client, serving_tiny
 
@@ -130,6 +132,30 @@ def test_stream_deltas_join_into_the_whole_answer(client):
             final.output[0].id} == {final.output[0].id}
     with client.responses.stream(**ask) as stream:  # the client's own checks of the events
         assert stream.get_final_response().output_text == text
+
+
+@pytest.mark.parametrize("fields", [
+    {"max_output_tokens": 3, "metadata": {"k": "v"}, "instructions": "Be brief."},
+    {"max_output_tokens": 40, "temperature": 0, "text": {"format": {"type": "json_object"}}},
+    {"max_output_tokens": 3, "text": {"format": {"type": "json_schema", "name": "s",
+                                                 "schema": {"type": "string"}}}},
+])
+def test_the_answer_validates_as_the_openai_packages_types(server, fields):
+    """The whole answer is a ``Response`` and each streamed event a
+    ``ResponseStreamEvent`` of the ``openai`` package, validated with every
+    required field (the client itself reads them leniently)."""
+    url = f"{server.url}/v1/responses"
+    body = {"model": "tiny", "input": "Hi", **fields}
+    answer = httpx.post(url, json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    Response.model_validate(answer.json())
+    events = TypeAdapter(ResponseStreamEvent)
+    kinds = []
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                kinds.append(events.validate_json(line[len("data: "):]).type)
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
 
 
 def test_max_output_tokens_makes_it_incomplete(client):
