@@ -59,7 +59,6 @@ from serving.http.protocol import (
     ResponsesRequest,
     TokenizeRequest,
     error_body,
-    field_path,
 )
 from serving.http.response_store import ResponseStore, UnknownResponseError
 from serving.http.serving_chat import create_chat_completion
@@ -70,6 +69,7 @@ from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.trace_marks import TracedApp
+from serving.http.validation_errors import explain
 from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -255,19 +255,26 @@ async def _on_loop(work, *args) -> Response:
     return JSONResponse(work(*args))
 
 
+def _body_model(request: Request, errors: list[dict]) -> type | None:
+    """The model the route reads its body into, when the errors are the
+    body's (None: the types are unknown)."""
+    body_field = getattr(request.scope.get("route"), "body_field", None)
+    if body_field is None or any(tuple(e.get("loc", ()))[:1] != ("body",) for e in errors):
+        return None
+    return body_field.field_info.annotation
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = list(first.get("loc", ()))
-        if loc[:1] in (["body"], ["query"]):
-            loc = loc[1:]
-        where = field_path(loc)
-        message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
-        if first.get("type") == "json_invalid":
-            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', '?')})"
-        return error_response(400, message, param=where or None)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        if errors and errors[0].get("type") == "json_invalid":
+            error = errors[0].get("ctx", {}).get("error", "?")
+            return error_response(400, f"the body is not valid JSON ({error})")
+        model = _body_model(request, errors)
+        below = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in errors]  # past body/query
+        explained = explain(below, model)
+        return error_response(400, explained.message, param=explained.param)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request, exc: HTTPException) -> JSONResponse:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import typing
-from collections.abc import Iterator
 from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
@@ -243,6 +241,12 @@ class MessageToolCall(BaseModel):
     function: FunctionCall
 
 
+# A chat message's content part, read as it comes; the title names it in a
+# 400's list of what a field accepts (``validation_errors``), as do the
+# titles of the Responses input models.
+ContentPart = Annotated[dict[str, Any], Field(title="content part")]
+
+
 class ChatMessage(BaseModel):
     """One message; ``content`` is a text or a list of parts, of which only
     ``{"type": "text", "text": ...}`` parts are read. An assistant message
@@ -252,7 +256,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
 
@@ -285,7 +289,7 @@ class ResponseContentPart(BaseModel):
     ``output_text`` with its ``text`` (other kinds are refused where the
     input is read, ``serving_responses.py``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", title="content part")
 
     type: str
     text: str | None = None
@@ -297,7 +301,7 @@ class ResponseInputItem(BaseModel):
     a text or a list of parts; an assistant's earlier output item comes back
     in this shape too (its ``id`` and ``status`` ignored)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", title="input item")
 
     type: str = "message"
     role: str | None = None
@@ -415,47 +419,6 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = None
     tokens: list[Int64]
-
-
-def _models_in(annotation) -> Iterator[type[BaseModel]]:
-    """The pydantic models an annotation holds (in unions, lists, dicts)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        yield annotation
-    for arg in typing.get_args(annotation):
-        yield from _models_in(arg)
-
-
-def _field_names(*models: type[BaseModel]) -> frozenset[str]:
-    """Every field name of ``models`` and of the models their fields hold."""
-    names: set[str] = set()
-    seen: set[type[BaseModel]] = set()
-    todo = list(models)
-    while todo:
-        model = todo.pop()
-        if model in seen:
-            continue
-        seen.add(model)
-        for name, info in model.model_fields.items():
-            names.add(name)
-            todo.extend(_models_in(info.annotation))
-    return frozenset(names)
-
-
-REQUEST_FIELD_NAMES = _field_names(CompletionRequest, ChatCompletionRequest, ResponsesRequest,
-                                   TokenizeRequest, DetokenizeRequest)
-
-
-def field_path(loc: typing.Sequence[str | int]) -> str:
-    """A validation error's location below the body as the client's field
-    path: field names and list indices, joined by dots. Pydantic also puts
-    the label of the union member it tried (``str``,
-    ``list[constrained-int]``) in a location; a label names no field and is
-    left out, so an error in ``prompt`` is reported at ``prompt`` whichever
-    member failed. A location that does not start with a field name (where
-    in the body the JSON broke, or the body as a whole) gives ""."""
-    if not loc or loc[0] not in REQUEST_FIELD_NAMES:
-        return ""
-    return ".".join(str(p) for p in loc if isinstance(p, int) or p in REQUEST_FIELD_NAMES)
 
 
 class FieldError(ValueError):

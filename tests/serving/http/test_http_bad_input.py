@@ -23,7 +23,11 @@ each where it is kept:
 - a chat's beam search takes no max_tokens below 1;
 - one rule (``SamplingFields.asks_for``) says which fields a request sets,
   for the fields this server does not implement and those beam search
-  does not take alike.
+  does not take alike;
+- a bad value in a union field (``prompt``, ``stop``, a message's
+  ``content``, ``tool_choice``) is named where the member that got
+  furthest failed, with what the union accepts, alike on every route
+  (``serving/http/validation_errors.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +36,14 @@ import copy
 import json
 import math
 import re
+import types
+import typing
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from engine.structured_outputs.backend import GrammarError, GuidanceBackend
 from engine.structured_outputs.params import GrammarKey
@@ -47,9 +54,12 @@ from serving.http.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     FieldError,
+    IdsFirstCompletionRequest,
+    ResponsesRequest,
     TokenizeRequest,
 )
 from serving.http.structured import structured_outputs_of
+from serving.http.validation_errors import read_location
 from tests.helpers.http_utils import serving_tiny
 
 COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
@@ -372,3 +382,120 @@ def test_read_json_refuses_what_is_not_unicode_and_reads_the_rest_as_json_loads(
         assert read_json(good) == json.loads(good)
     assert read_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
     assert math.isnan(read_json(b"NaN"))
+
+
+# ---- a bad value in a union field ------------------------------------------------
+RESPONSES = {"model": "tiny", "input": "Hello", "max_output_tokens": 2, "temperature": 0}
+BODIES = {"/v1/completions": COMPLETION, "/v1/chat/completions": CHAT,
+          "/v1/responses": RESPONSES, "/tokenize": {"model": "tiny", "prompt": "Hello"}}
+PROMPT_FORMS = ("a string, a list of strings, a list of integers or a list of lists of "
+                "integers")
+CONTENT_FORMS = "a string or a list of content parts"
+ROUTE_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                "/v1/responses": ResponsesRequest, "/tokenize": TokenizeRequest}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path, fields, param, message", [
+    ("/v1/responses", {"input": [{"type": "message", "role": "user", "content": 5}]},
+     "input.0.content", f"Input should be {CONTENT_FORMS}, got an integer"),
+    ("/v1/responses", {"input": 5}, "input",
+     "Input should be a string or a list of input items, got an integer"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text",
+                                                               "text": 5}]}]},
+     "input.0.content.0.text",
+     f"Input should be a string, got an integer (input.0.content accepts {CONTENT_FORMS})"),
+    ("/v1/responses", {"input": ["hi"]}, "input.0",
+     "Input should be an input item, got a string (input accepts a string or a list of input "
+     "items)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages.0.content", f"Input should be {CONTENT_FORMS}, got an integer"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": ["hi"]}]},
+     "messages.0.content.0",
+     f"Input should be a content part, got a string (messages.0.content accepts "
+     f"{CONTENT_FORMS})"),
+    ("/v1/chat/completions", {"tool_choice": 5}, "tool_choice",
+     "Input should be a string or an object, got an integer"),
+    ("/v1/completions", {"prompt": None}, "prompt", f"Input should be {PROMPT_FORMS}, got null"),
+    ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt",
+     f"Input should be {PROMPT_FORMS}, got an object"),
+    # The token-id member got furthest (to item 1), past the text members' item 0.
+    ("/v1/completions", {"prompt": [1, "a"]}, "prompt.1",
+     f"Input should be an integer, got a string (prompt accepts {PROMPT_FORMS})"),
+    ("/v1/completions", {"prompt": [5, 6, 7, [8]]}, "prompt.3",
+     f"Input should be an integer, got a list (prompt accepts {PROMPT_FORMS})"),
+    ("/v1/completions", {"prompt": [[1], ["a"]]}, "prompt.1.0",
+     f"Input should be an integer, got a string (prompt accepts {PROMPT_FORMS})"),
+    # Of the same type but out of range: the id members took it, the text ones did not.
+    ("/v1/completions", {"prompt": [2**63]}, "prompt.0",
+     f"Input should be less than or equal to {2**63 - 1} (prompt accepts {PROMPT_FORMS})"),
+    ("/v1/completions", {"prompt": ["a", 1]}, "prompt.1",
+     f"Input should be a string, got an integer (prompt accepts {PROMPT_FORMS})"),
+])
+def test_a_bad_value_in_a_union_field_says_what_the_field_accepts(server, reference, path,
+                                                                  fields, param, message):
+    """Pydantic reports a value no member of a union takes once per member,
+    the first member's error first ("input: Input should be a valid
+    string" for a list item's bad content): the 400 names where the member
+    that got furthest failed, and what the union there accepts."""
+    body = json.dumps({**BODIES[path], **fields}).encode()
+    error = _error(_post(server, path, body), 400)
+    assert error["param"] == param, error
+    assert error["message"] == f"{param}: {message}", error
+    _still_serving(server, reference)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fields, param, message", [
+    ({"stop": 5}, "stop", "Input should be a string or a list of strings, got an integer"),
+    ({"stop": ["a", 5]}, "stop.1",
+     "Input should be a string, got an integer (stop accepts a string or a list of strings)"),
+    ({"messages": [{"role": "user", "content": [7]}]}, "messages.0.content.0",
+     f"Input should be a content part, got an integer (messages.0.content accepts "
+     f"{CONTENT_FORMS})"),
+])
+def test_every_route_gives_the_same_message_for_the_same_bad_field(server, fields, param,
+                                                                   message):
+    """Each route that reads the field answers it alike: the generation
+    routes whose valid bodies take the fast lane, and ``/tokenize``."""
+    paths = [p for p, body in BODIES.items() if set(fields) <= set(ROUTE_MODELS[p].model_fields)]
+    assert len(paths) >= 2, paths
+    for path in paths:
+        body = {**BODIES[path], **fields}
+        if "messages" in fields:
+            body.pop("prompt", None)
+        error = _error(_post(server, path, json.dumps(body).encode()), 400)
+        assert (error["param"], error["message"]) == (param, f"{param}: {message}"), (path, error)
+
+
+
+def _unions(annotation, seen: set) -> list:
+    """Every union of two types or more in ``annotation`` and the models it holds."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if annotation in seen:
+            return []
+        seen.add(annotation)
+        return [u for f in annotation.model_fields.values() for u in _unions(f.annotation, seen)]
+    args = typing.get_args(annotation)
+    found = [u for a in args for u in _unions(a, seen)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        if len([a for a in args if a is not type(None)]) > 1:
+            found.append(annotation)
+    return found
+
+
+def test_every_union_member_of_the_request_models_is_read_by_its_label():
+    """``read_location`` tells each member of a union by the label pydantic
+    gives it: a value no member takes (``object()``) fails every member at
+    the union, and each error's member is found, so a nested union below it
+    is read as one."""
+    unions = _unions(ResponsesRequest, set()) + _unions(ChatCompletionRequest, set()) \
+        + _unions(IdsFirstCompletionRequest, set())
+    assert len(unions) >= 8, unions
+    for union in unions:
+        with pytest.raises(ValidationError) as raised:
+            TypeAdapter(union).validate_python(object())
+        found = [read_location(union, e["loc"])[0] for e in raised.value.errors()]
+        assert all(p.kind == "member" and p.expected is not None for p in found), (union, found)
+        members = [a for a in typing.get_args(union) if a is not type(None)]
+        assert [p.expected for p in found] == members, union

@@ -302,8 +302,8 @@ def test_bad_requests_are_400(server, client, fields, message):
 
 @pytest.mark.parametrize("route, fields, param", [
     ("completions", {"prompt": None}, "prompt"),
-    ("completions", {"prompt": [2**63]}, "prompt"),
-    ("completions", {"prompt": [[1], [2**64]]}, "prompt"),
+    ("completions", {"prompt": [2**63]}, "prompt.0"),
+    ("completions", {"prompt": [[1], [2**64]]}, "prompt.1.0"),
     ("completions", {"prompt": "hi", "stop": 5}, "stop"),
     ("completions", {"prompt": "hi", "stream_options": {"include_usage": "maybe"}},
      "stream_options.include_usage"),
@@ -313,7 +313,7 @@ def test_bad_requests_are_400(server, client, fields, message):
 def test_a_bad_field_is_named_as_the_client_sent_it(server, route, fields, param):
     """Pydantic puts the label of each union member it tried (``str``,
     ``list[str]``) in an error's location: the error names the field the
-    client sent, never such a label."""
+    client sent, never such a label, down to the item that is wrong."""
     body = {"model": "tiny", "max_tokens": 2, **fields}
     response = httpx.post(f"{server.url}/v1/{route}", json=body, timeout=60,
                           headers={"Authorization": f"Bearer {KEY}"})
