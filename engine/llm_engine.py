@@ -26,7 +26,7 @@ import itertools
 import logging
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 import msgspec
@@ -144,6 +144,11 @@ class LLMEngine:
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
         self.counters = StepCounters()
+        # The requests the engine's caller holds before ``enqueue`` (a
+        # server's, while their grammar compiles or their text is tokenized):
+        # the stats count them as waiting, as vLLM counts a request from its
+        # arrival. The caller sets its own live collection here.
+        self.admitting: Sized = ()
         self.stats_logger = None
         if not config.disable_log_stats:
             self.stats_logger = StatsLogger(self.get_stats, self._prefix_counts,
@@ -370,7 +375,7 @@ class LLMEngine:
 
     # ---- stats ---------------------------------------------------------
     def get_stats(self) -> EngineStats:
-        return snapshot(self.scheduler, self.counters)
+        return snapshot(self.scheduler, self.counters, len(self.admitting))
 
     def _prefix_counts(self) -> tuple[int, int]:
         return self.scheduler.kv.prefix_hits, self.scheduler.kv.prefix_queries

@@ -43,13 +43,15 @@ class StepCounters:
         self.num_generation_tokens += num_generated_tokens
 
 
-def snapshot(scheduler, counters: StepCounters) -> EngineStats:
-    """The engine's state now (``scheduler`` is an ``engine.scheduler.Scheduler``)."""
+def snapshot(scheduler, counters: StepCounters, num_admitting: int = 0) -> EngineStats:
+    """The engine's state now (``scheduler`` is an ``engine.scheduler.Scheduler``);
+    ``num_admitting`` requests not yet handed to the scheduler (being
+    admitted by a server) wait as much as those in its queue."""
     kv = scheduler.kv
     spec = scheduler.spec_stats
     return EngineStats(
         num_running=scheduler.num_running_reqs,
-        num_waiting=scheduler.num_waiting_reqs,
+        num_waiting=scheduler.num_waiting_reqs + num_admitting,
         num_blocks=kv.pool.num_blocks,
         num_free_blocks=kv.pool.num_free_blocks,
         kv_usage=kv.usage,

@@ -33,7 +33,9 @@ prompt, ``bad_words``) is tokenized in this server's tokenizer threads
 meanwhile, and a tokenizer thread that ends wakes it. The request is then
 admitted or refused (a grammar that does not compile in time, a prompt too
 long), so a bad constraint or prompt is a ``RequestError`` like any invalid
-request. A waiting request does not hold back the client's later requests
+request. The engine's stats count a waiting request as waiting
+(``LLMEngine.admitting`` is this map), once: it leaves the map as it is
+queued in the engine. A waiting request does not hold back the client's later requests
 (the HTTP front end is one client for all its users: one user's slow schema
 must not stall the others); a later message with its request id is answered
 after it. An abort of a waiting request ends it at once (a last delta,
@@ -310,6 +312,7 @@ class EngineServer:
         self.routes: dict[str, _Route] = {}  # engine request id -> its client
         # (client, its id) -> a request not admitted yet, in the order they came.
         self.waiting: dict[tuple[bytes, str], _Waiting] = {}
+        engine.admitting = self.waiting  # waiting in the stats from arrival, not admission
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
         # Replies held back: acceptances, which go once the step after the
         # request's admission is on its way (``_flush_accepts``), before any

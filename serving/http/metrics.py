@@ -46,7 +46,9 @@ class _EngineCollector:
         label = ["model_name"]
         for name, doc, value in (
             ("tprun:num_requests_running", "Requests in the running batch.", s.num_running),
-            ("tprun:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
+            ("tprun:num_requests_waiting",
+             "Requests waiting to be scheduled (from their arrival, admission included).",
+             s.num_waiting),
             ("tprun:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
              s.kv_usage),
         ):

@@ -8,7 +8,9 @@ the tokens of the in-process ``LLM.generate`` (greedy), before the gate
 opens; the held request must complete just as right once it opens, or, if
 aborted while held, end as "abort" and never reach the engine. The rules of
 one client's replies hold: a later message with a waiting request's id is
-answered after that request. Closing the server leaves no tokenizer thread.
+answered after that request. A held request counts as waiting in the
+stats (and the ``/metrics`` gauge) from its arrival, once. Closing the
+server leaves no tokenizer thread.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 
 import pytest
 import zmq
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
 from ipc.auth import Authenticator, new_secret
@@ -31,6 +34,7 @@ from ipc.engine_messages import (
 from ipc.serde import encode
 from serving.client import EngineClient, EngineStoppedError
 from serving.endpoint import Endpoint, EngineServer
+from serving.http.metrics import Metrics
 
 HELD = "a text the tokenizer holds"
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}
@@ -253,3 +257,47 @@ def test_a_stop_tells_the_client_of_a_request_being_tokenized(llm, monkeypatch):
         server.stop()
         with pytest.raises(EngineStoppedError, match="shutting down"):
             list(client.stream(rid))
+
+
+def _waiting_gauge(stats) -> float:
+    """``tprun:num_requests_waiting`` on the ``/metrics`` page of ``stats``."""
+    page = Metrics("tiny").render(stats).decode()
+    [value] = [s.value for family in text_string_to_metric_families(page)
+               for s in family.samples if s.name == "tprun:num_requests_waiting"]
+    return value
+
+
+@pytest.mark.timeout(180)
+def test_a_request_being_tokenized_counts_as_waiting_once(llm, reference_llm, monkeypatch):
+    """From its arrival, as vLLM counts: while its text is held in the
+    tokenizer the request waits in the client's stats, on the ``/metrics``
+    page made from them and in the engine's own snapshot (which the stats
+    line reads); as it is queued in the engine it is counted once, and at
+    its end no more."""
+    want = reference(reference_llm, [HELD], [GREEDY])
+    queued = []  # the engine's snapshot right after the request is queued in it
+    enqueue = llm.engine.enqueue
+
+    def watched_enqueue(request):
+        enqueue(request)
+        queued.append(llm.engine.get_stats())
+
+    monkeypatch.setattr(llm.engine, "enqueue", watched_enqueue)
+    gate = Gate(llm.engine.tokenizer)
+    monkeypatch.setattr(llm.engine.tokenizer, "encode", gate)
+    with serving(llm) as (server, secret), gate, \
+            EngineClient(server.address, secret=secret, timeout_s=30) as client:
+        before = client.stats()
+        rid = client.submit(HELD, GREEDY)
+        assert gate.entered.wait(30)
+        held, engine_held = client.stats(), llm.engine.get_stats()
+        gate.opened.set()
+        deltas = list(client.stream(rid))
+        after = client.stats()
+    assert (before.num_waiting, before.num_running) == (0, 0)
+    assert (held.num_waiting, held.num_running) == (1, 0)
+    assert engine_held.num_waiting == 1
+    assert _waiting_gauge(held) == 1.0 and _waiting_gauge(after) == 0.0
+    assert [(s.num_waiting, s.num_running) for s in queued] == [(1, 0)]
+    assert (after.num_waiting, after.num_running) == (0, 0)
+    assert [t for d in deltas for t in d.token_ids] == want[0][1]
