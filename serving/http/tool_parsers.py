@@ -29,15 +29,17 @@ hermes block makes the whole answer content.
 
 Streaming: content goes out as soon as it cannot be the start of a call
 (a partial ``<tool_call>`` or ``<|python_tag|>`` is held back), each call
-in one delta once it is whole, so the deltas joined are the message.
-Each ``delta`` scans only text it has not settled: the readers keep a
-cursor and a state, never parsing the whole answer again.
+in one delta once it is whole, so the deltas joined are the message;
+``pieces`` gives the same in the answer's order (content before a call
+apart from content after it). Only text not yet settled is scanned: the
+readers keep a cursor and a state, never parsing the whole answer again.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 from serving.http.tools import ObjectEnd, ToolCallReader, call_of
 
@@ -47,7 +49,7 @@ _SEPARATOR = re.compile(r"\s*(;\s*)?")
 
 class AutoCallsReader(ToolCallReader):
     """What both parsers share: the answer's text so far, the content and
-    calls settled so far, and what the current delta has to send.
+    calls settled so far, and what the current piece of text lets out.
     Subclasses implement ``_advance``, which settles as much of ``text`` as
     it can (all of it when ``last``) through ``_say`` and ``_call``."""
 
@@ -57,10 +59,9 @@ class AutoCallsReader(ToolCallReader):
         self.found: list[dict] = []
         self.rest_start: int | None = None  # where the content after the run starts
         self.done = False
-        self._said = ""
-        self._entries: list[dict] = []
+        self._pieces: list[tuple[str, Any]] = []  # what the current text lets out
 
-    def delta(self, text: str, last: bool = False) -> dict:
+    def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
         self.text += text
         if not self.done:
             self._advance(last)
@@ -69,23 +70,19 @@ class AutoCallsReader(ToolCallReader):
             self.rest_start = len(self.text)
         if last:
             self.done = True
-        delta = {}
-        if self._said:
-            delta["content"] = self._said
-        if self._entries:
-            delta["tool_calls"] = self._entries
-        self._said, self._entries = "", []
-        return delta
+        pieces, self._pieces = self._pieces, []
+        return pieces
 
     def _advance(self, last: bool) -> None:
         raise NotImplementedError
 
     def _say(self, text: str) -> None:
-        self.content += text
-        self._said += text
+        if text:
+            self.content += text
+            self._pieces.append(("content", text))
 
     def _call(self, call: dict) -> None:
-        self._entries.append({"index": len(self.found), **call})
+        self._pieces.append(("call", {"index": len(self.found), **call}))
         self.found.append(call)
 
     def _rest_from(self, at: int) -> None:

@@ -35,7 +35,7 @@ import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.protocol import ChatCompletionRequest, FieldError
@@ -84,35 +84,66 @@ class ToolChoice:
         return None
 
 
+MODES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True)
+class ToolSpelling:
+    """How an API writes a tool and a named tool choice, for its errors:
+    the path of a tool's function name (``{i}``: the tool's index), the
+    path of a named choice's name, and the named choice's form."""
+
+    function_name: str
+    named_name: str
+    named_usage: str
+
+
+CHAT_SPELLING = ToolSpelling("tools.{i}.function.name", "tool_choice.function.name",
+                             _NAMED_USAGE)
+
+
 def tool_choice_of(request: ChatCompletionRequest,
                    parser: Callable[[], ToolCallReader] | None = None) -> ToolChoice:
     """The request's ``ToolChoice``; ``FieldError`` (or ``ValueError``) for a
     choice this server does not serve or that its tools do not allow.
     ``parser`` makes the reader of an "auto" answer (None: "auto" refused)."""
     _refuse_functions(request)
-    schemas = _tool_schemas(request)
     choice = request.tool_choice
-    if choice is None:
-        choice = "auto" if schemas else "none"
-    name = None if choice in ("none", "auto", "required") else _named_function(choice)
-    if choice == "none":
+    if choice is None or choice in MODES:
+        return resolve_tool_choice(request, choice, None, parser, CHAT_SPELLING, shown_choice(choice))
+    return resolve_tool_choice(request, "named", _named_function(choice), parser,
+                               CHAT_SPELLING, shown_choice(choice))
+
+
+def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: str | None,
+                        parser: Callable[[], ToolCallReader] | None, spelling: ToolSpelling,
+                        shown: str) -> ToolChoice:
+    """The ``ToolChoice`` of a choice already read, in whichever API's
+    spelling (``spelling``, ``shown``: for errors): ``mode`` one of
+    ``MODES``, "named" (calling ``name``) or None (the default: "auto" with
+    tools, else "none"); ``request``: the chat request whose tools,
+    ``parallel_tool_calls`` and structured-output fields it goes with."""
+    schemas = _tool_schemas(request, spelling)
+    if mode is None:
+        mode = "auto" if schemas else "none"
+    if mode == "none":
         return ToolChoice("none")
     if schemas is None:
-        raise FieldError("tool_choice", f"tool_choice {_shown(choice)} needs tools")
-    if choice == "auto":
+        raise FieldError("tool_choice", f"tool_choice {shown} needs tools")
+    if mode == "auto":
         if parser is None:
             raise FieldError("tool_choice",
                              'tool_choice "auto" (the default when tools are given) needs a '
                              "tool-call parser to find calls in the model's free text, and "
                              "this server was started without one (--enable-auto-tool-choice "
                              '--tool-call-parser NAME): send tool_choice "none", "required" '
-                             f"or {_NAMED_USAGE}")
+                             f"or {spelling.named_usage}")
         return ToolChoice("auto", parser=parser)
     _refuse_second_constraint(request)
-    if choice == "required":
+    if mode == "required":
         return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))
     if name not in schemas:
-        raise FieldError("tool_choice.function.name",
+        raise FieldError(spelling.named_name,
                          f"tool_choice names the function {name!r}, which is not among tools "
                          f"({', '.join(schemas)})")
     return ToolChoice("named", name, schemas[name])
@@ -127,7 +158,8 @@ def _refuse_functions(request: ChatCompletionRequest) -> None:
                                           "tool_choice, not served here: send tool_choice")
 
 
-def _tool_schemas(request: ChatCompletionRequest) -> dict[str, dict] | None:
+def _tool_schemas(request: ChatCompletionRequest,
+                  spelling: ToolSpelling) -> dict[str, dict] | None:
     """Each tool's arguments schema by its name (None without tools)."""
     if request.tools is None:
         return None
@@ -138,10 +170,10 @@ def _tool_schemas(request: ChatCompletionRequest) -> dict[str, dict] | None:
     for i, tool in enumerate(request.tools):
         name = tool.function.name
         if not name:
-            raise FieldError(f"tools.{i}.function.name", "a tool's function name must not be "
-                                                         "empty")
+            raise FieldError(spelling.function_name.format(i=i),
+                             "a tool's function name must not be empty")
         if name in schemas:
-            raise FieldError(f"tools.{i}.function.name",
+            raise FieldError(spelling.function_name.format(i=i),
                              f"two tools are named {name!r}: a call's name must tell them apart")
         schemas[name] = NO_ARGUMENTS if tool.function.parameters is None else \
             tool.function.parameters
@@ -195,18 +227,29 @@ def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:
     return schema
 
 
-def _shown(choice: Any) -> str:
+def shown_choice(choice: Any) -> str:
+    """A tool choice as an error quotes it."""
     return json.dumps(choice) if not isinstance(choice, str) else f'"{choice}"'
 
 
 class ToolCallReader:
     """One choice's output text turned into tool calls (and content). The
-    route uses ``delta`` (each new piece of text, ``last`` on the final one:
-    the stream's delta fields for it) and ``message`` (the whole answer's
-    ``content`` and ``tool_calls``). A reader whose whole text is calls
-    implements ``add`` (the ``delta.tool_calls`` entries of a piece) and
-    ``calls`` (the message's ``tool_calls``), and its content is "". Every
-    call keeps one id, in the stream and in the message."""
+    route uses ``pieces`` or ``delta`` (each new piece of text, ``last`` on
+    the final one) and ``message`` (the whole answer's ``content`` and
+    ``tool_calls``). ``pieces`` are what a piece of text lets out, in the
+    order of the answer: ("content", text) and ("call", entry), an entry
+    being a stream's ``delta.tool_calls`` entry; ``delta`` is them as the
+    chat's stream delta. A reader whose whole text is calls implements
+    ``add`` (the entries of a piece) and ``calls`` (the message's
+    ``tool_calls``), and its content is "". Every call keeps one id, in
+    the stream and in the message.
+
+    ``whole_calls``: each call entry is a whole call (index, id, type, name
+    and all its arguments). Where False, a call's first entry (the one with
+    its id) starts it and later entries add to its arguments, so a call is
+    whole only when the answer ends."""
+
+    whole_calls: ClassVar[bool] = True
 
     def add(self, text: str) -> list[dict]:
         raise NotImplementedError
@@ -214,9 +257,11 @@ class ToolCallReader:
     def calls(self) -> list[dict]:
         raise NotImplementedError
 
+    def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
+        return [("call", entry) for entry in self.add(text)]
+
     def delta(self, text: str, last: bool = False) -> dict:
-        entries = self.add(text)
-        return {"tool_calls": entries} if entries else {}
+        return delta_of(self.pieces(text, last))
 
     def message(self) -> dict:
         calls = self.calls()
@@ -226,10 +271,25 @@ class ToolCallReader:
         return reason
 
 
+def delta_of(pieces: list[tuple[str, Any]]) -> dict:
+    """A chat stream's delta for ``pieces``: their content joined, their
+    call entries in order (no key for what they hold none of)."""
+    content = "".join(value for kind, value in pieces if kind == "content")
+    entries = [value for kind, value in pieces if kind == "call"]
+    delta: dict[str, Any] = {}
+    if content:
+        delta["content"] = content
+    if entries:
+        delta["tool_calls"] = entries
+    return delta
+
+
 class NamedCallReader(ToolCallReader):
     """A named tool choice: the whole text is the call's arguments. The
     first piece carries the call's id, type and name; each piece after it
     only more arguments text. An empty (or blank) text makes no call."""
+
+    whole_calls: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         self.name = name
