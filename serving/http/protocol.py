@@ -296,16 +296,40 @@ class ResponseContentPart(BaseModel):
 
 
 class ResponseInputItem(BaseModel):
-    """One item of a Responses ``input`` list. Only messages are served:
-    ``type`` "message" (or left out), a ``role`` and a ``content`` that is
-    a text or a list of parts; an assistant's earlier output item comes back
-    in this shape too (its ``id`` and ``status`` ignored)."""
+    """One item of a Responses ``input`` list: ``type`` "message" (or left
+    out: a ``role`` and a ``content`` that is a text or a list of parts; an
+    assistant's earlier output message comes back in this shape too, its
+    ``id`` and ``status`` ignored), "function_call" (an earlier call: its
+    ``call_id``, ``name`` and ``arguments`` JSON text) or
+    "function_call_output" (a call's result: ``call_id`` and ``output``, a
+    text or a list of ``input_text`` parts). Other types are refused where
+    the input is read (``responses_input.py``)."""
 
     model_config = ConfigDict(extra="allow", title="input item")
 
     type: str = "message"
     role: str | None = None
     content: str | list[ResponseContentPart] | None = None
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[ResponseContentPart] | None = None
+
+
+class ResponseTool(BaseModel):
+    """One of a Responses request's ``tools``, in that API's flat form: a
+    function tool is ``{"type": "function", "name", "description",
+    "parameters", "strict"}``. Other types are refused where the tools are
+    read (``responses_input.py``); fields OpenAI adds later pass through to
+    the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
 class ResponseTextConfig(BaseModel):
@@ -319,19 +343,32 @@ class ResponseTextConfig(BaseModel):
     verbosity: str | None = None
 
 
+# OpenAI's ``include`` values that vLLM's Responses API accepts. Only
+# "message.output_text.logprobs" asks for anything this server makes; each
+# other one asks for part of an item this server never makes (built-in
+# tools' calls, input images, reasoning), so leaving it out loses nothing.
+INCLUDABLE = ("code_interpreter_call.outputs", "computer_call_output.output.image_url",
+              "file_search_call.results", "message.input_image.image_url",
+              "message.output_text.logprobs", "reasoning.encrypted_content")
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+
+
 class ResponsesRequest(BaseModel):
-    """POST /v1/responses (OpenAI's Responses API, for text): ``input`` is a
-    text (one user message) or a list of message items; ``instructions``
-    a system message put first. The fields vLLM adds to it (``top_k``,
-    ``seed``, ``stop``, ``ignore_eos``, ``repetition_penalty``,
-    ``priority``, ``logit_bias``, ``skip_special_tokens``,
-    ``include_stop_str_in_output``, ``structured_outputs``) have vLLM's
-    names and the chat's meaning. ``store`` and ``previous_response_id``
-    work with the server's response store (``response_store.py``); a
-    ``store`` left true with the store off is served without storing, as
-    vLLM serves it. ``user``, ``metadata``, ``safety_identifier``,
-    ``prompt_cache_key`` and ``service_tier`` are accepted and change
-    nothing but the echo."""
+    """POST /v1/responses (OpenAI's Responses API): ``input`` is a text (one
+    user message) or a list of items (messages, earlier function calls and
+    their outputs); ``instructions`` a system message put first. Function
+    ``tools`` and ``tool_choice`` are the chat's, in this API's spelling;
+    ``include`` with "message.output_text.logprobs" asks for each output
+    text's logprobs (``top_logprobs`` alternatives per token). The fields
+    vLLM adds to it (``top_k``, ``seed``, ``stop``, ``ignore_eos``,
+    ``repetition_penalty``, ``priority``, ``logit_bias``,
+    ``skip_special_tokens``, ``include_stop_str_in_output``,
+    ``structured_outputs``) have vLLM's names and the chat's meaning.
+    ``store`` and ``previous_response_id`` work with the server's response
+    store (``response_store.py``); a ``store`` left true with the store off
+    is served without storing, as vLLM serves it. ``user``, ``metadata``,
+    ``safety_identifier``, ``prompt_cache_key`` and ``service_tier`` are
+    accepted and change nothing but the echo."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -347,7 +384,11 @@ class ResponsesRequest(BaseModel):
     stream: bool | None = False
     user: str | None = None
     metadata: dict[str, str] | None = None
+    tools: list[ResponseTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)  # at most the engine's max_logprobs
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -364,31 +405,36 @@ class ResponsesRequest(BaseModel):
 
     # Fields OpenAI defines that this server does not serve: a value other
     # than one of those given here (which ask for nothing) is refused.
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
     background: bool | None = None
-    include: list[Any] | None = None
-    top_logprobs: int | None = None
     truncation: str | None = None
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     max_tool_calls: int | None = None
     context_management: list[Any] | None = None
     UNSUPPORTED: ClassVar[dict[str, tuple]] = {
-        "tools": (None, []), "tool_choice": (None, "auto", "none"), "reasoning": (None, {}),
-        "background": (None, False), "include": (None, []), "top_logprobs": (None, 0),
-        "truncation": (None, "disabled"), "prompt": (None,), "conversation": (None,),
-        "max_tool_calls": (None,), "context_management": (None, [])}
+        "reasoning": (None, {}), "background": (None, False), "truncation": (None, "disabled"),
+        "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
+        "context_management": (None, [])}
 
     def check_supported(self) -> None:
         """``FieldError`` naming the first field set to a value this server
-        does not serve (tools, reasoning, background runs, ...)."""
+        does not serve (reasoning, background runs, ...) and an ``include``
+        value vLLM does not take."""
         for name, harmless in self.UNSUPPORTED.items():
             if getattr(self, name) not in harmless:
                 raise FieldError(name, f"{name} is not supported by this server")
         if self.text is not None and self.text.verbosity not in (None, "medium"):
             raise FieldError("text.verbosity", "text.verbosity is not supported by this server")
+        for i, value in enumerate(self.include or []):
+            if value not in INCLUDABLE:
+                raise FieldError(f"include.{i}", f"include {value!r} is not supported by this "
+                                                 f"server (it takes {', '.join(INCLUDABLE)})")
+
+    @property
+    def output_logprobs(self) -> bool:
+        """Whether each output text carries its tokens' logprobs."""
+        return OUTPUT_LOGPROBS in (self.include or [])
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

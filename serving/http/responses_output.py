@@ -1,26 +1,27 @@
-"""What a Responses API answer looks like: the ``Response`` object, whole or
-as the server-sent events of a stream.
+"""What a Responses API answer looks like: the ``Response`` object, its
+output items, and the server-sent events of a stream.
 
-``ResponseShape`` holds what every form of one response shares (its ids,
+``ResponseShape`` holds what every form of one response shares (its id,
 its creation time, the request fields it echoes) and builds the object in
-each state: ``in_progress`` with no output yet, then finished, with one
-assistant message holding one ``output_text`` part. A finished response is
+each state: ``in_progress`` with no output yet, then finished with its
+output items (``responses_items.OutputItems``). A finished response is
 ``completed``, or ``incomplete`` with ``incomplete_details.reason``
 "max_output_tokens" when the engine stopped it for length; its ``usage``
 counts ``input_tokens`` (cached ones in ``input_tokens_details``, which
 also has the ``cache_write_tokens`` OpenAI's types require: 0),
 ``output_tokens`` and ``total_tokens``.
 
+Output items, as OpenAI's types define them: an assistant ``message`` (id
+``msg_<hex>``) holding one ``output_text`` part, whose ``logprobs`` are
+its tokens' (``{"token", "logprob", "bytes", "top_logprobs"}``, the
+chat's entries) where the request asked for them, else empty; a
+``function_call`` (id ``fc_<hex>``, ``call_id`` ``call_<hex>``, ``name``,
+``arguments`` JSON text). A stream's text events carry logprobs in their
+own shape, without bytes (``event_logprobs``).
+
 ``ResponseEvents`` numbers a stream's events (``sequence_number`` from 0)
-and writes them as OpenAI sends them (an ``event:`` line naming the type,
-then the ``data:`` line): ``response.created``, ``response.in_progress``,
-``response.output_item.added``, ``response.content_part.added``, one
-``response.output_text.delta`` per piece of text, then
-``response.output_text.done``, ``response.content_part.done``,
-``response.output_item.done`` and ``response.completed`` with the finished
-response, whatever its status (as vLLM ends every stream). The message's
-``id`` is the same in every event and in the finished response, as the
-``openai`` client's stream helpers check.
+and writes each as OpenAI sends it: an ``event:`` line naming the type,
+then the ``data:`` line.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from dataclasses import dataclass, field
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
-def new_response_id() -> str:
-    return f"resp_{secrets.token_hex(16)}"
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 def response_usage(usage: dict) -> dict:
@@ -62,8 +63,7 @@ class ResponseShape:
     the sampling values it ran with, ...)."""
 
     echo: dict
-    id: str = field(default_factory=new_response_id)
-    message_id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(16)}")
+    id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def body(self, status: str, output: list[dict], usage: dict | None) -> dict:
@@ -75,62 +75,45 @@ class ResponseShape:
     def started(self) -> dict:
         return self.body("in_progress", [], None)
 
-    def finished(self, text: str, finish_reason: str | None, usage: dict) -> dict:
-        status = status_of(finish_reason)
-        body = self.body(status, [self.message(text, status)], response_usage(usage))
+    def finished(self, output: list[dict], status: str, usage: dict) -> dict:
+        body = self.body(status, output, response_usage(usage))
         if status == "completed":
             body["completed_at"] = int(time.time())
         return body
 
-    def message(self, text: str | None, status: str) -> dict:
-        """The answer's message item (``text`` None: before any part)."""
-        content = [] if text is None else [output_text(text)]
-        return {"id": self.message_id, "type": "message", "role": "assistant",
-                "status": status, "content": content}
+
+def message_item(item_id: str, status: str, parts: list[dict]) -> dict:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": parts}
 
 
-def output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [],
+            "logprobs": [] if logprobs is None else logprobs}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
+                       status: str) -> dict:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def event_logprobs(entries: list[dict]) -> list[dict]:
+    """Logprob entries (an output text's) in a text event's shape: token and
+    logprob, for the token and each of its top alternatives."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]}
+                              for t in e["top_logprobs"]]} for e in entries]
 
 
 @dataclass
 class ResponseEvents:
-    shape: ResponseShape
     sequence_number: int = 0
 
     def event(self, kind: str, **fields) -> str:
         payload = {"type": kind, "sequence_number": self.sequence_number, **fields}
         self.sequence_number += 1
         return f"event: {kind}\ndata: {_ENCODER.encode(payload)}\n\n"
-
-    def _place(self) -> dict:
-        return {"item_id": self.shape.message_id, "output_index": 0, "content_index": 0}
-
-    def opening(self) -> list[str]:
-        """The events before any text: the response created and in progress,
-        its message and the message's empty text part added."""
-        started = self.shape.started()
-        return [self.event("response.created", response=started),
-                self.event("response.in_progress", response=started),
-                self.event("response.output_item.added", output_index=0,
-                           item=self.shape.message(None, "in_progress")),
-                self.event("response.content_part.added", **self._place(),
-                           part=output_text(""))]
-
-    def delta(self, text: str) -> str:
-        return self.event("response.output_text.delta", **self._place(), delta=text,
-                          logprobs=[])
-
-    def closing(self, finished: dict) -> list[str]:
-        """The events after the last text, ``finished`` (``ResponseShape.
-        finished``) last."""
-        item = finished["output"][0]
-        part = item["content"][0]
-        return [self.event("response.output_text.done", **self._place(), text=part["text"],
-                           logprobs=[]),
-                self.event("response.content_part.done", **self._place(), part=part),
-                self.event("response.output_item.done", output_index=0, item=item),
-                self.event("response.completed", response=finished)]
 
     def error(self, message: str, code: str) -> str:
         """The event that ends a stream the server could not finish."""

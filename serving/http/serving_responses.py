@@ -1,23 +1,35 @@
-"""OpenAI's Responses API for text: ``POST /v1/responses``, and with the
-response store on, ``GET /v1/responses/{id}`` and ``POST
+"""OpenAI's Responses API: ``POST /v1/responses``, and with the response
+store on, ``GET /v1/responses/{id}`` and ``POST
 /v1/responses/{id}/cancel``.
 
 A request is served as the chat request it amounts to, through the chat
-route's own steps: its ``input`` (a text: one user message; or message
-items) after its ``instructions`` (a system message first) and, with
+route's own steps (``responses_input.py``): its ``input`` (a text: one user
+message; or items: messages, earlier function calls and their outputs)
+after its ``instructions`` (a system message first) and, with
 ``previous_response_id``, after the stored conversation that response ended
-(``response_store.py``) becomes ``messages``; the model's chat template
-renders them (``serving_chat.chat_prompt``), ``max_output_tokens``,
-``temperature``, ``top_p`` and vLLM's fields (its sampling ones,
-``logit_bias``, ``skip_special_tokens``, ``include_stop_str_in_output``,
+(``response_store.py``) becomes ``messages``; its function ``tools`` and
+``tool_choice`` the chat's (``tools.py``: a named or required choice holds
+the output to the tools' schemas, "auto" reads calls with the server's
+tool-call parser); the model's chat template renders them
+(``serving_chat.chat_prompt``), ``max_output_tokens``, ``temperature``,
+``top_p`` and vLLM's fields (its sampling ones, ``logit_bias``,
+``skip_special_tokens``, ``include_stop_str_in_output``,
 ``structured_outputs``) become the chat's sampling parameters
 (``sampling.py``, with the model's recommended defaults), and
-``text.format`` (or vLLM's ``structured_outputs``, not both) the output's
-structured-output constraint (``structured.text_format_constraint``). The answer is built by
-``responses_output.py``, whole or streamed. What does not fit the model's
-context is refused before the engine sees it (``check_context``), so the
-error names this API's fields (``input``, ``max_output_tokens``), not the
-chat's ``max_tokens``; an empty conversation names ``input``.
+``text.format`` (or vLLM's ``structured_outputs``, not both, nor either
+beside a named or required tool choice) the output's structured-output
+constraint (``structured.text_format_constraint``). With ``include``
+"message.output_text.logprobs" the engine sends each token's logprobs with
+``top_logprobs`` alternatives, shown as the chat shows them
+(``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
+as in vLLM. The answer's items are built by ``responses_items.py`` and the
+Response by ``responses_output.py``, whole or streamed: ``response.created``
+and ``response.in_progress``, each item's events, then
+``response.completed`` with the finished response, whatever its status (as
+vLLM ends every stream). What does not fit the model's context is refused
+before the engine sees it (``check_context``), so the error names this
+API's fields (``input``, ``max_output_tokens``), not the chat's
+``max_tokens``; an empty conversation names ``input``.
 
 As vLLM's server: the store is off by default, and then a request's
 ``store`` (true unless the client says otherwise) is served without
@@ -31,24 +43,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from engine.request import ContextLengthError
-from serving.http.generation import Generation
-from serving.http.protocol import ChatCompletionRequest, FieldError, ResponsesRequest
+from engine.structured_outputs.params import StructuredOutputsParams
+from serving.http.generation import ChoiceEvent, Generation
+from serving.http.protocol import FieldError, ResponsesRequest
 from serving.http.response_store import ResponseStore, stored
-from serving.http.responses_output import ResponseEvents, ResponseShape
+from serving.http.responses_input import (
+    chat_request,
+    input_messages,
+    instruction_messages,
+    output_messages,
+    tool_choice,
+)
+from serving.http.responses_items import Event, OutputItems
+from serving.http.responses_output import ResponseEvents, ResponseShape, status_of
 from serving.http.sampling import capped_max_tokens, choice_params
 from serving.http.serving_chat import chat_prompt
 from serving.http.state import ServerState
 from serving.http.streaming import respond
 from serving.http.structured import text_format_constraint
+from serving.http.tools import ToolChoice
 from serving.protocol_core import EngineStoppedError
-
-ROLES = ("user", "system", "developer", "assistant")
-TEXT_PARTS = ("input_text", "output_text")
 
 
 async def create_response(state: ServerState, request: ResponsesRequest,
@@ -67,25 +87,50 @@ async def create_response(state: ServerState, request: ResponsesRequest,
         raise FieldError("input", "input must not be empty: give a text or at least one "
                                   "message (or instructions, or a previous_response_id)")
     chat = chat_request(request, messages)
-    text_format = request.text.format if request.text else None
-    if text_format is not None and request.structured_outputs is not None:
-        raise FieldError("structured_outputs", "give text.format or structured_outputs, "
-                                               "not both")
-    constraint = text_format_constraint(text_format)  # None: chat's structured_outputs
+    tools = tool_choice(request, chat, state.tool_call_parser)
+    constraint = _constraint(request, tools)  # None: chat's structured_outputs
+    num_top = _num_top(request, tools)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
     check_context(request, len(prompt), max_tokens, state.max_model_len)
-    params = choice_params(chat, max_tokens, None, constraint=constraint,
+    params = choice_params(chat, max_tokens, num_top, constraint=constraint,
                            defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, chat.stop_strings(), request.priority)
     store = state.response_store if request.store else None
-    shape = ResponseShape(_echo(state, request, params[0], store is not None))
-    conversation = [*history, *turn]
-    return await respond(raw, generation, bool(request.stream),
-                         lambda: _events(generation, shape, store, conversation),
-                         lambda: _collect(generation, shape, store, conversation))
+    run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
+               OutputItems(tools.reader()), num_top, store, [*history, *turn])
+    return await respond(raw, generation, bool(request.stream), run.events, run.collect)
+
+
+def _constraint(request: ResponsesRequest, tools: ToolChoice) -> StructuredOutputsParams | None:
+    """The output's constraint: a named or required tool choice's, or
+    ``text.format``'s; ``FieldError`` for both, or for ``text.format``
+    beside vLLM's ``structured_outputs``."""
+    text_format = request.text.format if request.text else None
+    if text_format is not None and request.structured_outputs is not None:
+        raise FieldError("structured_outputs", "give text.format or structured_outputs, "
+                                               "not both")
+    from_format = text_format_constraint(text_format)
+    from_tools = tools.constraint()
+    if from_tools is not None and from_format is not None:
+        raise FieldError("text.format", "a named or required tool_choice holds the output to "
+                                        "its tools' schemas: give it without text.format (one "
+                                        "constraint per request)")
+    return from_tools if from_tools is not None else from_format
+
+
+def _num_top(request: ResponsesRequest, tools: ToolChoice) -> int | None:
+    """The top logprobs each token comes with (None: no logprobs)."""
+    if not request.output_logprobs:
+        return None
+    if tools.mode == "auto":
+        raise FieldError("include", "message.output_text.logprobs is not served with "
+                                    'tool_choice "auto": which tokens are the message\'s text and '
+                                    "which a call's is not known; ask with tool_choice \"none\" "
+                                    "for the text's logprobs")
+    return request.top_logprobs or 0
 
 
 class ContextLengthFieldError(FieldError):
@@ -114,59 +159,8 @@ def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: 
                                  f"{max_model_len}, this model's maximum context length")
 
 
-def input_messages(given: str | list) -> list[dict]:
-    """The request's ``input`` as chat messages; ``FieldError`` naming the
-    first item or part this server does not serve."""
-    if isinstance(given, str):
-        return [{"role": "user", "content": given}]
-    return [_message(f"input.{i}", item) for i, item in enumerate(given)]
-
-
-def _message(where: str, item) -> dict:
-    if item.type != "message":
-        raise FieldError(f"{where}.type", f"input items of type {item.type!r} are not "
-                                          "supported by this server (only messages)")
-    if item.role not in ROLES:
-        raise FieldError(f"{where}.role", f"{where}.role must be one of "
-                                          f"{', '.join(ROLES)}, got {item.role!r}")
-    if item.content is None:
-        raise FieldError(f"{where}.content", f"{where} needs a content")
-    if isinstance(item.content, str):
-        return {"role": item.role, "content": item.content}
-    return {"role": item.role,
-            "content": [_text_part(f"{where}.content.{j}", part)
-                        for j, part in enumerate(item.content)]}
-
-
-def _text_part(where: str, part) -> dict:
-    """A content part as the chat's text part (joined as chat joins them)."""
-    if part.type not in TEXT_PARTS:
-        raise FieldError(f"{where}.type", f"content parts of type {part.type!r} are not "
-                                          "supported by this server (only input_text and "
-                                          "output_text)")
-    if part.text is None:
-        raise FieldError(f"{where}.text", f"{where} needs a text")
-    return {"type": "text", "text": part.text}
-
-
-def instruction_messages(request: ResponsesRequest) -> list[dict]:
-    return [{"role": "system", "content": request.instructions}] if request.instructions else []
-
-
-def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
-    """The chat request a Responses request amounts to (its constraint
-    aside: ``text.format`` is given to ``choice_params`` as made here)."""
-    return ChatCompletionRequest(
-        messages=messages, model=request.model, max_completion_tokens=request.max_output_tokens,
-        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-        seed=request.seed, stop=request.stop, ignore_eos=request.ignore_eos,
-        repetition_penalty=request.repetition_penalty, priority=request.priority,
-        logit_bias=request.logit_bias, skip_special_tokens=request.skip_special_tokens,
-        include_stop_str_in_output=request.include_stop_str_in_output,
-        structured_outputs=request.structured_outputs)
-
-
-def _echo(state: ServerState, request: ResponsesRequest, params: dict, stored: bool) -> dict:
+def _echo(state: ServerState, request: ResponsesRequest, params: dict,
+          store: ResponseStore | None) -> dict:
     """The request fields a Response repeats; temperature and top_p as the
     engine runs them (the request's, else the model's defaults)."""
     return {"model": state.shown_model(request.model), "instructions": request.instructions,
@@ -175,52 +169,77 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict, stored: b
             "previous_response_id": request.previous_response_id,
             "text": request.text.model_dump(exclude_none=True) if request.text else
             {"format": {"type": "text"}},
-            "tool_choice": request.tool_choice or "auto", "tools": [],
+            "tool_choice": request.tool_choice or "auto",
+            "tools": [tool.model_dump(exclude_unset=True) for tool in request.tools or []],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "truncation": "disabled", "top_logprobs": 0, "reasoning": None,
-            "background": False, "service_tier": request.service_tier or "auto",
-            "store": stored, "user": request.user}
+            "truncation": "disabled", "top_logprobs": request.top_logprobs or 0,
+            "reasoning": None, "background": False,
+            "service_tier": request.service_tier or "auto", "store": store is not None,
+            "user": request.user}
 
 
-def _keep(store: ResponseStore | None, body: dict, conversation: list[dict]) -> None:
-    """Store a finished response with its conversation, its answer last."""
-    if store is not None:
-        answer = body["output"][0]["content"][0]["text"]
-        store.put(body, [*conversation, {"role": "assistant", "content": answer}])
+@dataclass
+class _Run:
+    """One response as the engine generates it: what its whole answer and
+    its stream share. ``conversation``: the chat messages before the
+    answer (without instructions), stored with it."""
 
+    state: ServerState
+    generation: Generation
+    shape: ResponseShape
+    items: OutputItems
+    num_top: int | None  # logprobs: the top alternatives per token (None: none)
+    store: ResponseStore | None
+    conversation: list[dict]
+    finish_reason: str | None = None
 
-async def _collect(generation: Generation, shape: ResponseShape, store: ResponseStore | None,
-                   conversation: list[dict]) -> dict:
-    text, reason = "", None
-    async for event in generation.events():
-        text += event.text
-        reason = event.finish_reason or reason
-    body = shape.finished(text, reason, generation.usage())
-    _keep(store, body, conversation)
-    return body
+    async def steps(self) -> AsyncIterator[list[Event]]:
+        """The item events of each piece of the answer, as it comes."""
+        async for event in self.generation.events():
+            yield self.items.add(event.text, self._logprobs(event),
+                                 last=event.finish_reason is not None)
+            self.finish_reason = event.finish_reason or self.finish_reason
 
+    def _logprobs(self, event: ChoiceEvent) -> list[dict]:
+        if self.num_top is None or event.logprobs is None:
+            return []
+        return self.state.logprobs.chat(event.token_ids, event.logprobs, self.num_top)
 
-async def _events(generation: Generation, shape: ResponseShape, store: ResponseStore | None,
-                  conversation: list[dict]) -> AsyncIterator[str]:
-    """The stream's events; the response is stored before its last event
-    is sent, so a client that has it finds it stored."""
-    events = ResponseEvents(shape)
-    for line in events.opening():
-        yield line
-    text, reason = "", None
-    try:
-        async for event in generation.events():
-            if event.text:
-                text += event.text
-                yield events.delta(event.text)
-            reason = event.finish_reason or reason
-    except EngineStoppedError as e:
-        yield events.error(e.client_message(), "service_unavailable")
-        return
-    body = shape.finished(text, reason, generation.usage())
-    _keep(store, body, conversation)
-    for line in events.closing(body):
-        yield line
+    def finish(self) -> tuple[list[Event], dict]:
+        """The closing item events and the finished response, stored (where
+        the store keeps it) with its conversation, its answer last."""
+        status = status_of(self.finish_reason)
+        events = self.items.finish(status)
+        body = self.shape.finished(self.items.items, status, self.generation.usage())
+        if self.store is not None:
+            self.store.put(body, [*self.conversation, *output_messages(body["output"])])
+        return events, body
+
+    async def collect(self) -> dict:
+        async for _ in self.steps():
+            pass
+        return self.finish()[1]
+
+    async def events(self) -> AsyncIterator[str]:
+        """The stream's events; the response is stored before its last event
+        is sent, so a client that has it finds it stored."""
+        out = ResponseEvents()
+        started = self.shape.started()
+        yield out.event("response.created", response=started)
+        yield out.event("response.in_progress", response=started)
+        for kind, fields in self.items.start():
+            yield out.event(kind, **fields)
+        try:
+            async for step in self.steps():
+                for kind, fields in step:
+                    yield out.event(kind, **fields)
+        except EngineStoppedError as e:
+            yield out.error(e.client_message(), "service_unavailable")
+            return
+        closing, body = self.finish()
+        for kind, fields in closing:
+            yield out.event(kind, **fields)
+        yield out.event("response.completed", response=body)
 
 
 def retrieve_response(state: ServerState, response_id: str, stream: bool) -> dict:

@@ -98,6 +98,26 @@ def streamed_chat_deltas(url: str, body: dict) -> list[dict]:
     return deltas
 
 
+def typed_responses(url: str, body: dict) -> tuple:
+    """``body`` sent to /v1/responses at server ``url`` whole and streamed:
+    the answer validated as the ``openai`` package's ``Response`` and each
+    streamed event as its ``ResponseStreamEvent``, with every required
+    field (its client reads them leniently)."""
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    answer = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    whole = Response.model_validate(answer.json())
+    adapter, events = TypeAdapter(ResponseStreamEvent), []
+    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True},
+                      timeout=60) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                events.append(adapter.validate_json(line[len("data: "):]))
+    return whole, events
+
+
 def metric(url: str, name: str) -> float:
     """One sample's value from ``GET /metrics`` (summed over labels)."""
     page = httpx.get(f"{url}/metrics", timeout=30).text

@@ -1,16 +1,19 @@
 """OpenAI's Responses API (``POST /v1/responses``) on ``tiny``, driven by the
 official ``openai`` client. The reference for every answer is the same
 conversation through ``client.chat.completions.create`` (greedy: equal
-text, equal token counts); a streamed answer's deltas join into the whole
-answer, its events come in the documented order with sequence numbers from
-0, and the client's stream helper accepts them; a ``json_schema``
+text, equal token counts, and with ``include`` logprobs the chat's
+logprobs, whole and streamed); a streamed answer's deltas join into the
+whole answer, its events come in the documented order with sequence
+numbers from 0, and the client's stream helper accepts them; answers and
+events validate as the ``openai`` package's types; a ``json_schema``
 ``text.format`` gives JSON the schema validates; fields the server does
-not serve are 400s naming them. The response store is off by default, as
-vLLM's: ``previous_response_id`` is then a 404; on
-(``--enable-responses-api-store``), a stored response is retrieved as it
-was answered and continues as the chat of its conversation, without its
-instructions. The API key, the body guards and the metrics hold for the
-route as for the others."""
+not serve, and bad tools, tool choices and input items, are 400s naming
+them (function tools themselves: ``test_http_responses_tools.py``). The
+response store is off by default, as vLLM's: ``previous_response_id`` is
+then a 404; on (``--enable-responses-api-store``), a stored response is
+retrieved as it was answered and continues as the chat of its
+conversation, without its instructions. The API key, the body guards and
+the metrics hold for the route as for the others."""
 
 from __future__ import annotations
 
@@ -20,14 +23,15 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
 
-from tests.helpers.http_utils import metric, openai_client, serving_tiny
+from tests.helpers.http_utils import metric, openai_client, serving_tiny, typed_responses
 
 pytestmark = pytest.mark.timeout(180)
 
 KEY = "responses-key-7c1d"
+LOGPROBS = "message.output_text.logprobs"
+WEATHER_TOOL = {"type": "function", "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 5},
@@ -139,23 +143,83 @@ def test_stream_deltas_join_into_the_whole_answer(client):
     {"max_output_tokens": 40, "temperature": 0, "text": {"format": {"type": "json_object"}}},
     {"max_output_tokens": 3, "text": {"format": {"type": "json_schema", "name": "s",
                                                  "schema": {"type": "string"}}}},
+    {"max_output_tokens": 4, "include": [LOGPROBS], "top_logprobs": 2},
 ])
 def test_the_answer_validates_as_the_openai_packages_types(server, fields):
     """The whole answer is a ``Response`` and each streamed event a
     ``ResponseStreamEvent`` of the ``openai`` package, validated with every
     required field (the client itself reads them leniently)."""
-    url = f"{server.url}/v1/responses"
-    body = {"model": "tiny", "input": "Hi", **fields}
-    answer = httpx.post(url, json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    Response.model_validate(answer.json())
-    events = TypeAdapter(ResponseStreamEvent)
-    kinds = []
-    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=60) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("data: "):
-                kinds.append(events.validate_json(line[len("data: "):]).type)
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    whole, events = typed_responses(server.url, {"model": "tiny", "input": "Hi", **fields})
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.type for e in events if e.type.endswith(".delta")]
+    if "include" in fields:
+        assert len(whole.output[0].content[0].logprobs) == whole.usage.output_tokens
+        assert any(e.logprobs for e in events if e.type == "response.output_text.delta")
+
+
+def _chat_logprobs(client, max_tokens: int, top: int, **extra) -> tuple[str, list]:
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Name a color."}], temperature=0,
+        max_tokens=max_tokens, logprobs=True, top_logprobs=top, extra_body=extra or None)
+    return answer.choices[0].message.content, answer.choices[0].logprobs.content
+
+
+def _same_logprobs(got, want, with_bytes: bool = True) -> None:
+    """Entries equal as tokens, values (to float noise) and, where given, bytes."""
+    assert [e.token for e in got] == [e.token for e in want]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-5)
+    for g, w in zip(got, want):
+        assert [t.token for t in g.top_logprobs] == [t.token for t in w.top_logprobs]
+        assert [t.logprob for t in g.top_logprobs] == pytest.approx(
+            [t.logprob for t in w.top_logprobs], abs=1e-5)
+        if with_bytes:
+            assert g.bytes == w.bytes
+            assert [t.bytes for t in g.top_logprobs] == [t.bytes for t in w.top_logprobs]
+
+
+@pytest.mark.parametrize("top, extra", [(3, {}), (None, {}), (2, {"stop": ["e"]})])
+def test_output_text_logprobs_are_the_chats(client, top, extra):
+    """``include: ["message.output_text.logprobs"]`` gives the output text
+    the logprobs the chat gives the same greedy request (``top_logprobs``
+    alternatives; unset: none), whole; streamed, the deltas' logprobs
+    joined are those, and the done events hold them all. A stop string cuts
+    the text, not the logprobs of the tokens that came (as in the chat)."""
+    ask = dict(model="tiny", input="Name a color.", temperature=0, max_output_tokens=10,
+               include=[LOGPROBS], extra_body=extra or None)
+    if top is not None:
+        ask["top_logprobs"] = top
+    text, want = _chat_logprobs(client, 10, top or 0, **extra)
+    response = client.responses.create(**ask)
+    part = response.output[0].content[0]
+    assert part.text == text
+    assert len(want) == response.usage.output_tokens and all(
+        len(e.top_logprobs) == (top or 0) for e in want)
+    _same_logprobs(part.logprobs, want)
+    assert response.top_logprobs == (top or 0)
+    events = list(client.responses.create(**ask, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    _same_logprobs([lp for e in deltas for lp in e.logprobs], want, with_bytes=False)
+    assert "".join(e.delta for e in deltas) == text
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    _same_logprobs(done.logprobs, want, with_bytes=False)
+    [part_done] = [e for e in events if e.type == "response.content_part.done"]
+    _same_logprobs(part_done.part.logprobs, want)
+    _same_logprobs(events[-1].response.output[0].content[0].logprobs, want)
+
+
+def test_without_include_there_are_no_logprobs(client):
+    """As in vLLM, ``top_logprobs`` alone asks for nothing; the ``include``
+    values vLLM takes that name parts of items this server never makes are
+    accepted and change nothing."""
+    ask = dict(model="tiny", input="Name a color.", temperature=0, max_output_tokens=6)
+    plain = client.responses.create(**ask)
+    alone = client.responses.create(**ask, top_logprobs=3)
+    others = client.responses.create(**ask, include=["reasoning.encrypted_content",
+                                                     "file_search_call.results"])
+    for response in (plain, alone, others):
+        assert response.output_text == plain.output_text
+        assert response.output[0].content[0].logprobs == []
+    assert alone.top_logprobs == 3
 
 
 def test_max_output_tokens_makes_it_incomplete(client):
@@ -223,16 +287,32 @@ def test_vllms_other_fields_act_as_on_the_chat(client, extra):
     ({"extra_body": {"structured_outputs": {"regex": "a"}},
       "text": {"format": {"type": "json_object"}}}, "structured_outputs"),
     ({"extra_body": {"logit_bias": {"x": 1}}}, "logit_bias"),
-    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
+    ({"tools": [WEATHER_TOOL]}, "tool_choice"),  # "auto" needs a tool-call parser
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"tools": [{"type": "function", "description": "no name"}], "tool_choice": "none"},
+     "tools.0.name"),
+    ({"tools": [WEATHER_TOOL, WEATHER_TOOL], "tool_choice": "required"}, "tools.1.name"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function"}}, "tool_choice.name"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "fly"}},
+     "tool_choice.name"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "get_weather"},
+      "text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"background": True}, "background"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"include": [LOGPROBS, "web_search_call.results"]}, "include.1"),
+    ({"top_logprobs": -1}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-     "input.0.type"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{oops"}]},
+     "input.0.arguments"),
+    ({"input": [{"type": "function_call_output", "call_id": "c"}]}, "input.0.output"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input.0.output.0.type"),
     ({"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input.0.content.0.type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
