@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from checkpoint.tiny_model import TINY_NAME
 from tests.helpers.proc_utils import ROOT, pythonpath
 from tests.helpers.serve_utils import Served, _term_with_parent, stop_server
+from tests.helpers.tool_template import tiny_with_tool_template
 
 _READY = re.compile(r"HTTP server ready on (http://\S+)")
 
@@ -69,6 +70,21 @@ def serving_tiny(tmp_path, *args: str, env: dict | None = None):
     no process left)."""
     served = start_http(tmp_path, *args, env=env)
     served.model_dir = str(tmp_path / "cache" / TINY_NAME)
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@contextlib.contextmanager
+def serving_tiny_with_tools(tmp_path, *args: str):
+    """``serving_tiny`` of a copy of ``tiny`` whose chat template renders
+    tools (``tests.helpers.tool_template``), with ``args`` after
+    ``serve --model COPY --device cpu --disable-log-stats``; its directory
+    in ``model_dir``."""
+    model = tiny_with_tool_template(str(tmp_path / "cache"), str(tmp_path / "tiny-tools"))
+    served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
+                        "--disable-log-stats", *args)
+    served.model_dir = model
     yield served
     code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output

@@ -18,9 +18,12 @@ import pytest
 
 from checkpoint.tiny_model import TINY_NAME
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
-from tests.helpers.http_utils import openai_client, start_http, stop_http, streamed_chat_deltas
+from tests.helpers.http_utils import (
+    openai_client,
+    serving_tiny_with_tools,
+    streamed_chat_deltas,
+)
 from tests.helpers.proc_utils import run_tprun
-from tests.helpers.tool_template import tiny_with_tool_template
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                             "days": {"type": "integer"}}}
@@ -43,21 +46,10 @@ def literal(text: str) -> str:
                    for c in text)
 
 
-def _server(tmp_path_factory, parser: str):
-    tmp = tmp_path_factory.mktemp(parser)
-    model = tiny_with_tool_template(str(tmp / "cache"), str(tmp / "tiny-tools"))
-    served = start_http(tmp, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", "--enable-auto-tool-choice",
-                        "--tool-call-parser", parser)
-    served.model_dir = model
-    return served
-
-
 def _served(tmp_path_factory, parser: str):
-    served = _server(tmp_path_factory, parser)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny_with_tools(tmp_path_factory.mktemp(parser), "--enable-auto-tool-choice",
+                                 "--tool-call-parser", parser) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

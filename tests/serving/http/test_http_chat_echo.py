@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.http_utils import openai_client, start_http, stop_http
-from tests.helpers.tool_template import tiny_with_tool_template
+from tests.helpers.http_utils import openai_client, serving_tiny_with_tools
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -34,13 +33,9 @@ TOOLS = [{"type": "function", "function": {"name": "pick", "parameters": {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http_chat_echo")
-    model = tiny_with_tool_template(str(tmp / "cache"), str(tmp / "tiny-tools"))
-    served = start_http(tmp, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", "--served-model-name", "tiny")
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny_with_tools(tmp_path_factory.mktemp("http_chat_echo"),
+                                 "--served-model-name", "tiny") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

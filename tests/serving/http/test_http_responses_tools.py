@@ -24,8 +24,11 @@ import json
 import openai
 import pytest
 
-from tests.helpers.http_utils import openai_client, start_http, stop_http, typed_responses
-from tests.helpers.tool_template import tiny_with_tool_template
+from tests.helpers.http_utils import (
+    openai_client,
+    serving_tiny_with_tools,
+    typed_responses,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,15 +66,10 @@ def literal(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http")
-    model = tiny_with_tool_template(str(tmp / "cache"), str(tmp / "tiny-tools"))
-    served = start_http(tmp, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", "--enable-auto-tool-choice",
-                        "--tool-call-parser", "hermes", "--enable-responses-api-store")
-    served.model_dir = model
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny_with_tools(tmp_path_factory.mktemp("http"), "--enable-auto-tool-choice",
+                                 "--tool-call-parser", "hermes",
+                                 "--enable-responses-api-store") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

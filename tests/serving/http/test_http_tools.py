@@ -21,8 +21,11 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from tests.helpers.http_utils import openai_client, start_http, stop_http, streamed_chat_deltas
-from tests.helpers.tool_template import tiny_with_tool_template
+from tests.helpers.http_utils import (
+    openai_client,
+    serving_tiny_with_tools,
+    streamed_chat_deltas,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,14 +79,8 @@ def whole_elements(text: str) -> list[tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("http")
-    model = tiny_with_tool_template(str(tmp / "cache"), str(tmp / "tiny-tools"))
-    served = start_http(tmp, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats")
-    served.model_dir = model
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_tiny_with_tools(tmp_path_factory.mktemp("http")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
