@@ -10,7 +10,9 @@ message just before it (the text an answer gave with its calls, or calls
 before it) or else to an assistant message of its own, without content; a
 ``function_call_output`` is the "tool" message answering ``call_id``. A
 finished response's own output items read the same way (``output_messages``),
-which is how the response store keeps a conversation whose answer made calls.
+which is how the response store keeps a conversation whose answer made calls;
+a call of its own cut at ``max_output_tokens`` (arguments that are no JSON
+text) was never made and is left out, as a client's such call is refused.
 
 Tools: ``{"type": "function", "name", ...}`` is the chat's ``{"type":
 "function", "function": {"name", ...}}``, its other fields as given; no
@@ -53,8 +55,8 @@ RESPONSES_SPELLING = ToolSpelling("tools.{i}.name", "tool_choice.name",
 def input_messages(given: str | list[ResponseInputItem], own: bool = False) -> list[dict]:
     """The request's ``input`` as chat messages; ``FieldError`` naming the
     first item or part this server does not serve. ``own``: items this
-    server made, whose calls' arguments are not checked (a call cut at
-    ``max_output_tokens`` holds what was generated, JSON or not)."""
+    server made, where a call whose arguments are no JSON text (cut at
+    ``max_output_tokens``) is left out rather than refused."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict] = []
@@ -63,7 +65,7 @@ def input_messages(given: str | list[ResponseInputItem], own: bool = False) -> l
         if item.type == "message":
             messages.append(_message(where, item))
         elif item.type == "function_call":
-            _add_call(where, item, messages, check=not own)
+            _add_call(where, item, messages, own)
         elif item.type == "function_call_output":
             messages.append(_call_output(where, item))
         else:
@@ -104,14 +106,16 @@ def _text_part(where: str, part) -> dict:
     return {"type": "text", "text": part.text}
 
 
-def _add_call(where: str, item: ResponseInputItem, messages: list[dict], check: bool) -> None:
+def _add_call(where: str, item: ResponseInputItem, messages: list[dict], own: bool) -> None:
     for name in ("call_id", "name", "arguments"):
         if getattr(item, name) is None:
             raise FieldError(f"{where}.{name}", f"{where}, a function_call item, needs its {name}")
-    if check and item.arguments.strip():
+    if item.arguments.strip():
         try:
             json.loads(item.arguments)
         except ValueError as e:
+            if own:  # the chat takes no such call, and the model never finished it
+                return
             raise FieldError(f"{where}.arguments",
                              f"{where}.arguments must be JSON text ({e})") from None
     call = {"id": item.call_id, "type": "function",

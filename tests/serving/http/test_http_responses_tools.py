@@ -282,3 +282,22 @@ def test_logprobs_beside_auto_are_refused_naming_include(client, server):
     plain = _respond(client, server, tool_choice="none", include=[
         "message.output_text.logprobs"], max_output_tokens=4, temperature=0)
     assert len(plain.output[0].content[0].logprobs) == plain.usage.output_tokens
+
+
+def test_a_call_cut_short_leaves_the_stored_conversation_usable(client, server):
+    """A named call cut at max_output_tokens (its arguments no JSON text)
+    was never made: the conversation after it, over previous_response_id,
+    is answered as the chat without it (the question, then the next turn)."""
+    cut = _respond(client, server, tool_choice=NAMED, temperature=0, max_output_tokens=3)
+    [call] = cut.output
+    assert (cut.status, call.type) == ("incomplete", "function_call")
+    with pytest.raises(ValueError):
+        json.loads(call.arguments)
+    chat = _chat(client, server, [{"role": "user", "content": QUESTION},
+                                  {"role": "user", "content": "Go on."}],
+                 tool_choice="none", temperature=0, max_tokens=12)
+    after = client.responses.create(model=server.model_dir, input="Go on.", tools=FLAT_TOOLS,
+                                    tool_choice="none", temperature=0, max_output_tokens=12,
+                                    previous_response_id=cut.id)
+    assert after.output_text == chat.choices[0].message.content
+    assert after.usage.input_tokens == chat.usage.prompt_tokens
