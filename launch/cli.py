@@ -574,6 +574,10 @@ def _check_http_args(args) -> None:
         print(f"tprun serve: note: {args.log_requests} changes nothing: tprun logs no "
               "request's prompt or parameters", file=sys.stderr, flush=True)
     if args.http_port is None:
+        if args.port is not None:  # vLLM's --port is the HTTP server's
+            print(f"tprun serve: note: --port {args.port} is the engine endpoint's port "
+                  "(tprun's socket protocol); no HTTP server starts without --http-port, "
+                  "which is vLLM's --port", file=sys.stderr, flush=True)
         if args.api_key is not None:
             raise ConfigError("--api-key needs --http-port")
         if args.enable_auto_tool_choice:

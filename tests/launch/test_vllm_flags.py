@@ -155,6 +155,18 @@ def test_log_toggles_are_taken(capsys):
         _serve_args("--uvicorn-log-level", "loud")
 
 
+def test_port_without_http_port_says_no_http_server_starts(capsys):
+    """``--port`` alone (a vLLM habit: its --port is the HTTP port) is the
+    engine endpoint's port here: one note says no HTTP server starts and
+    names --http-port; with --http-port, or without --port, no note."""
+    _check_http_args(_serve_args("--port", "8000"))
+    note = capsys.readouterr().err.splitlines()
+    assert len(note) == 1 and "--port 8000" in note[0] and "--http-port" in note[0]
+    for argv in ([], ["--port", "8001", "--http-port", "8000"]):
+        _check_http_args(_serve_args(*argv))
+        assert capsys.readouterr().err == ""
+
+
 def test_chat_template_from_a_file_or_inline(tmp_path):
     """As vLLM reads --chat-template: a file's text, else the text itself
     when it looks like a template, with backslash escapes read."""
