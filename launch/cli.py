@@ -498,6 +498,8 @@ def run_serve(args) -> int:
     if (warning := exposure_warning(endpoint)) is not None:
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
         logger.warning("%s", warning)
+    if (note := port_note(args)) is not None:
+        print(f"tprun serve: note: {note}", file=sys.stderr, flush=True)
     try:
         engine = LLMEngine(config)
     except BaseException:
@@ -560,6 +562,16 @@ def _serve_model(args) -> None:
 
 
 
+def port_note(args: argparse.Namespace) -> str | None:
+    """What to tell a vLLM user whose ``--port`` (vLLM's HTTP port) starts
+    no HTTP server here; said once the command line has passed every check,
+    so that a refusal stays one line."""
+    if args.port is None or args.http_port is not None:
+        return None
+    return (f"--port {args.port} is the engine endpoint's port (tprun's socket protocol); "
+            "no HTTP server starts without --http-port, which is vLLM's --port")
+
+
 def _check_http_args(args) -> None:
     """--http-port's companions and vLLM's serve options, checked before any
     process starts."""
@@ -574,10 +586,6 @@ def _check_http_args(args) -> None:
         print(f"tprun serve: note: {args.log_requests} changes nothing: tprun logs no "
               "request's prompt or parameters", file=sys.stderr, flush=True)
     if args.http_port is None:
-        if args.port is not None:  # vLLM's --port is the HTTP server's
-            print(f"tprun serve: note: --port {args.port} is the engine endpoint's port "
-                  "(tprun's socket protocol); no HTTP server starts without --http-port, "
-                  "which is vLLM's --port", file=sys.stderr, flush=True)
         if args.api_key is not None:
             raise ConfigError("--api-key needs --http-port")
         if args.enable_auto_tool_choice:
