@@ -2,9 +2,10 @@
 
 Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 /v1/chat/completions``, ``POST /v1/responses`` with ``GET
-/v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` (answered
-from the response store, when it is on), ``GET /v1/models`` (one entry a
-served name),
+/v1/responses/{id}``, ``DELETE /v1/responses/{id}``, ``GET
+/v1/responses/{id}/input_items`` and ``POST /v1/responses/{id}/cancel``
+(answered from the response store, when it is on), ``GET /v1/models``
+(one entry a served name),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
 /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``.
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
@@ -63,7 +64,13 @@ from serving.http.protocol import (
 from serving.http.response_store import ResponseStore, UnknownResponseError
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
-from serving.http.serving_responses import cancel_response, create_response, retrieve_response
+from serving.http.serving_responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState, UnknownModelError
 from serving.http.streaming import ClientDisconnected
@@ -185,6 +192,16 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, stream: bool = False) -> Response:
         return await _answer(_on_loop(retrieve_response, state, response_id, stream))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> Response:
+        return await _answer(_on_loop(delete_response, state, response_id))
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, raw: Request) -> Response:
+        query = raw.query_params  # include: repeated, as include or include[]
+        include = [*query.getlist("include"), *query.getlist("include[]")]
+        return await _answer(_on_loop(list_input_items, state, response_id, query, include))
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel(response_id: str) -> Response:

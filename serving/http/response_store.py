@@ -4,15 +4,20 @@ bounded.
 As vLLM's server keeps them: off unless the server is started with it
 (``tprun serve --enable-responses-api-store``); then every response whose
 request leaves ``store`` true is kept once it is finished, with the
-conversation that led to it, so that ``GET /v1/responses/{id}`` answers it
-again and ``previous_response_id`` continues it. Unlike vLLM's, the store
-is bounded: past ``max_responses`` responses or ``max_chars`` characters
-(their JSON text, body and conversation), the oldest are dropped first; the
-newest is always kept.
+conversation that led to it and its input items, so that ``GET
+/v1/responses/{id}`` answers it again, ``GET
+/v1/responses/{id}/input_items`` lists what it was generated from and
+``previous_response_id`` continues it; ``DELETE /v1/responses/{id}``
+removes it. Unlike vLLM's, the store is bounded: past ``max_responses``
+responses or ``max_chars`` characters (their JSON text: body, conversation
+and input items), the oldest are dropped first; the newest is always kept.
 
 A conversation is the list of chat messages up to and including the
 response's own answer, without its ``instructions`` (OpenAI's rule: a
-response's instructions do not carry over to the next).
+response's instructions do not carry over to the next). Input items are
+the same context before the answer as OpenAI lists it
+(``responses_input_items.py``). Each entry holds its whole context, so a
+response that continued one removed later goes on being continued.
 
 All calls come from the HTTP server's event loop: no lock.
 """
@@ -42,6 +47,7 @@ class UnknownResponseError(FieldError):
 class StoredResponse:
     body: dict  # the Response object as it was answered
     conversation: list[dict]  # chat messages, its answer last, without its instructions
+    input_items: list[dict]  # the items it was generated from, as OpenAI lists them
     chars: int
 
 
@@ -55,14 +61,12 @@ class ResponseStore:
         self.entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self.chars = 0
 
-    def put(self, body: dict, conversation: list[dict]) -> None:
-        """Keep ``body`` (under its ``id``) and its conversation, dropping the
-        oldest entries past the bounds."""
-        chars = len(json.dumps(body)) + len(json.dumps(conversation))
-        replaced = self.entries.pop(body["id"], None)
-        if replaced is not None:
-            self.chars -= replaced.chars
-        self.entries[body["id"]] = StoredResponse(body, conversation, chars)
+    def put(self, body: dict, conversation: list[dict], input_items: list[dict]) -> None:
+        """Keep ``body`` (under its ``id``), its conversation and its input
+        items, dropping the oldest entries past the bounds."""
+        chars = sum(len(json.dumps(part)) for part in (body, conversation, input_items))
+        self.delete(body["id"])
+        self.entries[body["id"]] = StoredResponse(body, conversation, input_items, chars)
         self.chars += chars
         while len(self.entries) > 1 and (len(self.entries) > self.max_responses
                                          or self.chars > self.max_chars):
@@ -71,6 +75,13 @@ class ResponseStore:
 
     def get(self, response_id: str) -> StoredResponse | None:
         return self.entries.get(response_id)
+
+    def delete(self, response_id: str) -> StoredResponse | None:
+        """Drop ``response_id``'s entry (None: there was none)."""
+        dropped = self.entries.pop(response_id, None)
+        if dropped is not None:
+            self.chars -= dropped.chars
+        return dropped
 
 
 def stored(store: ResponseStore | None, response_id: str, param: str | None) -> StoredResponse:

@@ -1,5 +1,6 @@
 """OpenAI's Responses API: ``POST /v1/responses``, and with the response
-store on, ``GET /v1/responses/{id}`` and ``POST
+store on, ``GET /v1/responses/{id}``, ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items`` and ``POST
 /v1/responses/{id}/cancel``.
 
 A request is served as the chat request it amounts to, through the chat
@@ -24,25 +25,33 @@ constraint (``structured.text_format_constraint``). With ``include``
 (``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
 as in vLLM. The answer's items are built by ``responses_items.py`` and the
 Response by ``responses_output.py``, whole or streamed: ``response.created``
-and ``response.in_progress``, each item's events, then
-``response.completed`` with the finished response, whatever its status (as
-vLLM ends every stream). What does not fit the model's context is refused
+and ``response.in_progress``, each item's events, then the finished
+response in the event its status names, as OpenAI ends a stream:
+``response.completed``, or ``response.incomplete`` when
+``max_output_tokens`` cut it (vLLM sends ``response.completed`` for both;
+the ``openai`` client's stream events have both, and a client that reads
+the last event's type learns what the whole answer's ``status`` says).
+What does not fit the model's context is refused
 before the engine sees it (``check_context``), so the error names this
 API's fields (``input``, ``max_output_tokens``), not the chat's
 ``max_tokens``; an empty conversation names ``input``.
 
 As vLLM's server: the store is off by default, and then a request's
 ``store`` (true unless the client says otherwise) is served without
-storing; ``previous_response_id`` and the ``GET``/``cancel`` routes answer
-404 for a response the server does not hold. Only a response run in the
-background can be cancelled, and this server runs none: cancelling a
-stored response is a 400.
+storing; ``previous_response_id`` and the routes of a stored response
+answer 404 for a response the server does not hold. ``DELETE`` answers
+OpenAI's ``{"id", "object": "response.deleted", "deleted": true}`` (vLLM
+has no such route); the response is then unknown to every route and to
+``previous_response_id``. ``input_items`` lists the items the response was
+generated from (``responses_input_items.py``; vLLM has no such route
+either). Only a response run in the background can be cancelled, and this
+server runs none: cancelling a stored response is a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -60,6 +69,7 @@ from serving.http.responses_input import (
     output_messages,
     tool_choice,
 )
+from serving.http.responses_input_items import items_page, read_query, stored_input_items
 from serving.http.responses_items import Event, OutputItems
 from serving.http.responses_output import ResponseEvents, ResponseShape, status_of
 from serving.http.sampling import capped_max_tokens, choice_params
@@ -78,9 +88,10 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise FieldError("max_output_tokens", f"max_output_tokens must be at least 1, got "
                                               f"{request.max_output_tokens}")
-    history = ([] if request.previous_response_id is None else
-               stored(state.response_store, request.previous_response_id,
-                      "previous_response_id").conversation)
+    previous = (None if request.previous_response_id is None else
+                stored(state.response_store, request.previous_response_id,
+                       "previous_response_id"))
+    history = [] if previous is None else previous.conversation
     turn = input_messages(request.input)
     messages = [*instruction_messages(request), *history, *turn]
     if not messages:
@@ -99,8 +110,9 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, chat.stop_strings(), request.priority)
     store = state.response_store if request.store else None
+    items = [] if store is None else stored_input_items(previous, request.input)
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
-               OutputItems(tools.reader()), num_top, store, [*history, *turn])
+               OutputItems(tools.reader()), num_top, store, [*history, *turn], items)
     return await respond(raw, generation, bool(request.stream), run.events, run.collect)
 
 
@@ -182,7 +194,8 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict,
 class _Run:
     """One response as the engine generates it: what its whole answer and
     its stream share. ``conversation``: the chat messages before the
-    answer (without instructions), stored with it."""
+    answer (without instructions), and ``input_items`` the same as OpenAI
+    lists them, stored with it."""
 
     state: ServerState
     generation: Generation
@@ -191,6 +204,7 @@ class _Run:
     num_top: int | None  # logprobs: the top alternatives per token (None: none)
     store: ResponseStore | None
     conversation: list[dict]
+    input_items: list[dict]
     finish_reason: str | None = None
 
     async def steps(self) -> AsyncIterator[list[Event]]:
@@ -207,12 +221,14 @@ class _Run:
 
     def finish(self) -> tuple[list[Event], dict]:
         """The closing item events and the finished response, stored (where
-        the store keeps it) with its conversation, its answer last."""
+        the store keeps it) with its conversation, its answer last, and its
+        input items."""
         status = status_of(self.finish_reason)
         events = self.items.finish(status)
         body = self.shape.finished(self.items.items, status, self.generation.usage())
         if self.store is not None:
-            self.store.put(body, [*self.conversation, *output_messages(body["output"])])
+            self.store.put(body, [*self.conversation, *output_messages(body["output"])],
+                           self.input_items)
         return events, body
 
     async def collect(self) -> dict:
@@ -222,6 +238,7 @@ class _Run:
 
     async def events(self) -> AsyncIterator[str]:
         """The stream's events; the response is stored before its last event
+        (``response.completed`` or ``response.incomplete``, as its status)
         is sent, so a client that has it finds it stored."""
         out = ResponseEvents()
         started = self.shape.started()
@@ -239,7 +256,12 @@ class _Run:
         closing, body = self.finish()
         for kind, fields in closing:
             yield out.event(kind, **fields)
-        yield out.event("response.completed", response=body)
+        yield out.event(terminal_event(body["status"]), response=body)
+
+
+def terminal_event(status: str) -> str:
+    """The type of the event that ends a stream with a finished response."""
+    return "response.incomplete" if status == "incomplete" else "response.completed"
 
 
 def retrieve_response(state: ServerState, response_id: str, stream: bool) -> dict:
@@ -248,6 +270,21 @@ def retrieve_response(state: ServerState, response_id: str, stream: bool) -> dic
         raise FieldError("stream", "stream is not supported when retrieving a response: this "
                                    "server runs no response in the background")
     return stored(state.response_store, response_id, None).body
+
+
+def delete_response(state: ServerState, response_id: str) -> dict:
+    """``DELETE /v1/responses/{id}``: the stored response is removed."""
+    stored(state.response_store, response_id, None)
+    state.response_store.delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def list_input_items(state: ServerState, response_id: str, params: Mapping[str, str],
+                     include: list[str]) -> dict:
+    """``GET /v1/responses/{id}/input_items``: a page of the stored
+    response's input items (``responses_input_items.read_query``'s query)."""
+    found = stored(state.response_store, response_id, None)
+    return items_page(found.input_items, read_query(params, include))
 
 
 def cancel_response(state: ServerState, response_id: str) -> dict:

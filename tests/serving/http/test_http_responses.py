@@ -4,16 +4,23 @@ conversation through ``client.chat.completions.create`` (greedy: equal
 text, equal token counts, and with ``include`` logprobs the chat's
 logprobs, whole and streamed); a streamed answer's deltas join into the
 whole answer, its events come in the documented order with sequence
-numbers from 0, and the client's stream helper accepts them; answers and
+numbers from 0, ending in the event the response's status names
+(``response.incomplete`` when ``max_output_tokens`` cut it, as OpenAI
+sends), and the client's stream helper accepts them; answers and
 events validate as the ``openai`` package's types; a ``json_schema``
 ``text.format`` gives JSON the schema validates; fields the server does
 not serve, and bad tools, tool choices and input items, are 400s naming
 them (function tools themselves: ``test_http_responses_tools.py``). The
 response store is off by default, as vLLM's: ``previous_response_id`` is
-then a 404; on (``--enable-responses-api-store``), a stored response is
-retrieved as it was answered and continues as the chat of its
-conversation, without its instructions. The API key, the body guards and
-the metrics hold for the route as for the others."""
+then a 404, and so are its other routes, with the same error; on
+(``--enable-responses-api-store``), a stored response is retrieved as it
+was answered, continues as the chat of its conversation, without its
+instructions, lists its input items as OpenAI lists them (hand-written
+expectations, the ``openai`` package's item types, the client's own
+paging), and once deleted is unknown to every route and to
+``previous_response_id``; the store's bounds count the input items. The
+API key, the body guards and the metrics hold for the route as for the
+others."""
 
 from __future__ import annotations
 
@@ -23,7 +30,13 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import (
+    ResponseInputMessageItem,
+    ResponseItemList,
+    ResponseOutputMessage,
+)
 
+from serving.http.response_store import ResponseStore
 from tests.helpers.http_utils import metric, openai_client, serving_tiny, typed_responses
 
 pytestmark = pytest.mark.timeout(180)
@@ -42,7 +55,8 @@ SCHEMA = {
 EVENT_ORDER_HEAD = ["response.created", "response.in_progress", "response.output_item.added",
                     "response.content_part.added"]
 EVENT_ORDER_TAIL = ["response.output_text.done", "response.content_part.done",
-                    "response.output_item.done", "response.completed"]
+                    "response.output_item.done"]
+TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete"}
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +137,8 @@ def test_stream_deltas_join_into_the_whole_answer(client):
     kinds = [event.type for event in events]
     deltas = kinds.count("response.output_text.delta")
     assert deltas >= 1
-    assert kinds == EVENT_ORDER_HEAD + ["response.output_text.delta"] * deltas + EVENT_ORDER_TAIL
+    assert kinds == EVENT_ORDER_HEAD + ["response.output_text.delta"] * deltas + \
+        EVENT_ORDER_TAIL + [TERMINAL[whole.status]]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text
@@ -135,11 +150,14 @@ def test_stream_deltas_join_into_the_whole_answer(client):
     assert {events[2].item.id, events[3].item_id, events[-2].item.id,
             final.output[0].id} == {final.output[0].id}
     with client.responses.stream(**ask) as stream:  # the client's own checks of the events
-        assert stream.get_final_response().output_text == text
+        helped = list(stream)
+    assert helped[-1].type == TERMINAL[whole.status]
+    assert helped[-1].response.output_text == text
 
 
 @pytest.mark.parametrize("fields", [
-    {"max_output_tokens": 3, "metadata": {"k": "v"}, "instructions": "Be brief."},
+    {"max_output_tokens": 3, "metadata": {"k": "v"}, "instructions": "Be brief.",
+     "ignore_eos": True},
     {"max_output_tokens": 40, "temperature": 0, "text": {"format": {"type": "json_object"}}},
     {"max_output_tokens": 3, "text": {"format": {"type": "json_schema", "name": "s",
                                                  "schema": {"type": "string"}}}},
@@ -150,7 +168,10 @@ def test_the_answer_validates_as_the_openai_packages_types(server, fields):
     ``ResponseStreamEvent`` of the ``openai`` package, validated with every
     required field (the client itself reads them leniently)."""
     whole, events = typed_responses(server.url, {"model": "tiny", "input": "Hi", **fields})
-    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[0].type == "response.created"
+    assert events[-1].type == TERMINAL[events[-1].response.status]
+    if fields.get("ignore_eos"):  # cut at max_output_tokens, whole and streamed
+        assert whole.status == events[-1].response.status == "incomplete"
     assert [e.type for e in events if e.type.endswith(".delta")]
     if "include" in fields:
         assert len(whole.output[0].content[0].logprobs) == whole.usage.output_tokens
@@ -237,9 +258,26 @@ def test_max_output_tokens_makes_it_incomplete(client):
     assert short.output_text == choice.message.content
     assert longer.output_text.startswith(short.output_text)
     streamed = list(client.responses.create(**ask, max_output_tokens=4, stream=True))
-    assert streamed[-1].type == "response.completed"
+    kinds = [event.type for event in streamed]
+    assert kinds[-1] == "response.incomplete" and "response.completed" not in kinds
     assert streamed[-1].response.status == "incomplete"
     assert streamed[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert streamed[-1].response.output_text == short.output_text
+    assert streamed[-2].item.status == "incomplete"  # response.output_item.done
+
+
+def test_a_finished_stream_ends_with_response_completed(client):
+    """An answer the model ends itself (here: one of two choices, then its
+    end) is "completed", whole and streamed, and the client's stream
+    helper gives it as its final response."""
+    ask = dict(model="tiny", input="Name a color.", temperature=0, max_output_tokens=32,
+               extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    whole = client.responses.create(**ask)
+    assert whole.status == "completed" and whole.output_text in ("red", "blue")
+    kinds = [event.type for event in client.responses.create(**ask, stream=True)]
+    assert kinds[-1] == "response.completed" and "response.incomplete" not in kinds
+    with client.responses.stream(**ask) as stream:
+        assert stream.get_final_response().output_text == whole.output_text
 
 
 def test_json_schema_format_gives_valid_json(client):
@@ -360,6 +398,24 @@ def test_without_the_store_previous_response_id_is_404(server, client):
         client.responses.retrieve(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.cancel(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(first.id)
+
+
+def test_without_the_store_every_stored_response_route_gives_the_gets_404(server):
+    """Retrieve, delete, list input items and cancel: one error, OpenAI's
+    shape, saying how to turn the store on."""
+    url = f"{server.url}/v1/responses/resp_0123"
+    answers = [httpx.get(url, timeout=60), httpx.delete(url, timeout=60),
+               httpx.get(f"{url}/input_items", params={"order": "asc"}, timeout=60),
+               httpx.post(f"{url}/cancel", timeout=60)]
+    assert [answer.status_code for answer in answers] == [404] * 4
+    error = answers[0].json()["error"]
+    assert all(answer.json() == {"error": error} for answer in answers)
+    assert error["type"] == "invalid_request_error" and "resp_0123" in error["message"]
+    assert "--enable-responses-api-store" in error["message"]
 
 
 def test_a_stored_response_is_retrieved_as_answered(stored_client):
@@ -431,3 +487,191 @@ def test_key_guards_and_metrics_hold_for_the_route(stored_server, stored_client)
     assert after == {"tprun:request_success_total": 1,
                      "tprun:time_to_first_token_seconds_count": 1,
                      "tprun:generation_tokens_total": 3}
+
+
+def _auth_get(server, path: str, **params) -> dict:
+    answer = httpx.get(f"{server.url}/v1/responses/{path}", params=params, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _texts(item) -> tuple:
+    return item.type, item.role, [(part.type, part.text) for part in item.content]
+
+
+GIVEN_INPUT = [
+    {"role": "system", "content": "Be brief."},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"},
+                                                    {"type": "output_text", "text": "there"}]},
+    {"type": "message", "role": "assistant", "id": "msg_given", "status": "completed",
+     "content": [{"type": "output_text", "text": "Hi!", "annotations": []}]},
+    {"role": "user", "content": "And now?"},
+]
+GIVEN_ITEMS = [  # GIVEN_INPUT as OpenAI lists it: the request's form of each, by hand
+    ("message", "system", [("input_text", "Be brief.")]),
+    ("message", "user", [("input_text", "Hello"), ("input_text", "there")]),
+    ("message", "assistant", [("output_text", "Hi!")]),
+    ("message", "user", [("input_text", "And now?")]),
+]
+
+
+def test_input_items_are_the_context_as_openai_lists_it(stored_server, stored_client):
+    """The request's input items (not its instructions), each one of the
+    ``openai`` package's item types; after ``previous_response_id`` that
+    response's input items and its output come first, as answered."""
+    first = stored_client.responses.create(model="tiny", input=GIVEN_INPUT, temperature=0,
+                                           instructions="Be kind.", max_output_tokens=4)
+    page = stored_client.responses.input_items.list(first.id, order="asc")
+    assert [_texts(item) for item in page.data] == GIVEN_ITEMS
+    assert page.data[2].id == "msg_given" and len({item.id for item in page.data}) == 4
+    assert page.has_more is False
+    newest_first = stored_client.responses.input_items.list(first.id)  # OpenAI's default
+    assert [item.id for item in newest_first.data] == [item.id for item in page.data][::-1]
+    raw = _auth_get(stored_server, f"{first.id}/input_items", order="asc")
+    listed = ResponseItemList.model_validate(raw)  # every required field, strictly
+    assert (listed.first_id, listed.last_id) == (page.data[0].id, page.data[-1].id)
+    for item, (_, role, _) in zip(raw["data"], GIVEN_ITEMS):
+        kind = ResponseOutputMessage if role == "assistant" else ResponseInputMessageItem
+        assert kind.model_validate(item).status == "completed"
+
+    second = stored_client.responses.create(model="tiny", input="Go on.", temperature=0,
+                                            max_output_tokens=4, previous_response_id=first.id)
+    chain = stored_client.responses.input_items.list(second.id, order="asc").data
+    assert [item.id for item in chain[:5]] == [item.id for item in page.data] + [
+        first.output[0].id]
+    assert chain[4].model_dump() == first.output[0].model_dump()  # the answer as answered
+    assert _texts(chain[5]) == ("message", "user", [("input_text", "Go on.")])
+    for item in _auth_get(stored_server, f"{second.id}/input_items", order="asc")["data"]:
+        kind = ResponseOutputMessage if item["role"] == "assistant" else \
+            ResponseInputMessageItem
+        kind.model_validate(item)
+
+
+def test_input_items_page_as_openai_pages_them(stored_client):
+    """``limit`` items ``after`` an id, ``has_more`` while some are left,
+    in either order; the client's own paging (``after`` the last id) walks
+    them all."""
+    first = stored_client.responses.create(model="tiny", input=GIVEN_INPUT,
+                                           max_output_tokens=2)
+    second = stored_client.responses.create(model="tiny", input="Go on.", max_output_tokens=2,
+                                            previous_response_id=first.id)
+    listing = stored_client.responses.input_items.list
+    ids = [item.id for item in listing(second.id, order="asc").data]
+    assert len(ids) == 6  # four given, the first answer, "Go on."
+    pages = [listing(second.id, order="asc", limit=2, **after)
+             for after in ({}, {"after": ids[1]}, {"after": ids[3]})]
+    assert [[item.id for item in p.data] for p in pages] == [ids[:2], ids[2:4], ids[4:]]
+    assert [p.has_more for p in pages] == [True, True, False]
+    newest = listing(second.id, limit=4)
+    assert [item.id for item in newest.data] == ids[::-1][:4] and newest.has_more is True
+    assert [item.id for item in listing(second.id, order="asc", limit=1)] == ids
+    assert [item.id for item in listing(second.id, limit=5)] == ids[::-1]
+    past_the_end = listing(second.id, order="asc", after=ids[-1])
+    assert past_the_end.data == [] and past_the_end.has_more is False
+
+
+def test_input_items_show_earlier_logprobs_where_include_asks(stored_server, stored_client):
+    first = stored_client.responses.create(model="tiny", input="Name a color.", temperature=0,
+                                           max_output_tokens=4, include=[LOGPROBS],
+                                           top_logprobs=2)
+    second = stored_client.responses.create(model="tiny", input="More.", max_output_tokens=2,
+                                            previous_response_id=first.id)
+    asked = stored_client.responses.input_items.list(second.id, order="asc",
+                                                     include=[LOGPROBS]).data
+    plain = stored_client.responses.input_items.list(second.id, order="asc").data
+    want = first.output[0].content[0]
+    assert len(want.logprobs) == 4 and all(len(e.top_logprobs) == 2 for e in want.logprobs)
+    assert asked[1].id == plain[1].id == first.output[0].id
+    assert asked[1].content[0].model_dump() == want.model_dump()
+    assert plain[1].content[0].text == want.text and plain[1].content[0].logprobs == []
+    spelled = _auth_get(stored_server, f"{second.id}/input_items", order="asc",
+                        include=LOGPROBS)  # as include=..., not the client's include[]=...
+    assert len(spelled["data"][1]["content"][0]["logprobs"]) == 4
+
+
+@pytest.mark.parametrize("query, param", [
+    ({"limit": 0}, "limit"),
+    ({"limit": 101}, "limit"),
+    ({"extra_query": {"limit": "ten"}}, "limit"),
+    ({"order": "up"}, "order"),
+    ({"after": "msg_not_there"}, "after"),
+    ({"include": [LOGPROBS, "web_search_call.results"]}, "include.1"),
+])
+def test_bad_input_item_queries_are_400_naming_them(stored_client, query, param):
+    response = stored_client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError) as raised:
+        stored_client.responses.input_items.list(response.id, **query)
+    assert raised.value.param == param and param.split(".")[0] in raised.value.message
+    assert stored_client.responses.input_items.list(response.id).data  # still served
+
+
+def test_a_deleted_response_is_unknown_everywhere(stored_server, stored_client):
+    """OpenAI's answer to a delete (the client returns None); then the id
+    is a 404 to every route and to ``previous_response_id``, while a
+    response that continued it before keeps its own context."""
+    first = stored_client.responses.create(model="tiny", input="Hi", temperature=0,
+                                           max_output_tokens=4)
+    second = stored_client.responses.create(model="tiny", input="Go on.", temperature=0,
+                                            max_output_tokens=4, previous_response_id=first.id)
+    deleted = stored_client.responses.with_raw_response.delete(first.id)
+    assert deleted.status_code == 200
+    assert deleted.http_response.json() == {"id": first.id, "object": "response.deleted",
+                                            "deleted": True}
+    assert deleted.parse() is None
+    gone = [lambda: stored_client.responses.retrieve(first.id),
+            lambda: stored_client.responses.delete(first.id),
+            lambda: stored_client.responses.input_items.list(first.id),
+            lambda: stored_client.responses.cancel(first.id)]
+    for call in gone:
+        with pytest.raises(openai.NotFoundError) as raised:
+            call()
+        assert first.id in raised.value.message
+        assert raised.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as raised:
+        stored_client.responses.create(model="tiny", input="More", max_output_tokens=2,
+                                       previous_response_id=first.id)
+    assert raised.value.param == "previous_response_id"
+    assert stored_client.responses.retrieve(second.id).model_dump() == second.model_dump()
+    kept = stored_client.responses.input_items.list(second.id, order="asc").data
+    assert [item.id for item in kept][1] == first.output[0].id
+    third = stored_client.responses.create(model="tiny", input="Again.", temperature=0,
+                                           max_output_tokens=4, previous_response_id=second.id)
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "Go on."},
+               {"role": "assistant", "content": second.output_text},
+               {"role": "user", "content": "Again."}]
+    choice, _ = _chat(stored_client, history, max_tokens=4)
+    assert third.output_text == choice.message.content
+    with pytest.raises(openai.NotFoundError):
+        stored_client.responses.delete("resp_never_made")
+
+
+def _entry(name: str, item_chars: int) -> tuple:
+    """A small body and conversation, with input items of about
+    ``item_chars`` characters."""
+    body = {"id": f"resp_{name}", "object": "response", "output": []}
+    item = {"id": f"msg_{name}", "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "x" * item_chars}]}
+    return body, [{"role": "user", "content": "x"}], [item]
+
+
+def test_the_stores_bounds_count_input_items():
+    """Two entries whose bodies and conversations fit 2,000 characters but
+    whose input items do not: the older is dropped. Deleting gives back
+    every character; the newest 2 of 3 are kept under a bound of 2."""
+    store = ResponseStore(max_responses=10, max_chars=2000)
+    store.put(*_entry("a", 1200))
+    assert store.get("resp_a") is not None and store.chars > 1200
+    store.put(*_entry("b", 1200))
+    assert store.get("resp_a") is None and store.get("resp_b").input_items[0]["id"] == "msg_b"
+    assert store.delete("resp_b") is not None and store.delete("resp_b") is None
+    assert (store.chars, len(store.entries)) == (0, 0)
+    store = ResponseStore(max_responses=2)
+    for name in "cde":
+        store.put(*_entry(name, 10))
+    assert list(store.entries) == ["resp_d", "resp_e"]
+    store.delete("resp_d")
+    store.put(*_entry("f", 10))
+    assert list(store.entries) == ["resp_e", "resp_f"]

@@ -12,7 +12,9 @@ known text with vLLM's ``structured_outputs``, gives the chat's content
 and calls, as items in the order of the text; a conversation that feeds a
 call's ``function_call_output`` back, in the input or after
 ``previous_response_id``, is answered as the chat conversation with a
-"tool" message. Streamed, a call's events come in the documented order,
+"tool" message, and lists the call and its output as input items of the
+``openai`` package's types. Streamed, a call's events come in the
+documented order,
 its argument deltas join into its whole arguments, the client's stream
 helper rebuilds the whole answer, and every answer and event validates as
 the ``openai`` package's types."""
@@ -21,8 +23,14 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import openai
 import pytest
+from openai.types.responses import (
+    ResponseFunctionToolCallItem,
+    ResponseFunctionToolCallOutputItem,
+    ResponseInputMessageItem,
+)
 
 from tests.helpers.http_utils import (
     openai_client,
@@ -54,6 +62,7 @@ AUTO_TEXT = ('Checking.\n<tool_call>{"name": "get_weather", "arguments": {"city"
 CALL_EVENTS = ["response.output_item.added", "response.function_call_arguments.delta",
                "response.function_call_arguments.done", "response.output_item.done"]
 MESSAGE_OPEN = ["response.output_item.added", "response.content_part.added"]
+TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete"}
 MESSAGE_CLOSE = ["response.output_text.done", "response.content_part.done",
                  "response.output_item.done"]
 
@@ -202,9 +211,10 @@ def test_a_streamed_call_joins_into_the_whole_one(client, server):
     required = dict(tool_choice="required", temperature=1.0, max_output_tokens=300,
                     extra_body={"seed": 0})
     events = list(_respond(client, server, **required, stream=True))
-    calls = len(_calls(_respond(client, server, **required)))
+    whole = _respond(client, server, **required)
     assert [e.type for e in events] == ["response.created", "response.in_progress",
-                                        *CALL_EVENTS * calls, "response.completed"]
+                                        *CALL_EVENTS * len(_calls(whole)),
+                                        TERMINAL[whole.status]]
 
 
 @pytest.mark.parametrize("fields", [
@@ -216,7 +226,8 @@ def test_call_answers_validate_as_the_openai_packages_types(server, fields):
     whole, events = typed_responses(server.url, {"model": server.model_dir, "input": QUESTION,
                                                  "tools": FLAT_TOOLS, **fields})
     assert any(item.type == "function_call" for item in whole.output)
-    assert events[-1].type == "response.completed"
+    assert events[-1].type == TERMINAL[events[-1].response.status]
+    assert events[-1].response.status == whole.status  # the same seed, or no sampling
     assert [i.type for i in events[-1].response.output] == [i.type for i in whole.output]
 
 
@@ -254,6 +265,28 @@ def test_a_function_call_output_is_the_chats_tool_message(client, server):
         {"role": "user", "content": QUESTION}, *first.output,
         {**output, "output": [{"type": "input_text", "text": "Snow, then sun."}]}], **ask)
     assert parts.output_text == chat.choices[0].message.content
+    for second, given in ((chained, "Snow, then sun."), (inline, "Snow, then sun."),
+                          (parts, [{"type": "input_text", "text": "Snow, then sun."}])):
+        _check_input_items(server, second.id, call, given)
+
+
+def _check_input_items(server, response_id: str, call, output) -> None:
+    """The question, the call as it was answered (its id kept) and its
+    output, as OpenAI lists input items."""
+    raw = httpx.get(f"{server.url}/v1/responses/{response_id}/input_items",
+                    params={"order": "asc"}, timeout=60).json()["data"]
+    question = ResponseInputMessageItem.model_validate(raw[0])
+    listed_call = ResponseFunctionToolCallItem.model_validate(raw[1])
+    listed_output = ResponseFunctionToolCallOutputItem.model_validate(raw[2])
+    assert len(raw) == 3 and question.role == "user"
+    assert [(p.type, p.text) for p in question.content] == [("input_text", QUESTION)]
+    assert (listed_call.id, listed_call.call_id, listed_call.name, listed_call.arguments,
+            listed_call.status) == (call.id, call.call_id, call.name, call.arguments,
+                                    "completed")
+    assert (listed_output.call_id, listed_output.status) == (call.call_id, "completed")
+    got = listed_output.output
+    assert (got if isinstance(got, str) else [p.model_dump(exclude_none=True) for p in got]) \
+        == output
 
 
 def test_calls_after_an_assistant_message_join_it(client, server):
