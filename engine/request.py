@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.grammar import Grammar
@@ -127,9 +128,51 @@ class Request:
 class ContextLengthError(ValueError):
     """The prompt, or the prompt plus ``max_tokens``, does not fit the model's
     context (``max_model_len``). ``code`` is OpenAI's name for the error,
-    which clients look for to shorten a conversation."""
+    which clients look for to shorten a conversation; ``param`` the field it
+    blames, in the caller's names (``ContextFields``)."""
 
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ContextFields:
+    """What an API calls the two sides of the context rule, so that the
+    error names the fields its client sent: the prompt's and the output
+    bound's. The engine's own: ``ENGINE_FIELDS``."""
+
+    prompt: str
+    max_tokens: str
+
+
+ENGINE_FIELDS = ContextFields(prompt="prompt", max_tokens="max_tokens")
+
+
+def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_model_len: int,
+                         fields: ContextFields = ENGINE_FIELDS,
+                         shown_max_tokens: int | None = None) -> None:
+    """The context rule, owned here for every caller: prompt + ``max_tokens``
+    within ``max_model_len``; ``max_tokens`` None checks the prompt alone,
+    which must leave room for one token. ``ContextLengthError`` names
+    ``fields`` and shows ``shown_max_tokens`` (default: ``max_tokens``),
+    the value the client gave where the engine runs a capped one."""
+    n = num_prompt_tokens
+    if max_tokens is None:
+        if n >= max_model_len:
+            raise ContextLengthError(
+                f"the {fields.prompt} ({n} tokens) leaves no room for output in "
+                f"max_model_len {max_model_len}, this model's maximum context length",
+                fields.prompt)
+        return
+    if n + max_tokens > max_model_len:
+        shown = max_tokens if shown_max_tokens is None else shown_max_tokens
+        raise ContextLengthError(
+            f"{fields.prompt} ({n} tokens) + {fields.max_tokens} ({shown}) = {n + shown} "
+            f"exceeds max_model_len {max_model_len}, this model's maximum context length",
+            fields.max_tokens)
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: SchedulerConfig,
@@ -139,9 +182,9 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     ``ValueError`` names the first rule it breaks, and nothing has changed.
 
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
-    prompt + ``max_tokens`` within ``max_model_len``; enough KV blocks in the
-    whole cache for the longest it may grow; at most ``max_logprobs`` top
-    logprobs per token (sampled or prompt); ``logit_bias``,
+    prompt + ``max_tokens`` within ``max_model_len`` (``check_context_length``);
+    enough KV blocks in the whole cache for the longest it may grow; at most
+    ``max_logprobs`` top logprobs per token (sampled or prompt); ``logit_bias``,
     ``allowed_token_ids`` and ``bad_words_token_ids`` inside the vocabulary
     (when given).
     """
@@ -153,10 +196,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
         if bad:
             raise ValueError(
                 f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-    if n + max_tokens > limits.max_model_len:
-        raise ContextLengthError(
-            f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {n + max_tokens} exceeds "
-            f"max_model_len {limits.max_model_len}, this model's maximum context length")
+    check_context_length(n, max_tokens, limits.max_model_len)
     blocks = -(-(n + max_tokens - 1) // limits.block_size)
     if blocks > limits.num_blocks:
         raise ValueError(

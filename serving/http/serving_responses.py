@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.request import ContextLengthError
+from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import FieldError, ResponsesRequest
@@ -145,30 +145,22 @@ def _num_top(request: ResponsesRequest, tools: ToolChoice) -> int | None:
     return request.top_logprobs or 0
 
 
-class ContextLengthFieldError(FieldError):
-    """The input, or the input plus ``max_output_tokens``, does not fit the
-    model's context: OpenAI's code for it, with this API's field names."""
-
-    code = ContextLengthError.code
+# The context rule's error names this API's fields, not the chat's.
+RESPONSES_FIELDS = ContextFields(prompt="input", max_tokens="max_output_tokens")
 
 
 def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: int | None,
                   max_model_len: int) -> None:
-    """The engine's context rule (``engine.request.check_request``) ahead
-    of it, in this API's terms: the engine's message names ``max_tokens``,
-    which a Responses request does not have. ``max_tokens``: what the
-    engine would be sent (the request's, under the recommended cap)."""
-    if num_input_tokens >= max_model_len:
-        raise ContextLengthFieldError(
-            "input", f"the input ({num_input_tokens} tokens) leaves no room for output in "
-                     f"max_model_len {max_model_len}, this model's maximum context length")
+    """The engine's context rule (``engine.request.check_context_length``)
+    ahead of the engine, in this API's terms: the input must leave room for
+    output, and with ``max_output_tokens`` given, ``max_tokens`` (what the
+    engine would be sent: the request's, under the recommended cap) must
+    fit beside it; the error shows the request's own value."""
+    check_context_length(num_input_tokens, None, max_model_len, RESPONSES_FIELDS)
     given = request.max_output_tokens
-    if given is not None and max_tokens is not None and \
-            num_input_tokens + max_tokens > max_model_len:
-        raise ContextLengthFieldError(
-            "max_output_tokens", f"input ({num_input_tokens} tokens) + max_output_tokens "
-                                 f"({given}) = {num_input_tokens + given} exceeds max_model_len "
-                                 f"{max_model_len}, this model's maximum context length")
+    if given is not None and max_tokens is not None:
+        check_context_length(num_input_tokens, max_tokens, max_model_len, RESPONSES_FIELDS,
+                             shown_max_tokens=given)
 
 
 def _echo(state: ServerState, request: ResponsesRequest, params: dict,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 
 from engine.outputs import Logprob
-from engine.request import Request, RequestStatus, check_request
+from engine.request import ContextLengthError, Request, RequestStatus, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from ipc.messages import Logprobs, ModelRunnerOutput
@@ -192,6 +192,19 @@ def test_invalid_requests_rejected(prompt, max_tokens, match):
     with pytest.raises(ValueError, match=match):
         check_request(prompt, SamplingParams(max_tokens=max_tokens),
                       config(max_model_len=16, num_blocks=3))
+
+
+def test_the_context_error_is_openais_with_the_engines_words():
+    """Hand-worked: 16 + 4 = 20 > 16. The message an HTTP chat or completion
+    client reads, word for word, with OpenAI's code."""
+    with pytest.raises(ContextLengthError) as raised:
+        check_request(list(range(16)), SamplingParams(max_tokens=4),
+                      config(max_model_len=16, num_blocks=8))
+    assert str(raised.value) == ("prompt (16 tokens) + max_tokens (4) = 20 exceeds max_model_len "
+                                 "16, this model's maximum context length")
+    assert raised.value.code == "context_length_exceeded"
+    check_request(list(range(12)), SamplingParams(max_tokens=4),
+                  config(max_model_len=16, num_blocks=8))  # 16: fits
 
 
 def test_request_that_just_fits_is_accepted_and_completes():

@@ -36,7 +36,9 @@ from openai.types.responses import (
     ResponseOutputMessage,
 )
 
+from serving.http.protocol import ResponsesRequest
 from serving.http.response_store import ResponseStore
+from serving.http.serving_responses import check_context
 from tests.helpers.http_utils import metric, openai_client, serving_tiny, typed_responses
 
 pytestmark = pytest.mark.timeout(180)
@@ -386,6 +388,38 @@ def test_what_does_not_fit_the_context_is_named_by_this_apis_fields(client, fiel
     assert raised.value.code == "context_length_exceeded"
     assert param in raised.value.message and "max_tokens" not in raised.value.message
     assert "4096" in raised.value.message
+
+
+@pytest.mark.parametrize("given, engine_max, num_input, message, param", [
+    # Hand-worked against max_model_len 16.
+    (None, None, 16, "the input (16 tokens) leaves no room for output in max_model_len 16, "
+                     "this model's maximum context length", "input"),
+    (2, 2, 20, "the input (20 tokens) leaves no room for output in max_model_len 16, "
+               "this model's maximum context length", "input"),
+    (9, 9, 10, "input (10 tokens) + max_output_tokens (9) = 19 exceeds max_model_len 16, "
+               "this model's maximum context length", "max_output_tokens"),
+    # Under a recommended cap of 8 the engine would run 8 (10 + 8 > 16): the
+    # message shows what the client asked for.
+    (50, 8, 10, "input (10 tokens) + max_output_tokens (50) = 60 exceeds max_model_len 16, "
+                "this model's maximum context length", "max_output_tokens"),
+])
+def test_the_context_error_names_this_apis_fields_word_for_word(given, engine_max, num_input,
+                                                               message, param):
+    request = ResponsesRequest(model="tiny", input="hi", max_output_tokens=given)
+    with pytest.raises(ValueError) as raised:
+        check_context(request, num_input, engine_max, 16)
+    assert (str(raised.value), raised.value.param, raised.value.code) == \
+        (message, param, "context_length_exceeded")
+
+
+@pytest.mark.parametrize("given, engine_max, num_input", [
+    (None, None, 15),  # one token of room, and the engine fills it
+    (6, 6, 10),  # 16: fits
+    (50, 6, 10),  # the recommended cap (6) is what the engine runs, and it fits
+])
+def test_what_fits_the_context_passes(given, engine_max, num_input):
+    request = ResponsesRequest(model="tiny", input="hi", max_output_tokens=given)
+    check_context(request, num_input, engine_max, 16)
 
 
 def test_without_the_store_previous_response_id_is_404(server, client):
