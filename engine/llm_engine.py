@@ -125,9 +125,9 @@ class LLMEngine:
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
             list(self.model_config.eos_token_ids))
         self.device = config.resolved_device
-        draft_dir, draft = self._draft_model(config)
+        draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
-                                             draft)
+                                             self.draft_model_config)
         self.executor = make_executor(config, self.device)
         try:  # whatever stops the start from here (a failure, a signal) stops the workers
             self._start_serving(config, runner_config)
@@ -139,7 +139,8 @@ class LLMEngine:
         """The workers' model and KV cache, then the engine's own state."""
         self.num_blocks = self.executor.initialize(runner_config, config.num_gpu_blocks_override)
         self.max_model_len = self._decide_max_model_len(config)
-        self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks))
+        self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks,
+                                                           self.draft_model_config))
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
@@ -164,13 +165,16 @@ class LLMEngine:
         tables they were built with, sized for the model's positions: the
         decided length is never longer, and only the engine admits
         requests."""
-        length = config.max_model_len_for(self.model_config, self.num_blocks)
+        draft = self.draft_model_config
+        length = config.max_model_len_for(self.model_config, self.num_blocks, draft)
         config.check_kv_cache(self.num_blocks, length)
         if config.max_model_len == AUTO_MAX_MODEL_LEN:
+            drafter = ("" if draft is None or draft.max_position_embeddings is None else
+                       f", the draft model {draft.max_position_embeddings}")
             logger.info("max_model_len auto: %d tokens (the KV cache holds %d: %d blocks of %d; "
-                        "the model has %d positions)", length, self.num_blocks * config.block_size,
-                        self.num_blocks, config.block_size,
-                        self.model_config.max_position_embeddings)
+                        "the model has %d positions%s)", length,
+                        self.num_blocks * config.block_size, self.num_blocks, config.block_size,
+                        self.model_config.max_position_embeddings, drafter)
         return length
 
     def _draft_model(self, config: EngineConfig) -> tuple[str | None, ModelConfig | None]:

@@ -115,3 +115,82 @@ def test_cli_generate_with_ngram_drafts(tmp_path):
                         timeout=200, env=env)
     assert plain.returncode == spec.returncode == 0, spec.stderr
     assert json.loads(spec.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
+
+
+def _draft(tmp_path, **overrides) -> dict:
+    """A draft-model speculative_config whose model has tiny's vocabulary
+    (config.json only: what the checks read)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    model = _model_dir(tmp_path, vocab_size=320, num_attention_heads=4, num_key_value_heads=2,
+                       hidden_size=64, intermediate_size=128, **overrides)
+    return {"method": "draft_model", "model": model, "num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize("max_model_len, shown", [
+    (None, "max_model_len 4096 (the default: the target tiny's positions)"),  # tiny: 4096
+    (128, "max_model_len 128:"),
+])
+def test_a_draft_with_fewer_positions_than_max_model_len_is_refused(no_workers, tmp_path,
+                                                                    max_model_len, shown):
+    """As vLLM bounds a draft's length by its own: the draft's 64 positions
+    against max_model_len, named with both numbers and the option to change."""
+    spec = _draft(tmp_path, max_position_embeddings=64)
+    with pytest.raises(ValueError) as raised:
+        LLM(model="tiny", device="cpu", max_model_len=max_model_len, speculative_config=spec)
+    message = str(raised.value)
+    assert message.startswith(f"speculative_config: draft model {spec['model']!r} has 64 "
+                              "positions (max_position_embeddings), fewer than "), message
+    assert shown in message and "set max_model_len to at most 64" in message, message
+    assert no_workers == []
+
+
+def test_draft_positions_against_max_model_len_by_hand(tmp_path):
+    """Hand-worked, tiny (4096 positions) as the target: a draft of 64
+    positions passes max_model_len 64 and none above; "auto" stops at the
+    least of the cache (100 blocks of 16 = 1600 tokens), the target's
+    positions and the draft's; a draft whose config gives no positions
+    bounds nothing (its rotary tables are built for max_model_len)."""
+    from checkpoint.description import describe
+    from checkpoint.tiny_model import CONFIG as TINY_CONFIG
+    from engine.config import ConfigError
+
+    (tmp_path / "tiny").mkdir()
+    tiny = describe(_model_dir(tmp_path / "tiny", **TINY_CONFIG))
+    spec = _draft(tmp_path / "short", max_position_embeddings=64)
+    short = describe(spec["model"])
+    unknown = describe(_draft(tmp_path / "unknown", max_position_embeddings=None)["model"])
+
+    def config(max_model_len):
+        return EngineConfig(model="tiny", max_model_len=max_model_len, speculative_config=spec)
+
+    config(64).check_draft_model(tiny, short)
+    with pytest.raises(ConfigError, match="fewer than max_model_len 65: set max_model_len to at "
+                                          "most 64"):
+        config(65).check_draft_model(tiny, short)
+    for length in (None, 4096):
+        config(length).check_draft_model(tiny, unknown)
+    auto = config(-1)
+    auto.check_draft_model(tiny, short)
+    assert auto.max_model_len_for(tiny, 100, short) == 64
+    assert auto.max_model_len_for(tiny, 100, unknown) == auto.max_model_len_for(tiny, 100) == 1600
+    assert auto.max_model_len_for(tiny, 2, short) == 32  # the cache is shorter still
+    assert auto.scheduler_config(tiny, 100, short).max_model_len == 64
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_cli_draft_with_too_few_positions_is_one_line_exit_2(tmp_path, command):
+    env = {"TPRUN_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
+    spec = _draft(tmp_path, max_position_embeddings=64)
+    args = ["--nproc-per-node", "1", command, "--model", "tiny", "--device", "cpu",
+            "--max-model-len", "100", "--speculative-config", json.dumps(spec)]
+    result, leftovers = run_tprun(args, timeout=200, env=env)
+    assert result.returncode == 2, result.stderr
+    # One error line, the last; any line before it is generate's notice of
+    # what it runs and loads, never a traceback.
+    *notices, error = result.stderr.strip().splitlines()
+    assert error.startswith(f"tprun: error: speculative_config: draft model {spec['model']!r} "
+                            "has 64 positions"), result.stderr
+    assert "fewer than max_model_len 100: set max_model_len to at most 64" in error
+    assert all(line.startswith("tprun generate: ") for line in notices), result.stderr
+    assert leftovers == []

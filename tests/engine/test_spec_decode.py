@@ -227,6 +227,33 @@ def test_a_different_draft_model_of_the_same_vocabulary(plain_greedy, tmp_path):
     assert stats.num_draft_tokens > 0
 
 
+@pytest.mark.timeout(300)
+def test_max_model_len_auto_stops_at_the_draft_models_positions(tmp_path):
+    """A random Llama of 64 positions drafts for tiny (4096) with
+    max_model_len "auto" and a cache of 640 tokens: the decided length is
+    the draft's 64, as vLLM bounds a draft's length by its own. A request
+    that fits is the target's own greedy output, drafted; a longer one is
+    refused."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    prompt = {"prompt_token_ids": list(range(40, 80))}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)  # 40 + 24 = 64
+    want, _ = _run([prompt], params, None)
+    with LLM(model="tiny", max_model_len=-1, num_gpu_blocks_override=40,
+             speculative_config=dict(DRAFT, model=str(tmp_path))) as llm:
+        assert llm.engine.max_model_len == 64
+        got = [o.outputs[0].token_ids for o in llm.generate([prompt], params)]
+        assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
+        with pytest.raises(ValueError, match=r"prompt \(64 tokens\) .* exceeds max_model_len 64"):
+            llm.generate([{"prompt_token_ids": list(range(1, 65))}], params)
+    assert got == want
+
+
 @pytest.mark.timeout(120)
 def test_a_draft_model_of_another_vocabulary_is_refused(tmp_path):
     import transformers
