@@ -235,16 +235,15 @@ class EngineConfig:
         if blocks is not None:
             self.check_kv_cache(blocks, self.max_model_len_for(model, blocks))
 
-    def max_model_len_for(self, model: ModelConfig, num_blocks: int,
-                          draft: ModelConfig | None = None) -> int:
+    def max_model_len_for(self, model: ModelConfig, num_blocks: int) -> int:
         """The length requests get once the KV cache has ``num_blocks``
         blocks. ``max_model_len`` -1 ("auto"): as vLLM decides it, the
         longest the cache holds (``num_blocks * block_size`` tokens: a
         request of that many needs every block), at most the model's
-        positions and the ``draft`` model's (``check_draft_model``);
-        ConfigError where the cache leaves less than a prompt token and an
-        output token. Any other: ``resolved_max_model_len`` (which the cache
-        must hold: ``check_kv_cache``)."""
+        positions; ConfigError where that leaves less than a prompt token
+        and an output token. Any other: ``resolved_max_model_len`` (which
+        the cache must hold: ``check_kv_cache``). A draft model's positions
+        bound only where it drafts (``draft_max_model_len``), never this."""
         longest = self.resolved_max_model_len(model)
         if self.max_model_len != AUTO_MAX_MODEL_LEN:
             return longest
@@ -253,8 +252,7 @@ class EngineConfig:
             raise ConfigError(f"max_model_len auto: the KV cache holds {tokens} token "
                               f"({num_blocks} block of {self.block_size}), fewer than a prompt "
                               f"token and an output token: raise {self._cache_size_option}")
-        draft_positions = draft.max_position_embeddings if draft is not None else None
-        return min(longest, tokens, draft_positions or longest)
+        return min(longest, tokens)
 
     def check_kv_cache(self, num_blocks: int, max_model_len: int) -> None:
         """The KV cache holds one request of ``max_model_len`` tokens (as vLLM
@@ -279,14 +277,10 @@ class EngineConfig:
 
     def check_draft_model(self, info: ModelConfig, draft: ModelConfig) -> None:
         """A draft model (speculative method "draft_model") has the target's
-        vocabulary, is sharded like it (its heads and MLP split over the
-        ranks as the target's must), and has a position for every token a
-        request may reach: where its config (or GGUF metadata) gives its
-        ``max_position_embeddings``, ``max_model_len`` is at most that, as
-        vLLM bounds a draft's length by its own. A longer one, given or the
-        default (the target's positions), is refused: the draft would run on
-        rotary positions it was never trained on, with nothing to tell. With
-        -1 ("auto") the decided length stops there (``max_model_len_for``)."""
+        vocabulary and is sharded like it: its heads and MLP split over the
+        ranks as the target's must. Its positions may be fewer than
+        ``max_model_len``: they bound where it drafts
+        (``draft_max_model_len``), not the length requests get."""
         spec = self.speculative
         name = f"draft model {spec.model!r}"
         if draft.vocab_size != info.vocab_size:
@@ -297,23 +291,20 @@ class EngineConfig:
             draft.check_tensor_parallel(self.tensor_parallel_size, name)
         except ValueError as e:
             raise ConfigError(f"speculative_config: {e}") from None
-        positions = draft.max_position_embeddings
-        if positions is None:
-            return
-        if self.max_model_len == AUTO_MAX_MODEL_LEN:
-            if positions < 2:
-                raise ConfigError(f"speculative_config: {name} has {positions} position "
-                                  "(max_position_embeddings), fewer than a prompt token and an "
-                                  "output token")
-            return
-        length = self.resolved_max_model_len(info)
-        if positions < length:
-            default = (f" (the default: the target {self.model}'s positions)"
-                       if self.max_model_len is None else "")
-            raise ConfigError(f"speculative_config: {name} has {positions} positions "
-                              f"(max_position_embeddings), fewer than max_model_len "
-                              f"{length}{default}: set max_model_len to at most {positions} "
-                              "(or -1, 'auto', which stops there)")
+
+    def draft_max_model_len(self, draft: ModelConfig | None, max_model_len: int) -> int:
+        """The longest a request's tokens and drafts may reach while it
+        drafts, with ``max_model_len`` the length requests get: as vLLM caps
+        a draft model's own length, the ``draft`` model's
+        ``max_position_embeddings`` (its config's, or its GGUF's context
+        length), at most ``max_model_len``; ``max_model_len`` itself where
+        nothing else bounds drafts (n-gram drafts, or a draft whose config
+        gives no positions). A request past it decodes on, without drafts
+        (``Scheduler._num_drafts``): no draft at or past it is verified, so
+        none was made where the draft model has no position
+        (``DraftModelProposer``)."""
+        positions = None if draft is None else draft.max_position_embeddings
+        return max_model_len if positions is None else min(positions, max_model_len)
 
     def check_machine(self) -> None:
         """Every rule the machine decides: an attention backend its device
@@ -428,13 +419,16 @@ class EngineConfig:
         workers read it and its description (speculative method
         "draft_model")."""
         spec = self.speculative
+        length = self.resolved_max_model_len(model)
         if spec is not None and draft_dir is not None:
-            spec = msgspec.structs.replace(spec, model=draft_dir, draft_model_config=draft)
+            spec = msgspec.structs.replace(
+                spec, model=draft_dir, draft_model_config=draft,
+                draft_max_model_len=self.draft_max_model_len(draft, length))
         resolved = dict(
             model=model_dir, model_config=model, device=self.resolved_device,
             dtype=self.resolved_dtype(model),
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.resolved_max_model_len(model), speculative=spec,
+            max_model_len=length, speculative=spec,
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}
@@ -442,20 +436,23 @@ class EngineConfig:
 
     def scheduler_config(self, model: ModelConfig, num_blocks: int,
                          draft: ModelConfig | None = None) -> SchedulerConfig:
-        """The scheduler's limits for a KV cache of ``num_blocks`` blocks
-        (its ``max_model_len``: ``max_model_len_for``, with the ``draft``
-        model where one drafts)."""
+        """The scheduler's limits for a KV cache of ``num_blocks`` blocks:
+        its ``max_model_len`` is ``max_model_len_for``'s, its
+        ``draft_max_model_len`` the ``draft`` model's bound within that
+        (``draft_max_model_len``; the ``draft`` None where no draft model
+        drafts)."""
+        length = self.max_model_len_for(model, num_blocks)
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
-            max_model_len=self.max_model_len_for(model, num_blocks, draft),
-            block_size=self.block_size,
+            max_model_len=length, block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
             enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
             num_speculative_tokens=0 if self.speculative is None
             else self.speculative.num_speculative_tokens,
             spec_disable_by_batch_size=0 if self.speculative is None
             else self.speculative.disable_by_batch_size or 0,
+            draft_max_model_len=self.draft_max_model_len(draft, length),
         )
 
 
@@ -624,7 +621,7 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
     limit or ``prompt_lookup_min > prompt_lookup_max``, a draft model that
     does not exist. As vLLM: one missing n-gram bound takes the other's
     value, both missing take ``DEFAULT_PROMPT_LOOKUP``. A draft model's
-    own rules (vocabulary, heads, positions) are ``EngineConfig.check_draft_model``'s."""
+    own rules (vocabulary, heads) are ``EngineConfig.check_draft_model``'s."""
     if value is None:
         return None
     value = _json_object(value, "speculative_config")

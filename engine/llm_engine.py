@@ -141,6 +141,7 @@ class LLMEngine:
         self.max_model_len = self._decide_max_model_len(config)
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks,
                                                            self.draft_model_config))
+        self._say_draft_limit(config)
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
@@ -165,17 +166,25 @@ class LLMEngine:
         tables they were built with, sized for the model's positions: the
         decided length is never longer, and only the engine admits
         requests."""
-        draft = self.draft_model_config
-        length = config.max_model_len_for(self.model_config, self.num_blocks, draft)
+        length = config.max_model_len_for(self.model_config, self.num_blocks)
         config.check_kv_cache(self.num_blocks, length)
         if config.max_model_len == AUTO_MAX_MODEL_LEN:
-            drafter = ("" if draft is None or draft.max_position_embeddings is None else
-                       f", the draft model {draft.max_position_embeddings}")
             logger.info("max_model_len auto: %d tokens (the KV cache holds %d: %d blocks of %d; "
-                        "the model has %d positions%s)", length,
-                        self.num_blocks * config.block_size, self.num_blocks, config.block_size,
-                        self.model_config.max_position_embeddings, drafter)
+                        "the model has %d positions)", length, self.num_blocks * config.block_size,
+                        self.num_blocks, config.block_size,
+                        self.model_config.max_position_embeddings)
         return length
+
+    def _say_draft_limit(self, config: EngineConfig) -> None:
+        """Once, at INFO: a draft model of fewer positions than the length
+        requests get drafts only below them (``draft_max_model_len``)."""
+        limit = self.scheduler.config.draft_max_model_len
+        if self.draft_model_config is None or limit >= self.max_model_len:
+            return
+        logger.info("draft model %s has %d positions (max_position_embeddings), fewer than "
+                    "max_model_len %d: a request drafts while its tokens and drafts stay within "
+                    "%d, then decodes without drafts", config.speculative.model, limit,
+                    self.max_model_len, limit)
 
     def _draft_model(self, config: EngineConfig) -> tuple[str | None, ModelConfig | None]:
         """The draft model's directory and description (speculative method

@@ -46,9 +46,13 @@ modes equal:
 Speculative decoding (``num_speculative_tokens`` k > 0). A request that
 decodes (its computed tokens reach the prefill it was admitted with) and
 has no structured output is scheduled for 1 + d tokens, d = min(k, what
-``max_tokens``, ``max_model_len`` and the budget leave) drafts, which the
-runner holds on the device; KV blocks are allocated for all 1 + d (no
-drafts at all while ``spec_disable_by_batch_size`` or more requests run). The
+``max_tokens``, ``max_model_len``, ``draft_max_model_len`` and the budget
+leave) drafts, which the runner holds on the device; KV blocks are allocated
+for all 1 + d (no drafts at all while ``spec_disable_by_batch_size`` or more
+requests run). A draft model of fewer positions than ``max_model_len`` sets
+``draft_max_model_len``: no draft sits at a position at or past it, so a
+request nearing it gets fewer drafts, then none, and decodes on without
+them (its output unchanged: drafts only ever save steps). The
 scheduler never knows a step's accepted count before its output, so it is
 optimistic: scheduling counts every draft as accepted
 (``num_computed_tokens += 1 + d``, ``num_output_placeholders += 1 + d``),
@@ -304,7 +308,12 @@ class Scheduler:
         """Drafts for a request about to decode one token: 0 unless it is
         past the prefill it was admitted with and has no structured output;
         at most what ``max_tokens``, ``max_model_len`` and ``budget`` leave
-        room for (every draft could be accepted)."""
+        room for (every draft could be accepted). With T tokens known or in
+        flight, the step feeds the last at position T - 1 and the drafts at
+        T .. T + d - 1, each below ``draft_max_model_len``: d <= that - T. The
+        draft model made draft j at position T - 1 + j, so below it too; T
+        counts in-flight drafts as accepted, so the true positions are no
+        higher."""
         k = self.config.num_speculative_tokens
         if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
             return 0
@@ -316,7 +325,8 @@ class Scheduler:
         pending = request.num_output_placeholders
         room_output = request.max_tokens - (len(request.output_token_ids) + pending) - 1
         room_length = self.config.max_model_len - (request.num_tokens + pending) - 1
-        return max(0, min(k, room_output, room_length, budget))
+        room_draft = self.config.draft_max_model_len - (request.num_tokens + pending)
+        return max(0, min(k, room_output, room_length, room_draft, budget))
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         if self._ends_by_length(request):

@@ -37,7 +37,10 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     read; ``draft_model_config`` its description) drafts. ``num_speculative_tokens`` (k) drafts per decode step,
     ``1 <= k <= MAX_SPECULATIVE_TOKENS``. ``disable_by_batch_size``: no
     drafts in a step that starts with at least this many running requests
-    (None: always draft).
+    (None: always draft). ``draft_max_model_len`` (a draft model only):
+    the draft model's limit, its ``max_position_embeddings`` at most the
+    runner's ``max_model_len`` (``EngineConfig.draft_max_model_len``): only
+    drafts made below it count.
     """
 
     method: str
@@ -47,6 +50,7 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None = None
     disable_by_batch_size: int | None = None
     draft_model_config: ModelConfig | None = None
+    draft_max_model_len: int | None = None
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,7 +111,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``max_logprobs``: top logprobs per token a request may ask for (-1: any).
     ``num_speculative_tokens``: drafts a decoding request verifies per step
     (0: speculative decoding off); none in a step that starts with at least
-    ``spec_disable_by_batch_size`` running requests (0: no such limit)."""
+    ``spec_disable_by_batch_size`` running requests (0: no such limit).
+    ``draft_max_model_len`` <= ``max_model_len``: no draft is verified at a
+    position at or past it (a draft model's positions; ``max_model_len``
+    where nothing else bounds drafts)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -119,6 +126,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_logprobs: int
     num_speculative_tokens: int
     spec_disable_by_batch_size: int
+    draft_max_model_len: int
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

@@ -154,12 +154,14 @@ class ModelRunner:
         self.draft = None
         if k and config.speculative.method == "draft_model":
             spec = config.speculative
+            # Rotary tables for every position the target's steps feed
+            # (DraftModelProposer: where the draft model runs).
             draft_model = build_model(spec.draft_model_config, spec.model, self.dtype, device,
                                       self.tp, config.attention_backend,
                                       max_positions=config.max_model_len)
             self.draft = DraftModelProposer(draft_model, config.block_size, self.dtype, device,
                                             self.ops.shares_host_memory,
-                                            self.ops.new_transfer())
+                                            self.ops.new_transfer(), spec.draft_max_model_len)
         self.prompt_logprobs = PromptLogprobsState(n, device)
         self.block_tables = BlockTables(
             config.block_size,

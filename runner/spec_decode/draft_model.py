@@ -25,6 +25,22 @@ guesses, which the rejection sampler rejects if wrong. Drafts are point
 masses (argmax), so verification stays exactly lossless for random
 sampling too (``runner.spec_decode.rejection``). No host sync: the host
 knows every size; per-row counts stay on the device.
+
+Positions. The draft model's rotary tables have a row for every position
+below the runner's ``max_model_len``, as the target's: ``forward_step``
+runs at the target's positions, which stay below it, so a long request
+keeps a draft KV at every fed position (past the draft's own positions,
+values no verified draft reads). ``max_model_len`` here is the draft's
+limit, ``draft_max_model_len`` (its ``max_position_embeddings``, at most
+the runner's): ``propose`` runs a row whose position reaches it at
+position 0, attending to that one position and writing no KV, and the guess
+it makes there is never verified, because the scheduler verifies no draft
+at or past the limit (``Scheduler._num_drafts``; its limit is at most this
+one). So every verified draft was made at positions below the draft's
+limit, from KV below it, which ``forward_step`` wrote from fed tokens and
+``propose`` from its own guesses before it; and no position past the
+rotary tables is ever looked up, even where a request ends at
+``max_model_len`` with k - 1 proposals past its last token.
 """
 
 from __future__ import annotations
@@ -38,8 +54,9 @@ from runner.kv_cache import allocate_kv_caches
 
 class DraftModelProposer:
     def __init__(self, model, block_size: int, dtype: torch.dtype, device: torch.device,
-                 shares_host_memory: bool, transfer):
+                 shares_host_memory: bool, transfer, max_model_len: int):
         self.model = model
+        self.max_model_len = max_model_len  # the draft's limit: see "Positions" above
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
@@ -67,7 +84,9 @@ class DraftModelProposer:
         ``num_computed`` the slots' device counts (already corrected);
         ``last_tokens`` [n] the last emitted tokens; ``num_blocks_np`` [n]
         (host) blocks each row holds; ``max_seq_len`` a host bound of the
-        rows' lengths before proposing."""
+        rows' lengths before proposing. A row at or past ``max_model_len``
+        runs at position 0 (seq_len 1, no KV write): its draft is a
+        placeholder the scheduler never verifies."""
         n, k = idx_mapping.shape[0], draft_tokens.shape[1]
         if n == 0:
             return
@@ -81,10 +100,12 @@ class DraftModelProposer:
         width = block_rows.shape[1]
         rows = torch.arange(n, device=device)
         for j in range(k):
-            inside = position < held
-            block = block_rows[rows, (position // bs).clamp(max=width - 1)].to(torch.int64)
-            slot_mapping = torch.where(inside, block * bs + position % bs, -1)
-            seq_lens = torch.minimum(position + 1, held).to(torch.int32)
+            usable = position < self.max_model_len
+            at = torch.where(usable, position, 0)
+            inside = usable & (position < held)
+            block = block_rows[rows, (at // bs).clamp(max=width - 1)].to(torch.int64)
+            slot_mapping = torch.where(inside, block * bs + at % bs, -1)
+            seq_lens = torch.where(usable, torch.minimum(position + 1, held), 1).to(torch.int32)
             bound = max_seq_len + j + 1
             attn = AttentionMetadata(
                 num_reqs=n, num_tokens=n, num_decodes=n, max_query_len=1, max_seq_len=bound,
@@ -92,7 +113,7 @@ class DraftModelProposer:
                 slot_mapping=slot_mapping, query_start_loc_cpu=qsl_cpu,
                 seq_lens_cpu=seq_lens if self.shares_host_memory
                 else torch.full((n,), bound, dtype=torch.int32))
-            hidden = self.model(token.to(torch.int32), position, self.kv_caches, attn)
+            hidden = self.model(token.to(torch.int32), at, self.kv_caches, attn)
             token = self.model.compute_logits(hidden).argmax(dim=-1)
             draft_tokens[slots, j] = token.to(draft_tokens.dtype)
             position = position + 1

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.config import DEFAULT_PROMPT_LOOKUP, EngineConfig
 from ipc.config import MAX_SPECULATIVE_TOKENS, RunnerConfig
 from ipc.messages import ControlCall
@@ -126,33 +126,16 @@ def _draft(tmp_path, **overrides) -> dict:
     return {"method": "draft_model", "model": model, "num_speculative_tokens": 2}
 
 
-@pytest.mark.parametrize("max_model_len, shown", [
-    (None, "max_model_len 4096 (the default: the target tiny's positions)"),  # tiny: 4096
-    (128, "max_model_len 128:"),
-])
-def test_a_draft_with_fewer_positions_than_max_model_len_is_refused(no_workers, tmp_path,
-                                                                    max_model_len, shown):
-    """As vLLM bounds a draft's length by its own: the draft's 64 positions
-    against max_model_len, named with both numbers and the option to change."""
-    spec = _draft(tmp_path, max_position_embeddings=64)
-    with pytest.raises(ValueError) as raised:
-        LLM(model="tiny", device="cpu", max_model_len=max_model_len, speculative_config=spec)
-    message = str(raised.value)
-    assert message.startswith(f"speculative_config: draft model {spec['model']!r} has 64 "
-                              "positions (max_position_embeddings), fewer than "), message
-    assert shown in message and "set max_model_len to at most 64" in message, message
-    assert no_workers == []
-
-
-def test_draft_positions_against_max_model_len_by_hand(tmp_path):
+def test_draft_max_model_len_by_hand(tmp_path):
     """Hand-worked, tiny (4096 positions) as the target: a draft of 64
-    positions passes max_model_len 64 and none above; "auto" stops at the
-    least of the cache (100 blocks of 16 = 1600 tokens), the target's
-    positions and the draft's; a draft whose config gives no positions
-    bounds nothing (its rotary tables are built for max_model_len)."""
+    positions bounds where requests draft, min(64, max_model_len), never the
+    length they get, given, the default (tiny's 4096) or "auto" (the least
+    of the cache, 100 blocks of 16 = 1600 tokens, and tiny's positions); a
+    draft whose config gives no positions, and n-gram drafts, bound nothing
+    short of max_model_len. The runner's bound is taken against the length
+    its tables are sized for (tiny's positions under "auto")."""
     from checkpoint.description import describe
     from checkpoint.tiny_model import CONFIG as TINY_CONFIG
-    from engine.config import ConfigError
 
     (tmp_path / "tiny").mkdir()
     tiny = describe(_model_dir(tmp_path / "tiny", **TINY_CONFIG))
@@ -160,37 +143,58 @@ def test_draft_positions_against_max_model_len_by_hand(tmp_path):
     short = describe(spec["model"])
     unknown = describe(_draft(tmp_path / "unknown", max_position_embeddings=None)["model"])
 
-    def config(max_model_len):
-        return EngineConfig(model="tiny", max_model_len=max_model_len, speculative_config=spec)
+    def lengths(max_model_len, draft, num_blocks=300):
+        config = EngineConfig(model="tiny", max_model_len=max_model_len, speculative_config=spec)
+        config.check_draft_model(tiny, draft)  # no length is refused
+        scheduler = config.scheduler_config(tiny, num_blocks, draft)
+        runner = config.runner_config("/models/tiny", tiny, spec["model"], draft)
+        return (scheduler.max_model_len, scheduler.draft_max_model_len,
+                runner.max_model_len, runner.speculative.draft_max_model_len)
 
-    config(64).check_draft_model(tiny, short)
-    with pytest.raises(ConfigError, match="fewer than max_model_len 65: set max_model_len to at "
-                                          "most 64"):
-        config(65).check_draft_model(tiny, short)
-    for length in (None, 4096):
-        config(length).check_draft_model(tiny, unknown)
-    auto = config(-1)
-    auto.check_draft_model(tiny, short)
-    assert auto.max_model_len_for(tiny, 100, short) == 64
-    assert auto.max_model_len_for(tiny, 100, unknown) == auto.max_model_len_for(tiny, 100) == 1600
-    assert auto.max_model_len_for(tiny, 2, short) == 32  # the cache is shorter still
-    assert auto.scheduler_config(tiny, 100, short).max_model_len == 64
+    assert lengths(None, short) == (4096, 64, 4096, 64)
+    assert lengths(128, short) == (128, 64, 128, 64)
+    assert lengths(32, short) == (32, 32, 32, 32)
+    assert lengths(-1, short, num_blocks=100) == (1600, 64, 4096, 64)
+    assert lengths(-1, short, num_blocks=2) == (32, 32, 4096, 64)
+    assert lengths(None, unknown) == (4096, 4096, 4096, 4096)
+    ngram = EngineConfig(model="tiny", max_model_len=128, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 2})
+    assert ngram.scheduler_config(tiny, 300).draft_max_model_len == 128
+
+
+def test_a_draft_whose_heads_do_not_split_is_named(tmp_path):
+    from checkpoint.description import describe
+    from checkpoint.tiny_model import CONFIG as TINY_CONFIG
+    from engine.config import ConfigError
+
+    (tmp_path / "tiny").mkdir()
+    tiny = describe(_model_dir(tmp_path / "tiny", **TINY_CONFIG))
+    spec = _draft(tmp_path / "draft")
+    config = EngineConfig(model="tiny", tensor_parallel_size=3, speculative_config=spec)
+    with pytest.raises(ConfigError, match=rf"^speculative_config: draft model "
+                                          rf"'{spec['model']}' has 4 attention heads, which do "
+                                          "not divide by the tensor-parallel size 3$"):
+        config.check_draft_model(tiny, describe(spec["model"]))
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("command", ["generate", "serve"])
-def test_cli_draft_with_too_few_positions_is_one_line_exit_2(tmp_path, command):
+def test_cli_generate_with_a_draft_of_fewer_positions_than_max_model_len(tmp_path):
+    """--max-model-len 128 with a draft of 64 positions (tiny's weights):
+    the command starts and prints the tokens a run without drafts gives."""
+    from tests.engine.test_spec_decode import tiny_with_positions
+
     env = {"TPRUN_CACHE": str(tmp_path / "cache"), "CUDA_VISIBLE_DEVICES": ""}
-    spec = _draft(tmp_path, max_position_embeddings=64)
-    args = ["--nproc-per-node", "1", command, "--model", "tiny", "--device", "cpu",
-            "--max-model-len", "100", "--speculative-config", json.dumps(spec)]
+    draft = tiny_with_positions(tmp_path / "draft", 64)
+    prompt = list(range(40, 82))
+    with LLM(model="tiny", device="cpu") as llm:
+        want = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(
+            temperature=0.0, max_tokens=60, ignore_eos=True))[0].outputs[0].token_ids
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    args = ["--nproc-per-node", "1", "generate", "--model", "tiny", "--device", "cpu",
+            "--max-model-len", "128", "--prompt-token-ids", ",".join(map(str, prompt)),
+            "--max-tokens", "60", "--temperature", "0", "--ignore-eos", "--json",
+            "--speculative-config", json.dumps(spec)]
     result, leftovers = run_tprun(args, timeout=200, env=env)
-    assert result.returncode == 2, result.stderr
-    # One error line, the last; any line before it is generate's notice of
-    # what it runs and loads, never a traceback.
-    *notices, error = result.stderr.strip().splitlines()
-    assert error.startswith(f"tprun: error: speculative_config: draft model {spec['model']!r} "
-                            "has 64 positions"), result.stderr
-    assert "fewer than max_model_len 100: set max_model_len to at most 64" in error
-    assert all(line.startswith("tprun generate: ") for line in notices), result.stderr
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["token_ids"] == want
     assert leftovers == []

@@ -4,9 +4,13 @@ target's own draw at each position), while drafts are proposed and
 accepted; stop ids, max_tokens, logprobs, preemption, prefix caching,
 aborts, sync and async scheduling, TP=1/2/3 and the decode-graph path.
 Proposers: n-gram, and a draft model (``tiny`` drafting for itself, so
-nearly every draft passes, and a random model of tiny's vocabulary)."""
+nearly every draft passes, a copy of it with fewer positions than
+max_model_len, and a random model of tiny's vocabulary)."""
 
 from __future__ import annotations
+
+import json
+import logging
 
 import pytest
 import torch
@@ -227,31 +231,86 @@ def test_a_different_draft_model_of_the_same_vocabulary(plain_greedy, tmp_path):
     assert stats.num_draft_tokens > 0
 
 
-@pytest.mark.timeout(300)
-def test_max_model_len_auto_stops_at_the_draft_models_positions(tmp_path):
-    """A random Llama of 64 positions drafts for tiny (4096) with
-    max_model_len "auto" and a cache of 640 tokens: the decided length is
-    the draft's 64, as vLLM bounds a draft's length by its own. A request
-    that fits is the target's own greedy output, drafted; a longer one is
-    refused."""
-    import transformers
+def tiny_with_positions(path, positions: int) -> str:
+    """A copy of tiny's model directory whose config gives ``positions``
+    max_position_embeddings: tiny's weights, so as a draft for tiny every
+    greedy draft is the target's own argmax and passes."""
+    import shutil
 
-    config = transformers.LlamaConfig(
-        vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
-    prompt = {"prompt_token_ids": list(range(40, 80))}
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)  # 40 + 24 = 64
-    want, _ = _run([prompt], params, None)
-    with LLM(model="tiny", max_model_len=-1, num_gpu_blocks_override=40,
-             speculative_config=dict(DRAFT, model=str(tmp_path))) as llm:
-        assert llm.engine.max_model_len == 64
-        got = [o.outputs[0].token_ids for o in llm.generate([prompt], params)]
-        assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
-        with pytest.raises(ValueError, match=r"prompt \(64 tokens\) .* exceeds max_model_len 64"):
-            llm.generate([{"prompt_token_ids": list(range(1, 65))}], params)
+    from checkpoint.resolve import resolve_model_dir
+
+    shutil.copytree(resolve_model_dir("tiny"), path)
+    config_path = path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["max_position_embeddings"] = positions
+    config_path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _counts(stats) -> tuple:
+    return (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
+            list(stats.num_accepted_tokens_per_pos))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("max_model_len, length, async_scheduling", [
+    (128, 128, False), (-1, 640, True)])  # auto: the cache's 40 blocks of 16
+def test_a_draft_of_fewer_positions_drafts_below_them_then_decodes_on(
+        tmp_path, caplog, max_model_len, length, async_scheduling):
+    """As vLLM: a draft model of 64 positions for tiny (4096) bounds where
+    requests draft, not the length they get (given, or "auto"). Worked by
+    hand, k = 3, every draft accepted (tiny's weights): a prompt of 42
+    tokens has T = 43 known after its prefill; a step verifies d = min(3,
+    64 - T) drafts (all below position 64) and emits d + 1: T = 43, 47, 51,
+    55, 59 with 3 drafts, T = 63 with 1, then none: 6 rows, 16 drafts, by
+    position [6, 5, 5]; it runs on to 102 tokens. A prompt of 70 tokens
+    never drafts. Both outputs are the plain greedy ones."""
+    caplog.set_level(logging.INFO, logger="engine.llm_engine")
+    draft = tiny_with_positions(tmp_path / "draft", 64)
+    runs = [({"prompt_token_ids": list(range(40, 82))}, 60),
+            ({"prompt_token_ids": [7 + 3 * i for i in range(70)]}, 20)]
+
+    def outputs(llm, stats_after_each=None):
+        got = []
+        for prompt, max_tokens in runs:
+            params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+            got.append(llm.generate([prompt], params)[0].outputs[0].token_ids)
+            if stats_after_each is not None:
+                stats_after_each.append(_counts(llm.engine.scheduler.spec_stats))
+        return got
+
+    with LLM(model="tiny") as llm:
+        want = outputs(llm)
+    stats = []
+    with LLM(model="tiny", max_model_len=max_model_len, num_gpu_blocks_override=40,
+             async_scheduling=async_scheduling,
+             speculative_config=dict(DRAFT, model=draft)) as llm:
+        config = llm.engine.scheduler.config
+        assert llm.engine.max_model_len == config.max_model_len == length
+        assert config.draft_max_model_len == 64
+        got = outputs(llm, stats)
     assert got == want
+    assert [len(tokens) for tokens in got] == [60, 20]
+    assert stats == [(6, 16, 16, [6, 5, 5])] * 2  # the second request made none
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("draft model")]
+    assert said == [f"draft model {draft} has 64 positions (max_position_embeddings), fewer "
+                    f"than max_model_len {length}: a request drafts while its tokens and drafts "
+                    "stay within 64, then decodes without drafts"]
+
+
+@pytest.mark.timeout(300)
+def test_a_draft_model_drafts_up_to_the_end_of_max_model_len():
+    """tiny drafting for itself with max_model_len 64: a prompt of 40 and
+    24 tokens out end at 64, the last steps proposing past the rotary
+    tables' last row (63), which the proposer must not look up. By hand,
+    every draft accepted: T = 41 .. 57 step 4 with 3 drafts, T = 61 with
+    2 (max_tokens and max_model_len leave 2): 6 rows, 17 drafts, [6, 6, 5]."""
+    prompt = {"prompt_token_ids": list(range(40, 80))}
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    want, _ = _run([prompt], params, None)
+    got, stats = _run([prompt], params, DRAFT, max_model_len=64)
+    assert got == want and len(got[0]) == 24
+    assert _counts(stats) == (6, 17, 17, [6, 6, 5])
 
 
 @pytest.mark.timeout(120)

@@ -50,6 +50,8 @@ CASES = {
     "chunked": dict(max_num_batched_tokens=7),
     "prefix": dict(enable_prefix_caching=True),
     "preempt": dict(num_blocks=12, max_model_len=40, enable_prefix_caching=True),
+    # A draft model of 16 positions: the fake runner checks every draft is below them.
+    "draft_limit": dict(draft_max_model_len=16),
 }
 
 
@@ -148,6 +150,33 @@ def test_drafts_stop_short_of_max_model_len():
     sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
     # 4 tokens known (prompt + one output): positions 3.. fed; at most 7 tokens.
     assert _counts(_decode_step(sched)) == {"a": 3}
+
+
+def test_drafts_stop_short_of_the_draft_models_positions():
+    """k = 3, a draft model of 9 positions, max_model_len 64. With T tokens
+    known, a step feeds the last at T - 1 and d drafts at T .. T + d - 1,
+    each below 9: d = min(3, 9 - T). Prompt of 3 + one output: T = 4, d = 3;
+    all accepted: T = 8, d = 1; accepted: T = 10, d = 0, and it decodes on
+    one token a step. Asynchronously, a step in flight counts as accepted:
+    T = 4 + 4 = 8 before its output, so the next step gets d = 1."""
+    sched = Scheduler(config(num_speculative_tokens=3, draft_max_model_len=9))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
+    step = _decode_step(sched)
+    assert _counts(step) == {"a": 4}
+    assert _counts(sched.schedule()) == {"a": 2}  # async: scheduled before step's output
+    sched = Scheduler(config(num_speculative_tokens=3, draft_max_model_len=9))
+    sched.add_request(Request("a", [1, 2, 3], SamplingParams(max_tokens=20)))
+    step = _decode_step(sched)
+    counts = []
+    for emitted in ([8, 9, 10, 11], [12, 13], [14], [15]):
+        counts.append(_counts(step)["a"])
+        out = ModelRunnerOutput(step_id=step.step_id, sampled_token_ids=emitted,
+                                num_sampled=[len(emitted)])
+        sched.update_from_output(step, out)
+        step = sched.schedule()
+    assert counts == [4, 2, 1, 1]
+    assert sched.requests["a"].num_tokens == 12
+    assert (sched.spec_stats.num_drafts, sched.spec_stats.num_draft_tokens) == (2, 4)
 
 
 def test_no_drafts_without_speculative_decoding():

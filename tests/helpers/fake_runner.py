@@ -156,6 +156,7 @@ def config(**kw) -> SchedulerConfig:
         spec_disable_by_batch_size=0,
     )
     base.update(kw)
+    base.setdefault("draft_max_model_len", base["max_model_len"])
     return SchedulerConfig(**base)
 
 

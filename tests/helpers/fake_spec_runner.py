@@ -6,7 +6,8 @@ request, which must be an upper bound (at most k above the truth). A
 decoding request scheduled for n tokens verifies n - 1 drafts: the runner
 writes its last token and the drafts into the KV slots of the true
 positions (the blocks must cover them), checks that every earlier slot holds
-the request's true tokens, and accepts drafts while they equal the true
+the request's true tokens and that every draft sits below
+``draft_max_model_len``, and accepts drafts while they equal the true
 next tokens; it emits the accepted drafts plus one true token. Drafts are
 right or wrong by a hash, so runs of every length are accepted.
 """
@@ -60,6 +61,8 @@ class FakeSpecRunner(FakeRunner):
             truth.append(nxt)
         inputs = [r.tokens[r.computed]] + drafts
         assert r.computed + n <= self.cfg.max_model_len
+        # Drafts at positions computed + 1 .. computed + n - 1.
+        assert n == 1 or r.computed + n <= self.cfg.draft_max_model_len, "a draft past the limit"
         for j, token in enumerate(inputs):
             self.kv[self.slot(r, r.computed + j)] = token
         for pos in range(r.computed):  # "attention" reads every earlier slot
