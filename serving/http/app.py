@@ -4,7 +4,9 @@ Routes (as vLLM's OpenAI server): ``POST /v1/completions``, ``POST
 /v1/chat/completions``, ``POST /v1/responses`` with ``GET
 /v1/responses/{id}``, ``DELETE /v1/responses/{id}``, ``GET
 /v1/responses/{id}/input_items`` and ``POST /v1/responses/{id}/cancel``
-(answered from the response store, when it is on), ``GET /v1/models``
+(answered from the response store, when it is on; the responses run in
+the background are cancelled when the app shuts down, before its link to
+the engine closes), ``GET /v1/models``
 (one entry a served name),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
 /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import inspect
 import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
@@ -162,6 +165,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         try:
             yield
         finally:
+            await state.background.shutdown()  # their engine requests aborted while it can
             await link.close()
 
     app = FastAPI(title="tprun", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -190,8 +194,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         return await response(body, raw)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str, stream: bool = False) -> Response:
-        return await _answer(_on_loop(retrieve_response, state, response_id, stream))
+    async def get_response(response_id: str, stream: bool = False,
+                           starting_after: int | None = None) -> Response:
+        return await _answer(_on_loop(retrieve_response, state, response_id, stream,
+                                      starting_after))
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> Response:
@@ -267,9 +273,13 @@ async def _json(work, state: ServerState, body) -> Response:
 
 
 async def _on_loop(work, *args) -> Response:
-    """A quick answer computed on the event loop (the response store is
-    the loop's alone)."""
-    return JSONResponse(work(*args))
+    """An answer computed on the event loop (the response store is the
+    loop's alone): ``work``'s response, or its JSON body (awaited when it
+    must wait, as a cancel waits for the task it ends)."""
+    answer = work(*args)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    return answer if isinstance(answer, Response) else JSONResponse(answer)
 
 
 def _body_model(request: Request, errors: list[dict]) -> type | None:

@@ -365,8 +365,10 @@ class ResponsesRequest(BaseModel):
     ``skip_special_tokens``, ``include_stop_str_in_output``,
     ``structured_outputs``) have vLLM's names and the chat's meaning.
     ``store`` and ``previous_response_id`` work with the server's response
-    store (``response_store.py``); a ``store`` left true with the store off
-    is served without storing, as vLLM serves it. ``user``, ``metadata``,
+    store (``response_store.py``); a ``store`` left true (or null) with the
+    store off is served without storing, as vLLM serves it; ``background``
+    runs the response on while the call returns, which needs the store
+    (``responses_background.py``). ``user``, ``metadata``,
     ``safety_identifier``, ``prompt_cache_key`` and ``service_tier`` are
     accepted and change nothing but the echo."""
 
@@ -402,24 +404,24 @@ class ResponsesRequest(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: dict[str, Any] | None = None  # or text.format, not both
+    background: bool | None = False
 
     # Fields OpenAI defines that this server does not serve: a value other
     # than one of those given here (which ask for nothing) is refused.
     reasoning: dict[str, Any] | None = None
-    background: bool | None = None
     truncation: str | None = None
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     max_tool_calls: int | None = None
     context_management: list[Any] | None = None
     UNSUPPORTED: ClassVar[dict[str, tuple]] = {
-        "reasoning": (None, {}), "background": (None, False), "truncation": (None, "disabled"),
+        "reasoning": (None, {}), "truncation": (None, "disabled"),
         "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
         "context_management": (None, [])}
 
     def check_supported(self) -> None:
         """``FieldError`` naming the first field set to a value this server
-        does not serve (reasoning, background runs, ...) and an ``include``
+        does not serve (reasoning, truncation, ...) and an ``include``
         value vLLM does not take."""
         for name, harmless in self.UNSUPPORTED.items():
             if getattr(self, name) not in harmless:
@@ -430,6 +432,12 @@ class ResponsesRequest(BaseModel):
             if value not in INCLUDABLE:
                 raise FieldError(f"include.{i}", f"include {value!r} is not supported by this "
                                                  f"server (it takes {', '.join(INCLUDABLE)})")
+
+    @property
+    def stores(self) -> bool:
+        """Whether the client lets the response be stored: ``store`` true,
+        or null (OpenAI's default), as vLLM reads it."""
+        return self.store is not False
 
     @property
     def output_logprobs(self) -> bool:

@@ -10,7 +10,16 @@ conversation that led to it and its input items, so that ``GET
 ``previous_response_id`` continues it; ``DELETE /v1/responses/{id}``
 removes it. Unlike vLLM's, the store is bounded: past ``max_responses``
 responses or ``max_chars`` characters (their JSON text: body, conversation
-and input items), the oldest are dropped first; the newest is always kept.
+and input items, and a streamed background response's events), the oldest
+finished ones are dropped first; the newest is always kept.
+
+A background response (``responses_background.py``) is stored when it is
+created, "queued", and stored again as its status changes: "in_progress",
+then finished ("completed", "incomplete", "failed" or "cancelled"), each
+time as the newest. Until it has finished, eviction passes it over: a
+running response stays until it finishes (or is cancelled or deleted), and
+only then counts as any other, so the bounds can be exceeded by running
+responses alone, as many as run at once.
 
 A conversation is the list of chat messages up to and including the
 response's own answer, without its ``instructions`` (OpenAI's rule: a
@@ -29,9 +38,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from serving.http.protocol import FieldError
+from serving.http.responses_background import EventLog
 
 MAX_RESPONSES = 1024
 MAX_CHARS = 64 * 1024 * 1024
+RUNNING = ("queued", "in_progress")  # the statuses of a response not yet finished
 
 
 class UnknownResponseError(FieldError):
@@ -49,6 +60,13 @@ class StoredResponse:
     conversation: list[dict]  # chat messages, its answer last, without its instructions
     input_items: list[dict]  # the items it was generated from, as OpenAI lists them
     chars: int
+    # A background response that streams: its events (None: not one).
+    events: EventLog | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether it is a background response that has not finished."""
+        return self.body["status"] in RUNNING
 
 
 class ResponseStore:
@@ -61,17 +79,27 @@ class ResponseStore:
         self.entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self.chars = 0
 
-    def put(self, body: dict, conversation: list[dict], input_items: list[dict]) -> None:
-        """Keep ``body`` (under its ``id``), its conversation and its input
-        items, dropping the oldest entries past the bounds."""
+    def put(self, body: dict, conversation: list[dict], input_items: list[dict],
+            events: EventLog | None = None) -> None:
+        """Keep ``body`` (under its ``id``, as the newest entry), its
+        conversation, its input items and its events, dropping the oldest
+        finished entries past the bounds."""
         chars = sum(len(json.dumps(part)) for part in (body, conversation, input_items))
+        chars += 0 if events is None else events.chars()
         self.delete(body["id"])
-        self.entries[body["id"]] = StoredResponse(body, conversation, input_items, chars)
+        self.entries[body["id"]] = StoredResponse(body, conversation, input_items, chars,
+                                                  events)
         self.chars += chars
-        while len(self.entries) > 1 and (len(self.entries) > self.max_responses
-                                         or self.chars > self.max_chars):
-            _, dropped = self.entries.popitem(last=False)
-            self.chars -= dropped.chars
+        while len(self.entries) > self.max_responses or self.chars > self.max_chars:
+            oldest = self._oldest_finished(body["id"])
+            if oldest is None:
+                break
+            self.delete(oldest)
+
+    def _oldest_finished(self, newest: str) -> str | None:
+        """The oldest entry that may be dropped: finished, not ``newest``."""
+        return next((response_id for response_id, entry in self.entries.items()
+                     if not entry.running and response_id != newest), None)
 
     def get(self, response_id: str) -> StoredResponse | None:
         return self.entries.get(response_id)

@@ -3,10 +3,12 @@ output items, and the server-sent events of a stream.
 
 ``ResponseShape`` holds what every form of one response shares (its id,
 its creation time, the request fields it echoes) and builds the object in
-each state: ``in_progress`` with no output yet, then finished with its
-output items (``responses_items.OutputItems``). A finished response is
-``completed``, or ``incomplete`` with ``incomplete_details.reason``
-"max_output_tokens" when the engine stopped it for length; its ``usage``
+each state: ``in_progress`` (a background one first ``queued``) with no
+output yet, then finished with its output items
+(``responses_items.OutputItems``). A finished response is ``completed``,
+or ``incomplete`` with ``incomplete_details.reason`` "max_output_tokens"
+when the engine stopped it for length (a background one may also end
+``failed``, with an ``error``, or ``cancelled``); its ``usage``
 counts ``input_tokens`` (cached ones in ``input_tokens_details``, which
 also has the ``cache_write_tokens`` OpenAI's types require: 0),
 ``output_tokens`` and ``total_tokens``.
@@ -72,8 +74,16 @@ class ResponseShape:
                 "status": status, "error": None, "incomplete_details": incomplete,
                 "output": output, "usage": usage, **self.echo}
 
-    def started(self) -> dict:
-        return self.body("in_progress", [], None)
+    def started(self, status: str = "in_progress") -> dict:
+        """The response before any output ("queued": a background one not
+        yet running)."""
+        return self.body(status, [], None)
+
+    def failed(self, message: str) -> dict:
+        """A background response that could not finish (OpenAI's
+        ``error``, code "server_error")."""
+        return {**self.body("failed", [], None),
+                "error": {"code": "server_error", "message": message}}
 
     def finished(self, output: list[dict], status: str, usage: dict) -> dict:
         body = self.body(status, output, response_usage(usage))

@@ -44,24 +44,42 @@ OpenAI's ``{"id", "object": "response.deleted", "deleted": true}`` (vLLM
 has no such route); the response is then unknown to every route and to
 ``previous_response_id``. ``input_items`` lists the items the response was
 generated from (``responses_input_items.py``; vLLM has no such route
-either). Only a response run in the background can be cancelled, and this
-server runs none: cancelling a stored response is a 400.
+either).
+
+With ``background`` (vLLM's rules: it needs the store on and the request's
+``store`` left true, else a 400 naming it) the engine accepts the request
+and the call returns at once: the response stored "queued", or with
+``stream`` its events, followed as they come. Its task
+(``responses_background.BackgroundRuns``) runs on: the response is stored
+"in_progress" at the engine's first output and finished as any other
+(``_Run.in_background``), or "failed" when the engine stops first. ``GET``
+polls it; with ``stream`` (a streamed background response only) it gives
+its events after ``starting_after``, the stored ones and then each new
+one (``responses_background.EventLog``). ``POST .../cancel`` stores it
+"cancelled" and cancels its task, which aborts its engine request (its KV
+blocks freed); as vLLM's, cancelling any other response, one not run in
+the background or one finished, is a 400. A client that leaves does not
+cancel it; ``DELETE`` does, and so does the server's shutdown. A running
+response cannot be continued yet: ``previous_response_id`` naming it is a
+400.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import FieldError, ResponsesRequest
-from serving.http.response_store import ResponseStore, stored
+from serving.http.response_store import ResponseStore, StoredResponse, stored
+from serving.http.responses_background import EventLog
 from serving.http.responses_input import (
     chat_request,
     input_messages,
@@ -75,22 +93,23 @@ from serving.http.responses_output import ResponseEvents, ResponseShape, status_
 from serving.http.sampling import capped_max_tokens, choice_params
 from serving.http.serving_chat import chat_prompt
 from serving.http.state import ServerState
-from serving.http.streaming import respond
+from serving.http.streaming import followed_stream, respond
 from serving.http.structured import text_format_constraint
 from serving.http.tools import ToolChoice
 from serving.protocol_core import EngineStoppedError
+
+logger = logging.getLogger(__name__)
 
 
 async def create_response(state: ServerState, request: ResponsesRequest,
                           raw: Request) -> Response:
     state.check_model(request.model)
     request.check_supported()
+    check_background(request, state.response_store)
     if request.max_output_tokens is not None and request.max_output_tokens < 1:
         raise FieldError("max_output_tokens", f"max_output_tokens must be at least 1, got "
                                               f"{request.max_output_tokens}")
-    previous = (None if request.previous_response_id is None else
-                stored(state.response_store, request.previous_response_id,
-                       "previous_response_id"))
+    previous = _previous(state, request)
     history = [] if previous is None else previous.conversation
     turn = input_messages(request.input)
     messages = [*instruction_messages(request), *history, *turn]
@@ -109,11 +128,54 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                            defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, chat.stop_strings(), request.priority)
-    store = state.response_store if request.store else None
+    store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
-               OutputItems(tools.reader()), num_top, store, [*history, *turn], items)
+               OutputItems(tools.reader()), num_top, store, [*history, *turn], items,
+               background=bool(request.background))
+    if run.background:
+        return _start_in_background(state, run, bool(request.stream))
     return await respond(raw, generation, bool(request.stream), run.events, run.collect)
+
+
+def check_background(request: ResponsesRequest, store: ResponseStore | None) -> None:
+    """``background`` needs the response store, on in the server and left
+    on by the request (vLLM's rules); ``FieldError`` naming it else."""
+    if not request.background:
+        return
+    if not request.stores:
+        raise FieldError("background", "background can only be used when store is true")
+    if store is None:
+        raise FieldError("background", "background needs the response store, which this "
+                                       "server does not keep: start it with "
+                                       "--enable-responses-api-store")
+
+
+def _previous(state: ServerState, request: ResponsesRequest) -> StoredResponse | None:
+    """The stored response ``previous_response_id`` names (None: none
+    named); a 404 for one not held, a 400 for one still running, whose
+    answer is not there to continue."""
+    if request.previous_response_id is None:
+        return None
+    previous = stored(state.response_store, request.previous_response_id,
+                      "previous_response_id")
+    if previous.running:
+        raise FieldError("previous_response_id",
+                         f"Response with id {request.previous_response_id!r} is still "
+                         f"{previous.body['status']}: continue it once it has finished")
+    return previous
+
+
+def _start_in_background(state: ServerState, run: _Run, stream: bool) -> Response:
+    """Store the response "queued", run it on in its own task
+    (``BackgroundRuns``) and answer at once: the queued response, or, with
+    ``stream``, its events followed from the first. A client that leaves
+    that stream stops following it; the response runs on."""
+    run.log = EventLog() if stream else None
+    queued = run.shape.started("queued")
+    run.save(queued, run.conversation)
+    state.background.start(run.shape.id, run.in_background())
+    return followed_stream(run.log.follow()) if stream else JSONResponse(queued)
 
 
 def _constraint(request: ResponsesRequest, tools: ToolChoice) -> StructuredOutputsParams | None:
@@ -177,7 +239,7 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict,
             "tools": [tool.model_dump(exclude_unset=True) for tool in request.tools or []],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "truncation": "disabled", "top_logprobs": request.top_logprobs or 0,
-            "reasoning": None, "background": False,
+            "reasoning": None, "background": bool(request.background),
             "service_tier": request.service_tier or "auto", "store": store is not None,
             "user": request.user}
 
@@ -187,7 +249,8 @@ class _Run:
     """One response as the engine generates it: what its whole answer and
     its stream share. ``conversation``: the chat messages before the
     answer (without instructions), and ``input_items`` the same as OpenAI
-    lists them, stored with it."""
+    lists them, stored with it. A ``background`` one is stored at each
+    change of its status, with its events (``log``) when it streams."""
 
     state: ServerState
     generation: Generation
@@ -197,19 +260,39 @@ class _Run:
     store: ResponseStore | None
     conversation: list[dict]
     input_items: list[dict]
+    background: bool = False
+    log: EventLog | None = None
     finish_reason: str | None = None
+    running: bool = False  # whether the engine's output has begun
+    stopped: str | None = None  # why the engine stopped before the end, if it did
+    answered: bool = False  # whether the finished response is made
 
     async def steps(self) -> AsyncIterator[list[Event]]:
         """The item events of each piece of the answer, as it comes."""
         async for event in self.generation.events():
+            self._begin()
             yield self.items.add(event.text, self._logprobs(event),
                                  last=event.finish_reason is not None)
             self.finish_reason = event.finish_reason or self.finish_reason
+
+    def _begin(self) -> None:
+        """At the engine's first output: a background response is stored
+        "in_progress"."""
+        if not self.running:
+            self.running = True
+            if self.background:
+                self.save(self.shape.started(), self.conversation)
 
     def _logprobs(self, event: ChoiceEvent) -> list[dict]:
         if self.num_top is None or event.logprobs is None:
             return []
         return self.state.logprobs.chat(event.token_ids, event.logprobs, self.num_top)
+
+    def save(self, body: dict, conversation: list[dict]) -> None:
+        """Store ``body`` (where the store keeps it) with ``conversation``,
+        the input items and the events."""
+        if self.store is not None:
+            self.store.put(body, conversation, self.input_items, self.log)
 
     def finish(self) -> tuple[list[Event], dict]:
         """The closing item events and the finished response, stored (where
@@ -218,9 +301,8 @@ class _Run:
         status = status_of(self.finish_reason)
         events = self.items.finish(status)
         body = self.shape.finished(self.items.items, status, self.generation.usage())
-        if self.store is not None:
-            self.store.put(body, [*self.conversation, *output_messages(body["output"])],
-                           self.input_items)
+        self.save(body, [*self.conversation, *output_messages(body["output"])])
+        self.answered = True
         return events, body
 
     async def collect(self) -> dict:
@@ -243,12 +325,38 @@ class _Run:
                 for kind, fields in step:
                     yield out.event(kind, **fields)
         except EngineStoppedError as e:
-            yield out.error(e.client_message(), "service_unavailable")
+            self.stopped = e.client_message()
+            yield out.error(self.stopped, "service_unavailable")
             return
         closing, body = self.finish()
         for kind, fields in closing:
             yield out.event(kind, **fields)
         yield out.event(terminal_event(body["status"]), response=body)
+
+    async def in_background(self) -> None:
+        """A background response's task: generate it (each event of a
+        stream into ``log``) and store it finished, or "failed" with the
+        reason when it cannot finish. Cancelled, it stores nothing (its
+        canceller did). However it ends, its engine requests are aborted
+        and its log closed."""
+        try:
+            if self.log is None:
+                await self.collect()
+            else:
+                async for event in self.events():
+                    self.log.append(event)
+        except EngineStoppedError as e:
+            self.stopped = e.client_message()
+        except Exception:
+            logger.exception("background response %s failed", self.shape.id)
+            self.stopped = "the server failed to run this response"
+        finally:
+            self.generation.abort_unfinished()
+            if self.log is not None:
+                self.log.close()
+        if not self.answered:
+            self.save(self.shape.failed(self.stopped or "the response did not finish"),
+                      self.conversation)
 
 
 def terminal_event(status: str) -> str:
@@ -256,18 +364,31 @@ def terminal_event(status: str) -> str:
     return "response.incomplete" if status == "incomplete" else "response.completed"
 
 
-def retrieve_response(state: ServerState, response_id: str, stream: bool) -> dict:
-    """``GET /v1/responses/{id}``: the stored response as it was answered."""
-    if stream:
-        raise FieldError("stream", "stream is not supported when retrieving a response: this "
-                                   "server runs no response in the background")
-    return stored(state.response_store, response_id, None).body
+def retrieve_response(state: ServerState, response_id: str, stream: bool,
+                      starting_after: int | None) -> dict | Response:
+    """``GET /v1/responses/{id}``: the stored response as it stands (a
+    background one as its status last changed); with ``stream``, the
+    events of a streamed background response after ``starting_after``
+    (a sequence number; None: all), followed until it ends."""
+    found = stored(state.response_store, response_id, None)
+    if not stream:
+        return found.body
+    if found.events is None:
+        raise FieldError("stream", f"Response with id {response_id!r} was not created with "
+                                   "background and stream both true: only such a response's "
+                                   "events are kept to be streamed again")
+    if starting_after is not None and starting_after < 0:
+        raise FieldError("starting_after", f"starting_after must be a sequence number, at "
+                                           f"least 0, got {starting_after}")
+    return followed_stream(found.events.follow(starting_after))
 
 
-def delete_response(state: ServerState, response_id: str) -> dict:
-    """``DELETE /v1/responses/{id}``: the stored response is removed."""
+async def delete_response(state: ServerState, response_id: str) -> dict:
+    """``DELETE /v1/responses/{id}``: the stored response is removed; a
+    background one still running is cancelled first."""
     stored(state.response_store, response_id, None)
     state.response_store.delete(response_id)
+    await state.background.cancel(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 
 
@@ -279,10 +400,21 @@ def list_input_items(state: ServerState, response_id: str, params: Mapping[str, 
     return items_page(found.input_items, read_query(params, include))
 
 
-def cancel_response(state: ServerState, response_id: str) -> dict:
-    """``POST /v1/responses/{id}/cancel``: only a background response can be
-    cancelled, and every stored response here has finished."""
-    stored(state.response_store, response_id, None)
-    raise ValueError(f"Response with id {response_id!r} was not created with background: "
-                     "true and cannot be cancelled (this server runs no response in the "
-                     "background)")
+async def cancel_response(state: ServerState, response_id: str) -> dict:
+    """``POST /v1/responses/{id}/cancel``: a background response still
+    queued or in progress is stored "cancelled" and its task cancelled,
+    which aborts its engine requests; the answer is the cancelled
+    response, once they are. As vLLM's, any other response is a 400: one
+    not run in the background, or one that has finished (a cancelled one
+    too)."""
+    found = stored(state.response_store, response_id, None)
+    if not found.body["background"]:
+        raise ValueError(f"Response with id {response_id!r} was not created with background: "
+                         "true and cannot be cancelled: only a background response can be")
+    if not found.running:
+        raise ValueError(f"Response with id {response_id!r} has already finished (status "
+                         f"{found.body['status']!r}) and cannot be cancelled")
+    cancelled = {**found.body, "status": "cancelled"}
+    state.response_store.put(cancelled, found.conversation, found.input_items, found.events)
+    await state.background.cancel(response_id)
+    return cancelled

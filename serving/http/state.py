@@ -1,7 +1,8 @@
 """What every route needs: the link to the engine, the model's tokenizer
 and limits, the metrics, the names the model is served under, the
 tool-call parser that tool_choice "auto" reads answers with (None: "auto" is
-refused) and the Responses API's response store (None: off)."""
+refused), the Responses API's response store (None: off) and its responses
+that run in the background."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
 from serving.http.response_store import ResponseStore
+from serving.http.responses_background import BackgroundRuns
 from serving.http.tools import ToolCallReader
 
 
@@ -32,6 +34,7 @@ class ServerState:
     # generation_config.json's), where beam search ends a sequence.
     eos_token_ids: tuple[int, ...] = ()
     response_store: ResponseStore | None = None
+    background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

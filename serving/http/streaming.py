@@ -5,7 +5,9 @@ the response ends (finished, client disconnected, task cancelled, or never
 started because the client left first), its engine requests are aborted,
 so their KV blocks are freed. ``cancel_on_disconnect`` does the same for a
 non-streaming request: it runs the collecting coroutine until it finishes
-or the client disconnects, whichever comes first.
+or the client disconnects, whichever comes first. ``followed_stream`` is
+the one stream that aborts nothing when it ends: it follows a background
+response, which runs on until it finishes or is cancelled.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def sse(payload: dict) -> str:
 
 class ClientDisconnected(Exception):
     """The client closed the connection before the answer was ready."""
+
+
+def followed_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    """Server-sent ``events`` that follow work this request does not own
+    (a background response's): a client that leaves stops following, and
+    nothing is aborted."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
 
 class EventStream(StreamingResponse):

@@ -14,7 +14,9 @@ them (function tools themselves: ``test_http_responses_tools.py``). The
 response store is off by default, as vLLM's: ``previous_response_id`` is
 then a 404, and so are its other routes, with the same error; on
 (``--enable-responses-api-store``), a stored response is retrieved as it
-was answered, continues as the chat of its conversation, without its
+was answered (background responses: ``test_http_responses_background.py``;
+without the store ``background`` is a 400 saying how to turn it on),
+continues as the chat of its conversation, without its
 instructions, lists its input items as OpenAI lists them (hand-written
 expectations, the ``openai`` package's item types, the client's own
 paging), and once deleted is unknown to every route and to
@@ -438,6 +440,19 @@ def test_without_the_store_previous_response_id_is_404(server, client):
         client.responses.input_items.list(first.id)
 
 
+def test_without_the_store_background_is_a_400_saying_how_to_turn_it_on(server, client):
+    """As vLLM's: a background response needs the store, so the error
+    names ``background`` and the flag that turns the store on."""
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model="tiny", input="hi", max_output_tokens=2,
+                                    background=True, stream=stream)
+        assert raised.value.param == "background"
+        assert "--enable-responses-api-store" in raised.value.message
+    assert client.responses.create(model="tiny", input="hi", max_output_tokens=2,
+                                   background=False).background is False
+
+
 def test_without_the_store_every_stored_response_route_gives_the_gets_404(server):
     """Retrieve, delete, list input items and cancel: one error, OpenAI's
     shape, saying how to turn the store on."""
@@ -685,7 +700,7 @@ def test_a_deleted_response_is_unknown_everywhere(stored_server, stored_client):
 def _entry(name: str, item_chars: int) -> tuple:
     """A small body and conversation, with input items of about
     ``item_chars`` characters."""
-    body = {"id": f"resp_{name}", "object": "response", "output": []}
+    body = {"id": f"resp_{name}", "object": "response", "status": "completed", "output": []}
     item = {"id": f"msg_{name}", "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "x" * item_chars}]}
     return body, [{"role": "user", "content": "x"}], [item]

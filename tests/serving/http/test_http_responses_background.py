@@ -1,0 +1,379 @@
+"""OpenAI's Responses API in the background (``background: true``) on
+``tiny`` with the response store on, driven by the official ``openai``
+client. The reference for every answer is the same request run in the
+foreground (greedy): the create call returns the response "queued", with
+no output; polled with ``client.responses.retrieve`` it ends as the
+foreground answer (status, text, token counts), and its input items are
+the foreground's. Streamed, the create call's events and the events
+``retrieve(id, stream=True)`` replays (all, or after ``starting_after``)
+are the foreground stream's (types, text, final response), each one of
+the ``openai`` package's ``ResponseStreamEvent`` types. A client that
+leaves a background stream does not end the response; ``cancel`` does:
+the response is "cancelled", the engine's running count (``/metrics``)
+returns to 0 with its KV cache empty, a follower's stream ends, and the
+server goes on serving. Cancelling what is not running, a stream of what
+was not streamed in the background, and continuing a running response
+are 400s naming what is wrong; unknown ids 404s. A server stopped with
+background responses running exits cleanly. ``EventLog`` and
+``BackgroundRuns`` are checked by hand on an event loop, and the store's
+bounds pass over running responses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+from serving.http.response_store import ResponseStore
+from serving.http.responses_background import BackgroundRuns, EventLog
+from tests.helpers.http_utils import (
+    metric,
+    openai_client,
+    serving_tiny,
+    start_http,
+    stop_http,
+    wait_for_metric,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+RUNNING = "tprun:num_requests_running"
+# Long enough to be cancelled mid-way (tiny's context is 4096 tokens).
+LONG = dict(model="tiny", input="Tell me a long story.", max_output_tokens=3000,
+            extra_body={"ignore_eos": True})
+EVENTS = TypeAdapter(ResponseStreamEvent)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("http"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats",
+                      "--enable-responses-api-store") as served:
+        yield served
+
+
+def _finished(client, response_id: str, timeout_s: float = 60):
+    """The response once it is no longer queued or in progress (polled)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status not in ("queued", "in_progress") or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
+
+
+def _until_in_progress(client, response_id: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while (response := client.responses.retrieve(response_id)).status == "queued" and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    return response
+
+
+def _typed_events(method: str, url: str, **kwargs) -> list:
+    """A response stream's events, each validated as the ``openai``
+    package's ``ResponseStreamEvent`` with every required field."""
+    events = []
+    with httpx.stream(method, url, timeout=60, **kwargs) as stream:
+        assert stream.status_code == 200, stream.read()
+        for line in stream.iter_lines():
+            if line.startswith("data: "):
+                events.append(EVENTS.validate_json(line[len("data: "):]))
+    return events
+
+
+def _counts(response) -> tuple:
+    usage = response.usage
+    return usage.input_tokens, usage.output_tokens, usage.total_tokens
+
+
+def _text(events) -> str:
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+@pytest.mark.parametrize("fields", [
+    {"max_output_tokens": 16},
+    {"max_output_tokens": 5, "extra_body": {"ignore_eos": True}},  # cut: "incomplete"
+    {"max_output_tokens": 8, "instructions": "Be brief.", "include":
+        ["message.output_text.logprobs"], "top_logprobs": 2},
+])
+def test_a_polled_background_response_is_the_foreground_answer(server, client, fields):
+    ask = dict(model="tiny", input="Name a color.", temperature=0, **fields)
+    foreground = client.responses.create(**ask)
+    queued = client.responses.create(**ask, background=True)
+    assert (queued.status, queued.background, queued.output, queued.usage) == \
+        ("queued", True, [], None)
+    done = _finished(client, queued.id)
+    assert done.id == queued.id and done.background is True and foreground.background is False
+    assert done.status == foreground.status and done.status in ("completed", "incomplete")
+    assert done.output_text == foreground.output_text
+    assert _counts(done) == _counts(foreground)
+    assert [e.token for e in done.output[0].content[0].logprobs] == \
+        [e.token for e in foreground.output[0].content[0].logprobs]
+    raw = httpx.get(f"{server.url}/v1/responses/{queued.id}", timeout=60).json()
+    assert Response.model_validate(raw).model_dump() == done.model_dump()
+    listed = [[(p.type, p.text) for p in item.content]
+              for item in client.responses.input_items.list(done.id)]
+    assert listed == [[(p.type, p.text) for p in item.content]
+                      for item in client.responses.input_items.list(foreground.id)]
+
+
+def test_a_streamed_background_response_replays_the_foreground_stream(server, client):
+    body = {"model": "tiny", "input": "Tell me a story.", "temperature": 0,
+            "max_output_tokens": 24, "stream": True}
+    url = f"{server.url}/v1/responses"
+    foreground = _typed_events("POST", url, json=body)
+    created = _typed_events("POST", url, json={**body, "background": True})
+    response_id = created[0].response.id
+    kinds = [e.type for e in foreground]
+    assert [e.type for e in created] == kinds and kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in created] == list(range(len(kinds)))
+    assert _text(created) == _text(foreground) == foreground[-1].response.output_text
+    final = created[-1].response
+    assert final.background is True and final.output_text == foreground[-1].response.output_text
+    assert _counts(final) == _counts(foreground[-1].response)
+    assert client.responses.retrieve(response_id).model_dump() == final.model_dump()
+
+    replayed = _typed_events("GET", f"{url}/{response_id}", params={"stream": "true"})
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in created]
+    with client.responses.retrieve(response_id, stream=True) as stream:  # the client's way
+        assert [e.model_dump() for e in stream] == [e.model_dump() for e in created]
+    with client.responses.retrieve(response_id, stream=True, starting_after=3) as stream:
+        after = list(stream)
+    assert [e.model_dump() for e in after] == [e.model_dump() for e in created[4:]]
+    last = created[-1].sequence_number
+    with client.responses.retrieve(response_id, stream=True, starting_after=last) as stream:
+        assert list(stream) == []
+
+
+def test_cancel_stops_the_engine_request_and_the_server_goes_on(server, client):
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    started = client.responses.create(**LONG, background=True)
+    assert _until_in_progress(client, started.id).status == "in_progress"
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 1) == 1
+    cancelled = client.responses.cancel(started.id)
+    assert (cancelled.id, cancelled.status, cancelled.background) == \
+        (started.id, "cancelled", True)
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    assert metric(server.url, "tprun:kv_cache_usage_perc") == 0
+    assert client.responses.retrieve(started.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError, match="already finished") as raised:
+        client.responses.cancel(started.id)  # vLLM's answer to a finished one
+    assert "cancelled" in raised.value.message
+    assert client.responses.input_items.list(started.id).data[0].content[0].text == \
+        LONG["input"]
+    again = client.responses.create(model="tiny", input="Hi", temperature=0,
+                                    max_output_tokens=4)
+    assert again.status in ("completed", "incomplete") and again.usage.output_tokens >= 1
+
+
+def test_a_client_that_leaves_a_background_stream_does_not_end_it(server, client):
+    """Left after its first event, the response runs to its end; its
+    events, followed live after ``starting_after`` from another
+    connection, go on to that end."""
+    body = {"model": "tiny", "input": "Count.", "temperature": 0, "max_output_tokens": 200,
+            "ignore_eos": True, "stream": True, "background": True}
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as stream:
+        first = next(line for line in stream.iter_lines() if line.startswith("data: "))
+    response_id = json.loads(first[len("data: "):])["response"]["id"]
+    with client.responses.retrieve(response_id, stream=True, starting_after=0) as stream:
+        followed = list(stream)
+    assert followed[0].sequence_number == 1 and followed[-1].type == "response.incomplete"
+    done = _finished(client, response_id)
+    assert (done.status, done.usage.output_tokens) == ("incomplete", 200)
+    assert _text(followed) == done.output_text == followed[-1].response.output_text
+    foreground = client.responses.create(model="tiny", input="Count.", temperature=0,
+                                         max_output_tokens=200, extra_body={"ignore_eos": True})
+    assert done.output_text == foreground.output_text
+
+
+def test_a_follower_of_a_cancelled_stream_sees_it_end(server, client):
+    """Cancelled mid-way, a streamed background response's followers get
+    every event it logged, then the end of the stream (no terminal event:
+    OpenAI's stream events have none for "cancelled"); a replay gives
+    the same."""
+    body = dict(LONG, stream=True, background=True)
+    with client.responses.create(**body) as stream:
+        events = iter(stream)
+        response_id = next(events).response.id
+        seen = [next(events) for _ in range(6)]  # up to some text deltas
+        assert seen[-1].type == "response.output_text.delta"
+        assert client.responses.cancel(response_id).status == "cancelled"
+        rest = list(events)
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    kinds = {e.type for e in rest}
+    assert kinds <= {"response.output_text.delta"}
+    with client.responses.retrieve(response_id, stream=True, starting_after=6) as replay:
+        assert [e.model_dump() for e in replay] == [e.model_dump() for e in rest]
+    assert _finished(client, response_id).status == "cancelled"
+
+
+def test_what_cannot_be_cancelled_or_streamed_is_a_400(server, client):
+    foreground = client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="background: true"):
+        client.responses.cancel(foreground.id)
+    polled = client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                     background=True)
+    assert _finished(client, polled.id).status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError, match="already finished"):
+        client.responses.cancel(polled.id)
+    for response_id in (foreground.id, polled.id):  # neither was streamed in the background
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.retrieve(response_id, stream=True)
+        assert raised.value.param == "stream" and "background" in raised.value.message
+    with pytest.raises(openai.NotFoundError) as raised:
+        client.responses.cancel("resp_never_made")
+    assert "resp_never_made" in raised.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_never_made", stream=True)
+    streamed = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                            stream=True, background=True))
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.retrieve(streamed[0].response.id, stream=True, starting_after=-2)
+    assert raised.value.param == "starting_after"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"store": False}, "store"),
+    ({"store": False, "stream": True}, "store"),
+])
+def test_background_without_store_is_a_400_naming_it(client, fields, message):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                background=True, **fields)
+    assert raised.value.param == "background" and message in raised.value.message
+    assert "background" in raised.value.message
+
+
+def test_a_running_response_is_continued_only_once_finished(server, client):
+    started = client.responses.create(**LONG, background=True)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input="More", max_output_tokens=2,
+                                previous_response_id=started.id)
+    assert raised.value.param == "previous_response_id" and "still" in raised.value.message
+    client.responses.cancel(started.id)
+    short = client.responses.create(model="tiny", input="Hi", temperature=0,
+                                    max_output_tokens=4, background=True)
+    first = _finished(client, short.id)
+    second = client.responses.create(model="tiny", input="Go on.", temperature=0,
+                                     max_output_tokens=4, previous_response_id=first.id)
+    chat = client.chat.completions.create(
+        model="tiny", temperature=0, max_tokens=4,
+        messages=[{"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": first.output_text},
+                  {"role": "user", "content": "Go on."}])
+    assert second.output_text == chat.choices[0].message.content
+
+
+def test_deleting_a_running_response_cancels_it(server, client):
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    started = client.responses.create(**LONG, background=True)
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 1) == 1
+    assert client.responses.delete(started.id) is None
+    assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    assert metric(server.url, "tprun:kv_cache_usage_perc") == 0
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(started.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel(started.id)
+
+
+def test_a_server_stopped_with_background_responses_running_exits_cleanly(tmp_path):
+    """One polled, one streamed with its follower still connected: the
+    server exits with code 0, no process left, nothing failed."""
+    served = start_http(tmp_path, "serve", "--model", "tiny", "--device", "cpu",
+                        "--disable-log-stats", "--enable-responses-api-store")
+    try:
+        with openai_client(served) as client:
+            client.responses.create(**LONG, background=True)
+            with client.responses.create(**LONG, background=True, stream=True) as stream:
+                next(iter(stream))
+                assert wait_for_metric(served.url, RUNNING, lambda v: v == 2) == 2
+                code, output, leftovers = stop_http(served)
+    finally:
+        if served.proc.poll() is None:
+            stop_http(served)
+    assert code == 0 and not leftovers, output
+    assert "Traceback" not in output and "Task was destroyed" not in output, output
+
+
+def test_event_log_followers_get_logged_and_new_events_until_closed():
+    async def scenario():
+        log = EventLog()
+        log.append("e0")
+        log.append("e1")
+        everything = asyncio.ensure_future(_gather(log.follow()))
+        after_0 = asyncio.ensure_future(_gather(log.follow(0)))
+        past_the_end = asyncio.ensure_future(_gather(log.follow(5)))
+        await asyncio.sleep(0)
+        log.append("e2")
+        await asyncio.sleep(0)
+        log.append("e3")
+        log.close()
+        late = await _gather(log.follow(1))
+        return await everything, await after_0, await past_the_end, late, log.chars()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == (
+        ["e0", "e1", "e2", "e3"], ["e1", "e2", "e3"], [], ["e2", "e3"], 8)
+
+
+async def _gather(events) -> list[str]:
+    return [event async for event in events]
+
+
+def test_background_runs_hold_their_tasks_until_done_and_cancel_them():
+    """A task is held while it runs and let go when done; ``cancel``
+    returns once the cancelled task's ``finally`` has run; ``shutdown``
+    ends every task still running."""
+    async def scenario():
+        runs, ended = BackgroundRuns(), []
+
+        async def work(name: str, forever: bool) -> None:
+            try:
+                await asyncio.sleep(3600 if forever else 0)
+            finally:
+                ended.append(name)
+
+        runs.start("a", work("a", forever=True))
+        runs.start("b", work("b", forever=True))
+        runs.start("c", work("c", forever=False))
+        assert all(runs.running(name) for name in "abc")
+        await asyncio.sleep(0.01)
+        assert ended == ["c"] and not runs.running("c") and sorted(runs.tasks) == ["a", "b"]
+        await runs.cancel("a")
+        assert ended == ["c", "a"] and list(runs.tasks) == ["b"]
+        await runs.cancel("a")  # no longer running: nothing to do
+        await runs.shutdown()
+        return ended, dict(runs.tasks)
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == (["c", "a", "b"], {})
+
+
+def _entry(name: str, status: str) -> tuple:
+    body = {"id": f"resp_{name}", "object": "response", "status": status, "output": []}
+    return body, [{"role": "user", "content": "x" * 100}], []
+
+
+def test_the_stores_bounds_pass_over_running_responses():
+    """Under a bound of 2 entries, running responses are never dropped:
+    the oldest finished one goes instead, and with none finished the
+    bound is exceeded; once finished (stored again, as the newest) a
+    response is dropped as any other."""
+    store = ResponseStore(max_responses=2)
+    store.put(*_entry("a", "queued"))
+    store.put(*_entry("b", "completed"))
+    store.put(*_entry("c", "in_progress"))
+    assert list(store.entries) == ["resp_a", "resp_c"]
+    store.put(*_entry("d", "queued"))
+    assert list(store.entries) == ["resp_a", "resp_c", "resp_d"]
+    store.put(*_entry("a", "completed"))  # finished: the newest, kept
+    assert list(store.entries) == ["resp_c", "resp_d", "resp_a"]
+    store.put(*_entry("c", "cancelled"))
+    assert list(store.entries) == ["resp_d", "resp_c"]
+    assert store.chars == sum(entry.chars for entry in store.entries.values())
