@@ -14,13 +14,17 @@ returns to 0 with its KV cache empty, a follower's stream ends, and the
 server goes on serving. Cancelling what is not running, a stream of what
 was not streamed in the background, and continuing a running response
 are 400s naming what is wrong; unknown ids 404s. A server stopped with
-background responses running exits cleanly. ``EventLog`` and
+background responses running exits cleanly. In process, over an engine
+link that never finishes a request: the app's shutdown aborts the running
+ones' engine requests before the link closes, and an engine that stops
+leaves them "failed" with OpenAI's ``error``. ``EventLog`` and
 ``BackgroundRuns`` are checked by hand on an event loop, and the store's
 bounds pass over running responses."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -29,7 +33,11 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
+from starlette.testclient import TestClient
 
+from checkpoint.tokenizer import Tokenizer
+from ipc.engine_messages import EngineStopped, RequestAccepted
+from serving.http.app import create_app
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns, EventLog
 from tests.helpers.http_utils import (
@@ -44,6 +52,7 @@ from tests.helpers.http_utils import (
 pytestmark = pytest.mark.timeout(180)
 
 RUNNING = "tprun:num_requests_running"
+GENERATED = "tprun:generation_tokens_total"
 # Long enough to be cancelled mid-way (tiny's context is 4096 tokens).
 LONG = dict(model="tiny", input="Tell me a long story.", max_output_tokens=3000,
             extra_body={"ignore_eos": True})
@@ -153,7 +162,10 @@ def test_a_streamed_background_response_replays_the_foreground_stream(server, cl
 
 
 def test_cancel_stops_the_engine_request_and_the_server_goes_on(server, client):
+    """Cancelled once it runs, the response's engine request ends short of
+    its 3000 tokens (the engine's own count of generated tokens)."""
     assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
+    generated = metric(server.url, GENERATED)
     started = client.responses.create(**LONG, background=True)
     assert _until_in_progress(client, started.id).status == "in_progress"
     assert wait_for_metric(server.url, RUNNING, lambda v: v == 1) == 1
@@ -162,6 +174,7 @@ def test_cancel_stops_the_engine_request_and_the_server_goes_on(server, client):
         (started.id, "cancelled", True)
     assert wait_for_metric(server.url, RUNNING, lambda v: v == 0) == 0
     assert metric(server.url, "tprun:kv_cache_usage_perc") == 0
+    assert 0 < metric(server.url, GENERATED) - generated < LONG["max_output_tokens"]
     assert client.responses.retrieve(started.id).status == "cancelled"
     with pytest.raises(openai.BadRequestError, match="already finished") as raised:
         client.responses.cancel(started.id)  # vLLM's answer to a finished one
@@ -301,6 +314,86 @@ def test_a_server_stopped_with_background_responses_running_exits_cleanly(tmp_pa
             stop_http(served)
     assert code == 0 and not leftovers, output
     assert "Traceback" not in output and "Task was destroyed" not in output, output
+
+
+class _AcceptingLink:
+    """An engine link that accepts every request and sends no output, so
+    each runs until it is aborted (or, with ``stops``, the engine stops
+    right after accepting it); it notes the requests still live when it is
+    closed."""
+
+    def __init__(self, stops: bool = False) -> None:
+        self.ids = itertools.count()
+        self.live: set[str] = set()
+        self.live_at_close: set[str] | None = None
+        self.stops = stops
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.live_at_close = set(self.live)
+
+    def new_id(self) -> str:
+        return f"req-{next(self.ids)}"
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        self.live.add(request_id)
+        queue.put_nowait(RequestAccepted(request_id=request_id,
+                                         prompt_token_ids=list(prompt_token_ids)))
+        if self.stops:
+            queue.put_nowait(EngineStopped(reason="a worker died\ntraceback"))
+
+    def abort(self, request_id: str) -> None:
+        self.live.discard(request_id)
+
+    forget = abort
+
+
+def test_the_apps_shutdown_aborts_running_background_responses_before_its_link_closes(
+        tiny_dir):
+    """In process, with an engine link that never finishes a request: two
+    background responses (one streamed) are running when the app shuts
+    down, and their engine requests are aborted before the link closes."""
+    link = _AcceptingLink()
+    app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
+                     enable_responses_api_store=True)
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 8, "background": True}
+    with TestClient(app) as http:
+        queued = http.post("/v1/responses", json=body)
+        assert queued.status_code == 200 and queued.json()["status"] == "queued"
+        with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
+            assert stream.status_code == 200
+        assert len(link.live) == 2
+        assert http.get(f"/v1/responses/{queued.json()['id']}").json()["status"] == "queued"
+    assert link.live_at_close == set()
+
+
+def test_a_background_response_the_engine_stops_ends_failed(tiny_dir):
+    """The engine stops after accepting: the polled response ends "failed"
+    with OpenAI's ``error`` (the reason's first line), the streamed one's
+    events end with the stream's error event, and both are stored so."""
+    app = create_app(_AcceptingLink(stops=True), Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
+                     enable_responses_api_store=True)
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 8, "background": True}
+    with TestClient(app) as http:
+        response_id = http.post("/v1/responses", json=body).json()["id"]
+        streamed = http.post("/v1/responses", json={**body, "stream": True}).text
+        events = [EVENTS.validate_json(line[len("data: "):])
+                  for line in streamed.splitlines() if line.startswith("data: ")]
+        deadline = time.monotonic() + 30
+        while (polled := http.get(f"/v1/responses/{response_id}").json())["status"] in \
+                ("queued", "in_progress") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stored = http.get(f"/v1/responses/{events[0].response.id}").json()
+    for failed in (polled, stored):
+        assert Response.model_validate(failed).status == "failed"
+        assert failed["error"] == {"code": "server_error",
+                                   "message": "the engine stopped: a worker died"}
+    assert [e.type for e in events] == ["response.created", "response.in_progress",
+                                        "response.output_item.added",
+                                        "response.content_part.added", "error"]
+    assert events[-1].message == "the engine stopped: a worker died"
 
 
 def test_event_log_followers_get_logged_and_new_events_until_closed():
