@@ -104,14 +104,27 @@ def read_query(params: Mapping[str, str], include: list[str]) -> InputItemsQuery
     if order not in ORDERS:
         raise FieldError("order", f'order must be "asc" or "desc", got {order!r}')
     limit = params.get("limit", str(DEFAULT_LIMIT))
-    if not limit.strip().isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+    count = _count(limit)
+    if count is None:
         raise FieldError("limit", f"limit must be a whole number from 1 to {MAX_LIMIT}, "
                                   f"got {limit!r}")
     for i, value in enumerate(include):
         if value not in INCLUDABLE:
             raise FieldError(f"include.{i}", f"include {value!r} is not supported by this "
                                              f"server (it takes {', '.join(INCLUDABLE)})")
-    return InputItemsQuery(order, int(limit), params.get("after"), OUTPUT_LOGPROBS in include)
+    return InputItemsQuery(order, count, params.get("after"), OUTPUT_LOGPROBS in include)
+
+
+def _count(limit: str) -> int | None:
+    """``limit`` as a count from 1 to ``MAX_LIMIT`` in ASCII digits (spaces
+    around allowed); None for anything else. The digits are checked before
+    ``int`` reads them: it refuses some characters ``str.isdigit`` takes
+    (superscripts) and numbers past its limit of digits."""
+    text = limit.strip()
+    if not text.isascii() or not text.isdigit() or len(text.lstrip("0")) > len(str(MAX_LIMIT)):
+        return None
+    count = int(text)
+    return count if 1 <= count <= MAX_LIMIT else None
 
 
 def items_page(items: list[dict], query: InputItemsQuery) -> dict:

@@ -643,6 +643,8 @@ def test_input_items_show_earlier_logprobs_where_include_asks(stored_server, sto
     ({"limit": 0}, "limit"),
     ({"limit": 101}, "limit"),
     ({"extra_query": {"limit": "ten"}}, "limit"),
+    ({"extra_query": {"limit": "\u00b2"}}, "limit"),  # a digit to str.isdigit, not to int
+    ({"extra_query": {"limit": "9" * 5000}}, "limit"),  # past int()'s digits
     ({"order": "up"}, "order"),
     ({"after": "msg_not_there"}, "after"),
     ({"include": [LOGPROBS, "web_search_call.results"]}, "include.1"),
