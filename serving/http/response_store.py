@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from serving.http.protocol import FieldError
 from serving.http.responses_background import EventLog
@@ -84,22 +84,36 @@ class ResponseStore:
         """Keep ``body`` (under its ``id``, as the newest entry), its
         conversation, its input items and its events, dropping the oldest
         finished entries past the bounds."""
-        chars = sum(len(json.dumps(part)) for part in (body, conversation, input_items))
-        chars += 0 if events is None else events.chars()
         self.delete(body["id"])
-        self.entries[body["id"]] = StoredResponse(body, conversation, input_items, chars,
-                                                  events)
-        self.chars += chars
+        entry = StoredResponse(body, conversation, input_items, 0, events)
+        self._keep(replace(entry, chars=_size(entry)))
+
+    def recount(self, response_id: str) -> None:
+        """Count ``response_id``'s entry again, in its place, for the events
+        logged since it was put (a streamed background response's last
+        ones come after its finished body is stored); then the bounds hold
+        as after a ``put``. Nothing for an id not held."""
+        entry = self.entries.get(response_id)
+        if entry is not None:
+            self.chars -= entry.chars
+            self._keep(replace(entry, chars=_size(entry)))
+
+    def _keep(self, entry: StoredResponse) -> None:
+        """Hold ``entry`` (where its id is, else as the newest) and count
+        it; drop the oldest finished entries, never it, past the bounds."""
+        response_id = entry.body["id"]
+        self.entries[response_id] = entry
+        self.chars += entry.chars
         while len(self.entries) > self.max_responses or self.chars > self.max_chars:
-            oldest = self._oldest_finished(body["id"])
+            oldest = self._oldest_finished(response_id)
             if oldest is None:
                 break
             self.delete(oldest)
 
-    def _oldest_finished(self, newest: str) -> str | None:
-        """The oldest entry that may be dropped: finished, not ``newest``."""
+    def _oldest_finished(self, kept: str) -> str | None:
+        """The oldest entry that may be dropped: finished, not ``kept``."""
         return next((response_id for response_id, entry in self.entries.items()
-                     if not entry.running and response_id != newest), None)
+                     if not entry.running and response_id != kept), None)
 
     def get(self, response_id: str) -> StoredResponse | None:
         return self.entries.get(response_id)
@@ -110,6 +124,14 @@ class ResponseStore:
         if dropped is not None:
             self.chars -= dropped.chars
         return dropped
+
+
+def _size(entry: StoredResponse) -> int:
+    """What ``entry`` counts against ``max_chars``: the JSON text of its
+    body, conversation and input items, and its events' text."""
+    parts = (entry.body, entry.conversation, entry.input_items)
+    chars = sum(len(json.dumps(part)) for part in parts)
+    return chars + (0 if entry.events is None else entry.events.chars())
 
 
 def stored(store: ResponseStore | None, response_id: str, param: str | None) -> StoredResponse:

@@ -338,7 +338,7 @@ class _Run:
         stream into ``log``) and store it finished, or "failed" with the
         reason when it cannot finish. Cancelled, it stores nothing (its
         canceller did). However it ends, its engine requests are aborted
-        and its log closed."""
+        and its log closed, and the store counts every logged event."""
         try:
             if self.log is None:
                 await self.collect()
@@ -354,6 +354,8 @@ class _Run:
             self.generation.abort_unfinished()
             if self.log is not None:
                 self.log.close()
+                if self.store is not None:  # its last events came after it was stored
+                    self.store.recount(self.shape.id)
         if not self.answered:
             self.save(self.shape.failed(self.stopped or "the response did not finish"),
                       self.conversation)

@@ -18,8 +18,9 @@ background responses running exits cleanly. In process, over an engine
 link that never finishes a request: the app's shutdown aborts the running
 ones' engine requests before the link closes, and an engine that stops
 leaves them "failed" with OpenAI's ``error``. ``EventLog`` and
-``BackgroundRuns`` are checked by hand on an event loop, and the store's
-bounds pass over running responses."""
+``BackgroundRuns`` are checked by hand on an event loop, the store's
+bounds pass over running responses, and it counts every event of a
+streamed one."""
 
 from __future__ import annotations
 
@@ -36,10 +37,15 @@ from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
 from checkpoint.tokenizer import Tokenizer
-from ipc.engine_messages import EngineStopped, RequestAccepted
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted
 from serving.http.app import create_app
+from serving.http.logprobs import LogprobsFormatter
+from serving.http.metrics import Metrics
+from serving.http.protocol import ResponsesRequest
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns, EventLog
+from serving.http.serving_responses import create_response
+from serving.http.state import ServerState
 from tests.helpers.http_utils import (
     metric,
     openai_client,
@@ -394,6 +400,42 @@ def test_a_background_response_the_engine_stops_ends_failed(tiny_dir):
                                         "response.output_item.added",
                                         "response.content_part.added", "error"]
     assert events[-1].message == "the engine stopped: a worker died"
+
+
+class _AnsweringLink(_AcceptingLink):
+    """An engine link that accepts every request and answers it at once:
+    two tokens, cut at ``max_tokens`` ("length")."""
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        super().submit(request_id, prompt_token_ids, params, queue, priority)
+        queue.put_nowait(Delta(request_id=request_id, token_ids=[72, 105], text="Hi",
+                               finished=True, finish_reason="length"))
+
+
+def test_the_store_counts_every_event_of_a_streamed_background_response(tiny_dir):
+    """In process: once a streamed background response has ended, the
+    store counts it as its bound says, the JSON text of its body,
+    conversation and input items and every logged event, up to the last
+    (``response.incomplete``, logged after the finished response was
+    stored), and its total is that entry's."""
+    tokenizer = Tokenizer.from_dir(tiny_dir)
+    state = ServerState(_AnsweringLink(), tokenizer, ("tiny",), 4096, Metrics("tiny"),
+                        LogprobsFormatter(tokenizer), response_store=ResponseStore())
+    request = ResponsesRequest(model="tiny", input="Hi", max_output_tokens=2, background=True,
+                               stream=True)
+
+    async def scenario() -> None:
+        await create_response(state, request, None)
+        await asyncio.wait(list(state.background.tasks.values()))
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    (entry,) = state.response_store.entries.values()
+    last = json.loads(entry.events.events[-1].split("data: ", 1)[1])
+    assert entry.events.closed and last["type"] == "response.incomplete"
+    assert last["response"] == entry.body
+    parts = (entry.body, entry.conversation, entry.input_items)
+    want = sum(len(json.dumps(part)) for part in parts) + sum(map(len, entry.events.events))
+    assert entry.chars == state.response_store.chars == want
 
 
 def test_event_log_followers_get_logged_and_new_events_until_closed():
