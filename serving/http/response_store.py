@@ -88,6 +88,15 @@ class ResponseStore:
         entry = StoredResponse(body, conversation, input_items, 0, events)
         self._keep(replace(entry, chars=_size(entry)))
 
+    def put_cancelled(self, response_id: str) -> dict:
+        """Store ``response_id``'s entry again (as the newest) with status
+        "cancelled", all else as it was; the cancelled body. ``KeyError``
+        for an id not held."""
+        entry = self.entries[response_id]
+        cancelled = {**entry.body, "status": "cancelled"}
+        self.put(cancelled, entry.conversation, entry.input_items, entry.events)
+        return cancelled
+
     def recount(self, response_id: str) -> None:
         """Count ``response_id``'s entry again, in its place, for the events
         logged since it was put (a streamed background response's last

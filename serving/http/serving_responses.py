@@ -52,14 +52,17 @@ and the call returns at once: the response stored "queued", or with
 ``stream`` its events, followed as they come. Its task
 (``responses_background.BackgroundRuns``) runs on: the response is stored
 "in_progress" at the engine's first output and finished as any other
-(``_Run.in_background``), or "failed" when the engine stops first. ``GET``
+(``_Run.in_background``), or "failed" when the engine stops first; when
+its task is done, however it ended, ``_Run.background_ended`` aborts what
+the engine still runs of it and closes its events. ``GET``
 polls it; with ``stream`` (a streamed background response only) it gives
 its events after ``starting_after``, the stored ones and then each new
 one (``responses_background.EventLog``). ``POST .../cancel`` stores it
 "cancelled" and cancels its task, which aborts its engine request (its KV
 blocks freed); as vLLM's, cancelling any other response, one not run in
 the background or one finished, is a 400. A client that leaves does not
-cancel it; ``DELETE`` does, and so does the server's shutdown. A running
+cancel it; ``DELETE`` does, and so does the server's shutdown (the
+response then stored "cancelled"). A running
 response cannot be continued yet: ``previous_response_id`` naming it is a
 400.
 """
@@ -130,11 +133,12 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     await generation.start([prompt], params, chat.stop_strings(), request.priority)
     store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
+    log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
                OutputItems(tools.reader()), num_top, store, [*history, *turn], items,
-               background=bool(request.background))
+               background=bool(request.background), log=log)
     if run.background:
-        return _start_in_background(state, run, bool(request.stream))
+        return _start_in_background(state, run)
     return await respond(raw, generation, bool(request.stream), run.events, run.collect)
 
 
@@ -166,16 +170,18 @@ def _previous(state: ServerState, request: ResponsesRequest) -> StoredResponse |
     return previous
 
 
-def _start_in_background(state: ServerState, run: _Run, stream: bool) -> Response:
+def _start_in_background(state: ServerState, run: _Run) -> Response:
     """Store the response "queued", run it on in its own task
-    (``BackgroundRuns``) and answer at once: the queued response, or, with
-    ``stream``, its events followed from the first. A client that leaves
-    that stream stops following it; the response runs on."""
-    run.log = EventLog() if stream else None
+    (``BackgroundRuns``, which calls ``run.background_ended`` when the task
+    is done) and answer at once: the queued response, or, for one that
+    streams (``run.log``), its events followed from the first. A client
+    that leaves that stream stops following it; the response runs on."""
     queued = run.shape.started("queued")
     run.save(queued, run.conversation)
-    state.background.start(run.shape.id, run.in_background())
-    return followed_stream(run.log.follow()) if stream else JSONResponse(queued)
+    state.background.start(run.shape.id, run.in_background(), run.background_ended)
+    if run.log is not None:
+        return followed_stream(run.log.follow())
+    return JSONResponse(queued)
 
 
 def _constraint(request: ResponsesRequest, tools: ToolChoice) -> StructuredOutputsParams | None:
@@ -250,7 +256,8 @@ class _Run:
     its stream share. ``conversation``: the chat messages before the
     answer (without instructions), and ``input_items`` the same as OpenAI
     lists them, stored with it. A ``background`` one is stored at each
-    change of its status, with its events (``log``) when it streams."""
+    change of its status, with its events (``log``, given to a background
+    one that streams, None else) when it streams."""
 
     state: ServerState
     generation: Generation
@@ -336,9 +343,8 @@ class _Run:
     async def in_background(self) -> None:
         """A background response's task: generate it (each event of a
         stream into ``log``) and store it finished, or "failed" with the
-        reason when it cannot finish. Cancelled, it stores nothing (its
-        canceller did). However it ends, its engine requests are aborted
-        and its log closed, and the store counts every logged event."""
+        reason when it cannot finish. Cancelled, it stores nothing here;
+        ``background_ended`` ends it, whether it ran or not."""
         try:
             if self.log is None:
                 await self.collect()
@@ -350,15 +356,28 @@ class _Run:
         except Exception:
             logger.exception("background response %s failed", self.shape.id)
             self.stopped = "the server failed to run this response"
-        finally:
-            self.generation.abort_unfinished()
-            if self.log is not None:
-                self.log.close()
-                if self.store is not None:  # its last events came after it was stored
-                    self.store.recount(self.shape.id)
         if not self.answered:
             self.save(self.shape.failed(self.stopped or "the response did not finish"),
                       self.conversation)
+
+    def background_ended(self, _task: asyncio.Task) -> None:
+        """The end of a background response's task, however it came
+        (finished, failed, or cancelled, even before it ever ran): its
+        engine requests are aborted and its log closed (a follower's stream
+        ends), and its stored entry is final and counted with every logged
+        event. An entry still stored running was cancelled by the server's
+        shutdown (the cancel route stores it "cancelled" first, DELETE
+        removes it): it is stored "cancelled"."""
+        self.generation.abort_unfinished()
+        if self.log is not None:
+            self.log.close()
+        found = None if self.store is None else self.store.get(self.shape.id)
+        if found is None:
+            return
+        if found.running:
+            self.store.put_cancelled(self.shape.id)
+        else:  # a stream's last events came after its finished body was stored
+            self.store.recount(self.shape.id)
 
 
 def terminal_event(status: str) -> str:
@@ -416,7 +435,6 @@ async def cancel_response(state: ServerState, response_id: str) -> dict:
     if not found.running:
         raise ValueError(f"Response with id {response_id!r} has already finished (status "
                          f"{found.body['status']!r}) and cannot be cancelled")
-    cancelled = {**found.body, "status": "cancelled"}
-    state.response_store.put(cancelled, found.conversation, found.input_items, found.events)
+    cancelled = state.response_store.put_cancelled(response_id)
     await state.background.cancel(response_id)
     return cancelled

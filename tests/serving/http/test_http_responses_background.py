@@ -16,8 +16,11 @@ was not streamed in the background, and continuing a running response
 are 400s naming what is wrong; unknown ids 404s. A server stopped with
 background responses running exits cleanly. In process, over an engine
 link that never finishes a request: the app's shutdown aborts the running
-ones' engine requests before the link closes, and an engine that stops
-leaves them "failed" with OpenAI's ``error``. ``EventLog`` and
+ones' engine requests before the link closes, an engine that stops
+leaves them "failed" with OpenAI's ``error``, and a response cancelled
+(by the cancel route, DELETE or the shutdown) before its task ever ran
+ends as one cancelled mid-way: its engine request aborted, its events'
+log closed, its entry "cancelled" (or gone). ``EventLog`` and
 ``BackgroundRuns`` are checked by hand on an event loop, the store's
 bounds pass over running responses, and it counts every event of a
 streamed one."""
@@ -25,6 +28,7 @@ streamed one."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import time
@@ -44,7 +48,7 @@ from serving.http.metrics import Metrics
 from serving.http.protocol import ResponsesRequest
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns, EventLog
-from serving.http.serving_responses import create_response
+from serving.http.serving_responses import cancel_response, create_response, delete_response
 from serving.http.state import ServerState
 from tests.helpers.http_utils import (
     metric,
@@ -402,6 +406,55 @@ def test_a_background_response_the_engine_stops_ends_failed(tiny_dir):
     assert events[-1].message == "the engine stopped: a worker died"
 
 
+@pytest.mark.parametrize("started", [False, True])
+@pytest.mark.parametrize("canceller", ["cancel", "delete", "shutdown"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_background_response_cancelled_before_or_after_it_ran_ends_whole(
+        tiny_dir, canceller, stream, started):
+    """In process, over an engine link that never finishes a request: a
+    background response cancelled by the cancel route, DELETE or the
+    server's shutdown, right after its create call returned (its task not
+    yet run) or once its task has run, has its engine request aborted, its
+    log closed (a follower's stream ends) and its stored entry final:
+    "cancelled", or gone after DELETE."""
+    tokenizer = Tokenizer.from_dir(tiny_dir)
+    link = _AcceptingLink()
+    state = ServerState(link, tokenizer, ("tiny",), 4096, Metrics("tiny"),
+                        LogprobsFormatter(tokenizer), response_store=ResponseStore())
+    request = ResponsesRequest(model="tiny", input="Hi", max_output_tokens=8, background=True,
+                               stream=stream)
+
+    async def scenario():
+        await create_response(state, request, None)
+        ((response_id, task),) = state.background.tasks.items()
+        log = state.response_store.get(response_id).events
+        follower = asyncio.ensure_future(_gather(log.follow())) if stream else None
+        if started:
+            await asyncio.sleep(0.01)
+        assert inspect.getcoroutinestate(task.get_coro()) == (
+            inspect.CORO_SUSPENDED if started else inspect.CORO_CREATED)
+        assert len(link.live) == 1
+        if canceller == "cancel":
+            await cancel_response(state, response_id)
+        elif canceller == "delete":
+            await delete_response(state, response_id)
+        else:
+            await state.background.shutdown()
+        followed = None if follower is None else await asyncio.wait_for(follower, 5)
+        return response_id, log, followed
+
+    response_id, log, followed = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert link.live == set() and state.background.tasks == {}
+    entry = state.response_store.get(response_id)
+    if canceller == "delete":
+        assert entry is None
+    else:
+        assert entry.body["status"] == "cancelled" and not entry.running
+    if stream:
+        assert log.closed and followed == log.events
+    assert state.response_store.chars == sum(e.chars for e in state.response_store.entries.values())
+
+
 class _AnsweringLink(_AcceptingLink):
     """An engine link that accepts every request and answers it at once:
     two tokens, cut at ``max_tokens`` ("length")."""
@@ -463,11 +516,13 @@ async def _gather(events) -> list[str]:
 
 
 def test_background_runs_hold_their_tasks_until_done_and_cancel_them():
-    """A task is held while it runs and let go when done; ``cancel``
-    returns once the cancelled task's ``finally`` has run; ``shutdown``
-    ends every task still running."""
+    """A task is held while it runs and let go when done, its ``ended``
+    called however it ended; ``cancel`` returns once the cancelled task's
+    ``finally`` and ``ended`` have run; a task cancelled before it began
+    never runs its work (``finally`` included), but its ``ended`` is
+    called; ``shutdown`` ends every task still running."""
     async def scenario():
-        runs, ended = BackgroundRuns(), []
+        runs, ended, closed = BackgroundRuns(), [], []
 
         async def work(name: str, forever: bool) -> None:
             try:
@@ -475,19 +530,29 @@ def test_background_runs_hold_their_tasks_until_done_and_cancel_them():
             finally:
                 ended.append(name)
 
-        runs.start("a", work("a", forever=True))
-        runs.start("b", work("b", forever=True))
-        runs.start("c", work("c", forever=False))
+        def start(name: str, forever: bool) -> None:
+            runs.start(name, work(name, forever),
+                       lambda task: closed.append((name, task.cancelled())))
+
+        start("a", forever=True)
+        start("b", forever=True)
+        start("c", forever=False)
         assert all(runs.running(name) for name in "abc")
         await asyncio.sleep(0.01)
         assert ended == ["c"] and not runs.running("c") and sorted(runs.tasks) == ["a", "b"]
+        assert closed == [("c", False)]
         await runs.cancel("a")
         assert ended == ["c", "a"] and list(runs.tasks) == ["b"]
+        assert closed == [("c", False), ("a", True)]
         await runs.cancel("a")  # no longer running: nothing to do
+        start("d", forever=False)
+        await runs.cancel("d")  # before its first step
+        assert ended == ["c", "a"] and closed[-1] == ("d", True)
         await runs.shutdown()
-        return ended, dict(runs.tasks)
+        return ended, closed, dict(runs.tasks)
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == (["c", "a", "b"], {})
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == (
+        ["c", "a", "b"], [("c", False), ("a", True), ("d", True), ("b", True)], {})
 
 
 def _entry(name: str, status: str) -> tuple:
