@@ -175,6 +175,26 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_mod
             fields.max_tokens)
 
 
+class LogprobsLimitError(ValueError):
+    """More top logprobs per token than ``max_logprobs`` allows; ``param``
+    the field that asked, in the caller's names."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def check_logprobs_limit(asked: int | None, max_logprobs: int, name: str) -> None:
+    """The rule on top logprobs per token: at most ``max_logprobs`` (-1:
+    any). ``name`` is the field that asked ``asked`` (None: nothing), as
+    the caller's user wrote it: the engine's ``logprobs`` and
+    ``prompt_logprobs``, or an HTTP route's own field (the chat's
+    ``top_logprobs``), so the error names what was sent."""
+    if asked is not None and -1 < max_logprobs < asked:
+        raise LogprobsLimitError(f"{name} {asked} is more than max_logprobs {max_logprobs}",
+                                 name)
+
+
 def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: SchedulerConfig,
                   vocab_size: int | None = None) -> None:
     """The one place that decides whether a request can run, called once,
@@ -204,9 +224,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
             f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
             "max_tokens or give the cache more blocks")
     for name in ("logprobs", "prompt_logprobs"):
-        k = getattr(params, name)
-        if k is not None and -1 < limits.max_logprobs < k:
-            raise ValueError(f"{name} {k} is more than max_logprobs {limits.max_logprobs}")
+        check_logprobs_limit(getattr(params, name), limits.max_logprobs, name)
     if vocab_size is not None:
         bad_words_ids = [t for s in params.bad_words_token_ids or () for t in s]
         for name, ids in (("logit_bias", params.logit_bias or ()),

@@ -707,7 +707,8 @@ def _start_http(args, engine, server, secret: bytes):
                              allowed_origins=args.allowed_origins,
                              log_level=args.uvicorn_log_level or "warning",
                              eos_token_ids=list(engine.model_config.eos_token_ids),
-                             enable_responses_api_store=args.enable_responses_api_store)
+                             enable_responses_api_store=args.enable_responses_api_store,
+                             max_logprobs=engine.config.max_logprobs)
     return http
 
 

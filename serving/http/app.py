@@ -131,7 +131,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
                allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
-               enable_responses_api_store: bool = False):
+               enable_responses_api_store: bool = False, max_logprobs: int = -1):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -144,7 +144,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     sequence at one; none given: the tokenizer's);
     ``enable_responses_api_store``: keep finished Responses API responses
     (in memory, bounded: ``response_store.py``), as vLLM's
-    ``VLLM_ENABLE_RESPONSES_API_STORE``."""
+    ``VLLM_ENABLE_RESPONSES_API_STORE``; ``max_logprobs``: the engine's
+    limit on top logprobs per token (-1: any; the engine checks it too),
+    checked before a request reaches the engine so that the 400 names
+    the field the client sent (``top_logprobs`` in a chat request)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -157,7 +160,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         eos_token_ids=tuple(eos_token_ids) or (
                             () if tokenizer.eos_token_id is None
                             else (tokenizer.eos_token_id,)),
-                        response_store=ResponseStore() if enable_responses_api_store else None)
+                        response_store=ResponseStore() if enable_responses_api_store else None,
+                        max_logprobs=max_logprobs)
 
     @asynccontextmanager
     async def lifespan(_app):

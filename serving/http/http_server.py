@@ -66,7 +66,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       allowed_origins: list[str] | None = None,
                       log_level: str = "warning",
                       eos_token_ids: list[int] | None = None,
-                      enable_responses_api_store: bool = False) -> HttpServer:
+                      enable_responses_api_store: bool = False,
+                      max_logprobs: int = -1) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -75,7 +76,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``sampling_defaults``: what unset sampling fields take; ``allowed_origins``:
     the web origins allowed to call it from a browser (CORS); ``log_level``:
     uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids;
-    ``enable_responses_api_store``: keep /v1/responses answers (``create_app``)."""
+    ``enable_responses_api_store``: keep /v1/responses answers;
+    ``max_logprobs``: the engine's limit on top logprobs (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -85,7 +87,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,
                      allowed_origins=allowed_origins or (),
                      eos_token_ids=eos_token_ids or (),
-                     enable_responses_api_store=enable_responses_api_store)
+                     enable_responses_api_store=enable_responses_api_store,
+                     max_logprobs=max_logprobs)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

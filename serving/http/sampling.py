@@ -12,6 +12,7 @@ top_p 1); the recommended ``max_tokens`` caps every request's
 
 from __future__ import annotations
 
+from engine.request import check_logprobs_limit
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.protocol import SamplingFields
@@ -31,6 +32,18 @@ def capped_max_tokens(max_tokens: int | None, defaults: dict, room: int) -> int 
     if max_tokens is not None:
         return min(max_tokens, cap)
     return min(cap, room) if room >= 1 else None
+
+
+def check_logprobs(max_logprobs: int, **asked: int | None) -> None:
+    """The engine's rule on top logprobs per token
+    (``engine.request.check_logprobs_limit``: at most ``max_logprobs``, -1:
+    any) ahead of the engine, for each field that ``asked`` (None:
+    nothing), named as the client sent it: ``top_logprobs`` in chat and
+    Responses, ``logprobs`` in completions, ``prompt_logprobs``; the error
+    (a 400) names that field. The engine would refuse the same request in
+    its own names (``logprobs`` for the chat's ``top_logprobs``)."""
+    for name, value in asked.items():
+        check_logprobs_limit(value, max_logprobs, name)
 
 
 def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,

@@ -29,7 +29,7 @@ from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest
-from serving.http.sampling import capped_max_tokens, choice_params
+from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
@@ -59,6 +59,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     if request.use_beam_search:
         check_beam_fields(request, "messages", also=("echo",))
     tool_choice = tool_choice_of(request, state.tool_call_parser)
+    check_logprobs(state.max_logprobs, top_logprobs=_num_top(request),
+                   prompt_logprobs=request.prompt_logprobs)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)

@@ -33,7 +33,7 @@ from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.logprobs import TextOffsets
 from serving.http.protocol import CompletionRequest
-from serving.http.sampling import capped_max_tokens, choice_params
+from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 
@@ -92,6 +92,8 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and request.echo):
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
+    check_logprobs(state.max_logprobs, logprobs=request.logprobs,
+                   prompt_logprobs=request.prompt_logprobs)
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile. Token ids need no thread (the
     # hop to one and back would be the slowest part of their trip).

@@ -93,7 +93,7 @@ from serving.http.responses_input import (
 from serving.http.responses_input_items import items_page, read_query, stored_input_items
 from serving.http.responses_items import Event, OutputItems
 from serving.http.responses_output import ResponseEvents, ResponseShape, status_of
-from serving.http.sampling import capped_max_tokens, choice_params
+from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.serving_chat import chat_prompt
 from serving.http.state import ServerState
 from serving.http.streaming import followed_stream, respond
@@ -123,6 +123,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     tools = tool_choice(request, chat, state.tool_call_parser)
     constraint = _constraint(request, tools)  # None: chat's structured_outputs
     num_top = _num_top(request, tools)
+    check_logprobs(state.max_logprobs, top_logprobs=num_top)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))

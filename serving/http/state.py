@@ -33,6 +33,9 @@ class ServerState:
     # The model's end-of-sequence ids (``LLMEngine``'s: the tokenizer's and
     # generation_config.json's), where beam search ends a sequence.
     eos_token_ids: tuple[int, ...] = ()
+    # The engine's top logprobs per token at most (-1: any), checked here
+    # too (``sampling.check_logprobs``) so a 400 names the request's own field.
+    max_logprobs: int = -1
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))

@@ -131,8 +131,9 @@ def test_sampled_tokens_lead_their_top_logprobs(client, reference):
 
 
 def test_logprobs_are_bounded_by_max_logprobs(client):
-    """The server's --max-logprobs (30 here) bounds ``logprobs`` and
-    ``top_logprobs``, not OpenAI's 20."""
+    """The server's --max-logprobs (30 here) bounds ``logprobs``,
+    ``top_logprobs`` and ``prompt_logprobs``, not OpenAI's 20; past it, the
+    400 names the field the client sent, in its ``param`` and message."""
     resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=25,
                                      temperature=0)
     assert [len(top) for top in resp.choices[0].logprobs.top_logprobs] == [25, 25]  # greedy
@@ -140,12 +141,27 @@ def test_logprobs_are_bounded_by_max_logprobs(client):
                                           top_logprobs=25,
                                           messages=[{"role": "user", "content": PROMPT}])
     assert [len(t.top_logprobs) for t in chat.choices[0].logprobs.content] == [25, 25]
-    with pytest.raises(openai.BadRequestError, match="logprobs 31 is more than max_logprobs 30"):
-        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=31)
-    with pytest.raises(openai.BadRequestError, match="31 is more than max_logprobs 30"):
-        client.chat.completions.create(model="tiny", max_tokens=2, logprobs=True,
-                                       top_logprobs=31,
-                                       messages=[{"role": "user", "content": PROMPT}])
+    messages = [{"role": "user", "content": PROMPT}]
+    asks = [
+        ("logprobs", lambda: client.completions.create(model="tiny", prompt=PROMPT,
+                                                       max_tokens=2, logprobs=31)),
+        ("logprobs", lambda: client.completions.create(model="tiny", prompt=PROMPT,
+                                                       max_tokens=2, logprobs=31, echo=True)),
+        ("prompt_logprobs", lambda: client.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=2, extra_body={"prompt_logprobs": 31})),
+        ("top_logprobs", lambda: client.chat.completions.create(
+            model="tiny", max_tokens=2, logprobs=True, top_logprobs=31, messages=messages)),
+        ("prompt_logprobs", lambda: client.chat.completions.create(
+            model="tiny", max_tokens=2, messages=messages, extra_body={"prompt_logprobs": 31})),
+        ("top_logprobs", lambda: client.responses.create(
+            model="tiny", input=PROMPT, max_output_tokens=2, top_logprobs=31,
+            include=["message.output_text.logprobs"])),
+    ]
+    for field, ask in asks:  # the 400 names the field the client sent
+        with pytest.raises(openai.BadRequestError) as raised:
+            ask()
+        assert raised.value.param == field
+        assert f"{field} 31 is more than max_logprobs 30" in raised.value.message
 
 
 def test_prompt_logprobs_in_extra_body(client, reference):
