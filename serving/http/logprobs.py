@@ -7,6 +7,10 @@ OpenAI shows them, as ``bytes:\\xNN...``, so two different partial
 characters never share a name; ``bytes`` is the token's raw bytes. With
 vLLM's ``return_tokens_as_token_ids`` (``as_ids``) every token is named
 ``token_id:N`` instead (its ``bytes`` and text offsets stay its own).
+
+A token a constraint masks has logprob -inf in the engine's answer, which
+JSON cannot carry: every logprob is shown at least ``LOWEST_SHOWN``
+(-9999.0, where vLLM's server clamps them), all others as they are.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ from checkpoint.tokenizer import Tokenizer
 from ipc.engine_messages import TokenLogprob
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
+LOWEST_SHOWN = -9999.0
+
+
+def shown(logprob: float) -> float:
+    """A logprob as an answer shows it: -inf (a masked token) as ``LOWEST_SHOWN``."""
+    return max(logprob, LOWEST_SHOWN)
 
 
 class TextOffsets:
@@ -73,7 +83,7 @@ class LogprobsFormatter:
     def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int):
         sampled = next((e for e in entries if e.token_id == token_id), None)
         top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
-        return (sampled.logprob if sampled else None), top
+        return (shown(sampled.logprob) if sampled else None), top
 
     def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
                    num_top: int, offsets: TextOffsets, as_ids: bool = False) -> dict:
@@ -95,10 +105,10 @@ class LogprobsFormatter:
             else:
                 logprob, top = self._split(token_id, entries, num_top)
                 out["token_logprobs"].append(logprob)
-                shown = {} if logprob is None else {text: logprob}
-                shown.update((self.token_str(e.token_id, as_ids), e.logprob) for e in top
-                             if e.token_id != token_id)
-                out["top_logprobs"].append(shown)
+                candidates = {} if logprob is None else {text: logprob}
+                candidates.update((self.token_str(e.token_id, as_ids), shown(e.logprob))
+                                  for e in top if e.token_id != token_id)
+                out["top_logprobs"].append(candidates)
             out["text_offset"].append(offsets.take(data))
         return out
 
@@ -109,7 +119,7 @@ class LogprobsFormatter:
         for token_id, entries in zip(token_ids, logprobs):
             logprob, top = self._split(token_id, entries, num_top)
             out.append({**self._entry(token_id, logprob, as_ids),
-                        "top_logprobs": [self._entry(e.token_id, e.logprob, as_ids)
+                        "top_logprobs": [self._entry(e.token_id, shown(e.logprob), as_ids)
                                          for e in top]})
         return out
 
@@ -129,7 +139,7 @@ class LogprobsFormatter:
                 continue
             kept = [e for e in entries
                     if e.token_id == token_id or (e.rank is not None and e.rank <= num_top)]
-            out.append({str(e.token_id): {"logprob": e.logprob, "rank": e.rank,
+            out.append({str(e.token_id): {"logprob": shown(e.logprob), "rank": e.rank,
                                           "decoded_token": self.tokenizer.decode([e.token_id])}
                         for e in kept})
         return out

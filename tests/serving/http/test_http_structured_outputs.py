@@ -187,3 +187,37 @@ def test_bad_constraints_are_400(server, client, route, fields, message):
     resp = client.completions.create(model="tiny", prompt="hi", max_tokens=8, temperature=0,
                                      extra_body={"guided_choice": CHOICES})
     assert resp.choices[0].text in CHOICES
+
+
+def _clamped_top(reference, prompt, k: int) -> tuple[str, list[list[float]]]:
+    """The engine's greedy answer to ``prompt`` held to ``CHOICES``, and its
+    tokens' top ``k`` logprobs in rank order, -inf shown as vLLM shows it."""
+    out = reference.generate(prompt, SamplingParams(
+        temperature=0.0, max_tokens=4, logprobs=k,
+        structured_outputs=StructuredOutputsParams(choice=CHOICES)))[0].outputs[0]
+    ranked = [sorted((e.rank, e.logprob) for e in step.values() if e.rank is not None)
+              for step in out.logprobs]
+    return out.text, [[max(logprob, -9999.0) for _, logprob in step][:k] for step in ranked]
+
+
+def test_logprobs_of_tokens_a_constraint_masks_are_shown_as_vllm_clamps_them(
+        server, client, reference):
+    """A constraint masks most tokens (logprob -inf in the engine's
+    answer); where such a token is among the top logprobs, the answer
+    shows -9999.0 (JSON has no -inf; vLLM clamps so), every other value
+    as the engine's, on completions and chat alike."""
+    constraint = {"structured_outputs": {"choice": CHOICES}}
+    text, want = _clamped_top(reference, "Pick:", 5)
+    assert any(-9999.0 in step for step in want)  # masked tokens among the top
+    resp = client.completions.create(model="tiny", prompt="Pick:", max_tokens=4, logprobs=5,
+                                     temperature=0, extra_body=constraint)
+    assert resp.choices[0].text == text
+    assert [sorted(top.values(), reverse=True) for top in resp.choices[0].logprobs.top_logprobs] \
+        == want
+    text, want = _clamped_top(reference, {"prompt_token_ids": _chat_ids(server.model_dir)}, 5)
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
+                                          logprobs=True, top_logprobs=5, temperature=0,
+                                          extra_body=constraint)
+    assert chat.choices[0].message.content == text
+    assert [[t.logprob for t in e.top_logprobs] for e in chat.choices[0].logprobs.content] \
+        == want
