@@ -16,8 +16,9 @@ answer is then empty content. An item closed before the end is
 
 Logprobs (``add``'s, the chat's entries for the tokens that came with the
 text) belong to the message's text, so they are kept only without a reader:
-the route refuses them with tool_choice "auto" (which tokens are content
-is not known), and a forced call has no text to hold them.
+the route refuses them beside any tool choice but "none" (with "auto"
+which tokens are content is not known, and a forced call has no text to
+hold them).
 
 Events, as ``(type, fields)`` without the sequence number: for a message
 ``response.output_item.added`` (empty, in progress),

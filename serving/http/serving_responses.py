@@ -23,9 +23,12 @@ constraint (``structured.text_format_constraint``). With ``include``
 "message.output_text.logprobs" the engine sends each token's logprobs with
 ``top_logprobs`` alternatives, shown as the chat shows them
 (``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
-as in vLLM. The answer's items are built by ``responses_items.py`` and the
-Response by ``responses_output.py``, whole or streamed: ``response.created``
-and ``response.in_progress``, each item's events, then the finished
+as in vLLM. They are the message text's, so beside a tool choice other
+than "none" (whose answer may be, or is, calls) asking for them is a 400
+naming ``include`` (``_num_top``). The answer's items are built by
+``responses_items.py`` and the Response by ``responses_output.py``, whole
+or streamed: ``response.created`` and ``response.in_progress``, each
+item's events, then the finished
 response in the event its status names, as OpenAI ends a stream:
 ``response.completed``, or ``response.incomplete`` when
 ``max_output_tokens`` cut it (vLLM sends ``response.completed`` for both;
@@ -203,7 +206,14 @@ def _constraint(request: ResponsesRequest, tools: ToolChoice) -> StructuredOutpu
 
 
 def _num_top(request: ResponsesRequest, tools: ToolChoice) -> int | None:
-    """The top logprobs each token comes with (None: no logprobs)."""
+    """The top logprobs each token comes with (None: no logprobs). They
+    are a message's text's, so they are served for a plain answer only
+    (no tools, or tool_choice "none"); asked for beside any other tool
+    choice they are a ``FieldError`` naming ``include``, not an answer
+    silently without them (vLLM's): with "auto" which tokens are text and
+    which a call's is not known, and a named or required choice's answer
+    is calls, with no text to hold them (the chat API gives a forced
+    call's token logprobs)."""
     if not request.output_logprobs:
         return None
     if tools.mode == "auto":
@@ -211,6 +221,12 @@ def _num_top(request: ResponsesRequest, tools: ToolChoice) -> int | None:
                                     'tool_choice "auto": which tokens are the message\'s text and '
                                     "which a call's is not known; ask with tool_choice \"none\" "
                                     "for the text's logprobs")
+    if tools.mode != "none":
+        raise FieldError("include", "message.output_text.logprobs is not served with a named "
+                                    "or required tool_choice: its answer is function calls, "
+                                    "which have no output text to hold logprobs; ask with "
+                                    'tool_choice "none" for the text\'s logprobs, or through '
+                                    "/v1/chat/completions for a call's token logprobs")
     return request.top_logprobs or 0
 
 

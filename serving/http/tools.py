@@ -285,9 +285,13 @@ def delta_of(pieces: list[tuple[str, Any]]) -> dict:
 
 
 class NamedCallReader(ToolCallReader):
-    """A named tool choice: the whole text is the call's arguments. The
-    first piece carries the call's id, type and name; each piece after it
-    only more arguments text. An empty (or blank) text makes no call."""
+    """A named tool choice: the whole text is the call's arguments. An
+    empty or blank text (white space alone) makes no call, so blank text
+    is held back: the call's first entry, with its id, type and name,
+    comes with the first other character and carries all the text so far;
+    each entry after it only more arguments text. A stream, the chat's
+    whole message and a Responses answer (``responses_items.OutputItems``)
+    then agree: blank text to the end is no call in any of them."""
 
     whole_calls: ClassVar[bool] = False
 
@@ -295,16 +299,17 @@ class NamedCallReader(ToolCallReader):
         self.name = name
         self.id = new_tool_call_id()
         self.text = ""
+        self.started = False  # whether the call's first entry is out
 
     def add(self, text: str) -> list[dict]:
-        if not text:
-            return []
-        first = not self.text
         self.text += text
-        if first:
+        if not self.started:
+            if not self.text.strip():
+                return []
+            self.started = True
             return [{"index": 0, "id": self.id, "type": "function",
-                     "function": {"name": self.name, "arguments": text}}]
-        return [{"index": 0, "function": {"arguments": text}}]
+                     "function": {"name": self.name, "arguments": self.text}}]
+        return [{"index": 0, "function": {"arguments": text}}] if text else []
 
     def calls(self) -> list[dict]:
         if not self.text.strip():

@@ -317,6 +317,55 @@ def test_logprobs_beside_auto_are_refused_naming_include(client, server):
     assert len(plain.output[0].content[0].logprobs) == plain.usage.output_tokens
 
 
+@pytest.mark.parametrize("choice, chat_choice", [(NAMED, CHAT_NAMED), ("required", "required")])
+def test_logprobs_beside_a_forced_call_are_refused_naming_include(client, server, choice,
+                                                                   chat_choice):
+    """A named or required choice's answer is calls, with no output text to
+    hold logprobs: asked for, they are a 400 naming ``include`` (not an
+    answer silently without them). The chat, whose logprobs cover a
+    call's tokens, serves the same request with one entry per token."""
+    with pytest.raises(openai.BadRequestError) as raised:
+        _respond(client, server, tool_choice=choice, include=["message.output_text.logprobs"],
+                 top_logprobs=2, max_output_tokens=8)
+    assert raised.value.param == "include"
+    assert "function calls" in raised.value.message
+    chat = _chat(client, server, tool_choice=chat_choice, logprobs=True, top_logprobs=2,
+                 max_tokens=8, temperature=0)
+    assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens == 8
+
+
+@pytest.mark.parametrize("choice, chat_choice, first", [(NAMED, CHAT_NAMED, "{"),
+                                                         ("required", "required", "[")])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_with_no_text_is_no_call_on_either_route(client, server, choice,
+                                                               chat_choice, first, stream):
+    """A stop string at the forced call's first character leaves no text:
+    the chat answers content "" without tool_calls (none in its stream),
+    and Responses the same, one empty message and no function_call (none
+    in its stream's events)."""
+    ask = dict(temperature=0, extra_body={"stop": [first]})  # vLLM's field on Responses
+    chat = _chat(client, server, tool_choice=chat_choice, max_tokens=8, **ask)
+    message = chat.choices[0].message
+    assert (message.content, message.tool_calls, chat.choices[0].finish_reason) == \
+        ("", None, "stop")
+    if stream:
+        chunks = list(_chat(client, server, tool_choice=chat_choice, max_tokens=8, stream=True,
+                            **ask))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert not any(d.tool_calls for d in deltas)
+        assert "".join(d.content or "" for d in deltas) == ""
+        events = list(_respond(client, server, tool_choice=choice, max_output_tokens=8,
+                               stream=True, **ask))
+        assert not any(e.type.startswith("response.function_call") for e in events)
+        response = events[-1].response
+    else:
+        response = _respond(client, server, tool_choice=choice, max_output_tokens=8, **ask)
+    assert [(i.type, [p.text for p in i.content]) for i in response.output] == \
+        [("message", [""])]
+    assert (response.status, response.usage.output_tokens) == \
+        ("completed", chat.usage.completion_tokens)
+
+
 def test_a_call_cut_short_leaves_the_stored_conversation_usable(client, server):
     """A named call cut at max_output_tokens (its arguments no JSON text)
     was never made: the conversation after it, over previous_response_id,

@@ -1,7 +1,9 @@
 """The tool-call pieces without a server: the schema "required" holds the
 output to (``jsonschema`` decides what it accepts), and the readers that
 turn a choice's text into calls, fed the text in pieces of every size
-(the ``json`` module's reading of the whole text is the reference)."""
+(the ``json`` module's reading of the whole text is the reference), and
+a named call's blank text, which is no call in a chat stream, a chat
+message or a Responses answer alike."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import jsonschema
 import pytest
 
 from serving.http.protocol import ChatCompletionRequest
+from serving.http.responses_items import OutputItems
 from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
 
 UNIT = {"enum": ["C", "F"]}
@@ -118,3 +121,28 @@ def test_named_reader_streams_the_text_as_arguments():
                                    "function": {"name": "get_weather", "arguments": text}}]
         assert reader.finish_reason("stop") == "stop"
     assert NamedCallReader("now").calls() == []
+
+
+@pytest.mark.parametrize("text", ["", " ", " \n\t ", '\n {"city": "Oslo"}'])
+def test_a_named_call_starts_at_its_first_non_blank_character(text):
+    """Blank text is no call: streamed (no entry), in the chat's whole
+    message (no ``tool_calls``) and in a Responses answer (one empty
+    message, as the chat's content ""); text with more than blank makes
+    one call of all of it, the blank before included, in every form."""
+    for size in (1, 3, max(len(text), 1)):
+        reader = NamedCallReader("get_weather")
+        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
+        items = OutputItems(NamedCallReader("get_weather"))
+        events = [e for piece in _pieces(text, size) for e in items.add(piece, [], last=False)]
+        events += items.finish("completed")
+        kinds = {kind for kind, _ in events}
+        if not text.strip():
+            assert entries == [] and reader.message() == {"content": ""}
+            assert [(i["type"], i["content"][0]["text"]) for i in items.items] == \
+                [("message", "")]
+            assert "response.function_call_arguments.delta" not in kinds
+            continue
+        assert entries[0]["id"] == reader.id and entries[0]["function"]["name"] == "get_weather"
+        assert "".join(e["function"]["arguments"] for e in entries) == text
+        assert reader.message()["tool_calls"][0]["function"]["arguments"] == text
+        assert [(i["type"], i["arguments"]) for i in items.items] == [("function_call", text)]
