@@ -8,7 +8,8 @@ token. ``RequestTimes`` takes one engine request's times as the process
 reading its deltas sees them (an ``LLM`` as its engine absorbs each step,
 an ``EngineClient`` as it receives each delta); ``request_stats`` joins the
 times of a prompt's ``n`` engine requests: the first arrival, queueing,
-scheduling and first token, the last token, the tokens of every output.
+scheduling and first token, the last token, the tokens of every output
+(``RequestStateStats`` says why this differs from vLLM for ``n`` > 1).
 A time nobody saw is None: ``queued_ts`` and ``scheduled_ts`` are the
 engine's own moments, known where the engine runs in the same process
 (``LLM``), not to a client over IPC; a request that ended before any token
@@ -26,7 +27,20 @@ from dataclasses import dataclass
 class RequestStateStats:
     """vLLM's names. ``queued_ts``: when the scheduler queued the request;
     ``scheduled_ts``: when it was first scheduled (a preemption does not
-    move it); ``num_generation_tokens``: the tokens of the outputs."""
+    move it); ``num_generation_tokens``: the tokens of the outputs, summed
+    over all ``n`` of them, so that it is always ``sum(len(o.token_ids)
+    for o in output.outputs)``.
+
+    The rule for ``n`` > 1, and why it is not vLLM's: vLLM runs each of a
+    prompt's ``n`` choices as a child request with stats of its own, and
+    the joined ``RequestOutput`` carries the stats of whichever child
+    finished last: its own token count and times, an order-dependent
+    answer that describes one choice of the ``n``. Here the stats describe
+    the whole output: the first arrival, the earliest first token, the
+    latest last token, and every choice's tokens. These stats are for the
+    caller alone: the Prometheus token counters (``engine/stats.py``,
+    ``StepCounters``) count the tokens each engine step generated, once
+    each, and never read them."""
 
     arrival_time: float
     num_generation_tokens: int = 0
