@@ -48,7 +48,7 @@ KINDS = [
     {"temperature": 0, "stop": ["e", "a"]},
     {"temperature": 0, "max_tokens": None, "ignore_eos": True},
     {"temperature": 0.8, "seed": 3, "max_tokens": None, "ignore_eos": True, "logprobs": 1},
-    {"temperature": 0, "stream": True, "drop": True},
+    {"temperature": 0, "stream": True, "drop": True, "max_tokens": 40},
     {"temperature": 0.8, "seed": 9, "n": 2, "stream": True},
     {"temperature": 1.0},  # unseeded: checked for consistency only
 ]
