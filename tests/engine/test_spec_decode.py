@@ -126,6 +126,24 @@ def test_preemption_with_drafts_in_flight_and_prefix_caching(method):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", list(SPECS))
+def test_requests_that_reach_max_model_len(method):
+    """Outputs that run to ``max_model_len`` (32): the last steps have no
+    room for drafts, yet the proposer still guesses past the end (the
+    draft model at positions its rotary table does not hold); every output
+    is the plain one, "length" at the context's end."""
+    prompts = [PROMPTS[0], PROMPTS[1][:20], PROMPTS[3][:25]]
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    want, _ = _run(prompts, params, None, max_model_len=32)
+    with LLM(model="tiny", speculative_config=SPECS[method], max_model_len=32) as llm:
+        outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    for out in outs:
+        assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 32
+        assert out.outputs[0].finish_reason == "length"
+
+
+@pytest.mark.timeout(300)
 def test_chunked_prefill_and_a_small_budget(plain_greedy):
     """A 16-token budget: prompts are chunked while others decode, and drafts
     are cut to what the budget leaves."""

@@ -119,6 +119,54 @@ def test_guided_fields(client, route):
         assert json.loads(texts[0]) in ({"ok": True}, {"ok": False})
 
 
+def _strict_json(text: str):
+    """JSON as the standard reads it: -Infinity, Infinity and NaN refused."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _floored_top(values: list[float], allowed: int) -> None:
+    """A constrained token's top-5 logprobs: the ``allowed`` tokens the
+    grammar lets through are finite, the rest -9999.0 (vLLM's floor for
+    -inf, which JSON cannot carry)."""
+    assert len(values) == 5
+    assert sorted(values)[:5 - allowed] == [-9999.0] * (5 - allowed), values
+    assert all(v > -9999.0 for v in sorted(values)[5 - allowed:]), values
+
+
+def test_logprobs_of_tokens_the_grammar_rules_out_are_floored(server):
+    """With choice ["yes", "no"] (one byte a token in ``tiny``) the first
+    token has two allowed candidates and every later one a single one, so
+    the top 5 hold -inf logprobs: each answer is JSON, whole or streamed,
+    with those shown as -9999.0."""
+    constraint = {"structured_outputs": {"choice": ["yes", "no"]}, "temperature": 0,
+                  "max_tokens": 5}
+    body = {"model": "tiny", "prompt": "Pick:", "logprobs": 5, **constraint}
+    whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert whole.status_code == 200, whole.text
+    choice = _strict_json(whole.text)["choices"][0]
+    assert choice["text"] in ("yes", "no")
+    tops = choice["logprobs"]["top_logprobs"]
+    assert len(tops) == len(choice["text"])
+    for i, top in enumerate(tops):
+        _floored_top(list(top.values()), allowed=2 if i == 0 else 1)
+    streamed = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                streamed += _strict_json(line[6:])["choices"][0]["logprobs"]["top_logprobs"]
+    assert streamed == tops
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json={
+        "model": "tiny", "messages": MESSAGES, "logprobs": True, "top_logprobs": 5,
+        **constraint}, timeout=60)
+    assert chat.status_code == 200, chat.text
+    content = _strict_json(chat.text)["choices"][0]["logprobs"]["content"]
+    for i, entry in enumerate(content):
+        _floored_top([t["logprob"] for t in entry["top_logprobs"]], allowed=2 if i == 0 else 1)
+
+
 def _error(response: httpx.Response) -> dict:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
