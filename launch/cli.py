@@ -310,10 +310,12 @@ def _serve_parser(sub) -> None:
                        "or parameters (with --http-port, each request has its access-log "
                        "line)")
     serve.add_argument("--enable-responses-api-store", action="store_true", default=None,
-                       help="with --http-port: keep finished /v1/responses answers in memory "
-                       "(the newest 1024, at most 64 Mi characters) for GET "
-                       "/v1/responses/ID and previous_response_id (default: vLLM's "
-                       "$VLLM_ENABLE_RESPONSES_API_STORE=1, else off)")
+                       help="with --http-port: keep /v1/responses answers in memory (the "
+                       "newest 1024 finished, at most 64 Mi characters, and every one still "
+                       "running) for GET /v1/responses/ID, its input_items, DELETE, "
+                       "previous_response_id and background responses (their cancel and "
+                       "streamed replay) (default: vLLM's $VLLM_ENABLE_RESPONSES_API_STORE=1, "
+                       "else off)")
     serve.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                        help="with --http-port: the chat template of /v1/chat/completions "
                        "instead of the model's, as vLLM's: a file, or the Jinja template "
