@@ -71,7 +71,14 @@ _HUMAN_INTS = {"max_model_len": human_int_or_auto, "max_num_batched_tokens": hum
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions as written, and every option's default after its help."""
+    """Descriptions as written, and every option's default after its help,
+    except a None default: it means "decided elsewhere", which the option's
+    own help says."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:

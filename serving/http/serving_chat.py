@@ -28,7 +28,7 @@ from checkpoint.chat_template import chat_prompt_ids
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
-from serving.http.protocol import ChatCompletionRequest
+from serving.http.protocol import ChatCompletionRequest, FieldError
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
@@ -47,7 +47,7 @@ def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]
 def _num_top(request: ChatCompletionRequest) -> int | None:
     if not request.logprobs:
         if request.top_logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         return None
     return request.top_logprobs or 0
 

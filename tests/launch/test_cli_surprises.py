@@ -148,6 +148,8 @@ def test_help_shows_defaults_and_every_flag_has_help():
     assert "(default: 0.0)" in generate  # --temperature
     assert "(default: 'tiny', the built-in model" in " ".join(generate.split())
     assert "(default: 1)" in parser.format_help()  # --nproc-per-node
+    serve = subparsers.choices["serve"].format_help()
+    assert "(default: None)" not in generate + serve  # None: the help says who decides
 
 
 @pytest.mark.slow

@@ -162,6 +162,11 @@ def test_logprobs_are_bounded_by_max_logprobs(client):
             ask()
         assert raised.value.param == field
         assert f"{field} 31 is more than max_logprobs 30" in raised.value.message
+    with pytest.raises(openai.BadRequestError) as raised:  # top_logprobs without logprobs
+        client.chat.completions.create(model="tiny", max_tokens=2, top_logprobs=3,
+                                       messages=messages)
+    assert raised.value.param == "top_logprobs"
+    assert "top_logprobs needs logprobs: true" in raised.value.message
 
 
 def test_prompt_logprobs_in_extra_body(client, reference):
