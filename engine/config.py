@@ -122,7 +122,8 @@ class EngineConfig:
                                   "(--no-async-scheduling: one step at a time)")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of equal prompt prefixes")
     max_logprobs: int = _opt(20, "top logprobs per token a request may ask for at most "
-                             "(-1: no limit; 20 is OpenAI's)")
+                             "(-1: no limit, which a request's -1, the whole vocabulary, "
+                             "needs; 20 is OpenAI's)")
     scheduling_policy: str = _opt("fcfs", "'fcfs': arrival order; 'priority': lower "
                                   "request priority first, then arrival",
                                   choices=SCHEDULING_POLICIES)

@@ -184,13 +184,27 @@ class LogprobsLimitError(ValueError):
         self.param = param
 
 
-def check_logprobs_limit(asked: int | None, max_logprobs: int, name: str) -> None:
-    """The rule on top logprobs per token: at most ``max_logprobs`` (-1:
-    any). ``name`` is the field that asked ``asked`` (None: nothing), as
-    the caller's user wrote it: the engine's ``logprobs`` and
+def check_logprobs_limit(asked: int | None, max_logprobs: int, name: str,
+                         vocab_size: int | None = None) -> None:
+    """The rule on top logprobs per token, vLLM's: -1 asks for the whole
+    vocabulary (``vocab_size`` entries), and at most ``max_logprobs`` may be
+    asked, -1 meaning the whole vocabulary too (so no cap). A -1 request
+    under a cap is refused unless the vocabulary fits in it; with the
+    vocabulary unknown (``vocab_size`` None) it is assumed not to.
+    ``name`` is the field that asked ``asked`` (None: nothing), as the
+    caller's user wrote it: the engine's ``logprobs`` and
     ``prompt_logprobs``, or an HTTP route's own field (the chat's
     ``top_logprobs``), so the error names what was sent."""
-    if asked is not None and -1 < max_logprobs < asked:
+    if asked is None or max_logprobs == -1:
+        return
+    if asked == -1:
+        if vocab_size is None or vocab_size > max_logprobs:
+            size = "" if vocab_size is None else f", {vocab_size} tokens"
+            raise LogprobsLimitError(
+                f"{name} -1 (the whole vocabulary{size}) is more than max_logprobs "
+                f"{max_logprobs}; start the engine with max_logprobs -1 (--max-logprobs -1) "
+                "to allow it", name)
+    elif asked > max_logprobs:
         raise LogprobsLimitError(f"{name} {asked} is more than max_logprobs {max_logprobs}",
                                  name)
 
@@ -204,7 +218,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
     prompt + ``max_tokens`` within ``max_model_len`` (``check_context_length``);
     enough KV blocks in the whole cache for the longest it may grow; at most
-    ``max_logprobs`` top logprobs per token (sampled or prompt); ``logit_bias``,
+    ``max_logprobs`` top logprobs per token (sampled or prompt; -1 is the
+    whole vocabulary, ``check_logprobs_limit``); ``logit_bias``,
     ``allowed_token_ids`` and ``bad_words_token_ids`` inside the vocabulary
     (when given).
     """
@@ -224,7 +239,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
             f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
             "max_tokens or give the cache more blocks")
     for name in ("logprobs", "prompt_logprobs"):
-        check_logprobs_limit(getattr(params, name), limits.max_logprobs, name)
+        check_logprobs_limit(getattr(params, name), limits.max_logprobs, name, vocab_size)
     if vocab_size is not None:
         bad_words_ids = [t for s in params.bad_words_token_ids or () for t in s]
         for name, ids in (("logit_bias", params.logit_bias or ()),

@@ -140,10 +140,12 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         if k is not None and (not _is_int(k) or k < 1):
             raise ValueError(f"truncate_prompt_tokens must be None or an int >= 1, got {k!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
-            raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
+            raise ValueError(f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
+                             f"got {self.logprobs!r}")
         if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
             raise ValueError(
-                f"prompt_logprobs must be None or an int >= 0, got {self.prompt_logprobs!r}")
+                f"prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
+                f"got {self.prompt_logprobs!r}")
         if not _is_int(self.min_tokens) or (self.max_tokens is not None
                                             and self.min_tokens > self.max_tokens):
             raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "

@@ -22,6 +22,8 @@ from ipc.config import ControlArg
 
 MAX_TOKEN_LIST = 1024  # entries of a request's logit_bias, allowed_token_ids, bad-word sequences
 MAX_BAD_WORD_TOKENS = 32  # ids of one bad-word sequence
+# ``logprobs`` / ``prompt_logprobs`` value asking for every vocabulary token (vLLM's -1).
+WHOLE_VOCAB = -1
 
 
 class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,7 +33,8 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     ``temperature == 0`` means greedy. ``top_k == 0`` and ``top_p == 1`` and
     ``min_p == 0`` disable those filters. ``seed`` makes the request's draws
     depend only on (seed, position). ``logprobs`` asks for that many top
-    logprobs per sampled token (None: none). Until ``min_tokens`` tokens are
+    logprobs per sampled token (None: none; ``WHOLE_VOCAB``, -1: every
+    token of the vocabulary, as ``prompt_logprobs``). Until ``min_tokens`` tokens are
     generated, the request's stop and end-of-sequence ids cannot be sampled
     (the ids come in ``NewRequestData.min_tokens_stop_ids``).
     ``prompt_logprobs`` asks for each prompt token's logprob plus that many
@@ -84,11 +87,12 @@ _SAMPLING_RANGES = (
      "presence_penalty must be in [-2, 2] (0 = off), got {0.presence_penalty}"),
     (lambda o: -2 <= o.frequency_penalty <= 2,
      "frequency_penalty must be in [-2, 2] (0 = off), got {0.frequency_penalty}"),
-    (lambda o: o.logprobs is None or o.logprobs >= 0,
-     "logprobs must be None or an int >= 0, got {0.logprobs}"),
+    (lambda o: o.logprobs is None or o.logprobs >= WHOLE_VOCAB,
+     "logprobs must be None, an int >= 0 or -1 (the whole vocabulary), got {0.logprobs}"),
     (lambda o: o.min_tokens >= 0, "min_tokens must be >= 0, got {0.min_tokens}"),
-    (lambda o: o.prompt_logprobs is None or o.prompt_logprobs >= 0,
-     "prompt_logprobs must be None or an int >= 0, got {0.prompt_logprobs}"),
+    (lambda o: o.prompt_logprobs is None or o.prompt_logprobs >= WHOLE_VOCAB,
+     "prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
+     "got {0.prompt_logprobs}"),
     (lambda o: not o.logit_bias or (len(o.logit_bias) <= MAX_TOKEN_LIST
                                     and all(t >= 0 for t in o.logit_bias)
                                     and all(math.isfinite(b) for b in o.logit_bias.values())),

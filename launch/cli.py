@@ -717,7 +717,8 @@ def _start_http(args, engine, server, secret: bytes):
                              log_level=args.uvicorn_log_level or "warning",
                              eos_token_ids=list(engine.model_config.eos_token_ids),
                              enable_responses_api_store=args.enable_responses_api_store,
-                             max_logprobs=engine.config.max_logprobs)
+                             max_logprobs=engine.config.max_logprobs,
+                             vocab_size=engine.model_config.vocab_size)
     return http
 
 

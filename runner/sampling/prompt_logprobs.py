@@ -27,11 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ipc.messages import Logprobs, PromptLogprobs
+from ipc.messages import WHOLE_VOCAB, Logprobs, PromptLogprobs
 from runner.ops import device_ops
 from runner.sampling.logprobs import LogprobsTensors
 
 NONE = -1
+ALL_TOKENS = np.iinfo(np.int64).max  # a request's ``WHOLE_VOCAB``
 ROWS_PER_BLOCK = 512
 
 
@@ -78,7 +79,11 @@ class PromptLogprobsState:
         self.compute_logprobs = ops.compute_logprobs
 
     def add_request(self, slot: int, num_top: int | None) -> None:
-        value = NONE if num_top is None else num_top
+        """``num_top``: the request's ``prompt_logprobs`` (None: none;
+        ``WHOLE_VOCAB``: every token, stored as int64's largest, which
+        ``compute`` clamps to the vocabulary like any count past it)."""
+        value = (NONE if num_top is None
+                 else ALL_TOKENS if num_top == WHOLE_VOCAB else num_top)
         if value == NONE and self.num_asking == 0:
             return  # the slot's value is NONE already
         self.num_asking += (value != NONE) - bool(self.num_top_np[slot] != NONE)

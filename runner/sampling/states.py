@@ -13,7 +13,8 @@ Invariants:
   stores top_k 0, top_p 1 and min_p 0: its filters are off, so they never
   make a batch run a filter. Its penalties stay: greedy picks the argmax
   of the penalised logits.
-- ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs.
+- ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs,
+  int32's largest when it asked for the whole vocabulary (``WHOLE_VOCAB``).
 - ``needs_np[slot]`` holds the slot's ``NEEDS_*`` bits, derived from the
   same host values that ``flags`` reads: a batch whose slots have none is
   plain (greedy, no penalty, filter or logprobs), known from one OR over
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ipc.messages import SamplingOptions
+from ipc.messages import WHOLE_VOCAB, SamplingOptions
 from runner.staged_write import StagedWriteTensor
 
 GREEDY_EPS = 1e-5
@@ -105,8 +106,7 @@ class SamplingStates:
         seed = options.seed if options.seed is not None else self._next_seed()
         self.floats_np[slot] = row
         self.top_k_np[slot] = top_k
-        self.num_logprobs_np[slot] = (NO_LOGPROBS if options.logprobs is None
-                                      else min(options.logprobs, _INT32_MAX))  # clamped to V later
+        self.num_logprobs_np[slot] = _num_logprobs(options.logprobs)
         needs = _needs(row, top_k, int(self.num_logprobs_np[slot]))
         self.num_needing += bool(needs) - bool(self.needs_np[slot])
         self.needs_np[slot] = needs
@@ -144,6 +144,16 @@ class SamplingStates:
 
 PLAIN = BatchFlags(all_greedy=True, any_penalty=False, any_min_p=False, any_top_p=False,
                    max_top_k=0, max_logprobs=NO_LOGPROBS)
+
+
+def _num_logprobs(asked: int | None) -> int:
+    """A slot's ``num_logprobs_np`` value: NO_LOGPROBS for None, else the
+    count, where the whole vocabulary (``WHOLE_VOCAB``) and any count past
+    int32 (the table's type) are int32's largest: the logprobs clamp k to
+    the row's width, so it means every token."""
+    if asked is None:
+        return NO_LOGPROBS
+    return _INT32_MAX if asked == WHOLE_VOCAB else min(asked, _INT32_MAX)
 
 
 def _needs(row: np.ndarray, top_k: int, num_logprobs: int) -> int:

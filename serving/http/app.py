@@ -131,7 +131,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, access_log: bool = False,
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
                allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
-               enable_responses_api_store: bool = False, max_logprobs: int = -1):
+               enable_responses_api_store: bool = False, max_logprobs: int = -1,
+               vocab_size: int | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -147,7 +148,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``VLLM_ENABLE_RESPONSES_API_STORE``; ``max_logprobs``: the engine's
     limit on top logprobs per token (-1: any; the engine checks it too),
     checked before a request reaches the engine so that the 400 names
-    the field the client sent (``top_logprobs`` in a chat request)."""
+    the field the client sent (``top_logprobs`` in a chat request);
+    ``vocab_size``: the model's vocabulary, what a -1 (the whole
+    vocabulary) asks for in that check (None: unknown, so a -1 under a
+    limit is refused)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -161,7 +165,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                             () if tokenizer.eos_token_id is None
                             else (tokenizer.eos_token_id,)),
                         response_store=ResponseStore() if enable_responses_api_store else None,
-                        max_logprobs=max_logprobs)
+                        max_logprobs=max_logprobs, vocab_size=vocab_size)
 
     @asynccontextmanager
     async def lifespan(_app):

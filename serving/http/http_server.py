@@ -67,7 +67,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       log_level: str = "warning",
                       eos_token_ids: list[int] | None = None,
                       enable_responses_api_store: bool = False,
-                      max_logprobs: int = -1) -> HttpServer:
+                      max_logprobs: int = -1, vocab_size: int | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -77,7 +77,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     the web origins allowed to call it from a browser (CORS); ``log_level``:
     uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids;
     ``enable_responses_api_store``: keep /v1/responses answers;
-    ``max_logprobs``: the engine's limit on top logprobs (``create_app``)."""
+    ``max_logprobs``: the engine's limit on top logprobs and ``vocab_size``
+    the model's vocabulary (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -88,7 +89,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      allowed_origins=allowed_origins or (),
                      eos_token_ids=eos_token_ids or (),
                      enable_responses_api_store=enable_responses_api_store,
-                     max_logprobs=max_logprobs)
+                     max_logprobs=max_logprobs, vocab_size=vocab_size)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

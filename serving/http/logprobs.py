@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import sys
 from functools import lru_cache
 
 from tokenizers import decoders
@@ -24,6 +25,7 @@ from tokenizers import decoders
 from checkpoint.tiny_model import byte_symbols
 from checkpoint.tokenizer import Tokenizer
 from ipc.engine_messages import TokenLogprob
+from ipc.messages import WHOLE_VOCAB
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece byte fallback
 LOWEST_SHOWN = -9999.0
@@ -32,6 +34,12 @@ LOWEST_SHOWN = -9999.0
 def shown(logprob: float) -> float:
     """A logprob as an answer shows it: -inf (a masked token) as ``LOWEST_SHOWN``."""
     return max(logprob, LOWEST_SHOWN)
+
+
+def _count(num_top: int) -> int:
+    """How many top entries ``num_top`` shows: -1 (``WHOLE_VOCAB``) shows
+    every one the engine sent, which is the whole vocabulary."""
+    return sys.maxsize if num_top == WHOLE_VOCAB else num_top
 
 
 class TextOffsets:
@@ -81,6 +89,7 @@ class LogprobsFormatter:
         return f"token_id:{token_id}" if as_ids else self.label(token_id)[0]
 
     def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int):
+        num_top = _count(num_top)
         sampled = next((e for e in entries if e.token_id == token_id), None)
         top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
         return (shown(sampled.logprob) if sampled else None), top
@@ -137,8 +146,8 @@ class LogprobsFormatter:
             if entries is None:
                 out.append(None)
                 continue
-            kept = [e for e in entries
-                    if e.token_id == token_id or (e.rank is not None and e.rank <= num_top)]
+            kept = [e for e in entries if e.token_id == token_id
+                    or (e.rank is not None and e.rank <= _count(num_top))]
             out.append({str(e.token_id): {"logprob": shown(e.logprob), "rank": e.rank,
                                           "decoded_token": self.tokenizer.decode([e.token_id])}
                         for e in kept})

@@ -61,7 +61,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     min_tokens: int = 0
-    prompt_logprobs: int | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=-1)  # -1: the whole vocabulary
 
     logit_bias: dict[str, float] | None = None  # token id (as text) -> bias
     allowed_token_ids: list[Int64] | None = None
@@ -267,7 +267,8 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0)  # as logprobs
+    # At most the engine's max_logprobs; -1: the whole vocabulary (vLLM's).
+    top_logprobs: int | None = Field(default=None, ge=-1)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     # Tool calling (serving/http/tools.py): tool_choice is "none", "auto",

@@ -34,16 +34,17 @@ def capped_max_tokens(max_tokens: int | None, defaults: dict, room: int) -> int 
     return min(cap, room) if room >= 1 else None
 
 
-def check_logprobs(max_logprobs: int, **asked: int | None) -> None:
+def check_logprobs(max_logprobs: int, vocab_size: int | None, **asked: int | None) -> None:
     """The engine's rule on top logprobs per token
     (``engine.request.check_logprobs_limit``: at most ``max_logprobs``, -1:
-    any) ahead of the engine, for each field that ``asked`` (None:
+    any; a request's -1 asks for all ``vocab_size`` tokens) ahead of the
+    engine, for each field that ``asked`` (None:
     nothing), named as the client sent it: ``top_logprobs`` in chat and
     Responses, ``logprobs`` in completions, ``prompt_logprobs``; the error
     (a 400) names that field. The engine would refuse the same request in
     its own names (``logprobs`` for the chat's ``top_logprobs``)."""
     for name, value in asked.items():
-        check_logprobs_limit(value, max_logprobs, name)
+        check_logprobs_limit(value, max_logprobs, name, vocab_size)
 
 
 def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,

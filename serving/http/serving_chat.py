@@ -59,7 +59,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     if request.use_beam_search:
         check_beam_fields(request, "messages", also=("echo",))
     tool_choice = tool_choice_of(request, state.tool_call_parser)
-    check_logprobs(state.max_logprobs, top_logprobs=_num_top(request),
+    check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=_num_top(request),
                    prompt_logprobs=request.prompt_logprobs)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None

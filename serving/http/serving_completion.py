@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from engine.sampling_params import truncated_prompt
 from ipc import trace
+from ipc.messages import WHOLE_VOCAB
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
@@ -73,9 +74,12 @@ def has_text(prompt) -> bool:
 
 def _engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     """What the engine computes: the request's ``prompt_logprobs`` and, for
-    ``echo`` with ``logprobs``, at least that many."""
+    ``echo`` with ``logprobs``, at least that many (-1, the whole
+    vocabulary, is the most)."""
     wanted = [k for k in (request.prompt_logprobs,
                           request.logprobs if request.echo else None) if k is not None]
+    if WHOLE_VOCAB in wanted:
+        return WHOLE_VOCAB
     return max(wanted) if wanted else None
 
 
@@ -92,7 +96,7 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and request.echo):
         raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
-    check_logprobs(state.max_logprobs, logprobs=request.logprobs,
+    check_logprobs(state.max_logprobs, state.vocab_size, logprobs=request.logprobs,
                    prompt_logprobs=request.prompt_logprobs)
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile. Token ids need no thread (the

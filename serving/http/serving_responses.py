@@ -126,7 +126,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     tools = tool_choice(request, chat, state.tool_call_parser)
     constraint = _constraint(request, tools)  # None: chat's structured_outputs
     num_top = _num_top(request, tools)
-    check_logprobs(state.max_logprobs, top_logprobs=num_top)
+    check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=num_top)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))

@@ -36,6 +36,9 @@ class ServerState:
     # The engine's top logprobs per token at most (-1: any), checked here
     # too (``sampling.check_logprobs``) so a 400 names the request's own field.
     max_logprobs: int = -1
+    # The model's vocabulary, what a request's -1 (the whole vocabulary)
+    # asks for, set where the engine's max_logprobs is (None: unknown).
+    vocab_size: int | None = None
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))

@@ -339,7 +339,7 @@ def test_sampling_problems_name_every_field_out_of_range():
     order; a valid request has none."""
     bad = SamplingOptions(temperature=-1.5, top_p=0.0, top_k=-2, min_p=1.5,
                           repetition_penalty=0.0, presence_penalty=2.5, frequency_penalty=-3.0,
-                          logprobs=-1, min_tokens=-4, prompt_logprobs=-2)
+                          logprobs=-3, min_tokens=-4, prompt_logprobs=-2)
     assert bad.problems() == [
         "temperature must be >= 0 (0 = greedy), got -1.5",
         "top_p must be in (0, 1], got 0.0",
@@ -348,9 +348,10 @@ def test_sampling_problems_name_every_field_out_of_range():
         "repetition_penalty must be > 0 (1 = off), got 0.0",
         "presence_penalty must be in [-2, 2] (0 = off), got 2.5",
         "frequency_penalty must be in [-2, 2] (0 = off), got -3.0",
-        "logprobs must be None or an int >= 0, got -1",
+        "logprobs must be None, an int >= 0 or -1 (the whole vocabulary), got -3",
         "min_tokens must be >= 0, got -4",
-        "prompt_logprobs must be None or an int >= 0, got -2",
+        "prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), got -2",
     ]
     assert SamplingOptions(temperature=0.7, top_p=0.9, logprobs=0).problems() == []
+    assert SamplingOptions(logprobs=-1, prompt_logprobs=-1).problems() == []  # whole vocabulary
     assert SamplingOptions(top_p=float("nan")).problems() == ["top_p must be in (0, 1], got nan"]

@@ -1,0 +1,82 @@
+"""``logprobs=-1`` and ``prompt_logprobs=-1`` (vLLM's "the whole vocabulary"):
+with ``max_logprobs=-1`` every token gets every vocabulary entry, equal to
+transformers' log-softmax of the same sequence; under the default cap (20,
+smaller than the 256-token vocabulary) such a request is refused, naming
+the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from tests.helpers.hf_models import small_llama
+from tests.helpers.prompt_logprobs import hf_prompt_logprobs
+
+VOCAB = 256
+PROMPTS = [[5, 17, 99, 3], [(7 * i) % 200 + 1 for i in range(23)]]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A small random Llama saved with a tokenizer, and the HF model itself."""
+    from checkpoint.tiny_model import build_tokenizer
+
+    model = small_llama(5, VOCAB, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    path = tmp_path_factory.mktemp("llama_whole_vocab")
+    model.save_pretrained(path)
+    build_tokenizer().save(str(path / "tokenizer.json"))
+    return str(path), model
+
+
+def _generate(path, params, **kw):
+    with LLM(model=path, device="cpu", max_num_batched_tokens=16, block_size=16,
+             max_num_seqs=4, **kw) as llm:
+        return llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+
+
+def _check_row(entry, ref: torch.Tensor, where: str) -> None:
+    """``entry`` (token id -> Logprob) holds every vocabulary token with
+    its reference logprob and its rank among them."""
+    assert len(entry) == VOCAB, where
+    assert set(entry) == set(range(VOCAB)), where
+    got = torch.tensor([entry[t].logprob for t in range(VOCAB)], dtype=torch.float64)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=0, msg=where)
+    best = int(ref.argmax())
+    assert entry[best].rank == 1, where
+
+
+@pytest.mark.timeout(180)
+def test_whole_vocab_logprobs_match_transformers(llama):
+    path, model = llama
+    params = SamplingParams(temperature=0.0, max_tokens=3, logprobs=-1, prompt_logprobs=-1)
+    outs = _generate(path, params, max_logprobs=-1)
+    for out, prompt in zip(outs, PROMPTS, strict=True):
+        completion = out.outputs[0]
+        sequence = prompt + list(completion.token_ids)
+        ref = hf_prompt_logprobs(model, sequence)  # row j: distribution of token j + 1
+        assert len(completion.logprobs) == len(completion.token_ids) == 3
+        for i, entry in enumerate(completion.logprobs):
+            _check_row(entry, ref[len(prompt) - 1 + i], f"output token {i}")
+        assert out.prompt_logprobs[0] is None
+        for j in range(1, len(prompt)):
+            _check_row(out.prompt_logprobs[j], ref[j - 1], f"prompt position {j}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_whole_vocab_refused_under_the_default_cap(llama, field):
+    path, _ = llama
+    params = SamplingParams(temperature=0.0, max_tokens=2, **{field: -1})
+    with pytest.raises(ValueError, match=rf"{field} -1 \(the whole vocabulary, 256 tokens\) "
+                                         r"is more than max_logprobs 20"):
+        _generate(path, params)
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_below_minus_one_is_refused(field):
+    with pytest.raises(ValueError, match=rf"{field} must be None, an int >= 0 or -1"):
+        SamplingParams(**{field: -2})

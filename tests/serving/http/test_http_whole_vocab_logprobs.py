@@ -1,0 +1,106 @@
+"""-1 as "the whole vocabulary" over HTTP (vLLM's): with ``--max-logprobs -1``
+``prompt_logprobs: -1`` (completions and chat) and the chat's
+``top_logprobs: -1`` give an entry for every vocabulary token; under the
+default limit (20, below the tiny model's 320 tokens) they are a 400 naming
+the field. The completions' ``logprobs`` takes no -1, as in vLLM."""
+
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+
+from engine import LLM, SamplingParams
+from tests.helpers.http_utils import openai_client, serving_tiny
+
+pytestmark = pytest.mark.timeout(240)
+
+PROMPT = "The quick brown fox"
+VOCAB = 320  # checkpoint/tiny_model.py
+MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("http_whole_vocab"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats", "--served-model-name", "tiny",
+                      "--max-logprobs", "-1") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A server with the default --max-logprobs (20)."""
+    with serving_tiny(tmp_path_factory.mktemp("http_whole_vocab_capped"), "serve", "--model",
+                      "tiny", "--device", "cpu", "--disable-log-stats",
+                      "--served-model-name", "tiny") as served, openai_client(served) as client:
+        yield client
+
+
+def _logsumexp(values) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def test_prompt_logprobs_minus_one_is_every_token(server, client):
+    """Every prompt position after the first holds all 320 tokens with the
+    offline engine's logprobs and ranks, a whole distribution (they sum to 1)."""
+    with LLM(model=server.model_dir, device="cpu", max_logprobs=-1) as llm:
+        want = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=1,
+                                                   prompt_logprobs=-1))[0].prompt_logprobs
+    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, temperature=0,
+                                     extra_body={"prompt_logprobs": -1})
+    got = resp.choices[0].model_extra["prompt_logprobs"]
+    assert len(got) == len(want) and got[0] is None
+    for j in range(1, len(want)):
+        assert set(got[j]) == {str(t) for t in range(VOCAB)}
+        for token_id, entry in want[j].items():
+            assert got[j][str(token_id)]["logprob"] == pytest.approx(entry.logprob, abs=1e-5)
+            assert got[j][str(token_id)]["rank"] == entry.rank
+        assert _logsumexp([e["logprob"] for e in got[j].values()]) == pytest.approx(0, abs=1e-3)
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1,
+                                          temperature=0, extra_body={"prompt_logprobs": -1})
+    plp = chat.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == chat.usage.prompt_tokens
+    assert all(len(entry) == VOCAB for entry in plp[1:])
+
+
+def test_chat_top_logprobs_minus_one_is_every_token(client):
+    """Each output token lists all 320 tokens, most likely first (the
+    greedy token itself), and they make a whole distribution; the
+    completions' ``logprobs`` refuses -1 (vLLM's rule)."""
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=-1)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3
+    for token in content:
+        values = [t.logprob for t in token.top_logprobs]
+        assert len(values) == VOCAB
+        assert values == sorted(values, reverse=True)
+        assert values[0] == pytest.approx(token.logprob, abs=1e-6)
+        assert _logsumexp(values) == pytest.approx(0, abs=1e-3)
+    with pytest.raises(openai.BadRequestError) as raised:  # unlike completions' logprobs
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logprobs=-1)
+    assert raised.value.param == "logprobs"
+
+
+def test_minus_one_is_refused_under_the_default_limit(capped):
+    asks = [
+        ("prompt_logprobs", lambda: capped.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": -1})),
+        ("top_logprobs", lambda: capped.chat.completions.create(
+            model="tiny", max_tokens=1, logprobs=True, top_logprobs=-1, messages=MESSAGES)),
+        ("prompt_logprobs", lambda: capped.chat.completions.create(
+            model="tiny", max_tokens=1, messages=MESSAGES, extra_body={"prompt_logprobs": -1})),
+    ]
+    for field, ask in asks:
+        with pytest.raises(openai.BadRequestError) as raised:
+            ask()
+        assert raised.value.param == field
+        assert (f"{field} -1 (the whole vocabulary, {VOCAB} tokens) is more than "
+                "max_logprobs 20") in raised.value.message
+    # The server keeps serving.
+    ok = capped.chat.completions.create(model="tiny", max_tokens=1, logprobs=True,
+                                        top_logprobs=20, messages=MESSAGES)
+    assert len(ok.choices[0].logprobs.content[0].top_logprobs) == 20
