@@ -13,7 +13,7 @@ from engine.min_tokens import min_tokens_stop_ids
 from engine.request import Request
 from ipc.messages import SamplingOptions
 from runner.sampler import Sampler
-from tests.helpers.hf_models import small_llama
+from tests.helpers.hf_models import save_spread, small_llama
 from tests.helpers.sampler_writes import write_added_requests
 
 PROMPT = [5, 17, 99, 3, 44, 120]
@@ -21,16 +21,9 @@ PROMPT = [5, 17, 99, 3, 44, 120]
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    from checkpoint.tiny_model import build_tokenizer
-
     model = small_llama(4, 256, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=256).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp("llama_min_tokens")
-    model.save_pretrained(path)
-    build_tokenizer().save(str(path / "tokenizer.json"))
-    return str(path), model
+                        max_position_embeddings=256)
+    return save_spread(model, tmp_path_factory.mktemp("llama_min_tokens")), model
 
 
 def hf_greedy(model, prompt, steps, banned_until: int, banned: set[int]) -> list[int]:

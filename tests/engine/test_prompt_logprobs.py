@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.helpers.hf_models import small_llama
+from tests.helpers.hf_models import save_spread, small_llama
 from tests.helpers.prompt_logprobs import check_prompt_logprobs, hf_prompt_logprobs
 
 PROMPTS = [
@@ -27,8 +27,6 @@ def save_llama(tmp_path_factory, name: str, **fields):
     transformers' prompt logprobs of every prompt."""
     import transformers
 
-    from checkpoint.tiny_model import build_tokenizer
-
     if "hidden_size" in fields:
         config = transformers.LlamaConfig(vocab_size=256, intermediate_size=192,
                                           num_hidden_layers=2, tie_word_embeddings=False,
@@ -38,12 +36,8 @@ def save_llama(tmp_path_factory, name: str, **fields):
         model = transformers.LlamaForCausalLM(config).eval()
     else:
         model = small_llama(3, 256, max_position_embeddings=512, **fields).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp(name)
-    model.save_pretrained(path)
-    build_tokenizer().save(str(path / "tokenizer.json"))
-    return str(path), [hf_prompt_logprobs(model, p) for p in PROMPTS]
+    path = save_spread(model, tmp_path_factory.mktemp(name))
+    return path, [hf_prompt_logprobs(model, p) for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tests.helpers.hf_models import small_llama
+from tests.helpers.hf_models import save_spread, small_llama
 from tests.helpers.prompt_logprobs import hf_prompt_logprobs
 
 VOCAB = 256
@@ -20,16 +20,9 @@ PROMPTS = [[5, 17, 99, 3], [(7 * i) % 200 + 1 for i in range(23)]]
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     """A small random Llama saved with a tokenizer, and the HF model itself."""
-    from checkpoint.tiny_model import build_tokenizer
-
     model = small_llama(5, VOCAB, num_attention_heads=4, num_key_value_heads=2,
-                        max_position_embeddings=512).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp("llama_whole_vocab")
-    model.save_pretrained(path)
-    build_tokenizer().save(str(path / "tokenizer.json"))
-    return str(path), model
+                        max_position_embeddings=512)
+    return save_spread(model, tmp_path_factory.mktemp("llama_whole_vocab")), model
 
 
 def _generate(path, params, **kw):

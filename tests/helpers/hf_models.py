@@ -17,6 +17,20 @@ def small_llama(seed: int, vocab_size: int, **fields):
     return transformers.LlamaForCausalLM(config)
 
 
+def save_spread(model, path, scale: float = 8.0) -> str:
+    """Multiply ``model``'s lm_head by ``scale`` (logits far apart, so the
+    top tokens are few and clear), save it and the byte tokenizer under
+    ``path``; return the path as text."""
+    from checkpoint.tiny_model import build_tokenizer
+
+    model.eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    model.save_pretrained(path)
+    build_tokenizer().save(str(path / "tokenizer.json"))
+    return str(path)
+
+
 def save_with_greedy_reference(model, path, prompts: list[list[int]],
                                max_tokens: int) -> list[list[int]]:
     """Spread ``model``'s logits (its lm_head times 20, so greedy never meets a
