@@ -391,7 +391,9 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True
     include: list[str] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0)  # at most the engine's max_logprobs
+    # With include "message.output_text.logprobs": at most the engine's
+    # max_logprobs; -1: the whole vocabulary (the chat's rule, vLLM's).
+    top_logprobs: int | None = Field(default=None, ge=-1)
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

@@ -21,7 +21,8 @@ tool-call parser); the model's chat template renders them
 beside a named or required tool choice) the output's structured-output
 constraint (``structured.text_format_constraint``). With ``include``
 "message.output_text.logprobs" the engine sends each token's logprobs with
-``top_logprobs`` alternatives, shown as the chat shows them
+``top_logprobs`` alternatives (-1: the whole vocabulary, under the chat's
+rule, ``sampling.check_logprobs``), shown as the chat shows them
 (``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
 as in vLLM. They are the message text's, so beside a tool choice other
 than "none" (whose answer may be, or is, calls) asking for them is a 400

@@ -1,6 +1,7 @@
 """-1 as "the whole vocabulary" over HTTP (vLLM's): with ``--max-logprobs -1``
-``prompt_logprobs: -1`` (completions and chat) and the chat's
-``top_logprobs: -1`` give an entry for every vocabulary token; under the
+``prompt_logprobs: -1`` (completions and chat) and the chat's and
+Responses' ``top_logprobs: -1`` give an entry for every vocabulary token
+(Responses': transformers' log-softmax of the same sequence); under the
 default limit (20, below the tiny model's 320 tokens) they are a 400 naming
 the field. The completions' ``logprobs`` takes no -1, as in vLLM."""
 
@@ -10,6 +11,7 @@ import math
 
 import openai
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from tests.helpers.http_utils import openai_client, serving_tiny
@@ -19,6 +21,7 @@ pytestmark = pytest.mark.timeout(240)
 PROMPT = "The quick brown fox"
 VOCAB = 320  # checkpoint/tiny_model.py
 MESSAGES = [{"role": "user", "content": PROMPT}]
+LOGPROBS = "message.output_text.logprobs"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +88,49 @@ def test_chat_top_logprobs_minus_one_is_every_token(client):
     assert raised.value.param == "logprobs"
 
 
+def _hf_greedy_rows(model_dir: str, steps: int) -> tuple[list[int], list[torch.Tensor], str]:
+    """transformers' greedy answer to MESSAGES (its chat template): the
+    prompt's token ids, each answer token's log-softmax row and the text."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
+                                                              dtype=torch.float32).eval()
+    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    sequence, rows = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([sequence])).logits[0, -1]
+            rows.append(torch.log_softmax(logits.double(), dim=-1))
+            sequence.append(int(rows[-1].argmax()))
+    text = tokenizer.decode(sequence[len(prompt):], skip_special_tokens=True)
+    return prompt, rows, text
+
+
+def test_responses_top_logprobs_minus_one_is_every_token(server, client):
+    """Responses' ``top_logprobs: -1`` (with ``include`` logprobs) lists,
+    for each greedy output token, all 320 tokens, most likely first: the
+    values are transformers' log-softmax row of that position, the token's
+    own logprob its largest, and the text is transformers' greedy text."""
+    prompt, rows, text = _hf_greedy_rows(server.model_dir, 3)
+    response = client.responses.create(model="tiny", input=PROMPT, max_output_tokens=3,
+                                       temperature=0, include=[LOGPROBS], top_logprobs=-1,
+                                       extra_body={"ignore_eos": True})
+    assert response.usage.input_tokens == len(prompt)
+    assert response.output_text == text and response.top_logprobs == -1
+    entries = response.output[0].content[0].logprobs
+    assert len(entries) == len(rows) == 3
+    for entry, row in zip(entries, rows):
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == VOCAB and values == sorted(values, reverse=True)
+        want = sorted(row.tolist(), reverse=True)
+        torch.testing.assert_close(torch.tensor(values, dtype=torch.float64),
+                                   torch.tensor(want, dtype=torch.float64), atol=1e-4, rtol=0)
+        assert entry.logprob == pytest.approx(want[0], abs=1e-4)
+        assert entry.top_logprobs[0].token == entry.token
+
+
 def test_minus_one_is_refused_under_the_default_limit(capped):
     asks = [
         ("prompt_logprobs", lambda: capped.completions.create(
@@ -93,6 +139,9 @@ def test_minus_one_is_refused_under_the_default_limit(capped):
             model="tiny", max_tokens=1, logprobs=True, top_logprobs=-1, messages=MESSAGES)),
         ("prompt_logprobs", lambda: capped.chat.completions.create(
             model="tiny", max_tokens=1, messages=MESSAGES, extra_body={"prompt_logprobs": -1})),
+        ("top_logprobs", lambda: capped.responses.create(
+            model="tiny", input=PROMPT, max_output_tokens=1, include=[LOGPROBS],
+            top_logprobs=-1)),
     ]
     for field, ask in asks:
         with pytest.raises(openai.BadRequestError) as raised:
