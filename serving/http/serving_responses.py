@@ -53,7 +53,11 @@ either).
 With ``background`` (vLLM's rules: it needs the store on and the request's
 ``store`` left true, else a 400 naming it) the engine accepts the request
 and the call returns at once: the response stored "queued", or with
-``stream`` its events, followed as they come. Its task
+``stream`` its events, followed as they come; as OpenAI streams a
+background response, ``response.created`` and ``response.queued`` show it
+"queued", as polling does, and ``response.in_progress`` comes at the
+engine's first output, when it is stored so (vLLM's background stream is
+its foreground one, "in_progress" from the first event). Its task
 (``responses_background.BackgroundRuns``) runs on: the response is stored
 "in_progress" at the engine's first output and finished as any other
 (``_Run.in_background``), or "failed" when the engine stops first; when
@@ -293,20 +297,31 @@ class _Run:
     answered: bool = False  # whether the finished response is made
 
     async def steps(self) -> AsyncIterator[list[Event]]:
-        """The item events of each piece of the answer, as it comes."""
+        """The events of each piece of the answer, as it comes: a
+        background response's first piece opens it (``_begin``), then the
+        piece's item events."""
         async for event in self.generation.events():
-            self._begin()
-            yield self.items.add(event.text, self._logprobs(event),
-                                 last=event.finish_reason is not None)
+            opening = self._begin()
+            yield opening + self.items.add(event.text, self._logprobs(event),
+                                           last=event.finish_reason is not None)
             self.finish_reason = event.finish_reason or self.finish_reason
 
-    def _begin(self) -> None:
-        """At the engine's first output: a background response is stored
-        "in_progress"."""
-        if not self.running:
-            self.running = True
-            if self.background:
-                self.save(self.shape.started(), self.conversation)
+    def _begin(self) -> list[Event]:
+        """At the engine's first output a background response is stored
+        "in_progress" and its stream goes on from "queued" with the
+        opening events; nothing else (a foreground one opened at once)."""
+        if self.running:
+            return []
+        self.running = True
+        if not self.background:
+            return []
+        self.save(self.shape.started(), self.conversation)
+        return self._opening()
+
+    def _opening(self) -> list[Event]:
+        """``response.in_progress`` and the events before any text."""
+        return [("response.in_progress", {"response": self.shape.started()}),
+                *self.items.start()]
 
     def _logprobs(self, event: ChoiceEvent) -> list[dict]:
         if self.num_top is None or event.logprobs is None:
@@ -336,14 +351,23 @@ class _Run:
         return self.finish()[1]
 
     async def events(self) -> AsyncIterator[str]:
-        """The stream's events; the response is stored before its last event
+        """The stream's events, as OpenAI sends them: ``response.created``
+        and ``response.in_progress`` with the response "in_progress" (a
+        background one's ``response.created`` and ``response.queued`` with
+        it "queued", as it is stored, and ``response.in_progress`` at the
+        engine's first output), each item's events, and
+        the finished response, stored before its last event
         (``response.completed`` or ``response.incomplete``, as its status)
         is sent, so a client that has it finds it stored."""
         out = ResponseEvents()
-        started = self.shape.started()
-        yield out.event("response.created", response=started)
-        yield out.event("response.in_progress", response=started)
-        for kind, fields in self.items.start():
+        if self.background:
+            queued = self.shape.started("queued")
+            opening = [("response.created", {"response": queued}),
+                       ("response.queued", {"response": queued})]
+        else:
+            opening = [("response.created", {"response": self.shape.started()}),
+                       *self._opening()]
+        for kind, fields in opening:
             yield out.event(kind, **fields)
         try:
             async for step in self.steps():

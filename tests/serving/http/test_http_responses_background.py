@@ -36,7 +36,7 @@ import time
 import httpx
 import openai
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseQueuedEvent, ResponseStreamEvent
 from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
@@ -151,8 +151,10 @@ def test_a_streamed_background_response_replays_the_foreground_stream(server, cl
     created = _typed_events("POST", url, json={**body, "background": True})
     response_id = created[0].response.id
     kinds = [e.type for e in foreground]
-    assert [e.type for e in created] == kinds and kinds[-1] == "response.incomplete"
-    assert [e.sequence_number for e in created] == list(range(len(kinds)))
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert [e.type for e in created] == [kinds[0], "response.queued", *kinds[1:]]
+    assert kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in created] == list(range(len(created)))
     assert _text(created) == _text(foreground) == foreground[-1].response.output_text
     final = created[-1].response
     assert final.background is True and final.output_text == foreground[-1].response.output_text
@@ -169,6 +171,34 @@ def test_a_streamed_background_response_replays_the_foreground_stream(server, cl
     last = created[-1].sequence_number
     with client.responses.retrieve(response_id, stream=True, starting_after=last) as stream:
         assert list(stream) == []
+
+
+def test_a_background_stream_goes_from_queued_to_in_progress_as_openais(server, client):
+    """Through the client's stream, OpenAI's events for a background
+    response: ``response.created`` and ``response.queued`` with the
+    response "queued" (as the create call without ``stream`` and polling
+    show it), ``response.in_progress`` with it "in_progress", then the
+    message's events and the finished response, numbered in order; a
+    replay after ``starting_after`` 1 begins at ``response.in_progress``."""
+    with client.responses.create(model="tiny", input="Name a color.", temperature=0,
+                                 max_output_tokens=8, stream=True, background=True) as stream:
+        events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert isinstance(events[1], ResponseQueuedEvent)
+    statuses = [(e.type, e.response.status) for e in events if hasattr(e, "response")]
+    final = events[-1].response
+    assert statuses == [("response.created", "queued"), ("response.queued", "queued"),
+                        ("response.in_progress", "in_progress"),
+                        (f"response.{final.status}", final.status)]
+    assert final.status in ("completed", "incomplete")
+    assert [e.type for e in events[3:5]] == ["response.output_item.added",
+                                             "response.content_part.added"]
+    assert _text(events) == final.output_text
+    assert client.responses.retrieve(final.id).model_dump() == final.model_dump()
+    with client.responses.retrieve(final.id, stream=True, starting_after=1) as replay:
+        after = list(replay)
+    assert after[0].type == "response.in_progress"
+    assert [e.model_dump() for e in after] == [e.model_dump() for e in events[2:]]
 
 
 def test_cancel_stops_the_engine_request_and_the_server_goes_on(server, client):
@@ -364,7 +394,9 @@ def test_the_apps_shutdown_aborts_running_background_responses_before_its_link_c
         tiny_dir):
     """In process, with an engine link that never finishes a request: two
     background responses (one streamed) are running when the app shuts
-    down, and their engine requests are aborted before the link closes."""
+    down, and their engine requests are aborted before the link closes.
+    With no output yet both are "queued", polled and in the stream's
+    first events (``response.created``, ``response.queued``)."""
     link = _AcceptingLink()
     app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
                      enable_responses_api_store=True)
@@ -374,8 +406,15 @@ def test_the_apps_shutdown_aborts_running_background_responses_before_its_link_c
         assert queued.status_code == 200 and queued.json()["status"] == "queued"
         with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as stream:
             assert stream.status_code == 200
+            lines = stream.iter_lines()
+            opening = [EVENTS.validate_json(next(line for line in lines
+                                                 if line.startswith("data: "))[len("data: "):])
+                       for _ in range(2)]
         assert len(link.live) == 2
-        assert http.get(f"/v1/responses/{queued.json()['id']}").json()["status"] == "queued"
+        assert [(e.type, e.response.status) for e in opening] == \
+            [("response.created", "queued"), ("response.queued", "queued")]
+        for response_id in (queued.json()["id"], opening[0].response.id):
+            assert http.get(f"/v1/responses/{response_id}").json()["status"] == "queued"
     assert link.live_at_close == set()
 
 
@@ -400,9 +439,8 @@ def test_a_background_response_the_engine_stops_ends_failed(tiny_dir):
         assert Response.model_validate(failed).status == "failed"
         assert failed["error"] == {"code": "server_error",
                                    "message": "the engine stopped: a worker died"}
-    assert [e.type for e in events] == ["response.created", "response.in_progress",
-                                        "response.output_item.added",
-                                        "response.content_part.added", "error"]
+    assert [e.type for e in events] == ["response.created", "response.queued", "error"]
+    assert [e.response.status for e in events[:2]] == ["queued", "queued"]
     assert events[-1].message == "the engine stopped: a worker died"
 
 
