@@ -245,7 +245,10 @@ def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: 
     ahead of the engine, in this API's terms: the input must leave room for
     output, and with ``max_output_tokens`` given, ``max_tokens`` (what the
     engine would be sent: the request's, under the recommended cap) must
-    fit beside it; the error shows the request's own value."""
+    fit beside it; the error shows the request's own value. Two calls,
+    input first: an input that fills the context is blamed on ``input``
+    even beside ``max_output_tokens``, whereas the engine's one call, given
+    ``max_tokens``, judges only the sum (and names ``max_tokens``)."""
     check_context_length(num_input_tokens, None, max_model_len, RESPONSES_FIELDS)
     given = request.max_output_tokens
     if given is not None and max_tokens is not None:
