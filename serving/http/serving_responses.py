@@ -89,7 +89,7 @@ from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import FieldError, ResponsesRequest
-from serving.http.response_store import ResponseStore, StoredResponse, stored
+from serving.http.response_store import RUNNING, ResponseStore, StoredResponse, stored
 from serving.http.responses_background import EventLog
 from serving.http.responses_input import (
     chat_request,
@@ -145,8 +145,8 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
                OutputItems(tools.reader()), num_top, store, [*history, *turn], items,
-               background=bool(request.background), log=log)
-    if run.background:
+               status="queued" if request.background else "in_progress", log=log)
+    if request.background:
         return _start_in_background(state, run)
     return await respond(raw, generation, bool(request.stream), run.events, run.collect)
 
@@ -185,7 +185,7 @@ def _start_in_background(state: ServerState, run: _Run) -> Response:
     is done) and answer at once: the queued response, or, for one that
     streams (``run.log``), its events followed from the first. A client
     that leaves that stream stops following it; the response runs on."""
-    queued = run.shape.started("queued")
+    queued = run.shape.started(run.status)
     run.save(queued, run.conversation)
     state.background.start(run.shape.id, run.in_background(), run.background_ended)
     if run.log is not None:
@@ -280,9 +280,16 @@ class _Run:
     """One response as the engine generates it: what its whole answer and
     its stream share. ``conversation``: the chat messages before the
     answer (without instructions), and ``input_items`` the same as OpenAI
-    lists them, stored with it. A ``background`` one is stored at each
-    change of its status, with its events (``log``, given to a background
-    one that streams, None else) when it streams."""
+    lists them, stored with it. A background one is stored at each change
+    of its ``status``, with its events (``log``, given to a background one
+    that streams, None else) when it streams.
+
+    ``status`` goes as the stored one: a background response starts
+    "queued" and is "in_progress" from the engine's first output
+    (``_begin``), a foreground one "in_progress" from the start; then
+    "completed" or "incomplete" (``finish``), or "failed" (``in_background``,
+    when it cannot finish). "cancelled" is the store's alone: the cancel
+    route, DELETE and the shutdown cancel the task from outside."""
 
     state: ServerState
     generation: Generation
@@ -292,17 +299,15 @@ class _Run:
     store: ResponseStore | None
     conversation: list[dict]
     input_items: list[dict]
-    background: bool = False
+    status: str = "in_progress"
     log: EventLog | None = None
     finish_reason: str | None = None
-    running: bool = False  # whether the engine's output has begun
     stopped: str | None = None  # why the engine stopped before the end, if it did
-    answered: bool = False  # whether the finished response is made
 
     async def steps(self) -> AsyncIterator[list[Event]]:
-        """The events of each piece of the answer, as it comes: a
-        background response's first piece opens it (``_begin``), then the
-        piece's item events."""
+        """The events of each piece of the answer, as it comes: a queued
+        response's first piece opens it (``_begin``), then the piece's item
+        events."""
         async for event in self.generation.events():
             opening = self._begin()
             yield opening + self.items.add(event.text, self._logprobs(event),
@@ -310,14 +315,12 @@ class _Run:
             self.finish_reason = event.finish_reason or self.finish_reason
 
     def _begin(self) -> list[Event]:
-        """At the engine's first output a background response is stored
-        "in_progress" and its stream goes on from "queued" with the
-        opening events; nothing else (a foreground one opened at once)."""
-        if self.running:
+        """At the engine's first output a queued (background) response is
+        stored "in_progress" and its stream goes on with the opening
+        events; nothing for one in progress (a foreground one opened at once)."""
+        if self.status != "queued":
             return []
-        self.running = True
-        if not self.background:
-            return []
+        self.status = "in_progress"
         self.save(self.shape.started(), self.conversation)
         return self._opening()
 
@@ -345,7 +348,7 @@ class _Run:
         events = self.items.finish(status)
         body = self.shape.finished(self.items.items, status, self.generation.usage())
         self.save(body, [*self.conversation, *output_messages(body["output"])])
-        self.answered = True
+        self.status = status
         return events, body
 
     async def collect(self) -> dict:
@@ -363,14 +366,11 @@ class _Run:
         (``response.completed`` or ``response.incomplete``, as its status)
         is sent, so a client that has it finds it stored."""
         out = ResponseEvents()
-        if self.background:
-            queued = self.shape.started("queued")
-            opening = [("response.created", {"response": queued}),
-                       ("response.queued", {"response": queued})]
-        else:
-            opening = [("response.created", {"response": self.shape.started()}),
-                       *self._opening()]
-        for kind, fields in opening:
+        first = self.shape.started(self.status)
+        yield out.event("response.created", response=first)
+        later = ([("response.queued", {"response": first})] if self.status == "queued"
+                 else self._opening())
+        for kind, fields in later:
             yield out.event(kind, **fields)
         try:
             async for step in self.steps():
@@ -401,7 +401,8 @@ class _Run:
         except Exception:
             logger.exception("background response %s failed", self.shape.id)
             self.stopped = "the server failed to run this response"
-        if not self.answered:
+        if self.status in RUNNING:
+            self.status = "failed"
             self.save(self.shape.failed(self.stopped or "the response did not finish"),
                       self.conversation)
 
