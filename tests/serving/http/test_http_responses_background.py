@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import json
 import time
 
@@ -41,7 +40,6 @@ from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
 from checkpoint.tokenizer import Tokenizer
-from ipc.engine_messages import Delta, EngineStopped, RequestAccepted
 from serving.http.app import create_app
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
@@ -50,6 +48,7 @@ from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns, EventLog
 from serving.http.serving_responses import cancel_response, create_response, delete_response
 from serving.http.state import ServerState
+from tests.helpers.engine_links import AcceptingLink, AnsweringLink
 from tests.helpers.http_utils import (
     metric,
     openai_client,
@@ -356,40 +355,6 @@ def test_a_server_stopped_with_background_responses_running_exits_cleanly(tmp_pa
     assert "Traceback" not in output and "Task was destroyed" not in output, output
 
 
-class _AcceptingLink:
-    """An engine link that accepts every request and sends no output, so
-    each runs until it is aborted (or, with ``stops``, the engine stops
-    right after accepting it); it notes the requests still live when it is
-    closed."""
-
-    def __init__(self, stops: bool = False) -> None:
-        self.ids = itertools.count()
-        self.live: set[str] = set()
-        self.live_at_close: set[str] | None = None
-        self.stops = stops
-
-    async def start(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        self.live_at_close = set(self.live)
-
-    def new_id(self) -> str:
-        return f"req-{next(self.ids)}"
-
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
-        self.live.add(request_id)
-        queue.put_nowait(RequestAccepted(request_id=request_id,
-                                         prompt_token_ids=list(prompt_token_ids)))
-        if self.stops:
-            queue.put_nowait(EngineStopped(reason="a worker died\ntraceback"))
-
-    def abort(self, request_id: str) -> None:
-        self.live.discard(request_id)
-
-    forget = abort
-
-
 def test_the_apps_shutdown_aborts_running_background_responses_before_its_link_closes(
         tiny_dir):
     """In process, with an engine link that never finishes a request: two
@@ -397,7 +362,7 @@ def test_the_apps_shutdown_aborts_running_background_responses_before_its_link_c
     down, and their engine requests are aborted before the link closes.
     With no output yet both are "queued", polled and in the stream's
     first events (``response.created``, ``response.queued``)."""
-    link = _AcceptingLink()
+    link = AcceptingLink()
     app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
                      enable_responses_api_store=True)
     body = {"model": "tiny", "input": "Hi", "max_output_tokens": 8, "background": True}
@@ -422,7 +387,7 @@ def test_a_background_response_the_engine_stops_ends_failed(tiny_dir):
     """The engine stops after accepting: the polled response ends "failed"
     with OpenAI's ``error`` (the reason's first line), the streamed one's
     events end with the stream's error event, and both are stored so."""
-    app = create_app(_AcceptingLink(stops=True), Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
+    app = create_app(AcceptingLink(stops=True), Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
                      enable_responses_api_store=True)
     body = {"model": "tiny", "input": "Hi", "max_output_tokens": 8, "background": True}
     with TestClient(app) as http:
@@ -456,7 +421,7 @@ def test_a_background_response_cancelled_before_or_after_it_ran_ends_whole(
     log closed (a follower's stream ends) and its stored entry final:
     "cancelled", or gone after DELETE."""
     tokenizer = Tokenizer.from_dir(tiny_dir)
-    link = _AcceptingLink()
+    link = AcceptingLink()
     state = ServerState(link, tokenizer, ("tiny",), 4096, Metrics("tiny"),
                         LogprobsFormatter(tokenizer), response_store=ResponseStore())
     request = ResponsesRequest(model="tiny", input="Hi", max_output_tokens=8, background=True,
@@ -493,16 +458,6 @@ def test_a_background_response_cancelled_before_or_after_it_ran_ends_whole(
     assert state.response_store.chars == sum(e.chars for e in state.response_store.entries.values())
 
 
-class _AnsweringLink(_AcceptingLink):
-    """An engine link that accepts every request and answers it at once:
-    two tokens, cut at ``max_tokens`` ("length")."""
-
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
-        super().submit(request_id, prompt_token_ids, params, queue, priority)
-        queue.put_nowait(Delta(request_id=request_id, token_ids=[72, 105], text="Hi",
-                               finished=True, finish_reason="length"))
-
-
 def test_the_store_counts_every_event_of_a_streamed_background_response(tiny_dir):
     """In process: once a streamed background response has ended, the
     store counts it as its bound says, the JSON text of its body,
@@ -510,7 +465,8 @@ def test_the_store_counts_every_event_of_a_streamed_background_response(tiny_dir
     (``response.incomplete``, logged after the finished response was
     stored), and its total is that entry's."""
     tokenizer = Tokenizer.from_dir(tiny_dir)
-    state = ServerState(_AnsweringLink(), tokenizer, ("tiny",), 4096, Metrics("tiny"),
+    link = AnsweringLink([72, 105], "Hi", "length")  # two tokens, cut at max_tokens
+    state = ServerState(link, tokenizer, ("tiny",), 4096, Metrics("tiny"),
                         LogprobsFormatter(tokenizer), response_store=ResponseStore())
     request = ResponsesRequest(model="tiny", input="Hi", max_output_tokens=2, background=True,
                                stream=True)

@@ -1,0 +1,58 @@
+"""Engine links for running the HTTP app in process (``create_app``) with
+an engine whose answers a test decides: the link interface the app uses
+(``start``, ``close``, ``new_id``, ``submit``, ``abort``, ``forget``), and
+every message it sends is one the engine sends (``ipc.engine_messages``)."""
+
+from __future__ import annotations
+
+import itertools
+
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted
+
+
+class AcceptingLink:
+    """Accepts every request and sends no output, so each runs until it is
+    aborted (or, with ``stops``, the engine stops right after accepting
+    it); it notes the requests still live when it is closed."""
+
+    def __init__(self, stops: bool = False) -> None:
+        self.ids = itertools.count()
+        self.live: set[str] = set()
+        self.live_at_close: set[str] | None = None
+        self.stops = stops
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        self.live_at_close = set(self.live)
+
+    def new_id(self) -> str:
+        return f"req-{next(self.ids)}"
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        self.live.add(request_id)
+        queue.put_nowait(RequestAccepted(request_id=request_id,
+                                         prompt_token_ids=list(prompt_token_ids)))
+        if self.stops:
+            queue.put_nowait(EngineStopped(reason="a worker died\ntraceback"))
+
+    def abort(self, request_id: str) -> None:
+        self.live.discard(request_id)
+
+    forget = abort
+
+
+class AnsweringLink(AcceptingLink):
+    """Accepts every request and answers it at once, whatever it asked:
+    ``token_ids`` whose text is ``text``, finished with ``finish_reason``."""
+
+    def __init__(self, token_ids: list[int], text: str, finish_reason: str) -> None:
+        super().__init__()
+        self.token_ids, self.text, self.finish_reason = token_ids, text, finish_reason
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        super().submit(request_id, prompt_token_ids, params, queue, priority)
+        queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
+                               text=self.text, finished=True,
+                               finish_reason=self.finish_reason))
