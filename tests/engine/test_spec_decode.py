@@ -131,7 +131,10 @@ def test_requests_that_reach_max_model_len(method):
     """Outputs that run to ``max_model_len`` (32): the last steps have no
     room for drafts, yet the proposer still guesses past the end (the
     draft model at positions its rotary table does not hold); every output
-    is the plain one, "length" at the context's end."""
+    is the plain one, "length" at the context's end. The prompts' lengths
+    differ, so one draft-model proposal holds rows past the end beside
+    rows inside it (one request alone, with its draft counts worked by
+    hand: test_a_draft_model_drafts_up_to_the_end_of_max_model_len)."""
     prompts = [PROMPTS[0], PROMPTS[1][:20], PROMPTS[3][:25]]
     params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
     want, _ = _run(prompts, params, None, max_model_len=32)
