@@ -12,8 +12,9 @@ text of the first ``min_tokens`` tokens ends no stop string, though one
 may begin in it (``StopStringMatcher.release``). Both decode as
 ``skip_special_tokens`` says.
 
-In both, the text of the stop token that ended an output is left out, and
-its id kept (``engine.outputs.shown_token_ids``).
+In both, the text of the stop token that ended an output is left out
+(shown with ``include_stop_str_in_output``, as vLLM shows it), and its id
+kept (``engine.outputs.shown_token_ids``).
 """
 
 from __future__ import annotations

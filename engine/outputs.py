@@ -41,10 +41,12 @@ class RequestOutputDelta:
     ``prompt_logprobs`` (vLLM's shape: None for the first prompt token) comes
     once, with the first tokens of a request that asked for it.
     ``num_cached_tokens``: the prompt tokens the prefix cache held when the
-    request was first scheduled. ``ends_on_stop_token``: the last new token
+    request was first scheduled. ``hides_stop_token``: the last new token
     is the stop token (one of ``stop_token_ids`` or an end-of-sequence id)
-    that finished the request with "stop"; it stays in the token ids, but
-    its text is left out of the output's (as vLLM leaves it out).
+    that finished the request with "stop", and the request did not ask for
+    ``include_stop_str_in_output``; it stays in the token ids, but its text
+    is left out of the output's (as vLLM leaves it out; with
+    ``include_stop_str_in_output`` vLLM shows it, and so the text keeps it).
     ``stop_reason``: that token's id when it is one of ``stop_token_ids``
     (None for an end-of-sequence id or any other ending, as vLLM's).
     """
@@ -56,20 +58,22 @@ class RequestOutputDelta:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int | None = None
-    ends_on_stop_token: bool = False
+    hides_stop_token: bool = False
     stop_reason: int | None = None
 
 
 def shown_token_ids(delta: RequestOutputDelta, token_ids: list[int],
                     through_end: bool) -> list[int]:
     """The ids among ``token_ids`` whose text the output shows, the one home
-    of the rule "a stop token's text is not shown" (as vLLM leaves it out).
+    of the rule "a stop token's text is not shown" (as vLLM leaves it out,
+    unless the request asks for ``include_stop_str_in_output``: the
+    scheduler reads that and sets ``delta.hides_stop_token``).
     ``token_ids`` are the request's tokens up to some point of ``delta``;
     ``through_end``: they run to the delta's last token. Only then, and only
-    when that token is the stop token that finished the request
-    (``delta.ends_on_stop_token``), is it left out; its id stays in the
-    output's token ids."""
-    if through_end and delta.finished and delta.ends_on_stop_token:
+    when that token is the stop token that finished the request and is to
+    be hidden (``delta.hides_stop_token``), is it left out; its id stays in
+    the output's token ids."""
+    if through_end and delta.finished and delta.hides_stop_token:
         return token_ids[:-1]
     return token_ids
 

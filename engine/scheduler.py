@@ -504,7 +504,8 @@ class Scheduler:
         return RequestOutputDelta(
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
             prompt_logprobs.take_ready(request), request.num_cached_tokens,
-            ends_on_stop_token=on_eos or on_stop_id, stop_reason=last if on_stop_id else None,
+            hides_stop_token=(on_eos or on_stop_id) and not params.include_stop_str_in_output,
+            stop_reason=last if on_stop_id else None,
         )
 
     def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:

@@ -31,6 +31,35 @@ def test_a_stop_token_adds_its_id_but_not_its_text():
     assert tokenizer.decode([stop])  # the stop token has text, which is left out
 
 
+@pytest.mark.timeout(180)
+def test_include_stop_str_in_output_shows_the_stop_token_text():
+    """vLLM shows the text of the stop token (or end-of-sequence token) that
+    ended the output when the request asks for
+    ``include_stop_str_in_output``: the text is the tokenizer's decode of
+    every id, the stop token's included (special tokens as
+    ``skip_special_tokens`` says)."""
+    with LLM(model="tiny", device="cpu") as llm:
+        tokenizer = llm.get_tokenizer()
+        ids = llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8,
+                                                  ignore_eos=True))[0].outputs[0].token_ids
+        at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+        stop = llm.generate(PROMPT, SamplingParams(
+            temperature=0.0, max_tokens=8, ignore_eos=True, stop_token_ids=[ids[at]],
+            include_stop_str_in_output=True))[0].outputs[0]
+        # The end-of-sequence id, made the likeliest once min_tokens are out.
+        eos = tokenizer.eos_token_id
+        ended = llm.generate(PROMPT, SamplingParams(
+            temperature=0.0, max_tokens=8, min_tokens=2, logit_bias={eos: 100.0},
+            include_stop_str_in_output=True, skip_special_tokens=False))[0].outputs[0]
+    assert (stop.finish_reason, stop.stop_reason) == ("stop", ids[at])
+    assert stop.token_ids == ids[:at + 1]
+    assert stop.text == tokenizer.decode(ids[:at + 1])
+    assert (ended.finish_reason, ended.stop_reason) == ("stop", None)
+    assert ended.token_ids[-1] == eos and len(ended.token_ids) == 3
+    assert ended.text == tokenizer.decode(ended.token_ids, skip_special_tokens=False)
+    assert ended.text.endswith(tokenizer.eos_token)
+
+
 def test_the_shown_ids_leave_out_only_a_stop_token_that_ends_the_request():
     """The one rule both the LLM's final text and the server's streamed text
     use (hand-worked cases): the last id of a delta that ends on its stop
@@ -38,7 +67,7 @@ def test_the_shown_ids_leave_out_only_a_stop_token_that_ends_the_request():
     piece of one step's tokens that runs to the delta's end; nothing else
     is left out."""
     stop = RequestOutputDelta("r", [7, 8, 2], finished=True, finish_reason="stop",
-                              ends_on_stop_token=True, stop_reason=2)
+                              hides_stop_token=True, stop_reason=2)
     assert shown_token_ids(stop, [4, 5, 7, 8, 2], through_end=True) == [4, 5, 7, 8]
     assert shown_token_ids(stop, [2], through_end=True) == []
     assert shown_token_ids(stop, [7], through_end=False) == [7]  # a piece before the end
