@@ -49,11 +49,15 @@ class StopStringMatcher:
         self.pending = ""  # received, not released: a possible stop-string start
         self.unmatched = 0  # leading characters of ``pending`` that end no stop string
         self.stopped: str | None = None  # the stop string found
+        self.received = 0  # characters given to ``feed`` and ``release``
+        # Where the stop string found ends, counted in the characters received.
+        self.stop_end: int | None = None
 
     def feed(self, piece: str) -> str:
         """Add ``piece``; return the text now safe to release."""
         if self.stopped is not None or not piece:
             return ""
+        self.received += len(piece)
         if not self.stops:
             return piece
         text = self.pending + piece
@@ -75,6 +79,7 @@ class StopStringMatcher:
         that may begin a stop string is held back as ``feed`` holds it."""
         if self.stopped is not None or not piece:
             return ""
+        self.received += len(piece)
         text = self.pending + piece
         released = self._hold_from(text, len(text) - self._held_tail(text))
         self.unmatched = len(self.pending)
@@ -99,8 +104,9 @@ class StopStringMatcher:
 
     def _cut(self, text: str, found: tuple[int, str]) -> str:
         """``text`` up to the stop string ``found`` (its index and itself),
-        which ends the output."""
+        which ends the output; ``text`` is the tail of what was received."""
         index, self.stopped = found
+        self.stop_end = self.received - len(text) + index + len(self.stopped)
         return text[: index + len(self.stopped)] if self.include_stop else text[:index]
 
     def _earliest(self, text: str) -> tuple[int, str] | None:
@@ -140,24 +146,43 @@ class OutputStops:
     the first ``min_tokens`` output tokens ends no stop string
     (``release``), later ones may (``feed``); the output's last piece
     also releases what is held back (``flush``). ``stopped``: the stop
-    string met, once met (the caller then ends the request). Pieces may
-    be one token's text (``LLM``) or one step's (the HTTP server, the
-    engine client)."""
+    string met, once met (the caller then ends the request);
+    ``num_stop_tokens``: the tokens up to the end of the piece that
+    completed it, the ones the output keeps. A stop string may be found
+    some pieces after the one that completed it (it waited for a longer one
+    that began earlier and never came), so the caller cuts its tokens to
+    these, not to those it has seen. Pieces may be one token's text
+    (``LLM``, the engine client) or one step's (the HTTP server)."""
 
     def __init__(self, stops: Sequence[str], include_stop: bool = False,
                  min_tokens: int = 0) -> None:
         self.matcher = StopStringMatcher(stops, include_stop)
         self.min_tokens = min_tokens
         self.num_tokens = 0
+        # After each piece: the characters received so far, and the tokens.
+        self._piece_ends: list[int] = []
+        self._piece_tokens: list[int] = []
 
     @property
     def stopped(self) -> str | None:
         return self.matcher.stopped
 
+    @property
+    def num_stop_tokens(self) -> int | None:
+        """The tokens up to the end of the piece whose text completed the
+        stop string met (None until one is met)."""
+        end = self.matcher.stop_end
+        if end is None:
+            return None
+        return self._piece_tokens[bisect.bisect_left(self._piece_ends, end)]
+
     def add(self, piece: str, num_tokens: int, last: bool = False) -> str:
         """The text now safe to show, after ``piece`` of ``num_tokens`` more
         tokens; ``last``: no more will come."""
         self.num_tokens += num_tokens
+        if self.stopped is None:
+            self._piece_ends.append(self.matcher.received + len(piece))
+            self._piece_tokens.append(self.num_tokens)
         if self.num_tokens <= self.min_tokens:
             text = self.matcher.release(piece)  # too early for a stop string
         else:

@@ -91,6 +91,28 @@ def test_stop_strings_cut_text_and_tokens(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.timeout(120)
+def test_a_stop_string_keeps_the_tokens_up_to_the_one_that_completed_it(llm):
+    """Stops ["y", "xy!"] where the greedy text (lowercase letters only,
+    one token each) first has "y" at j after "x": "xy!" may begin at j - 1
+    until token j + 1 shows it does not, yet the output keeps the tokens up
+    to j, whose text completed "y", and their logprobs only (hand-worked
+    from the greedy ids, the rule of the README)."""
+    letters = list(range(ord("a"), ord("z") + 1))
+    [ref] = llm.generate(PROMPT, _greedy(allowed_token_ids=letters))
+    ids, text = ref.outputs[0].token_ids, ref.outputs[0].text
+    assert text == "".join(map(chr, ids))
+    j = next(i for i in range(1, len(text) - 1) if text[i] not in text[:i])
+    stops = [text[j], text[j - 1:j + 1] + "!"]
+    [out] = llm.generate(PROMPT, _greedy(allowed_token_ids=letters, stop=stops, logprobs=1))
+    c = out.outputs[0]
+    assert (c.finish_reason, c.stop_reason) == ("stop", text[j])
+    assert (c.token_ids, c.text) == (ids[:j + 1], text[:j])
+    assert len(c.logprobs) == j + 1
+    assert c.cumulative_logprob == pytest.approx(
+        sum(entry[t].logprob for t, entry in zip(c.token_ids, c.logprobs)))
+
+
 @pytest.mark.timeout(300)
 def test_max_tokens_none_fills_the_context(llm):
     prompt = {"prompt_token_ids": list(range(3, 13))}

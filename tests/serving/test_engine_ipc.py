@@ -142,6 +142,28 @@ def test_generate_helper_takes_n_and_stop_strings_as_llm_does(server):
 
 
 @pytest.mark.timeout(120)
+def test_generate_helper_keeps_the_tokens_up_to_the_stop_strings_end(server):
+    """Stops ["y", "xy!"] where the greedy text (lowercase letters, one token
+    each) first has "y" at j after "x": the match waits a token for "xy!",
+    yet the output keeps the tokens up to j, whose text completed "y", and
+    their logprobs only (hand-worked from the greedy ids)."""
+    _, endpoint_file = server
+    letters = list(range(ord("a"), ord("z") + 1))
+    greedy = {"temperature": 0.0, "max_tokens": 16, "ignore_eos": True,
+              "allowed_token_ids": letters}
+    with EngineClient(endpoint_file, timeout_s=60) as client:
+        ids = client.generate("Hello, my name is", SamplingParams(**greedy))[0].outputs[0].token_ids
+        text = "".join(map(chr, ids))
+        j = next(i for i in range(1, len(text) - 1) if text[i] not in text[:i])
+        [out] = client.generate("Hello, my name is", SamplingParams(
+            **greedy, stop=[text[j], text[j - 1:j + 1] + "!"], logprobs=1))
+    c = out.outputs[0]
+    assert (c.finish_reason, c.stop_reason) == ("stop", text[j])
+    assert (c.token_ids, c.text) == (ids[:j + 1], text[:j])
+    assert len(c.logprobs) == j + 1
+
+
+@pytest.mark.timeout(120)
 def test_generate_helper_gives_each_output_its_metrics(server):
     """``RequestOutput.metrics`` over the endpoint: the client's arrival and
     token times in order within the call (the engine's queueing and

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.stop_strings import StopStringMatcher
+from engine.stop_strings import OutputStops, StopStringMatcher
 from ipc.engine_messages import TokenLogprob
 
 
@@ -53,6 +53,29 @@ def test_include_stop_keeps_the_earliest_stop_string(pieces, stops):
         assert (released, matcher.stopped) == (text[: i + length], stop)
     else:
         assert (released, matcher.stopped) == (text, None)
+
+
+@settings(max_examples=400, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abc", max_size=3), max_size=12),
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), min_size=1, max_size=4))
+def test_the_stop_tokens_end_at_the_piece_that_completed_the_stop_string(pieces, stops):
+    """``OutputStops.num_stop_tokens``, pieces of one token each: the
+    fewest pieces whose text holds the earliest stop string whole, however
+    many pieces the match took to decide (the reference: a plain search)."""
+    output = OutputStops(stops)
+    for i, piece in enumerate(pieces):
+        output.add(piece, 1, last=i == len(pieces) - 1)
+        if output.stopped is not None:
+            break
+    text = "".join(pieces)
+    hits = [(i, len(s)) for s in stops if (i := text.find(s)) >= 0]
+    if not hits:
+        assert output.stopped is None and output.num_stop_tokens is None
+        return
+    start, length = min(hits)
+    want = next(k for k in range(len(pieces) + 1)
+                if len("".join(pieces[:k])) >= start + length)
+    assert output.num_stop_tokens == want
 
 
 def test_stop_string_across_pieces_is_never_shown():
