@@ -247,7 +247,8 @@ class LLMEngine:
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise ValueError(f"priority {priority} needs the 'priority' scheduling policy "
                              f"(--scheduling-policy priority)")
-        prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens)
+        prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
+                                            self.scheduler.config.max_model_len)
         if params.bad_words:
             sequences = bad_words_token_ids(self.tokenizer, params.bad_words)
             params = params.replaced(bad_words_token_ids=sequences)

@@ -7,8 +7,8 @@ the caller's side applies (``n`` and ``stop``: ``LLM`` and the HTTP server
 run ``n`` engine requests, ``choices``, and cut each one's text at its stop
 strings, with them where ``include_stop_str_in_output``; the engine reads
 neither, and its endpoint takes only ``n`` 1 and no ``stop``).
-``truncate_prompt_tokens`` k keeps a prompt's last k tokens
-(``truncated_prompt``, where the request enters the engine);
+``truncate_prompt_tokens`` k keeps a prompt's last k tokens, -1 its last
+``max_model_len`` (``truncated_prompt``, where the request enters the engine);
 ``skip_special_tokens`` False shows special tokens' text in the output
 (the detokenizers of ``LLM`` and of the engine's endpoint).
 ``bad_words`` (vLLM's) are words the output must not complete; the engine
@@ -137,8 +137,9 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_int(k) or k < 1):
-            raise ValueError(f"truncate_prompt_tokens must be None or an int >= 1, got {k!r}")
+        if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
+            raise ValueError("truncate_prompt_tokens must be None, an int >= 1 or -1 "
+                             f"(max_model_len), got {k!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
             raise ValueError(f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
                              f"got {self.logprobs!r}")
@@ -267,7 +268,10 @@ def _choice_seed(seed: int | None, choice: int) -> int | None:
     return _INT64_MIN if derived == -1 else derived
 
 
-def truncated_prompt(prompt_token_ids: list[int], k: int | None) -> list[int]:
-    """The prompt's last k tokens (``truncate_prompt_tokens``, vLLM's rule),
-    or the whole prompt where k is None."""
-    return prompt_token_ids if k is None else prompt_token_ids[-k:]
+def truncated_prompt(prompt_token_ids: list[int], k: int | None,
+                     max_model_len: int) -> list[int]:
+    """The prompt's last k tokens (``truncate_prompt_tokens``, vLLM's rule:
+    -1 is ``max_model_len``), or the whole prompt where k is None."""
+    if k is None:
+        return prompt_token_ids
+    return prompt_token_ids[-(max_model_len if k == -1 else k):]

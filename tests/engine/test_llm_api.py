@@ -113,6 +113,28 @@ def test_a_stop_string_keeps_the_tokens_up_to_the_one_that_completed_it(llm):
         sum(entry[t].logprob for t, entry in zip(c.token_ids, c.logprobs)))
 
 
+@pytest.mark.timeout(120)
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    """vLLM's rule: k keeps the prompt's last k tokens, -1 its last
+    ``max_model_len``; the reference is the same tokens given as the prompt."""
+    long = list(range(100, 100 + MAX_MODEL_LEN + 6))
+    [cut] = llm.generate({"prompt_token_ids": long}, _greedy(max_tokens=4,
+                                                             truncate_prompt_tokens=10))
+    [ref] = llm.generate({"prompt_token_ids": long[-10:]}, _greedy(max_tokens=4))
+    assert cut.prompt_token_ids == long[-10:]
+    assert cut.outputs[0].token_ids == ref.outputs[0].token_ids
+    short = long[:MAX_MODEL_LEN // 2]
+    [whole] = llm.generate({"prompt_token_ids": short}, _greedy(max_tokens=4,
+                                                                truncate_prompt_tokens=-1))
+    [ref] = llm.generate({"prompt_token_ids": short}, _greedy(max_tokens=4))
+    assert whole.prompt_token_ids == short
+    assert whole.outputs[0].token_ids == ref.outputs[0].token_ids
+    # The last max_model_len tokens leave no room for output: refused as such.
+    with pytest.raises(ValueError, match=rf"prompt \({MAX_MODEL_LEN} tokens\)"):
+        llm.generate({"prompt_token_ids": long}, _greedy(max_tokens=4, truncate_prompt_tokens=-1))
+    assert not llm.engine.has_unfinished_requests()
+
+
 @pytest.mark.timeout(300)
 def test_max_tokens_none_fills_the_context(llm):
     prompt = {"prompt_token_ids": list(range(3, 13))}

@@ -551,8 +551,8 @@ def test_bad_words_are_served(reference, client):
 
 def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     """vLLM's ``include_stop_str_in_output`` (the text ends after the stop
-    string) and ``truncate_prompt_tokens`` (the prompt's last k tokens, also
-    what ``echo`` shows), against ``LLM.generate`` and the tokenizer."""
+    string) and ``truncate_prompt_tokens`` (the prompt's last k tokens, -1
+    its last max_model_len, also what ``echo`` shows), against ``LLM.generate`` and the tokenizer."""
     greedy = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
     text = client.completions.create(model="tiny", prompt=PROMPT, **greedy).choices[0].text
     stop = text[4:6]
@@ -579,6 +579,11 @@ def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     [whole] = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=3,
                                                         truncate_prompt_tokens=3))
     assert whole.prompt_token_ids == kept and whole.outputs[0].token_ids == ref.token_ids
+    # -1: the last max_model_len tokens, the whole of this prompt.
+    out = client.completions.create(
+        model="tiny", prompt=PROMPT, temperature=0, max_tokens=3, echo=True,
+        extra_body={"truncate_prompt_tokens": -1, "return_token_ids": True})
+    assert out.choices[0].model_extra["prompt_token_ids"] == ids
 
 
 def test_skip_special_tokens_false_shows_them(reference, client):
