@@ -38,7 +38,7 @@ from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
-from engine.request import Request, check_request
+from engine.request import Request, check_context_length, check_request
 from engine.sampling_params import SamplingParams, truncated_prompt
 from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
@@ -255,6 +255,8 @@ class LLMEngine:
         # At least 1: a prompt already too long then gets the length message.
         room = max(1, self.scheduler.config.max_model_len - len(prompt_token_ids))
         if fit_context:
+            # Blamed on the prompt alone, not on the max_tokens cut to fit it.
+            check_context_length(len(prompt_token_ids), None, self.scheduler.config.max_model_len)
             params = params.fitted_to(room)
         elif params.max_tokens is None:
             params = params.replaced(max_tokens=room)

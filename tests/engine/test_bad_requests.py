@@ -24,9 +24,12 @@ GOOD = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     ({"prompt_token_ids": [1, 5000]}, GOOD, "outside the vocabulary"),
     ({"prompt_token_ids": [-1]}, GOOD, "outside the vocabulary"),
     # A prompt that leaves no room for a token (a longer max_tokens alone is
-    # cut to the context, as vLLM's LLM cuts it: test_llm_api.py).
+    # cut to the context, as vLLM's LLM cuts it: test_llm_api.py): the
+    # prompt is blamed, not a max_tokens the context cut.
     ({"prompt_token_ids": list(range(1, 129))}, SamplingParams(max_tokens=20),
-     "exceeds max_model_len 128"),
+     r"^the prompt \(128 tokens\) leaves no room for output in max_model_len 128"),
+    ({"prompt_token_ids": list(range(1, 200))}, SamplingParams(max_tokens=20),
+     r"^the prompt \(199 tokens\) leaves no room for output in max_model_len 128"),
     ({"prompt_tokens": [1]}, GOOD, "a prompt is"),
     ({"prompt_token_ids": "123"}, GOOD, "prompt_token_ids must be a list of ints"),
     ({"prompt_token_ids": 5}, GOOD, "prompt_token_ids must be a list of ints"),

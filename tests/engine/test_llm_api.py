@@ -228,7 +228,7 @@ def test_max_tokens_past_the_context_ends_at_it(llm):
     for out in outs:
         c = out.outputs[0]
         assert c.token_ids == ref.outputs[0].token_ids and c.finish_reason == "length"
-    with pytest.raises(ValueError, match="exceeds max_model_len"):
+    with pytest.raises(ValueError, match=f"prompt \\({MAX_MODEL_LEN} tokens\\) leaves no room"):
         llm.generate({"prompt_token_ids": [3] * MAX_MODEL_LEN}, _greedy())
 
 

@@ -40,8 +40,8 @@ def test_auto_is_what_the_cache_holds_and_every_limit_uses_it(tmp_path, monkeypa
              max_num_seqs=4) as llm:
         assert llm.engine.num_blocks == 64
         assert llm.engine.max_model_len == llm.engine.scheduler.config.max_model_len == HELD
-        with pytest.raises(ValueError, match=r"prompt \(1024 tokens\) \+ max_tokens \(1\) = 1025 "
-                                             r"exceeds max_model_len 1024, this model's maximum "
+        with pytest.raises(ValueError, match=r"prompt \(1024 tokens\) leaves no room for output "
+                                             r"in max_model_len 1024, this model's maximum "
                                              r"context length"):
             llm.generate({"prompt_token_ids": [7] * HELD}, SamplingParams(max_tokens=1))
         params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
