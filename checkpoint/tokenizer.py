@@ -183,6 +183,42 @@ class Tokenizer:
         return ids if tokenize else text
 
 
+def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
+                 skip_special_tokens: bool) -> list[int]:
+    """The prompt's last tokens an output is decoded after (none where the
+    prompt ends inside a character, a token-id prompt: the output's first
+    bytes would complete it and vanish into it)."""
+    ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
+    if tokenizer.decode(ids, skip_special_tokens).endswith("\ufffd"):
+        return []
+    return ids
+
+
+def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[int],
+                skip_special_tokens: bool) -> str:
+    """The text ``output_ids`` add after ``context_ids``: their joint decode
+    less the context's own (a decoder that drops the leading space of the
+    first token it sees, SentencePiece's, keeps the output's); the output
+    decoded alone where the joint text does not begin with the context's."""
+    alone = tokenizer.decode(output_ids, skip_special_tokens)
+    if not context_ids:
+        return alone
+    head = tokenizer.decode(context_ids, skip_special_tokens)
+    joint = tokenizer.decode([*context_ids, *output_ids], skip_special_tokens)
+    return joint[len(head):] if joint.startswith(head) else alone
+
+
+def output_text(tokenizer: Tokenizer, prompt_token_ids: list[int], output_ids: list[int],
+                skip_special_tokens: bool = True) -> str:
+    """An output's whole text as it reads after its prompt, as vLLM decodes
+    it: what ``IncrementalDetokenizer``'s pieces add up to, in one decode.
+    ``tokenizer.decode(output_ids)`` for byte-level tokenizers; for a
+    SentencePiece one, an output whose first token begins a word begins
+    with its space."""
+    return _text_after(tokenizer, _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
+                       output_ids, skip_special_tokens)
+
+
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text pieces, never splitting a
     multi-byte character: a piece is released only once the text decoded so
@@ -190,20 +226,19 @@ class IncrementalDetokenizer:
 
     Keeps a window ``[prefix_offset, read_offset)`` of already released
     tokens before the unreleased ones and decodes only the window, so each
-    step costs O(window), not O(output). The concatenated pieces, ``finish()``
-    included, equal ``tokenizer.decode(output ids, skip_special_tokens)``
-    for byte-level tokenizers.
+    step costs O(window), not O(output). The window starts with the
+    prompt's last tokens (``_context_ids``), so the first token's text is
+    what it adds after the prompt. The concatenated pieces, ``finish()``
+    included, equal ``output_text(tokenizer, prompt, output ids,
+    skip_special_tokens)`` (``tokenizer.decode(output ids)`` for
+    byte-level tokenizers).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
-        if self._decode(self._ids).endswith("\ufffd"):
-            # The prompt ends inside a character (a token-id prompt): the
-            # output's first bytes would complete it and vanish into it.
-            self._ids = []
+        self._ids = _context_ids(tokenizer, prompt_token_ids, skip_special_tokens)
         self._num_context = len(self._ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -217,7 +252,8 @@ class IncrementalDetokenizer:
         of a finished output), so that ``output_text`` becomes the full
         decode of the output ids; "" when the full decode does not extend
         what was released."""
-        full = self._decode(self._ids[self._num_context :])
+        full = _text_after(self.tokenizer, self._ids[: self._num_context],
+                           self._ids[self._num_context :], self.skip_special_tokens)
         rest = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
         self.output_text += rest
         return rest

@@ -2,7 +2,9 @@
 
 An output without stop strings (``SamplingParams.stop``) keeps every token
 the engine gives it and is decoded once, when it finishes: its text is
-``tokenizer.decode`` of its ids. One with stop strings is decoded token by
+``checkpoint.tokenizer.output_text`` of its ids, the text they add after
+the prompt (as vLLM decodes it; ``tokenizer.decode`` of the ids for a
+byte-level tokenizer), the same text the token-by-token decode gives. One with stop strings is decoded token by
 token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
 ``LLM`` can end the request the step its text meets one (``OutputStops``). The token whose
 text completes the stop string is the last one kept (tokens after it are
@@ -21,7 +23,7 @@ kept (``engine.outputs.shown_token_ids``).
 
 from __future__ import annotations
 
-from checkpoint.tokenizer import IncrementalDetokenizer
+from checkpoint.tokenizer import IncrementalDetokenizer, output_text
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs, shown_token_ids
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import OutputStops
@@ -30,6 +32,7 @@ from engine.stop_strings import OutputStops
 class OutputText:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
+        self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None
         self.text = ""
@@ -77,8 +80,9 @@ class OutputText:
         """The output has ended with ``delta`` (not at a stop string ``add``
         found): its whole text, cut at a stop string the held-back tail holds."""
         if self._stops is None:
-            self.text = self.tokenizer.decode(shown_token_ids(delta, self.token_ids, True),
-                                              self.skip_special_tokens)
+            self.text = output_text(self.tokenizer, self.prompt_token_ids,
+                                    shown_token_ids(delta, self.token_ids, True),
+                                    self.skip_special_tokens)
             return
         # What the detokenizer held back (an incomplete character), no new token.
         self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)

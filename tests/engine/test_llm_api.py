@@ -12,6 +12,7 @@ import pytest
 
 from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
+from tests.helpers.hf_models import SPM_WORD_STARTS, save_sentencepiece_style
 from tests.helpers.request_metrics import Window, assert_in_order
 
 PROMPT = "The quick brown fox jumps over"
@@ -133,6 +134,26 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
     with pytest.raises(ValueError, match=rf"prompt \({MAX_MODEL_LEN} tokens\)"):
         llm.generate({"prompt_token_ids": long}, _greedy(max_tokens=4, truncate_prompt_tokens=-1))
     assert not llm.engine.has_unfinished_requests()
+
+
+@pytest.mark.timeout(120)
+def test_text_reads_after_the_prompt_with_a_sentencepiece_tokenizer(tmp_path):
+    """A SentencePiece decoder drops the leading space of the first token it
+    decodes; vLLM decodes an output after its prompt, so an output whose
+    first token begins a word begins with its space. The text is the same
+    with stop strings (decoded token by token) and without (decoded once),
+    and equals the reference: the prompt and output decoded together, less
+    the prompt's own text."""
+    path = save_sentencepiece_style(tmp_path)
+    with LLM(model=path, device="cpu", max_model_len=64) as llm:
+        tokenizer = llm.get_tokenizer()
+        words = _greedy(max_tokens=6, allowed_token_ids=SPM_WORD_STARTS)
+        [plain] = llm.generate("the cat", words)
+        [stopped] = llm.generate("the cat", words.replaced(stop=["never"]))
+    prompt, ids = plain.prompt_token_ids, plain.outputs[0].token_ids
+    want = tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
+    assert want.startswith(" ") and len(want.split()) == 6
+    assert plain.outputs[0].text == stopped.outputs[0].text == want
 
 
 @pytest.mark.timeout(300)

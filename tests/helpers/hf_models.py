@@ -47,3 +47,41 @@ def save_with_greedy_reference(model, path, prompts: list[list[int]],
         return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
                 for p in prompts]
+
+
+# A SentencePiece-style vocabulary: each letter as a word's start ("▁a") and
+# inside a word ("a"), as Llama 2's and Mistral's tokenizers have them.
+SPM_PIECES = ["<unk>", "<s>", "</s>", *("\u2581" + c for c in "abcdefghijklmnopqrstuvwxyz"),
+              *"abcdefghijklmnopqrstuvwxyz", "\u2581", ".", ","]
+SPM_WORD_STARTS = list(range(3, 29))  # the ids of "▁a" .. "▁z"
+
+
+def sentencepiece_style_tokenizer():
+    """A ``tokenizers.Tokenizer`` over ``SPM_PIECES`` with SentencePiece's
+    Metaspace pre-tokenizer and decoder: the decoder drops the leading space
+    of the first token it decodes (bos <s> 1, eos </s> 2, special)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.BPE(vocab={p: i for i, p in enumerate(SPM_PIECES)}, merges=[],
+                               unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.add_special_tokens([AddedToken(p, special=True) for p in SPM_PIECES[:3]])
+    return tok
+
+
+def save_sentencepiece_style(path) -> str:
+    """A small random Llama over ``SPM_PIECES`` (logits spread) with the
+    SentencePiece-style tokenizer, saved under ``path``; the path as text."""
+    import json
+
+    model = small_llama(3, len(SPM_PIECES), num_attention_heads=4, num_key_value_heads=2)
+    for config in (model.config, model.generation_config):
+        config.bos_token_id, config.eos_token_id = 1, 2
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(path)
+    sentencepiece_style_tokenizer().save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "add_bos_token": True}))
+    return str(path)

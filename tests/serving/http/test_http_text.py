@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint.tiny_model import ensure_tiny_model
-from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
 from engine.stop_strings import OutputStops, StopStringMatcher
 from ipc.engine_messages import TokenLogprob
+from tests.helpers.hf_models import SPM_PIECES, sentencepiece_style_tokenizer
 
 
 def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
@@ -132,6 +133,27 @@ def test_incremental_detokenizer_equals_full_decode(tokenizer, prompt, output, c
             break
     shown += detok.finish()
     assert shown == full == detok.output_text
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.lists(st.integers(0, len(SPM_PIECES) - 1), min_size=1, max_size=8),
+       output=st.lists(st.integers(0, len(SPM_PIECES) - 1), max_size=12),
+       cuts=st.lists(st.integers(1, 3), max_size=12), skip=st.booleans())
+def test_text_after_a_prompt_with_a_sentencepiece_decoder(prompt, output, cuts, skip):
+    """A decoder that drops the first token's leading space (SentencePiece's):
+    the pieces, and ``output_text`` in one decode, are the text the output
+    adds after the prompt: the two decoded together less the prompt's text."""
+    spm = Tokenizer(sentencepiece_style_tokenizer(), 1, 2)
+    detok = IncrementalDetokenizer(spm, prompt, skip)
+    shown, start = "", 0
+    for size in cuts:
+        shown += detok.feed(output[start:start + size])
+        start += size
+    shown += detok.feed(output[start:]) + detok.finish()
+    head = spm.decode(prompt, skip)
+    joint = spm.decode(prompt + output, skip)
+    assert joint.startswith(head)
+    assert shown == output_text(spm, prompt, output, skip) == joint[len(head):]
 
 
 def test_detokenizer_holds_a_split_character_back(tokenizer):
