@@ -7,10 +7,8 @@ the prompt (as vLLM decodes it; ``tokenizer.decode`` of the ids for a
 byte-level tokenizer), the same text the token-by-token decode gives. One with stop strings is decoded token by
 token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
 ``LLM`` can end the request the step its text meets one (``OutputStops``). The token whose
-text completes the stop string is the last one kept (tokens after it are
-dropped: those of the same step, as vLLM drops them, and those taken while
-the match waited for a longer stop string that began earlier), and the text
-ends before
+text completes the stop string is the last one kept (tokens after it in
+the same step are dropped), and the text ends before
 the stop string (after it with ``include_stop_str_in_output``). As vLLM,
 text of the first ``min_tokens`` tokens ends no stop string, though one
 may begin in it (``StopStringMatcher.release``). Both decode as
@@ -47,38 +45,28 @@ class OutputText:
     def add(self, delta: RequestOutputDelta) -> None:
         """Take the delta's tokens (and their logprobs), up to the one that
         completes a stop string if one does (then ``stop_string`` is set)."""
-        self._feed(delta)
-        self.token_ids.extend(delta.new_token_ids)
+        kept = self._feed(delta)
+        self.token_ids.extend(delta.new_token_ids[:kept])
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + with_decoded_tokens(
-                self.tokenizer, delta.logprobs)
-        self._cut_at_stop()
+                self.tokenizer, delta.logprobs[:kept])
 
-    def _feed(self, delta: RequestOutputDelta) -> None:
-        """Feed the text of the delta's tokens shown to the matcher, one
-        token at a time, until a stop string is met."""
+    def _feed(self, delta: RequestOutputDelta) -> int:
+        """How many of the delta's tokens to keep; feeds the text of those
+        shown to the matcher, one token at a time."""
         if self._stops is None:
-            return
-        for token in shown_token_ids(delta, delta.new_token_ids, True):
+            return len(delta.new_token_ids)
+        for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
             self.text += self._stops.add(self._detokenizer.feed([token]), 1)
             if self._stops.stopped is not None:
                 self.stop_string = self._stops.stopped
-                return
-
-    def _cut_at_stop(self) -> None:
-        """Once a stop string is met: keep the tokens (and logprobs) up to
-        the one whose text completed it (``OutputStops.num_stop_tokens``),
-        which may be one taken before this delta."""
-        if self.stop_string is None:
-            return
-        kept = self._stops.num_stop_tokens
-        del self.token_ids[kept:]
-        if self.logprobs is not None:
-            del self.logprobs[kept:]
+                return i + 1
+        return len(delta.new_token_ids)
 
     def finish(self, delta: RequestOutputDelta) -> None:
         """The output has ended with ``delta`` (not at a stop string ``add``
-        found): its whole text, cut at a stop string the held-back tail holds."""
+        found): its whole text, with what the detokenizer held back (cut at
+        a stop string that text completes)."""
         if self._stops is None:
             self.text = output_text(self.tokenizer, self.prompt_token_ids,
                                     shown_token_ids(delta, self.token_ids, True),
@@ -87,7 +75,6 @@ class OutputText:
         # What the detokenizer held back (an incomplete character), no new token.
         self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)
         self.stop_string = self._stops.stopped
-        self._cut_at_stop()
 
 
 def with_decoded_tokens(tokenizer, logprobs: list[TokenLogprobs | None]

@@ -9,22 +9,26 @@ is found, the text before it is released, the rest is dropped and
 ``stopped`` is set; ``flush`` releases the held-back tail when the output
 ends without one.
 
-Invariant: the concatenation of everything ``feed`` and ``flush`` return
-equals the full text cut before the earliest occurrence of any stop string
-that ends in text given to ``feed`` (the whole text when there is none);
-with ``include_stop`` (vLLM's ``include_stop_str_in_output``) cut after it.
-Text given to ``release`` (a request still below its ``min_tokens``) ends
-no stop string, but one may begin in it: as vLLM, which looks for stop
-strings only once ``min_tokens`` are out, each time over the new text and
-the stop string's length before it. So ``release`` holds back the same
-tail as ``feed``.
+The rule is vLLM's: the output stops at the first piece whose text
+completes a stop string (one that ends in the piece); where that piece
+completes several, the first of them in the request's list wins (vLLM
+checks them in that order), at its first occurrence that ends in the
+piece. Invariant: the concatenation of everything ``feed`` and ``flush``
+return equals the text up to that piece, cut before that occurrence (the
+whole text when no piece completes one); with ``include_stop`` (vLLM's
+``include_stop_str_in_output``) cut after it. Text given to ``release``
+(a request still below its ``min_tokens``) ends no stop string, but one
+may begin in it: as vLLM, which looks for stop strings only once
+``min_tokens`` are out, each time over the new text and the stop string's
+length before it. So ``release`` holds back the same tail as ``feed``.
 
 Cost: a piece costs lookups in the request's stop strings, not a pass
-over them: the stop strings are kept as a set and a sorted tuple, so
-finding one that ends in the new text takes one set lookup per position
-and distinct stop length, and the held-back tail one binary search per
-candidate length. A request with many stop strings (up to
-``MAX_STOP_STRINGS``) costs each token about what one with a few does.
+over them: the stop strings are kept as a dict (to their place in the
+list) and a sorted tuple, so finding those that end in the new text takes
+one dict lookup per position and distinct stop length, and the held-back
+tail one binary search per candidate length. A request with many stop
+strings (up to ``MAX_STOP_STRINGS``) costs each token about what one with
+a few does.
 """
 
 from __future__ import annotations
@@ -41,37 +45,29 @@ class StopStringMatcher:
         if any(not s for s in stops):
             raise ValueError("a stop string must not be empty")
         self.stops = tuple(stops)
-        self._set = frozenset(self.stops)
-        self._sorted = tuple(sorted(self._set))
-        self._lengths = sorted({len(s) for s in self._set})
+        self._place: dict[str, int] = {}  # each stop string's first place in the list
+        for i, stop in enumerate(self.stops):
+            self._place.setdefault(stop, i)
+        self._sorted = tuple(sorted(self._place))
+        self._lengths = sorted({len(s) for s in self._place})
         self._longest = self._lengths[-1] if self._lengths else 0
         self.include_stop = include_stop
         self.pending = ""  # received, not released: a possible stop-string start
-        self.unmatched = 0  # leading characters of ``pending`` that end no stop string
         self.stopped: str | None = None  # the stop string found
-        self.received = 0  # characters given to ``feed`` and ``release``
-        # Where the stop string found ends, counted in the characters received.
-        self.stop_end: int | None = None
 
     def feed(self, piece: str) -> str:
-        """Add ``piece``; return the text now safe to release."""
+        """Add ``piece``; return the text now safe to release (up to a stop
+        string the piece completes, which ends the output)."""
         if self.stopped is not None or not piece:
             return ""
-        self.received += len(piece)
         if not self.stops:
             return piece
         text = self.pending + piece
-        held = len(text) - self._held_tail(text)  # where a stop string may still begin
-        found = self._earliest(text)
-        if found is not None and found[0] <= held:
-            self.pending, self.unmatched = "", 0
+        found = self._completed(text, len(self.pending))
+        if found is not None:
+            self.pending = ""
             return self._cut(text, found)
-        # A stop string found after ``held`` may yet lose to a longer one
-        # that begins at ``held``: hold everything from there.
-        released = self._hold_from(text, held)
-        if found is None:  # no stop string ends anywhere in what is held
-            self.unmatched = len(self.pending)
-        return released
+        return self._hold_from(text, len(text) - self._held_tail(text))
 
     def release(self, piece: str) -> str:
         """Add ``piece``, which ends no stop string (the output is still below
@@ -79,49 +75,40 @@ class StopStringMatcher:
         that may begin a stop string is held back as ``feed`` holds it."""
         if self.stopped is not None or not piece:
             return ""
-        self.received += len(piece)
         text = self.pending + piece
-        released = self._hold_from(text, len(text) - self._held_tail(text))
-        self.unmatched = len(self.pending)
-        return released
+        return self._hold_from(text, len(text) - self._held_tail(text))
 
     def _hold_from(self, text: str, held: int) -> str:
         """Keep ``text[held:]`` pending, release the rest."""
-        self.unmatched = max(0, self.unmatched - held)
         self.pending = text[held:]
         return text[:held]
 
     def flush(self) -> str:
-        """The held-back text, cut before a stop string it holds, once no more text will come."""
+        """The held-back text, once no more text will come (a stop string
+        it holds was completed by no piece: it would have been found)."""
         text, self.pending = self.pending, ""
-        if self.stopped is not None:
-            return ""
-        found = self._earliest(text)
-        self.unmatched = 0
-        if found is None:
-            return text
-        return self._cut(text, found)
+        return "" if self.stopped is not None else text
 
     def _cut(self, text: str, found: tuple[int, str]) -> str:
         """``text`` up to the stop string ``found`` (its index and itself),
-        which ends the output; ``text`` is the tail of what was received."""
+        which ends the output."""
         index, self.stopped = found
-        self.stop_end = self.received - len(text) + index + len(self.stopped)
         return text[: index + len(self.stopped)] if self.include_stop else text[:index]
 
-    def _earliest(self, text: str) -> tuple[int, str] | None:
-        """(index, stop string) of the earliest stop string in ``text`` that
-        ends past its first ``unmatched`` characters, the smallest string
-        where two begin at one index; None if there is none."""
-        found = None
-        for end in range(self.unmatched + 1, len(text) + 1):
+    def _completed(self, text: str, new_from: int) -> tuple[int, str] | None:
+        """(index, stop string) of the stop string that ``text[new_from:]``
+        completes (one that ends there), the first in the list where it
+        completes several, at its first occurrence ending there; None if
+        it completes none."""
+        best = None  # (place in the list, index)
+        for end in range(new_from + 1, len(text) + 1):
             for n in self._lengths:
                 if n > end:
                     break
-                if (candidate := text[end - n:end]) in self._set:
-                    if found is None or (end - n, candidate) < found:
-                        found = (end - n, candidate)
-        return found
+                place = self._place.get(text[end - n:end])
+                if place is not None and (best is None or (place, end - n) < best):
+                    best = (place, end - n)
+        return None if best is None else (best[1], self.stops[best[0]])
 
     def _held_tail(self, text: str) -> int:
         """Length of the longest tail of ``text`` that a stop string starts
@@ -146,47 +133,29 @@ class OutputStops:
     the first ``min_tokens`` output tokens ends no stop string
     (``release``), later ones may (``feed``); the output's last piece
     also releases what is held back (``flush``). ``stopped``: the stop
-    string met, once met (the caller then ends the request);
-    ``num_stop_tokens``: the tokens up to the end of the piece that
-    completed it, the ones the output keeps. A stop string may be found
-    some pieces after the one that completed it (it waited for a longer one
-    that began earlier and never came), so the caller cuts its tokens to
-    these, not to those it has seen. Pieces may be one token's text
-    (``LLM``, the engine client) or one step's (the HTTP server)."""
+    string met, once met: the piece just added completed it (the caller
+    then ends the request, keeping the tokens up to that piece). Pieces
+    may be one token's text (``LLM``, the engine client, the HTTP server)
+    or several tokens'."""
 
     def __init__(self, stops: Sequence[str], include_stop: bool = False,
                  min_tokens: int = 0) -> None:
         self.matcher = StopStringMatcher(stops, include_stop)
         self.min_tokens = min_tokens
         self.num_tokens = 0
-        # After each piece: the characters received so far, and the tokens.
-        self._piece_ends: list[int] = []
-        self._piece_tokens: list[int] = []
 
     @property
     def stopped(self) -> str | None:
         return self.matcher.stopped
 
-    @property
-    def num_stop_tokens(self) -> int | None:
-        """The tokens up to the end of the piece whose text completed the
-        stop string met (None until one is met)."""
-        end = self.matcher.stop_end
-        if end is None:
-            return None
-        return self._piece_tokens[bisect.bisect_left(self._piece_ends, end)]
-
     def add(self, piece: str, num_tokens: int, last: bool = False) -> str:
         """The text now safe to show, after ``piece`` of ``num_tokens`` more
         tokens; ``last``: no more will come."""
         self.num_tokens += num_tokens
-        if self.stopped is None:
-            self._piece_ends.append(self.matcher.received + len(piece))
-            self._piece_tokens.append(self.num_tokens)
         if self.num_tokens <= self.min_tokens:
             text = self.matcher.release(piece)  # too early for a stop string
         else:
             text = self.matcher.feed(piece)
         if last and self.stopped is None:
-            text += self.matcher.flush()  # may end at a stop string it held back
+            text += self.matcher.flush()
         return text

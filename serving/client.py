@@ -304,10 +304,6 @@ class EngineClient:
                 completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished)
             if stops is not None and stops.stopped is not None:
                 completion.finish_reason, completion.stop_reason = "stop", stops.stopped
-                # The tokens up to the one that completed the stop string.
-                del completion.token_ids[stops.num_stop_tokens:]
-                if completion.logprobs is not None:
-                    del completion.logprobs[stops.num_stop_tokens:]
                 if not delta.finished:
                     self.abort(request_id)
             else:

@@ -93,18 +93,19 @@ def test_stop_strings_cut_text_and_tokens(llm):
 
 
 @pytest.mark.timeout(120)
-def test_a_stop_string_keeps_the_tokens_up_to_the_one_that_completed_it(llm):
-    """Stops ["y", "xy!"] where the greedy text (lowercase letters only,
-    one token each) first has "y" at j after "x": "xy!" may begin at j - 1
-    until token j + 1 shows it does not, yet the output keeps the tokens up
-    to j, whose text completed "y", and their logprobs only (hand-worked
-    from the greedy ids, the rule of the README)."""
+def test_the_first_stop_string_completed_ends_the_output(llm):
+    """Stops ["y", "xyz"] where the greedy text (lowercase letters only, one
+    token each) first has "y" at j, after "x" and before "z": "y" ends the
+    output at token j, whose text completed it, though "xyz" began earlier
+    and comes true a token later (vLLM's rule: generation stops when a stop
+    string is generated); the output keeps the tokens up to j and their
+    logprobs only (hand-worked from the greedy ids)."""
     letters = list(range(ord("a"), ord("z") + 1))
     [ref] = llm.generate(PROMPT, _greedy(allowed_token_ids=letters))
     ids, text = ref.outputs[0].token_ids, ref.outputs[0].text
     assert text == "".join(map(chr, ids))
     j = next(i for i in range(1, len(text) - 1) if text[i] not in text[:i])
-    stops = [text[j], text[j - 1:j + 1] + "!"]
+    stops = [text[j], text[j - 1:j + 2]]
     [out] = llm.generate(PROMPT, _greedy(allowed_token_ids=letters, stop=stops, logprobs=1))
     c = out.outputs[0]
     assert (c.finish_reason, c.stop_reason) == ("stop", text[j])

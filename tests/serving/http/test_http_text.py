@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
-from engine.stop_strings import OutputStops, StopStringMatcher
+from engine.stop_strings import StopStringMatcher
 from ipc.engine_messages import TokenLogprob
 from tests.helpers.hf_models import SPM_PIECES, sentencepiece_style_tokenizer
 
@@ -21,62 +21,49 @@ def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | 
     return released, matcher.stopped
 
 
-def _reference(text: str, stops: list[str]) -> tuple[str, bool]:
-    """The text cut before the earliest stop string, and whether one was found."""
-    hits = [i for s in stops if (i := text.find(s)) >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
+def _vllm_stop(pieces: list[str], stops: list[str], include: bool = False,
+               num_released: int = 0) -> tuple[str, str | None, int | None]:
+    """vLLM's rule written out (its check over each new piece of text): after
+    each piece past the first ``num_released`` (text below ``min_tokens``),
+    the stop strings in list order, each searched from where it could end in
+    the new text; the first found ends the output. (text kept, stop string,
+    the piece that completed it), or (the whole text, None, None)."""
+    text = ""
+    for k, piece in enumerate(pieces):
+        text += piece
+        if k < num_released or not piece:
+            continue
+        for stop in stops:
+            i = text.find(stop, max(0, len(text) - len(piece) - len(stop) + 1))
+            if i >= 0:
+                return (text[: i + len(stop)] if include else text[:i]), stop, k
+    return text, None, None
+
+
+def _fed(matcher: StopStringMatcher, pieces: list[str],
+         num_released: int = 0) -> tuple[str, int | None]:
+    """What the matcher releases of ``pieces`` (the first ``num_released``
+    given to ``release``), and after which piece it stopped."""
+    out, stopped_at = [], None
+    for k, piece in enumerate(pieces):
+        out.append(matcher.release(piece) if k < num_released else matcher.feed(piece))
+        if matcher.stopped is not None and stopped_at is None:
+            stopped_at = k
+    out.append(matcher.flush())
+    return "".join(out), stopped_at
 
 
 @settings(max_examples=400, deadline=None)
 @given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
-       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=8))
-def test_stop_strings_match_the_whole_text(pieces, stops):
-    released, stopped = _run_matcher(pieces, stops)
-    expected, found = _reference("".join(pieces), stops)
-    assert "".join(released) == expected
-    assert (stopped is not None) == found
-    if found:
-        assert stopped in stops and "".join(pieces).find(stopped) == len(expected)
-
-
-@settings(max_examples=400, deadline=None)
-@given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
-       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=8))
-def test_include_stop_keeps_the_earliest_stop_string(pieces, stops):
-    """vLLM's ``include_stop_str_in_output``: the text up to the end of the
-    earliest stop string (of two starting there, the shorter: it ends first)."""
-    matcher = StopStringMatcher(stops, include_stop=True)
-    released = "".join([matcher.feed(p) for p in pieces] + [matcher.flush()])
-    text = "".join(pieces)
-    hits = [(i, len(s), s) for s in stops if (i := text.find(s)) >= 0]
-    if hits:
-        i, length, stop = min(hits)
-        assert (released, matcher.stopped) == (text[: i + length], stop)
-    else:
-        assert (released, matcher.stopped) == (text, None)
-
-
-@settings(max_examples=400, deadline=None)
-@given(pieces=st.lists(st.text(alphabet="abc", max_size=3), max_size=12),
-       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), min_size=1, max_size=4))
-def test_the_stop_tokens_end_at_the_piece_that_completed_the_stop_string(pieces, stops):
-    """``OutputStops.num_stop_tokens``, pieces of one token each: the
-    fewest pieces whose text holds the earliest stop string whole, however
-    many pieces the match took to decide (the reference: a plain search)."""
-    output = OutputStops(stops)
-    for i, piece in enumerate(pieces):
-        output.add(piece, 1, last=i == len(pieces) - 1)
-        if output.stopped is not None:
-            break
-    text = "".join(pieces)
-    hits = [(i, len(s)) for s in stops if (i := text.find(s)) >= 0]
-    if not hits:
-        assert output.stopped is None and output.num_stop_tokens is None
-        return
-    start, length = min(hits)
-    want = next(k for k in range(len(pieces) + 1)
-                if len("".join(pieces[:k])) >= start + length)
-    assert output.num_stop_tokens == want
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=8),
+       include=st.booleans())
+def test_stop_strings_end_the_text_as_vllm_checks_them(pieces, stops, include):
+    """The first piece that completes a stop string ends the output there;
+    of several it completes, the first in the list, at its first occurrence
+    ending in it (with ``include_stop_str_in_output``, kept)."""
+    matcher = StopStringMatcher(stops, include_stop=include)
+    text, stopped_at = _fed(matcher, pieces)
+    assert (text, matcher.stopped, stopped_at) == _vllm_stop(pieces, stops, include)
 
 
 def test_stop_string_across_pieces_is_never_shown():
@@ -165,11 +152,14 @@ def test_detokenizer_holds_a_split_character_back(tokenizer):
     assert detok.finish() == tokenizer.decode(euro[:2]) == "\ufffd"
 
 
-def test_a_stop_string_waits_for_a_longer_one_that_begins_earlier():
-    # "a" is complete in "ba", but "baa" may still begin at 0: nothing is released yet
-    assert _run_matcher(["ba", "a"], ["a", "baa"]) == (["", "", ""], "baa")
-    # the output ends after "ba": "baa" never came, so "a" cuts it
-    assert _run_matcher(["ba"], ["a", "baa"]) == (["", "b"], "a")
+def test_the_first_stop_string_completed_ends_the_text():
+    """Hand-worked, as vLLM checks them: "a" is complete in "ba" though the
+    longer "baa" begins earlier; of two that one piece completes, the first
+    in the list wins."""
+    assert _run_matcher(["ba", "a"], ["a", "baa"]) == (["b", "", ""], "a")
+    assert _run_matcher(["b", "a", "a"], ["baa", "a"]) == (["", "b", "", ""], "a")
+    assert _run_matcher(["x", "ab"], ["b", "ab"]) == (["x", "a", ""], "b")
+    assert _run_matcher(["x", "ab"], ["ab", "b"]) == (["x", "", ""], "ab")
 
 
 @pytest.mark.parametrize("split", [7, 1, 2, 5])
@@ -188,27 +178,15 @@ def test_text_offsets_follow_whole_characters(tokenizer, split):
     assert parts[0]["text_offset"] + parts[1]["text_offset"] == [0, 0, 0, 1, 2, 2, 3]
 
 
-def _reference_after(text: str, stops: list[str], unmatched: int) -> tuple[str, bool]:
-    """The text cut before the earliest stop string that ends past its first
-    ``unmatched`` characters (vLLM's rule under ``min_tokens``), and whether
-    there is one."""
-    hits = [i for s in stops if (i := text.find(s, max(0, unmatched - len(s) + 1))) >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)
-
-
 @settings(max_examples=400, deadline=None)
 @given(pieces=st.lists(st.text(alphabet="abc", max_size=4), max_size=12),
        num_released=st.integers(0, 12),
        stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=5), max_size=8))
 def test_released_text_ends_no_stop_string_but_may_begin_one(pieces, num_released, stops):
     matcher = StopStringMatcher(stops)
-    out = [matcher.release(p) for p in pieces[:num_released]]
-    out += [matcher.feed(p) for p in pieces[num_released:]]
-    out.append(matcher.flush())
-    expected, found = _reference_after("".join(pieces), stops,
-                                       len("".join(pieces[:num_released])))
-    assert "".join(out) == expected
-    assert (matcher.stopped is not None) == found
+    text, stopped_at = _fed(matcher, pieces, num_released)
+    assert (text, matcher.stopped, stopped_at) == _vllm_stop(pieces, stops,
+                                                             num_released=num_released)
 
 
 def test_a_stop_string_that_min_tokens_splits_still_ends_the_text():
