@@ -118,7 +118,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     request comes back. ``block_ids[g]`` are its KV blocks in cache group g.
     ``num_computed_tokens`` are already in the KV cache (prefix cache hits).
     ``min_tokens_stop_ids``: the ids ``sampling.min_tokens`` holds back (the
-    request's stop ids, and its end-of-sequence ids unless it ignores them).
+    request's stop ids and its end-of-sequence ids, ``ignore_eos`` or not).
     """
 
     req_id: str

@@ -78,15 +78,31 @@ def test_min_tokens_with_random_sampling(llama):
             assert tokens[-1] % 2 == 0 and all(t % 2 for t in tokens[:-1])
 
 
-def test_stop_ids_held_back_include_eos_unless_ignored():
+def test_stop_ids_held_back_include_eos_even_when_ignored():
+    """vLLM's rule: no EOS before ``min_tokens``, ``ignore_eos`` or not."""
     eos = {7, 9}
     held = Request("a", [1, 2], SamplingParams(min_tokens=3, stop_token_ids=[4]), eos)
     ignored = Request("b", [1, 2], SamplingParams(min_tokens=3, stop_token_ids=[4],
                                                   ignore_eos=True), eos)
     none = Request("c", [1, 2], SamplingParams(stop_token_ids=[4]), eos)
     assert min_tokens_stop_ids(held) == [4, 7, 9]
-    assert min_tokens_stop_ids(ignored) == [4]
+    assert min_tokens_stop_ids(ignored) == [4, 7, 9]
     assert min_tokens_stop_ids(none) == []
+
+
+@pytest.mark.timeout(180)
+def test_ignore_eos_still_holds_eos_back_until_min_tokens(llama):
+    """An end-of-sequence id made the likeliest token everywhere (a bias of
+    100): with ``ignore_eos`` it ends nothing, and, as vLLM, it is not drawn
+    before ``min_tokens`` (HF's greedy tokens with it masked), then it is."""
+    path, model = llama
+    eos = model.config.eos_token_id
+    with LLM(model=path, device="cpu", max_num_seqs=4) as llm:
+        [out] = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(
+            temperature=0.0, max_tokens=5, min_tokens=3, ignore_eos=True,
+            logit_bias={eos: 100.0}))
+    assert out.outputs[0].token_ids == hf_greedy(model, PROMPT, 3, 3, {eos}) + [eos, eos]
+    assert out.outputs[0].finish_reason == "length"
 
 
 def test_sampler_masks_eos_by_output_position():
