@@ -301,7 +301,8 @@ class EngineClient:
             if stops is None:
                 completion.text += delta.text
             else:
-                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished)
+                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished,
+                                             stop_token=delta.finish_reason == "stop")
             if stops is not None and stops.stopped is not None:
                 completion.finish_reason, completion.stop_reason = "stop", stops.stopped
                 if not delta.finished:

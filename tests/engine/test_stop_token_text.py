@@ -60,6 +60,26 @@ def test_include_stop_str_in_output_shows_the_stop_token_text():
     assert ended.text.endswith(tokenizer.eos_token)
 
 
+@pytest.mark.timeout(180)
+def test_a_shown_stop_token_completes_no_stop_string():
+    """With ``include_stop_str_in_output`` the stop token's text is shown,
+    yet the request ended on the token: vLLM checks no stop string then, so
+    the reason stays the token id even where its text is a stop string
+    (one-letter tokens, hand-worked from the greedy ids)."""
+    letters = list(range(ord("a"), ord("z") + 1))
+    with LLM(model="tiny", device="cpu") as llm:
+        greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                allowed_token_ids=letters)
+        ids = llm.generate(PROMPT, greedy)[0].outputs[0].token_ids
+        at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+        out = llm.generate(PROMPT, greedy.replaced(
+            stop_token_ids=[ids[at]], stop=[chr(ids[at])],
+            include_stop_str_in_output=True))[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", ids[at])
+    assert out.token_ids == ids[:at + 1]
+    assert out.text == "".join(map(chr, ids[:at + 1]))
+
+
 def test_the_shown_ids_leave_out_only_a_stop_token_that_ends_the_request():
     """The one rule both the LLM's final text and the server's streamed text
     use (hand-worked cases): the last id of a delta that ends on its stop

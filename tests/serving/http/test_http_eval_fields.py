@@ -586,6 +586,23 @@ def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     assert out.choices[0].model_extra["prompt_token_ids"] == ids
 
 
+def test_include_stop_str_shows_the_stop_tokens_text(client):
+    """vLLM's ``include_stop_str_in_output`` shows the text of the stop token
+    that ended the answer too, and that text, though a stop string, leaves
+    the reason the token id: vLLM checks no stop string once a stop token
+    has ended the request (one-letter tokens, hand-worked)."""
+    letters = list(range(ord("a"), ord("z") + 1))
+    greedy = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    body = {"ignore_eos": True, "allowed_token_ids": letters, "return_token_ids": True}
+    ids = client.completions.create(**greedy, extra_body=body).choices[0].model_extra["token_ids"]
+    at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
+    for stop in ([], [chr(ids[at])]):
+        out = client.completions.create(**greedy, stop=stop, extra_body={
+            **body, "stop_token_ids": [ids[at]], "include_stop_str_in_output": True}).choices[0]
+        assert (out.finish_reason, out.model_extra["stop_reason"]) == ("stop", ids[at])
+        assert out.text == "".join(map(chr, ids[:at + 1]))
+
+
 def test_skip_special_tokens_false_shows_them(reference, client):
     """vLLM's ``skip_special_tokens``: False puts special tokens' text in
     the answer, whole and streamed, as the tokenizer decodes them."""
