@@ -112,7 +112,8 @@ class StopStringMatcher:
 
     def _held_tail(self, text: str) -> int:
         """Length of the longest tail of ``text`` that a stop string starts
-        with (a proper start: a whole stop string there was found already)."""
+        with (a proper start: a whole one there has ended the output, or lies
+        in text that ends none)."""
         for n in range(min(self._longest - 1, len(text)), 0, -1):
             tail = text[-n:]
             # The first stop string not below ``tail`` starts with it, if any does.
