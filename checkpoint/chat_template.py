@@ -10,8 +10,9 @@ message carries: an assistant's ``tool_calls``, a tool answer's
 ``tool_call_id``), ``tools`` (the list of tool dicts, or None, as
 transformers passes them), ``add_generation_prompt``, ``bos_token`` and
 ``eos_token`` (the tokens' text), plus any ``chat_template_kwargs``. A
-template error or ``raise_exception`` becomes ``ChatTemplateError`` (a
-``ValueError``: the request was bad).
+template error or ``raise_exception`` becomes ``ChatTemplateError``, and a
+message this module cannot read an ``InvalidRequestError`` (the base of
+``ChatTemplateError``; a ``ValueError``): the request was bad.
 
 ``chat_prompt_ids`` is a chat's prompt for the engine, the one rendering
 that ``LLM.chat`` and the HTTP server's /v1/chat/completions share.
@@ -27,8 +28,10 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from ipc.errors import InvalidRequestError
 
-class ChatTemplateError(ValueError):
+
+class ChatTemplateError(InvalidRequestError):
     """The template refused the messages, or could not be rendered."""
 
 
@@ -66,9 +69,10 @@ def message_text(content: str | list[dict] | None) -> str:
     texts = []
     for part in content:
         if part.get("type") != "text":
-            raise ValueError(f"only text content parts are supported, got {part.get('type')!r}")
+            raise InvalidRequestError(
+                f"only text content parts are supported, got {part.get('type')!r}")
         if not isinstance(part.get("text"), str):
-            raise ValueError("a text content part needs a 'text' string")
+            raise InvalidRequestError("a text content part needs a 'text' string")
         texts.append(part["text"])
     return "\n".join(texts)
 
@@ -180,5 +184,5 @@ def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: b
                        eos_token=tokenizer.token_text(tokenizer.eos_token_id), extra=extra,
                        continue_final_message=continue_final_message, tools=tools)
     if not text:
-        raise ValueError("the chat template rendered an empty prompt")
+        raise InvalidRequestError("the chat template rendered an empty prompt")
     return text, tokenizer.encode(text, add_special_tokens=False)

@@ -23,6 +23,7 @@ from typing import Any
 import tokenizers
 
 from checkpoint.chat_template import chat_prompt_ids
+from ipc.errors import InvalidRequestError
 
 # Tokens of prompt context the incremental detokenizer starts from: enough
 # for decoders that drop a leading space on the first token they see.
@@ -94,14 +95,14 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The text's ids; with ``add_special_tokens`` False, no BOS or other
         token the post-processor would add (the text's own tokens only).
-        ``ValueError`` for a text that is not Unicode text (a lone
+        ``InvalidRequestError`` for a text that is not Unicode text (a lone
         surrogate), which the tokenizer cannot read."""
         if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise ValueError(f"the text is not valid Unicode: {e.reason} at "
-                                 f"character {e.start}") from None
+                raise InvalidRequestError(f"the text is not valid Unicode: {e.reason} at "
+                                          f"character {e.start}") from None
         if not add_special_tokens:
             return self._ids(text, add_special_tokens=False)
         if self.add_bos_token is None:

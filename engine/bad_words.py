@@ -14,16 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from checkpoint.tokenizer import Tokenizer
+from ipc.errors import InvalidRequestError
 
 
 def bad_words_token_ids(tokenizer: Tokenizer, words: Sequence[str]) -> list[list[int]]:
-    """The token sequences of ``words``, in their order; ``ValueError`` for a
-    word that has no token (empty or only whitespace)."""
+    """The token sequences of ``words``, in their order;
+    ``InvalidRequestError`` for a word that has no token (empty or only
+    whitespace)."""
     sequences = []
     for word in words:
         first = tokenizer.encode(word.lstrip(), add_special_tokens=False)
         if not first:
-            raise ValueError(f"bad word {word!r} has no tokens")
+            raise InvalidRequestError(f"bad word {word!r} has no tokens")
         sequences.append(first)
         spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
         if spaced[0] != first[0] and len(spaced) == len(first):

@@ -35,6 +35,7 @@ import msgspec
 
 from engine.outputs import TokenLogprobs
 from engine.sampling_params import SamplingParams
+from ipc.errors import InvalidRequestError
 
 _LOG_FLOAT_MAX = math.log(sys.float_info.max)
 
@@ -52,20 +53,20 @@ class BeamSearchParams(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
 
     def check(self, max_logprobs: int) -> None:
-        """ValueError naming the first field out of its range."""
+        """``InvalidRequestError`` naming the first field out of its range."""
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise InvalidRequestError(f"{name} must be an int >= 1, got {value!r}")
         if -1 < max_logprobs < 2 * self.beam_width:
-            raise ValueError(f"beam_width {self.beam_width} needs {2 * self.beam_width} "
+            raise InvalidRequestError(f"beam_width {self.beam_width} needs {2 * self.beam_width} "
                              f"logprobs a token, more than max_logprobs {max_logprobs}")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.length_penalty, (int, float)) or isinstance(
                 self.length_penalty, bool) or not math.isfinite(self.length_penalty):
-            raise ValueError(f"length_penalty must be a finite number, got "
+            raise InvalidRequestError(f"length_penalty must be a finite number, got "
                              f"{self.length_penalty!r}")
         # temperature: SamplingParams' own check, where the step's params are made.
 
@@ -110,8 +111,8 @@ def score(sequence: BeamSearchSequence, eos_token_ids: frozenset[int],
 
 
 class BeamSearch:
-    """The search of several prompts (token ids; ``ValueError`` for one that
-    is empty or leaves no room in the context), driven a step at a time
+    """The search of several prompts (token ids; ``InvalidRequestError`` for
+    one that is empty or leaves no room in the context), driven a step at a time
     by its caller: ``requests`` gives the step's one-token requests (the
     token ids of each, run with ``step_params``; none once the search is
     over), ``advance`` takes their candidates in the same order, ``outputs``
@@ -126,7 +127,7 @@ class BeamSearch:
                  eos_token_ids: Sequence[int], max_model_len: int, keep_eos: bool = True):
         for prompt in prompts:
             if not 0 < len(prompt) < max_model_len:
-                raise ValueError(f"a prompt of {len(prompt)} tokens leaves no room under "
+                raise InvalidRequestError(f"a prompt of {len(prompt)} tokens leaves no room under "
                                  f"max_model_len {max_model_len}")
         self.params = params
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)

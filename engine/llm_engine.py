@@ -4,9 +4,10 @@ One step (``step``): schedule, send the plan to the workers, wait for the
 output rank's reply, append tokens, check stops. With async scheduling the
 engine sends the next step before it waits for the previous one's reply
 (see ``step``). Requests are validated before anything is scheduled; an
-invalid one raises ``ValueError`` and leaves the engine as it was (a
-structured-output constraint is compiled then: one that does not compile in
-time is invalid).
+invalid one raises ``InvalidRequestError`` (a ``ValueError``) and leaves the
+engine as it was (a structured-output constraint is compiled then: one that
+does not compile in time is invalid). Any other exception from making a
+request is the engine's own failure, not the request's.
 
 A step with constrained requests is two messages: the plan, then its
 grammar bitmask (``executor.sample_tokens``), computed once the grammars
@@ -47,6 +48,7 @@ from engine.structured_outputs.manager import PendingBitmask
 from executor.base import Executor, OutputFuture
 from ipc import trace
 from ipc.engine_messages import EngineStats
+from ipc.errors import InvalidRequestError
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
 from ipc.model_config import ModelConfig
 
@@ -210,7 +212,7 @@ class LLMEngine:
             return self.tokenizer.encode(prompt) if prompt else []
         if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
             return _token_ids(prompt["prompt_token_ids"])
-        raise ValueError(
+        raise InvalidRequestError(
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
         )
 
@@ -245,8 +247,8 @@ class LLMEngine:
         (lower first); another than 0 is refused under "fcfs", as vLLM
         refuses it, rather than ignored."""
         if priority != 0 and self.scheduler.config.policy != "priority":
-            raise ValueError(f"priority {priority} needs the 'priority' scheduling policy "
-                             f"(--scheduling-policy priority)")
+            raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
+                                      "policy (--scheduling-policy priority)")
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
                                             self.scheduler.config.max_model_len)
         if params.bad_words:
@@ -415,7 +417,8 @@ def _token_ids(ids) -> list[int]:
     too), never a string, and no bools or floats (``int()`` would quietly
     turn "123" into [1, 2, 3] and 2.5 into 2)."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise ValueError(f"prompt_token_ids must be a list of ints, got {type(ids).__name__}")
+        raise InvalidRequestError(
+            f"prompt_token_ids must be a list of ints, got {type(ids).__name__}")
     out = []
     for t in ids:
         try:
@@ -423,5 +426,5 @@ def _token_ids(ids) -> list[int]:
                 raise TypeError
             out.append(operator.index(t))
         except TypeError:
-            raise ValueError(f"prompt_token_ids must be ints, got {t!r}") from None
+            raise InvalidRequestError(f"prompt_token_ids must be ints, got {t!r}") from None
     return out

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.grammar import Grammar
 from ipc.config import SchedulerConfig
+from ipc.errors import InvalidRequestError
 
 
 class RequestStatus(enum.Enum):
@@ -125,7 +126,7 @@ class Request:
         )
 
 
-class ContextLengthError(ValueError):
+class ContextLengthError(InvalidRequestError):
     """The prompt, or the prompt plus ``max_tokens``, does not fit the model's
     context (``max_model_len``). ``code`` is OpenAI's name for the error,
     which clients look for to shorten a conversation; ``param`` the field it
@@ -134,8 +135,7 @@ class ContextLengthError(ValueError):
     code = "context_length_exceeded"
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 @dataclass(frozen=True)
@@ -175,13 +175,12 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int | None, max_mod
             fields.max_tokens)
 
 
-class LogprobsLimitError(ValueError):
+class LogprobsLimitError(InvalidRequestError):
     """More top logprobs per token than ``max_logprobs`` allows; ``param``
     the field that asked, in the caller's names."""
 
     def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 def check_logprobs_limit(asked: int | None, max_logprobs: int, name: str,
@@ -213,7 +212,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
                   vocab_size: int | None = None) -> None:
     """The one place that decides whether a request can run, called once,
     where the request enters the engine (``LLMEngine.new_request``);
-    ``ValueError`` names the first rule it breaks, and nothing has changed.
+    ``InvalidRequestError`` names the first rule it breaks, and nothing has
+    changed.
 
     Rules: a non-empty prompt; ids inside ``[0, vocab_size)`` (when given);
     prompt + ``max_tokens`` within ``max_model_len`` (``check_context_length``);
@@ -225,16 +225,16 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
-        raise ValueError("the prompt is empty")
+        raise InvalidRequestError("the prompt is empty")
     if vocab_size is not None:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     check_context_length(n, max_tokens, limits.max_model_len)
     blocks = -(-(n + max_tokens - 1) // limits.block_size)
     if blocks > limits.num_blocks:
-        raise ValueError(
+        raise InvalidRequestError(
             f"prompt ({n} tokens) + max_tokens ({max_tokens}) may need {blocks} KV blocks of "
             f"{limits.block_size} tokens, but the cache has only {limits.num_blocks}; lower "
             "max_tokens or give the cache more blocks")
@@ -247,5 +247,5 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
                           ("bad_words_token_ids", bad_words_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise ValueError(f"{name} token ids {bad[:5]} are outside the vocabulary "
+                raise InvalidRequestError(f"{name} token ids {bad[:5]} are outside the vocabulary "
                                  f"[0, {vocab_size})")

@@ -24,7 +24,8 @@ fields, the wire (``to_options``) with no other change.
 Fields may be assigned after construction, as vLLM scripts do
 (``params = llm.get_default_sampling_params(); params.max_tokens = 64``).
 The invariants below hold once constructed and in every copy ``checked``
-makes (``__post_init__`` raises ``ValueError`` otherwise). The entry
+makes (``__post_init__`` raises ``InvalidRequestError``, a ``ValueError``,
+otherwise: a bad value is the caller's error, HTTP 400 in the server). The entry
 points that take a caller's object (``LLM``'s calls,
 ``LLMEngine.add_request``, ``EngineClient.generate``) make one such copy,
 once, and hand the engine only it (``LLMEngine.new_request`` takes
@@ -57,6 +58,7 @@ import msgspec
 
 from engine.stop_strings import MAX_STOP_STRINGS
 from engine.structured_outputs.params import StructuredOutputsParams
+from ipc.errors import InvalidRequestError
 from ipc.messages import SamplingOptions
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -106,69 +108,69 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         msgspec.structs.force_setattr(self, "stop", stop)
         problems = self.problems()
         if problems:
-            raise ValueError(problems[0])
+            raise InvalidRequestError(problems[0])
 
     def _check_types(self) -> None:
         for name in _NUMBERS:
             if not _is_number(getattr(self, name)):
-                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
+                raise InvalidRequestError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not _is_int(self.top_k):
-            raise ValueError(f"top_k must be a 64-bit int, got {self.top_k!r}")
+            raise InvalidRequestError(f"top_k must be a 64-bit int, got {self.top_k!r}")
         if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be None or a 64-bit int, got {self.seed!r}")
+            raise InvalidRequestError(f"seed must be None or a 64-bit int, got {self.seed!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an int >= 1 (or None), got {self.max_tokens!r}")
+            raise InvalidRequestError(f"max_tokens must be an int >= 1 (or None), got {self.max_tokens!r}")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n!r}")
+            raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {self.n!r}")
         self._check_stop()
         self._check_token_lists()
         if isinstance(self.stop_token_ids, (str, bytes)):
-            raise ValueError("stop_token_ids must be a list of ints, got a string")
+            raise InvalidRequestError("stop_token_ids must be a list of ints, got a string")
         try:
             stop_ids = list(self.stop_token_ids)
         except TypeError:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}"
             ) from None
         bad = [t for t in stop_ids if not _is_int(t) or t < 0]
         if bad:
-            raise ValueError(f"stop_token_ids must be non-negative ints, got {bad!r}")
+            raise InvalidRequestError(f"stop_token_ids must be non-negative ints, got {bad!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
-            raise ValueError("truncate_prompt_tokens must be None, an int >= 1 or -1 "
-                             f"(max_model_len), got {k!r}")
+            raise InvalidRequestError("truncate_prompt_tokens must be None, an int >= 1 or -1 "
+                                      f"(max_model_len), got {k!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
-            raise ValueError(f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
+            raise InvalidRequestError(f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
                              f"got {self.logprobs!r}")
         if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
-            raise ValueError(
+            raise InvalidRequestError(
                 f"prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
                 f"got {self.prompt_logprobs!r}")
         if not _is_int(self.min_tokens) or (self.max_tokens is not None
                                             and self.min_tokens > self.max_tokens):
-            raise ValueError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+            raise InvalidRequestError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                              f"got {self.min_tokens!r}")
 
     def _check_token_lists(self) -> None:
         bias = self.logit_bias
         if bias is not None and not (isinstance(bias, dict) and all(
                 _is_int(t) and _is_number(b) for t, b in bias.items())):
-            raise ValueError(f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
+            raise InvalidRequestError(f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
         if bias is not None:
             msgspec.structs.force_setattr(self, "logit_bias", dict(bias))
         allowed = self.allowed_token_ids
         if allowed is not None and not (isinstance(allowed, (list, tuple))
                                         and all(_is_int(t) for t in allowed)):
-            raise ValueError(f"allowed_token_ids must be a list of ints, got {allowed!r}")
+            raise InvalidRequestError(f"allowed_token_ids must be a list of ints, got {allowed!r}")
         if allowed is not None:
             msgspec.structs.force_setattr(self, "allowed_token_ids", list(allowed))
         words = self.bad_words
         if words is not None and not (isinstance(words, (list, tuple))
                                       and all(isinstance(w, str) for w in words)):
-            raise ValueError(f"bad_words must be a list of strings, got {words!r}")
+            raise InvalidRequestError(f"bad_words must be a list of strings, got {words!r}")
         if words is not None:
             msgspec.structs.force_setattr(self, "bad_words", list(words))
         sequences = self.bad_words_token_ids
@@ -176,7 +178,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
                 isinstance(sequences, (list, tuple))
                 and all(isinstance(seq, (list, tuple)) and all(_is_int(t) for t in seq)
                         for seq in sequences)):
-            raise ValueError(
+            raise InvalidRequestError(
                 f"bad_words_token_ids must be a list of lists of ints, got {sequences!r}")
         if sequences is not None:
             msgspec.structs.force_setattr(self, "bad_words_token_ids",
@@ -185,11 +187,11 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     def _check_stop(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
         if not all(stop):
-            raise ValueError("a stop string must not be empty")
+            raise InvalidRequestError("a stop string must not be empty")
         if len(stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop holds {len(stop)} strings, more than {MAX_STOP_STRINGS}")
+            raise InvalidRequestError(f"stop holds {len(stop)} strings, more than {MAX_STOP_STRINGS}")
 
     def _check_structured_outputs(self) -> None:
         so = self.structured_outputs
@@ -197,17 +199,18 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             msgspec.structs.force_setattr(self, "structured_outputs",
                                           StructuredOutputsParams.from_dict(so))
         elif so is not None and not isinstance(so, StructuredOutputsParams):
-            raise ValueError("structured_outputs must be a StructuredOutputsParams or a dict, "
+            raise InvalidRequestError("structured_outputs must be a StructuredOutputsParams or a dict, "
                              f"got {type(so).__name__}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
-        """Build from a plain mapping; unknown keys raise ``ValueError``
-        naming them (rather than the constructor's ``TypeError``)."""
+        """Build from a plain mapping; unknown keys raise
+        ``InvalidRequestError`` naming them (rather than the constructor's
+        ``TypeError``)."""
         known = set(cls.__struct_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"unknown sampling parameter(s): {', '.join(unknown)}; "
                 f"known: {', '.join(sorted(known))}"
             )
@@ -235,7 +238,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
 
     def checked(self) -> SamplingParams:
         """A copy with every invariant checked again and the spellings
-        normalized (``ValueError`` as the constructor's): what a field
+        normalized (``InvalidRequestError`` as the constructor's): what a field
         assigned since construction is checked by."""
         return msgspec.structs.replace(self)
 

@@ -33,6 +33,7 @@ from ipc.engine_messages import (
     ServerMessage,
     decode_server_message,
 )
+from ipc.errors import InvalidRequestError
 from ipc.serde import MAX_MESSAGE_BYTES, encode
 
 logger = logging.getLogger(__name__)
@@ -83,12 +84,12 @@ class ClientProtocol:
 
     # ---- out -----------------------------------------------------------------
     def seal(self, message) -> list[bytes]:
-        """The frames of ``message``; ``ValueError`` for one the engine's
-        socket would drop unseen for its size."""
+        """The frames of ``message``; ``InvalidRequestError`` for one the
+        engine's socket would drop unseen for its size (a request too big)."""
         payload = encode(message)
         if len(payload) > MAX_MESSAGE_BYTES:
-            raise ValueError(f"the request is {len(payload)} bytes; the engine takes at most "
-                             f"{MAX_MESSAGE_BYTES} per message")
+            raise InvalidRequestError(f"the request is {len(payload)} bytes; the engine takes "
+                                      f"at most {MAX_MESSAGE_BYTES} per message")
         return self.auth.seal(payload)
 
     def route(self, request_id: str, sink: Sink) -> None:

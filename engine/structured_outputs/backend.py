@@ -22,10 +22,12 @@ from typing import Any
 
 from engine.structured_outputs.dangling_escape import dangling_escape
 from engine.structured_outputs.params import GrammarKey
+from ipc.errors import InvalidRequestError
 
 
-class GrammarError(ValueError):
-    """A schema, regex or grammar that cannot be compiled; the message says why."""
+class GrammarError(InvalidRequestError):
+    """A schema, regex or grammar that cannot be compiled (or not within the
+    compile time limit); the message says why."""
 
 
 _KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice",

@@ -1,7 +1,7 @@
 """The engine's side of structured outputs: compile, attach, fill the bitmask.
 
 ``check`` (when a request enters the engine) compiles its constraint, or
-finds it compiled, and raises ``ValueError`` with the backend's message when
+finds it compiled, and raises ``GrammarError`` with the backend's message when
 it does not compile (in time): nothing of a bad request reaches the workers.
 ``new_grammar`` gives an accepted request its own matcher.
 ``start_bitmask(plan, requests)`` fills the rows of a step's
@@ -67,7 +67,7 @@ class StructuredOutputManager:
         return so is None or self.compiler.ready(so.key)
 
     def check(self, params) -> None:
-        """``ValueError`` when the constraint does not compile (in time)."""
+        """``GrammarError`` when the constraint does not compile (in time)."""
         if params.structured_outputs is not None:
             self.compiler.result(params.structured_outputs.key)
 

@@ -3,7 +3,7 @@
 Exactly one constraint per request: ``json`` (a JSON schema, as a dict or
 its text), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark or
 GBNF text) or ``json_object=True`` (any JSON object). ``__post_init__``
-checks the shape (types, exactly one) and raises ``ValueError`` (a
+checks the shape (types, exactly one) and raises ``InvalidRequestError`` (a
 ``StructuredOutputsError`` naming the key when one key's value is bad, so a
 front end can name the field its user sent instead); whether a
 schema, regex or grammar compiles is decided by the grammar backend when the
@@ -33,10 +33,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ipc.errors import InvalidRequestError
+
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 
-class StructuredOutputsError(ValueError):
+class StructuredOutputsError(InvalidRequestError):
     """The value of one ``structured_outputs`` key is bad: ``key`` names it
     and ``problem`` says what is wrong; the text is ``structured_outputs.KEY
     PROBLEM``."""
@@ -68,7 +70,7 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(
+            raise InvalidRequestError(
                 "structured_outputs needs exactly one of json, regex, choice, grammar, "
                 f"json_object; got {', '.join(given) if given else 'none'}")
         if self.json is not None:
@@ -88,13 +90,14 @@ class StructuredOutputsParams:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StructuredOutputsParams:
         """From a plain mapping (HTTP bodies, engine messages); unknown keys
-        raise ``ValueError`` naming them. Keys set to None are ignored."""
+        raise ``InvalidRequestError`` naming them. Keys set to None are
+        ignored."""
         if not isinstance(d, dict):
-            raise ValueError(f"structured_outputs must be an object, got {type(d).__name__}")
+            raise InvalidRequestError(f"structured_outputs must be an object, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown structured_outputs field(s): {', '.join(unknown)}; "
+            raise InvalidRequestError(f"unknown structured_outputs field(s): {', '.join(unknown)}; "
                              f"known: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in d.items() if v is not None})
 

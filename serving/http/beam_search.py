@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.outputs import Logprob
+from ipc.errors import InvalidRequestError
 from serving.http.generation import Generation, RequestRefused
 from serving.http.protocol import SamplingFields
 from serving.http.state import ServerState
@@ -42,7 +43,7 @@ _BEAM_FIELDS = frozenset({
 
 def check_beam_fields(request: SamplingFields, prompt_field: str,
                       also: tuple[str, ...] = ()) -> None:
-    """``ValueError`` naming the fields set beside ``use_beam_search``
+    """``InvalidRequestError`` naming the fields set beside ``use_beam_search``
     (``SamplingFields.asks_for``) that it does not take (``stream`` only
     as false); ``also``: the route's own fields it takes (a chat's
     ``echo``: text before each sequence's)."""
@@ -51,11 +52,12 @@ def check_beam_fields(request: SamplingFields, prompt_field: str,
     if request.stream:
         extra.insert(0, "stream")
     if extra:
-        raise ValueError(f"use_beam_search does not take {', '.join(extra)}")
+        raise InvalidRequestError(f"use_beam_search does not take {', '.join(extra)}")
 
 
 def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
-    """The request's ``BeamSearchParams`` (``ValueError`` for a bad value)."""
+    """The request's ``BeamSearchParams`` (``InvalidRequestError`` for a bad
+    value)."""
     params = BeamSearchParams(
         beam_width=request.n, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
         temperature=0.0 if request.temperature is None else request.temperature,

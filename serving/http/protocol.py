@@ -22,6 +22,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.sampling_params import SamplingParams
+from ipc.errors import InvalidRequestError
 
 # Prompt token ids travel to the engine as signed 64-bit values: a larger one
 # is a bad request (400 naming the field), not a failure to encode it. The
@@ -110,13 +111,13 @@ class SamplingFields(BaseModel):
         return value not in (type(self).model_fields[name].default, _NEUTRAL.get(name))
 
     def check_supported(self) -> None:
-        """``ValueError`` naming the first unsupported field that is set
-        (``asks_for``), or a field that only makes sense with another."""
+        """``InvalidRequestError`` naming the first unsupported field that is
+        set (``asks_for``), or a field that only makes sense with another."""
         for name in self.UNSUPPORTED:
             if self.asks_for(name):
-                raise ValueError(f"{name} is not supported by this server")
+                raise InvalidRequestError(f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options needs stream: true")
+            raise InvalidRequestError("stream_options needs stream: true")
 
     @property
     def include_usage(self) -> bool:
@@ -173,7 +174,7 @@ class CompletionRequest(SamplingFields):
     def check_supported(self) -> None:
         super().check_supported()
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of is not supported by this server (set n instead)")
+            raise InvalidRequestError("best_of is not supported by this server (set n instead)")
 
 
 class IdsFirstCompletionRequest(CompletionRequest):
@@ -478,13 +479,12 @@ class DetokenizeRequest(BaseModel):
     tokens: list[Int64]
 
 
-class FieldError(ValueError):
+class FieldError(InvalidRequestError):
     """A bad value of one request field: ``param`` is the field's path as
     the client sent it, the error body's ``param``."""
 
     def __init__(self, param: str, message: str):
-        super().__init__(message)
-        self.param = param
+        super().__init__(message, param=param)
 
 
 ErrorType = Literal["invalid_request_error", "server_error", "service_unavailable"]

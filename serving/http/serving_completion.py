@@ -28,6 +28,7 @@ from starlette.responses import Response
 
 from engine.sampling_params import truncated_prompt
 from ipc import trace
+from ipc.errors import InvalidRequestError
 from ipc.messages import WHOLE_VOCAB
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import EchoedPrompt, echoed_prompts
@@ -44,7 +45,7 @@ DEFAULT_MAX_TOKENS = 16
 def completion_prompts(state: ServerState, prompt,
                        add_special_tokens: bool = True) -> list[list[int]]:
     """The request's prompts as token ids (texts with the tokenizer's BOS
-    where ``add_special_tokens``); ``ValueError`` for an empty one.
+    where ``add_special_tokens``); ``InvalidRequestError`` for an empty one.
 
     ``prompt`` is a validated ``CompletionRequest.prompt``: a text, or a list
     whose items are all texts, all token ids or all lists of ids, so its
@@ -52,14 +53,14 @@ def completion_prompts(state: ServerState, prompt,
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise ValueError("the prompt is empty")
+        raise InvalidRequestError("the prompt is empty")
     if isinstance(prompt[0], int):
         return [list(prompt)]
     out = []
     for p in prompt:
         if isinstance(p, str):
             if not p:
-                raise ValueError("the prompt is empty")
+                raise InvalidRequestError("the prompt is empty")
             out.append(state.tokenizer.encode(p, add_special_tokens))
         else:
             out.append(list(p))  # the engine refuses an empty or out-of-vocabulary one
@@ -95,7 +96,8 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     if max_tokens is None and "max_tokens" not in request.model_fields_set:
         max_tokens = DEFAULT_MAX_TOKENS
     if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and request.echo):
-        raise ValueError("max_tokens must be >= 1 (0 only with echo: the prompt alone)")
+        raise InvalidRequestError("max_tokens must be >= 1 (0 only with echo: the prompt "
+                                  "alone)")
     check_logprobs(state.max_logprobs, state.vocab_size, logprobs=request.logprobs,
                    prompt_logprobs=request.prompt_logprobs)
     # Tokenizing a long text takes a while: off the event loop, so other

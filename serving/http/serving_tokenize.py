@@ -12,6 +12,7 @@ the server.
 
 from __future__ import annotations
 
+from ipc.errors import InvalidRequestError
 from serving.http.protocol import (
     ChatCompletionRequest,
     DetokenizeRequest,
@@ -23,7 +24,7 @@ from serving.http.state import ServerState
 def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
     state.check_model(request.model)
     if (request.prompt is None) == (request.messages is None):
-        raise ValueError("give exactly one of prompt and messages")
+        raise InvalidRequestError("give exactly one of prompt and messages")
     tok = state.tokenizer
     if request.messages is not None:
         from serving.http.serving_chat import chat_prompt
@@ -47,7 +48,8 @@ def detokenize(state: ServerState, request: DetokenizeRequest) -> dict:
     vocab = state.tokenizer.vocab_size
     bad = [t for t in request.tokens if not 0 <= t < vocab]
     if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary "
+                                  f"[0, {vocab})")
     return {"prompt": state.tokenizer.decode(request.tokens)}
 
 

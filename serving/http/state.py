@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from checkpoint.tokenizer import Tokenizer
+from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
@@ -61,5 +62,8 @@ class ServerState:
         return model or self.model_name
 
 
-class UnknownModelError(ValueError):
-    """A request named a model this server does not serve."""
+class UnknownModelError(InvalidRequestError):
+    """A request named a model this server does not serve (HTTP 404)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model", code="model_not_found")

@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 from engine.structured_outputs.params import StructuredOutputsError, StructuredOutputsParams
+from ipc.errors import InvalidRequestError
 from serving.http.protocol import FieldError
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -43,7 +44,8 @@ def structured_outputs_of(request) -> StructuredOutputsParams | None:
     found = _constraints_of(request)
     if len(found) > 1:
         names = ", ".join(name for name, _, _ in found)
-        raise ValueError(f"give one structured-output constraint per request, got {names}")
+        raise InvalidRequestError(f"give one structured-output constraint per request, got "
+                                  f"{names}")
     if not found:
         return None
     name, constraint, paths = found[0]

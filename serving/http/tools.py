@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from engine.structured_outputs.params import StructuredOutputsParams
+from ipc.errors import InvalidRequestError
 from serving.http.protocol import ChatCompletionRequest, FieldError
 from serving.http.structured import constraint_fields
 
@@ -104,7 +105,7 @@ CHAT_SPELLING = ToolSpelling("tools.{i}.function.name", "tool_choice.function.na
 
 def tool_choice_of(request: ChatCompletionRequest,
                    parser: Callable[[], ToolCallReader] | None = None) -> ToolChoice:
-    """The request's ``ToolChoice``; ``FieldError`` (or ``ValueError``) for a
+    """The request's ``ToolChoice``; ``FieldError`` (or ``InvalidRequestError``) for a
     choice this server does not serve or that its tools do not allow.
     ``parser`` makes the reader of an "auto" answer (None: "auto" refused)."""
     _refuse_functions(request)
@@ -200,8 +201,9 @@ def _named_function(choice: Any) -> str:
 def _refuse_second_constraint(request: ChatCompletionRequest) -> None:
     given = constraint_fields(request)
     if given:
-        raise ValueError(f"a named or required tool_choice holds the output to its tools' "
-                         f"schemas: give it without {given[0]} (one constraint per request)")
+        raise InvalidRequestError(f"a named or required tool_choice holds the output to its "
+                                  f"tools' schemas: give it without {given[0]} (one "
+                                  "constraint per request)")
 
 
 def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:
