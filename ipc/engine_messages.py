@@ -92,11 +92,19 @@ class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A request was refused (nothing of it was scheduled). ``request_id``
-    is None when the message was too malformed to name one."""
+    is None when the message was too malformed to name one.
+    ``invalid_request``: refused for what it asks (an
+    ``ipc.errors.InvalidRequestError``: a value out of range, a prompt too
+    long, a constraint that does not compile), which a front end passes on
+    to its own client as that client's error (HTTP 400); False: the engine
+    could not take it for another reason, a message the protocol does not
+    allow (an id in use, n > 1) or the engine's own failure (logged
+    there), which is no end user's doing (HTTP 500)."""
 
     request_id: str | None
     error: str
     code: str | None = None  # OpenAI's error code where one applies ("context_length_exceeded")
+    invalid_request: bool = False
 
 
 class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -48,6 +48,7 @@ from ipc.engine_messages import (
     RequestError,
     StatsRequest,
 )
+from ipc.errors import InvalidRequestError
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 
 __all__ = ["EngineClient", "EngineStoppedError", "find_secret"]
@@ -184,7 +185,8 @@ class EngineClient:
 
     def stream(self, request_id: str) -> Iterator[Delta]:
         """The request's deltas as they come, the last one ``finished``.
-        Raises ``ValueError`` if the engine refused the request."""
+        Raises ``ValueError`` if the engine refused the request: an
+        ``InvalidRequestError`` when it was refused for what it asks."""
         for _, delta in self._timed_stream(request_id):
             yield delta
 
@@ -204,7 +206,10 @@ class EngineClient:
                 raise EngineStoppedError(item.reason)
             if isinstance(item, RequestError):
                 self._forget(request_id)
-                raise ValueError(f"request {request_id!r} refused: {item.error}")
+                message = f"request {request_id!r} refused: {item.error}"
+                if item.invalid_request:
+                    raise InvalidRequestError(message, code=item.code)
+                raise ValueError(message)
             if item.finished:
                 self._forget(request_id)
             yield received_at, item

@@ -15,7 +15,12 @@ logged (throttled). Each client's requests are answered to that client only
 last delta (finished, with its reason) unless it was refused, in which case
 it gets one ``RequestError`` and nothing was scheduled, or the engine
 stopped first, in which case its client gets ``EngineStopped``; an invalid,
-malformed or unauthenticated message never stops the loop. A request's
+malformed or unauthenticated message never stops the loop. A refusal says
+whether the request asks for what cannot be served (an
+``InvalidRequestError``: ``RequestError.invalid_request``, which a front end
+passes on as its client's error) or was refused for another reason: a
+message the protocol does not allow (``ProtocolError``, logged on one line)
+or the engine's own failure to make it (logged with its traceback). A request's
 ``RequestAccepted`` is held until the plan of the next step is sent (the
 client's work on it then overlaps the workers', not the scheduling); it
 still precedes the request's deltas, and a refusal made while one is held
@@ -103,6 +108,7 @@ from ipc.engine_messages import (
     decode_client_message,
     request_id_of,
 )
+from ipc.errors import InvalidRequestError
 from ipc.serde import MAX_MESSAGE_BYTES, encode
 
 logger = logging.getLogger(__name__)
@@ -432,14 +438,14 @@ class EngineServer:
         key = (identity, message.request_id)
         try:
             if key in self.engine_ids or key in self.waiting:
-                raise ValueError(f"request id {message.request_id!r} is already in use "
-                                 f"by one of this client's live requests")
+                raise ProtocolError(f"request id {message.request_id!r} is already in use "
+                                    f"by one of this client's live requests")
             prompt = _prompt(message)
             params = SamplingParams.from_dict(message.sampling_params)
             if params.n != 1 or params.stop:
-                raise ValueError("an engine request takes n 1 and no stop strings: the "
-                                 "caller runs n requests and cuts their text (as LLM and the "
-                                 "HTTP server do)")
+                raise ProtocolError("an engine request takes n 1 and no stop strings: the "
+                                    "caller runs n requests and cuts their text (as LLM and "
+                                    "the HTTP server do)")
         except Exception as e:
             self._refuse(identity, message, e)
             return
@@ -531,11 +537,19 @@ class EngineServer:
             self._reply(identity, message)
 
     def _refuse(self, identity: bytes, message: GenerateRequest, e: Exception) -> None:
-        if not isinstance(e, (ValueError, TypeError)):
-            logger.exception("request %r refused", message.request_id)
+        """Answer ``RequestError``: ``invalid_request`` for an
+        ``InvalidRequestError`` (the request's own fault, told to the
+        client only); a ``ProtocolError`` is logged on one line, any other
+        exception, the engine's own failure, with its traceback."""
+        invalid = isinstance(e, InvalidRequestError)
+        if isinstance(e, ProtocolError):
+            logger.warning("request %r refused: %s", message.request_id, e)
+        elif not invalid:
+            logger.error("request %r refused: the engine failed to make it",
+                         message.request_id, exc_info=e)
         error = str(e) or type(e).__name__
         refusal = RequestError(request_id=message.request_id, error=error,
-                               code=getattr(e, "code", None))
+                               code=e.code if invalid else None, invalid_request=invalid)
         earlier = self.waiting.get((identity, message.request_id))
         if earlier is not None:  # a request with its id waits: after that one's reply
             earlier.then.append(refusal)
@@ -647,9 +661,15 @@ def _candidates(token: dict) -> list[TokenLogprob]:
     return [TokenLogprob(t, lp.logprob, lp.rank) for t, lp in token.items()]
 
 
+class ProtocolError(ValueError):
+    """A request message this protocol does not allow (an id already in
+    use, both prompts or neither, ``n`` other than 1, stop strings): its
+    sender's mistake, not its content's, so no front end's user did it."""
+
+
 def _prompt(message: GenerateRequest) -> str | dict:
     if (message.prompt is None) == (message.prompt_token_ids is None):
-        raise ValueError("give exactly one of prompt (text) and prompt_token_ids")
+        raise ProtocolError("give exactly one of prompt (text) and prompt_token_ids")
     if message.prompt is not None:
         return message.prompt
     return {"prompt_token_ids": message.prompt_token_ids}

@@ -6,7 +6,9 @@ is one engine request, sent over the ``AsyncEngineClient`` with its own id, all
 answered on one queue. ``start`` submits them all and waits until the
 engine has accepted every one, so a refusal (prompt too long, bad sampling
 values) is known before any response byte is sent: the others are then
-aborted and ``ValueError`` raised with the engine's message. ``events``
+aborted and ``RequestRefused`` raised with the engine's message (or, for a
+refusal that is not the request's fault, ``EngineRefusal``: the server's
+own failure). ``events``
 then yields each choice's text as it comes, passed through its
 ``OutputStops``; a choice that meets a stop string is aborted in the
 engine (its blocks freed) and finishes with reason "stop".
@@ -25,18 +27,25 @@ from dataclasses import dataclass, field
 from engine.request_metrics import RequestTimes
 from engine.stop_strings import OutputStops
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
+from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
 from serving.protocol_core import EngineStoppedError
 
 
-class RequestRefused(ValueError):
-    """The engine refused a request (HTTP 400); ``code`` is OpenAI's error
-    code for the reason, where it has one."""
+class RequestRefused(InvalidRequestError):
+    """The engine refused a request for what it asks (HTTP 400); ``code``
+    is OpenAI's error code for the reason, where it has one."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
+        super().__init__(message, code=code)
+
+
+class EngineRefusal(RuntimeError):
+    """The engine refused a request for a reason that is not the request's
+    (``RequestError.invalid_request`` false): a message this server should
+    not have sent, or the engine's own failure. The server's failure (HTTP
+    500, logged), never told to the client as its error."""
 
 
 @dataclass
@@ -110,7 +119,10 @@ class Generation:
             if isinstance(item, RequestError):
                 self.choices[item.request_id].finished = True
                 self.link.forget(item.request_id)
-                raise RequestRefused(item.error, item.code)
+                if item.invalid_request:
+                    raise RequestRefused(item.error, item.code)
+                raise EngineRefusal(f"the engine refused request {item.request_id!r}: "
+                                    f"{item.error}")
             if isinstance(item, RequestAccepted):
                 choice = self.choices[item.request_id]
                 choice.num_prompt_tokens = len(item.prompt_token_ids)

@@ -10,12 +10,15 @@ aborted while held, end as "abort" and never reach the engine. The rules of
 one client's replies hold: a later message with a waiting request's id is
 answered after that request. A held request counts as waiting in the
 stats (and the ``/metrics`` gauge) from its arrival, once. Closing the
-server leaves no tokenizer thread.
+server leaves no tokenizer thread. A refusal says whether the request was
+at fault (``RequestError.invalid_request``): only then is it the client's
+error, and only the engine's own failure is logged with its traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 
 import pytest
@@ -31,6 +34,7 @@ from ipc.engine_messages import (
     RequestError,
     decode_server_message,
 )
+from ipc.errors import InvalidRequestError
 from ipc.serde import encode
 from serving.client import EngineClient, EngineStoppedError
 from serving.endpoint import Endpoint, EngineServer
@@ -301,3 +305,62 @@ def test_a_request_being_tokenized_counts_as_waiting_once(llm, reference_llm, mo
     assert [(s.num_waiting, s.num_running) for s in queued] == [(1, 0)]
     assert (after.num_waiting, after.num_running) == (0, 0)
     assert [t for d in deltas for t in d.token_ids] == want[0][1]
+
+
+@pytest.mark.timeout(180)
+def test_a_refusal_says_whether_the_request_was_at_fault(llm, reference_llm, monkeypatch,
+                                                          caplog):
+    """Refused for what it asks (a temperature out of range, ids outside the
+    vocabulary): ``invalid_request``, logged nowhere, and ``EngineClient``
+    raises ``InvalidRequestError``. Refused for a message the protocol does
+    not allow (``n`` 2): not the request's fault, one warning line. The
+    engine's own failure to make a request (a plain ``ValueError`` of a
+    bug): not the request's fault, logged with its traceback, and
+    ``EngineClient`` raises a plain ``ValueError``. The engine goes on."""
+    new_request = llm.engine.new_request
+
+    def buggy_new_request(prompt, *args, **kwargs):
+        if prompt == {"prompt_token_ids": [9, 9]}:
+            raise ValueError("an internal bug")
+        return new_request(prompt, *args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "new_request", buggy_new_request)
+    sent = {"bad": {"temperature": -1.0}, "protocol": {"n": 2}, "bug": GREEDY}
+    with caplog.at_level(logging.INFO, logger="serving.endpoint"), serving(llm) as (
+            server, secret):
+        ctx, sock, auth = _raw_client(server.address, secret)
+        try:
+            for request_id, params in sent.items():
+                ids = [9, 9] if request_id == "bug" else [1, 2]
+                sock.send_multipart(auth.seal(encode(GenerateRequest(
+                    request_id=request_id, prompt_token_ids=ids, sampling_params=params))))
+            refusals = {}
+            while len(refusals) < len(sent):
+                assert sock.poll(30_000), "the engine did not answer"
+                reply = decode_server_message(auth.unseal(sock.recv_multipart()))
+                refusals[reply.request_id] = reply
+        finally:
+            sock.close()
+            ctx.term()
+        with EngineClient(server.address, secret=secret, timeout_s=30) as client:
+            with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+                client.generate({"prompt_token_ids": [99999]}, GREEDY)
+            with pytest.raises(ValueError, match="an internal bug") as raised:
+                client.generate({"prompt_token_ids": [9, 9]}, GREEDY)
+            assert not isinstance(raised.value, InvalidRequestError)
+            after = client.generate({"prompt_token_ids": [3, 3, 8]}, GREEDY)
+    assert all(isinstance(r, RequestError) for r in refusals.values()), refusals
+    assert {k: r.invalid_request for k, r in refusals.items()} == \
+        {"bad": True, "protocol": False, "bug": False}
+    assert "temperature must be >= 0" in refusals["bad"].error
+    assert "n 1 and no stop strings" in refusals["protocol"].error
+    assert refusals["bug"].error == "an internal bug"
+    logged = {r.getMessage(): r.exc_info for r in caplog.records}
+    assert not any("'bad'" in message for message in logged)
+    assert logged["request 'protocol' refused: an engine request takes n 1 and no stop "
+                  "strings: the caller runs n requests and cuts their text (as LLM and the "
+                  "HTTP server do)"] is None
+    assert logged["request 'bug' refused: the engine failed to make it"][1].args == \
+        ("an internal bug",)
+    assert results(after) == reference(reference_llm, [{"prompt_token_ids": [3, 3, 8]}],
+                                       [GREEDY])
