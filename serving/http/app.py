@@ -22,13 +22,15 @@ Bearer KEY`` with one of them (compared in constant time), else 401. With
 browser; their preflights are answered before the key is asked for. Every error, including
 a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
-a bad request (the engine's own validation message; code
-``context_length_exceeded`` when the prompt does not fit), 401 without the
-key, 404 for a model or a stored response this server does not hold, 413 for a body too large,
-415 for a body sent as another media type than JSON (``text/plain``, a
-form), 500 for a failure of the server itself (logged, its text not sent), 503 once
-the engine has stopped (the reason's first line; the rest is logged by the
-engine).
+a bad request (an ``InvalidRequestError``, whichever layer found it: its
+own message; code ``context_length_exceeded`` when the prompt does not
+fit), 401 without the key, 404 for a model or a stored response this server
+does not hold, 413 for a body too large, 415 for a body sent as another
+media type than JSON (``text/plain``, a form), 500 for a failure of the
+server itself, whatever its exception type (a plain ``ValueError`` too:
+logged with its traceback, its text not sent), 503 once the engine has
+stopped (the reason's first line; the rest is logged by the engine). The
+rule is ``errors.py``'s, for whole answers and streams alike.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
-import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
@@ -50,6 +51,7 @@ from checkpoint.tokenizer import Tokenizer
 from ipc import trace
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
+from serving.http.errors import error_answer
 from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
 from serving.http.json_body import JsonBodyRoute
@@ -64,7 +66,7 @@ from serving.http.protocol import (
     TokenizeRequest,
     error_body,
 )
-from serving.http.response_store import ResponseStore, UnknownResponseError
+from serving.http.response_store import ResponseStore
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
 from serving.http.serving_responses import (
@@ -75,7 +77,7 @@ from serving.http.serving_responses import (
     retrieve_response,
 )
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
-from serving.http.state import ServerState, UnknownModelError
+from serving.http.state import ServerState
 from serving.http.streaming import ClientDisconnected
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.trace_marks import TracedApp
@@ -87,8 +89,6 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/tokenize", "/detokenize"})
 
-logger = logging.getLogger(__name__)
-
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
                    param: str | None = None, code: str | int | None = None) -> JSONResponse:
@@ -96,24 +96,16 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
 
 
 async def _answer(work) -> Response:
-    """Run a route's work; map its failures to OpenAI-shaped errors."""
+    """Run a route's work; its failure is answered by ``errors.error_answer``'s
+    rule: an ``InvalidRequestError`` is the client's error (400, or 404 for
+    a model or response not held), anything else, a plain ``ValueError``
+    too, the server's own (500, logged with its traceback)."""
     try:
         return await work
-    except UnknownModelError as e:
-        return error_response(404, str(e), param="model", code="model_not_found")
-    except UnknownResponseError as e:
-        return error_response(404, str(e), param=e.param)
-    except ValueError as e:
-        return error_response(400, str(e), param=getattr(e, "param", None),
-                              code=getattr(e, "code", None))
-    except EngineStoppedError as e:
-        return engine_stopped_response(e)
     except ClientDisconnected:
         return Response(status_code=499)
-    except Exception:
-        logger.exception("a request failed inside the server")
-        return error_response(500, "the server failed to handle this request", "server_error",
-                              code=500)
+    except Exception as e:
+        return error_json(e)
 
 
 try:
@@ -122,8 +114,10 @@ except importlib.metadata.PackageNotFoundError:  # run from a checkout, not inst
     TPRUN_VERSION = "unknown"
 
 
-def engine_stopped_response(e: EngineStoppedError) -> JSONResponse:
-    return error_response(503, e.client_message(), "service_unavailable", code=503)
+def error_json(e: Exception) -> JSONResponse:
+    """``e`` answered as ``errors.error_answer`` says."""
+    status, body = error_answer(e)
+    return JSONResponse(body, status_code=status)
 
 
 def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequence[str],
@@ -246,7 +240,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         try:
             await link.stats()
         except EngineStoppedError as e:
-            return engine_stopped_response(e)
+            return error_json(e)
         return Response(status_code=200)
 
     @app.get("/version")
@@ -258,7 +252,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         try:
             stats = await link.stats()
         except EngineStoppedError as e:
-            return engine_stopped_response(e)
+            return error_json(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
     lane = FastLane(app, {

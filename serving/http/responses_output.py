@@ -125,6 +125,6 @@ class ResponseEvents:
         self.sequence_number += 1
         return f"event: {kind}\ndata: {_ENCODER.encode(payload)}\n\n"
 
-    def error(self, message: str, code: str) -> str:
+    def error(self, message: str, code: str, param: str | None = None) -> str:
         """The event that ends a stream the server could not finish."""
-        return self.event("error", code=code, message=message, param=None)
+        return self.event("error", code=code, message=message, param=param)

@@ -87,6 +87,8 @@ from starlette.responses import JSONResponse, Response
 
 from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
+from ipc.errors import InvalidRequestError
+from serving.http.errors import error_answer
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import FieldError, ResponsesRequest
 from serving.http.response_store import RUNNING, ResponseStore, StoredResponse, stored
@@ -376,11 +378,13 @@ class _Run:
             async for step in self.steps():
                 for kind, fields in step:
                     yield out.event(kind, **fields)
-        except EngineStoppedError as e:
-            self.stopped = e.client_message()
-            yield out.error(self.stopped, "service_unavailable")
+            closing, body = self.finish()
+        except Exception as e:  # the error event, by errors.error_answer's rule
+            error = error_answer(e)[1]["error"]
+            self.stopped = error["message"]
+            code = error["code"] if isinstance(error["code"], str) else error["type"]
+            yield out.error(self.stopped, code, error["param"])
             return
-        closing, body = self.finish()
         for kind, fields in closing:
             yield out.event(kind, **fields)
         yield out.event(terminal_event(body["status"]), response=body)
@@ -476,11 +480,12 @@ async def cancel_response(state: ServerState, response_id: str) -> dict:
     too)."""
     found = stored(state.response_store, response_id, None)
     if not found.body["background"]:
-        raise ValueError(f"Response with id {response_id!r} was not created with background: "
-                         "true and cannot be cancelled: only a background response can be")
+        raise InvalidRequestError(f"Response with id {response_id!r} was not created with "
+                                  "background: true and cannot be cancelled: only a "
+                                  "background response can be")
     if not found.running:
-        raise ValueError(f"Response with id {response_id!r} has already finished (status "
-                         f"{found.body['status']!r}) and cannot be cancelled")
+        raise InvalidRequestError(f"Response with id {response_id!r} has already finished "
+                                  f"(status {found.body['status']!r}) and cannot be cancelled")
     cancelled = state.response_store.put_cancelled(response_id)
     await state.background.cancel(response_id)
     return cancelled

@@ -21,9 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from serving.http.errors import error_answer
 from serving.http.generation import Generation
-from serving.http.protocol import error_body
-from serving.protocol_core import EngineStoppedError
 
 T = TypeVar("T")
 
@@ -103,15 +102,18 @@ async def event_lines(chunks: AsyncIterator[dict], head: dict, generation: Gener
     """An answer's ``chunks`` as server-sent events, then (when asked) the usage
     chunk, then ``[DONE]``. With ``include_usage`` every chunk carries
     ``"usage": null``, as OpenAI's do, or, with ``continuous_usage`` (vLLM's
-    ``continuous_usage_stats``), the usage so far; an engine that stops
-    mid-answer ends the stream with an error event."""
+    ``continuous_usage_stats``), the usage so far. A failure mid-answer
+    ends the stream with an error event, then ``[DONE]``: its body is
+    ``errors.error_answer``'s, as a whole answer's would be (an engine that
+    stopped: 503's; an ``InvalidRequestError``: the client's; anything else:
+    the server's own, logged, its text not sent)."""
     try:
         async for chunk in chunks:
             if include_usage:
                 chunk = {**chunk, "usage": generation.usage() if continuous_usage else None}
             yield sse(chunk)
-    except EngineStoppedError as e:
-        yield sse(error_body(e.client_message(), "service_unavailable", code=503))
+    except Exception as e:
+        yield sse(error_answer(e)[1])
         yield DONE
         return
     if include_usage:

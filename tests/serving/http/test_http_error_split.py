@@ -1,0 +1,232 @@
+"""Whose error is it: an ``InvalidRequestError`` from any layer is the
+client's (400 with its message), any other exception the server's own (500
+``server_error``, logged with its traceback, its text not sent), a plain
+``ValueError`` of an internal bug included; the server goes on serving
+after either (``serving/http/errors.py``).
+
+In process (``create_app`` over a scripted engine link, driven by the
+official ``openai`` client through starlette's test transport), what no
+request can cause: an internal bug, made here by taking away the clamp
+that shows a masked token's -inf logprob as -9999.0 (``logprobs.shown``),
+so the answer's JSON holds -inf, which the encoder refuses with a
+``ValueError`` ("Out of range float values"); a bug in the middle of a
+stream; the engine's refusals, which say whether the request was at fault
+(``RequestError.invalid_request``).
+
+Over a real ``tprun serve`` (tiny, CPU): one request for each layer that
+checks what a request asks, each a 400 with that layer's message through
+the ``openai`` client, and an ordinary answer after them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import openai
+import pytest
+from starlette.testclient import TestClient
+
+from checkpoint.tokenizer import Tokenizer
+from ipc.engine_messages import Delta, RequestAccepted, RequestError, TokenLogprob
+from serving.http import logprobs
+from serving.http.app import create_app
+from tests.helpers.http_utils import openai_client, serving_tiny
+
+pytestmark = pytest.mark.timeout(180)
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+SERVER_FAILURE = "the server failed to handle this request"
+# The one token the scripted engine answers, and its top logprobs: itself,
+# then a token a constraint masked (-inf).
+TOKEN = 72  # "H" in tiny's byte-level vocabulary
+TOP = [TokenLogprob(TOKEN, -0.25, 1), TokenLogprob(73, float("-inf"), 2)]
+
+
+class _ScriptedLink:
+    """An engine link that accepts every request and finishes it with the
+    one token ``TOKEN`` and its ``TOP`` logprobs, or, while ``refusal``
+    holds a ``RequestError``'s fields, refuses it so."""
+
+    def __init__(self) -> None:
+        self.ids = itertools.count()
+        self.refusal: dict | None = None
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def new_id(self) -> str:
+        return f"req-{next(self.ids)}"
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        if self.refusal is not None:
+            queue.put_nowait(RequestError(request_id=request_id, **self.refusal))
+            return
+        queue.put_nowait(RequestAccepted(request_id=request_id,
+                                         prompt_token_ids=list(prompt_token_ids)))
+        queue.put_nowait(Delta(request_id=request_id, token_ids=[TOKEN], text="H",
+                               finished=True, finish_reason="length", logprobs=[TOP]))
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+    forget = abort
+
+
+@pytest.fixture
+def scripted(tiny_dir):
+    """(link, openai client) of an app in process over a ``_ScriptedLink``."""
+    link = _ScriptedLink()
+    app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096)
+    with TestClient(app) as http:
+        yield link, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                                  max_retries=0, http_client=http)
+
+
+def _failures(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == "a request failed inside the server"]
+
+
+def _answered_normally(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1,
+                                            logprobs=True, top_logprobs=2)
+    assert answer.choices[0].message.content == "H"
+    top = answer.choices[0].logprobs.content[0].top_logprobs
+    assert [entry.logprob for entry in top] == [-0.25, -9999.0]
+
+
+def test_an_internal_value_error_is_a_logged_500_and_the_server_goes_on(
+        scripted, monkeypatch, caplog):
+    link, client = scripted
+    _answered_normally(client)
+    monkeypatch.setattr(logprobs, "shown", lambda logprob: logprob)  # the bug: -inf unclamped
+    with caplog.at_level(logging.ERROR), pytest.raises(openai.InternalServerError) as raised:
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1,
+                                       logprobs=True, top_logprobs=2)
+    assert raised.value.status_code == 500 and raised.value.type == "server_error"
+    assert raised.value.body["message"] == SERVER_FAILURE  # the bug's text is not sent
+    [failure] = _failures(caplog)
+    error = failure.exc_info[1]
+    assert type(error) is ValueError and "Out of range float values" in str(error)
+    answer = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1)
+    assert answer.choices[0].message.content == "H"
+    monkeypatch.undo()
+    _answered_normally(client)
+
+
+def _broken(logprob: float) -> float:
+    raise ValueError("an internal bug")
+
+
+def test_an_internal_value_error_mid_stream_ends_it_with_a_server_error_event(
+        scripted, monkeypatch, caplog):
+    link, client = scripted
+    monkeypatch.setattr(logprobs, "shown", _broken)
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1,
+                                            logprobs=True, top_logprobs=2, stream=True)
+    with caplog.at_level(logging.ERROR), pytest.raises(openai.APIError) as raised:
+        for _ in stream:
+            pass
+    assert raised.value.type == "server_error" and raised.value.message == SERVER_FAILURE
+    [failure] = _failures(caplog)
+    assert str(failure.exc_info[1]) == "an internal bug"
+    monkeypatch.undo()
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "H"
+
+
+def test_an_internal_value_error_mid_response_stream_ends_it_with_its_error_event(
+        scripted, monkeypatch, caplog):
+    link, client = scripted
+    monkeypatch.setattr(logprobs, "shown", _broken)
+    with caplog.at_level(logging.ERROR):
+        events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=1,
+                                              include=["message.output_text.logprobs"],
+                                              top_logprobs=2, stream=True))
+    assert events[0].type == "response.created"
+    assert (events[-1].type, events[-1].code, events[-1].message) == \
+        ("error", "server_error", SERVER_FAILURE)
+    [failure] = _failures(caplog)
+    assert str(failure.exc_info[1]) == "an internal bug"
+    monkeypatch.undo()
+    assert client.responses.create(model="tiny", input="Hi", max_output_tokens=1) \
+        .output_text == "H"
+
+
+def test_a_refusal_is_the_clients_error_only_when_the_engine_says_so(scripted, caplog):
+    link, client = scripted
+    link.refusal = {"error": "prompt (3 tokens) + max_tokens (9000) exceeds max_model_len",
+                    "code": "context_length_exceeded", "invalid_request": True}
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=9000)
+    assert raised.value.body["message"] == link.refusal["error"]
+    assert raised.value.code == "context_length_exceeded"
+    link.refusal = {"error": "the engine failed to make it: KeyError: 'slot'"}
+    with caplog.at_level(logging.ERROR), pytest.raises(openai.InternalServerError) as raised:
+        client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=2)
+    assert raised.value.body["message"] == SERVER_FAILURE
+    assert raised.value.type == "server_error"
+    [failure] = _failures(caplog)
+    assert "KeyError: 'slot'" in str(failure.exc_info[1])
+    link.refusal = None
+    assert client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=1) \
+        .choices[0].text == "H"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("error-split"), "--nproc-per-node", "1", "serve",
+                      "--model", "tiny", "--device", "cpu", "--disable-log-stats") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai_client(server) as c:
+        yield c
+
+
+BAD_REQUESTS = [  # (layer, call, message, code)
+    ("sampling parameters",
+     lambda c: c.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=-1),
+     "temperature must be >= 0", None),
+    ("the engine's context rule",
+     lambda c: c.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=5000),
+     "exceeds max_model_len 4096", "context_length_exceeded"),
+    ("the engine's grammar compile",
+     lambda c: c.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                    extra_body={"guided_regex": "(unclosed"}),
+     "invalid regex", None),
+    ("the chat template",
+     lambda c: c.chat.completions.create(model="tiny", max_tokens=2,
+                                         messages=[{"role": "robot", "content": "hi"}]),
+     "unknown role: robot", None),
+    ("a chat message's content",
+     lambda c: c.chat.completions.create(model="tiny", max_tokens=2, messages=[
+         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "only text content parts are supported", None),
+    ("the Responses input",
+     lambda c: c.responses.create(model="tiny", max_output_tokens=2,
+                                  input=[{"role": "tool", "content": "x"}]),
+     "input.0.role must be one of", None),
+    ("the engine's scheduling policy",
+     lambda c: c.completions.create(model="tiny", prompt="hi", max_tokens=2,
+                                    extra_body={"priority": 2}),
+     "needs the 'priority' scheduling policy", None),
+]
+
+
+@pytest.mark.parametrize("layer, call, message, code", BAD_REQUESTS,
+                         ids=[case[0] for case in BAD_REQUESTS])
+def test_each_layers_refusal_is_a_400_with_its_message(server, client, layer, call, message,
+                                                       code):
+    with pytest.raises(openai.BadRequestError) as raised:
+        call(client)
+    assert message in raised.value.message and raised.value.code == code
+    answer = client.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0)
+    assert answer.choices[0].finish_reason == "length"
+    assert "a request failed inside the server" not in server.output()
