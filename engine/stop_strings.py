@@ -137,11 +137,10 @@ class OutputStops:
     that ended the request in the engine (shown with
     ``include_stop_str_in_output``) ends no stop string either: the request
     has ended with that token's own reason, and vLLM checks no stop string
-    then. ``stopped``: the stop
-    string met, once met: the piece just added completed it (the caller
-    then ends the request, keeping the tokens up to that piece). Pieces
-    may be one token's text (``LLM``, the engine client, the HTTP server)
-    or several tokens'."""
+    then. ``stopped``: the stop string met, once met: the piece just added
+    completed it (the caller then ends the request, keeping the tokens up
+    to that piece). Pieces may be one token's text (``LLM``, the engine
+    client, the HTTP server) or several tokens'."""
 
     def __init__(self, stops: Sequence[str], include_stop: bool = False,
                  min_tokens: int = 0) -> None:
