@@ -64,6 +64,9 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.add_bos_token = add_bos_token
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+        # The ids ``decode`` drops under ``skip_special_tokens``.
+        self.special_ids = frozenset(
+            i for i, t in hf_tokenizer.get_added_tokens_decoder().items() if t.special)
         if add_bos_token and bos_token_id is None:
             raise ValueError("add_bos_token is set but the tokenizer has no bos_token")
 
@@ -188,8 +191,17 @@ def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool) -> list[int]:
     """The prompt's last tokens an output is decoded after (none where the
     prompt ends inside a character, a token-id prompt: the output's first
-    bytes would complete it and vanish into it)."""
-    ids = list(prompt_token_ids)[-_CONTEXT_TOKENS:]
+    bytes would complete it and vanish into it). Under
+    ``skip_special_tokens`` the last ones that decode to text: special
+    tokens there would leave a context of nothing, and a SentencePiece
+    decoder would then drop the output's leading space."""
+    ids = []
+    for token in reversed(prompt_token_ids):
+        if len(ids) == _CONTEXT_TOKENS:
+            break
+        if not (skip_special_tokens and token in tokenizer.special_ids):
+            ids.append(token)
+    ids.reverse()
     if tokenizer.decode(ids, skip_special_tokens).endswith("\ufffd"):
         return []
     return ids
