@@ -243,6 +243,9 @@ class LLMEngine:
         (vLLM's HTTP server). A prompt that leaves no room for one token is
         refused either way. ``bad_words`` are tokenized here
         (``engine.bad_words``), so their ids are checked with the rest.
+        The tokenizer's end-of-sequence id is the request's main one; the
+        model's other end ids end it as stop token ids do (``Request``,
+        vLLM's rule: they are its ``stop_reason``).
         ``priority`` orders requests under the "priority" scheduling policy
         (lower first); another than 0 is refused under "fcfs", as vLLM
         refuses it, rather than ignored."""
@@ -266,8 +269,8 @@ class LLMEngine:
                       self.model_config.vocab_size)
         request = Request(
             req_id if req_id is not None else str(next(self.request_ids)),
-            prompt_token_ids, params, eos_token_id=self.model_config.eos_token_ids,
-            priority=priority,
+            prompt_token_ids, params, eos_token_id=self.tokenizer.eos_token_id,
+            priority=priority, secondary_eos_token_ids=self.model_config.eos_token_ids,
         )
         request.grammar = self.structured_outputs.new_grammar(params)
         return request

@@ -7,10 +7,10 @@ from engine.request import Request
 
 def min_tokens_stop_ids(request: Request) -> list[int]:
     """The ids ``min_tokens`` holds back for ``request``: its stop token ids
-    and its end-of-sequence ids, with ``ignore_eos`` too (vLLM's: no EOS is
-    generated before ``min_tokens``, whether or not it would end the
-    request); none when it has no ``min_tokens``."""
-    params = request.sampling_params
-    if params.min_tokens == 0:
+    and every end-of-sequence id, with ``ignore_eos`` too
+    (``Request.all_stop_token_ids``, vLLM's: no EOS is generated before
+    ``min_tokens``, whether or not it would end the request); none when it
+    has no ``min_tokens``."""
+    if request.sampling_params.min_tokens == 0:
         return []
-    return sorted(set(params.stop_token_ids) | request.eos_token_ids)
+    return sorted(request.all_stop_token_ids)

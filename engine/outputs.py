@@ -47,8 +47,11 @@ class RequestOutputDelta:
     ``include_stop_str_in_output``; it stays in the token ids, but its text
     is left out of the output's (as vLLM leaves it out; with
     ``include_stop_str_in_output`` vLLM shows it, and so the text keeps it).
-    ``stop_reason``: that token's id when it is one of ``stop_token_ids``
-    (None for an end-of-sequence id or any other ending, as vLLM's).
+    ``stop_reason``: that token's id when it is one of the request's
+    ``stop_token_ids`` (``Request.stop_token_ids``: the parameters' own and,
+    unless ``ignore_eos``, the model's end ids other than the tokenizer's);
+    None for the tokenizer's end-of-sequence id or any other ending, as
+    vLLM's.
     """
 
     req_id: str

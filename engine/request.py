@@ -49,8 +49,15 @@ def _eos_set(eos_token_id: int | Iterable[int] | None) -> frozenset[int]:
 class Request:
     """A prompt, its sampling parameters and what has been generated so far.
 
-    ``eos_token_id`` may be one id, a set of ids (models with several end
-    tokens) or None; ``eos_token_ids`` is always the frozenset form.
+    End-of-sequence ids, vLLM's rule: ``eos_token_id`` is the main one (the
+    tokenizer's; one id, a set of ids or None; ``eos_token_ids`` is always
+    the frozenset form), which ends the request with ``stop_reason`` None
+    unless ``ignore_eos``. ``secondary_eos_token_ids`` are the model's
+    other end ids (generation_config.json's beyond the main one): unless
+    ``ignore_eos`` they join the request's ``stop_token_ids`` (the
+    parameters' own plus these), so one that ends the request is its
+    ``stop_reason``, as a stop token id is. ``min_tokens`` holds back
+    ``all_stop_token_ids``, every one of them, with ``ignore_eos`` too.
     ``num_output_placeholders`` counts tokens sampled on the device but not
     yet appended (async scheduling); it is 0 when scheduling is synchronous.
     ``grammar`` is the request's structured-output matcher (None when
@@ -65,12 +72,18 @@ class Request:
         eos_token_id: int | Iterable[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        secondary_eos_token_ids: Iterable[int] = (),
     ) -> None:
         self.req_id = req_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
         self.eos_token_ids = _eos_set(eos_token_id)
+        secondary = frozenset(secondary_eos_token_ids) - self.eos_token_ids
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids) | (
+            frozenset() if sampling_params.ignore_eos else secondary)
+        self.all_stop_token_ids = (frozenset(sampling_params.stop_token_ids)
+                                   | self.eos_token_ids | secondary)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
         self.output_token_ids: list[int] = []

@@ -500,7 +500,7 @@ class Scheduler:
         stopped = status == RequestStatus.FINISHED_STOPPED
         # End of sequence first, as ``_stop_status`` and vLLM check it.
         on_eos = stopped and not params.ignore_eos and last in request.eos_token_ids
-        on_stop_id = stopped and not on_eos and last in params.stop_token_ids
+        on_stop_id = stopped and not on_eos and last in request.stop_token_ids
         return RequestOutputDelta(
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
             prompt_logprobs.take_ready(request), request.num_cached_tokens,
@@ -527,7 +527,7 @@ class Scheduler:
             # Stop tokens end nothing before min_tokens (the runner masks them).
             return (RequestStatus.FINISHED_LENGTH
                     if request.num_tokens >= self.config.max_model_len else None)
-        if token in params.stop_token_ids:
+        if token in request.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if not params.ignore_eos and token in request.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED

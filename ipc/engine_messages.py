@@ -70,7 +70,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     candidates then the prompt token when it is not among them.
     ``num_cached_tokens``: the prompt tokens found in the prefix cache.
     ``stop_reason``: on the last delta, the stop token id that ended the
-    request (one of its ``stop_token_ids``; vLLM's field).
+    request (one of its ``stop_token_ids``, or of the model's end ids other
+    than the tokenizer's, which vLLM adds to them; vLLM's field).
     """
 
     request_id: str

@@ -2,8 +2,8 @@
 before it has generated ``min_tokens`` tokens.
 
 The engine puts the ids to hold back in ``NewRequestData.min_tokens_stop_ids``
-(its ``stop_token_ids``, plus the model's end-of-sequence ids, with
-``ignore_eos`` too, as vLLM). For a row about to sample output token ``k`` (0-based;
+(its ``stop_token_ids``, plus every end-of-sequence id of the model and
+its tokenizer, with ``ignore_eos`` too, as vLLM). For a row about to sample output token ``k`` (0-based;
 ``k = position - prompt_len``) of a slot whose ``k < min_tokens``, those
 ids' logits become -inf before sampling; the raw logprobs are untouched.
 
