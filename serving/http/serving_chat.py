@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
+from engine.sampling_params import truncated_prompt
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
@@ -62,6 +63,9 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=_num_top(request),
                    prompt_logprobs=request.prompt_logprobs)
     prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
+    # As the engine will see it (the engine's rule: a 400 naming the field
+    # for more than max_model_len), so its room below is the room it has.
+    prompt = truncated_prompt(prompt, request.truncate_prompt_tokens, state.max_model_len)
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
     max_tokens = capped_max_tokens(max_tokens, state.sampling_defaults,

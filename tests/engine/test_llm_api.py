@@ -138,6 +138,22 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
 
 
 @pytest.mark.timeout(120)
+def test_truncate_prompt_tokens_above_max_model_len_is_refused(llm):
+    """vLLM refuses a k above ``max_model_len`` up front, whatever the
+    prompt's length (a short one, which k would leave whole, too); k equal
+    to it is a truncation like any other (hand-worked: this prompt stays
+    whole)."""
+    short = [{"prompt_token_ids": [100, 101, 102]}]
+    for k in (MAX_MODEL_LEN + 1, 10**6):
+        with pytest.raises(ValueError, match=rf"truncate_prompt_tokens {k} is more than "
+                                             rf"max_model_len {MAX_MODEL_LEN}"):
+            llm.generate(short + [PROMPT], _greedy(max_tokens=4, truncate_prompt_tokens=k))
+    assert not llm.engine.has_unfinished_requests()
+    [whole] = llm.generate(short, _greedy(max_tokens=4, truncate_prompt_tokens=MAX_MODEL_LEN))
+    assert whole.prompt_token_ids == [100, 101, 102]
+
+
+@pytest.mark.timeout(120)
 def test_text_reads_after_the_prompt_with_a_sentencepiece_tokenizer(tmp_path):
     """A SentencePiece decoder drops the leading space of the first token it
     decodes; vLLM decodes an output after its prompt, so an output whose

@@ -586,6 +586,24 @@ def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     assert out.choices[0].model_extra["prompt_token_ids"] == ids
 
 
+def test_truncate_prompt_tokens_above_max_model_len_is_a_400(client, reference):
+    """The engine's rule (``truncated_prompt``: vLLM refuses a k above
+    ``max_model_len`` up front, whatever the prompt's length) on both
+    routes: a 400 that names the field, and the server goes on serving."""
+    too_many = reference.engine.scheduler.config.max_model_len + 1
+    calls = (lambda body: client.completions.create(model="tiny", prompt=PROMPT, **body),
+             lambda body: client.chat.completions.create(
+                 model="tiny", messages=[{"role": "user", "content": PROMPT}], **body))
+    for call in calls:
+        with pytest.raises(openai.BadRequestError) as refused:
+            call({"max_tokens": 2, "extra_body": {"truncate_prompt_tokens": too_many}})
+        error = refused.value.body
+        assert error["param"] == "truncate_prompt_tokens"
+        assert f"truncate_prompt_tokens {too_many} is more than max_model_len" in error["message"]
+        assert call({"max_tokens": 2, "extra_body": {"truncate_prompt_tokens": 3}}).usage \
+            .prompt_tokens == 3
+
+
 def test_include_stop_str_shows_the_stop_tokens_text(client):
     """vLLM's ``include_stop_str_in_output`` shows the text of the stop token
     that ended the answer too, and that text, though a stop string, leaves
