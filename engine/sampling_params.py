@@ -41,6 +41,8 @@ is in its range (``SamplingOptions.problems``; ``max_tokens`` None or
 strings not empty, at most ``MAX_STOP_STRINGS``; ``logit_bias`` a dict of
 int ids to numbers and ``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
 ``bad_words_token_ids`` a list of lists of ints, each within its bounds).
+``temperature`` 0 is greedy, and one in (0, ``MIN_TEMPERATURE``) is stored
+as ``MIN_TEMPERATURE`` (vLLM's 0.01), with one warning in the log.
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
 (one string as a tuple of one; None, as vLLM takes it, as none); ``seed``
 -1 is None (no seed), as vLLM reads it. ``max_tokens`` None: as many as the
@@ -52,6 +54,7 @@ grammar's bitmask, not the constraint) is None or a
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -62,8 +65,13 @@ from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
 from ipc.messages import SamplingOptions
 
+logger = logging.getLogger(__name__)
+
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_N = 128  # output sequences a request may ask for
+# The lowest temperature sampled at (vLLM's): one above 0 but below it is
+# raised to it, since dividing logits by it can overflow to inf or NaN.
+MIN_TEMPERATURE = 0.01
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty")
 
@@ -102,6 +110,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             msgspec.structs.force_setattr(self, "seed", None)
         self._check_structured_outputs()
         self._check_types()
+        self._raise_tiny_temperature()
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
         msgspec.structs.force_setattr(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -154,6 +163,17 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
                                             and self.min_tokens > self.max_tokens):
             raise InvalidRequestError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                              f"got {self.min_tokens!r}")
+
+    def _raise_tiny_temperature(self) -> None:
+        """vLLM's rule: 0 stays greedy; a temperature in (0, MIN_TEMPERATURE)
+        is raised to MIN_TEMPERATURE, with a warning. Said once for these
+        parameters: their copies (``checked``, ``choices``) carry the raised
+        value and say nothing."""
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            logger.warning("temperature %s is below %s, where dividing the logits by it may "
+                           "overflow; sampling at %s instead (as vLLM does)", self.temperature,
+                           MIN_TEMPERATURE, MIN_TEMPERATURE)
+            msgspec.structs.force_setattr(self, "temperature", MIN_TEMPERATURE)
 
     def _check_token_lists(self) -> None:
         bias = self.logit_bias

@@ -9,10 +9,11 @@ float table's columns), never a gather of the batch. The host mirrors
 of a batch needs, never the device tables.
 
 Invariants:
-- A greedy slot (temperature 0; vLLM treats temperature < 1e-5 as greedy)
-  stores top_k 0, top_p 1 and min_p 0: its filters are off, so they never
-  make a batch run a filter. Its penalties stay: greedy picks the argmax
-  of the penalised logits.
+- A greedy slot (temperature 0; below GREEDY_EPS reads as greedy too, as
+  in vLLM's sampler, though the engine sends none: ``SamplingParams``
+  raises a temperature in (0, 0.01) to 0.01) stores top_k 0, top_p 1 and
+  min_p 0: its filters are off, so they never make a batch run a filter.
+  Its penalties stay: greedy picks the argmax of the penalised logits.
 - ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs,
   int32's largest when it asked for the whole vocabulary (``WHOLE_VOCAB``).
 - ``needs_np[slot]`` holds the slot's ``NEEDS_*`` bits, derived from the

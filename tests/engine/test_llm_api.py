@@ -138,6 +138,19 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
 
 
 @pytest.mark.timeout(120)
+def test_a_tiny_temperature_samples_at_vllms_floor_said_once(llm, caplog):
+    """vLLM raises a temperature in (0, 0.01) to 0.01 with one warning: a
+    whole ``generate`` of two choices and eight steps logs it once, and
+    samples as 0.01 given outright does (same seeds, same tokens)."""
+    with caplog.at_level("WARNING"):
+        [tiny] = llm.generate(PROMPT, _greedy(temperature=0.001, n=2, seed=5, max_tokens=8))
+    warned = [r for r in caplog.records if "temperature 0.001 is below 0.01" in r.getMessage()]
+    assert len(warned) == 1
+    [floor] = llm.generate(PROMPT, _greedy(temperature=0.01, n=2, seed=5, max_tokens=8))
+    assert [c.token_ids for c in tiny.outputs] == [c.token_ids for c in floor.outputs]
+
+
+@pytest.mark.timeout(120)
 def test_truncate_prompt_tokens_above_max_model_len_is_refused(llm):
     """vLLM refuses a k above ``max_model_len`` up front, whatever the
     prompt's length (a short one, which k would leave whole, too); k equal

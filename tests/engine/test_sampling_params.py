@@ -59,6 +59,26 @@ def test_invalid_values_raise_clear_errors(kw, match):
         SamplingParams(**kw)
 
 
+@pytest.mark.parametrize("given, stored", [
+    (0, 0), (0.0, 0.0), (1e-9, 0.01), (0.001, 0.01), (0.00999, 0.01), (0.01, 0.01), (0.5, 0.5)])
+def test_a_tiny_temperature_is_raised_to_vllms_floor(given, stored, caplog):
+    """vLLM's rule, hand-worked: 0 stays greedy; a temperature above 0 but
+    below 0.01 samples at 0.01, said once in the log; the copies the
+    parameters go through (``checked``, ``choices``) say nothing more."""
+    with caplog.at_level("WARNING", logger="engine.sampling_params"):
+        p = SamplingParams(temperature=given, n=3, seed=1)
+        p.checked(), p.choices(), SamplingParams.from_dict(p.to_dict())
+    assert p.temperature == stored
+    assert all(c.temperature == stored for c in p.choices())
+    raised = [r for r in caplog.records if "temperature" in r.getMessage()]
+    assert len(raised) == (stored != given)
+    if raised:
+        assert f"temperature {given} is below 0.01" in raised[0].getMessage()
+    q = SamplingParams(temperature=1.0)
+    q.temperature = 0.004  # assigned after construction: the copy the engine takes
+    assert q.checked().temperature == 0.01
+
+
 def test_edges_are_accepted():
     p = SamplingParams(
         temperature=0, top_p=1, top_k=0, min_p=1.0, max_tokens=1, seed=0, logprobs=0,

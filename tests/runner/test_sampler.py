@@ -449,7 +449,7 @@ def test_greedy_rows_in_a_mixed_batch_are_the_argmax():
     requests = {
         0: (opts(temperature=0.0), [1], []),
         1: (opts(temperature=0.0, top_k=2, top_p=0.1, min_p=0.9), [1], []),  # ignored
-        2: (opts(temperature=1e-6), [1], []),  # below vLLM's epsilon: greedy
+        2: (opts(temperature=1e-6), [1], []),  # below the runner's epsilon: greedy
         3: (opts(temperature=1.2, top_k=10, seed=5), [1], []),
         4: (opts(temperature=0.8, top_p=0.5), [1], []),
     }
