@@ -17,6 +17,10 @@ may begin in it (``StopStringMatcher.release``). Both decode as
 In both, the text of the stop token that ended an output is left out
 (shown with ``include_stop_str_in_output``, as vLLM shows it), and its id
 kept (``engine.outputs.shown_token_ids``).
+
+With ``detokenize`` False (no stop strings then) nothing is decoded, as
+vLLM drops the request's tokenizer: ``tokenizer`` is None, the text stays
+empty and each logprob's ``decoded_token`` None.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from engine.stop_strings import OutputStops
 
 class OutputText:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if params.detokenize else None
         self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None
@@ -71,9 +75,10 @@ class OutputText:
         found): its whole text, with what the detokenizer held back (cut at
         a stop string that text completes)."""
         if self._stops is None:
-            self.text = output_text(self.tokenizer, self.prompt_token_ids,
-                                    shown_token_ids(delta, self.token_ids, True),
-                                    self.skip_special_tokens)
+            if self.tokenizer is not None:
+                self.text = output_text(self.tokenizer, self.prompt_token_ids,
+                                        shown_token_ids(delta, self.token_ids, True),
+                                        self.skip_special_tokens)
             return
         # What the detokenizer held back (an incomplete character), no new token.
         self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)
@@ -83,7 +88,10 @@ class OutputText:
 def with_decoded_tokens(tokenizer, logprobs: list[TokenLogprobs | None]
                         ) -> list[TokenLogprobs | None]:
     """``logprobs`` with each candidate's ``decoded_token`` set: its id
-    decoded alone, special tokens shown (as vLLM decodes them)."""
+    decoded alone, special tokens shown (as vLLM decodes them); as they
+    are (``decoded_token`` None) without a ``tokenizer``."""
+    if tokenizer is None:
+        return list(logprobs)
     return [None if token is None else
             {t: Logprob(lp.logprob, lp.rank, tokenizer.decode([t], False))
              for t, lp in token.items()}

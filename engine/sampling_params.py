@@ -11,7 +11,10 @@ neither, and its endpoint takes only ``n`` 1 and no ``stop``).
 ``max_model_len``, more than ``max_model_len`` is refused (``truncated_prompt``,
 where the request enters the engine);
 ``skip_special_tokens`` False shows special tokens' text in the output
-(the detokenizers of ``LLM`` and of the engine's endpoint).
+(the detokenizers of ``LLM`` and of the engine's endpoint); ``detokenize``
+False (vLLM's) runs no detokenizer for the request: its output has token
+ids, an empty text and logprobs whose ``decoded_token`` is None, and stop
+strings, which read the text, are refused with it.
 ``bad_words`` (vLLM's) are words the output must not complete; the engine
 tokenizes them where the request enters it (``LLMEngine.new_request``,
 ``engine.bad_words``) into the runner's ``bad_words_token_ids``, which it
@@ -95,6 +98,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     stop: tuple[str, ...] | list[str] | str | None = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     stop_token_ids: tuple[int, ...] | list[int] | None = ()
     ignore_eos: bool = False
@@ -145,9 +149,13 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         bad = [t for t in stop_ids if not _is_int(t) or t < 0]
         if bad:
             raise InvalidRequestError(f"stop_token_ids must be non-negative ints, got {bad!r}")
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.stop and not self.detokenize:
+            raise InvalidRequestError("stop strings need the output's text: give detokenize=True, "
+                                      "or end the output with stop_token_ids")
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or (k < 1 and k != -1)):
             raise InvalidRequestError("truncate_prompt_tokens must be None, an int >= 1 or -1 "

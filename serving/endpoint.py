@@ -238,7 +238,7 @@ class _Route:
 
     identity: bytes
     request_id: str
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None: detokenize=False, no text
 
 
 @dataclass
@@ -499,8 +499,10 @@ class EngineServer:
         except Exception as e:
             self._refuse(identity, message, e)
         else:
-            detokenizer = IncrementalDetokenizer(self.engine.tokenizer, request.prompt_token_ids,
-                                                 waiting.params.skip_special_tokens)
+            detokenizer = (IncrementalDetokenizer(self.engine.tokenizer,
+                                                  request.prompt_token_ids,
+                                                  waiting.params.skip_special_tokens)
+                           if waiting.params.detokenize else None)
             self.routes[request.req_id] = _Route(identity, message.request_id, detokenizer)
             self.engine_ids[(identity, message.request_id)] = request.req_id
             if trace.enabled:
@@ -601,9 +603,11 @@ class EngineServer:
         """``first``: the delta that carries the step's prompt logprobs (they
         come once per request). A stop token that ends the request adds no
         text (``shown_token_ids``)."""
-        text = route.detokenizer.feed(shown_token_ids(d, tokens, through_end=finished))
-        if finished:  # release what the detokenizer held back (an incomplete character)
-            text += route.detokenizer.finish()
+        text = ""
+        if route.detokenizer is not None:
+            text = route.detokenizer.feed(shown_token_ids(d, tokens, through_end=finished))
+            if finished:  # release what the detokenizer held back (an incomplete character)
+                text += route.detokenizer.finish()
         logprobs = None
         if token_logprobs is not None:
             logprobs = [_candidates(token) for token in token_logprobs]

@@ -437,6 +437,32 @@ def test_logprobs_carry_each_candidates_text(llm):
 
 
 @pytest.mark.timeout(120)
+def test_detokenize_false_gives_ids_only_and_decodes_nothing(llm, monkeypatch):
+    """vLLM's ``detokenize=False``: the same token ids and logprobs, an
+    empty text, every ``decoded_token`` None (output's and prompt's), and no
+    decode of the tokenizer's at all (counted); the reference is the same
+    request with ``detokenize`` on, and the tokenizer's decode of its ids."""
+    params = _greedy(max_tokens=5, logprobs=2, prompt_logprobs=1, n=2, temperature=0.8, seed=4)
+    tokenizer = llm.get_tokenizer()
+    decode, calls = tokenizer.decode, []
+    monkeypatch.setattr(tokenizer, "decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    [shown] = llm.generate(PROMPT, params)
+    assert calls  # the counter sees the decodes of a detokenized output
+    calls.clear()
+    [bare] = llm.generate(PROMPT, params.replaced(detokenize=False))
+    assert not calls
+    for got, want in zip(bare.outputs, shown.outputs):
+        assert want.text == tokenizer.decode(want.token_ids) != ""
+        assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, "", "length")
+        assert [{t: lp.logprob for t, lp in e.items()} for e in got.logprobs] == \
+            [{t: lp.logprob for t, lp in e.items()} for e in want.logprobs]
+        assert all(lp.decoded_token is None for e in got.logprobs for lp in e.values())
+    assert bare.prompt_token_ids == shown.prompt_token_ids
+    assert all(lp.decoded_token is None for e in bare.prompt_logprobs if e is not None
+               for lp in e.values())
+
+
+@pytest.mark.timeout(120)
 def test_reset_prefix_cache_forgets_the_prompts(llm):
     """vLLM's ``reset_prefix_cache``: a prompt run again finds its blocks
     cached, not after a reset (and again after that run); refused (False)

@@ -50,6 +50,8 @@ from ipc.messages import SamplingOptions
         (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be None, an int >= 1 or -1"),
         (dict(truncate_prompt_tokens=-2), "truncate_prompt_tokens must be None, an int >= 1 or -1"),
         (dict(include_stop_str_in_output=1), "include_stop_str_in_output must be a bool"),
+        (dict(detokenize=0), "detokenize must be a bool"),
+        (dict(detokenize=False, stop=["\n"]), "stop strings need the output's text"),
         (dict(logit_bias={1: "x"}), "logit_bias must map token ids"),
         (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of ints"),
     ],

@@ -222,6 +222,21 @@ def test_logprobs_cross_the_endpoint(server):
 
 
 @pytest.mark.timeout(90)
+def test_detokenize_false_crosses_the_endpoint_as_ids_only(server):
+    """vLLM's ``detokenize=False``: the endpoint runs no detokenizer for the
+    request, so its output has the reference's ids and an empty text."""
+    endpoint, _ = server
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(model="tiny", device="cpu") as llm:
+        want = llm.generate(["Hello, my name is"], params)[0].outputs[0]
+    with EngineClient(endpoint, timeout_s=60) as client:
+        got = client.generate(["Hello, my name is"], params.replaced(detokenize=False))
+        shown = client.generate(["Hello, my name is"], params)
+    assert (got[0].outputs[0].token_ids, got[0].outputs[0].text) == (want.token_ids, "")
+    assert shown[0].outputs[0].text == want.text != ""
+
+
+@pytest.mark.timeout(90)
 def test_two_clients_at_once_get_only_their_own(server):
     endpoint, _ = server
     prompt_sets = [make_prompts(30, seed=2), make_prompts(30, seed=3)]
