@@ -300,26 +300,19 @@ def _choice_seed(seed: int | None, choice: int) -> int | None:
     return _INT64_MIN if derived == -1 else derived
 
 
-class TruncationError(ValueError):
-    """``truncate_prompt_tokens`` asks to keep more tokens than
-    ``max_model_len``; ``param`` is the field, for an HTTP 400 naming it."""
-
-    param = "truncate_prompt_tokens"
-
-
 def truncated_prompt(prompt_token_ids: list[int], k: int | None,
                      max_model_len: int) -> list[int]:
     """The prompt's last k tokens (``truncate_prompt_tokens``, vLLM's rule:
     -1 is ``max_model_len``), or the whole prompt where k is None. The one
     home of the rule, for the engine (``LLMEngine.new_request``) and the
     HTTP routes that truncate before it: a k above ``max_model_len`` is
-    refused (``TruncationError``), whatever the prompt's length, as vLLM
+    refused (an ``InvalidRequestError`` naming the field), whatever the prompt's length, as vLLM
     refuses it."""
     if k is None:
         return prompt_token_ids
     if k > max_model_len:
-        raise TruncationError(
+        raise InvalidRequestError(
             f"truncate_prompt_tokens {k} is more than max_model_len {max_model_len}, the "
             f"longest prompt this model takes; ask for at most {max_model_len} (-1 keeps "
-            "max_model_len tokens)")
+            "max_model_len tokens)", param="truncate_prompt_tokens")
     return prompt_token_ids[-(max_model_len if k == -1 else k):]
