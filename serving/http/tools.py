@@ -209,14 +209,13 @@ def _refuse_second_constraint(request: ChatCompletionRequest) -> None:
 def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:
     """The array of calls "required" asks for: each element one tool's name
     and its arguments, and nothing else (a key beside them would be text no
-    call carries). The tools' ``$defs`` move to the top, where their
-    ``#/$defs/...`` references point from inside the array."""
-    items, defs = [], {}
-    for name, params in schemas.items():
-        params = dict(params)
-        for key, value in params.pop("$defs", {}).items():
-            if defs.setdefault(key, value) != value:
-                raise FieldError("tools", f"tools define $defs {key!r} twice, differently")
+    call carries). Each tool's parameters sit inside the array, so their
+    local references (``#/$defs/...``, ``#/definitions/...``, ``#``) are
+    moved to point where they now are (``moved_refs``); each tool keeps its
+    own definitions, whatever names other tools give theirs."""
+    items = []
+    for i, (name, params) in enumerate(schemas.items()):
+        params = moved_refs(params, f"#/items/anyOf/{i}/properties/parameters")
         items.append({"properties": {"name": {"type": "string", "enum": [name]},
                                      "parameters": params},
                       "required": ["name", "parameters"], "additionalProperties": False})
@@ -224,9 +223,36 @@ def _calls_schema(schemas: dict[str, dict], parallel: bool | None) -> dict:
                               "items": {"type": "object", "anyOf": items}}
     if parallel is False:
         schema["maxItems"] = 1
-    if defs:
-        schema["$defs"] = defs
     return schema
+
+
+# Keywords whose value is data, not a schema: a "$ref" key in them is data too.
+_DATA_KEYWORDS = ("enum", "const", "default", "examples")
+# Keywords whose value maps names (which may be any word) to schemas.
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+              "dependencies")
+
+
+def moved_refs(schema: Any, base: str) -> Any:
+    """A copy of ``schema`` for a place ``base`` (a JSON pointer fragment,
+    ``#/...``) inside a larger document: each local ``$ref`` (``#`` or a
+    ``#/...`` pointer, relative to ``schema``'s root) gets ``base`` in
+    front, so it still names the same subschema; data is left as it is."""
+    if isinstance(schema, list):
+        return [moved_refs(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for word, value in schema.items():
+        if word == "$ref" and isinstance(value, str) and value.split("/")[0] == "#":
+            out[word] = base + value[1:]
+        elif word in _DATA_KEYWORDS:
+            out[word] = value
+        elif word in _NAME_MAPS and isinstance(value, dict):
+            out[word] = {name: moved_refs(s, base) for name, s in value.items()}
+        else:
+            out[word] = moved_refs(value, base)
+    return out
 
 
 def shown_choice(choice: Any) -> str:

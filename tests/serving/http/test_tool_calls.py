@@ -12,6 +12,9 @@ import json
 import jsonschema
 import pytest
 
+from checkpoint.tiny_model import EOS
+from engine import SamplingParams
+from engine.structured_outputs import StructuredOutputManager
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.responses_items import OutputItems
 from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
@@ -56,6 +59,59 @@ def test_required_schema_accepts_calls_of_the_tools_and_nothing_else():
         jsonschema.validate(good[1], single)
     # The request's own tools are left as they were sent.
     assert "$defs" in TOOLS[0]["function"]["parameters"]
+
+
+# Tools whose parameters refer to their own parts: through draft-7
+# "definitions", to their root (a tree), and through $defs of one name that
+# two tools define differently.
+REF_TOOLS = [
+    {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"label": {"$ref": "#/definitions/short"}},
+        "required": ["label"], "definitions": {"short": {"type": "string", "maxLength": 3}}}}},
+    {"type": "function", "function": {"name": "tree", "parameters": {
+        "type": "object", "properties": {"v": {"type": "integer"},
+                                         "kids": {"type": "array", "items": {"$ref": "#"}}},
+        "required": ["v"]}}},
+    {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
+        "$defs": {"x": {"enum": ["a", "b"]}}}}},
+    {"type": "function", "function": {"name": "count", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
+        "$defs": {"x": {"type": "integer", "minimum": 0}}}}},
+]
+
+
+def test_required_schema_keeps_each_tools_references(tiny_dir):
+    """Each tool's local references still name its own parts once its
+    parameters sit inside the array of calls: ``jsonschema`` checks the
+    calls through them, and the engine's grammar compiles."""
+    request = ChatCompletionRequest(messages=MESSAGES, tools=REF_TOOLS, tool_choice="required")
+    schema = tool_choice_of(request).schema
+    good = [{"name": "tag", "parameters": {"label": "abc"}},
+            {"name": "tree", "parameters": {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}},
+            {"name": "pick", "parameters": {"x": "a"}},
+            {"name": "count", "parameters": {"x": 7}}]
+    bad = [{"name": "tag", "parameters": {"label": "abcd"}},
+           {"name": "tree", "parameters": {"v": 1, "kids": [{"v": "2"}]}},
+           {"name": "pick", "parameters": {"x": 7}},
+           {"name": "count", "parameters": {"x": "a"}}]
+    jsonschema.validate(good, schema)
+    for call in bad:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([call], schema)
+    # tiny's byte-level vocabulary: id b is byte b, so a text is its bytes.
+    params = SamplingParams(structured_outputs=tool_choice_of(request).constraint())
+    manager = StructuredOutputManager(f"{tiny_dir}/tokenizer.json", 320, [EOS], timeout_s=30)
+    try:
+        manager.check(params)
+        grammar = manager.new_grammar(params)
+        assert all(grammar.accept(b) for b in json.dumps(good).encode())
+        assert grammar.accept(EOS) and grammar.is_terminated()
+        for call in bad:
+            grammar = manager.new_grammar(params)
+            assert not all(grammar.accept(b) for b in json.dumps([call]).encode())
+    finally:
+        manager.shutdown()
 
 
 def test_a_named_choice_is_held_to_its_tools_parameters():
