@@ -17,9 +17,11 @@ the schema names, as vLLM's default backend (xgrammar's strict mode) and
 OpenAI's structured outputs give it. Without that a grammar lets a model add
 keys of its own after the named ones, which breaks the usual
 ``fn(**json.loads(arguments))`` of tool calls. A schema that wants other
-keys says so (``"additionalProperties": true`` or a schema); one whose keys
-other schemas extend (``allOf``, ``anyOf`` beside its properties, ``$ref``,
-``if``/``then``) stays open, as do those schemas.
+keys says so (``"additionalProperties": true`` or a schema). One that
+requires a key its ``properties`` do not name (which only an additional
+property can give) stays open, and so does one whose keys other schemas
+extend (``allOf``, ``anyOf`` beside its properties, ``$ref``,
+``if``/``then``), as do those schemas.
 
 ``key`` is the compiled grammar's identity: two parameters with the same key
 share one compiled grammar (the compile cache is keyed by it).
@@ -160,6 +162,7 @@ _LEFT = ("not", "if")
 def closed_objects(schema: Any, composed: bool = False) -> Any:
     """A copy of ``schema`` in which every object schema that has
     ``properties`` and no ``additionalProperties`` gets ``false``, except one
+    that requires a key its properties do not name, one
     whose keys other schemas may add to (a ``$ref``, ``if``, or a
     ``_SAME_INSTANCE`` keyword beside its properties), and the schemas that
     add to one (``composed``: an ``allOf`` member always, the others where
@@ -186,9 +189,20 @@ def closed_objects(schema: Any, composed: bool = False) -> Any:
             else:
                 out[word] = closed_objects(value, composed=adds)
     extended = any(word in out for word in (*_SAME_INSTANCE, "$ref", "if"))
-    if not composed and names_keys and "additionalProperties" not in out and not extended:
+    if (not composed and names_keys and "additionalProperties" not in out and not extended
+            and not _requires_unnamed_keys(schema)):
         out["additionalProperties"] = False
     return out
+
+
+def _requires_unnamed_keys(schema: dict) -> bool:
+    """Whether ``schema`` requires a key its ``properties`` do not name: one
+    that only an additional property can give, so closing the object would
+    leave nothing that satisfies it."""
+    required, properties = schema.get("required"), schema.get("properties")
+    if not isinstance(required, list) or not isinstance(properties, dict):
+        return False
+    return any(name not in properties for name in required)
 
 
 def _check_choice(choice: Any) -> None:

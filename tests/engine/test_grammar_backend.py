@@ -112,6 +112,20 @@ def test_json_objects_are_closed_unless_the_schema_opens_them(manager):
         assert allowed(manager, {"r": _Req(g)}, ["r"]) == [after]
 
 
+def test_an_object_requiring_a_key_its_properties_do_not_name_stays_open(manager):
+    """``required: ["id"]`` with only ``tag`` among the properties: "id" can
+    only come as an additional property, so the object is not closed.
+    ``jsonschema`` accepts '{"id":7}' and refuses '{"tag":1}'; so does the
+    grammar, byte by byte, EOS last."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"tag": {"type": "integer"}}, "required": ["id"]}
+    for text, valid in (('{"id":7}', True), ('{"tag":1,"id":"x"}', True), ('{"tag":1}', False)):
+        assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) == valid
+        g = grammar_for(manager, json=schema, disable_any_whitespace=True)
+        assert all(g.accept(b) for b in [*text.encode(), EOS]) == valid, text
+
+
 LONE = "a\\"  # the regex a\ : its backslash escapes nothing
 
 
