@@ -117,6 +117,8 @@ class StructuredOutputsParams:
         compact = self.disable_any_whitespace
         if self.json is not None:
             schema = closed_objects(json.loads(self.json))
+            if schema is True:  # llguidance takes an object at the root: the same, empty
+                schema = {}
             return GrammarKey("json", json.dumps(schema, separators=(",", ":")), compact)
         if self.json_object:
             return GrammarKey("json", '{"type":"object"}', compact)
@@ -130,7 +132,7 @@ class StructuredOutputsParams:
 def _schema_text(schema: Any) -> str:
     """A JSON schema's text without spaces (key order kept: it is the order
     of the output's properties), from a dict or from text that parses to an
-    object (or a boolean schema)."""
+    object (or the boolean schema true, which any value satisfies)."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -139,6 +141,8 @@ def _schema_text(schema: Any) -> str:
     if not isinstance(schema, (dict, bool)):
         raise StructuredOutputsError("json", "must be a JSON schema (an object), got "
                                      f"{type(schema).__name__}")
+    if schema is False:
+        raise StructuredOutputsError("json", "is the schema false, which no value satisfies")
     try:
         return json.dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:

@@ -17,7 +17,7 @@ from checkpoint.tiny_model import EOS
 from engine.structured_outputs import StructuredOutputManager, StructuredOutputsParams
 from engine.structured_outputs.backend import GrammarError, GuidanceBackend
 from engine.structured_outputs.compiler import GrammarCompiler
-from engine.structured_outputs.params import GrammarKey, closed_objects
+from engine.structured_outputs.params import GrammarKey, StructuredOutputsError, closed_objects
 from ipc.messages import SchedulerOutput
 
 VOCAB = 320
@@ -124,6 +124,21 @@ def test_an_object_requiring_a_key_its_properties_do_not_name_stays_open(manager
         assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) == valid
         g = grammar_for(manager, json=schema, disable_any_whitespace=True)
         assert all(g.accept(b) for b in [*text.encode(), EOS]) == valid, text
+
+
+@pytest.mark.parametrize("schema", [True, "true"])
+def test_the_schema_true_allows_any_json_value(manager, schema):
+    """``true`` is the schema every value satisfies (as ``{}``): a number, a
+    string and an object each go through, EOS last."""
+    for text in ("5", '"x"', '{"a":[null]}'):
+        g = grammar_for(manager, json=schema, disable_any_whitespace=True)
+        assert all(g.accept(b) for b in [*text.encode(), EOS]), text
+
+
+def test_the_schema_false_is_refused_naming_the_key():
+    with pytest.raises(StructuredOutputsError, match="structured_outputs.json is the schema "
+                                                     "false, which no value satisfies"):
+        StructuredOutputsParams(json="false")
 
 
 LONE = "a\\"  # the regex a\ : its backslash escapes nothing
