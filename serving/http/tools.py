@@ -237,10 +237,12 @@ def moved_refs(schema: Any, base: str) -> Any:
     """A copy of ``schema`` for a place ``base`` (a JSON pointer fragment,
     ``#/...``) inside a larger document: each local ``$ref`` (``#`` or a
     ``#/...`` pointer, relative to ``schema``'s root) gets ``base`` in
-    front, so it still names the same subschema; data is left as it is."""
+    front, so it still names the same subschema; data is left as it is,
+    and so is a subschema with an ``$id``: a resource of its own, which its
+    local references are relative to wherever it sits."""
     if isinstance(schema, list):
         return [moved_refs(s, base) for s in schema]
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or "$id" in schema:
         return schema
     out = {}
     for word, value in schema.items():

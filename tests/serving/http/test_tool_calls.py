@@ -62,8 +62,8 @@ def test_required_schema_accepts_calls_of_the_tools_and_nothing_else():
 
 
 # Tools whose parameters refer to their own parts: through draft-7
-# "definitions", to their root (a tree), and through $defs of one name that
-# two tools define differently.
+# "definitions", to their root (a tree), through $defs of one name that
+# two tools define differently, and inside an $id (references relative to it).
 REF_TOOLS = [
     {"type": "function", "function": {"name": "tag", "parameters": {
         "type": "object", "properties": {"label": {"$ref": "#/definitions/short"}},
@@ -78,6 +78,10 @@ REF_TOOLS = [
     {"type": "function", "function": {"name": "count", "parameters": {
         "type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "required": ["x"],
         "$defs": {"x": {"type": "integer", "minimum": 0}}}}},
+    {"type": "function", "function": {"name": "flag", "parameters": {
+        "$id": "https://example.com/flag", "type": "object",
+        "properties": {"on": {"$ref": "#/$defs/on"}}, "required": ["on"],
+        "$defs": {"on": {"type": "boolean"}}}}},
 ]
 
 
@@ -90,11 +94,13 @@ def test_required_schema_keeps_each_tools_references(tiny_dir):
     good = [{"name": "tag", "parameters": {"label": "abc"}},
             {"name": "tree", "parameters": {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]}},
             {"name": "pick", "parameters": {"x": "a"}},
-            {"name": "count", "parameters": {"x": 7}}]
+            {"name": "count", "parameters": {"x": 7}},
+            {"name": "flag", "parameters": {"on": True}}]
     bad = [{"name": "tag", "parameters": {"label": "abcd"}},
            {"name": "tree", "parameters": {"v": 1, "kids": [{"v": "2"}]}},
            {"name": "pick", "parameters": {"x": 7}},
-           {"name": "count", "parameters": {"x": "a"}}]
+           {"name": "count", "parameters": {"x": "a"}},
+           {"name": "flag", "parameters": {"on": 1}}]
     jsonschema.validate(good, schema)
     for call in bad:
         with pytest.raises(jsonschema.ValidationError):
