@@ -32,6 +32,11 @@ class GrammarError(InvalidRequestError):
 
 _KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice",
                "grammar": "grammar"}
+# A GBNF rule definition (``name ::= ...``) at the start of a line: no Lark
+# grammar has one, every GBNF grammar does. Any other grammar is Lark, its
+# start rule spelled ``start:``, ``?start:`` or ``!start:`` alike (llguidance's
+# own guess takes only ``start:`` for Lark, and reads the others as GBNF).
+_GBNF_RULE = re.compile(r"(?m)^[ \t]*[A-Za-z0-9_-]+[ \t]*::=")
 
 
 class GuidanceBackend:
@@ -88,7 +93,7 @@ def _grammar_text(key: GrammarKey) -> str:
         if key.kind == "choice":
             lark = "start: " + " | ".join(json.dumps(c) for c in json.loads(key.text))
             return LLMatcher.grammar_from_lark(lark)
-        return grammar_from("grammar", key.text)
+        return grammar_from("gbnf" if _GBNF_RULE.search(key.text) else "lark", key.text)
     except ValueError as e:
         raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_one_line(str(e))}") from None
 

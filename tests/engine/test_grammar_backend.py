@@ -141,6 +141,24 @@ def test_the_schema_false_is_refused_naming_the_key():
         StructuredOutputsParams(json="false")
 
 
+@pytest.mark.parametrize("grammar", [
+    '?start: pair\n?pair: "(" NAME ")"\nNAME: /[a-z]+/',  # Lark, inlined rules
+    '!start: "(" NAME ")"\nNAME: /[a-z]+/',  # Lark, kept tokens
+    'start: "(" NAME ")"\nNAME: /[a-z]+/',
+    'root ::= "(" name ")"\nname ::= [a-z]+',  # GBNF
+    '# a pair\nroot   ::= "(" name ")"\n\nname ::= [a-z] [a-z]*',
+])
+def test_lark_and_gbnf_grammars_hold_the_output(manager, grammar):
+    """Each grammar is the language of a parenthesised lower-case word,
+    in Lark (whatever its start rule's prefix) or in GBNF: "(ab)" then EOS
+    goes through, and "ab" or "()" is refused."""
+    g = grammar_for(manager, grammar=grammar)
+    assert all(g.accept(b) for b in [*b"(ab)", EOS])
+    for text in (b"ab", b"()"):
+        g = grammar_for(manager, grammar=grammar)
+        assert not all(g.accept(b) for b in text), text
+
+
 LONE = "a\\"  # the regex a\ : its backslash escapes nothing
 
 
