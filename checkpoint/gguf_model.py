@@ -84,7 +84,11 @@ def write_gguf_model_dir(path: str, out_dir: str) -> None:
     """Write config.json, tokenizer files and the ``model.gguf`` link into ``out_dir``."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 (the reader fails on a cut file in numpy's words)
+        raise ValueError(f"{path} is not a readable GGUF file (cut short or damaged?): "
+                         f"{e}") from None
     config = hf_config(reader)
     build_tokenizer(reader).save(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:

@@ -39,10 +39,18 @@ def _token_text(entry: Any) -> str | None:
 
 
 def _read_json(path: str) -> dict[str, Any]:
+    """The JSON object in ``path`` ({} when there is no such file);
+    ValueError naming the file when it does not hold one."""
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} does not hold a JSON object")
+    return value
 
 
 class Tokenizer:
@@ -72,13 +80,18 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, model_dir: str) -> Tokenizer:
+        """The tokenizer of ``model_dir``; ValueError naming the file for a
+        missing or unreadable one (a fault of the model the user names)."""
         path = os.path.join(model_dir, "tokenizer.json")
         if not os.path.isfile(path):
-            raise FileNotFoundError(
+            raise ValueError(
                 f"no tokenizer.json in {model_dir!r}: tprun needs a Hugging Face fast "
                 f"tokenizer file (save one with tokenizer.save_pretrained)"
             )
-        hf = tokenizers.Tokenizer.from_file(path)
+        try:
+            hf = tokenizers.Tokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception)
+            raise ValueError(f"cannot read {path}: {e}") from None
         config = _read_json(os.path.join(model_dir, "tokenizer_config.json"))
         special = _read_json(os.path.join(model_dir, "special_tokens_map.json"))
 

@@ -172,6 +172,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         """Every rule the arguments alone decide."""
+        if not self.model or not isinstance(self.model, str):
+            raise ConfigError(f"model must name 'tiny', a local model directory or a .gguf "
+                              f"file, got {self.model!r}")
         _check_ints(self)
         _check_choices(self)
         _check_vllm_options(self)
@@ -187,8 +190,7 @@ class EngineConfig:
         for name in ("step_timeout_s", "log_stats_interval_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        if (not isinstance(self.max_logprobs, int) or isinstance(self.max_logprobs, bool)
-                or self.max_logprobs < -1):
+        if not _is_int(self.max_logprobs, -1):
             raise ConfigError(f"max_logprobs must be an int >= -1, got {self.max_logprobs!r}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ConfigError(f"master_port must be in 1..65535, got {self.master_port}")
@@ -196,8 +198,6 @@ class EngineConfig:
             raise ConfigError("attach_workers_dir needs executor 'mp'")
         if self.executor == "uni" and self.tensor_parallel_size != 1:
             raise ConfigError("executor 'uni' runs TP=1 only")
-        if not self.model:
-            raise ConfigError("model must name 'tiny' or a local model directory")
         spec = self.speculative
         if spec is not None and self.resolved_device == "cuda" and self.attention_backend in (
                 "torch", "sdpa"):
@@ -262,11 +262,13 @@ class EngineConfig:
         tokens = num_blocks * self.block_size
         if tokens >= max_model_len:
             return
+        fix = f"raise {self._cache_size_option}"
+        if tokens >= 2:
+            fix = (f"set max_model_len to at most {tokens}, or {fix} (max_model_len -1, "
+                   "'auto': the longest the cache holds)")
         raise ConfigError(f"the KV cache holds {tokens} tokens ({num_blocks} blocks of "
                           f"{self.block_size}), fewer than max_model_len {max_model_len}: "
-                          f"set max_model_len to at most {tokens}, or raise "
-                          f"{self._cache_size_option} (max_model_len -1, 'auto': the longest "
-                          "the cache holds)")
+                          f"{fix}")
 
     @property
     def _cache_size_option(self) -> str:
@@ -461,31 +463,46 @@ _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
                   "kv_cache_memory_bytes")
 _OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "num_gpu_blocks_override",
                            "master_port", "max_cudagraph_capture_size", "max_seq_len_to_capture")
+_NUMBERS = ("gpu_memory_utilization", "step_timeout_s", "log_stats_interval_s")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
           "enable_prefix_caching", "disable_log_stats", "trust_remote_code")
 
 
+# Every count crosses a socket as a signed 64-bit integer (msgspec's bound).
+_INT_LIMIT = 1 << 63
+
+
+def _is_int(value, low: int) -> bool:
+    """An int (not a bool) in ``[low, 2**63)``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < _INT_LIMIT
+
+
 def _check_ints(c: EngineConfig) -> None:
     value = c.max_prefill_cudagraph_tokens
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"max_prefill_cudagraph_tokens must be an int >= 0, got {value!r}")
+    if not _is_int(value, 0):
+        raise ConfigError(f"max_prefill_cudagraph_tokens must be an int >= 0 (below 2**63), "
+                          f"got {value!r}")
     for name in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
         value = getattr(c, name)
         if value is None and name in _OPTIONAL_POSITIVE_INTS:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
-    if not isinstance(c.seed, int) or isinstance(c.seed, bool) or not 0 <= c.seed < 1 << 63:
+        if not _is_int(value, 1):
+            raise ConfigError(f"{name} must be an int >= 1 (below 2**63), got {value!r}")
+    if not _is_int(c.seed, 0):
         raise ConfigError(f"seed must be an int in [0, 2**63), got {c.seed!r}")
     for name in _BOOLS:
         if not isinstance(getattr(c, name), bool):
             raise ConfigError(f"{name} must be a bool, got {getattr(c, name)!r}")
+    for name in _NUMBERS:
+        value = getattr(c, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
 
 
 def _check_max_model_len(value) -> None:
     """None (the model's positions), -1 ("auto", decided with the KV cache)
     or a length of at least a prompt token and an output token."""
-    if value is None or (type(value) is int and (value == AUTO_MAX_MODEL_LEN or value >= 2)):
+    if value is None or _is_int(value, 2) or (type(value) is int and value == AUTO_MAX_MODEL_LEN):
         return
     raise ConfigError(f"max_model_len must be an int >= 2 (a prompt token and an output token) "
                       f"or -1 (auto: the longest the KV cache holds), got {value!r}")
@@ -642,13 +659,11 @@ def parse_speculative_config(value: dict | str | None) -> SpeculativeConfig | No
         raise ConfigError(f"speculative_config: disable_by_batch_size must be an int >= 1, "
                           f"got {limit!r}")
     if method == "ngram":
-        lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
-        lo = hi if lo is None else lo
-        hi = lo if hi is None else hi
-        both = {name: v for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
-                if v is not None}
-        lo = _spec_int(both, "prompt_lookup_min", DEFAULT_PROMPT_LOOKUP)
-        hi = _spec_int(both, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP)
+        given = {name: _spec_int(value, name, None)  # each checked under its own name
+                 for name in ("prompt_lookup_min", "prompt_lookup_max")
+                 if value.get(name) is not None}
+        lo = given.get("prompt_lookup_min", given.get("prompt_lookup_max", DEFAULT_PROMPT_LOOKUP))
+        hi = given.get("prompt_lookup_max", given.get("prompt_lookup_min", DEFAULT_PROMPT_LOOKUP))
         if lo > hi:
             raise ConfigError(f"speculative_config: prompt_lookup_min {lo} > "
                               f"prompt_lookup_max {hi}")

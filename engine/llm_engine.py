@@ -51,6 +51,7 @@ from ipc.engine_messages import EngineStats
 from ipc.errors import InvalidRequestError
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
 from ipc.model_config import ModelConfig
+from ipc.weight_files import check_weight_files
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,12 @@ class LLMEngine:
             raise ConfigError(str(e)) from None
         config.check_model(self.model_config)
         config.check_machine()
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        try:  # the model's files beyond its description: read or checked here, once
+            if config.load_format != "dummy":
+                check_weight_files(self.model_dir)
+            self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         # Where a request leaves a sampling field unset (LLM without
         # SamplingParams, the HTTP server): the model's recommendation, or
         # that of the folder generation_config names.
@@ -138,8 +144,10 @@ class LLMEngine:
             raise
 
     def _start_serving(self, config: EngineConfig, runner_config) -> None:
-        """The workers' model and KV cache, then the engine's own state."""
-        self.num_blocks = self.executor.initialize(runner_config, config.num_gpu_blocks_override)
+        """The workers' model and KV cache (checked before it is allocated),
+        then the engine's own state."""
+        self.num_blocks = self.executor.initialize(runner_config, config.num_gpu_blocks_override,
+                                                   check_blocks=self._check_kv_cache)
         self.max_model_len = self._decide_max_model_len(config)
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks,
                                                            self.draft_model_config))
@@ -160,16 +168,21 @@ class LLMEngine:
         logger.info("engine ready: %s, TP=%d on %s, %d KV blocks", self.model_dir,
                     config.tensor_parallel_size, self.device, self.num_blocks)
 
+    def _check_kv_cache(self, num_blocks: int) -> None:
+        """A cache of ``num_blocks`` blocks holds a request of the length it
+        gives (``EngineConfig.max_model_len_for``, ``check_kv_cache``; none
+        at all fails too): ``ConfigError`` otherwise, before it is allocated."""
+        length = self.config.max_model_len_for(self.model_config, num_blocks)
+        self.config.check_kv_cache(num_blocks, length)
+
     def _decide_max_model_len(self, config: EngineConfig) -> int:
-        """The length every request gets, now that the KV cache is sized
-        (``EngineConfig.max_model_len_for``; a cache that holds it:
-        ``check_kv_cache``); with ``max_model_len`` -1
+        """The length every request gets, now that the KV cache is sized and
+        checked (``_check_kv_cache``); with ``max_model_len`` -1
         ("auto") said once, with what decided it. The runners keep the
         tables they were built with, sized for the model's positions: the
         decided length is never longer, and only the engine admits
         requests."""
         length = config.max_model_len_for(self.model_config, self.num_blocks)
-        config.check_kv_cache(self.num_blocks, length)
         if config.max_model_len == AUTO_MAX_MODEL_LEN:
             logger.info("max_model_len auto: %d tokens (the KV cache holds %d: %d blocks of %d; "
                         "the model has %d positions)", length, self.num_blocks * config.block_size,
@@ -197,6 +210,7 @@ class LLMEngine:
         try:
             draft_dir = resolve_model_dir(spec.model)
             draft = describe(draft_dir)
+            check_weight_files(draft_dir)
         except ValueError as e:
             raise ConfigError(f"speculative_config: draft model: {e}") from None
         config.check_draft_model(self.model_config, draft)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ipc.config import RunnerConfig
@@ -49,15 +50,19 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop every worker; leave no process or socket behind."""
 
-    def initialize(self, runner_config: RunnerConfig, num_blocks_override: int | None) -> int:
+    def initialize(self, runner_config: RunnerConfig, num_blocks_override: int | None,
+                   check_blocks: Callable[[int], None] | None = None) -> int:
         """Load the model on every rank and size the KV cache; returns the
-        number of blocks (the minimum over ranks, unless overridden)."""
+        number of blocks (the minimum over ranks, unless overridden).
+        ``check_blocks(num_blocks)`` raises where the caller cannot use that
+        many (the engine's rule: a cache too small for one request, none at
+        all included); it runs before any cache is allocated."""
         self.collective_rpc("load_model", {"config": runner_config}, timeout=600)
         if num_blocks_override is not None:
             num_blocks = num_blocks_override
         else:
             num_blocks = min(self.collective_rpc("determine_num_blocks", timeout=600))
-        if num_blocks < 1:
-            raise RuntimeError("no memory is left for the KV cache")
+        if check_blocks is not None:
+            check_blocks(num_blocks)
         self.collective_rpc("init_kv_cache", {"num_blocks": num_blocks}, timeout=600)
         return num_blocks

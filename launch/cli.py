@@ -489,10 +489,7 @@ def run_serve(args) -> int:
     http = args.http_port is not None
     _check_http_args(args)
     if args.endpoint_file is not None:
-        directory = os.path.dirname(os.path.abspath(args.endpoint_file))
-        if not os.path.isdir(directory):
-            raise ConfigError(f"--endpoint-file {args.endpoint_file}: directory {directory} "
-                              "does not exist")
+        _check_endpoint_file(args.endpoint_file)
     # With --http-port, --host is the HTTP server's; the engine endpoint stays local.
     try:  # checked before any worker starts
         endpoint = Endpoint.create(args.port, None if http else args.host)
@@ -550,6 +547,21 @@ def run_serve(args) -> int:
         for sig, handler in previous.items():  # a second signal during shutdown is ignored
             signal.signal(sig, handler)
     return 0
+
+
+def _check_endpoint_file(path: str) -> None:
+    """--endpoint-file names a file serve can write (with its key file
+    beside it), checked before the model loads."""
+    from engine.config import ConfigError
+
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--endpoint-file {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise ConfigError(f"--endpoint-file {path} is a directory: give the path of a file "
+                          "to write")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"--endpoint-file {path}: directory {directory} is not writable")
 
 
 def _serve_model(args) -> None:
@@ -617,6 +629,9 @@ def _check_http_args(args) -> None:
         raise ConfigError("--served-model-name takes non-empty names")
     if not 0 <= args.http_port < 65536:
         raise ConfigError(f"--http-port must be in [0, 65535], got {args.http_port}")
+    if args.port and args.port == args.http_port:
+        raise ConfigError(f"--port {args.port} and --http-port {args.http_port} are the same "
+                          "port: the engine endpoint and the HTTP server each need their own")
     args.api_key = _api_keys(args.api_key)
     args.host = args.host or DEFAULT_HOST
     try:  # bound once and released, before minutes of model loading

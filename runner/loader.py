@@ -10,8 +10,6 @@ read by runner/gguf_loader.py instead.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import zlib
 
@@ -19,30 +17,12 @@ import torch
 from safetensors import safe_open
 
 from ipc.config import GGUF_FILE
+from ipc.weight_files import checkpoint_files
 from runner.gguf_loader import load_gguf_weights
 from runner.layers import WeightSlice
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-
 # Checkpoint tensors that carry nothing the model needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-def checkpoint_files(model_dir: str) -> list[str]:
-    """The safetensors files of ``model_dir``, in a fixed order."""
-    index = os.path.join(model_dir, INDEX_FILE)
-    if os.path.isfile(index):
-        with open(index) as f:
-            names = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(model_dir, name) for name in names]
-    single = os.path.join(model_dir, SINGLE_FILE)
-    if os.path.isfile(single):
-        return [single]
-    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
-    if not files:
-        raise ValueError(f"no safetensors checkpoint in {model_dir!r}")
-    return files
 
 
 def load_weights(model: torch.nn.Module, model_dir: str) -> None:

@@ -60,6 +60,19 @@ def test_bad_model_paths_are_clear_errors(tmp_path, smollm2, smollm2_path):
     assert package_file(smollm2) == smollm2_path
 
 
+@pytest.mark.parametrize("kept", [8, 200, 3_000_000])
+def test_a_gguf_file_cut_short_is_a_clear_error_naming_it(tmp_path, smollm2_path, kept):
+    """The magic alone, part of the metadata, part of the tensors: the reader
+    fails in numpy's words, so the error names the file and what is wrong."""
+    cut = tmp_path / "cut.gguf"
+    with open(smollm2_path, "rb") as f:
+        cut.write_bytes(f.read(kept))
+    with pytest.raises(ValueError, match=f"{cut} is not a readable GGUF file "
+                                         r"\(cut short or damaged\?\): "):
+        ensure_gguf_model(str(cut), str(tmp_path / "cache"))
+    assert os.listdir(tmp_path / "cache" / "gguf") == []
+
+
 def _write_metadata_only(path, arch: str, tokenizer_model: str) -> None:
     """A GGUF file with a small Llama's metadata and tokenizer keys, no tensors."""
     import gguf

@@ -113,9 +113,18 @@ def test_encode_gives_the_ids_of_plain_encode(post_bos_tok, text):
         tok.hf.encode(text, add_special_tokens=False).ids
 
 
-def test_missing_tokenizer_json(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+def test_missing_or_unreadable_tokenizer_files_are_value_errors_naming_the_file(tmp_path):
+    """The model's fault, so the engine's one-line ConfigError, not a traceback."""
+    with pytest.raises(ValueError, match="no tokenizer.json"):
         Tokenizer.from_dir(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"cannot read {tmp_path}/tokenizer.json: "):
+        Tokenizer.from_dir(str(tmp_path))
+    (tmp_path / "good").mkdir()
+    good = write_dir(tmp_path / "good", {})
+    (tmp_path / "good" / "tokenizer_config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="tokenizer_config.json does not hold a JSON object"):
+        Tokenizer.from_dir(good)
 
 
 def test_add_bos_without_bos_token(tmp_path):

@@ -60,10 +60,78 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(device="cpu", attention_backend="flash_attn"), "'flash_attn' runs on CUDA only"),
     (dict(device="cpu", executor="mp", master_addr="999.1.1.1"),
      "master_addr '999.1.1.1' does not resolve"),
+    # Every count crosses a socket as a 64-bit int: a larger one is the user's error.
+    (dict(kv_cache_memory_bytes=1 << 64),
+     r"kv_cache_memory_bytes must be an int >= 1 \(below 2\*\*63\), got 18446744073709551616"),
+    (dict(max_num_seqs=1 << 63), r"max_num_seqs must be an int >= 1 \(below 2\*\*63\)"),
+    (dict(max_model_len=1 << 63), r"max_model_len must be an int >= 2 .*, got 9223372036854775808$"),
+    (dict(max_logprobs=1 << 63), "max_logprobs must be an int >= -1"),
+    (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization must be a number, got '0.5'"),
+    (dict(step_timeout_s=None), "step_timeout_s must be a number, got None"),
 ])
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(model="tiny", **kwargs)
+    assert no_workers == []
+
+
+@pytest.mark.parametrize("model", [None, 3, ""])
+def test_a_model_that_is_not_a_name_is_refused(no_workers, model):
+    with pytest.raises(ConfigError, match=f"model must name 'tiny', .*, got {model!r}$"):
+        LLM(model=model)
+    assert no_workers == []
+
+
+def _damaged_copy(source: str, target, damage) -> str:
+    """A copy of the model directory ``source`` at ``target``, then ``damage(target)``."""
+    import shutil
+
+    shutil.copytree(source, target)
+    damage(target)
+    return str(target)
+
+
+def _cut(path, keep: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+
+
+def _sharded_index(directory) -> None:
+    (directory / "model.safetensors").rename(directory / "part-1.safetensors")
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "part-1.safetensors", "b": "part-2.safetensors"}}))
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda d: (d / "model.safetensors").unlink(), "no safetensors checkpoint in"),
+    (lambda d: _cut(d / "model.safetensors", 1000),
+     r"model.safetensors is not a readable safetensors file: .*header"),
+    (lambda d: _cut(d / "model.safetensors", 900_000),
+     r"model.safetensors is not a readable safetensors file: .*not fully covered"),
+    (_sharded_index, r"part-2.safetensors is missing \(model.safetensors.index.json names it\)"),
+    (lambda d: (d / "model.safetensors.index.json").write_text("[]"),
+     "cannot read .*model.safetensors.index.json: no weight_map"),
+    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json in"),
+    (lambda d: (d / "tokenizer.json").write_text("{garbage"), "cannot read .*tokenizer.json: "),
+])
+def test_model_files_that_cannot_load_are_refused_before_any_worker(no_workers, tiny_dir,
+                                                                    tmp_path, damage, match):
+    """What every rank would fail on while loading (a traceback a rank) is
+    the model the user named: one ConfigError first, headers read only."""
+    model = _damaged_copy(tiny_dir, tmp_path / "model", damage)
+    with pytest.raises(ConfigError, match=match):
+        LLM(model=model, tensor_parallel_size=2, device="cpu")
+    assert no_workers == []
+
+
+def test_a_draft_model_without_weights_is_refused_before_any_worker(no_workers, tiny_dir,
+                                                                    tmp_path):
+    draft = _damaged_copy(tiny_dir, tmp_path / "draft",
+                          lambda d: (d / "model.safetensors").unlink())
+    with pytest.raises(ConfigError, match="speculative_config: draft model: no safetensors "
+                                          "checkpoint in"):
+        LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu", speculative_config={
+            "method": "draft_model", "model": draft, "num_speculative_tokens": 2})
     assert no_workers == []
 
 
@@ -129,6 +197,19 @@ def test_a_cache_given_in_blocks_must_hold_max_model_len_before_any_worker(no_wo
                                           "to at most 64, or raise num_gpu_blocks_override"):
         LLM(model="tiny", device="cpu", num_gpu_blocks_override=4)
     assert no_workers == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("max_model_len, match", [
+    (None, r"the KV cache holds 0 tokens \(0 blocks of 16\), fewer than max_model_len 4096: "
+           "raise kv_cache_memory_bytes$"),
+    (-1, "max_model_len auto: the KV cache holds 0 token .* raise kv_cache_memory_bytes$"),
+])
+def test_a_budget_of_no_block_is_the_same_config_error(max_model_len, match):
+    """1 byte holds no block: refused by the engine's rule, before a cache of
+    none is allocated (in process: TP=1)."""
+    with pytest.raises(ConfigError, match=match):
+        LLM(model="tiny", device="cpu", kv_cache_memory_bytes=1, max_model_len=max_model_len)
 
 
 @pytest.mark.timeout(120)
@@ -290,6 +371,10 @@ def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
     (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),
     (["serve", "--device", "cpu", "--endpoint-file", "/no-such-dir-here/ep"],
      "--endpoint-file /no-such-dir-here/ep: directory /no-such-dir-here does not exist"),
+    (["serve", "--device", "cpu", "--endpoint-file", "."],
+     "--endpoint-file . is a directory: give the path of a file to write"),
+    (["serve", "--device", "cpu", "--port", "18777", "--http-port", "18777"],
+     "--port 18777 and --http-port 18777 are the same port"),
     (["generate", "--device", "cpu", "--seed", "-1"], "seed must be an int in [0, 2**63)"),
     (["generate", "--device", "cpu", "--attention-backend", "flash_attn"],
      "'flash_attn' runs on CUDA only"),
