@@ -371,8 +371,6 @@ def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
     (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),
     (["serve", "--device", "cpu", "--endpoint-file", "/no-such-dir-here/ep"],
      "--endpoint-file /no-such-dir-here/ep: directory /no-such-dir-here does not exist"),
-    (["serve", "--device", "cpu", "--endpoint-file", "."],
-     "--endpoint-file . is a directory: give the path of a file to write"),
     (["serve", "--device", "cpu", "--port", "18777", "--http-port", "18777"],
      "--port 18777 and --http-port 18777 are the same port"),
     (["generate", "--device", "cpu", "--seed", "-1"], "seed must be an int in [0, 2**63)"),
@@ -382,6 +380,20 @@ def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
      "master_addr '999.1.1.1' does not resolve"),
 ])
 def test_cli_config_errors_are_one_line_with_exit_code_2(tmp_path, args, message):
+    _one_line_with_exit_code_2(tmp_path, args, message)
+
+
+@pytest.mark.timeout(120)
+def test_an_endpoint_file_that_is_a_directory_is_one_line_with_exit_code_2(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    _one_line_with_exit_code_2(tmp_path, ["serve", "--device", "cpu", "--endpoint-file",
+                                          str(folder)],
+                               f"--endpoint-file {folder} is a directory: give the path of a "
+                               "file to write")
+
+
+def _one_line_with_exit_code_2(tmp_path, args: list[str], message: str) -> None:
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     result, leftovers = run_tprun(args, timeout=100, env=env)
     assert result.returncode == 2, result.stderr
