@@ -415,6 +415,12 @@ class LLMEngine:
     def _prefix_counts(self) -> tuple[int, int]:
         return self.scheduler.kv.prefix_hits, self.scheduler.kv.prefix_queries
 
+    def check_health(self) -> None:
+        """Raise the executor's ``WorkerFailure`` (a rank that died or failed,
+        named) if the workers have stopped; vLLM's ``check_health``. A step
+        raises it too; this is for a caller that sends none (an idle server)."""
+        self.executor.check_health()
+
     def maybe_log_stats(self) -> None:
         """Log the stats line if its interval has passed (and logging is on)."""
         if self.stats_logger is not None:

@@ -47,6 +47,12 @@ class Executor(ABC):
         ``StepRejected``)."""
 
     @abstractmethod
+    def check_health(self) -> None:
+        """Raise the ``WorkerFailure`` that ended the workers (a dead or
+        failed rank, named), if one has; nothing otherwise. Cheap: callers
+        that send no step for a while (an idle server) ask it each turn."""
+
+    @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker; leave no process or socket behind."""
 

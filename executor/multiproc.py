@@ -381,6 +381,10 @@ class MultiprocExecutor(Executor):
                 raise self.failure
         self.publisher.publish(grammar)
 
+    def check_health(self) -> None:
+        if self.failure is not None:  # set by the reader thread, which watches every rank
+            raise self.failure
+
     def shutdown(self) -> None:
         if self.closing:
             return

@@ -66,16 +66,16 @@ class UniprocExecutor(Executor):
         return [self.worker.call(method, kwargs or {})]
 
     def execute_model(self, plan: SchedulerOutput) -> _AsyncOutputFuture:
-        self._check_alive()
+        self.check_health()
         future = self.futures[plan.step_id] = _AsyncOutputFuture(plan.step_id)
         self.order.on_plan(plan)
         return future
 
     def sample_tokens(self, grammar: GrammarBitmask) -> None:
-        self._check_alive()
+        self.check_health()
         self.order.on_bitmask(grammar)
 
-    def _check_alive(self) -> None:
+    def check_health(self) -> None:
         if self.failure is not None:
             raise WorkerFailure(self.failure)
 

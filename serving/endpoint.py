@@ -343,6 +343,7 @@ class EngineServer:
                     self._send_deltas(self.engine.step(after_send=self._flush_accepts))
                 else:
                     self._flush_accepts()
+                    self.engine.check_health()  # a worker that died while idle ends it too
                     self.engine.maybe_log_stats()
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")

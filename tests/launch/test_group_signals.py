@@ -7,7 +7,8 @@ and end the launch as a failure (exit 143, "worker rank 0 ... exited with
 code -15"). Held here, under load at TP=1 and TP=2: the same clean stop as
 an idle server (exit code 0, no error, no process or socket directory left).
 A SIGTERM to one worker alone still fails the launch within seconds, naming
-the rank (worker/job_signals.py tells the two apart).
+the rank (worker/job_signals.py tells the two apart), as does a worker
+killed while the server has nothing to do.
 """
 
 from __future__ import annotations
@@ -118,3 +119,20 @@ def test_sigterm_to_one_worker_under_load_fails_naming_its_rank(tmp_path, socket
     assert "worker rank 1" in output and "exited with code -15" in output, output
     assert exited_at - killed_at < 5.0  # not the step timeout, nor the workers' grace
     assert socket_dirs(socket_tmp) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_the_server_is_idle_ends_it_naming_its_rank(tmp_path, socket_tmp):
+    """No step is in flight to fail: the idle loop asks the engine's health,
+    so the server does not stay up (answering /health) with a dead rank."""
+    served = start_server(tmp_path, "--nproc-per-node", "2", "serve", "--model", "tiny",
+                          "--device", "cpu", "--disable-log-stats", timeout_s=40,
+                          env={"TMPDIR": socket_tmp})
+    os.kill(_worker_of_rank(served, 1), signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, output, exited_at = _ended(served, [], timeout_s=15)
+    assert code == 1, output
+    assert "worker rank 1" in output and "exited with code -9" in output, output
+    assert exited_at - killed_at < 5.0
+    assert socket_dirs(socket_tmp) == [] and not os.path.exists(served.endpoint_file)
