@@ -391,8 +391,9 @@ class MultiprocExecutor(Executor):
         self.closing = True
         if self.reader is not None:
             self.reader.join(timeout=2)
-        if self.failure is not None:
-            # A failed group may sit in a collective forever: do not wait.
+        if self.failure is not None or exited_worker(self.procs) is not None:
+            # A failed group, or one a rank has left (even before the start
+            # ended), may sit in a collective or a rendezvous forever: do not wait.
             for proc in self.procs:
                 if proc.poll() is None:
                     proc.kill()

@@ -242,6 +242,30 @@ def test_start_interrupted_while_spawning_stops_the_started_workers(tiny_dir, tm
     assert socket_dirs(tmp_path) == []
 
 
+@pytest.mark.timeout(60)
+def test_a_rank_dead_before_the_handshake_fails_the_start_at_once(tmp_path, monkeypatch):
+    """Rank 1 exits as it starts: the start fails naming it, and rank 0,
+    which cannot meet its group any more, is killed rather than waited for
+    (the 5 s a healthy rank gets to leave its group)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    started = []
+    spawn = MultiprocExecutor._spawn
+
+    def rank_1_exits(self, rank, *args):
+        if rank == 1:
+            started.append(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+        else:
+            started.append(spawn(self, rank, *args))
+        return started[-1]
+    monkeypatch.setattr(MultiprocExecutor, "_spawn", rank_1_exits)
+    begun = time.monotonic()
+    with pytest.raises(WorkerFailure, match=r"worker rank 1 \(pid \d+\) exited with code 3"):
+        MultiprocExecutor(2, "cpu")
+    assert time.monotonic() - begun < 4.0
+    assert _wait_gone([p.pid for p in started], 1.0) == []
+    assert socket_dirs(tmp_path) == []
+
+
 @pytest.mark.timeout(90)
 def test_parent_killed_workers_exit(tiny_dir, tmp_path):
     proc, workers = _start_long_generate(tiny_dir, tmp_path, subprocess.DEVNULL)
