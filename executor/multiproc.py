@@ -245,13 +245,23 @@ class MultiprocExecutor(Executor):
             raise failure
 
     def _fail_all(self, failure: WorkerFailure) -> None:
+        """Fail every pending future with ``failure`` and log it, for the
+        first failure only: what follows it (a peer's broken collective, the
+        same dead rank seen again) is its consequence. A rank that died of a
+        signal this process received too is a shutdown: logged at INFO."""
         with self.lock:
+            if self.failure is not None:
+                return
             self.failure = failure
             futures = list(self.step_futures.values())
             futures += [f for f, _ in self.control_futures.values()]
             self.step_futures.clear()
             self.step_sent_at.clear()
             self.control_futures.clear()
+        if (line := shared_signal_exit(self.procs)) is not None:
+            logger.info("%s", line)
+        else:
+            logger.error("%s", failure)
         for future in futures:
             if not future.done():
                 future.set_exception(failure)
@@ -266,10 +276,6 @@ class MultiprocExecutor(Executor):
                     self.heartbeat_at[reply.rank] = time.monotonic()
                 failure = None if self.closing else self._dead_worker() or self._stuck_step()
                 if failure is not None:
-                    if (line := shared_signal_exit(self.procs)) is not None:
-                        logger.info("%s", line)
-                    else:
-                        logger.error("%s", failure)
                     self._fail_all(failure)
                     self.nudger.nudge()
                     return
@@ -288,11 +294,10 @@ class MultiprocExecutor(Executor):
         elif isinstance(reply, WorkerError) and not reply.fatal:
             self._resolve_step(reply.step_id, error=StepRejected(
                 f"step {reply.step_id} rejected by rank {reply.rank}: {reply.error}"))
-        elif isinstance(reply, WorkerError):
+        elif isinstance(reply, WorkerError) and self.failure is None:
             failure = self._dead_worker_soon() or WorkerFailure(
                 f"worker rank {reply.rank} failed step {reply.step_id}:\n{reply.error}"
             )
-            logger.error("%s", failure)
             self._fail_all(failure)
 
     def _dead_worker_soon(self, wait_s: float = 0.5) -> WorkerFailure | None:

@@ -90,8 +90,11 @@ class _Steps:
         except InvalidPlanError as e:  # nothing applied; every rank agrees
             self._reject(step_id, str(e))
         except Exception:
+            # The executor reports it, once, naming the rank at fault: a rank
+            # whose collective broke because a peer died is not that rank, and
+            # its own traceback would only mislead.
             error = traceback.format_exc()
-            logger.error("rank %d: step %d failed:\n%s", self.rank, step_id, error)
+            logger.debug("rank %d: step %d failed:\n%s", self.rank, step_id, error)
             self.sender.send(WorkerError(rank=self.rank, step_id=step_id, error=error))
         return False, None
 
