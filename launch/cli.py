@@ -653,11 +653,23 @@ def _api_keys(given: list[str] | None) -> list[str] | None:
     if given is not None:
         if not all(given):
             raise ConfigError("--api-key takes non-empty keys")
-        return given
+        return [_header_safe_key(key, "--api-key") for key in given]
     for name in ("TPRUN_API_KEY", "VLLM_API_KEY"):
         if os.environ.get(name):
-            return [os.environ[name]]
+            return [_header_safe_key(os.environ[name], f"${name}")]
     return None
+
+
+def _header_safe_key(key: str, source: str) -> str:
+    """``key``, when a client can send it: it travels in an HTTP header,
+    which holds ASCII without control characters and loses the spaces at its
+    ends, so a key outside that could never be matched."""
+    from engine.config import ConfigError
+
+    if not (key.isascii() and key.isprintable() and key == key.strip()):
+        raise ConfigError(f"{source}: a key must be printable ASCII without spaces at its "
+                          "ends (it is sent in an HTTP header); this one could never match")
+    return key
 
 
 def _responses_store(given: bool | None) -> bool:

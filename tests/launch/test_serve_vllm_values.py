@@ -60,10 +60,20 @@ def test_api_key_environment(no_key_env, env, argv, keys):
 @pytest.mark.parametrize("argv, message", [
     (["--http-port", "0", "--api-key", "k", ""], "--api-key takes non-empty keys"),
     (["--api-key", "k1", "k2"], "--api-key needs --http-port"),
+    # A header cannot carry them: such a key would refuse every request.
+    (["--http-port", "0", "--api-key", "k1", "k2\n"], "--api-key: a key must be printable ASCII"),
+    (["--http-port", "0", "--api-key", " "], "--api-key: a key must be printable ASCII"),
+    (["--http-port", "0", "--api-key", "k\u00e9y"], "--api-key: a key must be printable ASCII"),
 ])
 def test_api_keys_refused(no_key_env, argv, message):
     with pytest.raises(ConfigError, match=message):
         _check_http_args(_serve_args(*argv))
+
+
+def test_an_api_key_variable_a_header_cannot_carry_is_refused(no_key_env):
+    no_key_env.setenv("VLLM_API_KEY", "secret\n")  # a file's line, newline kept
+    with pytest.raises(ConfigError, match=r"^\$VLLM_API_KEY: a key must be printable ASCII"):
+        _check_http_args(_serve_args("--http-port", "0"))
 
 
 def test_generation_config_folder_and_kv_cache_dtype_parse(tmp_path):
