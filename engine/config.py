@@ -17,6 +17,7 @@ worker decodes it typed); ``runner_config`` copies it by name.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -313,7 +314,7 @@ class EngineConfig:
         """Every rule the machine decides: an attention backend its device
         runs, an ``attach_workers_dir`` that is missing or private to this user
         and short enough for its sockets' addresses,
-        a ``master_addr`` that resolves (for worker processes), CUDA
+        a rendezvous the spawned ranks can meet at (``_check_rendezvous``), CUDA
         present and enough devices for the ranks this host spawns, whether
         CUDA was asked for or
         ``auto`` chose it (``auto`` never falls back to the CPU for want of
@@ -328,12 +329,8 @@ class EngineConfig:
                 check_socket_paths(self.attach_workers_dir, *SOCKET_NAMES)
             except ValueError as e:
                 raise ConfigError(f"attach_workers_dir: {e}") from None
-        if self.executor == "mp":
-            try:
-                socket.getaddrinfo(self.master_addr, None)
-            except OSError as e:
-                raise ConfigError(f"master_addr {self.master_addr!r} does not resolve "
-                                  f"({e.strerror or e})") from None
+        if self.resolved_executor == "mp":
+            self._check_rendezvous()
         if self.resolved_device != "cuda":
             return
         import torch
@@ -346,6 +343,37 @@ class EngineConfig:
             raise ConfigError(f"tensor-parallel size {self.tensor_parallel_size} needs as many "
                               f"CUDA devices; this machine has {count} (use --device cpu "
                               "to run the ranks on the CPU)")
+
+    def _check_rendezvous(self) -> None:
+        """``master_addr`` resolves (the workers' MASTER_ADDR). Where the
+        executor spawns ranks that form a group (TP > 1), it serves their
+        store at ``master_addr:master_port`` (executor/rendezvous.py), so
+        the address must be this machine's and a given port free: else the
+        store fails to listen (a traceback), or, at an address of another
+        machine, waits minutes to reach itself."""
+        port = self.master_port or 0
+        try:
+            addresses = socket.getaddrinfo(self.master_addr, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise ConfigError(f"master_addr {self.master_addr!r} does not resolve "
+                              f"({e.strerror or e})") from None
+        if self.attach_workers_dir is not None or self.tensor_parallel_size == 1:
+            return
+        error = None
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds
+                try:
+                    probe.bind(address)
+                    return
+                except OSError as e:
+                    error = e if error is None or e.errno == errno.EADDRINUSE else error
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(f"master_port {port}: cannot listen on {self.master_addr}:{port} "
+                              f"({error.strerror}); give a free port, or none for any free one")
+        raise ConfigError(f"master_addr {self.master_addr!r} is not an address of this machine "
+                          f"({error.strerror}); the ranks tprun spawns meet here: leave it out "
+                          "(127.0.0.1)")
 
     def _check_attention_backend(self) -> None:
         """The Triton backends compile for CUDA (on the CPU they run only

@@ -60,6 +60,9 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(device="cpu", attention_backend="flash_attn"), "'flash_attn' runs on CUDA only"),
     (dict(device="cpu", executor="mp", master_addr="999.1.1.1"),
      "master_addr '999.1.1.1' does not resolve"),
+    # TEST-NET-1 (RFC 5737): the store the ranks meet at would wait minutes to reach it.
+    (dict(device="cpu", tensor_parallel_size=2, master_addr="192.0.2.1"),
+     "master_addr '192.0.2.1' is not an address of this machine"),
     # Every count crosses a socket as a 64-bit int: a larger one is the user's error.
     (dict(kv_cache_memory_bytes=1 << 64),
      r"kv_cache_memory_bytes must be an int >= 1 \(below 2\*\*63\), got 18446744073709551616"),
@@ -72,6 +75,21 @@ def _model_dir(tmp_path, **overrides) -> str:
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(model="tiny", **kwargs)
+    assert no_workers == []
+
+
+def test_a_busy_master_port_is_refused_before_any_worker(no_workers):
+    """The executor serves the ranks' store there: a busy port would fail
+    its listen with a traceback."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"master_port {port}: cannot listen on "
+                                              f"127.0.0.1:{port}"):
+            LLM(model="tiny", device="cpu", tensor_parallel_size=2, master_port=port)
     assert no_workers == []
 
 
