@@ -28,10 +28,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_directories() -> list[str]:
-    """Remove the private directories of launches that are gone (killed
-    before their cleanup ran): only this user's, only those whose owner pid
-    is dead. Returns the paths removed."""
+def _remove_private_directories(owned_by) -> list[str]:
+    """Remove this user's private directories in the temp folder whose
+    owner pid ``owned_by(pid)`` selects; returns the paths removed."""
     root = tempfile.gettempdir()
     removed = []
     try:
@@ -41,7 +40,7 @@ def remove_stale_directories() -> list[str]:
     for name in names:
         match = _PRIVATE_DIR.fullmatch(name)
         path = os.path.join(root, name)
-        if match is None or _alive(int(match.group(1))):
+        if match is None or not owned_by(int(match.group(1))):
             continue
         try:
             if os.lstat(path).st_uid != os.getuid() or not os.path.isdir(path):
@@ -51,6 +50,20 @@ def remove_stale_directories() -> list[str]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def remove_stale_directories() -> list[str]:
+    """Remove the private directories of launches that are gone (killed
+    before their cleanup ran): only this user's, only those whose owner pid
+    is dead. Returns the paths removed."""
+    return _remove_private_directories(lambda pid: not _alive(pid))
+
+
+def remove_own_directories() -> list[str]:
+    """Remove this process's private directories: for a launch about to
+    exit whose own cleanup was cut short (a second Ctrl-C during the first
+    one's shutdown). Returns the paths removed."""
+    return _remove_private_directories(lambda pid: pid == os.getpid())
 
 
 def check_private_directory(directory: str) -> None:

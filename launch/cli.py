@@ -817,13 +817,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
-        print("tprun: interrupted", file=sys.stderr)
-        return 130
+        return _exit_interrupted()
     except Exception as e:
         if not _interrupted(e):
             raise
-        print("tprun: interrupted", file=sys.stderr)
-        return 130
+        return _exit_interrupted()
+
+
+def _exit_interrupted() -> int:
+    """Say so, and remove what a cleanup cut short left: a second Ctrl-C
+    during the first one's shutdown can stop it before the socket
+    directory goes (the workers die with this process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting now: nothing left to interrupt
+    from ipc.endpoints import remove_own_directories
+
+    remove_own_directories()
+    print("tprun: interrupted", file=sys.stderr)
+    return 130
 
 
 def _interrupted(error: BaseException) -> bool:

@@ -52,6 +52,34 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     assert reap_session(proc.pid, grace_s=5) == []
 
 
+def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_left(
+        monkeypatch, capsys, tmp_path):
+    """A second Ctrl-C can land in the first one's shutdown before the
+    executor removed its socket directory: the exit removes this launch's
+    own (the workers die with it), and no other launch's."""
+    import tempfile
+
+    from ipc.endpoints import private_directory
+    from launch import cli
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    others = tmp_path / "tprun-1-abcdefgh"  # pid 1's: alive, not this launch's
+    others.mkdir(mode=0o700)
+    made = []
+
+    def cut_short(_argv):
+        made.append(private_directory())  # the executor's, as Endpoints.create makes it
+        raise KeyboardInterrupt  # the shutdown that would remove it, interrupted
+    monkeypatch.setattr(cli, "_main", cut_short)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        assert cli.main([]) == 130
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    assert capsys.readouterr().err == "tprun: interrupted\n"
+    assert not os.path.exists(made[0]) and others.is_dir()
+
+
 def _wrapped_interrupt(wrapper: type[Exception]):
     """Ctrl-C as Python delivers it when it lands inside its own machinery:
     a class body's ``__set_name__`` while torch is imported raises
