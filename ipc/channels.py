@@ -187,14 +187,19 @@ def wait_for_subscribers(
     A rank that answers a ``Sync`` is subscribed, so no later broadcast can
     be lost to a late joiner. Returns {rank: pid}. ``check_alive`` may raise
     to abort early (a worker died). Raises TimeoutError naming missing ranks.
+    A worker of a rank outside ``world_size`` (started elsewhere, more of
+    them than the executor runs) would be counted for a rank it is not:
+    ValueError naming it, once it and every rank are subscribed, so the
+    executor's shutdown call that follows reaches them all.
     """
     deadline = time.monotonic() + timeout_s
     pids: dict[int, int] = {}
     synced: set[int] = set()
+    ranks = set(range(world_size))
     sync_id = 0
-    while len(synced) < world_size:
+    while not ranks <= synced or not set(pids) <= synced:
         if time.monotonic() > deadline:
-            missing = sorted(set(range(world_size)) - synced)
+            missing = sorted(ranks - synced)
             raise TimeoutError(f"workers of ranks {missing} did not connect within {timeout_s}s")
         check_alive()
         sync_id += 1
@@ -206,4 +211,9 @@ def wait_for_subscribers(
                 pids[reply.rank] = reply.pid
                 if reply.sync_id > 0:
                     synced.add(reply.rank)
+    if strays := sorted(set(pids) - ranks):
+        raise ValueError(f"workers say they are ranks {strays} (pids "
+                         f"{[pids[r] for r in strays]}); this executor runs {world_size} ranks, "
+                         f"0..{world_size - 1}: start {world_size} workers (torchrun "
+                         f"--nproc-per-node {world_size})")
     return pids

@@ -19,6 +19,7 @@ from ipc.channels import (
 from ipc.endpoints import IPC_PATH_MAX, Endpoints
 from ipc.messages import (
     CachedRequestData,
+    ControlCall,
     Hello,
     ModelRunnerOutput,
     NewRequestData,
@@ -177,6 +178,50 @@ def test_handshake_then_no_message_lost_and_junk_skipped():
         for t in threads:
             t.join(timeout=10)
         assert received == {0: list(range(10)), 1: list(range(10))}
+    finally:
+        pub.close()
+        pull.close()
+        ctx.term()
+        endpoints.cleanup()
+
+
+@pytest.mark.timeout(30)
+def test_handshake_refuses_workers_of_ranks_outside_the_world_and_reaches_them_all():
+    """Workers started elsewhere, more than the executor runs (torchrun
+    --nproc-per-node 3 for an executor of 2): refused by name, once every
+    one is subscribed, so the shutdown call that follows reaches all three
+    (they are torchrun's: nothing else would stop them)."""
+    endpoints = Endpoints.create()
+    ctx = zmq.Context()
+    pub = BroadcastPublisher(ctx, endpoints.broadcast)
+    pull = ReplyReceiver(ctx, endpoints.reply)
+    stopped = []
+
+    def fake_worker(rank: int) -> None:
+        sub = BroadcastSubscriber(ctx, endpoints.broadcast)
+        push = ReplySender(ctx, endpoints.reply)
+        push.send(Hello(rank=rank, pid=1000 + rank))
+        while (msg := sub.recv(timeout_ms=5000)) is not None:
+            if isinstance(msg, Sync):
+                push.send(Hello(rank=rank, pid=1000 + rank, sync_id=msg.sync_id))
+            elif isinstance(msg, ControlCall) and msg.method == "shutdown":
+                stopped.append(rank)
+                break
+        sub.close()
+        push.close()
+
+    threads = [threading.Thread(target=fake_worker, args=(r,)) for r in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    try:
+        with pytest.raises(ValueError, match=r"workers say they are ranks \[2\] \(pids "
+                                             r"\[1002\]\); this executor runs 2 ranks, 0\.\.1: "
+                                             r"start 2 workers"):
+            wait_for_subscribers(pub, pull, 2, timeout_s=10)
+        pub.publish(ControlCall(call_id=-1, method="shutdown"))  # as the executor's shutdown
+        for t in threads:
+            t.join(timeout=10)
+        assert sorted(stopped) == [0, 1, 2]
     finally:
         pub.close()
         pull.close()
