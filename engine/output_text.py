@@ -60,11 +60,8 @@ class OutputText:
         shown to the matcher, one token at a time."""
         if self._stops is None:
             return len(delta.new_token_ids)
-        last = len(delta.new_token_ids) - 1
         for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
-            stop_token = i == last and delta.finish_reason == "stop"  # shown: include_stop_str
-            self.text += self._stops.add(self._detokenizer.feed([token]), 1,
-                                         stop_token=stop_token)
+            self.text += self._stops.add(self._detokenizer.feed([token]), 1)
             if self._stops.stopped is not None:
                 self.stop_string = self._stops.stopped
                 return i + 1

@@ -134,10 +134,10 @@ class OutputStops:
     the first ``min_tokens`` output tokens ends no stop string
     (``release``), later ones may (``feed``); the output's last piece
     also releases what is held back (``flush``). The text of the stop token
-    that ended the request in the engine (shown with
-    ``include_stop_str_in_output``) ends no stop string either: the request
-    has ended with that token's own reason, and vLLM checks no stop string
-    then. ``stopped``: the stop string met, once met: the piece just added
+    that ended the request in the engine, where it is shown
+    (``include_stop_str_in_output``), is read like any other: vLLM checks
+    the stop strings over it too, and one it completes becomes the reason.
+    ``stopped``: the stop string met, once met: the piece just added
     completed it (the caller then ends the request, keeping the tokens up
     to that piece). Pieces may be one token's text (``LLM``, the engine
     client, the HTTP server) or several tokens'."""
@@ -152,14 +152,12 @@ class OutputStops:
     def stopped(self) -> str | None:
         return self.matcher.stopped
 
-    def add(self, piece: str, num_tokens: int, last: bool = False,
-            stop_token: bool = False) -> str:
+    def add(self, piece: str, num_tokens: int, last: bool = False) -> str:
         """The text now safe to show, after ``piece`` of ``num_tokens`` more
-        tokens; ``last``: no more will come; ``stop_token``: the piece ends
-        with the stop token that ended the request (the engine's "stop")."""
+        tokens; ``last``: no more will come."""
         self.num_tokens += num_tokens
-        if self.num_tokens <= self.min_tokens or stop_token:
-            text = self.matcher.release(piece)  # too early for a stop string, or after one
+        if self.num_tokens <= self.min_tokens:
+            text = self.matcher.release(piece)  # too early for a stop string
         else:
             text = self.matcher.feed(piece)
         if last and self.stopped is None:

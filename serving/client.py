@@ -306,8 +306,7 @@ class EngineClient:
             if stops is None:
                 completion.text += delta.text
             else:
-                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished,
-                                             stop_token=delta.finish_reason == "stop")
+                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished)
             if stops is not None and stops.stopped is not None:
                 completion.finish_reason, completion.stop_reason = "stop", stops.stopped
                 if not delta.finished:

@@ -181,8 +181,7 @@ class Generation:
         choice.num_tokens += len(delta.token_ids)
         if delta.num_cached_tokens is not None:
             choice.num_cached_tokens = delta.num_cached_tokens
-        text = choice.stops.add(delta.text, len(delta.token_ids), last=delta.finished,
-                                stop_token=delta.finish_reason == "stop")
+        text = choice.stops.add(delta.text, len(delta.token_ids), last=delta.finished)
         if choice.stops.stopped is not None and not delta.finished:
             self.link.abort(request_id)
         elif delta.finished:

@@ -61,10 +61,10 @@ def test_include_stop_str_in_output_shows_the_stop_token_text():
 
 
 @pytest.mark.timeout(180)
-def test_a_shown_stop_token_completes_no_stop_string():
+def test_a_shown_stop_token_completes_a_stop_string():
     """With ``include_stop_str_in_output`` the stop token's text is shown,
-    yet the request ended on the token: vLLM checks no stop string then, so
-    the reason stays the token id even where its text is a stop string
+    and vLLM checks the stop strings over it like any other text: where it
+    is a stop string, that string is the reason, not the token id
     (one-letter tokens, hand-worked from the greedy ids)."""
     letters = list(range(ord("a"), ord("z") + 1))
     with LLM(model="tiny", device="cpu") as llm:
@@ -75,7 +75,7 @@ def test_a_shown_stop_token_completes_no_stop_string():
         out = llm.generate(PROMPT, greedy.replaced(
             stop_token_ids=[ids[at]], stop=[chr(ids[at])],
             include_stop_str_in_output=True))[0].outputs[0]
-    assert (out.finish_reason, out.stop_reason) == ("stop", ids[at])
+    assert (out.finish_reason, out.stop_reason) == ("stop", chr(ids[at]))
     assert out.token_ids == ids[:at + 1]
     assert out.text == "".join(map(chr, ids[:at + 1]))
 

@@ -606,18 +606,18 @@ def test_truncate_prompt_tokens_above_max_model_len_is_a_400(client, reference):
 
 def test_include_stop_str_shows_the_stop_tokens_text(client):
     """vLLM's ``include_stop_str_in_output`` shows the text of the stop token
-    that ended the answer too, and that text, though a stop string, leaves
-    the reason the token id: vLLM checks no stop string once a stop token
-    has ended the request (one-letter tokens, hand-worked)."""
+    that ended the answer too, and checks the stop strings over it as over
+    any text: where it is one, that string is the reason, else the token id
+    is (one-letter tokens, hand-worked)."""
     letters = list(range(ord("a"), ord("z") + 1))
     greedy = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     body = {"ignore_eos": True, "allowed_token_ids": letters, "return_token_ids": True}
     ids = client.completions.create(**greedy, extra_body=body).choices[0].model_extra["token_ids"]
     at = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])
-    for stop in ([], [chr(ids[at])]):
+    for stop, reason in (([], ids[at]), ([chr(ids[at])], chr(ids[at]))):
         out = client.completions.create(**greedy, stop=stop, extra_body={
             **body, "stop_token_ids": [ids[at]], "include_stop_str_in_output": True}).choices[0]
-        assert (out.finish_reason, out.model_extra["stop_reason"]) == ("stop", ids[at])
+        assert (out.finish_reason, out.model_extra["stop_reason"]) == ("stop", reason)
         assert out.text == "".join(map(chr, ids[:at + 1]))
 
 
