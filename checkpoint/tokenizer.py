@@ -226,12 +226,12 @@ def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     less the context's own (a decoder that drops the leading space of the
     first token it sees, SentencePiece's, keeps the output's); the output
     decoded alone where the joint text does not begin with the context's."""
-    alone = tokenizer.decode(output_ids, skip_special_tokens)
-    if not context_ids:
-        return alone
-    head = tokenizer.decode(context_ids, skip_special_tokens)
-    joint = tokenizer.decode([*context_ids, *output_ids], skip_special_tokens)
-    return joint[len(head):] if joint.startswith(head) else alone
+    if context_ids:
+        head = tokenizer.decode(context_ids, skip_special_tokens)
+        joint = tokenizer.decode([*context_ids, *output_ids], skip_special_tokens)
+        if joint.startswith(head):
+            return joint[len(head):]
+    return tokenizer.decode(output_ids, skip_special_tokens)
 
 
 def output_text(tokenizer: Tokenizer, prompt_token_ids: list[int], output_ids: list[int],
