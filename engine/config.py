@@ -33,7 +33,12 @@ from ipc.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from ipc.endpoints import SOCKET_NAMES, check_private_directory, check_socket_paths
+from ipc.endpoints import (
+    SOCKET_NAMES,
+    bind_error,
+    check_private_directory,
+    check_socket_paths,
+)
 from ipc.model_config import DTYPE_ALIASES, MODEL_DTYPES, ModelConfig
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -359,15 +364,9 @@ class EngineConfig:
                               f"({e.strerror or e})") from None
         if self.attach_workers_dir is not None or self.tensor_parallel_size == 1:
             return
-        error = None
-        for family, kind, proto, _, address in addresses:
-            with socket.socket(family, kind, proto) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds
-                try:
-                    probe.bind(address)
-                    return
-                except OSError as e:
-                    error = e if error is None or e.errno == errno.EADDRINUSE else error
+        error = bind_error(addresses)
+        if error is None:
+            return
         if error.errno == errno.EADDRINUSE:
             raise ConfigError(f"master_port {port}: cannot listen on {self.master_addr}:{port} "
                               f"({error.strerror}); give a free port, or none for any free one")

@@ -1,10 +1,13 @@
-"""Where the sockets live: ipc:// files in a directory only the owner can read."""
+"""Where the sockets live: ipc:// files in a directory only the owner can
+read; and whether a TCP server can listen at an address (``bind_error``)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -16,6 +19,23 @@ IPC_PATH_MAX = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
 
 # tprun-PID-XXXXXXXX and tprun-serve-PID-XXXXXXXX: PID is the launch that owns it.
 _PRIVATE_DIR = re.compile(r"tprun-(?:serve-)?(\d+)-[^-]+")
+
+
+def bind_error(addresses: list[tuple]) -> OSError | None:
+    """None when a TCP server can bind one of ``addresses`` (entries of
+    ``socket.getaddrinfo``) now, with ``SO_REUSEADDR`` as servers bind;
+    else why not: an address in use over any other error, since another
+    port is the fix the user can make. The probe is closed at once."""
+    error = None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+                return None
+            except OSError as e:
+                error = e if error is None or e.errno == errno.EADDRINUSE else error
+    return error
 
 
 def _alive(pid: int) -> bool:

@@ -94,7 +94,7 @@ from ipc.auth import (
     sibling_key_file,
     write_key_file,
 )
-from ipc.endpoints import private_directory
+from ipc.endpoints import bind_error, private_directory
 from ipc.engine_messages import (
     AbortRequest,
     Delta,
@@ -151,15 +151,9 @@ def check_listen_address(host: str, port: int, port_flag: str) -> None:
         addresses = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise ValueError(f"--host {host} does not resolve ({e.strerror or e})") from None
-    error = None
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
-            try:
-                probe.bind(address)
-                return
-            except OSError as e:
-                error = e if error is None or e.errno == errno.EADDRINUSE else error
+    error = bind_error(addresses)
+    if error is None:
+        return
     if error.errno == errno.EADDRINUSE:
         raise ValueError(f"{port_flag} {port}: cannot listen on {host}:{port} "
                          f"({error.strerror}); is another server using it?")
