@@ -60,14 +60,14 @@ class BeamSearchParams(msgspec.Struct, kw_only=True):
                 raise InvalidRequestError(f"{name} must be an int >= 1, got {value!r}")
         if -1 < max_logprobs < 2 * self.beam_width:
             raise InvalidRequestError(f"beam_width {self.beam_width} needs {2 * self.beam_width} "
-                             f"logprobs a token, more than max_logprobs {max_logprobs}")
+                                      f"logprobs a token, more than max_logprobs {max_logprobs}")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.length_penalty, (int, float)) or isinstance(
                 self.length_penalty, bool) or not math.isfinite(self.length_penalty):
             raise InvalidRequestError(f"length_penalty must be a finite number, got "
-                             f"{self.length_penalty!r}")
+                                      f"{self.length_penalty!r}")
         # temperature: SamplingParams' own check, where the step's params are made.
 
 
@@ -128,7 +128,7 @@ class BeamSearch:
         for prompt in prompts:
             if not 0 < len(prompt) < max_model_len:
                 raise InvalidRequestError(f"a prompt of {len(prompt)} tokens leaves no room under "
-                                 f"max_model_len {max_model_len}")
+                                          f"max_model_len {max_model_len}")
         self.params = params
         self.eos = frozenset(() if params.ignore_eos else eos_token_ids)
         self.max_model_len = max_model_len

@@ -260,5 +260,5 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
                           ("bad_words_token_ids", bad_words_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
-                raise InvalidRequestError(f"{name} token ids {bad[:5]} are outside the vocabulary "
-                                 f"[0, {vocab_size})")
+                raise InvalidRequestError(f"{name} token ids {bad[:5]} are outside the "
+                                          f"vocabulary [0, {vocab_size})")

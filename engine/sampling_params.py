@@ -133,7 +133,8 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         if self.seed is not None and not _is_int(self.seed):
             raise InvalidRequestError(f"seed must be None or a 64-bit int, got {self.seed!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise InvalidRequestError(f"max_tokens must be an int >= 1 (or None), got {self.max_tokens!r}")
+            raise InvalidRequestError(
+                f"max_tokens must be an int >= 1 (or None), got {self.max_tokens!r}")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {self.n!r}")
         self._check_stop()
@@ -161,16 +162,18 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             raise InvalidRequestError("truncate_prompt_tokens must be None, an int >= 1 or -1 "
                                       f"(max_model_len), got {k!r}")
         if self.logprobs is not None and not _is_int(self.logprobs):
-            raise InvalidRequestError(f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
-                             f"got {self.logprobs!r}")
+            raise InvalidRequestError(
+                f"logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
+                f"got {self.logprobs!r}")
         if self.prompt_logprobs is not None and not _is_int(self.prompt_logprobs):
             raise InvalidRequestError(
                 f"prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
                 f"got {self.prompt_logprobs!r}")
         if not _is_int(self.min_tokens) or (self.max_tokens is not None
                                             and self.min_tokens > self.max_tokens):
-            raise InvalidRequestError(f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
-                             f"got {self.min_tokens!r}")
+            raise InvalidRequestError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}")
 
     def _raise_tiny_temperature(self) -> None:
         """vLLM's rule: 0 stays greedy; a temperature in (0, MIN_TEMPERATURE)
@@ -187,7 +190,8 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         bias = self.logit_bias
         if bias is not None and not (isinstance(bias, dict) and all(
                 _is_int(t) and _is_number(b) for t, b in bias.items())):
-            raise InvalidRequestError(f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
+            raise InvalidRequestError(
+                f"logit_bias must map token ids (ints) to numbers, got {bias!r}")
         if bias is not None:
             msgspec.structs.force_setattr(self, "logit_bias", dict(bias))
         allowed = self.allowed_token_ids
@@ -216,11 +220,13 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     def _check_stop(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-            raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise InvalidRequestError(
+                f"stop must be a string or a list of strings, got {self.stop!r}")
         if not all(stop):
             raise InvalidRequestError("a stop string must not be empty")
         if len(stop) > MAX_STOP_STRINGS:
-            raise InvalidRequestError(f"stop holds {len(stop)} strings, more than {MAX_STOP_STRINGS}")
+            raise InvalidRequestError(
+                f"stop holds {len(stop)} strings, more than {MAX_STOP_STRINGS}")
 
     def _check_structured_outputs(self) -> None:
         so = self.structured_outputs
@@ -228,8 +234,9 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             msgspec.structs.force_setattr(self, "structured_outputs",
                                           StructuredOutputsParams.from_dict(so))
         elif so is not None and not isinstance(so, StructuredOutputsParams):
-            raise InvalidRequestError("structured_outputs must be a StructuredOutputsParams or a dict, "
-                             f"got {type(so).__name__}")
+            raise InvalidRequestError(
+                "structured_outputs must be a StructuredOutputsParams or a dict, "
+                f"got {type(so).__name__}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:

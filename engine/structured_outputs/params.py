@@ -95,12 +95,13 @@ class StructuredOutputsParams:
         raise ``InvalidRequestError`` naming them. Keys set to None are
         ignored."""
         if not isinstance(d, dict):
-            raise InvalidRequestError(f"structured_outputs must be an object, got {type(d).__name__}")
+            raise InvalidRequestError(
+                f"structured_outputs must be an object, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InvalidRequestError(f"unknown structured_outputs field(s): {', '.join(unknown)}; "
-                             f"known: {', '.join(sorted(known))}")
+                                      f"known: {', '.join(sorted(known))}")
         return cls(**{k: v for k, v in d.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
