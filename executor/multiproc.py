@@ -7,7 +7,10 @@ step a rank reports failed, and watches the worker processes: a dead worker
 fails every pending future at once with an error naming its rank and exit
 code. The output rank sends step outputs on the output socket, which the
 thread waiting for a step reads itself (``executor.step_future``); the
-reader nudges that thread whenever it settles a step.
+reader nudges that thread whenever it settles a step. A reply that
+decodes but makes no sense (a rank outside the world, a rank's second
+answer to a call, a control reply on the output channel) is dropped with a
+log line; no reply stops either thread.
 Every rank sends a heartbeat twice a second with the last step it started
 and finished: a step still pending after ``step_timeout_s`` fails with an
 error naming the ranks that have not finished it.
@@ -268,8 +271,14 @@ class MultiprocExecutor(Executor):
 
     # ---- the reader thread ---------------------------------------------
     def _read_replies(self) -> None:
+        """Settle futures from the reply channel and watch the workers until
+        shutdown. A reply that decodes but makes no sense here (a rank this
+        executor does not run, a second answer from one rank) is dropped with
+        one log line, and counts as no reply: the watch goes on."""
         while not self.closing:
             reply = self.receiver.recv(timeout_ms=100)
+            if reply is not None and self._out_of_world(reply):
+                reply = None
             if reply is None or isinstance(reply, Heartbeat):
                 if reply is not None:
                     self.heartbeats[reply.rank] = reply
@@ -286,10 +295,25 @@ class MultiprocExecutor(Executor):
                 self._on_step_reply(reply)
                 self.nudger.nudge()
 
+    def _out_of_world(self, reply: Reply) -> bool:
+        """True, after one warning, for a reply naming a rank outside
+        0..world_size-1 (a forged message, a worker of another world): it
+        must neither count as a rank's answer nor fail the executor."""
+        rank = getattr(reply, "rank", None)
+        if rank is None or 0 <= rank < self.world_size:
+            return False
+        logger.warning("dropped a %s from rank %d: this executor runs ranks 0..%d",
+                       type(reply).__name__, rank, self.world_size - 1)
+        return True
+
     def _on_step_reply(self, reply: Reply) -> None:
         """Settle the step a reply names (in the reader thread, or in the
         thread that waits for a step, which reads the output channel)."""
-        if isinstance(reply, ModelRunnerOutput):
+        if self._out_of_world(reply):
+            return
+        if not isinstance(reply, (ModelRunnerOutput, WorkerError)):  # on the output channel
+            logger.warning("dropped a %s on the step output channel", type(reply).__name__)
+        elif isinstance(reply, ModelRunnerOutput):
             self._resolve_step(reply.step_id, result=reply)
         elif isinstance(reply, WorkerError) and not reply.fatal:
             self._resolve_step(reply.step_id, error=StepRejected(
@@ -314,7 +338,8 @@ class MultiprocExecutor(Executor):
         with self.lock:
             future = self.step_futures.pop(step_id, None)
             self.step_sent_at.pop(step_id, None)
-        if future is None:
+        if future is None:  # settled already (every rank rejects a step alike), or never sent
+            logger.debug("dropped a reply to step %d: no such step is pending", step_id)
             return
         if error is not None:
             future.set_exception(error)
@@ -340,11 +365,22 @@ class MultiprocExecutor(Executor):
             f"have not finished it; ranks {silent} sent no heartbeat for {SILENT_AFTER_S:g}s")
 
     def _on_control_reply(self, reply: ControlReply) -> None:
+        """Count one rank's answer to a pending call (reply.rank is in the
+        world: ``_out_of_world``); the call settles on the first error or
+        once every rank has answered. A reply to no pending call (settled by
+        an error already, or never made) or a rank's second answer to one
+        call is dropped with a log line."""
         with self.lock:
             entry = self.control_futures.get(reply.call_id)
             if entry is None:
+                logger.debug("dropped rank %d's reply to call %d: no such call is pending",
+                             reply.rank, reply.call_id)
                 return
             future, results = entry
+            if reply.rank in results:
+                logger.warning("dropped rank %d's second reply to call %d", reply.rank,
+                               reply.call_id)
+                return
             if reply.error is not None:
                 del self.control_futures[reply.call_id]
             else:

@@ -1,7 +1,10 @@
 """Malformed bytes on every socket are dropped and logged; receivers keep serving."""
 
+import logging
 import os
 import random
+import tempfile
+import threading
 
 import msgspec
 import pytest
@@ -12,7 +15,20 @@ from hypothesis import strategies as st
 from checkpoint.tiny_model import ensure_tiny_model
 from executor.multiproc import MultiprocExecutor
 from ipc import channels
-from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
+from ipc.channels import BroadcastSubscriber, ReplySender
+from ipc.endpoints import Endpoints
+from ipc.messages import (
+    CachedRequestData,
+    ControlCall,
+    ControlReply,
+    Heartbeat,
+    Hello,
+    NewRequestData,
+    SamplingOptions,
+    SchedulerOutput,
+    Sync,
+    WorkerError,
+)
 from ipc.serde import decode_broadcast, decode_reply, encode
 from tests.helpers.checkpoints import runner_config
 
@@ -84,3 +100,75 @@ def test_live_workers_and_executor_survive_garbage(tmp_path, monkeypatch):
         rogue_ctx.term()
         executor.shutdown()
     assert not os.path.exists(executor.endpoints.directory)
+
+
+def _fake_worker(ctx, endpoints, rank: int, forge: bool, rank0_sent: threading.Event) -> None:
+    """A worker in a thread: answers the handshake and every control call
+    with ``{"rank": rank, **kwargs}``. With ``forge`` it also sends, on its
+    own socket, replies no worker of a world of 2 sends: ranks outside
+    0..1, and a second answer of rank 0 to the same call."""
+    sub = BroadcastSubscriber(ctx, endpoints.broadcast)
+    push = ReplySender(ctx, endpoints.reply)
+    push.send(Hello(rank=rank, pid=os.getpid()))
+    if forge:  # during the handshake
+        push.send(ControlReply(call_id=0, rank=5, result="forged"))
+        push.send(Heartbeat(rank=9, step_started=0, step_finished=0))
+    while (msg := sub.recv(timeout_ms=10_000)) is not None:
+        if isinstance(msg, Sync):
+            push.send(Hello(rank=rank, pid=os.getpid(), sync_id=msg.sync_id))
+        elif isinstance(msg, ControlCall) and msg.method == "shutdown":
+            break
+        elif isinstance(msg, ControlCall) and forge:
+            push.send(ControlReply(call_id=msg.call_id, rank=5, result="forged"))
+            push.send(ControlReply(call_id=msg.call_id, rank=-1, error="forged"))
+            push.send(WorkerError(rank=7, step_id=0, error="forged", fatal=True))
+            push.send(Heartbeat(rank=2, step_started=0, step_finished=0))
+            push.send(ControlReply(call_id=msg.call_id, rank=rank, result={"rank": rank, **msg.kwargs}))
+            push.send(ControlReply(call_id=msg.call_id, rank=rank, result="forged second"))
+            rank0_sent.set()
+        elif isinstance(msg, ControlCall):
+            rank0_sent.wait(timeout=5)
+            rank0_sent.clear()
+            push.send(ControlReply(call_id=msg.call_id, rank=rank, result={"rank": rank, **msg.kwargs}))
+    sub.close()
+    push.close()
+
+
+@pytest.mark.timeout(60)
+def test_replies_forged_for_other_ranks_are_dropped_and_calls_complete(caplog):
+    """Replies that decode but name a rank outside the world (or answer a
+    call twice) reach the reply channel during the handshake and during
+    control calls: each is dropped with a warning naming it; the reader
+    thread goes on, and every call returns the two workers' own answers."""
+    caplog.set_level(logging.WARNING, logger="executor.multiproc")
+    attach_dir = os.path.join(tempfile.mkdtemp(), "s")
+    rank0_sent = threading.Event()
+    ctx = zmq.Context()
+    threads = []
+    executor = None
+    try:
+        endpoints = Endpoints.create(attach_dir)
+        threads = [threading.Thread(target=_fake_worker, daemon=True,
+                                    args=(ctx, endpoints, rank, rank == 0, rank0_sent))
+                   for rank in (0, 1)]
+        for t in threads:
+            t.start()
+        executor = MultiprocExecutor(2, "cpu", attach_dir=attach_dir, start_timeout_s=20)
+        for x in range(3):
+            got = executor.collective_rpc("echo", {"x": x}, timeout=20)
+            assert got == [{"rank": 0, "x": x}, {"rank": 1, "x": x}]
+        assert executor.reader.is_alive()
+        executor.check_health()
+        messages = [r.getMessage() for r in caplog.records]
+        for line in ("dropped a ControlReply from rank 5: this executor runs ranks 0..1",
+                     "dropped a ControlReply from rank -1: this executor runs ranks 0..1",
+                     "dropped a WorkerError from rank 7: this executor runs ranks 0..1",
+                     "dropped a Heartbeat from rank 2: this executor runs ranks 0..1"):
+            assert line in messages
+    finally:
+        if executor is not None:
+            executor.shutdown()
+        for t in threads:
+            t.join(timeout=15)
+        ctx.term()
+    assert not any(t.is_alive() for t in threads)
