@@ -468,7 +468,9 @@ def run_generate(args) -> int:
 
 def run_serve(args) -> int:
     """Start the engine, then serve it until SIGINT or SIGTERM (either one:
-    a clean stop, exit code 0, sockets and files removed)."""
+    a clean stop, exit code 0, sockets and files removed, then one line
+    on stderr, ``tprun serve: stopped by SIGTERM``). A signal before the
+    engine serves stops the launch as ``main`` says (130 or 143)."""
     from engine.config import ConfigError
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
@@ -546,6 +548,9 @@ def run_serve(args) -> int:
         engine.shutdown()
         for sig, handler in previous.items():  # a second signal during shutdown is ignored
             signal.signal(sig, handler)
+    if (signum := stop_signals.first()) is not None:
+        print(f"tprun serve: stopped by {signal.Signals(signum).name}", file=sys.stderr,
+              flush=True)
     return 0
 
 
@@ -774,11 +779,19 @@ COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
 
 def _exit_on_signal(signum, _frame) -> None:
     """SIGTERM as an exception, so ``finally`` blocks and context managers
-    run: workers are shut down and socket directories removed."""
+    run: workers are shut down and socket directories removed; ``main``
+    then says so (``_exit_stopped``)."""
     from executor import stop_signals
 
     stop_signals.note(signum)
     raise SystemExit(128 + signum)
+
+
+def _terminated(error: SystemExit) -> bool:
+    """Whether ``exit`` is ``_exit_on_signal``'s (not argparse's, say)."""
+    from executor import stop_signals
+
+    return stop_signals.first() == signal.SIGTERM and error.code == 128 + signal.SIGTERM
 
 
 def _interrupt(signum, _frame) -> None:
@@ -812,28 +825,43 @@ def main(argv: list[str] | None = None) -> int:
     file the system refuses); 2 the user's input: the arguments, the model
     they name, the model's config, a prompt, or the machine rule the run
     out (one ``tprun: error:`` line, as argparse does); 130 Ctrl-C at any
-    moment, 143 SIGTERM (one line; workers stopped, nothing left behind)."""
+    moment (one line, ``tprun: interrupted``), 143 SIGTERM (one line,
+    ``tprun: stopped by SIGTERM``); either way the workers are stopped and
+    nothing is left behind. ``serve`` that is serving takes either signal
+    as its request to stop: exit code 0 (``run_serve``)."""
     signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
     try:
         return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
-        return _exit_interrupted()
+        return _exit_stopped(signal.SIGINT)
+    except SystemExit as e:
+        if not _terminated(e):
+            raise
+        return _exit_stopped(signal.SIGTERM)
     except Exception as e:
         if not _interrupted(e):
             raise
-        return _exit_interrupted()
+        return _exit_stopped(signal.SIGINT)
 
 
-def _exit_interrupted() -> int:
-    """Say so, and remove what a cleanup cut short left: a second Ctrl-C
+def stopped_line(signum: int) -> str:
+    """The one line a launch stopped by ``signum`` ends with."""
+    if signum == signal.SIGINT:
+        return "tprun: interrupted"
+    return f"tprun: stopped by {signal.Signals(signum).name}"
+
+
+def _exit_stopped(signum: int) -> int:
+    """Say so, and remove what a cleanup cut short left: a second signal
     during the first one's shutdown can stop it before the socket
     directory goes (the workers die with this process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # exiting now: nothing left to interrupt
+    for sig in (signal.SIGINT, signal.SIGTERM):  # exiting now: nothing left to stop
+        signal.signal(sig, signal.SIG_IGN)
     from ipc.endpoints import remove_own_directories
 
     remove_own_directories()
-    print("tprun: interrupted", file=sys.stderr)
-    return 130
+    print(stopped_line(signum), file=sys.stderr)
+    return 128 + signum
 
 
 def _interrupted(error: BaseException) -> bool:
@@ -874,7 +902,7 @@ def _main(argv: list[str]) -> int:
         return 2
     except WorkerFailure as e:
         if stop_signals.stopping():  # the workers were stopped with this process
-            print("tprun: interrupted", file=sys.stderr)
+            print(stopped_line(stop_signals.first()), file=sys.stderr)
             return 128 + stop_signals.first()
         print(f"tprun: error: {e}", file=sys.stderr)
         return 1

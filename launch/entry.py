@@ -18,14 +18,14 @@ def _interrupted_early(_signum, _frame) -> None:
 
 
 def entry() -> None:
-    """``main``, then exit. After Ctrl-C the workers are already stopped and
-    every file removed; the interpreter's own teardown (torch's, seconds
-    long) is skipped so the exit is prompt."""
+    """``main``, then exit. After Ctrl-C or SIGTERM (130, 143) the workers
+    are already stopped and every file removed; the interpreter's own
+    teardown (torch's, seconds long) is skipped so the exit is prompt."""
     signal.signal(signal.SIGINT, _interrupted_early)
     from launch.cli import main
 
     code = main()
-    if code == 130:
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

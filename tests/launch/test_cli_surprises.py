@@ -161,6 +161,7 @@ def test_kill_job_after_serve_is_a_shutdown(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert " ERROR " not in err and "exited with code" not in err, err
+    assert err.splitlines()[-1] == "tprun serve: stopped by SIGTERM"
     assert reap_session(proc.pid, grace_s=5) == []
 
 

@@ -2,8 +2,9 @@
 
 SIGTERM becomes ``SystemExit(143)`` in the tprun process, so ``LLM``'s
 context manager runs: the workers are shut down and the executor's socket
-directory is removed. Ctrl-C (SIGINT to the whole process group, as a
-terminal sends it) does the same and says so in one line, exit code 130.
+directory is removed; then one line says so, exit code 143. Ctrl-C (SIGINT
+to the whole process group, as a terminal sends it) does the same and says
+so in one line, exit code 130.
 A launch killed with SIGKILL cannot clean up: the next launch removes its
 directory (its owner pid is gone) and no one else's. Each run is started
 with its own ``TMPDIR``, so the test sees exactly the directories it made.
@@ -71,6 +72,9 @@ def test_sigterm_mid_generation_removes_the_socket_directory(tmp_path):
     proc, out, err, leftovers = _generate_then_signal(
         tmp_path, lambda p: p.send_signal(signal.SIGTERM))
     assert proc.returncode == 128 + signal.SIGTERM, err
+    *before, last = err.splitlines()
+    assert last == "tprun: stopped by SIGTERM"
+    assert all(line.startswith("tprun generate: loading tiny") for line in before), err
     assert leftovers == []
     assert socket_dirs(str(tmp_path / "tmp")) == [], "the socket directory was left behind"
     assert out == ""  # nothing half-printed
