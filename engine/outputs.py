@@ -35,7 +35,8 @@ class RequestOutputDelta:
     """New tokens of one request in one step.
 
     ``new_token_ids`` may be empty when the request finished without a new
-    token (abort). ``finish_reason`` is "stop", "length", "abort" or None, and
+    token (abort; error: the grammar refused the sampled token).
+    ``finish_reason`` is "stop", "length", "abort", "error" or None, and
     is set exactly when ``finished`` is. ``logprobs`` has one entry per new
     token when the request asked for logprobs and the runner sent them.
     ``prompt_logprobs`` (vLLM's shape: None for the first prompt token) comes

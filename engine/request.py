@@ -25,6 +25,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -35,6 +36,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",  # the grammar refused the sampled token
 }
 
 
@@ -124,7 +126,7 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        """One of "stop", "length", "abort"; None while unfinished."""
+        """One of "stop", "length", "abort", "error"; None while unfinished."""
         return _FINISH_REASONS.get(self.status)
 
     def append_output_token(self, token_id: int) -> None:

@@ -75,8 +75,11 @@ the plan's ``structured_output_req_ids`` when the step samples for it; the
 engine sends that step's bitmask after the plan. Each appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
-the request with "stop"; a token the grammar refuses (a mask not applied)
-aborts it.
+the request with "stop". A token the grammar refuses (every token the
+grammar allows was masked too, by ``bad_words``, ``allowed_token_ids`` or a
+``logit_bias``, so the sampler took one it does not allow) is not appended:
+the request ends with vLLM's finish reason for it, "error", and its output
+holds only tokens the grammar accepted.
 """
 
 from __future__ import annotations
@@ -486,9 +489,12 @@ class Scheduler:
         new_ids: list[int] = []
         status = None
         for token in sampled:
+            if not self._grammar_accepts(request, token):
+                status = RequestStatus.FINISHED_ERROR
+                break
             request.append_output_token(token)
             new_ids.append(token)
-            status = self._grammar_status(request, token) or self._stop_status(request, token)
+            status = self._grammar_status(request) or self._stop_status(request, token)
             if status is not None:
                 break
         if status is not None:
@@ -496,7 +502,7 @@ class Scheduler:
         logprobs = None
         if request.sampling_params.logprobs is not None and None not in token_rows:
             logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
-        params, last = request.sampling_params, new_ids[-1]
+        params, last = request.sampling_params, new_ids[-1] if new_ids else None
         stopped = status == RequestStatus.FINISHED_STOPPED
         # End of sequence first, as ``_stop_status`` and vLLM check it.
         on_eos = stopped and not params.ignore_eos and last in request.eos_token_ids
@@ -508,17 +514,22 @@ class Scheduler:
             stop_reason=last if on_stop_id else None,
         )
 
-    def _grammar_status(self, request: Request, token: int) -> RequestStatus | None:
-        """Advance the request's grammar by ``token``: "stop" once it is
-        complete, "abort" if it refuses the token."""
+    def _grammar_accepts(self, request: Request, token: int) -> bool:
+        """Advance the request's grammar by ``token``, if it has one; False
+        (after one error line) if the grammar refuses it."""
         grammar = request.grammar
-        if grammar is None:
-            return None
-        if not grammar.accept(token):
-            logger.error("request %s: the grammar refused token %d: %s", request.req_id, token,
-                         grammar.error())
-            return RequestStatus.FINISHED_ABORTED
-        return RequestStatus.FINISHED_STOPPED if grammar.is_terminated() else None
+        if grammar is None or grammar.accept(token):
+            return True
+        logger.error("request %s: the grammar refused token %d (%s): ending the request with "
+                     "finish reason 'error'", request.req_id, token, grammar.error())
+        return False
+
+    def _grammar_status(self, request: Request) -> RequestStatus | None:
+        """"stop" once the request's grammar is complete."""
+        grammar = request.grammar
+        if grammar is not None and grammar.is_terminated():
+            return RequestStatus.FINISHED_STOPPED
+        return None
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         """A sampled stop token wins over a length limit met by the same token."""

@@ -62,7 +62,7 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
 
 class Delta(msgspec.Struct, frozen=True, kw_only=True):
     """New tokens of one request, and the text they complete. ``finish_reason``
-    ("stop", "length", "abort") is set exactly when ``finished`` is.
+    ("stop", "length", "abort", "error") is set exactly when ``finished`` is.
     ``logprobs``, for a request that asked for them, has one list per new
     token: the top-N candidates in rank order, then the sampled token when
     it is not among them. ``prompt_logprobs`` (once, for a request that asked)

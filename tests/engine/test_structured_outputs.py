@@ -248,3 +248,41 @@ def test_bad_constraints_are_value_errors_and_the_engine_goes_on(tiny_dir, const
             llm.generate(["a", "b"], [good, SamplingParams(structured_outputs=constraint)])
         assert not llm.engine.has_unfinished_requests()  # nothing of the good one was added
         assert llm.generate("a", good)[0].outputs[0].text in CHOICES
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_mask_that_leaves_the_grammar_no_token_ends_the_request_as_error(tiny_dir,
+                                                                           async_scheduling):
+    """``allowed_token_ids`` or ``bad_words`` that mask every token the
+    grammar allows leave the sampler nothing (it takes token 0, byte NUL on
+    ``tiny``'s byte tokenizer), which the grammar refuses: the request ends
+    with vLLM's finish reason "error", its output holding only the tokens
+    the grammar accepted, and the other requests of the batch give the
+    tokens they give alone."""
+    yes_no = StructuredOutputsParams(choice=["yes", "no"])
+    masked = [
+        # Neither "y" (121) nor "n" (110) may start the answer: nothing at all.
+        (SamplingParams(temperature=0.0, max_tokens=8, allowed_token_ids=[ord("q")],
+                        structured_outputs=yes_no), []),
+        # "y" is accepted, then "e" and "a" are both masked: "y" alone.
+        (SamplingParams(temperature=0.0, max_tokens=8, bad_words=["e", "a"],
+                        structured_outputs=StructuredOutputsParams(choice=["yes", "yak"])),
+         [ord("y")]),
+    ]
+    others = [("Pick one:", choice_params(None)),
+              ("Hello there", SamplingParams(temperature=0.0, max_tokens=12)),
+              ("Once upon", SamplingParams(temperature=1.0, seed=3, max_tokens=12))]
+    with LLM(model=tiny_dir, device="cpu", async_scheduling=async_scheduling) as llm:
+        alone = [llm.generate(prompt, p)[0].outputs[0] for prompt, p in others]
+        prompts = ["Pick:", *[prompt for prompt, _ in others], "Pick:"]
+        params = [masked[0][0], *[p for _, p in others], masked[1][0]]
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    for completion, (_, kept) in zip([outputs[0], outputs[-1]], masked):
+        assert completion.finish_reason == "error"
+        assert completion.token_ids == kept
+        assert completion.text == "".join(map(chr, kept))
+    assert alone[0].finish_reason == "stop" and alone[0].text in CHOICES
+    for got, want in zip(outputs[1:-1], alone):
+        assert (got.token_ids, got.text, got.finish_reason) == (
+            want.token_ids, want.text, want.finish_reason)
