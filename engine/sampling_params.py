@@ -244,7 +244,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         ``InvalidRequestError`` naming them (rather than the constructor's
         ``TypeError``)."""
         known = set(cls.__struct_fields__)
-        unknown = sorted(set(d) - known)
+        unknown = sorted(str(k) for k in d if k not in known)  # keys of any type
         if unknown:
             raise InvalidRequestError(
                 f"unknown sampling parameter(s): {', '.join(unknown)}; "

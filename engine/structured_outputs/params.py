@@ -98,7 +98,7 @@ class StructuredOutputsParams:
             raise InvalidRequestError(
                 f"structured_outputs must be an object, got {type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(str(k) for k in d if k not in known)  # keys of any type
         if unknown:
             raise InvalidRequestError(f"unknown structured_outputs field(s): {', '.join(unknown)}; "
                                       f"known: {', '.join(sorted(known))}")

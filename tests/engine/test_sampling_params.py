@@ -7,6 +7,7 @@ import pytest
 
 from engine.sampling_params import SamplingParams
 from engine.stop_strings import MAX_STOP_STRINGS
+from ipc.errors import InvalidRequestError
 from ipc.messages import SamplingOptions
 
 
@@ -159,6 +160,16 @@ def test_unknown_keyword():
     with pytest.raises(ValueError, match="unknown sampling parameter.*best_of, temprature"):
         SamplingParams.from_dict({"temprature": 0.0, "best_of": 2, "max_tokens": 3})
     assert SamplingParams.from_dict({"max_tokens": 3, "top_k": -1}) == SamplingParams(max_tokens=3)
+
+
+def test_keys_that_are_not_text_are_unknown_fields():
+    """An engine message may carry a mapping with keys of any type (msgpack
+    allows them): they are unknown fields, the client's error, at both
+    levels."""
+    with pytest.raises(InvalidRequestError, match=r"unknown sampling parameter\(s\): 7, b'x'"):
+        SamplingParams.from_dict({7: 1, b"x": 2, "max_tokens": 3})
+    with pytest.raises(InvalidRequestError, match=r"unknown structured_outputs field\(s\): 1;"):
+        SamplingParams.from_dict({"structured_outputs": {1: "x", "regex": "a"}})
 
 
 def test_to_options_round_trips_through_msgspec():
