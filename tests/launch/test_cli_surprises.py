@@ -52,8 +52,17 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     assert reap_session(proc.pid, grace_s=5) == []
 
 
+@pytest.fixture
+def keep_sigint():
+    """``main`` ignores SIGINT once it exits interrupted (the process is
+    ending); a test that calls it in process gets the handler back."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
+
+
 def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_left(
-        monkeypatch, capsys, tmp_path):
+        monkeypatch, capsys, tmp_path, keep_sigint):
     """A second Ctrl-C can land in the first one's shutdown before the
     executor removed its socket directory: the exit removes this launch's
     own (the workers die with it), and no other launch's."""
@@ -71,11 +80,7 @@ def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_l
         made.append(private_directory())  # the executor's, as Endpoints.create makes it
         raise KeyboardInterrupt  # the shutdown that would remove it, interrupted
     monkeypatch.setattr(cli, "_main", cut_short)
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        assert cli.main([]) == 130
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    assert cli.main([]) == 130
     assert capsys.readouterr().err == "tprun: interrupted\n"
     assert not os.path.exists(made[0]) and others.is_dir()
 
@@ -93,19 +98,17 @@ def _wrapped_interrupt(wrapper: type[Exception]):
 
 
 @pytest.mark.parametrize("wrapper", [RuntimeError, ValueError])
-def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys, wrapper):
+def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys, wrapper,
+                                                            keep_sigint):
     from launch import cli
 
     monkeypatch.setattr(cli, "_main", _wrapped_interrupt(wrapper))
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        assert cli.main([]) == 130
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    assert cli.main([]) == 130
     assert capsys.readouterr().err == "tprun: interrupted\n"
 
 
-def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, capsys):
+def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, capsys,
+                                                                  keep_sigint):
     """Ctrl-C landing in a C extension's import: some library catches the
     KeyboardInterrupt, and what surfaces is a later ImportError with no
     interrupt in its chain."""
@@ -120,28 +123,22 @@ def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, c
         raise ImportError("cannot load module more than once per process")
 
     monkeypatch.setattr(cli, "_main", run)
-    handler = signal.getsignal(signal.SIGINT)
     try:
         assert cli.main([]) == 130
     finally:
-        signal.signal(signal.SIGINT, handler)
         stop_signals.reset()
     assert capsys.readouterr().err == "tprun: interrupted\n"
 
 
-def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch):
+def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch, keep_sigint):
     from launch import cli
 
     def fail(_argv):
         raise RuntimeError("a real failure")
 
     monkeypatch.setattr(cli, "_main", fail)
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        with pytest.raises(RuntimeError, match="a real failure"):
-            cli.main([])
-    finally:
-        signal.signal(signal.SIGINT, handler)
+    with pytest.raises(RuntimeError, match="a real failure"):
+        cli.main([])
 
 
 @pytest.mark.slow
