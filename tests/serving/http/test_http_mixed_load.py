@@ -2,7 +2,8 @@
 by the official ``openai`` client: greedy and seeded requests, ``n`` 2,
 logprobs, stop strings, structured outputs (choice, regex, JSON schema; with
 logprobs too), priorities, outputs that run to the end of the context, and
-streams the client drops after two chunks, all at once against a KV cache so
+streams the client drops after two chunks (each engine request then ends
+once, as the server's per-reason finish counters say), all at once against a KV cache so
 small that requests are preempted, with a draft model proposing drafts.
 
 Every answer is whole and consistent (finish reason, usage, one logprob a
@@ -19,9 +20,11 @@ import json
 import random
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.http_utils import metric, serving_tiny, wait_for_metric
 
@@ -115,6 +118,14 @@ async def _one_by_one(url: str, bodies: list[dict]) -> list[dict]:
         return [await _ask(client, b) for b in bodies]
 
 
+def _finished_by_reason(url: str) -> dict[str, float]:
+    """``tprun:request_success_total`` by its ``finished_reason`` label."""
+    page = httpx.get(f"{url}/metrics", timeout=30).text
+    return {sample.labels["finished_reason"]: sample.value
+            for family in text_string_to_metric_families(page) for sample in family.samples
+            if sample.name == "tprun:request_success_total"}
+
+
 def _check_consistent(body: dict, answer: dict, prompt_len: int) -> None:
     n = body.get("n", 1)
     assert sorted(answer["choices"]) == list(range(n)), body
@@ -166,13 +177,19 @@ def test_mixed_concurrent_requests_each_answer_as_alone(tmp_path):
         for body, answer in zip(bodies, answers):
             if answer is not None:
                 _check_consistent(body, answer, prompt_lens[body["prompt"]])
-        assert sum(answer is None for answer in answers) == 4
+        dropped = sum(answer is None for answer in answers)
         repeatable = [i for i, (body, answer) in enumerate(zip(bodies, answers))
                       if answer is not None and (body["temperature"] == 0 or "seed" in body)]
         alone = asyncio.run(_one_by_one(server.url, [bodies[i] for i in repeatable]))
         for i, answer in zip(repeatable, alone):
             _check_same(bodies[i], answers[i], answer)
         assert wait_for_metric(server.url, "tprun:num_requests_running", lambda v: v == 0) == 0
+        # Each engine request (one a choice, the replays' too) ended once: the
+        # dropped streams' either aborted or run out, every other one stopped.
+        ended = _finished_by_reason(server.url)
+        choices = sum(b.get("n", 1) for b in bodies) + sum(bodies[i].get("n", 1) for i in repeatable)
+        assert sum(ended.values()) == choices, ended
+        assert ended["abort"] <= dropped == 4 and ended["error"] == 0, ended
         assert metric(server.url, "tprun:num_requests_waiting") == 0
         assert metric(server.url, "tprun:kv_cache_usage_perc") == 0
         assert metric(server.url, "tprun:num_preemptions_total") > 0
