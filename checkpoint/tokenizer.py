@@ -5,7 +5,12 @@ decides (the tokenizer's own post-processor is bypassed, so BOS is never
 doubled). When the key is absent, ``tokenizer.json``'s post-processor
 decides, as in Hugging Face (a plain byte-level tokenizer adds nothing).
 ``decode`` skips special tokens unless told not to (vLLM's
-``skip_special_tokens``).
+``skip_special_tokens``). An output's text shows them as vLLM's detokenizer
+of a fast tokenizer does: as the decoder writes them, or, with
+``spaces_between_special_tokens`` False (and ``skip_special_tokens``
+False), each added token that follows another added token of the output
+as its bare text, without the space a decoder that spaces tokens apart
+(WordPiece's; no decoder at all) puts before it (``_text_with_bare_added``).
 
 ``LLM.get_tokenizer()`` returns a ``Tokenizer``, where vLLM returns a
 transformers tokenizer: so it also answers to the transformers names
@@ -72,9 +77,12 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.add_bos_token = add_bos_token
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+        added = hf_tokenizer.get_added_tokens_decoder()
         # The ids ``decode`` drops under ``skip_special_tokens``.
-        self.special_ids = frozenset(
-            i for i, t in hf_tokenizer.get_added_tokens_decoder().items() if t.special)
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        # Every added token's text by id, special or not: the text an added
+        # token after another shows without ``spaces_between_special_tokens``.
+        self.added_texts = {i: t.content for i, t in added.items()}
         if add_bos_token and bos_token_id is None:
             raise ValueError("add_bos_token is set but the tokenizer has no bos_token")
 
@@ -234,15 +242,61 @@ def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     return tokenizer.decode(output_ids, skip_special_tokens)
 
 
+def _bare_added_texts(tokenizer: Tokenizer, skip_special_tokens: bool,
+                      spaces_between_special_tokens: bool) -> dict[int, str] | None:
+    """The added tokens' texts where an added token after another shows as
+    its bare text (vLLM: only while special tokens are shown and not spaced
+    apart, and only where the tokenizer has added tokens); None otherwise."""
+    if skip_special_tokens or spaces_between_special_tokens or not tokenizer.added_texts:
+        return None
+    return tokenizer.added_texts
+
+
+def _text_with_bare_added(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[int],
+                          added_texts: dict[int, str]) -> str:
+    """The text ``output_ids`` add after ``context_ids`` (special tokens
+    shown), where each added token that follows an added token of the
+    output adds its bare text, as vLLM's fast detokenizer writes it without
+    ``spaces_between_special_tokens``; the runs between those tokens add
+    what they add after everything before them."""
+    ids = [*context_ids, *output_ids]
+
+    def run_text(start: int, end: int) -> str:  # output_ids[start:end] after what precedes
+        if start == end:
+            return ""
+        if start == 0:
+            return _text_after(tokenizer, context_ids, output_ids[:end], False)
+        at = len(context_ids) + start
+        return _text_after(tokenizer, ids[max(0, at - _CONTEXT_TOKENS) : at],
+                           output_ids[start:end], False)
+
+    text, start = "", 0
+    for i in range(1, len(output_ids)):
+        if output_ids[i] in added_texts and output_ids[i - 1] in added_texts:
+            text += run_text(start, i) + added_texts[output_ids[i]]
+            start = i + 1
+    return text + run_text(start, len(output_ids))
+
+
+def _whole_text(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[int],
+                skip_special_tokens: bool, spaces_between_special_tokens: bool) -> str:
+    added_texts = _bare_added_texts(tokenizer, skip_special_tokens,
+                                    spaces_between_special_tokens)
+    if added_texts is None:
+        return _text_after(tokenizer, context_ids, output_ids, skip_special_tokens)
+    return _text_with_bare_added(tokenizer, context_ids, output_ids, added_texts)
+
+
 def output_text(tokenizer: Tokenizer, prompt_token_ids: list[int], output_ids: list[int],
-                skip_special_tokens: bool = True) -> str:
+                skip_special_tokens: bool = True,
+                spaces_between_special_tokens: bool = True) -> str:
     """An output's whole text as it reads after its prompt, as vLLM decodes
     it: what ``IncrementalDetokenizer``'s pieces add up to, in one decode.
     ``tokenizer.decode(output_ids)`` for byte-level tokenizers; for a
     SentencePiece one, an output whose first token begins a word begins
     with its space."""
-    return _text_after(tokenizer, _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
-                       output_ids, skip_special_tokens)
+    return _whole_text(tokenizer, _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
+                       output_ids, skip_special_tokens, spaces_between_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -254,20 +308,29 @@ class IncrementalDetokenizer:
     tokens before the unreleased ones and decodes only the window, so each
     step costs O(window), not O(output). The window starts with the
     prompt's last tokens (``_context_ids``), so the first token's text is
-    what it adds after the prompt. The concatenated pieces, ``finish()``
-    included, equal ``output_text(tokenizer, prompt, output ids,
-    skip_special_tokens)`` (``tokenizer.decode(output ids)`` for
+    what it adds after the prompt. Without ``spaces_between_special_tokens``
+    (special tokens shown) tokens are taken one at a time, and an added
+    token after an added token gives its bare text (vLLM's rule; the one
+    before it has released everything, so its piece is its text alone).
+    The concatenated pieces, ``finish()`` included, equal
+    ``output_text(tokenizer, prompt, output ids, skip_special_tokens,
+    spaces_between_special_tokens)`` (``tokenizer.decode(output ids)`` for
     byte-level tokenizers).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
-                 skip_special_tokens: bool = True) -> None:
+                 skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self._ids = _context_ids(tokenizer, prompt_token_ids, skip_special_tokens)
         self._num_context = len(self._ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
+        self._bare_added = _bare_added_texts(tokenizer, skip_special_tokens,
+                                             spaces_between_special_tokens)
+        self._after_added = False  # the last token fed was an added token
         self.output_text = ""
 
     def _decode(self, token_ids: list[int]) -> str:
@@ -278,22 +341,39 @@ class IncrementalDetokenizer:
         of a finished output), so that ``output_text`` becomes the full
         decode of the output ids; "" when the full decode does not extend
         what was released."""
-        full = _text_after(self.tokenizer, self._ids[: self._num_context],
-                           self._ids[self._num_context :], self.skip_special_tokens)
+        full = _whole_text(self.tokenizer, self._ids[: self._num_context],
+                           self._ids[self._num_context :], self.skip_special_tokens,
+                           self.spaces_between_special_tokens)
         rest = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
         self.output_text += rest
         return rest
 
     def feed(self, token_ids: list[int]) -> str:
         """Add new tokens; return the text they complete (may be "")."""
+        if self._bare_added is None:
+            piece = self._step(token_ids)
+        else:
+            piece = "".join([self._step_one(token) for token in token_ids])
+        self.output_text += piece
+        return piece
+
+    def _step_one(self, token: int) -> str:
+        piece = self._step([token])
+        bare = self._bare_added.get(token)
+        if bare is not None and self._after_added:
+            piece = bare
+        self._after_added = bare is not None
+        return piece
+
+    def _step(self, token_ids: list[int]) -> str:
+        """The text ``token_ids`` complete after the window; moves the
+        window past them when there is some."""
         self._ids.extend(token_ids)
         decode = self._decode
         prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
         new_text = decode(self._ids[self._prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
-        piece = new_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
-        self.output_text += piece
-        return piece
+        return new_text[len(prefix_text) :]

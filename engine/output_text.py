@@ -12,7 +12,7 @@ the same step are dropped), and the text ends before
 the stop string (after it with ``include_stop_str_in_output``). As vLLM,
 text of the first ``min_tokens`` tokens ends no stop string, though one
 may begin in it (``StopStringMatcher.release``). Both decode as
-``skip_special_tokens`` says.
+``skip_special_tokens`` and ``spaces_between_special_tokens`` say.
 
 In both, the text of the stop token that ended an output is left out
 (shown with ``include_stop_str_in_output``, as vLLM shows it), and its id
@@ -42,8 +42,10 @@ class OutputText:
         self._stops = (OutputStops(params.stop, params.include_stop_str_in_output,
                                    params.min_tokens) if params.stop else None)
         self.skip_special_tokens = params.skip_special_tokens
+        self.spaces_between_special_tokens = params.spaces_between_special_tokens
         self._detokenizer = (IncrementalDetokenizer(tokenizer, prompt_token_ids,
-                                                    params.skip_special_tokens)
+                                                    params.skip_special_tokens,
+                                                    params.spaces_between_special_tokens)
                              if params.stop else None)
 
     def add(self, delta: RequestOutputDelta) -> None:
@@ -75,7 +77,8 @@ class OutputText:
             if self.tokenizer is not None:
                 self.text = output_text(self.tokenizer, self.prompt_token_ids,
                                         shown_token_ids(delta, self.token_ids, True),
-                                        self.skip_special_tokens)
+                                        self.skip_special_tokens,
+                                        self.spaces_between_special_tokens)
             return
         # What the detokenizer held back (an incomplete character), no new token.
         self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)

@@ -11,7 +11,10 @@ neither, and its endpoint takes only ``n`` 1 and no ``stop``).
 ``max_model_len``, more than ``max_model_len`` is refused (``truncated_prompt``,
 where the request enters the engine);
 ``skip_special_tokens`` False shows special tokens' text in the output
-(the detokenizers of ``LLM`` and of the engine's endpoint); ``detokenize``
+(the detokenizers of ``LLM`` and of the engine's endpoint), and then
+``spaces_between_special_tokens`` False (vLLM's; default True) writes each
+added token that follows another added token as its bare text, without
+the space a decoder may put before it (``checkpoint.tokenizer``); ``detokenize``
 False (vLLM's) runs no detokenizer for the request: its output has token
 ids, an empty text and logprobs whose ``decoded_token`` is None, and stop
 strings, which read the text, are refused with it.
@@ -98,6 +101,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     stop: tuple[str, ...] | list[str] | str | None = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True
     truncate_prompt_tokens: int | None = None
     stop_token_ids: tuple[int, ...] | list[int] | None = ()
@@ -151,7 +155,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         if bad:
             raise InvalidRequestError(f"stop_token_ids must be non-negative ints, got {bad!r}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
-                     "detokenize"):
+                     "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:

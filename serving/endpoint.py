@@ -494,10 +494,12 @@ class EngineServer:
         except Exception as e:
             self._refuse(identity, message, e)
         else:
+            params = waiting.params
             detokenizer = (IncrementalDetokenizer(self.engine.tokenizer,
                                                   request.prompt_token_ids,
-                                                  waiting.params.skip_special_tokens)
-                           if waiting.params.detokenize else None)
+                                                  params.skip_special_tokens,
+                                                  params.spaces_between_special_tokens)
+                           if params.detokenize else None)
             self.routes[request.req_id] = _Route(identity, message.request_id, detokenizer)
             self.engine_ids[(identity, message.request_id)] = request.req_id
             if trace.enabled:

@@ -5,6 +5,7 @@ HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
 fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
+``skip_special_tokens``, ``spaces_between_special_tokens``,
 ``priority``, ``return_tokens_as_token_ids``, ``add_special_tokens``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
 ``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
@@ -69,6 +70,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Int64 | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     bad_words: list[str] | None = None
     # vLLM's: under ``--scheduling-policy priority`` lower values are served
     # first; any other value than 0 is refused under "fcfs" (by the engine).

@@ -73,6 +73,7 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   include_stop_str_in_output=request.include_stop_str_in_output,
                   truncate_prompt_tokens=request.truncate_prompt_tokens,
                   skip_special_tokens=request.skip_special_tokens,
+                  spaces_between_special_tokens=request.spaces_between_special_tokens,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
                                    else prompt_logprobs))
     out = []

@@ -186,6 +186,39 @@ def test_text_reads_after_the_prompt_with_a_sentencepiece_tokenizer(tmp_path):
     assert plain.outputs[0].text == stopped.outputs[0].text == want
 
 
+@pytest.mark.timeout(120)
+def test_spaces_between_special_tokens_as_vllms_detokenizer(tmp_path):
+    """A WordPiece decoder spaces tokens apart, added ones too; with
+    special tokens shown and ``spaces_between_special_tokens`` False, each
+    added token right after another of the output is written bare. The
+    text, decoded once (no stop strings) and token by token (a stop string
+    never met), is vLLM's detokenizer's for the tokens sampled; the default
+    (True) is transformers' decode of the output after the prompt."""
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.helpers.wordpiece import CLS, SEP, X, save_wordpiece_model, vllm_fast_text
+
+    path = save_wordpiece_model(tmp_path)
+    hf = PreTrainedTokenizerFast(tokenizer_file=f"{path}/tokenizer.json")
+    mixed = SamplingParams(temperature=1.0, seed=3, max_tokens=24, ignore_eos=True,
+                           skip_special_tokens=False, allowed_token_ids=[1, 2, CLS, SEP, X])
+    with LLM(model=path, device="cpu", max_model_len=64) as llm:
+        tokenizer = llm.get_tokenizer()
+        outs = {(spaces, bool(stop)): llm.generate("the cat", mixed.replaced(
+                    spaces_between_special_tokens=spaces, stop=stop))[0]
+                for spaces in (True, False) for stop in ([], ["never"])}
+    prompt, ids = outs[True, False].prompt_token_ids, outs[True, False].outputs[0].token_ids
+    assert all(out.outputs[0].token_ids == ids for out in outs.values())
+    added = {CLS, SEP, X}
+    assert any(a in added and b in added for a, b in zip(ids, ids[1:]))  # some in a row
+    spaced = hf.decode(prompt + ids, skip_special_tokens=False)[len(hf.decode(
+        prompt, skip_special_tokens=False)):]
+    bare = vllm_fast_text(tokenizer.hf, prompt, ids, False, False)
+    assert bare != spaced == vllm_fast_text(tokenizer.hf, prompt, ids, False, True)
+    for (spaces, _), out in outs.items():
+        assert out.outputs[0].text == (spaced if spaces else bare)
+
+
 @pytest.mark.timeout(300)
 def test_max_tokens_none_fills_the_context(llm):
     prompt = {"prompt_token_ids": list(range(3, 13))}

@@ -1,0 +1,105 @@
+"""vLLM's ``spaces_between_special_tokens`` over HTTP, through the official
+``openai`` client's ``extra_body``, on a small model whose WordPiece
+decoder spaces tokens apart, added ones too (``tests/helpers/wordpiece.py``).
+
+Reference: vLLM's detokenizer of a fast tokenizer written out
+(``vllm_fast_text``) over the token ids the server answers with
+(``return_token_ids``); the default is transformers' decode of the output
+after the prompt. A seed and ``allowed_token_ids`` of words and added
+tokens make outputs with added tokens in a row."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from tests.helpers.http_utils import openai_client, start_http, stop_http
+from tests.helpers.wordpiece import (
+    CLS,
+    SEP,
+    X,
+    save_wordpiece_model,
+    vllm_fast_text,
+    wordpiece_tokenizer,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+SAMPLING = {"temperature": 1.0, "seed": 3, "max_tokens": 24}
+EXTRA = {"ignore_eos": True, "skip_special_tokens": False, "allowed_token_ids": [1, 2, CLS, SEP, X],
+         "return_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("wordpiece")
+    model = save_wordpiece_model(tmp / "model")
+    served = start_http(tmp, "serve", "--model", model, "--device", "cpu", "--disable-log-stats")
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai_client(server) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def _in_a_row(ids: list[int]) -> bool:
+    added = {CLS, SEP, X}
+    return any(a in added and b in added for a, b in zip(ids, ids[1:]))
+
+
+def _spaced(prompt: list[int], ids: list[int]) -> str:
+    """transformers' decode of ``ids`` after ``prompt``, special tokens shown."""
+    hf = PreTrainedTokenizerFast(tokenizer_object=wordpiece_tokenizer())
+    return hf.decode(prompt + ids, skip_special_tokens=False)[
+        len(hf.decode(prompt, skip_special_tokens=False)):]
+
+
+@pytest.mark.parametrize("spaces", [False, True])
+def test_completions_text_whole_and_streamed(client, model, spaces):
+    extra = dict(EXTRA, spaces_between_special_tokens=spaces)
+    whole = client.completions.create(model=model, prompt="the cat", extra_body=extra,
+                                      **SAMPLING).choices[0]
+    prompt, ids = whole.model_extra["prompt_token_ids"], whole.model_extra["token_ids"]
+    assert _in_a_row(ids)
+    want = vllm_fast_text(wordpiece_tokenizer(), prompt, ids, False, spaces)
+    assert (want == _spaced(prompt, ids)) is spaces
+    assert whole.text == want
+    chunks = [c.choices[0] for c in client.completions.create(
+        model=model, prompt="the cat", stream=True, extra_body=extra, **SAMPLING)]
+    assert [t for c in chunks for t in c.model_extra["token_ids"]] == ids
+    assert "".join(c.text for c in chunks) == want
+
+
+@pytest.mark.parametrize("spaces", [False, True])
+def test_chat_text(server, client, model, spaces):
+    """The chat's answer to the prompt its template renders is the text of
+    the completion of that prompt's ids (the same seed samples the same
+    tokens)."""
+    messages = [{"role": "user", "content": "the cat"}]
+    prompt = httpx.post(f"{server.url}/tokenize", json={"messages": messages},
+                        timeout=30).json()["tokens"]
+    extra = dict(EXTRA, spaces_between_special_tokens=spaces)
+    ids = client.completions.create(model=model, prompt=prompt, extra_body=extra,
+                                    **SAMPLING).choices[0].model_extra["token_ids"]
+    assert _in_a_row(ids)
+    del extra["return_token_ids"]
+    chat = client.chat.completions.create(model=model, messages=messages, extra_body=extra,
+                                          **SAMPLING)
+    assert chat.choices[0].message.content == vllm_fast_text(wordpiece_tokenizer(), prompt,
+                                                             ids, False, spaces)
+
+
+def test_a_value_that_is_no_bool_is_a_400_naming_it(server, model):
+    r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
+        "model": model, "prompt": "the", "spaces_between_special_tokens": "maybe"})
+    assert r.status_code == 400 and "spaces_between_special_tokens" in r.text
