@@ -4,8 +4,13 @@
 the engine tokenizes a text prompt; false: the text's own tokens) or chat
 ``messages`` (rendered with the model's chat template and any ``tools``,
 as the chat route does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
-``/detokenize`` answers ``{"prompt"}`` for ``tokens``, decoded as the
-engine decodes outputs. ``/tokenizer_info`` gives the special tokens and
+``/detokenize`` answers ``{"prompt"}`` for ``tokens``, decoded as vLLM's
+route decodes them (transformers' ``decode`` with its defaults): special
+tokens shown, and an id the tokenizer does not know (one of the padded
+rows a model's vocabulary may have past the tokenizer's) left out; an id
+the tokenizer cannot read at all, below 0 or from 2**32 on (its ids are
+unsigned 32-bit), is a 400 naming ``tokens``, as vLLM refuses it.
+``/tokenizer_info`` gives the special tokens and
 the chat template, which evaluation harnesses read to tokenize through
 the server.
 """
@@ -16,9 +21,13 @@ from ipc.errors import InvalidRequestError
 from serving.http.protocol import (
     ChatCompletionRequest,
     DetokenizeRequest,
+    FieldError,
     TokenizeRequest,
 )
 from serving.http.state import ServerState
+
+# The tokenizer reads token ids as unsigned 32-bit integers.
+_TOKEN_ID_END = 1 << 32
 
 
 def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
@@ -45,12 +54,11 @@ def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
 
 def detokenize(state: ServerState, request: DetokenizeRequest) -> dict:
     state.check_model(request.model)
-    vocab = state.tokenizer.vocab_size
-    bad = [t for t in request.tokens if not 0 <= t < vocab]
+    bad = [t for t in request.tokens if not 0 <= t < _TOKEN_ID_END]
     if bad:
-        raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary "
-                                  f"[0, {vocab})")
-    return {"prompt": state.tokenizer.decode(request.tokens)}
+        raise FieldError("tokens", f"{bad[:5]} are no token ids: a token id is an integer "
+                                   f"in [0, {_TOKEN_ID_END})")
+    return {"prompt": state.tokenizer.decode(request.tokens, skip_special_tokens=False)}
 
 
 def tokenizer_info(state: ServerState) -> dict:

@@ -353,7 +353,16 @@ def test_return_token_ids_stream_has_a_chunk_per_token(client, reference):
     assert any(c.choices[0].text == "" for c in chunks)  # a token whose text waits
 
 
+def _detokenize(server, tokens: list[int]) -> httpx.Response:
+    return httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}, timeout=30)
+
+
 def test_tokenize_round_trips_detokenize(server, reference):
+    """vLLM's /detokenize is transformers' ``decode`` with its defaults:
+    special tokens shown, so tiny's BOS comes back as "<s>"."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(server.model_dir)
     tok = reference.get_tokenizer()
     for text in [PROMPT, "héllo wörld €", "line one\nline two"]:
         r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=30)
@@ -361,10 +370,33 @@ def test_tokenize_round_trips_detokenize(server, reference):
         body = r.json()
         assert body["tokens"] == tok.encode(text)
         assert body["count"] == len(body["tokens"]) and body["max_model_len"] > 0
-        d = httpx.post(f"{server.url}/detokenize", json={"tokens": body["tokens"]}, timeout=30)
-        assert d.status_code == 200 and d.json() == {"prompt": text}
-    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**6]}, timeout=30)
-    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+        d = _detokenize(server, body["tokens"])
+        assert d.status_code == 200 and d.json() == {"prompt": hf.decode(body["tokens"])}
+        assert d.json()["prompt"] == "<s>" + text
+
+
+def test_detokenize_leaves_out_ids_the_tokenizer_does_not_know(server):
+    """tiny's model has 320 rows, its tokenizer 259 tokens: a padded row's id,
+    and any other the tokenizer does not know, adds nothing (transformers'
+    ``decode``, which vLLM's route calls); an id the tokenizer cannot read
+    (it reads unsigned 32-bit ids) is a 400 naming ``tokens``, as vLLM's
+    refuses it."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(server.model_dir)
+    with open(f"{server.model_dir}/config.json") as f:
+        padded = json.load(f)["vocab_size"] - 1
+    assert padded >= len(hf)
+    ids = [72, padded, 105, len(hf), 10**6, (1 << 32) - 1]
+    d = _detokenize(server, ids)
+    assert d.status_code == 200 and d.json() == {"prompt": hf.decode(ids)} == {"prompt": "Hi"}
+    for bad in (-1, 1 << 32):
+        r = _detokenize(server, [72, bad])
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens", r.text
+        with pytest.raises(OverflowError):  # what vLLM's route answers with a 400
+            hf.decode([72, bad])
 
 
 def test_tokenize_messages_equals_chat_prompt(server, client):
