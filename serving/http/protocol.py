@@ -369,8 +369,9 @@ class ResponsesRequest(BaseModel):
     ``skip_special_tokens``, ``include_stop_str_in_output``,
     ``structured_outputs``) have vLLM's names and the chat's meaning.
     ``store`` and ``previous_response_id`` work with the server's response
-    store (``response_store.py``); a ``store`` left true (or null) with the
-    store off is served without storing, as vLLM serves it; ``background``
+    store (``response_store.py``); a ``store`` left true with the store off
+    is served without storing, as vLLM serves it, and ``store`` null stores
+    nothing, as vLLM reads it (false); ``background``
     runs the response on while the call returns, which needs the store
     (``responses_background.py``). ``user``, ``metadata``,
     ``safety_identifier``, ``prompt_cache_key`` and ``service_tier`` are
@@ -441,9 +442,10 @@ class ResponsesRequest(BaseModel):
 
     @property
     def stores(self) -> bool:
-        """Whether the client lets the response be stored: ``store`` true,
-        or null (OpenAI's default), as vLLM reads it."""
-        return self.store is not False
+        """Whether the client lets the response be stored: ``store`` true
+        (its default). As vLLM reads it, null does not: vLLM's request
+        model takes null for ``store`` and every use of it tests its truth."""
+        return self.store is True
 
     @property
     def output_logprobs(self) -> bool:

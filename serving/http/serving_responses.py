@@ -41,8 +41,8 @@ API's fields (``input``, ``max_output_tokens``), not the chat's
 ``max_tokens``; an empty conversation names ``input``.
 
 As vLLM's server: the store is off by default, and then a request's
-``store`` (true unless the client says otherwise) is served without
-storing; ``previous_response_id`` and the routes of a stored response
+``store`` (true unless the client says otherwise; null is false, as vLLM
+tests it) is served without storing; ``previous_response_id`` and the routes of a stored response
 answer 404 for a response the server does not hold. ``DELETE`` answers
 OpenAI's ``{"id", "object": "response.deleted", "deleted": true}`` (vLLM
 has no such route); the response is then unknown to every route and to
@@ -51,7 +51,7 @@ generated from (``responses_input_items.py``; vLLM has no such route
 either).
 
 With ``background`` (vLLM's rules: it needs the store on and the request's
-``store`` left true, else a 400 naming it) the engine accepts the request
+``store`` left true, not false nor null, else a 400 naming it) the engine accepts the request
 and the call returns at once: the response stored "queued", or with
 ``stream`` its events, followed as they come; as OpenAI streams a
 background response, ``response.created`` and ``response.queued`` show it

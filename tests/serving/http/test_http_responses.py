@@ -477,11 +477,12 @@ def test_a_stored_response_is_retrieved_as_answered(stored_client):
                                                  max_output_tokens=6, stream=True))
     streamed = events[-1].response
     assert stored_client.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
-    unstored = stored_client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
-                                              store=False)
-    assert unstored.store is False
-    with pytest.raises(openai.NotFoundError):
-        stored_client.responses.retrieve(unstored.id)
+    for store in (False, None):  # null stores nothing either, as vLLM reads it
+        unstored = stored_client.responses.create(model="tiny", input="Hi",
+                                                  max_output_tokens=2, store=store)
+        assert unstored.store is False
+        with pytest.raises(openai.NotFoundError):
+            stored_client.responses.retrieve(unstored.id)
     with pytest.raises(openai.BadRequestError, match="background"):
         stored_client.responses.cancel(first.id)
     with pytest.raises(openai.NotFoundError):

@@ -294,6 +294,7 @@ def test_what_cannot_be_cancelled_or_streamed_is_a_400(server, client):
 @pytest.mark.parametrize("fields, message", [
     ({"store": False}, "store"),
     ({"store": False, "stream": True}, "store"),
+    ({"store": None}, "store"),  # null is false to vLLM
 ])
 def test_background_without_store_is_a_400_naming_it(client, fields, message):
     with pytest.raises(openai.BadRequestError) as raised:
