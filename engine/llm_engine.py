@@ -100,7 +100,7 @@ class LLMEngine:
         config.check_machine()
         try:  # the model's files beyond its description: read or checked here, once
             if config.load_format != "dummy":
-                check_weight_files(self.model_dir)
+                check_weight_files(self.model_dir, self.model_config)
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -210,7 +210,7 @@ class LLMEngine:
         try:
             draft_dir = resolve_model_dir(spec.model)
             draft = describe(draft_dir)
-            check_weight_files(draft_dir)
+            check_weight_files(draft_dir, draft)
         except ValueError as e:
             raise ConfigError(f"speculative_config: draft model: {e}") from None
         config.check_draft_model(self.model_config, draft)

@@ -2,7 +2,7 @@
 
 Each checkpoint name the model asks for (Hugging Face naming, from
 ``model.weight_slices()``) maps to one llama.cpp tensor (``blk.N.attn_q``
-...). A rank dequantizes only the rows it keeps when it splits a weight by
+...; ``ipc.gguf_tensors.hf_name``). A rank dequantizes only the rows it keeps when it splits a weight by
 rows (quantization blocks run along a row), the whole tensor otherwise, to
 float32 with ``gguf.quants.dequantize``, then casts to the model's dtype.
 
@@ -13,42 +13,11 @@ them back. Slices of q and k are whole heads, so this works per shard.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import torch
 
+from ipc.gguf_tensors import hf_name
 from runner.layers import WeightSlice
-
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face checkpoint name of a llama.cpp tensor, or None if unknown."""
-    match = _BLOCK.fullmatch(gguf_name)
-    if match:
-        layer, part, kind = match.groups()
-        mapped = _LAYER_NAMES.get(part)
-        return None if mapped is None else f"model.layers.{layer}.{mapped}.{kind}"
-    base, _, kind = gguf_name.rpartition(".")
-    mapped = _TOP_NAMES.get(base)
-    return None if mapped is None else f"{mapped}.{kind}"
 
 
 def unpermute_rows(rows: np.ndarray, head_dim: int) -> np.ndarray:

@@ -120,8 +120,20 @@ def _sharded_index(directory) -> None:
         {"weight_map": {"a": "part-1.safetensors", "b": "part-2.safetensors"}}))
 
 
+def _edit_config(directory, **fields) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **fields}))
+
+
 @pytest.mark.parametrize("damage, match", [
     (lambda d: (d / "model.safetensors").unlink(), "no safetensors checkpoint in"),
+    (lambda d: _edit_config(d, num_key_value_heads=1),
+     r"model/model.safetensors: tensor model.layers.0.self_attn.k_proj.weight has shape "
+     r"\[32, 64\], but .*model/config.json implies \[16, 64\] \(num_key_value_heads \* "
+     r"head_dim, hidden_size\)"),
+    (lambda d: _edit_config(d, vocab_size=300),
+     r"model.safetensors: tensor model.embed_tokens.weight has shape \[320, 64\], but "
+     r".*config.json implies \[300, 64\] \(vocab_size, hidden_size\)"),
     (lambda d: _cut(d / "model.safetensors", 1000),
      r"model.safetensors is not a readable safetensors file: .*header"),
     (lambda d: _cut(d / "model.safetensors", 900_000),
@@ -139,6 +151,18 @@ def test_model_files_that_cannot_load_are_refused_before_any_worker(no_workers, 
     model = _damaged_copy(tiny_dir, tmp_path / "model", damage)
     with pytest.raises(ConfigError, match=match):
         LLM(model=model, tensor_parallel_size=2, device="cpu")
+    assert no_workers == []
+
+
+def test_a_draft_model_whose_config_disagrees_is_refused_before_any_worker(no_workers,
+                                                                          tiny_dir, tmp_path):
+    draft = _damaged_copy(tiny_dir, tmp_path / "draft",
+                          lambda d: _edit_config(d, intermediate_size=128))
+    with pytest.raises(ConfigError, match=r"speculative_config: draft model: .*draft/"
+                                          r"model.safetensors: tensor model.layers.0.mlp."
+                                          r"gate_proj.weight has shape \[192, 64\]"):
+        LLM(model=tiny_dir, tensor_parallel_size=2, device="cpu", speculative_config={
+            "method": "draft_model", "model": draft, "num_speculative_tokens": 2})
     assert no_workers == []
 
 

@@ -8,7 +8,9 @@ port fails before loading the model."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -220,6 +222,29 @@ def test_user_input_errors_exit_2_with_one_line(tmp_path):
         if before_load:
             assert "loading" not in result.stderr, (args, result.stderr)
         assert leftovers == []
+
+
+@pytest.mark.timeout(120)
+def test_a_config_json_that_disagrees_with_the_weights_exits_2_before_any_worker(tmp_path,
+                                                                                 tiny_dir):
+    """An edited config.json: the weights' headers say so before a worker
+    starts (no rank's traceback), in one line naming the file, the tensor
+    and both shapes."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
+    started = time.monotonic()
+    result, leftovers = run_tprun(
+        ["--nproc-per-node", "2", "generate", "--model", str(model), "--device", "cpu",
+         "--prompt", "Hi"], timeout=100, env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 2, result.stderr
+    assert _one_error_line(result) == (
+        f"tprun: error: {model}/model.safetensors: tensor model.embed_tokens.weight has shape "
+        f"[320, 64], but {model}/config.json implies [320, 128] (vocab_size, hidden_size); "
+        f"39 tensors differ")
+    assert time.monotonic() - started < 30
+    assert leftovers == []
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from runner.gguf_loader import _copy_slice, hf_name, unpermute_rows
+from ipc.gguf_tensors import hf_name
+from runner.gguf_loader import _copy_slice, unpermute_rows
 from runner.layers import WeightSlice
 
 dequant = pytest.importorskip("transformers.integrations.gguf.dequant")
