@@ -4,8 +4,11 @@
 (``LLTokenizer`` built from the model directory's ``tokenizer.json``, the
 same file the engine's tokenizer reads, GGUF-derived ones included, sized to
 the model's vocabulary so that ids past the tokenizer's are never allowed;
-its EOS ids are the model's). ``compile`` turns a ``GrammarKey`` into a
-template matcher; each request then gets its own copy (``new_matcher``).
+its EOS ids are the model's). llguidance reads byte-level and
+SentencePiece-legacy decoders itself; for a ``Metaspace`` decoder, which it
+cannot read, tprun gives it every token's bytes (``metaspace_tokens``).
+``compile`` turns a ``GrammarKey`` into a template matcher; each request
+then gets its own copy (``new_matcher``).
 
 The tokenizer is built on first use, inside a compile (off the engine
 loop), once: building it reads every token's bytes (about a second for a
@@ -20,6 +23,7 @@ import re
 import threading
 from typing import Any
 
+from engine.structured_outputs import metaspace_tokens
 from engine.structured_outputs.dangling_escape import dangling_escape
 from engine.structured_outputs.params import GrammarKey
 from ipc.errors import InvalidRequestError
@@ -56,8 +60,13 @@ class GuidanceBackend:
 
                 with open(self.tokenizer_json_path, encoding="utf-8") as f:
                     text = f.read()
-                eos = self.eos_token_ids or None
-                self._tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
+                spec = json.loads(text)
+                if metaspace_tokens.decodes_metaspace(spec):
+                    self._tokenizer = metaspace_tokens.lltokenizer(spec, self.vocab_size,
+                                                                   self.eos_token_ids)
+                else:
+                    eos = self.eos_token_ids or None
+                    self._tokenizer = LLTokenizer(text, n_vocab=self.vocab_size, eos_token=eos)
             return self._tokenizer
 
     def compile(self, key: GrammarKey) -> Any:

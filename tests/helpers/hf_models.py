@@ -50,9 +50,10 @@ def save_with_greedy_reference(model, path, prompts: list[list[int]],
 
 
 # A SentencePiece-style vocabulary: each letter as a word's start ("▁a") and
-# inside a word ("a"), as Llama 2's and Mistral's tokenizers have them.
+# inside a word ("a"), as Llama 2's and Mistral's tokenizers have them, then
+# punctuation and digits (enough to write JSON).
 SPM_PIECES = ["<unk>", "<s>", "</s>", *("\u2581" + c for c in "abcdefghijklmnopqrstuvwxyz"),
-              *"abcdefghijklmnopqrstuvwxyz", "\u2581", ".", ","]
+              *"abcdefghijklmnopqrstuvwxyz", "\u2581", ".", ",", *'{}[]":', *"0123456789"]
 SPM_WORD_STARTS = list(range(3, 29))  # the ids of "▁a" .. "▁z"
 
 
