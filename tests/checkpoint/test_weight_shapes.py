@@ -1,6 +1,7 @@
 """The tensors a model reads and their whole shapes, from config.json alone
 (``ipc.weight_shapes``), held against the runner's own plan
-(``model.weight_slices()``) at every rank of TP 1 and 2; a GGUF file's
+(``model.weight_slices()``) at every rank of TP 1 and 2 and against the
+checkpoints transformers saves; a GGUF file's
 tensor table read from its header (``ipc.gguf_tensors``), held against
 ``gguf.GGUFReader``; and the start-up check of both against a model
 directory (``ipc.weight_files.check_weight_files``)."""
@@ -23,6 +24,7 @@ from ipc.weight_files import check_weight_files
 from ipc.weight_shapes import checkpoint_shapes
 from runner.distributed import TensorParallelGroup
 from runner.models import build_model_from_config
+from tests.helpers.model_parity import COMMON, CONFIGS
 
 HF_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 32,
@@ -54,6 +56,24 @@ def test_checkpoint_shapes_are_the_runners_plan(variant, tp_size):
         for name, where in model.weight_slices().items():
             planned[name] = where.source_shape()
     assert planned == expected
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_checkpoint_shapes_are_those_transformers_saves(tmp_path, name):
+    """Every tensor and shape of a checkpoint ``save_pretrained`` writes for
+    each architecture (tied, biased, one kv head, Qwen3's own head_dim),
+    nothing more, nothing less; the start-up check passes it."""
+    import transformers
+    from safetensors import safe_open
+
+    config_cls, model_cls, extra = CONFIGS[name]
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**COMMON, **extra))
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
+        saved = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118
+    expected = checkpoint_shapes(describe(str(tmp_path)))
+    assert saved == {key: shape.shape for key, shape in expected.items()}
+    _check(str(tmp_path))
 
 
 def _write_gguf(path, endianess) -> None:
