@@ -255,7 +255,9 @@ class LLMEngine:
         context is cut to what it leaves, so the request ends there with
         "length" (vLLM's offline ``LLM``); without, such a request is refused
         (vLLM's HTTP server). A prompt that leaves no room for one token is
-        refused either way. ``bad_words`` are tokenized here
+        refused either way; where ``max_tokens`` is None or cut, the
+        refusal blames the prompt (its ``param``), not a number the caller
+        did not give. ``bad_words`` are tokenized here
         (``engine.bad_words``), so their ids are checked with the rest.
         The tokenizer's end-of-sequence id is the request's main one; the
         model's other end ids end it as stop token ids do (``Request``,
@@ -273,9 +275,10 @@ class LLMEngine:
             params = params.replaced(bad_words_token_ids=sequences)
         # At least 1: a prompt already too long then gets the length message.
         room = max(1, self.scheduler.config.max_model_len - len(prompt_token_ids))
-        if fit_context:
-            # Blamed on the prompt alone, not on the max_tokens cut to fit it.
+        if fit_context or params.max_tokens is None:
+            # Blamed on the prompt alone, not on a max_tokens the context sets or cuts.
             check_context_length(len(prompt_token_ids), None, self.scheduler.config.max_model_len)
+        if fit_context:
             params = params.fitted_to(room)
         elif params.max_tokens is None:
             params = params.replaced(max_tokens=room)

@@ -100,12 +100,17 @@ class RequestError(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     to its own client as that client's error (HTTP 400); False: the engine
     could not take it for another reason, a message the protocol does not
     allow (an id in use, n > 1) or the engine's own failure (logged
-    there), which is no end user's doing (HTTP 500)."""
+    there), which is no end user's doing (HTTP 500). ``code`` and
+    ``param``: the refusal's ``InvalidRequestError.code`` and ``.param``
+    (OpenAI's error code and the request field at fault, where it names
+    them), so a front end answers with the same ones; None for any other
+    refusal."""
 
     request_id: str | None
     error: str
     code: str | None = None  # OpenAI's error code where one applies ("context_length_exceeded")
     invalid_request: bool = False
+    param: str | None = None  # the request field at fault ("max_tokens"), where one is named
 
 
 class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -208,7 +208,7 @@ class EngineClient:
                 self._forget(request_id)
                 message = f"request {request_id!r} refused: {item.error}"
                 if item.invalid_request:
-                    raise InvalidRequestError(message, code=item.code)
+                    raise InvalidRequestError(message, param=item.param, code=item.code)
                 raise ValueError(message)
             if item.finished:
                 self._forget(request_id)

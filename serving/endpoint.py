@@ -538,7 +538,7 @@ class EngineServer:
     def _refuse(self, identity: bytes, message: GenerateRequest, e: Exception) -> None:
         """Answer ``RequestError``: ``invalid_request`` for an
         ``InvalidRequestError`` (the request's own fault, told to the
-        client only); a ``ProtocolError`` is logged on one line, any other
+        client only), with its ``code`` and ``param``; a ``ProtocolError`` is logged on one line, any other
         exception, the engine's own failure, with its traceback."""
         invalid = isinstance(e, InvalidRequestError)
         if isinstance(e, ProtocolError):
@@ -548,7 +548,8 @@ class EngineServer:
                          message.request_id, exc_info=e)
         error = str(e) or type(e).__name__
         refusal = RequestError(request_id=message.request_id, error=error,
-                               code=e.code if invalid else None, invalid_request=invalid)
+                               code=e.code if invalid else None, invalid_request=invalid,
+                               param=e.param if invalid else None)
         earlier = self.waiting.get((identity, message.request_id))
         if earlier is not None:  # a request with its id waits: after that one's reply
             earlier.then.append(refusal)

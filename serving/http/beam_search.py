@@ -71,7 +71,8 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
                       priority: int) -> list[BeamSearchOutput]:
     """Each prompt's best sequences, their tokens without the prompt's.
     ``RequestRefused`` where the engine refuses a step's requests (naming
-    beam search's logprobs where those are what it refused)."""
+    beam search's logprobs, and blaming ``n``, which asked for them, where
+    those are what it refused)."""
     search = BeamSearch(prompts, params, state.eos_token_ids, state.max_model_len,
                         keep_eos=params.include_stop_str_in_output)
     step = search.step_params.to_dict()
@@ -83,7 +84,8 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
             if "logprobs" not in str(e):
                 raise
             raise RequestRefused(f"use_beam_search with n {params.beam_width} asks "
-                                 f"{2 * params.beam_width} logprobs a token: {e}", e.code) from None
+                                 f"{2 * params.beam_width} logprobs a token: {e}", e.code,
+                                 "n") from None
         candidates: list[dict[int, Logprob]] = [{} for _ in requests]
         try:
             async for event in generation.events():

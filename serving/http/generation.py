@@ -35,10 +35,12 @@ from serving.protocol_core import EngineStoppedError
 
 class RequestRefused(InvalidRequestError):
     """The engine refused a request for what it asks (HTTP 400); ``code``
-    is OpenAI's error code for the reason, where it has one."""
+    is OpenAI's error code for the reason and ``param`` the field it
+    blames, where the engine's refusal names them."""
 
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+    def __init__(self, message: str, code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
 
 
 class EngineRefusal(RuntimeError):
@@ -120,7 +122,7 @@ class Generation:
                 self.choices[item.request_id].finished = True
                 self.link.forget(item.request_id)
                 if item.invalid_request:
-                    raise RequestRefused(item.error, item.code)
+                    raise RequestRefused(item.error, item.code, item.param)
                 raise EngineRefusal(f"the engine refused request {item.request_id!r}: "
                                     f"{item.error}")
             if isinstance(item, RequestAccepted):

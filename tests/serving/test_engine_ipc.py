@@ -29,6 +29,7 @@ from ipc.engine_messages import (
     RequestError,
     decode_server_message,
 )
+from ipc.errors import InvalidRequestError
 from ipc.serde import encode
 from serving import protocol_core
 from serving.client import EngineClient, EngineStoppedError
@@ -337,6 +338,9 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
     assert "foo" in errors["param"]
     assert "temperature" in errors["temp"]
     assert "max_model_len" in errors["long"]
+    long = next(r for r in replies if r.request_id == "long")  # the field blamed crosses too
+    assert (long.invalid_request, long.code, long.param) == (
+        True, "context_length_exceeded", "max_tokens")
     assert "n 1 and no stop strings" in errors["n"] and "n 1 and no stop" in errors["stop"]
     with EngineClient(endpoint, timeout_s=60) as client:
         before = client.stats()
@@ -348,6 +352,10 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
     with EngineClient(endpoint, timeout_s=60) as client:
         with pytest.raises(ValueError, match="outside the vocabulary"):
             client.generate([{"prompt_token_ids": [3, 4]}, {"prompt_token_ids": [99999]}])
+        with pytest.raises(InvalidRequestError, match="max_model_len") as refused:
+            client.generate({"prompt_token_ids": [3, 4]}, {"max_tokens": 10**6})
+        assert (refused.value.code, refused.value.param) == ("context_length_exceeded",
+                                                             "max_tokens")
         with pytest.raises(ValueError, match="request_id must be a string"):
             client.submit("a", request_id=5)
         # The bound is the engine socket's own (one constant); a small one

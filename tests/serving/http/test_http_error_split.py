@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import logging
 
+import httpx
 import openai
 import pytest
 from starlette.testclient import TestClient
@@ -218,6 +219,27 @@ BAD_REQUESTS = [  # (layer, call, message, code)
                                     extra_body={"priority": 2}),
      "needs the 'priority' scheduling policy", None),
 ]
+
+
+ENGINE_CONTEXT_REFUSALS = [  # (prompt token ids, max_tokens, the field the engine blames)
+    ([1, 2, 3], 5000, "max_tokens"),  # 3 + 5000 past max_model_len 4096
+    ([1] * 4096, None, "prompt"),  # no max_tokens: the prompt alone leaves no room
+]
+
+
+@pytest.mark.parametrize("prompt, max_tokens, param", ENGINE_CONTEXT_REFUSALS,
+                         ids=[case[2] for case in ENGINE_CONTEXT_REFUSALS])
+def test_the_engines_refusal_keeps_the_field_it_blames(server, prompt, max_tokens, param):
+    """A completion's context is checked by the engine alone (no HTTP layer
+    looks first): its refusal crosses the engine's IPC with the field it
+    blames, and the 400's OpenAI error names it as ``param``."""
+    response = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": prompt, "max_tokens": max_tokens})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error", "context_length_exceeded", param)
+    assert "max_model_len 4096" in error["message"]
 
 
 @pytest.mark.parametrize("layer, call, message, code", BAD_REQUESTS,

@@ -328,7 +328,7 @@ def test_unknown_model_is_404_and_a_long_prompt_says_so(server, client):
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError, match="maximum context length") as info:
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5000)
-    assert (info.value.code, info.value.param) == ("context_length_exceeded", None)
+    assert (info.value.code, info.value.param) == ("context_length_exceeded", "max_tokens")
     with pytest.raises(openai.BadRequestError, match="max_tokens must be an int >= 1"):
         client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4,
                                        max_completion_tokens=0)  # set, so it counts
