@@ -10,6 +10,10 @@ request is served into OpenAI's error shape, for a whole answer
   message, ``param`` and ``code``; of those, a model or a stored response
   this server does not hold is a 404.
 - ``EngineStoppedError``: 503, the reason's first line.
+- ``GenerationError`` (a choice the engine ended with finish reason
+  "error"): 500 ``server_error`` with its message, as vLLM answers that
+  reason; logged where it was raised, on one line (no traceback: no bug of
+  the server's is behind it).
 - Anything else, a plain ``ValueError`` included: the server's own failure,
   500 ``server_error``. Its traceback is logged here and its text is not
   sent, so an internal bug (an infinity the JSON encoder refuses, a broken
@@ -21,6 +25,7 @@ from __future__ import annotations
 import logging
 
 from ipc.errors import InvalidRequestError
+from serving.http.generation import GenerationError
 from serving.http.protocol import error_body
 from serving.http.response_store import UnknownResponseError
 from serving.http.state import UnknownModelError
@@ -40,5 +45,7 @@ def error_answer(e: Exception) -> tuple[int, dict]:
         return 400, error_body(str(e), param=e.param, code=e.code)
     if isinstance(e, EngineStoppedError):
         return 503, error_body(e.client_message(), "service_unavailable", code=503)
+    if isinstance(e, GenerationError):
+        return 500, error_body(str(e), "server_error", code=500)
     logger.error("a request failed inside the server", exc_info=e)
     return 500, error_body(SERVER_FAILURE, "server_error", code=500)

@@ -11,7 +11,11 @@ refusal that is not the request's fault, ``EngineRefusal``: the server's
 own failure). ``events``
 then yields each choice's text as it comes, passed through its
 ``OutputStops``; a choice that meets a stop string is aborted in the
-engine (its blocks freed) and finishes with reason "stop".
+engine (its blocks freed) and finishes with reason "stop". A choice the
+engine ends with reason "error" (it could not go on generating it) is not
+shown as an answer: ``events`` raises ``GenerationError`` in its place, as
+vLLM's server raises its own, which the routes answer as a failure of the
+server (``errors.error_answer``: a 500, or a stream's error event).
 
 Invariant: whatever happens (refusal, a client gone, a cancelled task),
 ``abort_unfinished`` leaves no engine request of this HTTP request running.
@@ -20,6 +24,7 @@ Invariant: whatever happens (refusal, a client gone, a cancelled task),
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,6 +36,8 @@ from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
 from serving.protocol_core import EngineStoppedError
+
+logger = logging.getLogger(__name__)
 
 
 class RequestRefused(InvalidRequestError):
@@ -48,6 +55,19 @@ class EngineRefusal(RuntimeError):
     (``RequestError.invalid_request`` false): a message this server should
     not have sent, or the engine's own failure. The server's failure (HTTP
     500, logged), never told to the client as its error."""
+
+
+class GenerationError(RuntimeError):
+    """A choice ended with finish reason "error": the engine could not go
+    on generating it (its output constraint refused the token sampled,
+    ``engine.scheduler``). vLLM's server answers such a request with a 500
+    (its ``GenerationError``), never as a finished choice; so does this one
+    (``errors.error_answer``). Logged once, on one line, where raised."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__("the engine failed to generate this response: a choice ended "
+                         "with finish reason \"error\"")
+        self.request_id = request_id
 
 
 @dataclass
@@ -159,7 +179,10 @@ class Generation:
                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
-        """Every choice's events, in the order the engine produced them."""
+        """Every choice's events, in the order the engine produced them;
+        ``GenerationError`` instead of the last event of a choice that ended
+        with "error" (the caller's ``abort_unfinished`` then stops the
+        others)."""
         live = sum(not c.finished for c in self.choices.values())
         while live:
             item = self.early.pop(0) if self.early else await self.queue.get()
@@ -171,6 +194,10 @@ class Generation:
             if choice.finished:
                 continue
             event = self._event(item.request_id, choice, item)
+            if event.finish_reason == "error":
+                logger.error("request %s failed: the engine ended it with finish reason "
+                             "\"error\"", item.request_id)
+                raise GenerationError(item.request_id)
             if choice.finished:
                 live -= 1
             if event.text or event.token_ids or event.finish_reason or event.prompt_logprobs:

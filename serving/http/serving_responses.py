@@ -89,7 +89,7 @@ from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
 from serving.http.errors import error_answer
-from serving.http.generation import ChoiceEvent, Generation
+from serving.http.generation import ChoiceEvent, Generation, GenerationError
 from serving.http.protocol import FieldError, ResponsesRequest
 from serving.http.response_store import RUNNING, ResponseStore, StoredResponse, stored
 from serving.http.responses_background import EventLog
@@ -402,6 +402,8 @@ class _Run:
                     self.log.append(event)
         except EngineStoppedError as e:
             self.stopped = e.client_message()
+        except GenerationError as e:  # logged where raised
+            self.stopped = str(e)
         except Exception:
             logger.exception("background response %s failed", self.shape.id)
             self.stopped = "the server failed to run this response"

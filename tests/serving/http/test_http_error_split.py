@@ -11,17 +11,25 @@ that shows a masked token's -inf logprob as -9999.0 (``logprobs.shown``),
 so the answer's JSON holds -inf, which the encoder refuses with a
 ``ValueError`` ("Out of range float values"); a bug in the middle of a
 stream; the engine's refusals, which say whether the request was at fault
-(``RequestError.invalid_request``).
+(``RequestError.invalid_request``); a choice the engine ends with finish
+reason "error", which vLLM's server answers as its own failure: a 500 on
+every route, an error event that ends a stream, a background response
+stored "failed".
 
 Over a real ``tprun serve`` (tiny, CPU): one request for each layer that
 checks what a request asks, each a 400 with that layer's message through
-the ``openai`` client, and an ordinary answer after them.
+the ``openai`` client, and an ordinary answer after them; the refusals
+only the engine makes, with the field they blame as ``param``; requests
+whose grammar refuses the token sampled (finish reason "error"), whole and
+streamed.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import time
 
 import httpx
 import openai
@@ -47,11 +55,15 @@ TOP = [TokenLogprob(TOKEN, -0.25, 1), TokenLogprob(73, float("-inf"), 2)]
 class _ScriptedLink:
     """An engine link that accepts every request and finishes it with the
     one token ``TOKEN`` and its ``TOP`` logprobs, or, while ``refusal``
-    holds a ``RequestError``'s fields, refuses it so."""
+    holds a ``RequestError``'s fields, refuses it so; with ``ends_in_error``
+    the token comes unfinished and a last delta ends the request with
+    finish reason "error", as the engine ends one whose grammar refused
+    the token sampled."""
 
     def __init__(self) -> None:
         self.ids = itertools.count()
         self.refusal: dict | None = None
+        self.ends_in_error = False
 
     async def start(self) -> None:
         pass
@@ -69,7 +81,12 @@ class _ScriptedLink:
         queue.put_nowait(RequestAccepted(request_id=request_id,
                                          prompt_token_ids=list(prompt_token_ids)))
         queue.put_nowait(Delta(request_id=request_id, token_ids=[TOKEN], text="H",
-                               finished=True, finish_reason="length", logprobs=[TOP]))
+                               finished=not self.ends_in_error,
+                               finish_reason=None if self.ends_in_error else "length",
+                               logprobs=[TOP]))
+        if self.ends_in_error:
+            queue.put_nowait(Delta(request_id=request_id, token_ids=[], text="",
+                                   finished=True, finish_reason="error"))
 
     def abort(self, request_id: str) -> None:
         pass
@@ -79,9 +96,11 @@ class _ScriptedLink:
 
 @pytest.fixture
 def scripted(tiny_dir):
-    """(link, openai client) of an app in process over a ``_ScriptedLink``."""
+    """(link, openai client) of an app in process over a ``_ScriptedLink``
+    (with the Responses API's store, for background responses)."""
     link = _ScriptedLink()
-    app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096)
+    app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096,
+                     enable_responses_api_store=True)
     with TestClient(app) as http:
         yield link, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
                                   max_retries=0, http_client=http)
@@ -178,6 +197,77 @@ def test_a_refusal_is_the_clients_error_only_when_the_engine_says_so(scripted, c
         .choices[0].text == "H"
 
 
+GENERATION_FAILURE = 'the engine failed to generate this response: a choice ended with ' \
+                     'finish reason "error"'
+
+
+def _generation_failure_logged(caplog) -> bool:
+    """One line for the choice that ended in "error", no traceback of a
+    failure inside the server."""
+    lines = [r for r in caplog.records if 'with finish reason "error"' in r.getMessage()]
+    return len(lines) == 1 and lines[0].exc_info is None and not _failures(caplog)
+
+
+WHOLE_ANSWERS = [  # vLLM's rule for a finish reason "error": a 500, never the choice
+    ("chat", lambda c: c.chat.completions.create(model="tiny", messages=MESSAGES,
+                                                 max_tokens=4)),
+    ("completions", lambda c: c.completions.create(model="tiny", prompt="Hi", max_tokens=4)),
+    ("responses", lambda c: c.responses.create(model="tiny", input="Hi", max_output_tokens=4)),
+]
+
+
+@pytest.mark.parametrize("route, call", WHOLE_ANSWERS, ids=[case[0] for case in WHOLE_ANSWERS])
+def test_a_choice_ended_with_error_is_a_500_not_an_answer(scripted, caplog, route, call):
+    link, client = scripted
+    link.ends_in_error = True
+    with caplog.at_level(logging.ERROR), pytest.raises(openai.InternalServerError) as raised:
+        call(client)
+    assert raised.value.status_code == 500
+    assert raised.value.body == {"message": GENERATION_FAILURE, "type": "server_error",
+                                 "param": None, "code": 500}
+    assert _generation_failure_logged(caplog)
+    link.ends_in_error = False
+    _answered_normally(client)
+
+
+def test_a_response_stream_whose_choice_ends_with_error_ends_with_an_error_event(scripted,
+                                                                                 caplog):
+    """As vLLM's: the text already streamed, then an error event in place
+    of the closing events; no ``response.completed``."""
+    link, client = scripted
+    link.ends_in_error = True
+    with caplog.at_level(logging.ERROR):
+        events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=4,
+                                              stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert [e.delta for e in events if e.type == "response.output_text.delta"] == ["H"]
+    assert "response.completed" not in kinds and "response.output_text.done" not in kinds
+    assert (events[-1].type, events[-1].code, events[-1].message) == \
+        ("error", "server_error", GENERATION_FAILURE)
+    assert _generation_failure_logged(caplog)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_background_response_whose_choice_ends_with_error_is_stored_failed(scripted, stream):
+    link, client = scripted
+    link.ends_in_error = True
+    if stream:
+        events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=4,
+                                              background=True, stream=True))
+        response_id = events[0].response.id
+        assert events[-1].type == "error"
+    else:
+        response_id = client.responses.create(model="tiny", input="Hi", max_output_tokens=4,
+                                              background=True).id
+    deadline = time.monotonic() + 30
+    while (stored := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert stored.status == "failed"
+    assert (stored.error.code, stored.error.message) == ("server_error", GENERATION_FAILURE)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("error-split"), "--nproc-per-node", "1", "serve",
@@ -252,3 +342,43 @@ def test_each_layers_refusal_is_a_400_with_its_message(server, client, layer, ca
     answer = client.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0)
     assert answer.choices[0].finish_reason == "length"
     assert "a request failed inside the server" not in server.output()
+
+
+# A constraint whose every answer starts with "y", then a mask that leaves it
+# no token after that (tests/engine/test_structured_outputs.py): the engine
+# ends the request with finish reason "error" after the one token "y".
+MASKED = {"temperature": 0, "max_tokens": 8, "bad_words": ["e", "a"],
+          "structured_outputs": {"choice": ["yes", "yak"]}}
+ROUTES = [("chat/completions", {"messages": MESSAGES}), ("completions", {"prompt": "Pick:"})]
+
+
+@pytest.mark.parametrize("route, body", ROUTES, ids=[case[0] for case in ROUTES])
+def test_a_grammar_that_refuses_the_token_sampled_is_a_500(server, route, body):
+    response = httpx.post(f"{server.url}/v1/{route}", timeout=60,
+                          json={"model": "tiny", **body, **MASKED})
+    assert response.status_code == 500
+    assert response.json() == {"error": {"message": GENERATION_FAILURE, "type": "server_error",
+                                         "param": None, "code": 500}}
+    assert "a request failed inside the server" not in server.output()
+
+
+@pytest.mark.parametrize("route, body", ROUTES, ids=[case[0] for case in ROUTES])
+def test_a_stream_whose_grammar_refuses_the_token_sampled_ends_with_an_error_event(
+        server, client, route, body):
+    """vLLM's stream: the text already sent ("y"), then an error event
+    where the finishing chunk would be, then [DONE]; no chunk carries the
+    finish reason "error"."""
+    with httpx.stream("POST", f"{server.url}/v1/{route}", timeout=60,
+                      json={"model": "tiny", **body, **MASKED, "stream": True}) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert events[-1] == {"error": {"message": GENERATION_FAILURE, "type": "server_error",
+                                    "param": None, "code": 500}}
+    choices = [c for e in events[:-1] for c in e["choices"]]
+    assert "".join(c.get("text") or c.get("delta", {}).get("content") or ""
+                   for c in choices) == "y"
+    assert all(c["finish_reason"] is None for c in choices)
+    answer = client.completions.create(model="tiny", prompt="hi", max_tokens=2, temperature=0)
+    assert answer.choices[0].finish_reason == "length"
