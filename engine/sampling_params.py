@@ -48,7 +48,9 @@ strings not empty, at most ``MAX_STOP_STRINGS``; ``logit_bias`` a dict of
 int ids to numbers and ``allowed_token_ids`` a list of ints, ``bad_words`` a list of strings and
 ``bad_words_token_ids`` a list of lists of ints, each within its bounds).
 ``temperature`` 0 is greedy, and one in (0, ``MIN_TEMPERATURE``) is stored
-as ``MIN_TEMPERATURE`` (vLLM's 0.01), with one warning in the log.
+as ``MIN_TEMPERATURE`` (vLLM's 0.01), with one warning in the log; greedy
+takes ``n`` 1 only (vLLM's rule: its choices could not differ; the error
+names ``n``).
 ``top_k == -1`` is stored as 0, ``stop_token_ids`` and ``stop`` as tuples
 (one string as a tuple of one; None, as vLLM takes it, as none); ``seed``
 -1 is None (no seed), as vLLM reads it. ``max_tokens`` None: as many as the
@@ -127,6 +129,11 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         problems = self.problems()
         if problems:
             raise InvalidRequestError(problems[0])
+        if self.temperature == 0 and self.n > 1:
+            raise InvalidRequestError(
+                f"n must be 1 when sampling greedily (temperature 0), got {self.n}: greedy "
+                "choices are all the same; give a temperature above 0 for different ones",
+                param="n")
 
     def _check_types(self) -> None:
         for name in _NUMBERS:

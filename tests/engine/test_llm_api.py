@@ -1,4 +1,4 @@
-"""``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions,
+"""``LLM``'s vLLM-shaped API beyond one plain completion: ``n`` completions (greedy: ``n`` 1),
 stop strings, ``max_tokens=None`` and past the context, ``cumulative_logprob``, prompts from a
 generator, ``LLM.chat``, each output's ``metrics``, params assigned before and after
 submitting (checked once, in a copy the caller does not hold). References: separate requests
@@ -12,6 +12,7 @@ import pytest
 
 from checkpoint.tiny_model import ensure_tiny_model
 from engine import LLM, SamplingParams
+from ipc.errors import InvalidRequestError
 from tests.helpers.hf_models import SPM_WORD_STARTS, save_sentencepiece_style
 from tests.helpers.request_metrics import Window, assert_in_order
 
@@ -43,8 +44,25 @@ def test_n_completions_are_the_choices_seeds(llm):
     assert [c.token_ids for c in out.outputs] == [s.outputs[0].token_ids for s in singles]
     assert [c.text for c in out.outputs] == [s.outputs[0].text for s in singles]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # the seeds differ
-    [two] = llm.generate([{"prompt_token_ids": [5, 6, 7]}], _greedy(n=2, max_tokens=4))
-    assert two.outputs[0].token_ids == two.outputs[1].token_ids
+
+
+@pytest.mark.timeout(300)
+def test_greedy_n_above_1_is_refused_naming_n_and_the_engine_goes_on(llm):
+    """vLLM's rule (its choices could not differ): ``n`` 2 at temperature 0
+    is an ``InvalidRequestError`` whose ``param`` is ``n``, also when the
+    temperature is assigned after construction; nothing is scheduled, and
+    the same request with ``n`` 1 is served."""
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    with pytest.raises(InvalidRequestError, match="n must be 1 when sampling greedily") as e:
+        llm.generate(prompt, _greedy(n=2, max_tokens=4))
+    assert e.value.param == "n"
+    params = SamplingParams(n=2, temperature=0.8, max_tokens=4, ignore_eos=True)
+    params.temperature = 0.0
+    with pytest.raises(InvalidRequestError, match="n must be 1 when sampling greedily"):
+        llm.generate(prompt, params)
+    assert not llm.engine.has_unfinished_requests()
+    [one] = llm.generate(prompt, _greedy(max_tokens=4))
+    assert len(one.outputs) == 1 and len(one.outputs[0].token_ids) == 4
 
 
 def _expected_stop(tokenizer, ids: list[int], stop: str, min_tokens: int):
@@ -291,7 +309,7 @@ def test_the_callers_params_are_checked_once(llm, monkeypatch):
     assert len(calls) == 1
     llm.generate([prompt] * 2, [_greedy(max_tokens=2), _greedy(max_tokens=3)])
     assert len(calls) == 3
-    [out] = llm.generate(prompt, _greedy(max_tokens=2, n=3))
+    [out] = llm.generate(prompt, _greedy(max_tokens=2, n=3, temperature=1.0))
     assert len(calls) == 4 and len(out.outputs) == 3
     llm.engine.add_request(prompt, _greedy(max_tokens=2))
     while llm.engine.has_unfinished_requests():

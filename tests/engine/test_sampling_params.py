@@ -62,6 +62,27 @@ def test_invalid_values_raise_clear_errors(kw, match):
         SamplingParams(**kw)
 
 
+@pytest.mark.parametrize("kw", [dict(n=2, temperature=0), dict(n=128, temperature=0.0),
+                                dict(n=3, temperature=0.0, seed=4)])
+def test_greedy_takes_n_1_only(kw):
+    """vLLM's rule: at temperature 0 every choice is the same argmax, so
+    ``n`` above 1 is refused, naming ``n`` (OpenAI's ``param``), whether
+    built, assigned after and checked, or read from a dict."""
+    with pytest.raises(InvalidRequestError, match=rf"^n must be 1 when sampling greedily "
+                                                  rf"\(temperature 0\), got {kw['n']}") as e:
+        SamplingParams(**kw)
+    assert e.value.param == "n"
+    with pytest.raises(InvalidRequestError, match="n must be 1 when sampling greedily"):
+        SamplingParams.from_dict(kw)
+    assigned = SamplingParams(n=kw["n"], temperature=0.7)
+    assigned.temperature = 0.0
+    with pytest.raises(InvalidRequestError, match="n must be 1 when sampling greedily"):
+        assigned.checked()
+    # Sampled (any temperature above 0, the raised floor's too) and greedy n 1 stay served.
+    assert SamplingParams(n=kw["n"], temperature=0.001).temperature == 0.01
+    assert SamplingParams(n=1, temperature=0).choices()[0].temperature == 0
+
+
 @pytest.mark.parametrize("given, stored", [
     (0, 0), (0.0, 0.0), (1e-9, 0.01), (0.001, 0.01), (0.00999, 0.01), (0.01, 0.01), (0.5, 0.5)])
 def test_a_tiny_temperature_is_raised_to_vllms_floor(given, stored, caplog):
@@ -69,7 +90,7 @@ def test_a_tiny_temperature_is_raised_to_vllms_floor(given, stored, caplog):
     below 0.01 samples at 0.01, said once in the log; the copies the
     parameters go through (``checked``, ``choices``) say nothing more."""
     with caplog.at_level("WARNING", logger="engine.sampling_params"):
-        p = SamplingParams(temperature=given, n=3, seed=1)
+        p = SamplingParams(temperature=given, n=1 if given == 0 else 3, seed=1)  # greedy: n 1
         p.checked(), p.choices(), SamplingParams.from_dict(p.to_dict())
     assert p.temperature == stored
     assert all(c.temperature == stored for c in p.choices())

@@ -1,5 +1,5 @@
 """``tprun serve --http-port --speculative-config`` on CPU with ``tiny``,
-driven by the official ``openai`` client: greedy answers (n = 2, logprobs)
+driven by the official ``openai`` client: greedy answers (two prompts, logprobs)
 equal ``LLM.generate`` without drafts, a stop string inside a step's
 accepted drafts cuts the output there (text, tokens and logprobs), and
 /metrics shows the spec_decode counters."""
@@ -39,10 +39,10 @@ def plain(server):
                                                                     out.logprobs)]
 
 
-def test_greedy_n2_and_logprobs_equal_plain(client, plain, server):
+def test_two_greedy_prompts_and_logprobs_equal_plain(client, plain, server):
     ids, text, logprobs = plain
-    resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=40, temperature=0,
-                                     n=2, logprobs=1)
+    resp = client.completions.create(model="tiny", prompt=[PROMPT, PROMPT], max_tokens=40,
+                                     temperature=0, logprobs=1)
     assert [c.text for c in resp.choices] == [text, text]
     for choice in resp.choices:
         assert choice.logprobs.token_logprobs == pytest.approx(logprobs, abs=1e-4)
