@@ -165,11 +165,15 @@ _server_decoder = msgspec.msgpack.Decoder(ServerMessage)
 
 
 def decode_client_message(data: bytes) -> ClientMessage:
-    """Raises ``ValueError`` naming what is wrong with malformed bytes."""
+    """Raises ``ValueError`` naming what is wrong with malformed bytes,
+    values nested deeper than the decoder can go (its ``RecursionError``)
+    included: no message can end the loop that reads them."""
     try:
         return _client_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise ValueError(f"malformed request: {e}") from None
+    except RecursionError:
+        raise ValueError("malformed request: values nested too deep to decode") from None
 
 
 def decode_server_message(data: bytes) -> ServerMessage:
@@ -184,7 +188,7 @@ def request_id_of(data: bytes) -> str | None:
     bytes are a msgpack map holding a string there."""
     try:
         raw = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         return None
     value = raw.get("request_id") if isinstance(raw, dict) else None
     return value if isinstance(value, str) else None

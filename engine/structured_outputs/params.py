@@ -7,7 +7,9 @@ checks the shape (types, exactly one) and raises ``InvalidRequestError`` (a
 ``StructuredOutputsError`` naming the key when one key's value is bad, so a
 front end can name the field its user sent instead); whether a
 schema, regex or grammar compiles is decided by the grammar backend when the
-request enters the engine. ``disable_any_whitespace`` makes JSON compact (no
+request enters the engine, except a schema nested deeper than
+``MAX_SCHEMA_DEPTH`` (``schema_depth``), refused here, before anything
+walks it. ``disable_any_whitespace`` makes JSON compact (no
 whitespace between tokens of the JSON text), as vLLM's option of that name.
 
 A JSON schema is compiled with its objects closed (``closed_objects``): an
@@ -35,6 +37,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured_outputs.schema_depth import (
+    MAX_SCHEMA_DEPTH,
+    nesting_depth,
+    text_nesting_depth,
+)
 from ipc.errors import InvalidRequestError
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -133,8 +140,11 @@ class StructuredOutputsParams:
 def _schema_text(schema: Any) -> str:
     """A JSON schema's text without spaces (key order kept: it is the order
     of the output's properties), from a dict or from text that parses to an
-    object (or the boolean schema true, which any value satisfies)."""
+    object (or the boolean schema true, which any value satisfies). One
+    nested deeper than ``MAX_SCHEMA_DEPTH`` is refused before it is parsed
+    or written (``schema_depth``: no walk of it may recurse that deep)."""
     if isinstance(schema, str):
+        _check_depth(text_nesting_depth(schema))
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
@@ -142,12 +152,21 @@ def _schema_text(schema: Any) -> str:
     if not isinstance(schema, (dict, bool)):
         raise StructuredOutputsError("json", "must be a JSON schema (an object), got "
                                      f"{type(schema).__name__}")
+    _check_depth(nesting_depth(schema))
     if schema is False:
         raise StructuredOutputsError("json", "is the schema false, which no value satisfies")
     try:
         return json.dumps(schema, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise StructuredOutputsError("json", f"cannot be written as JSON: {e}") from None
+
+
+def _check_depth(depth: int) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise StructuredOutputsError(
+            "json", f"nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep; a "
+            f"JSON schema may nest at most {MAX_SCHEMA_DEPTH} (the deepest the grammar "
+            "backend reads)")
 
 
 # Keywords whose value describes another instance than the schema's own (an

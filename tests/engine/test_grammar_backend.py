@@ -18,6 +18,7 @@ from engine.structured_outputs import StructuredOutputManager, StructuredOutputs
 from engine.structured_outputs.backend import GrammarError, GuidanceBackend
 from engine.structured_outputs.compiler import GrammarCompiler
 from engine.structured_outputs.params import GrammarKey, StructuredOutputsError, closed_objects
+from engine.structured_outputs.schema_depth import MAX_SCHEMA_DEPTH, nesting_depth
 from ipc.messages import SchedulerOutput
 
 VOCAB = 320
@@ -209,6 +210,34 @@ def test_a_schema_regex_ending_in_an_escaped_backslash_is_kept(manager):
     data = {"type": "object", "properties": {
         "pattern": {"const": "x\\"}, "kind": {"enum": ["\\", {"pattern": "\\"}]}}}
     assert grammar_for(manager, json=data) is not None
+
+
+@pytest.mark.parametrize("shape", ["arrays", "objects"])
+def test_max_schema_depth_is_the_deepest_llguidance_compiles(manager, shape):
+    """Why the limit is what it is: the backend itself (reached with a
+    ``GrammarKey``, past ``StructuredOutputsParams``' check) compiles a
+    schema nested ``MAX_SCHEMA_DEPTH`` deep and refuses one level more with
+    its JSON reader's recursion limit. Should llguidance change its limit,
+    this fails, and the constant follows it."""
+
+    def nested(levels: int) -> dict:
+        schema: dict = {"type": "integer"}
+        while nesting_depth(schema) < levels:
+            schema = ({"type": "array", "items": schema} if shape == "arrays" or
+                      nesting_depth(schema) == levels - 1
+                      else {"type": "object", "properties": {"a": schema}})
+        return schema
+
+    def key(levels: int) -> GrammarKey:
+        schema = nested(levels)
+        assert nesting_depth(schema) == levels
+        return GrammarKey("json", json.dumps(schema, separators=(",", ":")))
+
+    manager.backend.compile(key(MAX_SCHEMA_DEPTH))
+    with pytest.raises(GrammarError, match="recursion limit exceeded"):
+        manager.backend.compile(key(MAX_SCHEMA_DEPTH + 1))
+    with pytest.raises(StructuredOutputsError, match="more than 124 levels deep"):
+        StructuredOutputsParams(json=nested(MAX_SCHEMA_DEPTH + 1))
 
 
 def test_closed_objects_closes_object_schemas_not_data_or_compositions():

@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.structured_outputs.schema_depth import MAX_SCHEMA_DEPTH
+from ipc.errors import InvalidRequestError
 
 SCHEMA = {
     "type": "object",
@@ -60,6 +62,15 @@ def regex_params(seed: int) -> SamplingParams:
 def choice_params(seed: int | None) -> SamplingParams:
     return SamplingParams(temperature=0.0 if seed is None else 1.0, seed=seed, max_tokens=16,
                           structured_outputs=StructuredOutputsParams(choice=CHOICES))
+
+
+def nested_arrays(levels: int) -> dict:
+    """A JSON schema of ``levels`` objects nested in one another: arrays of
+    one item down to a digit, so its one answer is "[[...[d]...]]"."""
+    schema: dict = {"type": "integer", "minimum": 0, "maximum": 9}
+    for _ in range(levels - 1):
+        schema = {"type": "array", "items": schema, "minItems": 1, "maxItems": 1}
+    return schema
 
 
 def assert_valid_json(outputs) -> int:
@@ -240,6 +251,13 @@ def test_json_object_and_grammar(tiny_dir):
     ({"regex": "a", "choice": ["a"]}, "exactly one of"),
     ({"choice": []}, "must not be empty"),
     ({"schema": {}}, "unknown structured_outputs field"),
+    # Past Python's recursion limit, as an object and as text: refused for
+    # its depth, before anything walks it.
+    ({"json": nested_arrays(1000)}, "nests objects and arrays more than 124 levels deep"),
+    ({"json": json.dumps(nested_arrays(900)).replace("}", "} ")},
+     "nests objects and arrays more than 124 levels deep"),
+    ({"json": '{"items":' * 5000 + "{}" + "}" * 5000}, "more than 124 levels deep"),
+    ({"json": nested_arrays(125)}, "more than 124 levels deep"),  # one past the deepest
 ])
 def test_bad_constraints_are_value_errors_and_the_engine_goes_on(tiny_dir, constraint, message):
     with LLM(model=tiny_dir, device="cpu") as llm:
@@ -286,3 +304,30 @@ def test_a_mask_that_leaves_the_grammar_no_token_ends_the_request_as_error(tiny_
     for got, want in zip(outputs[1:-1], alone):
         assert (got.token_ids, got.text, got.finish_reason) == (
             want.token_ids, want.text, want.finish_reason)
+
+
+@pytest.mark.timeout(300)
+def test_the_deepest_schema_taken_is_served_and_one_past_python_recursion_is_refused(tiny_dir):
+    """A schema nested ``MAX_SCHEMA_DEPTH`` (124) levels deep compiles and
+    its answer is its one shape, a digit in 123 arrays of one item (worked
+    out by hand: ``jsonschema`` itself recurses too deep to validate it);
+    one nested 1000 deep, assigned to parameters
+    after they were made, is an ``InvalidRequestError`` from ``generate``
+    (not a ``RecursionError``), nothing of the batch is scheduled, and the
+    engine serves the deepest one again after it."""
+    deepest = nested_arrays(MAX_SCHEMA_DEPTH)
+    params = SamplingParams(temperature=0.0, max_tokens=2 * MAX_SCHEMA_DEPTH + 8,
+                            structured_outputs=StructuredOutputsParams(
+                                json=deepest, disable_any_whitespace=True))
+    with LLM(model=tiny_dir, device="cpu") as llm:
+        first = llm.generate(PROMPT, params)[0].outputs[0]
+        assert first.finish_reason == "stop", first
+        arrays = MAX_SCHEMA_DEPTH - 1
+        assert re.fullmatch(rf"\[{{{arrays}}}[0-9]\]{{{arrays}}}", first.text), first.text
+        too_deep = SamplingParams(temperature=0.0, max_tokens=4)
+        too_deep.structured_outputs = {"json": nested_arrays(1000)}
+        with pytest.raises(InvalidRequestError, match="more than 124 levels deep"):
+            llm.generate([PROMPT, PROMPT], [params, too_deep])
+        assert not llm.engine.has_unfinished_requests()
+        again = llm.generate(PROMPT, params)[0].outputs[0]
+    assert (again.text, again.finish_reason) == (first.text, "stop")

@@ -311,6 +311,24 @@ def raw_exchange(endpoint: str, payloads: list[bytes]) -> list:
         ctx.term()
 
 
+def _nested_objects(levels: int) -> dict:
+    """A JSON schema of ``levels`` objects nested in one another."""
+    schema: dict = {"type": "integer"}
+    for _ in range(levels - 1):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def _deeply_nested_request() -> bytes:
+    """A ``GenerateRequest`` whose ``sampling_params`` nest 5000 maps deep,
+    past what the decoder can follow (written by hand: no encoder goes
+    there either)."""
+    pack = msgspec.msgpack.encode
+    head = b"".join(pack(v) for v in ("type", "GenerateRequest", "request_id", "deep bytes",
+                                      "prompt", "a", "sampling_params"))
+    return b"\x84" + head + b"\x81\xa1a" * 5000 + b"\x80"  # {"a": {"a": ... {}}}
+
+
 @pytest.mark.timeout(90)
 def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monkeypatch):
     endpoint, _ = server
@@ -328,10 +346,17 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
                                sampling_params={"max_tokens": 10**6})),
         encode(GenerateRequest(request_id="n", prompt="a", sampling_params={"n": 2})),
         encode(GenerateRequest(request_id="stop", prompt="a", sampling_params={"stop": "."})),
+        encode(GenerateRequest(request_id="deep schema", prompt="a", sampling_params={
+            "structured_outputs": {"json": _nested_objects(300)}})),
+        _deeply_nested_request(),
     ])
     errors = {r.request_id: r.error for r in replies}
     assert all(isinstance(r, RequestError) for r in replies)
     assert "malformed" in errors[None]
+    assert "nests objects and arrays more than 124 levels deep" in errors["deep schema"]
+    unnamed = [r.error for r in replies if r.request_id is None]  # too malformed to name
+    assert len(unnamed) == 2  # the bytes that are not msgpack, and those nested too deep
+    assert "malformed request: values nested too deep to decode" in unnamed
     assert "prompt_token_ids" in errors["t"]
     assert "exactly one of prompt" in errors["both"]
     assert "outside the vocabulary" in errors["vocab"]

@@ -257,6 +257,26 @@ def test_a_null_or_false_schema_is_named_where_the_client_sent_it(server, schema
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("as_text", [False, True])
+def test_a_schema_nested_past_the_depth_limit_is_named_where_sent(server, reference, as_text):
+    """150 levels (the body itself may nest 200): past the 124 the grammar
+    backend reads, refused with the limit, naming the field sent, and the
+    server answers after it."""
+    schema: dict = {"type": "integer"}
+    for _ in range(149):
+        schema = {"type": "array", "items": schema}
+    fields = ({"guided_json": json.dumps(schema)} if as_text else
+              {"response_format": {"type": "json_schema",
+                                   "json_schema": {"name": "x", "schema": schema}}})
+    error = _error(_post(server, "/v1/chat/completions",
+                         json.dumps({**CHAT, **fields}).encode()), 400)
+    assert error["param"] == ("guided_json" if as_text else
+                              "response_format.json_schema.schema"), error
+    assert "nests objects and arrays more than 124 levels deep" in error["message"], error
+    _still_serving(server, reference)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("field, value", [
     ("guided_regex", "\\"),
     ("guided_regex", "a\\\\\\"),  # a\\\ : an escaped backslash, then a lone one
