@@ -16,7 +16,12 @@ as its bare text, without the space a decoder that spaces tokens apart
 transformers tokenizer: so it also answers to the transformers names
 scripts use most (``apply_chat_template``, ``convert_ids_to_tokens``,
 ``convert_tokens_to_ids``, ``get_vocab``, ``len()``, ``batch_decode``,
-``bos_token`` / ``eos_token``), with transformers' results.
+``bos_token`` / ``eos_token``), with transformers' results, and its
+``decode`` takes what a transformers fast tokenizer's takes (one id, a
+batch, an array; ``clean_up_tokenization_spaces``; other keywords, such as
+``spaces_between_special_tokens``, change nothing there and here). An
+output's text is the decoder's own (``raw_decode``, no clean-up), as
+vLLM's detokenizer writes it.
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ def _read_json(path: str) -> dict[str, Any]:
 
 
 class Tokenizer:
-    """A ``tokenizers.Tokenizer`` plus the BOS/EOS facts the engine needs."""
+    """A ``tokenizers.Tokenizer`` plus the BOS/EOS facts the engine needs,
+    and tokenizer_config.json's clean-up flags, which transformers' decode
+    reads (``decode``; the output text never reads them)."""
 
     def __init__(
         self,
@@ -68,8 +75,14 @@ class Tokenizer:
         eos_token_id: int | None = None,
         add_bos_token: bool | None = None,
         chat_template: str | None = None,
+        clean_up_tokenization_spaces: bool = False,
+        clean_up_bpe: bool = False,
     ) -> None:
         self.hf = hf_tokenizer
+        # transformers' names and defaults: whether ``decode`` cleans up by
+        # default, and whether it does so for a BPE model too.
+        self.clean_up_tokenization_spaces = clean_up_tokenization_spaces
+        self._cleans_up = clean_up_bpe or type(hf_tokenizer.model).__name__ != "BPE"
         # A Jinja2 template (transformers' convention) that renders a list of
         # chat messages into a prompt; None when the model ships none.
         self.chat_template = chat_template
@@ -114,6 +127,9 @@ class Tokenizer:
             eos_token_id=token_id("eos_token"),
             add_bos_token=None if add_bos is None else bool(add_bos),
             chat_template=config.get("chat_template"),
+            clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)),
+            clean_up_bpe=bool(config.get(
+                "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)),
         )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -144,8 +160,36 @@ class Tokenizer:
         the process's other threads running."""
         return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    def raw_decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The decoder's text of ``token_ids``, with no clean-up: what an
+        output's text is made of."""
         return self.hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = True,
+               clean_up_tokenization_spaces: bool | None = None, **kwargs: Any) -> str | list[str]:
+        """The text of ``token_ids`` as transformers' fast tokenizer decodes
+        it, but for the default of ``skip_special_tokens`` (True, vLLM's).
+        ``token_ids``: a list of ids, one id, a list of lists (a list of
+        texts back), or an array or tensor (``tolist()``).
+        ``clean_up_tokenization_spaces`` (None: tokenizer_config.json's,
+        False where it has none) removes the space before punctuation and
+        English contractions (transformers' ``clean_up_tokenization``),
+        except for a BPE model, which transformers leaves as it is unless
+        the config forces it. Other keyword arguments
+        (``spaces_between_special_tokens``: a fast tokenizer has no such
+        option) change nothing, as in transformers."""
+        ids = token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids
+        if isinstance(ids, dict):  # a BatchEncoding
+            ids = ids["input_ids"]
+        if isinstance(ids, int):
+            ids = [ids]
+        if ids and isinstance(ids[0], (list, tuple)):
+            return [self.decode(seq, skip_special_tokens, clean_up_tokenization_spaces)
+                    for seq in ids]
+        text = self.raw_decode(ids, skip_special_tokens)
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = self.clean_up_tokenization_spaces
+        return _cleaned_up(text) if clean_up_tokenization_spaces and self._cleans_up else text
 
     def token_text(self, token_id: int | None) -> str | None:
         """The text of one token id (special tokens included), e.g. for a
@@ -177,10 +221,13 @@ class Tokenizer:
             return self.hf.token_to_id(tokens)
         return [self.hf.token_to_id(t) for t in tokens]
 
-    def batch_decode(self, sequences: list[list[int]],
-                     skip_special_tokens: bool = False) -> list[str]:
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False,
+                     clean_up_tokenization_spaces: bool | None = None,
+                     **kwargs: Any) -> list[str]:
         """Each sequence decoded (transformers' default keeps special tokens)."""
-        return [self.decode(ids, skip_special_tokens) for ids in sequences]
+        sequences = sequences.tolist() if hasattr(sequences, "tolist") else sequences
+        return [self.decode(ids, skip_special_tokens, clean_up_tokenization_spaces)
+                for ids in sequences]
 
     def apply_chat_template(self, conversation: list[dict] | list[list[dict]],
                             tools: list[dict] | None = None, chat_template: str | None = None,
@@ -208,6 +255,17 @@ class Tokenizer:
         return ids if tokenize else text
 
 
+# transformers' ``clean_up_tokenization``: each space-led piece, and what it becomes.
+_CLEAN_UPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def _cleaned_up(text: str) -> str:
+    for piece, replacement in _CLEAN_UPS:
+        text = text.replace(piece, replacement)
+    return text
+
+
 def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool) -> list[int]:
     """The prompt's last tokens an output is decoded after (none where the
@@ -223,7 +281,7 @@ def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
         if not (skip_special_tokens and token in tokenizer.special_ids):
             ids.append(token)
     ids.reverse()
-    if tokenizer.decode(ids, skip_special_tokens).endswith("\ufffd"):
+    if tokenizer.raw_decode(ids, skip_special_tokens).endswith("\ufffd"):
         return []
     return ids
 
@@ -235,11 +293,11 @@ def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     first token it sees, SentencePiece's, keeps the output's); the output
     decoded alone where the joint text does not begin with the context's."""
     if context_ids:
-        head = tokenizer.decode(context_ids, skip_special_tokens)
-        joint = tokenizer.decode([*context_ids, *output_ids], skip_special_tokens)
+        head = tokenizer.raw_decode(context_ids, skip_special_tokens)
+        joint = tokenizer.raw_decode([*context_ids, *output_ids], skip_special_tokens)
         if joint.startswith(head):
             return joint[len(head):]
-    return tokenizer.decode(output_ids, skip_special_tokens)
+    return tokenizer.raw_decode(output_ids, skip_special_tokens)
 
 
 def _bare_added_texts(tokenizer: Tokenizer, skip_special_tokens: bool,
@@ -292,7 +350,7 @@ def output_text(tokenizer: Tokenizer, prompt_token_ids: list[int], output_ids: l
                 spaces_between_special_tokens: bool = True) -> str:
     """An output's whole text as it reads after its prompt, as vLLM decodes
     it: what ``IncrementalDetokenizer``'s pieces add up to, in one decode.
-    ``tokenizer.decode(output_ids)`` for byte-level tokenizers; for a
+    ``tokenizer.raw_decode(output_ids)`` for byte-level tokenizers; for a
     SentencePiece one, an output whose first token begins a word begins
     with its space."""
     return _whole_text(tokenizer, _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
@@ -314,7 +372,7 @@ class IncrementalDetokenizer:
     before it has released everything, so its piece is its text alone).
     The concatenated pieces, ``finish()`` included, equal
     ``output_text(tokenizer, prompt, output ids, skip_special_tokens,
-    spaces_between_special_tokens)`` (``tokenizer.decode(output ids)`` for
+    spaces_between_special_tokens)`` (``tokenizer.raw_decode(output ids)`` for
     byte-level tokenizers).
     """
 
@@ -334,7 +392,7 @@ class IncrementalDetokenizer:
         self.output_text = ""
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, self.skip_special_tokens)
+        return self.tokenizer.raw_decode(token_ids, self.skip_special_tokens)
 
     def finish(self) -> str:
         """The text held back so far (an incomplete character at the end
