@@ -19,9 +19,14 @@ scripts use most (``apply_chat_template``, ``convert_ids_to_tokens``,
 ``bos_token`` / ``eos_token``), with transformers' results, and its
 ``decode`` takes what a transformers fast tokenizer's takes (one id, a
 batch, an array; ``clean_up_tokenization_spaces``; other keywords, such as
-``spaces_between_special_tokens``, change nothing there and here). An
-output's text is the decoder's own (``raw_decode``, no clean-up), as
-vLLM's detokenizer writes it.
+``spaces_between_special_tokens``, change nothing there and here).
+
+An output's text is the decoder's own (``raw_decode``, no clean-up), as
+vLLM's detokenizer of a fast tokenizer (tokenizers' ``DecodeStream``)
+writes it, token by token: a token's text is released once the text so far
+does not end in U+FFFD, and what is still held back when the output ends
+(an incomplete UTF-8 character, a token that is U+FFFD itself) is never
+shown.
 """
 
 from __future__ import annotations
@@ -270,7 +275,8 @@ def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool) -> list[int]:
     """The prompt's last tokens an output is decoded after (none where the
     prompt ends inside a character, a token-id prompt: the output's first
-    bytes would complete it and vanish into it). Under
+    bytes would complete it and vanish into it; vLLM's stream, primed with
+    the whole prompt, would show the prompt's text with them instead). Under
     ``skip_special_tokens`` the last ones that decode to text: special
     tokens there would leave a context of nothing, and a SentencePiece
     decoder would then drop the output's leading space."""
@@ -345,35 +351,53 @@ def _whole_text(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     return _text_with_bare_added(tokenizer, context_ids, output_ids, added_texts)
 
 
+def _released_text(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[int],
+                   skip_special_tokens: bool, spaces_between_special_tokens: bool) -> str:
+    """The text of the longest start of ``output_ids`` whose text does not
+    end in U+FFFD: all that a token-by-token detokenizer has released when
+    the output ends (the tokens after it stay held back). Usually the whole
+    output: one decode."""
+    for end in range(len(output_ids), 0, -1):
+        text = _whole_text(tokenizer, context_ids, output_ids[:end], skip_special_tokens,
+                           spaces_between_special_tokens)
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
 def output_text(tokenizer: Tokenizer, prompt_token_ids: list[int], output_ids: list[int],
                 skip_special_tokens: bool = True,
                 spaces_between_special_tokens: bool = True) -> str:
-    """An output's whole text as it reads after its prompt, as vLLM decodes
-    it: what ``IncrementalDetokenizer``'s pieces add up to, in one decode.
-    ``tokenizer.raw_decode(output_ids)`` for byte-level tokenizers; for a
-    SentencePiece one, an output whose first token begins a word begins
-    with its space."""
-    return _whole_text(tokenizer, _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
-                       output_ids, skip_special_tokens, spaces_between_special_tokens)
+    """An output's whole text as it reads after its prompt, as vLLM's
+    detokenizer of a fast tokenizer gives it: what ``IncrementalDetokenizer``'s
+    pieces add up to, in one decode. For a byte-level tokenizer,
+    ``tokenizer.raw_decode(output_ids)`` less an incomplete character (or
+    a U+FFFD) at its end; for a SentencePiece one, an output whose first
+    token begins a word begins with its space."""
+    return _released_text(tokenizer,
+                          _context_ids(tokenizer, prompt_token_ids, skip_special_tokens),
+                          output_ids, skip_special_tokens, spaces_between_special_tokens)
 
 
 class IncrementalDetokenizer:
-    """Turns a stream of token ids into text pieces, never splitting a
-    multi-byte character: a piece is released only once the text decoded so
-    far does not end in U+FFFD (an incomplete UTF-8 sequence).
+    """Turns a stream of token ids into text pieces, as vLLM's detokenizer
+    of a fast tokenizer (tokenizers' ``DecodeStream``) does: a token's text
+    is released once the text decoded so far does not end in U+FFFD (an
+    incomplete UTF-8 sequence), so a piece never ends inside a character;
+    what is held back when the output ends is never released.
 
     Keeps a window ``[prefix_offset, read_offset)`` of already released
     tokens before the unreleased ones and decodes only the window, so each
     step costs O(window), not O(output). The window starts with the
     prompt's last tokens (``_context_ids``), so the first token's text is
-    what it adds after the prompt. Without ``spaces_between_special_tokens``
-    (special tokens shown) tokens are taken one at a time, and an added
-    token after an added token gives its bare text (vLLM's rule; the one
-    before it has released everything, so its piece is its text alone).
-    The concatenated pieces, ``finish()`` included, equal
+    what it adds after the prompt. Several tokens fed at once give what
+    they give fed one at a time, joined. Without
+    ``spaces_between_special_tokens`` (special tokens shown) tokens are
+    taken one at a time, and an added token after an added token gives its
+    bare text (vLLM's rule; the one before it has released everything, so
+    its piece is its text alone). The concatenated pieces equal
     ``output_text(tokenizer, prompt, output ids, skip_special_tokens,
-    spaces_between_special_tokens)`` (``tokenizer.raw_decode(output ids)`` for
-    byte-level tokenizers).
+    spaces_between_special_tokens)``.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
@@ -383,7 +407,6 @@ class IncrementalDetokenizer:
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
         self._ids = _context_ids(tokenizer, prompt_token_ids, skip_special_tokens)
-        self._num_context = len(self._ids)
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._bare_added = _bare_added_texts(tokenizer, skip_special_tokens,
@@ -394,20 +417,8 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.raw_decode(token_ids, self.skip_special_tokens)
 
-    def finish(self) -> str:
-        """The text held back so far (an incomplete character at the end
-        of a finished output), so that ``output_text`` becomes the full
-        decode of the output ids; "" when the full decode does not extend
-        what was released."""
-        full = _whole_text(self.tokenizer, self._ids[: self._num_context],
-                           self._ids[self._num_context :], self.skip_special_tokens,
-                           self.spaces_between_special_tokens)
-        rest = full[len(self.output_text) :] if full.startswith(self.output_text) else ""
-        self.output_text += rest
-        return rest
-
     def feed(self, token_ids: list[int]) -> str:
-        """Add new tokens; return the text they complete (may be "")."""
+        """Add new tokens; return the text they release (may be "")."""
         if self._bare_added is None:
             piece = self._step(token_ids)
         else:
@@ -424,14 +435,21 @@ class IncrementalDetokenizer:
         return piece
 
     def _step(self, token_ids: list[int]) -> str:
-        """The text ``token_ids`` complete after the window; moves the
-        window past them when there is some."""
+        """The text ``token_ids`` release after the window: up to the last
+        of them after which the text does not end in U+FFFD (usually the
+        last: one decode); moves the window past that one."""
+        start = len(self._ids)
         self._ids.extend(token_ids)
         decode = self._decode
         prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
-        new_text = decode(self._ids[self._prefix_offset :])
-        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+        for end in range(len(self._ids), start, -1):
+            new_text = decode(self._ids[self._prefix_offset : end])
+            if not new_text.endswith("\ufffd"):
+                break
+        else:
+            return ""
+        if len(new_text) <= len(prefix_text):
             return ""
         self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
+        self._read_offset = end
         return new_text[len(prefix_text) :]

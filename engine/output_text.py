@@ -3,8 +3,9 @@
 An output without stop strings (``SamplingParams.stop``) keeps every token
 the engine gives it and is decoded once, when it finishes: its text is
 ``checkpoint.tokenizer.output_text`` of its ids, the text they add after
-the prompt (as vLLM decodes it; ``tokenizer.decode`` of the ids for a
-byte-level tokenizer), the same text the token-by-token decode gives. One with stop strings is decoded token by
+the prompt (as vLLM decodes it; for a byte-level tokenizer the ids' text
+less an incomplete character at its end, which vLLM's detokenizer never
+releases), the same text the token-by-token decode gives. One with stop strings is decoded token by
 token (``IncrementalDetokenizer``) through a ``StopStringMatcher``, so that
 ``LLM`` can end the request the step its text meets one (``OutputStops``). The token whose
 text completes the stop string is the last one kept (tokens after it in
@@ -71,8 +72,9 @@ class OutputText:
 
     def finish(self, delta: RequestOutputDelta) -> None:
         """The output has ended with ``delta`` (not at a stop string ``add``
-        found): its whole text, with what the detokenizer held back (cut at
-        a stop string that text completes)."""
+        found): its whole text (what the detokenizer still holds back, an
+        incomplete character, is left out, as vLLM leaves it), with the
+        tail the stop-string matcher held back."""
         if self._stops is None:
             if self.tokenizer is not None:
                 self.text = output_text(self.tokenizer, self.prompt_token_ids,
@@ -80,8 +82,7 @@ class OutputText:
                                         self.skip_special_tokens,
                                         self.spaces_between_special_tokens)
             return
-        # What the detokenizer held back (an incomplete character), no new token.
-        self.text += self._stops.add(self._detokenizer.finish(), 0, last=True)
+        self.text += self._stops.add("", 0, last=True)
         self.stop_string = self._stops.stopped
 
 

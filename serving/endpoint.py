@@ -603,9 +603,9 @@ class EngineServer:
         text (``shown_token_ids``)."""
         text = ""
         if route.detokenizer is not None:
+            # What the detokenizer holds back when the request ends (an
+            # incomplete character) is never shown, as in vLLM.
             text = route.detokenizer.feed(shown_token_ids(d, tokens, through_end=finished))
-            if finished:  # release what the detokenizer held back (an incomplete character)
-                text += route.detokenizer.finish()
         logprobs = None
         if token_logprobs is not None:
             logprobs = [_candidates(token) for token in token_logprobs]

@@ -2,7 +2,7 @@
 (``output_text``) and token by token (``IncrementalDetokenizer``): with a
 decoder that spaces tokens apart (WordPiece's), against a hand-worked text,
 transformers' decode and vLLM's fast detokenizer written out
-(``tests.helpers.wordpiece.vllm_fast_text``); with the byte-level ``tiny``
+(``tests.helpers.vllm_detokenizer.vllm_fast_text``); with the byte-level ``tiny``
 tokenizer, whose decoder writes no spaces, the text is transformers' decode
 either way."""
 
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
-from tests.helpers.wordpiece import CLS, SEP, WP_VOCAB_SIZE, WP_WORDS, X, vllm_fast_text
+from tests.helpers.vllm_detokenizer import vllm_fast_text
+from tests.helpers.wordpiece import CLS, SEP, WP_VOCAB_SIZE, WP_WORDS, X
 from tests.helpers.wordpiece import wordpiece_tokenizer as _wordpiece_hf
 
 THE, CAT, SAT, ON, MAT, S = (WP_WORDS.index(w) for w in ("the", "cat", "sat", "on", "mat", "##s"))
@@ -27,13 +28,13 @@ def wordpiece() -> Tokenizer:
 def _pieces(tokenizer: Tokenizer, prompt: list[int], output: list[int], skip: bool,
             spaces: bool, cuts: list[int] = ()) -> str:
     """The detokenizer's pieces of ``output`` fed in parts of ``cuts``
-    tokens (then the rest), ``finish()`` included."""
+    tokens (then the rest), joined."""
     detok = IncrementalDetokenizer(tokenizer, prompt, skip, spaces)
     shown, start = "", 0
     for size in cuts:
         shown += detok.feed(output[start:start + size])
         start += size
-    shown += detok.feed(output[start:]) + detok.finish()
+    shown += detok.feed(output[start:])
     assert shown == detok.output_text
     return shown
 

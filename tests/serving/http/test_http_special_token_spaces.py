@@ -3,7 +3,7 @@
 decoder spaces tokens apart, added ones too (``tests/helpers/wordpiece.py``).
 
 Reference: vLLM's detokenizer of a fast tokenizer written out
-(``vllm_fast_text``) over the token ids the server answers with
+(``tests/helpers/vllm_detokenizer.py``) over the token ids the server answers with
 (``return_token_ids``); the default is transformers' decode of the output
 after the prompt. A seed and ``allowed_token_ids`` of words and added
 tokens make outputs with added tokens in a row."""
@@ -15,14 +15,8 @@ import pytest
 from transformers import PreTrainedTokenizerFast
 
 from tests.helpers.http_utils import openai_client, start_http, stop_http
-from tests.helpers.wordpiece import (
-    CLS,
-    SEP,
-    X,
-    save_wordpiece_model,
-    vllm_fast_text,
-    wordpiece_tokenizer,
-)
+from tests.helpers.vllm_detokenizer import vllm_fast_text
+from tests.helpers.wordpiece import CLS, SEP, X, save_wordpiece_model, wordpiece_tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,5 +1,7 @@
 """Text as the HTTP API shows it: stop strings matched on released text,
-and incremental detokenization, each against the plain whole-text answer."""
+against vLLM's check written out, and incremental detokenization, against
+vLLM's detokenizer of a fast tokenizer written out
+(``tests/helpers/vllm_detokenizer.py``) and the whole-text answer."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
 from engine.stop_strings import StopStringMatcher
 from ipc.engine_messages import TokenLogprob
 from tests.helpers.hf_models import SPM_PIECES, sentencepiece_style_tokenizer
+from tests.helpers.vllm_detokenizer import vllm_fast_pieces, vllm_fast_text
 
 
 def _run_matcher(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
@@ -101,25 +104,26 @@ _token_ids = st.one_of(st.integers(0x80, 0xF4), st.integers(0, 258), st.sampled_
 
 @settings(max_examples=300, deadline=None)
 @given(prompt=st.one_of(st.text(max_size=6), st.lists(_token_ids, min_size=1, max_size=8)),
-       output=st.lists(_token_ids, max_size=40), cuts=st.lists(st.integers(1, 4), max_size=40))
-def test_incremental_detokenizer_equals_full_decode(tokenizer, prompt, output, cuts):
-    """Text prompts, and token-id prompts that may end inside a character."""
+       output=st.lists(_token_ids, max_size=40), cuts=st.lists(st.integers(1, 4), max_size=40),
+       skip=st.booleans())
+def test_incremental_detokenizer_gives_vllms_pieces(tokenizer, prompt, output, cuts, skip):
+    """Text prompts, and token-id prompts that may end inside a character
+    (then decoded without the prompt: ``tests/helpers/vllm_detokenizer.py``).
+    Fed in parts, each part's piece is vLLM's pieces of its tokens joined;
+    the text never gets what vLLM still holds back at the end (an
+    incomplete character, a U+FFFD), and ``output_text`` is the same text."""
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
-    detok = IncrementalDetokenizer(tokenizer, ids)
-    full = tokenizer.decode(output)
-    shown, start = "", 0
+    primer = [] if tokenizer.hf.decode(ids, skip_special_tokens=skip).endswith("\ufffd") else ids
+    want = vllm_fast_pieces(tokenizer.hf, primer, output, skip)
+    detok = IncrementalDetokenizer(tokenizer, ids, skip)
+    start = 0
     for size in [*cuts, len(output)]:
         chunk = output[start:start + size]
+        assert detok.feed(chunk) == "".join(want[start:start + len(chunk)])
         start += len(chunk)
-        piece = detok.feed(chunk)
-        shown += piece
-        # Never half a character: what is shown is always a prefix of the final text.
-        assert full.startswith(shown)
-        assert not piece.endswith("\ufffd") or full[: len(shown)].endswith("\ufffd")
         if start >= len(output):
             break
-    shown += detok.finish()
-    assert shown == full == detok.output_text
+    assert detok.output_text == "".join(want) == output_text(tokenizer, ids, output, skip)
 
 
 @settings(max_examples=200, deadline=None)
@@ -137,7 +141,7 @@ def test_text_after_a_prompt_with_a_sentencepiece_decoder(prompt, output, cuts, 
     for size in cuts:
         shown += detok.feed(output[start:start + size])
         start += size
-    shown += detok.feed(output[start:]) + detok.finish()
+    shown += detok.feed(output[start:])
     head = spm.decode(prompt, skip)
     joint = spm.decode(prompt + output, skip)
     assert joint.startswith(head)
@@ -145,12 +149,19 @@ def test_text_after_a_prompt_with_a_sentencepiece_decoder(prompt, output, cuts, 
 
 
 def test_detokenizer_holds_a_split_character_back(tokenizer):
-    detok = IncrementalDetokenizer(tokenizer, tokenizer.encode("x"))
+    """Hand-worked: "€" is E2 82 AC; its text comes with its last byte. The
+    first two bytes of another at the end are never shown, as vLLM's
+    stream never releases them (a decode of the ids would end in U+FFFD)."""
+    prompt = tokenizer.encode("x")
+    detok = IncrementalDetokenizer(tokenizer, prompt)
     euro = list("€".encode())
     assert detok.feed(euro[:1]) == "" and detok.feed(euro[1:2]) == ""
     assert detok.feed(euro[2:]) == "€"
     assert detok.feed(euro[:2]) == ""
-    assert detok.finish() == tokenizer.decode(euro[:2]) == "\ufffd"
+    output = euro + euro[:2]
+    assert tokenizer.decode(output) == "€\ufffd"
+    assert detok.output_text == output_text(tokenizer, prompt, output) == "€"
+    assert vllm_fast_text(tokenizer.hf, prompt, output) == "€"
 
 
 def test_the_first_stop_string_completed_ends_the_text():

@@ -1,0 +1,80 @@
+"""An output's text ends where vLLM's detokenizer of a fast tokenizer
+stops releasing it: what is still held back when the output ends (an
+incomplete UTF-8 character, a token that decodes to U+FFFD) is never shown,
+while a U+FFFD followed by more text is. On tiny's byte-level tokenizer
+(ids are byte values; 256..258 its special tokens), token by token
+(``IncrementalDetokenizer``), fed in parts, and whole (``output_text``),
+against ``DecodeStream`` written out as vLLM uses it
+(``tests/helpers/vllm_detokenizer.py``) and hand-worked texts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
+from tests.helpers.vllm_detokenizer import vllm_fast_pieces, vllm_fast_text
+
+A, B = ord("a"), ord("b")
+EURO = list("€".encode())  # E2 82 AC
+REPLACEMENT = list("\ufffd".encode())  # EF BF BD: a token text that is U+FFFD itself
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir) -> Tokenizer:
+    return Tokenizer.from_dir(tiny_dir)
+
+
+@pytest.mark.parametrize("output, want", [
+    ([A, 0xC3, A, 0xC3], "a\ufffda"),  # a lone lead byte inside, another at the end
+    ([0xC3, 0xC3, 0xC3], ""),
+    ([0xC3, B], "\ufffdb"),
+    ([A, *EURO, *EURO[:2]], "a€"),  # a character cut by the end
+    ([*EURO, 0xAC], "€"),  # a stray continuation byte at the end: U+FFFD, held too
+    ([A, *REPLACEMENT], "a"),
+    ([0xAC, B], "\ufffdb"),
+    ([A, *REPLACEMENT, B], "a\ufffdb"),
+    ([A, 0xE2, 256, 257], "a"),  # skipped special tokens add nothing after it
+])
+def test_hand_worked(tiny, output, want):
+    prompt = tiny.encode("x")
+    assert vllm_fast_text(tiny.hf, prompt, output) == want
+    assert output_text(tiny, prompt, output) == want
+    detok = IncrementalDetokenizer(tiny, prompt)
+    assert [detok.feed([t]) for t in output] == vllm_fast_pieces(tiny.hf, prompt, output)
+    assert detok.output_text == want
+
+
+def test_special_tokens_shown_release_what_came_before(tiny):
+    """Shown, "<s>" completes nothing but ends the text in a whole
+    character: the lone byte before it is released as U+FFFD."""
+    prompt, output = tiny.encode("x"), [A, 0xE2, 256, 0xC3]
+    assert vllm_fast_text(tiny.hf, prompt, output, False) == "a\ufffd<s>"
+    assert output_text(tiny, prompt, output, False) == "a\ufffd<s>"
+
+
+# Whole characters (one to four bytes), lone lead bytes, stray continuation
+# bytes, U+FFFD's own bytes, special tokens; then a character cut short.
+_PIECES = [[A], [ord(" ")], list("é".encode()), EURO, list("😀".encode()), [0xC3], [0xF0],
+           [0x82], REPLACEMENT, [256], [257], [258]]
+_CUT = [[], [0xC3], EURO[:2], list("😀".encode())[:3], REPLACEMENT]
+_outputs = st.tuples(st.lists(st.sampled_from(_PIECES), max_size=10),
+                     st.sampled_from(_CUT)).map(lambda p: sum(p[0], []) + p[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.text(max_size=5), output=_outputs, cuts=st.lists(st.integers(1, 4), max_size=10),
+       skip=st.booleans(), spaces=st.booleans())
+def test_pieces_and_text_are_vllms(tiny, prompt, output, cuts, skip, spaces):
+    ids = tiny.encode(prompt)
+    want = vllm_fast_pieces(tiny.hf, ids, output, skip, spaces)
+    detok = IncrementalDetokenizer(tiny, ids, skip, spaces)
+    assert [detok.feed([t]) for t in output] == want
+    parts = IncrementalDetokenizer(tiny, ids, skip, spaces)
+    start = 0
+    for size in [*cuts, len(output)]:
+        assert parts.feed(output[start:start + size]) == "".join(want[start:start + size])
+        start += size
+    assert detok.output_text == parts.output_text == "".join(want) == \
+        output_text(tiny, ids, output, skip, spaces)
