@@ -9,12 +9,15 @@ tokens); ``BeamSearch`` extends, ranks and ends the beams. ``n`` is the
 beam width; ``length_penalty`` is vLLM's field; ``temperature`` (0 where
 left out) draws the token each step samples beside the top candidates; an
 ended sequence keeps its end-of-sequence token only with
-``include_stop_str_in_output``, as in vLLM's server. The answer comes
-whole: a field that shapes tokens as they come or asks for what a beam
-does not carry (``stream``, logprobs, stop strings, penalties, structured
-outputs, tools, ...) is refused beside ``use_beam_search`` rather than
-ignored (``check_beam_fields``). Its usage counts each prompt once and the
-tokens of every returned sequence.
+``include_stop_str_in_output``, as in vLLM's server. Each sequence's text
+is the tokenizer's ``decode`` of its tokens with ``skip_special_tokens``,
+as vLLM's server decodes it; ``spaces_between_special_tokens`` is taken
+and changes nothing there, as in vLLM (a fast tokenizer's decode has no
+such option). The answer comes whole: a field that shapes tokens as they
+come or asks for what a beam does not carry (``stream``, logprobs, stop
+strings, penalties, structured outputs, tools, ...) is refused beside
+``use_beam_search`` rather than ignored (``check_beam_fields``). Its usage
+counts each prompt once and the tokens of every returned sequence.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ from serving.http.protocol import SamplingFields
 from serving.http.state import ServerState
 from serving.http.streaming import cancel_on_disconnect
 
-# Fields a beam search request may set besides its prompt or messages.
+# Fields a beam search request may set besides its prompt or messages
+# (``spaces_between_special_tokens``: taken, changing nothing, as in vLLM).
 _BEAM_FIELDS = frozenset({
     "model", "n", "max_tokens", "max_completion_tokens", "temperature", "ignore_eos",
     "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
-    "skip_special_tokens", "add_special_tokens", "user", "stream",
-    "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+    "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",
+    "stream", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
 })
 
 

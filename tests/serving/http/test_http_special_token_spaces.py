@@ -6,7 +6,8 @@ Reference: vLLM's detokenizer of a fast tokenizer written out
 (``tests/helpers/vllm_detokenizer.py``) over the token ids the server answers with
 (``return_token_ids``); the default is transformers' decode of the output
 after the prompt. A seed and ``allowed_token_ids`` of words and added
-tokens make outputs with added tokens in a row."""
+tokens make outputs with added tokens in a row. Beside ``use_beam_search``
+the field is taken and changes no beam's text, as in vLLM's server."""
 
 from __future__ import annotations
 
@@ -26,10 +27,14 @@ EXTRA = {"ignore_eos": True, "skip_special_tokens": False, "allowed_token_ids": 
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("wordpiece")
-    model = save_wordpiece_model(tmp / "model")
-    served = start_http(tmp, "serve", "--model", model, "--device", "cpu", "--disable-log-stats")
+def model_dir(tmp_path_factory) -> str:
+    return save_wordpiece_model(tmp_path_factory.mktemp("wordpiece") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    served = start_http(tmp_path_factory.mktemp("serve"), "serve", "--model", model_dir,
+                        "--device", "cpu", "--disable-log-stats")
     yield served
     code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output
@@ -97,3 +102,30 @@ def test_a_value_that_is_no_bool_is_a_400_naming_it(server, model):
     r = httpx.post(f"{server.url}/v1/completions", timeout=30, json={
         "model": model, "prompt": "the", "spaces_between_special_tokens": "maybe"})
     assert r.status_code == 400 and "spaces_between_special_tokens" in r.text
+
+
+def test_beam_search_takes_the_field_and_keeps_the_spaces(server, client, model, model_dir):
+    """As vLLM's server: beside ``use_beam_search`` the field is taken, and
+    each beam's text is the tokenizer's decode of its tokens (special tokens
+    shown), with the space before each added token after another.
+    Reference: transformers' own beams of the same weights (end-of-sequence
+    ids ignored), decoded by transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = httpx.post(f"{server.url}/tokenize", json={"prompt": "the cat"},
+                        timeout=30).json()["tokens"]
+    hf_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        beams = hf_model.generate(torch.tensor([prompt]), num_beams=2, num_return_sequences=2,
+                                  do_sample=False, max_new_tokens=10, eos_token_id=None,
+                                  pad_token_id=0)
+    hf = PreTrainedTokenizerFast(tokenizer_object=wordpiece_tokenizer())
+    want = [hf.decode(beam[len(prompt):], skip_special_tokens=False) for beam in beams]
+    assert any(_in_a_row(beam[len(prompt):].tolist()) for beam in beams)
+    extra = {"use_beam_search": True, "ignore_eos": True, "skip_special_tokens": False}
+    for spaces in (False, True):
+        resp = client.completions.create(
+            model=model, prompt="the cat", n=2, max_tokens=10,
+            extra_body={**extra, "spaces_between_special_tokens": spaces})
+        assert [c.text for c in resp.choices] == want
