@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 
 import msgspec
 
+from engine.reasoning import REASONING_PARSERS
 from ipc.config import (
     MAX_SPECULATIVE_TOKENS,
     SPECULATIVE_METHODS,
@@ -173,6 +174,11 @@ class EngineConfig:
         '(tprun\'s grammars are llguidance\'s, vLLM\'s "guidance" backend), '
         '"disable_fallback" (no effect: one backend) and "disable_any_whitespace": false; '
         "anything else is refused", metavar="JSON")
+    reasoning_parser: str | None = _opt(
+        None, "the model's reasoning syntax, as vLLM names it: deepseek_r1 or qwen3 (both "
+        "<think>...</think>, which the tokenizer must hold as tokens); a structured-output "
+        "grammar then holds from the end of the reasoning on, and the HTTP server answers the "
+        "reasoning in its own field (default: none)", metavar="NAME")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
@@ -185,6 +191,7 @@ class EngineConfig:
         _check_choices(self)
         _check_vllm_options(self)
         _check_generation_config(self.generation_config)
+        _check_reasoning_parser(self.reasoning_parser)
         if self.dtype in DTYPE_ALIASES:
             object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.block_size & (self.block_size - 1):
@@ -216,6 +223,17 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """``speculative_config`` checked and resolved (None: off)."""
         return parse_speculative_config(self.speculative_config)
+
+    @property
+    def resolved_reasoning_parser(self) -> str | None:
+        """``reasoning_parser``, else the one ``structured_outputs_config``
+        names (vLLM's place for it; where both name one, the option wins,
+        as in vLLM). None: no reasoning parser."""
+        if self.reasoning_parser is not None:
+            return self.reasoning_parser
+        so = self.structured_outputs_config
+        return (_json_object(so, "structured_outputs_config").get("reasoning_parser") or None
+                if so is not None else None)
 
     # ---- rules of the model and the machine ------------------------------
     def check_model(self, model: ModelConfig) -> None:
@@ -583,6 +601,12 @@ def _check_vllm_options(c: EngineConfig) -> None:
     check_structured_outputs_config(c.structured_outputs_config)
 
 
+def _check_reasoning_parser(name: str | None) -> None:
+    if name is not None and name not in REASONING_PARSERS:
+        raise ConfigError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                          f"got {name!r}")
+
+
 def _check_generation_config(value: str) -> None:
     """vLLM's ``generation_config``: "auto", "vllm" or a folder that holds
     a generation_config.json."""
@@ -614,8 +638,8 @@ _STRUCTURED_OUTPUTS_KEYS = {
     "disable_fallback": ((True, False), "a bool"),
     "disable_any_whitespace": ((False,), "a server-wide default is not supported; a request "
                                "can set it in its structured_outputs"),
-    "reasoning_parser": (("",), "tprun has no reasoning parsers"),
-    "enable_in_reasoning": ((False,), "tprun has no reasoning parsers"),
+    "reasoning_parser": (("", *REASONING_PARSERS), "tprun's reasoning parsers"),
+    "enable_in_reasoning": ((False,), "a grammar holds from the end of the reasoning on"),
 }
 
 

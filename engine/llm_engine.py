@@ -39,6 +39,7 @@ from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
+from engine.reasoning import REASONING_PARSERS, reasoning_tokens
 from engine.request import Request, check_context_length, check_request
 from engine.sampling_params import SamplingParams, truncated_prompt
 from engine.scheduler import Scheduler
@@ -102,6 +103,10 @@ class LLMEngine:
             if config.load_format != "dummy":
                 check_weight_files(self.model_dir, self.model_config)
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
+            # The reasoning parser's tags as this tokenizer holds them (None: no parser).
+            name = config.resolved_reasoning_parser
+            self.reasoning = (None if name is None
+                              else reasoning_tokens(REASONING_PARSERS[name], self.tokenizer))
         except ValueError as e:
             raise ConfigError(str(e)) from None
         # Where a request leaves a sampling field unset (LLM without

@@ -233,7 +233,9 @@ $TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 routes require
 (the default when tools are given): the model answers freely and the parser
 finds its calls in the text (llama3_json: Llama 3.x JSON calls; hermes:
 <tool_call> blocks of Hermes, Qwen, SmolLM2); without them "auto" is
-refused. The host and the ports are bound once and released before the model loads: a
+refused. --reasoning-parser deepseek_r1|qwen3 answers a reasoning model's
+thinking (<think>...</think>) in the message's "reasoning" field, apart from
+its content. The host and the ports are bound once and released before the model loads: a
 host that does not resolve or is not this machine's, or a busy port, is
 refused at once.
 
@@ -750,7 +752,8 @@ def _start_http(args, engine, server, secret: bytes):
                              eos_token_ids=list(engine.model_config.eos_token_ids),
                              enable_responses_api_store=args.enable_responses_api_store,
                              max_logprobs=engine.config.max_logprobs,
-                             vocab_size=engine.model_config.vocab_size)
+                             vocab_size=engine.model_config.vocab_size,
+                             reasoning_parser=engine.config.resolved_reasoning_parser)
     return http
 
 

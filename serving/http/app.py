@@ -66,6 +66,7 @@ from serving.http.protocol import (
     TokenizeRequest,
     error_body,
 )
+from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
@@ -126,7 +127,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
                allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
                enable_responses_api_store: bool = False, max_logprobs: int = -1,
-               vocab_size: int | None = None):
+               vocab_size: int | None = None, reasoning_parser: str | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -145,7 +146,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     the field the client sent (``top_logprobs`` in a chat request);
     ``vocab_size``: the model's vocabulary, what a -1 (the whole
     vocabulary) asks for in that check (None: unknown, so a -1 under a
-    limit is refused)."""
+    limit is refused); ``reasoning_parser``: a name in
+    ``REASONING_PARSERS``, whose parser splits each chat and Responses
+    answer's reasoning off (None: none; ValueError for a tokenizer
+    without its tags)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -154,6 +158,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         LogprobsFormatter(tokenizer),
                         tool_call_parser=(None if tool_call_parser is None
                                           else TOOL_CALL_PARSERS[tool_call_parser]),
+                        reasoning_parser=(None if reasoning_parser is None
+                                          else ReasoningParser.named(reasoning_parser, tokenizer)),
                         sampling_defaults=dict(sampling_defaults or {}),
                         eos_token_ids=tuple(eos_token_ids) or (
                             () if tokenizer.eos_token_id is None

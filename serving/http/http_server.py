@@ -67,7 +67,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       log_level: str = "warning",
                       eos_token_ids: list[int] | None = None,
                       enable_responses_api_store: bool = False,
-                      max_logprobs: int = -1, vocab_size: int | None = None) -> HttpServer:
+                      max_logprobs: int = -1, vocab_size: int | None = None,
+                      reasoning_parser: str | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -78,7 +79,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     uvicorn's; ``eos_token_ids``: the model's end-of-sequence ids;
     ``enable_responses_api_store``: keep /v1/responses answers;
     ``max_logprobs``: the engine's limit on top logprobs and ``vocab_size``
-    the model's vocabulary (``create_app``)."""
+    the model's vocabulary; ``reasoning_parser``: the name of the parser
+    that splits answers' reasoning off (None: none) (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -89,7 +91,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      allowed_origins=allowed_origins or (),
                      eos_token_ids=eos_token_ids or (),
                      enable_responses_api_store=enable_responses_api_store,
-                     max_logprobs=max_logprobs, vocab_size=vocab_size)
+                     max_logprobs=max_logprobs, vocab_size=vocab_size,
+                     reasoning_parser=reasoning_parser)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -284,6 +284,8 @@ class ChatCompletionRequest(SamplingFields):
     echo: bool = False  # vLLM's: the last message's text first, if it has the answer's role
     continue_final_message: bool = False  # vLLM's
     chat_template: str | None = None  # vLLM's (a template of the request's): not served
+    # vLLM's: false leaves a reasoning parser's reasoning (and the logprobs) out of the answer.
+    include_reasoning: bool = True
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template")
 

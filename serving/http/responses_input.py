@@ -8,7 +8,12 @@ text parts joined as the chat joins them); a ``function_call`` is an
 assistant's tool call whose id is its ``call_id``, added to the assistant
 message just before it (the text an answer gave with its calls, or calls
 before it) or else to an assistant message of its own, without content; a
-``function_call_output`` is the "tool" message answering ``call_id``. A
+``function_call_output`` is the "tool" message answering ``call_id``; a
+``reasoning`` item (a reasoning model's thinking, as this server's answers
+hold it) is an assistant message with that text in vLLM's ``reasoning``
+field, to which the assistant message or call that follows it is added
+(its ``reasoning_text`` parts joined, else its summary's texts;
+``encrypted_content`` is refused, as vLLM refuses it). A
 finished response's own output items read the same way (``output_messages``),
 which is how the response store keeps a conversation whose answer made calls;
 a call of its own cut at ``max_output_tokens`` (arguments that are no JSON
@@ -47,7 +52,7 @@ from serving.http.tools import (
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 RESPONSES_SPELLING = ToolSpelling("tools.{i}.name", "tool_choice.name",
                                   '{"type": "function", "name": ...}')
 
@@ -63,11 +68,14 @@ def input_messages(given: str | list[ResponseInputItem], own: bool = False) -> l
     for i, item in enumerate(given):
         where = f"input.{i}"
         if item.type == "message":
-            messages.append(_message(where, item))
+            _add_message(_message(where, item), messages)
         elif item.type == "function_call":
             _add_call(where, item, messages, own)
         elif item.type == "function_call_output":
             messages.append(_call_output(where, item))
+        elif item.type == "reasoning":
+            messages.append({"role": "assistant", "content": "",
+                             "reasoning": _reasoning_text(where, item)})
         else:
             raise FieldError(f"{where}.type", f"input items of type {item.type!r} are not "
                                               f"supported by this server (only "
@@ -78,6 +86,45 @@ def input_messages(given: str | list[ResponseInputItem], own: bool = False) -> l
 def output_messages(output: list[dict]) -> list[dict]:
     """A finished response's output items as the chat messages they are."""
     return input_messages([ResponseInputItem.model_validate(item) for item in output], own=True)
+
+
+def _add_message(message: dict, messages: list[dict]) -> None:
+    """An assistant message right after a reasoning item's gives it its
+    content; any other message comes on its own."""
+    last = messages[-1] if messages else None
+    if (message["role"] == "assistant" and last is not None and last.keys() == {
+            "role", "content", "reasoning"} and last["role"] == "assistant"
+            and last["content"] == ""):
+        last["content"] = message["content"]
+    else:
+        messages.append(message)
+
+
+def _reasoning_text(where: str, item: ResponseInputItem) -> str:
+    extra = item.model_extra or {}
+    if extra.get("encrypted_content") is not None:
+        raise FieldError(f"{where}.encrypted_content", f"{where} holds encrypted_content: "
+                                                        "encrypted reasoning is not supported by "
+                                                        "this server")
+    summary = extra.get("summary") or []
+    if not isinstance(summary, list):
+        raise FieldError(f"{where}.summary", f"{where}.summary must be a list of parts")
+    summary = [_part_text(f"{where}.summary.{j}", part, "summary_text")
+               for j, part in enumerate(summary)]
+    if isinstance(item.content, str):
+        return item.content
+    if item.content:
+        return "".join(_part_text(f"{where}.content.{j}", part.model_dump(), "reasoning_text")
+                       for j, part in enumerate(item.content))
+    return "\n".join(summary)
+
+
+def _part_text(where: str, part, kind: str) -> str:
+    """The text of a part of type ``kind`` (a dict as sent)."""
+    if not (isinstance(part, dict) and part.get("type") == kind
+            and isinstance(part.get("text"), str)):
+        raise FieldError(where, f"{where} must be a {kind} part with a text")
+    return part["text"]
 
 
 def _message(where: str, item: ResponseInputItem) -> dict:

@@ -16,7 +16,9 @@ one of OpenAI's item types with an ``id`` unique in the list:
   ``annotations`` [], ``logprobs`` []);
 - a ``function_call`` (``call_id``, ``name``, ``arguments``, ``status``)
   and a ``function_call_output`` (``call_id``, ``output``: its text or
-  ``input_text`` parts, ``status`` "completed", id ``fco_<hex>``).
+  ``input_text`` parts, ``status`` "completed", id ``fco_<hex>``);
+- a ``reasoning`` item (id ``rs_<hex>``): its ``summary`` parts, its
+  ``content`` parts where it has them, and its ``status``.
 
 An item the client gave an ``id`` (an earlier output item sent back) keeps
 it, unless the list already has it; a given ``status`` is kept where it is
@@ -46,7 +48,8 @@ ORDERS = ("desc", "asc")
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 STATUSES = ("in_progress", "completed", "incomplete")
-ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+               "reasoning": "rs"}
 
 
 def stored_input_items(previous: StoredResponse | None,
@@ -72,10 +75,23 @@ def _item(item: ResponseInputItem, taken: set[str]) -> dict:
     if item.type == "function_call":
         return {"id": item_id, "type": "function_call", "call_id": item.call_id,
                 "name": item.name, "arguments": item.arguments, "status": status}
+    if item.type == "reasoning":
+        return _reasoning(item_id, status, item)
     output = item.output if isinstance(item.output, str) else \
         [{"type": "input_text", "text": part.text} for part in item.output]
     return {"id": item_id, "type": "function_call_output", "call_id": item.call_id,
             "output": output, "status": "completed"}
+
+
+def _reasoning(item_id: str, status: str, item: ResponseInputItem) -> dict:
+    summary = (item.model_extra or {}).get("summary") or []
+    reasoning = {"id": item_id, "type": "reasoning", "status": status,
+                 "summary": [{"type": "summary_text", "text": part["text"]} for part in summary]}
+    if item.content:
+        texts = [item.content] if isinstance(item.content, str) else [
+            part.text for part in item.content]
+        reasoning["content"] = [{"type": "reasoning_text", "text": text} for text in texts]
+    return reasoning
 
 
 def _message(item_id: str, role: str, status: str, content) -> dict:

@@ -13,6 +13,9 @@ whole is closed at once; a named call's arguments grow until the answer
 ends. An answer that leaves no item is one empty message, as its chat
 answer is then empty content. An item closed before the end is
 "completed"; the one still open at the end takes the response's status.
+With a reasoning parser (``answer_reader.ReasonedReader``) the reasoning
+comes first, as one ``reasoning`` item holding one ``reasoning_text``
+part (vLLM's), then the content's items as above.
 
 Logprobs (``add``'s, the chat's entries for the tokens that came with the
 text) belong to the message's text, so they are kept only without a reader:
@@ -29,6 +32,10 @@ text a stop string may still hold back), then
 ``response.output_item.done``; for a call ``response.output_item.added``
 (arguments "", in progress), one ``response.function_call_arguments.delta``
 per piece of arguments, ``response.function_call_arguments.done`` and
+``response.output_item.done``; for reasoning ``response.output_item.added``
+(no content yet, in progress), ``response.content_part.added`` (an empty
+``reasoning_text``), one ``response.reasoning_text.delta`` per piece,
+then ``response.reasoning_text.done``, ``response.content_part.done`` and
 ``response.output_item.done``. An item keeps its id (and a call its
 ``call_id``) in every event and in the finished response, as the
 ``openai`` client's stream helper checks.
@@ -38,12 +45,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from serving.http.answer_reader import ReasonedReader
 from serving.http.responses_output import (
     event_logprobs,
     function_call_item,
     message_item,
     new_id,
     output_text,
+    reasoning_item,
+    reasoning_text,
 )
 from serving.http.tools import ToolCallReader
 
@@ -51,7 +61,7 @@ Event = tuple[str, dict[str, Any]]
 
 
 class OutputItems:
-    def __init__(self, reader: ToolCallReader | None) -> None:
+    def __init__(self, reader: ToolCallReader | ReasonedReader | None) -> None:
         self.reader = reader
         self.items: list[dict] = []  # every item so far, the open one last
         self.open: dict | None = None  # the item being written
@@ -67,8 +77,12 @@ class OutputItems:
             return self._write_text(text, logprobs)
         events: list[Event] = []
         for kind, value in self.reader.pieces(text, last):
-            events += self._write_text(value, []) if kind == "content" else \
-                self._write_call(value)
+            if kind == "reasoning":
+                events += self._write_reasoning(value)
+            elif kind == "content":
+                events += self._write_text(value, [])
+            else:
+                events += self._write_call(value)
         return events
 
     def finish(self, status: str) -> list[Event]:
@@ -94,6 +108,25 @@ class OutputItems:
         self.items.append(self.open)
         return [("response.output_item.added", {"output_index": len(self.items) - 1,
                                                 "item": dict(self.open)})]
+
+    def _open_reasoning(self) -> list[Event]:
+        item_id = new_id("rs")
+        self.open = reasoning_item(item_id, "in_progress", "")
+        self.items.append(self.open)
+        return [("response.output_item.added", {
+                    "output_index": len(self.items) - 1,
+                    "item": reasoning_item(item_id, "in_progress", None)}),
+                ("response.content_part.added", {**self._place(), "content_index": 0,
+                                                 "part": reasoning_text("")})]
+
+    def _write_reasoning(self, text: str) -> list[Event]:
+        events = []
+        if self.open is None or self.open["type"] != "reasoning":
+            events = self._close("completed") + self._open_reasoning()
+        self.open["content"][0]["text"] += text
+        events.append(("response.reasoning_text.delta", {**self._place(), "content_index": 0,
+                                                         "delta": text}))
+        return events
 
     def _write_text(self, text: str, logprobs: list[dict]) -> list[Event]:
         if not text and not logprobs:
@@ -136,6 +169,11 @@ class OutputItems:
             return [("response.function_call_arguments.done",
                      {**place, "name": item["name"], "arguments": item["arguments"]}), done]
         part = item["content"][0]
+        if item["type"] == "reasoning":
+            return [("response.reasoning_text.done", {**place, "content_index": 0,
+                                                      "text": part["text"]}),
+                    ("response.content_part.done", {**place, "content_index": 0, "part": part}),
+                    done]
         return [("response.output_text.done", {**place, "content_index": 0, "text": part["text"],
                                                "logprobs": event_logprobs(part["logprobs"])}),
                 ("response.content_part.done", {**place, "content_index": 0, "part": part}),

@@ -13,7 +13,9 @@ counts ``input_tokens`` (cached ones in ``input_tokens_details``, which
 also has the ``cache_write_tokens`` OpenAI's types require: 0),
 ``output_tokens`` and ``total_tokens``.
 
-Output items, as OpenAI's types define them: an assistant ``message`` (id
+Output items, as OpenAI's types define them: a ``reasoning`` item (id
+``rs_<hex>``, a reasoning model's thinking as one ``reasoning_text`` part,
+no ``summary``); an assistant ``message`` (id
 ``msg_<hex>``) holding one ``output_text`` part, whose ``logprobs`` are
 its tokens' (``{"token", "logprob", "bytes", "top_logprobs"}``, the
 chat's entries) where the request asked for them, else empty; a
@@ -100,6 +102,19 @@ def message_item(item_id: str, status: str, parts: list[dict]) -> dict:
 def output_text(text: str, logprobs: list[dict] | None = None) -> dict:
     return {"type": "output_text", "text": text, "annotations": [],
             "logprobs": [] if logprobs is None else logprobs}
+
+
+def reasoning_item(item_id: str, status: str, text: str | None) -> dict:
+    """A reasoning item: its text as one ``reasoning_text`` part (None: no
+    content yet, as a stream's first event shows it), no summary."""
+    item = {"id": item_id, "type": "reasoning", "summary": [], "status": status}
+    if text is not None:
+        item["content"] = [reasoning_text(text)]
+    return item
+
+
+def reasoning_text(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str,

@@ -7,7 +7,13 @@ tokenized (``checkpoint.chat_template.chat_prompt_ids``).
 the context has left (None: the engine sets it, ``LLMEngine.new_request``).
 With a tool choice other than "none" (``tools.py``) each choice's text is
 read into ``tool_calls`` (and, for "auto", content) by its own
-``ToolCallReader``, whole or as it streams. The answer's role is
+``ToolCallReader``, whole or as it streams. With a reasoning parser
+(``--reasoning-parser``) each choice's reasoning is split off first
+(``answer_reader.Reading``): the message's ``reasoning`` (vLLM's field)
+holds it, and its stream's deltas carry it in ``reasoning`` until the
+reasoning ends, then ``content``; only the content is read for calls.
+vLLM's ``include_reasoning`` false leaves the reasoning out, and the
+logprobs with it. The answer's role is
 ``answer_role``'s; with vLLM's ``echo`` each choice's content starts with
 ``chat_echo``'s text: whole, before the content (also of a message whose
 text became tool calls, as vLLM's); streamed, as each choice's first
@@ -26,6 +32,7 @@ from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
 from engine.sampling_params import truncated_prompt
+from serving.http.answer_reader import Reading, ReasonedReader
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
@@ -34,6 +41,8 @@ from serving.http.sampling import capped_max_tokens, check_logprobs, choice_para
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
 from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
+
+AnswerReader = ToolCallReader | ReasonedReader
 
 
 def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
@@ -76,25 +85,45 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
         steps = (max_tokens if max_tokens is not None
                  else max(1, state.max_model_len - len(prompt)))
         role = answer_role(request)
-        echo = chat_echo(request, role) or ""
+        echo = chat_echo(request, role)
+        reading = reading_of(state, request, ToolChoice("none"), prompt)
         return await respond_with_beams(
             state, raw, request, [prompt], steps,
             _head(state, request, f"chatcmpl-{secrets.token_hex(12)}", "chat.completion"),
-            lambda text: {"message": {"role": role, "content": echo + text}, "logprobs": None})
+            lambda text: {"message": _whole_message(text, reading.reader(), role, echo),
+                          "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
+    reading = reading_of(state, request, tool_choice, prompt)
     generation = Generation(state.link, state.metrics)
     await generation.start([prompt], params, request.stop_strings(), request.priority)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id, tool_choice),
-                         lambda: _collect(state, request, generation, response_id, tool_choice))
+                         lambda: _stream(state, request, generation, response_id, reading),
+                         lambda: _collect(state, request, generation, response_id, reading))
+
+
+def reading_of(state: ServerState, request: ChatCompletionRequest, tool_choice: ToolChoice,
+               prompt: list[int]) -> Reading:
+    """How the request's answers are read, its ``prompt`` (the token ids
+    the engine gets) telling where its reasoning stands."""
+    parser = state.reasoning_parser
+    if parser is None:
+        return Reading(tool_choice)
+    return Reading(tool_choice, parser,
+                   parser.starts_in_reasoning(prompt, request.chat_template_kwargs),
+                   request.include_reasoning)
 
 
 def _head(state: ServerState, request: ChatCompletionRequest, response_id: str,
           obj: str) -> dict:
     return {"id": response_id, "object": obj, "created": int(time.time()),
             "model": state.shown_model(request.model)}
+
+
+def _shown_top(request: ChatCompletionRequest, reading: Reading) -> int | None:
+    """The top logprobs an answer shows per token (None: no logprobs)."""
+    return None if reading.hides_reasoning else _num_top(request)
 
 
 def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceEvent,
@@ -105,11 +134,11 @@ def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceE
                                request.return_tokens_as_token_ids)
 
 
-def _readers(tool_choice: ToolChoice, n: int) -> list[ToolCallReader | None]:
-    return [tool_choice.reader() for _ in range(n)]
+def _readers(reading: Reading, n: int) -> list[AnswerReader | None]:
+    return [reading.reader() for _ in range(n)]
 
 
-def _message(text: str, reader: ToolCallReader | None, role: str, echo: str | None) -> dict:
+def _message(text: str, reader: AnswerReader | None, role: str, echo: str | None) -> dict:
     """A whole answer's message: its text, or what its reader made of it
     (no calls, no ``tool_calls``), its content after ``echo`` where echoing."""
     message = {"role": role, "content": text} if reader is None else {"role": role,
@@ -119,11 +148,18 @@ def _message(text: str, reader: ToolCallReader | None, role: str, echo: str | No
     return message
 
 
+def _whole_message(text: str, reader: AnswerReader | None, role: str, echo: str | None) -> dict:
+    """``_message`` of a text that came whole (a beam's)."""
+    if reader is not None:
+        reader.pieces(text, last=True)
+    return _message(text, reader, role, echo)
+
+
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                   response_id: str, tool_choice: ToolChoice) -> dict:
-    num_top = _num_top(request)
+                   response_id: str, reading: Reading) -> dict:
+    num_top = _shown_top(request, reading)
     n = len(generation.choices)
-    readers = _readers(tool_choice, n)
+    readers = _readers(reading, n)
     texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
     prompt_logprobs = None
@@ -159,13 +195,13 @@ def prompt_token_ids(generation: Generation) -> list[int]:
 
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-            response_id: str, tool_choice: ToolChoice) -> AsyncIterator[str]:
+            response_id: str, reading: Reading) -> AsyncIterator[str]:
     head = _head(state, request, response_id, "chat.completion.chunk")
-    return event_lines(_chunks(state, request, generation, head, tool_choice), head, generation,
+    return event_lines(_chunks(state, request, generation, head, reading), head, generation,
                        request.include_usage, request.continuous_usage)
 
 
-def _delta(text: str, reader: ToolCallReader | None, last: bool) -> dict:
+def _delta(text: str, reader: AnswerReader | None, last: bool) -> dict:
     """A stream's delta for new text: the text, or what its reader lets out
     (nothing yet: an empty delta)."""
     if reader is None:
@@ -174,9 +210,9 @@ def _delta(text: str, reader: ToolCallReader | None, last: bool) -> dict:
 
 
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                  head: dict, tool_choice: ToolChoice) -> AsyncIterator[dict]:
-    num_top = _num_top(request)
-    readers = _readers(tool_choice, len(generation.choices))
+                  head: dict, reading: Reading) -> AsyncIterator[dict]:
+    num_top = _shown_top(request, reading)
+    readers = _readers(reading, len(generation.choices))
     role = answer_role(request)
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": role, "content": ""},

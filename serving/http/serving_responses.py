@@ -26,7 +26,11 @@ rule, ``sampling.check_logprobs``), shown as the chat shows them
 (``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
 as in vLLM. They are the message text's, so beside a tool choice other
 than "none" (whose answer may be, or is, calls) asking for them is a 400
-naming ``include`` (``_num_top``). The answer's items are built by
+naming ``include`` (``_num_top``), and so is asking for them where the
+server's reasoning parser finds the answer beginning inside its reasoning.
+With a reasoning parser (``--reasoning-parser``) the reasoning is split
+off the answer as the chat route splits it (``answer_reader.Reading``)
+and comes first, as a ``reasoning`` item (vLLM's). The answer's items are built by
 ``responses_items.py`` and the Response by ``responses_output.py``, whole
 or streamed: ``response.created`` and ``response.in_progress``, each
 item's events, then the finished
@@ -104,7 +108,7 @@ from serving.http.responses_input_items import items_page, read_query, stored_in
 from serving.http.responses_items import Event, OutputItems
 from serving.http.responses_output import ResponseEvents, ResponseShape, status_of
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
-from serving.http.serving_chat import chat_prompt
+from serving.http.serving_chat import chat_prompt, reading_of
 from serving.http.state import ServerState
 from serving.http.streaming import followed_stream, respond
 from serving.http.structured import text_format_constraint
@@ -135,6 +139,12 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     num_top = _num_top(request, tools)
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=num_top)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
+    reading = reading_of(state, chat, tools, prompt)
+    if num_top is not None and reading.in_reasoning:
+        raise FieldError("include", "message.output_text.logprobs is not served for an answer "
+                                    "that begins inside its reasoning (the server's reasoning "
+                                    "parser): which tokens are the message's text is not known "
+                                    "before the reasoning ends")
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
     check_context(request, len(prompt), max_tokens, state.max_model_len)
@@ -146,7 +156,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     items = [] if store is None else stored_input_items(previous, request.input)
     log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
-               OutputItems(tools.reader()), num_top, store, [*history, *turn], items,
+               OutputItems(reading.items_reader()), num_top, store, [*history, *turn], items,
                status="queued" if request.background else "in_progress", log=log)
     if request.background:
         return _start_in_background(state, run)

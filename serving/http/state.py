@@ -1,7 +1,8 @@
 """What every route needs: the link to the engine, the model's tokenizer
 and limits, the metrics, the names the model is served under, the
 tool-call parser that tool_choice "auto" reads answers with (None: "auto" is
-refused), the Responses API's response store (None: off) and its responses
+refused), the reasoning parser that splits a reasoning model's answers (None:
+none), the Responses API's response store (None: off) and its responses
 that run in the background."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
+from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns
 from serving.http.tools import ToolCallReader
@@ -29,6 +31,7 @@ class ServerState:
     metrics: Metrics
     logprobs: LogprobsFormatter
     tool_call_parser: Callable[[], ToolCallReader] | None = None
+    reasoning_parser: ReasoningParser | None = None
     # Unset sampling fields take these (``LLMEngine.sampling_defaults``).
     sampling_defaults: dict = field(default_factory=dict)
     # The model's end-of-sequence ids (``LLMEngine``'s: the tokenizer's and

@@ -5,6 +5,8 @@ that change nothing in vLLM's engine either), and any other value is a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine import LLM
@@ -46,8 +48,16 @@ def test_vllm_options_at_tprun_values_are_taken():
      r"^structured_outputs_config: backend 'xgrammar' is not supported .*'guidance'"),
     (dict(structured_outputs_config={"disable_any_whitespace": True}),
      r"^structured_outputs_config: disable_any_whitespace True is not supported"),
-    (dict(structured_outputs_config={"reasoning_parser": "deepseek_r1"}),
-     r"^structured_outputs_config: reasoning_parser 'deepseek_r1' is not supported"),
+    (dict(structured_outputs_config={"reasoning_parser": "granite"}),
+     r"^structured_outputs_config: reasoning_parser 'granite' is not supported"),
+    (dict(structured_outputs_config={"enable_in_reasoning": True}),
+     r"^structured_outputs_config: enable_in_reasoning True is not supported"),
+    (dict(reasoning_parser="granite"),
+     r"^reasoning_parser must be one of deepseek_r1, qwen3, got 'granite'$"),
+    # tiny's byte tokenizer has no <think> token: checked before any worker starts.
+    (dict(reasoning_parser="qwen3"),
+     r"^reasoning parser 'qwen3' needs the tokens '<think>' and '</think>' in the model's "
+     r"tokenizer, which has no '<think>' nor '</think>'$"),
     (dict(structured_outputs_config={"backend": "auto", "bogus": 1}),
      r"^structured_outputs_config: key 'bogus' is not supported"),
     (dict(structured_outputs_config="{not json"), r"^structured_outputs_config is not valid"),
@@ -57,6 +67,19 @@ def test_vllm_options_asking_for_more_are_refused_before_any_worker(no_workers, 
     with pytest.raises(ConfigError, match=match):
         LLM(model="tiny", device="cpu", **kwargs)
     assert no_workers == []
+
+
+def test_the_reasoning_parser_is_the_option_else_structured_outputs_configs():
+    """vLLM's two places for it; where both name one, the option wins."""
+    assert EngineConfig().resolved_reasoning_parser is None
+    assert EngineConfig(reasoning_parser="qwen3").resolved_reasoning_parser == "qwen3"
+    in_config = {"reasoning_parser": "deepseek_r1"}
+    assert EngineConfig(structured_outputs_config=in_config).resolved_reasoning_parser == \
+        "deepseek_r1"
+    assert EngineConfig(structured_outputs_config=json.dumps(in_config),
+                        reasoning_parser="qwen3").resolved_reasoning_parser == "qwen3"
+    assert EngineConfig(structured_outputs_config={"reasoning_parser": ""}
+                        ).resolved_reasoning_parser is None
 
 
 def test_gguf_load_format_on_a_directory_is_refused():

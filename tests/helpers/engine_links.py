@@ -56,3 +56,23 @@ class AnsweringLink(AcceptingLink):
         queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
                                text=self.text, finished=True,
                                finish_reason=self.finish_reason))
+
+
+class TextLink(AcceptingLink):
+    """Accepts every request and answers it at once with ``pieces`` of
+    text, one delta each, the last finished with ``finish_reason``; each
+    piece's token ids are the ``tokenizer``'s for it (one added token, such
+    as a tag, is one id)."""
+
+    def __init__(self, tokenizer, pieces: list[str], finish_reason: str = "stop") -> None:
+        super().__init__()
+        self.tokenizer, self.pieces, self.finish_reason = tokenizer, pieces, finish_reason
+
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+        super().submit(request_id, prompt_token_ids, params, queue, priority)
+        for i, piece in enumerate(self.pieces):
+            last = i == len(self.pieces) - 1
+            queue.put_nowait(Delta(request_id=request_id,
+                                   token_ids=self.tokenizer.encode(piece, add_special_tokens=False),
+                                   text=piece, finished=last,
+                                   finish_reason=self.finish_reason if last else None))

@@ -1,0 +1,113 @@
+"""A reasoning model's output split into its reasoning and its answer, as
+vLLM's reasoning parsers split it (``--reasoning-parser NAME``, the names
+and tags of ``engine.reasoning``).
+
+Where a request's reasoning stands when its output begins
+(``ReasoningParser.starts_in_reasoning``): already over where the prompt
+ended it (of the two tags, the last in the prompt is the end tag: a chat
+template that closed the thinking) or where the request turned thinking
+off (``qwen3`` with ``enable_thinking`` false in its
+``chat_template_kwargs``); the output is then all answer. Else the output
+begins inside the reasoning, with or without a start tag of its own.
+
+Then (``ReasoningReader``), on the output's text: a start tag before the
+end tag is dropped (the first one only); everything before the first end
+tag is reasoning, everything after it the answer (later tags included, as
+text). An output without an end tag is all reasoning: the model was cut
+before it answered. These are vLLM's rules for a whole answer; streamed,
+the same text goes out in the same parts (a tail that may be the start of
+a tag is held back until the next text tells), so a stream's pieces joined
+are the whole answer's, which vLLM's two paths do not always agree on.
+
+The tags are read in the text, so they must show there: a tokenizer that
+holds them as special tokens drops them from text under
+``skip_special_tokens`` (vLLM's parsers read the same text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.reasoning import REASONING_PARSERS, ReasoningSyntax, ReasoningTokens, reasoning_tokens
+
+
+class ReasoningParser:
+    """The server's parser: its tags, and their ids in the model's tokenizer."""
+
+    def __init__(self, syntax: ReasoningSyntax, tokens: ReasoningTokens) -> None:
+        self.syntax = syntax
+        self.tokens = tokens
+
+    @classmethod
+    def named(cls, name: str, tokenizer) -> ReasoningParser:
+        """The parser ``name`` (in ``REASONING_PARSERS``) over ``tokenizer``;
+        ValueError when the tokenizer lacks its tags."""
+        syntax = REASONING_PARSERS[name]
+        return cls(syntax, reasoning_tokens(syntax, tokenizer))
+
+    def starts_in_reasoning(self, prompt_token_ids: Sequence[int],
+                            chat_template_kwargs: Mapping[str, Any] | None) -> bool:
+        """Whether a request's output begins inside its reasoning."""
+        return not (self.syntax.thinking_off(chat_template_kwargs)
+                    or self.tokens.ended_in(prompt_token_ids))
+
+    def reader(self, in_reasoning: bool) -> ReasoningReader:
+        return ReasoningReader(self.syntax, in_reasoning)
+
+
+class ReasoningReader:
+    """One choice's output text as it comes: ``pieces`` gives what each new
+    text settles, ("reasoning", text) pieces then ("content", text) ones;
+    ``reasoning`` is all the reasoning so far (None for an output that
+    began after its reasoning, whose text is all content).
+
+    States: inside the reasoning (``in_reasoning``; ``start_seen`` once a
+    start tag was dropped), then the answer. ``held`` is the text not yet
+    settled inside the reasoning: a tail that may be the start of a tag."""
+
+    def __init__(self, syntax: ReasoningSyntax, in_reasoning: bool) -> None:
+        self.syntax = syntax
+        self.in_reasoning = in_reasoning
+        self.reasoning: str | None = "" if in_reasoning else None
+        self.start_seen = False
+        self.held = ""
+
+    def pieces(self, text: str, last: bool = False) -> list[tuple[str, str]]:
+        if not self.in_reasoning:
+            return [("content", text)] if text else []
+        self.held += text
+        said: list[tuple[str, str]] = []
+        while self.in_reasoning:
+            end = self.held.find(self.syntax.end)
+            start = -1 if self.start_seen else self.held.find(self.syntax.start)
+            if start >= 0 and (end < 0 or start < end):
+                self._think(self.held[:start], said)
+                self.held, self.start_seen = self.held[start + len(self.syntax.start):], True
+            elif end >= 0:
+                self._think(self.held[:end], said)
+                rest, self.held, self.in_reasoning = self.held[end + len(self.syntax.end):], "", False
+                if rest:
+                    said.append(("content", rest))
+            else:
+                tags = (self.syntax.end,) if self.start_seen else (self.syntax.start,
+                                                                   self.syntax.end)
+                keep = 0 if last else max(_tag_start_at_end(self.held, tag) for tag in tags)
+                self._think(self.held[:len(self.held) - keep], said)
+                self.held = self.held[len(self.held) - keep:]
+                break
+        return said
+
+    def _think(self, text: str, said: list[tuple[str, str]]) -> None:
+        if text:
+            self.reasoning += text
+            said.append(("reasoning", text))
+
+
+def _tag_start_at_end(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` may be the start of ``tag``
+    (its longest proper prefix there)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[len(text) - size:]):
+            return size
+    return 0

@@ -1,0 +1,221 @@
+"""A reasoning parser on the chat and Responses routes, through the
+official ``openai`` client, in process over an engine link that answers
+with text written here (``TextLink``: each piece one delta, its token ids
+the tokenizer's), on ``tiny`` with ``<think>``/``</think>`` tokens
+(``tests.helpers.think_model``). The expected splits are worked out by
+hand from vLLM's rules: the reasoning in ``message.reasoning`` and in the
+stream's ``reasoning`` deltas until ``</think>``, the content after it; an
+output without ``</think>`` all reasoning, unless the prompt ended the
+reasoning or (qwen3) the request turned thinking off."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from checkpoint.tiny_model import TINY_NAME
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from tests.helpers.engine_links import TextLink
+from tests.helpers.proc_utils import run_tprun
+from tests.helpers.think_model import tiny_with_think_tokens
+
+MESSAGES = [{"role": "user", "content": "Two and two?"}]
+ANSWER = ["<think>", "Two", " and two.", "</think>", "\n\nFour."]
+CUT = ["Two", " and", " two"]  # cut (finish "length") before any </think>
+TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {
+    "type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def think_tokenizer(tmp_path_factory) -> Tokenizer:
+    root = tmp_path_factory.mktemp("think")
+    return Tokenizer.from_dir(tiny_with_think_tokens(str(root / "cache"), str(root / "model")))
+
+
+@contextlib.contextmanager
+def _client(tokenizer, pieces, parser="deepseek_r1", finish_reason="stop", **app):
+    link = TextLink(tokenizer, pieces, finish_reason)
+    with TestClient(create_app(link, tokenizer, ["tiny"], 4096, reasoning_parser=parser,
+                               **app)) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
+                            max_retries=0)
+
+
+def _chat(client, **fields):
+    return client.chat.completions.create(model="tiny", messages=MESSAGES, **fields)
+
+
+def _deltas(client, **fields) -> list[dict]:
+    """Each streamed chunk's delta, as the fields it has."""
+    return [c.choices[0].delta.model_dump(exclude_none=True)
+            for c in _chat(client, stream=True, **fields) if c.choices]
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_the_reasoning_has_its_own_field_whole_and_streamed(think_tokenizer, parser):
+    with _client(think_tokenizer, ANSWER, parser) as client:
+        message = _chat(client).choices[0].message
+        assert (message.reasoning, message.content) == ("Two and two.", "\n\nFour.")
+        assert message.model_dump()["reasoning"] == "Two and two."
+        assert _deltas(client) == [{"role": "assistant", "content": ""},
+                                   {"reasoning": "Two"}, {"reasoning": " and two."},
+                                   {"content": "\n\nFour."}]
+        with client.chat.completions.stream(model="tiny", messages=MESSAGES) as stream:
+            list(stream)
+            streamed = stream.get_final_completion().choices[0].message
+        assert (streamed.reasoning, streamed.content) == ("Two and two.", "\n\nFour.")
+
+
+def test_an_end_tag_inside_a_delta_splits_it(think_tokenizer):
+    pieces = ["Two and", " two.</th", "ink>\n\nFour", "."]
+    with _client(think_tokenizer, pieces) as client:
+        message = _chat(client).choices[0].message
+        assert (message.reasoning, message.content) == ("Two and two.", "\n\nFour.")
+        assert _deltas(client)[1:] == [{"reasoning": "Two and"}, {"reasoning": " two."},
+                                       {"content": "\n\nFour"}, {"content": "."}]
+
+
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_an_output_cut_before_its_end_tag_is_all_reasoning(think_tokenizer, parser):
+    with _client(think_tokenizer, CUT, parser, "length") as client:
+        choice = _chat(client, max_tokens=3).choices[0]
+        assert (choice.message.reasoning, choice.message.content) == ("Two and two", None)
+        assert choice.finish_reason == "length"
+        deltas = _deltas(client, max_tokens=3)
+        assert deltas[1:] == [{"reasoning": "Two"}, {"reasoning": " and"},
+                              {"reasoning": " two"}]
+
+
+@pytest.mark.parametrize("kwargs, parser, reasoning", [
+    # The template closes the thinking in the prompt: no reasoning, either parser.
+    ({"enable_thinking": False}, "deepseek_r1", None),
+    ({"enable_thinking": False}, "qwen3", None),
+    # A template that opens it whatever enable_thinking says (DeepSeek-R1's):
+    # deepseek_r1 reads the output as reasoning, qwen3 takes the switch.
+    ({"open_think": True, "enable_thinking": False}, "deepseek_r1", "Two and two"),
+    ({"open_think": True, "enable_thinking": False}, "qwen3", None),
+    ({"open_think": True}, "qwen3", "Two and two"),
+])
+def test_where_the_output_begins_after_its_reasoning_it_is_content(
+        think_tokenizer, kwargs, parser, reasoning):
+    with _client(think_tokenizer, CUT, parser, "length") as client:
+        fields = dict(max_tokens=3, extra_body={"chat_template_kwargs": kwargs})
+        message = _chat(client, **fields).choices[0].message
+        want = (reasoning, None) if reasoning else (None, "Two and two")
+        assert (message.reasoning, message.content) == want
+        deltas = _deltas(client, **fields)[1:]
+        kind = "reasoning" if reasoning else "content"
+        assert deltas == [{kind: "Two"}, {kind: " and"}, {kind: " two"}]
+
+
+def test_content_after_the_end_tag_is_all_content(think_tokenizer):
+    """A prompt that ended the reasoning leaves even a later end tag to the
+    content, as text."""
+    pieces = ["Four", "</think>", "."]
+    with _client(think_tokenizer, pieces, "qwen3") as client:
+        fields = dict(extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        message = _chat(client, **fields).choices[0].message
+        assert (message.reasoning, message.content) == (None, "Four</think>.")
+
+
+def test_calls_are_read_from_the_content_only(think_tokenizer):
+    pieces = ['<tool_call>{"name": "now", "arguments": {"in": "reasoning"}}</tool_call>',
+              "</think>", "Sure.", '<tool_call>{"name": "now", "arguments": {}}</tool_call>']
+    with _client(think_tokenizer, pieces, tool_call_parser="hermes") as client:
+        choice = _chat(client, tools=TOOLS).choices[0]
+        assert choice.message.reasoning == pieces[0]
+        assert choice.message.content == "Sure."
+        assert [(c.function.name, json.loads(c.function.arguments))
+                for c in choice.message.tool_calls] == [("now", {})]
+        assert choice.finish_reason == "tool_calls"
+        deltas = _deltas(client, tools=TOOLS)
+        assert deltas[1:3] == [{"reasoning": pieces[0]}, {"content": "Sure."}]
+        [call] = [entry for d in deltas for entry in d.get("tool_calls", [])]
+        assert call["function"] == {"name": "now", "arguments": "{}"}
+
+
+def test_include_reasoning_false_leaves_it_out(think_tokenizer):
+    with _client(think_tokenizer, ANSWER) as client:
+        fields = dict(extra_body={"include_reasoning": False})
+        message = _chat(client, **fields).choices[0].message
+        assert (message.reasoning, message.content) == (None, "\n\nFour.")
+        assert _deltas(client, **fields)[1:] == [{"content": "\n\nFour."}]
+
+
+def test_each_choice_is_split_on_its_own(think_tokenizer):
+    with _client(think_tokenizer, ANSWER) as client:
+        choices = _chat(client, n=2).choices
+        assert [(c.message.reasoning, c.message.content) for c in choices] == \
+            [("Two and two.", "\n\nFour.")] * 2
+
+
+def test_a_server_without_a_parser_answers_the_text(think_tokenizer):
+    with _client(think_tokenizer, ANSWER, parser=None) as client:
+        message = _chat(client).choices[0].message
+        assert message.content == "<think>Two and two.</think>\n\nFour."
+        assert "reasoning" not in message.model_dump()
+
+
+def test_responses_answer_a_reasoning_item_before_the_message(think_tokenizer):
+    with _client(think_tokenizer, ANSWER, enable_responses_api_store=True) as client:
+        whole = client.responses.create(model="tiny", input="Two and two?")
+        assert [item.type for item in whole.output] == ["reasoning", "message"]
+        reasoning = whole.output[0]
+        assert reasoning.id.startswith("rs_") and reasoning.summary == []
+        assert [(p.type, p.text) for p in reasoning.content] == [
+            ("reasoning_text", "Two and two.")]
+        assert whole.output_text == "\n\nFour."
+        events = list(client.responses.create(model="tiny", input="Two and two?", stream=True))
+        kinds = [e.type for e in events]
+        assert kinds[2:9] == ["response.output_item.added", "response.content_part.added",
+                              "response.reasoning_text.delta", "response.reasoning_text.delta",
+                              "response.reasoning_text.done", "response.content_part.done",
+                              "response.output_item.done"]
+        assert [e.delta for e in events if e.type == "response.reasoning_text.delta"] == \
+            ["Two", " and two."]
+        done = events[-1].response
+        assert [i.type for i in done.output] == ["reasoning", "message"]
+        assert done.output[0].content[0].text == "Two and two." and done.output_text == \
+            "\n\nFour."
+        # The answer goes on: stored, and sent back as input (its reasoning item too).
+        again = client.responses.create(model="tiny", input="And three?",
+                                        previous_response_id=whole.id)
+        assert again.status == "completed"
+        sent_back = [*[i.model_dump(exclude_none=True) for i in whole.output],
+                     {"role": "user", "content": "And three?"}]
+        listed = client.responses.input_items.list(
+            client.responses.create(model="tiny", input=sent_back).id)
+        assert [i.type for i in listed.data][::-1] == ["reasoning", "message", "message"]
+
+
+def test_responses_cut_in_its_reasoning_has_the_reasoning_item_alone(think_tokenizer):
+    with _client(think_tokenizer, CUT, finish_reason="length") as client:
+        whole = client.responses.create(model="tiny", input="Two and two?",
+                                        max_output_tokens=3)
+        assert (whole.status, [i.type for i in whole.output]) == ("incomplete", ["reasoning"])
+        assert whole.output[0].content[0].text == "Two and two"
+
+
+def test_responses_logprobs_of_an_answer_inside_its_reasoning_are_refused(think_tokenizer):
+    with _client(think_tokenizer, ANSWER) as client:
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model="tiny", input="Two and two?",
+                                    include=["message.output_text.logprobs"])
+        assert raised.value.body["param"] == "include"
+
+
+@pytest.mark.timeout(120)
+def test_an_unknown_parser_is_one_error_line_before_anything_starts(tmp_path):
+    env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    result, leftovers = run_tprun(["serve", "--device", "cpu", "--http-port", "0",
+                                   "--reasoning-parser", "granite"], timeout=100, env=env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "tprun: error: reasoning_parser must be one of deepseek_r1, qwen3, got 'granite'"]
+    assert leftovers == []
+    assert not (tmp_path / TINY_NAME).exists()  # refused before the model was written
