@@ -64,7 +64,8 @@ class StandInLink:
         self.count += 1
         return f"http-{self.count}"
 
-    def submit(self, request_id, prompt, params, queue) -> None:
+    def submit(self, request_id, prompt, params, queue, priority=0,
+               reasoning_ended=False) -> None:
         from ipc import trace
         from ipc.engine_messages import Delta, RequestAccepted
 

@@ -136,7 +136,7 @@ class LLMEngine:
                             self.sampling_defaults)
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
-            list(self.model_config.eos_token_ids))
+            list(self.model_config.eos_token_ids), reasoning=self.reasoning)
         self.device = config.resolved_device
         draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
@@ -237,7 +237,7 @@ class LLMEngine:
 
     def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0,
-                    fit_context: bool = False) -> Request:
+                    fit_context: bool = False, reasoning_ended: bool = False) -> Request:
         """The request of ``prompt``, tokenized and checked with this engine's
         limits and vocabulary (``check_request``: the one check a request
         gets, here where it enters the engine), with its structured-output
@@ -269,7 +269,12 @@ class LLMEngine:
         vLLM's rule: they are its ``stop_reason``).
         ``priority`` orders requests under the "priority" scheduling policy
         (lower first); another than 0 is refused under "fcfs", as vLLM
-        refuses it, rather than ignored."""
+        refuses it, rather than ignored. Under a reasoning parser
+        (``reasoning_parser``) a structured-output constraint holds from
+        the end of the reasoning on, unless the prompt ended it or
+        ``reasoning_ended`` (vLLM's, the caller's word: a request that
+        turned thinking off) says the output begins after it
+        (``StructuredOutputManager.new_grammar``)."""
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
@@ -294,7 +299,8 @@ class LLMEngine:
             prompt_token_ids, params, eos_token_id=self.tokenizer.eos_token_id,
             priority=priority, secondary_eos_token_ids=self.model_config.eos_token_ids,
         )
-        request.grammar = self.structured_outputs.new_grammar(params)
+        request.grammar = self.structured_outputs.new_grammar(params, prompt_token_ids,
+                                                              reasoning_ended)
         return request
 
     def enqueue(self, request: Request) -> None:

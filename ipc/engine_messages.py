@@ -25,13 +25,17 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``prompt_token_ids``. ``sampling_params`` holds ``SamplingParams``
     fields by name; missing ones take their defaults. ``priority``: lower
     first under the engine's "priority" scheduling policy (another than 0
-    is refused under "fcfs")."""
+    is refused under "fcfs"). ``reasoning_ended`` (vLLM's): under the
+    engine's reasoning parser, the output begins after its reasoning, so a
+    structured-output constraint holds from its first token (where false,
+    the engine tells from the prompt's token ids)."""
 
     request_id: str
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     sampling_params: dict[str, Any] = {}
     priority: int = 0
+    reasoning_ended: bool = False
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -472,7 +472,8 @@ class EngineServer:
         params are the endpoint's own, built (and so checked) from the
         message: ``new_request`` takes them as they are."""
         make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
-                                 req_id=waiting.engine_id, priority=waiting.message.priority)
+                                 req_id=waiting.engine_id, priority=waiting.message.priority,
+                                 reasoning_ended=waiting.message.reasoning_ended)
         if isinstance(waiting.prompt, str) or waiting.params.bad_words:
             made = self.tokenizers.submit(make)
             made.add_done_callback(self._wake)

@@ -3,7 +3,11 @@
 ``check`` (when a request enters the engine) compiles its constraint, or
 finds it compiled, and raises ``GrammarError`` with the backend's message when
 it does not compile (in time): nothing of a bad request reaches the workers.
-``new_grammar`` gives an accepted request its own matcher.
+``new_grammar`` gives an accepted request its own matcher; under a
+reasoning parser (``reasoning``, the tags' ids) one that begins inside its
+reasoning (its prompt did not end it, nor did its caller say it has) is
+held only from the end of its reasoning on (``Grammar``), as vLLM's
+structured-output manager holds it.
 ``start_bitmask(plan, requests)`` fills the rows of a step's
 ``structured_output_req_ids`` from their matchers, all at once in
 llguidance's threads, started from a fill thread of its own (llguidance
@@ -17,8 +21,8 @@ them until ``result()`` has returned (the engine's order guarantees it).
 One persistent buffer holds the rows being filled (no allocation a step);
 ``result()`` copies them into the message.
 
-Rows of requests that finished or were aborted after the plan was made
-allow every token (their token is discarded anyway, and a row without any
+Rows of requests that finished or were aborted after the plan was made,
+and of requests still inside their reasoning, allow every token (their token is discarded anyway, and a row without any
 allowed token would make the sampler's distribution undefined). A matcher
 in its error state (a grammar that ran past llguidance's per-step limits)
 allows only EOS, so the request ends.
@@ -27,10 +31,12 @@ allows only EOS, so the request ends.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
+from engine.reasoning import ReasoningTokens
 from engine.structured_outputs.backend import GuidanceBackend
 from engine.structured_outputs.compiler import DEFAULT_TIMEOUT_S, GrammarCompiler
 from engine.structured_outputs.grammar import Grammar
@@ -43,8 +49,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 class StructuredOutputManager:
     def __init__(self, tokenizer_json_path: str, vocab_size: int, eos_token_ids: list[int],
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, reasoning: ReasoningTokens | None = None):
         self.vocab_size = vocab_size
+        self.reasoning = reasoning
         self.words = bitmask_words(vocab_size)
         self.eos_token_ids = sorted(eos_token_ids)
         self.backend = GuidanceBackend(tokenizer_json_path, vocab_size, self.eos_token_ids)
@@ -71,12 +78,20 @@ class StructuredOutputManager:
         if params.structured_outputs is not None:
             self.compiler.result(params.structured_outputs.key)
 
-    def new_grammar(self, params) -> Grammar | None:
-        """A new matcher for the request (None when unconstrained)."""
+    def new_grammar(self, params, prompt_token_ids: Sequence[int] = (),
+                    reasoning_ended: bool = False) -> Grammar | None:
+        """A new matcher for the request (None when unconstrained). Under a
+        reasoning parser it waits for the end of the reasoning unless
+        ``prompt_token_ids`` ended it or ``reasoning_ended`` (vLLM's: the
+        caller knows the output begins after it) says so."""
         if params.structured_outputs is None:
             return None
         template = self.compiler.result(params.structured_outputs.key)
-        return Grammar(self.backend.new_matcher(template))
+        end_id = None
+        if self.reasoning is not None and not (
+                reasoning_ended or self.reasoning.ended_in(prompt_token_ids)):
+            end_id = self.reasoning.end_id
+        return Grammar(self.backend.new_matcher(template), end_id)
 
     # ---- the step --------------------------------------------------------
     def bitmask(self, plan: SchedulerOutput, requests: dict) -> GrammarBitmask:
@@ -90,8 +105,9 @@ class StructuredOutputManager:
         now; ``result()`` of the answer waits for it. In the background the
         fill runs in this manager's fill thread (llguidance drops the GIL
         for it), and until ``result()`` returns no matcher of the step may
-        be used (llguidance holds them). Rows of requests that are gone, or
-        whose grammar is complete, allow every token."""
+        be used (llguidance holds them). Rows of requests that are gone,
+        whose grammar is complete or that are inside their reasoning allow
+        every token."""
         if self._pending is not None:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
@@ -99,7 +115,7 @@ class StructuredOutputManager:
         jobs, grammars = [], []
         for row, req_id in enumerate(req_ids):
             grammar = getattr(requests.get(req_id), "grammar", None)
-            if grammar is not None and not grammar.is_terminated():
+            if grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, grammar))
             else:

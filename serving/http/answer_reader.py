@@ -47,6 +47,15 @@ class Reading:
         return self.reader() if self.in_reasoning else self.tools.reader()
 
     @property
+    def reasoning_ended(self) -> bool:
+        """The output begins after its reasoning, as the engine is told
+        (``GenerateRequest.reasoning_ended``), so that a structured-output
+        constraint holds from its first token: the engine sees a prompt
+        that ended the reasoning itself, but not a request that turned
+        thinking off."""
+        return self.reasoning is not None and not self.in_reasoning
+
+    @property
     def hides_reasoning(self) -> bool:
         """The answer leaves out reasoning it has: then, as vLLM serves it,
         the tokens' logprobs are left out too (they would show it)."""

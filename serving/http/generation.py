@@ -112,11 +112,13 @@ class Generation:
 
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str], priority: int = 0,
-                    max_tokens: list[int | None] | None = None) -> None:
+                    max_tokens: list[int | None] | None = None,
+                    reasoning_ended: bool = False) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
         index * len(params) + i), at ``priority``, and wait until all are
         accepted; ``max_tokens[p]``, where given, replaces the params'
-        ``max_tokens`` for prompt p (a cap its own room limits)."""
+        ``max_tokens`` for prompt p (a cap its own room limits);
+        ``reasoning_ended``: ``GenerateRequest``'s."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
@@ -126,7 +128,8 @@ class Generation:
                     self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
                         stops, choice_params.get("include_stop_str_in_output", False),
                         choice_params.get("min_tokens", 0)))
-                    self.link.submit(request_id, prompt, choice_params, self.queue, priority)
+                    self.link.submit(request_id, prompt, choice_params, self.queue, priority,
+                                     reasoning_ended)
             await self._await_acceptance()
         except BaseException:
             self.abort_unfinished()

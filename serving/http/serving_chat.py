@@ -96,7 +96,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
     reading = reading_of(state, request, tool_choice, prompt)
     generation = Generation(state.link, state.metrics)
-    await generation.start([prompt], params, request.stop_strings(), request.priority)
+    await generation.start([prompt], params, request.stop_strings(), request.priority,
+                           reasoning_ended=reading.reasoning_ended)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
     return await respond(raw, generation, request.stream,
                          lambda: _stream(state, request, generation, response_id, reading),

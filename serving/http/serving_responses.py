@@ -151,7 +151,8 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     params = choice_params(chat, max_tokens, num_top, constraint=constraint,
                            defaults=state.sampling_defaults)
     generation = Generation(state.link, state.metrics)
-    await generation.start([prompt], params, chat.stop_strings(), request.priority)
+    await generation.start([prompt], params, chat.stop_strings(), request.priority,
+                           reasoning_ended=reading.reasoning_ended)
     store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
     log = EventLog() if request.background and request.stream else None

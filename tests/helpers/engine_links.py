@@ -30,7 +30,8 @@ class AcceptingLink:
     def new_id(self) -> str:
         return f"req-{next(self.ids)}"
 
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
+               reasoning_ended=False) -> None:
         self.live.add(request_id)
         queue.put_nowait(RequestAccepted(request_id=request_id,
                                          prompt_token_ids=list(prompt_token_ids)))
@@ -51,7 +52,8 @@ class AnsweringLink(AcceptingLink):
         super().__init__()
         self.token_ids, self.text, self.finish_reason = token_ids, text, finish_reason
 
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
+               reasoning_ended=False) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority)
         queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
                                text=self.text, finished=True,
@@ -62,14 +64,17 @@ class TextLink(AcceptingLink):
     """Accepts every request and answers it at once with ``pieces`` of
     text, one delta each, the last finished with ``finish_reason``; each
     piece's token ids are the ``tokenizer``'s for it (one added token, such
-    as a tag, is one id)."""
+    as a tag, is one id). It notes each request's ``reasoning_ended``."""
 
     def __init__(self, tokenizer, pieces: list[str], finish_reason: str = "stop") -> None:
         super().__init__()
         self.tokenizer, self.pieces, self.finish_reason = tokenizer, pieces, finish_reason
+        self.reasoning_ended: list[bool] = []  # each request's, as submitted
 
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
+               reasoning_ended=False) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority)
+        self.reasoning_ended.append(reasoning_ended)
         for i, piece in enumerate(self.pieces):
             last = i == len(self.pieces) - 1
             queue.put_nowait(Delta(request_id=request_id,

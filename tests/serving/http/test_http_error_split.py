@@ -74,7 +74,8 @@ class _ScriptedLink:
     def new_id(self) -> str:
         return f"req-{next(self.ids)}"
 
-    def submit(self, request_id, prompt_token_ids, params, queue, priority=0) -> None:
+    def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
+               reasoning_ended=False) -> None:
         if self.refusal is not None:
             queue.put_nowait(RequestError(request_id=request_id, **self.refusal))
             return

@@ -113,6 +113,27 @@ def test_where_the_output_begins_after_its_reasoning_it_is_content(
         assert deltas == [{kind: "Two"}, {kind: " and"}, {kind: " two"}]
 
 
+@pytest.mark.parametrize("parser, kwargs, told", [
+    ("qwen3", {"enable_thinking": False, "open_think": True}, True),
+    ("deepseek_r1", {"enable_thinking": False, "open_think": True}, False),
+    ("deepseek_r1", {"enable_thinking": False}, True),  # the prompt ended it
+    ("qwen3", None, False),
+])
+def test_the_engine_is_told_where_the_reasoning_already_ended(think_tokenizer, parser, kwargs,
+                                                              told):
+    """``GenerateRequest.reasoning_ended``, by which a constraint holds from
+    the first token of an output that begins after its reasoning."""
+    link = TextLink(think_tokenizer, ["x"])
+    with TestClient(create_app(link, think_tokenizer, ["tiny"], 4096,
+                               reasoning_parser=parser)) as http:
+        client = openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                               http_client=http, max_retries=0)
+        _chat(client, n=2, extra_body={"chat_template_kwargs": kwargs} if kwargs else None)
+        client.responses.create(model="tiny", input="Two and two?")
+    # The Responses request renders no kwargs: its output begins inside its reasoning.
+    assert link.reasoning_ended == [told, told, False]
+
+
 def test_content_after_the_end_tag_is_all_content(think_tokenizer):
     """A prompt that ended the reasoning leaves even a later end tag to the
     content, as text."""

@@ -1,0 +1,149 @@
+"""Structured outputs under a reasoning parser, as vLLM's structured-output
+manager holds them: the grammar waits while the output is inside its
+reasoning (every token allowed, none consumed) and holds from the token
+after the first ``</think>``; a prompt that ended the reasoning, or a
+caller's ``reasoning_ended``, has it hold from the first token.
+
+On ``tiny`` with ``<think>`` (259) and ``</think>`` (260) added
+(``tests.helpers.think_model``): its vocabulary is bytes, so every mask is
+worked out by hand; and end to end, where only a ``logit_bias`` makes the
+random model write ``</think>`` at all, so what comes before it is free
+text and what comes after it matches the regex only by the mask."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from checkpoint.tiny_model import EOS
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.reasoning import ReasoningTokens
+from engine.structured_outputs import StructuredOutputManager
+from ipc.messages import SchedulerOutput
+from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
+
+VOCAB = 320
+REGEX = "[0-9]{3}"
+
+
+@pytest.fixture(scope="module")
+def think_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("think")
+    return tiny_with_think_tokens(str(root / "cache"), str(root / "model"))
+
+
+@pytest.fixture(scope="module")
+def manager(think_dir):
+    m = StructuredOutputManager(f"{think_dir}/tokenizer.json", VOCAB, [EOS], timeout_s=30,
+                                reasoning=ReasoningTokens(THINK, END_THINK))
+    yield m
+    m.shutdown()
+
+
+class _Req:
+    def __init__(self, grammar):
+        self.grammar = grammar
+
+
+def allowed(manager, grammar) -> list[int]:
+    """The tokens the step's bitmask row of ``grammar`` allows."""
+    plan = SchedulerOutput(step_id=1, structured_output_req_ids=["r"])
+    bitmask = manager.bitmask(plan, {"r": _Req(grammar)})
+    words = np.frombuffer(bitmask.bitmask, dtype="<i4").reshape(1, (VOCAB + 31) // 32)
+    bits = (words[:, :, None].astype(np.int64) >> np.arange(32)) & 1
+    return np.flatnonzero(bits.reshape(-1)[:VOCAB]).tolist()
+
+
+def grammar_for(manager, prompt, reasoning_ended=False, regex="a[bc]"):
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(regex=regex))
+    manager.check(params)
+    return manager.new_grammar(params, prompt, reasoning_ended)
+
+
+EVERY = list(range(VOCAB))
+
+
+def test_the_grammar_holds_from_the_token_after_the_end_tag(manager):
+    g = grammar_for(manager, [1, THINK, 2])  # a prompt that opened the thinking
+    assert allowed(manager, g) == EVERY and not g.active
+    for token in (ord("z"), THINK, EOS - 1):  # anything passes, a start tag too
+        assert g.accept(token)
+    assert allowed(manager, g) == EVERY
+    assert g.accept(END_THINK) and g.active and g.num_tokens == 4
+    assert allowed(manager, g) == [ord("a")]
+    assert g.accept(ord("a")) and allowed(manager, g) == [ord("b"), ord("c")]
+    assert not g.is_terminated() and g.accept(ord("b")) and g.is_terminated()
+    assert not g.accept(END_THINK) and g.is_error()  # the grammar's own from here on
+
+
+def test_rolled_back_over_the_end_tag_it_is_in_the_reasoning_again(manager):
+    g = grammar_for(manager, [1, 2])  # no tag: the output begins inside (DeepSeek-R1's rule)
+    for token in (ord("x"), END_THINK, ord("a"), ord("c")):
+        assert g.accept(token)
+    assert g.is_terminated()
+    g.rollback_to(3)  # "x", </think>, "a"
+    assert allowed(manager, g) == [ord("b"), ord("c")]
+    g.rollback_to(2)  # "x", </think>: the grammar at its start
+    assert g.active and allowed(manager, g) == [ord("a")]
+    g.rollback_to(1)  # "x": the end tag is gone
+    assert not g.active and allowed(manager, g) == EVERY
+    assert g.accept(ord("y")) and g.accept(END_THINK) and allowed(manager, g) == [ord("a")]
+
+
+@pytest.mark.parametrize("prompt, reasoning_ended, active", [
+    ([THINK, 5, END_THINK, 6], False, True),  # the prompt closed the thinking
+    ([END_THINK, 1, THINK], False, False),  # closed, then opened again
+    ([THINK], True, True),  # the caller's word (a request that turned thinking off)
+    ([], False, False),
+])
+def test_where_the_grammar_starts(manager, prompt, reasoning_ended, active):
+    g = grammar_for(manager, prompt, reasoning_ended)
+    assert g.active is active
+    assert allowed(manager, g) == ([ord("a")] if active else EVERY)
+
+
+def test_without_a_reasoning_parser_the_grammar_holds_at_once(think_dir):
+    plain = StructuredOutputManager(f"{think_dir}/tokenizer.json", VOCAB, [EOS], timeout_s=30)
+    try:
+        g = grammar_for(plain, [1, THINK, 2])
+        assert g.active and allowed(plain, g) == [ord("a")]
+    finally:
+        plain.shutdown()
+
+
+def _params(seed: int) -> SamplingParams:
+    # The bias makes </think> likely enough to come within the budget.
+    return SamplingParams(temperature=1.0, seed=seed, max_tokens=48,
+                          logit_bias={END_THINK: 6.0},
+                          structured_outputs=StructuredOutputsParams(regex=REGEX))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_reasoning_is_free_and_the_answer_after_it_matches(think_dir, async_scheduling):
+    prompts = [{"prompt_token_ids": [256, 72, 105, THINK]}] * 8
+    with LLM(model=think_dir, device="cpu", reasoning_parser="qwen3",
+             async_scheduling=async_scheduling) as llm:
+        outs = llm.generate(prompts, [_params(seed) for seed in range(len(prompts))],
+                            use_tqdm=False)
+        free = 0
+        for out in outs:
+            completion = out.outputs[0]
+            ids = completion.token_ids
+            if END_THINK not in ids:  # ended (EOS) or cut inside its reasoning
+                continue
+            end = ids.index(END_THINK)
+            reasoning = llm.get_tokenizer().decode(ids[:end])
+            answer = llm.get_tokenizer().decode(ids[end + 1:])
+            assert re.fullmatch(REGEX, answer), completion.text
+            assert completion.finish_reason == "stop"  # the grammar complete
+            free += bool(re.search(r"[^0-9]", reasoning))
+        assert free >= 2  # reasoning the regex would never have let through
+        # A prompt that ended the reasoning: the grammar holds from the first token.
+        closed = [{"prompt_token_ids": [256, 72, 105, THINK, 10, END_THINK, 10]}]
+        for seed in range(3):
+            completion = llm.generate(closed, _params(seed), use_tqdm=False)[0].outputs[0]
+            assert re.fullmatch(REGEX, completion.text) and END_THINK not in \
+                completion.token_ids
