@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serving.http.reasoning import ReasoningParser, ReasoningReader
+from serving.http.reasoning import ReasoningCount, ReasoningParser, ReasoningReader
 from serving.http.tools import ToolCallReader, ToolChoice, delta_of
 
 
@@ -39,6 +39,10 @@ class Reading:
             return calls
         return ReasonedReader(self.reasoning.reader(self.in_reasoning), calls,
                               self.include_reasoning)
+
+    def reasoning_count(self) -> ReasoningCount | None:
+        """A fresh count of one choice's reasoning tokens (None: no parser)."""
+        return None if self.reasoning is None else self.reasoning.count(self.in_reasoning)
 
     def items_reader(self) -> ToolCallReader | ReasonedReader | None:
         """``reader`` for a Responses answer, which has no field for a

@@ -11,7 +11,9 @@ refusal that is not the request's fault, ``EngineRefusal``: the server's
 own failure). ``events``
 then yields each choice's text as it comes, passed through its
 ``OutputStops``; a choice that meets a stop string is aborted in the
-engine (its blocks freed) and finishes with reason "stop". A choice the
+engine (its blocks freed) and finishes with reason "stop". Under a
+reasoning parser (``count_reasoning``) each choice counts its reasoning
+tokens, which ``usage`` reports as vLLM does. A choice the
 engine ends with reason "error" (it could not go on generating it) is not
 shown as an answer: ``events`` raises ``GenerationError`` in its place, as
 vLLM's server raises its own, which the routes answer as a failure of the
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from engine.request_metrics import RequestTimes
@@ -35,6 +37,7 @@ from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestEr
 from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
+from serving.http.reasoning import ReasoningCount
 from serving.protocol_core import EngineStoppedError
 
 logger = logging.getLogger(__name__)
@@ -96,6 +99,7 @@ class _Choice:
     num_tokens: int = 0
     times: RequestTimes = field(default_factory=RequestTimes)  # arrival: its submission
     finished: bool = False
+    reasoning: ReasoningCount | None = None
 
 
 @dataclass
@@ -109,6 +113,8 @@ class Generation:
     # Echo with max_tokens 0: the engine samples one token (it always does),
     # which is dropped here, uncounted, and the choice ends as "length".
     discard_output: bool = False
+    # A fresh count of a choice's reasoning tokens (a reasoning parser's), or None.
+    count_reasoning: Callable[[], ReasoningCount | None] | None = None
 
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str], priority: int = 0,
@@ -127,7 +133,8 @@ class Generation:
                     request_id = self.link.new_id()
                     self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
                         stops, choice_params.get("include_stop_str_in_output", False),
-                        choice_params.get("min_tokens", 0)))
+                        choice_params.get("min_tokens", 0)), reasoning=(
+                            self.count_reasoning() if self.count_reasoning else None))
                     self.link.submit(request_id, prompt, choice_params, self.queue, priority,
                                      reasoning_ended)
             await self._await_acceptance()
@@ -175,11 +182,17 @@ class Generation:
     def usage(self) -> dict:
         """The response's ``usage``: prompt tokens once per prompt,
         completion tokens over every choice, and the prompt tokens served
-        from the prefix cache (``prompt_tokens_details.cached_tokens``)."""
+        from the prefix cache (``prompt_tokens_details.cached_tokens``);
+        under a reasoning parser also vLLM's
+        ``completion_tokens_details.reasoning_tokens``, over every choice."""
         prompt, completion = self.prompt_tokens(), self.completion_tokens()
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens()}}
+        counts = [c.reasoning.count for c in self.choices.values() if c.reasoning is not None]
+        if counts:
+            usage["completion_tokens_details"] = {"reasoning_tokens": sum(counts)}
+        return usage
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         """Every choice's events, in the order the engine produced them;
@@ -211,6 +224,8 @@ class Generation:
             return self._prompt_only_event(request_id, choice, delta)
         self._observe_latency(choice, len(delta.token_ids))
         choice.num_tokens += len(delta.token_ids)
+        if choice.reasoning is not None:
+            choice.reasoning.add(delta.token_ids)
         if delta.num_cached_tokens is not None:
             choice.num_cached_tokens = delta.num_cached_tokens
         text = choice.stops.add(delta.text, len(delta.token_ids), last=delta.finished)

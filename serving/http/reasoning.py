@@ -55,6 +55,30 @@ class ReasoningParser:
     def reader(self, in_reasoning: bool) -> ReasoningReader:
         return ReasoningReader(self.syntax, in_reasoning)
 
+    def count(self, in_reasoning: bool) -> ReasoningCount:
+        return ReasoningCount(self.tokens, in_reasoning)
+
+
+class ReasoningCount:
+    """The reasoning tokens of one choice's output, on token ids as they
+    come (``add``): for an output that begins inside its reasoning, its
+    tokens before the first end tag, tags not counted; none for one that
+    begins after it. vLLM's ``completion_tokens_details.reasoning_tokens``."""
+
+    def __init__(self, tokens: ReasoningTokens, in_reasoning: bool) -> None:
+        self.tokens = tokens
+        self.open = in_reasoning
+        self.count = 0
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        for token in token_ids:
+            if not self.open:
+                return
+            if token == self.tokens.end_id:
+                self.open = False
+            elif token != self.tokens.start_id:
+                self.count += 1
+
 
 class ReasoningReader:
     """One choice's output text as it comes: ``pieces`` gives what each new

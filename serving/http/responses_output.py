@@ -46,13 +46,15 @@ def response_usage(usage: dict) -> dict:
     """``Generation.usage()`` in the Responses API's terms: prefix-cache hits
     are ``cached_tokens``; ``cache_write_tokens`` (OpenAI's count of tokens
     written to its retained prompt cache, a field its types require) is 0,
-    as this server keeps no such cache."""
+    as this server keeps no such cache; ``reasoning_tokens`` are a
+    reasoning parser's count (0 without one)."""
     return {"input_tokens": usage["prompt_tokens"],
             "input_tokens_details": {
                 "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
                 "cache_write_tokens": 0},
             "output_tokens": usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": usage.get(
+                "completion_tokens_details", {}).get("reasoning_tokens", 0)},
             "total_tokens": usage["total_tokens"]}
 
 

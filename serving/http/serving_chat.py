@@ -95,7 +95,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
     reading = reading_of(state, request, tool_choice, prompt)
-    generation = Generation(state.link, state.metrics)
+    generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,
                            reasoning_ended=reading.reasoning_ended)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"

@@ -150,7 +150,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     check_context(request, len(prompt), max_tokens, state.max_model_len)
     params = choice_params(chat, max_tokens, num_top, constraint=constraint,
                            defaults=state.sampling_defaults)
-    generation = Generation(state.link, state.metrics)
+    generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
                            reasoning_ended=reading.reasoning_ended)
     store = state.response_store if request.stores else None

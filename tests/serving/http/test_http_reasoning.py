@@ -71,6 +71,27 @@ def test_the_reasoning_has_its_own_field_whole_and_streamed(think_tokenizer, par
         assert (streamed.reasoning, streamed.content) == ("Two and two.", "\n\nFour.")
 
 
+def test_usage_counts_the_reasoning_tokens(think_tokenizer):
+    """vLLM's ``completion_tokens_details.reasoning_tokens``: the tokens
+    before ``</think>``, tags not counted: "Two" (3 bytes) and " and two."
+    (9) of ANSWER; every token of an output cut inside its reasoning; none
+    of one that begins after it."""
+    with _client(think_tokenizer, ANSWER) as client:
+        usage = _chat(client, n=2).usage
+        assert (usage.completion_tokens, usage.completion_tokens_details.reasoning_tokens) == \
+            (2 * 21, 2 * 12)
+        chunks = list(_chat(client, stream=True, stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 12
+        response = client.responses.create(model="tiny", input="Two and two?")
+        assert response.usage.output_tokens_details.reasoning_tokens == 12
+    with _client(think_tokenizer, CUT, "qwen3", "length") as client:
+        assert _chat(client).usage.completion_tokens_details.reasoning_tokens == 11
+        off = _chat(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    with _client(think_tokenizer, ANSWER, parser=None) as client:
+        assert _chat(client).usage.completion_tokens_details is None
+
+
 def test_an_end_tag_inside_a_delta_splits_it(think_tokenizer):
     pieces = ["Two and", " two.</th", "ink>\n\nFour", "."]
     with _client(think_tokenizer, pieces) as client:
