@@ -41,17 +41,18 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from serving.http.tools import ObjectEnd, ToolCallReader, call_of
+from serving.http.tools import ObjectEnd, ToolCallReader, call_parts, new_tool_call_id, tool_call
 
 _BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
 
 
 class AutoCallsReader(ToolCallReader):
-    """What both parsers share: the answer's text so far, the content and
+    """What the parsers share: the answer's text so far, the content and
     calls settled so far, and what the current piece of text lets out.
     Subclasses implement ``_advance``, which settles as much of ``text`` as
-    it can (all of it when ``last``) through ``_say`` and ``_call``."""
+    it can (all of it when ``last``) through ``_say`` and ``_call``; a call
+    gets its id from ``_new_id``."""
 
     def __init__(self) -> None:
         self.text = ""
@@ -81,9 +82,46 @@ class AutoCallsReader(ToolCallReader):
             self.content += text
             self._pieces.append(("content", text))
 
-    def _call(self, call: dict) -> None:
+    def _call(self, name: str, arguments: str) -> None:
+        call = tool_call(name, arguments, self._new_id())
         self._pieces.append(("call", {"index": len(self.found), **call}))
         self.found.append(call)
+
+    def _new_id(self) -> str:
+        return new_tool_call_id()
+
+    def _say_until(self, tag: str, last: bool) -> int | None:
+        """Content from ``at`` up to the first ``tag``: where it is, or
+        None (then a tail that may be the tag's start waits for more text,
+        and all of it is content when ``last``)."""
+        found = self.text.find(tag, self.at)
+        if found >= 0:
+            self._say(self.text[self.at:found])
+            return found
+        if last:
+            self._say(self.text[self.at:])
+            self.done = True
+            return None
+        held = _open_tag_tail(self.text, self.at, tag)
+        self._say(self.text[self.at:len(self.text) - held])
+        self.at = len(self.text) - held
+        return None
+
+    def _next_tag(self, tag: str, last: bool) -> int | None:
+        """After a piece of the run, at ``at``: blank space, then where
+        ``tag`` starts the next piece; None if it does not (blank space to
+        the end: the answer is done where ``last``, the run ends at other
+        text) or may not yet be known."""
+        start = _BLANK.match(self.text, self.at).end()
+        if self.text.startswith(tag, start):
+            return start
+        if not last and tag.startswith(self.text[start:]):
+            return None  # blank space so far, or a partial tag
+        if start == len(self.text):
+            self.done = True
+        else:
+            self._rest_from(start)
+        return None
 
     def _rest_from(self, at: int) -> None:
         """The run ends at ``at``: all text from there on is content."""
@@ -151,11 +189,11 @@ class Llama3JsonReader(AutoCallsReader):
             if last:  # cut inside the object
                 self._rest_from(self.object_start if self.found else 0)
             return False
-        call = call_of(self.text[self.object_start:end], ("arguments", "parameters"))
+        call = call_parts(self.text[self.object_start:end], ("arguments", "parameters"))
         if call is None:
             self._rest_from(self.object_start if self.found else 0)
             return False
-        self._call(call)
+        self._call(*call)
         self.state, self.at = "between", end
         return True
 
@@ -192,21 +230,11 @@ class HermesReader(AutoCallsReader):
                 return
 
     def _before(self, last: bool) -> bool:
-        """Content goes out up to the first tag; a tail that may be the
-        tag's start waits for more text."""
-        tag = self.text.find(self.OPEN, self.at)
-        if tag >= 0:
-            self._say(self.text[self.at:tag])
-            self.state, self.block_start = "block", tag
-            return True
-        if last:
-            self._say(self.text[self.at:])
-            self.done = True
+        tag = self._say_until(self.OPEN, last)
+        if tag is None:
             return False
-        held = _open_tag_tail(self.text, self.at, self.OPEN)
-        self._say(self.text[self.at:len(self.text) - held])
-        self.at = len(self.text) - held
-        return False
+        self.state, self.block_start = "block", tag
+        return True
 
     def _block(self, last: bool) -> bool:
         body_start = self.block_start + len(self.OPEN)
@@ -214,11 +242,11 @@ class HermesReader(AutoCallsReader):
         if close < 0 and not last:
             return False
         body_end = len(self.text) if close < 0 else close
-        call = call_of(self.text[body_start:body_end], ("arguments",))
+        call = call_parts(self.text[body_start:body_end], ("arguments",))
         if call is None:
             self._rest_from(self.block_start)
             return False
-        self._call(call)
+        self._call(*call)
         if close < 0:  # the answer ended in this block
             self.done = True
             return False
@@ -226,17 +254,11 @@ class HermesReader(AutoCallsReader):
         return True
 
     def _between(self, last: bool) -> bool:
-        start = _BLANK.match(self.text, self.at).end()
-        if self.text.startswith(self.OPEN, start):
-            self.state, self.block_start = "block", start
-            return True
-        if not last and self.OPEN.startswith(self.text[start:]):
-            return False  # blank space so far, or a partial tag
-        if start == len(self.text):
-            self.done = True
-        else:
-            self._rest_from(start)
-        return False
+        tag = self._next_tag(self.OPEN, last)
+        if tag is None:
+            return False
+        self.state, self.block_start = "block", tag
+        return True
 
 
 def _open_tag_tail(text: str, start: int, tag: str) -> int:

@@ -394,21 +394,33 @@ class RequiredCallsReader(ToolCallReader):
 _NOT_GIVEN = object()
 
 
-def call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
-    """The call a JSON object's text stands for: a string "name" and the
-    first of ``argument_keys`` it has; None if it is not one."""
+def tool_call(name: str, arguments: str, call_id: str) -> dict:
+    """A message's tool call; ``arguments``: the JSON text of its arguments."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def call_parts(text: str, argument_keys: tuple[str, ...],
+               default: Any = _NOT_GIVEN) -> tuple[str, str] | None:
+    """The name and the arguments (as JSON text) of the call a JSON
+    object's text stands for: a string "name" and the first of
+    ``argument_keys`` it has (``default`` where it has none, if given);
+    None if it is not one."""
     try:
         value = json.loads(text)
     except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = next((value[key] for key in argument_keys if key in value), _NOT_GIVEN)
+    arguments = next((value[key] for key in argument_keys if key in value), default)
     if arguments is _NOT_GIVEN:
         return None
-    return {"id": new_tool_call_id(), "type": "function",
-            "function": {"name": value["name"],
-                         "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return value["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
+    """``call_parts``' call as a message's tool call, with a new id."""
+    parts = call_parts(text, argument_keys)
+    return None if parts is None else tool_call(*parts, new_tool_call_id())
 
 
 class ObjectEnd:
