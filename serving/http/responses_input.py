@@ -30,7 +30,6 @@ this API's fields.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 from serving.http.protocol import (
     ChatCompletionRequest,
@@ -218,7 +217,7 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
 
 
 def tool_choice(request: ResponsesRequest, chat: ChatCompletionRequest,
-                parser: Callable[[], ToolCallReader] | None) -> ToolChoice:
+                parser: type[ToolCallReader] | None) -> ToolChoice:
     """The request's tool choice, read as the chat route reads its own
     (``chat``: ``chat_request``'s; ``parser``: the server's "auto" reader)."""
     choice = request.tool_choice

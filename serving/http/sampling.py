@@ -50,13 +50,16 @@ def check_logprobs(max_logprobs: int, vocab_size: int | None, **asked: int | Non
 def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                   prompt_logprobs: int | None = None,
                   constraint: StructuredOutputsParams | None = None,
-                  defaults: dict | None = None) -> list[dict]:
+                  defaults: dict | None = None,
+                  skip_special_tokens: bool | None = None) -> list[dict]:
     """One ``SamplingParams`` dict per choice (``SamplingParams.choices``);
     ``ValueError`` for bad values. ``prompt_logprobs`` defaults to the
     request's own field; ``max_tokens`` None: what the context leaves;
     ``constraint``: the output's constraint where the caller made it (a
     tool choice's, given only to a request without structured-output
-    fields), else the one those fields ask for. The stop strings are
+    fields), else the one those fields ask for; ``skip_special_tokens``:
+    where the caller decided it (``ToolChoice.skip_special_tokens``), else
+    the request's. The stop strings are
     checked here and applied by ``Generation``: the dicts carry none."""
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
@@ -72,7 +75,8 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   allowed_token_ids=request.allowed_token_ids, bad_words=request.bad_words,
                   include_stop_str_in_output=request.include_stop_str_in_output,
                   truncate_prompt_tokens=request.truncate_prompt_tokens,
-                  skip_special_tokens=request.skip_special_tokens,
+                  skip_special_tokens=(request.skip_special_tokens if skip_special_tokens
+                                       is None else skip_special_tokens),
                   spaces_between_special_tokens=request.spaces_between_special_tokens,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
                                    else prompt_logprobs))

@@ -93,7 +93,9 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
             lambda text: {"message": _whole_message(text, reading.reader(), role, echo),
                           "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),
-                           constraint=tool_choice.constraint(), defaults=state.sampling_defaults)
+                           constraint=tool_choice.constraint(), defaults=state.sampling_defaults,
+                           skip_special_tokens=tool_choice.skip_special_tokens(
+                               request.skip_special_tokens))
     reading = reading_of(state, request, tool_choice, prompt)
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,

@@ -149,7 +149,8 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                                    state.max_model_len - len(prompt))
     check_context(request, len(prompt), max_tokens, state.max_model_len)
     params = choice_params(chat, max_tokens, num_top, constraint=constraint,
-                           defaults=state.sampling_defaults)
+                           defaults=state.sampling_defaults,
+                           skip_special_tokens=tools.skip_special_tokens(chat.skip_special_tokens))
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
                            reasoning_ended=reading.reasoning_ended)

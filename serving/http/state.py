@@ -8,7 +8,6 @@ that run in the background."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from checkpoint.tokenizer import Tokenizer
@@ -30,7 +29,7 @@ class ServerState:
     max_model_len: int
     metrics: Metrics
     logprobs: LogprobsFormatter
-    tool_call_parser: Callable[[], ToolCallReader] | None = None
+    tool_call_parser: type[ToolCallReader] | None = None
     reasoning_parser: ReasoningParser | None = None
     # Unset sampling fields take these (``LLMEngine.sampling_defaults``).
     sampling_defaults: dict = field(default_factory=dict)

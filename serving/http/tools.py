@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -61,18 +60,23 @@ def rendered_tools(request) -> list[dict] | None:
 class ToolChoice:
     """A request's checked tool choice. ``mode`` "none": a plain answer;
     "named": one call of ``name``; "required": one or more calls; "auto":
-    calls, content or both, as ``parser`` (a reader's factory) finds them in
+    calls, content or both, as ``parser`` (a reader class) finds them in
     free text. ``schema`` is the JSON schema the output is held to (None
     for "none" and "auto")."""
 
     mode: Literal["none", "named", "required", "auto"]
     name: str | None = None
     schema: dict | None = None
-    parser: Callable[[], ToolCallReader] | None = None
+    parser: type[ToolCallReader] | None = None
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The engine's constraint for the output, or None."""
         return None if self.schema is None else StructuredOutputsParams(json=self.schema)
+
+    def skip_special_tokens(self, asked: bool) -> bool:
+        """Whether the output's text leaves special tokens out: as the
+        request ``asked``, but shown where an "auto" parser reads them."""
+        return asked and not (self.mode == "auto" and self.parser.keeps_special_tokens)
 
     def reader(self) -> ToolCallReader | None:
         """A fresh reader of one choice's text, or None for a plain answer."""
@@ -104,7 +108,7 @@ CHAT_SPELLING = ToolSpelling("tools.{i}.function.name", "tool_choice.function.na
 
 
 def tool_choice_of(request: ChatCompletionRequest,
-                   parser: Callable[[], ToolCallReader] | None = None) -> ToolChoice:
+                   parser: type[ToolCallReader] | None = None) -> ToolChoice:
     """The request's ``ToolChoice``; ``FieldError`` (or ``InvalidRequestError``) for a
     choice this server does not serve or that its tools do not allow.
     ``parser`` makes the reader of an "auto" answer (None: "auto" refused)."""
@@ -117,7 +121,7 @@ def tool_choice_of(request: ChatCompletionRequest,
 
 
 def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: str | None,
-                        parser: Callable[[], ToolCallReader] | None, spelling: ToolSpelling,
+                        parser: type[ToolCallReader] | None, spelling: ToolSpelling,
                         shown: str) -> ToolChoice:
     """The ``ToolChoice`` of a choice already read, in whichever API's
     spelling (``spelling``, ``shown``: for errors): ``mode`` one of
@@ -277,9 +281,15 @@ class ToolCallReader:
     ``whole_calls``: each call entry is a whole call (index, id, type, name
     and all its arguments). Where False, a call's first entry (the one with
     its id) starts it and later entries add to its arguments, so a call is
-    whole only when the answer ends."""
+    whole only when the answer ends.
+
+    ``keeps_special_tokens``: the reader finds calls by a special token's
+    text (Mistral's ``[TOOL_CALLS]``), so the output it reads must show
+    special tokens whatever the request's ``skip_special_tokens`` says, as
+    vLLM's parser of it asks (``ToolChoice.skip_special_tokens``)."""
 
     whole_calls: ClassVar[bool] = True
+    keeps_special_tokens: ClassVar[bool] = False
 
     def add(self, text: str) -> list[dict]:
         raise NotImplementedError
