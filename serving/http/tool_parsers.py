@@ -16,19 +16,30 @@ answer without a run is all content, exactly its text. A call's
   ..., "arguments": {...}}</tool_call>`` blocks with blank space between;
   the text before the first block is content. The last block may lack its
   closing tag where the answer ends.
+- ``pythonic`` (Llama 3.2, Llama 4, ToolACE): the run starts the answer
+  (after blank space): a Python list of calls, ``[get_weather(city="Paris"),
+  now()]``, each read by Python's parser with keyword arguments of literal
+  values (``python_calls.py``), a trailing ``,`` allowed. An element ends
+  at its ``,`` or the ``]``: one that is no call (``f(x=1).y``, ``f(1)``,
+  ``f(x=y)``, a bracket that does not match) is a malformed piece.
 
 The run ends at the first piece that is not a whole, valid call (malformed
-JSON, no "name", no arguments, other text); from there on the text is
-content, later call-shaped text included. So an answer whose first call is
-malformed is all content, and an answer cut in a call keeps the calls
-before it. The syntaxes and keys are those of vLLM's parsers of the same
-names; where these rules differ from them, it is so that a streamed and a
-whole answer agree: there, a whole llama3_json answer may have its calls
-anywhere in its text, text after the calls is dropped, and one malformed
-hermes block makes the whole answer content.
+JSON or Python, no "name", no arguments, other text); from there on the
+text is content, later call-shaped text included. So an answer whose
+first call is malformed is all content, and an answer cut in a call keeps
+the calls before it (a list cut after a call keeps it). The syntaxes and
+keys are those of vLLM's parsers of the same names; where these rules
+differ from them, it is so that a streamed and a whole answer agree:
+there, a whole llama3_json answer may have its calls anywhere in its text,
+text after the calls is dropped, and one malformed hermes block or pythonic
+element (or text after a pythonic list) makes the whole answer content.
+Besides, pythonic reads a signed number (``x=-1``) where vLLM finds none,
+and refuses positional arguments (vLLM drops them) and a keyword given
+twice (vLLM keeps the last).
 
 Streaming: content goes out as soon as it cannot be the start of a call
-(a partial ``<tool_call>`` or ``<|python_tag|>`` is held back), each call
+(a partial ``<tool_call>`` or ``<|python_tag|>`` is held back, and a
+pythonic answer from its ``[`` on until its elements are read), each call
 in one delta once it is whole, so the deltas joined are the message;
 ``pieces`` gives the same in the answer's order (content before a call
 apart from content after it). Only text not yet settled is scanned: the
@@ -38,13 +49,15 @@ readers keep a cursor and a state, never parsing the whole answer again.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
+from serving.http.python_calls import GroupEnd, python_call
 from serving.http.tools import ObjectEnd, ToolCallReader, call_parts, new_tool_call_id, tool_call
 
 _BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
+_CALL_HEAD = re.compile(r"\s*([^\W\d]\w*)\s*\(")  # a Python name and its "("
+_HEAD_SO_FAR = re.compile(r"\s*(?:[^\W\d]\w*\s*)?")  # what may grow into one
 
 
 class AutoCallsReader(ToolCallReader):
@@ -270,7 +283,100 @@ def _open_tag_tail(text: str, start: int, tag: str) -> int:
     return 0
 
 
-TOOL_CALL_PARSERS: dict[str, Callable[[], AutoCallsReader]] = {
+class PythonicReader(AutoCallsReader):
+    """``pythonic``. States: "lead" (blank space so far), "element" (at
+    ``at``, after the ``[`` or a ``,``: the next element's start), "call"
+    (inside the argument list of the call at ``element_start``, which
+    ``group`` finds the end of), "after_call" (after that list's ``)``, at
+    ``at``: the element ends at a ``,`` or the ``]``), "after" (after the
+    ``]``). An element is read (``python_call``) only once its ``,`` or
+    ``]`` is there: ``f(x=1)`` may go on as ``f(x=1)(2)``, which is none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "lead"
+        self.at = 0
+        self.element_start = 0
+        self.group: GroupEnd | None = None
+
+    def _advance(self, last: bool) -> None:
+        while not self.done:
+            step = {"lead": self._lead, "element": self._element, "call": self._inside,
+                    "after_call": self._after_call, "after": self._after}[self.state]
+            if not step(last):
+                return
+
+    def _fail(self, at: int) -> None:
+        """The element at ``at`` is no call: content from there, or the
+        whole answer where no call came before it."""
+        self._rest_from(at if self.found else 0)
+
+    def _lead(self, last: bool) -> bool:
+        start = _BLANK.match(self.text).end()
+        if start == len(self.text) and not last:
+            return False
+        if self.text.startswith("[", start):
+            self.state, self.at = "element", start + 1
+            return True
+        self._rest_from(0)
+        return False
+
+    def _element(self, last: bool) -> bool:
+        head = _CALL_HEAD.match(self.text, self.at)
+        if head is not None:
+            self.element_start = head.start(1)
+            self.state, self.group = "call", GroupEnd(head.end() - 1)
+            return True
+        start = _HEAD_SO_FAR.match(self.text, self.at).end()
+        if start == len(self.text) and not last:
+            return False  # blank space or a name so far
+        start = _BLANK.match(self.text, self.at).end()
+        if self.found and self.text.startswith("]", start):  # after a trailing ","
+            self.state, self.at = "after", start + 1
+            return True
+        self._fail(start)
+        return False
+
+    def _inside(self, last: bool) -> bool:
+        end = self.group.scan(self.text, last)
+        if end is None:
+            if self.group.broken or last:
+                self._fail(self.element_start)
+            return False
+        self.state, self.at = "after_call", end
+        return True
+
+    def _after_call(self, last: bool) -> bool:
+        start = _BLANK.match(self.text, self.at).end()
+        cut = start == len(self.text)  # the answer ends in the list, after this call
+        if cut and not last:
+            return False
+        if not cut and self.text[start] not in ",]":
+            self._fail(self.element_start)
+            return False
+        call = python_call(self.text[self.element_start:self.at])
+        if call is None:
+            self._fail(self.element_start)
+            return False
+        self._call(*call)
+        if cut:
+            self.done = True
+            return False
+        self.state = "element" if self.text[start] == "," else "after"
+        self.at = start + 1
+        return True
+
+    def _after(self, last: bool) -> bool:
+        start = _BLANK.match(self.text, self.at).end()
+        if start == len(self.text):
+            self.done = last  # only blank space after the list: no content
+        else:
+            self._rest_from(start)
+        return False
+
+
+TOOL_CALL_PARSERS: dict[str, type[AutoCallsReader]] = {
     "llama3_json": Llama3JsonReader,
     "hermes": HermesReader,
+    "pythonic": PythonicReader,
 }

@@ -13,6 +13,7 @@ same seed): "auto" generates freely, and text without calls is content."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -30,20 +31,25 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "now"}}]
 MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
-
-HERMES_CALLS = ('Checking.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", '
-                '"days": 2}}</tool_call>\n<tool_call>{"name": "now", "arguments": {}}</tool_call>')
-HERMES_WANT = ("Checking.\n", [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})])
-LLAMA_CALLS = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}; '
-               '{"name": "now", "arguments": {}}')
-LLAMA_WANT = (None, [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})])
-PLAIN = "It is sunny in Oslo {today}."
+TWO_CALLS = [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})]
 
 
 def literal(text: str) -> str:
     """A regex that matches ``text`` and nothing else."""
     return "".join("\\n" if c == "\n" else "\\" + c if c in "\\.+*?()|[]{}^$" else c
                    for c in text)
+
+
+# case: (its server's fixture, the text its answer is forced to, (content, calls))
+FORCED = {
+    "hermes": ("hermes", 'Checking.\n<tool_call>{"name": "get_weather", "arguments": '
+               '{"city": "Oslo", "days": 2}}</tool_call>\n<tool_call>{"name": "now", '
+               '"arguments": {}}</tool_call>', ("Checking.\n", TWO_CALLS)),
+    "llama": ("llama", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", '
+              '"days": 2}}; {"name": "now", "arguments": {}}', (None, TWO_CALLS)),
+    "pythonic": ("pythonic", '[get_weather(city="Oslo", days=2), now()]', (None, TWO_CALLS)),
+}
+PLAIN = "It is sunny in Oslo {today}."
 
 
 def _served(tmp_path_factory, parser: str):
@@ -62,6 +68,11 @@ def llama(tmp_path_factory):
     yield from _served(tmp_path_factory, "llama3_json")
 
 
+@pytest.fixture(scope="module")
+def pythonic(tmp_path_factory):
+    yield from _served(tmp_path_factory, "pythonic")
+
+
 def _kwargs(server, **fields) -> dict:
     return dict(model=server.model_dir, messages=MESSAGES, tools=TOOLS, max_tokens=200,
                 temperature=1.0, seed=5, **fields)
@@ -71,16 +82,24 @@ def _calls(message) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
+def _forcing(text: str) -> dict:
+    """The body fields that force ``text``."""
+    return {"guided_regex": literal(text)}
+
+
 def _forced(server, text: str, **fields) -> dict:
-    return _kwargs(server, extra_body={"guided_regex": literal(text)}, **fields)
+    return _kwargs(server, extra_body=_forcing(text), **fields)
+
+
+def _valid_id(which: str, call_id: str) -> bool:
+    return re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", call_id) is not None
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("which, text, want", [("hermes", HERMES_CALLS, HERMES_WANT),
-                                               ("llama", LLAMA_CALLS, LLAMA_WANT)])
+@pytest.mark.parametrize("case", list(FORCED))
 @pytest.mark.parametrize("tool_choice", ["auto", None])  # None: the default with tools
-def test_forced_calls_come_back_as_the_parser_reads_them(request, which, text, want,
-                                                         tool_choice):
+def test_forced_calls_come_back_as_the_parser_reads_them(request, case, tool_choice):
+    which, text, want = FORCED[case]
     server = request.getfixturevalue(which)
     fields = {} if tool_choice is None else {"tool_choice": tool_choice}
     with openai_client(server) as client:
@@ -89,13 +108,13 @@ def test_forced_calls_come_back_as_the_parser_reads_them(request, which, text, w
     assert (choice.message.content, _calls(choice.message)) == want
     assert choice.finish_reason == "tool_calls"
     ids = [c.id for c in choice.message.tool_calls]
-    assert len(set(ids)) == 2 and all(i.startswith("chatcmpl-tool-") for i in ids)
+    assert len(set(ids)) == 2 and all(_valid_id(which, i) for i in ids)
     assert all(c.type == "function" for c in choice.message.tool_calls)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("which, text", [("hermes", HERMES_CALLS), ("llama", LLAMA_CALLS),
-                                         ("hermes", PLAIN), ("llama", PLAIN)])
+@pytest.mark.parametrize("which, text", [(w, t) for w, t, _ in FORCED.values()]
+                         + [(w, PLAIN) for w in ("hermes", "llama", "pythonic")])
 def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
     server = request.getfixturevalue(which)
     kwargs = _forced(server, text, n=2)
@@ -117,18 +136,22 @@ def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
 
 
 @pytest.mark.timeout(300)
-def test_each_call_streams_whole_in_one_delta(hermes):
-    body = {**{k: v for k, v in _forced(hermes, HERMES_CALLS).items() if k != "extra_body"},
-            "guided_regex": literal(HERMES_CALLS), "stream": True}
-    deltas = streamed_chat_deltas(hermes.url, body)
+@pytest.mark.parametrize("case", ["hermes", "pythonic"])
+def test_each_call_streams_whole_in_one_delta(request, case):
+    which, text, (content, calls) = FORCED[case]
+    server = request.getfixturevalue(which)
+    body = {**_kwargs(server), **_forcing(text), "stream": True}
+    deltas = streamed_chat_deltas(server.url, body)
     entries = [e for d in deltas for e in d.get("tool_calls", [])]
     assert [(e["index"], e["type"], e["function"]["name"], json.loads(e["function"]["arguments"]))
-            for e in entries] == [(i, "function", *call) for i, call in enumerate(HERMES_WANT[1])]
-    assert "".join(d.get("content") or "" for d in deltas) == HERMES_WANT[0]
+            for e in entries] == [(i, "function", *call) for i, call in enumerate(calls)]
+    assert all(_valid_id(which, e["id"]) for e in entries)
+    assert "".join(d.get("content") or "" for d in deltas) == (content or "")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("which, parser", [("hermes", "hermes"), ("llama", "llama3_json")])
+@pytest.mark.parametrize("which, parser", [("hermes", "hermes"), ("llama", "llama3_json"),
+                                           ("pythonic", "pythonic")])
 def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
     """Unforced, "auto" samples what tool_choice "none" samples (same
     prompt and seed); its message is what the parser makes of that text."""
@@ -150,9 +173,9 @@ def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("flags, message", [
     (["--http-port", "0", "--enable-auto-tool-choice"],
-     "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes)"),
-    (["--http-port", "0", "--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
-     "--tool-call-parser must be one of llama3_json, hermes, got 'mistral'"),
+     "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes, pythonic)"),
+    (["--http-port", "0", "--enable-auto-tool-choice", "--tool-call-parser", "granite"],
+     "--tool-call-parser must be one of llama3_json, hermes, pythonic, got 'granite'"),
     (["--http-port", "0", "--tool-call-parser", "hermes"],
      "--tool-call-parser needs --enable-auto-tool-choice"),
     (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],

@@ -72,6 +72,52 @@ HERMES = [
 ]
 
 
+# (text, content, [(name, arguments)]) for pythonic
+PYTHONIC = [
+    ("The weather is fine.", "The weather is fine.", []),
+    ('[get_weather(city="Oslo", days=2)]', None, [("get_weather", WEATHER)]),
+    ('[get_weather(city="Oslo", days=2), now()]', None, [("get_weather", WEATHER), ("now", {})]),
+    # Nested literals, signs, None/True/False, single quotes, brackets and
+    # quotes inside strings, a triple-quoted string, a comment, line breaks.
+    ("[search(q=['a', {'k': [1, -2.5, +3]}], opts={\"n\": None, 'on': True, 1: False}),\n"
+     " say(text='It\\'s \"(]\" ok', more=\"a\\nb)]\", long='''x)]\n'''),\n"
+     " now(  # all of it)]\n)]", None,
+     [("search", {"q": ["a", {"k": [1, -2.5, 3]}], "opts": {"n": None, "on": True, "1": False}}),
+      ("say", {"text": "It's \"(]\" ok", "more": "a\nb)]", "long": "x)]\n"}), ("now", {})]),
+    ('  [ now() , now(u="é😀"), ]  ', None, [("now", {}), ("now", {"u": "é😀"})]),
+    ("[say(a=\"\", b='', c=\"\"\"q\"\"\", d='''''')]", None,
+     [("say", {"a": "", "b": "", "c": "q", "d": ""})]),
+    ("[now()] Done.", "Done.", [("now", {})]),
+    ("[now()]\n", None, [("now", {})]),
+    ("[now()", None, [("now", {})]),  # cut after a call: the call stays
+    # Not a list of calls at the start: all content, call-shaped text later included.
+    ("Sure: [now()]", "Sure: [now()]", []),
+    ("[1] is a citation", "[1] is a citation", []),
+    ("[]", "[]", []),
+    ("[", "[", []),
+    # Malformed or not a call: all content, as written.
+    ("[now(]", "[now(]", []),
+    ("[now(", "[now(", []),
+    ('[get_weather("Oslo")]', '[get_weather("Oslo")]', []),
+    ("[get_weather(city=oslo)]", "[get_weather(city=oslo)]", []),
+    ("[get_weather(city=('Oslo', 'Bergen'))]", "[get_weather(city=('Oslo', 'Bergen'))]", []),
+    ("[get_weather(city={'Oslo'})]", "[get_weather(city={'Oslo'})]", []),
+    ("[get_weather(city=b'Oslo')]", "[get_weather(city=b'Oslo')]", []),
+    ("[get_weather(days=1e999)]", "[get_weather(days=1e999)]", []),
+    ("[get_weather(**where)]", "[get_weather(**where)]", []),
+    ("[get_weather(days=1, days=2)]", "[get_weather(days=1, days=2)]", []),
+    ("[weather.get(city='Oslo')]", "[weather.get(city='Oslo')]", []),
+    ("[now().isoformat()]", "[now().isoformat()]", []),
+    ("[now()(1)]", "[now()(1)]", []),
+    ("[now() now()]", "[now() now()]", []),
+    ("[say(text='a\nb')]", "[say(text='a\nb')]", []),
+    # The run ends at the first element that is not a call.
+    ("[now(), get_weather(city=oslo)]", "get_weather(city=oslo)]", [("now", {})]),
+    ('[now(), get_weather(city="Oslo"', 'get_weather(city="Oslo"', [("now", {})]),
+    ("[now(), 7]", "7]", [("now", {})]),
+    ("[now()]]", "]", [("now", {})]),
+]
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
@@ -89,7 +135,8 @@ def _named(calls: list[dict]) -> list[tuple[str, dict]]:
 
 @pytest.mark.parametrize("parser, text, content, calls",
                          [("llama3_json", *case) for case in LLAMA]
-                         + [("hermes", *case) for case in HERMES])
+                         + [("hermes", *case) for case in HERMES]
+                         + [("pythonic", *case) for case in PYTHONIC])
 def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
     for size in range(1, max(len(text), 1) + 1):
         message, deltas, reader = _read(parser, text, size)
@@ -135,3 +182,22 @@ def test_content_is_held_only_while_it_may_start_a_call():
     assert call.delta('{"name": "now", "parameters": {') == {}
     [entry] = call.delta("}}")["tool_calls"]
     assert entry["function"] == {"name": "now", "arguments": "{}"}
+
+
+def test_pythonic_lets_out_what_is_settled():
+    """pythonic holds the answer from its ``[`` on and sends a call once its
+    element has ended (``now()`` may still go on as ``now()(1)``); text
+    that does not start with a list goes out at once."""
+    pythonic = TOOL_CALL_PARSERS["pythonic"]()
+    assert pythonic.delta(" ") == {}
+    assert pythonic.delta("[now(") == {}
+    assert pythonic.delta(")") == {}
+    [entry] = pythonic.delta(", ")["tool_calls"]
+    assert (entry["index"], entry["function"]) == (0, {"name": "now", "arguments": "{}"})
+    assert pythonic.delta('say(text="])")') == {}
+    [entry] = pythonic.delta("]")["tool_calls"]
+    assert (entry["index"], entry["function"]) == (1, {"name": "say",
+                                                       "arguments": '{"text": "])"}'})
+    assert pythonic.delta(" Done", last=True) == {"content": "Done"}
+    plain = TOOL_CALL_PARSERS["pythonic"]()
+    assert plain.delta("Hi [") == {"content": "Hi ["}
