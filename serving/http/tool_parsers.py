@@ -22,33 +22,50 @@ answer without a run is all content, exactly its text. A call's
   values (``python_calls.py``), a trailing ``,`` allowed. An element ends
   at its ``,`` or the ``]``: one that is no call (``f(x=1).y``, ``f(1)``,
   ``f(x=y)``, a bracket that does not match) is a malformed piece.
+- ``mistral`` (Mistral, Mixtral, Ministral, Devstral): the run is
+  segments, each the ``[TOOL_CALLS]`` token (its text, kept in the output
+  for this parser: ``keeps_special_tokens``) and the calls after it, blank
+  space between segments; the text before the first token is content. A
+  segment is either a JSON list of ``{"name": ..., "arguments": {...}}``
+  objects (the form of Mistral's tokenizers before v11; arguments left out
+  read as ``{}``), or one call as a name, an optional ``[ARGS]`` token and
+  the arguments' JSON object (v11 on: ``[TOOL_CALLS]get_weather[ARGS]{...}``,
+  a token for each call). Which form a segment has is read from its text
+  (a ``[`` or a name), so no tokenizer version is needed. Each call's id
+  is 9 letters and digits, the only ids Mistral's chat templates accept.
 
 The run ends at the first piece that is not a whole, valid call (malformed
 JSON or Python, no "name", no arguments, other text); from there on the
-text is content, later call-shaped text included. So an answer whose
+text is content, later call-shaped text included (for mistral, from the
+segment's token where the segment has no call yet). So an answer whose
 first call is malformed is all content, and an answer cut in a call keeps
 the calls before it (a list cut after a call keeps it). The syntaxes and
 keys are those of vLLM's parsers of the same names; where these rules
 differ from them, it is so that a streamed and a whole answer agree:
 there, a whole llama3_json answer may have its calls anywhere in its text,
-text after the calls is dropped, and one malformed hermes block or pythonic
-element (or text after a pythonic list) makes the whole answer content.
-Besides, pythonic reads a signed number (``x=-1``) where vLLM finds none,
-and refuses positional arguments (vLLM drops them) and a keyword given
-twice (vLLM keeps the last).
+text after the calls is dropped, one malformed hermes block or pythonic
+element (or text after a pythonic list) makes the whole answer content,
+and a mistral call of the v11 form whose arguments are not JSON is still a
+call (its arguments the raw text). Besides, pythonic reads a signed number
+(``x=-1``) where vLLM finds none, and refuses positional arguments (vLLM
+drops them) and a keyword given twice (vLLM keeps the last).
 
 Streaming: content goes out as soon as it cannot be the start of a call
-(a partial ``<tool_call>`` or ``<|python_tag|>`` is held back, and a
-pythonic answer from its ``[`` on until its elements are read), each call
-in one delta once it is whole, so the deltas joined are the message;
-``pieces`` gives the same in the answer's order (content before a call
-apart from content after it). Only text not yet settled is scanned: the
-readers keep a cursor and a state, never parsing the whole answer again.
+(a partial ``<tool_call>``, ``<|python_tag|>`` or ``[TOOL_CALLS]`` is held
+back, and a pythonic answer from its ``[`` on until its elements are read),
+each call in one delta once it is whole, so the deltas joined are the
+message; ``pieces`` gives the same in the answer's order (content before a
+call apart from content after it). Only text not yet settled is scanned:
+the readers keep a cursor and a state, never parsing the whole answer
+again.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
+import string
 from typing import Any
 
 from serving.http.python_calls import GroupEnd, python_call
@@ -56,6 +73,8 @@ from serving.http.tools import ObjectEnd, ToolCallReader, call_parts, new_tool_c
 
 _BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
+_MISTRAL_NAME = re.compile(r"[^\s\[\]{}]+")  # up to blank space, [ARGS] or {
+_ALPHANUMERIC = string.ascii_letters + string.digits
 _CALL_HEAD = re.compile(r"\s*([^\W\d]\w*)\s*\(")  # a Python name and its "("
 _HEAD_SO_FAR = re.compile(r"\s*(?:[^\W\d]\w*\s*)?")  # what may grow into one
 
@@ -375,8 +394,145 @@ class PythonicReader(AutoCallsReader):
         return False
 
 
+class MistralReader(AutoCallsReader):
+    """``mistral``. States: "before" (content, up to the first token),
+    "segment" (after the token at ``segment_start``, at ``at``: a list or
+    a name comes), "arguments" (the object of the call named ``name``, from
+    ``object_start``), "element" (at ``at``, after the list's ``[`` or a
+    ``,``: the next element's ``{``), "object" (inside that element, from
+    ``object_start``), "after_element" (at ``at``: a ``,`` or the ``]``),
+    "between" (after a segment, at ``at``). ``segment_calls``: how many
+    calls came before the current segment."""
+
+    TOKEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
+    keeps_special_tokens = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = "before"
+        self.at = 0
+        self.segment_start = 0
+        self.segment_calls = 0
+        self.name = ""
+        self.object_start = 0
+        self.object_end: ObjectEnd | None = None
+
+    def _new_id(self) -> str:
+        return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
+
+    def _advance(self, last: bool) -> None:
+        while not self.done:
+            step = {"before": self._before, "segment": self._segment,
+                    "arguments": self._arguments, "element": self._element,
+                    "object": self._object, "after_element": self._after_element,
+                    "between": self._between}[self.state]
+            if not step(last):
+                return
+
+    def _fail(self, at: int) -> None:
+        """The piece at ``at`` is no call: content from there, or from the
+        segment's token where no call of the segment came before it."""
+        self._rest_from(at if len(self.found) > self.segment_calls else self.segment_start)
+
+    def _open_segment(self, tag: int | None) -> bool:
+        if tag is None:
+            return False
+        self.state, self.segment_start, self.at = "segment", tag, tag + len(self.TOKEN)
+        self.segment_calls = len(self.found)
+        return True
+
+    def _open_object(self, state: str, at: int) -> bool:
+        self.state, self.object_start, self.object_end = state, at, ObjectEnd(at)
+        return True
+
+    def _before(self, last: bool) -> bool:
+        return self._open_segment(self._say_until(self.TOKEN, last))
+
+    def _between(self, last: bool) -> bool:
+        return self._open_segment(self._next_tag(self.TOKEN, last))
+
+    def _segment(self, last: bool) -> bool:
+        """The older form's ``[`` or the newer form's name, an optional
+        ``[ARGS]`` and the arguments' ``{``, blank space allowed between."""
+        start = _BLANK.match(self.text, self.at).end()
+        if start == len(self.text) and not last:
+            return False
+        if self.text.startswith("[", start):
+            self.state, self.at = "element", start + 1
+            return True
+        name = _MISTRAL_NAME.match(self.text, start)
+        if name is None:
+            self._fail(start)
+            return False
+        at = _BLANK.match(self.text, name.end()).end()
+        if self.text.startswith(self.ARGS, at):
+            at = _BLANK.match(self.text, at + len(self.ARGS)).end()
+        elif not last and self.ARGS.startswith(self.text[at:]):
+            return False  # the name so far, blank space or a partial [ARGS]
+        if at == len(self.text) and not last:
+            return False
+        if not self.text.startswith("{", at):
+            self._fail(start)
+            return False
+        self.name = name.group()
+        return self._open_object("arguments", at)
+
+    def _arguments(self, last: bool) -> bool:
+        end = self.object_end.scan(self.text)
+        if end is None:
+            if last:  # cut inside the arguments
+                self._fail(self.segment_start)
+            return False
+        try:
+            arguments = json.loads(self.text[self.object_start:end])
+        except ValueError:
+            self._fail(self.segment_start)
+            return False
+        self._call(self.name, json.dumps(arguments, ensure_ascii=False))
+        self.state, self.at = "between", end
+        return True
+
+    def _element(self, last: bool) -> bool:
+        start = _BLANK.match(self.text, self.at).end()
+        if start == len(self.text):
+            if last:  # the answer ends in the list: the calls before stay
+                self._fail(start)
+            return False
+        if self.text[start] == "{":
+            return self._open_object("object", start)
+        self._fail(start)
+        return False
+
+    def _object(self, last: bool) -> bool:
+        end = self.object_end.scan(self.text)
+        if end is None:
+            if last:
+                self._fail(self.object_start)
+            return False
+        call = call_parts(self.text[self.object_start:end], ("arguments",), default={})
+        if call is None:
+            self._fail(self.object_start)
+            return False
+        self._call(*call)
+        self.state, self.at = "after_element", end
+        return True
+
+    def _after_element(self, last: bool) -> bool:
+        start = _BLANK.match(self.text, self.at).end()
+        if start == len(self.text):
+            self.done = last  # the answer ends in the list, after a call
+            return False
+        if self.text[start] in ",]":
+            self.state = "element" if self.text[start] == "," else "between"
+            self.at = start + 1
+            return True
+        self._rest_from(start)
+        return False
+
+
 TOOL_CALL_PARSERS: dict[str, type[AutoCallsReader]] = {
     "llama3_json": Llama3JsonReader,
     "hermes": HermesReader,
     "pythonic": PythonicReader,
+    "mistral": MistralReader,
 }

@@ -76,12 +76,13 @@ def serving_tiny(tmp_path, *args: str, env: dict | None = None):
 
 
 @contextlib.contextmanager
-def serving_tiny_with_tools(tmp_path, *args: str):
+def serving_tiny_with_tools(tmp_path, *args: str, special_tokens: dict[str, int] | None = None):
     """``serving_tiny`` of a copy of ``tiny`` whose chat template renders
-    tools (``tests.helpers.tool_template``), with ``args`` after
-    ``serve --model COPY --device cpu --disable-log-stats``; its directory
-    in ``model_dir``."""
-    model = tiny_with_tool_template(str(tmp_path / "cache"), str(tmp_path / "tiny-tools"))
+    tools (``tests.helpers.tool_template``), with ``special_tokens`` added
+    to its tokenizer and ``args`` after ``serve --model COPY --device cpu
+    --disable-log-stats``; its directory in ``model_dir``."""
+    model = tiny_with_tool_template(str(tmp_path / "cache"), str(tmp_path / "tiny-tools"),
+                                    special_tokens)
     served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
                         "--disable-log-stats", *args)
     served.model_dir = model

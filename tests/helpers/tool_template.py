@@ -41,9 +41,16 @@ Call one as <call>{"name": ..., "arguments": ...}</call>.{{ eos_token }}
 """
 
 
-def tiny_with_tool_template(cache_dir: str, out_dir: str) -> str:
+# Mistral's tool-call tokens, as special tokens on ids of tiny's that no
+# text encodes to (its padding ids, past the bytes and <s>, </s>, <pad>).
+MISTRAL_TOKENS = {"[TOOL_CALLS]": 259, "[ARGS]": 260}
+
+
+def tiny_with_tool_template(cache_dir: str, out_dir: str,
+                            special_tokens: dict[str, int] | None = None) -> str:
     """A copy of ``tiny`` (written under ``cache_dir``) in ``out_dir`` whose
-    tokenizer's chat template is ``TOOL_TEMPLATE``; its path."""
+    tokenizer's chat template is ``TOOL_TEMPLATE`` and which has the
+    ``special_tokens`` (text: id) besides its own; its path."""
     shutil.copytree(ensure_tiny_model(cache_dir), out_dir)
     path = os.path.join(out_dir, "tokenizer_config.json")
     with open(path) as f:
@@ -51,4 +58,13 @@ def tiny_with_tool_template(cache_dir: str, out_dir: str) -> str:
     config["chat_template"] = TOOL_TEMPLATE
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
+    path = os.path.join(out_dir, "tokenizer.json")
+    with open(path) as f:
+        tokenizer = json.load(f)
+    for text, token_id in (special_tokens or {}).items():
+        tokenizer["added_tokens"].append({"id": token_id, "content": text, "single_word": False,
+                                          "lstrip": False, "rstrip": False,
+                                          "normalized": False, "special": True})
+    with open(path, "w") as f:
+        json.dump(tokenizer, f)
     return out_dir

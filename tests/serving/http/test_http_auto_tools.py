@@ -5,10 +5,13 @@ on ``tiny`` (with a tool-use chat template) served with
 ``tiny``'s free text is random, so the answers under test are forced with
 the engine's structured outputs: "auto" adds no constraint of its own, so
 a request's ``guided_regex`` holds its output as it would without tools,
-here to exactly one known text. The expected content and calls are written
-out by hand from the parser's rule for that text. An unforced answer is
-checked against the same request with tool_choice "none" (same prompt,
-same seed): "auto" generates freely, and text without calls is content."""
+here to exactly one known text. Mistral's ``[TOOL_CALLS]`` and ``[ARGS]``
+are special tokens (here added to tiny's tokenizer), which no regex over
+text reaches: its answers are forced with a grammar that names them by id
+(``<[259]>``). The expected content and calls are written out by hand
+from the parser's rule for that text. An unforced answer is checked
+against the same request with tool_choice "none" (same prompt, same
+seed): "auto" generates freely, and text without calls is content."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from tests.helpers.http_utils import (
     streamed_chat_deltas,
 )
 from tests.helpers.proc_utils import run_tprun
+from tests.helpers.tool_template import MISTRAL_TOKENS
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
                                             "days": {"type": "integer"}}}
@@ -32,6 +36,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
          {"type": "function", "function": {"name": "now"}}]
 MESSAGES = [{"role": "user", "content": "Weather in Oslo?"}]
 TWO_CALLS = [("get_weather", {"city": "Oslo", "days": 2}), ("now", {})]
+TOOL_CALLS, ARGS = MISTRAL_TOKENS["[TOOL_CALLS]"], MISTRAL_TOKENS["[ARGS]"]
 
 
 def literal(text: str) -> str:
@@ -40,7 +45,14 @@ def literal(text: str) -> str:
                    for c in text)
 
 
-# case: (its server's fixture, the text its answer is forced to, (content, calls))
+def lark(*parts: str | int) -> str:
+    """A grammar of exactly ``parts`` in a row: texts, and tokens by id."""
+    return "start: " + " ".join(f"<[{p}]>" if isinstance(p, int) else json.dumps(p)
+                                for p in parts)
+
+
+# case: (its server's fixture, the text its answer is forced to (a tuple: texts
+# and token ids), (content, calls))
 FORCED = {
     "hermes": ("hermes", 'Checking.\n<tool_call>{"name": "get_weather", "arguments": '
                '{"city": "Oslo", "days": 2}}</tool_call>\n<tool_call>{"name": "now", '
@@ -48,13 +60,19 @@ FORCED = {
     "llama": ("llama", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", '
               '"days": 2}}; {"name": "now", "arguments": {}}', (None, TWO_CALLS)),
     "pythonic": ("pythonic", '[get_weather(city="Oslo", days=2), now()]', (None, TWO_CALLS)),
+    "mistral": ("mistral", ("Checking.", TOOL_CALLS, "get_weather", ARGS,
+                            '{"city": "Oslo", "days": 2}', TOOL_CALLS, "now", ARGS, "{}"),
+                ("Checking.", TWO_CALLS)),
+    "mistral_list": ("mistral", (TOOL_CALLS, ' [{"name": "get_weather", "arguments": {"city": '
+                                 '"Oslo", "days": 2}}, {"name": "now", "arguments": {}}]'),
+                     (None, TWO_CALLS)),
 }
 PLAIN = "It is sunny in Oslo {today}."
 
 
-def _served(tmp_path_factory, parser: str):
+def _served(tmp_path_factory, parser: str, **kwargs):
     with serving_tiny_with_tools(tmp_path_factory.mktemp(parser), "--enable-auto-tool-choice",
-                                 "--tool-call-parser", parser) as served:
+                                 "--tool-call-parser", parser, **kwargs) as served:
         yield served
 
 
@@ -73,6 +91,11 @@ def pythonic(tmp_path_factory):
     yield from _served(tmp_path_factory, "pythonic")
 
 
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    yield from _served(tmp_path_factory, "mistral", special_tokens=MISTRAL_TOKENS)
+
+
 def _kwargs(server, **fields) -> dict:
     return dict(model=server.model_dir, messages=MESSAGES, tools=TOOLS, max_tokens=200,
                 temperature=1.0, seed=5, **fields)
@@ -82,17 +105,21 @@ def _calls(message) -> list[tuple[str, dict]]:
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
 
 
-def _forcing(text: str) -> dict:
-    """The body fields that force ``text``."""
+def _forcing(text: str | tuple) -> dict:
+    """The body fields that force ``text`` (a tuple: texts and token ids)."""
+    if isinstance(text, tuple):
+        return {"guided_grammar": lark(*text)}
     return {"guided_regex": literal(text)}
 
 
-def _forced(server, text: str, **fields) -> dict:
+def _forced(server, text: str | tuple, **fields) -> dict:
     return _kwargs(server, extra_body=_forcing(text), **fields)
 
 
 def _valid_id(which: str, call_id: str) -> bool:
-    return re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", call_id) is not None
+    """Mistral's ids are 9 letters and digits; the others vLLM's."""
+    pattern = r"[A-Za-z0-9]{9}" if which == "mistral" else r"chatcmpl-tool-[0-9a-f]{32}"
+    return re.fullmatch(pattern, call_id) is not None
 
 
 @pytest.mark.timeout(300)
@@ -114,7 +141,7 @@ def test_forced_calls_come_back_as_the_parser_reads_them(request, case, tool_cho
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("which, text", [(w, t) for w, t, _ in FORCED.values()]
-                         + [(w, PLAIN) for w in ("hermes", "llama", "pythonic")])
+                         + [(w, PLAIN) for w in ("hermes", "llama", "pythonic", "mistral")])
 def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
     server = request.getfixturevalue(which)
     kwargs = _forced(server, text, n=2)
@@ -136,7 +163,7 @@ def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["hermes", "pythonic"])
+@pytest.mark.parametrize("case", ["hermes", "pythonic", "mistral"])
 def test_each_call_streams_whole_in_one_delta(request, case):
     which, text, (content, calls) = FORCED[case]
     server = request.getfixturevalue(which)
@@ -150,14 +177,55 @@ def test_each_call_streams_whole_in_one_delta(request, case):
 
 
 @pytest.mark.timeout(300)
+def test_mistral_reads_its_token_shown_whatever_skip_special_tokens_says(mistral):
+    """Mistral's call token is a special token: the text a request gets
+    leaves it out unless it asks (``skip_special_tokens`` false), but the
+    mistral parser reads the text with it shown, as vLLM's asks for it."""
+    _, text, want = FORCED["mistral"]
+    with openai_client(mistral) as client:
+        none = client.chat.completions.create(**_forced(mistral, text, tool_choice="none"))
+        shown = client.chat.completions.create(**_kwargs(
+            mistral, tool_choice="none",
+            extra_body={**_forcing(text), "skip_special_tokens": False}))
+        auto = client.chat.completions.create(**_kwargs(
+            mistral, tool_choice="auto",
+            extra_body={**_forcing(text), "skip_special_tokens": True}))
+    assert none.choices[0].message.content == 'Checking.get_weather{"city": "Oslo", "days": 2}now{}'
+    assert shown.choices[0].message.content == ('Checking.[TOOL_CALLS]get_weather[ARGS]{"city": '
+                                                '"Oslo", "days": 2}[TOOL_CALLS]now[ARGS]{}')
+    assert (auto.choices[0].message.content, _calls(auto.choices[0].message)) == want
+
+
+@pytest.mark.timeout(300)
+def test_mistral_calls_on_the_responses_route(mistral):
+    """The Responses API reads "auto" with the same parser, the special
+    tokens shown for it: the content is a message, the calls function_call
+    items after it (their ``call_id`` the Responses API's own, as vLLM's)."""
+    _, text, (content, calls) = FORCED["mistral"]
+    flat = [{"type": "function", **tool["function"]} for tool in TOOLS]
+    with openai_client(mistral) as client:
+        response = client.responses.create(
+            model=mistral.model_dir, input="Weather in Oslo?", tools=flat,
+            max_output_tokens=200, extra_body={"structured_outputs": {"grammar": lark(*text)}})
+    assert [item.type for item in response.output] == ["message", "function_call",
+                                                       "function_call"]
+    assert response.output[0].content[0].text == content
+    items = response.output[1:]
+    assert [(item.name, json.loads(item.arguments)) for item in items] == calls
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("which, parser", [("hermes", "hermes"), ("llama", "llama3_json"),
-                                           ("pythonic", "pythonic")])
+                                           ("pythonic", "pythonic"), ("mistral", "mistral")])
 def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
     """Unforced, "auto" samples what tool_choice "none" samples (same
-    prompt and seed); its message is what the parser makes of that text."""
+    prompt and seed); its message is what the parser makes of that text
+    (with special tokens shown for mistral, as its "auto" shows them)."""
     server = request.getfixturevalue(which)
+    shown = {"skip_special_tokens": False} if parser == "mistral" else {}
     with openai_client(server) as client:
-        plain = client.chat.completions.create(**_kwargs(server, tool_choice="none", n=2))
+        plain = client.chat.completions.create(**_kwargs(server, tool_choice="none", n=2,
+                                                         extra_body=shown))
         auto = client.chat.completions.create(**_kwargs(server, tool_choice="auto", n=2))
     for got, text in zip(auto.choices, plain.choices, strict=True):
         reader = TOOL_CALL_PARSERS[parser]()
@@ -173,9 +241,10 @@ def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("flags, message", [
     (["--http-port", "0", "--enable-auto-tool-choice"],
-     "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes, pythonic)"),
+     "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes, pythonic, "
+     "mistral)"),
     (["--http-port", "0", "--enable-auto-tool-choice", "--tool-call-parser", "granite"],
-     "--tool-call-parser must be one of llama3_json, hermes, pythonic, got 'granite'"),
+     "--tool-call-parser must be one of llama3_json, hermes, pythonic, mistral, got 'granite'"),
     (["--http-port", "0", "--tool-call-parser", "hermes"],
      "--tool-call-parser needs --enable-auto-tool-choice"),
     (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],

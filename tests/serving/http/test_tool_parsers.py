@@ -7,6 +7,7 @@ stream's deltas adding up to it."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -118,6 +119,43 @@ PYTHONIC = [
     ("[now()]]", "]", [("now", {})]),
 ]
 
+# (text, content, [(name, arguments)]) for mistral
+MISTRAL = [
+    ("This is a test", "This is a test", []),
+    # The older form: one token, then a JSON list.
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}]', None,
+     [("get_weather", WEATHER)]),
+    ('Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo", '
+     '"days": 2}}, {"arguments": {"note": "[TOOL_CALLS] ]}\\""}, "name": "now"}]\nDone.',
+     "Let me check. Done.", [("get_weather", WEATHER), ("now", {"note": '[TOOL_CALLS] ]}"'})]),
+    ('[TOOL_CALLS][{"name": "now"}]', None, [("now", {})]),
+    ('[TOOL_CALLS][{"name": "now", "arguments": {}},', None, [("now", {})]),
+    # The newer form: a token before each call, a name, [ARGS] or not, an object.
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": 2}[TOOL_CALLS]now[ARGS]{}', None,
+     [("get_weather", WEATHER), ("now", {})]),
+    ('hi{hi[TOOL_CALLS]bash{"command": "print(\\"[ARGS]{\\")", "n": [1, {"k": null}]}', "hi{hi",
+     [("bash", {"command": 'print("[ARGS]{")', "n": [1, {"k": None}]})]),
+    ('[TOOL_CALLS] now [ARGS] {} \n[TOOL_CALLS] [{"name": "now", "arguments": {"u": "é😀"}}] ok',
+     "ok", [("now", {}), ("now", {"u": "é😀"})]),
+    ("x < [TOOL", "x < [TOOL", []),
+    # Malformed or not a call: content from the token on, as written.
+    ("[TOOL_CALLS]toolname_no_args", "[TOOL_CALLS]toolname_no_args", []),
+    ("[TOOL_CALLS] not json at all", "[TOOL_CALLS] not json at all", []),
+    ("Hm [TOOL_CALLS][]", "Hm [TOOL_CALLS][]", []),
+    ("[TOOL_CALLS]", "[TOOL_CALLS]", []),
+    ('[TOOL_CALLS]bash{"command": "ls"', '[TOOL_CALLS]bash{"command": "ls"', []),
+    ('[TOOL_CALLS]bash{"command": "ls",}', '[TOOL_CALLS]bash{"command": "ls",}', []),
+    ('[TOOL_CALLS][{"arguments": {}}]', '[TOOL_CALLS][{"arguments": {}}]', []),
+    ('[TOOL_CALLS][{"name": 7, "arguments": {}}]', '[TOOL_CALLS][{"name": 7, "arguments": {}}]',
+     []),
+    # The run ends at the first piece that is not a call.
+    ('[TOOL_CALLS]now{}[TOOL_CALLS]bash{"a": ', '[TOOL_CALLS]bash{"a": ', [("now", {})]),
+    ('[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": 1}]', '{"name": 1}]',
+     [("now", {})]),
+    ('[TOOL_CALLS]now{} {"name": "now"}', '{"name": "now"}', [("now", {})]),
+]
+
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
@@ -133,10 +171,19 @@ def _named(calls: list[dict]) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
+def _valid_id(parser: str, call_id: str) -> bool:
+    """Mistral's ids are 9 letters and digits (its chat templates take no
+    other); the other parsers' are vLLM's ``chatcmpl-tool-`` ids."""
+    if parser == "mistral":
+        return re.fullmatch(r"[A-Za-z0-9]{9}", call_id) is not None
+    return re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", call_id) is not None
+
+
 @pytest.mark.parametrize("parser, text, content, calls",
                          [("llama3_json", *case) for case in LLAMA]
                          + [("hermes", *case) for case in HERMES]
-                         + [("pythonic", *case) for case in PYTHONIC])
+                         + [("pythonic", *case) for case in PYTHONIC]
+                         + [("mistral", *case) for case in MISTRAL])
 def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
     for size in range(1, max(len(text), 1) + 1):
         message, deltas, reader = _read(parser, text, size)
@@ -157,7 +204,7 @@ def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, 
         assert [{k: v for k, v in e.items() if k != "index"} for e in entries] == \
             message.get("tool_calls", [])
         ids = [c["id"] for c in message.get("tool_calls", [])]
-        assert len(set(ids)) == len(ids) and all(i.startswith("chatcmpl-tool-") for i in ids)
+        assert len(set(ids)) == len(ids) and all(_valid_id(parser, i) for i in ids)
 
 
 def test_arguments_are_the_json_text_of_the_object_given():
@@ -184,10 +231,12 @@ def test_content_is_held_only_while_it_may_start_a_call():
     assert entry["function"] == {"name": "now", "arguments": "{}"}
 
 
-def test_pythonic_lets_out_what_is_settled():
+def test_pythonic_and_mistral_let_out_what_is_settled():
     """pythonic holds the answer from its ``[`` on and sends a call once its
     element has ended (``now()`` may still go on as ``now()(1)``); text
-    that does not start with a list goes out at once."""
+    that does not start with a list goes out at once. mistral sends text
+    up to a possible ``[TOOL_CALLS]`` at once, and a call when its
+    arguments' object closes."""
     pythonic = TOOL_CALL_PARSERS["pythonic"]()
     assert pythonic.delta(" ") == {}
     assert pythonic.delta("[now(") == {}
@@ -201,3 +250,10 @@ def test_pythonic_lets_out_what_is_settled():
     assert pythonic.delta(" Done", last=True) == {"content": "Done"}
     plain = TOOL_CALL_PARSERS["pythonic"]()
     assert plain.delta("Hi [") == {"content": "Hi ["}
+    mistral = TOOL_CALL_PARSERS["mistral"]()
+    assert mistral.delta("Sure [TOOL") == {"content": "Sure "}
+    assert mistral.delta("_CALLS]now[AR") == {}
+    assert mistral.delta('GS]{"a": "}"') == {}
+    [entry] = mistral.delta("}")["tool_calls"]
+    assert entry["function"] == {"name": "now", "arguments": '{"a": "}"}'}
+    assert mistral.delta("", last=True) == {}
