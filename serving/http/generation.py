@@ -163,6 +163,10 @@ class Generation:
             else:
                 self.early.append(item)
 
+    def prompts_by_choice(self) -> dict[int, list[int]]:
+        """Each choice's prompt as the engine took it, by choice index."""
+        return {c.index: c.prompt_token_ids for c in self.choices.values()}
+
     def prompt_tokens(self) -> int:
         """Prompt tokens, counted once per prompt."""
         per_prompt = {c.prompt_index: c.num_prompt_tokens for c in self.choices.values()}

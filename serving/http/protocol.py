@@ -6,7 +6,8 @@ fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
 ``skip_special_tokens``, ``spaces_between_special_tokens``,
-``priority``, ``return_tokens_as_token_ids``, ``add_special_tokens``,
+``priority``, ``return_tokens_as_token_ids``, ``return_token_ids``,
+``add_special_tokens``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
 ``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
@@ -77,6 +78,9 @@ class SamplingFields(BaseModel):
     priority: Int64 = 0
     # vLLM's: each token in logprobs shown as "token_id:N" instead of its text.
     return_tokens_as_token_ids: bool = False
+    # vLLM's: the answer also carries its prompt's and its choices' token ids
+    # (serving/http/token_ids.py).
+    return_token_ids: bool = False
 
     # Structured outputs (serving/http/structured.py): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -164,9 +168,6 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    # vLLM's: each choice also carries its token ids (``token_ids``) and its
-    # prompt's (``prompt_token_ids``; in a stream, on the choice's first chunk).
-    return_token_ids: bool = False
     add_special_tokens: bool = True  # vLLM's: false, a text prompt gets no BOS
     prompt_embeds: Any = None
 

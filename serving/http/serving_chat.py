@@ -17,7 +17,11 @@ logprobs with it. The answer's role is
 ``answer_role``'s; with vLLM's ``echo`` each choice's content starts with
 ``chat_echo``'s text: whole, before the content (also of a message whose
 text became tool calls, as vLLM's); streamed, as each choice's first
-content delta, right after its role.
+content delta, right after its role. With vLLM's ``return_token_ids``
+the answer has ``prompt_token_ids`` at its top (streamed: on each choice's
+role chunk) and each choice its raw output's ``token_ids`` (streamed: each
+chunk its own, a chunk for ids whose text a reader holds back or drops),
+unless it hides its reasoning (``serving.http.token_ids``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from serving.http.protocol import ChatCompletionRequest, FieldError
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
+from serving.http.token_ids import ReturnedTokenIds
 from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
 
 AnswerReader = ToolCallReader | ReasonedReader
@@ -137,6 +142,14 @@ def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceE
                                request.return_tokens_as_token_ids)
 
 
+def _returned_ids(request: ChatCompletionRequest, generation: Generation,
+                  reading: Reading) -> ReturnedTokenIds:
+    """The answer's ids: as vLLM's, an answer that hides its reasoning
+    shows its prompt's ids but none of its own (they would show it)."""
+    return ReturnedTokenIds(generation, prompts=request.return_token_ids,
+                            outputs=request.return_token_ids and not reading.hides_reasoning)
+
+
 def _readers(reading: Reading, n: int) -> list[AnswerReader | None]:
     return [reading.reader() for _ in range(n)]
 
@@ -163,6 +176,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
     num_top = _shown_top(request, reading)
     n = len(generation.choices)
     readers = _readers(reading, n)
+    ids = _returned_ids(request, generation, reading)
     texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
     prompt_logprobs = None
@@ -171,6 +185,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
             prompt_logprobs = state.logprobs.prompt_logprobs(
                 prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
         texts[event.index] += event.text
+        ids.add(event)
         reader = readers[event.index]
         if reader is not None:
             reader.delta(event.text, last=event.finish_reason is not None)
@@ -185,10 +200,15 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(n)]
+    if ids.outputs:
+        for i, choice in enumerate(choices):
+            choice["token_ids"] = ids.of_choice(i)
     body = {**_head(state, request, response_id, "chat.completion"), "choices": choices,
             "usage": generation.usage()}
     if request.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
+    if ids.prompts:
+        body["prompt_token_ids"] = ids.prompt_of(0)
     return body
 
 
@@ -216,11 +236,15 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
                   head: dict, reading: Reading) -> AsyncIterator[dict]:
     num_top = _shown_top(request, reading)
     readers = _readers(reading, len(generation.choices))
+    ids = _returned_ids(request, generation, reading)
     role = answer_role(request)
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": role, "content": ""},
                   "logprobs": None, "finish_reason": None}
-        yield {**head, "choices": [choice]}
+        chunk = {**head, "choices": [choice]}
+        if (prompt := ids.first_prompt_of(index)) is not None:
+            chunk["prompt_token_ids"] = prompt
+        yield chunk
     echo = chat_echo(request, role)
     if echo:
         for index in range(len(generation.choices)):
@@ -231,12 +255,14 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
         lp = _logprobs(state, request, event, num_top)
         reader = readers[event.index]
         delta = _delta(event.text, reader, last=event.finish_reason is not None)
-        if not delta and lp is None and event.finish_reason is None:
+        if (not delta and lp is None and event.finish_reason is None
+                and not ids.needs_chunk(event)):
             continue  # text held back (an incomplete character, a call not yet whole)
         reason = event.finish_reason
         if reader is not None and reason is not None:
             reason = reader.finish_reason(reason)
         choice = {"index": event.index, "delta": delta,
                   "logprobs": {"content": lp} if lp is not None else None,
-                  "finish_reason": reason, "stop_reason": event.stop_reason}
+                  "finish_reason": reason, "stop_reason": event.stop_reason,
+                  **ids.chunk_fields(event)}
         yield {**head, "choices": [choice]}

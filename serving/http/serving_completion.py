@@ -10,9 +10,8 @@ out; an explicit null is what the context leaves (vLLM's); 0 is accepted with
 ask for). ``echo`` (``serving.http.echo``) puts each prompt before
 its choices' text; ``prompt_logprobs`` (vLLM's extra field) is answered
 on each choice in vLLM's shape. With ``return_token_ids`` (vLLM's) each
-choice also has ``token_ids`` (in a stream: the chunk's; every token gets a
-chunk, even one whose text is held back) and ``prompt_token_ids`` (in a
-stream: on the choice's first chunk). ``use_beam_search`` (vLLM's) answers
+choice also has ``token_ids`` and ``prompt_token_ids``
+(``serving.http.token_ids``). ``use_beam_search`` (vLLM's) answers
 with each prompt's ``n`` best sequences instead (``serving.http.beam_search``).
 """
 
@@ -38,6 +37,7 @@ from serving.http.protocol import CompletionRequest
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
+from serving.http.token_ids import ReturnedTokenIds
 
 DEFAULT_MAX_TOKENS = 16
 
@@ -195,26 +195,22 @@ def _choices(state: ServerState, request: CompletionRequest, generation: Generat
             for i in range(len(generation.choices))]
 
 
-def _prompt_ids(generation: Generation) -> dict[int, list[int]]:
-    return {c.index: c.prompt_token_ids for c in generation.choices.values()}
-
-
 async def _collect(state: ServerState, request: CompletionRequest, generation: Generation,
                    response_id: str, echoes: list[EchoedPrompt] | None) -> dict:
     num_choices = len(generation.choices)
     builders = _choices(state, request, generation, echoes)
-    prompt_ids = _prompt_ids(generation)
+    prompt_ids = generation.prompts_by_choice()
+    ids = _returned_ids(request, generation)
     texts = [""] * num_choices
     reasons: list[str | None] = [None] * num_choices
     stop_reasons: list[int | str | None] = [None] * num_choices
     merged: list[dict | None] = [None] * num_choices
     prompt_lps: list[list | None] = [None] * num_choices
-    token_ids: list[list[int]] = [[] for _ in range(num_choices)]
     async for event in generation.events():
         i = event.index
         fields = builders[i].fields(event, prompt_ids[i])
         texts[i] += fields["text"]
-        token_ids[i] += event.token_ids
+        ids.add(event)
         if event.finish_reason is not None:
             reasons[i], stop_reasons[i] = event.finish_reason, event.stop_reason
         if fields["logprobs"] is not None:
@@ -231,9 +227,14 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
             choice["prompt_logprobs"] = lps
     if request.return_token_ids:
         for i, choice in enumerate(choices):
-            choice.update(prompt_token_ids=prompt_ids[i], token_ids=token_ids[i])
+            choice.update(prompt_token_ids=ids.prompt_of(i), token_ids=ids.of_choice(i))
     return {**_head(state, request, response_id), "choices": choices,
             "usage": generation.usage()}
+
+
+def _returned_ids(request: CompletionRequest, generation: Generation) -> ReturnedTokenIds:
+    return ReturnedTokenIds(generation, prompts=request.return_token_ids,
+                            outputs=request.return_token_ids)
 
 
 def _extend(into: dict | None, part: dict) -> dict:
@@ -254,20 +255,18 @@ def _stream(state: ServerState, request: CompletionRequest, generation: Generati
 async def _chunks(state: ServerState, request: CompletionRequest, generation: Generation,
                   head: dict, echoes: list[EchoedPrompt] | None) -> AsyncIterator[dict]:
     builders = _choices(state, request, generation, echoes)
-    prompt_ids = _prompt_ids(generation)
-    ids_sent: set[int] = set()  # choices whose prompt_token_ids went out
+    prompt_ids = generation.prompts_by_choice()
+    ids = _returned_ids(request, generation)
     async for event in generation.events():
         fields = builders[event.index].fields(event, prompt_ids[event.index])
         if (not fields["text"] and fields["logprobs"] is None and event.finish_reason is None
-                and not (request.return_token_ids and event.token_ids)):
+                and not ids.needs_chunk(event)):
             continue  # tokens whose text is held back (an incomplete character)
         choice = {"index": event.index, "text": fields["text"], "logprobs": fields["logprobs"],
                   "finish_reason": event.finish_reason, "stop_reason": event.stop_reason}
         if request.prompt_logprobs is not None and fields["prompt_logprobs"] is not None:
             choice["prompt_logprobs"] = fields["prompt_logprobs"]
-        if request.return_token_ids:
-            if event.index not in ids_sent:
-                ids_sent.add(event.index)
-                choice["prompt_token_ids"] = prompt_ids[event.index]
-            choice["token_ids"] = event.token_ids
+        if (prompt := ids.first_prompt_of(event.index)) is not None:
+            choice["prompt_token_ids"] = prompt
+        choice.update(ids.chunk_fields(event))
         yield {**head, "choices": [choice]}

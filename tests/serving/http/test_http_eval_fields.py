@@ -262,6 +262,42 @@ def test_return_token_ids_whole(client, reference):
     assert "token_ids" not in plain.choices[0].model_extra
 
 
+def test_chat_return_token_ids_whole_and_streamed(server, client):
+    """vLLM's ``return_token_ids`` on the chat: the answer carries its
+    prompt's ids (transformers' rendering of the messages) and each of its
+    choices its own, which transformers' tokenizer decodes to its content
+    and which the completions route gives for the same prompt and seed;
+    streamed, the role chunks carry the prompt's ids and every later chunk
+    its delta's, adding up to the whole answer's."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(server.model_dir)
+    messages = [{"role": "user", "content": PROMPT}]
+    letters = hf.encode("abcdefgh ", add_special_tokens=False)  # each decodes on its own
+    sampling = dict(model="tiny", n=2, max_tokens=8, temperature=1.0, seed=7)
+    extra = {"return_token_ids": True, "allowed_token_ids": letters}
+    whole = client.chat.completions.create(messages=messages, extra_body=extra, **sampling)
+    prompt = whole.model_extra["prompt_token_ids"]
+    assert prompt == list(hf.apply_chat_template(messages, tokenize=True,
+                                                 add_generation_prompt=True, return_dict=False))
+    ids = [c.model_extra["token_ids"] for c in whole.choices]
+    assert ids[0] != ids[1] and all(len(i) == 8 and set(i) <= set(letters) for i in ids)
+    assert [hf.decode(i) for i in ids] == [c.message.content for c in whole.choices]
+    assert whole.usage.completion_tokens == 16
+    completion = client.completions.create(prompt=prompt, extra_body=extra, **sampling)
+    assert [c.model_extra["token_ids"] for c in completion.choices] == ids
+    chunks = list(client.chat.completions.create(messages=messages, extra_body=extra,
+                                                 stream=True, **sampling))
+    assert [c.model_extra.get("prompt_token_ids") for c in chunks[:2]] == [prompt, prompt]
+    assert all("prompt_token_ids" not in c.model_extra for c in chunks[2:])
+    streamed, texts = [[], []], ["", ""]
+    for chunk in chunks[2:]:
+        choice = chunk.choices[0]
+        streamed[choice.index] += choice.model_extra["token_ids"]
+        texts[choice.index] += choice.delta.content or ""
+    assert streamed == ids and texts == [c.message.content for c in whole.choices]
+
+
 def test_served_model_names_version_and_ping(server, client):
     """vLLM's ``--served-model-name``: every name is listed and accepted, an
     answer names the model as its request did (else by the first name), and

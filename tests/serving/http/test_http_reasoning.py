@@ -22,7 +22,7 @@ from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
 from tests.helpers.engine_links import TextLink
 from tests.helpers.proc_utils import run_tprun
-from tests.helpers.think_model import tiny_with_think_tokens
+from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
 
 MESSAGES = [{"role": "user", "content": "Two and two?"}]
 ANSWER = ["<think>", "Two", " and two.", "</think>", "\n\nFour."]
@@ -32,9 +32,14 @@ TOOLS = [{"type": "function", "function": {"name": "now", "parameters": {
 
 
 @pytest.fixture(scope="module")
-def think_tokenizer(tmp_path_factory) -> Tokenizer:
+def think_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("think")
-    return Tokenizer.from_dir(tiny_with_think_tokens(str(root / "cache"), str(root / "model")))
+    return tiny_with_think_tokens(str(root / "cache"), str(root / "model"))
+
+
+@pytest.fixture(scope="module")
+def think_tokenizer(think_dir) -> Tokenizer:
+    return Tokenizer.from_dir(think_dir)
 
 
 @contextlib.contextmanager
@@ -179,6 +184,72 @@ def test_calls_are_read_from_the_content_only(think_tokenizer):
         assert deltas[1:3] == [{"reasoning": pieces[0]}, {"content": "Sure."}]
         [call] = [entry for d in deltas for entry in d.get("tool_calls", [])]
         assert call["function"] == {"name": "now", "arguments": "{}"}
+
+
+def _ids_of(think_dir: str, pieces: list[str]) -> list[list[int]]:
+    """Each piece's token ids, by the ``tokenizers`` library (as ``TextLink``
+    sends them: one delta a piece)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(f"{think_dir}/tokenizer.json")
+    return [hf.encode(piece, add_special_tokens=False).ids for piece in pieces]
+
+
+def _hf_prompt_ids(think_dir: str, **template) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return list(AutoTokenizer.from_pretrained(think_dir).apply_chat_template(
+        MESSAGES, tokenize=True, add_generation_prompt=True, return_dict=False, **template))
+
+
+def test_return_token_ids_are_the_raw_outputs(think_dir, think_tokenizer):
+    """vLLM's ``return_token_ids`` beside a reasoning parser and a tool-call
+    reader: each choice's ids are every id the engine sent, the reasoning's,
+    its tags' and the call's markup included; streamed, each delta's ids come
+    in its own chunk, also where no text comes out (``</think>``, dropped;
+    the first half of a call, held back). The prompt's ids are transformers'
+    rendering of the messages."""
+    pieces = ["<think>", "Two.", "</think>", "Sure.", '<tool_call>{"name": "now", ',
+              '"arguments": {}}</tool_call>']
+    per_piece = _ids_of(think_dir, pieces)
+    assert per_piece[0] == [THINK] and per_piece[2] == [END_THINK]
+    with _client(think_tokenizer, pieces, tool_call_parser="hermes") as client:
+        whole = _chat(client, n=2, tools=TOOLS, extra_body={"return_token_ids": True})
+        assert whole.model_extra["prompt_token_ids"] == _hf_prompt_ids(think_dir, tools=TOOLS)
+        for choice in whole.choices:
+            assert choice.message.reasoning == "Two." and choice.message.content == "Sure."
+            assert [c.function.name for c in choice.message.tool_calls] == ["now"]
+            assert choice.model_extra["token_ids"] == [t for ids in per_piece for t in ids]
+        chunks = list(_chat(client, stream=True, tools=TOOLS,
+                            extra_body={"return_token_ids": True}))
+        assert chunks[0].model_extra["prompt_token_ids"] == whole.model_extra["prompt_token_ids"]
+        assert "token_ids" not in chunks[0].choices[0].model_extra  # the role's chunk
+        assert all("prompt_token_ids" not in c.model_extra for c in chunks[1:])
+        assert [c.choices[0].model_extra["token_ids"] for c in chunks[1:]] == per_piece
+        deltas = [c.choices[0].delta.model_dump(exclude_none=True) for c in chunks[1:]]
+        assert deltas[:4] == [{}, {"reasoning": "Two."}, {}, {"content": "Sure."}]
+        assert deltas[4] == {}  # the call is not whole yet
+        assert not any("token_ids" in c.choices[0].model_extra
+                       for c in _chat(client, stream=True, tools=TOOLS) if c.choices)
+        plain = _chat(client, tools=TOOLS)
+        assert "prompt_token_ids" not in plain.model_extra
+        assert "token_ids" not in plain.choices[0].model_extra
+
+
+def test_return_token_ids_leave_out_a_hidden_reasoning(think_dir, think_tokenizer):
+    """As vLLM's: with ``include_reasoning`` false the choices' ids would show
+    the reasoning and are left out (no chunk is sent for them alone), the
+    prompt's are still given."""
+    with _client(think_tokenizer, ANSWER) as client:
+        fields = dict(extra_body={"include_reasoning": False, "return_token_ids": True})
+        whole = _chat(client, **fields)
+        assert whole.model_extra["prompt_token_ids"] == _hf_prompt_ids(think_dir)
+        assert "token_ids" not in whole.choices[0].model_extra
+        chunks = list(_chat(client, stream=True, **fields))
+        assert chunks[0].model_extra["prompt_token_ids"] == _hf_prompt_ids(think_dir)
+        assert [c.choices[0].delta.model_dump(exclude_none=True) for c in chunks[1:]] == [
+            {"content": "\n\nFour."}]
+        assert not any("token_ids" in c.choices[0].model_extra for c in chunks)
 
 
 def test_include_reasoning_false_leaves_it_out(think_tokenizer):
