@@ -168,14 +168,16 @@ def _open_final_message(text: str) -> str:
 def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
                     chat_template: str | None = None, extra: dict[str, Any] | None = None,
                     continue_final_message: bool = False,
-                    tools: list[dict] | None = None) -> tuple[str, list[int]]:
+                    tools: list[dict] | None = None,
+                    add_special_tokens: bool = False) -> tuple[str, list[int]]:
     """(text, token ids) of the prompt for ``messages`` (dicts with "role"
     and "content", text or a list of text parts, as ``template_message``
     reads them) and ``tools`` (OpenAI's tool dicts, given to the template
     as they are): the model's template (or ``chat_template``) rendered, then
     tokenized without adding special tokens, as transformers'
     ``apply_chat_template(tokenize=True)`` does: the template itself places
-    BOS where the model wants it. ``continue_final_message``: see
+    BOS where the model wants it (``add_special_tokens``, vLLM's field:
+    the tokenizer adds its own too). ``continue_final_message``: see
     ``render_chat``."""
     messages = [template_message(m) for m in messages]
     text = render_chat(chat_template or tokenizer.chat_template, messages,
@@ -185,4 +187,4 @@ def chat_prompt_ids(tokenizer, messages: list[dict], *, add_generation_prompt: b
                        continue_final_message=continue_final_message, tools=tools)
     if not text:
         raise InvalidRequestError("the chat template rendered an empty prompt")
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -287,6 +287,16 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None  # vLLM's (a template of the request's): not served
     # vLLM's: false leaves a reasoning parser's reasoning (and the logprobs) out of the answer.
     include_reasoning: bool = True
+    # vLLM's: the tokenizer's special tokens (BOS) added to the rendered prompt,
+    # beside those the template writes (false: the template's alone).
+    add_special_tokens: bool = False
+    # vLLM's template variables (serving_chat.template_kwargs): the template's
+    # ``documents`` (retrieval-augmented prompts) and ``reasoning_effort``.
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
+                              "max"] | None = None
+    # vLLM's: the answer also carries the rendered prompt (``prompt_text``).
+    return_prompt_text: bool = False
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template")
 

@@ -2,7 +2,12 @@
 (whole, or as server-sent ``chat.completion.chunk`` events).
 
 The prompt is the model's chat template rendered over the messages and
-tokenized (``checkpoint.chat_template.chat_prompt_ids``).
+tokenized (``checkpoint.chat_template.chat_prompt_ids``), with vLLM's
+``documents`` and ``reasoning_effort`` among the template's variables
+(``template_kwargs``), the tokenizer's special tokens added with vLLM's
+``add_special_tokens``, and the rendered text in the answer's
+``prompt_text`` with vLLM's ``return_prompt_text`` (streamed: on each
+choice's role chunk).
 ``max_completion_tokens`` (or the older ``max_tokens``) defaults to what
 the context has left (None: the engine sets it, ``LLMEngine.new_request``).
 With a tool choice other than "none" (``tools.py``) each choice's text is
@@ -30,6 +35,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -50,13 +56,35 @@ from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_
 AnswerReader = ToolCallReader | ReasonedReader
 
 
-def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
+def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
+    """The chat template's variables beside the messages, as vLLM gives
+    them: ``chat_template_kwargs``, over which the request's ``documents``
+    and ``reasoning_effort`` go where set, and, with ``reasoning_effort``,
+    ``enable_thinking`` (false for "none") unless the kwargs set it: a
+    template that thinks only when asked (Qwen3's) then does as the effort
+    says, and a reasoning parser reads the answer so."""
+    kwargs = dict(request.chat_template_kwargs or {})
+    for name in ("documents", "reasoning_effort"):
+        if getattr(request, name) is not None:
+            kwargs[name] = getattr(request, name)
+    if request.reasoning_effort is not None:
+        kwargs.setdefault("enable_thinking", request.reasoning_effort != "none")
+    return kwargs
+
+
+def rendered_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
+    """The prompt's text (the template rendered) and its token ids."""
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     return chat_prompt_ids(state.tokenizer, messages,
                            add_generation_prompt=request.add_generation_prompt,
-                           extra=request.chat_template_kwargs,
+                           extra=template_kwargs(request),
                            continue_final_message=request.continue_final_message,
-                           tools=rendered_tools(request))[1]
+                           tools=rendered_tools(request),
+                           add_special_tokens=request.add_special_tokens)
+
+
+def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]:
+    return rendered_prompt(state, request)[1]
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:
@@ -76,7 +104,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     tool_choice = tool_choice_of(request, state.tool_call_parser)
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=_num_top(request),
                    prompt_logprobs=request.prompt_logprobs)
-    prompt = await asyncio.to_thread(chat_prompt, state, request)  # off the event loop
+    # Off the event loop: rendering and tokenizing a long chat takes a while.
+    text, prompt = await asyncio.to_thread(rendered_prompt, state, request)
     # As the engine will see it (the engine's rule: a 400 naming the field
     # for more than max_model_len), so its room below is the room it has.
     prompt = truncated_prompt(prompt, request.truncate_prompt_tokens, state.max_model_len)
@@ -106,9 +135,12 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     await generation.start([prompt], params, request.stop_strings(), request.priority,
                            reasoning_ended=reading.reasoning_ended)
     response_id = f"chatcmpl-{secrets.token_hex(12)}"
+    shown_text = text if request.return_prompt_text else None
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id, reading),
-                         lambda: _collect(state, request, generation, response_id, reading))
+                         lambda: _stream(state, request, generation, response_id, reading,
+                                         shown_text),
+                         lambda: _collect(state, request, generation, response_id, reading,
+                                          shown_text))
 
 
 def reading_of(state: ServerState, request: ChatCompletionRequest, tool_choice: ToolChoice,
@@ -119,7 +151,7 @@ def reading_of(state: ServerState, request: ChatCompletionRequest, tool_choice: 
     if parser is None:
         return Reading(tool_choice)
     return Reading(tool_choice, parser,
-                   parser.starts_in_reasoning(prompt, request.chat_template_kwargs),
+                   parser.starts_in_reasoning(prompt, template_kwargs(request)),
                    request.include_reasoning)
 
 
@@ -172,7 +204,7 @@ def _whole_message(text: str, reader: AnswerReader | None, role: str, echo: str 
 
 
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                   response_id: str, reading: Reading) -> dict:
+                   response_id: str, reading: Reading, prompt_text: str | None) -> dict:
     num_top = _shown_top(request, reading)
     n = len(generation.choices)
     readers = _readers(reading, n)
@@ -209,6 +241,8 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
         body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
     if ids.prompts:
         body["prompt_token_ids"] = ids.prompt_of(0)
+    if prompt_text is not None:
+        body["prompt_text"] = prompt_text
     return body
 
 
@@ -218,10 +252,10 @@ def prompt_token_ids(generation: Generation) -> list[int]:
 
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-            response_id: str, reading: Reading) -> AsyncIterator[str]:
+            response_id: str, reading: Reading, prompt_text: str | None) -> AsyncIterator[str]:
     head = _head(state, request, response_id, "chat.completion.chunk")
-    return event_lines(_chunks(state, request, generation, head, reading), head, generation,
-                       request.include_usage, request.continuous_usage)
+    return event_lines(_chunks(state, request, generation, head, reading, prompt_text), head,
+                       generation, request.include_usage, request.continuous_usage)
 
 
 def _delta(text: str, reader: AnswerReader | None, last: bool) -> dict:
@@ -233,7 +267,7 @@ def _delta(text: str, reader: AnswerReader | None, last: bool) -> dict:
 
 
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                  head: dict, reading: Reading) -> AsyncIterator[dict]:
+                  head: dict, reading: Reading, prompt_text: str | None) -> AsyncIterator[dict]:
     num_top = _shown_top(request, reading)
     readers = _readers(reading, len(generation.choices))
     ids = _returned_ids(request, generation, reading)
@@ -244,6 +278,8 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
         chunk = {**head, "choices": [choice]}
         if (prompt := ids.first_prompt_of(index)) is not None:
             chunk["prompt_token_ids"] = prompt
+        if prompt_text is not None:
+            chunk["prompt_text"] = prompt_text
         yield chunk
     echo = chat_echo(request, role)
     if echo:

@@ -139,6 +139,22 @@ def test_where_the_output_begins_after_its_reasoning_it_is_content(
         assert deltas == [{kind: "Two"}, {kind: " and"}, {kind: " two"}]
 
 
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_reasoning_effort_none_turns_thinking_off(think_tokenizer, parser):
+    """vLLM's ``reasoning_effort`` "none" sets the template's
+    ``enable_thinking`` false: the template closes the thinking in the
+    prompt, and the output is content; "high" leaves it on."""
+    with _client(think_tokenizer, CUT, parser, "length") as client:
+        off = _chat(client, max_tokens=3, extra_body={"reasoning_effort": "none"})
+        assert (off.choices[0].message.reasoning, off.choices[0].message.content) == (
+            None, "Two and two")
+        on = _chat(client, max_tokens=3,
+                   extra_body={"reasoning_effort": "high",
+                               "chat_template_kwargs": {"open_think": True}})
+        assert (on.choices[0].message.reasoning, on.choices[0].message.content) == (
+            "Two and two", None)
+
+
 @pytest.mark.parametrize("parser, kwargs, told", [
     ("qwen3", {"enable_thinking": False, "open_think": True}, True),
     ("deepseek_r1", {"enable_thinking": False, "open_think": True}, False),

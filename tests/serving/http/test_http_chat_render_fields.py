@@ -1,0 +1,124 @@
+"""vLLM's chat fields that shape the prompt, through the official ``openai``
+client, on a copy of ``tiny`` whose template shows the variables it gets
+(served in process over a link that answers every request at once: only
+the prompt is under test). The reference is transformers'
+``apply_chat_template`` on the same tokenizer: ``documents`` and
+``reasoning_effort`` reach the template (the effort turning
+``enable_thinking`` on or off unless ``chat_template_kwargs`` set it),
+``add_special_tokens`` adds the tokenizer's BOS to the rendered text, and
+``return_prompt_text`` shows the rendered text, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from tests.helpers.engine_links import AnsweringLink
+
+# tiny's template, after the BOS: each document, the effort and the thinking switch.
+SHOWING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{{ bos_token }}",
+    "{{ bos_token }}"
+    "{% for d in documents or [] %}[doc {{ d.title }}: {{ d.text }}]\n{% endfor %}"
+    "{% if reasoning_effort is defined and reasoning_effort %}[effort {{ reasoning_effort }}]"
+    "{% endif %}"
+    "{% if enable_thinking is defined %}[thinking {{ enable_thinking }}]{% endif %}", 1)
+assert SHOWING_TEMPLATE != CHAT_TEMPLATE
+
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+DOCS = [{"title": "Oslo", "text": "Cold in winter."}, {"title": "Rome", "text": "Warm."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("render_fields")
+    out = str(root / "model")
+    shutil.copytree(ensure_tiny_model(str(root / "cache")), out)
+    path = os.path.join(out, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["chat_template"] = SHOWING_TEMPLATE
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(model_dir):
+    link = AnsweringLink([104, 105], "hi", "stop")
+    with TestClient(create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], 4096)) as http:
+        yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
+                            max_retries=0)
+
+
+def _asked(client, **extra):
+    return client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=2,
+        extra_body={"return_prompt_text": True, "return_token_ids": True, **extra})
+
+
+def _hf_prompt(hf, **template) -> tuple[str, list[int]]:
+    text = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True,
+                                  **template)
+    ids = hf.apply_chat_template(MESSAGES, tokenize=True, add_generation_prompt=True,
+                                 return_dict=False, **template)
+    return text, list(ids)
+
+
+@pytest.mark.parametrize("extra, template", [
+    ({}, {}),
+    ({"documents": DOCS}, {"documents": DOCS}),
+    ({"reasoning_effort": "low"}, {"reasoning_effort": "low", "enable_thinking": True}),
+    ({"reasoning_effort": "none"}, {"reasoning_effort": "none", "enable_thinking": False}),
+    # The kwargs' own switch stays; the field's effort goes over the kwargs' one.
+    ({"reasoning_effort": "none",
+      "chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "high"}},
+     {"reasoning_effort": "none", "enable_thinking": True}),
+])
+def test_the_template_gets_documents_and_reasoning_effort(client, hf, extra, template):
+    answer = _asked(client, **extra)
+    text, ids = _hf_prompt(hf, **template)
+    assert answer.model_extra["prompt_text"] == text
+    assert answer.model_extra["prompt_token_ids"] == ids
+    if extra:
+        assert text != _hf_prompt(hf)[0]  # the fields show in the prompt
+
+
+def test_add_special_tokens_adds_the_tokenizers_bos(client, hf):
+    text, ids = _hf_prompt(hf)
+    answer = _asked(client, add_special_tokens=True)
+    assert answer.model_extra["prompt_token_ids"] == hf(text, add_special_tokens=True).input_ids
+    assert answer.model_extra["prompt_token_ids"] == [hf.bos_token_id, *ids]  # the template's too
+    assert answer.usage.prompt_tokens == len(ids) + 1
+
+
+def test_prompt_text_streamed_and_left_out_unasked(client, hf):
+    text, _ = _hf_prompt(hf, documents=DOCS)
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=2, n=2, stream=True,
+        extra_body={"return_prompt_text": True, "documents": DOCS}))
+    assert [c.model_extra.get("prompt_text") for c in chunks[:2]] == [text, text]  # role chunks
+    assert all("prompt_text" not in c.model_extra for c in chunks[2:])
+    plain = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+    assert "prompt_text" not in plain.model_extra
+
+
+def test_an_unknown_reasoning_effort_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        _asked(client, reasoning_effort="extreme")
+    assert raised.value.body["param"] == "reasoning_effort"
