@@ -319,13 +319,15 @@ def _choice_seed(seed: int | None, choice: int) -> int | None:
 
 
 def truncated_prompt(prompt_token_ids: list[int], k: int | None,
-                     max_model_len: int) -> list[int]:
+                     max_model_len: int, side: str | None = None) -> list[int]:
     """The prompt's last k tokens (``truncate_prompt_tokens``, vLLM's rule:
-    -1 is ``max_model_len``), or the whole prompt where k is None. The one
-    home of the rule, for the engine (``LLMEngine.new_request``) and the
-    HTTP routes that truncate before it: a k above ``max_model_len`` is
-    refused (an ``InvalidRequestError`` naming the field), whatever the prompt's length, as vLLM
-    refuses it."""
+    -1 is ``max_model_len``), or its first k where ``side`` is "right"
+    (vLLM's HTTP field ``truncation_side``: the side cut off), or the whole
+    prompt where k is None. The one home of the rule, for the engine
+    (``LLMEngine.new_request``, which keeps the last) and the HTTP routes
+    that truncate before it (whose first k the engine then keeps whole): a
+    k above ``max_model_len`` is refused (an ``InvalidRequestError`` naming
+    the field), whatever the prompt's length, as vLLM refuses it."""
     if k is None:
         return prompt_token_ids
     if k > max_model_len:
@@ -333,4 +335,5 @@ def truncated_prompt(prompt_token_ids: list[int], k: int | None,
             f"truncate_prompt_tokens {k} is more than max_model_len {max_model_len}, the "
             f"longest prompt this model takes; ask for at most {max_model_len} (-1 keeps "
             "max_model_len tokens)", param="truncate_prompt_tokens")
-    return prompt_token_ids[-(max_model_len if k == -1 else k):]
+    kept = max_model_len if k == -1 else k
+    return prompt_token_ids[:kept] if side == "right" else prompt_token_ids[-kept:]

@@ -70,6 +70,8 @@ class SamplingFields(BaseModel):
     allowed_token_ids: list[Int64] | None = None
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: Int64 | None = None
+    # vLLM's: the side truncate_prompt_tokens cuts off ("right" keeps the first k).
+    truncation_side: Literal["left", "right"] | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     bad_words: list[str] | None = None

@@ -108,7 +108,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     text, prompt = await asyncio.to_thread(rendered_prompt, state, request)
     # As the engine will see it (the engine's rule: a 400 naming the field
     # for more than max_model_len), so its room below is the room it has.
-    prompt = truncated_prompt(prompt, request.truncate_prompt_tokens, state.max_model_len)
+    prompt = truncated_prompt(prompt, request.truncate_prompt_tokens, state.max_model_len,
+                              request.truncation_side)
     max_tokens = (request.max_completion_tokens if request.max_completion_tokens is not None
                   else request.max_tokens)
     max_tokens = capped_max_tokens(max_tokens, state.sampling_defaults,

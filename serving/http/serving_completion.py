@@ -112,8 +112,8 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         trace.mark("http_tokenized")
     given = request.prompt
     if request.truncate_prompt_tokens is not None:  # echoed as the engine sees them
-        prompts = [truncated_prompt(p, request.truncate_prompt_tokens, state.max_model_len)
-                   for p in prompts]
+        prompts = [truncated_prompt(p, request.truncate_prompt_tokens, state.max_model_len,
+                                    request.truncation_side) for p in prompts]
         given = prompts
     # Each prompt's cap, as its own room limits it.
     engine_max = [capped_max_tokens(None if max_tokens is None else max(max_tokens, 1),

@@ -654,6 +654,38 @@ def test_include_stop_str_and_truncate_prompt_tokens(reference, client):
     assert out.choices[0].model_extra["prompt_token_ids"] == ids
 
 
+def test_truncation_side_right_keeps_the_first_tokens(client, reference, server):
+    """vLLM's ``truncation_side``: "right" cuts the prompt's end off,
+    keeping its first k tokens ("left", as left out, its last); the answer
+    is ``LLM.generate``'s for the kept ids, on both routes (the chat's
+    prompt: transformers' rendering of the messages)."""
+    from transformers import AutoTokenizer
+
+    ids = reference.get_tokenizer().encode(PROMPT)
+    messages = [{"role": "user", "content": PROMPT}]
+    chat_ids = list(AutoTokenizer.from_pretrained(server.model_dir).apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for side, kept, chat_kept in (("right", ids[:5], chat_ids[:5]),
+                                  ("left", ids[-5:], chat_ids[-5:])):
+        extra = {"truncate_prompt_tokens": 5, "truncation_side": side, "ignore_eos": True,
+                 "return_token_ids": True}
+        out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                        temperature=0, echo=True, extra_body=extra)
+        ref = reference.generate({"prompt_token_ids": kept}, greedy)[0].outputs[0]
+        assert out.choices[0].model_extra["prompt_token_ids"] == kept
+        assert out.choices[0].text == reference.get_tokenizer().decode(kept) + ref.text
+        chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                              temperature=0, extra_body=extra)
+        ref = reference.generate({"prompt_token_ids": chat_kept}, greedy)[0].outputs[0]
+        assert chat.model_extra["prompt_token_ids"] == chat_kept
+        assert chat.choices[0].model_extra["token_ids"] == ref.token_ids
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                  extra_body={"truncation_side": "middle"})
+    assert refused.value.body["param"] == "truncation_side"
+
+
 def test_truncate_prompt_tokens_above_max_model_len_is_a_400(client, reference):
     """The engine's rule (``truncated_prompt``: vLLM refuses a k above
     ``max_model_len`` up front, whatever the prompt's length) on both
