@@ -42,7 +42,7 @@ _BEAM_FIELDS = frozenset({
     "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",
     "stream", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-    "include_reasoning", "documents", "reasoning_effort",
+    "include_reasoning", "documents", "reasoning_effort", "request_id",
 })
 
 

@@ -80,6 +80,8 @@ class SamplingFields(BaseModel):
     priority: Int64 = 0
     # vLLM's: each token in logprobs shown as "token_id:N" instead of its text.
     return_tokens_as_token_ids: bool = False
+    # vLLM's: the answer's id after its prefix (serving/http/response_ids.py).
+    request_id: str | None = None
     # vLLM's: the answer also carries its prompt's and its choices' token ids
     # (serving/http/token_ids.py).
     return_token_ids: bool = False

@@ -32,7 +32,6 @@ unless it hides its reasoning (``serving.http.token_ids``).
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,6 +46,7 @@ from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest, FieldError
+from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
@@ -124,7 +124,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
         reading = reading_of(state, request, ToolChoice("none"), prompt)
         return await respond_with_beams(
             state, raw, request, [prompt], steps,
-            _head(state, request, f"chatcmpl-{secrets.token_hex(12)}", "chat.completion"),
+            _head(state, request, response_id("chatcmpl-", raw, request), "chat.completion"),
             lambda text: {"message": _whole_message(text, reading.reader(), role, echo),
                           "logprobs": None})
     params = choice_params(request, max_tokens, _num_top(request),
@@ -135,12 +135,12 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,
                            reasoning_ended=reading.reasoning_ended)
-    response_id = f"chatcmpl-{secrets.token_hex(12)}"
+    answer_id = response_id("chatcmpl-", raw, request)
     shown_text = text if request.return_prompt_text else None
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id, reading,
+                         lambda: _stream(state, request, generation, answer_id, reading,
                                          shown_text),
-                         lambda: _collect(state, request, generation, response_id, reading,
+                         lambda: _collect(state, request, generation, answer_id, reading,
                                           shown_text))
 
 
@@ -156,9 +156,9 @@ def reading_of(state: ServerState, request: ChatCompletionRequest, tool_choice: 
                    request.include_reasoning)
 
 
-def _head(state: ServerState, request: ChatCompletionRequest, response_id: str,
+def _head(state: ServerState, request: ChatCompletionRequest, answer_id: str,
           obj: str) -> dict:
-    return {"id": response_id, "object": obj, "created": int(time.time()),
+    return {"id": answer_id, "object": obj, "created": int(time.time()),
             "model": state.shown_model(request.model)}
 
 
@@ -205,7 +205,7 @@ def _whole_message(text: str, reader: AnswerReader | None, role: str, echo: str 
 
 
 async def _collect(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-                   response_id: str, reading: Reading, prompt_text: str | None) -> dict:
+                   answer_id: str, reading: Reading, prompt_text: str | None) -> dict:
     num_top = _shown_top(request, reading)
     n = len(generation.choices)
     readers = _readers(reading, n)
@@ -236,7 +236,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
     if ids.outputs:
         for i, choice in enumerate(choices):
             choice["token_ids"] = ids.of_choice(i)
-    body = {**_head(state, request, response_id, "chat.completion"), "choices": choices,
+    body = {**_head(state, request, answer_id, "chat.completion"), "choices": choices,
             "usage": generation.usage()}
     if request.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs  # vLLM's place for them in a chat answer
@@ -253,8 +253,8 @@ def prompt_token_ids(generation: Generation) -> list[int]:
 
 
 def _stream(state: ServerState, request: ChatCompletionRequest, generation: Generation,
-            response_id: str, reading: Reading, prompt_text: str | None) -> AsyncIterator[str]:
-    head = _head(state, request, response_id, "chat.completion.chunk")
+            answer_id: str, reading: Reading, prompt_text: str | None) -> AsyncIterator[str]:
+    head = _head(state, request, answer_id, "chat.completion.chunk")
     return event_lines(_chunks(state, request, generation, head, reading, prompt_text), head,
                        generation, request.include_usage, request.continuous_usage)
 

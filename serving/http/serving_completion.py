@@ -18,7 +18,6 @@ with each prompt's ``n`` best sequences instead (``serving.http.beam_search``).
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -34,6 +33,7 @@ from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.logprobs import TextOffsets
 from serving.http.protocol import CompletionRequest
+from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
 from serving.http.streaming import event_lines, respond
@@ -123,7 +123,7 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         steps = max((m for m in engine_max if m is not None), default=state.max_model_len)
         return await respond_with_beams(
             state, raw, request, prompts, steps,
-            _head(state, request, f"cmpl-{secrets.token_hex(12)}"),
+            _head(state, request, response_id("cmpl-", raw, request)),
             lambda text: {"text": text, "logprobs": None})
     params = choice_params(request, engine_max[0], request.logprobs,
                            _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
@@ -131,14 +131,14 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
     await generation.start(prompts, params, request.stop_strings(), request.priority,
                            engine_max)
-    response_id = f"cmpl-{secrets.token_hex(12)}"
+    answer_id = response_id("cmpl-", raw, request)
     return await respond(raw, generation, request.stream,
-                         lambda: _stream(state, request, generation, response_id, echoes),
-                         lambda: _collect(state, request, generation, response_id, echoes))
+                         lambda: _stream(state, request, generation, answer_id, echoes),
+                         lambda: _collect(state, request, generation, answer_id, echoes))
 
 
-def _head(state: ServerState, request: CompletionRequest, response_id: str) -> dict:
-    return {"id": response_id, "object": "text_completion", "created": int(time.time()),
+def _head(state: ServerState, request: CompletionRequest, answer_id: str) -> dict:
+    return {"id": answer_id, "object": "text_completion", "created": int(time.time()),
             "model": state.shown_model(request.model)}
 
 
@@ -196,7 +196,7 @@ def _choices(state: ServerState, request: CompletionRequest, generation: Generat
 
 
 async def _collect(state: ServerState, request: CompletionRequest, generation: Generation,
-                   response_id: str, echoes: list[EchoedPrompt] | None) -> dict:
+                   answer_id: str, echoes: list[EchoedPrompt] | None) -> dict:
     num_choices = len(generation.choices)
     builders = _choices(state, request, generation, echoes)
     prompt_ids = generation.prompts_by_choice()
@@ -228,7 +228,7 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     if request.return_token_ids:
         for i, choice in enumerate(choices):
             choice.update(prompt_token_ids=ids.prompt_of(i), token_ids=ids.of_choice(i))
-    return {**_head(state, request, response_id), "choices": choices,
+    return {**_head(state, request, answer_id), "choices": choices,
             "usage": generation.usage()}
 
 
@@ -246,8 +246,8 @@ def _extend(into: dict | None, part: dict) -> dict:
 
 
 def _stream(state: ServerState, request: CompletionRequest, generation: Generation,
-            response_id: str, echoes: list[EchoedPrompt] | None) -> AsyncIterator[str]:
-    head = _head(state, request, response_id)
+            answer_id: str, echoes: list[EchoedPrompt] | None) -> AsyncIterator[str]:
+    head = _head(state, request, answer_id)
     return event_lines(_chunks(state, request, generation, head, echoes), head, generation,
                        request.include_usage, request.continuous_usage)
 
