@@ -17,7 +17,9 @@ A request's ``tools`` are always given to the chat template. Its
   with ``--enable-auto-tool-choice --tool-call-parser NAME``) finds the
   calls in its text; what is not a call is the content. The request's own
   structured-output fields, if any, hold as they would without tools.
-  Without a parser "auto" is refused.
+  Without a parser "auto" is refused. With ``parallel_tool_calls`` false
+  only the first call the parser finds is answered (``FirstCallOnly``,
+  as vLLM filters them).
 
 A forced call's message has content "" and the calls in ``tool_calls``,
 each with its own ``chatcmpl-tool-<hex>`` id; with "required" or "auto",
@@ -143,6 +145,8 @@ def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: 
                              "this server was started without one (--enable-auto-tool-choice "
                              '--tool-call-parser NAME): send tool_choice "none", "required" '
                              f"or {spelling.named_usage}")
+        if request.parallel_tool_calls is False:
+            return ToolChoice("auto", parser=lambda: FirstCallOnly(parser()))
         return ToolChoice("auto", parser=parser)
     _refuse_second_constraint(request)
     if mode == "required":
@@ -309,6 +313,29 @@ class ToolCallReader:
 
     def finish_reason(self, reason: str | None) -> str | None:
         return reason
+
+
+class FirstCallOnly(ToolCallReader):
+    """``parallel_tool_calls`` false under "auto": ``calls``' answer with
+    its first call alone (its stream's entries of index 0), the content
+    as it is."""
+
+    def __init__(self, calls: ToolCallReader) -> None:
+        self.calls_reader = calls
+        self.whole_calls = calls.whole_calls
+
+    def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
+        return [(kind, value) for kind, value in self.calls_reader.pieces(text, last)
+                if kind != "call" or value["index"] == 0]
+
+    def message(self) -> dict:
+        message = self.calls_reader.message()
+        if message.get("tool_calls"):
+            message["tool_calls"] = message["tool_calls"][:1]
+        return message
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return self.calls_reader.finish_reason(reason)
 
 
 def delta_of(pieces: list[tuple[str, Any]]) -> dict:

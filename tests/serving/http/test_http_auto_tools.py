@@ -163,6 +163,38 @@ def test_a_streamed_answer_reassembles_to_the_whole_one(request, which, text):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["hermes", "llama"])
+def test_parallel_tool_calls_false_keeps_the_first_call(request, case):
+    """As vLLM filters them: with ``parallel_tool_calls`` false an "auto"
+    answer has its first call alone, whole and streamed (no delta of
+    another call), its content as it is; a Responses answer likewise has
+    one function_call item."""
+    which, text, want = FORCED[case]
+    server = request.getfixturevalue(which)
+    kwargs = _forced(server, text, parallel_tool_calls=False)
+    with openai_client(server) as client:
+        whole = client.chat.completions.create(**kwargs)
+        with client.chat.completions.stream(**kwargs) as stream:
+            list(stream)
+            streamed = stream.get_final_completion()
+        response = client.responses.create(
+            model=server.model_dir, input=MESSAGES[0]["content"], max_output_tokens=200,
+            parallel_tool_calls=False,
+            tools=[{"type": "function", "name": t["function"]["name"],
+                    "parameters": t["function"].get("parameters")} for t in TOOLS],
+            extra_body={"structured_outputs": {"regex": literal(text)}})
+    for choice in (whole.choices[0], streamed.choices[0]):
+        assert (choice.message.content or None, _calls(choice.message)) == (want[0],
+                                                                            want[1][:1])
+        assert choice.finish_reason == "tool_calls"
+    body = {k: v for k, v in kwargs.items() if k != "extra_body"}
+    deltas = streamed_chat_deltas(server.url, {**body, **kwargs["extra_body"], "stream": True})
+    assert {e["index"] for d in deltas for e in d.get("tool_calls", [])} == {0}
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == want[1][:1]
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", ["hermes", "pythonic", "mistral"])
 def test_each_call_streams_whole_in_one_delta(request, case):
     which, text, (content, calls) = FORCED[case]
