@@ -168,7 +168,8 @@ class CompletionRequest(SamplingFields):
     of token ids, or a list of lists of token ids."""
 
     prompt: str | list[str] | list[Int64] | list[list[Int64]]
-    logprobs: int | None = Field(default=None, ge=0)  # at most the engine's max_logprobs
+    # At most the engine's max_logprobs; -1: the whole vocabulary (vLLM's).
+    logprobs: int | None = Field(default=None, ge=-1)
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None

@@ -1,9 +1,9 @@
 """-1 as "the whole vocabulary" over HTTP (vLLM's): with ``--max-logprobs -1``
-``prompt_logprobs: -1`` (completions and chat) and the chat's and
-Responses' ``top_logprobs: -1`` give an entry for every vocabulary token
-(Responses': transformers' log-softmax of the same sequence); under the
-default limit (20, below the tiny model's 320 tokens) they are a 400 naming
-the field. The completions' ``logprobs`` takes no -1, as in vLLM."""
+``prompt_logprobs: -1`` (completions and chat), the completions'
+``logprobs: -1`` and the chat's and Responses' ``top_logprobs: -1`` give
+an entry for every vocabulary token (completions' and Responses':
+transformers' log-softmax of the same sequence); under the default limit
+(20, below the tiny model's 320 tokens) they are a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -71,8 +71,7 @@ def test_prompt_logprobs_minus_one_is_every_token(server, client):
 
 def test_chat_top_logprobs_minus_one_is_every_token(client):
     """Each output token lists all 320 tokens, most likely first (the
-    greedy token itself), and they make a whole distribution; the
-    completions' ``logprobs`` refuses -1 (vLLM's rule)."""
+    greedy token itself), and they make a whole distribution."""
     chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
                                           temperature=0, logprobs=True, top_logprobs=-1)
     content = chat.choices[0].logprobs.content
@@ -83,20 +82,43 @@ def test_chat_top_logprobs_minus_one_is_every_token(client):
         assert values == sorted(values, reverse=True)
         assert values[0] == pytest.approx(token.logprob, abs=1e-6)
         assert _logsumexp(values) == pytest.approx(0, abs=1e-3)
-    with pytest.raises(openai.BadRequestError) as raised:  # unlike completions' logprobs
-        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=1, logprobs=-1)
-    assert raised.value.param == "logprobs"
 
 
-def _hf_greedy_rows(model_dir: str, steps: int) -> tuple[list[int], list[torch.Tensor], str]:
-    """transformers' greedy answer to MESSAGES (its chat template): the
-    prompt's token ids, each answer token's log-softmax row and the text."""
+def test_completions_logprobs_minus_one_is_every_token(server, client):
+    """vLLM's completions ``logprobs: -1``: each output token's
+    ``top_logprobs`` holds all 320 tokens (named by id, so no two share a
+    name), transformers' log-softmax row of that position, the greedy
+    token's own logprob its largest."""
+    prompt, rows, text = _hf_greedy_rows(server.model_dir, 3, prompt=PROMPT)
+    resp = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=-1,
+        extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    assert resp.usage.prompt_tokens == len(prompt) and resp.choices[0].text == text
+    lp = resp.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(rows) == 3
+    for token, logprob, top, row in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, rows):
+        assert set(top) == {f"token_id:{t}" for t in range(VOCAB)}
+        assert token == f"token_id:{int(row.argmax())}"
+        assert logprob == pytest.approx(float(row.max()), abs=1e-4)
+        want = torch.tensor([float(row[t]) for t in range(VOCAB)], dtype=torch.float64)
+        got = torch.tensor([top[f"token_id:{t}"] for t in range(VOCAB)], dtype=torch.float64)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def _hf_greedy_rows(model_dir: str, steps: int,
+                    prompt: str | None = None) -> tuple[list[int], list[torch.Tensor], str]:
+    """transformers' greedy answer to MESSAGES (its chat template), or to
+    the text ``prompt`` (its tokenizer's ids): the prompt's token ids, each
+    answer token's log-softmax row and the text."""
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
                                                               dtype=torch.float32).eval()
-    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    if prompt is not None:
+        ids = tokenizer(prompt).input_ids
+    else:
+        ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
     prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     sequence, rows = list(prompt), []
     with torch.no_grad():
@@ -135,6 +157,8 @@ def test_minus_one_is_refused_under_the_default_limit(capped):
     asks = [
         ("prompt_logprobs", lambda: capped.completions.create(
             model="tiny", prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": -1})),
+        ("logprobs", lambda: capped.completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=1, logprobs=-1)),
         ("top_logprobs", lambda: capped.chat.completions.create(
             model="tiny", max_tokens=1, logprobs=True, top_logprobs=-1, messages=MESSAGES)),
         ("prompt_logprobs", lambda: capped.chat.completions.create(
