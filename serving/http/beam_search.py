@@ -36,8 +36,12 @@ from serving.http.state import ServerState
 from serving.http.streaming import cancel_on_disconnect
 
 # Fields a beam search request may set besides its prompt or messages
-# (``spaces_between_special_tokens``: taken, changing nothing, as in vLLM).
+# (``spaces_between_special_tokens``: taken, changing nothing, as in vLLM),
+# those that change no answer here among them (``SamplingFields``' first).
 _BEAM_FIELDS = frozenset({
+    "session_id", "kv_transfer_params", "ec_transfer_params", "vllm_xargs",
+    "return_token_offsets", "return_mm_kwargs", "routed_experts_prompt_start",
+    "stream_interval",
     "model", "n", "max_tokens", "max_completion_tokens", "temperature", "ignore_eos",
     "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",

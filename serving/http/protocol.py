@@ -99,11 +99,36 @@ class SamplingFields(BaseModel):
     use_beam_search: bool = False
     length_penalty: float = 1.0
 
+    # vLLM's, taken and changing no answer here, as in a vLLM server without
+    # what uses them: routing and disaggregation hints, extensions' arguments,
+    # fields of its render routes and of mixture-of-experts routing data; and
+    # how many tokens a stream chunk groups (here every chunk has the tokens
+    # of one engine step).
+    session_id: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
+    return_token_offsets: bool | None = None
+    return_mm_kwargs: bool = True
+    routed_experts_prompt_start: int = Field(default=0, ge=0)
+    stream_interval: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
     # Fields OpenAI or vLLM define that change the answer but this server
-    # does not implement: a request that sets one is refused rather than
-    # answered as if it had not.
+    # does not implement: a request that sets one (to a value that asks for
+    # something, ``asks_for``) is refused rather than answered as if it had
+    # not. ``ASKS_NOTHING``: values of theirs that vLLM reads as unset.
     logits_processors: list[Any] | None = None
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logits_processors",)
+    logprob_token_ids: list[Int64] | None = None
+    thinking_token_budget: int | None = None
+    watermarking: bool | None = None
+    repetition_detection: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "logits_processors", "logprob_token_ids", "thinking_token_budget", "watermarking",
+        "repetition_detection", "cache_salt")
+    ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
+        "thinking_token_budget": (-1,), "watermarking": (False,), "repetition_detection": ({},)}
 
     def asks_for(self, name: str) -> bool:
         """Whether the client set field ``name`` to ask for something: sent,
@@ -118,14 +143,15 @@ class SamplingFields(BaseModel):
         if name not in self.model_fields_set:
             return False
         value = getattr(self, name)
-        return value not in (type(self).model_fields[name].default, _NEUTRAL.get(name))
+        return value not in (type(self).model_fields[name].default, _NEUTRAL.get(name),
+                             *self.ASKS_NOTHING.get(name, ()))
 
     def check_supported(self) -> None:
         """``InvalidRequestError`` naming the first unsupported field that is
         set (``asks_for``), or a field that only makes sense with another."""
         for name in self.UNSUPPORTED:
             if self.asks_for(name):
-                raise InvalidRequestError(f"{name} is not supported by this server")
+                raise FieldError(name, f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options needs stream: true")
 
@@ -303,7 +329,15 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's: the answer also carries the rendered prompt (``prompt_text``).
     return_prompt_text: bool = False
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template")
+    # vLLM's multimodal inputs' options (which vLLM refuses unless its server
+    # trusts them): this server reads text alone.
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template",
+                                              "mm_processor_kwargs", "media_io_kwargs")
+    ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
+        **SamplingFields.ASKS_NOTHING, "mm_processor_kwargs": ({},), "media_io_kwargs": ({},)}
 
 
 class ResponseContentPart(BaseModel):

@@ -383,6 +383,54 @@ def test_one_rule_says_which_fields_a_request_sets():
         assert request.asks_for(field)
         with pytest.raises(ValueError, match=f"^{field} is not supported by this server$"):
             request.check_supported()
+
+
+# vLLM's fields that change its answer and that this server does not
+# implement: a value that asks for something, and values vLLM reads as unset.
+UNSERVED = [("logprob_token_ids", [5, 6], (None,)),
+            ("thinking_token_budget", 8, (None, -1)),
+            ("watermarking", True, (None, False)),
+            ("repetition_detection", {"max_pattern_size": 4, "min_count": 3}, (None, {})),
+            ("cache_salt", "s3cr3t", (None,))]
+CHAT_UNSERVED = [("mm_processor_kwargs", {"num_crops": 4}, (None, {})),
+                 ("media_io_kwargs", {"video": {"num_frames": 8}}, (None, {}))]
+
+
+@pytest.mark.parametrize("model, body, field, value, unset", [
+    *[(CompletionRequest, {"prompt": "hi"}, *case) for case in UNSERVED],
+    *[(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}]}, *case)
+      for case in UNSERVED + CHAT_UNSERVED]])
+def test_fields_vllm_applies_and_this_server_does_not_are_refused(model, body, field, value,
+                                                                  unset):
+    """Refused with a 400 naming the field, never answered as if not sent;
+    sent at a value that asks for nothing, they pass (and beside
+    ``use_beam_search``, which takes no other field, they are refused by
+    the same rule)."""
+    request = model.model_validate({**body, field: value})
+    with pytest.raises(FieldError, match=f"^{field} is not supported by this server$") as raised:
+        request.check_supported()
+    assert raised.value.param == field
+    for harmless in unset:
+        request = model.model_validate({**body, field: harmless, "use_beam_search": True})
+        request.check_supported()
+        check_beam_fields(request, "prompt" if model is CompletionRequest else "messages")
+
+
+def test_fields_that_change_no_answer_here_are_taken():
+    """vLLM's hints and its render routes' fields change no answer in a
+    server without what uses them: taken, beam search too; a value of the
+    wrong type is still a 400."""
+    taken = {"session_id": "s", "kv_transfer_params": {"a": 1}, "ec_transfer_params": {},
+             "vllm_xargs": {"k": 1}, "return_token_offsets": True, "return_mm_kwargs": False,
+             "routed_experts_prompt_start": 2, "stream_interval": 4, "user": "u"}
+    request = CompletionRequest.model_validate({"prompt": "hi", "use_beam_search": True,
+                                                **taken})
+    request.check_supported()
+    check_beam_fields(request, "prompt")
+    for field, bad in (("stream_interval", 0), ("routed_experts_prompt_start", -1),
+                       ("session_id", 5)):
+        with pytest.raises(ValidationError):
+            CompletionRequest.model_validate({"prompt": "hi", field: bad})
     for field, value in [("seed", 0), ("stop", []), ("logit_bias", {}), ("echo", True),
                          ("top_p", 0.5), ("frequency_penalty", 0.1)]:
         request = CompletionRequest.model_validate({"prompt": "hi", "use_beam_search": True,
