@@ -13,7 +13,8 @@ ended sequence keeps its end-of-sequence token only with
 is the tokenizer's ``decode`` of its tokens with ``skip_special_tokens``,
 as vLLM's server decodes it; ``spaces_between_special_tokens`` is taken
 and changes nothing there, as in vLLM (a fast tokenizer's decode has no
-such option). The answer comes whole: a field that shapes tokens as they
+such option). With ``return_token_ids`` each choice carries its
+sequence's ids (and the prompt's, where the route puts them). The answer comes whole: a field that shapes tokens as they
 come or asks for what a beam does not carry (``stream``, logprobs, stop
 strings, penalties, structured outputs, tools, ...) is refused beside
 ``use_beam_search`` rather than ignored (``check_beam_fields``). Its usage
@@ -46,7 +47,7 @@ _BEAM_FIELDS = frozenset({
     "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",
     "stream", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
-    "include_reasoning", "documents", "reasoning_effort", "request_id",
+    "include_reasoning", "documents", "reasoning_effort", "request_id", "return_token_ids",
 })
 
 
@@ -114,10 +115,12 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
 
 async def respond_with_beams(state: ServerState, raw: Request, request: SamplingFields,
                              prompts: list[list[int]], max_tokens: int, head: dict,
-                             choice: Callable[[str], dict]) -> Response:
+                             choice: Callable[[int, str, list[int]], dict]) -> Response:
     """The whole answer: for prompt p, choices p * n .. p * n + n - 1 (best
-    first), each ``choice(text)`` (the route's text fields) with its
-    finish and stop reasons; a client that leaves stops the search."""
+    first), each ``choice(p, text, token_ids)`` (the route's fields for a
+    sequence of prompt p: its text, and its token ids where the request
+    returns them) with its finish and stop reasons; a client that leaves
+    stops the search."""
     params = beam_params(request, max_tokens)
 
     async def body() -> dict:
@@ -126,7 +129,8 @@ async def respond_with_beams(state: ServerState, raw: Request, request: Sampling
         for p, output in enumerate(outputs):
             for i, sequence in enumerate(output.sequences):
                 text = state.tokenizer.decode(sequence.tokens, request.skip_special_tokens)
-                choices.append({"index": p * request.n + i, **choice(text),
+                choices.append({"index": p * request.n + i,
+                                **choice(p, text, sequence.tokens),
                                 "finish_reason": sequence.finish_reason,
                                 "stop_reason": sequence.stop_reason})
                 generated += len(sequence.tokens)

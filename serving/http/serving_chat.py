@@ -122,11 +122,15 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
         role = answer_role(request)
         echo = chat_echo(request, role)
         reading = reading_of(state, request, ToolChoice("none"), prompt)
+        head = _head(state, request, response_id("chatcmpl-", raw, request), "chat.completion")
+        shows_ids = request.return_token_ids and not reading.hides_reasoning
+        if request.return_token_ids:
+            head["prompt_token_ids"] = prompt
         return await respond_with_beams(
-            state, raw, request, [prompt], steps,
-            _head(state, request, response_id("chatcmpl-", raw, request), "chat.completion"),
-            lambda text: {"message": _whole_message(text, reading.reader(), role, echo),
-                          "logprobs": None})
+            state, raw, request, [prompt], steps, head,
+            lambda p, text, tokens: {
+                "message": _whole_message(text, reading.reader(), role, echo),
+                "logprobs": None, **({"token_ids": tokens} if shows_ids else {})})
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults,
                            skip_special_tokens=tool_choice.skip_special_tokens(

@@ -124,7 +124,10 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         return await respond_with_beams(
             state, raw, request, prompts, steps,
             _head(state, request, response_id("cmpl-", raw, request)),
-            lambda text: {"text": text, "logprobs": None})
+            lambda p, text, tokens: {
+                "text": text, "logprobs": None,
+                **({"prompt_token_ids": prompts[p], "token_ids": tokens}
+                   if request.return_token_ids else {})})
     params = choice_params(request, engine_max[0], request.logprobs,
                            _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None

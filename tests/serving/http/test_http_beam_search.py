@@ -2,7 +2,7 @@
 against ``tprun serve --http-port`` (tiny, float32, CPU): with
 end-of-sequence ids ignored, every choice is one of transformers' own beams
 of the same weights, best first (the prompt tokenized by the server's
-/tokenize); fields beam search does not take are 400s naming them, and a
+/tokenize), its token ids the beam's with vLLM's ``return_token_ids``; fields beam search does not take are 400s naming them, and a
 request asking more logprobs than the server allows says why."""
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ def hf(server):
     return model, transformers.AutoTokenizer.from_pretrained(server.model_dir)
 
 
-def _beams(hf, prompt: list[int], width: int, steps: int) -> list[str]:
+def _beams(hf, prompt: list[int], width: int, steps: int) -> list[tuple[str, list[int]]]:
+    """transformers' beams: each one's text and token ids, best first."""
     model, tokenizer = hf
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), num_beams=width,
                              num_return_sequences=width, do_sample=False, max_new_tokens=steps,
                              eos_token_id=None, pad_token_id=0)
-    return [tokenizer.decode(s[len(prompt):], skip_special_tokens=True) for s in out]
+    return [(tokenizer.decode(s[len(prompt):], skip_special_tokens=True),
+             s[len(prompt):].tolist()) for s in out]
 
 
 def _tokens(server, **body) -> list[int]:
@@ -49,11 +51,14 @@ def _tokens(server, **body) -> list[int]:
 def test_completion_choices_are_transformers_beams(server, client, hf):
     prompts = ["The quick brown fox", "Once upon"]
     resp = client.completions.create(model="tiny", prompt=prompts, n=3, max_tokens=6,
-                                     extra_body={"use_beam_search": True, "ignore_eos": True})
+                                     extra_body={"use_beam_search": True, "ignore_eos": True,
+                                                 "return_token_ids": True})
     ids = [_tokens(server, prompt=p) for p in prompts]
-    want = [text for p in ids for text in _beams(hf, p, 3, 6)]
+    want = [beam for p in ids for beam in _beams(hf, p, 3, 6)]
     assert [c.index for c in resp.choices] == list(range(6))
-    assert [c.text for c in resp.choices] == want
+    assert [(c.text, c.model_extra["token_ids"]) for c in resp.choices] == want
+    assert [c.model_extra["prompt_token_ids"] for c in resp.choices] == [ids[0]] * 3 + \
+        [ids[1]] * 3
     assert all(c.finish_reason == "length" for c in resp.choices)
     assert resp.usage.prompt_tokens == sum(map(len, ids))
     assert resp.usage.completion_tokens == 6 * 6
@@ -63,9 +68,12 @@ def test_chat_choices_are_transformers_beams(server, client, hf):
     messages = [{"role": "user", "content": "Name a color."}]
     resp = client.chat.completions.create(model="tiny", messages=messages, n=2, max_tokens=5,
                                           extra_body={"use_beam_search": True,
-                                                      "ignore_eos": True})
-    want = _beams(hf, _tokens(server, messages=messages), 2, 5)
-    assert [c.message.content for c in resp.choices] == want
+                                                      "ignore_eos": True,
+                                                      "return_token_ids": True})
+    prompt = _tokens(server, messages=messages)
+    want = _beams(hf, prompt, 2, 5)
+    assert [(c.message.content, c.model_extra["token_ids"]) for c in resp.choices] == want
+    assert resp.model_extra["prompt_token_ids"] == prompt
     assert resp.object == "chat.completion"
 
 
