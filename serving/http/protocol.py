@@ -7,9 +7,12 @@ fields this server has no use for. The extra fields that vLLM accepts
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
 ``skip_special_tokens``, ``spaces_between_special_tokens``,
 ``priority``, ``return_tokens_as_token_ids``, ``return_token_ids``,
-``add_special_tokens``,
+``truncation_side``, ``request_id``, ``add_special_tokens``, the chat's
+``documents``, ``reasoning_effort`` and ``return_prompt_text``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
-``guided_*`` fields) have vLLM's names. Responses are plain dicts built by the
+``guided_*`` fields) have vLLM's names; those of its fields this server does
+not implement are refused where they ask for something, and those that
+change no answer here are taken (``SamplingFields``). Responses are plain dicts built by the
 serving code; ``error_body`` is the one error shape every route uses.
 """
 
