@@ -63,13 +63,15 @@ class ToolChoice:
     """A request's checked tool choice. ``mode`` "none": a plain answer;
     "named": one call of ``name``; "required": one or more calls; "auto":
     calls, content or both, as ``parser`` (a reader class) finds them in
-    free text. ``schema`` is the JSON schema the output is held to (None
-    for "none" and "auto")."""
+    free text, of which ``first_call_only`` (``parallel_tool_calls``
+    false) answers the first call alone. ``schema`` is the JSON schema the
+    output is held to (None for "none" and "auto")."""
 
     mode: Literal["none", "named", "required", "auto"]
     name: str | None = None
     schema: dict | None = None
     parser: type[ToolCallReader] | None = None
+    first_call_only: bool = False
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The engine's constraint for the output, or None."""
@@ -87,7 +89,7 @@ class ToolChoice:
         if self.mode == "required":
             return RequiredCallsReader()
         if self.mode == "auto":
-            return self.parser()
+            return FirstCallOnly(self.parser()) if self.first_call_only else self.parser()
         return None
 
 
@@ -145,9 +147,8 @@ def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: 
                              "this server was started without one (--enable-auto-tool-choice "
                              '--tool-call-parser NAME): send tool_choice "none", "required" '
                              f"or {spelling.named_usage}")
-        if request.parallel_tool_calls is False:
-            return ToolChoice("auto", parser=lambda: FirstCallOnly(parser()))
-        return ToolChoice("auto", parser=parser)
+        return ToolChoice("auto", parser=parser,
+                          first_call_only=request.parallel_tool_calls is False)
     _refuse_second_constraint(request)
     if mode == "required":
         return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))
