@@ -33,6 +33,9 @@ from ipc.errors import InvalidRequestError
 # is a bad request (400 naming the field), not a failure to encode it. The
 # sampling fields' ints are bounded by SamplingParams, which checks them first.
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+# vLLM's reasoning efforts (the chat's ``reasoning_effort``, the Responses
+# API's ``reasoning.effort``): what the chat template gets as ``reasoning_effort``.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 _DECIMAL_INT = re.compile(r"-?[0-9]+")  # a token id as logit_bias keys spell it
 # What a sampling field's default is in SamplingParams (frequency_penalty 0,
 # top_p 1, ...): sent so, a field asks for nothing (``SamplingFields.asks_for``).
@@ -327,8 +330,7 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's template variables (serving_chat.template_kwargs): the template's
     # ``documents`` (retrieval-augmented prompts) and ``reasoning_effort``.
     documents: list[dict[str, str]] | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh",
-                              "max"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     # vLLM's: the answer also carries the rendered prompt (``prompt_text``).
     return_prompt_text: bool = False
 
@@ -402,6 +404,22 @@ class ResponseTextConfig(BaseModel):
     verbosity: str | None = None
 
 
+class ResponseReasoning(BaseModel):
+    """A Responses request's ``reasoning``, as vLLM reads it: ``effort``
+    reaches the chat template as the chat's ``reasoning_effort`` does
+    (``serving_chat.template_kwargs``: the template's ``reasoning_effort``,
+    and ``enable_thinking`` false for "none", true else). ``summary`` (and
+    its older spelling ``generate_summary``) is taken and only echoed: no
+    summary is written, a reasoning item's ``summary`` stays empty and its
+    text is its ``content`` (as vLLM's)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 # OpenAI's ``include`` values that vLLM's Responses API accepts. Only
 # "message.output_text.logprobs" asks for anything this server makes; each
 # other one asks for part of an item this server never makes (built-in
@@ -422,8 +440,9 @@ class ResponsesRequest(BaseModel):
     vLLM adds to it (``top_k``, ``seed``, ``stop``, ``ignore_eos``,
     ``repetition_penalty``, ``priority``, ``logit_bias``,
     ``skip_special_tokens``, ``include_stop_str_in_output``,
-    ``structured_outputs``) have vLLM's names and the chat's meaning.
-    ``store`` and ``previous_response_id`` work with the server's response
+    ``structured_outputs``) have vLLM's names and the chat's meaning, and
+    so does ``reasoning.effort`` (the chat's ``reasoning_effort``,
+    ``ResponseReasoning``). ``store`` and ``previous_response_id`` work with the server's response
     store (``response_store.py``); a ``store`` left true with the store off
     is served without storing, as vLLM serves it, and ``store`` null stores
     nothing, as vLLM reads it (false); ``background``
@@ -468,22 +487,24 @@ class ResponsesRequest(BaseModel):
     structured_outputs: dict[str, Any] | None = None  # or text.format, not both
     background: bool | None = False
 
+    # Its ``effort`` is the chat's ``reasoning_effort`` (vLLM's rule).
+    reasoning: ResponseReasoning | None = None
+
     # Fields OpenAI defines that this server does not serve: a value other
     # than one of those given here (which ask for nothing) is refused.
-    reasoning: dict[str, Any] | None = None
     truncation: str | None = None
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
     max_tool_calls: int | None = None
     context_management: list[Any] | None = None
     UNSUPPORTED: ClassVar[dict[str, tuple]] = {
-        "reasoning": (None, {}), "truncation": (None, "disabled"),
+        "truncation": (None, "disabled"),
         "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
         "context_management": (None, [])}
 
     def check_supported(self) -> None:
         """``FieldError`` naming the first field set to a value this server
-        does not serve (reasoning, truncation, ...) and an ``include``
+        does not serve (truncation, prompt, ...) and an ``include``
         value vLLM does not take."""
         for name, harmless in self.UNSUPPORTED.items():
             if getattr(self, name) not in harmless:

@@ -204,7 +204,9 @@ def chat_tools(tools: list[ResponseTool] | None) -> list[ChatTool] | None:
 def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
     """The chat request a Responses request amounts to (its constraint
     aside: ``text.format`` is given to ``choice_params`` as made there; its
-    tool choice is ``tool_choice``'s)."""
+    tool choice is ``tool_choice``'s); ``reasoning.effort`` is its
+    ``reasoning_effort``, so the chat's rule (``template_kwargs``) is the one
+    that renders it."""
     return ChatCompletionRequest(
         messages=messages, model=request.model, max_completion_tokens=request.max_output_tokens,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
@@ -213,7 +215,8 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
         logit_bias=request.logit_bias, skip_special_tokens=request.skip_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         structured_outputs=request.structured_outputs, tools=chat_tools(request.tools),
-        parallel_tool_calls=request.parallel_tool_calls)
+        parallel_tool_calls=request.parallel_tool_calls,
+        reasoning_effort=request.reasoning.effort if request.reasoning else None)
 
 
 def tool_choice(request: ResponsesRequest, chat: ChatCompletionRequest,

@@ -12,7 +12,9 @@ after its ``instructions`` (a system message first) and, with
 ``tool_choice`` the chat's (``tools.py``: a named or required choice holds
 the output to the tools' schemas, "auto" reads calls with the server's
 tool-call parser); the model's chat template renders them
-(``serving_chat.chat_prompt``), ``max_output_tokens``, ``temperature``,
+(``serving_chat.chat_prompt``, with ``reasoning.effort`` as the chat's
+``reasoning_effort``; ``reasoning.summary`` is only echoed, as vLLM writes
+no summary), ``max_output_tokens``, ``temperature``,
 ``top_p`` and vLLM's fields (its sampling ones, ``logit_bias``,
 ``skip_special_tokens``, ``include_stop_str_in_output``,
 ``structured_outputs``) become the chat's sampling parameters
@@ -284,7 +286,8 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict,
             "tools": [tool.model_dump(exclude_unset=True) for tool in request.tools or []],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "truncation": "disabled", "top_logprobs": request.top_logprobs or 0,
-            "reasoning": None, "background": bool(request.background),
+            "reasoning": request.reasoning.model_dump() if request.reasoning else None,
+            "background": bool(request.background),
             "service_tier": request.service_tier or "auto", "store": store is not None,
             "user": request.user}
 

@@ -6,7 +6,10 @@ the prompt is under test). The reference is transformers'
 ``reasoning_effort`` reach the template (the effort turning
 ``enable_thinking`` on or off unless ``chat_template_kwargs`` set it),
 ``add_special_tokens`` adds the tokenizer's BOS to the rendered text, and
-``return_prompt_text`` shows the rendered text, whole and streamed."""
+``return_prompt_text`` shows the rendered text, whole and streamed. The
+Responses API's ``reasoning.effort`` is the chat's ``reasoning_effort``
+(the prompt the engine gets is the same), its ``summary`` changes no
+prompt, and the Response echoes the ``reasoning`` asked for."""
 
 from __future__ import annotations
 
@@ -58,9 +61,25 @@ def hf(model_dir):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+class RecordingLink(AnsweringLink):
+    """An ``AnsweringLink`` that keeps each prompt the engine is given."""
+
+    def __init__(self) -> None:
+        super().__init__([104, 105], "hi", "stop")
+        self.prompts: list[list[int]] = []
+
+    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
+        self.prompts.append(list(prompt_token_ids))
+        super().submit(request_id, prompt_token_ids, *args, **kwargs)
+
+
 @pytest.fixture(scope="module")
-def client(model_dir):
-    link = AnsweringLink([104, 105], "hi", "stop")
+def link():
+    return RecordingLink()
+
+
+@pytest.fixture(scope="module")
+def client(model_dir, link):
     with TestClient(create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], 4096)) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
                             max_retries=0)
@@ -122,3 +141,39 @@ def test_an_unknown_reasoning_effort_is_a_400_naming_it(client):
     with pytest.raises(openai.BadRequestError) as raised:
         _asked(client, reasoning_effort="extreme")
     assert raised.value.body["param"] == "reasoning_effort"
+
+
+@pytest.mark.parametrize("reasoning, template", [
+    ({"effort": "low"}, {"reasoning_effort": "low", "enable_thinking": True}),
+    ({"effort": "none"}, {"reasoning_effort": "none", "enable_thinking": False}),
+    ({"effort": "high", "summary": "auto"},
+     {"reasoning_effort": "high", "enable_thinking": True}),
+    ({"summary": "detailed"}, {}),  # no summary is written: the prompt is the plain one
+])
+def test_responses_reasoning_effort_reaches_the_template(client, link, hf, reasoning, template):
+    response = client.responses.create(model="tiny", input="Hello there", max_output_tokens=2,
+                                       reasoning=reasoning)
+    _, ids = _hf_prompt(hf, **template)
+    assert link.prompts[-1] == ids
+    assert response.usage.input_tokens == len(ids)
+    assert response.reasoning.effort == reasoning.get("effort")
+    assert response.reasoning.summary == reasoning.get("summary")
+    if "effort" in reasoning:
+        assert ids != _hf_prompt(hf)[1]  # the effort shows in the prompt
+        _asked(client, reasoning_effort=reasoning["effort"])
+        assert link.prompts[-1] == ids  # the chat's rule: the same prompt
+
+
+def test_responses_reasoning_effort_streamed(client, link, hf):
+    events = list(client.responses.create(model="tiny", input="Hello there",
+                                          max_output_tokens=2, stream=True,
+                                          reasoning={"effort": "none"}))
+    assert link.prompts[-1] == _hf_prompt(hf, reasoning_effort="none", enable_thinking=False)[1]
+    assert events[-1].response.reasoning.effort == "none"
+
+
+def test_an_unknown_responses_reasoning_effort_is_a_400_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input="Hello there", max_output_tokens=2,
+                                reasoning={"effort": "extreme"})
+    assert raised.value.body["param"] == "reasoning.effort"

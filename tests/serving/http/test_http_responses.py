@@ -342,7 +342,7 @@ def test_vllms_other_fields_act_as_on_the_chat(client, extra):
      "tool_choice.name"),
     ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "get_weather"},
       "text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"background": True}, "background"),
     ({"include": [LOGPROBS, "web_search_call.results"]}, "include.1"),
     ({"top_logprobs": -2}, "top_logprobs"),  # -1 is the whole vocabulary
