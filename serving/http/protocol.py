@@ -107,9 +107,7 @@ class SamplingFields(BaseModel):
 
     # vLLM's, taken and changing no answer here, as in a vLLM server without
     # what uses them: routing and disaggregation hints, extensions' arguments,
-    # fields of its render routes and of mixture-of-experts routing data; and
-    # how many tokens a stream chunk groups (here every chunk has the tokens
-    # of one engine step).
+    # fields of its render routes and of mixture-of-experts routing data.
     session_id: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
@@ -117,6 +115,8 @@ class SamplingFields(BaseModel):
     return_token_offsets: bool | None = None
     return_mm_kwargs: bool = True
     routed_experts_prompt_start: int = Field(default=0, ge=0)
+    # vLLM's: how many new tokens a stream's chunk groups, the first token
+    # alone and the last chunk taking the rest (``stream_interval.py``).
     stream_interval: int | None = Field(default=None, ge=1)
     user: str | None = None
 

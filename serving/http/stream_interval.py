@@ -1,0 +1,69 @@
+"""vLLM's ``stream_interval``: how many new tokens a choice's stream groups
+into one event.
+
+As vLLM's output processor sends a request's outputs: a choice's first
+event goes out at once (the time to its first token is unchanged), then
+its events are held and joined until they hold at least ``interval``
+tokens since the last one sent, and its last event (the one with its
+``finish_reason``) goes out with whatever is held. Tokens count, not
+engine steps: a step that brings several tokens counts them all, and
+tokens whose text is held back (a stop string's start, an incomplete
+character) count as well. Joining loses nothing: the events sent, joined,
+are the events produced (text, token ids, logprobs), so a stream's text is
+the same at any interval. Interval 1 sends every event as it comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from serving.http.generation import ChoiceEvent
+
+
+def joined(first: ChoiceEvent, then: ChoiceEvent) -> ChoiceEvent:
+    """One event for two successive events of a choice: their text, token
+    ids and logprobs in order, the first's prompt logprobs (only a
+    choice's first event has any), the later's finish."""
+    logprobs = (None if first.logprobs is None and then.logprobs is None
+                else [*(first.logprobs or []), *(then.logprobs or [])])
+    prompt_logprobs = first.prompt_logprobs if first.prompt_logprobs is not None \
+        else then.prompt_logprobs
+    return ChoiceEvent(first.index, first.text + then.text, [*first.token_ids, *then.token_ids],
+                       logprobs, then.finish_reason, prompt_logprobs, then.stop_reason)
+
+
+class StreamInterval:
+    """Holds each choice's events until they are due (module docstring).
+    Invariant: a choice has an event held only between its first and its
+    last event; once its last is given to ``add``, nothing of it is held."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.held: dict[int, ChoiceEvent] = {}
+        self.started: set[int] = set()  # choices whose first event went out
+
+    def add(self, event: ChoiceEvent) -> ChoiceEvent | None:
+        """The event to send now (``event`` joined after what its choice
+        holds), or None while it is held."""
+        if (held := self.held.pop(event.index, None)) is not None:
+            event = joined(held, event)
+        if (event.finish_reason is not None or event.index not in self.started
+                or len(event.token_ids) >= self.interval):
+            self.started.add(event.index)
+            return event
+        self.held[event.index] = event
+        return None
+
+
+async def grouped(events: AsyncIterator[ChoiceEvent],
+                  interval: int | None) -> AsyncIterator[ChoiceEvent]:
+    """A stream's ``events`` grouped by ``interval`` (None or 1: as they
+    come)."""
+    if interval is None or interval <= 1:
+        async for event in events:
+            yield event
+        return
+    grouping = StreamInterval(interval)
+    async for event in events:
+        if (due := grouping.add(event)) is not None:
+            yield due
