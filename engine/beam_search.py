@@ -149,6 +149,10 @@ class BeamSearch:
             if len(b.tokens) < self.max_model_len]
         return [b.tokens for _, b in self._running]
 
+    def request_prompts(self) -> list[int]:
+        """The prompt index of each request of the last ``requests``, in its order."""
+        return [i for i, _ in self._running]
+
     def advance(self, candidates: Sequence[TokenLogprobs]) -> None:
         """The step's candidates (token id -> ``Logprob``), one mapping a
         request of ``requests``, in its order."""

@@ -7,7 +7,11 @@ until ``free`` returns them all.
 
 Prefix caching (when enabled): the content of full block ``i`` of a request
 is named by a chained hash ``h_i = sha256(h_{i-1} || tokens of block i)``,
-so equal hashes mean equal token prefixes. A full block is registered in
+so equal hashes mean equal token prefixes. A request's ``cache_salt``
+(vLLM's) is mixed into its first block's hash only (``h_0`` chains from
+``sha256(root || salt)`` instead of the root): every later hash inherits
+it, so requests of different salts (or a salt and none) never share a
+block, and those of one salt share as any others do. A full block is registered in
 the pool only once the step that writes it has been sent and a later call
 sees it (the request's next ``allocate_slots``, or its ``free``): the runner
 executes steps in order, so a block is never hit before its KV is written,
@@ -26,6 +30,14 @@ from engine.block_pool import BlockPool
 from engine.request import Request
 
 _ROOT_HASH = b"tprun-prefix-root"
+
+
+def _first_parent(cache_salt: str | None) -> bytes:
+    """What a request's first block hash chains from: the root, or for a
+    salted request the root hashed with its salt (never the root itself)."""
+    if cache_salt is None:
+        return _ROOT_HASH
+    return hashlib.sha256(_ROOT_HASH + b"\0salt\0" + cache_salt.encode()).digest()
 
 
 def _chain_hash(parent: bytes, token_ids: list[int]) -> bytes:
@@ -125,7 +137,7 @@ class KVCacheManager:
         tokens = request.all_token_ids
         size = self.block_size
         for i in range(len(hashes), len(tokens) // size):
-            parent = hashes[-1] if hashes else _ROOT_HASH
+            parent = hashes[-1] if hashes else _first_parent(request.cache_salt)
             hashes.append(_chain_hash(parent, tokens[i * size : (i + 1) * size]))
         return hashes
 

@@ -14,7 +14,7 @@ import torch
 from checkpoint.chat_template import chat_prompt_ids
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.llm_engine import LLMEngine, cache_salt_of
 from engine.output_text import OutputText, with_decoded_tokens
 from engine.outputs import (
     CompletionOutput,
@@ -187,16 +187,18 @@ class LLM:
         ``2 * beam_width`` must be within ``max_logprobs``). Each step is one
         ``generate`` call over every live beam of every prompt; a sequence's
         tokens are its prompt's and its own (an end-of-sequence id kept), as
-        vLLM's."""
+        vLLM's. A prompt's ``cache_salt`` goes with each of its beams' requests."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         engine = self.engine
         limits = engine.scheduler.config
         params.check(limits.max_logprobs)
         search = BeamSearch([engine.tokenize(p) for p in prompts], params,
                             engine.model_config.eos_token_ids, limits.max_model_len)
+        salts = [cache_salt_of(p) for p in prompts]
         while requests := search.requests():
-            outputs = self.generate([{"prompt_token_ids": r} for r in requests],
-                                    search.step_params)
+            salted = [{"prompt_token_ids": r} | ({"cache_salt": salts[i]} if salts[i] else {})
+                      for r, i in zip(requests, search.request_prompts())]
+            outputs = self.generate(salted, search.step_params)
             search.advance([o.outputs[0].logprobs[0] for o in outputs])
         return search.outputs(engine.tokenizer.decode)
 

@@ -224,15 +224,18 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------
     def tokenize(self, prompt: str | dict) -> list[int]:
         """The prompt's token ids (an empty text gives none, which
-        ``check_request`` refuses)."""
-        if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
+        ``check_request`` refuses). A dict prompt may also hold a
+        ``cache_salt`` (``cache_salt_of`` reads it)."""
+        keys = set(prompt) - {"cache_salt"} if isinstance(prompt, dict) else None
+        if keys == {"prompt"}:
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt) if prompt else []
-        if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
+        if keys == {"prompt_token_ids"}:
             return _token_ids(prompt["prompt_token_ids"])
         raise InvalidRequestError(
-            "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+            "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+            "the dicts with an optional 'cache_salt': str"
         )
 
     def new_request(self, prompt: str | dict, params: SamplingParams,
@@ -298,6 +301,7 @@ class LLMEngine:
             req_id if req_id is not None else str(next(self.request_ids)),
             prompt_token_ids, params, eos_token_id=self.tokenizer.eos_token_id,
             priority=priority, secondary_eos_token_ids=self.model_config.eos_token_ids,
+            cache_salt=cache_salt_of(prompt),
         )
         request.grammar = self.structured_outputs.new_grammar(params, prompt_token_ids,
                                                               reasoning_ended)
@@ -447,6 +451,19 @@ class LLMEngine:
         self.pending_bitmask = None
         self.structured_outputs.shutdown()
         self.executor.shutdown()
+
+
+def cache_salt_of(prompt: str | dict) -> str | None:
+    """A dict prompt's ``cache_salt`` (vLLM's TextPrompt / TokensPrompt
+    key), None where it has none; one that is not a non-empty string is
+    refused, as vLLM's server refuses it."""
+    if not isinstance(prompt, dict) or prompt.get("cache_salt") is None:
+        return None
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise InvalidRequestError("cache_salt must be a non-empty string if provided",
+                                  param="cache_salt")
+    return salt
 
 
 def _token_ids(ids) -> list[int]:

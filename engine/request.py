@@ -64,6 +64,9 @@ class Request:
     yet appended (async scheduling); it is 0 when scheduling is synchronous.
     ``grammar`` is the request's structured-output matcher (None when
     unconstrained); it has consumed exactly ``output_token_ids``.
+    ``cache_salt`` (vLLM's; None or a non-empty string) keys its prefix-cache
+    blocks apart from those of every other salt and of no salt
+    (``KVCacheManager``).
     """
 
     def __init__(
@@ -75,8 +78,10 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         secondary_eos_token_ids: Iterable[int] = (),
+        cache_salt: str | None = None,
     ) -> None:
         self.req_id = req_id
+        self.cache_salt = cache_salt
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id
