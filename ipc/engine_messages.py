@@ -28,7 +28,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     is refused under "fcfs"). ``reasoning_ended`` (vLLM's): under the
     engine's reasoning parser, the output begins after its reasoning, so a
     structured-output constraint holds from its first token (where false,
-    the engine tells from the prompt's token ids)."""
+    the engine tells from the prompt's token ids). ``cache_salt`` (vLLM's):
+    the prompt's, keying its prefix-cache blocks apart from other salts'."""
 
     request_id: str
     prompt: str | None = None
@@ -36,6 +37,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     sampling_params: dict[str, Any] = {}
     priority: int = 0
     reasoning_ended: bool = False
+    cache_salt: str | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -154,7 +154,8 @@ class EngineClient:
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
                request_id: str | None = None, priority: int = 0) -> str:
         """Send one request; returns its id. ``prompt`` is text,
-        ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``;
+        ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``, the dicts
+        with an optional ``"cache_salt"``;
         ``sampling_params`` a ``SamplingParams`` or a dict of its fields;
         ``priority`` as ``LLM.generate`` takes it."""
         if request_id is None:
@@ -165,14 +166,16 @@ class EngineClient:
             raise ValueError(f"request id {request_id!r} is already in use by this client")
         if isinstance(prompt, str):
             prompt = {"prompt": prompt}
-        if not isinstance(prompt, dict) or set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+        if not isinstance(prompt, dict) or set(prompt) - {"cache_salt"} not in (
+                {"prompt"}, {"prompt_token_ids"}):
             raise ValueError(
-                "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
+                "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+                "the dicts with an optional 'cache_salt': str"
             )
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params),
-                                  priority=priority)
+                                  priority=priority, cache_salt=prompt.get("cache_salt"))
         entry = _Stream()
         self.protocol.route(request_id, entry.receive)
         try:

@@ -474,7 +474,8 @@ class EngineServer:
         make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
                                  req_id=waiting.engine_id, priority=waiting.message.priority,
                                  reasoning_ended=waiting.message.reasoning_ended)
-        if isinstance(waiting.prompt, str) or waiting.params.bad_words:
+        if isinstance(waiting.prompt, str) or "prompt" in waiting.prompt \
+                or waiting.params.bad_words:
             made = self.tokenizers.submit(make)
             made.add_done_callback(self._wake)
             return made
@@ -671,8 +672,12 @@ class ProtocolError(ValueError):
 
 
 def _prompt(message: GenerateRequest) -> str | dict:
+    """The engine's prompt of the message: its text, or its ids as a dict;
+    a dict of either with its ``cache_salt`` where it has one."""
     if (message.prompt is None) == (message.prompt_token_ids is None):
         raise ProtocolError("give exactly one of prompt (text) and prompt_token_ids")
-    if message.prompt is not None:
-        return message.prompt
-    return {"prompt_token_ids": message.prompt_token_ids}
+    prompt = ({"prompt": message.prompt} if message.prompt is not None
+              else {"prompt_token_ids": message.prompt_token_ids})
+    if message.cache_salt is None:
+        return prompt.get("prompt", prompt)
+    return prompt | {"cache_salt": message.cache_salt}

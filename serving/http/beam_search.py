@@ -48,6 +48,7 @@ _BEAM_FIELDS = frozenset({
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",
     "stream", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
     "include_reasoning", "documents", "reasoning_effort", "request_id", "return_token_ids",
+    "cache_salt",
 })
 
 
@@ -78,8 +79,9 @@ def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
 
 
 async def beam_search(state: ServerState, prompts: list[list[int]], params: BeamSearchParams,
-                      priority: int) -> list[BeamSearchOutput]:
-    """Each prompt's best sequences, their tokens without the prompt's.
+                      priority: int, cache_salt: str | None = None) -> list[BeamSearchOutput]:
+    """Each prompt's best sequences, their tokens without the prompt's;
+    every step's requests carry the request's ``cache_salt``.
     ``RequestRefused`` where the engine refuses a step's requests (naming
     beam search's logprobs, and blaming ``n``, which asked for them, where
     those are what it refused)."""
@@ -89,7 +91,7 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
     while requests := search.requests():
         generation = Generation(state.link, metrics=None)
         try:
-            await generation.start(requests, [step], [], priority)
+            await generation.start(requests, [step], [], priority, cache_salt=cache_salt)
         except RequestRefused as e:
             if "logprobs" not in str(e):
                 raise
@@ -124,7 +126,7 @@ async def respond_with_beams(state: ServerState, raw: Request, request: Sampling
     params = beam_params(request, max_tokens)
 
     async def body() -> dict:
-        outputs = await beam_search(state, prompts, params, request.priority)
+        outputs = await beam_search(state, prompts, params, request.priority, request.cache_salt)
         choices, generated = [], 0
         for p, output in enumerate(outputs):
             for i, sequence in enumerate(output.sequences):

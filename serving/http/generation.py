@@ -119,12 +119,12 @@ class Generation:
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str], priority: int = 0,
                     max_tokens: list[int | None] | None = None,
-                    reasoning_ended: bool = False) -> None:
+                    reasoning_ended: bool = False, cache_salt: str | None = None) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
         index * len(params) + i), at ``priority``, and wait until all are
         accepted; ``max_tokens[p]``, where given, replaces the params'
         ``max_tokens`` for prompt p (a cap its own room limits);
-        ``reasoning_ended``: ``GenerateRequest``'s."""
+        ``reasoning_ended`` and ``cache_salt``: ``GenerateRequest``'s."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
@@ -136,7 +136,7 @@ class Generation:
                         choice_params.get("min_tokens", 0)), reasoning=(
                             self.count_reasoning() if self.count_reasoning else None))
                     self.link.submit(request_id, prompt, choice_params, self.queue, priority,
-                                     reasoning_ended)
+                                     reasoning_ended, cache_salt)
             await self._await_acceptance()
         except BaseException:
             self.abort_unfinished()

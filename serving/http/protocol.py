@@ -6,7 +6,7 @@ fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
 ``skip_special_tokens``, ``spaces_between_special_tokens``,
-``priority``, ``return_tokens_as_token_ids``, ``return_token_ids``,
+``priority``, ``return_tokens_as_token_ids``, ``return_token_ids``, ``cache_salt``,
 ``truncation_side``, ``request_id``, ``add_special_tokens``, the chat's
 ``documents``, ``reasoning_effort`` and ``return_prompt_text``,
 ``stream_options.continuous_usage_stats``, ``structured_outputs`` and the
@@ -91,6 +91,9 @@ class SamplingFields(BaseModel):
     # vLLM's: the answer also carries its prompt's and its choices' token ids
     # (serving/http/token_ids.py).
     return_token_ids: bool = False
+    # vLLM's: mixed into the hash of the prompt's first KV block, so only
+    # requests of the same salt share prefix-cache blocks (a non-empty string).
+    cache_salt: str | None = None
 
     # Structured outputs (serving/http/structured.py): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -129,10 +132,9 @@ class SamplingFields(BaseModel):
     thinking_token_budget: int | None = None
     watermarking: bool | None = None
     repetition_detection: dict[str, Any] | None = None
-    cache_salt: str | None = None
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
         "logits_processors", "logprob_token_ids", "thinking_token_budget", "watermarking",
-        "repetition_detection", "cache_salt")
+        "repetition_detection")
     ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
         "thinking_token_budget": (-1,), "watermarking": (False,), "repetition_detection": ({},)}
 
@@ -160,6 +162,8 @@ class SamplingFields(BaseModel):
                 raise FieldError(name, f"{name} is not supported by this server")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options needs stream: true")
+        if self.cache_salt == "":
+            raise FieldError("cache_salt", "cache_salt must be a non-empty string if provided")
 
     @property
     def include_usage(self) -> bool:

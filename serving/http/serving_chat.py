@@ -139,7 +139,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     reading = reading_of(state, request, tool_choice, prompt)
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,
-                           reasoning_ended=reading.reasoning_ended)
+                           reasoning_ended=reading.reasoning_ended,
+                           cache_salt=request.cache_salt)
     answer_id = response_id("chatcmpl-", raw, request)
     shown_text = text if request.return_prompt_text else None
     return await respond(raw, generation, request.stream,

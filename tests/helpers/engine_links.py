@@ -31,7 +31,7 @@ class AcceptingLink:
         return f"req-{next(self.ids)}"
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False) -> None:
+               reasoning_ended=False, cache_salt=None) -> None:
         self.live.add(request_id)
         queue.put_nowait(RequestAccepted(request_id=request_id,
                                          prompt_token_ids=list(prompt_token_ids)))
@@ -53,7 +53,7 @@ class AnsweringLink(AcceptingLink):
         self.token_ids, self.text, self.finish_reason = token_ids, text, finish_reason
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False) -> None:
+               reasoning_ended=False, cache_salt=None) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority)
         queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
                                text=self.text, finished=True,
@@ -72,7 +72,7 @@ class TextLink(AcceptingLink):
         self.reasoning_ended: list[bool] = []  # each request's, as submitted
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False) -> None:
+               reasoning_ended=False, cache_salt=None) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority)
         self.reasoning_ended.append(reasoning_ended)
         for i, piece in enumerate(self.pieces):

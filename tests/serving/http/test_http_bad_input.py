@@ -390,8 +390,7 @@ def test_one_rule_says_which_fields_a_request_sets():
 UNSERVED = [("logprob_token_ids", [5, 6], (None,)),
             ("thinking_token_budget", 8, (None, -1)),
             ("watermarking", True, (None, False)),
-            ("repetition_detection", {"max_pattern_size": 4, "min_count": 3}, (None, {})),
-            ("cache_salt", "s3cr3t", (None,))]
+            ("repetition_detection", {"max_pattern_size": 4, "min_count": 3}, (None, {}))]
 CHAT_UNSERVED = [("mm_processor_kwargs", {"num_crops": 4}, (None, {})),
                  ("media_io_kwargs", {"video": {"num_frames": 8}}, (None, {}))]
 
