@@ -17,11 +17,10 @@ opens its thinking itself).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 
-from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
+from checkpoint.tiny_model import CHAT_TEMPLATE
+from tests.helpers.tiny_copies import tiny_with_chat_template
 
 THINK, END_THINK = 259, 260
 
@@ -40,7 +39,7 @@ def tiny_with_think_tokens(cache_dir: str, out_dir: str) -> str:
     the two tokens and ``THINK_TEMPLATE``; its path."""
     from tokenizers import AddedToken, Tokenizer
 
-    shutil.copytree(ensure_tiny_model(cache_dir), out_dir)
+    tiny_with_chat_template(cache_dir, out_dir, THINK_TEMPLATE)
     path = os.path.join(out_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_file(path)
     tokenizer.add_tokens([AddedToken("<think>", special=False, normalized=False),
@@ -48,10 +47,4 @@ def tiny_with_think_tokens(cache_dir: str, out_dir: str) -> str:
     assert (tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")) == (
         THINK, END_THINK)
     tokenizer.save(path)
-    path = os.path.join(out_dir, "tokenizer_config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["chat_template"] = THINK_TEMPLATE
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2)
     return out_dir

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
-from checkpoint.tiny_model import ensure_tiny_model
+from tests.helpers.tiny_copies import tiny_with_chat_template
 
 TOOL_TEMPLATE = """{{- bos_token }}
 {%- if tools is not none %}
@@ -51,13 +50,7 @@ def tiny_with_tool_template(cache_dir: str, out_dir: str,
     """A copy of ``tiny`` (written under ``cache_dir``) in ``out_dir`` whose
     tokenizer's chat template is ``TOOL_TEMPLATE`` and which has the
     ``special_tokens`` (text: id) besides its own; its path."""
-    shutil.copytree(ensure_tiny_model(cache_dir), out_dir)
-    path = os.path.join(out_dir, "tokenizer_config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["chat_template"] = TOOL_TEMPLATE
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2)
+    tiny_with_chat_template(cache_dir, out_dir, TOOL_TEMPLATE)
     path = os.path.join(out_dir, "tokenizer.json")
     with open(path) as f:
         tokenizer = json.load(f)

@@ -13,18 +13,15 @@ prompt, and the Response echoes the ``reasoning`` asked for."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-
 import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from checkpoint.tiny_model import CHAT_TEMPLATE, ensure_tiny_model
+from checkpoint.tiny_model import CHAT_TEMPLATE
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
 from tests.helpers.engine_links import AnsweringLink
+from tests.helpers.tiny_copies import tiny_with_chat_template
 
 # tiny's template, after the BOS: each document, the effort and the thinking switch.
 SHOWING_TEMPLATE = CHAT_TEMPLATE.replace(
@@ -43,15 +40,7 @@ DOCS = [{"title": "Oslo", "text": "Cold in winter."}, {"title": "Rome", "text": 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("render_fields")
-    out = str(root / "model")
-    shutil.copytree(ensure_tiny_model(str(root / "cache")), out)
-    path = os.path.join(out, "tokenizer_config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config["chat_template"] = SHOWING_TEMPLATE
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2)
-    return out
+    return tiny_with_chat_template(str(root / "cache"), str(root / "model"), SHOWING_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
