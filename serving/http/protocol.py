@@ -444,8 +444,8 @@ class ResponsesRequest(BaseModel):
     vLLM adds to it (``top_k``, ``seed``, ``stop``, ``ignore_eos``,
     ``repetition_penalty``, ``priority``, ``logit_bias``,
     ``skip_special_tokens``, ``include_stop_str_in_output``,
-    ``structured_outputs``) have vLLM's names and the chat's meaning, and
-    so does ``reasoning.effort`` (the chat's ``reasoning_effort``,
+    ``structured_outputs``, ``cache_salt``) have vLLM's names and the chat's
+    meaning, and so does ``reasoning.effort`` (the chat's ``reasoning_effort``,
     ``ResponseReasoning``). ``store`` and ``previous_response_id`` work with the server's response
     store (``response_store.py``); a ``store`` left true with the store off
     is served without storing, as vLLM serves it, and ``store`` null stores
@@ -489,6 +489,9 @@ class ResponsesRequest(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: dict[str, Any] | None = None  # or text.format, not both
+    # The chat's (a non-empty string): only requests of one salt share
+    # prefix-cache blocks.
+    cache_salt: str | None = None
     background: bool | None = False
 
     # Its ``effort`` is the chat's ``reasoning_effort`` (vLLM's rule).
@@ -508,8 +511,8 @@ class ResponsesRequest(BaseModel):
 
     def check_supported(self) -> None:
         """``FieldError`` naming the first field set to a value this server
-        does not serve (truncation, prompt, ...) and an ``include``
-        value vLLM does not take."""
+        does not serve (truncation, prompt, ...), an ``include`` value vLLM
+        does not take and an empty ``cache_salt`` (vLLM refuses it)."""
         for name, harmless in self.UNSUPPORTED.items():
             if getattr(self, name) not in harmless:
                 raise FieldError(name, f"{name} is not supported by this server")
@@ -519,6 +522,8 @@ class ResponsesRequest(BaseModel):
             if value not in INCLUDABLE:
                 raise FieldError(f"include.{i}", f"include {value!r} is not supported by this "
                                                  f"server (it takes {', '.join(INCLUDABLE)})")
+        if self.cache_salt == "":
+            raise FieldError("cache_salt", "cache_salt must be a non-empty string if provided")
 
     @property
     def stores(self) -> bool:

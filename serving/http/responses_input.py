@@ -216,6 +216,7 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
         include_stop_str_in_output=request.include_stop_str_in_output,
         structured_outputs=request.structured_outputs, tools=chat_tools(request.tools),
         parallel_tool_calls=request.parallel_tool_calls,
+        cache_salt=request.cache_salt,
         reasoning_effort=request.reasoning.effort if request.reasoning else None)
 
 

@@ -155,7 +155,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                            skip_special_tokens=tools.skip_special_tokens(chat.skip_special_tokens))
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
-                           reasoning_ended=reading.reasoning_ended)
+                           reasoning_ended=reading.reasoning_ended, cache_salt=chat.cache_salt)
     store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
     log = EventLog() if request.background and request.stream else None

@@ -1,5 +1,6 @@
 """vLLM's ``cache_salt`` over HTTP, sent by the official ``openai`` client in
-``extra_body``: ``usage.prompt_tokens_details.cached_tokens`` shows that
+``extra_body``: ``usage.prompt_tokens_details.cached_tokens`` (the
+Responses API's ``usage.input_tokens_details.cached_tokens``) shows that
 requests of different salts (or a salt and none) share no cached block and
 requests of one salt do; the greedy text is the unsalted one; an empty salt
 is a 400 naming the field, as vLLM answers it."""
@@ -55,6 +56,31 @@ def test_chat_shares_cached_blocks_only_within_a_salt(client):
     assert full >= 16
     assert [a.usage.prompt_tokens_details.cached_tokens for a in answers] == [0, 0, full, 0]
     assert len({a.choices[0].message.content for a in answers}) == 1
+
+
+@pytest.mark.timeout(180)
+def test_responses_share_cached_blocks_only_within_a_salt(client):
+    text = "a responses input of more than one block " * 3
+
+    def respond(salt: str | None):
+        return client.responses.create(
+            model="tiny", input=text, max_output_tokens=4, temperature=0, store=False,
+            extra_body={"ignore_eos": True} | ({"cache_salt": salt} if salt else {}))
+
+    answers = [respond(salt) for salt in ("r", "s", "r", None)]
+    full = 16 * ((answers[0].usage.input_tokens - 1) // 16)
+    assert full >= 16
+    assert [a.usage.input_tokens_details.cached_tokens for a in answers] == [0, 0, full, 0]
+    assert len({a.output_text for a in answers}) == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_salt_is_refused_by_responses(client):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input="hi", max_output_tokens=2, store=False,
+                                extra_body={"cache_salt": ""})
+    assert raised.value.body["param"] == "cache_salt"
+    assert "cache_salt must be a non-empty string" in raised.value.body["message"]
 
 
 @pytest.mark.timeout(60)
