@@ -326,6 +326,11 @@ def _serve_parser(sub) -> None:
                        "previous_response_id and background responses (their cancel and "
                        "streamed replay) (default: vLLM's $VLLM_ENABLE_RESPONSES_API_STORE=1, "
                        "else off)")
+    serve.add_argument("--stream-interval", default=None, metavar="N",
+                       help="with --http-port: vLLM's; a completion or chat stream sends a "
+                       "choice's first token at once, then a chunk per N new tokens, the "
+                       "last chunk the rest; a request's stream_interval may raise it, not "
+                       "lower it (None: 1, a chunk per engine step)")
     serve.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                        help="with --http-port: the chat template of /v1/chat/completions "
                        "instead of the model's, as vLLM's: a file, or the Jinja template "
@@ -629,7 +634,10 @@ def _check_http_args(args) -> None:
             raise ConfigError("--uvicorn-log-level needs --http-port")
         if args.enable_responses_api_store:
             raise ConfigError("--enable-responses-api-store needs --http-port")
+        if args.stream_interval is not None:
+            raise ConfigError("--stream-interval needs --http-port")
         return
+    args.stream_interval = _stream_interval(args.stream_interval)
     args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
     if args.chat_template is not None:
         args.chat_template = _read_chat_template(args.chat_template)
@@ -651,6 +659,22 @@ def _check_http_args(args) -> None:
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _stream_interval(given: str | None) -> int:
+    """--stream-interval's value: a whole number of at least 1 (None: 1,
+    vLLM's default); ConfigError naming the option else."""
+    from engine.config import ConfigError
+
+    if given is None:
+        return 1
+    try:
+        value = int(given)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"--stream-interval must be an integer of at least 1, got {given!r}")
+    return value
 
 
 def _api_keys(given: list[str] | None) -> list[str] | None:
@@ -754,7 +778,8 @@ def _start_http(args, engine, server, secret: bytes):
                              enable_responses_api_store=args.enable_responses_api_store,
                              max_logprobs=engine.config.max_logprobs,
                              vocab_size=engine.model_config.vocab_size,
-                             reasoning_parser=engine.config.resolved_reasoning_parser)
+                             reasoning_parser=engine.config.resolved_reasoning_parser,
+                             stream_interval=args.stream_interval)
     return http
 
 

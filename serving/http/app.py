@@ -127,7 +127,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                tool_call_parser: str | None = None, sampling_defaults: dict | None = None,
                allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
                enable_responses_api_store: bool = False, max_logprobs: int = -1,
-               vocab_size: int | None = None, reasoning_parser: str | None = None):
+               vocab_size: int | None = None, reasoning_parser: str | None = None,
+               stream_interval: int = 1):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -149,7 +150,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     limit is refused); ``reasoning_parser``: a name in
     ``REASONING_PARSERS``, whose parser splits each chat and Responses
     answer's reasoning off (None: none; ValueError for a tokenizer
-    without its tags)."""
+    without its tags); ``stream_interval``: vLLM's ``--stream-interval``,
+    the least tokens a completion or chat stream's chunk groups
+    (``stream_interval.py``)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -165,7 +168,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                             () if tokenizer.eos_token_id is None
                             else (tokenizer.eos_token_id,)),
                         response_store=ResponseStore() if enable_responses_api_store else None,
-                        max_logprobs=max_logprobs, vocab_size=vocab_size)
+                        max_logprobs=max_logprobs, vocab_size=vocab_size,
+                        stream_interval=stream_interval)
 
     @asynccontextmanager
     async def lifespan(_app):

@@ -68,7 +68,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       eos_token_ids: list[int] | None = None,
                       enable_responses_api_store: bool = False,
                       max_logprobs: int = -1, vocab_size: int | None = None,
-                      reasoning_parser: str | None = None) -> HttpServer:
+                      reasoning_parser: str | None = None,
+                      stream_interval: int = 1) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -80,7 +81,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``enable_responses_api_store``: keep /v1/responses answers;
     ``max_logprobs``: the engine's limit on top logprobs and ``vocab_size``
     the model's vocabulary; ``reasoning_parser``: the name of the parser
-    that splits answers' reasoning off (None: none) (``create_app``)."""
+    that splits answers' reasoning off (None: none); ``stream_interval``:
+    the least tokens a stream's chunk groups (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -92,7 +94,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      eos_token_ids=eos_token_ids or (),
                      enable_responses_api_store=enable_responses_api_store,
                      max_logprobs=max_logprobs, vocab_size=vocab_size,
-                     reasoning_parser=reasoning_parser)
+                     reasoning_parser=reasoning_parser, stream_interval=stream_interval)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -49,7 +49,7 @@ from serving.http.protocol import ChatCompletionRequest, FieldError
 from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
-from serving.http.stream_interval import grouped
+from serving.http.stream_interval import grouped, interval_of
 from serving.http.streaming import event_lines, respond
 from serving.http.token_ids import ReturnedTokenIds
 from serving.http.tools import ToolCallReader, ToolChoice, rendered_tools, tool_choice_of
@@ -294,7 +294,8 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
             choice = {"index": index, "delta": {"content": echo}, "logprobs": None,
                       "finish_reason": None}
             yield {**head, "choices": [choice]}
-    async for event in grouped(generation.events(), request.stream_interval):
+    async for event in grouped(generation.events(),
+                                 interval_of(state.stream_interval, request.stream_interval)):
         lp = _logprobs(state, request, event, num_top)
         reader = readers[event.index]
         delta = _delta(event.text, reader, last=event.finish_reason is not None)

@@ -36,7 +36,7 @@ from serving.http.protocol import CompletionRequest
 from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
-from serving.http.stream_interval import grouped
+from serving.http.stream_interval import grouped, interval_of
 from serving.http.streaming import event_lines, respond
 from serving.http.token_ids import ReturnedTokenIds
 
@@ -261,7 +261,8 @@ async def _chunks(state: ServerState, request: CompletionRequest, generation: Ge
     builders = _choices(state, request, generation, echoes)
     prompt_ids = generation.prompts_by_choice()
     ids = _returned_ids(request, generation)
-    async for event in grouped(generation.events(), request.stream_interval):
+    async for event in grouped(generation.events(),
+                                 interval_of(state.stream_interval, request.stream_interval)):
         fields = builders[event.index].fields(event, prompt_ids[event.index])
         if (not fields["text"] and fields["logprobs"] is None and event.finish_reason is None
                 and not ids.needs_chunk(event)):

@@ -42,6 +42,9 @@ class ServerState:
     # The model's vocabulary, what a request's -1 (the whole vocabulary)
     # asks for, set where the engine's max_logprobs is (None: unknown).
     vocab_size: int | None = None
+    # vLLM's ``--stream-interval``: the least new tokens a stream's chunk
+    # groups; a request's ``stream_interval`` may only raise it.
+    stream_interval: int = 1
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))

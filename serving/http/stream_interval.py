@@ -11,6 +11,10 @@ tokens whose text is held back (a stop string's start, an incomplete
 character) count as well. Joining loses nothing: the events sent, joined,
 are the events produced (text, token ids, logprobs), so a stream's text is
 the same at any interval. Interval 1 sends every event as it comes.
+
+A stream's interval is the server's (``--stream-interval``, 1 by default)
+or the request's ``stream_interval`` where that is larger: as in vLLM, a
+request may raise the server's interval, never lower it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ class StreamInterval:
             return event
         self.held[event.index] = event
         return None
+
+
+def interval_of(server: int, requested: int | None) -> int:
+    """A stream's interval: the ``server``'s, or ``requested`` where it is
+    set and larger (module docstring)."""
+    return server if requested is None else max(server, requested)
 
 
 async def grouped(events: AsyncIterator[ChoiceEvent],

@@ -363,3 +363,13 @@ def test_ctrl_c_swallowed_while_serve_starts_stops_before_serving(monkeypatch, c
         stop_signals.reset()
     assert events == ["engine started", "server closed", "engine shut down"]
     assert capsys.readouterr().err.endswith("tprun: interrupted\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_serve_refuses_a_stream_interval_below_1_before_loading(tmp_path, value):
+    line = _refused_before_loading(
+        ["serve", "--model", "tiny", "--device", "cpu", "--http-port", "0",
+         "--stream-interval", value], tmp_path)
+    assert line == ("tprun: error: --stream-interval must be an integer of at least 1, "
+                    f"got {value!r}")

@@ -4,13 +4,16 @@ token going out at once and the last chunk taking what is left (vLLM's
 output processor's rule). Hand-worked: ``tiny`` greedy on CPU brings one
 token per engine step (checked on the ungrouped stream), so ``max_tokens``
 11 at interval 4 is chunks of 1, 4, 4 and 2 tokens; the text and token ids
-joined are the unstreamed answer's at every interval."""
+joined are the unstreamed answer's at every interval. A server started with
+``--stream-interval 4`` groups 4 tokens a chunk when the request asks for
+nothing; a request's smaller interval leaves it at 4, a larger one raises it
+(vLLM's rule: the larger of the two)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.http_utils import serving_tiny
+from tests.helpers.http_utils import openai_client, serving_tiny
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -75,3 +78,24 @@ def test_logprobs_and_n_choices_group_each_choice(client):
         mine = [c for c in chunks if c.index == index]
         assert [len(c.model_extra["token_ids"]) for c in mine] == [1, 4, 4, 2]
         assert all(len(c.logprobs.tokens) == len(c.model_extra["token_ids"]) for c in mine)
+
+
+@pytest.fixture(scope="module")
+def floored_client(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("stream_interval_4"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats",
+                      "--stream-interval", "4") as served, openai_client(served) as client:
+        yield client
+
+
+@pytest.mark.parametrize("requested, sizes", [(None, [1, 4, 4, 2]), (2, [1, 4, 4, 2]),
+                                              (5, [1, 5, 5])])
+def test_server_interval_is_the_floor_of_a_request_s(floored_client, requested, sizes):
+    assert sizes == _expected_sizes(11, max(4, requested or 1))
+    whole = floored_client.completions.create(prompt="Once upon", extra_body=EXTRA,
+                                              **ASK).choices[0]
+    extra = {**EXTRA, **({"stream_interval": requested} if requested else {})}
+    chunks = [c.choices[0] for c in floored_client.completions.create(
+        prompt="Once upon", stream=True, extra_body=extra, **ASK)]
+    assert [len(c.model_extra["token_ids"]) for c in chunks] == sizes
+    assert "".join(c.text for c in chunks) == whole.text
