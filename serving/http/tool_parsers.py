@@ -15,7 +15,9 @@ answer without a run is all content, exactly its text. A call's
 - ``hermes`` (Hermes, Qwen, SmolLM2): the run is ``<tool_call>{"name":
   ..., "arguments": {...}}</tool_call>`` blocks with blank space between;
   the text before the first block is content. The last block may lack its
-  closing tag where the answer ends.
+  closing tag where the answer ends. Some models' tokenizers make the tags
+  special tokens, so their text is kept in the output this parser reads
+  (``keeps_special_tokens``), as vLLM's hermes parser asks.
 - ``pythonic`` (Llama 3.2, Llama 4, ToolACE): the run starts the answer
   (after blank space): a Python list of calls, ``[get_weather(city="Paris"),
   now()]``, each read by Python's parser with keyword arguments of literal
@@ -247,6 +249,7 @@ class HermesReader(AutoCallsReader):
     ``block_start``), "between" (after a block, at ``at``)."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    keeps_special_tokens = True
 
     def __init__(self) -> None:
         super().__init__()

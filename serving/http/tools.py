@@ -288,8 +288,8 @@ class ToolCallReader:
     its id) starts it and later entries add to its arguments, so a call is
     whole only when the answer ends.
 
-    ``keeps_special_tokens``: the reader finds calls by a special token's
-    text (Mistral's ``[TOOL_CALLS]``), so the output it reads must show
+    ``keeps_special_tokens``: the reader finds calls by text that may be a
+    special token's (Mistral's ``[TOOL_CALLS]``, hermes' ``<tool_call>``), so the output it reads must show
     special tokens whatever the request's ``skip_special_tokens`` says, as
     vLLM's parser of it asks (``ToolChoice.skip_special_tokens``)."""
 

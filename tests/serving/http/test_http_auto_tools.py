@@ -252,9 +252,10 @@ def test_mistral_calls_on_the_responses_route(mistral):
 def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
     """Unforced, "auto" samples what tool_choice "none" samples (same
     prompt and seed); its message is what the parser makes of that text
-    (with special tokens shown for mistral, as its "auto" shows them)."""
+    (with special tokens shown for hermes and mistral, as their "auto"
+    shows them, vLLM's parsers asking so)."""
     server = request.getfixturevalue(which)
-    shown = {"skip_special_tokens": False} if parser == "mistral" else {}
+    shown = {"skip_special_tokens": False} if parser in ("hermes", "mistral") else {}
     with openai_client(server) as client:
         plain = client.chat.completions.create(**_kwargs(server, tool_choice="none", n=2,
                                                          extra_body=shown))
