@@ -68,7 +68,7 @@ import json
 import re
 import secrets
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 from serving.http.python_calls import GroupEnd, python_call
 from serving.http.tools import ObjectEnd, ToolCallReader, call_parts, new_tool_call_id, tool_call
@@ -86,7 +86,11 @@ class AutoCallsReader(ToolCallReader):
     calls settled so far, and what the current piece of text lets out.
     Subclasses implement ``_advance``, which settles as much of ``text`` as
     it can (all of it when ``last``) through ``_say`` and ``_call``; a call
-    gets its id from ``_new_id``."""
+    gets its id from ``_new_id``. The parsers here are state machines:
+    ``STEPS`` names each state's method, which settles what it can and
+    says whether to go on (the state it leaves in ``state``)."""
+
+    STEPS: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         self.text = ""
@@ -109,7 +113,9 @@ class AutoCallsReader(ToolCallReader):
         return pieces
 
     def _advance(self, last: bool) -> None:
-        raise NotImplementedError
+        while not self.done:
+            if not getattr(self, self.STEPS[self.state])(last):
+                return
 
     def _say(self, text: str) -> None:
         if text:
@@ -189,12 +195,7 @@ class Llama3JsonReader(AutoCallsReader):
         self.object_start = 0
         self.object_end: ObjectEnd | None = None
 
-    def _advance(self, last: bool) -> None:
-        while not self.done:
-            step = {"lead": self._lead, "object": self._object,
-                    "between": self._between}[self.state]
-            if not step(last):
-                return
+    STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "object": "_object", "between": "_between"}
 
     def _open_object(self, at: int) -> bool:
         self.state, self.object_start, self.object_end = "object", at, ObjectEnd(at)
@@ -257,12 +258,7 @@ class HermesReader(AutoCallsReader):
         self.at = 0
         self.block_start = 0
 
-    def _advance(self, last: bool) -> None:
-        while not self.done:
-            step = {"before": self._before, "block": self._block,
-                    "between": self._between}[self.state]
-            if not step(last):
-                return
+    STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block", "between": "_between"}
 
     def _before(self, last: bool) -> bool:
         tag = self._say_until(self.OPEN, last)
@@ -321,12 +317,8 @@ class PythonicReader(AutoCallsReader):
         self.element_start = 0
         self.group: GroupEnd | None = None
 
-    def _advance(self, last: bool) -> None:
-        while not self.done:
-            step = {"lead": self._lead, "element": self._element, "call": self._inside,
-                    "after_call": self._after_call, "after": self._after}[self.state]
-            if not step(last):
-                return
+    STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "element": "_element", "call": "_inside",
+                                       "after_call": "_after_call", "after": "_after"}
 
     def _fail(self, at: int) -> None:
         """The element at ``at`` is no call: content from there, or the
@@ -423,14 +415,10 @@ class MistralReader(AutoCallsReader):
     def _new_id(self) -> str:
         return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
 
-    def _advance(self, last: bool) -> None:
-        while not self.done:
-            step = {"before": self._before, "segment": self._segment,
-                    "arguments": self._arguments, "element": self._element,
-                    "object": self._object, "after_element": self._after_element,
-                    "between": self._between}[self.state]
-            if not step(last):
-                return
+    STEPS: ClassVar[dict[str, str]] = {
+        "before": "_before", "segment": "_segment", "arguments": "_arguments",
+        "element": "_element", "object": "_object", "after_element": "_after_element",
+        "between": "_between"}
 
     def _fail(self, at: int) -> None:
         """The piece at ``at`` is no call: content from there, or from the
