@@ -41,6 +41,8 @@ response in the event its status names, as OpenAI ends a stream:
 ``max_output_tokens`` cut it (vLLM sends ``response.completed`` for both;
 the ``openai`` client's stream events have both, and a client that reads
 the last event's type learns what the whole answer's ``status`` says).
+A stream's pieces group the server's ``--stream-interval`` new tokens, as
+vLLM's output processor groups every route's stream (``stream_interval.py``).
 What does not fit the model's context is refused
 before the engine sees it (``check_context``), so the error names this
 API's fields (``input``, ``max_output_tokens``), not the chat's
@@ -112,6 +114,7 @@ from serving.http.responses_output import ResponseEvents, ResponseShape, status_
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.serving_chat import chat_prompt, reading_of
 from serving.http.state import ServerState
+from serving.http.stream_interval import grouped
 from serving.http.streaming import followed_stream, respond
 from serving.http.structured import text_format_constraint
 from serving.http.tools import ToolChoice
@@ -161,7 +164,8 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
                OutputItems(reading.items_reader()), num_top, store, [*history, *turn], items,
-               status="queued" if request.background else "in_progress", log=log)
+               status="queued" if request.background else "in_progress", log=log,
+               interval=state.stream_interval if request.stream else 1)
     if request.background:
         return _start_in_background(state, run)
     return await respond(raw, generation, bool(request.stream), run.events, run.collect)
@@ -299,7 +303,11 @@ class _Run:
     answer (without instructions), and ``input_items`` the same as OpenAI
     lists them, stored with it. A background one is stored at each change
     of its ``status``, with its events (``log``, given to a background one
-    that streams, None else) when it streams.
+    that streams, None else) when it streams. ``interval``: how many new
+    tokens a streamed response's piece groups, the server's
+    ``--stream-interval`` (``stream_interval.py``; vLLM groups every
+    route's stream so, and its Responses request has no ``stream_interval``
+    of its own); 1 for a response answered whole.
 
     ``status`` goes as the stored one: a background response starts
     "queued" and is "in_progress" from the engine's first output
@@ -320,12 +328,13 @@ class _Run:
     log: EventLog | None = None
     finish_reason: str | None = None
     stopped: str | None = None  # why the engine stopped before the end, if it did
+    interval: int = 1
 
     async def steps(self) -> AsyncIterator[list[Event]]:
-        """The events of each piece of the answer, as it comes: a queued
-        response's first piece opens it (``_begin``), then the piece's item
-        events."""
-        async for event in self.generation.events():
+        """The events of each piece of the answer, as it comes (grouped by
+        ``interval``): a queued response's first piece opens it
+        (``_begin``), then the piece's item events."""
+        async for event in grouped(self.generation.events(), self.interval):
             opening = self._begin()
             yield opening + self.items.add(event.text, self._logprobs(event),
                                            last=event.finish_reason is not None)

@@ -7,7 +7,8 @@ token per engine step (checked on the ungrouped stream), so ``max_tokens``
 joined are the unstreamed answer's at every interval. A server started with
 ``--stream-interval 4`` groups 4 tokens a chunk when the request asks for
 nothing; a request's smaller interval leaves it at 4, a larger one raises it
-(vLLM's rule: the larger of the two)."""
+(vLLM's rule: the larger of the two); a Responses stream groups its text
+deltas by the server's interval."""
 
 from __future__ import annotations
 
@@ -99,3 +100,20 @@ def test_server_interval_is_the_floor_of_a_request_s(floored_client, requested, 
         prompt="Once upon", stream=True, extra_body=extra, **ASK)]
     assert [len(c.model_extra["token_ids"]) for c in chunks] == sizes
     assert "".join(c.text for c in chunks) == whole.text
+
+
+def test_responses_stream_groups_the_server_interval(floored_client):
+    """A Responses stream groups its tokens by the server's interval, as
+    vLLM's output processor groups every route's: each text delta carries
+    its tokens' logprobs, one per token. Its text joined is the response
+    answered whole."""
+    ask = {"model": "tiny", "input": "Once upon", "max_output_tokens": 11, "temperature": 0,
+           "include": ["message.output_text.logprobs"], "top_logprobs": 0,
+           "extra_body": {"ignore_eos": True}}
+    whole = floored_client.responses.create(**ask)
+    deltas = [e for e in floored_client.responses.create(stream=True, **ask)
+              if e.type == "response.output_text.delta"]
+    assert [len(e.logprobs) for e in deltas] == _expected_sizes(11, 4) == [1, 4, 4, 2]
+    assert "".join(e.delta for e in deltas) == whole.output_text
+    assert [lp.token for e in deltas for lp in e.logprobs] == [
+        lp.token for lp in whole.output[0].content[0].logprobs]
