@@ -10,6 +10,9 @@ tokens shown, and an id the tokenizer does not know (one of the padded
 rows a model's vocabulary may have past the tokenizer's) left out; an id
 the tokenizer cannot read at all, below 0 or from 2**32 on (its ids are
 unsigned 32-bit), is a 400 naming ``tokens``, as vLLM refuses it.
+Neither route holds its tokens to ``max_model_len`` (vLLM's tokenize
+parameters for them set no total): they serve no generation, so a text or
+ids longer than the context are tokenized or decoded whole.
 ``/tokenizer_info`` gives the special tokens and
 the chat template, which evaluation harnesses read to tokenize through
 the server.

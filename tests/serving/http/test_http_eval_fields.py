@@ -435,6 +435,25 @@ def test_detokenize_leaves_out_ids_the_tokenizer_does_not_know(server):
             hf.decode([72, bad])
 
 
+def test_detokenize_and_tokenize_take_more_than_max_model_len(server):
+    """vLLM's /detokenize and /tokenize check no context length (their
+    tokenize parameters set no ``max_total_tokens``): ids past the served
+    ``max_model_len`` decode whole, as transformers' ``decode`` does, and a
+    text that long tokenizes whole, its ``count`` above ``max_model_len``."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(server.model_dir)
+    text = "abc " * 1100  # a token a byte: 4401 ids with the BOS
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > body["max_model_len"]
+    assert body["tokens"] == hf(text)["input_ids"]
+    d = _detokenize(server, body["tokens"])
+    assert d.status_code == 200 and d.json() == {"prompt": hf.decode(body["tokens"])}
+    assert d.json()["prompt"] == "<s>" + text
+
+
 def test_tokenize_messages_equals_chat_prompt(server, client):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     r = httpx.post(f"{server.url}/tokenize", json={"messages": messages}, timeout=30)
