@@ -26,6 +26,7 @@ from engine.progress import RequestProgress
 from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
+from engine.tool_depth import check_tool_depth
 
 
 class LLM:
@@ -163,10 +164,13 @@ class LLM:
         them (``chat_prompt_ids``). One chat or a list of them; each output's
         ``prompt`` is the rendered text. ``tools`` (OpenAI's tool dicts) are
         the template's ``tools``, for every chat; as in vLLM's ``LLM.chat``
-        they are only rendered: the output is not held to a call.
+        they are only rendered: the output is not held to a call; one nested
+        deeper than ``tool_depth.MAX_TOOL_DEPTH`` is refused before any
+        rendering (``InvalidRequestError`` naming ``tools``).
         ``continue_final_message`` (with ``add_generation_prompt`` False)
         leaves the final message open for the model to go on."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        check_tool_depth(tools)
         tokenizer = self.engine.tokenizer
         rendered = [chat_prompt_ids(tokenizer, chat, chat_template=chat_template,
                                     add_generation_prompt=add_generation_prompt,

@@ -41,6 +41,7 @@ from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
 from engine.sampling_params import truncated_prompt
+from engine.tool_depth import check_tool_depth
 from serving.http.answer_reader import Reading, ReasonedReader
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
@@ -102,6 +103,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     request.check_supported()
     if request.use_beam_search:
         check_beam_fields(request, "messages", also=("echo",))
+    check_tool_depth(rendered_tools(request))  # before anything walks them
     tool_choice = tool_choice_of(request, state.tool_call_parser)
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=_num_top(request),
                    prompt_logprobs=request.prompt_logprobs)

@@ -95,6 +95,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine.request import ContextFields, check_context_length
 from engine.structured_outputs.params import StructuredOutputsParams
+from engine.tool_depth import check_tool_depth
 from ipc.errors import InvalidRequestError
 from serving.http.errors import error_answer
 from serving.http.generation import ChoiceEvent, Generation, GenerationError
@@ -117,7 +118,7 @@ from serving.http.state import ServerState
 from serving.http.stream_interval import grouped
 from serving.http.streaming import followed_stream, respond
 from serving.http.structured import text_format_constraint
-from serving.http.tools import ToolChoice
+from serving.http.tools import ToolChoice, rendered_tools
 from serving.protocol_core import EngineStoppedError
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
         raise FieldError("input", "input must not be empty: give a text or at least one "
                                   "message (or instructions, or a previous_response_id)")
     chat = chat_request(request, messages)
+    check_tool_depth(rendered_tools(chat))  # before anything walks them
     tools = tool_choice(request, chat, state.tool_call_parser)
     constraint = _constraint(request, tools)  # None: chat's structured_outputs
     num_top = _num_top(request, tools)

@@ -20,6 +20,7 @@ the server.
 
 from __future__ import annotations
 
+from engine.tool_depth import check_tool_depth
 from ipc.errors import InvalidRequestError
 from serving.http.protocol import (
     ChatCompletionRequest,
@@ -28,6 +29,7 @@ from serving.http.protocol import (
     TokenizeRequest,
 )
 from serving.http.state import ServerState
+from serving.http.tools import rendered_tools
 
 # The tokenizer reads token ids as unsigned 32-bit integers.
 _TOKEN_ID_END = 1 << 32
@@ -45,6 +47,7 @@ def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
                                      add_generation_prompt=request.add_generation_prompt,
                                      chat_template_kwargs=request.chat_template_kwargs,
                                      tools=request.tools)
+        check_tool_depth(rendered_tools(chat))  # before the template walks them
         ids = chat_prompt(state, chat)
     elif request.add_special_tokens:
         ids = tok.encode(request.prompt)

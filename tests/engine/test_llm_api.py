@@ -404,6 +404,27 @@ def test_chat_renders_tools_as_transformers(llm, tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_chat_refuses_tools_nested_past_the_bound_before_rendering(llm):
+    """A tool whose parameters nest 5000 levels (past Python's recursion
+    limit, where the template's ``tojson`` would fail deep inside), or
+    that holds itself, is refused up front, naming ``tools``."""
+    from tests.engine.test_tool_depth import nested_schema, tool_with
+
+    template = "{{ tools[0].function.parameters | tojson }}{{ messages[0].content }}"
+    cyclic: dict = {"type": "object"}
+    cyclic["properties"] = {"self": cyclic}
+    chat = [{"role": "user", "content": "Hi"}]
+    for parameters in (nested_schema(5000), cyclic):
+        with pytest.raises(InvalidRequestError, match="tools.0 nests") as e:
+            llm.chat(chat, _greedy(max_tokens=1), chat_template=template,
+                     tools=[tool_with(parameters)])
+        assert e.value.param == "tools"
+    [out] = llm.chat(chat, _greedy(max_tokens=1), chat_template=template,
+                     tools=[tool_with(nested_schema(3))])  # the engine goes on
+    assert out.prompt == '{"items": {"items": {}}}Hi'
+
+
+@pytest.mark.timeout(300)
 def test_allowed_ids_and_bias_follow_transformers_logits(tmp_path):
     """Greedy with ``allowed_token_ids`` and ``logit_bias`` against a loop
     over transformers' logits with the rule applied by hand."""

@@ -309,6 +309,42 @@ def test_bad_tools_and_choices_are_400_naming_the_field(server, client, fields, 
     assert resp.choices[0].message.tool_calls[0].function.name == "now"
 
 
+def _deep_tool(depth: int) -> dict:
+    """A tool whose parameters nest ``depth`` levels: ``{}`` inside
+    ``depth - 1`` "items"."""
+    parameters: dict = {}
+    for _ in range(depth - 1):
+        parameters = {"items": parameters}
+    return {"type": "function", "function": {"name": "deep", "parameters": parameters}}
+
+
+def test_tools_nested_past_a_schemas_bound_are_400_naming_tools(server, client, hf):
+    """Parameters nested 125 levels (one past what a structured-outputs
+    schema may nest, 124) are refused on every route that renders tools,
+    before anything walks them: chat (tool choice "none" or naming it),
+    Responses (its flat tool) and /tokenize; 124 levels are served."""
+    deep = _deep_tool(125)
+    flat = {"type": "function", "name": "deep", **{
+        k: v for k, v in deep["function"].items() if k != "name"}}
+    named = {"type": "function", "function": {"name": "deep"}}
+    asks = [("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "tools": [deep],
+                                      "tool_choice": "none"}),
+            ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4, "tools": [deep],
+                                      "tool_choice": named}),
+            ("/v1/responses", {"input": "Hi", "max_output_tokens": 4, "tools": [flat],
+                               "tool_choice": "none"}),
+            ("/tokenize", {"messages": MESSAGES, "tools": [deep]})]
+    for path, fields in asks:
+        body = {"model": server.model_dir, **fields}
+        error = _error(httpx.post(f"{server.url}{path}", json=body, timeout=60))
+        assert error["param"] == "tools", (path, error)
+        assert "tools.0 nests objects and arrays more than 126 levels" in error["message"]
+    served = client.chat.completions.create(model=server.model_dir, messages=MESSAGES,
+                                            tools=[_deep_tool(124)], tool_choice="none",
+                                            max_tokens=2)
+    assert served.usage.prompt_tokens == len(_prompt_ids(hf, MESSAGES, [_deep_tool(124)]))
+
+
 def test_a_text_response_format_is_no_second_constraint(client, server):
     resp = _ask(client, server, tool_choice={"type": "function", "function": {"name": "now"}},
                 response_format={"type": "text"}, max_tokens=16, temperature=0)
