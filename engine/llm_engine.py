@@ -39,6 +39,7 @@ from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
+from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import REASONING_PARSERS, reasoning_tokens
 from engine.request import Request, check_context_length, check_request
 from engine.sampling_params import SamplingParams, truncated_prompt
@@ -302,6 +303,8 @@ class LLMEngine:
             prompt_token_ids, params, eos_token_id=self.tokenizer.eos_token_id,
             priority=priority, secondary_eos_token_ids=self.model_config.eos_token_ids,
             cache_salt=cache_salt_of(prompt),
+            prompt_logprob_width=entries_per_position(params.prompt_logprobs,
+                                                      self.model_config.vocab_size),
         )
         request.grammar = self.structured_outputs.new_grammar(params, prompt_token_ids,
                                                               reasoning_ended)

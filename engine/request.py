@@ -66,7 +66,9 @@ class Request:
     unconstrained); it has consumed exactly ``output_token_ids``.
     ``cache_salt`` (vLLM's; None or a non-empty string) keys its prefix-cache
     blocks apart from those of every other salt and of no salt
-    (``KVCacheManager``).
+    (``KVCacheManager``). ``prompt_logprob_width``: the entries each of its
+    scored prompt positions sends (``prompt_logprobs.entries_per_position``;
+    0 without prompt logprobs), which the scheduler holds each step to.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class Request:
         priority: int = 0,
         secondary_eos_token_ids: Iterable[int] = (),
         cache_salt: str | None = None,
+        prompt_logprob_width: int = 0,
     ) -> None:
         self.req_id = req_id
         self.cache_salt = cache_salt
@@ -106,6 +109,7 @@ class Request:
         self.queued_ts: float | None = None
         self.scheduled_ts: float | None = None
         self.prompt_logprobs: list | None = None  # engine.prompt_logprobs fills it
+        self.prompt_logprob_width = prompt_logprob_width
         self.prompt_logprobs_sent = False
 
     @property

@@ -80,6 +80,17 @@ grammar allows was masked too, by ``bad_words``, ``allowed_token_ids`` or a
 ``logit_bias``, so the sampler took one it does not allow) is not appended:
 the request ends with vLLM's finish reason for it, "error", and its output
 holds only tokens the grammar accepted.
+
+Prompt logprobs. A request that asks for them takes no prefix-cache hits
+(every prompt position's logits are needed), and a step scores at most
+``prompt_logprobs.ENTRIES_PER_STEP`` entries: its scored prompt positions
+times the widest ``prompt_logprob_width`` among them (the runner computes
+every scored row that wide). A prefill chunk is cut to what fits
+(``_StepDraft.scorable``); a request that does not fit at all waits for
+the next step, except that a step scoring nothing yet takes one position,
+so every request progresses. With a few top entries this never binds
+before the token budget does; with the whole vocabulary it prefills in
+chunks of a few positions (``engine/prompt_logprobs.py`` gives the costs).
 """
 
 from __future__ import annotations
@@ -122,6 +133,10 @@ class _StepDraft:
     scheduled: list[Request] = field(default_factory=list)
     num_drafts: dict[str, int] = field(default_factory=dict)
     num_prompt_tokens: int = 0
+    # Prompt positions the step scores (prompt logprobs), and the widest
+    # entry count among them: the runner computes every row that wide.
+    scored_rows: int = 0
+    scored_width: int = 0
 
     def take(self, request: Request, num_tokens: int, num_drafts: int = 0) -> None:
         self.budget -= num_tokens
@@ -131,6 +146,33 @@ class _StepDraft:
         self.scheduled.append(request)
         start = request.num_computed_tokens
         self.num_prompt_tokens += max(0, min(start + num_tokens, request.num_prompt_tokens) - start)
+        if (scored := _scored(request, num_tokens)) > 0:
+            self.scored_rows += scored
+            self.scored_width = max(self.scored_width, request.prompt_logprob_width)
+
+    def scorable(self, request: Request, num_tokens: int) -> int:
+        """``num_tokens``, or fewer so that the prompt positions they score
+        keep the step within ``ENTRIES_PER_STEP`` prompt-logprob entries
+        (rows times the widest width, as the runner computes them); 0 when
+        none fits. A step that scores nothing yet takes one position at
+        least, so every request progresses."""
+        if _scored(request, num_tokens) == 0:
+            return num_tokens
+        width = max(self.scored_width, request.prompt_logprob_width)
+        room = prompt_logprobs.ENTRIES_PER_STEP // width - self.scored_rows
+        if self.scored_rows == 0:
+            room = max(room, 1)
+        return num_tokens if _scored(request, num_tokens) <= room else max(room, 0)
+
+
+def _scored(request: Request, num_tokens: int) -> int:
+    """The prompt positions ``num_tokens`` more tokens of ``request`` score:
+    those below its last prompt token (whose logprob is the next token's),
+    for a request that asks for prompt logprobs."""
+    if request.prompt_logprob_width == 0:
+        return 0
+    start = request.num_computed_tokens
+    return max(0, min(start + num_tokens, request.num_prompt_tokens - 1) - start)
 
 
 @dataclass(frozen=True)
@@ -353,7 +395,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and draft.budget > 0:
             request = self.running[i]
-            num_new = self._num_new_tokens(request, draft.budget)
+            num_new = draft.scorable(request, self._num_new_tokens(request, draft.budget))
             if num_new <= 0:
                 i += 1
                 continue
@@ -390,8 +432,8 @@ class Scheduler:
             # Prompt logprobs need every prompt position's logits: no prefix hits.
             hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None
                                    else self.kv.get_computed_blocks(request))
-            num_new = min(request.num_tokens - num_hit, draft.budget)
-            if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+            num_new = draft.scorable(request, min(request.num_tokens - num_hit, draft.budget))
+            if num_new <= 0 or self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self.waiting.pop_front()
             self._prefill_lens[request.req_id] = request.num_tokens

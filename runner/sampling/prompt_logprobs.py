@@ -9,7 +9,10 @@ the prompt token at ``p + 1`` (read from the runner's device table of
 prefill tokens, so a target in the next chunk is known). Only those rows
 pass through the LM head, in blocks of at most ``ROWS_PER_BLOCK``, so
 neither a long prompt nor a full token budget ever holds
-``[prompt_len, vocab]`` logits at once. Under tensor parallelism the LM
+``[prompt_len, vocab]`` logits at once; the step's results are as wide as
+its widest ``k``, and the scheduler holds their rows times that width to
+``engine.prompt_logprobs.ENTRIES_PER_STEP``, so no step's results grow
+with the prompt either. Under tensor parallelism the LM
 head gathers the vocabulary shards, so every rank computes the same
 numbers (and every rank must run the head: it is a collective).
 

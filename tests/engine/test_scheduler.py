@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 
 from engine.outputs import Logprob
+from engine.prompt_logprobs import ENTRIES_PER_STEP, entries_per_position
 from engine.request import ContextLengthError, Request, RequestStatus, check_request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -335,3 +336,52 @@ def test_queued_and_first_scheduled_times_survive_preemption():
         assert added[r.req_id][0] <= r.queued_ts <= added[r.req_id][1]
         start, end = first_admitted[r.req_id]
         assert start <= r.scheduled_ts <= end
+
+
+# A 128k-token vocabulary: a whole-vocabulary position sends 131073 entries,
+# so 15 positions fit a step's 2**21 (16 would be 2097168).
+WIDE_VOCAB = 131072
+
+
+def _scoring(req_id: str, prompt_len: int, num_top: int, arrival: float = 0.0) -> Request:
+    params = SamplingParams(max_tokens=2, prompt_logprobs=num_top)
+    return Request(req_id, [(3 * j + 1) % 50 for j in range(prompt_len)], params,
+                   arrival_time=arrival,
+                   prompt_logprob_width=entries_per_position(num_top, WIDE_VOCAB))
+
+
+def _chunks(outs, req_id: str) -> list[int]:
+    return [n for out in outs for r, n in zip(out.scheduled_req_ids(), out.num_scheduled_tokens)
+            if r == req_id]
+
+
+def test_prompt_logprob_entries_bound_each_steps_prefill():
+    """Hand-worked with the real bound: 15 whole-vocabulary positions a
+    step, so a 50-token prompt (49 scored positions) prefills in 15, 15, 15
+    and 5 tokens (the last chunk scores 4), then decodes; 5 top entries a
+    position never bind before the token budget (64) does. The outputs are
+    the unscheduled reference's."""
+    assert ENTRIES_PER_STEP == 1 << 21
+    cfg = config()
+    whole = [_scoring("r0", 50, -1)]
+    results, outs, _, _ = run(cfg, whole)
+    assert _chunks(outs, "r0") == [15, 15, 15, 5, 1]
+    assert results == expected(whole, cfg)
+    few = [_scoring("r0", 50, 5)]
+    results, outs, _, _ = run(cfg, few)
+    assert _chunks(outs, "r0") == [50, 1]
+    assert results == expected(few, cfg)
+
+
+def test_the_widest_request_sets_every_scored_rows_width():
+    """The runner computes a step's scored rows as wide as the widest, so a
+    5-top request beside a whole-vocabulary one shares its 15 rows: it
+    waits until the wide one scores 4 in its last chunk, takes the 11 rows
+    left, then the rest of its prompt at once in the next step."""
+    cfg = config()
+    reqs = [_scoring("r0", 50, -1), _scoring("r1", 40, 5, arrival=1.0)]
+    results, outs, _, _ = run(cfg, reqs)
+    assert _chunks(outs, "r0") == [15, 15, 15, 5, 1]
+    assert _chunks(outs, "r1") == [11, 29, 1]
+    assert [o.scheduled_req_ids() for o in outs[:5]] == [["r0"]] * 3 + [["r0", "r1"]] * 2
+    assert results == expected(reqs, cfg)

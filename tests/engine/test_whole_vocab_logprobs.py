@@ -73,3 +73,45 @@ def test_whole_vocab_refused_under_the_default_cap(llama, field):
 def test_below_minus_one_is_refused(field):
     with pytest.raises(ValueError, match=rf"{field} must be None, an int >= 0 or -1"):
         SamplingParams(**{field: -2})
+
+
+@pytest.mark.timeout(300)
+def test_whole_vocab_prompt_logprobs_over_many_chunks_match_transformers(monkeypatch, tmp_path):
+    """``tiny`` (320 vocabulary rows: 321 entries a scored position), its
+    steps held to 40 whole-vocabulary positions: a 300-token prompt scores
+    its 299 positions over 8 prefill chunks (7 of 40 tokens, then the last
+    20, which score 19) where the token budget alone (2048) takes it in one,
+    and every position holds every vocabulary token at transformers'
+    log-softmax of the prompt, ranked."""
+    import transformers
+
+    from checkpoint.tiny_model import ensure_tiny_model
+    from engine import prompt_logprobs
+    from engine.scheduler import Scheduler
+
+    path = ensure_tiny_model(str(tmp_path))
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    vocab = model.config.vocab_size
+    monkeypatch.setattr(prompt_logprobs, "ENTRIES_PER_STEP", 40 * (vocab + 1))
+    prompt = [(37 * i + 11) % 256 for i in range(300)]
+    ref = hf_prompt_logprobs(model, prompt)
+    chunks, schedule = [], Scheduler.schedule
+
+    def recording(scheduler: Scheduler):
+        plan = schedule(scheduler)
+        chunks.extend(plan.num_scheduled_tokens)
+        return plan
+
+    monkeypatch.setattr(Scheduler, "schedule", recording)
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=-1)
+    with LLM(model=path, device="cpu", max_logprobs=-1) as llm:
+        [out] = llm.generate([{"prompt_token_ids": prompt}], params)
+    assert chunks == [40] * 7 + [20]
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for j in range(1, len(prompt)):
+        entry = out.prompt_logprobs[j]
+        assert set(entry) == set(range(vocab)), j
+        got = torch.tensor([entry[t].logprob for t in range(vocab)], dtype=torch.float64)
+        torch.testing.assert_close(got, ref[j - 1], atol=1e-4, rtol=0, msg=f"position {j}")
+        token = prompt[j]
+        assert entry[token].rank == int((ref[j - 1] >= ref[j - 1][token] - 1e-9).sum()), j
