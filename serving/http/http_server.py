@@ -6,7 +6,9 @@ nothing but the process. ``start`` returns once uvicorn accepts
 connections (or raises if it could not bind); ``port`` is the bound port
 (the real one when 0 was asked for). ``stop`` asks uvicorn to finish:
 it stops accepting, gives open responses ``grace_s`` seconds, runs the
-app's shutdown (closing the engine client) and the thread ends.
+app's shutdown (closing the engine client) and the thread ends. A request
+uvicorn cannot parse as HTTP is answered in OpenAI's error shape
+(``protocol_errors.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 
 import uvicorn
 
+from serving.http.protocol_errors import JsonErrorsProtocol
+
 
 class HttpServer:
     def __init__(self, app, host: str, port: int, grace_s: float = 5.0,
@@ -23,7 +27,7 @@ class HttpServer:
         """``log_level``: uvicorn's own log, from its start-up lines on."""
         config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                 lifespan="on", timeout_graceful_shutdown=grace_s,
-                                access_log=False, backlog=4096)
+                                access_log=False, backlog=4096, http=JsonErrorsProtocol)
         self.server = uvicorn.Server(config)
         self.host = host
         self.asked_port = port

@@ -1,14 +1,17 @@
 """The API-key guard with several keys (any one opens /v1; each compared in
 constant time, all of them every time), the body guard's time limit (a body
 that stops arriving is a 408, one that arrives in parts in time reaches the
-app whole) and uvicorn's log level from its start, so its start-up lines
-show at info. In this process, on 127.0.0.1; no engine."""
+app whole), uvicorn's log level from its start, so its start-up lines
+show at info, and bytes uvicorn cannot parse as HTTP answered in OpenAI's
+error shape, under httptools and h11 alike (read from a raw socket). In
+this process, on 127.0.0.1; no engine."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import socket
 
 import httpx
 import pytest
@@ -17,8 +20,10 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 import serving.http.guards as guards
+import serving.http.http_server as http_server
 from serving.http.guards import ApiKeyCheck, BodySizeLimit
 from serving.http.http_server import HttpServer
+from serving.http.protocol_errors import JsonBadRequest
 
 
 async def _ok(_request):
@@ -149,3 +154,55 @@ def test_a_body_that_stops_arriving_is_a_408():
 def test_a_body_in_timely_parts_reaches_the_app_whole():
     sent, seen = _through_body_guard([b'{"a": ', b"1", b"}"], gap_s=0.05, complete=True)
     assert sent == [] and seen == b'{"a": 1}'
+
+
+def _raw_exchange(server: HttpServer, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of the answer to ``request`` sent as it is;
+    the server must close the connection after it (a read past 10 s fails)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+        conn.sendall(request)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def _h11_json_errors():
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class H11JsonErrors(JsonBadRequest, H11Protocol):
+        pass
+
+    return H11JsonErrors
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+@pytest.mark.parametrize("request_bytes", [
+    b"GARBAGE\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHo st: x\r\n\r\n",
+])
+def test_bytes_that_are_no_http_get_openais_error_shape(monkeypatch, parser, request_bytes):
+    """uvicorn's own 400 for what it cannot parse, in the shape of every
+    other error: JSON ``invalid_request_error`` with uvicorn's message, the
+    connection closed; a well-formed request on the same server is served."""
+    if parser == "h11":
+        monkeypatch.setattr(http_server, "JsonErrorsProtocol", _h11_json_errors())
+    server = HttpServer(_app(), "127.0.0.1", 0)
+    try:
+        server.start()
+        status, headers, body = _raw_exchange(server, request_bytes)
+        assert status == 400 and headers["content-type"] == "application/json"
+        assert headers["connection"] == "close" and int(headers["content-length"]) == len(body)
+        assert json.loads(body) == {"error": {"message": "Invalid HTTP request received.",
+                                              "type": "invalid_request_error", "param": None,
+                                              "code": None}}
+        status, _, body = _raw_exchange(
+            server, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert (status, body) == (200, b"ok")
+    finally:
+        assert server.stop()
