@@ -23,6 +23,7 @@ from engine.outputs import (
     cumulative_logprob,
 )
 from engine.progress import RequestProgress
+from engine.reasoning import enable_thinking_of
 from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
@@ -104,6 +105,12 @@ class LLM:
         its unfinished requests are aborted before the exception goes on, so
         the next call starts from an idle engine.
         """
+        return self._generate(prompts, sampling_params, use_tqdm, priority)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority,
+                  enable_thinking: bool = True) -> list[RequestOutput]:
+        """``generate``, each request with ``enable_thinking`` (``chat``'s,
+        from its template's kwargs: the engine's reasoning parser reads it)."""
         if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
@@ -118,7 +125,8 @@ class LLM:
         # nothing. As vLLM's LLM, max_tokens past the context ends at it.
         # Each request arrives before its prompt is tokenized, as in vLLM.
         requests = [[(RequestTimes(), engine.new_request(p, choice, priority=rank,
-                                                         fit_context=True))
+                                                         fit_context=True,
+                                                         enable_thinking=enable_thinking))
                      for choice in pp.choices()]
                     for p, pp, rank in zip(prompts, params, priority)]
         results = []
@@ -168,7 +176,9 @@ class LLM:
         deeper than ``tool_depth.MAX_TOOL_DEPTH`` is refused before any
         rendering (``InvalidRequestError`` naming ``tools``).
         ``continue_final_message`` (with ``add_generation_prompt`` False)
-        leaves the final message open for the model to go on."""
+        leaves the final message open for the model to go on. Under a
+        reasoning parser, ``enable_thinking`` in ``chat_template_kwargs``
+        tells the engine where the output begins, as the HTTP server tells it."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         check_tool_depth(tools)
         tokenizer = self.engine.tokenizer
@@ -178,8 +188,9 @@ class LLM:
                                     continue_final_message=continue_final_message,
                                     tools=tools)
                     for chat in chats]
-        outputs = self.generate([{"prompt_token_ids": ids} for _, ids in rendered],
-                                sampling_params, use_tqdm)
+        outputs = self._generate([{"prompt_token_ids": ids} for _, ids in rendered],
+                                 sampling_params, use_tqdm, None,
+                                 enable_thinking_of(chat_template_kwargs))
         for output, (text, _) in zip(outputs, rendered):
             output.prompt = text
         return outputs

@@ -40,7 +40,7 @@ from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
 from engine.prompt_logprobs import entries_per_position
-from engine.reasoning import REASONING_PARSERS, reasoning_tokens
+from engine.reasoning import Reasoning
 from engine.request import Request, check_context_length, check_request
 from engine.sampling_params import SamplingParams, truncated_prompt
 from engine.scheduler import Scheduler
@@ -104,10 +104,9 @@ class LLMEngine:
             if config.load_format != "dummy":
                 check_weight_files(self.model_dir, self.model_config)
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
-            # The reasoning parser's tags as this tokenizer holds them (None: no parser).
+            # The reasoning parser, its tags as this tokenizer holds them (None: no parser).
             name = config.resolved_reasoning_parser
-            self.reasoning = (None if name is None
-                              else reasoning_tokens(REASONING_PARSERS[name], self.tokenizer))
+            self.reasoning = None if name is None else Reasoning.named(name, self.tokenizer)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         # Where a request leaves a sampling field unset (LLM without
@@ -137,7 +136,8 @@ class LLMEngine:
                             self.sampling_defaults)
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
-            list(self.model_config.eos_token_ids), reasoning=self.reasoning)
+            list(self.model_config.eos_token_ids),
+            reasoning=None if self.reasoning is None else self.reasoning.tokens)
         self.device = config.resolved_device
         draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
@@ -241,7 +241,7 @@ class LLMEngine:
 
     def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0,
-                    fit_context: bool = False, reasoning_ended: bool = False) -> Request:
+                    fit_context: bool = False, enable_thinking: bool = True) -> Request:
         """The request of ``prompt``, tokenized and checked with this engine's
         limits and vocabulary (``check_request``: the one check a request
         gets, here where it enters the engine), with its structured-output
@@ -274,10 +274,12 @@ class LLMEngine:
         ``priority`` orders requests under the "priority" scheduling policy
         (lower first); another than 0 is refused under "fcfs", as vLLM
         refuses it, rather than ignored. Under a reasoning parser
-        (``reasoning_parser``) a structured-output constraint holds from
-        the end of the reasoning on, unless the prompt ended it or
-        ``reasoning_ended`` (vLLM's, the caller's word: a request that
-        turned thinking off) says the output begins after it
+        (``reasoning_parser``) the request's output begins inside its
+        reasoning or after it, decided here once from its prompt and its
+        ``enable_thinking`` (``Reasoning.starts_inside``), and held in
+        ``Request.starts_in_reasoning``: every caller reads the output by
+        it, and a structured-output constraint of an output that begins
+        inside holds from the end of the reasoning on
         (``StructuredOutputManager.new_grammar``)."""
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
@@ -305,9 +307,11 @@ class LLMEngine:
             cache_salt=cache_salt_of(prompt),
             prompt_logprob_width=entries_per_position(params.prompt_logprobs,
                                                       self.model_config.vocab_size),
+            starts_in_reasoning=(self.reasoning is not None and self.reasoning.starts_inside(
+                prompt_token_ids, enable_thinking)),
         )
-        request.grammar = self.structured_outputs.new_grammar(params, prompt_token_ids,
-                                                              reasoning_ended)
+        request.grammar = self.structured_outputs.new_grammar(params,
+                                                              request.starts_in_reasoning)
         return request
 
     def enqueue(self, request: Request) -> None:

@@ -14,11 +14,16 @@ and ``</think>``, which the model's tokenizer must hold as single tokens
   as vLLM reads it) has no reasoning: its whole output is the answer.
 
 This module holds what the engine and the HTTP server share: the names and
-tags (``REASONING_PARSERS``) and, on token ids, whether a text has already
-ended its thinking (``ReasoningTokens.ended_in``), which decides where a
-request's structured-output grammar starts (``engine.structured_outputs``).
-How an output's text splits into reasoning and answer is the server's
-(``serving.http.reasoning``).
+tags (``REASONING_PARSERS``) and the one rule of where a request's output
+begins (``Reasoning.starts_inside``): inside its reasoning unless its
+prompt ended the thinking (``ReasoningTokens.ended_in``) or the request
+turned thinking off under a parser that reads that switch. The engine
+applies it once per request, where the request enters it
+(``LLMEngine.new_request``); it decides where the request's
+structured-output grammar starts (``engine.structured_outputs``), and every
+caller learns it from the engine (``RequestAccepted.starts_in_reasoning``)
+rather than working it out again. How an output's text splits into
+reasoning and answer is the server's (``serving.http.reasoning``).
 """
 
 from __future__ import annotations
@@ -30,21 +35,25 @@ from typing import Any
 START_TAG, END_TAG = "<think>", "</think>"
 
 
+def enable_thinking_of(chat_template_kwargs: Mapping[str, Any] | None) -> bool:
+    """A request's ``enable_thinking``, as vLLM reads it in its
+    ``chat_template_kwargs``: true unless given and false (any false value)."""
+    return bool((chat_template_kwargs or {}).get("enable_thinking", True))
+
+
 @dataclass(frozen=True)
 class ReasoningSyntax:
-    """A parser's tags, and whether ``enable_thinking`` false in a request's
-    ``chat_template_kwargs`` turns its reasoning off (``thinking_switch``)."""
+    """A parser's tags, and whether a request's ``enable_thinking`` false
+    turns its reasoning off (``thinking_switch``)."""
 
     name: str
     start: str = START_TAG
     end: str = END_TAG
     thinking_switch: bool = False
 
-    def thinking_off(self, chat_template_kwargs: Mapping[str, Any] | None) -> bool:
-        """Whether a request with these ``chat_template_kwargs`` asked for
-        no reasoning (vLLM's test: ``enable_thinking`` given and false)."""
-        return self.thinking_switch and not (chat_template_kwargs or {}).get(
-            "enable_thinking", True)
+    def thinking_off(self, enable_thinking: bool) -> bool:
+        """Whether a request with this ``enable_thinking`` has no reasoning."""
+        return self.thinking_switch and not enable_thinking
 
 
 REASONING_PARSERS: dict[str, ReasoningSyntax] = {
@@ -72,6 +81,32 @@ class ReasoningTokens:
             if token == self.end_id:
                 return True
         return False
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """The engine's reasoning parser: its syntax and its tags' ids in the
+    model's tokenizer."""
+
+    syntax: ReasoningSyntax
+    tokens: ReasoningTokens
+
+    @classmethod
+    def named(cls, name: str, tokenizer) -> Reasoning:
+        """The parser ``name`` (in ``REASONING_PARSERS``) over ``tokenizer``;
+        ValueError when the tokenizer lacks its tags (``reasoning_tokens``)."""
+        syntax = REASONING_PARSERS[name]
+        return cls(syntax, reasoning_tokens(syntax, tokenizer))
+
+    def starts_inside(self, prompt_token_ids: Sequence[int], enable_thinking: bool = True) -> bool:
+        """Whether the output of a request with this prompt and this
+        ``enable_thinking`` begins inside its reasoning: not where the
+        prompt ended the thinking (a chat template that closed it) nor
+        where the request turned it off under a parser that reads the
+        switch (``qwen3``); the output is then all answer. Else it begins
+        inside, with or without a start tag of its own."""
+        return not (self.syntax.thinking_off(enable_thinking)
+                    or self.tokens.ended_in(prompt_token_ids))
 
 
 def reasoning_tokens(syntax: ReasoningSyntax, tokenizer) -> ReasoningTokens:

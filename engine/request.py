@@ -69,6 +69,9 @@ class Request:
     (``KVCacheManager``). ``prompt_logprob_width``: the entries each of its
     scored prompt positions sends (``prompt_logprobs.entries_per_position``;
     0 without prompt logprobs), which the scheduler holds each step to.
+    ``starts_in_reasoning``: under the engine's reasoning parser, its output
+    begins inside its reasoning (the engine's one decision of it,
+    ``LLMEngine.new_request``).
     """
 
     def __init__(
@@ -82,9 +85,11 @@ class Request:
         secondary_eos_token_ids: Iterable[int] = (),
         cache_salt: str | None = None,
         prompt_logprob_width: int = 0,
+        starts_in_reasoning: bool = False,
     ) -> None:
         self.req_id = req_id
         self.cache_salt = cache_salt
+        self.starts_in_reasoning = starts_in_reasoning
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id

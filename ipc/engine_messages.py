@@ -25,18 +25,20 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``prompt_token_ids``. ``sampling_params`` holds ``SamplingParams``
     fields by name; missing ones take their defaults. ``priority``: lower
     first under the engine's "priority" scheduling policy (another than 0
-    is refused under "fcfs"). ``reasoning_ended`` (vLLM's): under the
-    engine's reasoning parser, the output begins after its reasoning, so a
-    structured-output constraint holds from its first token (where false,
-    the engine tells from the prompt's token ids). ``cache_salt`` (vLLM's):
-    the prompt's, keying its prefix-cache blocks apart from other salts'."""
+    is refused under "fcfs"). ``enable_thinking`` (vLLM's
+    ``chat_template_kwargs`` switch, as ``engine.reasoning.enable_thinking_of``
+    reads it): false, under a reasoning parser that reads the switch
+    (``qwen3``), the output has no reasoning; the engine decides from it and
+    the prompt where the output begins (``RequestAccepted``).
+    ``cache_salt`` (vLLM's): the prompt's, keying its prefix-cache blocks
+    apart from other salts'."""
 
     request_id: str
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     sampling_params: dict[str, Any] = {}
     priority: int = 0
-    reasoning_ended: bool = False
+    enable_thinking: bool = True
     cache_salt: str | None = None
 
 
@@ -52,10 +54,15 @@ class StatsRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class RequestAccepted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The request passed validation and is queued; its prompt's ids."""
+    """The request passed validation and is queued; its prompt's ids, and
+    whether under the engine's reasoning parser its output begins inside
+    its reasoning (``starts_in_reasoning``, the engine's one decision of
+    it: ``engine.reasoning.Reasoning.starts_inside``; False without a
+    parser), by which a caller reads the output's text."""
 
     request_id: str
     prompt_token_ids: list[int]
+    starts_in_reasoning: bool = False
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):

@@ -96,17 +96,17 @@ class AsyncEngineClient:
         return f"http-{next(self.ids)}"
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: dict,
-               queue: asyncio.Queue, priority: int = 0, reasoning_ended: bool = False,
+               queue: asyncio.Queue, priority: int = 0, enable_thinking: bool = True,
                cache_salt: str | None = None) -> None:
         """Send one generate request; its replies go to ``queue``
-        (``priority``, ``reasoning_ended`` and ``cache_salt``:
+        (``priority``, ``enable_thinking`` and ``cache_salt``:
         ``GenerateRequest``'s)."""
         self.protocol.route(request_id, queue.put_nowait)
         if trace.enabled:
             trace.mark("http_submitted", request_id)
         self._send(GenerateRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
                                    sampling_params=params, priority=priority,
-                                   reasoning_ended=reasoning_ended, cache_salt=cache_salt))
+                                   enable_thinking=enable_thinking, cache_salt=cache_salt))
 
     def abort(self, request_id: str) -> None:
         """Stop the request in the engine (frees its KV blocks); its later

@@ -118,6 +118,7 @@ class _Stream:
 
     items: deque[tuple[float, _Item]] = field(default_factory=deque)
     prompt_token_ids: list[int] | None = None
+    starts_in_reasoning: bool = False
     times: RequestTimes = field(default_factory=RequestTimes)
 
     def receive(self, item: _Item) -> None:
@@ -152,12 +153,16 @@ class EngineClient:
 
     # ---- requests ----------------------------------------------------------
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
-               request_id: str | None = None, priority: int = 0) -> str:
+               request_id: str | None = None, priority: int = 0,
+               enable_thinking: bool = True) -> str:
         """Send one request; returns its id. ``prompt`` is text,
         ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``, the dicts
         with an optional ``"cache_salt"``;
         ``sampling_params`` a ``SamplingParams`` or a dict of its fields;
-        ``priority`` as ``LLM.generate`` takes it."""
+        ``priority`` as ``LLM.generate`` takes it; ``enable_thinking``
+        (``GenerateRequest``'s): false turns thinking off under a reasoning
+        parser that reads the switch. Where the engine finds the output
+        beginning (inside its reasoning or not) is ``starts_in_reasoning``'s."""
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         if not isinstance(request_id, str):
@@ -175,7 +180,8 @@ class EngineClient:
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params),
-                                  priority=priority, cache_salt=prompt.get("cache_salt"))
+                                  priority=priority, enable_thinking=enable_thinking,
+                                  cache_salt=prompt.get("cache_salt"))
         entry = _Stream()
         self.protocol.route(request_id, entry.receive)
         try:
@@ -204,6 +210,7 @@ class EngineClient:
             received_at, item = entry.items.popleft()
             if isinstance(item, RequestAccepted):
                 entry.prompt_token_ids = item.prompt_token_ids
+                entry.starts_in_reasoning = item.starts_in_reasoning
                 continue
             if isinstance(item, EngineStopped):
                 raise EngineStoppedError(item.reason)
@@ -218,6 +225,23 @@ class EngineClient:
             yield received_at, item
             if item.finished:
                 return
+
+    def starts_in_reasoning(self, request_id: str) -> bool:
+        """Whether the live request's output begins inside its reasoning, as
+        the engine decided it under its reasoning parser (False without one):
+        waits for the request's acceptance (its refusal raises as
+        ``stream`` does)."""
+        entry = self._streams[request_id]
+        while entry.prompt_token_ids is None and not entry.items:
+            self._receive()
+        if entry.prompt_token_ids is None:
+            item = entry.items[0][1]  # the acceptance, or a refusal or stop (which raise)
+            if not isinstance(item, RequestAccepted):
+                next(self._timed_stream(request_id))
+            entry.items.popleft()
+            entry.prompt_token_ids = item.prompt_token_ids
+            entry.starts_in_reasoning = item.starts_in_reasoning
+        return entry.starts_in_reasoning
 
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop the request; its stream ends with a delta

@@ -473,7 +473,7 @@ class EngineServer:
         message: ``new_request`` takes them as they are."""
         make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
                                  req_id=waiting.engine_id, priority=waiting.message.priority,
-                                 reasoning_ended=waiting.message.reasoning_ended)
+                                 enable_thinking=waiting.message.enable_thinking)
         if isinstance(waiting.prompt, str) or "prompt" in waiting.prompt \
                 or waiting.params.bad_words:
             made = self.tokenizers.submit(make)
@@ -507,7 +507,8 @@ class EngineServer:
             if trace.enabled:
                 trace.mark("engine_added", message.request_id)
             self.accepts.append((identity, RequestAccepted(
-                request_id=message.request_id, prompt_token_ids=request.prompt_token_ids)))
+                request_id=message.request_id, prompt_token_ids=request.prompt_token_ids,
+                starts_in_reasoning=request.starts_in_reasoning)))
         for reply in waiting.then:
             self._send_in_order(identity, reply)
 

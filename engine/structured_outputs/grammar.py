@@ -4,7 +4,7 @@ Invariant: the matcher has consumed exactly the request's output tokens
 from ``start`` on (``num_tokens == len(request.output_token_ids)``, the
 matcher holding the last ``num_tokens - start``). ``start`` is 0 for a
 plain constraint. Under a reasoning parser (``engine.reasoning``) a request
-whose prompt did not end its reasoning starts unconstrained (``start``
+whose output begins inside its reasoning starts unconstrained (``start``
 None, vLLM's ``reasoning_ended`` false): its tokens pass the grammar by,
 and the first one that is the parser's end tag ends the reasoning, the
 grammar holding from the token after it (the tag itself is not the

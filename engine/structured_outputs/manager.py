@@ -4,10 +4,10 @@
 finds it compiled, and raises ``GrammarError`` with the backend's message when
 it does not compile (in time): nothing of a bad request reaches the workers.
 ``new_grammar`` gives an accepted request its own matcher; under a
-reasoning parser (``reasoning``, the tags' ids) one that begins inside its
-reasoning (its prompt did not end it, nor did its caller say it has) is
-held only from the end of its reasoning on (``Grammar``), as vLLM's
-structured-output manager holds it.
+reasoning parser (``reasoning``, the tags' ids) one whose output begins
+inside its reasoning (``Request.starts_in_reasoning``, the engine's
+decision) is held only from the end of its reasoning on (``Grammar``), as
+vLLM's structured-output manager holds it.
 ``start_bitmask(plan, requests)`` fills the rows of a step's
 ``structured_output_req_ids`` from their matchers, all at once in
 llguidance's threads, started from a fill thread of its own (llguidance
@@ -31,7 +31,6 @@ allows only EOS, so the request ends.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import numpy as np
@@ -78,19 +77,14 @@ class StructuredOutputManager:
         if params.structured_outputs is not None:
             self.compiler.result(params.structured_outputs.key)
 
-    def new_grammar(self, params, prompt_token_ids: Sequence[int] = (),
-                    reasoning_ended: bool = False) -> Grammar | None:
-        """A new matcher for the request (None when unconstrained). Under a
-        reasoning parser it waits for the end of the reasoning unless
-        ``prompt_token_ids`` ended it or ``reasoning_ended`` (vLLM's: the
-        caller knows the output begins after it) says so."""
+    def new_grammar(self, params, in_reasoning: bool = False) -> Grammar | None:
+        """A new matcher for the request (None when unconstrained); for an
+        output that begins inside its reasoning (``in_reasoning``, under a
+        reasoning parser) it waits for the end of the reasoning."""
         if params.structured_outputs is None:
             return None
         template = self.compiler.result(params.structured_outputs.key)
-        end_id = None
-        if self.reasoning is not None and not (
-                reasoning_ended or self.reasoning.ended_in(prompt_token_ids)):
-            end_id = self.reasoning.end_id
+        end_id = self.reasoning.end_id if in_reasoning and self.reasoning is not None else None
         return Grammar(self.backend.new_matcher(template), end_id)
 
     # ---- the step --------------------------------------------------------

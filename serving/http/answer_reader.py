@@ -4,7 +4,8 @@ parser (``reasoning.py``), the reasoning first.
 
 ``Reading.reader`` makes one choice's reader: None for a plain answer (its
 text is its content), the tool choice's ``ToolCallReader``, or, with a
-reasoning parser, a ``ReasonedReader`` over both. As vLLM reads a
+reasoning parser, a ``ReasonedReader`` over both, told by the engine whether the output
+begins inside its reasoning. As vLLM reads a
 reasoning model's answer, the reasoning is split off first and only the
 rest, the content, goes to the tool-call reader, so text inside the
 reasoning never becomes a call.
@@ -22,42 +23,32 @@ from serving.http.tools import ToolCallReader, ToolChoice, delta_of
 @dataclass(frozen=True)
 class Reading:
     """A request's way of reading its answers: its ``tools`` choice and,
-    where the server has a ``reasoning`` parser, whether the output begins
-    inside the reasoning (``in_reasoning``, the parser's
-    ``starts_in_reasoning`` for the request) and whether the answer shows
-    it (vLLM's ``include_reasoning``)."""
+    where the server has a ``reasoning`` parser, whether the answer shows
+    the reasoning (vLLM's ``include_reasoning``). Whether an output begins
+    inside its reasoning (``in_reasoning``) is the engine's word for each
+    choice (``Generation.starts_in_reasoning``)."""
 
     tools: ToolChoice
     reasoning: ReasoningParser | None = None
-    in_reasoning: bool = False
     include_reasoning: bool = True
 
-    def reader(self) -> ToolCallReader | ReasonedReader | None:
+    def reader(self, in_reasoning: bool) -> ToolCallReader | ReasonedReader | None:
         """A fresh reader of one choice's text (None: a plain answer)."""
         calls = self.tools.reader()
         if self.reasoning is None:
             return calls
-        return ReasonedReader(self.reasoning.reader(self.in_reasoning), calls,
+        return ReasonedReader(self.reasoning.reader(in_reasoning), calls,
                               self.include_reasoning)
 
-    def reasoning_count(self) -> ReasoningCount | None:
+    def reasoning_count(self, in_reasoning: bool) -> ReasoningCount | None:
         """A fresh count of one choice's reasoning tokens (None: no parser)."""
-        return None if self.reasoning is None else self.reasoning.count(self.in_reasoning)
+        return None if self.reasoning is None else self.reasoning.count(in_reasoning)
 
-    def items_reader(self) -> ToolCallReader | ReasonedReader | None:
+    def items_reader(self, in_reasoning: bool) -> ToolCallReader | ReasonedReader | None:
         """``reader`` for a Responses answer, which has no field for a
         reasoning it does not have: one that begins after its reasoning is
         read as without a parser (a plain one keeps its logprobs)."""
-        return self.reader() if self.in_reasoning else self.tools.reader()
-
-    @property
-    def reasoning_ended(self) -> bool:
-        """The output begins after its reasoning, as the engine is told
-        (``GenerateRequest.reasoning_ended``), so that a structured-output
-        constraint holds from its first token: the engine sees a prompt
-        that ended the reasoning itself, but not a request that turned
-        thinking off."""
-        return self.reasoning is not None and not self.in_reasoning
+        return self.reader(True) if in_reasoning else self.tools.reader()
 
     @property
     def hides_reasoning(self) -> bool:

@@ -79,25 +79,32 @@ def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
 
 
 async def beam_search(state: ServerState, prompts: list[list[int]], params: BeamSearchParams,
-                      priority: int, cache_salt: str | None = None) -> list[BeamSearchOutput]:
-    """Each prompt's best sequences, their tokens without the prompt's;
-    every step's requests carry the request's ``cache_salt``.
+                      priority: int, cache_salt: str | None = None, enable_thinking: bool = True
+                      ) -> tuple[list[BeamSearchOutput], list[bool]]:
+    """Each prompt's best sequences, their tokens without the prompt's, and
+    whether its outputs begin inside their reasoning (the engine's word on
+    the first step's requests, the prompts themselves); every step's
+    requests carry the request's ``cache_salt`` and ``enable_thinking``.
     ``RequestRefused`` where the engine refuses a step's requests (naming
     beam search's logprobs, and blaming ``n``, which asked for them, where
     those are what it refused)."""
     search = BeamSearch(prompts, params, state.eos_token_ids, state.max_model_len,
                         keep_eos=params.include_stop_str_in_output)
     step = search.step_params.to_dict()
+    in_reasoning: list[bool] | None = None
     while requests := search.requests():
         generation = Generation(state.link, metrics=None)
         try:
-            await generation.start(requests, [step], [], priority, cache_salt=cache_salt)
+            await generation.start(requests, [step], [], priority, cache_salt=cache_salt,
+                                   enable_thinking=enable_thinking)
         except RequestRefused as e:
             if "logprobs" not in str(e):
                 raise
             raise RequestRefused(f"use_beam_search with n {params.beam_width} asks "
                                  f"{2 * params.beam_width} logprobs a token: {e}", e.code,
                                  "n") from None
+        if in_reasoning is None:  # the first step: one request a prompt
+            in_reasoning = [generation.starts_in_reasoning(i) for i in range(len(requests))]
         candidates: list[dict[int, Logprob]] = [{} for _ in requests]
         try:
             async for event in generation.events():
@@ -112,27 +119,30 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
     for prompt, output in zip(prompts, outputs):
         for sequence in output.sequences:
             del sequence.tokens[:len(prompt)]
-    return outputs
+    return outputs, in_reasoning or [False] * len(prompts)
 
 
 async def respond_with_beams(state: ServerState, raw: Request, request: SamplingFields,
                              prompts: list[list[int]], max_tokens: int, head: dict,
-                             choice: Callable[[int, str, list[int]], dict]) -> Response:
+                             choice: Callable[[int, str, list[int], bool], dict],
+                             enable_thinking: bool = True) -> Response:
     """The whole answer: for prompt p, choices p * n .. p * n + n - 1 (best
-    first), each ``choice(p, text, token_ids)`` (the route's fields for a
-    sequence of prompt p: its text, and its token ids where the request
-    returns them) with its finish and stop reasons; a client that leaves
+    first), each ``choice(p, text, token_ids, in_reasoning)`` (the route's
+    fields for a sequence of prompt p: its text, its token ids where the
+    request returns them, and whether it begins inside its reasoning, the
+    engine's word) with its finish and stop reasons; a client that leaves
     stops the search."""
     params = beam_params(request, max_tokens)
 
     async def body() -> dict:
-        outputs = await beam_search(state, prompts, params, request.priority, request.cache_salt)
+        outputs, in_reasoning = await beam_search(state, prompts, params, request.priority,
+                                                  request.cache_salt, enable_thinking)
         choices, generated = [], 0
         for p, output in enumerate(outputs):
             for i, sequence in enumerate(output.sequences):
                 text = state.tokenizer.decode(sequence.tokens, request.skip_special_tokens)
                 choices.append({"index": p * request.n + i,
-                                **choice(p, text, sequence.tokens),
+                                **choice(p, text, sequence.tokens, in_reasoning[p]),
                                 "finish_reason": sequence.finish_reason,
                                 "stop_reason": sequence.stop_reason})
                 generated += len(sequence.tokens)

@@ -11,9 +11,11 @@ refusal that is not the request's fault, ``EngineRefusal``: the server's
 own failure). ``events``
 then yields each choice's text as it comes, passed through its
 ``OutputStops``; a choice that meets a stop string is aborted in the
-engine (its blocks freed) and finishes with reason "stop". Under a
-reasoning parser (``count_reasoning``) each choice counts its reasoning
-tokens, which ``usage`` reports as vLLM does. A choice the
+engine (its blocks freed) and finishes with reason "stop". Each choice's
+acceptance tells whether its output begins inside its reasoning (the
+engine's decision, ``starts_in_reasoning``); under a reasoning parser
+(``count_reasoning``) each choice counts its reasoning tokens from there,
+which ``usage`` reports as vLLM does. A choice the
 engine ends with reason "error" (it could not go on generating it) is not
 shown as an answer: ``events`` raises ``GenerationError`` in its place, as
 vLLM's server raises its own, which the routes answer as a failure of the
@@ -99,6 +101,7 @@ class _Choice:
     num_tokens: int = 0
     times: RequestTimes = field(default_factory=RequestTimes)  # arrival: its submission
     finished: bool = False
+    starts_in_reasoning: bool = False  # the engine's word, with the acceptance
     reasoning: ReasoningCount | None = None
 
 
@@ -113,18 +116,19 @@ class Generation:
     # Echo with max_tokens 0: the engine samples one token (it always does),
     # which is dropped here, uncounted, and the choice ends as "length".
     discard_output: bool = False
-    # A fresh count of a choice's reasoning tokens (a reasoning parser's), or None.
-    count_reasoning: Callable[[], ReasoningCount | None] | None = None
+    # A fresh count of a choice's reasoning tokens (a reasoning parser's), or
+    # None, given whether the choice's output begins inside its reasoning.
+    count_reasoning: Callable[[bool], ReasoningCount | None] | None = None
 
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str], priority: int = 0,
                     max_tokens: list[int | None] | None = None,
-                    reasoning_ended: bool = False, cache_salt: str | None = None) -> None:
+                    enable_thinking: bool = True, cache_salt: str | None = None) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
         index * len(params) + i), at ``priority``, and wait until all are
         accepted; ``max_tokens[p]``, where given, replaces the params'
         ``max_tokens`` for prompt p (a cap its own room limits);
-        ``reasoning_ended`` and ``cache_salt``: ``GenerateRequest``'s."""
+        ``enable_thinking`` and ``cache_salt``: ``GenerateRequest``'s."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
@@ -133,10 +137,9 @@ class Generation:
                     request_id = self.link.new_id()
                     self.choices[request_id] = _Choice(p * len(params) + i, p, OutputStops(
                         stops, choice_params.get("include_stop_str_in_output", False),
-                        choice_params.get("min_tokens", 0)), reasoning=(
-                            self.count_reasoning() if self.count_reasoning else None))
+                        choice_params.get("min_tokens", 0)))
                     self.link.submit(request_id, prompt, choice_params, self.queue, priority,
-                                     reasoning_ended, cache_salt)
+                                     enable_thinking, cache_salt)
             await self._await_acceptance()
         except BaseException:
             self.abort_unfinished()
@@ -159,9 +162,17 @@ class Generation:
                 choice = self.choices[item.request_id]
                 choice.num_prompt_tokens = len(item.prompt_token_ids)
                 choice.prompt_token_ids = item.prompt_token_ids
+                choice.starts_in_reasoning = item.starts_in_reasoning
+                if self.count_reasoning is not None:
+                    choice.reasoning = self.count_reasoning(item.starts_in_reasoning)
                 waiting -= 1
             else:
                 self.early.append(item)
+
+    def starts_in_reasoning(self, index: int) -> bool:
+        """Whether choice ``index``'s output begins inside its reasoning, as
+        the engine told with its acceptance (``start`` has returned)."""
+        return next(c.starts_in_reasoning for c in self.choices.values() if c.index == index)
 
     def prompts_by_choice(self) -> dict[int, list[int]]:
         """Each choice's prompt as the engine took it, by choice index."""

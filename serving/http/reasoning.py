@@ -2,13 +2,10 @@
 vLLM's reasoning parsers split it (``--reasoning-parser NAME``, the names
 and tags of ``engine.reasoning``).
 
-Where a request's reasoning stands when its output begins
-(``ReasoningParser.starts_in_reasoning``): already over where the prompt
-ended it (of the two tags, the last in the prompt is the end tag: a chat
-template that closed the thinking) or where the request turned thinking
-off (``qwen3`` with ``enable_thinking`` false in its
-``chat_template_kwargs``); the output is then all answer. Else the output
-begins inside the reasoning, with or without a start tag of its own.
+Where a request's reasoning stands when its output begins is the engine's
+word (``engine.reasoning.Reasoning.starts_inside``, told with each
+request's acceptance: ``RequestAccepted.starts_in_reasoning``); the server
+sends the request's ``enable_thinking`` and reads the answer as told.
 
 Then (``ReasoningReader``), on the output's text: a start tag before the
 end tag is dropped (the first one only); everything before the first end
@@ -26,8 +23,7 @@ holds them as special tokens drops them from text under
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from engine.reasoning import REASONING_PARSERS, ReasoningSyntax, ReasoningTokens, reasoning_tokens
 
@@ -45,12 +41,6 @@ class ReasoningParser:
         ValueError when the tokenizer lacks its tags."""
         syntax = REASONING_PARSERS[name]
         return cls(syntax, reasoning_tokens(syntax, tokenizer))
-
-    def starts_in_reasoning(self, prompt_token_ids: Sequence[int],
-                            chat_template_kwargs: Mapping[str, Any] | None) -> bool:
-        """Whether a request's output begins inside its reasoning."""
-        return not (self.syntax.thinking_off(chat_template_kwargs)
-                    or self.tokens.ended_in(prompt_token_ids))
 
     def reader(self, in_reasoning: bool) -> ReasoningReader:
         return ReasoningReader(self.syntax, in_reasoning)

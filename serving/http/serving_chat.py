@@ -40,6 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from checkpoint.chat_template import chat_prompt_ids
+from engine.reasoning import enable_thinking_of
 from engine.sampling_params import truncated_prompt
 from engine.tool_depth import check_tool_depth
 from serving.http.answer_reader import Reading, ReasonedReader
@@ -124,24 +125,25 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                  else max(1, state.max_model_len - len(prompt)))
         role = answer_role(request)
         echo = chat_echo(request, role)
-        reading = reading_of(state, request, ToolChoice("none"), prompt)
+        reading = reading_of(state, request, ToolChoice("none"))
         head = _head(state, request, response_id("chatcmpl-", raw, request), "chat.completion")
         shows_ids = request.return_token_ids and not reading.hides_reasoning
         if request.return_token_ids:
             head["prompt_token_ids"] = prompt
         return await respond_with_beams(
             state, raw, request, [prompt], steps, head,
-            lambda p, text, tokens: {
-                "message": _whole_message(text, reading.reader(), role, echo),
-                "logprobs": None, **({"token_ids": tokens} if shows_ids else {})})
+            lambda p, text, tokens, in_reasoning: {
+                "message": _whole_message(text, reading.reader(in_reasoning), role, echo),
+                "logprobs": None, **({"token_ids": tokens} if shows_ids else {})},
+            enable_thinking=enable_thinking(request))
     params = choice_params(request, max_tokens, _num_top(request),
                            constraint=tool_choice.constraint(), defaults=state.sampling_defaults,
                            skip_special_tokens=tool_choice.skip_special_tokens(
                                request.skip_special_tokens))
-    reading = reading_of(state, request, tool_choice, prompt)
+    reading = reading_of(state, request, tool_choice)
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,
-                           reasoning_ended=reading.reasoning_ended,
+                           enable_thinking=enable_thinking(request),
                            cache_salt=request.cache_salt)
     answer_id = response_id("chatcmpl-", raw, request)
     shown_text = text if request.return_prompt_text else None
@@ -152,16 +154,20 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
                                           shown_text))
 
 
-def reading_of(state: ServerState, request: ChatCompletionRequest, tool_choice: ToolChoice,
-               prompt: list[int]) -> Reading:
-    """How the request's answers are read, its ``prompt`` (the token ids
-    the engine gets) telling where its reasoning stands."""
+def reading_of(state: ServerState, request: ChatCompletionRequest,
+               tool_choice: ToolChoice) -> Reading:
+    """How the request's answers are read (where each output begins is the
+    engine's word, with its acceptance)."""
     parser = state.reasoning_parser
     if parser is None:
         return Reading(tool_choice)
-    return Reading(tool_choice, parser,
-                   parser.starts_in_reasoning(prompt, template_kwargs(request)),
-                   request.include_reasoning)
+    return Reading(tool_choice, parser, request.include_reasoning)
+
+
+def enable_thinking(request: ChatCompletionRequest) -> bool:
+    """The request's ``enable_thinking``, as its template reads it
+    (``template_kwargs``), for the engine to decide where its output begins."""
+    return enable_thinking_of(template_kwargs(request))
 
 
 def _head(state: ServerState, request: ChatCompletionRequest, answer_id: str,
@@ -191,8 +197,10 @@ def _returned_ids(request: ChatCompletionRequest, generation: Generation,
                             outputs=request.return_token_ids and not reading.hides_reasoning)
 
 
-def _readers(reading: Reading, n: int) -> list[AnswerReader | None]:
-    return [reading.reader() for _ in range(n)]
+def _readers(reading: Reading, generation: Generation) -> list[AnswerReader | None]:
+    """Each choice's reader, where the engine said its output begins."""
+    return [reading.reader(generation.starts_in_reasoning(i))
+            for i in range(len(generation.choices))]
 
 
 def _message(text: str, reader: AnswerReader | None, role: str, echo: str | None) -> dict:
@@ -216,7 +224,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                    answer_id: str, reading: Reading, prompt_text: str | None) -> dict:
     num_top = _shown_top(request, reading)
     n = len(generation.choices)
-    readers = _readers(reading, n)
+    readers = _readers(reading, generation)
     ids = _returned_ids(request, generation, reading)
     texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
@@ -278,7 +286,7 @@ def _delta(text: str, reader: AnswerReader | None, last: bool) -> dict:
 async def _chunks(state: ServerState, request: ChatCompletionRequest, generation: Generation,
                   head: dict, reading: Reading, prompt_text: str | None) -> AsyncIterator[dict]:
     num_top = _shown_top(request, reading)
-    readers = _readers(reading, len(generation.choices))
+    readers = _readers(reading, generation)
     ids = _returned_ids(request, generation, reading)
     role = answer_role(request)
     for index in range(len(generation.choices)):

@@ -125,7 +125,7 @@ async def create_completion(state: ServerState, request: CompletionRequest,
         return await respond_with_beams(
             state, raw, request, prompts, steps,
             _head(state, request, response_id("cmpl-", raw, request)),
-            lambda p, text, tokens: {
+            lambda p, text, tokens, _in_reasoning: {
                 "text": text, "logprobs": None,
                 **({"prompt_token_ids": prompts[p], "token_ids": tokens}
                    if request.return_token_ids else {})})

@@ -29,7 +29,9 @@ rule, ``sampling.check_logprobs``), shown as the chat shows them
 as in vLLM. They are the message text's, so beside a tool choice other
 than "none" (whose answer may be, or is, calls) asking for them is a 400
 naming ``include`` (``_num_top``), and so is asking for them where the
-server's reasoning parser finds the answer beginning inside its reasoning.
+engine finds the answer beginning inside its reasoning (under the server's
+reasoning parser; the request, accepted, is then aborted before it runs
+far).
 With a reasoning parser (``--reasoning-parser``) the reasoning is split
 off the answer as the chat route splits it (``answer_reader.Reading``)
 and comes first, as a ``reasoning`` item (vLLM's). The answer's items are built by
@@ -113,7 +115,7 @@ from serving.http.responses_input_items import items_page, read_query, stored_in
 from serving.http.responses_items import Event, OutputItems
 from serving.http.responses_output import ResponseEvents, ResponseShape, status_of
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
-from serving.http.serving_chat import chat_prompt, reading_of
+from serving.http.serving_chat import chat_prompt, enable_thinking, reading_of
 from serving.http.state import ServerState
 from serving.http.stream_interval import grouped
 from serving.http.streaming import followed_stream, respond
@@ -146,12 +148,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     num_top = _num_top(request, tools)
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=num_top)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
-    reading = reading_of(state, chat, tools, prompt)
-    if num_top is not None and reading.in_reasoning:
-        raise FieldError("include", "message.output_text.logprobs is not served for an answer "
-                                    "that begins inside its reasoning (the server's reasoning "
-                                    "parser): which tokens are the message's text is not known "
-                                    "before the reasoning ends")
+    reading = reading_of(state, chat, tools)
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
     check_context(request, len(prompt), max_tokens, state.max_model_len)
@@ -160,12 +157,20 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                            skip_special_tokens=tools.skip_special_tokens(chat.skip_special_tokens))
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
-                           reasoning_ended=reading.reasoning_ended, cache_salt=chat.cache_salt)
+                           enable_thinking=enable_thinking(chat), cache_salt=chat.cache_salt)
+    in_reasoning = reading.reasoning is not None and generation.starts_in_reasoning(0)
+    if num_top is not None and in_reasoning:
+        generation.abort_unfinished()
+        raise FieldError("include", "message.output_text.logprobs is not served for an answer "
+                                    "that begins inside its reasoning (the server's reasoning "
+                                    "parser): which tokens are the message's text is not known "
+                                    "before the reasoning ends")
     store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
     log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
-               OutputItems(reading.items_reader()), num_top, store, [*history, *turn], items,
+               OutputItems(reading.items_reader(in_reasoning)), num_top, store,
+               [*history, *turn], items,
                status="queued" if request.background else "in_progress", log=log,
                interval=state.stream_interval if request.stream else 1)
     if request.background:

@@ -2,7 +2,8 @@
 manager holds them: the grammar waits while the output is inside its
 reasoning (every token allowed, none consumed) and holds from the token
 after the first ``</think>``; a prompt that ended the reasoning, or a
-caller's ``reasoning_ended``, has it hold from the first token.
+request's ``enable_thinking`` false under qwen3 (the engine's rule,
+``Reasoning.starts_inside``), has it hold from the first token.
 
 On ``tiny`` with ``<think>`` (259) and ``</think>`` (260) added
 (``tests.helpers.think_model``): its vocabulary is bytes, so every mask is
@@ -19,7 +20,7 @@ import pytest
 
 from checkpoint.tiny_model import EOS
 from engine import LLM, SamplingParams, StructuredOutputsParams
-from engine.reasoning import ReasoningTokens
+from engine.reasoning import REASONING_PARSERS, Reasoning, ReasoningTokens
 from engine.structured_outputs import StructuredOutputManager
 from ipc.messages import SchedulerOutput
 from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
@@ -56,10 +57,16 @@ def allowed(manager, grammar) -> list[int]:
     return np.flatnonzero(bits.reshape(-1)[:VOCAB]).tolist()
 
 
-def grammar_for(manager, prompt, reasoning_ended=False, regex="a[bc]"):
+QWEN3 = Reasoning(REASONING_PARSERS["qwen3"], ReasoningTokens(THINK, END_THINK))
+
+
+def grammar_for(manager, prompt, enable_thinking=True, regex="a[bc]"):
+    """The grammar of a request with ``prompt``, where the engine's rule
+    (qwen3's) starts it."""
     params = SamplingParams(structured_outputs=StructuredOutputsParams(regex=regex))
     manager.check(params)
-    return manager.new_grammar(params, prompt, reasoning_ended)
+    in_reasoning = manager.reasoning is not None and QWEN3.starts_inside(prompt, enable_thinking)
+    return manager.new_grammar(params, in_reasoning)
 
 
 EVERY = list(range(VOCAB))
@@ -92,14 +99,14 @@ def test_rolled_back_over_the_end_tag_it_is_in_the_reasoning_again(manager):
     assert g.accept(ord("y")) and g.accept(END_THINK) and allowed(manager, g) == [ord("a")]
 
 
-@pytest.mark.parametrize("prompt, reasoning_ended, active", [
-    ([THINK, 5, END_THINK, 6], False, True),  # the prompt closed the thinking
-    ([END_THINK, 1, THINK], False, False),  # closed, then opened again
-    ([THINK], True, True),  # the caller's word (a request that turned thinking off)
-    ([], False, False),
+@pytest.mark.parametrize("prompt, enable_thinking, active", [
+    ([THINK, 5, END_THINK, 6], True, True),  # the prompt closed the thinking
+    ([END_THINK, 1, THINK], True, False),  # closed, then opened again
+    ([THINK], False, True),  # the request turned thinking off
+    ([], True, False),
 ])
-def test_where_the_grammar_starts(manager, prompt, reasoning_ended, active):
-    g = grammar_for(manager, prompt, reasoning_ended)
+def test_where_the_grammar_starts(manager, prompt, enable_thinking, active):
+    g = grammar_for(manager, prompt, enable_thinking)
     assert g.active is active
     assert allowed(manager, g) == ([ord("a")] if active else EVERY)
 

@@ -1,12 +1,15 @@
 """Engine links for running the HTTP app in process (``create_app``) with
 an engine whose answers a test decides: the link interface the app uses
 (``start``, ``close``, ``new_id``, ``submit``, ``abort``, ``forget``), and
-every message it sends is one the engine sends (``ipc.engine_messages``)."""
+every message it sends is one the engine sends (``ipc.engine_messages``).
+Under a reasoning parser (``reasoning``, ``engine.reasoning.Reasoning``)
+each acceptance says where the output begins by the engine's own rule."""
 
 from __future__ import annotations
 
 import itertools
 
+from engine.reasoning import Reasoning
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted
 
 
@@ -15,11 +18,13 @@ class AcceptingLink:
     aborted (or, with ``stops``, the engine stops right after accepting
     it); it notes the requests still live when it is closed."""
 
-    def __init__(self, stops: bool = False) -> None:
+    def __init__(self, stops: bool = False, reasoning: Reasoning | None = None) -> None:
         self.ids = itertools.count()
         self.live: set[str] = set()
         self.live_at_close: set[str] | None = None
         self.stops = stops
+        self.reasoning = reasoning
+        self.enable_thinking: list[bool] = []  # each request's, as submitted
 
     async def start(self) -> None:
         pass
@@ -31,10 +36,14 @@ class AcceptingLink:
         return f"req-{next(self.ids)}"
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False, cache_salt=None) -> None:
+               enable_thinking=True, cache_salt=None) -> None:
         self.live.add(request_id)
+        self.enable_thinking.append(enable_thinking)
+        inside = self.reasoning is not None and self.reasoning.starts_inside(prompt_token_ids,
+                                                                             enable_thinking)
         queue.put_nowait(RequestAccepted(request_id=request_id,
-                                         prompt_token_ids=list(prompt_token_ids)))
+                                         prompt_token_ids=list(prompt_token_ids),
+                                         starts_in_reasoning=inside))
         if self.stops:
             queue.put_nowait(EngineStopped(reason="a worker died\ntraceback"))
 
@@ -53,8 +62,8 @@ class AnsweringLink(AcceptingLink):
         self.token_ids, self.text, self.finish_reason = token_ids, text, finish_reason
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False, cache_salt=None) -> None:
-        super().submit(request_id, prompt_token_ids, params, queue, priority)
+               enable_thinking=True, cache_salt=None) -> None:
+        super().submit(request_id, prompt_token_ids, params, queue, priority, enable_thinking)
         queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
                                text=self.text, finished=True,
                                finish_reason=self.finish_reason))
@@ -64,17 +73,16 @@ class TextLink(AcceptingLink):
     """Accepts every request and answers it at once with ``pieces`` of
     text, one delta each, the last finished with ``finish_reason``; each
     piece's token ids are the ``tokenizer``'s for it (one added token, such
-    as a tag, is one id). It notes each request's ``reasoning_ended``."""
+    as a tag, is one id)."""
 
-    def __init__(self, tokenizer, pieces: list[str], finish_reason: str = "stop") -> None:
-        super().__init__()
+    def __init__(self, tokenizer, pieces: list[str], finish_reason: str = "stop",
+                 reasoning: Reasoning | None = None) -> None:
+        super().__init__(reasoning=reasoning)
         self.tokenizer, self.pieces, self.finish_reason = tokenizer, pieces, finish_reason
-        self.reasoning_ended: list[bool] = []  # each request's, as submitted
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               reasoning_ended=False, cache_salt=None) -> None:
-        super().submit(request_id, prompt_token_ids, params, queue, priority)
-        self.reasoning_ended.append(reasoning_ended)
+               enable_thinking=True, cache_salt=None) -> None:
+        super().submit(request_id, prompt_token_ids, params, queue, priority, enable_thinking)
         for i, piece in enumerate(self.pieces):
             last = i == len(self.pieces) - 1
             queue.put_nowait(Delta(request_id=request_id,

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from checkpoint.tiny_model import TINY_NAME
 from checkpoint.tokenizer import Tokenizer
+from engine.reasoning import Reasoning
 from serving.http.app import create_app
 from tests.helpers.engine_links import TextLink
 from tests.helpers.proc_utils import run_tprun
@@ -44,7 +45,8 @@ def think_tokenizer(think_dir) -> Tokenizer:
 
 @contextlib.contextmanager
 def _client(tokenizer, pieces, parser="deepseek_r1", finish_reason="stop", **app):
-    link = TextLink(tokenizer, pieces, finish_reason)
+    reasoning = None if parser is None else Reasoning.named(parser, tokenizer)
+    link = TextLink(tokenizer, pieces, finish_reason, reasoning)
     with TestClient(create_app(link, tokenizer, ["tiny"], 4096, reasoning_parser=parser,
                                **app)) as http:
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
@@ -155,25 +157,24 @@ def test_reasoning_effort_none_turns_thinking_off(think_tokenizer, parser):
             "Two and two", None)
 
 
-@pytest.mark.parametrize("parser, kwargs, told", [
-    ("qwen3", {"enable_thinking": False, "open_think": True}, True),
-    ("deepseek_r1", {"enable_thinking": False, "open_think": True}, False),
-    ("deepseek_r1", {"enable_thinking": False}, True),  # the prompt ended it
-    ("qwen3", None, False),
+@pytest.mark.parametrize("kwargs, told", [
+    ({"enable_thinking": False, "open_think": True}, False),
+    ({"enable_thinking": 0}, False),  # any false value, as vLLM reads it
+    ({"enable_thinking": True}, True),
+    (None, True),
 ])
-def test_the_engine_is_told_where_the_reasoning_already_ended(think_tokenizer, parser, kwargs,
-                                                              told):
-    """``GenerateRequest.reasoning_ended``, by which a constraint holds from
-    the first token of an output that begins after its reasoning."""
+def test_the_engine_is_told_the_requests_enable_thinking(think_tokenizer, kwargs, told):
+    """``GenerateRequest.enable_thinking``, from which (and the prompt) the
+    engine decides where each output begins; the chat's every choice
+    carries it, a Responses request (no kwargs) leaves it on."""
     link = TextLink(think_tokenizer, ["x"])
     with TestClient(create_app(link, think_tokenizer, ["tiny"], 4096,
-                               reasoning_parser=parser)) as http:
+                               reasoning_parser="qwen3")) as http:
         client = openai.OpenAI(base_url="http://testserver/v1", api_key="none",
                                http_client=http, max_retries=0)
         _chat(client, n=2, extra_body={"chat_template_kwargs": kwargs} if kwargs else None)
         client.responses.create(model="tiny", input="Two and two?")
-    # The Responses request renders no kwargs: its output begins inside its reasoning.
-    assert link.reasoning_ended == [told, told, False]
+    assert link.enable_thinking == [told, told, True]
 
 
 def test_content_after_the_end_tag_is_all_content(think_tokenizer):

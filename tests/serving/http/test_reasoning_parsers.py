@@ -4,16 +4,23 @@ reasoning and content are written out by hand from vLLM's rules
 first end tag reasoning, an output without one all reasoning), and the same
 text fed in pieces of every size gives the same split, the pieces' parts
 adding up to it. Where a request's reasoning stands when its output begins
-is checked on token ids, with each parser's own rule for
-``enable_thinking``."""
+(the engine's rule, ``engine.reasoning.Reasoning.starts_inside``) is
+checked on token ids, with each parser's own rule for ``enable_thinking``
+as a request's ``chat_template_kwargs`` give it."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.reasoning import REASONING_PARSERS, ReasoningTokens, reasoning_tokens
+from engine.reasoning import (
+    REASONING_PARSERS,
+    Reasoning,
+    ReasoningTokens,
+    enable_thinking_of,
+    reasoning_tokens,
+)
 from serving.http.answer_reader import ReasonedReader
-from serving.http.reasoning import ReasoningParser, ReasoningReader
+from serving.http.reasoning import ReasoningReader
 from serving.http.tool_parsers import HermesReader
 
 START, END = 7, 8  # tag ids of a made-up tokenizer
@@ -132,8 +139,8 @@ def test_hidden_reasoning_is_left_out_of_deltas_and_message():
 ])
 def test_where_an_output_begins(prompt, kwargs, deepseek_r1, qwen3):
     for name, want in (("deepseek_r1", deepseek_r1), ("qwen3", qwen3)):
-        parser = ReasoningParser(REASONING_PARSERS[name], TOKENS)
-        assert parser.starts_in_reasoning(prompt, kwargs) is want, name
+        reasoning = Reasoning(REASONING_PARSERS[name], TOKENS)
+        assert reasoning.starts_inside(prompt, enable_thinking_of(kwargs)) is want, name
 
 
 class _Vocab:
