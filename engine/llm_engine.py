@@ -47,6 +47,7 @@ from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
 from engine.structured_outputs.manager import PendingBitmask
+from engine.thinking_budget import ThinkingBudget
 from executor.base import Executor, OutputFuture
 from ipc import trace
 from ipc.engine_messages import EngineStats
@@ -280,10 +281,17 @@ class LLMEngine:
         ``Request.starts_in_reasoning``: every caller reads the output by
         it, and a structured-output constraint of an output that begins
         inside holds from the end of the reasoning on
-        (``StructuredOutputManager.new_grammar``)."""
+        (``StructuredOutputManager.new_grammar``); its
+        ``thinking_token_budget`` is spent on that reasoning
+        (``engine.thinking_budget``; refused without a reasoning parser)."""
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
+        if params.thinking_token_budget is not None and self.reasoning is None:
+            raise InvalidRequestError(
+                "thinking_token_budget needs a reasoning parser, which tells where the "
+                "thinking starts and ends: start the engine with --reasoning-parser "
+                "(LLM(reasoning_parser=...))", param="thinking_token_budget")
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
                                             self.scheduler.config.max_model_len)
         if params.bad_words:
@@ -312,6 +320,9 @@ class LLMEngine:
         )
         request.grammar = self.structured_outputs.new_grammar(params,
                                                               request.starts_in_reasoning)
+        if params.thinking_token_budget is not None and request.starts_in_reasoning:
+            request.thinking_budget = ThinkingBudget(params.thinking_token_budget,
+                                                     self.reasoning.tokens, prompt_token_ids)
         return request
 
     def enqueue(self, request: Request) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.grammar import Grammar
+from engine.thinking_budget import ThinkingBudget
 from ipc.config import SchedulerConfig
 from ipc.errors import InvalidRequestError
 
@@ -71,7 +72,9 @@ class Request:
     0 without prompt logprobs), which the scheduler holds each step to.
     ``starts_in_reasoning``: under the engine's reasoning parser, its output
     begins inside its reasoning (the engine's one decision of it,
-    ``LLMEngine.new_request``).
+    ``LLMEngine.new_request``). ``thinking_budget``: its
+    ``thinking_token_budget`` as the engine holds it (None: no budget, or no
+    reasoning to spend it on); every appended token goes through it.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.grammar: Grammar | None = None
+        self.thinking_budget: ThinkingBudget | None = None
         self.num_cached_tokens: int | None = None  # prefix-cache hits at first scheduling
         # time.monotonic() when the scheduler queued it and first scheduled it
         # (a preemption leaves it): RequestOutput.metrics' queued_ts and scheduled_ts.
@@ -146,6 +150,8 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self._all_token_ids.append(token_id)
+        if self.thinking_budget is not None:
+            self.thinking_budget.accept(token_id)
 
     def __repr__(self) -> str:
         return (

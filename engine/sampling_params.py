@@ -22,7 +22,11 @@ strings, which read the text, are refused with it.
 tokenizes them where the request enters it (``LLMEngine.new_request``,
 ``engine.bad_words``) into the runner's ``bad_words_token_ids``, which it
 then sets (replacing any given; without ``bad_words`` a given
-``bad_words_token_ids`` is used as it is). Adding a
+``bad_words_token_ids`` is used as it is). ``thinking_token_budget``
+(vLLM's) caps the output's reasoning tokens under the engine's reasoning
+parser, then forces the end of the thinking (``engine.thinking_budget``):
+None (or -1, vLLM's spelling of it) for no cap, else an int >= 0; the
+engine refuses it without a reasoning parser. Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in
 ``problems``), an engine-only one below; both then reach ``LLM``, the HTTP
 server (``serving/http/sampling.py`` passes fields by name) and, for runner
@@ -110,14 +114,18 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     ignore_eos: bool = False
     structured_outputs: StructuredOutputsParams | None = None
     bad_words: list[str] | None = None
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
-        # vLLM's spellings: None for no stop strings or ids, seed -1 for none.
+        # vLLM's spellings: None for no stop strings or ids, seed -1 and
+        # thinking_token_budget -1 for none.
         for name in ("stop", "stop_token_ids"):
             if getattr(self, name) is None:
                 msgspec.structs.force_setattr(self, name, ())
         if self.seed == -1 and not isinstance(self.seed, bool):
             msgspec.structs.force_setattr(self, "seed", None)
+        if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
+            msgspec.structs.force_setattr(self, "thinking_token_budget", None)
         self._check_structured_outputs()
         self._check_types()
         self._raise_tiny_temperature()
@@ -180,6 +188,11 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             raise InvalidRequestError(
                 f"prompt_logprobs must be None, an int >= 0 or -1 (the whole vocabulary), "
                 f"got {self.prompt_logprobs!r}")
+        budget = self.thinking_token_budget
+        if budget is not None and (not _is_int(budget) or budget < 0):
+            raise InvalidRequestError(
+                f"thinking_token_budget must be an int >= 0, or -1 (or None) for no limit, "
+                f"got {budget!r}", param="thinking_token_budget")
         if not _is_int(self.min_tokens) or (self.max_tokens is not None
                                             and self.min_tokens > self.max_tokens):
             raise InvalidRequestError(

@@ -72,7 +72,10 @@ an accepted run cut it there (``_append_tokens``).
 
 Structured outputs. A request with a ``grammar`` (its matcher) is listed in
 the plan's ``structured_output_req_ids`` when the step samples for it; the
-engine sends that step's bitmask after the plan. Each appended token
+engine sends that step's bitmask after the plan. So is a request with a
+``thinking_budget`` in the steps whose token it may force (the bitmask
+row forces it, ``engine.thinking_budget``); it gets no drafts while its
+reasoning is open. Each appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
 the request with "stop". A token the grammar refuses (every token the
@@ -326,7 +329,8 @@ class Scheduler:
             preempted_req_ids=draft.preempted,
             structured_output_req_ids=[
                 req_id for req_id, entry in self._in_flight[self.step_id].items()
-                if entry.samples and entry.request.grammar is not None],
+                if entry.samples and (entry.request.grammar is not None
+                                      or _may_force(entry.request))],
         )
         self._finished_ids.clear()
         self.step_id += 1
@@ -362,6 +366,8 @@ class Scheduler:
         k = self.config.num_speculative_tokens
         if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
             return 0
+        if request.thinking_budget is not None and request.thinking_budget.open:
+            return 0  # a forced token is one a step (``engine.thinking_budget``)
         limit = self.config.spec_disable_by_batch_size
         if limit and len(self.running) >= limit:
             return 0
@@ -615,6 +621,14 @@ def _logprob_rows(logprobs: Logprobs | None) -> Iterator[tuple]:
         logprobs.sampled_logprobs,
         logprobs.sampled_ranks,
     )
+
+
+def _may_force(request: Request) -> bool:
+    """Whether the token a step samples for ``request`` (scheduled, with its
+    placeholder) may be forced by its thinking budget: the tokens before it
+    still in flight may spend what is left."""
+    budget = request.thinking_budget
+    return budget is not None and budget.may_force(request.num_output_placeholders - 1)
 
 
 def _token_logprobs(token: int, row: tuple) -> TokenLogprobs:

@@ -165,9 +165,10 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_scheduled_tokens: list[int] = []
     finished_req_ids: list[str] = []
     preempted_req_ids: list[str] = []
-    # Requests of this step that sample under a grammar (structured outputs):
-    # when not empty, the workers run the forward pass and wait for the
-    # step's GrammarBitmask before they sample.
+    # Requests of this step that sample under a grammar (structured outputs)
+    # or may have their token forced (a thinking budget): when not empty, the
+    # workers run the forward pass and wait for the step's GrammarBitmask
+    # before they sample.
     structured_output_req_ids: list[str] = []
 
     def scheduled_req_ids(self) -> list[str]:

@@ -21,7 +21,9 @@ them until ``result()`` has returned (the engine's order guarantees it).
 One persistent buffer holds the rows being filled (no allocation a step);
 ``result()`` copies them into the message.
 
-Rows of requests that finished or were aborted after the plan was made,
+A request's thinking budget forces its next token through its row
+(``engine.thinking_budget``): the row allows that token alone. Rows of
+requests that finished or were aborted after the plan was made,
 and of requests still inside their reasoning, allow every token (their token is discarded anyway, and a row without any
 allowed token would make the sampler's distribution undefined). A matcher
 in its error state (a grammar that ran past llguidance's per-step limits)
@@ -101,15 +103,21 @@ class StructuredOutputManager:
         for it), and until ``result()`` returns no matcher of the step may
         be used (llguidance holds them). Rows of requests that are gone,
         whose grammar is complete or that are inside their reasoning allow
-        every token."""
+        every token; the row of a request whose thinking budget forces its
+        next token allows that token alone (``engine.thinking_budget``: the
+        reasoning is open, so no grammar holds it)."""
         if self._pending is not None:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
         mask = self._rows(len(req_ids))
         jobs, grammars = [], []
         for row, req_id in enumerate(req_ids):
-            grammar = getattr(requests.get(req_id), "grammar", None)
-            if grammar is not None and grammar.constrains():
+            request = requests.get(req_id)
+            grammar = getattr(request, "grammar", None)
+            forced = _forced_token(request)
+            if forced is not None:
+                _only(mask[row], forced)
+            elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, grammar))
             else:
@@ -145,10 +153,7 @@ class StructuredOutputManager:
                               bitmask=pending.mask.astype("<i4", copy=False).tobytes())
 
     def _eos_only(self, row: np.ndarray) -> None:
-        words = row.view(np.uint32)
-        words[:] = 0
-        for t in self.eos_token_ids:
-            words[t // 32] |= np.uint32(1 << (t % 32))
+        _only(row, *self.eos_token_ids)
 
     def _parallel(self):
         with self._lock:
@@ -195,3 +200,17 @@ class PendingBitmask:
                 self.future.result()
             self.message = self.manager._finish(self)
         return self.message
+
+
+def _forced_token(request) -> int | None:
+    """The token ``request``'s thinking budget forces next (None: none)."""
+    budget = getattr(request, "thinking_budget", None)
+    return None if budget is None else budget.forced_token()
+
+
+def _only(row: np.ndarray, *tokens: int) -> None:
+    """Make a bitmask row allow ``tokens`` alone."""
+    words = row.view(np.uint32)
+    words[:] = 0
+    for t in tokens:
+        words[t // 32] |= np.uint32(1 << (t % 32))

@@ -5,7 +5,7 @@ HTTP 400 naming it; unknown fields are ignored, as OpenAI's clients send
 fields this server has no use for. The extra fields that vLLM accepts
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``prompt_logprobs``, ``bad_words``,
-``skip_special_tokens``, ``spaces_between_special_tokens``,
+``thinking_token_budget``, ``skip_special_tokens``, ``spaces_between_special_tokens``,
 ``priority``, ``return_tokens_as_token_ids``, ``return_token_ids``, ``cache_salt``,
 ``truncation_side``, ``request_id``, ``add_special_tokens``, the chat's
 ``documents``, ``reasoning_effort`` and ``return_prompt_text``,
@@ -118,6 +118,9 @@ class SamplingFields(BaseModel):
     return_token_offsets: bool | None = None
     return_mm_kwargs: bool = True
     routed_experts_prompt_start: int = Field(default=0, ge=0)
+    # vLLM's: at most this many reasoning tokens, then the end of the
+    # thinking forced (engine/thinking_budget.py); -1 or null: no limit.
+    thinking_token_budget: Int64 | None = None
     # vLLM's: how many new tokens a stream's chunk groups, the first token
     # alone and the last chunk taking the rest (``stream_interval.py``).
     stream_interval: int | None = Field(default=None, ge=1)
@@ -129,12 +132,10 @@ class SamplingFields(BaseModel):
     # not. ``ASKS_NOTHING``: values of theirs that vLLM reads as unset.
     logits_processors: list[Any] | None = None
     logprob_token_ids: list[Int64] | None = None
-    thinking_token_budget: int | None = None
     watermarking: bool | None = None
     repetition_detection: dict[str, Any] | None = None
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logits_processors", "logprob_token_ids", "thinking_token_budget", "watermarking",
-        "repetition_detection")
+        "logits_processors", "logprob_token_ids", "watermarking", "repetition_detection")
     ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
         "thinking_token_budget": (-1,), "watermarking": (False,), "repetition_detection": ({},)}
 

@@ -1,0 +1,114 @@
+"""vLLM's ``thinking_token_budget``, hand-worked on ``tiny`` with
+``<think>``/``</think>`` (``tests.helpers.think_model``), whose greedy
+output never writes ``</think>`` by itself (its LM-head row is zero).
+
+The reference is the same engine's greedy output without a budget: with
+budget N the output is its first N tokens (the reasoning), then
+``</think>`` forced, then the answer goes on; a prompt that already
+holds k reasoning tokens after its ``<think>`` leaves N - k; budget 0
+forces ``</think>`` first; an output that begins after its reasoning (the
+prompt closed it) has none to spend and is the free output. The counting
+itself (``ThinkingBudget``) is checked on made-up ids. Without a reasoning
+parser, and for a negative budget, the request is refused naming the
+field."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.reasoning import ReasoningTokens
+from engine.thinking_budget import ThinkingBudget
+from ipc.errors import InvalidRequestError
+from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
+
+pytestmark = pytest.mark.timeout(300)
+
+OPEN = [256, 72, 105, THINK]  # ends inside an open thinking
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def think_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("think")
+    return tiny_with_think_tokens(str(root / "cache"), str(root / "model"))
+
+
+def _greedy(llm: LLM, prompt: list[int], budget: int | None = None) -> list[int]:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, thinking_token_budget=budget)
+    return llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
+def test_the_budget_cuts_the_reasoning_at_n_tokens(think_dir, async_scheduling, parser):
+    with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
+             reasoning_parser=parser, async_scheduling=async_scheduling) as llm:
+        free = _greedy(llm, OPEN)
+        assert END_THINK not in free and len(free) == MAX_TOKENS
+        for n in (0, 1, 3, 5):
+            out = _greedy(llm, OPEN, n)
+            assert out[:n] == free[:n], n
+            assert out[n] == END_THINK and out.count(END_THINK) == 1, (n, out)
+            assert len(out) == MAX_TOKENS
+        # Two reasoning tokens already in the prompt leave three of five.
+        prompt = OPEN + free[:2]
+        ahead = _greedy(llm, prompt)
+        out = _greedy(llm, prompt, 5)
+        assert out[:3] == ahead[:3] and out[3] == END_THINK
+        # A prompt that closed the thinking leaves nothing to spend.
+        closed = OPEN + [10, END_THINK, 10]
+        assert _greedy(llm, closed, 0) == _greedy(llm, closed)
+        # -1 is vLLM's "no limit".
+        assert _greedy(llm, OPEN, -1) == free
+
+
+def test_the_budget_holds_with_drafts(think_dir):
+    """Speculative decoding (ngram) drafts nothing while the reasoning is
+    open, so the forced token comes where it does without drafts."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+            "prompt_lookup_min": 1}
+    with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
+             reasoning_parser="deepseek_r1", speculative_config=spec) as llm:
+        free = _greedy(llm, OPEN)
+        out = _greedy(llm, OPEN, 4)
+        assert out[:4] == free[:4] and out[4] == END_THINK
+
+
+def test_without_a_reasoning_parser_or_with_a_negative_budget_it_is_refused(think_dir):
+    with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256) as llm:
+        with pytest.raises(InvalidRequestError, match="reasoning parser") as refused:
+            _greedy(llm, OPEN, 4)
+        assert refused.value.param == "thinking_token_budget"
+    for bad in (-2, 1.5, "4", True):
+        with pytest.raises(InvalidRequestError, match="thinking_token_budget must be") as bad_:
+            SamplingParams(thinking_token_budget=bad)
+        assert bad_.value.param == "thinking_token_budget"
+
+
+S, E = 7, 8  # made-up tag ids
+
+
+@pytest.mark.parametrize("prompt, outputs, spent, forced", [
+    ([1, S], [2, 3], 2, None),  # budget 3: one more is free
+    ([1, S], [2, 3, 4], 3, E),  # spent: the end tag next
+    ([1, S, 2, 3], [4], 3, E),  # the prompt's reasoning counts
+    ([1, S, 2, E, S, 3], [], 1, None),  # closed, opened again: after the last start tag
+    ([1, 2], [S, 2, S, 3], 2, None),  # no start tag in the prompt; tags not counted
+    ([1, S], [2, E, 3, 4, 5], 1, None),  # ended by itself: nothing more is forced
+])
+def test_what_is_spent(prompt, outputs, spent, forced):
+    budget = ThinkingBudget(3, ReasoningTokens(S, E), prompt)
+    for token in outputs:
+        budget.accept(token)
+    assert (budget.spent, budget.forced_token()) == (spent, forced)
+    assert budget.may_force(3 - spent) is budget.open
+
+
+def test_budget_zero_forces_at_once_and_may_force_counts_tokens_in_flight():
+    budget = ThinkingBudget(0, ReasoningTokens(S, E), [1, S])
+    assert budget.forced_token() == E
+    budget = ThinkingBudget(2, ReasoningTokens(S, E), [1, S])
+    assert not budget.may_force(1) and budget.may_force(2)
+    budget.accept(E)
+    assert not budget.may_force(5) and budget.forced_token() is None

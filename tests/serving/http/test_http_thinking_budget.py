@@ -1,0 +1,108 @@
+"""vLLM's ``thinking_token_budget`` over HTTP, end to end: ``tprun serve
+--reasoning-parser deepseek_r1 --http-port`` of ``tiny`` with ``<think>``
+and ``</think>`` (``tests.helpers.think_model``), driven by the official
+``openai`` client. Greedy ``tiny`` never writes ``</think>`` by itself, so
+an answer without a budget is all reasoning; the reference for budget N
+is that same answer cut at N tokens: with the budget the output's first
+N ids are its ids, the message's ``reasoning`` their text (by the
+``tokenizers`` library), ``</think>`` comes next (forced) and the rest is ``content``; streamed,
+the same split. Under DeepSeek-R1's rule an output after a bare
+generation prompt begins inside its reasoning (N output tokens); after
+the template's ``<think>\\n`` the prompt's newline is one reasoning token
+already (vLLM's count), leaving N - 1."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.helpers.http_utils import openai_client, start_http, stop_http
+from tests.helpers.think_model import END_THINK, tiny_with_think_tokens
+
+pytestmark = pytest.mark.timeout(300)
+
+MESSAGES = [{"role": "user", "content": "Two and two?"}]
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("budget")
+    model = tiny_with_think_tokens(str(root / "cache"), str(root / "model"))
+    served = start_http(root, "serve", "--model", model, "--device", "cpu",
+                        "--disable-log-stats", "--reasoning-parser", "deepseek_r1")
+    served.model_dir = model
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai_client(server) as c:
+        yield c
+
+
+def _hf_text(server, ids: list[int]) -> str:
+    """The text of ``ids`` by the ``tokenizers`` library (a byte sequence
+    cut inside a character ends in U+FFFD)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(f"{server.model_dir}/tokenizer.json").decode(ids)
+
+
+def _chat(server, client, budget=None, max_tokens=MAX_TOKENS, kwargs=None, **fields):
+    extra = {"return_token_ids": True, **({"chat_template_kwargs": kwargs} if kwargs else {}),
+             **({"thinking_token_budget": budget} if budget is not None else {})}
+    return client.chat.completions.create(model=server.model_dir, messages=MESSAGES,
+                                          temperature=0, max_tokens=max_tokens,
+                                          extra_body=extra, **fields)
+
+
+@pytest.mark.parametrize("kwargs, in_prompt", [(None, 0), ({"open_think": True}, 1)])
+@pytest.mark.parametrize("n", [2, 5])
+def test_the_reasoning_is_cut_at_the_budget(server, client, kwargs, in_prompt, n):
+    free = _chat(server, client, max_tokens=n - in_prompt, kwargs=kwargs).choices[0]
+    assert free.message.content is None  # all reasoning: no </think> of its own
+    free_ids = free.model_extra["token_ids"]
+    answer = _chat(server, client, n, kwargs=kwargs)
+    choice = answer.choices[0]
+    ids = choice.model_extra["token_ids"]
+    assert ids[:n - in_prompt] == free_ids
+    assert ids[n - in_prompt] == END_THINK and ids.count(END_THINK) == 1
+    assert choice.message.reasoning == _hf_text(server, free_ids)
+    assert choice.message.content  # the answer goes on after the forced end
+    assert answer.usage.completion_tokens == MAX_TOKENS
+    assert answer.usage.completion_tokens_details.reasoning_tokens == n - in_prompt
+    reasoning = content = ""
+    for chunk in _chat(server, client, n, kwargs=kwargs, stream=True):
+        for c in chunk.choices:
+            reasoning += getattr(c.delta, "reasoning", None) or ""
+            content += c.delta.content or ""
+    assert (reasoning, content) == (choice.message.reasoning, choice.message.content)
+
+
+def test_budget_zero_ends_the_thinking_at_once_and_minus_one_is_no_limit(server, client):
+    zero = _chat(server, client, 0).choices[0]
+    assert zero.model_extra["token_ids"][0] == END_THINK
+    assert zero.message.reasoning == "" and zero.message.content
+    unlimited = _chat(server, client, -1).choices[0]
+    assert unlimited.model_extra["token_ids"] == _chat(server, client).choices[0].model_extra[
+        "token_ids"]
+
+
+def test_completions_take_it_too(server, client):
+    """The engine spends the budget on the reasoning as its parser reads it:
+    a bare text prompt (no tags) begins inside it under deepseek_r1."""
+    answer = client.completions.create(model=server.model_dir, prompt="Two and two?",
+                                       temperature=0, max_tokens=6,
+                                       extra_body={"thinking_token_budget": 2,
+                                                   "return_token_ids": True})
+    assert answer.choices[0].model_extra["token_ids"][2] == END_THINK
+
+
+def test_a_negative_budget_is_a_400_naming_it(server, client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(server, client, -2)
+    assert refused.value.body["param"] == "thinking_token_budget"
+    assert "thinking_token_budget must be" in refused.value.body["message"]
