@@ -99,7 +99,8 @@ run_stage() {
         tests/runner/test_runner_graph_path.py tests/runner/test_runner_slot_reuse.py \
         tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
         tests/runner/test_flash_prefill.py
-      pytest_files pytest_gpu_kernels.log tests/engine/test_prompt_logprobs.py -k cuda
+      pytest_files pytest_gpu_kernels.log tests/engine/test_prompt_logprobs.py \
+        tests/engine/test_thinking_budget.py tests/engine/test_structured_outputs.py -k cuda
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;

@@ -15,6 +15,7 @@ field."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.reasoning import ReasoningTokens
@@ -39,10 +40,13 @@ def _greedy(llm: LLM, prompt: list[int], budget: int | None = None) -> list[int]
     return llm.generate({"prompt_token_ids": prompt}, params)[0].outputs[0].token_ids
 
 
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs CUDA"))])
 @pytest.mark.parametrize("async_scheduling", [True, False])
 @pytest.mark.parametrize("parser", ["deepseek_r1", "qwen3"])
-def test_the_budget_cuts_the_reasoning_at_n_tokens(think_dir, async_scheduling, parser):
-    with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
+def test_the_budget_cuts_the_reasoning_at_n_tokens(think_dir, async_scheduling, parser, device):
+    with LLM(model=think_dir, device=device, executor="uni", max_model_len=256,
              reasoning_parser=parser, async_scheduling=async_scheduling) as llm:
         free = _greedy(llm, OPEN)
         assert END_THINK not in free and len(free) == MAX_TOKENS
