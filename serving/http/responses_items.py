@@ -9,7 +9,9 @@ pieces make the items in the order of the answer: content goes to a
 message, each call to a ``function_call`` item. Items follow one another:
 the one being written is closed (its done events sent) before the next is
 added, so text after a run of calls is a second message. A call that comes
-whole is closed at once; a named call's arguments grow until the answer
+whole (``ToolCallReader.whole_calls``: pythonic's) is closed at once; any
+other call's arguments grow, one ``response.function_call_arguments.delta``
+per piece the reader lets out, until the next item opens or the answer
 ends. An answer that leaves no item is one empty message, as its chat
 answer is then empty content. An item closed before the end is
 "completed"; the one still open at the end takes the response's status.

@@ -6,7 +6,8 @@ Every answer reads as ``content before | a run of calls | content after``;
 the message's ``content`` is the two content parts joined (None when that
 is empty and there are calls), its ``tool_calls`` the run's calls. An
 answer without a run is all content, exactly its text. A call's
-``arguments`` is the JSON text of the object the model gave.
+``arguments`` is the canonical JSON text of the arguments the model gave
+(below).
 
 - ``llama3_json`` (Llama 3.x): the run starts the answer (after blank
   space and an optional ``<|python_tag|>``): JSON objects ``{"name": ...,
@@ -36,42 +37,62 @@ answer without a run is all content, exactly its text. A call's
   (a ``[`` or a name), so no tokenizer version is needed. Each call's id
   is 9 letters and digits, the only ids Mistral's chat templates accept.
 
-The run ends at the first piece that is not a whole, valid call (malformed
-JSON or Python, no "name", no arguments, other text); from there on the
-text is content, later call-shaped text included (for mistral, from the
-segment's token where the segment has no call yet). So an answer whose
-first call is malformed is all content, and an answer cut in a call keeps
-the calls before it (a list cut after a call keeps it). The syntaxes and
+A JSON call (llama3_json, hermes, mistral's list form) is a
+``CallObject`` (``call_object.py``): an object with a string "name" and
+the arguments under its key (the first given of each counts, in either
+order); mistral's newer form has its arguments' object after the name.
+A call's ``arguments`` is the canonical JSON text of its arguments
+(``canonical_json.py``: what ``json.dumps`` writes for the value
+``json.loads`` reads, vLLM's arguments text). A call is known once its
+name is whole and its arguments have begun; then it stays, whatever
+follows: an answer cut in it (``max_tokens``) keeps the arguments so far,
+as OpenAI's answers do, and arguments whose JSON breaks off end there. In
+hermes, what follows a call's object up to ``</tool_call>`` is the
+block's; elsewhere the run ends where the JSON broke.
+
+The run ends at the first piece that is not a call (malformed JSON or
+Python before the call is known, no "name", no arguments, other text);
+from there on the text is content, later call-shaped text included (for
+mistral, from the segment's token where the segment has no call yet). So
+an answer whose first call is malformed is all content. The syntaxes and
 keys are those of vLLM's parsers of the same names; where these rules
 differ from them, it is so that a streamed and a whole answer agree:
 there, a whole llama3_json answer may have its calls anywhere in its text,
 text after the calls is dropped, one malformed hermes block or pythonic
-element (or text after a pythonic list) makes the whole answer content,
-and a mistral call of the v11 form whose arguments are not JSON is still a
-call (its arguments the raw text). Besides, pythonic reads a signed number
-(``x=-1``) where vLLM finds none, and refuses positional arguments (vLLM
-drops them) and a keyword given twice (vLLM keeps the last).
+element (or text after a pythonic list) makes the whole answer content, a
+call cut short or broken off is content, a mistral call of the v11 form
+whose arguments are not JSON is still a call (its arguments the raw
+text), and a key given twice counts at its last. Besides, pythonic reads
+a signed number (``x=-1``) where vLLM finds none, and refuses positional
+arguments (vLLM drops them) and a keyword given twice (vLLM keeps the
+last).
 
 Streaming: content goes out as soon as it cannot be the start of a call
 (a partial ``<tool_call>``, ``<|python_tag|>`` or ``[TOOL_CALLS]`` is held
-back, and a pythonic answer from its ``[`` on until its elements are read),
-each call in one delta once it is whole, so the deltas joined are the
-message; ``pieces`` gives the same in the answer's order (content before a
-call apart from content after it). Only text not yet settled is scanned:
-the readers keep a cursor and a state, never parsing the whole answer
-again.
+back, and a pythonic answer from its ``[`` on until its elements are
+read). A JSON call's first entry (index, id, type, name, arguments "")
+goes out when the call is known, then its arguments as they settle, in
+pieces (held back only while they may still be written otherwise: an
+escape not yet whole, a number or literal until the character after it;
+never the call object's own ``}`` or a tag). A pythonic call goes out
+whole once its element has ended (``whole_calls``). The deltas joined are
+the message; ``pieces`` gives the same in the answer's order (content
+before a call apart from content after it). Only text not yet settled is
+scanned: the readers keep a cursor and a state, never parsing the whole
+answer again.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import string
 from typing import Any, ClassVar
 
+from serving.http.call_object import CallObject
+from serving.http.canonical_json import CanonicalJson
 from serving.http.python_calls import GroupEnd, python_call
-from serving.http.tools import ObjectEnd, ToolCallReader, call_parts, new_tool_call_id, tool_call
+from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
 
 _BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
@@ -83,22 +104,28 @@ _HEAD_SO_FAR = re.compile(r"\s*(?:[^\W\d]\w*\s*)?")  # what may grow into one
 
 class AutoCallsReader(ToolCallReader):
     """What the parsers share: the answer's text so far, the content and
-    calls settled so far, and what the current piece of text lets out.
-    Subclasses implement ``_advance``, which settles as much of ``text`` as
-    it can (all of it when ``last``) through ``_say`` and ``_call``; a call
-    gets its id from ``_new_id``. The parsers here are state machines:
-    ``STEPS`` names each state's method, which settles what it can and
-    says whether to go on (the state it leaves in ``state``)."""
+    calls settled so far (``list``), and what the current piece of text
+    lets out. Subclasses implement ``_advance``, which settles as much of
+    ``text`` as it can (all of it when ``last``) through ``_say``,
+    ``_read`` (a call object's streamed call) and ``_call`` (a whole
+    call); a call gets its id from ``_new_id``. The parsers here are state
+    machines: ``STEPS`` names each state's method, which settles what it
+    can and says whether to go on (the state it leaves in ``state``)."""
 
     STEPS: ClassVar[dict[str, str]] = {}
+    whole_calls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.text = ""
         self.content = ""
-        self.found: list[dict] = []
+        self.list = CallList(self._new_id)
         self.rest_start: int | None = None  # where the content after the run starts
         self.done = False
         self._pieces: list[tuple[str, Any]] = []  # what the current text lets out
+
+    @property
+    def found(self) -> list[dict]:
+        return self.list.found
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
         self.text += text
@@ -123,9 +150,26 @@ class AutoCallsReader(ToolCallReader):
             self._pieces.append(("content", text))
 
     def _call(self, name: str, arguments: str) -> None:
-        call = tool_call(name, arguments, self._new_id())
-        self._pieces.append(("call", {"index": len(self.found), **call}))
-        self.found.append(call)
+        self._pieces.append(("call", self.list.whole(name, arguments)))
+
+    def _entries(self, entries: list[dict]) -> None:
+        self._pieces += [("call", entry) for entry in entries]
+
+    def _read(self, call: CallObject, last: bool) -> str:
+        """Reads on in ``call`` and sends what its call settled: "open"
+        (it goes on), "no call" (it is none, or the answer ended before it
+        was known), "end" (its object closed: ``call.end``), "broken" (its
+        JSON broke off after its call was known: ``call.error``), "cut"
+        (the answer ended in it, after its call was known)."""
+        call.scan(self.text, last)
+        if call.failed or not call.started:
+            return "no call" if call.failed or last else "open"
+        self._entries(self.list.follow(call))
+        if call.end is not None:
+            return "end"
+        if call.error is not None:
+            return "broken"
+        return "cut" if last else "open"
 
     def _new_id(self) -> str:
         return new_tool_call_id()
@@ -183,8 +227,8 @@ class AutoCallsReader(ToolCallReader):
 class Llama3JsonReader(AutoCallsReader):
     """``llama3_json``. States: "lead" (nothing settled yet: blank space
     or a partial tag may still lead to a call), "object" (inside a call's
-    object, from ``object_start``), "between" (after a call, at ``at``:
-    blank space and one ``;`` may lead to the next)."""
+    object ``call``, from ``object_start``), "between" (after a call, at
+    ``at``: blank space and one ``;`` may lead to the next)."""
 
     TAG = "<|python_tag|>"
 
@@ -193,12 +237,13 @@ class Llama3JsonReader(AutoCallsReader):
         self.state = "lead"
         self.at = 0
         self.object_start = 0
-        self.object_end: ObjectEnd | None = None
+        self.call: CallObject | None = None
 
     STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "object": "_object", "between": "_between"}
 
     def _open_object(self, at: int) -> bool:
-        self.state, self.object_start, self.object_end = "object", at, ObjectEnd(at)
+        self.state, self.object_start = "object", at
+        self.call = CallObject(at, ("arguments", "parameters"))
         return True
 
     def _lead(self, last: bool) -> bool:
@@ -219,18 +264,17 @@ class Llama3JsonReader(AutoCallsReader):
         return False
 
     def _object(self, last: bool) -> bool:
-        end = self.object_end.scan(self.text)
-        if end is None:
-            if last:  # cut inside the object
-                self._rest_from(self.object_start if self.found else 0)
-            return False
-        call = call_parts(self.text[self.object_start:end], ("arguments", "parameters"))
-        if call is None:
+        read = self._read(self.call, last)
+        if read == "no call":
             self._rest_from(self.object_start if self.found else 0)
-            return False
-        self._call(*call)
-        self.state, self.at = "between", end
-        return True
+        elif read == "broken":
+            self._rest_from(self.call.error)
+        elif read == "cut":
+            self.done = True
+        elif read == "end":
+            self.state, self.at = "between", self.call.end
+            return True
+        return False
 
     def _between(self, last: bool) -> bool:
         separator = _SEPARATOR.match(self.text, self.at)
@@ -247,7 +291,9 @@ class Llama3JsonReader(AutoCallsReader):
 class HermesReader(AutoCallsReader):
     """``hermes``. States: "before" (content, up to the first
     ``<tool_call>``), "block" (inside a block whose tag is at
-    ``block_start``), "between" (after a block, at ``at``)."""
+    ``block_start``: its call object ``call``), "close" (from ``at``, the
+    rest of a block whose call is known, up to its ``</tool_call>``),
+    "between" (after a block, at ``at``)."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     keeps_special_tokens = True
@@ -257,39 +303,45 @@ class HermesReader(AutoCallsReader):
         self.state = "before"
         self.at = 0
         self.block_start = 0
+        self.call: CallObject | None = None
 
-    STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block", "between": "_between"}
+    STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block", "close": "_close",
+                                       "between": "_between"}
 
-    def _before(self, last: bool) -> bool:
-        tag = self._say_until(self.OPEN, last)
+    def _open_block(self, tag: int | None) -> bool:
         if tag is None:
             return False
         self.state, self.block_start = "block", tag
+        self.call = CallObject(tag + len(self.OPEN), ("arguments",))
         return True
 
+    def _before(self, last: bool) -> bool:
+        return self._open_block(self._say_until(self.OPEN, last))
+
     def _block(self, last: bool) -> bool:
-        body_start = self.block_start + len(self.OPEN)
-        close = self.text.find(self.CLOSE, body_start)
-        if close < 0 and not last:
-            return False
-        body_end = len(self.text) if close < 0 else close
-        call = call_parts(self.text[body_start:body_end], ("arguments",))
-        if call is None:
+        read = self._read(self.call, last)
+        if read == "no call":
             self._rest_from(self.block_start)
-            return False
-        self._call(*call)
-        if close < 0:  # the answer ended in this block
+        elif read == "cut":
             self.done = True
+        elif read in ("end", "broken"):
+            self.state = "close"
+            self.at = self.call.end if read == "end" else self.call.error
+            return True
+        return False
+
+    def _close(self, last: bool) -> bool:
+        """What follows a call's object in its block (blank space, or what
+        the model wrote by mistake) is the block's, up to the tag."""
+        close = self.text.find(self.CLOSE, self.at)
+        if close < 0:
+            self.done = last  # the answer ended in this block
             return False
         self.state, self.at = "between", close + len(self.CLOSE)
         return True
 
     def _between(self, last: bool) -> bool:
-        tag = self._next_tag(self.OPEN, last)
-        if tag is None:
-            return False
-        self.state, self.block_start = "block", tag
-        return True
+        return self._open_block(self._next_tag(self.OPEN, last))
 
 
 def _open_tag_tail(text: str, start: int, tag: str) -> int:
@@ -302,12 +354,12 @@ def _open_tag_tail(text: str, start: int, tag: str) -> int:
 
 
 class PythonicReader(AutoCallsReader):
-    """``pythonic``. States: "lead" (blank space so far), "element" (at
-    ``at``, after the ``[`` or a ``,``: the next element's start), "call"
-    (inside the argument list of the call at ``element_start``, which
-    ``group`` finds the end of), "after_call" (after that list's ``)``, at
-    ``at``: the element ends at a ``,`` or the ``]``), "after" (after the
-    ``]``). An element is read (``python_call``) only once its ``,`` or
+    """``pythonic``, each call sent whole (``whole_calls``). States:
+    "lead" (blank space so far), "element" (at ``at``, after the ``[`` or a
+    ``,``: the next element's start), "call" (inside the argument list of
+    the call at ``element_start``, which ``group`` finds the end of),
+    "after_call" (after that list's ``)``, at ``at``: the element ends at a
+    ``,`` or the ``]``), "after" (after the ``]``). An element is read (``python_call``) only once its ``,`` or
     ``]`` is there: ``f(x=1)`` may go on as ``f(x=1)(2)``, which is none."""
 
     def __init__(self) -> None:
@@ -319,6 +371,7 @@ class PythonicReader(AutoCallsReader):
 
     STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "element": "_element", "call": "_inside",
                                        "after_call": "_after_call", "after": "_after"}
+    whole_calls: ClassVar[bool] = True
 
     def _fail(self, at: int) -> None:
         """The element at ``at`` is no call: content from there, or the
@@ -392,12 +445,12 @@ class PythonicReader(AutoCallsReader):
 class MistralReader(AutoCallsReader):
     """``mistral``. States: "before" (content, up to the first token),
     "segment" (after the token at ``segment_start``, at ``at``: a list or
-    a name comes), "arguments" (the object of the call named ``name``, from
-    ``object_start``), "element" (at ``at``, after the list's ``[`` or a
-    ``,``: the next element's ``{``), "object" (inside that element, from
-    ``object_start``), "after_element" (at ``at``: a ``,`` or the ``]``),
-    "between" (after a segment, at ``at``). ``segment_calls``: how many
-    calls came before the current segment."""
+    a name comes), "arguments" (the object ``arguments`` of the call whose
+    name came), "element" (at ``at``, after the list's ``[`` or a ``,``:
+    the next element's ``{``), "object" (inside that element, the call
+    object ``call`` from ``object_start``), "after_element" (at ``at``: a
+    ``,`` or the ``]``), "between" (after a segment, at ``at``).
+    ``segment_calls``: how many calls came before the current segment."""
 
     TOKEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
     keeps_special_tokens = True
@@ -408,9 +461,9 @@ class MistralReader(AutoCallsReader):
         self.at = 0
         self.segment_start = 0
         self.segment_calls = 0
-        self.name = ""
         self.object_start = 0
-        self.object_end: ObjectEnd | None = None
+        self.call: CallObject | None = None
+        self.arguments: CanonicalJson | None = None
 
     def _new_id(self) -> str:
         return "".join(secrets.choice(_ALPHANUMERIC) for _ in range(9))
@@ -432,10 +485,6 @@ class MistralReader(AutoCallsReader):
         self.segment_calls = len(self.found)
         return True
 
-    def _open_object(self, state: str, at: int) -> bool:
-        self.state, self.object_start, self.object_end = state, at, ObjectEnd(at)
-        return True
-
     def _before(self, last: bool) -> bool:
         return self._open_segment(self._say_until(self.TOKEN, last))
 
@@ -444,7 +493,8 @@ class MistralReader(AutoCallsReader):
 
     def _segment(self, last: bool) -> bool:
         """The older form's ``[`` or the newer form's name, an optional
-        ``[ARGS]`` and the arguments' ``{``, blank space allowed between."""
+        ``[ARGS]`` and the arguments' ``{``, blank space allowed between;
+        the call is known at the ``{``."""
         start = _BLANK.match(self.text, self.at).end()
         if start == len(self.text) and not last:
             return False
@@ -465,23 +515,19 @@ class MistralReader(AutoCallsReader):
         if not self.text.startswith("{", at):
             self._fail(start)
             return False
-        self.name = name.group()
-        return self._open_object("arguments", at)
+        self._entries([self.list.open(name.group())])
+        self.state, self.arguments = "arguments", CanonicalJson(at)
+        return True
 
     def _arguments(self, last: bool) -> bool:
-        end = self.object_end.scan(self.text)
-        if end is None:
-            if last:  # cut inside the arguments
-                self._fail(self.segment_start)
-            return False
-        try:
-            arguments = json.loads(self.text[self.object_start:end])
-        except ValueError:
-            self._fail(self.segment_start)
-            return False
-        self._call(self.name, json.dumps(arguments, ensure_ascii=False))
-        self.state, self.at = "between", end
-        return True
+        self.arguments.scan(self.text, last)
+        self._entries(self.list.extend(self.arguments.out))
+        if self.arguments.end is not None:
+            self.state, self.at = "between", self.arguments.end
+            return True
+        if self.arguments.error is not None:
+            self._rest_from(self.arguments.error)
+        return False
 
     def _element(self, last: bool) -> bool:
         start = _BLANK.match(self.text, self.at).end()
@@ -490,23 +536,24 @@ class MistralReader(AutoCallsReader):
                 self._fail(start)
             return False
         if self.text[start] == "{":
-            return self._open_object("object", start)
+            self.state, self.object_start = "object", start
+            self.call = CallObject(start, ("arguments",), default="{}")
+            return True
         self._fail(start)
         return False
 
     def _object(self, last: bool) -> bool:
-        end = self.object_end.scan(self.text)
-        if end is None:
-            if last:
-                self._fail(self.object_start)
-            return False
-        call = call_parts(self.text[self.object_start:end], ("arguments",), default={})
-        if call is None:
+        read = self._read(self.call, last)
+        if read == "no call":
             self._fail(self.object_start)
-            return False
-        self._call(*call)
-        self.state, self.at = "after_element", end
-        return True
+        elif read == "broken":
+            self._rest_from(self.call.error)
+        elif read == "cut":
+            self.done = True
+        elif read == "end":
+            self.state, self.at = "after_element", self.call.end
+            return True
+        return False
 
     def _after_element(self, last: bool) -> bool:
         start = _BLANK.match(self.text, self.at).end()

@@ -10,8 +10,8 @@ A request's ``tools`` are always given to the chat template. Its
 - "required": one or more calls. The output is held to a JSON array of
   ``{"name": <a tool's name>, "parameters": <that tool's arguments>}``
   objects without other keys (at most one with ``parallel_tool_calls``
-  false); each element is one call, its ``arguments`` the element's
-  parameters as JSON text.
+  false); each element is one call, its ``arguments`` the canonical JSON
+  text of the element's parameters (``canonical_json.py``).
 - "auto" (the default with tools): the model answers freely and a
   tool-call parser made for its call syntax (``tool_parsers.py``, chosen
   with ``--enable-auto-tool-choice --tool-call-parser NAME``) finds the
@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
+from serving.http.call_object import CallObject
 from serving.http.protocol import ChatCompletionRequest, FieldError
 from serving.http.structured import constraint_fields
 
@@ -284,9 +286,11 @@ class ToolCallReader:
     the stream and in the message.
 
     ``whole_calls``: each call entry is a whole call (index, id, type, name
-    and all its arguments). Where False, a call's first entry (the one with
-    its id) starts it and later entries add to its arguments, so a call is
-    whole only when the answer ends.
+    and all its arguments). Where False (``CallList``), a call's first
+    entry (the one with its id, type and name, arguments "") starts it and
+    later entries add to its arguments as they settle, so a call is whole
+    only when the next item or the answer's end comes; the arguments
+    joined are the message's.
 
     ``keeps_special_tokens``: the reader finds calls by text that may be a
     special token's (Mistral's ``[TOOL_CALLS]``, hermes' ``<tool_call>``), so the output it reads must show
@@ -296,14 +300,14 @@ class ToolCallReader:
     whole_calls: ClassVar[bool] = True
     keeps_special_tokens: ClassVar[bool] = False
 
-    def add(self, text: str) -> list[dict]:
+    def add(self, text: str, last: bool = False) -> list[dict]:
         raise NotImplementedError
 
     def calls(self) -> list[dict]:
         raise NotImplementedError
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
-        return [("call", entry) for entry in self.add(text)]
+        return [("call", entry) for entry in self.add(text, last)]
 
     def delta(self, text: str, last: bool = False) -> dict:
         return delta_of(self.pieces(text, last))
@@ -341,9 +345,19 @@ class FirstCallOnly(ToolCallReader):
 
 def delta_of(pieces: list[tuple[str, Any]]) -> dict:
     """A chat stream's delta for ``pieces``: their content joined, their
-    call entries in order (no key for what they hold none of)."""
+    call entries in order (no key for what they hold none of), an entry
+    that adds arguments to the entry before it (same call) joined to it."""
     content = "".join(value for kind, value in pieces if kind == "content")
-    entries = [value for kind, value in pieces if kind == "call"]
+    entries: list[dict] = []
+    for kind, value in pieces:
+        if kind != "call":
+            continue
+        if entries and entries[-1]["index"] == value["index"] and "id" not in value:
+            before = entries[-1]
+            arguments = before["function"].get("arguments", "") + value["function"]["arguments"]
+            entries[-1] = {**before, "function": {**before["function"], "arguments": arguments}}
+        else:
+            entries.append(value)
     delta: dict[str, Any] = {}
     if content:
         delta["content"] = content
@@ -352,144 +366,128 @@ def delta_of(pieces: list[tuple[str, Any]]) -> dict:
     return delta
 
 
+class CallList:
+    """An answer's calls as a stream sends them: ``open`` starts a call
+    (its first entry: index, id, type, name and arguments ""), ``extend``
+    sends what the open call's arguments have grown by, ``whole`` sends a
+    call in one entry; ``found`` holds the message's calls, each with all
+    the arguments sent for it, so the stream and the message agree.
+    ``follow`` does ``open`` and ``extend`` for a ``CallObject``."""
+
+    def __init__(self, new_id: Callable[[], str] = None) -> None:
+        self.new_id = new_id or new_tool_call_id
+        self.found: list[dict] = []
+        self.followed: CallObject | None = None  # the object whose call is open
+
+    def open(self, name: str) -> dict:
+        call = tool_call(name, "", self.new_id())
+        self.found.append(call)
+        return {"index": len(self.found) - 1, **tool_call(name, "", call["id"])}
+
+    def extend(self, arguments: str) -> list[dict]:
+        """The entry for what ``arguments`` (the open call's arguments so
+        far, of which what was sent is a prefix) adds, if anything."""
+        function = self.found[-1]["function"]
+        added = arguments[len(function["arguments"]):]
+        if not added:
+            return []
+        function["arguments"] = arguments
+        return [{"index": len(self.found) - 1, "function": {"arguments": added}}]
+
+    def whole(self, name: str, arguments: str) -> dict:
+        call = tool_call(name, arguments, self.new_id())
+        self.found.append(call)
+        return {"index": len(self.found) - 1, **tool_call(name, arguments, call["id"])}
+
+    def follow(self, call: CallObject) -> list[dict]:
+        """The entries for what ``call`` settled since it was last followed
+        (none before it is ``started``)."""
+        if not call.started:
+            return []
+        entries = []
+        if self.followed is not call:
+            self.followed = call
+            entries.append(self.open(call.name))
+        return entries + self.extend(call.arguments)
+
+
 class NamedCallReader(ToolCallReader):
-    """A named tool choice: the whole text is the call's arguments. An
-    empty or blank text (white space alone) makes no call, so blank text
-    is held back: the call's first entry, with its id, type and name,
-    comes with the first other character and carries all the text so far;
-    each entry after it only more arguments text. A stream, the chat's
-    whole message and a Responses answer (``responses_items.OutputItems``)
-    then agree: blank text to the end is no call in any of them."""
+    """A named tool choice: the whole text is the call's arguments, as it
+    is (vLLM's). An empty or blank text (white space alone) makes no call,
+    so blank text is held back: the call's first entry, with its id, type
+    and name, comes with the first other character, which, with all the
+    text before it, is its first piece of arguments; then each piece of
+    text is one. A stream, the chat's whole message and a Responses answer
+    (``responses_items.OutputItems``) then agree: blank text to the end is
+    no call in any of them."""
 
     whole_calls: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.id = new_tool_call_id()
         self.text = ""
-        self.started = False  # whether the call's first entry is out
+        self.list = CallList()
 
-    def add(self, text: str) -> list[dict]:
+    def add(self, text: str, last: bool = False) -> list[dict]:
         self.text += text
-        if not self.started:
+        if not self.list.found:
             if not self.text.strip():
                 return []
-            self.started = True
-            return [{"index": 0, "id": self.id, "type": "function",
-                     "function": {"name": self.name, "arguments": self.text}}]
-        return [{"index": 0, "function": {"arguments": text}}] if text else []
+            return [self.list.open(self.name), *self.list.extend(self.text)]
+        return self.list.extend(self.text)
 
     def calls(self) -> list[dict]:
-        if not self.text.strip():
-            return []
-        return [{"id": self.id, "type": "function",
-                 "function": {"name": self.name, "arguments": self.text}}]
+        return list(self.list.found)
 
 
 class RequiredCallsReader(ToolCallReader):
     """A "required" tool choice: the text is a JSON array of {"name",
-    "parameters"} objects; each element becomes a call when it is whole,
-    sent in one stream entry (index, id, type, name and all its arguments).
-    Elements left unfinished (an answer cut at ``max_tokens``) make no call.
+    "parameters"} objects, each element one call (``CallObject``), its
+    arguments streamed as they settle: the first entry once its name is
+    whole and its parameters have begun, then their canonical text in
+    pieces. An element the answer is cut in (``max_tokens``) keeps the
+    arguments it has so far, in the stream and in the message alike, as
+    OpenAI's answers cut in a call do.
 
     The output is held to the array's schema, so outside the elements there
     are only brackets, commas and blank space: the next ``{`` after an
-    element starts the next one, whose end ``ObjectEnd`` finds."""
+    element starts the next one. Text that is no element (which the
+    schema leaves no room for) ends the calls."""
+
+    whole_calls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.text = ""
         self.at = 0  # where the search for the next element goes on
-        self.element_start = 0
-        self.element_end: ObjectEnd | None = None
-        self.found: list[dict] = []
+        self.element: CallObject | None = None
+        self.list = CallList()
+        self.over = False
 
-    def add(self, text: str) -> list[dict]:
+    def add(self, text: str, last: bool = False) -> list[dict]:
         self.text += text
-        entries = []
-        while True:
-            if self.element_end is None:
+        entries: list[dict] = []
+        while not self.over:
+            if self.element is None:
                 start = self.text.find("{", self.at)
                 if start < 0:
                     self.at = len(self.text)
-                    return entries
-                self.element_start, self.element_end = start, ObjectEnd(start)
-            end = self.element_end.scan(self.text)
-            if end is None:
-                return entries
-            call = call_of(self.text[self.element_start:end], ("parameters",))
-            if call is not None:
-                entries.append({"index": len(self.found), **call})
-                self.found.append(call)
-            self.at, self.element_end = end, None
+                    break
+                self.element = CallObject(start, ("parameters",))
+            self.element.scan(self.text, last)
+            entries += self.list.follow(self.element)
+            if self.element.end is None or self.element.failed:
+                self.over = self.element.error is not None or self.element.failed
+                break
+            self.at, self.element = self.element.end, None
+        return entries
 
     def calls(self) -> list[dict]:
-        return list(self.found)
+        return list(self.list.found)
 
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.found else reason
-
-
-_NOT_GIVEN = object()
+        return "tool_calls" if reason == "stop" and self.list.found else reason
 
 
 def tool_call(name: str, arguments: str, call_id: str) -> dict:
     """A message's tool call; ``arguments``: the JSON text of its arguments."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def call_parts(text: str, argument_keys: tuple[str, ...],
-               default: Any = _NOT_GIVEN) -> tuple[str, str] | None:
-    """The name and the arguments (as JSON text) of the call a JSON
-    object's text stands for: a string "name" and the first of
-    ``argument_keys`` it has (``default`` where it has none, if given);
-    None if it is not one."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = next((value[key] for key in argument_keys if key in value), default)
-    if arguments is _NOT_GIVEN:
-        return None
-    return value["name"], json.dumps(arguments, ensure_ascii=False)
-
-
-def call_of(text: str, argument_keys: tuple[str, ...]) -> dict | None:
-    """``call_parts``' call as a message's tool call, with a new id."""
-    parts = call_parts(text, argument_keys)
-    return None if parts is None else tool_call(*parts, new_tool_call_id())
-
-
-class ObjectEnd:
-    """Finds where a JSON object that starts at ``start`` ends, over text
-    that grows: ``scan`` reads from where it stopped and returns the index
-    just past the closing brace, or None while brackets (outside strings)
-    are still open."""
-
-    def __init__(self, start: int) -> None:
-        self.at = start
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-
-    def scan(self, text: str) -> int | None:
-        while self.at < len(text):
-            char = text[self.at]
-            self.at += 1
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif char == "\\":
-                    self.escaped = True
-                elif char == '"':
-                    self.in_string = False
-            elif char == '"':
-                self.in_string = True
-            elif char in "{[":
-                self.depth += 1
-            elif char in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return self.at
-        return None

@@ -28,6 +28,7 @@ from tests.helpers.http_utils import (
     streamed_chat_deltas,
 )
 from tests.helpers.proc_utils import run_tprun
+from tests.helpers.tool_stream import argument_pieces, assembled
 from tests.helpers.tool_template import MISTRAL_TOKENS
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
@@ -195,17 +196,31 @@ def test_parallel_tool_calls_false_keeps_the_first_call(request, case):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", ["hermes", "pythonic", "mistral"])
-def test_each_call_streams_whole_in_one_delta(request, case):
+@pytest.mark.parametrize("case", ["hermes", "llama", "mistral", "mistral_list", "pythonic"])
+def test_each_calls_arguments_stream_in_pieces(request, case):
+    """The deltas as they come: each call's first entry (index, id, type,
+    name), then its arguments in pieces (the JSON parsers: get_weather's in
+    several deltas; pythonic: each call whole in one entry), adding up,
+    call by call and with the same content, to the whole answer to the
+    same request."""
     which, text, (content, calls) = FORCED[case]
     server = request.getfixturevalue(which)
-    body = {**_kwargs(server), **_forcing(text), "stream": True}
-    deltas = streamed_chat_deltas(server.url, body)
+    body = {**_kwargs(server), **_forcing(text)}
+    with openai_client(server) as client:
+        whole = client.chat.completions.create(**_forced(server, text)).choices[0].message
+    deltas = streamed_chat_deltas(server.url, {**body, "stream": True})
     entries = [e for d in deltas for e in d.get("tool_calls", [])]
-    assert [(e["index"], e["type"], e["function"]["name"], json.loads(e["function"]["arguments"]))
-            for e in entries] == [(i, "function", *call) for i, call in enumerate(calls)]
-    assert all(_valid_id(which, e["id"]) for e in entries)
+    streamed = assembled(entries)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed] == \
+        [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] \
+        == calls
+    assert all(_valid_id(which, c["id"]) for c in streamed)
     assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+    if case == "pythonic":
+        assert len(entries) == len(calls)
+    else:  # a delta's entries of one call are one entry: a piece per delta
+        assert len(argument_pieces(entries, 0)) > 5
 
 
 @pytest.mark.timeout(300)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import httpx
 import jsonschema
@@ -26,6 +27,7 @@ from tests.helpers.http_utils import (
     serving_tiny_with_tools,
     streamed_chat_deltas,
 )
+from tests.helpers.tool_stream import argument_pieces, assembled
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,9 +64,10 @@ def calls_schema(tools: list[dict], max_items: int | None = None) -> dict:
     return schema
 
 
-def whole_elements(text: str) -> list[tuple[str, dict]]:
+def whole_elements(text: str) -> tuple[list[tuple[str, dict]], int]:
     """(name, parameters) of each whole element of a JSON array of objects
-    that may be cut short, read one value at a time by the json module."""
+    that may be cut short, read one value at a time by the json module,
+    and where the text after them starts."""
     decoder, out = json.JSONDecoder(), []
     at = text.index("[") + 1
     while True:
@@ -73,8 +76,61 @@ def whole_elements(text: str) -> list[tuple[str, dict]]:
         try:
             element, at = decoder.raw_decode(text, at)
         except ValueError:
-            return out
+            return out, at
         out.append((element["name"], element["parameters"]))
+
+
+_CUT_ELEMENT = re.compile(r'\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"parameters"\s*:\s*(\S.*)', re.S)
+# Ends that make a JSON text cut short whole (tried in turn, before the
+# brackets it leaves open are closed): inside a string, a key or a word.
+_ENDINGS = ["", '"', "0", ": 0", '": 0', '"k": 0', "n\"", '0000"', "n\": 0", '0000": 0', "ue",
+            "rue", "lse", "alse", "ll", "ull"]
+
+
+def completed(text: str) -> str:
+    """Some JSON text that ``text``, a JSON value cut short, begins."""
+    closers, in_string, escaped = [], False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            closers.append("}" if char == "{" else "]")
+        elif char in "}]":
+            closers.pop()
+    for ending in _ENDINGS:
+        try:
+            json.loads(text + ending + "".join(reversed(closers)))
+        except ValueError:
+            continue
+        return text + ending + "".join(reversed(closers))
+    raise AssertionError(f"no ending makes {text!r} JSON")
+
+
+def check_required_calls(calls: list[tuple[str, str]], text: str, reason: str) -> None:
+    """A "required" answer's calls against the engine's ``text``: one call
+    per whole element, its arguments json.dumps' text of the element's
+    parameters; where the answer was cut in an element whose parameters had
+    begun, one more call of that name, whose arguments begin the canonical
+    text of any whole value its parameters' text may grow into."""
+    whole, rest = whole_elements(text)
+    assert [(name, json.loads(args)) for name, args in calls[:len(whole)]] == whole
+    assert all(args == json.dumps(json.loads(args), ensure_ascii=False)
+               for _, args in calls[:len(whole)])
+    cut = _CUT_ELEMENT.match(text, rest) if reason == "length" else None
+    if cut is None:
+        assert len(calls) == len(whole)
+        return
+    [(name, arguments)] = calls[len(whole):]
+    assert name == cut.group(1)
+    canonical = json.dumps(json.loads(completed(cut.group(2))), ensure_ascii=False)
+    assert canonical.startswith(arguments) and arguments
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +168,8 @@ def _ask(client, server, **kwargs):
                                           tools=TOOLS, **kwargs)
 
 
-def _calls(message) -> list[tuple[str, dict]]:
-    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+def _calls(message) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
 
 
 def test_named_call_is_the_engines_answer_under_the_tools_schema(client, server, reference, hf):
@@ -149,9 +205,9 @@ def _required_against_reference(client, server, reference, hf, max_items=None, *
             json=calls_schema(TOOLS, max_items))))[0].outputs
     for choice, want in zip(resp.choices, wants):
         assert choice.message.content == ""
-        assert _calls(choice.message) == whole_elements(want.text)
-        for name, arguments in _calls(choice.message):
-            jsonschema.validate(arguments, SCHEMAS[name])
+        check_required_calls(_calls(choice.message), want.text, want.finish_reason)
+        for name, arguments in _calls(choice.message)[:len(whole_elements(want.text)[0])]:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
         # "required" ends with "tool_calls" where the engine stopped; a cut
         # answer keeps "length" (with the calls it finished).
         assert choice.finish_reason == ("tool_calls" if want.finish_reason == "stop"
@@ -159,9 +215,12 @@ def _required_against_reference(client, server, reference, hf, max_items=None, *
     return resp, wants
 
 
-def test_required_calls_are_the_whole_elements_of_the_engines_array(
+def test_required_calls_are_the_elements_of_the_engines_array(
         client, server, reference, hf):
-    resp, _ = _required_against_reference(client, server, reference, hf)
+    resp, wants = _required_against_reference(client, server, reference, hf)
+    # One answer is cut inside a call: it keeps the call as far as it came.
+    assert any(len(c.message.tool_calls or []) > len(whole_elements(w.text)[0])
+               for c, w in zip(resp.choices, wants, strict=True))
     call_ids = [c.id for choice in resp.choices for c in choice.message.tool_calls or []]
     assert len(set(call_ids)) == len(call_ids) >= 3
     assert all(i.startswith("chatcmpl-tool-") for i in call_ids)
@@ -212,6 +271,25 @@ def test_several_streamed_calls_reassemble_at_their_indices(client, server):
         assert got.finish_reason == want.finish_reason == "length"
         assert _calls(got.message) == _calls(want.message)
     assert max(len(c.message.tool_calls) for c in streamed.choices) >= 2
+
+
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_arguments_stream_in_pieces_that_join_into_the_whole_answers(client, server,
+                                                                      tool_choice):
+    """A forced call's deltas as they come: its first entry (id, type,
+    name), then its arguments in many pieces, joining, call by call, into
+    the whole answer's (ids aside: each answer makes its own)."""
+    body = {"model": server.model_dir, "messages": MESSAGES, "tools": TOOLS,
+            "tool_choice": tool_choice, "max_tokens": 300, "temperature": 1.0, "seed": 7}
+    whole = client.chat.completions.create(**body)
+    deltas = streamed_chat_deltas(server.url, {**body, "stream": True})
+    entries = [e for d in deltas for e in d.get("tool_calls", [])]
+    calls = assembled(entries)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        _calls(whole.choices[0].message)
+    assert all(c["id"].startswith("chatcmpl-tool-") for c in calls)
+    assert len(argument_pieces(entries, 0)) > 5
+    assert not any(d.get("content") for d in deltas)
 
 
 def test_a_named_calls_first_delta_names_it_and_the_rest_add_arguments(server):
@@ -348,7 +426,8 @@ def test_tools_nested_past_a_schemas_bound_are_400_naming_tools(server, client, 
 def test_a_text_response_format_is_no_second_constraint(client, server):
     resp = _ask(client, server, tool_choice={"type": "function", "function": {"name": "now"}},
                 response_format={"type": "text"}, max_tokens=16, temperature=0)
-    assert _calls(resp.choices[0].message) == [("now", {})]
+    [(name, arguments)] = _calls(resp.choices[0].message)
+    assert (name, json.loads(arguments)) == ("now", {})
 
 
 def test_the_client_sees_auto_refused_with_the_reason(client, server):

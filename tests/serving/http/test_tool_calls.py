@@ -18,6 +18,7 @@ from engine.structured_outputs import StructuredOutputManager
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.responses_items import OutputItems
 from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
+from tests.helpers.tool_stream import argument_pieces, assembled
 
 UNIT = {"enum": ["C", "F"]}
 TOOLS = [
@@ -141,31 +142,52 @@ ARRAYS = [
 ]
 
 
+def _splits(text: str) -> list[list[str]]:
+    """The text in pieces of every size, and in two at every character."""
+    return ([_pieces(text, size) for size in range(1, len(text) + 1)]
+            + [[text[:i], text[i:]] for i in range(1, len(text))])
+
+
 @pytest.mark.parametrize("text", ARRAYS)
-def test_required_reader_gives_each_element_once_whole(text):
-    want = [(e["name"], e["parameters"]) for e in json.loads(text)]
-    for size in range(1, len(text) + 1):
+def test_required_reader_streams_each_elements_arguments(text):
+    """Each element is one call, its arguments json.dumps' text of its
+    parameters, streamed in pieces that add up to the message's call."""
+    want = [(e["name"], json.dumps(e["parameters"], ensure_ascii=False))
+            for e in json.loads(text)]
+    for pieces in _splits(text):
         reader = RequiredCallsReader()
-        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
-        assert [(e["function"]["name"], json.loads(e["function"]["arguments"]))
-                for e in entries] == want
-        assert [e["index"] for e in entries] == list(range(len(want)))
+        entries = [e for i, piece in enumerate(pieces)
+                   for e in reader.add(piece, last=i == len(pieces) - 1)]
         calls = reader.calls()
-        assert [c["id"] for c in calls] == [e["id"] for e in entries]
-        assert [{k: v for k, v in e.items() if k != "index"} for e in entries] == calls
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == want
+        assert assembled(entries) == calls
         assert len({c["id"] for c in calls}) == len(calls)
         assert reader.finish_reason("stop") == "tool_calls"
         assert reader.finish_reason("length") == "length"
+    reader = RequiredCallsReader()  # character by character: many pieces
+    entries = [e for char in text for e in reader.add(char)]
+    assert len(argument_pieces(entries, 0)) >= min(10, len(want[0][1]))
 
 
-def test_required_reader_drops_an_unfinished_element():
+def test_required_reader_keeps_a_cut_element_as_far_as_it_came():
+    """An element cut once its name and parameters began is a call with
+    the arguments so far (in the stream and the message alike); one cut
+    before is none."""
     text = ARRAYS[1]
-    cut = text.index('{ "parameters"') + 20
+    cut = text.index('{ "parameters"') + 30
     reader = RequiredCallsReader()
-    reader.add(text[:cut])
-    assert [c["function"]["name"] for c in reader.calls()] == ["get_weather"]
+    entries = reader.add(text[:cut], last=True)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in reader.calls()] == \
+        [("get_weather", '{"city": "Os]lo} \\"x\\" {", "unit": "C"}')]
+    assert assembled(entries) == reader.calls()
+    late = RequiredCallsReader()  # its name comes after its parameters
+    late.add('[{"parameters": {"a": 1}, "na', last=True)
+    assert late.calls() == []
+    started = RequiredCallsReader()
+    started.add('[{"name": "now", "parameters": {"a": [1, 2', last=True)
+    assert [c["function"]["arguments"] for c in started.calls()] == ['{"a": [1, 2']
     empty = RequiredCallsReader()
-    empty.add('[{"name": "no')
+    empty.add('[{"name": "no', last=True)
     assert empty.calls() == [] and empty.finish_reason("stop") == "stop"
 
 
@@ -174,13 +196,12 @@ def test_named_reader_streams_the_text_as_arguments():
     for size in (1, 4, len(text)):
         reader = NamedCallReader("get_weather")
         entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
-        first, rest = entries[0], entries[1:]
-        assert first == {"index": 0, "id": reader.id, "type": "function",
-                         "function": {"name": "get_weather", "arguments": text[:size]}}
-        assert all(set(e) == {"index", "function"} and e["index"] == 0 for e in rest)
-        assert "".join(e["function"]["arguments"] for e in entries) == text
-        assert reader.calls() == [{"id": reader.id, "type": "function",
-                                   "function": {"name": "get_weather", "arguments": text}}]
+        [call] = reader.calls()
+        assert entries[0] == {"index": 0, "id": call["id"], "type": "function",
+                              "function": {"name": "get_weather", "arguments": ""}}
+        assert argument_pieces(entries, 0) == _pieces(text, size)
+        assert assembled(entries) == [{"id": call["id"], "type": "function",
+                                       "function": {"name": "get_weather", "arguments": text}}]
         assert reader.finish_reason("stop") == "stop"
     assert NamedCallReader("now").calls() == []
 
@@ -204,7 +225,8 @@ def test_a_named_call_starts_at_its_first_non_blank_character(text):
                 [("message", "")]
             assert "response.function_call_arguments.delta" not in kinds
             continue
-        assert entries[0]["id"] == reader.id and entries[0]["function"]["name"] == "get_weather"
+        assert assembled(entries) == reader.calls()
+        assert entries[0]["function"]["name"] == "get_weather"
         assert "".join(e["function"]["arguments"] for e in entries) == text
         assert reader.message()["tool_calls"][0]["function"]["arguments"] == text
         assert [(i["type"], i["arguments"]) for i in items.items] == [("function_call", text)]

@@ -1,8 +1,10 @@
 """The tool-call parsers of tool_choice "auto" on hand-written model
 outputs: each text's expected content and calls are written out by hand
 from the parser's rule (``serving/http/tool_parsers.py``), and the same
-text fed in pieces of every size must give the same message, with the
-stream's deltas adding up to it."""
+text fed in pieces of every size, and split in two at every character,
+must give the same message, with the stream's deltas adding up to it (a
+call's arguments in pieces, ``tests/helpers/tool_stream.py``). What a
+stream holds back is checked against hand-worked prefixes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import re
 import pytest
 
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
+from tests.helpers.tool_stream import argument_pieces, assembled
 
 WEATHER = {"city": "Oslo", "days": 2}
 
@@ -34,15 +37,24 @@ LLAMA = [
     ('Sure: {"name": "now", "parameters": {}}', 'Sure: {"name": "now", "parameters": {}}', []),
     ('<|python_tag|>print(1)', '<|python_tag|>print(1)', []),
     ('<|python', '<|python', []),
+    # Cut in a call once its name and arguments began: the call stays, its
+    # arguments as far as they came.
+    ('{"name": "now", "parameters": {}', None, [("now", {})]),
+    ('{"name": "say", "parameters": {"n": 12', None, [("say", '{"n": 12')]),
     # Malformed or not a call: all content, as written.
-    ('{"name": "now", "parameters": {}', '{"name": "now", "parameters": {}', []),
+    ('{"name": "now", "parameters": ', '{"name": "now", "parameters": ', []),
     ('{"name": now, "parameters": {}}', '{"name": now, "parameters": {}}', []),
     ('{"name": "now"}', '{"name": "now"}', []),
     ('{"city": "Oslo"}', '{"city": "Oslo"}', []),
     ('{"name": 7, "parameters": {}}', '{"name": 7, "parameters": {}}', []),
-    # The run ends at the first object that is not a call.
+    # The run ends at the first object that is not a call, or where a
+    # call's JSON breaks off.
     ('{"name": "now", "parameters": {}}; {"name": "get_weather", "parameters": {"ci',
-     '{"name": "get_weather", "parameters": {"ci', [("now", {})]),
+     None, [("now", {}), ("get_weather", '{"ci')]),
+    ('{"name": "now", "parameters": {}}; {"name": "get_weather"}',
+     '{"name": "get_weather"}', [("now", {})]),
+    ('{"name": "say", "parameters": {"a": 1 "b": 2}} Done.', '"b": 2}} Done.',
+     [("say", '{"a": 1')]),
     ('{"name": "now", "parameters": {}} {"name": "now", "parameters": {}}',
      '{"name": "now", "parameters": {}}', [("now", {})]),
 ]
@@ -60,13 +72,24 @@ HERMES = [
     ('<tool_call>{"name": "now", "arguments": {}}</tool_call> All set.', "All set.",
      [("now", {})]),
     ("x < y and <tool", "x < y and <tool", []),
+    # The arguments given in whichever order, keys given twice (the first
+    # counts), other keys and blank space; what follows a call's object up
+    # to the block's end tag is the block's.
+    ('<tool_call>\n{"arguments": {"u": "\\u00e9\\ud83d\\ude00\\n"}, "id": [1], "name": "now", '
+     '"name": "x", "arguments": 5}\n</tool_call>', None, [("now", {"u": "é😀\n"})]),
+    ('<tool_call>{"name": "now", "arguments": {}}}</tool_call>', None, [("now", {})]),
+    ('<tool_call>{"name": "now", "arguments": {}</tool_call>', None, [("now", {})]),
+    ('<tool_call>{"name": "f", "arguments": {"a": tru}}</tool_call>ok', "ok",
+     [("f", '{"a": ')]),
+    # Cut in a call: the call stays, its arguments as far as they came.
+    ('<tool_call>{"name": "now", "arguments": {"a": 1', None, [("now", '{"a": 1')]),
+    ('<tool_call>{"name": "now", "arguments": {"a": "x\\u00', None, [("now", '{"a": "x')]),
     # Malformed or not a call: all content, as written.
-    ('<tool_call>{"name": "now", "arguments": {}</tool_call>',
-     '<tool_call>{"name": "now", "arguments": {}</tool_call>', []),
     ('Hi <tool_call>{"name": "now", "parameters": {}}</tool_call>',
      'Hi <tool_call>{"name": "now", "parameters": {}}</tool_call>', []),
-    ('<tool_call>{"name": "now", "arguments": {"a": 1', '<tool_call>{"name": "now", '
-     '"arguments": {"a": 1', []),
+    ('<tool_call>{"name": "now", "arguments"', '<tool_call>{"name": "now", "arguments"', []),
+    ('<tool_call>{"name": ["now"], "arguments": {}}</tool_call>',
+     '<tool_call>{"name": ["now"], "arguments": {}}</tool_call>', []),
     # The run ends at the first block that is not a call.
     ('A<tool_call>{"name": "now", "arguments": {}}</tool_call><tool_call>oops</tool_call>',
      "A<tool_call>oops</tool_call>", [("now", {})]),
@@ -143,13 +166,17 @@ MISTRAL = [
     ("[TOOL_CALLS] not json at all", "[TOOL_CALLS] not json at all", []),
     ("Hm [TOOL_CALLS][]", "Hm [TOOL_CALLS][]", []),
     ("[TOOL_CALLS]", "[TOOL_CALLS]", []),
-    ('[TOOL_CALLS]bash{"command": "ls"', '[TOOL_CALLS]bash{"command": "ls"', []),
-    ('[TOOL_CALLS]bash{"command": "ls",}', '[TOOL_CALLS]bash{"command": "ls",}', []),
+    ('[TOOL_CALLS]bash', '[TOOL_CALLS]bash', []),
+    # Cut in a call, or its JSON broken off, once its arguments began: the
+    # call stays, its arguments as far as they came.
+    ('[TOOL_CALLS]bash{"command": "ls"', None, [("bash", '{"command": "ls"')]),
+    ('[TOOL_CALLS]bash{"command": "ls",}', "}", [("bash", '{"command": "ls", ')]),
     ('[TOOL_CALLS][{"arguments": {}}]', '[TOOL_CALLS][{"arguments": {}}]', []),
     ('[TOOL_CALLS][{"name": 7, "arguments": {}}]', '[TOOL_CALLS][{"name": 7, "arguments": {}}]',
      []),
     # The run ends at the first piece that is not a call.
-    ('[TOOL_CALLS]now{}[TOOL_CALLS]bash{"a": ', '[TOOL_CALLS]bash{"a": ', [("now", {})]),
+    ('[TOOL_CALLS]now{}[TOOL_CALLS]bash{"a": ', None, [("now", {}), ("bash", '{"a": ')]),
+    ('[TOOL_CALLS][{"name": "now", "arguments": {"a": [', None, [("now", '{"a": [')]),
     ('[TOOL_CALLS][{"name": "now", "arguments": {}}, {"name": 1}]', '{"name": 1}]',
      [("now", {})]),
     ('[TOOL_CALLS]now{} {"name": "now"}', '{"name": "now"}', [("now", {})]),
@@ -160,15 +187,31 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def _read(parser: str, text: str, size: int) -> tuple[dict, list[dict]]:
+def _splits(text: str) -> list[list[str]]:
+    """The text in pieces of every size, and in two at every character."""
+    return ([_pieces(text, size) for size in range(1, max(len(text), 1) + 1)]
+            + [[text[:i], text[i:]] for i in range(1, len(text))])
+
+
+def _read(parser: str, pieces: list[str]) -> tuple[dict, list[dict], object]:
     reader = TOOL_CALL_PARSERS[parser]()
-    pieces = _pieces(text, size)
     deltas = [reader.delta(piece, last=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
     return reader.message(), deltas, reader
 
 
-def _named(calls: list[dict]) -> list[tuple[str, dict]]:
-    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+def _whole(parser: str, text: str) -> tuple[dict, list[dict], object]:
+    return _read(parser, [text])
+
+
+def _named(calls: list[dict]) -> list[tuple[str, str]]:
+    return [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
+def _expected(calls: list[tuple[str, dict | str]]) -> list[tuple[str, str]]:
+    """Each call's arguments text: json.dumps' text of an object (as
+    vLLM's parsers write it), or as given (arguments cut short)."""
+    return [(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+            for name, args in calls]
 
 
 def _valid_id(parser: str, call_id: str) -> bool:
@@ -185,34 +228,32 @@ def _valid_id(parser: str, call_id: str) -> bool:
                          + [("pythonic", *case) for case in PYTHONIC]
                          + [("mistral", *case) for case in MISTRAL])
 def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
-    for size in range(1, max(len(text), 1) + 1):
-        message, deltas, reader = _read(parser, text, size)
-        assert message["content"] == content, size
-        assert _named(message.get("tool_calls", [])) == calls, size
+    for pieces in _splits(text):
+        message, deltas, reader = _read(parser, pieces)
+        assert message["content"] == content, pieces
+        assert _named(message.get("tool_calls", [])) == _expected(calls), pieces
         if not calls:
             assert message == {"content": text}
             assert reader.finish_reason("stop") == "stop"
         else:
             assert reader.finish_reason("stop") == "tool_calls"
             assert reader.finish_reason("length") == "length"
-        # The stream: content as it comes, each call whole in one entry,
-        # at its index, with the id the message gives it.
+        # The stream: content as it comes; each call's first entry, then
+        # its arguments in pieces, adding up to the message's call.
         streamed = "".join(d.get("content", "") for d in deltas)
         assert streamed == (content or "")
         entries = [e for d in deltas for e in d.get("tool_calls", [])]
-        assert [e["index"] for e in entries] == list(range(len(calls)))
-        assert [{k: v for k, v in e.items() if k != "index"} for e in entries] == \
-            message.get("tool_calls", [])
+        assert assembled(entries) == message.get("tool_calls", [])
         ids = [c["id"] for c in message.get("tool_calls", [])]
         assert len(set(ids)) == len(ids) and all(_valid_id(parser, i) for i in ids)
 
 
 def test_arguments_are_the_json_text_of_the_object_given():
-    text = '{"name": "say", "parameters": {"text": "héllo", "n": [1, 2.5, null]}}'
-    message, _, _ = _read("llama3_json", text, len(text))
+    text = '{"name": "say", "parameters": {"text": "h\\u00e9llo",\n "n": [1, 2.50, 1E2, null]}}'
+    message, _, _ = _whole("llama3_json", text)
     [call] = message["tool_calls"]
     assert call["type"] == "function"
-    assert call["function"]["arguments"] == '{"text": "héllo", "n": [1, 2.5, null]}'
+    assert call["function"]["arguments"] == '{"text": "héllo", "n": [1, 2.5, 100.0, null]}'
 
 
 def test_content_is_held_only_while_it_may_start_a_call():
@@ -225,18 +266,90 @@ def test_content_is_held_only_while_it_may_start_a_call():
     assert llama.delta("  ") == {}
     assert llama.delta("Hi") == {"content": "  Hi"}
     assert llama.delta(" there", last=True) == {"content": " there"}
-    call = TOOL_CALL_PARSERS["llama3_json"]()
-    assert call.delta('{"name": "now", "parameters": {') == {}
-    [entry] = call.delta("}}")["tool_calls"]
-    assert entry["function"] == {"name": "now", "arguments": "{}"}
 
 
-def test_pythonic_and_mistral_let_out_what_is_settled():
-    """pythonic holds the answer from its ``[`` on and sends a call once its
-    element has ended (``now()`` may still go on as ``now()(1)``); text
-    that does not start with a list goes out at once. mistral sends text
-    up to a possible ``[TOOL_CALLS]`` at once, and a call when its
-    arguments' object closes."""
+def _entry(reader, text: str, last: bool = False) -> list:
+    """The (index, id or None, name or None, arguments) of each entry of
+    the delta for ``text``."""
+    return [(e["index"], e.get("id"), e["function"].get("name"), e["function"]["arguments"])
+            for e in reader.delta(text, last).get("tool_calls", [])]
+
+
+def test_a_call_starts_once_its_name_and_arguments_have_begun():
+    """The first entry comes when the name is whole and the arguments'
+    value has begun (not before: ``{"name": "now"}`` is no call), then
+    each piece of arguments as it settles."""
+    for parser, head in [("hermes", '<tool_call>{"name": "get_weather", '),
+                         ("llama3_json", '{"name": "get_weather", ')]:
+        reader = TOOL_CALL_PARSERS[parser]()
+        assert reader.delta(head) == {}
+        key = "arguments" if parser == "hermes" else "parameters"
+        assert reader.delta(f'"{key}"') == {}
+        assert reader.delta(": ") == {}
+        [(index, call_id, name, arguments)] = _entry(reader, '{"ci')
+        assert (index, name, arguments) == (0, "get_weather", '{"ci')
+        assert call_id == reader.message()["tool_calls"][0]["id"]
+        assert _entry(reader, 'ty": "Os') == [(0, None, None, 'ty": "Os')]
+        assert _entry(reader, 'lo"}') == [(0, None, None, 'lo"}')]
+    late = TOOL_CALL_PARSERS["hermes"]()  # the arguments before the name
+    assert late.delta('<tool_call>{"arguments": {"a": "b"}, "na') == {}
+    assert _entry(late, 'me": "f"') == [(0, late.found[0]["id"], "f", '{"a": "b"}')]
+    mistral = TOOL_CALL_PARSERS["mistral"]()
+    assert mistral.delta("Sure [TOOL") == {"content": "Sure "}
+    assert mistral.delta("_CALLS]now[AR") == {}
+    assert _entry(mistral, 'GS]{"a": "}"') == [(0, mistral.found[0]["id"], "now",
+                                               '{"a": "}"')]
+    assert _entry(mistral, "}") == [(0, None, None, "}")]
+    assert mistral.delta("", last=True) == {}
+
+
+# (parser, text, [(prefix length or the text it ends with, arguments out by then)])
+HELD = [
+    # A number until the character after it; a literal likewise.
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"n": 12, "t": true}}</tool_call>',
+     [('{"n": 1', '{"n": '), ('{"n": 12', '{"n": '), ('{"n": 12,', '{"n": 12, '),
+      ('"t": tru', '{"n": 12, "t": '), ('"t": true', '{"n": 12, "t": '),
+      ('"t": true}', '{"n": 12, "t": true}')]),
+    # The call object's brace and the end tag are not arguments: nothing
+    # more goes out after the arguments' own brace.
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": "x"}}</tool_call>',
+     [('"x"', '{"a": "x"'), ('"x"}', '{"a": "x"}'), ('"x"}}', '{"a": "x"}'),
+      ('</tool_', '{"a": "x"}')]),
+    # A string's characters at once; an escape when whole; a high
+    # surrogate's escape until the next tells whether they pair.
+    ("llama3_json", '{"name": "f", "parameters": {"s": "ab\\u00e9\\ud83d\\ude00\\ud83dz"}}',
+     [('"ab', '{"s": "ab'), ('"ab\\', '{"s": "ab'), ('"ab\\u00e', '{"s": "ab'),
+      ('"ab\\u00e9', '{"s": "abé'), ('\\ud83d', '{"s": "abé'),
+      ('\\ud83d\\ude0', '{"s": "abé'), ('\\ude00', '{"s": "abé😀'),
+      ('\\ud83dz', '{"s": "abé😀\ud83dz')]),
+    # Blank space is dropped, separators written as json.dumps writes them.
+    ("mistral", '[TOOL_CALLS]f[ARGS]{ "a" :[ 1 ,2 ] }',
+     [('{', '{'), ('{ "a"', '{"a"'), ('{ "a" :', '{"a": '), ('[ 1 ,', '{"a": [1, '),
+      ('2 ]', '{"a": [1, 2]'), ('2 ] }', '{"a": [1, 2]}')]),
+]
+
+
+@pytest.mark.parametrize("parser, text, marks", HELD)
+def test_a_stream_holds_back_only_what_may_still_change(parser, text, marks):
+    """Fed one character at a time, the arguments out after each prefix are
+    a prefix of the final ones, and at each hand-worked mark exactly what
+    that prefix settles."""
+    reader = TOOL_CALL_PARSERS[parser]()
+    out = []
+    for char in text:
+        reader.delta(char)
+        out.append(reader.found[0]["function"]["arguments"] if reader.found else "")
+    reader.delta("", last=True)
+    final = reader.found[0]["function"]["arguments"]
+    assert all(final.startswith(arguments) for arguments in out)
+    for mark, want in marks:
+        assert out[text.index(mark) + len(mark) - 1] == want, mark
+
+
+def test_pythonic_lets_out_each_call_whole_once_settled():
+    """pythonic holds the answer from its ``[`` on and sends a call, whole,
+    once its element has ended (``now()`` may still go on as
+    ``now()(1)``); text that does not start with a list goes out at once."""
     pythonic = TOOL_CALL_PARSERS["pythonic"]()
     assert pythonic.delta(" ") == {}
     assert pythonic.delta("[now(") == {}
@@ -250,10 +363,12 @@ def test_pythonic_and_mistral_let_out_what_is_settled():
     assert pythonic.delta(" Done", last=True) == {"content": "Done"}
     plain = TOOL_CALL_PARSERS["pythonic"]()
     assert plain.delta("Hi [") == {"content": "Hi ["}
-    mistral = TOOL_CALL_PARSERS["mistral"]()
-    assert mistral.delta("Sure [TOOL") == {"content": "Sure "}
-    assert mistral.delta("_CALLS]now[AR") == {}
-    assert mistral.delta('GS]{"a": "}"') == {}
-    [entry] = mistral.delta("}")["tool_calls"]
-    assert entry["function"] == {"name": "now", "arguments": '{"a": "}"}'}
-    assert mistral.delta("", last=True) == {}
+
+
+def test_a_long_call_streams_its_arguments_in_many_pieces():
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", '
+            '"days": 2}}</tool_call>')
+    reader = TOOL_CALL_PARSERS["hermes"]()
+    entries = [e for char in text for e in reader.delta(char).get("tool_calls", [])]
+    pieces = argument_pieces(entries, 0)
+    assert len(pieces) > 10 and "".join(pieces) == json.dumps(WEATHER)
