@@ -25,12 +25,14 @@ number or literal until the character after it (``1`` may go on as
 from __future__ import annotations
 
 import json
+import re
 
 _BLANK = " \t\n\r"
 _BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
             "t": "\t"}
 _HEX = set("0123456789abcdefABCDEF")
+_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # string characters that stand for themselves
 
 
 def written(text: str) -> str:
@@ -200,9 +202,10 @@ class CanonicalJson:
                 self._ended()
         elif char < " ":
             self.error = self.at
-        else:
-            self._decoded(char)
-            self.at += 1
+        else:  # a run of plain characters at once
+            end = _PLAIN.match(text, self.at).end()
+            self._decoded(text[self.at:end])
+            self.at = end
 
     def _escaped(self, text: str, char: str) -> None:
         """Inside an escape, or after a high surrogate's: one character."""
@@ -256,10 +259,10 @@ class CanonicalJson:
         if self.high:
             self._decoded(self._unpaired())
 
-    def _decoded(self, char: str) -> None:
+    def _decoded(self, chars: str) -> None:
         if self.string_key is not None:
-            self.string_key.append(char)
-        self._write(written(char))
+            self.string_key.append(chars)
+        self._write(written(chars))
 
     def _write(self, text: str) -> None:
         self.out += text
