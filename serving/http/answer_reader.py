@@ -74,7 +74,6 @@ class ReasonedReader:
         self.calls = calls
         self.shown = shown
         self.content = ""  # without a tool-call reader
-        self.whole_calls = True if calls is None else calls.whole_calls
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
         split = self.thinking.pieces(text, last)

@@ -8,11 +8,9 @@ before any text comes. With one (``tools.ToolCallReader``), the reader's
 pieces make the items in the order of the answer: content goes to a
 message, each call to a ``function_call`` item. Items follow one another:
 the one being written is closed (its done events sent) before the next is
-added, so text after a run of calls is a second message. A call that comes
-whole (``ToolCallReader.whole_calls``: pythonic's) is closed at once; any
-other call's arguments grow, one ``response.function_call_arguments.delta``
-per piece the reader lets out, until the next item opens or the answer
-ends. An answer that leaves no item is one empty message, as its chat
+added, so text after a run of calls is a second message. A call's
+arguments grow, one ``response.function_call_arguments.delta`` per piece
+the reader lets out, until the next item opens or the answer ends. An answer that leaves no item is one empty message, as its chat
 answer is then empty content. An item closed before the end is
 "completed"; the one still open at the end takes the response's status.
 With a reasoning parser (``answer_reader.ReasonedReader``) the reasoning
@@ -154,8 +152,6 @@ class OutputItems:
             self.open["arguments"] += arguments
             events.append(("response.function_call_arguments.delta",
                            {**self._place(), "delta": arguments}))
-        if self.reader.whole_calls:
-            events += self._close("completed")
         return events
 
     def _close(self, status: str) -> list[Event]:

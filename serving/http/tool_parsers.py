@@ -21,10 +21,11 @@ answer without a run is all content, exactly its text. A call's
   (``keeps_special_tokens``), as vLLM's hermes parser asks.
 - ``pythonic`` (Llama 3.2, Llama 4, ToolACE): the run starts the answer
   (after blank space): a Python list of calls, ``[get_weather(city="Paris"),
-  now()]``, each read by Python's parser with keyword arguments of literal
-  values (``python_calls.py``), a trailing ``,`` allowed. An element ends
-  at its ``,`` or the ``]``: one that is no call (``f(x=1).y``, ``f(1)``,
-  ``f(x=y)``, a bracket that does not match) is a malformed piece.
+  now()]``, each with keyword arguments of literal values, read as
+  Python's parser reads them (``python_arguments.py``), a trailing ``,``
+  allowed. An element ends at its ``,`` or the ``]``: one that is no call
+  (``f(1)``, ``f(x=y)``, a bracket that does not match) is a malformed
+  piece.
 - ``mistral`` (Mistral, Mixtral, Ministral, Devstral): the run is
   segments, each the ``[TOOL_CALLS]`` token (its text, kept in the output
   for this parser: ``keeps_special_tokens``) and the calls after it, blank
@@ -67,15 +68,21 @@ a signed number (``x=-1``) where vLLM finds none, and refuses positional
 arguments (vLLM drops them) and a keyword given twice (vLLM keeps the
 last).
 
+A pythonic call is known once its first value has begun (or its ``)``
+follows the ``(``: no arguments); from then on it stays likewise, an
+element that goes on after its ``)`` (``f(x=1).y``) ending the run there.
+Its ``arguments`` is the canonical JSON text of the keyword arguments'
+values, what ``json.dumps`` writes for them.
+
 Streaming: content goes out as soon as it cannot be the start of a call
 (a partial ``<tool_call>``, ``<|python_tag|>`` or ``[TOOL_CALLS]`` is held
-back, and a pythonic answer from its ``[`` on until its elements are
-read). A JSON call's first entry (index, id, type, name, arguments "")
-goes out when the call is known, then its arguments as they settle, in
-pieces (held back only while they may still be written otherwise: an
-escape not yet whole, a number or literal until the character after it;
-never the call object's own ``}`` or a tag). A pythonic call goes out
-whole once its element has ended (``whole_calls``). The deltas joined are
+back, and a pythonic answer from its ``[`` on). A call's first entry
+(index, id, type, name, arguments "") goes out when the call is known,
+then its arguments as they settle, in pieces, held back only while they
+may still be written otherwise: an escape not yet whole, a number or word
+until the character after it, a pythonic keyword, comma (maybe a trailing
+one) or closing quote (maybe joined by another string) until what
+follows; never the call object's own ``}`` or a tag. The deltas joined are
 the message; ``pieces`` gives the same in the answer's order (content
 before a call apart from content after it). Only text not yet settled is
 scanned: the readers keep a cursor and a state, never parsing the whole
@@ -91,7 +98,7 @@ from typing import Any, ClassVar
 
 from serving.http.call_object import CallObject
 from serving.http.canonical_json import CanonicalJson
-from serving.http.python_calls import GroupEnd, python_call
+from serving.http.python_arguments import PythonArguments
 from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
 
 _BLANK = re.compile(r"\s*")
@@ -106,14 +113,13 @@ class AutoCallsReader(ToolCallReader):
     """What the parsers share: the answer's text so far, the content and
     calls settled so far (``list``), and what the current piece of text
     lets out. Subclasses implement ``_advance``, which settles as much of
-    ``text`` as it can (all of it when ``last``) through ``_say``,
-    ``_read`` (a call object's streamed call) and ``_call`` (a whole
-    call); a call gets its id from ``_new_id``. The parsers here are state
+    ``text`` as it can (all of it when ``last``) through ``_say`` and
+    ``_read`` (a call object's streamed call) or ``list`` (``CallList``)
+    directly; a call gets its id from ``_new_id``. The parsers here are state
     machines: ``STEPS`` names each state's method, which settles what it
     can and says whether to go on (the state it leaves in ``state``)."""
 
     STEPS: ClassVar[dict[str, str]] = {}
-    whole_calls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.text = ""
@@ -148,9 +154,6 @@ class AutoCallsReader(ToolCallReader):
         if text:
             self.content += text
             self._pieces.append(("content", text))
-
-    def _call(self, name: str, arguments: str) -> None:
-        self._pieces.append(("call", self.list.whole(name, arguments)))
 
     def _entries(self, entries: list[dict]) -> None:
         self._pieces += [("call", entry) for entry in entries]
@@ -354,24 +357,25 @@ def _open_tag_tail(text: str, start: int, tag: str) -> int:
 
 
 class PythonicReader(AutoCallsReader):
-    """``pythonic``, each call sent whole (``whole_calls``). States:
-    "lead" (blank space so far), "element" (at ``at``, after the ``[`` or a
-    ``,``: the next element's start), "call" (inside the argument list of
-    the call at ``element_start``, which ``group`` finds the end of),
-    "after_call" (after that list's ``)``, at ``at``: the element ends at a
-    ``,`` or the ``]``), "after" (after the ``]``). An element is read (``python_call``) only once its ``,`` or
-    ``]`` is there: ``f(x=1)`` may go on as ``f(x=1)(2)``, which is none."""
+    """``pythonic``. States: "lead" (blank space so far), "element" (at
+    ``at``, after the ``[`` or a ``,``: the next element's start), "call"
+    (inside the argument list of the call named ``name`` at
+    ``element_start``, read by ``arguments``), "after_call" (after that
+    list's ``)``, at ``at``: the element ends at a ``,`` or the ``]``),
+    "after" (after the ``]``). A call is known (its first entry sent) once
+    ``arguments`` is (``PythonArguments.known``); then its arguments go
+    out as they settle."""
 
     def __init__(self) -> None:
         super().__init__()
         self.state = "lead"
         self.at = 0
         self.element_start = 0
-        self.group: GroupEnd | None = None
+        self.name = ""
+        self.arguments: PythonArguments | None = None
 
     STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "element": "_element", "call": "_inside",
                                        "after_call": "_after_call", "after": "_after"}
-    whole_calls: ClassVar[bool] = True
 
     def _fail(self, at: int) -> None:
         """The element at ``at`` is no call: content from there, or the
@@ -391,8 +395,8 @@ class PythonicReader(AutoCallsReader):
     def _element(self, last: bool) -> bool:
         head = _CALL_HEAD.match(self.text, self.at)
         if head is not None:
-            self.element_start = head.start(1)
-            self.state, self.group = "call", GroupEnd(head.end() - 1)
+            self.element_start, self.name = head.start(1), head.group(1)
+            self.state, self.arguments = "call", PythonArguments(head.end())
             return True
         start = _HEAD_SO_FAR.match(self.text, self.at).end()
         if start == len(self.text) and not last:
@@ -405,29 +409,32 @@ class PythonicReader(AutoCallsReader):
         return False
 
     def _inside(self, last: bool) -> bool:
-        end = self.group.scan(self.text, last)
-        if end is None:
-            if self.group.broken or last:
+        arguments = self.arguments
+        arguments.scan(self.text, last)
+        if not arguments.known:
+            if arguments.error is not None or last:
                 self._fail(self.element_start)
             return False
-        self.state, self.at = "after_call", end
-        return True
+        if not self.found or self.list.followed is not arguments:
+            self.list.followed = arguments
+            self._entries([self.list.open(self.name)])
+        self._entries(self.list.extend(arguments.out))
+        if arguments.end is not None:
+            self.state, self.at = "after_call", arguments.end
+            return True
+        if arguments.error is not None:
+            self._rest_from(arguments.error)
+        elif last:
+            self.done = True  # cut in the call: it stays as far as it came
+        return False
 
     def _after_call(self, last: bool) -> bool:
         start = _BLANK.match(self.text, self.at).end()
-        cut = start == len(self.text)  # the answer ends in the list, after this call
-        if cut and not last:
+        if start == len(self.text):
+            self.done = last  # the answer ends in the list, after this call
             return False
-        if not cut and self.text[start] not in ",]":
-            self._fail(self.element_start)
-            return False
-        call = python_call(self.text[self.element_start:self.at])
-        if call is None:
-            self._fail(self.element_start)
-            return False
-        self._call(*call)
-        if cut:
-            self.done = True
+        if self.text[start] not in ",]":
+            self._rest_from(start)
             return False
         self.state = "element" if self.text[start] == "," else "after"
         self.at = start + 1

@@ -283,21 +283,17 @@ class ToolCallReader:
     chat's stream delta. A reader whose whole text is calls implements
     ``add`` (the entries of a piece) and ``calls`` (the message's
     ``tool_calls``), and its content is "". Every call keeps one id, in
-    the stream and in the message.
-
-    ``whole_calls``: each call entry is a whole call (index, id, type, name
-    and all its arguments). Where False (``CallList``), a call's first
-    entry (the one with its id, type and name, arguments "") starts it and
-    later entries add to its arguments as they settle, so a call is whole
-    only when the next item or the answer's end comes; the arguments
-    joined are the message's.
+    the stream and in the message: a call's first entry (``CallList``: the
+    one with its id, type and name, arguments "") starts it and later
+    entries add to its arguments as they settle, so a call is whole only
+    when the next item or the answer's end comes; the arguments joined are
+    the message's.
 
     ``keeps_special_tokens``: the reader finds calls by text that may be a
     special token's (Mistral's ``[TOOL_CALLS]``, hermes' ``<tool_call>``), so the output it reads must show
     special tokens whatever the request's ``skip_special_tokens`` says, as
     vLLM's parser of it asks (``ToolChoice.skip_special_tokens``)."""
 
-    whole_calls: ClassVar[bool] = True
     keeps_special_tokens: ClassVar[bool] = False
 
     def add(self, text: str, last: bool = False) -> list[dict]:
@@ -327,7 +323,6 @@ class FirstCallOnly(ToolCallReader):
 
     def __init__(self, calls: ToolCallReader) -> None:
         self.calls_reader = calls
-        self.whole_calls = calls.whole_calls
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
         return [(kind, value) for kind, value in self.calls_reader.pieces(text, last)
@@ -369,15 +364,14 @@ def delta_of(pieces: list[tuple[str, Any]]) -> dict:
 class CallList:
     """An answer's calls as a stream sends them: ``open`` starts a call
     (its first entry: index, id, type, name and arguments ""), ``extend``
-    sends what the open call's arguments have grown by, ``whole`` sends a
-    call in one entry; ``found`` holds the message's calls, each with all
+    sends what the open call's arguments have grown by; ``found`` holds the message's calls, each with all
     the arguments sent for it, so the stream and the message agree.
     ``follow`` does ``open`` and ``extend`` for a ``CallObject``."""
 
     def __init__(self, new_id: Callable[[], str] = None) -> None:
         self.new_id = new_id or new_tool_call_id
         self.found: list[dict] = []
-        self.followed: CallObject | None = None  # the object whose call is open
+        self.followed: object = None  # what the open call is read from
 
     def open(self, name: str) -> dict:
         call = tool_call(name, "", self.new_id())
@@ -393,11 +387,6 @@ class CallList:
             return []
         function["arguments"] = arguments
         return [{"index": len(self.found) - 1, "function": {"arguments": added}}]
-
-    def whole(self, name: str, arguments: str) -> dict:
-        call = tool_call(name, arguments, self.new_id())
-        self.found.append(call)
-        return {"index": len(self.found) - 1, **tool_call(name, arguments, call["id"])}
 
     def follow(self, call: CallObject) -> list[dict]:
         """The entries for what ``call`` settled since it was last followed
@@ -420,8 +409,6 @@ class NamedCallReader(ToolCallReader):
     text is one. A stream, the chat's whole message and a Responses answer
     (``responses_items.OutputItems``) then agree: blank text to the end is
     no call in any of them."""
-
-    whole_calls: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -453,8 +440,6 @@ class RequiredCallsReader(ToolCallReader):
     are only brackets, commas and blank space: the next ``{`` after an
     element starts the next one. Text that is no element (which the
     schema leaves no room for) ends the calls."""
-
-    whole_calls: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.text = ""

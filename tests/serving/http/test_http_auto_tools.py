@@ -199,10 +199,9 @@ def test_parallel_tool_calls_false_keeps_the_first_call(request, case):
 @pytest.mark.parametrize("case", ["hermes", "llama", "mistral", "mistral_list", "pythonic"])
 def test_each_calls_arguments_stream_in_pieces(request, case):
     """The deltas as they come: each call's first entry (index, id, type,
-    name), then its arguments in pieces (the JSON parsers: get_weather's in
-    several deltas; pythonic: each call whole in one entry), adding up,
-    call by call and with the same content, to the whole answer to the
-    same request."""
+    name), then its arguments in pieces (get_weather's in several deltas),
+    adding up, call by call and with the same content, to the whole answer
+    to the same request."""
     which, text, (content, calls) = FORCED[case]
     server = request.getfixturevalue(which)
     body = {**_kwargs(server), **_forcing(text)}
@@ -217,10 +216,8 @@ def test_each_calls_arguments_stream_in_pieces(request, case):
         == calls
     assert all(_valid_id(which, c["id"]) for c in streamed)
     assert "".join(d.get("content") or "" for d in deltas) == (content or "")
-    if case == "pythonic":
-        assert len(entries) == len(calls)
-    else:  # a delta's entries of one call are one entry: a piece per delta
-        assert len(argument_pieces(entries, 0)) > 5
+    # A delta's entries of one call are one entry: a piece per delta.
+    assert len(argument_pieces(entries, 0)) > 5
 
 
 @pytest.mark.timeout(300)

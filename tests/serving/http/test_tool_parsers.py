@@ -114,6 +114,10 @@ PYTHONIC = [
     ("[now()] Done.", "Done.", [("now", {})]),
     ("[now()]\n", None, [("now", {})]),
     ("[now()", None, [("now", {})]),  # cut after a call: the call stays
+    # Cut in a call once its first value began: the call stays, its
+    # arguments as far as they came.
+    ('[now(), get_weather(city="Oslo"', None, [("now", {}), ("get_weather", '{"city": "Oslo"')]),
+    ("[say(n=12, text='ab", None, [("say", '{"n": 12, "text": "ab')]),
     # Not a list of calls at the start: all content, call-shaped text later included.
     ("Sure: [now()]", "Sure: [now()]", []),
     ("[1] is a citation", "[1] is a citation", []),
@@ -125,19 +129,20 @@ PYTHONIC = [
     ('[get_weather("Oslo")]', '[get_weather("Oslo")]', []),
     ("[get_weather(city=oslo)]", "[get_weather(city=oslo)]", []),
     ("[get_weather(city=('Oslo', 'Bergen'))]", "[get_weather(city=('Oslo', 'Bergen'))]", []),
-    ("[get_weather(city={'Oslo'})]", "[get_weather(city={'Oslo'})]", []),
+    ("[get_weather(city={'Oslo'})]", "})]", [("get_weather", '{"city": {"Oslo"')]),
     ("[get_weather(city=b'Oslo')]", "[get_weather(city=b'Oslo')]", []),
     ("[get_weather(days=1e999)]", "[get_weather(days=1e999)]", []),
     ("[get_weather(**where)]", "[get_weather(**where)]", []),
-    ("[get_weather(days=1, days=2)]", "[get_weather(days=1, days=2)]", []),
+    ("[get_weather(days=1, days=2)]", "days=2)]", [("get_weather", '{"days": 1')]),
     ("[weather.get(city='Oslo')]", "[weather.get(city='Oslo')]", []),
-    ("[now().isoformat()]", "[now().isoformat()]", []),
-    ("[now()(1)]", "[now()(1)]", []),
-    ("[now() now()]", "[now() now()]", []),
-    ("[say(text='a\nb')]", "[say(text='a\nb')]", []),
+    # A call broken off once known: it stays, the text from where it broke
+    # is content.
+    ("[now().isoformat()]", ".isoformat()]", [("now", {})]),
+    ("[now()(1)]", "(1)]", [("now", {})]),
+    ("[now() now()]", "now()]", [("now", {})]),
+    ("[say(text='a\nb')]", "\nb')]", [("say", '{"text": "a')]),
     # The run ends at the first element that is not a call.
     ("[now(), get_weather(city=oslo)]", "get_weather(city=oslo)]", [("now", {})]),
-    ('[now(), get_weather(city="Oslo"', 'get_weather(city="Oslo"', [("now", {})]),
     ("[now(), 7]", "7]", [("now", {})]),
     ("[now()]]", "]", [("now", {})]),
 ]
@@ -322,6 +327,15 @@ HELD = [
       ('"ab\\u00e9', '{"s": "abé'), ('\\ud83d', '{"s": "abé'),
       ('\\ud83d\\ude0', '{"s": "abé'), ('\\ude00', '{"s": "abé😀'),
       ('\\ud83dz', '{"s": "abé😀\ud83dz')]),
+    # pythonic: a keyword, a comma and a closing quote wait for what follows;
+    # Python's escapes and spellings are written as json.dumps writes them.
+    ("pythonic", "[f(n=0x1F, s='a\\x41' \"b\", t=[1,],)]",
+     [("(n", ""), ("(n=", ""), ("(n=0x1F", ""), ("(n=0x1F,", '{"n": 31'),
+      ("s='a", '{"n": 31, "s": "a'), ("\\x4", '{"n": 31, "s": "a'),
+      ("\\x41", '{"n": 31, "s": "aA'), ("\\x41'", '{"n": 31, "s": "aA'),
+      ("\\x41' \"", '{"n": 31, "s": "aA'), ('"b', '{"n": 31, "s": "aAb'),
+      ('"b",', '{"n": 31, "s": "aAb"'), ("[1,", '{"n": 31, "s": "aAb", "t": [1'),
+      ("[1,]", '{"n": 31, "s": "aAb", "t": [1]'), ("],)", '{"n": 31, "s": "aAb", "t": [1]}')]),
     # Blank space is dropped, separators written as json.dumps writes them.
     ("mistral", '[TOOL_CALLS]f[ARGS]{ "a" :[ 1 ,2 ] }',
      [('{', '{'), ('{ "a"', '{"a"'), ('{ "a" :', '{"a": '), ('[ 1 ,', '{"a": [1, '),
@@ -346,29 +360,35 @@ def test_a_stream_holds_back_only_what_may_still_change(parser, text, marks):
         assert out[text.index(mark) + len(mark) - 1] == want, mark
 
 
-def test_pythonic_lets_out_each_call_whole_once_settled():
-    """pythonic holds the answer from its ``[`` on and sends a call, whole,
-    once its element has ended (``now()`` may still go on as
-    ``now()(1)``); text that does not start with a list goes out at once."""
+def test_pythonic_holds_the_list_and_sends_a_call_once_its_first_value_begins():
+    """pythonic holds the answer from its ``[`` on; a call's first entry
+    comes once its first value begins (``f(city=oslo)`` is no call) or its
+    ``)`` follows the ``(``, then its arguments as they settle; text that
+    does not start with a list goes out at once."""
     pythonic = TOOL_CALL_PARSERS["pythonic"]()
     assert pythonic.delta(" ") == {}
     assert pythonic.delta("[now(") == {}
-    assert pythonic.delta(")") == {}
-    [entry] = pythonic.delta(", ")["tool_calls"]
-    assert (entry["index"], entry["function"]) == (0, {"name": "now", "arguments": "{}"})
-    assert pythonic.delta('say(text="])")') == {}
-    [entry] = pythonic.delta("]")["tool_calls"]
-    assert (entry["index"], entry["function"]) == (1, {"name": "say",
-                                                       "arguments": '{"text": "])"}'})
-    assert pythonic.delta(" Done", last=True) == {"content": "Done"}
+    [(index, call_id, name, arguments)] = _entry(pythonic, ")")
+    assert (index, name, arguments) == (0, "now", "{}") and call_id
+    assert pythonic.delta(", say(text=") == {}
+    [(index, call_id, name, arguments)] = _entry(pythonic, '"])')
+    assert (index, name, arguments) == (1, "say", '{"text": "])')
+    assert _entry(pythonic, '"') == []  # 'x' 'y' is one string: the quote waits
+    assert _entry(pythonic, ")") == [(1, None, None, '"}')]
+    assert pythonic.delta("] Done", last=True) == {"content": "Done"}
     plain = TOOL_CALL_PARSERS["pythonic"]()
     assert plain.delta("Hi [") == {"content": "Hi ["}
 
 
-def test_a_long_call_streams_its_arguments_in_many_pieces():
-    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", '
-            '"days": 2}}</tool_call>')
-    reader = TOOL_CALL_PARSERS["hermes"]()
+@pytest.mark.parametrize("parser, text", [
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
+               '</tool_call>'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}'),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": 2}'),
+    ("pythonic", '[get_weather(city="Oslo", days=2)]'),
+])
+def test_a_long_call_streams_its_arguments_in_many_pieces(parser, text):
+    reader = TOOL_CALL_PARSERS[parser]()
     entries = [e for char in text for e in reader.delta(char).get("tool_calls", [])]
     pieces = argument_pieces(entries, 0)
-    assert len(pieces) > 10 and "".join(pieces) == json.dumps(WEATHER)
+    assert len(pieces) > 5 and "".join(pieces) == json.dumps(WEATHER)

@@ -1,0 +1,117 @@
+"""``PythonArguments`` against Python's own parser: for call texts written
+every which way (quotes, escapes, joined strings, number spellings,
+comments, trailing commas), fed whole, in pieces of every size and split
+in two at every character, what it writes is ``json.dumps`` of the
+keyword arguments ``ast`` reads (each value a literal,
+``ast.literal_eval``); a text Python reads as no such call stops with an
+error, having written only the canonical text of what came before."""
+
+from __future__ import annotations
+
+import ast
+import json
+import warnings
+
+import pytest
+
+from serving.http.python_arguments import PythonArguments
+
+
+def reference(text: str) -> str | None:
+    """The JSON text of the call's keyword arguments, as Python reads
+    ``text`` (``name(...)``), or None where it is no call of literals."""
+    try:
+        with warnings.catch_warnings():  # "\\d" and "\\q" are no escapes
+            warnings.simplefilter("ignore")
+            call = ast.parse(text, mode="eval").body
+        if not isinstance(call, ast.Call) or call.args or len(
+                {k.arg for k in call.keywords}) < len(call.keywords):
+            return None
+        arguments = {}
+        for keyword in call.keywords:
+            if keyword.arg is None or not _literal(keyword.value):
+                return None
+            arguments[keyword.arg] = ast.literal_eval(keyword.value)
+        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (SyntaxError, ValueError, TypeError):
+        return None
+
+
+def _literal(node: ast.expr) -> bool:
+    """Strings, numbers (signed: one sign), True, False, None, lists and
+    dicts of them, a dict's keys constants."""
+    if isinstance(node, ast.Constant):
+        return type(node.value) in (str, int, float, bool, type(None))
+    if isinstance(node, ast.UnaryOp):
+        return (isinstance(node.op, (ast.USub, ast.UAdd)) and isinstance(node.operand, ast.Constant)
+                and type(node.operand.value) in (int, float))
+    if isinstance(node, ast.List):
+        return all(_literal(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(isinstance(k, ast.Constant) and _literal(k) for k in node.keys) and all(
+            _literal(v) for v in node.values)
+    return False
+
+
+CALLS = [
+    "f()", "f(a=1)", "f(a=1,)", "f( a = -1.50 , b=+3, c=0x1F, d=1_000, e=1e3, g=.5, h=1E-2, i=0o17)",
+    "f(q=['a', {'k': [1, -2.5, +3]}], opts={\"n\": None, 'on': True, 1: False, 2.5: 'x', None: 1})",
+    "f(text='It\\'s \"(]\" ok', more=\"a\\nb)]\", long='''x)]\n''')",
+    "f(  # all of it)]\n)", "f(a=\"\", b='', c=\"\"\"q\"\"\", d='''''')", 'f(u="é😀")',
+    "f(a='x' 'y' r'\\d' \"z\" u'w', b=u'\\u00e9\\x41\\101\\7\\N{BULLET}\\q\\\n.')",
+    "f(a=r'\\'', b=[1,2,], c={'a':1,}, d=R\"\\\\\")", "f(a='''multi\nline''', b=\"\"\"'\"'\"\"\")",
+    "f(a = True, b=False, c=None, d=[[],{}], e=[[1], {'x': [True]}])",
+    "f(big=123456789012345678901234567890, tiny=5e-324, neg=-0.0, zero=-0)",
+]
+NOT_CALLS = [
+    ('f("Oslo")', 2), ("f(city=oslo)", 7), ("f(city=('Oslo', 'Bergen'))", 7),
+    ("f(city={'Oslo'})", 14), ("f(city=b'Oslo')", 7), ("f(days=1e999)", 7), ("f(**where)", 2),
+    ("f(days=1, days=2)", 10), ("f(text='a\nb')", 9), ("f(x==1)", 2), ("f(x=1j)", 4),
+    ('f(x=f"a")', 4), ("f(x=--1)", 5), ("f(x={-1: 2})", 5), ("f(x=[1 2])", 7),
+    ("f(x='a' b)", 8), ("f(x=1 if y else 2)", 6), ("f(x={[1]: 2})", 5), ("f(x='\\xZZ')", 5),
+]
+
+
+def _fed(text: str, pieces: list[str]) -> PythonArguments:
+    reader, so_far = PythonArguments(2), ""  # after "f("
+    for i, piece in enumerate(pieces):
+        so_far += piece
+        before = reader.out
+        reader.scan(so_far, last=i == len(pieces) - 1)
+        assert reader.out.startswith(before)  # what is written stays
+    return reader
+
+
+def _splits(text: str) -> list[list[str]]:
+    return ([[text[i:i + size] for i in range(0, len(text), size)]
+             for size in range(1, len(text) + 1)]
+            + [[text[:i], text[i:]] for i in range(1, len(text))])
+
+
+@pytest.mark.parametrize("text", CALLS)
+def test_each_call_is_written_as_json_dumps_writes_its_keyword_arguments(text):
+    want = reference(text)
+    assert want is not None
+    for pieces in _splits(text):
+        reader = _fed(text, pieces)
+        assert (reader.out, reader.end, reader.error, reader.known) == (want, len(text), None,
+                                                                       True), pieces
+
+
+@pytest.mark.parametrize("text, at", NOT_CALLS)
+def test_text_that_is_no_such_call_stops_where_it_breaks(text, at):
+    assert reference(text) is None
+    whole = _fed(text, [text])
+    assert (whole.error, whole.end) == (at, None)
+    for pieces in _splits(text):
+        reader = _fed(text, pieces)
+        assert (reader.error, reader.out, reader.known) == (at, whole.out, whole.known), pieces
+
+
+def test_a_call_is_known_once_its_first_value_begins():
+    for text, known in [("f(a", False), ("f(a=", False), ("f(a=1", False), ("f(a=1,", True),
+                        ("f(a='", False), ("f(a='x", True), ("f(a=[", True), ("f(a=Tru", False), ("f()", True)]:
+        reader = PythonArguments(2)
+        reader.scan(text)  # more may come
+        assert reader.known is known, text
+
