@@ -233,7 +233,8 @@ $TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 routes require
 (the default when tools are given): the model answers freely and the parser
 finds its calls in the text (llama3_json: Llama 3.x JSON calls; hermes:
 <tool_call> blocks of Hermes, Qwen, SmolLM2; pythonic: a Python list of
-calls, Llama 3.2 and 4; mistral: [TOOL_CALLS] calls of Mistral models);
+calls, Llama 3.2 and 4; mistral: [TOOL_CALLS] calls of Mistral models;
+qwen3_coder: the XML <function=...> calls of Qwen3-Coder);
 without them "auto" is refused. --reasoning-parser deepseek_r1|qwen3 answers a
 reasoning model's thinking (<think>...</think>) in the message's "reasoning"
 field, apart from its content. The host and the ports are bound once and released before the model loads: a
@@ -342,7 +343,7 @@ def _serve_parser(sub) -> None:
                        "by reading calls out of the model's free text")
     serve.add_argument("--tool-call-parser", default=None, metavar="NAME",
                        help="the model's tool-call syntax for --enable-auto-tool-choice: "
-                       "llama3_json, hermes, pythonic or mistral")
+                       "llama3_json, hermes, pythonic, mistral or qwen3_coder")
 
 
 def _bench_parser(sub) -> None:

@@ -94,137 +94,20 @@ from __future__ import annotations
 import re
 import secrets
 import string
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from serving.http.auto_calls import BLANK as _BLANK
+from serving.http.auto_calls import AutoCallsReader
 from serving.http.call_object import CallObject
 from serving.http.canonical_json import CanonicalJson
 from serving.http.python_arguments import PythonArguments
-from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
+from serving.http.qwen3_coder import Qwen3CoderReader
 
-_BLANK = re.compile(r"\s*")
 _SEPARATOR = re.compile(r"\s*(;\s*)?")
 _MISTRAL_NAME = re.compile(r"[^\s\[\]{}]+")  # up to blank space, [ARGS] or {
 _ALPHANUMERIC = string.ascii_letters + string.digits
 _CALL_HEAD = re.compile(r"\s*([^\W\d]\w*)\s*\(")  # a Python name and its "("
 _HEAD_SO_FAR = re.compile(r"\s*(?:[^\W\d]\w*\s*)?")  # what may grow into one
-
-
-class AutoCallsReader(ToolCallReader):
-    """What the parsers share: the answer's text so far, the content and
-    calls settled so far (``list``), and what the current piece of text
-    lets out. Subclasses implement ``_advance``, which settles as much of
-    ``text`` as it can (all of it when ``last``) through ``_say`` and
-    ``_read`` (a call object's streamed call) or ``list`` (``CallList``)
-    directly; a call gets its id from ``_new_id``. The parsers here are state
-    machines: ``STEPS`` names each state's method, which settles what it
-    can and says whether to go on (the state it leaves in ``state``)."""
-
-    STEPS: ClassVar[dict[str, str]] = {}
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.content = ""
-        self.list = CallList(self._new_id)
-        self.rest_start: int | None = None  # where the content after the run starts
-        self.done = False
-        self._pieces: list[tuple[str, Any]] = []  # what the current text lets out
-
-    @property
-    def found(self) -> list[dict]:
-        return self.list.found
-
-    def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
-        self.text += text
-        if not self.done:
-            self._advance(last)
-        if self.rest_start is not None:
-            self._say(self.text[self.rest_start:])
-            self.rest_start = len(self.text)
-        if last:
-            self.done = True
-        pieces, self._pieces = self._pieces, []
-        return pieces
-
-    def _advance(self, last: bool) -> None:
-        while not self.done:
-            if not getattr(self, self.STEPS[self.state])(last):
-                return
-
-    def _say(self, text: str) -> None:
-        if text:
-            self.content += text
-            self._pieces.append(("content", text))
-
-    def _entries(self, entries: list[dict]) -> None:
-        self._pieces += [("call", entry) for entry in entries]
-
-    def _read(self, call: CallObject, last: bool) -> str:
-        """Reads on in ``call`` and sends what its call settled: "open"
-        (it goes on), "no call" (it is none, or the answer ended before it
-        was known), "end" (its object closed: ``call.end``), "broken" (its
-        JSON broke off after its call was known: ``call.error``), "cut"
-        (the answer ended in it, after its call was known)."""
-        call.scan(self.text, last)
-        if call.failed or not call.started:
-            return "no call" if call.failed or last else "open"
-        self._entries(self.list.follow(call))
-        if call.end is not None:
-            return "end"
-        if call.error is not None:
-            return "broken"
-        return "cut" if last else "open"
-
-    def _new_id(self) -> str:
-        return new_tool_call_id()
-
-    def _say_until(self, tag: str, last: bool) -> int | None:
-        """Content from ``at`` up to the first ``tag``: where it is, or
-        None (then a tail that may be the tag's start waits for more text,
-        and all of it is content when ``last``)."""
-        found = self.text.find(tag, self.at)
-        if found >= 0:
-            self._say(self.text[self.at:found])
-            return found
-        if last:
-            self._say(self.text[self.at:])
-            self.done = True
-            return None
-        held = _open_tag_tail(self.text, self.at, tag)
-        self._say(self.text[self.at:len(self.text) - held])
-        self.at = len(self.text) - held
-        return None
-
-    def _next_tag(self, tag: str, last: bool) -> int | None:
-        """After a piece of the run, at ``at``: blank space, then where
-        ``tag`` starts the next piece; None if it does not (blank space to
-        the end: the answer is done where ``last``, the run ends at other
-        text) or may not yet be known."""
-        start = _BLANK.match(self.text, self.at).end()
-        if self.text.startswith(tag, start):
-            return start
-        if not last and tag.startswith(self.text[start:]):
-            return None  # blank space so far, or a partial tag
-        if start == len(self.text):
-            self.done = True
-        else:
-            self._rest_from(start)
-        return None
-
-    def _rest_from(self, at: int) -> None:
-        """The run ends at ``at``: all text from there on is content."""
-        self.rest_start = at
-        self.done = True
-
-    def calls(self) -> list[dict]:
-        return list(self.found)
-
-    def message(self) -> dict:
-        if not self.found:
-            return {"content": self.content}
-        return {"content": self.content or None, "tool_calls": self.calls()}
-
-    def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.found else reason
 
 
 class Llama3JsonReader(AutoCallsReader):
@@ -235,8 +118,8 @@ class Llama3JsonReader(AutoCallsReader):
 
     TAG = "<|python_tag|>"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: dict[str, dict] | None = None) -> None:
+        super().__init__(tools)
         self.state = "lead"
         self.at = 0
         self.object_start = 0
@@ -301,8 +184,8 @@ class HermesReader(AutoCallsReader):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     keeps_special_tokens = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: dict[str, dict] | None = None) -> None:
+        super().__init__(tools)
         self.state = "before"
         self.at = 0
         self.block_start = 0
@@ -347,15 +230,6 @@ class HermesReader(AutoCallsReader):
         return self._open_block(self._next_tag(self.OPEN, last))
 
 
-def _open_tag_tail(text: str, start: int, tag: str) -> int:
-    """How many characters at the end of ``text[start:]`` may be the start
-    of ``tag`` (its longest proper prefix there)."""
-    for size in range(min(len(tag) - 1, len(text) - start), 0, -1):
-        if tag.startswith(text[len(text) - size:]):
-            return size
-    return 0
-
-
 class PythonicReader(AutoCallsReader):
     """``pythonic``. States: "lead" (blank space so far), "element" (at
     ``at``, after the ``[`` or a ``,``: the next element's start), "call"
@@ -366,8 +240,8 @@ class PythonicReader(AutoCallsReader):
     ``arguments`` is (``PythonArguments.known``); then its arguments go
     out as they settle."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: dict[str, dict] | None = None) -> None:
+        super().__init__(tools)
         self.state = "lead"
         self.at = 0
         self.element_start = 0
@@ -462,8 +336,8 @@ class MistralReader(AutoCallsReader):
     TOKEN, ARGS = "[TOOL_CALLS]", "[ARGS]"
     keeps_special_tokens = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, tools: dict[str, dict] | None = None) -> None:
+        super().__init__(tools)
         self.state = "before"
         self.at = 0
         self.segment_start = 0
@@ -580,4 +454,5 @@ TOOL_CALL_PARSERS: dict[str, type[AutoCallsReader]] = {
     "hermes": HermesReader,
     "pythonic": PythonicReader,
     "mistral": MistralReader,
+    "qwen3_coder": Qwen3CoderReader,
 }

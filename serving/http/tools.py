@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from engine.structured_outputs.params import StructuredOutputsParams
@@ -66,14 +66,17 @@ class ToolChoice:
     "named": one call of ``name``; "required": one or more calls; "auto":
     calls, content or both, as ``parser`` (a reader class) finds them in
     free text, of which ``first_call_only`` (``parallel_tool_calls``
-    false) answers the first call alone. ``schema`` is the JSON schema the
-    output is held to (None for "none" and "auto")."""
+    false) answers the first call alone, and which is given the request's
+    ``tools`` (each tool's parameters schema by its name: a parser may read
+    values by them). ``schema`` is the JSON schema the output is held to
+    (None for "none" and "auto")."""
 
     mode: Literal["none", "named", "required", "auto"]
     name: str | None = None
     schema: dict | None = None
     parser: type[ToolCallReader] | None = None
     first_call_only: bool = False
+    tools: dict[str, dict] | None = field(default=None, compare=False)
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The engine's constraint for the output, or None."""
@@ -91,7 +94,8 @@ class ToolChoice:
         if self.mode == "required":
             return RequiredCallsReader()
         if self.mode == "auto":
-            return FirstCallOnly(self.parser()) if self.first_call_only else self.parser()
+            reader = self.parser(self.tools)
+            return FirstCallOnly(reader) if self.first_call_only else reader
         return None
 
 
@@ -150,7 +154,7 @@ def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: 
                              '--tool-call-parser NAME): send tool_choice "none", "required" '
                              f"or {spelling.named_usage}")
         return ToolChoice("auto", parser=parser,
-                          first_call_only=request.parallel_tool_calls is False)
+                          first_call_only=request.parallel_tool_calls is False, tools=schemas)
     _refuse_second_constraint(request)
     if mode == "required":
         return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))

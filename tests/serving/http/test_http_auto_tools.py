@@ -67,6 +67,10 @@ FORCED = {
     "mistral_list": ("mistral", (TOOL_CALLS, ' [{"name": "get_weather", "arguments": {"city": '
                                  '"Oslo", "days": 2}}, {"name": "now", "arguments": {}}]'),
                      (None, TWO_CALLS)),
+    "qwen3_coder": ("qwen3_coder", "Checking.\n<tool_call>\n<function=get_weather>\n"
+                    "<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+                    "</function>\n</tool_call>\n<tool_call>\n<function=now>\n</function>\n"
+                    "</tool_call>", ("Checking.\n", TWO_CALLS)),
 }
 PLAIN = "It is sunny in Oslo {today}."
 
@@ -90,6 +94,11 @@ def llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pythonic(tmp_path_factory):
     yield from _served(tmp_path_factory, "pythonic")
+
+
+@pytest.fixture(scope="module")
+def qwen3_coder(tmp_path_factory):
+    yield from _served(tmp_path_factory, "qwen3_coder")
 
 
 @pytest.fixture(scope="module")
@@ -287,9 +296,10 @@ def test_a_free_answer_is_read_from_the_text_none_gives(request, which, parser):
 @pytest.mark.parametrize("flags, message", [
     (["--http-port", "0", "--enable-auto-tool-choice"],
      "--enable-auto-tool-choice needs --tool-call-parser (llama3_json, hermes, pythonic, "
-     "mistral)"),
+     "mistral, qwen3_coder)"),
     (["--http-port", "0", "--enable-auto-tool-choice", "--tool-call-parser", "granite"],
-     "--tool-call-parser must be one of llama3_json, hermes, pythonic, mistral, got 'granite'"),
+     "--tool-call-parser must be one of llama3_json, hermes, pythonic, mistral, qwen3_coder, "
+     "got 'granite'"),
     (["--http-port", "0", "--tool-call-parser", "hermes"],
      "--tool-call-parser needs --enable-auto-tool-choice"),
     (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],

@@ -188,6 +188,55 @@ MISTRAL = [
 ]
 
 
+# The tools qwen3_coder reads its values by (each one's parameters schema).
+SCHEMAS = {"get_weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}}},
+    "say": {"type": "object", "properties": {
+        "n": {"type": "number"}, "on": {"type": "boolean"}, "tags": {"type": "array"},
+        "opt": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}
+
+
+def _q(name: str, *parameters: tuple[str, str]) -> str:
+    """A qwen3_coder block, written as Qwen3-Coder writes one."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in parameters)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+# (text, content, [(name, arguments)]) for qwen3_coder
+QWEN3_CODER = [
+    ("Nothing to call.", "Nothing to call.", []),
+    (_q("get_weather", ("city", "Oslo"), ("days", "2")), None, [("get_weather", WEATHER)]),
+    ("Checking.\n" + _q("get_weather", ("city", "Oslo"), ("days", "2")) + "\n" + _q("now"),
+     "Checking.\n", [("get_weather", WEATHER), ("now", {})]),
+    # Values by their schema's type: a string stays as written (line breaks
+    # inside kept, one at each end dropped), numbers, booleans, arrays,
+    # null for a nullable one; a key no schema knows stays a string.
+    (_q("say", ("n", "2.50"), ("on", "True"), ("tags", '["a", 1]'), ("opt", "None"),
+        ("note", "two\nlines\n"), ("extra", "7")), None,
+     [("say", {"n": 2.5, "on": True, "tags": ["a", 1], "opt": None, "note": "two\nlines\n",
+               "extra": "7"})]),
+    (_q("say", ("n", "3.0"), ("tags", "['x', None]"), ("on", "yes")), None,
+     [("say", {"n": 3, "tags": ["x", None], "on": False})]),
+    (_q("get_weather", ("days", "two"), ("city", "null")), None,
+     [("get_weather", {"days": "two", "city": "null"})]),
+    # </parameter> left out: the next parameter or </function> ends a value.
+    ("<tool_call><function=get_weather><parameter=city>Oslo<parameter=days>2</function>"
+     "</tool_call> Done.", "Done.", [("get_weather", WEATHER)]),
+    # Cut in a call: the call with its parameters so far.
+    ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOs", None,
+     [("get_weather", {"city": "Os"})]),
+    # Not a call: content from the tag on.
+    ("Hm <tool_call>\nhello\n</tool_call>", "Hm <tool_call>\nhello\n</tool_call>", []),
+    ("<tool_call>\n<function={{ name }}>\n</function>\n</tool_call>",
+     "<tool_call>\n<function={{ name }}>\n</function>\n</tool_call>", []),
+    ("<tool_call>\n<function=now", "<tool_call>\n<function=now", []),
+    ("x < y <tool", "x < y <tool", []),
+    # The run ends at the first block that is no call, or other text.
+    (_q("now") + "<tool_call>oops</tool_call>", "<tool_call>oops</tool_call>", [("now", {})]),
+    (_q("now") + " and " + _q("now"), "and " + _q("now"), [("now", {})]),
+]
+
+
 def _pieces(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
@@ -199,7 +248,7 @@ def _splits(text: str) -> list[list[str]]:
 
 
 def _read(parser: str, pieces: list[str]) -> tuple[dict, list[dict], object]:
-    reader = TOOL_CALL_PARSERS[parser]()
+    reader = TOOL_CALL_PARSERS[parser](SCHEMAS)
     deltas = [reader.delta(piece, last=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
     return reader.message(), deltas, reader
 
@@ -231,7 +280,8 @@ def _valid_id(parser: str, call_id: str) -> bool:
                          [("llama3_json", *case) for case in LLAMA]
                          + [("hermes", *case) for case in HERMES]
                          + [("pythonic", *case) for case in PYTHONIC]
-                         + [("mistral", *case) for case in MISTRAL])
+                         + [("mistral", *case) for case in MISTRAL]
+                         + [("qwen3_coder", *case) for case in QWEN3_CODER])
 def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
     for pieces in _splits(text):
         message, deltas, reader = _read(parser, pieces)
@@ -392,3 +442,28 @@ def test_a_long_call_streams_its_arguments_in_many_pieces(parser, text):
     entries = [e for char in text for e in reader.delta(char).get("tool_calls", [])]
     pieces = argument_pieces(entries, 0)
     assert len(pieces) > 5 and "".join(pieces) == json.dumps(WEATHER)
+
+
+# (value, its property's schema, what it reads as) by vLLM's qwen3_coder rules
+CONVERTED = [
+    ("Oslo", None, "Oslo"), ("12", {"type": "string"}, "12"), ("null", {"type": "string"}, "null"),
+    ("None", {"anyOf": [{"type": "string"}, {"type": "null"}]}, None),
+    ("NULL", {"type": "integer"}, None), ("12", {"type": "integer"}, 12),
+    ("1_000", {"type": "int64"}, 1000), ("1.5", {"type": "integer"}, "1.5"),
+    ("2.0", {"type": "number"}, 2), ("-0.25", {"type": "float"}, -0.25),
+    ("inf", {"type": "number"}, "inf"), ("nan", {"type": "number"}, "nan"),
+    ("TRUE", {"type": "boolean"}, True), ("1", {"type": "boolean"}, False),
+    ('{"a": [1, 2]}', {"type": "object"}, {"a": [1, 2]}), ("{'a': (1, 2)}", {"type": "object"},
+                                                           {"a": [1, 2]}),
+    ('"[1, 2]"', {"type": "array"}, [1, 2]), ("[1, 2", {"type": "array"}, "[1, 2"),
+    ("{1, 2}", {"type": "array"}, "{1, 2}"), ("3", {"type": "widget"}, 3),
+    ("x", {"description": "no type"}, "x"), ("7", {"anyOf": [{"type": "integer"}]}, 7),
+]
+
+
+@pytest.mark.parametrize("value, schema, want", CONVERTED)
+def test_qwen3_coder_reads_each_value_by_its_schemas_type(value, schema, want):
+    from serving.http.qwen3_coder import converted
+
+    got = json.loads(json.dumps(converted(value, schema)))  # as the arguments carry it
+    assert got == want and type(got) is type(want)
