@@ -76,7 +76,7 @@ class AutoCallsReader(ToolCallReader):
         call.scan(self.text, last)
         if call.failed or not call.started:
             return "no call" if call.failed or last else "open"
-        self._entries(self.list.follow(call))
+        self._entries(self.list.follow(call, call.name, call.arguments))
         if call.end is not None:
             return "end"
         if call.error is not None:

@@ -289,10 +289,7 @@ class PythonicReader(AutoCallsReader):
             if arguments.error is not None or last:
                 self._fail(self.element_start)
             return False
-        if not self.found or self.list.followed is not arguments:
-            self.list.followed = arguments
-            self._entries([self.list.open(self.name)])
-        self._entries(self.list.extend(arguments.out))
+        self._entries(self.list.follow(arguments, self.name, arguments.out))
         if arguments.end is not None:
             self.state, self.at = "after_call", arguments.end
             return True
@@ -344,6 +341,7 @@ class MistralReader(AutoCallsReader):
         self.segment_calls = 0
         self.object_start = 0
         self.call: CallObject | None = None
+        self.name = ""
         self.arguments: CanonicalJson | None = None
 
     def _new_id(self) -> str:
@@ -396,13 +394,13 @@ class MistralReader(AutoCallsReader):
         if not self.text.startswith("{", at):
             self._fail(start)
             return False
-        self._entries([self.list.open(name.group())])
-        self.state, self.arguments = "arguments", CanonicalJson(at)
+        self.name, self.arguments = name.group(), CanonicalJson(at)
+        self.state = "arguments"
         return True
 
     def _arguments(self, last: bool) -> bool:
         self.arguments.scan(self.text, last)
-        self._entries(self.list.extend(self.arguments.out))
+        self._entries(self.list.follow(self.arguments, self.name, self.arguments.out))
         if self.arguments.end is not None:
             self.state, self.at = "between", self.arguments.end
             return True

@@ -370,7 +370,8 @@ class CallList:
     (its first entry: index, id, type, name and arguments ""), ``extend``
     sends what the open call's arguments have grown by; ``found`` holds the message's calls, each with all
     the arguments sent for it, so the stream and the message agree.
-    ``follow`` does ``open`` and ``extend`` for a ``CallObject``."""
+    ``follow`` does both for a call read from a source (a ``CallObject``,
+    a ``PythonArguments``) as it grows."""
 
     def __init__(self, new_id: Callable[[], str] = None) -> None:
         self.new_id = new_id or new_tool_call_id
@@ -392,16 +393,15 @@ class CallList:
         function["arguments"] = arguments
         return [{"index": len(self.found) - 1, "function": {"arguments": added}}]
 
-    def follow(self, call: CallObject) -> list[dict]:
-        """The entries for what ``call`` settled since it was last followed
-        (none before it is ``started``)."""
-        if not call.started:
-            return []
+    def follow(self, source: object, name: str, arguments: str) -> list[dict]:
+        """The entries for the call of ``name`` read from ``source``, whose
+        ``arguments`` are settled so far: its first entry where ``source``
+        is new, then what its arguments grew by."""
         entries = []
-        if self.followed is not call:
-            self.followed = call
-            entries.append(self.open(call.name))
-        return entries + self.extend(call.arguments)
+        if self.followed is not source:
+            self.followed = source
+            entries.append(self.open(name))
+        return entries + self.extend(arguments)
 
 
 class NamedCallReader(ToolCallReader):
@@ -463,7 +463,9 @@ class RequiredCallsReader(ToolCallReader):
                     break
                 self.element = CallObject(start, ("parameters",))
             self.element.scan(self.text, last)
-            entries += self.list.follow(self.element)
+            if self.element.started:
+                entries += self.list.follow(self.element, self.element.name,
+                                            self.element.arguments)
             if self.element.end is None or self.element.failed:
                 self.over = self.element.error is not None or self.element.failed
                 break
