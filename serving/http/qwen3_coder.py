@@ -26,12 +26,16 @@ first ``</parameter>`` (or, where the model left that out, at the next
 ``<parameter=`` or the ``</function>``), one line break at each end
 dropped; text between parameters is skipped. Each value is read by the
 type the tool's parameters schema gives its key, as vLLM's parser reads
-it (``converted``); a key given twice keeps its last value. The call's
-``arguments`` is ``json.dumps`` of the object of its values. A call is
-sent whole, when its ``</function>`` comes, or when the answer ends in it
-(cut at ``max_tokens``: its parameters so far, the last one's value as
-far as it came). The body of a call ends at the first ``</function>``:
-unlike vLLM's parser, a value holding that text is cut there.
+it (``converted``). The call's ``arguments`` is the JSON text of the
+object of its values, as ``json.dumps`` writes it (but for a key given
+twice: both are kept, where vLLM keeps the last value).
+
+Streamed as vLLM streams it: the call's first entry and its ``{`` once
+its name is whole, each parameter's ``"key": value`` once its value has
+ended, the ``}`` with the ``</function>``; an answer cut in a call ends
+its arguments there (its last value as far as it came) and closes them.
+A value ends at the first ``</parameter>``: unlike vLLM's parser, a value
+holding that text (or ``<parameter=`` or ``</function>``) is cut there.
 """
 
 from __future__ import annotations
@@ -51,9 +55,10 @@ _INTEGERS = ("int", "uint", "long", "short", "unsigned")
 
 class Qwen3CoderReader(AutoCallsReader):
     """States: "before" (content, up to the first ``<tool_call>``),
-    "block" (after the tag at ``block_start``: the function, up to its
-    ``</function>``), "after_function" (at ``at``: blank space and the
-    block's ``</tool_call>``), "between" (after a block, at ``at``)."""
+    "block" (after the tag at ``block_start``: the function's name),
+    "function" (its parameters, from ``at``, up to its ``</function>``),
+    "after_function" (at ``at``: blank space and the block's
+    ``</tool_call>``), "between" (after a block, at ``at``)."""
 
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -64,8 +69,12 @@ class Qwen3CoderReader(AutoCallsReader):
         self.state = "before"
         self.at = 0
         self.block_start = 0
+        self.properties: dict = {}  # the called tool's properties' schemas
+        self.call = object()  # what the open call is read from
+        self.arguments = ""  # the open call's arguments so far
 
     STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block",
+                                       "function": "_function",
                                        "after_function": "_after_function",
                                        "between": "_between"}
 
@@ -82,6 +91,8 @@ class Qwen3CoderReader(AutoCallsReader):
         return self._open_block(self._next_tag(self.OPEN, last))
 
     def _block(self, last: bool) -> bool:
+        """The block's ``<function=NAME>``: the call's first entry and its
+        arguments' ``{``."""
         start = BLANK.match(self.text, self.block_start + len(self.OPEN)).end()
         head = self.text[start:start + len(self.FUNCTION)]
         if head != self.FUNCTION:
@@ -97,17 +108,49 @@ class Qwen3CoderReader(AutoCallsReader):
         if _NAME.fullmatch(name) is None:
             self._rest_from(self.block_start)
             return False
-        end = self.text.find(self.FUNCTION_END, name_end + 1)
-        if end < 0 and not last:
-            return False
-        body = self.text[name_end + 1:] if end < 0 else self.text[name_end + 1:end]
-        arguments = json.dumps(self._values(name, body), ensure_ascii=False)
-        self._entries([self.list.open(name), *self.list.extend(arguments)])
-        if end < 0:  # the answer ended in this call
-            self.done = True
-            return False
-        self.state, self.at = "after_function", end + len(self.FUNCTION_END)
+        schema = self.tools.get(name)
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        self.properties = properties if isinstance(properties, dict) else {}
+        self.call, self.arguments = object(), "{"  # the call's identity, its arguments
+        self._entries(self.list.follow(self.call, name, self.arguments))
+        self.state, self.at = "function", name_end + 1
         return True
+
+    def _function(self, last: bool) -> bool:
+        """The function's body from ``at``: its next parameter, once its
+        value has ended, or its ``</function>``."""
+        parameter = self.text.find(self.PARAMETER, self.at)
+        end = self.text.find(self.FUNCTION_END, self.at)
+        if end >= 0 and (parameter < 0 or end < parameter):
+            self._add("}")
+            self.state, self.at = "after_function", end + len(self.FUNCTION_END)
+            return True
+        key_end = -1 if parameter < 0 else self.text.find(">", parameter)
+        if key_end < 0:
+            if last:  # the answer ended in this call
+                self._add("}")
+                self.done = True
+            return False
+        ends = [i for i in (self.text.find(self.PARAMETER_END, key_end),
+                            self.text.find(self.PARAMETER, key_end),
+                            self.text.find(self.FUNCTION_END, key_end)) if i >= 0]
+        if not ends and not last:
+            return False  # the value goes on
+        value_end = min(ends, default=len(self.text))
+        key = self.text[parameter + len(self.PARAMETER):key_end]
+        value = self.text[key_end + 1:value_end]
+        value = value[1:] if value.startswith("\n") else value
+        value = value[:-1] if value.endswith("\n") else value
+        separator = ", " if self.arguments != "{" else ""
+        self._add(separator + json.dumps(key, ensure_ascii=False) + ": "
+                  + json.dumps(converted(value, self.properties.get(key)), ensure_ascii=False))
+        ended = self.text.startswith(self.PARAMETER_END, value_end)
+        self.at = value_end + len(self.PARAMETER_END) if ended else value_end
+        return True
+
+    def _add(self, text: str) -> None:
+        self.arguments += text
+        self._entries(self.list.follow(self.call, "", self.arguments))
 
     def _after_function(self, last: bool) -> bool:
         start = BLANK.match(self.text, self.at).end()
@@ -119,28 +162,6 @@ class Qwen3CoderReader(AutoCallsReader):
         elif last or not self.CLOSE.startswith(self.text[start:]):
             self._rest_from(start)
         return False
-
-    def _values(self, name: str, body: str) -> dict[str, Any]:
-        """The values of the parameters in a function's ``body``."""
-        schema = self.tools.get(name) or {}
-        properties = schema.get("properties") if isinstance(schema, dict) else None
-        properties = properties if isinstance(properties, dict) else {}
-        values: dict[str, Any] = {}
-        at = body.find(self.PARAMETER)
-        while at >= 0:
-            key_end = body.find(">", at + len(self.PARAMETER))
-            if key_end < 0:
-                break
-            key = body[at + len(self.PARAMETER):key_end]
-            ends = [i for i in (body.find(self.PARAMETER_END, key_end),
-                                body.find(self.PARAMETER, key_end)) if i >= 0]
-            end = min(ends, default=len(body))
-            value = body[key_end + 1:end]
-            value = value[1:] if value.startswith("\n") else value
-            value = value[:-1] if value.endswith("\n") else value
-            values[key] = converted(value, properties.get(key))
-            at = body.find(self.PARAMETER, end)
-        return values
 
 
 def converted(value: str, schema: Any) -> Any:

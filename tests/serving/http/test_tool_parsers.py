@@ -461,6 +461,25 @@ CONVERTED = [
 ]
 
 
+def test_qwen3_coder_streams_each_parameter_once_its_value_ends():
+    """As vLLM streams it: the first entry and ``{`` once the name is
+    whole, each ``"key": value`` when its value ends, ``}`` with the
+    ``</function>``."""
+    text = _q("get_weather", ("city", "Oslo"), ("days", "2"))
+    reader = TOOL_CALL_PARSERS["qwen3_coder"](SCHEMAS)
+    out = []
+    for char in text:
+        entries = reader.delta(char).get("tool_calls", [])
+        out += [(e.get("function", {}).get("name"), e["function"]["arguments"]) for e in entries]
+    assert out == [("get_weather", "{"), (None, '"city": "Oslo"'), (None, ', "days": 2'),
+                   (None, "}")]
+    cut = TOOL_CALL_PARSERS["qwen3_coder"](SCHEMAS)
+    cut.delta(text[:text.index("Oslo") + 2])
+    assert [c["function"]["arguments"] for c in cut.found] == ["{"]
+    cut.delta("", last=True)
+    assert [c["function"]["arguments"] for c in cut.found] == ['{"city": "Os"}']
+
+
 @pytest.mark.parametrize("value, schema, want", CONVERTED)
 def test_qwen3_coder_reads_each_value_by_its_schemas_type(value, schema, want):
     from serving.http.qwen3_coder import converted
