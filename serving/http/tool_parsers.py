@@ -37,6 +37,7 @@ answer without a run is all content, exactly its text. A call's
   a token for each call). Which form a segment has is read from its text
   (a ``[`` or a name), so no tokenizer version is needed. Each call's id
   is 9 letters and digits, the only ids Mistral's chat templates accept.
+- ``qwen3_coder`` (Qwen3-Coder): XML calls, in ``qwen3_coder.py``.
 
 A JSON call (llama3_json, hermes, mistral's list form) is a
 ``CallObject`` (``call_object.py``): an object with a string "name" and
