@@ -36,7 +36,8 @@ class RequestOutputDelta:
 
     ``new_token_ids`` may be empty when the request finished without a new
     token (abort; error: the grammar refused the sampled token).
-    ``finish_reason`` is "stop", "length", "abort", "error" or None, and
+    ``finish_reason`` is "stop", "length", "abort", "error", "repetition"
+    or None, and
     is set exactly when ``finished`` is. ``logprobs`` has one entry per new
     token when the request asked for logprobs and the runner sent them.
     ``prompt_logprobs`` (vLLM's shape: None for the first prompt token) comes
@@ -51,8 +52,9 @@ class RequestOutputDelta:
     ``stop_reason``: that token's id when it is one of the request's
     ``stop_token_ids`` (``Request.stop_token_ids``: the parameters' own and,
     unless ``ignore_eos``, the model's end ids other than the tokenizer's);
-    None for the tokenizer's end-of-sequence id or any other ending, as
-    vLLM's.
+    "repetition_detected" where the output ended in a repetition
+    (``engine.repetition``); None for the tokenizer's end-of-sequence id or
+    any other ending, as vLLM's.
     """
 
     req_id: str
@@ -63,7 +65,7 @@ class RequestOutputDelta:
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int | None = None
     hides_stop_token: bool = False
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
 
 
 def shown_token_ids(delta: RequestOutputDelta, token_ids: list[int],

@@ -27,6 +27,7 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -38,6 +39,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_ERROR: "error",  # the grammar refused the sampled token
+    RequestStatus.FINISHED_REPETITION: "repetition",  # engine.repetition
 }
 
 
@@ -144,7 +146,8 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        """One of "stop", "length", "abort", "error"; None while unfinished."""
+        """One of "stop", "length", "abort", "error", "repetition"; None
+        while unfinished."""
         return _FINISH_REASONS.get(self.status)
 
     def append_output_token(self, token_id: int) -> None:

@@ -62,6 +62,9 @@ context leaves after the prompt (``LLMEngine.new_request`` sets the
 number). ``structured_outputs`` (engine only: the workers get the
 grammar's bitmask, not the constraint) is None or a
 ``StructuredOutputsParams`` (a dict is converted; its own checks apply).
+``repetition_detection`` (vLLM's; engine only: the scheduler ends an
+output that repeats, ``engine.repetition``) is None or a
+``RepetitionDetectionParams`` (a dict is converted; its own checks apply).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from typing import Any
 
 import msgspec
 
+from engine.repetition import RepetitionDetectionParams
 from engine.stop_strings import MAX_STOP_STRINGS
 from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
@@ -115,6 +119,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     structured_outputs: StructuredOutputsParams | None = None
     bad_words: list[str] | None = None
     thinking_token_budget: int | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
 
     def __post_init__(self) -> None:
         # vLLM's spellings: None for no stop strings or ids, seed -1 and
@@ -127,6 +132,10 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
             msgspec.structs.force_setattr(self, "thinking_token_budget", None)
         self._check_structured_outputs()
+        if self.repetition_detection is not None:
+            msgspec.structs.force_setattr(self, "repetition_detection",
+                                          RepetitionDetectionParams.from_value(
+                                              self.repetition_detection))
         self._check_types()
         self._raise_tiny_temperature()
         if self.top_k == -1:
@@ -281,6 +290,8 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         out = msgspec.structs.asdict(self)
         if self.structured_outputs is not None:
             out["structured_outputs"] = self.structured_outputs.to_dict()
+        if self.repetition_detection is not None:
+            out["repetition_detection"] = self.repetition_detection.to_dict()
         return out
 
     def choices(self) -> list[SamplingParams]:

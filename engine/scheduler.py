@@ -105,7 +105,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from engine import prompt_logprobs
+from engine import prompt_logprobs, repetition
 from engine.kv_cache_manager import KVCacheManager
 from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
@@ -559,7 +559,8 @@ class Scheduler:
             request.req_id, new_ids, status is not None, request.finish_reason, logprobs,
             prompt_logprobs.take_ready(request), request.num_cached_tokens,
             hides_stop_token=(on_eos or on_stop_id) and not params.include_stop_str_in_output,
-            stop_reason=last if on_stop_id else None,
+            stop_reason=(last if on_stop_id else repetition.STOP_REASON
+                         if status == RequestStatus.FINISHED_REPETITION else None),
         )
 
     def _grammar_accepts(self, request: Request, token: int) -> bool:
@@ -580,7 +581,8 @@ class Scheduler:
         return None
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
-        """A sampled stop token wins over a length limit met by the same token."""
+        """A sampled stop token wins over a length limit met by the same token,
+        and both over a repetition it completes (vLLM's order)."""
         params = request.sampling_params
         if len(request.output_token_ids) < params.min_tokens:
             # Stop tokens end nothing before min_tokens (the runner masks them).
@@ -594,6 +596,10 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         if request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
+        detection = params.repetition_detection
+        if detection is not None and repetition.ends_in_repetition(request.output_token_ids,
+                                                                   detection):
+            return RequestStatus.FINISHED_REPETITION
         return None
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

@@ -75,7 +75,7 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
 
 class Delta(msgspec.Struct, frozen=True, kw_only=True):
     """New tokens of one request, and the text they complete. ``finish_reason``
-    ("stop", "length", "abort", "error") is set exactly when ``finished`` is.
+    ("stop", "length", "abort", "error", "repetition") is set exactly when ``finished`` is.
     ``logprobs``, for a request that asked for them, has one list per new
     token: the top-N candidates in rank order, then the sampled token when
     it is not among them. ``prompt_logprobs`` (once, for a request that asked)
@@ -84,7 +84,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     ``num_cached_tokens``: the prompt tokens found in the prefix cache.
     ``stop_reason``: on the last delta, the stop token id that ended the
     request (one of its ``stop_token_ids``, or of the model's end ids other
-    than the tokenizer's, which vLLM adds to them; vLLM's field).
+    than the tokenizer's, which vLLM adds to them; vLLM's field), or
+    "repetition_detected" for finish reason "repetition".
     """
 
     request_id: str
@@ -92,7 +93,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     finished: bool
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     logprobs: list[list[TokenLogprob]] | None = None
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
     num_cached_tokens: int | None = None

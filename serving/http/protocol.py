@@ -133,11 +133,12 @@ class SamplingFields(BaseModel):
     logits_processors: list[Any] | None = None
     logprob_token_ids: list[Int64] | None = None
     watermarking: bool | None = None
-    repetition_detection: dict[str, Any] | None = None
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logits_processors", "logprob_token_ids", "watermarking", "repetition_detection")
+        "logits_processors", "logprob_token_ids", "watermarking")
     ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
-        "thinking_token_budget": (-1,), "watermarking": (False,), "repetition_detection": ({},)}
+        "thinking_token_budget": (-1,), "watermarking": (False,)}
+    # vLLM's: end an output that repeats one N-gram (``engine.repetition``).
+    repetition_detection: dict[str, Any] | None = None
 
     def asks_for(self, name: str) -> bool:
         """Whether the client set field ``name`` to ask for something: sent,

@@ -74,6 +74,7 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   min_tokens=request.min_tokens, logit_bias=request.token_biases(),
                   allowed_token_ids=request.allowed_token_ids, bad_words=request.bad_words,
                   thinking_token_budget=request.thinking_token_budget,
+                  repetition_detection=request.repetition_detection,
                   include_stop_str_in_output=request.include_stop_str_in_output,
                   truncate_prompt_tokens=request.truncate_prompt_tokens,
                   skip_special_tokens=(request.skip_special_tokens if skip_special_tokens
