@@ -258,8 +258,8 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
     enough KV blocks in the whole cache for the longest it may grow; at most
     ``max_logprobs`` top logprobs per token (sampled or prompt; -1 is the
     whole vocabulary, ``check_logprobs_limit``); ``logit_bias``,
-    ``allowed_token_ids`` and ``bad_words_token_ids`` inside the vocabulary
-    (when given).
+    ``allowed_token_ids``, ``bad_words_token_ids`` and ``logprob_token_ids``
+    inside the vocabulary (when given).
     """
     n, max_tokens = len(prompt_token_ids), params.max_tokens
     if not n:
@@ -282,8 +282,9 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: S
         bad_words_ids = [t for s in params.bad_words_token_ids or () for t in s]
         for name, ids in (("logit_bias", params.logit_bias or ()),
                           ("allowed_token_ids", params.allowed_token_ids or ()),
-                          ("bad_words_token_ids", bad_words_ids)):
+                          ("bad_words_token_ids", bad_words_ids),
+                          ("logprob_token_ids", params.logprob_token_ids or ())):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise InvalidRequestError(f"{name} token ids {bad[:5]} are outside the "
-                                          f"vocabulary [0, {vocab_size})")
+                                          f"vocabulary [0, {vocab_size})", param=name)

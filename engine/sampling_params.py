@@ -62,6 +62,10 @@ context leaves after the prompt (``LLMEngine.new_request`` sets the
 number). ``structured_outputs`` (engine only: the workers get the
 grammar's bitmask, not the constraint) is None or a
 ``StructuredOutputsParams`` (a dict is converted; its own checks apply).
+``logprob_token_ids`` (vLLM's; a runner field): each sampled token's
+logprobs are those of these ids, in place of its top ones
+(``num_logprobs``); at most ``MAX_LOGPROB_TOKEN_IDS``, ``logprobs`` None or
+their number, ids inside the vocabulary (``engine.request.check_request``).
 ``repetition_detection`` (vLLM's; engine only: the scheduler ends an
 output that repeats, ``engine.repetition``) is None or a
 ``RepetitionDetectionParams`` (a dict is converted; its own checks apply).
@@ -79,7 +83,7 @@ from engine.repetition import RepetitionDetectionParams
 from engine.stop_strings import MAX_STOP_STRINGS
 from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
-from ipc.messages import SamplingOptions
+from ipc.messages import MAX_LOGPROB_TOKEN_IDS, SamplingOptions
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +253,39 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         if sequences is not None:
             msgspec.structs.force_setattr(self, "bad_words_token_ids",
                                           [list(seq) for seq in sequences])
+        self._check_logprob_token_ids()
+
+    def _check_logprob_token_ids(self) -> None:
+        """vLLM's rules: at most MAX_LOGPROB_TOKEN_IDS ids, none negative
+        (the engine checks the vocabulary's end), ``logprobs`` None or their
+        number; an empty list asks for nothing (None)."""
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not (isinstance(ids, (list, tuple)) and all(_is_int(t) for t in ids)):
+            raise InvalidRequestError(f"logprob_token_ids must be a list of ints, got {ids!r}",
+                                      param="logprob_token_ids")
+        msgspec.structs.force_setattr(self, "logprob_token_ids", list(ids) or None)
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise InvalidRequestError(
+                f"logprob_token_ids holds {len(ids)} ids, more than {MAX_LOGPROB_TOKEN_IDS}",
+                param="logprob_token_ids")
+        if any(t < 0 for t in ids):
+            raise InvalidRequestError(
+                f"logprob_token_ids must be token ids >= 0, got {[t for t in ids if t < 0]}",
+                param="logprob_token_ids")
+        if ids and self.logprobs is not None and self.logprobs != len(ids):
+            raise InvalidRequestError(
+                f"with logprob_token_ids, logprobs must be None or their number {len(ids)}, "
+                f"got {self.logprobs}", param="logprob_token_ids")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The logprobs each sampled token reports (vLLM's): ``logprobs``,
+        else the number of ``logprob_token_ids``, else None (none)."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     def _check_stop(self) -> None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop

@@ -548,7 +548,7 @@ class Scheduler:
         if status is not None:
             self._finish(request, status)
         logprobs = None
-        if request.sampling_params.logprobs is not None and None not in token_rows:
+        if request.sampling_params.num_logprobs is not None and None not in token_rows:
             logprobs = [_token_logprobs(t, row) for t, row in zip(new_ids, token_rows)]
         params, last = request.sampling_params, new_ids[-1] if new_ids else None
         stopped = status == RequestStatus.FINISHED_STOPPED

@@ -22,6 +22,7 @@ from ipc.config import ControlArg
 
 MAX_TOKEN_LIST = 1024  # entries of a request's logit_bias, allowed_token_ids, bad-word sequences
 MAX_BAD_WORD_TOKENS = 32  # ids of one bad-word sequence
+MAX_LOGPROB_TOKEN_IDS = 128  # ids of a request's logprob_token_ids (vLLM's limit)
 # ``logprobs`` / ``prompt_logprobs`` value asking for every vocabulary token (vLLM's -1).
 WHOLE_VOCAB = -1
 
@@ -46,7 +47,11 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     output tokens are a sequence but its last id, that id cannot be drawn
     (vLLM's ``bad_words``, which the engine tokenizes into these; at most
     MAX_TOKEN_LIST sequences of 1 to MAX_BAD_WORD_TOKENS ids inside the
-    vocabulary). ``engine.SamplingParams``
+    vocabulary). ``logprob_token_ids`` (vLLM's; 1 to MAX_LOGPROB_TOKEN_IDS
+    ids inside the vocabulary) are the tokens whose logprobs each sampled
+    token reports in place of its top ones, in the list's order, where the
+    request asked for ``len(logprob_token_ids)`` of them (``logprobs`` None
+    or that count). ``engine.SamplingParams``
     extends this Struct with the fields only the engine reads, so a field
     the runner needs is added here, once, and reaches the API, the HTTP
     server and the wire (``SamplingParams.to_options``) from here.
@@ -66,6 +71,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
+    logprob_token_ids: list[int] | None = None
 
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
@@ -107,6 +113,12 @@ _SAMPLING_RANGES = (
                 for s in o.bad_words_token_ids)),
      "bad_words_token_ids must be None or at most " + str(MAX_TOKEN_LIST) + " sequences of 1 "
      "to " + str(MAX_BAD_WORD_TOKENS) + " token ids >= 0 (a bad word gives one or two)"),
+    (lambda o: o.logprob_token_ids is None or (
+        0 < len(o.logprob_token_ids) <= MAX_LOGPROB_TOKEN_IDS
+        and all(t >= 0 for t in o.logprob_token_ids)
+        and o.logprobs in (None, len(o.logprob_token_ids))),
+     "logprob_token_ids must be None or 1 to " + str(MAX_LOGPROB_TOKEN_IDS) + " token ids "
+     ">= 0, with logprobs None or their number"),
 )
 
 

@@ -12,7 +12,9 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
    of (seed, position, token id) (``runner.sampling.noise``);
-4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``);
+4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``),
+   a row's ``logprob_token_ids`` in place of its top ones
+   (``runner.sampling.logprob_token_ids``);
 5. each real sample adds to its slot's output-token counts (penalties) and
    to its slot's recent outputs (bad words).
 
@@ -43,6 +45,7 @@ from ipc.messages import SamplingOptions
 from runner.ops import device_ops
 from runner.sampling.bad_words import BadWordsState
 from runner.sampling.logit_bias import LogitBiasState
+from runner.sampling.logprob_token_ids import LogprobTokenIdsState
 from runner.sampling.logprobs import LogprobsTensors
 from runner.sampling.min_tokens import MinTokensState
 from runner.sampling.noise import token_keys
@@ -74,15 +77,17 @@ class SamplerOutput:
 class TargetDraw:
     """``Sampler.draw``'s result: the drawn tokens [N] (int64), the raw
     logits for logprobs (the model's, in its dtype; None unless some row
-    asked), the rows' slots (int64), the batch's flags and whether a row
+    asked), the rows' slots (int64), the batch's flags, whether a row
     has bad words (then the caller records the real samples:
-    ``BadWordsState.record_sampled``)."""
+    ``BadWordsState.record_sampled``) and whether a row asks for
+    ``logprob_token_ids``."""
 
     sampled: torch.Tensor
     raw: torch.Tensor | None
     idx: torch.Tensor
     flags: BatchFlags
     any_bad_words: bool = False
+    any_logprob_token_ids: bool = False
 
 
 class Sampler:
@@ -94,6 +99,7 @@ class Sampler:
         self.min_tokens = MinTokensState(max_num_reqs, device)
         self.logit_bias = LogitBiasState(max_num_reqs, device)
         self.bad_words = BadWordsState(max_num_reqs, device)
+        self.logprob_token_ids = LogprobTokenIdsState(max_num_reqs, device)
         self.token_keys = token_keys(vocab_size, device)
 
     def add_request(
@@ -114,6 +120,7 @@ class Sampler:
         sequences = [s for s in options.bad_words_token_ids or ()
                      if max(s) < self.vocab_size]
         self.bad_words.add_request(slot, sequences, prompt_len, prefill_len)
+        self.logprob_token_ids.add_request(slot, options.logprob_token_ids)
 
     def remove_request(self, slot: int) -> None:
         """The slot's request left (finished or preempted). Its min-tokens,
@@ -129,7 +136,8 @@ class Sampler:
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
         """The tensors whose writes are staged on the host (penalty rows are
         rebuilt on the device instead)."""
-        return (*self.states.staged_tensors, *self.min_tokens.staged_tensors)
+        return (*self.states.staged_tensors, *self.min_tokens.staged_tensors,
+                *self.logprob_token_ids.staged_tensors)
 
     def write_added_rows(self, all_token_ids: torch.Tensor) -> None:
         """The device rows of the requests added (or, for token lists and bad
@@ -224,13 +232,17 @@ class Sampler:
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)
-        return TargetDraw(sampled, raw, idx, flags, any_bad_words)
+        return TargetDraw(sampled, raw, idx, flags, any_bad_words,
+                          raw is not None and self.logprob_token_ids.any_active(idx_mapping_np))
 
     def logprobs(self, draw: TargetDraw) -> LogprobsTensors | None:
         """Step 4: logprobs of the raw logits for ``draw.sampled``, if any row asked."""
         if draw.flags.max_logprobs == NO_LOGPROBS:
             return None
-        return self.ops.compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs)
+        token_ids = (self.logprob_token_ids.rows(draw.idx, draw.flags.max_logprobs)
+                     if draw.any_logprob_token_ids else None)
+        return self.ops.compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs,
+                                         token_ids)
 
     def _draw(
         self,

@@ -15,7 +15,8 @@ Invariants:
   min_p 0: its filters are off, so they never make a batch run a filter.
   Its penalties stay: greedy picks the argmax of the penalised logits.
 - ``num_logprobs_np[slot]`` is -1 when the request asked for no logprobs,
-  int32's largest when it asked for the whole vocabulary (``WHOLE_VOCAB``).
+  int32's largest when it asked for the whole vocabulary (``WHOLE_VOCAB``),
+  the number of its ``logprob_token_ids`` where it gave those.
 - ``needs_np[slot]`` holds the slot's ``NEEDS_*`` bits, derived from the
   same host values that ``flags`` reads: a batch whose slots have none is
   plain (greedy, no penalty, filter or logprobs), known from one OR over
@@ -107,7 +108,9 @@ class SamplingStates:
         seed = options.seed if options.seed is not None else self._next_seed()
         self.floats_np[slot] = row
         self.top_k_np[slot] = top_k
-        self.num_logprobs_np[slot] = _num_logprobs(options.logprobs)
+        ids = options.logprob_token_ids
+        self.num_logprobs_np[slot] = _num_logprobs(
+            options.logprobs if options.logprobs is not None or not ids else len(ids))
         needs = _needs(row, top_k, int(self.num_logprobs_np[slot]))
         self.num_needing += bool(needs) - bool(self.needs_np[slot])
         self.needs_np[slot] = needs

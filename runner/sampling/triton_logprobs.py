@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from runner.ops import pdl_launch
-from runner.sampling.logprobs import LogprobsTensors
+from runner.sampling.logprobs import LogprobsTensors, with_token_ids
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
 # Logits a program reads per loop step, and its warps (as the filters').
@@ -66,10 +66,12 @@ def _logprobs_kernel(
 
 
 def compute_logprobs_triton(
-    raw_logits: torch.Tensor, sampled: torch.Tensor, num_top: int
+    raw_logits: torch.Tensor, sampled: torch.Tensor, num_top: int,
+    token_ids: torch.Tensor | None = None,
 ) -> LogprobsTensors:
     """``compute_logprobs_ref`` in one launch (two with ``num_top`` > 1:
-    ``torch.topk``)."""
+    ``torch.topk``; ``token_ids``: a gather of their logits, less the row's
+    log-sum-exp)."""
     logits = raw_logits if raw_logits.stride(1) == 1 else raw_logits.contiguous()
     n, vocab_size = logits.shape
     num_top = min(num_top, vocab_size)
@@ -88,5 +90,8 @@ def compute_logprobs_triton(
     else:
         top = logits.topk(num_top, dim=-1)
         top_ids, top_logprobs = top.indices, top.values.to(torch.float32) - lse[:, None]
+    top_ids, top_logprobs = with_token_ids(
+        top_ids, top_logprobs, token_ids,
+        lambda ids: logits.gather(1, ids).to(torch.float32) - lse[:, None])
     return LogprobsTensors(top_token_ids=top_ids, top_logprobs=top_logprobs,
                            sampled_logprobs=sampled_logprobs, sampled_ranks=ranks)

@@ -88,21 +88,33 @@ class LogprobsFormatter:
     def token_str(self, token_id: int, as_ids: bool = False) -> str:
         return f"token_id:{token_id}" if as_ids else self.label(token_id)[0]
 
-    def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int):
+    def _split(self, token_id: int, entries: list[TokenLogprob], num_top: int,
+               listed: bool = False):
+        """The token's own shown logprob (None: not sent) and its top
+        entries: the top ``num_top`` by rank or, ``listed`` (a request's
+        ``logprob_token_ids``, sent in the list's order), the token itself
+        first, then the others in the list's order, as vLLM lists them."""
         num_top = _count(num_top)
         sampled = next((e for e in entries if e.token_id == token_id), None)
-        top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
+        if listed:
+            others = [e for e in entries if e.token_id != token_id]
+            top = ([sampled] if sampled else []) + others[:num_top]
+        else:
+            top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
         return (shown(sampled.logprob) if sampled else None), top
 
     def completion(self, token_ids: list[int], logprobs: list[list[TokenLogprob] | None],
-                   num_top: int, offsets: TextOffsets, as_ids: bool = False) -> dict:
+                   num_top: int, offsets: TextOffsets, as_ids: bool = False,
+                   listed: bool = False) -> dict:
         """``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``
         for consecutive tokens of one choice, each offset taken from the
         choice's ``offsets`` (which it advances). A token without entries
         (the first prompt token, echoed) has null logprob and top logprobs.
         As OpenAI's legacy API and vLLM give them, a token's top logprobs
         hold the token itself first, then the top ``num_top`` (so num_top
-        + 1 entries where it is not among them; only itself at 0)."""
+        + 1 entries where it is not among them; only itself at 0); ``listed``
+        (``logprob_token_ids``): itself, then the first ``num_top`` others
+        of the list."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, entries in zip(token_ids, logprobs):
             data = self.label(token_id)[1]
@@ -112,7 +124,7 @@ class LogprobsFormatter:
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
             else:
-                logprob, top = self._split(token_id, entries, num_top)
+                logprob, top = self._split(token_id, entries, num_top, listed)
                 out["token_logprobs"].append(logprob)
                 candidates = {} if logprob is None else {text: logprob}
                 candidates.update((self.token_str(e.token_id, as_ids), shown(e.logprob))
@@ -122,11 +134,12 @@ class LogprobsFormatter:
         return out
 
     def chat(self, token_ids: list[int], logprobs: list[list[TokenLogprob]],
-             num_top: int, as_ids: bool = False) -> list[dict]:
-        """The ``logprobs.content`` entries of consecutive tokens."""
+             num_top: int, as_ids: bool = False, listed: bool = False) -> list[dict]:
+        """The ``logprobs.content`` entries of consecutive tokens (``listed``:
+        as ``_split``)."""
         out = []
         for token_id, entries in zip(token_ids, logprobs):
-            logprob, top = self._split(token_id, entries, num_top)
+            logprob, top = self._split(token_id, entries, num_top, listed)
             out.append({**self._entry(token_id, logprob, as_ids),
                         "top_logprobs": [self._entry(e.token_id, shown(e.logprob), as_ids)
                                          for e in top]})

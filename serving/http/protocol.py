@@ -131,14 +131,25 @@ class SamplingFields(BaseModel):
     # something, ``asks_for``) is refused rather than answered as if it had
     # not. ``ASKS_NOTHING``: values of theirs that vLLM reads as unset.
     logits_processors: list[Any] | None = None
-    logprob_token_ids: list[Int64] | None = None
     watermarking: bool | None = None
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logits_processors", "logprob_token_ids", "watermarking")
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("logits_processors", "watermarking")
     ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
-        "thinking_token_budget": (-1,), "watermarking": (False,)}
+        "thinking_token_budget": (-1,), "watermarking": (False,), "logprob_token_ids": ([],)}
     # vLLM's: end an output that repeats one N-gram (``engine.repetition``).
     repetition_detection: dict[str, Any] | None = None
+    # vLLM's: each token's logprobs are those of these ids (with the route's
+    # logprobs on; ``engine.SamplingParams``); [] asks for nothing, as in vLLM.
+    logprob_token_ids: list[Int64] | None = None
+
+    def listed_logprobs(self, logprobs_on: bool, needs: str) -> list[int] | None:
+        """The request's ``logprob_token_ids`` (None: none, or empty); a
+        ``FieldError`` naming the field where the route's logprobs are off
+        (``needs``: what turns them on)."""
+        if not self.logprob_token_ids:
+            return None
+        if not logprobs_on:
+            raise FieldError("logprob_token_ids", f"logprob_token_ids needs {needs}")
+        return list(self.logprob_token_ids)
 
     def asks_for(self, name: str) -> bool:
         """Whether the client set field ``name`` to ask for something: sent,

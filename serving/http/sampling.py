@@ -59,7 +59,8 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
     tool choice's, given only to a request without structured-output
     fields), else the one those fields ask for; ``skip_special_tokens``:
     where the caller decided it (``ToolChoice.skip_special_tokens``), else
-    the request's. The stop strings are
+    the request's. ``logprobs``: the route's count, None where the request
+    gives ``logprob_token_ids`` (their number is the count). The stop strings are
     checked here and applied by ``Generation``: the dicts carry none."""
     fields = {name: getattr(request, name) for name in _OPTIONAL
               if getattr(request, name) is not None}
@@ -75,6 +76,7 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                   allowed_token_ids=request.allowed_token_ids, bad_words=request.bad_words,
                   thinking_token_budget=request.thinking_token_budget,
                   repetition_detection=request.repetition_detection,
+                  logprob_token_ids=request.logprob_token_ids or None,
                   include_stop_str_in_output=request.include_stop_str_in_output,
                   truncate_prompt_tokens=request.truncate_prompt_tokens,
                   skip_special_tokens=(request.skip_special_tokens if skip_special_tokens

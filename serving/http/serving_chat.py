@@ -43,6 +43,7 @@ from checkpoint.chat_template import chat_prompt_ids
 from engine.reasoning import enable_thinking_of
 from engine.sampling_params import truncated_prompt
 from engine.tool_depth import check_tool_depth
+from ipc.messages import WHOLE_VOCAB
 from serving.http.answer_reader import Reading, ReasonedReader
 from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
@@ -91,9 +92,14 @@ def chat_prompt(state: ServerState, request: ChatCompletionRequest) -> list[int]
 
 
 def _num_top(request: ChatCompletionRequest) -> int | None:
+    """The top logprobs each token computes: None where the request gives
+    ``logprob_token_ids`` (their number is the count, vLLM's rule)."""
     if not request.logprobs:
         if request.top_logprobs:
             raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+        request.listed_logprobs(False, "logprobs: true")
+        return None
+    if request.logprob_token_ids:
         return None
     return request.top_logprobs or 0
 
@@ -177,8 +183,11 @@ def _head(state: ServerState, request: ChatCompletionRequest, answer_id: str,
 
 
 def _shown_top(request: ChatCompletionRequest, reading: Reading) -> int | None:
-    """The top logprobs an answer shows per token (None: no logprobs)."""
-    return None if reading.hides_reasoning else _num_top(request)
+    """The top logprobs an answer shows per token (None: no logprobs; with
+    ``logprob_token_ids``, all the engine sent, as vLLM shows them)."""
+    if reading.hides_reasoning:
+        return None
+    return WHOLE_VOCAB if request.logprob_token_ids else _num_top(request)
 
 
 def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceEvent,
@@ -186,7 +195,8 @@ def _logprobs(state: ServerState, request: ChatCompletionRequest, event: ChoiceE
     if num_top is None or event.logprobs is None:
         return None
     return state.logprobs.chat(event.token_ids, event.logprobs, num_top,
-                               request.return_tokens_as_token_ids)
+                               request.return_tokens_as_token_ids,
+                               listed=bool(request.logprob_token_ids))
 
 
 def _returned_ids(request: ChatCompletionRequest, generation: Generation,

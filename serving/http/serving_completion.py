@@ -32,7 +32,7 @@ from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import EchoedPrompt, echoed_prompts
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.logprobs import TextOffsets
-from serving.http.protocol import CompletionRequest
+from serving.http.protocol import CompletionRequest, FieldError
 from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
@@ -99,7 +99,12 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     if max_tokens is not None and max_tokens < 1 and not (max_tokens == 0 and request.echo):
         raise InvalidRequestError("max_tokens must be >= 1 (0 only with echo: the prompt "
                                   "alone)")
-    check_logprobs(state.max_logprobs, state.vocab_size, logprobs=request.logprobs,
+    listed = request.listed_logprobs(request.logprobs is not None, "logprobs set")
+    if listed and request.echo and max_tokens == 0:
+        raise FieldError("logprob_token_ids", "logprob_token_ids needs generated tokens: "
+                         "echo with max_tokens 0 generates none")
+    check_logprobs(state.max_logprobs, state.vocab_size,
+                   logprobs=None if listed else request.logprobs,
                    prompt_logprobs=request.prompt_logprobs)
     # Tokenizing a long text takes a while: off the event loop, so other
     # requests and streams go on meanwhile. Token ids need no thread (the
@@ -129,7 +134,7 @@ async def create_completion(state: ServerState, request: CompletionRequest,
                 "text": text, "logprobs": None,
                 **({"prompt_token_ids": prompts[p], "token_ids": tokens}
                    if request.return_token_ids else {})})
-    params = choice_params(request, engine_max[0], request.logprobs,
+    params = choice_params(request, engine_max[0], None if listed else request.logprobs,
                            _engine_prompt_logprobs(request), defaults=state.sampling_defaults)
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
@@ -173,7 +178,8 @@ class _Choice:
         if event.logprobs is not None:
             out = self.state.logprobs.completion(event.token_ids, event.logprobs, self.num_top,
                                                  self.offsets,
-                                                 self.request.return_tokens_as_token_ids)
+                                                 self.request.return_tokens_as_token_ids,
+                                                 listed=bool(self.request.logprob_token_ids))
             part = out if part is None else _extend(part, out)
         return part
 

@@ -387,8 +387,7 @@ def test_one_rule_says_which_fields_a_request_sets():
 
 # vLLM's fields that change its answer and that this server does not
 # implement: a value that asks for something, and values vLLM reads as unset.
-UNSERVED = [("logprob_token_ids", [5, 6], (None,)),
-            ("watermarking", True, (None, False))]
+UNSERVED = [("watermarking", True, (None, False))]
 CHAT_UNSERVED = [("mm_processor_kwargs", {"num_crops": 4}, (None, {})),
                  ("media_io_kwargs", {"video": {"num_frames": 8}}, (None, {}))]
 

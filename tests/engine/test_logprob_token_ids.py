@@ -1,0 +1,90 @@
+"""vLLM's ``logprob_token_ids``: each sampled token reports the logprobs of
+exactly these ids (in the list's order, numbered 1.. as vLLM numbers them)
+and its own, in place of its top ones. Greedy over ``LLM.generate``, the
+values are transformers' log-softmax of the same sequence at each step; a
+batch mixing requests with and without the field, and with plain top
+logprobs, answers each as it asked; bad lists are refused naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+from ipc.errors import InvalidRequestError
+from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.prompt_logprobs import hf_prompt_logprobs
+
+VOCAB = 256
+PROMPTS = [[5, 17, 99, 3], [(7 * i) % 200 + 1 for i in range(23)], [40, 41, 42]]
+IDS = [7, 200, 3, 255, 0, 7]  # a repeated id, the first and the last of the vocabulary
+MANY = [(13 * i) % VOCAB for i in range(128)]  # the most a request may ask for
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model = small_llama(5, VOCAB, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=512)
+    return save_spread(model, tmp_path_factory.mktemp("llama_logprob_ids")), model
+
+
+def _check(completion, prompt, ids, model) -> None:
+    sequence = prompt + list(completion.token_ids)
+    ref = hf_prompt_logprobs(model, sequence)  # row j: the distribution of token j + 1
+    assert len(completion.logprobs) == len(completion.token_ids)
+    for i, (token, entry) in enumerate(zip(completion.token_ids, completion.logprobs)):
+        row = ref[len(prompt) - 1 + i]
+        assert token == int(row.argmax())  # greedy, as transformers
+        assert set(entry) == set(ids) | {token}
+        for t in set(ids) | {token}:
+            assert entry[t].logprob == pytest.approx(float(row[t]), abs=1e-4), (i, t)
+        for t in set(ids) - {token}:  # numbered by place, a repeated id by its last
+            assert entry[t].rank == len(ids) - ids[::-1].index(t), (i, t)
+        assert entry[token].rank == 1  # the greedy token's own rank in the vocabulary
+
+
+@pytest.mark.timeout(180)
+def test_logprobs_of_the_asked_ids_match_transformers_in_a_mixed_batch(llama):
+    path, model = llama
+    params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
+                             logprob_token_ids=IDS, logprobs=len(IDS)),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=3),
+              SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
+                             logprob_token_ids=MANY)]
+    prompts = [*PROMPTS, PROMPTS[0]]
+    with LLM(model=path, device="cpu", max_num_seqs=4, max_num_batched_tokens=64) as llm:
+        with_ids, plain, top, many = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                                  params)
+    _check(with_ids.outputs[0], PROMPTS[0], IDS, model)
+    _check(many.outputs[0], PROMPTS[0], MANY, model)
+    assert plain.outputs[0].logprobs is None
+    # The plain top-3 row of the same batch keeps its own top tokens.
+    sequence = PROMPTS[2] + list(top.outputs[0].token_ids)
+    ref = hf_prompt_logprobs(model, sequence)
+    for i, entry in enumerate(top.outputs[0].logprobs):
+        row = ref[len(PROMPTS[2]) - 1 + i]
+        assert set(entry) == set(row.topk(3).indices.tolist())
+        for t, lp in entry.items():
+            assert lp.logprob == pytest.approx(float(row[t]), abs=1e-4)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"logprob_token_ids": list(range(129))}, "more than 128"),
+    ({"logprob_token_ids": [3, -1]}, ">= 0"),
+    ({"logprob_token_ids": [3, 4], "logprobs": 5}, "their number 2"),
+    ({"logprob_token_ids": ["a"]}, "list of ints"),
+])
+def test_bad_lists_name_the_field(fields, words):
+    with pytest.raises(InvalidRequestError, match=words) as caught:
+        SamplingParams(**fields)
+    assert caught.value.param == "logprob_token_ids"
+
+
+@pytest.mark.timeout(180)
+def test_ids_outside_the_vocabulary_are_refused(llama):
+    path, _ = llama
+    with LLM(model=path, device="cpu", max_num_seqs=2) as llm:
+        with pytest.raises(InvalidRequestError, match="outside the vocabulary") as caught:
+            llm.generate([{"prompt_token_ids": PROMPTS[0]}],
+                         SamplingParams(max_tokens=2, logprob_token_ids=[1, VOCAB]))
+    assert caught.value.param == "logprob_token_ids"

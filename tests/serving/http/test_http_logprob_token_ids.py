@@ -1,0 +1,87 @@
+"""vLLM's ``logprob_token_ids`` over HTTP (the official client's
+``extra_body``): each generated token's ``top_logprobs`` are the token
+itself, then the asked ids in the list's order (the completions' first
+``logprobs`` of them, the chat's all), with transformers' log-softmax of
+the same sequence; a list without logprobs on, too long or outside the
+vocabulary is a 400 naming the field."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.helpers.http_utils import serving_tiny
+from tests.serving.http.test_http_whole_vocab_logprobs import MESSAGES, PROMPT, _hf_greedy_rows
+
+pytestmark = pytest.mark.timeout(240)
+
+IDS = [65, 300, 7, 319, 0, 65]  # a repeated id; the tiny vocabulary is 320 tokens
+AS_IDS = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("http_logprob_ids"), "serve", "--model", "tiny",
+                      "--device", "cpu", "--disable-log-stats",
+                      "--served-model-name", "tiny") as served:
+        yield served
+
+
+def _listed(token: int, count: int) -> list[int]:
+    """The ids shown after ``token``: the list's, once each, without it."""
+    return [t for t in dict.fromkeys(IDS) if t != token][:count]
+
+
+@pytest.mark.parametrize("logprobs", [len(IDS), 2])
+def test_completion_shows_the_asked_ids(server, client, logprobs):
+    prompt, rows, text = _hf_greedy_rows(server.model_dir, 3, prompt=PROMPT)
+    resp = client.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, logprobs=logprobs,
+        extra_body={**AS_IDS, "logprob_token_ids": IDS})
+    assert resp.choices[0].text == text
+    lp = resp.choices[0].logprobs
+    assert len(lp.top_logprobs) == 3
+    for token, logprob, top, row in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, rows):
+        sampled = int(row.argmax())
+        assert token == f"token_id:{sampled}"
+        assert logprob == pytest.approx(float(row[sampled]), abs=1e-4)
+        shown = [sampled, *_listed(sampled, logprobs)]
+        assert list(top) == [f"token_id:{t}" for t in shown]
+        for t in shown:
+            assert top[f"token_id:{t}"] == pytest.approx(float(row[t]), abs=1e-4)
+
+
+def test_chat_shows_the_token_then_every_asked_id(server, client):
+    _, rows, _ = _hf_greedy_rows(server.model_dir, 3)
+    chat = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True,
+        extra_body={**AS_IDS, "logprob_token_ids": IDS})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3
+    for entry, row in zip(content, rows):
+        sampled = int(row.argmax())
+        assert entry.token == f"token_id:{sampled}"
+        shown = [sampled, *_listed(sampled, len(IDS))]
+        assert [t.token for t in entry.top_logprobs] == [f"token_id:{t}" for t in shown]
+        for t, candidate in zip(shown, entry.top_logprobs):
+            assert candidate.logprob == pytest.approx(float(row[t]), abs=1e-4)
+
+
+@pytest.mark.parametrize("route, body, words", [
+    ("completions", {"logprob_token_ids": [1, 2]}, "needs logprobs"),
+    ("chat", {"logprob_token_ids": [1, 2]}, "needs logprobs"),
+    ("completions", {"logprobs": 2, "logprob_token_ids": [1, 320]}, "outside the vocabulary"),
+    ("completions", {"logprobs": 2, "logprob_token_ids": list(range(129))}, "more than 128"),
+    ("chat", {"logprobs": True, "logprob_token_ids": [-3]}, ">= 0"),
+])
+def test_bad_lists_are_a_400_naming_the_field(client, route, body, words):
+    logprobs = {"logprobs": body.pop("logprobs")} if "logprobs" in body else {}
+    with pytest.raises(openai.BadRequestError) as caught:
+        if route == "completions":
+            client.completions.create(model="tiny", prompt="hi", max_tokens=2, **logprobs,
+                                      extra_body=body)
+        else:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,
+                                           **logprobs, extra_body=body)
+    assert words in str(caught.value)
+    assert caught.value.body.get("param") == "logprob_token_ids"
