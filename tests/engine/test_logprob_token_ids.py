@@ -3,7 +3,9 @@ exactly these ids (in the list's order, numbered 1.. as vLLM numbers them)
 and its own, in place of its top ones. Greedy over ``LLM.generate``, the
 values are transformers' log-softmax of the same sequence at each step; a
 batch mixing requests with and without the field, and with plain top
-logprobs, answers each as it asked; bad lists are refused naming the field."""
+logprobs, answers each as it asked, a slot freed by a request with ids too,
+and drafted tokens report what undrafted ones do; bad lists are refused
+naming the field."""
 
 from __future__ import annotations
 
@@ -88,3 +90,47 @@ def test_ids_outside_the_vocabulary_are_refused(llama):
             llm.generate([{"prompt_token_ids": PROMPTS[0]}],
                          SamplingParams(max_tokens=2, logprob_token_ids=[1, VOCAB]))
     assert caught.value.param == "logprob_token_ids"
+
+
+@pytest.mark.timeout(180)
+def test_a_slot_freed_by_a_request_with_ids_keeps_none_for_the_next(llama):
+    """The next request in the slot (a runner reuses the slot freed last)
+    asks for plain top logprobs beside one that asks for ids: it gets its
+    own top tokens, not the ids of the slot's previous request."""
+    path, model = llama
+    plain = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=2)
+    listed = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
+                            logprob_token_ids=IDS[:2])
+    with LLM(model=path, device="cpu", max_num_seqs=2) as llm:
+        llm.generate([{"prompt_token_ids": PROMPTS[1]}], listed)
+        top, again = llm.generate([{"prompt_token_ids": PROMPTS[2]},
+                                   {"prompt_token_ids": PROMPTS[0]}], [plain, listed])
+    ref = hf_prompt_logprobs(model, PROMPTS[2] + list(top.outputs[0].token_ids))
+    for i, entry in enumerate(top.outputs[0].logprobs):
+        assert set(entry) == set(ref[len(PROMPTS[2]) - 1 + i].topk(2).indices.tolist())
+    _check(again.outputs[0], PROMPTS[0], IDS[:2], model)
+
+
+@pytest.mark.timeout(300)
+def test_drafted_tokens_report_the_ids_as_without_drafts():
+    """With n-gram drafts (accepted ones too), each emitted token reports the
+    same ids' logprobs as without speculative decoding."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+             "prompt_lookup_min": 1}
+    prompts = ["abcabcabcabcabcabc", "the cat sat on the mat; the cat sat on the"]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                            logprob_token_ids=[97, 98, 99, 32])
+    outs = {}
+    for name, spec in (("plain", None), ("spec", ngram)):
+        with LLM(model="tiny", device="cpu", speculative_config=spec) as llm:
+            outs[name] = [o.outputs[0] for o in llm.generate(prompts, params)]
+            if spec:
+                assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    for plain, spec in zip(outs["plain"], outs["spec"]):
+        assert spec.token_ids == plain.token_ids
+        for token, want, got in zip(spec.token_ids, plain.logprobs, spec.logprobs,
+                                    strict=True):
+            assert set(got) == set(want) == {97, 98, 99, 32, token}
+            for t in want:
+                assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
+                assert got[t].rank == want[t].rank
