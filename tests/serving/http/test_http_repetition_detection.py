@@ -3,12 +3,14 @@
 greedy output repeats ends with finish reason "repetition" and
 ``stop_reason`` "repetition_detected", its tokens those of the same request
 without the field (which runs to ``max_tokens``) up to the first repetition;
-bad parameters are a 400 naming the field."""
+bad parameters are a 400 naming the field; /metrics counts the reason."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.engine.test_repetition_detection import first_repetition
 from tests.helpers.http_utils import serving_tiny
@@ -39,12 +41,21 @@ def _check(plain, detected, detect: dict) -> None:
     assert detected.model_extra["stop_reason"] == "repetition_detected"
 
 
-def test_completion_ends_at_the_repetition(client):
+def _successes(url: str, reason: str) -> float:
+    page = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(sample.value for family in text_string_to_metric_families(page)
+               for sample in family.samples
+               if sample.name == "tprun:request_success_total"
+               and sample.labels["finished_reason"] == reason)
+
+
+def test_completion_ends_at_the_repetition(server, client):
     kwargs = dict(model="tiny", prompt="Hello world", max_tokens=40, temperature=0)
     plain = client.completions.create(**kwargs, extra_body=PLAIN)
     detected = client.completions.create(
         **kwargs, extra_body=dict(PLAIN, repetition_detection=DETECT))
     _check(plain.choices[0], detected.choices[0], DETECT)
+    assert _successes(server.url, "repetition") >= 1  # /metrics counts the reason
 
 
 def test_chat_ends_at_the_repetition(client):
