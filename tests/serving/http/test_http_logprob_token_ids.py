@@ -85,3 +85,14 @@ def test_bad_lists_are_a_400_naming_the_field(client, route, body, words):
                                            **logprobs, extra_body=body)
     assert words in str(caught.value)
     assert caught.value.body.get("param") == "logprob_token_ids"
+
+
+def test_a_streamed_chat_shows_what_a_whole_one_does(client):
+    kwargs = dict(model="tiny", messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True,
+                  extra_body={**AS_IDS, "logprob_token_ids": IDS})
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    streamed = [entry for chunk in client.chat.completions.create(**kwargs, stream=True)
+                for choice in chunk.choices if choice.logprobs
+                for entry in choice.logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole]
+    assert len(whole) == 3 and all(len(e.top_logprobs) >= len(set(IDS)) for e in whole)
