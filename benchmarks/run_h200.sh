@@ -100,7 +100,8 @@ run_stage() {
         tests/runner/test_triton_attention.py tests/runner/test_skinny_matmul.py \
         tests/runner/test_flash_prefill.py
       pytest_files pytest_gpu_kernels.log tests/engine/test_prompt_logprobs.py \
-        tests/engine/test_thinking_budget.py tests/engine/test_structured_outputs.py -k cuda
+        tests/engine/test_thinking_budget.py tests/engine/test_structured_outputs.py \
+        tests/engine/test_logprob_token_ids.py -k cuda
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
