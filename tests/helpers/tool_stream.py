@@ -3,7 +3,9 @@ client does, with the rules of their shape checked on the way: a call's
 first entry carries its index, id, type "function", name and a piece of
 arguments (maybe ""); each later entry of the call carries its index and
 one more piece of arguments, nothing else; calls come one after another
-(index 0, 1, ...), none going on once the next has started."""
+(index 0, 1, ...), none going on once the next has started. And the texts
+the readers' tests feed in pieces: every way ``splits`` cuts a text, and
+``scanned`` for the readers that rescan the text so far."""
 
 from __future__ import annotations
 
@@ -33,3 +35,26 @@ def argument_pieces(entries: list[dict], index: int) -> list[str]:
     """The non-empty pieces of arguments that call ``index`` came in."""
     return [piece for e in entries if e["index"] == index
             for piece in [e["function"]["arguments"]] if piece]
+
+
+def pieces_of(text: str, size: int) -> list[str]:
+    """``text`` cut every ``size`` characters ([""] for an empty text)."""
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def splits(text: str) -> list[list[str]]:
+    """The text in pieces of every size, and in two at every character."""
+    return ([pieces_of(text, size) for size in range(1, max(len(text), 1) + 1)]
+            + [[text[:i], text[i:]] for i in range(1, len(text))])
+
+
+def scanned(reader, pieces: list[str]):
+    """``reader`` (``scan(text_so_far, last)``, its output so far ``out``)
+    fed the pieces' growing text; what it has written must stay written."""
+    so_far = ""
+    for i, piece in enumerate(pieces):
+        so_far += piece
+        before = reader.out
+        reader.scan(so_far, last=i == len(pieces) - 1)
+        assert reader.out.startswith(before)  # what is written stays
+    return reader

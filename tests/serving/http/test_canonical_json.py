@@ -13,6 +13,7 @@ import random
 import pytest
 
 from serving.http.canonical_json import CanonicalJson
+from tests.helpers.tool_stream import scanned, splits
 
 TEXTS = [
     '{"a": 1}',
@@ -27,20 +28,8 @@ TEXTS = [
 ]
 
 
-def _fed(text: str, pieces: list[str]) -> CanonicalJson:
-    reader, so_far = CanonicalJson(0), ""
-    for i, piece in enumerate(pieces):
-        so_far += piece
-        before = reader.out
-        reader.scan(so_far, last=i == len(pieces) - 1)
-        assert reader.out.startswith(before)  # what is written stays
-    return reader
 
 
-def _splits(text: str) -> list[list[str]]:
-    return ([[text[i:i + size] for i in range(0, len(text), size)]
-             for size in range(1, len(text) + 1)]
-            + [[text[:i], text[i:]] for i in range(1, len(text))])
 
 
 def _random_string(rng: random.Random) -> str:
@@ -75,8 +64,8 @@ def _spelled(rng: random.Random, value) -> str:
 @pytest.mark.parametrize("text", TEXTS)
 def test_each_text_is_written_as_json_dumps_writes_its_value(text):
     want = json.dumps(json.loads(text), ensure_ascii=False)
-    for pieces in _splits(text):
-        reader = _fed(text, pieces)
+    for pieces in splits(text):
+        reader = scanned(CanonicalJson(0), pieces)
         assert (reader.out, reader.end, reader.error) == (want, len(text.rstrip()), None), pieces
 
 
@@ -87,7 +76,7 @@ def test_random_values_spelled_every_which_way():
         text = _spelled(rng, value)
         want = json.dumps(json.loads(text), ensure_ascii=False)
         for pieces in ([text], list(text), [text[:len(text) // 2], text[len(text) // 2:]]):
-            assert _fed(text, pieces).out == want, text
+            assert scanned(CanonicalJson(0), pieces).out == want, text
 
 
 # (text, the index where it stops being JSON, what was written before it)
@@ -110,11 +99,11 @@ BROKEN = [
 def test_text_that_is_not_json_stops_where_it_breaks(text, at, written):
     with pytest.raises(ValueError):
         json.loads(text)
-    for pieces in _splits(text):
-        reader = _fed(text, pieces)
+    for pieces in splits(text):
+        reader = scanned(CanonicalJson(0), pieces)
         assert (reader.error, reader.end, reader.out) == (at, None, written), pieces
 
 
 def test_a_value_cut_short_is_neither_ended_nor_broken():
-    reader = _fed('{"a": [1, "x', ['{"a": [1, "x'])
+    reader = scanned(CanonicalJson(0), ['{"a": [1, "x'])
     assert (reader.out, reader.end, reader.error) == ('{"a": [1, "x', None, None)

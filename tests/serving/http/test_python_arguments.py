@@ -15,6 +15,7 @@ import warnings
 import pytest
 
 from serving.http.python_arguments import PythonArguments
+from tests.helpers.tool_stream import scanned, splits
 
 
 def reference(text: str) -> str | None:
@@ -72,28 +73,16 @@ NOT_CALLS = [
 ]
 
 
-def _fed(text: str, pieces: list[str]) -> PythonArguments:
-    reader, so_far = PythonArguments(2), ""  # after "f("
-    for i, piece in enumerate(pieces):
-        so_far += piece
-        before = reader.out
-        reader.scan(so_far, last=i == len(pieces) - 1)
-        assert reader.out.startswith(before)  # what is written stays
-    return reader
 
 
-def _splits(text: str) -> list[list[str]]:
-    return ([[text[i:i + size] for i in range(0, len(text), size)]
-             for size in range(1, len(text) + 1)]
-            + [[text[:i], text[i:]] for i in range(1, len(text))])
 
 
 @pytest.mark.parametrize("text", CALLS)
 def test_each_call_is_written_as_json_dumps_writes_its_keyword_arguments(text):
     want = reference(text)
     assert want is not None
-    for pieces in _splits(text):
-        reader = _fed(text, pieces)
+    for pieces in splits(text):
+        reader = scanned(PythonArguments(2), pieces)
         assert (reader.out, reader.end, reader.error, reader.known) == (want, len(text), None,
                                                                        True), pieces
 
@@ -101,10 +90,10 @@ def test_each_call_is_written_as_json_dumps_writes_its_keyword_arguments(text):
 @pytest.mark.parametrize("text, at", NOT_CALLS)
 def test_text_that_is_no_such_call_stops_where_it_breaks(text, at):
     assert reference(text) is None
-    whole = _fed(text, [text])
+    whole = scanned(PythonArguments(2), [text])
     assert (whole.error, whole.end) == (at, None)
-    for pieces in _splits(text):
-        reader = _fed(text, pieces)
+    for pieces in splits(text):
+        reader = scanned(PythonArguments(2), pieces)
         assert (reader.error, reader.out, reader.known) == (at, whole.out, whole.known), pieces
 
 

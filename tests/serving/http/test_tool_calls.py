@@ -18,7 +18,7 @@ from engine.structured_outputs import StructuredOutputManager
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.responses_items import OutputItems
 from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
-from tests.helpers.tool_stream import argument_pieces, assembled
+from tests.helpers.tool_stream import argument_pieces, assembled, pieces_of, splits
 
 UNIT = {"enum": ["C", "F"]}
 TOOLS = [
@@ -131,8 +131,6 @@ def test_a_named_choice_is_held_to_its_tools_parameters():
     assert _choice(tool_choice="none").constraint() is None
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)]
 
 
 ARRAYS = [
@@ -142,10 +140,6 @@ ARRAYS = [
 ]
 
 
-def _splits(text: str) -> list[list[str]]:
-    """The text in pieces of every size, and in two at every character."""
-    return ([_pieces(text, size) for size in range(1, len(text) + 1)]
-            + [[text[:i], text[i:]] for i in range(1, len(text))])
 
 
 @pytest.mark.parametrize("text", ARRAYS)
@@ -154,7 +148,7 @@ def test_required_reader_streams_each_elements_arguments(text):
     parameters, streamed in pieces that add up to the message's call."""
     want = [(e["name"], json.dumps(e["parameters"], ensure_ascii=False))
             for e in json.loads(text)]
-    for pieces in _splits(text):
+    for pieces in splits(text):
         reader = RequiredCallsReader()
         entries = [e for i, piece in enumerate(pieces)
                    for e in reader.add(piece, last=i == len(pieces) - 1)]
@@ -195,11 +189,11 @@ def test_named_reader_streams_the_text_as_arguments():
     text = '{"city": "Oslo", "unit": "C"}'
     for size in (1, 4, len(text)):
         reader = NamedCallReader("get_weather")
-        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
+        entries = [e for piece in pieces_of(text, size) for e in reader.add(piece)]
         [call] = reader.calls()
         assert entries[0] == {"index": 0, "id": call["id"], "type": "function",
                               "function": {"name": "get_weather", "arguments": ""}}
-        assert argument_pieces(entries, 0) == _pieces(text, size)
+        assert argument_pieces(entries, 0) == pieces_of(text, size)
         assert assembled(entries) == [{"id": call["id"], "type": "function",
                                        "function": {"name": "get_weather", "arguments": text}}]
         assert reader.finish_reason("stop") == "stop"
@@ -214,9 +208,9 @@ def test_a_named_call_starts_at_its_first_non_blank_character(text):
     one call of all of it, the blank before included, in every form."""
     for size in (1, 3, max(len(text), 1)):
         reader = NamedCallReader("get_weather")
-        entries = [e for piece in _pieces(text, size) for e in reader.add(piece)]
+        entries = [e for piece in pieces_of(text, size) for e in reader.add(piece)]
         items = OutputItems(NamedCallReader("get_weather"))
-        events = [e for piece in _pieces(text, size) for e in items.add(piece, [], last=False)]
+        events = [e for piece in pieces_of(text, size) for e in items.add(piece, [], last=False)]
         events += items.finish("completed")
         kinds = {kind for kind, _ in events}
         if not text.strip():

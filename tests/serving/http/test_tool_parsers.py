@@ -14,7 +14,7 @@ import re
 import pytest
 
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
-from tests.helpers.tool_stream import argument_pieces, assembled
+from tests.helpers.tool_stream import argument_pieces, assembled, splits
 
 WEATHER = {"city": "Oslo", "days": 2}
 
@@ -237,14 +237,8 @@ QWEN3_CODER = [
 ]
 
 
-def _pieces(text: str, size: int) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def _splits(text: str) -> list[list[str]]:
-    """The text in pieces of every size, and in two at every character."""
-    return ([_pieces(text, size) for size in range(1, max(len(text), 1) + 1)]
-            + [[text[:i], text[i:]] for i in range(1, len(text))])
 
 
 def _read(parser: str, pieces: list[str]) -> tuple[dict, list[dict], object]:
@@ -283,7 +277,7 @@ def _valid_id(parser: str, call_id: str) -> bool:
                          + [("mistral", *case) for case in MISTRAL]
                          + [("qwen3_coder", *case) for case in QWEN3_CODER])
 def test_each_text_reads_as_its_rule_says_in_pieces_of_every_size(parser, text, content, calls):
-    for pieces in _splits(text):
+    for pieces in splits(text):
         message, deltas, reader = _read(parser, pieces)
         assert message["content"] == content, pieces
         assert _named(message.get("tool_calls", [])) == _expected(calls), pieces
@@ -437,7 +431,7 @@ def test_pythonic_holds_the_list_and_sends_a_call_once_its_first_value_begins():
     ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": 2}'),
     ("pythonic", '[get_weather(city="Oslo", days=2)]'),
 ])
-def test_a_long_call_streams_its_arguments_in_many_pieces(parser, text):
+def test_a_long_call_streams_its_arguments_in_manypieces_of(parser, text):
     reader = TOOL_CALL_PARSERS[parser]()
     entries = [e for char in text for e in reader.delta(char).get("tool_calls", [])]
     pieces = argument_pieces(entries, 0)
