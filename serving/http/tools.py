@@ -69,7 +69,9 @@ class ToolChoice:
     false) answers the first call alone, and which is given the request's
     ``tools`` (each tool's parameters schema by its name: a parser may read
     values by them). ``schema`` is the JSON schema the output is held to
-    (None for "none" and "auto")."""
+    (None for "none" and "auto"). A named or "required" choice keeps the
+    server's ``parser`` too (None without one), only for the special
+    tokens it shows (``skip_special_tokens``)."""
 
     mode: Literal["none", "named", "required", "auto"]
     name: str | None = None
@@ -84,8 +86,11 @@ class ToolChoice:
 
     def skip_special_tokens(self, asked: bool) -> bool:
         """Whether the output's text leaves special tokens out: as the
-        request ``asked``, but shown where an "auto" parser reads them."""
-        return asked and not (self.mode == "auto" and self.parser.keeps_special_tokens)
+        request ``asked``, but shown under any choice but "none" when the
+        server's parser reads them (vLLM's parsers adjust every request
+        with tools whose choice is not "none", named and "required" too)."""
+        keeps = self.parser is not None and self.parser.keeps_special_tokens
+        return asked and not (self.mode != "none" and keeps)
 
     def reader(self) -> ToolCallReader | None:
         """A fresh reader of one choice's text, or None for a plain answer."""
@@ -157,12 +162,13 @@ def resolve_tool_choice(request: ChatCompletionRequest, mode: str | None, name: 
                           first_call_only=request.parallel_tool_calls is False, tools=schemas)
     _refuse_second_constraint(request)
     if mode == "required":
-        return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls))
+        return ToolChoice("required", schema=_calls_schema(schemas, request.parallel_tool_calls),
+                          parser=parser)
     if name not in schemas:
         raise FieldError(spelling.named_name,
                          f"tool_choice names the function {name!r}, which is not among tools "
                          f"({', '.join(schemas)})")
-    return ToolChoice("named", name, schemas[name])
+    return ToolChoice("named", name, schemas[name], parser=parser)
 
 
 def _refuse_functions(request: ChatCompletionRequest) -> None:

@@ -17,6 +17,7 @@ from engine import SamplingParams
 from engine.structured_outputs import StructuredOutputManager
 from serving.http.protocol import ChatCompletionRequest
 from serving.http.responses_items import OutputItems
+from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.tools import NamedCallReader, RequiredCallsReader, tool_choice_of
 from tests.helpers.tool_stream import argument_pieces, assembled, pieces_of, splits
 
@@ -129,6 +130,37 @@ def test_a_named_choice_is_held_to_its_tools_parameters():
     empty = _choice(tool_choice={"type": "function", "function": {"name": "now"}})
     jsonschema.validate({}, empty.schema)
     assert _choice(tool_choice="none").constraint() is None
+
+
+NAMED = {"type": "function", "function": {"name": "now"}}
+
+
+@pytest.mark.parametrize("parser", ["hermes", "mistral"])
+def test_a_parser_that_reads_special_tokens_shows_them_under_every_choice_but_none(parser):
+    """vLLM's hermes and mistral parsers set ``skip_special_tokens`` false
+    on every request with tools whose choice is not "none" (their
+    ``adjust_request``, called for named and "required" choices as for
+    "auto"); "none" leaves the request's own value."""
+    reader = TOOL_CALL_PARSERS[parser]
+    for choice in ("auto", "required", NAMED):
+        resolved = tool_choice_of(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS,
+                                                        tool_choice=choice), reader)
+        assert resolved.skip_special_tokens(True) is False, choice
+        assert resolved.skip_special_tokens(False) is False, choice
+    none = tool_choice_of(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS,
+                                                tool_choice="none"), reader)
+    assert none.skip_special_tokens(True) is True
+    assert none.skip_special_tokens(False) is False
+
+
+def test_a_parser_that_reads_text_alone_leaves_skip_special_tokens_as_asked():
+    reader = TOOL_CALL_PARSERS["llama3_json"]
+    for choice in ("auto", "required", NAMED, "none"):
+        resolved = tool_choice_of(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS,
+                                                        tool_choice=choice), reader)
+        assert resolved.skip_special_tokens(True) is True, choice
+    # Without a parser (no --tool-call-parser) nothing changes either.
+    assert _choice(tool_choice="required").skip_special_tokens(True) is True
 
 
 
