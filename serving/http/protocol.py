@@ -221,17 +221,11 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=-1)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
     add_special_tokens: bool = True  # vLLM's: false, a text prompt gets no BOS
     prompt_embeds: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "suffix",
                                               "prompt_embeds")
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.best_of is not None and self.best_of != self.n:
-            raise InvalidRequestError("best_of is not supported by this server (set n instead)")
 
 
 class IdsFirstCompletionRequest(CompletionRequest):

@@ -4,7 +4,8 @@ the official ``openai`` client and httpx against ``tprun serve --http-port``
 ``echo`` (with ``logprobs`` and ``max_tokens`` 0), ``prompt_logprobs``,
 ``min_tokens`` (stop ids, and stop strings), ``stream_options.continuous_usage_stats``,
 ``usage.prompt_tokens_details.cached_tokens``, ``return_token_ids``,
-``return_tokens_as_token_ids``, ``add_special_tokens``, ``max_tokens`` null, ``logit_bias``,
+``return_tokens_as_token_ids``, ``add_special_tokens``, ``max_tokens`` null, ``best_of``
+(ignored), ``logit_bias``,
 ``allowed_token_ids`` and ``bad_words``, ``/tokenize`` /
 ``/detokenize`` / ``/tokenizer_info``, the access log; a field the server
 does not implement stays a 400 that names it."""
@@ -329,6 +330,19 @@ def test_max_tokens_null_is_what_the_context_leaves(server, reference):
     usage = [httpx.post(f"{server.url}/v1/completions", json=b, timeout=120).json()["usage"]
              for b in (dict(body, max_tokens=None), dict(body, prompt=ids[:10]))]
     assert [u["completion_tokens"] for u in usage] == [6, 16]
+
+
+def test_best_of_is_ignored_as_vllm_ignores_a_field_it_does_not_have(client, reference):
+    """vLLM's completions request has no ``best_of``: the field is ignored
+    like any unknown one, whatever its value; the answer is the n choices
+    the request asks for, each the one generated without it."""
+    ref = reference.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=4,
+                                                    ignore_eos=True))[0].outputs[0]
+    for best_of in (1, 3, 0):
+        resp = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4,
+                                         temperature=0, best_of=best_of,
+                                         extra_body={"ignore_eos": True})
+        assert [c.text for c in resp.choices] == [ref.text], best_of
 
 
 def test_add_special_tokens_false_leaves_out_the_bos(client, reference):
