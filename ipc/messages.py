@@ -208,11 +208,19 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     w set means token ``32 * w + j`` is allowed. ``req_ids`` are exactly the
     plan's ``structured_output_req_ids``, in any order; a worker rejects any
     other set or size.
+
+    ``forced_token_ids``: empty, or one per row: the token that row's
+    request must sample (its thinking budget forces the end of its
+    reasoning; its row allows that token alone), -1 for a row that is not
+    forced. A forced token is sampled whatever the request's own
+    ``allowed_token_ids``, ``bad_words``, ``logit_bias`` or ``min_tokens``
+    say, as vLLM's budget, applied after them, sets it.
     """
 
     step_id: int
     req_ids: list[str]
     bitmask: bytes
+    forced_token_ids: list[int] = []
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):

@@ -55,6 +55,7 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
@@ -609,21 +610,24 @@ class ModelRunner:
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
                                self.output_transfer)
         t = step.tensors
+        forced = None
         if grammar is not None:
-            self.grammar_mask.apply(t.logits, grammar, batch.req_ids, step.last_logits_row)
+            forced = self.grammar_mask.apply(t.logits, grammar, batch.req_ids,
+                                             step.last_logits_row)
         if self.num_spec:
-            return self._sample_with_drafts(step)
+            return self._sample_with_drafts(step, forced)
         # The graph's argmax is of the logits before the grammar mask.
         greedy = t.greedy if grammar is None else None
         out = self.sampler(t.logits, t.idx_mapping, batch.idx_mapping_np, t.positions,
                            t.sample_mask, last_tokens=self.req_states.last_sampled_tokens,
-                           greedy=greedy)
+                           greedy=greedy, forced=forced)
         return AsyncOutput(
             step.step_id, batch.plan_order, batch.sample_mask_np, out, self.output_transfer,
             prompt_logprobs=step.prompt_logprobs,
         )
 
-    def _sample_with_drafts(self, step: _PendingStep) -> AsyncOutput:
+    def _sample_with_drafts(self, step: _PendingStep,
+                            forced: ForcedTokens | None = None) -> AsyncOutput:
         """The rejection sampler, then the device state it changes: the last
         emitted token, the computed count less the rejected drafts, the
         emitted tokens in ``all_token_ids``; then the next drafts."""
@@ -633,7 +637,7 @@ class ModelRunner:
         last_token = buf.input_ids.shape[0] - 1
         drafts = buf.input_ids[(t.logits_indices + 1).clamp(max=last_token)].to(torch.int64)
         out = self.rejection(t.logits, drafts, layout, t.idx_mapping, batch.idx_mapping_np,
-                             batch.num_logits_np, t.positions, t.sample_mask)
+                             batch.num_logits_np, t.positions, t.sample_mask, forced)
         idx = t.idx_mapping
         cu = buf.cu_num_logits[: n + 1].to(torch.int64)
         rejected = (cu[1:] - cu[:-1] - 1 - out.num_accepted).to(torch.int32)

@@ -7,7 +7,10 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
    ``bad_words`` (sequences whose last token is banned where the outputs so
    far end with the rest; ``runner.sampling.bad_words``), penalties (repetition over prompt + output, presence and frequency over
    output; ``runner.sampling.penalties``), then ``min_tokens`` (stop ids
-   at -inf for rows not yet past it; ``runner.sampling.min_tokens``);
+   at -inf for rows not yet past it; ``runner.sampling.min_tokens``),
+   then the step's forced tokens (a spent thinking budget's end of the
+   reasoning: the row keeps that token alone whatever step 1's masks left;
+   ``runner.sampling.forced_tokens``);
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
@@ -44,6 +47,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
 from runner.sampling.bad_words import BadWordsState
+from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.logit_bias import LogitBiasState
 from runner.sampling.logprob_token_ids import LogprobTokenIdsState
 from runner.sampling.logprobs import LogprobsTensors
@@ -162,6 +166,7 @@ class Sampler:
         sample_mask: torch.Tensor,
         last_tokens: torch.Tensor | None = None,
         greedy: torch.Tensor | None = None,
+        forced: ForcedTokens | None = None,
     ) -> SamplerOutput:
         """Sample one token per row.
 
@@ -173,10 +178,11 @@ class Sampler:
         for a prefill chunk that stops short of its prompt (its token is
         discarded and must not count as output); ``last_tokens``: where each
         row's token is also stored, at its slot; ``greedy``: the argmax of
-        each row of these logits, already stored there (``Sampler.draw``).
+        each row of these logits, already stored there (``Sampler.draw``);
+        ``forced``: rows whose token is decided (``Sampler.draw``).
         """
         draw = self.draw(logits, idx_mapping, idx_mapping_np, positions,
-                         last_tokens=last_tokens, greedy=greedy)
+                         last_tokens=last_tokens, greedy=greedy, forced=forced)
         if draw.flags.any_penalty:
             self.penalties.record_sampled(draw.idx, draw.sampled, sample_mask)
         if draw.any_bad_words:
@@ -193,6 +199,7 @@ class Sampler:
         prior_tokens: torch.Tensor | None = None,
         last_tokens: torch.Tensor | None = None,
         greedy: torch.Tensor | None = None,
+        forced: ForcedTokens | None = None,
     ) -> TargetDraw:
         """Steps 1-3 for every row: the token each row's request draws at
         ``positions``, exactly as a one-token step would. ``prior_tokens``
@@ -205,7 +212,10 @@ class Sampler:
         ``greedy``: each row's argmax of ``logits``, already stored at its
         slot in ``last_tokens`` (drawn inside the decode graph); the fast
         path then takes it and launches nothing, and any other draw ignores
-        it and stores its own tokens over it."""
+        it and stores its own tokens over it. ``forced``: rows whose logits
+        (already masked to their forced token alone by the grammar mask)
+        keep that token after the rows' own masks too; where no own mask
+        ran, the logits are as the grammar mask left them, which is that."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
@@ -231,6 +241,8 @@ class Sampler:
                                              prior_tokens)
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
+        if forced is not None and processed is not logits:
+            processed = forced.apply(processed)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags, any_bad_words,
                           raw is not None and self.logprob_token_ids.any_active(idx_mapping_np))

@@ -12,7 +12,9 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   mask and rows into persistent device buffers (on CUDA a side stream that
   the main stream waits for, so the copy overlaps the forward pass), and
   masks the logits in place with one kernel, before penalties, temperature
-  and filters.
+  and filters; the rows of ``forced_token_ids`` come back as
+  ``ForcedTokens`` (their logits rows and tokens, copied with the mask) for
+  the sampler, which keeps each forced token past the request's own masks.
 - ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
   version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
 
@@ -29,6 +31,7 @@ import torch
 
 from ipc.errors import InvalidPlanError
 from ipc.messages import GrammarBitmask
+from runner.sampling.forced_tokens import ForcedTokens
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -86,6 +89,12 @@ def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
     if len(grammar.bitmask) != expected_bytes:
         fail(f"the grammar bitmask has {len(grammar.bitmask)} bytes, not {expected_bytes} "
              f"({len(grammar.req_ids)} rows of {bitmask_words(vocab_size)} int32 words)")
+    forced = grammar.forced_token_ids
+    if forced and len(forced) != len(grammar.req_ids):
+        fail(f"the grammar bitmask forces {len(forced)} rows' tokens, not one per row "
+             f"({len(grammar.req_ids)})")
+    if any(not -1 <= t < vocab_size for t in forced):
+        fail(f"the grammar bitmask forces a token outside the vocabulary ({vocab_size})")
 
 
 class GrammarMask:
@@ -101,18 +110,33 @@ class GrammarMask:
         self.words = bitmask_words(vocab_size)
         self.bitmask = torch.zeros((max_rows, self.words), dtype=torch.int32, device=device)
         self.rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.forced_rows = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.forced_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.kernel = ops.apply_grammar_bitmask
         self.transfer = ops.new_transfer()
 
     def apply(self, logits: torch.Tensor, grammar: GrammarBitmask, batch_req_ids: list[str],
-              last_logits_row: np.ndarray) -> None:
-        """Mask ``logits`` in place; ``grammar`` has passed ``check_grammar_bitmask``."""
+              last_logits_row: np.ndarray) -> ForcedTokens | None:
+        """Mask ``logits`` in place; ``grammar`` has passed
+        ``check_grammar_bitmask``. The forced rows (None: none), for the
+        sampler: tensors of their own, not the upload buffers."""
         n = len(grammar.req_ids)
         batch_row = {req_id: i for i, req_id in enumerate(batch_req_ids)}
         rows = np.array([last_logits_row[batch_row[r]] for r in grammar.req_ids], dtype=np.int32)
         # Read in place from the message (the transfer stages it, once).
         mask = np.frombuffer(grammar.bitmask, dtype="<i4").astype(np.int32, copy=False)
-        self.transfer.copy_into_side([(mask.reshape(n, self.words), self.bitmask),
-                                      (rows, self.rows)])
+        pairs = [(mask.reshape(n, self.words), self.bitmask), (rows, self.rows)]
+        forced_ids = np.array(grammar.forced_token_ids, dtype=np.int64)
+        forced_at = np.flatnonzero(forced_ids >= 0)
+        if forced_at.size:
+            pairs += [(rows[forced_at].astype(np.int64), self.forced_rows),
+                      (forced_ids[forced_at], self.forced_ids)]
+        self.transfer.copy_into_side(pairs)
         self.kernel(logits, self.bitmask[:n], self.rows[:n])
+        k = forced_at.size
+        # Copies on the main stream, so the buffers are read before the
+        # next step's upload may write them (the sampler reads later).
+        forced = (ForcedTokens(self.forced_rows[:k].clone(), self.forced_ids[:k].clone())
+                  if k else None)
         self.transfer.side_buffers_read()
+        return forced

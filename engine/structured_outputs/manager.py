@@ -22,7 +22,9 @@ One persistent buffer holds the rows being filled (no allocation a step);
 ``result()`` copies them into the message.
 
 A request's thinking budget forces its next token through its row
-(``engine.thinking_budget``): the row allows that token alone. Rows of
+(``engine.thinking_budget``): the row allows that token alone, and the
+message names it (``GrammarBitmask.forced_token_ids``) so the sampler
+keeps it past the request's own token limits, as vLLM's budget does. Rows of
 requests that finished or were aborted after the plan was made,
 and of requests still inside their reasoning, allow every token (their token is discarded anyway, and a row without any
 allowed token would make the sampler's distribution undefined). A matcher
@@ -110,13 +112,14 @@ class StructuredOutputManager:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
         mask = self._rows(len(req_ids))
-        jobs, grammars = [], []
+        jobs, grammars, forced_ids = [], [], [-1] * len(req_ids)
         for row, req_id in enumerate(req_ids):
             request = requests.get(req_id)
             grammar = getattr(request, "grammar", None)
             forced = _forced_token(request)
             if forced is not None:
                 _only(mask[row], forced)
+                forced_ids[row] = forced
             elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, grammar))
@@ -127,7 +130,9 @@ class StructuredOutputManager:
             future = self._fill_thread().submit(self._fill, jobs, mask)
         elif jobs:
             self._fill(jobs, mask)
-        self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future)
+        forced_ids = forced_ids if any(t >= 0 for t in forced_ids) else []
+        self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future,
+                                       forced_ids)
         return self._pending
 
     def _fill(self, jobs: list, mask: np.ndarray) -> None:
@@ -150,7 +155,8 @@ class StructuredOutputManager:
         if self._pending is pending:
             self._pending = None
         return GrammarBitmask(step_id=pending.step_id, req_ids=pending.req_ids,
-                              bitmask=pending.mask.astype("<i4", copy=False).tobytes())
+                              bitmask=pending.mask.astype("<i4", copy=False).tobytes(),
+                              forced_token_ids=pending.forced_token_ids)
 
     def _eos_only(self, row: np.ndarray) -> None:
         _only(row, *self.eos_token_ids)
@@ -182,9 +188,11 @@ class PendingBitmask:
     """A step's bitmask being filled (``StructuredOutputManager.start_bitmask``)."""
 
     def __init__(self, manager: StructuredOutputManager, step_id: int, req_ids: list[str],
-                 mask: np.ndarray, grammars: list, future: Future | None):
+                 mask: np.ndarray, grammars: list, future: Future | None,
+                 forced_token_ids: list[int]):
         self.manager, self.step_id, self.req_ids = manager, step_id, req_ids
         self.mask, self.grammars, self.future = mask, grammars, future
+        self.forced_token_ids = forced_token_ids
         self.message: GrammarBitmask | None = None
 
     def wait(self) -> None:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from runner.sampler import Sampler, SamplerOutput, TargetDraw
+from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.noise import token_keys, uniform_noise
 
 
@@ -145,15 +146,17 @@ class RejectionSampler:
     def __call__(self, logits: torch.Tensor, drafts: torch.Tensor, layout: DraftLayout,
                  idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray,
                  num_logits_np: np.ndarray, positions: torch.Tensor,
-                 sample_mask: torch.Tensor) -> SpecSamplerOutput:
+                 sample_mask: torch.Tensor,
+                 forced: ForcedTokens | None = None) -> SpecSamplerOutput:
         """``logits`` [L, V]; ``drafts`` [L] (meaningful where
         ``layout.has_draft``); ``idx_mapping`` [N] slots; ``num_logits_np``
         [N] host counts; ``positions`` [L] the position each logits row
-        samples; ``sample_mask`` [N]: rows whose tokens are real."""
+        samples; ``sample_mask`` [N]: rows whose tokens are real;
+        ``forced``: logits rows whose token is decided (``Sampler.draw``)."""
         slots = idx_mapping.to(torch.int64)[layout.row_of]
         slots_np = np.repeat(idx_mapping_np, num_logits_np)
         prior = layout.prior_drafts(drafts, self.width) if self.width > 1 else None
-        draw = self.sampler.draw(logits, slots, slots_np, positions, prior)
+        draw = self.sampler.draw(logits, slots, slots_np, positions, prior, forced=forced)
         accept = accept_point_mass(draw.sampled, drafts, layout.has_draft)
         num_accepted = layout.accepted(accept)
         tokens = draw.sampled[layout.matrix]

@@ -67,6 +67,33 @@ def test_the_budget_cuts_the_reasoning_at_n_tokens(think_dir, async_scheduling, 
         assert _greedy(llm, OPEN, -1) == free
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_forced_end_wins_over_the_requests_own_token_limits(think_dir, async_scheduling):
+    """vLLM forces the end of the reasoning after ``allowed_token_ids``,
+    ``bad_words`` and ``min_tokens`` have masked the logits (its budget
+    runs after them and sets the end tag's logit), so the end tag comes at
+    the budget even where the request's own limits leave it out; the
+    limits hold for every other token."""
+    with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
+             reasoning_parser="deepseek_r1", async_scheduling=async_scheduling) as llm:
+        free = _greedy(llm, OPEN)
+        allowed = sorted(set(free))
+        assert END_THINK not in allowed
+        assert llm.get_tokenizer().encode("</think>", add_special_tokens=False) == [END_THINK]
+        limits = [{"allowed_token_ids": allowed}, {"bad_words": ["</think>"]},
+                  {"min_tokens": MAX_TOKENS, "stop_token_ids": [END_THINK]}]
+        for extra in limits:
+            for n in (0, 3):
+                params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                        thinking_token_budget=n, **extra)
+                out = llm.generate({"prompt_token_ids": OPEN},
+                                   params)[0].outputs[0].token_ids
+                assert out[:n] == free[:n] and out[n] == END_THINK, (extra, n, out)
+                assert out.count(END_THINK) == 1 and len(out) == MAX_TOKENS, (extra, n, out)
+                if "allowed_token_ids" in extra:
+                    assert set(out) - {END_THINK} <= set(allowed), (n, out)
+
+
 def test_the_budget_holds_with_drafts(think_dir):
     """Speculative decoding (ngram) drafts nothing while the reasoning is
     open, so the forced token comes where it does without drafts."""
@@ -76,6 +103,12 @@ def test_the_budget_holds_with_drafts(think_dir):
              reasoning_parser="deepseek_r1", speculative_config=spec) as llm:
         free = _greedy(llm, OPEN)
         out = _greedy(llm, OPEN, 4)
+        assert out[:4] == free[:4] and out[4] == END_THINK
+        # The forced end wins over allowed_token_ids through the rejection
+        # sampler too.
+        limited = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, thinking_token_budget=4,
+                                 allowed_token_ids=sorted(set(free)))
+        out = llm.generate({"prompt_token_ids": OPEN}, limited)[0].outputs[0].token_ids
         assert out[:4] == free[:4] and out[4] == END_THINK
 
 

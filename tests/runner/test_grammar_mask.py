@@ -98,10 +98,11 @@ def test_no_rows_and_bad_shapes():
                                   torch.zeros(2, dtype=torch.int32))
 
 
-def _bitmask(step_id, req_ids, vocab, extra_bytes=0):
+def _bitmask(step_id, req_ids, vocab, extra_bytes=0, forced=()):
     words = (vocab + 31) // 32
     data = np.full((len(req_ids), words), -1, dtype="<i4").tobytes() + b"\0" * extra_bytes
-    return GrammarBitmask(step_id=step_id, req_ids=req_ids, bitmask=data)
+    return GrammarBitmask(step_id=step_id, req_ids=req_ids, bitmask=data,
+                          forced_token_ids=list(forced))
 
 
 @pytest.mark.parametrize("grammar, pattern", [
@@ -112,6 +113,9 @@ def _bitmask(step_id, req_ids, vocab, extra_bytes=0):
     (_bitmask(7, ["a", "a"], 70), "names a request twice"),
     (_bitmask(7, ["a", "b"], 70, extra_bytes=4), "has 28 bytes, not 24"),
     (_bitmask(7, ["a", "b"], 33), "has 16 bytes, not 24"),
+    (_bitmask(7, ["a", "b"], 70, forced=[3]), "forces 1 rows' tokens, not one per row"),
+    (_bitmask(7, ["a", "b"], 70, forced=[-1, 70]), "outside the vocabulary"),
+    (_bitmask(7, ["a", "b"], 70, forced=[-2, 3]), "outside the vocabulary"),
 ])
 def test_received_bitmask_is_checked(grammar, pattern):
     with pytest.raises(InvalidPlanError, match=pattern):
@@ -120,6 +124,7 @@ def test_received_bitmask_is_checked(grammar, pattern):
 
 def test_received_bitmask_accepted_in_any_order():
     check_grammar_bitmask(_bitmask(7, ["a", "b"], 70), 7, ["b", "a"], 70)
+    check_grammar_bitmask(_bitmask(7, ["a", "b"], 70, forced=[-1, 69]), 7, ["b", "a"], 70)
     check_grammar_bitmask(None, 7, [], 70)
     with pytest.raises(InvalidPlanError, match="without constrained requests"):
         check_grammar_bitmask(_bitmask(7, [], 70), 7, [], 70)
@@ -141,9 +146,30 @@ def test_grammar_mask_maps_requests_to_their_batch_rows():
     logits = torch.randn(3, vocab)
     expected = _expected(logits, {1: [3, 69], 0: [40]})
     # Batch order c, a, b: a's row is batch row 1, c's batch row 0; b is free.
-    mask.apply(logits, mask_message(0, {"a": [3, 69], "c": [40]}, vocab), ["c", "a", "b"],
-               np.arange(3))
-    assert torch.equal(logits, expected)
+    forced = mask.apply(logits, mask_message(0, {"a": [3, 69], "c": [40]}, vocab),
+                        ["c", "a", "b"], np.arange(3))
+    assert torch.equal(logits, expected) and forced is None
+
+
+def test_grammar_mask_hands_the_forced_rows_to_the_sampler():
+    """A forced row's logits row and token come back as ``ForcedTokens``,
+    whose ``apply`` keeps that token alone in the row (0 there, -inf
+    elsewhere), other rows untouched."""
+    vocab = 70
+    mask = GrammarMask(max_rows=4, vocab_size=vocab, device=torch.device("cpu"),
+                       ops=device_ops(torch.device("cpu")))
+    message = mask_message(0, {"a": [3, 69], "c": [40]}, vocab)
+    message = GrammarBitmask(step_id=0, req_ids=message.req_ids, bitmask=message.bitmask,
+                             forced_token_ids=[40 if r == "c" else -1 for r in message.req_ids])
+    logits = torch.randn(3, vocab)
+    forced = mask.apply(logits, message, ["c", "a", "b"], np.array([2, 1, 0]))
+    assert forced.rows.tolist() == [2] and forced.token_ids.tolist() == [40]
+    limited = torch.randn(3, vocab)
+    limited[2, 40] = NEG_INF  # the request's own limits left the token out
+    want = limited.clone()
+    want[2] = NEG_INF
+    want[2, 40] = 0.0
+    assert torch.equal(forced.apply(limited), want)
 
 
 @pytest.mark.gpu
