@@ -70,7 +70,7 @@ def test_the_budget_cuts_the_reasoning_at_n_tokens(think_dir, async_scheduling, 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_the_forced_end_wins_over_the_requests_own_token_limits(think_dir, async_scheduling):
     """vLLM forces the end of the reasoning after ``allowed_token_ids``,
-    ``bad_words`` and ``min_tokens`` have masked the logits (its budget
+    ``bad_words``, ``min_tokens`` and ``logit_bias`` have set the logits (its budget
     runs after them and sets the end tag's logit), so the end tag comes at
     the budget even where the request's own limits leave it out; the
     limits hold for every other token."""
@@ -81,7 +81,8 @@ def test_the_forced_end_wins_over_the_requests_own_token_limits(think_dir, async
         assert END_THINK not in allowed
         assert llm.get_tokenizer().encode("</think>", add_special_tokens=False) == [END_THINK]
         limits = [{"allowed_token_ids": allowed}, {"bad_words": ["</think>"]},
-                  {"min_tokens": MAX_TOKENS, "stop_token_ids": [END_THINK]}]
+                  {"min_tokens": MAX_TOKENS, "stop_token_ids": [END_THINK]},
+                  {"logit_bias": {END_THINK: -100.0}}]
         for extra in limits:
             for n in (0, 3):
                 params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
