@@ -17,9 +17,11 @@ at most ``max_pattern_size * min_count`` tokens are read per size, and a
 non-repeating tail is usually rejected on its first comparison. No pass
 over the whole output.
 
-The limits are vLLM's: ``max_pattern_size`` at most 65536, ``min_count``
-at most 1000, and the scan work ``max_pattern_size * min_count`` at most
-ten times the largest pattern size.
+The limits are this server's (vLLM's parameters have none): they bound
+the check each token pays, so one request cannot slow every step:
+``max_pattern_size`` at most 65536, ``min_count`` at most 1000, and the
+scan work ``max_pattern_size * min_count`` at most ten times the largest
+pattern size.
 """
 
 from __future__ import annotations
