@@ -320,7 +320,7 @@ class LLMEngine:
         )
         request.grammar = self.structured_outputs.new_grammar(params,
                                                               request.starts_in_reasoning)
-        if params.thinking_token_budget is not None and request.starts_in_reasoning:
+        if params.thinking_token_budget is not None and self.reasoning is not None:
             request.thinking_budget = ThinkingBudget(params.thinking_token_budget,
                                                      self.reasoning.tokens, prompt_token_ids)
         return request

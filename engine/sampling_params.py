@@ -23,8 +23,8 @@ tokenizes them where the request enters it (``LLMEngine.new_request``,
 ``engine.bad_words``) into the runner's ``bad_words_token_ids``, which it
 then sets (replacing any given; without ``bad_words`` a given
 ``bad_words_token_ids`` is used as it is). ``thinking_token_budget``
-(vLLM's) caps the output's reasoning tokens under the engine's reasoning
-parser, then forces the end of the thinking (``engine.thinking_budget``):
+(vLLM's) caps each thinking section's tokens under the engine's
+reasoning parser, then forces its end (``engine.thinking_budget``):
 None (or -1, vLLM's spelling of it) for no cap, else an int >= 0; the
 engine refuses it without a reasoning parser. Adding a
 field: a runner field goes into ``SamplingOptions`` (with its range in

@@ -1,19 +1,18 @@
-"""vLLM's ``thinking_token_budget``: at most that many reasoning tokens, then
-the end of the thinking, forced.
+"""vLLM's ``thinking_token_budget``: at most that many tokens in a thinking
+section, then its end, forced.
 
-Under a reasoning parser (``engine.reasoning``) a request whose output
-begins inside its reasoning (``Request.starts_in_reasoning``, the engine's
-decision) spends its budget on its reasoning tokens: those of its prompt
-after the prompt's last start tag (a prompt that ends inside a thinking
-already under way, as vLLM counts it), then each output token before the
-first end tag, tags not counted (the reasoning as the parser reads it:
-``completion_tokens_details.reasoning_tokens``). Once the budget is spent
-and the reasoning still open, the next token is the end tag, forced; the
-output then goes on as the answer. A budget of 0 forces the end tag as the
-first token. A request whose output begins after its reasoning has none to
-spend: nothing is forced. The parsers' end tag is one token
-(``reasoning_tokens`` refuses a tokenizer without it), so the forcing takes
-one step; vLLM forces an end of several ids one a step.
+The budget counts as vLLM's does, per thinking section: one is open where
+the prompt's last start tag follows its last end tag (its tokens after
+that tag count already: a template that writes ``<think>\n`` leaves the
+output one fewer), or from a start tag the output writes; an end tag
+closes it, and a later start tag opens a new one, counted from 0. Tags are
+not counted. Once an open section holds the budget's tokens, the next
+token is the end tag, forced; the output then goes on. A budget of 0
+forces the end tag right after the start tag (first, where the prompt
+opened the section). An output that never opens a section is left alone,
+whatever the parser reads it as. The parsers' end tag is one token
+(``reasoning_tokens`` refuses a tokenizer without it), so the forcing
+takes one step; vLLM forces an end of several ids one a step.
 
 The engine knows every token it appends (``accept``, called by the
 scheduler with each one, so the state follows ``output_token_ids`` across
@@ -22,8 +21,10 @@ preemptions too) and forces through the step's token bitmask
 the end tag (``forced_token``). The bitmask of a step is filled once the
 step before it is absorbed, so it knows every earlier token even with
 async scheduling; the scheduler lists the request for a bitmask only in
-the steps that may force (``may_force``), and gives it no drafts while its
-reasoning is open, so every other step of it samples as without a budget.
+the steps that may force (``may_force``), and gives a budgeted request no
+drafts (a drafted start tag could open a section whose end the drafts
+would not leave room to force), so every other step of it samples as
+without a budget.
 """
 
 from __future__ import annotations
@@ -34,44 +35,46 @@ from engine.reasoning import ReasoningTokens
 
 
 class ThinkingBudget:
-    """One request's budget. Invariant: ``spent`` counts the reasoning
-    tokens of the prompt and of the tokens ``accept``ed while ``open``
-    (the reasoning has not ended)."""
+    """One request's budget. Invariant: ``open`` says whether a thinking
+    section is open after the prompt and the tokens ``accept``ed so far,
+    and ``spent`` counts that section's tokens (0 when none is open)."""
 
     def __init__(self, budget: int, tokens: ReasoningTokens,
                  prompt_token_ids: Sequence[int]) -> None:
         self.budget = budget
         self.tokens = tokens
-        self.spent = _reasoning_in_prompt(tokens, prompt_token_ids)
-        self.open = True
+        opened_at = _open_section(tokens, prompt_token_ids)
+        self.open = opened_at is not None
+        self.spent = 0 if opened_at is None else len(prompt_token_ids) - 1 - opened_at
 
     def accept(self, token: int) -> None:
         """One output token, in order."""
-        if not self.open:
-            return
-        if token == self.tokens.end_id:
-            self.open = False
-        elif token != self.tokens.start_id:
+        if token == self.tokens.start_id:
+            self.open, self.spent = True, 0
+        elif token == self.tokens.end_id:
+            self.open, self.spent = False, 0
+        elif self.open:
             self.spent += 1
 
     def forced_token(self) -> int | None:
         """The token the next one must be (the end tag, once the budget is
-        spent inside an open reasoning), or None: free."""
+        spent inside an open section), or None: free."""
         return self.tokens.end_id if self.open and self.spent >= self.budget else None
 
     def may_force(self, num_pending: int) -> bool:
         """Whether the next token may be forced, with ``num_pending`` tokens
-        sampled before it but not accepted yet (each at most one more
-        reasoning token)."""
-        return self.open and self.spent + num_pending >= self.budget
+        sampled before it but not accepted yet: each may add one to an open
+        section, and one may open a section the rest add to."""
+        most = self.spent + num_pending if self.open else num_pending - 1
+        return most >= self.budget
 
 
-def _reasoning_in_prompt(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) -> int:
-    """The prompt's tokens after its last start tag, where no end tag
-    follows it; 0 for a prompt without one."""
+def _open_section(tokens: ReasoningTokens, prompt_token_ids: Sequence[int]) -> int | None:
+    """The index of the prompt's last start tag where no end tag follows
+    it (the prompt ends inside a thinking section), else None."""
     for i in range(len(prompt_token_ids) - 1, -1, -1):
         if prompt_token_ids[i] == tokens.start_id:
-            return len(prompt_token_ids) - 1 - i
+            return i
         if prompt_token_ids[i] == tokens.end_id:
-            return 0
-    return 0
+            return None
+    return None

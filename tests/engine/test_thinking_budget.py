@@ -6,8 +6,9 @@ The reference is the same engine's greedy output without a budget: with
 budget N the output is its first N tokens (the reasoning), then
 ``</think>`` forced, then the answer goes on; a prompt that already
 holds k reasoning tokens after its ``<think>`` leaves N - k; budget 0
-forces ``</think>`` first; an output that begins after its reasoning (the
-prompt closed it) has none to spend and is the free output. The counting
+forces ``</think>`` first; an output after a prompt that opened no
+thinking section (one that closed it) has none to spend and is the free
+output. The counting
 itself (``ThinkingBudget``) is checked on made-up ids. Without a reasoning
 parser, and for a negative budget, the request is refused naming the
 field."""
@@ -96,8 +97,8 @@ def test_the_forced_end_wins_over_the_requests_own_token_limits(think_dir, async
 
 
 def test_the_budget_holds_with_drafts(think_dir):
-    """Speculative decoding (ngram) drafts nothing while the reasoning is
-    open, so the forced token comes where it does without drafts."""
+    """Speculative decoding (ngram) drafts nothing for a budgeted request,
+    so the forced token comes where it does without drafts."""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
             "prompt_lookup_min": 1}
     with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
@@ -132,8 +133,11 @@ S, E = 7, 8  # made-up tag ids
     ([1, S], [2, 3, 4], 3, E),  # spent: the end tag next
     ([1, S, 2, 3], [4], 3, E),  # the prompt's reasoning counts
     ([1, S, 2, E, S, 3], [], 1, None),  # closed, opened again: after the last start tag
-    ([1, 2], [S, 2, S, 3], 2, None),  # no start tag in the prompt; tags not counted
-    ([1, S], [2, E, 3, 4, 5], 1, None),  # ended by itself: nothing more is forced
+    ([1, 2], [3, 4, 5, 6], 0, None),  # no section opened: nothing counts, nothing forced
+    ([1, 2], [3, S, 4, 5, 6], 3, E),  # the output opens one itself
+    ([1, S], [2, S, 3], 1, None),  # a start tag opens a new section, from 0; tags not counted
+    ([1, S], [2, E, 3, 4, 5], 0, None),  # ended by itself: nothing more is forced
+    ([1, S], [2, E, 3, S, 4, 5, 6], 3, E),  # a later section has the whole budget again
 ])
 def test_what_is_spent(prompt, outputs, spent, forced):
     budget = ThinkingBudget(3, ReasoningTokens(S, E), prompt)
@@ -143,10 +147,19 @@ def test_what_is_spent(prompt, outputs, spent, forced):
     assert budget.may_force(3 - spent) is budget.open
 
 
+def test_may_force_counts_a_section_the_tokens_in_flight_may_open():
+    budget = ThinkingBudget(2, ReasoningTokens(S, E), [1, 2])  # no section open
+    assert not budget.may_force(2) and budget.may_force(3)  # S, then two in it
+    budget = ThinkingBudget(0, ReasoningTokens(S, E), [1, 2])
+    assert budget.forced_token() is None and not budget.may_force(0) and budget.may_force(1)
+    budget.accept(S)
+    assert budget.forced_token() == E
+
+
 def test_budget_zero_forces_at_once_and_may_force_counts_tokens_in_flight():
     budget = ThinkingBudget(0, ReasoningTokens(S, E), [1, S])
     assert budget.forced_token() == E
     budget = ThinkingBudget(2, ReasoningTokens(S, E), [1, S])
     assert not budget.may_force(1) and budget.may_force(2)
     budget.accept(E)
-    assert not budget.may_force(5) and budget.forced_token() is None
+    assert not budget.may_force(2) and budget.forced_token() is None  # S, then one: 1 < 2

@@ -6,10 +6,10 @@ an answer without a budget is all reasoning; the reference for budget N
 is that same answer cut at N tokens: with the budget the output's first
 N ids are its ids, the message's ``reasoning`` their text (by the
 ``tokenizers`` library), ``</think>`` comes next (forced) and the rest is ``content``; streamed,
-the same split. Under DeepSeek-R1's rule an output after a bare
-generation prompt begins inside its reasoning (N output tokens); after
-the template's ``<think>\\n`` the prompt's newline is one reasoning token
-already (vLLM's count), leaving N - 1."""
+the same split. The budget counts as vLLM's does, in a thinking section
+the prompt or the output opened: after the template's ``<think>\\n`` the
+prompt's newline is one reasoning token already, leaving N - 1; after a
+bare generation prompt nothing is forced."""
 
 from __future__ import annotations
 
@@ -59,9 +59,12 @@ def _chat(server, client, budget=None, max_tokens=MAX_TOKENS, kwargs=None, **fie
                                           extra_body=extra, **fields)
 
 
-@pytest.mark.parametrize("kwargs, in_prompt", [(None, 0), ({"open_think": True}, 1)])
+OPEN = {"open_think": True}  # the template writes <think>\n: one reasoning token in the prompt
+
+
 @pytest.mark.parametrize("n", [2, 5])
-def test_the_reasoning_is_cut_at_the_budget(server, client, kwargs, in_prompt, n):
+def test_the_reasoning_is_cut_at_the_budget(server, client, n):
+    kwargs, in_prompt = OPEN, 1
     free = _chat(server, client, max_tokens=n - in_prompt, kwargs=kwargs).choices[0]
     assert free.message.content is None  # all reasoning: no </think> of its own
     free_ids = free.model_extra["token_ids"]
@@ -82,8 +85,18 @@ def test_the_reasoning_is_cut_at_the_budget(server, client, kwargs, in_prompt, n
     assert (reasoning, content) == (choice.message.reasoning, choice.message.content)
 
 
+def test_a_prompt_that_opened_no_thinking_section_is_left_alone(server, client):
+    """As vLLM counts: no ``<think>`` open in the prompt, none written by the
+    output (greedy ``tiny`` writes neither tag): nothing is forced, though
+    deepseek_r1 reads the whole answer as reasoning."""
+    free = _chat(server, client).choices[0]
+    assert free.message.content is None
+    assert _chat(server, client, 2).choices[0].model_extra["token_ids"] == free.model_extra[
+        "token_ids"]
+
+
 def test_budget_zero_ends_the_thinking_at_once_and_minus_one_is_no_limit(server, client):
-    zero = _chat(server, client, 0).choices[0]
+    zero = _chat(server, client, 0, kwargs=OPEN).choices[0]
     assert zero.model_extra["token_ids"][0] == END_THINK
     assert zero.message.reasoning == "" and zero.message.content
     unlimited = _chat(server, client, -1).choices[0]
@@ -92,9 +105,9 @@ def test_budget_zero_ends_the_thinking_at_once_and_minus_one_is_no_limit(server,
 
 
 def test_completions_take_it_too(server, client):
-    """The engine spends the budget on the reasoning as its parser reads it:
-    a bare text prompt (no tags) begins inside it under deepseek_r1."""
-    answer = client.completions.create(model=server.model_dir, prompt="Two and two?",
+    """A text prompt that ends in ``<think>`` opened a section: the budget's
+    tokens, then ``</think>``."""
+    answer = client.completions.create(model=server.model_dir, prompt="Two and two?<think>",
                                        temperature=0, max_tokens=6,
                                        extra_body={"thinking_token_budget": 2,
                                                    "return_token_ids": True})
