@@ -13,15 +13,15 @@ same token wins, and an output below ``min_tokens`` is not checked.
 Cost per token: for each pattern size L, from the smallest up while
 ``L * min_count`` tokens are out, the last L tokens are compared with the
 ``min_count - 1`` copies before them, stopping at the first difference;
-at most ``max_pattern_size * min_count`` tokens are read per size, and a
-non-repeating tail is usually rejected on its first comparison. No pass
-over the whole output.
+a non-repeating tail is usually rejected on its first comparison, so a
+token pays about one comparison a size, in Python on the scheduler's
+thread: microseconds for small patterns, milliseconds for a request that
+asks for sizes in the tens of thousands over a long output. No pass over
+the whole output.
 
-The limits are this server's (vLLM's parameters have none): they bound
-the check each token pays, so one request cannot slow every step:
-``max_pattern_size`` at most 65536, ``min_count`` at most 1000, and the
-scan work ``max_pattern_size * min_count`` at most ten times the largest
-pattern size.
+This server's limits bound that work: ``max_pattern_size`` at most 65536,
+``min_count`` at most 1000, and ``max_pattern_size * min_count`` at most
+ten times the largest pattern size.
 """
 
 from __future__ import annotations

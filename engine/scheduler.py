@@ -74,8 +74,7 @@ Structured outputs. A request with a ``grammar`` (its matcher) is listed in
 the plan's ``structured_output_req_ids`` when the step samples for it; the
 engine sends that step's bitmask after the plan. So is a request with a
 ``thinking_budget`` in the steps whose token it may force (the bitmask
-row forces it, ``engine.thinking_budget``); it gets no drafts while its
-reasoning is open. Each appended token
+row forces it, ``engine.thinking_budget``); it gets no drafts. Each appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
 the request with "stop". A token the grammar refuses (every token the
@@ -330,7 +329,8 @@ class Scheduler:
             structured_output_req_ids=[
                 req_id for req_id, entry in self._in_flight[self.step_id].items()
                 if entry.samples and (entry.request.grammar is not None
-                                      or _may_force(entry.request))],
+                                      or (entry.request.thinking_budget is not None
+                                          and _may_force(entry.request)))],
         )
         self._finished_ids.clear()
         self.step_id += 1
@@ -366,7 +366,7 @@ class Scheduler:
         k = self.config.num_speculative_tokens
         if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
             return 0
-        if request.thinking_budget is not None and request.thinking_budget.open:
+        if request.thinking_budget is not None:
             return 0  # a forced token is one a step (``engine.thinking_budget``)
         limit = self.config.spec_disable_by_batch_size
         if limit and len(self.running) >= limit:
@@ -401,7 +401,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and draft.budget > 0:
             request = self.running[i]
-            num_new = draft.scorable(request, self._num_new_tokens(request, draft.budget))
+            num_new = self._num_new_tokens(request, draft.budget)
+            if request.prompt_logprob_width:  # the common case pays nothing more
+                num_new = draft.scorable(request, num_new)
             if num_new <= 0:
                 i += 1
                 continue

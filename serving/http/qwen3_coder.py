@@ -201,7 +201,7 @@ def converted(value: str, schema: Any) -> Any:
     if container:
         try:
             parsed = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             pass
         else:
             return _literal(parsed) if isinstance(parsed, str) else parsed

@@ -480,3 +480,12 @@ def test_qwen3_coder_reads_each_value_by_its_schemas_type(value, schema, want):
 
     got = json.loads(json.dumps(converted(value, schema)))  # as the arguments carry it
     assert got == want and type(got) is type(want)
+
+
+def test_qwen3_coder_keeps_a_value_nested_past_the_json_parsers_depth_as_text():
+    """An array too deep for ``json.loads`` (or one cut short) stays the
+    model's text, as vLLM keeps it, rather than failing the answer."""
+    from serving.http.qwen3_coder import converted
+
+    deep = "[" * 100_000
+    assert converted(deep, {"type": "array"}) == deep
