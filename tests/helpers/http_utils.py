@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from checkpoint.tiny_model import TINY_NAME
 from tests.helpers.proc_utils import ROOT, pythonpath
 from tests.helpers.serve_utils import Served, _term_with_parent, stop_server
+from tests.helpers.think_model import tiny_with_think_tokens
 from tests.helpers.tool_template import tiny_with_tool_template
 
 _READY = re.compile(r"HTTP server ready on (http://\S+)")
@@ -83,6 +84,20 @@ def serving_tiny_with_tools(tmp_path, *args: str, special_tokens: dict[str, int]
     --disable-log-stats``; its directory in ``model_dir``."""
     model = tiny_with_tool_template(str(tmp_path / "cache"), str(tmp_path / "tiny-tools"),
                                     special_tokens)
+    served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
+                        "--disable-log-stats", *args)
+    served.model_dir = model
+    yield served
+    code, output, leftovers = stop_http(served)
+    assert code == 0 and not leftovers, output
+
+
+@contextlib.contextmanager
+def serving_think_model(tmp_path, *args: str):
+    """``serving_tiny`` of ``tiny`` with ``<think>``/``</think>``
+    (``tests.helpers.think_model``), ``args`` after ``serve --model COPY
+    --device cpu --disable-log-stats``; its directory in ``model_dir``."""
+    model = tiny_with_think_tokens(str(tmp_path / "cache"), str(tmp_path / "model"))
     served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
                         "--disable-log-stats", *args)
     served.model_dir = model

@@ -17,8 +17,8 @@ import re
 import jsonschema
 import pytest
 
-from tests.helpers.http_utils import openai_client, start_http, stop_http
-from tests.helpers.think_model import END_THINK, tiny_with_think_tokens
+from tests.helpers.http_utils import openai_client, serving_think_model
+from tests.helpers.think_model import END_THINK
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,14 +32,9 @@ BIAS = {str(END_THINK): 6.0}  # </think> likely enough to come within the budget
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reasoning")
-    model = tiny_with_think_tokens(str(root / "cache"), str(root / "model"))
-    served = start_http(root, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", "--reasoning-parser", "qwen3")
-    served.model_dir = model
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    with serving_think_model(tmp_path_factory.mktemp("reasoning"), "--reasoning-parser",
+                             "qwen3") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
