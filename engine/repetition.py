@@ -10,23 +10,33 @@ It runs where the other stop conditions are checked and after them
 (``Scheduler._stop_status``): a stop token or a length limit met by the
 same token wins, and an output below ``min_tokens`` is not checked.
 
-Cost per token: for each pattern size L, from the smallest up while
-``L * min_count`` tokens are out, the last L tokens are compared with the
-``min_count - 1`` copies before them, stopping at the first difference;
-a non-repeating tail is usually rejected on its first comparison, so a
-token pays about one comparison a size, in Python on the scheduler's
-thread: microseconds for small patterns, milliseconds for a request that
-asks for sizes in the tens of thousands over a long output. No pass over
-the whole output.
+How it is checked (``RepetitionDetector``, one per request, fed every
+output token): the last ``c * L`` tokens are ``c`` copies of one pattern of
+L tokens exactly when each of their last ``(c - 1) * L`` tokens equals the
+token L before it. So the detector keeps, per pattern size L, the run at
+L: how many tokens in a row at the end of the output equal the token L
+before them; a new token extends it where it equals the token L back and
+ends it otherwise, and the output repeats once some run reaches ``(c - 1)
+* L``. Sizes below ``GRAM`` (4) are followed one by one. A larger size
+needs a run of at least L >= ``GRAM`` to count, so only the sizes whose run
+is ``GRAM`` or more are kept: those where the output's last ``GRAM``
+tokens stood L tokens earlier too. An index from each ``GRAM``-gram to its
+latest end, and from each end to the one before with the same gram, lists
+exactly those, newest first, back to ``max_pattern_size``. A token costs a
+few steps plus one per earlier copy of its last ``GRAM`` tokens within the
+last ``max_pattern_size`` (rare outside repetitive text), whatever
+``min_count`` is, with no pass over the output; the verdicts are those of
+comparing every size's blocks. The detector holds about two ints per
+output token and one dictionary entry per distinct gram in the window.
 
-This server's limits bound that work: ``max_pattern_size`` at most 65536,
-``min_count`` at most 1000, and ``max_pattern_size * min_count`` at most
-ten times the largest pattern size.
+This server bounds ``max_pattern_size`` at 65536 (vLLM sets no upper
+bound): the window, and so the earlier copies one token's check may visit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -34,21 +44,25 @@ import msgspec
 from ipc.errors import InvalidRequestError
 
 MAX_PATTERN_SIZE = 65536
-MAX_MIN_COUNT = 1000
-MAX_SCAN_WORK = MAX_PATTERN_SIZE * 10
+GRAM = 4  # tokens of the grams the detector indexes its larger sizes by
 STOP_REASON = "repetition_detected"
+_INT64_MAX = (1 << 63) - 1
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int (not a bool) that fits a signed 64-bit integer, as the
+    messages carry it."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and -_INT64_MAX - 1 <= value <= _INT64_MAX)
 
 
 class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
     """vLLM's parameters. ``max_pattern_size`` 0 (the default) detects
     nothing; ``min_pattern_size`` 0 reads as 1. Invariants once built:
-    every field an int >= 0, ``min_pattern_size <= max_pattern_size``, and
-    where detection is on, ``min_count >= 2`` and the limits above hold
-    (``InvalidRequestError`` naming ``repetition_detection`` otherwise)."""
+    every field an int >= 0 (a signed 64-bit one), ``min_pattern_size <=
+    max_pattern_size <= MAX_PATTERN_SIZE``, and where detection is on,
+    ``min_count >= 2`` (``InvalidRequestError`` naming
+    ``repetition_detection`` otherwise)."""
 
     max_pattern_size: int = 0
     min_pattern_size: int = 0
@@ -58,7 +72,7 @@ class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("max_pattern_size", "min_pattern_size", "min_count"):
             value = getattr(self, name)
             if not _is_int(value):
-                raise _error(f"{name} must be an int, got {value!r}")
+                raise _error(f"{name} must be an int (64-bit), got {value!r}")
         if (self.max_pattern_size < 0 or self.min_pattern_size < 0
                 or self.min_pattern_size > self.max_pattern_size):
             raise _error("max_pattern_size and min_pattern_size must be >= 0, with "
@@ -67,15 +81,9 @@ class RepetitionDetectionParams(msgspec.Struct, frozen=True, kw_only=True):
         if self.max_pattern_size > MAX_PATTERN_SIZE:
             raise _error(f"max_pattern_size must be at most {MAX_PATTERN_SIZE}, "
                          f"got {self.max_pattern_size}")
-        if self.min_count > MAX_MIN_COUNT:
-            raise _error(f"min_count must be at most {MAX_MIN_COUNT}, got {self.min_count}")
         if self.max_pattern_size > 0 and self.min_count < 2:
             raise _error("min_count must be >= 2 to detect a repeated pattern, got "
                          f"{self.min_count}; max_pattern_size 0 turns detection off")
-        if self.max_pattern_size * self.min_count > MAX_SCAN_WORK:
-            raise _error(f"max_pattern_size * min_count = "
-                         f"{self.max_pattern_size * self.min_count} is more than the scan "
-                         f"budget of {MAX_SCAN_WORK}; lower either")
 
     @classmethod
     def from_value(cls, value: Any) -> RepetitionDetectionParams:
@@ -104,28 +112,90 @@ def _error(message: str) -> InvalidRequestError:
     return InvalidRequestError(message, param="repetition_detection")
 
 
-def ends_in_repetition(token_ids: Sequence[int], params: RepetitionDetectionParams) -> bool:
+class RepetitionDetector:
+    """One output's repetition check (``params`` with detection on), fed
+    its tokens in order (``append``).
+
+    Invariants, after the tokens t[0..n-1] appended so far (``tokens``),
+    with run(L) the largest r such that t[n-j] == t[n-j-L] for j = 1..r:
+    ``small_runs[i]`` is run(``small_sizes[i]``), the sizes in range below
+    ``GRAM``; ``runs`` maps each size L in range, ``GRAM`` or more, with
+    run(L) >= ``GRAM`` to run(L) (every other such size has a run below
+    ``GRAM``, too short to count: it would need ``(min_count - 1) * L``);
+    ``latest[g]`` is the last end e (index of its last token) of gram g =
+    t[e-GRAM+1..e] among ends within the window (others may have been
+    dropped), and ``earlier[e]`` the end before e with the same gram (-1:
+    none). ``repeating``: some run(L) >= ``(min_count - 1) * L``, that is
+    the output ends in ``min_count`` copies of a pattern of L tokens."""
+
+    def __init__(self, params: RepetitionDetectionParams) -> None:
+        smallest = max(params.min_pattern_size, 1)
+        self.largest = params.max_pattern_size
+        self.copies_before = params.min_count - 1
+        self.small_sizes = list(range(smallest, min(GRAM - 1, self.largest) + 1))
+        self.small_runs = [0] * len(self.small_sizes)
+        self.first_large = max(smallest, GRAM)
+        self.tokens: list[int] = []
+        self.latest: dict[tuple[int, ...], int] = {}
+        self.earlier = array("q")
+        self.runs: dict[int, int] = {}
+        self.repeating = False
+
+    def append(self, token: int) -> bool:
+        """Take the output's next token; whether the output now ends in a
+        repetition (``repeating``)."""
+        tokens, n = self.tokens, len(self.tokens)
+        tokens.append(token)
+        repeating = self._follow_small_sizes(token, n)
+        if self.first_large > self.largest:
+            pass  # no size of GRAM or more in range: no grams to index
+        elif n < GRAM - 1:
+            self.earlier.append(-1)
+        else:
+            repeating = self._follow_large_sizes(n) or repeating
+        self.repeating = repeating
+        return repeating
+
+    def _follow_small_sizes(self, token: int, n: int) -> bool:
+        runs, repeating = self.small_runs, False
+        for i, size in enumerate(self.small_sizes):
+            if size <= n and self.tokens[n - size] == token:
+                runs[i] += 1
+                repeating = repeating or runs[i] >= self.copies_before * size
+            else:
+                runs[i] = 0
+        return repeating
+
+    def _follow_large_sizes(self, n: int) -> bool:
+        """The runs of the sizes whose gram matches the one ending at n:
+        one kept at n - 1 goes on by one, a new one starts at ``GRAM``."""
+        gram = tuple(self.tokens[n - GRAM + 1:])
+        end = self.latest.get(gram, -1)
+        self.latest[gram] = n
+        self.earlier.append(end)
+        if n % self.largest == 0:  # drop grams last seen before the window
+            self.latest = {g: e for g, e in self.latest.items() if e >= n - self.largest}
+        old, runs, repeating = self.runs, {}, False
+        oldest = n - self.largest
+        while end >= oldest and end >= 0:  # newest first: sizes from the smallest up
+            size = n - end
+            if size >= self.first_large:
+                run = old.get(size, GRAM - 1) + 1
+                runs[size] = run
+                repeating = repeating or run >= self.copies_before * size
+            end = self.earlier[end]
+        self.runs = runs
+        return repeating
+
+
+def ends_in_repetition(token_ids: Iterable[int], params: RepetitionDetectionParams) -> bool:
     """Whether ``token_ids`` end in ``params.min_count`` consecutive copies
     of one pattern whose size lies in [``min_pattern_size`` (0: 1),
-    ``max_pattern_size``]."""
+    ``max_pattern_size``]: a fresh detector fed all of them (a request
+    keeps its own and feeds it one token at a time)."""
     if not params.enabled:
         return False
-    count = params.min_count
-    for size in range(max(params.min_pattern_size, 1), params.max_pattern_size + 1):
-        if size * count > len(token_ids):
-            return False  # larger sizes need even more tokens
-        if _tail_repeats(token_ids, size, count):
-            return True
-    return False
-
-
-def _tail_repeats(token_ids: Sequence[int], size: int, count: int) -> bool:
-    """The last ``size`` tokens equal each of the ``count - 1`` blocks of
-    ``size`` before them (``len(token_ids) >= size * count``)."""
-    end = len(token_ids)
-    for offset in range(1, size + 1):
-        token = token_ids[end - offset]
-        for copy in range(1, count):
-            if token_ids[end - copy * size - offset] != token:
-                return False
-    return True
+    detector = RepetitionDetector(params)
+    for token in token_ids:
+        detector.append(token)
+    return detector.repeating

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine.repetition import RepetitionDetector
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.grammar import Grammar
 from engine.thinking_budget import ThinkingBudget
@@ -77,6 +78,9 @@ class Request:
     ``LLMEngine.new_request``). ``thinking_budget``: its
     ``thinking_token_budget`` as the engine holds it (None: no budget, or no
     reasoning to spend it on); every appended token goes through it.
+    ``repetition``: its ``repetition_detection`` check (None where it asks
+    for none), fed every appended token, so that the scheduler reads its
+    verdict (``repeating``) without a pass over the output.
     """
 
     def __init__(
@@ -114,6 +118,9 @@ class Request:
         self.status = RequestStatus.WAITING
         self.grammar: Grammar | None = None
         self.thinking_budget: ThinkingBudget | None = None
+        detection = sampling_params.repetition_detection
+        self.repetition = (RepetitionDetector(detection)
+                           if detection is not None and detection.enabled else None)
         self.num_cached_tokens: int | None = None  # prefix-cache hits at first scheduling
         # time.monotonic() when the scheduler queued it and first scheduled it
         # (a preemption leaves it): RequestOutput.metrics' queued_ts and scheduled_ts.
@@ -155,6 +162,8 @@ class Request:
         self._all_token_ids.append(token_id)
         if self.thinking_budget is not None:
             self.thinking_budget.accept(token_id)
+        if self.repetition is not None:
+            self.repetition.append(token_id)
 
     def __repr__(self) -> str:
         return (

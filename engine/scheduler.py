@@ -598,9 +598,7 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         if request.num_tokens >= self.config.max_model_len:
             return RequestStatus.FINISHED_LENGTH
-        detection = params.repetition_detection
-        if detection is not None and repetition.ends_in_repetition(request.output_token_ids,
-                                                                   detection):
+        if request.repetition is not None and request.repetition.repeating:
             return RequestStatus.FINISHED_REPETITION
         return None
 

@@ -9,9 +9,12 @@ brute-force reading of the definition first finds a repetition."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
-from engine.repetition import RepetitionDetectionParams, ends_in_repetition
+from engine.repetition import RepetitionDetectionParams, RepetitionDetector, ends_in_repetition
+from engine.request import Request
 from ipc.errors import InvalidRequestError
 
 
@@ -65,8 +68,7 @@ def test_disabled_and_short_outputs():
     ({"max_pattern_size": -1, "min_count": 2}, ">= 0"),
     ({"max_pattern_size": 3, "min_count": 1}, "min_count must be >= 2"),
     ({"max_pattern_size": 65537, "min_count": 2}, "at most 65536"),
-    ({"max_pattern_size": 4, "min_count": 1001}, "at most 1000"),
-    ({"max_pattern_size": 65536, "min_count": 11}, "scan budget"),
+    ({"max_pattern_size": 4, "min_count": 1 << 63}, "must be an int"),
     ({"max_pattern_size": 2.5, "min_count": 2}, "must be an int"),
     ({"max_pattern_size": 2, "min_count": 2, "window": 3}, "unknown"),
 ])
@@ -74,6 +76,16 @@ def test_bad_parameters_name_the_field(fields, words):
     with pytest.raises(InvalidRequestError, match=words) as caught:
         SamplingParams(repetition_detection=fields)
     assert caught.value.param == "repetition_detection"
+
+
+def test_min_count_has_no_upper_bound_but_the_wire_format():
+    """As vLLM's: no upper bound on ``min_count``, nor on ``max_pattern_size
+    * min_count`` (the check's cost does not depend on ``min_count``)."""
+    for count in (1001, 10 ** 9, (1 << 63) - 1):
+        params = SamplingParams(repetition_detection={"max_pattern_size": 65536,
+                                                      "min_count": count})
+        assert params.repetition_detection.min_count == count
+    assert not detects([7] * 50, 4, 1001)
 
 
 def test_sampling_params_take_vllm_json_shape():
@@ -97,6 +109,65 @@ def first_repetition(tokens, max_size, count, min_size) -> int | None:
     return None
 
 
+def brute_force_verdict(tokens, max_size, count, min_size) -> bool:
+    """The definition read literally: some size in range whose last
+    ``count`` blocks of that size are equal."""
+    for size in range(max(min_size, 1), max_size + 1):
+        if size * count > len(tokens):
+            break
+        end = len(tokens)
+        blocks = {tuple(tokens[end - (c + 1) * size:end - c * size]) for c in range(count)}
+        if len(blocks) == 1:
+            return True
+    return False
+
+
+@st.composite
+def detections(draw):
+    """Small vocabularies (repetitions are common), sizes, counts, and the
+    steps the tokens arrive in: one at a time or several (accepted drafts)."""
+    max_size = draw(st.integers(1, 12))
+    min_size = draw(st.integers(0, max_size))
+    count = draw(st.integers(2, 5))
+    vocab = draw(st.integers(1, 4))
+    tokens = draw(st.lists(st.integers(0, vocab - 1), max_size=80))
+    steps = draw(st.lists(st.integers(1, 6), min_size=len(tokens), max_size=len(tokens)))
+    return tokens, max_size, count, min_size, steps
+
+
+@settings(max_examples=600, deadline=None)
+@given(detections())
+def test_detector_agrees_with_brute_force_fed_token_by_token(case):
+    tokens, max_size, count, min_size, _ = case
+    detector = RepetitionDetector(RepetitionDetectionParams(
+        max_pattern_size=max_size, min_pattern_size=min_size, min_count=count))
+    for end, token in enumerate(tokens, start=1):
+        want = brute_force_verdict(tokens[:end], max_size, count, min_size)
+        assert detector.append(token) == want
+        assert detector.repeating == want
+
+
+@settings(max_examples=600, deadline=None)
+@given(detections())
+def test_detector_agrees_with_brute_force_fed_several_tokens_a_step(case):
+    """Tokens that arrive several a step (a step's accepted drafts) and a
+    verdict read only at each step's end, as where ``min_tokens`` holds the
+    check back: the verdict still matches the whole output so far."""
+    tokens, max_size, count, min_size, steps = case
+    request = Request("r", [1, 2], SamplingParams(repetition_detection={
+        "max_pattern_size": max_size, "min_pattern_size": min_size, "min_count": count}))
+    end = 0
+    for step in steps:
+        if end >= len(tokens):
+            break
+        for token in tokens[end:end + step]:
+            request.append_output_token(token)
+        end = min(end + step, len(tokens))
+        assert request.output_token_ids == tokens[:end]
+        assert request.repetition.repeating == brute_force_verdict(tokens[:end], max_size,
+                                                                   count, min_size)
+
+
 PROMPT = "Hello world"  # the tiny model's greedy output repeats a 5-token pattern
 DETECT = {"max_pattern_size": 6, "min_pattern_size": 3, "min_count": 2}
 
@@ -117,3 +188,25 @@ def test_greedy_output_ends_at_its_first_repetition():
     assert out.token_ids == full[:end]
     assert out.finish_reason == "repetition"
     assert out.stop_reason == "repetition_detected"
+
+
+@pytest.mark.timeout(180)
+def test_drafted_steps_end_at_the_same_token():
+    """With n-gram drafts, several tokens are appended a step (the second
+    copy of the greedy output's pattern is drafted from the first); the
+    output still ends on the token that completes the first repetition,
+    the step's later accepted tokens dropped."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+             "prompt_lookup_min": 2}
+    with LLM(model="tiny", device="cpu", max_num_seqs=4) as llm:
+        (plain,) = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=60,
+                                                         ignore_eos=True))
+    with LLM(model="tiny", device="cpu", max_num_seqs=4, speculative_config=ngram) as llm:
+        (detected,) = llm.generate([PROMPT], SamplingParams(
+            temperature=0.0, max_tokens=60, ignore_eos=True, repetition_detection=DETECT))
+        assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    full = plain.outputs[0].token_ids
+    end = first_repetition(full, 6, 2, 3)
+    assert end is not None and end < 60
+    assert detected.outputs[0].token_ids == full[:end]
+    assert detected.outputs[0].finish_reason == "repetition"
