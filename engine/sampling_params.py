@@ -64,7 +64,8 @@ grammar's bitmask, not the constraint) is None or a
 ``StructuredOutputsParams`` (a dict is converted; its own checks apply).
 ``logprob_token_ids`` (vLLM's; a runner field): each sampled token's
 logprobs are those of these ids, in place of its top ones
-(``num_logprobs``); at most ``MAX_LOGPROB_TOKEN_IDS``, ``logprobs`` None or
+(``num_logprobs``); at most ``MAX_LOGPROB_TOKEN_IDS`` (128, not
+``max_logprobs``), ``logprobs`` None or
 their number, ids inside the vocabulary (``engine.request.check_request``).
 ``repetition_detection`` (vLLM's; engine only: the scheduler ends an
 output that repeats, ``engine.repetition``) is None or a
@@ -256,7 +257,9 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         self._check_logprob_token_ids()
 
     def _check_logprob_token_ids(self) -> None:
-        """vLLM's rules: at most MAX_LOGPROB_TOKEN_IDS ids, none negative
+        """vLLM's rules: at most MAX_LOGPROB_TOKEN_IDS ids, whatever the
+        engine's ``max_logprobs`` (which holds ``logprobs`` and
+        ``prompt_logprobs``, not this list), none negative
         (the engine checks the vocabulary's end), ``logprobs`` None or their
         number; an empty list asks for nothing (None)."""
         ids = self.logprob_token_ids
@@ -268,8 +271,9 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
         msgspec.structs.force_setattr(self, "logprob_token_ids", list(ids) or None)
         if len(ids) > MAX_LOGPROB_TOKEN_IDS:
             raise InvalidRequestError(
-                f"logprob_token_ids holds {len(ids)} ids, more than {MAX_LOGPROB_TOKEN_IDS}",
-                param="logprob_token_ids")
+                f"logprob_token_ids holds {len(ids)} ids, more than the {MAX_LOGPROB_TOKEN_IDS} "
+                f"allowed (a fixed limit; max_logprobs, --max-logprobs, does not apply to "
+                f"the list)", param="logprob_token_ids")
         if any(t < 0 for t in ids):
             raise InvalidRequestError(
                 f"logprob_token_ids must be token ids >= 0, got {[t for t in ids if t < 0]}",

@@ -93,13 +93,14 @@ class LogprobsFormatter:
         """The token's own shown logprob (None: not sent) and its top
         entries: the top ``num_top`` by rank or, ``listed`` (a request's
         ``logprob_token_ids``, sent in the list's order), the token itself
-        first, then the others in the list's order, as vLLM lists them."""
-        num_top = _count(num_top)
+        first, then every other listed id in the list's order, whatever
+        ``num_top`` is (0 too), as vLLM lists them: the list replaces the
+        top ones, and ``logprobs`` only turns them on."""
         sampled = next((e for e in entries if e.token_id == token_id), None)
         if listed:
-            others = [e for e in entries if e.token_id != token_id]
-            top = ([sampled] if sampled else []) + others[:num_top]
+            top = ([sampled] if sampled else []) + [e for e in entries if e.token_id != token_id]
         else:
+            num_top = _count(num_top)
             top = [e for e in entries if e.rank is not None and e.rank <= num_top][:num_top]
         return (shown(sampled.logprob) if sampled else None), top
 
@@ -113,8 +114,7 @@ class LogprobsFormatter:
         As OpenAI's legacy API and vLLM give them, a token's top logprobs
         hold the token itself first, then the top ``num_top`` (so num_top
         + 1 entries where it is not among them; only itself at 0); ``listed``
-        (``logprob_token_ids``): itself, then the first ``num_top`` others
-        of the list."""
+        (``logprob_token_ids``): itself, then every other id of the list."""
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token_id, entries in zip(token_ids, logprobs):
             data = self.label(token_id)[1]

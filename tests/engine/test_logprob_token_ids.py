@@ -82,7 +82,7 @@ def test_logprobs_of_the_asked_ids_match_transformers_in_a_mixed_batch(llama, de
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"logprob_token_ids": list(range(129))}, "more than 128"),
+    ({"logprob_token_ids": list(range(129))}, "more than the 128 allowed"),
     ({"logprob_token_ids": [3, -1]}, ">= 0"),
     ({"logprob_token_ids": [3, 4], "logprobs": 5}, "their number 2"),
     ({"logprob_token_ids": ["a"]}, "list of ints"),
