@@ -16,9 +16,11 @@ takes one step; vLLM forces an end of several ids one a step.
 
 The engine knows every token it appends (``accept``, called by the
 scheduler with each one, so the state follows ``output_token_ids`` across
-preemptions too) and forces through the step's token bitmask
-(``StructuredOutputManager.start_bitmask``): the request's row allows only
-the end tag (``forced_token``). The bitmask of a step is filled once the
+preemptions too) and forces through the step's bitmask message
+(``StructuredOutputManager.start_bitmask``): it names the end tag
+(``forced_token``) as the request's forced token, and the sampler sets it
+after reading the model's logits for logprobs, so the end tag reports the
+model's own logprob. The bitmask of a step is filled once the
 step before it is absorbed, so it knows every earlier token even with
 async scheduling; the scheduler lists the request for a bitmask only in
 the steps that may force (``may_force``), and gives a budgeted request no

@@ -211,10 +211,11 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
     ``forced_token_ids``: empty, or one per row: the token that row's
     request must sample (its thinking budget forces the end of its
-    reasoning; its row allows that token alone), -1 for a row that is not
+    reasoning; its row allows every token), -1 for a row that is not
     forced. A forced token is sampled whatever the request's own
     ``allowed_token_ids``, ``bad_words``, ``logit_bias`` or ``min_tokens``
-    say, as vLLM's budget, applied after them, sets it.
+    say, as vLLM's budget, applied after them, sets it, and its logprob is
+    the model's own, read before the sampler forces it.
     """
 
     step_id: int

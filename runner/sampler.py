@@ -10,14 +10,16 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
    at -inf for rows not yet past it; ``runner.sampling.min_tokens``),
    then the step's forced tokens (a spent thinking budget's end of the
    reasoning: the row keeps that token alone whatever step 1's masks left;
-   ``runner.sampling.forced_tokens``);
+   ``runner.sampling.forced_tokens``), on the sampler's copy, never on
+   the raw logits that step 4 reads;
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
    of (seed, position, token id) (``runner.sampling.noise``);
 4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``),
    a row's ``logprob_token_ids`` in place of its top ones
-   (``runner.sampling.logprob_token_ids``);
+   (``runner.sampling.logprob_token_ids``): a forced token reports the
+   model's own logprob, as any token that step 1 favoured does;
 5. each real sample adds to its slot's output-token counts (penalties) and
    to its slot's recent outputs (bad words).
 
@@ -212,17 +214,19 @@ class Sampler:
         ``greedy``: each row's argmax of ``logits``, already stored at its
         slot in ``last_tokens`` (drawn inside the decode graph); the fast
         path then takes it and launches nothing, and any other draw ignores
-        it and stores its own tokens over it. ``forced``: rows whose logits
-        (already masked to their forced token alone by the grammar mask)
-        keep that token after the rows' own masks too; where no own mask
-        ran, the logits are as the grammar mask left them, which is that."""
+        it and stores its own tokens over it. ``forced``: rows whose token
+        is decided (a spent thinking budget; their grammar-mask rows allow
+        every token): each keeps that token alone after the rows' own
+        masks, on the sampler's copy of the logits, so the raw ones keep
+        the model's values for logprobs."""
         idx = idx_mapping.to(torch.int64)
         flags = self.states.flags(idx_mapping_np)
         any_min_tokens = self.min_tokens.any_active(idx_mapping_np)
         any_bias = self.logit_bias.any_active(idx_mapping_np)
         any_bad_words = self.bad_words.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
-                and not any_min_tokens and not any_bias and not any_bad_words):
+                and not any_min_tokens and not any_bias and not any_bad_words
+                and forced is None):
             # The common case needs no per-slot parameter: one argmax.
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
@@ -241,7 +245,11 @@ class Sampler:
                                              prior_tokens)
         if any_min_tokens:
             processed = self.min_tokens.apply(processed, idx, positions)
-        if forced is not None and processed is not logits:
+        if forced is not None:
+            # On a copy where the raw logits are read for logprobs and no
+            # own mask made one; in place where nothing reads them after.
+            if processed is raw:
+                processed = processed.to(torch.float32, copy=True)
             processed = forced.apply(processed)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags, any_bad_words,

@@ -14,7 +14,9 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   masks the logits in place with one kernel, before penalties, temperature
   and filters; the rows of ``forced_token_ids`` come back as
   ``ForcedTokens`` (their logits rows and tokens, copied with the mask) for
-  the sampler, which keeps each forced token past the request's own masks.
+  the sampler, which forces each token after it has read the raw logits
+  for logprobs and past the request's own masks (a forced row's mask
+  allows every token, so its logits stay the model's).
 - ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
   version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
 

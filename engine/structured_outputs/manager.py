@@ -21,13 +21,16 @@ them until ``result()`` has returned (the engine's order guarantees it).
 One persistent buffer holds the rows being filled (no allocation a step);
 ``result()`` copies them into the message.
 
-A request's thinking budget forces its next token through its row
-(``engine.thinking_budget``): the row allows that token alone, and the
-message names it (``GrammarBitmask.forced_token_ids``) so the sampler
-keeps it past the request's own token limits, as vLLM's budget does. Rows of
-requests that finished or were aborted after the plan was made,
-and of requests still inside their reasoning, allow every token (their token is discarded anyway, and a row without any
-allowed token would make the sampler's distribution undefined). A matcher
+A request's thinking budget forces its next token through the message
+(``GrammarBitmask.forced_token_ids``, ``engine.thinking_budget``), not
+through its row, which allows every token: the sampler sets the token
+after it has read the model's logprobs, so the forced token reports the
+model's own logprob, as vLLM's budget (a logits processor that runs after
+its raw logprobs are taken) does, and it wins over the request's own token
+limits. Rows of requests that finished or were aborted after the plan was
+made, and of requests still inside their reasoning, allow every token
+(their token is discarded anyway, and a row without any allowed token
+would make the sampler's distribution undefined). A matcher
 in its error state (a grammar that ran past llguidance's per-step limits)
 allows only EOS, so the request ends.
 """
@@ -105,9 +108,9 @@ class StructuredOutputManager:
         for it), and until ``result()`` returns no matcher of the step may
         be used (llguidance holds them). Rows of requests that are gone,
         whose grammar is complete or that are inside their reasoning allow
-        every token; the row of a request whose thinking budget forces its
-        next token allows that token alone (``engine.thinking_budget``: the
-        reasoning is open, so no grammar holds it)."""
+        every token, and so does the row of a request whose thinking budget
+        forces its next token (``engine.thinking_budget``: the reasoning is
+        open, so no grammar holds it), named in ``forced_token_ids``."""
         if self._pending is not None:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
@@ -118,7 +121,7 @@ class StructuredOutputManager:
             grammar = getattr(request, "grammar", None)
             forced = _forced_token(request)
             if forced is not None:
-                _only(mask[row], forced)
+                mask[row] = -1
                 forced_ids[row] = forced
             elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))

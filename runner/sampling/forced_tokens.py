@@ -1,14 +1,17 @@
 """Tokens a step must sample, whatever the requests' own token limits say.
 
 A request's thinking budget, once spent, forces the end of its reasoning
-(``GrammarBitmask.forced_token_ids``). Its grammar-mask row already allows
-that token alone, but the sampler's own masks come after the grammar mask:
-``allowed_token_ids`` without the token, a bad word ending in it, or
-``min_tokens`` holding it back as a stop id would leave the row no token at
-all. vLLM forces the token after those masks (its budget runs last among
-its logits processors), so the forced token wins; ``ForcedTokens.apply``,
-called by ``Sampler.draw`` after the request's own masks and penalties,
-does the same: the row keeps the forced token alone, at logit 0.
+(``GrammarBitmask.forced_token_ids``). Its grammar-mask row allows every
+token, so the logits the sampler receives are the model's and the forced
+token's logprob is the model's own (vLLM's default "raw_logprobs" reads
+the logits before any processor; its budget is one, run after them).
+``ForcedTokens.apply``, called by ``Sampler.draw`` after the request's own
+masks and penalties (``allowed_token_ids`` without the token, a bad word
+ending in it, ``min_tokens`` holding it back as a stop id: the forced
+token wins over them all, as vLLM's budget, last among its logits
+processors, does), leaves the row the forced token alone, at logit 0, on
+the logits the sampler draws from, never on the raw ones it reads
+logprobs from.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ class ForcedTokens:
     token_ids: torch.Tensor
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits`` (float32, the sampler's own copy) with each forced row
-        -inf but at its token, in place; no host sync."""
+        """``logits`` (those the sampler draws from: its own copy, or the
+        model's where nothing reads them after) with each forced row -inf
+        but at its token, in place; no host sync."""
         logits.index_fill_(0, self.rows, float("-inf"))
         logits.index_put_((self.rows, self.token_ids),
                           torch.zeros((), dtype=logits.dtype, device=logits.device))

@@ -22,6 +22,7 @@ from engine import LLM, SamplingParams
 from engine.reasoning import ReasoningTokens
 from engine.thinking_budget import ThinkingBudget
 from ipc.errors import InvalidRequestError
+from tests.helpers.prompt_logprobs import hf_prompt_logprobs
 from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
 
 pytestmark = pytest.mark.timeout(300)
@@ -163,3 +164,51 @@ def test_budget_zero_forces_at_once_and_may_force_counts_tokens_in_flight():
     assert not budget.may_force(1) and budget.may_force(2)
     budget.accept(E)
     assert not budget.may_force(2) and budget.forced_token() is None  # S, then one: 1 < 2
+
+
+@pytest.fixture(scope="module")
+def think_hf(think_dir):
+    import transformers
+
+    return transformers.LlamaForCausalLM.from_pretrained(think_dir, torch_dtype=torch.float32)
+
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+        "prompt_lookup_min": 1}
+
+
+# The plain sampler (greedy with logprobs alone, with an own mask, sampled
+# at a temperature) and the rejection sampler (drafting on); on CUDA the
+# Triton draw and logprobs kernels, in float32 within the CUDA tests' tolerance.
+@pytest.mark.parametrize("device, tol", [
+    ("cpu", 1e-4), pytest.param("cuda", 1e-3, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("engine, extra", [
+    ({}, {"temperature": 0}),
+    ({}, {"temperature": 0, "logit_bias": {END_THINK: -100.0}}),
+    ({}, {"temperature": 0.8, "seed": 7}),
+    ({"speculative_config": SPEC}, {"temperature": 0}),
+    ({"speculative_config": SPEC}, {"temperature": 0.8, "seed": 7}),
+])
+def test_the_forced_end_reports_the_models_own_logprob(think_dir, think_hf, device, tol,
+                                                       engine, extra):
+    """vLLM's default logprobs ("raw_logprobs") are of the model's logits
+    before any processor, and its budget is one: the forced ``</think>``
+    reports the model's log-softmax at that position (transformers' on the
+    same tokens), not the 0 of a distribution forced to it, with the
+    model's own rank and top tokens; the tokens around it as ever."""
+    with LLM(model=think_dir, device=device, dtype="float32", executor="uni",
+             max_model_len=256, reasoning_parser="deepseek_r1", **engine) as llm:
+        params = SamplingParams(max_tokens=8, thinking_token_budget=3, logprobs=2, **extra)
+        out = llm.generate({"prompt_token_ids": OPEN}, params)[0].outputs[0]
+    tokens = list(out.token_ids)
+    assert tokens[3] == END_THINK and len(out.logprobs) == len(tokens), tokens
+    ref = hf_prompt_logprobs(think_hf, OPEN + tokens)[len(OPEN) - 1:]  # row i: token i's
+    forced = out.logprobs[3][END_THINK]
+    assert forced.logprob == pytest.approx(float(ref[3, END_THINK]), abs=tol)
+    assert forced.logprob < -1.0  # tiny's </think> row is zero: far from the top
+    assert forced.rank == int((ref[3] >= ref[3, END_THINK]).sum())
+    top = torch.topk(ref[3], 2).indices.tolist()
+    assert set(out.logprobs[3]) == set(top) | {END_THINK}
+    for i, token in enumerate(tokens):
+        assert out.logprobs[i][token].logprob == pytest.approx(float(ref[i, token]), abs=tol)
