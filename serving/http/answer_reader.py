@@ -47,7 +47,7 @@ class Reading:
     def items_reader(self, in_reasoning: bool) -> ToolCallReader | ReasonedReader | None:
         """``reader`` for a Responses answer, which has no field for a
         reasoning it does not have: one that begins after its reasoning is
-        read as without a parser (a plain one keeps its logprobs)."""
+        read as without a parser."""
         return self.reader(True) if in_reasoning else self.tools.reader()
 
     @property

@@ -48,6 +48,9 @@ class ReasoningParser:
     def count(self, in_reasoning: bool) -> ReasoningCount:
         return ReasoningCount(self.tokens, in_reasoning)
 
+    def answer_tokens(self, in_reasoning: bool) -> AnswerTokens:
+        return AnswerTokens(self.tokens, in_reasoning)
+
 
 class ReasoningCount:
     """The reasoning tokens of one choice's output, on token ids as they
@@ -68,6 +71,31 @@ class ReasoningCount:
                 self.open = False
             elif token != self.tokens.start_id:
                 self.count += 1
+
+
+class AnswerTokens:
+    """Which of one choice's output tokens are its answer's, on token ids
+    as they come (``answer_from``): for an output that begins inside its
+    reasoning, the tokens after its first end tag (the tag and the tokens
+    before it are the reasoning's); every token of one that begins after
+    it. The token rule of ``ReasoningCount``, and of vLLM's streamed
+    Responses answer, whose reasoning deltas carry no logprobs and whose
+    text deltas carry those of the tokens after the end tag."""
+
+    def __init__(self, tokens: ReasoningTokens, in_reasoning: bool) -> None:
+        self.end_id = tokens.end_id
+        self.open = in_reasoning
+
+    def answer_from(self, token_ids: Sequence[int]) -> int:
+        """The index of the first answer token in ``token_ids`` (the next
+        tokens of the output); ``len(token_ids)`` where none is."""
+        if not self.open:
+            return 0
+        for i, token in enumerate(token_ids):
+            if token == self.end_id:
+                self.open = False
+                return i + 1
+        return len(token_ids)
 
 
 class ReasoningReader:

@@ -17,11 +17,15 @@ With a reasoning parser (``answer_reader.ReasonedReader``) the reasoning
 comes first, as one ``reasoning`` item holding one ``reasoning_text``
 part (vLLM's), then the content's items as above.
 
-Logprobs (``add``'s, the chat's entries for the tokens that came with the
-text) belong to the message's text, so they are kept only without a reader:
-the route refuses them beside any tool choice but "none" (with "auto"
-which tokens are content is not known, and a forced call has no text to
-hold them).
+Logprobs (``add``'s, the chat's entries for the answer's tokens that came
+with the text) belong to the message's text: the route refuses them beside
+any tool choice but "none" (with "auto" which tokens are content is not
+known, and a forced call has no text to hold them). Without a reader they
+go with their text as they come. After a reasoning (a ``ReasonedReader``,
+the route having kept only the tokens after the end tag) they wait for
+the message's first text, which the reader may still hold back as a
+possible tag or not have read yet, and then go with it, or alone once the
+message is open; an answer whose message never comes has none to hold.
 
 Events, as ``(type, fields)`` without the sequence number: for a message
 ``response.output_item.added`` (empty, in progress),
@@ -65,6 +69,7 @@ class OutputItems:
         self.reader = reader
         self.items: list[dict] = []  # every item so far, the open one last
         self.open: dict | None = None  # the item being written
+        self.waiting: list[dict] = []  # answer logprobs before the message's first text
 
     def start(self) -> list[Event]:
         """The events before any text: a plain answer's message opened."""
@@ -75,15 +80,22 @@ class OutputItems:
         the answer's final piece."""
         if self.reader is None:
             return self._write_text(text, logprobs)
+        self.waiting += logprobs
         events: list[Event] = []
         for kind, value in self.reader.pieces(text, last):
             if kind == "reasoning":
                 events += self._write_reasoning(value)
             elif kind == "content":
-                events += self._write_text(value, [])
+                events += self._write_text(value, self._take_waiting())
             else:
                 events += self._write_call(value)
+        if self.waiting and self.open is not None and self.open["type"] == "message":
+            events += self._write_text("", self._take_waiting())
         return events
+
+    def _take_waiting(self) -> list[dict]:
+        waiting, self.waiting = self.waiting, []
+        return waiting
 
     def finish(self, status: str) -> list[Event]:
         """The events that close the answer; ``status`` is the response's."""

@@ -28,10 +28,13 @@ rule, ``sampling.check_logprobs``), shown as the chat shows them
 (``LogprobsFormatter.chat``); without it ``top_logprobs`` asks for nothing,
 as in vLLM. They are the message text's, so beside a tool choice other
 than "none" (whose answer may be, or is, calls) asking for them is a 400
-naming ``include`` (``_num_top``), and so is asking for them where the
-engine finds the answer beginning inside its reasoning (under the server's
-reasoning parser; the request, accepted, is then aborted before it runs
-far).
+naming ``include`` (``_num_top``). Where the engine finds the answer
+beginning inside its reasoning (under the server's reasoning parser), they
+are its answer's tokens' alone, those after the end tag
+(``reasoning.AnswerTokens``): the ``reasoning`` item has no field for
+them and the tag is neither's, so theirs go nowhere, as in vLLM's
+stream (its whole answer attaches every output token's to its text,
+reasoning and tag too, which then does not spell the text).
 With a reasoning parser (``--reasoning-parser``) the reasoning is split
 off the answer as the chat route splits it (``answer_reader.Reading``)
 and comes first, as a ``reasoning`` item (vLLM's). The answer's items are built by
@@ -102,6 +105,7 @@ from ipc.errors import InvalidRequestError
 from serving.http.errors import error_answer
 from serving.http.generation import ChoiceEvent, Generation, GenerationError
 from serving.http.protocol import FieldError, ResponsesRequest
+from serving.http.reasoning import AnswerTokens
 from serving.http.response_store import RUNNING, ResponseStore, StoredResponse, stored
 from serving.http.responses_background import EventLog
 from serving.http.responses_input import (
@@ -159,17 +163,12 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
                            enable_thinking=enable_thinking(chat), cache_salt=chat.cache_salt)
     in_reasoning = reading.reasoning is not None and generation.starts_in_reasoning(0)
-    if num_top is not None and in_reasoning:
-        generation.abort_unfinished()
-        raise FieldError("include", "message.output_text.logprobs is not served for an answer "
-                                    "that begins inside its reasoning (the server's reasoning "
-                                    "parser): which tokens are the message's text is not known "
-                                    "before the reasoning ends")
+    answer = None if reading.reasoning is None else reading.reasoning.answer_tokens(in_reasoning)
     store = state.response_store if request.stores else None
     items = [] if store is None else stored_input_items(previous, request.input)
     log = EventLog() if request.background and request.stream else None
     run = _Run(state, generation, ResponseShape(_echo(state, request, params[0], store)),
-               OutputItems(reading.items_reader(in_reasoning)), num_top, store,
+               OutputItems(reading.items_reader(in_reasoning)), num_top, answer, store,
                [*history, *turn], items,
                status="queued" if request.background else "in_progress", log=log,
                interval=state.stream_interval if request.stream else 1)
@@ -328,6 +327,7 @@ class _Run:
     shape: ResponseShape
     items: OutputItems
     num_top: int | None  # logprobs: the top alternatives per token (None: none)
+    answer: AnswerTokens | None  # which tokens are the answer's (None: every one)
     store: ResponseStore | None
     conversation: list[dict]
     input_items: list[dict]
@@ -363,9 +363,15 @@ class _Run:
                 *self.items.start()]
 
     def _logprobs(self, event: ChoiceEvent) -> list[dict]:
-        if self.num_top is None or event.logprobs is None:
+        """The logprobs of the event's answer tokens (the reasoning's and
+        its end tag's are left out), where asked."""
+        if self.num_top is None:
             return []
-        return self.state.logprobs.chat(event.token_ids, event.logprobs, self.num_top)
+        start = 0 if self.answer is None else self.answer.answer_from(event.token_ids)
+        if event.logprobs is None:
+            return []
+        return self.state.logprobs.chat(event.token_ids[start:], event.logprobs[start:],
+                                        self.num_top)
 
     def save(self, body: dict, conversation: list[dict]) -> None:
         """Store ``body`` (where the store keeps it) with ``conversation``,

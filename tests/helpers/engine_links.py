@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 from engine.reasoning import Reasoning
-from ipc.engine_messages import Delta, EngineStopped, RequestAccepted
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, TokenLogprob
 
 
 class AcceptingLink:
@@ -73,7 +73,9 @@ class TextLink(AcceptingLink):
     """Accepts every request and answers it at once with ``pieces`` of
     text, one delta each, the last finished with ``finish_reason``; each
     piece's token ids are the ``tokenizer``'s for it (one added token, such
-    as a tag, is one id)."""
+    as a tag, is one id). A request that asks for logprobs gets the output's
+    token n (from 0) alone at rank 1 with logprob ``-(n + 1) / 16``
+    (``made_up_logprob``), so a logprob tells which token it is."""
 
     def __init__(self, tokenizer, pieces: list[str], finish_reason: str = "stop",
                  reasoning: Reasoning | None = None) -> None:
@@ -83,9 +85,19 @@ class TextLink(AcceptingLink):
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
                enable_thinking=True, cache_salt=None) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority, enable_thinking)
+        asked = params.get("logprobs") is not None
+        n = 0
         for i, piece in enumerate(self.pieces):
             last = i == len(self.pieces) - 1
-            queue.put_nowait(Delta(request_id=request_id,
-                                   token_ids=self.tokenizer.encode(piece, add_special_tokens=False),
-                                   text=piece, finished=last,
+            ids = self.tokenizer.encode(piece, add_special_tokens=False)
+            logprobs = ([[TokenLogprob(t, made_up_logprob(n + j), 1)] for j, t in enumerate(ids)]
+                        if asked else None)
+            n += len(ids)
+            queue.put_nowait(Delta(request_id=request_id, token_ids=ids, text=piece,
+                                   finished=last, logprobs=logprobs,
                                    finish_reason=self.finish_reason if last else None))
+
+
+def made_up_logprob(n: int) -> float:
+    """``TextLink``'s logprob of an output's token n (from 0)."""
+    return -(n + 1) / 16

@@ -21,7 +21,7 @@ from checkpoint.tiny_model import TINY_NAME
 from checkpoint.tokenizer import Tokenizer
 from engine.reasoning import Reasoning
 from serving.http.app import create_app
-from tests.helpers.engine_links import TextLink
+from tests.helpers.engine_links import TextLink, made_up_logprob
 from tests.helpers.proc_utils import run_tprun
 from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
 
@@ -331,12 +331,39 @@ def test_responses_cut_in_its_reasoning_has_the_reasoning_item_alone(think_token
         assert whole.output[0].content[0].text == "Two and two"
 
 
-def test_responses_logprobs_of_an_answer_inside_its_reasoning_are_refused(think_tokenizer):
-    with _client(think_tokenizer, ANSWER) as client:
-        with pytest.raises(openai.BadRequestError) as raised:
-            client.responses.create(model="tiny", input="Two and two?",
-                                    include=["message.output_text.logprobs"])
-        assert raised.value.body["param"] == "include"
+@pytest.mark.parametrize("pieces, first", [
+    (ANSWER, 14),  # <think>, 12 reasoning tokens, </think>: the answer from token 14 on
+    (["Two and", " two.</think>\n\nFour", "."], 13),  # the tag inside a delta
+])
+def test_responses_logprobs_are_the_answers_tokens_alone(think_tokenizer, pieces, first):
+    """The answer's ``output_text`` holds the logprobs of the tokens after
+    ``</think>`` (TextLink's made-up logprob names each token's place): the
+    reasoning's and the tag's go nowhere, as in vLLM's stream, whose
+    reasoning deltas carry none; streamed, the text deltas carry the same,
+    and the reasoning deltas none."""
+    want = [("\n", made_up_logprob(first)), ("\n", made_up_logprob(first + 1))] + [
+        (c, made_up_logprob(first + 2 + i)) for i, c in enumerate("Four.")]
+    asked = {"include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    with _client(think_tokenizer, pieces) as client:
+        whole = client.responses.create(model="tiny", input="Two and two?", **asked)
+        assert [item.type for item in whole.output] == ["reasoning", "message"]
+        text = whole.output[1].content[0]
+        assert text.text == "\n\nFour."
+        assert [(lp.token, lp.logprob) for lp in text.logprobs] == want
+        assert [lp.bytes for lp in text.logprobs] == [list(t.encode()) for t, _ in want]
+        assert [[(t.token, t.logprob) for t in lp.top_logprobs] for lp in text.logprobs] == [
+            [pair] for pair in want]
+        events = list(client.responses.create(model="tiny", input="Two and two?",
+                                              stream=True, **asked))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        assert "".join(e.delta for e in deltas) == "\n\nFour."
+        assert [(lp.token, lp.logprob) for e in deltas for lp in e.logprobs] == want
+        done = next(e for e in events if e.type == "response.output_text.done")
+        assert [(lp.token, lp.logprob) for lp in done.logprobs] == want
+        assert [(lp.token, lp.logprob) for lp in
+                events[-1].response.output[1].content[0].logprobs] == want
+        assert all("logprobs" not in e.model_dump() for e in events
+                   if e.type.startswith("response.reasoning_text"))
 
 
 @pytest.mark.timeout(120)

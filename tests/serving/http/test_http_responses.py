@@ -41,7 +41,14 @@ from openai.types.responses import (
 from serving.http.protocol import ResponsesRequest
 from serving.http.response_store import ResponseStore
 from serving.http.serving_responses import check_context
-from tests.helpers.http_utils import metric, openai_client, serving_tiny, typed_responses
+from tests.helpers.http_utils import (
+    metric,
+    openai_client,
+    serving_think_model,
+    serving_tiny,
+    typed_responses,
+)
+from tests.helpers.think_model import END_THINK
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -230,6 +237,55 @@ def test_output_text_logprobs_are_the_chats(client, top, extra):
     [part_done] = [e for e in events if e.type == "response.content_part.done"]
     _same_logprobs(part_done.part.logprobs, want)
     _same_logprobs(events[-1].response.output[0].content[0].logprobs, want)
+
+
+@pytest.fixture(scope="module")
+def think_client(tmp_path_factory):
+    """The official client of a server of ``tiny`` with ``<think>``/``</think>``
+    under ``--reasoning-parser deepseek_r1`` (an answer begins inside its
+    reasoning)."""
+    with serving_think_model(tmp_path_factory.mktemp("think"), "--reasoning-parser",
+                             "deepseek_r1") as served, openai_client(served) as c:
+        yield served.model_dir, c
+
+
+def test_output_text_logprobs_after_a_reasoning_are_its_answers_tokens(think_client):
+    """An answer that begins inside its reasoning: ``output_text`` holds
+    the logprobs of the tokens after ``</think>`` alone, the chat's entries
+    for those tokens (the same seeded request: the chat lists every output
+    token's, reasoning and tag too), whole and streamed; the reasoning item
+    and its events carry none. ``tiny`` writes ``</think>`` only with a
+    ``logit_bias`` helping it: the first seed whose answer has reasoning,
+    the tag and at least two answer tokens is the case."""
+    model, client = think_client
+    bias = {str(END_THINK): 3.0}
+    for seed in range(64):
+        chat = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Two and two?"}], max_tokens=12,
+            temperature=1.0, seed=seed, logit_bias=bias, logprobs=True, top_logprobs=2,
+            extra_body={"return_token_ids": True}).choices[0]
+        ids = chat.model_extra["token_ids"]
+        if END_THINK in ids[1:-2]:
+            break
+    else:
+        pytest.fail("no seed made an answer after a reasoning")
+    want = chat.logprobs.content[ids.index(END_THINK) + 1:]
+    ask = dict(model=model, input="Two and two?", max_output_tokens=12, include=[LOGPROBS],
+               top_logprobs=2, temperature=1.0, extra_body={"seed": seed, "logit_bias": bias})
+    whole = client.responses.create(**ask)
+    assert [item.type for item in whole.output] == ["reasoning", "message"]
+    assert whole.output[0].content[0].text == chat.message.reasoning
+    part = whole.output[1].content[0]
+    assert part.text == chat.message.content
+    _same_logprobs(part.logprobs, want)
+    events = list(client.responses.create(**ask, stream=True))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    _same_logprobs([lp for e in deltas for lp in e.logprobs], want, with_bytes=False)
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    _same_logprobs(done.logprobs, want, with_bytes=False)
+    _same_logprobs(events[-1].response.output[1].content[0].logprobs, want)
+    assert all("logprobs" not in e.model_dump() for e in events
+               if e.type.startswith("response.reasoning_text"))
 
 
 def test_without_include_there_are_no_logprobs(client):

@@ -114,3 +114,29 @@ def test_a_negative_budget_is_a_400_naming_it(server, client):
         _chat(server, client, -2)
     assert refused.value.body["param"] == "thinking_token_budget"
     assert "thinking_token_budget must be" in refused.value.body["message"]
+
+
+def test_the_forced_end_reports_the_models_own_logprob(server, client):
+    """The forced ``</think>`` reports the model's own logprob at its place
+    (vLLM's default "raw_logprobs": the logits before any processor, its
+    budget one of them): transformers' log-softmax over the answer's
+    ``prompt_token_ids`` and the tokens before it, below 0, with the
+    model's own top tokens; not the 0 of a distribution forced to it."""
+    import torch
+    import transformers
+
+    answer = _chat(server, client, 2, kwargs=OPEN, logprobs=True, top_logprobs=2)
+    ids = answer.choices[0].model_extra["token_ids"]
+    assert ids[1] == END_THINK  # one reasoning token in the prompt, one in the output
+    model = transformers.LlamaForCausalLM.from_pretrained(server.model_dir,
+                                                          torch_dtype=torch.float32)
+    sequence = answer.model_extra["prompt_token_ids"] + ids[:1]
+    with torch.no_grad():
+        want = torch.log_softmax(model(torch.tensor([sequence])).logits[0, -1].double(), -1)
+    forced = answer.choices[0].logprobs.content[1]
+    assert forced.token == "</think>"
+    assert forced.logprob == pytest.approx(float(want[END_THINK]), abs=1e-4)
+    assert forced.logprob < -1.0
+    top = torch.topk(want, 2)
+    assert [t.logprob for t in forced.top_logprobs] == pytest.approx(top.values.tolist(),
+                                                                     abs=1e-4)
