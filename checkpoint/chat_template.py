@@ -1,4 +1,5 @@
-"""A chat's prompt: the model's chat template rendered with jinja2, as
+"""A chat's prompt: a chat template (the model's, the server's
+``--chat-template`` or a request's own) rendered with jinja2, as
 transformers renders it.
 
 The template runs in jinja2's immutable sandbox (a template cannot reach
@@ -10,9 +11,12 @@ message carries: an assistant's ``tool_calls``, a tool answer's
 ``tool_call_id``), ``tools`` (the list of tool dicts, or None, as
 transformers passes them), ``add_generation_prompt``, ``bos_token`` and
 ``eos_token`` (the tokens' text), plus any ``chat_template_kwargs``. A
-template error or ``raise_exception`` becomes ``ChatTemplateError``, and a
-message this module cannot read an ``InvalidRequestError`` (the base of
-``ChatTemplateError``; a ``ValueError``): the request was bad.
+template that does not compile, a template error or ``raise_exception``
+becomes ``ChatTemplateError``, and a message this module cannot read an
+``InvalidRequestError`` (the base of ``ChatTemplateError``; a
+``ValueError``): the request was bad (a template a request brings is the
+request's, and the sandbox keeps it from reaching anything but its
+variables).
 
 ``chat_prompt_ids`` is a chat's prompt for the engine, the one rendering
 that ``LLM.chat`` and the HTTP server's /v1/chat/completions share.
@@ -59,7 +63,7 @@ def compile_template(source: str) -> jinja2.Template:
     try:
         return env.from_string(source)
     except jinja2.TemplateError as e:
-        raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
+        raise ChatTemplateError(f"the chat template does not compile: {e}") from None
 
 
 def message_text(content: str | list[dict] | None) -> str:

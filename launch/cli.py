@@ -336,6 +336,10 @@ def _serve_parser(sub) -> None:
                        help="with --http-port: the chat template of /v1/chat/completions "
                        "instead of the model's, as vLLM's: a file, or the Jinja template "
                        "itself (text with a brace or a line break; \\n escapes read as such)")
+    serve.add_argument("--trust-request-chat-template", action="store_true",
+                       help="with --http-port: vLLM's; render a chat or /tokenize request's "
+                       "own chat_template (or chat_template_kwargs' chat_template) in the "
+                       "template sandbox instead of refusing it (a 400 without this option)")
     for flag, why in _REFUSED_SERVE_OPTIONS.items():
         serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -631,6 +635,8 @@ def _check_http_args(args) -> None:
             raise ConfigError("--allowed-origins needs --http-port")
         if args.chat_template is not None:
             raise ConfigError("--chat-template needs --http-port")
+        if args.trust_request_chat_template:
+            raise ConfigError("--trust-request-chat-template needs --http-port")
         if args.uvicorn_log_level is not None:
             raise ConfigError("--uvicorn-log-level needs --http-port")
         if args.enable_responses_api_store:
@@ -737,7 +743,7 @@ def _read_chat_template(value: str) -> str:
     try:
         compile_template(text)
     except ValueError as e:
-        detail = str(e).removeprefix("the model's chat template does not compile: ")
+        detail = str(e).removeprefix("the chat template does not compile: ")
         raise ConfigError(f"--chat-template does not compile: {detail}") from None
     return text
 
@@ -780,7 +786,8 @@ def _start_http(args, engine, server, secret: bytes):
                              max_logprobs=engine.config.max_logprobs,
                              vocab_size=engine.model_config.vocab_size,
                              reasoning_parser=engine.config.resolved_reasoning_parser,
-                             stream_interval=args.stream_interval)
+                             stream_interval=args.stream_interval,
+                             trust_request_chat_template=args.trust_request_chat_template)
     return http
 
 

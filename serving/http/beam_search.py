@@ -47,6 +47,7 @@ _BEAM_FIELDS = frozenset({
     "length_penalty", "include_stop_str_in_output", "use_beam_search", "priority",
     "skip_special_tokens", "spaces_between_special_tokens", "add_special_tokens", "user",
     "stream", "add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+    "chat_template",
     "include_reasoning", "documents", "reasoning_effort", "request_id", "return_token_ids",
     "cache_salt",
 })

@@ -332,7 +332,9 @@ class ChatCompletionRequest(SamplingFields):
     function_call: str | dict[str, Any] | None = None
     echo: bool = False  # vLLM's: the last message's text first, if it has the answer's role
     continue_final_message: bool = False  # vLLM's
-    chat_template: str | None = None  # vLLM's (a template of the request's): not served
+    # vLLM's: the request's own template, served with --trust-request-chat-template
+    # (``request_template.py``; a 400 otherwise).
+    chat_template: str | None = None
     # vLLM's: false leaves a reasoning parser's reasoning (and the logprobs) out of the answer.
     include_reasoning: bool = True
     # vLLM's: the tokenizer's special tokens (BOS) added to the rendered prompt,
@@ -350,7 +352,7 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED, "chat_template",
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*SamplingFields.UNSUPPORTED,
                                               "mm_processor_kwargs", "media_io_kwargs")
     ASKS_NOTHING: ClassVar[dict[str, tuple]] = {
         **SamplingFields.ASKS_NOTHING, "mm_processor_kwargs": ({},), "media_io_kwargs": ({},)}
@@ -452,8 +454,8 @@ class ResponsesRequest(BaseModel):
     ``repetition_penalty``, ``priority``, ``logit_bias``,
     ``skip_special_tokens``, ``include_stop_str_in_output``,
     ``structured_outputs``, ``cache_salt``) have vLLM's names and the chat's
-    meaning, and so does ``reasoning.effort`` (the chat's ``reasoning_effort``,
-    ``ResponseReasoning``). ``store`` and ``previous_response_id`` work with the server's response
+    meaning, and so do ``reasoning.effort`` (the chat's ``reasoning_effort``,
+    ``ResponseReasoning``) and vLLM's ``chat_template_kwargs``. ``store`` and ``previous_response_id`` work with the server's response
     store (``response_store.py``); a ``store`` left true with the store off
     is served without storing, as vLLM serves it, and ``store`` null stores
     nothing, as vLLM reads it (false); ``background``
@@ -503,6 +505,9 @@ class ResponsesRequest(BaseModel):
 
     # Its ``effort`` is the chat's ``reasoning_effort`` (vLLM's rule).
     reasoning: ResponseReasoning | None = None
+    # vLLM's: the chat's template variables (its ``chat_template`` key the
+    # request's own template, under the chat's rule: ``request_template.py``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     # Fields OpenAI defines that this server does not serve: a value other
     # than one of those given here (which ask for nothing) is refused.
@@ -552,7 +557,8 @@ class ResponsesRequest(BaseModel):
 
 class TokenizeRequest(BaseModel):
     """POST /tokenize (vLLM's shape): a ``prompt``, or chat ``messages``
-    rendered with the model's chat template."""
+    rendered with the model's chat template (or the request's own
+    ``chat_template``, as the chat route takes it)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -562,6 +568,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
     tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 

@@ -205,8 +205,9 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
     """The chat request a Responses request amounts to (its constraint
     aside: ``text.format`` is given to ``choice_params`` as made there; its
     tool choice is ``tool_choice``'s); ``reasoning.effort`` is its
-    ``reasoning_effort``, so the chat's rule (``template_kwargs``) is the one
-    that renders it."""
+    ``reasoning_effort`` and vLLM's ``chat_template_kwargs`` its own, so the
+    chat's rules (``template_kwargs``, ``request_template``) are the ones
+    that render them."""
     return ChatCompletionRequest(
         messages=messages, model=request.model, max_completion_tokens=request.max_output_tokens,
         temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
@@ -216,7 +217,7 @@ def chat_request(request: ResponsesRequest, messages: list[dict]) -> ChatComplet
         include_stop_str_in_output=request.include_stop_str_in_output,
         structured_outputs=request.structured_outputs, tools=chat_tools(request.tools),
         parallel_tool_calls=request.parallel_tool_calls,
-        cache_salt=request.cache_salt,
+        cache_salt=request.cache_salt, chat_template_kwargs=request.chat_template_kwargs,
         reasoning_effort=request.reasoning.effort if request.reasoning else None)
 
 

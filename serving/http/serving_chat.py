@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: messages in, the assistant's message out
 (whole, or as server-sent ``chat.completion.chunk`` events).
 
-The prompt is the model's chat template rendered over the messages and
+The prompt is the model's chat template (or the request's own, where the
+server trusts it: ``request_template.py``) rendered over the messages and
 tokenized (``checkpoint.chat_template.chat_prompt_ids``), with vLLM's
 ``documents`` and ``reasoning_effort`` among the template's variables
 (``template_kwargs``), the tokenizer's special tokens added with vLLM's
@@ -49,6 +50,7 @@ from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest, FieldError
+from serving.http.request_template import request_template
 from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
@@ -62,12 +64,14 @@ AnswerReader = ToolCallReader | ReasonedReader
 
 def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
     """The chat template's variables beside the messages, as vLLM gives
-    them: ``chat_template_kwargs``, over which the request's ``documents``
-    and ``reasoning_effort`` go where set, and, with ``reasoning_effort``,
-    ``enable_thinking`` (false for "none") unless the kwargs set it: a
-    template that thinks only when asked (Qwen3's) then does as the effort
-    says, and a reasoning parser reads the answer so."""
+    them: ``chat_template_kwargs`` (but its ``chat_template``, which is the
+    template, not a variable: ``request_template``), over which the
+    request's ``documents`` and ``reasoning_effort`` go where set, and, with
+    ``reasoning_effort``, ``enable_thinking`` (false for "none") unless the
+    kwargs set it: a template that thinks only when asked (Qwen3's) then
+    does as the effort says, and a reasoning parser reads the answer so."""
     kwargs = dict(request.chat_template_kwargs or {})
+    kwargs.pop("chat_template", None)
     for name in ("documents", "reasoning_effort"):
         if getattr(request, name) is not None:
             kwargs[name] = getattr(request, name)
@@ -78,8 +82,10 @@ def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
 
 def rendered_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
     """The prompt's text (the template rendered) and its token ids."""
+    template = request_template(request.chat_template, request.chat_template_kwargs,
+                                state.trust_request_chat_template)
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
-    return chat_prompt_ids(state.tokenizer, messages,
+    return chat_prompt_ids(state.tokenizer, messages, chat_template=template,
                            add_generation_prompt=request.add_generation_prompt,
                            extra=template_kwargs(request),
                            continue_final_message=request.continue_final_message,

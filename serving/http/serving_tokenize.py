@@ -2,8 +2,9 @@
 
 ``/tokenize`` takes a ``prompt`` (``add_special_tokens`` true: tokenized as
 the engine tokenizes a text prompt; false: the text's own tokens) or chat
-``messages`` (rendered with the model's chat template and any ``tools``,
-as the chat route does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
+``messages`` (rendered with the model's chat template, or the request's
+own ``chat_template`` under the chat route's rule, ``request_template.py``,
+and any ``tools``, as the chat route does) and answers ``{"count", "max_model_len", "tokens", "token_strs"}``.
 ``/detokenize`` answers ``{"prompt"}`` for ``tokens``, decoded as vLLM's
 route decodes them (transformers' ``decode`` with its defaults): special
 tokens shown, and an id the tokenizer does not know (one of the padded
@@ -46,6 +47,7 @@ def tokenize(state: ServerState, request: TokenizeRequest) -> dict:
         chat = ChatCompletionRequest(messages=request.messages,
                                      add_generation_prompt=request.add_generation_prompt,
                                      chat_template_kwargs=request.chat_template_kwargs,
+                                     chat_template=request.chat_template,
                                      tools=request.tools)
         check_tool_depth(rendered_tools(chat))  # before the template walks them
         ids = chat_prompt(state, chat)

@@ -2,8 +2,9 @@
 and limits, the metrics, the names the model is served under, the
 tool-call parser that tool_choice "auto" reads answers with (None: "auto" is
 refused), the reasoning parser that splits a reasoning model's answers (None:
-none), the Responses API's response store (None: off) and its responses
-that run in the background."""
+none), whether a request's own chat template is served, the Responses
+API's response store (None: off) and its responses that run in the
+background."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ class ServerState:
     # vLLM's ``--stream-interval``: the least new tokens a stream's chunk
     # groups; a request's ``stream_interval`` may only raise it.
     stream_interval: int = 1
+    # vLLM's ``--trust-request-chat-template``: a request's own chat template
+    # is rendered (``request_template.py``), not refused.
+    trust_request_chat_template: bool = False
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))

@@ -109,6 +109,7 @@ def test_two_spellings_that_disagree_are_refused(argv, message):
      "serves plain HTTP"),
     (["--http-port", "0", "--ssl-certfile", "c.pem"], "--ssl-certfile is not supported"),
     (["--chat-template", "t.jinja"], "--chat-template needs --http-port"),
+    (["--trust-request-chat-template"], "--trust-request-chat-template needs --http-port"),
     (["--uvicorn-log-level", "info"], "--uvicorn-log-level needs --http-port"),
     (["--enable-responses-api-store"], "--enable-responses-api-store needs --http-port"),
     (["--http-port", "0", "--chat-template", "no-such-template.jinja"],

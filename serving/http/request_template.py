@@ -1,0 +1,49 @@
+"""A request's own chat template, served only where the server trusts it.
+
+vLLM's chat and ``/tokenize`` requests may bring the template their
+messages are rendered with: the ``chat_template`` field, or the
+``chat_template`` key of ``chat_template_kwargs`` (which vLLM reads as the
+template too, and which the Responses API's ``chat_template_kwargs`` can
+carry). As in vLLM, a server serves it only when started with
+``--trust-request-chat-template``; otherwise a request that brings one is
+refused with vLLM's message, whatever the template, so a client learns
+that the server would not render it rather than getting the server's
+template instead. A served one renders through the one renderer the
+model's template takes (``checkpoint.chat_template``: jinja2's immutable
+sandbox, where a template reaches its variables and nothing else); one
+that does not compile or fails on the messages is that request's 400.
+Trusting them lets any client spend the server's time on a template, as
+in vLLM.
+
+Which template: the field, else the key (an empty field is no template,
+vLLM's ``or``), else the server's. vLLM's own precedence differs in one
+corner, a server started with ``--chat-template`` whose requests give the
+key alone: its renderer then keeps the server's template; here the
+request's is used, as the field's would be.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving.http.protocol import FieldError
+
+# vLLM's words for a request template the server does not trust.
+UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not "
+             "set. Refused request with untrusted chat template.")
+
+
+def request_template(chat_template: str | None, chat_template_kwargs: dict[str, Any] | None,
+                     trusted: bool) -> str | None:
+    """The template the request asks its messages be rendered with (None:
+    the server's). ``FieldError``: vLLM's message where the request brings
+    one (as ``chat_template`` or in ``chat_template_kwargs``, the field
+    named) and the server does not trust it, or a key that is no text."""
+    from_kwargs = (chat_template_kwargs or {}).get("chat_template")
+    if not trusted and (chat_template is not None or from_kwargs is not None):
+        param = "chat_template" if chat_template is not None else "chat_template_kwargs"
+        raise FieldError(param, UNTRUSTED)
+    if from_kwargs is not None and not isinstance(from_kwargs, str):
+        raise FieldError("chat_template_kwargs.chat_template",
+                         "chat_template_kwargs.chat_template must be a template's text")
+    return chat_template or from_kwargs or None

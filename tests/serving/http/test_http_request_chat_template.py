@@ -1,0 +1,220 @@
+"""A request's own chat template (vLLM's ``chat_template``, or the
+``chat_template`` of ``chat_template_kwargs``), through the official
+``openai`` client: served by a server that trusts it (vLLM's
+``--trust-request-chat-template``), where the prompt the engine gets is
+the hand-rendered text of the template over the messages, tokenized by
+the tokenizer's own encode; refused with vLLM's message by one that does
+not; a template that does not compile or fails on the messages is a 400
+and the server goes on serving. The chat route, ``/tokenize``'s chat form
+and the Responses API's ``chat_template_kwargs`` alike. In process (over
+a link that answers at once and records each prompt), and once through
+``tprun serve --trust-request-chat-template``."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from checkpoint.tiny_model import ensure_tiny_model
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from tests.helpers.engine_links import AnsweringLink
+from tests.helpers.http_utils import openai_client, serving_tiny
+
+# vLLM's refusal, word for word.
+UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not "
+             "set. Refused request with untrusted chat template.")
+
+# A template of the request's: each message in its role's tags, a variable
+# of chat_template_kwargs, and what it sees of a "chat_template" variable.
+TEMPLATE = ("{% if chat_template is defined %}[template seen]{% endif %}"
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+            "{% if mood is defined %}({{ mood }}){% endif %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+# TEMPLATE over MESSAGES, worked by hand.
+RENDERED = "<system>Be brief.</system><user>Hi there</user><assistant>"
+
+
+class RecordingLink(AnsweringLink):
+    """An ``AnsweringLink`` that keeps each prompt the engine is given."""
+
+    def __init__(self) -> None:
+        super().__init__([104, 105], "hi", "stop")
+        self.prompts: list[list[int]] = []
+
+    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
+        self.prompts.append(list(prompt_token_ids))
+        super().submit(request_id, prompt_token_ids, *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("request_template")))
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _served(model_dir: str, trusted: bool):
+    link = RecordingLink()
+    app = create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], 4096,
+                     trust_request_chat_template=trusted)
+    return link, app
+
+
+@pytest.fixture(scope="module")
+def trusted(model_dir):
+    link, app = _served(model_dir, True)
+    with TestClient(app) as http:
+        yield link, http, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                                        http_client=http, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def untrusted(model_dir):
+    link, app = _served(model_dir, False)
+    with TestClient(app) as http:
+        yield link, http, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                                        http_client=http, max_retries=0)
+
+
+def _chat(client, **extra):
+    return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,
+                                          extra_body={"return_prompt_text": True, **extra})
+
+
+def _own_ids(hf, text: str) -> list[int]:
+    """``text`` as the tokenizer encodes it, adding nothing (as a rendered
+    prompt is tokenized: the template places any special tokens)."""
+    return hf(text, add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("extra, want", [
+    ({"chat_template": TEMPLATE}, RENDERED),
+    # The key is the template too, and no variable; the others stay variables.
+    ({"chat_template_kwargs": {"chat_template": TEMPLATE, "mood": "calm"}},
+     RENDERED.replace("<assistant>", "(calm)<assistant>")),
+    # The field goes before the key.
+    ({"chat_template": TEMPLATE, "chat_template_kwargs": {"chat_template": "{{ 'other' }}"}},
+     RENDERED),
+    ({"chat_template": TEMPLATE, "add_generation_prompt": False},
+     RENDERED.removesuffix("<assistant>")),
+])
+def test_a_trusted_request_template_renders_the_prompt(trusted, hf, extra, want):
+    link, _, client = trusted
+    answer = _chat(client, **extra)
+    assert answer.model_extra["prompt_text"] == want
+    assert link.prompts[-1] == _own_ids(hf, want)
+    assert answer.usage.prompt_tokens == len(_own_ids(hf, want))
+    assert want != hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+
+
+def test_an_empty_request_template_is_the_servers(trusted, hf):
+    """As vLLM's ``chat_template or default``: "" asks for no template of
+    the request's own."""
+    link, _, client = trusted
+    answer = _chat(client, chat_template="")
+    model_text = hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert answer.model_extra["prompt_text"] == model_text
+    assert link.prompts[-1] == _own_ids(hf, model_text)
+
+
+def test_a_trusted_request_template_in_tokenize_and_responses(trusted, hf):
+    link, http, client = trusted
+    tokens = http.post("/tokenize", json={"model": "tiny", "messages": MESSAGES,
+                                          "chat_template": TEMPLATE}).json()
+    assert tokens["tokens"] == _own_ids(hf, RENDERED)
+    kwargs = {"chat_template": TEMPLATE, "mood": "calm"}
+    answer = client.responses.create(model="tiny", instructions="Be brief.", input="Hi there",
+                                     max_output_tokens=2,
+                                     extra_body={"chat_template_kwargs": kwargs})
+    want = RENDERED.replace("<assistant>", "(calm)<assistant>")
+    assert link.prompts[-1] == _own_ids(hf, want)
+    assert answer.usage.input_tokens == len(_own_ids(hf, want))
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"chat_template": TEMPLATE}, "chat_template"),
+    ({"chat_template": ""}, "chat_template"),  # vLLM refuses any template given, "" too
+    ({"chat_template_kwargs": {"chat_template": TEMPLATE}}, "chat_template_kwargs"),
+])
+def test_an_untrusted_request_template_is_refused_with_vllms_message(untrusted, extra, param):
+    link, _, client = untrusted
+    before = len(link.prompts)
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(client, **extra)
+    assert refused.value.status_code == 400
+    assert refused.value.body["message"] == UNTRUSTED
+    assert refused.value.body["param"] == param
+    assert len(link.prompts) == before  # nothing reached the engine
+
+
+def test_an_untrusted_request_template_in_tokenize_and_responses(untrusted):
+    link, http, client = untrusted
+    answer = http.post("/tokenize", json={"model": "tiny", "messages": MESSAGES,
+                                          "chat_template": TEMPLATE})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == UNTRUSTED
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                extra_body={"chat_template_kwargs": {"chat_template": TEMPLATE}})
+    assert refused.value.body["message"] == UNTRUSTED
+    # Other kwargs are variables, not a template: served as before.
+    client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                            extra_body={"chat_template_kwargs": {"mood": "calm"}})
+    assert _chat(client).model_extra["prompt_text"].endswith("<|assistant|>\n")
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}{{ m.content }}", "does not compile"),
+    ("{{ raise_exception('this template takes no system message') }}",
+     "this template takes no system message"),
+    ("{{ 1 // 0 }}", "failed on these messages"),
+    # The sandbox: no reaching past the variables.
+    ("{{ messages.__class__.__mro__ }}", "failed on these messages"),
+    ("{{ ''.__class__.__subclasses__() }}", "failed on these messages"),
+    ("{% for m in messages %}{% endfor %}", "rendered an empty prompt"),
+])
+def test_a_broken_request_template_is_a_400_and_serving_goes_on(trusted, hf, template, message):
+    link, http, client = trusted
+    before = len(link.prompts)
+    with pytest.raises(openai.BadRequestError, match=message) as refused:
+        _chat(client, chat_template=template)
+    assert refused.value.status_code == 400
+    answer = http.post("/tokenize", json={"model": "tiny", "messages": MESSAGES,
+                                          "chat_template": template})
+    assert answer.status_code == 400 and message in answer.json()["error"]["message"]
+    assert len(link.prompts) == before
+    assert _chat(client, chat_template=TEMPLATE).model_extra["prompt_text"] == RENDERED
+
+
+def test_beam_search_takes_the_request_template(trusted, hf):
+    _, _, client = trusted
+    answer = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=2, n=2,
+        extra_body={"use_beam_search": True, "chat_template": TEMPLATE,
+                    "return_token_ids": True})
+    assert answer.model_extra["prompt_token_ids"] == _own_ids(hf, RENDERED)
+
+
+@pytest.mark.timeout(180)
+def test_serve_flag_trusts_request_templates(tmp_path, hf):
+    """``tprun serve --trust-request-chat-template``: the engine's prompt is
+    the request template's text (its token count the tokenizer's own
+    encode of the hand-rendered text); without the flag, vLLM's 400."""
+    with serving_tiny(tmp_path, "serve", "--model", "tiny", "--device", "cpu",
+                      "--disable-log-stats", "--trust-request-chat-template") as served:
+        with openai_client(served) as client:
+            answer = _chat(client, chat_template=TEMPLATE)
+            assert answer.model_extra["prompt_text"] == RENDERED
+            assert answer.usage.prompt_tokens == len(_own_ids(hf, RENDERED))
+            tokens = httpx.post(f"{served.url}/tokenize", timeout=30,
+                                json={"messages": MESSAGES, "chat_template": TEMPLATE}).json()
+            assert tokens["tokens"] == _own_ids(hf, RENDERED)
