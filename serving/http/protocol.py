@@ -460,9 +460,10 @@ class ResponsesRequest(BaseModel):
     is served without storing, as vLLM serves it, and ``store`` null stores
     nothing, as vLLM reads it (false); ``background``
     runs the response on while the call returns, which needs the store
-    (``responses_background.py``). ``user``, ``metadata``,
-    ``safety_identifier``, ``prompt_cache_key`` and ``service_tier`` are
-    accepted and change nothing but the echo."""
+    (``responses_background.py``); ``truncation`` "auto" cuts an input too
+    long for the context, as vLLM's does. ``user``, ``metadata``,
+    ``safety_identifier``, ``prompt_cache_key``, ``service_tier`` and
+    ``max_tool_calls`` are accepted and change nothing but the echo."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -509,21 +510,28 @@ class ResponsesRequest(BaseModel):
     # request's own template, under the chat's rule: ``request_template.py``).
     chat_template_kwargs: dict[str, Any] | None = None
 
-    # Fields OpenAI defines that this server does not serve: a value other
-    # than one of those given here (which ask for nothing) is refused.
-    truncation: str | None = None
+    # "auto": an input longer than the context keeps its last tokens, as
+    # many as fit beside max_output_tokens (vLLM's rule,
+    # ``serving_responses.truncated_input``); "disabled" or null: it is refused.
+    truncation: Literal["auto", "disabled"] | None = None
+    # The most calls to built-in tools a response may make: taken and
+    # echoed, as vLLM's; this server runs no built-in tool (function calls
+    # are the client's to run), so it limits nothing.
+    max_tool_calls: int | None = None
+
+    # Fields OpenAI defines that this server does not serve (vLLM refuses
+    # ``prompt``; it has no ``conversation`` nor ``context_management``): a
+    # value other than one of those given here (which ask for nothing) is
+    # refused.
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
-    max_tool_calls: int | None = None
     context_management: list[Any] | None = None
     UNSUPPORTED: ClassVar[dict[str, tuple]] = {
-        "truncation": (None, "disabled"),
-        "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
-        "context_management": (None, [])}
+        "prompt": (None,), "conversation": (None,), "context_management": (None, [])}
 
     def check_supported(self) -> None:
         """``FieldError`` naming the first field set to a value this server
-        does not serve (truncation, prompt, ...), an ``include`` value vLLM
+        does not serve (prompt, conversation, ...), an ``include`` value vLLM
         does not take and an empty ``cache_salt`` (vLLM refuses it)."""
         for name, harmless in self.UNSUPPORTED.items():
             if getattr(self, name) not in harmless:

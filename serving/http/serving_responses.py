@@ -51,7 +51,10 @@ vLLM's output processor groups every route's stream (``stream_interval.py``).
 What does not fit the model's context is refused
 before the engine sees it (``check_context``), so the error names this
 API's fields (``input``, ``max_output_tokens``), not the chat's
-``max_tokens``; an empty conversation names ``input``.
+``max_tokens``; an empty conversation names ``input``. With ``truncation``
+"auto" an input too long for the context is first cut to its last tokens,
+as vLLM cuts it (``truncated_input``). ``max_tool_calls`` is echoed and
+limits nothing: it counts built-in tools' calls, and this server runs none.
 
 As vLLM's server: the store is off by default, and then a request's
 ``store`` (true unless the client says otherwise; null is false, as vLLM
@@ -152,6 +155,7 @@ async def create_response(state: ServerState, request: ResponsesRequest,
     num_top = _num_top(request, tools)
     check_logprobs(state.max_logprobs, state.vocab_size, top_logprobs=num_top)
     prompt = await asyncio.to_thread(chat_prompt, state, chat)  # off the event loop
+    prompt = truncated_input(request, prompt, state.max_model_len)
     reading = reading_of(state, chat, tools)
     max_tokens = capped_max_tokens(chat.max_completion_tokens, state.sampling_defaults,
                                    state.max_model_len - len(prompt))
@@ -261,6 +265,25 @@ def _num_top(request: ResponsesRequest, tools: ToolChoice) -> int | None:
     return request.top_logprobs or 0
 
 
+def truncated_input(request: ResponsesRequest, prompt: list[int],
+                    max_model_len: int) -> list[int]:
+    """The rendered input as the engine gets it. With ``truncation`` "auto",
+    vLLM's rule: its last ``max_model_len - max_output_tokens`` tokens (all
+    of the context without ``max_output_tokens``; the front is cut, as
+    vLLM's tokenizer truncates on the left), so an input too long for the
+    context is answered from its end instead of refused. What is left goes
+    through the context rule as any input (``check_context``): cut to the
+    whole context, it leaves no room for output and is a 400 naming
+    ``input``, as vLLM answers it; a ``max_output_tokens`` that leaves no
+    room for any input cuts nothing and is the 400 that names it.
+    Otherwise (``truncation`` "disabled" or null, OpenAI's default) the
+    input is whole."""
+    if request.truncation != "auto":
+        return prompt
+    room = max_model_len - (request.max_output_tokens or 0)
+    return prompt[-room:] if 0 < room < len(prompt) else prompt
+
+
 # The context rule's error names this API's fields, not the chat's.
 RESPONSES_FIELDS = ContextFields(prompt="input", max_tokens="max_output_tokens")
 
@@ -295,7 +318,9 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict,
             "tool_choice": request.tool_choice or "auto",
             "tools": [tool.model_dump(exclude_unset=True) for tool in request.tools or []],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "truncation": "disabled", "top_logprobs": request.top_logprobs or 0,
+            "truncation": request.truncation or "disabled",
+            "max_tool_calls": request.max_tool_calls,
+            "top_logprobs": request.top_logprobs or 0,
             "reasoning": request.reasoning.model_dump() if request.reasoning else None,
             "background": bool(request.background),
             "service_tier": request.service_tier or "auto", "store": store is not None,

@@ -402,7 +402,11 @@ def test_vllms_other_fields_act_as_on_the_chat(client, extra):
     ({"background": True}, "background"),
     ({"include": [LOGPROBS, "web_search_call.results"]}, "include.1"),
     ({"top_logprobs": -2}, "top_logprobs"),  # -1 is the whole vocabulary
-    ({"truncation": "auto"}, "truncation"),
+    ({"truncation": "middle"}, "truncation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),  # vLLM refuses it too
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"context_management": [{"type": "compaction", "compact_threshold": 1000}]},
+     "context_management"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]},
      "input.0.encrypted_content"),

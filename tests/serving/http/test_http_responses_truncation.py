@@ -1,0 +1,130 @@
+"""The Responses API's ``truncation`` and ``max_tool_calls``, as vLLM serves
+them, through the official ``openai`` client (in process, over a link that
+answers at once and records each prompt, with a context of 48 tokens).
+
+``truncation`` "auto": an input too long for the context reaches the
+engine as its last ``max_model_len - max_output_tokens`` tokens, the
+reference being transformers' rendering of the same chat cut by hand; an
+input that fits is whole; without ``max_output_tokens`` the cut input fills
+the context and is vLLM's 400 naming ``input``; "disabled" (or null, or
+left out) refuses a long input as before. ``max_tool_calls`` is taken and
+echoed (the server runs no built-in tool for it to limit); the Response
+echoes both, whole and streamed."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from checkpoint.tiny_model import ensure_tiny_model
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from tests.helpers.engine_links import AnsweringLink
+
+MAX_MODEL_LEN = 48
+LONG = " ".join(f"word{i}" for i in range(60))  # far more than 48 tokens once rendered
+SHORT = "Hi there"
+
+
+class RecordingLink(AnsweringLink):
+    """An ``AnsweringLink`` that keeps each prompt the engine is given."""
+
+    def __init__(self) -> None:
+        super().__init__([104, 105], "hi", "stop")
+        self.prompts: list[list[int]] = []
+
+    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
+        self.prompts.append(list(prompt_token_ids))
+        super().submit(request_id, prompt_token_ids, *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("truncation")))
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def served(model_dir):
+    link = RecordingLink()
+    app = create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], MAX_MODEL_LEN)
+    with TestClient(app) as http:
+        yield link, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
+                                  http_client=http, max_retries=0)
+
+
+def _rendered(hf, text: str) -> list[int]:
+    """The whole input's token ids, as transformers renders and tokenizes
+    the one user message."""
+    return list(hf.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                       add_generation_prompt=True, return_dict=False))
+
+
+@pytest.mark.parametrize("max_output_tokens", [1, 8, 20])
+def test_auto_keeps_the_inputs_last_tokens_beside_max_output_tokens(served, hf,
+                                                                    max_output_tokens):
+    link, client = served
+    whole = _rendered(hf, LONG)
+    assert len(whole) > MAX_MODEL_LEN
+    response = client.responses.create(model="tiny", input=LONG, truncation="auto",
+                                       max_output_tokens=max_output_tokens)
+    kept = MAX_MODEL_LEN - max_output_tokens
+    assert link.prompts[-1] == whole[-kept:]
+    assert response.usage.input_tokens == kept
+    assert response.truncation == "auto"
+
+
+def test_auto_leaves_an_input_that_fits_whole(served, hf):
+    link, client = served
+    whole = _rendered(hf, SHORT)
+    response = client.responses.create(model="tiny", input=SHORT, truncation="auto",
+                                       max_output_tokens=8)
+    assert link.prompts[-1] == whole
+    assert response.usage.input_tokens == len(whole)
+
+
+@pytest.mark.parametrize("text, fields, param", [
+    # Cut to the whole context, the input leaves no room for output (vLLM's 400).
+    (LONG, {"truncation": "auto"}, "input"),
+    # max_output_tokens leaves no room for any input: nothing is cut.
+    (SHORT, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
+    (LONG, {"truncation": "disabled", "max_output_tokens": 8}, "input"),
+    (LONG, {"max_output_tokens": 8}, "input"),
+    (LONG, {"truncation": None, "max_output_tokens": 8}, "input"),
+])
+def test_what_auto_does_not_cut_is_refused(served, text, fields, param):
+    link, client = served
+    before = len(link.prompts)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input=text, **fields)
+    assert raised.value.code == "context_length_exceeded"
+    assert raised.value.param == param
+    assert len(link.prompts) == before
+
+
+def test_max_tool_calls_and_truncation_are_echoed(served):
+    _, client = served
+    response = client.responses.create(model="tiny", input=SHORT, max_output_tokens=2,
+                                       max_tool_calls=3, truncation="auto")
+    assert (response.max_tool_calls, response.truncation) == (3, "auto")
+    plain = client.responses.create(model="tiny", input=SHORT, max_output_tokens=2)
+    assert (plain.max_tool_calls, plain.truncation) == (None, "disabled")
+    events = list(client.responses.create(model="tiny", input=SHORT, max_output_tokens=2,
+                                          max_tool_calls=1, truncation="auto", stream=True))
+    assert [(e.response.max_tool_calls, e.response.truncation) for e in events
+            if e.type in ("response.created", "response.completed")] == [(1, "auto")] * 2
+
+
+def test_an_unknown_truncation_is_a_400_naming_it(served):
+    _, client = served
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.responses.create(model="tiny", input=SHORT, max_output_tokens=2,
+                                extra_body={"truncation": "middle"})
+    assert raised.value.param == "truncation"
