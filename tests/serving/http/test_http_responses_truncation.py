@@ -9,7 +9,8 @@ input that fits is whole; without ``max_output_tokens`` the cut input fills
 the context and is vLLM's 400 naming ``input``; "disabled" (or null, or
 left out) refuses a long input as before. ``max_tool_calls`` is taken and
 echoed (the server runs no built-in tool for it to limit); the Response
-echoes both, whole and streamed."""
+echoes both, whole and streamed. Once through ``tprun serve``, where the
+engine answers the cut input."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
 from tests.helpers.engine_links import AnsweringLink
+from tests.helpers.http_utils import openai_client, serving_tiny
 
 MAX_MODEL_LEN = 48
 LONG = " ".join(f"word{i}" for i in range(60))  # far more than 48 tokens once rendered
@@ -128,3 +130,20 @@ def test_an_unknown_truncation_is_a_400_naming_it(served):
         client.responses.create(model="tiny", input=SHORT, max_output_tokens=2,
                                 extra_body={"truncation": "middle"})
     assert raised.value.param == "truncation"
+
+
+@pytest.mark.timeout(180)
+def test_the_engine_answers_from_the_cut_input(tmp_path, hf):
+    """Through ``tprun serve`` (the engine's own context check): the cut
+    input fills the context beside ``max_output_tokens`` and is answered."""
+    with serving_tiny(tmp_path, "serve", "--model", "tiny", "--device", "cpu",
+                      "--disable-log-stats", "--max-model-len", str(MAX_MODEL_LEN)) as server:
+        with openai_client(server) as client:
+            response = client.responses.create(model="tiny", input=LONG, truncation="auto",
+                                               max_output_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True})
+            assert response.usage.input_tokens == MAX_MODEL_LEN - 8
+            assert response.usage.output_tokens == 8
+            assert response.status == "incomplete"
+            with pytest.raises(openai.BadRequestError):
+                client.responses.create(model="tiny", input=LONG, max_output_tokens=8)
