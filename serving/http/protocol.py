@@ -455,8 +455,9 @@ class ResponsesRequest(BaseModel):
     ``skip_special_tokens``, ``include_stop_str_in_output``,
     ``structured_outputs``, ``cache_salt``) have vLLM's names and the chat's
     meaning, and so do ``reasoning.effort`` (the chat's ``reasoning_effort``,
-    ``ResponseReasoning``) and vLLM's ``chat_template_kwargs``. ``store`` and ``previous_response_id`` work with the server's response
-    store (``response_store.py``); a ``store`` left true with the store off
+    ``ResponseReasoning``) and vLLM's ``chat_template_kwargs``. ``store``
+    and ``previous_response_id`` work with the server's response store
+    (``response_store.py``); a ``store`` left true with the store off
     is served without storing, as vLLM serves it, and ``store`` null stores
     nothing, as vLLM reads it (false); ``background``
     runs the response on while the call returns, which needs the store
