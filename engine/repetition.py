@@ -22,12 +22,19 @@ needs a run of at least L >= ``GRAM`` to count, so only the sizes whose run
 is ``GRAM`` or more are kept: those where the output's last ``GRAM``
 tokens stood L tokens earlier too. An index from each ``GRAM``-gram to its
 latest end, and from each end to the one before with the same gram, lists
-exactly those, newest first, back to ``max_pattern_size``. A token costs a
-few steps plus one per earlier copy of its last ``GRAM`` tokens within the
-last ``max_pattern_size`` (rare outside repetitive text), whatever
-``min_count`` is, with no pass over the output; the verdicts are those of
-comparing every size's blocks. The detector holds about two ints per
-output token and one dictionary entry per distinct gram in the window.
+exactly those, newest first. Of them only sizes an output of n tokens can
+hold ``c`` copies of are followed (L <= n // c, and at most
+``max_pattern_size``), as vLLM's check looks at no larger size: a size
+that comes into that range (one every ``c`` tokens at most) has its run
+counted there, by comparing tokens back from the end until one differs or
+the run is long enough. A token costs a few steps plus one per earlier
+copy of its last ``GRAM`` tokens within the last ``min(n // c,
+max_pattern_size)`` (rare outside repetitive text), and, once every ``c``
+tokens at most, one such count of at most ``(c - 1) * L`` comparisons (so
+under L a token on average, where vLLM's check compares at least once per
+size up to L), with no pass over the output; the verdicts are those of
+comparing every size's blocks. The detector holds about two ints per output token
+and one dictionary entry per distinct gram in the window.
 
 This server bounds ``max_pattern_size`` at 65536 (vLLM sets no upper
 bound): the window, and so the earlier copies one token's check may visit.
@@ -119,9 +126,13 @@ class RepetitionDetector:
     Invariants, after the tokens t[0..n-1] appended so far (``tokens``),
     with run(L) the largest r such that t[n-j] == t[n-j-L] for j = 1..r:
     ``small_runs[i]`` is run(``small_sizes[i]``), the sizes in range below
-    ``GRAM``; ``runs`` maps each size L in range, ``GRAM`` or more, with
-    run(L) >= ``GRAM`` to run(L) (every other such size has a run below
-    ``GRAM``, too short to count: it would need ``(min_count - 1) * L``);
+    ``GRAM``; ``limit`` is min(``max_pattern_size``, n // ``min_count``),
+    and ``runs`` maps each size L in range, ``GRAM`` or more, up to
+    ``limit``, with run(L) >= ``GRAM`` to run(L), or to at least
+    ``(min_count - 1) * L`` where run(L) is that much (all a verdict reads;
+    every other such size has a run below ``GRAM``, too short to count: it
+    would need ``(min_count - 1) * L``; a larger size cannot hold
+    ``min_count`` copies yet);
     ``latest[g]`` is the last end e (index of its last token) of gram g =
     t[e-GRAM+1..e] among ends within the window (others may have been
     dropped), and ``earlier[e]`` the end before e with the same gram (-1:
@@ -131,7 +142,11 @@ class RepetitionDetector:
     def __init__(self, params: RepetitionDetectionParams) -> None:
         smallest = max(params.min_pattern_size, 1)
         self.largest = params.max_pattern_size
+        self.count = params.min_count
         self.copies_before = params.min_count - 1
+        # The largest size followed, min(largest, n // count); the grams
+        # start at token GRAM - 1, so this is its value there (below GRAM).
+        self.limit = min(self.largest, (GRAM - 1) // self.count)
         self.small_sizes = list(range(smallest, min(GRAM - 1, self.largest) + 1))
         self.small_runs = [0] * len(self.small_sizes)
         self.first_large = max(smallest, GRAM)
@@ -167,25 +182,38 @@ class RepetitionDetector:
         return repeating
 
     def _follow_large_sizes(self, n: int) -> bool:
-        """The runs of the sizes whose gram matches the one ending at n:
-        one kept at n - 1 goes on by one, a new one starts at ``GRAM``."""
+        """The runs of the sizes up to ``limit(n)`` whose gram matches the one
+        ending at n: one kept at n - 1 goes on by one, a new one starts at
+        ``GRAM``, and the size that has just come into range is counted."""
         gram = tuple(self.tokens[n - GRAM + 1:])
         end = self.latest.get(gram, -1)
         self.latest[gram] = n
         self.earlier.append(end)
         if n % self.largest == 0:  # drop grams last seen before the window
             self.latest = {g: e for g, e in self.latest.items() if e >= n - self.largest}
+        entering = 0
+        if (n + 1) % self.count == 0 and self.limit < self.largest:
+            self.limit = entering = self.limit + 1
         old, runs, repeating = self.runs, {}, False
-        oldest = n - self.largest
+        oldest = n - self.limit
         while end >= oldest and end >= 0:  # newest first: sizes from the smallest up
             size = n - end
             if size >= self.first_large:
-                run = old.get(size, GRAM - 1) + 1
+                run = self._run(size, n) if size == entering else old.get(size, GRAM - 1) + 1
                 runs[size] = run
                 repeating = repeating or run >= self.copies_before * size
             end = self.earlier[end]
         self.runs = runs
         return repeating
+
+    def _run(self, size: int, n: int) -> int:
+        """run(``size``) after token n, counted back from the end, or
+        ``(min_count - 1) * size`` where it is at least that (all a verdict
+        needs)."""
+        tokens, need, run = self.tokens, self.copies_before * size, 0
+        while run < need and run + size <= n and tokens[n - run] == tokens[n - run - size]:
+            run += 1
+        return run
 
 
 def ends_in_repetition(token_ids: Iterable[int], params: RepetitionDetectionParams) -> bool:

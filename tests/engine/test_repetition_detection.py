@@ -8,6 +8,8 @@ brute-force reading of the definition first finds a repetition."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -166,6 +168,56 @@ def test_detector_agrees_with_brute_force_fed_several_tokens_a_step(case):
         assert request.output_token_ids == tokens[:end]
         assert request.repetition.repeating == brute_force_verdict(tokens[:end], max_size,
                                                                    count, min_size)
+
+
+@st.composite
+def long_detections(draw):
+    """Counts and sizes large enough that a size enters the range the
+    output's length allows (``c * L`` tokens) well after its run began:
+    outputs over one or two symbols, or a short pattern repeated with
+    breaks, with counts up to 12."""
+    max_size = draw(st.integers(4, 24))
+    min_size = draw(st.integers(0, max_size))
+    count = draw(st.integers(2, 12))
+    period = draw(st.integers(1, 6))
+    pattern = draw(st.lists(st.integers(0, 1), min_size=period, max_size=period))
+    length = draw(st.integers(1, 240))
+    breaks = draw(st.sets(st.integers(0, length - 1), max_size=4))
+    tokens = [2 if i in breaks else pattern[i % period] for i in range(length)]
+    return tokens, max_size, count, min_size
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_detections())
+def test_detector_agrees_with_brute_force_on_long_periodic_outputs(case):
+    tokens, max_size, count, min_size = case
+    detector = RepetitionDetector(RepetitionDetectionParams(
+        max_pattern_size=max_size, min_pattern_size=min_size, min_count=count))
+    for end, token in enumerate(tokens, start=1):
+        assert detector.append(token) == brute_force_verdict(tokens[:end], max_size, count,
+                                                             min_size)
+
+
+def _feed_seconds(tokens, params) -> float:
+    detector = RepetitionDetector(params)
+    start = time.perf_counter()
+    for token in tokens:
+        detector.append(token)
+    assert not detector.repeating
+    return time.perf_counter() - start
+
+
+def test_a_large_min_count_costs_no_walk_over_the_window():
+    """A size L can repeat only once ``min_count * L`` tokens are out, so a
+    token's check visits the earlier copies of its gram among the last
+    ``n // min_count`` tokens, not among the last ``max_pattern_size``: an
+    output of one token repeated, under a ``min_count`` no output reaches,
+    costs about what an output without a repeated gram does (a walk over
+    every earlier copy would cost thousands of times more)."""
+    params = RepetitionDetectionParams(max_pattern_size=65536, min_pattern_size=4,
+                                       min_count=10 ** 6)
+    varied = min(_feed_seconds(list(range(6000)), params) for _ in range(3))
+    assert _feed_seconds([7] * 6000, params) < 20 * varied + 0.05
 
 
 PROMPT = "Hello world"  # the tiny model's greedy output repeats a 5-token pattern
