@@ -8,7 +8,7 @@ brute-force reading of the definition first finds a repetition."""
 
 from __future__ import annotations
 
-import time
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -198,13 +198,14 @@ def test_detector_agrees_with_brute_force_on_long_periodic_outputs(case):
                                                              min_size)
 
 
-def _feed_seconds(tokens, params) -> float:
-    detector = RepetitionDetector(params)
-    start = time.perf_counter()
-    for token in tokens:
-        detector.append(token)
-    assert not detector.repeating
-    return time.perf_counter() - start
+class _CountedEnds(array):
+    """The detector's ``earlier`` links, counting the reads of its walk."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        type(self).reads += 1
+        return super().__getitem__(index)
 
 
 def test_a_large_min_count_costs_no_walk_over_the_window():
@@ -212,12 +213,28 @@ def test_a_large_min_count_costs_no_walk_over_the_window():
     token's check visits the earlier copies of its gram among the last
     ``n // min_count`` tokens, not among the last ``max_pattern_size``: an
     output of one token repeated, under a ``min_count`` no output reaches,
-    costs about what an output without a repeated gram does (a walk over
-    every earlier copy would cost thousands of times more)."""
+    follows no size and reads no earlier copy (a walk over the window would
+    read every earlier end: about n a token), and its verdict stays the
+    brute force's."""
     params = RepetitionDetectionParams(max_pattern_size=65536, min_pattern_size=4,
                                        min_count=10 ** 6)
-    varied = min(_feed_seconds(list(range(6000)), params) for _ in range(3))
-    assert _feed_seconds([7] * 6000, params) < 20 * varied + 0.05
+    detector = RepetitionDetector(params)
+    detector.earlier = _CountedEnds("q")
+    _CountedEnds.reads = 0
+    for token in [7] * 6000:
+        assert not detector.append(token)
+    assert detector.limit == 0 and detector.runs == {}
+    assert _CountedEnds.reads == 0
+    # the same walk where sizes do come into range: at most one read a
+    # followed size a token (here min_count 2: sizes up to n // 2)
+    detector = RepetitionDetector(RepetitionDetectionParams(
+        max_pattern_size=64, min_pattern_size=4, min_count=3))
+    detector.earlier = _CountedEnds("q")
+    _CountedEnds.reads = 0
+    tokens = [i % 5 for i in range(600)]
+    for end, token in enumerate(tokens, start=1):
+        assert detector.append(token) == brute_force_verdict(tokens[:end], 64, 3, 4)
+    assert _CountedEnds.reads <= 600 * (64 // 5 + 1)
 
 
 PROMPT = "Hello world"  # the tiny model's greedy output repeats a 5-token pattern
