@@ -34,7 +34,10 @@ tokens at most, one such count of at most ``(c - 1) * L`` comparisons (so
 under L a token on average, where vLLM's check compares at least once per
 size up to L), with no pass over the output; the verdicts are those of
 comparing every size's blocks. The detector holds about two ints per output token
-and one dictionary entry per distinct gram in the window.
+and one dictionary entry per distinct gram among the last ``2 * max(GRAM,
+min(n // c, max_pattern_size))`` tokens at most: grams last seen before the
+followed window are dropped every window's length of tokens (that window
+only moves forward, so nothing dropped is read again).
 
 This server bounds ``max_pattern_size`` at 65536 (vLLM sets no upper
 bound): the window, and so the earlier copies one token's check may visit.
@@ -189,8 +192,9 @@ class RepetitionDetector:
         end = self.latest.get(gram, -1)
         self.latest[gram] = n
         self.earlier.append(end)
-        if n % self.largest == 0:  # drop grams last seen before the window
-            self.latest = {g: e for g, e in self.latest.items() if e >= n - self.largest}
+        period = max(self.limit, GRAM)
+        if n % period == 0:  # drop grams last seen before the followed window
+            self.latest = {g: e for g, e in self.latest.items() if e >= n - self.limit}
         entering = 0
         if (n + 1) % self.count == 0 and self.limit < self.largest:
             self.limit = entering = self.limit + 1
