@@ -2,7 +2,13 @@
 share (``tool_parsers.py``, ``qwen3_coder.py``): the answer read as
 ``content before | a run of calls | content after``, a state machine over
 the text that settles what it can of each new piece, and the content and
-calls it lets out."""
+calls it lets out.
+
+Each character of the answer is searched a bounded number of times, so a
+reader's work is linear in the answer's length, however small the pieces
+it comes in: a search that waits for more text (for a tag, or for the end
+of a run of blank space or of a name) goes on, when the text grows, from
+where it stopped (``_find``, ``_run_end``) instead of from its start."""
 
 from __future__ import annotations
 
@@ -25,7 +31,10 @@ class AutoCallsReader(ToolCallReader):
     ``_read`` (a call object's streamed call) or ``list`` (``CallList``)
     directly; a call gets its id from ``_new_id``. The parsers here are state
     machines: ``STEPS`` names each state's method, which settles what it
-    can and says whether to go on (the state it leaves in ``state``)."""
+    can and says whether to go on (the state it leaves in ``state``).
+    ``searched`` holds how far each search of the current state got; a
+    state that moves on (its method returns True) starts its searches
+    afresh."""
 
     STEPS: ClassVar[dict[str, str]] = {}
 
@@ -36,6 +45,7 @@ class AutoCallsReader(ToolCallReader):
         self.list = CallList(self._new_id)
         self.rest_start: int | None = None  # where the content after the run starts
         self.done = False
+        self.searched: dict[tuple[str | re.Pattern, int], int] = {}
         self._pieces: list[tuple[str, Any]] = []  # what the current text lets out
 
     @property
@@ -58,6 +68,27 @@ class AutoCallsReader(ToolCallReader):
         while not self.done:
             if not getattr(self, self.STEPS[self.state])(last):
                 return
+            self.searched.clear()
+
+    def _find(self, tag: str, start: int) -> int:
+        """``text.find(tag, start)``, going on from where the last search
+        for ``tag`` from ``start`` stopped: the text only grows, so a tag
+        found stays found, and one not found can only start in the last
+        ``len(tag) - 1`` characters searched or after them."""
+        key = (tag, start)
+        found = self.text.find(tag, self.searched.get(key, start))
+        self.searched[key] = found if found >= 0 else max(start, len(self.text) - len(tag) + 1)
+        return found
+
+    def _run_end(self, run: re.Pattern, start: int) -> int:
+        """``run.match(text, start).end()`` for a ``run`` that matches the
+        longest run of one kind of character (``[...]*``, ``\\s*``), going
+        on from where the last look from ``start`` stopped: a run that
+        reached the text's end may go on in the text that comes."""
+        key = (run, start)
+        end = run.match(self.text, self.searched.get(key, start)).end()
+        self.searched[key] = end
+        return end
 
     def _say(self, text: str) -> None:
         if text:
@@ -108,10 +139,10 @@ class AutoCallsReader(ToolCallReader):
         ``tag`` starts the next piece; None if it does not (blank space to
         the end: the answer is done where ``last``, the run ends at other
         text) or may not yet be known."""
-        start = BLANK.match(self.text, self.at).end()
+        start = self._run_end(BLANK, self.at)
         if self.text.startswith(tag, start):
             return start
-        if not last and tag.startswith(self.text[start:]):
+        if not last and tag.startswith(self.text[start:start + len(tag)]):
             return None  # blank space so far, or a partial tag
         if start == len(self.text):
             self.done = True

@@ -29,6 +29,7 @@ import re
 
 _BLANK = " \t\n\r"
 _BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
+_BARE_RUN = re.compile(r"[a-zA-Z0-9+.\-]*")  # the characters of _BARE
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
             "t": "\t"}
 _HEX = set("0123456789abcdefABCDEF")
@@ -61,8 +62,7 @@ class CanonicalJson:
         self.stack: list[str] = []  # the closing bracket each open container wants
         self.expect = "value"  # what comes next (the keys of _STEPS)
         self.keys: list[str | None] = []  # the key of the member being read, per level
-        self.bare = ""  # a number or literal so far
-        self.bare_start = 0
+        self.bare_start = 0  # where the number or literal being read starts
         self.string_key: list[str] | None = None  # a key's decoded characters (None: a value)
         self.escape = ""  # an escape sequence so far, from its backslash
         self.high = ""  # a high surrogate's escape, waiting for the next one
@@ -73,11 +73,11 @@ class CanonicalJson:
             if self.expect == "string":
                 self._string(text, char)
             elif self.expect == "bare":
-                self._bare(char)
+                self._bare(text)
             else:
                 getattr(self, _STEPS[self.expect])(char)
         if last and self.expect == "bare" and self.end is None and self.error is None:
-            self._settle_bare()
+            self._settle_bare(text)
             if self.end is None and self.error is None and not self.stack:
                 self.end = self.at
 
@@ -102,7 +102,7 @@ class CanonicalJson:
             self.keys.append(None)
             self.expect = "key_or_close" if char == "{" else "value_or_close"
         elif char in _BARE:
-            self.expect, self.bare, self.bare_start = "bare", char, self.at
+            self.expect, self.bare_start = "bare", self.at
         else:
             self.error = self.at
             return
@@ -167,21 +167,20 @@ class CanonicalJson:
 
     # -- numbers and literals ---------------------------------------------
 
-    def _bare(self, char: str) -> None:
-        if char in _BARE:
-            self.bare += char
-            self.at += 1
-            return
-        self._settle_bare()
+    def _bare(self, text: str) -> None:
+        """The number or literal from ``bare_start`` goes on to the first
+        character that cannot be one's (then it is settled)."""
+        self.at = _BARE_RUN.match(text, self.at).end()
+        if self.at < len(text):
+            self._settle_bare(text)
 
-    def _settle_bare(self) -> None:
+    def _settle_bare(self, text: str) -> None:
         try:
-            value = json.loads(self.bare)
+            value = json.loads(text[self.bare_start:self.at])
         except ValueError:
             self.error = self.bare_start
             return
         self._write(json.dumps(value))
-        self.bare = ""
         self._ended()
 
     # -- strings ----------------------------------------------------------

@@ -43,6 +43,7 @@ _WORDS = {"True": "true", "False": "false", "None": "null"}
 # An escape that is whole, and one that may still become one.
 _ESCAPE_SO_FAR = re.compile(r"\\(?:x[0-9a-fA-F]?|u[0-9a-fA-F]{0,3}|U[0-9a-fA-F]{0,7}"
                             r"|N(?:\{[^}\n]*)?)")
+_NAME_END = re.compile(r"[}\n]")  # what ends the name of a \N{...} escape
 _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}"
                      r"|N\{[^}\n]*\}|[^0-7xuUN])")
 
@@ -63,7 +64,7 @@ class PythonArguments:
         self.expect = "keyword"
         self.comma = False  # a comma read, its ", " not yet written
         self.first = True  # the open container has no item yet
-        self.word = ""  # a keyword, a word or a number so far
+        self.word = ""  # the keyword, word or number last read, from word_start
         self.word_start = 0
         self.sign = ""  # a number's sign
         self.at_key = False  # the value being read is a dict's key
@@ -71,6 +72,7 @@ class PythonArguments:
         self.raw = False
         self.joined = False  # the string being read joins the one before
         self.in_comment = False
+        self.name_searched = 0  # how far the search for a \N{ escape's "}" got
 
     @property
     def known(self) -> bool:
@@ -110,12 +112,10 @@ class PythonArguments:
             self.error = self.at
 
     def _keyword_name(self, text: str, last: bool) -> None:
-        char = text[self.at]
-        if ("a" + self.word + char).isidentifier():
-            self.word += char
+        if ("a" + text[self.at]).isidentifier():  # as ("a" + name + char) would be
             self.at += 1
         else:
-            self.expect = "equals"
+            self.word, self.expect = text[self.word_start:self.at], "equals"
 
     def _equals(self, text: str, last: bool) -> None:
         if self._blank(text):
@@ -242,11 +242,10 @@ class PythonArguments:
 
     def _number(self, text: str, last: bool) -> None:
         char = text[self.at]
-        exponent = self.word[-1:] in ("e", "E") and self.word[:2].lower() not in ("0x", "0b")
-        if _NUMBER.match(char) or (char in "+-" and exponent):
-            self.word += char
+        if _NUMBER.match(char) or (char in "+-" and self._after_exponent(text)):
             self.at += 1
             return
+        self.word = text[self.word_start:self.at]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -260,12 +259,19 @@ class PythonArguments:
         self._write(f'"{written}"' if self.at_key else written)
         self._ended()
 
+    def _after_exponent(self, text: str) -> bool:
+        """Whether the number so far ends in an exponent's ``e`` (a sign
+        may follow), which a hexadecimal or binary one has none of."""
+        first_two = text[self.word_start:min(self.at, self.word_start + 2)]
+        return (self.at > self.word_start and text[self.at - 1] in "eE"
+                and first_two.lower() not in ("0x", "0b"))
+
     def _word(self, text: str, last: bool) -> None:
         char = text[self.at]
-        if ("a" + self.word + char).isidentifier():
-            self.word += char
+        if ("a" + char).isidentifier():
             self.at += 1
             return
+        self.word = text[self.word_start:self.at]
         if char in "'\"" and self.word in _PREFIXES:
             self._open_string(text, last, self.word)
         elif self.word in _WORDS:
@@ -281,7 +287,7 @@ class PythonArguments:
         char = text[self.at]
         if text.startswith(char * 3, self.at):
             quote = char * 3
-        elif not last and text[self.at:] in (char, char * 2):
+        elif not last and len(text) - self.at < 3 and text[self.at:] in (char, char * 2):
             return  # one or two quotes so far: maybe a triple quote
         else:
             quote = char
@@ -299,7 +305,7 @@ class PythonArguments:
             if len(quote) == 1 or text.startswith(quote, self.at):
                 self.at += len(quote)
                 self.expect = "string_end"
-            elif not last and quote.startswith(text[self.at:]):
+            elif not last and len(text) - self.at < 3 and quote.startswith(text[self.at:]):
                 return  # one or two quotes at the end: maybe the closing three
             else:
                 self._decoded(char)
@@ -322,6 +328,12 @@ class PythonArguments:
             self._decoded(rest[:2])
             self.at += 2
             return
+        if rest.startswith("\\N{"):  # its name waits for a "}" (or breaks at a line's end)
+            if _NAME_END.search(text, max(self.at + 3, self.name_searched)) is None:
+                self.name_searched = len(text)
+                if last:
+                    self.error = self.at
+                return
         found = _ESCAPE.match(text, self.at)
         if found is None:
             if last or not _ESCAPE_SO_FAR.fullmatch(text, self.at):

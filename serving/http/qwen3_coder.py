@@ -93,13 +93,13 @@ class Qwen3CoderReader(AutoCallsReader):
     def _block(self, last: bool) -> bool:
         """The block's ``<function=NAME>``: the call's first entry and its
         arguments' ``{``."""
-        start = BLANK.match(self.text, self.block_start + len(self.OPEN)).end()
+        start = self._run_end(BLANK, self.block_start + len(self.OPEN))
         head = self.text[start:start + len(self.FUNCTION)]
         if head != self.FUNCTION:
             if last or not self.FUNCTION.startswith(head):
                 self._rest_from(self.block_start)
             return False
-        name_end = self.text.find(">", start + len(self.FUNCTION))
+        name_end = self._find(">", start + len(self.FUNCTION))
         if name_end < 0:
             if last:
                 self._rest_from(self.block_start)
@@ -119,21 +119,21 @@ class Qwen3CoderReader(AutoCallsReader):
     def _function(self, last: bool) -> bool:
         """The function's body from ``at``: its next parameter, once its
         value has ended, or its ``</function>``."""
-        parameter = self.text.find(self.PARAMETER, self.at)
-        end = self.text.find(self.FUNCTION_END, self.at)
+        parameter = self._find(self.PARAMETER, self.at)
+        end = self._find(self.FUNCTION_END, self.at)
         if end >= 0 and (parameter < 0 or end < parameter):
             self._add("}")
             self.state, self.at = "after_function", end + len(self.FUNCTION_END)
             return True
-        key_end = -1 if parameter < 0 else self.text.find(">", parameter)
+        key_end = -1 if parameter < 0 else self._find(">", parameter)
         if key_end < 0:
             if last:  # the answer ended in this call
                 self._add("}")
                 self.done = True
             return False
-        ends = [i for i in (self.text.find(self.PARAMETER_END, key_end),
-                            self.text.find(self.PARAMETER, key_end),
-                            self.text.find(self.FUNCTION_END, key_end)) if i >= 0]
+        ends = [i for i in (self._find(self.PARAMETER_END, key_end),
+                            self._find(self.PARAMETER, key_end),
+                            self._find(self.FUNCTION_END, key_end)) if i >= 0]
         if not ends and not last:
             return False  # the value goes on
         value_end = min(ends, default=len(self.text))
@@ -153,13 +153,13 @@ class Qwen3CoderReader(AutoCallsReader):
         self._entries(self.list.follow(self.call, "", self.arguments))
 
     def _after_function(self, last: bool) -> bool:
-        start = BLANK.match(self.text, self.at).end()
+        start = self._run_end(BLANK, self.at)
         if self.text.startswith(self.CLOSE, start):
             self.state, self.at = "between", start + len(self.CLOSE)
             return True
         if start == len(self.text):
             self.done = last
-        elif last or not self.CLOSE.startswith(self.text[start:]):
+        elif last or not self.CLOSE.startswith(self.text[start:start + len(self.CLOSE)]):
             self._rest_from(start)
         return False
 

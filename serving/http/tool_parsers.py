@@ -87,7 +87,9 @@ follows; never the call object's own ``}`` or a tag. The deltas joined are
 the message; ``pieces`` gives the same in the answer's order (content
 before a call apart from content after it). Only text not yet settled is
 scanned: the readers keep a cursor and a state, never parsing the whole
-answer again.
+answer again, and a search that waits for more text (a tag, the end of a
+run of blank space or of a name) goes on from where it stopped, so each
+reader's work is linear in the answer's length (``auto_calls.py``).
 """
 
 from __future__ import annotations
@@ -104,18 +106,20 @@ from serving.http.canonical_json import CanonicalJson
 from serving.http.python_arguments import PythonArguments
 from serving.http.qwen3_coder import Qwen3CoderReader
 
-_SEPARATOR = re.compile(r"\s*(;\s*)?")
-_MISTRAL_NAME = re.compile(r"[^\s\[\]{}]+")  # up to blank space, [ARGS] or {
+_MISTRAL_NAME = re.compile(r"[^\s\[\]{}]*")  # up to blank space, [ARGS] or {
 _ALPHANUMERIC = string.ascii_letters + string.digits
-_CALL_HEAD = re.compile(r"\s*([^\W\d]\w*)\s*\(")  # a Python name and its "("
-_HEAD_SO_FAR = re.compile(r"\s*(?:[^\W\d]\w*\s*)?")  # what may grow into one
+_NAME_START = re.compile(r"[^\W\d]")  # a Python name's first character
+_WORD = re.compile(r"\w*")  # the rest of the name
 
 
 class Llama3JsonReader(AutoCallsReader):
     """``llama3_json``. States: "lead" (nothing settled yet: blank space
-    or a partial tag may still lead to a call), "object" (inside a call's
-    object ``call``, from ``object_start``), "between" (after a call, at
-    ``at``: blank space and one ``;`` may lead to the next)."""
+    or a partial tag may still lead to a call), "tagged" (after the tag,
+    which ends at ``at``: blank space may still lead to a call), "object"
+    (inside a call's object ``call``, from ``object_start``), "between"
+    (after a call, at ``at``: blank space and one ``;`` may lead to the
+    next), "separated" (after that ``;``, at ``at``: blank space and the
+    next call's ``{``)."""
 
     TAG = "<|python_tag|>"
 
@@ -126,7 +130,8 @@ class Llama3JsonReader(AutoCallsReader):
         self.object_start = 0
         self.call: CallObject | None = None
 
-    STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "object": "_object", "between": "_between"}
+    STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "tagged": "_tagged", "object": "_object",
+                                       "between": "_between", "separated": "_separated"}
 
     def _open_object(self, at: int) -> bool:
         self.state, self.object_start = "object", at
@@ -136,16 +141,22 @@ class Llama3JsonReader(AutoCallsReader):
     def _lead(self, last: bool) -> bool:
         """Whether the answer starts with a call decides everything: it
         waits while the text so far is blank or a partial tag."""
-        start = _BLANK.match(self.text).end()
-        head = self.text[start:]
-        if head.startswith(self.TAG):
-            start = _BLANK.match(self.text, start + len(self.TAG)).end()
-            head = self.text[start:]
-            if not head and not last:
-                return False
-        elif not last and self.TAG.startswith(head):
+        start = self._run_end(_BLANK, 0)
+        if self.text.startswith(self.TAG, start):
+            self.state, self.at = "tagged", start + len(self.TAG)
+            return True
+        if not last and self.TAG.startswith(self.text[start:start + len(self.TAG)]):
             return False
-        if head.startswith("{"):
+        return self._first_object(start)
+
+    def _tagged(self, last: bool) -> bool:
+        start = self._run_end(_BLANK, self.at)
+        if start == len(self.text) and not last:
+            return False
+        return self._first_object(start)
+
+    def _first_object(self, start: int) -> bool:
+        if self.text.startswith("{", start):
             return self._open_object(start)
         self._rest_from(0)
         return False
@@ -164,14 +175,24 @@ class Llama3JsonReader(AutoCallsReader):
         return False
 
     def _between(self, last: bool) -> bool:
-        separator = _SEPARATOR.match(self.text, self.at)
-        end = separator.end()
-        if end == len(self.text):
+        start = self._run_end(_BLANK, self.at)
+        if self.text.startswith(";", start):
+            self.state, self.at = "separated", start + 1
+            return True
+        return self._after_run(start, last)
+
+    def _separated(self, last: bool) -> bool:
+        start = self._run_end(_BLANK, self.at)
+        if self.text.startswith("{", start):
+            return self._open_object(start)
+        return self._after_run(start, last)
+
+    def _after_run(self, start: int, last: bool) -> bool:
+        """The run is over at ``start``: what follows is content."""
+        if start == len(self.text):
             self.done = last  # only blank space and a ';' after the run: no content
-            return False
-        if separator.group(1) is not None and self.text[end] == "{":
-            return self._open_object(end)
-        self._rest_from(end)
+        else:
+            self._rest_from(start)
         return False
 
 
@@ -220,7 +241,7 @@ class HermesReader(AutoCallsReader):
     def _close(self, last: bool) -> bool:
         """What follows a call's object in its block (blank space, or what
         the model wrote by mistake) is the block's, up to the tag."""
-        close = self.text.find(self.CLOSE, self.at)
+        close = self._find(self.CLOSE, self.at)
         if close < 0:
             self.done = last  # the answer ended in this block
             return False
@@ -233,9 +254,9 @@ class HermesReader(AutoCallsReader):
 
 class PythonicReader(AutoCallsReader):
     """``pythonic``. States: "lead" (blank space so far), "element" (at
-    ``at``, after the ``[`` or a ``,``: the next element's start), "call"
-    (inside the argument list of the call named ``name`` at
-    ``element_start``, read by ``arguments``), "after_call" (after that
+    ``at``, after the ``[`` or a ``,``: the next element's start, a call's
+    name and ``(``), "call" (inside the argument list of the call named
+    ``name`` at ``element_start``, read by ``arguments``), "after_call" (after that
     list's ``)``, at ``at``: the element ends at a ``,`` or the ``]``),
     "after" (after the ``]``). A call is known (its first entry sent) once
     ``arguments`` is (``PythonArguments.known``); then its arguments go
@@ -258,7 +279,7 @@ class PythonicReader(AutoCallsReader):
         self._rest_from(at if self.found else 0)
 
     def _lead(self, last: bool) -> bool:
-        start = _BLANK.match(self.text).end()
+        start = self._run_end(_BLANK, 0)
         if start == len(self.text) and not last:
             return False
         if self.text.startswith("[", start):
@@ -268,15 +289,22 @@ class PythonicReader(AutoCallsReader):
         return False
 
     def _element(self, last: bool) -> bool:
-        head = _CALL_HEAD.match(self.text, self.at)
-        if head is not None:
-            self.element_start, self.name = head.start(1), head.group(1)
-            self.state, self.arguments = "call", PythonArguments(head.end())
-            return True
-        start = _HEAD_SO_FAR.match(self.text, self.at).end()
-        if start == len(self.text) and not last:
-            return False  # blank space or a name so far
-        start = _BLANK.match(self.text, self.at).end()
+        """Blank space, a Python name, blank space and its ``(``; where the
+        element has no such head, it may be the list's ``]``."""
+        start = self._run_end(_BLANK, self.at)
+        if _NAME_START.match(self.text, start):
+            name_end = self._run_end(_WORD, start + 1)
+            if name_end == len(self.text) and not last:
+                return False  # a name so far
+            paren = self._run_end(_BLANK, name_end)
+            if self.text.startswith("(", paren):
+                self.element_start, self.name = start, self.text[start:name_end]
+                self.state, self.arguments = "call", PythonArguments(paren + 1)
+                return True
+            if paren == len(self.text) and not last:
+                return False  # a name and blank space so far
+        elif start == len(self.text) and not last:
+            return False  # blank space so far
         if self.found and self.text.startswith("]", start):  # after a trailing ","
             self.state, self.at = "after", start + 1
             return True
@@ -301,7 +329,7 @@ class PythonicReader(AutoCallsReader):
         return False
 
     def _after_call(self, last: bool) -> bool:
-        start = _BLANK.match(self.text, self.at).end()
+        start = self._run_end(_BLANK, self.at)
         if start == len(self.text):
             self.done = last  # the answer ends in the list, after this call
             return False
@@ -313,7 +341,7 @@ class PythonicReader(AutoCallsReader):
         return True
 
     def _after(self, last: bool) -> bool:
-        start = _BLANK.match(self.text, self.at).end()
+        start = self._run_end(_BLANK, self.at)
         if start == len(self.text):
             self.done = last  # only blank space after the list: no content
         else:
@@ -375,27 +403,29 @@ class MistralReader(AutoCallsReader):
         """The older form's ``[`` or the newer form's name, an optional
         ``[ARGS]`` and the arguments' ``{``, blank space allowed between;
         the call is known at the ``{``."""
-        start = _BLANK.match(self.text, self.at).end()
+        start = self._run_end(_BLANK, self.at)
         if start == len(self.text) and not last:
             return False
         if self.text.startswith("[", start):
             self.state, self.at = "element", start + 1
             return True
-        name = _MISTRAL_NAME.match(self.text, start)
-        if name is None:
+        name_end = self._run_end(_MISTRAL_NAME, start)
+        if name_end == start:
             self._fail(start)
             return False
-        at = _BLANK.match(self.text, name.end()).end()
+        if name_end == len(self.text) and not last:
+            return False  # the name so far
+        at = self._run_end(_BLANK, name_end)
         if self.text.startswith(self.ARGS, at):
-            at = _BLANK.match(self.text, at + len(self.ARGS)).end()
-        elif not last and self.ARGS.startswith(self.text[at:]):
-            return False  # the name so far, blank space or a partial [ARGS]
+            at = self._run_end(_BLANK, at + len(self.ARGS))
+        elif not last and self.ARGS.startswith(self.text[at:at + len(self.ARGS)]):
+            return False  # blank space or a partial [ARGS] after the name
         if at == len(self.text) and not last:
             return False
         if not self.text.startswith("{", at):
             self._fail(start)
             return False
-        self.name, self.arguments = name.group(), CanonicalJson(at)
+        self.name, self.arguments = self.text[start:name_end], CanonicalJson(at)
         self.state = "arguments"
         return True
 
@@ -410,7 +440,7 @@ class MistralReader(AutoCallsReader):
         return False
 
     def _element(self, last: bool) -> bool:
-        start = _BLANK.match(self.text, self.at).end()
+        start = self._run_end(_BLANK, self.at)
         if start == len(self.text):
             if last:  # the answer ends in the list: the calls before stay
                 self._fail(start)
@@ -436,7 +466,7 @@ class MistralReader(AutoCallsReader):
         return False
 
     def _after_element(self, last: bool) -> bool:
-        start = _BLANK.match(self.text, self.at).end()
+        start = self._run_end(_BLANK, self.at)
         if start == len(self.text):
             self.done = last  # the answer ends in the list, after a call
             return False

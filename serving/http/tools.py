@@ -428,7 +428,7 @@ class NamedCallReader(ToolCallReader):
     def add(self, text: str, last: bool = False) -> list[dict]:
         self.text += text
         if not self.list.found:
-            if not self.text.strip():
+            if not text.strip():  # the text before it was blank too: no call yet
                 return []
             return [self.list.open(self.name), *self.list.extend(self.text)]
         return self.list.extend(self.text)

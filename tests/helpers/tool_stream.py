@@ -5,9 +5,13 @@ arguments (maybe ""); each later entry of the call carries its index and
 one more piece of arguments, nothing else; calls come one after another
 (index 0, 1, ...), none going on once the next has started. And the texts
 the readers' tests feed in pieces: every way ``splits`` cuts a text, and
-``scanned`` for the readers that rescan the text so far."""
+``scanned`` for the readers that rescan the text so far; ``SearchCount``
+measures how much of the text the readers search."""
 
 from __future__ import annotations
+
+import re
+import sys
 
 
 def assembled(entries: list[dict]) -> list[dict]:
@@ -58,3 +62,65 @@ def scanned(reader, pieces: list[str]):
         reader.scan(so_far, last=i == len(pieces) - 1)
         assert reader.out.startswith(before)  # what is written stays
     return reader
+
+
+class SearchCount:
+    """How many characters a reader's searches go over while it reads, the
+    readers' own measure of their work: each regular expression of
+    ``modules`` (``monkeypatch`` swaps in a counting stand-in) adds the
+    span it matched (a search that finds nothing: all it searched), and
+    the reader's text, made with ``text`` and grown by ``+``, adds what
+    each ``find`` went over and each ``strip`` was given."""
+
+    def __init__(self, monkeypatch, modules) -> None:
+        self.chars = 0
+        for module in modules:
+            for name, value in vars(module).items():
+                if isinstance(value, re.Pattern):
+                    monkeypatch.setattr(module, name, _CountedPattern(value, self))
+
+    def text(self) -> str:
+        return _CountedText("", self)
+
+
+class _CountedPattern:
+    def __init__(self, pattern: re.Pattern, count: SearchCount) -> None:
+        self.pattern, self.count = pattern, count
+
+    def match(self, string: str, pos: int = 0, endpos: int = sys.maxsize):
+        return self._spanned(self.pattern.match(string, pos, endpos), pos)
+
+    def fullmatch(self, string: str, pos: int = 0, endpos: int = sys.maxsize):
+        return self._spanned(self.pattern.fullmatch(string, pos, endpos), pos)
+
+    def search(self, string: str, pos: int = 0, endpos: int = sys.maxsize):
+        found = self.pattern.search(string, pos, endpos)
+        self.count.chars += (found.end() if found else min(len(string), endpos)) - pos
+        return found
+
+    def _spanned(self, found, pos: int):
+        if found:
+            self.count.chars += found.end() - pos
+        return found
+
+
+class _CountedText(str):
+    """A str that counts its searches into ``count`` and stays one when
+    text is added to it."""
+
+    def __new__(cls, value: str, count: SearchCount):
+        text = super().__new__(cls, value)
+        text.count = count
+        return text
+
+    def __add__(self, other: str) -> _CountedText:
+        return _CountedText(str.__add__(self, other), self.count)
+
+    def find(self, sub: str, start: int = 0, *end) -> int:
+        found = str.find(self, sub, start, *end)
+        self.count.chars += (found + len(sub) if found >= 0 else len(self)) - start
+        return found
+
+    def strip(self, *chars) -> str:
+        self.count.chars += len(self)
+        return str.strip(self, *chars)
