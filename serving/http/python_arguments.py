@@ -1,7 +1,8 @@
 """``PythonArguments``: the keyword arguments of a Python call,
 ``name(key=value, ...)``, read while the call's text arrives and written
 as the canonical JSON text of the object they make (what ``json.dumps``
-writes for it), so that a pythonic tool call's arguments can be streamed.
+writes for it; a keyword given twice: below), so that a pythonic tool
+call's arguments can be streamed.
 
 A value is a literal, as Python's parser reads it: a string (quoted with
 ``'`` or ``"``, single or triple, an ``r`` or ``u`` prefix allowed,
@@ -12,9 +13,16 @@ a dict's keys being strings, numbers, ``True``, ``False`` or ``None``
 (written as ``json.dumps`` writes such keys: ``"1"``, ``"true"``). A
 trailing comma is allowed where Python allows it; comments and line
 breaks between tokens are blank space. Anything else (a positional or
-``**`` argument, a keyword given twice, a tuple, a set, a name, a call, a
-bytes or f-string, a complex number, an infinite float) is where the text
-stops being a call's arguments (``error``).
+``**`` argument, a tuple, a set, a name, a call, a bytes or f-string, a
+complex number, an infinite float) is where the text stops being a call's
+arguments (``error``).
+
+A keyword given twice is written twice (``f(a=1, a=2)``: ``{"a": 1, "a":
+2}``), as ``canonical_json.py`` writes a JSON key given twice, so that
+what is streamed never changes: ``json.loads`` reads the text as the
+object vLLM's parser makes, the last value at the first one's place.
+Python's parser, which vLLM's reads the call with, takes such a call (only
+compiling it is an error), and vLLM keeps each keyword's last value.
 
 The call is ``known`` once its first value has begun to be written (a
 string's quote, a list's or dict's bracket, a number or word once
@@ -59,7 +67,6 @@ class PythonArguments:
         self.header_end: int | None = None  # the end of the first keyword's "key": in out
         self.end: int | None = None
         self.error: int | None = None
-        self.keywords: set[str] = set()
         self.stack = ["("]  # the open argument list, lists and dicts
         self.expect = "keyword"
         self.comma = False  # a comma read, its ", " not yet written
@@ -120,15 +127,14 @@ class PythonArguments:
     def _equals(self, text: str, last: bool) -> None:
         if self._blank(text):
             return
-        if text[self.at] != "=" or self.word in self.keywords:
-            self.error = self.word_start if text[self.at] == "=" else self.at
+        if text[self.at] != "=":
+            self.error = self.at
             return
         if self.at + 1 == len(text) and not last:
             return  # "==" would be no keyword
         if text.startswith("==", self.at):
             self.error = self.word_start
             return
-        self.keywords.add(self.word)
         self._item_start()
         self._write(json.dumps(self.word, ensure_ascii=False) + ": ")
         if self.header_end is None:

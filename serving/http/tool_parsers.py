@@ -65,15 +65,16 @@ element (or text after a pythonic list) makes the whole answer content, a
 call cut short or broken off is content, a mistral call of the v11 form
 whose arguments are not JSON is still a call (its arguments the raw
 text), and a key given twice counts at its last. Besides, pythonic reads
-a signed number (``x=-1``) where vLLM finds none, and refuses positional
-arguments (vLLM drops them) and a keyword given twice (vLLM keeps the
-last).
+a signed number (``x=-1``) where vLLM finds none and refuses positional
+arguments (vLLM drops them); a keyword given twice is written twice, as
+a JSON key given twice is (vLLM keeps its last value, as ``json.loads``
+reads the two).
 
 A pythonic call is known once its first value has begun (or its ``)``
 follows the ``(``: no arguments); from then on it stays likewise, an
 element that goes on after its ``)`` (``f(x=1).y``) ending the run there.
 Its ``arguments`` is the canonical JSON text of the keyword arguments'
-values, what ``json.dumps`` writes for them.
+values, what ``json.dumps`` writes for them (``python_arguments.py``).
 
 Streaming: content goes out as soon as it cannot be the start of a call
 (a partial ``<tool_call>``, ``<|python_tag|>`` or ``[TOOL_CALLS]`` is held

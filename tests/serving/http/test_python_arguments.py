@@ -3,8 +3,9 @@ every which way (quotes, escapes, joined strings, number spellings,
 comments, trailing commas), fed whole, in pieces of every size and split
 in two at every character, what it writes is ``json.dumps`` of the
 keyword arguments ``ast`` reads (each value a literal,
-``ast.literal_eval``); a text Python reads as no such call stops with an
-error, having written only the canonical text of what came before."""
+``ast.literal_eval``; a keyword given twice written twice); a text Python
+reads as no such call stops with an error, having written only the
+canonical text of what came before."""
 
 from __future__ import annotations
 
@@ -20,20 +21,24 @@ from tests.helpers.tool_stream import scanned, splits
 
 def reference(text: str) -> str | None:
     """The JSON text of the call's keyword arguments, as Python reads
-    ``text`` (``name(...)``), or None where it is no call of literals."""
+    ``text`` (``name(...)``): each keyword and its value as ``json.dumps``
+    writes an object's members, in the order given (so ``json.dumps`` of
+    the arguments' dict, but for a keyword given twice, written twice), or
+    None where it is no call of literals."""
     try:
         with warnings.catch_warnings():  # "\\d" and "\\q" are no escapes
             warnings.simplefilter("ignore")
             call = ast.parse(text, mode="eval").body
-        if not isinstance(call, ast.Call) or call.args or len(
-                {k.arg for k in call.keywords}) < len(call.keywords):
+        if not isinstance(call, ast.Call) or call.args:
             return None
-        arguments = {}
+        members = []
         for keyword in call.keywords:
             if keyword.arg is None or not _literal(keyword.value):
                 return None
-            arguments[keyword.arg] = ast.literal_eval(keyword.value)
-        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+            value = ast.literal_eval(keyword.value)
+            members.append(json.dumps(keyword.arg, ensure_ascii=False) + ": "
+                           + json.dumps(value, ensure_ascii=False, allow_nan=False))
+        return "{" + ", ".join(members) + "}"
     except (SyntaxError, ValueError, TypeError):
         return None
 
@@ -63,11 +68,12 @@ CALLS = [
     "f(a=r'\\'', b=[1,2,], c={'a':1,}, d=R\"\\\\\")", "f(a='''multi\nline''', b=\"\"\"'\"'\"\"\")",
     "f(a = True, b=False, c=None, d=[[],{}], e=[[1], {'x': [True]}])",
     "f(big=123456789012345678901234567890, tiny=5e-324, neg=-0.0, zero=-0)",
+    "f(a=1, b=[2], a='x', a=None)",
 ]
 NOT_CALLS = [
     ('f("Oslo")', 2), ("f(city=oslo)", 7), ("f(city=('Oslo', 'Bergen'))", 7),
     ("f(city={'Oslo'})", 14), ("f(city=b'Oslo')", 7), ("f(days=1e999)", 7), ("f(**where)", 2),
-    ("f(days=1, days=2)", 10), ("f(text='a\nb')", 9), ("f(x==1)", 2), ("f(x=1j)", 4),
+    ("f(text='a\nb')", 9), ("f(x==1)", 2), ("f(x=1j)", 4),
     ('f(x=f"a")', 4), ("f(x=--1)", 5), ("f(x={-1: 2})", 5), ("f(x=[1 2])", 7),
     ("f(x='a' b)", 8), ("f(x=1 if y else 2)", 6), ("f(x={[1]: 2})", 5), ("f(x='\\xZZ')", 5),
 ]
@@ -95,6 +101,21 @@ def test_text_that_is_no_such_call_stops_where_it_breaks(text, at):
     for pieces in splits(text):
         reader = scanned(PythonArguments(2), pieces)
         assert (reader.error, reader.out, reader.known) == (at, whole.out, whole.known), pieces
+
+
+def test_a_keyword_given_twice_is_written_twice_and_reads_as_vllm_reads_the_call():
+    """vLLM reads a pythonic call with ``ast.parse``, which takes a keyword
+    given twice (only compiling the call is an error), into a dict: each
+    keyword's last value at its first place, here {"a": 3, "b": 2}.
+    Written twice, what streams never changes, and ``json.loads`` reads
+    the text as that dict."""
+    text = "f(a=1, b=2, a=3)"
+    ast.parse(text)
+    for pieces in splits(text):
+        reader = scanned(PythonArguments(2), pieces)
+        assert (reader.out, reader.end, reader.error) == ('{"a": 1, "b": 2, "a": 3}', len(text),
+                                                          None)
+        assert list(json.loads(reader.out).items()) == [("a", 3), ("b", 2)]
 
 
 def test_a_call_is_known_once_its_first_value_begins():

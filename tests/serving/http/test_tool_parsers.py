@@ -133,7 +133,9 @@ PYTHONIC = [
     ("[get_weather(city=b'Oslo')]", "[get_weather(city=b'Oslo')]", []),
     ("[get_weather(days=1e999)]", "[get_weather(days=1e999)]", []),
     ("[get_weather(**where)]", "[get_weather(**where)]", []),
-    ("[get_weather(days=1, days=2)]", "days=2)]", [("get_weather", '{"days": 1')]),
+    # A keyword given twice is written twice (json.loads keeps the last value).
+    ("[get_weather(days=1, city='Oslo', days=2), now()]", None,
+     [("get_weather", '{"days": 1, "city": "Oslo", "days": 2}'), ("now", {})]),
     ("[weather.get(city='Oslo')]", "[weather.get(city='Oslo')]", []),
     # A call broken off once known: it stays, the text from where it broke
     # is content.
@@ -303,6 +305,23 @@ def test_arguments_are_the_json_text_of_the_object_given():
     [call] = message["tool_calls"]
     assert call["type"] == "function"
     assert call["function"]["arguments"] == '{"text": "héllo", "n": [1, 2.5, 100.0, null]}'
+
+
+def test_pythonic_keyword_given_twice_reads_as_vllm_reads_the_call():
+    """vLLM's pythonic parser reads ``[get_weather(days=1, city='Oslo',
+    days=2)]`` with ``ast.parse`` (which takes a keyword given twice) into
+    the arguments {"days": 2, "city": "Oslo"}: the last value, at the first
+    one's place. The message's arguments, and the stream's pieces joined,
+    read as that object."""
+    text = "[get_weather(days=1, city='Oslo', days=2)]"
+    for pieces in splits(text):
+        message, deltas, _ = _read("pythonic", pieces)
+        [call] = message["tool_calls"]
+        assert message["content"] is None and call["function"]["name"] == "get_weather"
+        assert list(json.loads(call["function"]["arguments"]).items()) == [("days", 2),
+                                                                          ("city", "Oslo")]
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert assembled(entries) == message["tool_calls"]
 
 
 def test_content_is_held_only_while_it_may_start_a_call():
