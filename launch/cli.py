@@ -544,7 +544,7 @@ def run_serve(args) -> int:
         stop_signals.note(signum)
         server.stop()
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
     print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
@@ -813,6 +813,9 @@ def run_bench(args) -> int:
 
 COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
 
+# The signals that stop a launch; ``main`` handles both and gives back the handlers it found.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 def _exit_on_signal(signum, _frame) -> None:
     """SIGTERM as an exception, so ``finally`` blocks and context managers
@@ -865,9 +868,16 @@ def main(argv: list[str] | None = None) -> int:
     moment (one line, ``tprun: interrupted``), 143 SIGTERM (one line,
     ``tprun: stopped by SIGTERM``); either way the workers are stopped and
     nothing is left behind. ``serve`` that is serving takes either signal
-    as its request to stop: exit code 0 (``run_serve``)."""
-    signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
+    as its request to stop: exit code 0 (``run_serve``).
+
+    Whatever way it ends, ``main`` leaves the SIGINT and SIGTERM handlers
+    as it found them (a caller in the same process, a test or a Python
+    program, keeps its own Ctrl-C); one not installed from Python
+    (``signal.getsignal`` gives None) cannot be put back and stays as
+    ``main`` left it."""
+    found = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     try:
+        signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
         return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
         return _exit_stopped(signal.SIGINT)
@@ -879,6 +889,10 @@ def main(argv: list[str] | None = None) -> int:
         if not _interrupted(e):
             raise
         return _exit_stopped(signal.SIGINT)
+    finally:
+        for sig, handler in found.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def stopped_line(signum: int) -> str:
@@ -891,8 +905,11 @@ def stopped_line(signum: int) -> str:
 def _exit_stopped(signum: int) -> int:
     """Say so, and remove what a cleanup cut short left: a second signal
     during the first one's shutdown can stop it before the socket
-    directory goes (the workers die with this process)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):  # exiting now: nothing left to stop
+    directory goes (the workers die with this process). Both stop signals
+    are ignored from here to ``main``'s return, so a further one cannot cut
+    this cleanup short either; ``main`` then puts back the handlers it
+    found."""
+    for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     from ipc.endpoints import remove_own_directories
 

@@ -54,17 +54,8 @@ def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     assert reap_session(proc.pid, grace_s=5) == []
 
 
-@pytest.fixture
-def keep_sigint():
-    """``main`` ignores SIGINT once it exits interrupted (the process is
-    ending); a test that calls it in process gets the handler back."""
-    handler = signal.getsignal(signal.SIGINT)
-    yield
-    signal.signal(signal.SIGINT, handler)
-
-
 def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_left(
-        monkeypatch, capsys, tmp_path, keep_sigint):
+        monkeypatch, capsys, tmp_path):
     """A second Ctrl-C can land in the first one's shutdown before the
     executor removed its socket directory: the exit removes this launch's
     own (the workers die with it), and no other launch's."""
@@ -100,8 +91,7 @@ def _wrapped_interrupt(wrapper: type[Exception]):
 
 
 @pytest.mark.parametrize("wrapper", [RuntimeError, ValueError])
-def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys, wrapper,
-                                                            keep_sigint):
+def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys, wrapper):
     from launch import cli
 
     monkeypatch.setattr(cli, "_main", _wrapped_interrupt(wrapper))
@@ -109,8 +99,7 @@ def test_ctrl_c_wrapped_by_python_is_still_one_line_and_130(monkeypatch, capsys,
     assert capsys.readouterr().err == "tprun: interrupted\n"
 
 
-def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, capsys,
-                                                                  keep_sigint):
+def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, capsys):
     """Ctrl-C landing in a C extension's import: some library catches the
     KeyboardInterrupt, and what surfaces is a later ImportError with no
     interrupt in its chain."""
@@ -132,7 +121,7 @@ def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, c
     assert capsys.readouterr().err == "tprun: interrupted\n"
 
 
-def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch, keep_sigint):
+def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch):
     from launch import cli
 
     def fail(_argv):
@@ -354,12 +343,9 @@ def test_ctrl_c_swallowed_while_serve_starts_stops_before_serving(monkeypatch, c
 
     monkeypatch.setattr(engine.llm_engine, "LLMEngine", Engine)
     monkeypatch.setattr(serving.endpoint, "EngineServer", Server)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 130
     finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
         stop_signals.reset()
     assert events == ["engine started", "server closed", "engine shut down"]
     assert capsys.readouterr().err.endswith("tprun: interrupted\n")

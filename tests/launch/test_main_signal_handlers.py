@@ -1,0 +1,137 @@
+"""``launch.cli.main`` called in process gives back the SIGINT and SIGTERM
+handlers it found, however the run ends: stopped by Ctrl-C or SIGTERM while
+the engine starts (130, 143), or serving until SIGTERM (0). While the exit
+of a stopped run removes what a cut-short shutdown left, both signals are
+ignored, so a further one cannot cut that cleanup short.
+
+Each run is ``serve --model tiny`` with the engine and the server replaced
+by stand-ins (no model loads); the signal is a real one, sent to this
+process, and reaches the handler the CLI installed for it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _callers_sigint(_signum, _frame) -> None:
+    raise AssertionError("the caller's SIGINT handler ran")
+
+
+def _callers_sigterm(_signum, _frame) -> None:
+    raise AssertionError("the caller's SIGTERM handler ran")
+
+
+def _signal_self(signum: int, until=lambda: False, wait_s: float = 10.0) -> None:
+    """Send ``signum`` to this process; return once ``until()`` holds (a
+    handler that raises ends the wait with its exception)."""
+    os.kill(os.getpid(), signum)
+    deadline = time.monotonic() + wait_s
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{signal.Signals(signum).name} was not acted on")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def callers_handlers():
+    """The caller's own handlers, installed before ``main`` runs; the
+    test's original ones are put back afterwards whatever happens."""
+    from executor import stop_signals
+
+    original = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    mine = {signal.SIGINT: _callers_sigint, signal.SIGTERM: _callers_sigterm}
+    stop_signals.reset()
+    for sig, handler in mine.items():
+        signal.signal(sig, handler)
+    try:
+        yield mine
+    finally:
+        for sig, handler in original.items():
+            signal.signal(sig, handler)
+        stop_signals.reset()
+
+
+def _stand_ins(monkeypatch, stop_at: str, signum: int) -> list[str]:
+    """Replace the engine and the engine server; ``signum`` is sent while
+    the engine starts (``stop_at`` "start") or while the server serves
+    ("serve"). Returns the list of what happened."""
+    import engine.llm_engine
+    import serving.endpoint
+
+    events = []
+
+    class Engine:
+        def __init__(self, config):
+            if stop_at == "start":
+                _signal_self(signum)
+            events.append("engine started")
+
+        def shutdown(self):
+            events.append("engine shut down")
+
+    class Server:
+        address, key_file = "ipc://test", "key"
+
+        def __init__(self, engine, endpoint, endpoint_file, secret):
+            self.endpoint = endpoint
+            self.stopped = False
+
+        def serve(self):
+            events.append("serving")
+            _signal_self(signum, until=lambda: self.stopped)
+
+        def stop(self):
+            self.stopped = True
+
+        def close(self, term_context):
+            self.endpoint.cleanup()
+            events.append("server closed")
+
+    monkeypatch.setattr(engine.llm_engine, "LLMEngine", Engine)
+    monkeypatch.setattr(serving.endpoint, "EngineServer", Server)
+    return events
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("stop_at", "signum", "code", "line"), [
+    ("start", signal.SIGINT, 130, "tprun: interrupted"),
+    ("start", signal.SIGTERM, 143, "tprun: stopped by SIGTERM"),
+])
+def test_a_run_stopped_while_starting_gives_back_the_callers_handlers(
+        monkeypatch, capsys, callers_handlers, stop_at, signum, code, line):
+    import ipc.endpoints
+    from launch import cli
+
+    events = _stand_ins(monkeypatch, stop_at, signum)
+    during_cleanup = []
+    remove = ipc.endpoints.remove_own_directories
+
+    def watched_remove():
+        during_cleanup.append({sig: signal.getsignal(sig) for sig in STOP_SIGNALS})
+        remove()
+
+    monkeypatch.setattr(ipc.endpoints, "remove_own_directories", watched_remove)
+    assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == code
+    assert capsys.readouterr().err.splitlines()[-1] == line
+    assert events == []  # stopped inside the engine's start
+    assert during_cleanup == [{sig: signal.SIG_IGN for sig in STOP_SIGNALS}]
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == callers_handlers
+
+
+@pytest.mark.timeout(60)
+def test_a_serve_stopped_by_sigterm_gives_back_the_callers_handlers(
+        monkeypatch, capsys, callers_handlers):
+    from launch import cli
+
+    events = _stand_ins(monkeypatch, "serve", signal.SIGTERM)
+    assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == "tprun serve: stopped by SIGTERM"
+    assert events == ["engine started", "serving", "server closed", "engine shut down"]
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == callers_handlers
