@@ -27,7 +27,7 @@ import itertools
 import logging
 import operator
 import os
-from collections.abc import Callable, Sized
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -163,11 +163,6 @@ class LLMEngine:
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
         self.counters = StepCounters()
-        # The requests the engine's caller holds before ``enqueue`` (a
-        # server's, while their grammar compiles or their text is tokenized):
-        # the stats count them as waiting, as vLLM counts a request from its
-        # arrival. The caller sets its own live collection here.
-        self.admitting: Sized = ()
         self.stats_logger = None
         if not config.disable_log_stats:
             self.stats_logger = StatsLogger(self.get_stats, self._prefix_counts,
@@ -360,12 +355,14 @@ class LLMEngine:
         return True
 
     # ---- the step ------------------------------------------------------
-    def step(self, after_send: Callable[[], None] | None = None) -> list[RequestOutputDelta]:
+    def step(self, after_send: Callable[[], None] | None = None,
+             num_admitting: int = 0) -> list[RequestOutputDelta]:
         """One turn of the engine loop; returns the deltas of one step.
         ``after_send`` is called once the step's plan (and its bitmask, if
         sent now) is on its way, or none was due, before the wait for an
         output: work that should not delay the plan (the serving loop's
-        replies to its clients).
+        replies to its clients). ``num_admitting``: for the stats line the
+        step may log, as ``get_stats`` takes it.
 
         Synchronous: schedule step N, send it (and its bitmask), wait for its
         output, absorb it. Async (``async_scheduling``): schedule step N+1
@@ -401,7 +398,7 @@ class LLMEngine:
             if after_send is not None:
                 after_send()
             deltas = self._absorb(sent)
-        self.maybe_log_stats()
+        self.maybe_log_stats(num_admitting)
         return deltas
 
     def _send(self, plan: SchedulerOutput | None) -> _SentStep | None:
@@ -445,8 +442,12 @@ class LLMEngine:
         return deltas
 
     # ---- stats ---------------------------------------------------------
-    def get_stats(self) -> EngineStats:
-        return snapshot(self.scheduler, self.counters, len(self.admitting))
+    def get_stats(self, num_admitting: int = 0) -> EngineStats:
+        """The engine's state now. ``num_admitting``: requests the caller
+        holds before ``enqueue`` (a server's, while their grammar compiles
+        or their text is tokenized), counted as waiting, as vLLM counts a
+        request from its arrival; the caller owns them, so it says how many."""
+        return snapshot(self.scheduler, self.counters, num_admitting)
 
     def _prefix_counts(self) -> tuple[int, int]:
         return self.scheduler.kv.prefix_hits, self.scheduler.kv.prefix_queries
@@ -457,10 +458,11 @@ class LLMEngine:
         raises it too; this is for a caller that sends none (an idle server)."""
         self.executor.check_health()
 
-    def maybe_log_stats(self) -> None:
-        """Log the stats line if its interval has passed (and logging is on)."""
+    def maybe_log_stats(self, num_admitting: int = 0) -> None:
+        """Log the stats line if its interval has passed (and logging is on);
+        ``num_admitting`` as ``get_stats`` takes it."""
         if self.stats_logger is not None:
-            self.stats_logger.maybe_log()
+            self.stats_logger.maybe_log(num_admitting)
 
     def shutdown(self) -> None:
         """Stop the executor; a step still in flight is dropped first, so no

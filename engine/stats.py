@@ -124,9 +124,11 @@ def _spec_line(prev: EngineStats, now: EngineStats) -> str:
 class StatsLogger:
     """Logs ``interval_line`` at INFO every ``interval_s`` seconds, when
     ``maybe_log`` is called (the serving loop calls it every iteration).
-    Quiet intervals (no tokens, nothing queued) are not logged."""
+    Quiet intervals (no tokens, nothing queued) are not logged.
+    ``take_snapshot(num_admitting)``: the engine's snapshot, counting as
+    waiting that many requests its caller holds before queueing them."""
 
-    def __init__(self, take_snapshot: Callable[[], EngineStats],
+    def __init__(self, take_snapshot: Callable[[int], EngineStats],
                  prefix_counts: Callable[[], tuple[int, int]], interval_s: float,
                  clock: Callable[[], float] = time.monotonic):
         if interval_s <= 0:
@@ -136,15 +138,16 @@ class StatsLogger:
         self.interval_s = interval_s
         self.clock = clock
         self.last_time = clock()
-        self.last = take_snapshot()
+        self.last = take_snapshot(0)
         self.last_prefix = prefix_counts()
 
-    def maybe_log(self) -> str | None:
-        """The line logged now, or None when the interval has not passed."""
+    def maybe_log(self, num_admitting: int = 0) -> str | None:
+        """The line logged now, or None when the interval has not passed;
+        ``num_admitting`` as ``take_snapshot`` takes it."""
         now_time = self.clock()
         if now_time - self.last_time < self.interval_s:
             return None
-        now, prefix = self.take_snapshot(), self.prefix_counts()
+        now, prefix = self.take_snapshot(num_admitting), self.prefix_counts()
         line = None
         busy = now.num_running or now.num_waiting
         if busy or now.num_scheduled_tokens != self.last.num_scheduled_tokens:

@@ -141,7 +141,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     since start (tokens, steps, preemptions, prefix-cache lookups).
     ``num_waiting``: requests not scheduled yet, from their arrival: the
     scheduler's queue and those a server is still admitting (a grammar
-    compiling, a text being tokenized; ``LLMEngine.admitting``).
+    compiling, a text being tokenized; ``LLMEngine.get_stats``).
     ``num_refused_messages``: client messages the server dropped unread
     for want of a valid MAC (0 from an engine that has no server).
     ``spec_decode_*``: speculative decoding counters since start (vLLM's

@@ -38,9 +38,10 @@ prompt, ``bad_words``) is tokenized in this server's tokenizer threads
 meanwhile, and a tokenizer thread that ends wakes it. The request is then
 admitted or refused (a grammar that does not compile in time, a prompt too
 long), so a bad constraint or prompt is a ``RequestError`` like any invalid
-request. The engine's stats count a waiting request as waiting
-(``LLMEngine.admitting`` is this map), once: it leaves the map as it is
-queued in the engine. A waiting request does not hold back the client's later requests
+request. The engine's stats count a waiting request as waiting, once:
+the server gives the engine the size of its map for each snapshot and
+stats line (``LLMEngine.get_stats``, ``step``, ``maybe_log_stats``), and a
+request leaves the map as it is queued in the engine. A waiting request does not hold back the client's later requests
 (the HTTP front end is one client for all its users: one user's slow schema
 must not stall the others); a later message with its request id is answered
 after it. An abort of a waiting request ends it at once (a last delta,
@@ -311,8 +312,8 @@ class EngineServer:
             raise
         self.routes: dict[str, _Route] = {}  # engine request id -> its client
         # (client, its id) -> a request not admitted yet, in the order they came.
+        # Counted as waiting in the engine's stats from arrival, not admission.
         self.waiting: dict[tuple[bytes, str], _Waiting] = {}
-        engine.admitting = self.waiting  # waiting in the stats from arrival, not admission
         self.engine_ids: dict[tuple[bytes, str], str] = {}  # (client, its id) -> engine id
         # Replies held back: acceptances, which go once the step after the
         # request's admission is on its way (``_flush_accepts``), before any
@@ -334,11 +335,12 @@ class EngineServer:
                 for key in list(self.waiting):
                     self._advance(key)
                 if self.engine.has_unfinished_requests():
-                    self._send_deltas(self.engine.step(after_send=self._flush_accepts))
+                    self._send_deltas(self.engine.step(after_send=self._flush_accepts,
+                                                       num_admitting=len(self.waiting)))
                 else:
                     self._flush_accepts()
                     self.engine.check_health()  # a worker that died while idle ends it too
-                    self.engine.maybe_log_stats()
+                    self.engine.maybe_log_stats(len(self.waiting))
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")
             raise
@@ -427,7 +429,8 @@ class EngineServer:
             self._abort(identity, message.request_id)
         elif isinstance(message, StatsRequest):
             self._reply(identity, msgspec.structs.replace(
-                self.engine.get_stats(), num_refused_messages=self.refusals.count))
+                self.engine.get_stats(len(self.waiting)),
+                num_refused_messages=self.refusals.count))
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)

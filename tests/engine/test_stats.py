@@ -36,7 +36,7 @@ def test_interval_line_arithmetic():
 def test_logger_waits_for_its_interval_and_skips_quiet_ones(caplog):
     clock = [0.0]
     current = [stats()]
-    logger = StatsLogger(lambda: current[0], lambda: (0, 0), interval_s=5.0,
+    logger = StatsLogger(lambda _num_admitting: current[0], lambda: (0, 0), interval_s=5.0,
                          clock=lambda: clock[0])
     with caplog.at_level(logging.INFO, logger="tprun.stats"):
         current[0] = stats(num_generation_tokens=20, num_scheduled_tokens=20, num_running=1)
@@ -50,7 +50,7 @@ def test_logger_waits_for_its_interval_and_skips_quiet_ones(caplog):
         assert logger.maybe_log() is None
     assert [r.getMessage() for r in caplog.records] == [line]
     with pytest.raises(ValueError, match="interval"):
-        StatsLogger(lambda: current[0], lambda: (0, 0), interval_s=0)
+        StatsLogger(lambda _num_admitting: current[0], lambda: (0, 0), interval_s=0)
 
 
 @pytest.mark.timeout(60)

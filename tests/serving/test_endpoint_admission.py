@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
+import time
 
 import pytest
 import zmq
@@ -271,40 +273,67 @@ def _waiting_gauge(stats) -> float:
     return value
 
 
+def _stats_line_counts(caplog) -> list[tuple[int, int]]:
+    """(Waiting, Running) of each stats line logged so far."""
+    return [(int(m[2]), int(m[1])) for r in caplog.records if r.name == "tprun.stats"
+            if (m := re.search(r"Running: (\d+) reqs, Waiting: (\d+) reqs", r.getMessage()))]
+
+
 @pytest.mark.timeout(180)
-def test_a_request_being_tokenized_counts_as_waiting_once(llm, reference_llm, monkeypatch):
+def test_a_request_being_tokenized_counts_as_waiting_once(tiny_dir, reference_llm, monkeypatch,
+                                                          caplog):
     """From its arrival, as vLLM counts: while its text is held in the
     tokenizer the request waits in the client's stats, on the ``/metrics``
-    page made from them and in the engine's own snapshot (which the stats
-    line reads); as it is queued in the engine it is counted once, and at
-    its end no more."""
+    page made from them and in the engine's stats line (logged at every
+    turn of the loop here); queued in the engine, it is counted once (no
+    line counts two requests), and at its end no more."""
     want = reference(reference_llm, [HELD], [GREEDY])
-    queued = []  # the engine's snapshot right after the request is queued in it
-    enqueue = llm.engine.enqueue
+    with LLM(model=tiny_dir, device="cpu", executor="uni", max_model_len=256,
+             disable_log_stats=False, log_stats_interval_s=1e-6) as llm:
+        gate = Gate(llm.engine.tokenizer)
+        monkeypatch.setattr(llm.engine.tokenizer, "encode", gate)
+        with caplog.at_level(logging.INFO, logger="tprun.stats"), \
+                serving(llm) as (server, secret), gate, \
+                EngineClient(server.address, secret=secret, timeout_s=30) as client:
+            before = client.stats()
+            rid = client.submit(HELD, GREEDY)
+            assert gate.entered.wait(30)
+            held = client.stats()
+            deadline = time.monotonic() + 30
+            while (1, 0) not in _stats_line_counts(caplog):
+                assert time.monotonic() < deadline, "no stats line while the text was held"
+                time.sleep(0.01)
+            gate.opened.set()
+            deltas = list(client.stream(rid))
+            after = client.stats()
+    assert (before.num_waiting, before.num_running) == (0, 0)
+    assert (held.num_waiting, held.num_running) == (1, 0)
+    assert _waiting_gauge(held) == 1.0 and _waiting_gauge(after) == 0.0
+    lines = _stats_line_counts(caplog)
+    assert (0, 1) in lines and all(waiting + running <= 1 for waiting, running in lines)
+    assert (after.num_waiting, after.num_running) == (0, 0)
+    assert [t for d in deltas for t in d.token_ids] == want[0][1]
 
-    def watched_enqueue(request):
-        enqueue(request)
-        queued.append(llm.engine.get_stats())
 
-    monkeypatch.setattr(llm.engine, "enqueue", watched_enqueue)
+@pytest.mark.timeout(180)
+def test_a_server_counts_its_own_waiting_requests(llm, monkeypatch):
+    """The waiting requests are the server's: another server made over the
+    same engine (and closed, never serving) changes nothing in what the
+    first one counts."""
     gate = Gate(llm.engine.tokenizer)
     monkeypatch.setattr(llm.engine.tokenizer, "encode", gate)
     with serving(llm) as (server, secret), gate, \
             EngineClient(server.address, secret=secret, timeout_s=30) as client:
-        before = client.stats()
+        EngineServer(llm.engine, Endpoint.create(), secret=new_secret()).close()
         rid = client.submit(HELD, GREEDY)
         assert gate.entered.wait(30)
-        held, engine_held = client.stats(), llm.engine.get_stats()
+        held = client.stats()
         gate.opened.set()
         deltas = list(client.stream(rid))
         after = client.stats()
-    assert (before.num_waiting, before.num_running) == (0, 0)
     assert (held.num_waiting, held.num_running) == (1, 0)
-    assert engine_held.num_waiting == 1
-    assert _waiting_gauge(held) == 1.0 and _waiting_gauge(after) == 0.0
-    assert [(s.num_waiting, s.num_running) for s in queued] == [(1, 0)]
     assert (after.num_waiting, after.num_running) == (0, 0)
-    assert [t for d in deltas for t in d.token_ids] == want[0][1]
+    assert len([t for d in deltas for t in d.token_ids]) == GREEDY["max_tokens"]
 
 
 @pytest.mark.timeout(180)
