@@ -110,8 +110,8 @@ def delivered(record: socket.socket) -> bytes:
 
 
 def reset() -> None:
-    """Forget noted and recorded signals (tests running several launches in
-    one process)."""
+    """Forget noted and recorded signals: ``launch.cli.main`` does at its
+    start, so each of several launches in one process judges only its own."""
     _received.clear()
     _event.clear()
     if _record is not None:

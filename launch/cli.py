@@ -874,9 +874,15 @@ def main(argv: list[str] | None = None) -> int:
     as it found them (a caller in the same process, a test or a Python
     program, keeps its own Ctrl-C); one not installed from Python
     (``signal.getsignal`` gives None) cannot be put back and stays as
-    ``main`` left it."""
+    ``main`` left it. Each call judges only the signals it receives: what
+    an earlier call in the process noted (``executor.stop_signals``) is
+    forgotten first, so a run after a stopped one is not taken for
+    stopped."""
+    from executor import stop_signals
+
     found = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     try:
+        stop_signals.reset()  # before its handlers can note anything of this call's
         signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
         return _main(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:

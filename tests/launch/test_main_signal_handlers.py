@@ -2,7 +2,9 @@
 handlers it found, however the run ends: stopped by Ctrl-C or SIGTERM while
 the engine starts (130, 143), or serving until SIGTERM (0). While the exit
 of a stopped run removes what a cut-short shutdown left, both signals are
-ignored, so a further one cannot cut that cleanup short.
+ignored, so a further one cannot cut that cleanup short. A later run in
+the same process judges only its own signals: one stopped before it does
+not stop it.
 
 Each run is ``serve --model tiny`` with the engine and the server replaced
 by stand-ins (no model loads); the signal is a real one, sent to this
@@ -61,7 +63,8 @@ def callers_handlers():
 def _stand_ins(monkeypatch, stop_at: str, signum: int) -> list[str]:
     """Replace the engine and the engine server; ``signum`` is sent while
     the engine starts (``stop_at`` "start") or while the server serves
-    ("serve"). Returns the list of what happened."""
+    ("serve"); with ``stop_at`` "never" the server stops by itself once
+    it serves. Returns the list of what happened."""
     import engine.llm_engine
     import serving.endpoint
 
@@ -85,7 +88,8 @@ def _stand_ins(monkeypatch, stop_at: str, signum: int) -> list[str]:
 
         def serve(self):
             events.append("serving")
-            _signal_self(signum, until=lambda: self.stopped)
+            if stop_at == "serve":
+                _signal_self(signum, until=lambda: self.stopped)
 
         def stop(self):
             self.stopped = True
@@ -133,5 +137,25 @@ def test_a_serve_stopped_by_sigterm_gives_back_the_callers_handlers(
     events = _stand_ins(monkeypatch, "serve", signal.SIGTERM)
     assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == "tprun serve: stopped by SIGTERM"
+    assert events == ["engine started", "serving", "server closed", "engine shut down"]
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == callers_handlers
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_run_after_a_stopped_one_in_the_same_process_is_not_stopped(
+        monkeypatch, capsys, callers_handlers, signum):
+    """The first run is stopped while its engine starts; the second, with
+    no signal sent, serves and ends by itself: exit code 0, no line saying
+    it was stopped."""
+    from launch import cli
+
+    _stand_ins(monkeypatch, "start", signum)
+    assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 128 + signum
+    capsys.readouterr()
+    events = _stand_ins(monkeypatch, "never", signum)
+    assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "interrupted" not in err and "stopped by" not in err, err
     assert events == ["engine started", "serving", "server closed", "engine shut down"]
     assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == callers_handlers
