@@ -299,9 +299,7 @@ def test_a_request_being_tokenized_counts_as_waiting_once(tiny_dir, reference_ll
             rid = client.submit(HELD, GREEDY)
             assert gate.entered.wait(30)
             held = client.stats()
-            deadline = time.monotonic() + 30
-            while (1, 0) not in _stats_line_counts(caplog):
-                assert time.monotonic() < deadline, "no stats line while the text was held"
+            while (1, 0) not in _stats_line_counts(caplog):  # none: the test's timeout
                 time.sleep(0.01)
             gate.opened.set()
             deltas = list(client.stream(rid))
