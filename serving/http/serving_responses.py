@@ -297,9 +297,15 @@ def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: 
     fit beside it; the error shows the request's own value. Two calls,
     input first: an input that fills the context is blamed on ``input``
     even beside ``max_output_tokens``, whereas the engine's one call, given
-    ``max_tokens``, judges only the sum (and names ``max_tokens``)."""
-    check_context_length(num_input_tokens, None, max_model_len, RESPONSES_FIELDS)
+    ``max_tokens``, judges only the sum (and names ``max_tokens``). With
+    ``truncation`` "auto" and a ``max_output_tokens`` that leaves no room
+    for any input, the sum goes first: the input would have been cut to
+    fit, so ``max_output_tokens`` is what the error names (as vLLM's),
+    however long the input."""
     given = request.max_output_tokens
+    if request.truncation == "auto" and given is not None and given >= max_model_len:
+        check_context_length(num_input_tokens, given, max_model_len, RESPONSES_FIELDS)
+    check_context_length(num_input_tokens, None, max_model_len, RESPONSES_FIELDS)
     if given is not None and max_tokens is not None:
         check_context_length(num_input_tokens, max_tokens, max_model_len, RESPONSES_FIELDS,
                              shown_max_tokens=given)

@@ -95,8 +95,11 @@ def test_auto_leaves_an_input_that_fits_whole(served, hf):
 @pytest.mark.parametrize("text, fields, param", [
     # Cut to the whole context, the input leaves no room for output (vLLM's 400).
     (LONG, {"truncation": "auto"}, "input"),
-    # max_output_tokens leaves no room for any input: nothing is cut.
+    # max_output_tokens leaves no room for any input: nothing is cut, and
+    # the 400 names it, however long the input (vLLM's names it too).
     (SHORT, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
+    (LONG, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
+    (LONG, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN + 1}, "max_output_tokens"),
     (LONG, {"truncation": "disabled", "max_output_tokens": 8}, "input"),
     (LONG, {"max_output_tokens": 8}, "input"),
     (LONG, {"truncation": None, "max_output_tokens": 8}, "input"),
