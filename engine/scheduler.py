@@ -73,8 +73,10 @@ an accepted run cut it there (``_append_tokens``).
 Structured outputs. A request with a ``grammar`` (its matcher) is listed in
 the plan's ``structured_output_req_ids`` when the step samples for it; the
 engine sends that step's bitmask after the plan. So is a request with a
-``thinking_budget`` in the steps whose token it may force (the bitmask
-row forces it, ``engine.thinking_budget``); it gets no drafts. Each appended token
+``thinking_budget`` in the steps any of whose tokens it may force (the
+message forces it, ``engine.thinking_budget``); it takes drafts like any
+request without a grammar, and the workers find which of its rows the
+budget forces from the budget's state and the drafts. Each appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
 the request with "stop". A token the grammar refuses (every token the
@@ -366,8 +368,6 @@ class Scheduler:
         k = self.config.num_speculative_tokens
         if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
             return 0
-        if request.thinking_budget is not None:
-            return 0  # a forced token is one a step (``engine.thinking_budget``)
         limit = self.config.spec_disable_by_batch_size
         if limit and len(self.running) >= limit:
             return 0
@@ -630,9 +630,11 @@ def _logprob_rows(logprobs: Logprobs | None) -> Iterator[tuple]:
 
 
 def _may_force(request: Request) -> bool:
-    """Whether the token a step samples for ``request`` (scheduled, with its
-    placeholder) may be forced by its thinking budget: the tokens before it
-    still in flight may spend what is left."""
+    """Whether a token a step samples for ``request`` (scheduled, with its
+    1 + d placeholders) may be forced by its thinking budget: the tokens
+    before its last row still in flight (those of earlier steps, counted
+    with every draft accepted, and the step's own d drafts) may spend what
+    is left."""
     budget = request.thinking_budget
     return budget is not None and budget.may_force(request.num_output_placeholders - 1)
 

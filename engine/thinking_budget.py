@@ -23,10 +23,24 @@ after reading the model's logits for logprobs, so the end tag reports the
 model's own logprob. The bitmask of a step is filled once the
 step before it is absorbed, so it knows every earlier token even with
 async scheduling; the scheduler lists the request for a bitmask only in
-the steps that may force (``may_force``), and gives a budgeted request no
-drafts (a drafted start tag could open a section whose end the drafts
-would not leave room to force), so every other step of it samples as
-without a budget.
+the steps that may force (``may_force``), so every other step of it
+samples as without a budget.
+
+With speculative decoding a budgeted request takes drafts like any other.
+Its step then has 1 + d rows, and whether row j is forced depends on the
+drafts before it, which the host does not know (they are proposed on the
+device): a drafted start tag opens a section at 0, an end tag closes it,
+other tokens spend. So the message carries the budget's exact state
+(``state``, with the same reasoning as for ``forced_token``: every token
+before the step is known when its bitmask is filled) and the device folds
+it over the drafts (``runner.spec_decode.drafted_budgets``, vLLM's
+``force_index`` among the draft positions); the rejection sampler takes
+the end tag at a forced row (its draft passes only if it is the end tag,
+and the row emits the end tag), so a greedy output is token for token the
+one without drafts, and a sampled one is drawn from the same forced
+target. ``may_force`` stays conservative: the scheduler counts each step
+in flight at 1 + its drafts, all accepted, and the step's own drafts
+before its last row.
 """
 
 from __future__ import annotations
@@ -63,10 +77,21 @@ class ThinkingBudget:
         spent inside an open section), or None: free."""
         return self.tokens.end_id if self.open and self.spent >= self.budget else None
 
+    def state(self) -> list[int]:
+        """What the device needs to find the forced rows among a step's
+        drafts (``GrammarBitmask.thinking_states``): ``[open, spent,
+        budget, start id, end id]``."""
+        return [int(self.open), self.spent, self.budget, self.tokens.start_id,
+                self.tokens.end_id]
+
     def may_force(self, num_pending: int) -> bool:
         """Whether the next token may be forced, with ``num_pending`` tokens
-        sampled before it but not accepted yet: each may add one to an open
-        section, and one may open a section the rest add to."""
+        sampled or drafted before it but not accepted yet: each may add one
+        to an open section, and one may open a section the rest add to.
+        Monotone in ``num_pending``: the scheduler asks with every token in
+        flight before a step's last row (each step in flight counted at 1 +
+        its drafts, all accepted), so a step none of whose rows may be
+        forced is never listed."""
         most = self.spent + num_pending if self.open else num_pending - 1
         return most >= self.budget
 

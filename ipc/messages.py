@@ -216,12 +216,22 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``allowed_token_ids``, ``bad_words``, ``logit_bias`` or ``min_tokens``
     say, as vLLM's budget, applied after them, sets it, and its logprob is
     the model's own, read before the sampler forces it.
+
+    ``thinking_states``: empty, or one per row: ``[]`` for a row whose
+    request has no thinking budget, else its budget's state after every
+    token before the step's (``[open, spent, budget, start_id, end_id]``,
+    ``open`` 0 or 1). A row with drafts in the step takes its forced rows
+    from it, folded over its drafts on the device
+    (``runner.spec_decode.drafted_budgets``), and ignores its
+    ``forced_token_ids`` entry (which speaks of the step's first token
+    only); a row without drafts takes ``forced_token_ids``.
     """
 
     step_id: int
     req_ids: list[str]
     bitmask: bytes
     forced_token_ids: list[int] = []
+    thinking_states: list[list[int]] = []
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):

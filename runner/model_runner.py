@@ -58,6 +58,7 @@ from runner.sampler import Sampler, SamplerOutput
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 from runner.spec_decode.draft_model import DraftModelProposer
+from runner.spec_decode.drafted_budgets import DraftedBudgets
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
 from runner.staged_write_group import StagedWriteGroup
 from runner.structured_outputs import GrammarMask, check_grammar_bitmask
@@ -179,7 +180,8 @@ class ModelRunner:
                                               reserve_bytes=STAGED_HEADER_BYTES
                                               + 4 * config.max_num_batched_tokens)
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
-        self.grammar_mask = GrammarMask(n, self.model.config.vocab_size, device, self.ops)
+        self.grammar_mask = GrammarMask(n, self.model.config.vocab_size, device, self.ops,
+                                        width=1 + self.num_spec)
         self.output_transfer = self.ops.new_transfer()
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -610,12 +612,13 @@ class ModelRunner:
             return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np, empty,
                                self.output_transfer)
         t = step.tensors
-        forced = None
+        forced = budgets = None
         if grammar is not None:
-            forced = self.grammar_mask.apply(t.logits, grammar, batch.req_ids,
-                                             step.last_logits_row)
+            num_logits = batch.num_logits_np if self.num_spec else None
+            forced, budgets = self.grammar_mask.apply(t.logits, grammar, batch.req_ids,
+                                                      step.last_logits_row, num_logits)
         if self.num_spec:
-            return self._sample_with_drafts(step, forced)
+            return self._sample_with_drafts(step, forced, budgets)
         # The graph's argmax is of the logits before the grammar mask.
         greedy = t.greedy if grammar is None else None
         out = self.sampler(t.logits, t.idx_mapping, batch.idx_mapping_np, t.positions,
@@ -626,8 +629,8 @@ class ModelRunner:
             prompt_logprobs=step.prompt_logprobs,
         )
 
-    def _sample_with_drafts(self, step: _PendingStep,
-                            forced: ForcedTokens | None = None) -> AsyncOutput:
+    def _sample_with_drafts(self, step: _PendingStep, forced: ForcedTokens | None = None,
+                            budgets: DraftedBudgets | None = None) -> AsyncOutput:
         """The rejection sampler, then the device state it changes: the last
         emitted token, the computed count less the rejected drafts, the
         emitted tokens in ``all_token_ids``; then the next drafts."""
@@ -637,7 +640,8 @@ class ModelRunner:
         last_token = buf.input_ids.shape[0] - 1
         drafts = buf.input_ids[(t.logits_indices + 1).clamp(max=last_token)].to(torch.int64)
         out = self.rejection(t.logits, drafts, layout, t.idx_mapping, batch.idx_mapping_np,
-                             batch.num_logits_np, t.positions, t.sample_mask, forced)
+                             batch.num_logits_np, t.positions, t.sample_mask, forced,
+                             budgets)
         idx = t.idx_mapping
         cu = buf.cu_num_logits[: n + 1].to(torch.int64)
         rejected = (cu[1:] - cu[:-1] - 1 - out.num_accepted).to(torch.int32)

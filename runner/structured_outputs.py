@@ -16,7 +16,10 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   ``ForcedTokens`` (their logits rows and tokens, copied with the mask) for
   the sampler, which forces each token after it has read the raw logits
   for logprobs and past the request's own masks (a forced row's mask
-  allows every token, so its logits stay the model's).
+  allows every token, so its logits stay the model's). A budgeted request
+  with drafts in the step has no forced row of its own: its thinking state
+  and its logits rows come back as ``DraftedBudgets``, and the rejection
+  sampler finds its forced rows from its drafts.
 - ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
   version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
 
@@ -34,6 +37,7 @@ import torch
 from ipc.errors import InvalidPlanError
 from ipc.messages import GrammarBitmask
 from runner.sampling.forced_tokens import ForcedTokens
+from runner.spec_decode.drafted_budgets import NUM_COLUMNS, DraftedBudgets
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -97,42 +101,72 @@ def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
              f"({len(grammar.req_ids)})")
     if any(not -1 <= t < vocab_size for t in forced):
         fail(f"the grammar bitmask forces a token outside the vocabulary ({vocab_size})")
+    states = grammar.thinking_states
+    if states and len(states) != len(grammar.req_ids):
+        fail(f"the grammar bitmask has {len(states)} thinking states, not one per row "
+             f"({len(grammar.req_ids)})")
+    for state in states:
+        if state and not (len(state) == 5 and state[0] in (0, 1) and state[1] >= 0
+                          and state[2] >= 0 and all(0 <= t < vocab_size for t in state[3:])):
+            fail(f"the grammar bitmask has a thinking state that is not [open 0/1, spent, "
+                 f"budget, start id, end id] within the vocabulary: {state[:5]}")
 
 
 class GrammarMask:
     """Persistent device buffers for one step's mask, and the masking call.
 
     At most ``max_rows`` rows (one per constrained request of a step, so the
-    runner's ``max_num_seqs``). The buffers are rewritten only after the
-    previous step's kernel has read them (``HostTransfer.copy_into_side``).
+    runner's ``max_num_seqs``), and ``max_rows * width`` drafted-budget
+    lines (``width``: 1 + the drafts a row may have). The buffers are
+    rewritten only after the previous step's kernel has read them
+    (``HostTransfer.copy_into_side``).
     """
 
-    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, ops):
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device, ops,
+                 width: int = 1):
         self.vocab_size = vocab_size
         self.words = bitmask_words(vocab_size)
         self.bitmask = torch.zeros((max_rows, self.words), dtype=torch.int32, device=device)
         self.rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.forced_rows = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.forced_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.budget_table = (torch.zeros((max_rows * width, NUM_COLUMNS), dtype=torch.int64,
+                                         device=device) if width > 1 else None)
         self.kernel = ops.apply_grammar_bitmask
         self.transfer = ops.new_transfer()
 
     def apply(self, logits: torch.Tensor, grammar: GrammarBitmask, batch_req_ids: list[str],
-              last_logits_row: np.ndarray) -> ForcedTokens | None:
+              last_logits_row: np.ndarray, num_logits: np.ndarray | None = None,
+              ) -> tuple[ForcedTokens | None, DraftedBudgets | None]:
         """Mask ``logits`` in place; ``grammar`` has passed
-        ``check_grammar_bitmask``. The forced rows (None: none), for the
-        sampler: tensors of their own, not the upload buffers."""
+        ``check_grammar_bitmask``; ``num_logits`` [num_reqs]: each batch
+        row's logits rows (None: one each). The rows forced outright and
+        the drafted requests' budgets (None: none), for the sampler:
+        tensors of their own, not the upload buffers."""
         n = len(grammar.req_ids)
         batch_row = {req_id: i for i, req_id in enumerate(batch_req_ids)}
-        rows = np.array([last_logits_row[batch_row[r]] for r in grammar.req_ids], dtype=np.int32)
+        order = [batch_row[r] for r in grammar.req_ids]
+        rows = np.array([last_logits_row[i] for i in order], dtype=np.int32)
         # Read in place from the message (the transfer stages it, once).
         mask = np.frombuffer(grammar.bitmask, dtype="<i4").astype(np.int32, copy=False)
         pairs = [(mask.reshape(n, self.words), self.bitmask), (rows, self.rows)]
         forced_ids = np.array(grammar.forced_token_ids, dtype=np.int64)
+        table = None
+        if grammar.thinking_states and num_logits is not None and self.budget_table is not None:
+            counts = num_logits[order]
+            drafted = [r for r, state in enumerate(grammar.thinking_states)
+                       if state and counts[r] > 1]
+            if drafted:
+                table = _drafted_budget_table(grammar.thinking_states, drafted, rows, counts)
+                if forced_ids.size:
+                    # A drafted row's forced rows come from its state alone.
+                    forced_ids[drafted] = -1
         forced_at = np.flatnonzero(forced_ids >= 0)
         if forced_at.size:
             pairs += [(rows[forced_at].astype(np.int64), self.forced_rows),
                       (forced_ids[forced_at], self.forced_ids)]
+        if table is not None:
+            pairs.append((table, self.budget_table))
         self.transfer.copy_into_side(pairs)
         self.kernel(logits, self.bitmask[:n], self.rows[:n])
         k = forced_at.size
@@ -140,5 +174,20 @@ class GrammarMask:
         # next step's upload may write them (the sampler reads later).
         forced = (ForcedTokens(self.forced_rows[:k].clone(), self.forced_ids[:k].clone())
                   if k else None)
+        budgets = (DraftedBudgets(self.budget_table[: table.shape[0]].clone())
+                   if table is not None else None)
         self.transfer.side_buffers_read()
-        return forced
+        return forced, budgets
+
+
+def _drafted_budget_table(states: list[list[int]], drafted: list[int], last_rows: np.ndarray,
+                          num_logits: np.ndarray) -> np.ndarray:
+    """``DraftedBudgets.table`` for the message's rows ``drafted`` (a
+    thinking state and more than one logits row): each one's logits rows,
+    the last ``last_rows[r]``, with their offsets and its state."""
+    lines = []
+    for r in drafted:
+        m = int(num_logits[r])
+        first = int(last_rows[r]) - m + 1
+        lines += [[first + j, j, *states[r]] for j in range(m)]
+    return np.array(lines, dtype=np.int64)

@@ -27,8 +27,11 @@ through its row, which allows every token: the sampler sets the token
 after it has read the model's logprobs, so the forced token reports the
 model's own logprob, as vLLM's budget (a logits processor that runs after
 its raw logprobs are taken) does, and it wins over the request's own token
-limits. Rows of requests that finished or were aborted after the plan was
-made, and of requests still inside their reasoning, allow every token
+limits. Each budgeted row also carries its budget's state
+(``GrammarBitmask.thinking_states``), from which the workers find the
+forced rows among the request's drafts. Rows of requests that finished or
+were aborted after the plan was made, and of requests still inside their
+reasoning, allow every token
 (their token is discarded anyway, and a row without any allowed token
 would make the sampler's distribution undefined). A matcher
 in its error state (a grammar that ran past llguidance's per-step limits)
@@ -116,10 +119,16 @@ class StructuredOutputManager:
         req_ids = list(plan.structured_output_req_ids)
         mask = self._rows(len(req_ids))
         jobs, grammars, forced_ids = [], [], [-1] * len(req_ids)
+        states: list[list[int]] = []
         for row, req_id in enumerate(req_ids):
             request = requests.get(req_id)
             grammar = getattr(request, "grammar", None)
-            forced = _forced_token(request)
+            budget = getattr(request, "thinking_budget", None)
+            if budget is not None:
+                if not states:
+                    states = [[] for _ in req_ids]
+                states[row] = budget.state()
+            forced = None if budget is None else budget.forced_token()
             if forced is not None:
                 mask[row] = -1
                 forced_ids[row] = forced
@@ -135,7 +144,7 @@ class StructuredOutputManager:
             self._fill(jobs, mask)
         forced_ids = forced_ids if any(t >= 0 for t in forced_ids) else []
         self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future,
-                                       forced_ids)
+                                       forced_ids, states)
         return self._pending
 
     def _fill(self, jobs: list, mask: np.ndarray) -> None:
@@ -159,7 +168,8 @@ class StructuredOutputManager:
             self._pending = None
         return GrammarBitmask(step_id=pending.step_id, req_ids=pending.req_ids,
                               bitmask=pending.mask.astype("<i4", copy=False).tobytes(),
-                              forced_token_ids=pending.forced_token_ids)
+                              forced_token_ids=pending.forced_token_ids,
+                              thinking_states=pending.thinking_states)
 
     def _eos_only(self, row: np.ndarray) -> None:
         _only(row, *self.eos_token_ids)
@@ -192,10 +202,11 @@ class PendingBitmask:
 
     def __init__(self, manager: StructuredOutputManager, step_id: int, req_ids: list[str],
                  mask: np.ndarray, grammars: list, future: Future | None,
-                 forced_token_ids: list[int]):
+                 forced_token_ids: list[int], thinking_states: list[list[int]]):
         self.manager, self.step_id, self.req_ids = manager, step_id, req_ids
         self.mask, self.grammars, self.future = mask, grammars, future
         self.forced_token_ids = forced_token_ids
+        self.thinking_states = thinking_states
         self.message: GrammarBitmask | None = None
 
     def wait(self) -> None:
@@ -211,12 +222,6 @@ class PendingBitmask:
                 self.future.result()
             self.message = self.manager._finish(self)
         return self.message
-
-
-def _forced_token(request) -> int | None:
-    """The token ``request``'s thinking budget forces next (None: none)."""
-    budget = getattr(request, "thinking_budget", None)
-    return None if budget is None else budget.forced_token()
 
 
 def _only(row: np.ndarray, *tokens: int) -> None:

@@ -27,6 +27,12 @@ when all pass, one more token is emitted. Row i emits ``num_accepted[i] +
   on rejection emit a draw from norm(max(0, p - q)); the bonus is a draw
   from p (``accept_with_probs``).
 
+A row whose token is forced (a spent thinking budget, ``forced``, or one
+its drafts spend, ``budgets``: ``runner.spec_decode.drafted_budgets``)
+has p the point mass at the forced token, on the sampler's copy of the
+logits: its draft passes iff it is that token, and the token emitted
+there is that token; logprobs stay the model's.
+
 Every random number is a stateless hash of (seed, position, token), so
 every tensor-parallel rank takes the same decisions. No host sync: shapes
 depend only on host-known counts.
@@ -42,6 +48,7 @@ import torch
 from runner.sampler import Sampler, SamplerOutput, TargetDraw
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.noise import token_keys, uniform_noise
+from runner.spec_decode.drafted_budgets import DraftedBudgets
 
 
 @dataclass(frozen=True)
@@ -147,15 +154,22 @@ class RejectionSampler:
                  idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray,
                  num_logits_np: np.ndarray, positions: torch.Tensor,
                  sample_mask: torch.Tensor,
-                 forced: ForcedTokens | None = None) -> SpecSamplerOutput:
+                 forced: ForcedTokens | None = None,
+                 budgets: DraftedBudgets | None = None) -> SpecSamplerOutput:
         """``logits`` [L, V]; ``drafts`` [L] (meaningful where
         ``layout.has_draft``); ``idx_mapping`` [N] slots; ``num_logits_np``
         [N] host counts; ``positions`` [L] the position each logits row
         samples; ``sample_mask`` [N]: rows whose tokens are real;
-        ``forced``: logits rows whose token is decided (``Sampler.draw``)."""
+        ``forced``: logits rows whose token is decided (``Sampler.draw``);
+        ``budgets``: drafted rows whose thinking budget may force them,
+        decided here from the drafts before each (a forced row's draft
+        passes only if it is the forced token, which the row emits)."""
         slots = idx_mapping.to(torch.int64)[layout.row_of]
         slots_np = np.repeat(idx_mapping_np, num_logits_np)
         prior = layout.prior_drafts(drafts, self.width) if self.width > 1 else None
+        if budgets is not None:
+            by_drafts = budgets.forced_tokens(prior)
+            forced = by_drafts if forced is None else forced.merged(by_drafts)
         draw = self.sampler.draw(logits, slots, slots_np, positions, prior, forced=forced)
         accept = accept_point_mass(draw.sampled, drafts, layout.has_draft)
         num_accepted = layout.accepted(accept)

@@ -23,7 +23,12 @@ from engine.reasoning import ReasoningTokens
 from engine.thinking_budget import ThinkingBudget
 from ipc.errors import InvalidRequestError
 from tests.helpers.prompt_logprobs import hf_prompt_logprobs
-from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
+from tests.helpers.think_model import (
+    END_THINK,
+    THINK,
+    tiny_with_think_tokens,
+    tiny_writing_think_tokens,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -98,8 +103,8 @@ def test_the_forced_end_wins_over_the_requests_own_token_limits(think_dir, async
 
 
 def test_the_budget_holds_with_drafts(think_dir):
-    """Speculative decoding (ngram) drafts nothing for a budgeted request,
-    so the forced token comes where it does without drafts."""
+    """With speculative decoding (ngram) the forced token comes where it
+    does without drafts."""
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
             "prompt_lookup_min": 1}
     with LLM(model=think_dir, device="cpu", executor="uni", max_model_len=256,
@@ -113,6 +118,87 @@ def test_the_budget_holds_with_drafts(think_dir):
                                  allowed_token_ids=sorted(set(free)))
         out = llm.generate({"prompt_token_ids": OPEN}, limited)[0].outputs[0].token_ids
         assert out[:4] == free[:4] and out[4] == END_THINK
+
+
+# ``tiny`` writes 147 and 107 in turn after RUNS, and 29 and 160 in turn
+# after ENDS; with 147 written as <think> and 160 as </think>
+# (``tiny_writing_think_tokens``), its repeating runs hold the tags, and so
+# do the n-gram drafts copied from them.
+START_AS, END_AS = 147, 160
+RUNS = [256, *b"abcabcabcabcabcabc"]
+ENDS = [256, *b"the cat sat on the mat; the cat sat on the", THINK]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def writing_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("writing")
+    return tiny_writing_think_tokens(str(root / "cache"), str(root / "model"), START_AS, END_AS)
+
+
+def _forced_positions(prompt: list[int], out: list[int], budget: int) -> list[int]:
+    """Where ``ThinkingBudget`` (the host's count) forces the end tag in ``out``."""
+    state = ThinkingBudget(budget, ReasoningTokens(THINK, END_THINK), prompt)
+    forced = []
+    for i, token in enumerate(out):
+        if state.forced_token() is not None:
+            forced.append(i)
+        state.accept(token)
+    return forced
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                         reason="needs CUDA"))])
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_budgeted_requests_take_drafts_and_their_output_is_the_one_without(
+        writing_dir, device, async_scheduling):
+    """A budgeted request takes n-gram drafts, and its drafts are accepted,
+    while its output is token for token the one without speculative
+    decoding (greedy, and seeded sampling: the rejection sampler emits the
+    target's own draw, forced where the budget forces it): drafts that
+    open sections (<think> in RUNS' runs), that close them (</think> in
+    ENDS' runs), and steps whose rows cross the budget (the forced
+    </think> lands inside a run of drafts). Every position the host's
+    count forces holds </think>."""
+    config = dict(model=writing_dir, device=device, dtype="float32", executor="uni",
+                  max_model_len=256, reasoning_parser="deepseek_r1",
+                  async_scheduling=async_scheduling)
+    cases = [(prompt, budget, extra) for prompt in (RUNS, ENDS)
+             for budget in (None, 0, 1, 2, 3, 5)
+             for extra in ({"temperature": 0}, {"temperature": 0.8, "seed": 7})]
+
+    def params(budget, extra):
+        return SamplingParams(max_tokens=40, ignore_eos=True, thinking_token_budget=budget,
+                              **extra)
+
+    with LLM(**config) as llm:
+        plain = [llm.generate({"prompt_token_ids": p}, params(b, e))[0].outputs[0].token_ids
+                 for p, b, e in cases]
+    accepted_sampled = 0
+    with LLM(speculative_config=NGRAM, **config) as llm:
+        stats = llm.engine.scheduler.spec_stats
+        for (prompt, budget, extra), want in zip(cases, plain):
+            drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+            out = llm.generate({"prompt_token_ids": prompt},
+                               params(budget, extra))[0].outputs[0].token_ids
+            assert out == want, (prompt[:4], budget, extra)
+            assert stats.num_draft_tokens > drafted, (prompt[:4], budget, extra)
+            if extra["temperature"] == 0:
+                assert stats.num_accepted_tokens > accepted, (prompt[:4], budget)
+            else:
+                accepted_sampled += stats.num_accepted_tokens - accepted
+            if budget is not None:
+                forced = _forced_positions(prompt, out, budget)
+                assert forced and all(out[i] == END_THINK for i in forced), (budget, out)
+    assert accepted_sampled > 0
+    free = dict(((tuple(p), b, e["temperature"]), o) for (p, b, e), o in zip(cases, plain))
+    runs, ends = free[tuple(RUNS), None, 0], free[tuple(ENDS), None, 0]
+    assert runs.count(THINK) >= 6 and ends.count(END_THINK) >= 6  # the runs hold the tags
+    # The budget changes both outputs: forced ends cut RUNS' runs of <think>
+    # 107 (budget 1) and come before ENDS' own (budget 0).
+    assert free[tuple(RUNS), 1, 0] != runs and free[tuple(ENDS), 0, 0] != ends
 
 
 def test_without_a_reasoning_parser_or_with_a_negative_budget_it_is_refused(think_dir):

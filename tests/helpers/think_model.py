@@ -48,3 +48,25 @@ def tiny_with_think_tokens(cache_dir: str, out_dir: str) -> str:
         THINK, END_THINK)
     tokenizer.save(path)
     return out_dir
+
+
+def tiny_writing_think_tokens(cache_dir: str, out_dir: str, start_as: int,
+                              end_as: int) -> str:
+    """``tiny_with_think_tokens`` whose ``<think>`` and ``</think>`` take
+    over the weights of byte tokens ``start_as`` and ``end_as`` (their
+    embedding and LM-head rows swapped): the model is ``tiny`` with those
+    two tokens renamed, so it writes the tags where ``tiny`` writes the
+    bytes, in its repeating runs too (where n-gram drafts hold them); its
+    path."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_with_think_tokens(cache_dir, out_dir)
+    path = os.path.join(out_dir, "model.safetensors")
+    weights = load_file(path)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = weights[name].clone()
+        for byte, tag in ((start_as, THINK), (end_as, END_THINK)):
+            rows[[byte, tag]] = rows[[tag, byte]]
+        weights[name] = rows
+    save_file(weights, path, metadata={"format": "pt"})
+    return out_dir

@@ -146,9 +146,9 @@ def test_grammar_mask_maps_requests_to_their_batch_rows():
     logits = torch.randn(3, vocab)
     expected = _expected(logits, {1: [3, 69], 0: [40]})
     # Batch order c, a, b: a's row is batch row 1, c's batch row 0; b is free.
-    forced = mask.apply(logits, mask_message(0, {"a": [3, 69], "c": [40]}, vocab),
-                        ["c", "a", "b"], np.arange(3))
-    assert torch.equal(logits, expected) and forced is None
+    forced, budgets = mask.apply(logits, mask_message(0, {"a": [3, 69], "c": [40]}, vocab),
+                                 ["c", "a", "b"], np.arange(3))
+    assert torch.equal(logits, expected) and forced is None and budgets is None
 
 
 def test_grammar_mask_hands_the_forced_rows_to_the_sampler():
@@ -162,7 +162,7 @@ def test_grammar_mask_hands_the_forced_rows_to_the_sampler():
     message = GrammarBitmask(step_id=0, req_ids=message.req_ids, bitmask=message.bitmask,
                              forced_token_ids=[40 if r == "c" else -1 for r in message.req_ids])
     logits = torch.randn(3, vocab)
-    forced = mask.apply(logits, message, ["c", "a", "b"], np.array([2, 1, 0]))
+    forced, _ = mask.apply(logits, message, ["c", "a", "b"], np.array([2, 1, 0]))
     assert forced.rows.tolist() == [2] and forced.token_ids.tolist() == [40]
     limited = torch.randn(3, vocab)
     limited[2, 40] = NEG_INF  # the request's own limits left the token out
