@@ -8,8 +8,9 @@ budget N the output is its first N tokens (the reasoning), then
 holds k reasoning tokens after its ``<think>`` leaves N - k; budget 0
 forces ``</think>`` first; an output after a prompt that opened no
 thinking section (one that closed it) has none to spend and is the free
-output. The counting
-itself (``ThinkingBudget``) is checked on made-up ids. Without a reasoning
+output. With n-gram drafts (on a copy whose repeating runs hold the tags)
+every output is the one without drafts, while drafts are accepted. The
+counting itself (``ThinkingBudget``) is checked on made-up ids. Without a reasoning
 parser, and for a negative budget, the request is refused naming the
 field."""
 
