@@ -23,7 +23,7 @@
 #   ipc (1), gemv (2)
 #   runner-host (0.5): the runner's host time per step (one 512-token prefill,
 #     a 64-request decode) with the forward pass stubbed out, greedy and sampled
-#   spec-tests (3): speculative decoding's Triton kernels, rejection sampler,
+#   spec-tests (3): speculative decoding's Triton kernels, drafted thinking budgets, rejection sampler,
 #     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
 #     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
@@ -167,7 +167,7 @@ run_stage() {
       timeout 240 python3 -m benchmarks.bench_ipc --out "$RESULTS/ipc.json" 2>&1 \
         | tee "$LOGS/ipc.log" | tail -30 ;;
     spec-tests)
-      pytest_files pytest_gpu_spec.log tests/runner/test_spec_kernels.py \
+      pytest_files pytest_gpu_spec.log tests/runner/test_spec_kernels.py tests/runner/test_drafted_budgets.py \
         tests/runner/test_rejection_sampler.py tests/runner/test_gpu_spec_decode.py \
         tests/engine/test_spec_decode.py -m "not slow" ;;
     spec-8b)
