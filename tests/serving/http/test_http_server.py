@@ -116,8 +116,9 @@ def test_chat_template_errors_are_400(client):
     with pytest.raises(openai.BadRequestError, match="unknown role: robot"):
         client.chat.completions.create(model="tiny", max_tokens=4,
                                        messages=[{"role": "robot", "content": "hi"}])
-    # A template of the request's own is refused (vLLM's default), not ignored.
-    with pytest.raises(openai.BadRequestError, match="chat_template is not supported"):
+    # A template of the request's own is refused without --trust-request-chat-template
+    # (vLLM's default), not ignored.
+    with pytest.raises(openai.BadRequestError, match="--trust-request-chat-template is not set"):
         client.chat.completions.create(model="tiny", max_tokens=4, messages=MESSAGES,
                                        extra_body={"chat_template": "{{ messages }}"})
 
