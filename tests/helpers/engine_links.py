@@ -69,6 +69,19 @@ class AnsweringLink(AcceptingLink):
                                finish_reason=self.finish_reason))
 
 
+class RecordingLink(AnsweringLink):
+    """An ``AnsweringLink`` that keeps each prompt the engine is given
+    (``prompts``) and answers "hi" (ids 104, 105)."""
+
+    def __init__(self) -> None:
+        super().__init__([104, 105], "hi", "stop")
+        self.prompts: list[list[int]] = []
+
+    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
+        self.prompts.append(list(prompt_token_ids))
+        super().submit(request_id, prompt_token_ids, *args, **kwargs)
+
+
 class TextLink(AcceptingLink):
     """Accepts every request and answers it at once with ``pieces`` of
     text, one delta each, the last finished with ``finish_reason``; each

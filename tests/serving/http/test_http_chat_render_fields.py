@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from checkpoint.tiny_model import CHAT_TEMPLATE
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
-from tests.helpers.engine_links import AnsweringLink
+from tests.helpers.engine_links import RecordingLink
 from tests.helpers.tiny_copies import tiny_with_chat_template
 
 # tiny's template, after the BOS: each document, the effort and the thinking switch.
@@ -48,18 +48,6 @@ def hf(model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)
-
-
-class RecordingLink(AnsweringLink):
-    """An ``AnsweringLink`` that keeps each prompt the engine is given."""
-
-    def __init__(self) -> None:
-        super().__init__([104, 105], "hi", "stop")
-        self.prompts: list[list[int]] = []
-
-    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
-        self.prompts.append(list(prompt_token_ids))
-        super().submit(request_id, prompt_token_ids, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
-from tests.helpers.engine_links import AnsweringLink
+from tests.helpers.engine_links import RecordingLink
 from tests.helpers.http_utils import openai_client, serving_tiny
 
 # vLLM's refusal, word for word.
@@ -36,18 +36,6 @@ TEMPLATE = ("{% if chat_template is defined %}[template seen]{% endif %}"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 # TEMPLATE over MESSAGES, worked by hand.
 RENDERED = "<system>Be brief.</system><user>Hi there</user><assistant>"
-
-
-class RecordingLink(AnsweringLink):
-    """An ``AnsweringLink`` that keeps each prompt the engine is given."""
-
-    def __init__(self) -> None:
-        super().__init__([104, 105], "hi", "stop")
-        self.prompts: list[list[int]] = []
-
-    def submit(self, request_id, prompt_token_ids, *args, **kwargs) -> None:
-        self.prompts.append(list(prompt_token_ids))
-        super().submit(request_id, prompt_token_ids, *args, **kwargs)
 
 
 @pytest.fixture(scope="module")
