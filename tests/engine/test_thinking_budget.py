@@ -9,7 +9,9 @@ holds k reasoning tokens after its ``<think>`` leaves N - k; budget 0
 forces ``</think>`` first; an output after a prompt that opened no
 thinking section (one that closed it) has none to spend and is the free
 output. With n-gram drafts (on a copy whose repeating runs hold the tags)
-every output is the one without drafts, while drafts are accepted. The
+every output is the one without drafts, while drafts are accepted, also
+in one batch beside requests with a grammar, a logit_bias or allowed ids,
+and through preemptions. The
 counting itself (``ThinkingBudget``) is checked on made-up ids. Without a reasoning
 parser, and for a negative budget, the request is refused naming the
 field."""
@@ -21,6 +23,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.reasoning import ReasoningTokens
+from engine.structured_outputs.params import StructuredOutputsParams
 from engine.thinking_budget import ThinkingBudget
 from ipc.errors import InvalidRequestError
 from tests.helpers.prompt_logprobs import hf_prompt_logprobs
@@ -200,6 +203,67 @@ def test_budgeted_requests_take_drafts_and_their_output_is_the_one_without(
     # The budget changes both outputs: forced ends cut RUNS' runs of <think>
     # 107 (budget 1) and come before ENDS' own (budget 0).
     assert free[tuple(RUNS), 1, 0] != runs and free[tuple(ENDS), 0, 0] != ends
+
+
+def _mixed_batch() -> list[tuple[list[int], SamplingParams]]:
+    """Budgeted requests (sections opened by the prompt, by the output, or
+    closed by the prompt; budgets 0 to 8) beside requests without a budget,
+    with a grammar (alone and with a budget), a logit_bias, allowed ids
+    and logprobs."""
+    closed = [*ENDS, 10, END_THINK]
+    regex = StructuredOutputsParams(regex="[a-c]{3,12}")
+    cases = []
+    for i, prompt in enumerate([RUNS, [*RUNS, THINK], ENDS, closed, [*ENDS, 10, 10]]):
+        for budget in (i % 3, 3 + i, 8 - i):
+            cases.append((prompt, dict(thinking_token_budget=budget, logprobs=1)))
+        cases.append((prompt, {}))
+    cases += [(ENDS, dict(structured_outputs=regex)),
+              (RUNS, dict(structured_outputs=regex, thinking_token_budget=2)),
+              (ENDS, dict(logit_bias={THINK: 4.0}, thinking_token_budget=1)),
+              (RUNS, dict(allowed_token_ids=[97, 98, 99, THINK, END_THINK],
+                          thinking_token_budget=2)),
+              (RUNS, dict(logit_bias={97: 2.0}))]
+    return [(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, **extra))
+            for prompt, extra in cases]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("num_blocks", [None, 7])
+def test_a_mixed_batch_with_drafts_is_the_one_without(writing_dir, async_scheduling,
+                                                      num_blocks):
+    """Budgeted requests drafted in one batch beside others (a grammar, a
+    grammar with a budget, logit_bias, allowed ids), through preemptions
+    when the cache is small: each output, and the logprob at each of its
+    tokens, is the one without speculative decoding (greedy); every
+    position the host's count forces holds </think>, reported with the
+    model's own logprob."""
+    config = dict(model=writing_dir, device="cpu", dtype="float32", executor="uni",
+                  reasoning_parser="deepseek_r1", async_scheduling=async_scheduling,
+                  max_num_seqs=8, max_model_len=256)
+    if num_blocks:
+        config.update(num_gpu_blocks_override=num_blocks, max_model_len=16 * num_blocks)
+    cases = _mixed_batch()
+    prompts = [{"prompt_token_ids": p} for p, _ in cases]
+    params = [s for _, s in cases]
+    with LLM(**config) as llm:
+        plain = [o.outputs[0] for o in llm.generate(prompts, params)]
+    with LLM(speculative_config=NGRAM, **config) as llm:
+        drafted = [o.outputs[0] for o in llm.generate(prompts, params)]
+        stats, scheduler = llm.engine.scheduler.spec_stats, llm.engine.scheduler
+        assert stats.num_accepted_tokens > 0
+        assert (scheduler.num_preemptions > 0) == bool(num_blocks)
+    num_forced = 0
+    for (prompt, p), want, got in zip(cases, plain, drafted):
+        assert got.token_ids == want.token_ids, (prompt[:4], p)
+        if not p.logprobs:
+            continue
+        for token, a, b in zip(got.token_ids, want.logprobs, got.logprobs):
+            assert b[token].logprob == pytest.approx(a[token].logprob, abs=1e-4)
+        forced = _forced_positions(prompt, got.token_ids, p.thinking_token_budget)
+        assert all(got.token_ids[i] == END_THINK for i in forced)
+        assert all(got.logprobs[i][END_THINK].logprob < -1e-3 for i in forced)
+        num_forced += len(forced)
+    assert num_forced >= 10
 
 
 def test_without_a_reasoning_parser_or_with_a_negative_budget_it_is_refused(think_dir):
