@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import dataclasses
 import decimal
 import json
@@ -426,17 +427,18 @@ def _structured_outputs(args) -> dict | None:
 
 
 def _ctrl_c_noted() -> bool:
-    """``_interrupt`` has run: Ctrl-C reached this process, whether or not its
-    KeyboardInterrupt made it up the stack."""
+    """``_interrupt`` or ``_note_interrupt`` has run: Ctrl-C reached this
+    process, whether or not a KeyboardInterrupt made it up the stack."""
     from executor import stop_signals
 
     return stop_signals.first() == signal.SIGINT
 
 
 def _raise_if_interrupted() -> None:
-    """Ctrl-C noted but swallowed on its way up (a library's broad ``except``
-    around an import or a probe can catch the KeyboardInterrupt) is raised
-    again here, at the start of each long phase."""
+    """Ctrl-C noted but not raised (``_interrupts_deferred``), or swallowed
+    on its way up (a library's broad ``except`` around an import or a probe
+    can catch the KeyboardInterrupt), is raised here: once a deferring block
+    ends, and at the start of each long phase."""
     if _ctrl_c_noted():
         raise KeyboardInterrupt
 
@@ -834,13 +836,37 @@ def _terminated(error: SystemExit) -> bool:
     return stop_signals.first() == signal.SIGTERM and error.code == 128 + signal.SIGTERM
 
 
-def _interrupt(signum, _frame) -> None:
-    """Ctrl-C: noted (the executor then stops workers without a grace
-    period), then the usual KeyboardInterrupt."""
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C: noted (``_note_interrupt``), then the usual KeyboardInterrupt."""
+    _note_interrupt(signum, frame)
+    raise KeyboardInterrupt
+
+
+def _note_interrupt(signum, _frame) -> None:
+    """Ctrl-C noted, not raised: the executor then stops workers without a
+    grace period, and ``_raise_if_interrupted`` raises it where it is safe
+    to (``_interrupts_deferred``)."""
     from executor import stop_signals
 
     stop_signals.note(signum)
-    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Ctrl-C inside the block is only noted (every press of it); leaving
+    the block raises it. For imports that load native extensions, torch's
+    first import above all: it runs Python code called from C++ (pybind11),
+    and a KeyboardInterrupt raised there cannot unwind through the C++
+    frames: the process aborts (SIGABRT, a C++ message) instead of ending
+    with one line and exit code 130. The stop waits for the import to end.
+    The SIGINT handler found (a Python one: ``main``'s) is put back on
+    leaving, whatever way the block ends."""
+    found = signal.signal(signal.SIGINT, _note_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, found)
+    _raise_if_interrupted()
 
 
 _TOP_LEVEL_FLAGS = ("--nproc-per-node", "--nproc_per_node", "--master-addr", "--master_addr",
@@ -947,13 +973,13 @@ def _main(argv: list[str]) -> int:
     if (hint := _misplaced_flag(argv)) is not None:
         print(f"tprun: error: {hint}", file=sys.stderr)
         return 2
+    with _interrupts_deferred():  # torch's first import: the engine's package
+        from engine.config import ConfigError
+        from executor import stop_signals
+        from executor.base import WorkerFailure
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from engine.config import ConfigError
-    from executor import stop_signals
-    from executor.base import WorkerFailure
-
     signal.signal(signal.SIGTERM, _exit_on_signal)  # serve replaces it once it serves
     try:
         return COMMANDS[args.command](args)

@@ -1,5 +1,5 @@
 """The CLI as a new user meets it: Ctrl-C at any moment is one line and exit
-code 130 within about a second; a job stopped by ``kill %1`` after ``serve``
+code 130, with nothing left behind; a job stopped by ``kill %1`` after ``serve``
 is a shutdown, not an error; what runs by default is said; ``--help`` shows
 every default and every flag has help; every error of the user's input is
 one ``tprun: error:`` line and exit code 2; ``serve --http-port`` on a busy
@@ -37,21 +37,89 @@ def _start(args: list[str], tmp_path, **env) -> subprocess.Popen:
 @pytest.mark.parametrize("after_s", [0.4, 1.5, 4.0, 8.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_130(tmp_path, after_s):
     """From the imports through the model load into the generation (the
-    interpreter's own start-up, before any line of tprun runs, is earlier)."""
+    interpreter's own start-up, before any line of tprun runs, is earlier).
+    The launch exits (a Ctrl-C during torch's import waits for its end):
+    exit code 130, its one line after the notices of ``generate`` and
+    nothing else (no traceback, no C++ abort message), no process left."""
     proc = _start(["--nproc-per-node", "2", "generate", "--model", "tiny", "--device", "cpu",
                    "--prompt", "Hi", "--max-tokens", "3000", "--ignore-eos"], tmp_path)
     time.sleep(after_s)
-    sent = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    took = time.monotonic() - sent
+    try:
+        out, err = proc.communicate(timeout=180)  # a hang ends here, not at pytest's timeout
+    finally:
+        leftovers = reap_session(proc.pid, grace_s=5)
     assert proc.returncode == 130, err
-    assert "Traceback" not in err, err
     *before, last = err.splitlines()
-    assert last == "tprun: interrupted"
+    assert last == "tprun: interrupted", err
     assert all(line.startswith("tprun generate:") for line in before), err
-    assert took < 3.0, f"exit took {took:.2f} s"  # under a second on an idle machine
-    assert reap_session(proc.pid, grace_s=5) == []
+    assert leftovers == []
+
+
+# Ctrl-C (``PRESSES`` times) landing where torch's first import runs Python
+# code called from C++ (pybind11; torch.distributed's import, reached from
+# torch.utils.data's): an exception raised there cannot unwind through the C++
+# frames and the process aborts (std::terminate), modelled here as code that
+# aborts on any exception it sees.
+_CTRL_C_IN_NATIVE_IMPORT = """
+import os, signal, sys
+
+class CtrlCInsideNativeCode:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch.distributed":
+            sys.meta_path.remove(self)
+            try:
+                for _ in range({presses}):
+                    signal.raise_signal(signal.SIGINT)
+            except BaseException:
+                os.abort()
+        return None
+
+sys.meta_path.insert(0, CtrlCInsideNativeCode())
+from launch.entry import entry
+entry()
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_torchs_import_is_one_line_and_130_not_an_abort(tmp_path, presses):
+    """While the launcher imports torch, Ctrl-C (a second one too) is only
+    noted; the launch stops right after the import, before any worker."""
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_IN_NATIVE_IMPORT.format(presses=presses),
+         "--nproc-per-node", "2", "generate", "--model", "tiny", "--device", "cpu",
+         "--prompt", "Hi"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=100)
+    finally:
+        leftovers = reap_session(proc.pid, grace_s=5)
+    assert (proc.returncode, out, err) == (130, "", "tprun: interrupted\n")
+    assert leftovers == []
+
+
+def test_ctrl_c_during_a_deferred_import_is_raised_once_it_ends():
+    """Inside ``_interrupts_deferred`` the import runs to its end; the
+    interrupt comes after it, and Ctrl-C raises at once again from there."""
+    from executor import stop_signals
+    from launch import cli
+
+    ran = []
+    original = signal.signal(signal.SIGINT, cli._interrupt)  # main's, as _main finds it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with cli._interrupts_deferred():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGINT)
+                ran.append("the rest of the import")
+        assert ran == ["the rest of the import"]
+        assert signal.getsignal(signal.SIGINT) is cli._interrupt
+    finally:
+        signal.signal(signal.SIGINT, original)
+        stop_signals.reset()
 
 
 def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_left(
