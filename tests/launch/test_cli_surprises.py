@@ -291,7 +291,6 @@ def test_a_config_json_that_disagrees_with_the_weights_exits_2_before_any_worker
     shutil.copytree(tiny_dir, model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "hidden_size": 128}))
-    started = time.monotonic()
     result, leftovers = run_tprun(
         ["--nproc-per-node", "2", "generate", "--model", str(model), "--device", "cpu",
          "--prompt", "Hi"], timeout=100, env={"TPRUN_CACHE": str(tmp_path / "cache")})
@@ -300,7 +299,6 @@ def test_a_config_json_that_disagrees_with_the_weights_exits_2_before_any_worker
         f"tprun: error: {model}/model.safetensors: tensor model.embed_tokens.weight has shape "
         f"[320, 64], but {model}/config.json implies [320, 128] (vocab_size, hidden_size); "
         f"39 tensors differ")
-    assert time.monotonic() - started < 30
     assert leftovers == []
 
 
@@ -319,14 +317,12 @@ def test_prompt_longer_than_max_model_len_exits_2(tmp_path):
 def _refused_before_loading(args: list[str], tmp_path):
     """Run tprun with ``args``; returns its one error line after checking
     exit code 2, that no engine became ready, and that nothing was left."""
-    started = time.monotonic()
     result, leftovers = run_tprun(args, timeout=50, env={"TPRUN_CACHE": str(tmp_path),
                                                          "TPRUN_LOG_LEVEL": "INFO"})
     assert result.returncode == 2, result.stderr
     assert "engine ready" not in result.stderr  # nothing was loaded
     assert ": loading " not in result.stderr  # refused before it said it loads
     assert "waiting for" not in result.stderr  # no executor waited for workers
-    assert time.monotonic() - started < 30
     assert leftovers == []
     lines = [line for line in result.stderr.splitlines()
              if not line.startswith(("tprun generate:", "tprun serve: warning:"))
