@@ -64,19 +64,13 @@ def start_http(tmp_path, *args: str, env: dict | None = None,
     return HttpServed(served, match.group(1))
 
 
-@contextlib.contextmanager
 def serving_tiny(tmp_path, *args: str, env: dict | None = None):
     """``start_http`` (ARGS as there) of a server of ``tiny``, its model
     directory in ``model_dir``; stopped on exit, which must be clean (code 0,
     no process left)."""
-    served = start_http(tmp_path, *args, env=env)
-    served.model_dir = str(tmp_path / "cache" / TINY_NAME)
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    return _serving(tmp_path, str(tmp_path / "cache" / TINY_NAME), *args, env=env)
 
 
-@contextlib.contextmanager
 def serving_tiny_with_tools(tmp_path, *args: str, special_tokens: dict[str, int] | None = None):
     """``serving_tiny`` of a copy of ``tiny`` whose chat template renders
     tools (``tests.helpers.tool_template``), with ``special_tokens`` added
@@ -84,23 +78,31 @@ def serving_tiny_with_tools(tmp_path, *args: str, special_tokens: dict[str, int]
     --disable-log-stats``; its directory in ``model_dir``."""
     model = tiny_with_tool_template(str(tmp_path / "cache"), str(tmp_path / "tiny-tools"),
                                     special_tokens)
-    served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", *args)
-    served.model_dir = model
-    yield served
-    code, output, leftovers = stop_http(served)
-    assert code == 0 and not leftovers, output
+    return _serving_copy(tmp_path, model, *args)
 
 
-@contextlib.contextmanager
 def serving_think_model(tmp_path, *args: str):
     """``serving_tiny`` of ``tiny`` with ``<think>``/``</think>``
     (``tests.helpers.think_model``), ``args`` after ``serve --model COPY
     --device cpu --disable-log-stats``; its directory in ``model_dir``."""
     model = tiny_with_think_tokens(str(tmp_path / "cache"), str(tmp_path / "model"))
-    served = start_http(tmp_path, "serve", "--model", model, "--device", "cpu",
-                        "--disable-log-stats", *args)
-    served.model_dir = model
+    return _serving_copy(tmp_path, model, *args)
+
+
+def _serving_copy(tmp_path, model: str, *args: str):
+    """``_serving`` of the model directory ``model`` (a copy of ``tiny``),
+    ``args`` after ``serve --model MODEL --device cpu --disable-log-stats``."""
+    return _serving(tmp_path, model, "serve", "--model", model, "--device", "cpu",
+                    "--disable-log-stats", *args)
+
+
+@contextlib.contextmanager
+def _serving(tmp_path, model_dir: str, *args: str, env: dict | None = None):
+    """``start_http`` (ARGS as there) of a server of the model in
+    ``model_dir``, that directory in its ``model_dir``; stopped on exit,
+    which must be clean (code 0, no process left)."""
+    served = start_http(tmp_path, *args, env=env)
+    served.model_dir = model_dir
     yield served
     code, output, leftovers = stop_http(served)
     assert code == 0 and not leftovers, output
