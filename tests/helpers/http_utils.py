@@ -1,7 +1,8 @@
-"""``tprun serve --http-port 0`` for tests: its URL, read from the ready line.
-
-The server runs in its own session with its output in a file (as in
-``tests.helpers.serve_utils``); ``stop_http`` leaves no process of it behind.
+"""HTTP servers for tests. ``tprun serve --http-port 0``: its URL, read
+from the ready line; the server runs in its own session with its output in
+a file (as in ``tests.helpers.serve_utils``), and ``stop_http`` leaves no
+process of it behind. ``recording_app``: the HTTP app in process, over an
+engine link that answers at once and records each prompt.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import httpx
 import openai
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from checkpoint.tiny_model import TINY_NAME
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from tests.helpers.engine_links import RecordingLink
 from tests.helpers.proc_utils import ROOT, pythonpath
 from tests.helpers.serve_utils import Served, _term_with_parent, stop_server
 from tests.helpers.think_model import tiny_with_think_tokens
@@ -114,6 +120,31 @@ def openai_client(served: HttpServed, api_key: str = "none"):
     with openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key, max_retries=0,
                        timeout=60) as client:
         yield client
+
+
+class RecordingApp(NamedTuple):
+    """``recording_app``'s app: the link that records each prompt, the
+    app's test client and the official ``openai`` client on it."""
+
+    link: RecordingLink
+    http: TestClient
+    client: openai.OpenAI
+
+
+@contextlib.contextmanager
+def recording_app(model_dir: str, max_model_len: int = 4096, **app_kwargs):
+    """The HTTP app (``create_app`` with ``app_kwargs``) of the model in
+    ``model_dir``, served as ``tiny`` in process over a ``RecordingLink``
+    (``tests.helpers.engine_links``: only the prompt is under test); the
+    app's lifespan (the link's start and close) spans the ``with`` block.
+    The ``openai`` client makes no retries, so each call reaches the app
+    once."""
+    link = RecordingLink()
+    app = create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], max_model_len, **app_kwargs)
+    with TestClient(app) as http:
+        yield RecordingApp(link, http, openai.OpenAI(base_url="http://testserver/v1",
+                                                     api_key="none", http_client=http,
+                                                     max_retries=0))
 
 
 def stop_http(server: HttpServed) -> tuple[int, str, list[int]]:

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
 
 from checkpoint.tiny_model import CHAT_TEMPLATE
-from checkpoint.tokenizer import Tokenizer
-from serving.http.app import create_app
-from tests.helpers.engine_links import RecordingLink
+from tests.helpers.http_utils import recording_app
 from tests.helpers.tiny_copies import tiny_with_chat_template
 
 # tiny's template, after the BOS: each document, the effort and the thinking switch.
@@ -44,22 +41,19 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def hf(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
-def link():
-    return RecordingLink()
+def served(model_dir):
+    with recording_app(model_dir) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
-def client(model_dir, link):
-    with TestClient(create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], 4096)) as http:
-        yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
-                            max_retries=0)
+def link(served):
+    return served.link
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return served.client
 
 
 def _asked(client, **extra):

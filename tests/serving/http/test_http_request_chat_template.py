@@ -15,13 +15,8 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from fastapi.testclient import TestClient
 
-from checkpoint.tiny_model import ensure_tiny_model
-from checkpoint.tokenizer import Tokenizer
-from serving.http.app import create_app
-from tests.helpers.engine_links import RecordingLink
-from tests.helpers.http_utils import openai_client, serving_tiny
+from tests.helpers.http_utils import openai_client, recording_app, serving_tiny
 
 # vLLM's refusal, word for word.
 UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not "
@@ -39,38 +34,15 @@ RENDERED = "<system>Be brief.</system><user>Hi there</user><assistant>"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("request_template")))
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def _served(model_dir: str, trusted: bool):
-    link = RecordingLink()
-    app = create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], 4096,
-                     trust_request_chat_template=trusted)
-    return link, app
-
-
-@pytest.fixture(scope="module")
 def trusted(model_dir):
-    link, app = _served(model_dir, True)
-    with TestClient(app) as http:
-        yield link, http, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
-                                        http_client=http, max_retries=0)
+    with recording_app(model_dir, trust_request_chat_template=True) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
 def untrusted(model_dir):
-    link, app = _served(model_dir, False)
-    with TestClient(app) as http:
-        yield link, http, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
-                                        http_client=http, max_retries=0)
+    with recording_app(model_dir, trust_request_chat_template=False) as app:
+        yield app
 
 
 def _chat(client, **extra):

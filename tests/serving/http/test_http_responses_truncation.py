@@ -16,13 +16,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
 
-from checkpoint.tiny_model import ensure_tiny_model
-from checkpoint.tokenizer import Tokenizer
-from serving.http.app import create_app
-from tests.helpers.engine_links import RecordingLink
-from tests.helpers.http_utils import openai_client, serving_tiny
+from tests.helpers.http_utils import openai_client, recording_app, serving_tiny
 
 MAX_MODEL_LEN = 48
 LONG = " ".join(f"word{i}" for i in range(60))  # far more than 48 tokens once rendered
@@ -30,24 +25,9 @@ SHORT = "Hi there"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("truncation")))
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-@pytest.fixture(scope="module")
 def served(model_dir):
-    link = RecordingLink()
-    app = create_app(link, Tokenizer.from_dir(model_dir), ["tiny"], MAX_MODEL_LEN)
-    with TestClient(app) as http:
-        yield link, openai.OpenAI(base_url="http://testserver/v1", api_key="none",
-                                  http_client=http, max_retries=0)
+    with recording_app(model_dir, MAX_MODEL_LEN) as app:
+        yield app.link, app.client
 
 
 def _rendered(hf, text: str) -> list[int]:
