@@ -375,38 +375,17 @@ def test_ctrl_c_swallowed_while_serve_starts_stops_before_serving(monkeypatch, c
     """Ctrl-C caught by a library while the engine starts: serve does not
     begin serving; it stops the server and the engine, and exits 130 with
     one line."""
-    import engine.llm_engine
-    import serving.endpoint
     from executor import stop_signals
     from launch import cli
+    from tests.helpers.serve_stand_ins import stand_in_engine_and_server
 
-    events = []
+    def swallowed_ctrl_c():
+        try:
+            cli._interrupt(signal.SIGINT, None)  # what the signal does
+        except KeyboardInterrupt:
+            pass  # a library's broad except
 
-    class Engine:
-        def __init__(self, config):
-            try:
-                cli._interrupt(signal.SIGINT, None)  # what the signal does
-            except KeyboardInterrupt:
-                pass  # a library's broad except
-            events.append("engine started")
-
-        def shutdown(self):
-            events.append("engine shut down")
-
-    class Server:
-        address, key_file = "ipc://test", "key"
-
-        def __init__(self, engine, endpoint, endpoint_file, secret):
-            pass
-
-        def serve(self):
-            events.append("served")
-
-        def close(self, term_context):
-            events.append("server closed")
-
-    monkeypatch.setattr(engine.llm_engine, "LLMEngine", Engine)
-    monkeypatch.setattr(serving.endpoint, "EngineServer", Server)
+    events = stand_in_engine_and_server(monkeypatch, on_start=swallowed_ctrl_c)
     try:
         assert cli.main(["serve", "--model", "tiny", "--device", "cpu"]) == 130
     finally:

@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+from tests.helpers.serve_stand_ins import stand_in_engine_and_server
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -63,42 +65,16 @@ def _stand_ins(monkeypatch, stop_at: str, signum: int) -> list[str]:
     the engine starts (``stop_at`` "start") or while the server serves
     ("serve"); with ``stop_at`` "never" the server stops by itself once
     it serves. Returns the list of what happened."""
-    import engine.llm_engine
-    import serving.endpoint
 
-    events = []
+    def on_start():
+        if stop_at == "start":
+            _signal_self(signum)
 
-    class Engine:
-        def __init__(self, config):
-            if stop_at == "start":
-                _signal_self(signum)
-            events.append("engine started")
+    def on_serve(server):
+        if stop_at == "serve":
+            _signal_self(signum, until=lambda: server.stopped)
 
-        def shutdown(self):
-            events.append("engine shut down")
-
-    class Server:
-        address, key_file = "ipc://test", "key"
-
-        def __init__(self, engine, endpoint, endpoint_file, secret):
-            self.endpoint = endpoint
-            self.stopped = False
-
-        def serve(self):
-            events.append("serving")
-            if stop_at == "serve":
-                _signal_self(signum, until=lambda: self.stopped)
-
-        def stop(self):
-            self.stopped = True
-
-        def close(self, term_context):
-            self.endpoint.cleanup()
-            events.append("server closed")
-
-    monkeypatch.setattr(engine.llm_engine, "LLMEngine", Engine)
-    monkeypatch.setattr(serving.endpoint, "EngineServer", Server)
-    return events
+    return stand_in_engine_and_server(monkeypatch, on_start, on_serve)
 
 
 @pytest.mark.timeout(60)
