@@ -422,7 +422,8 @@ class LLMEngine:
         from the grammars as they are now (every earlier step absorbed)."""
         if sent is not None and sent.plan.structured_output_req_ids:
             self.pending_bitmask = self.structured_outputs.start_bitmask(
-                sent.plan, self.scheduler.requests, background)
+                sent.plan, self.scheduler.requests, background,
+                self.scheduler.step_drafts(sent.plan.step_id))
 
     def _send_bitmask(self) -> None:
         """Send the bitmask started last, once filled (nothing if none)."""

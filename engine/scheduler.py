@@ -338,6 +338,12 @@ class Scheduler:
         self.step_id += 1
         return out
 
+    def step_drafts(self, step_id: int) -> dict[str, int]:
+        """The drafts step ``step_id`` (scheduled, not absorbed yet) verifies,
+        per request that has any."""
+        return {req_id: entry.num_drafts for req_id, entry in self._in_flight[step_id].items()
+                if entry.num_drafts}
+
     def _advance(self, draft: _StepDraft) -> dict[str, _InFlight]:
         """Move each scheduled request's ``num_computed_tokens`` past this
         step's tokens; a request whose tokens reach its end gets a placeholder

@@ -218,13 +218,16 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     the model's own, read before the sampler forces it.
 
     ``thinking_states``: empty, or one per row: ``[]`` for a row whose
-    request has no thinking budget, else its budget's state after every
-    token before the step's (``[open, spent, budget, start_id, end_id]``,
-    ``open`` 0 or 1). A row with drafts in the step takes its forced rows
-    from it, folded over its drafts on the device
-    (``runner.spec_decode.drafted_budgets``), and ignores its
-    ``forced_token_ids`` entry (which speaks of the step's first token
-    only); a row without drafts takes ``forced_token_ids``.
+    request has no thinking budget or no drafts in the step, else its
+    budget's state after every token before the step's (``[open, spent,
+    budget, start_id, end_id]``, ``open`` 0 or 1), from which the workers
+    find its forced rows, folded over its drafts on the device
+    (``runner.spec_decode.drafted_budgets``).
+
+    Contract between the two (the engine keeps it; the workers rely on it
+    and do not check it): a budgeted request with drafts in the step has
+    its state and forced id -1; one without drafts has ``[]`` and its
+    forced id (or -1). A row never carries both.
     """
 
     step_id: int

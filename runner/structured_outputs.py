@@ -17,9 +17,10 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   the sampler, which forces each token after it has read the raw logits
   for logprobs and past the request's own masks (a forced row's mask
   allows every token, so its logits stay the model's). A budgeted request
-  with drafts in the step has no forced row of its own: its thinking state
-  and its logits rows come back as ``DraftedBudgets``, and the rejection
-  sampler finds its forced rows from its drafts.
+  with drafts in the step comes with its thinking state instead of a
+  forced id (``GrammarBitmask``'s contract): its state and its logits rows
+  come back as ``DraftedBudgets``, and the rejection sampler finds its
+  forced rows from its drafts.
 - ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
   version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
 
@@ -153,14 +154,10 @@ class GrammarMask:
         forced_ids = np.array(grammar.forced_token_ids, dtype=np.int64)
         table = None
         if grammar.thinking_states and num_logits is not None and self.budget_table is not None:
-            counts = num_logits[order]
-            drafted = [r for r, state in enumerate(grammar.thinking_states)
-                       if state and counts[r] > 1]
+            drafted = [r for r, state in enumerate(grammar.thinking_states) if state]
             if drafted:
-                table = _drafted_budget_table(grammar.thinking_states, drafted, rows, counts)
-                if forced_ids.size:
-                    # A drafted row's forced rows come from its state alone.
-                    forced_ids[drafted] = -1
+                table = _drafted_budget_table(grammar.thinking_states, drafted, rows,
+                                              num_logits[order])
         forced_at = np.flatnonzero(forced_ids >= 0)
         if forced_at.size:
             pairs += [(rows[forced_at].astype(np.int64), self.forced_rows),

@@ -27,9 +27,10 @@ through its row, which allows every token: the sampler sets the token
 after it has read the model's logprobs, so the forced token reports the
 model's own logprob, as vLLM's budget (a logits processor that runs after
 its raw logprobs are taken) does, and it wins over the request's own token
-limits. Each budgeted row also carries its budget's state
-(``GrammarBitmask.thinking_states``), from which the workers find the
-forced rows among the request's drafts. Rows of requests that finished or
+limits. A budgeted request with drafts in the step sends its budget's
+state instead (``GrammarBitmask.thinking_states``; its forced id is -1),
+from which the workers find the forced rows among its drafts: each row
+carries one of the two, never both. Rows of requests that finished or
 were aborted after the plan was made, and of requests still inside their
 reasoning, allow every token
 (their token is discarded anyway, and a row without any allowed token
@@ -98,13 +99,16 @@ class StructuredOutputManager:
         return Grammar(self.backend.new_matcher(template), end_id)
 
     # ---- the step --------------------------------------------------------
-    def bitmask(self, plan: SchedulerOutput, requests: dict) -> GrammarBitmask:
+    def bitmask(self, plan: SchedulerOutput, requests: dict,
+                num_drafts: dict[str, int] | None = None) -> GrammarBitmask:
         """The step's bitmask, one row per ``plan.structured_output_req_ids``,
         filled on the calling thread."""
-        return self.start_bitmask(plan, requests, background=False).result()
+        return self.start_bitmask(plan, requests, background=False,
+                                  num_drafts=num_drafts).result()
 
     def start_bitmask(self, plan: SchedulerOutput, requests: dict,
-                      background: bool = True) -> PendingBitmask:
+                      background: bool = True,
+                      num_drafts: dict[str, int] | None = None) -> PendingBitmask:
         """Start filling the step's bitmask from the matchers as they are
         now; ``result()`` of the answer waits for it. In the background the
         fill runs in this manager's fill thread (llguidance drops the GIL
@@ -113,7 +117,10 @@ class StructuredOutputManager:
         whose grammar is complete or that are inside their reasoning allow
         every token, and so does the row of a request whose thinking budget
         forces its next token (``engine.thinking_budget``: the reasoning is
-        open, so no grammar holds it), named in ``forced_token_ids``."""
+        open, so no grammar holds it), named in ``forced_token_ids``.
+        ``num_drafts``: the drafts the step verifies per request (absent:
+        none); a budgeted request with drafts sends its budget's state in
+        place of a forced id."""
         if self._pending is not None:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
@@ -124,14 +131,15 @@ class StructuredOutputManager:
             request = requests.get(req_id)
             grammar = getattr(request, "grammar", None)
             budget = getattr(request, "thinking_budget", None)
-            if budget is not None:
+            forced = None if budget is None else budget.forced_token()
+            if budget is not None and num_drafts and num_drafts.get(req_id, 0):
                 if not states:
                     states = [[] for _ in req_ids]
                 states[row] = budget.state()
-            forced = None if budget is None else budget.forced_token()
+            elif forced is not None:
+                forced_ids[row] = forced
             if forced is not None:
                 mask[row] = -1
-                forced_ids[row] = forced
             elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, grammar))

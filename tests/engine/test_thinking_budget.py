@@ -205,6 +205,71 @@ def test_budgeted_requests_take_drafts_and_their_output_is_the_one_without(
     assert free[tuple(RUNS), 1, 0] != runs and free[tuple(ENDS), 0, 0] != ends
 
 
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_budgeted_row_sends_its_forced_id_or_its_state_never_both(writing_dir,
+                                                                   async_scheduling):
+    """The bitmask messages the engine sends (recorded at the executor),
+    beside the plans they answer: a budgeted request with drafts in the
+    step sends its budget's state, which equals the host's count replayed
+    over the tokens before the step, and forced id -1; one without drafts
+    sends no state, and its forced id where its budget forces (</think>);
+    both kinds occur. (The tokens before the step are those the engine
+    knows when it fills the bitmask, recorded there.)"""
+    config = dict(model=writing_dir, device="cpu", dtype="float32", executor="uni",
+                  max_model_len=256, reasoning_parser="deepseek_r1",
+                  async_scheduling=async_scheduling, speculative_config=NGRAM)
+    budgets = (0, 1, 2, 3, 5)
+    prompts = [RUNS, ENDS]
+    with LLM(**config) as llm:
+        executor, manager = llm.engine.executor, llm.engine.structured_outputs
+        plans, messages, known = {}, [], {}
+        execute, sample, start = (executor.execute_model, executor.sample_tokens,
+                                  manager.start_bitmask)
+
+        def record_known(plan, requests, *args, **kwargs):
+            known[plan.step_id] = {r: len(q.output_token_ids) for r, q in requests.items()}
+            return start(plan, requests, *args, **kwargs)
+
+        def record_plan(plan):
+            plans[plan.step_id] = plan
+            return execute(plan)
+
+        def record_message(message):
+            messages.append(message)
+            return sample(message)
+
+        executor.execute_model, executor.sample_tokens = record_plan, record_message
+        manager.start_bitmask = record_known
+        cases = [(p, b) for p in prompts for b in budgets]
+        outs = llm.generate([{"prompt_token_ids": p} for p, _ in cases],
+                            [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                                            thinking_token_budget=b) for _, b in cases])
+        ids = {o.request_id: (p, b, o.outputs[0].token_ids) for o, (p, b) in zip(outs, cases)}
+    seen_state = seen_forced = 0
+    for message in messages:
+        plan = plans[message.step_id]
+        cached = plan.scheduled_cached_reqs.req_ids
+        counts = dict(zip(plan.scheduled_req_ids(), plan.num_scheduled_tokens))
+        forced = message.forced_token_ids or [-1] * len(message.req_ids)
+        states = message.thinking_states or [[]] * len(message.req_ids)
+        for req_id, forced_id, state in zip(message.req_ids, forced, states):
+            prompt, budget, out = ids[req_id]
+            drafted = req_id in cached and counts[req_id] > 1
+            if drafted:
+                assert forced_id == -1 and state, (message.step_id, req_id)
+                # The state after every token before the step's first (all
+                # known when its bitmask is filled).
+                host = ThinkingBudget(budget, ReasoningTokens(THINK, END_THINK), prompt)
+                for token in out[:known[message.step_id][req_id]]:
+                    host.accept(token)
+                assert state == host.state(), (message.step_id, req_id)
+                seen_state += 1
+            else:
+                assert state == [] and forced_id in (-1, END_THINK), (message.step_id, req_id)
+                seen_forced += forced_id == END_THINK
+    assert seen_state > 0 and seen_forced > 0
+
+
 def _mixed_batch() -> list[tuple[list[int], SamplingParams]]:
     """Budgeted requests (sections opened by the prompt, by the output, or
     closed by the prompt; budgets 0 to 8) beside requests without a budget,

@@ -109,22 +109,23 @@ def _message(states: dict[str, list[int]], forced: dict[str, int]) -> GrammarBit
 
 
 def test_grammar_mask_hands_a_drafted_requests_rows_and_state_to_the_sampler():
-    """Batch a (2 logits rows), b (3 rows, budgeted), c (1 row, budgeted,
-    forced): b's rows 2..4 come back with their offsets and b's state, its
-    forced id ignored (it speaks of its first row only); c's one row is
-    forced outright."""
+    """Batch a (2 logits rows), b (3 rows, budgeted: its state, forced id
+    -1, as the engine sends a drafted row), c (1 row, budgeted, forced: its
+    forced id, no state): b's rows 2..4 come back with their offsets and
+    b's state; c's one row is forced outright."""
     mask = GrammarMask(max_rows=4, vocab_size=VOCAB, device=torch.device("cpu"),
                        ops=device_ops(torch.device("cpu")), width=4)
-    state_b, state_c = [1, 2, 2, S, E], [1, 3, 2, S, E]
-    message = _message({"b": state_b, "c": state_c}, {"b": E, "c": E})
+    state_b = [1, 2, 2, S, E]
+    message = _message({"b": state_b, "c": []}, {"c": E})
     check_grammar_bitmask(message, 3, ["b", "c"], VOCAB)
     logits = torch.randn(6, VOCAB)
     forced, budgets = mask.apply(logits, message, ["a", "b", "c"], np.array([1, 4, 5]),
                                  np.array([2, 3, 1]))
     assert forced.rows.tolist() == [5] and forced.token_ids.tolist() == [E]
     assert budgets.table.tolist() == [[2 + j, j, *state_b] for j in range(3)]
-    # Without drafts (no counts), the message's forced ids alone, as ever.
-    forced, budgets = mask.apply(logits, message, ["b", "c"], np.array([0, 1]))
+    # Without drafts (no counts, no states), the message's forced ids alone.
+    forced, budgets = mask.apply(logits, _message({"b": [], "c": []}, {"b": E, "c": E}),
+                                 ["b", "c"], np.array([0, 1]))
     assert sorted(forced.rows.tolist()) == [0, 1] and budgets is None
 
 
