@@ -24,7 +24,7 @@
 #   runner-host (0.5): the runner's host time per step (one 512-token prefill,
 #     a 64-request decode) with the forward pass stubbed out, greedy and sampled
 #   spec-tests (3): speculative decoding's Triton kernels, drafted thinking budgets, rejection sampler,
-#     graphs and no-sync on CUDA; spec-8b (8): the 8B decode step with 1 + k
+#     graphs and no-sync on CUDA, drafted structured outputs equal to undrafted ones on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
 #     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
 #   structured (15): the grammar-mask kernel test and the mixed batch on CUDA, then structured outputs' step
@@ -169,7 +169,8 @@ run_stage() {
     spec-tests)
       pytest_files pytest_gpu_spec.log tests/runner/test_spec_kernels.py tests/runner/test_drafted_budgets.py \
         tests/runner/test_rejection_sampler.py tests/runner/test_gpu_spec_decode.py \
-        tests/engine/test_spec_decode.py -m "not slow" ;;
+        tests/engine/test_spec_decode.py tests/engine/test_spec_structured_outputs.py \
+        -m "not slow" ;;
     spec-8b)
       timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 \
         --contexts 512 --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7 \

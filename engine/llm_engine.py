@@ -138,7 +138,8 @@ class LLMEngine:
         self.structured_outputs = StructuredOutputManager(
             os.path.join(self.model_dir, "tokenizer.json"), self.model_config.vocab_size,
             list(self.model_config.eos_token_ids),
-            reasoning=None if self.reasoning is None else self.reasoning.tokens)
+            reasoning=None if self.reasoning is None else self.reasoning.tokens,
+            speculative=config.speculative is not None)
         self.device = config.resolved_device
         draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,

@@ -68,6 +68,9 @@ class Request:
     yet appended (async scheduling); it is 0 when scheduling is synchronous.
     ``grammar`` is the request's structured-output matcher (None when
     unconstrained); it has consumed exactly ``output_token_ids``.
+    ``next_drafts``: with a grammar and speculative decoding, the drafts the
+    runner proposed after the last step that sampled for it (from that
+    step's output), which its next step verifies the first of.
     ``cache_salt`` (vLLM's; None or a non-empty string) keys its prefix-cache
     blocks apart from those of every other salt and of no salt
     (``KVCacheManager``). ``prompt_logprob_width``: the entries each of its
@@ -117,6 +120,7 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.grammar: Grammar | None = None
+        self.next_drafts: list[int] = []
         self.thinking_budget: ThinkingBudget | None = None
         detection = sampling_params.repetition_detection
         self.repetition = (RepetitionDetector(detection)

@@ -44,8 +44,9 @@ modes equal:
   preempted request comes back with prompt + the outputs known then.
 
 Speculative decoding (``num_speculative_tokens`` k > 0). A request that
-decodes (its computed tokens reach the prefill it was admitted with) and
-has no structured output is scheduled for 1 + d tokens, d = min(k, what
+decodes (its computed tokens reach the prefill it was admitted with), and
+has not both a grammar and a thinking budget, is scheduled for 1 + d
+tokens, d = min(k, what
 ``max_tokens``, ``max_model_len``, ``draft_max_model_len`` and the budget
 leave) drafts, which the runner holds on the device; KV blocks are allocated
 for all 1 + d (no drafts at all while ``spec_disable_by_batch_size`` or more
@@ -74,9 +75,17 @@ Structured outputs. A request with a ``grammar`` (its matcher) is listed in
 the plan's ``structured_output_req_ids`` when the step samples for it; the
 engine sends that step's bitmask after the plan. So is a request with a
 ``thinking_budget`` in the steps any of whose tokens it may force (the
-message forces it, ``engine.thinking_budget``); it takes drafts like any
-request without a grammar, and the workers find which of its rows the
-budget forces from the budget's state and the drafts. Each appended token
+message forces it, ``engine.thinking_budget``); it takes drafts, and the
+workers find which of its rows the budget forces from the budget's state
+and the drafts. A request with a grammar takes drafts too: each step's
+output carries the drafts the runner proposed for its next step
+(``Request.next_drafts``), and that step's bitmask has a row per position
+it verifies, the grammar after the drafts before it
+(``StructuredOutputManager.start_bitmask``; filled once the step before
+is absorbed, so the drafts and every accepted token are known). A request
+with both a grammar and a thinking budget takes none: the workers decide
+which of its drafted rows the budget forces, while its grammar rows are
+filled on the host. Each appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
 the request with "stop". A token the grammar refuses (every token the
@@ -363,7 +372,8 @@ class Scheduler:
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """Drafts for a request about to decode one token: 0 unless it is
-        past the prefill it was admitted with and has no structured output;
+        past the prefill it was admitted with, and for a request with both a
+        grammar and a thinking budget (see the module docstring);
         at most what ``max_tokens``, ``max_model_len`` and ``budget`` leave
         room for (every draft could be accepted). With T tokens known or in
         flight, the step feeds the last at position T - 1 and the drafts at
@@ -372,7 +382,7 @@ class Scheduler:
         counts in-flight drafts as accepted, so the true positions are no
         higher."""
         k = self.config.num_speculative_tokens
-        if k == 0 or getattr(request.sampling_params, "structured_outputs", None) is not None:
+        if k == 0 or (request.grammar is not None and request.thinking_budget is not None):
             return 0
         limit = self.config.spec_disable_by_batch_size
         if limit and len(self.running) >= limit:
@@ -484,6 +494,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
+        request.next_drafts = []
         if request.grammar is not None:
             request.grammar.rollback_to(len(request.output_token_ids))
         request.num_preemptions += 1
@@ -523,6 +534,8 @@ class Scheduler:
             if entry is None or not self._is_live(entry):
                 continue  # finished, aborted or preempted meanwhile
             request = entry.request
+            if req_id in runner_output.next_draft_token_ids:
+                request.next_drafts = runner_output.next_draft_token_ids[req_id]
             request.num_output_placeholders -= entry.samples * (1 + entry.num_drafts)
             if entry.num_drafts:
                 num_accepted = len(sampled) - 1

@@ -203,11 +203,22 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     with async scheduling after the next step's plan too, which the workers
     keep until this step has sampled (``worker.step_order``).
 
-    ``bitmask`` is int32, little-endian, row-major ``[len(req_ids),
-    ceil(vocab_size / 32)]``: row i belongs to ``req_ids[i]``; bit j of word
-    w set means token ``32 * w + j`` is allowed. ``req_ids`` are exactly the
-    plan's ``structured_output_req_ids``, in any order; a worker rejects any
-    other set or size.
+    ``bitmask`` is int32, little-endian, row-major ``[rows,
+    ceil(vocab_size / 32)]``; bit j of word w set means token ``32 * w + j``
+    is allowed. ``req_ids`` are exactly the plan's
+    ``structured_output_req_ids``, in any order; a worker rejects any other
+    set or size. ``num_rows``: empty (one row each), or the rows of each of
+    ``req_ids`` in turn, between 1 and its logits rows in the step: a
+    request's n rows mask its last n logits rows in order. A request with a
+    grammar and d drafts in the step has 1 + d: row i is the grammar's mask
+    after its tokens before the step and its drafts 1..i (the rows after a
+    draft the grammar refuses allow every token: that draft, masked out of
+    the row before it, is rejected there, so they are never used).
+
+    ``draft_req_ids``: the requests with a grammar, whose drafts for their
+    next step the step's reply carries
+    (``ModelRunnerOutput.next_draft_token_ids``), so that the next step's
+    bitmask can be filled over them.
 
     ``forced_token_ids``: empty, or one per row: the token that row's
     request must sample (its thinking budget forces the end of its
@@ -235,6 +246,8 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     bitmask: bytes
     forced_token_ids: list[int] = []
     thinking_states: list[list[int]] = []
+    num_rows: list[int] = []
+    draft_req_ids: list[str] = []
 
 
 class Logprobs(msgspec.Struct, frozen=True, kw_only=True):
@@ -269,6 +282,9 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     row samples nothing when its prefill chunk stops short of its prompt.
     ``logprobs`` has one row per sampled token, in the same order.
     ``prompt_logprobs``: the prompt tokens scored in this step, if any.
+    ``next_draft_token_ids``: for each of the step's bitmask's
+    ``draft_req_ids``, the k drafts the runner proposed after this step
+    (those its next step verifies the first of); empty otherwise.
     """
 
     step_id: int
@@ -276,6 +292,7 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     num_sampled: list[int] | None = None
     logprobs: Logprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    next_draft_token_ids: dict[str, list[int]] = {}
 
     def rows(self) -> list[list[int]]:
         """Each row's tokens, in plan order."""

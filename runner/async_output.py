@@ -14,10 +14,15 @@ ignores its row).
 
 With speculative decoding a row emits ``num_accepted + 1`` tokens, the head
 of its row of ``tokens`` [N, 1 + k]; logprobs are then per logits row, and
-row i's j-th token has logits row ``cu_num_logits[i] + j``.
+row i's j-th token has logits row ``cu_num_logits[i] + j``. The drafts
+proposed for the next step of the requests with a grammar (``NextDrafts``)
+travel with the tokens, so the engine can fill that step's bitmask over
+them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,6 +31,17 @@ from ipc.messages import Logprobs, ModelRunnerOutput
 from runner.sampler import SamplerOutput
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput
 from runner.transfer import HostTransfer
+
+
+@dataclass(frozen=True)
+class NextDrafts:
+    """The drafts of ``req_ids`` for their next step: ``tokens`` [N, k] on
+    the device, one row per batch row, request i's at batch row
+    ``batch_rows[i]``."""
+
+    req_ids: list[str]
+    batch_rows: np.ndarray
+    tokens: torch.Tensor
 
 
 class AsyncOutput:
@@ -40,11 +56,13 @@ class AsyncOutput:
         num_accepted: torch.Tensor | None = None,
         cu_num_logits: np.ndarray | None = None,
         prompt_logprobs: PromptLogprobsOutput | None = None,
+        next_drafts: NextDrafts | None = None,
     ):
         """``plan_order[i]``: the plan index of batch row i; ``sample_mask[i]``:
         batch row i keeps its token(s). ``tokens``, ``num_accepted`` (device)
         and ``cu_num_logits`` (host) only with drafts; ``prompt_logprobs``:
-        the step's scored prompt tokens, copied with the rest."""
+        the step's scored prompt tokens, and ``next_drafts``, copied with
+        the rest."""
         self.step_id = step_id
         self.plan_order = plan_order
         self.sample_mask = sample_mask
@@ -52,8 +70,11 @@ class AsyncOutput:
         self.cu_num_logits = cu_num_logits
         self.prompt_logprobs = prompt_logprobs
         self.spec = tokens is not None
+        self.next_drafts = next_drafts
         if self.spec:
             head = (tokens, num_accepted)
+            if next_drafts is not None:
+                head += (next_drafts.tokens,)
         else:
             head = (sampler_output.sampled_token_ids,)
         self.num_head = len(head)
@@ -106,10 +127,16 @@ class AsyncOutput:
             flat.extend(tokens[i, :c].tolist())
             num_sampled.append(c)
             logit_rows.extend(range(int(self.cu_num_logits[i]), int(self.cu_num_logits[i]) + c))
+        next_drafts = {}
+        if self.next_drafts is not None:
+            drafts = self.host_tensors[2].numpy()
+            next_drafts = {r: drafts[i].tolist() for r, i in
+                           zip(self.next_drafts.req_ids, self.next_drafts.batch_rows.tolist())}
         return ModelRunnerOutput(step_id=self.step_id, sampled_token_ids=flat,
                                  num_sampled=num_sampled,
                                  logprobs=self._logprob_rows(logit_rows, batch_row, counts),
-                                 prompt_logprobs=self._prompt_message())
+                                 prompt_logprobs=self._prompt_message(),
+                                 next_draft_token_ids=next_drafts)
 
     def _logprob_rows(self, logit_rows: list[int], batch_row: np.ndarray,
                       counts: np.ndarray) -> Logprobs | None:

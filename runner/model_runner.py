@@ -34,7 +34,7 @@ import torch
 from ipc import trace
 from ipc.config import RunnerConfig
 from ipc.messages import GrammarBitmask, SchedulerOutput
-from runner.async_output import AsyncOutput
+from runner.async_output import AsyncOutput, NextDrafts
 from runner.attention.metadata import AttentionMetadata
 from runner.block_table import BlockTables
 from runner.cuda_graphs import (
@@ -618,7 +618,8 @@ class ModelRunner:
             forced, budgets = self.grammar_mask.apply(t.logits, grammar, batch.req_ids,
                                                       step.last_logits_row, num_logits)
         if self.num_spec:
-            return self._sample_with_drafts(step, forced, budgets)
+            return self._sample_with_drafts(step, forced, budgets,
+                                            grammar.draft_req_ids if grammar else [])
         # The graph's argmax is of the logits before the grammar mask.
         greedy = t.greedy if grammar is None else None
         out = self.sampler(t.logits, t.idx_mapping, batch.idx_mapping_np, t.positions,
@@ -630,10 +631,13 @@ class ModelRunner:
         )
 
     def _sample_with_drafts(self, step: _PendingStep, forced: ForcedTokens | None = None,
-                            budgets: DraftedBudgets | None = None) -> AsyncOutput:
+                            budgets: DraftedBudgets | None = None,
+                            draft_req_ids: list[str] | None = None) -> AsyncOutput:
         """The rejection sampler, then the device state it changes: the last
         emitted token, the computed count less the rejected drafts, the
-        emitted tokens in ``all_token_ids``; then the next drafts."""
+        emitted tokens in ``all_token_ids``; then the next drafts, those of
+        ``draft_req_ids`` (requests with a grammar) copied to the host with
+        the step's tokens."""
         batch, t, buf, states = step.batch, step.tensors, self.buffers, self.req_states
         n, num_logits = batch.num_reqs, batch.num_logits
         layout = DraftLayout.build(buf.cu_num_logits, n, num_logits, 1 + self.num_spec)
@@ -659,11 +663,18 @@ class ModelRunner:
             self.ops.ngram_propose(states.all_token_ids.gpu, buf.idx_mapping, computed,
                                    states.draft_tokens, n, spec.prompt_lookup_min,
                                    spec.prompt_lookup_max)
+        next_drafts = None
+        if draft_req_ids:
+            rows = {req_id: i for i, req_id in enumerate(batch.req_ids)}
+            # The whole batch's rows, gathered on the device (no upload).
+            next_drafts = NextDrafts(list(draft_req_ids),
+                                     np.array([rows[r] for r in draft_req_ids]),
+                                     states.draft_tokens.index_select(0, idx))
         return AsyncOutput(step.step_id, batch.plan_order, batch.sample_mask_np,
                            out.sampler_output, self.output_transfer,
                            tokens=out.tokens, num_accepted=out.num_accepted,
                            cu_num_logits=batch.cu_num_logits_np[: n + 1],
-                           prompt_logprobs=step.prompt_logprobs)
+                           prompt_logprobs=step.prompt_logprobs, next_drafts=next_drafts)
 
     def _write_emitted(self, t: StepTensors, layout: DraftLayout, num_accepted: torch.Tensor,
                        targets: torch.Tensor) -> None:

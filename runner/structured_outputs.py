@@ -8,7 +8,11 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   ``len(req_ids) * ceil(vocab / 32)`` int32 words); otherwise
   ``InvalidPlanError``, the same verdict on every rank (the step is rejected).
 - ``GrammarMask.apply``: maps each row to its request's logits row
-  (``last_logits_row`` of its batch row: the row it samples from), copies
+  (``last_logits_row`` of its batch row: the row it samples from; a
+  request with ``GrammarBitmask.num_rows`` n has its last n logits rows
+  masked, one row each: with a grammar and drafts, every row the
+  rejection sampler verifies them at, so a draft the grammar refuses is
+  rejected and every emitted token is one the grammar allows), copies
   mask and rows into persistent device buffers (on CUDA a side stream that
   the main stream waits for, so the copy overlaps the forward pass), and
   masks the logits in place with one kernel, before penalties, temperature
@@ -92,10 +96,17 @@ def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
         missing = sorted(set(expected_req_ids) - set(grammar.req_ids))
         fail(f"the grammar bitmask's requests do not match the plan's (unknown: "
              f"{unknown[:5]}, missing: {missing[:5]})")
-    expected_bytes = len(grammar.req_ids) * bitmask_words(vocab_size) * 4
+    num_rows = grammar.num_rows
+    if num_rows and (len(num_rows) != len(grammar.req_ids) or min(num_rows) < 1):
+        fail(f"the grammar bitmask's row counts ({num_rows[:5]}) are not one count >= 1 "
+             f"per request ({len(grammar.req_ids)})")
+    rows = sum(num_rows) if num_rows else len(grammar.req_ids)
+    expected_bytes = rows * bitmask_words(vocab_size) * 4
     if len(grammar.bitmask) != expected_bytes:
         fail(f"the grammar bitmask has {len(grammar.bitmask)} bytes, not {expected_bytes} "
-             f"({len(grammar.req_ids)} rows of {bitmask_words(vocab_size)} int32 words)")
+             f"({rows} rows of {bitmask_words(vocab_size)} int32 words)")
+    if not set(grammar.draft_req_ids) <= set(grammar.req_ids):
+        fail("the grammar bitmask asks for the drafts of requests it does not mask")
     forced = grammar.forced_token_ids
     if forced and len(forced) != len(grammar.req_ids):
         fail(f"the grammar bitmask forces {len(forced)} rows' tokens, not one per row "
@@ -116,9 +127,9 @@ def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
 class GrammarMask:
     """Persistent device buffers for one step's mask, and the masking call.
 
-    At most ``max_rows`` rows (one per constrained request of a step, so the
-    runner's ``max_num_seqs``), and ``max_rows * width`` drafted-budget
-    lines (``width``: 1 + the drafts a row may have). The buffers are
+    At most ``max_rows`` constrained requests a step (the runner's
+    ``max_num_seqs``) and ``max_rows * width`` mask rows and drafted-budget
+    lines (``width``: 1 + the drafts a request may have). The buffers are
     rewritten only after the previous step's kernel has read them
     (``HostTransfer.copy_into_side``).
     """
@@ -127,8 +138,9 @@ class GrammarMask:
                  width: int = 1):
         self.vocab_size = vocab_size
         self.words = bitmask_words(vocab_size)
-        self.bitmask = torch.zeros((max_rows, self.words), dtype=torch.int32, device=device)
-        self.rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.bitmask = torch.zeros((max_rows * width, self.words), dtype=torch.int32,
+                                   device=device)
+        self.rows = torch.zeros(max_rows * width, dtype=torch.int32, device=device)
         self.forced_rows = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.forced_ids = torch.zeros(max_rows, dtype=torch.int64, device=device)
         self.budget_table = (torch.zeros((max_rows * width, NUM_COLUMNS), dtype=torch.int64,
@@ -144,13 +156,17 @@ class GrammarMask:
         row's logits rows (None: one each). The rows forced outright and
         the drafted requests' budgets (None: none), for the sampler:
         tensors of their own, not the upload buffers."""
-        n = len(grammar.req_ids)
         batch_row = {req_id: i for i, req_id in enumerate(batch_req_ids)}
         order = [batch_row[r] for r in grammar.req_ids]
         rows = np.array([last_logits_row[i] for i in order], dtype=np.int32)
+        mask_rows = rows
+        if grammar.num_rows:
+            mask_rows = _mask_rows(rows, np.array(grammar.num_rows, dtype=np.int32),
+                                   None if num_logits is None else num_logits[order])
+        n = len(mask_rows)
         # Read in place from the message (the transfer stages it, once).
         mask = np.frombuffer(grammar.bitmask, dtype="<i4").astype(np.int32, copy=False)
-        pairs = [(mask.reshape(n, self.words), self.bitmask), (rows, self.rows)]
+        pairs = [(mask.reshape(n, self.words), self.bitmask), (mask_rows, self.rows)]
         forced_ids = np.array(grammar.forced_token_ids, dtype=np.int64)
         table = None
         if grammar.thinking_states and num_logits is not None and self.budget_table is not None:
@@ -175,6 +191,23 @@ class GrammarMask:
                    if table is not None else None)
         self.transfer.side_buffers_read()
         return forced, budgets
+
+
+def _mask_rows(last_rows: np.ndarray, num_rows: np.ndarray,
+               num_logits: np.ndarray | None) -> np.ndarray:
+    """The logits row of every mask row: request r's ``num_rows[r]`` rows
+    mask its last that many logits rows (``last_rows[r]`` the last), in
+    order; ``InvalidPlanError`` where a request has more mask rows than
+    logits rows (``num_logits`` None: one each)."""
+    have = np.ones_like(num_rows) if num_logits is None else num_logits
+    if np.any(num_rows > have):
+        raise InvalidPlanError(f"the grammar bitmask has more rows for a request than its "
+                               f"logits rows in the step ({num_rows.tolist()[:5]} for "
+                               f"{have.tolist()[:5]})")
+    ends = np.cumsum(num_rows)
+    offset = np.arange(int(ends[-1])) - np.repeat(ends - num_rows, num_rows)
+    first = np.repeat(last_rows - num_rows + 1, num_rows)
+    return (first + offset).astype(np.int32)
 
 
 def _drafted_budget_table(states: list[list[int]], drafted: list[int], last_rows: np.ndarray,

@@ -21,6 +21,17 @@ them until ``result()`` has returned (the engine's order guarantees it).
 One persistent buffer holds the rows being filled (no allocation a step);
 ``result()`` copies them into the message.
 
+With speculative decoding a request with a grammar and d drafts in the
+step has 1 + d rows (``GrammarBitmask.num_rows``): row i is its grammar's
+mask after its tokens and its drafts 1..i (``Request.next_drafts``, which
+the output of the step before brought; llguidance consumes, fills and
+rolls back, in its threads). Every row starts allowing every token, and
+the walk stops at a draft the grammar refuses or one after its end: the
+runner masks that draft out of the row before it, so the rejection
+sampler rejects it there and never uses the rows after. The message names
+the requests with a grammar (``draft_req_ids``), whose drafts for the
+next step the step's output then carries.
+
 A request's thinking budget forces its next token through the message
 (``GrammarBitmask.forced_token_ids``, ``engine.thinking_budget``), not
 through its row, which allows every token: the sampler sets the token
@@ -59,9 +70,13 @@ def bitmask_words(vocab_size: int) -> int:
 
 class StructuredOutputManager:
     def __init__(self, tokenizer_json_path: str, vocab_size: int, eos_token_ids: list[int],
-                 timeout_s: float = DEFAULT_TIMEOUT_S, reasoning: ReasoningTokens | None = None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, reasoning: ReasoningTokens | None = None,
+                 speculative: bool = False):
+        """``speculative``: the runner proposes drafts, so each bitmask asks
+        for the next drafts of its requests with a grammar."""
         self.vocab_size = vocab_size
         self.reasoning = reasoning
+        self.speculative = speculative
         self.words = bitmask_words(vocab_size)
         self.eos_token_ids = sorted(eos_token_ids)
         self.backend = GuidanceBackend(tokenizer_json_path, vocab_size, self.eos_token_ids)
@@ -120,45 +135,84 @@ class StructuredOutputManager:
         open, so no grammar holds it), named in ``forced_token_ids``.
         ``num_drafts``: the drafts the step verifies per request (absent:
         none); a budgeted request with drafts sends its budget's state in
-        place of a forced id."""
+        place of a forced id, and one with a grammar and d drafts gets
+        1 + d rows over the first d of its ``next_drafts`` (the engine's
+        order guarantees they are known: a ``RuntimeError`` otherwise)."""
         if self._pending is not None:
             self._pending.wait()
         req_ids = list(plan.structured_output_req_ids)
-        mask = self._rows(len(req_ids))
-        jobs, grammars, forced_ids = [], [], [-1] * len(req_ids)
+        num_drafts = num_drafts or {}
+        num_rows = [self._num_rows(requests.get(r), num_drafts.get(r, 0)) for r in req_ids]
+        mask = self._rows(sum(num_rows))
+        jobs, draft_jobs, grammars, forced_ids = [], [], [], [-1] * len(req_ids)
         states: list[list[int]] = []
-        for row, req_id in enumerate(req_ids):
+        draft_req_ids = []
+        row = 0
+        for i, req_id in enumerate(req_ids):
             request = requests.get(req_id)
             grammar = getattr(request, "grammar", None)
             budget = getattr(request, "thinking_budget", None)
             forced = None if budget is None else budget.forced_token()
-            if budget is not None and num_drafts and num_drafts.get(req_id, 0):
+            if budget is not None and num_drafts.get(req_id, 0):
                 if not states:
                     states = [[] for _ in req_ids]
-                states[row] = budget.state()
+                states[i] = budget.state()
             elif forced is not None:
-                forced_ids[row] = forced
+                forced_ids[i] = forced
+            n = num_rows[i]
+            if grammar is not None and self.speculative:
+                draft_req_ids.append(req_id)
             if forced is not None:
                 mask[row] = -1
+            elif n > 1:
+                mask[row:row + n] = -1
+                drafts = request.next_drafts[:n - 1]
+                if len(drafts) != n - 1:
+                    raise RuntimeError(f"request {req_id}: {n - 1} drafts in step "
+                                       f"{plan.step_id}, {len(drafts)} known")
+                walk = _draft_walk(grammar, row, drafts)
+                if walk is not None:
+                    matcher, first, rest = walk
+                    if rest:
+                        draft_jobs.append(walk)
+                    else:
+                        jobs.append((matcher, first))
+                grammars.append((row, n, grammar))
             elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
-                grammars.append((row, grammar))
+                grammars.append((row, 1, grammar))
             else:
                 mask[row] = -1
+            row += n
         future = None
-        if jobs and background:
-            future = self._fill_thread().submit(self._fill, jobs, mask)
-        elif jobs:
-            self._fill(jobs, mask)
+        if (jobs or draft_jobs) and background:
+            future = self._fill_thread().submit(self._fill, jobs, mask, draft_jobs)
+        elif jobs or draft_jobs:
+            self._fill(jobs, mask, draft_jobs)
         forced_ids = forced_ids if any(t >= 0 for t in forced_ids) else []
         self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future,
-                                       forced_ids, states)
+                                       forced_ids, states,
+                                       num_rows if len(num_rows) < row else [],
+                                       draft_req_ids)
         return self._pending
 
-    def _fill(self, jobs: list, mask: np.ndarray) -> None:
+    @staticmethod
+    def _num_rows(request, num_drafts: int) -> int:
+        """A request's bitmask rows: 1 + its drafts with a grammar (one row
+        per position it verifies), else 1."""
+        return 1 + num_drafts if getattr(request, "grammar", None) is not None else 1
+
+    def _fill(self, jobs: list, mask: np.ndarray, draft_jobs: list) -> None:
+        """Rows of ``jobs`` (matcher, row) and of ``draft_jobs`` (matcher,
+        first row, drafts: the rows after consuming each, until one is
+        refused or the grammar ends; the matcher rolled back after)."""
         import llguidance.numpy as llg_numpy
 
-        llg_numpy.fill_next_token_bitmask_par(self._parallel(), jobs, mask)
+        if jobs:
+            llg_numpy.fill_next_token_bitmask_par(self._parallel(), jobs, mask)
+        if draft_jobs:
+            llg_numpy.fill_next_token_bitmask_par_with_draft_tokens(self._parallel(), draft_jobs,
+                                                                    mask)
 
     def _rows(self, n: int) -> np.ndarray:
         """The first ``n`` rows of the persistent mask buffer (grown as
@@ -169,15 +223,17 @@ class StructuredOutputManager:
         return self._buffer[:n]
 
     def _finish(self, pending: PendingBitmask) -> GrammarBitmask:
-        for row, grammar in pending.grammars:
+        for row, n, grammar in pending.grammars:
             if grammar.is_error():
-                self._eos_only(pending.mask[row])
+                for r in range(row, row + n):
+                    self._eos_only(pending.mask[r])
         if self._pending is pending:
             self._pending = None
         return GrammarBitmask(step_id=pending.step_id, req_ids=pending.req_ids,
                               bitmask=pending.mask.astype("<i4", copy=False).tobytes(),
                               forced_token_ids=pending.forced_token_ids,
-                              thinking_states=pending.thinking_states)
+                              thinking_states=pending.thinking_states,
+                              num_rows=pending.num_rows, draft_req_ids=pending.draft_req_ids)
 
     def _eos_only(self, row: np.ndarray) -> None:
         _only(row, *self.eos_token_ids)
@@ -210,11 +266,13 @@ class PendingBitmask:
 
     def __init__(self, manager: StructuredOutputManager, step_id: int, req_ids: list[str],
                  mask: np.ndarray, grammars: list, future: Future | None,
-                 forced_token_ids: list[int], thinking_states: list[list[int]]):
+                 forced_token_ids: list[int], thinking_states: list[list[int]],
+                 num_rows: list[int], draft_req_ids: list[str]):
         self.manager, self.step_id, self.req_ids = manager, step_id, req_ids
         self.mask, self.grammars, self.future = mask, grammars, future
         self.forced_token_ids = forced_token_ids
         self.thinking_states = thinking_states
+        self.num_rows, self.draft_req_ids = num_rows, draft_req_ids
         self.message: GrammarBitmask | None = None
 
     def wait(self) -> None:
@@ -230,6 +288,24 @@ class PendingBitmask:
                 self.future.result()
             self.message = self.manager._finish(self)
         return self.message
+
+
+def _draft_walk(grammar: Grammar, row: int, drafts: list[int]) -> tuple | None:
+    """The fill job (matcher, first row, drafts to walk) of a request's
+    rows ``row .. row + len(drafts)``, all set to allow every token
+    beforehand, or None: none to fill. Row i is the mask after drafts
+    1..i. A grammar that holds the next token walks them all (llguidance
+    stops at a refused draft, or one after the grammar's end, leaving the
+    rows after it as they are); one still inside its reasoning leaves every
+    row free up to the one after a drafted end tag, and from there on holds
+    from its start; a complete one leaves every row free."""
+    if grammar.active:
+        return (grammar.matcher, row, drafts) if grammar.constrains() else None
+    end = grammar.reasoning_end_id
+    if end not in drafts:
+        return None
+    j = drafts.index(end) + 1
+    return grammar.matcher, row + j, drafts[j:]
 
 
 def _only(row: np.ndarray, *tokens: int) -> None:

@@ -102,9 +102,9 @@ class _Recorder:
             self.log.append(("mask", g.step_id))
             return sample_tokens(g)
 
-        def recorded_fill(jobs, m):
+        def recorded_fill(*args):
             self.fill_threads.add(threading.current_thread().name)
-            return fill(jobs, m)
+            return fill(*args)
 
         scheduler.schedule = scheduled
         executor.execute_model, executor.sample_tokens = plan, mask

@@ -120,6 +120,48 @@ def test_without_a_reasoning_parser_the_grammar_holds_at_once(think_dir):
         plain.shutdown()
 
 
+class _Drafted:
+    def __init__(self, grammar, drafts):
+        self.grammar, self.next_drafts = grammar, drafts
+
+
+def drafted_rows(manager, grammar, drafts) -> list[list[int]]:
+    """The tokens each of a drafted request's 1 + d bitmask rows allows."""
+    plan = SchedulerOutput(step_id=1, structured_output_req_ids=["r"])
+    bitmask = manager.bitmask(plan, {"r": _Drafted(grammar, drafts)}, {"r": len(drafts)})
+    assert bitmask.num_rows == [1 + len(drafts)]
+    words = np.frombuffer(bitmask.bitmask, dtype="<i4").reshape(-1, (VOCAB + 31) // 32)
+    bits = (words[:, :, None].astype(np.int64) >> np.arange(32)) & 1
+    return [np.flatnonzero(row[:VOCAB]).tolist() for row in bits.reshape(len(words), -1)]
+
+
+A, B, C = ord("a"), ord("b"), ord("c")
+
+
+def test_drafted_rows_follow_the_grammar_over_the_drafts_and_roll_it_back(manager):
+    """a[bc] over drafts: row i is the mask after drafts 1..i; the row
+    after the grammar's end allows EOS alone; rows after a refused draft
+    allow every token (the draft is rejected at the row before); the
+    matcher is left as it was."""
+    g = grammar_for(manager, [THINK, 5, END_THINK, 6])  # active from the first token
+    assert drafted_rows(manager, g, [A, B, ord("x")]) == [[A], [B, C], [EOS], EVERY]
+    assert drafted_rows(manager, g, [A, ord("x"), C]) == [[A], [B, C], EVERY, EVERY]
+    assert drafted_rows(manager, g, [ord("x"), A]) == [[A], EVERY, EVERY]
+    assert g.num_tokens == 0 and not g.is_error() and allowed(manager, g) == [A]
+
+
+def test_drafted_rows_of_a_grammar_inside_its_reasoning(manager):
+    """Every row up to the one after a drafted end tag is free; from there
+    the grammar holds from its start; with no end tag drafted all are free;
+    the grammar stays inside its reasoning."""
+    g = grammar_for(manager, [1, THINK, 2])
+    assert drafted_rows(manager, g, [ord("z"), END_THINK, A, C]) == [
+        EVERY, EVERY, [A], [B, C], [EOS]]
+    assert drafted_rows(manager, g, [ord("z"), END_THINK]) == [EVERY, EVERY, [A]]
+    assert drafted_rows(manager, g, [ord("z"), THINK]) == [EVERY] * 3
+    assert not g.active and g.num_tokens == 0 and allowed(manager, g) == EVERY
+
+
 def _params(seed: int) -> SamplingParams:
     # The bias makes </think> likely enough to come within the budget.
     return SamplingParams(temperature=1.0, seed=seed, max_tokens=48,

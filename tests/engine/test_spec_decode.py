@@ -399,8 +399,8 @@ def test_greedy_equals_transformers_at_tp3(llama_6_heads, tp):
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_constrained_requests_beside_drafting_ones(plain_greedy, async_scheduling):
     """One engine, n-gram drafts on: JSON- and regex-constrained requests
-    (which never draft: their drafts would escape the grammar's mask) beside
-    greedy ones that draft. The greedy outputs are the plain ones, drafts are
+    (drafting under their grammar, tests/engine/test_spec_structured_outputs.py)
+    beside greedy ones that draft. The greedy outputs are the plain ones, drafts are
     accepted for them, and the constrained outputs are valid and equal to the
     same requests run without speculative decoding."""
     from tests.engine.test_structured_outputs import (

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.reasoning import ReasoningTokens
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.thinking_budget import ThinkingBudget
 from ipc.messages import ModelRunnerOutput
 from tests.engine.test_async_scheduling import drive_async
 from tests.helpers.fake_runner import PROMPTS, config, drive, expected, make_requests
@@ -128,21 +130,45 @@ def test_rejected_drafts_are_given_back():
     assert sched.spec_stats.num_accepted_tokens_per_pos == [1, 0, 0]
 
 
-def test_structured_output_requests_never_draft():
-    class Constrained:
-        """Parameters with a structured output (what the scheduler reads)."""
+class _FreeGrammar:
+    """A grammar that accepts every token (what the scheduler calls)."""
 
-        structured_outputs = {"json": {}}
+    def accept(self, token):
+        return True
 
-        def __init__(self, params):
-            self._params = params
+    def is_terminated(self):
+        return False
 
-        def __getattr__(self, name):
-            return getattr(self._params, name)
+    def rollback_to(self, num_tokens):
+        pass
+
+
+def test_grammar_requests_draft_and_keep_the_drafts_their_output_reports():
+    """A request with a grammar drafts; the drafts its step's output
+    reports for its next step are kept on it, the step's drafts are what
+    ``step_drafts`` says, and a preemption forgets them. With a thinking
+    budget too it never drafts."""
+    sched = Scheduler(config(num_speculative_tokens=3))
+    request = Request("a", [1, 2, 3], SamplingParams(max_tokens=20))
+    request.grammar = _FreeGrammar()
+    sched.add_request(request)
+    prefill = sched.schedule()
+    sched.update_from_output(prefill, ModelRunnerOutput(
+        step_id=prefill.step_id, sampled_token_ids=[7],
+        next_draft_token_ids={"a": [4, 5, 6]}))
+    assert request.next_drafts == [4, 5, 6]
+    step = sched.schedule()
+    assert _counts(step) == {"a": 4} and sched.step_drafts(step.step_id) == {"a": 3}
+    assert step.structured_output_req_ids == ["a"]
+    sched._preempt(request)
+    assert request.next_drafts == []
 
     sched = Scheduler(config(num_speculative_tokens=3))
-    sched.add_request(Request("a", [1, 2, 3], Constrained(SamplingParams(max_tokens=20))))
-    assert _counts(_decode_step(sched)) == {"a": 1}
+    request = Request("b", [1, 2, 3], SamplingParams(max_tokens=20))
+    request.grammar = _FreeGrammar()
+    request.thinking_budget = ThinkingBudget(5, ReasoningTokens(8, 9), [1, 2, 3])
+    sched.add_request(request)
+    assert _counts(_decode_step(sched, "b")) == {"b": 1}
 
 
 def test_drafts_stop_short_of_max_model_len():

@@ -172,6 +172,48 @@ def test_grammar_mask_hands_the_forced_rows_to_the_sampler():
     assert torch.equal(forced.apply(limited), want)
 
 
+def _rows_message(rows: dict[str, list[list[int]]], vocab: int,
+                  draft_req_ids=()) -> GrammarBitmask:
+    """A bitmask with ``rows[r]``: the allowed tokens of each of r's rows."""
+    data = np.array([words_allowing(vocab, tokens) for r in rows for tokens in rows[r]],
+                    dtype="<i4").tobytes()
+    return GrammarBitmask(step_id=0, req_ids=list(rows), bitmask=data,
+                          num_rows=[len(v) for v in rows.values()],
+                          draft_req_ids=list(draft_req_ids))
+
+
+def test_grammar_mask_masks_every_row_of_a_request_with_several():
+    """Batch a (3 logits rows, 3 mask rows: one each), b (2 logits rows,
+    1 mask row: its last), c (1 and 1): each mask row masks its own
+    logits row; b's first row is left alone."""
+    vocab = 70
+    mask = GrammarMask(max_rows=3, vocab_size=vocab, device=torch.device("cpu"),
+                       ops=device_ops(torch.device("cpu")), width=3)
+    message = _rows_message({"b": [[4]], "a": [[1], [2, 3], [69]], "c": [[5]]}, vocab)
+    check_grammar_bitmask(message, 0, ["a", "b", "c"], vocab)
+    logits = torch.randn(6, vocab)
+    expected = _expected(logits, {0: [1], 1: [2, 3], 2: [69], 4: [4], 5: [5]})
+    mask.apply(logits, message, ["a", "b", "c"], np.array([2, 4, 5]), np.array([3, 2, 1]))
+    assert torch.equal(logits, expected)
+    # More mask rows than logits rows: the step is refused.
+    with pytest.raises(InvalidPlanError, match="more rows for a request than its logits rows"):
+        mask.apply(logits, _rows_message({"c": [[5], [5]]}, vocab), ["a", "b", "c"],
+                   np.array([2, 4, 5]), np.array([3, 2, 1]))
+
+
+@pytest.mark.parametrize("num_rows, draft_req_ids, pattern", [
+    ([2], [], "not one count >= 1 per request"),
+    ([2, 0], [], "not one count >= 1 per request"),
+    ([1, 2], [], "has 24 bytes, not 36"),
+    ([1, 1], ["c"], "drafts of requests it does not mask"),
+])
+def test_received_row_counts_are_checked(num_rows, draft_req_ids, pattern):
+    grammar = GrammarBitmask(step_id=7, req_ids=["a", "b"], bitmask=b"\xff" * 24,
+                             num_rows=num_rows, draft_req_ids=draft_req_ids)
+    with pytest.raises(InvalidPlanError, match=pattern):
+        check_grammar_bitmask(grammar, 7, ["a", "b"], 70)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_grammar_mask_on_cuda_reuses_its_buffers_in_order_without_waiting():

@@ -1,0 +1,168 @@
+"""Structured outputs with speculative decoding, end to end on ``tiny``.
+
+A request with a grammar takes n-gram drafts: the runner reports its
+drafts for the next step with each step's tokens, the engine fills one
+bitmask row per position the step verifies (row i after the drafts
+1..i), and the rejection sampler verifies each draft against the masked
+target. The reference is the same engine without speculative decoding:
+greedy and seeded outputs, token ids and logprobs, are the same token for
+token, under a regex and a JSON schema, with async scheduling on and off,
+while drafts are proposed and accepted. The prompts repeat, so the model's
+constrained output repeats too and the n-gram drafts copied from it pass;
+the grammars refuse some of the tokens the prompt's runs suggest, so some
+drafts are refused, and each refused draft is rejected (checked on the
+messages the engine sends and the outputs it receives), also through
+preemptions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.structured_outputs.params import StructuredOutputsParams
+
+pytestmark = pytest.mark.timeout(600)
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+         "prompt_lookup_min": 1}
+RUNS = "abcabcabcabcabcabc"
+ENUMS = {"type": "array", "items": {"type": "string", "enum": ["abc", "ab", "ca"]},
+         "minItems": 10, "maxItems": 10}
+CASES = [
+    (RUNS, StructuredOutputsParams(regex="[a-c]{40}")),
+    (RUNS, StructuredOutputsParams(regex="[ab]{40}")),  # refuses the runs' c
+    (RUNS, StructuredOutputsParams(regex="(abc|ab|ca){15}")),
+    ('["abc", "abc", "ab", "abc"', StructuredOutputsParams(json=ENUMS,
+                                                           disable_any_whitespace=True)),
+]
+SAMPLINGS = [{"temperature": 0}, {"temperature": 0.8, "seed": 7}]
+
+
+def _params() -> tuple[list[str], list[SamplingParams]]:
+    prompts, params = [], []
+    for prompt, so in CASES:
+        for extra in SAMPLINGS:
+            prompts.append(prompt)
+            params.append(SamplingParams(max_tokens=60, logprobs=2, structured_outputs=so,
+                                         **extra))
+    return prompts, params
+
+
+def _generate(spec, **config):
+    """(outputs, the scheduler) of every case in one batch."""
+    prompts, params = _params()
+    with LLM(model="tiny", dtype="float32", speculative_config=spec, **config) as llm:
+        outs = [o.outputs[0] for o in llm.generate(prompts, params)]
+        return outs, llm.engine.scheduler
+
+
+def _assert_same(got, want, tol: float) -> None:
+    for (prompt, so, extra), a, b in zip(
+            [(p, s, e) for p, s in CASES for e in SAMPLINGS], want, got):
+        assert b.token_ids == a.token_ids, (prompt[:6], so, extra)
+        assert b.finish_reason == a.finish_reason == "stop", (prompt[:6], so, extra)
+        assert len(b.logprobs) == len(a.logprobs) == len(a.token_ids)
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert set(y) == set(x)
+            for t in x:
+                assert y[t].logprob == pytest.approx(x[t].logprob, abs=tol)
+                assert y[t].rank == x[t].rank
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _generate(None)[0]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_outputs_and_logprobs_equal_the_ones_without_drafts(plain, async_scheduling):
+    got, scheduler = _generate(NGRAM, async_scheduling=async_scheduling)
+    _assert_same(got, plain, 1e-4)
+    stats = scheduler.spec_stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0
+    assert stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_through_preemptions_with_drafts_in_flight(plain, async_scheduling):
+    """A cache of 7 blocks for 8 requests: requests are preempted (their
+    drafts and in-flight tokens dropped) and come back; outputs are still
+    the ones without drafts, without preemption."""
+    got, scheduler = _generate(NGRAM, async_scheduling=async_scheduling,
+                               num_gpu_blocks_override=7, max_model_len=112)
+    _assert_same(got, plain, 1e-4)
+    assert scheduler.num_preemptions > 0 and scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def _allowed(message, vocab: int) -> list[np.ndarray]:
+    """Each bitmask row of ``message`` as a bool vector over the vocabulary."""
+    words = (vocab + 31) // 32
+    rows = np.frombuffer(message.bitmask, dtype="<i4").reshape(-1, words)
+    bits = (rows[:, :, None].astype(np.int64) >> np.arange(32)) & 1
+    return [r for r in bits.reshape(len(rows), -1)[:, :vocab].astype(bool)]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_draft_the_grammar_refuses_is_rejected(async_scheduling):
+    """Recorded where the engine sends and receives: for each request with
+    a grammar and d drafts in a step, its bitmask has 1 + d rows; where
+    draft i is not allowed by row i - 1 (the grammar after drafts before
+    it), the step emits at most i tokens for it (the draft rejected), and
+    every emitted token is allowed by its row. Such drafts occur."""
+    prompts, params = _params()
+    with LLM(model="tiny", dtype="float32", speculative_config=NGRAM,
+             async_scheduling=async_scheduling) as llm:
+        engine = llm.engine
+        vocab = engine.model_config.vocab_size
+        messages, drafts_used, outputs = {}, {}, {}
+        sample, start = engine.executor.sample_tokens, engine.structured_outputs.start_bitmask
+        absorb = engine.scheduler.update_from_output
+
+        def record_message(message):
+            messages[message.step_id] = message
+            return sample(message)
+
+        def record_drafts(plan, requests, *args, **kwargs):
+            drafts_used[plan.step_id] = {r: list(q.next_drafts) for r, q in requests.items()}
+            return start(plan, requests, *args, **kwargs)
+
+        def record_output(plan, output):
+            outputs[plan.step_id] = dict(zip(plan.scheduled_req_ids(), output.rows()))
+            return absorb(plan, output)
+
+        engine.executor.sample_tokens = record_message
+        engine.structured_outputs.start_bitmask = record_drafts
+        engine.scheduler.update_from_output = record_output
+        llm.generate(prompts, params)
+    refused = verified = 0
+    for step_id, message in messages.items():
+        rows = _allowed(message, vocab)
+        counts = message.num_rows or [1] * len(message.req_ids)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        for req_id, first, n in zip(message.req_ids, starts, counts):
+            emitted = outputs[step_id][req_id]
+            assert len(emitted) <= n
+            for i, token in enumerate(emitted):
+                assert rows[first + i][token], (step_id, req_id, i)
+            if req_id not in drafts_used[step_id]:
+                continue  # finished before the fill: its rows allow every token
+            drafts = drafts_used[step_id][req_id][:n - 1]
+            for i, draft in enumerate(drafts, start=1):
+                verified += 1
+                if not rows[first + i - 1][draft]:
+                    refused += 1
+                    assert len(emitted) <= i, (step_id, req_id, drafts, emitted)
+                    break
+    assert refused > 0 and verified > refused
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_on_cuda_outputs_and_logprobs_equal_the_ones_without_drafts(async_scheduling):
+    want, _ = _generate(None, device="cuda", async_scheduling=async_scheduling)
+    got, scheduler = _generate(NGRAM, device="cuda", async_scheduling=async_scheduling)
+    _assert_same(got, want, 1e-3)
+    assert scheduler.spec_stats.num_accepted_tokens > 0
