@@ -44,11 +44,9 @@ modes equal:
   preempted request comes back with prompt + the outputs known then.
 
 Speculative decoding (``num_speculative_tokens`` k > 0). A request that
-decodes (its computed tokens reach the prefill it was admitted with), and
-has not both a grammar and a thinking budget, is scheduled for 1 + d
-tokens, d = min(k, what
-``max_tokens``, ``max_model_len``, ``draft_max_model_len`` and the budget
-leave) drafts, which the runner holds on the device; KV blocks are allocated
+decodes (its computed tokens reach the prefill it was admitted with) is
+scheduled for 1 + d tokens, d = min(k, what ``max_tokens``,
+``max_model_len``, ``draft_max_model_len`` and the budget leave) drafts, which the runner holds on the device; KV blocks are allocated
 for all 1 + d (no drafts at all while ``spec_disable_by_batch_size`` or more
 requests run). A draft model of fewer positions than ``max_model_len`` sets
 ``draft_max_model_len``: no draft sits at a position at or past it, so a
@@ -82,10 +80,9 @@ output carries the drafts the runner proposed for its next step
 (``Request.next_drafts``), and that step's bitmask has a row per position
 it verifies, the grammar after the drafts before it
 (``StructuredOutputManager.start_bitmask``; filled once the step before
-is absorbed, so the drafts and every accepted token are known). A request
-with both a grammar and a thinking budget takes none: the workers decide
-which of its drafted rows the budget forces, while its grammar rows are
-filled on the host. Each appended token
+is absorbed, so the drafts and every accepted token are known); with a
+thinking budget too, the rows its budget forces allow every token. Each
+appended token
 advances the matcher (only appended tokens do, so the matcher always matches
 ``output_token_ids``, across preemptions too); a completed grammar finishes
 the request with "stop". A token the grammar refuses (every token the
@@ -372,17 +369,16 @@ class Scheduler:
 
     def _num_drafts(self, request: Request, budget: int) -> int:
         """Drafts for a request about to decode one token: 0 unless it is
-        past the prefill it was admitted with, and for a request with both a
-        grammar and a thinking budget (see the module docstring);
-        at most what ``max_tokens``, ``max_model_len`` and ``budget`` leave
-        room for (every draft could be accepted). With T tokens known or in
+        past the prefill it was admitted with; at most what ``max_tokens``,
+        ``max_model_len`` and ``budget`` leave room for (every draft could
+        be accepted). With T tokens known or in
         flight, the step feeds the last at position T - 1 and the drafts at
         T .. T + d - 1, each below ``draft_max_model_len``: d <= that - T. The
         draft model made draft j at position T - 1 + j, so below it too; T
         counts in-flight drafts as accepted, so the true positions are no
         higher."""
         k = self.config.num_speculative_tokens
-        if k == 0 or (request.grammar is not None and request.thinking_budget is not None):
+        if k == 0:
             return 0
         limit = self.config.spec_disable_by_batch_size
         if limit and len(self.running) >= limit:

@@ -40,7 +40,10 @@ and the row emits the end tag), so a greedy output is token for token the
 one without drafts, and a sampled one is drawn from the same forced
 target. ``may_force`` stays conservative: the scheduler counts each step
 in flight at 1 + its drafts, all accepted, and the step's own drafts
-before its last row.
+before its last row. A request with a grammar too is the exception where
+the host knows the drafts (they come back for its grammar rows): the
+same fold over them (``forced_rows``) frees its grammar rows that the
+budget forces, as a forced row without drafts is free.
 """
 
 from __future__ import annotations
@@ -83,6 +86,23 @@ class ThinkingBudget:
         budget, start id, end id]``."""
         return [int(self.open), self.spent, self.budget, self.tokens.start_id,
                 self.tokens.end_id]
+
+    def forced_rows(self, drafts: Sequence[int]) -> list[int]:
+        """The rows j (0 .. len(drafts)) of a drafted step whose token the
+        budget forces, row j coming after drafts 1..j: the rows the device
+        finds (``runner.spec_decode.drafted_budgets``), here where the
+        drafts are known (a request with a grammar too, whose rows the host
+        fills). Leaves the budget as it is."""
+        walk = ThinkingBudget.__new__(ThinkingBudget)
+        walk.budget, walk.tokens, walk.open, walk.spent = (self.budget, self.tokens, self.open,
+                                                           self.spent)
+        rows = []
+        for j, token in enumerate([*drafts, None]):
+            if walk.forced_token() is not None:
+                rows.append(j)
+            if token is not None:
+                walk.accept(token)
+        return rows
 
     def may_force(self, num_pending: int) -> bool:
         """Whether the next token may be forced, with ``num_pending`` tokens

@@ -32,6 +32,11 @@ sampler rejects it there and never uses the rows after. The message names
 the requests with a grammar (``draft_req_ids``), whose drafts for the
 next step the step's output then carries.
 
+A drafted request with both a grammar and a thinking budget gets its
+grammar's rows, but the rows its budget forces over the drafts
+(``ThinkingBudget.forced_rows``, the rows the workers find from its
+state) allow every token, as a forced row without drafts does.
+
 A request's thinking budget forces its next token through the message
 (``GrammarBitmask.forced_token_ids``, ``engine.thinking_budget``), not
 through its row, which allows every token: the sampler sets the token
@@ -146,7 +151,7 @@ class StructuredOutputManager:
         mask = self._rows(sum(num_rows))
         jobs, draft_jobs, grammars, forced_ids = [], [], [], [-1] * len(req_ids)
         states: list[list[int]] = []
-        draft_req_ids = []
+        draft_req_ids, free_rows = [], []
         row = 0
         for i, req_id in enumerate(req_ids):
             request = requests.get(req_id)
@@ -162,9 +167,7 @@ class StructuredOutputManager:
             n = num_rows[i]
             if grammar is not None and self.speculative:
                 draft_req_ids.append(req_id)
-            if forced is not None:
-                mask[row] = -1
-            elif n > 1:
+            if n > 1:
                 mask[row:row + n] = -1
                 drafts = request.next_drafts[:n - 1]
                 if len(drafts) != n - 1:
@@ -178,6 +181,10 @@ class StructuredOutputManager:
                     else:
                         jobs.append((matcher, first))
                 grammars.append((row, n, grammar))
+                if budget is not None:  # the rows it forces allow every token
+                    free_rows += [row + j for j in budget.forced_rows(drafts)]
+            elif forced is not None:
+                mask[row] = -1
             elif grammar is not None and grammar.constrains():
                 jobs.append((grammar.matcher, row))
                 grammars.append((row, 1, grammar))
@@ -193,7 +200,7 @@ class StructuredOutputManager:
         self._pending = PendingBitmask(self, plan.step_id, req_ids, mask, grammars, future,
                                        forced_ids, states,
                                        num_rows if len(num_rows) < row else [],
-                                       draft_req_ids)
+                                       draft_req_ids, free_rows)
         return self._pending
 
     @staticmethod
@@ -227,6 +234,7 @@ class StructuredOutputManager:
             if grammar.is_error():
                 for r in range(row, row + n):
                     self._eos_only(pending.mask[r])
+        pending.mask[pending.free_rows] = -1
         if self._pending is pending:
             self._pending = None
         return GrammarBitmask(step_id=pending.step_id, req_ids=pending.req_ids,
@@ -267,12 +275,13 @@ class PendingBitmask:
     def __init__(self, manager: StructuredOutputManager, step_id: int, req_ids: list[str],
                  mask: np.ndarray, grammars: list, future: Future | None,
                  forced_token_ids: list[int], thinking_states: list[list[int]],
-                 num_rows: list[int], draft_req_ids: list[str]):
+                 num_rows: list[int], draft_req_ids: list[str], free_rows: list[int]):
         self.manager, self.step_id, self.req_ids = manager, step_id, req_ids
         self.mask, self.grammars, self.future = mask, grammars, future
         self.forced_token_ids = forced_token_ids
         self.thinking_states = thinking_states
         self.num_rows, self.draft_req_ids = num_rows, draft_req_ids
+        self.free_rows = free_rows  # drafted rows a thinking budget forces
         self.message: GrammarBitmask | None = None
 
     def wait(self) -> None:

@@ -22,6 +22,7 @@ from checkpoint.tiny_model import EOS
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.reasoning import REASONING_PARSERS, Reasoning, ReasoningTokens
 from engine.structured_outputs import StructuredOutputManager
+from engine.thinking_budget import ThinkingBudget
 from ipc.messages import SchedulerOutput
 from tests.helpers.think_model import END_THINK, THINK, tiny_with_think_tokens
 
@@ -121,15 +122,20 @@ def test_without_a_reasoning_parser_the_grammar_holds_at_once(think_dir):
 
 
 class _Drafted:
-    def __init__(self, grammar, drafts):
+    def __init__(self, grammar, drafts, thinking_budget=None):
         self.grammar, self.next_drafts = grammar, drafts
+        self.thinking_budget = thinking_budget
 
 
-def drafted_rows(manager, grammar, drafts) -> list[list[int]]:
+def drafted_rows(manager, grammar, drafts, budget=None) -> list[list[int]]:
     """The tokens each of a drafted request's 1 + d bitmask rows allows."""
     plan = SchedulerOutput(step_id=1, structured_output_req_ids=["r"])
-    bitmask = manager.bitmask(plan, {"r": _Drafted(grammar, drafts)}, {"r": len(drafts)})
+    bitmask = manager.bitmask(plan, {"r": _Drafted(grammar, drafts, budget)},
+                              {"r": len(drafts)})
     assert bitmask.num_rows == [1 + len(drafts)]
+    if budget is not None:  # its state, no forced id
+        assert bitmask.thinking_states == [budget.state()]
+        assert bitmask.forced_token_ids in ([], [-1])
     words = np.frombuffer(bitmask.bitmask, dtype="<i4").reshape(-1, (VOCAB + 31) // 32)
     bits = (words[:, :, None].astype(np.int64) >> np.arange(32)) & 1
     return [np.flatnonzero(row[:VOCAB]).tolist() for row in bits.reshape(len(words), -1)]
@@ -148,6 +154,19 @@ def test_drafted_rows_follow_the_grammar_over_the_drafts_and_roll_it_back(manage
     assert drafted_rows(manager, g, [A, ord("x"), C]) == [[A], [B, C], EVERY, EVERY]
     assert drafted_rows(manager, g, [ord("x"), A]) == [[A], EVERY, EVERY]
     assert g.num_tokens == 0 and not g.is_error() and allowed(manager, g) == [A]
+
+
+def test_drafted_rows_a_thinking_budget_forces_allow_every_token(manager):
+    """A grammar that holds while a thinking section is open (budget 1,
+    none spent): over drafts a, b the budget forces rows 1 and 2 (after
+    one and two tokens), which allow every token, as a forced row without
+    drafts does (the sampler forces </think> on the model's logits); row 0
+    is the grammar's."""
+    g = grammar_for(manager, [THINK, 5, END_THINK, 6])
+    budget = ThinkingBudget(1, ReasoningTokens(THINK, END_THINK), [1, THINK])
+    assert drafted_rows(manager, g, [A, B], budget) == [[A], EVERY, EVERY]
+    assert drafted_rows(manager, g, [A, B]) == [[A], [B, C], [EOS]]
+    assert g.num_tokens == 0 and allowed(manager, g) == [A]
 
 
 def test_drafted_rows_of_a_grammar_inside_its_reasoning(manager):

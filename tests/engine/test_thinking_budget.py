@@ -206,6 +206,44 @@ def test_budgeted_requests_take_drafts_and_their_output_is_the_one_without(
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_budget_with_a_grammar_takes_drafts_and_its_output_is_the_one_without(
+        writing_dir, async_scheduling):
+    """A request with a budget and a regex (held after its reasoning) takes
+    drafts, whose bitmask rows are the grammar's over the drafts but free
+    where the budget forces: its output and logprobs (greedy and seeded)
+    are the ones without speculative decoding, drafts are accepted, and
+    every position the host's count forces holds </think>."""
+    config = dict(model=writing_dir, device="cpu", dtype="float32", executor="uni",
+                  max_model_len=256, reasoning_parser="deepseek_r1",
+                  async_scheduling=async_scheduling)
+    regex = StructuredOutputsParams(regex="[a-c]{20}")
+    cases = [(prompt, budget, extra) for prompt in (RUNS, ENDS) for budget in (0, 2, 5)
+             for extra in ({"temperature": 0}, {"temperature": 0.8, "seed": 7})]
+
+    def params(budget, extra):
+        return SamplingParams(max_tokens=40, logprobs=1, thinking_token_budget=budget,
+                              structured_outputs=regex, **extra)
+
+    with LLM(**config) as llm:
+        plain = [llm.generate({"prompt_token_ids": p}, params(b, e))[0].outputs[0]
+                 for p, b, e in cases]
+    with LLM(speculative_config=NGRAM, **config) as llm:
+        stats = llm.engine.scheduler.spec_stats
+        for (prompt, budget, extra), want in zip(cases, plain):
+            drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+            got = llm.generate({"prompt_token_ids": prompt},
+                               params(budget, extra))[0].outputs[0]
+            assert got.token_ids == want.token_ids, (prompt[:4], budget, extra)
+            for token, a, b in zip(got.token_ids, want.logprobs, got.logprobs):
+                assert b[token].logprob == pytest.approx(a[token].logprob, abs=1e-4)
+            assert stats.num_accepted_tokens > accepted, (prompt[:4], budget, extra)
+            assert stats.num_draft_tokens > drafted
+            forced = _forced_positions(prompt, got.token_ids, budget)
+            assert all(got.token_ids[i] == END_THINK for i in forced)
+    assert any(_forced_positions(p, o.token_ids, b) for (p, b, _), o in zip(cases, plain))
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
 def test_a_budgeted_row_sends_its_forced_id_or_its_state_never_both(writing_dir,
                                                                    async_scheduling):
     """The bitmask messages the engine sends (recorded at the executor),

@@ -59,6 +59,10 @@ def test_the_device_fold_forces_the_rows_the_host_count_forces(device):
             state = host.state()
             row_drafts = drafts[cu[i]: cu[i + 1] - 1].tolist()
             want += _host_forced(prompt, budget, row_drafts)
+            # The host's own walk over known drafts (a request with a grammar).
+            assert host.forced_rows(row_drafts) == [
+                j for j, f in enumerate(_host_forced(prompt, budget, row_drafts)) if f]
+            assert host.state() == state  # left as it was
             lines += [[int(cu[i]) + j, j, *state] for j in range(int(counts[i]))]
         if not lines:
             continue
