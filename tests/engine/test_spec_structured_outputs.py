@@ -12,7 +12,7 @@ constrained output repeats too and the n-gram drafts copied from it pass;
 the grammars refuse some of the tokens the prompt's runs suggest, so some
 drafts are refused, and each refused draft is rejected (checked on the
 messages the engine sends and the outputs it receives), also through
-preemptions."""
+preemptions and at TP=2."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.config import EngineConfig
 from engine.structured_outputs.params import StructuredOutputsParams
+from tests.helpers.multi_rank import tp_device
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -156,6 +158,18 @@ def test_a_draft_the_grammar_refuses_is_rejected(async_scheduling):
                     assert len(emitted) <= i, (step_id, req_id, drafts, emitted)
                     break
     assert refused > 0 and verified > refused
+
+
+@pytest.mark.slow
+def test_at_tp2_outputs_and_logprobs_equal_the_ones_without_drafts(plain):
+    """Two ranks: the output rank reports the drafts every rank proposed
+    alike, and the ranks mask and verify alike."""
+    device = tp_device(2)
+    got, scheduler = _generate(NGRAM, tensor_parallel_size=2, device=device)
+    want = plain if device == EngineConfig(model="tiny").resolved_device else _generate(
+        None, tensor_parallel_size=2, device=device)[0]
+    _assert_same(got, want, 1e-4 if device == "cpu" else 1e-3)
+    assert scheduler.spec_stats.num_accepted_tokens > 0
 
 
 @pytest.mark.gpu
