@@ -789,7 +789,8 @@ def _start_http(args, engine, server, secret: bytes):
                              vocab_size=engine.model_config.vocab_size,
                              reasoning_parser=engine.config.resolved_reasoning_parser,
                              stream_interval=args.stream_interval,
-                             trust_request_chat_template=args.trust_request_chat_template)
+                             trust_request_chat_template=args.trust_request_chat_template,
+                             chat_template=args.chat_template)
     return http
 
 

@@ -128,7 +128,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                allowed_origins: Sequence[str] = (), eos_token_ids: Sequence[int] = (),
                enable_responses_api_store: bool = False, max_logprobs: int = -1,
                vocab_size: int | None = None, reasoning_parser: str | None = None,
-               stream_interval: int = 1, trust_request_chat_template: bool = False):
+               stream_interval: int = 1, trust_request_chat_template: bool = False,
+               chat_template: str | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -154,7 +155,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     the least tokens a completion or chat stream's chunk groups
     (``stream_interval.py``); ``trust_request_chat_template``: vLLM's
     ``--trust-request-chat-template``, a request's own chat template served
-    (``request_template.py``; refused without it)."""
+    (``request_template.py``; refused without it); ``chat_template``: vLLM's
+    ``--chat-template``, the chat routes' template in place of the
+    tokenizer's (None: the tokenizer's)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -172,7 +175,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         response_store=ResponseStore() if enable_responses_api_store else None,
                         max_logprobs=max_logprobs, vocab_size=vocab_size,
                         stream_interval=stream_interval,
-                        trust_request_chat_template=trust_request_chat_template)
+                        trust_request_chat_template=trust_request_chat_template,
+                        chat_template=chat_template)
 
     @asynccontextmanager
     async def lifespan(_app):

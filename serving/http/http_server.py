@@ -74,7 +74,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       max_logprobs: int = -1, vocab_size: int | None = None,
                       reasoning_parser: str | None = None,
                       stream_interval: int = 1,
-                      trust_request_chat_template: bool = False) -> HttpServer:
+                      trust_request_chat_template: bool = False,
+                      chat_template: str | None = None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -88,7 +89,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     the model's vocabulary; ``reasoning_parser``: the name of the parser
     that splits answers' reasoning off (None: none); ``stream_interval``:
     the least tokens a stream's chunk groups; ``trust_request_chat_template``:
-    a request's own chat template served (``create_app``)."""
+    a request's own chat template served; ``chat_template``: the server's
+    ``--chat-template`` (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -101,7 +103,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      enable_responses_api_store=enable_responses_api_store,
                      max_logprobs=max_logprobs, vocab_size=vocab_size,
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
-                     trust_request_chat_template=trust_request_chat_template)
+                     trust_request_chat_template=trust_request_chat_template,
+                     chat_template=chat_template)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -15,11 +15,13 @@ that does not compile or fails on the messages is that request's 400.
 Trusting them lets any client spend the server's time on a template, as
 in vLLM.
 
-Which template: the field, else the key (an empty field is no template,
-vLLM's ``or``), else the server's. vLLM's own precedence differs in one
-corner, a server started with ``--chat-template`` whose requests give the
-key alone: its renderer then keeps the server's template; here the
-request's is used, as the field's would be.
+Which template, as vLLM picks it: the field (an empty one is no
+template, vLLM's ``or``), else the server's ``--chat-template``, else the
+key. vLLM's renderer gives the template it resolved from the field and
+the server's over the kwargs' key, so on a server started with
+``--chat-template`` the key alone changes nothing (but is still refused
+where the server does not trust request templates); without one, the key
+stands in for the model's template.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-tem
 
 
 def request_template(chat_template: str | None, chat_template_kwargs: dict[str, Any] | None,
-                     trusted: bool) -> str | None:
-    """The template the request asks its messages be rendered with (None:
-    the server's). ``FieldError``: vLLM's message where the request brings
+                     trusted: bool, server_template: str | None = None) -> str | None:
+    """The template the request's messages are rendered with (None: the
+    model's); ``server_template``: the server's ``--chat-template`` (None
+    without one). ``FieldError``: vLLM's message where the request brings
     one (as ``chat_template`` or in ``chat_template_kwargs``, the field
     named) and the server does not trust it, or a key that is no text."""
     from_kwargs = (chat_template_kwargs or {}).get("chat_template")
@@ -46,4 +49,4 @@ def request_template(chat_template: str | None, chat_template_kwargs: dict[str, 
     if from_kwargs is not None and not isinstance(from_kwargs, str):
         raise FieldError("chat_template_kwargs.chat_template",
                          "chat_template_kwargs.chat_template must be a template's text")
-    return chat_template or from_kwargs or None
+    return chat_template or server_template or from_kwargs or None

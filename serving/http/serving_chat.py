@@ -83,7 +83,7 @@ def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
 def rendered_prompt(state: ServerState, request: ChatCompletionRequest) -> tuple[str, list[int]]:
     """The prompt's text (the template rendered) and its token ids."""
     template = request_template(request.chat_template, request.chat_template_kwargs,
-                                state.trust_request_chat_template)
+                                state.trust_request_chat_template, state.chat_template)
     messages = [m.model_dump(exclude_none=True) for m in request.messages]
     return chat_prompt_ids(state.tokenizer, messages, chat_template=template,
                            add_generation_prompt=request.add_generation_prompt,

@@ -46,6 +46,11 @@ class ServerState:
     # vLLM's ``--stream-interval``: the least new tokens a stream's chunk
     # groups; a request's ``stream_interval`` may only raise it.
     stream_interval: int = 1
+    # vLLM's ``--chat-template``: the chat routes' template in place of the
+    # model's (None: the model's), which a request's ``chat_template`` field
+    # goes before and its ``chat_template_kwargs`` key does not
+    # (``request_template.py``).
+    chat_template: str | None = None
     # vLLM's ``--trust-request-chat-template``: a request's own chat template
     # is rendered (``request_template.py``), not refused.
     trust_request_chat_template: bool = False

@@ -8,7 +8,9 @@ not; a template that does not compile or fails on the messages is a 400
 and the server goes on serving. The chat route, ``/tokenize``'s chat form
 and the Responses API's ``chat_template_kwargs`` alike. In process (over
 a link that answers at once and records each prompt), and once through
-``tprun serve --trust-request-chat-template``."""
+``tprun serve --trust-request-chat-template --chat-template``. A server's
+own template (vLLM's ``--chat-template``) goes before the kwargs' key, as
+vLLM's renderer resolves it."""
 
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ TEMPLATE = ("{% if chat_template is defined %}[template seen]{% endif %}"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 # TEMPLATE over MESSAGES, worked by hand.
 RENDERED = "<system>Be brief.</system><user>Hi there</user><assistant>"
+# The server's own template (``--chat-template``), and it over MESSAGES
+# with the variable mood "calm", worked by hand.
+SERVER_TEMPLATE = ("{% for m in messages %}[{{ m.role }}: {{ m.content }}]{% endfor %}"
+                   "{% if mood is defined %}({{ mood }}){% endif %}")
+SERVER_RENDERED = "[system: Be brief.][user: Hi there](calm)"
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +105,30 @@ def test_a_trusted_request_template_in_tokenize_and_responses(trusted, hf):
     want = RENDERED.replace("<assistant>", "(calm)<assistant>")
     assert link.prompts[-1] == _own_ids(hf, want)
     assert answer.usage.input_tokens == len(_own_ids(hf, want))
+
+
+@pytest.mark.parametrize("extra, want", [
+    # vLLM resolves the template from the field and the server's, which
+    # goes over the kwargs' key: the key alone leaves the server's.
+    ({"chat_template_kwargs": {"chat_template": TEMPLATE, "mood": "calm"}}, SERVER_RENDERED),
+    ({"chat_template": TEMPLATE, "chat_template_kwargs": {"mood": "calm"}},
+     RENDERED.replace("<assistant>", "(calm)<assistant>")),
+    ({"chat_template": "", "chat_template_kwargs": {"chat_template": TEMPLATE, "mood": "calm"}},
+     SERVER_RENDERED),
+])
+def test_a_server_template_goes_before_the_kwargs_key(model_dir, hf, extra, want):
+    with recording_app(model_dir, trust_request_chat_template=True,
+                       chat_template=SERVER_TEMPLATE) as (link, http, client):
+        assert _chat(client, **extra).model_extra["prompt_text"] == want
+        assert link.prompts[-1] == _own_ids(hf, want)
+        tokens = http.post("/tokenize", json={"model": "tiny", "messages": MESSAGES,
+                                              **extra}).json()
+        assert tokens["tokens"] == _own_ids(hf, want)
+        client.responses.create(model="tiny", instructions="Be brief.", input="Hi there",
+                                max_output_tokens=2,
+                                extra_body={"chat_template_kwargs": {"chat_template": TEMPLATE,
+                                                                     "mood": "calm"}})
+        assert link.prompts[-1] == _own_ids(hf, SERVER_RENDERED)
 
 
 @pytest.mark.parametrize("extra, param", [
@@ -168,13 +199,18 @@ def test_beam_search_takes_the_request_template(trusted, hf):
 def test_serve_flag_trusts_request_templates(tmp_path, hf):
     """``tprun serve --trust-request-chat-template``: the engine's prompt is
     the request template's text (its token count the tokenizer's own
-    encode of the hand-rendered text); without the flag, vLLM's 400."""
+    encode of the hand-rendered text); with ``--chat-template`` beside it,
+    the server's template goes before the kwargs' key."""
     with serving_tiny(tmp_path, "serve", "--model", "tiny", "--device", "cpu",
-                      "--disable-log-stats", "--trust-request-chat-template") as served:
+                      "--disable-log-stats", "--trust-request-chat-template",
+                      "--chat-template", SERVER_TEMPLATE) as served:
         with openai_client(served) as client:
             answer = _chat(client, chat_template=TEMPLATE)
             assert answer.model_extra["prompt_text"] == RENDERED
             assert answer.usage.prompt_tokens == len(_own_ids(hf, RENDERED))
+            answer = _chat(client, chat_template_kwargs={"chat_template": TEMPLATE,
+                                                         "mood": "calm"})
+            assert answer.model_extra["prompt_text"] == SERVER_RENDERED
             tokens = httpx.post(f"{served.url}/tokenize", timeout=30,
                                 json={"messages": MESSAGES, "chat_template": TEMPLATE}).json()
             assert tokens["tokens"] == _own_ids(hf, RENDERED)
