@@ -513,8 +513,9 @@ class ResponsesRequest(BaseModel):
 
     # "auto": an input longer than the context keeps its last tokens, as
     # many as fit beside max_output_tokens (vLLM's rule,
-    # ``serving_responses.truncated_input``); "disabled" or null: it is refused.
-    truncation: Literal["auto", "disabled"] | None = None
+    # ``serving_responses.truncated_input``); "disabled" (vLLM's default):
+    # it is refused; null: as "auto" (``truncates``).
+    truncation: Literal["auto", "disabled"] | None = "disabled"
     # The most calls to built-in tools a response may make: taken and
     # echoed, as vLLM's; this server runs no built-in tool (function calls
     # are the client's to run), so it limits nothing.
@@ -552,6 +553,16 @@ class ResponsesRequest(BaseModel):
         (its default). As vLLM reads it, null does not: vLLM's request
         model takes null for ``store`` and every use of it tests its truth."""
         return self.store is True
+
+    @property
+    def truncates(self) -> bool:
+        """Whether an input too long for the context is cut to fit
+        (``truncation``): anything but "disabled", null too, as vLLM reads
+        it (its default is "disabled", and every use of the field tests
+        for that value alone). A Response echoes "auto" for a null one, the
+        rule it was served under (vLLM's Response takes only "auto" or
+        "disabled" there)."""
+        return self.truncation != "disabled"
 
     @property
     def output_logprobs(self) -> bool:

@@ -52,7 +52,8 @@ What does not fit the model's context is refused
 before the engine sees it (``check_context``), so the error names this
 API's fields (``input``, ``max_output_tokens``), not the chat's
 ``max_tokens``; an empty conversation names ``input``. With ``truncation``
-"auto" an input too long for the context is first cut to its last tokens,
+"auto" (or null, as vLLM reads it) an input too long for the context is
+first cut to its last tokens,
 as vLLM cuts it (``truncated_input``). ``max_tool_calls`` is echoed and
 limits nothing: it counts built-in tools' calls, and this server runs none.
 
@@ -276,9 +277,9 @@ def truncated_input(request: ResponsesRequest, prompt: list[int],
     whole context, it leaves no room for output and is a 400 naming
     ``input``, as vLLM answers it; a ``max_output_tokens`` that leaves no
     room for any input cuts nothing and is the 400 that names it.
-    Otherwise (``truncation`` "disabled" or null, OpenAI's default) the
-    input is whole."""
-    if request.truncation != "auto":
+    Otherwise (``truncation`` "disabled", the default) the input is whole.
+    A null ``truncation`` cuts as "auto" does (``ResponsesRequest.truncates``)."""
+    if not request.truncates:
         return prompt
     room = max_model_len - (request.max_output_tokens or 0)
     return prompt[-room:] if 0 < room < len(prompt) else prompt
@@ -303,7 +304,7 @@ def check_context(request: ResponsesRequest, num_input_tokens: int, max_tokens: 
     fit, so ``max_output_tokens`` is what the error names (as vLLM's),
     however long the input."""
     given = request.max_output_tokens
-    if request.truncation == "auto" and given is not None and given >= max_model_len:
+    if request.truncates and given is not None and given >= max_model_len:
         check_context_length(num_input_tokens, given, max_model_len, RESPONSES_FIELDS)
     check_context_length(num_input_tokens, None, max_model_len, RESPONSES_FIELDS)
     if given is not None and max_tokens is not None:
@@ -324,7 +325,7 @@ def _echo(state: ServerState, request: ResponsesRequest, params: dict,
             "tool_choice": request.tool_choice or "auto",
             "tools": [tool.model_dump(exclude_unset=True) for tool in request.tools or []],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
-            "truncation": request.truncation or "disabled",
+            "truncation": "auto" if request.truncates else "disabled",
             "max_tool_calls": request.max_tool_calls,
             "top_logprobs": request.top_logprobs or 0,
             "reasoning": request.reasoning.model_dump() if request.reasoning else None,

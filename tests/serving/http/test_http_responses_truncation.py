@@ -6,8 +6,9 @@ answers at once and records each prompt, with a context of 48 tokens).
 engine as its last ``max_model_len - max_output_tokens`` tokens, the
 reference being transformers' rendering of the same chat cut by hand; an
 input that fits is whole; without ``max_output_tokens`` the cut input fills
-the context and is vLLM's 400 naming ``input``; "disabled" (or null, or
-left out) refuses a long input as before. ``max_tool_calls`` is taken and
+the context and is vLLM's 400 naming ``input``; null cuts as "auto" does
+(vLLM tests the field for "disabled" alone), and is echoed as "auto";
+"disabled" (or left out: vLLM's default) refuses a long input. ``max_tool_calls`` is taken and
 echoed (the server runs no built-in tool for it to limit); the Response
 echoes both, whole and streamed. Once through ``tprun serve``, where the
 engine answers the cut input."""
@@ -37,13 +38,15 @@ def _rendered(hf, text: str) -> list[int]:
                                        add_generation_prompt=True, return_dict=False))
 
 
+@pytest.mark.parametrize("truncation", ["auto", None])
 @pytest.mark.parametrize("max_output_tokens", [1, 8, 20])
 def test_auto_keeps_the_inputs_last_tokens_beside_max_output_tokens(served, hf,
-                                                                    max_output_tokens):
+                                                                    max_output_tokens,
+                                                                    truncation):
     link, client = served
     whole = _rendered(hf, LONG)
     assert len(whole) > MAX_MODEL_LEN
-    response = client.responses.create(model="tiny", input=LONG, truncation="auto",
+    response = client.responses.create(model="tiny", input=LONG, truncation=truncation,
                                        max_output_tokens=max_output_tokens)
     kept = MAX_MODEL_LEN - max_output_tokens
     assert link.prompts[-1] == whole[-kept:]
@@ -68,9 +71,10 @@ def test_auto_leaves_an_input_that_fits_whole(served, hf):
     (SHORT, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
     (LONG, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
     (LONG, {"truncation": "auto", "max_output_tokens": MAX_MODEL_LEN + 1}, "max_output_tokens"),
+    (LONG, {"truncation": None}, "input"),
+    (SHORT, {"truncation": None, "max_output_tokens": MAX_MODEL_LEN}, "max_output_tokens"),
     (LONG, {"truncation": "disabled", "max_output_tokens": 8}, "input"),
     (LONG, {"max_output_tokens": 8}, "input"),
-    (LONG, {"truncation": None, "max_output_tokens": 8}, "input"),
 ])
 def test_what_auto_does_not_cut_is_refused(served, text, fields, param):
     link, client = served
