@@ -8,7 +8,11 @@ Each character of the answer is searched a bounded number of times, so a
 reader's work is linear in the answer's length, however small the pieces
 it comes in: a search that waits for more text (for a tag, or for the end
 of a run of blank space or of a name) goes on, when the text grows, from
-where it stopped (``_find``, ``_run_end``) instead of from its start."""
+where it stopped (``_find``, ``_run_end``) instead of from its start. Nor
+is any text copied whole for a piece: the answer's text is extended where
+it lies (``_grow``), the content and each call's arguments are kept as
+pieces (``GrowingText``, ``CallList``) and a call's deltas are read from
+where the last one stopped."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from serving.http.call_object import CallObject
+from serving.http.growing_text import GrowingText
 from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
 
 BLANK = re.compile(r"\s*")
@@ -24,9 +29,9 @@ BLANK = re.compile(r"\s*")
 class AutoCallsReader(ToolCallReader):
     """What the parsers share: the request's ``tools`` (each tool's
     parameters schema by its name: None or {} where none are known), the
-    answer's text so far, the content and
-    calls settled so far (``list``), and what the current piece of text
-    lets out. Subclasses implement ``_advance``, which settles as much of
+    answer's text so far, the content (``said``) and calls (``list``)
+    settled so far, and what the current piece of text lets out.
+    Subclasses implement ``_advance``, which settles as much of
     ``text`` as it can (all of it when ``last``) through ``_say`` and
     ``_read`` (a call object's streamed call) or ``list`` (``CallList``)
     directly; a call gets its id from ``_new_id``. The parsers here are state
@@ -41,7 +46,7 @@ class AutoCallsReader(ToolCallReader):
     def __init__(self, tools: dict[str, dict] | None = None) -> None:
         self.tools = tools or {}
         self.text = ""
-        self.content = ""
+        self.said = GrowingText()
         self.list = CallList(self._new_id)
         self.rest_start: int | None = None  # where the content after the run starts
         self.done = False
@@ -52,8 +57,12 @@ class AutoCallsReader(ToolCallReader):
     def found(self) -> list[dict]:
         return self.list.found
 
+    @property
+    def content(self) -> str:
+        return str(self.said)
+
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
-        self.text += text
+        self._grow(text)
         if not self.done:
             self._advance(last)
         if self.rest_start is not None:
@@ -63,6 +72,18 @@ class AutoCallsReader(ToolCallReader):
             self.done = True
         pieces, self._pieces = self._pieces, []
         return pieces
+
+    def _grow(self, piece: str) -> None:
+        """``text += piece``, extending the text where it lies: with the
+        attribute let go first, the local name holds the text's only
+        reference, and CPython then resizes the string in place instead of
+        copying it whole (which ``self.text += piece`` would do for every
+        piece), its growth left to the allocator. Nothing else keeps the
+        text: the readers keep positions in it and slices of it (where a
+        slice is the whole text, the next piece copies it, once)."""
+        text, self.text = self.text, ""
+        text += piece
+        self.text = text
 
     def _advance(self, last: bool) -> None:
         while not self.done:
@@ -92,7 +113,7 @@ class AutoCallsReader(ToolCallReader):
 
     def _say(self, text: str) -> None:
         if text:
-            self.content += text
+            self.said.add(text)
             self._pieces.append(("content", text))
 
     def _entries(self, entries: list[dict]) -> None:
@@ -107,7 +128,7 @@ class AutoCallsReader(ToolCallReader):
         call.scan(self.text, last)
         if call.failed or not call.started:
             return "no call" if call.failed or last else "open"
-        self._entries(self.list.follow(call, call.name, call.arguments))
+        self._entries(self.list.follow(call, call.name, call.arguments_from))
         if call.end is not None:
             return "end"
         if call.error is not None:
@@ -159,12 +180,12 @@ class AutoCallsReader(ToolCallReader):
         return list(self.found)
 
     def message(self) -> dict:
-        if not self.found:
+        if not self.list:
             return {"content": self.content}
         return {"content": self.content or None, "tool_calls": self.calls()}
 
     def finish_reason(self, reason: str | None) -> str | None:
-        return "tool_calls" if reason == "stop" and self.found else reason
+        return "tool_calls" if reason == "stop" and self.list else reason
 
 
 def open_tag_tail(text: str, start: int, tag: str) -> int:

@@ -44,12 +44,12 @@ class CallObject(CanonicalJson):
         self.name_seen = False
         self.bad_name = False  # the first "name" is not a string
         self.member: tuple[str, int] | None = None  # the name or arguments being read,
-        # and where its value starts in ``out``
-        self.arguments_start: int | None = None  # where the arguments start in ``out``
+        # and where its value starts in ``written``
+        self.arguments_start: int | None = None  # where the arguments start in ``written``
         self.arguments_end: int | None = None
 
     def scan(self, text: str, last: bool = False) -> None:
-        if not self.out and self.error is None:  # the object's "{" comes first
+        if not self.written.size and self.error is None:  # the object's "{" comes first
             while self.at < len(text) and text[self.at] in " \t\n\r":
                 self.at += 1
             if self.at < len(text) and text[self.at] != "{":
@@ -73,9 +73,16 @@ class CallObject(CanonicalJson):
     def arguments(self) -> str:
         """The arguments' canonical text settled so far ("" before they
         start; the default for an object over without them)."""
+        return self.arguments_from(0)
+
+    def arguments_from(self, start: int) -> str:
+        """``arguments[start:]``, read from ``written`` without the text
+        before it: a stream's next piece of arguments."""
         if self.arguments_start is None:
-            return self.default if self.end is not None and self.default is not None else ""
-        return self.out[self.arguments_start:self.arguments_end]
+            default = self.default if self.end is not None and self.default is not None else ""
+            return default[start:]
+        end = self.arguments_end if self.arguments_end is not None else self.written.size
+        return self.written.span(self.arguments_start + start, end)
 
     def _member_start(self, key: str, written_so_far: int) -> None:
         if key == "name" and not self.name_seen:
@@ -93,7 +100,7 @@ class CallObject(CanonicalJson):
         if which == "arguments":
             self.arguments_end = written_so_far
             return
-        name = json.loads(self.out[start:written_so_far])
+        name = json.loads(self.written.span(start, written_so_far))
         if isinstance(name, str):
             self.name = name
         else:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import re
 
+from serving.http.growing_text import GrowingText
+
 _BLANK = " \t\n\r"
 _BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")
 _BARE_RUN = re.compile(r"[a-zA-Z0-9+.\-]*")  # the characters of _BARE
@@ -44,19 +46,19 @@ def written(text: str) -> str:
 class CanonicalJson:
     """The canonical text of the JSON value that starts at ``at`` (blank
     space before it allowed) in a text that grows. ``scan`` reads on from
-    where it stopped and adds to ``out``, the canonical text settled so
-    far; ``end`` is then the index just past the value once it is whole,
+    where it stopped and adds to ``written``, the canonical text settled so
+    far (``out``: it joined); ``end`` is then the index just past the value once it is whole,
     ``error`` the index of the first character that cannot belong to it
     (both None while neither is known). ``last``: the text is whole, so a
     number or literal at its end is settled (or an error).
 
     Subclasses may watch the members of an outermost object
     (``_member_start`` and ``_member_end``, with the member's key and the
-    length of ``out`` at the value's start or end)."""
+    length of ``written`` at the value's start or end)."""
 
     def __init__(self, at: int) -> None:
         self.at = at
-        self.out = ""
+        self.written = GrowingText()
         self.end: int | None = None
         self.error: int | None = None
         self.stack: list[str] = []  # the closing bracket each open container wants
@@ -157,13 +159,13 @@ class CanonicalJson:
             return
         self.expect = "after"
         if len(self.stack) == 1 and self.stack[0] == "}":
-            self._member_end(self.keys[0], len(self.out))
+            self._member_end(self.keys[0], self.written.size)
 
     def _started(self) -> None:
         """A value starts at ``at``: a member's, where it is the outermost
         object's."""
         if len(self.stack) == 1 and self.stack[0] == "}":
-            self._member_start(self.keys[0], len(self.out))
+            self._member_start(self.keys[0], self.written.size)
 
     # -- numbers and literals ---------------------------------------------
 
@@ -264,7 +266,13 @@ class CanonicalJson:
         self._write(written(chars))
 
     def _write(self, text: str) -> None:
-        self.out += text
+        self.written.add(text)
+
+    @property
+    def out(self) -> str:
+        """The canonical text settled so far, joined (for a whole value; a
+        stream reads spans of ``written``)."""
+        return str(self.written)
 
     # -- hooks ------------------------------------------------------------
 

@@ -27,8 +27,9 @@ compiling it is an error), and vLLM keeps each keyword's last value.
 The call is ``known`` once its first value has begun to be written (a
 string's quote, a list's or dict's bracket, a number or word once
 settled), or its ``)`` came right after the ``(``: a call without
-arguments; before, text that is no call's arguments is no call. ``out``
-holds the canonical text settled so far, never changed later: a number, a word, a keyword and a
+arguments; before, text that is no call's arguments is no call.
+``written`` holds the canonical text settled so far (``out``: it
+joined), never changed later: a number, a word, a keyword and a
 comma wait for the character after them (a comma may be a trailing one),
 a string's characters go out as they come but an escape waits until it is
 whole and the closing quote until the next token shows no string joins it.
@@ -41,6 +42,8 @@ import ast
 import json
 import re
 import warnings
+
+from serving.http.growing_text import GrowingText
 
 _BLANK = " \t\r\n\f"
 _NUMBER = re.compile(r"[0-9A-Za-z_.]")
@@ -63,8 +66,8 @@ class PythonArguments:
 
     def __init__(self, at: int) -> None:
         self.at = at
-        self.out = ""
-        self.header_end: int | None = None  # the end of the first keyword's "key": in out
+        self.written = GrowingText()  # the canonical text settled so far (``out``: joined)
+        self.header_end: int | None = None  # the end of the first keyword's "key": in written
         self.end: int | None = None
         self.error: int | None = None
         self.stack = ["("]  # the open argument list, lists and dicts
@@ -86,7 +89,7 @@ class PythonArguments:
         """Whether the text is a call: its first value has begun (some of it
         written), or its ``)`` came right after the ``(``."""
         return self.end is not None or (self.header_end is not None
-                                        and len(self.out) > self.header_end)
+                                        and self.written.size > self.header_end)
 
     def scan(self, text: str, last: bool = False) -> None:
         while self.end is None and self.error is None and self.at < len(text):
@@ -138,7 +141,7 @@ class PythonArguments:
         self._item_start()
         self._write(json.dumps(self.word, ensure_ascii=False) + ": ")
         if self.header_end is None:
-            self.header_end = len(self.out)
+            self.header_end = self.written.size
         self.at += 1
         self.expect = "value"
 
@@ -406,4 +409,8 @@ class PythonArguments:
         self.in_comment = end < 0
 
     def _write(self, text: str) -> None:
-        self.out += text
+        self.written.add(text)
+
+    @property
+    def out(self) -> str:
+        return str(self.written)

@@ -47,6 +47,7 @@ import re
 from typing import Any, ClassVar
 
 from serving.http.auto_calls import BLANK, AutoCallsReader
+from serving.http.growing_text import GrowingText
 
 _NAME = re.compile(r"[^\s\"'<>{}]+")
 _STRINGS = ("string", "str", "text", "varchar", "char", "enum")
@@ -70,8 +71,7 @@ class Qwen3CoderReader(AutoCallsReader):
         self.at = 0
         self.block_start = 0
         self.properties: dict = {}  # the called tool's properties' schemas
-        self.call = object()  # what the open call is read from
-        self.arguments = ""  # the open call's arguments so far
+        self.arguments = GrowingText()  # the open call's arguments so far
 
     STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block",
                                        "function": "_function",
@@ -111,8 +111,9 @@ class Qwen3CoderReader(AutoCallsReader):
         schema = self.tools.get(name)
         properties = schema.get("properties") if isinstance(schema, dict) else None
         self.properties = properties if isinstance(properties, dict) else {}
-        self.call, self.arguments = object(), "{"  # the call's identity, its arguments
-        self._entries(self.list.follow(self.call, name, self.arguments))
+        self.arguments = GrowingText()  # the new call's, and what it is read from
+        self.arguments.add("{")
+        self._entries(self.list.follow(self.arguments, name, self.arguments.span))
         self.state, self.at = "function", name_end + 1
         return True
 
@@ -141,7 +142,7 @@ class Qwen3CoderReader(AutoCallsReader):
         value = self.text[key_end + 1:value_end]
         value = value[1:] if value.startswith("\n") else value
         value = value[:-1] if value.endswith("\n") else value
-        separator = ", " if self.arguments != "{" else ""
+        separator = ", " if len(self.arguments) > 1 else ""
         self._add(separator + json.dumps(key, ensure_ascii=False) + ": "
                   + json.dumps(converted(value, self.properties.get(key)), ensure_ascii=False))
         ended = self.text.startswith(self.PARAMETER_END, value_end)
@@ -149,8 +150,8 @@ class Qwen3CoderReader(AutoCallsReader):
         return True
 
     def _add(self, text: str) -> None:
-        self.arguments += text
-        self._entries(self.list.follow(self.call, "", self.arguments))
+        self.arguments.add(text)
+        self._entries(self.list.follow(self.arguments, "", self.arguments.span))
 
     def _after_function(self, last: bool) -> bool:
         start = self._run_end(BLANK, self.at)

@@ -165,7 +165,7 @@ class Llama3JsonReader(AutoCallsReader):
     def _object(self, last: bool) -> bool:
         read = self._read(self.call, last)
         if read == "no call":
-            self._rest_from(self.object_start if self.found else 0)
+            self._rest_from(self.object_start if self.list else 0)
         elif read == "broken":
             self._rest_from(self.call.error)
         elif read == "cut":
@@ -277,7 +277,7 @@ class PythonicReader(AutoCallsReader):
     def _fail(self, at: int) -> None:
         """The element at ``at`` is no call: content from there, or the
         whole answer where no call came before it."""
-        self._rest_from(at if self.found else 0)
+        self._rest_from(at if self.list else 0)
 
     def _lead(self, last: bool) -> bool:
         start = self._run_end(_BLANK, 0)
@@ -306,7 +306,7 @@ class PythonicReader(AutoCallsReader):
                 return False  # a name and blank space so far
         elif start == len(self.text) and not last:
             return False  # blank space so far
-        if self.found and self.text.startswith("]", start):  # after a trailing ","
+        if self.list and self.text.startswith("]", start):  # after a trailing ","
             self.state, self.at = "after", start + 1
             return True
         self._fail(start)
@@ -319,7 +319,7 @@ class PythonicReader(AutoCallsReader):
             if arguments.error is not None or last:
                 self._fail(self.element_start)
             return False
-        self._entries(self.list.follow(arguments, self.name, arguments.out))
+        self._entries(self.list.follow(arguments, self.name, arguments.written.span))
         if arguments.end is not None:
             self.state, self.at = "after_call", arguments.end
             return True
@@ -385,13 +385,13 @@ class MistralReader(AutoCallsReader):
     def _fail(self, at: int) -> None:
         """The piece at ``at`` is no call: content from there, or from the
         segment's token where no call of the segment came before it."""
-        self._rest_from(at if len(self.found) > self.segment_calls else self.segment_start)
+        self._rest_from(at if len(self.list) > self.segment_calls else self.segment_start)
 
     def _open_segment(self, tag: int | None) -> bool:
         if tag is None:
             return False
         self.state, self.segment_start, self.at = "segment", tag, tag + len(self.TOKEN)
-        self.segment_calls = len(self.found)
+        self.segment_calls = len(self.list)
         return True
 
     def _before(self, last: bool) -> bool:
@@ -432,7 +432,7 @@ class MistralReader(AutoCallsReader):
 
     def _arguments(self, last: bool) -> bool:
         self.arguments.scan(self.text, last)
-        self._entries(self.list.follow(self.arguments, self.name, self.arguments.out))
+        self._entries(self.list.follow(self.arguments, self.name, self.arguments.written.span))
         if self.arguments.end is not None:
             self.state, self.at = "between", self.arguments.end
             return True

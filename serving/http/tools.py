@@ -374,40 +374,64 @@ def delta_of(pieces: list[tuple[str, Any]]) -> dict:
 class CallList:
     """An answer's calls as a stream sends them: ``open`` starts a call
     (its first entry: index, id, type, name and arguments ""), ``extend``
-    sends what the open call's arguments have grown by; ``found`` holds the message's calls, each with all
-    the arguments sent for it, so the stream and the message agree.
-    ``follow`` does both for a call read from a source (a ``CallObject``,
-    a ``PythonArguments``) as it grows."""
+    sends what the open call's arguments have grown by; ``found`` holds the
+    message's calls, each with all the arguments sent for it, so the stream
+    and the message agree. ``follow`` does both for a call read from a
+    source (a ``CallObject``, a ``PythonArguments``) as it grows.
+
+    The open call's arguments are kept as the pieces sent (``sent``: their
+    length), joined only where ``found`` is asked for: a stream's work for
+    a call is its arguments' length, not the square of it."""
 
     def __init__(self, new_id: Callable[[], str] = None) -> None:
         self.new_id = new_id or new_tool_call_id
-        self.found: list[dict] = []
+        self.calls: list[dict] = []
         self.followed: object = None  # what the open call is read from
+        self.sent = 0  # the length of the open call's arguments sent
+        self.unjoined: list[str] = []  # the open call's pieces not yet in ``calls``
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    @property
+    def found(self) -> list[dict]:
+        """The message's calls so far, the open one's arguments joined."""
+        self._join()
+        return self.calls
+
+    def _join(self) -> None:
+        if self.unjoined:
+            function = self.calls[-1]["function"]
+            function["arguments"] += "".join(self.unjoined)
+            self.unjoined = []
 
     def open(self, name: str) -> dict:
+        self._join()  # the call before is whole
         call = tool_call(name, "", self.new_id())
-        self.found.append(call)
-        return {"index": len(self.found) - 1, **tool_call(name, "", call["id"])}
+        self.calls.append(call)
+        self.sent = 0
+        return {"index": len(self.calls) - 1, **tool_call(name, "", call["id"])}
 
-    def extend(self, arguments: str) -> list[dict]:
-        """The entry for what ``arguments`` (the open call's arguments so
-        far, of which what was sent is a prefix) adds, if anything."""
-        function = self.found[-1]["function"]
-        added = arguments[len(function["arguments"]):]
+    def extend(self, added: str) -> list[dict]:
+        """The entry for ``added``, what the open call's arguments grew by
+        (none where it is empty)."""
         if not added:
             return []
-        function["arguments"] = arguments
-        return [{"index": len(self.found) - 1, "function": {"arguments": added}}]
+        self.unjoined.append(added)
+        self.sent += len(added)
+        return [{"index": len(self.calls) - 1, "function": {"arguments": added}}]
 
-    def follow(self, source: object, name: str, arguments: str) -> list[dict]:
+    def follow(self, source: object, name: str,
+               arguments_from: Callable[[int], str]) -> list[dict]:
         """The entries for the call of ``name`` read from ``source``, whose
-        ``arguments`` are settled so far: its first entry where ``source``
-        is new, then what its arguments grew by."""
+        arguments settled so far, from a given character on, are
+        ``arguments_from`` of it: its first entry where ``source`` is new,
+        then what its arguments grew by since the last entry."""
         entries = []
         if self.followed is not source:
             self.followed = source
             entries.append(self.open(name))
-        return entries + self.extend(arguments)
+        return entries + self.extend(arguments_from(self.sent))
 
 
 class NamedCallReader(ToolCallReader):
@@ -422,16 +446,16 @@ class NamedCallReader(ToolCallReader):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.text = ""
+        self.text = ""  # the blank text before the call, kept until it starts
         self.list = CallList()
 
     def add(self, text: str, last: bool = False) -> list[dict]:
+        if self.list:
+            return self.list.extend(text)
         self.text += text
-        if not self.list.found:
-            if not text.strip():  # the text before it was blank too: no call yet
-                return []
-            return [self.list.open(self.name), *self.list.extend(self.text)]
-        return self.list.extend(self.text)
+        if not text.strip():  # the text before it was blank too: no call yet
+            return []
+        return [self.list.open(self.name), *self.list.extend(self.text)]
 
     def calls(self) -> list[dict]:
         return list(self.list.found)
@@ -459,7 +483,9 @@ class RequiredCallsReader(ToolCallReader):
         self.over = False
 
     def add(self, text: str, last: bool = False) -> list[dict]:
-        self.text += text
+        grown, self.text = self.text, ""  # the only reference: extended in place
+        grown += text
+        self.text = grown
         entries: list[dict] = []
         while not self.over:
             if self.element is None:
@@ -471,7 +497,7 @@ class RequiredCallsReader(ToolCallReader):
             self.element.scan(self.text, last)
             if self.element.started:
                 entries += self.list.follow(self.element, self.element.name,
-                                            self.element.arguments)
+                                            self.element.arguments_from)
             if self.element.end is None or self.element.failed:
                 self.over = self.element.error is not None or self.element.failed
                 break

@@ -6,18 +6,28 @@ counted (``SearchCount``: the readers' regular expressions and the finds
 on their text; no clock is read). Doubling the run must about double that
 count, where searches that start over at each piece would quadruple it.
 The reading itself must be the one-shot reading's: the same content and
-calls, with the stream's pieces adding up to them."""
+calls, with the stream's pieces adding up to them.
+
+Nor is text copied whole for each piece: a long call (and a long answer of
+content; a named and a "required" tool choice's calls too) fed four
+characters at a time, the memory each piece allocates
+at its peak (``tracemalloc``, which counts allocations, not time) summed
+over the pieces must about double when the call does, where copying the
+answer, its content or a call's arguments so far at each piece would
+quadruple it."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import tracemalloc
 
 import pytest
 
 from serving.http import auto_calls, canonical_json, python_arguments, qwen3_coder, tool_parsers
 from serving.http import tools as tools_module
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
-from serving.http.tools import NamedCallReader
+from serving.http.tools import NamedCallReader, RequiredCallsReader
 from tests.helpers.tool_stream import SearchCount, assembled
 
 MODULES = (auto_calls, tool_parsers, qwen3_coder, python_arguments, canonical_json, tools_module)
@@ -110,3 +120,57 @@ def test_a_long_run_is_searched_once_however_small_its_pieces(monkeypatch, parse
         assert (content, calls) == _read(parser, [text])[:2]
         assert streamed_content == (content or "") and streamed_calls == calls
     assert searched[1] <= 2.5 * searched[0], searched
+
+
+def _members(n: int) -> dict:
+    return {f"k{i}": [i, "vvvv", {"x": True}] for i in range(n)}
+
+
+# A call (or content) that grows with n: a JSON object of n members, n
+# keyword arguments, n parameters.
+LONG = {
+    "llama3_json": lambda n: '{"name": "f", "parameters": ' + json.dumps(_members(n)) + "}",
+    "hermes": lambda n: ('<tool_call>{"name": "f", "arguments": ' + json.dumps(_members(n))
+                         + "}</tool_call>"),
+    "mistral": lambda n: "[TOOL_CALLS]f" + json.dumps(_members(n)),
+    "pythonic": lambda n: "[f(" + ", ".join(f"k{i}=[{i}, 'vvvv', {{'x': True}}]"
+                                            for i in range(n)) + ")]",
+    "qwen3_coder": lambda n: ("<tool_call>\n<function=f>\n"
+                              + "".join(f"<parameter=k{i}>\n{i}\n</parameter>\n"
+                                        for i in range(n)) + "</function>\n</tool_call>"),
+    "named": lambda n: json.dumps(_members(n)),
+    "required": lambda n: '[{"name": "f", "parameters": ' + json.dumps(_members(n)) + "}]",
+    "content": lambda n: "Some words of content. " * n,
+}
+
+
+def _allocated(parser: str, text: str) -> int:
+    """The memory each piece of ``text`` (four characters each) allocates
+    beyond what was held before it, at its peak, summed over the pieces."""
+    if parser in ("named", "required"):
+        reader = NamedCallReader("f") if parser == "named" else RequiredCallsReader()
+    else:
+        reader = TOOL_CALL_PARSERS["hermes" if parser == "content" else parser](SCHEMAS)
+    pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
+    total = 0
+    tracemalloc.start()
+    try:
+        for i, piece in enumerate(pieces):
+            tracemalloc.reset_peak()
+            held = tracemalloc.get_traced_memory()[0]
+            reader.delta(piece, last=i == len(pieces) - 1)
+            total += tracemalloc.get_traced_memory()[1] - held
+    finally:
+        tracemalloc.stop()
+    message = reader.message()
+    if parser == "content":
+        assert message == {"content": text}
+    else:
+        assert json.loads(message["tool_calls"][0]["function"]["arguments"])
+    return total
+
+
+@pytest.mark.parametrize("parser", sorted(LONG))
+def test_no_piece_copies_the_answer_so_far(parser):
+    allocated = [_allocated(parser, LONG[parser](n)) for n in (300, 600)]
+    assert allocated[1] <= 2.5 * allocated[0], allocated
