@@ -235,10 +235,10 @@ class GrammarBitmask(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     find its forced rows, folded over its drafts on the device
     (``runner.spec_decode.drafted_budgets``).
 
-    Contract between the two (the engine keeps it; the workers rely on it
-    and do not check it): a budgeted request with drafts in the step has
-    its state and forced id -1; one without drafts has ``[]`` and its
-    forced id (or -1). A row never carries both.
+    Contract between the two (the engine keeps it; a worker rejects a
+    message that breaks it as an invalid plan): a budgeted request with
+    drafts in the step has its state and forced id -1; one without drafts
+    has ``[]`` and its forced id (or -1). A row never carries both.
     """
 
     step_id: int

@@ -24,7 +24,9 @@ A step whose plan lists ``structured_output_req_ids`` samples only once its
   with drafts in the step comes with its thinking state instead of a
   forced id (``GrammarBitmask``'s contract): its state and its logits rows
   come back as ``DraftedBudgets``, and the rejection sampler finds its
-  forced rows from its drafts.
+  forced rows from its drafts. A message that breaks the contract (a row
+  with both, or a forced id for a request with drafts, which would force
+  its last row) is an ``InvalidPlanError``.
 - ``apply_grammar_bitmask_ref``: the kernel's torch reference (the Triton
   version is ``runner.triton_grammar_mask``; ``runner.ops`` picks one).
 
@@ -117,6 +119,8 @@ def check_grammar_bitmask(grammar: GrammarBitmask | None, step_id: int,
     if states and len(states) != len(grammar.req_ids):
         fail(f"the grammar bitmask has {len(states)} thinking states, not one per row "
              f"({len(grammar.req_ids)})")
+    if states and forced and any(state and t >= 0 for state, t in zip(states, forced)):
+        fail("the grammar bitmask gives a row both a thinking state and a forced token")
     for state in states:
         if state and not (len(state) == 5 and state[0] in (0, 1) and state[1] >= 0
                           and state[2] >= 0 and all(0 <= t < vocab_size for t in state[3:])):
@@ -168,6 +172,15 @@ class GrammarMask:
         mask = np.frombuffer(grammar.bitmask, dtype="<i4").astype(np.int32, copy=False)
         pairs = [(mask.reshape(n, self.words), self.bitmask), (mask_rows, self.rows)]
         forced_ids = np.array(grammar.forced_token_ids, dtype=np.int64)
+        if num_logits is not None and forced_ids.size:
+            # A forced id speaks of the step's first token; the sampler
+            # forces a request's last logits row, its first only without
+            # drafts (with drafts its thinking state says which rows).
+            several = num_logits[order] > 1
+            if np.any(several & (forced_ids >= 0)):
+                raise InvalidPlanError("the grammar bitmask forces the token of a request with "
+                                       "drafts in the step (its thinking state should say "
+                                       "which of its rows are forced)")
         table = None
         if grammar.thinking_states and num_logits is not None and self.budget_table is not None:
             drafted = [r for r, state in enumerate(grammar.thinking_states) if state]

@@ -133,6 +133,32 @@ def test_grammar_mask_hands_a_drafted_requests_rows_and_state_to_the_sampler():
     assert sorted(forced.rows.tolist()) == [0, 1] and budgets is None
 
 
+def test_a_row_with_both_a_state_and_a_forced_id_is_refused():
+    """The contract's "never both": refused before anything is masked."""
+    message = _message({"b": [1, 2, 2, S, E], "c": []}, {"b": E})
+    with pytest.raises(InvalidPlanError, match="both a thinking state and a forced token"):
+        check_grammar_bitmask(message, 3, ["b", "c"], VOCAB)
+
+
+def test_a_forced_id_for_a_request_with_drafts_is_refused():
+    """b has 3 logits rows (two drafts): a forced id speaks of its first
+    token, but the sampler forces the row it samples from last, the bonus
+    row, so such a message is refused and the logits are left alone; with
+    one logits row the same id is forced there."""
+    mask = GrammarMask(max_rows=4, vocab_size=VOCAB, device=torch.device("cpu"),
+                       ops=device_ops(torch.device("cpu")), width=4)
+    message = _message({"b": [], "c": []}, {"b": E})
+    check_grammar_bitmask(message, 3, ["b", "c"], VOCAB)
+    logits = torch.randn(6, VOCAB)
+    before = logits.clone()
+    with pytest.raises(InvalidPlanError, match="forces the token of a request with drafts"):
+        mask.apply(logits, message, ["a", "b", "c"], np.array([1, 4, 5]), np.array([2, 3, 1]))
+    assert torch.equal(logits, before)
+    forced, _ = mask.apply(logits, message, ["a", "b", "c"], np.array([1, 2, 3]),
+                           np.array([2, 1, 1]))
+    assert forced.rows.tolist() == [2] and forced.token_ids.tolist() == [E]
+
+
 @pytest.mark.parametrize("state", [[1, 2, 2, S], [2, 0, 1, S, E], [0, -1, 1, S, E],
                                    [1, 0, -1, S, E], [1, 0, 1, S, VOCAB]])
 def test_a_bad_thinking_state_is_refused(state):
