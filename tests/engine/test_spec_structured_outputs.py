@@ -12,7 +12,8 @@ constrained output repeats too and the n-gram drafts copied from it pass;
 the grammars refuse some of the tokens the prompt's runs suggest, so some
 drafts are refused, and each refused draft is rejected (checked on the
 messages the engine sends and the outputs it receives), also through
-preemptions and at TP=2."""
+preemptions, aborts of requests with drafted steps in flight, the batch
+crossing ``disable_by_batch_size``, and at TP=2."""
 
 from __future__ import annotations
 
@@ -180,3 +181,56 @@ def test_on_cuda_outputs_and_logprobs_equal_the_ones_without_drafts(async_schedu
     got, scheduler = _generate(NGRAM, device="cuda", async_scheduling=async_scheduling)
     _assert_same(got, want, 1e-3)
     assert scheduler.spec_stats.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_requests_arriving_and_aborted_mid_flight(plain, async_scheduling):
+    """Through the engine's own loop: the cases arrive two a step, three
+    are aborted while their drafted steps are in flight, and the running
+    count crosses ``disable_by_batch_size`` both ways (steps of the same
+    requests with and without drafts). Every request left ends as it does
+    without drafts, token for token with its logprobs; the aborted ones
+    end "abort" with a prefix of that output."""
+    prompts, params = _params()
+    aborted_at = {1: 3, 4: 4, 6: 6}  # case -> step
+    with LLM(model="tiny", dtype="float32", speculative_config={**NGRAM, "disable_by_batch_size": 4},
+             async_scheduling=async_scheduling) as llm:
+        engine = llm.engine
+        scheduler = engine.scheduler
+        schedule, drafted = scheduler.schedule, []
+
+        def record():  # (requests running when drafts were decided, any drafted)
+            running = len(scheduler.running)
+            plan = schedule()
+            drafted.append((running, bool(scheduler.step_drafts(plan.step_id))))
+            return plan
+
+        scheduler.schedule = record
+        tokens = {i: [] for i in range(len(prompts))}
+        logprobs = {i: [] for i in range(len(prompts))}
+        reasons = {}
+        step = 0
+        while step < 4 or engine.has_unfinished_requests():
+            for i in range(2 * step, min(2 * step + 2, len(prompts))):
+                engine.add_request(prompts[i], params[i], str(i))
+            for i, at in aborted_at.items():
+                if at == step:
+                    for delta in engine.abort([str(i)]):
+                        reasons[int(delta.req_id)] = delta.finish_reason
+            for delta in engine.step():
+                i = int(delta.req_id)
+                tokens[i] += delta.new_token_ids
+                logprobs[i] += delta.logprobs
+                if delta.finished:
+                    reasons[i] = delta.finish_reason
+            step += 1
+            assert step < 500
+    for i, want in enumerate(plain):
+        if i in aborted_at:
+            assert reasons[i] == "abort" and tokens[i] == want.token_ids[:len(tokens[i])], i
+            continue
+        assert (tokens[i], reasons[i]) == (want.token_ids, want.finish_reason), i
+        for token, a, b in zip(tokens[i], want.logprobs, logprobs[i]):
+            assert b[token].logprob == pytest.approx(a[token].logprob, abs=1e-4)
+    assert any(n >= 4 and not d for n, d in drafted) and any(d for _, d in drafted)
+    assert any(len(tokens[i]) < len(plain[i].token_ids) for i in aborted_at)
