@@ -43,6 +43,12 @@ then ``response.reasoning_text.done``, ``response.content_part.done`` and
 ``response.output_item.done``. An item keeps its id (and a call its
 ``call_id``) in every event and in the finished response, as the
 ``openai`` client's stream helper checks.
+
+No text is copied whole for a piece: the open item's text (a message's or
+a reasoning's) or arguments (a call's) is kept as the pieces written
+(``written``), its field left "" until the item closes, where they are
+joined once; the logprobs list is extended where it lies. So an answer's
+work is its length, not the square of it.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class OutputItems:
         self.reader = reader
         self.items: list[dict] = []  # every item so far, the open one last
         self.open: dict | None = None  # the item being written
+        self.written: list[str] = []  # the open item's text or arguments, joined at its close
         self.waiting: list[dict] = []  # answer logprobs before the message's first text
 
     def start(self) -> list[Event]:
@@ -135,7 +142,7 @@ class OutputItems:
         events = []
         if self.open is None or self.open["type"] != "reasoning":
             events = self._close("completed") + self._open_reasoning()
-        self.open["content"][0]["text"] += text
+        self.written.append(text)
         events.append(("response.reasoning_text.delta", {**self._place(), "content_index": 0,
                                                          "delta": text}))
         return events
@@ -146,9 +153,8 @@ class OutputItems:
         events = []
         if self.open is None or self.open["type"] != "message":
             events = self._close("completed") + self._open_message()
-        part = self.open["content"][0]
-        part["text"] += text
-        part["logprobs"] += logprobs
+        self.written.append(text)
+        self.open["content"][0]["logprobs"] += logprobs
         events.append(("response.output_text.delta", {
             **self._place(), "content_index": 0, "delta": text,
             "logprobs": event_logprobs(logprobs)}))
@@ -161,7 +167,7 @@ class OutputItems:
             events = self._close("completed") + self._open_call(function["name"])
         arguments = function.get("arguments") or ""
         if arguments:
-            self.open["arguments"] += arguments
+            self.written.append(arguments)
             events.append(("response.function_call_arguments.delta",
                            {**self._place(), "delta": arguments}))
         return events
@@ -173,6 +179,11 @@ class OutputItems:
         place, item = self._place(), self.open
         self.open = None
         item["status"] = status
+        written, self.written = "".join(self.written), []
+        if item["type"] == "function_call":
+            item["arguments"] = written
+        else:
+            item["content"][0]["text"] = written
         done = ("response.output_item.done", {"output_index": place["output_index"],
                                               "item": item})
         if item["type"] == "function_call":

@@ -1,0 +1,89 @@
+"""The answer's text is never copied whole for each piece that streams in,
+so an answer's work grows with its length, not the square of it: a long
+answer fed four characters at a time, the memory each piece allocates at
+its peak (``tests.helpers.allocations``: ``tracemalloc`` counts
+allocations, no clock is read) summed over the pieces must about double
+when the answer does, where copying the text so far at each piece would
+quadruple it. What is built must be the whole answer's, every field: the
+streamed deltas add up to the finished text, which is the text given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serving.http.responses_items import OutputItems
+from serving.http.tool_parsers import TOOL_CALL_PARSERS
+from tests.helpers.allocations import Allocations
+
+SIZES = (300, 600)
+
+
+def _quarters(text: str) -> list[str]:
+    return [text[i:i + 4] for i in range(0, len(text), 4)]
+
+
+def _members(n: int) -> dict:
+    return {f"k{i}": [i, "vvvv", {"x": True}] for i in range(n)}
+
+
+def _content(n: int) -> str:
+    return "Some words of content. " * n
+
+
+def _call(n: int) -> str:
+    return '<tool_call>{"name": "f", "arguments": ' + json.dumps(_members(n)) + "}</tool_call>"
+
+
+# Responses output items: (reader, answer of size n, its items as
+# (type, text or arguments) pairs).
+ITEMS = {
+    "message": (lambda: None, _content, lambda n: [("message", _content(n))]),
+    "a call's arguments": (lambda: TOOL_CALL_PARSERS["hermes"]({}), _call,
+                           lambda n: [("function_call", json.dumps(_members(n)))]),
+}
+
+
+def _item_text(item: dict) -> str:
+    return item["arguments"] if item["type"] == "function_call" else item["content"][0]["text"]
+
+
+def _streamed_items(reader, text: str, count: Allocations) -> tuple[list[dict], dict]:
+    """The finished items of ``text`` fed in quarters, and each item's
+    text as its deltas add up to and as its done event tells it."""
+    items = OutputItems(reader)
+    events = items.start()
+    pieces = _quarters(text)
+    with count.tracing():
+        for i, piece in enumerate(pieces):
+            with count.piece():
+                events += items.add(piece, [], last=i == len(pieces) - 1)
+    events += items.finish("completed")
+    deltas: dict[int, str] = {}
+    done: dict[int, str] = {}
+    for kind, fields in events:
+        if kind.endswith(".delta"):
+            deltas[fields["output_index"]] = deltas.get(fields["output_index"], "") + fields["delta"]
+        elif kind in ("response.output_text.done", "response.reasoning_text.done"):
+            done[fields["output_index"]] = fields["text"]
+        elif kind == "response.function_call_arguments.done":
+            done[fields["output_index"]] = fields["arguments"]
+    return items.items, {"deltas": deltas, "done": done}
+
+
+@pytest.mark.parametrize("name", sorted(ITEMS))
+def test_responses_items_copy_no_text_per_piece(name):
+    reader, answer, expected = ITEMS[name]
+    allocated = []
+    for n in SIZES:
+        count = Allocations()
+        items, streamed = _streamed_items(reader(), answer(n), count)
+        texts = [(item["type"], _item_text(item)) for item in items]
+        assert texts == expected(n)
+        assert all(item["status"] == "completed" for item in items)
+        by_index = {i: text for i, (_, text) in enumerate(texts)}
+        assert streamed["deltas"] == by_index and streamed["done"] == by_index
+        allocated.append(count.total)
+    assert allocated[1] <= 2.5 * allocated[0], allocated
+
