@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serving.http.growing_text import GrowingText
 from serving.http.reasoning import ReasoningCount, ReasoningParser, ReasoningReader
 from serving.http.tools import ToolCallReader, ToolChoice, delta_of
 
@@ -66,14 +67,16 @@ class ReasonedReader:
     text, or None for an answer without (its output began after its
     reasoning) or that does not show it. An answer with reasoning and
     nothing after it (cut inside its reasoning, or ended right after it)
-    has content None, as vLLM's, unless calls were made."""
+    has content None, as vLLM's, unless calls were made. Without a
+    tool-call reader the content is kept as its pieces (``said``), joined
+    in the message, so that a long answer costs its length."""
 
     def __init__(self, thinking: ReasoningReader, calls: ToolCallReader | None,
                  shown: bool = True) -> None:
         self.thinking = thinking
         self.calls = calls
         self.shown = shown
-        self.content = ""  # without a tool-call reader
+        self.said = GrowingText()  # the content, without a tool-call reader
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
         split = self.thinking.pieces(text, last)
@@ -81,7 +84,7 @@ class ReasonedReader:
         content = "".join(value for kind, value in split if kind == "content")
         if self.calls is not None:
             return said + (self.calls.pieces(content, last) if content or last else [])
-        self.content += content
+        self.said.add(content)
         return said + ([("content", content)] if content else [])
 
     def delta(self, text: str, last: bool = False) -> dict:
@@ -92,7 +95,7 @@ class ReasonedReader:
         return {**({"reasoning": reasoning} if reasoning else {}), **delta_of(pieces)}
 
     def message(self) -> dict:
-        message = {"content": self.content} if self.calls is None else self.calls.message()
+        message = {"content": str(self.said)} if self.calls is None else self.calls.message()
         reasoning = self.thinking.reasoning
         if reasoning is not None and message["content"] == "" and not message.get("tool_calls"):
             message["content"] = None

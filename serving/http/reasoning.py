@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.reasoning import REASONING_PARSERS, ReasoningSyntax, ReasoningTokens, reasoning_tokens
+from serving.http.growing_text import GrowingText
 
 
 class ReasoningParser:
@@ -106,14 +107,21 @@ class ReasoningReader:
 
     States: inside the reasoning (``in_reasoning``; ``start_seen`` once a
     start tag was dropped), then the answer. ``held`` is the text not yet
-    settled inside the reasoning: a tail that may be the start of a tag."""
+    settled inside the reasoning: a tail that may be the start of a tag,
+    shorter than a tag between pieces. The reasoning is kept as
+    its pieces (``thought``), joined where it is asked for: a long
+    reasoning costs its length, not the square of it."""
 
     def __init__(self, syntax: ReasoningSyntax, in_reasoning: bool) -> None:
         self.syntax = syntax
         self.in_reasoning = in_reasoning
-        self.reasoning: str | None = "" if in_reasoning else None
+        self.thought: GrowingText | None = GrowingText() if in_reasoning else None
         self.start_seen = False
         self.held = ""
+
+    @property
+    def reasoning(self) -> str | None:
+        return None if self.thought is None else str(self.thought)
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, str]]:
         if not self.in_reasoning:
@@ -142,7 +150,7 @@ class ReasoningReader:
 
     def _think(self, text: str, said: list[tuple[str, str]]) -> None:
         if text:
-            self.reasoning += text
+            self.thought.add(text)
             said.append(("reasoning", text))
 
 

@@ -13,6 +13,9 @@ import json
 
 import pytest
 
+from engine.reasoning import REASONING_PARSERS
+from serving.http.answer_reader import ReasonedReader
+from serving.http.reasoning import ReasoningReader
 from serving.http.responses_items import OutputItems
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from tests.helpers.allocations import Allocations
@@ -36,12 +39,26 @@ def _call(n: int) -> str:
     return '<tool_call>{"name": "f", "arguments": ' + json.dumps(_members(n)) + "}</tool_call>"
 
 
+def _thought(n: int) -> str:
+    return "Let me think this through. " * n
+
+
+def _reasoned(n: int) -> str:
+    return "<think>" + _thought(n) + "</think>" + _content(n)
+
+
+def _reasoned_reader() -> ReasonedReader:
+    return ReasonedReader(ReasoningReader(REASONING_PARSERS["deepseek_r1"], True), None)
+
+
 # Responses output items: (reader, answer of size n, its items as
 # (type, text or arguments) pairs).
 ITEMS = {
     "message": (lambda: None, _content, lambda n: [("message", _content(n))]),
     "a call's arguments": (lambda: TOOL_CALL_PARSERS["hermes"]({}), _call,
                            lambda n: [("function_call", json.dumps(_members(n)))]),
+    "reasoning, then a message": (_reasoned_reader, _reasoned,
+                                  lambda n: [("reasoning", _thought(n)), ("message", _content(n))]),
 }
 
 
@@ -84,6 +101,25 @@ def test_responses_items_copy_no_text_per_piece(name):
         assert all(item["status"] == "completed" for item in items)
         by_index = {i: text for i, (_, text) in enumerate(texts)}
         assert streamed["deltas"] == by_index and streamed["done"] == by_index
+        allocated.append(count.total)
+    assert allocated[1] <= 2.5 * allocated[0], allocated
+
+
+def test_a_reasoned_chat_answer_copies_no_text_per_piece():
+    """A reasoning model's chat answer (no tools): its reasoning and its
+    content streamed as ``delta``s, and its message."""
+    allocated = []
+    for n in SIZES:
+        reader, count = _reasoned_reader(), Allocations()
+        pieces = _quarters(_reasoned(n))
+        deltas = []
+        with count.tracing():
+            for i, piece in enumerate(pieces):
+                with count.piece():
+                    deltas.append(reader.delta(piece, last=i == len(pieces) - 1))
+        assert reader.message() == {"content": _content(n), "reasoning": _thought(n)}
+        assert "".join(d.get("reasoning", "") for d in deltas) == _thought(n)
+        assert "".join(d.get("content", "") for d in deltas) == _content(n)
         allocated.append(count.total)
     assert allocated[1] <= 2.5 * allocated[0], allocated
 
