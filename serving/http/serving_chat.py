@@ -242,14 +242,15 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
     n = len(generation.choices)
     readers = _readers(reading, generation)
     ids = _returned_ids(request, generation, reading)
-    texts, reasons, stop_reasons = [""] * n, [None] * n, [None] * n
+    texts: list[list[str]] = [[] for _ in range(n)]  # each choice's pieces, joined once
+    reasons, stop_reasons = [None] * n, [None] * n
     logprobs: list[list] = [[] for _ in range(n)]
     prompt_logprobs = None
     async for event in generation.events():
         if event.prompt_logprobs is not None and request.prompt_logprobs is not None:
             prompt_logprobs = state.logprobs.prompt_logprobs(
                 prompt_token_ids(generation), event.prompt_logprobs, request.prompt_logprobs)
-        texts[event.index] += event.text
+        texts[event.index].append(event.text)
         ids.add(event)
         reader = readers[event.index]
         if reader is not None:
@@ -261,7 +262,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
         logprobs[event.index] += _logprobs(state, request, event, num_top) or []
     role = answer_role(request)
     echo = chat_echo(request, role)
-    choices = [{"index": i, "message": _message(texts[i], readers[i], role, echo),
+    choices = [{"index": i, "message": _message("".join(texts[i]), readers[i], role, echo),
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(n)]

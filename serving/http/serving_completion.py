@@ -211,7 +211,7 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     builders = _choices(state, request, generation, echoes)
     prompt_ids = generation.prompts_by_choice()
     ids = _returned_ids(request, generation)
-    texts = [""] * num_choices
+    texts: list[list[str]] = [[] for _ in range(num_choices)]  # each choice's pieces, joined once
     reasons: list[str | None] = [None] * num_choices
     stop_reasons: list[int | str | None] = [None] * num_choices
     merged: list[dict | None] = [None] * num_choices
@@ -219,7 +219,7 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     async for event in generation.events():
         i = event.index
         fields = builders[i].fields(event, prompt_ids[i])
-        texts[i] += fields["text"]
+        texts[i].append(fields["text"])
         ids.add(event)
         if event.finish_reason is not None:
             reasons[i], stop_reasons[i] = event.finish_reason, event.stop_reason
@@ -229,7 +229,7 @@ async def _collect(state: ServerState, request: CompletionRequest, generation: G
     if request.logprobs is not None:
         merged = [m or {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                         "text_offset": []} for m in merged]
-    choices = [{"index": i, "text": texts[i], "logprobs": merged[i],
+    choices = [{"index": i, "text": "".join(texts[i]), "logprobs": merged[i],
                 "finish_reason": reasons[i], "stop_reason": stop_reasons[i]}
                for i in range(num_choices)]
     if request.prompt_logprobs is not None:

@@ -9,15 +9,21 @@ streamed deltas add up to the finished text, which is the text given."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from engine.reasoning import REASONING_PARSERS
-from serving.http.answer_reader import ReasonedReader
+from serving.http import serving_chat, serving_completion
+from serving.http.answer_reader import Reading, ReasonedReader
+from serving.http.generation import ChoiceEvent
+from serving.http.protocol import ChatCompletionRequest, CompletionRequest
 from serving.http.reasoning import ReasoningReader
 from serving.http.responses_items import OutputItems
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
+from serving.http.tools import ToolChoice
 from tests.helpers.allocations import Allocations
 
 SIZES = (300, 600)
@@ -123,3 +129,58 @@ def test_a_reasoned_chat_answer_copies_no_text_per_piece():
         allocated.append(count.total)
     assert allocated[1] <= 2.5 * allocated[0], allocated
 
+
+class _OneChoice:
+    """A stand-in for ``Generation``: one choice, whose events bring the
+    given pieces of text; the work its consumer does on each event is
+    counted in ``count``."""
+
+    def __init__(self, pieces: list[str], count: Allocations) -> None:
+        self.pieces, self.count = pieces, count
+        self.choices = {0: SimpleNamespace(index=0, prompt_token_ids=[1, 2])}
+
+    def prompts_by_choice(self) -> dict[int, list[int]]:
+        return {0: [1, 2]}
+
+    def starts_in_reasoning(self, index: int) -> bool:
+        return False
+
+    def usage(self) -> dict:
+        return {}
+
+    async def events(self):
+        for i, piece in enumerate(self.pieces):
+            reason = "stop" if i == len(self.pieces) - 1 else None
+            with self.count.piece():
+                yield ChoiceEvent(0, piece, [3], None, reason)
+
+
+STATE = SimpleNamespace(shown_model=lambda model: model)
+
+
+def _chat(generation: _OneChoice) -> str:
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "Hi"}]})
+    body = asyncio.run(serving_chat._collect(STATE, request, generation, "chatcmpl-1",
+                                             Reading(ToolChoice("none")), None))
+    return body["choices"][0]["message"]["content"]
+
+
+def _completion(generation: _OneChoice) -> str:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": "Hi"})
+    body = asyncio.run(serving_completion._collect(STATE, request, generation, "cmpl-1", None))
+    return body["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("collect", [_chat, _completion], ids=["chat", "completion"])
+def test_a_whole_answer_copies_no_text_per_piece(collect):
+    """A chat or completion answer given whole: its text gathered from the
+    engine's pieces."""
+    allocated = []
+    for n in SIZES:
+        count = Allocations()
+        with count.tracing():
+            text = collect(_OneChoice(_quarters(_content(n)), count))
+        assert text == _content(n)
+        allocated.append(count.total)
+    assert allocated[1] <= 2.5 * allocated[0], allocated
