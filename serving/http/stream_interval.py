@@ -24,38 +24,47 @@ from collections.abc import AsyncIterator
 from serving.http.generation import ChoiceEvent
 
 
-def joined(first: ChoiceEvent, then: ChoiceEvent) -> ChoiceEvent:
-    """One event for two successive events of a choice: their text, token
-    ids and logprobs in order, the first's prompt logprobs (only a
-    choice's first event has any), the later's finish."""
-    logprobs = (None if first.logprobs is None and then.logprobs is None
-                else [*(first.logprobs or []), *(then.logprobs or [])])
-    prompt_logprobs = first.prompt_logprobs if first.prompt_logprobs is not None \
-        else then.prompt_logprobs
-    return ChoiceEvent(first.index, first.text + then.text, [*first.token_ids, *then.token_ids],
-                       logprobs, then.finish_reason, prompt_logprobs, then.stop_reason)
+def joined(events: list[ChoiceEvent]) -> ChoiceEvent:
+    """One event for successive events of a choice: their text, token ids
+    and logprobs in order, the first's prompt logprobs (only a choice's
+    first event has any), the last's finish. Each is copied once, however
+    many there are."""
+    if len(events) == 1:
+        return events[0]
+    first, last = events[0], events[-1]
+    logprobs = (None if all(e.logprobs is None for e in events)
+                else [lp for e in events for lp in e.logprobs or []])
+    prompt_logprobs = next((e.prompt_logprobs for e in events if e.prompt_logprobs is not None),
+                           None)
+    return ChoiceEvent(first.index, "".join(e.text for e in events),
+                       [t for e in events for t in e.token_ids], logprobs, last.finish_reason,
+                       prompt_logprobs, last.stop_reason)
 
 
 class StreamInterval:
-    """Holds each choice's events until they are due (module docstring).
-    Invariant: a choice has an event held only between its first and its
+    """Holds each choice's events until they are due (module docstring),
+    as a list with their tokens' count, joined once when they go out: an
+    interval of many tokens costs its length, not the square of it.
+    Invariant: a choice has events held only between its first and its
     last event; once its last is given to ``add``, nothing of it is held."""
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self.held: dict[int, ChoiceEvent] = {}
+        self.held: dict[int, list[ChoiceEvent]] = {}
+        self.held_tokens: dict[int, int] = {}
         self.started: set[int] = set()  # choices whose first event went out
 
     def add(self, event: ChoiceEvent) -> ChoiceEvent | None:
         """The event to send now (``event`` joined after what its choice
         holds), or None while it is held."""
-        if (held := self.held.pop(event.index, None)) is not None:
-            event = joined(held, event)
+        held = self.held.pop(event.index, [])
+        held.append(event)
+        tokens = self.held_tokens.pop(event.index, 0) + len(event.token_ids)
         if (event.finish_reason is not None or event.index not in self.started
-                or len(event.token_ids) >= self.interval):
+                or tokens >= self.interval):
             self.started.add(event.index)
-            return event
-        self.held[event.index] = event
+            return joined(held)
+        self.held[event.index], self.held_tokens[event.index] = held, tokens
         return None
 
 

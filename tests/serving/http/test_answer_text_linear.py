@@ -16,12 +16,14 @@ from types import SimpleNamespace
 import pytest
 
 from engine.reasoning import REASONING_PARSERS
+from ipc.engine_messages import TokenLogprob
 from serving.http import serving_chat, serving_completion
 from serving.http.answer_reader import Reading, ReasonedReader
 from serving.http.generation import ChoiceEvent
 from serving.http.protocol import ChatCompletionRequest, CompletionRequest
 from serving.http.reasoning import ReasoningReader
 from serving.http.responses_items import OutputItems
+from serving.http.stream_interval import StreamInterval
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.tools import ToolChoice
 from tests.helpers.allocations import Allocations
@@ -182,5 +184,29 @@ def test_a_whole_answer_copies_no_text_per_piece(collect):
         with count.tracing():
             text = collect(_OneChoice(_quarters(_content(n)), count))
         assert text == _content(n)
+        allocated.append(count.total)
+    assert allocated[1] <= 2.5 * allocated[0], allocated
+
+
+def test_a_long_stream_interval_copies_no_text_per_event():
+    """A stream whose interval is longer than its answer: its first event
+    goes out alone, the rest is held and goes out as one with the last,
+    text, token ids and logprobs in order."""
+    allocated = []
+    for n in SIZES:
+        pieces = _quarters(_content(n))
+        events = [ChoiceEvent(0, piece, [i], [[TokenLogprob(i, -1.0, 1)]],
+                              "length" if i == len(pieces) - 1 else None)
+                  for i, piece in enumerate(pieces)]
+        grouping, count, sent = StreamInterval(10 ** 9), Allocations(), []
+        with count.tracing():
+            for event in events:
+                with count.piece():
+                    sent.append(grouping.add(event))
+        sent = [event for event in sent if event is not None]
+        assert [e.text for e in sent] == [pieces[0], "".join(pieces[1:])]
+        assert [e.token_ids for e in sent] == [[0], list(range(1, len(pieces)))]
+        assert [lp for e in sent for lp in e.logprobs] == [e.logprobs[0] for e in events]
+        assert [e.finish_reason for e in sent] == [None, "length"]
         allocated.append(count.total)
     assert allocated[1] <= 2.5 * allocated[0], allocated
