@@ -397,7 +397,9 @@ class IncrementalDetokenizer:
     bare text (vLLM's rule; the one before it has released everything, so
     its piece is its text alone). The concatenated pieces equal
     ``output_text(tokenizer, prompt, output ids, skip_special_tokens,
-    spaces_between_special_tokens)``.
+    spaces_between_special_tokens)``, which is what ``output_text`` gives:
+    the pieces are kept as they came and joined where it is asked for, so a
+    long output costs its length, not the square of it.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
@@ -412,7 +414,12 @@ class IncrementalDetokenizer:
         self._bare_added = _bare_added_texts(tokenizer, skip_special_tokens,
                                              spaces_between_special_tokens)
         self._after_added = False  # the last token fed was an added token
-        self.output_text = ""
+        self._pieces: list[str] = []  # every piece released, in order
+
+    @property
+    def output_text(self) -> str:
+        """The text released so far: the pieces joined."""
+        return "".join(self._pieces)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.raw_decode(token_ids, self.skip_special_tokens)
@@ -423,7 +430,8 @@ class IncrementalDetokenizer:
             piece = self._step(token_ids)
         else:
             piece = "".join([self._step_one(token) for token in token_ids])
-        self.output_text += piece
+        if piece:
+            self._pieces.append(piece)
         return piece
 
     def _step_one(self, token: int) -> str:
