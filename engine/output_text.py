@@ -22,6 +22,10 @@ kept (``engine.outputs.shown_token_ids``).
 With ``detokenize`` False (no stop strings then) nothing is decoded, as
 vLLM drops the request's tokenizer: ``tokenizer`` is None, the text stays
 empty and each logprob's ``decoded_token`` None.
+
+Nothing is copied whole per token: the text shown so far is kept as its
+pieces (joined where ``text`` is asked for) and the logprobs list is
+extended where it lies, so a long output costs its length.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class OutputText:
         self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None
-        self.text = ""
+        self._pieces: list[str] = []  # the text shown so far
         self.stop_string: str | None = None  # the stop string met, once met
         self._stops = (OutputStops(params.stop, params.include_stop_str_in_output,
                                    params.min_tokens) if params.stop else None)
@@ -49,14 +53,20 @@ class OutputText:
                                                     params.spaces_between_special_tokens)
                              if params.stop else None)
 
+    @property
+    def text(self) -> str:
+        """The text shown so far (the whole output's once ``finish`` ran)."""
+        return "".join(self._pieces)
+
     def add(self, delta: RequestOutputDelta) -> None:
         """Take the delta's tokens (and their logprobs), up to the one that
         completes a stop string if one does (then ``stop_string`` is set)."""
         kept = self._feed(delta)
         self.token_ids.extend(delta.new_token_ids[:kept])
         if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + with_decoded_tokens(
-                self.tokenizer, delta.logprobs[:kept])
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(with_decoded_tokens(self.tokenizer, delta.logprobs[:kept]))
 
     def _feed(self, delta: RequestOutputDelta) -> int:
         """How many of the delta's tokens to keep; feeds the text of those
@@ -64,7 +74,7 @@ class OutputText:
         if self._stops is None:
             return len(delta.new_token_ids)
         for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
-            self.text += self._stops.add(self._detokenizer.feed([token]), 1)
+            self._pieces.append(self._stops.add(self._detokenizer.feed([token]), 1))
             if self._stops.stopped is not None:
                 self.stop_string = self._stops.stopped
                 return i + 1
@@ -77,12 +87,12 @@ class OutputText:
         tail the stop-string matcher held back."""
         if self._stops is None:
             if self.tokenizer is not None:
-                self.text = output_text(self.tokenizer, self.prompt_token_ids,
-                                        shown_token_ids(delta, self.token_ids, True),
-                                        self.skip_special_tokens,
-                                        self.spaces_between_special_tokens)
+                self._pieces = [output_text(self.tokenizer, self.prompt_token_ids,
+                                            shown_token_ids(delta, self.token_ids, True),
+                                            self.skip_special_tokens,
+                                            self.spaces_between_special_tokens)]
             return
-        self.text += self._stops.add("", 0, last=True)
+        self._pieces.append(self._stops.add("", 0, last=True))
         self.stop_string = self._stops.stopped
 
 
