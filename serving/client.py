@@ -309,8 +309,11 @@ class EngineClient:
         """(completion, prompt logprobs, prefix-cache hits) of one engine
         request, aborted when its text meets a stop string (what the
         engine still sends for it is dropped); ``times`` takes when the
-        completion's tokens were received."""
+        completion's tokens were received. Its text is gathered as pieces
+        and joined once, and its logprobs extended in place: a long
+        completion costs its length, not the square of it."""
         completion = CompletionOutput(index, "", [])
+        pieces: list[str] = []  # the completion's text
         stops = (OutputStops(params.stop, params.include_stop_str_in_output, params.min_tokens)
                  if params.stop else None)
         prompt_logprobs, num_cached = None, None
@@ -327,13 +330,12 @@ class EngineClient:
                 times.tokens_at(received_at)
             completion.token_ids.extend(delta.token_ids)
             if delta.logprobs is not None:
-                completion.logprobs = (completion.logprobs or []) + [
-                    {e.token_id: Logprob(e.logprob, e.rank) for e in token}
-                    for token in delta.logprobs]
-            if stops is None:
-                completion.text += delta.text
-            else:
-                completion.text += stops.add(delta.text, len(delta.token_ids), delta.finished)
+                if completion.logprobs is None:
+                    completion.logprobs = []
+                completion.logprobs.extend({e.token_id: Logprob(e.logprob, e.rank) for e in token}
+                                           for token in delta.logprobs)
+            pieces.append(delta.text if stops is None
+                          else stops.add(delta.text, len(delta.token_ids), delta.finished))
             if stops is not None and stops.stopped is not None:
                 completion.finish_reason, completion.stop_reason = "stop", stops.stopped
                 if not delta.finished:
@@ -341,6 +343,7 @@ class EngineClient:
             else:
                 completion.finish_reason = delta.finish_reason
                 completion.stop_reason = delta.stop_reason
+        completion.text = "".join(pieces)
         completion.cumulative_logprob = cumulative_logprob(completion.token_ids,
                                                            completion.logprobs)
         return completion, prompt_logprobs, num_cached
