@@ -51,6 +51,28 @@ def prompt_set(entry: list[str] | dict) -> tuple[list[str], dict | None]:
     return entry, None
 
 
+def chosen_sets(prompt_sets: dict, names: str) -> list[tuple[str, list[str], dict | None]]:
+    """(name, texts, schema) of each set ``names`` (comma-separated) picks,
+    in its order, checked before any of them runs: a name the prompts file
+    lacks, or a schema set without ``jsonschema`` (the test extra's, which
+    ``json_checks`` needs once the set has run), is a ``ValueError`` naming
+    it, not a stop after the sets before it have run for minutes."""
+    chosen = []
+    for name in names.split(","):
+        if name not in prompt_sets:
+            raise ValueError(f"no prompt set {name!r} in {PROMPTS_FILE} "
+                             f"(sets: {', '.join(prompt_sets)})")
+        chosen.append((name, *prompt_set(prompt_sets[name])))
+    schema_sets = [name for name, _, schema in chosen if schema is not None]
+    if schema_sets:
+        try:
+            import jsonschema  # noqa: F401
+        except ImportError:
+            raise ValueError(f"the JSON sets {', '.join(schema_sets)} check their outputs "
+                             "with jsonschema: install it (the test extra)") from None
+    return chosen
+
+
 def json_checks(texts: list[str], schema: dict) -> dict:
     """How many of ``texts`` parse as JSON (one cut off by ``max_tokens``
     does not) and how many of those ``schema`` validates (all of them,
@@ -127,13 +149,16 @@ def main() -> None:
     args = parser.parse_args()
     with open(PROMPTS_FILE) as f:
         prompt_sets = json.load(f)
+    try:
+        chosen = chosen_sets(prompt_sets, args.sets)
+    except ValueError as e:
+        parser.error(str(e))
     spec = {"method": "ngram", "num_speculative_tokens": args.k,
             "prompt_lookup_max": args.prompt_lookup_max,
             "prompt_lookup_min": args.prompt_lookup_min}
     config = dict(device=args.device, tensor_parallel_size=args.tp)
     rows = []
-    for name in args.sets.split(","):
-        texts, schema = prompt_set(prompt_sets[name])
+    for name, texts, schema in chosen:
         plain = run_set(args.model, texts, None, args.max_tokens, schema, **config)
         drafted = run_set(args.model, texts, spec, args.max_tokens, schema, **config)
         rows.append(summarize(name, plain, drafted, schema))

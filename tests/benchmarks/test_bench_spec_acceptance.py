@@ -83,3 +83,26 @@ def test_command_reports_plain_and_schema_sets(tmp_path):
             row["num_accepted_tokens"] / row["num_draft_tokens"], abs=1e-4)
         assert row["mean_accepted_length"] == pytest.approx(
             1 + row["num_accepted_tokens"] / row["num_drafts"], abs=1e-3)
+
+
+@pytest.mark.parametrize("sets, words", [
+    ("copy_heavy,json_cpy", "no prompt set 'json_cpy'"),
+    ("copy_heavy,json_copy,chat", "the JSON sets json_copy check their outputs with jsonschema"),
+])
+def test_a_run_that_would_stop_midway_is_refused_before_any_set_runs(monkeypatch, capsys,
+                                                                     sets, words):
+    """A misspelt set, or a schema set where ``jsonschema`` is missing (it
+    is the test extra's), is the usage error before the first set runs,
+    not a traceback after the sets before it have run."""
+    from benchmarks import bench_spec_acceptance
+
+    def run_set(model, texts, *args, **kwargs):
+        raise AssertionError(f"a set ran before the refusal: {texts[0][:40]!r}")
+
+    monkeypatch.setattr(bench_spec_acceptance, "run_set", run_set)
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # import jsonschema: ImportError
+    monkeypatch.setattr(sys, "argv", ["bench_spec_acceptance", "--sets", sets])
+    with pytest.raises(SystemExit) as exit_:
+        bench_spec_acceptance.main()
+    assert exit_.value.code == 2
+    assert words in capsys.readouterr().err
