@@ -70,10 +70,13 @@ def detokenize(state: ServerState, request: DetokenizeRequest) -> dict:
 
 
 def tokenizer_info(state: ServerState) -> dict:
+    """The tokenizer's special tokens and the template the chat routes
+    render with: the server's ``--chat-template`` where it has one, as
+    vLLM's reports it, else the model's."""
     tok = state.tokenizer
     return {"tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": tok.token_text(tok.bos_token_id),
             "eos_token": tok.token_text(tok.eos_token_id),
             "pad_token": None,
-            "chat_template": tok.chat_template,
+            "chat_template": state.chat_template or tok.chat_template,
             "model_max_length": state.max_model_len}

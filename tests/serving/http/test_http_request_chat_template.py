@@ -131,6 +131,18 @@ def test_a_server_template_goes_before_the_kwargs_key(model_dir, hf, extra, want
         assert link.prompts[-1] == _own_ids(hf, SERVER_RENDERED)
 
 
+def test_tokenizer_info_gives_the_template_the_chat_routes_render(model_dir, hf):
+    """``/tokenizer_info``'s chat template is the one a chat request without
+    its own is rendered with: the server's where it has one (vLLM reports
+    its ``--chat-template`` there), else the model's."""
+    with recording_app(model_dir, chat_template=SERVER_TEMPLATE) as app:
+        assert app.http.get("/tokenizer_info").json()["chat_template"] == SERVER_TEMPLATE
+        assert (_chat(app.client).model_extra["prompt_text"]
+                == "[system: Be brief.][user: Hi there]")  # SERVER_TEMPLATE, no mood
+    with recording_app(model_dir) as app:
+        assert app.http.get("/tokenizer_info").json()["chat_template"] == hf.chat_template
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"chat_template": TEMPLATE}, "chat_template"),
     ({"chat_template": ""}, "chat_template"),  # vLLM refuses any template given, "" too
