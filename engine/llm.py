@@ -28,6 +28,7 @@ from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
 from engine.tool_depth import check_tool_depth
+from ipc.errors import InvalidRequestError
 
 
 class LLM:
@@ -175,6 +176,9 @@ class LLM:
         they are only rendered: the output is not held to a call; one nested
         deeper than ``tool_depth.MAX_TOOL_DEPTH`` is refused before any
         rendering (``InvalidRequestError`` naming ``tools``).
+        A ``chat_template`` key of ``chat_template_kwargs`` is the template
+        where ``chat_template`` is not given (vLLM's ``LLM.chat`` hands the
+        kwargs to the template's renderer, whose ``chat_template`` it is).
         ``continue_final_message`` (with ``add_generation_prompt`` False)
         leaves the final message open for the model to go on. Under a
         reasoning parser, ``enable_thinking`` in ``chat_template_kwargs``
@@ -182,6 +186,8 @@ class LLM:
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         check_tool_depth(tools)
         tokenizer = self.engine.tokenizer
+        if chat_template is None:
+            chat_template = _kwargs_template(chat_template_kwargs)
         rendered = [chat_prompt_ids(tokenizer, chat, chat_template=chat_template,
                                     add_generation_prompt=add_generation_prompt,
                                     extra=chat_template_kwargs,
@@ -242,6 +248,16 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _kwargs_template(chat_template_kwargs: dict | None) -> str | None:
+    """The ``chat_template`` key of ``LLM.chat``'s ``chat_template_kwargs``
+    (None: none); ``InvalidRequestError`` where it is no text."""
+    template = (chat_template_kwargs or {}).get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise InvalidRequestError("chat_template_kwargs.chat_template must be a template's text",
+                                  param="chat_template_kwargs")
+    return template
 
 
 def _stop(engine: LLMEngine, caller_num_threads: int) -> None:

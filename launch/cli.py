@@ -339,8 +339,9 @@ def _serve_parser(sub) -> None:
                        "itself (text with a brace or a line break; \\n escapes read as such)")
     serve.add_argument("--trust-request-chat-template", action="store_true",
                        help="with --http-port: vLLM's; render a chat or /tokenize request's "
-                       "own chat_template (or chat_template_kwargs' chat_template) in the "
-                       "template sandbox instead of refusing it (a 400 without this option)")
+                       "own chat_template (or chat_template_kwargs' chat_template, unless "
+                       "--chat-template is given) in the template sandbox instead of "
+                       "refusing it (a 400 without this option)")
     for flag, why in _REFUSED_SERVE_OPTIONS.items():
         serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",

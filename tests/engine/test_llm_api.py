@@ -404,6 +404,28 @@ def test_chat_renders_tools_as_transformers(llm, tmp_path):
 
 
 @pytest.mark.timeout(300)
+def test_chat_takes_the_template_of_its_kwargs_as_transformers_does(llm, tmp_path):
+    """A ``chat_template`` key in ``chat_template_kwargs`` is the template
+    (transformers' ``apply_chat_template`` takes it so, as vLLM's
+    ``LLM.chat`` hands it the kwargs); ``chat_template`` given wins; a key
+    that is no text is refused naming ``chat_template_kwargs``."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path)))
+    chat = [{"role": "user", "content": "Hi"}]
+    kwargs = {"chat_template": "{% for m in messages %}<{{ m.content }}|{{ mood }}>{% endfor %}",
+              "mood": "calm"}
+    [out] = llm.chat(chat, _greedy(max_tokens=1), chat_template_kwargs=kwargs)
+    assert out.prompt == hf.apply_chat_template(chat, tokenize=False, **kwargs) == "<Hi|calm>"
+    [out] = llm.chat(chat, _greedy(max_tokens=1), chat_template=TOOLS_TEMPLATE,
+                     chat_template_kwargs=kwargs)
+    assert out.prompt == "-Hi"
+    with pytest.raises(InvalidRequestError, match="template's text") as e:
+        llm.chat(chat, _greedy(max_tokens=1), chat_template_kwargs={"chat_template": 3})
+    assert e.value.param == "chat_template_kwargs"
+
+
+@pytest.mark.timeout(300)
 def test_chat_refuses_tools_nested_past_the_bound_before_rendering(llm):
     """A tool whose parameters nest 5000 levels (past Python's recursion
     limit, where the template's ``tojson`` would fail deep inside), or
