@@ -13,7 +13,7 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from checkpoint.description import describe
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
-from tests.helpers.allocations import Allocations
+from tests.helpers.allocations import Allocations, held_by
 
 CORPUS = ["hello world", "the quick brown fox", "hello there world"] * 20
 MULTIBYTE = "héllo wörld 你好 🎉 ok"
@@ -162,6 +162,36 @@ def test_incremental_detokenizer_copies_no_text_per_token(tok):
         assert "".join(pieces) == text == detok.output_text
         allocated.append(count.total)
     assert allocated[1] <= 2.5 * allocated[0], allocated
+
+
+def test_incremental_detokenizer_keeps_its_text_at_about_its_size(tok):
+    """The text released is kept at about its own size, not as one string
+    object per piece: fed 20,000 characters that each come out as a piece
+    of their own (three byte tokens a character), the memory the
+    detokenizer holds beyond a list of the same token ids is a few times
+    the text's, where a string per piece would hold some eighty bytes a
+    character (about forty times the text's two)."""
+    text = "你好世界" * 5000
+    ids = tok.encode(text)
+    assert len(ids) == 3 * len(text)
+
+    def fed() -> IncrementalDetokenizer:
+        detok = IncrementalDetokenizer(tok)
+        for token in ids:
+            detok.feed([token])
+        return detok
+
+    def listed() -> list[int]:
+        kept: list[int] = []
+        for token in ids:
+            kept.extend([token])
+        return kept
+
+    detok, held = held_by(fed)
+    _, held_by_ids = held_by(listed)
+    assert detok.output_text == text
+    text_size = 2 * len(text)  # its characters' bytes in a str (two each here)
+    assert held - held_by_ids <= 4 * text_size, (held, held_by_ids, text_size)
 
 
 def test_incremental_detokenizer_many_at_once_and_specials(tok):

@@ -4,13 +4,17 @@ does not depend on the machine's load). ``Allocations.piece`` measures one
 piece: what it allocates beyond what was held before it, at its peak;
 ``total`` sums the pieces. Work that copies the text so far at each piece
 allocates the square of the text's length over an answer; work that keeps
-its pieces, their length."""
+its pieces, their length. ``held_by`` counts what a piece of work leaves
+held: the memory of what it built and still references."""
 
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Allocations:
@@ -35,3 +39,15 @@ class Allocations:
         held = tracemalloc.get_traced_memory()[0]
         yield
         self.total += tracemalloc.get_traced_memory()[1] - held
+
+
+def held_by(build: Callable[[], T]) -> tuple[T, int]:
+    """What ``build()`` returns, and the memory (traced) still held once it
+    has returned: what it built and did not let go."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        built = build()
+        return built, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
