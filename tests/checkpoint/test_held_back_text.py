@@ -5,12 +5,13 @@ while a U+FFFD followed by more text is. On tiny's byte-level tokenizer
 (ids are byte values; 256..258 its special tokens), token by token
 (``IncrementalDetokenizer``), fed in parts, and whole (``output_text``),
 against ``DecodeStream`` written out as vLLM uses it
-(``tests/helpers/vllm_detokenizer.py``) and hand-worked texts."""
+(``tests/helpers/vllm_detokenizer.py``, with its one documented difference:
+an output after a prompt whose text ends in U+FFFD) and hand-worked texts."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
@@ -54,6 +55,22 @@ def test_special_tokens_shown_release_what_came_before(tiny):
     assert output_text(tiny, prompt, output, False) == "a\ufffd<s>"
 
 
+@pytest.mark.parametrize("skip, leaked", [(True, "\ufffda"), (False, "<s>\ufffda")])
+def test_an_output_after_a_prompt_that_ends_in_replacement(tiny, skip, leaked):
+    """Prompt "\ufffd" (BOS, then EF BF BD), output "a". vLLM's stream primed
+    with the prompt has no prefix, its text ending in U+FFFD, so its first
+    piece begins with the prompt's text; tprun's text is what the output
+    adds, "a", and the reference takes it so (its documented difference)."""
+    from tokenizers.decoders import DecodeStream
+
+    prompt = tiny.encode("\ufffd")
+    assert prompt == [256, *REPLACEMENT]
+    assert DecodeStream(ids=prompt, skip_special_tokens=skip).step(tiny.hf, A) == leaked
+    assert vllm_fast_pieces(tiny.hf, prompt, [A], skip) == ["a"]
+    assert IncrementalDetokenizer(tiny, prompt, skip).feed([A]) == "a"
+    assert output_text(tiny, prompt, [A], skip) == "a"
+
+
 # Whole characters (one to four bytes), lone lead bytes, stray continuation
 # bytes, U+FFFD's own bytes, special tokens; then a character cut short.
 _PIECES = [[A], [ord(" ")], list("é".encode()), EURO, list("😀".encode()), [0xC3], [0xF0],
@@ -64,6 +81,8 @@ _outputs = st.tuples(st.lists(st.sampled_from(_PIECES), max_size=10),
 
 
 @settings(max_examples=300, deadline=None)
+@example(prompt="\ufffd", output=[A], cuts=[], skip=True, spaces=True)
+@example(prompt="\ufffd", output=[A], cuts=[], skip=False, spaces=False)
 @given(prompt=st.text(max_size=5), output=_outputs, cuts=st.lists(st.integers(1, 4), max_size=10),
        skip=st.booleans(), spaces=st.booleans())
 def test_pieces_and_text_are_vllms(tiny, prompt, output, cuts, skip, spaces):

@@ -10,13 +10,24 @@ tokens shown and ``spaces_between_special_tokens`` False, a step whose token
 is an added token (special or not) right after another of the output adds
 that token's own text instead.
 
-Where the prompt's text ends in U+FFFD (a token-id prompt that ends inside
-a character) the primed stream has no prefix yet, and its first piece
-starts with the prompt's own text; tprun decodes such an output without
-the prompt instead, so callers give ``prompt_ids`` [] there.
+The one difference, which tprun keeps on purpose (README, "An output's
+text"): where the prompt's text (decoded as the request decodes) ends in
+U+FFFD, a token-id prompt that ends inside a character or a text that ends
+in U+FFFD itself, vLLM's primed stream has no prefix yet, so its first
+piece would begin with the prompt's whole text (prompt "\\ufffd", output
+"a": "\\ufffda"), text that is the prompt's, not the output's. tprun
+decodes such an output as if there were no prompt, and so does this
+reference: the stream starts empty there.
 """
 
 from __future__ import annotations
+
+
+def _primer(hf, prompt_ids: list[int], skip_special_tokens: bool) -> list[int]:
+    """The ids the stream starts from: the prompt, or none where its text
+    ends in U+FFFD (the documented difference above)."""
+    text = hf.decode(list(prompt_ids), skip_special_tokens=skip_special_tokens)
+    return [] if text.endswith("\ufffd") else list(prompt_ids)
 
 
 def vllm_fast_pieces(hf, prompt_ids: list[int], output_ids: list[int],
@@ -25,7 +36,8 @@ def vllm_fast_pieces(hf, prompt_ids: list[int], output_ids: list[int],
     """Each output token's piece of text (``hf``: a ``tokenizers.Tokenizer``)."""
     from tokenizers.decoders import DecodeStream
 
-    stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=skip_special_tokens)
+    stream = DecodeStream(ids=_primer(hf, prompt_ids, skip_special_tokens),
+                          skip_special_tokens=skip_special_tokens)
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
     bare = not skip_special_tokens and not spaces_between_special_tokens
     pieces, after_added = [], False
