@@ -26,7 +26,9 @@ vLLM's detokenizer of a fast tokenizer (tokenizers' ``DecodeStream``)
 writes it, token by token: a token's text is released once the text so far
 does not end in U+FFFD, and what is still held back when the output ends
 (an incomplete UTF-8 character, a token that is U+FFFD itself) is never
-shown.
+shown. After a prompt whose text ends in U+FFFD, the output is decoded as
+if there were no prompt (``_context_ids``), where vLLM's stream would begin
+it with the prompt's text.
 """
 
 from __future__ import annotations
@@ -275,10 +277,13 @@ def _cleaned_up(text: str) -> str:
 
 def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool) -> list[int]:
-    """The prompt's last tokens an output is decoded after (none where the
-    prompt ends inside a character, a token-id prompt: the output's first
-    bytes would complete it and vanish into it; vLLM's stream, primed with
-    the whole prompt, would show the prompt's text with them instead). Under
+    """The prompt's last tokens an output is decoded after; none where their
+    text ends in U+FFFD: a token-id prompt that ends inside a character (the
+    output's first bytes would complete it and vanish into it) or a text
+    that ends in U+FFFD itself. There vLLM's stream, primed with the whole
+    prompt, has no prefix yet and would begin the output's text with the
+    prompt's whole text; tprun's text is the output's own, a difference
+    README states. Under
     ``skip_special_tokens`` the last ones that decode to text: special
     tokens there would leave a context of nothing, and a SentencePiece
     decoder would then drop the output's leading space."""
