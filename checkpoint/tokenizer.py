@@ -40,13 +40,12 @@ from typing import Any
 import tokenizers
 
 from checkpoint.chat_template import chat_prompt_ids
+from checkpoint.growing_text import GrowingText
 from ipc.errors import InvalidRequestError
 
 # Tokens of prompt context the incremental detokenizer starts from: enough
 # for decoders that drop a leading space on the first token they see.
 _CONTEXT_TOKENS = 5
-# Pieces of released text the incremental detokenizer joins into one chunk.
-_CHUNK_PIECES = 64
 
 
 def _token_text(entry: Any) -> str | None:
@@ -405,12 +404,10 @@ class IncrementalDetokenizer:
     its piece is its text alone). The concatenated pieces equal
     ``output_text(tokenizer, prompt, output ids, skip_special_tokens,
     spaces_between_special_tokens)``, which is what ``output_text`` gives:
-    the released text is kept as chunks of ``_CHUNK_PIECES`` pieces, each
-    chunk joined once when it fills, and the chunks joined where
-    ``output_text`` is asked for. So a long output costs its length, not
-    the square of it, in work and in memory: a string object kept per piece
-    would cost tens of bytes beyond a piece of one character, held for
-    every running request by the server's detokenizer.
+    the released text is kept as a ``GrowingText`` (pieces joined in chunks),
+    joined where ``output_text`` is asked for. So a long output costs its
+    length, not the square of it, in work and in memory (the server keeps
+    a detokenizer for every running request).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int] = (),
@@ -425,19 +422,12 @@ class IncrementalDetokenizer:
         self._bare_added = _bare_added_texts(tokenizer, skip_special_tokens,
                                              spaces_between_special_tokens)
         self._after_added = False  # the last token fed was an added token
-        self._chunks: list[str] = []  # the text released, in full chunks
-        self._recent: list[str] = []  # the pieces released since the last chunk
+        self._released = GrowingText()
 
     @property
     def output_text(self) -> str:
-        """The text released so far: the chunks and the recent pieces joined."""
-        return "".join(self._chunks) + "".join(self._recent)
-
-    def _keep(self, piece: str) -> None:
-        self._recent.append(piece)
-        if len(self._recent) == _CHUNK_PIECES:
-            self._chunks.append("".join(self._recent))
-            self._recent = []
+        """The text released so far."""
+        return str(self._released)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.raw_decode(token_ids, self.skip_special_tokens)
@@ -449,7 +439,7 @@ class IncrementalDetokenizer:
         else:
             piece = "".join([self._step_one(token) for token in token_ids])
         if piece:
-            self._keep(piece)
+            self._released.add(piece)
         return piece
 
     def _step_one(self, token: int) -> str:

@@ -30,6 +30,7 @@ extended where it lies, so a long output costs its length.
 
 from __future__ import annotations
 
+from checkpoint.growing_text import GrowingText
 from checkpoint.tokenizer import IncrementalDetokenizer, output_text
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs, shown_token_ids
 from engine.sampling_params import SamplingParams
@@ -42,7 +43,7 @@ class OutputText:
         self.prompt_token_ids = prompt_token_ids
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprobs] | None = None
-        self._pieces: list[str] = []  # the text shown so far
+        self._shown = GrowingText()  # the text shown so far
         self.stop_string: str | None = None  # the stop string met, once met
         self._stops = (OutputStops(params.stop, params.include_stop_str_in_output,
                                    params.min_tokens) if params.stop else None)
@@ -56,7 +57,7 @@ class OutputText:
     @property
     def text(self) -> str:
         """The text shown so far (the whole output's once ``finish`` ran)."""
-        return "".join(self._pieces)
+        return str(self._shown)
 
     def add(self, delta: RequestOutputDelta) -> None:
         """Take the delta's tokens (and their logprobs), up to the one that
@@ -74,7 +75,7 @@ class OutputText:
         if self._stops is None:
             return len(delta.new_token_ids)
         for i, token in enumerate(shown_token_ids(delta, delta.new_token_ids, True)):
-            self._pieces.append(self._stops.add(self._detokenizer.feed([token]), 1))
+            self._shown.add(self._stops.add(self._detokenizer.feed([token]), 1))
             if self._stops.stopped is not None:
                 self.stop_string = self._stops.stopped
                 return i + 1
@@ -87,12 +88,12 @@ class OutputText:
         tail the stop-string matcher held back."""
         if self._stops is None:
             if self.tokenizer is not None:
-                self._pieces = [output_text(self.tokenizer, self.prompt_token_ids,
+                self._shown.add(output_text(self.tokenizer, self.prompt_token_ids,
                                             shown_token_ids(delta, self.token_ids, True),
                                             self.skip_special_tokens,
-                                            self.spaces_between_special_tokens)]
+                                            self.spaces_between_special_tokens))
             return
-        self._pieces.append(self._stops.add("", 0, last=True))
+        self._shown.add(self._stops.add("", 0, last=True))
         self.stop_string = self._stops.stopped
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serving.http.growing_text import GrowingText
+from checkpoint.growing_text import GrowingText
 from serving.http.reasoning import ReasoningCount, ReasoningParser, ReasoningReader
 from serving.http.tools import ToolCallReader, ToolChoice, delta_of
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
+from checkpoint.growing_text import GrowingText
 from serving.http.call_object import CallObject
-from serving.http.growing_text import GrowingText
 from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
 
 BLANK = re.compile(r"\s*")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 
-from serving.http.growing_text import GrowingText
+from checkpoint.growing_text import GrowingText
 
 _BLANK = " \t\n\r"
 _BARE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.")

@@ -43,7 +43,7 @@ import json
 import re
 import warnings
 
-from serving.http.growing_text import GrowingText
+from checkpoint.growing_text import GrowingText
 
 _BLANK = " \t\r\n\f"
 _NUMBER = re.compile(r"[0-9A-Za-z_.]")

@@ -46,8 +46,8 @@ import math
 import re
 from typing import Any, ClassVar
 
+from checkpoint.growing_text import GrowingText
 from serving.http.auto_calls import BLANK, AutoCallsReader
-from serving.http.growing_text import GrowingText
 
 _NAME = re.compile(r"[^\s\"'<>{}]+")
 _STRINGS = ("string", "str", "text", "varchar", "char", "enum")

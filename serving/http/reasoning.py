@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from checkpoint.growing_text import GrowingText
 from engine.reasoning import REASONING_PARSERS, ReasoningSyntax, ReasoningTokens, reasoning_tokens
-from serving.http.growing_text import GrowingText
 
 
 class ReasoningParser:
