@@ -47,7 +47,7 @@ from engine.scheduler import Scheduler
 from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
 from engine.structured_outputs.manager import PendingBitmask
-from engine.thinking_budget import ThinkingBudget
+from engine.thinking_budget import ThinkingBudget, check_budget_has_parser
 from executor.base import Executor, OutputFuture
 from ipc import trace
 from ipc.engine_messages import EngineStats
@@ -283,11 +283,8 @@ class LLMEngine:
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
-        if params.thinking_token_budget is not None and self.reasoning is None:
-            raise InvalidRequestError(
-                "thinking_token_budget needs a reasoning parser, which tells where the "
-                "thinking starts and ends: start the engine with --reasoning-parser "
-                "(LLM(reasoning_parser=...))", param="thinking_token_budget")
+        check_budget_has_parser(params.thinking_token_budget,
+                                self.config.resolved_reasoning_parser)
         prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
                                             self.scheduler.config.max_model_len)
         if params.bad_words:

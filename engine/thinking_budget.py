@@ -51,6 +51,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engine.reasoning import ReasoningTokens
+from ipc.errors import InvalidRequestError
+
+
+def check_budget_has_parser(thinking_token_budget: int | None,
+                            reasoning_parser: str | None) -> None:
+    """A budget needs a reasoning parser (``reasoning_parser``: the engine's
+    resolved one, None for none), which tells where thinking starts and
+    ends; ``InvalidRequestError`` naming ``thinking_token_budget`` without
+    one. The one home of the rule: the engine checks each request by it,
+    and ``tprun generate`` its options before any worker starts."""
+    if thinking_token_budget is not None and reasoning_parser is None:
+        raise InvalidRequestError(
+            "thinking_token_budget needs a reasoning parser, which tells where the "
+            "thinking starts and ends: start the engine with --reasoning-parser "
+            "(LLM(reasoning_parser=...))", param="thinking_token_budget")
 
 
 class ThinkingBudget:
