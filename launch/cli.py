@@ -22,6 +22,9 @@ import os
 import signal
 import sys
 
+from launch.generate_output import output_lines
+from launch.sampling_flags import add_sampling_flags, check_thinking_budget, sampling_params
+
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
 
 logger = logging.getLogger("tprun.serve")
@@ -165,8 +168,11 @@ def _tensor_parallel_size(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # No abbreviations of tprun's own options: argparse matches them against
+    # every argument, the subcommand's too (generate's --n would be taken
+    # for an abbreviation of --nproc-per-node).
     parser = argparse.ArgumentParser(prog="tprun", description=__doc__,
-                                     formatter_class=_HelpFormatter)
+                                     formatter_class=_HelpFormatter, allow_abbrev=False)
     # No argparse default: _tensor_parallel_size tells it given from left out.
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int,
                         default=argparse.SUPPRESS,
@@ -188,15 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "stderr)")
     gen.add_argument("--prompt-token-ids", action="append", default=[],
                      help="a prompt as comma-separated token ids (repeatable)")
-    gen.add_argument("--max-tokens", type=int, default=32,
-                     help="tokens to generate per prompt at most")
-    gen.add_argument("--temperature", type=float, default=0.0,
-                     help="sampling temperature (0: greedy)")
-    gen.add_argument("--sampling-seed", type=int, default=None,
-                     help="per-request sampling seed (default: from --seed)")
-    gen.add_argument("--ignore-eos", action="store_true",
-                     help="keep generating past end-of-sequence tokens (up to --max-tokens)")
-    gen.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
+    gen.add_argument("--chat", action="store_true",
+                     help="send each --prompt as one user message through the model's chat "
+                     "template (as LLM.chat)")
+    add_sampling_flags(gen)
+    gen.add_argument("--json", action="store_true",
+                     help="one JSON object per completion and line")
     constraint = gen.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="FILE", default=None,
                             help="constrain the output to this JSON schema (a file)")
@@ -376,6 +379,9 @@ def _prompts(args) -> list:
     refuse it after the model loads."""
     from engine.config import ConfigError
 
+    if args.chat and args.prompt_token_ids:
+        raise ConfigError("--chat sends each --prompt as a user message: give texts, not "
+                          "--prompt-token-ids")
     prompts: list = []
     for text in args.prompt:
         if not text:
@@ -445,16 +451,14 @@ def _raise_if_interrupted() -> None:
 
 
 def run_generate(args) -> int:
-    from engine import LLM, SamplingParams
+    from engine import LLM
 
     _raise_if_interrupted()
 
-    params = _from_arguments(SamplingParams, temperature=args.temperature,
-                             max_tokens=args.max_tokens, seed=args.sampling_seed,
-                             ignore_eos=args.ignore_eos,
-                             structured_outputs=_structured_outputs(args))
+    params = sampling_params(args, _structured_outputs(args))
     model_given = hasattr(args, "model")
     config = _engine_config(args)  # every rule the arguments decide, before any notice
+    check_thinking_budget(params, config.resolved_reasoning_parser)
     config.check_machine()  # and the machine's (the engine checks again as it starts)
     prompts = _prompts(args)
     if not model_given:
@@ -468,17 +472,16 @@ def run_generate(args) -> int:
         _raise_if_interrupted()
         # A prompt the engine refuses (too long, ids outside the vocabulary)
         # is the user's input: exit code 2, as for a bad option.
-        outputs = _from_arguments(llm.generate, prompts=prompts, sampling_params=params,
-                                  use_tqdm=len(prompts) > 1 and not args.json)
-    for i, out in enumerate(outputs):
-        completion = out.outputs[0]
-        if args.json:
-            print(json.dumps({"index": i, "prompt_token_ids": out.prompt_token_ids,
-                              "token_ids": completion.token_ids, "text": completion.text,
-                              "finish_reason": completion.finish_reason}), flush=True)
+        use_tqdm = len(prompts) > 1 and not args.json
+        if args.chat:
+            chats = [[{"role": "user", "content": text}] for text in prompts]
+            outputs = _from_arguments(llm.chat, messages=chats, sampling_params=params,
+                                      use_tqdm=use_tqdm)
         else:
-            shown = out.prompt if out.prompt is not None else out.prompt_token_ids
-            print(f"[{i}] {shown!r} -> {completion.text!r} ({completion.finish_reason})")
+            outputs = _from_arguments(llm.generate, prompts=prompts, sampling_params=params,
+                                      use_tqdm=use_tqdm)
+    for line in output_lines(outputs, args.json):
+        print(line, flush=True)
     return 0
 
 
