@@ -3,8 +3,8 @@
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from engine.llm import LLM
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]
+__all__ = ["LLM", "SamplingParams", "RequestOutputKind", "StructuredOutputsParams",
+           "RequestOutput", "CompletionOutput", "BeamSearchParams", "BeamSearchOutput", "BeamSearchSequence"]

@@ -46,11 +46,7 @@ class LLM:
         ``quantization``, ``kv_cache_dtype``, ...: other values are a
         ``ValueError`` naming the option). A vLLM option it does not have at
         all is a TypeError that says so."""
-        unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(EngineConfig)})
-        if unknown:
-            raise TypeError(f"LLM() got {', '.join(map(repr, unknown))}: not an option of "
-                            f"tprun's (its options are EngineConfig's fields)")
-        self._start(EngineConfig(model=model, **kwargs))
+        self._start(engine_config("LLM", model, kwargs))
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLM:
@@ -248,6 +244,17 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def engine_config(caller: str, model: str, kwargs: dict) -> EngineConfig:
+    """The ``EngineConfig`` of ``caller(model=model, **kwargs)`` (``LLM``,
+    ``AsyncLLM``): a keyword that is no field of it is a TypeError that
+    says so (a vLLM option tprun does not have at all)."""
+    unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(EngineConfig)})
+    if unknown:
+        raise TypeError(f"{caller}() got {', '.join(map(repr, unknown))}: not an option of "
+                        f"tprun's (its options are EngineConfig's fields)")
+    return EngineConfig(model=model, **kwargs)
 
 
 def _kwargs_template(chat_template_kwargs: dict | None) -> str | None:

@@ -70,10 +70,18 @@ their number, ids inside the vocabulary (``engine.request.check_request``).
 ``repetition_detection`` (vLLM's; engine only: the scheduler ends an
 output that repeats, ``engine.repetition``) is None or a
 ``RepetitionDetectionParams`` (a dict is converted; its own checks apply).
+``output_kind`` (vLLM's ``RequestOutputKind``; read by no engine, only by a
+streaming caller, ``serving.async_llm.AsyncLLM``) is what each of a
+request's streamed outputs holds: everything so far, only what is new, or
+nothing until the one final output; a member or its value (0, 1, 2: the
+wire carries the value), stored as the member. ``LLM.generate`` and
+``EngineClient.generate`` return final outputs whatever it says, as vLLM's
+``LLM`` does; the HTTP server streams as its own request says.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from typing import Any
@@ -95,6 +103,14 @@ MAX_N = 128  # output sequences a request may ask for
 MIN_TEMPERATURE = 0.01
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty")
+
+
+class RequestOutputKind(enum.Enum):
+    """vLLM's: what each output a streaming caller gets of a request holds."""
+
+    CUMULATIVE = 0  # the whole output so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # one output, once the request has finished
 
 
 def _is_int(value: Any) -> bool:
@@ -125,6 +141,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     bad_words: list[str] | None = None
     thinking_token_budget: int | None = None
     repetition_detection: RepetitionDetectionParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         # vLLM's spellings: None for no stop strings or ids, seed -1 and
@@ -142,6 +159,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
                                           RepetitionDetectionParams.from_value(
                                               self.repetition_detection))
         self._check_types()
+        self._check_output_kind()
         self._raise_tiny_temperature()
         if self.top_k == -1:
             msgspec.structs.force_setattr(self, "top_k", 0)
@@ -212,6 +230,18 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
             raise InvalidRequestError(
                 f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
                 f"got {self.min_tokens!r}")
+
+    def _check_output_kind(self) -> None:
+        """A ``RequestOutputKind``, or its value (what the wire carries)."""
+        kind = self.output_kind
+        if isinstance(kind, RequestOutputKind):
+            return
+        if _is_int(kind) and kind in {k.value for k in RequestOutputKind}:
+            msgspec.structs.force_setattr(self, "output_kind", RequestOutputKind(kind))
+            return
+        raise InvalidRequestError(
+            f"output_kind must be a RequestOutputKind (CUMULATIVE, DELTA, FINAL_ONLY) or its "
+            f"value 0, 1 or 2, got {kind!r}", param="output_kind")
 
     def _raise_tiny_temperature(self) -> None:
         """vLLM's rule: 0 stays greedy; a temperature in (0, MIN_TEMPERATURE)
@@ -329,6 +359,7 @@ class SamplingParams(SamplingOptions, frozen=False, kw_only=True):
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (what ``from_dict`` takes back), as plain data."""
         out = msgspec.structs.asdict(self)
+        out["output_kind"] = self.output_kind.value
         if self.structured_outputs is not None:
             out["structured_outputs"] = self.structured_outputs.to_dict()
         if self.repetition_detection is not None:

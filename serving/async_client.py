@@ -77,6 +77,11 @@ class AsyncEngineClient:
         self._drain_soon()
 
     async def close(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
+        """``close`` from synchronous code: in the event loop's thread, or
+        once the loop has ended."""
         if self.fd is not None:
             self.loop.remove_reader(self.fd)
             self.fd = None
@@ -95,16 +100,18 @@ class AsyncEngineClient:
     def new_id(self) -> str:
         return f"http-{next(self.ids)}"
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: dict,
+    def submit(self, request_id: str, prompt_token_ids: list[int] | None, params: dict,
                queue: asyncio.Queue, priority: int = 0, enable_thinking: bool = True,
-               cache_salt: str | None = None) -> None:
+               cache_salt: str | None = None, prompt: str | None = None) -> None:
         """Send one generate request; its replies go to ``queue``
         (``priority``, ``enable_thinking`` and ``cache_salt``:
-        ``GenerateRequest``'s)."""
+        ``GenerateRequest``'s). The prompt is its token ids, or ``prompt``,
+        a text the engine's server tokenizes (``prompt_token_ids`` None)."""
         self.protocol.route(request_id, queue.put_nowait)
         if trace.enabled:
             trace.mark("http_submitted", request_id)
-        self._send(GenerateRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+        self._send(GenerateRequest(request_id=request_id, prompt=prompt,
+                                   prompt_token_ids=prompt_token_ids,
                                    sampling_params=params, priority=priority,
                                    enable_thinking=enable_thinking, cache_salt=cache_salt))
 
@@ -112,6 +119,13 @@ class AsyncEngineClient:
         """Stop the request in the engine (frees its KV blocks); its later
         replies are dropped."""
         if self.protocol.unroute(request_id) and self.dead is None:
+            self._send(AbortRequest(request_id=request_id))
+
+    def stop_request(self, request_id: str) -> None:
+        """Ask the engine to end the request and keep its route: its replies
+        still come, the last one finished ("abort", unless it finished
+        first), so whoever reads them sees it end."""
+        if request_id in self.protocol.sinks and self.dead is None:
             self._send(AbortRequest(request_id=request_id))
 
     def forget(self, request_id: str) -> None:

@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 import zmq
 from tqdm import tqdm
 
-from engine.outputs import CompletionOutput, Logprob, RequestOutput, cumulative_logprob
-from engine.request_metrics import RequestTimes, request_stats
+from engine.outputs import RequestOutput
+from engine.request_metrics import RequestTimes
 from engine.sampling_params import SamplingParams
-from engine.stop_strings import OutputStops
 from ipc.auth import check_secret, read_key_file, sibling_key_file
 from ipc.engine_messages import (
     AbortRequest,
@@ -49,7 +48,9 @@ from ipc.engine_messages import (
     StatsRequest,
 )
 from ipc.errors import InvalidRequestError
+from serving.completion_collector import CompletionCollector
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
+from serving.request_collector import RequestCollector
 
 __all__ = ["EngineClient", "EngineStoppedError", "find_secret"]
 
@@ -90,6 +91,26 @@ def find_secret(endpoint: str, secret: bytes | None = None,
         return read_key_file(sibling_key_file(endpoint[len("ipc://"):]))
     raise ValueError(f"no key for {endpoint}: pass key_file= (the key file tprun serve "
                      f"printed at start), secret=, or the endpoint file's path")
+
+
+def prompt_dict(prompt: str | dict) -> dict:
+    """A prompt as the endpoint's message takes it: text as ``{"prompt":
+    text}``, a dict as it is; ``InvalidRequestError`` for anything but
+    text, ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``, the dicts
+    with an optional ``"cache_salt"`` (the engine checks the values)."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if not isinstance(prompt, dict) or set(prompt) - {"cache_salt"} not in (
+            {"prompt"}, {"prompt_token_ids"}):
+        raise InvalidRequestError(
+            "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
+            "the dicts with an optional 'cache_salt': str", param="prompt")
+    return prompt
+
+
+def prompt_text(prompt: str | dict) -> str | None:
+    """A prompt's text, as a ``RequestOutput`` shows it (None for token ids)."""
+    return prompt if isinstance(prompt, str) else prompt.get("prompt")
 
 
 def _params(params: SamplingParams | dict | None) -> SamplingParams:
@@ -169,14 +190,7 @@ class EngineClient:
             raise ValueError(f"request_id must be a string, got {request_id!r}")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use by this client")
-        if isinstance(prompt, str):
-            prompt = {"prompt": prompt}
-        if not isinstance(prompt, dict) or set(prompt) - {"cache_salt"} not in (
-                {"prompt"}, {"prompt_token_ids"}):
-            raise ValueError(
-                "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
-                "the dicts with an optional 'cache_salt': str"
-            )
+        prompt = prompt_dict(prompt)
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params),
@@ -288,65 +302,24 @@ class EngineClient:
 
     def _collect(self, prompt: str | dict, choice_ids: list[str],
                  params: SamplingParams) -> RequestOutput:
-        """One prompt's output: its choices' completions, its prompt's side
-        (token ids, logprobs, prefix-cache hits) from the first choice."""
+        """One prompt's output: its choices' completions, each read to its
+        end in turn (``serving.request_collector``), its prompt's ids from
+        the first choice's acceptance."""
+        request = RequestCollector(choice_ids[0], prompt_text(prompt), params,
+                                   [self._streams[rid].times for rid in choice_ids])
         entry = self._streams[choice_ids[0]]  # its prompt ids come with the acceptance
-        times = [self._streams[rid].times for rid in choice_ids]
-        sides = [self._collect_choice(i, rid, params, t)
-                 for i, (rid, t) in enumerate(zip(choice_ids, times))]
-        prompt_ids = entry.prompt_token_ids or []
-        _, prompt_logprobs, num_cached = sides[0]
-        text = prompt if isinstance(prompt, str) else prompt.get("prompt")
-        completions = [c for c, _, _ in sides]
-        return RequestOutput(choice_ids[0], text, prompt_ids, completions,
-                             finished=True, prompt_logprobs=prompt_logprobs,
-                             num_cached_tokens=num_cached,
-                             metrics=request_stats(times, sum(len(c.token_ids)
-                                                              for c in completions)))
+        for choice, rid in zip(request.choices, choice_ids):
+            self._collect_choice(choice, rid)
+        request.prompt_token_ids = entry.prompt_token_ids or []
+        return request.final()
 
-    def _collect_choice(self, index: int, request_id: str, params: SamplingParams,
-                        times: RequestTimes):
-        """(completion, prompt logprobs, prefix-cache hits) of one engine
-        request, aborted when its text meets a stop string (what the
-        engine still sends for it is dropped); ``times`` takes when the
-        completion's tokens were received. Its text is gathered as pieces
-        and joined once, and its logprobs extended in place: a long
-        completion costs its length, not the square of it."""
-        completion = CompletionOutput(index, "", [])
-        pieces: list[str] = []  # the completion's text
-        stops = (OutputStops(params.stop, params.include_stop_str_in_output, params.min_tokens)
-                 if params.stop else None)
-        prompt_logprobs, num_cached = None, None
+    def _collect_choice(self, choice: CompletionCollector, request_id: str) -> None:
+        """Feed ``choice`` its engine request's deltas to the last; the
+        request is aborted when its text meets a stop string (what the
+        engine still sends for it is dropped)."""
         for received_at, delta in self._timed_stream(request_id):
-            if delta.prompt_logprobs is not None:
-                prompt_logprobs = [None if token is None else
-                                   {e.token_id: Logprob(e.logprob, e.rank) for e in token}
-                                   for token in delta.prompt_logprobs]
-            if delta.num_cached_tokens is not None:
-                num_cached = delta.num_cached_tokens
-            if completion.finished():
-                continue  # stopped at a stop string: the abort's own delta
-            if delta.token_ids:
-                times.tokens_at(received_at)
-            completion.token_ids.extend(delta.token_ids)
-            if delta.logprobs is not None:
-                if completion.logprobs is None:
-                    completion.logprobs = []
-                completion.logprobs.extend({e.token_id: Logprob(e.logprob, e.rank) for e in token}
-                                           for token in delta.logprobs)
-            pieces.append(delta.text if stops is None
-                          else stops.add(delta.text, len(delta.token_ids), delta.finished))
-            if stops is not None and stops.stopped is not None:
-                completion.finish_reason, completion.stop_reason = "stop", stops.stopped
-                if not delta.finished:
-                    self.abort(request_id)
-            else:
-                completion.finish_reason = delta.finish_reason
-                completion.stop_reason = delta.stop_reason
-        completion.text = "".join(pieces)
-        completion.cumulative_logprob = cumulative_logprob(completion.token_ids,
-                                                           completion.logprobs)
-        return completion, prompt_logprobs, num_cached
+            if choice.add(delta, received_at):
+                self.abort(request_id)
 
     def _abandon(self, request_ids: list[str]) -> None:
         for rid in request_ids:

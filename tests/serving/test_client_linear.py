@@ -15,6 +15,7 @@ from engine.request_metrics import RequestTimes
 from engine.sampling_params import SamplingParams
 from ipc.engine_messages import Delta, TokenLogprob
 from serving.client import EngineClient
+from serving.completion_collector import CompletionCollector
 from tests.helpers.allocations import Allocations
 
 
@@ -43,8 +44,9 @@ def test_a_completion_is_not_copied_per_delta(stop):
         client = EngineClient.__new__(EngineClient)  # no engine: its stream is given
         client._timed_stream = _stream(deltas, count)
         with count.tracing():
-            completion, _, _ = client._collect_choice(0, "r", SamplingParams(stop=stop),
-                                                      RequestTimes())
+            choice = CompletionCollector(0, SamplingParams(stop=stop), RequestTimes())
+            client._collect_choice(choice, "r")
+        completion = choice.completion()
         assert completion.text == "".join(d.text for d in deltas)
         assert completion.token_ids == list(range(len(deltas)))
         assert completion.logprobs == [{i: Logprob(-0.5, 1)} for i in range(len(deltas))]
