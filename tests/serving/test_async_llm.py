@@ -1,0 +1,346 @@
+"""``AsyncLLM`` (vLLM's asyncio API) on the tiny model, CPU: its final
+outputs against ``LLM.generate``'s and transformers' greedy tokens, the
+three output kinds against each other, stop strings worked by hand from
+the byte tokenizer's ids, ``n`` 2, logprobs, concurrency, aborts (by
+leaving the iterator, by a cancelled task, by ``abort``), refusals, and an
+engine that stopped. One ``AsyncLLM`` and one ``LLM`` serve the module;
+each test runs its own event loop (``asyncio.run``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from engine import LLM, RequestOutputKind, SamplingParams
+from ipc.errors import InvalidRequestError
+from serving.async_llm import AsyncLLM, EngineDeadError
+
+pytestmark = pytest.mark.timeout(120)
+
+CUMULATIVE, DELTA, FINAL_ONLY = RequestOutputKind
+# The tiny model's byte tokenizer: a byte's id is the byte (its BOS is 256).
+PROMPT = [1, *b"Hello"]
+# transformers' greedy continuation of PROMPT (``test_greedy_tokens_are_transformers``
+# checks it): b"y_e" then bytes that are no UTF-8 text.
+GREEDY = [121, 95, 101, 251, 56, 185, 34, 158, 55, 185, 34, 158]
+WAIT_S = 20
+
+
+@pytest.fixture(scope="module")
+def llm():
+    engine = AsyncLLM(model="tiny", device="cpu", seed=0)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def offline():
+    with LLM(model="tiny", device="cpu", seed=0) as engine:
+        yield engine
+
+
+def params(kind=CUMULATIVE, **fields) -> SamplingParams:
+    fields = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True} | fields
+    return SamplingParams(output_kind=kind, **fields)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, WAIT_S))
+
+
+async def outputs(llm, prompt, sampling, request_id="r"):
+    return [out async for out in llm.generate(prompt, sampling, request_id)]
+
+
+def summary(completion):
+    return (completion.index, completion.text, completion.token_ids, completion.finish_reason,
+            completion.stop_reason)
+
+
+async def until_idle(llm) -> None:
+    """Until the engine runs and waits for nothing (``WAIT_S`` at most)."""
+    while True:
+        stats = await llm.stats()
+        if stats.num_running == 0 and stats.num_waiting == 0:
+            return
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.timeout(180)
+def test_greedy_tokens_are_transformers():
+    import transformers
+
+    from checkpoint.tiny_model import ensure_tiny_model
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(ensure_tiny_model()).eval()
+    with torch.no_grad():
+        tokens = model.generate(torch.tensor([PROMPT]), max_new_tokens=len(GREEDY),
+                                do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert tokens[0, len(PROMPT):].tolist() == GREEDY
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_final_output_is_llms_and_transformers_greedy(llm, offline, kind):
+    prompts = [{"prompt_token_ids": PROMPT}, "Hello, world"]
+    want = offline.generate(prompts, params())
+
+    async def both():
+        return await asyncio.gather(*(outputs(llm, p, params(kind), f"r{i}")
+                                      for i, p in enumerate(prompts)))
+
+    for got, expected in zip(run(both()), want, strict=True):
+        final = got[-1]
+        assert final.finished and all(not o.finished for o in got[:-1])
+        assert final.prompt_token_ids == expected.prompt_token_ids
+        assert final.prompt == expected.prompt
+        if kind is DELTA:
+            tokens = [t for out in got for t in out.outputs[0].token_ids]
+            text = "".join(out.outputs[0].text for out in got)
+        else:
+            tokens, text = final.outputs[0].token_ids, final.outputs[0].text
+        assert tokens == expected.outputs[0].token_ids
+        assert text == expected.outputs[0].text
+        assert final.outputs[0].finish_reason == "length"
+        assert final.metrics.num_generation_tokens == 12
+    assert want[0].outputs[0].token_ids == GREEDY
+
+
+def test_deltas_join_to_the_cumulative_output_and_final_only_is_one(llm):
+    asked = {"logprobs": 2, "prompt_logprobs": 1, "max_tokens": 10}
+    prompt = {"prompt_token_ids": PROMPT}
+    cumulative = run(outputs(llm, prompt, params(CUMULATIVE, **asked)))
+    deltas = run(outputs(llm, prompt, params(DELTA, **asked)))
+    final_only = run(outputs(llm, prompt, params(FINAL_ONLY, **asked)))
+    whole = cumulative[-1].outputs[0]
+    for before, after in zip(cumulative, cumulative[1:]):  # each extends the last
+        old, new = before.outputs[0], after.outputs[0]
+        assert new.text.startswith(old.text)
+        assert new.token_ids[:len(old.token_ids)] == old.token_ids
+        assert len(new.token_ids) > len(old.token_ids)
+        assert new.logprobs[:len(old.logprobs)] == old.logprobs
+    pieces = [out.outputs[0] for out in deltas]
+    assert "".join(p.text for p in pieces) == whole.text
+    assert [t for p in pieces for t in p.token_ids] == whole.token_ids == GREEDY[:10]
+    assert [e for p in pieces for e in p.logprobs] == whole.logprobs
+    assert pieces[-1].cumulative_logprob == pytest.approx(whole.cumulative_logprob)
+    # The prompt's logprobs come once in a delta stream, in every cumulative output.
+    assert deltas[0].prompt_logprobs == cumulative[-1].prompt_logprobs
+    assert all(out.prompt_logprobs is None for out in deltas[1:])
+    assert len(cumulative[-1].prompt_logprobs) == len(PROMPT)
+    assert len(final_only) == 1 and final_only[0].finished
+    assert summary(final_only[0].outputs[0]) == summary(whole)
+    assert final_only[0].outputs[0].logprobs == whole.logprobs
+
+
+def test_logprobs_are_llms(llm, offline):
+    asked = params(logprobs=2, max_tokens=6)
+    want = offline.generate({"prompt_token_ids": PROMPT}, asked)[0].outputs[0]
+    got = run(outputs(llm, {"prompt_token_ids": PROMPT}, asked))[-1].outputs[0]
+    assert len(got.logprobs) == 6
+    for token, entry, expected in zip(got.token_ids, got.logprobs, want.logprobs, strict=True):
+        assert token in entry and entry[token].rank == 1  # greedy: the top token
+        assert entry.keys() == expected.keys()
+        for t, lp in entry.items():
+            assert lp.logprob == pytest.approx(expected[t].logprob, abs=1e-6)
+            assert lp.decoded_token == expected[t].decoded_token == bytes([t]).decode(
+                errors="replace")
+    assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob)
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+@pytest.mark.parametrize(("stop", "include", "text"), [
+    ("e", False, "y_"),  # completed by GREEDY's third token, b"e"
+    ("_e", False, "y"),  # across the second and third tokens
+    ("_e", True, "y_e"),
+])
+def test_stop_strings_cut_the_text_worked_by_hand(llm, kind, stop, include, text):
+    async def stopped():  # one event loop: a client of another would drop its requests
+        before = await llm.stats()
+        got = await outputs(llm, {"prompt_token_ids": PROMPT},
+                            params(kind, stop=[stop], include_stop_str_in_output=include,
+                                   max_tokens=2000))
+        await until_idle(llm)  # the request was aborted in the engine, short of 2000 tokens
+        return got, (await llm.stats()).num_generation_tokens - before.num_generation_tokens
+
+    got, generated = run(stopped())
+    completions = [out.outputs[0] for out in got]
+    if kind is DELTA:
+        assert "".join(c.text for c in completions) == text
+        assert [t for c in completions for t in c.token_ids] == GREEDY[:3]
+    else:
+        assert (completions[-1].text, completions[-1].token_ids) == (text, GREEDY[:3])
+    assert (completions[-1].finish_reason, completions[-1].stop_reason) == ("stop", stop)
+    assert got[-1].finished and generated < 500
+
+
+def test_n_2_with_a_seed_is_llms_and_streams_each_choice(llm, offline):
+    sampled = {"temperature": 1.0, "seed": 7, "n": 2, "max_tokens": 6}
+    want = offline.generate("Hello", params(**sampled))[0]
+    assert want.outputs[0].token_ids != want.outputs[1].token_ids
+    final = run(outputs(llm, "Hello", params(FINAL_ONLY, **sampled)))
+    assert len(final) == 1
+    assert [summary(c) for c in final[0].outputs] == [summary(c) for c in want.outputs]
+    deltas = run(outputs(llm, "Hello", params(DELTA, **sampled)))
+    assert deltas[-1].finished and not any(out.finished for out in deltas[:-1])
+    for index, expected in enumerate(want.outputs):
+        mine = [c for out in deltas for c in out.outputs if c.index == index]
+        assert [t for c in mine for t in c.token_ids] == expected.token_ids
+        assert "".join(c.text for c in mine) == expected.text
+        assert mine[-1].finish_reason == "length"
+    for out in deltas:  # each holds the choices with news, by index, once each
+        indexes = [c.index for c in out.outputs]
+        assert indexes == sorted(set(indexes)) and indexes
+    assert deltas[-1].metrics.num_generation_tokens == 12
+
+
+def test_two_generates_interleave_and_leaving_one_aborts_it(llm):
+    long = params(DELTA, max_tokens=2000)
+    order = []
+
+    async def left_early():
+        async for _ in llm.generate({"prompt_token_ids": PROMPT}, long, "left"):
+            order.append("left")
+            if order.count("left") == 5:
+                break
+
+    async def to_the_end():
+        got = []
+        async for out in llm.generate("Hello", params(DELTA, max_tokens=40), "kept"):
+            order.append("kept")
+            got.append(out)
+        return got
+
+    async def both():
+        before = await llm.stats()
+        _, kept = await asyncio.gather(left_early(), to_the_end())
+        await until_idle(llm)
+        return before, kept, await llm.stats()
+
+    before, kept, after = run(both())
+    assert kept[-1].finished and kept[-1].outputs[0].finish_reason == "length"
+    assert sum(len(out.outputs[0].token_ids) for out in kept) == 40
+    last_left = len(order) - 1 - order[::-1].index("left")
+    assert order.count("left") == 5
+    assert order.index("kept") < last_left  # the two streams interleaved
+    # The abandoned request ended far short of its 2000 tokens.
+    assert after.num_generation_tokens - before.num_generation_tokens < 500
+
+
+def test_a_cancelled_task_aborts_its_request(llm):
+    async def cancel_midway():
+        before = await llm.stats()
+        started = asyncio.Event()
+
+        async def consume():
+            async for _ in llm.generate("Hello", params(DELTA, max_tokens=2000), "c"):
+                started.set()
+
+        task = asyncio.create_task(consume())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await until_idle(llm)
+        return before, await llm.stats()
+
+    before, after = run(cancel_midway())
+    assert after.num_generation_tokens - before.num_generation_tokens < 500
+
+
+def test_abort_ends_the_stream_with_its_last_output(llm):
+    async def abort_midway():
+        got = []
+        async for out in llm.generate("Hello", params(CUMULATIVE, max_tokens=2000), "a"):
+            got.append(out)
+            if len(got) == 3:
+                await llm.abort("a")
+        await until_idle(llm)
+        return got
+
+    got = run(abort_midway())
+    assert got[-1].finished and got[-1].outputs[0].finish_reason == "abort"
+    assert len(got[-1].outputs[0].token_ids) < 500
+    run(llm.abort("not running"))  # an id that is not live: nothing
+
+
+def test_a_live_request_id_is_refused_until_it_ends(llm):
+    async def twice():
+        first = llm.generate("Hello", params(max_tokens=8), "same")
+        out = await first.__anext__()
+        with pytest.raises(InvalidRequestError, match="already running"):
+            await llm.generate("Hello", params(), "same").__anext__()
+        rest = [o async for o in first]
+        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=8), "same")
+        return [out, *rest], again
+
+    first, again = run(twice())
+    assert first[-1].finished and again[0].finished
+    assert first[-1].outputs[0].token_ids == again[0].outputs[0].token_ids
+
+
+def test_bad_requests_raise_before_any_output(llm):
+    assigned = params()
+    assigned.temperature = -1.0  # vLLM's scripts assign fields; checked when taken
+    kind = params()
+    kind.output_kind = 7
+    cases = [(assigned, "temperature"), (kind, "output_kind"),
+             (params(), None)]  # refused by the engine: an id outside the vocabulary
+    prompts = [PROMPT, PROMPT, [1, 99999]]
+
+    async def each():
+        for (sampling, name), ids in zip(cases, prompts):
+            gen = llm.generate({"prompt_token_ids": ids}, sampling, "bad")
+            with pytest.raises(InvalidRequestError) as caught:
+                await gen.__anext__()
+            if name is not None:
+                assert name in str(caught.value)
+        return await outputs(llm, "Hi", params(FINAL_ONLY, max_tokens=2), "bad")
+
+    assert run(each())[0].finished  # the engine goes on serving
+    with pytest.raises(InvalidRequestError, match="output_kind"):
+        SamplingParams(output_kind="DELTA")
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_engine_raises_in_waiting_and_later_generates():
+    engine = AsyncLLM(model="tiny", device="cpu")
+
+    async def shut_down_while_waiting():
+        gen = engine.generate("Hello", params(DELTA, max_tokens=2000), "w")
+        await gen.__anext__()
+        engine.shutdown()
+        with pytest.raises(EngineDeadError, match="shut down"):
+            async for _ in gen:
+                pass
+        with pytest.raises(EngineDeadError):
+            await engine.generate("Hello", params(), "later").__anext__()
+        with pytest.raises(EngineDeadError):
+            await engine.check_health()
+
+    run(shut_down_while_waiting())
+    assert engine.errored and not engine.is_running
+    engine.shutdown()  # a second call does nothing
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_that_fails_raises_engine_dead_error():
+    engine = AsyncLLM(model="tiny", device="cpu")
+
+    def broken_step(*args, **kwargs):
+        raise RuntimeError("a worker died")
+
+    async def fail():
+        await engine.check_health()
+        engine._background.engine.step = broken_step
+        with pytest.raises(EngineDeadError, match="a worker died"):
+            await outputs(engine, "Hello", params(), "f")
+        with pytest.raises(EngineDeadError, match="a worker died"):
+            await outputs(engine, "Hello", params(), "g")
+
+    try:
+        run(fail())
+        assert engine.errored
+    finally:
+        engine.shutdown()
