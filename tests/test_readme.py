@@ -66,6 +66,31 @@ def test_attach_example_runs_twice_as_written(tmp_path):
         assert list((tmp_path / "tp").iterdir()) == []
 
 
+@pytest.mark.timeout(180)
+def test_async_api_example_runs_as_written(tmp_path):
+    """The Async API's Python block, run as a script: deltas of eight
+    tokens in all (those that come while the script prints are merged into
+    one), only the last finished, then the two completions of the second
+    request."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        blocks = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S)
+                  if "AsyncLLM(" in b]
+    assert len(blocks) == 1
+    script = tmp_path / "example.py"
+    script.write_text(blocks[0])
+    result, leftovers = run_in_session([sys.executable, str(script)], timeout=160,
+                                       env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    *deltas, last = result.stdout.splitlines()
+    parsed = [re.fullmatch(r"(\[[\d, ]+\]) '.*' (True|False)", line) for line in deltas]
+    assert all(parsed), result.stdout
+    assert sum(len(eval(m.group(1))) for m in parsed) == 8
+    assert [m.group(2) for m in parsed] == ["False"] * (len(deltas) - 1) + ["True"]
+    completions = eval(last)  # a list of two lists of token ids
+    assert len(completions) == 2 and all(1 <= len(c) <= 8 for c in completions)
+    assert leftovers == []
+
+
 def test_client_names_the_missing_server_after_its_timeout(tmp_path):
     from serving.client import EngineClient
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from checkpoint.tiny_model import ensure_tiny_model
-from engine import LLM, SamplingParams
+from engine import LLM, RequestOutputKind, SamplingParams
 from ipc.errors import InvalidRequestError
 from tests.helpers.hf_models import SPM_WORD_STARTS, save_sentencepiece_style
 from tests.helpers.request_metrics import Window, assert_in_order
@@ -594,3 +594,15 @@ def test_metrics_time_each_output_and_count_its_tokens(llm):
     assert [o.metrics.num_generation_tokens for o in outs] == [6, 15, len(stopped.token_ids)]
     for out in outs:
         assert_in_order(out, window, engine_side=True)
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_generate_returns_final_outputs_whatever_the_output_kind(llm, kind):
+    """As vLLM's LLM: output_kind is for streaming callers; generate's
+    outputs are whole and finished for each of the three."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    want = llm.generate("Hello", greedy)[0].outputs[0]
+    got = llm.generate("Hello", greedy.replaced(output_kind=kind))[0]
+    assert got.finished
+    assert (got.outputs[0].text, got.outputs[0].token_ids) == (want.text, want.token_ids)
+    assert len(want.token_ids) == 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import RequestOutputKind, SamplingParams
 from engine.stop_strings import MAX_STOP_STRINGS
 from ipc.errors import InvalidRequestError
 from ipc.messages import SamplingOptions
@@ -55,6 +55,10 @@ from ipc.messages import SamplingOptions
         (dict(detokenize=False, stop=["\n"]), "stop strings need the output's text"),
         (dict(logit_bias={1: "x"}), "logit_bias must map token ids"),
         (dict(allowed_token_ids="12"), "allowed_token_ids must be a list of ints"),
+        (dict(output_kind=3), "output_kind must be a RequestOutputKind"),
+        (dict(output_kind="DELTA"), "output_kind must be a RequestOutputKind"),
+        (dict(output_kind=True), "output_kind must be a RequestOutputKind"),
+        (dict(output_kind=None), "output_kind must be a RequestOutputKind"),
     ],
 )
 def test_invalid_values_raise_clear_errors(kw, match):
@@ -211,3 +215,20 @@ def test_at_most_max_stop_strings():
     assert len(SamplingParams(stop=stops).stop) == MAX_STOP_STRINGS
     with pytest.raises(ValueError, match=f"stop holds 1025 strings, more than {MAX_STOP_STRINGS}"):
         SamplingParams(stop=[*stops, "one more"])
+
+
+def test_output_kind_is_vllms_enum_and_crosses_the_wire_as_its_value():
+    """vLLM's values (CUMULATIVE 0, DELTA 1, FINAL_ONLY 2), CUMULATIVE by
+    default; a value is taken as its member (what a message carries back)."""
+    assert [(k.name, k.value) for k in RequestOutputKind] == [
+        ("CUMULATIVE", 0), ("DELTA", 1), ("FINAL_ONLY", 2)]
+    assert SamplingParams().output_kind is RequestOutputKind.CUMULATIVE
+    params = SamplingParams(output_kind=RequestOutputKind.DELTA)
+    assert params.to_dict()["output_kind"] == 1
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(params.to_dict()))
+    assert SamplingParams.from_dict(wire).output_kind is RequestOutputKind.DELTA
+    assert SamplingParams(output_kind=2).output_kind is RequestOutputKind.FINAL_ONLY
+    params.output_kind = 5
+    with pytest.raises(InvalidRequestError, match="output_kind") as caught:
+        params.checked()
+    assert caught.value.param == "output_kind"
