@@ -208,6 +208,9 @@ class AsyncLLM:
         return params.checked()
 
 
+AsyncLLMEngine = AsyncLLM  # the name vLLM exports it by (``from vllm import AsyncLLMEngine``)
+
+
 def _take(item, received_at: float, request: RequestCollector, index: dict[str, int],
           client: AsyncEngineClient) -> None:
     """One reply for one of ``request``'s engine requests (``index``: its
