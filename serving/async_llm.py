@@ -222,7 +222,7 @@ def _take(item, received_at: float, request: RequestCollector, index: dict[str, 
         elif item.finished:
             client.forget(item.request_id)
     elif isinstance(item, RequestAccepted):
-        if index[item.request_id] == 0:
+        if not request.prompt_token_ids:  # the choices share their prompt: the first accepted
             request.prompt_token_ids = item.prompt_token_ids
     elif isinstance(item, RequestError):
         message = f"request {request.request_id!r} refused: {item.error}"

@@ -14,8 +14,8 @@ report their own completion; where several came meanwhile they are merged
 into one output, as vLLM merges outputs that wait for a slow consumer).
 An output is ``finished`` once every choice is, and only then has its
 ``metrics`` (``engine.request_metrics.request_stats`` over the choices'
-times); the prompt's side (token ids, logprobs, prefix-cache hits) is the
-first choice's.
+times); the prompt's logprobs and prefix-cache hits are the first
+choice's, its token ids those the caller sets (every choice has the same).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from serving.completion_collector import CompletionCollector
 class RequestCollector:
     """``times``: one ``RequestTimes`` a choice (their arrivals: when each
     engine request was sent); ``prompt_token_ids`` is set by the caller
-    once the engine has accepted the first choice."""
+    once the engine has accepted a choice."""
 
     def __init__(self, request_id: str, prompt: str | None, params: SamplingParams,
                  times: Sequence[RequestTimes], tokenizer=None) -> None:
