@@ -21,7 +21,7 @@ import msgspec
 import pytest
 import zmq
 
-from engine import LLM, SamplingParams
+from engine import LLM, RequestOutputKind, SamplingParams
 from ipc.auth import Authenticator, read_key_file
 from ipc.engine_messages import (
     GenerateRequest,
@@ -117,6 +117,21 @@ def test_generate_helper_and_text_prompts(server):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         assert g.outputs[0].text == w.outputs[0].text
         assert g.outputs[0].finish_reason == "length" and g.outputs[0].stop_reason is None
+
+
+@pytest.mark.timeout(90)
+def test_generate_helper_returns_final_outputs_whatever_the_output_kind(server):
+    """``output_kind`` is for streaming callers (``AsyncLLM``): it crosses
+    the endpoint, and ``generate`` still returns each output whole."""
+    endpoint, _ = server
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(model="tiny", device="cpu") as llm:
+        want = llm.generate("Hello", params)[0].outputs[0]
+    with EngineClient(endpoint, timeout_s=60) as client:
+        for kind in RequestOutputKind:
+            got = client.generate("Hello", params.replaced(output_kind=kind))[0]
+            assert got.finished
+            assert (got.outputs[0].text, got.outputs[0].token_ids) == (want.text, want.token_ids)
 
 
 @pytest.mark.timeout(120)
