@@ -10,7 +10,8 @@ adjacent strings joined, escapes decoded as Python decodes them), a number
 (Python's spellings: ``1_000``, ``0x1F``, ``1e3``, ``.5``; a sign in front
 allowed), ``True``, ``False``, ``None``, and lists and dicts of literals,
 a dict's keys being strings, numbers, ``True``, ``False`` or ``None``
-(written as ``json.dumps`` writes such keys: ``"1"``, ``"true"``). A
+(written as ``json.dumps`` writes such keys: ``"1"``, ``"true"``; a key
+equal to one before it in its dict: below). A
 trailing comma is allowed where Python allows it; comments and line
 breaks between tokens are blank space. Anything else (a positional or
 ``**`` argument, a tuple, a set, a name, a call, a bytes or f-string, a
@@ -23,6 +24,13 @@ what is streamed never changes: ``json.loads`` reads the text as the
 object vLLM's parser makes, the last value at the first one's place.
 Python's parser, which vLLM's reads the call with, takes such a call (only
 compiling it is an error), and vLLM keeps each keyword's last value.
+Likewise a dict key that Python holds equal to a key before it in the
+same dict (``True``, ``1`` and ``1.0`` are one key; ``"1"`` is another):
+the Python dict vLLM builds has one member for them, under the first
+key, with the last value, and ``json.dumps`` writes that key as it writes
+the first one (``{True: 1, 1: 'x'}``: ``{"true": "x"}``). Here the later
+key is written with the first one's spelling (``{"true": 1, "true":
+"x"}``), which ``json.loads`` reads as that same object.
 
 The call is ``known`` once its first value has begun to be written (a
 string's quote, a list's or dict's bracket, a number or word once
@@ -51,6 +59,7 @@ _PLAIN_SINGLE = {"'": re.compile(r"[^'\\\n]+"), '"': re.compile(r'[^"\\\n]+')}
 _PLAIN_TRIPLE = {"'": re.compile(r"[^'\\]+"), '"': re.compile(r'[^"\\]+')}
 _PREFIXES = {"r", "u", "R", "U"}
 _WORDS = {"True": "true", "False": "false", "None": "null"}
+_VALUES = {"True": True, "False": False, "None": None}
 # An escape that is whole, and one that may still become one.
 _ESCAPE_SO_FAR = re.compile(r"\\(?:x[0-9a-fA-F]?|u[0-9a-fA-F]{0,3}|U[0-9a-fA-F]{0,7}"
                             r"|N(?:\{[^}\n]*)?)")
@@ -71,6 +80,9 @@ class PythonArguments:
         self.end: int | None = None
         self.error: int | None = None
         self.stack = ["("]  # the open argument list, lists and dicts
+        # for each open dict, its keys other than strings so far: each
+        # key's value (as Python compares keys) -> the text it is written as
+        self.keys: list[dict[object, str]] = []
         self.expect = "keyword"
         self.comma = False  # a comma read, its ", " not yet written
         self.first = True  # the open container has no item yet
@@ -157,6 +169,8 @@ class PythonArguments:
         elif char in "[{" and not self.at_key:
             self._write(char)
             self.stack.append(char)
+            if char == "{":
+                self.keys.append({})
             self.first, self.comma = True, False
             self.expect = "item" if char == "[" else "key"
             self.at += 1
@@ -218,6 +232,8 @@ class PythonArguments:
 
     def _close(self, char: str) -> None:
         opened = self.stack.pop()
+        if opened == "{":
+            self.keys.pop()
         if opened == "(" and self.first:
             self._write("{")
         self._write("}" if opened in "({" else "]")
@@ -265,8 +281,15 @@ class PythonArguments:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             self.error = self.word_start
             return
-        self._write(f'"{written}"' if self.at_key else written)
+        self._write(self._key_text(value, written) if self.at_key else written)
         self._ended()
+
+    def _key_text(self, value: object, written: str) -> str:
+        """The text of a dict key other than a string, ``value`` written
+        ``written`` as a value: the first equal key's text in its dict
+        (Python's dict keeps that key), else ``written`` quoted, as
+        ``json.dumps`` writes a key."""
+        return self.keys[-1].setdefault(value, f'"{written}"')
 
     def _after_exponent(self, text: str) -> bool:
         """Whether the number so far ends in an exponent's ``e`` (a sign
@@ -285,7 +308,7 @@ class PythonArguments:
             self._open_string(text, last, self.word)
         elif self.word in _WORDS:
             written = _WORDS[self.word]
-            self._write(f'"{written}"' if self.at_key else written)
+            self._write(self._key_text(_VALUES[self.word], written) if self.at_key else written)
             self._ended()
         else:
             self.error = self.word_start

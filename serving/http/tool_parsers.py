@@ -23,7 +23,12 @@ answer without a run is all content, exactly its text. A call's
   (after blank space): a Python list of calls, ``[get_weather(city="Paris"),
   now()]``, each with keyword arguments of literal values, read as
   Python's parser reads them (``python_arguments.py``), a trailing ``,``
-  allowed. An element ends at its ``,`` or the ``]``: one that is no call
+  allowed. From the ``[`` on, blank space is Python's: white space and
+  comments (``# ...``, up to the line's end), so ``[f(x=1),  # first\n
+  g(y=2)]`` is two calls, and a comment after the ``]`` is no content, as
+  vLLM's parser, which reads the list with Python's, finds them; a comment
+  before the ``[`` makes the answer content, as there. An element ends at
+  its ``,`` or the ``]``: one that is no call
   (``f(1)``, ``f(x=y)``, a bracket that does not match) is a malformed
   piece.
 - ``mistral`` (Mistral, Mixtral, Ministral, Devstral): the run is
@@ -68,7 +73,9 @@ text), and a key given twice counts at its last. Besides, pythonic reads
 a signed number (``x=-1``) where vLLM finds none and refuses positional
 arguments (vLLM drops them); a keyword given twice is written twice, as
 a JSON key given twice is (vLLM keeps its last value, as ``json.loads``
-reads the two).
+reads the two), and so is a dict key equal to one before it in Python
+(``{True: 1, 1: 'x'}``), under the first one's spelling (``{"true": 1,
+"true": "x"}``: ``json.loads`` reads vLLM's ``{"true": "x"}``).
 
 A pythonic call is known once its first value has begun (or its ``)``
 follows the ``(``: no arguments); from then on it stays likewise, an
@@ -292,12 +299,12 @@ class PythonicReader(AutoCallsReader):
     def _element(self, last: bool) -> bool:
         """Blank space, a Python name, blank space and its ``(``; where the
         element has no such head, it may be the list's ``]``."""
-        start = self._run_end(_BLANK, self.at)
+        start = self._python_blank_end(self.at)
         if _NAME_START.match(self.text, start):
             name_end = self._run_end(_WORD, start + 1)
             if name_end == len(self.text) and not last:
                 return False  # a name so far
-            paren = self._run_end(_BLANK, name_end)
+            paren = self._python_blank_end(name_end)
             if self.text.startswith("(", paren):
                 self.element_start, self.name = start, self.text[start:name_end]
                 self.state, self.arguments = "call", PythonArguments(paren + 1)
@@ -330,7 +337,7 @@ class PythonicReader(AutoCallsReader):
         return False
 
     def _after_call(self, last: bool) -> bool:
-        start = self._run_end(_BLANK, self.at)
+        start = self._python_blank_end(self.at)
         if start == len(self.text):
             self.done = last  # the answer ends in the list, after this call
             return False
@@ -342,12 +349,34 @@ class PythonicReader(AutoCallsReader):
         return True
 
     def _after(self, last: bool) -> bool:
-        start = self._run_end(_BLANK, self.at)
+        start = self._python_blank_end(self.at)
         if start == len(self.text):
             self.done = last  # only blank space after the list: no content
         else:
             self._rest_from(start)
         return False
+
+    def _python_blank_end(self, start: int) -> int:
+        """Where blank space from ``start`` ends as Python's parser reads
+        it, white space and comments (a comment runs up to its line's end):
+        the text's end while a comment is still open there. Goes on from
+        where the last look from ``start`` stopped (in ``searched``: where
+        the blank space read so far ends, and how far an open comment there
+        has been searched for its line's end), so each character is looked
+        at a bounded number of times."""
+        ended, searched = ("python blank", start), ("python comment", start)
+        at = self.searched.get(ended, start)
+        while True:
+            at = _BLANK.match(self.text, at).end()
+            if not self.text.startswith("#", at):
+                break
+            line_end = self.text.find("\n", max(at, self.searched.get(searched, at)))
+            if line_end < 0:
+                self.searched[ended], self.searched[searched] = at, len(self.text)
+                return len(self.text)
+            at = line_end
+        self.searched[ended] = at
+        return at
 
 
 class MistralReader(AutoCallsReader):

@@ -125,3 +125,25 @@ def test_a_call_is_known_once_its_first_value_begins():
         reader.scan(text)  # more may come
         assert reader.known is known, text
 
+
+
+def test_a_dict_key_python_holds_equal_to_an_earlier_one_takes_its_spelling():
+    """Python holds ``True``, ``1`` and ``1.0`` one key (``False``, ``0``
+    and ``0.0`` another; ``"1"`` and ``None`` are keys of their own): the
+    dict vLLM builds has one member for them, the first key with the last
+    value, which ``json.dumps`` writes under the first key's spelling. A
+    later equal key is written with that spelling, so ``json.loads`` reads
+    the text as ``json.dumps`` writes the dict ``ast.literal_eval`` reads."""
+    text = ("f(a={True: 1, 1: 'x', 1.0: None, '1': 2}, b=[{0.0: 1, False: {1: 2, True: 3}}],"
+            " c={None: 1, 2: 2, None: 3, 2.0: 4})")
+    written = ('{"a": {"true": 1, "true": "x", "true": null, "1": 2}, '
+               '"b": [{"0.0": 1, "0.0": {"1": 2, "1": 3}}], '
+               '"c": {"null": 1, "2": 2, "null": 3, "2": 4}}')
+    call = ast.parse(text, mode="eval").body
+    python = json.dumps({k.arg: ast.literal_eval(k.value) for k in call.keywords})
+    assert python == ('{"a": {"true": null, "1": 2}, "b": [{"0.0": {"1": 3}}], '
+                      '"c": {"null": 3, "2": 4}}')
+    for pieces in splits(text):
+        reader = scanned(PythonArguments(2), pieces)
+        assert (reader.out, reader.end, reader.error) == (written, len(text), None), pieces
+        assert json.dumps(json.loads(reader.out)) == python

@@ -8,6 +8,7 @@ stream holds back is checked against hand-worked prefixes."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -147,6 +148,22 @@ PYTHONIC = [
     ("[now(), get_weather(city=oslo)]", "get_weather(city=oslo)]", [("now", {})]),
     ("[now(), 7]", "7]", [("now", {})]),
     ("[now()]]", "]", [("now", {})]),
+    # From the "[" on, a comment is blank space, as Python reads it: between
+    # calls, inside an argument list across lines (a quote or bracket in it
+    # is no string's or list's), after the list (no content); before the
+    # "[" it is content.
+    ("[get_weather(city='Oslo', days=2),  # first\n now()]", None,
+     [("get_weather", WEATHER), ("now", {})]),
+    ("[get_weather(city='Oslo',  # it's [not] (a) 'str\n days=2)  # ]\n, now()]  # done", None,
+     [("get_weather", WEATHER), ("now", {})]),
+    ("[now(),\n# then\n# and\nnow()]\n# x\nDone.", "Done.", [("now", {}), ("now", {})]),
+    ("[now(),  # cut in a comment", None, [("now", {})]),
+    ("# calls\n[now()]", "# calls\n[now()]", []),
+    # A dict key Python holds equal to an earlier one in its dict is
+    # written again under that one's spelling.
+    ("[f(a={True: 1, 1: 'x', 1.0: None}, b={0.0: 1, False: 2, '0': 3, None: 4, None: 5})]", None,
+     [("f", '{"a": {"true": 1, "true": "x", "true": null}, '
+            '"b": {"0.0": 1, "0.0": 2, "0": 3, "null": 4, "null": 5}}')]),
 ]
 
 # (text, content, [(name, arguments)]) for mistral
@@ -322,6 +339,47 @@ def test_pythonic_keyword_given_twice_reads_as_vllm_reads_the_call():
                                                                           ("city", "Oslo")]
         entries = [e for d in deltas for e in d.get("tool_calls", [])]
         assert assembled(entries) == message["tool_calls"]
+
+
+def _python_calls(text: str) -> list[tuple[str, dict]]:
+    """The calls of a pythonic answer as vLLM's parser reads them: the
+    list ``ast.parse`` reads, each call's keyword arguments a dict of the
+    values ``ast.literal_eval`` reads (a key given twice: its last value)."""
+    [statement] = ast.parse(text).body
+    return [(call.func.id, {k.arg: ast.literal_eval(k.value) for k in call.keywords})
+            for call in statement.value.elts]
+
+
+@pytest.mark.parametrize("text", [
+    "[get_weather(city='Oslo', days=2),  # first\n now()]",
+    "[get_weather(city='Oslo',  # where\n days=2)  # then\n, now(),\n# last\n]  # done",
+    "[f(a={True: 1, 1: 'x'}), f(b={1: [], 1.0: {0: 1, False: 2}, 'x': None, 'x': 3})]",
+    "[f(a={None: 1, 2: 3, None: 4, 2.0: 5, '2': 6}, a={2: 0, True: 1, 1: 2})]",
+])
+def test_pythonic_arguments_read_as_json_loads_reads_vllms(text):
+    """The calls ``json.loads`` reads from the answer, whole and streamed,
+    are those Python reads from it, each call's arguments as ``json.dumps``
+    writes them (so: vLLM's): a comment is blank space, and of dict keys
+    Python holds equal (``True``, ``1``, ``1.0``) one member stays, the
+    first key, written as ``json.dumps`` writes it, with the last value."""
+    want = [(name, list(json.loads(json.dumps(arguments)).items()))
+            for name, arguments in _python_calls(text)]
+    for pieces in splits(text):
+        message, deltas, _ = _read("pythonic", pieces)
+        assert message["content"] is None, pieces
+        got = [(name, list(json.loads(arguments).items()))
+               for name, arguments in _named(message["tool_calls"])]
+        assert got == want, pieces
+        entries = [e for d in deltas for e in d.get("tool_calls", [])]
+        assert assembled(entries) == message["tool_calls"]
+
+
+def test_pythonic_dict_keys_python_holds_equal_read_as_one_member():
+    """``{True: 1, 1: 'x'}`` is one key to Python: vLLM's arguments are
+    {"a": {"true": "x"}}, worked out by hand."""
+    message, _, _ = _whole("pythonic", "[f(a={True: 1, 1: 'x'})]")
+    [call] = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"a": {"true": "x"}}
 
 
 def test_content_is_held_only_while_it_may_start_a_call():
