@@ -501,6 +501,7 @@ class EngineConfig:
             spec_disable_by_batch_size=0 if self.speculative is None
             else self.speculative.disable_by_batch_size or 0,
             draft_max_model_len=self.draft_max_model_len(draft, length),
+            vocab_size=model.vocab_size,
         )
 
 

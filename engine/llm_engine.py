@@ -427,7 +427,10 @@ class LLMEngine:
         """Send the bitmask started last, once filled (nothing if none)."""
         pending, self.pending_bitmask = self.pending_bitmask, None
         if pending is not None:
-            self.executor.sample_tokens(pending.result())
+            message = pending.result()
+            if message.draft_req_ids:  # the step's output must report their drafts
+                self.scheduler.expect_drafts(message.step_id, message.draft_req_ids)
+            self.executor.sample_tokens(message)
 
     def _absorb(self, sent: _SentStep | None) -> list[RequestOutputDelta]:
         if sent is None:

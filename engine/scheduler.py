@@ -116,6 +116,7 @@ from engine import prompt_logprobs, repetition
 from engine.kv_cache_manager import KVCacheManager
 from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
+from engine.reported_drafts import checked_drafts
 from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
 from ipc.messages import (
@@ -262,6 +263,8 @@ class Scheduler:
         self._keys: dict[str, tuple] = {}
         self._seq = itertools.count()
         self._in_flight: dict[int, dict[str, _InFlight]] = {}  # step id -> its requests
+        # step id -> the requests whose next drafts its bitmask asked for
+        self._drafts_asked: dict[int, list[str]] = {}
         self.step_id = 0
         self.num_preemptions = 0
         self.num_prompt_tokens = 0  # prompt tokens scheduled, all steps (stats)
@@ -349,6 +352,13 @@ class Scheduler:
         per request that has any."""
         return {req_id: entry.num_drafts for req_id, entry in self._in_flight[step_id].items()
                 if entry.num_drafts}
+
+    def expect_drafts(self, step_id: int, req_ids: list[str]) -> None:
+        """Step ``step_id``'s bitmask, sent before its output is absorbed,
+        asked the runner for the next drafts of ``req_ids``
+        (``GrammarBitmask.draft_req_ids``): its output must report exactly
+        theirs (``update_from_output``; without this call, none)."""
+        self._drafts_asked[step_id] = list(req_ids)
 
     def _advance(self, draft: _StepDraft) -> dict[str, _InFlight]:
         """Move each scheduled request's ``num_computed_tokens`` past this
@@ -506,8 +516,12 @@ class Scheduler:
         that meets a stop condition (later ones are dropped), free finished
         requests' blocks. One delta per request that got tokens. Tokens of
         requests that finished or were preempted after the step was
-        scheduled are discarded. Steps are absorbed in order, each once."""
+        scheduled are discarded. Steps are absorbed in order, each once.
+        A reply that breaks the runner's contract (another step's, rows that
+        do not match the plan's requests, drafts other than those asked
+        for: ``reported_drafts``) is a ``ValueError`` naming the fault."""
         step_id = scheduler_output.step_id
+        drafts_asked = self._drafts_asked.pop(step_id, [])
         if runner_output.step_id != step_id:
             raise ValueError(
                 f"runner output of step {runner_output.step_id} does not answer step {step_id}"
@@ -524,14 +538,16 @@ class Scheduler:
         if len(sampled_rows) != len(plan_req_ids):
             raise ValueError(f"runner output of step {step_id} has {len(sampled_rows)} rows "
                              f"for {len(plan_req_ids)} scheduled requests")
+        next_drafts = checked_drafts(step_id, runner_output.next_draft_token_ids, drafts_asked,
+                                     self.config.num_speculative_tokens, self.config.vocab_size)
         for req_id, sampled in zip(plan_req_ids, sampled_rows):
             token_rows = [next(rows, None) for _ in sampled]
             entry = in_flight.get(req_id)
             if entry is None or not self._is_live(entry):
                 continue  # finished, aborted or preempted meanwhile
             request = entry.request
-            if req_id in runner_output.next_draft_token_ids:
-                request.next_drafts = runner_output.next_draft_token_ids[req_id]
+            if req_id in next_drafts:
+                request.next_drafts = next_drafts[req_id]
             request.num_output_placeholders -= entry.samples * (1 + entry.num_drafts)
             if entry.num_drafts:
                 num_accepted = len(sampled) - 1

@@ -114,7 +114,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``spec_disable_by_batch_size`` running requests (0: no such limit).
     ``draft_max_model_len`` <= ``max_model_len``: no draft is verified at a
     position at or past it (a draft model's positions; ``max_model_len``
-    where nothing else bounds drafts)."""
+    where nothing else bounds drafts). ``vocab_size``: the model's token
+    ids are ``0 .. vocab_size - 1`` (the drafts a step's output reports
+    are checked against it)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -127,6 +129,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_speculative_tokens: int
     spec_disable_by_batch_size: int
     draft_max_model_len: int
+    vocab_size: int
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

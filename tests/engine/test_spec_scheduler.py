@@ -153,6 +153,7 @@ def test_grammar_requests_draft_and_keep_the_drafts_their_output_reports():
     request.grammar = _FreeGrammar()
     sched.add_request(request)
     prefill = sched.schedule()
+    sched.expect_drafts(prefill.step_id, ["a"])  # as the step's bitmask asks
     sched.update_from_output(prefill, ModelRunnerOutput(
         step_id=prefill.step_id, sampled_token_ids=[7],
         next_draft_token_ids={"a": [4, 5, 6]}))
@@ -169,6 +170,59 @@ def test_grammar_requests_draft_and_keep_the_drafts_their_output_reports():
     request.thinking_budget = ThinkingBudget(5, ReasoningTokens(8, 9), [1, 2, 3])
     sched.add_request(request)
     assert _counts(_decode_step(sched, "b")) == {"b": 4}
+
+
+def _grammar_prefill(asked: list[str]):
+    """Requests "a" and "b" with grammars, k = 3, a vocabulary of 100: the
+    scheduler, its first step, and the requests; the step's bitmask asked
+    for the drafts of ``asked``."""
+    sched = Scheduler(config(num_speculative_tokens=3, vocab_size=100))
+    requests = [Request(r, [1, 2, 3], SamplingParams(max_tokens=20)) for r in ("a", "b")]
+    for request in requests:
+        request.grammar = _FreeGrammar()
+        sched.add_request(request)
+    prefill = sched.schedule()
+    if asked:
+        sched.expect_drafts(prefill.step_id, asked)
+    return sched, prefill, requests
+
+
+def test_the_drafts_asked_for_are_kept_whole():
+    """k ids each, 0 .. vocab_size - 1, for exactly the requests asked."""
+    sched, prefill, (a, b) = _grammar_prefill(["a", "b"])
+    sched.update_from_output(prefill, ModelRunnerOutput(
+        step_id=prefill.step_id, sampled_token_ids=[7, 8],
+        next_draft_token_ids={"b": [0, 99, 5], "a": [4, 5, 6]}))
+    assert (a.output_token_ids, a.next_drafts) == ([7], [4, 5, 6])
+    assert (b.output_token_ids, b.next_drafts) == ([8], [0, 99, 5])
+
+
+@pytest.mark.parametrize("asked, drafts, message", [
+    (["a", "b"], {"a": [4, 5, 6]}, r"step 0 lacks the drafts of \['b'\], which its bitmask "
+                                   r"asked for"),
+    (["a", "b"], {"a": [4, 5, 6], "b": [4, 5, 6], "c": [1, 2, 3]},
+     r"step 0 reports drafts for \['c'\], which its bitmask did not ask for"),
+    ([], {"a": [4, 5, 6]}, r"reports drafts for \['a'\], which its bitmask did not ask for"),
+    (["a", "b"], {"a": [4, 5, 6, 7], "b": [4, 5, 6]}, "reports 4 drafts for 'a', not 3"),
+    (["a", "b"], {"a": [4, 5, 6], "b": [4, 5]}, "reports 2 drafts for 'b', not 3"),
+    (["a", "b"], {"a": [4, 5, 100], "b": [4, 5, 6]},
+     "reports the draft 100 for 'a', no token id of the vocabulary of 100"),
+    (["a", "b"], {"a": [4, 5, 6], "b": [-1, 5, 6]}, "the draft -1 for 'b'"),
+    (["a", "b"], {"a": [4, 5.0, 6], "b": [4, 5, 6]}, "the draft 5.0 for 'a'"),
+    (["a", "b"], {"a": [4, True, 6], "b": [4, 5, 6]}, "the draft True for 'a'"),
+    (["a", "b"], {"a": [4, "5", 6], "b": [4, 5, 6]}, "the draft '5' for 'a'"),
+])
+def test_drafts_that_break_the_contract_fail_the_step_naming_the_fault(asked, drafts,
+                                                                        message):
+    """A reply whose drafts are not those its bitmask asked for (other
+    requests, not k of them, an id outside the vocabulary or no int) is
+    refused as a reply of the wrong step is: a ValueError naming it, and
+    no request takes a token or a draft of it."""
+    sched, prefill, requests = _grammar_prefill(asked)
+    with pytest.raises(ValueError, match=message):
+        sched.update_from_output(prefill, ModelRunnerOutput(
+            step_id=prefill.step_id, sampled_token_ids=[7, 8], next_draft_token_ids=drafts))
+    assert all(r.output_token_ids == [] and r.next_drafts == [] for r in requests)
 
 
 def test_drafts_stop_short_of_max_model_len():

@@ -17,6 +17,7 @@ crossing ``disable_by_batch_size``, and at TP=2."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -159,6 +160,55 @@ def test_a_draft_the_grammar_refuses_is_rejected(async_scheduling):
                     assert len(emitted) <= i, (step_id, req_id, drafts, emitted)
                     break
     assert refused > 0 and verified > refused
+
+
+def _out_of_vocabulary(drafts: dict, vocab: int) -> dict:
+    return {r: [vocab] + d[1:] for r, d in drafts.items()}
+
+
+def _one_left_out(drafts: dict, vocab: int) -> dict:
+    return dict(list(drafts.items())[1:])
+
+
+def _one_too_many(drafts: dict, vocab: int) -> dict:
+    return {r: d + d[:1] for r, d in drafts.items()}
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (_out_of_vocabulary, "no token id of the vocabulary of"),
+    (_one_left_out, "lacks the drafts of"),
+    (_one_too_many, "reports 4 drafts for"),
+])
+def test_a_reply_whose_drafts_break_the_contract_fails_the_engine(tamper, message):
+    """The first step output that carries drafts, as the worker sent it but
+    for its drafts (changed by hand), reaches the scheduler where every
+    output does: the engine fails with the fault named, and no grammar sees
+    the drafts (no step's bitmask is filled over them)."""
+    prompts, params = _params()
+    with LLM(model="tiny", dtype="float32", speculative_config=NGRAM,
+             async_scheduling=False) as llm:
+        engine = llm.engine
+        vocab = engine.model_config.vocab_size
+        absorb, start = engine.scheduler.update_from_output, engine.structured_outputs.start_bitmask
+        tampered, filled_after = [], []
+
+        def tamper_output(plan, output):
+            if output.next_draft_token_ids and not tampered:
+                drafts = tamper(output.next_draft_token_ids, vocab)
+                output = msgspec.structs.replace(output, next_draft_token_ids=drafts)
+                tampered.append(plan.step_id)
+            return absorb(plan, output)
+
+        def record_fill(plan, *args, **kwargs):
+            if tampered:
+                filled_after.append(plan.step_id)
+            return start(plan, *args, **kwargs)
+
+        engine.scheduler.update_from_output = tamper_output
+        engine.structured_outputs.start_bitmask = record_fill
+        with pytest.raises(ValueError, match=message):
+            llm.generate(prompts, params)
+    assert tampered and filled_after == []
 
 
 @pytest.mark.slow
