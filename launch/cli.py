@@ -4,6 +4,7 @@
     tprun --nproc-per-node 2 serve --model tiny --endpoint-file /tmp/ep
     tprun --nproc-per-node 2 serve --model tiny --http-port 8000   # + OpenAI HTTP API
     tprun --nproc-per-node 2 bench --model tiny --num-prompts 64 --json
+    tprun --nproc-per-node 2 run-batch -i requests.jsonl -o results.jsonl --model tiny
 
 The tprun process is the executor process (engine + executor); it starts
 one worker daemon per rank with the environment torchrun would set.
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the output is exactly one of these texts")
     _serve_parser(sub)
     _bench_parser(sub)
+    _run_batch_parser(sub)
     return parser
 
 
@@ -371,6 +373,43 @@ def _bench_parser(sub) -> None:
                        help="no warm-up request before the measured run")
     bench.add_argument("--json", action="store_true",
                        help="print the summary as one JSON object (last line of stdout)")
+
+
+RUN_BATCH_HELP = """\
+Answer an OpenAI batch file offline, as vLLM's `vllm run-batch`: each line
+is sent to the OpenAI API's route it names, in process, on an engine started
+as serve starts it, so each answer is the one the HTTP server would give.
+The lines run concurrently (the engine batches them); the output has one
+line per input line (blank lines skipped), in the input's order.
+
+Input line:  {"custom_id": ID, "method": "POST", "url": "/v1/chat/completions"
+             or "/v1/completions", "body": {... the route's request ...}}
+Output line: {"id", "custom_id", "response": {"status_code", "request_id",
+             "body"}, "error"}: body the answer (status 200), else null and
+             error the route's error body (its HTTP status in status_code);
+             an url not served, a streaming request or a line that is not a
+             batch request: status 400 and error a message.
+
+Exit code 0 when every line was a batch request (refused ones included),
+2 when some were not (each has its error line; the others are answered).
+"""
+
+
+def _run_batch_parser(sub) -> None:
+    batch = sub.add_parser("run-batch", help="answer an OpenAI batch file (JSONL) offline",
+                           description=RUN_BATCH_HELP, formatter_class=_HelpFormatter)
+    _engine_args(batch)
+    batch.add_argument("-i", "--input-file", required=True, metavar="FILE",
+                       help="the batch file, one request a line (-: stdin)")
+    batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
+                       help="where the output lines go, the file emptied once the engine has "
+                       "started (-: stdout)")
+    batch.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="the names requests may give the model (default: --model as "
+                       "given)")
+    batch.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                       help="the chat template of /v1/chat/completions instead of the "
+                       "model's, as serve's --chat-template")
 
 
 def _prompts(args) -> list:
@@ -773,7 +812,7 @@ def _check_tool_args(args) -> None:
 def _start_http(args, engine, server, secret: bytes):
     """The HTTP front end, a client of ``server`` through its in-process
     address (same process: no ZeroMQ I/O thread on the way)."""
-    from serving.http.http_server import start_http_server
+    from serving.http.http_server import engine_app_options, start_http_server
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
@@ -784,17 +823,12 @@ def _start_http(args, engine, server, secret: bytes):
                              engine.max_model_len, args.host, args.http_port,
                              api_keys=args.api_key, access_log=args.access_log,
                              context=server.ctx, tool_call_parser=args.tool_call_parser,
-                             sampling_defaults=engine.sampling_defaults,
                              allowed_origins=args.allowed_origins,
                              log_level=args.uvicorn_log_level or "warning",
-                             eos_token_ids=list(engine.model_config.eos_token_ids),
                              enable_responses_api_store=args.enable_responses_api_store,
-                             max_logprobs=engine.config.max_logprobs,
-                             vocab_size=engine.model_config.vocab_size,
-                             reasoning_parser=engine.config.resolved_reasoning_parser,
                              stream_interval=args.stream_interval,
                              trust_request_chat_template=args.trust_request_chat_template,
-                             chat_template=args.chat_template)
+                             chat_template=args.chat_template, **engine_app_options(engine))
     return http
 
 
@@ -818,7 +852,38 @@ def run_bench(args) -> int:
     return 0
 
 
-COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench}
+def run_run_batch(args) -> int:
+    """The batch file answered (``launch.batch_job``); its files, names and
+    template checked before any process starts."""
+    from engine.config import ConfigError
+    from launch.batch_job import BatchFiles, run_batch_job
+
+    _raise_if_interrupted()
+    config = _engine_config(args)
+    files = BatchFiles(args.input_file, args.output_file)
+    _from_arguments(files.check)
+    names = args.served_model_name or [args.model]
+    if not all(name.strip() for name in names):
+        raise ConfigError("--served-model-name takes non-empty names")
+    chat_template = None if args.chat_template is None else _read_chat_template(
+        args.chat_template)
+    config.check_machine()
+    _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
+         f"device {config.device}) ...")
+    summary = run_batch_job(config, files, names, chat_template)
+    _say(f"run-batch: {summary.written} lines written to "
+         f"{'stdout' if files.output == '-' else files.output} "
+         f"({summary.answered} answered with status 200)")
+    if summary.not_requests:
+        number, why = summary.not_requests[0]
+        raise ConfigError(f"{files.input}: {len(summary.not_requests)} line(s) are not batch "
+                          f"requests (line {number}: {why}); each has an error line in its "
+                          "place in the output")
+    return 0
+
+
+COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench,
+            "run-batch": run_run_batch}
 
 # The signals that stop a launch; ``main`` handles both and gives back the handlers it found.
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -62,6 +62,18 @@ class HttpServer:
         return not self.thread.is_alive()
 
 
+def engine_app_options(engine) -> dict:
+    """``create_app``'s options that the engine (an ``LLMEngine``) decides:
+    its sampling defaults, end-of-sequence ids, logprobs limit, vocabulary
+    and reasoning parser. ``serve``'s HTTP server and ``run-batch`` both
+    build their app with them, so both answer alike."""
+    return dict(sampling_defaults=engine.sampling_defaults,
+                eos_token_ids=list(engine.model_config.eos_token_ids),
+                max_logprobs=engine.config.max_logprobs,
+                vocab_size=engine.model_config.vocab_size,
+                reasoning_parser=engine.config.resolved_reasoning_parser)
+
+
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
                       max_model_len: int, host: str, port: int,
                       api_keys: list[str] | None = None, access_log: bool = False,

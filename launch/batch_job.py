@@ -1,0 +1,190 @@
+"""``tprun run-batch``'s run: the engine started as ``serve`` starts it,
+and an OpenAI batch file answered through the HTTP app in process.
+
+The engine loop (``EngineServer.serve``) keeps the main thread, as in
+``serve``; the batch runs on its own thread and event loop
+(``BatchThread``), the app reaching the engine through the server's
+in-process address, as serve's HTTP front end does. When the batch ends
+the thread stops the server; when the server stops first (a worker that
+failed, Ctrl-C, SIGTERM) the batch is cancelled: the lines written so far
+stay written, in order.
+
+The output file is opened (emptied) only once the engine has started, so
+a launch that fails before leaves an older output file as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from serving.http.batch_runner import BatchSummary, run_batch
+
+STDIO = "-"
+
+# vLLM's bar: plain text, a line per update (no animation to garble a log).
+_BAR_FORMAT = ("{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} "
+               "[{elapsed}<{remaining}, {rate_fmt}]\n")
+_BAR_FORMAT_NO_TOTAL = "{desc}: {n_fmt} done [{elapsed}, {rate_fmt}]\n"
+
+
+@dataclass(frozen=True)
+class BatchFiles:
+    """Where the lines come from and go to (``STDIO``: stdin, stdout)."""
+
+    input: str
+    output: str
+
+    def check(self) -> None:
+        """A readable input file and a writable output file that is not the
+        input; ValueError naming the option else (before any process starts)."""
+        if self.input != STDIO:
+            try:
+                with open(self.input, "rb"):
+                    pass
+            except OSError as e:
+                raise ValueError(f"--input-file {self.input}: {e.strerror}") from None
+            if os.path.isdir(self.input):
+                raise ValueError(f"--input-file {self.input} is a directory")
+        if self.output == STDIO:
+            return
+        if os.path.isdir(self.output):
+            raise ValueError(f"--output-file {self.output} is a directory: give the path of "
+                             "a file to write")
+        directory = os.path.dirname(os.path.abspath(self.output))
+        if not os.path.isdir(directory):
+            raise ValueError(f"--output-file {self.output}: directory {directory} does not "
+                             "exist")
+        if os.path.exists(self.output):
+            if not os.access(self.output, os.W_OK):
+                raise ValueError(f"--output-file {self.output} is not writable")
+            if self.input != STDIO and os.path.samefile(self.input, self.output):
+                raise ValueError(f"--output-file {self.output} is the input file: writing "
+                                 "it would erase the requests")
+        elif not os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError(f"--output-file {self.output}: directory {directory} is not "
+                             "writable")
+
+    def count_lines(self) -> int | None:
+        """The input's non-blank lines (None for stdin): the progress bar's total."""
+        if self.input == STDIO:
+            return None
+        with open(self.input, "rb") as f:
+            return sum(1 for line in f if line.strip())
+
+    @contextlib.contextmanager
+    def opened(self):
+        """(input, output) text files, the output emptied."""
+        with contextlib.ExitStack() as stack:
+            source = (sys.stdin if self.input == STDIO
+                      else stack.enter_context(open(self.input, encoding="utf-8")))
+            sink = (sys.stdout if self.output == STDIO
+                    else stack.enter_context(open(self.output, "w", encoding="utf-8")))
+            yield source, sink
+
+
+class BatchThread(threading.Thread):
+    """``run_batch`` of ``files`` over ``app`` on this thread's own event
+    loop, within the app's lifespan; ``on_finish`` is called when it ends,
+    however it ends. ``result()`` gives its summary or raises its error."""
+
+    def __init__(self, app, files: BatchFiles, window: int, on_finish) -> None:
+        super().__init__(name="run-batch", daemon=True)
+        self.app, self.files, self.window, self.on_finish = app, files, window, on_finish
+        self.loop = asyncio.new_event_loop()
+        self.stopping = False
+        self.task: asyncio.Task | None = None
+        self.summary: BatchSummary | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.task = self.loop.create_task(self._run())
+            self.summary = self.loop.run_until_complete(self.task)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.on_finish()
+            self.loop.close()
+
+    async def _run(self) -> BatchSummary:
+        from serving.http.asgi_call import running
+
+        if self.stopping:
+            raise asyncio.CancelledError
+        total = await asyncio.to_thread(self.files.count_lines)
+        bar = tqdm(total=total, unit="req", desc="Running batch", mininterval=5,
+                   file=sys.stderr,
+                   bar_format=_BAR_FORMAT if total is not None else _BAR_FORMAT_NO_TOTAL)
+        with bar, self.files.opened() as (source, sink):
+            async with running(self.app):
+                return await run_batch(self.app, source.readline, sink, self.window,
+                                       on_done=bar.update)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Cancel the batch if it still runs; whether the thread has ended."""
+        self.stopping = True
+        with contextlib.suppress(RuntimeError):  # the loop has closed: it ended
+            self.loop.call_soon_threadsafe(self._cancel)
+        self.join(timeout_s)
+        return not self.is_alive()
+
+    def _cancel(self) -> None:
+        """The batch's task cancelled: its lines in flight are, and the
+        app's lifespan still ends (the engine link closes)."""
+        if self.task is not None:
+            self.task.cancel()
+
+    def result(self) -> BatchSummary:
+        if self.error is not None:
+            raise self.error
+        return self.summary
+
+
+def run_batch_job(config, files: BatchFiles, served_names: list[str],
+                  chat_template: str | None) -> BatchSummary:
+    """Start the engine (``config``), answer ``files``' batch, stop the
+    engine; the run's summary. ``chat_template``: the chat route's, in
+    place of the model's (None: the model's)."""
+    from engine.llm_engine import LLMEngine
+    from ipc.auth import new_secret
+    from serving.async_client import AsyncEngineClient
+    from serving.endpoint import Endpoint, EngineServer
+    from serving.http.app import create_app
+    from serving.http.http_server import engine_app_options
+
+    endpoint = Endpoint.create()
+    try:
+        engine = LLMEngine(config)
+    except BaseException:
+        endpoint.cleanup()
+        raise
+    secret = new_secret()
+    try:
+        server = EngineServer(engine, endpoint, secret=secret)
+    except BaseException:
+        engine.shutdown()
+        endpoint.cleanup()
+        raise
+    if chat_template is not None:  # as serve sets it
+        engine.tokenizer.chat_template = chat_template
+    link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
+    app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
+                     chat_template=chat_template, **engine_app_options(engine))
+    # Lines read and not yet written: in flight (vLLM keeps twice the
+    # engine's batch in flight) or done and waiting for an earlier one.
+    batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop)
+    batch.start()
+    try:
+        server.serve()
+    finally:
+        ended = batch.stop()
+        server.close(term_context=ended)
+        engine.shutdown()
+    return batch.result()

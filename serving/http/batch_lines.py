@@ -1,0 +1,107 @@
+"""The lines of an OpenAI batch file, as vLLM's ``run-batch`` reads and
+writes them.
+
+An input line is one request: ``{"custom_id": str, "method": str, "url":
+str, "body": {...}}`` (other keys are ignored, as vLLM ignores them). An
+output line answers one input line: ``{"id", "custom_id", "response":
+{"status_code", "request_id", "body"}, "error"}``, written as vLLM writes
+its ``BatchRequestOutput``:
+
+- an answer (status 200): ``body`` the route's JSON answer, ``error`` null;
+- a refusal of the route (any other status): ``body`` null, ``error`` the
+  route's OpenAI error body (``{"error": {"message", "type", "param",
+  "code"}}``), ``status_code`` the route's HTTP status;
+- a request that never reached a route (an url not served, a streaming
+  request, a line that is not a batch request): status 400, ``body`` null,
+  ``error`` a message (a string).
+
+``id`` and ``request_id`` are fresh random ids (vLLM's ``vllm-`` prefixes
+spelled ``tprun-``). A line that is not a batch request has its own
+``custom_id`` when it is an object that gives a string one, else null
+(vLLM stops the whole run at such a line; here it is answered in its
+place and the other lines run).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+# The routes a batch line may name: vLLM's (chat) and the other one of
+# OpenAI's batch format that tprun serves.
+SERVED_URLS = ("/v1/chat/completions", "/v1/completions")
+
+STREAM_REFUSED = "Request must not be sent in stream mode"
+
+# (key, type, the type's name in a message), in the order they are checked.
+_FIELDS = (("custom_id", str, "a string"), ("method", str, "a string"),
+           ("url", str, "a string"), ("body", dict, "an object"))
+
+# json.dumps of an output line: compact, as pydantic's model_dump_json.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """An input line that is a batch request."""
+
+    custom_id: str
+    method: str
+    url: str
+    body: dict
+
+
+class NotABatchRequest(ValueError):
+    """An input line that is not a batch request; ``custom_id`` its own when
+    it gives one (a string), else None."""
+
+    def __init__(self, message: str, custom_id: str | None = None) -> None:
+        super().__init__(message)
+        self.custom_id = custom_id
+
+
+def read_line(text: str) -> BatchRequest:
+    """The batch request of one input line; ``NotABatchRequest`` saying
+    why for JSON that does not parse, is not an object, or lacks a field
+    (or has one of another type)."""
+    try:
+        line = json.loads(text)
+    except ValueError as e:
+        raise NotABatchRequest(f"not valid JSON ({e})") from None
+    if not isinstance(line, dict):
+        raise NotABatchRequest(f"a JSON object is expected, got {type(line).__name__}")
+    custom_id = line.get("custom_id")
+    custom_id = custom_id if isinstance(custom_id, str) else None
+    for key, kind, name in _FIELDS:
+        if key not in line:
+            raise NotABatchRequest(f"the field {key!r} is missing", custom_id)
+        if not isinstance(line[key], kind):
+            raise NotABatchRequest(f"the field {key!r} must be {name}", custom_id)
+    return BatchRequest(custom_id, line["method"], line["url"], line["body"])
+
+
+def unserved_url(url: str) -> str:
+    """The error of a line whose url is not one of ``SERVED_URLS``."""
+    return f"URL {url} was used. Supported endpoints: {', '.join(SERVED_URLS)}."
+
+
+def answered(custom_id: str, status: int, body) -> str:
+    """The output line of a route's answer: its JSON ``body`` under status 200,
+    else the route's error body under ``status``."""
+    if status == 200:
+        return _line(custom_id, 200, body, None)
+    return _line(custom_id, status, None, body)
+
+
+def failed(custom_id: str | None, message: str) -> str:
+    """The output line of a request that did not reach a route (status 400)."""
+    return _line(custom_id, 400, None, message)
+
+
+def _line(custom_id, status: int, body, error) -> str:
+    return _ENCODER.encode({
+        "id": f"tprun-{uuid.uuid4().hex}", "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": f"tprun-batch-{uuid.uuid4().hex}",
+                     "body": body},
+        "error": error})

@@ -1,0 +1,136 @@
+"""``run_batch``: each line of an OpenAI batch file sent through the HTTP
+app in process (``asgi_call``), its output line written in the input's
+order (``batch_lines`` gives both formats).
+
+Every request gets the answer the HTTP server gives it: the same app, its
+routes and error rule, on an engine started as ``serve`` starts it. Lines
+run concurrently, so the engine batches them. Blank lines are skipped (as
+vLLM skips them); every other line gets exactly one output line, in its
+place, whatever happens to the others.
+
+Memory stays bounded however long the file: at most ``window`` lines are
+read and not yet written (running, or done and waiting for an earlier
+line to finish); reading waits while the window is full. An output line
+is written, and flushed, as soon as every line before it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from starlette.types import ASGIApp
+
+from serving.http.asgi_call import call
+from serving.http.batch_lines import (
+    SERVED_URLS,
+    STREAM_REFUSED,
+    NotABatchRequest,
+    answered,
+    failed,
+    read_line,
+    unserved_url,
+)
+
+
+@dataclass
+class BatchSummary:
+    """What a run wrote: output lines, those with status 200, and the
+    lines (their numbers in the input, from 1, and why) that were not
+    batch requests."""
+
+    written: int = 0
+    answered: int = 0
+    not_requests: list[tuple[int, str]] = field(default_factory=list)
+
+
+class OrderedWriter:
+    """Output lines written in their input's order: a line done early waits
+    until every earlier one is written."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.next = 0
+        self.waiting: dict[int, str] = {}
+
+    def add(self, index: int, line: str) -> int:
+        """Hand in line ``index`` (from 0); returns how many lines this wrote."""
+        self.waiting[index] = line
+        start = self.next
+        while self.next in self.waiting:
+            self.out.write(self.waiting.pop(self.next) + "\n")
+            self.next += 1
+        if self.next > start:
+            self.out.flush()
+        return self.next - start
+
+
+async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, window: int,
+                    on_done: Callable[[], None] = lambda: None) -> BatchSummary:
+    """Every line ``readline`` gives (until it gives "") answered into ``out``.
+    ``readline`` runs in a worker thread (a pipe may block); ``on_done``
+    is called as each request is answered (a progress bar's update)."""
+    if window < 1:
+        raise ValueError(f"window must be at least 1, got {window}")
+    summary = BatchSummary()
+    writer = OrderedWriter(out)
+    room = asyncio.Semaphore(window)
+    tasks: set[asyncio.Task] = set()
+
+    async def run_line(index: int, number: int, text: str) -> None:
+        try:
+            line, ok = await _output_line(app, number, text, summary)
+            summary.answered += ok
+            on_done()
+            summary.written += writer.add(index, line)
+        finally:
+            room.release()
+
+    index = number = 0
+    try:
+        while text := await asyncio.to_thread(readline):
+            number += 1
+            if not text.strip():
+                continue
+            await room.acquire()
+            task = asyncio.create_task(run_line(index, number, text))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            index += 1
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return summary
+
+
+async def _output_line(app: ASGIApp, number: int, text: str,
+                       summary: BatchSummary) -> tuple[str, bool]:
+    """The output line of input line ``number``, and whether it is an answer
+    (status 200)."""
+    try:
+        request = read_line(text)
+    except NotABatchRequest as e:
+        summary.not_requests.append((number, str(e)))
+        return failed(e.custom_id, f"line {number} is not a batch request: {e}"), False
+    if request.url not in SERVED_URLS:
+        return failed(request.custom_id, unserved_url(request.url)), False
+    try:
+        answer = await call(app, request.method, request.url,
+                            json.dumps(request.body).encode())
+    except Exception as e:  # the app answers its own failures: this is a broken app
+        return failed(request.custom_id, str(e) or type(e).__name__), False
+    if answer.streamed:
+        return failed(request.custom_id, STREAM_REFUSED), False
+    return answered(request.custom_id, answer.status, _body(answer.body)), answer.status == 200
+
+
+def _body(raw: bytes):
+    """An answer's JSON body (its text, should it not be JSON)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
