@@ -81,21 +81,26 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     tasks: set[asyncio.Task] = set()
 
     async def run_line(index: int, number: int, text: str) -> None:
-        try:
-            line, ok = await _output_line(app, number, text, summary)
-            summary.answered += ok
-            on_done()
-            summary.written += writer.add(index, line)
-        finally:
+        line, ok = await _output_line(app, number, text, summary)
+        summary.answered += ok
+        on_done()
+        written = writer.add(index, line)
+        summary.written += written
+        for _ in range(written):  # a slot is free once its line is written
             room.release()
 
     index = number = 0
     try:
-        while text := await asyncio.to_thread(readline):
+        while True:
+            await room.acquire()  # before reading: a line read is a line held
+            text = await asyncio.to_thread(readline)
+            if not text:
+                room.release()
+                break
             number += 1
-            if not text.strip():
+            if not text.strip():  # skipped, as vLLM skips blank lines
+                room.release()
                 continue
-            await room.acquire()
             task = asyncio.create_task(run_line(index, number, text))
             tasks.add(task)
             task.add_done_callback(tasks.discard)

@@ -1,0 +1,87 @@
+"""``run_batch`` and ``asgi_call`` in process, without an engine: output
+lines in the input's order when later lines finish first, the lines read
+and not yet written never above the window (while the window's lines do
+run together), and a streamed answer left at once with its engine
+request aborted, as for a client that left."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+
+import pytest
+
+from checkpoint.tokenizer import Tokenizer
+from serving.http.app import create_app
+from serving.http.asgi_call import call, running
+from serving.http.batch_runner import run_batch
+from tests.helpers.engine_links import AcceptingLink
+
+
+class SlowEcho:
+    """An ASGI app that answers each body's ``n`` after ``delay`` seconds,
+    counting the calls that run at once."""
+
+    def __init__(self) -> None:
+        self.running = self.most_running = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = json.loads((await receive())["body"])
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        await asyncio.sleep(body["delay"])
+        self.running -= 1
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps({"n": body["n"]}).encode()})
+
+
+class CountingOutput(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines = 0
+
+    def write(self, text: str) -> int:
+        self.lines += text.count("\n")
+        return super().write(text)
+
+
+@pytest.mark.timeout(30)
+def test_lines_are_written_in_order_within_the_window():
+    count, window = 12, 3
+    lines = [json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/completions",
+                         "body": {"n": n, "delay": 0.01 * (count - n)}}) + "\n"
+             for n in range(count)]
+    app, out = SlowEcho(), CountingOutput()
+    source = iter(lines)
+    ahead = []  # lines read but not written, as each line is read
+
+    def readline() -> str:
+        text = next(source, "")
+        if text:
+            ahead.append(len(ahead) + 1 - out.lines)
+        return text
+
+    summary = asyncio.run(run_batch(app, readline, out, window))
+    written = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [o["custom_id"] for o in written] == [f"c{n}" for n in range(count)]
+    assert [o["response"]["body"]["n"] for o in written] == list(range(count))
+    assert summary.written == summary.answered == count
+    assert max(ahead) <= window
+    assert app.most_running == window
+
+
+@pytest.mark.timeout(30)
+def test_a_streamed_answer_is_left_at_once_and_its_request_aborted(tiny_dir):
+    link = AcceptingLink()  # accepts, never answers: only a disconnect ends the stream
+    app = create_app(link, Tokenizer.from_dir(tiny_dir), ["tiny"], 4096)
+
+    async def streamed():
+        async with running(app):
+            body = json.dumps({"prompt": "Hi", "max_tokens": 5, "stream": True}).encode()
+            return await call(app, "POST", "/v1/completions", body)
+
+    answer = asyncio.run(streamed())
+    assert answer.streamed and answer.status == 200 and answer.body == b""
+    assert link.live_at_close == set()  # aborted before the link closed
