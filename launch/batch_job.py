@@ -5,8 +5,11 @@ The engine loop (``EngineServer.serve``) keeps the main thread, as in
 ``serve``; the batch runs on its own thread and event loop
 (``BatchThread``), the app reaching the engine through the server's
 in-process address, as serve's HTTP front end does. When the batch ends
-the thread stops the server; when the server stops first (a worker that
-failed, Ctrl-C, SIGTERM) the batch is cancelled: the lines written so far
+the thread stops the server. Ctrl-C or SIGTERM cancels the batch first
+(its requests in flight aborted while the engine still runs), then the
+engine stops as after a finished batch, and ``main`` reports the signal
+(exit code 130 or 143, one line). When the server stops first (a worker
+that failed) the batch is cancelled. Either way the lines written so far
 stay written, in order.
 
 The output file is opened (emptied) only once the engine has started, so
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,6 +31,9 @@ from tqdm import tqdm
 from serving.http.batch_runner import BatchSummary, run_batch
 
 STDIO = "-"
+
+# Either one cancels the batch; the engine then stops as after a finished one.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 # vLLM's bar: plain text, a line per update (no animation to garble a log).
 _BAR_FORMAT = ("{desc}: {percentage:3.0f}% Completed | {n_fmt}/{total_fmt} "
@@ -127,11 +134,15 @@ class BatchThread(threading.Thread):
                 return await run_batch(self.app, source.readline, sink, self.window,
                                        on_done=bar.update)
 
-    def stop(self, timeout_s: float = 30.0) -> bool:
-        """Cancel the batch if it still runs; whether the thread has ended."""
+    def cancel(self) -> None:
+        """Cancel the batch if it still runs, without waiting (signal-handler safe)."""
         self.stopping = True
         with contextlib.suppress(RuntimeError):  # the loop has closed: it ended
             self.loop.call_soon_threadsafe(self._cancel)
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """``cancel``, then wait; whether the thread has ended."""
+        self.cancel()
         self.join(timeout_s)
         return not self.is_alive()
 
@@ -153,6 +164,7 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
     engine; the run's summary. ``chat_template``: the chat route's, in
     place of the model's (None: the model's)."""
     from engine.llm_engine import LLMEngine
+    from executor import stop_signals
     from ipc.auth import new_secret
     from serving.async_client import AsyncEngineClient
     from serving.endpoint import Endpoint, EngineServer
@@ -180,11 +192,29 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
     # Lines read and not yet written: in flight (vLLM keeps twice the
     # engine's batch in flight) or done and waiting for an earlier one.
     batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop)
+
+    def stop(signum, _frame) -> None:
+        stop_signals.note(signum)
+        batch.cancel()
+
+    previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
     batch.start()
     try:
-        server.serve()
+        if stop_signals.first() is None:  # none swallowed while the engine started
+            server.serve()
     finally:
         ended = batch.stop()
         server.close(term_context=ended)
         engine.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if (signum := stop_signals.first()) is not None:
+        _raise_stop(signum)
     return batch.result()
+
+
+def _raise_stop(signum: int) -> None:
+    """The stop ``main`` reports for ``signum`` (one line; 130 or 143)."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)

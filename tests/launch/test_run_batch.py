@@ -11,13 +11,18 @@ its tests."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import openai
 import pytest
 
 from tests.helpers.http_utils import openai_client, start_http, stop_http
-from tests.helpers.proc_utils import run_tprun
+from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, run_tprun
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
         "max_tokens": 6, "temperature": 0}
@@ -193,3 +198,38 @@ def test_command_line_errors_are_one_line_before_anything_starts(tmp_path, files
     assert leftovers == []
     assert not (tmp_path / "cache").exists()  # the model was never written, nor loaded
     assert (tmp_path / "in.jsonl").read_text().startswith('{"custom_id": "a"')
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_mid_run_keeps_the_lines_written_and_stops_cleanly(tmp_path):
+    """The batch is cancelled before the engine stops: exit code 143 and
+    one line, no traceback, no process left, and the output holds the
+    first lines' answers, whole and in order."""
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(
+        _line(f"r{i}", "/v1/completions",
+              {"prompt": f"Hi {i}", "max_tokens": 300, "ignore_eos": True}) + "\n"
+        for i in range(40)))
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launch", "run-batch", "-i", str(source), "-o", str(target),
+         "--model", "tiny", "--device", "cpu", "--max-num-seqs", "2"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (target.exists() and target.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        leftovers = reap_session(proc.pid, grace_s=5)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "tprun: stopped by SIGTERM", err
+    assert "Traceback" not in err, err
+    assert leftovers == []
+    written = [json.loads(line) for line in target.read_text().splitlines()]
+    assert 1 <= len(written) < 40
+    assert [o["custom_id"] for o in written] == [f"r{i}" for i in range(len(written))]
+    assert all(o["response"]["status_code"] == 200 for o in written)
