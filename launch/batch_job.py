@@ -159,10 +159,11 @@ class BatchThread(threading.Thread):
 
 
 def run_batch_job(config, files: BatchFiles, served_names: list[str],
-                  chat_template: str | None) -> BatchSummary:
+                  chat_template: str | None, response_role: str = "assistant") -> BatchSummary:
     """Start the engine (``config``), answer ``files``' batch, stop the
     engine; the run's summary. ``chat_template``: the chat route's, in
-    place of the model's (None: the model's)."""
+    place of the model's (None: the model's); ``response_role``: a chat
+    answer's role after a generation prompt (vLLM's ``--response-role``)."""
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
     from ipc.auth import new_secret
@@ -188,7 +189,8 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
         engine.tokenizer.chat_template = chat_template
     link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
     app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
-                     chat_template=chat_template, **engine_app_options(engine))
+                     chat_template=chat_template, response_role=response_role,
+                     **engine_app_options(engine))
     # Lines read and not yet written: in flight (vLLM keeps twice the
     # engine's batch in flight) or done and waiting for an earlier one.
     batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop)

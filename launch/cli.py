@@ -347,6 +347,10 @@ def _serve_parser(sub) -> None:
                        "own chat_template (or chat_template_kwargs' chat_template, unless "
                        "--chat-template is given) in the template sandbox instead of "
                        "refusing it (a 400 without this option)")
+    serve.add_argument("--response-role", default=None, metavar="ROLE",
+                       help="with --http-port: vLLM's; the role of a chat answer after a "
+                       "generation prompt (None: assistant; without a generation prompt "
+                       "the answer continues the last message, in its role)")
     for flag, why in _REFUSED_SERVE_OPTIONS.items():
         serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -410,6 +414,9 @@ def _run_batch_parser(sub) -> None:
     batch.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                        help="the chat template of /v1/chat/completions instead of the "
                        "model's, as serve's --chat-template")
+    batch.add_argument("--response-role", default=None, metavar="ROLE",
+                       help="vLLM's; the role of a chat answer after a generation prompt "
+                       "(None: assistant), as serve's --response-role")
 
 
 def _prompts(args) -> list:
@@ -688,7 +695,10 @@ def _check_http_args(args) -> None:
             raise ConfigError("--enable-responses-api-store needs --http-port")
         if args.stream_interval is not None:
             raise ConfigError("--stream-interval needs --http-port")
+        if args.response_role is not None:
+            raise ConfigError("--response-role needs --http-port")
         return
+    args.response_role = _response_role(args.response_role)
     args.stream_interval = _stream_interval(args.stream_interval)
     args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
     if args.chat_template is not None:
@@ -711,6 +721,18 @@ def _check_http_args(args) -> None:
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _response_role(given: str | None) -> str:
+    """--response-role's value: a role name (None: "assistant", vLLM's
+    default); ConfigError for an empty one."""
+    from engine.config import ConfigError
+
+    if given is None:
+        return "assistant"
+    if not given.strip():
+        raise ConfigError("--response-role takes a non-empty role name")
+    return given
 
 
 def _stream_interval(given: str | None) -> int:
@@ -828,7 +850,8 @@ def _start_http(args, engine, server, secret: bytes):
                              enable_responses_api_store=args.enable_responses_api_store,
                              stream_interval=args.stream_interval,
                              trust_request_chat_template=args.trust_request_chat_template,
-                             chat_template=args.chat_template, **engine_app_options(engine))
+                             chat_template=args.chat_template,
+                             response_role=args.response_role, **engine_app_options(engine))
     return http
 
 
@@ -867,10 +890,11 @@ def run_run_batch(args) -> int:
         raise ConfigError("--served-model-name takes non-empty names")
     chat_template = None if args.chat_template is None else _read_chat_template(
         args.chat_template)
+    response_role = _response_role(args.response_role)
     config.check_machine()
     _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
          f"device {config.device}) ...")
-    summary = run_batch_job(config, files, names, chat_template)
+    summary = run_batch_job(config, files, names, chat_template, response_role)
     _say(f"run-batch: {summary.written} lines written to "
          f"{'stdout' if files.output == '-' else files.output} "
          f"({summary.answered} answered with status 200)")

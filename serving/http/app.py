@@ -129,7 +129,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                enable_responses_api_store: bool = False, max_logprobs: int = -1,
                vocab_size: int | None = None, reasoning_parser: str | None = None,
                stream_interval: int = 1, trust_request_chat_template: bool = False,
-               chat_template: str | None = None):
+               chat_template: str | None = None, response_role: str = "assistant"):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -157,7 +157,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``--trust-request-chat-template``, a request's own chat template served
     (``request_template.py``; refused without it); ``chat_template``: vLLM's
     ``--chat-template``, the chat routes' template in place of the
-    tokenizer's (None: the tokenizer's)."""
+    tokenizer's (None: the tokenizer's); ``response_role``: vLLM's
+    ``--response-role``, a chat answer's role after a generation prompt."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -176,7 +177,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         max_logprobs=max_logprobs, vocab_size=vocab_size,
                         stream_interval=stream_interval,
                         trust_request_chat_template=trust_request_chat_template,
-                        chat_template=chat_template)
+                        chat_template=chat_template, response_role=response_role)
 
     @asynccontextmanager
     async def lifespan(_app):

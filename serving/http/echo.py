@@ -11,7 +11,8 @@ runs from 0 over the prompt's tokens (a BOS token's text included, as
 vLLM counts it), then on over the completion's.
 
 A chat answer has the role ``answer_role`` gives (vLLM's rule: the
-assistant's after a generation prompt, else the last message's, as with
+server's response role, "assistant" unless ``--response-role`` says
+otherwise, after a generation prompt, else the last message's, as with
 ``continue_final_message``). Its echo is the last message's text (text
 parts joined by newlines, as the template reads them) when that message
 has the answer's role, else nothing. The echo is text only: the answer's
@@ -52,10 +53,11 @@ def echoed_prompts(tokenizer, prompt, prompt_ids: list[list[int]]) -> list[Echoe
             for text, ids in zip(texts, prompt_ids)]
 
 
-def answer_role(request) -> str:
-    """The role of a chat answer (``request`` a ``ChatCompletionRequest``)."""
+def answer_role(request, response_role: str = "assistant") -> str:
+    """The role of a chat answer (``request`` a ``ChatCompletionRequest``;
+    ``response_role`` vLLM's ``--response-role``)."""
     if request.add_generation_prompt or not request.messages:
-        return "assistant"
+        return response_role
     return request.messages[-1].role
 
 

@@ -87,7 +87,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       reasoning_parser: str | None = None,
                       stream_interval: int = 1,
                       trust_request_chat_template: bool = False,
-                      chat_template: str | None = None) -> HttpServer:
+                      chat_template: str | None = None,
+                      response_role: str = "assistant") -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -102,7 +103,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     that splits answers' reasoning off (None: none); ``stream_interval``:
     the least tokens a stream's chunk groups; ``trust_request_chat_template``:
     a request's own chat template served; ``chat_template``: the server's
-    ``--chat-template`` (``create_app``)."""
+    ``--chat-template``; ``response_role``: vLLM's ``--response-role``
+    (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.http.app import create_app
 
@@ -116,7 +118,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      max_logprobs=max_logprobs, vocab_size=vocab_size,
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
                      trust_request_chat_template=trust_request_chat_template,
-                     chat_template=chat_template)
+                     chat_template=chat_template, response_role=response_role)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -135,7 +135,7 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
         # beam search); a prompt that leaves no room is BeamSearch's 400.
         steps = (max_tokens if max_tokens is not None
                  else max(1, state.max_model_len - len(prompt)))
-        role = answer_role(request)
+        role = answer_role(request, state.response_role)
         echo = chat_echo(request, role)
         reading = reading_of(state, request, ToolChoice("none"))
         head = _head(state, request, response_id("chatcmpl-", raw, request), "chat.completion")
@@ -260,7 +260,7 @@ async def _collect(state: ServerState, request: ChatCompletionRequest, generatio
                                     else reader.finish_reason(event.finish_reason))
             stop_reasons[event.index] = event.stop_reason
         logprobs[event.index] += _logprobs(state, request, event, num_top) or []
-    role = answer_role(request)
+    role = answer_role(request, state.response_role)
     echo = chat_echo(request, role)
     choices = [{"index": i, "message": _message("".join(texts[i]), readers[i], role, echo),
                 "logprobs": {"content": logprobs[i]} if num_top is not None else None,
@@ -305,7 +305,7 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
     num_top = _shown_top(request, reading)
     readers = _readers(reading, generation)
     ids = _returned_ids(request, generation, reading)
-    role = answer_role(request)
+    role = answer_role(request, state.response_role)
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": role, "content": ""},
                   "logprobs": None, "finish_reason": None}

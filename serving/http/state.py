@@ -54,6 +54,9 @@ class ServerState:
     # vLLM's ``--trust-request-chat-template``: a request's own chat template
     # is rendered (``request_template.py``), not refused.
     trust_request_chat_template: bool = False
+    # vLLM's ``--response-role``: the role of a chat answer after a
+    # generation prompt (``echo.answer_role``).
+    response_role: str = "assistant"
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     created: int = field(default_factory=lambda: int(time.time()))

