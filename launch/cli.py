@@ -983,8 +983,9 @@ def _misplaced_flag(argv: list[str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 1 a failure at run time (a worker that failed, a
     file the system refuses); 2 the user's input: the arguments, the model
-    they name, the model's config, a prompt, or the machine rule the run
-    out (one ``tprun: error:`` line, as argparse does); 130 Ctrl-C at any
+    they name, the model's config, a prompt, a batch file's line that is no
+    batch request (``run-batch``: the others still answered), or the machine
+    rule the run out (one ``tprun: error:`` line, as argparse does); 130 Ctrl-C at any
     moment (one line, ``tprun: interrupted``), 143 SIGTERM (one line,
     ``tprun: stopped by SIGTERM``); either way the workers are stopped and
     nothing is left behind. ``serve`` that is serving takes either signal
