@@ -110,3 +110,19 @@ def test_docs_point_nowhere_outside_the_repository():
             target = os.path.realpath(os.path.join(os.path.dirname(page), ref))
             assert target.startswith(ROOT + os.sep), f"{page} points outside: {ref}"
     assert os.path.exists(os.path.join(ROOT, "docs", "design.md"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_run_batch_example_prints_the_output_line_shown(tmp_path):
+    """The README's run-batch block, pasted: its output line is the one the
+    README shows, but for the ids and the time, which are fresh each run."""
+    script = localize(readme_block("run-batch -i /tmp/requests.jsonl"), tmp_path)
+    result, leftovers = run_in_session(["bash", "-c", script], timeout=220,
+                                       env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert leftovers == []
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        shown = re.search(r'\n(\{"id":"tprun-[^\n]*)\n', f.read()).group(1)
+    fresh = r'"(tprun-[0-9a-f]{32}|tprun-batch-[0-9a-f]{32}|chatcmpl-[0-9a-f]{24})"|"created":\d+'
+    assert re.sub(fresh, "X", result.stdout.strip()) == re.sub(fresh, "X", shown)

@@ -2,7 +2,9 @@
 writes them.
 
 An input line is one request: ``{"custom_id": str, "method": str, "url":
-str, "body": {...}}`` (other keys are ignored, as vLLM ignores them). An
+str, "body": {...}}`` (other keys are ignored, as vLLM ignores them; the
+method goes to the app as given, so one other than POST gets the
+server's 405). An
 output line answers one input line: ``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``, written as vLLM writes
 its ``BatchRequestOutput``:
