@@ -79,6 +79,10 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
         finished = task.done()
         if not finished:
             task.cancel()
+        elif not task.cancelled():
+            # Its failure is read even when this wait is cancelled as it ends
+            # (the answer is not wanted), so asyncio logs no lost exception.
+            task.exception()
     if not finished:
         raise ClientDisconnected()
     return task.result()

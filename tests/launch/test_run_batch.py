@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from tests.helpers.http_utils import openai_client, start_http, stop_http
-from tests.helpers.proc_utils import ROOT, pythonpath, reap_session, run_tprun
+from tests.helpers.proc_utils import ROOT, child_pids, pythonpath, reap_session, run_tprun
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
         "max_tokens": 6, "temperature": 0}
@@ -201,10 +201,16 @@ def test_command_line_errors_are_one_line_before_anything_starts(tmp_path, files
 
 
 @pytest.mark.timeout(180)
-def test_sigterm_mid_run_keeps_the_lines_written_and_stops_cleanly(tmp_path):
-    """The batch is cancelled before the engine stops: exit code 143 and
-    one line, no traceback, no process left, and the output holds the
-    first lines' answers, whole and in order."""
+@pytest.mark.parametrize("stop, code, last", [
+    ("sigterm", 143, r"tprun: stopped by SIGTERM"),
+    ("worker killed", 1, r"tprun: error: worker rank [01] \(pid {worker}\) exited with code -9")])
+def test_a_run_stopped_midway_keeps_the_lines_written_and_ends_cleanly(tmp_path, stop, code,
+                                                                       last):
+    """SIGTERM cancels the batch before the engine stops; a worker killed
+    stops the engine first, then the batch is cancelled. Either way: the
+    exit code and one line, no traceback (no answer's failure left
+    unread by a cancelled request), no process left, and the output holds
+    the first lines' answers, whole and in order."""
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(
         _line(f"r{i}", "/v1/completions",
@@ -212,8 +218,8 @@ def test_sigterm_mid_run_keeps_the_lines_written_and_stops_cleanly(tmp_path):
         for i in range(40)))
     env = dict(os.environ, PYTHONPATH=pythonpath(), TPRUN_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", "run-batch", "-i", str(source), "-o", str(target),
-         "--model", "tiny", "--device", "cpu", "--max-num-seqs", "2"],
+        [sys.executable, "-m", "launch", "--nproc-per-node", "2", "run-batch", "-i", str(source),
+         "-o", str(target), "--model", "tiny", "--device", "cpu", "--max-num-seqs", "4"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
@@ -221,12 +227,16 @@ def test_sigterm_mid_run_keeps_the_lines_written_and_stops_cleanly(tmp_path):
         while not (target.exists() and target.read_text().count("\n") >= 1):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        worker = child_pids(proc.pid)[0]  # a worker daemon
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.kill(worker, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
         leftovers = reap_session(proc.pid, grace_s=5)
-    assert proc.returncode == 143, err
-    assert err.strip().splitlines()[-1] == "tprun: stopped by SIGTERM", err
+    assert proc.returncode == code, err
+    assert re.fullmatch(last.format(worker=worker), err.strip().splitlines()[-1]), err
     assert "Traceback" not in err, err
     assert leftovers == []
     written = [json.loads(line) for line in target.read_text().splitlines()]
