@@ -9,8 +9,9 @@ the thread stops the server. Ctrl-C or SIGTERM cancels the batch first
 (its requests in flight aborted while the engine still runs), then the
 engine stops as after a finished batch, and ``main`` reports the signal
 (exit code 130 or 143, one line). When the server stops first (a worker
-that failed) the batch is cancelled. Either way the lines written so far
-stay written, in order.
+that failed) the batch ends at its first 503 (``batch_runner.EngineGone``)
+or is cancelled, and ``main`` reports the failure. Either way the lines
+written so far stay written, in order.
 
 The output file is opened (emptied) only once the engine has started, so
 a launch that fails before leaves an older output file as it was.

@@ -8,6 +8,12 @@ run concurrently, so the engine batches them. Blank lines are skipped (as
 vLLM skips them); every other line gets exactly one output line, in its
 place, whatever happens to the others.
 
+An engine that stops under the run (a worker failed) ends it: the first
+request answered 503 (``errors.error_answer``'s status for a stopped
+engine, which every later request would get too) raises ``EngineGone``
+instead of writing its line, so the output holds only the lines before it,
+each the answer it would have had.
+
 Memory stays bounded however long the file: at most ``window`` lines are
 read and not yet written (running, or done and waiting for an earlier
 line to finish); reading waits while the window is full. An output line
@@ -34,6 +40,13 @@ from serving.http.batch_lines import (
     read_line,
     unserved_url,
 )
+
+# The status of every request once the engine has stopped.
+ENGINE_STOPPED = 503
+
+
+class EngineGone(RuntimeError):
+    """The engine stopped under the run: no later line can be answered."""
 
 
 @dataclass
@@ -130,6 +143,8 @@ async def _output_line(app: ASGIApp, number: int, text: str,
         return failed(request.custom_id, str(e) or type(e).__name__), False
     if answer.streamed:
         return failed(request.custom_id, STREAM_REFUSED), False
+    if answer.status == ENGINE_STOPPED:
+        raise EngineGone(f"the engine stopped at line {number}: {_body(answer.body)}")
     return answered(request.custom_id, answer.status, _body(answer.body)), answer.status == 200
 
 

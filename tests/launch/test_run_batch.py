@@ -203,7 +203,8 @@ def test_command_line_errors_are_one_line_before_anything_starts(tmp_path, files
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("stop, code, last", [
     ("sigterm", 143, r"tprun: stopped by SIGTERM"),
-    ("worker killed", 1, r"tprun: error: worker rank [01] \(pid {worker}\) exited with code -9")])
+    # The rank first found gone: the one killed, or the other, whose collective broke.
+    ("worker killed", 1, r"tprun: error: worker rank [01] \(pid \d+\) exited with code -?\d+")])
 def test_a_run_stopped_midway_keeps_the_lines_written_and_ends_cleanly(tmp_path, stop, code,
                                                                        last):
     """SIGTERM cancels the batch before the engine stops; a worker killed
@@ -227,16 +228,15 @@ def test_a_run_stopped_midway_keeps_the_lines_written_and_ends_cleanly(tmp_path,
         while not (target.exists() and target.read_text().count("\n") >= 1):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
-        worker = child_pids(proc.pid)[0]  # a worker daemon
         if stop == "sigterm":
             proc.send_signal(signal.SIGTERM)
         else:
-            os.kill(worker, signal.SIGKILL)
+            os.kill(child_pids(proc.pid)[0], signal.SIGKILL)  # a worker daemon
         _, err = proc.communicate(timeout=60)
     finally:
         leftovers = reap_session(proc.pid, grace_s=5)
     assert proc.returncode == code, err
-    assert re.fullmatch(last.format(worker=worker), err.strip().splitlines()[-1]), err
+    assert re.fullmatch(last, err.strip().splitlines()[-1]), err
     assert "Traceback" not in err, err
     assert leftovers == []
     written = [json.loads(line) for line in target.read_text().splitlines()]

@@ -15,7 +15,7 @@ import pytest
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
 from serving.http.asgi_call import call, running
-from serving.http.batch_runner import run_batch
+from serving.http.batch_runner import EngineGone, run_batch
 from tests.helpers.engine_links import AcceptingLink
 
 
@@ -32,7 +32,7 @@ class SlowEcho:
         self.most_running = max(self.most_running, self.running)
         await asyncio.sleep(body["delay"])
         self.running -= 1
-        await send({"type": "http.response.start", "status": 200,
+        await send({"type": "http.response.start", "status": body.get("status", 200),
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": json.dumps({"n": body["n"]}).encode()})
 
@@ -70,6 +70,20 @@ def test_lines_are_written_in_order_within_the_window():
     assert summary.written == summary.answered == count
     assert max(ahead) <= window
     assert app.most_running == window
+
+
+@pytest.mark.timeout(30)
+def test_an_engine_that_stops_ends_the_run_after_the_lines_before_it():
+    """The first 503 (a stopped engine's status) is not written: the run
+    ends there, the lines before it written, none after."""
+    statuses = [200, 200, 503, 200]
+    lines = iter(json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/completions",
+                             "body": {"n": n, "delay": 0.01 * n, "status": status}}) + "\n"
+                 for n, status in enumerate(statuses))
+    out = io.StringIO()
+    with pytest.raises(EngineGone, match="the engine stopped at line 3"):
+        asyncio.run(run_batch(SlowEcho(), lambda: next(lines, ""), out, window=8))
+    assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["c0", "c1"]
 
 
 @pytest.mark.timeout(30)
