@@ -186,12 +186,17 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
         engine.shutdown()
         endpoint.cleanup()
         raise
-    if chat_template is not None:  # as serve sets it
-        engine.tokenizer.chat_template = chat_template
-    link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
-    app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
-                     chat_template=chat_template, response_role=response_role,
-                     **engine_app_options(engine))
+    try:
+        if chat_template is not None:  # as serve sets it
+            engine.tokenizer.chat_template = chat_template
+        link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
+        app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
+                         chat_template=chat_template, response_role=response_role,
+                         **engine_app_options(engine))
+    except BaseException:  # an app that cannot be made (a reasoning parser without its tags)
+        server.close()
+        engine.shutdown()
+        raise
     # Lines read and not yet written: in flight (vLLM keeps twice the
     # engine's batch in flight) or done and waiting for an earlier one.
     batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop)
