@@ -10,9 +10,11 @@ place, whatever happens to the others.
 
 An engine that stops under the run (a worker failed) ends it: the first
 request answered 503 (``errors.error_answer``'s status for a stopped
-engine, which every later request would get too) raises ``EngineGone``
-instead of writing its line, so the output holds only the lines before it,
-each the answer it would have had.
+engine, which every later request would get too) writes no line, reading
+stops, the lines running finish (each answered 503, unwritten) and
+``run_batch`` raises ``EngineGone``; the output holds only the lines
+before it, each the answer it would have had. No line's task ends with an
+exception: every failure is the run's, raised once.
 
 Memory stays bounded however long the file: at most ``window`` lines are
 read and not yet written (running, or done and waiting for an earlier
@@ -93,8 +95,15 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     room = asyncio.Semaphore(window)
     tasks: set[asyncio.Task] = set()
 
+    stopped: list[EngineGone] = []  # the first line that found the engine gone
+
     async def run_line(index: int, number: int, text: str) -> None:
-        line, ok = await _output_line(app, number, text, summary)
+        try:
+            line, ok = await _output_line(app, number, text, summary)
+        except EngineGone as e:
+            stopped.append(e)
+            room.release()  # wakes the reader, which then stops
+            return
         summary.answered += ok
         on_done()
         written = writer.add(index, line)
@@ -106,6 +115,8 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     try:
         while True:
             await room.acquire()  # before reading: a line read is a line held
+            if stopped:
+                break
             text = await asyncio.to_thread(readline)
             if not text:
                 room.release()
@@ -122,6 +133,9 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     finally:
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # each cancelled task's end read
+    if stopped:
+        raise stopped[0]
     return summary
 
 

@@ -7,6 +7,7 @@ request aborted, as for a client that left."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 
@@ -84,6 +85,33 @@ def test_an_engine_that_stops_ends_the_run_after_the_lines_before_it():
     with pytest.raises(EngineGone, match="the engine stopped at line 3"):
         asyncio.run(run_batch(SlowEcho(), lambda: next(lines, ""), out, window=8))
     assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["c0", "c1"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("window", [2, 8])
+def test_every_line_the_stopped_engine_answers_ends_quietly_and_the_run_raises_once(window):
+    """Once the engine has stopped every running line is answered 503: the
+    run raises the first, and no line's task is left with an exception
+    nobody reads (asyncio would log each one), with the reader waiting on a
+    full window (2) or not (8)."""
+    statuses = [200] + [503] * 6
+    lines = iter(json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/completions",
+                             "body": {"n": n, "delay": 0.01 * (n % 3), "status": status}})
+                 + "\n" for n, status in enumerate(statuses))
+    unread: list[dict] = []
+
+    async def run():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, c: unread.append(c))
+        try:
+            await run_batch(SlowEcho(), lambda: next(lines, ""), io.StringIO(), window)
+        finally:
+            gc.collect()  # an unread task exception is reported as its task is freed
+            await asyncio.sleep(0)
+
+    with pytest.raises(EngineGone, match="the engine stopped at line"):
+        asyncio.run(run())
+    gc.collect()
+    assert unread == []
 
 
 @pytest.mark.timeout(30)
