@@ -361,8 +361,24 @@ def _serve_parser(sub) -> None:
                        "llama3_json, hermes, pythonic, mistral or qwen3_coder")
 
 
+BENCH_SERVE_HELP = """\
+vLLM's online serving benchmark (`vllm bench serve`): send --num-prompts
+streamed requests of random prompts (token ids of the model's tokenizer,
+decoded to text) to an OpenAI-compatible server (`tprun serve --http-port`,
+vLLM's) at --request-rate (Poisson; gamma with --burstiness; inf: all at
+once) under --max-concurrency, then print TTFT, TPOT, ITL and E2EL
+(mean, median, --metric-percentiles) and throughputs; --save-result
+writes vLLM's result JSON. Failed requests are counted, not fatal.
+
+    tprun bench serve --base-url http://127.0.0.1:8000 --model tiny \\
+        --random-input-len 512 --random-output-len 128 --num-prompts 100 \\
+        --request-rate 10
+"""
+
+
 def _bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="throughput and latency (in-process engine)",
+    bench = sub.add_parser("bench", help="throughput and latency (in-process engine); "
+                           "bench serve: against an HTTP server",
                            formatter_class=_HelpFormatter)
     _engine_args(bench)
     bench.add_argument("--num-prompts", type=int, default=64, help="requests to run")
@@ -377,6 +393,13 @@ def _bench_parser(sub) -> None:
                        help="no warm-up request before the measured run")
     bench.add_argument("--json", action="store_true",
                        help="print the summary as one JSON object (last line of stdout)")
+    modes = bench.add_subparsers(dest="bench_mode", metavar="{serve}")
+    serve = modes.add_parser("serve", help="vLLM's online serving benchmark against an "
+                             "OpenAI-compatible HTTP server", description=BENCH_SERVE_HELP,
+                             formatter_class=_HelpFormatter)
+    from launch.bench_serve.options import add_bench_serve_args
+
+    add_bench_serve_args(serve)
 
 
 RUN_BATCH_HELP = """\
@@ -855,7 +878,23 @@ def _start_http(args, engine, server, secret: bytes):
     return http
 
 
+def run_bench_serve(args) -> int:
+    """``bench serve``: bad options are the user's input (exit code 2); a
+    server that cannot be read, or a ready check that ran out, exit code
+    1; failed requests are part of the result (exit code 0)."""
+    from launch.bench_serve.run import BenchServeError, run_bench_serve, settings
+
+    checked = _from_arguments(settings, args=args)
+    try:
+        return _from_arguments(run_bench_serve, args=args, s=checked)
+    except BenchServeError as e:
+        print(f"tprun: error: {e}", file=sys.stderr)
+        return 1
+
+
 def run_bench(args) -> int:
+    if args.bench_mode == "serve":
+        return run_bench_serve(args)
     from engine.bench import BenchConfig, format_summary, run_bench
     from engine.llm_engine import LLMEngine
 

@@ -1,0 +1,115 @@
+"""The options of ``tprun bench serve``: vLLM's ``vllm bench serve``
+names, defaults and meanings, for what this benchmark does (the random
+dataset, the completions and chat endpoints)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+
+from launch.bench_serve.request import BACKENDS
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
+    server = parser.add_argument_group("server")
+    server.add_argument("--backend", "--endpoint-type", dest="backend", default="openai",
+                        choices=BACKENDS,
+                        help="the API: openai and vllm send /v1/completions requests, "
+                        "openai-chat /v1/chat/completions (with --endpoint "
+                        "/v1/chat/completions)")
+    server.add_argument("--base-url", default=None,
+                        help="the server's URL (default: http://HOST:PORT)")
+    server.add_argument("--host", default="127.0.0.1", help="the server's host")
+    server.add_argument("--port", type=int, default=8000, help="the server's port")
+    server.add_argument("--endpoint", default="/v1/completions",
+                        help="the API path after the base URL")
+    server.add_argument("--header", metavar="KEY=VALUE", nargs="*", default=None,
+                        help="headers sent with every request")
+    server.add_argument("--model", default=None,
+                        help="the model name sent in requests and, unless --tokenizer, the "
+                        "tokenizer's model ('tiny', a model directory or GGUF file; "
+                        "default: the first model of the server's /v1/models)")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model name sent in requests (default: --model)")
+    server.add_argument("--tokenizer", default=None,
+                        help="the model whose tokenizer makes the prompts and counts "
+                        "output text ('tiny', a model directory or GGUF file; default: "
+                        "--model)")
+    server.add_argument("--ready-check-timeout-sec", type=int, default=0,
+                        help="first send the first prompt until it succeeds, for up to this "
+                        "many seconds; failing that, stop with an error (0: no check)")
+    dataset = parser.add_argument_group("dataset")
+    dataset.add_argument("--dataset-name", default="random", choices=("random",),
+                         help="where prompts come from: random token ids of the tokenizer")
+    dataset.add_argument("--num-prompts", type=_positive_int, default=1000,
+                         help="requests to send")
+    dataset.add_argument("--random-input-len", type=int, default=1024,
+                         help="prompt tokens per request, as the server counts them")
+    dataset.add_argument("--random-output-len", type=int, default=128,
+                         help="max_tokens per request")
+    dataset.add_argument("--random-range-ratio", type=float, default=0.0,
+                         help="lengths drawn uniformly from [L*(1-r), L*(1+r)], r in [0, 1)")
+    dataset.add_argument("--random-prefix-len", type=int, default=0,
+                         help="random tokens shared before every prompt")
+    dataset.add_argument("--input-len", type=int, default=None,
+                         help="the same as --random-input-len")
+    dataset.add_argument("--output-len", type=int, default=None,
+                         help="the same as --random-output-len")
+    traffic = parser.add_argument_group("traffic")
+    traffic.add_argument("--request-rate", type=float, default=float("inf"),
+                         help="requests per second, arriving as a Poisson process (gamma "
+                         "with --burstiness); inf sends them all at once")
+    traffic.add_argument("--burstiness", type=float, default=1.0,
+                         help="the gamma shape of the gaps between sends: 1 Poisson, "
+                         "below 1 burstier, above 1 more even")
+    traffic.add_argument("--max-concurrency", type=_positive_int, default=None,
+                         help="at most this many requests in flight (the others wait)")
+    traffic.add_argument("--num-warmups", type=int, default=0,
+                         help="requests of the first prompt sent before the measured run")
+    traffic.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals")
+    traffic.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",
+                         help="prefix of each request's x-request-id")
+    sampling = parser.add_argument_group("sampling (sent when given)")
+    sampling.add_argument("--ignore-eos", action="store_true",
+                          help="generate max_tokens whatever the model says (always on "
+                          "with the random dataset, as in vLLM)")
+    sampling.add_argument("--logprobs", type=int, default=None,
+                          help="logprobs per token (completions)")
+    for name, kind in (("top-p", float), ("top-k", int), ("min-p", float),
+                       ("temperature", float), ("frequency-penalty", float),
+                       ("presence-penalty", float), ("repetition-penalty", float)):
+        sampling.add_argument(f"--{name}", type=kind, default=None,
+                              help=f"the request's {name.replace('-', '_')}")
+    sampling.add_argument("--extra-body", type=json.loads, default=None,
+                          help="a JSON object merged into every request body")
+    results = parser.add_argument_group("results")
+    results.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                         help="comma-separated metrics to report: ttft, tpot, itl, e2el, "
+                         "client_queue_time, e2el_including_client_queue")
+    results.add_argument("--metric-percentiles", default="99",
+                         help="comma-separated percentiles of each metric (e.g. 25,50,75)")
+    results.add_argument("--goodput", nargs="+", default=None, metavar="KEY:VALUE",
+                         help="count requests within every limit, in ms (ttft, tpot, e2el)")
+    results.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    results.add_argument("--save-result", action="store_true",
+                         help="save the result JSON")
+    results.add_argument("--append-result", action="store_true",
+                         help="append the result JSON to the file, one object a line")
+    results.add_argument("--save-detailed", action="store_true",
+                         help="keep per-request lists (ttfts, itls, texts, errors) in it")
+    results.add_argument("--result-dir", default=None, help="directory of the result file")
+    results.add_argument("--result-filename", default=None,
+                         help="the result file's name (default: "
+                         "{label}-{request_rate}qps[-concurrency{N}]-{model}-{date}.json)")
+    results.add_argument("--label", default=None,
+                         help="the result's label (default: --backend)")
+    results.add_argument("--metadata", metavar="KEY=VALUE", nargs="*", default=None,
+                         help="fields added to the result JSON")

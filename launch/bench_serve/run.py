@@ -1,0 +1,285 @@
+"""One ``tprun bench serve`` run, from options to exit code: resolve the
+server's URL and model, make the prompts with the model's tokenizer, send
+them at their arrival times under the concurrency limit, then print
+vLLM's summary and save its result JSON.
+
+Order of a run, as vLLM's: the ready check (``--ready-check-timeout-sec``
+> 0: the first prompt until one succeeds, else ``BenchServeError``), the
+warm-up requests (``--num-warmups`` of the first prompt, not measured),
+the measured run. A request that fails is counted and listed (its error),
+never raised: a run whose every request fails still prints its table and
+exits 0, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from launch.bench_serve.arrivals import arrival_offsets, arrive
+from launch.bench_serve.metrics import GOODPUT_METRICS, calculate_metrics
+from launch.bench_serve.random_dataset import SampleRequest, random_requests
+from launch.bench_serve.report import (
+    DETAILED_FIELDS,
+    METRIC_TITLES,
+    metric_distributions,
+    result_fields,
+    summary_lines,
+)
+from launch.bench_serve.request import CHAT_BACKENDS, RequestInput, RequestOutput, send_request
+
+# vLLM's client timeout for one request.
+REQUEST_TIMEOUT_S = 6 * 60 * 60
+# Seconds between ready-check attempts.
+READY_RETRY_S = 5.0
+_SAMPLING_OPTIONS = ("top_p", "top_k", "min_p", "temperature", "frequency_penalty",
+                     "presence_penalty", "repetition_penalty")
+
+
+class BenchServeError(RuntimeError):
+    """The run cannot go on: the server's models cannot be read, or the
+    ready check ran out of time."""
+
+
+@dataclass
+class Settings:
+    """The options, checked and read (``settings``)."""
+
+    base_url: str
+    api_url: str
+    headers: dict[str, str]
+    extra_body: dict[str, Any]
+    metrics: list[str]
+    percentiles: list[float]
+    goodput: dict[str, float]
+    metadata: dict[str, str]
+
+
+def _pairs(items: list[str] | None, option: str) -> dict[str, str]:
+    pairs = {}
+    for item in items or ():
+        if "=" not in item:
+            raise ValueError(f"{option} takes KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def _goodput(items: list[str] | None) -> dict[str, float]:
+    limits = {}
+    for item in items or ():
+        name, _, value = item.partition(":")
+        try:
+            limits[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput takes KEY:VALUE (ms), got {item!r}") from None
+        if name not in GOODPUT_METRICS or limits[name] < 0:
+            raise ValueError(f"--goodput {item!r}: the key must be one of "
+                             f"{', '.join(GOODPUT_METRICS)} and the value at least 0")
+    return limits
+
+
+def settings(args) -> Settings:
+    """The options read; ValueError naming the option for a bad one."""
+    if args.backend in CHAT_BACKENDS and not args.endpoint.endswith("chat/completions"):
+        raise ValueError(f"--backend {args.backend} sends chat requests: give --endpoint "
+                         "/v1/chat/completions")
+    if args.backend not in CHAT_BACKENDS and not args.endpoint.endswith("completions"):
+        raise ValueError(f"--backend {args.backend} sends completions requests: --endpoint "
+                         "must end with completions")
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    if unknown := [m for m in metrics if m not in METRIC_TITLES]:
+        raise ValueError(f"--percentile-metrics: unknown {', '.join(unknown)} (one of "
+                         f"{', '.join(METRIC_TITLES)})")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    except ValueError:
+        raise ValueError("--metric-percentiles takes comma-separated numbers, got "
+                         f"{args.metric_percentiles!r}") from None
+    if not all(0 <= p <= 100 for p in percentiles):
+        raise ValueError("--metric-percentiles must lie in [0, 100]")
+    base = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    sampling = {k: getattr(args, k) for k in _SAMPLING_OPTIONS if getattr(args, k) is not None}
+    return Settings(base_url=base, api_url=base + args.endpoint,
+                    headers=_pairs(args.header, "--header"),
+                    extra_body={**sampling, **(args.extra_body or {})}, metrics=metrics,
+                    percentiles=percentiles, goodput=_goodput(args.goodput),
+                    metadata=_pairs(args.metadata, "--metadata"))
+
+
+def first_served_model(base_url: str, headers: dict[str, str]) -> str:
+    """The id of the first model of the server's /v1/models."""
+    try:
+        answer = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=60,
+                           trust_env=False)
+        answer.raise_for_status()
+        return answer.json()["data"][0]["id"]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        raise BenchServeError(f"cannot read the models of {base_url}/v1/models (is the "
+                              f"server running there?): {e}") from None
+
+
+def load_tokenizer(model: str):
+    """The tokenizer of ``model`` ('tiny', a model directory or GGUF file);
+    ValueError for one tprun cannot load."""
+    from checkpoint.resolve import resolve_model_dir
+    from checkpoint.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(resolve_model_dir(model))
+
+
+async def _ready(client, backend: str, probe: RequestInput, timeout_s: float,
+                 api_key: str | None) -> None:
+    deadline = time.perf_counter() + timeout_s
+    print(f"Waiting up to {timeout_s:g} s for the endpoint to answer...", flush=True)
+    while True:
+        out = await send_request(client, backend, probe, api_key)
+        if out.success:
+            print("Initial test run completed.", flush=True)
+            return
+        if time.perf_counter() + READY_RETRY_S > deadline:
+            raise BenchServeError("initial test run failed: check the benchmark's options "
+                                  f"(URL, --model, --endpoint). Error: {out.error.strip()}")
+        await asyncio.sleep(READY_RETRY_S)
+
+
+async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest],
+                    ) -> tuple[list[RequestOutput], float]:
+    """Every request's output, in order, and the measured run's seconds."""
+    api_key = os.environ.get("OPENAI_API_KEY") or None
+    limits = httpx.Limits(max_connections=args.max_concurrency,
+                          max_keepalive_connections=args.max_concurrency)
+    inputs = [RequestInput(prompt=r.prompt, api_url=s.api_url, prompt_len=r.prompt_len,
+                           output_len=r.expected_output_len, model=model,
+                           logprobs=args.logprobs, ignore_eos=args.ignore_eos,
+                           extra_body=s.extra_body, extra_headers=s.headers,
+                           request_id=r.request_id) for r in requests]
+    probe = replace(inputs[0], request_id=None)
+    gate = (asyncio.Semaphore(args.max_concurrency) if args.max_concurrency
+            else contextlib.nullcontext())
+    # No proxy from the environment: the benchmark measures the server, not a proxy.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, pool=None),
+                                 limits=limits, trust_env=False) as client:
+        if args.ready_check_timeout_sec > 0:
+            await _ready(client, args.backend, probe, args.ready_check_timeout_sec, api_key)
+        else:
+            print("Skipping endpoint ready check.", flush=True)
+
+        async def limited(given: RequestInput) -> RequestOutput:
+            arrived = time.perf_counter()
+            async with gate:
+                out = await send_request(client, args.backend, given, api_key)
+            out.client_queue_time = out.start_time - arrived
+            return out
+
+        if args.num_warmups > 0:
+            print(f"Warming up with {args.num_warmups} requests...", flush=True)
+            await asyncio.gather(*(limited(probe) for _ in range(args.num_warmups)))
+            print("Warmup run completed.", flush=True)
+        distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
+        print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: "
+              f"{args.burstiness} ({distribution})\nMaximum request concurrency: "
+              f"{args.max_concurrency}", flush=True)
+        offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed)
+        from tqdm import tqdm
+
+        with tqdm(total=len(inputs), disable=args.disable_tqdm, file=sys.stderr) as bar:
+            async def counted(given: RequestInput) -> RequestOutput:
+                out = await limited(given)
+                bar.update(1)
+                return out
+
+            start, tasks = time.perf_counter(), []
+            async for given in arrive(inputs, offsets):
+                tasks.append(asyncio.create_task(counted(given)))
+            outputs = await asyncio.gather(*tasks)
+            duration = time.perf_counter() - start
+    return list(outputs), duration
+
+
+def result_filename(args, model: str, date: str) -> str:
+    """vLLM's default name, or --result-filename; under --result-dir."""
+    concurrency = (f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None
+                   else "")
+    name = args.result_filename or (f"{args.label or args.backend}-{args.request_rate}qps"
+                                    f"{concurrency}-{model.split('/')[-1]}-{date}.json")
+    if args.result_dir:
+        os.makedirs(args.result_dir, exist_ok=True)
+        name = os.path.join(args.result_dir, name)
+    return name
+
+
+def run_bench_serve(args, s: Settings) -> int:
+    """The run of checked options ``s``; prints the summary, saves the
+    result; 0 (failed requests are results, not errors)."""
+    print("Model not specified, reading the server's first model..." if args.model is None
+          else f"Model: {args.model}", flush=True)
+    model_id = args.model or first_served_model(s.base_url, s.headers)
+    tokenizer_id = args.tokenizer or model_id
+    tokenizer = load_tokenizer(tokenizer_id)
+    requests = random_requests(tokenizer, args.num_prompts,
+                               args.input_len if args.input_len is not None
+                               else args.random_input_len,
+                               args.output_len if args.output_len is not None
+                               else args.random_output_len,
+                               range_ratio=args.random_range_ratio,
+                               prefix_len=args.random_prefix_len, seed=args.seed,
+                               request_id_prefix=args.request_id_prefix)
+    args.ignore_eos = True  # the random dataset runs to its lengths, as in vLLM
+    if "temperature" not in s.extra_body:
+        print("Note: no --temperature: the server's default sampling applies "
+              "(--temperature 0 for greedy).", flush=True)
+    outputs, duration = asyncio.run(
+        benchmark(args, s, args.served_model_name or model_id, requests))
+    metrics = calculate_metrics(outputs, duration,
+                                lambda text: len(tokenizer.encode(text, False)),
+                                s.percentiles, s.goodput)
+    _print_failures(outputs)
+    found = metric_distributions(metrics, outputs, s.percentiles, args.max_concurrency,
+                                 args.request_rate)
+    blocks = {name: found[name] for name in s.metrics if name in found}
+    for line in summary_lines(metrics, duration, args.max_concurrency, args.request_rate,
+                              bool(s.goodput), blocks):
+        print(line)
+    sys.stdout.flush()
+    if args.save_result or args.append_result:
+        date = datetime.now().strftime("%Y%m%d-%H%M%S")
+        result = {"date": date, "endpoint_type": args.backend, "backend": args.backend,
+                  "label": args.label, "model_id": model_id, "tokenizer_id": tokenizer_id,
+                  "num_prompts": args.num_prompts, **s.metadata,
+                  "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
+                  "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
+                  **result_fields(metrics, outputs, duration, bool(s.goodput), blocks)}
+        if not args.save_detailed:
+            result = {k: v for k, v in result.items() if k not in DETAILED_FIELDS}
+        _write_result(result_filename(args, model_id, date), result, args.append_result)
+    return 0
+
+
+def _print_failures(outputs: list[RequestOutput]) -> None:
+    failed = [o for o in outputs if not o.success]
+    if len(failed) == len(outputs):
+        print("WARNING: all requests failed: check the benchmark's options (URL, --model, "
+              "--endpoint).", flush=True)
+    if failed:
+        print("Failed requests during benchmark run detected (capping to 10):")
+        for i, out in enumerate(failed[:10]):
+            print(f"Error {i}: {out.error}")
+
+
+def _write_result(path: str, result: dict, append: bool) -> None:
+    with open(path, "a+" if append else "w", encoding="utf-8") as f:
+        if append and f.tell() != 0:
+            f.write("\n")
+        json.dump(result, f)
+    print(f"Result saved to {path}", flush=True)
