@@ -5,6 +5,7 @@
     tprun --nproc-per-node 2 serve --model tiny --http-port 8000   # + OpenAI HTTP API
     tprun --nproc-per-node 2 bench --model tiny --num-prompts 64 --json
     tprun --nproc-per-node 2 run-batch -i requests.jsonl -o results.jsonl --model tiny
+    tprun bench serve --base-url http://127.0.0.1:8000 --num-prompts 100   # vLLM's bench serve
 
 The tprun process is the executor process (engine + executor); it starts
 one worker daemon per rank with the environment torchrun would set.
