@@ -117,13 +117,15 @@ def settings(args) -> Settings:
                     metadata=_pairs(args.metadata, "--metadata"))
 
 
-def first_served_model(base_url: str, headers: dict[str, str]) -> str:
-    """The id of the first model of the server's /v1/models."""
+def first_served_model(base_url: str, headers: dict[str, str]) -> tuple[str, str]:
+    """The first model of the server's /v1/models: the name requests give
+    (its ``id``) and the model it serves (vLLM's ``root``, else the id)."""
     try:
         answer = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=60,
                            trust_env=False)
         answer.raise_for_status()
-        return answer.json()["data"][0]["id"]
+        first = answer.json()["data"][0]
+        return first["id"], first.get("root") or first["id"]
     except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
         raise BenchServeError(f"cannot read the models of {base_url}/v1/models (is the "
                               f"server running there?): {e}") from None
@@ -224,7 +226,10 @@ def run_bench_serve(args, s: Settings) -> int:
     result; 0 (failed requests are results, not errors)."""
     print("Model not specified, reading the server's first model..." if args.model is None
           else f"Model: {args.model}", flush=True)
-    model_id = args.model or first_served_model(s.base_url, s.headers)
+    if args.model is None:
+        model_name, model_id = first_served_model(s.base_url, s.headers)
+    else:
+        model_name, model_id = args.served_model_name or args.model, args.model
     tokenizer_id = args.tokenizer or model_id
     tokenizer = load_tokenizer(tokenizer_id)
     requests = random_requests(tokenizer, args.num_prompts,
@@ -240,7 +245,7 @@ def run_bench_serve(args, s: Settings) -> int:
         print("Note: no --temperature: the server's default sampling applies "
               "(--temperature 0 for greedy).", flush=True)
     outputs, duration = asyncio.run(
-        benchmark(args, s, args.served_model_name or model_id, requests))
+        benchmark(args, s, model_name, requests))
     metrics = calculate_metrics(outputs, duration,
                                 lambda text: len(tokenizer.encode(text, False)),
                                 s.percentiles, s.goodput)
