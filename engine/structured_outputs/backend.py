@@ -23,7 +23,7 @@ import re
 import threading
 from typing import Any
 
-from engine.structured_outputs import metaspace_tokens
+from engine.structured_outputs import metaspace_tokens, structural_tags
 from engine.structured_outputs.dangling_escape import dangling_escape
 from engine.structured_outputs.params import GrammarKey
 from ipc.errors import InvalidRequestError
@@ -35,7 +35,7 @@ class GrammarError(InvalidRequestError):
 
 
 _KIND_NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice",
-               "grammar": "grammar"}
+               "grammar": "grammar", "structural_tag": "structural tag"}
 # A GBNF rule definition (``name ::= ...``) at the start of a line: no Lark
 # grammar has one, every GBNF grammar does. Any other grammar is Lark, its
 # start rule spelled ``start:``, ``?start:`` or ``!start:`` alike (llguidance's
@@ -74,7 +74,7 @@ class GuidanceBackend:
         not compile (the backend's message, which names the problem)."""
         from llguidance import LLMatcher
 
-        grammar = _grammar_text(key)
+        grammar = _grammar_text(key, self)
         matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: "
@@ -87,7 +87,10 @@ class GuidanceBackend:
         return template.deep_copy()
 
 
-def _grammar_text(key: GrammarKey) -> str:
+def _grammar_text(key: GrammarKey, backend: GuidanceBackend) -> str:
+    """llguidance's grammar for ``key``; the tokenizer is built only for
+    the kind that reads it (a structural tag's special triggers), so a bad
+    constraint of another kind fails before it is."""
     from llguidance import LLMatcher, grammar_from
 
     problem = dangling_escape(key)  # llguidance would drop the backslash, not fail
@@ -102,6 +105,8 @@ def _grammar_text(key: GrammarKey) -> str:
         if key.kind == "choice":
             lark = "start: " + " | ".join(json.dumps(c) for c in json.loads(key.text))
             return LLMatcher.grammar_from_lark(lark)
+        if key.kind == "structural_tag":
+            return structural_tags.lark(key.text, backend.tokenizer, key.compact_json)
         return grammar_from("gbnf" if _GBNF_RULE.search(key.text) else "lark", key.text)
     except ValueError as e:
         raise GrammarError(f"invalid {_KIND_NAMES[key.kind]}: {_one_line(str(e))}") from None

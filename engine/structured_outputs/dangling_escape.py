@@ -4,7 +4,7 @@ A regex whose last backslash escapes nothing (``a\\``) is not a regex, but
 llguidance's regex-to-grammar step drops that backslash before it parses:
 ``a\\`` compiles as ``a`` and a lone ``\\`` as the empty regex, which
 matches anything, instead of failing. It does so for a regex constraint and
-for the regexes of a JSON schema alike: a string's ``pattern`` and the keys
+for the regexes of a JSON schema (a structural tag's included) alike: a string's ``pattern`` and the keys
 of ``patternProperties``, wherever the schema nests them (its properties,
 items, ``$defs``, ``anyOf`` members, ...). ``format`` takes only the names
 of llguidance's fixed formats, never a regex. ``dangling_escape`` finds
@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from engine.structured_outputs import structural_tags
 from engine.structured_outputs.params import GrammarKey
 
 # Keywords whose value is a schema, or a list of schemas (a JSON schema's
@@ -38,12 +39,18 @@ def ends_in_lone_backslash(regex: str) -> bool:
 
 def dangling_escape(key: GrammarKey) -> str | None:
     """Why ``key`` would lose a backslash in llguidance (its regex, or a
-    JSON schema's first such regex named with its place), or None."""
+    JSON schema's or a structural tag's first such regex named with its
+    place), or None."""
     if key.kind == "regex" and ends_in_lone_backslash(key.text):
         return "it ends in an incomplete escape (a lone backslash)"
-    if key.kind != "json":
+    if key.kind == "json":
+        places = [("#", json.loads(key.text))]
+    elif key.kind == "structural_tag":
+        places = structural_tags.schemas(key.text)
+    else:
         return None
-    for where, regex in schema_regexes(json.loads(key.text)):
+    for where, regex in (found for root, schema in places
+                         for found in schema_regexes(schema, root)):
         if ends_in_lone_backslash(regex):
             return (f"the pattern {json.dumps(regex)} at {where} ends in an incomplete "
                     f"escape (a lone backslash)")

