@@ -4,9 +4,10 @@ A regex whose last backslash escapes nothing (``a\\``) is not a regex, but
 llguidance's regex-to-grammar step drops that backslash before it parses:
 ``a\\`` compiles as ``a`` and a lone ``\\`` as the empty regex, which
 matches anything, instead of failing. It does so for a regex constraint and
-for the regexes of a JSON schema (a structural tag's included) alike: a string's ``pattern`` and the keys
-of ``patternProperties``, wherever the schema nests them (its properties,
-items, ``$defs``, ``anyOf`` members, ...). ``format`` takes only the names
+for the regexes of a JSON schema (a structural tag's included) alike: a
+string's ``pattern`` and the keys of ``patternProperties``, wherever the
+schema nests them (its properties, items, ``$defs``, ``anyOf`` members,
+...). ``format`` takes only the names
 of llguidance's fixed formats, never a regex. ``dangling_escape`` finds
 such a regex so the backend refuses the constraint before compiling it.
 """

@@ -3,11 +3,11 @@
 Exactly one constraint per request: ``json`` (a JSON schema, as a dict or
 its text), ``regex``, ``choice`` (a list of strings), ``grammar`` (Lark or
 GBNF text), ``json_object=True`` (any JSON object) or ``structural_tag``
-(the JSON text of tagged JSON values in free text: ``structural_tags``). ``__post_init__``
-checks the shape (types, exactly one) and raises ``InvalidRequestError`` (a
-``StructuredOutputsError`` naming the key when one key's value is bad, so a
-front end can name the field its user sent instead); whether a
-schema, regex or grammar compiles is decided by the grammar backend when the
+(the JSON text of tagged JSON values in free text: ``structural_tags``).
+``__post_init__`` checks the shape (types, exactly one) and raises
+``InvalidRequestError`` (a ``StructuredOutputsError`` naming the key when
+one key's value is bad, so a front end can name the field its user sent
+instead); whether a schema, regex or grammar compiles is decided by the grammar backend when the
 request enters the engine, except a schema nested deeper than
 ``MAX_SCHEMA_DEPTH`` (``schema_depth``), refused here, before anything
 walks it. ``disable_any_whitespace`` makes JSON compact (no

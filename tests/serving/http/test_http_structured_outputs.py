@@ -1,10 +1,10 @@
 """Structured outputs over HTTP on ``tiny`` (``tprun serve --http-port``),
 driven by the official ``openai`` client: ``response_format`` (json_schema,
-json_object) on chat and completions answers what ``LLM.generate`` answers
-with the same constraint; vLLM's ``structured_outputs`` object and the older
-``guided_*`` fields in ``extra_body`` constrain the output (validated against
-the schema, matched in full, one of the choices, for every one of ``n``
-choices); each kind of bad constraint is a 400 in OpenAI's shape, and the
+json_object, vLLM's structural_tag) on chat and completions answers what
+``LLM.generate`` answers with the same constraint; vLLM's
+``structured_outputs`` object and the older ``guided_*`` fields in
+``extra_body`` constrain the output (validated against the schema, matched
+in full, one of the choices, for every one of ``n`` choices); each kind of bad constraint is a 400 in OpenAI's shape, and the
 server goes on serving."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 
 from engine import LLM, SamplingParams, StructuredOutputsParams
 from tests.helpers.http_utils import serving_tiny
+from tests.helpers.structural_tags import read_tags
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -80,6 +81,43 @@ def test_completion_json_object_is_the_engines_answer(client, reference):
         structured_outputs=StructuredOutputsParams(json_object=True)))[0].outputs[0]
     assert resp.choices[0].text == want.text
     assert want.text.lstrip().startswith("{")
+
+
+CALL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+# One byte ("<", id 60 in tiny's byte vocabulary) triggers a tag; favoured, so
+# random weights write tags.
+STRUCTURAL_TAG = {"type": "structural_tag", "triggers": ["<"],
+                  "structures": [{"begin": "<call>", "schema": CALL, "end": "</call>"}]}
+FAVOUR_TRIGGER = {"60": 4.0}
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_response_format_structural_tag_is_the_engines_answer(server, client, reference, route):
+    """vLLM's response_format structural_tag, sent by the openai client:
+    the answer is ``LLM.generate``'s with ``structural_tag`` set to the
+    format's JSON text, and every tag in it holds JSON valid against the
+    schema."""
+    tags = 0
+    for seed in range(8):
+        if route == "chat":
+            resp = client.chat.completions.create(
+                model="tiny", messages=MESSAGES, max_tokens=64, temperature=1.0, seed=seed,
+                logit_bias=FAVOUR_TRIGGER, response_format=STRUCTURAL_TAG)
+            text, finish = resp.choices[0].message.content, resp.choices[0].finish_reason
+            prompt = {"prompt_token_ids": _chat_ids(server.model_dir)}
+        else:
+            resp = client.completions.create(
+                model="tiny", prompt="Go:", max_tokens=64, temperature=1.0, seed=seed,
+                logit_bias=FAVOUR_TRIGGER, extra_body={"response_format": STRUCTURAL_TAG})
+            text, finish = resp.choices[0].text, resp.choices[0].finish_reason
+            prompt = "Go:"
+        want = reference.generate(prompt, SamplingParams(
+            temperature=1.0, seed=seed, max_tokens=64, logit_bias={60: 4.0},
+            structured_outputs=StructuredOutputsParams(
+                structural_tag=json.dumps(STRUCTURAL_TAG))))[0].outputs[0]
+        assert (text, finish) == (want.text, want.finish_reason)
+        tags += len(read_tags(text, STRUCTURAL_TAG, cut=finish == "length"))
+    assert tags >= 3, tags  # written (5 and 6 with these seeds), so held
 
 
 def test_structured_outputs_object_validates_for_every_choice(client):
@@ -192,6 +230,19 @@ _SCHEMA = "response_format.json_schema.schema"
     ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs.choice",
      "must hold non-empty strings"),
     ({"response_format": {"type": "yaml"}}, "response_format.type", "type must be"),
+    ({"response_format": {**STRUCTURAL_TAG, "structures": [{"schema": CALL, "end": "</c>"}]}},
+     "response_format.structures[0].begin", "is missing"),
+    ({"response_format": {**STRUCTURAL_TAG, "structures": [
+        {"begin": "<c>", "schema": "integer", "end": "</c>"}]}},
+     "response_format.structures[0].schema", 'must be a JSON schema (an object), got "integer"'),
+    ({"response_format": {**STRUCTURAL_TAG, "triggers": []}}, "response_format.triggers",
+     "must be a non-empty list of strings"),
+    ({"response_format": {**STRUCTURAL_TAG, "triggers": ["["]}},
+     "response_format.structures[0].begin", 'starts with none of the triggers ["["]'),
+    ({"response_format": {"type": "structural_tag", "format": {"type": "triggered_tags"}}},
+     "response_format.format", "xgrammar's structural tag form"),
+    ({"structured_outputs": {"structural_tag": json.dumps({**STRUCTURAL_TAG, "triggers": []})}},
+     "structured_outputs.structural_tag.triggers", "must be a non-empty list of strings"),
 ])
 def test_a_bad_constraint_is_named_by_the_field_it_was_sent_in(server, fields, param, problem):
     """The error's param and message name the field the client sent, never
@@ -218,6 +269,13 @@ def test_a_bad_constraint_is_named_by_the_field_it_was_sent_in(server, fields, p
     ({"response_format": {"type": "yaml"}}, "response_format type must be"),
     ({"guided_regex": "(unclosed"}, "invalid regex"),
     ({"guided_grammar": "start: nowhere"}, "invalid grammar"),
+    ({"response_format": {**STRUCTURAL_TAG, "structures": [
+        {"begin": "<c>", "schema": {"type": "strnig"}, "end": "</c>"}]}},
+     "invalid structural tag"),
+    ({"response_format": {**STRUCTURAL_TAG, "structures": [{"schema": CALL, "end": "</c>"}]}},
+     "response_format.structures[0].begin is missing"),
+    ({"response_format": {**STRUCTURAL_TAG, "triggers": []}},
+     "response_format.triggers must be a non-empty list"),
     ({"guided_choice": []}, "must not be empty"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one of"),
     ({"structured_outputs": {"xml": "<a/>"}}, "unknown structured_outputs field"),
