@@ -75,6 +75,7 @@ def test_the_grammar_takes_hand_written_valid_texts(manager, text):
     ('x <f=mul>{"a":1}</f>', 'x <f='),  # a begin no structure has
     ('<f=add>{"a":1,"b":"2"}</f>', '<f=add>{"a":1,"b":'),  # a string for an integer
     ('<f=add>{"a":1,"c":2}</f>', '<f=add>{"a":1,"'),  # a key the schema does not name
+    ('<f=neg>{"x":1,"y":2}</f>', '<f=neg>{"x":1'),  # the object is closed: no other key
     ('<f=neg>{"x":1}</g>', '<f=neg>{"x":1}</'),  # not its end
     ('<f=add>{"a":1}</f>', '<f=add>{"a":1'),  # b is required
     ('<f=neg>[1]</f>', '<f=neg>'),  # not an object
