@@ -6,16 +6,16 @@ backend reads): ``{"structures": [{"begin", "schema", "end"}, ...],
 HTTP ``response_format`` carries) ignored. The output is free text until it
 writes a trigger; from there it must write the rest of the ``begin`` of a
 structure whose ``begin`` starts with that trigger, then one JSON value valid
-against that structure's ``schema``, then its ``end``, and is free text
-again. Free text never holds a trigger outside such a tag. Each ``begin`` is
+against that structure's ``schema``, then its ``end`` (nothing, not even
+whitespace, between the three), and is free text again. Free text never
+holds a trigger outside such a tag. Each ``begin`` is
 read with the first trigger it starts with, as vLLM reads it.
 
 ``canonical`` checks a tag's shape and gives its text with only the keys
 read; a bad shape is a ``StructuredOutputsError`` whose key is the path of
 the bad part (``structural_tag.structures[0].begin``). The compile key
 closes each schema's objects, as a ``json`` constraint's
-(``params.closed_objects``).
-xgrammar's newer form (``{"format": {...}}``) is refused by name: llguidance
+(``params.closed_objects``). xgrammar's newer form (``{"format": {...}}``) is refused by name: llguidance
 does not read it. ``lark`` writes the grammar through llguidance's own
 ``StructTag`` builder, each schema given to it as an object (with
 ``disable_any_whitespace``, its ``x-guidance`` option), so that llguidance
