@@ -6,8 +6,9 @@ the prompts and, within a prompt, of its ``--n`` completions.
 also ``"choice"`` (the completion's, 0 to n-1); with ``--logprobs``, also
 ``"logprobs"``, one list per output token of ``[token_id, logprob, rank]``
 triples (the N most likely tokens by rank, then the sampled token where it
-is not among them), and ``"cumulative_logprob"`` (the sampled tokens'
-logprobs summed). Plain: ``[index] prompt -> text (finish_reason)``, the
+is not among them; a token a constraint masks, logprob -inf, which JSON
+cannot carry, shows -9999.0, as the HTTP server and vLLM's show it), and
+``"cumulative_logprob"`` (the sampled tokens' logprobs summed). Plain: ``[index] prompt -> text (finish_reason)``, the
 index ``index.choice`` with ``--n`` above 1, and the cumulative logprob
 after the finish reason with ``--logprobs``.
 """
@@ -35,7 +36,9 @@ def _json_line(i: int, out, completion, several: bool) -> str:
     if several:
         obj["choice"] = completion.index
     if completion.logprobs is not None:
-        obj["logprobs"] = [[[token_id, p.logprob, p.rank] for token_id, p in step.items()]
+        from serving.http.logprobs import shown
+
+        obj["logprobs"] = [[[token_id, shown(p.logprob), p.rank] for token_id, p in step.items()]
                            for step in completion.logprobs]
         obj["cumulative_logprob"] = completion.cumulative_logprob
     return json.dumps(obj)

@@ -138,3 +138,31 @@ def test_a_thinking_budget_with_a_reasoning_parser_reaches_the_engine(no_engine)
     with pytest.raises(_WorkersStarted):
         _run(["--thinking-token-budget", "5", "--reasoning-parser", "qwen3"])
     assert [c.reasoning_parser for c in no_engine] == ["qwen3"]
+
+
+def _strict(constant: str):
+    raise ValueError(f"{constant} is no JSON")
+
+
+@pytest.mark.timeout(150)
+def test_json_logprobs_of_masked_tokens_are_json(llm, tmp_path):
+    """A token the constraint masks has logprob -inf, which JSON cannot
+    carry: --json shows it -9999.0 (as vLLM's server clamps it), every
+    other logprob as LLM gives it, and each line reads as strict JSON."""
+    reference = llm.generate(["Hi"], SamplingParams(
+        max_tokens=2, logprobs=5, structured_outputs={"choice": ["ab", "cd"]}))
+    [completion] = reference[0].outputs
+    assert any(p.logprob == float("-inf") for step in completion.logprobs
+               for p in step.values())  # some of the top 5 are masked
+    result, leftovers = run_tprun(["generate", "--model", "tiny", "--device", "cpu", "--json",
+                                   "--prompt", "Hi", "--max-tokens", "2", "--logprobs", "5",
+                                   "--choice", "ab", "cd"], timeout=100,
+                                  env={"TPRUN_CACHE": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert leftovers == []
+    [obj] = [json.loads(line, parse_constant=_strict) for line in result.stdout.splitlines()]
+    assert obj["token_ids"] == completion.token_ids
+    for entries, step in zip(obj["logprobs"], completion.logprobs, strict=True):
+        assert [(t, rank) for t, _, rank in entries] == [(t, p.rank) for t, p in step.items()]
+        assert [lp for _, lp, _ in entries] == pytest.approx(
+            [max(p.logprob, -9999.0) for p in step.values()], abs=1e-5)
