@@ -25,7 +25,12 @@ import signal
 import sys
 
 from launch.generate_output import output_lines
-from launch.sampling_flags import add_sampling_flags, check_thinking_budget, sampling_params
+from launch.sampling_flags import (
+    add_sampling_flags,
+    check_logprobs,
+    check_thinking_budget,
+    sampling_params,
+)
 
 DEFAULT_PROMPTS = ["Hello, my name is", "The future of AI is"]
 
@@ -529,6 +534,7 @@ def run_generate(args) -> int:
     model_given = hasattr(args, "model")
     config = _engine_config(args)  # every rule the arguments decide, before any notice
     check_thinking_budget(params, config.resolved_reasoning_parser)
+    check_logprobs(params, config.max_logprobs)
     config.check_machine()  # and the machine's (the engine checks again as it starts)
     prompts = _prompts(args)
     if not model_given:

@@ -12,7 +12,10 @@ else the first field its message names). ``--thinking-token-budget``
 needs a reasoning parser, which only the engine's configuration tells:
 ``check_thinking_budget`` applies the engine's own rule to it
 (``engine.thinking_budget.check_budget_has_parser``) before the engine
-starts.
+starts. So does ``check_logprobs`` with the engine's cap on ``--logprobs``
+(``--max-logprobs``, ``engine.request.check_logprobs_limit``), for a
+number; -1, the whole vocabulary, is judged by the engine, which knows the
+vocabulary's size.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ _FLAGS: dict[str, tuple[str, dict]] = {
                                         "end-of-sequence tokens (up to --max-tokens)")),
     "logprobs": ("--logprobs", dict(type=int, metavar="N", help="each output token's N most "
                                     "likely tokens and the sampled one, with their logprobs "
-                                    "(in --json; plain output: their sum; -1: the whole "
-                                    "vocabulary)")),
+                                    "(in --json; plain output: their sum); at most "
+                                    "--max-logprobs; -1: the whole vocabulary, which needs "
+                                    "--max-logprobs -1")),
     "thinking_token_budget": ("--thinking-token-budget", dict(
         type=int, metavar="N", help="at most N tokens of reasoning, then its end is forced "
         "(needs --reasoning-parser)")),
@@ -108,6 +112,23 @@ def check_thinking_budget(params, reasoning_parser: str | None) -> None:
         check_budget_has_parser(params.thinking_token_budget, reasoning_parser)
     except ValueError as e:
         raise ConfigError(_naming_flag(e)) from e
+
+
+def check_logprobs(params, max_logprobs: int) -> None:
+    """The engine's refusal of more top logprobs than ``max_logprobs``
+    (the configuration's), made before the engine starts for ``--logprobs``
+    N >= 0; -1 is left to the engine (whether the vocabulary fits the cap
+    is the model's to tell)."""
+    from engine.config import ConfigError
+    from engine.request import check_logprobs_limit
+
+    if params.logprobs is None or params.logprobs == -1:
+        return
+    try:
+        check_logprobs_limit(params.logprobs, max_logprobs, "--logprobs")
+    except ValueError as e:
+        raise ConfigError(f"{e}: give at most {max_logprobs}, or raise --max-logprobs "
+                          "(-1: no limit)") from e
 
 
 def _token_ids(text: str | None) -> list[int] | None:

@@ -123,6 +123,8 @@ def _run(flags: list[str]) -> int:
     (["--stop", ""], "--stop"),
     (["--stop-token-ids", "3,-1"], "--stop-token-ids"),
     (["--logprobs", "-3"], "--logprobs"),
+    (["--logprobs", "21"], "--logprobs"),  # above --max-logprobs 20
+    (["--logprobs", "8", "--max-logprobs", "5"], "--logprobs"),
     (["--thinking-token-budget", "5"], "--thinking-token-budget"),  # no reasoning parser
     (["--chat", "--prompt-token-ids", "1,2"], "--chat"),
 ])
@@ -132,6 +134,16 @@ def test_refused_values_are_one_line_naming_the_flag_before_any_worker(
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"tprun: error: {flag}"), lines
     assert no_engine == []
+
+
+@pytest.mark.parametrize("flags", [["--logprobs", "20"],
+                                   ["--logprobs", "30", "--max-logprobs", "30"],
+                                   ["--logprobs", "30", "--max-logprobs", "-1"],
+                                   ["--logprobs", "-1", "--max-logprobs", "-1"]])
+def test_logprobs_within_max_logprobs_reach_the_engine(no_engine, flags):
+    with pytest.raises(_WorkersStarted):
+        _run(flags)
+    assert len(no_engine) == 1
 
 
 def test_a_thinking_budget_with_a_reasoning_parser_reaches_the_engine(no_engine):
