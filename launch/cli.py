@@ -525,6 +525,17 @@ def _raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+def _check_chat_template(llm, model: str) -> None:
+    """``--chat`` renders the model's chat template (its tokenizer's, or its
+    GGUF's), which only the loaded model tells: ConfigError naming the
+    option for a model without one."""
+    from engine.config import ConfigError
+
+    if llm.get_tokenizer().chat_template is None:
+        raise ConfigError(f"--chat renders the model's chat template, and {model} has none: "
+                          "give the prompts without --chat")
+
+
 def run_generate(args) -> int:
     from engine import LLM
 
@@ -550,6 +561,7 @@ def run_generate(args) -> int:
         # is the user's input: exit code 2, as for a bad option.
         use_tqdm = len(prompts) > 1 and not args.json
         if args.chat:
+            _check_chat_template(llm, config.model)
             chats = [[{"role": "user", "content": text}] for text in prompts]
             outputs = _from_arguments(llm.chat, messages=chats, sampling_params=params,
                                       use_tqdm=use_tqdm)

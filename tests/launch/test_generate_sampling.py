@@ -7,6 +7,7 @@ line naming the option, exit code 2, before any worker starts."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -178,3 +179,19 @@ def test_json_logprobs_of_masked_tokens_are_json(llm, tmp_path):
         assert [(t, rank) for t, _, rank in entries] == [(t, p.rank) for t, p in step.items()]
         assert [lp for _, lp, _ in entries] == pytest.approx(
             [max(p.logprob, -9999.0) for p in step.values()], abs=1e-5)
+
+
+@pytest.mark.timeout(150)
+def test_chat_with_a_model_without_a_chat_template_is_one_line_naming_chat(tiny_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    del settings["chat_template"]
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    result, leftovers = run_tprun(["generate", "--model", str(model), "--device", "cpu",
+                                   "--chat", "--prompt", "Hi"], timeout=100)
+    assert result.returncode == 2, result.stderr
+    assert leftovers == []
+    errors = [line for line in result.stderr.splitlines() if line.startswith("tprun: error:")]
+    assert errors == [f"tprun: error: --chat renders the model's chat template, and {model} "
+                      "has none: give the prompts without --chat"], result.stderr
