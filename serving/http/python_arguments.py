@@ -64,6 +64,7 @@ _VALUES = {"True": True, "False": False, "None": None}
 _ESCAPE_SO_FAR = re.compile(r"\\(?:x[0-9a-fA-F]?|u[0-9a-fA-F]{0,3}|U[0-9a-fA-F]{0,7}"
                             r"|N(?:\{[^}\n]*)?)")
 _NAME_END = re.compile(r"[}\n]")  # what ends the name of a \N{...} escape
+_LINE_END = re.compile(r"[\r\n]")  # a comment's end: "\r" ends a line for Python too
 _ESCAPE = re.compile(r"\\(?:[0-7]{1,3}|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}"
                      r"|N\{[^}\n]*\}|[^0-7xuUN])")
 
@@ -426,10 +427,10 @@ class PythonArguments:
         return False
 
     def _comment(self, text: str) -> None:
-        """Inside a comment: up to its line's end."""
-        end = text.find("\n", self.at)
-        self.at = len(text) if end < 0 else end
-        self.in_comment = end < 0
+        """Inside a comment: up to its line's end (a "\r" or "\n")."""
+        end = _LINE_END.search(text, self.at)
+        self.at = len(text) if end is None else end.start()
+        self.in_comment = end is None
 
     def _write(self, text: str) -> None:
         self.written.add(text)

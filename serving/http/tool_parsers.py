@@ -118,6 +118,7 @@ _MISTRAL_NAME = re.compile(r"[^\s\[\]{}]*")  # up to blank space, [ARGS] or {
 _ALPHANUMERIC = string.ascii_letters + string.digits
 _NAME_START = re.compile(r"[^\W\d]")  # a Python name's first character
 _WORD = re.compile(r"\w*")  # the rest of the name
+_LINE_END = re.compile(r"[\r\n]")  # a comment's end: "\r" ends a line for Python too
 
 
 class Llama3JsonReader(AutoCallsReader):
@@ -358,7 +359,8 @@ class PythonicReader(AutoCallsReader):
 
     def _python_blank_end(self, start: int) -> int:
         """Where blank space from ``start`` ends as Python's parser reads
-        it, white space and comments (a comment runs up to its line's end):
+        it, white space and comments (a comment runs up to its line's end,
+        a "\r" or "\n"):
         the text's end while a comment is still open there. Goes on from
         where the last look from ``start`` stopped (in ``searched``: where
         the blank space read so far ends, and how far an open comment there
@@ -370,11 +372,11 @@ class PythonicReader(AutoCallsReader):
             at = _BLANK.match(self.text, at).end()
             if not self.text.startswith("#", at):
                 break
-            line_end = self.text.find("\n", max(at, self.searched.get(searched, at)))
-            if line_end < 0:
+            line_end = _LINE_END.search(self.text, max(at, self.searched.get(searched, at)))
+            if line_end is None:
                 self.searched[ended], self.searched[searched] = at, len(self.text)
                 return len(self.text)
-            at = line_end
+            at = line_end.start()
         self.searched[ended] = at
         return at
 

@@ -355,6 +355,9 @@ def _python_calls(text: str) -> list[tuple[str, dict]]:
     "[get_weather(city='Oslo',  # where\n days=2)  # then\n, now(),\n# last\n]  # done",
     "[f(a={True: 1, 1: 'x'}), f(b={1: [], 1.0: {0: 1, False: 2}, 'x': None, 'x': 3})]",
     "[f(a={None: 1, 2: 3, None: 4, 2.0: 5, '2': 6}, a={2: 0, True: 1, 1: 2})]",
+    # A "#" in a string is no comment; "\r" ends a comment's line, as "\n" does.
+    """[f(a="x # y", b='''#''', c='\\'#'), g(b='#')]  # done""",
+    "[f(a=1,  # first\rb=[2,  # ]\r3]),  # then\rg()]  # done\r",
 ])
 def test_pythonic_arguments_read_as_json_loads_reads_vllms(text):
     """The calls ``json.loads`` reads from the answer, whole and streamed,
