@@ -48,7 +48,7 @@ from engine.stats import StatsLogger, StepCounters, snapshot
 from engine.structured_outputs import StructuredOutputManager
 from engine.structured_outputs.manager import PendingBitmask
 from engine.thinking_budget import ThinkingBudget, check_budget_has_parser
-from executor.base import Executor, OutputFuture
+from executor.base import Executor, OutputFuture, WorkerFailure
 from ipc import trace
 from ipc.engine_messages import EngineStats
 from ipc.errors import InvalidRequestError
@@ -163,6 +163,9 @@ class LLMEngine:
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
         self.pending_bitmask: PendingBitmask | None = None  # in_flight's, being filled
+        # A reply that broke the runner's contract (``_absorb``), said by
+        # every later step: the workers' state is no longer the scheduler's.
+        self.broken_reply: str | None = None
         self.counters = StepCounters()
         self.stats_logger = None
         if not config.disable_log_stats:
@@ -380,6 +383,7 @@ class LLMEngine:
         preempts, which leaves a matcher as it is: it has consumed exactly
         the request's output tokens).
         """
+        self._raise_if_broken()
         plan = self.scheduler.schedule() if self.scheduler.has_unfinished_requests() else None
         if self.config.async_scheduling:
             self._send_bitmask()
@@ -438,10 +442,20 @@ class LLMEngine:
         output = sent.future.result()
         if trace.enabled:
             trace.mark("step_output", sent.plan.step_id)
-        deltas = self.scheduler.update_from_output(sent.plan, output)
+        try:
+            deltas = self.scheduler.update_from_output(sent.plan, output)
+        except ValueError as e:  # the reply broke the runner's contract
+            self.broken_reply = f"the output rank's reply to step {sent.plan.step_id}: {e}"
+            raise
         num_generated = sum(len(d.new_token_ids) for d in deltas)
         self.counters.on_step(sent.plan.total_num_scheduled_tokens, num_generated)
         return deltas
+
+    def _raise_if_broken(self) -> None:
+        """After a reply that broke the runner's contract, every step fails
+        as after a worker's failure: ``WorkerFailure`` naming the reply."""
+        if self.broken_reply is not None:
+            raise WorkerFailure(f"the engine failed at {self.broken_reply}")
 
     # ---- stats ---------------------------------------------------------
     def get_stats(self, num_admitting: int = 0) -> EngineStats:
@@ -457,7 +471,9 @@ class LLMEngine:
     def check_health(self) -> None:
         """Raise the executor's ``WorkerFailure`` (a rank that died or failed,
         named) if the workers have stopped; vLLM's ``check_health``. A step
-        raises it too; this is for a caller that sends none (an idle server)."""
+        raises it too; this is for a caller that sends none (an idle server).
+        After a reply that broke the runner's contract: its ``WorkerFailure``."""
+        self._raise_if_broken()
         self.executor.check_health()
 
     def maybe_log_stats(self, num_admitting: int = 0) -> None:

@@ -25,6 +25,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.structured_outputs.params import StructuredOutputsParams
+from executor.base import WorkerFailure
 from tests.helpers.multi_rank import tp_device
 
 pytestmark = pytest.mark.timeout(600)
@@ -209,6 +210,38 @@ def test_a_reply_whose_drafts_break_the_contract_fails_the_engine(tamper, messag
         with pytest.raises(ValueError, match=message):
             llm.generate(prompts, params)
     assert tampered and filled_after == []
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_after_a_reply_that_breaks_the_contract_every_step_fails(async_scheduling):
+    """As after a worker's failure: the next call fails at once with a
+    WorkerFailure naming the reply, and sends the workers nothing."""
+    prompts, params = _params()
+    with LLM(model="tiny", dtype="float32", speculative_config=NGRAM,
+             async_scheduling=async_scheduling) as llm:
+        engine = llm.engine
+        absorb = engine.scheduler.update_from_output
+
+        def drop_drafts(plan, output):
+            if output.next_draft_token_ids:
+                output = msgspec.structs.replace(output, next_draft_token_ids={})
+            return absorb(plan, output)
+
+        engine.scheduler.update_from_output = drop_drafts
+        with pytest.raises(ValueError, match="lacks the drafts of"):
+            llm.generate(prompts, params)
+        engine.scheduler.update_from_output = absorb
+        sent = []
+        execute, sample = engine.executor.execute_model, engine.executor.sample_tokens
+        engine.executor.execute_model = lambda plan: sent.append(plan) or execute(plan)
+        engine.executor.sample_tokens = lambda mask: sent.append(mask) or sample(mask)
+        for _ in range(2):
+            with pytest.raises(WorkerFailure, match=r"reply to step \d+: runner output of step "
+                                                    r"\d+ lacks the drafts of"):
+                llm.generate(prompts[:2], params[:2])
+        with pytest.raises(WorkerFailure, match="lacks the drafts of"):
+            engine.check_health()
+        assert sent == []
 
 
 @pytest.mark.slow
