@@ -60,7 +60,7 @@ _FLAGS: dict[str, tuple[str, dict]] = {
                                     "likely tokens and the sampled one, with their logprobs "
                                     "(in --json; plain output: their sum); at most "
                                     "--max-logprobs; -1: the whole vocabulary, which needs "
-                                    "--max-logprobs -1")),
+                                    "--max-logprobs -1 (or one it fits in)")),
     "thinking_token_budget": ("--thinking-token-budget", dict(
         type=int, metavar="N", help="at most N tokens of reasoning, then its end is forced "
         "(needs --reasoning-parser)")),
