@@ -138,10 +138,13 @@ class AsyncLLM:
                 client.abort(engine_id)  # no-op for those finished
 
     async def abort(self, request_id: str | Iterable[str]) -> None:
-        """End live requests (an id that is not live: nothing); each one's
-        ``generate`` yields its last output, finish reason "abort"."""
+        """End live requests (an id that is not live, or an engine that
+        stopped: nothing); each one's ``generate`` yields its last output,
+        finish reason "abort"."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         client = self._background.client
+        if client is None:  # shut down: its waiting generates raise EngineDeadError
+            return
         for rid in ids:
             for engine_id in self._requests.get(rid, ()):
                 client.stop_request(engine_id)
