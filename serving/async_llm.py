@@ -28,7 +28,8 @@ duplicate live request id, a prompt the engine refuses raise from the first
 cancelled task) aborts the request in the engine; ``abort(request_id)``
 ends it too, the iterator still yielding its last output (finish reason
 "abort"). An engine that stopped, failed or shut down, raises
-``EngineDeadError`` in every waiting ``generate`` and in every later one.
+``EngineDeadError`` in every waiting ``generate`` (one whose request has
+finished yields its outputs still) and in every later one.
 
 Call ``generate``, ``abort`` and ``shutdown`` from the event loop's thread
 (``shutdown`` also once no loop runs): the client is not thread-safe.
@@ -128,6 +129,8 @@ class AsyncLLM:
                 while not queue.empty():  # all that came meanwhile: one output
                     items.append(queue.get_nowait())
                 for received_at, item in items:
+                    if request.finished:
+                        break  # what came after its last delta (the engine's stop) is not its
                     _take(item, received_at, request, index, client)
                 output = request.output()
                 if output is not None:

@@ -330,6 +330,23 @@ def test_a_stopped_engine_raises_in_waiting_and_later_generates():
 
 
 @pytest.mark.timeout(120)
+def test_a_request_that_finished_before_a_shutdown_yields_its_outputs():
+    """Its last deltas had come when the engine shut down, only not read."""
+    engine = AsyncLLM(model="tiny", device="cpu")
+
+    async def finish_then_shut_down():
+        gen = engine.generate({"prompt_token_ids": PROMPT}, params(DELTA, max_tokens=6), "done")
+        got = [await gen.__anext__()]
+        await until_idle(engine)  # the replies come in order: its deltas have come
+        engine.shutdown()
+        return got + [out async for out in gen]
+
+    got = run(finish_then_shut_down())
+    assert got[-1].finished and got[-1].outputs[0].finish_reason == "length"
+    assert [t for out in got for t in out.outputs[0].token_ids] == GREEDY[:6]
+
+
+@pytest.mark.timeout(120)
 def test_an_engine_that_fails_raises_engine_dead_error():
     engine = AsyncLLM(model="tiny", device="cpu")
 
