@@ -24,12 +24,14 @@ earlier one has no live request.
 the output kinds); its invariants, vLLM's: the last output it yields is
 ``finished``; nothing is yielded before a refusal (bad parameters, a
 duplicate live request id, a prompt the engine refuses raise from the first
-``__anext__``); leaving the iterator early (``break``, ``aclose``, a
-cancelled task) aborts the request in the engine; ``abort(request_id)``
-ends it too, the iterator still yielding its last output (finish reason
-"abort"). An engine that stopped, failed or shut down, raises
-``EngineDeadError`` in every waiting ``generate`` (one whose request has
-finished yields its outputs still) and in every later one.
+``__anext__``); a request id is live from that first ``__anext__``
+until the iterator hands over the last output (free then, whether the
+iterator is read on or not) or is left; leaving the iterator early
+(``break``, ``aclose``, a cancelled task) aborts the request in the engine;
+``abort(request_id)`` ends it too, the iterator still yielding its last
+output (finish reason "abort"). An engine that stopped, failed or shut
+down, raises ``EngineDeadError`` in every waiting ``generate`` (one whose
+request has finished yields its outputs still) and in every later one.
 
 Call ``generate``, ``abort`` and ``shutdown`` from the event loop's thread
 (``shutdown`` also once no loop runs): the client is not thread-safe.
@@ -132,11 +134,13 @@ class AsyncLLM:
                     if request.finished:
                         break  # what came after its last delta (the engine's stop) is not its
                     _take(item, received_at, request, index, client)
+                if request.finished:  # its id is free before its last output is read
+                    self._release(request_id, engine_ids)
                 output = request.output()
                 if output is not None:
                     yield output
         finally:
-            del self._requests[request_id]
+            self._release(request_id, engine_ids)
             for engine_id in engine_ids:
                 client.abort(engine_id)  # no-op for those finished
 
@@ -204,6 +208,12 @@ class AsyncLLM:
         if self.errored:
             raise self.dead_error
         return await self._background.connect(bool(self._requests))
+
+    def _release(self, request_id: str, engine_ids: list[str]) -> None:
+        """``request_id`` is no longer live, if it still names ``engine_ids``
+        (a later request may run under the id once this one has finished)."""
+        if self._requests.get(request_id) is engine_ids:
+            del self._requests[request_id]
 
     def _params(self, params: SamplingParams | None) -> SamplingParams:
         if params is None:

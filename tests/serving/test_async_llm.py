@@ -284,6 +284,22 @@ def test_a_live_request_id_is_refused_until_it_ends(llm):
     assert first[-1].outputs[0].token_ids == again[0].outputs[0].token_ids
 
 
+def test_a_request_id_is_free_once_its_last_output_is_handed_over(llm):
+    """As vLLM's: a finished request is no longer running, though its
+    iterator was not read to its end (nor closed)."""
+    async def reuse():
+        first = llm.generate("Hello", params(FINAL_ONLY, max_tokens=4), "reused")
+        only = await first.__anext__()
+        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=4), "reused")
+        with pytest.raises(StopAsyncIteration):
+            await first.__anext__()
+        return only, again
+
+    only, again = run(reuse())
+    assert only.finished and again[0].finished
+    assert again[0].outputs[0].token_ids == only.outputs[0].token_ids
+
+
 def test_bad_requests_raise_before_any_output(llm):
     assigned = params()
     assigned.temperature = -1.0  # vLLM's scripts assign fields; checked when taken
