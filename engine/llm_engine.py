@@ -233,7 +233,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt) if prompt else []
         if keys == {"prompt_token_ids"}:
-            return _token_ids(prompt["prompt_token_ids"])
+            return checked_token_ids(prompt["prompt_token_ids"])
         raise InvalidRequestError(
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
             "the dicts with an optional 'cache_salt': str"
@@ -504,7 +504,7 @@ def cache_salt_of(prompt: str | dict) -> str | None:
     return salt
 
 
-def _token_ids(ids) -> list[int]:
+def checked_token_ids(ids) -> list[int]:
     """``prompt_token_ids`` as a list of ints: a sequence of integers (numpy's
     too), never a string, and no bools or floats (``int()`` would quietly
     turn "123" into [1, 2, 3] and 2.5 into 2)."""

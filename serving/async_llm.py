@@ -59,7 +59,7 @@ from ipc.auth import new_secret
 from ipc.engine_messages import Delta, EngineStats, EngineStopped, RequestAccepted, RequestError
 from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
-from serving.client import prompt_dict, prompt_text
+from serving.client import checked_priority, prompt_dict, prompt_text
 from serving.endpoint import Endpoint, EngineServer
 from serving.protocol_core import EngineStoppedError
 from serving.request_collector import RequestCollector
@@ -108,6 +108,7 @@ class AsyncLLM:
         client = await self._connect()
         params = self._params(sampling_params)
         prompt = prompt_dict(prompt)
+        priority = checked_priority(priority)
         if not isinstance(request_id, str):
             raise InvalidRequestError(f"request_id must be a string, got {request_id!r}",
                                       param="request_id")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import zmq
 from tqdm import tqdm
 
+from engine.llm_engine import cache_salt_of, checked_token_ids
 from engine.outputs import RequestOutput
 from engine.request_metrics import RequestTimes
 from engine.sampling_params import SamplingParams
@@ -95,17 +96,34 @@ def find_secret(endpoint: str, secret: bytes | None = None,
 
 def prompt_dict(prompt: str | dict) -> dict:
     """A prompt as the endpoint's message takes it: text as ``{"prompt":
-    text}``, a dict as it is; ``InvalidRequestError`` for anything but
-    text, ``{"prompt": str}`` or ``{"prompt_token_ids": [...]}``, the dicts
-    with an optional ``"cache_salt"`` (the engine checks the values)."""
+    text}``, a dict with its values checked as ``LLM`` checks them (token
+    ids: ``checked_token_ids``, a list of ints after; the salt:
+    ``cache_salt_of``); ``InvalidRequestError`` for anything but text,
+    ``{"prompt": str}`` or ``{"prompt_token_ids": [int, ...]}``, the dicts
+    with an optional ``"cache_salt"``: str. So a prompt's fault is the
+    caller's error here, never a message the endpoint cannot read."""
     if isinstance(prompt, str):
         return {"prompt": prompt}
     if not isinstance(prompt, dict) or set(prompt) - {"cache_salt"} not in (
-            {"prompt"}, {"prompt_token_ids"}):
+            {"prompt"}, {"prompt_token_ids"}) or not isinstance(prompt.get("prompt", ""), str):
         raise InvalidRequestError(
             "a prompt is a string, {'prompt': str} or {'prompt_token_ids': [int, ...]}, "
             "the dicts with an optional 'cache_salt': str", param="prompt")
-    return prompt
+    checked = dict(prompt)
+    if "prompt_token_ids" in prompt:
+        checked["prompt_token_ids"] = checked_token_ids(prompt["prompt_token_ids"])
+    cache_salt_of(prompt)
+    return checked
+
+
+def checked_priority(priority) -> int:
+    """``priority`` as the endpoint's message takes it: an int (not a bool)
+    in the signed 64-bit range; ``InvalidRequestError`` otherwise."""
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not -2**63 <= priority < 2**63:
+        raise InvalidRequestError(f"priority must be an int, got {priority!r}",
+                                  param="priority")
+    return priority
 
 
 def prompt_text(prompt: str | dict) -> str | None:
@@ -194,7 +212,7 @@ class EngineClient:
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params),
-                                  priority=priority, enable_thinking=enable_thinking,
+                                  priority=checked_priority(priority), enable_thinking=enable_thinking,
                                   cache_salt=prompt.get("cache_salt"))
         entry = _Stream()
         self.protocol.route(request_id, entry.receive)

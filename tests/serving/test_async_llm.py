@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 
@@ -321,6 +322,37 @@ def test_bad_requests_raise_before_any_output(llm):
     assert run(each())[0].finished  # the engine goes on serving
     with pytest.raises(InvalidRequestError, match="output_kind"):
         SamplingParams(output_kind="DELTA")
+
+
+@pytest.mark.parametrize(("prompt", "priority", "name"), [
+    ({"prompt_token_ids": [1, "a"]}, 0, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, 2.5]}, 0, "prompt_token_ids"),
+    ({"prompt_token_ids": [1, True]}, 0, "prompt_token_ids"),
+    ({"prompt_token_ids": 5}, 0, "prompt_token_ids"),
+    ({"prompt": 5}, 0, "a prompt is a string"),
+    ({"prompt": "Hi", "cache_salt": 5}, 0, "cache_salt"),
+    ("Hi", "high", "priority"),
+    ("Hi", 1.0, "priority"),
+])
+def test_a_prompt_or_priority_of_a_wrong_type_is_an_invalid_request(llm, offline, prompt,
+                                                                     priority, name):
+    """As ``LLM.generate`` refuses them (not a message the engine cannot read)."""
+    async def refused():
+        with pytest.raises(InvalidRequestError, match=name):
+            await llm.generate(prompt, params(), "typed", priority=priority).__anext__()
+
+    run(refused())
+    if priority == 0:
+        with pytest.raises(InvalidRequestError, match=name):
+            offline.generate(prompt, params())
+
+
+def test_prompt_token_ids_may_be_any_sequence_of_ints_as_llms(llm, offline):
+    ids = np.array(PROMPT)  # numpy's integers, as LLM takes them
+    got = run(outputs(llm, {"prompt_token_ids": ids}, params(FINAL_ONLY, max_tokens=4)))
+    want = offline.generate({"prompt_token_ids": ids}, params(max_tokens=4))[0]
+    assert got[0].prompt_token_ids == want.prompt_token_ids == PROMPT
+    assert got[0].outputs[0].token_ids == want.outputs[0].token_ids == GREEDY[:4]
 
 
 @pytest.mark.timeout(120)

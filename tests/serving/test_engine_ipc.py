@@ -398,6 +398,11 @@ def test_invalid_requests_are_answered_and_the_engine_keeps_serving(server, monk
                                                              "max_tokens")
         with pytest.raises(ValueError, match="request_id must be a string"):
             client.submit("a", request_id=5)
+        # A prompt or priority of a wrong type is the caller's error, as LLM's.
+        with pytest.raises(InvalidRequestError, match="prompt_token_ids must be ints"):
+            client.submit({"prompt_token_ids": [1, "x"]})
+        with pytest.raises(InvalidRequestError, match="priority must be an int"):
+            client.submit("a", priority="high")
         # The bound is the engine socket's own (one constant); a small one
         # here keeps the test's message small.
         monkeypatch.setattr(protocol_core, "MAX_MESSAGE_BYTES", 1 << 20)
