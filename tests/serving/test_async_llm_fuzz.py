@@ -58,6 +58,10 @@ def random_case(rng: random.Random) -> tuple[str | dict, SamplingParams, str]:
         fields["logprobs"] = rng.randint(0, 3)
     if rng.random() < 0.3:
         fields["prompt_logprobs"] = rng.randint(0, 2)
+    if rng.random() < 0.2:
+        fields["min_tokens"] = rng.randint(0, fields["max_tokens"])
+    if rng.random() < 0.1:
+        fields["detokenize"] = False
     how = rng.choices(["all", "break", "abort"], weights=[6, 1, 1])[0]
     return prompt, SamplingParams(**fields), how
 
