@@ -322,7 +322,13 @@ class _Background:
 
     def stop(self) -> None:
         """Stop the loop, tell the client's waiting requests, close the
-        client, the server and the engine."""
+        client, the server and the engine. Called on the loop's own thread
+        (the garbage collector may finalize an ``AsyncLLM`` on any thread),
+        which cannot wait for itself to end, it leaves that to a thread of
+        its own."""
+        if threading.current_thread() is self.thread:
+            threading.Thread(target=self.stop, name="tprun-engine-stop").start()
+            return
         self.server.stop()
         self.thread.join()  # it has set ``dead``
         client, self.client = self.client, None

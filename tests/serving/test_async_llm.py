@@ -9,6 +9,8 @@ each test runs its own event loop (``asyncio.run``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 
 import numpy as np
 import pytest
@@ -414,6 +416,31 @@ def test_an_engine_that_fails_raises_engine_dead_error():
         assert engine.errored
     finally:
         engine.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_collected_on_the_engine_loops_thread_it_still_stops_its_workers():
+    """The garbage collector may run (and finalize an ``AsyncLLM`` nobody
+    holds) on any thread, the engine loop's too; its worker processes end."""
+    engine = AsyncLLM(model="tiny", device="cpu", tensor_parallel_size=2)
+    background = engine._background
+    workers = list(background.engine.executor.procs)
+    assert len(workers) == 2 and all(p.poll() is None for p in workers)
+    idle_turn = background.engine.maybe_log_stats
+
+    def collect_once(*args):  # the collector runs on the loop's thread, once
+        background.engine.maybe_log_stats = idle_turn
+        gc.collect()
+        return idle_turn(*args)
+
+    background.engine.maybe_log_stats = collect_once
+    engine.cycle = engine  # only the collector frees it
+    del engine
+    deadline = time.monotonic() + 30
+    while any(p.poll() is None for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(p.poll() is not None for p in workers)
+    assert background.dead is not None and not background.thread.is_alive()
 
 
 def test_vllms_names():
