@@ -318,6 +318,8 @@ class _Background:
                                        context=self.server.ctx)
             await client.start()
             self.client = client
+            if self.dead is not None:  # the loop ended as it was made, and told no client
+                raise EngineDeadError(self.dead)
         return client
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from engine import LLM, RequestOutputKind, SamplingParams
 from ipc.errors import InvalidRequestError
+from serving.async_client import AsyncEngineClient
 from serving.async_llm import AsyncLLM, AsyncLLMEngine, EngineDeadError
 from serving.protocol_core import EngineStoppedError
 
@@ -394,6 +395,26 @@ def test_a_request_that_finished_before_a_shutdown_yields_its_outputs():
     got = run(finish_then_shut_down())
     assert got[-1].finished and got[-1].outputs[0].finish_reason == "length"
     assert [t for out in got for t in out.outputs[0].token_ids] == GREEDY[:6]
+
+
+@pytest.mark.timeout(120)
+def test_an_engine_that_ends_as_the_first_client_is_made_raises(monkeypatch):
+    """The loop tells the client it ended; one made as it ended, which it
+    did not see, is told by its maker (a generate raises, never waits)."""
+    engine = AsyncLLM(model="tiny", device="cpu")
+    start = AsyncEngineClient.start
+
+    async def start_as_the_loop_ends(client):
+        await start(client)
+        engine._background.server.stop()
+        engine._background.thread.join()
+
+    monkeypatch.setattr(AsyncEngineClient, "start", start_as_the_loop_ends)
+    try:
+        with pytest.raises(EngineDeadError, match="shut down"):
+            run(outputs(engine, "Hello", params(), "late"))
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.timeout(120)
