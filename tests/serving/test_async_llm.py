@@ -440,6 +440,33 @@ def test_an_engine_that_fails_raises_engine_dead_error():
 
 
 @pytest.mark.timeout(120)
+def test_a_killed_worker_fails_every_waiting_generate_naming_it():
+    engine = AsyncLLM(model="tiny", device="cpu", tensor_parallel_size=2)
+    workers = engine._background.engine.executor.procs
+
+    async def kill_midway():
+        streams = [engine.generate("Hello", params(DELTA, max_tokens=2000), f"k{i}")
+                   for i in range(3)]
+        for stream in streams:
+            await stream.__anext__()
+        workers[1].kill()
+        for stream in streams:
+            with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) exited"):
+                async for _ in stream:
+                    pass
+        with pytest.raises(EngineDeadError, match="worker rank 1"):
+            await engine.generate("Hello", params(), "later").__anext__()
+        with pytest.raises(EngineDeadError, match="worker rank 1"):
+            await engine.check_health()
+
+    try:
+        run(kill_midway())
+    finally:
+        engine.shutdown()
+    assert all(w.poll() is not None for w in workers)
+
+
+@pytest.mark.timeout(120)
 def test_collected_on_the_engine_loops_thread_it_still_stops_its_workers():
     """The garbage collector may run (and finalize an ``AsyncLLM`` nobody
     holds) on any thread, the engine loop's too; its worker processes end."""
