@@ -117,15 +117,16 @@ class AsyncEngineClient:
 
     def abort(self, request_id: str) -> None:
         """Stop the request in the engine (frees its KV blocks); its later
-        replies are dropped."""
-        if self.protocol.unroute(request_id) and self.dead is None:
+        replies are dropped. Once the client is closed: nothing to send
+        (the engine aborts the requests of a client that is gone)."""
+        if self.protocol.unroute(request_id) and self.dead is None and self.socket is not None:
             self._send(AbortRequest(request_id=request_id))
 
     def stop_request(self, request_id: str) -> None:
         """Ask the engine to end the request and keep its route: its replies
         still come, the last one finished ("abort", unless it finished
         first), so whoever reads them sees it end."""
-        if request_id in self.protocol.sinks and self.dead is None:
+        if request_id in self.protocol.sinks and self.dead is None and self.socket is not None:
             self._send(AbortRequest(request_id=request_id))
 
     def forget(self, request_id: str) -> None:

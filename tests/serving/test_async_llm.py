@@ -288,6 +288,28 @@ def test_a_live_request_id_is_refused_until_it_ends(llm):
     assert first[-1].outputs[0].token_ids == again[0].outputs[0].token_ids
 
 
+def test_a_generate_of_a_closed_loop_ends_quietly_in_the_next(llm):
+    """A loop closed with a generate unfinished (its generators not shut
+    down, as ``asyncio.run`` would): the next loop's client replaces that
+    loop's, which the engine sees gone (it aborts the request); the old
+    generate, closed later, has nothing to send, and its id is free."""
+    old_loop = asyncio.new_event_loop()
+    stale = llm.generate("Hello", params(DELTA, max_tokens=2000), "stale")
+    old_loop.run_until_complete(stale.__anext__())
+    old_loop.close()
+
+    async def next_loop():
+        before = await llm.stats()
+        await stale.aclose()
+        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=2), "stale")
+        await until_idle(llm)
+        return again, (await llm.stats()).num_generation_tokens - before.num_generation_tokens
+
+    again, generated = run(next_loop())
+    assert again[-1].finished
+    assert generated < 500  # the stale request was aborted in the engine, far short of 2000
+
+
 def test_a_request_id_is_free_once_its_last_output_is_handed_over(llm):
     """As vLLM's: a finished request is no longer running, though its
     iterator was not read to its end (nor closed)."""
