@@ -212,7 +212,8 @@ class EngineClient:
         message = GenerateRequest(request_id=request_id, prompt=prompt.get("prompt"),
                                   prompt_token_ids=prompt.get("prompt_token_ids"),
                                   sampling_params=_params_dict(sampling_params),
-                                  priority=checked_priority(priority), enable_thinking=enable_thinking,
+                                  priority=checked_priority(priority),
+                                  enable_thinking=enable_thinking,
                                   cache_salt=prompt.get("cache_salt"))
         entry = _Stream()
         self.protocol.route(request_id, entry.receive)

@@ -206,7 +206,8 @@ def test_async_llm_against_llm_generate(llm, offline, seed):
                              [params for _, params, _ in cases])
 
     async def everything():
-        readers = [read(llm, prompt, params, how, f"f{seed}-{i}", random.Random(seed * NUM_REQUESTS + i))
+        readers = [read(llm, prompt, params, how, f"f{seed}-{i}",
+                        random.Random(seed * NUM_REQUESTS + i))
                    for i, (prompt, params, how) in enumerate(cases)]
         got = await asyncio.gather(*readers)
         while True:  # the aborted and left requests end in the engine too
