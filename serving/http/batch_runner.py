@@ -13,8 +13,11 @@ request answered 503 (``errors.error_answer``'s status for a stopped
 engine, which every later request would get too) writes no line, reading
 stops, the lines running finish (each answered 503, unwritten) and
 ``run_batch`` raises ``EngineGone``; the output holds only the lines
-before it, each the answer it would have had. No line's task ends with an
-exception: every failure is the run's, raised once.
+before it, each the answer it would have had. An output line that cannot
+be written (a pipe whose reader left, a full disk) ends the run the same
+way, with its error. No line's task ends with an exception: every failure
+is the run's, raised once, after the lines running end (a failed line is
+never written, so a reader waiting for its slot would wait forever).
 
 Memory stays bounded however long the file: at most ``window`` lines are
 read and not yet written (running, or done and waiting for an earlier
@@ -95,18 +98,18 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     room = asyncio.Semaphore(window)
     tasks: set[asyncio.Task] = set()
 
-    stopped: list[EngineGone] = []  # the first line that found the engine gone
+    stopped: list[Exception] = []  # the failures that end the run, the first raised
 
     async def run_line(index: int, number: int, text: str) -> None:
         try:
             line, ok = await _output_line(app, number, text, summary)
-        except EngineGone as e:
+            summary.answered += ok
+            on_done()
+            written = writer.add(index, line)
+        except Exception as e:  # EngineGone, or an output that cannot be written
             stopped.append(e)
             room.release()  # wakes the reader, which then stops
             return
-        summary.answered += ok
-        on_done()
-        written = writer.add(index, line)
         summary.written += written
         for _ in range(written):  # a slot is free once its line is written
             room.release()

@@ -1,7 +1,8 @@
 """``run_batch`` and ``asgi_call`` in process, without an engine: output
 lines in the input's order when later lines finish first, the lines read
 and not yet written never above the window (while the window's lines do
-run together), and a streamed answer left at once with its engine
+run together), an output that cannot be written ending the run with its
+error, and a streamed answer left at once with its engine
 request aborted, as for a client that left."""
 
 from __future__ import annotations
@@ -111,6 +112,48 @@ def test_every_line_the_stopped_engine_answers_ends_quietly_and_the_run_raises_o
     with pytest.raises(EngineGone, match="the engine stopped at line"):
         asyncio.run(run())
     gc.collect()
+    assert unread == []
+
+
+class FullDisk(io.StringIO):
+    """An output that takes its first ``room`` writes, then fails as a full disk."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    def write(self, text: str) -> int:
+        if self.room == 0:
+            raise OSError(28, "No space left on device")
+        self.room -= 1
+        return super().write(text)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("window", [2, 8])
+def test_an_output_that_cannot_be_written_ends_the_run_with_its_error(window):
+    """The line whose write fails is never written, so the lines after it
+    cannot be either: the run raises the write's error once the lines
+    running end (with the reader waiting on a full window, 2, or not, 8),
+    the line written before it kept, no task exception left unread."""
+    lines = iter(json.dumps({"custom_id": f"c{n}", "method": "POST", "url": "/v1/completions",
+                             "body": {"n": n, "delay": 0.01 * (n % 3)}}) + "\n"
+                 for n in range(10))
+    out = FullDisk(room=1)
+    unread: list[dict] = []
+
+    async def run():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, c: unread.append(c))
+        try:
+            await run_batch(SlowEcho(), lambda: next(lines, ""), out, window)
+        finally:
+            gc.collect()
+            await asyncio.sleep(0)
+
+    with pytest.raises(OSError, match="No space left on device"):
+        asyncio.run(asyncio.wait_for(run(), 10))
+    gc.collect()
+    assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["c0"]
     assert unread == []
 
 
