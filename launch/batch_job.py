@@ -88,10 +88,12 @@ class BatchFiles:
 
     @contextlib.contextmanager
     def opened(self):
-        """(input, output) text files, the output emptied."""
+        """(input, output): the input read as bytes (a line that is not
+        UTF-8 is ``batch_lines``' to refuse, in its place), the output a
+        UTF-8 text file, emptied."""
         with contextlib.ExitStack() as stack:
-            source = (sys.stdin if self.input == STDIO
-                      else stack.enter_context(open(self.input, encoding="utf-8")))
+            source = (sys.stdin.buffer if self.input == STDIO
+                      else stack.enter_context(open(self.input, "rb")))
             sink = (sys.stdout if self.output == STDIO
                     else stack.enter_context(open(self.output, "w", encoding="utf-8")))
             yield source, sink

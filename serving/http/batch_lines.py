@@ -22,6 +22,13 @@ spelled ``tprun-``). A line that is not a batch request has its own
 ``custom_id`` when it is an object that gives a string one, else null
 (vLLM stops the whole run at such a line; here it is answered in its
 place and the other lines run).
+
+An input line is read from its bytes by the app's JSON reader
+(``json_body.read_json``), as vLLM reads it with pydantic's: a line that
+is not UTF-8, or whose JSON holds a lone surrogate (``"\\ud800"``), is
+not a batch request. So every string of a batch request is Unicode text,
+and its output line (its ``custom_id``, its url in an error) can be
+written as UTF-8.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+
+from serving.http.json_body import read_json
 
 # The routes a batch line may name: vLLM's (chat) and the other one of
 # OpenAI's batch format that tprun serves.
@@ -63,12 +72,13 @@ class NotABatchRequest(ValueError):
         self.custom_id = custom_id
 
 
-def read_line(text: str) -> BatchRequest:
-    """The batch request of one input line; ``NotABatchRequest`` saying
-    why for JSON that does not parse, is not an object, or lacks a field
-    (or has one of another type)."""
+def read_line(raw: bytes) -> BatchRequest:
+    """The batch request of one input line (its bytes); ``NotABatchRequest``
+    saying why for JSON that does not parse (not UTF-8, a lone surrogate
+    included), is not an object, or lacks a field (or has one of another
+    type)."""
     try:
-        line = json.loads(text)
+        line = read_json(raw)
     except ValueError as e:
         raise NotABatchRequest(f"not valid JSON ({e})") from None
     if not isinstance(line, dict):

@@ -86,9 +86,10 @@ class OrderedWriter:
         return self.next - start
 
 
-async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, window: int,
+async def run_batch(app: ASGIApp, readline: Callable[[], bytes], out: TextIO, window: int,
                     on_done: Callable[[], None] = lambda: None) -> BatchSummary:
-    """Every line ``readline`` gives (until it gives "") answered into ``out``.
+    """Every line ``readline`` gives (its bytes, until it gives b"") answered
+    into ``out``.
     ``readline`` runs in a worker thread (a pipe may block); ``on_done``
     is called as each request is answered (a progress bar's update)."""
     if window < 1:
@@ -100,7 +101,7 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
 
     stopped: list[Exception] = []  # the failures that end the run, the first raised
 
-    async def run_line(index: int, number: int, text: str) -> None:
+    async def run_line(index: int, number: int, text: bytes) -> None:
         try:
             line, ok = await _output_line(app, number, text, summary)
             summary.answered += ok
@@ -142,7 +143,7 @@ async def run_batch(app: ASGIApp, readline: Callable[[], str], out: TextIO, wind
     return summary
 
 
-async def _output_line(app: ASGIApp, number: int, text: str,
+async def _output_line(app: ASGIApp, number: int, text: bytes,
                        summary: BatchSummary) -> tuple[str, bool]:
     """The output line of input line ``number``, and whether it is an answer
     (status 200)."""

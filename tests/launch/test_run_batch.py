@@ -49,6 +49,7 @@ LINES = [
     ("no-url", '{"custom_id": "no-url", "method": "POST", "body": {}}'),
     ("embeddings", _line("embeddings", "/v1/embeddings", {"model": "tiny", "input": "x"})),
     ("stream", _line("stream", "/v1/completions", {**COMPLETION, "stream": True})),
+    (None, _line("caf\udce9", "/v1/completions", COMPLETION)),  # byte 0xe9: not UTF-8
     ("chat-2", _line("chat-2", "/v1/chat/completions", CHAT_2)),
 ]
 
@@ -67,7 +68,8 @@ def batch(folder):
     """(the run's result, its output lines as objects)."""
     source, target = folder / "in.jsonl", folder / "out.jsonl"
     lines = [text for _, text in LINES]
-    source.write_text("\n".join(lines[:3] + ["", "   "] + lines[3:]) + "\n")
+    text = "\n".join(lines[:3] + ["", "   "] + lines[3:]) + "\n"
+    source.write_bytes(text.encode("utf-8", "surrogateescape"))
     result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
                                    "--model", "tiny", "--device", "cpu"],
                                   timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
@@ -154,25 +156,28 @@ def test_refusals_are_the_servers_status_and_error_body(batch, client):
 def test_lines_that_reach_no_route_get_vllms_error_lines_and_the_others_run(batch):
     """vLLM's messages for an url it does not serve and a streaming
     request (status 400, error a string); a line that is not a batch
-    request is answered in its place (vLLM stops the run there), the run
-    exits with code 2 naming it, and every other line is answered."""
+    request (a line that is not UTF-8 too) is answered in its place (vLLM
+    stops the run there), the run exits with code 2 naming it, and every
+    other line is answered."""
     result, outputs = batch
-    broken, no_url = outputs[3], outputs[5]
+    broken, no_url, not_utf8 = outputs[3], outputs[5], outputs[8]
     assert broken["custom_id"] is None  # the line gives none that could be read
     assert broken["error"].startswith("line 6 is not a batch request: not valid JSON")
     assert no_url["error"] == "line 8 is not a batch request: the field 'url' is missing"
+    assert not_utf8["custom_id"] is None
+    assert not_utf8["error"].startswith("line 11 is not a batch request: not valid JSON")
     answers = _by_id(outputs)
     assert answers["embeddings"]["error"] == (
         "URL /v1/embeddings was used. Supported endpoints: /v1/chat/completions, "
         "/v1/completions.")
     assert answers["stream"]["error"] == "Request must not be sent in stream mode"
-    for o in (broken, no_url, answers["embeddings"], answers["stream"]):
+    for o in (broken, no_url, not_utf8, answers["embeddings"], answers["stream"]):
         assert o["response"]["status_code"] == 400 and o["response"]["body"] is None
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("tprun: error: ") and "2 line(s) are not batch requests" in last
+    assert last.startswith("tprun: error: ") and "3 line(s) are not batch requests" in last
     assert "line 6: not valid JSON" in last
-    assert "9 lines written" in result.stderr
+    assert "10 lines written" in result.stderr
     assert all(answers[c]["response"]["status_code"] == 200
                for c in ("chat", "completion", "chat-2"))
 

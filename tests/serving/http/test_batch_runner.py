@@ -2,7 +2,7 @@
 lines in the input's order when later lines finish first, the lines read
 and not yet written never above the window (while the window's lines do
 run together), an output that cannot be written ending the run with its
-error, and a streamed answer left at once with its engine
+error, lines that are not Unicode text refused in their place, and a streamed answer left at once with its engine
 request aborted, as for a client that left."""
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ def test_lines_are_written_in_order_within_the_window():
     source = iter(lines)
     ahead = []  # lines read but not written, as each line is read
 
-    def readline() -> str:
+    def readline() -> bytes:
         text = next(source, "")
         if text:
             ahead.append(len(ahead) + 1 - out.lines)
-        return text
+        return text.encode()
 
     summary = asyncio.run(run_batch(app, readline, out, window))
     written = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -84,7 +84,7 @@ def test_an_engine_that_stops_ends_the_run_after_the_lines_before_it():
                  for n, status in enumerate(statuses))
     out = io.StringIO()
     with pytest.raises(EngineGone, match="the engine stopped at line 3"):
-        asyncio.run(run_batch(SlowEcho(), lambda: next(lines, ""), out, window=8))
+        asyncio.run(run_batch(SlowEcho(), lambda: next(lines, "").encode(), out, window=8))
     assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["c0", "c1"]
 
 
@@ -104,7 +104,7 @@ def test_every_line_the_stopped_engine_answers_ends_quietly_and_the_run_raises_o
     async def run():
         asyncio.get_running_loop().set_exception_handler(lambda loop, c: unread.append(c))
         try:
-            await run_batch(SlowEcho(), lambda: next(lines, ""), io.StringIO(), window)
+            await run_batch(SlowEcho(), lambda: next(lines, "").encode(), io.StringIO(), window)
         finally:
             gc.collect()  # an unread task exception is reported as its task is freed
             await asyncio.sleep(0)
@@ -145,7 +145,7 @@ def test_an_output_that_cannot_be_written_ends_the_run_with_its_error(window):
     async def run():
         asyncio.get_running_loop().set_exception_handler(lambda loop, c: unread.append(c))
         try:
-            await run_batch(SlowEcho(), lambda: next(lines, ""), out, window)
+            await run_batch(SlowEcho(), lambda: next(lines, "").encode(), out, window)
         finally:
             gc.collect()
             await asyncio.sleep(0)
@@ -155,6 +155,30 @@ def test_an_output_that_cannot_be_written_ends_the_run_with_its_error(window):
     gc.collect()
     assert [json.loads(line)["custom_id"] for line in out.getvalue().splitlines()] == ["c0"]
     assert unread == []
+
+
+@pytest.mark.timeout(30)
+def test_lines_that_are_not_unicode_text_are_refused_in_their_place():
+    """A lone surrogate (escaped, as JSON allows it) in a custom_id or an
+    url, or bytes that are not UTF-8, make a line that is not a batch
+    request: answered in its place, and the lines after it written to the
+    UTF-8 output, which could hold no surrogate."""
+    good = {"method": "POST", "url": "/v1/completions", "body": {"n": 7, "delay": 0}}
+    lines = iter([
+        b'{"custom_id": "\\ud800", "method": "POST", "url": "/v1/completions", "body": {}}\n',
+        b'{"custom_id": "url", "method": "POST", "url": "/v1/\\udfff", "body": {}}\n',
+        b'{"custom_id": "latin-1 \xe9", "method": "POST", "url": "/v1/completions", "body": {}}\n',
+        json.dumps({"custom_id": "ok", **good}).encode() + b"\n"])
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    summary = asyncio.run(run_batch(SlowEcho(), lambda: next(lines, b""), out, window=4))
+    written = [json.loads(line) for line in raw.getvalue().decode("utf-8").splitlines()]
+    assert [o["custom_id"] for o in written] == [None, None, None, "ok"]  # none parses
+    for number, o in enumerate(written[:3], start=1):
+        assert o["error"].startswith(f"line {number} is not a batch request: not valid JSON")
+        assert o["response"]["status_code"] == 400
+    assert written[3]["response"]["body"] == {"n": 7}
+    assert [number for number, _ in summary.not_requests] == [1, 2, 3]
 
 
 @pytest.mark.timeout(30)
