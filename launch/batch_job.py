@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -51,15 +52,18 @@ class BatchFiles:
 
     def check(self) -> None:
         """A readable input file and a writable output file that is not the
-        input; ValueError naming the option else (before any process starts)."""
+        input; ValueError naming the option else (before any process starts).
+        The input is not opened: a pipe (``-i <(...)``, ``/dev/stdin``)
+        is read once, by the run."""
         if self.input != STDIO:
             try:
-                with open(self.input, "rb"):
-                    pass
+                mode = os.stat(self.input).st_mode
             except OSError as e:
                 raise ValueError(f"--input-file {self.input}: {e.strerror}") from None
-            if os.path.isdir(self.input):
+            if stat.S_ISDIR(mode):
                 raise ValueError(f"--input-file {self.input} is a directory")
+            if not os.access(self.input, os.R_OK):
+                raise ValueError(f"--input-file {self.input}: Permission denied")
         if self.output == STDIO:
             return
         if os.path.isdir(self.output):
@@ -80,8 +84,10 @@ class BatchFiles:
                              "writable")
 
     def count_lines(self) -> int | None:
-        """The input's non-blank lines (None for stdin): the progress bar's total."""
-        if self.input == STDIO:
+        """The input's non-blank lines, the progress bar's total; None for
+        stdin or any input but a regular file (counting a pipe would use up
+        its lines)."""
+        if self.input == STDIO or not os.path.isfile(self.input):
             return None
         with open(self.input, "rb") as f:
             return sum(1 for line in f if line.strip())

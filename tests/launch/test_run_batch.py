@@ -3,7 +3,8 @@ server answers it (``serve --http-port``, asked with the official
 ``openai`` client), in the input's order, in vLLM's output line format;
 lines that are not batch requests, urls not served and streaming
 requests answered with vLLM's error lines while the others run; the
-command line's errors one line, exit code 2, before anything starts.
+command line's errors one line, exit code 2, before anything starts; an
+input pipe left whole to the run.
 
 One ``serve`` and one ``run-batch`` of ``tiny`` for the module, shared by
 its tests."""
@@ -248,6 +249,26 @@ def test_a_run_stopped_midway_keeps_the_lines_written_and_ends_cleanly(tmp_path,
     assert 1 <= len(written) < 40
     assert [o["custom_id"] for o in written] == [f"r{i}" for i in range(len(written))]
     assert all(o["response"]["status_code"] == 200 for o in written)
+
+
+def test_an_input_pipe_is_read_once_by_the_run(tmp_path):
+    """An input file that is a pipe (``-i <(...)``, ``/dev/stdin``): the
+    checks and the progress bar's count leave its lines to the run."""
+    from launch.batch_job import BatchFiles
+
+    lines = (_line("a", "/v1/completions", COMPLETION) + "\n\n"
+             + _line("b", "/v1/completions", COMPLETION) + "\n").encode()
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, lines)
+        os.close(write_end)
+        files = BatchFiles(f"/proc/self/fd/{read_end}", str(tmp_path / "out.jsonl"))
+        files.check()
+        assert files.count_lines() is None  # no total: the bar counts what is done
+        with files.opened() as (source, _):
+            assert source.read() == lines
+    finally:
+        os.close(read_end)
 
 
 def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
