@@ -39,12 +39,15 @@ class Answer:
 
 
 class LifespanFailed(RuntimeError):
-    """The app's startup failed (its message is the app's)."""
+    """The app's startup failed without an error of its own (its message
+    is the app's)."""
 
 
 @asynccontextmanager
 async def running(app: ASGIApp) -> AsyncIterator[None]:
-    """The app started (``lifespan.startup``) for the block, shut down after."""
+    """The app started (``lifespan.startup``) for the block, shut down after.
+    A startup that fails raises the app's own error (Starlette reports it
+    and then raises it: its report's message is the whole traceback)."""
     to_app: asyncio.Queue[Message] = asyncio.Queue()
     from_app: asyncio.Queue[Message] = asyncio.Queue()
     task = asyncio.ensure_future(app({"type": "lifespan", "asgi": _ASGI, "state": {}},
@@ -52,6 +55,7 @@ async def running(app: ASGIApp) -> AsyncIterator[None]:
     await to_app.put({"type": "lifespan.startup"})
     reply = await _reply(task, from_app)
     if reply["type"] != "lifespan.startup.complete":
+        await task  # the app's error, when it raises one
         raise LifespanFailed(reply.get("message") or "the app did not start")
     try:
         yield

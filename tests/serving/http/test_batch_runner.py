@@ -2,8 +2,9 @@
 lines in the input's order when later lines finish first, the lines read
 and not yet written never above the window (while the window's lines do
 run together), an output that cannot be written ending the run with its
-error, lines that are not Unicode text refused in their place, and a streamed answer left at once with its engine
-request aborted, as for a client that left."""
+error, lines that are not Unicode text refused in their place, an app
+whose startup fails raising its own error, and a streamed answer left at
+once with its engine request aborted, as for a client that left."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import asyncio
 import gc
 import io
 import json
+from contextlib import asynccontextmanager
 
 import pytest
+from fastapi import FastAPI
 
 from checkpoint.tokenizer import Tokenizer
 from serving.http.app import create_app
@@ -179,6 +182,33 @@ def test_lines_that_are_not_unicode_text_are_refused_in_their_place():
         assert o["response"]["status_code"] == 400
     assert written[3]["response"]["body"] == {"n": 7}
     assert [number for number, _ in summary.not_requests] == [1, 2, 3]
+
+
+@pytest.mark.timeout(30)
+def test_a_startup_that_fails_raises_the_apps_own_error():
+    """The block does not run; the app's own error goes up (not Starlette's
+    report of it, a whole traceback), and no task is left unread."""
+    @asynccontextmanager
+    async def lifespan(_app):
+        raise OSError("the engine link could not start")
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+    unread: list[dict] = []
+
+    async def start():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, c: unread.append(c))
+        try:
+            async with running(app):
+                pytest.fail("the block ran")
+        finally:
+            gc.collect()
+            await asyncio.sleep(0)
+
+    with pytest.raises(OSError, match="^the engine link could not start$"):
+        asyncio.run(start())
+    gc.collect()
+    assert unread == []
 
 
 @pytest.mark.timeout(30)
