@@ -76,12 +76,26 @@ class BatchFiles:
         if os.path.exists(self.output):
             if not os.access(self.output, os.W_OK):
                 raise ValueError(f"--output-file {self.output} is not writable")
-            if self.input != STDIO and os.path.samefile(self.input, self.output):
+            if self._is_input(self.output):
                 raise ValueError(f"--output-file {self.output} is the input file: writing "
                                  "it would erase the requests")
         elif not os.access(directory, os.W_OK | os.X_OK):
             raise ValueError(f"--output-file {self.output}: directory {directory} is not "
                              "writable")
+
+    def _is_input(self, path: str) -> bool:
+        """Whether the regular file ``path`` is the input, given by its path
+        or as stdin (``-i - < FILE``). A terminal or a pipe is never erased
+        by writing it, so only a regular file counts."""
+        output = os.stat(path)
+        if not stat.S_ISREG(output.st_mode):
+            return False
+        try:
+            source = (os.fstat(sys.stdin.fileno()) if self.input == STDIO
+                      else os.stat(self.input))
+        except (OSError, ValueError, AttributeError):  # no stdin to read
+            return False
+        return (source.st_dev, source.st_ino) == (output.st_dev, output.st_ino)
 
     def count_lines(self) -> int | None:
         """The input's non-blank lines, the progress bar's total; None for

@@ -3,8 +3,9 @@ server answers it (``serve --http-port``, asked with the official
 ``openai`` client), in the input's order, in vLLM's output line format;
 lines that are not batch requests, urls not served and streaming
 requests answered with vLLM's error lines while the others run; the
-command line's errors one line, exit code 2, before anything starts; an
-input pipe left whole to the run.
+command line's errors one line, exit code 2, before anything starts (an
+output file that stdin reads too among them); an input pipe left whole to
+the run.
 
 One ``serve`` and one ``run-batch`` of ``tiny`` for the module, shared by
 its tests."""
@@ -269,6 +270,22 @@ def test_an_input_pipe_is_read_once_by_the_run(tmp_path):
             assert source.read() == lines
     finally:
         os.close(read_end)
+
+
+def test_stdin_read_from_the_output_file_is_refused(tmp_path, monkeypatch):
+    """``-i - -o FILE < FILE`` would empty the requests before they are
+    read: refused as ``-i FILE -o FILE`` is; another output file is not."""
+    from launch.batch_job import BatchFiles
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(_line("a", "/v1/completions", COMPLETION) + "\n")
+    with open(source) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(ValueError, match=f"^--output-file {source} is the input file"):
+            BatchFiles("-", str(source)).check()
+        (tmp_path / "out.jsonl").write_text("")
+        BatchFiles("-", str(tmp_path / "out.jsonl")).check()
+    assert source.read_text().startswith('{"custom_id": "a"')
 
 
 def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
