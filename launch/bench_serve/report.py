@@ -68,6 +68,13 @@ def metric_distributions(metrics: BenchmarkMetrics, outputs: Sequence[RequestOut
     return found
 
 
+def selected_blocks(found: dict[str, Distribution],
+                    selected: Sequence[str]) -> dict[str, Distribution]:
+    """The blocks of the ``selected`` metrics that ``found`` holds, in
+    vLLM's fixed order (``METRIC_TITLES``), whatever the order given."""
+    return {name: found[name] for name in METRIC_TITLES if name in selected and name in found}
+
+
 def summary_lines(metrics: BenchmarkMetrics, duration_s: float, max_concurrency: int | None,
                   request_rate: float, goodput: bool,
                   blocks: dict[str, Distribution]) -> list[str]:

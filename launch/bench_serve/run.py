@@ -34,6 +34,7 @@ from launch.bench_serve.report import (
     METRIC_TITLES,
     metric_distributions,
     result_fields,
+    selected_blocks,
     summary_lines,
 )
 from launch.bench_serve.request import CHAT_BACKENDS, RequestInput, RequestOutput, send_request
@@ -252,7 +253,7 @@ def run_bench_serve(args, s: Settings) -> int:
     _print_failures(outputs)
     found = metric_distributions(metrics, outputs, s.percentiles, args.max_concurrency,
                                  args.request_rate)
-    blocks = {name: found[name] for name in s.metrics if name in found}
+    blocks = selected_blocks(found, s.metrics)
     for line in summary_lines(metrics, duration, args.max_concurrency, args.request_rate,
                               bool(s.goodput), blocks):
         print(line)

@@ -15,7 +15,12 @@ from checkpoint.tokenizer import Tokenizer
 from launch.bench_serve.arrivals import arrival_offsets
 from launch.bench_serve.metrics import calculate_metrics, peak_concurrency
 from launch.bench_serve.random_dataset import random_requests
-from launch.bench_serve.report import result_fields, summary_lines
+from launch.bench_serve.report import (
+    metric_distributions,
+    result_fields,
+    selected_blocks,
+    summary_lines,
+)
 from launch.bench_serve.request import RequestInput, RequestOutput, request_body
 
 
@@ -122,6 +127,23 @@ def test_summary_and_result_names_are_vllms():
             "total_token_throughput", "ttfts", "itls", "latencies", "errors",
             "max_concurrent_requests"} <= result.keys()
     assert result["request_goodput"] is None and result["failed"] == 1
+
+
+def test_metric_blocks_come_in_vllms_order_whatever_the_order_given():
+    m = calculate_metrics(OUTPUTS, 2.0, len, [99])
+    found = metric_distributions(m, OUTPUTS, [99], 4, 3.0)
+    blocks = selected_blocks(found, ["e2el_including_client_queue", "e2el", "itl", "ttft",
+                                     "client_queue_time"])
+    assert list(blocks) == ["ttft", "itl", "e2el", "client_queue_time",
+                            "e2el_including_client_queue"]
+    titles = [line for line in summary_lines(m, 2.0, 4, 3.0, False, blocks)
+              if line.startswith("---")]
+    assert [t.strip("-") for t in titles] == [
+        "Time to First Token", "Inter-token Latency", "End-to-end Latency",
+        "Client-side Queueing", "Queue-inclusive End-to-end Latency"]
+    # Without a concurrency limit vLLM has no queue blocks to show.
+    assert list(selected_blocks(metric_distributions(m, OUTPUTS, [99], None, 3.0),
+                                ["client_queue_time", "tpot"])) == ["tpot"]
 
 
 def test_request_bodies_are_vllms():
