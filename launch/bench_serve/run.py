@@ -91,13 +91,20 @@ def _goodput(items: list[str] | None) -> dict[str, float]:
 
 
 def settings(args) -> Settings:
-    """The options read; ValueError naming the option for a bad one."""
+    """The options read; ValueError naming the option for a bad one, so
+    that no request (ready check, warm-up) is sent before a bad option
+    stops the run."""
     if args.backend in CHAT_BACKENDS and not args.endpoint.endswith("chat/completions"):
         raise ValueError(f"--backend {args.backend} sends chat requests: give --endpoint "
                          "/v1/chat/completions")
     if args.backend not in CHAT_BACKENDS and not args.endpoint.endswith("completions"):
         raise ValueError(f"--backend {args.backend} sends completions requests: --endpoint "
                          "must end with completions")
+    if not args.request_rate > 0:
+        raise ValueError(f"--request-rate must be positive (inf: all at once), got "
+                         f"{args.request_rate}")
+    if not args.burstiness > 0:
+        raise ValueError(f"--burstiness must be positive, got {args.burstiness}")
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     if unknown := [m for m in metrics if m not in METRIC_TITLES]:
         raise ValueError(f"--percentile-metrics: unknown {', '.join(unknown)} (one of "
