@@ -5,7 +5,9 @@ the OpenAI completions and chat completions endpoints (vLLM's ``openai`` /
 Timings are ``time.perf_counter`` seconds taken by the client:
 ``start_time`` just before the request is sent; each server-sent event
 that carries a choice is one "token chunk" (it may hold more than one
-token, or an empty text); ``ttft`` is the send to the first chunk,
+token, or an empty text), timed as the read that completes it is
+handled (several events in one read get one timestamp each, in order);
+``ttft`` is the send to the first chunk,
 ``itl`` the gaps between consecutive chunks (one per chunk after the
 first), ``latency`` (E2EL) the send to the last chunk, so
 ``ttft <= latency`` and ``ttft + sum(itl) == latency``. The usage event
@@ -13,8 +15,13 @@ at the end (``stream_options.include_usage``) carries no choice: it gives
 ``output_tokens`` and the server's ``prompt_len`` and moves no timing.
 
 A request fails, it never raises: an HTTP status other than 200, a
-connection error or a stream without a token chunk give ``success``
-False and the reason in ``error``.
+connection error, the session's timeout or a stream without a token
+chunk give ``success`` False and the reason in ``error``.
+
+The transport is aiohttp, vLLM's benchmark client: its connection pool
+and C parser keep the client's own work per request small at any
+concurrency (a benchmark measures the server; a client whose pool work
+grows with the connections open would add its own delay to every TTFT).
 """
 
 from __future__ import annotations
@@ -22,10 +29,13 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
+
+from launch.bench_serve.sse import DataLines
 
 # vLLM's backend names: the completions API for "openai" and "vllm".
 CHAT_BACKENDS = ("openai-chat",)
@@ -96,7 +106,7 @@ def request_headers(given: RequestInput, api_key: str | None) -> dict[str, str]:
     return headers
 
 
-async def send_request(client: httpx.AsyncClient, backend: str, given: RequestInput,
+async def send_request(session: aiohttp.ClientSession, backend: str, given: RequestInput,
                        api_key: str | None = None) -> RequestOutput:
     """Send ``given`` streamed and time its chunks (module docstring)."""
     out = RequestOutput(prompt_len=given.prompt_len)
@@ -105,16 +115,13 @@ async def send_request(client: httpx.AsyncClient, backend: str, given: RequestIn
     out.start_time = last = time.perf_counter()
     chunks = 0
     try:
-        async with client.stream("POST", given.api_url, json=body, headers=headers) as response:
-            if response.status_code != 200:
-                detail = (await response.aread()).decode("utf-8", "replace").strip()
-                out.error = f"HTTP {response.status_code} {response.reason_phrase}: {detail}"
+        async with session.post(given.api_url, json=body, headers=headers) as response:
+            if response.status != 200:
+                detail = (await response.read()).decode("utf-8", "replace").strip()
+                out.error = f"HTTP {response.status} {response.reason}: {detail}"
                 return out
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue  # blank separators, SSE comments (pings)
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+            async for data in _stream_data(response):
+                if (data := data.strip()) == "[DONE]":
                     continue
                 now, event = time.perf_counter(), json.loads(data)
                 if choices := event.get("choices"):
@@ -137,3 +144,14 @@ async def send_request(client: httpx.AsyncClient, backend: str, given: RequestIn
         out.success = False
         out.error = traceback.format_exc()
     return out
+
+
+async def _stream_data(response: aiohttp.ClientResponse) -> AsyncIterator[str]:
+    """The ``data`` of each event line, as soon as the read that completes
+    the line is handled."""
+    lines = DataLines()
+    async for read in response.content.iter_any():
+        for data in lines.feed(read):
+            yield data
+    for data in lines.close():
+        yield data

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-import httpx
+import aiohttp
 
 from launch.bench_serve.arrivals import arrival_offsets, arrive
 from launch.bench_serve.metrics import GOODPUT_METRICS, calculate_metrics
@@ -39,7 +39,7 @@ from launch.bench_serve.report import (
 )
 from launch.bench_serve.request import CHAT_BACKENDS, RequestInput, RequestOutput, send_request
 
-# vLLM's client timeout for one request.
+# vLLM's client timeout for one request, send to last byte.
 REQUEST_TIMEOUT_S = 6 * 60 * 60
 # Seconds between ready-check attempts.
 READY_RETRY_S = 5.0
@@ -128,15 +128,19 @@ def settings(args) -> Settings:
 def first_served_model(base_url: str, headers: dict[str, str]) -> tuple[str, str]:
     """The first model of the server's /v1/models: the name requests give
     (its ``id``) and the model it serves (vLLM's ``root``, else the id)."""
+    async def read() -> dict:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            async with session.get(f"{base_url}/v1/models", headers=headers) as answer:
+                answer.raise_for_status()
+                return await answer.json(content_type=None)
+
     try:
-        answer = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=60,
-                           trust_env=False)
-        answer.raise_for_status()
-        first = answer.json()["data"][0]
+        first = asyncio.run(read())["data"][0]
         return first["id"], first.get("root") or first["id"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError,
+            TypeError) as e:
         raise BenchServeError(f"cannot read the models of {base_url}/v1/models (is the "
-                              f"server running there?): {e}") from None
+                              f"server running there?): {e!r}") from None
 
 
 def load_tokenizer(model: str):
@@ -167,8 +171,6 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                     ) -> tuple[list[RequestOutput], float]:
     """Every request's output, in order, and the measured run's seconds."""
     api_key = os.environ.get("OPENAI_API_KEY") or None
-    limits = httpx.Limits(max_connections=args.max_concurrency,
-                          max_keepalive_connections=args.max_concurrency)
     inputs = [RequestInput(prompt=r.prompt, api_url=s.api_url, prompt_len=r.prompt_len,
                            output_len=r.expected_output_len, model=model,
                            logprobs=args.logprobs, ignore_eos=args.ignore_eos,
@@ -177,9 +179,15 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
     probe = replace(inputs[0], request_id=None)
     gate = (asyncio.Semaphore(args.max_concurrency) if args.max_concurrency
             else contextlib.nullcontext())
-    # No proxy from the environment: the benchmark measures the server, not a proxy.
-    async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, pool=None),
-                                 limits=limits, trust_env=False) as client:
+    # vLLM's pool: at most --max-concurrency connections (0: no limit), each
+    # kept alive for reuse. No proxy from the environment (aiohttp's
+    # default): the benchmark measures the server, not a proxy.
+    connector = aiohttp.TCPConnector(limit=args.max_concurrency or 0,
+                                     limit_per_host=args.max_concurrency or 0,
+                                     keepalive_timeout=60)
+    async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as client:
         if args.ready_check_timeout_sec > 0:
             await _ready(client, args.backend, probe, args.ready_check_timeout_sec, api_key)
         else:
