@@ -152,12 +152,19 @@ def load_tokenizer(model: str):
     return Tokenizer.from_dir(resolve_model_dir(model))
 
 
-async def _ready(client, backend: str, probe: RequestInput, timeout_s: float,
+async def _ready(session, backend: str, probe: RequestInput, timeout_s: float,
                  api_key: str | None) -> None:
+    """Send ``probe`` until it succeeds, every ``READY_RETRY_S``; a probe
+    still unanswered at the deadline is cancelled (as vLLM's): the check
+    ends within ``timeout_s``, whatever the server does."""
     deadline = time.perf_counter() + timeout_s
     print(f"Waiting up to {timeout_s:g} s for the endpoint to answer...", flush=True)
     while True:
-        out = await send_request(client, backend, probe, api_key)
+        try:
+            out = await asyncio.wait_for(send_request(session, backend, probe, api_key),
+                                         max(deadline - time.perf_counter(), 0))
+        except asyncio.TimeoutError:
+            out = RequestOutput(error=f"no answer within {timeout_s:g} s")
         if out.success:
             print("Initial test run completed.", flush=True)
             return

@@ -4,8 +4,8 @@ stream's reads become token chunks (split JSON, several events in one
 read, CRLF and CR line endings, comments, ``[DONE]``, a last line with no
 line ending), what a failed request records, the request bodies and
 headers as vLLM's benchmark sends them, the connection pool (keep-alive
-under --max-concurrency, no cap without it), and the request timeout (the
-whole request, as vLLM's). Counts and
+under --max-concurrency, no cap without it), the request timeout (the
+whole request, as vLLM's) and the ready check's deadline. Counts and
 orders only; the one timing fact used is causal (a gap the server paused
 for cannot be shorter than the pause)."""
 
@@ -20,7 +20,7 @@ import pytest
 from checkpoint.tiny_model import ensure_tiny_model
 from launch.bench_serve.request import RequestInput, send_request
 from launch.cli import main
-from tests.helpers.sse_stand_in import StandIn, event, running, token, usage
+from tests.helpers.sse_stand_in import HOLD, StandIn, event, running, token, usage
 
 
 def _send(url: str, backend: str = "openai", given: RequestInput | None = None):
@@ -169,6 +169,15 @@ def test_the_request_timeout_bounds_the_whole_request(tmp_path, monkeypatch):
     assert code == 0
     assert (saved["completed"], saved["failed"]) == (0, 1)
     assert "TimeoutError" in saved["errors"][0]
+
+
+@pytest.mark.timeout(60)
+def test_a_ready_check_on_a_server_that_never_answers_ends_at_its_deadline(tmp_path, capsys):
+    with running(StandIn(lambda i, body: HOLD)) as url:
+        code, saved = _bench(url, tmp_path, "--num-prompts", "1",
+                             "--ready-check-timeout-sec", "1")
+    assert code == 1 and saved is None
+    assert "no answer within 1 s" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)
