@@ -18,6 +18,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _json_object(text: str) -> dict:
+    """A JSON object (what a request body can be merged with)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
 def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server")
     server.add_argument("--backend", "--endpoint-type", dest="backend", default="openai",
@@ -88,7 +99,7 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
                        ("presence-penalty", float), ("repetition-penalty", float)):
         sampling.add_argument(f"--{name}", type=kind, default=None,
                               help=f"the request's {name.replace('-', '_')}")
-    sampling.add_argument("--extra-body", type=json.loads, default=None,
+    sampling.add_argument("--extra-body", type=_json_object, default=None,
                           help="a JSON object merged into every request body")
     results = parser.add_argument_group("results")
     results.add_argument("--percentile-metrics", default="ttft,tpot,itl",

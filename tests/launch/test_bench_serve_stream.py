@@ -190,3 +190,14 @@ def test_a_bad_rate_is_refused_before_any_request(tmp_path, capsys, option):
                              "--request-rate", "4", *option)
     assert code == 2 and saved is None and stand_in.requests == []
     assert option[0] in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra_body", ["[1]", '"top_k"', "{oops"])
+def test_an_extra_body_that_is_no_json_object_is_an_argument_error(tmp_path, capsys,
+                                                                  extra_body):
+    stand_in = StandIn(_three_tokens)
+    with running(stand_in) as url, pytest.raises(SystemExit) as stopped:
+        _bench(url, tmp_path, "--num-prompts", "1", "--extra-body", extra_body)
+    assert stopped.value.code == 2 and stand_in.requests == []
+    assert "--extra-body" in capsys.readouterr().err
