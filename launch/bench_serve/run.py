@@ -200,8 +200,9 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
         else:
             print("Skipping endpoint ready check.", flush=True)
 
-        async def limited(given: RequestInput) -> RequestOutput:
-            arrived = time.perf_counter()
+        async def limited(given: RequestInput, arrived: float) -> RequestOutput:
+            """``given`` once the gate lets it through; its client queue
+            time counts from ``arrived``, its task's creation (vLLM's)."""
             async with gate:
                 out = await send_request(client, args.backend, given, api_key)
             out.client_queue_time = out.start_time - arrived
@@ -209,7 +210,8 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
 
         if args.num_warmups > 0:
             print(f"Warming up with {args.num_warmups} requests...", flush=True)
-            await asyncio.gather(*(limited(probe) for _ in range(args.num_warmups)))
+            await asyncio.gather(*(limited(probe, time.perf_counter())
+                                 for _ in range(args.num_warmups)))
             print("Warmup run completed.", flush=True)
         distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
         print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: "
@@ -219,14 +221,14 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
         from tqdm import tqdm
 
         with tqdm(total=len(inputs), disable=args.disable_tqdm, file=sys.stderr) as bar:
-            async def counted(given: RequestInput) -> RequestOutput:
-                out = await limited(given)
+            async def counted(given: RequestInput, arrived: float) -> RequestOutput:
+                out = await limited(given, arrived)
                 bar.update(1)
                 return out
 
             start, tasks = time.perf_counter(), []
             async for given in arrive(inputs, offsets):
-                tasks.append(asyncio.create_task(counted(given)))
+                tasks.append(asyncio.create_task(counted(given, time.perf_counter())))
             outputs = await asyncio.gather(*tasks)
             duration = time.perf_counter() - start
     return list(outputs), duration

@@ -140,6 +140,23 @@ def test_chat_bodies_headers_and_keep_alive_under_max_concurrency(tmp_path, monk
 
 
 @pytest.mark.timeout(120)
+def test_client_queue_time_counts_from_each_requests_arrival(tmp_path):
+    """All at once (rate inf): every request arrives before the first is
+    sent, so each one's send less its queue time (its arrival, vLLM's
+    task creation) lies before the first send; the two the gate held
+    waited until one of the first two ended."""
+    stand_in = StandIn(_three_tokens)
+    with running(stand_in) as url:
+        code, saved = _bench(url, tmp_path, "--num-prompts", "4", "--max-concurrency", "2")
+    assert code == 0 and saved["completed"] == 4
+    starts, queued = saved["start_times"], saved["queue_times"]
+    arrivals = [s - q for s, q in zip(starts, queued)]
+    assert max(arrivals) <= min(starts)
+    first_end = min(s + e for s, e in zip(starts, saved["latencies"]))
+    assert sorted(starts)[2] >= first_end
+
+
+@pytest.mark.timeout(120)
 def test_no_concurrency_limit_keeps_every_request_in_flight(tmp_path):
     """150 requests sent at once, each answered only after all have
     arrived: the client holds 150 connections at one time (no pool cap
