@@ -5,9 +5,10 @@ read, CRLF and CR line endings, comments, ``[DONE]``, a last line with no
 line ending), what a failed request records, the request bodies and
 headers as vLLM's benchmark sends them, the connection pool (keep-alive
 under --max-concurrency, no cap without it), the request timeout (the
-whole request, as vLLM's) and the ready check's deadline. Counts and
-orders only; the one timing fact used is causal (a gap the server paused
-for cannot be shorter than the pause)."""
+whole request, as vLLM's), the client queue time and the ready check's
+deadline. Counts and orders only; the timing facts used are causal (a
+gap the server paused for is no shorter than the pause; a request the
+concurrency gate held is sent after another one ended)."""
 
 from __future__ import annotations
 
