@@ -306,6 +306,7 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
     readers = _readers(reading, generation)
     ids = _returned_ids(request, generation, reading)
     role = answer_role(request, state.response_role)
+    opening = []
     for index in range(len(generation.choices)):
         choice = {"index": index, "delta": {"role": role, "content": ""},
                   "logprobs": None, "finish_reason": None}
@@ -314,15 +315,21 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
             chunk["prompt_token_ids"] = prompt
         if prompt_text is not None:
             chunk["prompt_text"] = prompt_text
-        yield chunk
+        opening.append(chunk)
     echo = chat_echo(request, role)
     if echo:
         for index in range(len(generation.choices)):
             choice = {"index": index, "delta": {"content": echo}, "logprobs": None,
                       "finish_reason": None}
-            yield {**head, "choices": [choice]}
+            opening.append({**head, "choices": [choice]})
     async for event in grouped(generation.events(),
                                  interval_of(state.stream_interval, request.stream_interval)):
+        # The role (and echo) chunks go out with the first output, as
+        # vLLM's: a client's time to the first chunk is its time to the
+        # first token, not to the request's acceptance.
+        for chunk in opening:
+            yield chunk
+        opening = []
         lp = _logprobs(state, request, event, num_top)
         reader = readers[event.index]
         delta = _delta(event.text, reader, last=event.finish_reason is not None)
@@ -337,3 +344,5 @@ async def _chunks(state: ServerState, request: ChatCompletionRequest, generation
                   "finish_reason": reason, "stop_reason": event.stop_reason,
                   **ids.chunk_fields(event)}
         yield {**head, "choices": [choice]}
+    for chunk in opening:  # an answer without any output
+        yield chunk
