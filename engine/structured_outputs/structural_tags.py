@@ -7,22 +7,28 @@ HTTP ``response_format`` carries) ignored. The output is free text until it
 writes a trigger; from there it must write the rest of the ``begin`` of a
 structure whose ``begin`` starts with that trigger, then one JSON value valid
 against that structure's ``schema``, then its ``end`` (nothing, not even
-whitespace, between the three), and is free text again. Free text never
-holds a trigger outside such a tag. Each ``begin`` is
-read with the first trigger it starts with, as vLLM reads it.
+whitespace, between the three), and is free text again. Each ``begin`` is
+read with the first trigger it starts with, as vLLM reads it; a trigger no
+``begin`` is read with is plain text.
 
 ``canonical`` checks a tag's shape and gives its text with only the keys
 read; a bad shape is a ``StructuredOutputsError`` whose key is the path of
 the bad part (``structural_tag.structures[0].begin``). The compile key
 closes each schema's objects, as a ``json`` constraint's
-(``params.closed_objects``). xgrammar's newer form (``{"format": {...}}``) is refused by name: llguidance
-does not read it. ``lark`` writes the grammar through llguidance's own
-``StructTag`` builder, each schema given to it as an object (with
-``disable_any_whitespace``, its ``x-guidance`` option), so that llguidance
-reads it as the schema itself. A trigger spelled ``<...>`` is matched as the
-model's special token of that text when the tokenizer has one for every such
-trigger (llguidance's ``assume_special``), else as plain text: a tokenizer
-without the token would otherwise refuse the grammar.
+(``params.closed_objects``). xgrammar's newer form (``{"format": {...}}``)
+is refused by name: llguidance does not read it.
+
+``lark`` writes the grammar that llguidance's ``StructTag`` builder writes
+(free text, then each structure's trigger, the rest of its begin, ``%json``
+of its schema with ``disable_any_whitespace`` as its ``x-guidance`` option,
+its end), but decides for each trigger on its own whether it is a token: a
+trigger that is one special token of the model's tokenizer is matched as
+that token (``<[id]>``), any other as text, a lazy lexeme, so free text ends
+as soon as it completes the trigger and never holds it. (The builder decides
+by spelling, ``<...>``, for all triggers at once: a special token spelled
+otherwise, or beside a ``<...>`` trigger that is no special token, would be
+matched as text, which a special token never is, so the model could not
+write it.) A special token's text written in ordinary tokens is free text.
 """
 
 from __future__ import annotations
@@ -116,24 +122,31 @@ def lark(text: str, tokenizer: Any, compact: bool) -> str:
     """The llguidance grammar of a canonical tag over ``tokenizer`` (an
     ``LLTokenizer``); ``compact``: no whitespace between JSON tokens (a
     schema's own ``x-guidance`` options win, as for a ``json`` constraint)."""
-    from llguidance import StructTag
-
     tag = json.loads(text)
-    tags = []
-    for s in tag["structures"]:
+    specials = {t: _special_id(t, tokenizer) for t in tag["triggers"]}
+    rules = []
+    for i, s in enumerate(tag["structures"]):
         trigger = next(t for t in tag["triggers"] if s["begin"].startswith(t))
         own = s["schema"].get("x-guidance")
         options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
-        schema = dict(s["schema"], **{"x-guidance": options})
-        tags.append(StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
-    special = all(_is_special(t, tokenizer) for t in tag["triggers"] if _looks_special(t))
-    return StructTag.to_grammar(tags, assume_special=special)
+        schema = json.dumps(dict(s["schema"], **{"x-guidance": options}))
+        body = " ".join(part for part in (_literal(s["begin"][len(trigger):]), f"%json {schema}",
+                                          _literal(s["end"])) if part)
+        if specials[trigger] is not None:
+            rules.append(f"tag_{i}: TAG_TEXT <[{specials[trigger]}]> {body}")
+            continue
+        rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {_literal(trigger)}",
+                  f"tag_{i}: tag_{i}_trigger {body}"]
+    tags = " | ".join(f"tag_{i}" for i in range(len(tag["structures"])))
+    return "\n".join(["%llguidance {}", f"start: ({tags})* tag_end", "tag_end: TAG_TEXT",
+                      r"TAG_TEXT: /(.|\n)*/", *rules])
 
 
-def _looks_special(trigger: str) -> bool:
-    return trigger.startswith("<") and trigger.endswith(">")
+def _literal(text: str) -> str:
+    return json.dumps(text) if text else ""
 
 
-def _is_special(text: str, tokenizer: Any) -> bool:
+def _special_id(text: str, tokenizer: Any) -> int | None:
+    """The id of the special token ``text`` is, or None."""
     ids = tokenizer.tokenize_str(text, parse_special=True)
-    return len(ids) == 1 and tokenizer.is_special_token(ids[0])
+    return ids[0] if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else None

@@ -104,10 +104,9 @@ def test_compact_json_and_a_trigger_that_is_not_a_special_token(manager):
     assert consumed(g, '<call>{"x": 1}') == len('<call>{"x":')
 
 
-def test_a_trigger_that_is_a_special_token_is_matched_as_that_token():
-    """SmolLM2's ``<|im_start|>`` is one special token (id 1): as a trigger
-    it is that token, after which the tag's JSON is held; the same text
-    spelled in plain tokens is free text."""
+def smollm2_backend():
+    """SmolLM2's tokenizer (its ``<|im_start|>`` is special token 1), the
+    tag compiler over it, and a check that a template takes token ids."""
     from checkpoint.gguf_model import resolve_gguf
     from checkpoint.tokenizer import Tokenizer
     from engine.structured_outputs.backend import GuidanceBackend
@@ -115,23 +114,79 @@ def test_a_trigger_that_is_a_special_token_is_matched_as_that_token():
     model_dir = resolve_gguf(SMOLLM2)
     tok = Tokenizer.from_dir(model_dir)
     backend = GuidanceBackend(f"{model_dir}/tokenizer.json", tok.vocab_size, [tok.eos_token_id])
+
+    def takes(template, ids: list[int]) -> bool:
+        m = backend.new_matcher(template)
+        return all(m.consume_token(i) for i in ids)
+
+    return tok, backend, takes
+
+
+def test_a_trigger_that_is_a_special_token_is_matched_as_that_token():
+    """SmolLM2's ``<|im_start|>`` is one special token (id 1): as a trigger
+    it is that token, after which the tag's JSON is held; the same text
+    spelled in plain tokens is free text."""
+    tok, backend, takes = smollm2_backend()
     tag = {"triggers": ["<|im_start|>"],
            "structures": [{"begin": "<|im_start|>", "schema": NEG, "end": "\n"}]}
     template = backend.compile(tag_params(tag, disable_any_whitespace=True).key)
     start = tok.convert_tokens_to_ids("<|im_start|>")
     assert tok.encode("<|im_start|>", add_special_tokens=False) == [start]
 
+    text = tok.encode("hi ", add_special_tokens=False)
+    call = tok.encode('{"x":1}\n', add_special_tokens=False)
+    bye = tok.encode("bye", add_special_tokens=False)
+    assert takes(template, text + [start] + call + bye)
+    assert not takes(template, text + [start] + bye)
+    spelled = [tok.convert_tokens_to_ids(t) for t in ["<", "|", "im", "_", "start", "|", ">"]]
+    assert tok.decode(spelled) == "<|im_start|>"
+    assert takes(template, text + spelled + bye)
+
+
+def test_each_trigger_is_a_special_token_or_text_on_its_own():
+    """``<|im_start|>`` is a special token of SmolLM2, ``<tool>`` is not
+    (three ordinary tokens): in one tag each opens its structure as what it
+    is, the special token as that token and ``<tool>`` as text."""
+    tok, backend, takes = smollm2_backend()
+    tag = {"triggers": ["<|im_start|>", "<tool>"],
+           "structures": [{"begin": "<|im_start|>", "schema": NEG, "end": "\n"},
+                          {"begin": "<tool>", "schema": ADD, "end": "</tool>"}]}
+    template = backend.compile(tag_params(tag, disable_any_whitespace=True).key)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    tool = tok.encode("<tool>", add_special_tokens=False)
+    assert tok.encode("<|im_start|>", add_special_tokens=False) == [start] and len(tool) == 3
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    assert takes(template, enc("hi ") + [start] + enc('{"x":1}\n') + enc("bye"))
+    assert takes(template, enc("hi ") + tool + enc('{"a":1,"b":2}</tool>') + enc("bye"))
+    assert not takes(template, enc("hi ") + [start] + enc("bye"))
+    assert not takes(template, enc("hi ") + tool + enc("bye"))
+
+
+def test_a_special_token_spelled_otherwise_is_matched_as_that_token(tiny_dir, tmp_path):
+    """A special token needs no ``<...>`` spelling to be a trigger: tiny's
+    vocabulary with its special token 258 renamed ``[CALL]`` (as Mistral's
+    ``[TOOL_CALLS]``) takes token 258 as the trigger and refuses the same
+    text in bytes as one (it is free text there, and may end)."""
+    from engine.structured_outputs.backend import GuidanceBackend
+
+    spec = json.loads(open(f"{tiny_dir}/tokenizer.json", encoding="utf-8").read())
+    (added,) = [t for t in spec["added_tokens"] if t["id"] == 258]
+    added["content"] = "[CALL]"
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    backend = GuidanceBackend(str(tmp_path / "tokenizer.json"), 320, [EOS])
+    tag = {"triggers": ["[CALL]"], "structures": [{"begin": "[CALL]", "schema": NEG, "end": ""}]}
+    template = backend.compile(tag_params(tag, disable_any_whitespace=True).key)
+
     def takes(ids: list[int]) -> bool:
         m = backend.new_matcher(template)
         return all(m.consume_token(i) for i in ids)
 
-    text = tok.encode("hi ", add_special_tokens=False)
-    call = tok.encode('{"x":1}\n', add_special_tokens=False)
-    assert takes(text + [start] + call + tok.encode("bye", add_special_tokens=False))
-    assert not takes(text + [start] + tok.encode("bye", add_special_tokens=False))
-    spelled = [tok.convert_tokens_to_ids(t) for t in ["<", "|", "im", "_", "start", "|", ">"]]
-    assert tok.decode(spelled) == "<|im_start|>"
-    assert takes(text + spelled + tok.encode("bye", add_special_tokens=False))
+    assert takes([*b"hi ", 258, *b'{"x":1} bye', EOS])
+    assert not takes([*b"hi ", 258, *b"bye"])
+    assert takes([*b"hi [CALL] bye", EOS])
 
 
 # ---- the tag's shape ----------------------------------------------------------
