@@ -8,8 +8,8 @@ writes a trigger; from there it must write the rest of the ``begin`` of a
 structure whose ``begin`` starts with that trigger, then one JSON value valid
 against that structure's ``schema``, then its ``end`` (nothing, not even
 whitespace, between the three), and is free text again. Each ``begin`` is
-read with the first trigger it starts with, as vLLM reads it; a trigger no
-``begin`` is read with is plain text.
+read with the first trigger it starts with, as vLLM reads it
+(``read_with``); a trigger no ``begin`` is read with is plain text.
 
 ``canonical`` checks a tag's shape and gives its text with only the keys
 read; a bad shape is a ``StructuredOutputsError`` whose key is the path of
@@ -29,10 +29,14 @@ by spelling, ``<...>``, for all triggers at once: a special token spelled
 otherwise, or beside a ``<...>`` trigger that is no special token, would be
 matched as text, which a special token never is, so the model could not
 write it.) A special token's text written in ordinary tokens is free text.
+As in vLLM, a structure whose text trigger holds another structure's text
+trigger ending before its own end (``"<ab"`` read before ``"<a"``) is never
+written: free text ends at the shorter one first.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from typing import Any
 
@@ -71,8 +75,31 @@ def canonical(value: Any) -> str:
     if not isinstance(structures, list) or not structures:
         raise StructuredOutputsError(
             where, 'must be a non-empty list of {"begin", "schema", "end"} objects')
-    out = [_structure(s, f"{where}[{i}]", triggers) for i, s in enumerate(structures)]
+    out = [_structure(s, f"{where}[{i}]") for i, s in enumerate(structures)]
+    for i, trigger in enumerate(read_with([s["begin"] for s in out], triggers)):
+        if trigger is None:
+            raise StructuredOutputsError(f"{where}[{i}].begin",
+                                         f"{json.dumps(out[i]['begin'])} starts with none of the "
+                                         f"triggers {json.dumps(triggers)}")
     return json.dumps({"structures": out, "triggers": triggers}, separators=(",", ":"))
+
+
+def read_with(begins: list[str], triggers: list[str]) -> list[str | None]:
+    """The trigger each begin is read with: the first in ``triggers`` it
+    starts with (None for none). Each begin looks up its own prefixes of
+    the triggers' lengths, so the work grows with the begins and the
+    distinct lengths, not with begins times triggers (a tag of many of both
+    would otherwise hold the thread that checks it for minutes)."""
+    first: dict[str, int] = {}
+    for i, trigger in enumerate(triggers):
+        first.setdefault(trigger, i)
+    lengths = sorted({len(t) for t in first})
+    found = []
+    for begin in begins:
+        hits = [first[begin[:n]] for n in lengths[:bisect.bisect_right(lengths, len(begin))]
+                if begin[:n] in first]
+        found.append(triggers[min(hits)] if hits else None)
+    return found
 
 
 def _triggers(triggers: Any) -> list[str]:
@@ -85,7 +112,7 @@ def _triggers(triggers: Any) -> list[str]:
     return triggers
 
 
-def _structure(s: Any, where: str, triggers: list[str]) -> dict:
+def _structure(s: Any, where: str) -> dict:
     if not isinstance(s, dict):
         raise StructuredOutputsError(where, 'must be an object with "begin", "schema" and "end"')
     for name in ("begin", "end"):
@@ -93,10 +120,6 @@ def _structure(s: Any, where: str, triggers: list[str]) -> dict:
             raise StructuredOutputsError(f"{where}.{name}", "is missing")
         if not isinstance(s[name], str):
             raise StructuredOutputsError(f"{where}.{name}", "must be a string")
-    if not any(s["begin"].startswith(t) for t in triggers):
-        raise StructuredOutputsError(f"{where}.begin",
-                                     f"{json.dumps(s['begin'])} starts with none of the "
-                                     f"triggers {json.dumps(triggers)}")
     schema = s.get("schema")
     if not isinstance(schema, dict):
         raise StructuredOutputsError(f"{where}.schema", "must be a JSON schema (an object), got "
@@ -125,8 +148,8 @@ def lark(text: str, tokenizer: Any, compact: bool) -> str:
     tag = json.loads(text)
     specials = {t: _special_id(t, tokenizer) for t in tag["triggers"]}
     rules = []
-    for i, s in enumerate(tag["structures"]):
-        trigger = next(t for t in tag["triggers"] if s["begin"].startswith(t))
+    begins = [s["begin"] for s in tag["structures"]]
+    for i, (s, trigger) in enumerate(zip(tag["structures"], read_with(begins, tag["triggers"]))):
         own = s["schema"].get("x-guidance")
         options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
         schema = json.dumps(dict(s["schema"], **{"x-guidance": options}))
