@@ -124,6 +124,10 @@ def _structure(s: Any, where: str) -> dict:
     if not isinstance(schema, dict):
         raise StructuredOutputsError(f"{where}.schema", "must be a JSON schema (an object), got "
                                                         f"{json.dumps(schema)[:80]}")
+    try:  # NaN and Infinity parse, but are no JSON (as for a ``json`` constraint)
+        json.dumps(schema, allow_nan=False)
+    except ValueError as e:
+        raise StructuredOutputsError(f"{where}.schema", f"cannot be written as JSON: {e}") from None
     return {"begin": s["begin"], "schema": schema, "end": s["end"]}
 
 

@@ -224,6 +224,8 @@ def _bad(**changes) -> dict:
     (json.dumps(_bad(structures=[])), "structural_tag.structures must be a non-empty list"),
     (json.dumps({"type": "structural_tag", "format": {"type": "triggered_tags"}}),
      "structural_tag.format is xgrammar's structural tag form"),
+    ('{"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {"maximum": NaN}, '
+     '"end": ""}]}', r"structures\[0\].schema cannot be written as JSON: Out of range float"),
     ("{not json", "structural_tag is not valid JSON"),
     ("[]", "structural_tag must be a JSON object"),
     (TAG, "structural_tag must be a non-empty string"),
