@@ -150,10 +150,10 @@ def lark(text: str, tokenizer: Any, compact: bool) -> str:
     ``LLTokenizer``); ``compact``: no whitespace between JSON tokens (a
     schema's own ``x-guidance`` options win, as for a ``json`` constraint)."""
     tag = json.loads(text)
-    specials = {t: _special_id(t, tokenizer) for t in tag["triggers"]}
+    read = read_with([s["begin"] for s in tag["structures"]], tag["triggers"])
+    specials = {t: _special_id(t, tokenizer) for t in set(read)}
     rules = []
-    begins = [s["begin"] for s in tag["structures"]]
-    for i, (s, trigger) in enumerate(zip(tag["structures"], read_with(begins, tag["triggers"]))):
+    for i, (s, trigger) in enumerate(zip(tag["structures"], read)):
         own = s["schema"].get("x-guidance")
         options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
         schema = json.dumps(dict(s["schema"], **{"x-guidance": options}))
