@@ -36,7 +36,6 @@ written: free text ends at the shorter one first.
 
 from __future__ import annotations
 
-import bisect
 import json
 from typing import Any
 
@@ -86,20 +85,32 @@ def canonical(value: Any) -> str:
 
 def read_with(begins: list[str], triggers: list[str]) -> list[str | None]:
     """The trigger each begin is read with: the first in ``triggers`` it
-    starts with (None for none). Each begin looks up its own prefixes of
-    the triggers' lengths, so the work grows with the begins and the
-    distinct lengths, not with begins times triggers (a tag of many of both
-    would otherwise hold the thread that checks it for minutes)."""
-    first: dict[str, int] = {}
+    starts with (None for none). The triggers go into a character trie
+    whose nodes keep the first index of a trigger ending there, and each
+    begin walks it: the work grows with the tag's text, never with begins
+    times triggers (a tag of many of both would otherwise hold the thread
+    that checks it for minutes)."""
+    root: dict = {}
     for i, trigger in enumerate(triggers):
-        first.setdefault(trigger, i)
-    lengths = sorted({len(t) for t in first})
+        node = root
+        for char in trigger:
+            node = node.setdefault(char, {})
+        node.setdefault(_END, i)
     found = []
     for begin in begins:
-        hits = [first[begin[:n]] for n in lengths[:bisect.bisect_right(lengths, len(begin))]
-                if begin[:n] in first]
-        found.append(triggers[min(hits)] if hits else None)
+        node, first = root, None
+        for char in begin:
+            node = node.get(char)
+            if node is None:
+                break
+            if _END in node and (first is None or node[_END] < first):
+                first = node[_END]
+        found.append(None if first is None else triggers[first])
     return found
+
+
+# The trie key of a node where a trigger ends (no character is None).
+_END = None
 
 
 def _triggers(triggers: Any) -> list[str]:
