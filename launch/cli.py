@@ -163,11 +163,25 @@ def _human_ints(kwargs: dict) -> dict:
 
 def _tensor_parallel_size(args) -> int:
     """``--nproc-per-node N`` (torchrun's, before the subcommand) or vLLM's
-    ``--tensor-parallel-size`` / ``-tp`` (after it); both given must agree."""
+    ``--tensor-parallel-size`` / ``-tp`` (after it); both given must agree.
+    With serve's ``--data-parallel-size D`` N counts the ranks of all D
+    replicas: N = T x D, T the ranks of one (-tp T, else N / D)."""
     from engine.config import ConfigError
 
     nproc = getattr(args, "nproc_per_node", None)
     tp = getattr(args, "tensor_parallel_size", None)
+    dp = getattr(args, "data_parallel_size", 1)
+    if dp < 1:
+        raise ConfigError(f"--data-parallel-size must be at least 1, got {dp}")
+    if dp > 1 and nproc is not None:
+        if tp is not None and nproc != tp * dp:
+            raise ConfigError(f"--nproc-per-node {nproc} is not --tensor-parallel-size {tp} x "
+                              f"--data-parallel-size {dp} = {tp * dp} (the ranks of all "
+                              "replicas): give one of them")
+        if nproc % dp:
+            raise ConfigError(f"--nproc-per-node {nproc} is not a multiple of "
+                              f"--data-parallel-size {dp}: each replica has as many ranks")
+        return nproc // dp
     if nproc is not None and tp is not None and nproc != tp:
         raise ConfigError(f"--nproc-per-node {nproc} and --tensor-parallel-size {tp} disagree: "
                           "give one of them")
@@ -291,6 +305,11 @@ def _serve_parser(sub) -> None:
     model.help += " (or MODEL first, as vLLM's serve takes it; default: 'tiny')"
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                        help="the model, as in `vllm serve MODEL` (the same as --model)")
+    serve.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                       help="with --http-port: engine replicas behind the one HTTP server, "
+                       "each with its own -tp ranks (--nproc-per-node counts them all: "
+                       "-tp x -dp); a request goes to the replica with the fewest unfinished "
+                       "requests")
     serve.add_argument("--port", type=int, default=None,
                        help="listen on tcp://127.0.0.1:PORT (0: any free port) instead of an "
                        "ipc:// socket in a private directory (not vLLM's --port, the HTTP "
@@ -581,7 +600,9 @@ def run_serve(args) -> int:
     from engine.config import ConfigError
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
+    from executor.base import WorkerFailure
     from ipc.auth import new_secret
+    from launch.data_parallel import ReplicaProcesses, ranks_of
     from serving.endpoint import (
         Endpoint,
         EngineServer,
@@ -597,6 +618,9 @@ def run_serve(args) -> int:
         logging.getLogger("tprun.stats").setLevel(logging.INFO)
     http = args.http_port is not None
     _check_http_args(args)
+    dp = args.data_parallel_size
+    if dp > 1:
+        _check_data_parallel(args, config)
     if args.endpoint_file is not None:
         _check_endpoint_file(args.endpoint_file)
     # With --http-port, --host is the HTTP server's; the engine endpoint stays local.
@@ -615,10 +639,16 @@ def run_serve(args) -> int:
         logger.warning("%s", warning)
     if (note := port_note(args)) is not None:
         print(f"tprun serve: note: {note}", file=sys.stderr, flush=True)
+    replicas = None  # replicas 1..dp-1; this process serves replica 0
     try:
+        if dp > 1:  # started first: they load their model while this process loads its own
+            replicas = ReplicaProcesses(args, config.tensor_parallel_size, dp,
+                                        config.resolved_device)
         engine = LLMEngine(config)
     except BaseException:
         endpoint.cleanup()
+        if replicas is not None:
+            replicas.stop()
         raise
     secret = new_secret()
     http_server = None
@@ -626,39 +656,79 @@ def run_serve(args) -> int:
         server = EngineServer(engine, endpoint, args.endpoint_file, secret=secret)
         try:
             if http:
-                http_server = _start_http(args, engine, server, secret)
+                others = () if replicas is None else tuple(replicas.wait_ready())
+                http_server = _start_http(args, engine, server, secret, others)
         except BaseException:
             server.close(term_context=False)  # a front end that did not start may hold a socket
             raise
     except BaseException:
         engine.shutdown()
         endpoint.cleanup()
+        if replicas is not None:
+            replicas.stop()
         raise
     def stop(signum, _frame) -> None:
         stop_signals.note(signum)
         server.stop()
 
     previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
+    if replicas is not None:
+        replicas.watch(server.stop)  # a replica that ends stops the server
     print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
           flush=True)
     logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
     if http_server is not None:
         name = (args.served_model_name or [args.model])[0]
+        replicas_said = "" if dp == 1 else f", {dp} data-parallel replicas"
         print(f"tprun serve: OpenAI-compatible HTTP server ready on {http_server.url} "
-              f"(model {name!r})", flush=True)
+              f"(model {name!r}{replicas_said})", flush=True)
     try:
         _raise_if_interrupted()  # swallowed while the engine started: stop before serving
         server.serve()
+    except WorkerFailure as e:
+        if replicas is None:
+            raise
+        raise WorkerFailure(f"data-parallel replica 0 ({ranks_of(0, config.tensor_parallel_size)})"
+                            f" failed: {e}") from None
     finally:
         http_stopped = http_server is None or http_server.stop()
         server.close(term_context=http_stopped)
         engine.shutdown()
+        if replicas is not None:
+            replicas.stop()
         for sig, handler in previous.items():  # a second signal during shutdown is ignored
             signal.signal(sig, handler)
+    if replicas is not None and replicas.failed is not None:
+        raise WorkerFailure(replicas.failed)
     if (signum := stop_signals.first()) is not None:
         print(f"tprun serve: stopped by {signal.Signals(signum).name}", file=sys.stderr,
               flush=True)
     return 0
+
+
+def _check_data_parallel(args, config) -> None:
+    """``--data-parallel-size``'s rules, checked before any process starts:
+    its replicas are served behind the HTTP front end only, and on CUDA
+    each has its own devices."""
+    from engine.config import ConfigError
+
+    dp = args.data_parallel_size
+    if args.http_port is None:
+        raise ConfigError("--data-parallel-size needs --http-port: the replicas are served "
+                          "behind its HTTP server")
+    for flag in ("port", "endpoint_file"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} is the engine endpoint's, which "
+                              "--data-parallel-size leaves private to the HTTP server")
+    if config.resolved_device == "cuda":
+        import torch
+
+        world = config.tensor_parallel_size * dp
+        count = torch.cuda.device_count()
+        if world > count:
+            raise ConfigError(f"--tensor-parallel-size {config.tensor_parallel_size} x "
+                              f"--data-parallel-size {dp} needs {world} CUDA devices; this "
+                              f"machine has {count}")
 
 
 def _check_endpoint_file(path: str) -> None:
@@ -873,9 +943,11 @@ def _check_tool_args(args) -> None:
         raise ConfigError("--tool-call-parser needs --enable-auto-tool-choice")
 
 
-def _start_http(args, engine, server, secret: bytes):
+def _start_http(args, engine, server, secret: bytes,
+                other_replicas: tuple[tuple[str, bytes], ...] = ()):
     """The HTTP front end, a client of ``server`` through its in-process
-    address (same process: no ZeroMQ I/O thread on the way)."""
+    address (same process: no ZeroMQ I/O thread on the way), and of
+    ``other_replicas``' endpoints (``start_http_server``)."""
     from serving.http.http_server import engine_app_options, start_http_server
 
     if args.access_log:
@@ -893,7 +965,8 @@ def _start_http(args, engine, server, secret: bytes):
                              stream_interval=args.stream_interval,
                              trust_request_chat_template=args.trust_request_chat_template,
                              chat_template=args.chat_template,
-                             response_role=args.response_role, **engine_app_options(engine))
+                             response_role=args.response_role,
+                             other_replicas=other_replicas, **engine_app_options(engine))
     return http
 
 
@@ -1038,7 +1111,7 @@ def _misplaced_flag(argv: list[str]) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parsed: argparse.Namespace | None = None) -> int:
     """Exit codes: 0 done; 1 a failure at run time (a worker that failed, a
     file the system refuses); 2 the user's input: the arguments, the model
     they name, the model's config, a prompt, a batch file's line that is no
@@ -1056,14 +1129,15 @@ def main(argv: list[str] | None = None) -> int:
     ``main`` left it. Each call judges only the signals it receives: what
     an earlier call in the process noted (``executor.stop_signals``) is
     forgotten first, so a run after a stopped one is not taken for
-    stopped."""
+    stopped. ``parsed``: the arguments already parsed, in place of
+    ``argv`` (a data-parallel replica's, ``launch.replica``)."""
     from executor import stop_signals
 
     found = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
     try:
         stop_signals.reset()  # before its handlers can note anything of this call's
         signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
-        return _main(sys.argv[1:] if argv is None else argv)
+        return _main(sys.argv[1:] if argv is None else argv, parsed)
     except KeyboardInterrupt:
         return _exit_stopped(signal.SIGINT)
     except SystemExit as e:
@@ -1122,15 +1196,15 @@ def _interrupted(error: BaseException) -> bool:
     return False
 
 
-def _main(argv: list[str]) -> int:
-    if (hint := _misplaced_flag(argv)) is not None:
+def _main(argv: list[str], parsed: argparse.Namespace | None = None) -> int:
+    if parsed is None and (hint := _misplaced_flag(argv)) is not None:
         print(f"tprun: error: {hint}", file=sys.stderr)
         return 2
     with _interrupts_deferred():  # torch's first import: the engine's package
         from engine.config import ConfigError
         from executor import stop_signals
         from executor.base import WorkerFailure
-    args = build_parser().parse_args(argv)
+    args = parsed or build_parser().parse_args(argv)
     logging.basicConfig(level=os.environ.get("TPRUN_LOG_LEVEL", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     signal.signal(signal.SIGTERM, _exit_on_signal)  # serve replaces it once it serves

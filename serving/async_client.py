@@ -146,6 +146,11 @@ class AsyncEngineClient:
             raise EngineStoppedError(
                 f"the engine did not answer within {self.stats_timeout_s} s") from None
 
+    async def stats_by_engine(self) -> list[EngineStats]:
+        """``[stats()]``: the stats of each engine this client reaches
+        (``DataParallelClient``'s face)."""
+        return [await self.stats()]
+
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
         """Send now (the send queue is unbounded: it never waits), then look

@@ -256,7 +256,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     @app.post("/ping")
     async def health() -> Response:
         try:
-            await link.stats()
+            await link.stats_by_engine()  # every replica's answer
         except EngineStoppedError as e:
             return error_json(e)
         return Response(status_code=200)
@@ -268,7 +268,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     @app.get("/metrics")
     async def metrics() -> Response:
         try:
-            stats = await link.stats()
+            stats = await link.stats_by_engine()
         except EngineStoppedError as e:
             return error_json(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)

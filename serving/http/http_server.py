@@ -88,7 +88,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       stream_interval: int = 1,
                       trust_request_chat_template: bool = False,
                       chat_template: str | None = None,
-                      response_role: str = "assistant") -> HttpServer:
+                      response_role: str = "assistant",
+                      other_replicas: tuple[tuple[str, bytes], ...] = ()) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -104,11 +105,19 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     the least tokens a stream's chunk groups; ``trust_request_chat_template``:
     a request's own chat template served; ``chat_template``: the server's
     ``--chat-template``; ``response_role``: vLLM's ``--response-role``
-    (``create_app``)."""
+    (``create_app``); ``other_replicas``: the (address, secret) of each
+    further data-parallel replica's engine endpoint, ``engine_address``
+    being replica 0's (none: one engine, one ``AsyncEngineClient``; else a
+    ``DataParallelClient`` over them all)."""
     from serving.async_client import AsyncEngineClient
+    from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
 
-    app = create_app(AsyncEngineClient(engine_address, secret, context=context), tokenizer,
+    link = AsyncEngineClient(engine_address, secret, context=context)
+    if other_replicas:
+        link = DataParallelClient([link, *(AsyncEngineClient(address, key)
+                                           for address, key in other_replicas)])
+    app = create_app(link, tokenizer,
                      served_names, max_model_len, api_keys=api_keys or (),
                      access_log=access_log,
                      tool_call_parser=tool_call_parser, sampling_defaults=sampling_defaults,

@@ -33,62 +33,73 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
 
 
 class _EngineCollector:
-    """Yields the gauges and counters of the snapshot set before a scrape."""
+    """Yields the gauges and counters of the snapshots set before a scrape:
+    one engine's under the ``model_name`` label; several (data-parallel
+    replicas) each under ``model_name`` and ``engine`` (its index), as
+    vLLM labels its engines."""
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self.stats: EngineStats | None = None
+        self.stats: list[EngineStats] = []
+
+    def _labels(self) -> tuple[list[str], list[list[str]]]:
+        """The label names, and each snapshot's label values."""
+        if len(self.stats) == 1:
+            return ["model_name"], [[self.model_name]]
+        return (["model_name", "engine"],
+                [[self.model_name, str(index)] for index in range(len(self.stats))])
 
     def collect(self):
-        s = self.stats
-        if s is None:
+        if not self.stats:
             return
-        label = ["model_name"]
-        for name, doc, value in (
-            ("tprun:num_requests_running", "Requests in the running batch.", s.num_running),
+        label, values = self._labels()
+        for name, doc, field in (
+            ("tprun:num_requests_running", "Requests in the running batch.", "num_running"),
             ("tprun:num_requests_waiting",
              "Requests waiting to be scheduled (from their arrival, admission included).",
-             s.num_waiting),
+             "num_waiting"),
             ("tprun:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
-             s.kv_usage),
+             "kv_usage"),
         ):
             gauge = GaugeMetricFamily(name, doc, labels=label)
-            gauge.add_metric([self.model_name], value)
+            for row, s in zip(values, self.stats):
+                gauge.add_metric(row, getattr(s, field))
             yield gauge
-        for name, doc, value in (
-            ("tprun:prompt_tokens", "Prompt tokens scheduled since start.", s.num_prompt_tokens),
+        yield from self._counters(label, values, (
+            ("tprun:prompt_tokens", "Prompt tokens scheduled since start.", "num_prompt_tokens"),
             ("tprun:generation_tokens", "Tokens generated since start.",
-             s.num_generation_tokens),
-            ("tprun:num_preemptions", "Requests preempted since start.", s.num_preemptions),
+             "num_generation_tokens"),
+            ("tprun:num_preemptions", "Requests preempted since start.", "num_preemptions"),
             ("tprun:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             s.prefix_cache_queries),
+             "prefix_cache_queries"),
             ("tprun:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-             s.prefix_cache_hits),
-        ):
-            counter = CounterMetricFamily(name, doc, labels=label)
-            counter.add_metric([self.model_name], value)
-            yield counter
-        if s.spec_decode_num_accepted_tokens_per_pos:  # speculative decoding is on
-            yield from self._spec_decode(s)
+             "prefix_cache_hits"),
+        ))
+        if self.stats[0].spec_decode_num_accepted_tokens_per_pos:  # speculative decoding is on
+            yield from self._spec_decode(label, values)
 
-    def _spec_decode(self, s: EngineStats):
-        label = ["model_name"]
-        for name, doc, value in (
-            ("tprun:spec_decode_num_drafts", "Steps of a request that verified drafts.",
-             s.spec_decode_num_drafts),
-            ("tprun:spec_decode_num_draft_tokens", "Draft tokens verified.",
-             s.spec_decode_num_draft_tokens),
-            ("tprun:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
-             s.spec_decode_num_accepted_tokens),
-        ):
+    def _counters(self, label: list[str], values: list[list[str]], rows):
+        for name, doc, field in rows:
             counter = CounterMetricFamily(name, doc, labels=label)
-            counter.add_metric([self.model_name], value)
+            for row, s in zip(values, self.stats):
+                counter.add_metric(row, getattr(s, field))
             yield counter
+
+    def _spec_decode(self, label: list[str], values: list[list[str]]):
+        yield from self._counters(label, values, (
+            ("tprun:spec_decode_num_drafts", "Steps of a request that verified drafts.",
+             "spec_decode_num_drafts"),
+            ("tprun:spec_decode_num_draft_tokens", "Draft tokens verified.",
+             "spec_decode_num_draft_tokens"),
+            ("tprun:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+             "spec_decode_num_accepted_tokens"),
+        ))
         per_pos = CounterMetricFamily("tprun:spec_decode_num_accepted_tokens_per_pos",
                                       "Draft tokens accepted, by position in the draft.",
-                                      labels=["model_name", "position"])
-        for position, value in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
-            per_pos.add_metric([self.model_name, str(position)], value)
+                                      labels=[*label, "position"])
+        for row, s in zip(values, self.stats):
+            for position, value in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+                per_pos.add_metric([*row, str(position)], value)
         yield per_pos
 
 
@@ -119,7 +130,8 @@ class Metrics:
         self._success[reason].inc()
         self.e2e.observe(latency_s)
 
-    def render(self, stats: EngineStats) -> bytes:
-        """The page, with ``stats`` as the engine's values."""
-        self.engine.stats = stats
+    def render(self, stats: EngineStats | list[EngineStats]) -> bytes:
+        """The page, with ``stats`` as the engine's values (a list: one
+        per data-parallel replica, in replica order)."""
+        self.engine.stats = [stats] if isinstance(stats, EngineStats) else list(stats)
         return generate_latest(self.registry)

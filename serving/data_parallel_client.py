@@ -1,0 +1,124 @@
+"""``DataParallelClient``: one front end's link to several engine replicas
+(``tprun serve --data-parallel-size D``), with ``AsyncEngineClient``'s face.
+
+Each replica is an ``AsyncEngineClient`` of its own engine endpoint. A new
+request goes to the replica with the fewest unfinished engine requests this
+client has sent it (ties: the lowest index), as vLLM's data-parallel load
+balancing does with its own counts. The choices of one HTTP request share
+one reply queue (``Generation``); they all go to the replica its first
+choice went to, as long as one of them is unfinished.
+
+Invariants: ``unfinished[d]`` is the number of request ids in ``replica_of``
+that map to d; an id leaves ``replica_of`` once, when it finishes
+(``forget``) or is aborted (``abort``). ``dead`` is the first replica's
+reason to have stopped, named with its index: once one replica has
+stopped, the whole server stops (``tprun serve`` fails fast), so no
+request is moved to another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from ipc.engine_messages import EngineStats
+from serving.async_client import AsyncEngineClient
+from serving.protocol_core import EngineStoppedError
+
+
+class DataParallelClient:
+    def __init__(self, replicas: list[AsyncEngineClient]) -> None:
+        if not replicas:
+            raise ValueError("a data-parallel client needs at least one replica")
+        self.replicas = replicas
+        self.unfinished = [0] * len(replicas)
+        self.replica_of: dict[str, int] = {}
+        # A reply queue (one HTTP request's) -> [its replica, its unfinished ids].
+        self.queue_replica: dict[int, list[int]] = {}
+        self.queue_of: dict[str, int] = {}
+        self.ids = itertools.count()
+
+    async def start(self) -> None:
+        for replica in self.replicas:
+            await replica.start()
+
+    async def close(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
+        for replica in self.replicas:
+            replica.close_now()
+
+    @property
+    def dead(self) -> str | None:
+        for index, replica in enumerate(self.replicas):
+            if replica.dead is not None:
+                return f"data-parallel replica {index}: {replica.dead}"
+        return None
+
+    def new_id(self) -> str:
+        return f"http-{next(self.ids)}"
+
+    def choose(self) -> int:
+        """The replica with the fewest unfinished requests (ties: the lowest index)."""
+        return min(range(len(self.replicas)), key=lambda d: (self.unfinished[d], d))
+
+    def submit(self, request_id: str, prompt_token_ids: list[int] | None, params: dict,
+               queue: asyncio.Queue, *args, **kwargs) -> None:
+        """``AsyncEngineClient.submit`` on the chosen replica (the replica of
+        ``queue``'s other unfinished requests, if it has any)."""
+        shared = self.queue_replica.get(id(queue))
+        index = self.choose() if shared is None else shared[0]
+        if shared is None:
+            shared = self.queue_replica[id(queue)] = [index, 0]
+        shared[1] += 1
+        self.queue_of[request_id] = id(queue)
+        self.replica_of[request_id] = index
+        self.unfinished[index] += 1
+        self.replicas[index].submit(request_id, prompt_token_ids, params, queue,
+                                    *args, **kwargs)
+
+    def abort(self, request_id: str) -> None:
+        index = self._release(request_id)
+        if index is not None:
+            self.replicas[index].abort(request_id)
+
+    def stop_request(self, request_id: str) -> None:
+        index = self.replica_of.get(request_id)
+        if index is not None:
+            self.replicas[index].stop_request(request_id)
+
+    def forget(self, request_id: str) -> None:
+        index = self._release(request_id)
+        if index is not None:
+            self.replicas[index].forget(request_id)
+
+    async def stats(self) -> EngineStats:
+        """Replica 0's stats, once every replica has answered
+        (``EngineStoppedError`` if one does not)."""
+        return (await self.stats_by_engine())[0]
+
+    async def stats_by_engine(self) -> list[EngineStats]:
+        """Each replica's stats, in replica order (``EngineStoppedError``
+        naming the replica if one does not answer)."""
+        answers = await asyncio.gather(*(r.stats() for r in self.replicas),
+                                       return_exceptions=True)
+        for index, answer in enumerate(answers):
+            if isinstance(answer, EngineStoppedError):
+                raise EngineStoppedError(f"data-parallel replica {index}: {answer}")
+            if isinstance(answer, BaseException):
+                raise answer
+        return answers
+
+    def _release(self, request_id: str) -> int | None:
+        """The replica of an unfinished ``request_id``, no longer counted there."""
+        index = self.replica_of.pop(request_id, None)
+        if index is None:
+            return None
+        self.unfinished[index] -= 1
+        queue = self.queue_of.pop(request_id)
+        shared = self.queue_replica[queue]
+        shared[1] -= 1
+        if shared[1] == 0:
+            del self.queue_replica[queue]
+        return index

@@ -1,0 +1,186 @@
+"""``tprun serve --data-parallel-size 2 --http-port``: two engine replicas
+behind one HTTP server (vLLM's ``-dp``).
+
+One server for the module (``tiny`` on the CPU, a rank per replica):
+answers equal ``LLM.generate``'s (the reference engine, in process),
+concurrent requests spread over both replicas (each replica's own counters,
+``/metrics`` with vLLM's ``engine`` label), the choices of one request
+stay on one replica, and an aborted stream frees its replica. Then a
+replica whose worker dies ends the server with one line naming it, and a
+world size that is not -tp x -dp is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import LLM, SamplingParams
+from tests.helpers.http_utils import serving_tiny, start_http, stop_http
+from tests.helpers.proc_utils import child_pids, run_tprun, socket_dirs
+
+PROMPTS = ["Hello, my name is", "The capital of France is"]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_tiny(tmp_path_factory.mktemp("dp"), "--nproc-per-node", "2", "serve",
+                      "--data-parallel-size", "2", "--model", "tiny", "--device", "cpu",
+                      "--disable-log-stats") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_dir):
+    """``LLM.generate`` and ``LLM.chat`` of the same model, greedy."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    with LLM(model=tiny_dir, device="cpu") as llm:
+        texts = [o.outputs[0].text for o in llm.generate(PROMPTS, params)]
+        chat = llm.chat([{"role": "user", "content": PROMPTS[0]}], params)[0].outputs[0].text
+    return texts, chat
+
+
+def per_engine(url: str, name: str) -> dict[str, float]:
+    """``name``'s value for each ``engine`` label of ``GET /metrics``."""
+    page = httpx.get(f"{url}/metrics", timeout=30).text
+    return {sample.labels["engine"]: sample.value
+            for family in text_string_to_metric_families(page)
+            for sample in family.samples if sample.name == name}
+
+
+@pytest.mark.timeout(180)
+def test_completions_and_chat_match_llm_generate(server, client, reference):
+    texts, chat = reference
+    for prompt, text in zip(PROMPTS, texts):
+        answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS,
+                                           temperature=0.0)
+        assert answer.choices[0].text == text
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[0]}],
+        max_tokens=MAX_TOKENS, temperature=0.0)
+    assert answer.choices[0].message.content == chat
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+
+
+@pytest.mark.timeout(180)
+def test_concurrent_requests_land_on_both_replicas(server, client):
+    """8 requests at once: the fewest-unfinished rule sends them to both
+    replicas; each replica generated whole requests' tokens, all of them
+    together every request's."""
+    before = per_engine(server.url, "tprun:generation_tokens_total")
+    assert set(before) == {"0", "1"}
+    start = threading.Barrier(8)
+
+    def ask(index: int) -> None:
+        start.wait()
+        client.completions.create(model="tiny", prompt=f"request {index}", max_tokens=40,
+                                  temperature=0.0, extra_body={"ignore_eos": True})
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = per_engine(server.url, "tprun:generation_tokens_total")
+    made = {engine: after[engine] - before[engine] for engine in after}
+    assert made["0"] > 0 and made["1"] > 0, made
+    assert made["0"] % 40 == 0 and made["1"] % 40 == 0, made
+    assert made["0"] + made["1"] == 8 * 40
+
+
+@pytest.mark.timeout(180)
+def test_the_choices_of_one_request_go_to_one_replica(server, client):
+    before = per_engine(server.url, "tprun:generation_tokens_total")
+    answer = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=10, n=4,
+                                       temperature=1.0, extra_body={"ignore_eos": True})
+    assert len(answer.choices) == 4
+    after = per_engine(server.url, "tprun:generation_tokens_total")
+    made = sorted(after[engine] - before[engine] for engine in after)
+    assert made == [0, 40]
+
+
+@pytest.mark.timeout(180)
+def test_an_aborted_stream_frees_its_replica(server, client):
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=3000,
+                                       temperature=0.0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    for chunks, _ in enumerate(stream):
+        if chunks == 3:
+            break
+    running = per_engine(server.url, "tprun:num_requests_running")
+    assert running == {"0": 1.0, "1": 0.0}  # both empty before: the tie goes to replica 0
+    stream.close()
+    deadline = time.monotonic() + 30
+    while sum(running.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        running = per_engine(server.url, "tprun:num_requests_running")
+    assert running == {"0": 0.0, "1": 0.0}
+    # The front end counts replica 0 empty again: of 3 requests at once it
+    # takes the first and the third (counted busy still, it would take one).
+    before = per_engine(server.url, "tprun:generation_tokens_total")
+    barrier = threading.Barrier(3)
+
+    def ask() -> None:
+        barrier.wait()
+        client.completions.create(model="tiny", prompt="again", max_tokens=30, temperature=0.0,
+                                  extra_body={"ignore_eos": True})
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = per_engine(server.url, "tprun:generation_tokens_total")
+    assert {engine: after[engine] - before[engine] for engine in after} == {"0": 60, "1": 30}
+
+
+@pytest.mark.timeout(240)
+def test_a_replica_whose_worker_dies_ends_the_server_naming_it(tmp_path):
+    """Two replicas of two ranks each; a worker of replica 1 (its local
+    ranks 2 and 3) is killed: the server exits 1 with one error line naming
+    the replica and its rank, and leaves no process nor socket directory."""
+    sockets = tempfile.mkdtemp(prefix="dp")
+    served = start_http(tmp_path, "--nproc-per-node", "4", "serve", "-dp", "2", "--model",
+                        "tiny", "--device", "cpu", "--disable-log-stats",
+                        env={"TMPDIR": sockets}, timeout_s=180)
+    replica = next(pid for pid in child_pids(served.proc.pid)
+                   if b"launch.replica" in open(f"/proc/{pid}/cmdline", "rb").read())
+    os.kill(child_pids(replica)[0], signal.SIGKILL)
+    try:
+        served.proc.wait(timeout=30)
+    finally:
+        code, output, leftovers = stop_http(served)
+    errors = [line for line in output.splitlines() if "tprun: error:" in line]
+    assert code == 1, output
+    assert len(errors) == 1 and errors[0].startswith(
+        "tprun: error: data-parallel replica 1 (local ranks 2-3) failed: worker rank"), output
+    assert "Traceback" not in output, output
+    assert leftovers == [] and socket_dirs(sockets) == [], output
+    os.rmdir(sockets)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, said", [
+    (["--nproc-per-node", "3", "serve", "-dp", "2", "-tp", "2"],
+     "--nproc-per-node 3 is not --tensor-parallel-size 2 x --data-parallel-size 2 = 4"),
+    (["--nproc-per-node", "3", "serve", "-dp", "2"],
+     "--nproc-per-node 3 is not a multiple of --data-parallel-size 2"),
+])
+def test_a_world_size_other_than_tp_times_dp_is_refused(tmp_path, argv, said):
+    sockets = tempfile.mkdtemp(prefix="dp")
+    result, leftovers = run_tprun([*argv, "--model", "tiny", "--device", "cpu",
+                                   "--http-port", "0"], timeout=60, env={"TMPDIR": sockets})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
+    assert said in result.stderr
+    assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
+    os.rmdir(sockets)
