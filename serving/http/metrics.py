@@ -4,7 +4,9 @@ the ``tprun:`` prefix.
 Engine-side values (running and waiting requests, KV-cache usage, prompt
 and generation token counters, preemptions, prefix-cache lookups and hits
 in tokens) come from one ``EngineStats`` snapshot asked for at scrape time,
-so they are the engine's own numbers, not the front end's guess. What the
+so they are the engine's own numbers, not the front end's guess; with
+data-parallel replicas, one snapshot of each, under vLLM's ``engine``
+label. What the
 client sees is measured here (``Generation``, with each engine request's
 ``engine.request_metrics.RequestTimes``): time to first token from the
 request's submission, inter-token latency between consecutive deltas of one
