@@ -34,8 +34,8 @@ class DataParallelClient:
         self.unfinished = [0] * len(replicas)
         self.replica_of: dict[str, int] = {}
         # A reply queue (one HTTP request's) -> [its replica, its unfinished ids].
-        self.queue_replica: dict[int, list[int]] = {}
-        self.queue_of: dict[str, int] = {}
+        self.queue_replica: dict[asyncio.Queue, list[int]] = {}
+        self.queue_of: dict[str, asyncio.Queue] = {}
         self.ids = itertools.count()
 
     async def start(self) -> None:
@@ -67,12 +67,12 @@ class DataParallelClient:
                queue: asyncio.Queue, *args, **kwargs) -> None:
         """``AsyncEngineClient.submit`` on the chosen replica (the replica of
         ``queue``'s other unfinished requests, if it has any)."""
-        shared = self.queue_replica.get(id(queue))
+        shared = self.queue_replica.get(queue)
         index = self.choose() if shared is None else shared[0]
         if shared is None:
-            shared = self.queue_replica[id(queue)] = [index, 0]
+            shared = self.queue_replica[queue] = [index, 0]
         shared[1] += 1
-        self.queue_of[request_id] = id(queue)
+        self.queue_of[request_id] = queue
         self.replica_of[request_id] = index
         self.unfinished[index] += 1
         self.replicas[index].submit(request_id, prompt_token_ids, params, queue,
