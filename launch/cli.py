@@ -267,6 +267,11 @@ field, apart from its content. The host and the ports are bound once and release
 host that does not resolve or is not this machine's, or a busy port, is
 refused at once.
 
+With --http-port, --data-parallel-size D (-dp D) serves D engine replicas
+of -tp T ranks each behind the one HTTP server (--nproc-per-node counts
+all T x D ranks), each request sent to the replica with the fewest
+unfinished requests; a replica that fails ends the server.
+
 From vLLM's `vllm serve MODEL ...`: the model may come first (MODEL, as
 --model), -tp is --nproc-per-node, and vLLM's --port (the HTTP port) is
 --http-port here: --port is the engine endpoint's.
