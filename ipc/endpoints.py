@@ -17,8 +17,10 @@ import zmq
 # A Unix socket's address holds at most this many bytes of path (sun_path).
 IPC_PATH_MAX = getattr(zmq, "IPC_PATH_MAX_LEN", 107)
 
-# tprun-PID-XXXXXXXX and tprun-serve-PID-XXXXXXXX: PID is the launch that owns it.
-_PRIVATE_DIR = re.compile(r"tprun-(?:serve-)?(\d+)-[^-]+")
+# tprun-PID-XXXXXXXX and tprun-KIND-PID-XXXXXXXX (``private_directory``'s
+# kind, "serve-" or "dp-"): PID is the launch that owns it.
+_PRIVATE_DIR = re.compile(r"tprun-(?:[a-z]+-)?(\d+)-[^-]+")
+_KIND = re.compile(r"[a-z]+-")
 
 
 def bind_error(addresses: list[tuple]) -> OSError | None:
@@ -122,11 +124,15 @@ def check_socket_paths(directory: str, *names: str) -> None:
 
 def private_directory(kind: str = "", sockets: tuple[str, ...] = ()) -> str:
     """A new directory (mode 0700) in the temp folder named after this
-    process (``tprun-{kind}{pid}-XXXXXXXX``), so a later launch can tell it
-    is stale once this process is gone; stale ones are removed first.
+    process (``tprun-{kind}{pid}-XXXXXXXX``, ``kind`` empty or lowercase
+    letters and a dash), so a later launch can tell it is stale once this
+    process is gone; stale ones are removed first.
     ``sockets``: the names of the sockets it will hold; where one would not
     fit a socket address, the directory is removed again and
     ``check_socket_paths``'s error raised."""
+    if kind and _KIND.fullmatch(kind) is None:
+        raise ValueError(f"a private directory's kind is lowercase letters and a dash, "
+                         f"got {kind!r}")
     remove_stale_directories()
     directory = tempfile.mkdtemp(prefix=f"tprun-{kind}{os.getpid()}-")  # mkdtemp makes it 0700
     try:

@@ -111,7 +111,7 @@ class ReplicaProcesses:
     """Replicas 1..D-1 of ``tprun serve -dp D`` (replica 0 is the caller's)."""
 
     def __init__(self, args: argparse.Namespace, tp: int, dp: int, device: str) -> None:
-        self.directory = private_directory("dp")
+        self.directory = private_directory("dp-")
         self.stopping = False
         self.failed: str | None = None
         self.replicas: list[Replica] = []
