@@ -696,6 +696,8 @@ def run_serve(args) -> int:
         raise WorkerFailure(f"data-parallel replica 0 ({ranks_of(0, config.tensor_parallel_size)})"
                             f" failed: {e}") from None
     finally:
+        if replicas is not None:  # their streams end as replica 0's do, before the HTTP server
+            replicas.terminate()
         http_stopped = http_server is None or http_server.stop()
         server.close(term_context=http_stopped)
         engine.shutdown()

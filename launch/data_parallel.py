@@ -18,8 +18,8 @@ the parent (``TPRUN_PARENT_PID``). Its stderr passes through, each line prefixed
 ``[replica d]``, except its last ``tprun: error:`` line, which becomes the
 parent's one error line, naming the replica (``failure``), and its lines
 that only say it stopped. ``watch`` calls back once any child has ended
-on its own; ``stop`` ends them all (SIGTERM, then SIGKILL) and removes the
-private directory.
+on its own; ``terminate`` asks them all to stop (SIGTERM), ``stop`` ends
+them all (SIGTERM, then SIGKILL) and removes the private directory.
 """
 
 from __future__ import annotations
@@ -168,14 +168,21 @@ class ReplicaProcesses:
 
         threading.Thread(target=run, name="replica-watch", daemon=True).start()
 
-    def stop(self) -> None:
-        """End every replica (SIGTERM: a clean stop; SIGKILL after
-        ``STOP_GRACE_S``) and remove the private directory, with whatever a
-        killed replica left in it."""
+    def terminate(self) -> None:
+        """Ask every replica to stop (SIGTERM: a clean stop, its clients
+        told that its engine is shutting down), without waiting: called as
+        the serving process stops its own engine, before its HTTP server,
+        so that no replica's open stream holds that server's shutdown."""
         self.stopping = True
         for replica in self.replicas:
             if replica.process.poll() is None:
                 replica.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        """End every replica (``terminate``; SIGKILL after
+        ``STOP_GRACE_S``) and remove the private directory, with whatever a
+        killed replica left in it."""
+        self.terminate()
         deadline = time.monotonic() + STOP_GRACE_S
         for replica in self.replicas:
             try:

@@ -12,6 +12,7 @@ world size that is not -tp x -dp is refused before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -183,4 +184,41 @@ def test_a_world_size_other_than_tp_times_dp_is_refused(tmp_path, argv, said):
     assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
     assert said in result.stderr
     assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
+    os.rmdir(sockets)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_stop_ends_every_replicas_streams_with_the_engines_stop(tmp_path, sig, to_group):
+    """A stream on each replica, then SIGTERM to the serving process alone
+    (a job's stop), or a terminal's Ctrl-C (SIGINT to the whole group,
+    which the replicas do not take themselves): both streams end with the
+    error event of an engine that stopped, then [DONE], as without -dp;
+    the server exits 0 with its one stop line and no traceback."""
+    sockets = tempfile.mkdtemp(prefix="dp")
+    served = start_http(tmp_path, "serve", "-dp", "2", "--model", "tiny", "--device", "cpu",
+                        "--disable-log-stats", env={"TMPDIR": sockets}, timeout_s=180)
+    body = {"model": "tiny", "prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
+            "temperature": 0.0, "stream": True}
+    with httpx.Client(timeout=60) as http, contextlib.ExitStack() as streams:
+        lines = []
+        for _ in range(2):  # the first on replica 0, so the second on replica 1
+            response = streams.enter_context(http.stream("POST", f"{served.url}/v1/completions",
+                                                         json=body))
+            assert response.status_code == 200
+            lines.append(response.iter_lines())
+            assert next(lines[-1]).startswith("data: {")
+        assert per_engine(served.url, "tprun:num_requests_running") == {"0": 1.0, "1": 1.0}
+        (os.killpg if to_group else os.kill)(served.proc.pid, sig)
+        endings = [[line for line in rest if line][-2:] for rest in lines]
+    try:
+        served.proc.wait(timeout=60)
+    finally:
+        code, output, leftovers = stop_http(served)
+    for ending in endings:
+        assert ending[0].startswith('data: {"error": {"message": "the engine stopped'), ending
+        assert ending[1] == "data: [DONE]"
+    assert code == 0 and "Traceback" not in output, output
+    assert output.splitlines()[-1] == f"tprun serve: stopped by {signal.Signals(sig).name}"
+    assert leftovers == [] and socket_dirs(sockets) == [], output
     os.rmdir(sockets)
