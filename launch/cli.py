@@ -715,8 +715,9 @@ def run_serve(args) -> int:
 
 def _check_data_parallel(args, config) -> None:
     """``--data-parallel-size``'s rules, checked before any process starts:
-    its replicas are served behind the HTTP front end only, and on CUDA
-    each has its own devices."""
+    its replicas are served behind the HTTP front end only, each spawns
+    its own workers, replica d's rendezvous port (``--master-port`` P + d)
+    is one it can listen on, and on CUDA each has its own devices."""
     from engine.config import ConfigError
 
     dp = args.data_parallel_size
@@ -727,6 +728,21 @@ def _check_data_parallel(args, config) -> None:
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} is the engine endpoint's, which "
                               "--data-parallel-size leaves private to the HTTP server")
+    if config.attach_workers_dir is not None:
+        raise ConfigError("--attach-workers serves one engine's workers; with "
+                          "--data-parallel-size each replica spawns its own")
+    if config.master_port is not None:
+        if config.master_port + dp - 1 > 65535:
+            raise ConfigError(f"--master-port {config.master_port} gives data-parallel replica "
+                              f"{dp - 1} port {config.master_port + dp - 1}, above 65535 "
+                              f"(replica d listens on --master-port + d)")
+        for index in range(1, dp):
+            try:
+                dataclasses.replace(config, master_port=config.master_port + index
+                                    ).check_machine()
+            except ConfigError as e:
+                raise ConfigError(f"data-parallel replica {index} (--master-port "
+                                  f"{config.master_port} + {index}): {e}") from None
     if config.resolved_device == "cuda":
         import torch
 

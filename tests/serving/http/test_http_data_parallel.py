@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -221,4 +222,35 @@ def test_a_stop_ends_every_replicas_streams_with_the_engines_stop(tmp_path, sig,
     assert code == 0 and "Traceback" not in output, output
     assert output.splitlines()[-1] == f"tprun serve: stopped by {signal.Signals(sig).name}"
     assert leftovers == [] and socket_dirs(sockets) == [], output
+    os.rmdir(sockets)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["port above 65535", "port busy", "attached workers"])
+def test_what_a_replica_could_not_start_with_is_refused_before_anything_starts(tmp_path, case):
+    """Replica d listens on --master-port + d: one above 65535, or busy,
+    is the user's error (exit code 2, one line naming the replica) before
+    any replica loads, not a replica's failure after replica 0 has loaded;
+    --attach-workers names one engine's worker sockets, which two replicas
+    cannot both bind."""
+    sockets = tempfile.mkdtemp(prefix="dp")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv, said = {
+            "port above 65535": (["--master-port", "65535", "serve", "-tp", "2"],
+                                 "--master-port 65535 gives data-parallel replica 1 port 65536"),
+            "port busy": (["--master-port", str(port - 1), "serve", "-tp", "2"],
+                          f"data-parallel replica 1 (--master-port {port - 1} + 1): "
+                          f"master_port {port}: cannot listen"),
+            "attached workers": (["serve", "--attach-workers", str(tmp_path / "workers")],
+                                 "--attach-workers serves one engine's workers"),
+        }[case]
+        result, leftovers = run_tprun([*argv, "-dp", "2", "--model", "tiny", "--device", "cpu",
+                                       "--http-port", "0"], timeout=90, env={"TMPDIR": sockets})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
+    assert said in result.stderr
+    assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
     os.rmdir(sockets)
