@@ -45,7 +45,8 @@ _FRONT_END_DEFAULTS = dict(
     trust_request_chat_template=False, uvicorn_log_level=None, log_requests=None,
     enable_responses_api_store=None, stream_interval=None, response_role=None,
     enable_auto_tool_choice=False, tool_call_parser=None, data_parallel_size=1)
-# A child's lines that only say it stopped: the parent says that itself.
+# A child's lines that only say it stopped: the parent says that itself
+# (a child stopped alone names it in its failure).
 _STOP_LINES = ("tprun: interrupted", "tprun: stopped by", "tprun serve: stopped by")
 STOP_GRACE_S = 30.0
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +74,7 @@ class Replica:
         self.tp = tp
         self.endpoint_file = endpoint_file
         self.error: str | None = None
+        self.stopped: str | None = None  # its stop line, less "tprun...: "
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # kept across exec
         try:
             self.process = subprocess.Popen(
@@ -91,11 +93,13 @@ class Replica:
         return f"data-parallel replica {self.index} ({ranks_of(self.index, self.tp)})"
 
     def failure(self) -> str:
-        """Why it ended: its error line, else its exit status."""
+        """Why it ended: its error line, else its stop line (a signal to it
+        alone), else its exit status."""
         self.relay.join(2.0)  # its last line (its workers close the pipe as they die)
         code = self.process.returncode
-        why = self.error or (f"exited with status {code}" if code is None or code >= 0
-                             else f"killed by {signal.Signals(-code).name}")
+        why = self.error or self.stopped or (
+            f"exited with status {code}" if code is None or code >= 0
+            else f"killed by {signal.Signals(-code).name}")
         return f"{self.name} failed: {why}"
 
     def _relay(self) -> None:
@@ -103,7 +107,9 @@ class Replica:
             line = raw.decode(errors="replace").rstrip("\n")
             if line.startswith("tprun: error: "):
                 self.error = line[len("tprun: error: "):]
-            elif not line.startswith(_STOP_LINES):
+            elif line.startswith(_STOP_LINES):
+                self.stopped = line.split(": ", 1)[1]
+            else:
                 print(f"[replica {self.index}] {line}", file=sys.stderr, flush=True)
 
 

@@ -254,3 +254,25 @@ def test_what_a_replica_could_not_start_with_is_refused_before_anything_starts(t
     assert said in result.stderr
     assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
     os.rmdir(sockets)
+
+
+@pytest.mark.timeout(240)
+def test_a_replica_stopped_alone_ends_the_server_saying_how(tmp_path):
+    """SIGTERM to replica 1's process alone (its clean stop, exit code 0):
+    the server ends, one error line naming the replica and its stop."""
+    sockets = tempfile.mkdtemp(prefix="dp")
+    served = start_http(tmp_path, "serve", "-dp", "2", "--model", "tiny", "--device", "cpu",
+                        "--disable-log-stats", env={"TMPDIR": sockets}, timeout_s=180)
+    replica = next(pid for pid in child_pids(served.proc.pid)
+                   if b"launch.replica" in open(f"/proc/{pid}/cmdline", "rb").read())
+    os.kill(replica, signal.SIGTERM)
+    try:
+        served.proc.wait(timeout=60)
+    finally:
+        code, output, leftovers = stop_http(served)
+    errors = [line for line in output.splitlines() if "tprun: error:" in line]
+    assert code == 1, output
+    assert errors == ["tprun: error: data-parallel replica 1 (local rank 1) failed: "
+                      "stopped by SIGTERM"], output
+    assert leftovers == [] and socket_dirs(sockets) == [], output
+    os.rmdir(sockets)
