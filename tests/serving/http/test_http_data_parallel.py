@@ -6,8 +6,11 @@ answers equal ``LLM.generate``'s (the reference engine, in process),
 concurrent requests spread over both replicas (each replica's own counters,
 ``/metrics`` with vLLM's ``engine`` label), the choices of one request
 stay on one replica, and an aborted stream frees its replica. Then a
-replica whose worker dies ends the server with one line naming it, and a
-world size that is not -tp x -dp is refused before anything starts.
+replica whose worker dies, or that is stopped alone, ends the server with
+one line naming it; a stop (SIGTERM, Ctrl-C) ends every replica's streams
+as the engine's stop; and a world size that is not -tp x -dp, a replica's
+rendezvous port out of range or busy, or --attach-workers, is refused
+before anything starts.
 """
 
 from __future__ import annotations
