@@ -4,9 +4,11 @@
 Each replica is an ``AsyncEngineClient`` of its own engine endpoint. A new
 request goes to the replica with the fewest unfinished engine requests this
 client has sent it (ties: the lowest index), as vLLM's data-parallel load
-balancing does with its own counts. The choices of one HTTP request share
-one reply queue (``Generation``); they all go to the replica its first
-choice went to, as long as one of them is unfinished.
+balancing does with its own counts. Every request of one reply queue
+goes to the replica its first went to, for as long as the queue exists:
+the choices of one HTTP request share a queue (``Generation``), and so do
+the steps of one beam search, whose every step reuses the tokens the one
+before it left in that replica's prefix cache (``serving.http.beam_search``).
 
 Invariants: ``unfinished[d]`` is the number of request ids in ``replica_of``
 that map to d; an id leaves ``replica_of`` once, when it finishes
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 
 from ipc.engine_messages import EngineStats
 from serving.async_client import AsyncEngineClient
@@ -33,9 +36,9 @@ class DataParallelClient:
         self.replicas = replicas
         self.unfinished = [0] * len(replicas)
         self.replica_of: dict[str, int] = {}
-        # A reply queue (one HTTP request's) -> [its replica, its unfinished ids].
-        self.queue_replica: dict[asyncio.Queue, list[int]] = {}
-        self.queue_of: dict[str, asyncio.Queue] = {}
+        # A reply queue -> its replica, forgotten with the queue itself.
+        self.queue_replica: weakref.WeakKeyDictionary[asyncio.Queue, int] = (
+            weakref.WeakKeyDictionary())
         self.ids = itertools.count()
 
     async def start(self) -> None:
@@ -65,14 +68,11 @@ class DataParallelClient:
 
     def submit(self, request_id: str, prompt_token_ids: list[int] | None, params: dict,
                queue: asyncio.Queue, *args, **kwargs) -> None:
-        """``AsyncEngineClient.submit`` on the chosen replica (the replica of
-        ``queue``'s other unfinished requests, if it has any)."""
-        shared = self.queue_replica.get(queue)
-        index = self.choose() if shared is None else shared[0]
-        if shared is None:
-            shared = self.queue_replica[queue] = [index, 0]
-        shared[1] += 1
-        self.queue_of[request_id] = queue
+        """``AsyncEngineClient.submit`` on ``queue``'s replica (chosen with
+        its first request)."""
+        index = self.queue_replica.get(queue)
+        if index is None:
+            index = self.queue_replica[queue] = self.choose()
         self.replica_of[request_id] = index
         self.unfinished[index] += 1
         self.replicas[index].submit(request_id, prompt_token_ids, params, queue,
@@ -116,9 +116,4 @@ class DataParallelClient:
         if index is None:
             return None
         self.unfinished[index] -= 1
-        queue = self.queue_of.pop(request_id)
-        shared = self.queue_replica[queue]
-        shared[1] -= 1
-        if shared[1] == 0:
-            del self.queue_replica[queue]
         return index

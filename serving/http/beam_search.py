@@ -5,7 +5,9 @@ the rule and the score), each a choice.
 The search runs here, in the front end, over the engine link: each step is
 one ``Generation`` of one-token requests, one a live beam, asking for
 ``2 * n`` logprobs (the engine's prefix cache holds each beam's earlier
-tokens); ``BeamSearch`` extends, ranks and ends the beams. ``n`` is the
+tokens: every step's requests share one reply queue, which keeps them on
+one replica of a data-parallel link); ``BeamSearch`` extends, ranks and
+ends the beams. ``n`` is the
 beam width; ``length_penalty`` is vLLM's field; ``temperature`` (0 where
 left out) draws the token each step samples beside the top candidates; an
 ended sequence keeps its end-of-sequence token only with
@@ -23,6 +25,7 @@ counts each prompt once and the tokens of every returned sequence.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from starlette.requests import Request
@@ -93,8 +96,9 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
                         keep_eos=params.include_stop_str_in_output)
     step = search.step_params.to_dict()
     in_reasoning: list[bool] | None = None
+    queue = asyncio.Queue()  # every step's: one replica of a data-parallel link for them all
     while requests := search.requests():
-        generation = Generation(state.link, metrics=None)
+        generation = Generation(state.link, metrics=None, queue=queue)
         try:
             await generation.start(requests, [step], [], priority, cache_salt=cache_salt,
                                    enable_thinking=enable_thinking)

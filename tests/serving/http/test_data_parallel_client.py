@@ -1,0 +1,78 @@
+"""``DataParallelClient`` in process, over two replica links that answer
+at once: a reply queue keeps its replica for its whole life, so a beam
+search's steps stay on the replica whose prefix cache holds their tokens,
+whatever the load does between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import types
+
+import pytest
+
+from engine.beam_search import BeamSearchParams
+from ipc.engine_messages import Delta, RequestAccepted, TokenLogprob
+from serving.data_parallel_client import DataParallelClient
+from serving.http.beam_search import beam_search
+
+
+class OneTokenLink:
+    """A replica that accepts each request and answers it at once with one
+    token and four candidates (what a beam search step asks for); it keeps
+    the id of each request it was sent, and runs ``on_submit`` first."""
+
+    def __init__(self, on_submit=None) -> None:
+        self.sent: list[str] = []
+        self.on_submit = on_submit
+
+    def submit(self, request_id, prompt_token_ids, params, queue, *args, **kwargs) -> None:
+        if self.on_submit is not None:
+            self.on_submit()
+        self.sent.append(request_id)
+        queue.put_nowait(RequestAccepted(request_id=request_id,
+                                         prompt_token_ids=list(prompt_token_ids or [])))
+        candidates = [TokenLogprob(t, -0.1 * t, t - 4) for t in (5, 6, 7, 8)]
+        queue.put_nowait(Delta(request_id=request_id, token_ids=[5], text="x", finished=True,
+                               finish_reason="length", logprobs=[candidates]))
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+    forget = abort
+
+
+@pytest.mark.timeout(30)
+def test_a_beam_searchs_steps_stay_on_its_first_replica():
+    """Another request on replica 0 sends the search's first step to
+    replica 1; that request then finishes, so replica 0 has the fewest
+    unfinished requests for every later step: they go to replica 1 all the
+    same, where the earlier steps' tokens are cached."""
+    replicas = [OneTokenLink(), None]
+    link = DataParallelClient(replicas)
+    replicas[1] = OneTokenLink(on_submit=lambda: link.forget("other"))
+
+    async def run():
+        link.submit("other", [1, 2], {}, asyncio.Queue())
+        assert link.unfinished == [1, 0]
+        state = types.SimpleNamespace(link=link, eos_token_ids=[0], max_model_len=64)
+        params = BeamSearchParams(beam_width=2, max_tokens=4, ignore_eos=True)
+        return await beam_search(state, [[1, 2, 3]], params, priority=0)
+
+    outputs, _ = asyncio.run(run())
+    assert len(outputs[0].sequences) == 2
+    assert replicas[0].sent == ["other"]
+    assert len(replicas[1].sent) == 1 + 2 + 2 + 2  # one beam, then two at each later step
+    assert link.unfinished == [0, 0] and link.replica_of == {}
+
+
+def test_a_queues_replica_is_forgotten_with_the_queue():
+    link = DataParallelClient([OneTokenLink(), OneTokenLink()])
+    queue = asyncio.Queue()
+    link.submit("a", [1], {}, queue)
+    link.forget("a")
+    assert dict(link.queue_replica) == {queue: 0}
+    del queue
+    gc.collect()
+    assert len(link.queue_replica) == 0
