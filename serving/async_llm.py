@@ -124,9 +124,13 @@ class AsyncLLM:
         self._requests[request_id] = engine_ids
         try:
             for engine_id, choice in zip(engine_ids, choices):
-                client.submit(engine_id, prompt.get("prompt_token_ids"),
-                              dict(choice.to_dict(), stop=()), queue, priority=priority,
-                              cache_salt=prompt.get("cache_salt"), prompt=prompt.get("prompt"))
+                try:
+                    client.submit(engine_id, prompt.get("prompt_token_ids"),
+                                  dict(choice.to_dict(), stop=()), queue, priority=priority,
+                                  cache_salt=prompt.get("cache_salt"),
+                                  prompt=prompt.get("prompt"))
+                except EngineStoppedError as e:  # the engine stopped since ``_connect``
+                    raise EngineDeadError(str(e)) from None
             while not request.finished:
                 items = [await queue.get()]
                 while not queue.empty():  # all that came meanwhile: one output
@@ -178,7 +182,13 @@ class AsyncLLM:
     @property
     def errored(self) -> bool:
         """The engine has stopped (failed, or shut down)."""
-        return self._background.dead is not None
+        return self._stopped() is not None
+
+    def _stopped(self) -> str | None:
+        """Why the engine stopped, as the loop's thread or the client heard
+        it first (the loop tells its clients before its thread ends)."""
+        client = self._background.client
+        return self._background.dead or (client.dead if client is not None else None)
 
     @property
     def is_running(self) -> bool:
@@ -190,7 +200,7 @@ class AsyncLLM:
 
     @property
     def dead_error(self) -> EngineDeadError:
-        return EngineDeadError(self._background.dead or "the engine is running")
+        return EngineDeadError(self._stopped() or "the engine is running")
 
     def shutdown(self) -> None:
         """Stop the engine's loop and the engine (every waiting ``generate``

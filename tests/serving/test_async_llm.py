@@ -462,6 +462,29 @@ def test_an_engine_that_fails_raises_engine_dead_error():
 
 
 @pytest.mark.timeout(120)
+def test_a_stop_the_client_heard_before_the_loop_ended_is_engine_dead_error():
+    """The loop tells its clients it stopped before its thread ends: a
+    generate, ``errored`` and ``check_health`` in between already say
+    EngineDeadError (it was the client's bare EngineStoppedError)."""
+    engine = AsyncLLM(model="tiny", device="cpu")
+
+    async def heard():
+        await engine.stats()  # this loop's client made
+        client = engine._background.client
+        client.protocol.stop("the engine failed: worker rank 1 exited", True)
+        assert engine.errored and engine._background.dead is None
+        with pytest.raises(EngineDeadError, match="worker rank 1 exited"):
+            await engine.generate("Hello", params(), "late").__anext__()
+        with pytest.raises(EngineDeadError, match="worker rank 1 exited"):
+            await engine.check_health()
+
+    try:
+        run(heard())
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.timeout(120)
 def test_a_killed_worker_fails_every_waiting_generate_naming_it():
     engine = AsyncLLM(model="tiny", device="cpu", tensor_parallel_size=2)
     workers = engine._background.engine.executor.procs

@@ -157,7 +157,7 @@ class _OneChoice:
                 yield ChoiceEvent(0, piece, [3], None, reason)
 
 
-STATE = SimpleNamespace(shown_model=lambda model: model)
+STATE = SimpleNamespace(shown_model=lambda model: model, response_role="assistant")
 
 
 def _chat(generation: _OneChoice) -> str:
