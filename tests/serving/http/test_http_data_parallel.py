@@ -184,11 +184,7 @@ def test_a_world_size_other_than_tp_times_dp_is_refused(tmp_path, argv, said):
     sockets = tempfile.mkdtemp(prefix="dp")
     result, leftovers = run_tprun([*argv, "--model", "tiny", "--device", "cpu",
                                    "--http-port", "0"], timeout=60, env={"TMPDIR": sockets})
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
-    assert said in result.stderr
-    assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
-    os.rmdir(sockets)
+    _assert_refused_before_start(result, leftovers, said, sockets)
 
 
 @pytest.mark.timeout(240)
@@ -252,11 +248,7 @@ def test_what_a_replica_could_not_start_with_is_refused_before_anything_starts(t
         }[case]
         result, leftovers = run_tprun([*argv, "-dp", "2", "--model", "tiny", "--device", "cpu",
                                        "--http-port", "0"], timeout=90, env={"TMPDIR": sockets})
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
-    assert said in result.stderr
-    assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
-    os.rmdir(sockets)
+    _assert_refused_before_start(result, leftovers, said, sockets)
 
 
 @pytest.mark.timeout(240)
@@ -278,4 +270,15 @@ def test_a_replica_stopped_alone_ends_the_server_saying_how(tmp_path):
     assert errors == ["tprun: error: data-parallel replica 1 (local rank 1) failed: "
                       "stopped by SIGTERM"], output
     assert leftovers == [] and socket_dirs(sockets) == [], output
+    os.rmdir(sockets)
+
+
+def _assert_refused_before_start(result, leftovers, said: str, sockets: str) -> None:
+    """One ``tprun: error:`` line saying ``said``, exit code 2, nothing on
+    stdout and nothing left: no process, no socket directory in ``sockets``
+    (which is then removed)."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"tprun: error: {result.stderr[14:].strip()}"]
+    assert said in result.stderr
+    assert result.stdout == "" and leftovers == [] and socket_dirs(sockets) == []
     os.rmdir(sockets)
