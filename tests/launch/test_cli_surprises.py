@@ -137,7 +137,7 @@ def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_l
     others.mkdir(mode=0o700)
     made = []
 
-    def cut_short(_argv):
+    def cut_short(_argv, _parsed=None):
         made.append(private_directory())  # the executor's, as Endpoints.create makes it
         raise KeyboardInterrupt  # the shutdown that would remove it, interrupted
     monkeypatch.setattr(cli, "_main", cut_short)
@@ -150,7 +150,7 @@ def _wrapped_interrupt(wrapper: type[Exception]):
     """Ctrl-C as Python delivers it when it lands inside its own machinery:
     a class body's ``__set_name__`` while torch is imported raises
     RuntimeError with the interrupt as its cause."""
-    def run(_argv):
+    def run(_argv, _parsed=None):
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt as e:
@@ -174,7 +174,7 @@ def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, c
     from executor import stop_signals
     from launch import cli
 
-    def run(_argv):
+    def run(_argv, _parsed=None):
         try:
             cli._interrupt(signal.SIGINT, None)  # what the signal does
         except KeyboardInterrupt:
@@ -192,7 +192,7 @@ def test_ctrl_c_swallowed_on_its_way_up_is_still_one_line_and_130(monkeypatch, c
 def test_an_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(monkeypatch):
     from launch import cli
 
-    def fail(_argv):
+    def fail(_argv, _parsed=None):
         raise RuntimeError("a real failure")
 
     monkeypatch.setattr(cli, "_main", fail)
