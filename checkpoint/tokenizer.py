@@ -26,9 +26,11 @@ vLLM's detokenizer of a fast tokenizer (tokenizers' ``DecodeStream``)
 writes it, token by token: a token's text is released once the text so far
 does not end in U+FFFD, and what is still held back when the output ends
 (an incomplete UTF-8 character, a token that is U+FFFD itself) is never
-shown. After a prompt whose text ends in U+FFFD, the output is decoded as
-if there were no prompt (``_context_ids``), where vLLM's stream would begin
-it with the prompt's text.
+shown. An output's text is what the prompt and output decoded together add
+after the prompt's own text (``_text_added``): after a prompt that ends
+inside a character, the output's first text completes that character, which
+the prompt's text held back (vLLM's stream, which has released nothing of
+such a prompt, would begin the output with the prompt's whole text).
 """
 
 from __future__ import annotations
@@ -276,16 +278,12 @@ def _cleaned_up(text: str) -> str:
 
 def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
                  skip_special_tokens: bool) -> list[int]:
-    """The prompt's last tokens an output is decoded after; none where their
-    text ends in U+FFFD: a token-id prompt that ends inside a character (the
-    output's first bytes would complete it and vanish into it) or a text
-    that ends in U+FFFD itself. There vLLM's stream, primed with the whole
-    prompt, has no prefix yet and would begin the output's text with the
-    prompt's whole text; tprun's text is the output's own, a difference
-    README states. Under
+    """The prompt's last tokens an output is decoded after. Under
     ``skip_special_tokens`` the last ones that decode to text: special
     tokens there would leave a context of nothing, and a SentencePiece
-    decoder would then drop the output's leading space."""
+    decoder would then drop the output's leading space. Their text may end
+    in U+FFFD (token ids that end inside a character): ``_text_added`` cuts
+    off only the text the prompt keeps."""
     ids = []
     for token in reversed(prompt_token_ids):
         if len(ids) == _CONTEXT_TOKENS:
@@ -293,9 +291,29 @@ def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
         if not (skip_special_tokens and token in tokenizer.special_ids):
             ids.append(token)
     ids.reverse()
-    if tokenizer.raw_decode(ids, skip_special_tokens).endswith("\ufffd"):
-        return []
     return ids
+
+
+def _text_added(head: str, joint: str) -> str | None:
+    """The text ``joint`` (a context's tokens and more, decoded together)
+    adds after ``head`` (the context's tokens decoded alone): what follows
+    ``head`` where ``joint`` begins with it. Where ``head`` ends in U+FFFD
+    that ``joint`` rewrites (the context ends inside a character that the
+    tokens after it complete: "I like \ufffd", "I like \U0001f999 a"),
+    what follows the start the two share, which holds all of ``head`` but
+    its last U+FFFDs ("\U0001f999 a"): the text of ``joint`` less the
+    context's, the character the context began belonging to the tokens
+    that complete it. None where ``joint`` keeps less of ``head`` (a
+    decoder that rewrites more than a cut character)."""
+    if joint.startswith(head):
+        return joint[len(head):]
+    kept = head.rstrip("\ufffd")
+    if len(kept) == len(head) or not joint.startswith(kept):
+        return None
+    shared = len(kept)
+    while shared < len(joint) and joint[shared] == head[shared]:  # head is longer
+        shared += 1
+    return joint[shared:]
 
 
 def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[int],
@@ -303,12 +321,14 @@ def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     """The text ``output_ids`` add after ``context_ids``: their joint decode
     less the context's own (a decoder that drops the leading space of the
     first token it sees, SentencePiece's, keeps the output's); the output
-    decoded alone where the joint text does not begin with the context's."""
+    decoded alone where the joint text keeps less of the context's
+    (``_text_added``)."""
     if context_ids:
         head = tokenizer.raw_decode(context_ids, skip_special_tokens)
         joint = tokenizer.raw_decode([*context_ids, *output_ids], skip_special_tokens)
-        if joint.startswith(head):
-            return joint[len(head):]
+        text = _text_added(head, joint)
+        if text is not None:
+            return text
     return tokenizer.raw_decode(output_ids, skip_special_tokens)
 
 
@@ -396,7 +416,8 @@ class IncrementalDetokenizer:
     tokens before the unreleased ones and decodes only the window, so each
     step costs O(window), not O(output). The window starts with the
     prompt's last tokens (``_context_ids``), so the first token's text is
-    what it adds after the prompt. Several tokens fed at once give what
+    what it adds after the prompt (``_text_added``: after a prompt that
+    ends inside a character, that character completed). Several tokens fed at once give what
     they give fed one at a time, joined. Without
     ``spaces_between_special_tokens`` (special tokens shown) tokens are
     taken one at a time, and an added token after an added token gives its
@@ -464,8 +485,11 @@ class IncrementalDetokenizer:
                 break
         else:
             return ""
-        if len(new_text) <= len(prefix_text):
+        piece = _text_added(prefix_text, new_text)
+        if piece is None:  # a decoder that rewrote the window's text
+            piece = new_text[len(prefix_text) :]
+        if not piece:
             return ""
         self._prefix_offset = self._read_offset
         self._read_offset = end
-        return new_text[len(prefix_text) :]
+        return piece

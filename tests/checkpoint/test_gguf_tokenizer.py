@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint.gguf_model import resolve_gguf
-from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
 
 TEXTS = [
     "Hello, my name is",
@@ -81,3 +81,41 @@ def test_special_tokens_and_chat_template_match_transformers(tokenizers):
     assert "<|im_start|>" in ours.chat_template
     assert ours.vocab_size == len(hf) == 49152
     assert ours.token_text(ours.eos_token_id) == hf.eos_token
+
+
+def _after_cut_prompt(ours, hf, prompt: list[int], output: list[int]) -> str:
+    """The output's text, token by token and whole, after a prompt whose
+    text (as transformers decodes it) ends in U+FFFD; checked to be
+    transformers' text of all the ids less the prompt's text before that
+    U+FFFD (the output completes the character the prompt began)."""
+    prompt_text = hf.decode(prompt)
+    assert prompt_text.endswith("\ufffd")
+    whole = hf.decode([*prompt, *output])
+    kept = prompt_text.removesuffix("\ufffd")
+    assert whole.startswith(kept)
+    pieces = IncrementalDetokenizer(ours, prompt)
+    assert "".join(pieces.feed([t]) for t in output) == whole[len(kept):]
+    assert output_text(ours, prompt, output) == whole[len(kept):]
+    return whole[len(kept):]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("text", ["I like 🦙 a lot", "日本語のテキスト"])
+def test_output_after_a_prompt_cut_inside_a_character(tokenizers, text):
+    """Every cut of the text's ids where the prompt ends inside a character."""
+    ours, hf = tokenizers
+    ids = ours.encode(text, add_special_tokens=False)
+    cuts = [n for n in range(1, len(ids)) if hf.decode(ids[:n]).endswith("\ufffd")]
+    assert cuts, "the text's tokens never end inside a character"
+    for n in cuts:
+        assert _after_cut_prompt(ours, hf, ids[:n], ids[n:]) == text[len(hf.decode(ids[:n])) - 1:]
+
+
+@pytest.mark.timeout(300)
+def test_output_after_a_prompt_that_ends_in_a_lead_byte(tokenizers):
+    """"Caf" then é's first byte (its byte-level token "Ã"); the output: é's
+    second byte ("©"), then " au lait"."""
+    ours, hf = tokenizers
+    prompt = [*ours.encode("Caf", add_special_tokens=False), ours.convert_tokens_to_ids("Ã")]
+    output = [ours.convert_tokens_to_ids("©"), *ours.encode(" au lait", add_special_tokens=False)]
+    assert _after_cut_prompt(ours, hf, prompt, output) == "é au lait"

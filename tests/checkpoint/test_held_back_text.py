@@ -6,7 +6,10 @@ while a U+FFFD followed by more text is. On tiny's byte-level tokenizer
 (``IncrementalDetokenizer``), fed in parts, and whole (``output_text``),
 against ``DecodeStream`` written out as vLLM uses it
 (``tests/helpers/vllm_detokenizer.py``, with its one documented difference:
-an output after a prompt whose text ends in U+FFFD) and hand-worked texts."""
+an output after a prompt whose text ends in U+FFFD) and hand-worked texts.
+After a prompt whose ids end inside a character, the output's text is what
+prompt and output decoded together add after the prompt's text: the
+character completed, then the rest."""
 
 from __future__ import annotations
 
@@ -71,6 +74,30 @@ def test_an_output_after_a_prompt_that_ends_in_replacement(tiny, skip, leaked):
     assert output_text(tiny, prompt, [A], skip) == "a"
 
 
+@pytest.mark.parametrize("cut, output, whole, want", [
+    (EURO[:2], [EURO[2], A], "x€a", ["€", "a"]),
+    (EURO[:1], [EURO[1], EURO[2], A], "x€a", ["", "€", "a"]),
+    (list("😀".encode())[:3], [list("😀".encode())[3]], "x😀", ["😀"]),
+    # never completed: the prompt's bytes stay its U+FFFD
+    (EURO[:1], [A], "x\ufffda", ["a"]),
+    (EURO[:2], [0xC3, A], "x\ufffd\ufffda", ["", "\ufffda"]),
+])
+@pytest.mark.parametrize("skip", [True, False])
+def test_an_output_after_a_prompt_that_ends_inside_a_character(tiny, cut, output, whole, want,
+                                                                skip):
+    """The prompt "x" then the first bytes of a character: the text of
+    prompt and output decoded together, less the prompt's text ("x\ufffd",
+    or "x" where the output completes the character)."""
+    prompt = [*tiny.encode("x"), *cut]
+    bos = "" if skip else "<s>"
+    assert tiny.hf.decode(prompt, skip_special_tokens=skip) == bos + "x\ufffd"
+    assert tiny.hf.decode([*prompt, *output], skip_special_tokens=skip) == bos + whole
+    detok = IncrementalDetokenizer(tiny, prompt, skip)
+    assert [detok.feed([t]) for t in output] == want
+    assert vllm_fast_pieces(tiny.hf, prompt, output, skip) == want
+    assert output_text(tiny, prompt, output, skip) == "".join(want)
+
+
 # Whole characters (one to four bytes), lone lead bytes, stray continuation
 # bytes, U+FFFD's own bytes, special tokens; then a character cut short.
 _PIECES = [[A], [ord(" ")], list("é".encode()), EURO, list("😀".encode()), [0xC3], [0xF0],
@@ -81,12 +108,14 @@ _outputs = st.tuples(st.lists(st.sampled_from(_PIECES), max_size=10),
 
 
 @settings(max_examples=300, deadline=None)
-@example(prompt="\ufffd", output=[A], cuts=[], skip=True, spaces=True)
-@example(prompt="\ufffd", output=[A], cuts=[], skip=False, spaces=False)
-@given(prompt=st.text(max_size=5), output=_outputs, cuts=st.lists(st.integers(1, 4), max_size=10),
-       skip=st.booleans(), spaces=st.booleans())
-def test_pieces_and_text_are_vllms(tiny, prompt, output, cuts, skip, spaces):
-    ids = tiny.encode(prompt)
+@example(prompt="\ufffd", prompt_cut=[], output=[A], cuts=[], skip=True, spaces=True)
+@example(prompt="\ufffd", prompt_cut=[], output=[A], cuts=[], skip=False, spaces=False)
+@example(prompt="x", prompt_cut=EURO[:2], output=[EURO[2], A], cuts=[], skip=True, spaces=True)
+@given(prompt=st.text(max_size=5), prompt_cut=st.sampled_from(_CUT), output=_outputs,
+       cuts=st.lists(st.integers(1, 4), max_size=10), skip=st.booleans(), spaces=st.booleans())
+def test_pieces_and_text_are_vllms(tiny, prompt, prompt_cut, output, cuts, skip, spaces):
+    """Prompts end in whole characters or inside one (``prompt_cut``)."""
+    ids = [*tiny.encode(prompt), *prompt_cut]
     want = vllm_fast_pieces(tiny.hf, ids, output, skip, spaces)
     detok = IncrementalDetokenizer(tiny, ids, skip, spaces)
     assert [detok.feed([t]) for t in output] == want

@@ -13,21 +13,23 @@ that token's own text instead.
 The one difference, which tprun keeps on purpose (README, "An output's
 text"): where the prompt's text (decoded as the request decodes) ends in
 U+FFFD, a token-id prompt that ends inside a character or a text that ends
-in U+FFFD itself, vLLM's primed stream has no prefix yet, so its first
-piece would begin with the prompt's whole text (prompt "\\ufffd", output
-"a": "\\ufffda"), text that is the prompt's, not the output's. tprun
-decodes such an output as if there were no prompt, and so does this
-reference: the stream starts empty there.
+in U+FFFD itself, vLLM's primed stream has released nothing yet, so its
+first piece begins with the prompt's whole text (prompt "x" and the first
+two bytes of "\u20ac", output its last byte: "x\u20ac"). tprun's text is
+what the prompt and output decoded together add after the prompt's text
+("\u20ac": the character the prompt began, completed), and this reference
+cuts so: from that first piece, the start it shares with the prompt's text.
 """
 
 from __future__ import annotations
 
 
-def _primer(hf, prompt_ids: list[int], skip_special_tokens: bool) -> list[int]:
-    """The ids the stream starts from: the prompt, or none where its text
-    ends in U+FFFD (the documented difference above)."""
-    text = hf.decode(list(prompt_ids), skip_special_tokens=skip_special_tokens)
-    return [] if text.endswith("\ufffd") else list(prompt_ids)
+def _shared_start(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` begin with alike."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def vllm_fast_pieces(hf, prompt_ids: list[int], output_ids: list[int],
@@ -36,13 +38,17 @@ def vllm_fast_pieces(hf, prompt_ids: list[int], output_ids: list[int],
     """Each output token's piece of text (``hf``: a ``tokenizers.Tokenizer``)."""
     from tokenizers.decoders import DecodeStream
 
-    stream = DecodeStream(ids=_primer(hf, prompt_ids, skip_special_tokens),
-                          skip_special_tokens=skip_special_tokens)
+    stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=skip_special_tokens)
+    prompt_text = hf.decode(list(prompt_ids), skip_special_tokens=skip_special_tokens)
+    # The prompt's text the stream's first piece begins with (the difference above).
+    held = prompt_text if prompt_text.endswith("\ufffd") else None
     added = {i: t.content for i, t in hf.get_added_tokens_decoder().items()}
     bare = not skip_special_tokens and not spaces_between_special_tokens
     pieces, after_added = [], False
     for token in output_ids:
         piece = stream.step(hf, token) or ""
+        if piece and held is not None:
+            piece, held = piece[_shared_start(piece, held):], None
         if bare and token in added and after_added:
             piece = added[token]
         after_added = token in added

@@ -65,3 +65,32 @@ def test_chat_whole_and_streamed(server, client, hf):
     chunks = client.chat.completions.create(model="tiny", messages=messages, stream=True,
                                             extra_body=extra, **FORCED)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+
+
+EURO = list("€".encode())  # E2 82 AC
+
+
+@pytest.mark.parametrize("stop", [None, ["never-here"]])
+@pytest.mark.parametrize("max_tokens, want", [(1, "€"), (3, "€")])
+def test_completion_after_a_prompt_that_ends_inside_a_character(client, hf, stop, max_tokens,
+                                                                want):
+    """Prompt ids "x" and the first two bytes of "€"; the answer forced to
+    its last byte (``logit_bias``), then the same byte again (a stray
+    continuation byte, U+FFFD, held back at the end): its text, whole and
+    streamed, is "€", the text of prompt and answer decoded together less
+    the prompt's "x"."""
+    prompt = [*hf.encode("x").ids, *EURO[:2]]
+    forced = {"temperature": 0, "max_tokens": max_tokens, "logit_bias": {str(EURO[2]): 100}}
+    extra = {"ignore_eos": True, "return_token_ids": True}
+    whole = client.completions.create(model="tiny", prompt=prompt, stop=stop, extra_body=extra,
+                                      **forced).choices[0]
+    ids = whole.model_extra["token_ids"]
+    assert ids == [EURO[2]] * max_tokens
+    assert hf.decode(prompt) == "x\ufffd"
+    assert hf.decode([*prompt, EURO[2]]) == "x€"
+    assert whole.text == want == vllm_fast_text(hf, prompt, ids)
+    chunks = [c.choices[0] for c in client.completions.create(
+        model="tiny", prompt=prompt, stop=stop, stream=True, extra_body=extra, **forced)]
+    assert [t for c in chunks for t in c.model_extra["token_ids"]] == ids
+    assert chunks[0].text == want
+    assert "".join(c.text for c in chunks) == want
