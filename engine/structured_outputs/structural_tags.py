@@ -21,14 +21,16 @@ is refused by name: llguidance does not read it.
 ``lark`` writes the grammar that llguidance's ``StructTag`` builder writes
 (free text, then each structure's trigger, the rest of its begin, ``%json``
 of its schema with ``disable_any_whitespace`` as its ``x-guidance`` option,
-its end), but decides for each trigger on its own whether it is a token: a
-trigger that is one special token of the model's tokenizer is matched as
-that token (``<[id]>``), any other as text, a lazy lexeme, so free text ends
-as soon as it completes the trigger and never holds it. (The builder decides
-by spelling, ``<...>``, for all triggers at once: a special token spelled
-otherwise, or beside a ``<...>`` trigger that is no special token, would be
-matched as text, which a special token never is, so the model could not
-write it.) A special token's text written in ordinary tokens is free text.
+its end), but decides for each trigger and each end on its own whether it
+is a token: one that is exactly one special token of the model's tokenizer
+is matched as that token (``<[id]>``, ``_special_id``), any other as text
+(a trigger then as a lazy lexeme, so free text ends as soon as it completes
+the trigger and never holds it). (The builder decides a trigger by
+spelling, ``<...>``, for all triggers at once, and writes every end as
+text: a special token spelled otherwise, beside a ``<...>`` trigger that is
+no special token, or as an end, would be matched as text, which a special
+token never is, so the model could not write it.) A special token's text
+written in ordinary tokens is free text, and ends no structure.
 As in vLLM, a structure whose text trigger holds another structure's text
 trigger ending before its own end (``"<ab"`` read before ``"<a"``) is never
 written: free text ends at the shorter one first.
@@ -162,16 +164,17 @@ def lark(text: str, tokenizer: Any, compact: bool) -> str:
     schema's own ``x-guidance`` options win, as for a ``json`` constraint)."""
     tag = json.loads(text)
     read = read_with([s["begin"] for s in tag["structures"]], tag["triggers"])
-    specials = {t: _special_id(t, tokenizer) for t in set(read)}
+    specials = {t: _special_id(t, tokenizer)
+                for t in {*read, *(s["end"] for s in tag["structures"])}}
     rules = []
     for i, (s, trigger) in enumerate(zip(tag["structures"], read)):
         own = s["schema"].get("x-guidance")
         options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
         schema = json.dumps(dict(s["schema"], **{"x-guidance": options}))
         body = " ".join(part for part in (_literal(s["begin"][len(trigger):]), f"%json {schema}",
-                                          _literal(s["end"])) if part)
+                                          _term(s["end"], specials)) if part)
         if specials[trigger] is not None:
-            rules.append(f"tag_{i}: TAG_TEXT <[{specials[trigger]}]> {body}")
+            rules.append(f"tag_{i}: TAG_TEXT {_term(trigger, specials)} {body}")
             continue
         rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {_literal(trigger)}",
                   f"tag_{i}: tag_{i}_trigger {body}"]
@@ -184,7 +187,15 @@ def _literal(text: str) -> str:
     return json.dumps(text) if text else ""
 
 
+def _term(text: str, specials: dict[str, int | None]) -> str:
+    """``text`` in the grammar: the special token it is (its id in
+    ``specials``), else its literal ("" for no text)."""
+    special = specials[text]
+    return _literal(text) if special is None else f"<[{special}]>"
+
+
 def _special_id(text: str, tokenizer: Any) -> int | None:
-    """The id of the special token ``text`` is, or None."""
+    """The id of the special token ``text`` is exactly, or None (also for
+    no text)."""
     ids = tokenizer.tokenize_str(text, parse_special=True)
     return ids[0] if len(ids) == 1 and tokenizer.is_special_token(ids[0]) else None

@@ -179,6 +179,47 @@ def test_each_trigger_is_a_special_token_or_text_on_its_own():
     assert not takes(template, enc("hi ") + tool + enc("bye"))
 
 
+@pytest.mark.parametrize("trigger", ["<tool>", "<|im_start|>"])
+def test_an_end_that_is_a_special_token_is_matched_as_that_token(trigger):
+    """A structure's end ``<file_sep>`` (SmolLM2's special token 5), after
+    a text trigger or a special-token one: llguidance itself (an
+    ``LLMatcher`` over the tag's grammar) allows token 2 where the JSON
+    value ends and nothing else there, refuses the end's text spelled in
+    ordinary tokens, and takes free text after the token."""
+    import llguidance
+
+    from checkpoint.gguf_model import resolve_gguf
+    from checkpoint.tokenizer import Tokenizer
+
+    model_dir = resolve_gguf(SMOLLM2)
+    tok = Tokenizer.from_dir(model_dir)
+    with open(f"{model_dir}/tokenizer.json", encoding="utf-8") as f:
+        lltok = llguidance.LLTokenizer(f.read(), n_vocab=tok.vocab_size,
+                                       eos_token=[tok.eos_token_id])
+    end = tok.convert_tokens_to_ids("<file_sep>")
+    assert tok.encode("<file_sep>", add_special_tokens=False) == [end]
+    assert end in tok.special_ids and end != tok.eos_token_id
+    tag = {"triggers": [trigger],
+           "structures": [{"begin": trigger + "f=", "schema": NEG, "end": "<file_sep>"}]}
+    grammar = structural_tags.lark(structural_tags.canonical(json.dumps(tag)), lltok, True)
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    opening = [*enc("hi "), *enc(trigger), *enc('f={"x":1}')]
+    m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    assert not m.is_error() and m.consume_tokens(opening), m.get_error()
+    mask = m.compute_bitmask()
+    allowed = [i for i in range(tok.vocab_size) if mask[i // 8] >> (i % 8) & 1]
+    assert allowed == [end]
+    assert m.consume_token(end) and m.consume_tokens(enc(" bye")) and m.is_accepting()
+    spelled = [*enc("<file_sep"), *enc(">")]
+    assert tok.decode(spelled) == "<file_sep>" and end not in spelled
+    m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    assert m.consume_tokens(opening)
+    assert m.validate_tokens(spelled) == 0
+
+
 def test_a_special_token_spelled_otherwise_is_matched_as_that_token(tiny_dir, tmp_path):
     """A special token needs no ``<...>`` spelling to be a trigger: tiny's
     vocabulary with its special token 258 renamed ``[CALL]`` (as Mistral's
