@@ -446,16 +446,19 @@ class NamedCallReader(ToolCallReader):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.text = ""  # the blank text before the call, kept until it starts
+        # The blank text before the call, as its pieces, kept until it
+        # starts and joined once then: a long run of blank pieces costs its
+        # length, not the square of it.
+        self.blank: list[str] = []
         self.list = CallList()
 
     def add(self, text: str, last: bool = False) -> list[dict]:
         if self.list:
             return self.list.extend(text)
-        self.text += text
+        self.blank.append(text)
         if not text.strip():  # the text before it was blank too: no call yet
             return []
-        return [self.list.open(self.name), *self.list.extend(self.text)]
+        return [self.list.open(self.name), *self.list.extend("".join(self.blank))]
 
     def calls(self) -> list[dict]:
         return list(self.list.found)

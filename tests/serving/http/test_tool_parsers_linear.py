@@ -13,8 +13,8 @@ content; a named and a "required" tool choice's calls too) fed four
 characters at a time, the memory each piece allocates
 at its peak (``tracemalloc``, which counts allocations, not time) summed
 over the pieces must about double when the call does, where copying the
-answer, its content or a call's arguments so far at each piece would
-quadruple it."""
+answer, its content, a call's arguments or the blank text before a named
+call so far at each piece would quadruple it."""
 
 from __future__ import annotations
 
@@ -142,6 +142,7 @@ LONG = {
                               + "".join(f"<parameter=k{i}>\n{i}\n</parameter>\n"
                                         for i in range(n)) + "</function>\n</tool_call>"),
     "named": lambda n: json.dumps(_members(n)),
+    "named after blank space": lambda n: " \n" * (30 * n) + '{"a": "x"}',
     "required": lambda n: '[{"name": "f", "parameters": ' + json.dumps(_members(n)) + "}]",
     "content": lambda n: "Some words of content. " * n,
 }
@@ -150,8 +151,8 @@ LONG = {
 def _allocated(parser: str, text: str) -> int:
     """The memory each piece of ``text`` (four characters each) allocates
     beyond what was held before it, at its peak, summed over the pieces."""
-    if parser in ("named", "required"):
-        reader = NamedCallReader("f") if parser == "named" else RequiredCallsReader()
+    if parser in ("named", "named after blank space", "required"):
+        reader = RequiredCallsReader() if parser == "required" else NamedCallReader("f")
     else:
         reader = TOOL_CALL_PARSERS["hermes" if parser == "content" else parser](SCHEMAS)
     pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
