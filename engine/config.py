@@ -148,6 +148,11 @@ class EngineConfig:
         '"prompt_lookup_min": 2} or {"method": "draft_model", "model": PATH, '
         f'"num_speculative_tokens": 3}}; num_speculative_tokens <= {MAX_SPECULATIVE_TOKENS}. '
         "Off by default", metavar="JSON")
+    logits_processors: list | None = _opt(
+        None, "custom logits processors (vLLM's): qualified class names, 'module:Class' or "
+        "'module.Class', of subclasses of runner.sampling.logits_processor.LogitsProcessor "
+        "(LLM also takes the classes); each worker imports and constructs them; refused with "
+        "speculative decoding", nargs="+", metavar="NAME")
     # vLLM's options for what tprun does not do: each takes only the values
     # that ask for what tprun does (or that change nothing in vLLM's engine
     # either); any other value is refused by name (``_check_vllm_options``).
@@ -212,6 +217,7 @@ class EngineConfig:
         if self.executor == "uni" and self.tensor_parallel_size != 1:
             raise ConfigError("executor 'uni' runs TP=1 only")
         spec = self.speculative
+        _check_logits_processors(self)
         if spec is not None and self.resolved_device == "cuda" and self.attention_backend in (
                 "torch", "sdpa"):
             raise ConfigError(f"speculative decoding on CUDA needs the 'triton' or 'flash_attn' "
@@ -477,6 +483,7 @@ class EngineConfig:
             dtype=self.resolved_dtype(model),
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
             max_model_len=length, speculative=spec,
+            logits_processors=list(self.logits_processors or ()),
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}
@@ -543,6 +550,40 @@ def _check_ints(c: EngineConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError(f"{name} must be a number, got {value!r}")
+
+
+def _check_logits_processors(c: EngineConfig) -> None:
+    """``logits_processors`` as the qualified names the workers import
+    (a class given as an object becomes its name), each imported here and
+    checked to be a ``LogitsProcessor`` subclass, before any worker starts;
+    refused with speculative decoding, as vLLM refuses them."""
+    given = c.logits_processors
+    if given is None:
+        return
+    if isinstance(given, (str, type)) or not isinstance(given, (list, tuple)):
+        raise ConfigError(f"logits_processors must be a list of classes or qualified names, "
+                          f"got {given!r}")
+    from runner.sampling.logits_processor import (
+        LogitsProcessorError,
+        load_processor_class,
+        qualified_name,
+    )
+
+    names = []
+    try:
+        for item in given:
+            if isinstance(item, str):
+                load_processor_class(item)
+                names.append(item)
+            else:
+                names.append(qualified_name(item))
+    except LogitsProcessorError as e:
+        raise ConfigError(str(e)) from None
+    if names and c.speculative_config is not None:
+        raise ConfigError("custom logits processors are not supported with speculative "
+                          "decoding (as in vLLM): give logits_processors or "
+                          "speculative_config, not both")
+    object.__setattr__(c, "logits_processors", names)
 
 
 def _check_max_model_len(value) -> None:

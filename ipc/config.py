@@ -70,7 +70,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     every all-reduce instead of the one-shot kernel over peer memory.
     ``load_format="dummy"`` fills random weights
     instead of reading the checkpoint. ``speculative``: speculative
-    decoding, None when off.
+    decoding, None when off. ``logits_processors``: qualified names of
+    custom logits processor classes (``runner.sampling.logits_processor``)
+    that each worker imports and constructs; empty: none.
     """
 
     model: str
@@ -91,6 +93,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_utilization: float
     load_format: str
     speculative: SpeculativeConfig | None
+    logits_processors: list[str] = []
 
     @property
     def num_speculative_tokens(self) -> int:

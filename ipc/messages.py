@@ -51,7 +51,10 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     ids inside the vocabulary) are the tokens whose logprobs each sampled
     token reports in place of its top ones, in the list's order, where the
     request asked for ``len(logprob_token_ids)`` of them (``logprobs`` None
-    or that count). ``engine.SamplingParams``
+    or that count). ``extra_args`` (vLLM's) are arguments for custom logits
+    processors (``runner.sampling.logits_processor``), which read them in
+    ``BatchUpdate.added``: None or a JSON object (``is_json_object``: it
+    crosses the socket as plain data). ``engine.SamplingParams``
     extends this Struct with the fields only the engine reads, so a field
     the runner needs is added here, once, and reaches the API, the HTTP
     server and the wire (``SamplingParams.to_options``) from here.
@@ -72,6 +75,7 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     logprob_token_ids: list[int] | None = None
+    extra_args: dict[str, Any] | None = None
 
     def problems(self) -> list[str]:
         """Each field outside its range, as a message (empty: none). The
@@ -80,6 +84,10 @@ class SamplingOptions(msgspec.Struct, frozen=True, kw_only=True):
         failing checks are formatted (every plan checks every new request)."""
         return [message.format(self) for ok, message in _SAMPLING_RANGES if not ok(self)]
 
+
+# How deep ``extra_args`` may nest (lists and objects inside it).
+MAX_EXTRA_ARGS_DEPTH = 32
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 # (check, message) of each SamplingOptions field's range; ``{0}`` is the options.
 _SAMPLING_RANGES = (
@@ -119,7 +127,33 @@ _SAMPLING_RANGES = (
         and o.logprobs in (None, len(o.logprob_token_ids))),
      "logprob_token_ids must be None or 1 to " + str(MAX_LOGPROB_TOKEN_IDS) + " token ids "
      ">= 0, with logprobs None or their number"),
+    (lambda o: o.extra_args is None or is_json_object(o.extra_args),
+     "extra_args must be None or a JSON object: str keys, values null, bool, 64-bit int, "
+     "finite float, str, list or object, nested at most " + str(MAX_EXTRA_ARGS_DEPTH) + " deep"),
 )
+
+
+def is_json_object(value: Any) -> bool:
+    """Whether ``value`` is a dict that JSON can hold as it is: str keys,
+    values None, bool, int within 64 bits, finite float, str, list or such
+    a dict, nested at most ``MAX_EXTRA_ARGS_DEPTH`` deep."""
+    return isinstance(value, dict) and _is_json(value, MAX_EXTRA_ARGS_DEPTH)
+
+
+def _is_json(value: Any, depth: int) -> bool:
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return _INT64[0] <= value <= _INT64[1]
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth == 0:
+        return False
+    if isinstance(value, list):
+        return all(_is_json(v, depth - 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v, depth - 1) for k, v in value.items())
+    return False
 
 
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):

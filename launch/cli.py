@@ -38,7 +38,7 @@ logger = logging.getLogger("tprun.serve")
 
 
 # A dict field takes its JSON text (EngineConfig parses it).
-_TYPES = {"int": int, "float": float, "str": str, "dict": str}
+_TYPES = {"int": int, "float": float, "str": str, "dict": str, "list": str}
 
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -109,7 +109,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = str if f.name in _HUMAN_INTS else _TYPES[base]
-            for key in ("choices", "metavar"):
+            for key in ("choices", "metavar", "nargs"):
                 if key in meta:
                     kwargs[key] = meta[key]
         parser.add_argument(flag, *meta.get("aliases", ()), **kwargs)

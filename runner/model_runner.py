@@ -55,6 +55,7 @@ from runner.ops import device_ops
 from runner.plan_check import check_plan
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
+from runner.sampling.custom_processors import CustomLogitsProcessors, build_processors
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
 from runner.spec_decode.draft_model import DraftModelProposer
@@ -146,12 +147,19 @@ class ModelRunner:
         self.device = device
         self.ops = device_ops(device)
         self.tp = tp.with_peer_buffers(device) if not config.disable_custom_all_reduce else tp
+        # Built before the weights load: a processor that fails fails fast.
+        processors = build_processors(config, device)
         self.model = _load_model(config, device, self.tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs
         self.num_spec = k = config.num_speculative_tokens
         self.req_states = RequestState(n, config.max_model_len, device, k)
-        self.sampler = Sampler(n, self.model.config.vocab_size, device, config.seed)
+        vocab = self.model.config.vocab_size
+        # None without custom logits processors (``EngineConfig`` refuses them
+        # with speculative decoding): then a step checks this and no more.
+        self.custom_logits = (CustomLogitsProcessors(processors, n, vocab, device)
+                              if processors else None)
+        self.sampler = Sampler(n, vocab, device, config.seed, self.custom_logits)
         self.rejection = RejectionSampler(self.sampler, k) if k else None
         self.draft = None
         if k and config.speculative.method == "draft_model":
@@ -302,8 +310,9 @@ class ModelRunner:
         if self.draft is not None:
             ids, positions = self.buffers.input_ids[:tokens], self.buffers.positions[:tokens]
             self.draft.forward_step(ids, positions, attn)
-        return self._after_forward(hidden, size, tokens, every_token=True,
-                                   greedy=not self.num_spec and size <= GREEDY_IN_GRAPH_MAX_ROWS)
+        greedy = (not self.num_spec and size <= GREEDY_IN_GRAPH_MAX_ROWS
+                  and not self.sampler.custom_may_change_argmax)
+        return self._after_forward(hidden, size, tokens, every_token=True, greedy=greedy)
 
     @torch.no_grad()
     def _prefill_graph_forward(self, tokens: int) -> StepTensors:
@@ -353,12 +362,18 @@ class ModelRunner:
         requests' prefill tokens as ``check_plan`` converted them."""
         # Finished and preempted requests leave alike, in sorted order, so
         # every rank frees (and later reuses) the same slots.
+        custom = self.custom_logits
         for req_id in sorted(set(plan.finished_req_ids) | set(plan.preempted_req_ids)):
             if req_id in self.req_states.req_id_to_index:
-                self.sampler.remove_request(self.req_states.remove_request(req_id))
+                slot = self.req_states.remove_request(req_id)
+                self.sampler.remove_request(slot)
+                if custom is not None:
+                    custom.remove_request(slot)
         for new, ids in zip(plan.scheduled_new_reqs,
                             prefill_ids or [None] * len(plan.scheduled_new_reqs)):
             slot = self.req_states.add_request(new, ids)
+            if custom is not None:
+                custom.add_request(slot, new)
             self.sampler.add_request(
                 slot, new.sampling, len(new.prompt_token_ids), len(new.prefill_token_ids),
                 new.min_tokens_stop_ids,
@@ -412,6 +427,8 @@ class ModelRunner:
                                  self.config.max_num_batched_tokens,
                                  self.model.config.vocab_size, self.num_spec)
         self._update_states(plan, prefill_ids)
+        if self.custom_logits is not None:
+            self.custom_logits.update_state()
         graph = self._graph_for(plan)
         batch = make_input_batch(
             plan.scheduled_req_ids(),

@@ -11,7 +11,10 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
    then the step's forced tokens (a spent thinking budget's end of the
    reasoning: the row keeps that token alone whatever step 1's masks left;
    ``runner.sampling.forced_tokens``), on the sampler's copy, never on
-   the raw logits that step 4 reads;
+   the raw logits that step 4 reads; custom logits processors
+   (``runner.sampling.custom_processors``) that may change an argmax run
+   after bad words and before the penalties, argmax-invariant ones last,
+   in a batch that samples at a temperature only;
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
@@ -49,6 +52,7 @@ import torch
 from ipc.messages import SamplingOptions
 from runner.ops import device_ops
 from runner.sampling.bad_words import BadWordsState
+from runner.sampling.custom_processors import CustomLogitsProcessors
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.logit_bias import LogitBiasState
 from runner.sampling.logprob_token_ids import LogprobTokenIdsState
@@ -97,7 +101,8 @@ class TargetDraw:
 
 
 class Sampler:
-    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int):
+    def __init__(self, max_num_reqs: int, vocab_size: int, device: torch.device, seed: int,
+                 custom: CustomLogitsProcessors | None = None):
         self.vocab_size = vocab_size
         self.ops = device_ops(device)
         self.states = SamplingStates(max_num_reqs, device, seed)
@@ -107,6 +112,9 @@ class Sampler:
         self.bad_words = BadWordsState(max_num_reqs, device)
         self.logprob_token_ids = LogprobTokenIdsState(max_num_reqs, device)
         self.token_keys = token_keys(vocab_size, device)
+        # None without custom processors: then the one check a step costs.
+        self.custom = custom
+        self.custom_may_change_argmax = custom is not None and custom.may_change_argmax
 
     def add_request(
         self, slot: int, options: SamplingOptions, prompt_len: int, prefill_len: int,
@@ -226,7 +234,7 @@ class Sampler:
         any_bad_words = self.bad_words.any_active(idx_mapping_np)
         if (flags.all_greedy and not flags.any_penalty and flags.max_logprobs == NO_LOGPROBS
                 and not any_min_tokens and not any_bias and not any_bad_words
-                and forced is None):
+                and forced is None and not self.custom_may_change_argmax):
             # The common case needs no per-slot parameter: one argmax.
             if greedy is not None:
                 return TargetDraw(greedy, None, idx, flags)
@@ -240,6 +248,9 @@ class Sampler:
             processed = self.logit_bias.apply(processed, idx, idx_mapping_np)
         if any_bad_words:
             processed = self.bad_words.apply(processed, idx, prior_tokens)
+        custom = self.custom
+        if custom is not None:
+            processed = custom.apply_changing(processed, idx)
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)
@@ -251,6 +262,8 @@ class Sampler:
             if processed is raw:
                 processed = processed.to(torch.float32, copy=True)
             processed = forced.apply(processed)
+        if custom is not None and not flags.all_greedy:
+            processed = custom.apply_invariant(processed, idx)
         sampled = self._draw(processed, idx, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags, any_bad_words,
                           raw is not None and self.logprob_token_ids.any_active(idx_mapping_np))

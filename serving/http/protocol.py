@@ -109,11 +109,13 @@ class SamplingFields(BaseModel):
     length_penalty: float = 1.0
 
     # vLLM's, taken and changing no answer here, as in a vLLM server without
-    # what uses them: routing and disaggregation hints, extensions' arguments,
-    # fields of its render routes and of mixture-of-experts routing data.
+    # what uses them: routing and disaggregation hints, fields of its render
+    # routes and of mixture-of-experts routing data.
     session_id: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
+    # vLLM's: the request's ``SamplingParams.extra_args``, which custom logits
+    # processors read (``--logits-processors``).
     vllm_xargs: dict[str, Any] | None = None
     return_token_offsets: bool | None = None
     return_mm_kwargs: bool = True

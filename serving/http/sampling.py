@@ -83,7 +83,8 @@ def choice_params(request: SamplingFields, max_tokens: int | None, logprobs: int
                                        is None else skip_special_tokens),
                   spaces_between_special_tokens=request.spaces_between_special_tokens,
                   prompt_logprobs=(request.prompt_logprobs if prompt_logprobs is None
-                                   else prompt_logprobs))
+                                   else prompt_logprobs),
+                  extra_args=request.vllm_xargs)
     out = []
     for choice in SamplingParams.from_dict(fields).choices():
         params = dict(choice.to_dict(), stop=[])

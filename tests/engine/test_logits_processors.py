@@ -1,0 +1,275 @@
+"""Custom logits processors (vLLM's API, ``runner.sampling.logits_processor``):
+named by class or qualified name, imported by every worker, told of each
+step's added and removed requests, applied before the draw; per-request
+arguments in ``SamplingParams.extra_args``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config import ConfigError
+from ipc.errors import InvalidRequestError
+from ipc.messages import NewRequestData, SamplingOptions
+from runner.sampling.custom_processors import CustomLogitsProcessors
+from runner.sampling.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from tests.helpers.hf_models import save_spread, small_llama
+
+NAME = "tests.engine.test_logits_processors:ForceToken"
+
+
+class ForceToken(LogitsProcessor):
+    """Leaves one token to draw for the requests whose ``extra_args`` name
+    it (``force_token``); tracks every request it is told of, and fails a
+    step where an update names an index it does not hold."""
+
+    def __init__(self, config, device, is_pin_memory):
+        self.held: set[int] = set()
+        self.targets: dict[int, int] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            assert index in self.held, f"removed {index}, which holds no request"
+            self.held.discard(index)
+            self.targets.pop(index, None)
+        for index, params, _, _ in batch_update.added:
+            self.held.add(index)
+            target = (params.extra_args or {}).get("force_token")
+            if target is None:
+                self.targets.pop(index, None)
+            else:
+                self.targets[index] = target
+        for a, b, how in batch_update.moved:
+            ta, tb = self.targets.pop(a, None), self.targets.pop(b, None)
+            if ta is not None:
+                self.targets[b] = ta
+            if how == MoveDirectionality.SWAP and tb is not None:
+                self.targets[a] = tb
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.targets:
+            return logits
+        rows = torch.tensor(list(self.targets), device=logits.device)
+        cols = torch.tensor(list(self.targets.values()), device=logits.device)
+        kept = logits[rows, cols]
+        logits[rows] = float("-inf")
+        logits[rows, cols] = kept
+        return logits
+
+
+class NotAProcessor:
+    pass
+
+
+PROMPTS = [[5, 17, 99, 3], [44, 120, 7], [8, 9, 10, 11, 12], [200, 3, 4], [1, 2, 3], [77, 6]]
+
+
+def _params():
+    """Forced requests (even indices) and plain ones, of different lengths so
+    that requests finish and others take their slots."""
+    out = []
+    for i in range(len(PROMPTS)):
+        extra = {"force_token": 30 + i} if i % 2 == 0 else None
+        out.append(SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True,
+                                  extra_args=extra))
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model = small_llama(2, 256, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=128)
+    return save_spread(model, tmp_path_factory.mktemp("llama_logits_processors")), model
+
+
+def hf_greedy(model, prompt, steps) -> list[int]:
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt):]
+
+
+def _check(outs, model):
+    for i, (out, params) in enumerate(zip(outs, _params())):
+        got = out.outputs[0].token_ids
+        if i % 2 == 0:
+            assert got == [30 + i] * params.max_tokens
+        else:
+            assert got == hf_greedy(model, PROMPTS[i], params.max_tokens)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("given", [ForceToken, NAME, "tests.engine.test_logits_processors.ForceToken"])
+def test_forced_tokens_one_rank(llama, given):
+    path, model = llama
+    with LLM(model=path, device="cpu", max_num_seqs=2, logits_processors=[given]) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params())
+    _check(outs, model)
+
+
+@pytest.mark.timeout(300)
+def test_forced_tokens_two_ranks(llama):
+    path, model = llama
+    with LLM(model=path, device="cpu", tensor_parallel_size=2, max_num_seqs=2,
+             logits_processors=[NAME]) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params())
+    _check(outs, model)
+
+
+@pytest.mark.timeout(300)
+def test_sampled_requests_without_arguments_are_unchanged(llama):
+    """Seeded draws at a temperature, beside forced requests, are the draws
+    of a run without the processor."""
+    path, _ = llama
+    params = [SamplingParams(temperature=0.8, seed=11 + i, max_tokens=6, ignore_eos=True,
+                             extra_args={"force_token": 40} if i == 1 else {"other": [1]})
+              for i in range(3)]
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3]]
+    with LLM(model=path, device="cpu", logits_processors=[ForceToken]) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    with LLM(model=path, device="cpu") as llm:
+        plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got[1] == [40] * 6
+    assert got[0] == plain[0] and got[2] == plain[2]
+    assert plain[1] != got[1]
+
+
+class FailsToConstruct(LogitsProcessor):
+    def __init__(self, config, device, is_pin_memory):
+        raise RuntimeError("no table for this model")
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update) -> None:
+        pass
+
+    def apply(self, logits):
+        return logits
+
+
+@pytest.mark.parametrize("given, says", [
+    (["no_such_module_here:Proc"], "cannot import module 'no_such_module_here'"),
+    (["tests.engine.test_logits_processors:Missing"], "has no 'Missing'"),
+    (["tests.engine.test_logits_processors:NotAProcessor"], "is not a subclass"),
+    ([NotAProcessor], "is not a subclass"),
+    (["ForceToken"], "give 'module:Class' or 'module.Class'"),
+    ("tests.engine.test_logits_processors:ForceToken", "must be a list"),
+])
+def test_bad_names_refused_before_workers(given, says):
+    from engine.config import EngineConfig
+
+    with pytest.raises(ConfigError, match=says):
+        EngineConfig(model="tiny", device="cpu", logits_processors=given)
+
+
+def test_class_that_workers_cannot_import_refused():
+    from engine.config import EngineConfig
+
+    class Local(ForceToken):
+        pass
+
+    with pytest.raises(ConfigError, match="not in __main__ or a function"):
+        EngineConfig(model="tiny", device="cpu", logits_processors=[Local])
+
+
+def test_refused_with_speculative_decoding():
+    from engine.config import EngineConfig
+
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    with pytest.raises(ConfigError, match="not supported with speculative decoding"):
+        EngineConfig(model="tiny", device="cpu", logits_processors=[NAME],
+                     speculative_config=spec)
+
+
+def test_names_reach_the_runner_config():
+    from engine.config import EngineConfig
+
+    config = EngineConfig(model="tiny", device="cpu", logits_processors=[ForceToken])
+    assert config.logits_processors == [NAME]
+
+
+@pytest.mark.timeout(120)
+def test_failing_constructor_named_at_start(llama):
+    path, _ = llama
+    with pytest.raises(Exception, match="FailsToConstruct' failed to construct: "
+                                        "RuntimeError: no table for this model"):
+        LLM(model=path, device="cpu",
+            logits_processors=["tests.engine.test_logits_processors:FailsToConstruct"])
+
+
+def _deep(n: int) -> dict:
+    """An object with lists nested ``n`` deep inside it."""
+    value: list = [1]
+    for _ in range(n - 1):
+        value = [value]
+    return {"a": value}
+
+
+@pytest.mark.parametrize("extra", [
+    {1: "int key"}, {"a": object()}, {"a": float("nan")}, {"a": (1, 2)}, ["not", "a", "dict"],
+    {"a": 1 << 70}, _deep(33),
+])
+def test_bad_extra_args_refused(extra):
+    with pytest.raises(InvalidRequestError, match="extra_args must be None or a JSON object"):
+        SamplingParams(extra_args=extra)
+
+
+def test_json_extra_args_taken():
+    extra = {"a": None, "b": [1, 2.5, "x", True], "c": {"d": {"e": -3}}}
+    assert SamplingParams(extra_args=extra).to_options().extra_args == extra
+    # The object and 31 lists inside it: 32 deep.
+    assert SamplingParams(extra_args=_deep(31)).to_options().extra_args == _deep(31)
+
+
+def _new(req_id: str, extra: dict | None) -> NewRequestData:
+    return NewRequestData(req_id=req_id, prompt_token_ids=[1, 2], prefill_token_ids=[1, 2, 9],
+                          sampling=SamplingOptions(extra_args=extra), block_ids=[[0]],
+                          num_computed_tokens=0, max_tokens=4)
+
+
+class Recorder(ForceToken):
+    def __init__(self, config, device, is_pin_memory):
+        super().__init__(config, device, is_pin_memory)
+        self.updates: list[BatchUpdate | None] = []
+
+    def update_state(self, batch_update):
+        self.updates.append(batch_update)
+        super().update_state(batch_update)
+
+
+def test_batch_updates_by_slot():
+    """Each step's update names slots: additions with their parameters, prompt
+    and earlier outputs; a slot freed and taken again in one step is an
+    addition only (it replaces the old request); no step moves a request;
+    a step without changes passes None."""
+    rec = Recorder(None, torch.device("cpu"), False)
+    custom = CustomLogitsProcessors([rec], max_num_reqs=4, vocab_size=50,
+                                    device=torch.device("cpu"))
+    custom.add_request(3, _new("a", {"force_token": 7}))
+    custom.add_request(2, _new("b", None))
+    custom.update_state()
+    custom.update_state()
+    custom.remove_request(3)
+    custom.remove_request(2)
+    custom.add_request(2, _new("c", {"force_token": 5}))
+    custom.update_state()
+    first, none, third = rec.updates
+    assert none is None
+    assert first.batch_size == 4 and first.removed == [] and first.moved == []
+    assert [(i, p.extra_args, prompt, out) for i, p, prompt, out in first.added] == [
+        (3, {"force_token": 7}, [1, 2], [9]), (2, None, [1, 2], [9])]
+    assert third.removed == [3] and [i for i, *_ in third.added] == [2]
+    assert rec.targets == {2: 5}
+    # Rows in batch order, at slots [2, 0]: row 0 is slot 2's and keeps token 5 alone.
+    logits = torch.randn(2, 50)
+    out = custom.apply_changing(logits, torch.tensor([2, 0]))
+    assert torch.isinf(out[0]).sum() == 49 and out[0, 5] == logits[0, 5]
+    assert torch.equal(out[1], logits[1])
