@@ -273,3 +273,29 @@ def test_batch_updates_by_slot():
     out = custom.apply_changing(logits, torch.tensor([2, 0]))
     assert torch.isinf(out[0]).sum() == 49 and out[0, 5] == logits[0, 5]
     assert torch.equal(out[1], logits[1])
+
+
+def test_cli_names_processors():
+    from launch.cli import _engine_config, build_parser
+
+    args = build_parser().parse_args(["serve", "--model", "tiny", "--device", "cpu",
+                                      "--logits-processors", NAME,
+                                      "tests.engine.test_logits_processors.Recorder"])
+    assert _engine_config(args).logits_processors == [
+        NAME, "tests.engine.test_logits_processors.Recorder"]
+    args = build_parser().parse_args(["generate", "--model", "tiny", "--device", "cpu",
+                                      "--logits-processors", "no_such_module_here.Proc"])
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module_here'"):
+        _engine_config(args)
+
+
+def test_http_vllm_xargs_become_extra_args():
+    from serving.http.protocol import CompletionRequest
+    from serving.http.sampling import choice_params
+
+    request = CompletionRequest(model="m", prompt="hi", vllm_xargs={"force_token": 67})
+    (params,) = choice_params(request, max_tokens=4, logprobs=None)
+    assert params["extra_args"] == {"force_token": 67}
+    request = CompletionRequest(model="m", prompt="hi", vllm_xargs={"x": float("inf")})
+    with pytest.raises(InvalidRequestError, match="extra_args must be None or a JSON object"):
+        choice_params(request, max_tokens=4, logprobs=None)
