@@ -394,8 +394,9 @@ def _serve_parser(sub) -> None:
 BENCH_SERVE_HELP = """\
 vLLM's online serving benchmark (`vllm bench serve`): send --num-prompts
 streamed requests of random prompts (token ids of the model's tokenizer,
-decoded to text) to an OpenAI-compatible server (`tprun serve --http-port`,
-vLLM's) at --request-rate (Poisson; gamma with --burstiness; inf: all at
+decoded to text; or --dataset-name sharegpt / custom --dataset-path FILE,
+or prefix_repetition) to an OpenAI-compatible server (`tprun serve
+--http-port`, vLLM's) at --request-rate (Poisson; gamma with --burstiness; inf: all at
 once) under --max-concurrency, then print TTFT, TPOT, ITL and E2EL
 (mean, median, --metric-percentiles) and throughputs; --save-result
 writes vLLM's result JSON. Failed requests are counted, not fatal.

@@ -2,8 +2,11 @@
 serve``) against any OpenAI-compatible HTTP server.
 
 One concept per module: ``options`` (the command line, vLLM's names),
-``random_dataset`` (the prompts), ``arrivals`` (when each request is sent),
-``request`` (one streamed request and its timings), ``metrics`` (the
-summary statistics), ``report`` (the printed table and the result JSON),
-``run`` (the whole run, start to exit code).
+``datasets`` (which dataset, its file read before anything starts),
+``random_dataset``, ``sharegpt_dataset``, ``custom_dataset`` and
+``prefix_repetition_dataset`` (each dataset's prompts), ``sampling_order``
+(a file dataset's shuffle and oversampling), ``arrivals`` (when each
+request is sent), ``request`` (one streamed request and its timings),
+``metrics`` (the summary statistics), ``report`` (the printed table and the
+result JSON), ``run`` (the whole run, start to exit code).
 """

@@ -1,6 +1,7 @@
 """The options of ``tprun bench serve``: vLLM's ``vllm bench serve``
-names, defaults and meanings, for what this benchmark does (the random
-dataset, the completions and chat endpoints)."""
+names, defaults and meanings, for what this benchmark does (the random,
+sharegpt, custom and prefix_repetition datasets, the completions and chat
+endpoints)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import argparse
 import json
 import uuid
 
+from launch.bench_serve.datasets import DATASETS
 from launch.bench_serve.request import BACKENDS
 
 
@@ -58,22 +60,54 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="first send the first prompt until it succeeds, for up to this "
                         "many seconds; failing that, stop with an error (0: no check)")
     dataset = parser.add_argument_group("dataset")
-    dataset.add_argument("--dataset-name", default="random", choices=("random",),
-                         help="where prompts come from: random token ids of the tokenizer")
+    dataset.add_argument("--dataset-name", default="random", choices=DATASETS,
+                         help="where prompts come from: random token ids of the tokenizer "
+                         "(random), a ShareGPT JSON file's conversations (sharegpt), a JSONL "
+                         "file's prompts (custom), random prompts sharing a few prefixes "
+                         "(prefix_repetition)")
+    dataset.add_argument("--dataset-path", default=None, metavar="FILE",
+                         help="the sharegpt or custom dataset's file")
     dataset.add_argument("--num-prompts", type=_positive_int, default=1000,
                          help="requests to send")
-    dataset.add_argument("--random-input-len", type=int, default=1024,
-                         help="prompt tokens per request, as the server counts them")
-    dataset.add_argument("--random-output-len", type=int, default=128,
-                         help="max_tokens per request")
-    dataset.add_argument("--random-range-ratio", type=float, default=0.0,
-                         help="lengths drawn uniformly from [L*(1-r), L*(1+r)], r in [0, 1)")
-    dataset.add_argument("--random-prefix-len", type=int, default=0,
-                         help="random tokens shared before every prompt")
     dataset.add_argument("--input-len", type=int, default=None,
                          help="the same as --random-input-len")
     dataset.add_argument("--output-len", type=int, default=None,
-                         help="the same as --random-output-len")
+                         help="every dataset's output length (--random-output-len, "
+                         "--sharegpt-output-len, --custom-output-len, "
+                         "--prefix-repetition-output-len)")
+    dataset.add_argument("--no-oversample", action="store_true",
+                         help="a file with fewer requests than --num-prompts sends only those "
+                         "(default: some drawn again)")
+    dataset.add_argument("--disable-shuffle", action="store_true",
+                         help="the file's order (prefix_repetition: prefix by prefix) instead "
+                         "of a shuffle")
+    dataset.add_argument("--skip-chat-template", action="store_true",
+                         help="custom: send each prompt as it is, not rendered with the chat "
+                         "template")
+    synthetic = parser.add_argument_group("random dataset")
+    synthetic.add_argument("--random-input-len", type=int, default=1024,
+                           help="prompt tokens per request, as the server counts them")
+    synthetic.add_argument("--random-output-len", type=int, default=128,
+                           help="max_tokens per request")
+    synthetic.add_argument("--random-range-ratio", type=float, default=0.0,
+                           help="lengths drawn uniformly from [L*(1-r), L*(1+r)], r in [0, 1)")
+    synthetic.add_argument("--random-prefix-len", type=int, default=0,
+                           help="random tokens shared before every prompt")
+    files = parser.add_argument_group("sharegpt and custom datasets")
+    files.add_argument("--sharegpt-output-len", type=int, default=None,
+                       help="sharegpt: max_tokens per request (default: the length of the "
+                       "conversation's answer)")
+    files.add_argument("--custom-output-len", type=int, default=256,
+                       help="custom: max_tokens per request")
+    prefixes = parser.add_argument_group("prefix_repetition dataset")
+    prefixes.add_argument("--prefix-repetition-prefix-len", type=int, default=256,
+                          help="tokens of each shared prefix")
+    prefixes.add_argument("--prefix-repetition-suffix-len", type=int, default=256,
+                          help="tokens of each prompt's own suffix, after its prefix")
+    prefixes.add_argument("--prefix-repetition-num-prefixes", type=int, default=10,
+                          help="prefixes, each shared by --num-prompts // this many prompts")
+    prefixes.add_argument("--prefix-repetition-output-len", type=int, default=128,
+                          help="max_tokens per request")
     traffic = parser.add_argument_group("traffic")
     traffic.add_argument("--request-rate", type=float, default=float("inf"),
                          help="requests per second, arriving as a Poisson process (gamma "

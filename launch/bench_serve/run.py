@@ -27,8 +27,9 @@ from typing import Any
 import aiohttp
 
 from launch.bench_serve.arrivals import arrival_offsets, arrive
+from launch.bench_serve.datasets import dataset_requests, read_dataset
 from launch.bench_serve.metrics import GOODPUT_METRICS, calculate_metrics
-from launch.bench_serve.random_dataset import SampleRequest, random_requests
+from launch.bench_serve.random_dataset import SampleRequest
 from launch.bench_serve.report import (
     DETAILED_FIELDS,
     METRIC_TITLES,
@@ -64,6 +65,9 @@ class Settings:
     percentiles: list[float]
     goodput: dict[str, float]
     metadata: dict[str, str]
+    # The dataset file's entries (``datasets.read_dataset``; none for a
+    # dataset that makes its prompts).
+    dataset_entries: list
 
 
 def _pairs(items: list[str] | None, option: str) -> dict[str, str]:
@@ -91,9 +95,9 @@ def _goodput(items: list[str] | None) -> dict[str, float]:
 
 
 def settings(args) -> Settings:
-    """The options read; ValueError naming the option for a bad one, so
-    that no request (ready check, warm-up) is sent before a bad option
-    stops the run."""
+    """The options read, the dataset's file too; ValueError naming the
+    option for a bad one, so that no request (ready check, warm-up) is
+    sent before a bad option or dataset file stops the run."""
     if args.backend in CHAT_BACKENDS and not args.endpoint.endswith("chat/completions"):
         raise ValueError(f"--backend {args.backend} sends chat requests: give --endpoint "
                          "/v1/chat/completions")
@@ -122,7 +126,8 @@ def settings(args) -> Settings:
                     headers=_pairs(args.header, "--header"),
                     extra_body={**sampling, **(args.extra_body or {})}, metrics=metrics,
                     percentiles=percentiles, goodput=_goodput(args.goodput),
-                    metadata=_pairs(args.metadata, "--metadata"))
+                    metadata=_pairs(args.metadata, "--metadata"),
+                    dataset_entries=read_dataset(args))
 
 
 def first_served_model(base_url: str, headers: dict[str, str]) -> tuple[str, str]:
@@ -257,15 +262,9 @@ def run_bench_serve(args, s: Settings) -> int:
         model_name, model_id = args.served_model_name or args.model, args.model
     tokenizer_id = args.tokenizer or model_id
     tokenizer = load_tokenizer(tokenizer_id)
-    requests = random_requests(tokenizer, args.num_prompts,
-                               args.input_len if args.input_len is not None
-                               else args.random_input_len,
-                               args.output_len if args.output_len is not None
-                               else args.random_output_len,
-                               range_ratio=args.random_range_ratio,
-                               prefix_len=args.random_prefix_len, seed=args.seed,
-                               request_id_prefix=args.request_id_prefix)
-    args.ignore_eos = True  # the random dataset runs to its lengths, as in vLLM
+    requests = dataset_requests(args, s.dataset_entries, tokenizer)
+    if args.dataset_name == "random":  # runs to its lengths, as in vLLM
+        args.ignore_eos = True
     if "temperature" not in s.extra_body:
         print("Note: no --temperature: the server's default sampling applies "
               "(--temperature 0 for greedy).", flush=True)

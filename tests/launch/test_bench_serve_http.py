@@ -116,3 +116,22 @@ def test_a_ready_check_that_never_succeeds_is_an_error(server, tmp_path):
     assert saved is None and "Traceback" not in proc.stderr
     assert "tprun: error: initial test run failed" in proc.stderr
     assert "HTTP 404" in proc.stderr
+
+
+@pytest.mark.timeout(400)
+def test_custom_dataset_prompts_reach_the_server(server, tmp_path):
+    """The custom file's prompts, as they are, counted by the server: bytes
+    plus its BOS (the tiny tokenizer), in vLLM's seed-0 order."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "alpha"}\n{"prompt": "beta"}\n{"prompt": "gamma"}\n')
+    before = _counters(server)
+    proc, saved = _bench(server, tmp_path, "--model", "tiny", "--tokenizer", server.model_dir,
+                         "--dataset-name", "custom", "--dataset-path", str(path),
+                         "--skip-chat-template", "--custom-output-len", "3",
+                         "--num-prompts", "3", "--temperature", "0")
+    after = _counters(server)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (saved["completed"], saved["failed"]) == (3, 0)
+    assert sorted(saved["input_lens"]) == [5, 6, 6]
+    assert saved["total_input_tokens"] == after[0] - before[0] == 17
+    assert all(1 <= n <= 3 for n in saved["output_lens"])
