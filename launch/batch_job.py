@@ -14,7 +14,10 @@ or is cancelled, and ``main`` reports the failure. Either way the lines
 written so far stay written, in order.
 
 The output file is opened (emptied) only once the engine has started, so
-a launch that fails before leaves an older output file as it was.
+a launch that fails before leaves an older output file as it was (with
+``--output-tmp-dir``, until the batch has ended well: ``BatchFiles``).
+With ``--enable-metrics`` the app's /metrics page is served for the
+batch's length (``metrics_server``).
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import sys
 import threading
+import uuid
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -45,10 +50,15 @@ _BAR_FORMAT_NO_TOTAL = "{desc}: {n_fmt} done [{elapsed}, {rate_fmt}]\n"
 
 @dataclass(frozen=True)
 class BatchFiles:
-    """Where the lines come from and go to (``STDIO``: stdin, stdout)."""
+    """Where the lines come from and go to (``STDIO``: stdin, stdout).
+    With ``tmp_dir`` (vLLM's ``--output-tmp-dir``) the lines are written
+    to a new file in that directory and moved onto ``output`` once the
+    batch has ended well: until then an older output file stays as it
+    was, and a batch that ends early leaves its lines in the new file."""
 
     input: str
     output: str
+    tmp_dir: str | None = None
 
     def check(self) -> None:
         """A readable input file and a writable output file that is not the
@@ -65,7 +75,15 @@ class BatchFiles:
             if not os.access(self.input, os.R_OK):
                 raise ValueError(f"--input-file {self.input}: Permission denied")
         if self.output == STDIO:
+            if self.tmp_dir is not None:
+                raise ValueError("--output-tmp-dir holds the output file until the batch ends: "
+                                 "give --output-file FILE, not -")
             return
+        if self.tmp_dir is not None:
+            if not os.path.isdir(self.tmp_dir):
+                raise ValueError(f"--output-tmp-dir {self.tmp_dir} is not a directory")
+            if not os.access(self.tmp_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"--output-tmp-dir {self.tmp_dir} is not writable")
         if os.path.isdir(self.output):
             raise ValueError(f"--output-file {self.output} is a directory: give the path of "
                              "a file to write")
@@ -110,13 +128,36 @@ class BatchFiles:
     def opened(self):
         """(input, output): the input read as bytes (a line that is not
         UTF-8 is ``batch_lines``' to refuse, in its place), the output a
-        UTF-8 text file, emptied."""
+        UTF-8 text file, emptied (with ``tmp_dir``, a new one there, moved
+        onto the output file when the block ends without an error)."""
         with contextlib.ExitStack() as stack:
             source = (sys.stdin.buffer if self.input == STDIO
                       else stack.enter_context(open(self.input, "rb")))
-            sink = (sys.stdout if self.output == STDIO
-                    else stack.enter_context(open(self.output, "w", encoding="utf-8")))
-            yield source, sink
+            if self.output == STDIO:
+                yield source, sys.stdout
+            elif self.tmp_dir is None:
+                yield source, stack.enter_context(open(self.output, "w", encoding="utf-8"))
+            else:
+                with self._staged() as sink:
+                    yield source, sink
+
+    @contextlib.contextmanager
+    def _staged(self):
+        """A new file in ``tmp_dir`` (made as ``open`` makes a file: mode
+        0666 less the umask), moved onto the output file after a block
+        that ends well; left where it is, and named, after one that does
+        not."""
+        path = os.path.join(self.tmp_dir, f"tmp_batch_output_{uuid.uuid4().hex}.jsonl")
+        sink = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
+                         encoding="utf-8")
+        try:
+            with sink:
+                yield sink
+        except BaseException:
+            print(f"tprun run-batch: the lines written are in {path}", file=sys.stderr,
+                  flush=True)
+            raise
+        shutil.move(path, self.output)
 
 
 class BatchThread(threading.Thread):
@@ -124,9 +165,11 @@ class BatchThread(threading.Thread):
     loop, within the app's lifespan; ``on_finish`` is called when it ends,
     however it ends. ``result()`` gives its summary or raises its error."""
 
-    def __init__(self, app, files: BatchFiles, window: int, on_finish) -> None:
+    def __init__(self, app, files: BatchFiles, window: int, on_finish,
+                 metrics_address: tuple[str, int] | None = None) -> None:
         super().__init__(name="run-batch", daemon=True)
         self.app, self.files, self.window, self.on_finish = app, files, window, on_finish
+        self.metrics_address = metrics_address
         self.loop = asyncio.new_event_loop()
         self.stopping = False
         self.task: asyncio.Task | None = None
@@ -153,9 +196,25 @@ class BatchThread(threading.Thread):
                    file=sys.stderr,
                    bar_format=_BAR_FORMAT if total is not None else _BAR_FORMAT_NO_TOTAL)
         with bar, self.files.opened() as (source, sink):
-            async with running(self.app):
+            async with running(self.app), self._metrics_served():
                 return await run_batch(self.app, source.readline, sink, self.window,
                                        on_done=bar.update)
+
+    @contextlib.asynccontextmanager
+    async def _metrics_served(self):
+        """The app's /metrics on ``metrics_address`` for the block (none
+        without one)."""
+        if self.metrics_address is None:
+            yield
+            return
+        from serving.http.metrics_server import serving_metrics
+
+        host, port = self.metrics_address
+        async with serving_metrics(self.app, host, port) as bound:
+            shown = f"[{host}]" if ":" in host else host
+            print(f"tprun run-batch: Prometheus metrics at http://{shown}:{bound}/metrics",
+                  file=sys.stderr, flush=True)
+            yield
 
     def cancel(self) -> None:
         """Cancel the batch if it still runs, without waiting (signal-handler safe)."""
@@ -182,11 +241,14 @@ class BatchThread(threading.Thread):
 
 
 def run_batch_job(config, files: BatchFiles, served_names: list[str],
-                  chat_template: str | None, response_role: str = "assistant") -> BatchSummary:
+                  chat_template: str | None, response_role: str = "assistant",
+                  metrics_address: tuple[str, int] | None = None) -> BatchSummary:
     """Start the engine (``config``), answer ``files``' batch, stop the
     engine; the run's summary. ``chat_template``: the chat route's, in
     place of the model's (None: the model's); ``response_role``: a chat
-    answer's role after a generation prompt (vLLM's ``--response-role``)."""
+    answer's role after a generation prompt (vLLM's ``--response-role``);
+    ``metrics_address``: (host, port) where the app's /metrics is served
+    during the batch (vLLM's ``--enable-metrics``; None: nowhere)."""
     from engine.llm_engine import LLMEngine
     from executor import stop_signals
     from ipc.auth import new_secret
@@ -221,7 +283,8 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
         raise
     # Lines read and not yet written: in flight (vLLM keeps twice the
     # engine's batch in flight) or done and waiting for an earlier one.
-    batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop)
+    batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop,
+                        metrics_address=metrics_address)
 
     def stop(signum, _frame) -> None:
         stop_signals.note(signum)

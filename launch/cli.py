@@ -471,6 +471,28 @@ def _run_batch_parser(sub) -> None:
     batch.add_argument("--response-role", default=None, metavar="ROLE",
                        help="vLLM's; the role of a chat answer after a generation prompt "
                        "(None: assistant), as serve's --response-role")
+    batch.add_argument("--output-tmp-dir", default=None, metavar="DIR",
+                       help="vLLM's; write the output lines to a new file in DIR and move it "
+                       "onto --output-file once the batch has ended well (until then an older "
+                       "output file stays as it was; a batch that ends early leaves its lines "
+                       "in DIR, the file named)")
+    batch.add_argument("--enable-metrics", action="store_true",
+                       help="vLLM's; serve the run's Prometheus metrics (serve's GET /metrics "
+                       "page, and no other route) at http://URL:PORT/metrics while the batch "
+                       "runs")
+    batch.add_argument("--url", default="127.0.0.1", metavar="HOST",
+                       help="with --enable-metrics: the host the metrics page listens on "
+                       "(vLLM's default is 0.0.0.0: tprun's, this machine only)")
+    batch.add_argument("--port", type=int, default=8000,
+                       help="with --enable-metrics: its port (0: any free one)")
+    batch.add_argument("--max-log-len", type=int, default=None, metavar="N",
+                       help="vLLM's; taken, changes nothing: tprun logs no request's prompt")
+    batch.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="vLLM's; taken, changes nothing: every usage carries "
+                       "prompt_tokens_details (cached_tokens)")
+    batch.add_argument("--enable-force-include-usage", action="store_true",
+                       help="vLLM's; taken, changes nothing: batch answers are never streamed, "
+                       "and a whole answer always carries its usage")
 
 
 def _prompts(args) -> list:
@@ -1038,8 +1060,9 @@ def run_run_batch(args) -> int:
 
     _raise_if_interrupted()
     config = _engine_config(args)
-    files = BatchFiles(args.input_file, args.output_file)
+    files = BatchFiles(args.input_file, args.output_file, args.output_tmp_dir)
     _from_arguments(files.check)
+    metrics_address = _metrics_address(args)
     names = args.served_model_name or [args.model]
     if not all(name.strip() for name in names):
         raise ConfigError("--served-model-name takes non-empty names")
@@ -1049,7 +1072,8 @@ def run_run_batch(args) -> int:
     config.check_machine()
     _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
          f"device {config.device}) ...")
-    summary = run_batch_job(config, files, names, chat_template, response_role)
+    summary = run_batch_job(config, files, names, chat_template, response_role,
+                            metrics_address)
     _say(f"run-batch: {summary.written} lines written to "
          f"{'stdout' if files.output == '-' else files.output} "
          f"({summary.answered} answered with status 200)")
@@ -1059,6 +1083,27 @@ def run_run_batch(args) -> int:
                           f"requests (line {number}: {why}); each has an error line in its "
                           "place in the output")
     return 0
+
+
+def _metrics_address(args) -> tuple[str, int] | None:
+    """Where run-batch serves its metrics page (``--enable-metrics``; None
+    without it): ``--url`` and ``--port``, checked as serve checks its HTTP
+    address, before the model loads."""
+    from engine.config import ConfigError
+    from serving.endpoint import check_listen_address, is_loopback
+
+    if not args.enable_metrics:
+        return None
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port must be in [0, 65535], got {args.port}")
+    try:  # bound once and released, before minutes of model loading
+        check_listen_address(args.url, args.port, "--port")
+    except ValueError as e:
+        raise ConfigError(str(e).replace("--host ", "--url ")) from None
+    if not is_loopback(args.url):
+        _say(f"run-batch: warning: the metrics page listens on {args.url}, beyond this "
+             "machine")
+    return args.url, args.port
 
 
 COMMANDS = {"generate": run_generate, "serve": run_serve, "bench": run_bench,

@@ -289,18 +289,19 @@ def test_stdin_read_from_the_output_file_is_refused(tmp_path, monkeypatch):
 
 
 def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
-    """The served names, vLLM's --response-role and the chat template given
-    inline reach the job, read as serve reads them (in process, the job
-    itself replaced: no engine starts)."""
+    """The served names, vLLM's --response-role, the chat template given
+    inline and the metrics page's address reach the job, read as serve
+    reads them, and vLLM's options that change nothing here are taken (in
+    process, the job itself replaced: no engine starts)."""
     import launch.batch_job
     from launch.cli import main
     from serving.http.batch_runner import BatchSummary
 
     seen = {}
 
-    def job(config, files, names, chat_template, response_role):
+    def job(config, files, names, chat_template, response_role, metrics_address):
         seen.update(model=config.model, files=files, names=names, template=chat_template,
-                    role=response_role)
+                    role=response_role, metrics=metrics_address)
         return BatchSummary(written=1, answered=1)
 
     monkeypatch.setattr(launch.batch_job, "run_batch_job", job)
@@ -308,9 +309,12 @@ def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
     (tmp_path / "in.jsonl").write_text("\n")
     code = main(["run-batch", "-i", str(tmp_path / "in.jsonl"), "-o", "-", "--model", "tiny",
                  "--device", "cpu", "--served-model-name", "a", "b", "--response-role", "bot",
-                 "--chat-template", r"{{ messages[0]['content'] }}\n"])
+                 "--chat-template", r"{{ messages[0]['content'] }}\n", "--enable-metrics",
+                 "--port", "0", "--max-log-len", "100", "--enable-prompt-tokens-details",
+                 "--enable-force-include-usage"])
     assert code == 0, capsys.readouterr().err
     assert seen["names"] == ["a", "b"] and seen["role"] == "bot"
+    assert seen["metrics"] == ("127.0.0.1", 0)
     assert seen["template"] == "{{ messages[0]['content'] }}\n"  # the escape read, as serve's
     assert (seen["files"].input, seen["files"].output) == (str(tmp_path / "in.jsonl"), "-")
     assert capsys.readouterr().err.splitlines()[-1] == (
