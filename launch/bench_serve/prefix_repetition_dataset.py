@@ -28,7 +28,7 @@ import random
 import numpy as np
 
 from checkpoint.tokenizer import Tokenizer
-from launch.bench_serve.random_dataset import SampleRequest
+from launch.bench_serve.random_dataset import SampleRequest, base_vocab_size
 
 # vLLM's decode-and-encode rounds after the first.
 MAX_RETRIES = 10
@@ -59,7 +59,7 @@ def exact_length_tokens(tokenizer: Tokenizer, length: int,
     ids and encoding the text again (without added tokens), then cutting
     ids that are too many or drawing more ids for those too few. The ids
     of the last round's text."""
-    vocab_size = tokenizer.hf.get_vocab_size(with_added_tokens=False)
+    vocab_size = base_vocab_size(tokenizer)
     ids = draws.randint(0, vocab_size, size=length).tolist()
     for retries_left in range(MAX_RETRIES, -1, -1):
         ids = tokenizer.encode(tokenizer.decode(ids, skip_special_tokens=False),

@@ -9,7 +9,9 @@ the server counts those too, so a prompt of ``--random-input-len`` L is L
 tokens as the server sees it. An optional shared prefix of
 ``--random-prefix-len`` random tokens comes first. Request i's own tokens
 run through the tokenizer's ordinary tokens (special ones left out) from
-a random offset: ``allowed[(offset + i + k) % len(allowed)]``.
+a random offset: ``allowed[(offset + i + k) % len(allowed)]``. As in
+vLLM, the vocabulary drawn from is Hugging Face's ``vocab_size``, the
+tokens added to the model's vocabulary left out (``base_vocab_size``).
 
 Token ids do not always survive decoding and encoding again (merges
 across the boundary, bytes that are no whole character). The text is
@@ -44,6 +46,13 @@ def special_tokens_added(tokenizer: Tokenizer) -> int:
     return len(tokenizer.encode("")) - len(tokenizer.encode("", add_special_tokens=False))
 
 
+def base_vocab_size(tokenizer: Tokenizer) -> int:
+    """Hugging Face's ``vocab_size``: the vocabulary without the tokens
+    added to it (``Tokenizer.vocab_size`` counts those too), the bound of
+    vLLM's random token ids."""
+    return tokenizer.hf.get_vocab_size(with_added_tokens=False)
+
+
 def length_range(length: int, range_ratio: float, at_least: int = 0) -> tuple[int, int]:
     """The inclusive range lengths are drawn from around ``length``."""
     low = max(math.floor(length * (1 - range_ratio)), at_least)
@@ -66,8 +75,9 @@ def random_requests(tokenizer: Tokenizer, num_prompts: int, input_len: int, outp
     rng = np.random.default_rng(seed)
     input_lens = rng.integers(in_low, in_high + 1, size=num_prompts)
     output_lens = rng.integers(out_low, out_high + 1, size=num_prompts)
-    offsets = rng.integers(0, tokenizer.vocab_size, size=num_prompts)
-    allowed = np.array(sorted(set(range(tokenizer.vocab_size)) - tokenizer.special_ids))
+    vocab_size = base_vocab_size(tokenizer)
+    offsets = rng.integers(0, vocab_size, size=num_prompts)
+    allowed = np.array(sorted(set(range(vocab_size)) - tokenizer.special_ids))
     prefix = allowed[rng.integers(0, len(allowed), size=prefix_len)].tolist()
     requests = []
     for i in range(num_prompts):
@@ -107,12 +117,13 @@ def _plain_ids(tokenizer: Tokenizer, count: int, rng: np.random.Generator) -> li
     """``count`` random ids whose text is one printable ASCII character
     that encodes back to the same id (none found: random ids)."""
     found: list[int] = []
+    vocab_size = base_vocab_size(tokenizer)
     for _ in range(64 * count):
         if len(found) == count:
             break
-        token = int(rng.integers(0, tokenizer.vocab_size))
+        token = int(rng.integers(0, vocab_size))
         text = tokenizer.decode([token], skip_special_tokens=False)
         if (len(text) == 1 and text.isascii() and text.isprintable()
                 and tokenizer.encode(text, add_special_tokens=False) == [token]):
             found.append(token)
-    return found + rng.integers(0, tokenizer.vocab_size, size=count - len(found)).tolist()
+    return found + rng.integers(0, vocab_size, size=count - len(found)).tolist()

@@ -13,13 +13,14 @@ import random
 
 import numpy as np
 import pytest
+from tokenizers import AddedToken, models, pre_tokenizers
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import models, pre_tokenizers
 
 from checkpoint.tiny_model import ensure_tiny_model
 from checkpoint.tokenizer import Tokenizer
 from launch.bench_serve.custom_dataset import custom_requests, read_custom
 from launch.bench_serve.prefix_repetition_dataset import prefix_repetition_requests
+from launch.bench_serve.random_dataset import random_requests
 from launch.bench_serve.sharegpt_dataset import read_sharegpt, sharegpt_requests
 from launch.cli import main
 
@@ -141,6 +142,7 @@ def words(tmp_path) -> Tokenizer:
     vocab = {f"w{i}": i for i in range(20)}
     hf = HfTokenizer(models.WordLevel(vocab, unk_token="w0"))
     hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.add_special_tokens([AddedToken("<eos>", special=True)])  # id 20, added: never drawn
     hf.save(str(tmp_path / "tokenizer.json"))
     return Tokenizer.from_dir(str(tmp_path))
 
@@ -171,6 +173,27 @@ def test_prefix_repetition_prompts_are_vllms_draws(words):
     random.seed(11)
     random.shuffle(expected)
     assert [r.prompt for r in shuffled] == expected
+
+
+def test_random_prompts_are_vllms_draws_over_the_vocabulary_without_added_tokens(words):
+    """vLLM's random dataset: lengths, then offsets below Hugging Face's
+    vocab_size (20 here: the added <eos> left out), then the shared prefix,
+    all from one default_rng(seed); request i's own tokens run from its
+    offset + i."""
+    assert words.vocab_size == 21
+    requests = random_requests(words, 4, input_len=5, output_len=3, range_ratio=0.4,
+                               prefix_len=2, seed=7)
+    rng = np.random.default_rng(7)
+    input_lens = rng.integers(3, 7 + 1, size=4)  # [floor(5 * 0.6), ceil(5 * 1.4)]
+    output_lens = rng.integers(1, 5 + 1, size=4)
+    offsets = rng.integers(0, 20, size=4)
+    prefix = rng.integers(0, 20, size=2).tolist()
+    expected = [" ".join(f"w{t}" for t in prefix + [(offsets[i] + i + k) % 20
+                                                    for k in range(input_lens[i])])
+                for i in range(4)]
+    assert [r.prompt for r in requests] == expected
+    assert [r.prompt_len for r in requests] == list(input_lens + 2)
+    assert [r.expected_output_len for r in requests] == list(output_lens)
 
 
 def test_prefix_repetition_lengths_count_the_texts_ids_and_prefixes_are_shared(tiny):
