@@ -77,7 +77,7 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
                          "--prefix-repetition-output-len)")
     dataset.add_argument("--no-oversample", action="store_true",
                          help="a file with fewer requests than --num-prompts sends only those "
-                         "(default: some drawn again)")
+                         "(without it, some are drawn again to make up the count)")
     dataset.add_argument("--disable-shuffle", action="store_true",
                          help="the file's order (prefix_repetition: prefix by prefix) instead "
                          "of a shuffle")
