@@ -519,7 +519,9 @@ class Scheduler:
         scheduled are discarded. Steps are absorbed in order, each once.
         A reply that breaks the runner's contract (another step's, rows that
         do not match the plan's requests, drafts other than those asked
-        for: ``reported_drafts``) is a ``ValueError`` naming the fault."""
+        for: ``reported_drafts``) is a ``ValueError`` naming the fault,
+        raised before the reply changes any request (its prompt logprobs
+        included)."""
         step_id = scheduler_output.step_id
         drafts_asked = self._drafts_asked.pop(step_id, [])
         if runner_output.step_id != step_id:
@@ -530,8 +532,6 @@ class Scheduler:
         if in_flight is None:
             raise ValueError(f"step {step_id} is not in flight (never scheduled, or absorbed)")
         deltas = []
-        prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
-                               runner_output.prompt_logprobs)
         rows = _logprob_rows(runner_output.logprobs)
         plan_req_ids = scheduler_output.scheduled_req_ids()
         sampled_rows = runner_output.rows()
@@ -540,6 +540,9 @@ class Scheduler:
                              f"for {len(plan_req_ids)} scheduled requests")
         next_drafts = checked_drafts(step_id, runner_output.next_draft_token_ids, drafts_asked,
                                      self.config.num_speculative_tokens, self.config.vocab_size)
+        # Only a reply that passed every check above changes a request.
+        prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
+                               runner_output.prompt_logprobs)
         for req_id, sampled in zip(plan_req_ids, sampled_rows):
             token_rows = [next(rows, None) for _ in sampled]
             entry = in_flight.get(req_id)

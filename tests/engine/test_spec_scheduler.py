@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from engine.outputs import Logprob
+from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import ReasoningTokens
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.thinking_budget import ThinkingBudget
-from ipc.messages import ModelRunnerOutput
+from ipc.messages import Logprobs, ModelRunnerOutput, PromptLogprobs
 from tests.engine.test_async_scheduling import drive_async
 from tests.helpers.fake_runner import PROMPTS, config, drive, expected, make_requests
 from tests.helpers.fake_spec_runner import FakeSpecRunner
@@ -172,12 +174,15 @@ def test_grammar_requests_draft_and_keep_the_drafts_their_output_reports():
     assert _counts(_decode_step(sched, "b")) == {"b": 4}
 
 
-def _grammar_prefill(asked: list[str]):
+def _grammar_prefill(asked: list[str], prompt_logprobs: int | None = None):
     """Requests "a" and "b" with grammars, k = 3, a vocabulary of 100: the
     scheduler, its first step, and the requests; the step's bitmask asked
-    for the drafts of ``asked``."""
+    for the drafts of ``asked``; each asks for ``prompt_logprobs``."""
     sched = Scheduler(config(num_speculative_tokens=3, vocab_size=100))
-    requests = [Request(r, [1, 2, 3], SamplingParams(max_tokens=20)) for r in ("a", "b")]
+    params = SamplingParams(max_tokens=20, prompt_logprobs=prompt_logprobs)
+    requests = [Request(r, [1, 2, 3], params,
+                        prompt_logprob_width=entries_per_position(prompt_logprobs, 100))
+                for r in ("a", "b")]
     for request in requests:
         request.grammar = _FreeGrammar()
         sched.add_request(request)
@@ -223,6 +228,40 @@ def test_drafts_that_break_the_contract_fail_the_step_naming_the_fault(asked, dr
         sched.update_from_output(prefill, ModelRunnerOutput(
             step_id=prefill.step_id, sampled_token_ids=[7, 8], next_draft_token_ids=drafts))
     assert all(r.output_token_ids == [] and r.next_drafts == [] for r in requests)
+
+
+def _scored_prompts() -> PromptLogprobs:
+    """Prompt logprobs of "a" and "b" (prompts [1, 2, 3]; one top entry):
+    each scores its prompt tokens 1 and 2, the top entry token 9."""
+    return PromptLogprobs(req_ids=["a", "b"], starts=[1, 1], counts=[2, 2],
+                          logprobs=Logprobs(top_token_ids=[[9]] * 4,
+                                            top_logprobs=[[-0.5]] * 4,
+                                            sampled_logprobs=[-1.0, -2.0, -3.0, -4.0],
+                                            sampled_ranks=[2, 3, 4, 5]))
+
+
+@pytest.mark.parametrize("tamper", ["drafts", "rows"])
+def test_a_reply_that_breaks_the_contract_records_no_prompt_logprobs(tamper):
+    """Its prompt logprobs are refused with the rest of it: no request
+    holds them (a valid reply with the same ones records them, worked by
+    hand: None for the first prompt token, then the token's own logprob
+    and rank beside the top entry)."""
+    sched, prefill, (a, b) = _grammar_prefill(["a", "b"], prompt_logprobs=1)
+    drafts = {"a": [4, 5, 6], "b": [4, 5, 6]}
+    broken = {"drafts": dict(sampled_token_ids=[7, 8], next_draft_token_ids={"a": [4, 5, 6]}),
+              "rows": dict(sampled_token_ids=[7], next_draft_token_ids=drafts)}[tamper]
+    with pytest.raises(ValueError, match="lacks the drafts" if tamper == "drafts" else "1 rows"):
+        sched.update_from_output(prefill, ModelRunnerOutput(
+            step_id=prefill.step_id, prompt_logprobs=_scored_prompts(), **broken))
+    assert a.prompt_logprobs is None and b.prompt_logprobs is None
+
+    sched, prefill, (a, b) = _grammar_prefill(["a", "b"], prompt_logprobs=1)
+    sched.update_from_output(prefill, ModelRunnerOutput(
+        step_id=prefill.step_id, sampled_token_ids=[7, 8], next_draft_token_ids=drafts,
+        prompt_logprobs=_scored_prompts()))
+    assert a.prompt_logprobs == [None, {9: Logprob(-0.5, 1), 2: Logprob(-1.0, 2)},
+                                 {9: Logprob(-0.5, 1), 3: Logprob(-2.0, 3)}]
+    assert b.prompt_logprobs[2] == {9: Logprob(-0.5, 1), 3: Logprob(-4.0, 5)}
 
 
 def test_drafts_stop_short_of_max_model_len():
