@@ -3,7 +3,8 @@ outputs against ``LLM.generate``'s and transformers' greedy tokens, the
 three output kinds against each other, stop strings worked by hand from
 the byte tokenizer's ids, ``n`` 2, logprobs, concurrency, aborts (by
 leaving the iterator, by a cancelled task, by ``abort``), refusals, and an
-engine that stopped. One ``AsyncLLM`` and one ``LLM`` serve the module;
+engine that stopped. One ``AsyncLLM`` and one ``LLM`` serve the module
+(``async_llm``, ``offline_llm``: tests/serving/conftest.py);
 each test runs its own event loop (``asyncio.run``)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import LLM, RequestOutputKind, SamplingParams
+from engine import RequestOutputKind, SamplingParams
 from ipc.errors import InvalidRequestError
 from serving.async_client import AsyncEngineClient
 from serving.async_llm import AsyncLLM, AsyncLLMEngine, EngineDeadError
@@ -31,19 +32,6 @@ PROMPT = [1, *b"Hello"]
 # checks it): b"y_e" then bytes that are no UTF-8 text.
 GREEDY = [121, 95, 101, 251, 56, 185, 34, 158, 55, 185, 34, 158]
 WAIT_S = 20
-
-
-@pytest.fixture(scope="module")
-def llm():
-    engine = AsyncLLM(model="tiny", device="cpu", seed=0)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def offline():
-    with LLM(model="tiny", device="cpu", seed=0) as engine:
-        yield engine
 
 
 def params(kind=CUMULATIVE, **fields) -> SamplingParams:
@@ -87,12 +75,12 @@ def test_greedy_tokens_are_transformers():
 
 
 @pytest.mark.parametrize("kind", list(RequestOutputKind))
-def test_final_output_is_llms_and_transformers_greedy(llm, offline, kind):
+def test_final_output_is_llms_and_transformers_greedy(async_llm, offline_llm, kind):
     prompts = [{"prompt_token_ids": PROMPT}, "Hello, world"]
-    want = offline.generate(prompts, params())
+    want = offline_llm.generate(prompts, params())
 
     async def both():
-        return await asyncio.gather(*(outputs(llm, p, params(kind), f"r{i}")
+        return await asyncio.gather(*(outputs(async_llm, p, params(kind), f"r{i}")
                                       for i, p in enumerate(prompts)))
 
     for got, expected in zip(run(both()), want, strict=True):
@@ -112,12 +100,12 @@ def test_final_output_is_llms_and_transformers_greedy(llm, offline, kind):
     assert want[0].outputs[0].token_ids == GREEDY
 
 
-def test_deltas_join_to_the_cumulative_output_and_final_only_is_one(llm):
+def test_deltas_join_to_the_cumulative_output_and_final_only_is_one(async_llm):
     asked = {"logprobs": 2, "prompt_logprobs": 1, "max_tokens": 10}
     prompt = {"prompt_token_ids": PROMPT}
-    cumulative = run(outputs(llm, prompt, params(CUMULATIVE, **asked)))
-    deltas = run(outputs(llm, prompt, params(DELTA, **asked)))
-    final_only = run(outputs(llm, prompt, params(FINAL_ONLY, **asked)))
+    cumulative = run(outputs(async_llm, prompt, params(CUMULATIVE, **asked)))
+    deltas = run(outputs(async_llm, prompt, params(DELTA, **asked)))
+    final_only = run(outputs(async_llm, prompt, params(FINAL_ONLY, **asked)))
     whole = cumulative[-1].outputs[0]
     for before, after in zip(cumulative, cumulative[1:]):  # each extends the last
         old, new = before.outputs[0], after.outputs[0]
@@ -139,10 +127,10 @@ def test_deltas_join_to_the_cumulative_output_and_final_only_is_one(llm):
     assert final_only[0].outputs[0].logprobs == whole.logprobs
 
 
-def test_logprobs_are_llms(llm, offline):
+def test_logprobs_are_llms(async_llm, offline_llm):
     asked = params(logprobs=2, max_tokens=6)
-    want = offline.generate({"prompt_token_ids": PROMPT}, asked)[0].outputs[0]
-    got = run(outputs(llm, {"prompt_token_ids": PROMPT}, asked))[-1].outputs[0]
+    want = offline_llm.generate({"prompt_token_ids": PROMPT}, asked)[0].outputs[0]
+    got = run(outputs(async_llm, {"prompt_token_ids": PROMPT}, asked))[-1].outputs[0]
     assert len(got.logprobs) == 6
     for token, entry, expected in zip(got.token_ids, got.logprobs, want.logprobs, strict=True):
         assert token in entry and entry[token].rank == 1  # greedy: the top token
@@ -160,14 +148,14 @@ def test_logprobs_are_llms(llm, offline):
     ("_e", False, "y"),  # across the second and third tokens
     ("_e", True, "y_e"),
 ])
-def test_stop_strings_cut_the_text_worked_by_hand(llm, kind, stop, include, text):
+def test_stop_strings_cut_the_text_worked_by_hand(async_llm, kind, stop, include, text):
     async def stopped():  # one event loop: a client of another would drop its requests
-        before = await llm.stats()
-        got = await outputs(llm, {"prompt_token_ids": PROMPT},
+        before = await async_llm.stats()
+        got = await outputs(async_llm, {"prompt_token_ids": PROMPT},
                             params(kind, stop=[stop], include_stop_str_in_output=include,
                                    max_tokens=2000))
-        await until_idle(llm)  # the request was aborted in the engine, short of 2000 tokens
-        return got, (await llm.stats()).num_generation_tokens - before.num_generation_tokens
+        await until_idle(async_llm)  # the request was aborted in the engine, short of 2000 tokens
+        return got, (await async_llm.stats()).num_generation_tokens - before.num_generation_tokens
 
     got, generated = run(stopped())
     completions = [out.outputs[0] for out in got]
@@ -180,14 +168,14 @@ def test_stop_strings_cut_the_text_worked_by_hand(llm, kind, stop, include, text
     assert got[-1].finished and generated < 500
 
 
-def test_n_2_with_a_seed_is_llms_and_streams_each_choice(llm, offline):
+def test_n_2_with_a_seed_is_llms_and_streams_each_choice(async_llm, offline_llm):
     sampled = {"temperature": 1.0, "seed": 7, "n": 2, "max_tokens": 6}
-    want = offline.generate("Hello", params(**sampled))[0]
+    want = offline_llm.generate("Hello", params(**sampled))[0]
     assert want.outputs[0].token_ids != want.outputs[1].token_ids
-    final = run(outputs(llm, "Hello", params(FINAL_ONLY, **sampled)))
+    final = run(outputs(async_llm, "Hello", params(FINAL_ONLY, **sampled)))
     assert len(final) == 1
     assert [summary(c) for c in final[0].outputs] == [summary(c) for c in want.outputs]
-    deltas = run(outputs(llm, "Hello", params(DELTA, **sampled)))
+    deltas = run(outputs(async_llm, "Hello", params(DELTA, **sampled)))
     assert deltas[-1].finished and not any(out.finished for out in deltas[:-1])
     for index, expected in enumerate(want.outputs):
         mine = [c for out in deltas for c in out.outputs if c.index == index]
@@ -200,7 +188,7 @@ def test_n_2_with_a_seed_is_llms_and_streams_each_choice(llm, offline):
     assert deltas[-1].metrics.num_generation_tokens == 12
 
 
-def test_two_generates_interleave_and_leaving_one_aborts_it(llm):
+def test_two_generates_interleave_and_leaving_one_aborts_it(async_llm):
     """Both run in the same engine steps, so each stream's outputs come
     between the other's; the long one is left (``break``) once the other
     has three outputs, and the engine drops it: it goes idle after the
@@ -208,25 +196,25 @@ def test_two_generates_interleave_and_leaving_one_aborts_it(llm):
     order = []
 
     async def left_early():
-        async for _ in llm.generate({"prompt_token_ids": PROMPT},
-                                    params(DELTA, max_tokens=2000), "left"):
+        async for _ in async_llm.generate({"prompt_token_ids": PROMPT},
+                                          params(DELTA, max_tokens=2000), "left"):
             order.append("left")
             if order.count("kept") >= 3:
                 break
 
     async def to_the_end():
         got = []
-        async for out in llm.generate({"prompt_token_ids": PROMPT[:-1]},
-                                      params(DELTA, max_tokens=40), "kept"):
+        async for out in async_llm.generate({"prompt_token_ids": PROMPT[:-1]},
+                                            params(DELTA, max_tokens=40), "kept"):
             order.append("kept")
             got.append(out)
         return got
 
     async def both():
-        before = await llm.stats()
+        before = await async_llm.stats()
         _, kept = await asyncio.gather(left_early(), to_the_end())
-        await until_idle(llm)
-        return before, kept, await llm.stats()
+        await until_idle(async_llm)
+        return before, kept, await async_llm.stats()
 
     before, kept, after = run(both())
     assert kept[-1].finished and kept[-1].outputs[0].finish_reason == "length"
@@ -236,13 +224,13 @@ def test_two_generates_interleave_and_leaving_one_aborts_it(llm):
     assert after.num_generation_tokens - before.num_generation_tokens < 500
 
 
-def test_a_cancelled_task_aborts_its_request(llm):
+def test_a_cancelled_task_aborts_its_request(async_llm):
     async def cancel_midway():
-        before = await llm.stats()
+        before = await async_llm.stats()
         started = asyncio.Event()
 
         async def consume():
-            async for _ in llm.generate("Hello", params(DELTA, max_tokens=2000), "c"):
+            async for _ in async_llm.generate("Hello", params(DELTA, max_tokens=2000), "c"):
                 started.set()
 
         task = asyncio.create_task(consume())
@@ -250,37 +238,37 @@ def test_a_cancelled_task_aborts_its_request(llm):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await until_idle(llm)
-        return before, await llm.stats()
+        await until_idle(async_llm)
+        return before, await async_llm.stats()
 
     before, after = run(cancel_midway())
     assert after.num_generation_tokens - before.num_generation_tokens < 500
 
 
-def test_abort_ends_the_stream_with_its_last_output(llm):
+def test_abort_ends_the_stream_with_its_last_output(async_llm):
     async def abort_midway():
         got = []
-        async for out in llm.generate("Hello", params(CUMULATIVE, max_tokens=2000), "a"):
+        async for out in async_llm.generate("Hello", params(CUMULATIVE, max_tokens=2000), "a"):
             got.append(out)
             if len(got) == 3:
-                await llm.abort("a")
-        await until_idle(llm)
+                await async_llm.abort("a")
+        await until_idle(async_llm)
         return got
 
     got = run(abort_midway())
     assert got[-1].finished and got[-1].outputs[0].finish_reason == "abort"
     assert len(got[-1].outputs[0].token_ids) < 500
-    run(llm.abort("not running"))  # an id that is not live: nothing
+    run(async_llm.abort("not running"))  # an id that is not live: nothing
 
 
-def test_a_live_request_id_is_refused_until_it_ends(llm):
+def test_a_live_request_id_is_refused_until_it_ends(async_llm):
     async def twice():
-        first = llm.generate("Hello", params(max_tokens=8), "same")
+        first = async_llm.generate("Hello", params(max_tokens=8), "same")
         out = await first.__anext__()
         with pytest.raises(InvalidRequestError, match="already running"):
-            await llm.generate("Hello", params(), "same").__anext__()
+            await async_llm.generate("Hello", params(), "same").__anext__()
         rest = [o async for o in first]
-        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=8), "same")
+        again = await outputs(async_llm, "Hello", params(FINAL_ONLY, max_tokens=8), "same")
         return [out, *rest], again
 
     first, again = run(twice())
@@ -288,35 +276,35 @@ def test_a_live_request_id_is_refused_until_it_ends(llm):
     assert first[-1].outputs[0].token_ids == again[0].outputs[0].token_ids
 
 
-def test_a_generate_of_a_closed_loop_ends_quietly_in_the_next(llm):
+def test_a_generate_of_a_closed_loop_ends_quietly_in_the_next(async_llm):
     """A loop closed with a generate unfinished (its generators not shut
     down, as ``asyncio.run`` would): the next loop's client replaces that
     loop's, which the engine sees gone (it aborts the request); the old
     generate, closed later, has nothing to send, and its id is free."""
     old_loop = asyncio.new_event_loop()
-    stale = llm.generate("Hello", params(DELTA, max_tokens=2000), "stale")
+    stale = async_llm.generate("Hello", params(DELTA, max_tokens=2000), "stale")
     old_loop.run_until_complete(stale.__anext__())
     old_loop.close()
 
     async def next_loop():
-        before = await llm.stats()
+        before = await async_llm.stats()
         await stale.aclose()
-        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=2), "stale")
-        await until_idle(llm)
-        return again, (await llm.stats()).num_generation_tokens - before.num_generation_tokens
+        again = await outputs(async_llm, "Hello", params(FINAL_ONLY, max_tokens=2), "stale")
+        await until_idle(async_llm)
+        return again, (await async_llm.stats()).num_generation_tokens - before.num_generation_tokens
 
     again, generated = run(next_loop())
     assert again[-1].finished
     assert generated < 500  # the stale request was aborted in the engine, far short of 2000
 
 
-def test_a_request_id_is_free_once_its_last_output_is_handed_over(llm):
+def test_a_request_id_is_free_once_its_last_output_is_handed_over(async_llm):
     """As vLLM's: a finished request is no longer running, though its
     iterator was not read to its end (nor closed)."""
     async def reuse():
-        first = llm.generate("Hello", params(FINAL_ONLY, max_tokens=4), "reused")
+        first = async_llm.generate("Hello", params(FINAL_ONLY, max_tokens=4), "reused")
         only = await first.__anext__()
-        again = await outputs(llm, "Hello", params(FINAL_ONLY, max_tokens=4), "reused")
+        again = await outputs(async_llm, "Hello", params(FINAL_ONLY, max_tokens=4), "reused")
         with pytest.raises(StopAsyncIteration):
             await first.__anext__()
         return only, again
@@ -326,7 +314,7 @@ def test_a_request_id_is_free_once_its_last_output_is_handed_over(llm):
     assert again[0].outputs[0].token_ids == only.outputs[0].token_ids
 
 
-def test_bad_requests_raise_before_any_output(llm):
+def test_bad_requests_raise_before_any_output(async_llm):
     assigned = params()
     assigned.temperature = -1.0  # vLLM's scripts assign fields; checked when taken
     kind = params()
@@ -337,12 +325,12 @@ def test_bad_requests_raise_before_any_output(llm):
 
     async def each():
         for (sampling, name), ids in zip(cases, prompts):
-            gen = llm.generate({"prompt_token_ids": ids}, sampling, "bad")
+            gen = async_llm.generate({"prompt_token_ids": ids}, sampling, "bad")
             with pytest.raises(InvalidRequestError) as caught:
                 await gen.__anext__()
             if name is not None:
                 assert name in str(caught.value)
-        return await outputs(llm, "Hi", params(FINAL_ONLY, max_tokens=2), "bad")
+        return await outputs(async_llm, "Hi", params(FINAL_ONLY, max_tokens=2), "bad")
 
     assert run(each())[0].finished  # the engine goes on serving
     with pytest.raises(InvalidRequestError, match="output_kind"):
@@ -359,23 +347,23 @@ def test_bad_requests_raise_before_any_output(llm):
     ("Hi", "high", "priority"),
     ("Hi", 1.0, "priority"),
 ])
-def test_a_prompt_or_priority_of_a_wrong_type_is_an_invalid_request(llm, offline, prompt,
-                                                                     priority, name):
+def test_a_prompt_or_priority_of_a_wrong_type_is_an_invalid_request(async_llm, offline_llm,
+                                                                     prompt, priority, name):
     """As ``LLM.generate`` refuses them (not a message the engine cannot read)."""
     async def refused():
         with pytest.raises(InvalidRequestError, match=name):
-            await llm.generate(prompt, params(), "typed", priority=priority).__anext__()
+            await async_llm.generate(prompt, params(), "typed", priority=priority).__anext__()
 
     run(refused())
     if priority == 0:
         with pytest.raises(InvalidRequestError, match=name):
-            offline.generate(prompt, params())
+            offline_llm.generate(prompt, params())
 
 
-def test_prompt_token_ids_may_be_any_sequence_of_ints_as_llms(llm, offline):
+def test_prompt_token_ids_may_be_any_sequence_of_ints_as_llms(async_llm, offline_llm):
     ids = np.array(PROMPT)  # numpy's integers, as LLM takes them
-    got = run(outputs(llm, {"prompt_token_ids": ids}, params(FINAL_ONLY, max_tokens=4)))
-    want = offline.generate({"prompt_token_ids": ids}, params(max_tokens=4))[0]
+    got = run(outputs(async_llm, {"prompt_token_ids": ids}, params(FINAL_ONLY, max_tokens=4)))
+    want = offline_llm.generate({"prompt_token_ids": ids}, params(max_tokens=4))[0]
     assert got[0].prompt_token_ids == want.prompt_token_ids == PROMPT
     assert got[0].outputs[0].token_ids == want.outputs[0].token_ids == GREEDY[:4]
 

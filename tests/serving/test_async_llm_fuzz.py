@@ -18,26 +18,12 @@ import random
 
 import pytest
 
-from engine import LLM, RequestOutputKind, SamplingParams
-from serving.async_llm import AsyncLLM
+from engine import RequestOutputKind, SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 
 NUM_REQUESTS = 40
 SEEDS = [0, 1]  # each a different set of requests (any seed passes: 250 were tried)
-
-
-@pytest.fixture(scope="module")
-def llm():
-    engine = AsyncLLM(model="tiny", device="cpu", seed=0)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def offline():
-    with LLM(model="tiny", device="cpu", seed=0) as engine:
-        yield engine
 
 
 def random_case(rng: random.Random) -> tuple[str | dict, SamplingParams, str]:
@@ -195,23 +181,23 @@ async def read(llm, prompt, params, how, request_id, rng):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_async_llm_against_llm_generate(llm, offline, seed):
+def test_async_llm_against_llm_generate(async_llm, offline_llm, seed):
     rng = random.Random(seed)
     cases = [random_case(rng) for _ in range(NUM_REQUESTS)]
-    unstopped = offline.generate([prompt for prompt, _, _ in cases],
-                                 [params for _, params, _ in cases])
+    unstopped = offline_llm.generate([prompt for prompt, _, _ in cases],
+                                     [params for _, params, _ in cases])
     cases = [(prompt, with_stop_strings(rng, params, [c.text for c in want.outputs]), how)
              for (prompt, params, how), want in zip(cases, unstopped)]
-    wants = offline.generate([prompt for prompt, _, _ in cases],
-                             [params for _, params, _ in cases])
+    wants = offline_llm.generate([prompt for prompt, _, _ in cases],
+                                 [params for _, params, _ in cases])
 
     async def everything():
-        readers = [read(llm, prompt, params, how, f"f{seed}-{i}",
+        readers = [read(async_llm, prompt, params, how, f"f{seed}-{i}",
                         random.Random(seed * NUM_REQUESTS + i))
                    for i, (prompt, params, how) in enumerate(cases)]
         got = await asyncio.gather(*readers)
         while True:  # the aborted and left requests end in the engine too
-            stats = await llm.stats()
+            stats = await async_llm.stats()
             if stats.num_running == 0 and stats.num_waiting == 0:
                 break
             await asyncio.sleep(0.01)
@@ -220,8 +206,8 @@ def test_async_llm_against_llm_generate(llm, offline, seed):
     results = asyncio.run(asyncio.wait_for(everything(), 60))
     for (_, params, how), want, free, got in zip(cases, wants, unstopped, results, strict=True):
         check_stream(got, params, want, free, how)
-    background = llm._background
-    assert llm._requests == {}
+    background = async_llm._background
+    assert async_llm._requests == {}
     assert background.client.protocol.sinks == {}
     assert background.server.routes == {} and background.server.engine_ids == {}
     assert background.server.waiting == {}
