@@ -239,6 +239,14 @@ class LLMEngine:
             "the dicts with an optional 'cache_salt': str"
         )
 
+    def prompt_token_ids(self, prompt: str | dict, params: SamplingParams) -> list[int]:
+        """The token ids a request of ``prompt`` runs on: the prompt
+        tokenized, then cut to ``params.truncate_prompt_tokens``
+        (``truncated_prompt``). Reads only the tokenizer and the
+        configuration, so any thread may call it (``new_request`` does)."""
+        return truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
+                                self.scheduler.config.max_model_len)
+
     def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0,
                     fit_context: bool = False, enable_thinking: bool = True) -> Request:
@@ -288,8 +296,7 @@ class LLMEngine:
                                       "policy (--scheduling-policy priority)")
         check_budget_has_parser(params.thinking_token_budget,
                                 self.config.resolved_reasoning_parser)
-        prompt_token_ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
-                                            self.scheduler.config.max_model_len)
+        prompt_token_ids = self.prompt_token_ids(prompt, params)
         if params.bad_words:
             sequences = bad_words_token_ids(self.tokenizer, params.bad_words)
             params = params.replaced(bad_words_token_ids=sequences)

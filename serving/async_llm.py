@@ -29,7 +29,10 @@ until the iterator hands over the last output (free then, whether the
 iterator is read on or not) or is left; leaving the iterator early
 (``break``, ``aclose``, a cancelled task) aborts the request in the engine;
 ``abort(request_id)`` ends it too, the iterator still yielding its last
-output (finish reason "abort"). An engine that stopped, failed or shut
+output (finish reason "abort"), with the prompt's token ids as every
+output has them, also where the abort came before the engine had
+tokenized a text prompt (``AsyncLLM`` then tokenizes it, as the engine
+would have). An engine that stopped, failed or shut
 down, raises ``EngineDeadError`` in every waiting ``generate`` (one whose
 request has finished yields its outputs still) and in every later one.
 
@@ -143,6 +146,9 @@ class AsyncLLM:
                     self._release(request_id, engine_ids)
                 output = request.output()
                 if output is not None:
+                    if not output.prompt_token_ids:  # choices that ended before any was accepted
+                        output.prompt_token_ids = request.prompt_token_ids = (
+                            await self._unannounced_prompt_token_ids(prompt, params))
                     yield output
         finally:
             self._release(request_id, engine_ids)
@@ -225,6 +231,25 @@ class AsyncLLM:
         (a later request may run under the id once this one has finished)."""
         if self._requests.get(request_id) is engine_ids:
             del self._requests[request_id]
+
+    async def _unannounced_prompt_token_ids(self, prompt: dict,
+                                            params: SamplingParams) -> list[int]:
+        """The prompt's token ids where the engine never told them: every
+        choice that has ended so far was aborted while the server still
+        admitted it (tokenizing its text, compiling its grammar), so no
+        ``RequestAccepted`` came. They are the engine's own rule
+        (``LLMEngine.prompt_token_ids``), as vLLM's abort output carries
+        the ids its front end tokenized before sending the request; text
+        is tokenized off the event loop, as the server tokenizes it. A
+        prompt the engine would refuse (a ``truncate_prompt_tokens`` above
+        ``max_model_len``) has none: []."""
+        engine = self._background.engine
+        try:
+            if "prompt" in prompt:
+                return await asyncio.to_thread(engine.prompt_token_ids, prompt, params)
+            return engine.prompt_token_ids(prompt, params)
+        except InvalidRequestError:
+            return []
 
     def _params(self, params: SamplingParams | None) -> SamplingParams:
         if params is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 
 import numpy as np
@@ -259,6 +260,50 @@ def test_abort_ends_the_stream_with_its_last_output(async_llm):
     assert got[-1].finished and got[-1].outputs[0].finish_reason == "abort"
     assert len(got[-1].outputs[0].token_ids) < 500
     run(async_llm.abort("not running"))  # an id that is not live: nothing
+
+
+@pytest.mark.parametrize(("fields", "want"), [
+    ({}, [256, *b"Hello, world"]),  # the byte tokenizer: BOS 256, then a byte each
+    ({"n": 2, "temperature": 1.0, "seed": 3, "truncate_prompt_tokens": 3}, list(b"rld")),
+])
+def test_a_text_prompt_aborted_before_it_was_tokenized_has_its_token_ids(
+        async_llm, offline_llm, monkeypatch, fields, want):
+    """vLLM tokenizes a prompt before it sends the request, so its abort
+    output carries the prompt's ids. Here the engine's server tokenizes it
+    (held in its tokenizer thread until the test has its outputs), and the
+    abort comes first: the last output still has the ids, those
+    ``LLM.generate`` gives the same prompt, truncation included."""
+    engine = async_llm._background.engine
+    tokenize = engine.tokenize
+    entered, release = threading.Event(), threading.Event()
+
+    def held_in_the_servers_threads(prompt):
+        if threading.current_thread().name.startswith("tokenize"):
+            entered.set()
+            release.wait(WAIT_S)
+        return tokenize(prompt)
+
+    monkeypatch.setattr(engine, "tokenize", held_in_the_servers_threads)
+
+    async def abort_while_tokenizing():
+        stream = async_llm.generate("Hello, world", params(DELTA, **fields), "untokenized")
+        first = asyncio.ensure_future(stream.__anext__())
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        await async_llm.abort("untokenized")
+        return [await first] + [out async for out in stream]
+
+    try:
+        got = run(abort_while_tokenizing())
+    finally:
+        release.set()
+    assert got[-1].finished
+    choices = [c for out in got for c in out.outputs]
+    assert sorted(c.index for c in choices) == list(range(fields.get("n", 1)))
+    assert all((c.finish_reason, c.token_ids) == ("abort", []) for c in choices)
+    assert all(out.prompt_token_ids == want for out in got)
+    reference = offline_llm.generate("Hello, world", params(max_tokens=1, **fields))[0]
+    assert reference.prompt_token_ids == want
 
 
 def test_a_live_request_id_is_refused_until_it_ends(async_llm):

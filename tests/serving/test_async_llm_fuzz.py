@@ -126,11 +126,8 @@ def check_stream(outputs, params: SamplingParams, want, unstopped, how: str) -> 
     for out in outputs:
         indexes = [c.index for c in out.outputs]
         assert indexes == sorted(set(indexes))
-        # A text prompt aborted while the server tokenizes it was never admitted:
-        # an output of only such choices ("abort", no tokens) has no prompt ids.
-        unadmitted = all(c.finish_reason == "abort" and not c.token_ids for c in out.outputs)
-        assert out.prompt_token_ids == want.prompt_token_ids or (
-            unadmitted and out.prompt_token_ids == [])
+        # Also where an abort came before the server had tokenized a text prompt.
+        assert out.prompt_token_ids == want.prompt_token_ids
     if kind is RequestOutputKind.DELTA:  # the prompt's logprobs come in one output only
         shown = [out.prompt_logprobs for out in outputs if out.prompt_logprobs is not None]
         assert len(shown) <= 1
