@@ -25,7 +25,10 @@ next one.
 
 Invariants: after ``EngineStopped`` ``dead`` holds the reason, every
 waiting queue gets that ``EngineStopped`` item, and every later ``submit``
-or ``stats`` raises ``EngineStoppedError``.
+or ``stats`` raises ``EngineStoppedError``. An owner that learns of the
+stop beside the socket (``AsyncLLM``, which joins its engine loop's
+thread) calls ``stop_after_reading``: the replies sent before the stop
+reach their queues first.
 """
 
 from __future__ import annotations
@@ -164,26 +167,46 @@ class AsyncEngineClient:
             self.drain_scheduled = True
             self.loop.call_soon(self._drain)
 
+    def stop_after_reading(self, reason: str, failed: bool = True) -> None:
+        """The engine has stopped (its sends are over): route every reply
+        it sent before, still waiting in the socket, then tell the waiting
+        requests (``ClientProtocol.stop``). So whether a request ended
+        before the stop does not depend on when the loop last read: one
+        whose last delta the engine sent first ends with it, one it had
+        not finished hears the stop. In the event loop's thread, or once
+        the loop has ended."""
+        self.drain_scheduled = False
+        if self.socket is not None and self.fd is not None:
+            self._read(limit=None)
+        self.protocol.stop(reason, failed)
+
     def _drain(self) -> None:
         """Read the replies waiting now (at most ``MAX_READS_PER_WAKE``, then
-        again soon) and route each; a failure here stops the client."""
+        again soon) and route each."""
         self.drain_scheduled = False
         if self.socket is None or self.fd is None:
             return
+        if not self._read(limit=self.MAX_READS_PER_WAKE):
+            self._drain_soon()
+
+    def _read(self, limit: int | None) -> bool:
+        """Read and route the replies waiting now, at most ``limit`` (None:
+        all); whether none is left. A failure here stops the client."""
         try:
-            for _ in range(self.MAX_READS_PER_WAKE):
+            for _ in itertools.count() if limit is None else range(limit):
                 if not self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    return
+                    return True
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
                 if trace.enabled:
                     trace.mark("http_delta_received")
                 self.protocol.receive(frames)
-            self._drain_soon()
+            return False
         except Exception as e:
             logger.error("the engine client stopped reading", exc_info=e)
             self.loop.remove_reader(self.fd)
             self.fd = None
             self.protocol.stop(f"the engine client failed: {e!r}")
+            return True
 
     def _stats_arrived(self, stats: EngineStats) -> None:
         while self.stats_waiters:

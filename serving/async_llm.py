@@ -33,8 +33,13 @@ output (finish reason "abort"), with the prompt's token ids as every
 output has them, also where the abort came before the engine had
 tokenized a text prompt (``AsyncLLM`` then tokenizes it, as the engine
 would have). An engine that stopped, failed or shut
-down, raises ``EngineDeadError`` in every waiting ``generate`` (one whose
-request has finished yields its outputs still) and in every later one.
+down, raises ``EngineDeadError`` in every waiting ``generate`` and in
+every later one, but for a request the engine finished first: its
+``generate`` yields its outputs, the last one finished, as vLLM's does for
+a request whose outputs were processed before the engine died. Which
+requests those are does not depend on when the event loop last read its
+socket: the client reads every reply the loop sent before it ended, then
+tells the others (``AsyncEngineClient.stop_after_reading``).
 
 Call ``generate``, ``abort`` and ``shutdown`` from the event loop's thread
 (``shutdown`` also once no loop runs): the client is not thread-safe.
@@ -332,7 +337,8 @@ class _Background:
         if client is not None and client.loop is not None and not client.loop.is_closed():
             # Requests sent while the loop was ending hear it too.
             try:
-                client.loop.call_soon_threadsafe(client.protocol.stop, self.dead, self.failed)
+                client.loop.call_soon_threadsafe(client.stop_after_reading, self.dead,
+                                                 self.failed)
             except RuntimeError:
                 pass  # the event loop closed meanwhile
 
@@ -358,8 +364,9 @@ class _Background:
         return client
 
     def stop(self) -> None:
-        """Stop the loop, tell the client's waiting requests, close the
-        client, the server and the engine. Called on the loop's own thread
+        """Stop the loop, tell the client's waiting requests (after the
+        replies the loop sent before it ended: ``stop_after_reading``),
+        close the client, the server and the engine. Called on the loop's own thread
         (the garbage collector may finalize an ``AsyncLLM`` on any thread),
         which cannot wait for itself to end, it leaves that to a thread of
         its own."""
@@ -370,7 +377,7 @@ class _Background:
         self.thread.join()  # it has set ``dead``
         client, self.client = self.client, None
         if client is not None:
-            client.protocol.stop(self.dead, self.failed)
+            client.stop_after_reading(self.dead, self.failed)
             client.close_now()
         try:
             self.server.close()

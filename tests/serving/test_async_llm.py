@@ -422,10 +422,11 @@ def test_a_stopped_engine_raises_in_waiting_and_later_generates():
         await gen.__anext__()
         engine.shutdown()
         await engine.abort("w")  # vLLM's: an engine that stopped has nothing to abort
-        with pytest.raises(EngineDeadError, match="shut down"):
+        # The loop's last word to its clients, read before the shutdown tells the client.
+        with pytest.raises(EngineDeadError, match="the engine is shutting down"):
             async for _ in gen:
                 pass
-        with pytest.raises(EngineDeadError):
+        with pytest.raises(EngineDeadError, match="the engine was shut down"):
             await engine.generate("Hello", params(), "later").__anext__()
         with pytest.raises(EngineDeadError):
             await engine.check_health()
@@ -449,6 +450,56 @@ def test_a_request_that_finished_before_a_shutdown_yields_its_outputs():
 
     got = run(finish_then_shut_down())
     assert got[-1].finished and got[-1].outputs[0].finish_reason == "length"
+    assert [t for out in got for t in out.outputs[0].token_ids] == GREEDY[:6]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["shutdown", "failure"])
+def test_a_request_whose_last_delta_is_unread_at_the_stop_yields_its_outputs(how):
+    """The engine sent the request's last delta, then stopped (shut down,
+    or failed while idle) before the event loop read it (the loop's thread
+    is held meanwhile, so the delta waits in the socket): the request
+    still ends with it, as one whose deltas were read does, and what
+    comes later raises EngineDeadError."""
+    engine = AsyncLLM(model="tiny", device="cpu")
+    background = engine._background
+    send = background.server._send_deltas
+    first_read, last_sent = threading.Event(), threading.Event()
+
+    def send_then_hold(deltas):  # the engine waits after its first tokens until they are read
+        send(deltas)
+        if any(d.finished for d in deltas):
+            last_sent.set()
+        elif deltas:
+            first_read.wait(WAIT_S)
+
+    def failed_check():
+        raise RuntimeError("a worker died")
+
+    background.server._send_deltas = send_then_hold
+
+    async def stop_before_reading():
+        stream = engine.generate({"prompt_token_ids": PROMPT}, params(DELTA, max_tokens=6), "u")
+        got = [await stream.__anext__()]
+        if how == "failure":
+            background.engine.check_health = failed_check  # the idle loop's next turn fails
+        first_read.set()
+        assert last_sent.wait(WAIT_S)  # this thread holds the event loop: nothing is read
+        if how == "shutdown":
+            engine.shutdown()
+        else:
+            background.thread.join(WAIT_S)
+        got += [out async for out in stream]
+        with pytest.raises(EngineDeadError, match="shut down" if how == "shutdown" else "died"):
+            await engine.generate("Hello", params(), "later").__anext__()
+        return got
+
+    try:
+        got = run(stop_before_reading())
+    finally:
+        engine.shutdown()
+    assert not got[0].finished and got[-1].finished
+    assert got[-1].outputs[0].finish_reason == "length"
     assert [t for out in got for t in out.outputs[0].token_ids] == GREEDY[:6]
 
 
