@@ -680,6 +680,7 @@ def run_serve(args) -> int:
         raise
     secret = new_secret()
     http_server = None
+    others: tuple[tuple[str, bytes], ...] = ()  # replicas 1..dp-1: (endpoint, secret)
     try:
         server = EngineServer(engine, endpoint, args.endpoint_file, secret=secret)
         try:
@@ -702,9 +703,13 @@ def run_serve(args) -> int:
     previous = {sig: signal.signal(sig, stop) for sig in _STOP_SIGNALS}
     if replicas is not None:
         replicas.watch(server.stop)  # a replica that ends stops the server
-    print(f"tprun serve: ready: engine endpoint {server.address} (key file {server.key_file})",
-          flush=True)
-    logger.info("engine endpoint %s, key file %s", server.address, server.key_file)
+    endpoints = [(server.address, server.key_file)]
+    if replicas is not None:
+        endpoints += zip((address for address, _ in others), replicas.key_files())
+    print(_ready_line(endpoints), flush=True)
+    for index, (address, key_file) in enumerate(endpoints):
+        logger.info("engine endpoint %s, key file %s%s", address, key_file,
+                    f" (data-parallel replica {index})" if replicas is not None else "")
     if http_server is not None:
         name = (args.served_model_name or [args.model])[0]
         replicas_said = "" if dp == 1 else f", {dp} data-parallel replicas"
@@ -734,6 +739,17 @@ def run_serve(args) -> int:
         print(f"tprun serve: stopped by {signal.Signals(signum).name}", file=sys.stderr,
               flush=True)
     return 0
+
+
+def _ready_line(endpoints: list[tuple[str, str]]) -> str:
+    """``serve``'s ready line: its engine endpoint and key file, or, with
+    data parallelism, every replica's, in replica order."""
+    if len(endpoints) == 1:
+        address, key_file = endpoints[0]
+        return f"tprun serve: ready: engine endpoint {address} (key file {key_file})"
+    named = ", ".join(f"{address} (replica {index}, key file {key_file})"
+                      for index, (address, key_file) in enumerate(endpoints))
+    return f"tprun serve: ready: engine endpoints {named}"
 
 
 def _check_data_parallel(args, config) -> None:

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 
 from executor.multiproc import module_command
+from ipc.auth import sibling_key_file
 from ipc.endpoints import private_directory, remove_stale_directories
 
 # serve's options that only the HTTP front end reads: a replica takes their defaults.
@@ -155,6 +156,10 @@ class ReplicaProcesses:
                 time.sleep(0.1)
         return [(read_endpoint_file(r.endpoint_file), find_secret(r.endpoint_file))
                 for r in self.replicas]
+
+    def key_files(self) -> list[str]:
+        """Each replica's key file (beside its endpoint file), in replica order."""
+        return [sibling_key_file(r.endpoint_file) for r in self.replicas]
 
     def watch(self, on_failure: Callable[[], None]) -> None:
         """Call ``on_failure`` (from a thread) once a replica ends before

@@ -15,7 +15,9 @@ that map to d; an id leaves ``replica_of`` once, when it finishes
 (``forget``) or is aborted (``abort``). ``dead`` is the first replica's
 reason to have stopped, named with its index: once one replica has
 stopped, the whole server stops (``tprun serve`` fails fast), so no
-request is moved to another.
+request is moved to another. ``stats`` is the replicas' together
+(``summed_stats``), ``stats_by_engine`` each one's (``/metrics`` labels
+them by replica).
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ class DataParallelClient:
             self.replicas[index].forget(request_id)
 
     async def stats(self) -> EngineStats:
-        """Replica 0's stats, once every replica has answered
-        (``EngineStoppedError`` if one does not)."""
-        return (await self.stats_by_engine())[0]
+        """The stats of all the replicas together (``summed_stats``), once
+        every one has answered (``EngineStoppedError`` naming a replica
+        that does not)."""
+        return summed_stats(await self.stats_by_engine())
 
     async def stats_by_engine(self) -> list[EngineStats]:
         """Each replica's stats, in replica order (``EngineStoppedError``
@@ -117,3 +120,36 @@ class DataParallelClient:
             return None
         self.unfinished[index] -= 1
         return index
+
+
+def summed_stats(replicas: list[EngineStats]) -> EngineStats:
+    """The replicas' stats as one engine's, each field over all of them:
+    the queues (``num_running``, ``num_waiting``), the KV blocks
+    (``num_blocks``, ``num_free_blocks``) and every counter since start
+    (steps: the replicas' steps together; tokens, preemptions, refused
+    messages, prefix-cache lookups and hits, speculative decoding's
+    counters, by draft position too) are sums; ``kv_usage`` is the
+    fraction of all the blocks in use, and ``prefix_hit_rate`` the hits
+    over all the lookups (0 with none), so both weigh each replica by its
+    size, not alike."""
+    if not replicas:
+        raise ValueError("no replica's stats to sum")
+    total = {name: sum(getattr(s, name) for s in replicas) for name in _SUMMED}
+    num_blocks = total["num_blocks"]
+    used = sum(s.kv_usage * s.num_blocks for s in replicas)
+    queries, hits = total["prefix_cache_queries"], total["prefix_cache_hits"]
+    positions = max(len(s.spec_decode_num_accepted_tokens_per_pos) for s in replicas)
+    per_pos = [sum(s.spec_decode_num_accepted_tokens_per_pos[i]
+                   for s in replicas if i < len(s.spec_decode_num_accepted_tokens_per_pos))
+               for i in range(positions)]
+    return EngineStats(**total, kv_usage=used / num_blocks if num_blocks else 0.0,
+                       prefix_hit_rate=hits / queries if queries else 0.0,
+                       spec_decode_num_accepted_tokens_per_pos=per_pos)
+
+
+# EngineStats' fields that add up over replicas as they are.
+_SUMMED = ("num_running", "num_waiting", "num_blocks", "num_free_blocks", "num_preemptions",
+           "num_steps", "num_prompt_tokens", "num_generation_tokens", "num_scheduled_tokens",
+           "num_refused_messages", "prefix_cache_queries", "prefix_cache_hits",
+           "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+           "spec_decode_num_accepted_tokens")

@@ -5,7 +5,8 @@ One server for the module (``tiny`` on the CPU, a rank per replica):
 answers equal ``LLM.generate``'s (the reference engine, in process),
 concurrent requests spread over both replicas (each replica's own counters,
 ``/metrics`` with vLLM's ``engine`` label), the choices of one request
-stay on one replica, and an aborted stream frees its replica. Then a
+stay on one replica, an aborted stream frees its replica, and the ready
+line names each replica's live endpoint. Then a
 replica whose worker dies, or that is stopped alone, ends the server with
 one line naming it; a stop (SIGTERM, Ctrl-C) ends every replica's streams
 as the engine's stop; and a world size that is not -tp x -dp, a replica's
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import tempfile
@@ -28,6 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
+from serving.client import EngineClient
 from tests.helpers.http_utils import serving_tiny, start_http, stop_http
 from tests.helpers.proc_utils import child_pids, run_tprun, socket_dirs
 
@@ -146,6 +149,29 @@ def test_an_aborted_stream_frees_its_replica(server, client):
         t.join()
     after = per_engine(server.url, "tprun:generation_tokens_total")
     assert {engine: after[engine] - before[engine] for engine in after} == {"0": 60, "1": 30}
+
+
+@pytest.mark.timeout(180)
+def test_the_ready_line_names_every_replicas_endpoint(server, reference):
+    """``tprun serve: ready: engine endpoints A (replica 0, key file KA),
+    B (replica 1, key file KB)``: B with KB is replica 1's live endpoint
+    (a client of it gets ``LLM.generate``'s answer, counted on engine "1"
+    only)."""
+    line = next(x for x in server.output().splitlines() if x.startswith("tprun serve: ready:"))
+    named = re.fullmatch(r"tprun serve: ready: engine endpoints (\S+) \(replica 0, key file "
+                         r"(\S+)\), (\S+) \(replica 1, key file (\S+)\)", line)
+    assert named is not None, line
+    first, first_key, second, second_key = named.groups()
+    assert first.startswith("ipc://") and second.startswith("ipc://") and first != second
+    assert os.path.isfile(first_key) and os.path.isfile(second_key)
+    before = per_engine(server.url, "tprun:generation_tokens_total")
+    with EngineClient(second, key_file=second_key) as replica:
+        answer = replica.generate([PROMPTS[0]], SamplingParams(temperature=0.0,
+                                                              max_tokens=MAX_TOKENS))
+    assert answer[0].outputs[0].text == reference[0][0]
+    after = per_engine(server.url, "tprun:generation_tokens_total")
+    made = len(answer[0].outputs[0].token_ids)
+    assert {engine: after[engine] - before[engine] for engine in after} == {"0": 0, "1": made}
 
 
 @pytest.mark.timeout(240)
