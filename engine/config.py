@@ -484,6 +484,7 @@ class EngineConfig:
             max_num_batched_tokens=self.resolved_max_num_batched_tokens,
             max_model_len=length, speculative=spec,
             logits_processors=list(self.logits_processors or ()),
+            logits_processor_folders=_import_folders(self.logits_processors or ()),
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}
@@ -584,6 +585,15 @@ def _check_logits_processors(c: EngineConfig) -> None:
                           "decoding (as in vLLM): give logits_processors or "
                           "speculative_config, not both")
     object.__setattr__(c, "logits_processors", names)
+
+
+def _import_folders(names: list[str]) -> list[str]:
+    """The folders this process imported the processors' modules from
+    (``_check_logits_processors`` imported each), once each, in order."""
+    from runner.sampling.logits_processor import import_folder
+
+    folders = (import_folder(name) for name in names)
+    return list(dict.fromkeys(f for f in folders if f is not None))
 
 
 def _check_max_model_len(value) -> None:

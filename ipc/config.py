@@ -73,6 +73,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     decoding, None when off. ``logits_processors``: qualified names of
     custom logits processor classes (``runner.sampling.logits_processor``)
     that each worker imports and constructs; empty: none.
+    ``logits_processor_folders``: the folders the engine imported their
+    modules from, which a worker appends to its import path first (a worker
+    daemon's path lacks the caller's folder, e.g. its script's).
     """
 
     model: str
@@ -94,6 +97,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     load_format: str
     speculative: SpeculativeConfig | None
     logits_processors: list[str] = []
+    logits_processor_folders: list[str] = []
 
     @property
     def num_speculative_tokens(self) -> int:

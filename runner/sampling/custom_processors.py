@@ -29,6 +29,7 @@ from runner.sampling.logits_processor import (
     BatchUpdate,
     LogitsProcessor,
     LogitsProcessorError,
+    add_import_folders,
     load_processor_class,
 )
 
@@ -36,7 +37,9 @@ from runner.sampling.logits_processor import (
 def build_processors(config: RunnerConfig, device: torch.device) -> list[LogitsProcessor]:
     """One instance of each processor ``config.logits_processors`` names;
     ``LogitsProcessorError`` naming the one that fails to import or to
-    construct."""
+    construct. The folders the engine imported them from are appended to
+    the import path first (a worker daemon starts without the caller's)."""
+    add_import_folders(config.logits_processor_folders)
     pin = device.type == "cuda"
     processors = []
     for name in config.logits_processors:

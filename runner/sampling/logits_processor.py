@@ -19,12 +19,16 @@ A processor is named by its qualified name, ``module:Class`` (vLLM's
 form, where ``Class`` may be dotted for a nested class) or
 ``module.Class``. Workers receive names only, over the socket, and import
 them; a class given as an object must therefore be importable by its name
-(``qualified_name``).
+(``qualified_name``). Worker daemons start without the caller's folder
+on their import path, so each name travels with the folder its module was
+imported from (``import_folder``), which a worker appends to its path.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -131,6 +135,26 @@ def load_processor_class(name: str) -> type[LogitsProcessor]:
         raise LogitsProcessorError(f"logits processor {name!r} is not a subclass of "
                                    "runner.sampling.logits_processor.LogitsProcessor")
     return obj
+
+
+def import_folder(name: str) -> str | None:
+    """The folder on this process's import path that the (imported) module
+    of processor ``name`` came from: its top-level package's parent, or the
+    module's own folder; None for a module not read from a file."""
+    top = sys.modules.get(split_name(name)[0].partition(".")[0])
+    file = getattr(top, "__file__", None)
+    if file is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(file))
+    return os.path.dirname(folder) if hasattr(top, "__path__") else folder
+
+
+def add_import_folders(folders: Sequence[str]) -> None:
+    """Append ``folders`` to this process's import path where missing:
+    after every entry it holds, so they never replace a module it finds."""
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
 
 
 def qualified_name(cls: Any) -> str:

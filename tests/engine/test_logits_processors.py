@@ -299,3 +299,51 @@ def test_http_vllm_xargs_become_extra_args():
     request = CompletionRequest(model="m", prompt="hi", vllm_xargs={"x": float("inf")})
     with pytest.raises(InvalidRequestError, match="extra_args must be None or a JSON object"):
         choice_params(request, max_tokens=4, logprobs=None)
+
+
+_ELSEWHERE = '''
+from runner.sampling.logits_processor import LogitsProcessor
+
+
+class ForceElsewhere(LogitsProcessor):
+    """Every request draws ``force_token`` alone."""
+
+    def __init__(self, config, device, is_pin_memory):
+        self.targets = {}
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.targets.pop(index, None)
+        for index, params, _, _ in batch_update.added:
+            self.targets[index] = (params.extra_args or {}).get("force_token")
+
+    def apply(self, logits):
+        for index, target in self.targets.items():
+            if target is not None:
+                kept = logits[index, target].clone()
+                logits[index] = float("-inf")
+                logits[index, target] = kept
+        return logits
+'''
+
+
+@pytest.mark.timeout(300)
+def test_processor_beside_the_callers_script_reaches_worker_daemons(llama, tmp_path,
+                                                                    monkeypatch):
+    """A processor in a folder only the caller's import path holds (a module
+    beside the caller's script) is imported by worker daemons too, which
+    start without the caller's folder on their path."""
+    path, _ = llama
+    (tmp_path / "procs_beside_script.py").write_text(_ELSEWHERE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
+                            extra_args={"force_token": 61})
+    with LLM(model=path, device="cpu", executor="mp",
+             logits_processors=["procs_beside_script:ForceElsewhere"]) as llm:
+        (out,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)
+    assert out.outputs[0].token_ids == [61, 61, 61]
