@@ -474,7 +474,16 @@ class IncrementalDetokenizer:
     def _step(self, token_ids: list[int]) -> str:
         """The text ``token_ids`` release after the window: up to the last
         of them after which the text does not end in U+FFFD (usually the
-        last: one decode); moves the window past that one."""
+        last: one decode); moves the window past that one. Under
+        ``skip_special_tokens`` special tokens never enter the window: they
+        decode to nothing, so the text is the same without them, while a
+        window that kept them would not move past them (they release no
+        text) and would grow by each one (a run of EOS under ``ignore_eos``
+        would cost the square of its length)."""
+        if self.skip_special_tokens:
+            token_ids = [t for t in token_ids if t not in self.tokenizer.special_ids]
+            if not token_ids:
+                return ""
         start = len(self._ids)
         self._ids.extend(token_ids)
         decode = self._decode

@@ -274,3 +274,31 @@ def test_transformers_names_give_transformers_results(tiny_dir):
     assert ours.convert_tokens_to_ids(tokens) == hf.convert_tokens_to_ids(tokens) == ids
     assert (ours.bos_token, ours.eos_token) == (hf.bos_token, hf.eos_token)
     assert ours.batch_decode([ids, ids[2:]]) == hf.batch_decode([ids, ids[2:]])
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_incremental_detokenizer_decodes_a_bounded_window_per_token(tok, skip):
+    """Each token costs a decode of a few tokens, however many came before:
+    fed a long run of special tokens (EOS written again and again, as
+    under ``ignore_eos``) between two words, one token at a time, no decode
+    reads more than a dozen ids (counted, no clock); skipped, the special
+    tokens add nothing and a window that kept them would grow by each
+    one. The pieces are vLLM's (``DecodeStream``)."""
+    from tests.helpers.vllm_detokenizer import vllm_fast_pieces
+
+    prompt = tok.encode("hello there")
+    output = [*tok.encode(" the quick"), *[tok.eos_token_id] * 300, *tok.encode(" brown fox")]
+    decoded: list[int] = []
+    raw_decode = tok.raw_decode
+
+    def counted(ids, skip_special_tokens=True):
+        decoded.append(len(ids))
+        return raw_decode(ids, skip_special_tokens)
+
+    tok.raw_decode = counted
+    detok = IncrementalDetokenizer(tok, prompt, skip)
+    pieces = [detok.feed([t]) for t in output]
+    assert pieces == vllm_fast_pieces(tok.hf, prompt, output, skip)
+    assert detok.output_text == (" the quick brown fox" if skip else
+                                 " the quick" + "</s>" * 300 + " brown fox")
+    assert decoded and max(decoded) <= 12, max(decoded)
