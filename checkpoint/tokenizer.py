@@ -48,6 +48,9 @@ from ipc.errors import InvalidRequestError
 # Tokens of prompt context the incremental detokenizer starts from: enough
 # for decoders that drop a leading space on the first token they see.
 _CONTEXT_TOKENS = 5
+# The most tokens the context takes beyond those to begin where a character
+# begins: a UTF-8 character is at most four bytes, a token at least one.
+_CHARACTER_TOKENS = 3
 
 
 def _token_text(entry: Any) -> str | None:
@@ -283,10 +286,22 @@ def _context_ids(tokenizer: Tokenizer, prompt_token_ids: list[int],
     tokens there would leave a context of nothing, and a SentencePiece
     decoder would then drop the output's leading space. Their text may end
     in U+FFFD (token ids that end inside a character): ``_text_added`` cuts
-    off only the text the prompt keeps."""
-    ids = []
-    for token in reversed(prompt_token_ids):
+    off only the text the prompt keeps. Where their text begins with
+    U+FFFD (the first of them inside a character, as where the prompt ends
+    in characters written as byte tokens), up to ``_CHARACTER_TOKENS``
+    more, to begin with a whole character: a byte-fallback decoder
+    (SentencePiece's) reads a run of byte tokens that begins inside a
+    character as U+FFFD throughout, the output's bytes after it too."""
+    ids: list[int] = []
+    tokens = reversed(prompt_token_ids)
+    for token in tokens:
+        if not (skip_special_tokens and token in tokenizer.special_ids):
+            ids.append(token)
         if len(ids) == _CONTEXT_TOKENS:
+            break
+    for token in tokens:
+        if len(ids) == _CONTEXT_TOKENS + _CHARACTER_TOKENS or not tokenizer.raw_decode(
+                ids[::-1], skip_special_tokens).startswith("\ufffd"):
             break
         if not (skip_special_tokens and token in tokenizer.special_ids):
             ids.append(token)
@@ -499,6 +514,11 @@ class IncrementalDetokenizer:
             piece = new_text[len(prefix_text) :]
         if not piece:
             return ""
+        # The window's next start is where this step's text began, unless
+        # that is inside a character (the prompt's context cut it: its text
+        # ends in U+FFFD), where a byte-fallback decoder would read the
+        # bytes from there on as U+FFFDs: the window then keeps its start
+        # one step more (its text up to ``end`` ends in a whole character).
         self._prefix_offset = self._read_offset
         self._read_offset = end
         return piece

@@ -1,0 +1,59 @@
+"""An output's text under a SentencePiece tokenizer with byte fallback
+(Llama 2's and Mistral's decoder: "▁" as a space, ``ByteFallback``,
+``Fuse``, one leading space stripped), whose characters outside the
+vocabulary are written as byte tokens ``<0xXX>``. Its decoder reads a run
+of byte tokens as one: a run that is not UTF-8 throughout, as one that
+begins inside a character, is U+FFFD for every byte, its whole
+characters included. So the tokens an output is decoded after must begin
+where a character begins. The reference is the decoder's own text of the
+prompt and output together, less the prompt's text (its cut character's
+U+FFFDs excepted: the output completes it), token by token
+(``IncrementalDetokenizer``) and whole (``output_text``)."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import AddedToken, decoders, models, normalizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
+
+_WORDS = ["\u2581", "a", "x", "\u2581a", "\u2581x"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    vocab.update({w: 259 + i for i, w in enumerate(_WORDS)})
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                          normalizers.Replace(" ", "\u2581")])
+    hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                    decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    hf.add_special_tokens([AddedToken(t, special=True) for t in ("<unk>", "<s>", "</s>")])
+    return Tokenizer(hf, bos_token_id=1, eos_token_id=2)
+
+
+def _bytes(text: str) -> list[int]:
+    return [3 + b for b in text.encode()]
+
+
+def _check(tok: Tokenizer, prompt: list[int], output: list[int], want: str) -> None:
+    whole = tok.hf.decode([*prompt, *output])
+    prompt_text = tok.hf.decode(prompt)
+    kept = prompt_text.rstrip("\ufffd")
+    assert whole.startswith(kept) and whole[len(kept):] == want
+    detok = IncrementalDetokenizer(tok, prompt)
+    assert "".join(detok.feed([t]) for t in output) == want == detok.output_text
+    assert output_text(tok, prompt, output) == want
+
+
+@pytest.mark.parametrize("tail", ["€😀", "日本", "x€€€😀"])
+def test_an_output_of_byte_tokens_after_a_prompt_that_ends_in_them(tok, tail):
+    """The prompt ends in characters written as byte tokens, more of them
+    than the few prompt tokens an output is decoded after; the output
+    begins with one too."""
+    prompt = [1, 263, *_bytes(tail)]
+    assert tok.hf.decode(prompt) == "x" + tail
+    _check(tok, prompt, [*_bytes("🦙"), 262], "🦙 a")
