@@ -519,6 +519,7 @@ class IncrementalDetokenizer:
         # ends in U+FFFD), where a byte-fallback decoder would read the
         # bytes from there on as U+FFFDs: the window then keeps its start
         # one step more (its text up to ``end`` ends in a whole character).
-        self._prefix_offset = self._read_offset
+        if not prefix_text.endswith("\ufffd"):
+            self._prefix_offset = self._read_offset
         self._read_offset = end
         return piece

@@ -57,3 +57,13 @@ def test_an_output_of_byte_tokens_after_a_prompt_that_ends_in_them(tok, tail):
     prompt = [1, 263, *_bytes(tail)]
     assert tok.hf.decode(prompt) == "x" + tail
     _check(tok, prompt, [*_bytes("🦙"), 262], "🦙 a")
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_an_output_after_a_prompt_that_ends_inside_a_character(tok, cut):
+    """The prompt ends with the first bytes of 🦙; the output completes it,
+    then writes 😀 in byte tokens: the tokens that completed 🦙 begin inside
+    it, so the text after them is decoded from the character's start."""
+    llama = _bytes("🦙")
+    prompt = [1, 263, *llama[:cut]]
+    _check(tok, prompt, [*llama[cut:], *_bytes("😀"), 262], "🦙😀 a")
