@@ -21,16 +21,20 @@ is refused by name: llguidance does not read it.
 ``lark`` writes the grammar that llguidance's ``StructTag`` builder writes
 (free text, then each structure's trigger, the rest of its begin, ``%json``
 of its schema with ``disable_any_whitespace`` as its ``x-guidance`` option,
-its end), but decides for each trigger and each end on its own whether it
-is a token: one that is exactly one special token of the model's tokenizer
-is matched as that token (``<[id]>``, ``_special_id``), any other as text
-(a trigger then as a lazy lexeme, so free text ends as soon as it completes
-the trigger and never holds it). (The builder decides a trigger by
-spelling, ``<...>``, for all triggers at once, and writes every end as
-text: a special token spelled otherwise, beside a ``<...>`` trigger that is
-no special token, or as an end, would be matched as text, which a special
-token never is, so the model could not write it.) A special token's text
-written in ordinary tokens is free text, and ends no structure.
+its end), but decides for each trigger on its own whether it is a token:
+one that is exactly one special token of the model's tokenizer is matched
+as that token (``<[id]>``, ``_special_id``), any other as text, a lazy
+lexeme, so free text ends as soon as it completes the trigger and never
+holds it. In an end, and in a begin after its trigger, each special token's
+text is matched as that token and the text around it as text (``_terms``),
+as the tokenizer writes them: llguidance, held to a special token's text,
+allows that token alone there, and would refuse it as text. (The builder
+decides a trigger by spelling, ``<...>``, for all triggers at once, and
+writes every begin and end as text: a special token spelled otherwise,
+beside a ``<...>`` trigger that is no special token, or in a begin or an
+end, would be matched as text, which a special token never is, so the
+model could not write it.) A special token's text written in ordinary
+tokens is free text, and ends no structure.
 As in vLLM, a structure whose text trigger holds another structure's text
 trigger ending before its own end (``"<ab"`` read before ``"<a"``) is never
 written: free text ends at the shorter one first.
@@ -164,17 +168,16 @@ def lark(text: str, tokenizer: Any, compact: bool) -> str:
     schema's own ``x-guidance`` options win, as for a ``json`` constraint)."""
     tag = json.loads(text)
     read = read_with([s["begin"] for s in tag["structures"]], tag["triggers"])
-    specials = {t: _special_id(t, tokenizer)
-                for t in {*read, *(s["end"] for s in tag["structures"])}}
+    specials = {t: _special_id(t, tokenizer) for t in set(read)}
     rules = []
     for i, (s, trigger) in enumerate(zip(tag["structures"], read)):
         own = s["schema"].get("x-guidance")
         options = {"whitespace_flexible": not compact, **(own if isinstance(own, dict) else {})}
         schema = json.dumps(dict(s["schema"], **{"x-guidance": options}))
-        body = " ".join(part for part in (_literal(s["begin"][len(trigger):]), f"%json {schema}",
-                                          _term(s["end"], specials)) if part)
+        body = " ".join(part for part in (_terms(s["begin"][len(trigger):], tokenizer),
+                                          f"%json {schema}", _terms(s["end"], tokenizer)) if part)
         if specials[trigger] is not None:
-            rules.append(f"tag_{i}: TAG_TEXT {_term(trigger, specials)} {body}")
+            rules.append(f"tag_{i}: TAG_TEXT <[{specials[trigger]}]> {body}")
             continue
         rules += [f"tag_{i}_trigger[lazy]: TAG_TEXT {_literal(trigger)}",
                   f"tag_{i}: tag_{i}_trigger {body}"]
@@ -187,11 +190,23 @@ def _literal(text: str) -> str:
     return json.dumps(text) if text else ""
 
 
-def _term(text: str, specials: dict[str, int | None]) -> str:
-    """``text`` in the grammar: the special token it is (its id in
-    ``specials``), else its literal ("" for no text)."""
-    special = specials[text]
-    return _literal(text) if special is None else f"<[{special}]>"
+def _terms(text: str, tokenizer: Any) -> str:
+    """``text`` in the grammar ("" for no text): each special token the
+    tokenizer reads in it as that token (``<[id]>``), the text before,
+    between and after them as literals."""
+    ids = tokenizer.tokenize_str(text, parse_special=True) if text else []
+    terms, at = [], 0
+    for token in ids:
+        if not tokenizer.is_special_token(token):
+            continue
+        spelled = tokenizer.decode_bytes([token]).decode("utf-8", errors="replace")
+        found = text.find(spelled, at)
+        if not spelled or found < 0:
+            continue
+        terms += [_literal(text[at:found]), f"<[{token}]>"]
+        at = found + len(spelled)
+    terms.append(_literal(text[at:]))
+    return " ".join(term for term in terms if term)
 
 
 def _special_id(text: str, tokenizer: Any) -> int | None:

@@ -220,6 +220,49 @@ def test_an_end_that_is_a_special_token_is_matched_as_that_token(trigger):
     assert m.validate_tokens(spelled) == 0
 
 
+@pytest.mark.parametrize("trigger, begin, end", [
+    ("<tool>", "<tool>f=", "<file_sep>\n"),
+    ("<tool>", "<tool>f=", " <file_sep>"),
+    ("<|im_start|>", "<|im_start|>f=", "x<file_sep><|im_start|>"),
+    ("<tool>", "<tool><file_sep>f=", "\n"),
+])
+def test_special_tokens_inside_a_begin_or_an_end_are_those_tokens(trigger, begin, end):
+    """An end (or the rest of a begin after its trigger) that holds a
+    special token's text beside other text: the model's tokenizer writes
+    it as that token and the text around it (``<file_sep>\n`` is tokens 5
+    and 198), and llguidance, holding the output to that text, allows only
+    that token where it comes. So each such token is matched as the token
+    there, and the text around it as text: llguidance itself (an
+    ``LLMatcher`` over the tag's grammar) takes the begin and end as the
+    tokenizer writes them, then free text, where the whole written as
+    text left a mask whose one token the grammar refused."""
+    import llguidance
+
+    from checkpoint.gguf_model import resolve_gguf
+    from checkpoint.tokenizer import Tokenizer
+
+    model_dir = resolve_gguf(SMOLLM2)
+    tok = Tokenizer.from_dir(model_dir)
+    with open(f"{model_dir}/tokenizer.json", encoding="utf-8") as f:
+        lltok = llguidance.LLTokenizer(f.read(), n_vocab=tok.vocab_size,
+                                       eos_token=[tok.eos_token_id])
+    tag = {"triggers": [trigger], "structures": [{"begin": begin, "schema": NEG, "end": end}]}
+    grammar = structural_tags.lark(structural_tags.canonical(json.dumps(tag)), lltok, True)
+
+    def enc(text: str) -> list[int]:
+        return tok.encode(text, add_special_tokens=False)
+
+    assert any(t in tok.special_ids for t in enc(begin[len(trigger):] + end))
+    m = llguidance.LLMatcher(lltok, grammar, log_level=0)
+    for part in [enc("hi "), enc(trigger), enc(begin[len(trigger):] + '{"x":1}'), enc(end),
+                 enc(" bye")]:
+        for token in part:
+            mask = m.compute_bitmask()
+            assert mask[token // 8] >> (token % 8) & 1, (token, m.get_error())
+            assert m.consume_token(token), m.get_error()
+    assert m.is_accepting() and not m.is_error()
+
+
 def test_a_special_token_spelled_otherwise_is_matched_as_that_token(tiny_dir, tmp_path):
     """A special token needs no ``<...>`` spelling to be a trigger: tiny's
     vocabulary with its special token 258 renamed ``[CALL]`` (as Mistral's
