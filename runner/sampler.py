@@ -5,16 +5,19 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
 
 1. ``allowed_token_ids`` and ``logit_bias`` (``runner.sampling.logit_bias``),
    ``bad_words`` (sequences whose last token is banned where the outputs so
-   far end with the rest; ``runner.sampling.bad_words``), penalties (repetition over prompt + output, presence and frequency over
-   output; ``runner.sampling.penalties``), then ``min_tokens`` (stop ids
-   at -inf for rows not yet past it; ``runner.sampling.min_tokens``),
-   then the step's forced tokens (a spent thinking budget's end of the
-   reasoning: the row keeps that token alone whatever step 1's masks left;
-   ``runner.sampling.forced_tokens``), on the sampler's copy, never on
-   the raw logits that step 4 reads; custom logits processors
-   (``runner.sampling.custom_processors``) that may change an argmax run
-   after bad words and before the penalties, argmax-invariant ones last,
-   in a batch that samples at a temperature only;
+   far end with the rest; ``runner.sampling.bad_words``), ``min_tokens``
+   (stop ids at -inf for rows not yet past it; ``runner.sampling.min_tokens``),
+   custom logits processors that may change an argmax
+   (``runner.sampling.custom_processors``), penalties (repetition over
+   prompt + output, presence and frequency over output;
+   ``runner.sampling.penalties``), then the step's forced tokens (a spent
+   thinking budget's end of the reasoning: the row keeps that token alone
+   whatever step 1's masks left; ``runner.sampling.forced_tokens``), on the
+   sampler's copy, never on the raw logits that step 4 reads. vLLM's order:
+   its built-in min-tokens and logit-bias processors run before the custom
+   ones, so those see the masks (the masks and the biases commute with each
+   other and with the penalties, which keep -inf); argmax-invariant custom
+   processors run last, in a batch that samples at a temperature only;
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
@@ -248,14 +251,14 @@ class Sampler:
             processed = self.logit_bias.apply(processed, idx, idx_mapping_np)
         if any_bad_words:
             processed = self.bad_words.apply(processed, idx, prior_tokens)
+        if any_min_tokens:
+            processed = self.min_tokens.apply(processed, idx, positions)
         custom = self.custom
         if custom is not None:
             processed = custom.apply_changing(processed, idx)
         if flags.any_penalty:
             processed = self.penalties.apply(processed, idx, self.states.slot_penalties,
                                              prior_tokens)
-        if any_min_tokens:
-            processed = self.min_tokens.apply(processed, idx, positions)
         if forced is not None:
             # On a copy where the raw logits are read for logprobs and no
             # own mask made one; in place where nothing reads them after.

@@ -347,3 +347,56 @@ def test_processor_beside_the_callers_script_reaches_worker_daemons(llama, tmp_p
              logits_processors=["procs_beside_script:ForceElsewhere"]) as llm:
         (out,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)
     assert out.outputs[0].token_ids == [61, 61, 61]
+
+
+class StopOrFallback(LogitsProcessor):
+    """Leaves one token to draw for the requests whose ``extra_args`` name a
+    ``stop`` and a ``fallback``: the stop token where its logit is finite,
+    else the fallback. It reads what ran before it: where min-tokens has
+    masked the stop token, it picks the fallback."""
+
+    def __init__(self, config, device, is_pin_memory):
+        self.rules: dict[int, tuple[int, int]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.rules.pop(index, None)
+        for index, params, _, _ in batch_update.added:
+            extra = params.extra_args or {}
+            if "stop" in extra:
+                self.rules[index] = (extra["stop"], extra["fallback"])
+            else:
+                self.rules.pop(index, None)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, (stop, fallback) in self.rules.items():
+            keep = stop if torch.isfinite(logits[index, stop]) else fallback
+            kept = logits[index, keep].clone()
+            logits[index] = float("-inf")
+            logits[index, keep] = kept
+        return logits
+
+
+@pytest.mark.timeout(300)
+def test_min_tokens_masks_before_processors_that_change_the_argmax(llama):
+    """vLLM runs its min-tokens processor before custom ones: for the first
+    ``min_tokens`` tokens the processor sees the stop token at -inf and
+    picks the fallback; then it picks the stop token, which ends the
+    request. (Masked after the processor, every token of those rows would
+    be -inf.)"""
+    path, _ = llama
+    stop, fallback = 7, 30
+    params = SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3,
+                            stop_token_ids=[stop],
+                            extra_args={"stop": stop, "fallback": fallback})
+    with LLM(model=path, device="cpu",
+             logits_processors=["tests.engine.test_logits_processors:StopOrFallback"]) as llm:
+        (out,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], params)
+    assert out.outputs[0].token_ids == [fallback, fallback, fallback, stop]
+    assert out.outputs[0].finish_reason == "stop"
+
