@@ -16,12 +16,14 @@ One call, for logits [N, V] of a batch whose row i belongs to slot
    sampler's copy, never on the raw logits that step 4 reads. vLLM's order:
    its built-in min-tokens and logit-bias processors run before the custom
    ones, so those see the masks (the masks and the biases commute with each
-   other and with the penalties, which keep -inf); argmax-invariant custom
-   processors run last, in a batch that samples at a temperature only;
+   other and with the penalties, which keep -inf);
 2. greedy rows (temperature 0) take the argmax of the penalised logits;
 3. the other rows divide by their temperature, then min-p, top-k, top-p
    (``runner.sampling.filters``) and draw with stateless Gumbel noise, a hash
-   of (seed, position, token id) (``runner.sampling.noise``);
+   of (seed, position, token id) (``runner.sampling.noise``); argmax-invariant
+   custom processors run, in a batch that samples at a temperature only,
+   on the divided rows after min-p and before top-k (vLLM's order, min-p
+   being its first such processor; ``_draw_with_invariant``);
 4. logprobs of the raw logits, if any row asked (``runner.sampling.logprobs``),
    a row's ``logprob_token_ids`` in place of its top ones
    (``runner.sampling.logprob_token_ids``): a forced token reports the
@@ -56,6 +58,7 @@ from ipc.messages import SamplingOptions
 from runner.ops import device_ops
 from runner.sampling.bad_words import BadWordsState
 from runner.sampling.custom_processors import CustomLogitsProcessors
+from runner.sampling.filters import apply_min_p, scale_by_temperature
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.logit_bias import LogitBiasState
 from runner.sampling.logprob_token_ids import LogprobTokenIdsState
@@ -265,9 +268,11 @@ class Sampler:
             if processed is raw:
                 processed = processed.to(torch.float32, copy=True)
             processed = forced.apply(processed)
-        if custom is not None and not flags.all_greedy:
-            processed = custom.apply_invariant(processed, idx)
-        sampled = self._draw(processed, idx, positions, flags, last_tokens)
+        if custom is not None and custom.invariant and not flags.all_greedy:
+            sampled = self._draw_with_invariant(custom, processed, idx, positions, flags,
+                                                last_tokens)
+        else:
+            sampled = self._draw(processed, idx, positions, flags, last_tokens)
         return TargetDraw(sampled, raw, idx, flags, any_bad_words,
                           raw is not None and self.logprob_token_ids.any_active(idx_mapping_np))
 
@@ -279,6 +284,37 @@ class Sampler:
                      if draw.any_logprob_token_ids else None)
         return self.ops.compute_logprobs(draw.raw, draw.sampled, draw.flags.max_logprobs,
                                          token_ids)
+
+    def _draw_with_invariant(
+        self,
+        custom: CustomLogitsProcessors,
+        logits: torch.Tensor,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        flags: BatchFlags,
+        last_tokens: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Step 3 in vLLM's order where argmax-invariant custom processors
+        run: the rows divided by their temperature (greedy rows by 1),
+        min-p, the processors, then top-k, top-p and the draw at
+        temperature 1 (``states.unit_temperature``: 0 stays greedy). Greedy
+        rows take the argmax of ``logits`` as they came, before the
+        processors, as vLLM's greedy rows do."""
+        states = self.states
+        scaled = scale_by_temperature(logits, idx, states.slot_temperature)
+        if flags.any_min_p:
+            scaled = apply_min_p(scaled, states.slot_min_p[idx])
+        scaled = custom.apply_invariant(scaled, idx)
+        greedy = (states.slot_temperature[idx] == 0.0)[:, None]
+        scaled = torch.where(greedy, logits.to(torch.float32), scaled)
+        unit = states.unit_temperature()
+        threshold = None
+        if flags.max_top_k > 0 or flags.any_top_p:
+            threshold = self.ops.filter_thresholds(
+                scaled, idx, unit, states.top_k.gpu, states.slot_top_p, states.slot_min_p,
+                False, flags.max_top_k, flags.any_top_p)
+        return self.ops.gumbel_argmax(scaled, idx, unit, states.seeds.gpu, positions,
+                                      self.token_keys, threshold, last_tokens)
 
     def _draw(
         self,

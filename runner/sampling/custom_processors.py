@@ -10,11 +10,18 @@ back in batch order. The table's rows of slots outside the batch hold
 stale values that no one reads.
 
 Processors that may change an argmax (``is_argmax_invariant()`` False) run
-for every batch, after ``logit_bias``/``allowed_token_ids`` and bad words
-and before the penalties, as vLLM runs them; argmax-invariant ones run
-after the penalties, min-tokens and forced tokens, only in a batch that
-samples at a temperature (a greedy batch skips them, as vLLM's does), on
-logits not yet divided by the temperature.
+for every batch, after ``logit_bias``/``allowed_token_ids``, bad words and
+``min_tokens`` and before the penalties, as vLLM runs them after its
+built-in min-tokens and logit-bias processors; argmax-invariant ones run
+only in a batch that samples at a temperature (a greedy batch skips them,
+as vLLM's does), on the logits divided by each row's temperature (a greedy
+row's by 1) after min-p and before top-k and top-p, as vLLM runs them after
+its min-p processor.
+
+``BatchUpdate.added``'s output tokens are a snapshot taken when the request
+is added (its tokens before a preemption), not a list that grows: the
+sampled tokens reach a rank's host only through the output rank's copy
+thread (``runner.async_output``); see ``logits_processor.BatchUpdate``.
 """
 
 from __future__ import annotations

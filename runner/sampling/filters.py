@@ -32,6 +32,17 @@ import torch.nn.functional as F
 _NEG_INF = float("-inf")
 
 
+def scale_by_temperature(logits: torch.Tensor, slots: torch.Tensor,
+                         temperature: torch.Tensor) -> torch.Tensor:
+    """float32 [N, V]: each row of ``logits`` divided by its slot's
+    temperature (the per-slot table read at ``slots``), a greedy row's
+    (temperature 0) by 1; -inf stays -inf (not NaN at temperature inf)."""
+    raw = logits.to(torch.float32)
+    t = temperature[slots]
+    scaled = raw / torch.where(t == 0.0, 1.0, t)[:, None]
+    return torch.where(raw == _NEG_INF, raw, scaled)
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """logits [N, V] float32, min_p [N] -> filtered logits (a new tensor)."""
     threshold = logits.amax(dim=-1) + torch.log(min_p)  # log(0) = -inf: off
@@ -95,8 +106,7 @@ def filter_thresholds_ref(
     keeps the tokens whose raw logit is at or above its threshold."""
     raw = logits.to(torch.float32)
     t = temperature[slots]
-    scaled = raw / torch.where(t == 0.0, 1.0, t)[:, None]
-    scaled = torch.where(raw == _NEG_INF, raw, scaled)  # not NaN at t = inf
+    scaled = scale_by_temperature(raw, slots, temperature)
     if any_min_p:
         scaled = apply_min_p(scaled, min_p[slots])
     if max_top_k > 0 or any_top_p:

@@ -118,6 +118,12 @@ class SamplingStates:
         self.top_k.stage_write_elem(slot, top_k)
         self.seeds.stage_write_elem(slot, seed)
 
+    def unit_temperature(self) -> torch.Tensor:
+        """float32 [max_num_reqs] on the device: 0 for a greedy slot, 1 for
+        every other; what the draw reads as the temperature of rows already
+        divided by their own (one device op, no host read)."""
+        return (self.slot_temperature != 0.0).to(torch.float32)
+
     def uses_penalty(self, slot: int) -> bool:
         return bool(self.needs_np[slot] & NEEDS_PENALTY)
 

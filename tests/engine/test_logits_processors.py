@@ -5,6 +5,7 @@ arguments in ``SamplingParams.extra_args``."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,9 +13,11 @@ from engine import LLM, SamplingParams
 from engine.config import ConfigError
 from ipc.errors import InvalidRequestError
 from ipc.messages import NewRequestData, SamplingOptions
+from runner.sampler import Sampler
 from runner.sampling.custom_processors import CustomLogitsProcessors
 from runner.sampling.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.sampler_writes import write_added_requests
 
 NAME = "tests.engine.test_logits_processors:ForceToken"
 
@@ -400,3 +403,53 @@ def test_min_tokens_masks_before_processors_that_change_the_argmax(llama):
     assert out.outputs[0].token_ids == [fallback, fallback, fallback, stop]
     assert out.outputs[0].finish_reason == "stop"
 
+
+class RowMaxima(LogitsProcessor):
+    """Argmax-invariant: records, each call, the largest finite logit and
+    the number of finite logits of every row it is given, and changes
+    nothing."""
+
+    def __init__(self, config, device, is_pin_memory):
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        finite = torch.isfinite(logits)
+        self.seen.append((logits.amax(dim=-1).clone(), finite.sum(dim=-1)))
+        return logits
+
+
+def test_argmax_invariant_processors_see_temperature_scaled_logits_after_min_p():
+    """vLLM divides by the temperature, then runs min-p and the
+    argmax-invariant processors, then top-k: slot 1 (temperature 0.5,
+    min_p 0.5, top_k 1) shows the processor its row halved, with the two
+    tokens within log(2) of the maximum after scaling and no top-k cut yet;
+    slot 3 (temperature 2) its row halved, every token kept; greedy slot 0
+    its row as it is (divided by 1), and its token is the argmax."""
+    vocab = 8
+    rec = RowMaxima(None, torch.device("cpu"), False)
+    custom = CustomLogitsProcessors([rec], max_num_reqs=4, vocab_size=vocab,
+                                    device=torch.device("cpu"))
+    sampler = Sampler(4, vocab, torch.device("cpu"), seed=0, custom=custom)
+    sampler.add_request(1, SamplingOptions(temperature=0.5, min_p=0.5, top_k=1, seed=3), 2, 2)
+    sampler.add_request(3, SamplingOptions(temperature=2.0, seed=4), 2, 2)
+    sampler.add_request(0, SamplingOptions(temperature=0.0), 2, 2)
+    write_added_requests(sampler, torch.zeros(4, 16, dtype=torch.int32))
+    # Row 0 (slot 1): scaled [6, 5.8, 4, ...]: 5.8 >= 6 + log(0.5) = 5.31 is
+    # kept by min-p, 4 is not. Row 1 (slot 3): scaled max 1.5.
+    logits = torch.tensor([[3.0, 2.9, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0],
+                           [-1.0, 3.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0],
+                           [0.0, 0.0, 0.0, 0.0, 0.0, 4.0, 0.0, 0.0]])
+    idx_np = np.array([1, 3, 0], dtype=np.int32)
+    out = sampler(logits, torch.from_numpy(idx_np), idx_np, torch.tensor([2, 2, 2]),
+                  torch.ones(3, dtype=torch.bool))
+    ((maxima, finite),) = rec.seen  # rows by slot: 1, 3, 0
+    assert maxima[[1, 3, 0]].tolist() == [6.0, 1.5, 4.0]
+    assert finite[[1, 3, 0]].tolist() == [2, vocab, vocab]
+    # top_k 1 after the processor: slot 1 draws its argmax; slot 0 is greedy.
+    assert out.sampled_token_ids[[0, 2]].tolist() == [0, 5]
