@@ -66,7 +66,10 @@ class BatchUpdate:
     request; ``params`` is the request's ``ipc.messages.SamplingOptions``
     (the sampling fields the workers get, ``extra_args`` among them);
     ``output_token_ids`` are the tokens it generated before it was added
-    (those before a preemption), a snapshot. ``moved``: always empty.
+    (those before a preemption), a snapshot that does not grow as vLLM's
+    list does: a rank has a step's tokens on the host only once their copy
+    ends, on the output rank alone, after the next step's sampling is
+    queued (README, "Custom logits processors"). ``moved``: always empty.
     Apply them in vLLM's order: removed, added, moved.
     """
 
