@@ -307,12 +307,12 @@ class Sampler:
         scaled = custom.apply_invariant(scaled, idx)
         greedy = (states.slot_temperature[idx] == 0.0)[:, None]
         scaled = torch.where(greedy, logits.to(torch.float32), scaled)
-        unit = states.unit_temperature()
+        unit, top_p, min_p = states.unit_temperature()
         threshold = None
         if flags.max_top_k > 0 or flags.any_top_p:
             threshold = self.ops.filter_thresholds(
-                scaled, idx, unit, states.top_k.gpu, states.slot_top_p, states.slot_min_p,
-                False, flags.max_top_k, flags.any_top_p)
+                scaled, idx, unit, states.top_k.gpu, top_p, min_p, False, flags.max_top_k,
+                flags.any_top_p)
         return self.ops.gumbel_argmax(scaled, idx, unit, states.seeds.gpu, positions,
                                       self.token_keys, threshold, last_tokens)
 

@@ -118,11 +118,16 @@ class SamplingStates:
         self.top_k.stage_write_elem(slot, top_k)
         self.seeds.stage_write_elem(slot, seed)
 
-    def unit_temperature(self) -> torch.Tensor:
-        """float32 [max_num_reqs] on the device: 0 for a greedy slot, 1 for
-        every other; what the draw reads as the temperature of rows already
-        divided by their own (one device op, no host read)."""
-        return (self.slot_temperature != 0.0).to(torch.float32)
+    def unit_temperature(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-slot temperature, top-p and min-p on the device, as the
+        ``slot_*`` columns are, but with every temperature 1 save a greedy
+        slot's 0: what the filters and the draw read for rows already divided
+        by their own temperature. Columns of one copy of the float table (the
+        kernels read the three with one stride); a few device ops, no host
+        read."""
+        table = self.floats.gpu.clone()
+        table[:, TEMPERATURE] = (table[:, TEMPERATURE] != 0.0).to(torch.float32)
+        return table[:, TEMPERATURE], table[:, TOP_P], table[:, MIN_P]
 
     def uses_penalty(self, slot: int) -> bool:
         return bool(self.needs_np[slot] & NEEDS_PENALTY)

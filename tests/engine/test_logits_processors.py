@@ -453,3 +453,30 @@ def test_argmax_invariant_processors_see_temperature_scaled_logits_after_min_p()
     assert finite[[1, 3, 0]].tolist() == [2, vocab, vocab]
     # top_k 1 after the processor: slot 1 draws its argmax; slot 0 is greedy.
     assert out.sampled_token_ids[[0, 2]].tolist() == [0, 5]
+
+
+def test_argmax_invariant_path_draws_alike_through_the_triton_kernels():
+    """The draw after argmax-invariant processors (filters and Gumbel draw
+    at temperature 1) through the Triton kernels draws what the torch
+    references draw, over a batch of greedy, filtered and plain rows."""
+    from runner.ops import triton_ops
+
+    cpu = torch.device("cpu")
+    draws = []
+    for ops in (None, triton_ops(cpu)):
+        custom = CustomLogitsProcessors([RowMaxima(None, cpu, False)], 4, 64, cpu)
+        sampler = Sampler(4, 64, cpu, 0, custom)
+        if ops is not None:
+            sampler.ops = ops
+        sampler.add_request(1, SamplingOptions(temperature=0.7, top_p=0.9, top_k=20,
+                                               min_p=0.05, seed=3), 2, 2)
+        sampler.add_request(0, SamplingOptions(temperature=0.0), 2, 2)
+        sampler.add_request(2, SamplingOptions(temperature=1.3, seed=9), 2, 2)
+        write_added_requests(sampler, torch.zeros(4, 16, dtype=torch.int32))
+        logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 3
+        idx = np.array([1, 0, 2], dtype=np.int32)
+        draws.append([sampler(logits, torch.from_numpy(idx), idx, torch.full((3,), pos),
+                              torch.ones(3, dtype=torch.bool)).sampled_token_ids.tolist()
+                      for pos in range(12)])
+    assert draws[0] == draws[1]
+    assert {row[1] for row in draws[0]} == {int(logits[1].argmax())}
