@@ -51,6 +51,11 @@ _CONTEXT_TOKENS = 5
 # The most tokens the context takes beyond those to begin where a character
 # begins: a UTF-8 character is at most four bytes, a token at least one.
 _CHARACTER_TOKENS = 3
+# The most tokens one character's bytes lie in (``_ends_held``).
+_TAIL_TOKENS = _CHARACTER_TOKENS + 1
+# The tokens the last of ``_ends_held``'s windows reads: four of them, each
+# starting a token earlier than the one before.
+_TAIL_WINDOW_TOKENS = 2 * _TAIL_TOKENS - 1
 
 
 def _token_text(entry: Any) -> str | None:
@@ -347,6 +352,34 @@ def _text_after(tokenizer: Tokenizer, context_ids: list[int], output_ids: list[i
     return tokenizer.raw_decode(output_ids, skip_special_tokens)
 
 
+def _ends_held(tokenizer: Tokenizer, token_ids: list[int], end: int,
+               skip_special_tokens: bool) -> bool:
+    """Whether the text of ``token_ids[:end]`` (``end`` at least
+    ``_TAIL_WINDOW_TOKENS``) surely ends in U+FFFD, read from its last few
+    tokens alone: four windows ending at ``end``, of 4 to 7 tokens, each
+    ends in U+FFFD. False means only that it may not (a decode of the
+    whole text decides). So a long run of text held back (U+FFFDs, stray
+    bytes) costs a few tokens' decode per token, not the run's.
+
+    Sound for the decoders tokenizers ship: a byte-level decoder (bytes
+    joined, then read as UTF-8 with U+FFFD for each bad part) ends its
+    text with the last character or bad part of the bytes, at most four
+    bytes, so within the last four tokens, and a decode that begins inside
+    an earlier character reads only that character's remaining bytes
+    otherwise (one U+FFFD each), so the last one is read alike. A
+    byte-fallback decoder (``<0xNN>`` tokens, one byte each) reads a run of
+    byte tokens as UTF-8 if the whole run is, else as one U+FFFD a byte:
+    where the text ends in a character that is not U+FFFD, the run is
+    UTF-8 and one of four windows begins where a character of it begins,
+    so that window's run is UTF-8 too and ends in that character. Other
+    decoders write each token's text by itself."""
+    for size in range(_TAIL_TOKENS, _TAIL_WINDOW_TOKENS + 1):
+        text = tokenizer.raw_decode(token_ids[end - size : end], skip_special_tokens)
+        if not text.endswith("\ufffd"):
+            return False
+    return True
+
+
 def _bare_added_texts(tokenizer: Tokenizer, skip_special_tokens: bool,
                       spaces_between_special_tokens: bool) -> dict[int, str] | None:
     """The added tokens' texts where an added token after another shows as
@@ -397,8 +430,17 @@ def _released_text(tokenizer: Tokenizer, context_ids: list[int], output_ids: lis
     """The text of the longest start of ``output_ids`` whose text does not
     end in U+FFFD: all that a token-by-token detokenizer has released when
     the output ends (the tokens after it stay held back). Usually the whole
-    output: one decode."""
+    output: one decode. Otherwise the starts are tried from the longest,
+    each first by its last tokens (``_ends_held``), so a long held run costs
+    its length and one more decode of the output. Skipped special tokens
+    decode to nothing: they are left out first, as a run of them would
+    read as text that may not end in U+FFFD."""
+    if skip_special_tokens:
+        output_ids = [t for t in output_ids if t not in tokenizer.special_ids]
     for end in range(len(output_ids), 0, -1):
+        if (end < len(output_ids) and end >= _TAIL_WINDOW_TOKENS
+                and _ends_held(tokenizer, output_ids, end, skip_special_tokens)):
+            continue
         text = _whole_text(tokenizer, context_ids, output_ids[:end], skip_special_tokens,
                            spaces_between_special_tokens)
         if not text.endswith("\ufffd"):
@@ -429,7 +471,12 @@ class IncrementalDetokenizer:
 
     Keeps a window ``[prefix_offset, read_offset)`` of already released
     tokens before the unreleased ones and decodes only the window, so each
-    step costs O(window), not O(output). The window starts with the
+    step costs O(window), not O(output). While more than a few tokens are
+    held back (a run of U+FFFDs or stray bytes that a degenerate output
+    can repeat for thousands of tokens), their last few tokens tell that
+    the text still ends in U+FFFD (``_ends_held``), and the held tokens
+    are decoded whole only for the step that releases them: such a run
+    costs its length, once, not its square. The window starts with the
     prompt's last tokens (``_context_ids``), so the first token's text is
     what it adds after the prompt (``_text_added``: after a prompt that
     ends inside a character, that character completed). Several tokens fed at once give what
@@ -502,13 +549,16 @@ class IncrementalDetokenizer:
         start = len(self._ids)
         self._ids.extend(token_ids)
         decode = self._decode
-        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
         for end in range(len(self._ids), start, -1):
+            if (end - self._read_offset >= _TAIL_WINDOW_TOKENS
+                    and _ends_held(self.tokenizer, self._ids, end, self.skip_special_tokens)):
+                continue
             new_text = decode(self._ids[self._prefix_offset : end])
             if not new_text.endswith("\ufffd"):
                 break
         else:
             return ""
+        prefix_text = decode(self._ids[self._prefix_offset : self._read_offset])
         piece = _text_added(prefix_text, new_text)
         if piece is None:  # a decoder that rewrote the window's text
             piece = new_text[len(prefix_text) :]

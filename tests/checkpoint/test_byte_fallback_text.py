@@ -67,3 +67,31 @@ def test_an_output_after_a_prompt_that_ends_inside_a_character(tok, cut):
     llama = _bytes("🦙")
     prompt = [1, 263, *llama[:cut]]
     _check(tok, prompt, [*llama[cut:], *_bytes("😀"), 262], "🦙😀 a")
+
+
+@pytest.mark.parametrize("run, replacements", [(_bytes("\ufffd") * 700, 700),
+                                               ([3 + 0x80] * 2000, 2000),
+                                               ([*_bytes("\ufffd") * 700, 3 + 0xEF], 2101)])
+def test_a_long_run_of_byte_tokens_held_back_costs_its_length(tok, monkeypatch, run,
+                                                               replacements):
+    """Some two thousand byte tokens whose text ends in U+FFFD at every step
+    (U+FFFD's own bytes, stray bytes, U+FFFDs and a cut character, which
+    make the whole run one U+FFFD a byte), then " a": the text is the
+    decoder's own, token by token and whole, and no U+FFFD without the
+    " a"; each decode but those of the one release reads a dozen ids at
+    most, all of them together a few dozen per token (counted, no clock)."""
+    decoded: list[int] = []
+    raw_decode = tok.raw_decode
+
+    def counted(ids, skip_special_tokens=True):
+        decoded.append(len(ids))
+        return raw_decode(ids, skip_special_tokens)
+
+    monkeypatch.setattr(tok, "raw_decode", counted)
+    prompt, output = [1, 263], [*run, 262]
+    _check(tok, prompt, output, "\ufffd" * replacements + " a")
+    assert len([n for n in decoded if n > 12]) <= 6 and sum(decoded) <= 60 * len(output)
+    decoded.clear()
+    detok = IncrementalDetokenizer(tok, prompt)
+    assert "".join(detok.feed([t]) for t in run) == "" == output_text(tok, prompt, run)
+    assert len([n for n in decoded if n > 12]) <= 1 and sum(decoded) <= 60 * len(output)

@@ -126,3 +126,45 @@ def test_pieces_and_text_are_vllms(tiny, prompt, prompt_cut, output, cuts, skip,
         start += size
     assert detok.output_text == parts.output_text == "".join(want) == \
         output_text(tiny, ids, output, skip, spaces)
+
+
+def _counted_decodes(monkeypatch, tokenizer: Tokenizer) -> list[int]:
+    """The number of ids each later ``raw_decode`` of ``tokenizer`` reads."""
+    decoded: list[int] = []
+    raw_decode = tokenizer.raw_decode
+
+    def counted(ids, skip_special_tokens=True):
+        decoded.append(len(ids))
+        return raw_decode(ids, skip_special_tokens)
+
+    monkeypatch.setattr(tokenizer, "raw_decode", counted)
+    return decoded
+
+
+# Each run with the U+FFFDs it reads as: one a character, a stray byte, a
+# lone lead byte, a cut character.
+@pytest.mark.parametrize("run, replacements", [(REPLACEMENT * 700, 700), ([0x80] * 2000, 2000),
+                                               ([0xC3] * 2000, 2000), ([0xF0, 0x9F] * 1000, 1000)])
+@pytest.mark.parametrize("after", [[], [B], [*EURO, 0xE2]])
+def test_a_long_held_run_costs_its_length(tiny, monkeypatch, run, replacements, after):
+    """Some two thousand tokens whose text ends in U+FFFD at every step (the
+    character's own bytes, stray continuation bytes, lone lead bytes, cut
+    characters), then nothing, "b", or "€" and a cut character: the pieces
+    are vLLM's (held throughout, then all released with the first token
+    that ends the text in a whole character, or never), the whole text
+    too, while each decode but those of that one release reads a dozen
+    ids at most and all of them together a few dozen per token (counted,
+    no clock), where deciding at each token whether the run is held by
+    decoding all of it would read some two million."""
+    prompt, output = tiny.encode("x"), [A, *run, *after]
+    want = vllm_fast_pieces(tiny.hf, prompt, output)
+    decoded = _counted_decodes(monkeypatch, tiny)
+    detok = IncrementalDetokenizer(tiny, prompt)
+    assert [detok.feed([t]) for t in output] == want
+    text = "a" + ("\ufffd" * replacements + {(): "", (B,): "b"}.get(tuple(after), "€")
+                  if after else "")
+    assert detok.output_text == "".join(want) == text
+    assert len([n for n in decoded if n > 12]) <= 2 and sum(decoded) <= 30 * len(output)
+    decoded.clear()
+    assert output_text(tiny, prompt, output) == text
+    assert len([n for n in decoded if n > 12]) <= 2 and sum(decoded) <= 30 * len(output)
