@@ -372,7 +372,11 @@ def _ends_held(tokenizer: Tokenizer, token_ids: list[int], end: int,
     where the text ends in a character that is not U+FFFD, the run is
     UTF-8 and one of four windows begins where a character of it begins,
     so that window's run is UTF-8 too and ends in that character. Other
-    decoders write each token's text by itself."""
+    decoders write each token's text by itself. The converse fails only
+    for byte-fallback: a run of byte tokens with a bad byte far back, then
+    whole characters, reads as U+FFFDs throughout while its last tokens
+    read as characters; there each character's end costs a decode of the
+    held run (the text stays exact)."""
     for size in range(_TAIL_TOKENS, _TAIL_WINDOW_TOKENS + 1):
         text = tokenizer.raw_decode(token_ids[end - size : end], skip_special_tokens)
         if not text.endswith("\ufffd"):
