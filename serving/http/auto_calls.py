@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from checkpoint.growing_text import GrowingText
 from serving.http.call_object import CallObject
+from serving.http.streamed_text import StreamedText
 from serving.http.tools import CallList, ToolCallReader, new_tool_call_id
 
 BLANK = re.compile(r"\s*")
@@ -45,7 +46,7 @@ class AutoCallsReader(ToolCallReader):
 
     def __init__(self, tools: dict[str, dict] | None = None) -> None:
         self.tools = tools or {}
-        self.text = ""
+        self.text = StreamedText()
         self.said = GrowingText()
         self.list = CallList(self._new_id)
         self.rest_start: int | None = None  # where the content after the run starts
@@ -62,7 +63,7 @@ class AutoCallsReader(ToolCallReader):
         return str(self.said)
 
     def pieces(self, text: str, last: bool = False) -> list[tuple[str, Any]]:
-        self._grow(text)
+        self.text.add(text)
         if not self.done:
             self._advance(last)
         if self.rest_start is not None:
@@ -70,20 +71,24 @@ class AutoCallsReader(ToolCallReader):
             self.rest_start = len(self.text)
         if last:
             self.done = True
+        self.text.release(self._kept_from())
         pieces, self._pieces = self._pieces, []
         return pieces
 
-    def _grow(self, piece: str) -> None:
-        """``text += piece``, extending the text where it lies: with the
-        attribute let go first, the local name holds the text's only
-        reference, and CPython then resizes the string in place instead of
-        copying it whole (which ``self.text += piece`` would do for every
-        piece), its growth left to the allocator. Nothing else keeps the
-        text: the readers keep positions in it and slices of it (where a
-        slice is the whole text, the next piece copies it, once)."""
-        text, self.text = self.text, ""
-        text += piece
-        self.text = text
+    def _kept_from(self) -> int:
+        """Where the text this reader may still read starts: nothing
+        before it is kept. Once the run is over, only the content after it
+        is read (from ``rest_start``); before, the state says
+        (``_needed_from``)."""
+        if self.rest_start is not None:
+            return self.rest_start
+        return len(self.text) if self.done else self._needed_from()
+
+    def _needed_from(self) -> int:
+        """Where the text the current state may still read starts: its
+        cursors, and where content would start if the piece being read
+        turned out to be no call."""
+        raise NotImplementedError
 
     def _advance(self, last: bool) -> None:
         while not self.done:
@@ -107,7 +112,7 @@ class AutoCallsReader(ToolCallReader):
         on from where the last look from ``start`` stopped: a run that
         reached the text's end may go on in the text that comes."""
         key = (run, start)
-        end = run.match(self.text, self.searched.get(key, start)).end()
+        end = self.text.match(run, self.searched.get(key, start)).end()
         self.searched[key] = end
         return end
 
@@ -188,7 +193,7 @@ class AutoCallsReader(ToolCallReader):
         return "tool_calls" if reason == "stop" and self.list else reason
 
 
-def open_tag_tail(text: str, start: int, tag: str) -> int:
+def open_tag_tail(text: StreamedText, start: int, tag: str) -> int:
     """How many characters at the end of ``text[start:]`` may be the start
     of ``tag`` (its longest proper prefix there)."""
     for size in range(min(len(tag) - 1, len(text) - start), 0, -1):

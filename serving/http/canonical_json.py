@@ -83,6 +83,11 @@ class CanonicalJson:
             if self.end is None and self.error is None and not self.stack:
                 self.end = self.at
 
+    def needed_from(self) -> int:
+        """Where the text ``scan`` may still read starts: the number or
+        literal being read, the escape being read, or ``at``."""
+        return (self.bare_start if self.expect == "bare" else self.at) - len(self.escape)
+
     # -- what comes, by state (each takes the character at ``at``) --------
 
     def _value(self, char: str) -> None:
@@ -172,7 +177,7 @@ class CanonicalJson:
     def _bare(self, text: str) -> None:
         """The number or literal from ``bare_start`` goes on to the first
         character that cannot be one's (then it is settled)."""
-        self.at = _BARE_RUN.match(text, self.at).end()
+        self.at = text.match(_BARE_RUN, self.at).end()
         if self.at < len(text):
             self._settle_bare(text)
 
@@ -204,7 +209,7 @@ class CanonicalJson:
         elif char < " ":
             self.error = self.at
         else:  # a run of plain characters at once
-            end = _PLAIN.match(text, self.at).end()
+            end = text.match(_PLAIN, self.at).end()
             self._decoded(text[self.at:end])
             self.at = end
 

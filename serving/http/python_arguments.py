@@ -116,10 +116,17 @@ class PythonArguments:
         if not last or self.end is not None or self.error is not None:
             return
         if self.expect in ("number", "word"):  # settled by the text's end
-            getattr(self, "_" + self.expect)(text + " ", True)
+            getattr(self, "_" + self.expect)(text.plus(" "), True)
         elif self.expect == "string_end":
             self._write('"')
             self._ended()
+
+    def needed_from(self) -> int:
+        """Where the text ``scan`` may still read starts: the keyword,
+        number or word being read, or ``at``."""
+        if self.expect in ("keyword_name", "equals", "number", "word"):
+            return min(self.at, self.word_start)
+        return self.at
 
     # -- the argument list ------------------------------------------------
 
@@ -347,7 +354,7 @@ class PythonArguments:
             self.error = self.at
         else:
             plain = (_PLAIN_SINGLE if len(quote) == 1 else _PLAIN_TRIPLE)[quote[0]]
-            end = plain.match(text, self.at).end()
+            end = text.match(plain, self.at).end()
             self._decoded(text[self.at:end])
             self.at = end
 
@@ -362,14 +369,14 @@ class PythonArguments:
             self.at += 2
             return
         if rest.startswith("\\N{"):  # its name waits for a "}" (or breaks at a line's end)
-            if _NAME_END.search(text, max(self.at + 3, self.name_searched)) is None:
+            if text.search(_NAME_END, max(self.at + 3, self.name_searched)) is None:
                 self.name_searched = len(text)
                 if last:
                     self.error = self.at
                 return
-        found = _ESCAPE.match(text, self.at)
+        found = text.match(_ESCAPE, self.at)
         if found is None:
-            if last or not _ESCAPE_SO_FAR.fullmatch(text, self.at):
+            if last or not text.fullmatch(_ESCAPE_SO_FAR, self.at):
                 self.error = self.at
             return  # \x, \u, \U or \N{ not yet whole
         if not last and found.end() == len(text) and rest[1] in "01234567" \
@@ -428,7 +435,7 @@ class PythonArguments:
 
     def _comment(self, text: str) -> None:
         """Inside a comment: up to its line's end (a "\r" or "\n")."""
-        end = _LINE_END.search(text, self.at)
+        end = text.search(_LINE_END, self.at)
         self.at = len(text) if end is None else end.start()
         self.in_comment = end is None
 

@@ -78,6 +78,9 @@ class Qwen3CoderReader(AutoCallsReader):
                                        "after_function": "_after_function",
                                        "between": "_between"}
 
+    def _needed_from(self) -> int:
+        return self.block_start if self.state == "block" else self.at
+
     def _open_block(self, tag: int | None) -> bool:
         if tag is None:
             return False

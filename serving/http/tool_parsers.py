@@ -142,6 +142,15 @@ class Llama3JsonReader(AutoCallsReader):
     STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "tagged": "_tagged", "object": "_object",
                                        "between": "_between", "separated": "_separated"}
 
+    def _needed_from(self) -> int:
+        if self.state in ("lead", "tagged"):
+            return 0  # all of it is content if no call starts it
+        if self.state == "object":
+            if self.call.started:
+                return self.call.needed_from()
+            return self.object_start if self.list else 0
+        return self.at
+
     def _open_object(self, at: int) -> bool:
         self.state, self.object_start = "object", at
         self.call = CallObject(at, ("arguments", "parameters"))
@@ -225,6 +234,11 @@ class HermesReader(AutoCallsReader):
     STEPS: ClassVar[dict[str, str]] = {"before": "_before", "block": "_block", "close": "_close",
                                        "between": "_between"}
 
+    def _needed_from(self) -> int:
+        if self.state == "block":
+            return self.call.needed_from() if self.call.started else self.block_start
+        return self.at
+
     def _open_block(self, tag: int | None) -> bool:
         if tag is None:
             return False
@@ -282,6 +296,13 @@ class PythonicReader(AutoCallsReader):
     STEPS: ClassVar[dict[str, str]] = {"lead": "_lead", "element": "_element", "call": "_inside",
                                        "after_call": "_after_call", "after": "_after"}
 
+    def _needed_from(self) -> int:
+        if self.state == "lead" or not self.list:
+            return 0  # all of it is content if no call comes
+        if self.state == "call":
+            return self.arguments.needed_from() if self.arguments.known else self.element_start
+        return self.at
+
     def _fail(self, at: int) -> None:
         """The element at ``at`` is no call: content from there, or the
         whole answer where no call came before it."""
@@ -301,7 +322,7 @@ class PythonicReader(AutoCallsReader):
         """Blank space, a Python name, blank space and its ``(``; where the
         element has no such head, it may be the list's ``]``."""
         start = self._python_blank_end(self.at)
-        if _NAME_START.match(self.text, start):
+        if _NAME_START.match(self.text[start:start + 1]):  # one character: never the text after it
             name_end = self._run_end(_WORD, start + 1)
             if name_end == len(self.text) and not last:
                 return False  # a name so far
@@ -369,10 +390,10 @@ class PythonicReader(AutoCallsReader):
         ended, searched = ("python blank", start), ("python comment", start)
         at = self.searched.get(ended, start)
         while True:
-            at = _BLANK.match(self.text, at).end()
+            at = self.text.match(_BLANK, at).end()
             if not self.text.startswith("#", at):
                 break
-            line_end = _LINE_END.search(self.text, max(at, self.searched.get(searched, at)))
+            line_end = self.text.search(_LINE_END, max(at, self.searched.get(searched, at)))
             if line_end is None:
                 self.searched[ended], self.searched[searched] = at, len(self.text)
                 return len(self.text)
@@ -412,6 +433,18 @@ class MistralReader(AutoCallsReader):
         "before": "_before", "segment": "_segment", "arguments": "_arguments",
         "element": "_element", "object": "_object", "after_element": "_after_element",
         "between": "_between"}
+
+    def _needed_from(self) -> int:
+        segment_open = len(self.list) == self.segment_calls  # no call of it yet
+        if self.state == "segment" or (self.state == "element" and segment_open):
+            return self.segment_start
+        if self.state == "arguments":
+            return self.arguments.needed_from()
+        if self.state == "object":
+            if self.call.started:
+                return self.call.needed_from()
+            return self.segment_start if segment_open else self.object_start
+        return self.at
 
     def _fail(self, at: int) -> None:
         """The piece at ``at`` is no call: content from there, or from the

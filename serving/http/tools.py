@@ -43,6 +43,7 @@ from engine.structured_outputs.params import StructuredOutputsParams
 from ipc.errors import InvalidRequestError
 from serving.http.call_object import CallObject
 from serving.http.protocol import ChatCompletionRequest, FieldError
+from serving.http.streamed_text import StreamedText
 from serving.http.structured import constraint_fields
 
 NO_ARGUMENTS = {"type": "object", "properties": {}}
@@ -479,16 +480,14 @@ class RequiredCallsReader(ToolCallReader):
     schema leaves no room for) ends the calls."""
 
     def __init__(self) -> None:
-        self.text = ""
+        self.text = StreamedText()
         self.at = 0  # where the search for the next element goes on
         self.element: CallObject | None = None
         self.list = CallList()
         self.over = False
 
     def add(self, text: str, last: bool = False) -> list[dict]:
-        grown, self.text = self.text, ""  # the only reference: extended in place
-        grown += text
-        self.text = grown
+        self.text.add(text)
         entries: list[dict] = []
         while not self.over:
             if self.element is None:
@@ -505,6 +504,7 @@ class RequiredCallsReader(ToolCallReader):
                 self.over = self.element.error is not None or self.element.failed
                 break
             self.at, self.element = self.element.end, None
+        self.text.release(self.at if self.element is None else self.element.needed_from())
         return entries
 
     def calls(self) -> list[dict]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 import sys
 
+from serving.http.streamed_text import StreamedText
+
 
 def assembled(entries: list[dict]) -> list[dict]:
     """The message's ``tool_calls`` that ``entries`` add up to."""
@@ -54,12 +56,15 @@ def splits(text: str) -> list[list[str]]:
 
 def scanned(reader, pieces: list[str]):
     """``reader`` (``scan(text_so_far, last)``, its output so far ``out``)
-    fed the pieces' growing text; what it has written must stay written."""
-    so_far = ""
+    fed the pieces' growing text (a ``StreamedText``, which lets go of what
+    the reader no longer needs: ``needed_from``); what it has written must
+    stay written."""
+    so_far = StreamedText()
     for i, piece in enumerate(pieces):
-        so_far += piece
+        so_far.add(piece)
         before = reader.out
         reader.scan(so_far, last=i == len(pieces) - 1)
+        so_far.release(reader.needed_from())
         assert reader.out.startswith(before)  # what is written stays
     return reader
 
@@ -69,18 +74,19 @@ class SearchCount:
     readers' own measure of their work: each regular expression of
     ``modules`` (``monkeypatch`` swaps in a counting stand-in) adds the
     span it matched (a search that finds nothing: all it searched), and
-    the reader's text, made with ``text`` and grown by ``+``, adds what
-    each ``find`` went over and each ``strip`` was given."""
+    the reader's text, made with ``text`` (``CountedText``), adds what
+    each ``find`` went over; ``copied`` counts what that text copies."""
 
     def __init__(self, monkeypatch, modules) -> None:
         self.chars = 0
+        self.copied = 0
         for module in modules:
             for name, value in vars(module).items():
                 if isinstance(value, re.Pattern):
                     monkeypatch.setattr(module, name, _CountedPattern(value, self))
 
-    def text(self) -> str:
-        return _CountedText("", self)
+    def text(self) -> CountedText:
+        return CountedText(self)
 
 
 class _CountedPattern:
@@ -104,23 +110,22 @@ class _CountedPattern:
         return found
 
 
-class _CountedText(str):
-    """A str that counts its searches into ``count`` and stays one when
-    text is added to it."""
+class CountedText(StreamedText):
+    """A reader's text that counts into ``count`` what its searches go
+    over (``chars``: what each ``find`` searched) and the characters it
+    copies (``copied``: each string it joins, the window's included), so
+    the work a piece costs is measured by what is done, on any Python."""
 
-    def __new__(cls, value: str, count: SearchCount):
-        text = super().__new__(cls, value)
-        text.count = count
-        return text
+    def __init__(self, count) -> None:
+        self.count = count
+        super().__init__()
 
-    def __add__(self, other: str) -> _CountedText:
-        return _CountedText(str.__add__(self, other), self.count)
-
-    def find(self, sub: str, start: int = 0, *end) -> int:
-        found = str.find(self, sub, start, *end)
+    def find(self, sub: str, start: int) -> int:
+        found = super().find(sub, start)
         self.count.chars += (found + len(sub) if found >= 0 else len(self)) - start
         return found
 
-    def strip(self, *chars) -> str:
-        self.count.chars += len(self)
-        return str.strip(self, *chars)
+    def _joined(self, parts: list[str]) -> str:
+        joined = super()._joined(parts)
+        self.count.copied += len(joined)
+        return joined

@@ -16,6 +16,7 @@ import warnings
 import pytest
 
 from serving.http.python_arguments import PythonArguments
+from serving.http.streamed_text import StreamedText
 from tests.helpers.tool_stream import scanned, splits
 
 
@@ -122,7 +123,7 @@ def test_a_call_is_known_once_its_first_value_begins():
     for text, known in [("f(a", False), ("f(a=", False), ("f(a=1", False), ("f(a=1,", True),
                         ("f(a='", False), ("f(a='x", True), ("f(a=[", True), ("f(a=Tru", False), ("f()", True)]:
         reader = PythonArguments(2)
-        reader.scan(text)  # more may come
+        reader.scan(StreamedText(text))  # more may come
         assert reader.known is known, text
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from serving.http import auto_calls, canonical_json, python_arguments, qwen3_coder, tool_parsers
 from serving.http import tools as tools_module
+from serving.http.streamed_text import StreamedText
 from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.tools import NamedCallReader, RequiredCallsReader
 from tests.helpers.tool_stream import SearchCount, assembled
@@ -96,11 +97,13 @@ def _cut(text: str) -> list[str]:
         at += size
 
 
-def _read(parser: str, pieces: list[str], text: str = "") -> tuple:
+def _read(parser: str, pieces: list[str], text: StreamedText | None = None) -> tuple:
     """The message (ids left out), and the stream's content and calls put
-    together (ids left out), of ``pieces`` read from ``text`` on."""
+    together (ids left out), of ``pieces`` read into ``text`` (a fresh
+    ``StreamedText`` if None)."""
     reader = NamedCallReader("f") if parser == "named" else TOOL_CALL_PARSERS[parser](SCHEMAS)
-    reader.text = text
+    if text is not None and parser != "named":
+        reader.text = text
     deltas = [reader.delta(piece, last=i == len(pieces) - 1) for i, piece in enumerate(pieces)]
     message = reader.message()
     calls = [{**call, "id": None} for call in message.get("tool_calls", [])]
