@@ -9,10 +9,13 @@ reader's work is linear in the answer's length, however small the pieces
 it comes in: a search that waits for more text (for a tag, or for the end
 of a run of blank space or of a name) goes on, when the text grows, from
 where it stopped (``_find``, ``_run_end``) instead of from its start. Nor
-is any text copied whole for a piece: the answer's text is extended where
-it lies (``_grow``), the content and each call's arguments are kept as
-pieces (``GrowingText``, ``CallList``) and a call's deltas are read from
-where the last one stopped."""
+is any text copied whole for a piece: the answer's text is a
+``StreamedText``, whose searches run on the newest piece and a bounded
+lookback, and which keeps only the text from where the reader may still
+read (``_kept_from``: its cursors, and where content would start if the
+piece being read turned out to be no call); the content and each call's
+arguments are kept as pieces (``GrowingText``, ``CallList``) and a
+call's deltas are read from where the last one stopped."""
 
 from __future__ import annotations
 
@@ -30,12 +33,14 @@ BLANK = re.compile(r"\s*")
 class AutoCallsReader(ToolCallReader):
     """What the parsers share: the request's ``tools`` (each tool's
     parameters schema by its name: None or {} where none are known), the
-    answer's text so far, the content (``said``) and calls (``list``)
+    answer's text so far (``text``, read at positions in the whole
+    answer), the content (``said``) and calls (``list``)
     settled so far, and what the current piece of text lets out.
     Subclasses implement ``_advance``, which settles as much of
     ``text`` as it can (all of it when ``last``) through ``_say`` and
     ``_read`` (a call object's streamed call) or ``list`` (``CallList``)
-    directly; a call gets its id from ``_new_id``. The parsers here are state
+    directly; a call gets its id from ``_new_id``; and ``_needed_from``,
+    where the text their state may still read starts. The parsers here are state
     machines: ``STEPS`` names each state's method, which settles what it
     can and says whether to go on (the state it leaves in ``state``).
     ``searched`` holds how far each search of the current state got; a

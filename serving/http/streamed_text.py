@@ -17,9 +17,14 @@ before the window is run on the text joined from its start to the end,
 which costs that text: the readers only do so once per token.
 
 Regular expressions are matched through ``match``, ``search`` and
-``fullmatch``, which give positions in the whole text (``Found``); they
+``fullmatch``, which give positions in the whole text (``Found``). They
 must not look behind their starting position (no lookbehind, ``\\b`` or
-anchors), as the text before it may not be in the string they run on."""
+anchors), as the text before it may not be in the string they run on;
+and for ``match`` and ``search``, a match that ends before the end of a
+string must be the match in any longer string that starts with it (a run
+of one class of characters, a bounded alternative: what the readers
+match), so that a look at an earlier position reads only as far as it
+goes (``_near``)."""
 
 from __future__ import annotations
 
@@ -138,27 +143,47 @@ class StreamedText:
             return self.window, self.window_start
         return self.span(start, self.size), start
 
+    def _near(self, start: int, look) -> tuple[str, int, object]:
+        """``look(string)`` on the text from ``start``: the window where it
+        holds ``start``; else spans of it that double from a short one
+        until ``look`` settles (what it found ends before the span's end)
+        or the span reaches the text's end. So a look at an earlier
+        position costs what it goes over, not the text after it."""
+        if start >= self.window_start:
+            return self.window, self.window_start, look(self.window, start - self.window_start)
+        size = 16
+        while True:
+            end = min(self.size, start + size)
+            string = self.span(start, end)
+            found = look(string, 0)
+            if end == self.size or (found is not None and found.end() < len(string)):
+                return string, start, found
+            size *= 2
+
     # -- searches, at positions in the whole text ----------------------------
 
     def find(self, sub: str, start: int) -> int:
-        string, offset = self._from(start)
-        found = string.find(sub, start - offset)
-        return found + offset if found >= 0 else -1
+        def look(string: str, at: int):
+            found = string.find(sub, at)
+            return None if found < 0 else Found(found, found + len(sub), sub)
+
+        _, offset, found = self._near(start, look)
+        return -1 if found is None else found.begin + offset
 
     def startswith(self, prefix: str, start: int) -> bool:
         return self.span(start, start + len(prefix)) == prefix
 
     def match(self, pattern: re.Pattern, start: int) -> Found | None:
-        string, offset = self._from(start)
-        return _found(pattern.match(string, start - offset), offset)
+        _, offset, found = self._near(start, pattern.match)
+        return _found(found, offset)
+
+    def search(self, pattern: re.Pattern, start: int) -> Found | None:
+        _, offset, found = self._near(start, pattern.search)
+        return _found(found, offset)
 
     def fullmatch(self, pattern: re.Pattern, start: int) -> Found | None:
         string, offset = self._from(start)
         return _found(pattern.fullmatch(string, start - offset), offset)
-
-    def search(self, pattern: re.Pattern, start: int) -> Found | None:
-        string, offset = self._from(start)
-        return _found(pattern.search(string, start - offset), offset)
 
 
 def _found(found: re.Match | None, offset: int) -> Found | None:

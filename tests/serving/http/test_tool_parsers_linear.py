@@ -14,7 +14,11 @@ characters at a time, the memory each piece allocates
 at its peak (``tracemalloc``, which counts allocations, not time) summed
 over the pieces must about double when the call does, where copying the
 answer, its content, a call's arguments or the blank text before a named
-call so far at each piece would quadruple it."""
+call so far at each piece would quadruple it. And, counted on the readers'
+text itself (what its searches go over and what it copies), each piece
+costs a bound that the text before it does not raise, but for the one
+piece that settles a long token, whatever the interpreter does with
+strings."""
 
 from __future__ import annotations
 
@@ -181,3 +185,40 @@ def _allocated(parser: str, text: str) -> int:
 def test_no_piece_copies_the_answer_so_far(parser):
     allocated = [_allocated(parser, LONG[parser](n)) for n in (300, 600)]
     assert allocated[1] <= 2.5 * allocated[0], allocated
+
+
+def _work_per_piece(parser: str, text: str, count: SearchCount) -> list[int]:
+    """What each piece of ``text`` (1 to 3 characters) costs the reader's
+    text: the characters its searches go over and those it copies."""
+    reader = RequiredCallsReader() if parser == "required" else TOOL_CALL_PARSERS[parser](SCHEMAS)
+    reader.text = count.text()
+    pieces, work = _cut(text), []
+    for i, piece in enumerate(pieces):
+        before = count.chars + count.copied
+        reader.delta(piece, last=i == len(pieces) - 1)
+        work.append(count.chars + count.copied - before)
+    return work
+
+
+# What a piece of 1 to 3 characters may cost: the window (the piece and up
+# to 64 characters before it) and the searches from the cursors in it.
+PIECE_BOUND = 200
+PIECE_CASES = [param for param in RUNS if param.values[0] != "named"] + [
+    _run(f"a long call ({parser})", parser, "", LONG[parser](300), "")
+    for parser in ("llama3_json", "hermes", "mistral", "pythonic", "qwen3_coder", "required")
+] + [_run("long content", "hermes", "", LONG["content"](300), "")]
+
+
+@pytest.mark.parametrize("parser, before, run, after", PIECE_CASES)
+def test_each_piece_costs_a_bound_that_the_text_before_it_does_not_raise(monkeypatch, parser,
+                                                                         before, run, after):
+    """Counted on the text itself (``CountedText``), not on how an
+    interpreter grows strings: every piece costs at most ``PIECE_BOUND``,
+    whatever came before it, but for one piece that settles a
+    long token or run (a value, a name, the content held since a call
+    might start), which copies it once."""
+    count = SearchCount(monkeypatch, MODULES)
+    text = before + run * (2000 if len(run) < 8 else 1) + after
+    work = _work_per_piece(parser, text, count)
+    over = [w for w in work if w > PIECE_BOUND]
+    assert len(over) <= 1 and sum(over) <= 8 * len(text), (len(work), sorted(work)[-5:])
