@@ -13,10 +13,18 @@ U+FFFDs excepted: the output completes it), token by token
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import AddedToken, decoders, models, normalizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from checkpoint.tokenizer import IncrementalDetokenizer, Tokenizer, output_text
+from checkpoint.tokenizer import (
+    _TAIL_WINDOW_TOKENS,
+    IncrementalDetokenizer,
+    Tokenizer,
+    _ends_held,
+    output_text,
+)
 
 _WORDS = ["\u2581", "a", "x", "\u2581a", "\u2581x"]
 
@@ -95,3 +103,33 @@ def test_a_long_run_of_byte_tokens_held_back_costs_its_length(tok, monkeypatch, 
     detok = IncrementalDetokenizer(tok, prompt)
     assert "".join(detok.feed([t]) for t in run) == "" == output_text(tok, prompt, run)
     assert len([n for n in decoded if n > 12]) <= 1 and sum(decoded) <= 60 * len(output)
+
+
+_PIECES = ["€", "😀", "é", "\ufffd", "a"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.tuples(st.sampled_from(_PIECES), st.integers(1, 4), st.booleans()),
+                      min_size=2, max_size=12),
+       strays=st.lists(st.integers(0, 30), max_size=3),
+       words=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([1, 2, 259, 262, 263])),
+                      max_size=4),
+       skip=st.booleans())
+def test_a_held_tail_says_held_only_where_the_whole_text_is(tok, parts, strays, words, skip):
+    """``_ends_held`` (the last few tokens' windows) may say the text ends
+    in U+FFFD only where the decode of all the tokens before ``end``, from
+    any start, does: a wrong "held" would hold back text the decoder
+    writes. Byte tokens of whole and cut characters, stray bytes, words
+    and special tokens in between, against the decoder's own text."""
+    ids: list[int] = []
+    for text, cut, whole in parts:
+        data = text.encode()
+        ids += [3 + b for b in (data if whole else data[:cut])]
+    for at in strays:
+        ids.insert(min(at, len(ids)), 3 + 0x80)
+    for at, word in words:
+        ids.insert(min(at, len(ids)), word)
+    for end in range(_TAIL_WINDOW_TOKENS, len(ids) + 1):
+        if _ends_held(tok, ids, end, skip):
+            for start in range(end - _TAIL_WINDOW_TOKENS + 1):
+                assert tok.raw_decode(ids[start:end], skip).endswith("\ufffd"), (start, end)
