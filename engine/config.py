@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 
 import msgspec
 
+from engine.pooler_config import CONVERTS, RUNNERS, PoolerSettings, resolve_pooler
 from engine.reasoning import REASONING_PARSERS
 from ipc.config import (
     MAX_SPECULATIVE_TOKENS,
@@ -184,6 +185,16 @@ class EngineConfig:
         "<think>...</think>, which the tokenizer must hold as tokens); a structured-output "
         "grammar then holds from the end of the reasoning on, and the HTTP server answers the "
         "reasoning in its own field (default: none)", metavar="NAME")
+    runner: str = _opt("auto", "vLLM's: 'pooling' serves embeddings (LLM.embed, "
+                       "/v1/embeddings) instead of generating; 'auto' and 'generate' generate",
+                       choices=RUNNERS)
+    convert: str = _opt("auto", "vLLM's: 'embed' makes the decoder an embedding model (runner "
+                        "'pooling')", choices=CONVERTS)
+    pooler_config: dict | str | None = _opt(
+        None, 'a pooling model\'s pooler, as vLLM spells it (a JSON object on the command '
+        'line): {"pooling_type": "LAST" (default), "MEAN" or "CLS", "normalize": true, '
+        '"dimensions": N}; MEAN and CLS run each prompt whole in one step, without prefix '
+        "caching, as in vLLM", metavar="JSON")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
@@ -218,6 +229,7 @@ class EngineConfig:
             raise ConfigError("executor 'uni' runs TP=1 only")
         spec = self.speculative
         _check_logits_processors(self)
+        _check_pooling(self)
         if spec is not None and self.resolved_device == "cuda" and self.attention_backend in (
                 "torch", "sdpa"):
             raise ConfigError(f"speculative decoding on CUDA needs the 'triton' or 'flash_attn' "
@@ -229,6 +241,27 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """``speculative_config`` checked and resolved (None: off)."""
         return parse_speculative_config(self.speculative_config)
+
+    @property
+    def pooler(self) -> PoolerSettings | None:
+        """``runner`` / ``convert`` / ``pooler_config`` resolved: the
+        pooling settings of an embedding engine, None for a generating one."""
+        try:
+            return resolve_pooler(self.runner, self.convert, self.pooler_config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def max_num_batched_tokens_for(self, model: ModelConfig) -> int:
+        """``resolved_max_num_batched_tokens``; where every prompt runs whole
+        (MEAN or CLS pooling, no chunked prefill) at least the longest
+        prompt, ``resolved_max_model_len``, as vLLM raises its default
+        without chunked prefill (a smaller one given is refused:
+        ``check_model``)."""
+        tokens = self.resolved_max_num_batched_tokens
+        pooler = self.pooler
+        if pooler is not None and pooler.whole_prompts and self.max_num_batched_tokens is None:
+            tokens = max(tokens, self.resolved_max_model_len(model))
+        return tokens
 
     @property
     def resolved_reasoning_parser(self) -> str | None:
@@ -252,6 +285,15 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: tprun "
                               f"keeps the KV cache in the model's dtype, {dtype} here (dtype); "
                               f"only {taken} is taken")
+        pooler = self.pooler
+        if pooler is not None and pooler.whole_prompts:
+            tokens, length = self.max_num_batched_tokens_for(model), self.resolved_max_model_len(model)
+            if tokens < length:
+                raise ConfigError(
+                    f"max_num_batched_tokens ({tokens}) is smaller than max_model_len ({length}): "
+                    f"{pooler.pooling_type} pooling runs each prompt whole (no chunked prefill), "
+                    "so longer prompts could never run; raise max_num_batched_tokens or lower "
+                    "max_model_len")
         self.check_shapes(model)
 
     def check_shapes(self, model: ModelConfig) -> None:
@@ -481,10 +523,11 @@ class EngineConfig:
         resolved = dict(
             model=model_dir, model_config=model, device=self.resolved_device,
             dtype=self.resolved_dtype(model),
-            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
+            max_num_batched_tokens=self.max_num_batched_tokens_for(model),
             max_model_len=length, speculative=spec,
             logits_processors=list(self.logits_processors or ()),
             logits_processor_folders=_import_folders(self.logits_processors or ()),
+            pooling_type=None if self.pooler is None else self.pooler.pooling_type,
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}
@@ -498,12 +541,14 @@ class EngineConfig:
         (``draft_max_model_len``; the ``draft`` None where no draft model
         drafts)."""
         length = self.max_model_len_for(model, num_blocks)
+        whole_prompts = self.pooler is not None and self.pooler.whole_prompts
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.resolved_max_num_batched_tokens,
+            max_num_batched_tokens=self.max_num_batched_tokens_for(model),
             max_model_len=length, block_size=self.block_size,
             num_blocks=num_blocks, policy=self.scheduling_policy,
-            enable_prefix_caching=self.enable_prefix_caching, max_logprobs=self.max_logprobs,
+            enable_prefix_caching=self.enable_prefix_caching and not whole_prompts,
+            enable_chunked_prefill=not whole_prompts, max_logprobs=self.max_logprobs,
             num_speculative_tokens=0 if self.speculative is None
             else self.speculative.num_speculative_tokens,
             spec_disable_by_batch_size=0 if self.speculative is None
@@ -651,6 +696,20 @@ def _check_vllm_options(c: EngineConfig) -> None:
     if isinstance(space, bool) or not isinstance(space, (int, float)) or not space >= 0:
         raise ConfigError(f"swap_space must be a number >= 0 (GiB), got {space!r}")
     check_structured_outputs_config(c.structured_outputs_config)
+
+
+def _check_pooling(c: EngineConfig) -> None:
+    """A pooling engine's options resolve (``EngineConfig.pooler``) and ask
+    for nothing a pooling model does not do: it samples nothing, so it
+    takes no speculative decoding and no custom logits processors (vLLM
+    refuses the latter with the same reason)."""
+    if c.pooler is None:
+        return
+    if c.speculative is not None:
+        raise ConfigError("speculative_config is for generation: a pooling model (runner "
+                          "'pooling') samples nothing")
+    if c.logits_processors:
+        raise ConfigError("Pooling models do not support custom logits processors.")
 
 
 def _check_reasoning_parser(name: str | None) -> None:

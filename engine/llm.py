@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+import msgspec
 import torch
 
 from checkpoint.chat_template import chat_prompt_ids
@@ -22,6 +23,8 @@ from engine.outputs import (
     RequestOutputDelta,
     cumulative_logprob,
 )
+from engine.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput
+from engine.pooling_params import PoolingParams
 from engine.progress import RequestProgress
 from engine.reasoning import enable_thinking_of
 from engine.request import Request
@@ -150,6 +153,49 @@ class LLM:
         for result, choice_requests in zip(results, requests):
             result.metrics = _metrics(result, [choices[r.req_id] for _, r in choice_requests])
         return results
+
+    def embed(
+        self,
+        prompts: str | dict | Iterable[str | dict],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = False,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's: each prompt's embedding, in the order of ``prompts``
+        (a pooling engine only: ``runner="pooling"``; a generating one
+        refuses with ``InvalidRequestError``). ``pooling_params``: one for
+        every prompt or one per prompt (None: the defaults, normalized, the
+        model's hidden size); ``truncate_prompt_tokens`` sets theirs where
+        they leave it unset. Every prompt is checked before any is queued;
+        an interrupted call aborts its unfinished requests."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM has been shut down")
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        params = pooling_params if pooling_params is not None else PoolingParams()
+        params = [params] * len(prompts) if isinstance(params, PoolingParams) else list(params)
+        if len(params) != len(prompts) or not all(isinstance(p, PoolingParams) for p in params):
+            raise ValueError("pooling_params is a PoolingParams or one per prompt")
+        if truncate_prompt_tokens is not None:
+            params = [p if p.truncate_prompt_tokens is not None else msgspec.structs.replace(
+                p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        engine = self.engine
+        requests = [engine.new_pooling_request(p, pp) for p, pp in zip(prompts, params)]
+        for request in requests:
+            engine.enqueue(request)
+        embeddings: dict[str, bytes] = {}
+        try:
+            with RequestProgress(len(requests), "embed", use_tqdm) as progress:
+                while engine.has_unfinished_requests():
+                    done = [d for d in engine.step() if d.pooled is not None]
+                    embeddings.update((d.req_id, d.pooled) for d in done)
+                    progress.advance(len(done), 0)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                engine.abort([r.req_id for r in requests if r.req_id not in embeddings])
+            raise
+        return [EmbeddingRequestOutput(r.req_id, EmbeddingOutput.from_bytes(embeddings[r.req_id]),
+                                       list(r.prompt_token_ids))
+                for r in requests]
 
     def chat(
         self,

@@ -39,6 +39,12 @@ from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.outputs import RequestOutputDelta
+from engine.pooling_params import (
+    Matryoshka,
+    PoolingParams,
+    check_pooling_prompt,
+    resolved_params,
+)
 from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import Reasoning
 from engine.request import Request, check_context_length, check_request
@@ -141,6 +147,10 @@ class LLMEngine:
             reasoning=None if self.reasoning is None else self.reasoning.tokens,
             speculative=config.speculative is not None)
         self.device = config.resolved_device
+        # An embedding engine's pooler (None: it generates) and what the
+        # model says of Matryoshka dimensions.
+        self.pooler = config.pooler
+        self.matryoshka = Matryoshka.of_model_dir(self.model_dir)
         draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
                                              self.draft_model_config)
@@ -291,6 +301,10 @@ class LLMEngine:
         (``StructuredOutputManager.new_grammar``); its
         ``thinking_token_budget`` is spent on that reasoning
         (``engine.thinking_budget``; refused without a reasoning parser)."""
+        if self.pooler is not None:
+            raise InvalidRequestError("generation is not supported by a pooling model (runner "
+                                      "'pooling'): it serves embeddings; start it with runner "
+                                      "'generate' to generate")
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
@@ -326,6 +340,36 @@ class LLMEngine:
         if params.thinking_token_budget is not None and self.reasoning is not None:
             request.thinking_budget = ThinkingBudget(params.thinking_token_budget,
                                                      self.reasoning.tokens, prompt_token_ids)
+        return request
+
+    def new_pooling_request(self, prompt: str | dict, params: PoolingParams,
+                            req_id: str | None = None, priority: int = 0) -> Request:
+        """The embedding request of ``prompt`` (an engine with a pooler
+        only: ``runner="pooling"``): tokenized, cut to
+        ``params.truncate_prompt_tokens``, checked (``check_pooling_prompt``;
+        ``dimensions`` against the model, ``resolved_params``), nothing
+        queued. It runs its prompt and finishes "stop" with its embedding
+        (``RequestOutputDelta.pooled``), sampling nothing: its sampling
+        parameters are one greedy token that is never drawn. Like
+        ``new_request``, any thread may call it."""
+        if self.pooler is None:
+            raise InvalidRequestError("embeddings are not supported by a generating model: "
+                                      "start it with runner 'pooling' (or convert 'embed')")
+        if priority != 0 and self.scheduler.config.policy != "priority":
+            raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
+                                      "policy (--scheduling-policy priority)")
+        limits = self.scheduler.config
+        params = resolved_params(params, self.pooler.normalize, self.pooler.dimensions,
+                                 self.matryoshka, self.config.model)
+        ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
+                               limits.max_model_len)
+        check_pooling_prompt(ids, self.model_config.vocab_size, limits.max_model_len,
+                             limits.num_blocks, limits.block_size)
+        request = Request(req_id if req_id is not None else str(next(self.request_ids)), ids,
+                          SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
+                          eos_token_id=self.tokenizer.eos_token_id, priority=priority,
+                          cache_salt=cache_salt_of(prompt))
+        request.pooling_params = params
         return request
 
     def enqueue(self, request: Request) -> None:

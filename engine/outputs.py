@@ -66,6 +66,9 @@ class RequestOutputDelta:
     num_cached_tokens: int | None = None
     hides_stop_token: bool = False
     stop_reason: int | str | None = None
+    # A pooling request's embedding, on its one (finishing) delta: float32
+    # little-endian bytes (``engine.pooling_params.embedding_of``).
+    pooled: bytes | None = None
 
 
 def shown_token_ids(delta: RequestOutputDelta, token_ids: list[int],

@@ -133,6 +133,9 @@ class Request:
         self.prompt_logprobs: list | None = None  # engine.prompt_logprobs fills it
         self.prompt_logprob_width = prompt_logprob_width
         self.prompt_logprobs_sent = False
+        # A pooling request's resolved parameters (None: it generates);
+        # ``LLMEngine.new_pooling_request`` sets them.
+        self.pooling_params = None
 
     @property
     def all_token_ids(self) -> list[int]:

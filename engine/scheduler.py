@@ -116,6 +116,7 @@ from engine import prompt_logprobs, repetition
 from engine.kv_cache_manager import KVCacheManager
 from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
+from engine.pooling_params import embedding_of
 from engine.reported_drafts import checked_drafts
 from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
@@ -463,6 +464,8 @@ class Scheduler:
             hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None
                                    else self.kv.get_computed_blocks(request))
             num_new = draft.scorable(request, min(request.num_tokens - num_hit, draft.budget))
+            if not self.config.enable_chunked_prefill and num_new < request.num_tokens - num_hit:
+                return  # whole prompts only: it waits for a step with room
             if num_new <= 0 or self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
             self.waiting.pop_front()
@@ -556,9 +559,20 @@ class Scheduler:
                 num_accepted = len(sampled) - 1
                 request.num_computed_tokens -= entry.num_drafts - num_accepted
                 self.spec_stats.observe(entry.num_drafts, num_accepted)
-            if sampled:  # empty for a prefill chunk
+            if req_id in runner_output.pooled and request.pooling_params is not None:
+                deltas.append(self._finish_pooled(request, runner_output.pooled[req_id]))
+            elif sampled:  # empty for a prefill chunk
                 deltas.append(self._append_tokens(request, sampled, token_rows))
         return deltas
+
+    def _finish_pooled(self, request: Request, pooled: bytes) -> RequestOutputDelta:
+        """A pooling request whose prompt has run: its embedding (the
+        request's head over the runner's vector, ``embedding_of``), and it
+        finishes "stop" with its blocks freed, as vLLM finishes it."""
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        return RequestOutputDelta(request.req_id, [], True, request.finish_reason,
+                                  num_cached_tokens=request.num_cached_tokens,
+                                  pooled=embedding_of(pooled, request.pooling_params))
 
     def _is_live(self, entry: _InFlight) -> bool:
         request = entry.request

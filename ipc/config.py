@@ -26,6 +26,8 @@ GGUF_FILE = "model.gguf"
 # runner's per-slot draft table and of the n-gram kernel's unrolled loops.
 MAX_SPECULATIVE_TOKENS = 16
 SPECULATIVE_METHODS = ("ngram", "draft_model")
+# A pooling runner's sequence pooling of a decoder (``RunnerConfig.pooling_type``).
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
 
 class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +78,10 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``logits_processor_folders``: the folders the engine imported their
     modules from, which a worker appends to its import path first (a worker
     daemon's path lacks the caller's folder, e.g. its script's).
+    ``pooling_type``: None for a generating runner; "LAST", "MEAN" or "CLS"
+    for a pooling runner (vLLM's ``runner="pooling"``), which samples
+    nothing and pools each request's final-normed hidden states once its
+    prompt has run (``runner.pooler``).
     """
 
     model: str
@@ -98,6 +104,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     speculative: SpeculativeConfig | None
     logits_processors: list[str] = []
     logits_processor_folders: list[str] = []
+    pooling_type: str | None = None
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -114,6 +121,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     "priority" (lower ``Request.priority`` first, then arrival).
     ``enable_prefix_caching``: reuse KV blocks of equal token prefixes;
     hits reach the runner as ``NewRequestData.num_computed_tokens``.
+    ``enable_chunked_prefill`` False: a prompt is admitted only when the
+    step's budget holds all of it (MEAN or CLS pooling reads its first
+    chunk's tokens; ``max_num_batched_tokens >= max_model_len`` then).
     ``max_model_len`` >= 2 (a prompt must leave room for one token).
     ``max_logprobs``: top logprobs per token a request may ask for (-1: any).
     ``num_speculative_tokens``: drafts a decoding request verifies per step
@@ -132,6 +142,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_blocks: int
     policy: str
     enable_prefix_caching: bool
+    enable_chunked_prefill: bool
     max_logprobs: int
     num_speculative_tokens: int
     spec_disable_by_batch_size: int

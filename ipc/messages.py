@@ -319,6 +319,10 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ``next_draft_token_ids``: for each of the step's bitmask's
     ``draft_req_ids``, the k drafts the runner proposed after this step
     (those its next step verifies the first of); empty otherwise.
+    ``pooled`` (a pooling runner only; its rows sample nothing): for each
+    request whose prompt's last token ran in this step, its pooled hidden
+    state, float32 little-endian bytes of the model's hidden size, before
+    any truncation or normalization (the engine applies the request's).
     """
 
     step_id: int
@@ -327,6 +331,7 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     logprobs: Logprobs | None = None
     prompt_logprobs: PromptLogprobs | None = None
     next_draft_token_ids: dict[str, list[int]] = {}
+    pooled: dict[str, bytes] = {}
 
     def rows(self) -> list[list[int]]:
         """Each row's tokens, in plan order."""

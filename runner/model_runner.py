@@ -53,6 +53,7 @@ from runner.kv_cache import (
 from runner.models import build_model, build_model_from_config
 from runner.ops import device_ops
 from runner.plan_check import check_plan
+from runner.pooler import PooledOutput, Pooler
 from runner.request_state import RequestState
 from runner.sampler import Sampler, SamplerOutput
 from runner.sampling.custom_processors import CustomLogitsProcessors, build_processors
@@ -121,6 +122,7 @@ class _PendingStep:
     tensors: StepTensors | None
     structured_output_req_ids: list[str] = field(default_factory=list)
     prompt_logprobs: PromptLogprobsOutput | None = None
+    pooled: PooledOutput | None = None  # a pooling runner's step
 
     @property
     def last_logits_row(self) -> np.ndarray:
@@ -194,7 +196,10 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
-        use_graphs = self.ops.cuda_graphs and not config.enforce_eager
+        # A pooling runner (None: a generating one) runs prompts only, eagerly.
+        self.pooler = None if config.pooling_type is None else Pooler(config.pooling_type)
+        use_graphs = (self.ops.cuda_graphs and not config.enforce_eager
+                      and self.pooler is None)
         # Graph sizes count rows; a row of a speculative decode has 1 + k
         # tokens. Where the scheduler turns drafting off above a batch size,
         # one-token decode graphs are captured too (``plain_graphs``).
@@ -453,6 +458,9 @@ class ModelRunner:
         else:
             input_ids, positions, attn = self._prepare_inputs(batch)
             hidden = self.model(input_ids, positions, self.kv_caches, attn)
+            if self.pooler is not None:
+                self.pending = self._pool(plan.step_id, batch, hidden)
+                return
             if self.draft is not None:
                 self.draft.forward_step(input_ids, positions, attn)
             tensors = self._after_forward(hidden, batch.num_reqs, batch.num_logits,
@@ -463,6 +471,20 @@ class ModelRunner:
         self.req_states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
         self.pending = _PendingStep(plan.step_id, batch, tensors, constrained,
                                     prompt_logprobs=prompt_logprobs)
+
+    def _pool(self, step_id: int, batch: InputBatch, hidden: torch.Tensor) -> _PendingStep:
+        """A pooling runner's step after the model: the step's tokens
+        counted as computed (on the device, as ``_after_forward`` counts
+        them; no logits), the rows whose prompt ends here pooled, and
+        their copy to the host started (``runner.pooler``)."""
+        buf, states = self.buffers, self.req_states
+        self.ops.finish_step_rows(buf.idx_mapping, buf.seq_lens, buf.positions,
+                                  buf.logits_indices[:batch.num_logits], states.prefill_len.gpu,
+                                  states.num_computed_tokens.gpu, batch.num_reqs)
+        states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
+        req_ids, pooled = self.pooler(hidden, batch, states.prefill_len_np)
+        output = PooledOutput(step_id, batch.num_reqs, req_ids, pooled, self.output_transfer)
+        return _PendingStep(step_id, batch, None, pooled=output)
 
     def _prompt_logprobs(self, hidden: torch.Tensor,
                          batch: InputBatch) -> PromptLogprobsOutput | None:
@@ -627,6 +649,8 @@ class ModelRunner:
             raise RuntimeError("sample_tokens called without execute_model")
         check_grammar_bitmask(grammar, step.step_id, step.structured_output_req_ids,
                               self.model.config.vocab_size)
+        if step.pooled is not None:
+            return step.pooled
         batch = step.batch
         if step.tensors is None:
             empty = SamplerOutput.empty(self.device)

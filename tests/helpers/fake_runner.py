@@ -151,6 +151,7 @@ def config(**kw) -> SchedulerConfig:
         num_blocks=64,
         policy="fcfs",
         enable_prefix_caching=False,
+        enable_chunked_prefill=True,
         max_logprobs=-1,
         num_speculative_tokens=0,
         spec_disable_by_batch_size=0,

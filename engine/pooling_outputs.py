@@ -1,0 +1,37 @@
+"""vLLM's outputs of ``LLM.embed``: ``EmbeddingRequestOutput`` with
+``.outputs.embedding``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class EmbeddingOutput:
+    """One prompt's embedding: float values, ``dimensions`` long where the
+    request asked, else the model's hidden size (L2-normalized unless the
+    request turned ``normalize`` off)."""
+
+    embedding: list[float]
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EmbeddingOutput:
+        """From the engine's float32 little-endian bytes."""
+        return cls(np.frombuffer(data, dtype="<f4").tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's: ``request_id``, ``prompt_token_ids`` (after any truncation),
+    ``finished`` and ``outputs``."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -1,0 +1,133 @@
+"""``PoolingParams`` (vLLM's, for embeddings) and the embedding head the
+engine applies to a pooled vector.
+
+A pooling request runs its prompt and finishes without sampling: the
+runner pools the final-normed hidden states (``runner.pooler``, by the
+engine's pooling type) and sends the raw float32 vector; the engine then
+applies the request's ``dimensions`` (Matryoshka truncation: the first d
+values) and, where ``normalize`` is on (the default), L2 normalization, in
+that order, as vLLM's embedding head does. ``dimensions`` is taken only
+for a model that says it supports Matryoshka representations (config.json's
+``is_matryoshka`` or ``matryoshka_dimensions``; with a list, only those),
+as vLLM refuses it otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from engine.request import ContextLengthError
+from ipc.errors import InvalidRequestError
+
+
+class PoolingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """vLLM's embedding parameters. ``truncate_prompt_tokens``: keep the
+    prompt's last k tokens (-1: ``max_model_len`` of them; None: all).
+    ``dimensions``: truncate the embedding to its first d values (Matryoshka
+    models only). ``normalize``: L2-normalize it (None: the server's default,
+    ``pooler_config``'s ``normalize``, else True)."""
+
+    truncate_prompt_tokens: int | None = None
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> PoolingParams:
+        """From a message's or a caller's dict; a field of another type or
+        name is an ``InvalidRequestError`` naming it."""
+        unknown = sorted(set(fields) - set(cls.__struct_fields__))
+        if unknown:
+            raise InvalidRequestError(f"unknown pooling parameters {unknown}; embeddings take "
+                                      f"{list(cls.__struct_fields__)}", param=unknown[0])
+        try:
+            return msgspec.convert(fields, cls)
+        except msgspec.ValidationError as e:
+            raise InvalidRequestError(f"pooling parameters: {e}") from None
+
+
+class Matryoshka(msgspec.Struct, frozen=True):
+    """What a model says of Matryoshka representations: ``supported`` at
+    all, and ``dimensions`` (None: any)."""
+
+    supported: bool = False
+    dimensions: tuple[int, ...] | None = None
+
+    @classmethod
+    def of_model_dir(cls, model_dir: str) -> Matryoshka:
+        """From config.json's ``is_matryoshka`` / ``matryoshka_dimensions``
+        (vLLM reads the same keys); none where the file has neither."""
+        path = os.path.join(model_dir, "config.json")
+        if not os.path.isfile(path):
+            return cls()
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        dims = config.get("matryoshka_dimensions")
+        supported = bool(config.get("is_matryoshka")) or dims is not None
+        return cls(supported, None if dims is None else tuple(int(d) for d in dims))
+
+
+def resolved_params(params: PoolingParams, default_normalize: bool | None,
+                    default_dimensions: int | None, matryoshka: Matryoshka,
+                    model_name: str) -> PoolingParams:
+    """``params`` with the server's defaults filled (``pooler_config``'s
+    ``normalize`` and ``dimensions``; normalize True where neither says)
+    and ``dimensions`` checked against the model, with vLLM's messages."""
+    normalize = params.normalize
+    if normalize is None:
+        normalize = True if default_normalize is None else default_normalize
+    dimensions = params.dimensions if params.dimensions is not None else default_dimensions
+    if dimensions is not None:
+        if not matryoshka.supported:
+            raise InvalidRequestError(
+                f'Model "{model_name}" does not support matryoshka representation, changing '
+                "output dimensions will lead to poor results.", param="dimensions")
+        if matryoshka.dimensions is not None and dimensions not in matryoshka.dimensions:
+            raise InvalidRequestError(
+                f'Model "{model_name}" only supports {list(matryoshka.dimensions)} matryoshka '
+                "dimensions, use other output dimensions will lead to poor results.",
+                param="dimensions")
+        if dimensions < 1:
+            raise InvalidRequestError("Dimensions must be greater than 0", param="dimensions")
+    return msgspec.structs.replace(params, normalize=normalize, dimensions=dimensions)
+
+
+def check_pooling_prompt(prompt_token_ids: list[int], vocab_size: int, max_model_len: int,
+                         num_blocks: int, block_size: int) -> None:
+    """A pooling request's prompt can run: not empty, ids in the vocabulary,
+    at most ``max_model_len`` tokens (no output token needs room; vLLM's
+    message for embeddings), and KV blocks for it in the whole cache."""
+    n = len(prompt_token_ids)
+    if not n:
+        raise InvalidRequestError("the input is empty: an embedding needs at least one token",
+                                  param="input")
+    bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+            param="input")
+    if n > max_model_len:
+        raise ContextLengthError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {n} tokens in the input for embedding generation. Please reduce the "
+            "length of the input.", "input")
+    if -(-n // block_size) > num_blocks:
+        raise InvalidRequestError(f"the input ({n} tokens) needs more KV cache blocks than the "
+                                  f"cache has ({num_blocks} of {block_size} tokens)",
+                                  param="input")
+
+
+def embedding_of(pooled: bytes, params: PoolingParams) -> bytes:
+    """The request's embedding from the runner's raw pooled vector (float32
+    little-endian bytes): its first ``dimensions`` values, then L2-normalized
+    where ``normalize``; float32 little-endian bytes again."""
+    vector = np.frombuffer(pooled, dtype="<f4")
+    if params.dimensions is not None:
+        vector = vector[: params.dimensions]
+    if params.normalize:
+        vector = vector / max(float(np.linalg.norm(vector.astype(np.float64))), 1e-12)
+    return vector.astype("<f4").tobytes()

@@ -1,0 +1,88 @@
+"""The pooling runner's step output: one vector per request whose prompt
+has run, from the model's final-normed hidden states (vLLM's pooling runner
+for decoder models, ``runner="pooling"``).
+
+A pooling runner never computes logits and never samples. In each step,
+the rows whose chunk reaches the end of their prompt are pooled
+(``Pooler``): "LAST" takes the prompt's last token's hidden state, "MEAN"
+the mean over every prompt token, "CLS" the first token's. LAST reads one
+token of the last chunk, so the prompt may be chunked and take prefix-cache
+hits; MEAN and CLS read tokens of the first chunk, so the engine schedules
+their prompts whole and without prefix hits (vLLM's rule for causal pooling
+models), and a row that arrives otherwise is a broken plan. The pooled
+rows are float32 (vLLM pools in float32 too). Truncation (``dimensions``)
+and L2 normalization are the engine's, per request, on the host: the
+runner holds no per-request pooling state.
+
+``PooledOutput`` is the pooling runner's ``AsyncOutput``: the copy of the
+pooled rows to the host starts at once; ``get_output()`` waits for it and
+answers rows of no tokens, with the vectors by request id
+(``ModelRunnerOutput.pooled``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ipc.config import POOLING_TYPES
+from ipc.messages import ModelRunnerOutput
+from runner.input_batch import InputBatch
+from runner.transfer import HostTransfer
+
+
+class Pooler:
+    """Pools one step's rows by ``pooling_type`` (one of ``POOLING_TYPES``)."""
+
+    def __init__(self, pooling_type: str) -> None:
+        if pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, got {pooling_type!r}")
+        self.pooling_type = pooling_type
+
+    def __call__(self, hidden: torch.Tensor, batch: InputBatch,
+                 prefill_len_np: np.ndarray) -> tuple[list[str], torch.Tensor]:
+        """The request ids whose prompt ends in this step (batch order) and
+        their pooled rows, float32 [len(ids), hidden]. ``prefill_len_np``:
+        each slot's prompt length. Host arithmetic only; the gathers are
+        queued on the device."""
+        n = batch.num_reqs
+        slots = batch.idx_mapping_np[:n]
+        ends = batch.seq_lens_np[:n] >= prefill_len_np[slots]
+        rows = np.flatnonzero(ends)
+        ids = [batch.req_ids[i] for i in rows.tolist()]
+        starts = batch.query_start_loc_np[rows]
+        stops = batch.query_start_loc_np[rows + 1]
+        if self.pooling_type == "LAST":
+            index = torch.from_numpy(stops - 1).to(hidden.device)
+            return ids, hidden.index_select(0, index).float()
+        before = batch.seq_lens_np[rows] - batch.num_scheduled_np[rows]
+        if np.any(before != 0):
+            raise RuntimeError(f"{self.pooling_type} pooling needs each prompt whole in one "
+                               "step, without prefix-cache hits; the plan chunked one")
+        if self.pooling_type == "CLS":
+            index = torch.from_numpy(starts).to(hidden.device)
+            return ids, hidden.index_select(0, index).float()
+        pooled = [hidden[s:e].float().mean(dim=0) for s, e in zip(starts.tolist(),
+                                                                    stops.tolist())]
+        if not pooled:
+            return ids, hidden.new_zeros((0, hidden.shape[1]), dtype=torch.float32)
+        return ids, torch.stack(pooled)
+
+
+class PooledOutput:
+    """A pooling step's output on its way to the host (see the module)."""
+
+    def __init__(self, step_id: int, num_rows: int, req_ids: list[str], pooled: torch.Tensor,
+                 transfer: HostTransfer) -> None:
+        self.step_id = step_id
+        self.num_rows = num_rows
+        self.req_ids = req_ids
+        (self.host,), self.copy_done = transfer.to_host((pooled,))
+
+    def get_output(self) -> ModelRunnerOutput:
+        """Wait for the copy; every row samples nothing."""
+        self.copy_done.synchronize()
+        vectors = self.host.numpy().astype("<f4", copy=False)
+        return ModelRunnerOutput(
+            step_id=self.step_id, sampled_token_ids=[], num_sampled=[0] * self.num_rows,
+            pooled={r: vectors[i].tobytes() for i, r in enumerate(self.req_ids)})

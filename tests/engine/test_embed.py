@@ -1,0 +1,114 @@
+"""LLM(runner="pooling").embed: embeddings equal HF transformers' hidden
+states of the same checkpoint, pooled and normalized by hand."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers  # the oracle: a test dependency, never skipped
+
+from engine import LLM
+from engine.pooling_params import PoolingParams
+from ipc.errors import InvalidRequestError
+from tests.helpers.hf_models import save_spread, small_llama
+
+PROMPTS = [
+    [5, 17, 99, 3],
+    list(range(1, 40)),  # longer than the token budget of 16: chunked prefill
+    [42],
+    [(7 * i) % 200 + 1 for i in range(21)],
+]
+CHUNK = 16
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    """A small random float32 Llama (GQA) and HF's final-normed hidden states
+    of each prompt (``AutoModel``: the decoder without its LM head)."""
+    model = small_llama(3, 256, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=64, rms_norm_eps=1e-6)
+    path = save_spread(model, tmp_path_factory.mktemp("llama"))
+    base = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32)
+    base.eval()
+    with torch.no_grad():
+        hidden = [base(torch.tensor([p])).last_hidden_state[0].double().numpy() for p in PROMPTS]
+    return path, hidden
+
+
+def _normalized(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+def _embed(path, params=None, tp=1, **kwargs):
+    with LLM(model=path, tensor_parallel_size=tp, device="cpu", runner="pooling",
+             block_size=16, max_num_seqs=8, **kwargs) as llm:
+        outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [o.prompt_token_ids for o in outs] == PROMPTS
+    return [np.array(o.outputs.embedding) for o in outs]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_last_token_pooling_matches_transformers(hf_dir, tp):
+    # LAST (the default) over chunked prompts in one batch, L2-normalized.
+    path, hidden = hf_dir
+    got = _embed(path, tp=tp, max_num_batched_tokens=CHUNK)
+    for vec, h in zip(got, hidden, strict=True):
+        assert vec.shape == (64,)
+        np.testing.assert_allclose(vec, _normalized(h[-1]), atol=2e-5)
+        assert np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.timeout(180)
+def test_mean_and_cls_pooling_match_transformers(hf_dir):
+    path, hidden = hf_dir
+    got = _embed(path, pooler_config={"pooling_type": "MEAN"})
+    for vec, h in zip(got, hidden, strict=True):
+        np.testing.assert_allclose(vec, _normalized(h.mean(axis=0)), atol=2e-5)
+    got = _embed(path, PoolingParams(normalize=False), pooler_config='{"pooling_type": "CLS"}')
+    for vec, h in zip(got, hidden, strict=True):
+        np.testing.assert_allclose(vec, h[0], atol=2e-4)
+
+
+@pytest.mark.timeout(180)
+def test_normalize_off_and_matryoshka_dimensions(hf_dir, tmp_path):
+    path, hidden = hf_dir
+    got = _embed(path, PoolingParams(normalize=False), max_num_batched_tokens=CHUNK)
+    for vec, h in zip(got, hidden, strict=True):
+        np.testing.assert_allclose(vec, h[-1], atol=2e-4)
+    # A model that does not say it is a Matryoshka model refuses dimensions.
+    with LLM(model=path, device="cpu", runner="pooling", max_num_seqs=4) as llm:
+        with pytest.raises(InvalidRequestError, match="does not support matryoshka"):
+            llm.embed("abc", PoolingParams(dimensions=8))
+        with pytest.raises(InvalidRequestError, match="generation is not supported"):
+            llm.generate("abc")
+    # One that does: the first d values, then normalized.
+    config = json.loads((path_obj := __import__("pathlib").Path(path) / "config.json").read_text())
+    config["matryoshka_dimensions"] = [8, 32]
+    path_obj.write_text(json.dumps(config))
+    try:
+        got = _embed(path, PoolingParams(dimensions=32), max_num_batched_tokens=CHUNK)
+        for vec, h in zip(got, hidden, strict=True):
+            np.testing.assert_allclose(vec, _normalized(h[-1][:32]), atol=2e-5)
+        with LLM(model=path, device="cpu", runner="pooling", max_num_seqs=4) as llm:
+            with pytest.raises(InvalidRequestError, match=r"only supports \[8, 32\]"):
+                llm.embed("abc", PoolingParams(dimensions=16))
+    finally:
+        del config["matryoshka_dimensions"]
+        path_obj.write_text(json.dumps(config))
+
+
+@pytest.mark.timeout(120)
+def test_generating_model_refuses_embed_and_prompts_too_long(hf_dir):
+    path, _ = hf_dir
+    with LLM(model=path, device="cpu", max_num_seqs=4) as llm:
+        with pytest.raises(InvalidRequestError, match="not supported by a generating model"):
+            llm.embed("abc")
+    with LLM(model=path, device="cpu", runner="pooling", max_num_seqs=4) as llm:
+        with pytest.raises(InvalidRequestError, match="maximum context length is 64"):
+            llm.embed({"prompt_token_ids": list(range(1, 66))})
+        # A prompt of max_model_len tokens runs: no output token needs room.
+        out, = llm.embed({"prompt_token_ids": list(range(1, 65))})
+        assert len(out.outputs.embedding) == 64
+        assert llm.engine.scheduler.kv.pool.num_free_blocks == llm.engine.num_blocks
