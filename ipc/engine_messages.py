@@ -31,7 +31,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     (``qwen3``), the output has no reasoning; the engine decides from it and
     the prompt where the output begins (``RequestAccepted``).
     ``cache_salt`` (vLLM's): the prompt's, keying its prefix-cache blocks
-    apart from other salts'."""
+    apart from other salts'. ``pooling_params`` (an embedding engine's
+    requests): ``PoolingParams`` fields by name; given, the request is an
+    embedding, whose one delta carries it (``Delta.embedding``), and
+    ``sampling_params`` is ignored."""
 
     request_id: str
     prompt: str | None = None
@@ -40,6 +43,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     priority: int = 0
     enable_thinking: bool = True
     cache_salt: str | None = None
+    pooling_params: dict[str, Any] | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -86,6 +90,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     request (one of its ``stop_token_ids``, or of the model's end ids other
     than the tokenizer's, which vLLM adds to them; vLLM's field), or
     "repetition_detected" for finish reason "repetition".
+    ``embedding``: an embedding request's, on its one delta: float32
+    little-endian bytes.
     """
 
     request_id: str
@@ -97,6 +103,7 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: list[list[TokenLogprob]] | None = None
     prompt_logprobs: list[list[TokenLogprob] | None] | None = None
     num_cached_tokens: int | None = None
+    embedding: bytes | None = None
 
 
 class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -105,9 +105,11 @@ class AsyncEngineClient:
 
     def submit(self, request_id: str, prompt_token_ids: list[int] | None, params: dict,
                queue: asyncio.Queue, priority: int = 0, enable_thinking: bool = True,
-               cache_salt: str | None = None, prompt: str | None = None) -> None:
+               cache_salt: str | None = None, prompt: str | None = None,
+               pooling_params: dict | None = None) -> None:
         """Send one generate request; its replies go to ``queue``
-        (``priority``, ``enable_thinking`` and ``cache_salt``:
+        (``priority``, ``enable_thinking``, ``cache_salt`` and
+        ``pooling_params``, which make it an embedding request:
         ``GenerateRequest``'s). The prompt is its token ids, or ``prompt``,
         a text the engine's server tokenizes (``prompt_token_ids`` None)."""
         self.protocol.route(request_id, queue.put_nowait)
@@ -116,7 +118,8 @@ class AsyncEngineClient:
         self._send(GenerateRequest(request_id=request_id, prompt=prompt,
                                    prompt_token_ids=prompt_token_ids,
                                    sampling_params=params, priority=priority,
-                                   enable_thinking=enable_thinking, cache_salt=cache_salt))
+                                   enable_thinking=enable_thinking, cache_salt=cache_salt,
+                                   pooling_params=pooling_params))
 
     def abort(self, request_id: str) -> None:
         """Stop the request in the engine (frees its KV blocks); its later

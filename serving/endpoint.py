@@ -85,6 +85,7 @@ from zmq.utils.monitor import recv_monitor_message
 from checkpoint.tokenizer import IncrementalDetokenizer
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta, shown_token_ids
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from ipc import trace
 from ipc.auth import (
@@ -250,6 +251,7 @@ class _Waiting:
     params: SamplingParams
     engine_id: str
     request: Future | None = None
+    pooling: PoolingParams | None = None  # an embedding request's
     then: list[msgspec.Struct] = field(default_factory=list)
 
 
@@ -439,7 +441,12 @@ class EngineServer:
                 raise ProtocolError(f"request id {message.request_id!r} is already in use "
                                     f"by one of this client's live requests")
             prompt = _prompt(message)
-            params = SamplingParams.from_dict(message.sampling_params)
+            pooling = None
+            if message.pooling_params is not None:
+                pooling = PoolingParams.from_dict(message.pooling_params)
+                params = SamplingParams(detokenize=False)  # no text, no grammar
+            else:
+                params = SamplingParams.from_dict(message.sampling_params)
             if params.n != 1 or params.stop:
                 raise ProtocolError("an engine request takes n 1 and no stop strings: the "
                                     "caller runs n requests and cuts their text (as LLM and "
@@ -447,7 +454,8 @@ class EngineServer:
         except Exception as e:
             self._refuse(identity, message, e)
             return
-        self.waiting[key] = _Waiting(identity, message, prompt, params, str(next(self.next_id)))
+        self.waiting[key] = _Waiting(identity, message, prompt, params, str(next(self.next_id)),
+                                     pooling=pooling)
         self._advance(key)
 
     def _advance(self, key: tuple[bytes, str]) -> None:
@@ -474,9 +482,14 @@ class EngineServer:
         than the hop: a thread switch and another turn of the loop. The
         params are the endpoint's own, built (and so checked) from the
         message: ``new_request`` takes them as they are."""
-        make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
-                                 req_id=waiting.engine_id, priority=waiting.message.priority,
-                                 enable_thinking=waiting.message.enable_thinking)
+        if waiting.pooling is not None:
+            make = functools.partial(self.engine.new_pooling_request, waiting.prompt,
+                                     waiting.pooling, req_id=waiting.engine_id,
+                                     priority=waiting.message.priority)
+        else:
+            make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
+                                     req_id=waiting.engine_id, priority=waiting.message.priority,
+                                     enable_thinking=waiting.message.enable_thinking)
         if isinstance(waiting.prompt, str) or "prompt" in waiting.prompt \
                 or waiting.params.bad_words:
             made = self.tokenizers.submit(make)
@@ -623,7 +636,7 @@ class EngineServer:
                      finished=finished, finish_reason=d.finish_reason if finished else None,
                      stop_reason=d.stop_reason if finished else None,
                      logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                     num_cached_tokens=d.num_cached_tokens)
+                     num_cached_tokens=d.num_cached_tokens, embedding=d.pooled)
 
     def _forget(self, engine_id: str) -> None:
         route = self.routes.pop(engine_id)

@@ -70,6 +70,7 @@ from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
+from serving.http.serving_embedding import EmbeddingRequest, create_embedding
 from serving.http.serving_responses import (
     cancel_response,
     create_response,
@@ -88,7 +89,11 @@ from serving.protocol_core import EngineStoppedError
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes whose body is a JSON object (refused with 415 under another media type).
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
-                              "/tokenize", "/detokenize"})
+                              "/v1/embeddings", "/tokenize", "/detokenize"})
+# The routes of a generating model, which a pooling one does not serve (404),
+# as vLLM registers each task's routes only for a model that does the task.
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+EMBEDDING_ROUTES = ("/v1/embeddings",)
 
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
@@ -129,7 +134,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                enable_responses_api_store: bool = False, max_logprobs: int = -1,
                vocab_size: int | None = None, reasoning_parser: str | None = None,
                stream_interval: int = 1, trust_request_chat_template: bool = False,
-               chat_template: str | None = None, response_role: str = "assistant"):
+               chat_template: str | None = None, response_role: str = "assistant",
+               pooling: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -158,7 +164,13 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     (``request_template.py``; refused without it); ``chat_template``: vLLM's
     ``--chat-template``, the chat routes' template in place of the
     tokenizer's (None: the tokenizer's); ``response_role``: vLLM's
-    ``--response-role``, a chat answer's role after a generation prompt."""
+    ``--response-role``, a chat answer's role after a generation prompt;
+    ``pooling``: the engine is a pooling model (``runner="pooling"``):
+    ``POST /v1/embeddings`` is served and the generation routes
+    (``GENERATION_ROUTES``, those below them too) are not, so they answer
+    404, as vLLM's server
+    of a pooling model; a generating model's server answers 404 at
+    /v1/embeddings the same way."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -273,10 +285,19 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
             return error_json(e)
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE)
 
-    lane = FastLane(app, {
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> Response:
+        return await _answer(create_embedding(state, body))
+
+    lanes = {
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
         "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion),
-        "/v1/responses": LaneRoute(ResponsesRequest, response)})
+        "/v1/responses": LaneRoute(ResponsesRequest, response)}
+    unserved = GENERATION_ROUTES if pooling else EMBEDDING_ROUTES
+    app.router.routes[:] = [r for r in app.router.routes
+                            if not _under(getattr(r, "path", ""), unserved)]
+    lane = FastLane(app, {path: lane for path, lane in lanes.items()
+                          if not _under(path, unserved)})
     guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
     guarded = ApiKeyCheck(guarded, api_keys) if api_keys else guarded
@@ -285,6 +306,11 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                                  allow_methods=["*"], allow_headers=["*"])
     logged = AccessLog(guarded) if access_log else guarded
     return TracedApp(logged) if trace.enabled else logged
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    """Whether ``path`` is one of ``roots`` or below one."""
+    return any(path == root or path.startswith(root + "/") for root in roots)
 
 
 async def _json(work, state: ServerState, body) -> Response:

@@ -71,7 +71,8 @@ def engine_app_options(engine) -> dict:
                 eos_token_ids=list(engine.model_config.eos_token_ids),
                 max_logprobs=engine.config.max_logprobs,
                 vocab_size=engine.model_config.vocab_size,
-                reasoning_parser=engine.config.resolved_reasoning_parser)
+                reasoning_parser=engine.config.resolved_reasoning_parser,
+                pooling=engine.pooler is not None)
 
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
@@ -89,6 +90,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       trust_request_chat_template: bool = False,
                       chat_template: str | None = None,
                       response_role: str = "assistant",
+                      pooling: bool = False,
                       other_replicas: tuple[tuple[str, bytes], ...] = ()) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
@@ -127,7 +129,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      max_logprobs=max_logprobs, vocab_size=vocab_size,
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
                      trust_request_chat_template=trust_request_chat_template,
-                     chat_template=chat_template, response_role=response_role)
+                     chat_template=chat_template, response_role=response_role,
+                     pooling=pooling)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

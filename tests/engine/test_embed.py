@@ -29,7 +29,7 @@ def hf_dir(tmp_path_factory):
     model = small_llama(3, 256, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=64, rms_norm_eps=1e-6)
     path = save_spread(model, tmp_path_factory.mktemp("llama"))
-    base = transformers.AutoModel.from_pretrained(path, torch_dtype=torch.float32)
+    base = transformers.AutoModel.from_pretrained(path, dtype=torch.float32)
     base.eval()
     with torch.no_grad():
         hidden = [base(torch.tensor([p])).last_hidden_state[0].double().numpy() for p in PROMPTS]

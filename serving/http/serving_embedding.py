@@ -1,0 +1,121 @@
+"""POST /v1/embeddings (OpenAI's, as vLLM serves it on a pooling model).
+
+``input`` is a text, a list of texts, a list of token ids or a list of
+lists of token ids; each becomes one embedding request to the engine
+(texts tokenized here, off the event loop, as /v1/completions tokenizes
+them). The answer is OpenAI's: ``data`` holds one ``{"object":
+"embedding", "index", "embedding"}`` per input, in input order, the
+embedding a list of floats or, with ``encoding_format`` "base64", the
+base64 of its float32 little-endian bytes (what the ``openai`` client
+decodes); ``usage`` counts the prompt tokens. ``dimensions`` (Matryoshka
+models only) and vLLM's ``normalize`` and ``truncate_prompt_tokens`` go to
+the engine's ``PoolingParams``; an input the engine refuses (empty, too
+long) is a 400 and nothing of the request keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+import uuid
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse, Response
+
+from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError
+from ipc.errors import InvalidRequestError
+from serving.http.generation import EngineRefusal, RequestRefused
+from serving.http.serving_completion import completion_prompts, has_text
+from serving.http.state import ServerState
+from serving.protocol_core import EngineStoppedError
+
+Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's body, with vLLM's extra fields (``truncate_prompt_tokens``,
+    ``normalize``, ``add_special_tokens``, ``priority``); others are ignored,
+    as vLLM ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] | list[Int64] | list[list[Int64]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    normalize: bool | None = None
+    add_special_tokens: bool = True
+    priority: int = 0
+
+
+async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Response:
+    state.check_model(request.model)
+    if request.input == [] or request.input == "" or any(
+            item == "" or item == [] for item in request.input
+            if isinstance(request.input, list)):
+        raise InvalidRequestError("the input is empty: each input needs at least one token",
+                                  param="input")
+    if has_text(request.input):
+        prompts = await asyncio.to_thread(completion_prompts, state, request.input,
+                                          request.add_special_tokens)
+    else:
+        prompts = completion_prompts(state, request.input)
+    pooling = {name: value for name, value in (
+        ("dimensions", request.dimensions), ("normalize", request.normalize),
+        ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}
+    embeddings, num_tokens = await _embed(state, prompts, pooling, request.priority)
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(e, request.encoding_format)}
+            for i, e in enumerate(embeddings)]
+    return JSONResponse({
+        "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+        "model": state.shown_model(request.model), "data": data,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens,
+                  "completion_tokens": 0}})
+
+
+async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
+                 priority: int) -> tuple[list[bytes], int]:
+    """Submit one embedding request a prompt and wait for every one: their
+    embeddings in prompt order and their prompt tokens (as the engine took
+    them, truncated). A refusal aborts the others and is raised."""
+    link, queue = state.link, asyncio.Queue()
+    ids = [link.new_id() for _ in prompts]
+    for request_id, prompt in zip(ids, prompts):
+        link.submit(request_id, prompt, {}, queue, priority, pooling_params=pooling)
+    live, embeddings, num_tokens = set(ids), {}, 0
+    try:
+        while live:
+            item = await queue.get()
+            if isinstance(item, EngineStopped):
+                raise EngineStoppedError(item.reason)
+            if isinstance(item, RequestAccepted):
+                num_tokens += len(item.prompt_token_ids)
+            elif isinstance(item, RequestError):
+                live.discard(item.request_id)
+                link.forget(item.request_id)
+                if item.invalid_request:
+                    raise RequestRefused(item.error, item.code, item.param)
+                raise EngineRefusal(f"the engine refused request {item.request_id!r}: "
+                                    f"{item.error}")
+            elif isinstance(item, Delta) and item.finished:
+                live.discard(item.request_id)
+                link.forget(item.request_id)
+                if item.embedding is None:
+                    raise RuntimeError(f"embedding request {item.request_id!r} ended "
+                                       f"{item.finish_reason!r} without an embedding")
+                embeddings[item.request_id] = item.embedding
+    finally:
+        for request_id in live:
+            link.abort(request_id)
+    return [embeddings[r] for r in ids], num_tokens
+
+
+def _encoded(embedding: bytes, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(embedding).decode("ascii")
+    return np.frombuffer(embedding, dtype="<f4").tolist()
