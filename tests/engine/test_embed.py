@@ -9,6 +9,7 @@ import torch
 import transformers  # the oracle: a test dependency, never skipped
 
 from engine import LLM
+from engine.config import ConfigError
 from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
 from tests.helpers.hf_models import save_spread, small_llama
@@ -63,12 +64,21 @@ def test_last_token_pooling_matches_transformers(hf_dir, tp):
 @pytest.mark.timeout(180)
 def test_mean_and_cls_pooling_match_transformers(hf_dir):
     path, hidden = hf_dir
-    got = _embed(path, pooler_config={"pooling_type": "MEAN"})
+    # The prompts (65 tokens) overfill one step's budget of 64: MEAN runs each
+    # prompt whole, so the last waits for the next step rather than be chunked.
+    got = _embed(path, pooler_config={"pooling_type": "MEAN"}, max_num_batched_tokens=64)
     for vec, h in zip(got, hidden, strict=True):
         np.testing.assert_allclose(vec, _normalized(h.mean(axis=0)), atol=2e-5)
     got = _embed(path, PoolingParams(normalize=False), pooler_config='{"pooling_type": "CLS"}')
     for vec, h in zip(got, hidden, strict=True):
         np.testing.assert_allclose(vec, h[0], atol=2e-4)
+
+
+def test_mean_pooling_refuses_a_budget_below_the_longest_prompt(hf_dir):
+    path, _ = hf_dir
+    with pytest.raises(ConfigError, match="MEAN pooling runs each prompt whole"):
+        LLM(model=path, device="cpu", runner="pooling", max_num_batched_tokens=16,
+            pooler_config={"pooling_type": "MEAN"})
 
 
 @pytest.mark.timeout(180)
