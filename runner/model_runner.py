@@ -482,8 +482,10 @@ class ModelRunner:
                                   buf.logits_indices[:batch.num_logits], states.prefill_len.gpu,
                                   states.num_computed_tokens.gpu, batch.num_reqs)
         states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        req_ids, pooled = self.pooler(hidden, batch, states.prefill_len_np)
-        output = PooledOutput(step_id, batch.num_reqs, req_ids, pooled, self.output_transfer)
+        req_ids, rows, pooled = self.pooler(hidden, batch, states.prefill_len_np,
+                                            buf.query_start_loc)
+        output = PooledOutput(step_id, batch.num_reqs, req_ids, rows, pooled,
+                              self.output_transfer)
         return _PendingStep(step_id, batch, None, pooled=output)
 
     def _prompt_logprobs(self, hidden: torch.Tensor,

@@ -32,57 +32,59 @@ from runner.transfer import HostTransfer
 
 
 class Pooler:
-    """Pools one step's rows by ``pooling_type`` (one of ``POOLING_TYPES``)."""
+    """Pools one step's rows by ``pooling_type`` (one of ``POOLING_TYPES``).
+
+    Every batch row is pooled on the device from ``query_start_loc`` (a
+    device buffer the step has), so pooling adds no upload to the step;
+    the host picks the rows whose prompt ended once they are copied."""
 
     def __init__(self, pooling_type: str) -> None:
         if pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, got {pooling_type!r}")
         self.pooling_type = pooling_type
 
-    def __call__(self, hidden: torch.Tensor, batch: InputBatch,
-                 prefill_len_np: np.ndarray) -> tuple[list[str], torch.Tensor]:
-        """The request ids whose prompt ends in this step (batch order) and
-        their pooled rows, float32 [len(ids), hidden]. ``prefill_len_np``:
-        each slot's prompt length. Host arithmetic only; the gathers are
-        queued on the device."""
+    def __call__(self, hidden: torch.Tensor, batch: InputBatch, prefill_len_np: np.ndarray,
+                 query_start_loc: torch.Tensor) -> tuple[list[str], np.ndarray, torch.Tensor]:
+        """(the request ids whose prompt ends in this step, their batch rows,
+        float32 [num_reqs, hidden] pooled rows of the whole batch).
+        ``prefill_len_np``: each slot's prompt length; ``query_start_loc``:
+        the step's device offsets, ``batch.query_start_loc_np``'s copy."""
         n = batch.num_reqs
         slots = batch.idx_mapping_np[:n]
-        ends = batch.seq_lens_np[:n] >= prefill_len_np[slots]
-        rows = np.flatnonzero(ends)
+        rows = np.flatnonzero(batch.seq_lens_np[:n] >= prefill_len_np[slots])
         ids = [batch.req_ids[i] for i in rows.tolist()]
-        starts = batch.query_start_loc_np[rows]
-        stops = batch.query_start_loc_np[rows + 1]
+        qsl = query_start_loc[: n + 1].to(torch.int64)
         if self.pooling_type == "LAST":
-            index = torch.from_numpy(stops - 1).to(hidden.device)
-            return ids, hidden.index_select(0, index).float()
-        before = batch.seq_lens_np[rows] - batch.num_scheduled_np[rows]
-        if np.any(before != 0):
+            return ids, rows, hidden.index_select(0, qsl[1:] - 1).float()
+        if np.any(batch.seq_lens_np[:n] != batch.num_scheduled_np[:n]):
             raise RuntimeError(f"{self.pooling_type} pooling needs each prompt whole in one "
                                "step, without prefix-cache hits; the plan chunked one")
         if self.pooling_type == "CLS":
-            index = torch.from_numpy(starts).to(hidden.device)
-            return ids, hidden.index_select(0, index).float()
-        pooled = [hidden[s:e].float().mean(dim=0) for s, e in zip(starts.tolist(),
-                                                                    stops.tolist())]
-        if not pooled:
-            return ids, hidden.new_zeros((0, hidden.shape[1]), dtype=torch.float32)
-        return ids, torch.stack(pooled)
+            return ids, rows, hidden.index_select(0, qsl[:-1]).float()
+        # MEAN: differences of a float64 running sum, one per row.
+        sums = torch.cat([hidden.new_zeros((1, hidden.shape[1]), dtype=torch.float64),
+                          hidden[: batch.num_tokens].double().cumsum(dim=0)])
+        counts = (qsl[1:] - qsl[:-1]).clamp(min=1).unsqueeze(1)
+        return ids, rows, ((sums[qsl[1:]] - sums[qsl[:-1]]) / counts).float()
 
 
 class PooledOutput:
     """A pooling step's output on its way to the host (see the module)."""
 
-    def __init__(self, step_id: int, num_rows: int, req_ids: list[str], pooled: torch.Tensor,
-                 transfer: HostTransfer) -> None:
+    def __init__(self, step_id: int, num_rows: int, req_ids: list[str], rows: np.ndarray,
+                 pooled: torch.Tensor, transfer: HostTransfer) -> None:
+        """``pooled``: every batch row's vector; ``rows``: the batch rows
+        of ``req_ids``, the ones answered."""
         self.step_id = step_id
         self.num_rows = num_rows
         self.req_ids = req_ids
+        self.rows = rows
         (self.host,), self.copy_done = transfer.to_host((pooled,))
 
     def get_output(self) -> ModelRunnerOutput:
         """Wait for the copy; every row samples nothing."""
         self.copy_done.synchronize()
-        vectors = self.host.numpy().astype("<f4", copy=False)
+        vectors = self.host.numpy()[self.rows].astype("<f4", copy=False)
         return ModelRunnerOutput(
             step_id=self.step_id, sampled_token_ids=[], num_sampled=[0] * self.num_rows,
             pooled={r: vectors[i].tobytes() for i, r in enumerate(self.req_ids)})

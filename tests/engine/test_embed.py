@@ -122,3 +122,23 @@ def test_generating_model_refuses_embed_and_prompts_too_long(hf_dir):
         out, = llm.embed({"prompt_token_ids": list(range(1, 65))})
         assert len(out.outputs.embedding) == 64
         assert llm.engine.scheduler.kv.pool.num_free_blocks == llm.engine.num_blocks
+
+
+@pytest.mark.timeout(120)
+def test_last_pooling_takes_prefix_cache_hits(hf_dir):
+    # LAST reads only the last token, so a prompt whose first blocks are
+    # cached embeds the same from the hits; MEAN takes none (vLLM's rule).
+    path, hidden = hf_dir
+    prompt = {"prompt_token_ids": PROMPTS[1]}
+    with LLM(model=path, device="cpu", runner="pooling", block_size=16,
+             max_num_batched_tokens=CHUNK) as llm:
+        first, = llm.embed(prompt)
+        second, = llm.embed(prompt)
+        assert llm.engine.scheduler.kv.prefix_hits == 32  # two full blocks of 39 tokens
+    np.testing.assert_allclose(second.outputs.embedding, first.outputs.embedding, atol=1e-6)
+    np.testing.assert_allclose(second.outputs.embedding, _normalized(hidden[1][-1]), atol=2e-5)
+    with LLM(model=path, device="cpu", runner="pooling", block_size=16,
+             pooler_config={"pooling_type": "MEAN"}) as llm:
+        llm.embed(prompt)
+        llm.embed(prompt)
+        assert llm.engine.scheduler.kv.prefix_hits == 0
