@@ -555,6 +555,7 @@ class EngineConfig:
             else self.speculative.disable_by_batch_size or 0,
             draft_max_model_len=self.draft_max_model_len(draft, length),
             vocab_size=model.vocab_size,
+            pooled_size=0 if self.pooler is None else model.hidden_size,
         )
 
 

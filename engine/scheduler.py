@@ -118,6 +118,7 @@ from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
 from engine.pooling_params import embedding_of
 from engine.reported_drafts import checked_drafts
+from engine.reported_pooled import checked_pooled
 from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
 from ipc.messages import (
@@ -522,7 +523,9 @@ class Scheduler:
         scheduled are discarded. Steps are absorbed in order, each once.
         A reply that breaks the runner's contract (another step's, rows that
         do not match the plan's requests, drafts other than those asked
-        for: ``reported_drafts``) is a ``ValueError`` naming the fault,
+        for: ``reported_drafts``, pooled vectors other than those of the
+        pooling requests whose prompt ended: ``reported_pooled``) is a
+        ``ValueError`` naming the fault,
         raised before the reply changes any request (its prompt logprobs
         included)."""
         step_id = scheduler_output.step_id
@@ -543,6 +546,11 @@ class Scheduler:
                              f"for {len(plan_req_ids)} scheduled requests")
         next_drafts = checked_drafts(step_id, runner_output.next_draft_token_ids, drafts_asked,
                                      self.config.num_speculative_tokens, self.config.vocab_size)
+        if self.config.pooled_size or runner_output.pooled:  # a generating step: neither
+            checked_pooled(step_id, runner_output.pooled,
+                           [req_id for req_id, e in in_flight.items()
+                            if e.samples and e.request.pooling_params is not None],
+                           self.config.pooled_size)
         # Only a reply that passed every check above changes a request.
         prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
                                runner_output.prompt_logprobs)

@@ -133,7 +133,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     position at or past it (a draft model's positions; ``max_model_len``
     where nothing else bounds drafts). ``vocab_size``: the model's token
     ids are ``0 .. vocab_size - 1`` (the drafts a step's output reports
-    are checked against it)."""
+    are checked against it). ``pooled_size``: the float32 values of each
+    pooled vector a step's output reports, the model's hidden size, for a
+    pooling engine (``RunnerConfig.pooling_type`` set); 0 for a generating
+    one, whose outputs report none."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -148,6 +151,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     spec_disable_by_batch_size: int
     draft_max_model_len: int
     vocab_size: int
+    pooled_size: int
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

@@ -156,6 +156,7 @@ def config(**kw) -> SchedulerConfig:
         num_speculative_tokens=0,
         spec_disable_by_batch_size=0,
         vocab_size=256,
+        pooled_size=0,
     )
     base.update(kw)
     base.setdefault("draft_max_model_len", base["max_model_len"])

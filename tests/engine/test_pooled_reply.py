@@ -1,0 +1,76 @@
+"""The pooled vectors a pooling step's output reports
+(``ModelRunnerOutput.pooled``) are checked against the step before any
+request changes: a reply without the vector of a request whose prompt ran
+to its end (which would leave that request unfinished forever), with one
+for a request still mid-prompt or with a vector of the wrong size is a
+``ValueError`` naming the fault, as a reply with the wrong rows is."""
+
+import numpy as np
+import pytest
+
+from engine.pooling_params import PoolingParams
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from ipc.messages import ModelRunnerOutput
+from tests.helpers.fake_runner import config
+
+HIDDEN = 4
+
+
+def _pooling_request(req_id: str, num_tokens: int) -> Request:
+    request = Request(req_id, list(range(1, num_tokens + 1)),
+                      SamplingParams(temperature=0.0, max_tokens=1, detokenize=False))
+    request.pooling_params = PoolingParams(normalize=True)
+    return request
+
+
+def _step():
+    """One step of a pooling scheduler: "a" (3 tokens) runs its whole
+    prompt, "b" (20 tokens) only its first chunk in a budget of 8."""
+    sched = Scheduler(config(max_num_batched_tokens=8, pooled_size=HIDDEN))
+    sched.add_request(_pooling_request("a", 3))
+    sched.add_request(_pooling_request("b", 20))
+    plan = sched.schedule()
+    assert plan.scheduled_req_ids() == ["a", "b"] and plan.num_scheduled_tokens == [3, 5]
+    return sched, plan
+
+
+def _reply(plan, pooled):
+    return ModelRunnerOutput(step_id=plan.step_id, sampled_token_ids=[], num_sampled=[0, 0],
+                             pooled=pooled)
+
+
+VECTOR = np.array([3.0, 0.0, 4.0, 0.0], dtype="<f4")
+
+
+def test_the_reported_vector_finishes_its_request_normalized():
+    sched, plan = _step()
+    deltas = sched.update_from_output(plan, _reply(plan, {"a": VECTOR.tobytes()}))
+    assert [(d.req_id, d.finished, d.finish_reason) for d in deltas] == [("a", True, "stop")]
+    np.testing.assert_array_equal(np.frombuffer(deltas[0].pooled, "<f4"),
+                                  np.array([0.6, 0.0, 0.8, 0.0], dtype="<f4"))
+
+
+@pytest.mark.parametrize("pooled, fault", [
+    ({}, r"lacks the pooled vector of \['a'\]"),
+    ({"a": VECTOR.tobytes(), "b": VECTOR.tobytes()}, r"vector for \['b'\], whose prompt"),
+    ({"a": VECTOR[:3].tobytes()}, r"12 bytes for 'a', not 16"),
+    ({"a": VECTOR.tobytes()[:15]}, r"15 bytes for 'a', not 16"),
+])
+def test_a_reply_that_breaks_the_contract_is_refused_whole(pooled, fault):
+    sched, plan = _step()
+    a = sched.requests["a"]
+    with pytest.raises(ValueError, match=fault):
+        sched.update_from_output(plan, _reply(plan, pooled))
+    assert a.num_output_placeholders == 1 and sched.requests["a"] is a  # nothing changed
+
+
+def test_a_generating_scheduler_takes_no_pooled_vectors():
+    sched = Scheduler(config())
+    sched.add_request(Request("g", [1, 2, 3], SamplingParams(max_tokens=2)))
+    plan = sched.schedule()
+    reply = ModelRunnerOutput(step_id=plan.step_id, sampled_token_ids=[7], num_sampled=[1],
+                              pooled={"g": VECTOR.tobytes()})
+    with pytest.raises(ValueError, match=r"vector for \['g'\]"):
+        sched.update_from_output(plan, reply)
