@@ -76,7 +76,13 @@ def resolved_params(params: PoolingParams, default_normalize: bool | None,
                     model_name: str) -> PoolingParams:
     """``params`` with the server's defaults filled (``pooler_config``'s
     ``normalize`` and ``dimensions``; normalize True where neither says)
-    and ``dimensions`` checked against the model, with vLLM's messages."""
+    and ``dimensions`` checked against the model, with vLLM's messages;
+    ``truncate_prompt_tokens`` is None, -1 or k >= 1 (``SamplingParams``'
+    rule: 0 or below -1 would keep the whole prompt or drop its start)."""
+    k = params.truncate_prompt_tokens
+    if k is not None and (type(k) is not int or (k < 1 and k != -1)):
+        raise InvalidRequestError(f"truncate_prompt_tokens must be None, an int >= 1 or -1 "
+                                  f"(max_model_len), got {k!r}", param="truncate_prompt_tokens")
     normalize = params.normalize
     if normalize is None:
         normalize = True if default_normalize is None else default_normalize
