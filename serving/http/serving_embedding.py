@@ -82,8 +82,10 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
                  priority: int) -> tuple[list[bytes], int]:
     """Submit one embedding request a prompt and wait for every one: their
     embeddings in prompt order and their prompt tokens (as the engine took
-    them, truncated). A refusal aborts the others and is raised."""
-    link, queue = state.link, asyncio.Queue()
+    them, truncated). A refusal aborts the others and is raised. Each
+    engine request that ends counts in the metrics (``Metrics.finished``),
+    as a generation's does and as vLLM counts a pooling request."""
+    link, queue, arrival = state.link, asyncio.Queue(), time.monotonic()
     ids = [link.new_id() for _ in prompts]
     for request_id, prompt in zip(ids, prompts):
         link.submit(request_id, prompt, {}, queue, priority, pooling_params=pooling)
@@ -105,6 +107,7 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
             elif isinstance(item, Delta) and item.finished:
                 live.discard(item.request_id)
                 link.forget(item.request_id)
+                state.metrics.finished(item.finish_reason, time.monotonic() - arrival)
                 if item.embedding is None:
                     raise RuntimeError(f"embedding request {item.request_id!r} ended "
                                        f"{item.finish_reason!r} without an embedding")
@@ -112,6 +115,7 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
     finally:
         for request_id in live:
             link.abort(request_id)
+            state.metrics.finished("abort", time.monotonic() - arrival)
     return [embeddings[r] for r in ids], num_tokens
 
 

@@ -102,3 +102,19 @@ def test_generating_server_does_not_serve_embeddings(tiny_dir):
         answer = app.http.post("/v1/embeddings", json={"input": "hi"})
         assert answer.status_code == 404
         assert "error" in answer.json()
+
+
+def _finished(server, reason: str) -> float:
+    """``tprun:request_success_total`` for ``reason``, read from /metrics."""
+    page = httpx.get(f"{server.url}/metrics").text
+    line, = [x for x in page.splitlines() if x.startswith("tprun:request_success_total{")
+             and f'finished_reason="{reason}"' in x]
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.timeout(180)
+def test_each_embedded_input_counts_as_a_finished_request(client, server, model):
+    # As vLLM counts a pooling request: finished "stop", one per input.
+    before = _finished(server, "stop")
+    client.embeddings.create(model=model, input=IDS)
+    assert _finished(server, "stop") == before + len(IDS)
