@@ -150,7 +150,7 @@ class ModelRunner:
         self.ops = device_ops(device)
         self.tp = tp.with_peer_buffers(device) if not config.disable_custom_all_reduce else tp
         # Built before the weights load: a processor that fails fails fast.
-        processors = build_processors(config, device)
+        processors = build_processors(config, device, not self.ops.shares_host_memory)
         self.model = _load_model(config, device, self.tp)
         self.dtype = next(self.model.parameters()).dtype
         n = config.max_num_seqs

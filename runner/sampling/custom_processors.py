@@ -41,18 +41,20 @@ from runner.sampling.logits_processor import (
 )
 
 
-def build_processors(config: RunnerConfig, device: torch.device) -> list[LogitsProcessor]:
-    """One instance of each processor ``config.logits_processors`` names;
+def build_processors(config: RunnerConfig, device: torch.device,
+                     is_pin_memory: bool) -> list[LogitsProcessor]:
+    """One instance of each processor ``config.logits_processors`` names
+    (``is_pin_memory``: host memory the device copies from is pinned, as the
+    device seam's transfers pin it);
     ``LogitsProcessorError`` naming the one that fails to import or to
     construct. The folders the engine imported them from are appended to
     the import path first (a worker daemon starts without the caller's)."""
     add_import_folders(config.logits_processor_folders)
-    pin = device.type == "cuda"
     processors = []
     for name in config.logits_processors:
         cls = load_processor_class(name)
         try:
-            processors.append(cls(config, device, pin))
+            processors.append(cls(config, device, is_pin_memory))
         except Exception as e:
             raise LogitsProcessorError(f"logits processor {name!r} failed to construct: "
                                        f"{type(e).__name__}: {e}") from e

@@ -54,8 +54,10 @@ def test_reads_split_anywhere_give_one_chunk_per_event():
     assert out.generated_text == "abc\u00e9"
     assert len(out.itl) == 3
     assert out.ttft + sum(out.itl) == pytest.approx(out.latency)
-    # "ab" is whole only with the read after the pause; "" a pause after "c".
-    assert out.ttft >= 0.3 and out.itl[1] >= 0.3
+    # "ab" is whole only with the read after the pause; "" a pause after "c"
+    # (a gap timed by the client: its clock may start a little after the
+    # server's pause did, so the bound keeps a margin).
+    assert out.ttft >= 0.2 and out.itl[1] >= 0.2
     # The usage event moves no timing and gives the server's counts.
     assert (out.output_tokens, out.prompt_len) == (5, 7)
 
