@@ -31,6 +31,7 @@ from engine.reasoning import REASONING_PARSERS
 from ipc.config import (
     MAX_SPECULATIVE_TOKENS,
     SPECULATIVE_METHODS,
+    LoRAConfig,
     RunnerConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -154,6 +155,12 @@ class EngineConfig:
         "'module.Class', of subclasses of runner.sampling.logits_processor.LogitsProcessor "
         "(LLM also takes the classes); each worker imports and constructs them; refused with "
         "speculative decoding", nargs="+", metavar="NAME")
+    enable_lora: bool = _opt(False, "serve LoRA adapters (PEFT format) that requests name "
+                             "(vLLM's LoRARequest); off, the model runs with no LoRA work at all")
+    max_loras: int = _opt(1, "LoRA adapters held on the device at once: the distinct adapters "
+                          "of one running batch at most")
+    max_lora_rank: int = _opt(16, "largest LoRA rank an adapter may have (the device buffers "
+                              "are padded to it)")
     # vLLM's options for what tprun does not do: each takes only the values
     # that ask for what tprun does (or that change nothing in vLLM's engine
     # either); any other value is refused by name (``_check_vllm_options``).
@@ -262,6 +269,13 @@ class EngineConfig:
         if pooler is not None and pooler.whole_prompts and self.max_num_batched_tokens is None:
             tokens = max(tokens, self.resolved_max_model_len(model))
         return tokens
+
+    @property
+    def lora_config(self) -> LoRAConfig | None:
+        """The workers' LoRA settings (None: LoRA off)."""
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_loras=self.max_loras, max_lora_rank=self.max_lora_rank)
 
     @property
     def resolved_reasoning_parser(self) -> str | None:
@@ -528,6 +542,7 @@ class EngineConfig:
             logits_processors=list(self.logits_processors or ()),
             logits_processor_folders=_import_folders(self.logits_processors or ()),
             pooling_type=None if self.pooler is None else self.pooler.pooling_type,
+            lora=self.lora_config,
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}
@@ -556,16 +571,17 @@ class EngineConfig:
             draft_max_model_len=self.draft_max_model_len(draft, length),
             vocab_size=model.vocab_size,
             pooled_size=0 if self.pooler is None else model.hidden_size,
+            max_loras=self.max_loras if self.enable_lora else 0,
         )
 
 
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
-                  "kv_cache_memory_bytes")
+                  "kv_cache_memory_bytes", "max_loras", "max_lora_rank")
 _OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "num_gpu_blocks_override",
                            "master_port", "max_cudagraph_capture_size", "max_seq_len_to_capture")
 _NUMBERS = ("gpu_memory_utilization", "step_timeout_s", "log_stats_interval_s")
 _BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
-          "enable_prefix_caching", "disable_log_stats", "trust_remote_code")
+          "enable_prefix_caching", "disable_log_stats", "trust_remote_code", "enable_lora")
 
 
 # Every count crosses a socket as a signed 64-bit integer (msgspec's bound).

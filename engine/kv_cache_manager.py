@@ -11,7 +11,10 @@ so equal hashes mean equal token prefixes. A request's ``cache_salt``
 (vLLM's) is mixed into its first block's hash only (``h_0`` chains from
 ``sha256(root || salt)`` instead of the root): every later hash inherits
 it, so requests of different salts (or a salt and none) never share a
-block, and those of one salt share as any others do. A full block is registered in
+block, and those of one salt share as any others do. A request's LoRA
+adapter is mixed in the same way, by its ``lora_name`` (vLLM's key), before
+the salt: KV computed under one adapter is never reused under another or
+under none; a request with neither hashes as it always did. A full block is registered in
 the pool only once the step that writes it has been sent and a later call
 sees it (the request's next ``allocate_slots``, or its ``free``): the runner
 executes steps in order, so a block is never hit before its KV is written,
@@ -32,12 +35,16 @@ from engine.request import Request
 _ROOT_HASH = b"tprun-prefix-root"
 
 
-def _first_parent(cache_salt: str | None) -> bytes:
+def _first_parent(cache_salt: str | None, lora_name: str | None = None) -> bytes:
     """What a request's first block hash chains from: the root, or for a
-    salted request the root hashed with its salt (never the root itself)."""
-    if cache_salt is None:
-        return _ROOT_HASH
-    return hashlib.sha256(_ROOT_HASH + b"\0salt\0" + cache_salt.encode()).digest()
+    request with a LoRA adapter or a salt the root hashed with the
+    adapter's name, then with the salt (never the root itself)."""
+    parent = _ROOT_HASH
+    if lora_name is not None:
+        parent = hashlib.sha256(parent + b"\0lora\0" + lora_name.encode()).digest()
+    if cache_salt is not None:
+        parent = hashlib.sha256(parent + b"\0salt\0" + cache_salt.encode()).digest()
+    return parent
 
 
 def _chain_hash(parent: bytes, token_ids: list[int]) -> bytes:
@@ -136,8 +143,10 @@ class KVCacheManager:
         hashes = self._req_hashes.setdefault(request.req_id, [])
         tokens = request.all_token_ids
         size = self.block_size
+        lora = request.lora_request
         for i in range(len(hashes), len(tokens) // size):
-            parent = hashes[-1] if hashes else _first_parent(request.cache_salt)
+            parent = hashes[-1] if hashes else _first_parent(
+                request.cache_salt, None if lora is None else lora.lora_name)
             hashes.append(_chain_hash(parent, tokens[i * size : (i + 1) * size]))
         return hashes
 

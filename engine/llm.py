@@ -32,6 +32,7 @@ from engine.request_metrics import RequestStateStats, RequestTimes, request_stat
 from engine.sampling_params import SamplingParams
 from engine.tool_depth import check_tool_depth
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 
 
 class LLM:
@@ -94,21 +95,25 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``,
         each with ``n`` completions (``SamplingParams.choices``) and its
         ``metrics`` (``engine.request_metrics``: every time, queueing and
         scheduling included, as this process saw it). ``priority``:
         one a prompt, for the "priority" scheduling policy (lower first).
+        ``lora_request``: the LoRA adapter of every prompt, or one a prompt
+        (None: the base model); needs ``enable_lora``.
 
         If the call is interrupted (Ctrl-C, an exception from a callback),
         its unfinished requests are aborted before the exception goes on, so
         the next call starts from an idle engine.
         """
-        return self._generate(prompts, sampling_params, use_tqdm, priority)
+        return self._generate(prompts, sampling_params, use_tqdm, priority,
+                              lora_request=lora_request)
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority,
-                  enable_thinking: bool = True) -> list[RequestOutput]:
+                  enable_thinking: bool = True, lora_request=None) -> list[RequestOutput]:
         """``generate``, each request with ``enable_thinking`` (``chat``'s,
         from its template's kwargs: the engine's reasoning parser reads it)."""
         if not self._finalizer.alive:
@@ -120,15 +125,17 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"give one priority a prompt ({len(prompts)}), got {len(priority)}")
+        loras = _loras_per_prompt(lora_request, len(prompts))
         engine = self.engine
         # Make (and so check) all before queueing any: a bad prompt queues
         # nothing. As vLLM's LLM, max_tokens past the context ends at it.
         # Each request arrives before its prompt is tokenized, as in vLLM.
         requests = [[(RequestTimes(), engine.new_request(p, choice, priority=rank,
                                                          fit_context=True,
-                                                         enable_thinking=enable_thinking))
+                                                         enable_thinking=enable_thinking,
+                                                         lora_request=lora))
                      for choice in pp.choices()]
-                    for p, pp, rank in zip(prompts, params, priority)]
+                    for p, pp, rank, lora in zip(prompts, params, priority, loras)]
         results = []
         choices: dict[str, _Choice] = {}
         for prompt, choice_requests in zip(prompts, requests):
@@ -340,6 +347,18 @@ def _metrics(output: RequestOutput, choices: list[_Choice]) -> RequestStateStats
         choice.times.scheduled_ts = choice.request.scheduled_ts
     return request_stats([c.times for c in choices],
                          sum(len(c.token_ids) for c in output.outputs))
+
+
+def _loras_per_prompt(lora_request, num_prompts: int) -> list:
+    """``generate``'s ``lora_request`` as one entry a prompt (vLLM's rule:
+    one adapter for all, or a list as long as the prompts)."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    loras = list(lora_request)
+    if len(loras) != num_prompts:
+        raise InvalidRequestError(f"give one lora_request a prompt ({num_prompts}), got "
+                                  f"{len(loras)}", param="lora_request")
+    return loras
 
 
 def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams],

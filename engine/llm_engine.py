@@ -38,6 +38,7 @@ from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
+from engine.lora_checks import LoRAChecks
 from engine.outputs import RequestOutputDelta
 from engine.pooling_params import (
     Matryoshka,
@@ -58,6 +59,7 @@ from executor.base import Executor, OutputFuture, WorkerFailure
 from ipc import trace
 from ipc.engine_messages import EngineStats
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from ipc.messages import ModelRunnerOutput, SchedulerOutput
 from ipc.model_config import ModelConfig
 from ipc.weight_files import check_weight_files
@@ -146,6 +148,7 @@ class LLMEngine:
             list(self.model_config.eos_token_ids),
             reasoning=None if self.reasoning is None else self.reasoning.tokens,
             speculative=config.speculative is not None)
+        self.lora_checks = LoRAChecks(config.lora_config, self.model_config)
         self.device = config.resolved_device
         # An embedding engine's pooler (None: it generates) and what the
         # model says of Matryoshka dimensions.
@@ -259,7 +262,8 @@ class LLMEngine:
 
     def new_request(self, prompt: str | dict, params: SamplingParams,
                     req_id: str | None = None, priority: int = 0,
-                    fit_context: bool = False, enable_thinking: bool = True) -> Request:
+                    fit_context: bool = False, enable_thinking: bool = True,
+                    lora_request: LoRARequest | None = None) -> Request:
         """The request of ``prompt``, tokenized and checked with this engine's
         limits and vocabulary (``check_request``: the one check a request
         gets, here where it enters the engine), with its structured-output
@@ -300,11 +304,15 @@ class LLMEngine:
         inside holds from the end of the reasoning on
         (``StructuredOutputManager.new_grammar``); its
         ``thinking_token_budget`` is spent on that reasoning
-        (``engine.thinking_budget``; refused without a reasoning parser)."""
+        (``engine.thinking_budget``; refused without a reasoning parser).
+        ``lora_request``: the LoRA adapter it runs with, checked here
+        (``engine.lora_checks``: refused with LoRA off, or an adapter that
+        cannot be served)."""
         if self.pooler is not None:
             raise InvalidRequestError("generation is not supported by a pooling model (runner "
                                       "'pooling'): it serves embeddings; start it with runner "
                                       "'generate' to generate")
+        self.lora_checks.check(lora_request)
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
@@ -334,6 +342,7 @@ class LLMEngine:
                                                       self.model_config.vocab_size),
             starts_in_reasoning=(self.reasoning is not None and self.reasoning.starts_inside(
                 prompt_token_ids, enable_thinking)),
+            lora_request=lora_request,
         )
         request.grammar = self.structured_outputs.new_grammar(params,
                                                               request.starts_in_reasoning)
@@ -377,11 +386,13 @@ class LLMEngine:
         self.scheduler.add_request(request)
 
     def add_request(self, prompt: str | dict, params: SamplingParams,
-                    req_id: str | None = None, priority: int = 0) -> Request:
+                    req_id: str | None = None, priority: int = 0,
+                    lora_request: LoRARequest | None = None) -> Request:
         """``new_request`` of a checked copy of the caller's ``params``
         (``SamplingParams.checked``: fields assigned since construction
         are checked, and later ones do not reach the request), then queued."""
-        request = self.new_request(prompt, params.checked(), req_id, priority)
+        request = self.new_request(prompt, params.checked(), req_id, priority,
+                                   lora_request=lora_request)
         self.enqueue(request)
         return request
 

@@ -18,6 +18,7 @@ from engine.structured_outputs.grammar import Grammar
 from engine.thinking_budget import ThinkingBudget
 from ipc.config import SchedulerConfig
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 
 
 class RequestStatus(enum.Enum):
@@ -84,6 +85,9 @@ class Request:
     ``repetition``: its ``repetition_detection`` check (None where it asks
     for none), fed every appended token, so that the scheduler reads its
     verdict (``repeating``) without a pass over the output.
+    ``lora_request``: the LoRA adapter it runs with (None: the base model),
+    checked where it entered the engine (``engine.lora_checks``); its name
+    keys its prefix-cache blocks as a salt does (``KVCacheManager``).
     """
 
     def __init__(
@@ -98,9 +102,11 @@ class Request:
         cache_salt: str | None = None,
         prompt_logprob_width: int = 0,
         starts_in_reasoning: bool = False,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         self.req_id = req_id
         self.cache_salt = cache_salt
+        self.lora_request = lora_request
         self.starts_in_reasoning = starts_in_reasoning
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params

@@ -114,6 +114,7 @@ from dataclasses import dataclass, field
 
 from engine import prompt_logprobs, repetition
 from engine.kv_cache_manager import KVCacheManager
+from engine.lora_slots import LoRASlots
 from engine.min_tokens import min_tokens_stop_ids
 from engine.outputs import Logprob, RequestOutputDelta, TokenLogprobs
 from engine.pooling_params import embedding_of
@@ -124,6 +125,7 @@ from ipc.config import SchedulerConfig
 from ipc.messages import (
     CachedRequestData,
     Logprobs,
+    LoRALoad,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
@@ -150,6 +152,7 @@ class _StepDraft:
     # entry count among them: the runner computes every row that wide.
     scored_rows: int = 0
     scored_width: int = 0
+    lora_loads: list[LoRALoad] = field(default_factory=list)
 
     def take(self, request: Request, num_tokens: int, num_drafts: int = 0) -> None:
         self.budget -= num_tokens
@@ -231,12 +234,13 @@ class _WaitingQueue:
         self._keys.insert(i, key)
         self._reqs.insert(i, request)
 
-    def peek(self) -> Request:
-        return self._reqs[0]
+    def peek(self, i: int = 0) -> Request:
+        return self._reqs[i]
 
-    def pop_front(self) -> Request:
-        self._keys.pop(0)
-        return self._reqs.pop(0)
+    def pop(self, i: int = 0) -> Request:
+        """The request ``i`` places from the front (0: the front), removed."""
+        self._keys.pop(i)
+        return self._reqs.pop(i)
 
     def remove(self, request: Request) -> bool:
         for i, r in enumerate(self._reqs):
@@ -258,6 +262,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # The workers' adapter slots (LoRA serving; None when off).
+        self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue()
         self.running: list[Request] = []
@@ -339,6 +345,7 @@ class Scheduler:
             num_scheduled_tokens=list(draft.num_scheduled.values()),
             finished_req_ids=sorted(self._finished_ids),
             preempted_req_ids=draft.preempted,
+            lora_loads=draft.lora_loads,
             structured_output_req_ids=[
                 req_id for req_id, entry in self._in_flight[self.step_id].items()
                 if entry.samples and (entry.request.grammar is not None
@@ -459,8 +466,21 @@ class Scheduler:
                 return None
 
     def _schedule_waiting(self, draft: _StepDraft) -> None:
-        while self.waiting and draft.budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.peek()
+        """Admit waiting requests in policy order while the budget, the
+        request slots and the KV blocks allow; the first that does not fit
+        ends the admissions. A request whose LoRA adapter can get no
+        adapter slot (``LoRASlots``: every slot's adapter is in use) is
+        skipped and keeps its place, as in vLLM."""
+        in_use = ({r.lora_request.lora_int_id for r in self.running if r.lora_request}
+                  if self.lora_slots is not None else set())
+        skipped = 0
+        while (len(self.waiting) > skipped and draft.budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting.peek(skipped)
+            lora = request.lora_request
+            if lora is not None and not self.lora_slots.can_take(lora, in_use):
+                skipped += 1
+                continue
             # Prompt logprobs need every prompt position's logits: no prefix hits.
             hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None
                                    else self.kv.get_computed_blocks(request))
@@ -469,7 +489,7 @@ class Scheduler:
                 return  # whole prompts only: it waits for a step with room
             if num_new <= 0 or self.kv.allocate_slots(request, num_new, hit_blocks) is None:
                 return
-            self.waiting.pop_front()
+            self.waiting.pop(skipped)
             self._prefill_lens[request.req_id] = request.num_tokens
             request.num_computed_tokens = num_hit
             if request.num_cached_tokens is None:
@@ -478,6 +498,12 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             draft.take(request, num_new)
+            lora_slot = -1
+            if lora is not None:
+                lora_slot, load = self.lora_slots.acquire(lora, in_use)
+                in_use.add(lora.lora_int_id)
+                if load is not None:
+                    draft.lora_loads.append(load)
             draft.new_reqs.append(
                 NewRequestData(
                     req_id=request.req_id,
@@ -488,6 +514,7 @@ class Scheduler:
                     num_computed_tokens=num_hit,
                     max_tokens=request.max_tokens,
                     min_tokens_stop_ids=min_tokens_stop_ids(request),
+                    lora_slot=lora_slot,
                 )
             )
 

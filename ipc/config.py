@@ -55,6 +55,15 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):
     draft_max_model_len: int | None = None
 
 
+class LoRAConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """LoRA serving (vLLM's names): ``max_loras`` adapters held on the device
+    at once (the distinct adapters of a running batch), each of rank at most
+    ``max_lora_rank``."""
+
+    max_loras: int
+    max_lora_rank: int
+
+
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker needs to build its runner.
 
@@ -82,6 +91,8 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     for a pooling runner (vLLM's ``runner="pooling"``), which samples
     nothing and pools each request's final-normed hidden states once its
     prompt has run (``runner.pooler``).
+    ``lora``: LoRA serving, None when off (the model and the step are then
+    exactly those without LoRA).
     """
 
     model: str
@@ -105,6 +116,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     logits_processors: list[str] = []
     logits_processor_folders: list[str] = []
     pooling_type: str | None = None
+    lora: LoRAConfig | None = None
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -136,7 +148,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     are checked against it). ``pooled_size``: the float32 values of each
     pooled vector a step's output reports, the model's hidden size, for a
     pooling engine (``RunnerConfig.pooling_type`` set); 0 for a generating
-    one, whose outputs report none."""
+    one, whose outputs report none. ``max_loras``: adapter slots on the
+    workers (0: LoRA off), so at most that many distinct adapters run at
+    once."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -152,6 +166,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     draft_max_model_len: int
     vocab_size: int
     pooled_size: int
+    max_loras: int = 0
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

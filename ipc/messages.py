@@ -156,6 +156,17 @@ def _is_json(value: Any, depth: int) -> bool:
     return False
 
 
+class LoRALoad(msgspec.Struct, frozen=True, kw_only=True):
+    """Load the adapter in ``lora_path`` (PEFT's format, checked by the
+    engine: ``ipc.lora_adapter.read_adapter``) into adapter slot ``slot``,
+    in place of the one there. Every rank reads the file itself and keeps
+    its shard."""
+
+    slot: int
+    lora_int_id: int
+    lora_path: str
+
+
 class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     """A request that is new to the runner (or resumed after preemption).
 
@@ -165,6 +176,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     ``num_computed_tokens`` are already in the KV cache (prefix cache hits).
     ``min_tokens_stop_ids``: the ids ``sampling.min_tokens`` holds back (the
     request's stop ids and its end-of-sequence ids, ``ignore_eos`` or not).
+    ``lora_slot``: the adapter slot it runs with (-1: none).
     """
 
     req_id: str
@@ -175,6 +187,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     num_computed_tokens: int
     max_tokens: int
     min_tokens_stop_ids: list[int] = []
+    lora_slot: int = -1
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
@@ -216,6 +229,9 @@ class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     # workers run the forward pass and wait for the step's GrammarBitmask
     # before they sample.
     structured_output_req_ids: list[str] = []
+    # Adapters to load before the step's requests are added (LoRA serving):
+    # an adapter slot is reloaded only when no running request uses it.
+    lora_loads: list[LoRALoad] = []
 
     def scheduled_req_ids(self) -> list[str]:
         return self.scheduled_cached_reqs.req_ids + [n.req_id for n in self.scheduled_new_reqs]

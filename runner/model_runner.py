@@ -50,6 +50,7 @@ from runner.kv_cache import (
     kv_cache_bytes_per_block,
     profile_peak_memory,
 )
+from runner.lora import LoRAAdapters
 from runner.models import build_model, build_model_from_config
 from runner.ops import device_ops
 from runner.plan_check import check_plan
@@ -133,14 +134,17 @@ class _PendingStep:
 
 def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGroup):
     """The model ``config.model_config`` describes: random weights for
-    ``load_format="dummy"``, else ``config.model``'s."""
+    ``load_format="dummy"``, else ``config.model``'s; with LoRA, its norms
+    unfolded."""
     dtype = getattr(torch, config.dtype)
+    fold = config.lora is None  # LoRA's A reads the normed input (build_model_from_config)
     if config.load_format == "dummy":
         return build_model_from_config(config.model_config, dtype, device, tp,
                                        config.attention_backend, init="random", seed=config.seed,
-                                       max_positions=config.max_model_len)
+                                       max_positions=config.max_model_len, fold_norms=fold)
     return build_model(config.model_config, config.model, dtype, device, tp,
-                       config.attention_backend, max_positions=config.max_model_len)
+                       config.attention_backend, max_positions=config.max_model_len,
+                       fold_norms=fold)
 
 
 class ModelRunner:
@@ -175,6 +179,10 @@ class ModelRunner:
                                             self.ops.shares_host_memory,
                                             self.ops.new_transfer(), spec.draft_max_model_len)
         self.prompt_logprobs = PromptLogprobsState(n, device)
+        # None without LoRA serving: then no step does any LoRA work.
+        self.lora = (LoRAAdapters(config.lora, config.model_config, self.model, n,
+                                  config.max_num_batched_tokens, device)
+                     if config.lora is not None else None)
         self.block_tables = BlockTables(
             config.block_size,
             n,
@@ -186,7 +194,8 @@ class ModelRunner:
         # them; room for a full token budget of prompts is pinned up front.
         self.staged_writes = StagedWriteGroup([*self.req_states.staged_tensors,
                                                *self.sampler.staged_tensors,
-                                               *self.block_tables.staged_tensors],
+                                               *self.block_tables.staged_tensors,
+                                               *(self.lora.staged_tensors if self.lora else ())],
                                               reserve_bytes=STAGED_HEADER_BYTES
                                               + 4 * config.max_num_batched_tokens)
         self.buffers = InputBuffers(n, config.max_num_batched_tokens, device)
@@ -385,6 +394,8 @@ class ModelRunner:
             )
             self.block_tables.add_request(slot, new.block_ids[0])
             self.prompt_logprobs.add_request(slot, new.sampling.prompt_logprobs)
+            if self.lora is not None:
+                self.lora.add_request(slot, new.lora_slot)
         cached = plan.scheduled_cached_reqs
         index = self.req_states.req_id_to_index
         # With speculative decoding the plan carries the scheduler's counts:
@@ -430,7 +441,10 @@ class ModelRunner:
         """Apply the plan and queue the forward pass; never waits."""
         prefill_ids = check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
                                  self.config.max_num_batched_tokens,
-                                 self.model.config.vocab_size, self.num_spec)
+                                 self.model.config.vocab_size, self.num_spec,
+                                 self.config.lora)
+        for load in plan.lora_loads:  # before the requests that use them are added
+            self.lora.load(load.slot, load.lora_path)
         self._update_states(plan, prefill_ids)
         if self.custom_logits is not None:
             self.custom_logits.update_state()
@@ -604,6 +618,8 @@ class ModelRunner:
             self.ops.combine_sampled_tokens(buf.input_ids, idx_mapping,
                                             states.last_sampled_tokens, qsl, buf.seq_lens,
                                             prefill_len, buf.logits_indices, n)
+        if self.lora is not None:
+            self.lora.prepare_tokens(idx_mapping, qsl, n, t_padded)
         block_tables = self.block_tables.gather(idx_mapping, n, n_padded)
         slot_mapping = self.block_tables.compute_slot_mapping(
             idx_mapping, qsl, buf.positions, n, t, t_padded

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ipc.config import LoRAConfig
 from ipc.errors import InvalidPlanError
 from ipc.messages import SchedulerOutput
 
 
 def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
                max_num_batched_tokens: int, vocab_size: int,
-               num_speculative_tokens: int = 0) -> list[np.ndarray]:
+               num_speculative_tokens: int = 0,
+               lora: LoRAConfig | None = None) -> list[np.ndarray]:
     """Raise ``InvalidPlanError`` naming the first problem found. A request
     past its prefill decodes 1 token, plus at most ``num_speculative_tokens``
-    drafts.
+    drafts. Adapter slots (loads and new requests') lie in
+    ``[0, lora.max_loras)``, and there are none without ``lora``.
 
     ``states`` is the runner's RequestState, ``block_tables`` its
     BlockTables; neither is changed. Returns the new requests' prefill
@@ -42,6 +45,7 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
     free = len(states.free_indices) + sum(1 for r in leaving if r in index)
     if len(new_ids) > free:
         fail(f"{len(new_ids)} new requests but {free} free slots")
+    _check_lora_slots(fail, plan, lora)
     # Per request after the plan: (computed tokens, blocks held, prefill length).
     after: dict[str, tuple[int, int, int]] = {}
     prefill_ids = []
@@ -82,6 +86,17 @@ def check_plan(plan: SchedulerOutput, states, block_tables, num_blocks: int,
     if total > max_num_batched_tokens:
         fail(f"{total} tokens exceed max_num_batched_tokens {max_num_batched_tokens}")
     return prefill_ids
+
+
+def _check_lora_slots(fail, plan: SchedulerOutput, lora: LoRAConfig | None) -> None:
+    num_slots = 0 if lora is None else lora.max_loras
+    for load in plan.lora_loads:
+        if not 0 <= load.slot < num_slots:
+            fail(f"LoRA load into slot {load.slot} outside [0, {num_slots})")
+    for new in plan.scheduled_new_reqs:
+        if not -1 <= new.lora_slot < num_slots:
+            fail(f"request {new.req_id!r}: LoRA slot {new.lora_slot} outside "
+                 f"[-1, {num_slots})")
 
 
 def _check_new_request(fail, new, max_len: int, vocab_size: int, num_blocks: int,

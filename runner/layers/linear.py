@@ -59,6 +59,9 @@ class ColumnParallelLinear(nn.Module):
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(offset, dtype=dtype), requires_grad=False)
                      if bias else None)
+        # The LoRA factors whose delta forward adds (``runner.lora``); None
+        # without LoRA serving, and then forward is the plain matmul.
+        self.lora = None
 
     @classmethod
     def split_evenly(cls, in_features: int, outputs: dict[str, int], tp: TensorParallelGroup,
@@ -97,7 +100,8 @@ class ColumnParallelLinear(nn.Module):
         return weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        return y if self.lora is None else self.lora.add_delta(x, y)
 
 
 def kv_head_range(num_kv_heads: int, tp: TensorParallelGroup) -> tuple[int, int]:
@@ -133,6 +137,9 @@ class RowParallelLinear(nn.Module):
         self.bias = (nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False)
                      if bias else None)
         self.ops = device_ops(self.weight.device)
+        # As ColumnParallelLinear's: the LoRA delta of this rank's input
+        # columns, a partial sum reduced with the base output.
+        self.lora = None
 
     def weight_slices(self) -> tuple[WeightSlice, WeightSlice | None]:
         """(weight, bias): the weight by input columns, the bias whole."""
@@ -145,6 +152,8 @@ class RowParallelLinear(nn.Module):
         one-pass skinny kernel: cuBLAS splits K for these shapes and reduces in
         a second launch (see triton_skinny_matmul.uses_skinny_matmul)."""
         local = self.ops.row_parallel_matmul(x, self.weight)
+        if self.lora is not None:
+            local = self.lora.add_delta(x, local)
         if not self.reduce_output:
             return local if self.bias is None or self.tp.rank else local + self.bias
         y = self.tp.all_reduce(local)
@@ -155,6 +164,6 @@ class RowParallelLinear(nn.Module):
         returns the new residual's parts (its rows' sums of squares, the norm
         carried by the matmuls: ``norm_in_matmul.py``). One rank, no bias:
         the sum must be whole where it is added."""
-        if self.tp.size > 1 or self.bias is not None:
-            raise ValueError("add_into needs the whole sum: one rank and no bias")
+        if self.tp.size > 1 or self.bias is not None or self.lora is not None:
+            raise ValueError("add_into needs the whole sum: one rank, no bias and no LoRA")
         return self.ops.row_parallel_matmul_add(x, self.weight, residual)

@@ -19,13 +19,17 @@ INIT_MODES = ("empty", "random")
 def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: torch.device,
                             tp: TensorParallelGroup, attention_backend: str | None = None,
                             init: str = "random", seed: int = 0,
-                            max_positions: int | None = None) -> CausalLM:
+                            max_positions: int | None = None,
+                            fold_norms: bool = True) -> CausalLM:
     """This rank's shard of the model, allocated directly on ``device``.
 
     init="random": weights from ``fill_random_weights`` (for benchmarks),
     the norms folded (``CausalLM.fold_norm_weights``); init="empty":
     uninitialized, for a loader to fill (then fold). ``max_positions``
     bounds the rotary tables (default: the model's positions).
+    ``fold_norms`` False keeps every norm's weight in its norm (LoRA
+    serving: an adapter's A reads the normed input as the checkpoint's
+    projections do, so the norms are never carried by the matmuls).
     """
     if init not in INIT_MODES:
         raise ValueError(f"init must be one of {INIT_MODES}, got {init!r}")
@@ -37,16 +41,19 @@ def build_model_from_config(config: ModelConfig, dtype: torch.dtype, device: tor
         model = CausalLM(config, tp, backend, dtype, max_positions)
     if init == "random":
         fill_random_weights(model, seed)
-        model.fold_norm_weights()
+        if fold_norms:
+            model.fold_norm_weights()
     return model.eval()
 
 
 def build_model(config: ModelConfig, model_dir: str, dtype: torch.dtype, device: torch.device,
                 tp: TensorParallelGroup, attention_backend: str | None = None,
-                max_positions: int | None = None) -> CausalLM:
-    """The model ``config`` describes, with this rank's slices of ``model_dir``'s weights."""
+                max_positions: int | None = None, fold_norms: bool = True) -> CausalLM:
+    """The model ``config`` describes, with this rank's slices of ``model_dir``'s
+    weights (``fold_norms`` as ``build_model_from_config`` takes it)."""
     model = build_model_from_config(config, dtype, device, tp, attention_backend, init="empty",
                                     max_positions=max_positions)
     load_weights(model, model_dir)
-    model.fold_norm_weights()
+    if fold_norms:
+        model.fold_norm_weights()
     return model

@@ -22,6 +22,7 @@ from runner.layers import (
     WeightSlice,
 )
 from runner.layers.norm_in_matmul import fold_norm_weight
+from runner.lora.stack import LoRAStack
 from runner.ops import device_ops
 
 
@@ -56,6 +57,13 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
                 attn: AttentionMetadata) -> torch.Tensor:
         return self.o_proj(self.attend(positions, x, kv_cache, attn))
+
+    def use_lora(self, qkv: LoRAStack, o: LoRAStack) -> None:
+        """Add LoRA deltas to the qkv and o projections; the qkv projection
+        then runs as its own matmul (never the one launch that also rotates
+        and caches, which reads the base weight alone)."""
+        self.qkv_proj.lora, self.o_proj.lora = qkv, o
+        self.projects_into_cache = False
 
     def reads_raw_residual(self, attn: AttentionMetadata) -> bool:
         """Whether ``attend`` can take the raw residual with its parts (the
@@ -130,8 +138,15 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The projection and the activation are one ``gate_up_silu`` call
-        (one launch for decode batches on CUDA)."""
+        (one launch for decode batches on CUDA); with LoRA, the projection
+        with its delta, then the activation."""
+        if self.gate_up_proj.lora is not None:
+            return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
         return self.down_proj(self.ops.gate_up_silu(x, self.gate_up_proj.weight))
+
+    def use_lora(self, gate_up: LoRAStack, down: LoRAStack) -> None:
+        """Add LoRA deltas to the gate/up and down projections."""
+        self.gate_up_proj.lora, self.down_proj.lora = gate_up, down
 
     def add_to_residual(self, residual: torch.Tensor, parts: torch.Tensor,
                         eps: float) -> torch.Tensor:

@@ -1,0 +1,53 @@
+"""The engine's check of a request's LoRA adapter, where the request enters.
+
+Run by ``LLMEngine.new_request`` before anything is queued, so every
+failure is the request's (``InvalidRequestError``) and the engine goes on:
+LoRA off, an id or a name that names another adapter than the one the
+engine knows by it, or an adapter ``ipc.lora_adapter.read_adapter`` refuses (a missing
+path, a rank above ``max_lora_rank``, modules it cannot serve). An adapter
+that passed is remembered by its ``LoRARequest``, so it is read once.
+"""
+
+from __future__ import annotations
+
+from ipc.config import LoRAConfig
+from ipc.errors import InvalidRequestError
+from ipc.lora_adapter import read_adapter
+from ipc.lora_request import LoRARequest
+from ipc.model_config import ModelConfig
+
+
+class LoRAChecks:
+    def __init__(self, config: LoRAConfig | None, model: ModelConfig) -> None:
+        self.config, self.model = config, model
+        self._checked: dict[int, LoRARequest] = {}  # lora_int_id -> the adapter it names
+        self._ids: dict[str, int] = {}  # lora_name -> its lora_int_id
+
+    def check(self, lora: LoRARequest | None) -> None:
+        """Refuse a ``lora`` this engine cannot serve (module docstring)."""
+        if lora is None:
+            return
+        if not isinstance(lora, LoRARequest):
+            raise InvalidRequestError(f"lora_request must be a LoRARequest, got "
+                                      f"{type(lora).__name__}", param="lora_request")
+        if self.config is None:
+            raise InvalidRequestError(
+                f"LoRA adapter {lora.lora_name!r} requested, but LoRA is not enabled: start the "
+                "engine with enable_lora=True (--enable-lora)", param="lora_request")
+        known = self._checked.get(lora.lora_int_id)
+        if known == lora:
+            return
+        if known is not None:
+            raise InvalidRequestError(
+                f"lora_int_id {lora.lora_int_id} names adapter {known.lora_name!r} "
+                f"({known.lora_path}); give {lora.lora_name!r} an id of its own",
+                param="lora_request")
+        other = self._ids.get(lora.lora_name)
+        if other is not None:  # the name keys prefix-cache blocks: one adapter a name
+            raise InvalidRequestError(
+                f"lora_name {lora.lora_name!r} names the adapter of lora_int_id {other} "
+                f"({self._checked[other].lora_path}); give this adapter a name of its own",
+                param="lora_request")
+        read_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
+        self._checked[lora.lora_int_id] = lora
+        self._ids[lora.lora_name] = lora.lora_int_id

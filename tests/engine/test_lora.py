@@ -1,0 +1,172 @@
+"""LoRA serving end to end: LLM(enable_lora=True).generate(..., lora_request=...)
+gives each request the greedy tokens of HF transformers running the same model
+with that request's adapter merged into its weights (W + scale * B @ A)."""
+
+import json
+import shutil
+
+import pytest
+
+from engine import LLM, LoRARequest, SamplingParams
+from engine.lora_checks import LoRAChecks
+from ipc.errors import InvalidRequestError
+from tests.helpers.hf_models import save_with_greedy_reference, small_llama
+from tests.helpers.lora_adapters import greedy, merged, write_adapter
+
+PROMPTS = [
+    [5, 17, 99, 3],
+    [(7 * i) % 200 + 1 for i in range(37)],  # two full blocks of 16: prefix-cached
+    list(range(1, 30)),  # longer than the token budget: chunked prefill
+]
+MAX_TOKENS = 8
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tmp_path_factory):
+    """A small Llama with one kv head (replicated under TP 2), three adapters
+    (every target at rank 8; q and v at rank 4 with rsLoRA; the MLP alone at
+    rank 16) and each one's HF reference; None's is the base model's."""
+    root = tmp_path_factory.mktemp("lora")
+    model = small_llama(0, 256, num_attention_heads=4, num_key_value_heads=1,
+                        max_position_embeddings=512, rms_norm_eps=1e-6)
+    expected = {None: save_with_greedy_reference(model, root / "model", PROMPTS, MAX_TOKENS)}
+    specs = {1: (ALL, 8, 16.0, False), 2: (["q_proj", "v_proj"], 4, 8.0, True),
+             3: (["gate_proj", "up_proj", "down_proj"], 16, 16.0, False)}
+    loras = {}
+    for lora_id, (targets, rank, alpha, rslora) in specs.items():
+        path = root / f"adapter{lora_id}"
+        adapter = write_adapter(path, model, targets, rank, alpha, seed=lora_id,
+                                use_rslora=rslora)
+        loras[lora_id] = LoRARequest(f"adapter{lora_id}", lora_id, str(path))
+        expected[lora_id] = greedy(merged(model, adapter), PROMPTS, MAX_TOKENS)
+    # Each adapter changes the output: a runner that ignored one would fail.
+    outputs = [tuple(map(tuple, tokens)) for tokens in expected.values()]
+    assert len(set(outputs)) == len(outputs)
+    return str(root / "model"), root, loras, expected
+
+
+def _llm(path: str, **kwargs) -> LLM:
+    kwargs = {"device": "cpu", "max_num_batched_tokens": 24, "block_size": 16,
+              "max_num_seqs": 8, "enable_lora": True, "max_lora_rank": 16, **kwargs}
+    return LLM(model=path, **kwargs)
+
+
+def _check_mixed_batch(llm: LLM, loras: dict, expected: dict) -> None:
+    """Every prompt under adapters 1, 2, 3 and none, all in one call."""
+    cases = [(lora_id, i) for lora_id in (1, None, 2, 3) for i in range(len(PROMPTS))]
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for _, i in cases], PARAMS,
+                        lora_request=[loras.get(lora_id) for lora_id, _ in cases])
+    got = {(lora_id, i): out.outputs[0].token_ids for (lora_id, i), out in zip(cases, outs)}
+    assert got == {(lora_id, i): expected[lora_id][i] for lora_id, i in cases}
+
+
+@pytest.fixture(scope="module")
+def lora_llm(lora_setup):
+    path, _, _, _ = lora_setup
+    with _llm(path, max_loras=3) as llm:
+        yield llm
+
+
+@pytest.mark.timeout(180)
+def test_mixed_batch_matches_merged_references(lora_setup, lora_llm):
+    _, _, loras, expected = lora_setup
+    _check_mixed_batch(lora_llm, loras, expected)
+
+
+@pytest.mark.timeout(240)
+def test_tensor_parallel_mixed_batch(lora_setup):
+    # Two ranks over gloo: B sharded by output rows for q/k/v (the one kv head
+    # replicated) and gate/up, A by input columns for o and down.
+    path, _, loras, expected = lora_setup
+    with _llm(path, max_loras=3, tensor_parallel_size=2) as llm:
+        _check_mixed_batch(llm, loras, expected)
+
+
+@pytest.mark.timeout(240)
+def test_more_adapters_than_slots(lora_setup):
+    # One adapter slot: requests of other adapters wait until the running
+    # ones finish, and the slot is reloaded, adapter 1 twice.
+    path, _, loras, expected = lora_setup
+    with _llm(path, max_loras=1) as llm:
+        scheduler = llm.engine.scheduler
+        running_adapters, loads = [], []
+        schedule = scheduler.schedule
+
+        def spy():
+            plan = schedule()
+            running_adapters.append({r.lora_request.lora_int_id for r in scheduler.running
+                                     if r.lora_request is not None})
+            loads.extend(load.lora_int_id for load in plan.lora_loads)
+            return plan
+
+        scheduler.schedule = spy
+        for cases in ([(1, 0), (2, 0), (None, 1), (3, 2), (2, 2), (1, 2)], [(1, 1)]):
+            outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for _, i in cases], PARAMS,
+                                lora_request=[loras.get(lora_id) for lora_id, _ in cases])
+            assert [o.outputs[0].token_ids for o in outs] == [expected[lora_id][i]
+                                                              for lora_id, i in cases]
+    assert max(len(adapters) for adapters in running_adapters) == 1
+    # Arrival order, a request skipped while its adapter finds no slot: the
+    # second of adapter 2 (and of 1) joins its first; 1 comes back last.
+    assert loads == [1, 2, 3, 1]
+
+
+@pytest.mark.timeout(180)
+def test_prefix_cache_keys_blocks_by_adapter(lora_setup, lora_llm):
+    # One prompt of two full blocks, run alone under each adapter in turn:
+    # no adapter's blocks serve another; the same adapter's do.
+    _, _, loras, expected = lora_setup
+    kv = lora_llm.engine.scheduler.kv
+    prompt = {"prompt_token_ids": PROMPTS[1]}
+    for lora_id in (None, 1, 2):
+        hits = kv.prefix_hits
+        out = lora_llm.generate(prompt, PARAMS, lora_request=loras.get(lora_id))
+        assert out[0].outputs[0].token_ids == expected[lora_id][1]
+    hits = kv.prefix_hits
+    out = lora_llm.generate(prompt, PARAMS, lora_request=loras[2])
+    assert out[0].outputs[0].token_ids == expected[2][1]
+    assert kv.prefix_hits - hits == 32  # both full blocks, computed under adapter 2
+
+
+def _adapter(source, root, name: str, **config) -> str:
+    """A copy of the adapter in ``source`` under ``root / name``, its config changed."""
+    path = root / name
+    shutil.copytree(source, path)
+    data = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**data, **config}))
+    return str(path)
+
+
+@pytest.mark.timeout(180)
+def test_adapters_that_cannot_be_served_are_refused(lora_setup, lora_llm, tmp_path):
+    _, root, loras, expected = lora_setup
+    source = root / "adapter2"
+    cases = {
+        "no such directory": str(tmp_path / "missing"),
+        "greater than max_lora_rank 16": _adapter(source, tmp_path, "rank", r=32),
+        "not embeddings or the LM head": _adapter(source, tmp_path, "embed",
+                                                  target_modules=["q_proj", "embed_tokens"]),
+        "bias 'all' is not supported": _adapter(source, tmp_path, "bias", bias="all"),
+        "has shape": _adapter(source, tmp_path, "shape", r=2),
+    }
+    for i, (message, path) in enumerate(cases.items()):
+        with pytest.raises(InvalidRequestError, match=message):
+            lora_llm.generate("hello", PARAMS, lora_request=LoRARequest(f"bad{i}", 50 + i, path))
+    with pytest.raises(InvalidRequestError, match="names adapter 'adapter1'"):
+        lora_llm.generate("hello", PARAMS, lora_request=LoRARequest("other", 1, loras[2].lora_path))
+    # The engine goes on serving.
+    out = lora_llm.generate({"prompt_token_ids": PROMPTS[0]}, PARAMS, lora_request=loras[1])
+    assert out[0].outputs[0].token_ids == expected[1][0]
+
+
+def test_lora_request_without_lora_enabled_is_refused(lora_setup):
+    _, _, loras, _ = lora_setup
+    from checkpoint.description import describe
+
+    checks = LoRAChecks(None, describe(lora_setup[0]))
+    with pytest.raises(InvalidRequestError, match="LoRA is not enabled"):
+        checks.check(loras[1])
+    with pytest.raises(InvalidRequestError, match="lora_int_id must be an int >= 1"):
+        LoRARequest("x", 0, "/tmp")

@@ -1,0 +1,62 @@
+"""Random LoRA adapters for a small HF Llama, written in PEFT's format, and
+the reference they are checked against: the same model with each adapter's
+product merged into its weights, W + scale * B @ A."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import torch
+from safetensors.torch import save_file
+
+_BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+          "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def write_adapter(path, model, targets: list[str], rank: int, alpha: float, seed: int,
+                  use_rslora: bool = False, config_extra: dict | None = None) -> dict:
+    """A random adapter of ``model`` (an HF LlamaForCausalLM) on ``targets``
+    in every layer, written under ``path`` as PEFT writes one; returns its
+    factors {(layer, module): (A, B)} and its scale."""
+    gen = torch.Generator().manual_seed(seed)
+    factors = {}
+    tensors = {}
+    for i, layer in enumerate(model.model.layers):
+        for module in targets:
+            weight = getattr(getattr(layer, _BLOCK[module]), module).weight
+            out_features, in_features = weight.shape
+            a = torch.randn(rank, in_features, generator=gen) * 0.1
+            b = torch.randn(out_features, rank, generator=gen) * 0.1
+            factors[(i, module)] = (a, b)
+            prefix = f"base_model.model.model.layers.{i}.{_BLOCK[module]}.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = a.contiguous()
+            tensors[f"{prefix}.lora_B.weight"] = b.contiguous()
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": targets,
+              "use_rslora": use_rslora, "bias": "none", "lora_dropout": 0.0,
+              "task_type": "CAUSAL_LM", **(config_extra or {})}
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
+    return {"factors": factors, "scale": scale}
+
+
+def merged(model, adapter: dict):
+    """A copy of ``model`` with the adapter merged: W += scale * B @ A."""
+    copy_ = copy.deepcopy(model)
+    with torch.no_grad():
+        for (i, module), (a, b) in adapter["factors"].items():
+            layer = copy_.model.layers[i]
+            weight = getattr(getattr(layer, _BLOCK[module]), module).weight
+            weight += adapter["scale"] * (b @ a)
+    return copy_
+
+
+def greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """HF's greedy continuation of each prompt (eos ignored)."""
+    with torch.no_grad():
+        return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                for p in prompts]
