@@ -10,8 +10,7 @@ import pytest
 from engine import LLM, LoRARequest, SamplingParams
 from engine.lora_checks import LoRAChecks
 from ipc.errors import InvalidRequestError
-from tests.helpers.hf_models import save_with_greedy_reference, small_llama
-from tests.helpers.lora_adapters import greedy, merged, write_adapter
+from tests.helpers.lora_adapters import model_with_adapters
 
 PROMPTS = [
     [5, 17, 99, 3],
@@ -19,32 +18,16 @@ PROMPTS = [
     list(range(1, 30)),  # longer than the token budget: chunked prefill
 ]
 MAX_TOKENS = 8
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def lora_setup(tmp_path_factory):
-    """A small Llama with one kv head (replicated under TP 2), three adapters
-    (every target at rank 8; q and v at rank 4 with rsLoRA; the MLP alone at
-    rank 16) and each one's HF reference; None's is the base model's."""
+    """The model, its three adapters (``ADAPTERS``) and HF's references."""
     root = tmp_path_factory.mktemp("lora")
-    model = small_llama(0, 256, num_attention_heads=4, num_key_value_heads=1,
-                        max_position_embeddings=512, rms_norm_eps=1e-6)
-    expected = {None: save_with_greedy_reference(model, root / "model", PROMPTS, MAX_TOKENS)}
-    specs = {1: (ALL, 8, 16.0, False), 2: (["q_proj", "v_proj"], 4, 8.0, True),
-             3: (["gate_proj", "up_proj", "down_proj"], 16, 16.0, False)}
-    loras = {}
-    for lora_id, (targets, rank, alpha, rslora) in specs.items():
-        path = root / f"adapter{lora_id}"
-        adapter = write_adapter(path, model, targets, rank, alpha, seed=lora_id,
-                                use_rslora=rslora)
-        loras[lora_id] = LoRARequest(f"adapter{lora_id}", lora_id, str(path))
-        expected[lora_id] = greedy(merged(model, adapter), PROMPTS, MAX_TOKENS)
-    # Each adapter changes the output: a runner that ignored one would fail.
-    outputs = [tuple(map(tuple, tokens)) for tokens in expected.values()]
-    assert len(set(outputs)) == len(outputs)
-    return str(root / "model"), root, loras, expected
+    model_dir, paths, expected = model_with_adapters(root, PROMPTS, MAX_TOKENS)
+    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
+    return model_dir, root, loras, expected
 
 
 def _llm(path: str, **kwargs) -> LLM:

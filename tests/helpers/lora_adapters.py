@@ -60,3 +60,32 @@ def greedy(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         return [model.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
                 for p in prompts]
+
+
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# lora_int_id -> (targets, rank, alpha, use_rslora): every target at rank 8;
+# q and v at rank 4 with rsLoRA; the MLP alone at the limit of 16.
+ADAPTERS = {1: (ALL_TARGETS, 8, 16.0, False), 2: (["q_proj", "v_proj"], 4, 8.0, True),
+            3: (["gate_proj", "up_proj", "down_proj"], 16, 16.0, False)}
+
+
+def model_with_adapters(root, prompts: list[list[int]], max_tokens: int):
+    """A small Llama with one kv head (replicated under tensor parallelism)
+    saved in ``root / "model"``, the ``ADAPTERS`` beside it in ``root /
+    "adapter{id}"``, and HF's greedy tokens of each prompt per adapter id
+    (None: the base model). Returns (model dir, {id: adapter dir},
+    {id or None: tokens per prompt}); each adapter changes the output."""
+    from tests.helpers.hf_models import save_with_greedy_reference, small_llama
+
+    model = small_llama(0, 256, num_attention_heads=4, num_key_value_heads=1,
+                        max_position_embeddings=512, rms_norm_eps=1e-6)
+    expected = {None: save_with_greedy_reference(model, root / "model", prompts, max_tokens)}
+    paths = {}
+    for lora_id, (targets, rank, alpha, rslora) in ADAPTERS.items():
+        paths[lora_id] = root / f"adapter{lora_id}"
+        adapter = write_adapter(paths[lora_id], model, targets, rank, alpha, seed=lora_id,
+                                use_rslora=rslora)
+        expected[lora_id] = greedy(merged(model, adapter), prompts, max_tokens)
+    outputs = [tuple(map(tuple, tokens)) for tokens in expected.values()]
+    assert len(set(outputs)) == len(outputs), "an adapter leaves the output unchanged"
+    return str(root / "model"), {k: str(v) for k, v in paths.items()}, expected
