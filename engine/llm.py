@@ -125,7 +125,7 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"give one priority a prompt ({len(prompts)}), got {len(priority)}")
-        loras = _loras_per_prompt(lora_request, len(prompts))
+        loras = loras_per_prompt(lora_request, len(prompts))
         engine = self.engine
         # Make (and so check) all before queueing any: a bad prompt queues
         # nothing. As vLLM's LLM, max_tokens past the context ends at it.
@@ -349,7 +349,7 @@ def _metrics(output: RequestOutput, choices: list[_Choice]) -> RequestStateStats
                          sum(len(c.token_ids) for c in output.outputs))
 
 
-def _loras_per_prompt(lora_request, num_prompts: int) -> list:
+def loras_per_prompt(lora_request, num_prompts: int) -> list:
     """``generate``'s ``lora_request`` as one entry a prompt (vLLM's rule:
     one adapter for all, or a list as long as the prompts)."""
     if lora_request is None or isinstance(lora_request, LoRARequest):

@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 
+from ipc.lora_request import LoRARequest
+
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Generate for one prompt: give exactly one of ``prompt`` (text) and
@@ -34,7 +36,8 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     apart from other salts'. ``pooling_params`` (an embedding engine's
     requests): ``PoolingParams`` fields by name; given, the request is an
     embedding, whose one delta carries it (``Delta.embedding``), and
-    ``sampling_params`` is ignored."""
+    ``sampling_params`` is ignored. ``lora_request``: the LoRA adapter it
+    runs with (None: the base model)."""
 
     request_id: str
     prompt: str | None = None
@@ -44,6 +47,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     enable_thinking: bool = True
     cache_salt: str | None = None
     pooling_params: dict[str, Any] | None = None
+    lora_request: LoRARequest | None = None
 
 
 class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):

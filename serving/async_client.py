@@ -41,6 +41,7 @@ import zmq
 
 from ipc import trace
 from ipc.engine_messages import AbortRequest, EngineStats, GenerateRequest, StatsRequest
+from ipc.lora_request import LoRARequest
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 
 logger = logging.getLogger(__name__)
@@ -106,11 +107,12 @@ class AsyncEngineClient:
     def submit(self, request_id: str, prompt_token_ids: list[int] | None, params: dict,
                queue: asyncio.Queue, priority: int = 0, enable_thinking: bool = True,
                cache_salt: str | None = None, prompt: str | None = None,
-               pooling_params: dict | None = None) -> None:
+               pooling_params: dict | None = None,
+               lora_request: LoRARequest | None = None) -> None:
         """Send one generate request; its replies go to ``queue``
-        (``priority``, ``enable_thinking``, ``cache_salt`` and
-        ``pooling_params``, which make it an embedding request:
-        ``GenerateRequest``'s). The prompt is its token ids, or ``prompt``,
+        (``priority``, ``enable_thinking``, ``cache_salt``,
+        ``pooling_params``, which make it an embedding request, and
+        ``lora_request``: ``GenerateRequest``'s). The prompt is its token ids, or ``prompt``,
         a text the engine's server tokenizes (``prompt_token_ids`` None)."""
         self.protocol.route(request_id, queue.put_nowait)
         if trace.enabled:
@@ -119,7 +121,8 @@ class AsyncEngineClient:
                                    prompt_token_ids=prompt_token_ids,
                                    sampling_params=params, priority=priority,
                                    enable_thinking=enable_thinking, cache_salt=cache_salt,
-                                   pooling_params=pooling_params))
+                                   pooling_params=pooling_params,
+                                   lora_request=lora_request))
 
     def abort(self, request_id: str) -> None:
         """Stop the request in the engine (frees its KV blocks); its later

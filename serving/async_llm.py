@@ -66,8 +66,9 @@ from engine.sampling_params import SamplingParams
 from ipc.auth import new_secret
 from ipc.engine_messages import Delta, EngineStats, EngineStopped, RequestAccepted, RequestError
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
-from serving.client import checked_priority, prompt_dict, prompt_text
+from serving.client import checked_lora, checked_priority, prompt_dict, prompt_text
 from serving.endpoint import Endpoint, EngineServer
 from serving.protocol_core import EngineStoppedError
 from serving.request_collector import RequestCollector
@@ -109,10 +110,12 @@ class AsyncLLM:
 
     # ---- requests ----------------------------------------------------------
     async def generate(self, prompt: str | dict, sampling_params: SamplingParams | None,
-                       request_id: str, *, priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       request_id: str, *, priority: int = 0,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """The request's outputs as ``sampling_params.output_kind`` asks
         (None: the model's recommended sampling, as ``LLM``'s); ``prompt``
-        as ``LLM.generate`` takes one; ``priority`` its one."""
+        as ``LLM.generate`` takes one; ``priority`` and ``lora_request`` its
+        ones."""
         client = await self._connect()
         params = self._params(sampling_params)
         prompt = prompt_dict(prompt)
@@ -136,7 +139,8 @@ class AsyncLLM:
                     client.submit(engine_id, prompt.get("prompt_token_ids"),
                                   dict(choice.to_dict(), stop=()), queue, priority=priority,
                                   cache_salt=prompt.get("cache_salt"),
-                                  prompt=prompt.get("prompt"))
+                                  prompt=prompt.get("prompt"),
+                                  lora_request=checked_lora(lora_request))
                 except EngineStoppedError as e:  # the engine stopped since ``_connect``
                     raise EngineDeadError(str(e)) from None
             while not request.finished:

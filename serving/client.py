@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import zmq
 from tqdm import tqdm
 
+from engine.llm import loras_per_prompt
 from engine.llm_engine import cache_salt_of, checked_token_ids
 from engine.outputs import RequestOutput
 from engine.request_metrics import RequestTimes
@@ -49,6 +50,7 @@ from ipc.engine_messages import (
     StatsRequest,
 )
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.completion_collector import CompletionCollector
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 from serving.request_collector import RequestCollector
@@ -114,6 +116,15 @@ def prompt_dict(prompt: str | dict) -> dict:
         checked["prompt_token_ids"] = checked_token_ids(prompt["prompt_token_ids"])
     cache_salt_of(prompt)
     return checked
+
+
+def checked_lora(lora_request) -> LoRARequest | None:
+    """``lora_request`` as the endpoint's message takes it: None or a
+    ``LoRARequest`` (the engine checks the adapter itself)."""
+    if lora_request is not None and not isinstance(lora_request, LoRARequest):
+        raise InvalidRequestError(f"lora_request must be a LoRARequest, got "
+                                  f"{type(lora_request).__name__}", param="lora_request")
+    return lora_request
 
 
 def checked_priority(priority) -> int:
@@ -193,7 +204,7 @@ class EngineClient:
     # ---- requests ----------------------------------------------------------
     def submit(self, prompt: str | dict, sampling_params: SamplingParams | dict | None = None,
                request_id: str | None = None, priority: int = 0,
-               enable_thinking: bool = True) -> str:
+               enable_thinking: bool = True, lora_request: LoRARequest | None = None) -> str:
         """Send one request; returns its id. ``prompt`` is text,
         ``{"prompt": text}`` or ``{"prompt_token_ids": [...]}``, the dicts
         with an optional ``"cache_salt"``;
@@ -201,7 +212,8 @@ class EngineClient:
         ``priority`` as ``LLM.generate`` takes it; ``enable_thinking``
         (``GenerateRequest``'s): false turns thinking off under a reasoning
         parser that reads the switch. Where the engine finds the output
-        beginning (inside its reasoning or not) is ``starts_in_reasoning``'s."""
+        beginning (inside its reasoning or not) is ``starts_in_reasoning``'s.
+        ``lora_request``: the LoRA adapter it runs with (None: none)."""
         if request_id is None:
             request_id = f"req-{next(self._ids)}"
         if not isinstance(request_id, str):
@@ -214,7 +226,8 @@ class EngineClient:
                                   sampling_params=_params_dict(sampling_params),
                                   priority=checked_priority(priority),
                                   enable_thinking=enable_thinking,
-                                  cache_salt=prompt.get("cache_salt"))
+                                  cache_salt=prompt.get("cache_salt"),
+                                  lora_request=checked_lora(lora_request))
         entry = _Stream()
         self.protocol.route(request_id, entry.receive)
         try:
@@ -284,10 +297,12 @@ class EngineClient:
     def generate(self, prompts: str | dict | Iterable[str | dict],
                  sampling_params: SamplingParams | dict | Sequence | None = None,
                  use_tqdm: bool = False,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs in the order of ``prompts``,
         each with its ``n`` completions, as ``LLM.generate`` gives them (and
-        takes ``priority``, one a prompt): the
+        takes ``priority`` and ``lora_request`` as it does): the
         client sends the ``n`` engine requests (``SamplingParams.choices``)
         and cuts each one's text at its stop strings (``OutputStops``, on
         each step's text; the engine takes none). If one is refused, the
@@ -304,11 +319,13 @@ class EngineClient:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"give one priority a prompt ({len(prompts)}), got {len(priority)}")
+        loras = loras_per_prompt(lora_request, len(prompts))
         ids: list[list[str]] = []
         outputs = []
         try:
-            for prompt, p, rank in zip(prompts, params, priority):
-                ids.append([self.submit(prompt, dict(c.to_dict(), stop=()), priority=rank)
+            for prompt, p, rank, lora in zip(prompts, params, priority, loras):
+                ids.append([self.submit(prompt, dict(c.to_dict(), stop=()), priority=rank,
+                                        lora_request=lora)
                             for c in p.choices()])
             with tqdm(total=len(ids), desc="generate", disable=not use_tqdm) as bar:
                 for prompt, p, choice_ids in zip(prompts, params, ids):

@@ -489,7 +489,8 @@ class EngineServer:
         else:
             make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
                                      req_id=waiting.engine_id, priority=waiting.message.priority,
-                                     enable_thinking=waiting.message.enable_thinking)
+                                     enable_thinking=waiting.message.enable_thinking,
+                                     lora_request=waiting.message.lora_request)
         if isinstance(waiting.prompt, str) or "prompt" in waiting.prompt \
                 or waiting.params.bad_words:
             made = self.tokenizers.submit(make)
