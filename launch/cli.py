@@ -381,6 +381,11 @@ def _serve_parser(sub) -> None:
                        help="with --http-port: vLLM's; the role of a chat answer after a "
                        "generation prompt (None: assistant; without a generation prompt "
                        "the answer continues the last message, in its role)")
+    serve.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="with --http-port and --enable-lora: vLLM's; LoRA adapters (PEFT "
+                       "directories) served as models of their own: a request whose model "
+                       "is NAME runs with that adapter (also a JSON object "
+                       "'{\"name\": NAME, \"path\": PATH}')")
     for flag, why in _REFUSED_SERVE_OPTIONS.items():
         serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -871,7 +876,10 @@ def _check_http_args(args) -> None:
             raise ConfigError("--stream-interval needs --http-port")
         if args.response_role is not None:
             raise ConfigError("--response-role needs --http-port")
+        if args.lora_modules is not None:
+            raise ConfigError("--lora-modules needs --http-port")
         return
+    args.lora_modules = _lora_modules(args)
     args.response_role = _response_role(args.response_role)
     args.stream_interval = _stream_interval(args.stream_interval)
     args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
@@ -989,6 +997,41 @@ def _read_chat_template(value: str) -> str:
     return text
 
 
+def _lora_modules(args) -> tuple:
+    """``--lora-modules`` as one ``LoRARequest`` each, ids 1, 2, ... in the
+    order given: ``NAME=PATH`` or vLLM's JSON object with "name" and
+    "path"; names unique and none a served name of the model."""
+    from engine.config import ConfigError
+    from ipc.lora_request import LoRARequest
+
+    if args.lora_modules is None:
+        return ()
+    if not args.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
+    modules = []
+    for i, given in enumerate(args.lora_modules, start=1):
+        if given.lstrip().startswith("{"):
+            try:
+                spec = json.loads(given)
+                name, path = spec["name"], spec["path"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"--lora-modules: {given!r} is no JSON object with "
+                                  "\"name\" and \"path\"") from None
+        else:
+            name, sep, path = given.partition("=")
+            if not sep:
+                raise ConfigError(f"--lora-modules takes NAME=PATH, got {given!r}")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise ConfigError(f"--lora-modules: {given!r} needs a name and a path")
+        modules.append(LoRARequest(name, i, os.path.abspath(path)))
+    names = [m.lora_name for m in modules]
+    served = set(args.served_model_name or [args.model])
+    if len(set(names)) != len(names) or served & set(names):
+        raise ConfigError(f"--lora-modules names {names} must differ from each other and "
+                          f"from the model's served names {sorted(served)}")
+    return tuple(modules)
+
+
 def _check_tool_args(args) -> None:
     """--enable-auto-tool-choice and --tool-call-parser go together, and
     the parser is one this server has."""
@@ -1010,12 +1053,19 @@ def _start_http(args, engine, server, secret: bytes,
     """The HTTP front end, a client of ``server`` through its in-process
     address (same process: no ZeroMQ I/O thread on the way), and of
     ``other_replicas``' endpoints (``start_http_server``)."""
+    from engine.config import ConfigError
+    from ipc.errors import InvalidRequestError
     from serving.http.http_server import engine_app_options, start_http_server
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
     if args.chat_template is not None:  # the text _check_http_args read
         engine.tokenizer.chat_template = args.chat_template
+    for lora in args.lora_modules:  # read once here: a bad adapter stops the start
+        try:
+            engine.lora_checks.check(lora)
+        except InvalidRequestError as e:
+            raise ConfigError(f"--lora-modules {lora.lora_name}: {e}") from None
     http = start_http_server(server.inproc_address, secret, engine.tokenizer,
                              args.served_model_name or [args.model],
                              engine.max_model_len, args.host, args.http_port,
@@ -1028,7 +1078,8 @@ def _start_http(args, engine, server, secret: bytes,
                              trust_request_chat_template=args.trust_request_chat_template,
                              chat_template=args.chat_template,
                              response_role=args.response_role,
-                             other_replicas=other_replicas, **engine_app_options(engine))
+                             other_replicas=other_replicas, lora_modules=args.lora_modules,
+                             **engine_app_options(engine))
     return http
 
 

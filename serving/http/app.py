@@ -49,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
 from ipc import trace
+from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
 from serving.http.errors import error_answer
@@ -135,7 +136,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                vocab_size: int | None = None, reasoning_parser: str | None = None,
                stream_interval: int = 1, trust_request_chat_template: bool = False,
                chat_template: str | None = None, response_role: str = "assistant",
-               pooling: bool = False):
+               pooling: bool = False, lora_modules: Sequence[LoRARequest] = ()):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -170,7 +171,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     (``GENERATION_ROUTES``, those below them too) are not, so they answer
     404, as vLLM's server
     of a pooling model; a generating model's server answers 404 at
-    /v1/embeddings the same way."""
+    /v1/embeddings the same way. ``lora_modules``: vLLM's
+    ``--lora-modules``, adapters a request runs with by naming one as its
+    model, each listed in /v1/models."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -189,7 +192,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         max_logprobs=max_logprobs, vocab_size=vocab_size,
                         stream_interval=stream_interval,
                         trust_request_chat_template=trust_request_chat_template,
-                        chat_template=chat_template, response_role=response_role)
+                        chat_template=chat_template, response_role=response_role,
+                        lora_modules={lora.lora_name: lora for lora in lora_modules})
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -261,7 +265,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "tprun",
-            "max_model_len": max_model_len} for name in served_names]}
+            "max_model_len": max_model_len} for name in served_names] + [{
+            "id": lora.lora_name, "object": "model", "created": state.created,
+            "owned_by": "tprun", "root": lora.lora_path, "parent": served_names[0],
+            "max_model_len": max_model_len} for lora in lora_modules]}
 
     @app.get("/health")
     @app.get("/ping")  # vLLM's other name for it (also POST)

@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.outputs import Logprob
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.http.generation import Generation, RequestRefused
 from serving.http.protocol import SamplingFields
 from serving.http.state import ServerState
@@ -83,12 +84,14 @@ def beam_params(request: SamplingFields, max_tokens: int) -> BeamSearchParams:
 
 
 async def beam_search(state: ServerState, prompts: list[list[int]], params: BeamSearchParams,
-                      priority: int, cache_salt: str | None = None, enable_thinking: bool = True
+                      priority: int, cache_salt: str | None = None, enable_thinking: bool = True,
+                      lora_request: LoRARequest | None = None
                       ) -> tuple[list[BeamSearchOutput], list[bool]]:
     """Each prompt's best sequences, their tokens without the prompt's, and
     whether its outputs begin inside their reasoning (the engine's word on
     the first step's requests, the prompts themselves); every step's
-    requests carry the request's ``cache_salt`` and ``enable_thinking``.
+    requests carry the request's ``cache_salt``, ``enable_thinking`` and
+    LoRA adapter.
     ``RequestRefused`` where the engine refuses a step's requests (naming
     beam search's logprobs, and blaming ``n``, which asked for them, where
     those are what it refused)."""
@@ -101,7 +104,7 @@ async def beam_search(state: ServerState, prompts: list[list[int]], params: Beam
         generation = Generation(state.link, metrics=None, queue=queue)
         try:
             await generation.start(requests, [step], [], priority, cache_salt=cache_salt,
-                                   enable_thinking=enable_thinking)
+                                   enable_thinking=enable_thinking, lora_request=lora_request)
         except RequestRefused as e:
             if "logprobs" not in str(e):
                 raise
@@ -141,7 +144,8 @@ async def respond_with_beams(state: ServerState, raw: Request, request: Sampling
 
     async def body() -> dict:
         outputs, in_reasoning = await beam_search(state, prompts, params, request.priority,
-                                                  request.cache_salt, enable_thinking)
+                                                  request.cache_salt, enable_thinking,
+                                                  state.lora_request(request.model))
         choices, generated = [], 0
         for p, output in enumerate(outputs):
             for i, sequence in enumerate(output.sequences):

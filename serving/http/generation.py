@@ -37,6 +37,7 @@ from engine.request_metrics import RequestTimes
 from engine.stop_strings import OutputStops
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
 from serving.http.metrics import Metrics
 from serving.http.reasoning import ReasoningCount
@@ -123,12 +124,14 @@ class Generation:
     async def start(self, prompts: list[list[int]], params: list[dict],
                     stops: list[str], priority: int = 0,
                     max_tokens: list[int | None] | None = None,
-                    enable_thinking: bool = True, cache_salt: str | None = None) -> None:
+                    enable_thinking: bool = True, cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         """Submit ``params[i]`` for every prompt (choice index = prompt
         index * len(params) + i), at ``priority``, and wait until all are
         accepted; ``max_tokens[p]``, where given, replaces the params'
         ``max_tokens`` for prompt p (a cap its own room limits);
-        ``enable_thinking`` and ``cache_salt``: ``GenerateRequest``'s."""
+        ``enable_thinking``, ``cache_salt`` and ``lora_request``:
+        ``GenerateRequest``'s."""
         try:
             for p, prompt in enumerate(prompts):
                 for i, choice_params in enumerate(params):
@@ -139,7 +142,7 @@ class Generation:
                         stops, choice_params.get("include_stop_str_in_output", False),
                         choice_params.get("min_tokens", 0)))
                     self.link.submit(request_id, prompt, choice_params, self.queue, priority,
-                                     enable_thinking, cache_salt)
+                                     enable_thinking, cache_salt, lora_request=lora_request)
             await self._await_acceptance()
         except BaseException:
             self.abort_unfinished()

@@ -91,7 +91,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       chat_template: str | None = None,
                       response_role: str = "assistant",
                       pooling: bool = False,
-                      other_replicas: tuple[tuple[str, bytes], ...] = ()) -> HttpServer:
+                      other_replicas: tuple[tuple[str, bytes], ...] = (),
+                      lora_modules: tuple = ()) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -110,7 +111,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     (``create_app``); ``other_replicas``: the (address, secret) of each
     further data-parallel replica's engine endpoint, ``engine_address``
     being replica 0's (none: one engine, one ``AsyncEngineClient``; else a
-    ``DataParallelClient`` over them all)."""
+    ``DataParallelClient`` over them all); ``lora_modules``: the
+    ``LoRARequest`` of each adapter served by its name (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -130,7 +132,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
                      trust_request_chat_template=trust_request_chat_template,
                      chat_template=chat_template, response_role=response_role,
-                     pooling=pooling)
+                     pooling=pooling, lora_modules=lora_modules)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -156,7 +156,8 @@ async def create_chat_completion(state: ServerState, request: ChatCompletionRequ
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, request.stop_strings(), request.priority,
                            enable_thinking=enable_thinking(request),
-                           cache_salt=request.cache_salt)
+                           cache_salt=request.cache_salt,
+                           lora_request=state.lora_request(request.model))
     answer_id = response_id("chatcmpl-", raw, request)
     shown_text = text if request.return_prompt_text else None
     return await respond(raw, generation, request.stream,

@@ -139,7 +139,8 @@ async def create_completion(state: ServerState, request: CompletionRequest,
     echoes = echoed_prompts(state.tokenizer, given, prompts) if request.echo else None
     generation = Generation(state.link, state.metrics, discard_output=max_tokens == 0)
     await generation.start(prompts, params, request.stop_strings(), request.priority,
-                           engine_max, cache_salt=request.cache_salt)
+                           engine_max, cache_salt=request.cache_salt,
+                           lora_request=state.lora_request(request.model))
     answer_id = response_id("cmpl-", raw, request)
     return await respond(raw, generation, request.stream,
                          lambda: _stream(state, request, generation, answer_id, echoes),

@@ -166,7 +166,8 @@ async def create_response(state: ServerState, request: ResponsesRequest,
                            skip_special_tokens=tools.skip_special_tokens(chat.skip_special_tokens))
     generation = Generation(state.link, state.metrics, count_reasoning=reading.reasoning_count)
     await generation.start([prompt], params, chat.stop_strings(), request.priority,
-                           enable_thinking=enable_thinking(chat), cache_salt=chat.cache_salt)
+                           enable_thinking=enable_thinking(chat), cache_salt=chat.cache_salt,
+                           lora_request=state.lora_request(request.model))
     in_reasoning = reading.reasoning is not None and generation.starts_in_reasoning(0)
     answer = None if reading.reasoning is None else reading.reasoning.answer_tokens(in_reasoning)
     store = state.response_store if request.stores else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from checkpoint.tokenizer import Tokenizer
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.metrics import Metrics
@@ -59,6 +60,9 @@ class ServerState:
     response_role: str = "assistant"
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
+    # vLLM's ``--lora-modules``: the LoRA adapters served as models of their
+    # own, by name (a request naming one runs with it).
+    lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -66,12 +70,18 @@ class ServerState:
         return self.served_names[0]
 
     def check_model(self, model: str | None) -> None:
-        """A request may name the model by any served name, or not at all;
-        ``UnknownModelError`` else."""
-        if model is not None and model not in self.served_names:
-            names = " or ".join(map(repr, self.served_names))
+        """A request may name the model by any served name or a LoRA
+        module's name, or not at all; ``UnknownModelError`` else."""
+        if model is not None and model not in self.served_names \
+                and model not in self.lora_modules:
+            names = " or ".join(map(repr, (*self.served_names, *self.lora_modules)))
             raise UnknownModelError(f"the model {model!r} is not served here; "
                                     f"this server serves {names}")
+
+    def lora_request(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request naming ``model`` runs with (None: the
+        base model)."""
+        return self.lora_modules.get(model) if model is not None else None
 
     def shown_model(self, model: str | None) -> str:
         """The ``model`` of an answer: the name the request used (vLLM's),

@@ -74,7 +74,7 @@ def serving_tiny(tmp_path, *args: str, env: dict | None = None):
     """``start_http`` (ARGS as there) of a server of ``tiny``, its model
     directory in ``model_dir``; stopped on exit, which must be clean (code 0,
     no process left)."""
-    return _serving(tmp_path, str(tmp_path / "cache" / TINY_NAME), *args, env=env)
+    return serving_model(tmp_path, str(tmp_path / "cache" / TINY_NAME), *args, env=env)
 
 
 def serving_tiny_with_tools(tmp_path, *args: str, special_tokens: dict[str, int] | None = None):
@@ -96,14 +96,14 @@ def serving_think_model(tmp_path, *args: str):
 
 
 def _serving_copy(tmp_path, model: str, *args: str):
-    """``_serving`` of the model directory ``model`` (a copy of ``tiny``),
+    """``serving_model`` of the model directory ``model`` (a copy of ``tiny``),
     ``args`` after ``serve --model MODEL --device cpu --disable-log-stats``."""
-    return _serving(tmp_path, model, "serve", "--model", model, "--device", "cpu",
+    return serving_model(tmp_path, model, "serve", "--model", model, "--device", "cpu",
                     "--disable-log-stats", *args)
 
 
 @contextlib.contextmanager
-def _serving(tmp_path, model_dir: str, *args: str, env: dict | None = None):
+def serving_model(tmp_path, model_dir: str, *args: str, env: dict | None = None):
     """``start_http`` (ARGS as there) of a server of the model in
     ``model_dir``, that directory in its ``model_dir``; stopped on exit,
     which must be clean (code 0, no process left)."""

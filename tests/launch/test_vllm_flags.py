@@ -118,11 +118,27 @@ def test_two_spellings_that_disagree_are_refused(argv, message):
      "--chat-template no-such-template.jinja: not a readable file"),
     (["--http-port", "0", "--chat-template", "{% for m in messages %}"],
      "--chat-template does not compile"),
+    (["--lora-modules", "a=/x"], "--lora-modules needs --http-port"),
+    (["--http-port", "0", "--lora-modules", "a=/x"], "--lora-modules needs --enable-lora"),
+    (["--http-port", "0", "--enable-lora", "--lora-modules", "a"],
+     "--lora-modules takes NAME=PATH, got 'a'"),
+    (["--http-port", "0", "--enable-lora", "--lora-modules", '{"name": "a"}'],
+     "no JSON object with \"name\" and \"path\""),
+    (["--http-port", "0", "--enable-lora", "--lora-modules", "a=/x", "a=/y"],
+     "must differ from each other"),
 ])
 def test_serve_options_refused_before_any_process(argv, message):
     args = _serve_args(*argv)
     with pytest.raises(ConfigError, match=message):
         _check_http_args(args)
+
+
+def test_lora_modules_get_ids_in_the_order_given():
+    args = _serve_args("--http-port", "0", "--enable-lora", "--lora-modules", "a=/x",
+                       '{"name": "b", "path": "/y"}')
+    _check_http_args(args)
+    assert [(m.lora_name, m.lora_int_id, m.lora_path) for m in args.lora_modules] == [
+        ("a", 1, "/x"), ("b", 2, "/y")]
 
 
 @pytest.mark.parametrize("flag, env, stored", [

@@ -1,0 +1,49 @@
+"""vLLM's ``--lora-modules`` over HTTP, with the official ``openai`` client:
+a completion or chat whose ``model`` names an adapter gets HF's greedy
+tokens of the model with that adapter merged; the base name gets the base
+model's; /v1/models lists the adapters with their parent; an unknown name
+is a 404."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.helpers.http_utils import openai_client, serving_model
+from tests.helpers.lora_adapters import model_with_adapters
+
+PROMPTS = [[5, 17, 99, 3], list(range(1, 30))]
+MAX_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("http-lora")
+    model_dir, paths, expected = model_with_adapters(root, PROMPTS, MAX_TOKENS)
+    with serving_model(root, model_dir, "--nproc-per-node", "1", "serve", "--model", model_dir,
+                  "--served-model-name", "base", "--device", "cpu", "--disable-log-stats",
+                  "--enable-lora", "--max-loras", "2", "--lora-modules",
+                  f"sql={paths[1]}", f'{{"name": "mlp", "path": "{paths[3]}"}}') as server:
+        with openai_client(server) as client:
+            yield client, paths, expected
+
+
+@pytest.mark.timeout(240)
+def test_completions_run_the_adapter_their_model_names(served):
+    client, _, expected = served
+    for model, lora_id in (("sql", 1), ("base", None), ("mlp", 3)):
+        answer = client.completions.create(model=model, prompt=PROMPTS, max_tokens=MAX_TOKENS,
+                                           temperature=0, extra_body={"ignore_eos": True,
+                                                                      "return_token_ids": True})
+        assert [c.token_ids for c in answer.choices] == expected[lora_id]
+        assert answer.model == model
+
+
+@pytest.mark.timeout(240)
+def test_models_lists_the_adapters_and_an_unknown_name_is_404(served):
+    client, paths, _ = served
+    models = client.models.list().data
+    assert [m.id for m in models] == ["base", "sql", "mlp"]
+    assert (models[1].root, models[1].parent) == (paths[1], "base")
+    with pytest.raises(openai.NotFoundError, match="'nope' is not served here"):
+        client.completions.create(model="nope", prompt="hi", max_tokens=1)
