@@ -91,6 +91,14 @@ grammar allows was masked too, by ``bad_words``, ``allowed_token_ids`` or a
 the request ends with vLLM's finish reason for it, "error", and its output
 holds only tokens the grammar accepted.
 
+LoRA adapters (``max_loras`` > 0). A waiting request with an adapter is
+admitted only once its adapter has one of the workers' ``max_loras``
+adapter slots (``engine.lora_slots``): held already, empty, or reloaded
+from an adapter no running request uses (the plan's ``lora_loads``). One
+that finds none is skipped and keeps its place while later requests are
+admitted (vLLM's rule), so the running requests never hold more than
+``max_loras`` distinct adapters.
+
 Prompt logprobs. A request that asks for them takes no prefix-cache hits
 (every prompt position's logits are needed), and a step scores at most
 ``prompt_logprobs.ENTRIES_PER_STEP`` entries: its scored prompt positions

@@ -45,7 +45,8 @@ _FRONT_END_DEFAULTS = dict(
     served_model_name=None, allowed_origins=None, chat_template=None,
     trust_request_chat_template=False, uvicorn_log_level=None, log_requests=None,
     enable_responses_api_store=None, stream_interval=None, response_role=None,
-    enable_auto_tool_choice=False, tool_call_parser=None, data_parallel_size=1)
+    enable_auto_tool_choice=False, tool_call_parser=None, lora_modules=None,
+    data_parallel_size=1)
 # A child's lines that only say it stopped: the parent says that itself
 # (a child stopped alone names it in its failure).
 _STOP_LINES = ("tprun: interrupted", "tprun: stopped by", "tprun serve: stopped by")

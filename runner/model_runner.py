@@ -22,6 +22,12 @@ mappings and attention read the device's. Uniform decode batches of 1 + k
 tokens a row replay CUDA graphs captured per row count; without drafts,
 small batches with prefills replay graphs captured per token count
 (``runner.cuda_graphs``).
+
+LoRA (``RunnerConfig.lora``): the plan's ``lora_loads`` are read into
+their adapter slots before its requests are added, each new request's
+adapter slot is staged with its other state, and the input kernels' step
+builds the tokens' adapter mask (``runner.lora``), in the graphs too.
+Without it none of this exists and no step does any LoRA work.
 """
 
 from __future__ import annotations
