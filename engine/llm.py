@@ -214,6 +214,7 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """``generate`` over chats: each a list of messages ({"role",
         "content"}, an assistant's "tool_calls", a tool answer's
@@ -231,7 +232,8 @@ class LLM:
         ``continue_final_message`` (with ``add_generation_prompt`` False)
         leaves the final message open for the model to go on. Under a
         reasoning parser, ``enable_thinking`` in ``chat_template_kwargs``
-        tells the engine where the output begins, as the HTTP server tells it."""
+        tells the engine where the output begins, as the HTTP server tells it.
+        ``lora_request``: as ``generate`` takes it, one a chat or one for all."""
         chats = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         check_tool_depth(tools)
         tokenizer = self.engine.tokenizer
@@ -245,7 +247,8 @@ class LLM:
                     for chat in chats]
         outputs = self._generate([{"prompt_token_ids": ids} for _, ids in rendered],
                                  sampling_params, use_tqdm, None,
-                                 enable_thinking_of(chat_template_kwargs))
+                                 enable_thinking_of(chat_template_kwargs),
+                                 lora_request=lora_request)
         for output, (text, _) in zip(outputs, rendered):
             output.prompt = text
         return outputs

@@ -153,3 +153,18 @@ def test_lora_request_without_lora_enabled_is_refused(lora_setup):
         checks.check(loras[1])
     with pytest.raises(InvalidRequestError, match="lora_int_id must be an int >= 1"):
         LoRARequest("x", 0, "/tmp")
+
+
+@pytest.mark.timeout(180)
+def test_chat_runs_its_adapter(lora_setup, lora_llm):
+    # The chat's rendered prompt under adapter 3 gives what generate gives
+    # that prompt under adapter 3 (checked against HF above), not the base's.
+    _, _, loras, _ = lora_setup
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chat = lora_llm.chat([{"role": "user", "content": "the adapter's turn"}], PARAMS,
+                         chat_template=template, lora_request=loras[3])[0]
+    ids = {"prompt_token_ids": chat.prompt_token_ids}
+    under = {lora_id: lora_llm.generate(ids, PARAMS, lora_request=loras.get(lora_id))[0]
+             for lora_id in (3, None)}
+    assert chat.outputs[0].token_ids == under[3].outputs[0].token_ids
+    assert under[3].outputs[0].token_ids != under[None].outputs[0].token_ids
