@@ -17,7 +17,7 @@ import torch
 import transformers  # the oracle: a test dependency, never skipped
 
 from tests.helpers.hf_models import save_spread, small_llama
-from tests.helpers.http_utils import _serving, recording_app
+from tests.helpers.http_utils import recording_app, serving_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 
@@ -31,10 +31,10 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model):
-    with _serving(tmp_path_factory.mktemp("embed"), model, "--nproc-per-node", "1", "serve",
-                  "--model", model, "--device", "cpu", "--runner", "pooling",
-                  "--max-num-batched-tokens", "16", "--block-size", "16",
-                  "--disable-log-stats") as served:
+    with serving_model(tmp_path_factory.mktemp("embed"), model, "--nproc-per-node", "1", "serve",
+                       "--model", model, "--device", "cpu", "--runner", "pooling",
+                       "--max-num-batched-tokens", "16", "--block-size", "16",
+                       "--disable-log-stats") as served:
         yield served
 
 
