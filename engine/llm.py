@@ -167,14 +167,16 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: bool = False,
         truncate_prompt_tokens: int | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """vLLM's: each prompt's embedding, in the order of ``prompts``
         (a pooling engine only: ``runner="pooling"``; a generating one
         refuses with ``InvalidRequestError``). ``pooling_params``: one for
         every prompt or one per prompt (None: the defaults, normalized, the
         model's hidden size); ``truncate_prompt_tokens`` sets theirs where
-        they leave it unset. Every prompt is checked before any is queued;
-        an interrupted call aborts its unfinished requests."""
+        they leave it unset. ``lora_request``: as ``generate`` takes it.
+        Every prompt is checked before any is queued; an interrupted call
+        aborts its unfinished requests."""
         if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
@@ -185,8 +187,10 @@ class LLM:
         if truncate_prompt_tokens is not None:
             params = [p if p.truncate_prompt_tokens is not None else msgspec.structs.replace(
                 p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+        loras = loras_per_prompt(lora_request, len(prompts))
         engine = self.engine
-        requests = [engine.new_pooling_request(p, pp) for p, pp in zip(prompts, params)]
+        requests = [engine.new_pooling_request(p, pp, lora_request=lora)
+                    for p, pp, lora in zip(prompts, params, loras)]
         for request in requests:
             engine.enqueue(request)
         embeddings: dict[str, bytes] = {}

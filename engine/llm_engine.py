@@ -352,7 +352,8 @@ class LLMEngine:
         return request
 
     def new_pooling_request(self, prompt: str | dict, params: PoolingParams,
-                            req_id: str | None = None, priority: int = 0) -> Request:
+                            req_id: str | None = None, priority: int = 0,
+                            lora_request: LoRARequest | None = None) -> Request:
         """The embedding request of ``prompt`` (an engine with a pooler
         only: ``runner="pooling"``): tokenized, cut to
         ``params.truncate_prompt_tokens``, checked (``check_pooling_prompt``;
@@ -360,10 +361,12 @@ class LLMEngine:
         queued. It runs its prompt and finishes "stop" with its embedding
         (``RequestOutputDelta.pooled``), sampling nothing: its sampling
         parameters are one greedy token that is never drawn. Like
-        ``new_request``, any thread may call it."""
+        ``new_request``, any thread may call it; ``lora_request`` as
+        ``new_request`` takes it (the adapter's hidden states are pooled)."""
         if self.pooler is None:
             raise InvalidRequestError("embeddings are not supported by a generating model: "
                                       "start it with runner 'pooling' (or convert 'embed')")
+        self.lora_checks.check(lora_request)
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
@@ -377,7 +380,7 @@ class LLMEngine:
         request = Request(req_id if req_id is not None else str(next(self.request_ids)), ids,
                           SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
                           eos_token_id=self.tokenizer.eos_token_id, priority=priority,
-                          cache_salt=cache_salt_of(prompt))
+                          cache_salt=cache_salt_of(prompt), lora_request=lora_request)
         request.pooling_params = params
         return request
 

@@ -485,7 +485,8 @@ class EngineServer:
         if waiting.pooling is not None:
             make = functools.partial(self.engine.new_pooling_request, waiting.prompt,
                                      waiting.pooling, req_id=waiting.engine_id,
-                                     priority=waiting.message.priority)
+                                     priority=waiting.message.priority,
+                                     lora_request=waiting.message.lora_request)
         else:
             make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
                                      req_id=waiting.engine_id, priority=waiting.message.priority,

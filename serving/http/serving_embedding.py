@@ -10,7 +10,8 @@ base64 of its float32 little-endian bytes (what the ``openai`` client
 decodes); ``usage`` counts the prompt tokens. ``dimensions`` (Matryoshka
 models only) and vLLM's ``normalize`` and ``truncate_prompt_tokens`` go to
 the engine's ``PoolingParams``; an input the engine refuses (empty, too
-long) is a 400 and nothing of the request keeps running.
+long) is a 400 and nothing of the request keeps running. A ``model`` that
+names a LoRA module (``--lora-modules``) embeds with that adapter.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError
 from ipc.errors import InvalidRequestError
+from ipc.lora_request import LoRARequest
 from serving.http.generation import EngineRefusal, RequestRefused
 from serving.http.serving_completion import completion_prompts, has_text
 from serving.http.state import ServerState
@@ -68,7 +70,8 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
     pooling = {name: value for name, value in (
         ("dimensions", request.dimensions), ("normalize", request.normalize),
         ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}
-    embeddings, num_tokens = await _embed(state, prompts, pooling, request.priority)
+    embeddings, num_tokens = await _embed(state, prompts, pooling, request.priority,
+                                          state.lora_request(request.model))
     data = [{"object": "embedding", "index": i, "embedding": _encoded(e, request.encoding_format)}
             for i, e in enumerate(embeddings)]
     return JSONResponse({
@@ -79,8 +82,9 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
 
 
 async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
-                 priority: int) -> tuple[list[bytes], int]:
-    """Submit one embedding request a prompt and wait for every one: their
+                 priority: int, lora_request: LoRARequest | None) -> tuple[list[bytes], int]:
+    """Submit one embedding request a prompt (each with ``lora_request``,
+    the adapter the request's ``model`` names) and wait for every one: their
     embeddings in prompt order and their prompt tokens (as the engine took
     them, truncated). A refusal aborts the others and is raised. Each
     engine request that ends counts in the metrics (``Metrics.finished``),
@@ -88,7 +92,8 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
     link, queue, arrival = state.link, asyncio.Queue(), time.monotonic()
     ids = [link.new_id() for _ in prompts]
     for request_id, prompt in zip(ids, prompts):
-        link.submit(request_id, prompt, {}, queue, priority, pooling_params=pooling)
+        link.submit(request_id, prompt, {}, queue, priority, pooling_params=pooling,
+                    lora_request=lora_request)
     live, embeddings, num_tokens = set(ids), {}, 0
     try:
         while live:

@@ -43,6 +43,23 @@ def write_adapter(path, model, targets: list[str], rank: int, alpha: float, seed
     return {"factors": factors, "scale": scale}
 
 
+def read_adapter_files(path) -> dict:
+    """The adapter ``write_adapter`` wrote under ``path``, read back from its
+    files in the form ``write_adapter`` returns."""
+    from safetensors.torch import load_file
+
+    config = json.loads((path / "adapter_config.json").read_text())
+    rank, alpha = config["r"], config["lora_alpha"]
+    tensors = load_file(str(path / "adapter_model.safetensors"))
+    factors = {}
+    for name, a in tensors.items():
+        if ".lora_A." in name:
+            parts = name.split(".")
+            factors[(int(parts[4]), parts[6])] = (a, tensors[name.replace(".lora_A.", ".lora_B.")])
+    scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return {"factors": factors, "scale": scale}
+
+
 def merged(model, adapter: dict):
     """A copy of ``model`` with the adapter merged: W += scale * B @ A."""
     copy_ = copy.deepcopy(model)

@@ -47,3 +47,47 @@ def test_models_lists_the_adapters_and_an_unknown_name_is_404(served):
     assert (models[1].root, models[1].parent) == (paths[1], "base")
     with pytest.raises(openai.NotFoundError, match="'nope' is not served here"):
         client.completions.create(model="nope", prompt="hi", max_tokens=1)
+
+
+@pytest.fixture(scope="module")
+def embedding_served(tmp_path_factory):
+    """A pooling server of the same kind of model with one LoRA module, and
+    HF's final-normed last hidden state of each prompt, normalized, for the
+    base model and for the model with adapter 1 merged."""
+    import pathlib
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from tests.helpers.lora_adapters import merged, read_adapter_files
+
+    root = tmp_path_factory.mktemp("http-lora-embed")
+    model_dir, paths, _ = model_with_adapters(root, PROMPTS, 1)
+    base = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    references = {}
+    for name, model in (("base", base),
+                        ("sql", merged(base, read_adapter_files(pathlib.Path(paths[1]))))):
+        with torch.no_grad():
+            last = [model.model(torch.tensor([p])).last_hidden_state[0, -1].double().numpy()
+                    for p in PROMPTS]
+        references[name] = [v / np.linalg.norm(v) for v in last]
+    with serving_model(root, model_dir, "--nproc-per-node", "1", "serve", "--model", model_dir,
+                       "--served-model-name", "base", "--device", "cpu", "--runner", "pooling",
+                       "--disable-log-stats", "--enable-lora",
+                       "--lora-modules", f"sql={paths[1]}") as server:
+        with openai_client(server) as client:
+            yield client, references
+
+
+@pytest.mark.timeout(240)
+def test_embeddings_run_the_adapter_their_model_names(embedding_served):
+    import numpy as np
+
+    client, references = embedding_served
+    for model in ("sql", "base"):
+        answer = client.embeddings.create(model=model, input=PROMPTS, encoding_format="float")
+        assert answer.model == model
+        for got, want in zip(answer.data, references[model], strict=True):
+            np.testing.assert_allclose(got.embedding, want, atol=2e-5)
+    assert not np.allclose(references["sql"][0], references["base"][0], atol=1e-3)
