@@ -258,13 +258,16 @@ class LLM:
         return outputs
 
     def beam_search(self, prompts: str | dict | Iterable[str | dict],
-                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+                    params: BeamSearchParams,
+                    lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                    ) -> list[BeamSearchOutput]:
         """vLLM's: each prompt's ``params.beam_width`` best continuations,
         best first (``engine.beam_search``: the rule, the score, and why
         ``2 * beam_width`` must be within ``max_logprobs``). Each step is one
         ``generate`` call over every live beam of every prompt; a sequence's
         tokens are its prompt's and its own (an end-of-sequence id kept), as
-        vLLM's. A prompt's ``cache_salt`` goes with each of its beams' requests."""
+        vLLM's. A prompt's ``cache_salt`` and LoRA adapter (``lora_request``
+        as ``generate`` takes it) go with each of its beams' requests."""
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         engine = self.engine
         limits = engine.scheduler.config
@@ -272,10 +275,13 @@ class LLM:
         search = BeamSearch([engine.tokenize(p) for p in prompts], params,
                             engine.model_config.eos_token_ids, limits.max_model_len)
         salts = [cache_salt_of(p) for p in prompts]
+        loras = loras_per_prompt(lora_request, len(prompts))
         while requests := search.requests():
+            owners = search.request_prompts()
             salted = [{"prompt_token_ids": r} | ({"cache_salt": salts[i]} if salts[i] else {})
-                      for r, i in zip(requests, search.request_prompts())]
-            outputs = self.generate(salted, search.step_params)
+                      for r, i in zip(requests, owners)]
+            outputs = self.generate(salted, search.step_params,
+                                    lora_request=[loras[i] for i in owners])
             search.advance([o.outputs[0].logprobs[0] for o in outputs])
         return search.outputs(engine.tokenizer.decode)
 

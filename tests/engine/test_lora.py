@@ -168,3 +168,17 @@ def test_chat_runs_its_adapter(lora_setup, lora_llm):
              for lora_id in (3, None)}
     assert chat.outputs[0].token_ids == under[3].outputs[0].token_ids
     assert under[3].outputs[0].token_ids != under[None].outputs[0].token_ids
+
+
+@pytest.mark.timeout(180)
+def test_beam_search_runs_its_adapter(lora_setup, lora_llm):
+    # One beam is the greedy sequence: HF's with each prompt's adapter merged.
+    from engine import BeamSearchParams
+
+    _, _, loras, expected = lora_setup
+    params = BeamSearchParams(beam_width=1, max_tokens=MAX_TOKENS, ignore_eos=True)
+    cases = [(3, 0), (None, 1), (1, 0)]
+    outs = lora_llm.beam_search([{"prompt_token_ids": PROMPTS[i]} for _, i in cases], params,
+                                lora_request=[loras.get(lora_id) for lora_id, _ in cases])
+    assert [o.sequences[0].tokens[len(PROMPTS[i]):] for o, (_, i) in zip(outs, cases)] == [
+        expected[lora_id][i] for lora_id, i in cases]
