@@ -14,7 +14,7 @@ it, so requests of different salts (or a salt and none) never share a
 block, and those of one salt share as any others do. A request's LoRA
 adapter is mixed in the same way, by its ``lora_name`` (vLLM's key), before
 the salt: KV computed under one adapter is never reused under another or
-under none; a request with neither hashes as it always did. A full block is registered in
+under none; a request with neither hashes its tokens alone. A full block is registered in
 the pool only once the step that writes it has been sent and a later call
 sees it (the request's next ``allocate_slots``, or its ``free``): the runner
 executes steps in order, so a block is never hit before its KV is written,

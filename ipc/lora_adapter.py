@@ -84,13 +84,13 @@ def read_adapter(path: str, model: ModelConfig, max_lora_rank: int) -> LoRAAdapt
     the LM head, a module other than ``TARGET_MODULES``, a tensor of the
     wrong shape or a factor without its pair)."""
     config = _read_config(path)
-    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    rank, alpha = config.get("r"), config.get("lora_alpha")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise _refuse(path, f"{CONFIG_FILE} needs 'r', an int >= 1, got {rank!r}")
     if rank > max_lora_rank:
         raise _refuse(path, f"its rank {rank} is greater than max_lora_rank {max_lora_rank}")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
-        raise _refuse(path, f"'lora_alpha' must be a number, got {alpha!r}")
+        raise _refuse(path, f"{CONFIG_FILE} needs 'lora_alpha', a number, got {alpha!r}")
     if config.get("bias", "none") != "none":
         raise _refuse(path, f"bias {config['bias']!r} is not supported (only 'none')")
     if config.get("use_dora"):

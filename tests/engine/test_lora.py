@@ -114,11 +114,13 @@ def test_prefix_cache_keys_blocks_by_adapter(lora_setup, lora_llm):
 
 
 def _adapter(source, root, name: str, **config) -> str:
-    """A copy of the adapter in ``source`` under ``root / name``, its config changed."""
+    """A copy of the adapter in ``source`` under ``root / name``, its config
+    changed (a key given None is left out)."""
     path = root / name
     shutil.copytree(source, path)
-    data = json.loads((path / "adapter_config.json").read_text())
-    (path / "adapter_config.json").write_text(json.dumps({**data, **config}))
+    data = {**json.loads((path / "adapter_config.json").read_text()), **config}
+    data = {key: value for key, value in data.items() if value is not None}
+    (path / "adapter_config.json").write_text(json.dumps(data))
     return str(path)
 
 
@@ -126,6 +128,8 @@ def _adapter(source, root, name: str, **config) -> str:
 def test_adapters_that_cannot_be_served_are_refused(lora_setup, lora_llm, tmp_path):
     _, root, loras, expected = lora_setup
     source = root / "adapter2"
+    # Adapter 1 known to the engine, whatever ran before in this module.
+    lora_llm.generate({"prompt_token_ids": PROMPTS[0]}, PARAMS, lora_request=loras[1])
     cases = {
         "no such directory": str(tmp_path / "missing"),
         "greater than max_lora_rank 16": _adapter(source, tmp_path, "rank", r=32),
@@ -133,6 +137,8 @@ def test_adapters_that_cannot_be_served_are_refused(lora_setup, lora_llm, tmp_pa
                                                   target_modules=["q_proj", "embed_tokens"]),
         "bias 'all' is not supported": _adapter(source, tmp_path, "bias", bias="all"),
         "has shape": _adapter(source, tmp_path, "shape", r=2),
+        # vLLM requires it too (PEFT's default of 8 is not assumed).
+        "needs 'lora_alpha'": _adapter(source, tmp_path, "alpha", lora_alpha=None),
     }
     for i, (message, path) in enumerate(cases.items()):
         with pytest.raises(InvalidRequestError, match=message):
