@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from serving.http.batch_lines import GENERATION_URLS, model_urls
 from serving.http.batch_runner import BatchSummary, run_batch
 
 STDIO = "-"
@@ -162,13 +163,16 @@ class BatchFiles:
 
 class BatchThread(threading.Thread):
     """``run_batch`` of ``files`` over ``app`` on this thread's own event
-    loop, within the app's lifespan; ``on_finish`` is called when it ends,
+    loop, within the app's lifespan, answering the lines of ``model_urls``
+    (``batch_lines.model_urls``); ``on_finish`` is called when it ends,
     however it ends. ``result()`` gives its summary or raises its error."""
 
     def __init__(self, app, files: BatchFiles, window: int, on_finish,
-                 metrics_address: tuple[str, int] | None = None) -> None:
+                 metrics_address: tuple[str, int] | None = None,
+                 model_urls: tuple[str, ...] = GENERATION_URLS) -> None:
         super().__init__(name="run-batch", daemon=True)
         self.app, self.files, self.window, self.on_finish = app, files, window, on_finish
+        self.model_urls = model_urls
         self.metrics_address = metrics_address
         self.loop = asyncio.new_event_loop()
         self.stopping = False
@@ -198,7 +202,7 @@ class BatchThread(threading.Thread):
         with bar, self.files.opened() as (source, sink):
             async with running(self.app), self._metrics_served():
                 return await run_batch(self.app, source.readline, sink, self.window,
-                                       on_done=bar.update)
+                                       on_done=bar.update, model_urls=self.model_urls)
 
     @contextlib.asynccontextmanager
     async def _metrics_served(self):
@@ -274,9 +278,9 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
         if chat_template is not None:  # as serve sets it
             engine.tokenizer.chat_template = chat_template
         link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
+        options = engine_app_options(engine)
         app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
-                         chat_template=chat_template, response_role=response_role,
-                         **engine_app_options(engine))
+                         chat_template=chat_template, response_role=response_role, **options)
     except BaseException:  # an app that cannot be made (a reasoning parser without its tags)
         server.close()
         engine.shutdown()
@@ -284,7 +288,8 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
     # Lines read and not yet written: in flight (vLLM keeps twice the
     # engine's batch in flight) or done and waiting for an earlier one.
     batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop,
-                        metrics_address=metrics_address)
+                        metrics_address=metrics_address,
+                        model_urls=model_urls(options["pooling"]))
 
     def stop(signum, _frame) -> None:
         stop_signals.note(signum)

@@ -445,13 +445,16 @@ as serve starts it, so each answer is the one the HTTP server would give.
 The lines run concurrently (the engine batches them); the output has one
 line per input line (blank lines skipped), in the input's order.
 
-Input line:  {"custom_id": ID, "method": "POST", "url": "/v1/chat/completions"
-             or "/v1/completions", "body": {... the route's request ...}}
+Input line:  {"custom_id": ID, "method": "POST", "url": "/v1/chat/completions",
+             "/v1/completions" or (with --runner pooling) "/v1/embeddings",
+             "body": {... the route's request ...}}
 Output line: {"id", "custom_id", "response": {"status_code", "request_id",
              "body"}, "error"}: body the answer (status 200), else null and
              error the route's error body (its HTTP status in status_code);
-             an url not served, a streaming request or a line that is not a
-             batch request: status 400 and error a message.
+             an url not served (or not the model's: embeddings on a
+             generating model, generation on a pooling one), a streaming
+             request or a line that is not a batch request: status 400 and
+             error a message.
 
 Exit code 0 when every line was a batch request (refused ones included),
 2 when some were not (each has its error line; the others are answered).

@@ -13,9 +13,16 @@ its ``BatchRequestOutput``:
 - a refusal of the route (any other status): ``body`` null, ``error`` the
   route's OpenAI error body (``{"error": {"message", "type", "param",
   "code"}}``), ``status_code`` the route's HTTP status;
-- a request that never reached a route (an url not served, a streaming
-  request, a line that is not a batch request): status 400, ``body`` null,
-  ``error`` a message (a string).
+- a request that never reached a route (an url not served, an url the
+  model does not serve, a streaming request, a line that is not a batch
+  request): status 400, ``body`` null, ``error`` a message (a string).
+
+The urls are vLLM's (chat, embeddings) and OpenAI's ``/v1/completions``.
+A generating model answers the generation urls, a pooling model
+(``--runner pooling``) the embeddings url; a line naming one of the others
+gets vLLM's "The model does not support ... API" error, as vLLM answers a
+line whose url's API the model lacks (the app would answer 404: the route
+is not registered for the model).
 
 ``id`` and ``request_id`` are fresh random ids (vLLM's ``vllm-`` prefixes
 spelled ``tprun-``). A line that is not a batch request has its own
@@ -39,9 +46,13 @@ from dataclasses import dataclass
 
 from serving.http.json_body import read_json
 
-# The routes a batch line may name: vLLM's (chat) and the other one of
-# OpenAI's batch format that tprun serves.
-SERVED_URLS = ("/v1/chat/completions", "/v1/completions")
+# The urls a batch line may name, each with its API's name in vLLM's error
+# for a model that does not serve it: vLLM's (chat, embeddings) and the
+# other one of OpenAI's batch format that tprun serves.
+BATCH_URLS = {"/v1/chat/completions": "Chat Completions", "/v1/completions": "Completions",
+              "/v1/embeddings": "Embeddings"}
+GENERATION_URLS = ("/v1/chat/completions", "/v1/completions")
+EMBEDDING_URLS = ("/v1/embeddings",)
 
 STREAM_REFUSED = "Request must not be sent in stream mode"
 
@@ -93,9 +104,21 @@ def read_line(raw: bytes) -> BatchRequest:
     return BatchRequest(custom_id, line["method"], line["url"], line["body"])
 
 
+def model_urls(pooling: bool) -> tuple[str, ...]:
+    """The urls a model answers: a pooling model's the embeddings url, a
+    generating model's the generation urls (as the app registers routes)."""
+    return EMBEDDING_URLS if pooling else GENERATION_URLS
+
+
 def unserved_url(url: str) -> str:
-    """The error of a line whose url is not one of ``SERVED_URLS``."""
-    return f"URL {url} was used. Supported endpoints: {', '.join(SERVED_URLS)}."
+    """The error of a line whose url is not one of ``BATCH_URLS``."""
+    return f"URL {url} was used. Supported endpoints: {', '.join(BATCH_URLS)}."
+
+
+def unsupported_api(url: str) -> str:
+    """The error of a line whose url (one of ``BATCH_URLS``) the model does
+    not answer (vLLM's message)."""
+    return f"The model does not support {BATCH_URLS[url]} API"
 
 
 def answered(custom_id: str, status: int, body) -> str:

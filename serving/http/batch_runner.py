@@ -3,7 +3,10 @@ app in process (``asgi_call``), its output line written in the input's
 order (``batch_lines`` gives both formats).
 
 Every request gets the answer the HTTP server gives it: the same app, its
-routes and error rule, on an engine started as ``serve`` starts it. Lines
+routes and error rule, on an engine started as ``serve`` starts it. A
+line whose url the model does not answer (chat on a pooling model,
+embeddings on a generating one) gets vLLM's error line in place of the
+server's 404. Lines
 run concurrently, so the engine batches them. Blank lines are skipped (as
 vLLM skips them); every other line gets exactly one output line, in its
 place, whatever happens to the others.
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -37,13 +40,15 @@ from starlette.types import ASGIApp
 
 from serving.http.asgi_call import call
 from serving.http.batch_lines import (
-    SERVED_URLS,
+    BATCH_URLS,
+    GENERATION_URLS,
     STREAM_REFUSED,
     NotABatchRequest,
     answered,
     failed,
     read_line,
     unserved_url,
+    unsupported_api,
 )
 
 # The status of every request once the engine has stopped.
@@ -87,11 +92,15 @@ class OrderedWriter:
 
 
 async def run_batch(app: ASGIApp, readline: Callable[[], bytes], out: TextIO, window: int,
-                    on_done: Callable[[], None] = lambda: None) -> BatchSummary:
+                    on_done: Callable[[], None] = lambda: None,
+                    model_urls: Collection[str] = GENERATION_URLS) -> BatchSummary:
     """Every line ``readline`` gives (its bytes, until it gives b"") answered
     into ``out``.
     ``readline`` runs in a worker thread (a pipe may block); ``on_done``
-    is called as each request is answered (a progress bar's update)."""
+    is called as each request is answered (a progress bar's update);
+    ``model_urls``: the urls of ``BATCH_URLS`` the model answers
+    (``batch_lines.model_urls``), a line naming another of them gets
+    vLLM's "does not support" error line without reaching the app."""
     if window < 1:
         raise ValueError(f"window must be at least 1, got {window}")
     summary = BatchSummary()
@@ -103,7 +112,7 @@ async def run_batch(app: ASGIApp, readline: Callable[[], bytes], out: TextIO, wi
 
     async def run_line(index: int, number: int, text: bytes) -> None:
         try:
-            line, ok = await _output_line(app, number, text, summary)
+            line, ok = await _output_line(app, number, text, summary, model_urls)
             summary.answered += ok
             on_done()
             written = writer.add(index, line)
@@ -143,8 +152,8 @@ async def run_batch(app: ASGIApp, readline: Callable[[], bytes], out: TextIO, wi
     return summary
 
 
-async def _output_line(app: ASGIApp, number: int, text: bytes,
-                       summary: BatchSummary) -> tuple[str, bool]:
+async def _output_line(app: ASGIApp, number: int, text: bytes, summary: BatchSummary,
+                       model_urls: Collection[str]) -> tuple[str, bool]:
     """The output line of input line ``number``, and whether it is an answer
     (status 200)."""
     try:
@@ -152,8 +161,10 @@ async def _output_line(app: ASGIApp, number: int, text: bytes,
     except NotABatchRequest as e:
         summary.not_requests.append((number, str(e)))
         return failed(e.custom_id, f"line {number} is not a batch request: {e}"), False
-    if request.url not in SERVED_URLS:
+    if request.url not in BATCH_URLS:
         return failed(request.custom_id, unserved_url(request.url)), False
+    if request.url not in model_urls:
+        return failed(request.custom_id, unsupported_api(request.url)), False
     try:
         answer = await call(app, request.method, request.url,
                             json.dumps(request.body).encode())

@@ -156,8 +156,9 @@ def test_refusals_are_the_servers_status_and_error_body(batch, client):
 
 @pytest.mark.timeout(300)
 def test_lines_that_reach_no_route_get_vllms_error_lines_and_the_others_run(batch):
-    """vLLM's messages for an url it does not serve and a streaming
-    request (status 400, error a string); a line that is not a batch
+    """vLLM's messages for an url the model does not serve (embeddings of
+    a generating model) and a streaming request (status 400, error a
+    string); a line that is not a batch
     request (a line that is not UTF-8 too) is answered in its place (vLLM
     stops the run there), the run exits with code 2 naming it, and every
     other line is answered."""
@@ -169,9 +170,7 @@ def test_lines_that_reach_no_route_get_vllms_error_lines_and_the_others_run(batc
     assert not_utf8["custom_id"] is None
     assert not_utf8["error"].startswith("line 11 is not a batch request: not valid JSON")
     answers = _by_id(outputs)
-    assert answers["embeddings"]["error"] == (
-        "URL /v1/embeddings was used. Supported endpoints: /v1/chat/completions, "
-        "/v1/completions.")
+    assert answers["embeddings"]["error"] == "The model does not support Embeddings API"
     assert answers["stream"]["error"] == "Request must not be sent in stream mode"
     for o in (broken, no_url, not_utf8, answers["embeddings"], answers["stream"]):
         assert o["response"]["status_code"] == 400 and o["response"]["body"] is None

@@ -1,0 +1,110 @@
+"""``tprun run-batch --runner pooling``: /v1/embeddings lines answered with
+OpenAI's embedding answer, each vector the one ``LLM.embed`` gives for the
+same input (a text, texts, token ids, lists of token ids); a refused input
+is the route's 400 error body; generation lines get vLLM's "The model does
+not support ... API" error line, an url of none of the batch APIs vLLM's
+"Supported endpoints" line, while every other line is answered."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine import LLM
+from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.proc_utils import run_tprun
+
+TEXT = "hello embeddings"
+TEXTS = ["a first text", "a second, longer text of more than sixteen bytes"]
+IDS = [5, 17, 99, 3]
+ID_LISTS = [list(range(1, 40)), [42]]
+
+# (custom_id, url, body)
+LINES = [
+    ("text", "/v1/embeddings", {"input": TEXT}),
+    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("texts", "/v1/embeddings", {"input": TEXTS, "encoding_format": "float"}),
+    ("ids", "/v1/embeddings", {"input": IDS}),
+    ("completion", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+    ("id-lists", "/v1/embeddings", {"input": ID_LISTS}),
+    ("empty", "/v1/embeddings", {"input": ""}),
+    ("audio", "/v1/audio/transcriptions", {"file": "x"}),
+]
+# The inputs each answered line embeds, in its answer's order.
+INPUTS = {"text": [TEXT], "texts": TEXTS, "ids": [IDS], "id-lists": ID_LISTS}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    hf = small_llama(5, 320, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=64, rms_norm_eps=1e-6)
+    return save_spread(hf, tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, model):
+    """(the run's result, its output lines as objects)."""
+    folder = tmp_path_factory.mktemp("run-batch-embed")
+    source, target = folder / "in.jsonl", folder / "out.jsonl"
+    source.write_text("".join(
+        json.dumps({"custom_id": c, "method": "POST", "url": url,
+                    "body": {"model": model, **body}}) + "\n" for c, url, body in LINES))
+    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
+                                   "--model", model, "--device", "cpu", "--runner", "pooling",
+                                   "--max-num-batched-tokens", "16", "--block-size", "16"],
+                                  timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
+    assert leftovers == [], result.stderr
+    return result, [json.loads(line) for line in target.read_text().splitlines()]
+
+
+def _embed(model: str, prompts: list) -> list:
+    """``LLM.embed``'s outputs of ``prompts`` (texts or token-id lists)."""
+    with LLM(model=model, device="cpu", runner="pooling", block_size=16,
+             max_num_batched_tokens=16) as llm:
+        return llm.embed([p if isinstance(p, str) else {"prompt_token_ids": p}
+                          for p in prompts])
+
+
+@pytest.mark.timeout(300)
+def test_embedding_lines_are_llm_embeds_vectors(batch, model):
+    result, outputs = batch
+    assert result.returncode == 0, result.stderr
+    assert [o["custom_id"] for o in outputs] == [c for c, _, _ in LINES]
+    answers = {o["custom_id"]: o for o in outputs}
+    flat = [p for inputs in INPUTS.values() for p in inputs]
+    expected = iter(_embed(model, flat))
+    for custom_id, inputs in INPUTS.items():
+        output = answers[custom_id]
+        assert output["error"] is None and output["response"]["status_code"] == 200
+        body = output["response"]["body"]
+        assert body["object"] == "list" and body["model"] == model
+        assert [d["index"] for d in body["data"]] == list(range(len(inputs)))
+        tokens = 0
+        for d in body["data"]:
+            want = next(expected)
+            assert d["object"] == "embedding"
+            np.testing.assert_allclose(d["embedding"], want.outputs.embedding, atol=1e-5)
+            tokens += len(want.prompt_token_ids)
+        assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] == tokens
+
+
+@pytest.mark.timeout(300)
+def test_generation_lines_get_vllms_error_and_the_rest_are_answered(batch):
+    result, outputs = batch
+    answers = {o["custom_id"]: o for o in outputs}
+    assert answers["chat"]["error"] == "The model does not support Chat Completions API"
+    assert answers["completion"]["error"] == "The model does not support Completions API"
+    for custom_id in ("chat", "completion"):
+        assert answers[custom_id]["response"]["status_code"] == 400
+        assert answers[custom_id]["response"]["body"] is None
+    empty = answers["empty"]  # the route's own refusal, its error body
+    assert empty["response"]["status_code"] == 400 and empty["response"]["body"] is None
+    assert empty["error"]["error"]["param"] == "input"
+    assert answers["audio"]["error"] == (
+        "URL /v1/audio/transcriptions was used. Supported endpoints: /v1/chat/completions, "
+        "/v1/completions, /v1/embeddings.")
+    assert answers["audio"]["response"]["status_code"] == 400
+    assert "8 lines written" in result.stderr
+    assert "(4 answered with status 200)" in result.stderr
