@@ -36,7 +36,7 @@ class AcceptingLink:
         return f"req-{next(self.ids)}"
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               enable_thinking=True, cache_salt=None) -> None:
+               enable_thinking=True, cache_salt=None, lora_request=None) -> None:
         self.live.add(request_id)
         self.enable_thinking.append(enable_thinking)
         inside = self.reasoning is not None and self.reasoning.starts_inside(prompt_token_ids,
@@ -62,7 +62,7 @@ class AnsweringLink(AcceptingLink):
         self.token_ids, self.text, self.finish_reason = token_ids, text, finish_reason
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               enable_thinking=True, cache_salt=None) -> None:
+               enable_thinking=True, cache_salt=None, lora_request=None) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority, enable_thinking)
         queue.put_nowait(Delta(request_id=request_id, token_ids=list(self.token_ids),
                                text=self.text, finished=True,
@@ -96,7 +96,7 @@ class TextLink(AcceptingLink):
         self.tokenizer, self.pieces, self.finish_reason = tokenizer, pieces, finish_reason
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               enable_thinking=True, cache_salt=None) -> None:
+               enable_thinking=True, cache_salt=None, lora_request=None) -> None:
         super().submit(request_id, prompt_token_ids, params, queue, priority, enable_thinking)
         asked = params.get("logprobs") is not None
         n = 0

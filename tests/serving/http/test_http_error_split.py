@@ -75,7 +75,7 @@ class _ScriptedLink:
         return f"req-{next(self.ids)}"
 
     def submit(self, request_id, prompt_token_ids, params, queue, priority=0,
-               enable_thinking=True, cache_salt=None) -> None:
+               enable_thinking=True, cache_salt=None, lora_request=None) -> None:
         if self.refusal is not None:
             queue.put_nowait(RequestError(request_id=request_id, **self.refusal))
             return
