@@ -64,9 +64,9 @@ class StandInLink:
         self.count += 1
         return f"http-{self.count}"
 
-    def submit(self, request_id, prompt, params, queue, *options) -> None:
+    def submit(self, request_id, prompt, params, queue, *options, **named) -> None:
         """Accept at once; the real link's further arguments (priority, the
-        request's reasoning and cache options) change nothing here."""
+        request's reasoning, cache and adapter options) change nothing here."""
         from ipc import trace
         from ipc.engine_messages import Delta, RequestAccepted
 
