@@ -50,8 +50,8 @@ from runner.sampling.triton_noise import greedy_argmax_triton
 from runner.ticket_counters import TicketCounters, take_ticket
 
 # The LM head of one row takes its argmax in the same launch (``gemv_argmax``);
-# False: the GEMV, then ``greedy_argmax_triton``. Off until measured on the GPU
-# (bench_decode.py's variant "lm-head-argmax").
+# False: the GEMV, then ``greedy_argmax_triton``. bench_decode.py's variant
+# "lm-head-argmax" sets it for an A/B (benchmarks/results/README.md).
 LM_HEAD_ARGMAX = False
 
 # Per device: word 0 the launch's ticket counter, word 1 its best key.
