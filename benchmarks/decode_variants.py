@@ -45,10 +45,6 @@ VARIANTS: dict[str, Variant] = {
         (("runner.sampling.triton_filters", "BLOCK", block),
          ("runner.sampling.triton_filters", "NUM_WARPS", warps)))
        for block, warps in ((2048, 8), (16384, 16))},
-    "lm-head-argmax": Variant(
-        "the LM head of one row and its greedy argmax in one launch "
-        "(runner/layers/triton_lm_head_greedy.py)",
-        (("runner.layers.triton_lm_head_greedy", "LM_HEAD_ARGMAX", True),)),
     "lm-head-cublas": Variant(
         "the LM head through cuBLAS at every row count (lm_head_matmul's Triton kernels off)",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_TRITON", False),)),

@@ -535,9 +535,7 @@ class ModelRunner:
         the argmax of every logits row is drawn here too and stored at the rows'
         slots in ``last_sampled_tokens``, so a greedy step's draw is inside
         the graph: no launch after the replay and no boundary between the
-        LM head and the argmax (``CausalLM.compute_greedy_logits``: on one
-        rank, one row on CUDA may take both in one launch,
-        ``triton_lm_head_greedy.py``). A step that draws otherwise (sampling
+        LM head and the argmax. A step that draws otherwise (sampling
         parameters, a grammar mask applied after the replay) ignores these
         tokens, and its own draw stores its tokens at the same slots after
         them."""
@@ -553,11 +551,9 @@ class ModelRunner:
             states.num_computed_tokens.gpu, n)
         # Logits in the model's dtype: the sampler casts where it computes
         # (penalties, filters, logprobs); an argmax needs no float32 copy.
-        if greedy:
-            logits, tokens = self.model.compute_greedy_logits(selected, idx,
-                                                              states.last_sampled_tokens)
-        else:
-            logits, tokens = self.model.compute_logits(selected, dtype=None), None
+        logits = self.model.compute_logits(selected, dtype=None)
+        tokens = (self.ops.greedy_argmax(logits, idx, states.last_sampled_tokens)
+                  if greedy else None)
         return StepTensors(idx, logits, positions, sample_mask, rows, tokens)
 
     def _graph_for(self, plan: SchedulerOutput) -> _GraphChoice | None:

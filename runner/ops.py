@@ -58,7 +58,6 @@ class DeviceOps:
     row_parallel_matmul_add: Callable[..., torch.Tensor]  # row_parallel_matmul_add_ref
     gate_up_silu: Callable[..., torch.Tensor]  # gate_up_silu_ref
     lm_head_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
-    lm_head_greedy: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # lm_head_greedy_ref
     norms_in_matmuls: Callable[..., bool]  # norms_in_matmuls_ref
     embedding_with_parts: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # embedding_with_parts_ref
     # runner/spec_decode/ngram.py
@@ -141,8 +140,6 @@ _KERNELS = {
                      "runner.layers.triton_skinny_matmul:gate_up_silu"),
     "lm_head_matmul": ("torch.nn.functional:linear",
                        "runner.layers.triton_skinny_matmul:lm_head_matmul"),
-    "lm_head_greedy": ("runner.layers.vocab_parallel:lm_head_greedy_ref",
-                       "runner.layers.triton_lm_head_greedy:lm_head_greedy"),
     "norms_in_matmuls": ("runner.layers.norm_in_matmul:norms_in_matmuls_ref",
                          "runner.layers.triton_norm_in_matmul:norms_in_matmuls"),
     "embedding_with_parts": ("runner.layers.norm_in_matmul:embedding_with_parts_ref",

@@ -31,18 +31,15 @@ import triton.language as tl
 class TicketCounters:
     """Per device, the counters that launches take tickets from.
 
-    ``at_least(n, device)`` returns a zeroed buffer of at least n counters
-    (int32, or ``dtype``: a launch may also keep there words of its own that
-    are 0 between launches, as its counters are), allocated once and grown
-    when a launch needs more. An outgrown buffer stays referenced here: a
-    CUDA graph captured with it keeps its address. Growing while a graph is
-    captured would record the zeroing in the graph (correct, one memset per
-    replay); callers ask on every launch, so the eager warm-up before a
-    capture has grown them already.
+    ``at_least(n, device)`` returns a zeroed int32 buffer of at least n
+    counters, allocated once and grown when a launch needs more. An outgrown
+    buffer stays referenced here: a CUDA graph captured with it keeps its
+    address. Growing while a graph is captured would record the zeroing in
+    the graph (correct, one memset per replay); callers ask on every launch,
+    so the eager warm-up before a capture has grown them already.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.int32) -> None:
-        self._dtype = dtype
+    def __init__(self) -> None:
         self._current: dict[torch.device, torch.Tensor] = {}
         self._outgrown: list[torch.Tensor] = []
 
@@ -52,7 +49,7 @@ class TicketCounters:
             if counters is not None:
                 self._outgrown.append(counters)
             size = max(n, 1024, 2 * (0 if counters is None else counters.numel()))
-            counters = torch.zeros(size, dtype=self._dtype, device=device)
+            counters = torch.zeros(size, dtype=torch.int32, device=device)
             self._current[device] = counters
         return counters
 

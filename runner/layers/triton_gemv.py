@@ -20,9 +20,7 @@ projection's programs, launched early under programmatic dependent launch,
 then share SMs with the kernel before them. ``gemv``: the LM head of one
 row (``triton_skinny_matmul.lm_head_matmul`` routes it), in the place of
 cuBLAS, which reads the table no faster and issues a memset before its
-GEMM that the graph runs as a launch of its own. The LM head of a greedy
-row may also take its argmax in the same launch
-(``triton_lm_head_greedy.py``, behind LM_HEAD_ARGMAX).
+GEMM that the graph runs as a launch of its own.
 (``benchmarks/results/README.md`` has the A/Bs.)
 
 Arithmetic. Each output is a float32 sum over K rounded once: the o
@@ -92,8 +90,8 @@ def _row_times_tiles(x_ptr, w_rows, w_first, K, BLOCK_N: tl.constexpr, BLOCK_K: 
 
 
 @triton.jit
-def one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
+def _one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """(x[0] . w[n] in float32, n, n < N) for this program's BLOCK_N outputs
     n, from the wait for the previous kernel to the signal that lets the next
     one start (after the loop has issued its loads). EARLY: the first weight
@@ -115,8 +113,8 @@ def _gemv_add_kernel(x_ptr, w_ptr, residual_ptr, parts_ptr, N, K, stride_w,
                      PDL: tl.constexpr):
     """residual[0, n] += x[0] . w[n] for this program's BLOCK_N outputs, then
     parts[0, program] = the new values' sum of squares."""
-    acc, cols, col_mask = one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N, BLOCK_K,
-                                           EARLY, PDL)
+    acc, cols, col_mask = _one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N, BLOCK_K,
+                                            EARLY, PDL)
     row = tl.arange(0, 1)
     add_residual_and_store_parts(acc[None, :], residual_ptr, 0, parts_ptr, row, row < 1, cols,
                                  col_mask, ROW_AXIS=0)
@@ -127,8 +125,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_w, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr):
     """out[0, n] = x[0] . w[n], rounded once to out's dtype, for this
     program's BLOCK_N outputs."""
-    acc, cols, col_mask = one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N, BLOCK_K,
-                                           EARLY, PDL)
+    acc, cols, col_mask = _one_row_products(x_ptr, w_ptr, N, K, stride_w, BLOCK_N, BLOCK_K,
+                                            EARLY, PDL)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
@@ -139,7 +137,7 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.shape[0] == 1 and weight.shape[1] <= GEMV_MAX_K
 
 
-def check_one_row(name: str, x: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
+def _check_one_row(name: str, x: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
     """(N, K) of w [N, K]; ValueError unless x is one row of width K and both
     have unit last strides."""
     n, k = w.shape
@@ -154,7 +152,7 @@ def gemv_matmul_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) ->
     """``row_parallel_matmul_add_ref`` for one row: residual [1, N] += x [1, K]
     @ w [N, K].T in place, rounded as the unfused pair rounds; returns the
     new row's parts, float32 [1, cdiv(N, GEMV_BLOCK_N)]. Unit last strides."""
-    n, k = check_one_row("gemv_matmul_add", x, w)
+    n, k = _check_one_row("gemv_matmul_add", x, w)
     check_residual("gemv_matmul_add", x, n, residual)
     groups = triton.cdiv(n, GEMV_BLOCK_N)
     parts = new_parts(1, groups, x.device)
@@ -168,7 +166,7 @@ def gemv_matmul_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) ->
 def gemv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [1, K] @ w [N, K].T -> [1, N] in w's dtype, each output a float32
     sum rounded once. Unit last strides."""
-    n, k = check_one_row("gemv", x, w)
+    n, k = _check_one_row("gemv", x, w)
     out = torch.empty(1, n, dtype=w.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, LM_HEAD_BLOCK_N),)](
         x, w, out, n, k, w.stride(0), BLOCK_N=LM_HEAD_BLOCK_N,

@@ -277,12 +277,6 @@ LM_HEAD_TRITON = True
 LM_HEAD_MEDIUM_MIN_ROWS = 2
 
 
-def lm_head_uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``lm_head_matmul`` takes ``gemv``: the Triton kernels on, one
-    half precision row, unit last strides."""
-    return LM_HEAD_TRITON and dot_inputs(x, weight, 1, 1)
-
-
 def lm_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` on CUDA for the LM head (``vocab_parallel.py``):
     one half precision row through the register-streaming ``gemv``;
@@ -290,10 +284,10 @@ def lm_head_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     at its default config (the vocabulary table's shape is in no tuned
     table: that tile reads it faster than cuBLAS, and no memset launch
     comes before it); cuBLAS for more rows, whose tiles reuse the table."""
-    if lm_head_uses_gemv(x, weight):
-        return gemv(x, weight)
     if not LM_HEAD_TRITON:
         return F.linear(x, weight)
+    if dot_inputs(x, weight, 1, 1):
+        return gemv(x, weight)
     if dot_inputs(x, weight, LM_HEAD_MEDIUM_MIN_ROWS, MEDIUM_MAX_ROWS):
         return medium_matmul(x, weight)
     return F.linear(x, weight)

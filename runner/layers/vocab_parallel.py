@@ -14,7 +14,6 @@ from torch import nn
 from runner.distributed import TensorParallelGroup
 from runner.layers.weight_slice import WeightSlice
 from runner.ops import device_ops
-from runner.sampling.noise import greedy_argmax_ref
 
 PAD_MULTIPLE = 64
 
@@ -23,17 +22,6 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     """Smallest multiple of PAD_MULTIPLE * tp_size that holds the vocabulary."""
     multiple = PAD_MULTIPLE * tp_size
     return -(-vocab_size // multiple) * multiple
-
-
-def lm_head_greedy_ref(x: torch.Tensor, weight: torch.Tensor, vocab_size: int,
-                       slots: torch.Tensor | None = None,
-                       last_tokens: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, tokens) of one rank's whole LM head: logits ``F.linear(x,
-    weight)[:, :vocab_size]`` in the weight's dtype, tokens their
-    ``greedy_argmax_ref(logits, slots, last_tokens)``."""
-    logits = F.linear(x, weight)[:, :vocab_size]
-    return logits, greedy_argmax_ref(logits, slots, last_tokens)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -96,15 +84,3 @@ class ParallelLMHead(nn.Module):
         local = self.ops.lm_head_matmul(hidden, self.weight)
         full = self.tp.all_gather(local, dim=-1)[:, : self.vocab_size]
         return full if dtype is None else full.to(dtype)
-
-    def greedy(self, hidden: torch.Tensor, slots: torch.Tensor,
-               last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``self(hidden, None)``, the device's ``greedy_argmax`` of those
-        logits with ``slots`` and ``last_tokens``). On one rank the device's
-        ``lm_head_greedy`` computes both (on CUDA one row may take one
-        launch); with more ranks the logits are gathered first."""
-        if self.tp.size == 1:
-            return self.ops.lm_head_greedy(hidden, self.weight, self.vocab_size, slots,
-                                           last_tokens)
-        logits = self(hidden, None)
-        return logits, self.ops.greedy_argmax(logits, slots, last_tokens)

@@ -111,13 +111,6 @@ class CausalLM(nn.Module):
         model's), identical on every rank."""
         return self.lm_head(hidden, dtype)
 
-    def compute_greedy_logits(self, hidden: torch.Tensor, slots: torch.Tensor,
-                              last_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``compute_logits(hidden, dtype=None)``, their greedy tokens, int64
-        [N], also stored at ``last_tokens[slots]``) as ``greedy_argmax_ref``
-        stores them (``ParallelLMHead.greedy``)."""
-        return self.lm_head.greedy(hidden, slots, last_tokens)
-
     def weight_slices(self) -> dict[str, WeightSlice]:
         """Checkpoint tensor name (Hugging Face naming) -> where it lands on this rank.
 
