@@ -81,7 +81,7 @@ class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
     rank: int | None = None
 
 
-class Delta(msgspec.Struct, frozen=True, kw_only=True):
+class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """New tokens of one request, and the text they complete. ``finish_reason``
     ("stop", "length", "abort", "error", "repetition") is set exactly when ``finished`` is.
     ``logprobs``, for a request that asked for them, has one list per new
@@ -96,6 +96,11 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True):
     "repetition_detected" for finish reason "repetition".
     ``embedding``: an embedding request's, on its one delta: float32
     little-endian bytes.
+
+    Encoded without the fields at their defaults (``omit_defaults``): a
+    decode step's delta is mostly defaults, and every delta of every step
+    crosses the engine's socket, so a step's ``Outputs`` are about half the
+    bytes and decode faster.
     """
 
     request_id: str

@@ -190,7 +190,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     lora_slot: int = -1
 
 
-class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
+class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Requests the runner already holds, in parallel lists.
 
     ``new_block_ids[i][g]`` are blocks appended to request i's table in
@@ -212,7 +212,7 @@ class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True):
     num_computed_tokens: list[int] | None = None
 
 
-class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+class SchedulerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
     """The plan of one step, broadcast to every rank; it names each
     scheduled request once. ``num_scheduled_tokens[i]`` is the token count
     of the i-th of ``scheduled_req_ids()``: the cached requests, then the
@@ -322,7 +322,7 @@ class PromptLogprobs(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: Logprobs
 
 
-class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True, omit_defaults=True):
     """The output rank's reply to one step, in the plan's order: row i answers
     the i-th request of the step's ``scheduled_req_ids()``.
 
@@ -339,6 +339,11 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     request whose prompt's last token ran in this step, its pooled hidden
     state, float32 little-endian bytes of the model's hidden size, before
     any truncation or normalization (the engine applies the request's).
+
+    This reply, the plan (``SchedulerOutput``) and its ``CachedRequestData``
+    are encoded without the fields at their defaults (``omit_defaults``):
+    they cross a socket every step, and most of their optional fields are
+    empty on most steps.
     """
 
     step_id: int

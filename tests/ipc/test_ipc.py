@@ -4,6 +4,7 @@ import os
 import tempfile
 import threading
 
+import msgspec
 import pytest
 import zmq
 
@@ -17,6 +18,7 @@ from ipc.channels import (
     wait_for_subscribers,
 )
 from ipc.endpoints import IPC_PATH_MAX, Endpoints
+from ipc.engine_messages import Delta, Outputs, decode_server_message
 from ipc.messages import (
     CachedRequestData,
     ControlCall,
@@ -65,6 +67,26 @@ def test_round_trip_is_exact():
     assert out.rows() == [[5], []]
     decode = ModelRunnerOutput(step_id=4, sampled_token_ids=[5, 6])
     assert decode_reply(encode(decode)).rows() == [[5], [6]]
+
+
+def test_fields_at_their_defaults_stay_off_the_wire():
+    """A decode step's delta, reply and plan carry only the fields set, and
+    each decodes equal to what was sent (the absent fields take their
+    defaults)."""
+    delta = Delta(request_id="r", token_ids=[7], text=" a", finished=False)
+    outputs = Outputs(deltas=[delta])
+    assert msgspec.msgpack.decode(encode(outputs))["deltas"] == [
+        {"request_id": "r", "token_ids": [7], "text": " a", "finished": False}]
+    assert decode_server_message(encode(outputs)) == outputs
+    reply = ModelRunnerOutput(step_id=4, sampled_token_ids=[5, 6])
+    assert set(msgspec.msgpack.decode(encode(reply))) == {"type", "step_id", "sampled_token_ids"}
+    assert decode_reply(encode(reply)) == reply
+    plan = SchedulerOutput(step_id=2, scheduled_cached_reqs=CachedRequestData(
+        req_ids=["b"], new_block_ids=[None]), num_scheduled_tokens=[1])
+    raw = msgspec.msgpack.decode(encode(plan))
+    assert set(raw) == {"type", "step_id", "scheduled_cached_reqs", "num_scheduled_tokens"}
+    assert set(raw["scheduled_cached_reqs"]) == {"req_ids", "new_block_ids"}
+    assert decode_broadcast(encode(plan)) == plan
 
 
 def test_reply_rows_reject_counts_that_do_not_add_up():
