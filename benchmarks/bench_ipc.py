@@ -24,7 +24,8 @@ left out. The rank 0 reply is sent from the worker's main loop (the real
 daemon hands it to a copy thread; that hand-off is not measured here).
 
 Also measured, in process: the msgspec encode/decode times of both messages,
-to show where any protocol overhead goes.
+to show where any protocol overhead goes, and of the engine's ``Outputs`` to
+its client after such a step (one delta a request).
 
 Prints a table, then, last, one JSON object with all results.
 """
@@ -54,6 +55,7 @@ from ipc.channels import (
     wait_for_subscribers,
 )
 from ipc.endpoints import Endpoints
+from ipc.engine_messages import Delta, Outputs, decode_server_message
 from ipc.messages import (
     CachedRequestData,
     ControlCall,
@@ -99,6 +101,14 @@ def sampled_tokens(num_reqs: int) -> list[int]:
 def make_reply(plan: SchedulerOutput, sampled: list[int]) -> ModelRunnerOutput:
     """One token per request, in the plan's order (the decode-step reply)."""
     return ModelRunnerOutput(step_id=plan.step_id, sampled_token_ids=sampled)
+
+
+def make_outputs(plan: SchedulerOutput, sampled: list[int]) -> Outputs:
+    """What the engine sends its client after that step: one delta a
+    request, one token and a short text each, nothing else set."""
+    return Outputs(deltas=[Delta(request_id=req_id, token_ids=[token], text=" tok",
+                                 finished=False)
+                           for req_id, token in zip(plan.scheduled_req_ids(), sampled)])
 
 
 # ---- the worker process -----------------------------------------------------
@@ -395,8 +405,11 @@ def time_call_us(fn, arg, reps: int) -> float:
     return round(statistics.median(samples) / 1000, 2)
 
 
-def serde_breakdown(plan: SchedulerOutput, reply: ModelRunnerOutput, reps: int) -> dict:
-    """In-process msgspec costs on the round trip's path (one call each)."""
+def serde_breakdown(plan: SchedulerOutput, reply: ModelRunnerOutput, outputs: Outputs,
+                    reps: int) -> dict:
+    """In-process msgspec costs on the round trip's path (one call each),
+    then the engine's message to its client after the step (not in
+    ``total``: it crosses another socket)."""
     plan_bytes, reply_bytes = encode(plan), encode(reply)
     parts = {
         "encode_plan": time_call_us(encode, plan, reps),
@@ -405,6 +418,8 @@ def serde_breakdown(plan: SchedulerOutput, reply: ModelRunnerOutput, reps: int) 
         "decode_reply": time_call_us(decode_reply, reply_bytes, reps),
     }
     parts["total"] = round(sum(parts.values()), 2)
+    parts["encode_outputs"] = time_call_us(encode, outputs, reps)
+    parts["decode_outputs"] = time_call_us(decode_server_message, encode(outputs), reps)
     return parts
 
 
@@ -412,7 +427,8 @@ def print_table(summary: dict) -> None:
     sizes = summary["message_bytes"]
     print(f"SchedulerOutput ({summary['config']['num_reqs']} decode requests): "
           f"{sizes['scheduler_output']} bytes; ModelRunnerOutput: "
-          f"{sizes['model_runner_output']} bytes")
+          f"{sizes['model_runner_output']} bytes; the engine's Outputs: "
+          f"{sizes['engine_outputs']} bytes")
     serde = summary["serde_us"]
     print("msgspec, in process (us): " + ", ".join(f"{k} {v}" for k, v in serde.items()))
     header = (f"{'transport':>9} {'tp':>3} | {'ipc med':>8} {'p90':>7} {'p99':>7} | "
@@ -451,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     plan = make_plan(args.num_reqs)
     reply = make_reply(plan, sampled_tokens(args.num_reqs))
+    outputs = make_outputs(plan, sampled_tokens(args.num_reqs))
     results = [measure(tp, transport, args, plan)
                for transport in args.transport for tp in args.tp]
     at_target = {r["transport"]: r["ratio_median"] for r in results if r["tp"] == TARGET_TP}
@@ -463,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                    "rounds": args.rounds, "transport": args.transport,
                    "num_reqs": args.num_reqs},
         "message_bytes": {"scheduler_output": len(encode(plan)),
-                          "model_runner_output": len(encode(reply))},
-        "serde_us": serde_breakdown(plan, reply, reps=2000),
+                          "model_runner_output": len(encode(reply)),
+                          "engine_outputs": len(encode(outputs))},
+        "serde_us": serde_breakdown(plan, reply, outputs, reps=2000),
         "results": results,
         "target": {"tp": TARGET_TP, "max_ratio": TARGET_RATIO,
                    "met": {t: ratio <= TARGET_RATIO for t, ratio in at_target.items()}},

@@ -33,8 +33,14 @@ def test_bench_ipc_tp1_tp2_summary(tmp_path):
     assert summary["config"]["num_reqs"] == 256
     assert summary["message_bytes"]["scheduler_output"] > 256 * 8
     assert summary["message_bytes"]["model_runner_output"] > 256 * 4
-    assert set(summary["serde_us"]) == {"encode_plan", "decode_plan", "encode_reply",
-                                        "decode_reply", "total"}
+    # One delta a request: its id, one token, its text, finished False.
+    assert summary["message_bytes"]["engine_outputs"] > 256 * len("req-1000 tok")
+    serde = summary["serde_us"]
+    assert set(serde) == {"encode_plan", "decode_plan", "encode_reply", "decode_reply", "total",
+                          "encode_outputs", "decode_outputs"}
+    assert serde["total"] == pytest.approx(serde["encode_plan"] + serde["decode_plan"]
+                                           + serde["encode_reply"] + serde["decode_reply"],
+                                           abs=0.02)
     rows = {(r["transport"], r["tp"]): r for r in summary["results"]}
     assert set(rows) == {("ipc", 1), ("ipc", 2), ("tcp", 1), ("tcp", 2)}
     for row in rows.values():
