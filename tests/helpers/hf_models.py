@@ -31,6 +31,16 @@ def save_spread(model, path, scale: float = 8.0) -> str:
     return str(path)
 
 
+def save_embedding_llama(path) -> str:
+    """The small random Llama that the embedding routes' tests serve (seed 5;
+    320 token ids, the byte tokenizer's 259 among them; 64 positions), saved
+    with ``save_spread`` under ``path``; the path as text. Its vectors are
+    checked against ``LLM.embed`` or transformers on the same checkpoint."""
+    model = small_llama(5, 320, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=64, rms_norm_eps=1e-6)
+    return save_spread(model, path)
+
+
 def save_with_greedy_reference(model, path, prompts: list[list[int]],
                                max_tokens: int) -> list[list[int]]:
     """Spread ``model``'s logits (its lm_head times 20, so greedy never meets a

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine import LLM
-from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.proc_utils import run_tprun
 
 TEXT = "hello embeddings"
@@ -38,9 +38,7 @@ INPUTS = {"text": [TEXT], "texts": TEXTS, "ids": [IDS], "id-lists": ID_LISTS}
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    hf = small_llama(5, 320, num_attention_heads=4, num_key_value_heads=2,
-                     max_position_embeddings=64, rms_norm_eps=1e-6)
-    return save_spread(hf, tmp_path_factory.mktemp("llama"))
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")

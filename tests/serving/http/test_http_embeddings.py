@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers  # the oracle: a test dependency, never skipped
 
-from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.http_utils import recording_app, serving_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
@@ -24,9 +24,7 @@ IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    hf = small_llama(5, 320, num_attention_heads=4, num_key_value_heads=2,
-                     max_position_embeddings=64, rms_norm_eps=1e-6)
-    return save_spread(hf, tmp_path_factory.mktemp("llama"))
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
 
 
 @pytest.fixture(scope="module")
