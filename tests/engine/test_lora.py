@@ -10,7 +10,7 @@ import pytest
 from engine import LLM, LoRARequest, SamplingParams
 from engine.lora_checks import LoRAChecks
 from ipc.errors import InvalidRequestError
-from tests.helpers.lora_adapters import model_with_adapters
+from tests.helpers.lora_adapters import model_with_adapter_requests
 
 PROMPTS = [
     [5, 17, 99, 3],
@@ -25,8 +25,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 def lora_setup(tmp_path_factory):
     """The model, its three adapters (``ADAPTERS``) and HF's references."""
     root = tmp_path_factory.mktemp("lora")
-    model_dir, paths, expected = model_with_adapters(root, PROMPTS, MAX_TOKENS)
-    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
+    model_dir, loras, expected = model_with_adapter_requests(root, PROMPTS, MAX_TOKENS)
     return model_dir, root, loras, expected
 
 

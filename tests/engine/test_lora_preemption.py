@@ -7,8 +7,8 @@ adapter, in whichever slot it gets back."""
 
 import pytest
 
-from engine import LLM, LoRARequest, SamplingParams
-from tests.helpers.lora_adapters import model_with_adapters
+from engine import LLM, SamplingParams
+from tests.helpers.lora_adapters import model_with_adapter_requests
 
 PROMPTS = [[5, 17, 99, 3], [(7 * i) % 200 + 1 for i in range(20)], list(range(1, 25))]
 MAX_TOKENS = 24
@@ -19,11 +19,8 @@ CASES = [(lora_id, i) for lora_id in (1, None, 2, 3, 1) for i in range(len(PROMP
 
 @pytest.fixture(scope="module")
 def lora_setup(tmp_path_factory):
-    """The model, its three adapters and HF's references."""
-    model_dir, paths, expected = model_with_adapters(tmp_path_factory.mktemp("lora"), PROMPTS,
-                                                     MAX_TOKENS)
-    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
-    return model_dir, loras, expected
+    """The model, its three adapters' requests and HF's references."""
+    return model_with_adapter_requests(tmp_path_factory.mktemp("lora"), PROMPTS, MAX_TOKENS)
 
 
 @pytest.mark.timeout(180)

@@ -6,8 +6,8 @@ request's own adapter, so the drafts' source does not change the tokens."""
 
 import pytest
 
-from engine import LLM, LoRARequest, SamplingParams
-from tests.helpers.lora_adapters import model_with_adapters
+from engine import LLM, SamplingParams
+from tests.helpers.lora_adapters import model_with_adapter_requests
 
 PROMPTS = [
     [5, 17, 99, 3],
@@ -21,11 +21,8 @@ CASES = [(lora_id, i) for lora_id in (1, None, 2, 3) for i in range(len(PROMPTS)
 
 @pytest.fixture(scope="module")
 def lora_setup(tmp_path_factory):
-    """The model, its three adapters and HF's references."""
-    model_dir, paths, expected = model_with_adapters(tmp_path_factory.mktemp("lora"), PROMPTS,
-                                                     MAX_TOKENS)
-    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
-    return model_dir, loras, expected
+    """The model, its three adapters' requests and HF's references."""
+    return model_with_adapter_requests(tmp_path_factory.mktemp("lora"), PROMPTS, MAX_TOKENS)
 
 
 def _spec(method: str, model_dir: str) -> dict:

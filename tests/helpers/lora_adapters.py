@@ -11,6 +11,8 @@ import math
 import torch
 from safetensors.torch import save_file
 
+from ipc.lora_request import LoRARequest
+
 _BLOCK = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
           "o_proj": "self_attn", "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
@@ -106,3 +108,12 @@ def model_with_adapters(root, prompts: list[list[int]], max_tokens: int):
     outputs = [tuple(map(tuple, tokens)) for tokens in expected.values()]
     assert len(set(outputs)) == len(outputs), "an adapter leaves the output unchanged"
     return str(root / "model"), {k: str(v) for k, v in paths.items()}, expected
+
+
+def model_with_adapter_requests(root, prompts: list[list[int]], max_tokens: int):
+    """``model_with_adapters``, each adapter given as the ``LoRARequest``
+    that serves it (named ``adapter{id}``, its id, its folder). Returns
+    (model dir, {id: request}, {id or None: tokens per prompt})."""
+    model_dir, paths, expected = model_with_adapters(root, prompts, max_tokens)
+    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
+    return model_dir, loras, expected

@@ -10,7 +10,7 @@ import pytest
 from engine import LoRARequest, SamplingParams
 from ipc.errors import InvalidRequestError
 from serving.async_llm import AsyncLLM
-from tests.helpers.lora_adapters import model_with_adapters
+from tests.helpers.lora_adapters import model_with_adapter_requests
 
 PROMPTS = [[5, 17, 99, 3], list(range(1, 30))]
 MAX_TOKENS = 6
@@ -24,8 +24,7 @@ async def _final(llm, prompt, request_id, lora):
 
 @pytest.mark.timeout(180)
 def test_async_generate_runs_each_requests_adapter(tmp_path):
-    model_dir, paths, expected = model_with_adapters(tmp_path, PROMPTS, MAX_TOKENS)
-    loras = {i: LoRARequest(f"adapter{i}", i, path) for i, path in paths.items()}
+    model_dir, loras, expected = model_with_adapter_requests(tmp_path, PROMPTS, MAX_TOKENS)
     cases = [(lora_id, i) for lora_id in (1, None, 3) for i in range(len(PROMPTS))]
     llm = AsyncLLM(model=model_dir, device="cpu", enable_lora=True, max_loras=2)
     try:
