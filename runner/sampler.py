@@ -307,14 +307,7 @@ class Sampler:
         scaled = custom.apply_invariant(scaled, idx)
         greedy = (states.slot_temperature[idx] == 0.0)[:, None]
         scaled = torch.where(greedy, logits.to(torch.float32), scaled)
-        unit, top_p, min_p = states.unit_temperature()
-        threshold = None
-        if flags.max_top_k > 0 or flags.any_top_p:
-            threshold = self.ops.filter_thresholds(
-                scaled, idx, unit, states.top_k.gpu, top_p, min_p, False, flags.max_top_k,
-                flags.any_top_p)
-        return self.ops.gumbel_argmax(scaled, idx, unit, states.seeds.gpu, positions,
-                                      self.token_keys, threshold, last_tokens)
+        return self._draw(scaled, idx, positions, flags, last_tokens, divided=True)
 
     def _draw(
         self,
@@ -323,16 +316,28 @@ class Sampler:
         positions: torch.Tensor,
         flags: BatchFlags,
         last_tokens: torch.Tensor | None,
+        divided: bool = False,
     ) -> torch.Tensor:
         """Greedy argmax where temperature == 0, filtered Gumbel-max
-        elsewhere: one launch, two where a filter runs (its thresholds)."""
+        elsewhere: one launch, two where a filter runs (its thresholds).
+        ``divided``: the rows are divided by their temperature and cut by
+        min-p already (``_draw_with_invariant``, never an all-greedy batch);
+        the kernels then read ``states.unit_temperature()``'s tables and
+        filter by top-k and top-p alone."""
         if flags.all_greedy:
             return self.ops.greedy_argmax(logits, idx, last_tokens)
         states = self.states
+        if divided:
+            temperature, top_p, min_p = states.unit_temperature()
+            any_min_p = False
+        else:
+            temperature, top_p, min_p = (states.slot_temperature, states.slot_top_p,
+                                         states.slot_min_p)
+            any_min_p = flags.any_min_p
         threshold = None
-        if flags.any_min_p or flags.max_top_k > 0 or flags.any_top_p:
+        if any_min_p or flags.max_top_k > 0 or flags.any_top_p:
             threshold = self.ops.filter_thresholds(
-                logits, idx, states.slot_temperature, states.top_k.gpu, states.slot_top_p,
-                states.slot_min_p, flags.any_min_p, flags.max_top_k, flags.any_top_p)
-        return self.ops.gumbel_argmax(logits, idx, states.slot_temperature, states.seeds.gpu,
-                                      positions, self.token_keys, threshold, last_tokens)
+                logits, idx, temperature, states.top_k.gpu, top_p, min_p, any_min_p,
+                flags.max_top_k, flags.any_top_p)
+        return self.ops.gumbel_argmax(logits, idx, temperature, states.seeds.gpu, positions,
+                                      self.token_keys, threshold, last_tokens)
