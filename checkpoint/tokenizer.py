@@ -95,6 +95,7 @@ class Tokenizer:
         chat_template: str | None = None,
         clean_up_tokenization_spaces: bool = False,
         clean_up_bpe: bool = False,
+        pad_token_id: int | None = None,
     ) -> None:
         self.hf = hf_tokenizer
         # transformers' names and defaults: whether ``decode`` cleans up by
@@ -106,6 +107,9 @@ class Tokenizer:
         self.chat_template = chat_template
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
+        # The padding token (tokenizer_config.json's ``pad_token``; None where
+        # it names none): what vLLM counts between a scored pair's two texts.
+        self.pad_token_id = pad_token_id
         self.add_bos_token = add_bos_token
         self.vocab_size = hf_tokenizer.get_vocab_size(with_added_tokens=True)
         added = hf_tokenizer.get_added_tokens_decoder()
@@ -143,6 +147,7 @@ class Tokenizer:
             hf,
             bos_token_id=token_id("bos_token"),
             eos_token_id=token_id("eos_token"),
+            pad_token_id=token_id("pad_token"),
             add_bos_token=None if add_bos is None else bool(add_bos),
             chat_template=config.get("chat_template"),
             clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)),

@@ -30,6 +30,8 @@ from engine.reasoning import enable_thinking_of
 from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
+from engine.scoring import cosine_similarity, score_pairs, scored_token_ids
+from engine.scoring_outputs import ScoringOutput, ScoringRequestOutput
 from engine.tool_depth import check_tool_depth
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
@@ -207,6 +209,49 @@ class LLM:
         return [EmbeddingRequestOutput(r.req_id, EmbeddingOutput.from_bytes(embeddings[r.req_id]),
                                        list(r.prompt_token_ids))
                 for r in requests]
+
+    def score(
+        self,
+        data_1: str | dict | Sequence[str | dict],
+        data_2: str | dict | Sequence[str | dict],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = False,
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's, for an embedding model: the cosine similarity of each
+        pair's two embeddings (``engine.scoring``), one output a pair in
+        pair order. ``data_1`` and ``data_2`` are a prompt (a text or a
+        ``{"prompt_token_ids"}`` dict, as ``embed`` takes) or a list of them,
+        paired 1 to 1, 1 to N or N to N (else ``InvalidRequestError``); each
+        given prompt is embedded once (a 1 to N request's first one too), in
+        one ``embed`` call, with
+        ``pooling_params``, ``truncate_prompt_tokens``, ``lora_request`` and
+        ``use_tqdm`` as ``embed`` takes them (one adapter for all). A
+        generating engine refuses with vLLM's message."""
+        if self.engine.pooler is None:
+            raise InvalidRequestError("LLM.score() is only supported for pooling models. Try "
+                                      "passing `--runner pooling` to use the model as a pooling "
+                                      "model.")
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise InvalidRequestError("LLM.score takes one lora_request for every prompt",
+                                      param="lora_request")
+        firsts = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
+        seconds = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
+        pairs = score_pairs(len(firsts), len(seconds), "data_1", "data_2")
+        embedded = self.embed([*firsts, *seconds], pooling_params, use_tqdm,
+                              truncate_prompt_tokens, lora_request)
+        pad = self.engine.tokenizer.pad_token_id
+        outputs = []
+        for i, j in pairs:
+            one, two = embedded[i], embedded[len(firsts) + j]
+            score = cosine_similarity(one.outputs.embedding, two.outputs.embedding)
+            outputs.append(ScoringRequestOutput(
+                f"{one.request_id}_{two.request_id}", ScoringOutput(score),
+                scored_token_ids(one.prompt_token_ids, two.prompt_token_ids, pad)))
+        return outputs
 
     def chat(
         self,
