@@ -72,6 +72,7 @@ from serving.http.response_store import ResponseStore
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_completion import create_completion
 from serving.http.serving_embedding import EmbeddingRequest, create_embedding
+from serving.http.serving_rerank import RerankRequest, create_rerank
 from serving.http.serving_responses import (
     cancel_response,
     create_response,
@@ -79,6 +80,7 @@ from serving.http.serving_responses import (
     list_input_items,
     retrieve_response,
 )
+from serving.http.serving_score import ScoreRequest, create_score
 from serving.http.serving_tokenize import detokenize, tokenize, tokenizer_info
 from serving.http.state import ServerState
 from serving.http.streaming import ClientDisconnected
@@ -89,12 +91,14 @@ from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes whose body is a JSON object (refused with 415 under another media type).
+# The routes of an embedding model, which a generating one does not serve (404).
+EMBEDDING_ROUTES = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank",
+                    "/v2/rerank")
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
-                              "/v1/embeddings", "/tokenize", "/detokenize"})
+                              "/tokenize", "/detokenize", *EMBEDDING_ROUTES})
 # The routes of a generating model, which a pooling one does not serve (404),
 # as vLLM registers each task's routes only for a model that does the task.
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
-EMBEDDING_ROUTES = ("/v1/embeddings",)
 
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
@@ -167,11 +171,11 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     tokenizer's (None: the tokenizer's); ``response_role``: vLLM's
     ``--response-role``, a chat answer's role after a generation prompt;
     ``pooling``: the engine is a pooling model (``runner="pooling"``):
-    ``POST /v1/embeddings`` is served and the generation routes
-    (``GENERATION_ROUTES``, those below them too) are not, so they answer
-    404, as vLLM's server
+    ``EMBEDDING_ROUTES`` (/v1/embeddings, /score, /rerank and their other
+    paths) are served and the generation routes (``GENERATION_ROUTES``,
+    those below them too) are not, so they answer 404, as vLLM's server
     of a pooling model; a generating model's server answers 404 at
-    /v1/embeddings the same way. ``lora_modules``: vLLM's
+    ``EMBEDDING_ROUTES`` the same way. ``lora_modules``: vLLM's
     ``--lora-modules``, adapters a request runs with by naming one as its
     model, each listed in /v1/models."""
     if isinstance(served_names, str) or not served_names:
@@ -295,6 +299,17 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> Response:
         return await _answer(create_embedding(state, body))
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest) -> Response:
+        return await _answer(create_score(state, body))
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(body: RerankRequest) -> Response:
+        return await _answer(create_rerank(state, body))
 
     lanes = {
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),

@@ -70,8 +70,9 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
     pooling = {name: value for name, value in (
         ("dimensions", request.dimensions), ("normalize", request.normalize),
         ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}
-    embeddings, num_tokens = await _embed(state, prompts, pooling, request.priority,
-                                          state.lora_request(request.model))
+    embeddings, lengths = await embed_prompts(state, prompts, pooling, request.priority,
+                                              state.lora_request(request.model))
+    num_tokens = sum(lengths)
     data = [{"object": "embedding", "index": i, "embedding": _encoded(e, request.encoding_format)}
             for i, e in enumerate(embeddings)]
     return JSONResponse({
@@ -81,12 +82,15 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
                   "completion_tokens": 0}})
 
 
-async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
-                 priority: int, lora_request: LoRARequest | None) -> tuple[list[bytes], int]:
+async def embed_prompts(state: ServerState, prompts: list[list[int]], pooling: dict,
+                        priority: int, lora_request: LoRARequest | None
+                        ) -> tuple[list[bytes], list[int]]:
     """Submit one embedding request a prompt (each with ``lora_request``,
     the adapter the request's ``model`` names) and wait for every one: their
-    embeddings in prompt order and their prompt tokens (as the engine took
-    them, truncated). A refusal aborts the others and is raised. Each
+    embeddings and their prompt lengths (as the engine took them, truncated),
+    both in prompt order. A refusal aborts the others and is raised. The
+    embedding routes' one way to the engine (/v1/embeddings, /score,
+    /rerank). Each
     engine request that ends counts in the metrics (``Metrics.finished``),
     as a generation's does and as vLLM counts a pooling request."""
     link, queue, arrival = state.link, asyncio.Queue(), time.monotonic()
@@ -94,14 +98,14 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
     for request_id, prompt in zip(ids, prompts):
         link.submit(request_id, prompt, {}, queue, priority, pooling_params=pooling,
                     lora_request=lora_request)
-    live, embeddings, num_tokens = set(ids), {}, 0
+    live, embeddings, lengths = set(ids), {}, {}
     try:
         while live:
             item = await queue.get()
             if isinstance(item, EngineStopped):
                 raise EngineStoppedError(item.reason)
             if isinstance(item, RequestAccepted):
-                num_tokens += len(item.prompt_token_ids)
+                lengths[item.request_id] = len(item.prompt_token_ids)
             elif isinstance(item, RequestError):
                 live.discard(item.request_id)
                 link.forget(item.request_id)
@@ -121,7 +125,7 @@ async def _embed(state: ServerState, prompts: list[list[int]], pooling: dict,
         for request_id in live:
             link.abort(request_id)
             state.metrics.finished("abort", time.monotonic() - arrival)
-    return [embeddings[r] for r in ids], num_tokens
+    return [embeddings[r] for r in ids], [lengths[r] for r in ids]
 
 
 def _encoded(embedding: bytes, encoding_format: str) -> list[float] | str:

@@ -13,9 +13,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import torch
-import transformers  # the oracle: a test dependency, never skipped
 
+from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.http_utils import recording_app, serving_model
 
@@ -37,10 +36,7 @@ def server(tmp_path_factory, model):
 
 
 def _reference(model: str, ids: list[int]) -> np.ndarray:
-    base = transformers.AutoModel.from_pretrained(model, dtype=torch.float32)
-    with torch.no_grad():
-        last = base(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
-    return last / np.linalg.norm(last)
+    return hf_last_token_embeddings(model, [ids])[0]
 
 
 @pytest.mark.timeout(180)
