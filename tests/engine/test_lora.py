@@ -10,6 +10,7 @@ import pytest
 from engine import LLM, LoRARequest, SamplingParams
 from engine.lora_checks import LoRAChecks
 from ipc.errors import InvalidRequestError
+from tests.helpers.devices import DEVICES
 from tests.helpers.lora_adapters import model_with_adapter_requests
 
 PROMPTS = [
@@ -44,6 +45,23 @@ def _check_mixed_batch(llm: LLM, loras: dict, expected: dict) -> None:
     assert got == {(lora_id, i): expected[lora_id][i] for lora_id, i in cases}
 
 
+def _count_graph_replays(llm: LLM) -> dict[str, int]:
+    """Replays of the in-process runner's decode and mixed-batch graphs from
+    now on, by kind, counted as they happen (none on CPU: no CUDA graphs)."""
+    runner = llm.engine.executor.worker.runner
+    replays = {"decode": 0, "prefill": 0}
+    for name, graphs in (("decode", runner.graphs), ("prefill", runner.prefill_graphs)):
+        if graphs is None:
+            continue
+
+        def counted(key, replay=graphs.replay, name=name):
+            replays[name] += 1
+            return replay(key)
+
+        graphs.replay = counted
+    return replays
+
+
 @pytest.fixture(scope="module")
 def lora_llm(lora_setup):
     path, _, _, _ = lora_setup
@@ -52,9 +70,16 @@ def lora_llm(lora_setup):
 
 
 @pytest.mark.timeout(180)
-def test_mixed_batch_matches_merged_references(lora_setup, lora_llm):
-    _, _, loras, expected = lora_setup
-    _check_mixed_batch(lora_llm, loras, expected)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_batch_matches_merged_references(lora_setup, device):
+    # On CUDA the decode batches and the small mixed ones replay captured
+    # graphs, which build each token's adapter mask inside the graph.
+    path, _, loras, expected = lora_setup
+    with _llm(path, device=device, max_loras=3) as llm:
+        replays = _count_graph_replays(llm)
+        _check_mixed_batch(llm, loras, expected)
+    on_graphs = device == "cuda"
+    assert (replays["decode"] > 0, replays["prefill"] > 0) == (on_graphs, on_graphs)
 
 
 @pytest.mark.timeout(240)
@@ -67,11 +92,13 @@ def test_tensor_parallel_mixed_batch(lora_setup):
 
 
 @pytest.mark.timeout(240)
-def test_more_adapters_than_slots(lora_setup):
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_adapters_than_slots(lora_setup, device):
     # One adapter slot: requests of other adapters wait until the running
-    # ones finish, and the slot is reloaded, adapter 1 twice.
+    # ones finish, and the slot is reloaded, adapter 1 twice (on CUDA
+    # between replays of graphs that read the slot's factors in place).
     path, _, loras, expected = lora_setup
-    with _llm(path, max_loras=1) as llm:
+    with _llm(path, device=device, max_loras=1) as llm:
         scheduler = llm.engine.scheduler
         running_adapters, loads = [], []
         schedule = scheduler.schedule
@@ -84,12 +111,14 @@ def test_more_adapters_than_slots(lora_setup):
             return plan
 
         scheduler.schedule = spy
+        replays = _count_graph_replays(llm)
         for cases in ([(1, 0), (2, 0), (None, 1), (3, 2), (2, 2), (1, 2)], [(1, 1)]):
             outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for _, i in cases], PARAMS,
                                 lora_request=[loras.get(lora_id) for lora_id, _ in cases])
             assert [o.outputs[0].token_ids for o in outs] == [expected[lora_id][i]
                                                               for lora_id, i in cases]
     assert max(len(adapters) for adapters in running_adapters) == 1
+    assert (replays["decode"] > 0) == (device == "cuda")
     # Arrival order, a request skipped while its adapter finds no slot: the
     # second of adapter 2 (and of 1) joins its first; 1 comes back last.
     assert loads == [1, 2, 3, 1]

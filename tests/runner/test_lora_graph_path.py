@@ -1,6 +1,7 @@
-"""LoRA on the paths CUDA graphs replay, emulated on CPU: a mixed-batch graph
-prefills and padded decode graphs decode requests of two adapters and of
-none, each giving HF's greedy tokens of the model with its adapter merged."""
+"""LoRA on the paths CUDA graphs replay (captured on CUDA, emulated on
+CPU): a mixed-batch graph prefills and padded decode graphs decode requests
+of two adapters and of none, each giving HF's greedy tokens of the model
+with its adapter merged."""
 
 import pytest
 
@@ -11,6 +12,7 @@ from ipc.messages import (
     SamplingOptions,
     SchedulerOutput,
 )
+from tests.helpers.devices import DEVICES
 from tests.helpers.lora_adapters import model_with_adapters
 from tests.helpers.runner_steps import make_runner
 
@@ -19,10 +21,15 @@ STEPS = 6
 
 
 @pytest.mark.timeout(120)
-def test_graph_paths_add_each_requests_adapter(tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_paths_add_each_requests_adapter(tmp_path, device):
+    # On CUDA the graphs are captured (decode 1, 2, 4, 8 rows; mixed 64, 128,
+    # 256 tokens): each replay builds its tokens' adapter mask inside it.
     model_dir, paths, expected = model_with_adapters(tmp_path, PROMPTS, STEPS + 1)
-    runner = make_runner(model_dir, emulate_graphs=True, emulate_prefill_graphs=True,
-                         enable_lora=True, max_loras=2, max_lora_rank=16)
+    emulate = device == "cpu"
+    runner = make_runner(model_dir, device, emulate_graphs=emulate,
+                         emulate_prefill_graphs=emulate, enable_lora=True, max_loras=2,
+                         max_lora_rank=16)
     replays = {"decode": 0, "prefill": 0}
     for name, graphs in (("decode", runner.graphs), ("prefill", runner.prefill_graphs)):
         def counted(key, replay=graphs.replay, name=name):
