@@ -1,6 +1,8 @@
 """LLM(runner="pooling").embed: embeddings equal HF transformers' hidden
-states of the same checkpoint, pooled and normalized by hand."""
+states of the same checkpoint, pooled and normalized by hand (on CUDA,
+transformers' run on the GPU too)."""
 
+import functools
 import json
 
 import numpy as np
@@ -12,6 +14,7 @@ from engine import LLM
 from engine.config import ConfigError
 from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
+from tests.helpers.devices import DEVICES, NEEDS_CUDA
 from tests.helpers.hf_models import save_spread, small_llama
 
 PROMPTS = [
@@ -21,28 +24,40 @@ PROMPTS = [
     [(7 * i) % 200 + 1 for i in range(21)],
 ]
 CHUNK = 16
+# Absolute tolerance of a normalized embedding (entries about 0.1) by
+# device, float32 on both sides: on CUDA the Triton kernels and
+# transformers' cuBLAS and SDPA kernels sum in different orders.
+NORMALIZED_ATOL = {"cpu": 2e-5, "cuda": 1e-4}
+
+
+@functools.cache
+def _hf_hidden(path: str, device: str) -> list[np.ndarray]:
+    """HF's final-normed hidden states of each prompt (``AutoModel``: the
+    decoder without its LM head), float32 on ``device``."""
+    base = transformers.AutoModel.from_pretrained(path, dtype=torch.float32).to(device)
+    base.eval()
+    with torch.no_grad():
+        hidden = [base(torch.tensor([p], device=device)).last_hidden_state[0].double().cpu()
+                  .numpy() for p in PROMPTS]
+    del base
+    return hidden
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    """A small random float32 Llama (GQA) and HF's final-normed hidden states
-    of each prompt (``AutoModel``: the decoder without its LM head)."""
+    """A small random float32 Llama (GQA) and HF's hidden states on CPU."""
     model = small_llama(3, 256, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=64, rms_norm_eps=1e-6)
     path = save_spread(model, tmp_path_factory.mktemp("llama"))
-    base = transformers.AutoModel.from_pretrained(path, dtype=torch.float32)
-    base.eval()
-    with torch.no_grad():
-        hidden = [base(torch.tensor([p])).last_hidden_state[0].double().numpy() for p in PROMPTS]
-    return path, hidden
+    return path, _hf_hidden(path, "cpu")
 
 
 def _normalized(v: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
-def _embed(path, params=None, tp=1, **kwargs):
-    with LLM(model=path, tensor_parallel_size=tp, device="cpu", runner="pooling",
+def _embed(path, params=None, tp=1, device="cpu", **kwargs):
+    with LLM(model=path, tensor_parallel_size=tp, device=device, runner="pooling",
              block_size=16, max_num_seqs=8, **kwargs) as llm:
         outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert [o.prompt_token_ids for o in outs] == PROMPTS
@@ -50,28 +65,35 @@ def _embed(path, params=None, tp=1, **kwargs):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tp", [1, 2])
-def test_last_token_pooling_matches_transformers(hf_dir, tp):
+@pytest.mark.parametrize("tp, device", [(1, "cpu"), (2, "cpu"),
+                                        pytest.param(1, "cuda", marks=NEEDS_CUDA)])
+def test_last_token_pooling_matches_transformers(hf_dir, tp, device):
     # LAST (the default) over chunked prompts in one batch, L2-normalized.
-    path, hidden = hf_dir
-    got = _embed(path, tp=tp, max_num_batched_tokens=CHUNK)
-    for vec, h in zip(got, hidden, strict=True):
+    path, _ = hf_dir
+    got = _embed(path, tp=tp, device=device, max_num_batched_tokens=CHUNK)
+    for vec, h in zip(got, _hf_hidden(path, device), strict=True):
         assert vec.shape == (64,)
-        np.testing.assert_allclose(vec, _normalized(h[-1]), atol=2e-5)
+        np.testing.assert_allclose(vec, _normalized(h[-1]), atol=NORMALIZED_ATOL[device])
         assert np.linalg.norm(vec) == pytest.approx(1.0, abs=1e-5)
 
 
 @pytest.mark.timeout(180)
-def test_mean_and_cls_pooling_match_transformers(hf_dir):
-    path, hidden = hf_dir
+@pytest.mark.parametrize("device", DEVICES)
+def test_mean_and_cls_pooling_match_transformers(hf_dir, device):
+    path, _ = hf_dir
+    hidden = _hf_hidden(path, device)
+    atol = NORMALIZED_ATOL[device]
     # The prompts (65 tokens) overfill one step's budget of 64: MEAN runs each
     # prompt whole, so the last waits for the next step rather than be chunked.
-    got = _embed(path, pooler_config={"pooling_type": "MEAN"}, max_num_batched_tokens=64)
+    got = _embed(path, device=device, pooler_config={"pooling_type": "MEAN"},
+                 max_num_batched_tokens=64)
     for vec, h in zip(got, hidden, strict=True):
-        np.testing.assert_allclose(vec, _normalized(h.mean(axis=0)), atol=2e-5)
-    got = _embed(path, PoolingParams(normalize=False), pooler_config='{"pooling_type": "CLS"}')
+        np.testing.assert_allclose(vec, _normalized(h.mean(axis=0)), atol=atol)
+    # Not normalized: entries of about 1, ten times the tolerance.
+    got = _embed(path, PoolingParams(normalize=False), device=device,
+                 pooler_config='{"pooling_type": "CLS"}')
     for vec, h in zip(got, hidden, strict=True):
-        np.testing.assert_allclose(vec, h[0], atol=2e-4)
+        np.testing.assert_allclose(vec, h[0], atol=10 * atol)
 
 
 def test_mean_pooling_refuses_a_budget_below_the_longest_prompt(hf_dir):
