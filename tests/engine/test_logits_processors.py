@@ -16,6 +16,7 @@ from ipc.messages import NewRequestData, SamplingOptions
 from runner.sampler import Sampler
 from runner.sampling.custom_processors import CustomLogitsProcessors
 from runner.sampling.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from tests.helpers.devices import DEVICES
 from tests.helpers.hf_models import save_spread, small_llama
 from tests.helpers.sampler_writes import write_added_requests
 
@@ -109,10 +110,13 @@ def _check(outs, model):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("given", [ForceToken, NAME, "tests.engine.test_logits_processors.ForceToken"])
-def test_forced_tokens_one_rank(llama, given):
+def test_forced_tokens_one_rank(llama, given, device):
+    # On CUDA: the table on the device, decode steps from CUDA graphs (none
+    # with the argmax inside: a processor may change it), the Triton draw.
     path, model = llama
-    with LLM(model=path, device="cpu", max_num_seqs=2, logits_processors=[given]) as llm:
+    with LLM(model=path, device=device, max_num_seqs=2, logits_processors=[given]) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params())
     _check(outs, model)
 
@@ -127,17 +131,18 @@ def test_forced_tokens_two_ranks(llama):
 
 
 @pytest.mark.timeout(300)
-def test_sampled_requests_without_arguments_are_unchanged(llama):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_requests_without_arguments_are_unchanged(llama, device):
     """Seeded draws at a temperature, beside forced requests, are the draws
-    of a run without the processor."""
+    of a run without the processor (on the same device)."""
     path, _ = llama
     params = [SamplingParams(temperature=0.8, seed=11 + i, max_tokens=6, ignore_eos=True,
                              extra_args={"force_token": 40} if i == 1 else {"other": [1]})
               for i in range(3)]
     prompts = [{"prompt_token_ids": p} for p in PROMPTS[:3]]
-    with LLM(model=path, device="cpu", logits_processors=[ForceToken]) as llm:
+    with LLM(model=path, device=device, logits_processors=[ForceToken]) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    with LLM(model=path, device="cpu") as llm:
+    with LLM(model=path, device=device) as llm:
         plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got[1] == [40] * 6
     assert got[0] == plain[0] and got[2] == plain[2]
@@ -455,28 +460,32 @@ def test_argmax_invariant_processors_see_temperature_scaled_logits_after_min_p()
     assert out.sampled_token_ids[[0, 2]].tolist() == [0, 5]
 
 
-def test_argmax_invariant_path_draws_alike_through_the_triton_kernels():
+@pytest.mark.parametrize("device", DEVICES)
+def test_argmax_invariant_path_draws_alike_through_the_triton_kernels(device):
     """The draw after argmax-invariant processors (filters and Gumbel draw
-    at temperature 1) through the Triton kernels draws what the torch
-    references draw, over a batch of greedy, filtered and plain rows."""
-    from runner.ops import triton_ops
+    at temperature 1) through the Triton kernels (compiled on CUDA, under
+    the interpreter on CPU) draws what the torch references draw on the same
+    device, over a batch of greedy, filtered and plain rows."""
+    from runner.ops import torch_ops, triton_ops
 
-    cpu = torch.device("cpu")
+    device = torch.device(device)
+    logits = (torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 3).to(device)
+    idx = np.array([1, 0, 2], dtype=np.int32)
     draws = []
-    for ops in (None, triton_ops(cpu)):
-        custom = CustomLogitsProcessors([RowMaxima(None, cpu, False)], 4, 64, cpu)
-        sampler = Sampler(4, 64, cpu, 0, custom)
-        if ops is not None:
-            sampler.ops = ops
+    for ops in (torch_ops(device), triton_ops(device)):
+        custom = CustomLogitsProcessors([RowMaxima(None, device, False)], 4, 64, device)
+        sampler = Sampler(4, 64, device, 0, custom)
+        sampler.ops = ops
         sampler.add_request(1, SamplingOptions(temperature=0.7, top_p=0.9, top_k=20,
                                                min_p=0.05, seed=3), 2, 2)
         sampler.add_request(0, SamplingOptions(temperature=0.0), 2, 2)
         sampler.add_request(2, SamplingOptions(temperature=1.3, seed=9), 2, 2)
-        write_added_requests(sampler, torch.zeros(4, 16, dtype=torch.int32))
-        logits = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)) * 3
-        idx = np.array([1, 0, 2], dtype=np.int32)
-        draws.append([sampler(logits, torch.from_numpy(idx), idx, torch.full((3,), pos),
-                              torch.ones(3, dtype=torch.bool)).sampled_token_ids.tolist()
-                      for pos in range(12)])
+        write_added_requests(sampler, torch.zeros(4, 16, dtype=torch.int32, device=device))
+        draws.append([sampler(logits, torch.from_numpy(idx).to(device), idx,
+                              torch.full((3,), pos, device=device),
+                              torch.ones(3, dtype=torch.bool, device=device))
+                      .sampled_token_ids.tolist() for pos in range(12)])
+        # The processor ran at every draw: the path under test.
+        assert len(custom.invariant[0].seen) == 12
     assert draws[0] == draws[1]
     assert {row[1] for row in draws[0]} == {int(logits[1].argmax())}
