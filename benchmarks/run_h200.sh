@@ -6,7 +6,8 @@
 #     the GPU; tests-1 runs tests/runner and tests/benchmarks as four pytest runs at
 #     once (their runners take a fixed KV cache), the others one at a time (an
 #     engine sizes its cache from the memory left free)
-#   gpu-tests (2): the tests that exercise CUDA
+#   gpu-tests (3): the tests that exercise CUDA (LoRA, embeddings and custom logits
+#     processors among them)
 #   prepare (0.5), attention (3), bench-1b (1), bench-8b (1.5): prepare_inputs,
 #     attention against SDPA, decode against the floor; bench-small = prepare attention bench-1b
 #   sampled (3): the 1B and 8B decode steps of seeded requests at temperature 0.7,
@@ -102,6 +103,9 @@ run_stage() {
       pytest_files pytest_gpu_kernels.log tests/engine/test_prompt_logprobs.py \
         tests/engine/test_thinking_budget.py tests/engine/test_structured_outputs.py \
         tests/engine/test_logprob_token_ids.py -k cuda
+      pytest_files pytest_gpu_kernels.log tests/engine/test_lora.py tests/runner/test_lora_graph_path.py \
+        tests/engine/test_embed.py tests/engine/test_lora_embed.py tests/engine/test_logits_processors.py \
+        -k cuda
       ;;
     prepare)
       timeout 60 python3 -m benchmarks.bench_prepare_inputs 2>&1 | tee "$LOGS/prepare_inputs.log" ;;
