@@ -6,6 +6,8 @@
     python -m benchmarks.bench_decode --shape tiny --device cpu --dtype float32 --peer ...
     python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 \
         --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7
+    python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 --contexts 512 \
+        --max-loras 4 --max-lora-rank 16
     python -m benchmarks.bench_decode --shape 1b --batches 1 64 --contexts 512 --temperature 1
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
@@ -66,6 +68,15 @@ step emits at the acceptance measured and the time per output token.
 ``--replay-accept`` of them kept, for a known acceptance; ``ngram`` drafts
 by prompt lookup (random weights: whatever acceptance the model makes).
 
+``--max-loras N --max-lora-rank R`` runs every row with LoRA on: a random
+adapter of rank R in each of the N slots, request i running slot i % N
+(``benchmarks/lora_rows.py``); the floor adds the adapters' bytes a step
+reads, and every row is still checked against eager steps. After those
+rows, a runner without LoRA (same shape) times the same rows in the same
+process: each row gets ``plain`` with that step time and
+``lora_over_plain``, the LoRA step's cost over the plain one. With
+``--variants`` the variants run on the LoRA rows.
+
 Under torchrun (WORLD_SIZE > 1) every rank drives its own shard with the same
 plans, as the worker daemons do, and the model's NCCL all-reduces keep them in
 step; the floor is then this rank's shard (weights + KV) over its bandwidth.
@@ -89,7 +100,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from benchmarks import decode_variants, floor, step_timeline
+from benchmarks import decode_variants, floor, lora_rows, step_timeline
 from benchmarks.common import device_name, emit_summary, init_device, synchronize
 from benchmarks.peer_decoder import PeerConfig, PeerDecoder, compile_step
 from benchmarks.shapes import SHAPES, shape_config, write_shape
@@ -131,6 +142,7 @@ class DecodeDriver:
         the first step feeds their last context token."""
         block = self.runner.config.block_size
         blocks_per_req = -(-(context + max_steps + 1) // block)
+        lora = self.runner.lora
         new = []
         for i in range(batch):
             blocks = list(range(i * blocks_per_req, (i + 1) * blocks_per_req))
@@ -139,7 +151,8 @@ class DecodeDriver:
                 sampling=(msgspec.structs.replace(self.sampling, seed=i)
                           if self.sampling.temperature else self.sampling),
                 block_ids=[blocks],
-                num_computed_tokens=context - 1, max_tokens=max_steps + 1))
+                num_computed_tokens=context - 1, max_tokens=max_steps + 1,
+                lora_slot=i % lora.config.max_loras if lora is not None else -1))
             self.computed[f"r{i}"] = context - 1
         self.pending_new = new
 
@@ -335,6 +348,10 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
     if args.temperature and (args.peer or args.spec_tokens):
         parser.error("--temperature samples plain rows only: not with --peer or --spec-tokens "
                      "(the peer and the replayed drafts are greedy)")
+    if args.max_loras and args.spec_tokens:
+        parser.error("--max-loras times plain decode rows: not with --spec-tokens")
+    if args.max_loras < 0 or args.max_lora_rank < 1:
+        parser.error("--max-loras must be >= 0 and --max-lora-rank >= 1")
     if args.variants and (args.peer or args.idle or args.kernel_table or args.profile_host
                           or args.spec_tokens or args.cublas_only):
         parser.error("--variants times plain rows only: not with --peer, --idle, "
@@ -446,6 +463,12 @@ def main() -> int:
                         default=None,
                         help="time each row under these kernel variants "
                              "(benchmarks/decode_variants.py), interleaved in one process")
+    parser.add_argument("--max-loras", type=int, default=0,
+                        help="run every row with LoRA: this many random adapters, one in "
+                             "each slot, request i running slot i %% N; then time the same "
+                             "rows without LoRA (0: off)")
+    parser.add_argument("--max-lora-rank", type=int, default=16,
+                        help="the adapters' rank with --max-loras")
     parser.add_argument("--out", default=None)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of --out's earlier run of this shape that this "
@@ -495,9 +518,14 @@ def run_benchmark(args, model_dir: str) -> int:
         model=model_dir, device=args.device, dtype=args.dtype, max_num_seqs=max(args.batches),
         max_model_len=max_len, max_num_batched_tokens=max(2048, max(args.batches) * q_max),
         load_format="dummy", enforce_eager=args.enforce_eager, block_size=args.block_size,
-        disable_custom_all_reduce=args.disable_custom_all_reduce)
+        disable_custom_all_reduce=args.disable_custom_all_reduce,
+        enable_lora=args.max_loras > 0, max_loras=max(args.max_loras, 1),
+        max_lora_rank=args.max_lora_rank)
     config = engine_config.runner_config(model_dir, describe(model_dir))
     runner = ModelRunner(config, device, TensorParallelGroup.from_default_group())
+    if runner.lora is not None:
+        lora_rows.load_random_adapters(runner, args.max_lora_rank,
+                                       os.path.join(model_dir, "adapters"))
     if args.cublas_only:  # before the decode graphs are captured
         use_cublas_everywhere(runner.model)
     # Only the blocks the largest row takes, so the peer has room beside them.
@@ -518,7 +546,8 @@ def run_benchmark(args, model_dir: str) -> int:
     results, replay = [], {}
     if args.variants:
         results = variant_rows(args, runner, lambda batch, context: row_floor(
-            params, model, kv_per_token, batch, context, bandwidth), num_blocks, rank == 0)
+            params, model, kv_per_token, batch, context, bandwidth, runner.lora), num_blocks,
+            rank == 0)
     for context in ([] if args.variants else args.contexts):
         for batch in args.batches:
             blocks_needed = blocks_for(batch, context, row_steps, config.block_size)
@@ -531,7 +560,7 @@ def run_benchmark(args, model_dir: str) -> int:
             rounds = [driver.run(args.steps, overlap=True) for _ in range(args.rounds)]
             step_s = statistics.median(rounds)
             row.update(step_fields(rounds, row_floor(params, model, kv_per_token, batch,
-                                                     context, bandwidth), batch),
+                                                     context, bandwidth, runner.lora), batch),
                        norms_in_matmuls=model.carries_norms(batch))
             if args.timeline:
                 row["timeline"] = row_timeline(driver, runner)
@@ -560,6 +589,8 @@ def run_benchmark(args, model_dir: str) -> int:
         for batch in sorted({1, min(64, max(args.batches))}):
             kernel_table(runner, batch, min(args.contexts), row_sampling(args), show=rank == 0)
     graph_sizes = runner.graphs.sizes
+    if runner.lora is not None:
+        run_plain_rows(args, runner, results, bandwidth, rank)
     if args.spec_tokens:
         run_spec_rows(args, runner, results, replay, device, rank)
     summary = {
@@ -574,6 +605,9 @@ def run_benchmark(args, model_dir: str) -> int:
         "num_blocks": num_blocks, "block_size": config.block_size, "cuda_graphs": not args.enforce_eager,
         "graph_sizes": graph_sizes, "init_kv_and_graphs_s": round(init_s, 2),
         "row_parallel_matmul": "cublas" if args.cublas_only else "device default",
+        **({"lora": {"max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
+                     "rows": "request i runs adapter slot i % max_loras; 'plain' is the "
+                             "same row without LoRA"}} if args.max_loras else {}),
         **({"variants": {name: decode_variants.VARIANTS[name].description
                          for name in args.variants}} if args.variants else {}),
         "pdl": runner_ops.launch_pdl(device),
@@ -581,7 +615,10 @@ def run_benchmark(args, model_dir: str) -> int:
         "date": time.strftime("%Y-%m-%d"), "results": results,
         "problems": [f"batch {r['batch']} x {r['context']}: the timed steps' tokens differ "
                      "from eager steps'" for r in results
-                     if "eager_check" in r and not r["eager_check"]["tokens_equal"]],
+                     if "eager_check" in r and not r["eager_check"]["tokens_equal"]] + [
+                    f"batch {r['batch']} x {r['context']}: the plain runner's timed steps' "
+                    "tokens differ from eager steps'" for r in results
+                    if "plain" in r and not r["plain"]["eager_check"]["tokens_equal"]],
     }
     if peer is not None:
         summary["peer"] = {"model": "benchmarks/peer_decoder.py", "torch": torch.__version__,
@@ -611,10 +648,14 @@ def row_timeline(driver: DecodeDriver, runner: ModelRunner) -> dict:
 
 
 def row_floor(params, model, kv_per_token: int, batch: int, context: int,
-              bandwidth: dict) -> dict:
-    """A row's floor fields (``floor.decode_floor``) and the bandwidth used."""
+              bandwidth: dict, lora=None) -> dict:
+    """A row's floor fields (``floor.decode_floor``) and the bandwidth used;
+    with ``lora`` (the runner's adapters) the bytes of those the row uses
+    count too (``lora_rows.step_adapter_bytes``)."""
     weights = floor.decode_weight_bytes(params, model.embed_tokens.weight,
                                         model.lm_head.weight, batch)
+    if lora is not None:
+        weights += lora_rows.step_adapter_bytes(lora, batch)
     return {**floor.decode_floor(weights, kv_per_token, batch, context, bandwidth),
             "floor_GBps": bandwidth["used_GBps"]}
 
@@ -684,6 +725,41 @@ def variant_rows(args, runner: ModelRunner, floor_of, num_blocks: int,
             if show:
                 print(json.dumps(row), flush=True)
     return rows
+
+
+def run_plain_rows(args, lora_runner: ModelRunner, results: list[dict], bandwidth: dict,
+                   rank: int) -> None:
+    """``--max-loras``: every row that ran, timed again by a runner without
+    LoRA (same config otherwise, built after the LoRA runner's KV cache and
+    graphs are freed); adds ``plain`` (its step time, floor, check against
+    eager steps) and ``lora_over_plain`` to the rows."""
+    device, tp = lora_runner.device, lora_runner.tp
+    lora_runner.kv_caches, lora_runner.graphs.graphs, lora_runner.graphs.pool = [], {}, None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    runner = ModelRunner(msgspec.structs.replace(lora_runner.config, lora=None), device, tp)
+    timed = [r for r in results if "step_ms" in r]
+    if not timed:
+        return
+    needed = max(blocks_for(r["batch"], r["context"], plain_row_steps(args),
+                            runner.config.block_size) for r in timed)
+    runner.init_kv_cache(agreed_num_blocks(min(runner.determine_num_blocks(), needed), device))
+    params = list(runner.model.parameters())
+    kv_per_token = runner.bytes_per_block() // runner.config.block_size
+    for row in timed:
+        batch, context = row["batch"], row["context"]
+        driver = started_row(runner, args, batch, context)
+        rounds = [driver.run(args.steps, overlap=True) for _ in range(args.rounds)]
+        driver.finish()
+        fields = step_fields(rounds, row_floor(params, runner.model, kv_per_token, batch,
+                                               context, bandwidth), batch)
+        row["plain"] = {key: fields[key] for key in ("step_ms", "step_ms_rounds", "floor_ms",
+                                                      "ratio_to_floor")}
+        row["plain"]["eager_check"] = eager_check(runner, batch, context, row_sampling(args))
+        row["lora_over_plain"] = round(row["step_ms"] / fields["step_ms"], 4)
+        if rank == 0:
+            print(json.dumps({"batch": batch, "context": context, "plain": row["plain"],
+                              "lora_over_plain": row["lora_over_plain"]}), flush=True)
 
 
 SPEC_WARMUP = 5

@@ -152,6 +152,28 @@ def test_spec_rows_verify_cost_and_replay_acceptance(tmp_path):
         assert spec["ms_per_output_token"] == pytest.approx(spec["step_ms"] / want, rel=1e-2)
 
 
+# Bytes of one tiny-shape adapter at rank 8 in float32: r * (in + out) for
+# q, k, v, o, gate, up and down, in 2 layers.
+ADAPTER_BYTES = 4 * 8 * 2 * ((128 + 128) + 2 * (128 + 64) + (128 + 128) + 3 * (128 + 256))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(800)
+def test_lora_rows_against_plain_rows_in_one_run(tmp_path):
+    """--max-loras 2 --max-lora-rank 8: batch 2 runs both adapters; its
+    floor adds both adapters' bytes; the same row without LoRA is timed in
+    the same run; every row's timed tokens equal eager steps'."""
+    summary = run_bench(tmp_path / "decode.json", "--contexts", "24", "--max-loras", "2",
+                        "--max-lora-rank", "8")
+    (row,) = summary["results"]
+    assert summary["lora"]["max_loras"] == 2 and summary["lora"]["max_lora_rank"] == 8
+    assert row["eager_check"]["tokens_equal"] and row["plain"]["eager_check"]["tokens_equal"]
+    assert row["lora_over_plain"] == pytest.approx(row["step_ms"] / row["plain"]["step_ms"],
+                                                   rel=1e-3)
+    adapters_ms = 2 * ADAPTER_BYTES / (row["floor_GBps"] * 1e6)
+    assert row["floor_ms"] - row["plain"]["floor_ms"] == pytest.approx(adapters_ms, abs=2e-4)
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_eager_check_compares_graph_steps_with_eager_ones(tmp_path, monkeypatch, batch):
     """The row check: replays of the (emulated) decode graphs give the eager
@@ -260,7 +282,8 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
     parser = argparse.ArgumentParser()
     base = dict(device="cuda", idle=False, kernel_table=False, timeline=False, peer=False,
                 profile_host=False, spec_tokens=[], cublas_only=False, temperature=0.0,
-                top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, logprobs=None)
+                top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0, logprobs=None,
+                max_loras=0, max_lora_rank=16)
     check_args(parser, argparse.Namespace(**base, variants=["default"]))
     with pytest.raises(SystemExit):
         check_args(parser, argparse.Namespace(**{**base, "peer": True}, variants=["default"]))
@@ -275,8 +298,11 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
                                           variants=None))
     check_args(parser, argparse.Namespace(**{**base, "repetition_penalty": 1.2},
                                           variants=None))  # greedy rows penalise too
+    check_args(parser, argparse.Namespace(**{**base, "max_loras": 4}, variants=["default"]))
     for bad, message in (({"top_p": 0.9}, "give --temperature"),
                          ({"min_p": 0.1}, "give --temperature"),
+                         ({"max_loras": 2, "spec_tokens": [2]}, "--max-loras times plain"),
+                         ({"max_loras": -1}, "--max-loras must be"),
                          ({"temperature": 1.0, "top_p": 1.5}, "top_p")):
         with pytest.raises(SystemExit):
             check_args(parser, argparse.Namespace(**{**base, **bad}, variants=None))
