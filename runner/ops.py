@@ -60,6 +60,8 @@ class DeviceOps:
     lm_head_matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # F.linear
     norms_in_matmuls: Callable[..., bool]  # norms_in_matmuls_ref
     embedding_with_parts: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # embedding_with_parts_ref
+    # runner/lora/stack.py
+    lora_add_delta: Callable[..., torch.Tensor]  # lora_add_delta_ref
     # runner/spec_decode/ngram.py
     ngram_propose: Callable[..., None]  # ngram_propose_ref
     # runner/sampling/noise.py
@@ -144,6 +146,8 @@ _KERNELS = {
                          "runner.layers.triton_norm_in_matmul:norms_in_matmuls"),
     "embedding_with_parts": ("runner.layers.norm_in_matmul:embedding_with_parts_ref",
                              "runner.layers.triton_embedding:embedding_with_parts_triton"),
+    "lora_add_delta": ("runner.lora.stack:lora_add_delta_ref",
+                       "runner.lora.triton_lora:lora_add_delta_triton"),
     "ngram_propose": ("runner.spec_decode.ngram:ngram_propose_ref",
                       "runner.spec_decode.triton_ngram:ngram_propose_triton"),
     "greedy_argmax": ("runner.sampling.noise:greedy_argmax_ref",

@@ -11,9 +11,11 @@ Persistent, built once (``RunnerConfig.lora``), like the request slots:
   with, 0 for none (a staged tensor: zero-filled, so the padding slot and
   every fresh slot run without one); written when a request is added;
 - ``token_mask`` [max tokens, max_loras]: per token of the step, 1 in its
-  adapter's column. Built on the device from ``idx_mapping`` and
-  ``query_start_loc`` by ``prepare_tokens`` with the other inputs, inside
-  the captured graphs, so no per-step upload is added.
+  adapter's column, and ``token_slot`` [max tokens]: the same as one slot
+  index (-1 for none), which the Triton delta reads (``runner.lora.stack``).
+  Built on the device from ``idx_mapping`` and ``query_start_loc`` by
+  ``prepare_tokens`` with the other inputs, inside the captured graphs, so
+  no per-step upload is added.
 
 ``load`` reads an adapter the plan names (``SchedulerOutput.lora_loads``)
 from its file, this rank's shard only, into an adapter slot; the engine
@@ -46,6 +48,7 @@ class LoRAAdapters:
         self.dtype = next(model.parameters()).dtype
         n, r = config.max_loras, config.max_lora_rank
         self.token_mask = torch.zeros(max_num_tokens, n, dtype=self.dtype, device=device)
+        self.token_slot = torch.full((max_num_tokens,), -1, dtype=torch.int32, device=device)
         self._slot_ids = torch.arange(1, n + 1, dtype=torch.int32, device=device)
         self._token_index = torch.arange(max_num_tokens, dtype=torch.int32, device=device)
         self.adapter_of_slot = StagedWriteTensor((max_num_reqs + 1,), torch.int32, device)
@@ -62,9 +65,12 @@ class LoRAAdapters:
 
     def _stack(self, linear, num_slots: int, rank: int, device: torch.device) -> LoRAStack:
         out_features, in_features = linear.weight.shape
-        parts = len(linear.parts) if isinstance(linear, ColumnParallelLinear) else 1
-        return LoRAStack(num_slots, parts, rank, in_features, out_features, self.token_mask,
-                         self.dtype, device)
+        part_ends = (out_features,)
+        if isinstance(linear, ColumnParallelLinear):
+            part_ends = tuple(linear.offsets[name] + part.size
+                              for name, part in linear.parts.items())
+        return LoRAStack(num_slots, part_ends, rank, in_features, self.token_mask,
+                         self.token_slot, self.dtype, device)
 
     @property
     def staged_tensors(self) -> tuple[StagedWriteTensor, ...]:
@@ -76,14 +82,16 @@ class LoRAAdapters:
 
     def prepare_tokens(self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
                        num_reqs: int, num_tokens: int) -> None:
-        """``token_mask[:num_tokens]`` for batch rows ``[0, num_reqs)``: token t
-        belongs to the row r with qsl[r] <= t < qsl[r + 1]; tokens past the
-        rows' (padding) take the last row's, and nothing reads their output."""
+        """``token_mask[:num_tokens]`` and ``token_slot[:num_tokens]`` for
+        batch rows ``[0, num_reqs)``: token t belongs to the row r with
+        qsl[r] <= t < qsl[r + 1]; tokens past the rows' (padding) take the
+        last row's, and nothing reads their output."""
         ends = query_start_loc[1 : num_reqs + 1]
         rows = torch.searchsorted(ends, self._token_index[:num_tokens], right=True)
         rows = rows.clamp_(max=num_reqs - 1)
         adapter = self.adapter_of_slot.gpu[idx_mapping[rows].long()]
         self.token_mask[:num_tokens] = adapter[:, None] == self._slot_ids
+        self.token_slot[:num_tokens] = adapter - 1
 
     @torch.no_grad()
     def load(self, slot: int, path: str) -> None:

@@ -1,9 +1,14 @@
 """LoRA on the paths CUDA graphs replay (captured on CUDA, emulated on
 CPU): a mixed-batch graph prefills and padded decode graphs decode requests
 of two adapters and of none, each giving HF's greedy tokens of the model
-with its adapter merged."""
+with its adapter merged. The delta is the device's own ("own": CUDA's
+Triton kernels, the CPU's torch masked form) and, on CPU, also CUDA's kernels under the
+interpreter, which read each token's slot index (``token_slot``)."""
+
+import dataclasses
 
 import pytest
+import torch
 
 from ipc.messages import (
     CachedRequestData,
@@ -12,7 +17,8 @@ from ipc.messages import (
     SamplingOptions,
     SchedulerOutput,
 )
-from tests.helpers.devices import DEVICES
+from runner.ops import triton_ops
+from tests.helpers.devices import NEEDS_CUDA
 from tests.helpers.lora_adapters import model_with_adapters
 from tests.helpers.runner_steps import make_runner
 
@@ -20,9 +26,10 @@ PROMPTS = [[5, 17, 99, 3], list(range(1, 30)), [(7 * i) % 200 + 1 for i in range
 STEPS = 6
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("device", DEVICES)
-def test_graph_paths_add_each_requests_adapter(tmp_path, device):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device,delta", [
+    ("cpu", "own"), pytest.param("cuda", "own", marks=NEEDS_CUDA), ("cpu", "triton")])
+def test_graph_paths_add_each_requests_adapter(tmp_path, device, delta):
     # On CUDA the graphs are captured (decode 1, 2, 4, 8 rows; mixed 64, 128,
     # 256 tokens): each replay builds its tokens' adapter mask inside it.
     model_dir, paths, expected = model_with_adapters(tmp_path, PROMPTS, STEPS + 1)
@@ -30,6 +37,11 @@ def test_graph_paths_add_each_requests_adapter(tmp_path, device):
     runner = make_runner(model_dir, device, emulate_graphs=emulate,
                          emulate_prefill_graphs=emulate, enable_lora=True, max_loras=2,
                          max_lora_rank=16)
+    if delta == "triton":
+        kernel = triton_ops(torch.device("cpu")).lora_add_delta
+        for stacks in runner.lora.layers:
+            for _, stack in stacks.values():
+                stack.ops = dataclasses.replace(stack.ops, lora_add_delta=kernel)
     replays = {"decode": 0, "prefill": 0}
     for name, graphs in (("decode", runner.graphs), ("prefill", runner.prefill_graphs)):
         def counted(key, replay=graphs.replay, name=name):
