@@ -6,10 +6,19 @@ LoRA off, an id or a name that names another adapter than the one the
 engine knows by it, or an adapter ``ipc.lora_adapter.read_adapter`` refuses (a missing
 path, a rank above ``max_lora_rank``, modules it cannot serve). An adapter
 that passed is remembered by its ``LoRARequest``, so it is read once.
+
+Several threads check: the engine server's tokenizer threads (as they make
+requests) and an HTTP front end loading an adapter at runtime
+(``serving/http/lora_updates.py``); one lock makes each check whole, so two
+adapters of one name or one id never both pass.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
+
+from engine.config import ConfigError
 from ipc.config import LoRAConfig
 from ipc.errors import InvalidRequestError
 from ipc.lora_adapter import read_adapter
@@ -22,11 +31,16 @@ class LoRAChecks:
         self.config, self.model = config, model
         self._checked: dict[int, LoRARequest] = {}  # lora_int_id -> the adapter it names
         self._ids: dict[str, int] = {}  # lora_name -> its lora_int_id
+        self._lock = threading.Lock()
 
     def check(self, lora: LoRARequest | None) -> None:
         """Refuse a ``lora`` this engine cannot serve (module docstring)."""
         if lora is None:
             return
+        with self._lock:
+            self._check(lora)
+
+    def _check(self, lora: LoRARequest) -> None:
         if not isinstance(lora, LoRARequest):
             raise InvalidRequestError(f"lora_request must be a LoRARequest, got "
                                       f"{type(lora).__name__}", param="lora_request")
@@ -51,3 +65,14 @@ class LoRAChecks:
         read_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
         self._checked[lora.lora_int_id] = lora
         self._ids[lora.lora_name] = lora.lora_int_id
+
+
+def check_lora_modules(checks: LoRAChecks, modules: Iterable[LoRARequest]) -> None:
+    """vLLM's ``--lora-modules``, each read once as the server starts:
+    ``ConfigError`` naming the module and the reason for one the engine
+    refuses, so a bad adapter stops the start."""
+    for lora in modules:
+        try:
+            checks.check(lora)
+        except InvalidRequestError as e:
+            raise ConfigError(f"--lora-modules {lora.lora_name}: {e}") from None

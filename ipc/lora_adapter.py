@@ -73,6 +73,11 @@ def module_shape(model: ModelConfig, module: str) -> tuple[int, int]:
             "down_proj": (c.intermediate_size, c.hidden_size)}[module]
 
 
+class LoRAAdapterNotFoundError(InvalidRequestError):
+    """No directory at the adapter's path (vLLM's name; an HTTP front end
+    answers it 404, as vLLM's server answers an adapter it cannot find)."""
+
+
 def _refuse(path: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(f"LoRA adapter {path!r}: {message}", param="lora_request")
 
@@ -109,7 +114,8 @@ def read_adapter(path: str, model: ModelConfig, max_lora_rank: int) -> LoRAAdapt
 def _read_config(path: str) -> dict:
     config_path = os.path.join(path, CONFIG_FILE)
     if not os.path.isdir(path):
-        raise _refuse(path, "no such directory")
+        raise LoRAAdapterNotFoundError(f"LoRA adapter {path!r}: no such directory",
+                                       param="lora_request")
     if not os.path.isfile(config_path):
         raise _refuse(path, f"no {CONFIG_FILE} in it")
     try:

@@ -246,14 +246,19 @@ class BatchThread(threading.Thread):
 
 def run_batch_job(config, files: BatchFiles, served_names: list[str],
                   chat_template: str | None, response_role: str = "assistant",
-                  metrics_address: tuple[str, int] | None = None) -> BatchSummary:
+                  metrics_address: tuple[str, int] | None = None,
+                  lora_modules: tuple = ()) -> BatchSummary:
     """Start the engine (``config``), answer ``files``' batch, stop the
     engine; the run's summary. ``chat_template``: the chat route's, in
     place of the model's (None: the model's); ``response_role``: a chat
     answer's role after a generation prompt (vLLM's ``--response-role``);
     ``metrics_address``: (host, port) where the app's /metrics is served
-    during the batch (vLLM's ``--enable-metrics``; None: nowhere)."""
+    during the batch (vLLM's ``--enable-metrics``; None: nowhere);
+    ``lora_modules``: vLLM's ``--lora-modules``, the ``LoRARequest`` of each
+    adapter a line runs with by naming it as its body's model, each checked
+    once the engine has started (a bad one stops the run before any line)."""
     from engine.llm_engine import LLMEngine
+    from engine.lora_checks import check_lora_modules
     from executor import stop_signals
     from ipc.auth import new_secret
     from serving.async_client import AsyncEngineClient
@@ -277,10 +282,12 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
     try:
         if chat_template is not None:  # as serve sets it
             engine.tokenizer.chat_template = chat_template
+        check_lora_modules(engine.lora_checks, lora_modules)
         link = AsyncEngineClient(server.inproc_address, secret, context=server.ctx)
         options = engine_app_options(engine)
         app = create_app(link, engine.tokenizer, served_names, engine.max_model_len,
-                         chat_template=chat_template, response_role=response_role, **options)
+                         chat_template=chat_template, response_role=response_role,
+                         lora_modules=lora_modules, **options)
     except BaseException:  # an app that cannot be made (a reasoning parser without its tags)
         server.close()
         engine.shutdown()

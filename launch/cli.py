@@ -386,6 +386,11 @@ def _serve_parser(sub) -> None:
                        "directories) served as models of their own: a request whose model "
                        "is NAME runs with that adapter (also a JSON object "
                        "'{\"name\": NAME, \"path\": PATH}')")
+    serve.add_argument("--allow-runtime-lora-updating", action="store_true", default=None,
+                       help="with --http-port and --enable-lora: serve vLLM's POST "
+                       "/v1/load_lora_adapter and /v1/unload_lora_adapter, which load and "
+                       "unload adapters while the server runs (also vLLM's "
+                       "$VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; off: they are 404)")
     for flag, why in _REFUSED_SERVE_OPTIONS.items():
         serve.add_argument(flag, default=None, help=f"vLLM's; refused: {why}")
     serve.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -479,6 +484,10 @@ def _run_batch_parser(sub) -> None:
     batch.add_argument("--response-role", default=None, metavar="ROLE",
                        help="vLLM's; the role of a chat answer after a generation prompt "
                        "(None: assistant), as serve's --response-role")
+    batch.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                       help="with --enable-lora: vLLM's; LoRA adapters (PEFT directories) "
+                       "served as models of their own, as serve's --lora-modules: a line "
+                       "whose body's model is NAME runs with that adapter")
     batch.add_argument("--output-tmp-dir", default=None, metavar="DIR",
                        help="vLLM's; write the output lines to a new file in DIR and move it "
                        "onto --output-file once the batch has ended well (until then an older "
@@ -881,8 +890,11 @@ def _check_http_args(args) -> None:
             raise ConfigError("--response-role needs --http-port")
         if args.lora_modules is not None:
             raise ConfigError("--lora-modules needs --http-port")
+        if args.allow_runtime_lora_updating:
+            raise ConfigError("--allow-runtime-lora-updating needs --http-port")
         return
     args.lora_modules = _lora_modules(args)
+    args.allow_runtime_lora_updating = _runtime_lora_updating(args)
     args.response_role = _response_role(args.response_role)
     args.stream_interval = _stream_interval(args.stream_interval)
     args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
@@ -906,6 +918,31 @@ def _check_http_args(args) -> None:
                    + ("" if args.api_key else ", with no API key: anyone who reaches it "
                       "may use the engine"))
         print(f"tprun serve: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _runtime_lora_updating(args) -> bool:
+    """Whether adapters may be loaded and unloaded over HTTP: the flag
+    (which needs --enable-lora), else vLLM's $VLLM_ALLOW_RUNTIME_LORA_UPDATING
+    ("true" or "1", any case; unset, empty, "false" or "0": off). On, a
+    warning says so: anyone who reaches the server may then read any
+    adapter directory the server can."""
+    from engine.config import ConfigError
+
+    if args.allow_runtime_lora_updating:
+        if not args.enable_lora:
+            raise ConfigError("--allow-runtime-lora-updating needs --enable-lora")
+        on = True
+    else:
+        value = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower()
+        if value not in ("", "0", "1", "false", "true"):
+            raise ConfigError(f"VLLM_ALLOW_RUNTIME_LORA_UPDATING must be True or False (1 or "
+                              f"0), got {value!r}")
+        on = value in ("1", "true")
+    if on:
+        print("tprun serve: warning: LoRA adapters may be loaded and unloaded over HTTP "
+              "(/v1/load_lora_adapter): a client names a directory of this machine for the "
+              "server to read", file=sys.stderr, flush=True)
+    return on
 
 
 def _response_role(given: str | None) -> str:
@@ -1056,19 +1093,14 @@ def _start_http(args, engine, server, secret: bytes,
     """The HTTP front end, a client of ``server`` through its in-process
     address (same process: no ZeroMQ I/O thread on the way), and of
     ``other_replicas``' endpoints (``start_http_server``)."""
-    from engine.config import ConfigError
-    from ipc.errors import InvalidRequestError
+    from engine.lora_checks import check_lora_modules
     from serving.http.http_server import engine_app_options, start_http_server
 
     if args.access_log:
         logging.getLogger("tprun.access").setLevel(logging.INFO)
     if args.chat_template is not None:  # the text _check_http_args read
         engine.tokenizer.chat_template = args.chat_template
-    for lora in args.lora_modules:  # read once here: a bad adapter stops the start
-        try:
-            engine.lora_checks.check(lora)
-        except InvalidRequestError as e:
-            raise ConfigError(f"--lora-modules {lora.lora_name}: {e}") from None
+    check_lora_modules(engine.lora_checks, args.lora_modules)
     http = start_http_server(server.inproc_address, secret, engine.tokenizer,
                              args.served_model_name or [args.model],
                              engine.max_model_len, args.host, args.http_port,
@@ -1082,6 +1114,9 @@ def _start_http(args, engine, server, secret: bytes,
                              chat_template=args.chat_template,
                              response_role=args.response_role,
                              other_replicas=other_replicas, lora_modules=args.lora_modules,
+                             runtime_lora_check=(engine.lora_checks.check
+                                                 if args.allow_runtime_lora_updating
+                                                 else None),
                              **engine_app_options(engine))
     return http
 
@@ -1139,11 +1174,12 @@ def run_run_batch(args) -> int:
     chat_template = None if args.chat_template is None else _read_chat_template(
         args.chat_template)
     response_role = _response_role(args.response_role)
+    lora_modules = _lora_modules(args)
     config.check_machine()
     _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
          f"device {config.device}) ...")
     summary = run_batch_job(config, files, names, chat_template, response_role,
-                            metrics_address)
+                            metrics_address, lora_modules)
     _say(f"run-batch: {summary.written} lines written to "
          f"{'stdout' if files.output == '-' else files.output} "
          f"({summary.answered} answered with status 200)")

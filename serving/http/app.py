@@ -9,7 +9,9 @@ the background are cancelled when the app shuts down, before its link to
 the engine closes), ``GET /v1/models``
 (one entry a served name),
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
-/health`` (and ``/ping``), ``GET /version``, ``GET /metrics``.
+/health`` (and ``/ping``), ``GET /version``, ``GET /metrics``; with runtime
+LoRA updates on, ``POST /v1/load_lora_adapter`` and ``POST
+/v1/unload_lora_adapter`` (``lora_updates.py``; off, they are not routes).
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
@@ -38,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -57,6 +59,13 @@ from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
 from serving.http.json_body import JsonBodyRoute
 from serving.http.logprobs import LogprobsFormatter
+from serving.http.lora_updates import (
+    LOAD_ROUTE,
+    UNLOAD_ROUTE,
+    LoadLoRAAdapterRequest,
+    LoRAUpdates,
+    UnloadLoRAAdapterRequest,
+)
 from serving.http.metrics import CONTENT_TYPE, Metrics
 from serving.http.protocol import (
     ChatCompletionRequest,
@@ -140,7 +149,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                vocab_size: int | None = None, reasoning_parser: str | None = None,
                stream_interval: int = 1, trust_request_chat_template: bool = False,
                chat_template: str | None = None, response_role: str = "assistant",
-               pooling: bool = False, lora_modules: Sequence[LoRARequest] = ()):
+               pooling: bool = False, lora_modules: Sequence[LoRARequest] = (),
+               runtime_lora_check: Callable[[LoRARequest], None] | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
@@ -177,7 +187,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     of a pooling model; a generating model's server answers 404 at
     ``EMBEDDING_ROUTES`` the same way. ``lora_modules``: vLLM's
     ``--lora-modules``, adapters a request runs with by naming one as its
-    model, each listed in /v1/models."""
+    model, each listed in /v1/models. ``runtime_lora_check``: the engine's
+    check of an adapter (``LoRAChecks.check``); given, runtime LoRA updates
+    are on: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
+    are served (``lora_updates.py``; None: they are not routes, 404)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -272,7 +285,20 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
             "max_model_len": max_model_len} for name in served_names] + [{
             "id": lora.lora_name, "object": "model", "created": state.created,
             "owned_by": "tprun", "root": lora.lora_path, "parent": served_names[0],
-            "max_model_len": max_model_len} for lora in lora_modules]}
+            "max_model_len": max_model_len} for lora in state.lora_modules.values()]}
+
+    json_routes = JSON_BODY_ROUTES
+    if runtime_lora_check is not None:
+        updates = LoRAUpdates(state.lora_modules, served_names, runtime_lora_check)
+        json_routes = json_routes | {LOAD_ROUTE, UNLOAD_ROUTE}
+
+        @app.post(LOAD_ROUTE)
+        async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> Response:
+            return await _answer(updates.load(body))
+
+        @app.post(UNLOAD_ROUTE)
+        async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
+            return await _answer(updates.unload(body))
 
     @app.get("/health")
     @app.get("/ping")  # vLLM's other name for it (also POST)
@@ -321,7 +347,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     lane = FastLane(app, {path: lane for path, lane in lanes.items()
                           if not _under(path, unserved)})
     guarded = BodySizeLimit(lane, max_body_bytes)
-    guarded = JsonContentType(guarded, JSON_BODY_ROUTES)
+    guarded = JsonContentType(guarded, json_routes)
     guarded = ApiKeyCheck(guarded, api_keys) if api_keys else guarded
     if allowed_origins:  # outside the key check: a browser's preflight carries no key
         guarded = CORSMiddleware(guarded, allow_origins=list(allowed_origins),

@@ -7,7 +7,8 @@ request is served into OpenAI's error shape, for a whole answer
   field, a prompt too long, a grammar that does not compile, a chat
   template that refuses the messages, the engine's refusal of what a
   request asks): the client's error, 400 ``invalid_request_error`` with its
-  message, ``param`` and ``code``; of those, a model or a stored response
+  message, ``param`` and ``code``; of those, a model, a stored response or
+  a LoRA adapter (to unload, or to load from a path that is no directory)
   this server does not hold is a 404.
 - ``EngineStoppedError``: 503, the reason's first line.
 - ``GenerationError`` (a choice the engine ended with finish reason
@@ -25,7 +26,9 @@ from __future__ import annotations
 import logging
 
 from ipc.errors import InvalidRequestError
+from ipc.lora_adapter import LoRAAdapterNotFoundError
 from serving.http.generation import GenerationError
+from serving.http.lora_updates import UnknownLoRAAdapterError
 from serving.http.protocol import error_body
 from serving.http.response_store import UnknownResponseError
 from serving.http.state import UnknownModelError
@@ -39,7 +42,8 @@ SERVER_FAILURE = "the server failed to handle this request"
 def error_answer(e: Exception) -> tuple[int, dict]:
     """The HTTP status and OpenAI error body for ``e`` (see the module's
     rule); a failure of the server's own is logged with its traceback."""
-    if isinstance(e, (UnknownModelError, UnknownResponseError)):
+    if isinstance(e, (UnknownModelError, UnknownResponseError, UnknownLoRAAdapterError,
+                      LoRAAdapterNotFoundError)):
         return 404, error_body(str(e), param=e.param, code=e.code)
     if isinstance(e, InvalidRequestError):
         return 400, error_body(str(e), param=e.param, code=e.code)

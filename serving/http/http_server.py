@@ -92,7 +92,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       response_role: str = "assistant",
                       pooling: bool = False,
                       other_replicas: tuple[tuple[str, bytes], ...] = (),
-                      lora_modules: tuple = ()) -> HttpServer:
+                      lora_modules: tuple = (),
+                      runtime_lora_check=None) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -112,7 +113,9 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     further data-parallel replica's engine endpoint, ``engine_address``
     being replica 0's (none: one engine, one ``AsyncEngineClient``; else a
     ``DataParallelClient`` over them all); ``lora_modules``: the
-    ``LoRARequest`` of each adapter served by its name (``create_app``)."""
+    ``LoRARequest`` of each adapter served by its name; ``runtime_lora_check``:
+    the engine's adapter check, given when adapters may be loaded and
+    unloaded over HTTP (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -132,7 +135,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
                      trust_request_chat_template=trust_request_chat_template,
                      chat_template=chat_template, response_role=response_role,
-                     pooling=pooling, lora_modules=lora_modules)
+                     pooling=pooling, lora_modules=lora_modules,
+                     runtime_lora_check=runtime_lora_check)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -61,7 +61,8 @@ class ServerState:
     response_store: ResponseStore | None = None
     background: BackgroundRuns = field(default_factory=BackgroundRuns)
     # vLLM's ``--lora-modules``: the LoRA adapters served as models of their
-    # own, by name (a request naming one runs with it).
+    # own, by name (a request naming one runs with it); with runtime updates
+    # on, those loaded and unloaded over HTTP too (``lora_updates.py``).
     lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -80,7 +81,10 @@ class ServerState:
 
     def lora_request(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter a request naming ``model`` runs with (None: the
-        base model)."""
+        base model); ``UnknownModelError`` for a name not served now (an
+        adapter unloaded since the request's ``check_model``: never the base
+        model under the adapter's name)."""
+        self.check_model(model)
         return self.lora_modules.get(model) if model is not None else None
 
     def shown_model(self, model: str | None) -> str:

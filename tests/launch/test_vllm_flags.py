@@ -159,6 +159,31 @@ def test_the_responses_store_is_off_unless_asked(monkeypatch, flag, env, stored)
         _check_http_args(_serve_args("--http-port", "0"))
 
 
+@pytest.mark.parametrize("flag, env, on", [
+    ([], None, False), ([], "False", False), ([], "0", False), ([], "True", True),
+    ([], "1", True), (["--allow-runtime-lora-updating"], None, True)])
+def test_runtime_lora_updating_is_off_unless_asked(monkeypatch, capsys, flag, env, on):
+    """As vLLM's server: off by default, on with the flag or vLLM's
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING (True or 1), with a warning; another
+    value is refused, and so is the flag without --http-port or
+    --enable-lora."""
+    if env is None:
+        monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", env)
+    args = _serve_args("--http-port", "0", "--enable-lora", *flag)
+    _check_http_args(args)
+    assert args.allow_runtime_lora_updating is on
+    assert ("/v1/load_lora_adapter" in capsys.readouterr().err) is on
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "yes")
+    with pytest.raises(ConfigError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING must be True"):
+        _check_http_args(_serve_args("--http-port", "0"))
+    with pytest.raises(ConfigError, match="--allow-runtime-lora-updating needs --enable-lora"):
+        _check_http_args(_serve_args("--http-port", "0", "--allow-runtime-lora-updating"))
+    with pytest.raises(ConfigError, match="--allow-runtime-lora-updating needs --http-port"):
+        _check_http_args(_serve_args("--enable-lora", "--allow-runtime-lora-updating"))
+
+
 def test_log_toggles_are_taken(capsys):
     """vLLM's log switches parse on serve; asking for the request log tprun
     does not write says so in one note; the uvicorn ones act on its log."""

@@ -2,7 +2,8 @@
 a completion or chat whose ``model`` names an adapter gets HF's greedy
 tokens of the model with that adapter merged; the base name gets the base
 model's; /v1/models lists the adapters with their parent; an unknown name
-is a 404."""
+is a 404; without runtime updates asked for, the load and unload routes
+are not there (404), as in vLLM."""
 
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ def test_models_lists_the_adapters_and_an_unknown_name_is_404(served):
     assert (models[1].root, models[1].parent) == (paths[1], "base")
     with pytest.raises(openai.NotFoundError, match="'nope' is not served here"):
         client.completions.create(model="nope", prompt="hi", max_tokens=1)
+
+
+@pytest.mark.timeout(240)
+def test_runtime_updates_are_no_routes_unless_asked(served):
+    client, paths, _ = served
+    for route, body in (("/load_lora_adapter", {"lora_name": "x", "lora_path": paths[2]}),
+                        ("/unload_lora_adapter", {"lora_name": "sql"})):
+        with pytest.raises(openai.NotFoundError):
+            client.post(route, body=body, cast_to=str)
+    assert [m.id for m in client.models.list().data] == ["base", "sql", "mlp"]
 
 
 @pytest.fixture(scope="module")
