@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(gen)
     gen.add_argument("--json", action="store_true",
                      help="one JSON object per completion and line")
+    gen.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                     help="with --enable-lora: the LoRA adapter (a PEFT directory) every prompt "
+                     "runs with, in serve's --lora-modules form (one: generate has no "
+                     "model name a prompt could choose an adapter by)")
     constraint = gen.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="FILE", default=None,
                             help="constrain the output to this JSON schema (a file)")
@@ -600,8 +604,22 @@ def _check_chat_template(llm, model: str) -> None:
                           "give the prompts without --chat")
 
 
+def _generate_lora(args):
+    """The ``LoRARequest`` every prompt of ``generate`` runs with: its one
+    ``--lora-modules`` entry (None: none). One only: a prompt names no
+    model, so nothing could choose among several."""
+    from engine.config import ConfigError
+
+    modules = _lora_modules(args)
+    if len(modules) > 1:
+        raise ConfigError("generate runs every prompt with one adapter: give --lora-modules "
+                          "one NAME=PATH")
+    return modules[0] if modules else None
+
+
 def run_generate(args) -> int:
     from engine import LLM
+    from engine.lora_checks import check_lora_modules
 
     _raise_if_interrupted()
 
@@ -612,6 +630,7 @@ def run_generate(args) -> int:
     check_logprobs(params, config.max_logprobs)
     config.check_machine()  # and the machine's (the engine checks again as it starts)
     prompts = _prompts(args)
+    lora = _generate_lora(args)
     if not model_given:
         _say("generate: no --model given: running 'tiny' (the built-in model: random weights, "
              "a byte tokenizer)")
@@ -621,6 +640,8 @@ def run_generate(args) -> int:
          f"device {config.device}) ...")
     with LLM.from_config(config) as llm:
         _raise_if_interrupted()
+        if lora is not None:  # read once here: a bad adapter is the option's error
+            check_lora_modules(llm.llm_engine.lora_checks, [lora])
         # A prompt the engine refuses (too long, ids outside the vocabulary)
         # is the user's input: exit code 2, as for a bad option.
         use_tqdm = len(prompts) > 1 and not args.json
@@ -628,10 +649,10 @@ def run_generate(args) -> int:
             _check_chat_template(llm, config.model)
             chats = [[{"role": "user", "content": text}] for text in prompts]
             outputs = _from_arguments(llm.chat, messages=chats, sampling_params=params,
-                                      use_tqdm=use_tqdm)
+                                      use_tqdm=use_tqdm, lora_request=lora)
         else:
             outputs = _from_arguments(llm.generate, prompts=prompts, sampling_params=params,
-                                      use_tqdm=use_tqdm)
+                                      use_tqdm=use_tqdm, lora_request=lora)
     for line in output_lines(outputs, args.json):
         print(line, flush=True)
     return 0
@@ -1065,7 +1086,7 @@ def _lora_modules(args) -> tuple:
             raise ConfigError(f"--lora-modules: {given!r} needs a name and a path")
         modules.append(LoRARequest(name, i, os.path.abspath(path)))
     names = [m.lora_name for m in modules]
-    served = set(args.served_model_name or [args.model])
+    served = set(getattr(args, "served_model_name", None) or [getattr(args, "model", "tiny")])
     if len(set(names)) != len(names) or served & set(names):
         raise ConfigError(f"--lora-modules names {names} must differ from each other and "
                           f"from the model's served names {sorted(served)}")

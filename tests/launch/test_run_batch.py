@@ -298,7 +298,8 @@ def test_the_options_reach_the_run(monkeypatch, tmp_path, capsys):
 
     seen = {}
 
-    def job(config, files, names, chat_template, response_role, metrics_address):
+    def job(config, files, names, chat_template, response_role, metrics_address,
+            lora_modules=()):
         seen.update(model=config.model, files=files, names=names, template=chat_template,
                     role=response_role, metrics=metrics_address)
         return BatchSummary(written=1, answered=1)
