@@ -26,8 +26,8 @@ a malformed body, an unknown route or a body over the size limit, has
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 for
 a bad request (an ``InvalidRequestError``, whichever layer found it: its
 own message; code ``context_length_exceeded`` when the prompt does not
-fit), 401 without the key, 404 for a model or a stored response this server
-does not hold, 413 for a body too large, 415 for a body sent as another
+fit), 401 without the key, 404 for a model, a stored response or a LoRA
+adapter this server does not hold, 413 for a body too large, 415 for a body sent as another
 media type than JSON (``text/plain``, a form), 500 for a failure of the
 server itself, whatever its exception type (a plain ``ValueError`` too:
 logged with its traceback, its text not sent), 503 once the engine has
