@@ -118,3 +118,21 @@ def test_a_request_running_with_an_adapter_finishes_after_its_unload(served):
     assert tokens == expected[1][1]
     with pytest.raises(openai.NotFoundError):
         _tokens(client, "run")
+
+
+def test_a_request_checked_before_an_unload_is_refused_after_it():
+    """A route checks its model first and asks for the adapter after its
+    awaits (tokenizing): an unload in between is a 404, never the base
+    model under the adapter's name."""
+    from ipc.lora_request import LoRARequest
+    from serving.http.state import ServerState, UnknownModelError
+
+    state = ServerState(link=None, tokenizer=None, served_names=("base",), max_model_len=64,
+                        metrics=None, logprobs=None,
+                        lora_modules={"sql": LoRARequest("sql", 1, "/adapters/sql")})
+    state.check_model("sql")
+    assert state.lora_request("sql") == LoRARequest("sql", 1, "/adapters/sql")
+    del state.lora_modules["sql"]  # what an unload does
+    with pytest.raises(UnknownModelError, match="'sql' is not served here"):
+        state.lora_request("sql")
+    assert state.lora_request("base") is None and state.lora_request(None) is None
