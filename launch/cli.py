@@ -257,7 +257,7 @@ With --http-port P it also serves the OpenAI API over HTTP (/v1/completions,
 /health, /metrics)
 on --host (default 127.0.0.1), as one more client of the engine endpoint,
 logging one line per request unless --no-access-log; --api-key KEY ... (or
-$TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 routes require
+$TPRUN_API_KEY, or vLLM's $VLLM_API_KEY) makes /v1 and /v2 routes require
 'Authorization: Bearer KEY' with one of the keys.
 --enable-auto-tool-choice --tool-call-parser NAME serves tool_choice "auto"
 (the default when tools are given): the model answers freely and the parser

@@ -18,7 +18,7 @@ FastAPI's request machinery; every error still comes from FastAPI's route.
 Every route reads its body with the lane's JSON parser
 (``json_body.JsonBodyRoute``): a string that is not Unicode text (a lone
 surrogate) is a malformed body, never a failure further on.
-With API keys, every ``/v1`` route needs ``Authorization:
+With API keys, every ``/v1`` and ``/v2`` route needs ``Authorization:
 Bearer KEY`` with one of them (compared in constant time), else 401. With
 ``allowed_origins`` (CORS) pages of those origins may call the API from a
 browser; their preflights are answered before the key is asked for. Every error, including
@@ -153,7 +153,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                runtime_lora_check: Callable[[LoRARequest], None] | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
-    ``api_keys``: any of them opens the ``/v1`` routes (none: no key asked).
+    ``api_keys``: any of them opens the ``/v1`` and ``/v2`` routes (none: no
+    key asked).
     ``tool_call_parser``: a name in ``TOOL_CALL_PARSERS``, with which
     tool_choice "auto" is served (None: refused); ``sampling_defaults``:
     the model's recommended sampling (``LLMEngine.sampling_defaults``);

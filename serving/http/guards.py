@@ -1,9 +1,11 @@
 """What a request must pass before a route sees it, as plain ASGI
 middlewares (they never wrap a streaming response).
 
-``ApiKeyCheck``: with keys set, every path under ``/v1`` needs
-``Authorization: Bearer KEY`` with one of them (each compared in constant
-time, all of them every time), else 401.
+``ApiKeyCheck``: with keys set, every path under ``/v1`` or ``/v2``
+(``GUARDED_PREFIXES``, vLLM's: /v2/rerank) needs ``Authorization: Bearer
+KEY`` with one of them (each compared in constant time, all of them every
+time), else 401. Unversioned paths (/score, /rerank, /tokenize) are open,
+as in vLLM.
 
 ``JsonContentType``: a ``POST`` to a route that takes a JSON body, sent
 with a ``Content-Type`` that is not JSON (``text/plain``, a form), is
@@ -133,6 +135,10 @@ class JsonContentType:
         await self.app(scope, receive, send)
 
 
+# The path prefixes an API key guards (vLLM's versioned API paths).
+GUARDED_PREFIXES = ("/v1", "/v2")
+
+
 class ApiKeyCheck:
     def __init__(self, app: ASGIApp, api_keys: Sequence[str]) -> None:
         if isinstance(api_keys, str) or not api_keys or not all(api_keys):
@@ -147,7 +153,7 @@ class ApiKeyCheck:
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIXES):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not self.accepts(given):
                 body = json.dumps(error_body(

@@ -31,7 +31,8 @@ async def _ok(_request):
 
 
 def _app() -> Starlette:
-    return Starlette(routes=[Route("/v1/models", _ok), Route("/health", _ok)])
+    return Starlette(routes=[Route("/v1/models", _ok), Route("/v2/rerank", _ok),
+                             Route("/rerank", _ok), Route("/health", _ok)])
 
 
 def _get(app, path: str, key: str | None = None) -> int:
@@ -52,6 +53,16 @@ def test_any_of_the_keys_opens_v1():
     assert _get(app, "/v1/models", "key-one key-two") == 401
     assert _get(app, "/v1/models") == 401
     assert _get(app, "/health") == 200
+
+
+def test_v2_routes_need_the_key_too():
+    # vLLM's rule: /v1 and /v2 paths (/v2/rerank) ask for the key; the
+    # unversioned paths (/rerank) do not.
+    app = ApiKeyCheck(_app(), ["key-one"])
+    assert _get(app, "/v2/rerank") == 401
+    assert _get(app, "/v2/rerank", "key-two") == 401
+    assert _get(app, "/v2/rerank", "key-one") == 200
+    assert _get(app, "/rerank") == 200
 
 
 def test_every_key_is_compared_every_time(monkeypatch):

@@ -201,3 +201,15 @@ def test_generating_server_does_not_serve_scores(tiny_dir, path):
         assert answer.status_code == 404
         assert "error" in answer.json()
         assert not app.link.prompts  # nothing reached the engine
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["/v1/score", "/v1/rerank", "/v2/rerank"])
+def test_api_key_guards_the_versioned_paths(tiny_dir, path):
+    # vLLM's rule: --api-key guards /v1 and /v2 paths (not /score, /rerank).
+    with recording_app(tiny_dir, pooling=True, api_keys=["the-key"]) as app:
+        answer = app.http.post(path, json={"text_1": "a", "text_2": "b", "query": "a",
+                                           "documents": ["b"]})
+        assert answer.status_code == 401
+        assert answer.json()["error"]["code"] == "invalid_api_key"
+        assert not app.link.prompts  # nothing reached the engine
