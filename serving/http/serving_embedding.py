@@ -34,7 +34,12 @@ from serving.http.serving_completion import completion_prompts, has_text
 from serving.http.state import ServerState
 from serving.protocol_core import EngineStoppedError
 
+# Every int of a pooling body travels to the engine as a signed 64-bit value:
+# a larger one is a 400 naming its field, not a failure to encode it (500).
 Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
+# ``truncate_prompt_tokens`` of the pooling bodies: None, -1 or k >= 1 (the
+# engine refuses 0 and k past max_model_len with its own message).
+TruncatePromptTokens = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]
 
 
 class EmbeddingRequest(BaseModel):
@@ -49,10 +54,10 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     normalize: bool | None = None
     add_special_tokens: bool = True
-    priority: int = 0
+    priority: Int64 = 0
 
 
 async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Response:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import uuid
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
+from serving.http.serving_embedding import Int64, TruncatePromptTokens
 from serving.http.serving_score import pair_scores
 from serving.http.state import ServerState
 
@@ -38,8 +39,8 @@ class RerankRequest(BaseModel):
     documents: list[str]
     top_n: int = 0
     return_documents: bool = True
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    priority: int = 0
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Int64 = 0
 
 
 async def create_rerank(state: ServerState, request: RerankRequest) -> Response:

@@ -24,12 +24,12 @@ import time
 import uuid
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.responses import JSONResponse, Response
 
 from engine.scoring import cosine_similarity, score_pairs
 from ipc.errors import InvalidRequestError
-from serving.http.serving_embedding import embed_prompts
+from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_prompts
 from serving.http.state import ServerState
 
 # The field pairs a score request may name its two sides by, vLLM's.
@@ -50,8 +50,8 @@ class ScoreRequest(BaseModel):
     documents: str | list[str] | None = None
     data_1: str | list[str] | None = None
     data_2: str | list[str] | None = None
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
-    priority: int = 0
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Int64 = 0
 
     @model_validator(mode="after")
     def _one_pair_of_sides(self) -> ScoreRequest:

@@ -174,6 +174,21 @@ def test_bad_bodies_are_openai_errors_and_the_server_goes_on(server, model, refe
                                                              abs=2e-5)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("field", ["priority", "truncate_prompt_tokens"])
+def test_integers_past_int64_are_400s(server, reference, field):
+    # A number no engine message can carry is the client's error, not a 500.
+    huge = 2**70
+    for path, body in (("/score", {"text_1": "q2", "text_2": DOCUMENTS[0]}),
+                       ("/v2/rerank", {"query": "q2", "documents": [DOCUMENTS[0]]}),
+                       ("/v1/embeddings", {"input": "q2"})):
+        error = _error(_post(server, path, {**body, field: huge}), 400)
+        assert error["type"] == "invalid_request_error"
+    again = _post(server, "/score", {"text_1": "q2", "text_2": DOCUMENTS[0]})
+    assert again.json()["data"][0]["score"] == pytest.approx(reference("q2", DOCUMENTS[0]),
+                                                             abs=2e-5)
+
+
 def _finished(server, reason: str) -> float:
     """``tprun:request_success_total`` for ``reason``, read from /metrics."""
     page = httpx.get(f"{server.url}/metrics").text
