@@ -2,7 +2,8 @@
 
 A request gives two sides, each a text or a list of texts: ``text_1`` and
 ``text_2`` (vLLM's first names), or ``queries`` and ``documents``, or
-``data_1`` and ``data_2`` (vLLM's later spellings of the same request).
+``queries`` and ``items``, or ``data_1`` and ``data_2`` (vLLM's later
+spellings of the same request).
 The sides pair 1 to 1, 1 to N or N to N (``engine.scoring.score_pairs``);
 each text is tokenized here (off the event loop, with the tokenizer's
 special tokens) and embedded once, through ``embed_prompts`` as
@@ -33,13 +34,15 @@ from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_pr
 from serving.http.state import ServerState
 
 # The field pairs a score request may name its two sides by, vLLM's.
-SIDE_NAMES = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"))
+SIDE_NAMES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"),
+              ("data_1", "data_2"))
 
 
 class ScoreRequest(BaseModel):
     """vLLM's body: one pair of ``SIDE_NAMES`` (each a text or a list of
-    texts), ``truncate_prompt_tokens`` (None, -1 or k >= 1), ``priority``;
-    other fields are ignored, as vLLM ignores them."""
+    texts) and no field of another pair, ``truncate_prompt_tokens`` (None,
+    -1 or k >= 1), ``priority``; other fields are ignored, as vLLM ignores
+    them."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -48,6 +51,7 @@ class ScoreRequest(BaseModel):
     text_2: str | list[str] | None = None
     queries: str | list[str] | None = None
     documents: str | list[str] | None = None
+    items: str | list[str] | None = None
     data_1: str | list[str] | None = None
     data_2: str | list[str] | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
@@ -55,16 +59,19 @@ class ScoreRequest(BaseModel):
 
     @model_validator(mode="after")
     def _one_pair_of_sides(self) -> ScoreRequest:
-        given = [names for names in SIDE_NAMES
-                 if getattr(self, names[0]) is not None or getattr(self, names[1]) is not None]
-        if len(given) != 1 or any(getattr(self, name) is None for name in given[0]):
+        given = {name for names in SIDE_NAMES for name in names
+                 if getattr(self, name) is not None}
+        whole = [names for names in SIDE_NAMES if given.issuperset(names)]
+        if len(whole) != 1 or given != set(whole[0]):
             raise ValueError("a score request gives text_1 and text_2 (or queries and "
-                             "documents, or data_1 and data_2), one pair of them")
+                             "documents, queries and items, or data_1 and data_2), one "
+                             "pair of them")
         return self
 
     def sides(self) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
         """Each side's field name and texts, a lone text as a list of one."""
-        names = next(n for n in SIDE_NAMES if getattr(self, n[0]) is not None)
+        names = next(n for n in SIDE_NAMES if all(getattr(self, name) is not None
+                                                  for name in n))
         return tuple((name, _as_list(getattr(self, name))) for name in names)
 
 

@@ -89,6 +89,7 @@ def test_score_n_to_n_and_its_other_field_names(server, model, reference):
     firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
     for body in ({"text_1": firsts, "text_2": seconds},
                  {"queries": firsts, "documents": seconds},
+                 {"queries": firsts, "items": seconds},
                  {"data_1": firsts, "data_2": seconds}):
         answer = _post(server, "/v1/score", body)
         assert answer.status_code == 200, answer.text
@@ -159,6 +160,10 @@ def test_bad_bodies_are_openai_errors_and_the_server_goes_on(server, model, refe
     _error(_post(server, "/score", {"text_1": "a"}), 400)  # no second side
     _error(_post(server, "/score", {"text_1": "a", "text_2": "b", "queries": "c",
                                     "documents": "d"}), 400)  # two pairs of sides
+    _error(_post(server, "/score", {"queries": "a", "documents": "b", "items": "c"}), 400)
+    _error(_post(server, "/score", {"queries": "a", "text_2": "b"}), 400)  # of two pairs
+    no_item = _error(_post(server, "/score", {"queries": "a", "items": []}), 400)
+    assert no_item["param"] == "items"
     _error(_post(server, "/rerank", {"query": QUERY, "documents": "not a list"}), 400)
     _error(_post(server, "/v1/score", {"text_1": "a", "text_2": "b",
                                        "truncate_prompt_tokens": -2}), 400)
