@@ -180,7 +180,7 @@ run_stage() {
     lora-ab)  # the 8B decode step with 4 adapters of rank 16: the Triton delta
       # against the masked form over every slot, and both against the plain step, one run
       timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 128 \
-        --contexts 512 --max-loras 4 --max-lora-rank 16 --variants default lora-masked \
+        --contexts 512 --max-loras 4 --max-lora-rank 16 --variants default lora-triton \
         --out "$RESULTS/decode_lora_8b_ab.json" 2>&1 | tee "$LOGS/decode_lora_8b.log" | tail -12 ;;
     spec-8b)
       timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 \

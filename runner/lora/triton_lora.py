@@ -25,8 +25,8 @@ factor tiles a program reads again come from its cache). Static shapes
 and no host work, so both launches are captured in the decode graphs;
 the partial is allocated in the graph's pool.
 
-``LORA_TRITON`` False sends every call to the torch masked form (the A/B
-variant ``lora-masked`` of ``benchmarks/decode_variants.py``).
+``LORA_TRITON`` off sends every call to the torch masked form; the A/B
+variant ``lora-triton`` of ``benchmarks/decode_variants.py`` turns it on.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from runner.lora.stack import lora_add_delta_ref
 from runner.ops import num_sms, pdl_launch
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
-# The delta through these kernels (False: the torch masked form, for A/B runs).
-LORA_TRITON = True
+# The delta through these kernels (False: the torch masked form). Off until
+# a decode A/B on a GPU says the kernels win (benchmarks/results/README.md).
+LORA_TRITON = False
 DECODE_MAX_TOKENS = 16  # up to this many tokens, one token a program
 TOKENS_PER_BLOCK = 8  # tokens a program past DECODE_MAX_TOKENS
 SHRINK_BLOCK_K = 128

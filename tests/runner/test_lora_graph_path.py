@@ -17,6 +17,7 @@ from ipc.messages import (
     SamplingOptions,
     SchedulerOutput,
 )
+from runner.lora import triton_lora
 from runner.ops import triton_ops
 from tests.helpers.devices import NEEDS_CUDA
 from tests.helpers.lora_adapters import model_with_adapters
@@ -28,8 +29,9 @@ STEPS = 6
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("device,delta", [
-    ("cpu", "own"), pytest.param("cuda", "own", marks=NEEDS_CUDA), ("cpu", "triton")])
-def test_graph_paths_add_each_requests_adapter(tmp_path, device, delta):
+    ("cpu", "own"), pytest.param("cuda", "own", marks=NEEDS_CUDA), ("cpu", "triton"),
+    pytest.param("cuda", "triton", marks=NEEDS_CUDA)])
+def test_graph_paths_add_each_requests_adapter(tmp_path, device, delta, monkeypatch):
     # On CUDA the graphs are captured (decode 1, 2, 4, 8 rows; mixed 64, 128,
     # 256 tokens): each replay builds its tokens' adapter mask inside it.
     model_dir, paths, expected = model_with_adapters(tmp_path, PROMPTS, STEPS + 1)
@@ -37,8 +39,9 @@ def test_graph_paths_add_each_requests_adapter(tmp_path, device, delta):
     runner = make_runner(model_dir, device, emulate_graphs=emulate,
                          emulate_prefill_graphs=emulate, enable_lora=True, max_loras=2,
                          max_lora_rank=16)
-    if delta == "triton":
-        kernel = triton_ops(torch.device("cpu")).lora_add_delta
+    if delta == "triton":  # runner/lora/triton_lora.py's kernels (interpreted on CPU)
+        monkeypatch.setattr(triton_lora, "LORA_TRITON", True)
+        kernel = triton_ops(torch.device(device)).lora_add_delta
         for stacks in runner.lora.layers:
             for _, stack in stacks.values():
                 stack.ops = dataclasses.replace(stack.ops, lora_add_delta=kernel)

@@ -22,6 +22,12 @@ DECODE_SLOTS = [2, -1, 0, 1, 2, 0, -1]
 PREFILL_SLOTS = [1] * 13 + [-1] * 6 + [0] * 9 + [2] * 3 + [1] * 6
 
 
+@pytest.fixture(autouse=True)
+def kernels_on(monkeypatch):
+    """The kernels under test, whatever the flag's default."""
+    monkeypatch.setattr(triton_lora, "LORA_TRITON", True)
+
+
 def _filled_stack(parts, in_features, rank, num_slots, dtype, gen) -> tuple[LoRAStack, dict]:
     """A stack with an adapter in every slot but the last (left empty), its
     rank cycling rank, rank // 2 (rows past it zero), placed as
@@ -115,20 +121,17 @@ def test_graph_padding_rows_take_the_last_rows_adapter_and_leave_real_rows_alone
     torch.testing.assert_close(padded[:5], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_off_switch_gives_the_masked_form():
-    """LORA_TRITON False (the A/B variant): the torch masked form itself."""
+def test_off_switch_gives_the_masked_form(monkeypatch):
+    """LORA_TRITON False (the default until a GPU A/B): the torch masked form itself."""
     gen = torch.Generator().manual_seed(1)
     parts, in_features = SHARDS["row"]
     stack, _ = _filled_stack(parts, in_features, 8, 2, torch.float32, gen)
     x, y = _inputs([0, -1, 1], stack, in_features, torch.float32, gen)
     want = lora_add_delta_ref(x, y, stack.a, stack.b, stack.token_mask[:3],
                               stack.token_slot[:3], stack.part_ends)
-    try:
-        triton_lora.LORA_TRITON = False
-        got = lora_add_delta_triton(x, y, stack.a, stack.b, stack.token_mask[:3],
-                                    stack.token_slot[:3], stack.part_ends)
-    finally:
-        triton_lora.LORA_TRITON = True
+    monkeypatch.setattr(triton_lora, "LORA_TRITON", False)
+    got = lora_add_delta_triton(x, y, stack.a, stack.b, stack.token_mask[:3],
+                                stack.token_slot[:3], stack.part_ends)
     assert torch.equal(got, want)
 
 
