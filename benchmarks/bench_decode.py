@@ -7,7 +7,7 @@
     python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 64 --contexts 512 \
         --spec-tokens 1 2 3 4 --spec-proposer replay --replay-accept 0.7
     python -m benchmarks.bench_decode --shape 8b --batches 1 8 32 --contexts 512 \
-        --max-loras 4 --max-lora-rank 16 --variants default lora-triton
+        --max-loras 4 --max-lora-rank 16 --variants default lora-masked lora-triton-all
     python -m benchmarks.bench_decode --shape 1b --batches 1 64 --contexts 512 --temperature 1
 
 Drives the ModelRunner directly (no engine, no IPC) on real shapes with
@@ -75,9 +75,9 @@ reads, and every row is still checked against eager steps. After those
 rows, a runner without LoRA (same shape) times the same rows in the same
 process: each row gets ``plain`` with that step time and
 ``lora_over_plain``, the LoRA step's cost over the plain one. With
-``--variants`` the variants run on the LoRA rows (``lora-triton``: the
-delta through runner/lora/triton_lora.py's kernels, against the default
-torch masked form over every slot).
+``--variants`` the variants run on the LoRA rows (``lora-masked``: the
+torch masked form over every slot at every size; ``lora-triton-all``:
+runner/lora/triton_lora.py's kernels at every size).
 
 Under torchrun (WORLD_SIZE > 1) every rank drives its own shard with the same
 plans, as the worker daemons do, and the model's NCCL all-reduces keep them in

@@ -51,10 +51,13 @@ VARIANTS: dict[str, Variant] = {
     "lm-head-medium-from-17": Variant(
         "the LM head of 2..16 rows through cuBLAS, of 17..64 through the medium kernel",
         (("runner.layers.triton_skinny_matmul", "LM_HEAD_MEDIUM_MIN_ROWS", 17),)),
-    "lora-triton": Variant(
-        "the LoRA delta through runner/lora/triton_lora.py's kernels (each token reads its own "
-        "slot's factors), not the torch masked form over every adapter slot",
-        (("runner.lora.triton_lora", "LORA_TRITON", True),)),
+    "lora-masked": Variant(
+        "the LoRA delta as the torch masked form over every adapter slot at every step size, "
+        "not runner/lora/triton_lora.py's kernels at one token",
+        (("runner.lora.triton_lora", "LORA_TRITON", False),)),
+    "lora-triton-all": Variant(
+        "the LoRA delta through runner/lora/triton_lora.py's kernels at every step size",
+        (("runner.lora.triton_lora", "LORA_TRITON_MAX_TOKENS", 1 << 30),)),
     "kv-offsets-64": Variant(
         "paged attention computes its cache offsets in int64 whatever the cache's size",
         (("runner.attention.triton_unified", "KV_OFFSETS_32", False),)),

@@ -25,8 +25,14 @@ factor tiles a program reads again come from its cache). Static shapes
 and no host work, so both launches are captured in the decode graphs;
 the partial is allocated in the graph's pool.
 
-``LORA_TRITON`` off sends every call to the torch masked form; the A/B
-variant ``lora-triton`` of ``benchmarks/decode_variants.py`` turns it on.
+Where they run: steps of at most ``LORA_TRITON_MAX_TOKENS`` tokens. On one
+GPU at the 8B's shapes (4 adapters of rank 16) the kernels took a batch-1
+decode step 10% below the masked form, and a batch-32 step 25% above it
+(the masked form's two matmuls reuse each factor tile across 32 tokens on
+the tensor cores; the kernels read each token's factors again on the CUDA
+cores): more tokens take the masked form. ``LORA_TRITON`` off sends every
+call there (``benchmarks/decode_variants.py``: ``lora-masked``, and
+``lora-triton-all`` for the kernels at every size).
 """
 
 from __future__ import annotations
@@ -39,9 +45,10 @@ from runner.lora.stack import lora_add_delta_ref
 from runner.ops import num_sms, pdl_launch
 from runner.triton_dependent_launch import wait_for_previous_kernel
 
-# The delta through these kernels (False: the torch masked form). Off until
-# a decode A/B on a GPU says the kernels win (benchmarks/results/README.md).
-LORA_TRITON = False
+# The delta through these kernels (False: the torch masked form), for steps
+# of at most LORA_TRITON_MAX_TOKENS tokens (module docstring).
+LORA_TRITON = True
+LORA_TRITON_MAX_TOKENS = 1
 DECODE_MAX_TOKENS = 16  # up to this many tokens, one token a program
 TOKENS_PER_BLOCK = 8  # tokens a program past DECODE_MAX_TOKENS
 SHRINK_BLOCK_K = 128
@@ -170,9 +177,11 @@ def lora_add_delta_triton(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: 
                           part_ends: tuple[int, ...]) -> torch.Tensor:
     """``lora_add_delta_ref`` through the shrink and expand kernels, y
     updated in place (unit last strides, at most three parts); the
-    reference where LORA_TRITON is off or the layout is not the kernels'."""
-    if (not LORA_TRITON or len(part_ends) > 3 or x.stride(-1) != 1 or y.stride(-1) != 1
-            or a.stride(-1) != 1 or b.stride(-1) != 1):
+    reference where LORA_TRITON is off, the step has more than
+    LORA_TRITON_MAX_TOKENS tokens or the layout is not the kernels'."""
+    if (not LORA_TRITON or x.shape[0] > LORA_TRITON_MAX_TOKENS or len(part_ends) > 3
+            or x.stride(-1) != 1 or y.stride(-1) != 1 or a.stride(-1) != 1
+            or b.stride(-1) != 1):
         return lora_add_delta_ref(x, y, a, b, token_mask, token_slot, part_ends)
     parts, num_slots = len(part_ends), token_mask.shape[1]
     slot_rows = a.shape[0] // num_slots  # P * R

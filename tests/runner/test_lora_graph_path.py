@@ -41,6 +41,7 @@ def test_graph_paths_add_each_requests_adapter(tmp_path, device, delta, monkeypa
                          max_lora_rank=16)
     if delta == "triton":  # runner/lora/triton_lora.py's kernels (interpreted on CPU)
         monkeypatch.setattr(triton_lora, "LORA_TRITON", True)
+        monkeypatch.setattr(triton_lora, "LORA_TRITON_MAX_TOKENS", 1 << 30)
         kernel = triton_ops(torch.device(device)).lora_add_delta
         for stacks in runner.lora.layers:
             for _, stack in stacks.values():

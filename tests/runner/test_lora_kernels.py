@@ -24,8 +24,9 @@ PREFILL_SLOTS = [1] * 13 + [-1] * 6 + [0] * 9 + [2] * 3 + [1] * 6
 
 @pytest.fixture(autouse=True)
 def kernels_on(monkeypatch):
-    """The kernels under test, whatever the flag's default."""
+    """The kernels under test at every token count, whatever the defaults."""
     monkeypatch.setattr(triton_lora, "LORA_TRITON", True)
+    monkeypatch.setattr(triton_lora, "LORA_TRITON_MAX_TOKENS", 1 << 30)
 
 
 def _filled_stack(parts, in_features, rank, num_slots, dtype, gen) -> tuple[LoRAStack, dict]:
@@ -121,15 +122,17 @@ def test_graph_padding_rows_take_the_last_rows_adapter_and_leave_real_rows_alone
     torch.testing.assert_close(padded[:5], alone, rtol=1e-5, atol=1e-5)
 
 
-def test_off_switch_gives_the_masked_form(monkeypatch):
-    """LORA_TRITON False (the default until a GPU A/B): the torch masked form itself."""
+@pytest.mark.parametrize("flag,value", [("LORA_TRITON", False), ("LORA_TRITON_MAX_TOKENS", 2)])
+def test_off_switch_and_larger_steps_give_the_masked_form(monkeypatch, flag, value):
+    """LORA_TRITON False (the lora-masked variant), or a step of more tokens
+    than LORA_TRITON_MAX_TOKENS: the torch masked form itself."""
     gen = torch.Generator().manual_seed(1)
     parts, in_features = SHARDS["row"]
     stack, _ = _filled_stack(parts, in_features, 8, 2, torch.float32, gen)
     x, y = _inputs([0, -1, 1], stack, in_features, torch.float32, gen)
     want = lora_add_delta_ref(x, y, stack.a, stack.b, stack.token_mask[:3],
                               stack.token_slot[:3], stack.part_ends)
-    monkeypatch.setattr(triton_lora, "LORA_TRITON", False)
+    monkeypatch.setattr(triton_lora, flag, value)
     got = lora_add_delta_triton(x, y, stack.a, stack.b, stack.token_mask[:3],
                                 stack.token_slot[:3], stack.part_ends)
     assert torch.equal(got, want)
