@@ -17,12 +17,15 @@ its ``BatchRequestOutput``:
   model does not serve, a streaming request, a line that is not a batch
   request): status 400, ``body`` null, ``error`` a message (a string).
 
-The urls are vLLM's (chat, embeddings) and OpenAI's ``/v1/completions``.
-A generating model answers the generation urls, a pooling model
-(``--runner pooling``) the embeddings url; a line naming one of the others
-gets vLLM's "The model does not support ... API" error, as vLLM answers a
-line whose url's API the model lacks (the app would answer 404: the route
-is not registered for the model).
+The urls are vLLM's (chat, embeddings, score at ``/score`` and
+``/v1/score``, rerank at ``/rerank``, ``/v1/rerank`` and ``/v2/rerank``)
+and OpenAI's ``/v1/completions``; each line's body is the request of its
+url's route. A generating model answers the generation urls, a pooling
+model (``--runner pooling``) the embeddings, score and rerank urls; a line
+naming one of the others gets vLLM's "The model does not support ... API"
+error (Chat Completions, Completions, Embeddings, Scores, Rerank), as vLLM
+answers a line whose url's API the model lacks (the app would answer 404:
+the route is not registered for the model).
 
 ``id`` and ``request_id`` are fresh random ids (vLLM's ``vllm-`` prefixes
 spelled ``tprun-``). A line that is not a batch request has its own
@@ -47,12 +50,15 @@ from dataclasses import dataclass
 from serving.http.json_body import read_json
 
 # The urls a batch line may name, each with its API's name in vLLM's error
-# for a model that does not serve it: vLLM's (chat, embeddings) and the
+# for a model that does not serve it: vLLM's (chat, embeddings, score and
+# rerank, each of these two under the paths the app serves it at) and the
 # other one of OpenAI's batch format that tprun serves.
 BATCH_URLS = {"/v1/chat/completions": "Chat Completions", "/v1/completions": "Completions",
-              "/v1/embeddings": "Embeddings"}
+              "/v1/embeddings": "Embeddings", "/score": "Scores", "/v1/score": "Scores",
+              "/rerank": "Rerank", "/v1/rerank": "Rerank", "/v2/rerank": "Rerank"}
 GENERATION_URLS = ("/v1/chat/completions", "/v1/completions")
-EMBEDDING_URLS = ("/v1/embeddings",)
+POOLING_URLS = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank",
+                "/v2/rerank")
 
 STREAM_REFUSED = "Request must not be sent in stream mode"
 
@@ -105,9 +111,10 @@ def read_line(raw: bytes) -> BatchRequest:
 
 
 def model_urls(pooling: bool) -> tuple[str, ...]:
-    """The urls a model answers: a pooling model's the embeddings url, a
-    generating model's the generation urls (as the app registers routes)."""
-    return EMBEDDING_URLS if pooling else GENERATION_URLS
+    """The urls a model answers: a pooling model's the embeddings, score and
+    rerank urls, a generating model's the generation urls (as the app
+    registers routes: ``app.EMBEDDING_ROUTES``, ``app.GENERATION_ROUTES``)."""
+    return POOLING_URLS if pooling else GENERATION_URLS
 
 
 def unserved_url(url: str) -> str:
