@@ -3,6 +3,8 @@ state of its last token (``AutoModel``, the decoder without its LM head),
 L2-normalized, as a pooling server of the same checkpoint embeds it by
 default (LAST pooling)."""
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import transformers  # the oracle: a test dependency, never skipped
@@ -18,3 +20,15 @@ def hf_last_token_embeddings(model_dir: str, prompts: list[list[int]]) -> list[n
             last = base(torch.tensor([ids])).last_hidden_state[0, -1].double().numpy()
             out.append(last / np.linalg.norm(last))
     return out
+
+
+def hf_cosine_scorer(model_dir: str, tokens: dict[str, list[int]]) -> Callable[[str, str], float]:
+    """The reference score of two of ``tokens``' texts (text -> its ids), as
+    an embedding model's /score gives it: the cosine of their reference
+    embeddings."""
+    embedded = dict(zip(tokens, hf_last_token_embeddings(model_dir, list(tokens.values()))))
+
+    def score(a: str, b: str) -> float:
+        x, y = embedded[a], embedded[b]
+        return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
+    return score

@@ -183,13 +183,14 @@ def typed_responses(url: str, body: dict) -> tuple:
     return whole, events
 
 
-def metric(url: str, name: str) -> float:
-    """One sample's value from ``GET /metrics`` (summed over labels)."""
+def metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """One sample's value from ``GET /metrics``, summed over the samples
+    whose labels include ``labels`` (all, without them)."""
     page = httpx.get(f"{url}/metrics", timeout=30).text
     total, seen = 0.0, False
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and (labels or {}).items() <= sample.labels.items():
                 total, seen = total + sample.value, True
     if not seen:
         raise KeyError(f"no sample {name} in /metrics:\n{page}")

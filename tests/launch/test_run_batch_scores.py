@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import transformers  # the tokenizer's oracle, as for the embeddings
 
-from tests.helpers.hf_embeddings import hf_last_token_embeddings
+from tests.helpers.hf_embeddings import hf_cosine_scorer, hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.proc_utils import run_tprun
 
@@ -96,12 +96,7 @@ def tokens(model):
 @pytest.fixture(scope="module")
 def reference(model, tokens):
     """The reference score of two texts: the cosine of their HF embeddings."""
-    embedded = dict(zip(tokens, hf_last_token_embeddings(model, list(tokens.values()))))
-
-    def score(a: str, b: str) -> float:
-        x, y = embedded[a], embedded[b]
-        return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
-    return score
+    return hf_cosine_scorer(model, tokens)
 
 
 def _answer(output: dict) -> dict:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
-from tests.helpers.http_utils import recording_app, serving_model
+from tests.helpers.http_utils import metric, recording_app, serving_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 
@@ -100,10 +100,7 @@ def test_generating_server_does_not_serve_embeddings(tiny_dir):
 
 def _finished(server, reason: str) -> float:
     """``tprun:request_success_total`` for ``reason``, read from /metrics."""
-    page = httpx.get(f"{server.url}/metrics").text
-    line, = [x for x in page.splitlines() if x.startswith("tprun:request_success_total{")
-             and f'finished_reason="{reason}"' in x]
-    return float(line.rsplit(" ", 1)[1])
+    return metric(server.url, "tprun:request_success_total", {"finished_reason": reason})
 
 
 @pytest.mark.timeout(180)

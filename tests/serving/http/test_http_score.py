@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 
 import httpx
-import numpy as np
 import pytest
 
-from tests.helpers.hf_embeddings import hf_last_token_embeddings
+from tests.helpers.hf_embeddings import hf_cosine_scorer, hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
-from tests.helpers.http_utils import recording_app, serving_model
+from tests.helpers.http_utils import metric, recording_app, serving_model
 
 QUERY = "which text is nearest?"
 DOCUMENTS = ["a first document", "the second one, somewhat longer than the first",
@@ -52,12 +51,7 @@ def tokens(server, model):
 @pytest.fixture(scope="module")
 def reference(model, tokens):
     """The reference score of two texts: the cosine of their HF embeddings."""
-    embedded = dict(zip(tokens, hf_last_token_embeddings(model, list(tokens.values()))))
-
-    def score(a: str, b: str) -> float:
-        x, y = embedded[a], embedded[b]
-        return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
-    return score
+    return hf_cosine_scorer(model, tokens)
 
 
 def _post(server, path: str, body: dict) -> httpx.Response:
@@ -196,10 +190,7 @@ def test_integers_past_int64_are_400s(server, reference, field):
 
 def _finished(server, reason: str) -> float:
     """``tprun:request_success_total`` for ``reason``, read from /metrics."""
-    page = httpx.get(f"{server.url}/metrics").text
-    line, = [x for x in page.splitlines() if x.startswith("tprun:request_success_total{")
-             and f'finished_reason="{reason}"' in x]
-    return float(line.rsplit(" ", 1)[1])
+    return metric(server.url, "tprun:request_success_total", {"finished_reason": reason})
 
 
 @pytest.mark.timeout(240)
