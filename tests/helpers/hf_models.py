@@ -1,6 +1,8 @@
 """Small random Hugging Face models saved as checkpoints, with HF's greedy
 continuations as the reference (end-to-end parity tests)."""
 
+import json
+
 import torch
 
 
@@ -31,14 +33,20 @@ def save_spread(model, path, scale: float = 8.0) -> str:
     return str(path)
 
 
-def save_embedding_llama(path) -> str:
+def save_embedding_llama(path, pad_token: bool = False) -> str:
     """The small random Llama that the embedding routes' tests serve (seed 5;
     320 token ids, the byte tokenizer's 259 among them; 64 positions), saved
     with ``save_spread`` under ``path``; the path as text. Its vectors are
-    checked against ``LLM.embed`` or transformers on the same checkpoint."""
+    checked against ``LLM.embed`` or transformers on the same checkpoint.
+    ``pad_token``: its tokenizer names "<pad>" its pad token, which a score
+    counts once between a pair's texts."""
     model = small_llama(5, 320, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=64, rms_norm_eps=1e-6)
-    return save_spread(model, path)
+    saved = save_spread(model, path)
+    if pad_token:
+        with open(f"{saved}/tokenizer_config.json", "w") as f:
+            json.dump({"pad_token": "<pad>"}, f)
+    return saved
 
 
 def save_with_greedy_reference(model, path, prompts: list[list[int]],

@@ -53,10 +53,7 @@ SUPPORTED = ("Supported endpoints: /v1/chat/completions, /v1/completions, /v1/em
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = save_embedding_llama(tmp_path_factory.mktemp("llama"))
-    with open(f"{path}/tokenizer_config.json", "w") as f:
-        json.dump({"pad_token": "<pad>"}, f)  # counted once between a pair's texts
-    return path
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"), pad_token=True)
 
 
 def _run(folder, model: str, lines, *options: str):

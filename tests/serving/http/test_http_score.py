@@ -8,8 +8,6 @@ errors after which the server goes on serving; a generating server answers
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
@@ -24,10 +22,7 @@ DOCUMENTS = ["a first document", "the second one, somewhat longer than the first
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = save_embedding_llama(tmp_path_factory.mktemp("llama"))
-    with open(f"{path}/tokenizer_config.json", "w") as f:
-        json.dump({"pad_token": "<pad>"}, f)  # counted once between a pair's texts
-    return path
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"), pad_token=True)
 
 
 @pytest.fixture(scope="module")
