@@ -27,7 +27,10 @@ computed under one adapter never serves another). A new adapter therefore
 takes an id never given before, and a name loaded again after an unload
 takes its old id back when its path is the same; under another path the
 engine refuses the name (400). vLLM's ``load_inplace`` (new weights under a
-loaded name) is refused for the same reason.
+loaded name) is refused for the same reason, and so is a name loaded again
+from its path once the files there have changed (``files_stamp``: an
+adapter trained again into its folder): under its old id the engine would
+keep serving the weights it read first.
 
 Loads and unloads run one at a time (one lock), so two loads of one name
 never both pass.
@@ -44,6 +47,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.responses import Response
 
 from ipc.errors import InvalidRequestError
+from ipc.lora_adapter import CONFIG_FILE, WEIGHTS_FILE
 from ipc.lora_request import LoRARequest
 
 logger = logging.getLogger(__name__)
@@ -71,6 +75,21 @@ class UnknownLoRAAdapterError(InvalidRequestError):
     """An unload named no adapter this server serves (HTTP 404)."""
 
 
+def files_stamp(path: str) -> tuple:
+    """What tells the adapter files under ``path`` apart from others written
+    there later: each file's device, inode, size and modification time (None
+    for a file that is missing), read through any symlink."""
+    stamps = []
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            st = os.stat(os.path.join(path, name))
+        except (OSError, ValueError):  # ValueError: a NUL in the path
+            stamps.append(None)
+        else:
+            stamps.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(stamps)
+
+
 class LoRAUpdates:
     """The load and unload of adapters into ``served`` (the server's
     ``lora_modules``, name -> ``LoRARequest``), each load checked by
@@ -82,6 +101,8 @@ class LoRAUpdates:
         self.served, self.base_names, self.check = served, base_names, check
         self.next_id = max((lora.lora_int_id for lora in served.values()), default=0) + 1
         self.unloaded: dict[str, LoRARequest] = {}  # name -> its adapter, last unloaded
+        # name -> files_stamp of its adapter as it was loaded (served or unloaded)
+        self.stamps = {name: files_stamp(lora.lora_path) for name, lora in served.items()}
         self.lock = asyncio.Lock()
 
     async def load(self, request: LoadLoRAAdapterRequest) -> Response:
@@ -108,14 +129,27 @@ class LoRAUpdates:
                 lora = before
             else:
                 lora = LoRARequest(name, self.next_id, path)
-            await asyncio.to_thread(self.check, lora)
+            stamp = await asyncio.to_thread(self._checked_stamp, lora)
+            if lora is before and stamp != self.stamps.get(name):
+                raise InvalidRequestError(
+                    f"the files in {path} changed since {name!r} was loaded from there; "
+                    "a name keeps the weights it was first loaded with (its prefix-cache "
+                    "blocks are keyed by it): load them under a new name", param="lora_path")
             if lora.lora_int_id == self.next_id:
                 self.next_id += 1
             self.unloaded.pop(name, None)
             self.served[name] = lora
+            self.stamps[name] = stamp
         logger.info("loaded LoRA adapter %r from %s", name, path)
         return Response(f"Success: LoRA adapter '{name}' added successfully.",
                         media_type="text/plain")
+
+    def _checked_stamp(self, lora: LoRARequest) -> tuple:
+        """``lora`` checked by the engine, and its files' stamp taken just
+        before (a change after it shows at the next load of the name)."""
+        stamp = files_stamp(lora.lora_path)
+        self.check(lora)
+        return stamp
 
     async def unload(self, request: UnloadLoRAAdapterRequest) -> Response:
         name = request.lora_name

@@ -7,6 +7,9 @@ finishes with it."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import openai
 import pytest
 
@@ -84,8 +87,9 @@ def test_loads_the_server_cannot_take_are_refused(served):
     _load(client, "rsl", paths[2])
     with pytest.raises(openai.BadRequestError, match="'rsl' is loaded already"):
         _load(client, "rsl", paths[1])
-    with pytest.raises(openai.NotFoundError, match="no such directory"):
-        _load(client, "gone", paths[1] + "-missing")
+    for missing in (paths[1] + "-missing", paths[1] + "\0"):
+        with pytest.raises(openai.NotFoundError, match="no such directory"):
+            _load(client, "gone", missing)
     with pytest.raises(openai.BadRequestError, match="greater than max_lora_rank 8"):
         _load(client, "big", paths[3])
     with pytest.raises(openai.BadRequestError, match="name of the base model"):
@@ -118,6 +122,27 @@ def test_a_request_running_with_an_adapter_finishes_after_its_unload(served):
     assert tokens == expected[1][1]
     with pytest.raises(openai.NotFoundError):
         _tokens(client, "run")
+
+
+@pytest.mark.timeout(300)
+def test_a_name_loaded_again_from_files_changed_since_is_refused(served, tmp_path):
+    """A name loaded again from its path keeps its id, and the engine binds
+    an id to the adapter it first read: new files there (an adapter trained
+    again into its folder) would run as the old weights, so they are
+    refused under that name and served under a new one."""
+    client, paths, expected = served
+    folder = tmp_path / "retrained"
+    shutil.copytree(paths[1], folder)
+    _load(client, "tuned", str(folder))
+    assert _tokens(client, "tuned") == expected[1]
+    _unload(client, "tuned")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copyfile(os.path.join(paths[2], name), folder / name)
+    with pytest.raises(openai.BadRequestError, match="changed since 'tuned' was loaded"):
+        _load(client, "tuned", str(folder))
+    assert "tuned" not in [m.id for m in client.models.list().data]
+    _load(client, "tuned-again", str(folder))
+    assert _tokens(client, "tuned-again") == expected[2]
 
 
 def test_a_request_checked_before_an_unload_is_refused_after_it():
