@@ -7,10 +7,13 @@ engine knows by it, or an adapter ``ipc.lora_adapter.read_adapter`` refuses (a m
 path, a rank above ``max_lora_rank``, modules it cannot serve). An adapter
 that passed is remembered by its ``LoRARequest``, so it is read once.
 
-Several threads check: the engine server's tokenizer threads (as they make
-requests) and an HTTP front end loading an adapter at runtime
-(``serving/http/lora_updates.py``); one lock makes each check whole, so two
-adapters of one name or one id never both pass.
+Several threads check: the engine server's loop and its tokenizer threads
+(as they make requests) and an HTTP front end loading an adapter at runtime
+(``serving/http/lora_updates.py``). An adapter is read with no lock held,
+so a slow read (a runtime load from a slow disk) holds up no other check,
+the engine loop's included; what is known is looked up and recorded under
+one lock, looked up again after the read, so two adapters of one name or
+one id never both pass.
 """
 
 from __future__ import annotations
@@ -37,10 +40,6 @@ class LoRAChecks:
         """Refuse a ``lora`` this engine cannot serve (module docstring)."""
         if lora is None:
             return
-        with self._lock:
-            self._check(lora)
-
-    def _check(self, lora: LoRARequest) -> None:
         if not isinstance(lora, LoRARequest):
             raise InvalidRequestError(f"lora_request must be a LoRARequest, got "
                                       f"{type(lora).__name__}", param="lora_request")
@@ -48,9 +47,23 @@ class LoRAChecks:
             raise InvalidRequestError(
                 f"LoRA adapter {lora.lora_name!r} requested, but LoRA is not enabled: start the "
                 "engine with enable_lora=True (--enable-lora)", param="lora_request")
+        with self._lock:
+            if self._refuse_or_known(lora):
+                return
+        read_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
+        with self._lock:
+            if self._refuse_or_known(lora):  # passed by another thread meanwhile
+                return
+            self._checked[lora.lora_int_id] = lora
+            self._ids[lora.lora_name] = lora.lora_int_id
+
+    def _refuse_or_known(self, lora: LoRARequest) -> bool:
+        """True for an adapter that passed already; ``InvalidRequestError``
+        for one whose id or name another adapter holds; False for one to
+        read. Called with the lock held."""
         known = self._checked.get(lora.lora_int_id)
         if known == lora:
-            return
+            return True
         if known is not None:
             raise InvalidRequestError(
                 f"lora_int_id {lora.lora_int_id} names adapter {known.lora_name!r} "
@@ -62,9 +75,7 @@ class LoRAChecks:
                 f"lora_name {lora.lora_name!r} names the adapter of lora_int_id {other} "
                 f"({self._checked[other].lora_path}); give this adapter a name of its own",
                 param="lora_request")
-        read_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
-        self._checked[lora.lora_int_id] = lora
-        self._ids[lora.lora_name] = lora.lora_int_id
+        return False
 
 
 def check_lora_modules(checks: LoRAChecks, modules: Iterable[LoRARequest]) -> None:
