@@ -172,6 +172,7 @@ class LLMEngine:
         self.max_model_len = self._decide_max_model_len(config)
         self.scheduler = Scheduler(config.scheduler_config(self.model_config, self.num_blocks,
                                                            self.draft_model_config))
+        self.scheduler.lora_readable = self.lora_checks.readable
         self._say_draft_limit(config)
         self.request_ids = itertools.count()
         self.in_flight: _SentStep | None = None  # async scheduling only
@@ -465,6 +466,7 @@ class LLMEngine:
             if after_send is not None:
                 after_send()
             deltas = self._absorb(sent)
+        deltas = self.scheduler.take_unadmitted() + deltas
         self.maybe_log_stats(num_admitting)
         return deltas
 

@@ -18,6 +18,7 @@ one id never both pass.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 
@@ -27,6 +28,8 @@ from ipc.errors import InvalidRequestError
 from ipc.lora_adapter import read_adapter
 from ipc.lora_request import LoRARequest
 from ipc.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
 
 
 class LoRAChecks:
@@ -76,6 +79,20 @@ class LoRAChecks:
                 f"({self._checked[other].lora_path}); give this adapter a name of its own",
                 param="lora_request")
         return False
+
+
+    def readable(self, lora: LoRARequest) -> bool:
+        """Whether ``lora``, checked before, still passes ``read_adapter``
+        (the workers read its files again each time it takes an adapter
+        slot, and a read that fails there stops the engine); a failure is
+        logged."""
+        try:
+            read_adapter(lora.lora_path, self.model, self.config.max_lora_rank)
+        except InvalidRequestError as e:
+            logger.warning("LoRA adapter %r can no longer be read (%s): its request ends "
+                           "with finish reason 'error'", lora.lora_name, e)
+            return False
+        return True
 
 
 def check_lora_modules(checks: LoRAChecks, modules: Iterable[LoRARequest]) -> None:

@@ -97,7 +97,13 @@ adapter slots (``engine.lora_slots``): held already, empty, or reloaded
 from an adapter no running request uses (the plan's ``lora_loads``). One
 that finds none is skipped and keeps its place while later requests are
 admitted (vLLM's rule), so the running requests never hold more than
-``max_loras`` distinct adapters.
+``max_loras`` distinct adapters. The workers read an adapter's files each
+time it takes a slot, so before a plan reloads one, ``lora_readable``
+(the engine's) reads its files again: a request whose adapter's folder is
+gone or changed into one the engine cannot serve since its check is not
+admitted but ends with finish reason "error" (its last delta comes with
+the step's, ``take_unadmitted``), where the workers' read would stop the
+engine.
 
 Prompt logprobs. A request that asks for them takes no prefix-cache hits
 (every prompt position's logits are needed), and a step scores at most
@@ -117,7 +123,7 @@ import bisect
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from engine import prompt_logprobs, repetition
@@ -130,6 +136,7 @@ from engine.reported_drafts import checked_drafts
 from engine.reported_pooled import checked_pooled
 from engine.request import Request, RequestStatus
 from ipc.config import SchedulerConfig
+from ipc.lora_request import LoRARequest
 from ipc.messages import (
     CachedRequestData,
     Logprobs,
@@ -272,6 +279,10 @@ class Scheduler:
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         # The workers' adapter slots (LoRA serving; None when off).
         self.lora_slots = LoRASlots(config.max_loras) if config.max_loras else None
+        # Whether an adapter's files can still be served (the engine sets it;
+        # None: not asked), and the last deltas of requests it refused.
+        self.lora_readable: Callable[[LoRARequest], bool] | None = None
+        self._unadmitted: list[RequestOutputDelta] = []
         self.requests: dict[str, Request] = {}
         self.waiting = _WaitingQueue()
         self.running: list[Request] = []
@@ -320,6 +331,12 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def take_unadmitted(self) -> list[RequestOutputDelta]:
+        """The last deltas of the requests ended at admission since the last
+        call (an adapter that can no longer be read: module docstring)."""
+        taken, self._unadmitted = self._unadmitted, []
+        return taken
 
     @property
     def num_running_reqs(self) -> int:
@@ -488,6 +505,13 @@ class Scheduler:
             lora = request.lora_request
             if lora is not None and not self.lora_slots.can_take(lora, in_use):
                 skipped += 1
+                continue
+            if (lora is not None and self.lora_readable is not None
+                    and self.lora_slots.slot_of(lora.lora_int_id) is None
+                    and not self.lora_readable(lora)):
+                self._finish(request, RequestStatus.FINISHED_ERROR)
+                self._unadmitted.append(RequestOutputDelta(request.req_id, [], True,
+                                                           request.finish_reason))
                 continue
             # Prompt logprobs need every prompt position's logits: no prefix hits.
             hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None

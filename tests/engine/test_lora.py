@@ -216,3 +216,27 @@ def test_beam_search_runs_its_adapter(lora_setup, lora_llm):
                                 lora_request=[loras.get(lora_id) for lora_id, _ in cases])
     assert [o.sequences[0].tokens[len(PROMPTS[i]):] for o, (_, i) in zip(outs, cases)] == [
         expected[lora_id][i] for lora_id, i in cases]
+
+
+@pytest.mark.timeout(180)
+def test_an_adapter_whose_folder_is_gone_ends_its_request_not_the_engine(lora_setup, tmp_path):
+    """The workers read an adapter again each time it takes a slot: one
+    whose folder was removed after its check ends its request with finish
+    reason "error", and the engine serves the others on."""
+    path, _, loras, expected = lora_setup
+    folder = tmp_path / "adapter-copy"
+    shutil.copytree(loras[1].lora_path, folder)
+    gone = LoRARequest("gone", 7, str(folder))
+    prompt = [{"prompt_token_ids": PROMPTS[0]}]
+
+    def run(lora):
+        return llm.generate(prompt, PARAMS, lora_request=lora)[0].outputs[0]
+
+    with _llm(path, max_loras=1) as llm:
+        assert run(gone).token_ids == expected[1][0]
+        assert run(loras[2]).token_ids == expected[2][0]  # takes the one slot
+        shutil.rmtree(folder)
+        out = run(gone)
+        assert (out.finish_reason, list(out.token_ids)) == ("error", [])
+        assert run(loras[2]).token_ids == expected[2][0]
+        assert run(None).token_ids == expected[None][0]
