@@ -65,8 +65,23 @@ def from_hf_dict(hf: dict[str, Any], generation: dict[str, Any] | None = None) -
         dtype=_dtype(hf),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=_eos_ids(hf.get("eos_token_id"), (generation or {}).get("eos_token_id")),
+        labels=_labels(hf),
         **_sliding(hf, arch),
     )
+
+
+def _labels(hf: dict[str, Any]) -> tuple[str, ...]:
+    """A classifier's label names by index: ``id2label``'s (keys are the
+    indices, as text in JSON), the index as text where it names none;
+    ``num_labels`` of them where config.json gives it, else as many as
+    ``id2label`` holds, else Hugging Face's default of 2."""
+    names = {int(k): str(v) for k, v in (hf.get("id2label") or {}).items()}
+    count = hf.get("num_labels")
+    if not isinstance(count, int) or isinstance(count, bool):
+        count = len(names) or 2
+    if count < 1:
+        raise ValueError(f"num_labels must be >= 1, got {count}")
+    return tuple(names.get(i, str(i)) for i in range(count))
 
 
 def _load(path: str, required: bool) -> dict[str, Any]:
@@ -153,7 +168,7 @@ def _sliding(hf: dict, arch: str) -> dict:
     every layer, Llama never."""
     window = hf.get("sliding_window")
     qwen = arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-    if not window or arch == "LlamaForCausalLM" or (qwen and not hf.get("use_sliding_window")):
+    if not window or arch.startswith("Llama") or (qwen and not hf.get("use_sliding_window")):
         return {"sliding_window": None, "sliding_layers": ()}
     num_layers = hf["num_hidden_layers"]
     if hf.get("layer_types"):

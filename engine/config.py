@@ -251,10 +251,18 @@ class EngineConfig:
 
     @property
     def pooler(self) -> PoolerSettings | None:
-        """``runner`` / ``convert`` / ``pooler_config`` resolved: the
-        pooling settings of an embedding engine, None for a generating one."""
+        """``runner`` / ``convert`` / ``pooler_config`` resolved, before the
+        model is known: the pooling settings of a pooling engine, None where
+        the options alone make none (``pooler_for`` decides for a model)."""
+        return self.pooler_for(None)
+
+    def pooler_for(self, model: ModelConfig | None) -> PoolerSettings | None:
+        """The pooling settings of an engine serving ``model`` (a sequence
+        classifier's checkpoint pools under runner "auto" too, with the
+        "classify" task); None for a generating one."""
         try:
-            return resolve_pooler(self.runner, self.convert, self.pooler_config)
+            return resolve_pooler(self.runner, self.convert, self.pooler_config,
+                                  None if model is None else model.architecture)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -265,7 +273,7 @@ class EngineConfig:
         without chunked prefill (a smaller one given is refused:
         ``check_model``)."""
         tokens = self.resolved_max_num_batched_tokens
-        pooler = self.pooler
+        pooler = self.pooler_for(model)
         if pooler is not None and pooler.whole_prompts and self.max_num_batched_tokens is None:
             tokens = max(tokens, self.resolved_max_model_len(model))
         return tokens
@@ -299,7 +307,10 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported: tprun "
                               f"keeps the KV cache in the model's dtype, {dtype} here (dtype); "
                               f"only {taken} is taken")
-        pooler = self.pooler
+        pooler = self.pooler_for(model)
+        if pooler is not None and self.speculative is not None:
+            raise ConfigError("speculative_config is for generation: a pooling model (runner "
+                              "'pooling') samples nothing")
         if pooler is not None and pooler.whole_prompts:
             tokens, length = self.max_num_batched_tokens_for(model), self.resolved_max_model_len(model)
             if tokens < length:
@@ -530,6 +541,7 @@ class EngineConfig:
         "draft_model")."""
         spec = self.speculative
         length = self.resolved_max_model_len(model)
+        pooler = self.pooler_for(model)
         if spec is not None and draft_dir is not None:
             spec = msgspec.structs.replace(
                 spec, model=draft_dir, draft_model_config=draft,
@@ -541,7 +553,8 @@ class EngineConfig:
             max_model_len=length, speculative=spec,
             logits_processors=list(self.logits_processors or ()),
             logits_processor_folders=_import_folders(self.logits_processors or ()),
-            pooling_type=None if self.pooler is None else self.pooler.pooling_type,
+            pooling_type=None if pooler is None else pooler.pooling_type,
+            pooling_task=None if pooler is None else pooler.task,
             lora=self.lora_config,
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
@@ -556,7 +569,8 @@ class EngineConfig:
         (``draft_max_model_len``; the ``draft`` None where no draft model
         drafts)."""
         length = self.max_model_len_for(model, num_blocks)
-        whole_prompts = self.pooler is not None and self.pooler.whole_prompts
+        pooler = self.pooler_for(model)
+        whole_prompts = pooler is not None and pooler.whole_prompts
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens_for(model),
@@ -570,7 +584,8 @@ class EngineConfig:
             else self.speculative.disable_by_batch_size or 0,
             draft_max_model_len=self.draft_max_model_len(draft, length),
             vocab_size=model.vocab_size,
-            pooled_size=0 if self.pooler is None else model.hidden_size,
+            pooled_size=(0 if pooler is None else model.num_labels if pooler.task == "classify"
+                         else model.hidden_size),
             max_loras=self.max_loras if self.enable_lora else 0,
         )
 

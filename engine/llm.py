@@ -23,7 +23,12 @@ from engine.outputs import (
     RequestOutputDelta,
     cumulative_logprob,
 )
-from engine.pooling_outputs import EmbeddingOutput, EmbeddingRequestOutput
+from engine.pooling_outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+)
 from engine.pooling_params import PoolingParams
 from engine.progress import RequestProgress
 from engine.reasoning import enable_thinking_of
@@ -179,6 +184,42 @@ class LLM:
         they leave it unset. ``lora_request``: as ``generate`` takes it.
         Every prompt is checked before any is queued; an interrupted call
         aborts its unfinished requests."""
+        pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
+                            lora_request, "embed")
+        return [EmbeddingRequestOutput(r.req_id, EmbeddingOutput.from_bytes(data),
+                                       list(r.prompt_token_ids))
+                for r, data in pooled]
+
+    def classify(
+        self,
+        prompts: str | dict | Iterable[str | dict],
+        *,
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = False,
+        truncate_prompt_tokens: int | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[ClassificationRequestOutput]:
+        """vLLM's: each prompt's class probabilities, in the order of
+        ``prompts`` (a classifier only: a sequence classifier's checkpoint
+        or ``convert="classify"``; another engine refuses with
+        ``InvalidRequestError``). ``pooling_params`` as ``embed`` takes them
+        (of a classification: ``use_activation``, ``truncate_prompt_tokens``);
+        the rest as ``embed``."""
+        pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
+                            lora_request, "classify")
+        return [ClassificationRequestOutput(r.req_id, ClassificationOutput.from_bytes(data),
+                                            list(r.prompt_token_ids))
+                for r, data in pooled]
+
+    def _pool(self, prompts: str | dict | Iterable[str | dict],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None, use_tqdm: bool,
+              truncate_prompt_tokens: int | None,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+              task: str) -> list[tuple[Request, bytes]]:
+        """Run ``prompts`` as ``task`` requests (``new_pooling_request``) to
+        their end: each request with the engine's output bytes, in prompt
+        order. Every prompt is checked before any is queued; an interrupted
+        call aborts its unfinished requests."""
         if not self._finalizer.alive:
             raise RuntimeError("this LLM has been shut down")
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
@@ -191,24 +232,22 @@ class LLM:
                 p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         loras = loras_per_prompt(lora_request, len(prompts))
         engine = self.engine
-        requests = [engine.new_pooling_request(p, pp, lora_request=lora)
+        requests = [engine.new_pooling_request(p, pp, lora_request=lora, task=task)
                     for p, pp, lora in zip(prompts, params, loras)]
         for request in requests:
             engine.enqueue(request)
-        embeddings: dict[str, bytes] = {}
+        pooled: dict[str, bytes] = {}
         try:
-            with RequestProgress(len(requests), "embed", use_tqdm) as progress:
+            with RequestProgress(len(requests), task, use_tqdm) as progress:
                 while engine.has_unfinished_requests():
                     done = [d for d in engine.step() if d.pooled is not None]
-                    embeddings.update((d.req_id, d.pooled) for d in done)
+                    pooled.update((d.req_id, d.pooled) for d in done)
                     progress.advance(len(done), 0)
         except BaseException:
             with contextlib.suppress(Exception):
-                engine.abort([r.req_id for r in requests if r.req_id not in embeddings])
+                engine.abort([r.req_id for r in requests if r.req_id not in pooled])
             raise
-        return [EmbeddingRequestOutput(r.req_id, EmbeddingOutput.from_bytes(embeddings[r.req_id]),
-                                       list(r.prompt_token_ids))
-                for r in requests]
+        return [(r, pooled[r.req_id]) for r in requests]
 
     def score(
         self,

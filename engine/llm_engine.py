@@ -37,9 +37,11 @@ from checkpoint.generation_config import eos_token_ids, sampling_defaults
 from checkpoint.resolve import resolve_model_dir
 from checkpoint.tokenizer import Tokenizer
 from engine.bad_words import bad_words_token_ids
+from engine.classify_head import resolved_classify_params
 from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.lora_checks import LoRAChecks
 from engine.outputs import RequestOutputDelta
+from engine.pooler_config import TASK_NAMES
 from engine.pooling_params import (
     Matryoshka,
     PoolingParams,
@@ -111,7 +113,9 @@ class LLMEngine:
         config.check_machine()
         try:  # the model's files beyond its description: read or checked here, once
             if config.load_format != "dummy":
-                check_weight_files(self.model_dir, self.model_config)
+                pooler = config.pooler_for(self.model_config)
+                check_weight_files(self.model_dir, self.model_config,
+                                   classify=pooler is not None and pooler.task == "classify")
             self.tokenizer = Tokenizer.from_dir(self.model_dir)
             # The reasoning parser, its tags as this tokenizer holds them (None: no parser).
             name = config.resolved_reasoning_parser
@@ -152,7 +156,7 @@ class LLMEngine:
         self.device = config.resolved_device
         # An embedding engine's pooler (None: it generates) and what the
         # model says of Matryoshka dimensions.
-        self.pooler = config.pooler
+        self.pooler = config.pooler_for(self.model_config)
         self.matryoshka = Matryoshka.of_model_dir(self.model_dir)
         draft_dir, self.draft_model_config = self._draft_model(config)
         runner_config = config.runner_config(self.model_dir, self.model_config, draft_dir,
@@ -310,9 +314,9 @@ class LLMEngine:
         (``engine.lora_checks``: refused with LoRA off, or an adapter that
         cannot be served)."""
         if self.pooler is not None:
-            raise InvalidRequestError("generation is not supported by a pooling model (runner "
-                                      "'pooling'): it serves embeddings; start it with runner "
-                                      "'generate' to generate")
+            raise InvalidRequestError(f"generation is not supported by a pooling model (runner "
+                                      f"'pooling'): it serves {TASK_NAMES[self.pooler.task]}; "
+                                      "start it with runner 'generate' to generate")
         self.lora_checks.check(lora_request)
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
@@ -354,26 +358,37 @@ class LLMEngine:
 
     def new_pooling_request(self, prompt: str | dict, params: PoolingParams,
                             req_id: str | None = None, priority: int = 0,
-                            lora_request: LoRARequest | None = None) -> Request:
-        """The embedding request of ``prompt`` (an engine with a pooler
+                            lora_request: LoRARequest | None = None,
+                            task: str = "embed") -> Request:
+        """The ``task`` request ("embed" or "classify", the engine's own
+        task, ``PoolerSettings.task``) of ``prompt`` (an engine with a pooler
         only: ``runner="pooling"``): tokenized, cut to
         ``params.truncate_prompt_tokens``, checked (``check_pooling_prompt``;
         ``dimensions`` against the model, ``resolved_params``), nothing
-        queued. It runs its prompt and finishes "stop" with its embedding
-        (``RequestOutputDelta.pooled``), sampling nothing: its sampling
+        queued (a classification's params: ``resolved_classify_params``). It
+        runs its prompt and finishes "stop" with its embedding or class
+        probabilities (``RequestOutputDelta.pooled``), sampling nothing: its sampling
         parameters are one greedy token that is never drawn. Like
         ``new_request``, any thread may call it; ``lora_request`` as
         ``new_request`` takes it (the adapter's hidden states are pooled)."""
         if self.pooler is None:
-            raise InvalidRequestError("embeddings are not supported by a generating model: "
-                                      "start it with runner 'pooling' (or convert 'embed')")
+            raise InvalidRequestError(f"{TASK_NAMES[task]} are not supported by a generating "
+                                      f"model: start it with runner 'pooling' (or convert "
+                                      f"{task!r})")
+        if task != self.pooler.task:
+            raise InvalidRequestError(f"pooling_task must be one of ['{self.pooler.task}']: "
+                                      f"this model serves {TASK_NAMES[self.pooler.task]}, not "
+                                      f"{TASK_NAMES[task]}", param="task")
         self.lora_checks.check(lora_request)
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
         limits = self.scheduler.config
-        params = resolved_params(params, self.pooler.normalize, self.pooler.dimensions,
-                                 self.matryoshka, self.config.model)
+        if task == "classify":
+            params = resolved_classify_params(params, self.pooler.use_activation)
+        else:
+            params = resolved_params(params, self.pooler.normalize, self.pooler.dimensions,
+                                     self.matryoshka, self.config.model)
         ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
                                limits.max_model_len)
         check_pooling_prompt(ids, self.model_config.vocab_size, limits.max_model_len,

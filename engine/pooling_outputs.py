@@ -1,5 +1,6 @@
-"""vLLM's outputs of ``LLM.embed``: ``EmbeddingRequestOutput`` with
-``.outputs.embedding``."""
+"""vLLM's outputs of ``LLM.embed`` (``EmbeddingRequestOutput`` with
+``.outputs.embedding``) and of ``LLM.classify``
+(``ClassificationRequestOutput`` with ``.outputs.probs``)."""
 
 from __future__ import annotations
 
@@ -33,5 +34,34 @@ class EmbeddingRequestOutput:
 
     request_id: str
     outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class ClassificationOutput:
+    """One prompt's class probabilities, one per label in label order
+    (softmax over the labels; the sigmoid of a single label's logit; the raw
+    logits where the request turned ``use_activation`` off)."""
+
+    probs: list[float]
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ClassificationOutput:
+        """From the engine's float32 little-endian bytes."""
+        return cls(np.frombuffer(data, dtype="<f4").tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ClassificationRequestOutput:
+    """vLLM's: ``request_id``, ``prompt_token_ids`` (after any truncation),
+    ``finished`` and ``outputs``."""
+
+    request_id: str
+    outputs: ClassificationOutput
     prompt_token_ids: list[int]
     finished: bool = True

@@ -1,5 +1,6 @@
-"""``PoolingParams`` (vLLM's, for embeddings) and the embedding head the
-engine applies to a pooled vector.
+"""``PoolingParams`` (vLLM's, for embeddings and classification) and the
+embedding head the engine applies to a pooled vector (a classifier's head
+is ``engine.classify_head``).
 
 A pooling request runs its prompt and finishes without sampling: the
 runner pools the final-normed hidden states (``runner.pooler``, by the
@@ -26,15 +27,21 @@ from ipc.errors import InvalidRequestError
 
 
 class PoolingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """vLLM's embedding parameters. ``truncate_prompt_tokens``: keep the
+    """vLLM's pooling parameters. ``truncate_prompt_tokens``: keep the
     prompt's last k tokens (-1: ``max_model_len`` of them; None: all).
-    ``dimensions``: truncate the embedding to its first d values (Matryoshka
-    models only). ``normalize``: L2-normalize it (None: the server's default,
-    ``pooler_config``'s ``normalize``, else True)."""
+    Embeddings: ``dimensions`` truncates the embedding to its first d values
+    (Matryoshka models only); ``normalize`` L2-normalizes it (None: the
+    server's default, ``pooler_config``'s ``normalize``, else True).
+    Classification: ``use_activation`` turns the logits into probabilities
+    (None: ``pooler_config``'s, else True). ``task``: "embed" or
+    "classify", which the engine sets (vLLM's internal field); each task
+    refuses the other's parameters, with vLLM's message."""
 
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
     normalize: bool | None = None
+    use_activation: bool | None = None
+    task: str | None = None
 
     @classmethod
     def from_dict(cls, fields: dict[str, Any]) -> PoolingParams:
@@ -71,18 +78,39 @@ class Matryoshka(msgspec.Struct, frozen=True):
         return cls(supported, None if dims is None else tuple(int(d) for d in dims))
 
 
-def resolved_params(params: PoolingParams, default_normalize: bool | None,
-                    default_dimensions: int | None, matryoshka: Matryoshka,
-                    model_name: str) -> PoolingParams:
-    """``params`` with the server's defaults filled (``pooler_config``'s
-    ``normalize`` and ``dimensions``; normalize True where neither says)
-    and ``dimensions`` checked against the model, with vLLM's messages;
-    ``truncate_prompt_tokens`` is None, -1 or k >= 1 (``SamplingParams``'
-    rule: 0 or below -1 would keep the whole prompt or drop its start)."""
+# The parameters each task takes, of those only one task takes (vLLM's).
+TASK_PARAMETERS = {"embed": ("dimensions", "normalize"), "classify": ("use_activation",)}
+
+
+def check_task_parameters(params: PoolingParams, task: str) -> PoolingParams:
+    """``params`` for ``task``: its ``task`` set (one set to another task is
+    refused), no parameter of another task given, ``truncate_prompt_tokens``
+    None, -1 or k >= 1 (``SamplingParams``' rule: 0 or below -1 would keep
+    the whole prompt or drop its start); vLLM's messages."""
+    if params.task is not None and params.task != task:
+        raise InvalidRequestError(f"You cannot overwrite self.task={params.task!r} with "
+                                  f"task={task!r}!", param="task")
     k = params.truncate_prompt_tokens
     if k is not None and (type(k) is not int or (k < 1 and k != -1)):
         raise InvalidRequestError(f"truncate_prompt_tokens must be None, an int >= 1 or -1 "
                                   f"(max_model_len), got {k!r}", param="truncate_prompt_tokens")
+    valid = list(TASK_PARAMETERS[task])
+    invalid = [name for names in TASK_PARAMETERS.values() for name in names
+               if name not in valid and getattr(params, name) is not None]
+    if invalid:
+        raise InvalidRequestError(f"Task {task} only supports {valid} parameters, does not "
+                                  f"support {invalid} parameters", param=invalid[0])
+    return msgspec.structs.replace(params, task=task)
+
+
+def resolved_params(params: PoolingParams, default_normalize: bool | None,
+                    default_dimensions: int | None, matryoshka: Matryoshka,
+                    model_name: str) -> PoolingParams:
+    """``params`` of an embedding (``check_task_parameters``) with the
+    server's defaults filled (``pooler_config``'s ``normalize`` and
+    ``dimensions``; normalize True where neither says) and ``dimensions``
+    checked against the model, with vLLM's messages."""
+    params = check_task_parameters(params, "embed")
     normalize = params.normalize
     if normalize is None:
         normalize = True if default_normalize is None else default_normalize

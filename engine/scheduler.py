@@ -127,6 +127,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from engine import prompt_logprobs, repetition
+from engine.classify_head import probabilities_of
 from engine.kv_cache_manager import KVCacheManager
 from engine.lora_slots import LoRASlots
 from engine.min_tokens import min_tokens_stop_ids
@@ -633,13 +634,16 @@ class Scheduler:
         return deltas
 
     def _finish_pooled(self, request: Request, pooled: bytes) -> RequestOutputDelta:
-        """A pooling request whose prompt has run: its embedding (the
-        request's head over the runner's vector, ``embedding_of``), and it
+        """A pooling request whose prompt has run: its embedding or class
+        probabilities (the request's head over the runner's vector,
+        ``embedding_of`` or ``probabilities_of`` by its task), and it
         finishes "stop" with its blocks freed, as vLLM finishes it."""
         self._finish(request, RequestStatus.FINISHED_STOPPED)
+        params = request.pooling_params
+        head = probabilities_of if params.task == "classify" else embedding_of
         return RequestOutputDelta(request.req_id, [], True, request.finish_reason,
                                   num_cached_tokens=request.num_cached_tokens,
-                                  pooled=embedding_of(pooled, request.pooling_params))
+                                  pooled=head(pooled, params))
 
     def _is_live(self, entry: _InFlight) -> bool:
         request = entry.request

@@ -90,7 +90,11 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``pooling_type``: None for a generating runner; "LAST", "MEAN" or "CLS"
     for a pooling runner (vLLM's ``runner="pooling"``), which samples
     nothing and pools each request's final-normed hidden states once its
-    prompt has run (``runner.pooler``).
+    prompt has run (``runner.pooler``). ``pooling_task``: a pooling
+    runner's task, "embed" (the pooled hidden state is the output) or
+    "classify" (the model has a score head instead of the LM head, and the
+    output is the pooled row's ``num_labels`` logits); None for a
+    generating runner.
     ``lora``: LoRA serving, None when off (the model and the step are then
     exactly those without LoRA).
     """
@@ -116,6 +120,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     logits_processors: list[str] = []
     logits_processor_folders: list[str] = []
     pooling_type: str | None = None
+    pooling_task: str | None = None
     lora: LoRAConfig | None = None
 
     @property
@@ -146,8 +151,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     where nothing else bounds drafts). ``vocab_size``: the model's token
     ids are ``0 .. vocab_size - 1`` (the drafts a step's output reports
     are checked against it). ``pooled_size``: the float32 values of each
-    pooled vector a step's output reports, the model's hidden size, for a
-    pooling engine (``RunnerConfig.pooling_type`` set); 0 for a generating
+    pooled vector a step's output reports, the model's hidden size (its
+    ``num_labels`` for the "classify" task), for a pooling engine (``RunnerConfig.pooling_type`` set); 0 for a generating
     one, whose outputs report none. ``max_loras``: adapter slots on the
     workers (0: LoRA off), so at most that many distinct adapters run at
     once."""

@@ -19,7 +19,13 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "LlamaForSequenceClassification",
 )
+
+# Architectures whose checkpoint is a sequence classifier: the decoder and a
+# ``score.weight`` [num_labels, hidden] without bias, read at the last token
+# (vLLM serves them with the pooling runner's "classify" task).
+SEQUENCE_CLASSIFIERS = ("LlamaForSequenceClassification",)
 
 # Weight and activation dtypes, by the name torch gives them
 # (``getattr(torch, name)`` is the dtype).
@@ -56,6 +62,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``max_position_embeddings`` is None when the checkpoint gives none (then
     the engine needs ``max_model_len``). ``eos_token_ids``: every id that
     ends a sequence, config.json's and generation_config.json's.
+    ``labels``: a classifier's label names by index (config.json's
+    ``id2label``, else the index as text), ``num_labels`` of them (config.json's,
+    Hugging Face's default 2 where it gives neither); a classify engine's
+    score head has one row per label.
     """
 
     architecture: str
@@ -79,6 +89,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
+    labels: tuple[str, ...] = ("0", "1")
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -98,6 +113,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.dtype not in MODEL_DTYPES:
             raise ValueError(f"unsupported checkpoint dtype {self.dtype!r}; "
                              f"supported: {', '.join(MODEL_DTYPES)}")
+        if not self.labels:
+            raise ValueError("num_labels must be >= 1, got 0")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
         if self.sliding_layers and self.sliding_window is None:

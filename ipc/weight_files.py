@@ -50,8 +50,9 @@ def checkpoint_files(model_dir: str) -> list[str]:
     return files
 
 
-def check_weight_files(model_dir: str, config: ModelConfig) -> None:
-    """The weights of ``model_dir`` load into the model ``config`` describes:
+def check_weight_files(model_dir: str, config: ModelConfig, classify: bool = False) -> None:
+    """The weights of ``model_dir`` load into the model ``config`` describes
+    (a classifier's with ``classify``: ``checkpoint_shapes``):
     every file ``checkpoint_files`` names exists and is a whole safetensors
     file (its header reads, and the file holds every byte the header lists),
     and together they hold every tensor the model reads in the shape
@@ -64,7 +65,7 @@ def check_weight_files(model_dir: str, config: ModelConfig) -> None:
         found = _gguf_tensors(os.path.realpath(gguf_path))
     else:
         found = _safetensors_tensors(model_dir)
-    _check_tensors(found, checkpoint_shapes(config), os.path.join(model_dir, "config.json"),
+    _check_tensors(found, checkpoint_shapes(config, classify), os.path.join(model_dir, "config.json"),
                    model_dir)
 
 

@@ -30,12 +30,14 @@ class TensorShape(NamedTuple):
         return f"{list(self.shape)} ({', '.join(self.fields)})"
 
 
-def checkpoint_shapes(config: ModelConfig) -> dict[str, TensorShape]:
+def checkpoint_shapes(config: ModelConfig, classify: bool = False) -> dict[str, TensorShape]:
     """Checkpoint tensor name -> its whole shape, for every tensor the model
     reads: the embedding, each layer's norms, q/k/v/o (biases and q/k norms
     where the architecture has them) and gate/up/down, the final norm, and
-    ``lm_head`` unless the embeddings are tied."""
+    ``lm_head`` unless the embeddings are tied; a classifier (``classify``)
+    reads ``score`` [num_labels, hidden] instead of ``lm_head``."""
     sizes = {
+        "num_labels": config.num_labels,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -67,6 +69,8 @@ def checkpoint_shapes(config: ModelConfig) -> dict[str, TensorShape]:
         tensors[f"{layer}.mlp.up_proj.weight"] = shape("intermediate_size", "hidden_size")
         tensors[f"{layer}.mlp.down_proj.weight"] = shape("hidden_size", "intermediate_size")
     tensors["model.norm.weight"] = shape("hidden_size")
-    if not config.tie_word_embeddings:
+    if classify:
+        tensors["score.weight"] = shape("num_labels", "hidden_size")
+    elif not config.tie_word_embeddings:
         tensors["lm_head.weight"] = shape("vocab_size", "hidden_size")
     return tensors

@@ -144,13 +144,15 @@ def _load_model(config: RunnerConfig, device: torch.device, tp: TensorParallelGr
     unfolded."""
     dtype = getattr(torch, config.dtype)
     fold = config.lora is None  # LoRA's A reads the normed input (build_model_from_config)
+    classify = config.pooling_task == "classify"
     if config.load_format == "dummy":
         return build_model_from_config(config.model_config, dtype, device, tp,
                                        config.attention_backend, init="random", seed=config.seed,
-                                       max_positions=config.max_model_len, fold_norms=fold)
+                                       max_positions=config.max_model_len, fold_norms=fold,
+                                       classify=classify)
     return build_model(config.model_config, config.model, dtype, device, tp,
                        config.attention_backend, max_positions=config.max_model_len,
-                       fold_norms=fold)
+                       fold_norms=fold, classify=classify)
 
 
 class ModelRunner:
@@ -212,7 +214,8 @@ class ModelRunner:
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
         # A pooling runner (None: a generating one) runs prompts only, eagerly.
-        self.pooler = None if config.pooling_type is None else Pooler(config.pooling_type)
+        self.pooler = (None if config.pooling_type is None
+                       else Pooler(config.pooling_type, self.model.score))
         use_graphs = (self.ops.cuda_graphs and not config.enforce_eager
                       and self.pooler is None)
         # Graph sizes count rows; a row of a speculative decode has 1 + k

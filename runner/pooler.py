@@ -12,7 +12,10 @@ their prompts whole and without prefix hits (vLLM's rule for causal pooling
 models), and a row that arrives otherwise is a broken plan. The pooled
 rows are float32 (vLLM pools in float32 too). Truncation (``dimensions``)
 and L2 normalization are the engine's, per request, on the host: the
-runner holds no per-request pooling state.
+runner holds no per-request pooling state. A classifier's pooler (the
+"classify" task) projects the pooled rows through the model's score head
+on the device, so a request's reply is its ``num_labels`` float32 logits;
+the activation (softmax or sigmoid) is the engine's too.
 
 ``PooledOutput`` is the pooling runner's ``AsyncOutput``: the copy of the
 pooled rows to the host starts at once; ``get_output()`` waits for it and
@@ -28,6 +31,7 @@ import torch
 from ipc.config import POOLING_TYPES
 from ipc.messages import ModelRunnerOutput
 from runner.input_batch import InputBatch
+from runner.layers.score_head import ScoreHead
 from runner.transfer import HostTransfer
 
 
@@ -36,15 +40,28 @@ class Pooler:
 
     Every batch row is pooled on the device from ``query_start_loc`` (a
     device buffer the step has), so pooling adds no upload to the step;
-    the host picks the rows whose prompt ended once they are copied."""
+    the host picks the rows whose prompt ended once they are copied.
+    ``head``: a classifier's score head, applied to the pooled rows (None:
+    the rows are the output)."""
 
-    def __init__(self, pooling_type: str) -> None:
+    def __init__(self, pooling_type: str, head: ScoreHead | None = None) -> None:
         if pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, got {pooling_type!r}")
         self.pooling_type = pooling_type
+        self.head = head
 
     def __call__(self, hidden: torch.Tensor, batch: InputBatch, prefill_len_np: np.ndarray,
                  query_start_loc: torch.Tensor) -> tuple[list[str], np.ndarray, torch.Tensor]:
+        """(the request ids whose prompt ends in this step, their batch rows,
+        float32 [num_reqs, hidden] pooled rows of the whole batch, or
+        [num_reqs, num_labels] logits with a ``head``). ``prefill_len_np``:
+        each slot's prompt length; ``query_start_loc``: the step's device
+        offsets, ``batch.query_start_loc_np``'s copy."""
+        ids, rows, pooled = self.pool(hidden, batch, prefill_len_np, query_start_loc)
+        return ids, rows, pooled if self.head is None else self.head(pooled)
+
+    def pool(self, hidden: torch.Tensor, batch: InputBatch, prefill_len_np: np.ndarray,
+             query_start_loc: torch.Tensor) -> tuple[list[str], np.ndarray, torch.Tensor]:
         """(the request ids whose prompt ends in this step, their batch rows,
         float32 [num_reqs, hidden] pooled rows of the whole batch).
         ``prefill_len_np``: each slot's prompt length; ``query_start_loc``:

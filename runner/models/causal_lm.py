@@ -17,6 +17,7 @@ from runner.layers import (
     WeightSlice,
 )
 from runner.layers.linear import kv_head_range
+from runner.layers.score_head import ScoreHead
 from runner.models.llama import LlamaDecoderLayer
 from runner.ops import device_ops
 
@@ -25,11 +26,15 @@ class CausalLM(nn.Module):
     """embed -> decoder layers -> final norm; ``compute_logits`` applies the LM head.
 
     Every rank holds its shard of the weights and returns the same hidden
-    states and the same full-vocabulary logits.
+    states and the same full-vocabulary logits. A classifier
+    (``classify``: a pooling runner's "classify" task) has a ``score`` head
+    (``ScoreHead``, the checkpoint's ``score.weight``) instead of the LM
+    head: ``lm_head`` is None and ``compute_logits`` is not to be called.
     """
 
     def __init__(self, config: ModelConfig, tp: TensorParallelGroup, backend: AttentionBackend,
-                 dtype: torch.dtype, max_positions: int | None = None) -> None:
+                 dtype: torch.dtype, max_positions: int | None = None,
+                 classify: bool = False) -> None:
         super().__init__()
         config.check_tensor_parallel(tp.size)
         self.config = config
@@ -48,7 +53,10 @@ class CausalLM(nn.Module):
             for layer in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, tp)
-        self.lm_head = ParallelLMHead(self.embed_tokens, config.tie_word_embeddings)
+        self.lm_head = (None if classify
+                        else ParallelLMHead(self.embed_tokens, config.tie_word_embeddings))
+        self.score = (ScoreHead(config.hidden_size, config.num_labels, dtype) if classify
+                      else None)
         self.ops = device_ops(self.norm.weight.device)
         # Set by fold_norm_weights: the decoder norms' weights live in qkv and gate/up.
         self.norms_folded = False
@@ -120,7 +128,9 @@ class CausalLM(nn.Module):
         embed = self.embed_tokens.weight_slices()
         if embed is not None:
             slices["model.embed_tokens.weight"] = embed
-        head = self.lm_head.weight_slices()
+        if self.score is not None:
+            slices["score.weight"] = self.score.weight_slices()
+        head = None if self.lm_head is None else self.lm_head.weight_slices()
         if head is not None and not self.config.tie_word_embeddings:
             slices["lm_head.weight"] = head
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,90 @@
+"""LLM.classify on a sequence classifier: the probabilities equal HF
+transformers' ``LlamaForSequenceClassification`` logits of the same
+checkpoint, through softmax (sigmoid for one label) by hand."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+import transformers  # the oracle: a test dependency, never skipped
+
+from engine import LLM
+from engine.pooling_params import PoolingParams
+from ipc.errors import InvalidRequestError
+from tests.helpers.hf_models import save_classifier
+
+PROMPTS = [
+    [5, 17, 99, 3],
+    list(range(1, 40)),  # longer than the token budget of 16: chunked prefill
+    [42],
+    [(7 * i) % 200 + 1 for i in range(21)],
+]
+CHUNK = 16
+
+
+@functools.cache
+def _hf_logits(path: str) -> list[np.ndarray]:
+    """HF's logits of each prompt, one prompt a batch (its last token)."""
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [model(torch.tensor([p])).logits[0].double().numpy() for p in PROMPTS]
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@pytest.fixture(scope="module")
+def three_labels(tmp_path_factory):
+    return save_classifier(tmp_path_factory.mktemp("cls3"), num_labels=3)
+
+
+@pytest.fixture(scope="module")
+def one_label(tmp_path_factory):
+    return save_classifier(tmp_path_factory.mktemp("cls1"), num_labels=1)
+
+
+def _classify(path, tp=1, params=None, **kwargs):
+    with LLM(model=path, tensor_parallel_size=tp, device="cpu", block_size=16,
+             max_num_seqs=8, max_num_batched_tokens=CHUNK, **kwargs) as llm:
+        outs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], pooling_params=params)
+    assert [o.prompt_token_ids for o in outs] == PROMPTS
+    return [np.array(o.outputs.probs) for o in outs], outs
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_probabilities_match_transformers(three_labels, tp):
+    # The architecture alone makes a pooling classifier (runner "auto").
+    got, outs = _classify(three_labels, tp=tp)
+    for probs, out, logits in zip(got, outs, _hf_logits(three_labels), strict=True):
+        assert out.outputs.num_classes == 3
+        np.testing.assert_allclose(probs, _softmax(logits), atol=2e-5)
+        assert probs.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.timeout(180)
+def test_one_label_is_a_sigmoid_and_activation_can_be_off(one_label):
+    got, _ = _classify(one_label, runner="pooling")
+    raw, _ = _classify(one_label, params=PoolingParams(use_activation=False))
+    for probs, logits_out, logits in zip(got, raw, _hf_logits(one_label), strict=True):
+        np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits)), atol=2e-5)
+        np.testing.assert_allclose(logits_out, logits, atol=2e-4)
+
+
+@pytest.mark.timeout(180)
+def test_pooler_config_turns_activation_off_and_embedding_parameters_are_refused(three_labels):
+    raw, _ = _classify(three_labels, pooler_config={"use_activation": False})
+    for logits_out, logits in zip(raw, _hf_logits(three_labels), strict=True):
+        np.testing.assert_allclose(logits_out, logits, atol=2e-4)
+    with LLM(model=three_labels, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        with pytest.raises(InvalidRequestError, match=r"Task classify only supports "
+                           r"\['use_activation'\] parameters, does not support \['normalize'\]"):
+            llm.classify("hello", pooling_params=PoolingParams(normalize=True))
+        with pytest.raises(InvalidRequestError, match="pooling_task must be one of"):
+            llm.embed("hello")
+        with pytest.raises(InvalidRequestError, match="not supported by a pooling model"):
+            llm.generate("hello")
