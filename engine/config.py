@@ -193,14 +193,16 @@ class EngineConfig:
         "grammar then holds from the end of the reasoning on, and the HTTP server answers the "
         "reasoning in its own field (default: none)", metavar="NAME")
     runner: str = _opt("auto", "vLLM's: 'pooling' serves embeddings (LLM.embed, "
-                       "/v1/embeddings) instead of generating; 'auto' and 'generate' generate",
-                       choices=RUNNERS)
-    convert: str = _opt("auto", "vLLM's: 'embed' makes the decoder an embedding model (runner "
-                        "'pooling')", choices=CONVERTS)
+                       "/v1/embeddings) instead of generating, or class probabilities for a "
+                       "sequence classifier's checkpoint; 'auto' generates, except with such "
+                       "a checkpoint; 'generate' generates", choices=RUNNERS)
+    convert: str = _opt("auto", "vLLM's: 'embed' makes the decoder an embedding model, "
+                        "'classify' a classifier (LLM.classify, /classify) with the "
+                        "checkpoint's score.weight (runner 'pooling')", choices=CONVERTS)
     pooler_config: dict | str | None = _opt(
         None, 'a pooling model\'s pooler, as vLLM spells it (a JSON object on the command '
         'line): {"pooling_type": "LAST" (default), "MEAN" or "CLS", "normalize": true, '
-        '"dimensions": N}; MEAN and CLS run each prompt whole in one step, without prefix '
+        '"dimensions": N, "use_activation": true}; MEAN and CLS run each prompt whole in one step, without prefix '
         "caching, as in vLLM", metavar="JSON")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)

@@ -486,7 +486,8 @@ class EngineServer:
             make = functools.partial(self.engine.new_pooling_request, waiting.prompt,
                                      waiting.pooling, req_id=waiting.engine_id,
                                      priority=waiting.message.priority,
-                                     lora_request=waiting.message.lora_request)
+                                     lora_request=waiting.message.lora_request,
+                                     task=waiting.pooling.task or "embed")
         else:
             make = functools.partial(self.engine.new_request, waiting.prompt, waiting.params,
                                      req_id=waiting.engine_id, priority=waiting.message.priority,

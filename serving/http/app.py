@@ -79,6 +79,7 @@ from serving.http.protocol import (
 from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
 from serving.http.serving_chat import create_chat_completion
+from serving.http.serving_classification import ClassificationRequest, create_classification
 from serving.http.serving_completion import create_completion
 from serving.http.serving_embedding import EmbeddingRequest, create_embedding
 from serving.http.serving_rerank import RerankRequest, create_rerank
@@ -103,8 +104,11 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes of an embedding model, which a generating one does not serve (404).
 EMBEDDING_ROUTES = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank",
                     "/v2/rerank")
+# The routes of a classifier (the pooling "classify" task), which no other model serves.
+CLASSIFY_ROUTES = ("/classify",)
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
-                              "/tokenize", "/detokenize", *EMBEDDING_ROUTES})
+                              "/tokenize", "/detokenize", *EMBEDDING_ROUTES,
+                              *CLASSIFY_ROUTES})
 # The routes of a generating model, which a pooling one does not serve (404),
 # as vLLM registers each task's routes only for a model that does the task.
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
@@ -149,7 +153,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                vocab_size: int | None = None, reasoning_parser: str | None = None,
                stream_interval: int = 1, trust_request_chat_template: bool = False,
                chat_template: str | None = None, response_role: str = "assistant",
-               pooling: bool = False, lora_modules: Sequence[LoRARequest] = (),
+               pooling: bool = False, pooling_task: str = "embed",
+               labels: Sequence[str] = (), lora_modules: Sequence[LoRARequest] = (),
                runtime_lora_check: Callable[[LoRARequest], None] | None = None):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
@@ -186,7 +191,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     paths) are served and the generation routes (``GENERATION_ROUTES``,
     those below them too) are not, so they answer 404, as vLLM's server
     of a pooling model; a generating model's server answers 404 at
-    ``EMBEDDING_ROUTES`` the same way. ``lora_modules``: vLLM's
+    ``EMBEDDING_ROUTES`` the same way. ``pooling_task``: a pooling model's
+    task, "embed" (the routes above) or "classify" (``CLASSIFY_ROUTES``,
+    /classify, instead of ``EMBEDDING_ROUTES``); ``labels``: a classifier's
+    label names by class index (/classify's ``label``). ``lora_modules``: vLLM's
     ``--lora-modules``, adapters a request runs with by naming one as its
     model, each listed in /v1/models. ``runtime_lora_check``: the engine's
     check of an adapter (``LoRAChecks.check``); given, runtime LoRA updates
@@ -211,7 +219,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         stream_interval=stream_interval,
                         trust_request_chat_template=trust_request_chat_template,
                         chat_template=chat_template, response_role=response_role,
-                        lora_modules={lora.lora_name: lora for lora in lora_modules})
+                        lora_modules={lora.lora_name: lora for lora in lora_modules},
+                        labels=tuple(labels))
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -327,6 +336,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     async def embeddings(body: EmbeddingRequest) -> Response:
         return await _answer(create_embedding(state, body))
 
+    @app.post("/classify")
+    async def classify(body: ClassificationRequest) -> Response:
+        return await _answer(create_classification(state, body))
+
     @app.post("/score")
     @app.post("/v1/score")
     async def score(body: ScoreRequest) -> Response:
@@ -342,7 +355,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
         "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion),
         "/v1/responses": LaneRoute(ResponsesRequest, response)}
-    unserved = GENERATION_ROUTES if pooling else EMBEDDING_ROUTES
+    unserved = _unserved_routes(pooling, pooling_task)
     app.router.routes[:] = [r for r in app.router.routes
                             if not _under(getattr(r, "path", ""), unserved)]
     lane = FastLane(app, {path: lane for path, lane in lanes.items()
@@ -355,6 +368,15 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                                  allow_methods=["*"], allow_headers=["*"])
     logged = AccessLog(guarded) if access_log else guarded
     return TracedApp(logged) if trace.enabled else logged
+
+
+def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
+    """The routes this server does not serve (404): a generating model's,
+    the pooling ones; a pooling model's, generation and the other task's."""
+    if not pooling:
+        return (*EMBEDDING_ROUTES, *CLASSIFY_ROUTES)
+    other = CLASSIFY_ROUTES if task == "embed" else EMBEDDING_ROUTES
+    return (*GENERATION_ROUTES, *other)
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:

@@ -72,7 +72,9 @@ def engine_app_options(engine) -> dict:
                 max_logprobs=engine.config.max_logprobs,
                 vocab_size=engine.model_config.vocab_size,
                 reasoning_parser=engine.config.resolved_reasoning_parser,
-                pooling=engine.pooler is not None)
+                pooling=engine.pooler is not None,
+                pooling_task="embed" if engine.pooler is None else engine.pooler.task,
+                labels=list(engine.model_config.labels))
 
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
@@ -91,6 +93,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       chat_template: str | None = None,
                       response_role: str = "assistant",
                       pooling: bool = False,
+                      pooling_task: str = "embed",
+                      labels: list[str] | None = None,
                       other_replicas: tuple[tuple[str, bytes], ...] = (),
                       lora_modules: tuple = (),
                       runtime_lora_check=None) -> HttpServer:
@@ -115,7 +119,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``DataParallelClient`` over them all); ``lora_modules``: the
     ``LoRARequest`` of each adapter served by its name; ``runtime_lora_check``:
     the engine's adapter check, given when adapters may be loaded and
-    unloaded over HTTP (``create_app``)."""
+    unloaded over HTTP (``create_app``); ``pooling``, ``pooling_task`` and
+    ``labels``: a pooling model's routes (``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -135,7 +140,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      reasoning_parser=reasoning_parser, stream_interval=stream_interval,
                      trust_request_chat_template=trust_request_chat_template,
                      chat_template=chat_template, response_role=response_role,
-                     pooling=pooling, lora_modules=lora_modules,
+                     pooling=pooling, pooling_task=pooling_task, labels=labels or (),
+                     lora_modules=lora_modules,
                      runtime_lora_check=runtime_lora_check)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()

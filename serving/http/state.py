@@ -64,6 +64,9 @@ class ServerState:
     # own, by name (a request naming one runs with it); with runtime updates
     # on, those loaded and unloaded over HTTP too (``lora_updates.py``).
     lora_modules: dict[str, LoRARequest] = field(default_factory=dict)
+    # A classifier's label names by class index (config.json's ``id2label``):
+    # /classify's ``label``; empty for another model.
+    labels: tuple[str, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

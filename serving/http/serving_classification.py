@@ -1,0 +1,83 @@
+"""POST /classify (vLLM's classification API, on a sequence classifier).
+
+``input`` is a text, a list of texts, a list of token ids or a list of
+lists of token ids, as /v1/embeddings takes it; each becomes one
+classification request to the engine (``PoolingParams`` task "classify",
+through ``embed_prompts``, the pooling routes' one way to the engine). The
+answer is vLLM's: ``{"id": "classify-...", "object": "list", "created",
+"model", "data", "usage"}``, ``data`` one ``{"index", "label", "probs",
+"num_classes"}`` an input in input order, ``label`` the name (config.json's
+``id2label``) of the most probable class, ``probs`` the class
+probabilities (softmax; a sigmoid for one label; the logits with
+``use_activation`` false). ``usage`` counts the prompt tokens. An empty
+input, or one the engine refuses (too long, ids outside the vocabulary),
+is a 400 and nothing of the request keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse, Response
+
+from ipc.errors import InvalidRequestError
+from serving.http.serving_completion import completion_prompts, has_text
+from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_prompts
+from serving.http.state import ServerState
+
+
+class ClassificationRequest(BaseModel):
+    """vLLM's completion-style body (``model``, ``input``,
+    ``truncate_prompt_tokens``, ``priority``, ``use_activation``,
+    ``add_special_tokens``, ``user``); other fields are ignored, as vLLM
+    ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: str | list[str] | list[Int64] | list[list[Int64]]
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    use_activation: bool | None = None
+    add_special_tokens: bool = True
+    priority: Int64 = 0
+
+
+async def create_classification(state: ServerState, request: ClassificationRequest) -> Response:
+    state.check_model(request.model)
+    if request.input == [] or request.input == "" or any(
+            item == "" or item == [] for item in request.input
+            if isinstance(request.input, list)):
+        raise InvalidRequestError("the input is empty: each input needs at least one token",
+                                  param="input")
+    if has_text(request.input):
+        prompts = await asyncio.to_thread(completion_prompts, state, request.input,
+                                          request.add_special_tokens)
+    else:
+        prompts = completion_prompts(state, request.input)
+    pooling = {"task": "classify", **{name: value for name, value in (
+        ("use_activation", request.use_activation),
+        ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}}
+    outputs, lengths = await embed_prompts(state, prompts, pooling, request.priority,
+                                           state.lora_request(request.model))
+    data = []
+    for i, output in enumerate(outputs):
+        probs = np.frombuffer(output, dtype="<f4").tolist()
+        best = int(np.argmax(probs))
+        data.append({"index": i, "label": _label(state.labels, best), "probs": probs,
+                     "num_classes": len(probs)})
+    num_tokens = sum(lengths)
+    return JSONResponse({
+        "id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+        "model": state.shown_model(request.model), "data": data,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens,
+                  "completion_tokens": 0}})
+
+
+def _label(labels: tuple[str, ...], index: int) -> str | None:
+    """The name of class ``index`` (None where the model names none, as vLLM answers)."""
+    return labels[index] if index < len(labels) else None

@@ -1,0 +1,113 @@
+"""POST /classify of ``tprun serve`` on a sequence classifier
+(``LlamaForSequenceClassification``, no --runner needed): the probabilities
+equal transformers' logits of the same checkpoint through softmax, the
+labels its id2label names of the most probable class; refusals are
+OpenAI-shaped 400s; the embedding and generation routes answer 404 on a
+classifier's server, and /classify 404 on a generating or embedding one,
+as vLLM registers each task's routes only."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import transformers  # the oracle: a test dependency, never skipped
+
+from tests.helpers.hf_models import save_classifier
+from tests.helpers.http_utils import recording_app, serving_model
+
+IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+    with serving_model(tmp_path_factory.mktemp("classify"), model, "--nproc-per-node", "1",
+                       "serve", "--model", model, "--device", "cpu",
+                       "--max-num-batched-tokens", "16", "--block-size", "16",
+                       "--disable-log-stats") as served:
+        yield served
+
+
+def _hf_probs(model: str, ids: list[int]) -> np.ndarray:
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0].double().numpy()
+    e = np.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def _classify(server, **body) -> httpx.Response:
+    return httpx.post(f"{server.url}/classify", json=body, timeout=60)
+
+
+@pytest.mark.timeout(180)
+def test_probabilities_and_labels_match_transformers(server, model):
+    answer = _classify(server, model=model, input=IDS)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["id"].startswith("classify-") and body["object"] == "list"
+    assert body["model"] == model
+    assert body["usage"] == {"prompt_tokens": sum(map(len, IDS)),
+                             "total_tokens": sum(map(len, IDS)), "completion_tokens": 0}
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    for ids, item in zip(IDS, body["data"], strict=True):
+        want = _hf_probs(model, ids)
+        np.testing.assert_allclose(item["probs"], want, atol=2e-5)
+        assert item["num_classes"] == 3
+        assert item["label"] == f"label-{int(np.argmax(want))}"
+
+
+@pytest.mark.timeout(180)
+def test_text_input_and_activation_off(server, model):
+    text = "a text of more than sixteen bytes to classify"
+    ids = httpx.post(f"{server.url}/tokenize",
+                     json={"model": model, "prompt": text}).json()["tokens"]
+    one = _classify(server, model=model, input=text, priority=0).json()
+    np.testing.assert_allclose(one["data"][0]["probs"], _hf_probs(model, ids), atol=2e-5)
+    raw = _classify(server, model=model, input=[IDS[0]], use_activation=False).json()
+    probs = np.array(raw["data"][0]["probs"])
+    np.testing.assert_allclose(np.exp(probs) / np.exp(probs).sum(), _hf_probs(model, IDS[0]),
+                               atol=2e-5)
+    assert abs(probs.sum() - 1.0) > 1e-3  # logits, not probabilities
+
+
+@pytest.mark.timeout(180)
+def test_refusals_are_400s_and_the_server_goes_on(server, model):
+    for body, param in (({"input": ""}, "input"), ({"input": []}, "input"),
+                        ({"input": [list(range(1, 70))]}, "input"),
+                        ({"input": [[5, 400]]}, "input"),
+                        ({"input": "hi", "truncate_prompt_tokens": 0}, None)):
+        answer = _classify(server, model=model, **body)
+        assert answer.status_code == 400, (body, answer.text)
+        error = answer.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        if param is not None:
+            assert error["param"] == param
+    again = _classify(server, model=model, input=[IDS[0]]).json()
+    np.testing.assert_allclose(again["data"][0]["probs"], _hf_probs(model, IDS[0]), atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_other_tasks_routes_are_not_served(server, model):
+    for path, body in (("/v1/embeddings", {"input": "hi"}),
+                       ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                       ("/score", {"text_1": "a", "text_2": "b"})):
+        answer = httpx.post(f"{server.url}{path}", json={"model": model, **body})
+        assert answer.status_code == 404, path
+        assert "error" in answer.json()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pooling", [False, True])
+def test_generating_and_embedding_servers_do_not_classify(tiny_dir, pooling):
+    with recording_app(tiny_dir, pooling=pooling) as app:
+        answer = app.http.post("/classify", json={"input": "hi"})
+        assert answer.status_code == 404
+        assert "error" in answer.json()
