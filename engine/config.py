@@ -202,8 +202,8 @@ class EngineConfig:
     pooler_config: dict | str | None = _opt(
         None, 'a pooling model\'s pooler, as vLLM spells it (a JSON object on the command '
         'line): {"pooling_type": "LAST" (default), "MEAN" or "CLS", "normalize": true, '
-        '"dimensions": N, "use_activation": true}; MEAN and CLS run each prompt whole in one step, without prefix '
-        "caching, as in vLLM", metavar="JSON")
+        '"dimensions": N, "use_activation": true}; MEAN and CLS run each prompt whole in '
+        "one step, without prefix caching, as in vLLM", metavar="JSON")
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
