@@ -175,6 +175,22 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def encode_pair(self, text_1: str, text_2: str) -> list[int]:
+        """The ids of a text pair as transformers' fast tokenizer encodes
+        ``tokenizer(text=text_1, text_pair=text_2)`` (a cross-encoder's
+        prompt): the tokenizer's pair template where tokenizer_config.json
+        leaves ``add_bos_token`` unset; else each text after a BOS where it
+        is set (transformers' Llama pair template), the bare texts where it
+        is off. ``InvalidRequestError`` as ``encode``."""
+        if self.add_bos_token is None:
+            for text in (text_1, text_2):
+                self.encode(text, add_special_tokens=False)  # the Unicode check
+            return self.hf.encode_batch([(text_1, text_2)], add_special_tokens=True)[0].ids
+        ids_1 = self.encode(text_1, add_special_tokens=False)
+        ids_2 = self.encode(text_2, add_special_tokens=False)
+        bos = [self.bos_token_id] if self.add_bos_token else []
+        return [*bos, *ids_1, *bos, *ids_2]
+
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
         """``hf.encode``'s ids, through ``encode_batch`` of the one text: the
         same ids, but tokenizers releases the GIL while it works (``encode``

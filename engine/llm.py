@@ -35,7 +35,12 @@ from engine.reasoning import enable_thinking_of
 from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
 from engine.sampling_params import SamplingParams
-from engine.scoring import cosine_similarity, score_pairs, scored_token_ids
+from engine.scoring import (
+    check_cross_encoder,
+    cosine_similarity,
+    score_pairs,
+    scored_token_ids,
+)
 from engine.scoring_outputs import ScoringOutput, ScoringRequestOutput
 from engine.tool_depth import check_tool_depth
 from ipc.errors import InvalidRequestError
@@ -268,7 +273,10 @@ class LLM:
         given prompt is embedded once (a 1 to N request's first one too), in
         one ``embed`` call, with
         ``pooling_params``, ``truncate_prompt_tokens``, ``lora_request`` and
-        ``use_tqdm`` as ``embed`` takes them (one adapter for all). A
+        ``use_tqdm`` as ``embed`` takes them (one adapter for all). On a
+        classifier of one label (a cross-encoder) each pair is one prompt
+        and its score the classifier's probability
+        (``_cross_encoding_scores``); a classifier of more labels refuses. A
         generating engine refuses with vLLM's message."""
         if self.engine.pooler is None:
             raise InvalidRequestError("LLM.score() is only supported for pooling models. Try "
@@ -280,6 +288,9 @@ class LLM:
         firsts = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
         seconds = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
         pairs = score_pairs(len(firsts), len(seconds), "data_1", "data_2")
+        if self.engine.pooler.task == "classify":
+            return self._cross_encoding_scores(firsts, seconds, pairs, pooling_params, use_tqdm,
+                                               truncate_prompt_tokens, lora_request)
         embedded = self.embed([*firsts, *seconds], pooling_params, use_tqdm,
                               truncate_prompt_tokens, lora_request)
         pad = self.engine.tokenizer.pad_token_id
@@ -291,6 +302,29 @@ class LLM:
                 f"{one.request_id}_{two.request_id}", ScoringOutput(score),
                 scored_token_ids(one.prompt_token_ids, two.prompt_token_ids, pad)))
         return outputs
+
+    def _cross_encoding_scores(self, firsts: list, seconds: list,
+                               pairs: list[tuple[int, int]],
+                               pooling_params: PoolingParams | None, use_tqdm: bool,
+                               truncate_prompt_tokens: int | None,
+                               lora_request: LoRARequest | None) -> list[ScoringRequestOutput]:
+        """``score`` on a classifier of one label (a cross-encoder,
+        ``engine.scoring``): each pair's two texts as one prompt
+        (``Tokenizer.encode_pair``), classified; its score the one
+        probability. Texts only, as vLLM takes them."""
+        check_cross_encoder(self.engine.model_config.num_labels)
+        for side, name in ((firsts, "data_1"), (seconds, "data_2")):
+            if not all(isinstance(p, str) for p in side):
+                raise InvalidRequestError("a cross-encoder scores texts only: each prompt of "
+                                          f"{name} must be a str", param=name)
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": tokenizer.encode_pair(firsts[i], seconds[j])}
+                   for i, j in pairs]
+        classified = self.classify(prompts, pooling_params=pooling_params, use_tqdm=use_tqdm,
+                                   truncate_prompt_tokens=truncate_prompt_tokens,
+                                   lora_request=lora_request)
+        return [ScoringRequestOutput(c.request_id, ScoringOutput(c.outputs.probs[0]),
+                                     c.prompt_token_ids) for c in classified]
 
     def chat(
         self,

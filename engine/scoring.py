@@ -9,6 +9,12 @@ score counts (``scored_token_ids``) are vLLM's too: the first text's, the
 tokenizer's padding token where it has one, then the second text's, so a
 1 to N request counts its first text once per pair. The Python API
 (``LLM.score``) and the HTTP routes (/score, /rerank) share these rules.
+
+A classifier of one label is a cross-encoder, as vLLM scores with one: a
+pair is one prompt, the tokenizer's pair encoding of its two texts
+(``Tokenizer.encode_pair``), classified; its score is the sigmoid of the
+one logit, and it counts that prompt's tokens. A classifier of more labels
+scores nothing (``check_cross_encoder``, vLLM's message).
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ def score_pairs(len_1: int, len_2: int, name_1: str = "text_1",
     if len_2 == 0:
         raise InvalidRequestError("At least one text_pair element must be given", param=name_2)
     return [(0 if len_1 == 1 else i, i) for i in range(len_2)]
+
+
+def check_cross_encoder(num_labels: int) -> None:
+    """A classifier scores pairs only with one label (vLLM's rule and message)."""
+    if num_labels != 1:
+        raise InvalidRequestError("Score API is only enabled for num_labels == 1.")
 
 
 def cosine_similarity(embedding_1, embedding_2) -> float:

@@ -101,7 +101,8 @@ from serving.protocol_core import EngineStoppedError
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes whose body is a JSON object (refused with 415 under another media type).
-# The routes of an embedding model, which a generating one does not serve (404).
+# The routes of an embedding model, which a generating one does not serve (404);
+# a classifier serves all but the first (/score and /rerank, as a cross-encoder).
 EMBEDDING_ROUTES = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank",
                     "/v2/rerank")
 # The routes of a classifier (the pooling "classify" task), which no other model serves.
@@ -193,7 +194,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     of a pooling model; a generating model's server answers 404 at
     ``EMBEDDING_ROUTES`` the same way. ``pooling_task``: a pooling model's
     task, "embed" (the routes above) or "classify" (``CLASSIFY_ROUTES``,
-    /classify, instead of ``EMBEDDING_ROUTES``); ``labels``: a classifier's
+    /classify, instead of /v1/embeddings; /score and /rerank score as a
+    cross-encoder); ``labels``: a classifier's
     label names by class index (/classify's ``label``). ``lora_modules``: vLLM's
     ``--lora-modules``, adapters a request runs with by naming one as its
     model, each listed in /v1/models. ``runtime_lora_check``: the engine's
@@ -220,7 +222,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                         trust_request_chat_template=trust_request_chat_template,
                         chat_template=chat_template, response_role=response_role,
                         lora_modules={lora.lora_name: lora for lora in lora_modules},
-                        labels=tuple(labels))
+                        labels=tuple(labels), pooling_task=pooling_task)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -372,10 +374,12 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
 
 def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
     """The routes this server does not serve (404): a generating model's,
-    the pooling ones; a pooling model's, generation and the other task's."""
+    the pooling ones; a pooling model's, generation and the other task's
+    (a classifier scores pairs: of the embedding routes it lacks only
+    /v1/embeddings)."""
     if not pooling:
         return (*EMBEDDING_ROUTES, *CLASSIFY_ROUTES)
-    other = CLASSIFY_ROUTES if task == "embed" else EMBEDDING_ROUTES
+    other = CLASSIFY_ROUTES if task == "embed" else EMBEDDING_ROUTES[:1]
     return (*GENERATION_ROUTES, *other)
 
 

@@ -15,7 +15,10 @@ pair's tokens as ``engine.scoring.scored_token_ids`` says.
 ``truncate_prompt_tokens`` truncates each text, as /v1/embeddings does; a
 text the engine refuses (too long) is a 400 and nothing of the request
 keeps running. A ``model`` that names a LoRA module scores with it.
-``pair_scores`` is the scoring both this route and /rerank run.
+``pair_scores`` is the scoring both this route and /rerank run. On a
+classifier of one label (a cross-encoder, ``engine.scoring``) a pair is one
+prompt, the tokenizer's pair encoding of its texts, and its score the
+classifier's probability; a classifier of more labels is a 400.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.responses import JSONResponse, Response
 
-from engine.scoring import cosine_similarity, score_pairs
+from engine.scoring import check_cross_encoder, cosine_similarity, score_pairs
 from ipc.errors import InvalidRequestError
 from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_prompts
 from serving.http.state import ServerState
@@ -109,6 +112,9 @@ async def pair_scores(state: ServerState, side_1: tuple[str, list[str]],
             if not text:
                 raise InvalidRequestError(f"{name}[{i}] is empty: each text needs at least "
                                           "one token", param=name)
+    if state.pooling_task == "classify":
+        return await _cross_encoding_scores(state, texts_1, texts_2, pairs, model,
+                                            truncate_prompt_tokens, priority)
     prompts = await asyncio.to_thread(
         lambda: [state.tokenizer.encode(t) for t in (*texts_1, *texts_2)])
     pooling = ({} if truncate_prompt_tokens is None
@@ -120,6 +126,23 @@ async def pair_scores(state: ServerState, side_1: tuple[str, list[str]],
     scores = [cosine_similarity(_floats(embeddings[i]), _floats(embeddings[second + j]))
               for i, j in pairs]
     return scores, [lengths[i] + pad + lengths[second + j] for i, j in pairs]
+
+
+async def _cross_encoding_scores(state: ServerState, texts_1: list[str], texts_2: list[str],
+                                 pairs: list[tuple[int, int]], model: str | None,
+                                 truncate_prompt_tokens: int | None,
+                                 priority: int) -> tuple[list[float], list[int]]:
+    """``pair_scores`` on a classifier of one label (a cross-encoder,
+    ``engine.scoring``): each pair one prompt (``Tokenizer.encode_pair``),
+    classified; its score the probability, its tokens the prompt's."""
+    check_cross_encoder(len(state.labels))
+    prompts = await asyncio.to_thread(
+        lambda: [state.tokenizer.encode_pair(texts_1[i], texts_2[j]) for i, j in pairs])
+    pooling = {"task": "classify", **({} if truncate_prompt_tokens is None
+                                      else {"truncate_prompt_tokens": truncate_prompt_tokens})}
+    outputs, lengths = await embed_prompts(state, prompts, pooling, priority,
+                                           state.lora_request(model))
+    return [float(_floats(o)[0]) for o in outputs], lengths
 
 
 def _floats(embedding: bytes) -> np.ndarray:

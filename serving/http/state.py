@@ -67,6 +67,9 @@ class ServerState:
     # A classifier's label names by class index (config.json's ``id2label``):
     # /classify's ``label``; empty for another model.
     labels: tuple[str, ...] = ()
+    # A pooling model's task: "classify" scores pairs as a cross-encoder
+    # (/score, /rerank), "embed" by the cosine of embeddings.
+    pooling_task: str = "embed"
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -88,3 +88,34 @@ def test_pooler_config_turns_activation_off_and_embedding_parameters_are_refused
             llm.embed("hello")
         with pytest.raises(InvalidRequestError, match="not supported by a pooling model"):
             llm.generate("hello")
+
+
+def _hf_pair_scores(path: str, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list]:
+    """transformers' pair encoding of each pair (the fast tokenizer of the
+    checkpoint's tokenizer.json) and the sigmoid of its one logit."""
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{path}/tokenizer.json")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32).eval()
+    ids = [tokenizer(text=a, text_pair=b)["input_ids"] for a, b in pairs]
+    with torch.no_grad():
+        logits = [model(torch.tensor([i])).logits[0, 0].item() for i in ids]
+    return ids, [1 / (1 + np.exp(-x)) for x in logits]
+
+
+@pytest.mark.timeout(180)
+def test_one_label_classifier_scores_pairs_as_a_cross_encoder(one_label, three_labels):
+    query, documents = "what is a cat", ["a cat is an animal", "the sky is blue today"]
+    ids, want = _hf_pair_scores(one_label, [(query, d) for d in documents])
+    with LLM(model=one_label, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        outs = llm.score(query, documents)
+        pairwise = llm.score([query, documents[1]], documents)
+        with pytest.raises(InvalidRequestError, match="scores texts only"):
+            llm.score({"prompt_token_ids": [1, 2]}, documents)
+    assert [o.prompt_token_ids for o in outs] == ids
+    np.testing.assert_allclose([o.outputs.score for o in outs], want, atol=2e-5)
+    _, want_pairwise = _hf_pair_scores(one_label, [(query, documents[0]),
+                                                   (documents[1], documents[1])])
+    np.testing.assert_allclose([o.outputs.score for o in pairwise], want_pairwise, atol=2e-5)
+    with LLM(model=three_labels, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        with pytest.raises(InvalidRequestError, match=r"only enabled for num_labels == 1"):
+            llm.score(query, documents)

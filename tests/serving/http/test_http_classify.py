@@ -97,11 +97,60 @@ def test_refusals_are_400s_and_the_server_goes_on(server, model):
 @pytest.mark.timeout(180)
 def test_other_tasks_routes_are_not_served(server, model):
     for path, body in (("/v1/embeddings", {"input": "hi"}),
-                       ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-                       ("/score", {"text_1": "a", "text_2": "b"})):
+                       ("/v1/completions", {"prompt": "hi", "max_tokens": 2})):
         answer = httpx.post(f"{server.url}{path}", json={"model": model, **body})
         assert answer.status_code == 404, path
         assert "error" in answer.json()
+    # Scores are a cross-encoder's, of one label: three labels score nothing.
+    answer = httpx.post(f"{server.url}/score", json={"model": model, "text_1": "a",
+                                                     "text_2": "b"})
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == "Score API is only enabled for num_labels == 1."
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory):
+    model = save_classifier(tmp_path_factory.mktemp("cross"), num_labels=1)
+    with serving_model(tmp_path_factory.mktemp("cross-serve"), model, "--nproc-per-node", "1",
+                       "serve", "--model", model, "--device", "cpu", "--block-size", "16",
+                       "--disable-log-stats") as served:
+        yield served
+
+
+def _hf_pair_scores(model: str, pairs: list[tuple[str, str]]) -> tuple[list[int], list[float]]:
+    """transformers' pair encoding's token counts and the sigmoid of the
+    one logit, pair by pair."""
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{model}/tokenizer.json")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        model, dtype=torch.float32).eval()
+    counts, scores = [], []
+    for a, b in pairs:
+        ids = tokenizer(text=a, text_pair=b)["input_ids"]
+        with torch.no_grad():
+            logit = hf(torch.tensor([ids])).logits[0, 0].item()
+        counts.append(len(ids))
+        scores.append(1 / (1 + np.exp(-logit)))
+    return counts, scores
+
+
+@pytest.mark.timeout(180)
+def test_cross_encoder_scores_and_reranks_pairs(cross_encoder):
+    model = cross_encoder.model_dir
+    query, documents = "what is a cat", ["the sky is blue today", "a cat is an animal"]
+    counts, want = _hf_pair_scores(model, [(query, d) for d in documents])
+    score = httpx.post(f"{cross_encoder.url}/score",
+                       json={"model": model, "text_1": query, "text_2": documents}).json()
+    np.testing.assert_allclose([d["score"] for d in score["data"]], want, atol=2e-5)
+    assert score["usage"]["prompt_tokens"] == sum(counts)
+    rerank = httpx.post(f"{cross_encoder.url}/rerank",
+                        json={"model": model, "query": query, "documents": documents}).json()
+    order = sorted(range(2), key=lambda i: want[i], reverse=True)
+    assert [r["index"] for r in rerank["results"]] == order
+    np.testing.assert_allclose([r["relevance_score"] for r in rerank["results"]],
+                               [want[i] for i in order], atol=2e-5)
+    probs = httpx.post(f"{cross_encoder.url}/classify",
+                       json={"model": model, "input": "hi"}).json()["data"][0]
+    assert probs["num_classes"] == 1 and probs["label"] == "label-0"
 
 
 @pytest.mark.timeout(60)
