@@ -66,6 +66,7 @@ def from_hf_dict(hf: dict[str, Any], generation: dict[str, Any] | None = None) -
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=_eos_ids(hf.get("eos_token_id"), (generation or {}).get("eos_token_id")),
         labels=_labels(hf),
+        multi_label=hf.get("problem_type") == "multi_label_classification",
         **_sliding(hf, arch),
     )
 

@@ -6,7 +6,10 @@ last token through the checkpoint's score weight, on the device). With
 ``use_activation`` on (the default) they become probabilities as vLLM's
 classifier pooler makes them: softmax over the labels where there are two
 or more, the sigmoid of the one logit where there is one (a single-label
-classifier's score, e.g. a cross-encoder's); off, the raw logits.
+classifier's score, e.g. a cross-encoder's), and each logit's sigmoid
+for a multi-label classifier (config.json's ``problem_type``
+"multi_label_classification", whose labels are independent yes/no
+answers); off, the raw logits.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ def resolved_classify_params(params: PoolingParams,
     return params
 
 
-def probabilities_of(logits: bytes, params: PoolingParams) -> bytes:
+def probabilities_of(logits: bytes, params: PoolingParams, multi_label: bool = False) -> bytes:
     """The request's output from the runner's logits (float32 little-endian
-    bytes): activated as the module says where ``params.use_activation``;
-    float32 little-endian bytes again."""
+    bytes): activated as the module says where ``params.use_activation``
+    (``multi_label``: each label's sigmoid); float32 little-endian bytes
+    again."""
     values = np.frombuffer(logits, dtype="<f4").astype(np.float64)
     if params.use_activation:
-        if values.size == 1:
+        if values.size == 1 or multi_label:
             values = 1.0 / (1.0 + np.exp(-values))
         else:
             values = np.exp(values - values.max())

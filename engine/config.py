@@ -589,6 +589,7 @@ class EngineConfig:
             pooled_size=(0 if pooler is None else model.num_labels if pooler.task == "classify"
                          else model.hidden_size),
             max_loras=self.max_loras if self.enable_lora else 0,
+            multi_label=model.multi_label,
         )
 
 

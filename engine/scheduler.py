@@ -640,10 +640,13 @@ class Scheduler:
         finishes "stop" with its blocks freed, as vLLM finishes it."""
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         params = request.pooling_params
-        head = probabilities_of if params.task == "classify" else embedding_of
+        if params.task == "classify":
+            output = probabilities_of(pooled, params, self.config.multi_label)
+        else:
+            output = embedding_of(pooled, params)
         return RequestOutputDelta(request.req_id, [], True, request.finish_reason,
                                   num_cached_tokens=request.num_cached_tokens,
-                                  pooled=head(pooled, params))
+                                  pooled=output)
 
     def _is_live(self, entry: _InFlight) -> bool:
         request = entry.request

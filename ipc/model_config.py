@@ -65,7 +65,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``labels``: a classifier's label names by index (config.json's
     ``id2label``, else the index as text), ``num_labels`` of them (config.json's,
     Hugging Face's default 2 where it gives neither); a classify engine's
-    score head has one row per label.
+    score head has one row per label. ``multi_label``: config.json's
+    ``problem_type`` is "multi_label_classification" (each label its own
+    yes/no, so each probability is its logit's sigmoid, as vLLM and
+    transformers' loss read it).
     """
 
     architecture: str
@@ -90,6 +93,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
     labels: tuple[str, ...] = ("0", "1")
+    multi_label: bool = False
 
     @property
     def num_labels(self) -> int:

@@ -119,3 +119,14 @@ def test_one_label_classifier_scores_pairs_as_a_cross_encoder(one_label, three_l
     with LLM(model=three_labels, device="cpu", block_size=16, max_num_seqs=8) as llm:
         with pytest.raises(InvalidRequestError, match=r"only enabled for num_labels == 1"):
             llm.score(query, documents)
+
+
+@pytest.mark.timeout(180)
+def test_multi_label_classifier_takes_each_labels_sigmoid(tmp_path):
+    # config.json's problem_type "multi_label_classification": each label is
+    # its own yes/no (transformers trains it with BCE), so each probability
+    # is its logit's sigmoid, not a softmax over the labels.
+    path = save_classifier(tmp_path, num_labels=3, problem_type="multi_label_classification")
+    got, _ = _classify(path)
+    for probs, logits in zip(got, _hf_logits(path), strict=True):
+        np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits)), atol=2e-5)
