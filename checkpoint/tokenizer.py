@@ -175,20 +175,34 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
-    def encode_pair(self, text_1: str, text_2: str) -> list[int]:
+    def encode_pair(self, text_1: str, text_2: str, max_length: int | None = None) -> list[int]:
         """The ids of a text pair as transformers' fast tokenizer encodes
         ``tokenizer(text=text_1, text_pair=text_2)`` (a cross-encoder's
         prompt): the tokenizer's pair template where tokenizer_config.json
         leaves ``add_bos_token`` unset; else each text after a BOS where it
         is set (transformers' Llama pair template), the bare texts where it
-        is off. ``InvalidRequestError`` as ``encode``."""
+        is off. ``max_length``: at most that many ids, as
+        ``truncation=True, max_length=...`` cuts a pair (``pair_lengths``:
+        the longer text first, from its end; the special tokens kept).
+        ``InvalidRequestError`` as ``encode``, and for a ``max_length``
+        below the special tokens' count."""
+        for text in (text_1, text_2):
+            self.encode(text, add_special_tokens=False)  # the Unicode check
         if self.add_bos_token is None:
-            for text in (text_1, text_2):
-                self.encode(text, add_special_tokens=False)  # the Unicode check
-            return self.hf.encode_batch([(text_1, text_2)], add_special_tokens=True)[0].ids
-        ids_1 = self.encode(text_1, add_special_tokens=False)
-        ids_2 = self.encode(text_2, add_special_tokens=False)
+            if max_length is None:
+                return self.hf.encode_batch([(text_1, text_2)], add_special_tokens=True)[0].ids
+            one, two = self.hf.encode_batch([text_1, text_2], add_special_tokens=False)
+            n1, n2 = pair_lengths(len(one.ids), len(two.ids), max_length,
+                                  self.hf.num_special_tokens_to_add(True))
+            one.truncate(n1)
+            two.truncate(n2)
+            return self.hf.post_process(one, two, add_special_tokens=True).ids
+        ids_1 = self._ids(text_1, add_special_tokens=False)
+        ids_2 = self._ids(text_2, add_special_tokens=False)
         bos = [self.bos_token_id] if self.add_bos_token else []
+        if max_length is not None:
+            n1, n2 = pair_lengths(len(ids_1), len(ids_2), max_length, 2 * len(bos))
+            ids_1, ids_2 = ids_1[:n1], ids_2[:n2]
         return [*bos, *ids_1, *bos, *ids_2]
 
     def _ids(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -598,3 +612,25 @@ class IncrementalDetokenizer:
             self._prefix_offset = self._read_offset
         self._read_offset = end
         return piece
+
+
+def pair_lengths(len_1: int, len_2: int, max_length: int, num_special: int) -> tuple[int, int]:
+    """How many of each text's ids a pair keeps within ``max_length`` ids,
+    ``num_special`` of them the template's special tokens: tokenizers'
+    "longest_first" rule (transformers' default for a pair), which cuts the
+    longer text down to the shorter one's length (or to what is left beside
+    it), then both to half of the room each. ``InvalidRequestError`` where
+    the special tokens alone exceed ``max_length``."""
+    room = max_length - num_special
+    if room < 0:
+        raise InvalidRequestError(f"truncate_prompt_tokens {max_length} leaves no room for the "
+                                  f"{num_special} special tokens of a text pair",
+                                  param="truncate_prompt_tokens")
+    if len_1 + len_2 <= room:
+        return len_1, len_2
+    short, long = sorted((len_1, len_2))
+    long = short if short > room else max(short, room - short)
+    if short + long > room:
+        short, long = room // 2, room // 2 + room % 2
+    return (short, long) if len_1 <= len_2 else (long, short)
+

@@ -38,6 +38,7 @@ from engine.sampling_params import SamplingParams
 from engine.scoring import (
     check_cross_encoder,
     cosine_similarity,
+    pair_max_length,
     score_pairs,
     scored_token_ids,
 )
@@ -317,11 +318,15 @@ class LLM:
             if not all(isinstance(p, str) for p in side):
                 raise InvalidRequestError("a cross-encoder scores texts only: each prompt of "
                                           f"{name} must be a str", param=name)
+        if pooling_params is not None and pooling_params.truncate_prompt_tokens is not None:
+            truncate_prompt_tokens = pooling_params.truncate_prompt_tokens
+            pooling_params = msgspec.structs.replace(pooling_params, truncate_prompt_tokens=None)
+        max_length = pair_max_length(truncate_prompt_tokens,
+                                     self.engine.scheduler.config.max_model_len)
         tokenizer = self.engine.tokenizer
-        prompts = [{"prompt_token_ids": tokenizer.encode_pair(firsts[i], seconds[j])}
+        prompts = [{"prompt_token_ids": tokenizer.encode_pair(firsts[i], seconds[j], max_length)}
                    for i, j in pairs]
         classified = self.classify(prompts, pooling_params=pooling_params, use_tqdm=use_tqdm,
-                                   truncate_prompt_tokens=truncate_prompt_tokens,
                                    lora_request=lora_request)
         return [ScoringRequestOutput(c.request_id, ScoringOutput(c.outputs.probs[0]),
                                      c.prompt_token_ids) for c in classified]

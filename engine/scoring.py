@@ -13,8 +13,10 @@ tokenizer's padding token where it has one, then the second text's, so a
 A classifier of one label is a cross-encoder, as vLLM scores with one: a
 pair is one prompt, the tokenizer's pair encoding of its two texts
 (``Tokenizer.encode_pair``), classified; its score is the sigmoid of the
-one logit, and it counts that prompt's tokens. A classifier of more labels
-scores nothing (``check_cross_encoder``, vLLM's message).
+one logit, and it counts that prompt's tokens. ``truncate_prompt_tokens``
+cuts such a pair as the tokenizer cuts one (``pair_max_length``), never
+the query's start. A classifier of more labels scores nothing
+(``check_cross_encoder``, vLLM's message).
 """
 
 from __future__ import annotations
@@ -47,6 +49,26 @@ def check_cross_encoder(num_labels: int) -> None:
     """A classifier scores pairs only with one label (vLLM's rule and message)."""
     if num_labels != 1:
         raise InvalidRequestError("Score API is only enabled for num_labels == 1.")
+
+
+def pair_max_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """The most ids a cross-encoder's pair prompt keeps
+    (``Tokenizer.encode_pair``'s ``max_length``): ``truncate_prompt_tokens``,
+    -1 being ``max_model_len``; None keeps the whole pair. vLLM cuts a pair
+    in the tokenizer (``truncation=True``), so each text loses its end and
+    the query, usually the shorter, stays whole. ``InvalidRequestError``
+    for a value the pooling parameters refuse or above ``max_model_len``."""
+    k = truncate_prompt_tokens
+    if k is None:
+        return None
+    if type(k) is not int or (k < 1 and k != -1):
+        raise InvalidRequestError(f"truncate_prompt_tokens must be None, an int >= 1 or -1 "
+                                  f"(max_model_len), got {k!r}", param="truncate_prompt_tokens")
+    if k > max_model_len:
+        raise InvalidRequestError(f"truncate_prompt_tokens {k} is more than max_model_len "
+                                  f"{max_model_len}, the longest prompt this model takes",
+                                  param="truncate_prompt_tokens")
+    return max_model_len if k == -1 else k
 
 
 def cosine_similarity(embedding_1, embedding_2) -> float:

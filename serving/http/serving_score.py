@@ -31,7 +31,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.responses import JSONResponse, Response
 
-from engine.scoring import check_cross_encoder, cosine_similarity, score_pairs
+from engine.scoring import check_cross_encoder, cosine_similarity, pair_max_length, score_pairs
 from ipc.errors import InvalidRequestError
 from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_prompts
 from serving.http.state import ServerState
@@ -136,10 +136,11 @@ async def _cross_encoding_scores(state: ServerState, texts_1: list[str], texts_2
     ``engine.scoring``): each pair one prompt (``Tokenizer.encode_pair``),
     classified; its score the probability, its tokens the prompt's."""
     check_cross_encoder(len(state.labels))
+    max_length = pair_max_length(truncate_prompt_tokens, state.max_model_len)
     prompts = await asyncio.to_thread(
-        lambda: [state.tokenizer.encode_pair(texts_1[i], texts_2[j]) for i, j in pairs])
-    pooling = {"task": "classify", **({} if truncate_prompt_tokens is None
-                                      else {"truncate_prompt_tokens": truncate_prompt_tokens})}
+        lambda: [state.tokenizer.encode_pair(texts_1[i], texts_2[j], max_length)
+                 for i, j in pairs])
+    pooling = {"task": "classify"}
     outputs, lengths = await embed_prompts(state, prompts, pooling, priority,
                                            state.lora_request(model))
     return [float(_floats(o)[0]) for o in outputs], lengths

@@ -130,3 +130,37 @@ def test_multi_label_classifier_takes_each_labels_sigmoid(tmp_path):
     got, _ = _classify(path)
     for probs, logits in zip(got, _hf_logits(path), strict=True):
         np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits)), atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_cross_encoder_truncates_a_pair_as_transformers_does(one_label):
+    # truncate_prompt_tokens cuts a pair as the tokenizer's own pair
+    # truncation does (longest text first, from its end), so the short
+    # query stays whole while the long document loses its tail.
+    query = "what is a cat"
+    document = "a cat is a small animal that likes to sleep in the sun all day long"
+    k = 30
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{one_label}/tokenizer.json")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        one_label, dtype=torch.float32).eval()
+    ids = tokenizer(text=query, text_pair=document, truncation=True, max_length=k)["input_ids"]
+    assert len(ids) == k and ids[:len(query)] == tokenizer(query)["input_ids"][:len(query)]
+    with torch.no_grad():
+        want = 1 / (1 + np.exp(-model(torch.tensor([ids])).logits[0, 0].item()))
+    with LLM(model=one_label, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        (out,) = llm.score(query, document, truncate_prompt_tokens=k)
+    assert out.prompt_token_ids == ids
+    assert out.outputs.score == pytest.approx(want, abs=2e-5)
+
+
+def test_pair_truncation_matches_transformers_for_every_length(one_label):
+    from checkpoint.tokenizer import Tokenizer
+
+    ours = Tokenizer.from_dir(one_label)
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{one_label}/tokenizer.json")
+    pairs = [("short q", "a much longer document text"), ("a much longer first text", "tiny"),
+             ("same len", "same len")]
+    for a, b in pairs:
+        for k in range(3, len(a) + len(b) + 4):
+            want = theirs(text=a, text_pair=b, truncation=True, max_length=k)["input_ids"]
+            assert ours.encode_pair(a, b, k) == want, (a, b, k)
