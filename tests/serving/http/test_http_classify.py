@@ -117,15 +117,18 @@ def cross_encoder(tmp_path_factory):
         yield served
 
 
-def _hf_pair_scores(model: str, pairs: list[tuple[str, str]]) -> tuple[list[int], list[float]]:
+def _hf_pair_scores(model: str, pairs: list[tuple[str, str]],
+                    max_length: int | None = None) -> tuple[list[int], list[float]]:
     """transformers' pair encoding's token counts and the sigmoid of the
-    one logit, pair by pair."""
+    one logit, pair by pair (cut to ``max_length`` by the tokenizer where
+    given)."""
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{model}/tokenizer.json")
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(
         model, dtype=torch.float32).eval()
     counts, scores = [], []
     for a, b in pairs:
-        ids = tokenizer(text=a, text_pair=b)["input_ids"]
+        cut = {} if max_length is None else {"truncation": True, "max_length": max_length}
+        ids = tokenizer(text=a, text_pair=b, **cut)["input_ids"]
         with torch.no_grad():
             logit = hf(torch.tensor([ids])).logits[0, 0].item()
         counts.append(len(ids))
@@ -151,6 +154,30 @@ def test_cross_encoder_scores_and_reranks_pairs(cross_encoder):
     probs = httpx.post(f"{cross_encoder.url}/classify",
                        json={"model": model, "input": "hi"}).json()["data"][0]
     assert probs["num_classes"] == 1 and probs["label"] == "label-0"
+
+
+@pytest.mark.timeout(180)
+def test_cross_encoder_truncates_each_pair_as_the_tokenizer_does(cross_encoder):
+    # The query stays whole; the long documents lose their ends.
+    model = cross_encoder.model_dir
+    query = "what is a cat"
+    documents = ["a cat is a small animal that sleeps in the sun all day long",
+                 "the sky is blue today and the clouds drift slowly to the east"]
+    counts, want = _hf_pair_scores(model, [(query, d) for d in documents], max_length=24)
+    assert counts == [24, 24]
+    for path, body in (("/score", {"text_1": query, "text_2": documents}),
+                       ("/rerank", {"query": query, "documents": documents})):
+        answer = httpx.post(f"{cross_encoder.url}{path}",
+                            json={"model": model, "truncate_prompt_tokens": 24, **body})
+        assert answer.status_code == 200, answer.text
+        got = answer.json()
+        if path == "/score":
+            scores = [d["score"] for d in got["data"]]
+            assert got["usage"]["prompt_tokens"] == sum(counts)
+        else:
+            scores = [r["relevance_score"]
+                      for r in sorted(got["results"], key=lambda r: r["index"])]
+        np.testing.assert_allclose(scores, want, atol=2e-5)
 
 
 @pytest.mark.timeout(60)
