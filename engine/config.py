@@ -301,7 +301,9 @@ class EngineConfig:
     # ---- rules of the model and the machine ------------------------------
     def check_model(self, model: ModelConfig) -> None:
         """Every rule the model decides for these arguments: a
-        ``kv_cache_dtype`` that names the dtype the cache is kept in, and
+        ``kv_cache_dtype`` that names the dtype the cache is kept in,
+        ``_check_pooling``'s rules where the checkpoint makes a pooling
+        model (a sequence classifier under runner "auto"), and
         ``check_shapes``."""
         dtype = self.resolved_dtype(model)
         if self.kv_cache_dtype not in ("auto", dtype):
@@ -310,9 +312,8 @@ class EngineConfig:
                               f"keeps the KV cache in the model's dtype, {dtype} here (dtype); "
                               f"only {taken} is taken")
         pooler = self.pooler_for(model)
-        if pooler is not None and self.speculative is not None:
-            raise ConfigError("speculative_config is for generation: a pooling model (runner "
-                              "'pooling') samples nothing")
+        if pooler is not None:
+            _check_pooling(self, pooler)
         if pooler is not None and pooler.whole_prompts:
             tokens, length = self.max_num_batched_tokens_for(model), self.resolved_max_model_len(model)
             if tokens < length:
@@ -733,12 +734,13 @@ def _check_vllm_options(c: EngineConfig) -> None:
     check_structured_outputs_config(c.structured_outputs_config)
 
 
-def _check_pooling(c: EngineConfig) -> None:
-    """A pooling engine's options resolve (``EngineConfig.pooler``) and ask
-    for nothing a pooling model does not do: it samples nothing, so it
-    takes no speculative decoding and no custom logits processors (vLLM
-    refuses the latter with the same reason)."""
-    if c.pooler is None:
+def _check_pooling(c: EngineConfig, pooler: PoolerSettings | None = None) -> None:
+    """A pooling engine's options resolve (``EngineConfig.pooler``; or
+    ``pooler``, the settings for the model) and ask for nothing a pooling
+    model does not do: it samples nothing, so it takes no speculative
+    decoding and no custom logits processors (vLLM refuses the latter with
+    the same reason)."""
+    if (pooler or c.pooler) is None:
         return
     if c.speculative is not None:
         raise ConfigError("speculative_config is for generation: a pooling model (runner "

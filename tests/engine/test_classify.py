@@ -164,3 +164,14 @@ def test_pair_truncation_matches_transformers_for_every_length(one_label):
         for k in range(3, len(a) + len(b) + 4):
             want = theirs(text=a, text_pair=b, truncation=True, max_length=k)["input_ids"]
             assert ours.encode_pair(a, b, k) == want, (a, b, k)
+
+
+@pytest.mark.timeout(180)
+def test_classifier_checkpoint_refuses_custom_logits_processors(three_labels):
+    # The checkpoint alone makes a pooling model, which samples nothing (as
+    # runner "pooling" refuses them).
+    from engine.config import ConfigError
+
+    with pytest.raises(ConfigError, match="Pooling models do not support custom logits"):
+        LLM(model=three_labels, device="cpu",
+            logits_processors=["tests.engine.test_logits_processors:ForceToken"])
