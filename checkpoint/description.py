@@ -73,16 +73,16 @@ def from_hf_dict(hf: dict[str, Any], generation: dict[str, Any] | None = None) -
 
 def _labels(hf: dict[str, Any]) -> tuple[str, ...]:
     """A classifier's label names by index: ``id2label``'s (keys are the
-    indices, as text in JSON), the index as text where it names none;
-    ``num_labels`` of them where config.json gives it, else as many as
-    ``id2label`` holds, else Hugging Face's default of 2."""
+    indices, as text in JSON), transformers' default ``LABEL_<i>`` where it
+    names none; ``num_labels`` of them where config.json gives it, else as
+    many as ``id2label`` holds, else Hugging Face's default of 2."""
     names = {int(k): str(v) for k, v in (hf.get("id2label") or {}).items()}
     count = hf.get("num_labels")
     if not isinstance(count, int) or isinstance(count, bool):
         count = len(names) or 2
     if count < 1:
         raise ValueError(f"num_labels must be >= 1, got {count}")
-    return tuple(names.get(i, str(i)) for i in range(count))
+    return tuple(names.get(i, f"LABEL_{i}") for i in range(count))
 
 
 def _load(path: str, required: bool) -> dict[str, Any]:

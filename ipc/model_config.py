@@ -63,7 +63,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     the engine needs ``max_model_len``). ``eos_token_ids``: every id that
     ends a sequence, config.json's and generation_config.json's.
     ``labels``: a classifier's label names by index (config.json's
-    ``id2label``, else the index as text), ``num_labels`` of them (config.json's,
+    ``id2label``, else transformers' ``LABEL_<i>``), ``num_labels`` of them (config.json's,
     Hugging Face's default 2 where it gives neither); a classify engine's
     score head has one row per label. ``multi_label``: config.json's
     ``problem_type`` is "multi_label_classification" (each label its own
@@ -92,7 +92,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
-    labels: tuple[str, ...] = ("0", "1")
+    labels: tuple[str, ...] = ("LABEL_0", "LABEL_1")
     multi_label: bool = False
 
     @property

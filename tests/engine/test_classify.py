@@ -175,3 +175,21 @@ def test_classifier_checkpoint_refuses_custom_logits_processors(three_labels):
     with pytest.raises(ConfigError, match="Pooling models do not support custom logits"):
         LLM(model=three_labels, device="cpu",
             logits_processors=["tests.engine.test_logits_processors:ForceToken"])
+
+
+@pytest.mark.parametrize("num_labels", [None, 1, 3])
+def test_label_names_without_id2label_are_transformers_defaults(three_labels, num_labels):
+    # A config.json that names no labels: transformers (and so vLLM's
+    # /classify "label") calls them LABEL_<i>, num_labels of them (2 unset).
+    import json
+
+    from checkpoint.description import from_hf_dict
+
+    with open(f"{three_labels}/config.json") as f:
+        hf = json.load(f)
+    hf.pop("id2label")
+    hf.pop("label2id")
+    if num_labels is not None:
+        hf["num_labels"] = num_labels
+    want = transformers.LlamaConfig.from_dict(hf).id2label
+    assert from_hf_dict(hf).labels == tuple(want[i] for i in range(len(want)))
