@@ -16,7 +16,6 @@ is a 400 and nothing of the request keeps running.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 
@@ -24,9 +23,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from ipc.errors import InvalidRequestError
-from serving.http.serving_completion import completion_prompts, has_text
-from serving.http.serving_embedding import Int64, TruncatePromptTokens, embed_prompts
+from serving.http.serving_embedding import (
+    Int64,
+    TruncatePromptTokens,
+    embed_prompts,
+    input_prompts,
+)
 from serving.http.state import ServerState
 
 
@@ -49,16 +51,7 @@ class ClassificationRequest(BaseModel):
 
 async def create_classification(state: ServerState, request: ClassificationRequest) -> Response:
     state.check_model(request.model)
-    if request.input == [] or request.input == "" or any(
-            item == "" or item == [] for item in request.input
-            if isinstance(request.input, list)):
-        raise InvalidRequestError("the input is empty: each input needs at least one token",
-                                  param="input")
-    if has_text(request.input):
-        prompts = await asyncio.to_thread(completion_prompts, state, request.input,
-                                          request.add_special_tokens)
-    else:
-        prompts = completion_prompts(state, request.input)
+    prompts = await input_prompts(state, request.input, request.add_special_tokens)
     pooling = {"task": "classify", **{name: value for name, value in (
         ("use_activation", request.use_activation),
         ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}}

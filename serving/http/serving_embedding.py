@@ -62,16 +62,7 @@ class EmbeddingRequest(BaseModel):
 
 async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Response:
     state.check_model(request.model)
-    if request.input == [] or request.input == "" or any(
-            item == "" or item == [] for item in request.input
-            if isinstance(request.input, list)):
-        raise InvalidRequestError("the input is empty: each input needs at least one token",
-                                  param="input")
-    if has_text(request.input):
-        prompts = await asyncio.to_thread(completion_prompts, state, request.input,
-                                          request.add_special_tokens)
-    else:
-        prompts = completion_prompts(state, request.input)
+    prompts = await input_prompts(state, request.input, request.add_special_tokens)
     pooling = {name: value for name, value in (
         ("dimensions", request.dimensions), ("normalize", request.normalize),
         ("truncate_prompt_tokens", request.truncate_prompt_tokens)) if value is not None}
@@ -85,6 +76,19 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
         "model": state.shown_model(request.model), "data": data,
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens,
                   "completion_tokens": 0}})
+
+
+async def input_prompts(state: ServerState, given, add_special_tokens: bool) -> list[list[int]]:
+    """A pooling body's ``input`` (a text, texts, ids or lists of ids) as
+    token ids, texts tokenized off the event loop; ``InvalidRequestError``
+    for an empty input or an empty item."""
+    if given == [] or given == "" or any(item == "" or item == [] for item in given
+                                         if isinstance(given, list)):
+        raise InvalidRequestError("the input is empty: each input needs at least one token",
+                                  param="input")
+    if has_text(given):
+        return await asyncio.to_thread(completion_prompts, state, given, add_special_tokens)
+    return completion_prompts(state, given)
 
 
 async def embed_prompts(state: ServerState, prompts: list[list[int]], pooling: dict,
