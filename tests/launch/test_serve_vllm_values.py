@@ -104,7 +104,9 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
     args = _serve_args("--http-port", "0", "--api-key", "k1", "k2", *argv)
     _check_http_args(args)
     engine = SimpleNamespace(tokenizer=None, max_model_len=64, sampling_defaults={}, pooler=None,
-                             model_config=SimpleNamespace(eos_token_ids=(2, 5), vocab_size=320),
+                             lora_checks=None,
+                             model_config=SimpleNamespace(eos_token_ids=(2, 5), vocab_size=320,
+                                                          labels=()),
                              config=SimpleNamespace(max_logprobs=7, resolved_reasoning_parser=None))
     _start_http(args, engine, SimpleNamespace(inproc_address="inproc://x", ctx=None), b"s")
     assert seen["kwargs"]["log_level"] == level
