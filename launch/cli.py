@@ -1273,6 +1273,30 @@ def _note_interrupt(signum, _frame) -> None:
 
 
 @contextlib.contextmanager
+def _lost_interrupts_quiet():
+    """A KeyboardInterrupt that ``_interrupt`` raised where Python cannot
+    pass an exception on (a weakref callback, importlib's module-lock one
+    above all, or a ``__del__``) is reported by ``sys.unraisablehook`` as
+    "Exception ignored in ...", a block of lines before the launch's one
+    line. Inside this block that report is dropped once Ctrl-C is noted:
+    the interrupt is not lost, ``_raise_if_interrupted`` and ``_interrupted``
+    act on the note. Every other unraisable exception goes to the hook found,
+    which is put back on leaving."""
+    found = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt) and _ctrl_c_noted():
+            return
+        found(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = found
+
+
+@contextlib.contextmanager
 def _interrupts_deferred():
     """Ctrl-C inside the block is only noted (every press of it); leaving
     the block raises it. For imports that load native extensions, torch's
@@ -1333,7 +1357,8 @@ def main(argv: list[str] | None = None, parsed: argparse.Namespace | None = None
     try:
         stop_signals.reset()  # before its handlers can note anything of this call's
         signal.signal(signal.SIGINT, _interrupt)  # from the first moment: no import traceback
-        return _main(sys.argv[1:] if argv is None else argv, parsed)
+        with _lost_interrupts_quiet():
+            return _main(sys.argv[1:] if argv is None else argv, parsed)
     except KeyboardInterrupt:
         return _exit_stopped(signal.SIGINT)
     except SystemExit as e:

@@ -122,6 +122,51 @@ def test_ctrl_c_during_a_deferred_import_is_raised_once_it_ends():
         stop_signals.reset()
 
 
+def _interrupt_in_a_weakref_callback() -> None:
+    """Ctrl-C's KeyboardInterrupt raised inside a weakref callback, as when
+    it lands in importlib's module-lock callback: Python cannot pass it on
+    and reports it through ``sys.unraisablehook``."""
+    import weakref
+
+    class Lock:
+        pass
+
+    def callback(_ref):
+        raise KeyboardInterrupt
+
+    lock = Lock()
+    ref = weakref.ref(lock, callback)
+    del lock
+    assert ref() is None
+
+
+def test_an_interrupt_lost_in_a_weakref_callback_is_not_reported_once_noted():
+    """Once Ctrl-C is noted, its KeyboardInterrupt swallowed where Python
+    cannot raise reaches no "Exception ignored" report (the launch's last
+    line stays its one line); before any Ctrl-C the report goes to the hook
+    found (here a recording one), which is put back on leaving."""
+    from executor import stop_signals
+    from launch import cli
+
+    found = sys.unraisablehook
+    reported = []
+    sys.unraisablehook = lambda unraisable: reported.append(unraisable.exc_type)
+    recorder = sys.unraisablehook
+    try:
+        with cli._lost_interrupts_quiet():
+            _interrupt_in_a_weakref_callback()  # no Ctrl-C noted: a real surprise, reported
+            assert reported == [KeyboardInterrupt]
+            stop_signals.note(signal.SIGINT)
+            _interrupt_in_a_weakref_callback()
+            assert reported == [KeyboardInterrupt]
+        assert sys.unraisablehook is recorder
+        _interrupt_in_a_weakref_callback()
+        assert reported == [KeyboardInterrupt, KeyboardInterrupt]
+    finally:
+        sys.unraisablehook = found
+        stop_signals.reset()
+
+
 def test_an_interrupted_exit_removes_the_socket_directory_a_cut_short_shutdown_left(
         monkeypatch, capsys, tmp_path):
     """A second Ctrl-C can land in the first one's shutdown before the
