@@ -28,8 +28,11 @@ from engine.pooling_outputs import (
     ClassificationRequestOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
+    PoolingOutput,
+    PoolingRequestOutput,
 )
 from engine.pooling_params import PoolingParams
+from engine.pooling_tasks import check_pooling_task
 from engine.progress import RequestProgress
 from engine.reasoning import enable_thinking_of
 from engine.request import Request
@@ -215,6 +218,31 @@ class LLM:
                             lora_request, "classify")
         return [ClassificationRequestOutput(r.req_id, ClassificationOutput.from_bytes(data),
                                             list(r.prompt_token_ids))
+                for r, data in pooled]
+
+    def encode(
+        self,
+        prompts: str | dict | Iterable[str | dict],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        pooling_task: str | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """vLLM's generic pooling call: each prompt's pooled output for
+        ``pooling_task``, in the order of ``prompts``, as vLLM's
+        ``PoolingRequestOutput`` whose ``outputs.data`` is a float32 tensor.
+        ``pooling_task`` is required and must be the engine's own task
+        (``engine.pooling_tasks``: "embed" on an embedding model, the values
+        ``embed`` gives; "classify" on a classifier, those of ``classify``);
+        another, or a generating engine, is refused with vLLM's message
+        (``InvalidRequestError``). ``pooling_params``, ``lora_request`` and
+        ``use_tqdm`` as ``embed`` takes them."""
+        pooler = self.engine.pooler
+        task = check_pooling_task(pooling_task, None if pooler is None else pooler.task)
+        pooled = self._pool(prompts, pooling_params, use_tqdm, None, lora_request, task)
+        return [PoolingRequestOutput(r.req_id, PoolingOutput.from_bytes(data),
+                                     list(r.prompt_token_ids), r.num_cached_tokens or 0)
                 for r, data in pooled]
 
     def _pool(self, prompts: str | dict | Iterable[str | dict],

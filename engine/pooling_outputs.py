@@ -1,12 +1,14 @@
 """vLLM's outputs of ``LLM.embed`` (``EmbeddingRequestOutput`` with
-``.outputs.embedding``) and of ``LLM.classify``
-(``ClassificationRequestOutput`` with ``.outputs.probs``)."""
+``.outputs.embedding``), of ``LLM.classify``
+(``ClassificationRequestOutput`` with ``.outputs.probs``) and of
+``LLM.encode`` (``PoolingRequestOutput`` with ``.outputs.data``, a tensor)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 
 @dataclass
@@ -64,4 +66,33 @@ class ClassificationRequestOutput:
     request_id: str
     outputs: ClassificationOutput
     prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class PoolingOutput:
+    """One prompt's pooled output as ``LLM.encode`` gives it: ``data``, a
+    1-D float32 CPU tensor, the embedding of the "embed" task or the class
+    probabilities of the "classify" one (the values ``embed`` and
+    ``classify`` give, with the same parameters)."""
+
+    data: torch.Tensor
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PoolingOutput:
+        """From the engine's float32 little-endian bytes (a copy: the tensor
+        owns writable memory)."""
+        return cls(torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32)))
+
+
+@dataclass
+class PoolingRequestOutput:
+    """vLLM's: ``request_id``, ``outputs``, ``prompt_token_ids`` (after any
+    truncation), ``num_cached_tokens`` (the prompt's prefix-cache hits) and
+    ``finished``."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
     finished: bool = True

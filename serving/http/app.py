@@ -82,6 +82,7 @@ from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_classification import ClassificationRequest, create_classification
 from serving.http.serving_completion import create_completion
 from serving.http.serving_embedding import EmbeddingRequest, create_embedding
+from serving.http.serving_pooling import PoolingRequest, create_pooling
 from serving.http.serving_rerank import RerankRequest, create_rerank
 from serving.http.serving_responses import (
     cancel_response,
@@ -107,9 +108,11 @@ EMBEDDING_ROUTES = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rer
                     "/v2/rerank")
 # The routes of a classifier (the pooling "classify" task), which no other model serves.
 CLASSIFY_ROUTES = ("/classify",)
+# The routes of every pooling model, whatever its task (vLLM's generic pooling API).
+POOLING_ROUTES = ("/pooling",)
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/tokenize", "/detokenize", *EMBEDDING_ROUTES,
-                              *CLASSIFY_ROUTES})
+                              *CLASSIFY_ROUTES, *POOLING_ROUTES})
 # The routes of a generating model, which a pooling one does not serve (404),
 # as vLLM registers each task's routes only for a model that does the task.
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
@@ -189,10 +192,11 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``--response-role``, a chat answer's role after a generation prompt;
     ``pooling``: the engine is a pooling model (``runner="pooling"``):
     ``EMBEDDING_ROUTES`` (/v1/embeddings, /score, /rerank and their other
-    paths) are served and the generation routes (``GENERATION_ROUTES``,
+    paths) and ``POOLING_ROUTES`` (/pooling, of either task) are served
+    and the generation routes (``GENERATION_ROUTES``,
     those below them too) are not, so they answer 404, as vLLM's server
     of a pooling model; a generating model's server answers 404 at
-    ``EMBEDDING_ROUTES`` the same way. ``pooling_task``: a pooling model's
+    ``EMBEDDING_ROUTES`` and ``POOLING_ROUTES`` the same way. ``pooling_task``: a pooling model's
     task, "embed" (the routes above) or "classify" (``CLASSIFY_ROUTES``,
     /classify, instead of /v1/embeddings; /score and /rerank score as a
     cross-encoder); ``labels``: a classifier's
@@ -342,6 +346,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     async def classify(body: ClassificationRequest) -> Response:
         return await _answer(create_classification(state, body))
 
+    @app.post("/pooling")
+    async def pooling_route(body: PoolingRequest) -> Response:
+        return await _answer(create_pooling(state, body))
+
     @app.post("/score")
     @app.post("/v1/score")
     async def score(body: ScoreRequest) -> Response:
@@ -374,11 +382,11 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
 
 def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
     """The routes this server does not serve (404): a generating model's,
-    the pooling ones; a pooling model's, generation and the other task's
-    (a classifier scores pairs: of the embedding routes it lacks only
-    /v1/embeddings)."""
+    the pooling ones (/pooling among them); a pooling model's, generation
+    and the other task's (a classifier scores pairs: of the embedding
+    routes it lacks only /v1/embeddings)."""
     if not pooling:
-        return (*EMBEDDING_ROUTES, *CLASSIFY_ROUTES)
+        return (*EMBEDDING_ROUTES, *CLASSIFY_ROUTES, *POOLING_ROUTES)
     other = CLASSIFY_ROUTES if task == "embed" else EMBEDDING_ROUTES[:1]
     return (*GENERATION_ROUTES, *other)
 

@@ -69,7 +69,8 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
     embeddings, lengths = await embed_prompts(state, prompts, pooling, request.priority,
                                               state.lora_request(request.model))
     num_tokens = sum(lengths)
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(e, request.encoding_format)}
+    data = [{"object": "embedding", "index": i,
+             "embedding": encoded_vector(e, request.encoding_format)}
             for i, e in enumerate(embeddings)]
     return JSONResponse({
         "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -98,8 +99,8 @@ async def embed_prompts(state: ServerState, prompts: list[list[int]], pooling: d
     the adapter the request's ``model`` names) and wait for every one: their
     embeddings and their prompt lengths (as the engine took them, truncated),
     both in prompt order. A refusal aborts the others and is raised. The
-    embedding routes' one way to the engine (/v1/embeddings, /score,
-    /rerank). Each
+    pooling routes' one way to the engine (/v1/embeddings, /classify,
+    /pooling, /score, /rerank). Each
     engine request that ends counts in the metrics (``Metrics.finished``),
     as a generation's does and as vLLM counts a pooling request."""
     link, queue, arrival = state.link, asyncio.Queue(), time.monotonic()
@@ -137,7 +138,10 @@ async def embed_prompts(state: ServerState, prompts: list[list[int]], pooling: d
     return [embeddings[r] for r in ids], [lengths[r] for r in ids]
 
 
-def _encoded(embedding: bytes, encoding_format: str) -> list[float] | str:
+def encoded_vector(vector: bytes, encoding_format: str) -> list[float] | str:
+    """A pooled output (float32 little-endian bytes) as an answer carries it:
+    a list of floats, or with ``encoding_format`` "base64" the base64 of
+    the bytes (what the ``openai`` client decodes)."""
     if encoding_format == "base64":
-        return base64.b64encode(embedding).decode("ascii")
-    return np.frombuffer(embedding, dtype="<f4").tolist()
+        return base64.b64encode(vector).decode("ascii")
+    return np.frombuffer(vector, dtype="<f4").tolist()

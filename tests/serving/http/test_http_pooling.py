@@ -1,0 +1,156 @@
+"""POST /pooling (vLLM's generic pooling API) of ``tprun serve --runner
+pooling`` and of a classifier's server, through httpx: the vectors equal
+transformers' final-normed last-token hidden states of the same checkpoint
+and /v1/embeddings' vectors, a classifier's outputs transformers'
+probabilities; a chat body pools the prompt transformers' chat template
+renders; refusals are OpenAI-shaped 400s after which the server goes on
+serving; as vLLM's key check, /pooling (unversioned) is open where /v1 is
+guarded; a generating server answers 404, as vLLM registers the pooling
+routes only for a pooling model."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import transformers  # the oracle: a test dependency, never skipped
+
+from tests.helpers.hf_embeddings import hf_last_token_embeddings
+from tests.helpers.hf_models import save_classifier, save_embedding_llama
+from tests.helpers.http_utils import recording_app, serving_model
+
+IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
+KEY = "pooling-test-key"
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+CHAT = [{"role": "system", "content": "embed this"},
+        {"role": "user", "content": "a chat of more than sixteen bytes"}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+    with serving_model(tmp_path_factory.mktemp("pool"), model, "--nproc-per-node", "1", "serve",
+                       "--model", model, "--device", "cpu", "--runner", "pooling",
+                       "--max-num-batched-tokens", "16", "--block-size", "16",
+                       "--chat-template", TEMPLATE, "--api-key", KEY,
+                       "--disable-log-stats") as served:
+        yield served
+
+
+def _post(server, path: str, key: str | None = KEY, **body) -> httpx.Response:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers, timeout=60)
+
+
+def _data(answer: httpx.Response) -> list[np.ndarray]:
+    assert answer.status_code == 200, answer.text
+    return [np.array(d["data"]) for d in answer.json()["data"]]
+
+
+@pytest.mark.timeout(180)
+def test_pooled_vectors_match_transformers_and_embeddings(server, model):
+    answer = _post(server, "/pooling", model=model, input=IDS)
+    body = answer.json()
+    assert body["id"].startswith("pool-") and body["object"] == "list"
+    assert body["model"] == model and isinstance(body["created"], int)
+    assert body["usage"] == {"prompt_tokens": sum(map(len, IDS)),
+                             "total_tokens": sum(map(len, IDS)), "completion_tokens": 0}
+    assert [(d["index"], d["object"]) for d in body["data"]] == [(i, "pooling")
+                                                                 for i in range(len(IDS))]
+    embedded = _post(server, "/v1/embeddings", model=model, input=IDS,
+                     encoding_format="float").json()["data"]
+    b64 = _post(server, "/pooling", model=model, input=IDS, task="embed",
+                encoding_format="base64").json()["data"]
+    for got, e, b, want in zip(_data(answer), embedded, b64,
+                               hf_last_token_embeddings(model, IDS), strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5)
+        # Other batches (prefix-cache hits, chunks) sum in other orders.
+        np.testing.assert_allclose(got, e["embedding"], atol=1e-6)
+        np.testing.assert_allclose(np.frombuffer(base64.b64decode(b["data"]), "<f4"), got,
+                                   atol=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_text_chat_and_normalize_off(server, model):
+    text = "a text of more than sixteen bytes to pool"
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": model, "prompt": text}).json()
+    (got,) = _data(_post(server, "/pooling", input=text, user="someone"))
+    np.testing.assert_allclose(got, hf_last_token_embeddings(model, [ids["tokens"]])[0],
+                               atol=2e-5)
+    hf = transformers.AutoTokenizer.from_pretrained(model)
+    chat_ids = list(hf.apply_chat_template(CHAT, chat_template=TEMPLATE, tokenize=True,
+                                           add_generation_prompt=False, return_dict=False))
+    answer = _post(server, "/pooling", model=model, messages=CHAT)
+    (chat,) = _data(answer)
+    assert answer.json()["usage"]["prompt_tokens"] == len(chat_ids)
+    np.testing.assert_allclose(chat, hf_last_token_embeddings(model, [chat_ids])[0], atol=2e-5)
+    (raw,) = _data(_post(server, "/pooling", input=[IDS[0]], normalize=False))
+    base = transformers.AutoModel.from_pretrained(model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = base(torch.tensor([IDS[0]])).last_hidden_state[0, -1].double().numpy()
+    np.testing.assert_allclose(raw, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("body, param, message", [
+    ({"input": [IDS[0]], "task": "classify"}, "task",
+     "Classification API is not supported by this model"),
+    ({"input": [IDS[0]], "task": "token_embed"}, "task",
+     "Unsupported task: 'token_embed' Supported tasks: ('embed',)"),
+    ({"input": [IDS[0]], "dimensions": 8}, "dimensions", "dimensions is currently not supported"),
+    ({"input": [IDS[0]], "use_activation": True}, "use_activation",
+     "Task embed only supports ['dimensions', 'normalize'] parameters"),
+    ({"input": ""}, "input", "the input is empty"),
+    ({"input": [IDS[0]], "messages": CHAT}, "input", "give either input"),
+    ({}, "input", "give either input"),
+    ({"input": [list(range(1, 70))]}, "input", "maximum context length is 64"),
+])
+def test_refusals_are_400s_and_the_server_goes_on(server, model, body, param, message):
+    answer = _post(server, "/pooling", **body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert message in error["message"]
+    (again,) = _data(_post(server, "/pooling", input=[IDS[2]]))
+    np.testing.assert_allclose(again, hf_last_token_embeddings(model, [IDS[2]])[0], atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_pooling_is_open_where_v1_needs_the_key(server, model):
+    # vLLM's key check guards /v1 paths only, as it does /classify and /score.
+    assert _post(server, "/v1/embeddings", key=None, input=[IDS[0]]).status_code == 401
+    assert _post(server, "/v1/embeddings", key="wrong", input=[IDS[0]]).status_code == 401
+    (got,) = _data(_post(server, "/pooling", key=None, input=[IDS[0]]))
+    np.testing.assert_allclose(got, hf_last_token_embeddings(model, [IDS[0]])[0], atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_classifier_pools_its_probabilities_and_generation_does_not_pool(tmp_path_factory,
+                                                                        tiny_dir):
+    path = save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32).eval()
+    with serving_model(tmp_path_factory.mktemp("clsserve"), path, "--nproc-per-node", "1",
+                       "serve", "--model", path, "--device", "cpu",
+                       "--max-num-batched-tokens", "16", "--block-size", "16",
+                       "--disable-log-stats") as served:
+        got = _data(_post(served, "/pooling", key=None, input=IDS))
+        classified = _post(served, "/classify", key=None, input=IDS).json()["data"]
+        refused = _post(served, "/pooling", key=None, input=[IDS[0]], task="embed")
+    for probs, c, ids in zip(got, classified, IDS, strict=True):
+        with torch.no_grad():
+            want = torch.softmax(hf(torch.tensor([ids])).logits[0].double(), -1).numpy()
+        np.testing.assert_allclose(probs, want, atol=2e-5)
+        np.testing.assert_allclose(probs, c["probs"], atol=1e-6)
+    assert refused.status_code == 400
+    assert "Embedding API is not supported by this model" in refused.json()["error"]["message"]
+    with recording_app(tiny_dir) as app:  # a generating model: no pooling route
+        answer = app.http.post("/pooling", json={"input": "hi"})
+        assert answer.status_code == 404 and "error" in answer.json()
