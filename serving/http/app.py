@@ -193,10 +193,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``pooling``: the engine is a pooling model (``runner="pooling"``):
     ``EMBEDDING_ROUTES`` (/v1/embeddings, /score, /rerank and their other
     paths) and ``POOLING_ROUTES`` (/pooling, of either task) are served
-    and the generation routes (``GENERATION_ROUTES``,
-    those below them too) are not, so they answer 404, as vLLM's server
-    of a pooling model; a generating model's server answers 404 at
-    ``EMBEDDING_ROUTES`` and ``POOLING_ROUTES`` the same way. ``pooling_task``: a pooling model's
+    and the generation routes (``GENERATION_ROUTES``, those below them
+    too) are not, so they answer 404, as vLLM's server of a pooling model;
+    a generating model's server answers 404 at ``EMBEDDING_ROUTES`` and
+    ``POOLING_ROUTES`` the same way. ``pooling_task``: a pooling model's
     task, "embed" (the routes above) or "classify" (``CLASSIFY_ROUTES``,
     /classify, instead of /v1/embeddings; /score and /rerank score as a
     cross-encoder); ``labels``: a classifier's

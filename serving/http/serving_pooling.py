@@ -109,9 +109,6 @@ async def _prompts(state: ServerState, request: PoolingRequest) -> list[list[int
     if request.messages is None:
         add = True if request.add_special_tokens is None else request.add_special_tokens
         return await input_prompts(state, request.input, add)
-    if request.add_generation_prompt and request.continue_final_message:
-        raise FieldError("continue_final_message", "Cannot set both `continue_final_message` "
-                         "and `add_generation_prompt` to True.")
     template = request_template(request.chat_template, request.chat_template_kwargs,
                                 state.trust_request_chat_template, state.chat_template)
     kwargs = {k: v for k, v in (request.chat_template_kwargs or {}).items()
