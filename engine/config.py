@@ -54,6 +54,8 @@ GENERATION_CONFIGS = ("auto", "vllm")
 KV_CACHE_DTYPE_NAMES = ("float16", "bfloat16")
 # vLLM's "safetensors" (a model directory) and "gguf" (a .gguf file) are what "auto" loads.
 LOAD_FORMATS = ("auto", "dummy", "safetensors", "gguf")
+# vLLM's allowed max_lora_rank values (its LoRAConfig's MaxLoRARanks).
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # vLLM's max_model_len -1 ("auto" on the command line): the longest length the
 # KV cache holds, at most the model's positions, decided once the cache is sized.
 AUTO_MAX_MODEL_LEN = -1
@@ -160,7 +162,8 @@ class EngineConfig:
     max_loras: int = _opt(1, "LoRA adapters held on the device at once: the distinct adapters "
                           "of one running batch at most")
     max_lora_rank: int = _opt(16, "largest LoRA rank an adapter may have (the device buffers "
-                              "are padded to it)")
+                              "are padded to it): one of vLLM's "
+                              f"{', '.join(map(str, MAX_LORA_RANKS))}")
     # vLLM's options for what tprun does not do: each takes only the values
     # that ask for what tprun does (or that change nothing in vLLM's engine
     # either); any other value is refused by name (``_check_vllm_options``).
@@ -213,6 +216,7 @@ class EngineConfig:
             raise ConfigError(f"model must name 'tiny', a local model directory or a .gguf "
                               f"file, got {self.model!r}")
         _check_ints(self)
+        _check_max_lora_rank(self.max_lora_rank)
         _check_choices(self)
         _check_vllm_options(self)
         _check_generation_config(self.generation_config)
@@ -675,6 +679,14 @@ def _import_folders(names: list[str]) -> list[str]:
 
     folders = (import_folder(name) for name in names)
     return list(dict.fromkeys(f for f in folders if f is not None))
+
+
+def _check_max_lora_rank(value: int) -> None:
+    """One of vLLM's ranks (``MAX_LORA_RANKS``), as vLLM's LoRAConfig takes
+    them: an adapter of a smaller rank is served, padded to it."""
+    if value not in MAX_LORA_RANKS:
+        raise ConfigError(f"max_lora_rank must be one of "
+                          f"{', '.join(map(str, MAX_LORA_RANKS))}, got {value}")
 
 
 def _check_max_model_len(value) -> None:

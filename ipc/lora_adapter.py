@@ -93,7 +93,7 @@ def read_adapter(path: str, model: ModelConfig, max_lora_rank: int) -> LoRAAdapt
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
         raise _refuse(path, f"{CONFIG_FILE} needs 'r', an int >= 1, got {rank!r}")
     if rank > max_lora_rank:
-        raise _refuse(path, f"its rank {rank} is greater than max_lora_rank {max_lora_rank}")
+        raise _refuse(path, f"LoRA rank {rank} is greater than max_lora_rank {max_lora_rank}")
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
         raise _refuse(path, f"{CONFIG_FILE} needs 'lora_alpha', a number, got {alpha!r}")
     if config.get("bias", "none") != "none":

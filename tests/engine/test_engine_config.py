@@ -16,7 +16,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
-from ipc.config import RunnerConfig
+from ipc.config import LoRAConfig, RunnerConfig
 from ipc.endpoints import IPC_PATH_MAX
 from ipc.messages import ControlCall
 from ipc.serde import decode_broadcast, encode
@@ -71,11 +71,22 @@ def _model_dir(tmp_path, **overrides) -> str:
     (dict(max_logprobs=1 << 63), "max_logprobs must be an int >= -1"),
     (dict(gpu_memory_utilization="0.5"), "gpu_memory_utilization must be a number, got '0.5'"),
     (dict(step_timeout_s=None), "step_timeout_s must be a number, got None"),
+    # vLLM's ranks only (its LoRAConfig's), whether LoRA is on or not, as its CLI.
+    (dict(enable_lora=True, max_lora_rank=4),
+     r"max_lora_rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512, got 4$"),
+    (dict(max_lora_rank=1024), r"max_lora_rank must be one of .*, got 1024$"),
+    (dict(enable_lora=True, max_lora_rank=True), r"max_lora_rank must be an int >= 1"),
 ])
 def test_bad_arguments_raise_from_llm_before_any_worker(no_workers, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(model="tiny", **kwargs)
     assert no_workers == []
+
+
+@pytest.mark.parametrize("rank", [1, 8, 16, 32, 64, 128, 256, 320, 512])
+def test_every_vllm_lora_rank_is_taken(rank):
+    assert EngineConfig(model="tiny", enable_lora=True, max_lora_rank=rank).lora_config == (
+        LoRAConfig(max_loras=1, max_lora_rank=rank))
 
 
 def test_a_busy_master_port_is_refused_before_any_worker(no_workers):

@@ -160,7 +160,8 @@ def test_adapters_that_cannot_be_served_are_refused(lora_setup, lora_llm, tmp_pa
     lora_llm.generate({"prompt_token_ids": PROMPTS[0]}, PARAMS, lora_request=loras[1])
     cases = {
         "no such directory": str(tmp_path / "missing"),
-        "greater than max_lora_rank 16": _adapter(source, tmp_path, "rank", r=32),
+        "LoRA rank 32 is greater than max_lora_rank 16": _adapter(source, tmp_path, "rank",
+                                                                 r=32),
         "not embeddings or the LM head": _adapter(source, tmp_path, "embed",
                                                   target_modules=["q_proj", "embed_tokens"]),
         "bias 'all' is not supported": _adapter(source, tmp_path, "bias", bias="all"),

@@ -239,6 +239,8 @@ def test_chat_template_from_a_file_or_inline(tmp_path):
     (["serve", "--device", "cpu", "--max-model-len", "-2"], "max_model_len must be an int >= 2"),
     (["bench", "--device", "cpu", "--max-num-batched-tokens", "1.5K"],
      "--max-num-batched-tokens '1.5K' is not an integer"),
+    (["serve", "--device", "cpu", "--enable-lora", "--max-lora-rank", "4"],
+     "max_lora_rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512, got 4"),
 ])
 def test_refusals_are_one_line_with_exit_code_2(tmp_path, argv, message):
     env = {"TPRUN_CACHE": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}

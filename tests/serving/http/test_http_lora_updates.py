@@ -90,7 +90,7 @@ def test_loads_the_server_cannot_take_are_refused(served):
     for missing in (paths[1] + "-missing", paths[1] + "\0"):
         with pytest.raises(openai.NotFoundError, match="no such directory"):
             _load(client, "gone", missing)
-    with pytest.raises(openai.BadRequestError, match="greater than max_lora_rank 8"):
+    with pytest.raises(openai.BadRequestError, match="LoRA rank 16 is greater than max_lora_rank 8"):
         _load(client, "big", paths[3])
     with pytest.raises(openai.BadRequestError, match="name of the base model"):
         _load(client, "base", paths[1])
