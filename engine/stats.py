@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from engine.request import Request
 from ipc.engine_messages import EngineStats
 
 logger = logging.getLogger("tprun.stats")
@@ -67,7 +69,17 @@ def snapshot(scheduler, counters: StepCounters, num_admitting: int = 0) -> Engin
         spec_decode_num_draft_tokens=spec.num_draft_tokens,
         spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
         spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
+        running_lora_adapters=lora_adapters(scheduler.running),
+        waiting_lora_adapters=lora_adapters(scheduler.waiting),
     )
+
+
+def lora_adapters(requests: Iterable[Request]) -> dict[str, int]:
+    """Each LoRA adapter's name and how many of ``requests`` run with it, in
+    the order the adapters first come among them (requests without one are
+    not counted)."""
+    return dict(Counter(r.lora_request.lora_name for r in requests
+                        if r.lora_request is not None))
 
 
 def spec_decode_summary(prev: EngineStats, now: EngineStats) -> dict | None:

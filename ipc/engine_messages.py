@@ -165,7 +165,11 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     accepted drafts by position (empty when speculative decoding is off).
     ``prefix_cache_queries`` / ``prefix_cache_hits``: prompt tokens looked
     up in the prefix cache since start, and of those found (``prefix_hit_rate``
-    is their ratio)."""
+    is their ratio). ``running_lora_adapters`` / ``waiting_lora_adapters``
+    (vLLM's names): each LoRA adapter's name and how many of the running
+    (waiting, in the scheduler's queue) requests run with it, in the order
+    of the requests there; an adapter with none is not listed (both empty
+    without LoRA)."""
 
     num_running: int
     num_waiting: int
@@ -185,6 +189,8 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = []
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
 
 ClientMessage = GenerateRequest | AbortRequest | StatsRequest

@@ -128,7 +128,9 @@ def summed_stats(replicas: list[EngineStats]) -> EngineStats:
     (``num_blocks``, ``num_free_blocks``) and every counter since start
     (steps: the replicas' steps together; tokens, preemptions, refused
     messages, prefix-cache lookups and hits, speculative decoding's
-    counters, by draft position too) are sums; ``kv_usage`` is the
+    counters, by draft position too, and each LoRA adapter's running and
+    waiting requests, adapters in the order the replicas first list them)
+    are sums; ``kv_usage`` is the
     fraction of all the blocks in use, and ``prefix_hit_rate`` the hits
     over all the lookups (0 with none), so both weigh each replica by its
     size, not alike."""
@@ -144,7 +146,19 @@ def summed_stats(replicas: list[EngineStats]) -> EngineStats:
                for i in range(positions)]
     return EngineStats(**total, kv_usage=used / num_blocks if num_blocks else 0.0,
                        prefix_hit_rate=hits / queries if queries else 0.0,
-                       spec_decode_num_accepted_tokens_per_pos=per_pos)
+                       spec_decode_num_accepted_tokens_per_pos=per_pos,
+                       running_lora_adapters=_summed_counts(
+                           s.running_lora_adapters for s in replicas),
+                       waiting_lora_adapters=_summed_counts(
+                           s.waiting_lora_adapters for s in replicas))
+
+
+def _summed_counts(counts) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for each in counts:
+        for name, count in each.items():
+            total[name] = total.get(name, 0) + count
+    return total
 
 
 # EngineStats' fields that add up over replicas as they are.

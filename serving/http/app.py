@@ -159,7 +159,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                chat_template: str | None = None, response_role: str = "assistant",
                pooling: bool = False, pooling_task: str = "embed",
                labels: Sequence[str] = (), lora_modules: Sequence[LoRARequest] = (),
-               runtime_lora_check: Callable[[LoRARequest], None] | None = None):
+               runtime_lora_check: Callable[[LoRARequest], None] | None = None,
+               max_loras: int = 0):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` and ``/v2`` routes (none: no
@@ -205,12 +206,14 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     model, each listed in /v1/models. ``runtime_lora_check``: the engine's
     check of an adapter (``LoRAChecks.check``); given, runtime LoRA updates
     are on: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
-    are served (``lora_updates.py``; None: they are not routes, 404)."""
+    are served (``lora_updates.py``; None: they are not routes, 404).
+    ``max_loras``: the engine's adapter slots, with LoRA on (0: off), which
+    ``/metrics`` reports in vLLM's ``lora_requests_info`` (``metrics.py``)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
     state = ServerState(link, tokenizer, served_names, max_model_len,
-                        Metrics(served_names[0]),
+                        Metrics(served_names[0], max_loras),
                         LogprobsFormatter(tokenizer),
                         tool_call_parser=(None if tool_call_parser is None
                                           else TOOL_CALL_PARSERS[tool_call_parser]),

@@ -64,9 +64,10 @@ class HttpServer:
 
 def engine_app_options(engine) -> dict:
     """``create_app``'s options that the engine (an ``LLMEngine``) decides:
-    its sampling defaults, end-of-sequence ids, logprobs limit, vocabulary
-    and reasoning parser. ``serve``'s HTTP server and ``run-batch`` both
-    build their app with them, so both answer alike."""
+    its sampling defaults, end-of-sequence ids, logprobs limit, vocabulary,
+    reasoning parser, pooling task and labels, and LoRA adapter slots.
+    ``serve``'s HTTP server and ``run-batch`` both build their app with
+    them, so both answer alike."""
     return dict(sampling_defaults=engine.sampling_defaults,
                 eos_token_ids=list(engine.model_config.eos_token_ids),
                 max_logprobs=engine.config.max_logprobs,
@@ -74,7 +75,9 @@ def engine_app_options(engine) -> dict:
                 reasoning_parser=engine.config.resolved_reasoning_parser,
                 pooling=engine.pooler is not None,
                 pooling_task="embed" if engine.pooler is None else engine.pooler.task,
-                labels=list(engine.model_config.labels))
+                labels=list(engine.model_config.labels),
+                max_loras=(0 if engine.config.lora_config is None
+                           else engine.config.lora_config.max_loras))
 
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
@@ -97,7 +100,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       labels: list[str] | None = None,
                       other_replicas: tuple[tuple[str, bytes], ...] = (),
                       lora_modules: tuple = (),
-                      runtime_lora_check=None) -> HttpServer:
+                      runtime_lora_check=None, max_loras: int = 0) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -120,7 +123,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``LoRARequest`` of each adapter served by its name; ``runtime_lora_check``:
     the engine's adapter check, given when adapters may be loaded and
     unloaded over HTTP (``create_app``); ``pooling``, ``pooling_task`` and
-    ``labels``: a pooling model's routes (``create_app``)."""
+    ``labels``: a pooling model's routes; ``max_loras``: the engine's
+    adapter slots (0: LoRA off) for ``/metrics`` (both ``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -142,7 +146,7 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      chat_template=chat_template, response_role=response_role,
                      pooling=pooling, pooling_task=pooling_task, labels=labels or (),
                      lora_modules=lora_modules,
-                     runtime_lora_check=runtime_lora_check)
+                     runtime_lora_check=runtime_lora_check, max_loras=max_loras)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server

@@ -14,9 +14,20 @@ engine request (divided among the tokens a delta carries), each engine
 request's end-to-end latency (submission to its end) and how it finished
 (``request_success``, by ``finished_reason``: stop, length or abort). Each
 front end has its own registry.
+
+With LoRA on, vLLM's ``lora_requests_info`` gauge says which adapters the
+engine's requests run with, in its labels: ``max_lora`` (``max_loras``),
+``running_lora_adapters`` and ``waiting_lora_adapters`` (the names of the
+adapters of the running requests, and of those in the scheduler's queue,
+comma-separated, each once, in the order of the requests; empty: none). As
+in vLLM its value is the Unix time those stats were taken (a scrape's, as
+the snapshot is), so the latest sample is the one of highest value; a scrape
+shows one sample, the engine's state as the snapshot found it.
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -38,11 +49,15 @@ class _EngineCollector:
     """Yields the gauges and counters of the snapshots set before a scrape:
     one engine's under the ``model_name`` label; several (data-parallel
     replicas) each under ``model_name`` and ``engine`` (its index), as
-    vLLM labels its engines."""
+    vLLM labels its engines. ``max_loras``: the engine's adapter slots (0:
+    LoRA off, no ``lora_requests_info``); ``taken_at``: the Unix time the
+    snapshots came."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_loras: int = 0) -> None:
         self.model_name = model_name
+        self.max_loras = max_loras
         self.stats: list[EngineStats] = []
+        self.taken_at = 0.0
 
     def _labels(self) -> tuple[list[str], list[list[str]]]:
         """The label names, and each snapshot's label values."""
@@ -79,6 +94,23 @@ class _EngineCollector:
         ))
         if self.stats[0].spec_decode_num_accepted_tokens_per_pos:  # speculative decoding is on
             yield from self._spec_decode(label, values)
+        if self.max_loras:
+            yield self._lora_info()
+
+    def _lora_info(self) -> GaugeMetricFamily:
+        """vLLM's ``lora_requests_info`` (module docstring); with several
+        engines, one sample each under ``engine``."""
+        several = len(self.stats) > 1
+        gauge = GaugeMetricFamily(
+            "tprun:lora_requests_info", "LoRA adapters of the running and waiting requests "
+            "(labels); the value is the Unix time of these stats.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters",
+                    *(["engine"] if several else [])])
+        for index, s in enumerate(self.stats):
+            gauge.add_metric([str(self.max_loras), ",".join(s.waiting_lora_adapters),
+                              ",".join(s.running_lora_adapters),
+                              *([str(index)] if several else [])], self.taken_at)
+        return gauge
 
     def _counters(self, label: list[str], values: list[list[str]], rows):
         for name, doc, field in rows:
@@ -106,9 +138,11 @@ class _EngineCollector:
 
 
 class Metrics:
-    def __init__(self, model_name: str) -> None:
+    """The front end's registry; ``max_loras`` as ``_EngineCollector`` takes it."""
+
+    def __init__(self, model_name: str, max_loras: int = 0) -> None:
         self.registry = CollectorRegistry()
-        self.engine = _EngineCollector(model_name)
+        self.engine = _EngineCollector(model_name, max_loras)
         self.registry.register(self.engine)
         self.ttft = Histogram("tprun:time_to_first_token_seconds",
                               "Time from a request's arrival to its first token.",
@@ -136,4 +170,5 @@ class Metrics:
         """The page, with ``stats`` as the engine's values (a list: one
         per data-parallel replica, in replica order)."""
         self.engine.stats = [stats] if isinstance(stats, EngineStats) else list(stats)
+        self.engine.taken_at = time.time()
         return generate_latest(self.registry)

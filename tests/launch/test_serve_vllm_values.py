@@ -14,6 +14,7 @@ import pytest
 
 import serving.http.http_server
 from engine.config import ConfigError, EngineConfig
+from ipc.config import LoRAConfig
 from launch.cli import _check_http_args, _engine_config, _serve_model, _start_http, build_parser
 
 
@@ -107,12 +108,15 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
                              lora_checks=None,
                              model_config=SimpleNamespace(eos_token_ids=(2, 5), vocab_size=320,
                                                           labels=()),
-                             config=SimpleNamespace(max_logprobs=7, resolved_reasoning_parser=None))
+                             config=SimpleNamespace(max_logprobs=7, resolved_reasoning_parser=None,
+                                                    lora_config=LoRAConfig(max_loras=3,
+                                                                           max_lora_rank=8)))
     _start_http(args, engine, SimpleNamespace(inproc_address="inproc://x", ctx=None), b"s")
     assert seen["kwargs"]["log_level"] == level
     assert seen["kwargs"]["api_keys"] == ["k1", "k2"]
     assert seen["kwargs"]["eos_token_ids"] == [2, 5]  # the model's, where beams end
     assert seen["kwargs"]["max_logprobs"] == 7  # the engine's, checked in the client's names
+    assert seen["kwargs"]["max_loras"] == 3  # the engine's adapter slots, which /metrics reports
     assert seen["kwargs"]["vocab_size"] == 320  # the model's, what -1 (the whole vocabulary) asks
     assert seen["kwargs"]["response_role"] == role  # vLLM's --response-role, else its default
 

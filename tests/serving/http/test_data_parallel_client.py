@@ -89,23 +89,25 @@ class StatsLink:
 
 
 def test_stats_are_every_replicas_together_worked_by_hand():
-    """Counts and counters add up; KV usage is the blocks in use over all
-    blocks ((25 + 150) / 400, not the mean of 25% and 50%) and the prefix
-    hit rate the hits over all lookups (20 / 60, not the mean of 50% and
-    0%)."""
+    """Counts and counters add up (each LoRA adapter's requests too); KV
+    usage is the blocks in use over all blocks ((25 + 150) / 400, not the
+    mean of 25% and 50%) and the prefix hit rate the hits over all lookups
+    (20 / 60, not the mean of 50% and 0%)."""
     a = EngineStats(num_running=2, num_waiting=1, num_blocks=100, num_free_blocks=75,
                     kv_usage=0.25, prefix_hit_rate=0.5, num_preemptions=1, num_steps=10,
                     num_prompt_tokens=40, num_generation_tokens=30, num_scheduled_tokens=70,
                     prefix_cache_queries=40, prefix_cache_hits=20, spec_decode_num_drafts=5,
                     spec_decode_num_draft_tokens=15, spec_decode_num_accepted_tokens=6,
-                    spec_decode_num_accepted_tokens_per_pos=[3, 2, 1])
+                    spec_decode_num_accepted_tokens_per_pos=[3, 2, 1],
+                    running_lora_adapters={"sql": 2}, waiting_lora_adapters={"chat": 1})
     b = EngineStats(num_running=1, num_waiting=0, num_blocks=300, num_free_blocks=150,
                     kv_usage=0.5, prefix_hit_rate=0.0, num_preemptions=0, num_steps=7,
                     num_prompt_tokens=20, num_generation_tokens=12, num_scheduled_tokens=32,
                     num_refused_messages=2, prefix_cache_queries=20, prefix_cache_hits=0,
                     spec_decode_num_drafts=2, spec_decode_num_draft_tokens=6,
                     spec_decode_num_accepted_tokens=4,
-                    spec_decode_num_accepted_tokens_per_pos=[2, 1, 1])
+                    spec_decode_num_accepted_tokens_per_pos=[2, 1, 1],
+                    running_lora_adapters={"chat": 1, "sql": 1})
     link = DataParallelClient([StatsLink(a), StatsLink(b)])
     total = asyncio.run(link.stats())
     assert total == EngineStats(
@@ -114,5 +116,6 @@ def test_stats_are_every_replicas_together_worked_by_hand():
         num_prompt_tokens=60, num_generation_tokens=42, num_scheduled_tokens=102,
         num_refused_messages=2, prefix_cache_queries=60, prefix_cache_hits=20,
         spec_decode_num_drafts=7, spec_decode_num_draft_tokens=21,
-        spec_decode_num_accepted_tokens=10, spec_decode_num_accepted_tokens_per_pos=[5, 3, 2])
+        spec_decode_num_accepted_tokens=10, spec_decode_num_accepted_tokens_per_pos=[5, 3, 2],
+        running_lora_adapters={"sql": 3, "chat": 1}, waiting_lora_adapters={"chat": 1})
     assert asyncio.run(link.stats_by_engine()) == [a, b]
