@@ -12,15 +12,7 @@ import transformers  # the oracle: a test dependency, never skipped
 from engine import LLM
 from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
-from tests.helpers.hf_models import save_classifier
-
-PROMPTS = [
-    [5, 17, 99, 3],
-    list(range(1, 40)),  # longer than the token budget of 16: chunked prefill
-    [42],
-    [(7 * i) % 200 + 1 for i in range(21)],
-]
-CHUNK = 16
+from tests.helpers.hf_models import POOLING_CHUNK, POOLING_PROMPTS, save_classifier
 
 
 @functools.cache
@@ -29,7 +21,7 @@ def _hf_logits(path: str) -> list[np.ndarray]:
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         path, dtype=torch.float32).eval()
     with torch.no_grad():
-        return [model(torch.tensor([p])).logits[0].double().numpy() for p in PROMPTS]
+        return [model(torch.tensor([p])).logits[0].double().numpy() for p in POOLING_PROMPTS]
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -49,9 +41,10 @@ def one_label(tmp_path_factory):
 
 def _classify(path, tp=1, params=None, **kwargs):
     with LLM(model=path, tensor_parallel_size=tp, device="cpu", block_size=16,
-             max_num_seqs=8, max_num_batched_tokens=CHUNK, **kwargs) as llm:
-        outs = llm.classify([{"prompt_token_ids": p} for p in PROMPTS], pooling_params=params)
-    assert [o.prompt_token_ids for o in outs] == PROMPTS
+             max_num_seqs=8, max_num_batched_tokens=POOLING_CHUNK, **kwargs) as llm:
+        outs = llm.classify([{"prompt_token_ids": p} for p in POOLING_PROMPTS],
+                            pooling_params=params)
+    assert [o.prompt_token_ids for o in outs] == POOLING_PROMPTS
     return [np.array(o.outputs.probs) for o in outs], outs
 
 

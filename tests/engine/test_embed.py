@@ -15,15 +15,8 @@ from engine.config import ConfigError
 from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
 from tests.helpers.devices import DEVICES, NEEDS_CUDA
-from tests.helpers.hf_models import save_spread, small_llama
+from tests.helpers.hf_models import POOLING_CHUNK, POOLING_PROMPTS, save_spread, small_llama
 
-PROMPTS = [
-    [5, 17, 99, 3],
-    list(range(1, 40)),  # longer than the token budget of 16: chunked prefill
-    [42],
-    [(7 * i) % 200 + 1 for i in range(21)],
-]
-CHUNK = 16
 # Absolute tolerance of a normalized embedding (entries about 0.1) by
 # device, float32 on both sides: on CUDA the Triton kernels and
 # transformers' cuBLAS and SDPA kernels sum in different orders.
@@ -38,7 +31,7 @@ def _hf_hidden(path: str, device: str) -> list[np.ndarray]:
     base.eval()
     with torch.no_grad():
         hidden = [base(torch.tensor([p], device=device)).last_hidden_state[0].double().cpu()
-                  .numpy() for p in PROMPTS]
+                  .numpy() for p in POOLING_PROMPTS]
     del base
     return hidden
 
@@ -59,8 +52,8 @@ def _normalized(v: np.ndarray) -> np.ndarray:
 def _embed(path, params=None, tp=1, device="cpu", **kwargs):
     with LLM(model=path, tensor_parallel_size=tp, device=device, runner="pooling",
              block_size=16, max_num_seqs=8, **kwargs) as llm:
-        outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], params)
-    assert [o.prompt_token_ids for o in outs] == PROMPTS
+        outs = llm.embed([{"prompt_token_ids": p} for p in POOLING_PROMPTS], params)
+    assert [o.prompt_token_ids for o in outs] == POOLING_PROMPTS
     return [np.array(o.outputs.embedding) for o in outs]
 
 
@@ -70,7 +63,7 @@ def _embed(path, params=None, tp=1, device="cpu", **kwargs):
 def test_last_token_pooling_matches_transformers(hf_dir, tp, device):
     # LAST (the default) over chunked prompts in one batch, L2-normalized.
     path, _ = hf_dir
-    got = _embed(path, tp=tp, device=device, max_num_batched_tokens=CHUNK)
+    got = _embed(path, tp=tp, device=device, max_num_batched_tokens=POOLING_CHUNK)
     for vec, h in zip(got, _hf_hidden(path, device), strict=True):
         assert vec.shape == (64,)
         np.testing.assert_allclose(vec, _normalized(h[-1]), atol=NORMALIZED_ATOL[device])
@@ -106,7 +99,7 @@ def test_mean_pooling_refuses_a_budget_below_the_longest_prompt(hf_dir):
 @pytest.mark.timeout(180)
 def test_normalize_off_and_matryoshka_dimensions(hf_dir, tmp_path):
     path, hidden = hf_dir
-    got = _embed(path, PoolingParams(normalize=False), max_num_batched_tokens=CHUNK)
+    got = _embed(path, PoolingParams(normalize=False), max_num_batched_tokens=POOLING_CHUNK)
     for vec, h in zip(got, hidden, strict=True):
         np.testing.assert_allclose(vec, h[-1], atol=2e-4)
     # A model that does not say it is a Matryoshka model refuses dimensions.
@@ -120,7 +113,7 @@ def test_normalize_off_and_matryoshka_dimensions(hf_dir, tmp_path):
     config["matryoshka_dimensions"] = [8, 32]
     path_obj.write_text(json.dumps(config))
     try:
-        got = _embed(path, PoolingParams(dimensions=32), max_num_batched_tokens=CHUNK)
+        got = _embed(path, PoolingParams(dimensions=32), max_num_batched_tokens=POOLING_CHUNK)
         for vec, h in zip(got, hidden, strict=True):
             np.testing.assert_allclose(vec, _normalized(h[-1][:32]), atol=2e-5)
         with LLM(model=path, device="cpu", runner="pooling", max_num_seqs=4) as llm:
@@ -151,9 +144,9 @@ def test_last_pooling_takes_prefix_cache_hits(hf_dir):
     # LAST reads only the last token, so a prompt whose first blocks are
     # cached embeds the same from the hits; MEAN takes none (vLLM's rule).
     path, hidden = hf_dir
-    prompt = {"prompt_token_ids": PROMPTS[1]}
+    prompt = {"prompt_token_ids": POOLING_PROMPTS[1]}
     with LLM(model=path, device="cpu", runner="pooling", block_size=16,
-             max_num_batched_tokens=CHUNK) as llm:
+             max_num_batched_tokens=POOLING_CHUNK) as llm:
         first, = llm.embed(prompt)
         second, = llm.embed(prompt)
         assert llm.engine.scheduler.kv.prefix_hits == 32  # two full blocks of 39 tokens

@@ -33,6 +33,18 @@ def save_spread(model, path, scale: float = 8.0) -> str:
     return str(path)
 
 
+# The prompts (token ids) the pooling tests run in one batch, and the token
+# budget per step that chunks the long ones (LAST pooling over chunked
+# prefill).
+POOLING_PROMPTS = [
+    [5, 17, 99, 3],
+    list(range(1, 40)),  # longer than POOLING_CHUNK: chunked prefill
+    [42],
+    [(7 * i) % 200 + 1 for i in range(21)],
+]
+POOLING_CHUNK = 16
+
+
 def save_embedding_llama(path, pad_token: bool = False) -> str:
     """The small random Llama that the embedding routes' tests serve (seed 5;
     320 token ids, the byte tokenizer's 259 among them; 64 positions), saved
