@@ -66,7 +66,8 @@ def from_hf_dict(hf: dict[str, Any], generation: dict[str, Any] | None = None) -
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=_eos_ids(hf.get("eos_token_id"), (generation or {}).get("eos_token_id")),
         labels=_labels(hf),
-        multi_label=hf.get("problem_type") == "multi_label_classification",
+        problem_type=_optional_text(hf, "problem_type"),
+        sentence_transformers_activation=_sentence_transformers_activation(hf),
         **_sliding(hf, arch),
     )
 
@@ -83,6 +84,24 @@ def _labels(hf: dict[str, Any]) -> tuple[str, ...]:
     if count < 1:
         raise ValueError(f"num_labels must be >= 1, got {count}")
     return tuple(names.get(i, f"LABEL_{i}") for i in range(count))
+
+
+def _sentence_transformers_activation(hf: dict[str, Any]) -> str | None:
+    """The activation a sentence-transformers cross-encoder names for its
+    logits: ``sentence_transformers.activation_fn`` where that key is there
+    (sentence-transformers 4 and later write it), else the older
+    ``sbert_ce_default_activation_function``."""
+    settings = hf.get("sentence_transformers")
+    if isinstance(settings, dict) and "activation_fn" in settings:
+        return _optional_text(settings, "activation_fn", "sentence_transformers.")
+    return _optional_text(hf, "sbert_ce_default_activation_function")
+
+
+def _optional_text(fields: dict[str, Any], key: str, prefix: str = "") -> str | None:
+    value = fields.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{prefix}{key} must be a string, got {value!r}")
+    return value
 
 
 def _load(path: str, required: bool) -> dict[str, Any]:

@@ -1,23 +1,51 @@
-"""The classification head the engine applies to a classifier's logits
-(vLLM's "classify" task), and the request parameters it reads.
+"""The head the engine applies to a classifier's logits (vLLM's
+"classify" task, which a cross-encoder's pair scores run too), and the
+request parameters it reads.
 
 The runner sends each request's ``num_labels`` float32 logits (the pooled
 last token through the checkpoint's score weight, on the device). With
-``use_activation`` on (the default) they become probabilities as vLLM's
-classifier pooler makes them: softmax over the labels where there are two
-or more, the sigmoid of the one logit where there is one (a single-label
-classifier's score, e.g. a cross-encoder's), and each logit's sigmoid
-for a multi-label classifier (config.json's ``problem_type``
-"multi_label_classification", whose labels are independent yes/no
-answers); off, the raw logits.
+``use_activation`` on (the default) they pass through the classifier's
+activation, as vLLM's classifier pooler chooses it; off, the raw logits.
+An activation is one of these names:
+
+- ``CLASSIFY``: softmax over the labels where there are two or more, the
+  sigmoid of the one logit where there is one (vLLM's default);
+- ``MULTI_LABEL``: each logit's sigmoid (labels that are independent
+  yes/no answers);
+- ``IDENTITY``: the logits as they are (a regression head's values);
+- the qualified name of another ``torch.nn.modules`` class, built with no
+  arguments and applied to the ``[1, num_labels]`` float32 logits (e.g.
+  ``torch.nn.modules.activation.Tanh``).
+
+``classifier_activation`` reads it from config.json as vLLM does, the
+first that says: its ``problem_type`` (as transformers' sequence
+classification loss reads it: "regression" is ``IDENTITY``,
+"single_label_classification" ``CLASSIFY``, "multi_label_classification"
+``MULTI_LABEL``); else the activation a sentence-transformers
+cross-encoder saved (Identity is ``IDENTITY``, Sigmoid and Softmax are
+``CLASSIFY``, another class is applied as it is; only ``torch.nn.modules``
+classes are loaded, as vLLM restricts them); else ``CLASSIFY``.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
 
 from engine.pooling_params import PoolingParams, check_task_parameters
+
+CLASSIFY = "classify"
+MULTI_LABEL = "multi_label"
+IDENTITY = "identity"
+# transformers' problem types, by the activation each takes.
+_PROBLEM_TYPES = {"regression": IDENTITY, "single_label_classification": CLASSIFY,
+                  "multi_label_classification": MULTI_LABEL}
+# The only package whose classes a config.json may name as an activation.
+_TORCH_MODULES = "torch.nn.modules."
 
 
 def resolved_classify_params(params: PoolingParams,
@@ -32,16 +60,78 @@ def resolved_classify_params(params: PoolingParams,
     return params
 
 
-def probabilities_of(logits: bytes, params: PoolingParams, multi_label: bool = False) -> bytes:
+def classifier_activation(problem_type: str | None, function_name: str | None) -> str:
+    """The activation of a classifier whose config.json gives
+    ``problem_type`` and names the sentence-transformers activation
+    ``function_name`` (None: not given). A ``ValueError`` for a function
+    outside ``torch.nn.modules`` or one that does not build with no
+    arguments into a module."""
+    if problem_type in _PROBLEM_TYPES:
+        return _PROBLEM_TYPES[problem_type]
+    if function_name is None:
+        return CLASSIFY
+    module = _torch_module(function_name)
+    from torch import nn
+
+    if isinstance(module, nn.Identity):
+        return IDENTITY
+    if isinstance(module, (nn.Sigmoid, nn.Softmax)):
+        return CLASSIFY
+    return function_name
+
+
+def _torch_module(function_name: str):
+    """An instance of the ``torch.nn.modules`` class ``function_name`` names."""
+    if not function_name.startswith(_TORCH_MODULES):
+        raise ValueError(f"activation function {function_name!r}: only classes of "
+                         f"torch.nn.modules are loaded")
+    from torch import nn
+
+    module_name, _, class_name = function_name.rpartition(".")
+    try:
+        module = getattr(importlib.import_module(module_name), class_name)()
+    except (ImportError, AttributeError, TypeError) as e:
+        raise ValueError(f"activation function {function_name!r} cannot be built: {e}") from None
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"activation function {function_name!r} is not a torch module")
+    return module
+
+
+@functools.cache
+def activation_fn(activation: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The function of an activation name (the module's list): float64
+    logits in, float64 values out, one request's."""
+    if activation == IDENTITY:
+        return lambda values: values
+    if activation == MULTI_LABEL:
+        return _sigmoid
+    if activation == CLASSIFY:
+        return lambda values: _sigmoid(values) if values.size == 1 else _softmax(values)
+    module = _torch_module(activation)
+
+    def apply(values: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            out = module(torch.from_numpy(values.astype(np.float32)).unsqueeze(0))
+        return out.squeeze(0).double().numpy()
+    return apply
+
+
+def _sigmoid(values: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-values))
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    values = np.exp(values - values.max())
+    return values / values.sum()
+
+
+def probabilities_of(logits: bytes, params: PoolingParams, activation: str = CLASSIFY) -> bytes:
     """The request's output from the runner's logits (float32 little-endian
-    bytes): activated as the module says where ``params.use_activation``
-    (``multi_label``: each label's sigmoid); float32 little-endian bytes
-    again."""
+    bytes): through ``activation`` (the classifier's activation's name)
+    where ``params.use_activation``; float32 little-endian bytes again."""
     values = np.frombuffer(logits, dtype="<f4").astype(np.float64)
     if params.use_activation:
-        if values.size == 1 or multi_label:
-            values = 1.0 / (1.0 + np.exp(-values))
-        else:
-            values = np.exp(values - values.max())
-            values = values / values.sum()
+        values = activation_fn(activation)(values)
     return values.astype("<f4").tobytes()

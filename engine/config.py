@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 
 import msgspec
 
+from engine.classify_head import CLASSIFY, classifier_activation
 from engine.pooler_config import CONVERTS, RUNNERS, PoolerSettings, resolve_pooler
 from engine.reasoning import REASONING_PARSERS
 from ipc.config import (
@@ -307,7 +308,8 @@ class EngineConfig:
         """Every rule the model decides for these arguments: a
         ``kv_cache_dtype`` that names the dtype the cache is kept in,
         ``_check_pooling``'s rules where the checkpoint makes a pooling
-        model (a sequence classifier under runner "auto"), and
+        model (a sequence classifier under runner "auto"), a classifier's
+        activation that loads (``classifier_activation``), and
         ``check_shapes``."""
         dtype = self.resolved_dtype(model)
         if self.kv_cache_dtype not in ("auto", dtype):
@@ -318,6 +320,8 @@ class EngineConfig:
         pooler = self.pooler_for(model)
         if pooler is not None:
             _check_pooling(self, pooler)
+        if pooler is not None and pooler.task == "classify":
+            self.classifier_activation(model)
         if pooler is not None and pooler.whole_prompts:
             tokens, length = self.max_num_batched_tokens_for(model), self.resolved_max_model_len(model)
             if tokens < length:
@@ -578,6 +582,8 @@ class EngineConfig:
         length = self.max_model_len_for(model, num_blocks)
         pooler = self.pooler_for(model)
         whole_prompts = pooler is not None and pooler.whole_prompts
+        activation = (self.classifier_activation(model)
+                      if pooler is not None and pooler.task == "classify" else CLASSIFY)
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens_for(model),
@@ -594,8 +600,20 @@ class EngineConfig:
             pooled_size=(0 if pooler is None else model.num_labels if pooler.task == "classify"
                          else model.hidden_size),
             max_loras=self.max_loras if self.enable_lora else 0,
-            multi_label=model.multi_label,
+            classifier_activation=activation,
         )
+
+    def classifier_activation(self, model: ModelConfig) -> str:
+        """The activation of ``model``'s classifications and cross-encoder
+        scores (``engine.classify_head.classifier_activation``, from
+        config.json's ``problem_type`` and sentence-transformers
+        activation); a ``ConfigError`` where that activation cannot be
+        loaded."""
+        try:
+            return classifier_activation(model.problem_type,
+                                         model.sentence_transformers_activation)
+        except ValueError as e:
+            raise ConfigError(f"{self.model}: {e}") from None
 
 
 _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",

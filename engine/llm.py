@@ -339,8 +339,9 @@ class LLM:
                                lora_request: LoRARequest | None) -> list[ScoringRequestOutput]:
         """``score`` on a classifier of one label (a cross-encoder,
         ``engine.scoring``): each pair's two texts as one prompt
-        (``Tokenizer.encode_pair``), classified; its score the one
-        probability. Texts only, as vLLM takes them."""
+        (``Tokenizer.encode_pair``), classified; its score the one logit
+        through the classifier's activation (``engine.classify_head``).
+        Texts only, as vLLM takes them."""
         check_cross_encoder(self.engine.model_config.num_labels)
         for side, name in ((firsts, "data_1"), (seconds, "data_2")):
             if not all(isinstance(p, str) for p in side):

@@ -14,9 +14,10 @@ The task is vLLM's too: "embed" serves embeddings; "classify"
 ``LlamaForSequenceClassification``, under runner "auto" or "pooling")
 serves class probabilities (``LLM.classify``, HTTP ``/classify``): the
 last token's hidden state through the checkpoint's ``score.weight``, then
-softmax over the labels (sigmoid for one label) unless ``use_activation``
-is off. ``use_activation`` in ``pooler_config`` is the default of requests
-that leave theirs unset.
+the classifier's activation (``engine.classify_head``: softmax over the
+labels, or the sigmoid for one label, unless config.json names another)
+unless ``use_activation`` is off. ``use_activation`` in ``pooler_config``
+is the default of requests that leave theirs unset.
 """
 
 from __future__ import annotations

@@ -42,9 +42,13 @@ class EmbeddingRequestOutput:
 
 @dataclass
 class ClassificationOutput:
-    """One prompt's class probabilities, one per label in label order
-    (softmax over the labels; the sigmoid of a single label's logit; the raw
-    logits where the request turned ``use_activation`` off)."""
+    """One prompt's class probabilities, one per label in label order: the
+    logits through the classifier's activation (``engine.classify_head``:
+    softmax over the labels, the sigmoid of a single label's logit, each
+    label's sigmoid for a multi-label classifier, the logits themselves
+    for a regression head, or the one a sentence-transformers config
+    names), or the raw logits where the request turned ``use_activation``
+    off."""
 
     probs: list[float]
 

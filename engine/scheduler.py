@@ -636,12 +636,13 @@ class Scheduler:
     def _finish_pooled(self, request: Request, pooled: bytes) -> RequestOutputDelta:
         """A pooling request whose prompt has run: its embedding or class
         probabilities (the request's head over the runner's vector,
-        ``embedding_of`` or ``probabilities_of`` by its task), and it
-        finishes "stop" with its blocks freed, as vLLM finishes it."""
+        ``embedding_of`` or ``probabilities_of`` with the classifier's
+        activation, by its task), and it finishes "stop" with its blocks
+        freed, as vLLM finishes it."""
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         params = request.pooling_params
         if params.task == "classify":
-            output = probabilities_of(pooled, params, self.config.multi_label)
+            output = probabilities_of(pooled, params, self.config.classifier_activation)
         else:
             output = embedding_of(pooled, params)
         return RequestOutputDelta(request.req_id, [], True, request.finish_reason,

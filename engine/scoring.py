@@ -12,8 +12,10 @@ tokenizer's padding token where it has one, then the second text's, so a
 
 A classifier of one label is a cross-encoder, as vLLM scores with one: a
 pair is one prompt, the tokenizer's pair encoding of its two texts
-(``Tokenizer.encode_pair``), classified; its score is the sigmoid of the
-one logit, and it counts that prompt's tokens. ``truncate_prompt_tokens``
+(``Tokenizer.encode_pair``), classified; its score is the one logit
+through the classifier's activation (the sigmoid, unless config.json
+names another: ``engine.classify_head``), and it counts that prompt's
+tokens. ``truncate_prompt_tokens``
 cuts such a pair as the tokenizer cuts one (``pair_max_length``), never
 the query's start. A classifier of more labels scores nothing
 (``check_cross_encoder``, vLLM's message).

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 @dataclass
 class ScoringOutput:
-    """One pair's score: the cosine similarity of its two embeddings, in
-    [-1, 1]."""
+    """One pair's score: an embedding model's, the cosine similarity of its
+    two embeddings, in [-1, 1]; a cross-encoder's, its one logit through
+    the classifier's activation (``engine.classify_head``)."""
 
     score: float
 

@@ -155,8 +155,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``num_labels`` for the "classify" task), for a pooling engine (``RunnerConfig.pooling_type`` set); 0 for a generating
     one, whose outputs report none. ``max_loras``: adapter slots on the
     workers (0: LoRA off), so at most that many distinct adapters run at
-    once. ``multi_label``: a classifier's probabilities are each label's
-    sigmoid (``ModelConfig.multi_label``), not a softmax over them."""
+    once. ``classifier_activation``: the activation a classifier's outputs
+    take (``engine.classify_head``'s names)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -173,7 +173,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     vocab_size: int
     pooled_size: int
     max_loras: int = 0
-    multi_label: bool = False
+    classifier_activation: str = "classify"
 
 
 # The values a ``ControlCall`` argument may take: a union msgspec decodes

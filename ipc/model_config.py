@@ -65,10 +65,15 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``labels``: a classifier's label names by index (config.json's
     ``id2label``, else transformers' ``LABEL_<i>``), ``num_labels`` of them (config.json's,
     Hugging Face's default 2 where it gives neither); a classify engine's
-    score head has one row per label. ``multi_label``: config.json's
-    ``problem_type`` is "multi_label_classification" (each label its own
-    yes/no, so each probability is its logit's sigmoid, as vLLM and
-    transformers' loss read it).
+    score head has one row per label. ``problem_type``: config.json's
+    (transformers' "regression", "single_label_classification" or
+    "multi_label_classification"; None where it gives none), which chooses
+    a classifier's activation. ``sentence_transformers_activation``: the
+    qualified name of the torch module a sentence-transformers
+    cross-encoder applies to its logits (config.json's
+    ``sentence_transformers.activation_fn``, else its
+    ``sbert_ce_default_activation_function``; None where it names none),
+    the activation where ``problem_type`` names none.
     """
 
     architecture: str
@@ -93,7 +98,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     sliding_window: int | None
     sliding_layers: tuple[int, ...]
     labels: tuple[str, ...] = ("LABEL_0", "LABEL_1")
-    multi_label: bool = False
+    problem_type: str | None = None
+    sentence_transformers_activation: str | None = None
 
     @property
     def num_labels(self) -> int:

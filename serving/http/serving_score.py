@@ -17,8 +17,9 @@ text the engine refuses (too long) is a 400 and nothing of the request
 keeps running. A ``model`` that names a LoRA module scores with it.
 ``pair_scores`` is the scoring both this route and /rerank run. On a
 classifier of one label (a cross-encoder, ``engine.scoring``) a pair is one
-prompt, the tokenizer's pair encoding of its texts, and its score the
-classifier's probability; a classifier of more labels is a 400.
+prompt, the tokenizer's pair encoding of its texts, and its score the one
+logit through the classifier's activation (``engine.classify_head``); a
+classifier of more labels is a 400.
 """
 
 from __future__ import annotations

@@ -83,15 +83,22 @@ def test_pooler_config_turns_activation_off_and_embedding_parameters_are_refused
             llm.generate("hello")
 
 
-def _hf_pair_scores(path: str, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list]:
+def _hf_pair_logits(path: str, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list]:
     """transformers' pair encoding of each pair (the fast tokenizer of the
-    checkpoint's tokenizer.json) and the sigmoid of its one logit."""
+    checkpoint's tokenizer.json) and its one logit."""
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{path}/tokenizer.json")
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         path, dtype=torch.float32).eval()
     ids = [tokenizer(text=a, text_pair=b)["input_ids"] for a, b in pairs]
     with torch.no_grad():
         logits = [model(torch.tensor([i])).logits[0, 0].item() for i in ids]
+    return ids, logits
+
+
+def _hf_pair_scores(path: str, pairs: list[tuple[str, str]]) -> tuple[list[list[int]], list]:
+    """``_hf_pair_logits`` with the sigmoid of each logit (a cross-encoder's
+    default activation)."""
+    ids, logits = _hf_pair_logits(path, pairs)
     return ids, [1 / (1 + np.exp(-x)) for x in logits]
 
 
@@ -123,6 +130,81 @@ def test_multi_label_classifier_takes_each_labels_sigmoid(tmp_path):
     got, _ = _classify(path)
     for probs, logits in zip(got, _hf_logits(path), strict=True):
         np.testing.assert_allclose(probs, 1 / (1 + np.exp(-logits)), atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_regression_head_answers_its_values_for_classifications_and_scores(tmp_path):
+    # problem_type "regression": each label is a value (transformers trains
+    # it with MSE), so a classification answers the logits as they are, and
+    # a cross-encoder's pair score is its one logit (vLLM's classifier
+    # activation, which its scores take too).
+    three = save_classifier(tmp_path / "three", num_labels=3, problem_type="regression")
+    got, _ = _classify(three)
+    for values, logits in zip(got, _hf_logits(three), strict=True):
+        np.testing.assert_allclose(values, logits, atol=2e-4)
+    one = save_classifier(tmp_path / "one", num_labels=1, problem_type="regression")
+    query, documents = "what is a cat", ["a cat is an animal", "the sky is blue today"]
+    _, want = _hf_pair_logits(one, [(query, d) for d in documents])
+    with LLM(model=one, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        values = llm.classify([{"prompt_token_ids": p} for p in POOLING_PROMPTS])
+        scores = llm.score(query, documents)
+    for out, logits in zip(values, _hf_logits(one), strict=True):
+        np.testing.assert_allclose(out.outputs.probs, logits, atol=2e-4)
+    np.testing.assert_allclose([o.outputs.score for o in scores], want, atol=2e-4)
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-np.asarray(x)))
+
+
+def _identity(x):
+    return np.asarray(x)
+
+
+ST_IDENTITY = "torch.nn.modules.linear.Identity"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fields, activation", [
+    # sentence-transformers 4 and later write the activation here.
+    ({"sentence_transformers": {"activation_fn": ST_IDENTITY, "version": "4.1.0"}}, _identity),
+    # Older versions wrote this key; any torch.nn.modules class applies.
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"}, np.tanh),
+    # Where both are there, the newer key wins.
+    ({"sentence_transformers": {"activation_fn": ST_IDENTITY},
+      "sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"},
+     _identity),
+    # problem_type, where config.json gives one, wins over both.
+    ({"problem_type": "multi_label_classification",
+      "sbert_ce_default_activation_function": ST_IDENTITY}, _sigmoid),
+])
+def test_cross_encoder_takes_its_sentence_transformers_activation(tmp_path, fields, activation):
+    path = save_classifier(tmp_path, num_labels=1, **fields)
+    query, documents = "what is a cat", ["a cat is an animal", "the sky is blue today"]
+    ids, logits = _hf_pair_logits(path, [(query, d) for d in documents])
+    with LLM(model=path, device="cpu", block_size=16, max_num_seqs=8) as llm:
+        scores = llm.score(query, documents)
+        raw = llm.score(query, documents, pooling_params=PoolingParams(use_activation=False))
+        classified = llm.classify([{"prompt_token_ids": i} for i in ids])
+    assert [o.prompt_token_ids for o in scores] == ids
+    np.testing.assert_allclose([o.outputs.score for o in scores], activation(logits), atol=2e-5)
+    np.testing.assert_allclose([o.outputs.score for o in raw], logits, atol=2e-4)
+    # A classification of the same prompt is the same activated logit.
+    np.testing.assert_allclose([o.outputs.probs[0] for o in classified], activation(logits),
+                               atol=2e-5)
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("os.system", "only classes of torch.nn.modules are loaded"),
+    ("torch.nn.modules.linear.Linear", "cannot be built"),
+    ("torch.nn.modules.activation.NoSuchThing", "cannot be built"),
+])
+def test_cross_encoder_activation_outside_torch_modules_is_refused(tmp_path, name, reason):
+    from engine.config import ConfigError
+
+    path = save_classifier(tmp_path, num_labels=1, sbert_ce_default_activation_function=name)
+    with pytest.raises(ConfigError, match=reason):
+        LLM(model=path, device="cpu")
 
 
 @pytest.mark.timeout(180)

@@ -118,13 +118,13 @@ def save_sentencepiece_style(path) -> str:
     return str(path)
 
 
-def save_classifier(path, num_labels: int, seed: int = 11,
-                    problem_type: str | None = None) -> str:
+def save_classifier(path, num_labels: int, seed: int = 11, **config_fields) -> str:
     """A random float32 HF ``LlamaForSequenceClassification`` (two layers,
     hidden size 64, GQA, 320 token ids, 64 positions) with ``num_labels``
-    labels named ``id2label`` "label-<i>" (and config.json's
-    ``problem_type`` where given), saved with the byte tokenizer under
-    ``path``; the path as text."""
+    labels named ``id2label`` "label-<i>" (and ``config_fields`` in its
+    config.json, e.g. ``problem_type`` or a sentence-transformers
+    activation), saved with the byte tokenizer under ``path``; the path as
+    text."""
     import transformers
 
     from checkpoint.tiny_model import build_tokenizer
@@ -134,7 +134,7 @@ def save_classifier(path, num_labels: int, seed: int = 11,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=0, eos_token_id=319,
         num_labels=num_labels, id2label={i: f"label-{i}" for i in range(num_labels)},
-        problem_type=problem_type)
+        **config_fields)
     torch.manual_seed(seed)
     model = transformers.LlamaForSequenceClassification(config).eval()
     with torch.no_grad():  # logits well apart from zero (HF inits the head small)

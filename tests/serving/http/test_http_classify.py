@@ -117,11 +117,11 @@ def cross_encoder(tmp_path_factory):
         yield served
 
 
-def _hf_pair_scores(model: str, pairs: list[tuple[str, str]],
-                    max_length: int | None = None) -> tuple[list[int], list[float]]:
-    """transformers' pair encoding's token counts and the sigmoid of the
-    one logit, pair by pair (cut to ``max_length`` by the tokenizer where
-    given)."""
+def _hf_pair_scores(model: str, pairs: list[tuple[str, str]], max_length: int | None = None,
+                    activation=lambda x: 1 / (1 + np.exp(-x))) -> tuple[list[int], list[float]]:
+    """transformers' pair encoding's token counts and the one logit through
+    ``activation`` (the sigmoid unless given), pair by pair (cut to
+    ``max_length`` by the tokenizer where given)."""
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{model}/tokenizer.json")
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(
         model, dtype=torch.float32).eval()
@@ -132,7 +132,7 @@ def _hf_pair_scores(model: str, pairs: list[tuple[str, str]],
         with torch.no_grad():
             logit = hf(torch.tensor([ids])).logits[0, 0].item()
         counts.append(len(ids))
-        scores.append(1 / (1 + np.exp(-logit)))
+        scores.append(activation(logit))
     return counts, scores
 
 
@@ -178,6 +178,34 @@ def test_cross_encoder_truncates_each_pair_as_the_tokenizer_does(cross_encoder):
             scores = [r["relevance_score"]
                       for r in sorted(got["results"], key=lambda r: r["index"])]
         np.testing.assert_allclose(scores, want, atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_cross_encoder_takes_its_sentence_transformers_activation(tmp_path):
+    # config.json names Tanh (sentence-transformers' key): /score, /rerank
+    # and /classify answer the logit's tanh.
+    model = save_classifier(tmp_path / "model", num_labels=1, sentence_transformers={
+        "activation_fn": "torch.nn.modules.activation.Tanh", "version": "4.1.0"})
+    query, documents = "what is a cat", ["the sky is blue today", "a cat is an animal"]
+    _, want = _hf_pair_scores(model, [(query, d) for d in documents], activation=np.tanh)
+    with serving_model(tmp_path, model, "--nproc-per-node", "1", "serve",
+                       "--model", model, "--device", "cpu", "--block-size", "16",
+                       "--disable-log-stats") as served:
+        score = httpx.post(f"{served.url}/score",
+                           json={"model": model, "text_1": query, "text_2": documents}).json()
+        rerank = httpx.post(f"{served.url}/rerank",
+                            json={"model": model, "query": query, "documents": documents}).json()
+        probs = httpx.post(f"{served.url}/classify",
+                           json={"model": model, "input": [IDS[0]]}).json()["data"][0]["probs"]
+    np.testing.assert_allclose([d["score"] for d in score["data"]], want, atol=2e-5)
+    np.testing.assert_allclose(
+        [r["relevance_score"] for r in sorted(rerank["results"], key=lambda r: r["index"])],
+        want, atol=2e-5)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logit = hf(torch.tensor([IDS[0]])).logits[0, 0].item()
+    np.testing.assert_allclose(probs, [np.tanh(logit)], atol=2e-5)
 
 
 @pytest.mark.timeout(60)
