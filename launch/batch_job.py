@@ -296,7 +296,7 @@ def run_batch_job(config, files: BatchFiles, served_names: list[str],
     # engine's batch in flight) or done and waiting for an earlier one.
     batch = BatchThread(app, files, window=4 * config.max_num_seqs, on_finish=server.stop,
                         metrics_address=metrics_address,
-                        model_urls=model_urls(options["pooling"]))
+                        model_urls=model_urls(options["pooling"], options["pooling_task"]))
 
     def stop(signum, _frame) -> None:
         stop_signals.note(signum)

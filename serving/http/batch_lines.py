@@ -18,14 +18,16 @@ its ``BatchRequestOutput``:
   request): status 400, ``body`` null, ``error`` a message (a string).
 
 The urls are vLLM's (chat, embeddings, score at ``/score`` and
-``/v1/score``, rerank at ``/rerank``, ``/v1/rerank`` and ``/v2/rerank``)
-and OpenAI's ``/v1/completions``; each line's body is the request of its
-url's route. A generating model answers the generation urls, a pooling
-model (``--runner pooling``) the embeddings, score and rerank urls; a line
-naming one of the others gets vLLM's "The model does not support ... API"
-error (Chat Completions, Completions, Embeddings, Scores, Rerank), as vLLM
-answers a line whose url's API the model lacks (the app would answer 404:
-the route is not registered for the model).
+``/v1/score``, rerank at ``/rerank``, ``/v1/rerank`` and ``/v2/rerank``),
+OpenAI's ``/v1/completions`` and the classification route ``/classify``
+(vLLM serves it at that path only); each line's body is the request of its
+url's route. A generating model answers the generation urls, an embedding
+model (``--runner pooling``) the embeddings, score and rerank urls, a
+classifier the classification, score and rerank urls (``model_urls``); a
+line naming one of the others gets vLLM's "The model does not support ...
+API" error (Chat Completions, Completions, Embeddings, Scores, Rerank,
+Classification), as vLLM answers a line whose url's API the model lacks
+(the app would answer 404: the route is not registered for the model).
 
 ``id`` and ``request_id`` are fresh random ids (vLLM's ``vllm-`` prefixes
 spelled ``tprun-``). A line that is not a batch request has its own
@@ -51,14 +53,16 @@ from serving.http.json_body import read_json
 
 # The urls a batch line may name, each with its API's name in vLLM's error
 # for a model that does not serve it: vLLM's (chat, embeddings, score and
-# rerank, each of these two under the paths the app serves it at) and the
-# other one of OpenAI's batch format that tprun serves.
+# rerank, each of these two under the paths the app serves it at), the
+# other one of OpenAI's batch format that tprun serves, and classification.
 BATCH_URLS = {"/v1/chat/completions": "Chat Completions", "/v1/completions": "Completions",
               "/v1/embeddings": "Embeddings", "/score": "Scores", "/v1/score": "Scores",
-              "/rerank": "Rerank", "/v1/rerank": "Rerank", "/v2/rerank": "Rerank"}
+              "/rerank": "Rerank", "/v1/rerank": "Rerank", "/v2/rerank": "Rerank",
+              "/classify": "Classification"}
 GENERATION_URLS = ("/v1/chat/completions", "/v1/completions")
-POOLING_URLS = ("/v1/embeddings", "/score", "/v1/score", "/rerank", "/v1/rerank",
-                "/v2/rerank")
+# Both pooling tasks score pairs: by embeddings, or as a cross-encoder.
+SCORE_URLS = ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+POOLING_URLS = {"embed": ("/v1/embeddings", *SCORE_URLS), "classify": ("/classify", *SCORE_URLS)}
 
 STREAM_REFUSED = "Request must not be sent in stream mode"
 
@@ -110,11 +114,12 @@ def read_line(raw: bytes) -> BatchRequest:
     return BatchRequest(custom_id, line["method"], line["url"], line["body"])
 
 
-def model_urls(pooling: bool) -> tuple[str, ...]:
-    """The urls a model answers: a pooling model's the embeddings, score and
-    rerank urls, a generating model's the generation urls (as the app
-    registers routes: ``app.EMBEDDING_ROUTES``, ``app.GENERATION_ROUTES``)."""
-    return POOLING_URLS if pooling else GENERATION_URLS
+def model_urls(pooling: bool, pooling_task: str = "embed") -> tuple[str, ...]:
+    """The urls a model answers, as the app registers its routes: a
+    generating model's the generation urls; a pooling model's, by its task,
+    the embeddings or the classification url, and the score and rerank
+    urls."""
+    return POOLING_URLS[pooling_task] if pooling else GENERATION_URLS
 
 
 def unserved_url(url: str) -> str:

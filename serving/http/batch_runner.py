@@ -5,10 +5,11 @@ order (``batch_lines`` gives both formats).
 Every request gets the answer the HTTP server gives it: the same app, its
 routes and error rule, on an engine started as ``serve`` starts it. A
 line whose url the model does not answer (chat on a pooling model,
-embeddings, score or rerank on a generating one) gets vLLM's error line
-in place of the server's 404. Lines run concurrently, so the engine batches them. Blank lines are skipped (as
-vLLM skips them); every other line gets exactly one output line, in its
-place, whatever happens to the others.
+embeddings, score or rerank on a generating one, classification on one
+that does not classify) gets vLLM's error line in place of the server's
+404. Lines run concurrently, so the engine batches them. Blank lines are
+skipped (as vLLM skips them); every other line gets exactly one output
+line, in its place, whatever happens to the others.
 
 An engine that stops under the run (a worker failed) ends it: the first
 request answered 503 (``errors.error_answer``'s status for a stopped

@@ -103,7 +103,7 @@ def test_generation_lines_get_vllms_error_and_the_rest_are_answered(batch):
     assert answers["audio"]["error"] == (
         "URL /v1/audio/transcriptions was used. Supported endpoints: /v1/chat/completions, "
         "/v1/completions, /v1/embeddings, /score, /v1/score, /rerank, /v1/rerank, "
-        "/v2/rerank.")
+        "/v2/rerank, /classify.")
     assert answers["audio"]["response"]["status_code"] == 400
     assert "8 lines written" in result.stderr
     assert "(4 answered with status 200)" in result.stderr

@@ -39,6 +39,7 @@ POOLING_LINES = [
     ("rerank-v2", "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS[:3]}),
     ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
     ("score-v2", "/v2/score", {"text_1": QUERY, "text_2": QUERY}),
+    ("classify", "/classify", {"input": QUERY}),  # an embedding model does not classify
 ]
 GENERATING_LINES = [
     ("score", "/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS}),
@@ -46,9 +47,10 @@ GENERATING_LINES = [
     ("completion", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
     ("rerank-v2", "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS}),
     ("embed", "/v1/embeddings", {"input": QUERY}),
+    ("classify", "/classify", {"input": QUERY}),
 ]
 SUPPORTED = ("Supported endpoints: /v1/chat/completions, /v1/completions, /v1/embeddings, "
-             "/score, /v1/score, /rerank, /v1/rerank, /v2/rerank.")
+             "/score, /v1/score, /rerank, /v1/rerank, /v2/rerank, /classify.")
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +158,9 @@ def test_failing_lines_get_their_error_and_the_batch_goes_on(pooling):
         if param is not None:
             assert output["error"]["error"]["param"] == param
     assert answers["chat"]["error"] == "The model does not support Chat Completions API"
+    assert answers["classify"]["error"] == "The model does not support Classification API"
     assert answers["score-v2"]["error"] == f"URL /v2/score was used. {SUPPORTED}"
-    for custom_id in ("chat", "score-v2"):
+    for custom_id in ("chat", "classify", "score-v2"):
         assert answers[custom_id]["response"]["status_code"] == 400
         assert answers[custom_id]["response"]["body"] is None
     assert f"{len(POOLING_LINES)} lines written" in result.stderr
@@ -169,7 +172,7 @@ def test_a_generating_model_answers_score_and_rerank_lines_with_vllms_error(gene
     result, answers = generating
     assert result.returncode == 0, result.stderr
     for custom_id, api in (("score", "Scores"), ("rerank", "Rerank"), ("rerank-v2", "Rerank"),
-                           ("embed", "Embeddings")):
+                           ("embed", "Embeddings"), ("classify", "Classification")):
         output = answers[custom_id]
         assert output["error"] == f"The model does not support {api} API"
         assert output["response"]["status_code"] == 400

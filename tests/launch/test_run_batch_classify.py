@@ -1,0 +1,119 @@
+"""``tprun run-batch`` on a sequence classifier: /classify lines answered
+with the route's answer, each probability transformers' logits of the same
+checkpoint through softmax and each label its id2label name of the most
+probable class; a body the route refuses, or a score line on a classifier
+of more than one label, is the route's 400 error body; an embeddings or a
+chat line gets vLLM's "The model does not support ... API" line, and
+/v1/classify (a path vLLM does not serve) vLLM's "Supported endpoints"
+line, while every other line is answered."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers  # the oracle: a test dependency, never skipped
+
+from tests.helpers.hf_models import save_classifier
+from tests.helpers.proc_utils import run_tprun
+
+TEXT = "a text to classify"
+IDS = [[5, 17, 99, 3], list(range(1, 40))]
+
+# (custom_id, url, body)
+LINES = [
+    ("text", "/classify", {"input": TEXT}),
+    ("embed", "/v1/embeddings", {"input": TEXT}),
+    ("ids", "/classify", {"input": IDS}),
+    ("score", "/score", {"text_1": "a", "text_2": "b"}),
+    ("empty", "/classify", {"input": ""}),
+    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+    ("v1", "/v1/classify", {"input": TEXT}),
+    ("raw", "/classify", {"input": [IDS[0]], "use_activation": False}),
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, model):
+    """(the run's result, its output lines by custom_id, in the file's order)."""
+    folder = tmp_path_factory.mktemp("run-batch-classify")
+    source, target = folder / "in.jsonl", folder / "out.jsonl"
+    source.write_text("".join(
+        json.dumps({"custom_id": c, "method": "POST", "url": url,
+                    "body": {"model": model, **body}}) + "\n" for c, url, body in LINES))
+    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
+                                   "--model", model, "--device", "cpu",
+                                   "--max-num-batched-tokens", "16", "--block-size", "16"],
+                                  timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
+    assert leftovers == [], result.stderr
+    outputs = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [o["custom_id"] for o in outputs] == [c for c, _, _ in LINES]
+    return result, {o["custom_id"]: o for o in outputs}
+
+
+def _hf_logits(model: str, ids: list[int]) -> np.ndarray:
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+        model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].double().numpy()
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def _answer(output: dict) -> dict:
+    assert output["error"] is None, output["error"]
+    assert output["response"]["status_code"] == 200
+    return output["response"]["body"]
+
+
+@pytest.mark.timeout(300)
+def test_classify_lines_match_transformers(batch, model):
+    _, answers = batch
+    text_ids = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=f"{model}/tokenizer.json")(TEXT)["input_ids"]
+    for custom_id, inputs in (("text", [text_ids]), ("ids", IDS)):
+        body = _answer(answers[custom_id])
+        assert body["object"] == "list" and body["model"] == model
+        assert body["id"].startswith("classify-")
+        assert body["usage"]["prompt_tokens"] == sum(map(len, inputs))
+        assert [d["index"] for d in body["data"]] == list(range(len(inputs)))
+        for ids, item in zip(inputs, body["data"], strict=True):
+            want = _softmax(_hf_logits(model, ids))
+            np.testing.assert_allclose(item["probs"], want, atol=2e-5)
+            assert item["num_classes"] == 3
+            assert item["label"] == f"label-{int(np.argmax(want))}"
+    raw = _answer(answers["raw"])["data"][0]["probs"]
+    np.testing.assert_allclose(raw, _hf_logits(model, IDS[0]), atol=2e-4)
+
+
+@pytest.mark.timeout(300)
+def test_lines_a_classifier_does_not_answer_get_their_error(batch):
+    result, answers = batch
+    assert result.returncode == 0, result.stderr
+    for custom_id, param in (("empty", "input"), ("score", None)):
+        output = answers[custom_id]  # the route's refusal, its OpenAI error body
+        assert output["response"]["status_code"] == 400, output
+        assert output["response"]["body"] is None
+        assert output["error"]["error"]["type"] == "invalid_request_error"
+        if param is not None:
+            assert output["error"]["error"]["param"] == param
+    assert answers["score"]["error"]["error"]["message"] == (
+        "Score API is only enabled for num_labels == 1.")
+    assert answers["embed"]["error"] == "The model does not support Embeddings API"
+    assert answers["chat"]["error"] == "The model does not support Chat Completions API"
+    assert answers["v1"]["error"].startswith("URL /v1/classify was used. Supported endpoints: ")
+    for custom_id in ("embed", "chat", "v1"):
+        assert answers[custom_id]["response"]["status_code"] == 400
+        assert answers[custom_id]["response"]["body"] is None
+    assert f"{len(LINES)} lines written" in result.stderr
+    assert "(3 answered with status 200)" in result.stderr
