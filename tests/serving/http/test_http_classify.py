@@ -8,12 +8,15 @@ as vLLM registers each task's routes only."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
 import torch
 import transformers  # the oracle: a test dependency, never skipped
 
+from checkpoint.tiny_model import CHAT_TEMPLATE
 from tests.helpers.hf_models import save_classifier
 from tests.helpers.http_utils import recording_app, serving_model
 
@@ -22,7 +25,13 @@ IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
+    """A classifier of three labels whose tokenizer has a chat template
+    (``tiny``'s: BOS first, each message "<|role|>\n" + text + EOS)."""
+    path = save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
+    with open(f"{path}/tokenizer_config.json", "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                   "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}, f)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +85,44 @@ def test_text_input_and_activation_off(server, model):
     np.testing.assert_allclose(np.exp(probs) / np.exp(probs).sum(), _hf_probs(model, IDS[0]),
                                atol=2e-5)
     assert abs(probs.sum() - 1.0) > 1e-3  # logits, not probabilities
+
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a cat?"}]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("options", [{}, {"add_generation_prompt": True},
+                                     {"add_special_tokens": True}])
+def test_chat_messages_are_classified_as_transformers_renders_them(server, model, options):
+    # vLLM's chat body: the template rendered over the messages, by default
+    # without a generation prompt and without the tokenizer's own BOS.
+    hf = transformers.AutoTokenizer.from_pretrained(model)
+    text = hf.apply_chat_template(MESSAGES, tokenize=False,
+                                  add_generation_prompt=options.get("add_generation_prompt",
+                                                                    False))
+    ids = hf(text, add_special_tokens=options.get("add_special_tokens", False))["input_ids"]
+    answer = _classify(server, model=model, messages=MESSAGES, **options)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    (item,) = body["data"]
+    want = _hf_probs(model, ids)
+    np.testing.assert_allclose(item["probs"], want, atol=2e-5)
+    assert item["index"] == 0 and item["label"] == f"label-{int(np.argmax(want))}"
+
+
+@pytest.mark.timeout(180)
+def test_chat_body_refusals_are_400s(server, model):
+    for body, param in (({"input": "hi", "messages": MESSAGES}, None), ({}, None),
+                        ({"messages": MESSAGES, "add_generation_prompt": True,
+                          "continue_final_message": True}, None),
+                        ({"messages": MESSAGES, "chat_template": "{{ messages }}"},
+                         "chat_template")):
+        answer = _classify(server, model=model, **body)
+        assert answer.status_code == 400, (body, answer.text)
+        assert answer.json()["error"]["type"] == "invalid_request_error"
+        if param is not None:
+            assert answer.json()["error"]["param"] == param
 
 
 @pytest.mark.timeout(180)
