@@ -27,7 +27,7 @@ import itertools
 import logging
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgspec
@@ -540,12 +540,15 @@ class LLMEngine:
             raise WorkerFailure(f"the engine failed at {self.broken_reply}")
 
     # ---- stats ---------------------------------------------------------
-    def get_stats(self, num_admitting: int = 0) -> EngineStats:
+    def get_stats(self, num_admitting: int = 0,
+                  admitting_loras: Iterable[LoRARequest | None] = ()) -> EngineStats:
         """The engine's state now. ``num_admitting``: requests the caller
         holds before ``enqueue`` (a server's, while their grammar compiles
         or their text is tokenized), counted as waiting, as vLLM counts a
-        request from its arrival; the caller owns them, so it says how many."""
-        return snapshot(self.scheduler, self.counters, num_admitting)
+        request from its arrival; the caller owns them, so it says how many,
+        and ``admitting_loras`` their adapters (None: none), counted as
+        waiting adapters (``stats.snapshot``)."""
+        return snapshot(self.scheduler, self.counters, num_admitting, admitting_loras)
 
     def _prefix_counts(self) -> tuple[int, int]:
         return self.scheduler.kv.prefix_hits, self.scheduler.kv.prefix_queries

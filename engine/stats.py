@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from engine.request import Request
 from ipc.engine_messages import EngineStats
+from ipc.lora_request import LoRARequest
 
 logger = logging.getLogger("tprun.stats")
 
@@ -45,10 +45,13 @@ class StepCounters:
         self.num_generation_tokens += num_generated_tokens
 
 
-def snapshot(scheduler, counters: StepCounters, num_admitting: int = 0) -> EngineStats:
+def snapshot(scheduler, counters: StepCounters, num_admitting: int = 0,
+             admitting_loras: Iterable[LoRARequest | None] = ()) -> EngineStats:
     """The engine's state now (``scheduler`` is an ``engine.scheduler.Scheduler``);
     ``num_admitting`` requests not yet handed to the scheduler (being
-    admitted by a server) wait as much as those in its queue."""
+    admitted by a server) wait as much as those in its queue, and so do
+    their adapters (``admitting_loras``: theirs, None for one without), as
+    vLLM counts a request's adapter as waiting from its arrival."""
     kv = scheduler.kv
     spec = scheduler.spec_stats
     return EngineStats(
@@ -69,17 +72,17 @@ def snapshot(scheduler, counters: StepCounters, num_admitting: int = 0) -> Engin
         spec_decode_num_draft_tokens=spec.num_draft_tokens,
         spec_decode_num_accepted_tokens=spec.num_accepted_tokens,
         spec_decode_num_accepted_tokens_per_pos=list(spec.num_accepted_tokens_per_pos),
-        running_lora_adapters=lora_adapters(scheduler.running),
-        waiting_lora_adapters=lora_adapters(scheduler.waiting),
+        running_lora_adapters=lora_adapters(r.lora_request for r in scheduler.running),
+        waiting_lora_adapters=lora_adapters(
+            [*(r.lora_request for r in scheduler.waiting), *admitting_loras]),
     )
 
 
-def lora_adapters(requests: Iterable[Request]) -> dict[str, int]:
-    """Each LoRA adapter's name and how many of ``requests`` run with it, in
-    the order the adapters first come among them (requests without one are
-    not counted)."""
-    return dict(Counter(r.lora_request.lora_name for r in requests
-                        if r.lora_request is not None))
+def lora_adapters(loras: Iterable[LoRARequest | None]) -> dict[str, int]:
+    """Each LoRA adapter's name and how many of ``loras`` (some requests'
+    adapters; None: a request without one, not counted) name it, in the
+    order the adapters first come among them."""
+    return dict(Counter(lora.lora_name for lora in loras if lora is not None))
 
 
 def spec_decode_summary(prev: EngineStats, now: EngineStats) -> dict | None:

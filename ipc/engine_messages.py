@@ -167,9 +167,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     up in the prefix cache since start, and of those found (``prefix_hit_rate``
     is their ratio). ``running_lora_adapters`` / ``waiting_lora_adapters``
     (vLLM's names): each LoRA adapter's name and how many of the running
-    (waiting, in the scheduler's queue) requests run with it, in the order
-    of the requests there; an adapter with none is not listed (both empty
-    without LoRA)."""
+    (waiting, as ``num_waiting`` counts them) requests run with it, in the
+    order of the requests there; an adapter with none is not listed (both
+    empty without LoRA)."""
 
     num_running: int
     num_waiting: int

@@ -431,7 +431,8 @@ class EngineServer:
             self._abort(identity, message.request_id)
         elif isinstance(message, StatsRequest):
             self._reply(identity, msgspec.structs.replace(
-                self.engine.get_stats(len(self.waiting)),
+                self.engine.get_stats(len(self.waiting), [
+                    w.message.lora_request for w in self.waiting.values()]),
                 num_refused_messages=self.refusals.count))
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:

@@ -9,10 +9,10 @@ opens; the held request must complete just as right once it opens, or, if
 aborted while held, end as "abort" and never reach the engine. The rules of
 one client's replies hold: a later message with a waiting request's id is
 answered after that request. A held request counts as waiting in the
-stats (and the ``/metrics`` gauge) from its arrival, once. Closing the
-server leaves no tokenizer thread. A refusal says whether the request was
-at fault (``RequestError.invalid_request``): only then is it the client's
-error, and only the engine's own failure is logged with its traceback.
+stats (and the ``/metrics`` gauge) from its arrival, once, and so does its
+LoRA adapter. Closing the server leaves no tokenizer thread. A refusal says
+whether the request was at fault (``RequestError.invalid_request``): only
+then is it the client's error, and only the engine's own failure is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -311,6 +311,41 @@ def test_a_request_being_tokenized_counts_as_waiting_once(tiny_dir, reference_ll
     assert (0, 1) in lines and all(waiting + running <= 1 for waiting, running in lines)
     assert (after.num_waiting, after.num_running) == (0, 0)
     assert [t for d in deltas for t in d.token_ids] == want[0][1]
+
+
+@pytest.mark.timeout(180)
+def test_a_request_being_tokenized_names_its_adapter_as_waiting(tmp_path, monkeypatch):
+    """vLLM's ``waiting_lora_adapters`` counts a request from its arrival,
+    as ``num_waiting`` does: while its text (a bad word) is held in the
+    tokenizer, the adapter it runs with is listed as waiting once (and, on the
+    ``/metrics`` page, in ``lora_requests_info``'s label); at its end, no
+    adapter is listed."""
+    from tests.helpers.lora_adapters import model_with_adapter_requests
+
+    model_dir, loras, _ = model_with_adapter_requests(tmp_path, [[5, 17, 99, 3]], 1)
+    with LLM(model=model_dir, device="cpu", executor="uni", max_model_len=256,
+             enable_lora=True, max_loras=1) as llm:
+        gate = Gate(llm.engine.tokenizer)
+        monkeypatch.setattr(llm.engine.tokenizer, "encode", gate)
+        with serving(llm) as (server, secret), gate, \
+                EngineClient(server.address, secret=secret, timeout_s=30) as client:
+            rid = client.submit({"prompt_token_ids": [5, 17, 99, 3]},
+                                {**GREEDY, "bad_words": [HELD]}, lora_request=loras[1])
+            assert gate.entered.wait(30)
+            held = client.stats()
+            gate.opened.set()
+            deltas = list(client.stream(rid))
+            after = client.stats()
+    assert (held.num_waiting, held.num_running) == (1, 0)
+    assert held.waiting_lora_adapters == {"adapter1": 1}
+    assert held.running_lora_adapters == {}
+    page = Metrics("tiny", max_loras=1).render(held).decode()
+    [labels] = [s.labels for family in text_string_to_metric_families(page)
+                for s in family.samples if s.name == "tprun:lora_requests_info"]
+    assert labels == {"max_lora": "1", "waiting_lora_adapters": "adapter1",
+                      "running_lora_adapters": ""}
+    assert len([t for d in deltas for t in d.token_ids]) == GREEDY["max_tokens"]
+    assert (after.waiting_lora_adapters, after.running_lora_adapters) == ({}, {})
 
 
 @pytest.mark.timeout(180)
