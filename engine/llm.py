@@ -225,6 +225,7 @@ class LLM:
         prompts: str | dict | Iterable[str | dict],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
+        truncate_prompt_tokens: int | None = None,
         use_tqdm: bool = False,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         pooling_task: str | None = None,
@@ -236,11 +237,13 @@ class LLM:
         (``engine.pooling_tasks``: "embed" on an embedding model, the values
         ``embed`` gives; "classify" on a classifier, those of ``classify``);
         another, or a generating engine, is refused with vLLM's message
-        (``InvalidRequestError``). ``pooling_params``, ``lora_request`` and
-        ``use_tqdm`` as ``embed`` takes them."""
+        (``InvalidRequestError``). ``pooling_params``,
+        ``truncate_prompt_tokens``, ``lora_request`` and ``use_tqdm`` as
+        ``embed`` takes them."""
         pooler = self.engine.pooler
         task = check_pooling_task(pooling_task, None if pooler is None else pooler.task)
-        pooled = self._pool(prompts, pooling_params, use_tqdm, None, lora_request, task)
+        pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
+                            lora_request, task)
         return [PoolingRequestOutput(r.req_id, PoolingOutput.from_bytes(data),
                                      list(r.prompt_token_ids), r.num_cached_tokens or 0)
                 for r, data in pooled]

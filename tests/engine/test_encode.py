@@ -109,3 +109,21 @@ def test_tasks_the_engine_does_not_serve_are_refused(embedder, classifier):
         with pytest.raises(InvalidRequestError,
                            match=r"LLM.encode\(\) is only supported for pooling models"):
             llm.encode("a text", pooling_task="embed")
+
+
+@pytest.mark.timeout(180)
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(embedder):
+    """vLLM's ``truncate_prompt_tokens`` keyword of ``LLM.encode``: each
+    prompt keeps its last k tokens, and its output is transformers' of
+    those tokens alone; a ``PoolingParams`` that sets its own keeps it."""
+    with _llm(embedder, runner="pooling") as llm:
+        outs = llm.encode([{"prompt_token_ids": p} for p in PROMPTS[:2]], pooling_task="embed",
+                          truncate_prompt_tokens=3)
+        own = llm.encode({"prompt_token_ids": PROMPTS[1]},
+                         PoolingParams(truncate_prompt_tokens=5), pooling_task="embed",
+                         truncate_prompt_tokens=3)
+    kept = [p[-3:] for p in PROMPTS[:2]]
+    assert [o.prompt_token_ids for o in outs] == kept
+    for out, want in zip(outs, hf_last_token_embeddings(embedder, kept), strict=True):
+        np.testing.assert_allclose(out.outputs.data.numpy(), want, atol=2e-5)
+    assert own[0].prompt_token_ids == PROMPTS[1][-5:]
