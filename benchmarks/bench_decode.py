@@ -114,7 +114,7 @@ from benchmarks.spec_rows import (
     zero_kv,
 )
 from checkpoint.description import describe
-from engine.config import EngineConfig
+from engine.config import MAX_LORA_RANKS, EngineConfig
 from ipc.messages import CachedRequestData, NewRequestData, SamplingOptions, SchedulerOutput
 from runner import ops as runner_ops
 from runner.distributed import TensorParallelGroup
@@ -352,8 +352,11 @@ def check_args(parser: argparse.ArgumentParser, args) -> None:
                      "(the peer and the replayed drafts are greedy)")
     if args.max_loras and args.spec_tokens:
         parser.error("--max-loras times plain decode rows: not with --spec-tokens")
-    if args.max_loras < 0 or args.max_lora_rank < 1:
-        parser.error("--max-loras must be >= 0 and --max-lora-rank >= 1")
+    if args.max_loras < 0:
+        parser.error("--max-loras must be >= 0")
+    if args.max_lora_rank not in MAX_LORA_RANKS:
+        parser.error(f"--max-lora-rank must be one of {', '.join(map(str, MAX_LORA_RANKS))} "
+                     f"(the engine's max_lora_rank), got {args.max_lora_rank}")
     if args.variants and (args.peer or args.idle or args.kernel_table or args.profile_host
                           or args.spec_tokens or args.cublas_only):
         parser.error("--variants times plain rows only: not with --peer, --idle, "
@@ -470,7 +473,8 @@ def main() -> int:
                              "each slot, request i running slot i %% N; then time the same "
                              "rows without LoRA (0: off)")
     parser.add_argument("--max-lora-rank", type=int, default=16,
-                        help="the adapters' rank with --max-loras")
+                        help="the adapters' rank with --max-loras: one of the engine's "
+                             "max_lora_rank values")
     parser.add_argument("--out", default=None)
     parser.add_argument("--append", action="store_true",
                         help="keep the rows of --out's earlier run of this shape that this "

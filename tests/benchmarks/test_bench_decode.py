@@ -303,6 +303,9 @@ def test_variants_refuse_the_options_that_time_other_things(capsys):
                          ({"min_p": 0.1}, "give --temperature"),
                          ({"max_loras": 2, "spec_tokens": [2]}, "--max-loras times plain"),
                          ({"max_loras": -1}, "--max-loras must be"),
+                         # the engine's ranks (vLLM's) only, refused before any row runs
+                         ({"max_loras": 2, "max_lora_rank": 4},
+                          "--max-lora-rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512"),
                          ({"temperature": 1.0, "top_p": 1.5}, "top_p")):
         with pytest.raises(SystemExit):
             check_args(parser, argparse.Namespace(**{**base, **bad}, variants=None))
