@@ -88,16 +88,19 @@ ADAPTERS = {1: (ALL_TARGETS, 8, 16.0, False), 2: (["q_proj", "v_proj"], 4, 8.0, 
             3: (["gate_proj", "up_proj", "down_proj"], 16, 16.0, False)}
 
 
-def model_with_adapters(root, prompts: list[list[int]], max_tokens: int):
+def model_with_adapters(root, prompts: list[list[int]], max_tokens: int,
+                        max_position_embeddings: int = 512):
     """A small Llama with one kv head (replicated under tensor parallelism)
     saved in ``root / "model"``, the ``ADAPTERS`` beside it in ``root /
     "adapter{id}"``, and HF's greedy tokens of each prompt per adapter id
     (None: the base model). Returns (model dir, {id: adapter dir},
-    {id or None: tokens per prompt}); each adapter changes the output."""
+    {id or None: tokens per prompt}); each adapter changes the output.
+    ``max_position_embeddings``: the model's length (a request that should
+    stay running while a test looks at it asks for many tokens)."""
     from tests.helpers.hf_models import save_with_greedy_reference, small_llama
 
     model = small_llama(0, 256, num_attention_heads=4, num_key_value_heads=1,
-                        max_position_embeddings=512, rms_norm_eps=1e-6)
+                        max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6)
     expected = {None: save_with_greedy_reference(model, root / "model", prompts, max_tokens)}
     paths = {}
     for lora_id, (targets, rank, alpha, rslora) in ADAPTERS.items():
