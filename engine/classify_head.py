@@ -81,7 +81,9 @@ def classifier_activation(problem_type: str | None, function_name: str | None) -
 
 
 def _torch_module(function_name: str):
-    """An instance of the ``torch.nn.modules`` class ``function_name`` names."""
+    """An instance of the ``torch.nn.modules`` class ``function_name`` names.
+    What the name resolves to is called only once it is known to be a
+    ``torch.nn.Module`` class: a checkpoint's text builds nothing else."""
     if not function_name.startswith(_TORCH_MODULES):
         raise ValueError(f"activation function {function_name!r}: only classes of "
                          f"torch.nn.modules are loaded")
@@ -89,12 +91,15 @@ def _torch_module(function_name: str):
 
     module_name, _, class_name = function_name.rpartition(".")
     try:
-        module = getattr(importlib.import_module(module_name), class_name)()
-    except (ImportError, AttributeError, TypeError) as e:
+        found = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as e:
         raise ValueError(f"activation function {function_name!r} cannot be built: {e}") from None
-    if not isinstance(module, nn.Module):
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
         raise ValueError(f"activation function {function_name!r} is not a torch module")
-    return module
+    try:
+        return found()
+    except TypeError as e:
+        raise ValueError(f"activation function {function_name!r} cannot be built: {e}") from None
 
 
 @functools.cache

@@ -207,6 +207,22 @@ def test_cross_encoder_activation_outside_torch_modules_is_refused(tmp_path, nam
         LLM(model=path, device="cpu")
 
 
+def test_an_activation_name_that_is_no_module_class_is_never_called(tmp_path, monkeypatch):
+    # A callable that torch.nn.modules' namespaces hold but that is not a
+    # torch module class is refused before anything calls it: a
+    # checkpoint's text builds torch module classes only.
+    from engine.config import ConfigError
+
+    calls = []
+    monkeypatch.setattr(torch.nn.modules.activation, "probe", lambda: calls.append(1),
+                        raising=False)
+    path = save_classifier(tmp_path, num_labels=1,
+                           sbert_ce_default_activation_function="torch.nn.modules.activation.probe")
+    with pytest.raises(ConfigError, match="is not a torch module"):
+        LLM(model=path, device="cpu")
+    assert calls == []
+
+
 @pytest.mark.timeout(180)
 def test_cross_encoder_truncates_a_pair_as_transformers_does(one_label):
     # truncate_prompt_tokens cuts a pair as the tokenizer's own pair
