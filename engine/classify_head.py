@@ -14,8 +14,8 @@ An activation is one of these names:
   yes/no answers);
 - ``IDENTITY``: the logits as they are (a regression head's values);
 - the qualified name of another ``torch.nn.modules`` class, built with no
-  arguments and applied to the ``[1, num_labels]`` float32 logits (e.g.
-  ``torch.nn.modules.activation.Tanh``).
+  arguments and applied in eval mode to the ``[1, num_labels]`` float32
+  logits (e.g. ``torch.nn.modules.activation.Tanh``).
 
 ``classifier_activation`` reads it from config.json as vLLM does, the
 first that says: its ``problem_type`` (as transformers' sequence
@@ -81,9 +81,11 @@ def classifier_activation(problem_type: str | None, function_name: str | None) -
 
 
 def _torch_module(function_name: str):
-    """An instance of the ``torch.nn.modules`` class ``function_name`` names.
-    What the name resolves to is called only once it is known to be a
-    ``torch.nn.Module`` class: a checkpoint's text builds nothing else."""
+    """An instance of the ``torch.nn.modules`` class ``function_name`` names,
+    in eval mode (as a model's modules run at inference: dropout off,
+    RReLU's fixed slope). What the name resolves to is called only once it
+    is known to be a ``torch.nn.Module`` class: a checkpoint's text builds
+    nothing else."""
     if not function_name.startswith(_TORCH_MODULES):
         raise ValueError(f"activation function {function_name!r}: only classes of "
                          f"torch.nn.modules are loaded")
@@ -97,7 +99,7 @@ def _torch_module(function_name: str):
     if not (isinstance(found, type) and issubclass(found, nn.Module)):
         raise ValueError(f"activation function {function_name!r} is not a torch module")
     try:
-        return found()
+        return found().eval()
     except TypeError as e:
         raise ValueError(f"activation function {function_name!r} cannot be built: {e}") from None
 

@@ -177,6 +177,12 @@ ST_IDENTITY = "torch.nn.modules.linear.Identity"
     # problem_type, where config.json gives one, wins over both.
     ({"problem_type": "multi_label_classification",
       "sbert_ce_default_activation_function": ST_IDENTITY}, _sigmoid),
+    # A module is applied as at inference (eval mode, as vLLM's model runs
+    # it): dropout passes the logits through, RReLU's negative slope is the
+    # mean of its bounds (1/8 and 1/3).
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.dropout.Dropout"}, _identity),
+    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.RReLU"},
+     lambda x: np.where(np.asarray(x) < 0, np.asarray(x) * (1 / 8 + 1 / 3) / 2, x)),
 ])
 def test_cross_encoder_takes_its_sentence_transformers_activation(tmp_path, fields, activation):
     path = save_classifier(tmp_path, num_labels=1, **fields)
