@@ -60,12 +60,15 @@ def resolved_classify_params(params: PoolingParams,
     return params
 
 
-def classifier_activation(problem_type: str | None, function_name: str | None) -> str:
-    """The activation of a classifier whose config.json gives
-    ``problem_type`` and names the sentence-transformers activation
-    ``function_name`` (None: not given). A ``ValueError`` for a function
-    outside ``torch.nn.modules`` or one that does not build with no
-    arguments into a module."""
+def classifier_activation(problem_type: str | None, function_name: str | None,
+                          num_labels: int) -> str:
+    """The activation of a classifier of ``num_labels`` labels whose
+    config.json gives ``problem_type`` and names the sentence-transformers
+    activation ``function_name`` (None: not given). A ``ValueError`` for a
+    function outside ``torch.nn.modules``, one that does not build with no
+    arguments into a module, or one that fails on a row of ``num_labels``
+    logits (tried once here, as vLLM's start-up pooler run tries it, so
+    that no request is the first to find out)."""
     if problem_type in _PROBLEM_TYPES:
         return _PROBLEM_TYPES[problem_type]
     if function_name is None:
@@ -77,6 +80,12 @@ def classifier_activation(problem_type: str | None, function_name: str | None) -
         return IDENTITY
     if isinstance(module, (nn.Sigmoid, nn.Softmax)):
         return CLASSIFY
+    try:
+        activation_fn(function_name)(np.zeros(num_labels))
+    except Exception as e:  # the module's own code failed on the logits
+        noun = "logit" if num_labels == 1 else "logits"
+        raise ValueError(f"activation function {function_name!r} cannot be applied to "
+                         f"{num_labels} {noun}: {e}") from None
     return function_name
 
 

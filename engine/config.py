@@ -608,10 +608,11 @@ class EngineConfig:
         scores (``engine.classify_head.classifier_activation``, from
         config.json's ``problem_type`` and sentence-transformers
         activation); a ``ConfigError`` where that activation cannot be
-        loaded."""
+        loaded or fails on the logits."""
         try:
             return classifier_activation(model.problem_type,
-                                         model.sentence_transformers_activation)
+                                         model.sentence_transformers_activation,
+                                         model.num_labels)
         except ValueError as e:
             raise ConfigError(f"{self.model}: {e}") from None
 

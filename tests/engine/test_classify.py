@@ -213,6 +213,23 @@ def test_cross_encoder_activation_outside_torch_modules_is_refused(tmp_path, nam
         LLM(model=path, device="cpu")
 
 
+@pytest.mark.parametrize("name, reason", [
+    ("torch.nn.modules.module.Module", "missing the required \"forward\""),
+    ("torch.nn.modules.loss.MSELoss", "target"),
+    ("torch.nn.modules.activation.GLU", "even"),  # halves the one label
+])
+def test_an_activation_that_cannot_take_the_logits_is_refused_at_start(tmp_path, name, reason):
+    # A module that builds but fails on a [1, num_labels] logit row (no
+    # forward, a second input, a shape it cannot take) stops the start with
+    # one line, as vLLM's start-up pooler run fails on it, before any
+    # request reaches it.
+    from engine.config import ConfigError
+
+    path = save_classifier(tmp_path, num_labels=1, sbert_ce_default_activation_function=name)
+    with pytest.raises(ConfigError, match=f"cannot be applied to 1 logit.*{reason}"):
+        LLM(model=path, device="cpu")
+
+
 def test_an_activation_name_that_is_no_module_class_is_never_called(tmp_path, monkeypatch):
     # A callable that torch.nn.modules' namespaces hold but that is not a
     # torch module class is refused before anything calls it: a
