@@ -29,8 +29,9 @@ from serving.http.state import ServerState
 
 class RerankRequest(BaseModel):
     """vLLM's body (``model``, ``query``, ``documents``, ``top_n``,
-    ``truncate_prompt_tokens``, ``priority``) and ``return_documents``;
-    other fields are ignored, as vLLM ignores them."""
+    ``truncate_prompt_tokens``, ``priority``, ``use_activation``: see
+    ``serving_score``) and ``return_documents``; other fields are ignored,
+    as vLLM ignores them."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -41,6 +42,7 @@ class RerankRequest(BaseModel):
     return_documents: bool = True
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     priority: Int64 = 0
+    use_activation: bool | None = None
 
 
 async def create_rerank(state: ServerState, request: RerankRequest) -> Response:
@@ -48,7 +50,8 @@ async def create_rerank(state: ServerState, request: RerankRequest) -> Response:
     documents = request.documents
     scores, pair_tokens = await pair_scores(state, ("query", [request.query]),
                                             ("documents", documents), request.model,
-                                            request.truncate_prompt_tokens, request.priority)
+                                            request.truncate_prompt_tokens, request.priority,
+                                            request.use_activation)
     order = sorted(range(len(documents)), key=lambda i: scores[i], reverse=True)
     if 0 < request.top_n < len(documents):
         order = order[:request.top_n]

@@ -18,8 +18,11 @@ keeps running. A ``model`` that names a LoRA module scores with it.
 ``pair_scores`` is the scoring both this route and /rerank run. On a
 classifier of one label (a cross-encoder, ``engine.scoring``) a pair is one
 prompt, the tokenizer's pair encoding of its texts, and its score the one
-logit through the classifier's activation (``engine.classify_head``); a
-classifier of more labels is a 400.
+logit through the classifier's activation (``engine.classify_head``), or
+the logit itself where ``use_activation`` is false (vLLM's field; left
+out, the pooler config's default); a classifier of more labels is a 400.
+An embedding model's cosine similarity is the same with its embeddings
+normalized or not, so ``use_activation`` leaves it as it is.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ SIDE_NAMES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items
 class ScoreRequest(BaseModel):
     """vLLM's body: one pair of ``SIDE_NAMES`` (each a text or a list of
     texts) and no field of another pair, ``truncate_prompt_tokens`` (None,
-    -1 or k >= 1), ``priority``; other fields are ignored, as vLLM ignores
-    them."""
+    -1 or k >= 1), ``priority``, ``use_activation``; other fields are
+    ignored, as vLLM ignores them."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -60,6 +63,7 @@ class ScoreRequest(BaseModel):
     data_2: str | list[str] | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     priority: Int64 = 0
+    use_activation: bool | None = None
 
     @model_validator(mode="after")
     def _one_pair_of_sides(self) -> ScoreRequest:
@@ -88,7 +92,7 @@ async def create_score(state: ServerState, request: ScoreRequest) -> Response:
     (name_1, texts_1), (name_2, texts_2) = request.sides()
     scores, pair_tokens = await pair_scores(state, (name_1, texts_1), (name_2, texts_2),
                                             request.model, request.truncate_prompt_tokens,
-                                            request.priority)
+                                            request.priority, request.use_activation)
     num_tokens = sum(pair_tokens)
     return JSONResponse({
         "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
@@ -100,12 +104,13 @@ async def create_score(state: ServerState, request: ScoreRequest) -> Response:
 
 async def pair_scores(state: ServerState, side_1: tuple[str, list[str]],
                       side_2: tuple[str, list[str]], model: str | None,
-                      truncate_prompt_tokens: int | None,
-                      priority: int) -> tuple[list[float], list[int]]:
+                      truncate_prompt_tokens: int | None, priority: int,
+                      use_activation: bool | None = None) -> tuple[list[float], list[int]]:
     """Each pair's score and the tokens it counts, in pair order. A side is
     (its field's name, its texts); the pairing is checked before anything
     is tokenized, and an empty text is refused naming its field, before
-    anything reaches the engine."""
+    anything reaches the engine. ``use_activation`` (None: the model's
+    default) applies to a cross-encoder's scores only (see the module)."""
     (name_1, texts_1), (name_2, texts_2) = side_1, side_2
     pairs = score_pairs(len(texts_1), len(texts_2), name_1, name_2)
     for name, texts in (side_1, side_2):
@@ -115,7 +120,7 @@ async def pair_scores(state: ServerState, side_1: tuple[str, list[str]],
                                           "one token", param=name)
     if state.pooling_task == "classify":
         return await _cross_encoding_scores(state, texts_1, texts_2, pairs, model,
-                                            truncate_prompt_tokens, priority)
+                                            truncate_prompt_tokens, priority, use_activation)
     prompts = await asyncio.to_thread(
         lambda: [state.tokenizer.encode(t) for t in (*texts_1, *texts_2)])
     pooling = ({} if truncate_prompt_tokens is None
@@ -131,17 +136,19 @@ async def pair_scores(state: ServerState, side_1: tuple[str, list[str]],
 
 async def _cross_encoding_scores(state: ServerState, texts_1: list[str], texts_2: list[str],
                                  pairs: list[tuple[int, int]], model: str | None,
-                                 truncate_prompt_tokens: int | None,
-                                 priority: int) -> tuple[list[float], list[int]]:
+                                 truncate_prompt_tokens: int | None, priority: int,
+                                 use_activation: bool | None) -> tuple[list[float], list[int]]:
     """``pair_scores`` on a classifier of one label (a cross-encoder,
     ``engine.scoring``): each pair one prompt (``Tokenizer.encode_pair``),
-    classified; its score the probability, its tokens the prompt's."""
+    classified with ``use_activation`` where given; its score the one
+    output, its tokens the prompt's."""
     check_cross_encoder(len(state.labels))
     max_length = pair_max_length(truncate_prompt_tokens, state.max_model_len)
     prompts = await asyncio.to_thread(
         lambda: [state.tokenizer.encode_pair(texts_1[i], texts_2[j], max_length)
                  for i, j in pairs])
-    pooling = {"task": "classify"}
+    pooling = {"task": "classify",
+               **({} if use_activation is None else {"use_activation": use_activation})}
     outputs, lengths = await embed_prompts(state, prompts, pooling, priority,
                                            state.lora_request(model))
     return [float(_floats(o)[0]) for o in outputs], lengths

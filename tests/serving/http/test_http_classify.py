@@ -204,6 +204,31 @@ def test_cross_encoder_scores_and_reranks_pairs(cross_encoder):
 
 
 @pytest.mark.timeout(180)
+def test_cross_encoder_scores_take_use_activation(cross_encoder):
+    # vLLM's use_activation on /score and /rerank: false answers each
+    # pair's raw logit, true (as left out) its sigmoid.
+    model = cross_encoder.model_dir
+    query, documents = "what is a cat", ["the sky is blue today", "a cat is an animal"]
+    for use_activation, activation in ((False, lambda x: x),
+                                       (True, lambda x: 1 / (1 + np.exp(-x)))):
+        _, want = _hf_pair_scores(model, [(query, d) for d in documents], activation=activation)
+        score = httpx.post(f"{cross_encoder.url}/score",
+                           json={"model": model, "text_1": query, "text_2": documents,
+                                 "use_activation": use_activation})
+        assert score.status_code == 200, score.text
+        np.testing.assert_allclose([d["score"] for d in score.json()["data"]], want,
+                                   atol=2e-4)
+        rerank = httpx.post(f"{cross_encoder.url}/rerank",
+                            json={"model": model, "query": query, "documents": documents,
+                                  "use_activation": use_activation})
+        assert rerank.status_code == 200, rerank.text
+        np.testing.assert_allclose(
+            [r["relevance_score"]
+             for r in sorted(rerank.json()["results"], key=lambda r: r["index"])],
+            want, atol=2e-4)
+
+
+@pytest.mark.timeout(180)
 def test_cross_encoder_truncates_each_pair_as_the_tokenizer_does(cross_encoder):
     # The query stays whole; the long documents lose their ends.
     model = cross_encoder.model_dir
