@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from ipc.errors import InvalidRequestError
 
-POOLING_TASKS = ("embed", "classify", "score", "token_embed", "token_classify", "plugin")
 # vLLM's words for an ``LLM.encode`` call that names no task.
 TASK_REQUIRED = (
     "pooling_task required for `LLM.encode`\n"
