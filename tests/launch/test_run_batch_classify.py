@@ -5,7 +5,9 @@ probable class; a body the route refuses, or a score line on a classifier
 of more than one label, is the route's 400 error body; an embeddings or a
 chat line gets vLLM's "The model does not support ... API" line, and
 /v1/classify (a path vLLM does not serve) vLLM's "Supported endpoints"
-line, while every other line is answered."""
+line, while every other line is answered. On a cross-encoder (one label)
+score and rerank lines are the routes' answers, ``use_activation`` false
+giving transformers' raw logit."""
 
 from __future__ import annotations
 
@@ -117,3 +119,31 @@ def test_lines_a_classifier_does_not_answer_get_their_error(batch):
         assert answers[custom_id]["response"]["body"] is None
     assert f"{len(LINES)} lines written" in result.stderr
     assert "(3 answered with status 200)" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_cross_encoder_lines_take_use_activation(tmp_path):
+    model = save_classifier(tmp_path / "model", num_labels=1)
+    query, documents = "what is a cat", ["the sky is blue today", "a cat is an animal"]
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=f"{model}/tokenizer.json")
+    logits = np.array([_hf_logits(model, tokenizer(text=query, text_pair=d)["input_ids"])[0]
+                       for d in documents])
+    lines = [("raw", "/v1/score", {"text_1": query, "text_2": documents, "use_activation": False}),
+             ("sigmoid", "/score", {"text_1": query, "text_2": documents}),
+             ("rerank", "/v2/rerank", {"query": query, "documents": documents,
+                                       "use_activation": False})]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(
+        json.dumps({"custom_id": c, "method": "POST", "url": url,
+                    "body": {"model": model, **body}}) + "\n" for c, url, body in lines))
+    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
+                                   "--model", model, "--device", "cpu", "--block-size", "16"],
+                                  timeout=150, env={"TPRUN_CACHE": str(tmp_path / "cache")})
+    assert leftovers == [] and result.returncode == 0, result.stderr
+    answers = {o["custom_id"]: o for o in map(json.loads, target.read_text().splitlines())}
+    raw = [d["score"] for d in _answer(answers["raw"])["data"]]
+    np.testing.assert_allclose(raw, logits, atol=2e-4)
+    sigmoid = [d["score"] for d in _answer(answers["sigmoid"])["data"]]
+    np.testing.assert_allclose(sigmoid, 1 / (1 + np.exp(-logits)), atol=2e-5)
+    results = sorted(_answer(answers["rerank"])["results"], key=lambda r: r["index"])
+    np.testing.assert_allclose([r["relevance_score"] for r in results], logits, atol=2e-4)
