@@ -11,15 +11,13 @@ giving transformers' raw logit."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 import transformers  # the oracle: a test dependency, never skipped
 
+from tests.helpers.batch_files import answer, assert_error_line, assert_refused, run_batch
 from tests.helpers.hf_models import save_classifier
-from tests.helpers.proc_utils import run_tprun
 
 TEXT = "a text to classify"
 IDS = [[5, 17, 99, 3], list(range(1, 40))]
@@ -44,20 +42,9 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory, model):
-    """(the run's result, its output lines by custom_id, in the file's order)."""
-    folder = tmp_path_factory.mktemp("run-batch-classify")
-    source, target = folder / "in.jsonl", folder / "out.jsonl"
-    source.write_text("".join(
-        json.dumps({"custom_id": c, "method": "POST", "url": url,
-                    "body": {"model": model, **body}}) + "\n" for c, url, body in LINES))
-    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
-                                   "--model", model, "--device", "cpu",
-                                   "--max-num-batched-tokens", "16", "--block-size", "16"],
-                                  timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
-    assert leftovers == [], result.stderr
-    outputs = [json.loads(line) for line in target.read_text().splitlines()]
-    assert [o["custom_id"] for o in outputs] == [c for c, _, _ in LINES]
-    return result, {o["custom_id"]: o for o in outputs}
+    """(the run's result, its output lines by custom_id)."""
+    return run_batch(tmp_path_factory.mktemp("run-batch-classify"), model, LINES,
+                     "--max-num-batched-tokens", "16")
 
 
 def _hf_logits(model: str, ids: list[int]) -> np.ndarray:
@@ -72,19 +59,13 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def _answer(output: dict) -> dict:
-    assert output["error"] is None, output["error"]
-    assert output["response"]["status_code"] == 200
-    return output["response"]["body"]
-
-
 @pytest.mark.timeout(300)
 def test_classify_lines_match_transformers(batch, model):
     _, answers = batch
     text_ids = transformers.PreTrainedTokenizerFast(
         tokenizer_file=f"{model}/tokenizer.json")(TEXT)["input_ids"]
     for custom_id, inputs in (("text", [text_ids]), ("ids", IDS)):
-        body = _answer(answers[custom_id])
+        body = answer(answers[custom_id])
         assert body["object"] == "list" and body["model"] == model
         assert body["id"].startswith("classify-")
         assert body["usage"]["prompt_tokens"] == sum(map(len, inputs))
@@ -94,7 +75,7 @@ def test_classify_lines_match_transformers(batch, model):
             np.testing.assert_allclose(item["probs"], want, atol=2e-5)
             assert item["num_classes"] == 3
             assert item["label"] == f"label-{int(np.argmax(want))}"
-    raw = _answer(answers["raw"])["data"][0]["probs"]
+    raw = answer(answers["raw"])["data"][0]["probs"]
     np.testing.assert_allclose(raw, _hf_logits(model, IDS[0]), atol=2e-4)
 
 
@@ -102,21 +83,14 @@ def test_classify_lines_match_transformers(batch, model):
 def test_lines_a_classifier_does_not_answer_get_their_error(batch):
     result, answers = batch
     assert result.returncode == 0, result.stderr
-    for custom_id, param in (("empty", "input"), ("score", None)):
-        output = answers[custom_id]  # the route's refusal, its OpenAI error body
-        assert output["response"]["status_code"] == 400, output
-        assert output["response"]["body"] is None
-        assert output["error"]["error"]["type"] == "invalid_request_error"
-        if param is not None:
-            assert output["error"]["error"]["param"] == param
+    assert_refused(answers["empty"], param="input")
+    assert_refused(answers["score"])
     assert answers["score"]["error"]["error"]["message"] == (
         "Score API is only enabled for num_labels == 1.")
-    assert answers["embed"]["error"] == "The model does not support Embeddings API"
-    assert answers["chat"]["error"] == "The model does not support Chat Completions API"
+    assert_error_line(answers["embed"], "The model does not support Embeddings API")
+    assert_error_line(answers["chat"], "The model does not support Chat Completions API")
+    assert_error_line(answers["v1"])
     assert answers["v1"]["error"].startswith("URL /v1/classify was used. Supported endpoints: ")
-    for custom_id in ("embed", "chat", "v1"):
-        assert answers[custom_id]["response"]["status_code"] == 400
-        assert answers[custom_id]["response"]["body"] is None
     assert f"{len(LINES)} lines written" in result.stderr
     assert "(3 answered with status 200)" in result.stderr
 
@@ -132,18 +106,11 @@ def test_cross_encoder_lines_take_use_activation(tmp_path):
              ("sigmoid", "/score", {"text_1": query, "text_2": documents}),
              ("rerank", "/v2/rerank", {"query": query, "documents": documents,
                                        "use_activation": False})]
-    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    source.write_text("".join(
-        json.dumps({"custom_id": c, "method": "POST", "url": url,
-                    "body": {"model": model, **body}}) + "\n" for c, url, body in lines))
-    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
-                                   "--model", model, "--device", "cpu", "--block-size", "16"],
-                                  timeout=150, env={"TPRUN_CACHE": str(tmp_path / "cache")})
-    assert leftovers == [] and result.returncode == 0, result.stderr
-    answers = {o["custom_id"]: o for o in map(json.loads, target.read_text().splitlines())}
-    raw = [d["score"] for d in _answer(answers["raw"])["data"]]
+    result, answers = run_batch(tmp_path, model, lines)
+    assert result.returncode == 0, result.stderr
+    raw = [d["score"] for d in answer(answers["raw"])["data"]]
     np.testing.assert_allclose(raw, logits, atol=2e-4)
-    sigmoid = [d["score"] for d in _answer(answers["sigmoid"])["data"]]
+    sigmoid = [d["score"] for d in answer(answers["sigmoid"])["data"]]
     np.testing.assert_allclose(sigmoid, 1 / (1 + np.exp(-logits)), atol=2e-5)
-    results = sorted(_answer(answers["rerank"])["results"], key=lambda r: r["index"])
+    results = sorted(answer(answers["rerank"])["results"], key=lambda r: r["index"])
     np.testing.assert_allclose([r["relevance_score"] for r in results], logits, atol=2e-4)

@@ -7,14 +7,12 @@ not support ... API" error line, an url of none of the batch APIs vLLM's
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from engine import LLM
+from tests.helpers.batch_files import answer, assert_error_line, assert_refused, run_batch
 from tests.helpers.hf_models import save_embedding_llama
-from tests.helpers.proc_utils import run_tprun
 
 TEXT = "hello embeddings"
 TEXTS = ["a first text", "a second, longer text of more than sixteen bytes"]
@@ -43,18 +41,9 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory, model):
-    """(the run's result, its output lines as objects)."""
-    folder = tmp_path_factory.mktemp("run-batch-embed")
-    source, target = folder / "in.jsonl", folder / "out.jsonl"
-    source.write_text("".join(
-        json.dumps({"custom_id": c, "method": "POST", "url": url,
-                    "body": {"model": model, **body}}) + "\n" for c, url, body in LINES))
-    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
-                                   "--model", model, "--device", "cpu", "--runner", "pooling",
-                                   "--max-num-batched-tokens", "16", "--block-size", "16"],
-                                  timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
-    assert leftovers == [], result.stderr
-    return result, [json.loads(line) for line in target.read_text().splitlines()]
+    """(the run's result, its output lines by custom_id)."""
+    return run_batch(tmp_path_factory.mktemp("run-batch-embed"), model, LINES,
+                     "--runner", "pooling", "--max-num-batched-tokens", "16")
 
 
 def _embed(model: str, prompts: list) -> list:
@@ -67,16 +56,12 @@ def _embed(model: str, prompts: list) -> list:
 
 @pytest.mark.timeout(300)
 def test_embedding_lines_are_llm_embeds_vectors(batch, model):
-    result, outputs = batch
+    result, answers = batch
     assert result.returncode == 0, result.stderr
-    assert [o["custom_id"] for o in outputs] == [c for c, _, _ in LINES]
-    answers = {o["custom_id"]: o for o in outputs}
     flat = [p for inputs in INPUTS.values() for p in inputs]
     expected = iter(_embed(model, flat))
     for custom_id, inputs in INPUTS.items():
-        output = answers[custom_id]
-        assert output["error"] is None and output["response"]["status_code"] == 200
-        body = output["response"]["body"]
+        body = answer(answers[custom_id])
         assert body["object"] == "list" and body["model"] == model
         assert [d["index"] for d in body["data"]] == list(range(len(inputs)))
         tokens = 0
@@ -90,20 +75,13 @@ def test_embedding_lines_are_llm_embeds_vectors(batch, model):
 
 @pytest.mark.timeout(300)
 def test_generation_lines_get_vllms_error_and_the_rest_are_answered(batch):
-    result, outputs = batch
-    answers = {o["custom_id"]: o for o in outputs}
-    assert answers["chat"]["error"] == "The model does not support Chat Completions API"
-    assert answers["completion"]["error"] == "The model does not support Completions API"
-    for custom_id in ("chat", "completion"):
-        assert answers[custom_id]["response"]["status_code"] == 400
-        assert answers[custom_id]["response"]["body"] is None
-    empty = answers["empty"]  # the route's own refusal, its error body
-    assert empty["response"]["status_code"] == 400 and empty["response"]["body"] is None
-    assert empty["error"]["error"]["param"] == "input"
-    assert answers["audio"]["error"] == (
+    result, answers = batch
+    assert_error_line(answers["chat"], "The model does not support Chat Completions API")
+    assert_error_line(answers["completion"], "The model does not support Completions API")
+    assert_refused(answers["empty"], param="input")
+    assert_error_line(answers["audio"], (
         "URL /v1/audio/transcriptions was used. Supported endpoints: /v1/chat/completions, "
         "/v1/completions, /v1/embeddings, /score, /v1/score, /rerank, /v1/rerank, "
-        "/v2/rerank, /classify.")
-    assert answers["audio"]["response"]["status_code"] == 400
+        "/v2/rerank, /classify."))
     assert "8 lines written" in result.stderr
     assert "(4 answered with status 200)" in result.stderr

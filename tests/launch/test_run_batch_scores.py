@@ -10,15 +10,13 @@ completion line is answered."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import transformers  # the tokenizer's oracle, as for the embeddings
 
+from tests.helpers.batch_files import answer, assert_error_line, assert_refused, run_batch
 from tests.helpers.hf_embeddings import hf_cosine_scorer, hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
-from tests.helpers.proc_utils import run_tprun
 
 QUERY = "which text is nearest?"
 DOCUMENTS = ["a first document", "the second one, somewhat longer than the first",
@@ -58,31 +56,18 @@ def model(tmp_path_factory):
     return save_embedding_llama(tmp_path_factory.mktemp("llama"), pad_token=True)
 
 
-def _run(folder, model: str, lines, *options: str):
-    """(the run's result, its output lines by custom_id, in the file's order)."""
-    source, target = folder / "in.jsonl", folder / "out.jsonl"
-    source.write_text("".join(
-        json.dumps({"custom_id": c, "method": "POST", "url": url,
-                    "body": {"model": model, **body}}) + "\n" for c, url, body in lines))
-    result, leftovers = run_tprun(["run-batch", "-i", str(source), "-o", str(target),
-                                   "--model", model, "--device", "cpu", *options,
-                                   "--max-num-batched-tokens", "16", "--block-size", "16"],
-                                  timeout=150, env={"TPRUN_CACHE": str(folder / "cache")})
-    assert leftovers == [], result.stderr
-    outputs = [json.loads(line) for line in target.read_text().splitlines()]
-    assert [o["custom_id"] for o in outputs] == [c for c, _, _ in lines]
-    return result, {o["custom_id"]: o for o in outputs}
-
-
 @pytest.fixture(scope="module")
 def pooling(tmp_path_factory, model):
-    return _run(tmp_path_factory.mktemp("run-batch-scores"), model, POOLING_LINES,
-                "--runner", "pooling")
+    """(the run's result, its output lines by custom_id)."""
+    return run_batch(tmp_path_factory.mktemp("run-batch-scores"), model, POOLING_LINES,
+                     "--runner", "pooling", "--max-num-batched-tokens", "16")
 
 
 @pytest.fixture(scope="module")
 def generating(tmp_path_factory, model):
-    return _run(tmp_path_factory.mktemp("run-batch-generating"), model, GENERATING_LINES)
+    """(the run's result, its output lines by custom_id)."""
+    return run_batch(tmp_path_factory.mktemp("run-batch-generating"), model, GENERATING_LINES,
+                     "--max-num-batched-tokens", "16")
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +83,6 @@ def reference(model, tokens):
     return hf_cosine_scorer(model, tokens)
 
 
-def _answer(output: dict) -> dict:
-    assert output["error"] is None, output["error"]
-    assert output["response"]["status_code"] == 200
-    return output["response"]["body"]
-
-
 def _pair_tokens(tokens, a: str, b: str) -> int:
     return len(tokens[a]) + 1 + len(tokens[b])  # the pad token between
 
@@ -111,17 +90,17 @@ def _pair_tokens(tokens, a: str, b: str) -> int:
 @pytest.mark.timeout(300)
 def test_score_lines_are_cosines_of_transformers_embeddings(pooling, model, tokens, reference):
     result, answers = pooling
-    one_to_n = _answer(answers["score"])
+    one_to_n = answer(answers["score"])
     assert one_to_n["object"] == "list" and one_to_n["model"] == model
     assert [d["index"] for d in one_to_n["data"]] == list(range(len(DOCUMENTS)))
     assert [d["score"] for d in one_to_n["data"]] == pytest.approx(
         [reference(QUERY, d) for d in DOCUMENTS], abs=2e-5)
     assert one_to_n["usage"]["prompt_tokens"] == sum(
         _pair_tokens(tokens, QUERY, d) for d in DOCUMENTS)
-    n_to_n = _answer(answers["score-v1"])
+    n_to_n = answer(answers["score-v1"])
     assert [d["score"] for d in n_to_n["data"]] == pytest.approx(
         [reference(q, d) for q, d in zip(QUERIES, ITEMS)], abs=2e-5)
-    embedding = _answer(answers["embed"])["data"][0]["embedding"]
+    embedding = answer(answers["embed"])["data"][0]["embedding"]
     want = hf_last_token_embeddings(model, [tokens[QUERY]])[0]
     np.testing.assert_allclose(embedding, want, atol=2e-5)
 
@@ -131,7 +110,7 @@ def test_rerank_lines_sort_by_the_reference_scores(pooling, tokens, reference):
     _, answers = pooling
     for custom_id, documents, top_n in (("rerank", DOCUMENTS, 2), ("rerank-v1", DOCUMENTS, 0),
                                         ("rerank-v2", DOCUMENTS[:3], 0)):
-        body = _answer(answers[custom_id])
+        body = answer(answers[custom_id])
         want = sorted(range(len(documents)), key=lambda i: -reference(QUERY, documents[i]))
         want = want[:top_n] if top_n else want
         assert [r["index"] for r in body["results"]] == want
@@ -150,19 +129,11 @@ def test_rerank_lines_sort_by_the_reference_scores(pooling, tokens, reference):
 def test_failing_lines_get_their_error_and_the_batch_goes_on(pooling):
     result, answers = pooling
     assert result.returncode == 0, result.stderr
-    for custom_id, param in (("one-side", None), ("empty-document", "documents")):
-        output = answers[custom_id]  # the route's refusal, its OpenAI error body
-        assert output["response"]["status_code"] == 400, output
-        assert output["response"]["body"] is None
-        assert output["error"]["error"]["type"] == "invalid_request_error"
-        if param is not None:
-            assert output["error"]["error"]["param"] == param
-    assert answers["chat"]["error"] == "The model does not support Chat Completions API"
-    assert answers["classify"]["error"] == "The model does not support Classification API"
-    assert answers["score-v2"]["error"] == f"URL /v2/score was used. {SUPPORTED}"
-    for custom_id in ("chat", "classify", "score-v2"):
-        assert answers[custom_id]["response"]["status_code"] == 400
-        assert answers[custom_id]["response"]["body"] is None
+    assert_refused(answers["one-side"])
+    assert_refused(answers["empty-document"], param="documents")
+    assert_error_line(answers["chat"], "The model does not support Chat Completions API")
+    assert_error_line(answers["classify"], "The model does not support Classification API")
+    assert_error_line(answers["score-v2"], f"URL /v2/score was used. {SUPPORTED}")
     assert f"{len(POOLING_LINES)} lines written" in result.stderr
     assert "(6 answered with status 200)" in result.stderr
 
@@ -173,10 +144,7 @@ def test_a_generating_model_answers_score_and_rerank_lines_with_vllms_error(gene
     assert result.returncode == 0, result.stderr
     for custom_id, api in (("score", "Scores"), ("rerank", "Rerank"), ("rerank-v2", "Rerank"),
                            ("embed", "Embeddings"), ("classify", "Classification")):
-        output = answers[custom_id]
-        assert output["error"] == f"The model does not support {api} API"
-        assert output["response"]["status_code"] == 400
-        assert output["response"]["body"] is None
-    completion = _answer(answers["completion"])
+        assert_error_line(answers[custom_id], f"The model does not support {api} API")
+    completion = answer(answers["completion"])
     assert completion["object"] == "text_completion"
     assert completion["usage"]["completion_tokens"] == 2
