@@ -114,6 +114,17 @@ def serving_model(tmp_path, model_dir: str, *args: str, env: dict | None = None)
     assert code == 0 and not leftovers, output
 
 
+def serving_pooling_model(tmp_path, model_dir: str, *args: str):
+    """``serving_model`` of a one-process ``serve`` of the model in
+    ``model_dir`` on the cpu, its batches and blocks 16 tokens (so a longer
+    input is pooled over several steps), ``args`` added (``--runner
+    pooling`` for a model that would generate)."""
+    return serving_model(tmp_path, model_dir, "--nproc-per-node", "1", "serve",
+                         "--model", model_dir, "--device", "cpu",
+                         "--max-num-batched-tokens", "16", "--block-size", "16",
+                         "--disable-log-stats", *args)
+
+
 @contextlib.contextmanager
 def openai_client(served: HttpServed, api_key: str = "none"):
     """The official client on ``served``'s /v1, without retries."""

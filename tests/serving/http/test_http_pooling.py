@@ -20,7 +20,7 @@ import transformers  # the oracle: a test dependency, never skipped
 
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_classifier, save_embedding_llama
-from tests.helpers.http_utils import recording_app, serving_model
+from tests.helpers.http_utils import recording_app, serving_pooling_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 KEY = "pooling-test-key"
@@ -36,11 +36,9 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model):
-    with serving_model(tmp_path_factory.mktemp("pool"), model, "--nproc-per-node", "1", "serve",
-                       "--model", model, "--device", "cpu", "--runner", "pooling",
-                       "--max-num-batched-tokens", "16", "--block-size", "16",
-                       "--chat-template", TEMPLATE, "--api-key", KEY,
-                       "--disable-log-stats") as served:
+    with serving_pooling_model(tmp_path_factory.mktemp("pool"), model,
+                               "--runner", "pooling",
+                               "--chat-template", TEMPLATE, "--api-key", KEY) as served:
         yield served
 
 
@@ -137,10 +135,7 @@ def test_classifier_pools_its_probabilities_and_generation_does_not_pool(tmp_pat
     path = save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(
         path, dtype=torch.float32).eval()
-    with serving_model(tmp_path_factory.mktemp("clsserve"), path, "--nproc-per-node", "1",
-                       "serve", "--model", path, "--device", "cpu",
-                       "--max-num-batched-tokens", "16", "--block-size", "16",
-                       "--disable-log-stats") as served:
+    with serving_pooling_model(tmp_path_factory.mktemp("clsserve"), path) as served:
         got = _data(_post(served, "/pooling", key=None, input=IDS))
         classified = _post(served, "/classify", key=None, input=IDS).json()["data"]
         refused = _post(served, "/pooling", key=None, input=[IDS[0]], task="embed")

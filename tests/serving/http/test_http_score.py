@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers.hf_embeddings import hf_cosine_scorer, hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
-from tests.helpers.http_utils import metric, recording_app, serving_model
+from tests.helpers.http_utils import metric, recording_app, serving_pooling_model
 
 QUERY = "which text is nearest?"
 DOCUMENTS = ["a first document", "the second one, somewhat longer than the first",
@@ -27,10 +27,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model):
-    with serving_model(tmp_path_factory.mktemp("score"), model, "--nproc-per-node", "1", "serve",
-                       "--model", model, "--device", "cpu", "--runner", "pooling",
-                       "--max-num-batched-tokens", "16", "--block-size", "16",
-                       "--disable-log-stats") as served:
+    with serving_pooling_model(tmp_path_factory.mktemp("score"), model,
+                               "--runner", "pooling") as served:
         yield served
 
 
