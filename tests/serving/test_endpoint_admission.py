@@ -265,6 +265,17 @@ def test_a_stop_tells_the_client_of_a_request_being_tokenized(llm, monkeypatch):
             list(client.stream(rid))
 
 
+def _stats_around_the_held_text(client: EngineClient, gate: Gate, rid: str):
+    """(``client``'s stats while request ``rid``'s text is held in the
+    tokenizer, the request's deltas once ``gate`` opens, the stats after
+    its end). The text must reach the tokenizer within 30 s."""
+    assert gate.entered.wait(30)
+    held = client.stats()
+    gate.opened.set()
+    deltas = list(client.stream(rid))
+    return held, deltas, client.stats()
+
+
 def _waiting_gauge(stats) -> float:
     """``tprun:num_requests_waiting`` on the ``/metrics`` page of ``stats``."""
     page = Metrics("tiny").render(stats).decode()
@@ -331,11 +342,7 @@ def test_a_request_being_tokenized_names_its_adapter_as_waiting(tmp_path, monkey
                 EngineClient(server.address, secret=secret, timeout_s=30) as client:
             rid = client.submit({"prompt_token_ids": [5, 17, 99, 3]},
                                 {**GREEDY, "bad_words": [HELD]}, lora_request=loras[1])
-            assert gate.entered.wait(30)
-            held = client.stats()
-            gate.opened.set()
-            deltas = list(client.stream(rid))
-            after = client.stats()
+            held, deltas, after = _stats_around_the_held_text(client, gate, rid)
     assert (held.num_waiting, held.num_running) == (1, 0)
     assert held.waiting_lora_adapters == {"adapter1": 1}
     assert held.running_lora_adapters == {}
@@ -359,11 +366,7 @@ def test_a_server_counts_its_own_waiting_requests(llm, monkeypatch):
             EngineClient(server.address, secret=secret, timeout_s=30) as client:
         EngineServer(llm.engine, Endpoint.create(), secret=new_secret()).close()
         rid = client.submit(HELD, GREEDY)
-        assert gate.entered.wait(30)
-        held = client.stats()
-        gate.opened.set()
-        deltas = list(client.stream(rid))
-        after = client.stats()
+        held, deltas, after = _stats_around_the_held_text(client, gate, rid)
     assert (held.num_waiting, held.num_running) == (1, 0)
     assert (after.num_waiting, after.num_running) == (0, 0)
     assert len([t for d in deltas for t in d.token_ids]) == GREEDY["max_tokens"]
