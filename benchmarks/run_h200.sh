@@ -27,8 +27,8 @@
 #   spec-tests (3): speculative decoding's Triton kernels, drafted thinking budgets, rejection sampler,
 #     graphs and no-sync on CUDA, drafted structured outputs equal to undrafted ones on CUDA; spec-8b (8): the 8B decode step with 1 + k
 #     query tokens against the plain step (replay proposer at 0.7 and n-gram);
-#     lora-ab (4): the 8B decode step with 4 adapters of rank 16 (default: Triton delta at one
-#     token), against the masked form and the Triton kernels at every size, and the plain step;
+#     lora-ab (4): the 8B decode step with 4 adapters of rank 16 (default: Triton delta up to 16
+#     tokens), against the masked form and the Triton kernels at every size, and the plain step;
 #     spec-acceptance (5): SmolLM2's n-gram acceptance on copy-heavy and chat
 #   structured (15): the grammar-mask kernel test and the mixed batch on CUDA, then structured outputs' step
 #     cost (8B, batches 1 8 64 256), device idle at batch 64, a slow compile
@@ -179,7 +179,7 @@ run_stage() {
         -m "not slow" ;;
     lora-ab)  # the 8B decode step with 4 adapters of rank 16: the default, the masked
       # form over every slot and the Triton delta at every size, and the plain step, one run
-      timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 8 32 128 \
+      timeout 590 python3 -m benchmarks.bench_decode --shape 8b --batches 1 4 8 16 32 \
         --contexts 512 --max-loras 4 --max-lora-rank 16 --variants default lora-masked lora-triton-all \
         --out "$RESULTS/decode_lora_8b_ab.json" 2>&1 | tee "$LOGS/decode_lora_8b.log" | tail -12 ;;
     spec-8b)

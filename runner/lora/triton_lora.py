@@ -25,11 +25,12 @@ factor tiles a program reads again come from its cache). Static shapes
 and no host work, so both launches are captured in the decode graphs;
 the partial is allocated in the graph's pool.
 
-Where they run: steps of at most ``LORA_TRITON_MAX_TOKENS`` tokens. On one
-GPU at the 8B's shapes (4 adapters of rank 16) the kernels took a batch-1
-decode step 10% below the masked form, and a batch-32 step 25% above it
-(the masked form's two matmuls reuse each factor tile across 32 tokens on
-the tensor cores; the kernels read each token's factors again on the CUDA
+Where they run: steps of at most ``LORA_TRITON_MAX_TOKENS`` tokens, the
+one-token-a-program sizes (``DECODE_MAX_TOKENS``). On one GPU at the 8B's
+shapes (4 adapters of rank 16) the kernels took decode steps of 1 to 16
+rows 10-13% below the masked form, and a 32-row step 25% above it (the
+masked form's two matmuls reuse each factor tile across 32 tokens on the
+tensor cores; the kernels read each token's factors again on the CUDA
 cores): more tokens take the masked form. ``LORA_TRITON`` off sends every
 call there (``benchmarks/decode_variants.py``: ``lora-masked``, and
 ``lora-triton-all`` for the kernels at every size).
@@ -48,8 +49,8 @@ from runner.triton_dependent_launch import wait_for_previous_kernel
 # The delta through these kernels (False: the torch masked form), for steps
 # of at most LORA_TRITON_MAX_TOKENS tokens (module docstring).
 LORA_TRITON = True
-LORA_TRITON_MAX_TOKENS = 1
 DECODE_MAX_TOKENS = 16  # up to this many tokens, one token a program
+LORA_TRITON_MAX_TOKENS = DECODE_MAX_TOKENS
 TOKENS_PER_BLOCK = 8  # tokens a program past DECODE_MAX_TOKENS
 SHRINK_BLOCK_K = 128
 EXPAND_BLOCK_N = 64

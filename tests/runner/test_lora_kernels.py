@@ -122,19 +122,27 @@ def test_graph_padding_rows_take_the_last_rows_adapter_and_leave_real_rows_alone
     torch.testing.assert_close(padded[:5], alone, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flag,value", [("LORA_TRITON", False), ("LORA_TRITON_MAX_TOKENS", 2)])
-def test_off_switch_and_larger_steps_give_the_masked_form(monkeypatch, flag, value):
+# (switch, its value, tokens in the step): the off switch; a step above a
+# limit of 2; a step one token above the default limit.
+_MASKED_CASES = [("LORA_TRITON", False, 3), ("LORA_TRITON_MAX_TOKENS", 2, 3),
+                 ("LORA_TRITON_MAX_TOKENS", triton_lora.LORA_TRITON_MAX_TOKENS,
+                  triton_lora.LORA_TRITON_MAX_TOKENS + 1)]
+
+
+@pytest.mark.parametrize("flag,value,tokens", _MASKED_CASES)
+def test_off_switch_and_larger_steps_give_the_masked_form(monkeypatch, flag, value, tokens):
     """LORA_TRITON False (the lora-masked variant), or a step of more tokens
     than LORA_TRITON_MAX_TOKENS: the torch masked form itself."""
     gen = torch.Generator().manual_seed(1)
     parts, in_features = SHARDS["row"]
     stack, _ = _filled_stack(parts, in_features, 8, 2, torch.float32, gen)
-    x, y = _inputs([0, -1, 1], stack, in_features, torch.float32, gen)
-    want = lora_add_delta_ref(x, y, stack.a, stack.b, stack.token_mask[:3],
-                              stack.token_slot[:3], stack.part_ends)
+    slots = [(0, -1, 1)[t % 3] for t in range(tokens)]
+    x, y = _inputs(slots, stack, in_features, torch.float32, gen)
+    want = lora_add_delta_ref(x, y, stack.a, stack.b, stack.token_mask[:tokens],
+                              stack.token_slot[:tokens], stack.part_ends)
     monkeypatch.setattr(triton_lora, flag, value)
-    got = lora_add_delta_triton(x, y, stack.a, stack.b, stack.token_mask[:3],
-                                stack.token_slot[:3], stack.part_ends)
+    got = lora_add_delta_triton(x, y, stack.a, stack.b, stack.token_mask[:tokens],
+                                stack.token_slot[:tokens], stack.part_ends)
     assert torch.equal(got, want)
 
 
