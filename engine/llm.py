@@ -195,9 +195,7 @@ class LLM:
         aborts its unfinished requests."""
         pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
                             lora_request, "embed")
-        return [EmbeddingRequestOutput(r.req_id, EmbeddingOutput.from_bytes(data),
-                                       list(r.prompt_token_ids))
-                for r, data in pooled]
+        return _request_outputs(pooled, EmbeddingRequestOutput, EmbeddingOutput)
 
     def classify(
         self,
@@ -216,9 +214,7 @@ class LLM:
         the rest as ``embed``."""
         pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
                             lora_request, "classify")
-        return [ClassificationRequestOutput(r.req_id, ClassificationOutput.from_bytes(data),
-                                            list(r.prompt_token_ids))
-                for r, data in pooled]
+        return _request_outputs(pooled, ClassificationRequestOutput, ClassificationOutput)
 
     def encode(
         self,
@@ -244,9 +240,7 @@ class LLM:
         task = check_pooling_task(pooling_task, None if pooler is None else pooler.task)
         pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
                             lora_request, task)
-        return [PoolingRequestOutput(r.req_id, PoolingOutput.from_bytes(data),
-                                     list(r.prompt_token_ids), r.num_cached_tokens or 0)
-                for r, data in pooled]
+        return _request_outputs(pooled, PoolingRequestOutput, PoolingOutput)
 
     def _pool(self, prompts: str | dict | Iterable[str | dict],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None, use_tqdm: bool,
@@ -505,6 +499,17 @@ class _Choice(NamedTuple):
     text: OutputText
     request: Request
     times: RequestTimes
+
+
+def _request_outputs(pooled: list[tuple[Request, bytes]], request_output: type,
+                     output: type) -> list:
+    """``_pool``'s requests and bytes as vLLM's records of ``embed``,
+    ``classify`` or ``encode``: ``request_output`` (a
+    ``PoolingRequestOutput``) of ``output.from_bytes``, with the prompt's
+    token ids after any truncation and its prefix-cache hits."""
+    return [request_output(r.req_id, output.from_bytes(data), list(r.prompt_token_ids),
+                           r.num_cached_tokens or 0)
+            for r, data in pooled]
 
 
 def _metrics(output: RequestOutput, choices: list[_Choice]) -> RequestStateStats:

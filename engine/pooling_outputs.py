@@ -1,14 +1,38 @@
 """vLLM's outputs of ``LLM.embed`` (``EmbeddingRequestOutput`` with
 ``.outputs.embedding``), of ``LLM.classify``
 (``ClassificationRequestOutput`` with ``.outputs.probs``) and of
-``LLM.encode`` (``PoolingRequestOutput`` with ``.outputs.data``, a tensor)."""
+``LLM.encode`` (``PoolingRequestOutput`` with ``.outputs.data``, a tensor).
+As in vLLM, the first two are ``PoolingRequestOutput``s of their own
+outputs: one request record for the three."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
+
+Outputs = TypeVar("Outputs")
+
+
+def _float32_values(data: bytes) -> np.ndarray:
+    """The engine's float32 little-endian bytes as an array (read-only: it
+    shares ``data``)."""
+    return np.frombuffer(data, dtype="<f4")
+
+
+@dataclass
+class PoolingRequestOutput(Generic[Outputs]):
+    """vLLM's: ``request_id``, ``outputs``, ``prompt_token_ids`` (after any
+    truncation), ``num_cached_tokens`` (the prompt's prefix-cache hits) and
+    ``finished``."""
+
+    request_id: str
+    outputs: Outputs
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
 
 
 @dataclass
@@ -22,22 +46,15 @@ class EmbeddingOutput:
     @classmethod
     def from_bytes(cls, data: bytes) -> EmbeddingOutput:
         """From the engine's float32 little-endian bytes."""
-        return cls(np.frombuffer(data, dtype="<f4").tolist())
+        return cls(_float32_values(data).tolist())
 
     @property
     def hidden_size(self) -> int:
         return len(self.embedding)
 
 
-@dataclass
-class EmbeddingRequestOutput:
-    """vLLM's: ``request_id``, ``prompt_token_ids`` (after any truncation),
-    ``finished`` and ``outputs``."""
-
-    request_id: str
-    outputs: EmbeddingOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
+class EmbeddingRequestOutput(PoolingRequestOutput[EmbeddingOutput]):
+    """vLLM's, of ``LLM.embed``."""
 
 
 @dataclass
@@ -55,22 +72,15 @@ class ClassificationOutput:
     @classmethod
     def from_bytes(cls, data: bytes) -> ClassificationOutput:
         """From the engine's float32 little-endian bytes."""
-        return cls(np.frombuffer(data, dtype="<f4").tolist())
+        return cls(_float32_values(data).tolist())
 
     @property
     def num_classes(self) -> int:
         return len(self.probs)
 
 
-@dataclass
-class ClassificationRequestOutput:
-    """vLLM's: ``request_id``, ``prompt_token_ids`` (after any truncation),
-    ``finished`` and ``outputs``."""
-
-    request_id: str
-    outputs: ClassificationOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
+class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
+    """vLLM's, of ``LLM.classify``."""
 
 
 @dataclass
@@ -86,17 +96,4 @@ class PoolingOutput:
     def from_bytes(cls, data: bytes) -> PoolingOutput:
         """From the engine's float32 little-endian bytes (a copy: the tensor
         owns writable memory)."""
-        return cls(torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32)))
-
-
-@dataclass
-class PoolingRequestOutput:
-    """vLLM's: ``request_id``, ``outputs``, ``prompt_token_ids`` (after any
-    truncation), ``num_cached_tokens`` (the prompt's prefix-cache hits) and
-    ``finished``."""
-
-    request_id: str
-    outputs: PoolingOutput
-    prompt_token_ids: list[int]
-    num_cached_tokens: int = 0
-    finished: bool = True
+        return cls(torch.from_numpy(_float32_values(data).astype(np.float32)))

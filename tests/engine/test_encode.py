@@ -53,6 +53,7 @@ def test_embed_task_matches_transformers_and_embed(embedder):
         raw = llm.encode({"prompt_token_ids": PROMPTS[0]}, PoolingParams(normalize=False),
                          pooling_task="embed")
     assert all(isinstance(o, PoolingRequestOutput) and o.finished for o in outs)
+    assert all(isinstance(e, PoolingRequestOutput) for e in embedded)  # vLLM's class tree
     assert [o.prompt_token_ids for o in outs] == PROMPTS
     assert len({o.request_id for o in outs}) == len(PROMPTS)
     for out, want, same in zip(outs, hf_last_token_embeddings(embedder, PROMPTS), embedded,
