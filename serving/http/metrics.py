@@ -19,10 +19,11 @@ With LoRA on, vLLM's ``lora_requests_info`` gauge says which adapters the
 engine's requests run with, in its labels: ``max_lora`` (``max_loras``),
 ``running_lora_adapters`` and ``waiting_lora_adapters`` (the names of the
 adapters of the running requests, and of the waiting ones, counted from
-their arrival as ``num_waiting`` counts them, comma-separated, each once, in the order of the requests; empty: none). As
-in vLLM its value is the Unix time those stats were taken (a scrape's, as
-the snapshot is), so the latest sample is the one of highest value; a scrape
-shows one sample, the engine's state as the snapshot found it.
+their arrival as ``num_waiting`` counts them; comma-separated, each once,
+in the order of the requests; empty: none). As in vLLM its value is the
+Unix time those stats were taken (a scrape's, as the snapshot is), so the
+latest sample is the one of highest value; a scrape shows one sample, the
+engine's state as the snapshot found it.
 """
 
 from __future__ import annotations
