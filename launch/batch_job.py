@@ -16,6 +16,9 @@ written so far stay written, in order.
 The output file is opened (emptied) only once the engine has started, so
 a launch that fails before leaves an older output file as it was (with
 ``--output-tmp-dir``, until the batch has ended well: ``BatchFiles``).
+An http(s) input is downloaded whole before the engine starts, and an
+http(s) output uploaded whole after it has stopped (``BatchFiles.local``
+and ``upload``; ``batch_urls``).
 With ``--enable-metrics`` the app's /metrics page is served for the
 batch's length (``metrics_server``).
 """
@@ -24,17 +27,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import stat
 import sys
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from tqdm import tqdm
 
+from launch.batch_urls import TransferError, download, is_url, shown, upload, url_error
 from serving.http.batch_lines import GENERATION_URLS, model_urls
 from serving.http.batch_runner import BatchSummary, run_batch
 
@@ -51,22 +58,36 @@ _BAR_FORMAT_NO_TOTAL = "{desc}: {n_fmt} done [{elapsed}, {rate_fmt}]\n"
 
 @dataclass(frozen=True)
 class BatchFiles:
-    """Where the lines come from and go to (``STDIO``: stdin, stdout).
+    """Where the lines come from and go to (``STDIO``: stdin, stdout; an
+    http(s) URL: ``batch_urls``, read with a GET, written with a PUT).
     With ``tmp_dir`` (vLLM's ``--output-tmp-dir``) the lines are written
     to a new file in that directory and moved onto ``output`` once the
     batch has ended well: until then an older output file stays as it
-    was, and a batch that ends early leaves its lines in the new file."""
+    was, and a batch that ends early leaves its lines in the new file.
+
+    A URL is read and written through local files (``local``):
+    ``input_copy`` holds the input's body, downloaded before the engine
+    starts; ``output_copy`` is the new file the lines are written to (in
+    ``tmp_dir``, else the system's temporary directory), sent with
+    ``upload`` once the batch has ended well and then removed. A batch that
+    ends early, or an upload that fails, leaves it there, named."""
 
     input: str
     output: str
     tmp_dir: str | None = None
+    input_copy: BinaryIO | None = None
+    output_copy: str | None = None
 
     def check(self) -> None:
         """A readable input file and a writable output file that is not the
-        input; ValueError naming the option else (before any process starts).
-        The input is not opened: a pipe (``-i <(...)``, ``/dev/stdin``)
-        is read once, by the run."""
-        if self.input != STDIO:
+        input, or http(s) URLs; ValueError naming the option else (before
+        any process starts). The input is not opened: a pipe (``-i
+        <(...)``, ``/dev/stdin``) is read once, by the run; a URL is not
+        asked for (``local`` reads it)."""
+        for option, name in (("--input-file", self.input), ("--output-file", self.output)):
+            if is_url(name) and (why := url_error(name)) is not None:
+                raise ValueError(f"{option} {shown(name)}: {why}")
+        if self.input != STDIO and not is_url(self.input):
             try:
                 mode = os.stat(self.input).st_mode
             except OSError as e:
@@ -85,6 +106,8 @@ class BatchFiles:
                 raise ValueError(f"--output-tmp-dir {self.tmp_dir} is not a directory")
             if not os.access(self.tmp_dir, os.W_OK | os.X_OK):
                 raise ValueError(f"--output-tmp-dir {self.tmp_dir} is not writable")
+        if is_url(self.output):
+            return
         if os.path.isdir(self.output):
             raise ValueError(f"--output-file {self.output} is a directory: give the path of "
                              "a file to write")
@@ -106,6 +129,8 @@ class BatchFiles:
         """Whether the regular file ``path`` is the input, given by its path
         or as stdin (``-i - < FILE``). A terminal or a pipe is never erased
         by writing it, so only a regular file counts."""
+        if is_url(self.input):
+            return False
         output = os.stat(path)
         if not stat.S_ISREG(output.st_mode):
             return False
@@ -116,10 +141,53 @@ class BatchFiles:
             return False
         return (source.st_dev, source.st_ino) == (output.st_dev, output.st_ino)
 
+    def local(self) -> BatchFiles:
+        """These files with a URL input's body downloaded into
+        ``input_copy`` (an unnamed temporary file, gone once closed or
+        once the process ends) and a URL output's ``output_copy`` chosen;
+        the same files without URLs. ValueError naming the input when its
+        GET fails (before the engine starts: the user's input, as a
+        missing file)."""
+        copy = None
+        if is_url(self.input):
+            copy = tempfile.TemporaryFile()
+            try:
+                download(self.input, copy)
+                copy.seek(0)
+            except TransferError as e:
+                copy.close()
+                raise ValueError(f"--input-file {shown(self.input)}: {e}") from None
+            except BaseException:
+                copy.close()
+                raise
+        staged = None
+        if is_url(self.output):
+            staged = _staging_path(self.tmp_dir or tempfile.gettempdir())
+        return dataclasses.replace(self, input_copy=copy, output_copy=staged)
+
+    def close(self) -> None:
+        """The input's copy closed (its space given back)."""
+        if self.input_copy is not None:
+            self.input_copy.close()
+
+    def input_name(self) -> str:
+        """The input for a message: ``-``, the file, the URL (``shown``)."""
+        return shown(self.input) if is_url(self.input) else self.input
+
+    def output_name(self) -> str:
+        """The output for a message: ``stdout``, the file, the URL (``shown``)."""
+        if self.output == STDIO:
+            return "stdout"
+        return shown(self.output) if is_url(self.output) else self.output
+
     def count_lines(self) -> int | None:
         """The input's non-blank lines, the progress bar's total; None for
         stdin or any input but a regular file (counting a pipe would use up
         its lines)."""
+        if self.input_copy is not None:
+            total = sum(1 for line in self.input_copy if line.strip())
+            self.input_copy.seek(0)
+            return total
         if self.input == STDIO or not os.path.isfile(self.input):
             return None
         with open(self.input, "rb") as f:
@@ -130,35 +198,67 @@ class BatchFiles:
         """(input, output): the input read as bytes (a line that is not
         UTF-8 is ``batch_lines``' to refuse, in its place), the output a
         UTF-8 text file, emptied (with ``tmp_dir``, a new one there, moved
-        onto the output file when the block ends without an error)."""
+        onto the output file when the block ends without an error; for an
+        URL, ``output_copy``, left for ``upload``)."""
         with contextlib.ExitStack() as stack:
-            source = (sys.stdin.buffer if self.input == STDIO
-                      else stack.enter_context(open(self.input, "rb")))
-            if self.output == STDIO:
+            if self.input_copy is not None:
+                source = self.input_copy
+            elif self.input == STDIO:
+                source = sys.stdin.buffer
+            else:
+                source = stack.enter_context(open(self.input, "rb"))
+            if self.output_copy is not None:
+                with _staged(self.output_copy) as sink:
+                    yield source, sink
+            elif self.output == STDIO:
                 yield source, sys.stdout
             elif self.tmp_dir is None:
                 yield source, stack.enter_context(open(self.output, "w", encoding="utf-8"))
             else:
-                with self._staged() as sink:
+                path = _staging_path(self.tmp_dir)
+                with _staged(path) as sink:
                     yield source, sink
+                shutil.move(path, self.output)
 
-    @contextlib.contextmanager
-    def _staged(self):
-        """A new file in ``tmp_dir`` (made as ``open`` makes a file: mode
-        0666 less the umask), moved onto the output file after a block
-        that ends well; left where it is, and named, after one that does
-        not."""
-        path = os.path.join(self.tmp_dir, f"tmp_batch_output_{uuid.uuid4().hex}.jsonl")
-        sink = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
-                         encoding="utf-8")
+    def upload(self) -> None:
+        """A URL output: ``output_copy`` sent with a PUT (``batch_urls.upload``),
+        then removed. OSError naming the URL and the file when the upload
+        fails: the lines stay there."""
+        if self.output_copy is None:
+            return
         try:
-            with sink:
-                yield sink
+            upload(self.output, self.output_copy)
+        except TransferError as e:
+            raise OSError(f"--output-file {shown(self.output)}: the upload failed ({e}); "
+                          f"the output lines are in {self.output_copy}") from None
         except BaseException:
-            print(f"tprun run-batch: the lines written are in {path}", file=sys.stderr,
-                  flush=True)
+            _say_where(self.output_copy)
             raise
-        shutil.move(path, self.output)
+        os.remove(self.output_copy)
+
+
+def _staging_path(directory: str) -> str:
+    """A new name for the output lines in ``directory`` (vLLM's prefix)."""
+    return os.path.join(directory, f"tmp_batch_output_{uuid.uuid4().hex}.jsonl")
+
+
+@contextlib.contextmanager
+def _staged(path: str):
+    """A new file at ``path`` (made as ``open`` makes a file: mode 0666
+    less the umask), closed after the block; left where it is, and named,
+    after one that ends with an error."""
+    sink = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w",
+                     encoding="utf-8")
+    try:
+        with sink:
+            yield sink
+    except BaseException:
+        _say_where(path)
+        raise
+
+
+def _say_where(path: str) -> None:
+    print(f"tprun run-batch: the lines written are in {path}", file=sys.stderr, flush=True)
 
 
 class BatchThread(threading.Thread):

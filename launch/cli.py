@@ -465,6 +465,11 @@ Output line: {"id", "custom_id", "response": {"status_code", "request_id",
              request or a line that is not a batch request: status 400 and
              error a message.
 
+Either file may be an http:// or https:// URL, as in vLLM: the input is
+read with a GET before the engine starts, the output written to a local
+file and sent whole with a PUT once the batch has ended well (an upload
+that fails names that file, which stays).
+
 Exit code 0 when every line was a batch request (refused ones included),
 2 when some were not (each has its error line; the others are answered).
 """
@@ -475,10 +480,12 @@ def _run_batch_parser(sub) -> None:
                            description=RUN_BATCH_HELP, formatter_class=_HelpFormatter)
     _engine_args(batch)
     batch.add_argument("-i", "--input-file", required=True, metavar="FILE",
-                       help="the batch file, one request a line (-: stdin)")
+                       help="the batch file, one request a line (-: stdin; an http:// or "
+                       "https:// URL: its GET's body, read before the engine starts)")
     batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
                        help="where the output lines go, the file emptied once the engine has "
-                       "started (-: stdout)")
+                       "started (-: stdout; an http:// or https:// URL: the whole file sent "
+                       "with a PUT once the batch has ended well)")
     batch.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                        help="the names requests may give the model (default: --model as "
                        "given)")
@@ -496,7 +503,8 @@ def _run_batch_parser(sub) -> None:
                        help="vLLM's; write the output lines to a new file in DIR and move it "
                        "onto --output-file once the batch has ended well (until then an older "
                        "output file stays as it was; a batch that ends early leaves its lines "
-                       "in DIR, the file named)")
+                       "in DIR, the file named); for a URL output, the file uploaded (default: "
+                       "the system's temporary directory)")
     batch.add_argument("--enable-metrics", action="store_true",
                        help="vLLM's; serve the run's Prometheus metrics (serve's GET /metrics "
                        "page, and no other route) at http://URL:PORT/metrics while the batch "
@@ -1197,18 +1205,23 @@ def run_run_batch(args) -> int:
     response_role = _response_role(args.response_role)
     lora_modules = _lora_modules(args)
     config.check_machine()
-    _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
-         f"device {config.device}) ...")
-    summary = run_batch_job(config, files, names, chat_template, response_role,
-                            metrics_address, lora_modules)
-    _say(f"run-batch: {summary.written} lines written to "
-         f"{'stdout' if files.output == '-' else files.output} "
+    files = _from_arguments(files.local)  # an http(s) input read, before any process starts
+    try:
+        _say(f"run-batch: loading {config.model} (TP={config.tensor_parallel_size}, "
+             f"device {config.device}) ...")
+        summary = run_batch_job(config, files, names, chat_template, response_role,
+                                metrics_address, lora_modules)
+    finally:
+        files.close()
+    files.upload()  # an http(s) output, once the engine has stopped
+    _say(f"run-batch: {summary.written} lines "
+         f"{'uploaded' if files.output_copy else 'written'} to {files.output_name()} "
          f"({summary.answered} answered with status 200)")
     if summary.not_requests:
         number, why = summary.not_requests[0]
-        raise ConfigError(f"{files.input}: {len(summary.not_requests)} line(s) are not batch "
-                          f"requests (line {number}: {why}); each has an error line in its "
-                          "place in the output")
+        raise ConfigError(f"{files.input_name()}: {len(summary.not_requests)} line(s) are "
+                          f"not batch requests (line {number}: {why}); each has an error line "
+                          "in its place in the output")
     return 0
 
 
