@@ -7,9 +7,12 @@ routes and error rule, on an engine started as ``serve`` starts it. A
 line whose url the model does not answer (chat on a pooling model,
 embeddings, score or rerank on a generating one, classification on one
 that does not classify) gets vLLM's error line in place of the server's
-404. Lines run concurrently, so the engine batches them. Blank lines are
-skipped (as vLLM skips them); every other line gets exactly one output
-line, in its place, whatever happens to the others.
+404. An answer of bytes, not JSON (an embeddings line's
+``encoding_format`` "bytes" or "bytes_only"), gets vLLM's stream-mode
+error line, as vLLM's run-batch writes only its JSON answers. Lines run
+concurrently, so the engine batches them. Blank lines are skipped (as
+vLLM skips them); every other line gets exactly one output line, in its
+place, whatever happens to the others.
 
 An engine that stops under the run (a worker failed) ends it: the first
 request answered 503 (``errors.error_answer``'s status for a stopped
@@ -50,6 +53,7 @@ from serving.http.batch_lines import (
     unserved_url,
     unsupported_api,
 )
+from serving.http.pooling_encoding import BYTES_MEDIA_TYPE
 
 # The status of every request once the engine has stopped.
 ENGINE_STOPPED = 503
@@ -170,7 +174,7 @@ async def _output_line(app: ASGIApp, number: int, text: bytes, summary: BatchSum
                             json.dumps(request.body).encode())
     except Exception as e:  # the app answers its own failures: this is a broken app
         return failed(request.custom_id, str(e) or type(e).__name__), False
-    if answer.streamed:
+    if answer.streamed or answer.content_type == BYTES_MEDIA_TYPE:
         return failed(request.custom_id, STREAM_REFUSED), False
     if answer.status == ENGINE_STOPPED:
         raise EngineGone(f"the engine stopped at line {number}: {_body(answer.body)}")

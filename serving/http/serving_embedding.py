@@ -5,9 +5,11 @@ lists of token ids; each becomes one embedding request to the engine
 (texts tokenized here, off the event loop, as /v1/completions tokenizes
 them). The answer is OpenAI's: ``data`` holds one ``{"object":
 "embedding", "index", "embedding"}`` per input, in input order, the
-embedding a list of floats or, with ``encoding_format`` "base64", the
-base64 of its float32 little-endian bytes (what the ``openai`` client
-decodes); ``usage`` counts the prompt tokens. ``dimensions`` (Matryoshka
+embedding encoded as vLLM's ``encoding_format``, ``embed_dtype`` and
+``endianness`` say (``pooling_encoding``: a list of floats by default,
+"base64" the base64 of its bytes, which the ``openai`` client decodes as
+float32; "bytes" and "bytes_only" answer the bytes themselves, not
+JSON); ``usage`` counts the prompt tokens. ``dimensions`` (Matryoshka
 models only) and vLLM's ``normalize`` and ``truncate_prompt_tokens`` go to
 the engine's ``PoolingParams``; an input the engine refuses (empty, too
 long) is a 400 and nothing of the request keeps running. A ``model`` that
@@ -17,19 +19,23 @@ names a LoRA module (``--lora-modules``) embeds with that adapter.
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated
 
-import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from starlette.responses import JSONResponse, Response
 
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
 from serving.http.generation import EngineRefusal, RequestRefused
+from serving.http.pooling_encoding import (
+    EncodingFields,
+    bytes_answer,
+    encoded_vector,
+    is_binary,
+)
 from serving.http.serving_completion import completion_prompts, has_text
 from serving.http.state import ServerState
 from serving.protocol_core import EngineStoppedError
@@ -42,16 +48,16 @@ Int64 = Annotated[int, Field(ge=-(1 << 63), le=(1 << 63) - 1)]
 TruncatePromptTokens = Annotated[int, Field(ge=-1, le=(1 << 63) - 1)]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(EncodingFields):
     """OpenAI's body, with vLLM's extra fields (``truncate_prompt_tokens``,
-    ``normalize``, ``add_special_tokens``, ``priority``); others are ignored,
-    as vLLM ignores them."""
+    ``normalize``, ``add_special_tokens``, ``priority``, and the encoding
+    fields ``embed_dtype`` and ``endianness``); others are ignored, as vLLM
+    ignores them."""
 
     model_config = ConfigDict(extra="ignore")
 
     input: str | list[str] | list[Int64] | list[list[Int64]]
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
@@ -69,11 +75,14 @@ async def create_embedding(state: ServerState, request: EmbeddingRequest) -> Res
     embeddings, lengths = await embed_prompts(state, prompts, pooling, request.priority,
                                               state.lora_request(request.model))
     num_tokens = sum(lengths)
-    data = [{"object": "embedding", "index": i,
-             "embedding": encoded_vector(e, request.encoding_format)}
+    answer_id, created = f"embd-{uuid.uuid4().hex}", int(time.time())
+    if is_binary(request):
+        return bytes_answer(embeddings, request, answer_id, created,
+                            state.shown_model(request.model), num_tokens)
+    data = [{"object": "embedding", "index": i, "embedding": encoded_vector(e, request)}
             for i, e in enumerate(embeddings)]
     return JSONResponse({
-        "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+        "id": answer_id, "object": "list", "created": created,
         "model": state.shown_model(request.model), "data": data,
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens,
                   "completion_tokens": 0}})
@@ -137,11 +146,3 @@ async def embed_prompts(state: ServerState, prompts: list[list[int]], pooling: d
             state.metrics.finished("abort", time.monotonic() - arrival)
     return [embeddings[r] for r in ids], [lengths[r] for r in ids]
 
-
-def encoded_vector(vector: bytes, encoding_format: str) -> list[float] | str:
-    """A pooled output (float32 little-endian bytes) as an answer carries it:
-    a list of floats, or with ``encoding_format`` "base64" the base64 of
-    the bytes (what the ``openai`` client decodes)."""
-    if encoding_format == "base64":
-        return base64.b64encode(vector).decode("ascii")
-    return np.frombuffer(vector, dtype="<f4").tolist()

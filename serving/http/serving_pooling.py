@@ -14,8 +14,10 @@ The answer is vLLM's ``{"id": "pool-...", "object": "list", "created",
 "model", "data": [{"index", "object": "pooling", "data"}], "usage"}``:
 ``data`` holds each prompt's output, in input order, the values
 /v1/embeddings or /classify give for it (the embedding; the class
-probabilities), as floats or, with ``encoding_format`` "base64", the base64
-of their float32 little-endian bytes; ``usage`` counts the prompt tokens.
+probabilities), encoded as /v1/embeddings encodes its vectors
+(``pooling_encoding``: ``encoding_format``, ``embed_dtype``,
+``endianness``; "bytes" and "bytes_only" answer the bytes, not JSON);
+``usage`` counts the prompt tokens.
 Every refusal is a 400 and nothing of the request keeps running.
 """
 
@@ -23,24 +25,28 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
 
 from pydantic import ConfigDict
 from starlette.responses import JSONResponse, Response
 
 from engine.pooling_tasks import check_pooling_task
+from serving.http.pooling_encoding import (
+    EncodingFields,
+    bytes_answer,
+    encoded_vector,
+    is_binary,
+)
 from serving.http.pooling_prompts import PoolingPromptFields, body_prompts
 from serving.http.protocol import FieldError
 from serving.http.serving_embedding import (
     Int64,
     TruncatePromptTokens,
     embed_prompts,
-    encoded_vector,
 )
 from serving.http.state import ServerState
 
 
-class PoolingRequest(PoolingPromptFields):
+class PoolingRequest(PoolingPromptFields, EncodingFields):
     """vLLM's completion-style body (``input``) or chat-style one
     (``messages``), with the fields both take; other fields are ignored, as
     vLLM ignores them."""
@@ -49,7 +55,6 @@ class PoolingRequest(PoolingPromptFields):
 
     model: str | None = None
     task: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
@@ -71,12 +76,15 @@ async def create_pooling(state: ServerState, request: PoolingRequest) -> Respons
         if value is not None}}
     outputs, lengths = await embed_prompts(state, prompts, pooling, request.priority,
                                            state.lora_request(request.model))
-    data = [{"index": i, "object": "pooling",
-             "data": encoded_vector(output, request.encoding_format)}
-            for i, output in enumerate(outputs)]
     num_tokens = sum(lengths)
+    answer_id, created = f"pool-{uuid.uuid4().hex}", int(time.time())
+    if is_binary(request):
+        return bytes_answer(outputs, request, answer_id, created,
+                            state.shown_model(request.model), num_tokens)
+    data = [{"index": i, "object": "pooling", "data": encoded_vector(output, request)}
+            for i, output in enumerate(outputs)]
     return JSONResponse({
-        "id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+        "id": answer_id, "object": "list", "created": created,
         "model": state.shown_model(request.model), "data": data,
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens,
                   "completion_tokens": 0}})

@@ -1,6 +1,9 @@
 """POST /v1/embeddings of ``tprun serve --runner pooling``, through the
 official ``openai`` client: float and base64 answers equal transformers'
 final-normed hidden states of the same checkpoint (last token, normalized);
+vLLM's ``embed_dtype`` and ``endianness`` (base64, and the binary
+"bytes" and "bytes_only" answers, through httpx) carry the float answer's
+values rounded to the dtype, decoded here from their bits;
 refusals are OpenAI-shaped 400s after which the server goes on serving;
 the generation routes answer 404 on a pooling server, and /v1/embeddings
 404 on a generating one, as vLLM registers each task's routes only."""
@@ -8,17 +11,33 @@ the generation routes answer 404 on a pooling server, and /v1/embeddings
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
 import openai
 import pytest
+import torch
 
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.http_utils import metric, recording_app, serving_pooling_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
+# Less than a block and a step: no prefix-cache hit and no chunk, so every
+# request of it alone computes the same floats, to the bit.
+SHORT = [5, 17, 99, 3, 8, 61, 7]
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
+                "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}
+BYTE_ORDERS = {"native": "=", "big": ">", "little": "<"}
+# Rounding to a dtype moves a value by at most half a step: 2**-(m+1) of it
+# (m mantissa bits), or half the subnormal step, 2**(-bias-m), near 0.
+HALF_STEPS = {"float32": (2**-24, 2**-149), "float16": (2**-11, 2**-25),
+              "bfloat16": (2**-8, 2**-134), "fp8_e4m3": (2**-4, 2**-10),
+              "fp8_e5m2": (2**-3, 2**-17)}
+# (exponent bits, mantissa bits) of the fp8 formats.
+FP8_FIELDS = {"fp8_e4m3": (4, 3), "fp8_e5m2": (5, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +56,39 @@ def _reference(model: str, ids: list[int]) -> np.ndarray:
     return hf_last_token_embeddings(model, [ids])[0]
 
 
+def decoded(raw: bytes, embed_dtype: str, endianness: str) -> np.ndarray:
+    """The values of ``raw`` read from their bits, without torch: numpy's
+    float32 and float16; bfloat16 as float32's top half; fp8 by its
+    sign, biased exponent and mantissa (normal and subnormal values)."""
+    order = BYTE_ORDERS[endianness]
+    if embed_dtype in ("float32", "float16"):
+        kind = {"float32": "f4", "float16": "f2"}[embed_dtype]
+        return np.frombuffer(raw, order + kind).astype(np.float64)
+    if embed_dtype == "bfloat16":
+        top = np.frombuffer(raw, order + "u2").astype(np.uint32) << 16
+        return top.view(np.float32).astype(np.float64)
+    exponent_bits, mantissa_bits = FP8_FIELDS[embed_dtype]
+    bias = (1 << (exponent_bits - 1)) - 1
+    bits = np.frombuffer(raw, np.uint8).astype(np.int64)
+    sign = np.where(bits >> 7, -1.0, 1.0)
+    exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    fraction = (bits & ((1 << mantissa_bits) - 1)) / (1 << mantissa_bits)
+    return sign * np.where(exponent > 0, np.ldexp(1 + fraction, exponent - bias),
+                           np.ldexp(fraction, 1 - bias))
+
+
+def rounded(floats: list[float], embed_dtype: str) -> np.ndarray:
+    """torch's rounding of the float answer to ``embed_dtype``."""
+    dtype = TORCH_DTYPES[embed_dtype]
+    return torch.tensor(floats, dtype=torch.float32).to(dtype).double().numpy()
+
+
+def _float_answer(server, model, ids: list[int]) -> list[float]:
+    answer = httpx.post(f"{server.url}/v1/embeddings",
+                        json={"model": model, "input": [ids], "encoding_format": "float"})
+    return answer.json()["data"][0]["embedding"]
+
+
 @pytest.mark.timeout(180)
 def test_float_and_base64_embeddings_match_transformers(client, model):
     # Left unset, the client asks for base64 and decodes it to floats itself.
@@ -51,6 +103,105 @@ def test_float_and_base64_embeddings_match_transformers(client, model):
         np.testing.assert_allclose(f.embedding, want, atol=2e-5)
         np.testing.assert_allclose(np.frombuffer(base64.b64decode(b.embedding), "<f4"), want,
                                    atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_openai_client_decodes_the_float32_encoding(client, server, model):
+    floats = _float_answer(server, model, SHORT)
+    # Left unset, the client asks for base64 and decodes float32 itself.
+    for endianness in ("native", "little"):
+        got = client.embeddings.create(model=model, input=[SHORT], extra_body={
+            "embed_dtype": "float32", "endianness": endianness})
+        assert got.data[0].embedding == floats
+    half = client.embeddings.create(model=model, input=[SHORT], encoding_format="base64",
+                                    extra_body={"embed_dtype": "float16"})
+    np.testing.assert_array_equal(decoded(base64.b64decode(half.data[0].embedding),
+                                          "float16", "native"), rounded(floats, "float16"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("embed_dtype", list(TORCH_DTYPES))
+@pytest.mark.parametrize("endianness", list(BYTE_ORDERS))
+def test_base64_carries_the_dtypes_rounding_in_its_byte_order(server, model, embed_dtype,
+                                                              endianness):
+    floats = _float_answer(server, model, SHORT)
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={
+        "model": model, "input": [SHORT], "encoding_format": "base64",
+        "embed_dtype": embed_dtype, "endianness": endianness})
+    assert answer.status_code == 200, answer.text
+    raw = base64.b64decode(answer.json()["data"][0]["embedding"])
+    assert len(raw) == len(floats) * TORCH_DTYPES[embed_dtype].itemsize
+    got = decoded(raw, embed_dtype, endianness)
+    np.testing.assert_array_equal(got, rounded(floats, embed_dtype))
+    rtol, atol = HALF_STEPS[embed_dtype]
+    np.testing.assert_allclose(got, floats, rtol=rtol, atol=atol)
+
+
+@pytest.mark.timeout(180)
+def test_float_ignores_embed_dtype(server, model):
+    floats = _float_answer(server, model, SHORT)
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={
+        "model": model, "input": [SHORT], "encoding_format": "float",
+        "embed_dtype": "fp8_e4m3", "endianness": "big"})
+    assert answer.json()["data"][0]["embedding"] == floats
+
+
+@pytest.mark.timeout(180)
+def test_bytes_answer_is_the_vectors_with_metadata(server, model):
+    floats = _float_answer(server, model, SHORT)
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={
+        "model": model, "input": [SHORT], "encoding_format": "bytes",
+        "embed_dtype": "bfloat16", "endianness": "big"})
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/octet-stream"
+    meta = json.loads(answer.headers["metadata"])
+    assert meta["id"].startswith("embd-") and meta["model"] == model
+    assert isinstance(meta["created"], int)
+    assert meta["usage"] == {"prompt_tokens": len(SHORT), "total_tokens": len(SHORT)}
+    assert meta["data"] == [{"index": 0, "embed_dtype": "bfloat16", "endianness": "big",
+                             "start": 0, "end": 2 * len(floats), "shape": [len(floats)]}]
+    assert len(answer.content) == 2 * len(floats)
+    np.testing.assert_array_equal(decoded(answer.content, "bfloat16", "big"),
+                                  rounded(floats, "bfloat16"))
+    only = httpx.post(f"{server.url}/v1/embeddings", json={
+        "model": model, "input": [SHORT], "encoding_format": "bytes_only",
+        "embed_dtype": "fp8_e5m2"})
+    assert only.status_code == 200 and "metadata" not in only.headers
+    assert only.headers["content-type"] == "application/octet-stream"
+    np.testing.assert_array_equal(decoded(only.content, "fp8_e5m2", "native"),
+                                  rounded(floats, "fp8_e5m2"))
+
+
+@pytest.mark.timeout(180)
+def test_bytes_of_several_inputs_lie_end_to_end(server, model):
+    answer = httpx.post(f"{server.url}/v1/embeddings", json={
+        "model": model, "input": IDS, "encoding_format": "bytes", "embed_dtype": "float16",
+        "endianness": "little"})
+    meta = json.loads(answer.headers["metadata"])
+    assert [item["index"] for item in meta["data"]] == [0, 1, 2]
+    assert meta["usage"]["prompt_tokens"] == sum(map(len, IDS))
+    assert meta["data"][-1]["end"] == len(answer.content)
+    for item, ids in zip(meta["data"], IDS, strict=True):
+        got = decoded(answer.content[item["start"]:item["end"]], "float16", "little")
+        assert list(got.shape) == item["shape"]
+        np.testing.assert_allclose(got, _reference(model, ids), rtol=2**-11, atol=1e-4)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("field, value, message", [
+    ("embed_dtype", "float64",
+     "Input should be 'float32', 'float16', 'bfloat16', 'fp8_e4m3' or 'fp8_e5m2'"),
+    ("endianness", "middle", "Input should be 'native', 'big' or 'little'"),
+    ("encoding_format", "hex", "Input should be 'float', 'base64', 'bytes' or 'bytes_only'"),
+])
+def test_bad_encoding_fields_are_400s(client, server, model, field, value, message):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=model, input=[SHORT], extra_body={field: value})
+    assert refused.value.body["param"] == field
+    assert message in refused.value.body["message"]
+    assert refused.value.body["type"] == "invalid_request_error"
+    again = client.embeddings.create(model=model, input=[SHORT])
+    assert again.data[0].embedding == _float_answer(server, model, SHORT)
 
 
 @pytest.mark.timeout(180)
