@@ -1,17 +1,22 @@
 """``tprun run-batch --runner pooling``: /v1/embeddings lines answered with
 OpenAI's embedding answer, each vector the one ``LLM.embed`` gives for the
 same input (a text, texts, token ids, lists of token ids); a refused input
-is the route's 400 error body; generation lines get vLLM's "The model does
+is the route's 400 error body; vLLM's ``embed_dtype`` and ``endianness``
+are a line's as the route's, and a binary ``encoding_format`` ("bytes")
+gets vLLM's stream-mode error line; generation lines get vLLM's "The model does
 not support ... API" error line, an url of none of the batch APIs vLLM's
 "Supported endpoints" line, while every other line is answered."""
 
 from __future__ import annotations
+
+import base64
 
 import numpy as np
 import pytest
 
 from engine import LLM
 from tests.helpers.batch_files import answer, assert_error_line, assert_refused, run_batch
+from tests.helpers.embed_dtypes import decoded
 from tests.helpers.hf_models import save_embedding_llama
 
 TEXT = "hello embeddings"
@@ -29,6 +34,10 @@ LINES = [
     ("id-lists", "/v1/embeddings", {"input": ID_LISTS}),
     ("empty", "/v1/embeddings", {"input": ""}),
     ("audio", "/v1/audio/transcriptions", {"file": "x"}),
+    ("half", "/v1/embeddings", {"input": [IDS], "encoding_format": "base64",
+                                "embed_dtype": "float16", "endianness": "big"}),
+    ("bytes", "/v1/embeddings", {"input": [IDS], "encoding_format": "bytes"}),
+    ("bad-dtype", "/v1/embeddings", {"input": [IDS], "embed_dtype": "float64"}),
 ]
 # The inputs each answered line embeds, in its answer's order.
 INPUTS = {"text": [TEXT], "texts": TEXTS, "ids": [IDS], "id-lists": ID_LISTS}
@@ -83,5 +92,16 @@ def test_generation_lines_get_vllms_error_and_the_rest_are_answered(batch):
         "URL /v1/audio/transcriptions was used. Supported endpoints: /v1/chat/completions, "
         "/v1/completions, /v1/embeddings, /score, /v1/score, /rerank, /v1/rerank, "
         "/v2/rerank, /classify."))
-    assert "8 lines written" in result.stderr
-    assert "(4 answered with status 200)" in result.stderr
+    assert "11 lines written" in result.stderr
+    assert "(5 answered with status 200)" in result.stderr
+
+
+@pytest.mark.timeout(300)
+def test_encoding_fields_are_the_routes(batch, model):
+    _, answers = batch
+    (item,) = answer(answers["half"])["data"]
+    (want,) = _embed(model, [IDS])
+    np.testing.assert_allclose(decoded(base64.b64decode(item["embedding"]), "float16", "big"),
+                               want.outputs.embedding, rtol=2**-11, atol=1e-5)
+    assert_error_line(answers["bytes"], "Request must not be sent in stream mode")
+    assert_refused(answers["bad-dtype"], param="embed_dtype")

@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import torch
 
+from tests.helpers.embed_dtypes import HALF_STEPS, TORCH_DTYPES, decoded, rounded
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_embedding_llama
 from tests.helpers.http_utils import metric, recording_app, serving_pooling_model
@@ -27,17 +27,6 @@ IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 # Less than a block and a step: no prefix-cache hit and no chunk, so every
 # request of it alone computes the same floats, to the bit.
 SHORT = [5, 17, 99, 3, 8, 61, 7]
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
-                "fp8_e5m2": torch.float8_e5m2}
-BYTE_ORDERS = {"native": "=", "big": ">", "little": "<"}
-# Rounding to a dtype moves a value by at most half a step: 2**-(m+1) of it
-# (m mantissa bits), or half the subnormal step, 2**(-bias-m), near 0.
-HALF_STEPS = {"float32": (2**-24, 2**-149), "float16": (2**-11, 2**-25),
-              "bfloat16": (2**-8, 2**-134), "fp8_e4m3": (2**-4, 2**-10),
-              "fp8_e5m2": (2**-3, 2**-17)}
-# (exponent bits, mantissa bits) of the fp8 formats.
-FP8_FIELDS = {"fp8_e4m3": (4, 3), "fp8_e5m2": (5, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -54,33 +43,6 @@ def server(tmp_path_factory, model):
 
 def _reference(model: str, ids: list[int]) -> np.ndarray:
     return hf_last_token_embeddings(model, [ids])[0]
-
-
-def decoded(raw: bytes, embed_dtype: str, endianness: str) -> np.ndarray:
-    """The values of ``raw`` read from their bits, without torch: numpy's
-    float32 and float16; bfloat16 as float32's top half; fp8 by its
-    sign, biased exponent and mantissa (normal and subnormal values)."""
-    order = BYTE_ORDERS[endianness]
-    if embed_dtype in ("float32", "float16"):
-        kind = {"float32": "f4", "float16": "f2"}[embed_dtype]
-        return np.frombuffer(raw, order + kind).astype(np.float64)
-    if embed_dtype == "bfloat16":
-        top = np.frombuffer(raw, order + "u2").astype(np.uint32) << 16
-        return top.view(np.float32).astype(np.float64)
-    exponent_bits, mantissa_bits = FP8_FIELDS[embed_dtype]
-    bias = (1 << (exponent_bits - 1)) - 1
-    bits = np.frombuffer(raw, np.uint8).astype(np.int64)
-    sign = np.where(bits >> 7, -1.0, 1.0)
-    exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1)
-    fraction = (bits & ((1 << mantissa_bits) - 1)) / (1 << mantissa_bits)
-    return sign * np.where(exponent > 0, np.ldexp(1 + fraction, exponent - bias),
-                           np.ldexp(fraction, 1 - bias))
-
-
-def rounded(floats: list[float], embed_dtype: str) -> np.ndarray:
-    """torch's rounding of the float answer to ``embed_dtype``."""
-    dtype = TORCH_DTYPES[embed_dtype]
-    return torch.tensor(floats, dtype=torch.float32).to(dtype).double().numpy()
 
 
 def _float_answer(server, model, ids: list[int]) -> list[float]:
@@ -121,7 +83,7 @@ def test_openai_client_decodes_the_float32_encoding(client, server, model):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("embed_dtype", list(TORCH_DTYPES))
-@pytest.mark.parametrize("endianness", list(BYTE_ORDERS))
+@pytest.mark.parametrize("endianness", list(("native", "big", "little")))
 def test_base64_carries_the_dtypes_rounding_in_its_byte_order(server, model, embed_dtype,
                                                               endianness):
     floats = _float_answer(server, model, SHORT)

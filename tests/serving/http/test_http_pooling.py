@@ -4,13 +4,16 @@ transformers' final-normed last-token hidden states of the same checkpoint
 and /v1/embeddings' vectors, a classifier's outputs transformers'
 probabilities; a chat body pools the prompt transformers' chat template
 renders; refusals are OpenAI-shaped 400s after which the server goes on
-serving; as vLLM's key check, /pooling (unversioned) is open where /v1 is
+serving; vLLM's ``embed_dtype``, ``endianness`` and binary
+``encoding_format``s carry /pooling's values as /v1/embeddings' (decoded
+here from their bits); as vLLM's key check, /pooling (unversioned) is open where /v1 is
 guarded; a generating server answers 404, as vLLM registers the pooling
 routes only for a pooling model."""
 
 from __future__ import annotations
 
 import base64
+import json
 
 import httpx
 import numpy as np
@@ -18,11 +21,15 @@ import pytest
 import torch
 import transformers  # the oracle: a test dependency, never skipped
 
+from tests.helpers.embed_dtypes import decoded, rounded
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
 from tests.helpers.hf_models import save_classifier, save_embedding_llama
 from tests.helpers.http_utils import recording_app, serving_pooling_model
 
 IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
+# Less than a block and a step: every request of it alone pools the same
+# floats, to the bit.
+SHORT = [5, 17, 99, 3, 8, 61, 7]
 KEY = "pooling-test-key"
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
 CHAT = [{"role": "system", "content": "embed this"},
@@ -76,6 +83,29 @@ def test_pooled_vectors_match_transformers_and_embeddings(server, model):
 
 
 @pytest.mark.timeout(180)
+def test_embed_dtypes_and_bytes_carry_the_float_values(server, model):
+    (floats,) = _data(_post(server, "/pooling", input=[SHORT]))
+    half = _post(server, "/pooling", input=[SHORT], encoding_format="base64",
+                 embed_dtype="float16", endianness="big").json()["data"][0]["data"]
+    np.testing.assert_array_equal(decoded(base64.b64decode(half), "float16", "big"),
+                                  rounded(floats, "float16"))
+    answer = _post(server, "/pooling", input=[SHORT], encoding_format="bytes",
+                   embed_dtype="fp8_e4m3", endianness="little")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/octet-stream"
+    meta = json.loads(answer.headers["metadata"])
+    assert meta["id"].startswith("pool-") and meta["model"] == model
+    assert meta["usage"] == {"prompt_tokens": len(SHORT), "total_tokens": len(SHORT)}
+    assert meta["data"] == [{"index": 0, "embed_dtype": "fp8_e4m3", "endianness": "little",
+                             "start": 0, "end": len(floats), "shape": [len(floats)]}]
+    np.testing.assert_array_equal(decoded(answer.content, "fp8_e4m3", "little"),
+                                  rounded(floats, "fp8_e4m3"))
+    only = _post(server, "/pooling", input=[SHORT], encoding_format="bytes_only")
+    assert "metadata" not in only.headers
+    np.testing.assert_array_equal(decoded(only.content, "float32", "native"), floats)
+
+
+@pytest.mark.timeout(180)
 def test_text_chat_and_normalize_off(server, model):
     text = "a text of more than sixteen bytes to pool"
     ids = httpx.post(f"{server.url}/tokenize", json={"model": model, "prompt": text}).json()
@@ -109,6 +139,12 @@ def test_text_chat_and_normalize_off(server, model):
     ({"input": [IDS[0]], "messages": CHAT}, "input", "give either input"),
     ({}, "input", "give either input"),
     ({"input": [list(range(1, 70))]}, "input", "maximum context length is 64"),
+    ({"input": [IDS[0]], "embed_dtype": "int8"}, "embed_dtype",
+     "Input should be 'float32', 'float16', 'bfloat16', 'fp8_e4m3' or 'fp8_e5m2'"),
+    ({"input": [IDS[0]], "endianness": "BIG"}, "endianness",
+     "Input should be 'native', 'big' or 'little'"),
+    ({"input": [IDS[0]], "encoding_format": "binary"}, "encoding_format",
+     "Input should be 'float', 'base64', 'bytes' or 'bytes_only'"),
 ])
 def test_refusals_are_400s_and_the_server_goes_on(server, model, body, param, message):
     answer = _post(server, "/pooling", **body)
@@ -138,12 +174,20 @@ def test_classifier_pools_its_probabilities_and_generation_does_not_pool(tmp_pat
     with serving_pooling_model(tmp_path_factory.mktemp("clsserve"), path) as served:
         got = _data(_post(served, "/pooling", key=None, input=IDS))
         classified = _post(served, "/classify", key=None, input=IDS).json()["data"]
+        encoded = _post(served, "/pooling", key=None, input=IDS, encoding_format="bytes",
+                        embed_dtype="bfloat16")
         refused = _post(served, "/pooling", key=None, input=[IDS[0]], task="embed")
     for probs, c, ids in zip(got, classified, IDS, strict=True):
         with torch.no_grad():
             want = torch.softmax(hf(torch.tensor([ids])).logits[0].double(), -1).numpy()
         np.testing.assert_allclose(probs, want, atol=2e-5)
         np.testing.assert_allclose(probs, c["probs"], atol=1e-6)
+    items = json.loads(encoded.headers["metadata"])["data"]
+    assert [(item["start"], item["end"], item["shape"]) for item in items] == [
+        (0, 6, [3]), (6, 12, [3]), (12, 18, [3])]
+    for item, probs in zip(items, got, strict=True):
+        raw = encoded.content[item["start"]:item["end"]]
+        np.testing.assert_allclose(decoded(raw, "bfloat16", "native"), probs, rtol=2**-8)
     assert refused.status_code == 400
     assert "Embedding API is not supported by this model" in refused.json()["error"]["message"]
     with recording_app(tiny_dir) as app:  # a generating model: no pooling route
