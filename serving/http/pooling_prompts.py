@@ -4,9 +4,10 @@ two forms: ``input`` (a text, texts, token ids or lists of ids, read as
 an item; or chat ``messages``, one prompt: the model's chat template (or
 the server's ``--chat-template``, or the request's own where the server
 trusts it: ``request_template``) rendered over them as
-/v1/chat/completions renders them, but with ``add_generation_prompt`` off
-unless asked (a pooled prompt is not answered) and, by default, no special
-tokens beyond those the template writes.
+/v1/chat/completions renders them (``chat_template_kwargs`` giving the
+same variables: ``template_variables``), but with ``add_generation_prompt``
+off unless asked (a pooled prompt is not answered) and, by default, no
+special tokens beyond those the template writes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pydantic import BaseModel
 
 from checkpoint.chat_template import chat_prompt_ids
 from serving.http.protocol import ChatMessage, FieldError
-from serving.http.request_template import request_template
+from serving.http.request_template import request_template, template_variables
 from serving.http.serving_embedding import Int64, input_prompts
 from serving.http.state import ServerState
 
@@ -49,12 +50,11 @@ async def body_prompts(state: ServerState, body: PoolingPromptFields) -> list[li
         return await input_prompts(state, body.input, add)
     template = request_template(body.chat_template, body.chat_template_kwargs,
                                 state.trust_request_chat_template, state.chat_template)
-    kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items()
-              if k != "chat_template"}
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     _, ids = await asyncio.to_thread(
         chat_prompt_ids, state.tokenizer, messages, chat_template=template,
-        add_generation_prompt=body.add_generation_prompt, extra=kwargs,
+        add_generation_prompt=body.add_generation_prompt,
+        extra=template_variables(body.chat_template_kwargs),
         continue_final_message=body.continue_final_message,
         add_special_tokens=bool(body.add_special_tokens))
     return [ids]

@@ -21,7 +21,8 @@ key. vLLM's renderer gives the template it resolved from the field and
 the server's over the kwargs' key, so on a server started with
 ``--chat-template`` the key alone changes nothing (but is still refused
 where the server does not trust request templates); without one, the key
-stands in for the model's template.
+stands in for the model's template. Either way the key is never one of
+the template's variables (``template_variables``).
 """
 
 from __future__ import annotations
@@ -50,3 +51,10 @@ def request_template(chat_template: str | None, chat_template_kwargs: dict[str, 
         raise FieldError("chat_template_kwargs.chat_template",
                          "chat_template_kwargs.chat_template must be a template's text")
     return chat_template or server_template or from_kwargs or None
+
+
+def template_variables(chat_template_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The template's variables a request's ``chat_template_kwargs`` give:
+    all of them but ``chat_template``, which names the template
+    (``request_template``). A new dict: the request's stays as sent."""
+    return {k: v for k, v in (chat_template_kwargs or {}).items() if k != "chat_template"}

@@ -50,7 +50,7 @@ from serving.http.beam_search import check_beam_fields, respond_with_beams
 from serving.http.echo import answer_role, chat_echo
 from serving.http.generation import ChoiceEvent, Generation
 from serving.http.protocol import ChatCompletionRequest, FieldError
-from serving.http.request_template import request_template
+from serving.http.request_template import request_template, template_variables
 from serving.http.response_ids import response_id
 from serving.http.sampling import capped_max_tokens, check_logprobs, choice_params
 from serving.http.state import ServerState
@@ -64,14 +64,12 @@ AnswerReader = ToolCallReader | ReasonedReader
 
 def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any]:
     """The chat template's variables beside the messages, as vLLM gives
-    them: ``chat_template_kwargs`` (but its ``chat_template``, which is the
-    template, not a variable: ``request_template``), over which the
+    them: ``chat_template_kwargs``' (``template_variables``), over which the
     request's ``documents`` and ``reasoning_effort`` go where set, and, with
     ``reasoning_effort``, ``enable_thinking`` (false for "none") unless the
     kwargs set it: a template that thinks only when asked (Qwen3's) then
     does as the effort says, and a reasoning parser reads the answer so."""
-    kwargs = dict(request.chat_template_kwargs or {})
-    kwargs.pop("chat_template", None)
+    kwargs = template_variables(request.chat_template_kwargs)
     for name in ("documents", "reasoning_effort"):
         if getattr(request, name) is not None:
             kwargs[name] = getattr(request, name)

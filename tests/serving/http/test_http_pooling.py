@@ -31,7 +31,8 @@ IDS = [[5, 17, 99, 3], list(range(1, 40)), [42]]
 # floats, to the bit.
 SHORT = [5, 17, 99, 3, 8, 61, 7]
 KEY = "pooling-test-key"
-TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if mood is defined %}({{ mood }}){% endif %}")
 CHAT = [{"role": "system", "content": "embed this"},
         {"role": "user", "content": "a chat of more than sixteen bytes"}]
 
@@ -124,6 +125,25 @@ def test_text_chat_and_normalize_off(server, model):
     with torch.no_grad():
         want = base(torch.tensor([IDS[0]])).last_hidden_state[0, -1].double().numpy()
     np.testing.assert_allclose(raw, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(180)
+def test_chat_template_kwargs_are_the_templates_variables(server, model):
+    brief = [{"role": "user", "content": "hi"}]
+    hf = transformers.AutoTokenizer.from_pretrained(model)
+    chat_ids = list(hf.apply_chat_template(brief, chat_template=TEMPLATE, tokenize=True,
+                                           add_generation_prompt=False, return_dict=False,
+                                           mood="calm"))
+    answer = _post(server, "/pooling", model=model, messages=brief,
+                   chat_template_kwargs={"mood": "calm"})
+    (chat,) = _data(answer)
+    assert answer.json()["usage"]["prompt_tokens"] == len(chat_ids)
+    np.testing.assert_allclose(chat, hf_last_token_embeddings(model, [chat_ids])[0], atol=2e-5)
+    # The key names a template, which this server does not take from a request.
+    refused = _post(server, "/pooling", model=model, messages=brief,
+                    chat_template_kwargs={"chat_template": TEMPLATE, "mood": "calm"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "chat_template_kwargs"
 
 
 @pytest.mark.timeout(180)
