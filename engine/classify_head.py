@@ -3,7 +3,8 @@
 request parameters it reads.
 
 The runner sends each request's ``num_labels`` float32 logits (the pooled
-last token through the checkpoint's score weight, on the device). With
+last token through the checkpoint's score weight, on the device; for a
+"token_classify" request, each prompt token's, one row a token). With
 ``use_activation`` on (the default) they pass through the classifier's
 activation, as vLLM's classifier pooler chooses it; off, the raw logits.
 An activation is one of these names:
@@ -14,7 +15,7 @@ An activation is one of these names:
   yes/no answers);
 - ``IDENTITY``: the logits as they are (a regression head's values);
 - the qualified name of another ``torch.nn.modules`` class, built with no
-  arguments and applied in eval mode to the ``[1, num_labels]`` float32
+  arguments and applied in eval mode to the ``[rows, num_labels]`` float32
   logits (e.g. ``torch.nn.modules.activation.Tanh``).
 
 ``classifier_activation`` reads it from config.json as vLLM does, the
@@ -48,12 +49,12 @@ _PROBLEM_TYPES = {"regression": IDENTITY, "single_label_classification": CLASSIF
 _TORCH_MODULES = "torch.nn.modules."
 
 
-def resolved_classify_params(params: PoolingParams,
-                             default_use_activation: bool | None) -> PoolingParams:
-    """``params`` of a classification (``check_task_parameters``) with
-    ``use_activation`` filled: the request's, else ``pooler_config``'s,
-    else True."""
-    params = check_task_parameters(params, "classify")
+def resolved_classify_params(params: PoolingParams, default_use_activation: bool | None,
+                             task: str = "classify") -> PoolingParams:
+    """``params`` of a classification (``task`` "classify" or
+    "token_classify", ``check_task_parameters``) with ``use_activation``
+    filled: the request's, else ``pooler_config``'s, else True."""
+    params = check_task_parameters(params, task)
     if params.use_activation is None:
         on = True if default_use_activation is None else default_use_activation
         params = msgspec.structs.replace(params, use_activation=on)
@@ -81,7 +82,7 @@ def classifier_activation(problem_type: str | None, function_name: str | None,
     if isinstance(module, (nn.Sigmoid, nn.Softmax)):
         return CLASSIFY
     try:
-        activation_fn(function_name)(np.zeros(num_labels))
+        activation_fn(function_name)(np.zeros((1, num_labels)))
     except Exception as e:  # the module's own code failed on the logits
         noun = "logit" if num_labels == 1 else "logits"
         raise ValueError(f"activation function {function_name!r} cannot be applied to "
@@ -116,21 +117,22 @@ def _torch_module(function_name: str):
 @functools.cache
 def activation_fn(activation: str) -> Callable[[np.ndarray], np.ndarray]:
     """The function of an activation name (the module's list): float64
-    logits in, float64 values out, one request's."""
+    logits in, [rows, num_labels], float64 values out, each row's own (a
+    request's one row, or a token-level request's row a token)."""
     if activation == IDENTITY:
         return lambda values: values
     if activation == MULTI_LABEL:
         return _sigmoid
     if activation == CLASSIFY:
-        return lambda values: _sigmoid(values) if values.size == 1 else _softmax(values)
+        return lambda values: _sigmoid(values) if values.shape[-1] == 1 else _softmax(values)
     module = _torch_module(activation)
 
     def apply(values: np.ndarray) -> np.ndarray:
         import torch
 
         with torch.no_grad():
-            out = module(torch.from_numpy(values.astype(np.float32)).unsqueeze(0))
-        return out.squeeze(0).double().numpy()
+            out = module(torch.from_numpy(values.astype(np.float32)))
+        return out.double().numpy()
     return apply
 
 
@@ -139,15 +141,18 @@ def _sigmoid(values: np.ndarray) -> np.ndarray:
 
 
 def _softmax(values: np.ndarray) -> np.ndarray:
-    values = np.exp(values - values.max())
-    return values / values.sum()
+    values = np.exp(values - values.max(axis=-1, keepdims=True))
+    return values / values.sum(axis=-1, keepdims=True)
 
 
-def probabilities_of(logits: bytes, params: PoolingParams, activation: str = CLASSIFY) -> bytes:
+def probabilities_of(logits: bytes, params: PoolingParams, activation: str = CLASSIFY,
+                     num_rows: int = 1) -> bytes:
     """The request's output from the runner's logits (float32 little-endian
-    bytes): through ``activation`` (the classifier's activation's name)
-    where ``params.use_activation``; float32 little-endian bytes again."""
-    values = np.frombuffer(logits, dtype="<f4").astype(np.float64)
+    bytes, ``num_rows`` rows one after the other: one for "classify", one
+    a prompt token for "token_classify"): each row through ``activation``
+    (the classifier's activation's name) where ``params.use_activation``;
+    float32 little-endian bytes again, row after row."""
+    values = np.frombuffer(logits, dtype="<f4").astype(np.float64).reshape(num_rows, -1)
     if params.use_activation:
         values = activation_fn(activation)(values)
     return values.astype("<f4").tobytes()

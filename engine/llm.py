@@ -32,7 +32,7 @@ from engine.pooling_outputs import (
     PoolingRequestOutput,
 )
 from engine.pooling_params import PoolingParams
-from engine.pooling_tasks import check_pooling_task
+from engine.pooling_tasks import check_pooling_task, is_token_task
 from engine.progress import RequestProgress
 from engine.reasoning import enable_thinking_of
 from engine.request import Request
@@ -229,18 +229,21 @@ class LLM:
         """vLLM's generic pooling call: each prompt's pooled output for
         ``pooling_task``, in the order of ``prompts``, as vLLM's
         ``PoolingRequestOutput`` whose ``outputs.data`` is a float32 tensor.
-        ``pooling_task`` is required and must be the engine's own task
+        ``pooling_task`` is required and must be a task the engine serves
         (``engine.pooling_tasks``: "embed" on an embedding model, the values
-        ``embed`` gives; "classify" on a classifier, those of ``classify``);
-        another, or a generating engine, is refused with vLLM's message
-        (``InvalidRequestError``). ``pooling_params``,
+        ``embed`` gives, or "token_embed", each prompt token's embedding,
+        ``data`` ``[n_tokens, hidden]``; "classify" on a classifier, those of
+        ``classify``, or "token_classify", each prompt token's, ``data``
+        ``[n_tokens, num_labels]``); another, or a generating engine, is
+        refused with vLLM's message (``InvalidRequestError``). ``pooling_params``,
         ``truncate_prompt_tokens``, ``lora_request`` and ``use_tqdm`` as
         ``embed`` takes them."""
         pooler = self.engine.pooler
         task = check_pooling_task(pooling_task, None if pooler is None else pooler.task)
         pooled = self._pool(prompts, pooling_params, use_tqdm, truncate_prompt_tokens,
                             lora_request, task)
-        return _request_outputs(pooled, PoolingRequestOutput, PoolingOutput)
+        return _request_outputs(pooled, PoolingRequestOutput, PoolingOutput,
+                                per_token=is_token_task(task))
 
     def _pool(self, prompts: str | dict | Iterable[str | dict],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None, use_tqdm: bool,
@@ -502,13 +505,15 @@ class _Choice(NamedTuple):
 
 
 def _request_outputs(pooled: list[tuple[Request, bytes]], request_output: type,
-                     output: type) -> list:
+                     output: type, per_token: bool = False) -> list:
     """``_pool``'s requests and bytes as vLLM's records of ``embed``,
     ``classify`` or ``encode``: ``request_output`` (a
-    ``PoolingRequestOutput``) of ``output.from_bytes``, with the prompt's
-    token ids after any truncation and its prefix-cache hits."""
-    return [request_output(r.req_id, output.from_bytes(data), list(r.prompt_token_ids),
-                           r.num_cached_tokens or 0)
+    ``PoolingRequestOutput``) of ``output.from_bytes`` (one row a prompt
+    token where ``per_token``), with the prompt's token ids after any
+    truncation and its prefix-cache hits."""
+    return [request_output(r.req_id, output.from_bytes(data, r.num_prompt_tokens)
+                           if per_token else output.from_bytes(data),
+                           list(r.prompt_token_ids), r.num_cached_tokens or 0)
             for r, data in pooled]
 
 

@@ -42,6 +42,7 @@ from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.lora_checks import LoRAChecks
 from engine.outputs import RequestOutputDelta
 from engine.pooler_config import TASK_NAMES
+from engine.pooling_tasks import supported_tasks
 from engine.pooling_params import (
     Matryoshka,
     PoolingParams,
@@ -360,14 +361,16 @@ class LLMEngine:
                             req_id: str | None = None, priority: int = 0,
                             lora_request: LoRARequest | None = None,
                             task: str = "embed") -> Request:
-        """The ``task`` request ("embed" or "classify", the engine's own
-        task, ``PoolerSettings.task``) of ``prompt`` (an engine with a pooler
+        """The ``task`` request (one of ``supported_tasks`` of the engine's
+        own task, ``PoolerSettings.task``: "embed" or "token_embed",
+        "classify" or "token_classify") of ``prompt`` (an engine with a pooler
         only: ``runner="pooling"``): tokenized, cut to
         ``params.truncate_prompt_tokens``, checked (``check_pooling_prompt``;
         ``dimensions`` against the model, ``resolved_params``), nothing
         queued (a classification's params: ``resolved_classify_params``). It
         runs its prompt and finishes "stop" with its embedding or class
-        probabilities (``RequestOutputDelta.pooled``), sampling nothing: its sampling
+        probabilities (``RequestOutputDelta.pooled``; a token-level task's,
+        one row a prompt token), sampling nothing: its sampling
         parameters are one greedy token that is never drawn. Like
         ``new_request``, any thread may call it; ``lora_request`` as
         ``new_request`` takes it (the adapter's hidden states are pooled)."""
@@ -375,20 +378,21 @@ class LLMEngine:
             raise InvalidRequestError(f"{TASK_NAMES[task]} are not supported by a generating "
                                       f"model: start it with runner 'pooling' (or convert "
                                       f"{task!r})")
-        if task != self.pooler.task:
-            raise InvalidRequestError(f"pooling_task must be one of ['{self.pooler.task}']: "
-                                      f"this model serves {TASK_NAMES[self.pooler.task]}, not "
-                                      f"{TASK_NAMES[task]}", param="task")
+        served = supported_tasks(self.pooler.task)
+        if task not in served:
+            raise InvalidRequestError(f"pooling_task must be one of {list(served)}: this model "
+                                      f"serves {TASK_NAMES[self.pooler.task]}, not "
+                                      f"{TASK_NAMES.get(task, repr(task))}", param="task")
         self.lora_checks.check(lora_request)
         if priority != 0 and self.scheduler.config.policy != "priority":
             raise InvalidRequestError(f"priority {priority} needs the 'priority' scheduling "
                                       "policy (--scheduling-policy priority)")
         limits = self.scheduler.config
-        if task == "classify":
-            params = resolved_classify_params(params, self.pooler.use_activation)
+        if self.pooler.task == "classify":
+            params = resolved_classify_params(params, self.pooler.use_activation, task)
         else:
             params = resolved_params(params, self.pooler.normalize, self.pooler.dimensions,
-                                     self.matryoshka, self.config.model)
+                                     self.matryoshka, self.config.model, task)
         ids = truncated_prompt(self.tokenize(prompt), params.truncate_prompt_tokens,
                                limits.max_model_len)
         check_pooling_prompt(ids, self.model_config.vocab_size, limits.max_model_len,

@@ -33,7 +33,8 @@ RUNNERS = ("auto", "generate", "pooling")
 CONVERTS = ("auto", "none", "embed", "classify")
 TASKS = ("embed", "classify")
 # What each task's requests are called in messages.
-TASK_NAMES = {"embed": "embeddings", "classify": "classifications"}
+TASK_NAMES = {"embed": "embeddings", "classify": "classifications",
+              "token_embed": "token embeddings", "token_classify": "token classifications"}
 DEFAULT_POOLING_TYPE = "LAST"
 # The keys ``pooler_config`` takes (the task comes from convert and the model).
 POOLER_CONFIG_KEYS = ("pooling_type", "normalize", "dimensions", "use_activation")

@@ -86,14 +86,19 @@ class ClassificationRequestOutput(PoolingRequestOutput[ClassificationOutput]):
 @dataclass
 class PoolingOutput:
     """One prompt's pooled output as ``LLM.encode`` gives it: ``data``, a
-    1-D float32 CPU tensor, the embedding of the "embed" task or the class
+    float32 CPU tensor: 1-D, the embedding of the "embed" task or the class
     probabilities of the "classify" one (the values ``embed`` and
-    ``classify`` give, with the same parameters)."""
+    ``classify`` give, with the same parameters); 2-D, one row per prompt
+    token, for "token_embed" (each token's embedding, ``[n, hidden]``) and
+    "token_classify" (each token's class probabilities, ``[n, num_labels]``),
+    as vLLM's."""
 
     data: torch.Tensor
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> PoolingOutput:
+    def from_bytes(cls, data: bytes, num_rows: int | None = None) -> PoolingOutput:
         """From the engine's float32 little-endian bytes (a copy: the tensor
-        owns writable memory)."""
-        return cls(torch.from_numpy(_float32_values(data).astype(np.float32)))
+        owns writable memory); ``num_rows`` rows where given (a token-level
+        task's), else one vector."""
+        values = _float32_values(data).astype(np.float32)
+        return cls(torch.from_numpy(values if num_rows is None else values.reshape(num_rows, -1)))

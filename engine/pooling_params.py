@@ -4,10 +4,11 @@ is ``engine.classify_head``).
 
 A pooling request runs its prompt and finishes without sampling: the
 runner pools the final-normed hidden states (``runner.pooler``, by the
-engine's pooling type) and sends the raw float32 vector; the engine then
+engine's pooling type) and sends the raw float32 vector, or for a
+"token_embed" request one raw row per prompt token; the engine then
 applies the request's ``dimensions`` (Matryoshka truncation: the first d
 values) and, where ``normalize`` is on (the default), L2 normalization, in
-that order, as vLLM's embedding head does. ``dimensions`` is taken only
+that order, to each row, as vLLM's embedding heads do. ``dimensions`` is taken only
 for a model that says it supports Matryoshka representations (config.json's
 ``is_matryoshka`` or ``matryoshka_dimensions``; with a list, only those),
 as vLLM refuses it otherwise.
@@ -33,9 +34,10 @@ class PoolingParams(msgspec.Struct, frozen=True, kw_only=True):
     (Matryoshka models only); ``normalize`` L2-normalizes it (None: the
     server's default, ``pooler_config``'s ``normalize``, else True).
     Classification: ``use_activation`` turns the logits into probabilities
-    (None: ``pooler_config``'s, else True). ``task``: "embed" or
-    "classify", which the engine sets (vLLM's internal field); each task
-    refuses the other's parameters, with vLLM's message."""
+    (None: ``pooler_config``'s, else True). ``task``: the pooling task
+    ("embed", "classify", "token_embed", "token_classify"), which the
+    engine sets (vLLM's internal field); each task refuses the parameters
+    of the others, with vLLM's message."""
 
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
@@ -79,7 +81,9 @@ class Matryoshka(msgspec.Struct, frozen=True):
 
 
 # The parameters each task takes, of those only one task takes (vLLM's).
-TASK_PARAMETERS = {"embed": ("dimensions", "normalize"), "classify": ("use_activation",)}
+TASK_PARAMETERS = {"embed": ("dimensions", "normalize"), "classify": ("use_activation",),
+                   "token_embed": ("dimensions", "normalize"),
+                   "token_classify": ("use_activation",)}
 
 
 def check_task_parameters(params: PoolingParams, task: str) -> PoolingParams:
@@ -105,12 +109,13 @@ def check_task_parameters(params: PoolingParams, task: str) -> PoolingParams:
 
 def resolved_params(params: PoolingParams, default_normalize: bool | None,
                     default_dimensions: int | None, matryoshka: Matryoshka,
-                    model_name: str) -> PoolingParams:
-    """``params`` of an embedding (``check_task_parameters``) with the
+                    model_name: str, task: str = "embed") -> PoolingParams:
+    """``params`` of an embedding (``task`` "embed" or "token_embed",
+    ``check_task_parameters``) with the
     server's defaults filled (``pooler_config``'s ``normalize`` and
     ``dimensions``; normalize True where neither says) and ``dimensions``
     checked against the model, with vLLM's messages."""
-    params = check_task_parameters(params, "embed")
+    params = check_task_parameters(params, task)
     normalize = params.normalize
     if normalize is None:
         normalize = True if default_normalize is None else default_normalize
@@ -155,13 +160,16 @@ def check_pooling_prompt(prompt_token_ids: list[int], vocab_size: int, max_model
                                   param="input")
 
 
-def embedding_of(pooled: bytes, params: PoolingParams) -> bytes:
-    """The request's embedding from the runner's raw pooled vector (float32
-    little-endian bytes): its first ``dimensions`` values, then L2-normalized
-    where ``normalize``; float32 little-endian bytes again."""
-    vector = np.frombuffer(pooled, dtype="<f4")
+def embedding_of(pooled: bytes, params: PoolingParams, num_rows: int = 1) -> bytes:
+    """The request's embedding from the runner's raw pooled rows (float32
+    little-endian bytes, ``num_rows`` rows one after the other: one for
+    "embed", one a prompt token for "token_embed"): each row's first
+    ``dimensions`` values, then L2-normalized where ``normalize``; float32
+    little-endian bytes again, row after row."""
+    rows = np.frombuffer(pooled, dtype="<f4").reshape(num_rows, -1)
     if params.dimensions is not None:
-        vector = vector[: params.dimensions]
+        rows = rows[:, : params.dimensions]
     if params.normalize:
-        vector = vector / max(float(np.linalg.norm(vector.astype(np.float64))), 1e-12)
-    return vector.astype("<f4").tobytes()
+        norms = np.linalg.norm(rows.astype(np.float64), axis=1, keepdims=True)
+        rows = rows / np.maximum(norms, 1e-12)
+    return rows.astype("<f4").tobytes()

@@ -16,7 +16,7 @@ from engine.repetition import RepetitionDetector
 from engine.sampling_params import SamplingParams
 from engine.structured_outputs.grammar import Grammar
 from engine.thinking_budget import ThinkingBudget
-from ipc.config import SchedulerConfig
+from ipc.config import TOKEN_POOLING_TASKS, SchedulerConfig
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
 
@@ -142,11 +142,32 @@ class Request:
         # A pooling request's resolved parameters (None: it generates);
         # ``LLMEngine.new_pooling_request`` sets them.
         self.pooling_params = None
+        # A token-level pooling request's rows of the chunks run so far (the
+        # scheduler's; a preemption empties it, as its prompt runs again).
+        self.pooled_chunks: list[bytes] = []
 
     @property
     def all_token_ids(self) -> list[int]:
         """Prompt followed by output (a view: do not mutate)."""
         return self._all_token_ids
+
+    @property
+    def pooling_task(self) -> str | None:
+        """A pooling request's task (None: it generates)."""
+        return None if self.pooling_params is None else self.pooling_params.task
+
+    @property
+    def pools_tokens(self) -> bool:
+        """Whether it answers one row per prompt token (a token-level task)."""
+        return self.pooling_task in TOKEN_POOLING_TASKS
+
+    @property
+    def reads_prefix_cache(self) -> bool:
+        """Whether it may take prefix-cache hits: not where every prompt
+        position must run (prompt logprobs need each one's logits, a
+        token-level pooling request each one's hidden state), as vLLM
+        skips reading the cache for both."""
+        return self.sampling_params.prompt_logprobs is None and not self.pools_tokens
 
     @property
     def num_tokens(self) -> int:

@@ -514,9 +514,8 @@ class Scheduler:
                 self._unadmitted.append(RequestOutputDelta(request.req_id, [], True,
                                                            request.finish_reason))
                 continue
-            # Prompt logprobs need every prompt position's logits: no prefix hits.
-            hit_blocks, num_hit = (([], 0) if request.sampling_params.prompt_logprobs is not None
-                                   else self.kv.get_computed_blocks(request))
+            hit_blocks, num_hit = (self.kv.get_computed_blocks(request)
+                                   if request.reads_prefix_cache else ([], 0))
             num_new = draft.scorable(request, min(request.num_tokens - num_hit, draft.budget))
             if not self.config.enable_chunked_prefill and num_new < request.num_tokens - num_hit:
                 return  # whole prompts only: it waits for a step with room
@@ -548,6 +547,7 @@ class Scheduler:
                     max_tokens=request.max_tokens,
                     min_tokens_stop_ids=min_tokens_stop_ids(request),
                     lora_slot=lora_slot,
+                    pooling_task=request.pooling_task,
                 )
             )
 
@@ -565,6 +565,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
         request.next_drafts = []
+        request.pooled_chunks = []
         if request.grammar is not None:
             request.grammar.rollback_to(len(request.output_token_ids))
         request.num_preemptions += 1
@@ -608,8 +609,8 @@ class Scheduler:
                                      self.config.num_speculative_tokens, self.config.vocab_size)
         if self.config.pooled_size or runner_output.pooled:  # a generating step: neither
             checked_pooled(step_id, runner_output.pooled,
-                           [req_id for req_id, e in in_flight.items()
-                            if e.samples and e.request.pooling_params is not None],
+                           _pooled_rows(in_flight, plan_req_ids,
+                                        scheduler_output.num_scheduled_tokens),
                            self.config.pooled_size)
         # Only a reply that passed every check above changes a request.
         prompt_logprobs.absorb((e.request for e in in_flight.values() if self._is_live(e)),
@@ -627,24 +628,33 @@ class Scheduler:
                 num_accepted = len(sampled) - 1
                 request.num_computed_tokens -= entry.num_drafts - num_accepted
                 self.spec_stats.observe(entry.num_drafts, num_accepted)
-            if req_id in runner_output.pooled and request.pooling_params is not None:
-                deltas.append(self._finish_pooled(request, runner_output.pooled[req_id]))
+            if request.pooling_params is not None:
+                if request.pools_tokens:
+                    request.pooled_chunks.append(runner_output.pooled[req_id])
+                if entry.samples:
+                    deltas.append(self._finish_pooled(request, runner_output.pooled[req_id]))
             elif sampled:  # empty for a prefill chunk
                 deltas.append(self._append_tokens(request, sampled, token_rows))
         return deltas
 
     def _finish_pooled(self, request: Request, pooled: bytes) -> RequestOutputDelta:
         """A pooling request whose prompt has run: its embedding or class
-        probabilities (the request's head over the runner's vector,
-        ``embedding_of`` or ``probabilities_of`` with the classifier's
-        activation, by its task), and it finishes "stop" with its blocks
-        freed, as vLLM finishes it."""
+        probabilities (the request's head over the runner's vector, or over
+        its rows of every chunk for a token-level request: ``embedding_of``
+        or ``probabilities_of`` with the classifier's activation, by its
+        task), and it finishes "stop" with its blocks freed, as vLLM
+        finishes it."""
         self._finish(request, RequestStatus.FINISHED_STOPPED)
         params = request.pooling_params
-        if params.task == "classify":
-            output = probabilities_of(pooled, params, self.config.classifier_activation)
+        num_rows = 1
+        if request.pools_tokens:
+            pooled, num_rows = b"".join(request.pooled_chunks), request.num_prompt_tokens
+            request.pooled_chunks = []
+        if params.task in ("classify", "token_classify"):
+            output = probabilities_of(pooled, params, self.config.classifier_activation,
+                                      num_rows)
         else:
-            output = embedding_of(pooled, params)
+            output = embedding_of(pooled, params, num_rows)
         return RequestOutputDelta(request.req_id, [], True, request.finish_reason,
                                   num_cached_tokens=request.num_cached_tokens,
                                   pooled=output)
@@ -767,3 +777,20 @@ def _token_logprobs(token: int, row: tuple) -> TokenLogprobs:
     out = {t: Logprob(lp, rank) for rank, (t, lp) in enumerate(zip(top_ids, top_lps), start=1)}
     out[token] = Logprob(sampled_lp, sampled_rank)
     return out
+
+
+def _pooled_rows(in_flight: dict[str, _InFlight], plan_req_ids: list[str],
+                 num_scheduled: list[int]) -> dict[str, int]:
+    """The rows a pooling step's reply owes each request
+    (``reported_pooled``): one for a sequence pooling request whose prompt
+    ends in the step, its scheduled tokens for a token-level one."""
+    rows = {}
+    for req_id, n in zip(plan_req_ids, num_scheduled):
+        entry = in_flight.get(req_id)
+        if entry is None or entry.request.pooling_params is None:
+            continue
+        if entry.request.pools_tokens:
+            rows[req_id] = n
+        elif entry.samples:
+            rows[req_id] = 1
+    return rows

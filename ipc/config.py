@@ -28,6 +28,9 @@ MAX_SPECULATIVE_TOKENS = 16
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 # A pooling runner's sequence pooling of a decoder (``RunnerConfig.pooling_type``).
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+# vLLM's token-level pooling tasks: one output row a prompt token (the
+# request's ``NewRequestData.pooling_task``; ``runner.pooler``).
+TOKEN_POOLING_TASKS = ("token_embed", "token_classify")
 
 
 class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -177,6 +177,9 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     ``min_tokens_stop_ids``: the ids ``sampling.min_tokens`` holds back (the
     request's stop ids and its end-of-sequence ids, ``ignore_eos`` or not).
     ``lora_slot``: the adapter slot it runs with (-1: none).
+    ``pooling_task``: a pooling request's task (vLLM's ``PoolingParams.task``;
+    None: a generating request); one of ``TOKEN_POOLING_TASKS`` gets one
+    output row per prompt token, every chunk its own rows.
     """
 
     req_id: str
@@ -188,6 +191,7 @@ class NewRequestData(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens: int
     min_tokens_stop_ids: list[int] = []
     lora_slot: int = -1
+    pooling_task: str | None = None
 
 
 class CachedRequestData(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -337,8 +341,12 @@ class ModelRunnerOutput(msgspec.Struct, frozen=True, kw_only=True, tag=True, omi
     (those its next step verifies the first of); empty otherwise.
     ``pooled`` (a pooling runner only; its rows sample nothing): for each
     request whose prompt's last token ran in this step, its pooled hidden
-    state, float32 little-endian bytes of the model's hidden size, before
-    any truncation or normalization (the engine applies the request's).
+    state, float32 little-endian bytes of ``pooled_size`` values (the
+    model's hidden size; a classifier's logits), before any truncation,
+    normalization or activation (the engine applies the request's); for a
+    token-level request (``NewRequestData.pooling_task``), on every step
+    that runs a chunk of its prompt, that chunk's rows, one per token, one
+    after the other.
 
     This reply, the plan (``SchedulerOutput``) and its ``CachedRequestData``
     are encoded without the fields at their defaults (``omit_defaults``):

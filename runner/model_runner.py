@@ -498,17 +498,17 @@ class ModelRunner:
     def _pool(self, step_id: int, batch: InputBatch, hidden: torch.Tensor) -> _PendingStep:
         """A pooling runner's step after the model: the step's tokens
         counted as computed (on the device, as ``_after_forward`` counts
-        them; no logits), the rows whose prompt ends here pooled, and
-        their copy to the host started (``runner.pooler``)."""
+        them; no logits), the rows whose prompt ends here pooled, a
+        token-level request's tokens of this step taken, and their copy to
+        the host started (``runner.pooler``)."""
         buf, states = self.buffers, self.req_states
         self.ops.finish_step_rows(buf.idx_mapping, buf.seq_lens, buf.positions,
                                   buf.logits_indices[:batch.num_logits], states.prefill_len.gpu,
                                   states.num_computed_tokens.gpu, batch.num_reqs)
         states.num_computed_tokens_np[batch.idx_mapping_np] = batch.seq_lens_np
-        req_ids, rows, pooled = self.pooler(hidden, batch, states.prefill_len_np,
-                                            buf.query_start_loc)
-        output = PooledOutput(step_id, batch.num_reqs, req_ids, rows, pooled,
-                              self.output_transfer)
+        spans, rows = self.pooler(hidden, batch, states.prefill_len_np, states.pools_tokens_np,
+                                  buf.query_start_loc)
+        output = PooledOutput(step_id, batch.num_reqs, spans, rows, self.output_transfer)
         return _PendingStep(step_id, batch, None, pooled=output)
 
     def _prompt_logprobs(self, hidden: torch.Tensor,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ipc.config import TOKEN_POOLING_TASKS
 from ipc.messages import NewRequestData
 from runner.staged_write import StagedWriteTensor
 
@@ -55,6 +56,9 @@ class RequestState:
         self.prompt_len_np = np.zeros(rows, dtype=np.int32)
         self.prefill_len_np = np.zeros(rows, dtype=np.int32)
         self.prefill_len = StagedWriteTensor((rows,), torch.int32, device)
+        # A pooling runner's token-level requests (one output row a prompt
+        # token, ``runner.pooler``); host only, as the host picks the rows.
+        self.pools_tokens_np = np.zeros(rows, dtype=bool)
         self.num_computed_tokens_np = np.zeros(rows, dtype=np.int32)
         self.num_computed_tokens = StagedWriteTensor((rows,), torch.int32, device)
         self.last_sampled_tokens = torch.zeros(rows, dtype=torch.int64, device=device)
@@ -77,6 +81,7 @@ class RequestState:
         self.prompt_len_np[slot] = len(new.prompt_token_ids)
         self.prefill_len_np[slot] = prefill_len
         self.prefill_len.stage_write_elem(slot, prefill_len)
+        self.pools_tokens_np[slot] = new.pooling_task in TOKEN_POOLING_TASKS
         self.all_token_ids.stage_write(
             slot, 0, new.prefill_token_ids if prefill_ids is None else prefill_ids)
         self.set_num_computed_tokens(slot, new.num_computed_tokens)

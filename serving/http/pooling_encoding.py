@@ -79,13 +79,23 @@ def vector_bytes(vector: bytes, embed_dtype: str, endianness: str) -> bytes:
     return raw.numpy().tobytes()
 
 
-def encoded_vector(vector: bytes, fields: EncodingFields) -> list[float] | str:
-    """A vector as a JSON answer carries it: a list of floats for "float",
-    else (base64) the base64 of ``vector_bytes``."""
+def encoded_vector(
+    vector: bytes, fields: EncodingFields, num_rows: int | None = None
+) -> list[float] | list[list[float]] | str:
+    """A vector as a JSON answer carries it: a list of floats for "float"
+    (a list of ``num_rows`` lists where given: a token-level task's rows),
+    else (base64) the base64 of ``vector_bytes``, rows one after the other."""
     if fields.encoding_format == "float":
-        return float_values(vector).tolist()
+        values = float_values(vector)
+        return (values if num_rows is None else values.reshape(num_rows, -1)).tolist()
     raw = vector_bytes(vector, fields.embed_dtype, fields.endianness)
     return base64.b64encode(raw).decode("ascii")
+
+
+def shape(num_values: int, num_rows: int | None) -> list[int]:
+    """A vector's shape in the bytes answer's metadata: ``[n]``, or ``[rows,
+    n / rows]`` for a token-level task's rows."""
+    return [num_values] if num_rows is None else [num_rows, num_values // num_rows]
 
 
 def is_binary(fields: EncodingFields) -> bool:
@@ -100,8 +110,12 @@ def bytes_answer(
     created: int,
     model: str,
     prompt_tokens: int,
+    rows: list[int | None] | None = None,
 ) -> Response:
-    """The "bytes" or "bytes_only" answer of ``vectors`` (module docstring)."""
+    """The "bytes" or "bytes_only" answer of ``vectors`` (module docstring);
+    ``rows[i]``, where given and not None, makes vector i's shape ``[rows,
+    n / rows]`` (a token-level task's rows)."""
+    rows = rows or [None] * len(vectors)
     parts = [vector_bytes(v, fields.embed_dtype, fields.endianness) for v in vectors]
     items, start = [], 0
     for index, (vector, part) in enumerate(zip(vectors, parts)):
@@ -112,7 +126,7 @@ def bytes_answer(
                 "endianness": fields.endianness,
                 "start": start,
                 "end": start + len(part),
-                "shape": [len(vector) // 4],
+                "shape": shape(len(vector) // 4, rows[index]),
             }
         )
         start += len(part)

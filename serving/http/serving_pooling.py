@@ -2,12 +2,13 @@
 
 The body is vLLM's, in one of its two forms: ``input`` (texts or token
 ids) or chat ``messages`` (``pooling_prompts.body_prompts``). ``task`` is vLLM's pooling task; left out, the model's
-own; another than the model's is refused with vLLM's message
+own; one the model does not serve (its own and that task's token-level
+twin, "token_embed" or "token_classify") is refused with vLLM's message
 (``engine.pooling_tasks``). Each prompt becomes one engine request of
 that task (``embed_prompts``, the pooling routes' one way to the engine),
-with ``truncate_prompt_tokens``, ``normalize`` (embed) and
-``use_activation`` (classify); a parameter of the other task is refused
-by the engine with vLLM's message. ``dimensions`` is refused, as vLLM's
+with ``truncate_prompt_tokens``, ``normalize`` (embed, token_embed) and
+``use_activation`` (classify, token_classify); a parameter of another
+task is refused by the engine with vLLM's message. ``dimensions`` is refused, as vLLM's
 /pooling refuses it ("dimensions is currently not supported").
 
 The answer is vLLM's ``{"id": "pool-...", "object": "list", "created",
@@ -17,7 +18,9 @@ The answer is vLLM's ``{"id": "pool-...", "object": "list", "created",
 probabilities), encoded as /v1/embeddings encodes its vectors
 (``pooling_encoding``: ``encoding_format``, ``embed_dtype``,
 ``endianness``; "bytes" and "bytes_only" answer the bytes, not JSON);
-``usage`` counts the prompt tokens.
+a token-level task's output is one row a prompt token ("float": a list of
+lists; otherwise the rows' bytes one after the other, shape ``[n, d]``), as
+vLLM sends it; ``usage`` counts the prompt tokens.
 Every refusal is a 400 and nothing of the request keeps running.
 """
 
@@ -29,7 +32,7 @@ import uuid
 from pydantic import ConfigDict
 from starlette.responses import JSONResponse, Response
 
-from engine.pooling_tasks import check_pooling_task
+from engine.pooling_tasks import check_pooling_task, is_token_task
 from serving.http.pooling_encoding import (
     EncodingFields,
     bytes_answer,
@@ -76,13 +79,14 @@ async def create_pooling(state: ServerState, request: PoolingRequest) -> Respons
         if value is not None}}
     outputs, lengths = await embed_prompts(state, prompts, pooling, request.priority,
                                            state.lora_request(request.model))
+    rows = [length if is_token_task(task) else None for length in lengths]
     num_tokens = sum(lengths)
     answer_id, created = f"pool-{uuid.uuid4().hex}", int(time.time())
     if is_binary(request):
         return bytes_answer(outputs, request, answer_id, created,
-                            state.shown_model(request.model), num_tokens)
-    data = [{"index": i, "object": "pooling", "data": encoded_vector(output, request)}
-            for i, output in enumerate(outputs)]
+                            state.shown_model(request.model), num_tokens, rows)
+    data = [{"index": i, "object": "pooling", "data": encoded_vector(output, request, n)}
+            for i, (output, n) in enumerate(zip(outputs, rows))]
     return JSONResponse({
         "id": answer_id, "object": "list", "created": created,
         "model": state.shown_model(request.model), "data": data,

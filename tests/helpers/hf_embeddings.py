@@ -32,3 +32,14 @@ def hf_cosine_scorer(model_dir: str, tokens: dict[str, list[int]]) -> Callable[[
         x, y = embedded[a], embedded[b]
         return float(x @ y / (np.linalg.norm(x) * np.linalg.norm(y)))
     return score
+
+
+def hf_token_hidden_states(model_dir: str, ids: list[int]) -> np.ndarray:
+    """transformers' final-normed hidden state of every token of ``ids``
+    (float64, ``[len(ids), hidden]``), as a "token_embed" request pools
+    them before its normalization (``AutoModel``: the decoder alone, the
+    base of a sequence classifier too)."""
+    base = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32)
+    base.eval()
+    with torch.no_grad():
+        return base(torch.tensor([ids])).last_hidden_state[0].double().numpy()
