@@ -42,13 +42,13 @@ from engine.config import AUTO_MAX_MODEL_LEN, ConfigError, EngineConfig
 from engine.lora_checks import LoRAChecks
 from engine.outputs import RequestOutputDelta
 from engine.pooler_config import TASK_NAMES
-from engine.pooling_tasks import supported_tasks
 from engine.pooling_params import (
     Matryoshka,
     PoolingParams,
     check_pooling_prompt,
     resolved_params,
 )
+from engine.pooling_tasks import supported_tasks
 from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import Reasoning
 from engine.request import Request, check_context_length, check_request

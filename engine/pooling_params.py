@@ -84,6 +84,7 @@ class Matryoshka(msgspec.Struct, frozen=True):
 TASK_PARAMETERS = {"embed": ("dimensions", "normalize"), "classify": ("use_activation",),
                    "token_embed": ("dimensions", "normalize"),
                    "token_classify": ("use_activation",)}
+ALL_PARAMETERS = tuple(dict.fromkeys(n for names in TASK_PARAMETERS.values() for n in names))
 
 
 def check_task_parameters(params: PoolingParams, task: str) -> PoolingParams:
@@ -99,7 +100,7 @@ def check_task_parameters(params: PoolingParams, task: str) -> PoolingParams:
         raise InvalidRequestError(f"truncate_prompt_tokens must be None, an int >= 1 or -1 "
                                   f"(max_model_len), got {k!r}", param="truncate_prompt_tokens")
     valid = list(TASK_PARAMETERS[task])
-    invalid = [name for names in TASK_PARAMETERS.values() for name in names
+    invalid = [name for name in ALL_PARAMETERS
                if name not in valid and getattr(params, name) is not None]
     if invalid:
         raise InvalidRequestError(f"Task {task} only supports {valid} parameters, does not "

@@ -94,8 +94,11 @@ def test_tasks_the_engine_does_not_serve_are_refused(embedder, classifier):
                            match="Classification API is not supported by this model"):
             llm.encode("a text", pooling_task="classify")
         with pytest.raises(InvalidRequestError,
-                           match=r"Unsupported task: 'token_embed' Supported tasks: \('embed',\)"):
-            llm.encode("a text", pooling_task="token_embed")
+                           match="Classification API is not supported by this model"):
+            llm.encode("a text", pooling_task="token_classify")
+        with pytest.raises(InvalidRequestError, match=r"Unsupported task: 'score' Supported "
+                                                      r"tasks: \('embed', 'token_embed'\)"):
+            llm.encode("a text", pooling_task="score")
         with pytest.raises(InvalidRequestError, match="Task embed only supports"):
             llm.encode("a text", PoolingParams(use_activation=True), pooling_task="embed")
         again = llm.encode({"prompt_token_ids": PROMPTS[2]}, pooling_task="embed")
@@ -106,6 +109,12 @@ def test_tasks_the_engine_does_not_serve_are_refused(embedder, classifier):
         with pytest.raises(InvalidRequestError,
                            match="Embedding API is not supported by this model"):
             llm.encode("a text", pooling_task="embed")
+        with pytest.raises(InvalidRequestError,
+                           match="Embedding API is not supported by this model"):
+            llm.encode("a text", pooling_task="token_embed")
+        with pytest.raises(InvalidRequestError, match=r"Unsupported task: 'plugin' Supported "
+                                                      r"tasks: \('classify', 'token_classify'\)"):
+            llm.encode("a text", pooling_task="plugin")
     with _llm(embedder) as llm:  # generating
         with pytest.raises(InvalidRequestError,
                            match=r"LLM.encode\(\) is only supported for pooling models"):

@@ -74,3 +74,61 @@ def test_a_generating_scheduler_takes_no_pooled_vectors():
                               pooled={"g": VECTOR.tobytes()})
     with pytest.raises(ValueError, match=r"vector for \['g'\]"):
         sched.update_from_output(plan, reply)
+
+
+def _token_step():
+    """"a" (3 tokens, embed) runs whole, "t" (20 tokens, token_embed) its
+    first chunk of 5 in a budget of 8; the plan names "t"'s task."""
+    sched = Scheduler(config(max_num_batched_tokens=8, pooled_size=HIDDEN))
+    sched.add_request(_pooling_request("a", 3))
+    token = _pooling_request("t", 20)
+    token.pooling_params = PoolingParams(normalize=True, task="token_embed")
+    sched.add_request(token)
+    plan = sched.schedule()
+    assert plan.num_scheduled_tokens == [3, 5]
+    assert [r.pooling_task for r in plan.scheduled_new_reqs] == [None, "token_embed"]
+    return sched, plan
+
+
+def _rows(n: int, first: float = 1.0) -> np.ndarray:
+    """n rows of HIDDEN values, each row a multiple of (3, 0, 4, 0)."""
+    return (np.arange(first, first + n, dtype="<f4")[:, None] * VECTOR).astype("<f4")
+
+
+def test_a_token_level_request_reports_every_chunk_and_finishes_with_all_rows():
+    sched, plan = _token_step()
+    deltas = sched.update_from_output(plan, _reply(plan, {"a": VECTOR.tobytes(),
+                                                          "t": _rows(5).tobytes()}))
+    assert [d.req_id for d in deltas] == ["a"]  # "t" is mid-prompt: no delta
+    for first in (6, 14):
+        plan = sched.schedule()
+        n = plan.num_scheduled_tokens[0]
+        reply = ModelRunnerOutput(step_id=plan.step_id, sampled_token_ids=[], num_sampled=[0],
+                                  pooled={"t": _rows(n, first).tobytes()})
+        deltas = sched.update_from_output(plan, reply)
+    assert [(d.req_id, d.finished) for d in deltas] == [("t", True)]
+    assert deltas[0].num_cached_tokens == 0
+    rows = np.frombuffer(deltas[0].pooled, "<f4").reshape(20, HIDDEN)
+    np.testing.assert_allclose(rows, np.tile([0.6, 0.0, 0.8, 0.0], (20, 1)), atol=1e-6)
+
+
+@pytest.mark.parametrize("pooled, fault", [
+    ({"a": VECTOR.tobytes()}, r"lacks the pooled vector of \['t'\]"),
+    ({"a": VECTOR.tobytes(), "t": _rows(4).tobytes()},
+     r"64 bytes for 't', not 80 \(5 rows of 4 float32 values\)"),
+])
+def test_a_token_level_reply_without_its_chunks_rows_is_refused(pooled, fault):
+    sched, plan = _token_step()
+    with pytest.raises(ValueError, match=fault):
+        sched.update_from_output(plan, _reply(plan, pooled))
+    assert sched.requests["t"].pooled_chunks == []
+
+
+def test_a_preempted_token_level_request_drops_the_rows_it_had():
+    sched, plan = _token_step()
+    sched.update_from_output(plan, _reply(plan, {"a": VECTOR.tobytes(),
+                                                 "t": _rows(5).tobytes()}))
+    token = sched.requests["t"]
+    assert len(token.pooled_chunks) == 1
+    sched._preempt(token)
+    assert token.pooled_chunks == [] and token.num_computed_tokens == 0

@@ -2,7 +2,10 @@
 pooling`` and of a classifier's server, through httpx: the vectors equal
 transformers' final-normed last-token hidden states of the same checkpoint
 and /v1/embeddings' vectors, a classifier's outputs transformers'
-probabilities; a chat body pools the prompt transformers' chat template
+probabilities; "token_embed" and "token_classify" answer one row a prompt
+token (a list of lists; base64: the rows' float32 bytes one after the
+other), transformers' per-token hidden states normalized or per-token
+logits through softmax; a chat body pools the prompt transformers' chat template
 renders; refusals are OpenAI-shaped 400s after which the server goes on
 serving; vLLM's ``embed_dtype``, ``endianness`` and binary
 ``encoding_format``s carry /pooling's values as /v1/embeddings' (decoded
@@ -22,7 +25,7 @@ import torch
 import transformers  # the oracle: a test dependency, never skipped
 
 from tests.helpers.embed_dtypes import decoded, rounded
-from tests.helpers.hf_embeddings import hf_last_token_embeddings
+from tests.helpers.hf_embeddings import hf_last_token_embeddings, hf_token_hidden_states
 from tests.helpers.hf_models import save_classifier, save_embedding_llama
 from tests.helpers.http_utils import recording_app, serving_pooling_model
 
@@ -107,6 +110,24 @@ def test_embed_dtypes_and_bytes_carry_the_float_values(server, model):
 
 
 @pytest.mark.timeout(180)
+def test_token_embed_answers_a_row_a_prompt_token(server, model):
+    answer = _post(server, "/pooling", model=model, input=IDS, task="token_embed")
+    b64 = _post(server, "/pooling", model=model, input=IDS, task="token_embed",
+                encoding_format="base64").json()["data"]
+    (raw,) = _data(_post(server, "/pooling", input=[IDS[1]], task="token_embed",
+                         normalize=False))
+    assert answer.json()["usage"]["prompt_tokens"] == sum(map(len, IDS))
+    for got, b, ids in zip(_data(answer), b64, IDS, strict=True):
+        want = hf_token_hidden_states(model, ids)
+        assert got.shape == (len(ids), 64)  # a list of lists, one a token
+        np.testing.assert_allclose(got, want / np.linalg.norm(want, axis=1, keepdims=True),
+                                   atol=2e-5)
+        flat = np.frombuffer(base64.b64decode(b["data"]), "<f4")
+        np.testing.assert_allclose(flat, got.ravel(), atol=1e-6)
+    np.testing.assert_allclose(raw, hf_token_hidden_states(model, IDS[1]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(180)
 def test_text_chat_and_normalize_off(server, model):
     text = "a text of more than sixteen bytes to pool"
     ids = httpx.post(f"{server.url}/tokenize", json={"model": model, "prompt": text}).json()
@@ -150,8 +171,12 @@ def test_chat_template_kwargs_are_the_templates_variables(server, model):
 @pytest.mark.parametrize("body, param, message", [
     ({"input": [IDS[0]], "task": "classify"}, "task",
      "Classification API is not supported by this model"),
-    ({"input": [IDS[0]], "task": "token_embed"}, "task",
-     "Unsupported task: 'token_embed' Supported tasks: ('embed',)"),
+    ({"input": [IDS[0]], "task": "token_classify"}, "task",
+     "Classification API is not supported by this model"),
+    ({"input": [IDS[0]], "task": "score"}, "task",
+     "Unsupported task: 'score' Supported tasks: ('embed', 'token_embed')"),
+    ({"input": [IDS[0]], "task": "token_embed", "use_activation": True}, "use_activation",
+     "Task token_embed only supports ['dimensions', 'normalize'] parameters"),
     ({"input": [IDS[0]], "dimensions": 8}, "dimensions", "dimensions is currently not supported"),
     ({"input": [IDS[0]], "use_activation": True}, "use_activation",
      "Task embed only supports ['dimensions', 'normalize'] parameters"),
@@ -196,6 +221,7 @@ def test_classifier_pools_its_probabilities_and_generation_does_not_pool(tmp_pat
         classified = _post(served, "/classify", key=None, input=IDS).json()["data"]
         encoded = _post(served, "/pooling", key=None, input=IDS, encoding_format="bytes",
                         embed_dtype="bfloat16")
+        tokens = _data(_post(served, "/pooling", key=None, input=IDS, task="token_classify"))
         refused = _post(served, "/pooling", key=None, input=[IDS[0]], task="embed")
     for probs, c, ids in zip(got, classified, IDS, strict=True):
         with torch.no_grad():
@@ -208,6 +234,12 @@ def test_classifier_pools_its_probabilities_and_generation_does_not_pool(tmp_pat
     for item, probs in zip(items, got, strict=True):
         raw = encoded.content[item["start"]:item["end"]]
         np.testing.assert_allclose(decoded(raw, "bfloat16", "native"), probs, rtol=2**-8)
+    for rows, ids in zip(tokens, IDS, strict=True):
+        with torch.no_grad():
+            hidden = hf.model(torch.tensor([ids])).last_hidden_state[0]
+            want = torch.softmax(hf.score(hidden).double(), -1).numpy()
+        assert rows.shape == (len(ids), 3)
+        np.testing.assert_allclose(rows, want, atol=2e-5)
     assert refused.status_code == 400
     assert "Embedding API is not supported by this model" in refused.json()["error"]["message"]
     with recording_app(tiny_dir) as app:  # a generating model: no pooling route
