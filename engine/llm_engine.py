@@ -375,9 +375,9 @@ class LLMEngine:
         ``new_request``, any thread may call it; ``lora_request`` as
         ``new_request`` takes it (the adapter's hidden states are pooled)."""
         if self.pooler is None:
-            raise InvalidRequestError(f"{TASK_NAMES[task]} are not supported by a generating "
-                                      f"model: start it with runner 'pooling' (or convert "
-                                      f"{task!r})")
+            raise InvalidRequestError(f"{TASK_NAMES.get(task, task)} are not supported by a "
+                                      "generating model: start it with runner 'pooling' (or "
+                                      f"convert {task!r})")
         served = supported_tasks(self.pooler.task)
         if task not in served:
             raise InvalidRequestError(f"pooling_task must be one of {list(served)}: this model "

@@ -66,8 +66,10 @@ class RequestOutputDelta:
     num_cached_tokens: int | None = None
     hides_stop_token: bool = False
     stop_reason: int | str | None = None
-    # A pooling request's embedding, on its one (finishing) delta: float32
-    # little-endian bytes (``engine.pooling_params.embedding_of``).
+    # A pooling request's output, on its one (finishing) delta: float32
+    # little-endian bytes (``engine.pooling_params.embedding_of``,
+    # ``engine.classify_head.probabilities_of``; a token-level task's rows,
+    # one a prompt token, one after the other).
     pooled: bytes | None = None
 
 

@@ -3,7 +3,9 @@
 request changes: a reply without the vector of a request whose prompt ran
 to its end (which would leave that request unfinished forever), with one
 for a request still mid-prompt or with a vector of the wrong size is a
-``ValueError`` naming the fault, as a reply with the wrong rows is."""
+``ValueError`` naming the fault, as a reply with the wrong rows is. A
+token-level request reports its rows on every step that runs a chunk of
+it (a row a token), and finishes with every chunk's rows normalized."""
 
 import numpy as np
 import pytest
