@@ -66,13 +66,14 @@ def is_url(name: str) -> bool:
 
 def url_error(url: str) -> str | None:
     """Why ``url`` cannot be read or written (a scheme other than http and
-    https, no host); None when it can be tried."""
+    https, a port that is not one, no host); None when it can be tried."""
     scheme = _SCHEME.match(url).group(1).lower()
     if scheme not in SCHEMES:
         return f"{scheme}:// is not read or written: only http:// and https:// URLs are"
     try:
-        host = urlsplit(url).hostname
-    except ValueError as e:  # a port that is not a number, a bad IPv6 address
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # ``port`` checks the port
+    except ValueError as e:  # a port that is not a number or out of range, a bad IPv6 address
         return f"not a URL ({e})"
     if not host:
         return "no host"

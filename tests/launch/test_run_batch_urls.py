@@ -215,6 +215,11 @@ def test_an_input_url_nobody_answers_is_one_line(tmp_path, capsys, monkeypatch):
     ("-i", "file:///tmp/in.jsonl", "--input-file file:///tmp/in.jsonl: file:// is not read or "
                                    "written: only http:// and https:// URLs are"),
     ("-o", "https:///out.jsonl", "--output-file https:///out.jsonl: no host"),
+    ("-o", "http://127.0.0.1:abc/out.jsonl", "--output-file http://127.0.0.1:abc/out.jsonl: "
+                                             "not a URL (Port could not be cast to integer "
+                                             "value as 'abc')"),
+    ("-o", "http://127.0.0.1:99999/out.jsonl", "--output-file http://127.0.0.1:99999/out.jsonl:"
+                                               " not a URL (Port out of range 0-65535)"),
 ])
 def test_other_schemes_are_refused_before_anything_starts(tmp_path, capsys, monkeypatch,
                                                           option, name, message):
