@@ -149,8 +149,10 @@ async def _put(url: str, path: str) -> None:
                     raise TransferError(failure)
     except asyncio.TimeoutError:
         raise _Retry(f"no answer within {UPLOAD_TIMEOUT_S:.0f} s") from None
-    except aiohttp.ClientError as e:
+    except aiohttp.ClientConnectionError as e:
         raise _Retry(_client_error(e)) from None
+    except aiohttp.ClientError as e:  # a bad URL or redirect: the same again
+        raise TransferError(_client_error(e)) from None
 
 
 def _client_error(e: aiohttp.ClientError) -> str:

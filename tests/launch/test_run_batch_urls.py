@@ -305,3 +305,35 @@ def test_names_with_a_scheme_are_urls_and_others_are_paths():
     assert batch_urls.url_error("HTTPS://example.com/x") is None
     assert not batch_urls.is_url("out.jsonl") and not batch_urls.is_url("-")
     assert not batch_urls.is_url("dir/http://x")  # a path with a colon in it
+
+
+def test_a_put_redirected_to_a_url_aiohttp_cannot_request_is_not_tried_again(tmp_path, capsys):
+    """A redirect to a bad URL stays bad: one try, as a refused PUT gets
+    (only a failed connection, a timeout, 408, 429 and 5xx are tried again)."""
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):
+            self.server.puts += 1
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(307)
+            self.send_header("Location", "http://127.0.0.1:abc/out.jsonl")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b"x\n")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    server.puts = 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(batch_urls.TransferError, match=r"^not a URL aiohttp can request$"):
+            batch_urls.upload(f"http://127.0.0.1:{server.server_port}/out.jsonl", str(path),
+                              retry_s=0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.puts == 1
+    assert capsys.readouterr().err == ""
