@@ -48,7 +48,7 @@ from engine.pooling_params import (
     check_pooling_prompt,
     resolved_params,
 )
-from engine.pooling_tasks import supported_tasks
+from engine.pooling_tasks import check_pooled_rows, is_token_task, supported_tasks
 from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import Reasoning
 from engine.request import Request, check_context_length, check_request
@@ -367,7 +367,8 @@ class LLMEngine:
         only: ``runner="pooling"``): tokenized, cut to
         ``params.truncate_prompt_tokens``, checked (``check_pooling_prompt``;
         ``dimensions`` against the model, ``resolved_params``), nothing
-        queued (a classification's params: ``resolved_classify_params``). It
+        queued (a classification's params: ``resolved_classify_params``; a
+        token-level task's rows within one message: ``check_pooled_rows``). It
         runs its prompt and finishes "stop" with its embedding or class
         probabilities (``RequestOutputDelta.pooled``; a token-level task's,
         one row a prompt token), sampling nothing: its sampling
@@ -397,6 +398,8 @@ class LLMEngine:
                                limits.max_model_len)
         check_pooling_prompt(ids, self.model_config.vocab_size, limits.max_model_len,
                              limits.num_blocks, limits.block_size)
+        if is_token_task(task):
+            check_pooled_rows(task, len(ids), limits.pooled_size)
         request = Request(req_id if req_id is not None else str(next(self.request_ids)), ids,
                           SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
                           eos_token_id=self.tokenizer.eos_token_id, priority=priority,

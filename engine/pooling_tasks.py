@@ -15,6 +15,7 @@ supported ones.
 
 from __future__ import annotations
 
+from ipc import serde
 from ipc.config import TOKEN_POOLING_TASKS
 from ipc.errors import InvalidRequestError
 
@@ -64,3 +65,18 @@ def check_pooling_task(task: str | None, served: str | None, param: str = "pooli
                                   param=param)
     raise InvalidRequestError(f"Unsupported task: {task!r} Supported tasks: {supported}",
                               param=param)
+
+
+def check_pooled_rows(task: str, num_rows: int, row_size: int) -> None:
+    """``InvalidRequestError`` unless ``num_rows`` rows of ``row_size``
+    float32 values (a token-level request's answer, one row a prompt token)
+    fit the pooled bytes one engine message carries
+    (``ipc.serde.MAX_POOLED_BYTES``): they travel whole in its last delta,
+    and a larger message would be cut with every message after it."""
+    size = num_rows * row_size * 4
+    if size > serde.MAX_POOLED_BYTES:
+        raise InvalidRequestError(
+            f"{task} answers a row of {row_size} float32 values a prompt token: {num_rows} "
+            f"tokens make {size} bytes, more than the {serde.MAX_POOLED_BYTES} bytes one "
+            "engine message carries; send a shorter prompt (truncate_prompt_tokens)",
+            param="input")

@@ -116,7 +116,8 @@ class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class Outputs(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """One engine step's deltas for one client's requests."""
+    """One engine step's deltas for one client's requests (or a run of them,
+    where their pooled outputs would pass ``ipc.serde.MAX_POOLED_BYTES``)."""
 
     deltas: list[Delta]
 

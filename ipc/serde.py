@@ -14,6 +14,12 @@ logger = logging.getLogger(__name__)
 # channels, the engine endpoint): each socket sets it as ZeroMQ's MAXMSGSIZE,
 # so a peer that sends a larger frame is cut before anything reads it.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# The most pooled float32 bytes one message carries (a pooling step's reply,
+# the deltas one client gets at once): half the bound, the other half left
+# for the rest of the message. A token-level pooling request's rows (one a
+# prompt token) travel whole in its last delta, so one whose rows exceed it
+# is refused (``LLMEngine.new_pooling_request``).
+MAX_POOLED_BYTES = MAX_MESSAGE_BYTES // 2
 
 _encoder = msgspec.msgpack.Encoder()
 _broadcast_decoder = msgspec.msgpack.Decoder(Broadcast)

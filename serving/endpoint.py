@@ -87,7 +87,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
-from ipc import trace
+from ipc import serde, trace
 from ipc.auth import (
     Authenticator,
     AuthError,
@@ -590,7 +590,9 @@ class EngineServer:
     # ---- replies -----------------------------------------------------------
     def _send_deltas(self, deltas: list[RequestOutputDelta]) -> None:
         """One ``Outputs`` message per client with news in this step (after
-        any acceptance held back: a request's deltas follow its acceptance)."""
+        any acceptance held back: a request's deltas follow its acceptance),
+        or several, in order, where their pooled outputs together pass
+        ``MAX_POOLED_BYTES`` (``_by_pooled_size``)."""
         self._flush_accepts()
         by_client: dict[bytes, list[Delta]] = defaultdict(list)
         for d in deltas:
@@ -604,7 +606,8 @@ class EngineServer:
             if trace.enabled:
                 for item in items:
                     trace.mark("delta_sent", item.request_id)
-            self._reply(identity, Outputs(deltas=items))
+            for part in _by_pooled_size(items):
+                self._reply(identity, Outputs(deltas=part))
 
     def _deltas(self, route: _Route, d: RequestOutputDelta) -> list[Delta]:
         """One ``Delta`` per new token: a step with speculative decoding
@@ -680,6 +683,22 @@ class EngineServer:
         self.engine.abort(gone)
         for engine_id in gone:
             self._forget(engine_id)
+
+
+def _by_pooled_size(deltas: list[Delta]) -> list[list[Delta]]:
+    """``deltas`` in order, cut into runs whose pooled outputs together hold
+    at most ``MAX_POOLED_BYTES`` (a delta alone may: the engine refuses a
+    request whose output would pass it), so that no message passes the
+    socket's bound (token-level rows, one a prompt token, add up fast)."""
+    runs, run, size = [], [], 0
+    for delta in deltas:
+        pooled = len(delta.embedding or b"")
+        if run and size + pooled > serde.MAX_POOLED_BYTES:
+            runs.append(run)
+            run, size = [], 0
+        run.append(delta)
+        size += pooled
+    return [*runs, run]
 
 
 def _candidates(token: dict) -> list[TokenLogprob]:

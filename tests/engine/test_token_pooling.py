@@ -143,3 +143,22 @@ def test_a_cached_prefix_still_gives_every_row(embedder):
     assert tokens[0].outputs.data.shape == (len(prompt), 64)
     np.testing.assert_allclose(tokens[0].outputs.data.numpy(),
                                _normalized(hf_token_hidden_states(embedder, prompt)), atol=2e-5)
+
+
+@pytest.mark.timeout(180)
+def test_rows_more_than_one_engine_message_carries_are_refused(embedder, monkeypatch):
+    """A token-level request's rows travel whole in its last delta: 10 rows
+    of 64 float32 values fit a bound of 2,560 bytes, 11 do not; an "embed"
+    request of the same 11 tokens (one row) is not concerned."""
+    from ipc import serde
+
+    monkeypatch.setattr(serde, "MAX_POOLED_BYTES", 10 * 64 * 4)
+    with _llm(embedder, runner="pooling") as llm:
+        ten = llm.encode(_prompts([list(range(1, 11))]), pooling_task="token_embed")
+        with pytest.raises(InvalidRequestError, match=r"token_embed answers a row of 64 float32 "
+                                                      r"values a prompt token: 11 tokens make "
+                                                      r"2816 bytes, more than the 2560"):
+            llm.encode(_prompts([list(range(1, 12))]), pooling_task="token_embed")
+        one = llm.embed(_prompts([list(range(1, 12))]))
+    assert ten[0].outputs.data.shape == (10, 64)
+    assert one[0].outputs.embedding is not None
