@@ -115,6 +115,14 @@ the next step, except that a step scoring nothing yet takes one position,
 so every request progresses. With a few top entries this never binds
 before the token budget does; with the whole vocabulary it prefills in
 chunks of a few positions (``engine/prompt_logprobs.py`` gives the costs).
+
+Token-level pooling. The runner's reply carries a row for every scheduled
+token of a token-level pooling request ("token_embed", "token_classify"),
+so a step holds at most ``ipc.serde.MAX_POOLED_BYTES`` of them
+(``_StepDraft.pooled_rows_left``, rows of ``pooled_size`` float32 values):
+such a request's chunk is cut to what is left, and one left nothing waits
+for the next step. The engine refuses a request whose rows alone pass it
+(``check_pooled_rows``), so a whole prompt always fits a fresh step.
 """
 
 from __future__ import annotations
@@ -136,6 +144,7 @@ from engine.pooling_params import embedding_of
 from engine.reported_drafts import checked_drafts
 from engine.reported_pooled import checked_pooled
 from engine.request import Request, RequestStatus
+from ipc import serde
 from ipc.config import SchedulerConfig
 from ipc.lora_request import LoRARequest
 from ipc.messages import (
@@ -169,9 +178,13 @@ class _StepDraft:
     scored_rows: int = 0
     scored_width: int = 0
     lora_loads: list[LoRALoad] = field(default_factory=list)
+    # Token-level pooling rows the step's reply may still carry.
+    pooled_rows_left: int = 0
 
     def take(self, request: Request, num_tokens: int, num_drafts: int = 0) -> None:
         self.budget -= num_tokens
+        if request.pools_tokens:
+            self.pooled_rows_left -= num_tokens
         self.num_scheduled[request.req_id] = num_tokens
         if num_drafts:
             self.num_drafts[request.req_id] = num_drafts
@@ -351,7 +364,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan the next step; see the module docstring for the rules."""
-        draft = _StepDraft(budget=self.config.max_num_batched_tokens)
+        row_bytes = max(self.config.pooled_size, 1) * 4
+        draft = _StepDraft(budget=self.config.max_num_batched_tokens,
+                           pooled_rows_left=serde.MAX_POOLED_BYTES // row_bytes)
         self.running.sort(key=lambda r: self._keys[r.req_id])
         self._schedule_running(draft)
         if not draft.preempted:
@@ -461,6 +476,8 @@ class Scheduler:
             num_new = self._num_new_tokens(request, draft.budget)
             if request.prompt_logprob_width:  # the common case pays nothing more
                 num_new = draft.scorable(request, num_new)
+            if request.pools_tokens:
+                num_new = min(num_new, draft.pooled_rows_left)
             if num_new <= 0:
                 i += 1
                 continue
@@ -517,6 +534,8 @@ class Scheduler:
             hit_blocks, num_hit = (self.kv.get_computed_blocks(request)
                                    if request.reads_prefix_cache else ([], 0))
             num_new = draft.scorable(request, min(request.num_tokens - num_hit, draft.budget))
+            if request.pools_tokens:
+                num_new = min(num_new, draft.pooled_rows_left)
             if not self.config.enable_chunked_prefill and num_new < request.num_tokens - num_hit:
                 return  # whole prompts only: it waits for a step with room
             if num_new <= 0 or self.kv.allocate_slots(request, num_new, hit_blocks) is None:

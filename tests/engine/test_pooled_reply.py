@@ -134,3 +134,27 @@ def test_a_preempted_token_level_request_drops_the_rows_it_had():
     assert len(token.pooled_chunks) == 1
     sched._preempt(token)
     assert token.pooled_chunks == [] and token.num_computed_tokens == 0
+
+
+def test_a_step_holds_no_more_token_rows_than_one_reply_carries(monkeypatch):
+    """The runner's reply carries a step's token-level rows (a row a
+    scheduled token of such a request), so the scheduler holds them to
+    ``MAX_POOLED_BYTES`` (here 6 rows of 4 values) however large the token
+    budget: "t" (20 tokens) runs 6 a step, a sequence request ("a", one
+    row) is not held back, and "u" waits for a step with room."""
+    from ipc import serde
+
+    monkeypatch.setattr(serde, "MAX_POOLED_BYTES", 6 * HIDDEN * 4)
+    sched = Scheduler(config(max_num_batched_tokens=64, pooled_size=HIDDEN))
+    for req_id, n, task in (("t", 20, "token_embed"), ("a", 9, None), ("u", 3, "token_embed")):
+        request = _pooling_request(req_id, n)
+        if task is not None:
+            request.pooling_params = PoolingParams(normalize=True, task=task)
+        sched.add_request(request)
+    plan = sched.schedule()
+    assert dict(zip(plan.scheduled_req_ids(), plan.num_scheduled_tokens)) == {"t": 6, "a": 9}
+    sched.update_from_output(plan, ModelRunnerOutput(
+        step_id=plan.step_id, sampled_token_ids=[], num_sampled=[0, 0],
+        pooled={"t": _rows(6).tobytes(), "a": VECTOR.tobytes()}))
+    plan = sched.schedule()
+    assert dict(zip(plan.scheduled_req_ids(), plan.num_scheduled_tokens)) == {"t": 6}
