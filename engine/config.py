@@ -28,11 +28,13 @@ import msgspec
 
 from engine.classify_head import CLASSIFY, classifier_activation
 from engine.pooler_config import CONVERTS, RUNNERS, PoolerSettings, resolve_pooler
+from engine.profiler_config import parse_profiler_config
 from engine.reasoning import REASONING_PARSERS
 from ipc.config import (
     MAX_SPECULATIVE_TOKENS,
     SPECULATIVE_METHODS,
     LoRAConfig,
+    ProfilerConfig,
     RunnerConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -208,6 +210,15 @@ class EngineConfig:
         'line): {"pooling_type": "LAST" (default), "MEAN" or "CLS", "normalize": true, '
         '"dimensions": N, "use_activation": true}; MEAN and CLS run each prompt whole in '
         "one step, without prefix caching, as in vLLM", metavar="JSON")
+    profiler_config: dict | str | None = _opt(
+        None, 'vLLM\'s (a JSON object on the command line): {"profiler": "torch", '
+        '"torch_profiler_dir": DIR} turns on LLM.start_profile()/stop_profile() and serve\'s '
+        "POST /start_profile and /stop_profile: every worker writes a torch profiler trace "
+        "under DIR, named with its rank; the torch_profiler_* switches (record_shapes, "
+        "with_memory, with_stack, with_flops, use_gzip, dump_cuda_time_total) as vLLM's "
+        "(default: off)", metavar="JSON")
+    data_parallel_rank: int = _opt(0, "this engine's data-parallel replica (trace names)",
+                                   cli=False)
     disable_log_stats: bool = _opt(True, "no periodic stats line", cli=False)
     log_stats_interval_s: float = _opt(10.0, "seconds between stats lines", cli=False)
 
@@ -244,6 +255,10 @@ class EngineConfig:
         spec = self.speculative
         _check_logits_processors(self)
         _check_pooling(self)
+        self.profiler  # noqa: B018 (checked here, before any process starts)
+        if not _is_int(self.data_parallel_rank, 0):
+            raise ConfigError(f"data_parallel_rank must be an int >= 0, got "
+                              f"{self.data_parallel_rank!r}")
         if spec is not None and self.resolved_device == "cuda" and self.attention_backend in (
                 "torch", "sdpa"):
             raise ConfigError(f"speculative decoding on CUDA needs the 'triton' or 'flash_attn' "
@@ -255,6 +270,14 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """``speculative_config`` checked and resolved (None: off)."""
         return parse_speculative_config(self.speculative_config)
+
+    @property
+    def profiler(self) -> ProfilerConfig | None:
+        """``profiler_config`` checked and resolved (None: profiling off)."""
+        try:
+            return parse_profiler_config(self.profiler_config)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     @property
     def pooler(self) -> PoolerSettings | None:
@@ -566,7 +589,7 @@ class EngineConfig:
             logits_processor_folders=_import_folders(self.logits_processors or ()),
             pooling_type=None if pooler is None else pooler.pooling_type,
             pooling_task=None if pooler is None else pooler.task,
-            lora=self.lora_config,
+            lora=self.lora_config, profiler=self.profiler,
         )
         same = {name: getattr(self, name) for name in RunnerConfig.__struct_fields__
                 if name not in resolved}

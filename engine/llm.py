@@ -100,6 +100,15 @@ class LLM:
         """``LLMEngine.reset_prefix_cache``: whether the cache was emptied."""
         return self.engine.reset_prefix_cache()
 
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Start every worker's torch profiler (``LLMEngine.start_profile``;
+        needs ``profiler_config``); trace names begin with ``profile_prefix``."""
+        self.engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> None:
+        """Stop the profilers; returns once every worker's trace is written."""
+        self.engine.stop_profile()
+
     @property
     def llm_engine(self) -> LLMEngine:
         """The engine (vLLM's name for it; also ``engine``)."""

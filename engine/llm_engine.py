@@ -49,6 +49,7 @@ from engine.pooling_params import (
     resolved_params,
 )
 from engine.pooling_tasks import check_pooled_rows, is_token_task, supported_tasks
+from engine.profiler_config import PROFILING_OFF
 from engine.prompt_logprobs import entries_per_position
 from engine.reasoning import Reasoning
 from engine.request import Request, check_context_length, check_request
@@ -442,6 +443,29 @@ class LLMEngine:
             return False
         self.scheduler.kv.pool.reset_prefix_cache()
         return True
+
+    # ---- the profiler ----------------------------------------------------
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """Start every worker's torch profiler (vLLM's): each rank's trace
+        holds the steps it runs until ``stop_profile``, named with its rank
+        after ``profile_prefix`` (``worker.torch_profiler``). The call
+        travels as a control call, behind any step already sent, and
+        returns once every rank has started. ``RuntimeError`` (vLLM's
+        message) without a ``profiler_config``."""
+        if self.config.profiler is None:
+            raise RuntimeError(PROFILING_OFF)
+        self.executor.collective_rpc("start_profile", {
+            "profile_prefix": profile_prefix,
+            "data_parallel_rank": self.config.data_parallel_rank})
+
+    def stop_profile(self) -> None:
+        """Stop every worker's profiler; returns once every rank has written
+        its trace (which may take long for a long recording: no time limit
+        but a worker's failure)."""
+        if self.config.profiler is None:
+            raise RuntimeError(PROFILING_OFF)
+        written = self.executor.collective_rpc("stop_profile", timeout=None)
+        logger.info("profiler traces written: %s", ", ".join(f for w in written for f in w))
 
     # ---- the step ------------------------------------------------------
     def step(self, after_send: Callable[[], None] | None = None,

@@ -28,7 +28,7 @@ class Executor(ABC):
 
     @abstractmethod
     def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None,
-                       timeout: float = 300.0) -> list[Any]:
+                       timeout: float | None = 300.0) -> list[Any]:
         """Run a control method on every rank; results in rank order."""
 
     @abstractmethod

@@ -401,7 +401,7 @@ class MultiprocExecutor(Executor):
             table[key] = value
 
     def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None,
-                       timeout: float = 300.0) -> list[Any]:
+                       timeout: float | None = 300.0) -> list[Any]:
         call_id = next(self.call_ids)
         future: Future = Future()
         self._register(self.control_futures, call_id, (future, {}))

@@ -62,7 +62,7 @@ class UniprocExecutor(Executor):
         self.order = StepOrder(self._forward, self._sample, self._reject)
 
     def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None,
-                       timeout: float = 300.0) -> list[Any]:
+                       timeout: float | None = 300.0) -> list[Any]:
         return [self.worker.call(method, kwargs or {})]
 
     def execute_model(self, plan: SchedulerOutput) -> _AsyncOutputFuture:

@@ -67,6 +67,21 @@ class LoRAConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_lora_rank: int
 
 
+class ProfilerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The torch profiler's settings (vLLM's ``ProfilerConfig`` names):
+    each worker writes its traces to ``torch_profiler_dir`` (an absolute
+    path) between ``start_profile`` and ``stop_profile``
+    (``worker.torch_profiler``)."""
+
+    torch_profiler_dir: str
+    torch_profiler_record_shapes: bool
+    torch_profiler_with_memory: bool
+    torch_profiler_with_stack: bool
+    torch_profiler_with_flops: bool
+    torch_profiler_use_gzip: bool
+    torch_profiler_dump_cuda_time_total: bool
+
+
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a worker needs to build its runner.
 
@@ -99,7 +114,8 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     output is the pooled row's ``num_labels`` logits); None for a
     generating runner.
     ``lora``: LoRA serving, None when off (the model and the step are then
-    exactly those without LoRA).
+    exactly those without LoRA). ``profiler``: the worker's torch profiler
+    settings, None when profiling is off (``start_profile`` is then refused).
     """
 
     model: str
@@ -125,6 +141,7 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     pooling_type: str | None = None
     pooling_task: str | None = None
     lora: LoRAConfig | None = None
+    profiler: ProfilerConfig | None = None
 
     @property
     def num_speculative_tokens(self) -> int:

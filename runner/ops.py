@@ -85,6 +85,8 @@ class DeviceOps:
     flash_kernels: bool  # torch's fused attention kernels (varlen_attn, flash SDPA) run here
     kv_budget_from_free_memory: bool  # else kv_cache_memory_bytes sizes the cache
     shares_host_memory: bool  # device tensors are host memory (their own host copy)
+    # torch.profiler activities that record this device's work (worker/torch_profiler.py).
+    profiler_activities: tuple[str, ...] = ("CPU",)
 
 
 def _checked(check: Callable[..., None], impl: Callable):
@@ -206,7 +208,8 @@ def triton_ops(device: torch.device) -> DeviceOps:
     return DeviceOps(**_kernels(1), new_transfer=functools.partial(PinnedTransfer, device),
                      attention_backend="triton", dist_backend="nccl", cuda_graphs=True,
                      flash_kernels=True,
-                     kv_budget_from_free_memory=True, shares_host_memory=False)
+                     kv_budget_from_free_memory=True, shares_host_memory=False,
+                     profiler_activities=("CPU", "CUDA"))
 
 
 @functools.cache

@@ -21,10 +21,12 @@ from runner.distributed import TensorParallelGroup
 from runner.model_runner import ModelRunner
 from runner.ops import device_ops
 from worker.env import TorchrunEnv, disable_multicast
+from worker.torch_profiler import TorchProfiler, trace_name
 
 logger = logging.getLogger(__name__)
 
-CONTROL_METHODS = ("load_model", "determine_num_blocks", "init_kv_cache", "health")
+CONTROL_METHODS = ("load_model", "determine_num_blocks", "init_kv_cache", "health",
+                   "start_profile", "stop_profile")
 
 
 def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.device:
@@ -106,6 +108,7 @@ class Worker:
         init_process_group(env, self.device)
         self.tp = TensorParallelGroup.from_default_group()
         self.runner: ModelRunner | NoModel = NoModel()
+        self.profiler: TorchProfiler | None = None  # profiling on: set by load_model
 
     @property
     def is_output_rank(self) -> bool:
@@ -123,6 +126,9 @@ class Worker:
             raise TypeError(f"load_model needs a RunnerConfig, got {type(config).__name__}")
         torch.manual_seed(config.seed)
         self.runner = ModelRunner(config, self.device, self.tp)
+        if config.profiler is not None:
+            self.profiler = TorchProfiler(config.profiler,
+                                          device_ops(self.device).profiler_activities)
         return {"bytes_per_block": self.runner.bytes_per_block()}
 
     def determine_num_blocks(self) -> int:
@@ -134,6 +140,23 @@ class Worker:
 
     def health(self) -> dict:
         return {"rank": self.env.rank, "device": str(self.device)}
+
+    def start_profile(self, profile_prefix: str | None = None,
+                      data_parallel_rank: int = 0) -> None:
+        """Start this rank's torch profiler (``worker.torch_profiler``); the
+        steps this worker runs until ``stop_profile`` are in its trace."""
+        if self.profiler is None:
+            raise RuntimeError("profiling is off: the engine has no profiler_config")
+        env = self.env
+        self.profiler.start(trace_name(env.rank, env.world_size, data_parallel_rank,
+                                       profile_prefix),
+                            data_parallel_rank * env.world_size + env.rank)
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profiler and write its trace; the files written."""
+        if self.profiler is None:
+            raise RuntimeError("profiling is off: the engine has no profiler_config")
+        return self.profiler.stop()
 
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the step's forward pass."""
@@ -154,8 +177,13 @@ class Worker:
         the process lives on (the in-process executor). The runner goes
         first: its peer buffers (symmetric memory) were exchanged through the
         process group and are released while the group still exists.
-        Idempotent.
+        A trace still recording is written first (vLLM's). Idempotent.
         """
+        if self.profiler is not None and self.profiler.recording:
+            try:
+                self.profiler.stop()
+            except Exception as e:  # leaving the group matters more than the trace
+                logger.warning("the profiler's trace was not written at shutdown: %s", e)
         self.runner = None
         try:
             release_device_memory(self.device)
