@@ -2,9 +2,10 @@
 
 The server binds a ROUTER socket; each client connects a DEALER, so every
 answer goes to the client that asked. Client -> server: ``GenerateRequest``,
-``AbortRequest``, ``StatsRequest``. Server -> client: ``RequestAccepted``,
-``Outputs`` (the new tokens of that client's requests in one engine step),
-``RequestError``, ``EngineStats``, and ``EngineStopped`` to every client
+``AbortRequest``, ``StatsRequest``, ``ProfileRequest``. Server -> client:
+``RequestAccepted``, ``Outputs`` (the new tokens of that client's requests
+in one engine step), ``RequestError``, ``EngineStats``, ``ProfileDone``,
+and ``EngineStopped`` to every client
 with live requests when the engine stops (shut down, or a worker died).
 
 Request ids are the client's own; they need only be unique among that
@@ -59,6 +60,16 @@ class AbortRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class StatsRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Ask for an ``EngineStats`` snapshot (also a health check)."""
+
+
+class ProfileRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Start (``start`` true, with the trace names' ``profile_prefix``) or
+    stop every worker's torch profiler (``LLMEngine.start_profile`` /
+    ``stop_profile``); answered with ``ProfileDone`` once every worker has
+    started, or written its trace."""
+
+    start: bool
+    profile_prefix: str | None = None
 
 
 class RequestAccepted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -153,6 +164,13 @@ class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     failed: bool = True
 
 
+class ProfileDone(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The answer to a ``ProfileRequest``: ``error`` None once done, else
+    why not (the engine has no ``profiler_config``: vLLM's message)."""
+
+    error: str | None = None
+
+
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot of the engine: its queues, its KV blocks, its counters
     since start (tokens, steps, preemptions, prefix-cache lookups).
@@ -194,8 +212,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     waiting_lora_adapters: dict[str, int] = {}
 
 
-ClientMessage = GenerateRequest | AbortRequest | StatsRequest
-ServerMessage = RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
+ClientMessage = GenerateRequest | AbortRequest | StatsRequest | ProfileRequest
+ServerMessage = (RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
+                 | ProfileDone)
 
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 _server_decoder = msgspec.msgpack.Decoder(ServerMessage)

@@ -686,8 +686,10 @@ def run_serve(args) -> int:
 
     _raise_if_interrupted()
     _serve_model(args)
+    # A data-parallel replica's index comes with its options (launch.data_parallel).
     config = _engine_config(args, disable_log_stats=args.disable_log_stats,
-                            log_stats_interval_s=args.log_stats_interval)
+                            log_stats_interval_s=args.log_stats_interval,
+                            data_parallel_rank=getattr(args, "data_parallel_rank", 0))
     if not args.disable_log_stats:
         logging.getLogger("tprun.stats").setLevel(logging.INFO)
     http = args.http_port is not None

@@ -5,7 +5,7 @@ Replica 0 is the serving process's own engine, as without data
 parallelism; every other replica is a child started with the serve
 options the parent parsed (sent as JSON on its stdin, ``launch.replica``),
 less the HTTP front end's, plus an endpoint file in a private directory of
-the parent. Each child is the executor process of its own T ranks: its own
+the parent and its index (``data_parallel_rank``: its workers' trace names). Each child is the executor process of its own T ranks: its own
 engine loop (its own interpreter: no GIL shared between engine loops), its
 own rendezvous (``--master-port`` P gives replica d P + d; none: a free
 port each) and, on CUDA, the devices of local ranks d*T .. d*T+T-1 (as
@@ -134,7 +134,8 @@ class ReplicaProcesses:
     def _start(self, args: argparse.Namespace, index: int, tp: int, dp: int,
                device: str) -> Replica:
         child = {**vars(args), **_FRONT_END_DEFAULTS, "nproc_per_node": tp,
-                 "endpoint_file": os.path.join(self.directory, f"replica-{index}")}
+                 "endpoint_file": os.path.join(self.directory, f"replica-{index}"),
+                 "data_parallel_rank": index}
         child.pop("tensor_parallel_size", None)  # the child's TP is --nproc-per-node's
         if args.master_port is not None:
             child["master_port"] = args.master_port + index

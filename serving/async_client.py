@@ -40,7 +40,14 @@ import logging
 import zmq
 
 from ipc import trace
-from ipc.engine_messages import AbortRequest, EngineStats, GenerateRequest, StatsRequest
+from ipc.engine_messages import (
+    AbortRequest,
+    EngineStats,
+    GenerateRequest,
+    ProfileDone,
+    ProfileRequest,
+    StatsRequest,
+)
 from ipc.lora_request import LoRARequest
 from serving.protocol_core import ClientProtocol, EngineStoppedError, configure_dealer
 
@@ -59,8 +66,10 @@ class AsyncEngineClient:
         self.stats_timeout_s = stats_timeout_s
         self.protocol = ClientProtocol(secret, on_stats=self._stats_arrived,
                                        on_unreadable=self._unreadable,
-                                       on_stopped=self._fail_stats_waiters)
+                                       on_stopped=self._fail_waiters,
+                                       on_profile=self._profile_done)
         self.stats_waiters: list[asyncio.Future] = []
+        self.profile_waiters: list[asyncio.Future] = []  # answered in the order asked
         self.ids = itertools.count()
         self.ctx = context
         self.owns_ctx = context is None
@@ -160,6 +169,21 @@ class AsyncEngineClient:
         (``DataParallelClient``'s face)."""
         return [await self.stats()]
 
+    async def profile(self, start: bool, profile_prefix: str | None = None) -> None:
+        """Start or stop the engine's profiler (``ProfileRequest``); returns
+        once the engine has (a stop: once every trace is written, however
+        long that takes). ``RuntimeError`` with the engine's reason where
+        it refused (no ``profiler_config``); ``EngineStoppedError`` once
+        the engine has stopped."""
+        if self.dead is not None:
+            raise EngineStoppedError(self.dead)
+        waiter = asyncio.get_running_loop().create_future()
+        self.profile_waiters.append(waiter)
+        self._send(ProfileRequest(start=start, profile_prefix=profile_prefix))
+        done = await waiter
+        if done.error is not None:
+            raise RuntimeError(done.error)
+
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
         """Send now (the send queue is unbounded: it never waits), then look
@@ -225,8 +249,15 @@ class AsyncEngineClient:
     def _unreadable(error: str) -> None:
         logger.error("the engine could not read a message: %s", error)
 
-    def _fail_stats_waiters(self, reason: str) -> None:
-        for waiter in self.stats_waiters:
+    def _profile_done(self, done: ProfileDone) -> None:
+        if self.profile_waiters:
+            waiter = self.profile_waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(done)
+
+    def _fail_waiters(self, reason: str) -> None:
+        for waiter in self.stats_waiters + self.profile_waiters:
             if not waiter.done():
                 waiter.set_exception(EngineStoppedError(reason))
         self.stats_waiters.clear()
+        self.profile_waiters.clear()

@@ -189,6 +189,15 @@ class AsyncLLM:
         """The engine's queues, KV blocks and counters (``EngineClient.stats``'s)."""
         return await (await self._connect()).stats()
 
+    async def start_profile(self, profile_prefix: str | None = None) -> None:
+        """vLLM's: start every worker's torch profiler (``LLMEngine.start_profile``,
+        through the engine's loop); ``RuntimeError`` without ``profiler_config``."""
+        await (await self._connect()).profile(True, profile_prefix)
+
+    async def stop_profile(self) -> None:
+        """vLLM's: stop the profilers; returns once every trace is written."""
+        await (await self._connect()).profile(False)
+
     async def check_health(self) -> None:
         """vLLM's: ``EngineDeadError`` once the engine has stopped."""
         if self.errored:

@@ -17,7 +17,7 @@ reason to have stopped, named with its index: once one replica has
 stopped, the whole server stops (``tprun serve`` fails fast), so no
 request is moved to another. ``stats`` is the replicas' together
 (``summed_stats``), ``stats_by_engine`` each one's (``/metrics`` labels
-them by replica).
+them by replica). ``profile`` starts or stops every replica's profiler.
 """
 
 from __future__ import annotations
@@ -112,6 +112,19 @@ class DataParallelClient:
             if isinstance(answer, BaseException):
                 raise answer
         return answers
+
+    async def profile(self, start: bool, profile_prefix: str | None = None) -> None:
+        """``AsyncEngineClient.profile`` on every replica at once; returns
+        once all have answered (the first failure, naming its replica, raised)."""
+        answers = await asyncio.gather(*(r.profile(start, profile_prefix)
+                                         for r in self.replicas), return_exceptions=True)
+        for index, answer in enumerate(answers):
+            if isinstance(answer, EngineStoppedError):
+                raise EngineStoppedError(f"data-parallel replica {index}: {answer}")
+            if isinstance(answer, RuntimeError):
+                raise RuntimeError(f"data-parallel replica {index}: {answer}") from answer
+            if isinstance(answer, BaseException):
+                raise answer
 
     def _release(self, request_id: str) -> int | None:
         """The replica of an unfinished ``request_id``, no longer counted there."""

@@ -87,6 +87,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from executor.base import WorkerFailure
 from ipc import serde, trace
 from ipc.auth import (
     Authenticator,
@@ -103,6 +104,8 @@ from ipc.engine_messages import (
     EngineStopped,
     GenerateRequest,
     Outputs,
+    ProfileDone,
+    ProfileRequest,
     RequestAccepted,
     RequestError,
     StatsRequest,
@@ -434,6 +437,25 @@ class EngineServer:
                 self.engine.get_stats(len(self.waiting), [
                     w.message.lora_request for w in self.waiting.values()]),
                 num_refused_messages=self.refusals.count))
+        elif isinstance(message, ProfileRequest):
+            self._reply(identity, self._profile(message))
+
+    def _profile(self, message: ProfileRequest) -> ProfileDone:
+        """Start or stop the workers' profilers, in this thread (the steps
+        already sent run first; the loop waits for the workers' answers,
+        a stop for the traces written). A refusal (no ``profiler_config``)
+        is the answer's error; a worker's failure ends the loop, as a
+        failed step does."""
+        try:
+            if message.start:
+                self.engine.start_profile(message.profile_prefix)
+            else:
+                self.engine.stop_profile()
+        except RuntimeError as e:
+            if isinstance(e, WorkerFailure):
+                raise
+            return ProfileDone(error=str(e))
+        return ProfileDone()
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)

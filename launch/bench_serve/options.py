@@ -120,6 +120,9 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     traffic.add_argument("--num-warmups", type=int, default=0,
                          help="requests of the first prompt sent before the measured run")
     traffic.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals")
+    traffic.add_argument("--profile", action="store_true",
+                         help="POST /start_profile before the measured run and /stop_profile "
+                         "after it (the server needs --profiler-config)")
     traffic.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",
                          help="prefix of each request's x-request-id")
     sampling = parser.add_argument_group("sampling (sent when given)")

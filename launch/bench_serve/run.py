@@ -6,7 +6,8 @@ vLLM's summary and save its result JSON.
 Order of a run, as vLLM's: the ready check (``--ready-check-timeout-sec``
 > 0: the first prompt until one succeeds, else ``BenchServeError``), the
 warm-up requests (``--num-warmups`` of the first prompt, not measured),
-the measured run. A request that fails is counted and listed (its error),
+with ``--profile`` ``POST /start_profile``, the measured run, then ``POST
+/stop_profile``. A request that fails is counted and listed (its error),
 never raised: a run whose every request fails still prints its table and
 exits 0, as vLLM's does.
 """
@@ -218,6 +219,8 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
             await asyncio.gather(*(limited(probe, time.perf_counter())
                                  for _ in range(args.num_warmups)))
             print("Warmup run completed.", flush=True)
+        if args.profile:
+            await _profile(client, s, "start", api_key)
         distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
         print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: "
               f"{args.burstiness} ({distribution})\nMaximum request concurrency: "
@@ -236,7 +239,30 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                 tasks.append(asyncio.create_task(counted(given, time.perf_counter())))
             outputs = await asyncio.gather(*tasks)
             duration = time.perf_counter() - start
+        if args.profile:
+            await _profile(client, s, "stop", api_key)
     return list(outputs), duration
+
+
+async def _profile(session, s: Settings, action: str, api_key: str | None) -> None:
+    """``POST /start_profile`` or ``/stop_profile`` (``--profile``), as vLLM's
+    bench: the run goes on whatever the answer, which is said on one line
+    (a stop returns once the server has written its traces)."""
+    print(f"{'Starting' if action == 'start' else 'Stopping'} profiler...", flush=True)
+    headers = dict(s.headers)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        async with session.post(f"{s.base_url}/{action}_profile", headers=headers) as answer:
+            if answer.status == 200:
+                print("Profiler started" if action == "start" else "Profiler stopped",
+                      flush=True)
+                return
+            why = f"HTTP {answer.status}: {(await answer.text()).strip()[:200]}"
+    except aiohttp.ClientError as e:
+        why = repr(e)
+    print(f"WARNING: /{action}_profile failed ({why}); is the server started with "
+          "--profiler-config?", flush=True)
 
 
 def result_filename(args, model: str, date: str) -> str:

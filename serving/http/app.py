@@ -11,7 +11,9 @@ the engine closes), ``GET /v1/models``
 ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``, ``GET
 /health`` (and ``/ping``), ``GET /version``, ``GET /metrics``; with runtime
 LoRA updates on, ``POST /v1/load_lora_adapter`` and ``POST
-/v1/unload_lora_adapter`` (``lora_updates.py``; off, they are not routes).
+/v1/unload_lora_adapter`` (``lora_updates.py``; off, they are not routes);
+with a profiler (``profiler_config``), ``POST /start_profile`` and ``POST
+/stop_profile`` (off, they are not routes).
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -99,6 +102,8 @@ from serving.http.tool_parsers import TOOL_CALL_PARSERS
 from serving.http.trace_marks import TracedApp
 from serving.http.validation_errors import explain
 from serving.protocol_core import EngineStoppedError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # The routes whose body is a JSON object (refused with 415 under another media type).
@@ -160,7 +165,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                pooling: bool = False, pooling_task: str = "embed",
                labels: Sequence[str] = (), lora_modules: Sequence[LoRARequest] = (),
                runtime_lora_check: Callable[[LoRARequest], None] | None = None,
-               max_loras: int = 0):
+               max_loras: int = 0, profiling: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` and ``/v2`` routes (none: no
@@ -208,7 +213,12 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     are on: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
     are served (``lora_updates.py``; None: they are not routes, 404).
     ``max_loras``: the engine's adapter slots, with LoRA on (0: off), which
-    ``/metrics`` reports in vLLM's ``lora_requests_info`` (``metrics.py``)."""
+    ``/metrics`` reports in vLLM's ``lora_requests_info`` (``metrics.py``).
+    ``profiling``: the engine has a profiler (``profiler_config``):
+    ``POST /start_profile`` and ``POST /stop_profile`` are served, as
+    vLLM's server registers them only then (off: they are not routes, 404);
+    each answers 200 with no body once every worker has started, or
+    written its trace."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -319,6 +329,18 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> Response:
             return await _answer(updates.unload(body))
 
+    if profiling:
+        logger.warning("the profiler's routes /start_profile and /stop_profile are served: "
+                       "for local development only")
+
+        @app.post("/start_profile")
+        async def start_profile() -> Response:
+            return await _answer(_profiled(link, True))
+
+        @app.post("/stop_profile")
+        async def stop_profile() -> Response:
+            return await _answer(_profiled(link, False))
+
     @app.get("/health")
     @app.get("/ping")  # vLLM's other name for it (also POST)
     @app.post("/ping")
@@ -397,6 +419,15 @@ def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
 def _under(path: str, roots: Sequence[str]) -> bool:
     """Whether ``path`` is one of ``roots`` or below one."""
     return any(path == root or path.startswith(root + "/") for root in roots)
+
+
+async def _profiled(link: AsyncEngineClient, start: bool) -> Response:
+    """Start or stop the engines' profilers (``AsyncEngineClient.profile``):
+    200 with no body, as vLLM's."""
+    logger.info("%s the profiler...", "starting" if start else "stopping")
+    await link.profile(start)
+    logger.info("profiler %s", "started" if start else "stopped")
+    return Response(status_code=200)
 
 
 async def _json(work, state: ServerState, body) -> Response:

@@ -65,7 +65,8 @@ class HttpServer:
 def engine_app_options(engine) -> dict:
     """``create_app``'s options that the engine (an ``LLMEngine``) decides:
     its sampling defaults, end-of-sequence ids, logprobs limit, vocabulary,
-    reasoning parser, pooling task and labels, and LoRA adapter slots.
+    reasoning parser, pooling task and labels, LoRA adapter slots, and
+    whether it has a profiler (``/start_profile`` and ``/stop_profile``).
     ``serve``'s HTTP server and ``run-batch`` both build their app with
     them, so both answer alike."""
     return dict(sampling_defaults=engine.sampling_defaults,
@@ -77,7 +78,8 @@ def engine_app_options(engine) -> dict:
                 pooling_task="embed" if engine.pooler is None else engine.pooler.task,
                 labels=list(engine.model_config.labels),
                 max_loras=(0 if engine.config.lora_config is None
-                           else engine.config.lora_config.max_loras))
+                           else engine.config.lora_config.max_loras),
+                profiling=engine.config.profiler is not None)
 
 
 def start_http_server(engine_address: str, secret: bytes, tokenizer, served_names: list[str],
@@ -100,7 +102,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       labels: list[str] | None = None,
                       other_replicas: tuple[tuple[str, bytes], ...] = (),
                       lora_modules: tuple = (),
-                      runtime_lora_check=None, max_loras: int = 0) -> HttpServer:
+                      runtime_lora_check=None, max_loras: int = 0,
+                      profiling: bool = False) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -124,7 +127,9 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     the engine's adapter check, given when adapters may be loaded and
     unloaded over HTTP (``create_app``); ``pooling``, ``pooling_task`` and
     ``labels``: a pooling model's routes; ``max_loras``: the engine's
-    adapter slots (0: LoRA off) for ``/metrics`` (both ``create_app``)."""
+    adapter slots (0: LoRA off) for ``/metrics``; ``profiling``: the
+    engines have a profiler, served at ``/start_profile`` and
+    ``/stop_profile`` (all ``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -146,7 +151,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      chat_template=chat_template, response_role=response_role,
                      pooling=pooling, pooling_task=pooling_task, labels=labels or (),
                      lora_modules=lora_modules,
-                     runtime_lora_check=runtime_lora_check, max_loras=max_loras)
+                     runtime_lora_check=runtime_lora_check, max_loras=max_loras,
+                     profiling=profiling)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server
