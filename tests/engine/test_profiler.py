@@ -12,38 +12,21 @@ that asks for what tprun does not do is refused before any process starts
 from __future__ import annotations
 
 import glob
-import gzip
 import json
 import os
-import re
 
 import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
 from tests.helpers.proc_utils import run_tprun
+from tests.helpers.profiler_traces import TRACE, names, traces
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-TRACE = re.compile(r"^(?:(?P<prefix>.+)_)?dp0_pp0_tp(?P<tp>\d)_dcp0_ep0_rank(?P<rank>\d)"
-                   r"\.\d+\.pt\.trace\.json\.gz$")
 
 
 def config(directory) -> dict:
     return {"profiler": "torch", "torch_profiler_dir": str(directory)}
-
-
-def traces(directory) -> dict[str, list[dict]]:
-    """Each trace file's name -> its events (the file must be a gzipped
-    Chrome trace: a JSON object with ``traceEvents``)."""
-    found = {}
-    for path in glob.glob(os.path.join(directory, "*.pt.trace.json.gz")):
-        with gzip.open(path, "rt") as f:
-            found[os.path.basename(path)] = json.load(f)["traceEvents"]
-    return found
-
-
-def names(events: list[dict]) -> set[str]:
-    return {e.get("name") for e in events}
 
 
 @pytest.mark.timeout(180)

