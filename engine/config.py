@@ -442,7 +442,8 @@ class EngineConfig:
 
     def check_machine(self) -> None:
         """Every rule the machine decides: an attention backend its device
-        runs, an ``attach_workers_dir`` that is missing or private to this user
+        runs, a profiler's trace directory that is not a file, an
+        ``attach_workers_dir`` that is missing or private to this user
         and short enough for its sockets' addresses,
         a rendezvous the spawned ranks can meet at (``_check_rendezvous``), CUDA
         present and enough devices for the ranks this host spawns, whether
@@ -450,6 +451,11 @@ class EngineConfig:
         ``auto`` chose it (``auto`` never falls back to the CPU for want of
         devices: a model sized for GPUs would then run on the host unasked)."""
         self._check_attention_backend()
+        profiler = self.profiler
+        if profiler is not None and os.path.exists(profiler.torch_profiler_dir) and \
+                not os.path.isdir(profiler.torch_profiler_dir):
+            raise ConfigError(f"profiler_config: torch_profiler_dir "
+                              f"{profiler.torch_profiler_dir} is not a directory")
         if self.attach_workers_dir is not None:
             try:
                 check_private_directory(self.attach_workers_dir)

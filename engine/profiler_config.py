@@ -5,7 +5,7 @@ The value is vLLM's: a dict (``LLM(profiler_config=...)``) or its JSON text
 ``profiler`` None (or left out) is profiling off; "torch" is the torch
 profiler, whose traces every worker writes under ``torch_profiler_dir``
 (made absolute here, as vLLM does; required with "torch", refused without
-it). The ``torch_profiler_*`` switches keep vLLM's defaults. vLLM's other
+it; ``EngineConfig.check_machine`` refuses one that is a file). The ``torch_profiler_*`` switches keep vLLM's defaults. vLLM's other
 keys (its iteration schedule, the front end's own trace, CUDA graph capture
 traces) are taken at their defaults only: any other value asks for what
 tprun does not do and is refused by name, as is vLLM's "cuda" profiler and
@@ -92,7 +92,5 @@ def parse_profiler_config(value: dict | str | None) -> ProfilerConfig | None:
         raise ValueError(f"profiler_config: torch_profiler_dir {directory!r} is a URI; tprun "
                          "writes traces to a local directory")
     directory = os.path.abspath(os.path.expanduser(directory))
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ValueError(f"profiler_config: torch_profiler_dir {directory} is not a directory")
     return ProfilerConfig(torch_profiler_dir=directory,
                           **{key: value.get(key, default) for key, default in _SWITCHES.items()})

@@ -24,8 +24,9 @@ its edge, so after each send the client looks at the socket's events again
 next one.
 
 Invariants: after ``EngineStopped`` ``dead`` holds the reason, every
-waiting queue gets that ``EngineStopped`` item, and every later ``submit``
-or ``stats`` raises ``EngineStoppedError``. An owner that learns of the
+waiting queue gets that ``EngineStopped`` item, every waiting ``stats`` or
+``profile`` raises ``EngineStoppedError``, and so does every later
+``submit``, ``stats`` or ``profile``. An owner that learns of the
 stop beside the socket (``AsyncLLM``, which joins its engine loop's
 thread) calls ``stop_after_reading``: the replies sent before the stop
 reach their queues first.

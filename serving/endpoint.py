@@ -6,7 +6,9 @@ Clients (``serving.client.EngineClient``) connect DEALER sockets and speak
 between reading every waiting client message (without blocking while the
 engine has work) and one engine step, whose deltas go back to the client
 that owns each request. The engine's state changes in this thread only
-(the tokenizer threads below make requests, which changes none).
+(the tokenizer threads below make requests, which changes none). A
+``ProfileRequest`` runs in this thread too (``_profile``): the loop waits
+while the workers start their profilers, or write their traces.
 
 Invariants: a message without a valid MAC is never decoded and never
 answered: it is dropped, counted (``EngineStats.num_refused_messages``) and
@@ -87,7 +89,6 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
-from executor.base import WorkerFailure
 from ipc import serde, trace
 from ipc.auth import (
     Authenticator,
@@ -444,17 +445,19 @@ class EngineServer:
         """Start or stop the workers' profilers, in this thread (the steps
         already sent run first; the loop waits for the workers' answers,
         a stop for the traces written). A refusal (no ``profiler_config``)
-        is the answer's error; a worker's failure ends the loop, as a
-        failed step does."""
+        or a call that failed on a worker that still serves (a trace
+        directory it cannot make) is the answer's error; a worker that has
+        died ends the loop, as a failed step does (``check_health``)."""
         try:
             if message.start:
                 self.engine.start_profile(message.profile_prefix)
             else:
                 self.engine.stop_profile()
-        except RuntimeError as e:
-            if isinstance(e, WorkerFailure):
-                raise
-            return ProfileDone(error=str(e))
+        except Exception as e:
+            self.engine.check_health()
+            logger.warning("%s the profiler failed: %s", "starting" if message.start
+                           else "stopping", e)
+            return ProfileDone(error=str(e) or type(e).__name__)
         return ProfileDone()
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:

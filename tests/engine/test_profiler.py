@@ -110,7 +110,7 @@ def test_settings_reach_the_workers_config(tmp_path):
     file = tmp_path / "file"
     file.write_text("")
     with pytest.raises(ConfigError, match="is not a directory"):
-        EngineConfig(profiler_config=config(file))
+        EngineConfig(profiler_config=config(file)).check_machine()
 
 
 @pytest.mark.timeout(60)

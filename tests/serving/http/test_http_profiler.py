@@ -119,13 +119,20 @@ def test_async_llm_profiles_through_its_engine_loop(tiny_dir, tmp_path):
         await llm.stop_profile()
         return outs[-1].outputs[0].token_ids
 
+    directory = tmp_path / "traces"
     llm = AsyncLLM(model=tiny_dir, device="cpu",
-                   profiler_config={"profiler": "torch", "torch_profiler_dir": str(tmp_path)})
+                   profiler_config={"profiler": "torch", "torch_profiler_dir": str(directory)})
     try:
+        # A directory that cannot be made (a file took its path after the
+        # config was checked): the start fails, the engine serves on.
+        directory.write_text("")
+        with pytest.raises(RuntimeError, match="File exists"):
+            asyncio.run(llm.start_profile())
+        directory.unlink()
         assert len(asyncio.run(run(llm))) == 3
     finally:
         llm.shutdown()
-    (name, events), = traces(tmp_path).items()
+    (name, events), = traces(directory).items()
     assert TRACE.match(name).group("prefix") == "async"
     assert "aten::mm" in names(events)
 
