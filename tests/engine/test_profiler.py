@@ -19,6 +19,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import ConfigError, EngineConfig
+from tests.helpers.devices import DEVICES
 from tests.helpers.proc_utils import run_tprun
 from tests.helpers.profiler_traces import TRACE, names, traces
 
@@ -30,8 +31,9 @@ def config(directory) -> dict:
 
 
 @pytest.mark.timeout(180)
-def test_one_trace_per_step_window_holding_the_forward_passes(tiny_dir, tmp_path):
-    with LLM(model=tiny_dir, device="cpu", profiler_config=config(tmp_path / "a")) as llm:
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_trace_per_step_window_holding_the_forward_passes(tiny_dir, tmp_path, device):
+    with LLM(model=tiny_dir, device=device, profiler_config=config(tmp_path / "a")) as llm:
         llm.start_profile()
         out = llm.generate([{"prompt_token_ids": [1, 72, 105]}], PARAMS)
         llm.stop_profile()
@@ -50,9 +52,13 @@ def test_one_trace_per_step_window_holding_the_forward_passes(tiny_dir, tmp_path
     assert TRACE.match(idle).group("prefix") == "idle"
     assert "aten::mm" in names(found[busy])
     assert "aten::mm" not in names(found[idle])
+    # CUDA kernels where the device has them (the CUDA activity), none on the CPU.
+    kernels = [e for e in found[busy] if e.get("cat") == "kernel"]
+    assert bool(kernels) == (device == "cuda")
     # vLLM's operator table beside it (dump_cuda_time_total, on by default).
     table = (tmp_path / "a" / "profiler_out_0.txt").read_text()
     assert "Name" in table and "Self CPU" in table
+    assert ("Self CUDA" in table) == (device == "cuda")
 
 
 @pytest.mark.timeout(240)
