@@ -16,6 +16,7 @@ from checkpoint.chat_template import chat_prompt_ids
 from engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, cache_salt_of
+from engine.metrics_reader import Metric
 from engine.output_text import OutputText, with_decoded_tokens
 from engine.outputs import (
     CompletionOutput,
@@ -34,6 +35,7 @@ from engine.pooling_outputs import (
 from engine.pooling_params import PoolingParams
 from engine.pooling_tasks import check_pooling_task, is_token_task
 from engine.progress import RequestProgress
+from engine.prometheus_metrics import Metrics
 from engine.reasoning import enable_thinking_of
 from engine.request import Request
 from engine.request_metrics import RequestStateStats, RequestTimes, request_stats
@@ -83,6 +85,10 @@ class LLM:
         except BaseException:
             torch.set_num_threads(self._caller_num_threads)
             raise
+        # The Prometheus metrics get_metrics reads, kept as vLLM keeps them:
+        # only with stats logging on (disable_log_stats=False).
+        self._metrics = None if config.disable_log_stats else Metrics(
+            config.model, 0 if config.lora_config is None else config.lora_config.max_loras)
         # Holds the engine, not the LLM, so the LLM itself can be collected;
         # dead once the engine is shut down.
         self._finalizer = weakref.finalize(self, _stop, self.engine, self._caller_num_threads)
@@ -108,6 +114,24 @@ class LLM:
     def stop_profile(self) -> None:
         """Stop the profilers; returns once every worker's trace is written."""
         self.engine.stop_profile()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's: the metrics of this ``LLM`` now, as ``engine.metrics_reader``'s
+        records (``Counter``, ``Gauge``, ``Histogram``, ``Vector``), the
+        ones ``serve``'s ``/metrics`` shows under the same ``tprun:`` names
+        (``engine.prometheus_metrics``): running and waiting requests and KV
+        usage now; prompt and generation tokens, preemptions, prefix-cache
+        lookups and hits since the engine started; each finished engine
+        request by its ``finished_reason``, with its end-to-end latency,
+        and its time to first token and inter-token latencies, counted from
+        when this ``LLM`` made it (``generate``, ``chat``, the pooling calls).
+        Needs ``LLM(..., disable_log_stats=False)``, as vLLM's does; else
+        an ``AssertionError`` saying stat logging is disabled (vLLM's
+        error), since no metric was kept."""
+        if self._metrics is None:
+            raise AssertionError("Stat logging disabled: LLM(..., disable_log_stats=False) "
+                                 "keeps the metrics get_metrics reads")
+        return self._metrics.snapshot(self.engine.get_stats())
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -181,6 +205,7 @@ class LLM:
             unfinished = [r for r, c in choices.items() if not c.completion.finished()]
             with contextlib.suppress(Exception):  # an engine that died stays dead
                 engine.abort(unfinished)
+            self._count_finished("abort", [choices[r].times.arrival_ts for r in unfinished])
             raise
         for result, choice_requests in zip(results, requests):
             result.metrics = _metrics(result, [choices[r.req_id] for _, r in choice_requests])
@@ -275,6 +300,7 @@ class LLM:
                 p, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
         loras = loras_per_prompt(lora_request, len(prompts))
         engine = self.engine
+        arrival = time.monotonic()  # before any prompt is tokenized, as generate's
         requests = [engine.new_pooling_request(p, pp, lora_request=lora, task=task)
                     for p, pp, lora in zip(prompts, params, loras)]
         for request in requests:
@@ -285,10 +311,14 @@ class LLM:
                 while engine.has_unfinished_requests():
                     done = [d for d in engine.step() if d.pooled is not None]
                     pooled.update((d.req_id, d.pooled) for d in done)
+                    for d in done:
+                        self._count_finished(d.finish_reason, [arrival])
                     progress.advance(len(done), 0)
         except BaseException:
+            unfinished = [r.req_id for r in requests if r.req_id not in pooled]
             with contextlib.suppress(Exception):
-                engine.abort([r.req_id for r in requests if r.req_id not in pooled])
+                engine.abort(unfinished)
+            self._count_finished("abort", [arrival] * len(unfinished))
             raise
         return [(r, pooled[r.req_id]) for r in requests]
 
@@ -455,11 +485,25 @@ class LLM:
                 # Deltas of an earlier, interrupted call's requests are not ours.
                 deltas = [d for d in engine.step() if d.req_id in choices]
                 now = time.monotonic()  # when this step's tokens came
-                ended = [d for d in deltas if _absorb(choices[d.req_id], d, now)]
+                ended = [d for d in deltas if _absorb(choices[d.req_id], d, now, self._metrics)]
+                for d in ended:
+                    choice = choices[d.req_id]
+                    self._count_finished(choice.completion.finish_reason,
+                                         [choice.times.arrival_ts], now)
                 stopped = [d.req_id for d in ended if not d.finished]  # at a stop string
                 if stopped:
                     engine.abort(stopped)
                 progress.advance(len(ended), sum(len(d.new_token_ids) for d in deltas))
+
+    def _count_finished(self, reason: str, arrivals: list[float],
+                        now: float | None = None) -> None:
+        """Engine requests that arrived at ``arrivals`` (monotonic) ended
+        ``now`` (None: the time of this call) for ``reason``, in the
+        metrics, when they are kept."""
+        if self._metrics is not None:
+            now = time.monotonic() if now is None else now
+            for arrival in arrivals:
+                self._metrics.finished(reason, now - arrival)
 
     def shutdown(self) -> None:
         """Stop the workers and give the caller back its torch thread count
@@ -565,14 +609,17 @@ def _params_per_prompt(sampling_params: SamplingParams | Sequence[SamplingParams
     return [p.checked() for p in sampling_params]
 
 
-def _absorb(choice: _Choice, delta: RequestOutputDelta, now: float) -> bool:
-    """Add ``delta``, which came at ``now``, to its choice; whether the
-    choice has now finished (the engine ended it, or its text met a stop
-    string)."""
+def _absorb(choice: _Choice, delta: RequestOutputDelta, now: float,
+            metrics: Metrics | None) -> bool:
+    """Add ``delta``, which came at ``now``, to its choice (its token times
+    into ``metrics`` too, when they are kept); whether the choice has now
+    finished (the engine ended it, or its text met a stop string)."""
     completion = choice.completion
     if completion.finished():
         return False  # stopped at a stop string: what the engine still sends is dropped
-    if delta.new_token_ids:
+    if delta.new_token_ids and metrics is not None:
+        metrics.observe_tokens(choice.times, len(delta.new_token_ids), now)
+    elif delta.new_token_ids:
         choice.times.tokens_at(now)
     text = choice.text
     _absorb_prompt_side(choice.output, delta, text.tokenizer)

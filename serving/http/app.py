@@ -53,6 +53,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 
 from checkpoint.tokenizer import Tokenizer
+from engine.prometheus_metrics import CONTENT_TYPE, Metrics
 from ipc import trace
 from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
@@ -69,7 +70,6 @@ from serving.http.lora_updates import (
     LoRAUpdates,
     UnloadLoRAAdapterRequest,
 )
-from serving.http.metrics import CONTENT_TYPE, Metrics
 from serving.http.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -213,7 +213,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     are on: ``POST /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``
     are served (``lora_updates.py``; None: they are not routes, 404).
     ``max_loras``: the engine's adapter slots, with LoRA on (0: off), which
-    ``/metrics`` reports in vLLM's ``lora_requests_info`` (``metrics.py``).
+    ``/metrics`` reports in vLLM's ``lora_requests_info`` (``engine.prometheus_metrics``).
     ``profiling``: the engine has a profiler (``profiler_config``):
     ``POST /start_profile`` and ``POST /stop_profile`` are served, as
     vLLM's server registers them only then (off: they are not routes, 404);

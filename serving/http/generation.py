@@ -33,13 +33,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from engine.prometheus_metrics import Metrics
 from engine.request_metrics import RequestTimes
 from engine.stop_strings import OutputStops
 from ipc.engine_messages import Delta, EngineStopped, RequestAccepted, RequestError, TokenLogprob
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
-from serving.http.metrics import Metrics
 from serving.http.reasoning import ReasoningCount
 from serving.protocol_core import EngineStoppedError
 
@@ -279,14 +279,8 @@ class Generation:
     def _observe_latency(self, choice: _Choice, num_tokens: int) -> None:
         """Time to the choice's first token, or the gap since its last ones
         shared among the ``num_tokens`` that came now."""
-        if not num_tokens or self.metrics is None:
-            return
-        gap = choice.times.tokens_at(time.monotonic())
-        if gap is None:
-            self.metrics.ttft.observe(choice.times.first_token_latency)
-        else:
-            for _ in range(num_tokens):
-                self.metrics.itl.observe(gap / num_tokens)
+        if num_tokens and self.metrics is not None:
+            self.metrics.observe_tokens(choice.times, num_tokens, time.monotonic())
 
     def abort_unfinished(self) -> None:
         """Abort every engine request of this HTTP request still running."""

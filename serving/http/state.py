@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 
 from checkpoint.tokenizer import Tokenizer
+from engine.prometheus_metrics import Metrics
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
 from serving.http.logprobs import LogprobsFormatter
-from serving.http.metrics import Metrics
 from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns

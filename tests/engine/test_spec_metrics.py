@@ -9,9 +9,9 @@ import pytest
 from engine.bench import BenchConfig, format_summary, run_bench
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.prometheus_metrics import Metrics
 from engine.stats import interval_line, spec_decode_summary
 from ipc.engine_messages import EngineStats
-from serving.http.metrics import Metrics
 
 BASE = EngineStats(num_running=1, num_waiting=0, num_blocks=10, num_free_blocks=5,
                    kv_usage=0.5, prefix_hit_rate=0.0, num_preemptions=0, num_steps=10,

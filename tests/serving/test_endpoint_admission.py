@@ -28,6 +28,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, SamplingParams
+from engine.prometheus_metrics import Metrics
 from ipc.auth import Authenticator, new_secret
 from ipc.engine_messages import (
     GenerateRequest,
@@ -40,7 +41,6 @@ from ipc.errors import InvalidRequestError
 from ipc.serde import encode
 from serving.client import EngineClient, EngineStoppedError
 from serving.endpoint import Endpoint, EngineServer
-from serving.http.metrics import Metrics
 
 HELD = "a text the tokenizer holds"
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}

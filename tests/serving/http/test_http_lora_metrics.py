@@ -19,8 +19,8 @@ import time
 
 import pytest
 
+from engine.prometheus_metrics import Metrics
 from ipc.engine_messages import EngineStats
-from serving.http.metrics import Metrics
 from tests.helpers.http_utils import metric, openai_client, serving_model
 from tests.helpers.lora_adapters import model_with_adapters
 

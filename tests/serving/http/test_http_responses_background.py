@@ -40,9 +40,9 @@ from pydantic import TypeAdapter
 from starlette.testclient import TestClient
 
 from checkpoint.tokenizer import Tokenizer
+from engine.prometheus_metrics import Metrics
 from serving.http.app import create_app
 from serving.http.logprobs import LogprobsFormatter
-from serving.http.metrics import Metrics
 from serving.http.protocol import ResponsesRequest
 from serving.http.response_store import ResponseStore
 from serving.http.responses_background import BackgroundRuns, EventLog

@@ -1,5 +1,8 @@
-"""The Prometheus page (``GET /metrics``), with vLLM's metric names under
-the ``tprun:`` prefix.
+"""The Prometheus metrics of one front end, with vLLM's metric names under
+the ``tprun:`` prefix: the HTTP server's page (``GET /metrics``) and an
+in-process ``LLM``'s ``get_metrics()`` (``metrics_reader``) are both read
+from a ``Metrics`` registry, recorded by the same calls
+(``observe_tokens``, ``finished``).
 
 Engine-side values (running and waiting requests, KV-cache usage, prompt
 and generation token counters, preemptions, prefix-cache lookups and hits
@@ -7,7 +10,8 @@ in tokens) come from one ``EngineStats`` snapshot asked for at scrape time,
 so they are the engine's own numbers, not the front end's guess; with
 data-parallel replicas, one snapshot of each, under vLLM's ``engine``
 label. What the
-client sees is measured here (``Generation``, with each engine request's
+client sees is measured here (the HTTP server's ``Generation`` or the
+``LLM`` call, with each engine request's
 ``engine.request_metrics.RequestTimes``): time to first token from the
 request's submission, inter-token latency between consecutive deltas of one
 engine request (divided among the tokens a delta carries), each engine
@@ -33,6 +37,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from engine.metrics_reader import Metric, read_metrics
+from engine.request_metrics import RequestTimes
 from ipc.engine_messages import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -167,9 +173,30 @@ class Metrics:
         self._success[reason].inc()
         self.e2e.observe(latency_s)
 
+    def observe_tokens(self, times: RequestTimes, num_tokens: int, now: float) -> None:
+        """``num_tokens`` (> 0) of the engine request of ``times`` came at
+        ``now`` (monotonic): its time to first token, or the gap since its
+        last tokens shared among these (``RequestTimes.tokens_at``, which
+        this call makes)."""
+        gap = times.tokens_at(now)
+        if gap is None:
+            self.ttft.observe(times.first_token_latency)
+        else:
+            for _ in range(num_tokens):
+                self.itl.observe(gap / num_tokens)
+
     def render(self, stats: EngineStats | list[EngineStats]) -> bytes:
         """The page, with ``stats`` as the engine's values (a list: one
         per data-parallel replica, in replica order)."""
+        self._set_stats(stats)
+        return generate_latest(self.registry)
+
+    def snapshot(self, stats: EngineStats | list[EngineStats]) -> list[Metric]:
+        """Every metric as ``metrics_reader``'s records, with ``stats`` as
+        ``render`` takes them."""
+        self._set_stats(stats)
+        return read_metrics(self.registry)
+
+    def _set_stats(self, stats: EngineStats | list[EngineStats]) -> None:
         self.engine.stats = [stats] if isinstance(stats, EngineStats) else list(stats)
         self.engine.taken_at = time.time()
-        return generate_latest(self.registry)
