@@ -367,6 +367,13 @@ def _serve_parser(sub) -> None:
                        "previous_response_id and background responses (their cancel and "
                        "streamed replay) (default: vLLM's $VLLM_ENABLE_RESPONSES_API_STORE=1, "
                        "else off)")
+    serve.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="with --http-port: vLLM's; count the requests in flight of the "
+                       "routes that use the engine (generation, Responses API, pooling, "
+                       "/invocations), from their arrival until their response (a stream "
+                       "too) has been sent, which GET /load answers as {\"server_load\": N} "
+                       "(off: /load answers 0)")
     serve.add_argument("--stream-interval", default=None, metavar="N",
                        help="with --http-port: vLLM's; a completion or chat stream sends a "
                        "choice's first token at once, then a chunk per N new tokens, the "
@@ -915,6 +922,8 @@ def _check_http_args(args) -> None:
             raise ConfigError("--uvicorn-log-level needs --http-port")
         if args.enable_responses_api_store:
             raise ConfigError("--enable-responses-api-store needs --http-port")
+        if args.enable_server_load_tracking:
+            raise ConfigError("--enable-server-load-tracking needs --http-port")
         if args.stream_interval is not None:
             raise ConfigError("--stream-interval needs --http-port")
         if args.response_role is not None:
@@ -1140,6 +1149,7 @@ def _start_http(args, engine, server, secret: bytes,
                              allowed_origins=args.allowed_origins,
                              log_level=args.uvicorn_log_level or "warning",
                              enable_responses_api_store=args.enable_responses_api_store,
+                             enable_server_load_tracking=args.enable_server_load_tracking,
                              stream_interval=args.stream_interval,
                              trust_request_chat_template=args.trust_request_chat_template,
                              chat_template=args.chat_template,

@@ -46,7 +46,7 @@ _FRONT_END_DEFAULTS = dict(
     trust_request_chat_template=False, uvicorn_log_level=None, log_requests=None,
     enable_responses_api_store=None, stream_interval=None, response_role=None,
     enable_auto_tool_choice=False, tool_call_parser=None, lora_modules=None,
-    allow_runtime_lora_updating=None,
+    allow_runtime_lora_updating=None, enable_server_load_tracking=False,
     data_parallel_size=1)
 # A child's lines that only say it stopped: the parent says that itself
 # (a child stopped alone names it in its failure).

@@ -61,6 +61,7 @@ from serving.http.access_log import AccessLog
 from serving.http.errors import error_answer
 from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
+from serving.http.invocations import INVOCATIONS_ROUTE, Invocations
 from serving.http.json_body import JsonBodyRoute
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.lora_updates import (
@@ -81,6 +82,12 @@ from serving.http.protocol import (
 )
 from serving.http.reasoning import ReasoningParser
 from serving.http.response_store import ResponseStore
+from serving.http.server_load import (
+    SERVER_LOAD_ROUTE,
+    TRACKED_ROUTES,
+    LoadTracking,
+    ServerLoad,
+)
 from serving.http.serving_chat import create_chat_completion
 from serving.http.serving_classification import ClassificationRequest, create_classification
 from serving.http.serving_completion import create_completion
@@ -117,7 +124,7 @@ CLASSIFY_ROUTES = ("/classify",)
 POOLING_ROUTES = ("/pooling",)
 JSON_BODY_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses",
                               "/tokenize", "/detokenize", *EMBEDDING_ROUTES,
-                              *CLASSIFY_ROUTES, *POOLING_ROUTES})
+                              *CLASSIFY_ROUTES, *POOLING_ROUTES, INVOCATIONS_ROUTE})
 # The routes of a generating model, which a pooling one does not serve (404),
 # as vLLM registers each task's routes only for a model that does the task.
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
@@ -165,7 +172,8 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                pooling: bool = False, pooling_task: str = "embed",
                labels: Sequence[str] = (), lora_modules: Sequence[LoRARequest] = (),
                runtime_lora_check: Callable[[LoRARequest], None] | None = None,
-               max_loras: int = 0, profiling: bool = False):
+               max_loras: int = 0, profiling: bool = False,
+               enable_server_load_tracking: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` and ``/v2`` routes (none: no
@@ -218,7 +226,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     ``POST /start_profile`` and ``POST /stop_profile`` are served, as
     vLLM's server registers them only then (off: they are not routes, 404);
     each answers 200 with no body once every worker has started, or
-    written its trace."""
+    written its trace.
+    ``enable_server_load_tracking``: vLLM's; count the requests in flight of
+    the routes that use the engine, which ``GET /load`` answers
+    (``server_load.py``; off, it answers 0)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -351,6 +362,12 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
             return error_json(e)
         return Response(status_code=200)
 
+    load = ServerLoad(enable_server_load_tracking)
+
+    @app.get(SERVER_LOAD_ROUTE)
+    async def server_load() -> dict:
+        return load.answer()
+
     @app.get("/version")
     async def version() -> dict:
         return {"version": TPRUN_VERSION}
@@ -386,15 +403,26 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     async def rerank(body: RerankRequest) -> Response:
         return await _answer(create_rerank(state, body))
 
+    unserved = _unserved_routes(pooling, pooling_task)
+    invocations = Invocations(_invocation_table(pooling, pooling_task, {
+        ChatCompletionRequest: chat_completion, CompletionRequest: completion,
+        EmbeddingRequest: lambda body, _raw: _answer(create_embedding(state, body)),
+        ClassificationRequest: lambda body, _raw: _answer(create_classification(state, body)),
+        RerankRequest: lambda body, _raw: _answer(create_rerank(state, body)),
+        ScoreRequest: lambda body, _raw: _answer(create_score(state, body)),
+        PoolingRequest: lambda body, _raw: _answer(create_pooling(state, body))}))
+    app.post(INVOCATIONS_ROUTE)(invocations.__call__)
+
     lanes = {
         "/v1/completions": LaneRoute(IdsFirstCompletionRequest, completion),
         "/v1/chat/completions": LaneRoute(ChatCompletionRequest, chat_completion),
         "/v1/responses": LaneRoute(ResponsesRequest, response)}
-    unserved = _unserved_routes(pooling, pooling_task)
     app.router.routes[:] = [r for r in app.router.routes
                             if not _under(getattr(r, "path", ""), unserved)]
     lane = FastLane(app, {path: lane for path, lane in lanes.items()
                           if not _under(path, unserved)})
+    if load.enabled:
+        lane = LoadTracking(lane, load, [r for r in TRACKED_ROUTES if not _under(r, unserved)])
     guarded = BodySizeLimit(lane, max_body_bytes)
     guarded = JsonContentType(guarded, json_routes)
     guarded = ApiKeyCheck(guarded, api_keys) if api_keys else guarded
@@ -414,6 +442,17 @@ def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
         return (*EMBEDDING_ROUTES, *CLASSIFY_ROUTES, *POOLING_ROUTES)
     other = CLASSIFY_ROUTES if task == "embed" else EMBEDDING_ROUTES[:1]
     return (*GENERATION_ROUTES, *other)
+
+
+def _invocation_table(pooling: bool, task: str, handlers: dict) -> list:
+    """``/invocations``' (request model, handler) pairs, in vLLM's order, of
+    the routes this server serves (``invocations.py``)."""
+    if not pooling:
+        order = (ChatCompletionRequest, CompletionRequest)
+    else:
+        first = EmbeddingRequest if task == "embed" else ClassificationRequest
+        order = (first, RerankRequest, ScoreRequest, PoolingRequest)
+    return [(model, handlers[model]) for model in order]
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:

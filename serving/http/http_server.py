@@ -103,7 +103,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       other_replicas: tuple[tuple[str, bytes], ...] = (),
                       lora_modules: tuple = (),
                       runtime_lora_check=None, max_loras: int = 0,
-                      profiling: bool = False) -> HttpServer:
+                      profiling: bool = False,
+                      enable_server_load_tracking: bool = False) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -129,7 +130,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     ``labels``: a pooling model's routes; ``max_loras``: the engine's
     adapter slots (0: LoRA off) for ``/metrics``; ``profiling``: the
     engines have a profiler, served at ``/start_profile`` and
-    ``/stop_profile`` (all ``create_app``)."""
+    ``/stop_profile``; ``enable_server_load_tracking``:
+    the in-flight count ``/load`` answers (all ``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -152,7 +154,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      pooling=pooling, pooling_task=pooling_task, labels=labels or (),
                      lora_modules=lora_modules,
                      runtime_lora_check=runtime_lora_check, max_loras=max_loras,
-                     profiling=profiling)
+                     profiling=profiling,
+                     enable_server_load_tracking=enable_server_load_tracking)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server
