@@ -61,7 +61,7 @@ from serving.http.access_log import AccessLog
 from serving.http.errors import error_answer
 from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
-from serving.http.invocations import INVOCATIONS_ROUTE, Invocations
+from serving.http.invocations import INVOCATIONS_ROUTE, Invocations, InvocationType
 from serving.http.json_body import JsonBodyRoute
 from serving.http.logprobs import LogprobsFormatter
 from serving.http.lora_updates import (
@@ -452,7 +452,9 @@ def _invocation_table(pooling: bool, task: str, handlers: dict) -> list:
     else:
         first = EmbeddingRequest if task == "embed" else ClassificationRequest
         order = (first, RerankRequest, ScoreRequest, PoolingRequest)
-    return [(model, handlers[model]) for model in order]
+    return [InvocationType(model, handlers[model],
+                           ("input", "messages") if model is PoolingRequest else ())
+            for model in order]
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
