@@ -419,6 +419,8 @@ def test_generate_runs_prompts_in_priority_order(tmp_path, monkeypatch):
     (["serve", "--device", "cpu", "--api-key", "k"], "--api-key needs --http-port"),
     (["serve", "--device", "cpu", "--served-model-name", "m"], "--served-model-name needs --http-port"),
     (["serve", "--device", "cpu", "--allowed-origins", "*"], "--allowed-origins needs --http-port"),
+    (["serve", "--device", "cpu", "--enable-server-load-tracking"],
+     "--enable-server-load-tracking needs --http-port"),
     (["serve", "--device", "cpu", "--http-port", "0", "--served-model-name", " "],
      "--served-model-name takes non-empty names"),
     (["serve", "--device", "cpu", "--port", "70000"], "--port must be in [0, 65535]"),
