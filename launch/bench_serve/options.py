@@ -10,6 +10,7 @@ import json
 import uuid
 
 from launch.bench_serve.datasets import DATASETS
+from launch.bench_serve.ramp_up import STRATEGIES
 from launch.bench_serve.request import BACKENDS
 
 
@@ -115,6 +116,15 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     traffic.add_argument("--burstiness", type=float, default=1.0,
                          help="the gamma shape of the gaps between sends: 1 Poisson, "
                          "below 1 burstier, above 1 more even")
+    traffic.add_argument("--ramp-up-strategy", default=None, choices=STRATEGIES,
+                         help="instead of --request-rate, raise each request's rate from "
+                         "--ramp-up-start-rps at the first request to --ramp-up-end-rps at "
+                         "the last: linearly, or by a constant factor per request "
+                         "(exponential); --burstiness applies to each gap")
+    traffic.add_argument("--ramp-up-start-rps", type=int, default=None,
+                         help="the ramp's rate at the first request (at least 1)")
+    traffic.add_argument("--ramp-up-end-rps", type=int, default=None,
+                         help="the ramp's rate at the last request (at least the start)")
     traffic.add_argument("--max-concurrency", type=_positive_int, default=None,
                          help="at most this many requests in flight (the others wait)")
     traffic.add_argument("--num-warmups", type=int, default=0,
@@ -156,7 +166,9 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     results.add_argument("--result-dir", default=None, help="directory of the result file")
     results.add_argument("--result-filename", default=None,
                          help="the result file's name (default: "
-                         "{label}-{request_rate}qps[-concurrency{N}]-{model}-{date}.json)")
+                         "{label}-{request_rate}qps[-concurrency{N}]-{model}-{date}.json; "
+                         "with a ramp: {label}-ramp-up-{strategy}-{start}qps-{end}qps"
+                         "[-concurrency{N}]-{model}-{date}.json)")
     results.add_argument("--label", default=None,
                          help="the result's label (default: --backend)")
     results.add_argument("--metadata", metavar="KEY=VALUE", nargs="*", default=None,

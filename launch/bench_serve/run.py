@@ -3,6 +3,10 @@ server's URL and model, make the prompts with the model's tokenizer, send
 them at their arrival times under the concurrency limit, then print
 vLLM's summary and save its result JSON.
 
+The send times: ``--request-rate`` with ``--burstiness``, or a ramp-up
+(``ramp_up``: each request at its own rate, recorded in the result as
+``ramp_up_*`` and ``rps_change_events``).
+
 Order of a run, as vLLM's: the ready check (``--ready-check-timeout-sec``
 > 0: the first prompt until one succeeds, else ``BenchServeError``), the
 warm-up requests (``--num-warmups`` of the first prompt, not measured),
@@ -30,6 +34,7 @@ import aiohttp
 from launch.bench_serve.arrivals import arrival_offsets, arrive
 from launch.bench_serve.datasets import dataset_requests, read_dataset
 from launch.bench_serve.metrics import GOODPUT_METRICS, calculate_metrics
+from launch.bench_serve.ramp_up import RampUp, RpsChanges, ramp_up_from_args
 from launch.bench_serve.random_dataset import SampleRequest
 from launch.bench_serve.report import (
     DETAILED_FIELDS,
@@ -66,6 +71,8 @@ class Settings:
     percentiles: list[float]
     goodput: dict[str, float]
     metadata: dict[str, str]
+    # The request-rate ramp (None: --request-rate for every request).
+    ramp_up: RampUp | None
     # The dataset file's entries (``datasets.read_dataset``; none for a
     # dataset that makes its prompts).
     dataset_entries: list
@@ -110,6 +117,8 @@ def settings(args) -> Settings:
                          f"{args.request_rate}")
     if not args.burstiness > 0:
         raise ValueError(f"--burstiness must be positive, got {args.burstiness}")
+    ramp_up = ramp_up_from_args(args.ramp_up_strategy, args.ramp_up_start_rps,
+                                args.ramp_up_end_rps, args.request_rate)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     if unknown := [m for m in metrics if m not in METRIC_TITLES]:
         raise ValueError(f"--percentile-metrics: unknown {', '.join(unknown)} (one of "
@@ -127,7 +136,7 @@ def settings(args) -> Settings:
                     headers=_pairs(args.header, "--header"),
                     extra_body={**sampling, **(args.extra_body or {})}, metrics=metrics,
                     percentiles=percentiles, goodput=_goodput(args.goodput),
-                    metadata=_pairs(args.metadata, "--metadata"),
+                    metadata=_pairs(args.metadata, "--metadata"), ramp_up=ramp_up,
                     dataset_entries=read_dataset(args))
 
 
@@ -180,9 +189,22 @@ async def _ready(session, backend: str, probe: RequestInput, timeout_s: float,
         await asyncio.sleep(READY_RETRY_S)
 
 
-async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest],
-                    ) -> tuple[list[RequestOutput], float]:
-    """Every request's output, in order, and the measured run's seconds."""
+@dataclass
+class Measured:
+    """What the measured run gives: every request's output, in order, its
+    seconds, and under a ramp-up vLLM's ``rps_change_events``."""
+
+    outputs: list[RequestOutput]
+    duration: float
+    rps_change_events: list[dict]
+
+
+def _now() -> str:
+    return datetime.now().isoformat()
+
+
+async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]) -> Measured:
+    """The measured run (after the ready check and the warm-up)."""
     api_key = os.environ.get("OPENAI_API_KEY") or None
     inputs = [RequestInput(prompt=r.prompt, api_url=s.api_url, prompt_len=r.prompt_len,
                            output_len=r.expected_output_len, model=model,
@@ -222,10 +244,17 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
         if args.profile:
             await _profile(client, s, "start", api_key)
         distribution = "Poisson process" if args.burstiness == 1.0 else "Gamma distribution"
-        print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: "
-              f"{args.burstiness} ({distribution})\nMaximum request concurrency: "
-              f"{args.max_concurrency}", flush=True)
-        offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed)
+        ramp = s.ramp_up
+        print(f"Traffic request rate: {args.request_rate}" if ramp is None else
+              f"Traffic ramp-up strategy: {ramp.strategy}.\nWill increase RPS from "
+              f"{ramp.start_rps} to {ramp.end_rps} RPS over the duration of the benchmark.",
+              flush=True)
+        print(f"Burstiness factor: {args.burstiness} ({distribution})\nMaximum request "
+              f"concurrency: {args.max_concurrency}", flush=True)
+        offsets = arrival_offsets(len(inputs), args.request_rate, args.burstiness, args.seed,
+                                  ramp)
+        rates = ramp.rates(len(inputs)) if ramp else [args.request_rate] * len(inputs)
+        changes = RpsChanges()
         from tqdm import tqdm
 
         with tqdm(total=len(inputs), disable=args.disable_tqdm, file=sys.stderr) as bar:
@@ -235,13 +264,17 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                 return out
 
             start, tasks = time.perf_counter(), []
-            async for given in arrive(inputs, offsets):
+            if ramp:
+                changes.start(ramp.start_rps, _now())
+            async for given, rate in arrive(list(zip(inputs, rates)), offsets):
+                if ramp:
+                    changes.sent(rate, _now())
                 tasks.append(asyncio.create_task(counted(given, time.perf_counter())))
             outputs = await asyncio.gather(*tasks)
             duration = time.perf_counter() - start
         if args.profile:
             await _profile(client, s, "stop", api_key)
-    return list(outputs), duration
+    return Measured(list(outputs), duration, changes.events)
 
 
 async def _profile(session, s: Settings, action: str, api_key: str | None) -> None:
@@ -266,10 +299,14 @@ async def _profile(session, s: Settings, action: str, api_key: str | None) -> No
 
 
 def result_filename(args, model: str, date: str) -> str:
-    """vLLM's default name, or --result-filename; under --result-dir."""
+    """vLLM's default name (the ramp's rates in place of the request rate
+    under a ramp-up), or --result-filename; under --result-dir."""
     concurrency = (f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None
                    else "")
-    name = args.result_filename or (f"{args.label or args.backend}-{args.request_rate}qps"
+    rate = (f"{args.request_rate}qps" if args.ramp_up_strategy is None else
+            f"ramp-up-{args.ramp_up_strategy}-{args.ramp_up_start_rps}qps-"
+            f"{args.ramp_up_end_rps}qps")
+    name = args.result_filename or (f"{args.label or args.backend}-{rate}"
                                     f"{concurrency}-{model.split('/')[-1]}-{date}.json")
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
@@ -294,8 +331,8 @@ def run_bench_serve(args, s: Settings) -> int:
     if "temperature" not in s.extra_body:
         print("Note: no --temperature: the server's default sampling applies "
               "(--temperature 0 for greedy).", flush=True)
-    outputs, duration = asyncio.run(
-        benchmark(args, s, model_name, requests))
+    measured = asyncio.run(benchmark(args, s, model_name, requests))
+    outputs, duration = measured.outputs, measured.duration
     metrics = calculate_metrics(outputs, duration,
                                 lambda text: len(tokenizer.encode(text, False)),
                                 s.percentiles, s.goodput)
@@ -313,8 +350,14 @@ def run_bench_serve(args, s: Settings) -> int:
                   "label": args.label, "model_id": model_id, "tokenizer_id": tokenizer_id,
                   "num_prompts": args.num_prompts, **s.metadata,
                   "request_rate": "inf" if math.isinf(args.request_rate) else args.request_rate,
-                  "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
-                  **result_fields(metrics, outputs, duration, bool(s.goodput), blocks)}
+                  "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
+        if s.ramp_up:
+            result.update(ramp_up_strategy=s.ramp_up.strategy,
+                          ramp_up_start_rps=s.ramp_up.start_rps,
+                          ramp_up_end_rps=s.ramp_up.end_rps)
+        result.update(result_fields(metrics, outputs, duration, bool(s.goodput), blocks))
+        if measured.rps_change_events:
+            result["rps_change_events"] = measured.rps_change_events
         if not args.save_detailed:
             result = {k: v for k, v in result.items() if k not in DETAILED_FIELDS}
         _write_result(result_filename(args, model_id, date), result, args.append_result)
