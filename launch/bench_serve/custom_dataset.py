@@ -8,7 +8,8 @@ custom dataset never receives the seed; ``--disable-shuffle`` keeps the
 file's order) and the first ``--num-prompts`` taken, fewer oversampled
 with the same seed (``--no-oversample``: not); each prompt is rendered as
 a user message with the tokenizer's chat template and its generation
-prompt (``--skip-chat-template``: sent as it is), and its length counts
+prompt (``--skip-chat-template``: sent as it is; ``--chat-template-kwargs``:
+the template's variables), and its length counts
 the rendered text's tokens with those the tokenizer adds (a BOS).
 """
 
@@ -58,7 +59,8 @@ def read_custom(path: str) -> list[str]:
 def custom_requests(prompts: list[str], tokenizer: Tokenizer, num_prompts: int,
                     output_len: int = 256, skip_chat_template: bool = False,
                     shuffle: bool = True, oversample: bool = True,
-                    request_id_prefix: str = "") -> list[SampleRequest]:
+                    request_id_prefix: str = "",
+                    chat_template_kwargs: dict | None = None) -> list[SampleRequest]:
     """``num_prompts`` requests of ``prompts`` (module docstring);
     ValueError for a tokenizer without the chat template it needs."""
     if not skip_chat_template and tokenizer.chat_template is None:
@@ -68,7 +70,8 @@ def custom_requests(prompts: list[str], tokenizer: Tokenizer, num_prompts: int,
     for i, prompt in enumerate(shuffled(prompts, SHUFFLE_SEED, shuffle)[:num_prompts]):
         if not skip_chat_template:
             prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                   add_generation_prompt=True, tokenize=False)
+                                                   add_generation_prompt=True, tokenize=False,
+                                                   **(chat_template_kwargs or {}))
         requests.append(SampleRequest(prompt, len(tokenizer.encode(prompt)), output_len,
                                       f"{request_id_prefix}{i}"))
     if not oversample:

@@ -66,7 +66,8 @@ def dataset_requests(args, entries: list, tokenizer) -> list[SampleRequest]:
         return custom_requests(entries, tokenizer, args.num_prompts,
                                _output_len(args, args.custom_output_len),
                                skip_chat_template=args.skip_chat_template, shuffle=shuffle,
-                               oversample=not args.no_oversample, request_id_prefix=prefix)
+                               oversample=not args.no_oversample, request_id_prefix=prefix,
+                               chat_template_kwargs=args.chat_template_kwargs)
     if args.dataset_name == "prefix_repetition":
         return prefix_repetition_requests(
             tokenizer, args.num_prompts, args.prefix_repetition_prefix_len,

@@ -10,6 +10,7 @@ import json
 import uuid
 
 from launch.bench_serve.datasets import DATASETS
+from launch.bench_serve.lora_assignment import ASSIGNMENTS
 from launch.bench_serve.ramp_up import STRATEGIES
 from launch.bench_serve.request import BACKENDS
 
@@ -57,6 +58,15 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="the model whose tokenizer makes the prompts and counts "
                         "output text ('tiny', a model directory or GGUF file; default: "
                         "--model)")
+    server.add_argument("--insecure", action="store_true",
+                        help="an https server's certificate is not checked (a self-signed "
+                        "one, say)")
+    server.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME",
+                        help="LoRA adapter names the server serves (its --lora-modules): "
+                        "each request names one of them as its model")
+    server.add_argument("--lora-assignment", default="random", choices=ASSIGNMENTS,
+                        help="which adapter each request names: drawn by --seed (random) or "
+                        "in turn (round-robin)")
     server.add_argument("--ready-check-timeout-sec", type=int, default=0,
                         help="first send the first prompt until it succeeds, for up to this "
                         "many seconds; failing that, stop with an error (0: no check)")
@@ -85,6 +95,9 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     dataset.add_argument("--skip-chat-template", action="store_true",
                          help="custom: send each prompt as it is, not rendered with the chat "
                          "template")
+    dataset.add_argument("--chat-template-kwargs", type=_json_object, default=None,
+                         help="custom: a JSON object of the chat template's variables when it "
+                         "renders each prompt (e.g. '{\"enable_thinking\": false}')")
     synthetic = parser.add_argument_group("random dataset")
     synthetic.add_argument("--random-input-len", type=int, default=1024,
                            help="prompt tokens per request, as the server counts them")
@@ -127,6 +140,10 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
                          help="the ramp's rate at the last request (at least the start)")
     traffic.add_argument("--max-concurrency", type=_positive_int, default=None,
                          help="at most this many requests in flight (the others wait)")
+    traffic.add_argument("--probe-request-rate", type=float, default=0.0,
+                         help="beside the load, one-token requests of a one-token prompt, one "
+                         "at a time at most this many per second, outside --max-concurrency; "
+                         "their latency is reported apart (0: none)")
     traffic.add_argument("--num-warmups", type=int, default=0,
                          help="requests of the first prompt sent before the measured run")
     traffic.add_argument("--seed", type=int, default=0, help="seed of prompts and arrivals")

@@ -4,7 +4,8 @@ layout: the summary table (50 columns: labels padded to 40, values to
 field names.
 
 The table: request counts, the concurrency limit and request rate when
-set, the duration, token totals and throughputs, then one block per
+set, the duration, token totals and throughputs, the probe requests'
+latencies with ``--probe-request-rate``, then one block per
 ``--percentile-metrics`` entry (ttft, tpot, itl, e2el; client_queue_time
 with --max-concurrency; e2el_including_client_queue with it and a finite
 rate): mean, median and each percentile, ``P99``-style names (``P99.9``
@@ -77,8 +78,10 @@ def selected_blocks(found: dict[str, Distribution],
 
 def summary_lines(metrics: BenchmarkMetrics, duration_s: float, max_concurrency: int | None,
                   request_rate: float, goodput: bool,
-                  blocks: dict[str, Distribution]) -> list[str]:
-    """The summary table; ``blocks``: the metrics to show, in order."""
+                  blocks: dict[str, Distribution], probe: dict | None = None) -> list[str]:
+    """The summary table; ``blocks``: the metrics to show, in order;
+    ``probe``: the probe requests' fields (``probe.probe_stats``), shown
+    before the blocks, as vLLM's."""
     lines = [f"{' Serving Benchmark Result ':=^50}",
              _row("Successful requests:", metrics.completed, False),
              _row("Failed requests:", metrics.failed, False)]
@@ -96,6 +99,13 @@ def summary_lines(metrics: BenchmarkMetrics, duration_s: float, max_concurrency:
               _row("Peak output token throughput (tok/s):", metrics.max_output_tokens_per_s),
               _row("Peak concurrent requests:", metrics.max_concurrent_requests),
               _row("Total Token throughput (tok/s):", metrics.total_token_throughput)]
+    if probe:
+        lines += [f"{'Probe Requests':-^50}",
+                  _row("Probe requests completed:", probe["probe_completed"], False),
+                  _row("Probe requests failed:", probe["probe_failed"], False),
+                  _row("Median probe E2EL (ms):", probe["probe_median_e2el_ms"]),
+                  _row("P99 probe E2EL (ms):", probe["probe_p99_e2el_ms"]),
+                  _row("Max probe E2EL (ms):", probe["probe_max_e2el_ms"])]
     for name, dist in blocks.items():
         short, title = METRIC_TITLES[name]
         lines += [f"{title:-^50}", _row(f"Mean {short} (ms):", dist.mean),

@@ -7,6 +7,11 @@ The send times: ``--request-rate`` with ``--burstiness``, or a ramp-up
 (``ramp_up``: each request at its own rate, recorded in the result as
 ``ramp_up_*`` and ``rps_change_events``).
 
+``--lora-modules``: each measured request names an adapter
+(``lora_assignment``); ``--probe-request-rate``: one-token probes run
+beside the measured run (``probe``); ``--insecure``: an https server's
+certificate is not checked.
+
 Order of a run, as vLLM's: the ready check (``--ready-check-timeout-sec``
 > 0: the first prompt until one succeeds, else ``BenchServeError``), the
 warm-up requests (``--num-warmups`` of the first prompt, not measured),
@@ -33,7 +38,9 @@ import aiohttp
 
 from launch.bench_serve.arrivals import arrival_offsets, arrive
 from launch.bench_serve.datasets import dataset_requests, read_dataset
+from launch.bench_serve.lora_assignment import lora_names
 from launch.bench_serve.metrics import GOODPUT_METRICS, calculate_metrics
+from launch.bench_serve.probe import probe_loop, probe_stats
 from launch.bench_serve.ramp_up import RampUp, RpsChanges, ramp_up_from_args
 from launch.bench_serve.random_dataset import SampleRequest
 from launch.bench_serve.report import (
@@ -117,6 +124,9 @@ def settings(args) -> Settings:
                          f"{args.request_rate}")
     if not args.burstiness > 0:
         raise ValueError(f"--burstiness must be positive, got {args.burstiness}")
+    if not args.probe_request_rate >= 0:
+        raise ValueError(f"--probe-request-rate must be at least 0 (0: no probes), got "
+                         f"{args.probe_request_rate}")
     ramp_up = ramp_up_from_args(args.ramp_up_strategy, args.ramp_up_start_rps,
                                 args.ramp_up_end_rps, args.request_rate)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
@@ -140,11 +150,20 @@ def settings(args) -> Settings:
                     dataset_entries=read_dataset(args))
 
 
-def first_served_model(base_url: str, headers: dict[str, str]) -> tuple[str, str]:
+def _tls(insecure: bool) -> bool | None:
+    """aiohttp's ``ssl`` of a connector: False skips the certificate check
+    (``--insecure``); None, aiohttp's default, checks an https server's."""
+    return False if insecure else None
+
+
+def first_served_model(base_url: str, headers: dict[str, str],
+                       insecure: bool = False) -> tuple[str, str]:
     """The first model of the server's /v1/models: the name requests give
     (its ``id``) and the model it serves (vLLM's ``root``, else the id)."""
     async def read() -> dict:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
+                                         connector=aiohttp.TCPConnector(
+                                             ssl=_tls(insecure))) as session:
             async with session.get(f"{base_url}/v1/models", headers=headers) as answer:
                 answer.raise_for_status()
                 return await answer.json(content_type=None)
@@ -192,11 +211,14 @@ async def _ready(session, backend: str, probe: RequestInput, timeout_s: float,
 @dataclass
 class Measured:
     """What the measured run gives: every request's output, in order, its
-    seconds, and under a ramp-up vLLM's ``rps_change_events``."""
+    seconds, under a ramp-up vLLM's ``rps_change_events``, and the probe
+    requests' outputs."""
 
     outputs: list[RequestOutput]
     duration: float
     rps_change_events: list[dict]
+    # The --probe-request-rate requests' outputs, in order.
+    probes: list[RequestOutput]
 
 
 def _now() -> str:
@@ -212,6 +234,9 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                            extra_body=s.extra_body, extra_headers=s.headers,
                            request_id=r.request_id) for r in requests]
     probe = replace(inputs[0], request_id=None)
+    if args.lora_modules:
+        names = lora_names(args.lora_modules, len(inputs), args.lora_assignment, args.seed)
+        inputs = [replace(given, model=name) for given, name in zip(inputs, names)]
     gate = (asyncio.Semaphore(args.max_concurrency) if args.max_concurrency
             else contextlib.nullcontext())
     # vLLM's pool: at most --max-concurrency connections (0: no limit), each
@@ -219,7 +244,7 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
     # default): the benchmark measures the server, not a proxy.
     connector = aiohttp.TCPConnector(limit=args.max_concurrency or 0,
                                      limit_per_host=args.max_concurrency or 0,
-                                     keepalive_timeout=60)
+                                     keepalive_timeout=60, ssl=_tls(args.insecure))
     async with aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as client:
@@ -263,6 +288,11 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                 bar.update(1)
                 return out
 
+            stop_probes, probing = asyncio.Event(), None
+            if args.probe_request_rate > 0:
+                print(f"Probe request rate: {args.probe_request_rate} req/s", flush=True)
+                short = replace(probe, prompt="Hi", prompt_len=1, output_len=1)
+                probing = asyncio.create_task(_probes(args, short, api_key, stop_probes))
             start, tasks = time.perf_counter(), []
             if ramp:
                 changes.start(ramp.start_rps, _now())
@@ -272,9 +302,23 @@ async def benchmark(args, s: Settings, model: str, requests: list[SampleRequest]
                 tasks.append(asyncio.create_task(counted(given, time.perf_counter())))
             outputs = await asyncio.gather(*tasks)
             duration = time.perf_counter() - start
+            stop_probes.set()
+            probes = await probing if probing else []
         if args.profile:
             await _profile(client, s, "stop", api_key)
-    return Measured(list(outputs), duration, changes.events)
+    return Measured(list(outputs), duration, changes.events, probes)
+
+
+async def _probes(args, short: RequestInput, api_key: str | None,
+                  stop: asyncio.Event) -> list[RequestOutput]:
+    """The probe requests (``probe``), over a connection of their own: the
+    run's pool, capped at --max-concurrency, would queue them behind the
+    load they are there to measure."""
+    async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=_tls(args.insecure)),
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as own:
+        return await probe_loop(lambda: send_request(own, args.backend, short, api_key),
+                                args.probe_request_rate, stop)
 
 
 async def _profile(session, s: Settings, action: str, api_key: str | None) -> None:
@@ -320,7 +364,7 @@ def run_bench_serve(args, s: Settings) -> int:
     print("Model not specified, reading the server's first model..." if args.model is None
           else f"Model: {args.model}", flush=True)
     if args.model is None:
-        model_name, model_id = first_served_model(s.base_url, s.headers)
+        model_name, model_id = first_served_model(s.base_url, s.headers, args.insecure)
     else:
         model_name, model_id = args.served_model_name or args.model, args.model
     tokenizer_id = args.tokenizer or model_id
@@ -340,8 +384,9 @@ def run_bench_serve(args, s: Settings) -> int:
     found = metric_distributions(metrics, outputs, s.percentiles, args.max_concurrency,
                                  args.request_rate)
     blocks = selected_blocks(found, s.metrics)
+    probed = probe_stats(measured.probes)
     for line in summary_lines(metrics, duration, args.max_concurrency, args.request_rate,
-                              bool(s.goodput), blocks):
+                              bool(s.goodput), blocks, probed):
         print(line)
     sys.stdout.flush()
     if args.save_result or args.append_result:
@@ -356,6 +401,7 @@ def run_bench_serve(args, s: Settings) -> int:
                           ramp_up_start_rps=s.ramp_up.start_rps,
                           ramp_up_end_rps=s.ramp_up.end_rps)
         result.update(result_fields(metrics, outputs, duration, bool(s.goodput), blocks))
+        result.update(probed or {})
         if measured.rps_change_events:
             result["rps_change_events"] = measured.rps_change_events
         if not args.save_detailed:

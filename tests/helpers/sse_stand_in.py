@@ -80,19 +80,22 @@ class StandIn:
 
 class running:
     """``with running(stand_in) as url:`` serves ``stand_in`` on a free
-    port of 127.0.0.1 for the block."""
+    port of 127.0.0.1 for the block (over TLS with ``tls``, an
+    ``ssl.SSLContext`` of the server: an https URL)."""
 
-    def __init__(self, stand_in: StandIn):
+    def __init__(self, stand_in: StandIn, tls=None):
         self.stand_in = stand_in
+        self.tls = tls
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
     def __enter__(self) -> str:
         self.thread.start()
         self.server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self.stand_in._serve, "127.0.0.1", 0), self.loop).result(10)
+            asyncio.start_server(self.stand_in._serve, "127.0.0.1", 0, ssl=self.tls),
+            self.loop).result(10)
         port = self.server.sockets[0].getsockname()[1]
-        self.stand_in.url = f"http://127.0.0.1:{port}"
+        self.stand_in.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
         return self.stand_in.url
 
     def __exit__(self, *exc) -> None:
