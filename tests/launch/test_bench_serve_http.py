@@ -135,3 +135,30 @@ def test_custom_dataset_prompts_reach_the_server(server, tmp_path):
     assert sorted(saved["input_lens"]) == [5, 6, 6]
     assert saved["total_input_tokens"] == after[0] - before[0] == 17
     assert all(1 <= n <= 3 for n in saved["output_lens"])
+
+
+@pytest.mark.timeout(400)
+def test_a_ramped_run_with_probes_records_the_ramp_and_the_probes(server, tmp_path):
+    """An exponential ramp from 10 to 40 requests per second over five
+    requests (rates 10, 14.1, 20, 28.3, 40) with probes beside it: every
+    request the server counted is the load's or a probe's, the result
+    holds the ramp's fields and one rps event per whole rate from 10 to
+    40, and the request rate stays inf."""
+    before = _counters(server)
+    proc, saved = _bench(server, tmp_path, "--model", "tiny", "--tokenizer", server.model_dir,
+                         "--random-input-len", "8", "--random-output-len", "4",
+                         "--num-prompts", "5", "--ramp-up-strategy", "exponential",
+                         "--ramp-up-start-rps", "10", "--ramp-up-end-rps", "40",
+                         "--probe-request-rate", "20", "--temperature", "0")
+    after = _counters(server)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (saved["completed"], saved["failed"]) == (5, 0)
+    probes = saved["probe_completed"] + saved["probe_failed"]
+    assert probes >= 1 and saved["probe_failed"] == 0
+    # Each probe: one token asked for; each load request: 4 (ignore_eos).
+    assert after[1] - before[1] == 5 * 4 + saved["probe_completed"]
+    assert saved["total_output_tokens"] == 5 * 4
+    assert (saved["ramp_up_strategy"], saved["ramp_up_start_rps"], saved["ramp_up_end_rps"],
+            saved["request_rate"]) == ("exponential", 10, 40, "inf")
+    assert [e["rps"] for e in saved["rps_change_events"]] == list(range(10, 41))
+    assert "Traffic ramp-up strategy: exponential." in proc.stdout.splitlines()
