@@ -150,10 +150,10 @@ def settings(args) -> Settings:
                     dataset_entries=read_dataset(args))
 
 
-def _tls(insecure: bool) -> bool | None:
+def _tls(insecure: bool) -> bool:
     """aiohttp's ``ssl`` of a connector: False skips the certificate check
-    (``--insecure``); None, aiohttp's default, checks an https server's."""
-    return False if insecure else None
+    (``--insecure``); True, aiohttp's default, checks an https server's."""
+    return not insecure
 
 
 def first_served_model(base_url: str, headers: dict[str, str],
