@@ -103,6 +103,9 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = _opt(None, "KV cache blocks, instead of what "
                                                "fits in memory")
     enforce_eager: bool = _opt(False, "no CUDA graphs")
+    enable_sleep_mode: bool = _opt(False, "allow LLM.sleep / wake_up (and the server's /sleep, "
+                                   "/wake_up routes): free the weights and KV cache "
+                                   "between workloads")
     max_cudagraph_capture_size: int | None = _opt(
         None, "largest decode batch captured as a CUDA graph; larger ones run eagerly "
         "(default: min(max_num_seqs, max_num_batched_tokens), at most 1024)")
@@ -651,7 +654,7 @@ _POSITIVE_INTS = ("tensor_parallel_size", "block_size", "max_num_seqs",
 _OPTIONAL_POSITIVE_INTS = ("max_num_batched_tokens", "num_gpu_blocks_override",
                            "master_port", "max_cudagraph_capture_size", "max_seq_len_to_capture")
 _NUMBERS = ("gpu_memory_utilization", "step_timeout_s", "log_stats_interval_s")
-_BOOLS = ("enforce_eager", "disable_custom_all_reduce", "async_scheduling",
+_BOOLS = ("enforce_eager", "enable_sleep_mode", "disable_custom_all_reduce", "async_scheduling",
           "enable_prefix_caching", "disable_log_stats", "trust_remote_code", "enable_lora")
 
 

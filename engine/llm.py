@@ -133,6 +133,33 @@ class LLM:
                                  "keeps the metrics get_metrics reads")
         return self._metrics.snapshot(self.engine.get_stats())
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (``LLM(..., enable_sleep_mode=True)``): level 1
+        moves the weights to host memory and frees the KV cache; level 2
+        frees both (``wake_up`` reads the weights from the checkpoint
+        again). The prefix cache is reset; unfinished requests are aborted
+        (vLLM's default); until ``wake_up`` brings everything back,
+        ``generate`` and the other calls that run requests raise.
+        ``LLMEngine.sleep`` has the rest."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed: ``tags`` "weights" and/or
+        "kv_cache" (None: all), so the weights can come back before the
+        cache takes its memory again."""
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
+    def _check_usable(self) -> None:
+        """A call that runs requests needs a live engine that is awake."""
+        if not self._finalizer.alive:
+            raise RuntimeError("this LLM has been shut down")
+        if self.engine.is_sleeping():
+            raise RuntimeError(f"the engine is sleeping ({sorted(self.engine.sleeping_tags)} "
+                               f"not woken up): call wake_up() first")
+
     @property
     def llm_engine(self) -> LLMEngine:
         """The engine (vLLM's name for it; also ``engine``)."""
@@ -165,8 +192,7 @@ class LLM:
                   enable_thinking: bool = True, lora_request=None) -> list[RequestOutput]:
         """``generate``, each request with ``enable_thinking`` (``chat``'s,
         from its template's kwargs: the engine's reasoning parser reads it)."""
-        if not self._finalizer.alive:
-            raise RuntimeError("this LLM has been shut down")
+        self._check_usable()
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -288,8 +314,7 @@ class LLM:
         their end: each request with the engine's output bytes, in prompt
         order. Every prompt is checked before any is queued; an interrupted
         call aborts its unfinished requests."""
-        if not self._finalizer.alive:
-            raise RuntimeError("this LLM has been shut down")
+        self._check_usable()
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         params = pooling_params if pooling_params is not None else PoolingParams()
         params = [params] * len(prompts) if isinstance(params, PoolingParams) else list(params)

@@ -61,6 +61,7 @@ from engine.structured_outputs.manager import PendingBitmask
 from engine.thinking_budget import ThinkingBudget, check_budget_has_parser
 from executor.base import Executor, OutputFuture, WorkerFailure
 from ipc import trace
+from ipc.config import SLEEP_LEVELS, SLEEP_TAGS
 from ipc.engine_messages import EngineStats
 from ipc.errors import InvalidRequestError
 from ipc.lora_request import LoRARequest
@@ -187,6 +188,8 @@ class LLMEngine:
         # every later step: the workers' state is no longer the scheduler's.
         self.broken_reply: str | None = None
         self.counters = StepCounters()
+        # Sleep mode: the tags of the workers' memory still asleep (empty: awake).
+        self.sleeping_tags: set[str] = set()
         self.stats_logger = None
         if not config.disable_log_stats:
             self.stats_logger = StatsLogger(self.get_stats, self._prefix_counts,
@@ -467,6 +470,61 @@ class LLMEngine:
         written = self.executor.collective_rpc("stop_profile", timeout=None)
         logger.info("profiler traces written: %s", ", ".join(f for w in written for f in w))
 
+    # ---- sleep mode ----------------------------------------------------
+    def sleep(self, level: int = 1) -> list[RequestOutputDelta]:
+        """vLLM's sleep mode (``enable_sleep_mode``), with vLLM's default of
+        what becomes of unfinished requests (mode "abort"): they are
+        aborted (their last deltas returned), a step in flight is absorbed,
+        the prefix cache is reset (the KV blocks' contents are forgotten),
+        then every worker frees its memory (``runner.sleep_mode``: level 1
+        keeps the weights on the host, level 2 reads them again on waking).
+        Until every tag is woken no step is scheduled: requests queued
+        meanwhile wait, and run after ``wake_up``. Asleep already: a
+        warning, nothing done (vLLM's). Without ``enable_sleep_mode``:
+        vLLM's ``AssertionError``."""
+        self._check_sleep_mode()
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"sleep level must be one of {list(SLEEP_LEVELS)}, got {level!r}")
+        if self.sleeping_tags:
+            logger.warning("the engine is sleeping already")
+            return []
+        deltas = self.abort(list(self.scheduler.requests))
+        while self.has_unfinished_requests():  # the step in flight (async scheduling)
+            deltas += self.step()
+        self.scheduler.kv.pool.reset_prefix_cache()
+        self.executor.collective_rpc("sleep", {"level": level}, timeout=600)
+        self.sleeping_tags = set(SLEEP_TAGS)
+        return deltas
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore the workers' memory of ``tags`` ("weights", "kv_cache";
+        None: all, weights first); scheduling resumes once all is back. Not
+        sleeping, or a tag awake already: a warning, nothing done (vLLM's).
+        An unknown tag: ``ValueError``."""
+        self._check_sleep_mode()
+        tags = list(SLEEP_TAGS) if tags is None else list(tags)
+        unknown = sorted(set(tags) - set(SLEEP_TAGS))
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {unknown}; the tags are {list(SLEEP_TAGS)}")
+        if not self.sleeping_tags:
+            logger.warning("the engine is not sleeping")
+            return
+        awake = sorted(set(tags) - self.sleeping_tags)
+        if awake:
+            logger.warning("wake_up tags %s are not asleep (asleep: %s)", awake,
+                           sorted(self.sleeping_tags))
+            return
+        self.executor.collective_rpc("wake_up", {"tags": tags}, timeout=600)
+        self.sleeping_tags -= set(tags)
+
+    def is_sleeping(self) -> bool:
+        """Some of the workers' memory is asleep (no step is scheduled)."""
+        return bool(self.sleeping_tags)
+
+    def _check_sleep_mode(self) -> None:
+        if not self.config.enable_sleep_mode:
+            raise AssertionError("Sleep mode is not enabled in the model config")
+
     # ---- the step ------------------------------------------------------
     def step(self, after_send: Callable[[], None] | None = None,
              num_admitting: int = 0) -> list[RequestOutputDelta]:
@@ -496,7 +554,9 @@ class LLMEngine:
         the request's output tokens).
         """
         self._raise_if_broken()
-        plan = self.scheduler.schedule() if self.scheduler.has_unfinished_requests() else None
+        awake = not self.sleeping_tags
+        plan = (self.scheduler.schedule()
+                if awake and self.scheduler.has_unfinished_requests() else None)
         if self.config.async_scheduling:
             self._send_bitmask()
             sent = self._send(plan)

@@ -196,6 +196,11 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
     classifier_activation: str = "classify"
 
 
+# Sleep mode (vLLM's names): the levels ``sleep`` takes and the tags of the
+# memory ``wake_up`` restores (runner/sleep_mode.py says what each frees).
+SLEEP_LEVELS = (1, 2)
+SLEEP_TAGS = ("weights", "kv_cache")
+
 # The values a ``ControlCall`` argument may take: a union msgspec decodes
 # without guessing (one structured type, the rest scalars and lists).
 ControlArg = RunnerConfig | int | float | str | bool | list | None

@@ -109,6 +109,14 @@ class CudaGraphManager:
         logger.info("captured %d CUDA graphs in %.2f s", len(self.graphs),
                     time.perf_counter() - start)
 
+    def drop(self) -> None:
+        """Forget every graph and its memory pool (sleep mode: the tensors
+        they read move); ``capture`` makes them again. A step finds no graph
+        meanwhile and runs eagerly."""
+        self.graphs = {}
+        self.forward = None
+        self.pool = None
+
     def replay(self, size: int) -> torch.Tensor:
         if self.emulate:
             return self.forward(size)

@@ -39,6 +39,7 @@ import torch
 
 from ipc import trace
 from ipc.config import RunnerConfig
+from ipc.errors import InvalidPlanError
 from ipc.messages import GrammarBitmask, SchedulerOutput
 from runner.async_output import AsyncOutput, NextDrafts
 from runner.attention.metadata import AttentionMetadata
@@ -66,6 +67,8 @@ from runner.sampler import Sampler, SamplerOutput
 from runner.sampling.custom_processors import CustomLogitsProcessors, build_processors
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
+from runner.loader import fill_random_weights, load_weights
+from runner.sleep_mode import SleepingMemory
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.drafted_budgets import DraftedBudgets
 from runner.spec_decode.rejection import DraftLayout, RejectionSampler
@@ -213,6 +216,9 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.pending: _PendingStep | None = None
+        # Sleep mode (``runner.sleep_mode``): what the last sleep freed and
+        # which of it is still asleep; None: never slept.
+        self.sleeping: SleepingMemory | None = None
         # A pooling runner (None: a generating one) runs prompts only, eagerly.
         self.pooler = (None if config.pooling_type is None
                        else Pooler(config.pooling_type, self.model.score))
@@ -308,6 +314,68 @@ class ModelRunner:
             self.prefill_graphs.capture(lambda _: self._fill_graph_inputs(self.prefill_rows),
                                         self._prefill_graph_forward,
                                         show_progress=self.tp.rank == 0)
+
+    # ---- sleep mode -----------------------------------------------------
+    @property
+    def is_sleeping(self) -> bool:
+        """Some memory freed by ``sleep`` is not back yet."""
+        return self.sleeping is not None and bool(self.sleeping.asleep)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the weights (level 1: kept on the host; level 2: discarded,
+        read again from the checkpoint on waking) and the KV cache, after
+        dropping the graphs that read them. Between steps only; the engine
+        holds no request whose cache it needs (``LLMEngine.sleep``)."""
+        if self.is_sleeping:
+            raise RuntimeError("the runner is asleep already (wake_up first)")
+        if self.pending is not None:
+            raise RuntimeError("sleep called with a step not sampled")
+        graphs = [self.graphs, self.plain_graphs, self.prefill_graphs]
+        for manager in graphs:
+            if manager is not None:
+                manager.drop()
+        models = [self.model] + ([self.draft.model] if self.draft is not None else [])
+        caches = self.kv_caches + (self.draft.kv_caches if self.draft is not None else [])
+        self.sleeping = SleepingMemory(level, models, caches, not self.ops.shares_host_memory,
+                                       self._reload_weights)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed, the parts ``tags`` name (None: all);
+        once all is back, capture the graphs again (the tensors moved)."""
+        if self.sleeping is None:
+            return
+        was_asleep = self.is_sleeping
+        self.sleeping.wake(tags)
+        if was_asleep and not self.is_sleeping:
+            self.capture_graphs()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Device bytes held now by the weights (parameters and buffers, the
+        draft model's too; a shared storage once) and by the KV cache: 0
+        for what sleep freed."""
+        models = [self.model] + ([self.draft.model] if self.draft is not None else [])
+        caches = self.kv_caches + (self.draft.kv_caches if self.draft is not None else [])
+        weights = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                   for m in models for t in (*m.parameters(), *m.buffers())}
+        return {"weights": sum(weights.values()),
+                "kv_cache": sum(t.untyped_storage().nbytes() for t in caches)}
+
+    def _reload_weights(self) -> None:
+        """Level 2's waking: the parameters (restored, uninitialized) read
+        from the checkpoint as at start (random ones for
+        ``load_format="dummy"``, from the same seed), their norms folded
+        as then."""
+        pairs = [(self.model, self.config.model, self.config.lora is None)]
+        if self.draft is not None:
+            pairs.append((self.draft.model, self.config.speculative.model, True))
+        for model, model_dir, fold in pairs:
+            if self.config.load_format == "dummy" and model is self.model:
+                fill_random_weights(model, self.config.seed)
+            else:
+                load_weights(model, model_dir)
+            if fold:
+                model.norms_folded = False  # the loaded weights are the checkpoint's
+                model.fold_norm_weights()
 
     def _fill_graph_inputs(self, size: int) -> None:
         """Harmless step inputs for warming up and capturing a graph: every
@@ -448,6 +516,9 @@ class ModelRunner:
     @torch.no_grad()
     def execute_model(self, plan: SchedulerOutput) -> None:
         """Apply the plan and queue the forward pass; never waits."""
+        if self.is_sleeping:
+            raise InvalidPlanError(f"step {plan.step_id}: the runner is asleep "
+                                   f"({sorted(self.sleeping.asleep)} not woken up)")
         prefill_ids = check_plan(plan, self.req_states, self.block_tables, self.num_blocks,
                                  self.config.max_num_batched_tokens,
                                  self.model.config.vocab_size, self.num_spec,

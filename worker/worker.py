@@ -26,7 +26,7 @@ from worker.torch_profiler import TorchProfiler, trace_name
 logger = logging.getLogger(__name__)
 
 CONTROL_METHODS = ("load_model", "determine_num_blocks", "init_kv_cache", "health",
-                   "start_profile", "stop_profile")
+                   "start_profile", "stop_profile", "sleep", "wake_up", "memory_bytes")
 
 
 def pick_device(kind: str, local_rank: int, local_world_size: int = 1) -> torch.device:
@@ -98,6 +98,7 @@ class NoModel:
         raise RuntimeError("the model is not loaded (call load_model first)")
 
     determine_num_blocks = init_kv_cache = execute_model = sample_tokens = _refuse
+    sleep = wake_up = memory_bytes = _refuse
 
 
 class Worker:
@@ -137,6 +138,23 @@ class Worker:
 
     def init_kv_cache(self, num_blocks: int) -> None:
         self.runner.init_kv_cache(num_blocks)
+
+    def sleep(self, level: int) -> dict[str, int]:
+        """Sleep mode (``runner.sleep_mode``): free the runner's weights and
+        KV cache, then hand the freed memory back to the device; returns
+        the bytes they hold after (``memory_bytes``)."""
+        self.runner.sleep(level)
+        release_device_memory(self.device)
+        return self.runner.memory_bytes()
+
+    def wake_up(self, tags: list[str] | None) -> dict[str, int]:
+        """Restore what ``sleep`` freed, the parts ``tags`` name (None: all)."""
+        self.runner.wake_up(tags)
+        return self.runner.memory_bytes()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Device bytes of the runner's weights and KV cache now."""
+        return self.runner.memory_bytes()
 
     def health(self) -> dict:
         return {"rank": self.env.rank, "device": str(self.device)}
