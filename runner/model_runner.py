@@ -57,6 +57,7 @@ from runner.kv_cache import (
     kv_cache_bytes_per_block,
     profile_peak_memory,
 )
+from runner.loader import fill_random_weights, load_weights
 from runner.lora import LoRAAdapters
 from runner.models import build_model, build_model_from_config
 from runner.ops import device_ops
@@ -67,7 +68,6 @@ from runner.sampler import Sampler, SamplerOutput
 from runner.sampling.custom_processors import CustomLogitsProcessors, build_processors
 from runner.sampling.forced_tokens import ForcedTokens
 from runner.sampling.prompt_logprobs import PromptLogprobsOutput, PromptLogprobsState
-from runner.loader import fill_random_weights, load_weights
 from runner.sleep_mode import SleepingMemory
 from runner.spec_decode.draft_model import DraftModelProposer
 from runner.spec_decode.drafted_budgets import DraftedBudgets

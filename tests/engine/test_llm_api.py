@@ -497,8 +497,8 @@ def test_vllm_constructor_spellings(llm, tmp_path, monkeypatch):
     what tprun does not do is a ValueError naming it, and an option tprun
     does not have at all a TypeError naming it."""
     monkeypatch.setenv("TPRUN_CACHE", str(tmp_path))
-    with pytest.raises(TypeError, match=r"'cpu_offload_gb', 'enable_sleep_mode'.*not an option"):
-        LLM(model="tiny", device="cpu", enable_sleep_mode=True, cpu_offload_gb=4)
+    with pytest.raises(TypeError, match=r"'cpu_offload_gb', 'kv_transfer_config'.*not an option"):
+        LLM(model="tiny", device="cpu", kv_transfer_config={}, cpu_offload_gb=4)
     with pytest.raises(ValueError, match=r"^quantization 'awq' is not supported"):
         LLM(model="tiny", device="cpu", quantization="awq", swap_space=4)
     with LLM(model="tiny", device="cpu", dtype="half", trust_remote_code=True, swap_space=4,
