@@ -2,10 +2,10 @@
 
 The server binds a ROUTER socket; each client connects a DEALER, so every
 answer goes to the client that asked. Client -> server: ``GenerateRequest``,
-``AbortRequest``, ``StatsRequest``, ``ProfileRequest``. Server -> client:
-``RequestAccepted``, ``Outputs`` (the new tokens of that client's requests
-in one engine step), ``RequestError``, ``EngineStats``, ``ProfileDone``,
-and ``EngineStopped`` to every client
+``AbortRequest``, ``StatsRequest``, ``ProfileRequest``, ``EngineControl``.
+Server -> client: ``RequestAccepted``, ``Outputs`` (the new tokens of that
+client's requests in one engine step), ``RequestError``, ``EngineStats``,
+``ProfileDone``, ``ControlDone``, and ``EngineStopped`` to every client
 with live requests when the engine stops (shut down, or a worker died).
 
 Request ids are the client's own; they need only be unique among that
@@ -70,6 +70,31 @@ class ProfileRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
     start: bool
     profile_prefix: str | None = None
+
+
+ENGINE_CONTROLS = ("sleep", "wake_up", "is_sleeping", "reset_prefix_cache")
+
+
+class EngineControl(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Call ``method`` (one of ``ENGINE_CONTROLS``) on the engine itself, as
+    ``LLM`` names it: ``sleep`` takes ``level``, ``wake_up`` ``tags`` (None:
+    all). Answered with one ``ControlDone``; a client's controls are
+    answered in the order it sent them."""
+
+    method: str
+    level: int = 1
+    tags: list[str] | None = None
+
+
+class ControlDone(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The answer to an ``EngineControl``: ``value`` is whether the engine
+    sleeps after it (``sleep``, ``wake_up``, ``is_sleeping``) or whether the
+    prefix cache was reset (``reset_prefix_cache``); ``error`` the engine's
+    refusal (sleep mode off, an unknown tag), nothing done."""
+
+    method: str
+    value: bool = False
+    error: str | None = None
 
 
 class RequestAccepted(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -212,9 +237,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     waiting_lora_adapters: dict[str, int] = {}
 
 
-ClientMessage = GenerateRequest | AbortRequest | StatsRequest | ProfileRequest
+ClientMessage = (GenerateRequest | AbortRequest | StatsRequest | ProfileRequest
+                 | EngineControl)
 ServerMessage = (RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
-                 | ProfileDone)
+                 | ProfileDone | ControlDone)
 
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 _server_decoder = msgspec.msgpack.Decoder(ServerMessage)

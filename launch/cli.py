@@ -938,6 +938,7 @@ def _check_http_args(args) -> None:
     args.response_role = _response_role(args.response_role)
     args.stream_interval = _stream_interval(args.stream_interval)
     args.enable_responses_api_store = _responses_store(args.enable_responses_api_store)
+    args.dev_mode = _dev_mode()
     if args.chat_template is not None:
         args.chat_template = _read_chat_template(args.chat_template)
     if args.served_model_name is not None and not all(n.strip() for n in args.served_model_name):
@@ -1053,6 +1054,24 @@ def _responses_store(given: bool | None) -> bool:
     return value == "1"
 
 
+def _dev_mode() -> bool:
+    """Whether the server's dev routes are on (``serving.http.dev_routes``):
+    $TPRUN_SERVER_DEV_MODE, else vLLM's $VLLM_SERVER_DEV_MODE, read as vLLM
+    reads its own (an integer, nonzero: on; unset or empty: off)."""
+    from engine.config import ConfigError
+    from serving.http.dev_routes import DEV_MODE_ENV
+
+    for name in DEV_MODE_ENV:
+        value = os.environ.get(name, "").strip()
+        if not value:
+            continue
+        try:
+            return int(value) != 0
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer (1: on, 0: off), got {value!r}") from None
+    return False
+
+
 def _read_chat_template(value: str) -> str:
     """vLLM's --chat-template: a file's text, or else the template itself
     when it looks like one (a brace or a line break; backslash escapes such
@@ -1158,7 +1177,7 @@ def _start_http(args, engine, server, secret: bytes,
                              runtime_lora_check=(engine.lora_checks.check
                                                  if args.allow_runtime_lora_updating
                                                  else None),
-                             **engine_app_options(engine))
+                             dev_mode=args.dev_mode, **engine_app_options(engine))
     return http
 
 

@@ -43,6 +43,8 @@ import zmq
 from ipc import trace
 from ipc.engine_messages import (
     AbortRequest,
+    ControlDone,
+    EngineControl,
     EngineStats,
     GenerateRequest,
     ProfileDone,
@@ -60,17 +62,22 @@ class AsyncEngineClient:
     MAX_READS_PER_WAKE = 64
 
     def __init__(self, endpoint: str, secret: bytes, stats_timeout_s: float = 10.0,
-                 context: zmq.Context | None = None):
+                 context: zmq.Context | None = None, control_timeout_s: float = 900.0):
         """``context``: a ZeroMQ context to share (an ``inproc://`` endpoint
-        must be in it); the client then leaves its termination to its owner."""
+        must be in it); the client then leaves its termination to its owner.
+        ``control_timeout_s``: how long a control call (``control``) may take
+        (a sleep copies the weights to the host)."""
         self.endpoint = endpoint
         self.stats_timeout_s = stats_timeout_s
+        self.control_timeout_s = control_timeout_s
         self.protocol = ClientProtocol(secret, on_stats=self._stats_arrived,
                                        on_unreadable=self._unreadable,
                                        on_stopped=self._fail_waiters,
-                                       on_profile=self._profile_done)
+                                       on_profile=self._profile_done,
+                                       on_control=self._control_arrived)
         self.stats_waiters: list[asyncio.Future] = []
         self.profile_waiters: list[asyncio.Future] = []  # answered in the order asked
+        self.control_waiters: list[asyncio.Future] = []  # answered in the order sent
         self.ids = itertools.count()
         self.ctx = context
         self.owns_ctx = context is None
@@ -185,6 +192,36 @@ class AsyncEngineClient:
         if done.error is not None:
             raise RuntimeError(done.error)
 
+    # ---- control calls (the server's dev routes) ------------------------
+    async def control(self, method: str, level: int = 1,
+                      tags: list[str] | None = None) -> ControlDone:
+        """Run an engine control call (``EngineControl``: sleep mode, the
+        prefix cache) and return its answer, whose ``error`` is the
+        engine's refusal; ``EngineStoppedError`` if the engine stops or does
+        not answer in ``control_timeout_s``."""
+        if self.dead is not None:
+            raise EngineStoppedError(self.dead)
+        waiter = asyncio.get_running_loop().create_future()
+        self.control_waiters.append(waiter)
+        self._send(EngineControl(method=method, level=level, tags=tags))
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), self.control_timeout_s)
+        except asyncio.TimeoutError:
+            raise EngineStoppedError(
+                f"the engine did not answer {method} within {self.control_timeout_s} s") from None
+
+    async def controls_by_engine(self, method: str, level: int = 1,
+                                 tags: list[str] | None = None) -> list[ControlDone]:
+        """``[control(...)]``: the answer of each engine this client reaches
+        (``DataParallelClient``'s face)."""
+        return [await self.control(method, level, tags)]
+
+    def _control_arrived(self, done: ControlDone) -> None:
+        if self.control_waiters:
+            waiter = self.control_waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(done)
+
     # ---- plumbing ----------------------------------------------------------
     def _send(self, message) -> None:
         """Send now (the send queue is unbounded: it never waits), then look
@@ -257,8 +294,9 @@ class AsyncEngineClient:
                 waiter.set_result(done)
 
     def _fail_waiters(self, reason: str) -> None:
-        for waiter in self.stats_waiters + self.profile_waiters:
+        for waiter in self.stats_waiters + self.profile_waiters + self.control_waiters:
             if not waiter.done():
                 waiter.set_exception(EngineStoppedError(reason))
         self.stats_waiters.clear()
         self.profile_waiters.clear()
+        self.control_waiters.clear()

@@ -126,6 +126,20 @@ class DataParallelClient:
             if isinstance(answer, BaseException):
                 raise answer
 
+    async def controls_by_engine(self, method: str, level: int = 1,
+                                 tags: list[str] | None = None) -> list:
+        """Each replica's answer to one engine control call (sleep mode,
+        the prefix cache: every replica's), in replica order
+        (``EngineStoppedError`` naming a replica that does not answer)."""
+        answers = await asyncio.gather(*(r.control(method, level, tags) for r in self.replicas),
+                                       return_exceptions=True)
+        for index, answer in enumerate(answers):
+            if isinstance(answer, EngineStoppedError):
+                raise EngineStoppedError(f"data-parallel replica {index}: {answer}")
+            if isinstance(answer, BaseException):
+                raise answer
+        return answers
+
     def _release(self, request_id: str) -> int | None:
         """The replica of an unfinished ``request_id``, no longer counted there."""
         index = self.replica_of.pop(request_id, None)

@@ -100,8 +100,11 @@ from ipc.auth import (
 )
 from ipc.endpoints import bind_error, private_directory
 from ipc.engine_messages import (
+    ENGINE_CONTROLS,
     AbortRequest,
+    ControlDone,
     Delta,
+    EngineControl,
     EngineStopped,
     GenerateRequest,
     Outputs,
@@ -334,13 +337,14 @@ class EngineServer:
         ends it too. Either way, clients with live requests are told."""
         try:
             while not self.stopping:
-                busy = self.engine.has_unfinished_requests()
+                # Asleep (sleep mode), queued requests wait for wake_up.
+                busy = self.engine.has_unfinished_requests() and not self.engine.is_sleeping()
                 compiling = any(w.request is None for w in self.waiting.values())
                 self._receive(timeout_ms=0 if busy else
                               _COMPILE_POLL_MS if compiling else _IDLE_POLL_MS)
                 for key in list(self.waiting):
                     self._advance(key)
-                if self.engine.has_unfinished_requests():
+                if self.engine.has_unfinished_requests() and not self.engine.is_sleeping():
                     self._send_deltas(self.engine.step(after_send=self._flush_accepts,
                                                        num_admitting=len(self.waiting)))
                 else:
@@ -433,6 +437,8 @@ class EngineServer:
             self._add(identity, message)
         elif isinstance(message, AbortRequest):
             self._abort(identity, message.request_id)
+        elif isinstance(message, EngineControl):
+            self._reply(identity, self._control(message))
         elif isinstance(message, StatsRequest):
             self._reply(identity, msgspec.structs.replace(
                 self.engine.get_stats(len(self.waiting), [
@@ -459,6 +465,26 @@ class EngineServer:
                            else "stopping", e)
             return ProfileDone(error=str(e) or type(e).__name__)
         return ProfileDone()
+
+    def _control(self, message: EngineControl) -> ControlDone:
+        """Run a control call on the engine (sleep mode, the prefix cache);
+        the requests a sleep aborts get their last deltas first. A call the
+        engine refuses (sleep mode off, a bad level or tag) is answered
+        with its reason; a worker's failure ends the loop as a step's does."""
+        engine, method = self.engine, message.method
+        try:
+            if method == "sleep":
+                self._send_deltas(engine.sleep(message.level))
+            elif method == "wake_up":
+                engine.wake_up(message.tags)
+            elif method == "reset_prefix_cache":
+                return ControlDone(method=method, value=engine.reset_prefix_cache())
+            elif method != "is_sleeping":
+                raise ValueError(f"unknown engine control {method!r}; the controls are "
+                                 f"{list(ENGINE_CONTROLS)}")
+        except (AssertionError, ValueError) as e:
+            return ControlDone(method=method, value=engine.is_sleeping(), error=str(e))
+        return ControlDone(method=method, value=engine.is_sleeping())
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)

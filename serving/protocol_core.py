@@ -25,6 +25,7 @@ import zmq
 
 from ipc.auth import Authenticator, AuthError, RefusalLog
 from ipc.engine_messages import (
+    ControlDone,
     EngineStats,
     EngineStopped,
     Outputs,
@@ -66,7 +67,8 @@ class ClientProtocol:
     """Sealing, opening and routing for one client of the engine endpoint.
 
     ``on_stats`` receives every ``EngineStats``, ``on_profile`` every
-    ``ProfileDone`` (by default dropped); ``on_unreadable`` the text
+    ``ProfileDone`` (by default dropped), ``on_control`` every
+    ``ControlDone`` (dropped, and counted, without one); ``on_unreadable`` the text
     of a ``RequestError`` that names no request (the engine could not read
     a message of this client); ``on_stopped`` the reason the engine stopped,
     after the sinks have heard it."""
@@ -74,8 +76,10 @@ class ClientProtocol:
     def __init__(self, secret: bytes, on_stats: Callable[[EngineStats], None],
                  on_unreadable: Callable[[str], None],
                  on_stopped: Callable[[str], None] = lambda reason: None,
-                 on_profile: Callable[[ProfileDone], None] = lambda done: None):
+                 on_profile: Callable[[ProfileDone], None] = lambda done: None,
+                 on_control: Callable[[ControlDone], None] | None = None):
         self.auth = Authenticator.for_client(secret)
+        self.on_control = on_control
         self.dropped = RefusalLog(logger, "a reply from the engine")
         self.on_stats = on_stats
         self.on_unreadable = on_unreadable
@@ -141,6 +145,12 @@ class ClientProtocol:
             self.on_stats(message)
         elif isinstance(message, ProfileDone):
             self.on_profile(message)
+
+        elif isinstance(message, ControlDone):
+            if self.on_control is not None:
+                self.on_control(message)
+            else:
+                self.dropped.refuse("an answer to a control call this client never makes")
         elif isinstance(message, EngineStopped):
             self.stop(message.reason, message.failed)
 

@@ -13,7 +13,9 @@ the engine closes), ``GET /v1/models``
 LoRA updates on, ``POST /v1/load_lora_adapter`` and ``POST
 /v1/unload_lora_adapter`` (``lora_updates.py``; off, they are not routes);
 with a profiler (``profiler_config``), ``POST /start_profile`` and ``POST
-/stop_profile`` (off, they are not routes).
+/stop_profile`` (off, they are not routes); in dev mode, ``POST /sleep``,
+``POST /wake_up``, ``GET /is_sleeping`` and ``POST /reset_prefix_cache``
+(``dev_routes.py``; off, they are not routes).
 With ``access_log`` each request is logged (``access_log.AccessLog``). The
 generation routes' valid JSON bodies take ``fast_lane.FastLane``, past
 FastAPI's request machinery; every error still comes from FastAPI's route.
@@ -58,6 +60,7 @@ from ipc import trace
 from ipc.lora_request import LoRARequest
 from serving.async_client import AsyncEngineClient
 from serving.http.access_log import AccessLog
+from serving.http.dev_routes import add_dev_routes
 from serving.http.errors import error_answer
 from serving.http.fast_lane import FastLane, LaneRoute
 from serving.http.guards import ApiKeyCheck, BodySizeLimit, JsonContentType
@@ -173,7 +176,7 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
                labels: Sequence[str] = (), lora_modules: Sequence[LoRARequest] = (),
                runtime_lora_check: Callable[[LoRARequest], None] | None = None,
                max_loras: int = 0, profiling: bool = False,
-               enable_server_load_tracking: bool = False):
+               enable_server_load_tracking: bool = False, dev_mode: bool = False):
     """The ASGI app; ``link`` is started and closed with the app's lifespan.
     ``served_names``: the names requests may give the model (at least one).
     ``api_keys``: any of them opens the ``/v1`` and ``/v2`` routes (none: no
@@ -229,7 +232,10 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
     written its trace.
     ``enable_server_load_tracking``: vLLM's; count the requests in flight of
     the routes that use the engine, which ``GET /load`` answers
-    (``server_load.py``; off, it answers 0)."""
+    (``server_load.py``; off, it answers 0).
+    ``dev_mode``: vLLM's development routes are served (``/sleep``,
+    ``/wake_up``, ``/is_sleeping``, ``/reset_prefix_cache``:
+    ``dev_routes.py``; off, they are not routes, 404)."""
     if isinstance(served_names, str) or not served_names:
         raise ValueError(f"served_names must be a non-empty list of names, got {served_names!r}")
     served_names = tuple(served_names)
@@ -351,6 +357,9 @@ def create_app(link: AsyncEngineClient, tokenizer: Tokenizer, served_names: Sequ
         @app.post("/stop_profile")
         async def stop_profile() -> Response:
             return await _answer(_profiled(link, False))
+
+    if dev_mode:
+        add_dev_routes(app, link, error_json)
 
     @app.get("/health")
     @app.get("/ping")  # vLLM's other name for it (also POST)

@@ -104,7 +104,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                       lora_modules: tuple = (),
                       runtime_lora_check=None, max_loras: int = 0,
                       profiling: bool = False,
-                      enable_server_load_tracking: bool = False) -> HttpServer:
+                      enable_server_load_tracking: bool = False,
+                      dev_mode: bool = False) -> HttpServer:
     """The OpenAI front end for the engine endpoint at ``engine_address``,
     started and accepting connections on ``host:port``, serving the model
     under ``served_names``. ``context``: the
@@ -131,7 +132,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
     adapter slots (0: LoRA off) for ``/metrics``; ``profiling``: the
     engines have a profiler, served at ``/start_profile`` and
     ``/stop_profile``; ``enable_server_load_tracking``:
-    the in-flight count ``/load`` answers (all ``create_app``)."""
+    the in-flight count ``/load`` answers; ``dev_mode``: vLLM's dev
+    routes, /sleep among them (all ``create_app``)."""
     from serving.async_client import AsyncEngineClient
     from serving.data_parallel_client import DataParallelClient
     from serving.http.app import create_app
@@ -155,7 +157,8 @@ def start_http_server(engine_address: str, secret: bytes, tokenizer, served_name
                      lora_modules=lora_modules,
                      runtime_lora_check=runtime_lora_check, max_loras=max_loras,
                      profiling=profiling,
-                     enable_server_load_tracking=enable_server_load_tracking)
+                     enable_server_load_tracking=enable_server_load_tracking,
+                     dev_mode=dev_mode)
     server = HttpServer(app, host, port, log_level=log_level)
     server.start()
     return server
