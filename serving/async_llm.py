@@ -198,6 +198,32 @@ class AsyncLLM:
         """vLLM's: stop the profilers; returns once every trace is written."""
         await (await self._connect()).profile(False)
 
+    async def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (``enable_sleep_mode``; ``LLM.sleep`` says what
+        each level frees): running requests end as "abort"; requests sent
+        while the engine sleeps wait and run once it is woken. The engine's
+        refusal (sleep mode off, a bad level) is a ``RuntimeError`` with its
+        reason."""
+        await self._control("sleep", level=level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed: ``tags`` "weights" and/or "kv_cache"
+        (None: all)."""
+        await self._control("wake_up", tags=tags)
+
+    async def is_sleeping(self) -> bool:
+        return (await self._control("is_sleeping")).value
+
+    async def reset_prefix_cache(self) -> bool:
+        """Whether the prefix cache was emptied (not while a request runs)."""
+        return (await self._control("reset_prefix_cache")).value
+
+    async def _control(self, method: str, level: int = 1, tags: list[str] | None = None):
+        done = await (await self._connect()).control(method, level, tags)
+        if done.error is not None:
+            raise RuntimeError(done.error)
+        return done
+
     async def check_health(self) -> None:
         """vLLM's: ``EngineDeadError`` once the engine has stopped."""
         if self.errored:

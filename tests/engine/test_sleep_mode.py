@@ -137,3 +137,42 @@ def test_tp2_worker_daemons_round_trip(model_and_expected):
         llm.sleep(level=2)
         llm.wake_up()
         assert _greedy(llm) == expected
+
+
+@pytest.mark.timeout(180)
+def test_async_llm_sleeps_and_wakes(model_and_expected):
+    """``AsyncLLM``'s face (the serving loop's): a request sent while the
+    engine sleeps waits, then runs once it is woken, to the same tokens."""
+    import asyncio
+
+    from serving.async_llm import AsyncLLM
+
+    path, expected = model_and_expected
+
+    async def tokens(llm, request_id):
+        async for out in llm.generate({"prompt_token_ids": PROMPTS[0]}, PARAMS, request_id):
+            last = out
+        return last.outputs[0].token_ids
+
+    async def main():
+        async with AsyncLLM(model=path, enable_sleep_mode=True, **OPTIONS) as llm:
+            assert await tokens(llm, "a") == expected[0]
+            await llm.sleep(level=1)
+            assert await llm.is_sleeping()
+            waiting = asyncio.ensure_future(tokens(llm, "b"))
+            done, _ = await asyncio.wait([waiting], timeout=1.0)
+            assert not done  # queued while asleep
+            await llm.wake_up()
+            assert not await llm.is_sleeping()
+            assert await asyncio.wait_for(waiting, 60) == expected[0]
+            # True once the engine has absorbed the request's last step.
+            for _ in range(200):
+                if await llm.reset_prefix_cache():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the prefix cache was never reset")
+            with pytest.raises(RuntimeError, match="unknown wake_up tags"):
+                await llm.wake_up(tags=["scheduling"])
+
+    asyncio.run(main())
