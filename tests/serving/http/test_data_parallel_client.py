@@ -119,3 +119,50 @@ def test_stats_are_every_replicas_together_worked_by_hand():
         spec_decode_num_accepted_tokens=10, spec_decode_num_accepted_tokens_per_pos=[5, 3, 2],
         running_lora_adapters={"sql": 3, "chat": 1}, waiting_lora_adapters={"chat": 1})
     assert asyncio.run(link.stats_by_engine()) == [a, b]
+
+
+class SleepyLink:
+    """A replica that answers engine control calls (sleep mode) as an
+    engine would, keeping whether it sleeps; ``refuse`` makes it answer
+    every call with an error, or ``stopped`` fail as a stopped engine."""
+
+    def __init__(self, refuse: str | None = None, stopped: bool = False) -> None:
+        self.sleeping = False
+        self.refuse = refuse
+        self.stopped = stopped
+
+    async def control(self, method, level=1, tags=None):
+        from ipc.engine_messages import ControlDone
+        from serving.protocol_core import EngineStoppedError
+
+        if self.stopped:
+            raise EngineStoppedError("gone")
+        if self.refuse is not None:
+            return ControlDone(method=method, value=self.sleeping, error=self.refuse)
+        if method == "sleep":
+            self.sleeping = True
+        elif method == "wake_up":
+            self.sleeping = False
+        return ControlDone(method=method, value=self.sleeping)
+
+
+@pytest.mark.timeout(30)
+def test_control_calls_reach_every_replica_in_order():
+    from serving.protocol_core import EngineStoppedError
+
+    replicas = [SleepyLink(), SleepyLink()]
+    link = DataParallelClient(replicas)
+
+    async def run():
+        answers = await link.controls_by_engine("sleep", level=2)
+        assert [(a.method, a.value) for a in answers] == [("sleep", True)] * 2
+        assert all(r.sleeping for r in replicas)
+        await link.controls_by_engine("wake_up", tags=["weights", "kv_cache"])
+        assert not any(r.sleeping for r in replicas)
+        refused = DataParallelClient([SleepyLink(), SleepyLink(refuse="no")])
+        assert [a.error for a in await refused.controls_by_engine("sleep")] == [None, "no"]
+        gone = DataParallelClient([SleepyLink(), SleepyLink(stopped=True)])
+        with pytest.raises(EngineStoppedError, match="data-parallel replica 1: gone"):
+            await gone.controls_by_engine("is_sleeping")
+
+    asyncio.run(run())
