@@ -2,10 +2,10 @@
 
 The server binds a ROUTER socket; each client connects a DEALER, so every
 answer goes to the client that asked. Client -> server: ``GenerateRequest``,
-``AbortRequest``, ``StatsRequest``, ``ProfileRequest``, ``EngineControl``.
-Server -> client: ``RequestAccepted``, ``Outputs`` (the new tokens of that
-client's requests in one engine step), ``RequestError``, ``EngineStats``,
-``ProfileDone``, ``ControlDone``, and ``EngineStopped`` to every client
+``AbortRequest``, ``StatsRequest``, ``EngineControl``. Server -> client:
+``RequestAccepted``, ``Outputs`` (the new tokens of that client's requests
+in one engine step), ``RequestError``, ``EngineStats``, ``ControlDone``,
+and ``EngineStopped`` to every client
 with live requests when the engine stops (shut down, or a worker died).
 
 Request ids are the client's own; they need only be unique among that
@@ -62,35 +62,33 @@ class StatsRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Ask for an ``EngineStats`` snapshot (also a health check)."""
 
 
-class ProfileRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Start (``start`` true, with the trace names' ``profile_prefix``) or
-    stop every worker's torch profiler (``LLMEngine.start_profile`` /
-    ``stop_profile``); answered with ``ProfileDone`` once every worker has
-    started, or written its trace."""
-
-    start: bool
-    profile_prefix: str | None = None
-
-
-ENGINE_CONTROLS = ("sleep", "wake_up", "is_sleeping", "reset_prefix_cache")
+# The engine calls an ``EngineControl`` may name: sleep mode and the prefix
+# cache, and the workers' torch profiler.
+ENGINE_CONTROLS = ("sleep", "wake_up", "is_sleeping", "reset_prefix_cache",
+                   "start_profile", "stop_profile")
 
 
 class EngineControl(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Call ``method`` (one of ``ENGINE_CONTROLS``) on the engine itself, as
     ``LLM`` names it: ``sleep`` takes ``level``, ``wake_up`` ``tags`` (None:
-    all). Answered with one ``ControlDone``; a client's controls are
-    answered in the order it sent them."""
+    all), ``start_profile`` ``profile_prefix`` (the trace names' start);
+    the other fields are ignored. Answered with one ``ControlDone`` once the
+    engine has done it (``stop_profile``: once every worker has written its
+    trace); a client's controls are answered in the order it sent them."""
 
     method: str
     level: int = 1
     tags: list[str] | None = None
+    profile_prefix: str | None = None
 
 
 class ControlDone(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The answer to an ``EngineControl``: ``value`` is whether the engine
     sleeps after it (``sleep``, ``wake_up``, ``is_sleeping``) or whether the
-    prefix cache was reset (``reset_prefix_cache``); ``error`` the engine's
-    refusal (sleep mode off, an unknown tag), nothing done."""
+    prefix cache was reset (``reset_prefix_cache``), False for the
+    profiler's; ``error`` why the engine did not do it (sleep mode off, an
+    unknown tag; no ``profiler_config``, vLLM's message, or a profiler
+    call that failed on a worker that still serves), None once done."""
 
     method: str
     value: bool = False
@@ -189,13 +187,6 @@ class EngineStopped(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     failed: bool = True
 
 
-class ProfileDone(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """The answer to a ``ProfileRequest``: ``error`` None once done, else
-    why not (the engine has no ``profiler_config``: vLLM's message)."""
-
-    error: str | None = None
-
-
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A snapshot of the engine: its queues, its KV blocks, its counters
     since start (tokens, steps, preemptions, prefix-cache lookups).
@@ -237,10 +228,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     waiting_lora_adapters: dict[str, int] = {}
 
 
-ClientMessage = (GenerateRequest | AbortRequest | StatsRequest | ProfileRequest
-                 | EngineControl)
+ClientMessage = GenerateRequest | AbortRequest | StatsRequest | EngineControl
 ServerMessage = (RequestAccepted | Outputs | RequestError | EngineStats | EngineStopped
-                 | ProfileDone | ControlDone)
+                 | ControlDone)
 
 _client_decoder = msgspec.msgpack.Decoder(ClientMessage)
 _server_decoder = msgspec.msgpack.Decoder(ServerMessage)

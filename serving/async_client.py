@@ -25,8 +25,8 @@ next one.
 
 Invariants: after ``EngineStopped`` ``dead`` holds the reason, every
 waiting queue gets that ``EngineStopped`` item, every waiting ``stats`` or
-``profile`` raises ``EngineStoppedError``, and so does every later
-``submit``, ``stats`` or ``profile``. An owner that learns of the
+``control`` raises ``EngineStoppedError``, and so does every later
+``submit``, ``stats`` or ``control``. An owner that learns of the
 stop beside the socket (``AsyncLLM``, which joins its engine loop's
 thread) calls ``stop_after_reading``: the replies sent before the stop
 reach their queues first.
@@ -47,8 +47,6 @@ from ipc.engine_messages import (
     EngineControl,
     EngineStats,
     GenerateRequest,
-    ProfileDone,
-    ProfileRequest,
     StatsRequest,
 )
 from ipc.lora_request import LoRARequest
@@ -60,23 +58,26 @@ logger = logging.getLogger(__name__)
 class AsyncEngineClient:
     # Replies read per callback before the loop gets a turn (the rest soon after).
     MAX_READS_PER_WAKE = 64
+    # Controls awaited with no time limit: the profiler's, as its stop
+    # returns once every worker has written its trace, however long a long
+    # recording takes to write (a worker's failure still ends the wait).
+    UNTIMED_CONTROLS = ("start_profile", "stop_profile")
 
     def __init__(self, endpoint: str, secret: bytes, stats_timeout_s: float = 10.0,
                  context: zmq.Context | None = None, control_timeout_s: float = 900.0):
         """``context``: a ZeroMQ context to share (an ``inproc://`` endpoint
         must be in it); the client then leaves its termination to its owner.
         ``control_timeout_s``: how long a control call (``control``) may take
-        (a sleep copies the weights to the host)."""
+        (a sleep copies the weights to the host); the profiler's calls
+        (``UNTIMED_CONTROLS``) have no limit."""
         self.endpoint = endpoint
         self.stats_timeout_s = stats_timeout_s
         self.control_timeout_s = control_timeout_s
         self.protocol = ClientProtocol(secret, on_stats=self._stats_arrived,
                                        on_unreadable=self._unreadable,
                                        on_stopped=self._fail_waiters,
-                                       on_profile=self._profile_done,
                                        on_control=self._control_arrived)
         self.stats_waiters: list[asyncio.Future] = []
-        self.profile_waiters: list[asyncio.Future] = []  # answered in the order asked
         self.control_waiters: list[asyncio.Future] = []  # answered in the order sent
         self.ids = itertools.count()
         self.ctx = context
@@ -178,34 +179,34 @@ class AsyncEngineClient:
         return [await self.stats()]
 
     async def profile(self, start: bool, profile_prefix: str | None = None) -> None:
-        """Start or stop the engine's profiler (``ProfileRequest``); returns
-        once the engine has (a stop: once every trace is written, however
-        long that takes). ``RuntimeError`` with the engine's reason where
-        it refused (no ``profiler_config``); ``EngineStoppedError`` once
-        the engine has stopped."""
-        if self.dead is not None:
-            raise EngineStoppedError(self.dead)
-        waiter = asyncio.get_running_loop().create_future()
-        self.profile_waiters.append(waiter)
-        self._send(ProfileRequest(start=start, profile_prefix=profile_prefix))
-        done = await waiter
+        """Start or stop the engine's profiler (``control``'s
+        "start_profile" / "stop_profile"); returns once the engine has (a
+        stop: once every trace is written, however long that takes).
+        ``RuntimeError`` with the engine's reason where it refused (no
+        ``profiler_config``); ``EngineStoppedError`` once the engine has
+        stopped."""
+        done = await self.control("start_profile" if start else "stop_profile",
+                                  profile_prefix=profile_prefix)
         if done.error is not None:
             raise RuntimeError(done.error)
 
-    # ---- control calls (the server's dev routes) ------------------------
-    async def control(self, method: str, level: int = 1,
-                      tags: list[str] | None = None) -> ControlDone:
+    # ---- control calls (the profiler, the server's dev routes) -------------
+    async def control(self, method: str, level: int = 1, tags: list[str] | None = None,
+                      profile_prefix: str | None = None) -> ControlDone:
         """Run an engine control call (``EngineControl``: sleep mode, the
-        prefix cache) and return its answer, whose ``error`` is the
-        engine's refusal; ``EngineStoppedError`` if the engine stops or does
-        not answer in ``control_timeout_s``."""
+        prefix cache, the profiler) and return its answer, whose ``error``
+        is the engine's refusal; ``EngineStoppedError`` if the engine stops
+        or does not answer in ``control_timeout_s`` (but the
+        ``UNTIMED_CONTROLS``)."""
         if self.dead is not None:
             raise EngineStoppedError(self.dead)
         waiter = asyncio.get_running_loop().create_future()
         self.control_waiters.append(waiter)
-        self._send(EngineControl(method=method, level=level, tags=tags))
+        self._send(EngineControl(method=method, level=level, tags=tags,
+                                 profile_prefix=profile_prefix))
+        timeout = None if method in self.UNTIMED_CONTROLS else self.control_timeout_s
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter), self.control_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout)
         except asyncio.TimeoutError:
             raise EngineStoppedError(
                 f"the engine did not answer {method} within {self.control_timeout_s} s") from None
@@ -287,16 +288,9 @@ class AsyncEngineClient:
     def _unreadable(error: str) -> None:
         logger.error("the engine could not read a message: %s", error)
 
-    def _profile_done(self, done: ProfileDone) -> None:
-        if self.profile_waiters:
-            waiter = self.profile_waiters.pop(0)
-            if not waiter.done():
-                waiter.set_result(done)
-
     def _fail_waiters(self, reason: str) -> None:
-        for waiter in self.stats_waiters + self.profile_waiters + self.control_waiters:
+        for waiter in self.stats_waiters + self.control_waiters:
             if not waiter.done():
                 waiter.set_exception(EngineStoppedError(reason))
         self.stats_waiters.clear()
-        self.profile_waiters.clear()
         self.control_waiters.clear()

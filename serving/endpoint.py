@@ -6,9 +6,10 @@ Clients (``serving.client.EngineClient``) connect DEALER sockets and speak
 between reading every waiting client message (without blocking while the
 engine has work) and one engine step, whose deltas go back to the client
 that owns each request. The engine's state changes in this thread only
-(the tokenizer threads below make requests, which changes none). A
-``ProfileRequest`` runs in this thread too (``_profile``): the loop waits
-while the workers start their profilers, or write their traces.
+(the tokenizer threads below make requests, which changes none). An
+``EngineControl`` runs in this thread too (``_control``): the loop waits
+while the workers sleep or wake, start their profilers, or write their
+traces.
 
 Invariants: a message without a valid MAC is never decoded and never
 answered: it is dropped, counted (``EngineStats.num_refused_messages``) and
@@ -108,8 +109,6 @@ from ipc.engine_messages import (
     EngineStopped,
     GenerateRequest,
     Outputs,
-    ProfileDone,
-    ProfileRequest,
     RequestAccepted,
     RequestError,
     StatsRequest,
@@ -444,34 +443,16 @@ class EngineServer:
                 self.engine.get_stats(len(self.waiting), [
                     w.message.lora_request for w in self.waiting.values()]),
                 num_refused_messages=self.refusals.count))
-        elif isinstance(message, ProfileRequest):
-            self._reply(identity, self._profile(message))
-
-    def _profile(self, message: ProfileRequest) -> ProfileDone:
-        """Start or stop the workers' profilers, in this thread (the steps
-        already sent run first; the loop waits for the workers' answers,
-        a stop for the traces written). A refusal (no ``profiler_config``)
-        or a call that failed on a worker that still serves (a trace
-        directory it cannot make) is the answer's error; a worker that has
-        died ends the loop, as a failed step does (``check_health``)."""
-        try:
-            if message.start:
-                self.engine.start_profile(message.profile_prefix)
-            else:
-                self.engine.stop_profile()
-        except Exception as e:
-            self.engine.check_health()
-            logger.warning("%s the profiler failed: %s", "starting" if message.start
-                           else "stopping", e)
-            return ProfileDone(error=str(e) or type(e).__name__)
-        return ProfileDone()
 
     def _control(self, message: EngineControl) -> ControlDone:
-        """Run a control call on the engine (sleep mode, the prefix cache);
-        the requests a sleep aborts get their last deltas first. A call the
-        engine refuses (sleep mode off, a bad level or tag) is answered
-        with its reason; a worker's failure ends the loop as a step's does."""
+        """Run a control call on the engine (sleep mode, the prefix cache,
+        the profiler: ``_profile``); the requests a sleep aborts get their
+        last deltas first. A call the engine refuses (sleep mode off, a bad
+        level or tag) is answered with its reason; a worker's failure ends
+        the loop as a step's does."""
         engine, method = self.engine, message.method
+        if method in ("start_profile", "stop_profile"):
+            return self._profile(method, message.profile_prefix)
         try:
             if method == "sleep":
                 self._send_deltas(engine.sleep(message.level))
@@ -485,6 +466,25 @@ class EngineServer:
         except (AssertionError, ValueError) as e:
             return ControlDone(method=method, value=engine.is_sleeping(), error=str(e))
         return ControlDone(method=method, value=engine.is_sleeping())
+
+    def _profile(self, method: str, profile_prefix: str | None) -> ControlDone:
+        """Start or stop the workers' profilers, in this thread (the steps
+        already sent run first; the loop waits for the workers' answers,
+        a stop for the traces written). A refusal (no ``profiler_config``)
+        or a call that failed on a worker that still serves (a trace
+        directory it cannot make) is the answer's error; a worker that has
+        died ends the loop, as a failed step does (``check_health``)."""
+        try:
+            if method == "start_profile":
+                self.engine.start_profile(profile_prefix)
+            else:
+                self.engine.stop_profile()
+        except Exception as e:
+            self.engine.check_health()
+            logger.warning("%s the profiler failed: %s",
+                           "starting" if method == "start_profile" else "stopping", e)
+            return ControlDone(method=method, error=str(e) or type(e).__name__)
+        return ControlDone(method=method)
 
     def _add(self, identity: bytes, message: GenerateRequest) -> None:
         key = (identity, message.request_id)

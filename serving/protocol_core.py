@@ -29,7 +29,6 @@ from ipc.engine_messages import (
     EngineStats,
     EngineStopped,
     Outputs,
-    ProfileDone,
     RequestAccepted,
     RequestError,
     ServerMessage,
@@ -66,8 +65,7 @@ def configure_dealer(socket: zmq.Socket, endpoint: str) -> None:
 class ClientProtocol:
     """Sealing, opening and routing for one client of the engine endpoint.
 
-    ``on_stats`` receives every ``EngineStats``, ``on_profile`` every
-    ``ProfileDone`` (by default dropped), ``on_control`` every
+    ``on_stats`` receives every ``EngineStats``; ``on_control`` every
     ``ControlDone`` (dropped, and counted, without one); ``on_unreadable`` the text
     of a ``RequestError`` that names no request (the engine could not read
     a message of this client); ``on_stopped`` the reason the engine stopped,
@@ -76,7 +74,6 @@ class ClientProtocol:
     def __init__(self, secret: bytes, on_stats: Callable[[EngineStats], None],
                  on_unreadable: Callable[[str], None],
                  on_stopped: Callable[[str], None] = lambda reason: None,
-                 on_profile: Callable[[ProfileDone], None] = lambda done: None,
                  on_control: Callable[[ControlDone], None] | None = None):
         self.auth = Authenticator.for_client(secret)
         self.on_control = on_control
@@ -84,7 +81,6 @@ class ClientProtocol:
         self.on_stats = on_stats
         self.on_unreadable = on_unreadable
         self.on_stopped = on_stopped
-        self.on_profile = on_profile
         self.sinks: dict[str, Sink] = {}
         self.stopped: str | None = None  # why the engine stopped, once it says so
         # Deltas for no routed request: of requests the client abandoned.
@@ -143,9 +139,6 @@ class ClientProtocol:
                 sink(message)
         elif isinstance(message, EngineStats):
             self.on_stats(message)
-        elif isinstance(message, ProfileDone):
-            self.on_profile(message)
-
         elif isinstance(message, ControlDone):
             if self.on_control is not None:
                 self.on_control(message)

@@ -5,8 +5,9 @@ and ``POST /stop_profile`` (200, no body); a completion (the official
 file per rank, both holding ``aten::mm``), and ``tprun bench serve
 --profile`` calls both around its run. Without the config the routes are
 not served (404) and bench serve says so and still runs. ``AsyncLLM``'s
-``start_profile`` / ``stop_profile`` go through the same engine loop; a
-data-parallel server writes a trace for every rank of every replica.
+``start_profile`` / ``stop_profile`` go through the same engine loop, as
+engine controls beside sleep mode's; a data-parallel server writes a trace
+for every rank of every replica.
 """
 
 from __future__ import annotations
@@ -142,6 +143,39 @@ def test_async_llm_profiles_through_its_engine_loop(tiny_dir, tmp_path):
             asyncio.run(plain.start_profile())
     finally:
         plain.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_profiler_and_sleep_mode_share_the_engine_controls(tiny_dir, tmp_path):
+    """The profiler's start and stop are engine controls (``EngineControl``),
+    answered in the one order a client sent them with sleep mode's; sleep
+    mode's wait ``control_timeout_s`` at most, the profiler's without limit."""
+    from serving.protocol_core import EngineStoppedError
+
+    async def run(llm: AsyncLLM) -> list:
+        client = await llm._connect()
+        client.control_timeout_s = 0  # a timed control gives up at once
+        with pytest.raises(EngineStoppedError, match="did not answer is_sleeping"):
+            await client.control("is_sleeping")
+        await llm.start_profile("shared")  # untimed: it waits for its answer
+        client.control_timeout_s = 120
+        answers = await asyncio.gather(client.control("sleep", level=1),
+                                       client.control("stop_profile"),
+                                       client.control("is_sleeping"))
+        await llm.wake_up()
+        return answers
+
+    directory = tmp_path / "traces"
+    llm = AsyncLLM(model=tiny_dir, device="cpu", enable_sleep_mode=True,
+                   profiler_config={"profiler": "torch", "torch_profiler_dir": str(directory)})
+    try:
+        answers = asyncio.run(run(llm))
+    finally:
+        llm.shutdown()
+    assert [(a.method, a.value, a.error) for a in answers] == [
+        ("sleep", True, None), ("stop_profile", False, None), ("is_sleeping", True, None)]
+    (name,) = traces(directory)
+    assert TRACE.match(name).group("prefix") == "shared"
 
 
 @pytest.mark.timeout(300)
