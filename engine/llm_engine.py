@@ -190,6 +190,7 @@ class LLMEngine:
         self.counters = StepCounters()
         # Sleep mode: the tags of the workers' memory still asleep (empty: awake).
         self.sleeping_tags: set[str] = set()
+        self.profiling = False  # the workers' profilers record (start_profile until stop_profile)
         self.stats_logger = None
         if not config.disable_log_stats:
             self.stats_logger = StatsLogger(self.get_stats, self._prefix_counts,
@@ -460,6 +461,7 @@ class LLMEngine:
         self.executor.collective_rpc("start_profile", {
             "profile_prefix": profile_prefix,
             "data_parallel_rank": self.config.data_parallel_rank})
+        self.profiling = True
 
     def stop_profile(self) -> None:
         """Stop every worker's profiler; returns once every rank has written
@@ -467,6 +469,7 @@ class LLMEngine:
         but a worker's failure)."""
         if self.config.profiler is None:
             raise RuntimeError(PROFILING_OFF)
+        self.profiling = False
         written = self.executor.collective_rpc("stop_profile", timeout=None)
         logger.info("profiler traces written: %s", ", ".join(f for w in written for f in w))
 

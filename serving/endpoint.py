@@ -353,7 +353,21 @@ class EngineServer:
         except BaseException as e:
             self._announce_stop(f"the engine failed: {e}")
             raise
+        finally:
+            self._end_profile()
         self._announce_stop("the engine is shutting down", failed=False)
+
+    def _end_profile(self) -> None:
+        """Write a trace still recording, on the loop's thread: the thread
+        that started the profiler must stop it (an in-process worker's
+        profiler stopped by the thread that shuts the engine down crashes
+        the process in the profiler's library)."""
+        if not self.engine.profiling:
+            return
+        try:
+            self.engine.stop_profile()
+        except Exception as e:  # a dead worker: the stop matters more than the trace
+            logger.warning("the profiler's trace was not written at shutdown: %s", e)
 
     def stop(self) -> None:
         """Ask the loop to end after its current turn (signal-handler safe)."""

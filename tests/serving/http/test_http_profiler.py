@@ -192,3 +192,38 @@ def test_data_parallel_server_writes_a_trace_per_replica(tmp_path):
     found = sorted(traces(directory))
     assert [n.split(".")[0] for n in found] == ["dp0_pp0_tp0_dcp0_ep0_rank0",
                                                 "dp1_pp0_tp0_dcp0_ep0_rank1"]
+
+
+SHUTDOWN_WHILE_RECORDING = """
+import asyncio, sys
+from engine import SamplingParams
+from serving.async_llm import AsyncLLM
+
+async def run(llm):
+    await llm.start_profile("left")
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    return [out async for out in llm.generate({"prompt_token_ids": [1, 72]}, params, "r")]
+
+llm = AsyncLLM(model=sys.argv[1], device="cpu",
+               profiler_config={"profiler": "torch", "torch_profiler_dir": sys.argv[2]})
+try:
+    asyncio.run(run(llm))
+finally:
+    llm.shutdown()  # no stop_profile: the trace is written at shutdown
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_async_llm_shut_down_while_recording_writes_its_trace(tiny_dir, tmp_path):
+    """vLLM writes a recording's trace at shutdown; the in-process worker's
+    profiler must be stopped by the engine loop's thread, which started it
+    (stopped from the thread that shuts the engine down, the profiler's
+    library ends the process with a segmentation fault)."""
+    directory = tmp_path / "traces"
+    proc = subprocess.run([sys.executable, "-c", SHUTDOWN_WHILE_RECORDING, str(tiny_dir),
+                           str(directory)], cwd=ROOT, env=dict(os.environ, PYTHONPATH=pythonpath()),
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (name, events), = traces(directory).items()
+    assert TRACE.match(name).group("prefix") == "left"
+    assert "aten::mm" in names(events)
