@@ -6,6 +6,7 @@ import pytest
 
 import executor.multiproc
 import executor.uniproc
+from tests.helpers.hf_models import save_classifier, save_embedding_llama
 
 
 @pytest.fixture
@@ -22,3 +23,15 @@ def no_workers(monkeypatch):
     monkeypatch.setattr(executor.multiproc.MultiprocExecutor, "__init__", refuse)
     monkeypatch.setattr(executor.uniproc.UniprocExecutor, "__init__", refuse)
     return started
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    """A small embedding Llama's checkpoint (``save_embedding_llama``)."""
+    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    """A small sequence classifier's checkpoint, three labels."""
+    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)

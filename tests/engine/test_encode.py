@@ -15,23 +15,12 @@ from engine.pooling_outputs import PoolingRequestOutput
 from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
 from tests.helpers.hf_embeddings import hf_last_token_embeddings
-from tests.helpers.hf_models import save_classifier, save_embedding_llama
 
 PROMPTS = [
     [5, 17, 99, 3],
     list(range(1, 40)),  # longer than the token budget of 16: chunked prefill
     [42],
 ]
-
-
-@pytest.fixture(scope="module")
-def embedder(tmp_path_factory):
-    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
 
 
 def _llm(path: str, **kwargs) -> LLM:

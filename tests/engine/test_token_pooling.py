@@ -18,7 +18,6 @@ from engine.pooling_params import PoolingParams
 from ipc.errors import InvalidRequestError
 from tests.helpers.devices import DEVICES
 from tests.helpers.hf_embeddings import hf_last_token_embeddings, hf_token_hidden_states
-from tests.helpers.hf_models import save_classifier, save_embedding_llama
 
 BUDGET = 16
 # A normalized row's tolerance by device (float32 both sides; CUDA's kernels
@@ -29,16 +28,6 @@ PROMPTS = [
     list(range(1, 40)),  # longer than the token budget: three chunks
     [42],
 ]
-
-
-@pytest.fixture(scope="module")
-def embedder(tmp_path_factory):
-    return save_embedding_llama(tmp_path_factory.mktemp("llama"))
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    return save_classifier(tmp_path_factory.mktemp("cls"), num_labels=3)
 
 
 def _llm(path: str, device: str = "cpu", **kwargs) -> LLM:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import ssl
 import subprocess
 
@@ -24,16 +23,8 @@ from launch.bench_serve.lora_assignment import lora_names
 from launch.bench_serve.probe import probe_loop, probe_stats
 from launch.bench_serve.request import RequestOutput
 from launch.cli import main
+from tests.helpers.bench_runs import bench
 from tests.helpers.sse_stand_in import StandIn, event, running, token, usage
-
-
-def _bench(url: str, tmp_path, *args: str) -> tuple[int, dict | None]:
-    result = tmp_path / "result.json"
-    code = main(["bench", "serve", "--base-url", url, "--model", "m", "--tokenizer",
-                 ensure_tiny_model(), "--random-input-len", "8", "--random-output-len", "3",
-                 "--disable-tqdm", "--save-result", "--save-detailed", "--result-filename",
-                 str(result), *args])
-    return code, (json.loads(result.read_text()) if result.exists() else None)
 
 
 def _answer(pause: float = 0.0):
@@ -58,7 +49,7 @@ def test_random_names_are_the_seeds_and_cover_the_adapters():
 def test_each_request_names_its_adapter_and_warm_ups_the_base_model(tmp_path):
     stand_in = StandIn(_answer())
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "5", "--max-concurrency", "1",
+        code, saved = bench(url, tmp_path, "--num-prompts", "5", "--max-concurrency", "1",
                              "--num-warmups", "1", "--lora-modules", "a", "b", "c",
                              "--lora-assignment", "round-robin", "--request-id-prefix", "r-")
     assert code == 0 and saved["completed"] == 5
@@ -112,7 +103,7 @@ def test_probes_run_beside_the_load_outside_the_concurrency_limit(tmp_path, caps
     probe queued behind the limit would leave the run stuck."""
     stand_in = StandIn(_answer(0.02), barrier=2)
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "3", "--max-concurrency", "1",
+        code, saved = bench(url, tmp_path, "--num-prompts", "3", "--max-concurrency", "1",
                              "--probe-request-rate", "50", "--request-id-prefix", "r-")
     out = capsys.readouterr().out
     assert code == 0 and (saved["completed"], saved["failed"]) == (3, 0)
@@ -131,7 +122,7 @@ def test_probes_run_beside_the_load_outside_the_concurrency_limit(tmp_path, caps
 def test_a_negative_probe_rate_is_refused_before_any_request(tmp_path, capsys):
     stand_in = StandIn(_answer())
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "1", "--probe-request-rate", "-1")
+        code, saved = bench(url, tmp_path, "--num-prompts", "1", "--probe-request-rate", "-1")
     assert code == 2 and saved is None and stand_in.requests == []
     assert capsys.readouterr().err.startswith("tprun: error: --probe-request-rate must be")
 
@@ -152,8 +143,8 @@ def test_insecure_reaches_an_https_server_with_a_self_signed_certificate(tmp_pat
                                                                          self_signed):
     with running(StandIn(_answer()), tls=self_signed) as url:
         assert url.startswith("https://")
-        checked_code, checked = _bench(url, tmp_path, "--num-prompts", "2")
-        code, saved = _bench(url, tmp_path, "--num-prompts", "2", "--insecure")
+        checked_code, checked = bench(url, tmp_path, "--num-prompts", "2")
+        code, saved = bench(url, tmp_path, "--num-prompts", "2", "--insecure")
     assert checked_code == 0 and (checked["completed"], checked["failed"]) == (0, 2)
     assert all("certificate" in error.lower() for error in checked["errors"])
     assert code == 0 and (saved["completed"], saved["failed"]) == (2, 0)

@@ -18,9 +18,8 @@ import json
 import aiohttp
 import pytest
 
-from checkpoint.tiny_model import ensure_tiny_model
 from launch.bench_serve.request import RequestInput, send_request
-from launch.cli import main
+from tests.helpers.bench_runs import bench
 from tests.helpers.sse_stand_in import HOLD, StandIn, event, running, token, usage
 
 
@@ -95,13 +94,6 @@ def test_failures_are_recorded_not_raised():
     assert not broken.success and "JSONDecodeError" in broken.error
 
 
-def _bench(url: str, tmp_path, *args: str) -> tuple[int, dict | None]:
-    result = tmp_path / "result.json"
-    code = main(["bench", "serve", "--base-url", url, "--model", "m", "--tokenizer",
-                 ensure_tiny_model(), "--random-input-len", "8", "--random-output-len", "3",
-                 "--disable-tqdm", "--save-result", "--save-detailed", "--result-filename",
-                 str(result), *args])
-    return code, (json.loads(result.read_text()) if result.exists() else None)
 
 
 def _three_tokens(i, body):
@@ -118,7 +110,7 @@ def test_chat_bodies_headers_and_keep_alive_under_max_concurrency(tmp_path, monk
 
     stand_in = StandIn(chat)
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--backend", "openai-chat", "--endpoint",
+        code, saved = bench(url, tmp_path, "--backend", "openai-chat", "--endpoint",
                              "/v1/chat/completions", "--num-prompts", "6",
                              "--max-concurrency", "2", "--header", "x-a=1=2", "x-b = c",
                              "--extra-body", '{"top_k": 5, "max_completion_tokens": 2}',
@@ -150,7 +142,7 @@ def test_client_queue_time_counts_from_each_requests_arrival(tmp_path):
     waited until one of the first two ended."""
     stand_in = StandIn(_three_tokens)
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "4", "--max-concurrency", "2")
+        code, saved = bench(url, tmp_path, "--num-prompts", "4", "--max-concurrency", "2")
     assert code == 0 and saved["completed"] == 4
     starts, queued = saved["start_times"], saved["queue_times"]
     arrivals = [s - q for s, q in zip(starts, queued)]
@@ -167,7 +159,7 @@ def test_no_concurrency_limit_keeps_every_request_in_flight(tmp_path):
     n = 150
     stand_in = StandIn(_three_tokens, barrier=n)
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", str(n))
+        code, saved = bench(url, tmp_path, "--num-prompts", str(n))
     assert code == 0 and saved["completed"] == n
     assert stand_in.connections == n and saved["max_concurrent_requests"] == n
 
@@ -185,7 +177,7 @@ def test_the_request_timeout_bounds_the_whole_request(tmp_path, monkeypatch):
                 + [(event(token("b")) + event("[DONE]"), 0.0)])
 
     with running(StandIn(slow)) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "1")
+        code, saved = bench(url, tmp_path, "--num-prompts", "1")
     assert code == 0
     assert (saved["completed"], saved["failed"]) == (0, 1)
     assert "TimeoutError" in saved["errors"][0]
@@ -194,7 +186,7 @@ def test_the_request_timeout_bounds_the_whole_request(tmp_path, monkeypatch):
 @pytest.mark.timeout(60)
 def test_a_ready_check_on_a_server_that_never_answers_ends_at_its_deadline(tmp_path, capsys):
     with running(StandIn(lambda i, body: HOLD)) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "1",
+        code, saved = bench(url, tmp_path, "--num-prompts", "1",
                              "--ready-check-timeout-sec", "1")
     assert code == 1 and saved is None
     assert "no answer within 1 s" in capsys.readouterr().err
@@ -206,7 +198,7 @@ def test_a_ready_check_on_a_server_that_never_answers_ends_at_its_deadline(tmp_p
 def test_a_bad_rate_is_refused_before_any_request(tmp_path, capsys, option):
     stand_in = StandIn(_three_tokens)
     with running(stand_in) as url:
-        code, saved = _bench(url, tmp_path, "--num-prompts", "2", "--num-warmups", "2",
+        code, saved = bench(url, tmp_path, "--num-prompts", "2", "--num-warmups", "2",
                              "--request-rate", "4", *option)
     assert code == 2 and saved is None and stand_in.requests == []
     assert option[0] in capsys.readouterr().err
@@ -218,6 +210,6 @@ def test_an_extra_body_that_is_no_json_object_is_an_argument_error(tmp_path, cap
                                                                   extra_body):
     stand_in = StandIn(_three_tokens)
     with running(stand_in) as url, pytest.raises(SystemExit) as stopped:
-        _bench(url, tmp_path, "--num-prompts", "1", "--extra-body", extra_body)
+        bench(url, tmp_path, "--num-prompts", "1", "--extra-body", extra_body)
     assert stopped.value.code == 2 and stand_in.requests == []
     assert "--extra-body" in capsys.readouterr().err

@@ -17,7 +17,6 @@ then is it the client's error, and only the engine's own failure is logged with 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import threading
@@ -41,6 +40,7 @@ from ipc.errors import InvalidRequestError
 from ipc.serde import encode
 from serving.client import EngineClient, EngineStoppedError
 from serving.endpoint import Endpoint, EngineServer
+from tests.helpers.engine_servers import serving
 
 HELD = "a text the tokenizer holds"
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "ignore_eos": True}
@@ -88,22 +88,6 @@ def reference_llm(tiny_dir):
         yield llm
 
 
-@contextlib.contextmanager
-def serving(llm: LLM):
-    """``llm``'s engine behind an endpoint whose loop runs in a thread;
-    yields (server, secret). On exit the loop stops and the server closes,
-    leaving no thread behind."""
-    secret = new_secret()
-    server = EngineServer(llm.engine, Endpoint.create(), secret=secret)
-    loop = threading.Thread(target=server.serve, name="engine-loop")
-    loop.start()
-    try:
-        yield server, secret
-    finally:
-        server.stop()
-        loop.join(timeout=60)
-        server.close()
-    assert not loop.is_alive()
     assert [t.name for t in threading.enumerate() if t.name.startswith("tokenize")] == []
 
 

@@ -11,20 +11,17 @@ fit but together do not, finishing in the same step, are all answered
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 
 import numpy as np
 import pytest
 
 from engine import LLM
 from ipc import serde
-from ipc.auth import new_secret
 from ipc.engine_messages import Delta, RequestAccepted, RequestError
 from serving import endpoint as endpoint_module
 from serving import protocol_core
 from serving.async_client import AsyncEngineClient
-from serving.endpoint import Endpoint, EngineServer
+from tests.helpers.engine_servers import serving
 from tests.helpers.hf_embeddings import hf_token_hidden_states
 from tests.helpers.hf_models import save_embedding_llama
 
@@ -37,18 +34,6 @@ def embedder(tmp_path_factory):
     return save_embedding_llama(tmp_path_factory.mktemp("llama"))
 
 
-@contextlib.contextmanager
-def serving(llm: LLM):
-    secret = new_secret()
-    server = EngineServer(llm.engine, Endpoint.create(), secret=secret)
-    loop = threading.Thread(target=server.serve, name="engine-loop")
-    loop.start()
-    try:
-        yield server, secret
-    finally:
-        server.stop()
-        loop.join(timeout=60)
-        server.close()
 
 
 async def _pool(address: str, secret: bytes, prompts: list[list[int]]) -> list:
