@@ -453,6 +453,13 @@ def _unserved_routes(pooling: bool, task: str) -> tuple[str, ...]:
     return (*GENERATION_ROUTES, *other)
 
 
+# The request types whose model takes either prompt form (every field
+# optional, so it validates any body): vLLM's two request types, one of
+# ``input`` and one of ``messages``; /invocations takes a body as one only
+# when it holds one of them.
+PROMPT_FORM_TYPES = (ClassificationRequest, PoolingRequest)
+
+
 def _invocation_table(pooling: bool, task: str, handlers: dict) -> list:
     """``/invocations``' (request model, handler) pairs, in vLLM's order, of
     the routes this server serves (``invocations.py``)."""
@@ -462,7 +469,7 @@ def _invocation_table(pooling: bool, task: str, handlers: dict) -> list:
         first = EmbeddingRequest if task == "embed" else ClassificationRequest
         order = (first, RerankRequest, ScoreRequest, PoolingRequest)
     return [InvocationType(model, handlers[model],
-                           ("input", "messages") if model is PoolingRequest else ())
+                           ("input", "messages") if model in PROMPT_FORM_TYPES else ())
             for model in order]
 
 

@@ -7,9 +7,9 @@ embedding model) or classification (a classifier), then rerank, score and
 the generic pooling request. A body is a type's when its request model
 validates it (the checks of the model itself: a check the route makes
 later, such as the context length, is that route's answer) and, for a type
-whose prompt may come in one of several fields (a pooling request's
-``input`` or ``messages``: vLLM's two request types of that route), it holds
-one of them. A body no type
+whose prompt may come in one of several fields (a classification or
+pooling request's ``input`` or ``messages``: vLLM's two request types of
+each route), it holds one of them. A body no type
 validates is a 400 with vLLM's message, naming the types tried; a body
 that is not JSON is the app's malformed-body 400. The route's body must be
 sent as JSON, as vLLM's (``JSON_BODY_ROUTES``: 415 otherwise).

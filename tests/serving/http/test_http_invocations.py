@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from tests.helpers.hf_models import save_embedding_llama
+from tests.helpers.hf_models import save_classifier, save_embedding_llama
 from tests.helpers.http_utils import serving_pooling_model, serving_tiny
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Name a colour."}],
@@ -28,6 +28,13 @@ def server(tmp_path_factory):
     with serving_tiny(tmp_path_factory.mktemp("invocations"), "--nproc-per-node", "1",
                       "serve", "--model", "tiny", "--device", "cpu", "--disable-log-stats",
                       "--enable-server-load-tracking") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory):
+    model = save_classifier(tmp_path_factory.mktemp("cross"), num_labels=1)
+    with serving_pooling_model(tmp_path_factory.mktemp("cross-serve"), model) as served:
         yield served
 
 
@@ -132,3 +139,37 @@ def test_embedding_body_on_a_pooling_server(pooling_server):
     assert answer.status_code == 400
     assert answer.json()["error"]["message"] == NO_HANDLER + (
         "['EmbeddingRequest', 'RerankRequest', 'ScoreRequest', 'PoolingRequest']")
+
+
+def _approx(value):
+    """``value`` with each float as ``pytest.approx`` of it: the second
+    request of a prompt reads the first's prefix-cache blocks, so its
+    floats may differ in their last bits."""
+    if isinstance(value, dict):
+        return {k: _approx(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_approx(v) for v in value]
+    return pytest.approx(value, abs=1e-5) if isinstance(value, float) else value
+
+
+def _without_ids(answer: dict) -> dict:
+    """An answer less what differs between two requests (its id and time)."""
+    return {k: v for k, v in answer.items() if k not in ("id", "created")}
+
+
+@pytest.mark.timeout(240)
+def test_rerank_and_score_bodies_on_a_classifier(cross_encoder):
+    """A classifier's first type is classification, whose body needs
+    ``input`` or ``messages`` (vLLM's two classification request types):
+    a rerank or score body, which has neither, runs as rerank or score."""
+    model = cross_encoder.model_dir
+    bodies = {"/rerank": {"model": model, "query": "what is a cat",
+                          "documents": ["the sky is blue", "a cat is an animal"]},
+              "/score": {"model": model, "text_1": "what is a cat",
+                         "text_2": ["the sky is blue", "a cat is an animal"]},
+              "/classify": {"model": model, "input": ["what is a cat"]}}
+    for path, body in bodies.items():
+        direct = _post(cross_encoder.url, path, body)
+        invoked = _post(cross_encoder.url, "/invocations", body)
+        assert direct.status_code == invoked.status_code == 200, (path, invoked.text)
+        assert _without_ids(invoked.json()) == _approx(_without_ids(direct.json())), path
