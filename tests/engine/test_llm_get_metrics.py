@@ -141,6 +141,7 @@ def test_spec_decode_vector_adds_up_to_the_accepted_counter():
     vector = _one(records, "tprun:spec_decode_num_accepted_tokens_per_pos", Vector)
     accepted = _one(records, "tprun:spec_decode_num_accepted_tokens", Counter).value
     assert len(vector.values) == 3
+    assert accepted > 0  # else the sums below would hold for any all-zero Vector
     assert sum(vector.values) == accepted
     assert vector.values == sorted(vector.values, reverse=True)  # a later position needs the earlier
     assert _one(records, "tprun:generation_tokens", Counter).value == sum(
