@@ -5,7 +5,10 @@ middlewares (they never wrap a streaming response).
 (``GUARDED_PREFIXES``, vLLM's: /v2/rerank) needs ``Authorization: Bearer
 KEY`` with one of them (each compared in constant time, all of them every
 time), else 401. Unversioned paths (/score, /rerank, /tokenize) are open,
-as in vLLM.
+as in vLLM, except those that generate text or change the engine's state
+(``GUARDED_PATHS``: /invocations, which runs any chat or completion body;
+the profiler's and sleep mode's routes), which vLLM leaves open: a key
+that any client could walk around through them would guard nothing.
 
 ``JsonContentType``: a ``POST`` to a route that takes a JSON body, sent
 with a ``Content-Type`` that is not JSON (``text/plain``, a form), is
@@ -137,6 +140,9 @@ class JsonContentType:
 
 # The path prefixes an API key guards (vLLM's versioned API paths).
 GUARDED_PREFIXES = ("/v1", "/v2")
+# The unversioned paths it guards too: they generate, or change the engine.
+GUARDED_PATHS = frozenset({"/invocations", "/start_profile", "/stop_profile", "/sleep",
+                           "/wake_up", "/reset_prefix_cache"})
 
 
 class ApiKeyCheck:
@@ -153,7 +159,9 @@ class ApiKeyCheck:
         return any(matches)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIXES):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path.startswith(GUARDED_PREFIXES)
+                                        or path in GUARDED_PATHS):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not self.accepts(given):
                 body = json.dumps(error_body(

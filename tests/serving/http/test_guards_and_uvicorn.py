@@ -32,7 +32,8 @@ async def _ok(_request):
 
 def _app() -> Starlette:
     return Starlette(routes=[Route("/v1/models", _ok), Route("/v2/rerank", _ok),
-                             Route("/rerank", _ok), Route("/health", _ok)])
+                             Route("/rerank", _ok), Route("/health", _ok),
+                             *(Route(path, _ok) for path in guards.GUARDED_PATHS)])
 
 
 def _get(app, path: str, key: str | None = None) -> int:
@@ -63,6 +64,18 @@ def test_v2_routes_need_the_key_too():
     assert _get(app, "/v2/rerank", "key-two") == 401
     assert _get(app, "/v2/rerank", "key-one") == 200
     assert _get(app, "/rerank") == 200
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/start_profile", "/stop_profile", "/sleep",
+                                  "/wake_up", "/reset_prefix_cache"])
+def test_unversioned_routes_that_generate_or_change_the_engine_need_the_key(path):
+    # Unlike vLLM: /invocations runs any chat or completion body, and the
+    # profiler's and sleep mode's routes change the engine, so a key that
+    # left them open would guard nothing.
+    app = ApiKeyCheck(_app(), ["key-one"])
+    assert _get(app, path) == 401
+    assert _get(app, path, "key-two") == 401
+    assert _get(app, path, "key-one") == 200
 
 
 def test_every_key_is_compared_every_time(monkeypatch):
