@@ -329,6 +329,9 @@ class EngineServer:
         self.accepts: list[tuple[bytes, msgspec.Struct]] = []
         self.next_id = itertools.count()
         self.stopping = False
+        # The client whose EngineControl the loop is running (None: none):
+        # told too if the engine fails during the call (``_announce_stop``).
+        self.controlling: bytes | None = None
 
     # ---- the loop --------------------------------------------------------
     def serve(self) -> None:
@@ -451,7 +454,9 @@ class EngineServer:
         elif isinstance(message, AbortRequest):
             self._abort(identity, message.request_id)
         elif isinstance(message, EngineControl):
+            self.controlling = identity
             self._reply(identity, self._control(message))
+            self.controlling = None
         elif isinstance(message, StatsRequest):
             self._reply(identity, msgspec.structs.replace(
                 self.engine.get_stats(len(self.waiting), [
@@ -723,9 +728,12 @@ class EngineServer:
             self._drop_client(identity)
 
     def _announce_stop(self, reason: str, failed: bool = True) -> None:
-        """Tell every client with a live or waiting request; forget them."""
+        """Tell every client with a live or waiting request, or with a
+        control call unanswered (its work failed); forget them."""
         self._flush_accepts()
         clients = {route.identity for route in self.routes.values()}
+        if self.controlling is not None:
+            clients.add(self.controlling)
         for identity in clients | {key[0] for key in self.waiting}:
             self._reply(identity, EngineStopped(reason=reason, failed=failed))
         self.routes.clear()
