@@ -364,11 +364,14 @@ class ModelRunner:
         """Level 2's waking: the parameters (restored, uninitialized) read
         from the checkpoint as at start (random ones for
         ``load_format="dummy"``, from the same seed), their norms folded
-        as then."""
+        as then. Zeroed first: the restored memory is the allocator's, and
+        the rows that pad the vocabulary are in no checkpoint (zero at start)."""
         pairs = [(self.model, self.config.model, self.config.lora is None)]
         if self.draft is not None:
             pairs.append((self.draft.model, self.config.speculative.model, True))
         for model, model_dir, fold in pairs:
+            for param in model.parameters():
+                param.zero_()
             if self.config.load_format == "dummy" and model is self.model:
                 fill_random_weights(model, self.config.seed)
             else:

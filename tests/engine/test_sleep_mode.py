@@ -4,6 +4,7 @@ back, after waking, greedy tokens equal to HF transformers' greedy tokens
 (the same as before the sleep); in process and over worker daemons (TP=2, gloo)."""
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from tests.helpers.hf_models import save_with_greedy_reference, small_llama
@@ -176,3 +177,37 @@ def test_async_llm_sleeps_and_wakes(model_and_expected):
                 await llm.wake_up(tags=["scheduling"])
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(180)
+def test_level_2_wakes_every_parameter_to_its_value_at_start(tmp_path, monkeypatch):
+    """Level 2's restored storages hold whatever memory the allocator hands
+    back (here NaN bytes, as freed memory may hold); the reload must leave
+    none of it: every parameter equals its value at start, the rows that
+    pad the vocabulary (100 ids in 128 rows: zero at start, and in no
+    checkpoint) included, and the greedy tokens equal HF's."""
+    from runner.sleep_mode import Storages
+
+    restore = Storages.restore
+
+    def restore_over_junk(self):
+        discarded = self.host is None
+        restore(self)
+        if discarded:  # no bytes kept: the memory is the allocator's
+            for storage in self.storages:
+                storage.fill_(255)
+
+    monkeypatch.setattr(Storages, "restore", restore_over_junk)
+    model = small_llama(3, 100, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=256)
+    expected = save_with_greedy_reference(model, tmp_path, PROMPTS, MAX_TOKENS)
+    with LLM(model=str(tmp_path), enable_sleep_mode=True, **OPTIONS) as llm:
+        runner = _runner(llm)
+        assert runner.model.embed_tokens.weight.shape[0] == 128  # 28 padding rows
+        at_start = {name: p.clone() for name, p in runner.model.named_parameters()}
+        llm.sleep(level=2)
+        llm.wake_up()
+        changed = [name for name, p in runner.model.named_parameters()
+                   if not torch.equal(p, at_start[name])]
+        assert changed == []
+        assert _greedy(llm) == expected
