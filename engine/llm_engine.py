@@ -485,9 +485,7 @@ class LLMEngine:
         meanwhile wait, and run after ``wake_up``. Asleep already: a
         warning, nothing done (vLLM's). Without ``enable_sleep_mode``:
         vLLM's ``AssertionError``."""
-        self._check_sleep_mode()
-        if level not in SLEEP_LEVELS:
-            raise ValueError(f"sleep level must be one of {list(SLEEP_LEVELS)}, got {level!r}")
+        self.check_sleep(level)
         if self.sleeping_tags:
             logger.warning("the engine is sleeping already")
             return []
@@ -504,11 +502,8 @@ class LLMEngine:
         None: all, weights first); scheduling resumes once all is back. Not
         sleeping, or a tag awake already: a warning, nothing done (vLLM's).
         An unknown tag: ``ValueError``."""
-        self._check_sleep_mode()
+        self.check_wake_up(tags)
         tags = list(SLEEP_TAGS) if tags is None else list(tags)
-        unknown = sorted(set(tags) - set(SLEEP_TAGS))
-        if unknown:
-            raise ValueError(f"unknown wake_up tags {unknown}; the tags are {list(SLEEP_TAGS)}")
         if not self.sleeping_tags:
             logger.warning("the engine is not sleeping")
             return
@@ -523,6 +518,21 @@ class LLMEngine:
     def is_sleeping(self) -> bool:
         """Some of the workers' memory is asleep (no step is scheduled)."""
         return bool(self.sleeping_tags)
+
+    def check_sleep(self, level: int) -> None:
+        """``sleep``'s refusals, raised before it changes anything: sleep
+        mode off (``AssertionError``), a bad level (``ValueError``)."""
+        self._check_sleep_mode()
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"sleep level must be one of {list(SLEEP_LEVELS)}, got {level!r}")
+
+    def check_wake_up(self, tags: list[str] | None) -> None:
+        """``wake_up``'s refusals, raised before it changes anything: sleep
+        mode off (``AssertionError``), an unknown tag (``ValueError``)."""
+        self._check_sleep_mode()
+        unknown = sorted(set(tags or ()) - set(SLEEP_TAGS))
+        if unknown:
+            raise ValueError(f"unknown wake_up tags {unknown}; the tags are {list(SLEEP_TAGS)}")
 
     def _check_sleep_mode(self) -> None:
         if not self.config.enable_sleep_mode:

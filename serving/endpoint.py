@@ -90,6 +90,7 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutputDelta, shown_token_ids
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from executor.base import StepRejected
 from ipc import serde, trace
 from ipc.auth import (
     Authenticator,
@@ -466,24 +467,42 @@ class EngineServer:
     def _control(self, message: EngineControl) -> ControlDone:
         """Run a control call on the engine (sleep mode, the prefix cache,
         the profiler: ``_profile``); the requests a sleep aborts get their
-        last deltas first. A call the engine refuses (sleep mode off, a bad
-        level or tag) is answered with its reason; a worker's failure ends
-        the loop as a step's does."""
+        last deltas first, before the workers are asked. A call the engine
+        refuses (sleep mode off, a bad level or tag) is answered with its
+        reason. A call that fails on workers that still serve (a wake_up
+        out of device memory) is answered with the failure, the engine
+        serving on as vLLM's does after a failed utility call; a worker's
+        death, or a step's failure met on the way, ends the loop as a
+        step's does."""
         engine, method = self.engine, message.method
         if method in ("start_profile", "stop_profile"):
             return self._profile(method, message.profile_prefix)
         try:
             if method == "sleep":
+                engine.check_sleep(message.level)
+            elif method == "wake_up":
+                engine.check_wake_up(message.tags)
+            elif method not in ("is_sleeping", "reset_prefix_cache"):
+                raise ValueError(f"unknown engine control {method!r}; the controls are "
+                                 f"{list(ENGINE_CONTROLS)}")
+        except (AssertionError, ValueError) as e:
+            return ControlDone(method=method, value=engine.is_sleeping(), error=str(e))
+        try:
+            if method == "sleep":
+                if not engine.is_sleeping():  # sleep's own abort, sent whatever the workers do
+                    self._send_deltas(engine.abort(list(engine.scheduler.requests)))
                 self._send_deltas(engine.sleep(message.level))
             elif method == "wake_up":
                 engine.wake_up(message.tags)
             elif method == "reset_prefix_cache":
                 return ControlDone(method=method, value=engine.reset_prefix_cache())
-            elif method != "is_sleeping":
-                raise ValueError(f"unknown engine control {method!r}; the controls are "
-                                 f"{list(ENGINE_CONTROLS)}")
-        except (AssertionError, ValueError) as e:
-            return ControlDone(method=method, value=engine.is_sleeping(), error=str(e))
+        except Exception as e:
+            engine.check_health()  # a dead worker, a broken reply: the loop ends
+            if isinstance(e, StepRejected):
+                raise
+            logger.warning("engine control %s failed: %s", method, e)
+            return ControlDone(method=method, value=engine.is_sleeping(),
+                               error=str(e) or type(e).__name__)
         return ControlDone(method=method, value=engine.is_sleeping())
 
     def _profile(self, method: str, profile_prefix: str | None) -> ControlDone:

@@ -21,8 +21,8 @@ def test_a_control_whose_workers_fail_tells_its_client_the_engine_stopped():
     llm = AsyncLLM(model="tiny", device="cpu", enable_sleep_mode=True)
     background = llm._background
 
-    def workers_fail(method, kwargs=None, timeout=300.0):
-        raise WorkerFailure(f"worker rank 0 exited during {method}")
+    def workers_fail(*args, **kwargs):  # a dead worker, as the executor reports it
+        raise WorkerFailure("worker rank 0 exited during sleep")
 
     async def run():
         await llm.stats()  # the loop serves
@@ -31,6 +31,7 @@ def test_a_control_whose_workers_fail_tells_its_client_the_engine_stopped():
         await other.start()
         try:
             background.engine.executor.collective_rpc = workers_fail
+            background.engine.executor.check_health = workers_fail
             with pytest.raises(EngineStoppedError, match="worker rank 0 exited during sleep"):
                 await asyncio.wait_for(other.control("sleep", level=1), 60)
         finally:
@@ -39,5 +40,50 @@ def test_a_control_whose_workers_fail_tells_its_client_the_engine_stopped():
     try:
         asyncio.run(run())
     finally:
-        del background.engine.executor.collective_rpc  # the real one stops the worker
+        del background.engine.executor.collective_rpc  # the real ones stop the worker
+        del background.engine.executor.check_health
+        llm.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_wake_up_that_fails_on_live_workers_is_its_answers_error(tmp_path):
+    """Waking needs the memory back, which another process may hold now
+    (sleep mode's use: a trainer between rollouts): an out-of-memory error
+    on a worker that still serves is the call's error, as vLLM answers a
+    failed utility call; the engine lives on, still asleep, and a later
+    wake_up brings it back to the tokens it gave before the sleep."""
+    import torch
+
+    from engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    llm = AsyncLLM(model="tiny", device="cpu", enable_sleep_mode=True)
+    runner = llm._background.engine.executor.worker.runner
+    wake_up = runner.wake_up
+
+    def out_of_memory_once(tags=None):
+        runner.wake_up = wake_up
+        raise torch.OutOfMemoryError("out of memory: another process holds the device")
+
+    async def tokens(request_id):
+        async for out in llm.generate({"prompt_token_ids": [3, 14, 15, 92]}, params,
+                                      request_id):
+            last = out
+        return last.outputs[0].token_ids
+
+    async def run():
+        before = await tokens("before")
+        await llm.sleep(level=1)
+        runner.wake_up = out_of_memory_once
+        with pytest.raises(RuntimeError, match="another process holds the device"):
+            await llm.wake_up()
+        await llm.check_health()
+        assert await llm.is_sleeping()
+        await llm.wake_up()
+        assert not await llm.is_sleeping()
+        assert await tokens("after") == before
+
+    try:
+        asyncio.run(run())
+    finally:
         llm.shutdown()
