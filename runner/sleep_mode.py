@@ -48,6 +48,7 @@ class Storages:
                 self.storages.append(storage)
         self.sizes = [s.nbytes() for s in self.storages]
         self.host: list[torch.Tensor] | None = None
+        self.pinned = False  # the host copies are page-locked
 
     @property
     def nbytes(self) -> int:
@@ -56,7 +57,7 @@ class Storages:
 
     def offload(self, pin: bool) -> None:
         """Copy every storage to host memory (``pin``: page-locked), then free it."""
-        self.host = []
+        self.host, self.pinned = [], pin
         for storage, size in zip(self.storages, self.sizes):
             copy = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
             copy.untyped_storage().copy_(storage)
@@ -79,6 +80,19 @@ class Storages:
             for storage, copy in zip(self.storages, self.host):
                 storage.copy_(copy.untyped_storage())
         self.host = None
+        if self.pinned:
+            _release_cached_pinned_memory()
+            self.pinned = False
+
+
+def _release_cached_pinned_memory() -> None:
+    """Free the page-locked host blocks torch caches once their tensors are
+    gone: its pinned allocator keeps every freed block for reuse, so the
+    host copies of a woken model would stay pinned (as much host memory as
+    the weights, for good). A torch built without CUDA has no such cache."""
+    release = getattr(torch._C, "_host_emptyCache", None)
+    if release is not None:
+        release()
 
 
 class SleepingMemory:

@@ -1,7 +1,9 @@
 """Sleep mode on CUDA, in process: sleeping gives the device back the bytes of
 the weights and the KV cache (``torch.cuda.memory_allocated`` drops by at
-least their sum), the CUDA graphs are dropped and captured again on waking,
-and greedy tokens after each level equal those before."""
+least their sum), waking gives back the pinned host memory that held level
+1's weights (not kept in torch's pinned-block cache), the CUDA graphs are
+dropped and captured again on waking, and greedy tokens after each level
+equal those before."""
 
 import pytest
 import torch
@@ -36,8 +38,16 @@ def test_sleep_frees_device_memory_and_wakes_to_the_same_tokens(tmp_path):
             assert runner.memory_bytes() == {"weights": 0, "kv_cache": 0}
             assert not runner.graphs.graphs
             assert awake - torch.cuda.memory_allocated() >= held["weights"] + held["kv_cache"]
+            asleep_pinned = _pinned_host_bytes()
             llm.wake_up()
             assert runner.memory_bytes() == held
+            if level == 1:  # the weights' host copies were pinned, and are not held after
+                assert asleep_pinned - _pinned_host_bytes() >= held["weights"]
             assert runner.graphs.graphs  # captured again over the new addresses
             after = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
             assert after == before, f"level {level}"
+
+
+def _pinned_host_bytes() -> int:
+    """Pinned host memory torch's host allocator holds (in use or cached)."""
+    return torch.cuda.host_memory_stats()["allocated_bytes.current"]
