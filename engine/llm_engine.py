@@ -499,11 +499,13 @@ class LLMEngine:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore the workers' memory of ``tags`` ("weights", "kv_cache";
-        None: all, weights first); scheduling resumes once all is back. Not
-        sleeping, or a tag awake already: a warning, nothing done (vLLM's).
-        An unknown tag: ``ValueError``."""
+        None: every tag still asleep, weights first); scheduling resumes
+        once all is back. Not sleeping, or a tag named that is awake
+        already: a warning, nothing done (vLLM's). An unknown tag:
+        ``ValueError``."""
         self.check_wake_up(tags)
-        tags = list(SLEEP_TAGS) if tags is None else list(tags)
+        tags = ([t for t in SLEEP_TAGS if t in self.sleeping_tags] if tags is None
+                else list(tags))
         if not self.sleeping_tags:
             logger.warning("the engine is not sleeping")
             return

@@ -211,3 +211,19 @@ def test_level_2_wakes_every_parameter_to_its_value_at_start(tmp_path, monkeypat
                    if not torch.equal(p, at_start[name])]
         assert changed == []
         assert _greedy(llm) == expected
+
+
+@pytest.mark.timeout(180)
+def test_wake_up_without_tags_wakes_what_is_still_asleep(model_and_expected):
+    """vLLM's: ``wake_up()`` (no tags) wakes every tag still asleep, after a
+    wake_up of some tags too; only tags named that are awake already are a
+    warning that changes nothing."""
+    path, expected = model_and_expected
+    with LLM(model=path, enable_sleep_mode=True, **OPTIONS) as llm:
+        llm.sleep(level=1)
+        llm.wake_up(tags=["weights"])
+        llm.wake_up(tags=["weights"])  # awake already: nothing done
+        assert llm.is_sleeping()
+        llm.wake_up()
+        assert not llm.is_sleeping()
+        assert _greedy(llm) == expected
