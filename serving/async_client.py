@@ -161,17 +161,21 @@ class AsyncEngineClient:
         self.protocol.unroute(request_id)
 
     async def stats(self) -> EngineStats:
-        """The engine's stats; ``EngineStoppedError`` if it does not answer in time."""
+        """The engine's stats; ``EngineStoppedError`` if it does not answer in
+        time: ``stats_timeout_s``, or while a control of this client is
+        unanswered ``control_timeout_s`` (the engine's loop answers nothing
+        while it runs a control: a sleep copying the weights, a stop
+        writing traces; a busy engine is not a dead one)."""
         if self.dead is not None:
             raise EngineStoppedError(self.dead)
         waiter = asyncio.get_running_loop().create_future()
         self.stats_waiters.append(waiter)
         self._send(StatsRequest())
+        timeout = self.control_timeout_s if self.control_waiters else self.stats_timeout_s
         try:
-            return await asyncio.wait_for(waiter, self.stats_timeout_s)
+            return await asyncio.wait_for(waiter, timeout)
         except asyncio.TimeoutError:
-            raise EngineStoppedError(
-                f"the engine did not answer within {self.stats_timeout_s} s") from None
+            raise EngineStoppedError(f"the engine did not answer within {timeout} s") from None
 
     async def stats_by_engine(self) -> list[EngineStats]:
         """``[stats()]``: the stats of each engine this client reaches

@@ -87,3 +87,40 @@ def test_a_wake_up_that_fails_on_live_workers_is_its_answers_error(tmp_path):
         asyncio.run(run())
     finally:
         llm.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_stats_wait_for_a_control_the_engine_is_running():
+    """The engine's loop runs a control in its own thread (a sleep copying
+    the weights, a stop writing traces) and answers nothing meanwhile: the
+    same client's stats (``/health``, ``/metrics``) wait for it rather than
+    calling the engine dead after ``stats_timeout_s``, as vLLM's health
+    check does not fail while the engine works on a utility call."""
+    import threading
+
+    llm = AsyncLLM(model="tiny", device="cpu", enable_sleep_mode=True)
+    runner = llm._background.engine.executor.worker.runner
+    sleep, release = runner.sleep, threading.Event()
+
+    def slow_sleep(level=1):
+        release.wait(60)  # the copy to the host, however long it takes
+        sleep(level)
+
+    runner.sleep = slow_sleep
+
+    async def run():
+        client = await llm._connect()
+        client.stats_timeout_s = 0.2
+        sleeping = asyncio.ensure_future(llm.sleep(level=1))
+        stats = asyncio.ensure_future(client.stats())
+        await asyncio.sleep(1.0)  # five stats timeouts while the engine is busy
+        release.set()
+        await sleeping
+        return await stats
+
+    try:
+        stats = asyncio.run(run())
+    finally:
+        release.set()
+        llm.shutdown()
+    assert stats.num_running == 0
