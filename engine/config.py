@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import os
 import socket
 from dataclasses import dataclass, field, fields
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field, fields
 import msgspec
 
 from engine.classify_head import CLASSIFY, classifier_activation
+from engine.json_option import json_object
 from engine.pooler_config import CONVERTS, RUNNERS, PoolerSettings, resolve_pooler
 from engine.profiler_config import parse_profiler_config
 from engine.reasoning import REASONING_PARSERS
@@ -857,14 +857,10 @@ _STRUCTURED_OUTPUTS_KEYS = {
 def _json_object(value: dict | str, name: str) -> dict:
     """A dict option's value: the dict, or the JSON object a command line
     gave as text; ConfigError naming ``name`` for anything else."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"{name} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{name} must be an object, got {value!r}")
-    return value
+    try:
+        return json_object(value, name)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_structured_outputs_config(value: dict | str | None) -> None:

@@ -14,9 +14,9 @@ any key vLLM does not have. Every refusal is a ``ValueError`` of one line.
 
 from __future__ import annotations
 
-import json
 import os
 
+from engine.json_option import json_object
 from ipc.config import ProfilerConfig
 
 # vLLM's switches of the torch profiler, with vLLM's defaults.
@@ -53,13 +53,7 @@ def parse_profiler_config(value: dict | str | None) -> ProfilerConfig | None:
     ``ValueError`` (one line, naming the key) for anything tprun does not take."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ValueError(f"profiler_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"profiler_config must be an object, got {value!r}")
+    value = json_object(value, "profiler_config")
     if unknown := sorted(set(value) - set(_KEYS)):
         raise ValueError(f"profiler_config: unknown key(s) {unknown} (supported: "
                          f"{', '.join(_KEYS)})")
