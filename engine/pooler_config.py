@@ -22,10 +22,9 @@ is the default of requests that leave theirs unset.
 
 from __future__ import annotations
 
-import json
-
 import msgspec
 
+from engine.json_option import json_object
 from ipc.config import POOLING_TYPES
 from ipc.model_config import SEQUENCE_CLASSIFIERS
 
@@ -98,13 +97,4 @@ def resolve_pooler(runner: str, convert: str, pooler_config: dict | str | None,
 
 
 def _json_object(value: dict | str | None) -> dict:
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"pooler_config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"pooler_config must be a JSON object, got {type(value).__name__}")
-    return value
+    return {} if value is None else json_object(value, "pooler_config")
